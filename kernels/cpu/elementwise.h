@@ -1,0 +1,35 @@
+#pragma once
+// Elementwise CPU kernels on raw pointers. Templates are instantiated for float and double.
+
+#include <cstddef>
+#include <cstdint>
+
+namespace loom::kernels::cpu {
+
+enum class BinaryOp { Add, Sub, Mul, Div };
+
+// out (contiguous, shape) = a op b, with a and b read through their own strides.
+template <typename T>
+void binary(BinaryOp op, int ndim, const int64_t* shape, const T* a, const int64_t* a_strides,
+            const T* b, const int64_t* b_strides, T* out);
+
+template <typename T>
+void add_inplace(T* a, const T* b, int64_t n);  // a += b
+template <typename T>
+void scale_inplace(T* a, T factor, int64_t n);  // a *= factor
+template <typename T>
+void add_scalar(const T* a, T value, T* out, int64_t n);  // out = a + value
+template <typename T>
+void scale(const T* a, T factor, T* out, int64_t n);  // out = a * factor
+
+// GELU, tanh approximation: 0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3))).
+template <typename T>
+void gelu_forward(const T* x, T* y, int64_t n);
+template <typename T>
+void gelu_backward(const T* x, const T* dy, T* dx, int64_t n);
+
+// Copies elements of `element_size` bytes from a strided source into a contiguous dst.
+void copy_strided(size_t element_size, int ndim, const int64_t* shape, const void* src,
+                  const int64_t* src_strides, void* dst);
+
+}  // namespace loom::kernels::cpu

@@ -1,0 +1,14 @@
+#pragma once
+// Row-major GEMM through Eigen: C = op(A) op(B) (+ C when accumulate).
+// op(A) is [M, K]: A itself (row-major, leading dimension lda) or, with trans_a, the
+// transpose of a row-major [K, M] matrix. Likewise op(B) is [K, N].
+
+#include <cstdint>
+
+namespace loom::kernels::cpu {
+
+template <typename T>
+void gemm(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, const T* a, int64_t lda,
+          const T* b, int64_t ldb, T* c, int64_t ldc, bool accumulate);
+
+}  // namespace loom::kernels::cpu

@@ -1,0 +1,18 @@
+#pragma once
+// Layer normalisation over rows of length `width`:
+//   y = (x - mean) * rstd * weight + bias,  rstd = 1 / sqrt(var + eps) (biased variance).
+
+#include <cstdint>
+
+namespace loom::kernels::cpu {
+
+// Also writes each row's mean and rstd, which backward needs.
+template <typename T>
+void layer_norm_forward(const T* x, const T* weight, const T* bias, T* y, T* mean, T* rstd,
+                        int64_t rows, int64_t width, double eps);
+// dx is overwritten; dweight and dbias are accumulated into (callers zero them).
+template <typename T>
+void layer_norm_backward(const T* dy, const T* x, const T* weight, const T* mean, const T* rstd,
+                         T* dx, T* dweight, T* dbias, int64_t rows, int64_t width);
+
+}  // namespace loom::kernels::cpu

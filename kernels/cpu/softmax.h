@@ -1,0 +1,26 @@
+#pragma once
+// Softmax over rows and the fused softmax + cross-entropy.
+
+#include <cstdint>
+
+namespace loom::kernels::cpu {
+
+// y = softmax(x) per row of `width`. With causal_t > 0, rows are rows of [.., T, T] blocks
+// (T = causal_t = width): row r may attend to columns 0..(r mod T); the rest get 0.
+template <typename T>
+void softmax_forward(const T* x, T* y, int64_t rows, int64_t width, int64_t causal_t);
+// dx = y * (dy - sum(dy * y)) per row.
+template <typename T>
+void softmax_backward(const T* y, const T* dy, T* dx, int64_t rows, int64_t width);
+
+// Per-row loss = logsumexp(row) - row[target]; returns the mean over rows (accumulated in
+// double) and stores each row's logsumexp for backward.
+template <typename T>
+double cross_entropy_forward(const T* logits, const int64_t* targets, T* logsumexp, int64_t rows,
+                             int64_t vocab);
+// dlogits = scale * (softmax(logits) - onehot(target)), scale = dloss / rows.
+template <typename T>
+void cross_entropy_backward(const T* logits, const int64_t* targets, const T* logsumexp, T scale,
+                            T* dlogits, int64_t rows, int64_t vocab);
+
+}  // namespace loom::kernels::cpu

@@ -1,0 +1,124 @@
+#include "nn/gpt.h"
+
+#include <cmath>
+
+#include "tensor/autograd/function.h"
+#include "tensor/ops.h"
+
+namespace loom::nn {
+
+namespace {
+constexpr double kInitStd = 0.02;
+constexpr double kLayerNormEps = 1e-5;
+}  // namespace
+
+void GPTConfig::validate() const {
+  if (vocab_size <= 0 || context <= 0 || layers <= 0 || heads <= 0 || embd <= 0) {
+    fail("GPTConfig: vocab_size, context, layers, heads and embd must be positive (got ",
+         vocab_size, ", ", context, ", ", layers, ", ", heads, ", ", embd, ")");
+  }
+  if (embd % heads != 0) {
+    fail("GPTConfig: embd (", embd, ") must be divisible by heads (", heads, ")");
+  }
+}
+
+CausalSelfAttention::CausalSelfAttention(const GPTConfig& config, Generator& gen)
+    : heads_(config.heads) {
+  double proj_std = kInitStd / std::sqrt(2.0 * static_cast<double>(config.layers));
+  c_attn_ = register_module(
+      "c_attn", std::make_shared<Linear>(config.embd, 3 * config.embd, gen, kInitStd,
+                                         config.options));
+  c_proj_ = register_module(
+      "c_proj",
+      std::make_shared<Linear>(config.embd, config.embd, gen, proj_std, config.options));
+}
+
+Tensor CausalSelfAttention::forward(const Tensor& x) const {
+  int64_t batch = x.size(0), time = x.size(1), width = x.size(2);
+  int64_t head_dim = width / heads_;
+  // q, k, v are the three C-wide column blocks of c_attn's output; as [B, H, T, D] views
+  // they stay inside the fused projection (no copies).
+  std::vector<Tensor> qkv = split(c_attn_->forward(x), {width, width, width}, -1);
+  auto heads_view = [&](const Tensor& t) {
+    return t.reshape({batch, time, heads_, head_dim}).permute({0, 2, 1, 3});
+  };
+  Tensor y = causal_attention(heads_view(qkv[0]), heads_view(qkv[1]), heads_view(qkv[2]));
+  return c_proj_->forward(y.permute({0, 2, 1, 3}).reshape({batch, time, width}));
+}
+
+MLP::MLP(const GPTConfig& config, Generator& gen) {
+  double proj_std = kInitStd / std::sqrt(2.0 * static_cast<double>(config.layers));
+  c_fc_ = register_module(
+      "c_fc",
+      std::make_shared<Linear>(config.embd, 4 * config.embd, gen, kInitStd, config.options));
+  c_proj_ = register_module(
+      "c_proj",
+      std::make_shared<Linear>(4 * config.embd, config.embd, gen, proj_std, config.options));
+}
+
+Tensor MLP::forward(const Tensor& x) const {
+  return c_proj_->forward(gelu_.forward(c_fc_->forward(x)));
+}
+
+Block::Block(const GPTConfig& config, Generator& gen) {
+  ln_1_ = register_module("ln_1",
+                          std::make_shared<LayerNorm>(config.embd, kLayerNormEps, config.options));
+  attn_ = register_module("attn", std::make_shared<CausalSelfAttention>(config, gen));
+  ln_2_ = register_module("ln_2",
+                          std::make_shared<LayerNorm>(config.embd, kLayerNormEps, config.options));
+  mlp_ = register_module("mlp", std::make_shared<MLP>(config, gen));
+}
+
+Tensor Block::forward(const Tensor& x) const {
+  Tensor h = add(x, attn_->forward(ln_1_->forward(x)));
+  return add(h, mlp_->forward(ln_2_->forward(h)));
+}
+
+GPT::GPT(const GPTConfig& config, uint64_t seed) : config_(config) {
+  config.validate();
+  Generator gen(seed);
+  wte_ = register_module("wte", std::make_shared<Embedding>(config.vocab_size, config.embd, gen,
+                                                            kInitStd, config.options));
+  wpe_ = register_module(
+      "wpe", std::make_shared<Embedding>(config.context, config.embd, gen, kInitStd,
+                                         config.options));
+  h_ = register_module("h", std::make_shared<ModuleList<Block>>());
+  for (int64_t i = 0; i < config.layers; ++i) h_->push_back(std::make_shared<Block>(config, gen));
+  ln_f_ = register_module(
+      "ln_f", std::make_shared<LayerNorm>(config.embd, kLayerNormEps, config.options));
+}
+
+Tensor GPT::forward(const Tensor& tokens) const {
+  if (tokens.dim() != 2) fail("GPT::forward: expected tokens [B, T], got ", shape_str(tokens.shape()));
+  int64_t time = tokens.size(1);
+  if (time > config_.context) {
+    fail("GPT::forward: sequence length ", time, " exceeds the model's context of ",
+         config_.context);
+  }
+  std::vector<int64_t> positions(static_cast<size_t>(time));
+  for (int64_t t = 0; t < time; ++t) positions[t] = t;
+  Tensor pos = Tensor::from_vector(positions, {time}, tokens.device());
+  Tensor x = add(wte_->forward(tokens), wpe_->forward(pos));
+  for (const auto& block : *h_) {
+    if (config_.checkpoint_activations) {
+      x = autograd::checkpoint(
+          [block](const std::vector<Tensor>& in) { return std::vector<Tensor>{block->forward(in[0])}; },
+          {x})[0];
+    } else {
+      x = block->forward(x);
+    }
+  }
+  x = ln_f_->forward(x);
+  return matmul(x, transpose(wte_->weight(), 0, 1));  // tied output projection
+}
+
+Tensor GPT::loss(const Tensor& tokens, const Tensor& targets) const {
+  if (targets.shape() != tokens.shape()) {
+    fail("GPT::loss: targets ", shape_str(targets.shape()), " must match tokens ",
+         shape_str(tokens.shape()));
+  }
+  Tensor logits = forward(tokens);
+  return cross_entropy(logits.reshape({-1, config_.vocab_size}), targets.reshape({-1}));
+}
+
+}  // namespace loom::nn

@@ -1,0 +1,56 @@
+#pragma once
+// The basic layers. Parameter names and layouts follow Hugging Face GPT-2 checkpoints:
+// Linear stores weight as [in, out] (GPT-2's Conv1D), so y = x @ weight + bias.
+
+#include "nn/module.h"
+#include "tensor/random.h"
+
+namespace loom::nn {
+
+struct Options {
+  DType dtype = DType::F32;
+  Device device = Device::cpu();
+};
+
+class Linear : public Module {
+ public:
+  // weight ~ N(0, init_std), bias = 0.
+  Linear(int64_t in_features, int64_t out_features, Generator& gen, double init_std = 0.02,
+         const Options& options = {});
+  Tensor forward(const Tensor& x) const;
+  const Tensor& weight() const { return weight_; }
+  const Tensor& bias() const { return bias_; }
+
+ private:
+  Tensor weight_, bias_;
+};
+
+class Embedding : public Module {
+ public:
+  // weight ~ N(0, init_std).
+  Embedding(int64_t count, int64_t width, Generator& gen, double init_std = 0.02,
+            const Options& options = {});
+  Tensor forward(const Tensor& indices) const;
+  const Tensor& weight() const { return weight_; }
+
+ private:
+  Tensor weight_;
+};
+
+class LayerNorm : public Module {
+ public:
+  explicit LayerNorm(int64_t width, double eps = 1e-5, const Options& options = {});
+  Tensor forward(const Tensor& x) const;
+
+ private:
+  Tensor weight_, bias_;
+  double eps_;
+};
+
+// Stateless tanh-approximation GELU, a module so that it can sit in a module tree.
+class GELU : public Module {
+ public:
+  Tensor forward(const Tensor& x) const;
+};
+
+}  // namespace loom::nn

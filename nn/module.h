@@ -1,0 +1,75 @@
+#pragma once
+// Module: a node in a tree of layers that owns named parameters. Names are hierarchical
+// ("h.0.attn.c_attn.weight") and follow registration order, which is also the order of
+// parameters() -- the rank-identical order that DDP buckets and checkpoints rely on.
+
+#include <map>
+#include <memory>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "tensor/tensor.h"
+
+namespace loom::nn {
+
+using StateDict = std::map<std::string, Tensor>;
+
+class Module {
+ public:
+  virtual ~Module() = default;
+  Module() = default;
+  Module(const Module&) = delete;
+  Module& operator=(const Module&) = delete;
+
+  // Every parameter of this module and its descendants, depth first in registration order.
+  std::vector<std::pair<std::string, Tensor>> named_parameters() const;
+  std::vector<Tensor> parameters() const;
+  // This module's direct children, in registration order.
+  const std::vector<std::pair<std::string, std::shared_ptr<Module>>>& children() const {
+    return children_;
+  }
+  int64_t parameter_count() const;
+
+  // Name -> parameter. The tensors share storage with the parameters (detached views).
+  StateDict state_dict() const;
+  // Copies every tensor of `state` into the parameter of the same name (converting dtype).
+  // With strict, throws loom::Error listing missing and unexpected names; a shape mismatch is
+  // always an error naming the parameter and both shapes. Nothing is copied unless all checks
+  // pass.
+  void load_state_dict(const StateDict& state, bool strict = true);
+
+ protected:
+  // Registers a parameter (marked requires_grad) and returns the stored handle.
+  Tensor register_parameter(std::string name, Tensor value);
+  template <typename M>
+  std::shared_ptr<M> register_module(std::string name, std::shared_ptr<M> module) {
+    children_.emplace_back(std::move(name), module);
+    return module;
+  }
+
+ private:
+  void collect(const std::string& prefix,
+               std::vector<std::pair<std::string, Tensor>>& out) const;
+
+  std::vector<std::pair<std::string, Tensor>> parameters_;
+  std::vector<std::pair<std::string, std::shared_ptr<Module>>> children_;
+};
+
+// An indexed list of modules whose children are named "0", "1", ...
+template <typename M>
+class ModuleList : public Module {
+ public:
+  void push_back(std::shared_ptr<M> module) {
+    items_.push_back(register_module(std::to_string(items_.size()), std::move(module)));
+  }
+  size_t size() const { return items_.size(); }
+  M& operator[](size_t i) const { return *items_.at(i); }
+  auto begin() const { return items_.begin(); }
+  auto end() const { return items_.end(); }
+
+ private:
+  std::vector<std::shared_ptr<M>> items_;
+};
+
+}  // namespace loom::nn

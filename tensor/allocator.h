@@ -1,0 +1,48 @@
+#pragma once
+// One allocator per device, with byte accounting for memory reports.
+// Allocators are registered per device type; the CPU one is always present, the CUDA
+// caching allocator registers itself when Loom is built with CUDA.
+
+#include <atomic>
+#include <cstddef>
+#include <functional>
+
+#include "tensor/device.h"
+
+namespace loom {
+
+struct MemoryStats {
+  size_t current_bytes = 0;  // bytes handed out and not yet returned
+  size_t peak_bytes = 0;     // high-water mark of current_bytes since the last reset
+  size_t allocations = 0;    // number of allocate() calls since start
+};
+
+class Allocator {
+ public:
+  virtual ~Allocator() = default;
+  // Returns memory for `nbytes` bytes (64-byte aligned on the CPU); never null for nbytes > 0.
+  // Thread-safe.
+  virtual void* allocate(size_t nbytes) = 0;
+  // Returns memory obtained from allocate() with the same nbytes. Thread-safe, never throws.
+  virtual void deallocate(void* ptr, size_t nbytes) noexcept = 0;
+
+  MemoryStats stats() const;
+  void reset_peak();
+
+ protected:
+  void record_allocation(size_t nbytes);
+  void record_deallocation(size_t nbytes) noexcept;
+
+ private:
+  std::atomic<size_t> current_{0};
+  std::atomic<size_t> peak_{0};
+  std::atomic<size_t> allocations_{0};
+};
+
+// The allocator for `device`; throws loom::Error when none is registered (for instance
+// cuda:0 in a build without CUDA).
+Allocator& allocator_for(Device device);
+// Installs `allocator` (not owned, must outlive its use) for every device of `type`.
+void register_allocator(DeviceType type, Allocator* allocator);
+
+}  // namespace loom

@@ -1,0 +1,101 @@
+#pragma once
+// The autograd graph. Every recorded op is one Node holding its vector-Jacobian product;
+// edges point from an op to the ops (or leaf accumulators) that produced its inputs.
+// See Note [Backward order] in engine.cpp for how nodes are scheduled.
+
+#include <atomic>
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "tensor/tensor.h"
+
+namespace loom::autograd {
+
+class Node;
+
+struct Edge {
+  std::shared_ptr<Node> node;  // null when that input needs no gradient
+  uint32_t input_nr = 0;       // which of node's outputs the gradient belongs to
+};
+
+// What an output looked like, so a missing output gradient can be filled with zeros.
+struct OutputMeta {
+  Shape shape;
+  DType dtype;
+  Device device;
+};
+
+class Node : public std::enable_shared_from_this<Node> {
+ public:
+  explicit Node(std::string name);
+  virtual ~Node() = default;
+
+  // Maps the gradients of this node's outputs (one per output, all defined) to gradients of
+  // its inputs (one per next edge; undefined where needs_input_grad(i) is false).
+  // Runs with graph recording off.
+  virtual std::vector<Tensor> apply(const std::vector<Tensor>& grad_outputs) = 0;
+  // Drops saved tensors after a backward pass that does not retain the graph.
+  virtual void release_saved() {}
+
+  const std::string& name() const { return name_; }
+  // Creation order; the engine runs later nodes first.
+  uint64_t sequence_nr() const { return sequence_nr_; }
+  std::vector<Edge>& next_edges() { return next_edges_; }
+  bool needs_input_grad(size_t i) const { return next_edges_[i].node != nullptr; }
+  size_t num_inputs() const { return next_edges_.size(); }
+  std::vector<OutputMeta>& outputs() { return outputs_; }
+
+ private:
+  std::string name_;
+  uint64_t sequence_nr_;
+  std::vector<Edge> next_edges_;
+  std::vector<OutputMeta> outputs_;
+};
+
+// Signature of an op's vector-Jacobian product: output gradients -> input gradients.
+using VjpFunction = std::function<std::vector<Tensor>(const std::vector<Tensor>& grad_outputs,
+                                                      const Node& node)>;
+
+// A node whose vjp is a closure capturing what the op saved in forward.
+class FunctionNode final : public Node {
+ public:
+  FunctionNode(std::string name, VjpFunction vjp) : Node(std::move(name)), vjp_(std::move(vjp)) {}
+  std::vector<Tensor> apply(const std::vector<Tensor>& grad_outputs) override;
+  void release_saved() override { vjp_ = nullptr; }
+
+ private:
+  VjpFunction vjp_;
+};
+
+// The sink for a leaf tensor: adds incoming gradients into leaf.grad, then fires the
+// leaf's grad-ready hooks. It runs once per backward pass, after all contributions arrived.
+class AccumulateGrad final : public Node {
+ public:
+  explicit AccumulateGrad(std::shared_ptr<TensorImpl> leaf);
+  std::vector<Tensor> apply(const std::vector<Tensor>& grad_outputs) override;
+
+ private:
+  std::shared_ptr<TensorImpl> leaf_;
+};
+
+// True when graph recording is on and any of `inputs` requires a gradient.
+bool any_requires_grad(const std::vector<Tensor>& inputs);
+
+// The edge through which a gradient for `tensor` flows (its grad_fn or its accumulator);
+// an edge with a null node when it needs none.
+Edge gradient_edge(const Tensor& tensor);
+
+// Records one op: attaches a FunctionNode to `outputs` with edges to `inputs`.
+// Call only when any_requires_grad(inputs) is true. Undefined inputs get null edges.
+void record(std::string name, const std::vector<Tensor>& inputs,
+            const std::vector<Tensor>& outputs, VjpFunction vjp);
+
+// Runs the backward pass from `roots` seeded with `grad_roots` (same length; an undefined
+// seed means ones for a one-element root). Leaves reached get their .grad accumulated.
+void run_backward(const std::vector<Tensor>& roots, const std::vector<Tensor>& grad_roots,
+                  bool retain_graph);
+
+}  // namespace loom::autograd

@@ -1,0 +1,29 @@
+#include "tensor/device.h"
+
+#include <charconv>
+
+#include "tensor/error.h"
+
+namespace loom {
+
+Device Device::parse(std::string_view text) {
+  if (text == "cpu") return cpu();
+  if (text == "cuda") return cuda(0);
+  if (text.starts_with("cuda:")) {
+    std::string_view digits = text.substr(5);
+    int index = -1;
+    auto [end, ec] = std::from_chars(digits.data(), digits.data() + digits.size(), index);
+    if (ec == std::errc() && end == digits.data() + digits.size() && index >= 0) {
+      return cuda(index);
+    }
+  }
+  fail("unknown device '", text, "'; expected 'cpu', 'cuda' or 'cuda:N'");
+}
+
+std::string Device::str() const {
+  return is_cpu() ? std::string("cpu") : "cuda:" + std::to_string(index);
+}
+
+std::ostream& operator<<(std::ostream& out, const Device& device) { return out << device.str(); }
+
+}  // namespace loom

@@ -1,0 +1,86 @@
+#include "tensor/dtype.h"
+
+#include <bit>
+#include <cmath>
+#include <ostream>
+
+#include "tensor/error.h"
+
+namespace loom {
+
+size_t dtype_size(DType dtype) {
+  switch (dtype) {
+    case DType::F64:
+    case DType::I64:
+      return 8;
+    case DType::F32:
+    case DType::I32:
+      return 4;
+    case DType::BF16:
+    case DType::F16:
+      return 2;
+    case DType::U8:
+      return 1;
+  }
+  fail("dtype_size: invalid dtype value ", static_cast<int>(dtype));
+}
+
+std::string_view dtype_name(DType dtype) {
+  switch (dtype) {
+    case DType::F32: return "f32";
+    case DType::F64: return "f64";
+    case DType::BF16: return "bf16";
+    case DType::F16: return "f16";
+    case DType::I32: return "i32";
+    case DType::I64: return "i64";
+    case DType::U8: return "u8";
+  }
+  return "invalid";
+}
+
+bool is_floating(DType dtype) {
+  return dtype == DType::F32 || dtype == DType::F64 || dtype == DType::BF16 ||
+         dtype == DType::F16;
+}
+
+DType parse_dtype(std::string_view name) {
+  struct Alias {
+    std::string_view name;
+    DType dtype;
+  };
+  static constexpr Alias kAliases[] = {
+      {"f32", DType::F32},   {"float32", DType::F32},  {"f64", DType::F64},
+      {"float64", DType::F64}, {"bf16", DType::BF16},  {"bfloat16", DType::BF16},
+      {"f16", DType::F16},   {"float16", DType::F16},  {"i32", DType::I32},
+      {"int32", DType::I32}, {"i64", DType::I64},      {"int64", DType::I64},
+      {"u8", DType::U8},     {"uint8", DType::U8}};
+  for (const Alias& alias : kAliases) {
+    if (alias.name == name) return alias.dtype;
+  }
+  fail("unknown dtype '", name, "'; expected one of f32, f64, bf16, f16, i32, i64, u8");
+}
+
+uint16_t float_to_bf16_bits(float value) {
+  uint32_t bits = std::bit_cast<uint32_t>(value);
+  if (std::isnan(value)) return static_cast<uint16_t>((bits >> 16) | 0x0040);  // quiet NaN
+  // Round to nearest, ties to even: add 0x7FFF plus the lowest kept bit, then truncate.
+  uint32_t rounding = 0x7FFF + ((bits >> 16) & 1);
+  return static_cast<uint16_t>((bits + rounding) >> 16);
+}
+
+float bf16_bits_to_float(uint16_t bits) {
+  return std::bit_cast<float>(static_cast<uint32_t>(bits) << 16);
+}
+
+// _Float16 conversions in GCC round to nearest even (F16C instructions or libgcc).
+uint16_t float_to_f16_bits(float value) {
+  return std::bit_cast<uint16_t>(static_cast<_Float16>(value));
+}
+
+float f16_bits_to_float(uint16_t bits) {
+  return static_cast<float>(std::bit_cast<_Float16>(bits));
+}
+
+std::ostream& operator<<(std::ostream& out, DType dtype) { return out << dtype_name(dtype); }
+
+}  // namespace loom

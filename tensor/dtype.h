@@ -1,0 +1,54 @@
+#pragma once
+// Element types and their conversions. bf16 and f16 are stored as raw 16-bit patterns and
+// converted with round-to-nearest-even; arithmetic on them happens in f32.
+
+#include <cstddef>
+#include <cstdint>
+#include <string>
+#include <string_view>
+
+namespace loom {
+
+enum class DType : uint8_t { F32, F64, BF16, F16, I32, I64, U8 };
+
+// Raw 16-bit float patterns; distinct types so that templates can dispatch on them.
+struct BFloat16 {
+  uint16_t bits;
+};
+struct Half {
+  uint16_t bits;
+};
+
+size_t dtype_size(DType dtype);
+std::string_view dtype_name(DType dtype);  // "f32", "bf16", ...
+bool is_floating(DType dtype);
+// Parses "f32", "float32", "bf16", ...; throws loom::Error listing the accepted names.
+DType parse_dtype(std::string_view name);
+
+// Round-to-nearest-even conversions; NaN stays NaN, overflow becomes infinity.
+uint16_t float_to_bf16_bits(float value);
+float bf16_bits_to_float(uint16_t bits);
+uint16_t float_to_f16_bits(float value);
+float f16_bits_to_float(uint16_t bits);
+
+// Maps a C++ element type to its DType: dtype_of<float>() == DType::F32.
+template <typename T>
+constexpr DType dtype_of();
+template <>
+constexpr DType dtype_of<float>() { return DType::F32; }
+template <>
+constexpr DType dtype_of<double>() { return DType::F64; }
+template <>
+constexpr DType dtype_of<BFloat16>() { return DType::BF16; }
+template <>
+constexpr DType dtype_of<Half>() { return DType::F16; }
+template <>
+constexpr DType dtype_of<int32_t>() { return DType::I32; }
+template <>
+constexpr DType dtype_of<int64_t>() { return DType::I64; }
+template <>
+constexpr DType dtype_of<uint8_t>() { return DType::U8; }
+
+std::ostream& operator<<(std::ostream& out, DType dtype);
+
+}  // namespace loom

@@ -1,0 +1,83 @@
+#pragma once
+// The public ops. Each validates its inputs, dispatches to the kernel for the inputs'
+// device, and records its vector-Jacobian product when a gradient is needed.
+// All inputs of an op must be on one device; floating ops take f32 or f64 (cast bf16/f16
+// first), index inputs take i32 or i64.
+
+#include <vector>
+
+#include "tensor/tensor.h"
+
+namespace loom {
+
+// --- elementwise, with NumPy broadcasting -------------------------------------------------
+Tensor add(const Tensor& a, const Tensor& b);
+Tensor sub(const Tensor& a, const Tensor& b);
+Tensor mul(const Tensor& a, const Tensor& b);
+Tensor div(const Tensor& a, const Tensor& b);
+Tensor add(const Tensor& a, double b);
+Tensor mul(const Tensor& a, double b);
+Tensor neg(const Tensor& a);
+// GELU with the tanh approximation (GPT-2's).
+Tensor gelu(const Tensor& x);
+
+inline Tensor operator+(const Tensor& a, const Tensor& b) { return add(a, b); }
+inline Tensor operator-(const Tensor& a, const Tensor& b) { return sub(a, b); }
+inline Tensor operator*(const Tensor& a, const Tensor& b) { return mul(a, b); }
+inline Tensor operator/(const Tensor& a, const Tensor& b) { return div(a, b); }
+inline Tensor operator*(const Tensor& a, double b) { return mul(a, b); }
+inline Tensor operator-(const Tensor& a) { return neg(a); }
+
+// In-place updates, never recorded (optimizers, gradient accumulation). `b` broadcasts to a.
+void add_(Tensor& a, const Tensor& b);
+void mul_(Tensor& a, double b);
+void fill_(Tensor& a, double value);
+void copy_(Tensor& dst, const Tensor& src);  // same shape; converts dtype
+
+// --- matrix products ------------------------------------------------------------------------
+// [M,K]x[K,N]; [...,M,K]x[K,N] (leading dims folded); [...,M,K]x[...,K,N] (equal batch dims).
+// Transposed views are used in place, without copies.
+Tensor matmul(const Tensor& a, const Tensor& b);
+// x [..., in] times weight [in, out] plus bias [out] (GPT-2's Conv1D layout).
+Tensor linear(const Tensor& x, const Tensor& weight, const Tensor& bias);
+
+// --- normalisation, softmax, attention, losses ------------------------------------------------
+// Over the last dimension; weight and bias have the size of the last dimension.
+Tensor layer_norm(const Tensor& x, const Tensor& weight, const Tensor& bias, double eps = 1e-5);
+// Softmax over the last dimension. With causal, x is [..., T, T] and entries with column >
+// row are masked out (probability 0).
+Tensor softmax(const Tensor& x, bool causal = false);
+// Causal scaled-dot-product attention over q, k, v of shape [B, H, T, D] (last stride 1;
+// other strides free, so q/k/v may be views into a fused projection). Scale 1/sqrt(D).
+// The result is [B, H, T, D] laid out as [B, T, H, D] in memory, so that
+// permute({0, 2, 1, 3}).reshape({B, T, H*D}) is free.
+Tensor causal_attention(const Tensor& q, const Tensor& k, const Tensor& v);
+// Mean over rows of -log softmax(logits)[target]; logits [N, V], targets [N] (i32/i64).
+Tensor cross_entropy(const Tensor& logits, const Tensor& targets);
+// Rows of weight [V, C] picked by indices (any shape, i32/i64): result [..., C].
+Tensor embedding(const Tensor& indices, const Tensor& weight);
+
+// --- reductions -------------------------------------------------------------------------------
+Tensor sum(const Tensor& x);  // all elements -> shape []
+Tensor sum(const Tensor& x, const std::vector<int64_t>& dims, bool keepdim = false);
+Tensor mean(const Tensor& x);
+Tensor mean(const Tensor& x, const std::vector<int64_t>& dims, bool keepdim = false);
+// Maximum along one dimension; the gradient flows to the first maximal element.
+Tensor max(const Tensor& x, int64_t dim, bool keepdim = false);
+Tensor max(const Tensor& x);
+// Sums a broadcast result back down to `shape` (the vjp of broadcasting).
+Tensor sum_to(const Tensor& x, const Shape& shape);
+
+// --- shape ops (views where possible) ----------------------------------------------------------
+Tensor reshape(const Tensor& x, const Shape& shape);  // one -1 allowed; view when possible
+Tensor permute(const Tensor& x, const std::vector<int64_t>& dims);
+Tensor transpose(const Tensor& x, int64_t dim0, int64_t dim1);
+Tensor narrow(const Tensor& x, int64_t dim, int64_t start, int64_t length);
+Tensor expand(const Tensor& x, const Shape& shape);
+Tensor concat(const std::vector<Tensor>& xs, int64_t dim);
+// Splits into pieces of the given sizes along dim (views).
+std::vector<Tensor> split(const Tensor& x, const std::vector<int64_t>& sizes, int64_t dim);
+Tensor contiguous(const Tensor& x);
+Tensor cast(const Tensor& x, DType dtype);
+
+}  // namespace loom

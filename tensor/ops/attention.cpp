@@ -1,0 +1,71 @@
+// Fused causal scaled-dot-product attention.
+
+#include "kernels/cpu/attention.h"
+#include "tensor/autograd/node.h"
+#include "tensor/ops.h"
+#include "tensor/ops/dispatch.h"
+
+namespace loom {
+
+namespace {
+
+// q/k/v-like operand with a contiguous last dimension (copied when it is not).
+Tensor with_unit_inner_stride(const Tensor& t) {
+  NoGradGuard no_grad;
+  return t.strides()[3] == 1 || t.size(3) == 1 ? t : t.contiguous();
+}
+
+// An uninitialised [B, H, T, D] tensor stored as [B, T, H, D].
+Tensor empty_bthd(const Shape& bhtd, DType dtype, Device device) {
+  Tensor storage = Tensor::empty({bhtd[0], bhtd[2], bhtd[1], bhtd[3]}, dtype, device);
+  return storage.permute({0, 2, 1, 3});
+}
+
+}  // namespace
+
+Tensor causal_attention(const Tensor& q, const Tensor& k, const Tensor& v) {
+  detail::check_kernel_device("causal_attention", q);
+  detail::check_same_kind("causal_attention", q, k);
+  detail::check_same_kind("causal_attention", q, v);
+  if (q.dim() != 4 || k.shape() != q.shape() || v.shape() != q.shape()) {
+    fail("causal_attention: expected q, k, v of one shape [B, H, T, D]; got ",
+         shape_str(q.shape()), ", ", shape_str(k.shape()), ", ", shape_str(v.shape()));
+  }
+  kernels::cpu::AttentionShape s{q.size(0), q.size(1), q.size(2), q.size(3)};
+  Tensor qc = with_unit_inner_stride(q), kc = with_unit_inner_stride(k),
+         vc = with_unit_inner_stride(v);
+  Tensor out = empty_bthd(q.shape(), q.dtype(), q.device()).detach();
+  Tensor probs = Tensor::empty({s.batch, s.heads, s.time, s.time}, q.dtype(), q.device());
+  if (q.numel() > 0) {
+    detail::dispatch_floating(q.dtype(), "causal_attention", [&]<typename T>() {
+      kernels::cpu::causal_attention_forward<T>(s, qc.data<T>(), qc.strides().data(), kc.data<T>(),
+                                                kc.strides().data(), vc.data<T>(),
+                                                vc.strides().data(), out.data<T>(),
+                                                out.strides().data(), probs.data<T>());
+    });
+  }
+  if (autograd::any_requires_grad({q, k, v})) {
+    autograd::record(
+        "CausalAttention", {q, k, v}, {out},
+        [qc = qc.detach(), kc = kc.detach(), vc = vc.detach(), probs, s](
+            const std::vector<Tensor>& g, const autograd::Node&) {
+          Tensor dout = with_unit_inner_stride(g[0]);
+          Tensor dq = empty_bthd(qc.shape(), qc.dtype(), qc.device());
+          Tensor dk = empty_bthd(qc.shape(), qc.dtype(), qc.device());
+          Tensor dv = empty_bthd(qc.shape(), qc.dtype(), qc.device());
+          if (qc.numel() > 0) {
+            detail::dispatch_floating(qc.dtype(), "causal_attention", [&]<typename T>() {
+              kernels::cpu::causal_attention_backward<T>(
+                  s, dout.data<T>(), dout.strides().data(), qc.data<T>(), qc.strides().data(),
+                  kc.data<T>(), kc.strides().data(), vc.data<T>(), vc.strides().data(),
+                  probs.data<T>(), dq.data<T>(), dq.strides().data(), dk.data<T>(),
+                  dk.strides().data(), dv.data<T>(), dv.strides().data());
+            });
+          }
+          return std::vector<Tensor>{dq, dk, dv};
+        });
+  }
+  return out;
+}
+
+}  // namespace loom

@@ -1,0 +1,130 @@
+// Copies, casts and fills: the ops that move elements without arithmetic.
+
+#include <cstring>
+#include <type_traits>
+
+#include "kernels/cpu/elementwise.h"
+#include "tensor/autograd/node.h"
+#include "tensor/ops.h"
+#include "tensor/ops/dispatch.h"
+
+namespace loom {
+
+namespace {
+
+// Element value conversions through a common type: int64 between integers, double otherwise.
+template <typename T>
+double to_double(T v) {
+  if constexpr (std::is_same_v<T, BFloat16>) return bf16_bits_to_float(v.bits);
+  else if constexpr (std::is_same_v<T, Half>) return f16_bits_to_float(v.bits);
+  else return static_cast<double>(v);
+}
+
+template <typename T>
+T from_double(double v) {
+  if constexpr (std::is_same_v<T, BFloat16>) return {float_to_bf16_bits(static_cast<float>(v))};
+  else if constexpr (std::is_same_v<T, Half>) return {float_to_f16_bits(static_cast<float>(v))};
+  else return static_cast<T>(v);
+}
+
+template <typename Src, typename Dst>
+void convert_loop(const void* src, void* dst, int64_t n) {
+  const Src* s = static_cast<const Src*>(src);
+  Dst* d = static_cast<Dst*>(dst);
+  if constexpr (std::is_integral_v<Src> && std::is_integral_v<Dst>) {
+    for (int64_t i = 0; i < n; ++i) d[i] = static_cast<Dst>(s[i]);
+  } else if constexpr (std::is_same_v<Src, float> && std::is_same_v<Dst, BFloat16>) {
+    for (int64_t i = 0; i < n; ++i) d[i].bits = float_to_bf16_bits(s[i]);
+  } else if constexpr (std::is_same_v<Src, BFloat16> && std::is_same_v<Dst, float>) {
+    for (int64_t i = 0; i < n; ++i) d[i] = bf16_bits_to_float(s[i].bits);
+  } else {
+    for (int64_t i = 0; i < n; ++i) d[i] = from_double<Dst>(to_double(s[i]));
+  }
+}
+
+template <typename F>
+void dispatch_any(DType dtype, F&& f) {
+  switch (dtype) {
+    case DType::F32: return f.template operator()<float>();
+    case DType::F64: return f.template operator()<double>();
+    case DType::BF16: return f.template operator()<BFloat16>();
+    case DType::F16: return f.template operator()<Half>();
+    case DType::I32: return f.template operator()<int32_t>();
+    case DType::I64: return f.template operator()<int64_t>();
+    case DType::U8: return f.template operator()<uint8_t>();
+  }
+}
+
+// Converts n contiguous elements of src_dtype into dst_dtype.
+void convert(DType src_dtype, const void* src, DType dst_dtype, void* dst, int64_t n) {
+  dispatch_any(src_dtype, [&]<typename Src>() {
+    dispatch_any(dst_dtype, [&]<typename Dst>() { convert_loop<Src, Dst>(src, dst, n); });
+  });
+}
+
+void check_cpu_contiguous_dst(const char* op, const Tensor& dst) {
+  detail::check_kernel_device(op, dst);
+  if (!dst.is_contiguous()) fail(op, ": destination must be contiguous, got strides ",
+                                 shape_str(dst.strides()), " for shape ", shape_str(dst.shape()));
+}
+
+}  // namespace
+
+void fill_(Tensor& a, double value) {
+  check_cpu_contiguous_dst("fill_", a);
+  int64_t n = a.numel();
+  dispatch_any(a.dtype(), [&]<typename T>() {
+    T v = from_double<T>(value);
+    T* p = static_cast<T*>(a.raw_data());
+    for (int64_t i = 0; i < n; ++i) p[i] = v;
+  });
+}
+
+void copy_(Tensor& dst, const Tensor& src) {
+  check_cpu_contiguous_dst("copy_", dst);
+  detail::check_kernel_device("copy_", src);
+  if (src.shape() != dst.shape()) {
+    fail("copy_: source shape ", shape_str(src.shape()), " does not match destination shape ",
+         shape_str(dst.shape()));
+  }
+  if (src.numel() == 0) return;
+  if (src.dtype() == dst.dtype()) {
+    kernels::cpu::copy_strided(dtype_size(src.dtype()), static_cast<int>(src.dim()),
+                               src.shape().data(), src.raw_data(), src.strides().data(),
+                               dst.raw_data());
+    return;
+  }
+  Tensor packed = src;
+  if (!src.is_contiguous()) {
+    packed = Tensor::empty(src.shape(), src.dtype(), src.device());
+    copy_(packed, src);
+  }
+  convert(packed.dtype(), packed.raw_data(), dst.dtype(), dst.raw_data(), dst.numel());
+}
+
+Tensor contiguous(const Tensor& x) {
+  if (x.is_contiguous()) return x;
+  Tensor out = Tensor::empty(x.shape(), x.dtype(), x.device());
+  copy_(out, x);
+  if (autograd::any_requires_grad({x})) {
+    autograd::record("Contiguous", {x}, {out},
+                     [](const std::vector<Tensor>& g, const autograd::Node&) { return g; });
+  }
+  return out;
+}
+
+Tensor cast(const Tensor& x, DType dtype) {
+  Tensor out = Tensor::empty(x.shape(), dtype, x.device());
+  copy_(out, x);
+  if (autograd::any_requires_grad({x})) {
+    if (!is_floating(dtype)) fail("cast: cannot differentiate through a cast to ", dtype);
+    DType from = x.dtype();
+    autograd::record("Cast", {x}, {out},
+                     [from](const std::vector<Tensor>& g, const autograd::Node&) {
+                       return std::vector<Tensor>{cast(g[0], from)};
+                     });
+  }
+  return out;
+}
+
+}  // namespace loom

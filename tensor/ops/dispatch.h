@@ -1,0 +1,32 @@
+#pragma once
+// Internal helpers shared by the op implementations (not part of the public API).
+
+#include <cstdint>
+#include <vector>
+
+#include "tensor/tensor.h"
+
+namespace loom::detail {
+
+// Calls f.template operator()<T>() with T = float or double for dtype, or throws naming op.
+template <typename F>
+decltype(auto) dispatch_floating(DType dtype, const char* op, F&& f) {
+  switch (dtype) {
+    case DType::F32:
+      return f.template operator()<float>();
+    case DType::F64:
+      return f.template operator()<double>();
+    default:
+      fail(op, ": expected an f32 or f64 tensor, got ", dtype,
+           "; cast with .to(DType::F32) first");
+  }
+}
+
+// Throws unless this build has a kernel for `op` on t's device (the CPU in this build).
+void check_kernel_device(const char* op, const Tensor& t);
+// Throws unless a and b share dtype and device.
+void check_same_kind(const char* op, const Tensor& a, const Tensor& b);
+// Index tensor (i32 or i64, any shape) as i64 values, each checked to be in [0, upper).
+std::vector<int64_t> indices_as_i64(const char* op, const Tensor& indices, int64_t upper);
+
+}  // namespace loom::detail

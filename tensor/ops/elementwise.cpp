@@ -1,0 +1,172 @@
+// Elementwise arithmetic with NumPy broadcasting, scalar forms, GELU and in-place updates.
+
+#include "kernels/cpu/elementwise.h"
+#include "tensor/autograd/node.h"
+#include "tensor/ops.h"
+#include "tensor/ops/dispatch.h"
+
+namespace loom {
+
+namespace {
+
+using kernels::cpu::BinaryOp;
+
+// Strides that read `t` as if expanded to `shape` (0 on broadcast dimensions).
+Shape broadcast_strides(const Tensor& t, const Shape& shape) {
+  Shape strides(shape.size(), 0);
+  size_t lead = shape.size() - t.shape().size();
+  for (size_t i = 0; i < t.shape().size(); ++i) {
+    strides[lead + i] = t.shape()[i] == 1 ? 0 : t.strides()[i];
+  }
+  return strides;
+}
+
+Tensor binary_forward(BinaryOp op, const char* name, const Tensor& a, const Tensor& b) {
+  detail::check_kernel_device(name, a);
+  detail::check_kernel_device(name, b);
+  detail::check_same_kind(name, a, b);
+  Shape shape = broadcast_shapes(a.shape(), b.shape(), name);
+  Tensor out = Tensor::empty(shape, a.dtype(), a.device());
+  if (out.numel() == 0) return out;
+  Shape sa = broadcast_strides(a, shape), sb = broadcast_strides(b, shape);
+  detail::dispatch_floating(a.dtype(), name, [&]<typename T>() {
+    kernels::cpu::binary<T>(op, static_cast<int>(shape.size()), shape.data(), a.data<T>(),
+                            sa.data(), b.data<T>(), sb.data(), out.data<T>());
+  });
+  return out;
+}
+
+}  // namespace
+
+Tensor add(const Tensor& a, const Tensor& b) {
+  Tensor out = binary_forward(BinaryOp::Add, "add", a, b);
+  if (autograd::any_requires_grad({a, b})) {
+    autograd::record("Add", {a, b}, {out},
+                     [sa = a.shape(), sb = b.shape()](const std::vector<Tensor>& g,
+                                                      const autograd::Node& node) {
+                       return std::vector<Tensor>{
+                           node.needs_input_grad(0) ? sum_to(g[0], sa) : Tensor(),
+                           node.needs_input_grad(1) ? sum_to(g[0], sb) : Tensor()};
+                     });
+  }
+  return out;
+}
+
+Tensor sub(const Tensor& a, const Tensor& b) {
+  Tensor out = binary_forward(BinaryOp::Sub, "sub", a, b);
+  if (autograd::any_requires_grad({a, b})) {
+    autograd::record("Sub", {a, b}, {out},
+                     [sa = a.shape(), sb = b.shape()](const std::vector<Tensor>& g,
+                                                      const autograd::Node& node) {
+                       return std::vector<Tensor>{
+                           node.needs_input_grad(0) ? sum_to(g[0], sa) : Tensor(),
+                           node.needs_input_grad(1) ? sum_to(neg(g[0]), sb) : Tensor()};
+                     });
+  }
+  return out;
+}
+
+Tensor mul(const Tensor& a, const Tensor& b) {
+  Tensor out = binary_forward(BinaryOp::Mul, "mul", a, b);
+  if (autograd::any_requires_grad({a, b})) {
+    autograd::record("Mul", {a, b}, {out},
+                     [a = a.detach(), b = b.detach()](const std::vector<Tensor>& g,
+                                                      const autograd::Node& node) {
+                       return std::vector<Tensor>{
+                           node.needs_input_grad(0) ? sum_to(mul(g[0], b), a.shape()) : Tensor(),
+                           node.needs_input_grad(1) ? sum_to(mul(g[0], a), b.shape()) : Tensor()};
+                     });
+  }
+  return out;
+}
+
+Tensor div(const Tensor& a, const Tensor& b) {
+  Tensor out = binary_forward(BinaryOp::Div, "div", a, b);
+  if (autograd::any_requires_grad({a, b})) {
+    autograd::record(
+        "Div", {a, b}, {out},
+        [a = a.detach(), b = b.detach()](const std::vector<Tensor>& g,
+                                         const autograd::Node& node) {
+          Tensor ga, gb;
+          if (node.needs_input_grad(0)) ga = sum_to(div(g[0], b), a.shape());
+          if (node.needs_input_grad(1)) gb = sum_to(neg(div(mul(g[0], a), mul(b, b))), b.shape());
+          return std::vector<Tensor>{ga, gb};
+        });
+  }
+  return out;
+}
+
+Tensor add(const Tensor& a, double value) {
+  detail::check_kernel_device("add", a);
+  Tensor out = Tensor::empty(a.shape(), a.dtype(), a.device());
+  Tensor src = a.contiguous();
+  detail::dispatch_floating(a.dtype(), "add", [&]<typename T>() {
+    kernels::cpu::add_scalar<T>(src.data<T>(), static_cast<T>(value), out.data<T>(), a.numel());
+  });
+  if (autograd::any_requires_grad({a})) {
+    autograd::record("AddScalar", {a}, {out},
+                     [](const std::vector<Tensor>& g, const autograd::Node&) { return g; });
+  }
+  return out;
+}
+
+Tensor mul(const Tensor& a, double factor) {
+  detail::check_kernel_device("mul", a);
+  Tensor out = Tensor::empty(a.shape(), a.dtype(), a.device());
+  Tensor src = a.contiguous();
+  detail::dispatch_floating(a.dtype(), "mul", [&]<typename T>() {
+    kernels::cpu::scale<T>(src.data<T>(), static_cast<T>(factor), out.data<T>(), a.numel());
+  });
+  if (autograd::any_requires_grad({a})) {
+    autograd::record("MulScalar", {a}, {out},
+                     [factor](const std::vector<Tensor>& g, const autograd::Node&) {
+                       return std::vector<Tensor>{mul(g[0], factor)};
+                     });
+  }
+  return out;
+}
+
+Tensor neg(const Tensor& a) { return mul(a, -1.0); }
+
+Tensor gelu(const Tensor& x) {
+  detail::check_kernel_device("gelu", x);
+  Tensor in = x.contiguous();
+  Tensor out = Tensor::empty(x.shape(), x.dtype(), x.device());
+  detail::dispatch_floating(x.dtype(), "gelu", [&]<typename T>() {
+    kernels::cpu::gelu_forward<T>(in.data<T>(), out.data<T>(), in.numel());
+  });
+  if (autograd::any_requires_grad({x})) {
+    autograd::record("Gelu", {x}, {out},
+                     [in = in.detach()](const std::vector<Tensor>& g, const autograd::Node&) {
+                       Tensor dy = g[0].contiguous();
+                       Tensor dx = Tensor::empty(in.shape(), in.dtype(), in.device());
+                       detail::dispatch_floating(in.dtype(), "gelu", [&]<typename T>() {
+                         kernels::cpu::gelu_backward<T>(in.data<T>(), dy.data<T>(), dx.data<T>(),
+                                                        in.numel());
+                       });
+                       return std::vector<Tensor>{dx};
+                     });
+  }
+  return out;
+}
+
+void add_(Tensor& a, const Tensor& b) {
+  detail::check_kernel_device("add_", a);
+  detail::check_same_kind("add_", a, b);
+  check(a.is_contiguous(), "add_: destination must be contiguous");
+  NoGradGuard no_grad;
+  Tensor src = b.shape() == a.shape() ? b.contiguous() : expand(b, a.shape()).contiguous();
+  detail::dispatch_floating(a.dtype(), "add_", [&]<typename T>() {
+    kernels::cpu::add_inplace<T>(a.data<T>(), src.data<T>(), a.numel());
+  });
+}
+
+void mul_(Tensor& a, double factor) {
+  detail::check_kernel_device("mul_", a);
+  check(a.is_contiguous(), "mul_: destination must be contiguous");
+  detail::dispatch_floating(a.dtype(), "mul_", [&]<typename T>() {
+    kernels::cpu::scale_inplace<T>(a.data<T>(), static_cast<T>(factor), a.numel());
+  });
+}
+
+}  // namespace loom

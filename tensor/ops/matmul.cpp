@@ -1,0 +1,181 @@
+// Matrix products (matmul, linear) through the GEMM kernel. Transposed views are passed to the
+// kernel as transposed operands, so x @ w.T and friends never copy.
+
+#include "kernels/cpu/gemm.h"
+#include "tensor/autograd/node.h"
+#include "tensor/ops.h"
+#include "tensor/ops/dispatch.h"
+
+namespace loom {
+
+namespace {
+
+// A [rows, cols] matrix (or a batch of them, batch_stride apart) as the GEMM kernel sees it.
+struct Operand {
+  Tensor holder;  // keeps the memory alive (a contiguous copy when the view was unusable)
+  bool trans = false;
+  int64_t ld = 0;
+  int64_t batch_stride = 0;
+};
+
+// Reads the last two dims of a 2-D or 3-D tensor as a GEMM operand.
+Operand as_operand(const Tensor& t) {
+  int64_t n = t.dim();
+  int64_t rows = t.shape()[n - 2], cols = t.shape()[n - 1];
+  int64_t sr = t.strides()[n - 2], sc = t.strides()[n - 1];
+  int64_t batch_stride = n == 3 ? t.strides()[0] : 0;
+  if ((sc == 1 || cols == 1) && (sr >= cols || rows == 1)) {
+    return {t, false, std::max<int64_t>(rows == 1 ? cols : sr, 1), batch_stride};
+  }
+  if ((sr == 1 || rows == 1) && (sc >= rows || cols == 1)) {
+    return {t, true, std::max<int64_t>(cols == 1 ? rows : sc, 1), batch_stride};
+  }
+  Tensor packed = t.contiguous();
+  return {packed, false, std::max<int64_t>(cols, 1), n == 3 ? rows * cols : 0};
+}
+
+// Views t ([batch..., r, c]) as [prod(batch), r, c]; copies when the batch dims do not fold
+// into one stride.
+Tensor fold_batch(const Tensor& t) {
+  int64_t n = t.dim();
+  std::vector<int64_t> batch_dims;  // batch dims of size > 1
+  for (int64_t d = 0; d < n - 2; ++d) {
+    if (t.shape()[d] != 1) batch_dims.push_back(d);
+  }
+  bool foldable = true;
+  for (size_t i = 0; i + 1 < batch_dims.size(); ++i) {
+    int64_t d = batch_dims[i], e = batch_dims[i + 1];
+    if (t.strides()[d] != t.strides()[e] * t.shape()[e]) foldable = false;
+  }
+  Tensor base = foldable ? t : t.contiguous();
+  int64_t batch = 1;
+  for (int64_t d = 0; d < n - 2; ++d) batch *= t.shape()[d];
+  int64_t batch_stride = batch_dims.empty() ? 0 : base.strides()[batch_dims.back()];
+  return Tensor::make_view(base, {batch, t.shape()[n - 2], t.shape()[n - 1]},
+                           {batch_stride, base.strides()[n - 2], base.strides()[n - 1]},
+                           base.offset());
+}
+
+// out[i] = a[i] @ b[i] (+= when accumulate) for a batch of `batch` products; a batch stride
+// of 0 reuses the same matrix. out is contiguous [batch, m, n].
+void batched_gemm(const Operand& a, const Operand& b, Tensor& out, int64_t batch, int64_t m,
+                  int64_t n, int64_t k, bool accumulate) {
+  detail::dispatch_floating(out.dtype(), "matmul", [&]<typename T>() {
+    const T* pa = a.holder.data<T>();
+    const T* pb = b.holder.data<T>();
+    T* pc = out.data<T>();
+    for (int64_t i = 0; i < batch; ++i) {
+      kernels::cpu::gemm<T>(a.trans, b.trans, m, n, k, pa + i * a.batch_stride, a.ld,
+                            pb + i * b.batch_stride, b.ld, pc + i * m * n, std::max<int64_t>(n, 1),
+                            accumulate);
+    }
+  });
+}
+
+Tensor matmul_forward(const Tensor& a, const Tensor& b) {
+  detail::check_kernel_device("matmul", a);
+  detail::check_kernel_device("matmul", b);
+  detail::check_same_kind("matmul", a, b);
+  if (a.dim() < 2 || b.dim() < 2) {
+    fail("matmul: operands need at least 2 dimensions, got ", shape_str(a.shape()), " and ",
+         shape_str(b.shape()));
+  }
+  int64_t m = a.size(-2), k = a.size(-1), n = b.size(-1);
+  if (b.size(-2) != k) {
+    fail("matmul: inner dimensions differ: ", shape_str(a.shape()), " x ", shape_str(b.shape()));
+  }
+  Shape out_shape(a.shape().begin(), a.shape().end() - 1);
+  out_shape.push_back(n);
+  if (b.dim() == 2) {
+    // Fold a's leading dims into rows: [..., m, k] -> [rows, k].
+    int64_t rows = a.numel() / std::max<int64_t>(k, 1);
+    if (k == 0) rows = numel_of(out_shape) / std::max<int64_t>(n, 1);
+    Tensor a2 = a.dim() == 2 ? a : a.contiguous();
+    if (a.dim() != 2) a2 = Tensor::make_view(a2, {rows, k}, {k, 1}, a2.offset());
+    Tensor out = Tensor::empty(out_shape, a.dtype(), a.device());
+    if (out.numel() == 0) return out;
+    batched_gemm(as_operand(a2), as_operand(b), out, 1, rows, n, k, false);
+    return out;
+  }
+  Shape batch_a(a.shape().begin(), a.shape().end() - 2);
+  Shape batch_b(b.shape().begin(), b.shape().end() - 2);
+  if (batch_a != batch_b) {
+    fail("matmul: batch dimensions differ: ", shape_str(a.shape()), " x ", shape_str(b.shape()),
+         " (batched operands must have equal batch dimensions)");
+  }
+  Tensor out = Tensor::empty(out_shape, a.dtype(), a.device());
+  if (out.numel() == 0) return out;
+  int64_t batch = numel_of(batch_a);
+  batched_gemm(as_operand(fold_batch(a)), as_operand(fold_batch(b)), out, batch, m, n, k, false);
+  return out;
+}
+
+}  // namespace
+
+Tensor matmul(const Tensor& a, const Tensor& b) {
+  Tensor out = matmul_forward(a, b);
+  if (autograd::any_requires_grad({a, b})) {
+    autograd::record(
+        "Matmul", {a, b}, {out},
+        [a = a.detach(), b = b.detach()](const std::vector<Tensor>& g, const autograd::Node& node) {
+          Tensor ga, gb;
+          if (node.needs_input_grad(0)) ga = matmul(g[0], transpose(b, -1, -2));
+          if (node.needs_input_grad(1)) {
+            if (b.dim() == 2 && a.dim() > 2) {
+              Tensor a2 = reshape(a, {-1, a.size(-1)});
+              Tensor g2 = reshape(g[0], {-1, g[0].size(-1)});
+              gb = matmul(transpose(a2, 0, 1), g2);
+            } else {
+              gb = matmul(transpose(a, -1, -2), g[0]);
+            }
+          }
+          return std::vector<Tensor>{ga, gb};
+        });
+  }
+  return out;
+}
+
+Tensor linear(const Tensor& x, const Tensor& weight, const Tensor& bias) {
+  detail::check_kernel_device("linear", x);
+  detail::check_same_kind("linear", x, weight);
+  detail::check_same_kind("linear", x, bias);
+  if (weight.dim() != 2 || bias.dim() != 1 || x.dim() < 1 || x.size(-1) != weight.size(0) ||
+      bias.size(0) != weight.size(1)) {
+    fail("linear: expected x [..., in], weight [in, out], bias [out]; got x ",
+         shape_str(x.shape()), ", weight ", shape_str(weight.shape()), ", bias ",
+         shape_str(bias.shape()));
+  }
+  int64_t in = weight.size(0), out_features = weight.size(1);
+  int64_t rows = x.numel() / std::max<int64_t>(in, 1);
+  Tensor x2;
+  {
+    NoGradGuard no_grad;
+    x2 = reshape(x.contiguous(), {rows, in});
+  }
+  Shape out_shape(x.shape().begin(), x.shape().end() - 1);
+  out_shape.push_back(out_features);
+  Tensor out = Tensor::empty(out_shape, x.dtype(), x.device());
+  Tensor b = bias.contiguous();
+  detail::dispatch_floating(x.dtype(), "linear", [&]<typename T>() {
+    T* po = out.data<T>();
+    const T* pb = b.data<T>();
+    for (int64_t r = 0; r < rows; ++r) std::copy(pb, pb + out_features, po + r * out_features);
+  });
+  if (out.numel() > 0) batched_gemm(as_operand(x2), as_operand(weight), out, 1, rows, out_features, in, true);
+  if (autograd::any_requires_grad({x, weight, bias})) {
+    autograd::record(
+        "Linear", {x, weight, bias}, {out},
+        [x2 = x2.detach(), w = weight.detach(), x_shape = x.shape()](
+            const std::vector<Tensor>& g, const autograd::Node& node) {
+          Tensor g2 = reshape(g[0], {x2.size(0), w.size(1)});
+          Tensor gx, gw, gb;
+          if (node.needs_input_grad(0)) gx = reshape(matmul(g2, transpose(w, 0, 1)), x_shape);
+          if (node.needs_input_grad(1)) gw = matmul(transpose(x2, 0, 1), g2);
+          if (node.needs_input_grad(2)) gb = sum(g2, {0});
+          return std::vector<Tensor>{gx, gw, gb};
+        });
+  }
+  return out;
+}
+
+}  // namespace loom

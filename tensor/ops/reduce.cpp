@@ -1,0 +1,168 @@
+// Reductions: sum, mean, max, and sum_to (the vjp of broadcasting).
+
+#include <algorithm>
+
+#include "kernels/cpu/reduce.h"
+#include "tensor/autograd/node.h"
+#include "tensor/ops.h"
+#include "tensor/ops/dispatch.h"
+
+namespace loom {
+
+namespace {
+
+struct AxisSplit {
+  int64_t outer = 1, extent = 1, inner = 1;
+};
+
+AxisSplit split_at(const Shape& shape, int64_t dim) {
+  AxisSplit s;
+  for (int64_t d = 0; d < static_cast<int64_t>(shape.size()); ++d) {
+    if (d < dim) s.outer *= shape[d];
+    else if (d == dim) s.extent = shape[d];
+    else s.inner *= shape[d];
+  }
+  return s;
+}
+
+// Sums over one dimension of a contiguous tensor, keeping it with size 1. No autograd.
+Tensor sum_one_dim(const Tensor& x, int64_t dim) {
+  AxisSplit s = split_at(x.shape(), dim);
+  Shape shape = x.shape();
+  shape[dim] = 1;
+  Tensor out = Tensor::empty(shape, x.dtype(), x.device());
+  detail::dispatch_floating(x.dtype(), "sum", [&]<typename T>() {
+    kernels::cpu::sum_axis<T>(x.data<T>(), out.data<T>(), s.outer, s.extent, s.inner);
+  });
+  return out;
+}
+
+std::vector<int64_t> normalized_dims(const std::vector<int64_t>& dims, int64_t ndim,
+                                     const char* op) {
+  std::vector<int64_t> out;
+  for (int64_t d : dims) out.push_back(wrap_dim(d, ndim, op));
+  std::sort(out.begin(), out.end());
+  if (std::adjacent_find(out.begin(), out.end()) != out.end()) {
+    fail(op, ": a dimension is listed twice");
+  }
+  return out;
+}
+
+}  // namespace
+
+Tensor sum(const Tensor& x) {
+  detail::check_kernel_device("sum", x);
+  Tensor in = x.contiguous();
+  Tensor out = Tensor::empty({}, x.dtype(), x.device());
+  detail::dispatch_floating(x.dtype(), "sum", [&]<typename T>() {
+    *out.data<T>() = static_cast<T>(kernels::cpu::sum_all<T>(in.data<T>(), in.numel()));
+  });
+  if (autograd::any_requires_grad({x})) {
+    autograd::record("Sum", {x}, {out},
+                     [shape = x.shape()](const std::vector<Tensor>& g, const autograd::Node&) {
+                       return std::vector<Tensor>{expand(g[0], shape)};
+                     });
+  }
+  return out;
+}
+
+Tensor sum(const Tensor& x, const std::vector<int64_t>& dims_in, bool keepdim) {
+  detail::check_kernel_device("sum", x);
+  std::vector<int64_t> dims = normalized_dims(dims_in, x.dim(), "sum");
+  Tensor out = x.contiguous();
+  {
+    NoGradGuard no_grad;
+    for (int64_t d : dims) out = sum_one_dim(out, d);
+  }
+  Shape kept = out.shape();
+  if (!keepdim) {
+    Shape squeezed;
+    for (int64_t d = 0; d < x.dim(); ++d) {
+      if (!std::binary_search(dims.begin(), dims.end(), d)) squeezed.push_back(x.shape()[d]);
+    }
+    out = Tensor::make_view(out, squeezed, contiguous_strides(squeezed), out.offset());
+  } else {
+    out = out.detach();
+  }
+  if (autograd::any_requires_grad({x})) {
+    autograd::record("SumDims", {x}, {out},
+                     [shape = x.shape(), kept](const std::vector<Tensor>& g,
+                                               const autograd::Node&) {
+                       return std::vector<Tensor>{expand(reshape(g[0], kept), shape)};
+                     });
+  }
+  return out;
+}
+
+Tensor mean(const Tensor& x) { return mul(sum(x), 1.0 / static_cast<double>(x.numel())); }
+
+Tensor mean(const Tensor& x, const std::vector<int64_t>& dims, bool keepdim) {
+  int64_t count = 1;
+  for (int64_t d : dims) count *= x.shape()[wrap_dim(d, x.dim(), "mean")];
+  return mul(sum(x, dims, keepdim), 1.0 / static_cast<double>(count));
+}
+
+Tensor max(const Tensor& x, int64_t dim, bool keepdim) {
+  detail::check_kernel_device("max", x);
+  dim = wrap_dim(dim, x.dim(), "max");
+  if (x.shape()[dim] == 0) fail("max: dimension ", dim, " of ", shape_str(x.shape()), " is empty");
+  Tensor in = x.contiguous();
+  AxisSplit s = split_at(x.shape(), dim);
+  Shape kept = x.shape();
+  kept[dim] = 1;
+  Tensor values = Tensor::empty(kept, x.dtype(), x.device());
+  auto argmax = std::make_shared<std::vector<int64_t>>(static_cast<size_t>(s.outer * s.inner));
+  detail::dispatch_floating(x.dtype(), "max", [&]<typename T>() {
+    kernels::cpu::max_axis<T>(in.data<T>(), values.data<T>(), argmax->data(), s.outer, s.extent,
+                              s.inner);
+  });
+  Tensor out = values;
+  if (!keepdim) {
+    Shape squeezed = x.shape();
+    squeezed.erase(squeezed.begin() + dim);
+    out = Tensor::make_view(values, squeezed, contiguous_strides(squeezed), 0);
+  }
+  if (autograd::any_requires_grad({x})) {
+    autograd::record(
+        "Max", {x}, {out},
+        [shape = x.shape(), s, argmax](const std::vector<Tensor>& g, const autograd::Node&) {
+          Tensor dy = g[0].contiguous();
+          Tensor dx = Tensor::zeros(shape, dy.dtype(), dy.device());
+          detail::dispatch_floating(dy.dtype(), "max", [&]<typename T>() {
+            const T* src = dy.data<T>();
+            T* dst = dx.data<T>();
+            for (int64_t o = 0; o < s.outer; ++o) {
+              for (int64_t i = 0; i < s.inner; ++i) {
+                int64_t at = o * s.inner + i;
+                dst[(o * s.extent + (*argmax)[at]) * s.inner + i] = src[at];
+              }
+            }
+          });
+          return std::vector<Tensor>{dx};
+        });
+  }
+  return out;
+}
+
+Tensor max(const Tensor& x) { return max(reshape(x, {-1}), 0, false); }
+
+Tensor sum_to(const Tensor& x, const Shape& shape) {
+  if (x.shape() == shape) return x;
+  if (shape.size() > x.shape().size()) {
+    fail("sum_to: cannot reduce ", shape_str(x.shape()), " to ", shape_str(shape));
+  }
+  size_t lead = x.shape().size() - shape.size();
+  std::vector<int64_t> dims;
+  for (size_t i = 0; i < x.shape().size(); ++i) {
+    if (i < lead) {
+      dims.push_back(static_cast<int64_t>(i));
+    } else if (shape[i - lead] == 1 && x.shape()[i] != 1) {
+      dims.push_back(static_cast<int64_t>(i));
+    } else if (shape[i - lead] != x.shape()[i]) {
+      fail("sum_to: cannot reduce ", shape_str(x.shape()), " to ", shape_str(shape));
+    }
+  }
+  return reshape(sum(x, dims, /*keepdim=*/true), shape);
+}
+
+}  // namespace loom

@@ -1,0 +1,85 @@
+// Softmax (optionally causal) and the fused softmax cross-entropy loss.
+
+#include "kernels/cpu/softmax.h"
+#include "tensor/autograd/node.h"
+#include "tensor/ops.h"
+#include "tensor/ops/dispatch.h"
+
+namespace loom {
+
+Tensor softmax(const Tensor& x, bool causal) {
+  detail::check_kernel_device("softmax", x);
+  if (x.dim() < 1) fail("softmax: expected at least one dimension, got a scalar");
+  int64_t width = x.size(-1);
+  if (causal && (x.dim() < 2 || x.size(-2) != width)) {
+    fail("softmax: a causal softmax needs [..., T, T] scores, got ", shape_str(x.shape()));
+  }
+  if (width == 0) fail("softmax: the last dimension is empty in ", shape_str(x.shape()));
+  int64_t rows = x.numel() / width;
+  Tensor in;
+  {
+    NoGradGuard no_grad;
+    in = x.contiguous();
+  }
+  Tensor out = Tensor::empty(x.shape(), x.dtype(), x.device());
+  detail::dispatch_floating(x.dtype(), "softmax", [&]<typename T>() {
+    kernels::cpu::softmax_forward<T>(in.data<T>(), out.data<T>(), rows, width,
+                                     causal ? width : 0);
+  });
+  if (autograd::any_requires_grad({x})) {
+    autograd::record("Softmax", {x}, {out},
+                     [y = out.detach(), rows, width](const std::vector<Tensor>& g,
+                                                     const autograd::Node&) {
+                       Tensor dy = g[0].contiguous();
+                       Tensor dx = Tensor::empty(y.shape(), y.dtype(), y.device());
+                       detail::dispatch_floating(y.dtype(), "softmax", [&]<typename T>() {
+                         kernels::cpu::softmax_backward<T>(y.data<T>(), dy.data<T>(),
+                                                           dx.data<T>(), rows, width);
+                       });
+                       return std::vector<Tensor>{dx};
+                     });
+  }
+  return out;
+}
+
+Tensor cross_entropy(const Tensor& logits, const Tensor& targets) {
+  detail::check_kernel_device("cross_entropy", logits);
+  if (logits.dim() != 2 || targets.dim() != 1 || targets.size(0) != logits.size(0)) {
+    fail("cross_entropy: expected logits [N, V] and targets [N], got ", shape_str(logits.shape()),
+         " and ", shape_str(targets.shape()));
+  }
+  int64_t rows = logits.size(0), vocab = logits.size(1);
+  if (rows == 0) fail("cross_entropy: no rows; the mean over zero targets is undefined");
+  auto index = std::make_shared<std::vector<int64_t>>(
+      detail::indices_as_i64("cross_entropy (targets)", targets, vocab));
+  Tensor in;
+  {
+    NoGradGuard no_grad;
+    in = logits.contiguous();
+  }
+  Tensor lse = Tensor::empty({rows}, logits.dtype(), logits.device());
+  Tensor out = Tensor::empty({}, logits.dtype(), logits.device());
+  detail::dispatch_floating(logits.dtype(), "cross_entropy", [&]<typename T>() {
+    double loss = kernels::cpu::cross_entropy_forward<T>(in.data<T>(), index->data(),
+                                                         lse.data<T>(), rows, vocab);
+    *out.data<T>() = static_cast<T>(loss);
+  });
+  if (autograd::any_requires_grad({logits})) {
+    autograd::record(
+        "CrossEntropy", {logits}, {out},
+        [in = in.detach(), lse, index, rows, vocab](const std::vector<Tensor>& g,
+                                                    const autograd::Node&) {
+          Tensor dlogits = Tensor::empty(in.shape(), in.dtype(), in.device());
+          double scale = g[0].item() / static_cast<double>(rows);
+          detail::dispatch_floating(in.dtype(), "cross_entropy", [&]<typename T>() {
+            kernels::cpu::cross_entropy_backward<T>(in.data<T>(), index->data(), lse.data<T>(),
+                                                    static_cast<T>(scale), dlogits.data<T>(),
+                                                    rows, vocab);
+          });
+          return std::vector<Tensor>{dlogits};
+        });
+  }
+  return out;
+}
+
+}  // namespace loom

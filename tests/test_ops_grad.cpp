@@ -1,0 +1,167 @@
+// Every op's vector-Jacobian product against central finite differences in f64.
+
+#include <gtest/gtest.h>
+
+#include "gradcheck.h"
+
+namespace loom {
+namespace {
+
+using testing::expect_gradients_match;
+using testing::random_leaf;
+using Inputs = std::vector<Tensor>;
+
+class OpGradient : public ::testing::Test {
+ protected:
+  Generator gen{42};
+};
+
+TEST_F(OpGradient, AddSubMulDivWithBroadcasting) {
+  Tensor a = random_leaf({2, 3, 4}, gen), b = random_leaf({3, 1}, gen), c = random_leaf({4}, gen);
+  expect_gradients_match([](const Inputs& x) { return add(x[0], x[1]); }, {a, b});
+  expect_gradients_match([](const Inputs& x) { return sub(x[0], x[1]); }, {a, c});
+  expect_gradients_match([](const Inputs& x) { return mul(x[1], x[0]); }, {a, b});
+  Tensor positive = add(random_leaf({4}, gen, false), 3.0).detach().set_requires_grad(true);
+  expect_gradients_match([](const Inputs& x) { return div(x[0], x[1]); }, {a, positive});
+}
+
+TEST_F(OpGradient, ScalarOpsAndNeg) {
+  Tensor a = random_leaf({3, 5}, gen);
+  expect_gradients_match([](const Inputs& x) { return add(x[0], 2.5); }, {a});
+  expect_gradients_match([](const Inputs& x) { return mul(x[0], -1.5); }, {a});
+  expect_gradients_match([](const Inputs& x) { return neg(x[0]); }, {a});
+}
+
+TEST_F(OpGradient, Gelu) {
+  Tensor a = mul(random_leaf({4, 6}, gen, false), 3.0).detach().set_requires_grad(true);
+  expect_gradients_match([](const Inputs& x) { return gelu(x[0]); }, {a});
+}
+
+TEST_F(OpGradient, Matmul2D) {
+  Tensor a = random_leaf({3, 4}, gen), b = random_leaf({4, 5}, gen);
+  expect_gradients_match([](const Inputs& x) { return matmul(x[0], x[1]); }, {a, b});
+}
+
+TEST_F(OpGradient, MatmulWithTransposedViews) {
+  Tensor a = random_leaf({4, 3}, gen), b = random_leaf({5, 4}, gen);
+  expect_gradients_match(
+      [](const Inputs& x) { return matmul(transpose(x[0], 0, 1), transpose(x[1], 0, 1)); },
+      {a, b});
+}
+
+TEST_F(OpGradient, MatmulFoldsLeadingDims) {
+  Tensor a = random_leaf({2, 3, 4}, gen), b = random_leaf({4, 5}, gen);
+  expect_gradients_match([](const Inputs& x) { return matmul(x[0], x[1]); }, {a, b});
+}
+
+TEST_F(OpGradient, BatchedMatmul) {
+  Tensor a = random_leaf({2, 2, 3, 4}, gen), b = random_leaf({2, 2, 4, 3}, gen);
+  expect_gradients_match([](const Inputs& x) { return matmul(x[0], x[1]); }, {a, b});
+  expect_gradients_match([](const Inputs& x) { return matmul(x[0], transpose(x[0], -1, -2)); },
+                         {a});
+}
+
+TEST_F(OpGradient, Linear) {
+  Tensor x = random_leaf({2, 3, 4}, gen), w = random_leaf({4, 6}, gen), b = random_leaf({6}, gen);
+  expect_gradients_match([](const Inputs& in) { return linear(in[0], in[1], in[2]); }, {x, w, b});
+}
+
+TEST_F(OpGradient, LayerNorm) {
+  Tensor x = random_leaf({3, 2, 8}, gen), w = random_leaf({8}, gen), b = random_leaf({8}, gen);
+  expect_gradients_match([](const Inputs& in) { return layer_norm(in[0], in[1], in[2], 1e-5); },
+                         {x, w, b});
+}
+
+TEST_F(OpGradient, Softmax) {
+  Tensor x = random_leaf({3, 7}, gen);
+  expect_gradients_match([](const Inputs& in) { return softmax(in[0]); }, {x});
+}
+
+TEST_F(OpGradient, CausalSoftmax) {
+  Tensor x = random_leaf({2, 5, 5}, gen);
+  expect_gradients_match([](const Inputs& in) { return softmax(in[0], true); }, {x});
+}
+
+TEST_F(OpGradient, CausalAttentionOnFusedProjectionViews) {
+  // q, k, v as [B, H, T, D] views into one [B, T, 3*H*D] tensor, the way GPT uses them.
+  const int64_t B = 2, H = 2, T = 4, D = 3;
+  Tensor qkv = random_leaf({B, T, 3 * H * D}, gen);
+  expect_gradients_match(
+      [&](const Inputs& in) {
+        std::vector<Tensor> parts = split(in[0], {H * D, H * D, H * D}, -1);
+        auto heads = [&](const Tensor& t) { return t.reshape({B, T, H, D}).permute({0, 2, 1, 3}); };
+        return causal_attention(heads(parts[0]), heads(parts[1]), heads(parts[2]));
+      },
+      {qkv});
+}
+
+TEST_F(OpGradient, CausalAttentionMatchesComposedOps) {
+  Tensor q = random_leaf({1, 2, 5, 4}, gen), k = random_leaf({1, 2, 5, 4}, gen),
+         v = random_leaf({1, 2, 5, 4}, gen);
+  Tensor fused = causal_attention(q, k, v);
+  Tensor scores = mul(matmul(q, transpose(k, -1, -2)), 0.5);
+  Tensor composed = matmul(softmax(scores, true), v);
+  std::vector<double> a = fused.to_vector<double>(), b = composed.to_vector<double>();
+  for (size_t i = 0; i < a.size(); ++i) EXPECT_NEAR(a[i], b[i], 1e-12);
+}
+
+TEST_F(OpGradient, CrossEntropy) {
+  Tensor logits = random_leaf({4, 6}, gen);
+  Tensor targets = Tensor::from_vector<int64_t>({0, 5, 2, 5}, {4});
+  expect_gradients_match([&](const Inputs& in) { return cross_entropy(in[0], targets); }, {logits});
+}
+
+TEST_F(OpGradient, EmbeddingWithRepeatedIndices) {
+  Tensor weight = random_leaf({5, 3}, gen);
+  Tensor idx = Tensor::from_vector<int32_t>({1, 4, 1, 0, 1, 2}, {2, 3});
+  expect_gradients_match([&](const Inputs& in) { return embedding(idx, in[0]); }, {weight});
+}
+
+TEST_F(OpGradient, Reductions) {
+  Tensor x = random_leaf({2, 3, 4}, gen);
+  expect_gradients_match([](const Inputs& in) { return sum(in[0]); }, {x});
+  expect_gradients_match([](const Inputs& in) { return sum(in[0], {0, 2}); }, {x});
+  expect_gradients_match([](const Inputs& in) { return sum(in[0], {1}, true); }, {x});
+  expect_gradients_match([](const Inputs& in) { return mean(in[0]); }, {x});
+  expect_gradients_match([](const Inputs& in) { return mean(in[0], {-1}); }, {x});
+  expect_gradients_match([](const Inputs& in) { return max(in[0], 1); }, {x});
+  expect_gradients_match([](const Inputs& in) { return max(in[0], 2, true); }, {x});
+  expect_gradients_match([](const Inputs& in) { return max(in[0]); }, {x});
+}
+
+TEST_F(OpGradient, ShapeOps) {
+  Tensor x = random_leaf({2, 3, 4}, gen);
+  expect_gradients_match([](const Inputs& in) { return reshape(in[0], {4, -1}); }, {x});
+  expect_gradients_match([](const Inputs& in) { return permute(in[0], {2, 0, 1}); }, {x});
+  expect_gradients_match([](const Inputs& in) { return transpose(in[0], 0, 2); }, {x});
+  expect_gradients_match([](const Inputs& in) { return narrow(in[0], 2, 1, 2); }, {x});
+  expect_gradients_match([](const Inputs& in) { return expand(in[0], {5, 2, 3, 4}); }, {x});
+  expect_gradients_match([](const Inputs& in) { return contiguous(transpose(in[0], 1, 2)); }, {x});
+  // reshape of a non-contiguous view (needs a copy)
+  expect_gradients_match([](const Inputs& in) { return reshape(transpose(in[0], 0, 1), {-1}); },
+                         {x});
+}
+
+TEST_F(OpGradient, ConcatAndSplit) {
+  Tensor a = random_leaf({2, 3}, gen), b = random_leaf({2, 2}, gen);
+  expect_gradients_match([](const Inputs& in) { return concat({in[0], in[1]}, 1); }, {a, b});
+  Tensor x = random_leaf({5, 2}, gen);
+  // Only two of the three pieces are used: the unused one contributes zero gradient.
+  expect_gradients_match(
+      [](const Inputs& in) {
+        std::vector<Tensor> parts = split(in[0], {1, 3, 1}, 0);
+        return concat({parts[2], parts[0]}, 0);
+      },
+      {x});
+}
+
+TEST_F(OpGradient, CastBackwardReturnsInputDtype) {
+  Tensor x = random_leaf({3}, gen);
+  Tensor y = cast(x, DType::F32);
+  sum(cast(y, DType::F64)).backward();
+  EXPECT_EQ(x.grad().dtype(), DType::F64);
+  EXPECT_EQ(x.grad().to_vector<double>(), std::vector<double>({1, 1, 1}));
+}
+
+}  // namespace
+}  // namespace loom

@@ -1,0 +1,155 @@
+// Tensor handles, views, dtypes, devices and allocator accounting.
+
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <limits>
+
+#include "tensor/ops.h"
+
+namespace loom {
+namespace {
+
+TEST(Tensor, ViewsShareStorage) {
+  Tensor x = Tensor::from_vector<float>({0, 1, 2, 3, 4, 5}, {2, 3});
+  Tensor t = x.transpose(0, 1);
+  Tensor r = x.reshape({3, 2});
+  Tensor n = x.narrow(1, 1, 2);
+  Tensor e = Tensor::from_vector<float>({7, 8, 9}, {3}).expand({2, 3});
+  EXPECT_EQ(t.storage(), x.storage());
+  EXPECT_EQ(r.storage(), x.storage());
+  EXPECT_EQ(n.storage(), x.storage());
+  EXPECT_EQ(e.strides(), Shape({0, 1}));
+  x.data<float>()[1] = 42;
+  EXPECT_EQ(t.to_vector<float>(), std::vector<float>({0, 3, 42, 4, 2, 5}));
+  EXPECT_EQ(n.to_vector<float>(), std::vector<float>({42, 2, 4, 5}));
+  EXPECT_EQ(e.to_vector<float>(), std::vector<float>({7, 8, 9, 7, 8, 9}));
+}
+
+TEST(Tensor, ContiguousCopiesOnlyWhenNeeded) {
+  Tensor x = Tensor::zeros({4, 5});
+  EXPECT_TRUE(x.contiguous().is_same(x));
+  Tensor t = x.transpose(0, 1);
+  EXPECT_FALSE(t.is_contiguous());
+  Tensor c = t.contiguous();
+  EXPECT_TRUE(c.is_contiguous());
+  EXPECT_NE(c.storage(), x.storage());
+}
+
+TEST(Tensor, ReshapeOfSplittableViewIsAView) {
+  Tensor x = Tensor::zeros({2, 3, 12});
+  Tensor piece = split(x, {4, 4, 4}, -1)[1];  // strides [36, 12, 1]
+  Tensor heads = piece.reshape({2, 3, 2, 2});
+  EXPECT_EQ(heads.storage(), x.storage());
+  EXPECT_EQ(heads.strides(), Shape({36, 12, 2, 1}));
+  // Merging non-adjacent memory needs a copy.
+  EXPECT_NE(piece.reshape({-1}).storage(), x.storage());
+}
+
+TEST(Tensor, Bf16RoundsToNearestEven) {
+  // 1 + 2^-8 is halfway between bf16 1.0 and 1.0078125: ties go to the even mantissa (1.0).
+  EXPECT_EQ(bf16_bits_to_float(float_to_bf16_bits(1.0f + 0x1p-8f)), 1.0f);
+  // 1 + 3*2^-8 is halfway between 1.0078125 and 1.015625: rounds to 1.015625.
+  EXPECT_EQ(bf16_bits_to_float(float_to_bf16_bits(1.0f + 3 * 0x1p-8f)), 1.015625f);
+  EXPECT_EQ(bf16_bits_to_float(float_to_bf16_bits(1.0f + 0x1p-8f + 0x1p-20f)), 1.0078125f);
+  EXPECT_TRUE(std::isnan(bf16_bits_to_float(float_to_bf16_bits(std::nanf("")))));
+  EXPECT_EQ(float_to_bf16_bits(std::numeric_limits<float>::infinity()), 0x7F80);
+}
+
+TEST(Tensor, F16RoundsToNearestEven) {
+  // f16 has 10 mantissa bits: 1 + 2^-11 ties to 1.0, 1 + 3*2^-11 ties to 1 + 2^-9.
+  EXPECT_EQ(f16_bits_to_float(float_to_f16_bits(1.0f + 0x1p-11f)), 1.0f);
+  EXPECT_EQ(f16_bits_to_float(float_to_f16_bits(1.0f + 3 * 0x1p-11f)), 1.0f + 0x1p-9f);
+  EXPECT_EQ(float_to_f16_bits(65504.0f), 0x7BFF);
+  EXPECT_EQ(float_to_f16_bits(70000.0f), 0x7C00);  // overflow -> inf
+  EXPECT_EQ(f16_bits_to_float(0x0001), 0x1p-24f);   // smallest subnormal
+}
+
+TEST(Tensor, CastsBetweenAllDtypes) {
+  Tensor x = Tensor::from_vector<float>({-2.5f, 0.0f, 1.0f, 3.75f}, {4});
+  for (DType d : {DType::F64, DType::BF16, DType::F16}) {
+    EXPECT_EQ(x.to(d).to(DType::F32).to_vector<float>(), x.to_vector<float>()) << d;
+  }
+  EXPECT_EQ(x.to(DType::I32).to_vector<int32_t>(), std::vector<int32_t>({-2, 0, 1, 3}));
+  EXPECT_EQ(x.to(DType::I64).to_vector<int64_t>(), std::vector<int64_t>({-2, 0, 1, 3}));
+  Tensor bytes = Tensor::from_vector<uint8_t>({0, 7, 255}, {3});
+  EXPECT_EQ(bytes.to(DType::I64).to_vector<int64_t>(), std::vector<int64_t>({0, 7, 255}));
+  EXPECT_EQ(bytes.to(DType::F32).to_vector<float>(), std::vector<float>({0, 7, 255}));
+}
+
+TEST(Tensor, DeviceParsing) {
+  EXPECT_EQ(Device::parse("cpu"), Device::cpu());
+  EXPECT_EQ(Device::parse("cuda:3"), Device::cuda(3));
+  EXPECT_EQ(Device::parse("cuda").str(), "cuda:0");
+  EXPECT_THROW(Device::parse("gpu"), Error);
+  EXPECT_THROW(Device::parse("cuda:x"), Error);
+}
+
+TEST(Tensor, CudaTensorsNeedACudaBuild) {
+  try {
+    Tensor::empty({2}, DType::F32, Device::cuda(0));
+    FAIL() << "expected an error";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("LOOM_WITH_CUDA"), std::string::npos) << e.what();
+  }
+}
+
+TEST(Tensor, AllocatorAccountsBytes) {
+  Allocator& cpu = allocator_for(Device::cpu());
+  cpu.reset_peak();
+  size_t before = cpu.stats().current_bytes;
+  {
+    Tensor a = Tensor::empty({1024}, DType::F64);
+    EXPECT_EQ(cpu.stats().current_bytes, before + 8192);
+    Tensor b = Tensor::empty({256}, DType::F32);
+    EXPECT_EQ(cpu.stats().current_bytes, before + 8192 + 1024);
+  }
+  EXPECT_EQ(cpu.stats().current_bytes, before);
+  EXPECT_GE(cpu.stats().peak_bytes, before + 9216);
+}
+
+TEST(Tensor, ErrorsNameTheProblem) {
+  Tensor a = Tensor::zeros({2, 3}), b = Tensor::zeros({4});
+  try {
+    add(a, b);
+    FAIL();
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("[2, 3] and [4] cannot be broadcast"), std::string::npos)
+        << e.what();
+  }
+  EXPECT_THROW(matmul(a, a), Error);
+  EXPECT_THROW(a.reshape({4, 2}), Error);
+  EXPECT_THROW(add(a, Tensor::zeros({2, 3}, DType::F64)), Error);
+  EXPECT_THROW(embedding(Tensor::from_vector<int64_t>({3}, {1}), Tensor::zeros({3, 2})), Error);
+  EXPECT_THROW(gelu(Tensor::zeros({2}, DType::BF16)), Error);
+}
+
+TEST(Tensor, ExactValuesOfCoreOps) {
+  Tensor a = Tensor::from_vector<float>({1, 2, 3, 4, 5, 6}, {2, 3});
+  Tensor b = Tensor::from_vector<float>({1, 0, 0, 1, 1, 1}, {3, 2});
+  EXPECT_EQ(matmul(a, b).to_vector<float>(), std::vector<float>({4, 5, 10, 11}));
+  EXPECT_EQ(sum(a, {0}).to_vector<float>(), std::vector<float>({5, 7, 9}));
+  EXPECT_EQ(max(a, 1).to_vector<float>(), std::vector<float>({3, 6}));
+  EXPECT_EQ(sum(a).item(), 21);
+  EXPECT_EQ(concat({a, a}, 0).shape(), Shape({4, 3}));
+  // softmax of equal logits is uniform; cross-entropy of uniform logits is log(V).
+  Tensor logits = Tensor::zeros({2, 4});
+  EXPECT_EQ(softmax(logits).to_vector<float>(), std::vector<float>(8, 0.25f));
+  Tensor ce = cross_entropy(logits.to(DType::F64), Tensor::from_vector<int64_t>({1, 3}, {2}));
+  EXPECT_NEAR(ce.item(), std::log(4.0), 1e-15);
+}
+
+TEST(Tensor, Fp32TranscendentalsAreAccurate) {
+  std::vector<float> xs;
+  for (int i = -400; i <= 400; ++i) xs.push_back(static_cast<float>(i) / 40.0f);
+  Tensor x = Tensor::from_vector(xs, {static_cast<int64_t>(xs.size())});
+  std::vector<float> y = gelu(x).to_vector<float>();
+  for (size_t i = 0; i < xs.size(); ++i) {
+    double v = xs[i];
+    double expected = 0.5 * v * (1 + std::tanh(0.7978845608028654 * (v + 0.044715 * v * v * v)));
+    EXPECT_NEAR(y[i], expected, 2e-6 * (1 + std::abs(expected))) << v;
+  }
+}
+
+}  // namespace
+}  // namespace loom
