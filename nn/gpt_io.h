@@ -1,0 +1,26 @@
+#pragma once
+// GPT checkpoints in the Hugging Face GPT-2 safetensors layout.
+
+#include <filesystem>
+
+#include "nn/gpt.h"
+#include "tensor/safetensors.h"
+
+namespace loom::nn {
+
+// Writes the parameters with metadata {"format": "pt", "loom.layers", "loom.heads",
+// "loom.embd", "loom.context", "loom.vocab_size"}; atomic (see safetensors::save).
+void save_gpt(const std::filesystem::path& path, const GPT& model);
+
+// The parameters of a GPT-2 checkpoint under Loom's names: a "transformer." prefix is
+// stripped, and the tied "lm_head.weight" and the attention-mask buffers ("h.N.attn.bias" of
+// shape [1, 1, T, T], "h.N.attn.masked_bias") that Hugging Face files may carry are dropped.
+StateDict gpt_state_from_checkpoint(const safetensors::Contents& contents);
+
+// The architecture stored in a checkpoint: vocab_size and embd from wte, context from wpe,
+// layers from the h.N blocks; heads from the "loom.heads" metadata when present, else
+// `heads_if_unknown` (GPT-2 files do not record it). Throws loom::Error when wte/wpe are missing.
+GPTConfig gpt_config_from_checkpoint(const safetensors::Contents& contents,
+                                     int64_t heads_if_unknown);
+
+}  // namespace loom::nn

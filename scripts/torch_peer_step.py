@@ -1,0 +1,116 @@
+#!/usr/bin/env python3
+"""PyTorch peer for Loom's training-step benchmark (docs/performance.md).
+
+Builds the same GPT-2-style model as Loom's nn::GPT (pre-LayerNorm, tanh GELU, learned
+positions, tied embeddings, no dropout, Conv1D [in, out] weights) and times one training
+step (forward, backward, AdamW step) on the CPU with one thread, on the same data order as
+train_gpt. Prints one JSON line with the median ms/step and tokens/s.
+
+    python3 scripts/torch_peer_step.py --layers 4 --heads 4 --embd 128 --ctx 128 --batch 8
+"""
+import argparse
+import json
+import math
+import statistics
+import time
+
+import torch
+import torch.nn.functional as F
+
+
+class Block(torch.nn.Module):
+    def __init__(self, embd, heads, layers):
+        super().__init__()
+        self.heads = heads
+        self.ln_1 = torch.nn.LayerNorm(embd, eps=1e-5)
+        self.ln_2 = torch.nn.LayerNorm(embd, eps=1e-5)
+        proj_std = 0.02 / math.sqrt(2 * layers)
+        self.c_attn_w = torch.nn.Parameter(torch.randn(embd, 3 * embd) * 0.02)
+        self.c_attn_b = torch.nn.Parameter(torch.zeros(3 * embd))
+        self.c_proj_w = torch.nn.Parameter(torch.randn(embd, embd) * proj_std)
+        self.c_proj_b = torch.nn.Parameter(torch.zeros(embd))
+        self.fc_w = torch.nn.Parameter(torch.randn(embd, 4 * embd) * 0.02)
+        self.fc_b = torch.nn.Parameter(torch.zeros(4 * embd))
+        self.fc_proj_w = torch.nn.Parameter(torch.randn(4 * embd, embd) * proj_std)
+        self.fc_proj_b = torch.nn.Parameter(torch.zeros(embd))
+
+    def forward(self, x):
+        B, T, C = x.shape
+        qkv = torch.addmm(self.c_attn_b, self.ln_1(x).view(-1, C), self.c_attn_w).view(B, T, 3 * C)
+        q, k, v = qkv.split(C, dim=2)
+        q = q.view(B, T, self.heads, C // self.heads).transpose(1, 2)
+        k = k.view(B, T, self.heads, C // self.heads).transpose(1, 2)
+        v = v.view(B, T, self.heads, C // self.heads).transpose(1, 2)
+        if hasattr(F, "scaled_dot_product_attention"):
+            y = F.scaled_dot_product_attention(q, k, v, is_causal=True)
+        else:  # torch < 2.0 (Debian's 1.13): the explicit masked softmax
+            att = (q @ k.transpose(-2, -1)) * (1.0 / math.sqrt(k.size(-1)))
+            mask = torch.ones(T, T, dtype=torch.bool).tril()
+            att = att.masked_fill(~mask, float("-inf")).softmax(dim=-1)
+            y = att @ v
+        y = y.transpose(1, 2).contiguous().view(-1, C)
+        x = x + torch.addmm(self.c_proj_b, y, self.c_proj_w).view(B, T, C)
+        h = torch.addmm(self.fc_b, self.ln_2(x).view(-1, C), self.fc_w)
+        h = F.gelu(h, approximate="tanh")
+        return x + torch.addmm(self.fc_proj_b, h, self.fc_proj_w).view(B, T, C)
+
+
+class GPT(torch.nn.Module):
+    def __init__(self, vocab, ctx, layers, heads, embd):
+        super().__init__()
+        self.wte = torch.nn.Parameter(torch.randn(vocab, embd) * 0.02)
+        self.wpe = torch.nn.Parameter(torch.randn(ctx, embd) * 0.02)
+        self.h = torch.nn.ModuleList(Block(embd, heads, layers) for _ in range(layers))
+        self.ln_f = torch.nn.LayerNorm(embd, eps=1e-5)
+
+    def forward(self, idx, targets):
+        B, T = idx.shape
+        x = self.wte[idx] + self.wpe[:T]
+        for block in self.h:
+            x = block(x)
+        logits = self.ln_f(x) @ self.wte.t()
+        return F.cross_entropy(logits.view(-1, logits.size(-1)), targets.view(-1))
+
+
+def main():
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--layers", type=int, default=4)
+    p.add_argument("--heads", type=int, default=4)
+    p.add_argument("--embd", type=int, default=128)
+    p.add_argument("--ctx", type=int, default=128)
+    p.add_argument("--vocab", type=int, default=256)
+    p.add_argument("--batch", type=int, default=8)
+    p.add_argument("--steps", type=int, default=20, help="timed steps (after 3 warm-up steps)")
+    p.add_argument("--threads", type=int, default=1)
+    args = p.parse_args()
+
+    torch.set_num_threads(args.threads)
+    torch.manual_seed(0)
+    model = GPT(args.vocab, args.ctx, args.layers, args.heads, args.embd)
+    decay = [p for p in model.parameters() if p.dim() >= 2]
+    no_decay = [p for p in model.parameters() if p.dim() < 2]
+    opt = torch.optim.AdamW([{"params": decay, "weight_decay": 0.1},
+                             {"params": no_decay, "weight_decay": 0.0}], lr=1e-3, foreach=False)
+    B, T = args.batch, args.ctx
+    data = torch.randint(0, args.vocab, (B * T * 4 + 1,))
+    times = []
+    for step in range(args.steps + 3):
+        s = (step % 4) * B * T
+        x = data[s:s + B * T].view(B, T)
+        y = data[s + 1:s + B * T + 1].view(B, T)
+        t0 = time.perf_counter()
+        loss = model(x, y)
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+        opt.step()
+        t1 = time.perf_counter()
+        if step >= 3:
+            times.append((t1 - t0) * 1e3)
+    ms = statistics.median(times)
+    print(json.dumps({"peer": f"torch {torch.__version__}", "threads": args.threads,
+                      "ms_per_step": round(ms, 3), "tokens_per_s": round(B * T / ms * 1e3, 1),
+                      "config": vars(args)}))
+
+
+if __name__ == "__main__":
+    main()

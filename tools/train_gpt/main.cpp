@@ -1,0 +1,151 @@
+// train_gpt: trains a GPT-2-style model on bytes (vocab 256), the way a user of the library
+// would write a trainer. With no flags it trains the default small model on the embedded
+// default corpus. See README.md for the flags.
+
+#include <unistd.h>
+
+#include <CLI/CLI.hpp>
+#include <chrono>
+#include <cstdio>
+#include <fstream>
+#include <iterator>
+#include <nlohmann/json.hpp>
+
+#include "nn/gpt_io.h"
+#include "tensor/allocator.h"
+#include "tools/train_gpt/default_corpus.h"
+#include "tools/train_gpt/progress.h"
+#include "tools/train_gpt/trainer.h"
+
+namespace {
+
+using namespace loom;
+using namespace loom::train_gpt;
+
+std::vector<uint8_t> read_bytes(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  if (!in) fail("[train_gpt] cannot open --data file '", path, "'");
+  return {std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>()};
+}
+
+// The architecture from --init's file; flags given explicitly must agree with it.
+nn::GPTConfig config_from_init(const safetensors::Contents& contents, const nn::GPTConfig& flags,
+                               const CLI::App& app) {
+  nn::GPTConfig file = nn::gpt_config_from_checkpoint(contents, flags.heads);
+  auto agree = [&](const char* flag, int64_t given, int64_t stored) {
+    if (app.count(flag) > 0 && given != stored) {
+      fail("[train_gpt] ", flag, " ", given, " does not match the --init checkpoint, which has ",
+           stored, "; drop the flag to take the checkpoint's value");
+    }
+  };
+  agree("--layers", flags.layers, file.layers);
+  agree("--embd", flags.embd, file.embd);
+  agree("--vocab", flags.vocab_size, file.vocab_size);
+  agree("--ctx", flags.context, file.context);
+  agree("--heads", flags.heads, file.heads);
+  return file;
+}
+
+int run(int argc, char** argv) {
+  CLI::App app{"train_gpt: train a GPT-2-style model on bytes with Loom"};
+  TrainOptions o;
+  std::string data_path, init_path, save_path, metrics_path;
+  bool shuffle = false;
+  int64_t log_interval = 10;
+  app.add_option("--data", data_path, "training data; bytes are tokens (default: built-in corpus)");
+  app.add_option("--init", init_path, "start from these weights (.safetensors, GPT-2 layout)");
+  app.add_option("--save", save_path, "write the trained weights here (.safetensors)");
+  app.add_option("--metrics", metrics_path, "write one JSON object per step here (.jsonl)");
+  app.add_option("--layers", o.model.layers, "transformer blocks")->capture_default_str();
+  app.add_option("--heads", o.model.heads, "attention heads")->capture_default_str();
+  app.add_option("--embd", o.model.embd, "embedding width")->capture_default_str();
+  app.add_option("--ctx", o.model.context, "context length (sequence length)")->capture_default_str();
+  app.add_option("--vocab", o.model.vocab_size, "vocabulary size")->capture_default_str();
+  app.add_option("--batch", o.batch, "sequences per step (per rank)")->capture_default_str();
+  app.add_option("--steps", o.steps, "optimizer steps")->capture_default_str();
+  app.add_option("--lr", o.lr, "peak learning rate")->capture_default_str();
+  app.add_option("--beta1", o.beta1, "AdamW beta1")->capture_default_str();
+  app.add_option("--beta2", o.beta2, "AdamW beta2")->capture_default_str();
+  app.add_option("--eps", o.eps, "AdamW epsilon")->capture_default_str();
+  app.add_option("--weight-decay", o.weight_decay, "AdamW weight decay (parameters with >= 2 dims)")
+      ->capture_default_str();
+  app.add_option("--grad-clip", o.grad_clip, "clip the global gradient norm (0 = off)")
+      ->capture_default_str();
+  app.add_option("--seed", o.seed, "initialisation seed")->capture_default_str();
+  app.add_option("--warmup-steps", o.warmup_steps, "linear warmup steps")->capture_default_str();
+  app.add_option("--schedule", o.schedule, "learning-rate schedule after warmup")
+      ->check(CLI::IsMember({"constant", "cosine"}))
+      ->capture_default_str();
+  app.add_flag("--shuffle", shuffle, "visit blocks in a seeded random order per epoch");
+  app.add_option("--log-interval", log_interval, "steps between plain progress lines")
+      ->capture_default_str();
+  CLI11_PARSE(app, argc, argv);
+
+  std::optional<safetensors::Contents> init;
+  if (!init_path.empty()) {
+    init = safetensors::load(init_path);
+    o.model = config_from_init(*init, o.model, app);
+  }
+  nn::GPT model(o.model, o.seed);
+  if (init) model.load_state_dict(nn::gpt_state_from_checkpoint(*init));
+
+  std::vector<uint8_t> bytes = data_path.empty() ? default_corpus() : read_bytes(data_path);
+  TokenBlocks data(std::move(bytes), o.batch, o.model.context, o.model.vocab_size, shuffle,
+                   o.seed);
+
+  std::ofstream metrics;
+  if (!metrics_path.empty()) {
+    metrics.open(metrics_path, std::ios::trunc);
+    if (!metrics) fail("[train_gpt] cannot write --metrics file '", metrics_path, "'");
+  }
+  std::printf("train_gpt: %lld parameters (%lld layers, %lld heads, embd %lld, ctx %lld, vocab %lld); "
+              "%lld blocks of %lld x %lld tokens from %s\n",
+              static_cast<long long>(model.parameter_count()),
+              static_cast<long long>(o.model.layers), static_cast<long long>(o.model.heads),
+              static_cast<long long>(o.model.embd), static_cast<long long>(o.model.context),
+              static_cast<long long>(o.model.vocab_size),
+              static_cast<long long>(data.block_count()), static_cast<long long>(o.batch),
+              static_cast<long long>(o.model.context),
+              data_path.empty() ? "the built-in corpus" : data_path.c_str());
+
+  Progress progress(stdout, isatty(fileno(stdout)) != 0, o.steps, log_interval);
+  double first_loss = 0, last_loss = 0, total_ms = 0, tokens = 0;
+  train(model, data, o, [&](const StepMetrics& m) {
+    if (m.step == 0) first_loss = m.loss;
+    last_loss = m.loss;
+    total_ms += m.ms_per_step;
+    tokens += m.tokens_per_s * m.ms_per_step / 1e3;
+    progress.update(m.step, m.loss, m.tokens_per_s, m.lr);
+    if (metrics.is_open()) {
+      metrics << nlohmann::json{{"step", m.step},         {"loss", m.loss},
+                                {"lr", m.lr},             {"grad_norm", m.grad_norm},
+                                {"tokens_per_s", m.tokens_per_s}, {"ms_per_step", m.ms_per_step}}
+                     .dump()
+              << '\n';
+      metrics.flush();
+    }
+  });
+  progress.finish();
+  if (!save_path.empty()) nn::save_gpt(save_path, model);
+
+  MemoryStats mem = allocator_for(Device::cpu()).stats();
+  std::printf("summary: %lld steps, loss %.4f -> %.4f, %.1f ms/step, %.0f tokens/s, "
+              "peak tensor memory %.1f MiB%s%s\n",
+              static_cast<long long>(o.steps), first_loss, last_loss,
+              o.steps ? total_ms / static_cast<double>(o.steps) : 0.0,
+              total_ms > 0 ? tokens / (total_ms / 1e3) : 0.0,
+              static_cast<double>(mem.peak_bytes) / (1 << 20),
+              save_path.empty() ? "" : ", saved to ", save_path.c_str());
+  return 0;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  try {
+    return run(argc, argv);
+  } catch (const loom::Error& e) {
+    std::fprintf(stderr, "error: %s\n", e.what());
+    return 1;
+  }
+}

@@ -1,0 +1,41 @@
+#pragma once
+// The data order of train_gpt, fixed so that runs compare across strategies and frameworks:
+// with micro-batch B and context T the data holds nblocks = floor((N - 1) / (B*T)) blocks;
+// block k starts at s = (k mod nblocks) * B*T; inputs are tokens [s, s + B*T) and targets
+// [s + 1, s + B*T + 1), both read as B rows of T; step i of rank r in a world of W ranks
+// reads block i*W + r. With shuffle, each pass over the data (epoch) visits the blocks in a
+// seeded random permutation instead.
+
+#include <cstdint>
+#include <vector>
+
+#include "tensor/tensor.h"
+
+namespace loom::train_gpt {
+
+struct Batch {
+  Tensor tokens;   // [B, T] i64
+  Tensor targets;  // [B, T] i64
+};
+
+class TokenBlocks {
+ public:
+  // Throws loom::Error when the data is too short for one block or holds a token >= vocab.
+  TokenBlocks(std::vector<uint8_t> tokens, int64_t batch, int64_t time, int64_t vocab,
+              bool shuffle = false, uint64_t seed = 0);
+  int64_t block_count() const { return nblocks_; }
+  // The block that step `step` of rank `rank` (of `world`) reads.
+  int64_t block_index(int64_t step, int64_t rank, int64_t world) const;
+  Batch block(int64_t k) const;
+  Batch for_step(int64_t step, int64_t rank = 0, int64_t world = 1) const {
+    return block(block_index(step, rank, world));
+  }
+
+ private:
+  std::vector<uint8_t> tokens_;
+  int64_t batch_, time_, nblocks_;
+  bool shuffle_;
+  uint64_t seed_;
+};
+
+}  // namespace loom::train_gpt

@@ -1,0 +1,44 @@
+#pragma once
+// The training loop of train_gpt, as a function so that tests can run it in-process.
+// One step: read the step's block, forward, backward, clip (optional), set the scheduled lr,
+// AdamW step, drop the gradients.
+
+#include <cstdint>
+#include <functional>
+#include <string>
+#include <vector>
+
+#include "nn/gpt.h"
+#include "tools/train_gpt/token_blocks.h"
+
+namespace loom::train_gpt {
+
+struct TrainOptions {
+  nn::GPTConfig model;
+  int64_t batch = 8;  // per rank
+  int64_t steps = 200;
+  double lr = 1e-3;
+  double beta1 = 0.9;
+  double beta2 = 0.999;
+  double eps = 1e-8;
+  double weight_decay = 0.1;  // only for parameters with 2 or more dimensions
+  double grad_clip = 1.0;     // 0 = off
+  uint64_t seed = 0;
+  int64_t warmup_steps = 0;
+  std::string schedule = "constant";  // or "cosine" (to 0.1 x lr at the last step)
+};
+
+struct StepMetrics {
+  int64_t step;
+  double loss;          // mean training loss of this step's forward
+  double lr;            // learning rate used by this step's update
+  double grad_norm;     // global gradient norm before clipping
+  double ms_per_step;
+  double tokens_per_s;  // all ranks together
+};
+
+// Trains `model` in place on `data` and calls on_step after each step.
+void train(nn::GPT& model, const TokenBlocks& data, const TrainOptions& options,
+           const std::function<void(const StepMetrics&)>& on_step);
+
+}  // namespace loom::train_gpt
