@@ -1,0 +1,131 @@
+#include "optim/adamw.h"
+
+#include <cmath>
+#include <utility>
+
+#include "kernels/cpu/optimizer_steps.h"
+
+namespace loom::optim {
+
+namespace {
+
+const AdamWOptions& checked(const AdamWOptions& o) {
+  if (!(std::isfinite(o.lr) && o.lr >= 0.0)) fail("[optim] AdamW: invalid lr ", o.lr);
+  if (!(o.beta1 >= 0.0 && o.beta1 < 1.0)) {
+    fail("[optim] AdamW: invalid beta1 ", o.beta1, "; expected 0 <= beta1 < 1");
+  }
+  if (!(o.beta2 >= 0.0 && o.beta2 < 1.0)) {
+    fail("[optim] AdamW: invalid beta2 ", o.beta2, "; expected 0 <= beta2 < 1");
+  }
+  if (!(std::isfinite(o.eps) && o.eps >= 0.0)) fail("[optim] AdamW: invalid eps ", o.eps);
+  if (!(std::isfinite(o.weight_decay) && o.weight_decay >= 0.0)) {
+    fail("[optim] AdamW: invalid weight_decay ", o.weight_decay);
+  }
+  return o;
+}
+
+}  // namespace
+
+AdamW::AdamW(std::vector<ParamGroup> groups, const AdamWOptions& options)
+    : Optimizer(with_defaults(std::move(groups), checked(options).lr, options.weight_decay),
+                "AdamW"),
+      options_(options) {}
+
+AdamW::AdamW(std::vector<Tensor> params, const AdamWOptions& options)
+    : AdamW(std::vector<ParamGroup>{{.params = std::move(params)}}, options) {}
+
+void AdamW::step() {
+  NoGradGuard no_grad;
+  for (size_t g = 0; g < groups_.size(); ++g) {
+    check_group(g);
+    const ParamGroup& group = groups_[g];
+    for (size_t i = 0; i < group.params.size(); ++i) {
+      Tensor grad = checked_grad(g, i);
+      if (!grad.defined()) continue;  // torch skips parameters without a gradient
+      const Tensor& p = group.params[i];
+      State& s = state_[p.impl_ptr().get()];
+      if (!s.exp_avg.defined()) {
+        s.param = p;
+        s.exp_avg = Tensor::zeros(p.shape(), p.dtype(), p.device());
+        s.exp_avg_sq = Tensor::zeros(p.shape(), p.dtype(), p.device());
+      }
+      ++s.step;
+      const kernels::cpu::AdamWStepArgs args{.lr = group.lr,
+                                             .beta1 = options_.beta1,
+                                             .beta2 = options_.beta2,
+                                             .eps = options_.eps,
+                                             .weight_decay = group.weight_decay,
+                                             .step = s.step};
+      // checked_grad() admits only f32/f64 CPU parameters; a CUDA branch goes here.
+      if (p.dtype() == DType::F32) {
+        kernels::cpu::adamw_step<float>(p.data<float>(), grad.data<float>(),
+                                        s.exp_avg.data<float>(), s.exp_avg_sq.data<float>(),
+                                        p.numel(), args);
+      } else {
+        kernels::cpu::adamw_step<double>(p.data<double>(), grad.data<double>(),
+                                         s.exp_avg.data<double>(), s.exp_avg_sq.data<double>(),
+                                         p.numel(), args);
+      }
+    }
+  }
+  ++step_count_;
+}
+
+bool AdamW::has_state(const Tensor& param) const {
+  return param.defined() && state_.count(param.impl_ptr().get()) != 0;
+}
+
+const AdamW::State& AdamW::state_of(const Tensor& param) const {
+  auto it = param.defined() ? state_.find(param.impl_ptr().get()) : state_.end();
+  if (it == state_.end()) {
+    fail("[optim] AdamW: no state for ", param.str(),
+         "; state is created at a parameter's first update");
+  }
+  return it->second;
+}
+
+const Tensor& AdamW::exp_avg(const Tensor& param) const {
+  return state_of(param).exp_avg;
+}
+const Tensor& AdamW::exp_avg_sq(const Tensor& param) const {
+  return state_of(param).exp_avg_sq;
+}
+int64_t AdamW::param_step(const Tensor& param) const {
+  return state_of(param).step;
+}
+
+void AdamW::export_param_state(const Tensor& param, std::map<std::string, Tensor>& named) const {
+  if (!has_state(param)) return;
+  const State& s = state_of(param);
+  named["exp_avg"] = s.exp_avg;
+  named["exp_avg_sq"] = s.exp_avg_sq;
+  named["step"] = Tensor::from_vector<int64_t>({s.step}, {});
+}
+
+bool AdamW::import_param_state(const Tensor& param, const std::string& name, const Tensor& value) {
+  State& s = state_[param.impl_ptr().get()];
+  s.param = param;
+  if (name == "step") {
+    if (value.numel() != 1) fail("[optim] AdamW: load_state_dict: step must be a scalar");
+    s.step = static_cast<int64_t>(value.item());
+    return true;
+  }
+  if (name != "exp_avg" && name != "exp_avg_sq") return false;
+  if (value.dtype() != param.dtype() || value.shape() != param.shape()) {
+    fail("[optim] AdamW: load_state_dict: ", name, " is ", value.str(), " but the parameter is ",
+         param.str());
+  }
+  (name == "exp_avg" ? s.exp_avg : s.exp_avg_sq) = value.clone();
+  return true;
+}
+
+void AdamW::check_loaded_state() const {
+  for (const auto& [key, s] : state_) {
+    if (!s.exp_avg.defined() || !s.exp_avg_sq.defined() || s.step <= 0) {
+      fail("[optim] AdamW: load_state_dict: incomplete state for ", s.param.str(),
+           "; expected exp_avg, exp_avg_sq and a positive step");
+    }
+  }
+}
+
+}  // namespace loom::optim

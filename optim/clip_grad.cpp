@@ -1,0 +1,77 @@
+#include "optim/clip_grad.h"
+
+#include <cmath>
+
+#include "kernels/cpu/optimizer_steps.h"
+#include "tensor/ops.h"
+
+namespace loom::optim {
+
+namespace {
+
+// `norm_type`-norm of one gradient (a contiguous f32/f64 CPU tensor).
+template <typename T>
+double norm_of(const T* x, int64_t n, double norm_type) {
+  if (norm_type == kInfNorm) return kernels::cpu::max_abs(x, n);
+  if (norm_type == 2.0) return std::sqrt(kernels::cpu::sum_of_squares(x, n));
+  if (norm_type == 1.0) return kernels::cpu::sum_of_abs_powers(x, n, 1.0);
+  return std::pow(kernels::cpu::sum_of_abs_powers(x, n, norm_type), 1.0 / norm_type);
+}
+
+void check_grad(const Tensor& grad, size_t index) {
+  bool supported_dtype = grad.dtype() == DType::F32 || grad.dtype() == DType::F64;
+  if (!grad.device().is_cpu() || !supported_dtype || !grad.is_contiguous()) {
+    fail("[optim] clip_grad_norm: gradient of parameter ", index, " is ", grad.str(),
+         "; supported: contiguous f32 or f64 tensors on the CPU");
+  }
+}
+
+}  // namespace
+
+double grad_norm(const std::vector<Tensor>& params, double norm_type) {
+  if (!(norm_type > 0.0)) {
+    fail("[optim] grad_norm: norm_type ", norm_type, " is not supported; expected > 0 or inf");
+  }
+  // Per-parameter norms, then the norm of those (torch stacks them and takes the norm again).
+  double total = 0.0;
+  for (size_t i = 0; i < params.size(); ++i) {
+    Tensor grad = params[i].grad();
+    if (!grad.defined()) continue;
+    check_grad(grad, i);
+    double norm = grad.dtype() == DType::F32
+                      ? norm_of(grad.data<float>(), grad.numel(), norm_type)
+                      : norm_of(grad.data<double>(), grad.numel(), norm_type);
+    if (norm_type == kInfNorm) {
+      total = (norm > total || std::isnan(norm)) ? norm : total;  // NaN propagates
+    } else if (norm_type == 2.0) {
+      total += norm * norm;
+    } else {
+      total += std::pow(norm, norm_type);
+    }
+  }
+  if (norm_type == kInfNorm || norm_type == 1.0) return total;
+  if (norm_type == 2.0) return std::sqrt(total);
+  return std::pow(total, 1.0 / norm_type);
+}
+
+double clip_grad_norm(const std::vector<Tensor>& params, double max_norm, double norm_type,
+                      bool error_if_nonfinite) {
+  const double total = grad_norm(params, norm_type);
+  if (!std::isfinite(total)) {
+    if (error_if_nonfinite) {
+      fail("[optim] clip_grad_norm: the total norm of order ", norm_type,
+           " of the gradients is non-finite (", total, "), so they cannot be clipped");
+    }
+    return total;
+  }
+  const double clip_coef = max_norm / (total + 1e-6);
+  if (clip_coef < 1.0) {
+    for (const Tensor& p : params) {
+      Tensor grad = p.grad();
+      if (grad.defined()) mul_(grad, clip_coef);
+    }
+  }
+  return total;
+}
+
+}  // namespace loom::optim

@@ -1,0 +1,32 @@
+#pragma once
+// Gradient-norm clipping, as torch.nn.utils.clip_grad_norm_ (PyTorch 1.13).
+
+#include <limits>
+#include <vector>
+
+#include "tensor/tensor.h"
+
+namespace loom::optim {
+
+inline constexpr double kInfNorm = std::numeric_limits<double>::infinity();
+
+// The norm of all gradients of `params` together, as if concatenated into one vector:
+// the norm_type-norm of the vector of per-parameter norms (torch's formulation), accumulated in
+// double. norm_type is a positive number or kInfNorm (largest absolute value). Parameters
+// without a gradient are skipped; with none at all the result is 0. Gradients must be
+// contiguous f32 or f64 CPU tensors. NaN in any gradient gives NaN.
+double grad_norm(const std::vector<Tensor>& params, double norm_type = 2.0);
+
+// Computes total = grad_norm(params, norm_type) and, when max_norm / (total + 1e-6) < 1,
+// multiplies every gradient in place by that factor. Returns total (before clipping).
+//
+// Non-finite total (a gradient holds inf or NaN): the gradients are left untouched and the
+// non-finite total is returned, or loom::Error is thrown when error_if_nonfinite. This departs
+// from torch 1.13, which multiplies every gradient by the clamped factor (0 for an infinite
+// total, NaN for a NaN total). The step that follows is invalid either way; leaving the
+// gradients as they were keeps the information needed to find the overflowing parameter. The
+// caller should check std::isfinite(returned norm) and skip the optimizer step.
+double clip_grad_norm(const std::vector<Tensor>& params, double max_norm, double norm_type = 2.0,
+                      bool error_if_nonfinite = false);
+
+}  // namespace loom::optim

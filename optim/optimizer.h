@@ -1,0 +1,100 @@
+#pragma once
+// Optimizer base: parameter groups with per-group hyper-parameters, gradient reset, a step
+// counter, and export/import of the optimizer state for checkpoints.
+//
+// Threading: an optimizer is not thread-safe. Call step() and zero_grad() from the training
+// thread, never while a backward pass is still writing gradients.
+
+#include <cstdint>
+#include <limits>
+#include <map>
+#include <string>
+#include <vector>
+
+#include "tensor/tensor.h"
+
+namespace loom::optim {
+
+// A per-group hyper-parameter left at kUseDefault takes the optimizer's value (torch's
+// param-group dict without that key).
+inline constexpr double kUseDefault = std::numeric_limits<double>::quiet_NaN();
+
+// Parameters that share hyper-parameters, e.g. weights with weight decay and biases without:
+//   AdamW opt({{.params = weights, .weight_decay = 0.1}, {.params = biases, .weight_decay = 0}},
+//             {.lr = 6e-4});
+// Parameters are leaf tensors (contiguous f32 or f64, CPU), updated in place; a parameter whose
+// grad() is undefined is skipped by step(). lr and weight_decay may be changed between steps
+// through Optimizer::param_groups() (LR schedules do this). Algorithm constants (betas, eps,
+// momentum, ...) are optimizer-wide and live in each optimizer's options.
+struct ParamGroup {
+  std::vector<Tensor> params;
+  double lr = kUseDefault;
+  double weight_decay = kUseDefault;
+};
+
+class Optimizer {
+ public:
+  // Validates the groups (see ParamGroup); every lr and weight_decay must be set by now.
+  // `name` prefixes error messages ("AdamW", "SGD").
+  explicit Optimizer(std::vector<ParamGroup> groups, std::string name = "Optimizer");
+  virtual ~Optimizer() = default;
+  Optimizer(const Optimizer&) = delete;
+  Optimizer& operator=(const Optimizer&) = delete;
+
+  // Updates every parameter that has a gradient, then increments step_count().
+  virtual void step() = 0;
+  // Drops every parameter's gradient (torch's zero_grad(set_to_none=True)).
+  void zero_grad();
+
+  std::vector<ParamGroup>& param_groups() { return groups_; }
+  const std::vector<ParamGroup>& param_groups() const { return groups_; }
+  // All parameters, group by group, in order (e.g. for clip_grad_norm).
+  std::vector<Tensor> parameters() const;
+  // Number of completed step() calls.
+  int64_t step_count() const { return step_count_; }
+  const std::string& name() const { return name_; }
+
+  // The optimizer state as named tensors, for checkpoints:
+  //   "step_count"                       i64 []
+  //   "param_groups.<g>.lr"              f64 []   (and ".weight_decay")
+  //   "state.<g>.<i>.<name>"             per-parameter state of parameter i of group g, e.g.
+  //                                      "state.0.3.exp_avg"; only parameters that have state.
+  // The returned tensors alias the live state: copy them before the next step() if needed.
+  std::map<std::string, Tensor> state_dict() const;
+  // Restores what state_dict() produced for an optimizer over parameters of the same shapes and
+  // dtypes, in the same groups. Copies the tensors. Throws loom::Error on unknown keys,
+  // mismatched shapes or dtypes, or incomplete per-parameter state (the optimizer may then be
+  // partly loaded; build a fresh one before retrying).
+  void load_state_dict(const std::map<std::string, Tensor>& state);
+
+ protected:
+  // Replaces kUseDefault entries of every group by the given defaults.
+  static std::vector<ParamGroup> with_defaults(std::vector<ParamGroup> groups, double lr,
+                                               double weight_decay);
+
+  // Throws unless the group's lr and weight_decay are finite and non-negative.
+  void check_group(size_t group) const;
+  // Throws unless the parameter is a contiguous f32/f64 CPU tensor and its gradient (when
+  // defined) matches it in dtype, device and shape. Returns the gradient, made contiguous.
+  Tensor checked_grad(size_t group, size_t index) const;
+  // "[optim] AdamW: parameter 3 of group 1 (Tensor(bf16, [4], cpu))"
+  std::string describe(size_t group, size_t index) const;
+
+  // Per-parameter state hooks for state_dict()/load_state_dict(). `param` is parameter `index`
+  // of `group`; names are the last component of the key ("exp_avg").
+  virtual void export_param_state(const Tensor& param,
+                                  std::map<std::string, Tensor>& named) const = 0;
+  // Returns false when `name` is not a state entry of this optimizer.
+  virtual bool import_param_state(const Tensor& param, const std::string& name,
+                                  const Tensor& value) = 0;
+  // Called after loading; throws if some parameter's state is incomplete.
+  virtual void check_loaded_state() const = 0;
+
+  std::vector<ParamGroup> groups_;
+  int64_t step_count_ = 0;
+
+ private:
+  std::string name_;
+};
+
+}  // namespace loom::optim

@@ -1,0 +1,120 @@
+#include "optim/sgd.h"
+
+#include <cmath>
+#include <utility>
+
+#include "kernels/cpu/optimizer_steps.h"
+
+namespace loom::optim {
+
+namespace {
+
+const SGDOptions& checked(const SGDOptions& o) {
+  if (!std::isnan(o.lr) && !(std::isfinite(o.lr) && o.lr >= 0.0)) {
+    fail("[optim] SGD: invalid lr ", o.lr);
+  }
+  if (!(std::isfinite(o.momentum) && o.momentum >= 0.0)) {
+    fail("[optim] SGD: invalid momentum ", o.momentum, "; expected >= 0");
+  }
+  if (!std::isfinite(o.dampening)) fail("[optim] SGD: invalid dampening ", o.dampening);
+  if (!(std::isfinite(o.weight_decay) && o.weight_decay >= 0.0)) {
+    fail("[optim] SGD: invalid weight_decay ", o.weight_decay);
+  }
+  if (o.nesterov && (o.momentum <= 0.0 || o.dampening != 0.0)) {
+    fail("[optim] SGD: Nesterov momentum requires momentum > 0 and dampening == 0 (got momentum ",
+         o.momentum, ", dampening ", o.dampening, ")");
+  }
+  return o;
+}
+
+std::vector<ParamGroup> with_required_lr(std::vector<ParamGroup> groups) {
+  for (size_t g = 0; g < groups.size(); ++g) {
+    if (std::isnan(groups[g].lr)) {
+      fail("[optim] SGD: group ", g,
+           " has no learning rate; set ParamGroup::lr or SGDOptions::lr (SGD has no default)");
+    }
+  }
+  return groups;
+}
+
+}  // namespace
+
+SGD::SGD(std::vector<ParamGroup> groups, const SGDOptions& options)
+    : Optimizer(with_required_lr(
+                    with_defaults(std::move(groups), checked(options).lr, options.weight_decay)),
+                "SGD"),
+      options_(options) {}
+
+SGD::SGD(std::vector<Tensor> params, const SGDOptions& options)
+    : SGD(std::vector<ParamGroup>{{.params = std::move(params)}}, options) {}
+
+void SGD::step() {
+  NoGradGuard no_grad;
+  const bool use_momentum = options_.momentum != 0.0;
+  for (size_t g = 0; g < groups_.size(); ++g) {
+    check_group(g);
+    const ParamGroup& group = groups_[g];
+    for (size_t i = 0; i < group.params.size(); ++i) {
+      Tensor grad = checked_grad(g, i);
+      if (!grad.defined()) continue;  // torch skips parameters without a gradient
+      const Tensor& p = group.params[i];
+      bool first_step = false;
+      Tensor buffer;
+      if (use_momentum) {
+        State& s = state_[p.impl_ptr().get()];
+        if (!s.momentum_buffer.defined()) {
+          s.param = p;
+          s.momentum_buffer = Tensor::empty(p.shape(), p.dtype(), p.device());
+          first_step = true;
+        }
+        buffer = s.momentum_buffer;
+      }
+      const kernels::cpu::SGDStepArgs args{.lr = group.lr,
+                                           .momentum = options_.momentum,
+                                           .dampening = options_.dampening,
+                                           .weight_decay = group.weight_decay,
+                                           .nesterov = options_.nesterov,
+                                           .first_step = first_step};
+      // checked_grad() admits only f32/f64 CPU parameters; a CUDA branch goes here.
+      if (p.dtype() == DType::F32) {
+        kernels::cpu::sgd_step<float>(p.data<float>(), grad.data<float>(),
+                                      use_momentum ? buffer.data<float>() : nullptr, p.numel(),
+                                      args);
+      } else {
+        kernels::cpu::sgd_step<double>(p.data<double>(), grad.data<double>(),
+                                       use_momentum ? buffer.data<double>() : nullptr, p.numel(),
+                                       args);
+      }
+    }
+  }
+  ++step_count_;
+}
+
+bool SGD::has_momentum_buffer(const Tensor& param) const {
+  return param.defined() && state_.count(param.impl_ptr().get()) != 0;
+}
+
+const Tensor& SGD::momentum_buffer(const Tensor& param) const {
+  auto it = param.defined() ? state_.find(param.impl_ptr().get()) : state_.end();
+  if (it == state_.end()) {
+    fail("[optim] SGD: no momentum buffer for ", param.str(),
+         "; it is created at a parameter's first update when momentum != 0");
+  }
+  return it->second.momentum_buffer;
+}
+
+void SGD::export_param_state(const Tensor& param, std::map<std::string, Tensor>& named) const {
+  if (has_momentum_buffer(param)) named["momentum_buffer"] = momentum_buffer(param);
+}
+
+bool SGD::import_param_state(const Tensor& param, const std::string& name, const Tensor& value) {
+  if (name != "momentum_buffer") return false;
+  if (value.dtype() != param.dtype() || value.shape() != param.shape()) {
+    fail("[optim] SGD: load_state_dict: momentum_buffer is ", value.str(), " but the parameter is ",
+         param.str());
+  }
+  state_[param.impl_ptr().get()] = State{.param = param, .momentum_buffer = value.clone()};
+  return true;
+}
+
+}  // namespace loom::optim
