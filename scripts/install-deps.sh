@@ -1,0 +1,26 @@
+#!/usr/bin/env bash
+# Installs what Loom needs to build and test on Debian 12 (as root, or through sudo), and a
+# Python virtual environment (.venv) with the `safetensors` package for the interoperability
+# test. Safe to run again: apt and pip skip what is already there.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+packages=(g++ cmake ninja-build libeigen3-dev nlohmann-json3-dev libcli11-dev libgtest-dev
+          libbenchmark-dev python3 python3-venv)
+missing=()
+for p in "${packages[@]}"; do
+  dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
+done
+if [ ${#missing[@]} -gt 0 ]; then
+  sudo=""
+  [ "$(id -u)" -eq 0 ] || sudo="sudo"
+  export DEBIAN_FRONTEND=noninteractive
+  $sudo apt-get update
+  $sudo apt-get install -y --no-install-recommends "${missing[@]}"
+fi
+
+# The Python peer for the safetensors interoperability test (tests/python/).
+if [ ! -x .venv/bin/python ] || ! .venv/bin/python -c "import safetensors, numpy" 2>/dev/null; then
+  /usr/bin/python3 -m venv .venv
+  .venv/bin/pip install --quiet --disable-pip-version-check safetensors numpy
+fi
