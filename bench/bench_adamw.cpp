@@ -18,8 +18,8 @@ void BM_AdamWStep(benchmark::State& state) {
   p.set_grad(g);
   const double lr = 1e-3, b1 = 0.9, b2 = 0.999, eps = 1e-8, wd = 0.1;
   std::vector<float> p0 = p.to_vector<float>(), g0 = g.to_vector<float>();
-  optim::AdamW opt(std::vector<Tensor>{p}, {.lr = lr, .beta1 = b1, .beta2 = b2, .eps = eps,
-                                             .weight_decay = wd});
+  optim::AdamW opt(std::vector<Tensor>{p},
+                   {.lr = lr, .beta1 = b1, .beta2 = b2, .eps = eps, .weight_decay = wd});
   opt.step();
   std::vector<double> want(n);
   for (int64_t i = 0; i < n; ++i) {
@@ -28,13 +28,18 @@ void BM_AdamWStep(benchmark::State& state) {
     want[i] = p0[i] * (1 - lr * wd) - lr / (1 - b1) * m / denom;
   }
   if (!validated(state, compare(p.to_vector<float>(), want), 1e-6)) return;
-  for (auto _ : state) opt.step();
+  for (auto _ : state)
+    opt.step();
   // Bytes: read param, grad, exp_avg, exp_avg_sq; write param, exp_avg, exp_avg_sq.
-  state.counters["GB/s"] = benchmark::Counter(7.0 * n * 4 * 1e-9,
-                                              benchmark::Counter::kIsIterationInvariantRate);
+  state.counters["GB/s"] =
+      benchmark::Counter(7.0 * n * 4 * 1e-9, benchmark::Counter::kIsIterationInvariantRate);
 }
 
-BENCHMARK(BM_AdamWStep)->ArgNames({"n"})->Arg(1 << 16)->Arg(1 << 20)->Arg(1 << 23)
+BENCHMARK(BM_AdamWStep)
+    ->ArgNames({"n"})
+    ->Arg(1 << 16)
+    ->Arg(1 << 20)
+    ->Arg(1 << 23)
     ->Unit(benchmark::kMicrosecond);
 
 }  // namespace

@@ -22,7 +22,9 @@ Qkv random_qkv(int64_t b, int64_t h, int64_t t, int64_t d, bool requires_grad) {
 }
 
 // 4*B*H*T*T*D multiply-adds counted as the dense (unmasked) work of QK^T and PV.
-double attention_flops(int64_t b, int64_t h, int64_t t, int64_t d) { return 4.0 * b * h * t * t * d; }
+double attention_flops(int64_t b, int64_t h, int64_t t, int64_t d) {
+  return 4.0 * b * h * t * t * d;
+}
 
 void BM_CausalAttentionForward(benchmark::State& state) {
   int64_t b = state.range(0), h = state.range(1), t = state.range(2), d = state.range(3);
@@ -31,7 +33,8 @@ void BM_CausalAttentionForward(benchmark::State& state) {
   {
     // The reference in f64 through separate ops: softmax(QK^T/sqrt(D), causal) V.
     Tensor q = x.q.to(DType::F64), k = x.k.to(DType::F64), v = x.v.to(DType::F64);
-    composed = matmul(softmax(mul(matmul(q, transpose(k, -1, -2)), 1.0 / std::sqrt(double(d))), true), v);
+    composed =
+        matmul(softmax(mul(matmul(q, transpose(k, -1, -2)), 1.0 / std::sqrt(double(d))), true), v);
   }
   if (!validated(state,
                  compare(causal_attention(x.q, x.k, x.v).contiguous().to_vector<float>(),
@@ -39,7 +42,8 @@ void BM_CausalAttentionForward(benchmark::State& state) {
                  1e-5)) {
     return;
   }
-  for (auto _ : state) benchmark::DoNotOptimize(causal_attention(x.q, x.k, x.v));
+  for (auto _ : state)
+    benchmark::DoNotOptimize(causal_attention(x.q, x.k, x.v));
   state.counters["GFLOP/s"] = benchmark::Counter(attention_flops(b, h, t, d) * 1e-9,
                                                  benchmark::Counter::kIsIterationInvariantRate);
 }
@@ -57,14 +61,20 @@ void BM_CausalAttentionForwardBackward(benchmark::State& state) {
                  1e-3)) {
     return;
   }
-  for (auto _ : state) causal_attention(x.q, x.k, x.v).backward(dy);
+  for (auto _ : state)
+    causal_attention(x.q, x.k, x.v).backward(dy);
   state.counters["GFLOP/s"] = benchmark::Counter(3.0 * attention_flops(b, h, t, d) * 1e-9,
                                                  benchmark::Counter::kIsIterationInvariantRate);
 }
 
-BENCHMARK(BM_CausalAttentionForward)->ArgNames({"B", "H", "T", "D"})->Args({8, 4, 128, 32})
-    ->Args({4, 12, 256, 64})->Unit(benchmark::kMicrosecond);
-BENCHMARK(BM_CausalAttentionForwardBackward)->ArgNames({"B", "H", "T", "D"})->Args({8, 4, 128, 32})
+BENCHMARK(BM_CausalAttentionForward)
+    ->ArgNames({"B", "H", "T", "D"})
+    ->Args({8, 4, 128, 32})
+    ->Args({4, 12, 256, 64})
+    ->Unit(benchmark::kMicrosecond);
+BENCHMARK(BM_CausalAttentionForwardBackward)
+    ->ArgNames({"B", "H", "T", "D"})
+    ->Args({8, 4, 128, 32})
     ->Unit(benchmark::kMicrosecond);
 
 }  // namespace

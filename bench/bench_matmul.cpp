@@ -12,7 +12,8 @@ std::vector<double> reference_matmul(const std::vector<float>& a, const std::vec
   std::vector<double> c(m * n, 0.0);
   for (int64_t i = 0; i < m; ++i)
     for (int64_t p = 0; p < k; ++p)
-      for (int64_t j = 0; j < n; ++j) c[i * n + j] += double(a[i * k + p]) * b[p * n + j];
+      for (int64_t j = 0; j < n; ++j)
+        c[i * n + j] += double(a[i * k + p]) * b[p * n + j];
   return c;
 }
 
@@ -28,9 +29,10 @@ void BM_Matmul(benchmark::State& state) {
   Tensor rhs = layout == 1 ? b.transpose(0, 1).contiguous().transpose(0, 1) : b;
   auto want = reference_matmul(a.to_vector<float>(), b.to_vector<float>(), m, k, n);
   if (!validated(state, compare(matmul(lhs, rhs).to_vector<float>(), want), 1e-3 * k)) return;
-  for (auto _ : state) benchmark::DoNotOptimize(matmul(lhs, rhs));
-  state.counters["GFLOP/s"] = benchmark::Counter(2.0 * m * n * k * 1e-9,
-                                                 benchmark::Counter::kIsIterationInvariantRate);
+  for (auto _ : state)
+    benchmark::DoNotOptimize(matmul(lhs, rhs));
+  state.counters["GFLOP/s"] =
+      benchmark::Counter(2.0 * m * n * k * 1e-9, benchmark::Counter::kIsIterationInvariantRate);
 }
 
 // Shapes of the default train_gpt config (B*T = 1024 rows, C = 128, vocab 256).

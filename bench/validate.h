@@ -32,9 +32,9 @@ inline bool validated(benchmark::State& state, const Error& e, double tolerance)
   state.counters["max_abs_err"] = e.max_abs;
   state.counters["max_rel_err"] = e.max_rel;
   if (!(e.max_abs <= tolerance)) {
-    state.SkipWithError(("validation against the reference failed: max abs error " +
-                         std::to_string(e.max_abs))
-                            .c_str());
+    state.SkipWithError(
+        ("validation against the reference failed: max abs error " + std::to_string(e.max_abs))
+            .c_str());
     return false;
   }
   return true;

@@ -25,12 +25,10 @@ void GPTConfig::validate() const {
 CausalSelfAttention::CausalSelfAttention(const GPTConfig& config, Generator& gen)
     : heads_(config.heads) {
   double proj_std = kInitStd / std::sqrt(2.0 * static_cast<double>(config.layers));
-  c_attn_ = register_module(
-      "c_attn", std::make_shared<Linear>(config.embd, 3 * config.embd, gen, kInitStd,
-                                         config.options));
+  c_attn_ = register_module("c_attn", std::make_shared<Linear>(config.embd, 3 * config.embd, gen,
+                                                               kInitStd, config.options));
   c_proj_ = register_module(
-      "c_proj",
-      std::make_shared<Linear>(config.embd, config.embd, gen, proj_std, config.options));
+      "c_proj", std::make_shared<Linear>(config.embd, config.embd, gen, proj_std, config.options));
 }
 
 Tensor CausalSelfAttention::forward(const Tensor& x) const {
@@ -48,12 +46,10 @@ Tensor CausalSelfAttention::forward(const Tensor& x) const {
 
 MLP::MLP(const GPTConfig& config, Generator& gen) {
   double proj_std = kInitStd / std::sqrt(2.0 * static_cast<double>(config.layers));
-  c_fc_ = register_module(
-      "c_fc",
-      std::make_shared<Linear>(config.embd, 4 * config.embd, gen, kInitStd, config.options));
-  c_proj_ = register_module(
-      "c_proj",
-      std::make_shared<Linear>(4 * config.embd, config.embd, gen, proj_std, config.options));
+  c_fc_ = register_module("c_fc", std::make_shared<Linear>(config.embd, 4 * config.embd, gen,
+                                                           kInitStd, config.options));
+  c_proj_ = register_module("c_proj", std::make_shared<Linear>(4 * config.embd, config.embd, gen,
+                                                               proj_std, config.options));
 }
 
 Tensor MLP::forward(const Tensor& x) const {
@@ -79,30 +75,34 @@ GPT::GPT(const GPTConfig& config, uint64_t seed) : config_(config) {
   Generator gen(seed);
   wte_ = register_module("wte", std::make_shared<Embedding>(config.vocab_size, config.embd, gen,
                                                             kInitStd, config.options));
-  wpe_ = register_module(
-      "wpe", std::make_shared<Embedding>(config.context, config.embd, gen, kInitStd,
-                                         config.options));
+  wpe_ = register_module("wpe", std::make_shared<Embedding>(config.context, config.embd, gen,
+                                                            kInitStd, config.options));
   h_ = register_module("h", std::make_shared<ModuleList<Block>>());
-  for (int64_t i = 0; i < config.layers; ++i) h_->push_back(std::make_shared<Block>(config, gen));
-  ln_f_ = register_module(
-      "ln_f", std::make_shared<LayerNorm>(config.embd, kLayerNormEps, config.options));
+  for (int64_t i = 0; i < config.layers; ++i)
+    h_->push_back(std::make_shared<Block>(config, gen));
+  ln_f_ = register_module("ln_f",
+                          std::make_shared<LayerNorm>(config.embd, kLayerNormEps, config.options));
 }
 
 Tensor GPT::forward(const Tensor& tokens) const {
-  if (tokens.dim() != 2) fail("GPT::forward: expected tokens [B, T], got ", shape_str(tokens.shape()));
+  if (tokens.dim() != 2)
+    fail("GPT::forward: expected tokens [B, T], got ", shape_str(tokens.shape()));
   int64_t time = tokens.size(1);
   if (time > config_.context) {
     fail("GPT::forward: sequence length ", time, " exceeds the model's context of ",
          config_.context);
   }
   std::vector<int64_t> positions(static_cast<size_t>(time));
-  for (int64_t t = 0; t < time; ++t) positions[t] = t;
+  for (int64_t t = 0; t < time; ++t)
+    positions[t] = t;
   Tensor pos = Tensor::from_vector(positions, {time}, tokens.device());
   Tensor x = add(wte_->forward(tokens), wpe_->forward(pos));
   for (const auto& block : *h_) {
     if (config_.checkpoint_activations) {
       x = autograd::checkpoint(
-          [block](const std::vector<Tensor>& in) { return std::vector<Tensor>{block->forward(in[0])}; },
+          [block](const std::vector<Tensor>& in) {
+            return std::vector<Tensor>{block->forward(in[0])};
+          },
           {x})[0];
     } else {
       x = block->forward(x);

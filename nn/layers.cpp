@@ -14,27 +14,35 @@ Tensor normal_tensor(const Shape& shape, double stddev, Generator& gen, const Op
 
 Linear::Linear(int64_t in_features, int64_t out_features, Generator& gen, double init_std,
                const Options& options) {
-  weight_ = register_parameter(
-      "weight", normal_tensor({in_features, out_features}, init_std, gen, options));
+  weight_ = register_parameter("weight",
+                               normal_tensor({in_features, out_features}, init_std, gen, options));
   bias_ = register_parameter("bias", Tensor::zeros({out_features}, options.dtype, options.device));
 }
 
-Tensor Linear::forward(const Tensor& x) const { return linear(x, weight_, bias_); }
+Tensor Linear::forward(const Tensor& x) const {
+  return linear(x, weight_, bias_);
+}
 
 Embedding::Embedding(int64_t count, int64_t width, Generator& gen, double init_std,
                      const Options& options) {
   weight_ = register_parameter("weight", normal_tensor({count, width}, init_std, gen, options));
 }
 
-Tensor Embedding::forward(const Tensor& indices) const { return embedding(indices, weight_); }
+Tensor Embedding::forward(const Tensor& indices) const {
+  return embedding(indices, weight_);
+}
 
 LayerNorm::LayerNorm(int64_t width, double eps, const Options& options) : eps_(eps) {
   weight_ = register_parameter("weight", Tensor::ones({width}, options.dtype, options.device));
   bias_ = register_parameter("bias", Tensor::zeros({width}, options.dtype, options.device));
 }
 
-Tensor LayerNorm::forward(const Tensor& x) const { return layer_norm(x, weight_, bias_, eps_); }
+Tensor LayerNorm::forward(const Tensor& x) const {
+  return layer_norm(x, weight_, bias_, eps_);
+}
 
-Tensor GELU::forward(const Tensor& x) const { return gelu(x); }
+Tensor GELU::forward(const Tensor& x) const {
+  return gelu(x);
+}
 
 }  // namespace loom::nn

@@ -14,8 +14,10 @@ Tensor Module::register_parameter(std::string name, Tensor value) {
 
 void Module::collect(const std::string& prefix,
                      std::vector<std::pair<std::string, Tensor>>& out) const {
-  for (const auto& [name, tensor] : parameters_) out.emplace_back(prefix + name, tensor);
-  for (const auto& [name, child] : children_) child->collect(prefix + name + ".", out);
+  for (const auto& [name, tensor] : parameters_)
+    out.emplace_back(prefix + name, tensor);
+  for (const auto& [name, child] : children_)
+    child->collect(prefix + name + ".", out);
 }
 
 std::vector<std::pair<std::string, Tensor>> Module::named_parameters() const {
@@ -26,19 +28,22 @@ std::vector<std::pair<std::string, Tensor>> Module::named_parameters() const {
 
 std::vector<Tensor> Module::parameters() const {
   std::vector<Tensor> out;
-  for (auto& [name, tensor] : named_parameters()) out.push_back(tensor);
+  for (auto& [name, tensor] : named_parameters())
+    out.push_back(tensor);
   return out;
 }
 
 int64_t Module::parameter_count() const {
   int64_t total = 0;
-  for (const Tensor& p : parameters()) total += p.numel();
+  for (const Tensor& p : parameters())
+    total += p.numel();
   return total;
 }
 
 StateDict Module::state_dict() const {
   StateDict state;
-  for (auto& [name, tensor] : named_parameters()) state.emplace(name, tensor.detach());
+  for (auto& [name, tensor] : named_parameters())
+    state.emplace(name, tensor.detach());
   return state;
 }
 
@@ -46,7 +51,8 @@ void Module::load_state_dict(const StateDict& state, bool strict) {
   auto named = named_parameters();
   std::vector<std::string> missing, unexpected, mismatched;
   std::map<std::string, const Tensor*> mine;
-  for (auto& [name, tensor] : named) mine.emplace(name, &tensor);
+  for (auto& [name, tensor] : named)
+    mine.emplace(name, &tensor);
   for (auto& [name, tensor] : named) {
     auto it = state.find(name);
     if (it == state.end()) {
@@ -61,7 +67,8 @@ void Module::load_state_dict(const StateDict& state, bool strict) {
   }
   auto list = [](const std::vector<std::string>& names) {
     std::ostringstream out;
-    for (size_t i = 0; i < names.size(); ++i) out << (i ? ", " : "") << names[i];
+    for (size_t i = 0; i < names.size(); ++i)
+      out << (i ? ", " : "") << names[i];
     return out.str();
   };
   if (!mismatched.empty()) {

@@ -49,8 +49,7 @@ class Module {
   }
 
  private:
-  void collect(const std::string& prefix,
-               std::vector<std::pair<std::string, Tensor>>& out) const;
+  void collect(const std::string& prefix, std::vector<std::pair<std::string, Tensor>>& out) const;
 
   std::vector<std::pair<std::string, Tensor>> parameters_;
   std::vector<std::pair<std::string, std::shared_ptr<Module>>> children_;

@@ -11,7 +11,9 @@ MemoryStats Allocator::stats() const {
   return {current_.load(), peak_.load(), allocations_.load()};
 }
 
-void Allocator::reset_peak() { peak_.store(current_.load()); }
+void Allocator::reset_peak() {
+  peak_.store(current_.load());
+}
 
 void Allocator::record_allocation(size_t nbytes) {
   size_t now = current_.fetch_add(nbytes) + nbytes;
@@ -21,7 +23,9 @@ void Allocator::record_allocation(size_t nbytes) {
   allocations_.fetch_add(1);
 }
 
-void Allocator::record_deallocation(size_t nbytes) noexcept { current_.fetch_sub(nbytes); }
+void Allocator::record_deallocation(size_t nbytes) noexcept {
+  current_.fetch_sub(nbytes);
+}
 
 namespace {
 
@@ -61,6 +65,8 @@ Allocator& allocator_for(Device device) {
   return *allocator;
 }
 
-void register_allocator(DeviceType type, Allocator* allocator) { registered(type) = allocator; }
+void register_allocator(DeviceType type, Allocator* allocator) {
+  registered(type) = allocator;
+}
 
 }  // namespace loom

@@ -11,16 +11,12 @@ namespace loom {
 size_t dtype_size(DType dtype) {
   switch (dtype) {
     case DType::F64:
-    case DType::I64:
-      return 8;
+    case DType::I64: return 8;
     case DType::F32:
-    case DType::I32:
-      return 4;
+    case DType::I32: return 4;
     case DType::BF16:
-    case DType::F16:
-      return 2;
-    case DType::U8:
-      return 1;
+    case DType::F16: return 2;
+    case DType::U8: return 1;
   }
   fail("dtype_size: invalid dtype value ", static_cast<int>(dtype));
 }
@@ -39,8 +35,7 @@ std::string_view dtype_name(DType dtype) {
 }
 
 bool is_floating(DType dtype) {
-  return dtype == DType::F32 || dtype == DType::F64 || dtype == DType::BF16 ||
-         dtype == DType::F16;
+  return dtype == DType::F32 || dtype == DType::F64 || dtype == DType::BF16 || dtype == DType::F16;
 }
 
 DType parse_dtype(std::string_view name) {
@@ -49,11 +44,11 @@ DType parse_dtype(std::string_view name) {
     DType dtype;
   };
   static constexpr Alias kAliases[] = {
-      {"f32", DType::F32},   {"float32", DType::F32},  {"f64", DType::F64},
-      {"float64", DType::F64}, {"bf16", DType::BF16},  {"bfloat16", DType::BF16},
-      {"f16", DType::F16},   {"float16", DType::F16},  {"i32", DType::I32},
-      {"int32", DType::I32}, {"i64", DType::I64},      {"int64", DType::I64},
-      {"u8", DType::U8},     {"uint8", DType::U8}};
+      {"f32", DType::F32},     {"float32", DType::F32}, {"f64", DType::F64},
+      {"float64", DType::F64}, {"bf16", DType::BF16},   {"bfloat16", DType::BF16},
+      {"f16", DType::F16},     {"float16", DType::F16}, {"i32", DType::I32},
+      {"int32", DType::I32},   {"i64", DType::I64},     {"int64", DType::I64},
+      {"u8", DType::U8},       {"uint8", DType::U8}};
   for (const Alias& alias : kAliases) {
     if (alias.name == name) return alias.dtype;
   }
@@ -81,6 +76,8 @@ float f16_bits_to_float(uint16_t bits) {
   return static_cast<float>(std::bit_cast<_Float16>(bits));
 }
 
-std::ostream& operator<<(std::ostream& out, DType dtype) { return out << dtype_name(dtype); }
+std::ostream& operator<<(std::ostream& out, DType dtype) {
+  return out << dtype_name(dtype);
+}
 
 }  // namespace loom

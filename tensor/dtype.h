@@ -35,19 +35,33 @@ float f16_bits_to_float(uint16_t bits);
 template <typename T>
 constexpr DType dtype_of();
 template <>
-constexpr DType dtype_of<float>() { return DType::F32; }
+constexpr DType dtype_of<float>() {
+  return DType::F32;
+}
 template <>
-constexpr DType dtype_of<double>() { return DType::F64; }
+constexpr DType dtype_of<double>() {
+  return DType::F64;
+}
 template <>
-constexpr DType dtype_of<BFloat16>() { return DType::BF16; }
+constexpr DType dtype_of<BFloat16>() {
+  return DType::BF16;
+}
 template <>
-constexpr DType dtype_of<Half>() { return DType::F16; }
+constexpr DType dtype_of<Half>() {
+  return DType::F16;
+}
 template <>
-constexpr DType dtype_of<int32_t>() { return DType::I32; }
+constexpr DType dtype_of<int32_t>() {
+  return DType::I32;
+}
 template <>
-constexpr DType dtype_of<int64_t>() { return DType::I64; }
+constexpr DType dtype_of<int64_t>() {
+  return DType::I64;
+}
 template <>
-constexpr DType dtype_of<uint8_t>() { return DType::U8; }
+constexpr DType dtype_of<uint8_t>() {
+  return DType::U8;
+}
 
 std::ostream& operator<<(std::ostream& out, DType dtype);
 

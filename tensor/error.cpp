@@ -7,8 +7,8 @@ namespace loom::detail {
 void throw_check_failure(const std::string& what, const std::string& context,
                          const std::source_location& where) {
   std::ostringstream out;
-  out << std::filesystem::path(where.file_name()).filename().string() << ':' << where.line()
-      << ": " << what << ": " << context;
+  out << std::filesystem::path(where.file_name()).filename().string() << ':' << where.line() << ": "
+      << what << ": " << context;
   throw Error(out.str());
 }
 

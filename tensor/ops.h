@@ -21,12 +21,24 @@ Tensor neg(const Tensor& a);
 // GELU with the tanh approximation (GPT-2's).
 Tensor gelu(const Tensor& x);
 
-inline Tensor operator+(const Tensor& a, const Tensor& b) { return add(a, b); }
-inline Tensor operator-(const Tensor& a, const Tensor& b) { return sub(a, b); }
-inline Tensor operator*(const Tensor& a, const Tensor& b) { return mul(a, b); }
-inline Tensor operator/(const Tensor& a, const Tensor& b) { return div(a, b); }
-inline Tensor operator*(const Tensor& a, double b) { return mul(a, b); }
-inline Tensor operator-(const Tensor& a) { return neg(a); }
+inline Tensor operator+(const Tensor& a, const Tensor& b) {
+  return add(a, b);
+}
+inline Tensor operator-(const Tensor& a, const Tensor& b) {
+  return sub(a, b);
+}
+inline Tensor operator*(const Tensor& a, const Tensor& b) {
+  return mul(a, b);
+}
+inline Tensor operator/(const Tensor& a, const Tensor& b) {
+  return div(a, b);
+}
+inline Tensor operator*(const Tensor& a, double b) {
+  return mul(a, b);
+}
+inline Tensor operator-(const Tensor& a) {
+  return neg(a);
+}
 
 // In-place updates, never recorded (optimizers, gradient accumulation). `b` broadcasts to a.
 void add_(Tensor& a, const Tensor& b);

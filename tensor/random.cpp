@@ -8,7 +8,9 @@
 
 namespace loom {
 
-double Generator::uniform() { return static_cast<double>(engine_() >> 11) * 0x1.0p-53; }
+double Generator::uniform() {
+  return static_cast<double>(engine_() >> 11) * 0x1.0p-53;
+}
 
 double Generator::normal() {
   if (has_spare_) {
@@ -30,18 +32,21 @@ template <typename Draw>
 void fill_with(Tensor& t, Draw draw, const char* op) {
   if (!is_floating(t.dtype())) fail(op, ": expected a floating tensor, got ", t.dtype());
   std::vector<double> values(static_cast<size_t>(t.numel()));
-  for (double& v : values) v = draw();
+  for (double& v : values)
+    v = draw();
   copy_(t, Tensor::from_vector(values, t.shape()));
 }
 
 }  // namespace
 
 void normal_(Tensor& t, double mean, double stddev, Generator& gen) {
-  fill_with(t, [&] { return mean + stddev * gen.normal(); }, "normal_");
+  fill_with(
+      t, [&] { return mean + stddev * gen.normal(); }, "normal_");
 }
 
 void uniform_(Tensor& t, double low, double high, Generator& gen) {
-  fill_with(t, [&] { return low + (high - low) * gen.uniform(); }, "uniform_");
+  fill_with(
+      t, [&] { return low + (high - low) * gen.uniform(); }, "uniform_");
 }
 
 }  // namespace loom

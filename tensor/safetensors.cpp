@@ -48,20 +48,13 @@ std::string errno_text(int error) {
 
 std::string_view format_dtype_name(DType dtype) {
   switch (dtype) {
-    case DType::F64:
-      return "F64";
-    case DType::F32:
-      return "F32";
-    case DType::F16:
-      return "F16";
-    case DType::BF16:
-      return "BF16";
-    case DType::I64:
-      return "I64";
-    case DType::I32:
-      return "I32";
-    case DType::U8:
-      return "U8";
+    case DType::F64: return "F64";
+    case DType::F32: return "F32";
+    case DType::F16: return "F16";
+    case DType::BF16: return "BF16";
+    case DType::I64: return "I64";
+    case DType::I32: return "I32";
+    case DType::U8: return "U8";
   }
   fail("[safetensors] dtype ", static_cast<int>(dtype), " has no safetensors name");
 }
@@ -126,9 +119,7 @@ json parse_header_json(std::string_view text, std::string_view origin) {
   std::optional<std::string> duplicate;
   auto track_keys = [&](int /*depth*/, json::parse_event_t event, json& parsed) {
     switch (event) {
-      case json::parse_event_t::object_start:
-        open_objects.emplace_back();
-        break;
+      case json::parse_event_t::object_start: open_objects.emplace_back(); break;
       case json::parse_event_t::object_end:
         if (!open_objects.empty()) open_objects.pop_back();
         break;
@@ -143,8 +134,7 @@ json parse_header_json(std::string_view text, std::string_view origin) {
         }
         break;
       }
-      default:
-        break;
+      default: break;
     }
     return true;
   };

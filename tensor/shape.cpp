@@ -8,7 +8,8 @@ namespace loom {
 
 int64_t numel_of(const Shape& shape) {
   int64_t n = 1;
-  for (int64_t d : shape) n *= d;
+  for (int64_t d : shape)
+    n *= d;
   return n;
 }
 
@@ -37,8 +38,8 @@ Shape broadcast_shapes(const Shape& a, const Shape& b, const char* op) {
     int64_t da = i < ndim - a.size() ? 1 : a[i - (ndim - a.size())];
     int64_t db = i < ndim - b.size() ? 1 : b[i - (ndim - b.size())];
     if (da != db && da != 1 && db != 1) {
-      fail(op, ": shapes ", shape_str(a), " and ", shape_str(b),
-           " cannot be broadcast (dimension ", i, ": ", da, " vs ", db, ")");
+      fail(op, ": shapes ", shape_str(a), " and ", shape_str(b), " cannot be broadcast (dimension ",
+           i, ": ", da, " vs ", db, ")");
     }
     out[i] = da == 1 ? db : da;
   }

@@ -12,11 +12,21 @@ namespace {
 thread_local bool grad_mode = true;
 }  // namespace
 
-bool grad_mode_enabled() { return grad_mode; }
-NoGradGuard::NoGradGuard() : previous_(grad_mode) { grad_mode = false; }
-NoGradGuard::~NoGradGuard() { grad_mode = previous_; }
-EnableGradGuard::EnableGradGuard() : previous_(grad_mode) { grad_mode = true; }
-EnableGradGuard::~EnableGradGuard() { grad_mode = previous_; }
+bool grad_mode_enabled() {
+  return grad_mode;
+}
+NoGradGuard::NoGradGuard() : previous_(grad_mode) {
+  grad_mode = false;
+}
+NoGradGuard::~NoGradGuard() {
+  grad_mode = previous_;
+}
+EnableGradGuard::EnableGradGuard() : previous_(grad_mode) {
+  grad_mode = true;
+}
+EnableGradGuard::~EnableGradGuard() {
+  grad_mode = previous_;
+}
 
 Tensor Tensor::empty(const Shape& shape, DType dtype, Device device) {
   for (int64_t d : shape) {
@@ -68,7 +78,9 @@ TensorImpl& Tensor::impl() const {
   return *impl_;
 }
 
-int64_t Tensor::size(int64_t d) const { return shape()[wrap_dim(d, dim(), "Tensor::size")]; }
+int64_t Tensor::size(int64_t d) const {
+  return shape()[wrap_dim(d, dim(), "Tensor::size")];
+}
 
 bool Tensor::is_contiguous() const {
   const Shape& s = shape();
@@ -108,8 +120,12 @@ double Tensor::item() const {
   return to_vector<double>()[0];
 }
 
-Tensor Tensor::contiguous() const { return loom::contiguous(*this); }
-Tensor Tensor::to(DType dtype) const { return dtype == this->dtype() ? *this : cast(*this, dtype); }
+Tensor Tensor::contiguous() const {
+  return loom::contiguous(*this);
+}
+Tensor Tensor::to(DType dtype) const {
+  return dtype == this->dtype() ? *this : cast(*this, dtype);
+}
 
 Tensor Tensor::to(Device device) const {
   if (device == this->device()) return *this;
@@ -131,11 +147,21 @@ Tensor Tensor::clone() const {
   return out;
 }
 
-Tensor Tensor::reshape(const Shape& s) const { return loom::reshape(*this, s); }
-Tensor Tensor::permute(const std::vector<int64_t>& d) const { return loom::permute(*this, d); }
-Tensor Tensor::transpose(int64_t a, int64_t b) const { return loom::transpose(*this, a, b); }
-Tensor Tensor::narrow(int64_t d, int64_t s, int64_t n) const { return loom::narrow(*this, d, s, n); }
-Tensor Tensor::expand(const Shape& s) const { return loom::expand(*this, s); }
+Tensor Tensor::reshape(const Shape& s) const {
+  return loom::reshape(*this, s);
+}
+Tensor Tensor::permute(const std::vector<int64_t>& d) const {
+  return loom::permute(*this, d);
+}
+Tensor Tensor::transpose(int64_t a, int64_t b) const {
+  return loom::transpose(*this, a, b);
+}
+Tensor Tensor::narrow(int64_t d, int64_t s, int64_t n) const {
+  return loom::narrow(*this, d, s, n);
+}
+Tensor Tensor::expand(const Shape& s) const {
+  return loom::expand(*this, s);
+}
 
 Tensor& Tensor::set_requires_grad(bool value) {
   if (!is_leaf()) {
@@ -149,7 +175,9 @@ Tensor& Tensor::set_requires_grad(bool value) {
   return *this;
 }
 
-Tensor Tensor::grad() const { return impl().grad ? Tensor(impl().grad) : Tensor(); }
+Tensor Tensor::grad() const {
+  return impl().grad ? Tensor(impl().grad) : Tensor();
+}
 
 void Tensor::set_grad(const Tensor& grad) const {
   if (grad.defined()) {
@@ -163,7 +191,9 @@ void Tensor::backward(const Tensor& gradient, bool retain_graph) const {
   autograd::run_backward({*this}, {gradient}, retain_graph);
 }
 
-Tensor Tensor::detach() const { return make_view(*this, shape(), strides(), offset()); }
+Tensor Tensor::detach() const {
+  return make_view(*this, shape(), strides(), offset());
+}
 
 void Tensor::register_grad_ready_hook(GradReadyHook hook) const {
   check(is_leaf() && requires_grad(),
@@ -178,11 +208,13 @@ std::string Tensor::str() const {
   return out.str();
 }
 
-std::ostream& operator<<(std::ostream& out, const Tensor& tensor) { return out << tensor.str(); }
+std::ostream& operator<<(std::ostream& out, const Tensor& tensor) {
+  return out << tensor.str();
+}
 
-#define LOOM_INSTANTIATE(T)                                                          \
+#define LOOM_INSTANTIATE(T)                                                            \
   template Tensor Tensor::from_vector<T>(const std::vector<T>&, const Shape&, Device); \
-  template T* Tensor::data<T>() const;                                               \
+  template T* Tensor::data<T>() const;                                                 \
   template std::vector<T> Tensor::to_vector<T>() const;
 LOOM_INSTANTIATE(float)
 LOOM_INSTANTIATE(double)

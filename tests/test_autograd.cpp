@@ -99,18 +99,17 @@ TEST(Autograd, CheckpointGivesBitwiseEqualGradients) {
 }
 
 TEST(Autograd, CustomOp) {
-  autograd::CustomOp cube{
-      .name = "cube",
-      .forward =
-          [](autograd::Context& ctx, const std::vector<Tensor>& in) {
-            ctx.save(in[0]);
-            return std::vector<Tensor>{mul(mul(in[0], in[0]), in[0])};
-          },
-      .backward =
-          [](autograd::Context& ctx, const std::vector<Tensor>& g) {
-            Tensor x = ctx.saved(0);
-            return std::vector<Tensor>{mul(g[0], mul(mul(x, x), 3.0))};
-          }};
+  autograd::CustomOp cube{.name = "cube",
+                          .forward =
+                              [](autograd::Context& ctx, const std::vector<Tensor>& in) {
+                                ctx.save(in[0]);
+                                return std::vector<Tensor>{mul(mul(in[0], in[0]), in[0])};
+                              },
+                          .backward =
+                              [](autograd::Context& ctx, const std::vector<Tensor>& g) {
+                                Tensor x = ctx.saved(0);
+                                return std::vector<Tensor>{mul(g[0], mul(mul(x, x), 3.0))};
+                              }};
   Tensor x = leaf({1, 2, -3});
   Tensor y = autograd::apply(cube, {x})[0];
   EXPECT_EQ(y.to_vector<double>(), std::vector<double>({1, 8, -27}));

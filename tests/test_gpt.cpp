@@ -87,7 +87,8 @@ TEST(Gpt, EveryParameterGetsExactlyOneGradReadyCall) {
   Batch batch = tiny_batch();
   model.loss(batch.tokens, batch.targets).backward();
   ASSERT_EQ(calls.size(), model.named_parameters().size());
-  for (auto& [name, n] : calls) EXPECT_EQ(n, 1) << name;
+  for (auto& [name, n] : calls)
+    EXPECT_EQ(n, 1) << name;
 }
 
 }  // namespace

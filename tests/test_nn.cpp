@@ -44,7 +44,8 @@ TEST(Module, GptParameterNamesAndShapesFollowHuggingFaceGpt2) {
   }
   EXPECT_EQ(named[14].first, "h.1.ln_1.weight");
   EXPECT_EQ(named.back().first, "ln_f.bias");
-  for (auto& [name, p] : named) EXPECT_TRUE(p.requires_grad()) << name;
+  for (auto& [name, p] : named)
+    EXPECT_TRUE(p.requires_grad()) << name;
 }
 
 TEST(Module, InitialisationIsDeterministicAndGpt2Like) {
@@ -54,8 +55,10 @@ TEST(Module, InitialisationIsDeterministicAndGpt2Like) {
   EXPECT_NE(a.state_dict().at("wte.weight").to_vector<float>(),
             c.state_dict().at("wte.weight").to_vector<float>());
   auto sd = a.state_dict();
-  for (float v : sd.at("h.0.attn.c_attn.bias").to_vector<float>()) EXPECT_EQ(v, 0.0f);
-  for (float v : sd.at("ln_f.weight").to_vector<float>()) EXPECT_EQ(v, 1.0f);
+  for (float v : sd.at("h.0.attn.c_attn.bias").to_vector<float>())
+    EXPECT_EQ(v, 0.0f);
+  for (float v : sd.at("ln_f.weight").to_vector<float>())
+    EXPECT_EQ(v, 1.0f);
 }
 
 TEST(Module, LoadStateDictCopiesIntoTheSameParameters) {

@@ -45,8 +45,7 @@ TEST_F(OpGradient, Matmul2D) {
 TEST_F(OpGradient, MatmulWithTransposedViews) {
   Tensor a = random_leaf({4, 3}, gen), b = random_leaf({5, 4}, gen);
   expect_gradients_match(
-      [](const Inputs& x) { return matmul(transpose(x[0], 0, 1), transpose(x[1], 0, 1)); },
-      {a, b});
+      [](const Inputs& x) { return matmul(transpose(x[0], 0, 1), transpose(x[1], 0, 1)); }, {a, b});
 }
 
 TEST_F(OpGradient, MatmulFoldsLeadingDims) {
@@ -102,7 +101,8 @@ TEST_F(OpGradient, CausalAttentionMatchesComposedOps) {
   Tensor scores = mul(matmul(q, transpose(k, -1, -2)), 0.5);
   Tensor composed = matmul(softmax(scores, true), v);
   std::vector<double> a = fused.to_vector<double>(), b = composed.to_vector<double>();
-  for (size_t i = 0; i < a.size(); ++i) EXPECT_NEAR(a[i], b[i], 1e-12);
+  for (size_t i = 0; i < a.size(); ++i)
+    EXPECT_NEAR(a[i], b[i], 1e-12);
 }
 
 TEST_F(OpGradient, CrossEntropy) {

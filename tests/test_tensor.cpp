@@ -62,7 +62,7 @@ TEST(Tensor, F16RoundsToNearestEven) {
   EXPECT_EQ(f16_bits_to_float(float_to_f16_bits(1.0f + 3 * 0x1p-11f)), 1.0f + 0x1p-9f);
   EXPECT_EQ(float_to_f16_bits(65504.0f), 0x7BFF);
   EXPECT_EQ(float_to_f16_bits(70000.0f), 0x7C00);  // overflow -> inf
-  EXPECT_EQ(f16_bits_to_float(0x0001), 0x1p-24f);   // smallest subnormal
+  EXPECT_EQ(f16_bits_to_float(0x0001), 0x1p-24f);  // smallest subnormal
 }
 
 TEST(Tensor, CastsBetweenAllDtypes) {
@@ -141,7 +141,8 @@ TEST(Tensor, ExactValuesOfCoreOps) {
 
 TEST(Tensor, Fp32TranscendentalsAreAccurate) {
   std::vector<float> xs;
-  for (int i = -400; i <= 400; ++i) xs.push_back(static_cast<float>(i) / 40.0f);
+  for (int i = -400; i <= 400; ++i)
+    xs.push_back(static_cast<float>(i) / 40.0f);
   Tensor x = Tensor::from_vector(xs, {static_cast<int64_t>(xs.size())});
   std::vector<float> y = gelu(x).to_vector<float>();
   for (size_t i = 0; i < xs.size(); ++i) {

@@ -14,7 +14,8 @@ namespace {
 
 std::vector<uint8_t> counting_bytes(size_t n) {
   std::vector<uint8_t> bytes(n);
-  for (size_t i = 0; i < n; ++i) bytes[i] = static_cast<uint8_t>(i % 251);
+  for (size_t i = 0; i < n; ++i)
+    bytes[i] = static_cast<uint8_t>(i % 251);
   return bytes;
 }
 
@@ -35,10 +36,12 @@ TEST(DataOrder, BlocksFollowTheDocumentedFormula) {
 TEST(DataOrder, ShuffleVisitsEveryBlockOncePerEpoch) {
   TokenBlocks data(counting_bytes(8 * 10 + 1), 2, 4, 256, /*shuffle=*/true, 7);
   std::vector<int64_t> seen;
-  for (int64_t step = 0; step < 10; ++step) seen.push_back(data.block_index(step, 0, 1));
+  for (int64_t step = 0; step < 10; ++step)
+    seen.push_back(data.block_index(step, 0, 1));
   std::vector<int64_t> sorted = seen;
   std::sort(sorted.begin(), sorted.end());
-  for (int64_t i = 0; i < 10; ++i) EXPECT_EQ(sorted[i], i);
+  for (int64_t i = 0; i < 10; ++i)
+    EXPECT_EQ(sorted[i], i);
   EXPECT_NE(seen, sorted);  // a permutation, not the identity (for this seed)
 }
 
@@ -79,7 +82,8 @@ TEST(Training, LossFallsOnTheDefaultCorpus) {
   ASSERT_EQ(losses.size(), 80u);
   EXPECT_NEAR(losses.front(), std::log(256.0), 0.3);
   double tail = 0;
-  for (size_t i = 70; i < 80; ++i) tail += losses[i] / 10;
+  for (size_t i = 70; i < 80; ++i)
+    tail += losses[i] / 10;
   EXPECT_LT(tail, 3.0) << "first loss " << losses.front();
 }
 
@@ -117,7 +121,8 @@ TEST(GptCheckpoint, SaveAndLoadRoundTripsExactly) {
 TEST(GptCheckpoint, HuggingFaceExtrasAreIgnored) {
   nn::GPT model(small_config(), 0);
   safetensors::Contents contents;
-  for (auto& [name, t] : model.state_dict()) contents.tensors.emplace("transformer." + name, t);
+  for (auto& [name, t] : model.state_dict())
+    contents.tensors.emplace("transformer." + name, t);
   contents.tensors.emplace("lm_head.weight", model.state_dict().at("wte.weight"));
   contents.tensors.emplace("transformer.h.0.attn.bias", Tensor::ones({1, 1, 32, 32}));
   nn::StateDict state = nn::gpt_state_from_checkpoint(contents);

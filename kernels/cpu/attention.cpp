@@ -26,7 +26,8 @@ void causal_attention_forward(const AttentionShape& s, const T* q, const int64_t
       T* p = probs + (b * s.heads + h) * tt;
       gemm<T>(false, true, s.time, s.time, s.head_dim, q + at(q_strides, b, h), q_strides[2],
               k + at(k_strides, b, h), k_strides[2], p, s.time, false);
-      for (int64_t i = 0; i < tt; ++i) p[i] *= scale;
+      for (int64_t i = 0; i < tt; ++i)
+        p[i] *= scale;
       softmax_forward<T>(p, p, s.time, s.time, s.time);
       gemm<T>(false, false, s.time, s.head_dim, s.time, p, s.time, v + at(v_strides, b, h),
               v_strides[2], out + at(out_strides, b, h), out_strides[2], false);
@@ -35,12 +36,11 @@ void causal_attention_forward(const AttentionShape& s, const T* q, const int64_t
 }
 
 template <typename T>
-void causal_attention_backward(const AttentionShape& s, const T* dout,
-                               const int64_t* dout_strides, const T* q, const int64_t* q_strides,
-                               const T* k, const int64_t* k_strides, const T* v,
-                               const int64_t* v_strides, const T* probs, T* dq,
-                               const int64_t* dq_strides, T* dk, const int64_t* dk_strides, T* dv,
-                               const int64_t* dv_strides) {
+void causal_attention_backward(const AttentionShape& s, const T* dout, const int64_t* dout_strides,
+                               const T* q, const int64_t* q_strides, const T* k,
+                               const int64_t* k_strides, const T* v, const int64_t* v_strides,
+                               const T* probs, T* dq, const int64_t* dq_strides, T* dk,
+                               const int64_t* dk_strides, T* dv, const int64_t* dv_strides) {
   const int64_t tt = s.time * s.time;
   const T scale = static_cast<T>(1.0 / std::sqrt(static_cast<double>(s.head_dim)));
   std::vector<T> dscores(static_cast<size_t>(tt));
@@ -56,7 +56,8 @@ void causal_attention_backward(const AttentionShape& s, const T* dout,
       gemm<T>(false, true, s.time, s.time, s.head_dim, dO, ldo, v + at(v_strides, b, h),
               v_strides[2], dscores.data(), s.time, false);
       softmax_backward<T>(p, dscores.data(), dscores.data(), s.time, s.time);
-      for (int64_t i = 0; i < tt; ++i) dscores[i] *= scale;
+      for (int64_t i = 0; i < tt; ++i)
+        dscores[i] *= scale;
       // dQ = dS K, dK = dS^T Q
       gemm<T>(false, false, s.time, s.head_dim, s.time, dscores.data(), s.time,
               k + at(k_strides, b, h), k_strides[2], dq + at(dq_strides, b, h), dq_strides[2],
@@ -68,12 +69,12 @@ void causal_attention_backward(const AttentionShape& s, const T* dout,
   }
 }
 
-#define LOOM_INSTANTIATE(T)                                                                      \
-  template void causal_attention_forward<T>(const AttentionShape&, const T*, const int64_t*,     \
-                                            const T*, const int64_t*, const T*, const int64_t*, \
-                                            T*, const int64_t*, T*);                             \
-  template void causal_attention_backward<T>(                                                   \
-      const AttentionShape&, const T*, const int64_t*, const T*, const int64_t*, const T*,       \
+#define LOOM_INSTANTIATE(T)                                                                       \
+  template void causal_attention_forward<T>(const AttentionShape&, const T*, const int64_t*,      \
+                                            const T*, const int64_t*, const T*, const int64_t*,   \
+                                            T*, const int64_t*, T*);                              \
+  template void causal_attention_backward<T>(                                                     \
+      const AttentionShape&, const T*, const int64_t*, const T*, const int64_t*, const T*,        \
       const int64_t*, const T*, const int64_t*, const T*, T*, const int64_t*, T*, const int64_t*, \
       T*, const int64_t*);
 LOOM_INSTANTIATE(float)

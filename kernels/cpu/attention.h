@@ -21,11 +21,10 @@ void causal_attention_forward(const AttentionShape& s, const T* q, const int64_t
 
 // Gradients into dq, dk, dv (overwritten), each with its own strides.
 template <typename T>
-void causal_attention_backward(const AttentionShape& s, const T* dout,
-                               const int64_t* dout_strides, const T* q, const int64_t* q_strides,
-                               const T* k, const int64_t* k_strides, const T* v,
-                               const int64_t* v_strides, const T* probs, T* dq,
-                               const int64_t* dq_strides, T* dk, const int64_t* dk_strides, T* dv,
-                               const int64_t* dv_strides);
+void causal_attention_backward(const AttentionShape& s, const T* dout, const int64_t* dout_strides,
+                               const T* q, const int64_t* q_strides, const T* k,
+                               const int64_t* k_strides, const T* v, const int64_t* v_strides,
+                               const T* probs, T* dq, const int64_t* dq_strides, T* dk,
+                               const int64_t* dk_strides, T* dv, const int64_t* dv_strides);
 
 }  // namespace loom::kernels::cpu

@@ -10,8 +10,8 @@ namespace loom::kernels::cpu {
 namespace {
 
 template <typename T, typename Op>
-void binary_rows(int ndim, const int64_t* shape, const T* a, const int64_t* a_strides,
-                 const T* b, const int64_t* b_strides, T* out, Op op) {
+void binary_rows(int ndim, const int64_t* shape, const T* a, const int64_t* a_strides, const T* b,
+                 const int64_t* b_strides, T* out, Op op) {
   int64_t out_offset = 0;
   int64_t as = ndim ? a_strides[ndim - 1] : 0;
   int64_t bs = ndim ? b_strides[ndim - 1] : 0;
@@ -22,15 +22,19 @@ void binary_rows(int ndim, const int64_t* shape, const T* a, const int64_t* a_st
                     T* po = out + out_offset;
                     // Specialised inner loops so the common layouts vectorise.
                     if (as == 1 && bs == 1) {
-                      for (int64_t i = 0; i < n; ++i) po[i] = op(pa[i], pb[i]);
+                      for (int64_t i = 0; i < n; ++i)
+                        po[i] = op(pa[i], pb[i]);
                     } else if (as == 1 && bs == 0) {
                       T vb = *pb;
-                      for (int64_t i = 0; i < n; ++i) po[i] = op(pa[i], vb);
+                      for (int64_t i = 0; i < n; ++i)
+                        po[i] = op(pa[i], vb);
                     } else if (as == 0 && bs == 1) {
                       T va = *pa;
-                      for (int64_t i = 0; i < n; ++i) po[i] = op(va, pb[i]);
+                      for (int64_t i = 0; i < n; ++i)
+                        po[i] = op(va, pb[i]);
                     } else {
-                      for (int64_t i = 0; i < n; ++i) po[i] = op(pa[i * as], pb[i * bs]);
+                      for (int64_t i = 0; i < n; ++i)
+                        po[i] = op(pa[i * as], pb[i * bs]);
                     }
                     out_offset += n;
                   });
@@ -59,22 +63,26 @@ void binary(BinaryOp op, int ndim, const int64_t* shape, const T* a, const int64
 
 template <typename T>
 void add_inplace(T* a, const T* b, int64_t n) {
-  for (int64_t i = 0; i < n; ++i) a[i] += b[i];
+  for (int64_t i = 0; i < n; ++i)
+    a[i] += b[i];
 }
 
 template <typename T>
 void scale_inplace(T* a, T factor, int64_t n) {
-  for (int64_t i = 0; i < n; ++i) a[i] *= factor;
+  for (int64_t i = 0; i < n; ++i)
+    a[i] *= factor;
 }
 
 template <typename T>
 void add_scalar(const T* a, T value, T* out, int64_t n) {
-  for (int64_t i = 0; i < n; ++i) out[i] = a[i] + value;
+  for (int64_t i = 0; i < n; ++i)
+    out[i] = a[i] + value;
 }
 
 template <typename T>
 void scale(const T* a, T factor, T* out, int64_t n) {
-  for (int64_t i = 0; i < n; ++i) out[i] = a[i] * factor;
+  for (int64_t i = 0; i < n; ++i)
+    out[i] = a[i] * factor;
 }
 
 namespace {
@@ -115,7 +123,8 @@ void copy_rows(int ndim, const int64_t* shape, const E* src, const int64_t* src_
     if (s == 1) {
       std::memcpy(dst + out, p, static_cast<size_t>(n) * sizeof(E));
     } else {
-      for (int64_t i = 0; i < n; ++i) dst[out + i] = p[i * s];
+      for (int64_t i = 0; i < n; ++i)
+        dst[out + i] = p[i * s];
     }
     out += n;
   });

@@ -7,8 +7,9 @@ namespace loom::kernels::cpu {
 namespace {
 
 template <typename T>
-using RowMajorMap = Eigen::Map<const Eigen::Matrix<T, Eigen::Dynamic, Eigen::Dynamic, Eigen::RowMajor>,
-                               Eigen::Unaligned, Eigen::OuterStride<>>;
+using RowMajorMap =
+    Eigen::Map<const Eigen::Matrix<T, Eigen::Dynamic, Eigen::Dynamic, Eigen::RowMajor>,
+               Eigen::Unaligned, Eigen::OuterStride<>>;
 template <typename T>
 using MutableRowMajorMap =
     Eigen::Map<Eigen::Matrix<T, Eigen::Dynamic, Eigen::Dynamic, Eigen::RowMajor>, Eigen::Unaligned,

@@ -11,7 +11,8 @@ void layer_norm_forward(const T* x, const T* weight, const T* bias, T* y, T* mea
     const T* xr = x + r * width;
     T* yr = y + r * width;
     T m = 0;
-    for (int64_t i = 0; i < width; ++i) m += xr[i];
+    for (int64_t i = 0; i < width; ++i)
+      m += xr[i];
     m /= static_cast<T>(width);
     T v = 0;
     for (int64_t i = 0; i < width; ++i) {
@@ -20,7 +21,8 @@ void layer_norm_forward(const T* x, const T* weight, const T* bias, T* y, T* mea
     }
     v /= static_cast<T>(width);
     T s = static_cast<T>(1.0 / std::sqrt(static_cast<double>(v) + eps));
-    for (int64_t i = 0; i < width; ++i) yr[i] = (xr[i] - m) * s * weight[i] + bias[i];
+    for (int64_t i = 0; i < width; ++i)
+      yr[i] = (xr[i] - m) * s * weight[i] + bias[i];
     mean[r] = m;
     rstd[r] = s;
   }
@@ -54,9 +56,9 @@ void layer_norm_backward(const T* dy, const T* x, const T* weight, const T* mean
   }
 }
 
-#define LOOM_INSTANTIATE(T)                                                                     \
+#define LOOM_INSTANTIATE(T)                                                                       \
   template void layer_norm_forward<T>(const T*, const T*, const T*, T*, T*, T*, int64_t, int64_t, \
-                                      double);                                                  \
+                                      double);                                                    \
   template void layer_norm_backward<T>(const T*, const T*, const T*, const T*, const T*, T*, T*,  \
                                        T*, int64_t, int64_t);
 LOOM_INSTANTIATE(float)

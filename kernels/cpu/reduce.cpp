@@ -12,14 +12,14 @@ void sum_axis(const T* x, T* out, int64_t outer, int64_t extent, int64_t inner) 
     const T* src = x + o * extent * inner;
     for (int64_t d = 0; d < extent; ++d) {
       const T* row = src + d * inner;
-      for (int64_t i = 0; i < inner; ++i) dst[i] += row[i];
+      for (int64_t i = 0; i < inner; ++i)
+        dst[i] += row[i];
     }
   }
 }
 
 template <typename T>
-void max_axis(const T* x, T* out, int64_t* argmax, int64_t outer, int64_t extent,
-              int64_t inner) {
+void max_axis(const T* x, T* out, int64_t* argmax, int64_t outer, int64_t extent, int64_t inner) {
   for (int64_t o = 0; o < outer; ++o) {
     const T* src = x + o * extent * inner;
     for (int64_t i = 0; i < inner; ++i) {
@@ -41,12 +41,13 @@ void max_axis(const T* x, T* out, int64_t* argmax, int64_t outer, int64_t extent
 template <typename T>
 double sum_all(const T* x, int64_t n) {
   double total = 0;
-  for (int64_t i = 0; i < n; ++i) total += static_cast<double>(x[i]);
+  for (int64_t i = 0; i < n; ++i)
+    total += static_cast<double>(x[i]);
   return total;
 }
 
-#define LOOM_INSTANTIATE(T)                                                      \
-  template void sum_axis<T>(const T*, T*, int64_t, int64_t, int64_t);            \
+#define LOOM_INSTANTIATE(T)                                                     \
+  template void sum_axis<T>(const T*, T*, int64_t, int64_t, int64_t);           \
   template void max_axis<T>(const T*, T*, int64_t*, int64_t, int64_t, int64_t); \
   template double sum_all<T>(const T*, int64_t);
 LOOM_INSTANTIATE(float)

@@ -28,9 +28,11 @@ void for_each_row(int ndim, const int64_t* shape, const std::array<const int64_t
     int d = ndim - 2;
     for (; d >= 0; --d) {
       ++index[d];
-      for (size_t k = 0; k < K; ++k) offsets[k] += strides[k][d];
+      for (size_t k = 0; k < K; ++k)
+        offsets[k] += strides[k][d];
       if (index[d] < shape[d]) break;
-      for (size_t k = 0; k < K; ++k) offsets[k] -= strides[k][d] * shape[d];
+      for (size_t k = 0; k < K; ++k)
+        offsets[k] -= strides[k][d] * shape[d];
       index[d] = 0;
     }
     if (d < 0) return;

@@ -28,10 +28,16 @@ inline float exp_approx(float x) {
   return p * std::bit_cast<float>(exponent);
 }
 
-inline double exp_approx(double x) { return std::exp(x); }
+inline double exp_approx(double x) {
+  return std::exp(x);
+}
 
 // tanh(u) = 1 - 2 / (exp(2u) + 1); exact limits at +-infinity of the clamped exp.
-inline float tanh_approx(float u) { return 1.0f - 2.0f / (exp_approx(2.0f * u) + 1.0f); }
-inline double tanh_approx(double u) { return std::tanh(u); }
+inline float tanh_approx(float u) {
+  return 1.0f - 2.0f / (exp_approx(2.0f * u) + 1.0f);
+}
+inline double tanh_approx(double u) {
+  return std::tanh(u);
+}
 
 }  // namespace loom::kernels::cpu

@@ -36,7 +36,8 @@ std::vector<Tensor> AccumulateGrad::apply(const std::vector<Tensor>& grad_output
   } else {
     leaf_->grad = incoming.clone().impl_ptr();
   }
-  for (GradReadyHook& hook : leaf_->grad_ready_hooks) hook(leaf);
+  for (GradReadyHook& hook : leaf_->grad_ready_hooks)
+    hook(leaf);
   return {};
 }
 
@@ -60,10 +61,11 @@ Edge gradient_edge(const Tensor& tensor) {
   return {accumulator, 0};
 }
 
-void record(std::string name, const std::vector<Tensor>& inputs,
-            const std::vector<Tensor>& outputs, VjpFunction vjp) {
+void record(std::string name, const std::vector<Tensor>& inputs, const std::vector<Tensor>& outputs,
+            VjpFunction vjp) {
   auto node = std::make_shared<FunctionNode>(std::move(name), std::move(vjp));
-  for (const Tensor& input : inputs) node->next_edges().push_back(gradient_edge(input));
+  for (const Tensor& input : inputs)
+    node->next_edges().push_back(gradient_edge(input));
   for (uint32_t i = 0; i < outputs.size(); ++i) {
     TensorImpl& out = outputs[i].impl();
     out.requires_grad = true;
@@ -105,8 +107,8 @@ void run_backward(const std::vector<Tensor>& roots, const std::vector<Tensor>& g
   };
   std::vector<Edge> root_edges;
   for (size_t i = 0; i < roots.size(); ++i) {
-    check(roots[i].requires_grad(), "backward: tensor " + roots[i].str() +
-                                        " does not require grad and has no grad_fn");
+    check(roots[i].requires_grad(),
+          "backward: tensor " + roots[i].str() + " does not require grad and has no grad_fn");
     root_edges.push_back(gradient_edge(roots[i]));
     visit(root_edges.back().node);
   }
@@ -128,8 +130,8 @@ void run_backward(const std::vector<Tensor>& roots, const std::vector<Tensor>& g
   for (size_t i = 0; i < roots.size(); ++i) {
     Tensor seed = grad_roots[i];
     if (!seed.defined()) {
-      check(roots[i].numel() == 1, "backward: a gradient must be given for non-scalar root " +
-                                       roots[i].str());
+      check(roots[i].numel() == 1,
+            "backward: a gradient must be given for non-scalar root " + roots[i].str());
       seed = Tensor::ones(roots[i].shape(), roots[i].dtype(), roots[i].device());
     }
     check(seed.shape() == roots[i].shape(),

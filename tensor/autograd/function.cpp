@@ -6,7 +6,8 @@ namespace loom::autograd {
 
 std::vector<Tensor> apply(const CustomOp& op, const std::vector<Tensor>& inputs) {
   auto ctx = std::make_shared<Context>();
-  for (const Tensor& input : inputs) ctx->needs_input_grad_.push_back(any_requires_grad({input}));
+  for (const Tensor& input : inputs)
+    ctx->needs_input_grad_.push_back(any_requires_grad({input}));
   std::vector<Tensor> outputs;
   {
     NoGradGuard no_grad;
@@ -43,7 +44,8 @@ std::vector<Tensor> checkpoint(
   // Parameters inside fn are not among `inputs`, so record whenever grad mode is on and
   // either an input or (possibly) a parameter needs a gradient.
   if (!grad_mode_enabled()) return outputs;
-  for (Tensor& out : outputs) out = out.detach();
+  for (Tensor& out : outputs)
+    out = out.detach();
   record("Checkpoint", inputs, outputs,
          [fn, inputs](const std::vector<Tensor>& grad_outputs, const Node& node) {
            std::vector<Tensor> detached;
@@ -66,7 +68,8 @@ std::vector<Tensor> checkpoint(
            }
            if (!roots.empty()) run_backward(roots, seeds, /*retain_graph=*/false);
            std::vector<Tensor> grads;
-           for (const Tensor& d : detached) grads.push_back(d.requires_grad() ? d.grad() : Tensor());
+           for (const Tensor& d : detached)
+             grads.push_back(d.requires_grad() ? d.grad() : Tensor());
            return grads;
          });
   return outputs;

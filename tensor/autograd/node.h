@@ -56,8 +56,8 @@ class Node : public std::enable_shared_from_this<Node> {
 };
 
 // Signature of an op's vector-Jacobian product: output gradients -> input gradients.
-using VjpFunction = std::function<std::vector<Tensor>(const std::vector<Tensor>& grad_outputs,
-                                                      const Node& node)>;
+using VjpFunction =
+    std::function<std::vector<Tensor>(const std::vector<Tensor>& grad_outputs, const Node& node)>;
 
 // A node whose vjp is a closure capturing what the op saved in forward.
 class FunctionNode final : public Node {
@@ -90,8 +90,8 @@ Edge gradient_edge(const Tensor& tensor);
 
 // Records one op: attaches a FunctionNode to `outputs` with edges to `inputs`.
 // Call only when any_requires_grad(inputs) is true. Undefined inputs get null edges.
-void record(std::string name, const std::vector<Tensor>& inputs,
-            const std::vector<Tensor>& outputs, VjpFunction vjp);
+void record(std::string name, const std::vector<Tensor>& inputs, const std::vector<Tensor>& outputs,
+            VjpFunction vjp);
 
 // Runs the backward pass from `roots` seeded with `grad_roots` (same length; an undefined
 // seed means ones for a one-element root). Leaves reached get their .grad accumulated.

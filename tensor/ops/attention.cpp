@@ -28,8 +28,8 @@ Tensor causal_attention(const Tensor& q, const Tensor& k, const Tensor& v) {
   detail::check_same_kind("causal_attention", q, k);
   detail::check_same_kind("causal_attention", q, v);
   if (q.dim() != 4 || k.shape() != q.shape() || v.shape() != q.shape()) {
-    fail("causal_attention: expected q, k, v of one shape [B, H, T, D]; got ",
-         shape_str(q.shape()), ", ", shape_str(k.shape()), ", ", shape_str(v.shape()));
+    fail("causal_attention: expected q, k, v of one shape [B, H, T, D]; got ", shape_str(q.shape()),
+         ", ", shape_str(k.shape()), ", ", shape_str(v.shape()));
   }
   kernels::cpu::AttentionShape s{q.size(0), q.size(1), q.size(2), q.size(3)};
   Tensor qc = with_unit_inner_stride(q), kc = with_unit_inner_stride(k),
@@ -38,10 +38,9 @@ Tensor causal_attention(const Tensor& q, const Tensor& k, const Tensor& v) {
   Tensor probs = Tensor::empty({s.batch, s.heads, s.time, s.time}, q.dtype(), q.device());
   if (q.numel() > 0) {
     detail::dispatch_floating(q.dtype(), "causal_attention", [&]<typename T>() {
-      kernels::cpu::causal_attention_forward<T>(s, qc.data<T>(), qc.strides().data(), kc.data<T>(),
-                                                kc.strides().data(), vc.data<T>(),
-                                                vc.strides().data(), out.data<T>(),
-                                                out.strides().data(), probs.data<T>());
+      kernels::cpu::causal_attention_forward<T>(
+          s, qc.data<T>(), qc.strides().data(), kc.data<T>(), kc.strides().data(), vc.data<T>(),
+          vc.strides().data(), out.data<T>(), out.strides().data(), probs.data<T>());
     });
   }
   if (autograd::any_requires_grad({q, k, v})) {

@@ -15,16 +15,22 @@ namespace {
 // Element value conversions through a common type: int64 between integers, double otherwise.
 template <typename T>
 double to_double(T v) {
-  if constexpr (std::is_same_v<T, BFloat16>) return bf16_bits_to_float(v.bits);
-  else if constexpr (std::is_same_v<T, Half>) return f16_bits_to_float(v.bits);
-  else return static_cast<double>(v);
+  if constexpr (std::is_same_v<T, BFloat16>)
+    return bf16_bits_to_float(v.bits);
+  else if constexpr (std::is_same_v<T, Half>)
+    return f16_bits_to_float(v.bits);
+  else
+    return static_cast<double>(v);
 }
 
 template <typename T>
 T from_double(double v) {
-  if constexpr (std::is_same_v<T, BFloat16>) return {float_to_bf16_bits(static_cast<float>(v))};
-  else if constexpr (std::is_same_v<T, Half>) return {float_to_f16_bits(static_cast<float>(v))};
-  else return static_cast<T>(v);
+  if constexpr (std::is_same_v<T, BFloat16>)
+    return {float_to_bf16_bits(static_cast<float>(v))};
+  else if constexpr (std::is_same_v<T, Half>)
+    return {float_to_f16_bits(static_cast<float>(v))};
+  else
+    return static_cast<T>(v);
 }
 
 template <typename Src, typename Dst>
@@ -32,13 +38,17 @@ void convert_loop(const void* src, void* dst, int64_t n) {
   const Src* s = static_cast<const Src*>(src);
   Dst* d = static_cast<Dst*>(dst);
   if constexpr (std::is_integral_v<Src> && std::is_integral_v<Dst>) {
-    for (int64_t i = 0; i < n; ++i) d[i] = static_cast<Dst>(s[i]);
+    for (int64_t i = 0; i < n; ++i)
+      d[i] = static_cast<Dst>(s[i]);
   } else if constexpr (std::is_same_v<Src, float> && std::is_same_v<Dst, BFloat16>) {
-    for (int64_t i = 0; i < n; ++i) d[i].bits = float_to_bf16_bits(s[i]);
+    for (int64_t i = 0; i < n; ++i)
+      d[i].bits = float_to_bf16_bits(s[i]);
   } else if constexpr (std::is_same_v<Src, BFloat16> && std::is_same_v<Dst, float>) {
-    for (int64_t i = 0; i < n; ++i) d[i] = bf16_bits_to_float(s[i].bits);
+    for (int64_t i = 0; i < n; ++i)
+      d[i] = bf16_bits_to_float(s[i].bits);
   } else {
-    for (int64_t i = 0; i < n; ++i) d[i] = from_double<Dst>(to_double(s[i]));
+    for (int64_t i = 0; i < n; ++i)
+      d[i] = from_double<Dst>(to_double(s[i]));
   }
 }
 
@@ -64,8 +74,9 @@ void convert(DType src_dtype, const void* src, DType dst_dtype, void* dst, int64
 
 void check_cpu_contiguous_dst(const char* op, const Tensor& dst) {
   detail::check_kernel_device(op, dst);
-  if (!dst.is_contiguous()) fail(op, ": destination must be contiguous, got strides ",
-                                 shape_str(dst.strides()), " for shape ", shape_str(dst.shape()));
+  if (!dst.is_contiguous())
+    fail(op, ": destination must be contiguous, got strides ", shape_str(dst.strides()),
+         " for shape ", shape_str(dst.shape()));
 }
 
 }  // namespace
@@ -76,7 +87,8 @@ void fill_(Tensor& a, double value) {
   dispatch_any(a.dtype(), [&]<typename T>() {
     T v = from_double<T>(value);
     T* p = static_cast<T*>(a.raw_data());
-    for (int64_t i = 0; i < n; ++i) p[i] = v;
+    for (int64_t i = 0; i < n; ++i)
+      p[i] = v;
   });
 }
 

@@ -12,13 +12,10 @@ namespace loom::detail {
 template <typename F>
 decltype(auto) dispatch_floating(DType dtype, const char* op, F&& f) {
   switch (dtype) {
-    case DType::F32:
-      return f.template operator()<float>();
-    case DType::F64:
-      return f.template operator()<double>();
+    case DType::F32: return f.template operator()<float>();
+    case DType::F64: return f.template operator()<double>();
     default:
-      fail(op, ": expected an f32 or f64 tensor, got ", dtype,
-           "; cast with .to(DType::F32) first");
+      fail(op, ": expected an f32 or f64 tensor, got ", dtype, "; cast with .to(DType::F32) first");
   }
 }
 

@@ -41,13 +41,12 @@ Tensor binary_forward(BinaryOp op, const char* name, const Tensor& a, const Tens
 Tensor add(const Tensor& a, const Tensor& b) {
   Tensor out = binary_forward(BinaryOp::Add, "add", a, b);
   if (autograd::any_requires_grad({a, b})) {
-    autograd::record("Add", {a, b}, {out},
-                     [sa = a.shape(), sb = b.shape()](const std::vector<Tensor>& g,
-                                                      const autograd::Node& node) {
-                       return std::vector<Tensor>{
-                           node.needs_input_grad(0) ? sum_to(g[0], sa) : Tensor(),
-                           node.needs_input_grad(1) ? sum_to(g[0], sb) : Tensor()};
-                     });
+    autograd::record(
+        "Add", {a, b}, {out},
+        [sa = a.shape(), sb = b.shape()](const std::vector<Tensor>& g, const autograd::Node& node) {
+          return std::vector<Tensor>{node.needs_input_grad(0) ? sum_to(g[0], sa) : Tensor(),
+                                     node.needs_input_grad(1) ? sum_to(g[0], sb) : Tensor()};
+        });
   }
   return out;
 }
@@ -55,13 +54,12 @@ Tensor add(const Tensor& a, const Tensor& b) {
 Tensor sub(const Tensor& a, const Tensor& b) {
   Tensor out = binary_forward(BinaryOp::Sub, "sub", a, b);
   if (autograd::any_requires_grad({a, b})) {
-    autograd::record("Sub", {a, b}, {out},
-                     [sa = a.shape(), sb = b.shape()](const std::vector<Tensor>& g,
-                                                      const autograd::Node& node) {
-                       return std::vector<Tensor>{
-                           node.needs_input_grad(0) ? sum_to(g[0], sa) : Tensor(),
-                           node.needs_input_grad(1) ? sum_to(neg(g[0]), sb) : Tensor()};
-                     });
+    autograd::record(
+        "Sub", {a, b}, {out},
+        [sa = a.shape(), sb = b.shape()](const std::vector<Tensor>& g, const autograd::Node& node) {
+          return std::vector<Tensor>{node.needs_input_grad(0) ? sum_to(g[0], sa) : Tensor(),
+                                     node.needs_input_grad(1) ? sum_to(neg(g[0]), sb) : Tensor()};
+        });
   }
   return out;
 }
@@ -69,13 +67,13 @@ Tensor sub(const Tensor& a, const Tensor& b) {
 Tensor mul(const Tensor& a, const Tensor& b) {
   Tensor out = binary_forward(BinaryOp::Mul, "mul", a, b);
   if (autograd::any_requires_grad({a, b})) {
-    autograd::record("Mul", {a, b}, {out},
-                     [a = a.detach(), b = b.detach()](const std::vector<Tensor>& g,
-                                                      const autograd::Node& node) {
-                       return std::vector<Tensor>{
-                           node.needs_input_grad(0) ? sum_to(mul(g[0], b), a.shape()) : Tensor(),
-                           node.needs_input_grad(1) ? sum_to(mul(g[0], a), b.shape()) : Tensor()};
-                     });
+    autograd::record(
+        "Mul", {a, b}, {out},
+        [a = a.detach(), b = b.detach()](const std::vector<Tensor>& g, const autograd::Node& node) {
+          return std::vector<Tensor>{
+              node.needs_input_grad(0) ? sum_to(mul(g[0], b), a.shape()) : Tensor(),
+              node.needs_input_grad(1) ? sum_to(mul(g[0], a), b.shape()) : Tensor()};
+        });
   }
   return out;
 }
@@ -85,8 +83,7 @@ Tensor div(const Tensor& a, const Tensor& b) {
   if (autograd::any_requires_grad({a, b})) {
     autograd::record(
         "Div", {a, b}, {out},
-        [a = a.detach(), b = b.detach()](const std::vector<Tensor>& g,
-                                         const autograd::Node& node) {
+        [a = a.detach(), b = b.detach()](const std::vector<Tensor>& g, const autograd::Node& node) {
           Tensor ga, gb;
           if (node.needs_input_grad(0)) ga = sum_to(div(g[0], b), a.shape());
           if (node.needs_input_grad(1)) gb = sum_to(neg(div(mul(g[0], a), mul(b, b))), b.shape());
@@ -126,7 +123,9 @@ Tensor mul(const Tensor& a, double factor) {
   return out;
 }
 
-Tensor neg(const Tensor& a) { return mul(a, -1.0); }
+Tensor neg(const Tensor& a) {
+  return mul(a, -1.0);
+}
 
 Tensor gelu(const Tensor& x) {
   detail::check_kernel_device("gelu", x);

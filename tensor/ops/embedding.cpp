@@ -13,8 +13,8 @@ Tensor embedding(const Tensor& indices, const Tensor& weight) {
     fail("embedding: expected weight [V, C], got ", shape_str(weight.shape()));
   }
   int64_t vocab = weight.size(0), width = weight.size(1);
-  auto index = std::make_shared<std::vector<int64_t>>(
-      detail::indices_as_i64("embedding", indices, vocab));
+  auto index =
+      std::make_shared<std::vector<int64_t>>(detail::indices_as_i64("embedding", indices, vocab));
   Shape shape = indices.shape();
   shape.push_back(width);
   Tensor w = weight.contiguous();
@@ -24,18 +24,17 @@ Tensor embedding(const Tensor& indices, const Tensor& weight) {
     kernels::cpu::embedding_forward<T>(index->data(), w.data<T>(), out.data<T>(), count, width);
   });
   if (autograd::any_requires_grad({weight})) {
-    autograd::record(
-        "Embedding", {weight}, {out},
-        [index, shape = weight.shape(), count, width](const std::vector<Tensor>& g,
-                                                      const autograd::Node&) {
-          Tensor dy = g[0].contiguous();
-          Tensor dw = Tensor::zeros(shape, dy.dtype(), dy.device());
-          detail::dispatch_floating(dy.dtype(), "embedding", [&]<typename T>() {
-            kernels::cpu::embedding_backward<T>(index->data(), dy.data<T>(), dw.data<T>(), count,
-                                                width);
-          });
-          return std::vector<Tensor>{dw};
-        });
+    autograd::record("Embedding", {weight}, {out},
+                     [index, shape = weight.shape(), count, width](const std::vector<Tensor>& g,
+                                                                   const autograd::Node&) {
+                       Tensor dy = g[0].contiguous();
+                       Tensor dw = Tensor::zeros(shape, dy.dtype(), dy.device());
+                       detail::dispatch_floating(dy.dtype(), "embedding", [&]<typename T>() {
+                         kernels::cpu::embedding_backward<T>(index->data(), dy.data<T>(),
+                                                             dw.data<T>(), count, width);
+                       });
+                       return std::vector<Tensor>{dw};
+                     });
   }
   return out;
 }

@@ -31,23 +31,22 @@ Tensor layer_norm(const Tensor& x, const Tensor& weight, const Tensor& bias, dou
                                         mean.data<T>(), rstd.data<T>(), rows, width, eps);
   });
   if (autograd::any_requires_grad({x, weight, bias})) {
-    autograd::record(
-        "LayerNorm", {x, weight, bias}, {out},
-        [in = in.detach(), w = w.detach(), mean, rstd, rows, width](
-            const std::vector<Tensor>& g, const autograd::Node& node) {
-          Tensor dy = g[0].contiguous();
-          Tensor dx = Tensor::empty(in.shape(), in.dtype(), in.device());
-          Tensor dw = Tensor::zeros(w.shape(), w.dtype(), w.device());
-          Tensor db = Tensor::zeros(w.shape(), w.dtype(), w.device());
-          detail::dispatch_floating(in.dtype(), "layer_norm", [&]<typename T>() {
-            kernels::cpu::layer_norm_backward<T>(dy.data<T>(), in.data<T>(), w.data<T>(),
-                                                 mean.data<T>(), rstd.data<T>(), dx.data<T>(),
-                                                 dw.data<T>(), db.data<T>(), rows, width);
-          });
-          return std::vector<Tensor>{node.needs_input_grad(0) ? dx : Tensor(),
-                                     node.needs_input_grad(1) ? dw : Tensor(),
-                                     node.needs_input_grad(2) ? db : Tensor()};
-        });
+    autograd::record("LayerNorm", {x, weight, bias}, {out},
+                     [in = in.detach(), w = w.detach(), mean, rstd, rows, width](
+                         const std::vector<Tensor>& g, const autograd::Node& node) {
+                       Tensor dy = g[0].contiguous();
+                       Tensor dx = Tensor::empty(in.shape(), in.dtype(), in.device());
+                       Tensor dw = Tensor::zeros(w.shape(), w.dtype(), w.device());
+                       Tensor db = Tensor::zeros(w.shape(), w.dtype(), w.device());
+                       detail::dispatch_floating(in.dtype(), "layer_norm", [&]<typename T>() {
+                         kernels::cpu::layer_norm_backward<T>(
+                             dy.data<T>(), in.data<T>(), w.data<T>(), mean.data<T>(),
+                             rstd.data<T>(), dx.data<T>(), dw.data<T>(), db.data<T>(), rows, width);
+                       });
+                       return std::vector<Tensor>{node.needs_input_grad(0) ? dx : Tensor(),
+                                                  node.needs_input_grad(1) ? dw : Tensor(),
+                                                  node.needs_input_grad(2) ? db : Tensor()};
+                     });
   }
   return out;
 }

@@ -49,7 +49,8 @@ Tensor fold_batch(const Tensor& t) {
   }
   Tensor base = foldable ? t : t.contiguous();
   int64_t batch = 1;
-  for (int64_t d = 0; d < n - 2; ++d) batch *= t.shape()[d];
+  for (int64_t d = 0; d < n - 2; ++d)
+    batch *= t.shape()[d];
   int64_t batch_stride = batch_dims.empty() ? 0 : base.strides()[batch_dims.back()];
   return Tensor::make_view(base, {batch, t.shape()[n - 2], t.shape()[n - 1]},
                            {batch_stride, base.strides()[n - 2], base.strides()[n - 1]},
@@ -141,9 +142,8 @@ Tensor linear(const Tensor& x, const Tensor& weight, const Tensor& bias) {
   detail::check_same_kind("linear", x, bias);
   if (weight.dim() != 2 || bias.dim() != 1 || x.dim() < 1 || x.size(-1) != weight.size(0) ||
       bias.size(0) != weight.size(1)) {
-    fail("linear: expected x [..., in], weight [in, out], bias [out]; got x ",
-         shape_str(x.shape()), ", weight ", shape_str(weight.shape()), ", bias ",
-         shape_str(bias.shape()));
+    fail("linear: expected x [..., in], weight [in, out], bias [out]; got x ", shape_str(x.shape()),
+         ", weight ", shape_str(weight.shape()), ", bias ", shape_str(bias.shape()));
   }
   int64_t in = weight.size(0), out_features = weight.size(1);
   int64_t rows = x.numel() / std::max<int64_t>(in, 1);
@@ -159,21 +159,23 @@ Tensor linear(const Tensor& x, const Tensor& weight, const Tensor& bias) {
   detail::dispatch_floating(x.dtype(), "linear", [&]<typename T>() {
     T* po = out.data<T>();
     const T* pb = b.data<T>();
-    for (int64_t r = 0; r < rows; ++r) std::copy(pb, pb + out_features, po + r * out_features);
+    for (int64_t r = 0; r < rows; ++r)
+      std::copy(pb, pb + out_features, po + r * out_features);
   });
-  if (out.numel() > 0) batched_gemm(as_operand(x2), as_operand(weight), out, 1, rows, out_features, in, true);
+  if (out.numel() > 0)
+    batched_gemm(as_operand(x2), as_operand(weight), out, 1, rows, out_features, in, true);
   if (autograd::any_requires_grad({x, weight, bias})) {
-    autograd::record(
-        "Linear", {x, weight, bias}, {out},
-        [x2 = x2.detach(), w = weight.detach(), x_shape = x.shape()](
-            const std::vector<Tensor>& g, const autograd::Node& node) {
-          Tensor g2 = reshape(g[0], {x2.size(0), w.size(1)});
-          Tensor gx, gw, gb;
-          if (node.needs_input_grad(0)) gx = reshape(matmul(g2, transpose(w, 0, 1)), x_shape);
-          if (node.needs_input_grad(1)) gw = matmul(transpose(x2, 0, 1), g2);
-          if (node.needs_input_grad(2)) gb = sum(g2, {0});
-          return std::vector<Tensor>{gx, gw, gb};
-        });
+    autograd::record("Linear", {x, weight, bias}, {out},
+                     [x2 = x2.detach(), w = weight.detach(), x_shape = x.shape()](
+                         const std::vector<Tensor>& g, const autograd::Node& node) {
+                       Tensor g2 = reshape(g[0], {x2.size(0), w.size(1)});
+                       Tensor gx, gw, gb;
+                       if (node.needs_input_grad(0))
+                         gx = reshape(matmul(g2, transpose(w, 0, 1)), x_shape);
+                       if (node.needs_input_grad(1)) gw = matmul(transpose(x2, 0, 1), g2);
+                       if (node.needs_input_grad(2)) gb = sum(g2, {0});
+                       return std::vector<Tensor>{gx, gw, gb};
+                     });
   }
   return out;
 }

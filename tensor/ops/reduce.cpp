@@ -18,9 +18,12 @@ struct AxisSplit {
 AxisSplit split_at(const Shape& shape, int64_t dim) {
   AxisSplit s;
   for (int64_t d = 0; d < static_cast<int64_t>(shape.size()); ++d) {
-    if (d < dim) s.outer *= shape[d];
-    else if (d == dim) s.extent = shape[d];
-    else s.inner *= shape[d];
+    if (d < dim)
+      s.outer *= shape[d];
+    else if (d == dim)
+      s.extent = shape[d];
+    else
+      s.inner *= shape[d];
   }
   return s;
 }
@@ -40,7 +43,8 @@ Tensor sum_one_dim(const Tensor& x, int64_t dim) {
 std::vector<int64_t> normalized_dims(const std::vector<int64_t>& dims, int64_t ndim,
                                      const char* op) {
   std::vector<int64_t> out;
-  for (int64_t d : dims) out.push_back(wrap_dim(d, ndim, op));
+  for (int64_t d : dims)
+    out.push_back(wrap_dim(d, ndim, op));
   std::sort(out.begin(), out.end());
   if (std::adjacent_find(out.begin(), out.end()) != out.end()) {
     fail(op, ": a dimension is listed twice");
@@ -72,7 +76,8 @@ Tensor sum(const Tensor& x, const std::vector<int64_t>& dims_in, bool keepdim) {
   Tensor out = x.contiguous();
   {
     NoGradGuard no_grad;
-    for (int64_t d : dims) out = sum_one_dim(out, d);
+    for (int64_t d : dims)
+      out = sum_one_dim(out, d);
   }
   Shape kept = out.shape();
   if (!keepdim) {
@@ -85,20 +90,23 @@ Tensor sum(const Tensor& x, const std::vector<int64_t>& dims_in, bool keepdim) {
     out = out.detach();
   }
   if (autograd::any_requires_grad({x})) {
-    autograd::record("SumDims", {x}, {out},
-                     [shape = x.shape(), kept](const std::vector<Tensor>& g,
-                                               const autograd::Node&) {
-                       return std::vector<Tensor>{expand(reshape(g[0], kept), shape)};
-                     });
+    autograd::record(
+        "SumDims", {x}, {out},
+        [shape = x.shape(), kept](const std::vector<Tensor>& g, const autograd::Node&) {
+          return std::vector<Tensor>{expand(reshape(g[0], kept), shape)};
+        });
   }
   return out;
 }
 
-Tensor mean(const Tensor& x) { return mul(sum(x), 1.0 / static_cast<double>(x.numel())); }
+Tensor mean(const Tensor& x) {
+  return mul(sum(x), 1.0 / static_cast<double>(x.numel()));
+}
 
 Tensor mean(const Tensor& x, const std::vector<int64_t>& dims, bool keepdim) {
   int64_t count = 1;
-  for (int64_t d : dims) count *= x.shape()[wrap_dim(d, x.dim(), "mean")];
+  for (int64_t d : dims)
+    count *= x.shape()[wrap_dim(d, x.dim(), "mean")];
   return mul(sum(x, dims, keepdim), 1.0 / static_cast<double>(count));
 }
 
@@ -144,7 +152,9 @@ Tensor max(const Tensor& x, int64_t dim, bool keepdim) {
   return out;
 }
 
-Tensor max(const Tensor& x) { return max(reshape(x, {-1}), 0, false); }
+Tensor max(const Tensor& x) {
+  return max(reshape(x, {-1}), 0, false);
+}
 
 Tensor sum_to(const Tensor& x, const Shape& shape) {
   if (x.shape() == shape) return x;

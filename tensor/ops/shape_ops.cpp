@@ -50,8 +50,8 @@ std::optional<Shape> view_strides(const Shape& from_shape, const Shape& from_str
   int64_t chunk_numel = 1, view_numel = 1;
   for (int64_t d = static_cast<int64_t>(from_shape.size()) - 1; d >= 0; --d) {
     chunk_numel *= from_shape[d];
-    bool chunk_ends = d == 0 || (from_shape[d - 1] != 1 &&
-                                 from_strides[d - 1] != chunk_numel * chunk_stride);
+    bool chunk_ends =
+        d == 0 || (from_shape[d - 1] != 1 && from_strides[d - 1] != chunk_numel * chunk_stride);
     if (!chunk_ends) continue;
     while (view_d >= 0 && (view_numel < chunk_numel || shape[view_d] == 1)) {
       strides[view_d] = view_numel * chunk_stride;
@@ -134,7 +134,7 @@ Tensor narrow(const Tensor& x, int64_t dim, int64_t start, int64_t length) {
   if (autograd::any_requires_grad({x})) {
     autograd::record("Narrow", {x}, {out},
                      [shape = x.shape(), dim, start, length](const std::vector<Tensor>& g,
-                                                            const autograd::Node&) {
+                                                             const autograd::Node&) {
                        Shape before = shape, after = shape;
                        before[dim] = start;
                        after[dim] = shape[dim] - start - length;
@@ -194,8 +194,8 @@ Tensor concat(const std::vector<Tensor>& xs, int64_t dim) {
       compatible = d == dim || xs[i].shape()[d] == first.shape()[d];
     }
     if (!compatible) {
-      fail("concat: tensor ", i, " has shape ", shape_str(xs[i].shape()),
-           ", which does not match ", shape_str(first.shape()), " outside dimension ", dim);
+      fail("concat: tensor ", i, " has shape ", shape_str(xs[i].shape()), ", which does not match ",
+           shape_str(first.shape()), " outside dimension ", dim);
     }
     shape[dim] += xs[i].shape()[dim];
     sizes.push_back(xs[i].shape()[dim]);
@@ -204,8 +204,10 @@ Tensor concat(const std::vector<Tensor>& xs, int64_t dim) {
   }
   Tensor out = Tensor::empty(shape, first.dtype(), first.device());
   int64_t outer = 1, inner = 1;
-  for (int64_t d = 0; d < dim; ++d) outer *= shape[d];
-  for (int64_t d = dim + 1; d < first.dim(); ++d) inner *= shape[d];
+  for (int64_t d = 0; d < dim; ++d)
+    outer *= shape[d];
+  for (int64_t d = dim + 1; d < first.dim(); ++d)
+    inner *= shape[d];
   size_t element = dtype_size(first.dtype());
   char* dst = static_cast<char*>(out.raw_data());
   for (int64_t o = 0; o < outer; ++o) {
@@ -238,9 +240,10 @@ std::vector<Tensor> split(const Tensor& x, const std::vector<int64_t>& sizes, in
     start += size;
   }
   if (autograd::any_requires_grad({x})) {
-    autograd::record("Split", {x}, outs, [dim](const std::vector<Tensor>& g, const autograd::Node&) {
-      return std::vector<Tensor>{concat(g, dim)};
-    });
+    autograd::record("Split", {x}, outs,
+                     [dim](const std::vector<Tensor>& g, const autograd::Node&) {
+                       return std::vector<Tensor>{concat(g, dim)};
+                     });
   }
   return outs;
 }

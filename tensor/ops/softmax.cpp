@@ -23,21 +23,19 @@ Tensor softmax(const Tensor& x, bool causal) {
   }
   Tensor out = Tensor::empty(x.shape(), x.dtype(), x.device());
   detail::dispatch_floating(x.dtype(), "softmax", [&]<typename T>() {
-    kernels::cpu::softmax_forward<T>(in.data<T>(), out.data<T>(), rows, width,
-                                     causal ? width : 0);
+    kernels::cpu::softmax_forward<T>(in.data<T>(), out.data<T>(), rows, width, causal ? width : 0);
   });
   if (autograd::any_requires_grad({x})) {
-    autograd::record("Softmax", {x}, {out},
-                     [y = out.detach(), rows, width](const std::vector<Tensor>& g,
-                                                     const autograd::Node&) {
-                       Tensor dy = g[0].contiguous();
-                       Tensor dx = Tensor::empty(y.shape(), y.dtype(), y.device());
-                       detail::dispatch_floating(y.dtype(), "softmax", [&]<typename T>() {
-                         kernels::cpu::softmax_backward<T>(y.data<T>(), dy.data<T>(),
-                                                           dx.data<T>(), rows, width);
-                       });
-                       return std::vector<Tensor>{dx};
-                     });
+    autograd::record(
+        "Softmax", {x}, {out},
+        [y = out.detach(), rows, width](const std::vector<Tensor>& g, const autograd::Node&) {
+          Tensor dy = g[0].contiguous();
+          Tensor dx = Tensor::empty(y.shape(), y.dtype(), y.device());
+          detail::dispatch_floating(y.dtype(), "softmax", [&]<typename T>() {
+            kernels::cpu::softmax_backward<T>(y.data<T>(), dy.data<T>(), dx.data<T>(), rows, width);
+          });
+          return std::vector<Tensor>{dx};
+        });
   }
   return out;
 }
@@ -60,24 +58,23 @@ Tensor cross_entropy(const Tensor& logits, const Tensor& targets) {
   Tensor lse = Tensor::empty({rows}, logits.dtype(), logits.device());
   Tensor out = Tensor::empty({}, logits.dtype(), logits.device());
   detail::dispatch_floating(logits.dtype(), "cross_entropy", [&]<typename T>() {
-    double loss = kernels::cpu::cross_entropy_forward<T>(in.data<T>(), index->data(),
-                                                         lse.data<T>(), rows, vocab);
+    double loss = kernels::cpu::cross_entropy_forward<T>(in.data<T>(), index->data(), lse.data<T>(),
+                                                         rows, vocab);
     *out.data<T>() = static_cast<T>(loss);
   });
   if (autograd::any_requires_grad({logits})) {
-    autograd::record(
-        "CrossEntropy", {logits}, {out},
-        [in = in.detach(), lse, index, rows, vocab](const std::vector<Tensor>& g,
-                                                    const autograd::Node&) {
-          Tensor dlogits = Tensor::empty(in.shape(), in.dtype(), in.device());
-          double scale = g[0].item() / static_cast<double>(rows);
-          detail::dispatch_floating(in.dtype(), "cross_entropy", [&]<typename T>() {
-            kernels::cpu::cross_entropy_backward<T>(in.data<T>(), index->data(), lse.data<T>(),
-                                                    static_cast<T>(scale), dlogits.data<T>(),
-                                                    rows, vocab);
-          });
-          return std::vector<Tensor>{dlogits};
-        });
+    autograd::record("CrossEntropy", {logits}, {out},
+                     [in = in.detach(), lse, index, rows, vocab](const std::vector<Tensor>& g,
+                                                                 const autograd::Node&) {
+                       Tensor dlogits = Tensor::empty(in.shape(), in.dtype(), in.device());
+                       double scale = g[0].item() / static_cast<double>(rows);
+                       detail::dispatch_floating(in.dtype(), "cross_entropy", [&]<typename T>() {
+                         kernels::cpu::cross_entropy_backward<T>(
+                             in.data<T>(), index->data(), lse.data<T>(), static_cast<T>(scale),
+                             dlogits.data<T>(), rows, vocab);
+                       });
+                       return std::vector<Tensor>{dlogits};
+                     });
   }
   return out;
 }

@@ -9,15 +9,15 @@ namespace loom::train_gpt {
 
 namespace {
 
-constexpr std::array kNames = {"the weaver", "a spinner", "the old loom", "my neighbour",
-                               "the shuttle", "a merchant", "the river", "her apprentice"};
-constexpr std::array kVerbs = {"carries", "mends", "sells", "dyes", "counts", "folds",
-                               "follows", "remembers"};
-constexpr std::array kObjects = {"the red thread", "a bolt of linen", "seven spools",
-                                 "the morning wool", "a cotton sheet", "the silk pattern",
+constexpr std::array kNames = {"the weaver",  "a spinner",  "the old loom", "my neighbour",
+                               "the shuttle", "a merchant", "the river",    "her apprentice"};
+constexpr std::array kVerbs = {"carries", "mends", "sells",   "dyes",
+                               "counts",  "folds", "follows", "remembers"};
+constexpr std::array kObjects = {"the red thread",      "a bolt of linen", "seven spools",
+                                 "the morning wool",    "a cotton sheet",  "the silk pattern",
                                  "two baskets of yarn", "the blue cloth"};
-constexpr std::array kPlaces = {"by the window", "in the market", "near the mill",
-                                "before dawn", "along the canal", "under the lamp"};
+constexpr std::array kPlaces = {"by the window", "in the market",   "near the mill",
+                                "before dawn",   "along the canal", "under the lamp"};
 constexpr std::array kLinks = {" and then ", " while ", " because ", " so "};
 
 template <size_t N>

@@ -59,7 +59,8 @@ int run(int argc, char** argv) {
   app.add_option("--layers", o.model.layers, "transformer blocks")->capture_default_str();
   app.add_option("--heads", o.model.heads, "attention heads")->capture_default_str();
   app.add_option("--embd", o.model.embd, "embedding width")->capture_default_str();
-  app.add_option("--ctx", o.model.context, "context length (sequence length)")->capture_default_str();
+  app.add_option("--ctx", o.model.context, "context length (sequence length)")
+      ->capture_default_str();
   app.add_option("--vocab", o.model.vocab_size, "vocabulary size")->capture_default_str();
   app.add_option("--batch", o.batch, "sequences per step (per rank)")->capture_default_str();
   app.add_option("--steps", o.steps, "optimizer steps")->capture_default_str();
@@ -90,23 +91,22 @@ int run(int argc, char** argv) {
   if (init) model.load_state_dict(nn::gpt_state_from_checkpoint(*init));
 
   std::vector<uint8_t> bytes = data_path.empty() ? default_corpus() : read_bytes(data_path);
-  TokenBlocks data(std::move(bytes), o.batch, o.model.context, o.model.vocab_size, shuffle,
-                   o.seed);
+  TokenBlocks data(std::move(bytes), o.batch, o.model.context, o.model.vocab_size, shuffle, o.seed);
 
   std::ofstream metrics;
   if (!metrics_path.empty()) {
     metrics.open(metrics_path, std::ios::trunc);
     if (!metrics) fail("[train_gpt] cannot write --metrics file '", metrics_path, "'");
   }
-  std::printf("train_gpt: %lld parameters (%lld layers, %lld heads, embd %lld, ctx %lld, vocab %lld); "
-              "%lld blocks of %lld x %lld tokens from %s\n",
-              static_cast<long long>(model.parameter_count()),
-              static_cast<long long>(o.model.layers), static_cast<long long>(o.model.heads),
-              static_cast<long long>(o.model.embd), static_cast<long long>(o.model.context),
-              static_cast<long long>(o.model.vocab_size),
-              static_cast<long long>(data.block_count()), static_cast<long long>(o.batch),
-              static_cast<long long>(o.model.context),
-              data_path.empty() ? "the built-in corpus" : data_path.c_str());
+  std::printf(
+      "train_gpt: %lld parameters (%lld layers, %lld heads, embd %lld, ctx %lld, vocab %lld); "
+      "%lld blocks of %lld x %lld tokens from %s\n",
+      static_cast<long long>(model.parameter_count()), static_cast<long long>(o.model.layers),
+      static_cast<long long>(o.model.heads), static_cast<long long>(o.model.embd),
+      static_cast<long long>(o.model.context), static_cast<long long>(o.model.vocab_size),
+      static_cast<long long>(data.block_count()), static_cast<long long>(o.batch),
+      static_cast<long long>(o.model.context),
+      data_path.empty() ? "the built-in corpus" : data_path.c_str());
 
   Progress progress(stdout, isatty(fileno(stdout)) != 0, o.steps, log_interval);
   double first_loss = 0, last_loss = 0, total_ms = 0, tokens = 0;
@@ -117,9 +117,12 @@ int run(int argc, char** argv) {
     tokens += m.tokens_per_s * m.ms_per_step / 1e3;
     progress.update(m.step, m.loss, m.tokens_per_s, m.lr);
     if (metrics.is_open()) {
-      metrics << nlohmann::json{{"step", m.step},         {"loss", m.loss},
-                                {"lr", m.lr},             {"grad_norm", m.grad_norm},
-                                {"tokens_per_s", m.tokens_per_s}, {"ms_per_step", m.ms_per_step}}
+      metrics << nlohmann::json{{"step", m.step},
+                                {"loss", m.loss},
+                                {"lr", m.lr},
+                                {"grad_norm", m.grad_norm},
+                                {"tokens_per_s", m.tokens_per_s},
+                                {"ms_per_step", m.ms_per_step}}
                      .dump()
               << '\n';
       metrics.flush();
@@ -129,13 +132,14 @@ int run(int argc, char** argv) {
   if (!save_path.empty()) nn::save_gpt(save_path, model);
 
   MemoryStats mem = allocator_for(Device::cpu()).stats();
-  std::printf("summary: %lld steps, loss %.4f -> %.4f, %.1f ms/step, %.0f tokens/s, "
-              "peak tensor memory %.1f MiB%s%s\n",
-              static_cast<long long>(o.steps), first_loss, last_loss,
-              o.steps ? total_ms / static_cast<double>(o.steps) : 0.0,
-              total_ms > 0 ? tokens / (total_ms / 1e3) : 0.0,
-              static_cast<double>(mem.peak_bytes) / (1 << 20),
-              save_path.empty() ? "" : ", saved to ", save_path.c_str());
+  std::printf(
+      "summary: %lld steps, loss %.4f -> %.4f, %.1f ms/step, %.0f tokens/s, "
+      "peak tensor memory %.1f MiB%s%s\n",
+      static_cast<long long>(o.steps), first_loss, last_loss,
+      o.steps ? total_ms / static_cast<double>(o.steps) : 0.0,
+      total_ms > 0 ? tokens / (total_ms / 1e3) : 0.0,
+      static_cast<double>(mem.peak_bytes) / (1 << 20), save_path.empty() ? "" : ", saved to ",
+      save_path.c_str());
   return 0;
 }
 

@@ -15,9 +15,9 @@ void Progress::update(int64_t step, double loss, double tokens_per_s, double lr)
     std::string bar(filled, '#');
     bar.append(kWidth - filled, '.');
     // \r returns to the line start, \033[K clears what a longer previous line left.
-    std::fprintf(out_, "\r[%s] step %lld/%lld  loss %.4f  %.0f tok/s  lr %.2e\033[K",
-                 bar.c_str(), static_cast<long long>(done), static_cast<long long>(total_), loss,
-                 tokens_per_s, lr);
+    std::fprintf(out_, "\r[%s] step %lld/%lld  loss %.4f  %.0f tok/s  lr %.2e\033[K", bar.c_str(),
+                 static_cast<long long>(done), static_cast<long long>(total_), loss, tokens_per_s,
+                 lr);
   } else if (step % interval_ == 0 || done == total_) {
     std::fprintf(out_, "step %lld/%lld loss %.4f tokens/s %.0f lr %.3e\n",
                  static_cast<long long>(done), static_cast<long long>(total_), loss, tokens_per_s,

@@ -19,8 +19,8 @@ TokenBlocks::TokenBlocks(std::vector<uint8_t> tokens, int64_t batch, int64_t tim
   }
   auto largest = std::max_element(tokens_.begin(), tokens_.end());
   if (*largest >= vocab) {
-    fail("[train_gpt] token ", static_cast<int>(*largest), " at offset ",
-         largest - tokens_.begin(), " is outside the vocabulary of ", vocab,
+    fail("[train_gpt] token ", static_cast<int>(*largest), " at offset ", largest - tokens_.begin(),
+         " is outside the vocabulary of ", vocab,
          " (data bytes are tokens: use --vocab 256 or more)");
   }
 }

@@ -15,14 +15,14 @@ namespace {
 std::vector<optim::ParamGroup> decay_groups(const nn::GPT& model, double weight_decay) {
   optim::ParamGroup decay{.params = {}, .weight_decay = weight_decay};
   optim::ParamGroup no_decay{.params = {}, .weight_decay = 0.0};
-  for (const Tensor& p : model.parameters()) (p.dim() >= 2 ? decay : no_decay).params.push_back(p);
+  for (const Tensor& p : model.parameters())
+    (p.dim() >= 2 ? decay : no_decay).params.push_back(p);
   return {decay, no_decay};
 }
 
 std::unique_ptr<optim::LrSchedule> make_schedule(const TrainOptions& o) {
   if (o.schedule == "cosine") {
-    return std::make_unique<optim::WarmupCosineSchedule>(o.lr, o.warmup_steps, o.steps,
-                                                         0.1 * o.lr);
+    return std::make_unique<optim::WarmupCosineSchedule>(o.lr, o.warmup_steps, o.steps, 0.1 * o.lr);
   }
   if (o.schedule == "constant") {
     // Linear warmup, then flat: a cosine whose floor is its peak.
@@ -59,8 +59,8 @@ void train(nn::GPT& model, const TokenBlocks& data, const TrainOptions& options,
     schedule->apply(optimizer, step);
     optimizer.step();
     optimizer.zero_grad();
-    double ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - start)
-                    .count();
+    double ms =
+        std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - start).count();
     on_step({.step = step,
              .loss = loss.item(),
              .lr = lr,

@@ -30,9 +30,9 @@ struct TrainOptions {
 
 struct StepMetrics {
   int64_t step;
-  double loss;          // mean training loss of this step's forward
-  double lr;            // learning rate used by this step's update
-  double grad_norm;     // global gradient norm before clipping
+  double loss;       // mean training loss of this step's forward
+  double lr;         // learning rate used by this step's update
+  double grad_norm;  // global gradient norm before clipping
   double ms_per_step;
   double tokens_per_s;  // all ranks together
 };
