@@ -34,41 +34,29 @@ AdamW::AdamW(std::vector<ParamGroup> groups, const AdamWOptions& options)
 AdamW::AdamW(std::vector<Tensor> params, const AdamWOptions& options)
     : AdamW(std::vector<ParamGroup>{{.params = std::move(params)}}, options) {}
 
-void AdamW::step() {
-  NoGradGuard no_grad;
-  for (size_t g = 0; g < groups_.size(); ++g) {
-    check_group(g);
-    const ParamGroup& group = groups_[g];
-    for (size_t i = 0; i < group.params.size(); ++i) {
-      Tensor grad = checked_grad(g, i);
-      if (!grad.defined()) continue;  // torch skips parameters without a gradient
-      const Tensor& p = group.params[i];
-      State& s = state_[p.impl_ptr().get()];
-      if (!s.exp_avg.defined()) {
-        s.param = p;
-        s.exp_avg = Tensor::zeros(p.shape(), p.dtype(), p.device());
-        s.exp_avg_sq = Tensor::zeros(p.shape(), p.dtype(), p.device());
-      }
-      ++s.step;
-      const kernels::cpu::AdamWStepArgs args{.lr = group.lr,
-                                             .beta1 = options_.beta1,
-                                             .beta2 = options_.beta2,
-                                             .eps = options_.eps,
-                                             .weight_decay = group.weight_decay,
-                                             .step = s.step};
-      // checked_grad() admits only f32/f64 CPU parameters; a CUDA branch goes here.
-      if (p.dtype() == DType::F32) {
-        kernels::cpu::adamw_step<float>(p.data<float>(), grad.data<float>(),
-                                        s.exp_avg.data<float>(), s.exp_avg_sq.data<float>(),
-                                        p.numel(), args);
-      } else {
-        kernels::cpu::adamw_step<double>(p.data<double>(), grad.data<double>(),
-                                         s.exp_avg.data<double>(), s.exp_avg_sq.data<double>(),
-                                         p.numel(), args);
-      }
-    }
+void AdamW::update(const ParamGroup& group, const Tensor& p, const Tensor& grad) {
+  State& s = state_[p.impl_ptr().get()];
+  if (!s.exp_avg.defined()) {
+    s.param = p;
+    s.exp_avg = Tensor::zeros(p.shape(), p.dtype(), p.device());
+    s.exp_avg_sq = Tensor::zeros(p.shape(), p.dtype(), p.device());
   }
-  ++step_count_;
+  ++s.step;
+  const kernels::cpu::AdamWStepArgs args{.lr = group.lr,
+                                         .beta1 = options_.beta1,
+                                         .beta2 = options_.beta2,
+                                         .eps = options_.eps,
+                                         .weight_decay = group.weight_decay,
+                                         .step = s.step};
+  // checked_grad() admits only f32/f64 CPU parameters; a CUDA branch goes here.
+  if (p.dtype() == DType::F32) {
+    kernels::cpu::adamw_step<float>(p.data<float>(), grad.data<float>(), s.exp_avg.data<float>(),
+                                    s.exp_avg_sq.data<float>(), p.numel(), args);
+  } else {
+    kernels::cpu::adamw_step<double>(p.data<double>(), grad.data<double>(),
+                                     s.exp_avg.data<double>(), s.exp_avg_sq.data<double>(),
+                                     p.numel(), args);
+  }
 }
 
 bool AdamW::has_state(const Tensor& param) const {

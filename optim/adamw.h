@@ -30,7 +30,6 @@ class AdamW final : public Optimizer {
   // One group holding every parameter, with the options' lr and weight_decay.
   explicit AdamW(std::vector<Tensor> params, const AdamWOptions& options = {});
 
-  void step() override;
   const AdamWOptions& options() const { return options_; }
 
   // Per-parameter state, created at the parameter's first update. The accessors throw
@@ -41,6 +40,7 @@ class AdamW final : public Optimizer {
   int64_t param_step(const Tensor& param) const;  // t of the formula above
 
  protected:
+  void update(const ParamGroup& group, const Tensor& param, const Tensor& grad) override;
   // State entries: "exp_avg", "exp_avg_sq" (the parameter's shape and dtype), "step" (i64 []).
   void export_param_state(const Tensor& param, std::map<std::string, Tensor>& named) const override;
   bool import_param_state(const Tensor& param, const std::string& name,

@@ -76,6 +76,19 @@ std::vector<ParamGroup> Optimizer::with_defaults(std::vector<ParamGroup> groups,
   return groups;
 }
 
+void Optimizer::step() {
+  NoGradGuard no_grad;
+  for (size_t g = 0; g < groups_.size(); ++g) {
+    check_group(g);
+    for (size_t i = 0; i < groups_[g].params.size(); ++i) {
+      Tensor grad = checked_grad(g, i);
+      if (!grad.defined()) continue;  // torch skips parameters without a gradient
+      update(groups_[g], groups_[g].params[i], grad);
+    }
+  }
+  ++step_count_;
+}
+
 void Optimizer::zero_grad() {
   for (ParamGroup& group : groups_) {
     for (Tensor& p : group.params)

@@ -42,7 +42,7 @@ class Optimizer {
   Optimizer& operator=(const Optimizer&) = delete;
 
   // Updates every parameter that has a gradient, then increments step_count().
-  virtual void step() = 0;
+  void step();
   // Drops every parameter's gradient (torch's zero_grad(set_to_none=True)).
   void zero_grad();
 
@@ -80,6 +80,9 @@ class Optimizer {
   // "[optim] AdamW: parameter 3 of group 1 (Tensor(bf16, [4], cpu))"
   std::string describe(size_t group, size_t index) const;
 
+  // Updates one parameter of `group` with its (checked, contiguous) gradient; step() calls
+  // it for every parameter that has a gradient, in group order, with graph recording off.
+  virtual void update(const ParamGroup& group, const Tensor& param, const Tensor& grad) = 0;
   // Per-parameter state hooks for state_dict()/load_state_dict(). `param` is parameter `index`
   // of `group`; names are the last component of the key ("exp_avg").
   virtual void export_param_state(const Tensor& param,

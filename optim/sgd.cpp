@@ -48,46 +48,33 @@ SGD::SGD(std::vector<ParamGroup> groups, const SGDOptions& options)
 SGD::SGD(std::vector<Tensor> params, const SGDOptions& options)
     : SGD(std::vector<ParamGroup>{{.params = std::move(params)}}, options) {}
 
-void SGD::step() {
-  NoGradGuard no_grad;
+void SGD::update(const ParamGroup& group, const Tensor& p, const Tensor& grad) {
   const bool use_momentum = options_.momentum != 0.0;
-  for (size_t g = 0; g < groups_.size(); ++g) {
-    check_group(g);
-    const ParamGroup& group = groups_[g];
-    for (size_t i = 0; i < group.params.size(); ++i) {
-      Tensor grad = checked_grad(g, i);
-      if (!grad.defined()) continue;  // torch skips parameters without a gradient
-      const Tensor& p = group.params[i];
-      bool first_step = false;
-      Tensor buffer;
-      if (use_momentum) {
-        State& s = state_[p.impl_ptr().get()];
-        if (!s.momentum_buffer.defined()) {
-          s.param = p;
-          s.momentum_buffer = Tensor::empty(p.shape(), p.dtype(), p.device());
-          first_step = true;
-        }
-        buffer = s.momentum_buffer;
-      }
-      const kernels::cpu::SGDStepArgs args{.lr = group.lr,
-                                           .momentum = options_.momentum,
-                                           .dampening = options_.dampening,
-                                           .weight_decay = group.weight_decay,
-                                           .nesterov = options_.nesterov,
-                                           .first_step = first_step};
-      // checked_grad() admits only f32/f64 CPU parameters; a CUDA branch goes here.
-      if (p.dtype() == DType::F32) {
-        kernels::cpu::sgd_step<float>(p.data<float>(), grad.data<float>(),
-                                      use_momentum ? buffer.data<float>() : nullptr, p.numel(),
-                                      args);
-      } else {
-        kernels::cpu::sgd_step<double>(p.data<double>(), grad.data<double>(),
-                                       use_momentum ? buffer.data<double>() : nullptr, p.numel(),
-                                       args);
-      }
+  bool first_step = false;
+  Tensor buffer;
+  if (use_momentum) {
+    State& s = state_[p.impl_ptr().get()];
+    if (!s.momentum_buffer.defined()) {
+      s.param = p;
+      s.momentum_buffer = Tensor::empty(p.shape(), p.dtype(), p.device());
+      first_step = true;
     }
+    buffer = s.momentum_buffer;
   }
-  ++step_count_;
+  const kernels::cpu::SGDStepArgs args{.lr = group.lr,
+                                       .momentum = options_.momentum,
+                                       .dampening = options_.dampening,
+                                       .weight_decay = group.weight_decay,
+                                       .nesterov = options_.nesterov,
+                                       .first_step = first_step};
+  // checked_grad() admits only f32/f64 CPU parameters; a CUDA branch goes here.
+  if (p.dtype() == DType::F32) {
+    kernels::cpu::sgd_step<float>(p.data<float>(), grad.data<float>(),
+                                  use_momentum ? buffer.data<float>() : nullptr, p.numel(), args);
+  } else {
+    kernels::cpu::sgd_step<double>(p.data<double>(), grad.data<double>(),
+                                   use_momentum ? buffer.data<double>() : nullptr, p.numel(), args);
+  }
 }
 
 bool SGD::has_momentum_buffer(const Tensor& param) const {

@@ -32,7 +32,6 @@ class SGD final : public Optimizer {
   // One group holding every parameter, with the options' lr and weight_decay.
   explicit SGD(std::vector<Tensor> params, const SGDOptions& options = {});
 
-  void step() override;
   const SGDOptions& options() const { return options_; }
 
   // The momentum buffer, created at the parameter's first update when momentum != 0.
@@ -40,6 +39,7 @@ class SGD final : public Optimizer {
   const Tensor& momentum_buffer(const Tensor& param) const;  // throws if there is none
 
  protected:
+  void update(const ParamGroup& group, const Tensor& param, const Tensor& grad) override;
   // State entry: "momentum_buffer" (the parameter's shape and dtype).
   void export_param_state(const Tensor& param, std::map<std::string, Tensor>& named) const override;
   bool import_param_state(const Tensor& param, const std::string& name,
