@@ -3,8 +3,9 @@
 
 Builds the same GPT-2-style model as Loom's nn::GPT (pre-LayerNorm, tanh GELU, learned
 positions, tied embeddings, no dropout, Conv1D [in, out] weights) and times one training
-step (forward, backward, AdamW step) on the CPU with one thread, on the same data order as
-train_gpt. Prints one JSON line with the median ms/step and tokens/s.
+step (forward, backward, gradient clipping at norm 1.0, AdamW step) on the CPU with one
+thread, on random tokens (the values do not change the time). Prints one JSON line with
+the median ms/step and tokens/s.
 
     python3 scripts/torch_peer_step.py --layers 4 --heads 4 --embd 128 --ctx 128 --batch 8
 """
@@ -102,6 +103,7 @@ def main():
         loss = model(x, y)
         opt.zero_grad(set_to_none=True)
         loss.backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
         opt.step()
         t1 = time.perf_counter()
         if step >= 3:
