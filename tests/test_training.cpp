@@ -101,6 +101,17 @@ TEST(Training, SameSeedSameLosses) {
   EXPECT_EQ(a, b);
 }
 
+TEST(Training, MetricsLineHasTheDocumentedFields) {
+  std::string line = metrics_json_line({.step = 0,
+                                        .loss = 2.5,
+                                        .lr = 1e-3,
+                                        .grad_norm = 0.75,
+                                        .ms_per_step = 4,
+                                        .tokens_per_s = 256000});
+  EXPECT_EQ(line, R"({"grad_norm":0.75,"loss":2.5,"lr":0.001,"ms_per_step":4.0,"step":0,)"
+                  R"("tokens_per_s":256000.0})");
+}
+
 TEST(GptCheckpoint, SaveAndLoadRoundTripsExactly) {
   nn::GPT model(small_config(), 11);
   auto path = std::filesystem::temp_directory_path() / "loom_test_gpt_roundtrip.safetensors";

@@ -9,7 +9,7 @@
 #include <cstdio>
 #include <fstream>
 #include <iterator>
-#include <nlohmann/json.hpp>
+#include <optional>
 
 #include "nn/gpt_io.h"
 #include "tensor/allocator.h"
@@ -117,14 +117,7 @@ int run(int argc, char** argv) {
     tokens += m.tokens_per_s * m.ms_per_step / 1e3;
     progress.update(m.step, m.loss, m.tokens_per_s, m.lr);
     if (metrics.is_open()) {
-      metrics << nlohmann::json{{"step", m.step},
-                                {"loss", m.loss},
-                                {"lr", m.lr},
-                                {"grad_norm", m.grad_norm},
-                                {"tokens_per_s", m.tokens_per_s},
-                                {"ms_per_step", m.ms_per_step}}
-                     .dump()
-              << '\n';
+      metrics << metrics_json_line(m) << '\n';
       metrics.flush();
     }
   });

@@ -3,6 +3,8 @@
 #include <chrono>
 #include <cmath>
 
+#include <nlohmann/json.hpp>
+
 #include "optim/adamw.h"
 #include "optim/clip_grad.h"
 #include "optim/lr_schedule.h"
@@ -33,6 +35,16 @@ std::unique_ptr<optim::LrSchedule> make_schedule(const TrainOptions& o) {
 }
 
 }  // namespace
+
+std::string metrics_json_line(const StepMetrics& m) {
+  return nlohmann::json{{"step", m.step},
+                        {"loss", m.loss},
+                        {"lr", m.lr},
+                        {"grad_norm", m.grad_norm},
+                        {"tokens_per_s", m.tokens_per_s},
+                        {"ms_per_step", m.ms_per_step}}
+      .dump();
+}
 
 void train(nn::GPT& model, const TokenBlocks& data, const TrainOptions& options,
            const std::function<void(const StepMetrics&)>& on_step) {

@@ -37,6 +37,10 @@ struct StepMetrics {
   double tokens_per_s;  // all ranks together
 };
 
+// One line of the --metrics JSONL file: {"step", "loss", "lr", "grad_norm", "tokens_per_s",
+// "ms_per_step"}, no trailing newline.
+std::string metrics_json_line(const StepMetrics& m);
+
 // Trains `model` in place on `data` and calls on_step after each step.
 void train(nn::GPT& model, const TokenBlocks& data, const TrainOptions& options,
            const std::function<void(const StepMetrics&)>& on_step);
