@@ -20,6 +20,11 @@ void check_same_kind(const char* op, const Tensor& a, const Tensor& b) {
   }
 }
 
+Tensor contiguous_input(const Tensor& x) {
+  NoGradGuard no_grad;
+  return x.contiguous();
+}
+
 std::vector<int64_t> indices_as_i64(const char* op, const Tensor& indices, int64_t upper) {
   std::vector<int64_t> values;
   if (indices.dtype() == DType::I64) {

@@ -21,6 +21,9 @@ decltype(auto) dispatch_floating(DType dtype, const char* op, F&& f) {
 
 // Throws unless this build has a kernel for `op` on t's device (the CPU in this build).
 void check_kernel_device(const char* op, const Tensor& t);
+// x's elements in row-major layout for a kernel to read: x itself when contiguous, else a
+// copy. Never recorded by autograd (the calling op records its own node against x).
+Tensor contiguous_input(const Tensor& x);
 // Throws unless a and b share dtype and device.
 void check_same_kind(const char* op, const Tensor& a, const Tensor& b);
 // Index tensor (i32 or i64, any shape) as i64 values, each checked to be in [0, upper).

@@ -96,7 +96,7 @@ Tensor div(const Tensor& a, const Tensor& b) {
 Tensor add(const Tensor& a, double value) {
   detail::check_kernel_device("add", a);
   Tensor out = Tensor::empty(a.shape(), a.dtype(), a.device());
-  Tensor src = a.contiguous();
+  Tensor src = detail::contiguous_input(a);
   detail::dispatch_floating(a.dtype(), "add", [&]<typename T>() {
     kernels::cpu::add_scalar<T>(src.data<T>(), static_cast<T>(value), out.data<T>(), a.numel());
   });
@@ -110,7 +110,7 @@ Tensor add(const Tensor& a, double value) {
 Tensor mul(const Tensor& a, double factor) {
   detail::check_kernel_device("mul", a);
   Tensor out = Tensor::empty(a.shape(), a.dtype(), a.device());
-  Tensor src = a.contiguous();
+  Tensor src = detail::contiguous_input(a);
   detail::dispatch_floating(a.dtype(), "mul", [&]<typename T>() {
     kernels::cpu::scale<T>(src.data<T>(), static_cast<T>(factor), out.data<T>(), a.numel());
   });
@@ -129,7 +129,7 @@ Tensor neg(const Tensor& a) {
 
 Tensor gelu(const Tensor& x) {
   detail::check_kernel_device("gelu", x);
-  Tensor in = x.contiguous();
+  Tensor in = detail::contiguous_input(x);
   Tensor out = Tensor::empty(x.shape(), x.dtype(), x.device());
   detail::dispatch_floating(x.dtype(), "gelu", [&]<typename T>() {
     kernels::cpu::gelu_forward<T>(in.data<T>(), out.data<T>(), in.numel());

@@ -17,7 +17,7 @@ Tensor embedding(const Tensor& indices, const Tensor& weight) {
       std::make_shared<std::vector<int64_t>>(detail::indices_as_i64("embedding", indices, vocab));
   Shape shape = indices.shape();
   shape.push_back(width);
-  Tensor w = weight.contiguous();
+  Tensor w = detail::contiguous_input(weight);
   Tensor out = Tensor::empty(shape, weight.dtype(), weight.device());
   int64_t count = static_cast<int64_t>(index->size());
   detail::dispatch_floating(weight.dtype(), "embedding", [&]<typename T>() {

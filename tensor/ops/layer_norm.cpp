@@ -18,11 +18,8 @@ Tensor layer_norm(const Tensor& x, const Tensor& weight, const Tensor& bias, dou
   }
   int64_t width = x.size(-1);
   int64_t rows = width ? x.numel() / width : 0;
-  Tensor in, w = weight.contiguous(), b = bias.contiguous();
-  {
-    NoGradGuard no_grad;
-    in = x.contiguous();
-  }
+  Tensor in = detail::contiguous_input(x), w = detail::contiguous_input(weight),
+         b = detail::contiguous_input(bias);
   Tensor out = Tensor::empty(x.shape(), x.dtype(), x.device());
   Tensor mean = Tensor::empty({rows}, x.dtype(), x.device());
   Tensor rstd = Tensor::empty({rows}, x.dtype(), x.device());

@@ -30,7 +30,7 @@ Operand as_operand(const Tensor& t) {
   if ((sr == 1 || rows == 1) && (sc >= rows || cols == 1)) {
     return {t, true, std::max<int64_t>(cols == 1 ? rows : sc, 1), batch_stride};
   }
-  Tensor packed = t.contiguous();
+  Tensor packed = detail::contiguous_input(t);
   return {packed, false, std::max<int64_t>(cols, 1), n == 3 ? rows * cols : 0};
 }
 
@@ -47,7 +47,7 @@ Tensor fold_batch(const Tensor& t) {
     int64_t d = batch_dims[i], e = batch_dims[i + 1];
     if (t.strides()[d] != t.strides()[e] * t.shape()[e]) foldable = false;
   }
-  Tensor base = foldable ? t : t.contiguous();
+  Tensor base = foldable ? t : detail::contiguous_input(t);
   int64_t batch = 1;
   for (int64_t d = 0; d < n - 2; ++d)
     batch *= t.shape()[d];
@@ -91,7 +91,7 @@ Tensor matmul_forward(const Tensor& a, const Tensor& b) {
     // Fold a's leading dims into rows: [..., m, k] -> [rows, k].
     int64_t rows = a.numel() / std::max<int64_t>(k, 1);
     if (k == 0) rows = numel_of(out_shape) / std::max<int64_t>(n, 1);
-    Tensor a2 = a.dim() == 2 ? a : a.contiguous();
+    Tensor a2 = a.dim() == 2 ? a : detail::contiguous_input(a);
     if (a.dim() != 2) a2 = Tensor::make_view(a2, {rows, k}, {k, 1}, a2.offset());
     Tensor out = Tensor::empty(out_shape, a.dtype(), a.device());
     if (out.numel() == 0) return out;
@@ -155,7 +155,7 @@ Tensor linear(const Tensor& x, const Tensor& weight, const Tensor& bias) {
   Shape out_shape(x.shape().begin(), x.shape().end() - 1);
   out_shape.push_back(out_features);
   Tensor out = Tensor::empty(out_shape, x.dtype(), x.device());
-  Tensor b = bias.contiguous();
+  Tensor b = detail::contiguous_input(bias);
   detail::dispatch_floating(x.dtype(), "linear", [&]<typename T>() {
     T* po = out.data<T>();
     const T* pb = b.data<T>();

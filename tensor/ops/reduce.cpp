@@ -56,7 +56,7 @@ std::vector<int64_t> normalized_dims(const std::vector<int64_t>& dims, int64_t n
 
 Tensor sum(const Tensor& x) {
   detail::check_kernel_device("sum", x);
-  Tensor in = x.contiguous();
+  Tensor in = detail::contiguous_input(x);
   Tensor out = Tensor::empty({}, x.dtype(), x.device());
   detail::dispatch_floating(x.dtype(), "sum", [&]<typename T>() {
     *out.data<T>() = static_cast<T>(kernels::cpu::sum_all<T>(in.data<T>(), in.numel()));
@@ -73,7 +73,7 @@ Tensor sum(const Tensor& x) {
 Tensor sum(const Tensor& x, const std::vector<int64_t>& dims_in, bool keepdim) {
   detail::check_kernel_device("sum", x);
   std::vector<int64_t> dims = normalized_dims(dims_in, x.dim(), "sum");
-  Tensor out = x.contiguous();
+  Tensor out = detail::contiguous_input(x);
   {
     NoGradGuard no_grad;
     for (int64_t d : dims)
@@ -114,7 +114,7 @@ Tensor max(const Tensor& x, int64_t dim, bool keepdim) {
   detail::check_kernel_device("max", x);
   dim = wrap_dim(dim, x.dim(), "max");
   if (x.shape()[dim] == 0) fail("max: dimension ", dim, " of ", shape_str(x.shape()), " is empty");
-  Tensor in = x.contiguous();
+  Tensor in = detail::contiguous_input(x);
   AxisSplit s = split_at(x.shape(), dim);
   Shape kept = x.shape();
   kept[dim] = 1;

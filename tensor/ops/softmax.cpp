@@ -16,11 +16,7 @@ Tensor softmax(const Tensor& x, bool causal) {
   }
   if (width == 0) fail("softmax: the last dimension is empty in ", shape_str(x.shape()));
   int64_t rows = x.numel() / width;
-  Tensor in;
-  {
-    NoGradGuard no_grad;
-    in = x.contiguous();
-  }
+  Tensor in = detail::contiguous_input(x);
   Tensor out = Tensor::empty(x.shape(), x.dtype(), x.device());
   detail::dispatch_floating(x.dtype(), "softmax", [&]<typename T>() {
     kernels::cpu::softmax_forward<T>(in.data<T>(), out.data<T>(), rows, width, causal ? width : 0);
@@ -50,11 +46,7 @@ Tensor cross_entropy(const Tensor& logits, const Tensor& targets) {
   if (rows == 0) fail("cross_entropy: no rows; the mean over zero targets is undefined");
   auto index = std::make_shared<std::vector<int64_t>>(
       detail::indices_as_i64("cross_entropy (targets)", targets, vocab));
-  Tensor in;
-  {
-    NoGradGuard no_grad;
-    in = logits.contiguous();
-  }
+  Tensor in = detail::contiguous_input(logits);
   Tensor lse = Tensor::empty({rows}, logits.dtype(), logits.device());
   Tensor out = Tensor::empty({}, logits.dtype(), logits.device());
   detail::dispatch_floating(logits.dtype(), "cross_entropy", [&]<typename T>() {
