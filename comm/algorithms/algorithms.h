@@ -1,0 +1,70 @@
+#pragma once
+// Generic collectives written once against the point-to-point Transport (Gloo's
+// allreduce.cc idea): a backend that can send and receive bytes gets all of them.
+//
+// Common contract of every function here:
+//  - Collective: every rank of `transport` calls it with the same count, type, op and root,
+//    and the same sequence of collectives. Blocks until this rank's part is done.
+//  - Buffers are host memory owned by the caller; nothing is kept after return. `count` is
+//    in elements of `type`. count 0 is a no-op that sends nothing.
+//  - Misuse (Avg on an integer type, root out of range, null buffer with count > 0) throws
+//    loom::Error before anything is sent. A peer that fails or does not answer before
+//    `deadline` surfaces as the transport's loom::CommError naming that peer; the buffers
+//    are then unspecified and the transport must be rebuilt.
+//  - Avg is Sum followed by a multiplication by 1/size (floating types only).
+//
+// Note [Rounding of bf16/f16 reductions]
+// The algorithms combine two buffers at a time with kernels::cpu::reduce_into, which rounds
+// bf16/f16 to the storage type after every step. A sum over W ranks is therefore rounded
+// W-1 times (reduce_inputs rounds once), so it can differ from a single-rounding reference
+// by a few ulps, and the order of combination differs between algorithms. Every rank still
+// gets bitwise the same allreduce result: each element is reduced on one rank and then
+// copied. f32/f64 are rounded per step by IEEE arithmetic anyway; integers are exact
+// (wrapping on overflow).
+
+#include <cstddef>
+
+#include "comm/algorithms/transport.h"
+#include "comm/error.h"
+#include "comm/reduce_op.h"
+#include "kernels/cpu/reduce_ops.h"
+
+namespace loom::comm::algorithms {
+
+using kernels::cpu::ReduceType;
+
+// data[0, count) on every rank becomes the reduction of every rank's data. Reduce-scatter
+// then all-gather around the ring, in `size` chunks (sizes differ by at most one element);
+// bandwidth-optimal, 2(size-1) steps. Scratch: one chunk.
+void ring_allreduce(Transport& transport, void* data, size_t count, ReduceType type, ReduceOp op,
+                    Deadline deadline);
+
+// Same result as ring_allreduce, by recursive halving (reduce-scatter) then recursive
+// doubling (all-gather): 2 log2(p) steps for p = largest power of two <= size. With a
+// non-power-of-two size the first 2(size-p) ranks fold in pairs before and after.
+// Scratch: half the buffer.
+void halving_doubling_allreduce(Transport& transport, void* data, size_t count, ReduceType type,
+                                ReduceOp op, Deadline deadline);
+
+// output[size * count] = every rank's input[count], concatenated in rank order. In place
+// when input == output + rank * count; otherwise the two must not overlap.
+void ring_all_gather(Transport& transport, const void* input, void* output, size_t count,
+                     ReduceType type, Deadline deadline);
+
+// output[count] = slice `rank` of the reduction of every rank's input[size * count]; input
+// is left unchanged. In place when output == input + rank * count; otherwise the two must
+// not overlap. Scratch: two slices.
+void ring_reduce_scatter(Transport& transport, const void* input, void* output, size_t count,
+                         ReduceType type, ReduceOp op, Deadline deadline);
+
+// data[0, count) on every rank becomes root's data, along a binomial tree (log2(size)
+// rounds; each rank receives once).
+void tree_broadcast(Transport& transport, void* data, size_t count, ReduceType type, int root,
+                    Deadline deadline);
+
+// data[0, count) on root becomes the reduction of every rank's data, along a binomial tree;
+// other ranks' data is left unchanged. Scratch: up to two buffers on inner ranks.
+void tree_reduce(Transport& transport, void* data, size_t count, ReduceType type, ReduceOp op,
+                 int root, Deadline deadline);
+
+}  // namespace loom::comm::algorithms

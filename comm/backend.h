@@ -1,0 +1,53 @@
+#pragma once
+// Backend: how one transport moves bytes for one process group. A backend implements every
+// collective (all pure virtual: a backend that lacks one does not compile). The process
+// group validates arguments, numbers operations and runs them one at a time, in issue
+// order, on its progress thread; a backend method runs the operation to completion (or
+// throws loom::CommError) before returning, and never waits past `deadline`.
+// Tensors reaching a backend are contiguous, on the backend's device, and checked for
+// matching dtypes and sizes.
+
+#include <memory>
+#include <string>
+
+#include "comm/error.h"
+#include "comm/reduce_op.h"
+#include "comm/store/store.h"
+#include "tensor/tensor.h"
+
+namespace loom::comm {
+
+// Everything a backend needs to set itself up.
+struct BackendContext {
+  int rank = 0;
+  int size = 1;
+  std::shared_ptr<Store> store;  // private to this group (prefixed)
+  Duration timeout = kDefaultTimeout;
+  std::string group_name;  // unique per group, e.g. "default" or "default.split3.c1"
+};
+
+class Backend {
+ public:
+  virtual ~Backend() = default;
+  virtual std::string name() const = 0;  // "shm"
+  virtual int rank() const = 0;
+  virtual int size() const = 0;
+
+  virtual void allreduce(Tensor& tensor, ReduceOp op, Deadline deadline) = 0;
+  virtual void broadcast(Tensor& tensor, int root, Deadline deadline) = 0;
+  // The result lands in `tensor` on `root`; other ranks' tensors are left unchanged.
+  virtual void reduce(Tensor& tensor, int root, ReduceOp op, Deadline deadline) = 0;
+  // output ([size * n]) = concatenation of every rank's input ([n]) in rank order.
+  virtual void all_gather(Tensor& output, const Tensor& input, Deadline deadline) = 0;
+  // output ([n]) = this rank's slice of the reduction of every rank's input ([size * n]).
+  virtual void reduce_scatter(Tensor& output, const Tensor& input, ReduceOp op,
+                              Deadline deadline) = 0;
+  // Slice j of this rank's input ([size * n]) goes to rank j, which stores it as its
+  // output's slice i (i = this rank).
+  virtual void all_to_all(Tensor& output, const Tensor& input, Deadline deadline) = 0;
+  virtual void send(const Tensor& tensor, int dst, int tag, Deadline deadline) = 0;
+  virtual void recv(Tensor& tensor, int src, int tag, Deadline deadline) = 0;
+  virtual void barrier(Deadline deadline) = 0;
+};
+
+}  // namespace loom::comm

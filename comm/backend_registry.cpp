@@ -1,0 +1,88 @@
+#include "comm/backend_registry.h"
+
+#include <map>
+#include <mutex>
+
+#include "comm/shm/shm_backend.h"
+#include "tensor/error.h"
+
+namespace loom::comm {
+
+namespace {
+
+struct Entry {
+  BackendFactory factory;
+  std::string description;
+};
+
+struct Registry {
+  std::mutex mutex;
+  std::map<std::string, Entry> entries;
+  Registry() {
+    entries["shm"] = {[](const BackendContext& c) { return std::make_unique<shm::ShmBackend>(c); },
+                      "processes on one host through POSIX shared memory (CPU tensors)"};
+  }
+};
+
+Registry& registry() {
+  static Registry instance;
+  return instance;
+}
+
+std::string names_of(const std::map<std::string, Entry>& entries) {
+  std::string names;
+  for (const auto& [name, entry] : entries) names += (names.empty() ? "" : ", ") + name;
+  return names;
+}
+
+}  // namespace
+
+void register_backend(const std::string& name, BackendFactory factory, std::string description) {
+  Registry& r = registry();
+  std::lock_guard lock(r.mutex);
+  if (name.empty() || name == "auto") fail("register_backend: '", name, "' is not a usable name");
+  if (r.entries.count(name)) fail("register_backend: a backend named '", name, "' exists already");
+  r.entries[name] = {std::move(factory), std::move(description)};
+}
+
+bool remove_backend(const std::string& name) {
+  Registry& r = registry();
+  std::lock_guard lock(r.mutex);
+  return r.entries.erase(name) > 0;
+}
+
+std::vector<std::pair<std::string, std::string>> available_backends() {
+  Registry& r = registry();
+  std::lock_guard lock(r.mutex);
+  std::vector<std::pair<std::string, std::string>> out;
+  for (const auto& [name, entry] : r.entries) out.emplace_back(name, entry.description);
+  return out;
+}
+
+std::unique_ptr<Backend> create_backend(const std::string& name, const BackendContext& context) {
+  BackendFactory factory;
+  {
+    Registry& r = registry();
+    std::lock_guard lock(r.mutex);
+    auto it = r.entries.find(name);
+    if (it == r.entries.end()) {
+      fail("[comm] unknown backend '", name, "'; available: ", names_of(r.entries), ", auto");
+    }
+    factory = it->second.factory;
+  }
+  return factory(context);
+}
+
+std::string resolve_auto_backend(bool multi_host, Device device) {
+  if (device.is_cuda()) {
+    fail("[comm] backend 'auto' for ", device,
+         ": the NCCL backend is not available in this build; use CPU tensors with 'shm'");
+  }
+  if (multi_host) {
+    fail("[comm] backend 'auto' for a multi-host job: no inter-host backend is available yet "
+         "(UCX is planned); 'shm' connects processes of one host only");
+  }
+  return "shm";
+}
+
+}  // namespace loom::comm

@@ -1,0 +1,30 @@
+#pragma once
+// Backends by name. Built-in: "shm" (processes on one host). "auto" picks by device and host
+// layout. Users register their own backend the same way the built-ins are registered:
+//   loom::comm::register_backend("mine", [](const BackendContext& c) {
+//     return std::make_unique<MyBackend>(c); }, "my transport");
+
+#include <functional>
+#include <memory>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "comm/backend.h"
+
+namespace loom::comm {
+
+using BackendFactory = std::function<std::unique_ptr<Backend>(const BackendContext&)>;
+
+// Throws loom::Error when `name` is taken or empty.
+void register_backend(const std::string& name, BackendFactory factory, std::string description);
+bool remove_backend(const std::string& name);
+// (name, description) of every registered backend, sorted by name.
+std::vector<std::pair<std::string, std::string>> available_backends();
+// Creates the backend `name`; an unknown name is loom::Error listing the available names.
+std::unique_ptr<Backend> create_backend(const std::string& name, const BackendContext& context);
+
+// What "auto" means for this job: "shm" when every rank is on this host.
+std::string resolve_auto_backend(bool multi_host, Device device);
+
+}  // namespace loom::comm

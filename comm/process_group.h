@@ -1,0 +1,120 @@
+#pragma once
+// ProcessGroup: a group of ranks and the collectives among them.
+//
+//   auto pg = loom::comm::init();                       // from loomrun/torchrun/Slurm/MPI env
+//   pg->allreduce(grad, {.op = ReduceOp::Avg})->wait();
+//   auto half = pg->split(pg->rank() % 2, pg->rank());  // subgroups
+//
+// Every call validates its arguments on the calling thread (loom::Error on misuse), then
+// queues the operation and returns a Work at once. One progress thread per group runs the
+// operations in issue order, so operations issued in the same order on every rank run in
+// that order. Tensors must stay alive and unmodified until their Work completes.
+// A failed operation (loom::CommError) breaks the group: later calls fail fast.
+// With LOOM_DEBUG=detail every rank checks, before each collective, that all ranks issued
+// the same operation with the same count, dtype, op and root, and reports the first
+// mismatch with both ranks' views instead of hanging or corrupting memory.
+
+#include <atomic>
+#include <condition_variable>
+#include <deque>
+#include <functional>
+#include <memory>
+#include <mutex>
+#include <optional>
+#include <string>
+#include <thread>
+
+#include "comm/backend.h"
+#include "comm/work.h"
+
+namespace loom::comm {
+
+struct CollectiveOptions {
+  ReduceOp op = ReduceOp::Sum;
+  int root = 0;                     // broadcast, reduce
+  std::optional<Duration> timeout;  // default: the group's timeout
+};
+
+struct P2POptions {
+  int tag = 0;
+  std::optional<Duration> timeout;
+};
+
+struct GroupOptions {
+  std::string backend = "auto";
+  Duration timeout = kDefaultTimeout;
+  bool debug_checks = false;  // also enabled by LOOM_DEBUG=detail
+};
+
+class ProcessGroup : public std::enable_shared_from_this<ProcessGroup> {
+ public:
+  // Joins a group of `size` ranks that rendezvous through `store`. Collective: every rank
+  // must construct its group with the same backend and store.
+  ProcessGroup(int rank, int size, std::shared_ptr<Store> store, const GroupOptions& options = {},
+               std::string name = "default");
+  ~ProcessGroup();  // finishes queued operations (bounded by their timeouts), then stops
+  ProcessGroup(const ProcessGroup&) = delete;
+  ProcessGroup& operator=(const ProcessGroup&) = delete;
+
+  int rank() const { return rank_; }
+  int size() const { return size_; }
+  std::string backend_name() const { return backend_->name(); }
+  const std::string& name() const { return name_; }
+  Duration timeout() const { return options_.timeout; }
+
+  WorkPtr allreduce(Tensor& tensor, const CollectiveOptions& options = {});
+  // Out of place: output = reduction of every rank's input; input is left unchanged.
+  WorkPtr allreduce(const Tensor& input, Tensor& output, const CollectiveOptions& options = {});
+  WorkPtr broadcast(Tensor& tensor, const CollectiveOptions& options = {});
+  WorkPtr reduce(Tensor& tensor, const CollectiveOptions& options = {});
+  // output [size * n] gathers every rank's input [n]; input may be this rank's slice of
+  // output (in place).
+  WorkPtr all_gather(Tensor& output, const Tensor& input, const CollectiveOptions& options = {});
+  // output [n] receives this rank's slice of the reduction of the inputs [size * n]; output
+  // may be this rank's slice of input (in place).
+  WorkPtr reduce_scatter(Tensor& output, const Tensor& input,
+                         const CollectiveOptions& options = {});
+  WorkPtr all_to_all(Tensor& output, const Tensor& input, const CollectiveOptions& options = {});
+  WorkPtr send(const Tensor& tensor, int dst, const P2POptions& options = {});
+  WorkPtr recv(Tensor& tensor, int src, const P2POptions& options = {});
+  WorkPtr barrier(const CollectiveOptions& options = {});
+
+  // Collective over this group: ranks passing the same color form a new group, ordered by
+  // (key, rank). A negative color joins no group and gets nullptr.
+  std::shared_ptr<ProcessGroup> split(int color, int key);
+
+ private:
+  struct Op;
+  WorkPtr enqueue(Op op);
+  void progress_loop();
+  void run(Op& op);
+
+  int rank_, size_;
+  std::shared_ptr<Store> store_;
+  GroupOptions options_;
+  std::string name_;
+  std::unique_ptr<Backend> backend_;
+  uint64_t next_seq_ = 0;
+  int splits_ = 0;
+
+  std::mutex mutex_;
+  std::condition_variable queued_;
+  std::deque<std::unique_ptr<Op>> queue_;
+  bool stopping_ = false;
+  std::exception_ptr broken_;
+  std::thread progress_;
+};
+
+struct InitOptions {
+  std::string backend = "auto";
+  Duration timeout = kDefaultTimeout;
+  // Explicit rank/size/store; when the store is null, ranks rendezvous through a TCP store
+  // at MASTER_ADDR:MASTER_PORT (served by loomrun, or by rank 0 when none is running).
+  std::optional<int> rank, size;
+  std::shared_ptr<Store> store;
+};
+
+// The default group of this job, from the cluster environment (comm/environment.h).
+std::shared_ptr<ProcessGroup> init(const InitOptions& options = {});
+
+}  // namespace loom::comm

@@ -1,0 +1,19 @@
+#pragma once
+// Reduction operators of collectives, and their mapping onto the reduction kernels.
+
+#include <string_view>
+
+#include "kernels/cpu/reduce_ops.h"
+#include "tensor/dtype.h"
+
+namespace loom::comm {
+
+// Avg is Sum divided by the group size (floating dtypes only, as NCCL's ncclAvg).
+enum class ReduceOp { Sum, Avg, Min, Max, Prod };
+
+std::string_view reduce_op_name(ReduceOp op);  // "sum", "avg", ...
+
+kernels::cpu::ReduceType reduce_type_of(DType dtype);
+kernels::cpu::ReduceKind reduce_kind_of(ReduceOp op);  // Avg reduces as Sum, then scales
+
+}  // namespace loom::comm

@@ -1,0 +1,117 @@
+// Point-to-point byte streams of the shm backend: one single-producer single-consumer ring
+// per ordered pair of ranks in the shared segment.
+
+#include <algorithm>
+#include <cstring>
+
+#include "comm/shm/shm_backend.h"
+
+namespace loom::comm::shm {
+
+namespace {
+
+// Framing of tensor messages (ProcessGroup send/recv): the receiver checks tag and size.
+struct MessageHeader {
+  int64_t tag;
+  uint64_t bytes;
+};
+
+}  // namespace
+
+size_t ShmBackend::push(int dst, const char* data, size_t bytes) {
+  ChannelControl& c = channel(rank_, dst);
+  const size_t capacity = layout_.channel_bytes;
+  uint64_t head = c.head.value.load(std::memory_order_relaxed);
+  uint64_t tail = c.tail.value.load(std::memory_order_acquire);
+  size_t n = std::min(bytes, capacity - static_cast<size_t>(head - tail));
+  if (n == 0) return 0;
+  char* base = ring(rank_, dst);
+  size_t at = static_cast<size_t>(head % capacity);
+  size_t first = std::min(n, capacity - at);
+  std::memcpy(base + at, data, first);
+  std::memcpy(base, data + first, n - first);
+  c.head.value.store(head + n, std::memory_order_release);
+  return n;
+}
+
+size_t ShmBackend::pull(int src, char* data, size_t bytes) {
+  ChannelControl& c = channel(src, rank_);
+  const size_t capacity = layout_.channel_bytes;
+  uint64_t tail = c.tail.value.load(std::memory_order_relaxed);
+  uint64_t head = c.head.value.load(std::memory_order_acquire);
+  size_t n = std::min(bytes, static_cast<size_t>(head - tail));
+  if (n == 0) return 0;
+  const char* base = ring(src, rank_);
+  size_t at = static_cast<size_t>(tail % capacity);
+  size_t first = std::min(n, capacity - at);
+  std::memcpy(data, base + at, first);
+  std::memcpy(data + first, base, n - first);
+  c.tail.value.store(tail + n, std::memory_order_release);
+  return n;
+}
+
+void ShmBackend::send(const void* data, size_t bytes, int dst, Deadline deadline) {
+  send_recv(data, bytes, dst, nullptr, 0, dst, deadline);
+}
+
+void ShmBackend::recv(void* data, size_t bytes, int src, Deadline deadline) {
+  send_recv(nullptr, 0, src, data, bytes, src, deadline);
+}
+
+void ShmBackend::send_recv(const void* send_data, size_t send_bytes, int dst, void* recv_data,
+                           size_t recv_bytes, int src, Deadline deadline) {
+  auto* out = static_cast<const char*>(send_data);
+  auto* in = static_cast<char*>(recv_data);
+  size_t sent = 0, received = 0;
+  while (sent < send_bytes || received < recv_bytes) {
+    size_t moved = 0;
+    if (sent < send_bytes) {
+      size_t n = push(dst, out + sent, send_bytes - sent);
+      sent += n;
+      moved += n;
+    }
+    if (received < recv_bytes) {
+      size_t n = pull(src, in + received, recv_bytes - received);
+      received += n;
+      moved += n;
+    }
+    if (moved > 0 || (sent == send_bytes && received == recv_bytes)) continue;
+    // Nothing moved: wait until the receiver drained or the sender filled some bytes.
+    ChannelControl& outgoing = channel(rank_, dst);
+    ChannelControl& incoming = channel(src, rank_);
+    uint64_t out_tail = outgoing.tail.value.load(std::memory_order_acquire);
+    uint64_t in_head = incoming.head.value.load(std::memory_order_acquire);
+    bool sending = sent < send_bytes;
+    wait_until(
+        scope_,
+        [&] {
+          return (sending && outgoing.tail.value.load(std::memory_order_acquire) != out_tail) ||
+                 (received < recv_bytes &&
+                  incoming.head.value.load(std::memory_order_acquire) != in_head);
+        },
+        [&] { return received < recv_bytes ? src : dst; }, deadline,
+        sending ? "receive this rank's message" : "send its message");
+  }
+}
+
+void ShmBackend::send(const Tensor& tensor, int dst, int tag, Deadline deadline) {
+  MessageHeader header{tag, tensor.nbytes()};
+  send(&header, sizeof header, dst, deadline);
+  send(tensor.raw_data(), tensor.nbytes(), dst, deadline);
+}
+
+void ShmBackend::recv(Tensor& tensor, int src, int tag, Deadline deadline) {
+  MessageHeader header{};
+  recv(&header, sizeof header, src, deadline);
+  if (header.tag != tag || header.bytes != tensor.nbytes()) {
+    throw CommError("[comm/shm] rank " + std::to_string(rank_) + ": recv from rank " +
+                        std::to_string(src) + " expected tag " + std::to_string(tag) + " and " +
+                        std::to_string(tensor.nbytes()) + " bytes, but the next message has tag " +
+                        std::to_string(header.tag) + " and " + std::to_string(header.bytes) +
+                        " bytes (sends and recvs between two ranks must match in order)",
+                    rank_, src);
+  }
+  recv(tensor.raw_data(), tensor.nbytes(), src, deadline);
+}
+
+}  // namespace loom::comm::shm

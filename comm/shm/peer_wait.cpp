@@ -1,0 +1,66 @@
+#include "comm/shm/peer_wait.h"
+
+#include <sched.h>
+#include <signal.h>
+
+#include <cerrno>
+#include <fstream>
+#include <thread>
+
+#if defined(__x86_64__)
+#include <immintrin.h>
+#define LOOM_CPU_RELAX() _mm_pause()
+#else
+#define LOOM_CPU_RELAX() ((void)0)
+#endif
+
+namespace loom::comm::shm {
+
+bool process_alive(int64_t pid) {
+  if (pid <= 0) return true;  // not attached yet: nothing to check
+  if (kill(static_cast<pid_t>(pid), 0) != 0 && errno == ESRCH) return false;
+  // A killed child stays a zombie until its parent reaps it.
+  std::ifstream stat("/proc/" + std::to_string(pid) + "/stat");
+  std::string text;
+  if (!std::getline(stat, text)) return false;
+  size_t close = text.rfind(')');
+  if (close == std::string::npos || close + 2 >= text.size()) return true;
+  char state = text[close + 2];
+  return state != 'Z' && state != 'X';
+}
+
+void wait_until(const WaitScope& scope, const std::function<bool()>& ready,
+                const std::function<int()>& lagging, Deadline deadline, const char* what) {
+  using namespace std::chrono;
+  for (int i = 0; i < 2000; ++i) {
+    if (ready()) return;
+    LOOM_CPU_RELAX();
+  }
+  auto start = Clock::now();
+  auto next_check = start;
+  while (!ready()) {
+    auto now = Clock::now();
+    if (now >= next_check) {
+      int peer = lagging();
+      if (peer >= 0 && !process_alive(scope.pid_of(peer))) {
+        throw CommError("[comm/shm] rank " + std::to_string(scope.rank) + ": peer " +
+                            std::to_string(peer) + " (pid " + std::to_string(scope.pid_of(peer)) +
+                            ") died while this rank waited for it to " + what,
+                        scope.rank, peer);
+      }
+      if (now >= deadline) {
+        throw CommError("[comm/shm] rank " + std::to_string(scope.rank) + ": peer " +
+                            std::to_string(peer) + " did not " + what + " before the deadline",
+                        scope.rank, peer >= 0 ? std::optional<int>(peer) : std::nullopt);
+      }
+      next_check = now + milliseconds(5);
+    }
+    if (now - start < milliseconds(2)) {
+      sched_yield();
+    } else {
+      std::this_thread::sleep_for(microseconds(50));
+    }
+  }
+}
+
+}  // namespace loom::comm::shm

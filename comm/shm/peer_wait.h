@@ -1,0 +1,28 @@
+#pragma once
+// Waiting on other ranks through shared memory: spin briefly (latency), then yield, then
+// sleep in short naps (ranks may outnumber cores). Every few milliseconds the ranks still
+// awaited are checked for liveness, so a dead peer is reported at once instead of at the
+// deadline.
+
+#include <cstdint>
+#include <functional>
+#include <string>
+
+#include "comm/error.h"
+
+namespace loom::comm::shm {
+
+// True while the process exists and is not a zombie.
+bool process_alive(int64_t pid);
+
+struct WaitScope {
+  int rank;                                // this rank, for messages
+  std::function<int64_t(int)> pid_of;      // pid of a peer (0: not attached yet)
+};
+
+// Returns once ready() is true. lagging() names a peer that is still awaited (or -1).
+// Throws loom::CommError naming that peer when it died or when `deadline` passes.
+void wait_until(const WaitScope& scope, const std::function<bool()>& ready,
+                const std::function<int()>& lagging, Deadline deadline, const char* what);
+
+}  // namespace loom::comm::shm

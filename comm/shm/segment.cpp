@@ -1,0 +1,117 @@
+#include "comm/shm/segment.h"
+
+#include <fcntl.h>
+#include <sys/mman.h>
+#include <sys/random.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstring>
+#include <utility>
+
+#include "comm/error.h"
+
+namespace loom::comm::shm {
+
+namespace {
+
+std::string random_name() {
+  unsigned char bytes[16];
+  size_t got = 0;
+  while (got < sizeof bytes) {
+    ssize_t n = getrandom(bytes + got, sizeof bytes - got, 0);
+    if (n < 0 && errno != EINTR) throw CommError("[comm/shm] getrandom failed: " + std::string(strerror(errno)));
+    if (n > 0) got += static_cast<size_t>(n);
+  }
+  static const char* hex = "0123456789abcdef";
+  std::string name = "/loom-";
+  for (unsigned char b : bytes) {
+    name += hex[b >> 4];
+    name += hex[b & 15];
+  }
+  return name;
+}
+
+void* map(int fd, size_t bytes, const std::string& name) {
+  void* data = mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+  if (data == MAP_FAILED) {
+    throw CommError("[comm/shm] mmap of " + name + " (" + std::to_string(bytes) +
+                    " bytes) failed: " + strerror(errno));
+  }
+  return data;
+}
+
+}  // namespace
+
+Segment Segment::create(size_t bytes) {
+  Segment s;
+  s.name_ = random_name();
+  int fd = shm_open(s.name_.c_str(), O_CREAT | O_EXCL | O_RDWR, 0600);
+  if (fd < 0) throw CommError("[comm/shm] shm_open(" + s.name_ + ") failed: " + strerror(errno));
+  s.owner_ = true;
+  if (ftruncate(fd, static_cast<off_t>(bytes)) != 0) {
+    int error = errno;
+    close(fd);
+    shm_unlink(s.name_.c_str());
+    throw CommError("[comm/shm] cannot size the segment to " + std::to_string(bytes) +
+                    " bytes: " + strerror(error) + " (is /dev/shm large enough?)");
+  }
+  try {
+    s.data_ = map(fd, bytes, s.name_);
+  } catch (...) {
+    close(fd);
+    shm_unlink(s.name_.c_str());
+    throw;
+  }
+  close(fd);
+  s.size_ = bytes;
+  return s;
+}
+
+Segment Segment::open(const std::string& name, size_t bytes) {
+  Segment s;
+  s.name_ = name;
+  int fd = shm_open(name.c_str(), O_RDWR, 0600);
+  if (fd < 0) throw CommError("[comm/shm] shm_open(" + name + ") failed: " + strerror(errno));
+  struct stat st {};
+  if (fstat(fd, &st) != 0 || static_cast<size_t>(st.st_size) != bytes) {
+    close(fd);
+    throw CommError("[comm/shm] segment " + name + " has " + std::to_string(st.st_size) +
+                    " bytes, expected " + std::to_string(bytes) +
+                    " (ranks disagree on the group size)");
+  }
+  try {
+    s.data_ = map(fd, bytes, name);
+  } catch (...) {
+    close(fd);
+    throw;
+  }
+  close(fd);
+  s.size_ = bytes;
+  return s;
+}
+
+Segment::Segment(Segment&& other) noexcept { *this = std::move(other); }
+
+Segment& Segment::operator=(Segment&& other) noexcept {
+  std::swap(name_, other.name_);
+  std::swap(data_, other.data_);
+  std::swap(size_, other.size_);
+  std::swap(owner_, other.owner_);
+  return *this;
+}
+
+Segment::~Segment() {
+  if (data_ != nullptr) munmap(data_, size_);
+  unlink();
+}
+
+void Segment::unlink() noexcept {
+  if (owner_) {
+    shm_unlink(name_.c_str());
+    owner_ = false;
+  }
+}
+
+}  // namespace loom::comm::shm

@@ -1,0 +1,308 @@
+#include "comm/shm/shm_backend.h"
+
+#include <unistd.h>
+
+#include <algorithm>
+#include <cstdlib>
+#include <cstring>
+#include <vector>
+
+#include "comm/reduce_op.h"
+
+namespace loom::comm::shm {
+
+namespace {
+
+size_t tunable(const char* name, size_t fallback) {
+  const char* text = std::getenv(name);
+  if (text == nullptr || *text == '\0') return fallback;
+  char* end = nullptr;
+  unsigned long long value = std::strtoull(text, &end, 10);
+  if (*end != '\0' || value == 0) {
+    fail("[comm/shm] ", name, "='", text, "' is not a positive number of bytes");
+  }
+  return static_cast<size_t>(value);
+}
+
+struct Tunables {
+  size_t slice_bytes, one_shot_bytes, channel_bytes;
+};
+
+const Tunables& tunables() {
+  static const Tunables t{
+      (tunable("LOOM_SHM_SLICE_BYTES", 256 << 10) + 63) / 64 * 64,
+      tunable("LOOM_SHM_ONE_SHOT_BYTES", 32 << 10),
+      (tunable("LOOM_SHM_CHANNEL_BYTES", 256 << 10) + 63) / 64 * 64,
+  };
+  return t;
+}
+
+double scale_of(ReduceOp op, int size) { return op == ReduceOp::Avg ? 1.0 / size : 1.0; }
+
+}  // namespace
+
+ShmBackend::ShmBackend(const BackendContext& context)
+    : rank_(context.rank),
+      size_(context.size),
+      layout_(Layout::make(context.size, tunables().slice_bytes, tunables().channel_bytes)),
+      one_shot_bytes_(std::min(tunables().one_shot_bytes, layout_.stage_bytes)) {
+  Deadline deadline = deadline_after(context.timeout);
+  Store& store = *context.store;
+  if (rank_ == 0) {
+    segment_ = Segment::create(layout_.total_bytes);
+    for (int r = 0; r < size_; ++r) new (&control(r)) RankControl();
+    for (int s = 0; s < size_; ++s)
+      for (int d = 0; d < size_; ++d) new (&channel(s, d)) ChannelControl();
+    store.set("shm/segment", to_bytes(segment_.name()));
+  } else {
+    std::string name = to_string(store.get("shm/segment", context.timeout));
+    segment_ = Segment::open(name, layout_.total_bytes);
+  }
+  control(rank_).pid.value.store(static_cast<uint64_t>(getpid()), std::memory_order_release);
+  store.set("shm/attached/" + std::to_string(rank_), to_bytes("1"));
+  if (rank_ == 0) {
+    std::vector<std::string> keys;
+    for (int r = 0; r < size_; ++r) keys.push_back("shm/attached/" + std::to_string(r));
+    try {
+      store.wait(keys, std::chrono::duration_cast<Duration>(deadline - Clock::now()));
+    } catch (...) {
+      segment_.unlink();
+      throw;
+    }
+    segment_.unlink();  // every rank has it mapped: the name is no longer needed
+  }
+  scope_ = {rank_, [this](int r) {
+              return static_cast<int64_t>(control(r).pid.value.load(std::memory_order_acquire));
+            }};
+}
+
+RankControl& ShmBackend::control(int r) const {
+  auto* base = static_cast<char*>(segment_.data()) + layout_.ranks_offset;
+  return reinterpret_cast<RankControl*>(base)[r];
+}
+
+ChannelControl& ShmBackend::channel(int src, int dst) const {
+  auto* base = static_cast<char*>(segment_.data()) + layout_.channels_offset;
+  return reinterpret_cast<ChannelControl*>(base)[src * size_ + dst];
+}
+
+char* ShmBackend::ring(int src, int dst) const {
+  return static_cast<char*>(segment_.data()) + layout_.rings_offset +
+         static_cast<size_t>(src * size_ + dst) * layout_.channel_bytes;
+}
+
+char* ShmBackend::staging(int r, uint64_t round) const {
+  return static_cast<char*>(segment_.data()) + layout_.staging_offset +
+         (static_cast<size_t>(r) * 2 + round % 2) * layout_.stage_bytes;
+}
+
+char* ShmBackend::result(int r, uint64_t round) const {
+  return static_cast<char*>(segment_.data()) + layout_.results_offset +
+         (static_cast<size_t>(r) * 2 + round % 2) * layout_.slice_bytes;
+}
+
+std::atomic<uint64_t>& ShmBackend::counter(int r, Phase phase) const {
+  RankControl& c = control(r);
+  switch (phase) {
+    case Phase::Arrived: return c.arrived.value;
+    case Phase::Reduced: return c.reduced.value;
+    case Phase::Consumed: break;
+  }
+  return c.consumed.value;
+}
+
+// Note [Rounds]
+// Every collective is a sequence of rounds, numbered identically on all ranks (round_ counts
+// them; collectives are issued in the same order everywhere). Round s uses buffer s % 2 of
+// each rank's staging and result areas, so a rank can post round s+1 while its peers still
+// read round s (double buffering). Three per-rank counters replace global barriers:
+//   arrived  = s once this rank's data for round s is in its staging buffer,
+//   reduced  = s once its reduced slice of round s is in its result buffer,
+//   consumed = s once it has read everything it needs from round s.
+// Before writing buffer s % 2 again in round s, a rank waits until every rank's consumed
+// counter reached s - 2, the previous round on the same buffers.
+uint64_t ShmBackend::begin_round(Deadline deadline) {
+  uint64_t round = ++round_;
+  if (round > 2) await_all(Phase::Consumed, round - 2, deadline, "finish reading");
+  return round;
+}
+
+void ShmBackend::publish(Phase phase, uint64_t round) {
+  counter(rank_, phase).store(round, std::memory_order_release);
+}
+
+void ShmBackend::await_all(Phase phase, uint64_t round, Deadline deadline, const char* what) {
+  auto behind = [&]() -> int {
+    for (int r = 0; r < size_; ++r) {
+      if (counter(r, phase).load(std::memory_order_acquire) < round) return r;
+    }
+    return -1;
+  };
+  wait_until(scope_, [&] { return behind() < 0; }, behind, deadline, what);
+}
+
+void ShmBackend::await_rank(int r, Phase phase, uint64_t round, Deadline deadline,
+                            const char* what) {
+  auto& c = counter(r, phase);
+  wait_until(
+      scope_, [&] { return c.load(std::memory_order_acquire) >= round; }, [r] { return r; },
+      deadline, what);
+}
+
+void ShmBackend::reduce_staged(uint64_t round, size_t offset, size_t count, DType dtype,
+                               ReduceOp op, void* out) {
+  if (count == 0) return;
+  const void* inputs[64];
+  std::vector<const void*> many;
+  const void** list = inputs;
+  if (size_ > 64) {
+    many.resize(size_);
+    list = many.data();
+  }
+  for (int r = 0; r < size_; ++r) list[r] = staging(r, round) + offset;
+  kernels::cpu::reduce_inputs(reduce_type_of(dtype), reduce_kind_of(op), out, list,
+                              static_cast<size_t>(size_), count, scale_of(op, size_));
+}
+
+void ShmBackend::allreduce(Tensor& tensor, ReduceOp op, Deadline deadline) {
+  reduce_rounds(tensor, op, /*root=*/-1, deadline);
+}
+
+void ShmBackend::reduce(Tensor& tensor, int root, ReduceOp op, Deadline deadline) {
+  reduce_rounds(tensor, op, root, deadline);
+}
+
+// Reduction of `tensor` across ranks into every rank (root < 0) or into `root` only.
+void ShmBackend::reduce_rounds(Tensor& tensor, ReduceOp op, int root, Deadline deadline) {
+  const size_t element = dtype_size(tensor.dtype());
+  const size_t n = static_cast<size_t>(tensor.numel());
+  char* data = static_cast<char*>(tensor.raw_data());
+  const bool wanted = root < 0 || root == rank_;
+  if (n * element <= one_shot_bytes_) {
+    // One-shot: everyone posts everything; each rank that wants the result reduces it all.
+    uint64_t round = begin_round(deadline);
+    std::memcpy(staging(rank_, round), data, n * element);
+    publish(Phase::Arrived, round);
+    await_all(Phase::Arrived, round, deadline, "post its data");
+    if (wanted) reduce_staged(round, 0, n, tensor.dtype(), op, data);
+    publish(Phase::Consumed, round);
+    return;
+  }
+  // Reduce-scatter + all-gather, one staging buffer per round: rank r reduces slice r.
+  const size_t slice = layout_.slice_bytes / element;  // elements per rank per round
+  const size_t chunk = slice * static_cast<size_t>(size_);
+  for (size_t start = 0; start < n; start += chunk) {
+    const size_t length = std::min(chunk, n - start);
+    auto slice_range = [&](int r) {
+      size_t begin = std::min(length, slice * static_cast<size_t>(r));
+      return std::pair<size_t, size_t>{begin, std::min(length, begin + slice) - begin};
+    };
+    uint64_t round = begin_round(deadline);
+    std::memcpy(staging(rank_, round), data + start * element, length * element);
+    publish(Phase::Arrived, round);
+    await_all(Phase::Arrived, round, deadline, "post its data");
+    auto [mine, mine_count] = slice_range(rank_);
+    reduce_staged(round, mine * element, mine_count, tensor.dtype(), op, result(rank_, round));
+    publish(Phase::Reduced, round);
+    if (wanted) {
+      await_all(Phase::Reduced, round, deadline, "reduce its slice");
+      for (int r = 0; r < size_; ++r) {
+        auto [begin, count] = slice_range(r);
+        std::memcpy(data + (start + begin) * element, result(r, round), count * element);
+      }
+    }
+    publish(Phase::Consumed, round);
+  }
+}
+
+void ShmBackend::broadcast(Tensor& tensor, int root, Deadline deadline) {
+  const size_t bytes = tensor.nbytes();
+  char* data = static_cast<char*>(tensor.raw_data());
+  for (size_t start = 0; start < bytes || (bytes == 0 && start == 0); start += layout_.stage_bytes) {
+    const size_t length = std::min(layout_.stage_bytes, bytes - start);
+    uint64_t round = begin_round(deadline);
+    if (rank_ == root) std::memcpy(staging(rank_, round), data + start, length);
+    publish(Phase::Arrived, round);
+    if (rank_ != root) {
+      await_rank(root, Phase::Arrived, round, deadline, "post its data");
+      std::memcpy(data + start, staging(root, round), length);
+    }
+    publish(Phase::Consumed, round);
+    if (bytes == 0) break;
+  }
+}
+
+void ShmBackend::all_gather(Tensor& output, const Tensor& input, Deadline deadline) {
+  const size_t bytes = input.nbytes();
+  const char* in = static_cast<const char*>(input.raw_data());
+  char* out = static_cast<char*>(output.raw_data());
+  for (size_t start = 0; start < bytes || (bytes == 0 && start == 0); start += layout_.stage_bytes) {
+    const size_t length = std::min(layout_.stage_bytes, bytes - start);
+    uint64_t round = begin_round(deadline);
+    std::memcpy(staging(rank_, round), in + start, length);
+    publish(Phase::Arrived, round);
+    await_all(Phase::Arrived, round, deadline, "post its data");
+    for (int r = 0; r < size_; ++r) {
+      std::memcpy(out + static_cast<size_t>(r) * bytes + start, staging(r, round), length);
+    }
+    publish(Phase::Consumed, round);
+    if (bytes == 0) break;
+  }
+}
+
+void ShmBackend::reduce_scatter(Tensor& output, const Tensor& input, ReduceOp op,
+                                Deadline deadline) {
+  const size_t element = dtype_size(input.dtype());
+  const size_t n = static_cast<size_t>(output.numel());  // elements per rank
+  const size_t piece = layout_.slice_bytes / element;    // elements per rank per round
+  const char* in = static_cast<const char*>(input.raw_data());
+  char* out = static_cast<char*>(output.raw_data());
+  for (size_t start = 0; start < n || (n == 0 && start == 0); start += piece) {
+    const size_t length = std::min(piece, n - start);
+    uint64_t round = begin_round(deadline);
+    for (int r = 0; r < size_; ++r) {
+      std::memcpy(staging(rank_, round) + static_cast<size_t>(r) * piece * element,
+                  in + (static_cast<size_t>(r) * n + start) * element, length * element);
+    }
+    publish(Phase::Arrived, round);
+    await_all(Phase::Arrived, round, deadline, "post its data");
+    reduce_staged(round, static_cast<size_t>(rank_) * piece * element, length, input.dtype(), op,
+                  out + start * element);
+    publish(Phase::Consumed, round);
+    if (n == 0) break;
+  }
+}
+
+void ShmBackend::all_to_all(Tensor& output, const Tensor& input, Deadline deadline) {
+  const size_t element = dtype_size(input.dtype());
+  const size_t n = static_cast<size_t>(input.numel()) / static_cast<size_t>(size_);
+  const size_t piece = layout_.slice_bytes / element;
+  const char* in = static_cast<const char*>(input.raw_data());
+  char* out = static_cast<char*>(output.raw_data());
+  for (size_t start = 0; start < n || (n == 0 && start == 0); start += piece) {
+    const size_t length = std::min(piece, n - start);
+    uint64_t round = begin_round(deadline);
+    for (int r = 0; r < size_; ++r) {
+      std::memcpy(staging(rank_, round) + static_cast<size_t>(r) * piece * element,
+                  in + (static_cast<size_t>(r) * n + start) * element, length * element);
+    }
+    publish(Phase::Arrived, round);
+    await_all(Phase::Arrived, round, deadline, "post its data");
+    for (int r = 0; r < size_; ++r) {
+      std::memcpy(out + (static_cast<size_t>(r) * n + start) * element,
+                  staging(r, round) + static_cast<size_t>(rank_) * piece * element,
+                  length * element);
+    }
+    publish(Phase::Consumed, round);
+    if (n == 0) break;
+  }
+}
+
+void ShmBackend::barrier(Deadline deadline) {
+  uint64_t round = begin_round(deadline);
+  publish(Phase::Arrived, round);
+  await_all(Phase::Arrived, round, deadline, "reach the barrier");
+  publish(Phase::Consumed, round);
+}
+
+}  // namespace loom::comm::shm

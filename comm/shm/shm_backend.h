@@ -1,0 +1,87 @@
+#pragma once
+// The shared-memory backend: the ranks of one host exchange data through one POSIX shared
+// memory segment (comm/shm/segment.h, layout.h). Collectives run in rounds of at most one
+// staging buffer per rank (Note [Rounds] in shm_backend.cpp); small reductions use one round
+// in which every rank reduces everything (one-shot), large ones a reduce-scatter + all-gather
+// per round, in pipelined cache-sized chunks. Every reduction combines the ranks' data in
+// rank order 0, 1, ..., size-1 with f32 accumulation for bf16/f16, so results are bitwise
+// identical on every rank, from run to run and whichever algorithm the size selects.
+// Point-to-point byte streams between every pair of ranks (Transport) carry send/recv and
+// the generic algorithms of comm/algorithms/.
+//
+// Tunables, read once: LOOM_SHM_SLICE_BYTES (per-rank share of a round, default 256 KiB),
+// LOOM_SHM_ONE_SHOT_BYTES (largest one-shot allreduce, default 32 KiB),
+// LOOM_SHM_CHANNEL_BYTES (ring of each point-to-point channel, default 256 KiB).
+
+#include <cstdint>
+
+#include "comm/algorithms/transport.h"
+#include "comm/backend.h"
+#include "comm/shm/layout.h"
+#include "comm/shm/peer_wait.h"
+#include "comm/shm/segment.h"
+
+namespace loom::comm::shm {
+
+class ShmBackend final : public Backend, public Transport {
+ public:
+  // Collective: rank 0 creates the segment and publishes its name through the store; every
+  // rank attaches; rank 0 unlinks the name once all have (or the timeout passes).
+  explicit ShmBackend(const BackendContext& context);
+
+  std::string name() const override { return "shm"; }
+  int rank() const override { return rank_; }
+  int size() const override { return size_; }
+
+  void allreduce(Tensor& tensor, ReduceOp op, Deadline deadline) override;
+  void broadcast(Tensor& tensor, int root, Deadline deadline) override;
+  void reduce(Tensor& tensor, int root, ReduceOp op, Deadline deadline) override;
+  void all_gather(Tensor& output, const Tensor& input, Deadline deadline) override;
+  void reduce_scatter(Tensor& output, const Tensor& input, ReduceOp op,
+                      Deadline deadline) override;
+  void all_to_all(Tensor& output, const Tensor& input, Deadline deadline) override;
+  void send(const Tensor& tensor, int dst, int tag, Deadline deadline) override;
+  void recv(Tensor& tensor, int src, int tag, Deadline deadline) override;
+  void barrier(Deadline deadline) override;
+
+  // Transport: raw byte streams between ranks.
+  void send(const void* data, size_t bytes, int dst, Deadline deadline) override;
+  void recv(void* data, size_t bytes, int src, Deadline deadline) override;
+  void send_recv(const void* send_data, size_t send_bytes, int dst, void* recv_data,
+                 size_t recv_bytes, int src, Deadline deadline) override;
+
+ private:
+  enum class Phase { Arrived, Reduced, Consumed };
+
+  RankControl& control(int r) const;
+  ChannelControl& channel(int src, int dst) const;
+  char* ring(int src, int dst) const;
+  char* staging(int r, uint64_t round) const;
+  char* result(int r, uint64_t round) const;
+  std::atomic<uint64_t>& counter(int r, Phase phase) const;
+
+  // Starts the next round: waits until every rank finished reading the round that last
+  // used this round's buffers.
+  uint64_t begin_round(Deadline deadline);
+  void publish(Phase phase, uint64_t round);
+  void await_all(Phase phase, uint64_t round, Deadline deadline, const char* what);
+  void await_rank(int r, Phase phase, uint64_t round, Deadline deadline, const char* what);
+
+  // Reduces `count` elements at byte offset `offset` of every rank's staging buffer of
+  // `round`, in rank order, into `out`.
+  void reduce_staged(uint64_t round, size_t offset, size_t count, DType dtype, ReduceOp op,
+                     void* out);
+  void reduce_rounds(Tensor& tensor, ReduceOp op, int root, Deadline deadline);
+
+  size_t push(int dst, const char* data, size_t bytes);
+  size_t pull(int src, char* data, size_t bytes);
+
+  int rank_, size_;
+  Layout layout_;
+  Segment segment_;
+  WaitScope scope_;
+  uint64_t round_ = 0;
+  size_t one_shot_bytes_;
+};
+
+}  // namespace loom::comm::shm

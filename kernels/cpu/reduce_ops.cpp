@@ -1,0 +1,401 @@
+#include "kernels/cpu/reduce_ops.h"
+
+// GCC 12 reports a false -Wmaybe-uninitialized inside its own AVX-512 header when its
+// intrinsics are inlined (the self-initialised placeholder of _mm512_undefined_ps); the state
+// that counts is the one at the header's lines, so the pragma wraps the include.
+#pragma GCC diagnostic push
+#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
+#include <immintrin.h>
+#pragma GCC diagnostic pop
+
+#include <atomic>
+#include <bit>
+#include <cstring>
+#include <stdexcept>
+#include <string>
+#include <type_traits>
+
+#include "kernels/cpu/reduce_ops_impl.h"
+
+// Note [Reduction semantics]
+// Every instruction set computes the same thing, bit for bit:
+// - Elementwise, left to right: acc = in0; acc = acc op in1; ...; then, with scale != 1,
+//   acc = acc * scale (in the accumulator type); then one rounding to the element type.
+//   bf16 and f16 accumulate in f32 (bf16 rounds to nearest even; f16 through the hardware or
+//   _Float16 conversion, also nearest even, with overflow to inf and subnormal results kept).
+// - Min and max propagate NaN: if either operand is NaN the result is NaN; otherwise
+//   min(a, b) = a < b ? a : b and max(a, b) = a > b ? a : b (the x86 MINPS/MAXPS rule), so
+//   min(-0, +0) is +0 and min(+0, -0) is -0: the later input wins a tie of zeros.
+// - Every NaN result is the canonical quiet NaN (f32 0x7FC00000, f64 0x7FF8000000000000,
+//   bf16 0x7FC0, f16 0x7E00): which operand's payload an x86 add returns depends on the
+//   compiler's operand order, so payloads cannot be kept deterministic across variants.
+// - Integers wrap around (two's complement); min and max are the plain ones.
+
+namespace loom::kernels::cpu {
+namespace {
+
+// Element types as they sit in memory; the wrappers only select overloads.
+struct Bf16 {
+  uint16_t bits;
+};
+struct Half {
+  uint16_t bits;
+};
+
+constexpr uint32_t kNanF32 = 0x7FC00000u;
+constexpr uint64_t kNanF64 = 0x7FF8000000000000ull;
+constexpr uint16_t kNanBf16 = 0x7FC0;
+constexpr uint16_t kNanF16 = 0x7E00;
+
+inline float bf16_to_f32(uint16_t bits) {
+  return std::bit_cast<float>(static_cast<uint32_t>(bits) << 16);
+}
+
+// Round to nearest, ties to even: add 0x7FFF plus the lowest kept bit, then truncate.
+inline uint16_t f32_to_bf16(float x) {
+  if (x != x) return kNanBf16;
+  uint32_t bits = std::bit_cast<uint32_t>(x);
+  return static_cast<uint16_t>((bits + 0x7FFFu + ((bits >> 16) & 1u)) >> 16);
+}
+
+inline float f16_to_f32(uint16_t bits) {
+  return static_cast<float>(std::bit_cast<_Float16>(bits));
+}
+
+inline uint16_t f32_to_f16(float x) {
+  if (x != x) return kNanF16;
+  return std::bit_cast<uint16_t>(static_cast<_Float16>(x));
+}
+
+template <typename T>
+inline T min_nan(T a, T b) {
+  return a != a ? a : (a < b ? a : b);
+}
+template <typename T>
+inline T max_nan(T a, T b) {
+  return a != a ? a : (a > b ? a : b);
+}
+
+// One-lane traits of the f32 family: the scalar variant, and the tails of the vector ones.
+struct ScalarF32 {
+  using F = float;
+  using Acc = float;
+  using Scalar = ScalarF32;
+  static constexpr size_t kWidth = 1;
+  static constexpr bool kFloating = true;
+
+  static float set1(float x) { return x; }
+  static float load_acc(const float* p) { return *p; }
+  static void store_acc(float* p, float x) { *p = x; }
+  static float load(const float* p) { return *p; }
+  static float load(const Bf16* p) { return bf16_to_f32(p->bits); }
+  static float load(const Half* p) { return f16_to_f32(p->bits); }
+  static void store(float* p, float x) { *p = x != x ? std::bit_cast<float>(kNanF32) : x; }
+  static void store(Bf16* p, float x) { p->bits = f32_to_bf16(x); }
+  static void store(Half* p, float x) { p->bits = f32_to_f16(x); }
+  static float add(float a, float b) { return a + b; }
+  static float mul(float a, float b) { return a * b; }
+  static float min(float a, float b) { return min_nan(a, b); }
+  static float max(float a, float b) { return max_nan(a, b); }
+};
+
+// The type integer sums and products are computed in (unsigned, so that they wrap).
+template <typename T, bool = std::is_integral_v<T>>
+struct Wrapping {
+  using type = T;
+};
+template <typename T>
+struct Wrapping<T, true> {
+  using type = std::make_unsigned_t<T>;
+};
+
+// One-lane traits of f64 and the integers, which have a single (scalar) variant. Sums and
+// products of integers go through the unsigned type so that they wrap instead of overflowing.
+template <typename T>
+struct ScalarPlain {
+  using F = T;
+  using Acc = T;
+  using Scalar = ScalarPlain;
+  using Wide = typename Wrapping<T>::type;
+  static constexpr size_t kWidth = 1;
+  static constexpr bool kFloating = std::is_floating_point_v<T>;
+
+  static T set1(T x) { return x; }
+  static T load_acc(const T* p) { return *p; }
+  static void store_acc(T* p, T x) { *p = x; }
+  static T load(const T* p) { return *p; }
+  static void store(T* p, T x) {
+    if constexpr (kFloating) {
+      *p = x != x ? std::bit_cast<T>(kNanF64) : x;
+    } else {
+      *p = x;
+    }
+  }
+  static T add(T a, T b) { return static_cast<T>(static_cast<Wide>(a) + static_cast<Wide>(b)); }
+  static T mul(T a, T b) {
+    // uint8_t promotes to int; its product (at most 255 * 255) cannot overflow.
+    return static_cast<T>(static_cast<Wide>(a) * static_cast<Wide>(b));
+  }
+  static T min(T a, T b) { return min_nan(a, b); }
+  static T max(T a, T b) { return max_nan(a, b); }
+};
+
+// Note [One kernel, three instruction sets]
+// The loops live once, in reduce_ops_simd_impl.h, templated on a traits type; this file
+// includes them three times, in namespaces scalar_isa, avx2_isa and avx512_isa, the last two
+// inside `#pragma GCC target` regions so that the templates instantiated there are compiled
+// for that instruction set whatever -march the build uses (GCC gives functions declared in
+// such a region, template instantiations included, the region's target). The variant is
+// picked at run time from __builtin_cpu_supports, so a build without -march=native still
+// runs AVX-512 where the machine has it. f64 and the integers have only the scalar variant
+// (compiled for the build's -march, which GCC auto-vectorises).
+
+namespace scalar_isa {
+using Vec = ScalarF32;
+#include "kernels/cpu/reduce_ops_simd_impl.h"
+}  // namespace scalar_isa
+
+#pragma GCC push_options
+#pragma GCC target("avx2,fma,f16c")
+namespace avx2_isa {
+
+struct Vec {
+  using F = __m256;
+  using Acc = float;
+  using Scalar = ScalarF32;
+  static constexpr size_t kWidth = 8;
+  static constexpr bool kFloating = true;
+
+  static F set1(float x) { return _mm256_set1_ps(x); }
+  static F load_acc(const float* p) { return _mm256_loadu_ps(p); }
+  static void store_acc(float* p, F x) { _mm256_storeu_ps(p, x); }
+  static F is_nan(F x) { return _mm256_cmp_ps(x, x, _CMP_UNORD_Q); }
+  static F canonical(F x) {
+    return _mm256_blendv_ps(x, _mm256_castsi256_ps(_mm256_set1_epi32(kNanF32)), is_nan(x));
+  }
+
+  static F load(const float* p) { return _mm256_loadu_ps(p); }
+  static F load(const Bf16* p) {
+    __m128i h = _mm_loadu_si128(reinterpret_cast<const __m128i*>(p));
+    return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(h), 16));
+  }
+  static F load(const Half* p) {
+    return _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
+  }
+
+  static void store(float* p, F x) { _mm256_storeu_ps(p, canonical(x)); }
+  static void store(Bf16* p, F x) {
+    __m256i bits = _mm256_castps_si256(x);
+    __m256i lsb = _mm256_and_si256(_mm256_srli_epi32(bits, 16), _mm256_set1_epi32(1));
+    __m256i r = _mm256_add_epi32(bits, _mm256_add_epi32(lsb, _mm256_set1_epi32(0x7FFF)));
+    r = _mm256_srli_epi32(r, 16);
+    r = _mm256_blendv_epi8(r, _mm256_set1_epi32(kNanBf16), _mm256_castps_si256(is_nan(x)));
+    // Every lane is below 0x10000, so the unsigned saturating pack only narrows.
+    __m128i packed = _mm_packus_epi32(_mm256_castsi256_si128(r), _mm256_extracti128_si256(r, 1));
+    _mm_storeu_si128(reinterpret_cast<__m128i*>(p), packed);
+  }
+  static void store(Half* p, F x) {
+    _mm_storeu_si128(reinterpret_cast<__m128i*>(p),
+                     _mm256_cvtps_ph(canonical(x), _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC));
+  }
+
+  static F add(F a, F b) { return _mm256_add_ps(a, b); }
+  static F mul(F a, F b) { return _mm256_mul_ps(a, b); }
+  // MINPS returns its second operand when either is NaN; the blend makes a NaN `a` win too.
+  static F min(F a, F b) { return _mm256_blendv_ps(_mm256_min_ps(a, b), a, is_nan(a)); }
+  static F max(F a, F b) { return _mm256_blendv_ps(_mm256_max_ps(a, b), a, is_nan(a)); }
+};
+
+#include "kernels/cpu/reduce_ops_simd_impl.h"
+}  // namespace avx2_isa
+#pragma GCC pop_options
+
+#pragma GCC push_options
+#pragma GCC target("avx512f,avx512bw,avx512vl,avx2,fma,f16c")
+namespace avx512_isa {
+
+struct Vec {
+  using F = __m512;
+  using Acc = float;
+  using Scalar = ScalarF32;
+  static constexpr size_t kWidth = 16;
+  static constexpr bool kFloating = true;
+
+  static F set1(float x) { return _mm512_set1_ps(x); }
+  static F load_acc(const float* p) { return _mm512_loadu_ps(p); }
+  static void store_acc(float* p, F x) { _mm512_storeu_ps(p, x); }
+  static __mmask16 is_nan(F x) { return _mm512_cmp_ps_mask(x, x, _CMP_UNORD_Q); }
+  static F canonical(F x) {
+    return _mm512_mask_mov_ps(x, is_nan(x), _mm512_castsi512_ps(_mm512_set1_epi32(kNanF32)));
+  }
+
+  static F load(const float* p) { return _mm512_loadu_ps(p); }
+  static F load(const Bf16* p) {
+    __m256i h = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p));
+    return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16));
+  }
+  static F load(const Half* p) {
+    return _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)));
+  }
+
+  static void store(float* p, F x) { _mm512_storeu_ps(p, canonical(x)); }
+  // Integer rounding rather than VCVTNEPS2BF16 (AVX512_BF16), which flushes subnormals.
+  static void store(Bf16* p, F x) {
+    __m512i bits = _mm512_castps_si512(x);
+    __m512i lsb = _mm512_and_si512(_mm512_srli_epi32(bits, 16), _mm512_set1_epi32(1));
+    __m512i r = _mm512_add_epi32(bits, _mm512_add_epi32(lsb, _mm512_set1_epi32(0x7FFF)));
+    r = _mm512_srli_epi32(r, 16);
+    r = _mm512_mask_mov_epi32(r, is_nan(x), _mm512_set1_epi32(kNanBf16));
+    _mm256_storeu_si256(reinterpret_cast<__m256i*>(p), _mm512_cvtepi32_epi16(r));
+  }
+  static void store(Half* p, F x) {
+    _mm256_storeu_si256(
+        reinterpret_cast<__m256i*>(p),
+        _mm512_cvtps_ph(canonical(x), _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC));
+  }
+
+  static F add(F a, F b) { return _mm512_add_ps(a, b); }
+  static F mul(F a, F b) { return _mm512_mul_ps(a, b); }
+  // VMINPS in the lanes where `a` is a number (it returns b when b is NaN); a NaN `a` stays.
+  static F min(F a, F b) { return _mm512_mask_min_ps(a, ~is_nan(a), a, b); }
+  static F max(F a, F b) { return _mm512_mask_max_ps(a, ~is_nan(a), a, b); }
+};
+
+#include "kernels/cpu/reduce_ops_simd_impl.h"
+}  // namespace avx512_isa
+#pragma GCC pop_options
+
+enum class Isa { Scalar, Avx2, Avx512 };
+constexpr const char* kIsaNames[] = {"scalar", "avx2", "avx512"};
+
+using F32FamilyKernel = void (*)(ReduceType, ReduceKind, void*, const void* const*, size_t, size_t,
+                                 float, bool);
+constexpr F32FamilyKernel kF32FamilyKernels[] = {
+    scalar_isa::reduce_f32_family, avx2_isa::reduce_f32_family, avx512_isa::reduce_f32_family};
+
+bool isa_supported(Isa isa) {
+  __builtin_cpu_init();
+  switch (isa) {
+    case Isa::Scalar: return true;
+    case Isa::Avx2:
+      return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") &&
+             __builtin_cpu_supports("f16c");
+    case Isa::Avx512:
+      return isa_supported(Isa::Avx2) && __builtin_cpu_supports("avx512f") &&
+             __builtin_cpu_supports("avx512bw") && __builtin_cpu_supports("avx512vl");
+  }
+  return false;
+}
+
+Isa detect_isa() {
+  if (isa_supported(Isa::Avx512)) return Isa::Avx512;
+  if (isa_supported(Isa::Avx2)) return Isa::Avx2;
+  return Isa::Scalar;
+}
+
+std::atomic<Isa>& selected_isa() {
+  static std::atomic<Isa> isa{detect_isa()};
+  return isa;
+}
+
+Isa parse_isa(const char* name) {
+  for (int i = 0; i < 3; ++i) {
+    if (std::strcmp(name, kIsaNames[i]) == 0) return static_cast<Isa>(i);
+  }
+  throw std::invalid_argument(std::string("[kernels/reduce_ops] unknown instruction set '") + name +
+                              "'; expected avx512, avx2 or scalar");
+}
+
+const char* type_name(ReduceType type) {
+  constexpr const char* kNames[] = {"f32", "f64", "bf16", "f16", "i32", "i64", "u8"};
+  return kNames[static_cast<int>(type)];
+}
+
+bool is_floating(ReduceType type) {
+  return type == ReduceType::F32 || type == ReduceType::F64 || type == ReduceType::BF16 ||
+         type == ReduceType::F16;
+}
+
+}  // namespace
+
+size_t reduce_type_size(ReduceType type) {
+  switch (type) {
+    case ReduceType::F32: return 4;
+    case ReduceType::F64: return 8;
+    case ReduceType::BF16: return 2;
+    case ReduceType::F16: return 2;
+    case ReduceType::I32: return 4;
+    case ReduceType::I64: return 8;
+    case ReduceType::U8: return 1;
+  }
+  return 0;
+}
+
+void reduce_inputs(ReduceType type, ReduceKind kind, void* out, const void* const* inputs,
+                   size_t count, size_t n, double scale) {
+  bool scaled = scale != 1.0;
+  if (scaled && !is_floating(type)) {
+    throw std::invalid_argument(std::string("[kernels/reduce_ops] reduce_inputs: scale ") +
+                                std::to_string(scale) + " given for integer type " +
+                                type_name(type) + "; scaling applies to floating types only");
+  }
+  if (n == 0) return;
+  if (count == 0) {
+    throw std::invalid_argument(
+        "[kernels/reduce_ops] reduce_inputs: count is 0; expected 1 or more inputs");
+  }
+  switch (type) {
+    case ReduceType::F32:
+    case ReduceType::BF16:
+    case ReduceType::F16:
+      return kF32FamilyKernels[static_cast<int>(selected_isa().load(std::memory_order_relaxed))](
+          type, kind, out, inputs, count, n, static_cast<float>(scale), scaled);
+    case ReduceType::F64:
+      return scalar_isa::reduce_typed<ScalarPlain<double>, double>(kind, out, inputs, count, n,
+                                                                   scale, scaled);
+    case ReduceType::I32:
+      return scalar_isa::reduce_typed<ScalarPlain<int32_t>, int32_t>(kind, out, inputs, count, n, 1,
+                                                                     false);
+    case ReduceType::I64:
+      return scalar_isa::reduce_typed<ScalarPlain<int64_t>, int64_t>(kind, out, inputs, count, n, 1,
+                                                                     false);
+    case ReduceType::U8:
+      return scalar_isa::reduce_typed<ScalarPlain<uint8_t>, uint8_t>(kind, out, inputs, count, n, 1,
+                                                                     false);
+  }
+}
+
+void reduce_into(ReduceType type, ReduceKind kind, void* dst, const void* src, size_t n) {
+  const void* inputs[2] = {dst, src};
+  reduce_inputs(type, kind, dst, inputs, 2, n);
+}
+
+void scale_inplace(ReduceType type, void* dst, size_t n, double scale) {
+  if (!is_floating(type)) {
+    throw std::invalid_argument(std::string("[kernels/reduce_ops] scale_inplace: type ") +
+                                type_name(type) +
+                                " is not floating; expected f32, f64, bf16 or f16");
+  }
+  if (scale == 1.0) return;
+  const void* inputs[1] = {dst};
+  reduce_inputs(type, ReduceKind::Sum, dst, inputs, 1, n, scale);
+}
+
+const char* reduce_isa() {
+  return kIsaNames[static_cast<int>(selected_isa().load(std::memory_order_relaxed))];
+}
+
+bool reduce_isa_available(const char* isa) {
+  return isa_supported(parse_isa(isa));
+}
+
+void set_reduce_isa_for_testing(const char* isa) {
+  Isa chosen = isa == nullptr ? detect_isa() : parse_isa(isa);
+  if (!isa_supported(chosen)) {
+    throw std::invalid_argument(std::string("[kernels/reduce_ops] instruction set ") + isa +
+                                " is not available on this machine");
+  }
+  selected_isa().store(chosen, std::memory_order_relaxed);
+}
+
+}  // namespace loom::kernels::cpu

@@ -1,0 +1,16 @@
+#pragma once
+// Internal to kernels/cpu/reduce_ops.cpp, its test and its benchmark: choosing the instruction
+// set by hand. Not for use from other modules.
+
+namespace loom::kernels::cpu {
+
+// Whether `isa` ("avx512", "avx2" or "scalar") can run on this machine.
+bool reduce_isa_available(const char* isa);
+
+// Makes every later reduction use `isa` ("avx512", "avx2" or "scalar"); nullptr restores the
+// one detected at start-up. Throws std::invalid_argument for an unknown name or an instruction
+// set this machine lacks. Not synchronised with reductions running on other threads: call it
+// between them.
+void set_reduce_isa_for_testing(const char* isa);
+
+}  // namespace loom::kernels::cpu

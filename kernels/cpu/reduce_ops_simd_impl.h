@@ -1,0 +1,163 @@
+// The blocked reduction loops of reduce_ops.cpp, written once over a vector-traits type and
+// compiled once per instruction set. Deliberately no include guard: reduce_ops.cpp includes
+// this file three times, each time inside its own namespace and `#pragma GCC target` region
+// (see Note [One kernel, three instruction sets] there). Include it from nowhere else.
+//
+// A traits type V provides: `F` (a vector of accumulators, or one accumulator), `Acc` (the
+// accumulator's scalar type), `kWidth` (lanes of F), `Scalar` (the one-lane traits with the
+// same arithmetic, for loop tails), `set1`, `load_acc`/`store_acc` (raw accumulator buffer),
+// `load(const E*)` (widen an element to Acc), `store(E*, F)` (canonicalise NaN, round to E),
+// and `add`, `mul`, `min`, `max` (see Note [Reduction semantics] in reduce_ops.cpp).
+
+template <class V, ReduceKind K>
+[[gnu::always_inline]] inline typename V::F combine(typename V::F a, typename V::F b) {
+  if constexpr (K == ReduceKind::Sum) {
+    return V::add(a, b);
+  } else if constexpr (K == ReduceKind::Prod) {
+    return V::mul(a, b);
+  } else if constexpr (K == ReduceKind::Min) {
+    return V::min(a, b);
+  } else {
+    return V::max(a, b);
+  }
+}
+
+// Elements [i, i + U * kWidth) of one pass: x = (acc or p[0]) op p[..] op ... op p[A - 1], then
+// either back into acc, or scaled and rounded into out. Every load of the step comes before
+// its first store, so `out` may be one of the inputs.
+template <class T, class E, ReduceKind K, int A, bool FromAcc, bool ToOut, bool Scaled, int U>
+[[gnu::always_inline]] inline void step(typename T::Acc* acc, const E* const* p, E* out, size_t i,
+                                        typename T::F scale) {
+  using F = typename T::F;
+  constexpr size_t W = T::kWidth;
+  F x[U];
+#pragma GCC unroll 8
+  for (int u = 0; u < U; ++u) {
+    if constexpr (FromAcc) {
+      x[u] = T::load_acc(acc + i + u * W);
+    } else {
+      x[u] = T::load(p[0] + i + u * W);
+    }
+  }
+#pragma GCC unroll 4
+  for (int j = FromAcc ? 0 : 1; j < A; ++j) {
+#pragma GCC unroll 8
+    for (int u = 0; u < U; ++u)
+      x[u] = combine<T, K>(x[u], T::load(p[j] + i + u * W));
+  }
+#pragma GCC unroll 8
+  for (int u = 0; u < U; ++u) {
+    if constexpr (ToOut) {
+      if constexpr (Scaled) x[u] = T::mul(x[u], scale);
+      T::store(out + i + u * W, x[u]);
+    } else {
+      T::store_acc(acc + i + u * W, x[u]);
+    }
+  }
+}
+
+// One pass over m elements: four vectors per iteration, then one, then a scalar tail.
+template <class V, class E, ReduceKind K, int A, bool FromAcc, bool ToOut, bool Scaled>
+void pass(typename V::Acc* acc, const E* const* in, E* out, size_t m, typename V::Acc scale) {
+  constexpr size_t W = V::kWidth;
+  const E* p[A];
+  for (int j = 0; j < A; ++j)
+    p[j] = in[j];
+  size_t i = 0;
+  if constexpr (W > 1) {
+    typename V::F vscale = V::set1(scale);
+    for (; i + 4 * W <= m; i += 4 * W)
+      step<V, E, K, A, FromAcc, ToOut, Scaled, 4>(acc, p, out, i, vscale);
+    for (; i + W <= m; i += W)
+      step<V, E, K, A, FromAcc, ToOut, Scaled, 1>(acc, p, out, i, vscale);
+  }
+  for (; i < m; ++i)
+    step<typename V::Scalar, E, K, A, FromAcc, ToOut, Scaled, 1>(acc, p, out, i, scale);
+}
+
+// Final pass from the accumulator with the last 1 to 4 inputs, or the whole reduction of
+// 1 to 4 inputs in one pass (FromAcc = false, acc unused).
+template <class V, class E, ReduceKind K, bool FromAcc, bool Scaled>
+void last_pass(typename V::Acc* acc, const E* const* p, size_t inputs, E* out, size_t m,
+               typename V::Acc scale) {
+  switch (inputs) {
+    case 1: return pass<V, E, K, 1, FromAcc, true, Scaled>(acc, p, out, m, scale);
+    case 2: return pass<V, E, K, 2, FromAcc, true, Scaled>(acc, p, out, m, scale);
+    case 3: return pass<V, E, K, 3, FromAcc, true, Scaled>(acc, p, out, m, scale);
+    default: return pass<V, E, K, 4, FromAcc, true, Scaled>(acc, p, out, m, scale);
+  }
+}
+
+// Note [Blocked reduction]. Up to four inputs stream straight into `out` in one pass. More
+// inputs are reduced block by block: an L1-sized accumulator takes inputs 0-3, then 4-7, ...,
+// and the pass with the last inputs rounds into out. Each input and out cross memory once,
+// at most five streams are live at a time, and out is written only after every input of the
+// block was read, which is what makes aliasing an input safe.
+template <class V, class E, ReduceKind K, bool Scaled>
+void reduce_all(E* out, const void* const* inputs, size_t count, size_t n, typename V::Acc scale) {
+  constexpr size_t kBlock = 4096;
+  const E* p[4];
+  auto gather = [&](size_t first, size_t k, size_t offset) {
+    for (size_t j = 0; j < k; ++j)
+      p[j] = static_cast<const E*>(inputs[first + j]) + offset;
+  };
+  if (count <= 4) {
+    gather(0, count, 0);
+    return last_pass<V, E, K, false, Scaled>(nullptr, p, count, out, n, scale);
+  }
+  alignas(64) typename V::Acc acc[kBlock];
+  for (size_t b = 0; b < n; b += kBlock) {
+    size_t m = n - b < kBlock ? n - b : kBlock;
+    gather(0, 4, b);
+    pass<V, E, K, 4, false, false, false>(acc, p, nullptr, m, scale);
+    size_t k = 4;
+    for (; count - k > 4; k += 4) {
+      gather(k, 4, b);
+      pass<V, E, K, 4, true, false, false>(acc, p, nullptr, m, scale);
+    }
+    gather(k, count - k, b);
+    last_pass<V, E, K, true, Scaled>(acc, p, count - k, out + b, m, scale);
+  }
+}
+
+template <class V, class E>
+void reduce_typed(ReduceKind kind, void* out, const void* const* inputs, size_t count, size_t n,
+                  typename V::Acc scale, bool scaled) {
+  E* o = static_cast<E*>(out);
+  if constexpr (V::kFloating) {
+    if (scaled) {
+      switch (kind) {
+        case ReduceKind::Sum:
+          return reduce_all<V, E, ReduceKind::Sum, true>(o, inputs, count, n, scale);
+        case ReduceKind::Prod:
+          return reduce_all<V, E, ReduceKind::Prod, true>(o, inputs, count, n, scale);
+        case ReduceKind::Min:
+          return reduce_all<V, E, ReduceKind::Min, true>(o, inputs, count, n, scale);
+        case ReduceKind::Max:
+          return reduce_all<V, E, ReduceKind::Max, true>(o, inputs, count, n, scale);
+      }
+    }
+  }
+  switch (kind) {
+    case ReduceKind::Sum:
+      return reduce_all<V, E, ReduceKind::Sum, false>(o, inputs, count, n, scale);
+    case ReduceKind::Prod:
+      return reduce_all<V, E, ReduceKind::Prod, false>(o, inputs, count, n, scale);
+    case ReduceKind::Min:
+      return reduce_all<V, E, ReduceKind::Min, false>(o, inputs, count, n, scale);
+    case ReduceKind::Max:
+      return reduce_all<V, E, ReduceKind::Max, false>(o, inputs, count, n, scale);
+  }
+}
+
+// f32, bf16 and f16 (all accumulate in f32) with this instruction set's traits `Vec`.
+void reduce_f32_family(ReduceType type, ReduceKind kind, void* out, const void* const* inputs,
+                       size_t count, size_t n, float scale, bool scaled) {
+  switch (type) {
+    case ReduceType::F32:
+      return reduce_typed<Vec, float>(kind, out, inputs, count, n, scale, scaled);
+    case ReduceType::BF16:
+      return reduce_typed<Vec, Bf16>(kind, out, inputs, count, n, scale, scaled);
+    default: return reduce_typed<Vec, Half>(kind, out, inputs, count, n, scale, scaled);
+  }
+}

@@ -1,0 +1,123 @@
+// What happens when things go wrong: a rank dies mid-collective, a rank never arrives, ranks
+// disagree on the collective (debug mode), and misuse on the calling thread.
+
+#include <gtest/gtest.h>
+#include <signal.h>
+
+#include <algorithm>
+#include <chrono>
+#include <thread>
+
+#include "comm/process_group.h"
+#include "comm/store/in_process_store.h"
+#include "multiprocess.h"
+
+namespace loom::comm {
+namespace {
+
+using namespace std::chrono_literals;
+using testing::expect_all_ok;
+using testing::loom_shm_entries;
+using testing::run_ranks;
+
+// Expects `work` to fail with a CommError whose message contains every piece of `parts`.
+void expect_comm_error(const WorkPtr& work, const std::vector<std::string>& parts) {
+  try {
+    work->wait();
+    ADD_FAILURE() << "expected a CommError";
+  } catch (const CommError& e) {
+    for (const std::string& part : parts) {
+      EXPECT_NE(std::string(e.what()).find(part), std::string::npos)
+          << "'" << part << "' not in: " << e.what();
+    }
+  }
+}
+
+TEST(Failures, KilledRankIsNamedQuicklyAndShmIsClean) {
+  auto before = loom_shm_entries();
+  auto start = std::chrono::steady_clock::now();
+  auto results = run_ranks(3, [](int rank, int size, std::shared_ptr<Store> store) {
+    ProcessGroup pg(rank, size, store, {.backend = "shm", .timeout = 60s});
+    Tensor t = Tensor::ones({1 << 20});
+    pg.allreduce(t)->wait();  // everyone attached and working
+    if (rank == 2) raise(SIGKILL);
+    std::this_thread::sleep_for(rank == 0 ? 0ms : 20ms);
+    expect_comm_error(pg.allreduce(t), {"peer 2", "died", "allreduce #1", "4 MiB f32"});
+    // The group is broken now: later calls fail fast instead of hanging.
+    auto again = std::chrono::steady_clock::now();
+    expect_comm_error(pg.allreduce(t), {"broken"});
+    EXPECT_LT(std::chrono::steady_clock::now() - again, 1s);
+  });
+  EXPECT_LT(std::chrono::steady_clock::now() - start, 10s) << "dead peer detected too slowly";
+  EXPECT_EQ(results[0].exit_code, 0);
+  EXPECT_EQ(results[1].exit_code, 0);
+  EXPECT_EQ(results[2].signal, SIGKILL);
+  // Other tests running in parallel create (and at once unlink) segments of their own, so
+  // wait briefly for /dev/shm to hold nothing beyond what was there before.
+  auto leftovers = [&] {
+    std::vector<std::string> extra;
+    for (const std::string& name : loom_shm_entries()) {
+      if (std::find(before.begin(), before.end(), name) == before.end()) extra.push_back(name);
+    }
+    return extra;
+  };
+  for (int i = 0; i < 100 && !leftovers().empty(); ++i) std::this_thread::sleep_for(20ms);
+  EXPECT_TRUE(leftovers().empty()) << "a shared-memory segment was left in /dev/shm: "
+                                   << leftovers().front();
+}
+
+TEST(Failures, RankThatNeverArrivesTimesOut) {
+  expect_all_ok(run_ranks(2, [](int rank, int size, std::shared_ptr<Store> store) {
+    ProcessGroup pg(rank, size, store, {.backend = "shm", .timeout = 10s});
+    Tensor t = Tensor::ones({16});
+    if (rank == 1) {
+      std::this_thread::sleep_for(1500ms);  // alive, but late for the collective
+      return;
+    }
+    auto start = std::chrono::steady_clock::now();
+    expect_comm_error(pg.allreduce(t, {.timeout = 300ms}),
+                      {"peer 1", "did not", "allreduce #0", "timeout 300 ms"});
+    EXPECT_LT(std::chrono::steady_clock::now() - start, 1200ms);
+  }));
+}
+
+TEST(Failures, MismatchedCollectivesAreReportedInDebugMode) {
+  expect_all_ok(run_ranks(2, [](int rank, int size, std::shared_ptr<Store> store) {
+    ProcessGroup pg(rank, size, store,
+                    {.backend = "shm", .timeout = 10s, .debug_checks = true});
+    Tensor t = Tensor::ones({rank == 0 ? 1024 : 512});
+    WorkPtr work = rank == 0 ? pg.allreduce(t) : pg.broadcast(t);
+    expect_comm_error(work, {"collective mismatch at operation #0", "allreduce 1024 f32 sum",
+                             "broadcast 512 f32 root 0"});
+  }));
+}
+
+TEST(Failures, MisuseIsRejectedOnTheCallingThread) {
+  auto store = std::make_shared<InProcessStore>();
+  ProcessGroup pg(0, 1, store, {.backend = "shm"});
+  Tensor ints = Tensor::zeros({4}, DType::I32);
+  EXPECT_THROW(pg.allreduce(ints, {.op = ReduceOp::Avg}), Error);
+  Tensor t = Tensor::zeros({4, 3});
+  Tensor strided = t.transpose(0, 1);
+  EXPECT_THROW(pg.allreduce(strided), Error);
+  Tensor small = Tensor::zeros({3});
+  EXPECT_THROW(pg.all_gather(small, t), Error);
+  EXPECT_THROW(pg.broadcast(t, {.root = 1}), Error);
+  EXPECT_THROW(pg.send(t, 0), Error);
+  EXPECT_THROW(ProcessGroup(0, 1, store, {.backend = "nope"}), Error);
+}
+
+TEST(Failures, WorkWaitHasATimeout) {
+  Work work("allreduce #3, 4 KiB f32");
+  auto start = std::chrono::steady_clock::now();
+  try {
+    work.wait(50ms);
+    FAIL();
+  } catch (const CommError& e) {
+    EXPECT_NE(std::string(e.what()).find("allreduce #3"), std::string::npos);
+  }
+  EXPECT_LT(std::chrono::steady_clock::now() - start, 1s);
+}
+
+}  // namespace
+}  // namespace loom::comm

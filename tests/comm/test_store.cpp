@@ -1,0 +1,784 @@
+// The rendezvous stores: one conformance suite over every implementation (InProcessStore,
+// FileStore, TCPStore), then what is specific to each: FileStore shared by forked processes
+// and surviving a dead writer's partial record; TCPStore authentication, hostile clients,
+// binding, connect timeouts and clients in forked processes.
+
+#include <arpa/inet.h>
+#include <fcntl.h>
+#include <gtest/gtest.h>
+#include <ifaddrs.h>
+#include <netinet/in.h>
+#include <poll.h>
+#include <sys/socket.h>
+#include <sys/stat.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <atomic>
+#include <chrono>
+#include <cstdio>
+#include <cstdlib>
+#include <filesystem>
+#include <functional>
+#include <memory>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "comm/store/file_store.h"
+#include "comm/store/in_process_store.h"
+#include "comm/store/store.h"
+#include "comm/store/tcp_store.h"
+#include "tensor/error.h"
+
+namespace loom::comm {
+namespace {
+
+using namespace std::chrono_literals;
+
+constexpr Duration kShortTimeout = 100ms;
+// Slack for a timeout to fire on a loaded two-core machine.
+constexpr auto kTimeoutSlack = 1500ms;
+constexpr const char* kSecret = "correct horse battery staple";
+
+std::string unique_path(const std::string& stem) {
+  static std::atomic<int> counter{0};
+  return (std::filesystem::temp_directory_path() /
+          (stem + "_" + std::to_string(::getpid()) + "_" + std::to_string(counter++)))
+      .string();
+}
+
+// Runs `body` in a forked child; the child exits with body's return value (3 on an
+// exception, after printing it).
+pid_t spawn(const std::function<int()>& body) {
+  std::fflush(stdout);
+  std::fflush(stderr);
+  const pid_t pid = ::fork();
+  if (pid == 0) {
+    int code = 3;
+    try {
+      code = body();
+    } catch (const std::exception& e) {
+      std::fprintf(stderr, "child %d: %s\n", int(::getpid()), e.what());
+    }
+    std::fflush(stderr);
+    _exit(code);
+  }
+  return pid;
+}
+
+// Exit code of the child, or -signal when it was killed.
+int join(pid_t pid) {
+  int status = 0;
+  while (::waitpid(pid, &status, 0) < 0) {
+  }
+  if (WIFEXITED(status)) return WEXITSTATUS(status);
+  return -WTERMSIG(status);
+}
+
+template <typename F>
+Duration time_of(F&& f) {
+  const auto start = Clock::now();
+  f();
+  return std::chrono::duration_cast<Duration>(Clock::now() - start);
+}
+
+// Expects `f` to throw CommError within about `timeout`, with a message containing each of
+// `parts`.
+template <typename F>
+void expect_timeout(F&& f, Duration timeout, const std::vector<std::string>& parts) {
+  const auto start = Clock::now();
+  try {
+    f();
+    ADD_FAILURE() << "expected a CommError";
+  } catch (const CommError& e) {
+    const auto elapsed = Clock::now() - start;
+    EXPECT_GE(elapsed, timeout - 5ms) << e.what();
+    EXPECT_LE(elapsed, timeout + kTimeoutSlack) << e.what();
+    for (const auto& part : parts)
+      EXPECT_NE(std::string(e.what()).find(part), std::string::npos)
+          << "'" << part << "' not in: " << e.what();
+  }
+}
+
+// ---------------------------------------------------------------------------------------
+// Conformance: every store behaves the same.
+
+// Each harness provides main() and peer(): another handle on the same store (the same object
+// for InProcessStore, a second FileStore on the path, a second TCP client).
+struct InProcessHarness {
+  std::shared_ptr<InProcessStore> store = std::make_shared<InProcessStore>();
+  std::shared_ptr<Store> main() { return store; }
+  std::shared_ptr<Store> peer() { return store; }
+};
+
+struct FileHarness {
+  std::string path = unique_path("loom_file_store");
+  std::shared_ptr<FileStore> owner = std::make_shared<FileStore>(path, /*remove_on_exit=*/true);
+  std::shared_ptr<Store> main() { return owner; }
+  std::shared_ptr<Store> peer() { return std::make_shared<FileStore>(path); }
+};
+
+struct TcpHarness {
+  TCPStoreServer server{"127.0.0.1", 0, kSecret};
+  std::shared_ptr<Store> client = peer();
+  std::shared_ptr<Store> main() { return client; }
+  std::shared_ptr<Store> peer() {
+    return std::make_shared<TCPStore>("127.0.0.1", server.port(), kSecret, 5s);
+  }
+};
+
+template <typename Harness>
+class StoreConformance : public ::testing::Test {
+ protected:
+  Harness harness;
+  std::shared_ptr<Store> store = harness.main();
+};
+
+struct HarnessNames {
+  template <typename T>
+  static std::string GetName(int) {
+    if (std::is_same_v<T, InProcessHarness>) return "InProcess";
+    if (std::is_same_v<T, FileHarness>) return "File";
+    return "TCP";
+  }
+};
+
+using Harnesses = ::testing::Types<InProcessHarness, FileHarness, TcpHarness>;
+TYPED_TEST_SUITE(StoreConformance, Harnesses, HarnessNames);
+
+TYPED_TEST(StoreConformance, SetGet) {
+  this->store->set("a", to_bytes("1"));
+  this->store->set("b", to_bytes("two"));
+  this->store->set("a", to_bytes("one"));  // overwrite
+  EXPECT_EQ(to_string(this->store->get("a", 1s)), "one");
+  EXPECT_EQ(to_string(this->harness.peer()->get("b", 1s)), "two");
+}
+
+TYPED_TEST(StoreConformance, EmptyAndBinaryValues) {
+  const Bytes binary{0, 1, 0xff, 0, '\n', 0x80};
+  this->store->set("empty", {});
+  this->store->set("binary", binary);
+  EXPECT_TRUE(this->store->get("empty", 1s).empty());
+  EXPECT_EQ(this->store->get("binary", 1s), binary);
+  const Bytes big(1 << 20, 0x5a);
+  this->store->set("big", big);
+  EXPECT_EQ(this->harness.peer()->get("big", 1s), big);
+}
+
+TYPED_TEST(StoreConformance, GetWaitsForALaterSet) {
+  auto writer = this->harness.peer();
+  std::thread later([&] {
+    std::this_thread::sleep_for(50ms);
+    writer->set("late", to_bytes("here"));
+  });
+  EXPECT_EQ(to_string(this->store->get("late", 5s)), "here");
+  later.join();
+}
+
+TYPED_TEST(StoreConformance, WaitReturnsWhenEveryKeyExists) {
+  auto writer = this->harness.peer();
+  std::thread later([&] {
+    writer->set("k1", {});
+    std::this_thread::sleep_for(30ms);
+    writer->add("k2", 1);
+  });
+  this->store->wait({"k1", "k2"}, 5s);
+  EXPECT_TRUE(this->store->check({"k1", "k2"}));
+  later.join();
+  this->store->wait({}, 0ms);  // nothing to wait for
+}
+
+TYPED_TEST(StoreConformance, GetTimesOutNamingTheKey) {
+  expect_timeout([&] { this->store->get("rank/3", kShortTimeout); }, kShortTimeout,
+                 {"[comm/store]", "'rank/3'", duration_str(kShortTimeout)});
+  // The store still works after a timeout.
+  this->store->set("rank/3", to_bytes("x"));
+  EXPECT_EQ(to_string(this->store->get("rank/3", 1s)), "x");
+}
+
+TYPED_TEST(StoreConformance, WaitTimesOutNamingTheMissingKeys) {
+  this->store->set("present", {});
+  try {
+    this->store->wait({"present", "absent/1", "absent/2"}, kShortTimeout);
+    FAIL() << "expected a CommError";
+  } catch (const CommError& e) {
+    const std::string what = e.what();
+    EXPECT_NE(what.find("'absent/1', 'absent/2'"), std::string::npos) << what;
+    EXPECT_EQ(what.find("'present'"), std::string::npos) << what;
+    EXPECT_NE(what.find(duration_str(kShortTimeout)), std::string::npos) << what;
+  }
+  expect_timeout([&] { this->store->wait({"absent/1"}, kShortTimeout); }, kShortTimeout,
+                 {"'absent/1'"});
+}
+
+TYPED_TEST(StoreConformance, AddCountsInDecimalText) {
+  EXPECT_EQ(this->store->add("counter", 5), 5);
+  EXPECT_EQ(this->store->add("counter", -2), 3);
+  EXPECT_EQ(to_string(this->store->get("counter", 1s)), "3");
+  EXPECT_EQ(this->store->add("counter", 0), 3);
+  this->store->set("preset", to_bytes("-40"));
+  EXPECT_EQ(this->store->add("preset", 2), -38);
+}
+
+TYPED_TEST(StoreConformance, AddFromSeveralThreadsSums) {
+  constexpr int kThreads = 4;
+  constexpr int kAdds = 50;
+  std::vector<std::thread> threads;
+  for (int t = 0; t < kThreads; ++t) {
+    threads.emplace_back([&, store = this->harness.peer()] {
+      for (int i = 0; i < kAdds; ++i)
+        store->add("sum", 1);
+    });
+  }
+  for (auto& t : threads)
+    t.join();
+  EXPECT_EQ(this->store->add("sum", 0), kThreads * kAdds);
+}
+
+TYPED_TEST(StoreConformance, AddOnANonIntegerIsMisuse) {
+  this->store->set("word", to_bytes("abc"));
+  try {
+    this->store->add("word", 1);
+    FAIL() << "expected loom::Error";
+  } catch (const CommError& e) {
+    FAIL() << "a non-integer is misuse, not a CommError: " << e.what();
+  } catch (const Error& e) {
+    const std::string what = e.what();
+    EXPECT_NE(what.find("'word'"), std::string::npos) << what;
+    EXPECT_NE(what.find("'abc'"), std::string::npos) << what;
+  }
+  EXPECT_EQ(to_string(this->store->get("word", 1s)), "abc");  // untouched
+  this->store->set("empty", {});
+  EXPECT_THROW(this->store->add("empty", 1), Error);
+}
+
+TYPED_TEST(StoreConformance, CompareSet) {
+  // Absent key: an empty `expected` matches and stores `desired`.
+  EXPECT_EQ(to_string(this->store->compare_set("k", {}, to_bytes("first"))), "first");
+  // Absent key with a non-empty `expected`: no match, returns the (empty) current value.
+  EXPECT_TRUE(this->store->compare_set("absent", to_bytes("x"), to_bytes("y")).empty());
+  EXPECT_FALSE(this->store->check({"absent"}));
+  // Mismatch returns the current value and changes nothing.
+  EXPECT_EQ(to_string(this->store->compare_set("k", to_bytes("wrong"), to_bytes("second"))),
+            "first");
+  EXPECT_EQ(to_string(this->store->get("k", 1s)), "first");
+  // Match swaps.
+  EXPECT_EQ(to_string(this->store->compare_set("k", to_bytes("first"), to_bytes("second"))),
+            "second");
+  EXPECT_EQ(to_string(this->harness.peer()->get("k", 1s)), "second");
+}
+
+TYPED_TEST(StoreConformance, CompareSetWakesWaiters) {
+  auto writer = this->harness.peer();
+  std::thread later([&] {
+    std::this_thread::sleep_for(30ms);
+    writer->compare_set("cas", {}, to_bytes("v"));
+  });
+  EXPECT_EQ(to_string(this->store->get("cas", 5s)), "v");
+  later.join();
+}
+
+TYPED_TEST(StoreConformance, CheckAndRemove) {
+  EXPECT_TRUE(this->store->check({}));
+  EXPECT_FALSE(this->store->check({"x"}));
+  this->store->set("x", to_bytes("1"));
+  this->store->set("y", to_bytes("2"));
+  EXPECT_TRUE(this->store->check({"x", "y"}));
+  EXPECT_FALSE(this->store->check({"x", "z"}));
+  EXPECT_TRUE(this->store->remove("x"));
+  EXPECT_FALSE(this->store->remove("x"));
+  EXPECT_FALSE(this->harness.peer()->check({"x"}));
+  EXPECT_TRUE(this->store->check({"y"}));
+  expect_timeout([&] { this->store->get("x", kShortTimeout); }, kShortTimeout, {"'x'"});
+}
+
+TYPED_TEST(StoreConformance, PrefixStoresAreIsolated) {
+  PrefixStore a("group_a", this->store);
+  PrefixStore b("group_b", this->harness.peer());
+  a.set("key", to_bytes("from a"));
+  b.set("key", to_bytes("from b"));
+  EXPECT_EQ(to_string(a.get("key", 1s)), "from a");
+  EXPECT_EQ(to_string(b.get("key", 1s)), "from b");
+  EXPECT_EQ(to_string(this->store->get("group_a/key", 1s)), "from a");
+  EXPECT_FALSE(this->store->check({"key"}));
+  EXPECT_EQ(a.add("n", 2), 2);
+  EXPECT_EQ(b.add("n", 5), 5);
+  EXPECT_TRUE(a.check({"key", "n"}));
+  EXPECT_EQ(to_string(a.compare_set("key", to_bytes("from a"), to_bytes("a2"))), "a2");
+  EXPECT_TRUE(a.remove("key"));
+  EXPECT_FALSE(a.check({"key"}));
+  EXPECT_TRUE(b.check({"key"}));
+  b.wait({"key", "n"}, 1s);
+  expect_timeout([&] { a.wait({"key"}, kShortTimeout); }, kShortTimeout, {"'group_a/key'"});
+}
+
+// ---------------------------------------------------------------------------------------
+// FileStore
+
+TEST(FileStore, CreatesItsFileWithMode0600AndRemovesItOnExit) {
+  const std::string path = unique_path("loom_file_mode");
+  {
+    FileStore store(path, /*remove_on_exit=*/true);
+    store.set("k", to_bytes("v"));
+    struct stat st {};
+    ASSERT_EQ(::stat(path.c_str(), &st), 0);
+    EXPECT_EQ(st.st_mode & 0777, 0600u);
+    EXPECT_EQ(store.path(), path);
+  }
+  EXPECT_FALSE(std::filesystem::exists(path));
+  {
+    FileStore keep(path);
+    keep.set("k", {});
+  }
+  EXPECT_TRUE(std::filesystem::exists(path));
+  std::filesystem::remove(path);
+}
+
+TEST(FileStore, SharedByForkedProcesses) {
+  const std::string path = unique_path("loom_file_fork");
+  FileStore parent(path, /*remove_on_exit=*/true);
+  constexpr int kChildren = 4;
+  constexpr int kAdds = 40;
+  std::vector<pid_t> children;
+  for (int c = 0; c < kChildren; ++c) {
+    children.push_back(spawn([&, c] {
+      FileStore store(path);
+      for (int i = 0; i < kAdds; ++i)
+        store.add("counter", 1);
+      store.set("child/" + std::to_string(c), to_bytes(std::to_string(c * 10)));
+      // Every child waits for the value the parent publishes after seeing all of them.
+      return to_string(store.get("go", 10s)) == "go" ? 0 : 4;
+    }));
+  }
+  std::vector<std::string> keys;
+  for (int c = 0; c < kChildren; ++c)
+    keys.push_back("child/" + std::to_string(c));
+  parent.wait(keys, 10s);
+  EXPECT_EQ(parent.add("counter", 0), kChildren * kAdds);
+  EXPECT_EQ(to_string(parent.get("child/3", 1s)), "30");
+  parent.set("go", to_bytes("go"));
+  for (pid_t pid : children)
+    EXPECT_EQ(join(pid), 0);
+}
+
+TEST(FileStore, ForkedChildUsesTheParentsObject) {
+  const std::string path = unique_path("loom_file_inherit");
+  FileStore store(path, /*remove_on_exit=*/true);
+  store.set("before", to_bytes("fork"));
+  const pid_t child = spawn([&] {
+    if (to_string(store.get("before", 1s)) != "fork") return 4;
+    store.add("n", 1);
+    return 0;  // _exit: the child's copy never removes the file
+  });
+  EXPECT_EQ(join(child), 0);
+  EXPECT_TRUE(std::filesystem::exists(path));
+  EXPECT_EQ(store.add("n", 1), 2);
+}
+
+TEST(FileStore, ReaderSkipsAndWriterRepairsADeadWritersPartialRecord) {
+  const std::string path = unique_path("loom_file_partial");
+  FileStore store(path, /*remove_on_exit=*/true);
+  store.set("whole", to_bytes("ok"));
+  {
+    // A set record cut short: kind 'S', key length 4, value length 100, then only "ke".
+    const unsigned char partial[] = {'S', 4, 0, 0, 0, 100, 0, 0, 0, 'k', 'e'};
+    const int fd = ::open(path.c_str(), O_WRONLY | O_APPEND);
+    ASSERT_GE(fd, 0);
+    ASSERT_EQ(::write(fd, partial, sizeof(partial)), ssize_t(sizeof(partial)));
+    ::close(fd);
+  }
+  FileStore other(path);
+  EXPECT_EQ(to_string(other.get("whole", 1s)), "ok");
+  EXPECT_FALSE(other.check({"keys"}));
+  other.set("after", to_bytes("repaired"));
+  FileStore third(path);
+  EXPECT_EQ(to_string(third.get("after", 1s)), "repaired");
+  EXPECT_EQ(to_string(third.get("whole", 1s)), "ok");
+  EXPECT_EQ(to_string(store.get("after", 1s)), "repaired");
+}
+
+TEST(FileStore, RejectsAFileThatIsNotAStore) {
+  const std::string path = unique_path("loom_file_foreign");
+  {
+    std::FILE* f = std::fopen(path.c_str(), "w");
+    std::fputs("some other program's data\n", f);
+    std::fclose(f);
+  }
+  try {
+    FileStore store(path);
+    FAIL() << "expected loom::Error";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find(path), std::string::npos) << e.what();
+  }
+  std::filesystem::remove(path);
+}
+
+TEST(FileStore, UnreachablePathIsACommErrorNamingIt) {
+  try {
+    FileStore store("/nonexistent_dir_for_loom/store");
+    FAIL() << "expected CommError";
+  } catch (const CommError& e) {
+    EXPECT_NE(std::string(e.what()).find("/nonexistent_dir_for_loom/store"), std::string::npos);
+  }
+}
+
+// ---------------------------------------------------------------------------------------
+// TCPStore
+
+// A raw TCP connection to the server, for speaking (broken) protocol by hand.
+int raw_connect(uint16_t port, const char* address = "127.0.0.1") {
+  const int fd = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  sockaddr_in addr{};
+  addr.sin_family = AF_INET;
+  addr.sin_port = htons(port);
+  ::inet_pton(AF_INET, address, &addr.sin_addr);
+  if (::connect(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) != 0) {
+    ::close(fd);
+    return -1;
+  }
+  return fd;
+}
+
+void put_u32(std::string& out, uint32_t v) {
+  for (int i = 0; i < 4; ++i)
+    out += char(v >> (8 * i));
+}
+
+// A well-formed hello frame (see tcp_protocol.h): kHello, version field, secret field.
+std::string hello_frame(const std::string& secret) {
+  std::string payload(1, char(1));
+  put_u32(payload, 8);
+  payload += std::string("\x01\0\0\0\0\0\0\0", 8);
+  put_u32(payload, uint32_t(secret.size()));
+  payload += secret;
+  std::string frame;
+  put_u32(frame, uint32_t(payload.size()));
+  return frame + payload;
+}
+
+// True when the server closes `fd` (EOF or reset) within two seconds.
+bool closed_by_server(int fd) {
+  pollfd p{fd, POLLIN, 0};
+  const auto deadline = Clock::now() + 2s;
+  while (Clock::now() < deadline) {
+    if (::poll(&p, 1, 100) <= 0) continue;
+    char buf[256];
+    const ssize_t n = ::recv(fd, buf, sizeof(buf), 0);
+    if (n <= 0) return true;
+  }
+  return false;
+}
+
+void expect_server_healthy(uint16_t port) {
+  TCPStore good("127.0.0.1", port, kSecret, 2s);
+  good.set("health", to_bytes("ok"));
+  EXPECT_EQ(to_string(good.get("health", 1s)), "ok");
+}
+
+TEST(TCPStore, RejectsWrongSecret) {
+  TCPStoreServer server("127.0.0.1", 0, kSecret);
+  TCPStore good("127.0.0.1", server.port(), kSecret, 2s);
+  good.set("k", to_bytes("v"));
+  for (const std::string& bad :
+       std::vector<std::string>{"wrong", "", std::string(kSecret) + "x", "correct horse"}) {
+    try {
+      TCPStore store("127.0.0.1", server.port(), bad, 2s);
+      ADD_FAILURE() << "accepted the secret '" << bad << "'";
+    } catch (const CommError& e) {
+      EXPECT_NE(std::string(e.what()).find("authentication"), std::string::npos) << e.what();
+      EXPECT_NE(std::string(e.what()).find("127.0.0.1:" + std::to_string(server.port())),
+                std::string::npos)
+          << e.what();
+    }
+  }
+  EXPECT_EQ(to_string(good.get("k", 1s)), "v");
+  expect_server_healthy(server.port());
+}
+
+TEST(TCPStore, UnauthenticatedRequestsAreNotProcessed) {
+  TCPStoreServer server("127.0.0.1", 0, kSecret);
+  // A Set frame (command 2) sent before any hello: the server must drop the connection.
+  std::string payload(1, char(2));
+  put_u32(payload, 3);
+  payload += "key";
+  put_u32(payload, 3);
+  payload += "bad";
+  std::string frame;
+  put_u32(frame, uint32_t(payload.size()));
+  frame += payload;
+  const int fd = raw_connect(server.port());
+  ASSERT_GE(fd, 0);
+  ASSERT_EQ(::send(fd, frame.data(), frame.size(), MSG_NOSIGNAL), ssize_t(frame.size()));
+  EXPECT_TRUE(closed_by_server(fd));
+  ::close(fd);
+  TCPStore good("127.0.0.1", server.port(), kSecret, 2s);
+  EXPECT_FALSE(good.check({"key"}));
+}
+
+TEST(TCPStore, DropsGarbageAndOversizedMessages) {
+  TCPStoreServer server("127.0.0.1", 0, kSecret);
+  // Plain garbage (an HTTP request): its first four bytes read as a huge length.
+  {
+    const int fd = raw_connect(server.port());
+    ASSERT_GE(fd, 0);
+    const std::string junk = "GET / HTTP/1.1\r\nHost: x\r\n\r\n";
+    ::send(fd, junk.data(), junk.size(), MSG_NOSIGNAL);
+    EXPECT_TRUE(closed_by_server(fd));
+    ::close(fd);
+  }
+  // An empty frame, then an unknown command after authenticating.
+  {
+    const int fd = raw_connect(server.port());
+    ASSERT_GE(fd, 0);
+    const std::string empty(4, '\0');
+    ::send(fd, empty.data(), empty.size(), MSG_NOSIGNAL);
+    EXPECT_TRUE(closed_by_server(fd));
+    ::close(fd);
+  }
+  {
+    const int fd = raw_connect(server.port());
+    ASSERT_GE(fd, 0);
+    std::string frames = hello_frame(kSecret);
+    frames += std::string("\x01\0\0\0\x7f", 5);  // a 1-byte payload with command 0x7f
+    ::send(fd, frames.data(), frames.size(), MSG_NOSIGNAL);
+    EXPECT_TRUE(closed_by_server(fd));
+    ::close(fd);
+  }
+  // An authenticated client announcing a frame over the 64 MiB cap is dropped at once,
+  // without the server waiting for (or buffering) the body.
+  {
+    const int fd = raw_connect(server.port());
+    ASSERT_GE(fd, 0);
+    std::string frames = hello_frame(kSecret);
+    put_u32(frames, (64u << 20) + 1);
+    frames += "partial body";
+    ::send(fd, frames.data(), frames.size(), MSG_NOSIGNAL);
+    EXPECT_TRUE(closed_by_server(fd));
+    ::close(fd);
+  }
+  // A hello over the pre-authentication cap.
+  {
+    const int fd = raw_connect(server.port());
+    ASSERT_GE(fd, 0);
+    std::string frames = hello_frame(std::string(10000, 's'));
+    ::send(fd, frames.data(), frames.size(), MSG_NOSIGNAL);
+    EXPECT_TRUE(closed_by_server(fd));
+    ::close(fd);
+  }
+  expect_server_healthy(server.port());
+}
+
+TEST(TCPStore, ClientRefusesValuesOverTheMessageCap) {
+  TCPStoreServer server("127.0.0.1", 0, kSecret);
+  TCPStore store("127.0.0.1", server.port(), kSecret, 2s);
+  EXPECT_THROW(store.set("huge", Bytes((64u << 20) + 1)), Error);
+  store.set("after", to_bytes("fine"));
+  EXPECT_EQ(to_string(store.get("after", 1s)), "fine");
+}
+
+TEST(TCPStore, ClientsInForkedProcesses) {
+  TCPStoreServer server("127.0.0.1", 0, kSecret);
+  TCPStore parent("127.0.0.1", server.port(), kSecret, 2s);
+  parent.set("hello", to_bytes("from parent"));
+  constexpr int kChildren = 4;
+  constexpr int kAdds = 25;
+  std::vector<pid_t> children;
+  for (int c = 0; c < kChildren; ++c) {
+    children.push_back(spawn([&, c] {
+      TCPStore store("127.0.0.1", server.port(), kSecret, 5s);
+      if (to_string(store.get("hello", 1s)) != "from parent") return 4;
+      for (int i = 0; i < kAdds; ++i)
+        store.add("counter", 1);
+      // The inherited client also works in the child (it opens its own connections).
+      parent.add("via_inherited", 1);
+      store.set("child/" + std::to_string(c), {});
+      return to_string(store.get("go", 10s)) == "go" ? 0 : 5;
+    }));
+  }
+  std::vector<std::string> keys;
+  for (int c = 0; c < kChildren; ++c)
+    keys.push_back("child/" + std::to_string(c));
+  parent.wait(keys, 10s);
+  EXPECT_EQ(parent.add("counter", 0), kChildren * kAdds);
+  EXPECT_EQ(parent.add("via_inherited", 0), kChildren);
+  parent.set("go", to_bytes("go"));
+  for (pid_t pid : children)
+    EXPECT_EQ(join(pid), 0);
+  parent.set("still", to_bytes("works"));
+  EXPECT_EQ(to_string(parent.get("still", 1s)), "works");
+}
+
+TEST(TCPStore, ManyClientsRendezvous) {
+  TCPStoreServer server("127.0.0.1", 0, kSecret);
+  constexpr int kClients = 64;
+  std::vector<std::thread> threads;
+  std::atomic<int> failures{0};
+  for (int c = 0; c < kClients; ++c) {
+    threads.emplace_back([&, c] {
+      try {
+        TCPStore store("127.0.0.1", server.port(), kSecret, 5s);
+        store.set("rank/" + std::to_string(c), to_bytes(std::to_string(c)));
+        if (store.add("arrived", 1) == kClients) store.set("all", {});
+        store.get("all", 5s);
+        const int peer = (c + 1) % kClients;
+        if (to_string(store.get("rank/" + std::to_string(peer), 1s)) != std::to_string(peer)) {
+          ++failures;
+        }
+      } catch (const std::exception& e) {
+        std::fprintf(stderr, "client %d: %s\n", c, e.what());
+        ++failures;
+      }
+    });
+  }
+  for (auto& t : threads)
+    t.join();
+  EXPECT_EQ(failures.load(), 0);
+}
+
+TEST(TCPStore, ThreadsSharingOneClientDoNotBlockEachOther) {
+  TCPStoreServer server("127.0.0.1", 0, kSecret);
+  TCPStore store("127.0.0.1", server.port(), kSecret, 2s);
+  // One thread blocks in get() on the shared client while another sets the key through it.
+  std::thread waiter([&] { EXPECT_EQ(to_string(store.get("later", 5s)), "x"); });
+  std::this_thread::sleep_for(50ms);
+  const Duration took = time_of([&] { store.set("later", to_bytes("x")); });
+  waiter.join();
+  EXPECT_LT(took, 1000ms);
+}
+
+TEST(TCPStore, AbandonedWaiterLeavesTheServerHealthy) {
+  TCPStoreServer server("127.0.0.1", 0, kSecret);
+  // A child parks a long get on the server and dies without closing anything.
+  const pid_t child = spawn([&] {
+    TCPStore store("127.0.0.1", server.port(), kSecret, 2s);
+    std::thread([&] { store.get("never", 60s); }).detach();
+    std::this_thread::sleep_for(100ms);
+    _exit(0);
+    return 0;
+  });
+  EXPECT_EQ(join(child), 0);
+  expect_server_healthy(server.port());
+  TCPStore store("127.0.0.1", server.port(), kSecret, 2s);
+  store.set("never", to_bytes("now"));  // wakes nobody: the waiter's connection is gone
+  EXPECT_EQ(to_string(store.get("never", 1s)), "now");
+}
+
+TEST(TCPStore, ServerDestructorIsPromptWithParkedWaiters) {
+  auto server = std::make_unique<TCPStoreServer>("127.0.0.1", 0, kSecret);
+  TCPStore store("127.0.0.1", server->port(), kSecret, 200ms);
+  std::atomic<bool> failed{false};
+  std::thread waiter([&] {
+    try {
+      store.get("never", 30s);
+    } catch (const CommError&) {
+      failed = true;
+    }
+  });
+  std::this_thread::sleep_for(50ms);
+  EXPECT_LT(time_of([&] { server.reset(); }), 1000ms);
+  waiter.join();  // the client sees the connection close, not a 30 s wait
+  EXPECT_TRUE(failed.load());
+  // Later calls try to reconnect for the client's 200 ms, then fail.
+  EXPECT_THROW(store.set("k", {}), CommError);
+}
+
+TEST(TCPStore, ConnectToNoServerTimesOut) {
+  // A port that was free a moment ago (bound, then released).
+  uint16_t port = 0;
+  { port = TCPStoreServer("127.0.0.1", 0, kSecret).port(); }
+  expect_timeout([&] { TCPStore("127.0.0.1", port, kSecret, 200ms); }, 200ms,
+                 {"[comm/store]", "127.0.0.1:" + std::to_string(port), "connect"});
+}
+
+TEST(TCPStore, ClientWaitsForALateServer) {
+  uint16_t port = 0;
+  { port = TCPStoreServer("127.0.0.1", 0, kSecret).port(); }
+  std::unique_ptr<TCPStoreServer> server;
+  std::thread starter([&] {
+    std::this_thread::sleep_for(150ms);
+    server = std::make_unique<TCPStoreServer>("127.0.0.1", port, kSecret);
+  });
+  TCPStore store("127.0.0.1", port, kSecret, 5s);
+  starter.join();
+  store.set("k", to_bytes("v"));
+  EXPECT_EQ(to_string(store.get("k", 1s)), "v");
+}
+
+TEST(TCPStore, BindsOnlyTheGivenAddress) {
+  TCPStoreServer server("127.0.0.1", 0, kSecret);
+  // 127.0.0.2 is loopback too, but not the address bound.
+  EXPECT_LT(raw_connect(server.port(), "127.0.0.2"), 0);
+  // A non-loopback address of this machine, if it has one.
+  ifaddrs* list = nullptr;
+  std::string other;
+  if (::getifaddrs(&list) == 0) {
+    for (ifaddrs* i = list; i != nullptr && other.empty(); i = i->ifa_next) {
+      if (i->ifa_addr == nullptr || i->ifa_addr->sa_family != AF_INET) continue;
+      char text[INET_ADDRSTRLEN];
+      const auto* in = reinterpret_cast<sockaddr_in*>(i->ifa_addr);
+      ::inet_ntop(AF_INET, &in->sin_addr, text, sizeof(text));
+      if (std::string(text).rfind("127.", 0) != 0) other = text;
+    }
+    ::freeifaddrs(list);
+  }
+  if (!other.empty()) {
+    const int fd = raw_connect(server.port(), other.c_str());
+    EXPECT_LT(fd, 0) << "reachable via " << other;
+    if (fd >= 0) ::close(fd);
+  }
+  expect_timeout([&] { TCPStore("127.0.0.2", server.port(), kSecret, 100ms); }, 100ms,
+                 {"127.0.0.2"});
+  if (other.empty()) GTEST_SKIP() << "no non-loopback IPv4 address to try";
+}
+
+TEST(TCPStore, LocalhostAndIPv6) {
+  {
+    TCPStoreServer server("localhost", 0, kSecret);
+    TCPStore store("localhost", server.port(), kSecret, 2s);
+    store.set("k", to_bytes("v"));
+    EXPECT_EQ(to_string(store.get("k", 1s)), "v");
+  }
+  std::unique_ptr<TCPStoreServer> server;
+  try {
+    server = std::make_unique<TCPStoreServer>("::1", 0, kSecret);
+  } catch (const CommError& e) {
+    GTEST_SKIP() << "no IPv6 loopback: " << e.what();
+  }
+  TCPStore store("::1", server->port(), kSecret, 2s);
+  store.set("k6", to_bytes("v6"));
+  EXPECT_EQ(to_string(store.get("k6", 1s)), "v6");
+  EXPECT_LT(raw_connect(server->port(), "127.0.0.1"), 0);  // bound ::1 only
+}
+
+TEST(TCPStore, BindFailureIsACommErrorNamingTheAddress) {
+  TCPStoreServer first("127.0.0.1", 0, kSecret);
+  try {
+    TCPStoreServer second("127.0.0.1", first.port(), kSecret);
+    FAIL() << "bound a port already in use";
+  } catch (const CommError& e) {
+    EXPECT_NE(std::string(e.what()).find("127.0.0.1:" + std::to_string(first.port())),
+              std::string::npos)
+        << e.what();
+  }
+  EXPECT_THROW(TCPStoreServer("no-such-host.invalid", 0, kSecret), CommError);
+}
+
+TEST(TCPStore, Secrets) {
+  const std::string a = generate_store_secret();
+  const std::string b = generate_store_secret();
+  EXPECT_EQ(a.size(), 64u);
+  EXPECT_EQ(a.find_first_not_of("0123456789abcdef"), std::string::npos) << a;
+  EXPECT_NE(a, b);
+
+  const char* saved = std::getenv("LOOM_STORE_SECRET");
+  const std::string restore = saved ? saved : "";
+  ::setenv("LOOM_STORE_SECRET", "from-env", 1);
+  EXPECT_EQ(store_secret_from_env(), "from-env");
+  ::unsetenv("LOOM_STORE_SECRET");
+  EXPECT_EQ(store_secret_from_env(), "");
+  if (saved) ::setenv("LOOM_STORE_SECRET", restore.c_str(), 1);
+}
+
+}  // namespace
+}  // namespace loom::comm

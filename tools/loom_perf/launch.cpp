@@ -1,0 +1,159 @@
+#include "tools/loom_perf/launch.h"
+
+#include <signal.h>
+#include <sys/prctl.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <cstdio>
+#include <cstring>
+#include <thread>
+#include <vector>
+
+#include "comm/store/tcp_store.h"
+#include "tensor/error.h"
+
+extern char** environ;
+
+namespace loom::perf {
+
+namespace {
+
+// Variables this launcher sets, plus those that would point a rank elsewhere.
+bool replaced(const std::string& entry) {
+  static const char* const kNames[] = {"RANK",
+                                       "WORLD_SIZE",
+                                       "LOCAL_RANK",
+                                       "LOCAL_WORLD_SIZE",
+                                       "GROUP_RANK",
+                                       "MASTER_ADDR",
+                                       "MASTER_PORT",
+                                       "LOOM_STORE_SECRET",
+                                       "LOOM_STORE_PORT",
+                                       "LOOM_STORE_SERVED_BY_LAUNCHER",
+                                       "LOOM_CLUSTER_ENV",
+                                       "LOOM_PERF_COMMAND"};
+  for (const char* name : kNames) {
+    size_t n = std::strlen(name);
+    if (entry.compare(0, n, name) == 0 && entry.size() > n && entry[n] == '=') return true;
+  }
+  return false;
+}
+
+std::vector<std::string> rank_environment(int rank, int np, uint16_t port,
+                                          const std::string& secret, const std::string& command) {
+  std::vector<std::string> env;
+  for (char** e = environ; *e != nullptr; ++e) {
+    if (!replaced(*e)) env.emplace_back(*e);
+  }
+  env.push_back("RANK=" + std::to_string(rank));
+  env.push_back("WORLD_SIZE=" + std::to_string(np));
+  env.push_back("LOCAL_RANK=" + std::to_string(rank));
+  env.push_back("LOCAL_WORLD_SIZE=" + std::to_string(np));
+  env.push_back("GROUP_RANK=0");
+  env.push_back("MASTER_ADDR=127.0.0.1");
+  env.push_back("MASTER_PORT=" + std::to_string(port));
+  env.push_back("LOOM_STORE_SECRET=" + secret);
+  env.push_back("LOOM_STORE_SERVED_BY_LAUNCHER=1");
+  env.push_back("LOOM_PERF_COMMAND=" + command);
+  return env;
+}
+
+// argv without "--np N" / "--np=N".
+std::vector<std::string> rank_arguments(int argc, char** argv) {
+  std::vector<std::string> args;
+  for (int i = 0; i < argc; ++i) {
+    std::string arg = argv[i];
+    if (arg == "--np") {
+      ++i;
+      continue;
+    }
+    if (arg.starts_with("--np=")) continue;
+    args.push_back(arg);
+  }
+  return args;
+}
+
+std::vector<char*> c_strings(std::vector<std::string>& strings) {
+  std::vector<char*> pointers;
+  for (std::string& s : strings)
+    pointers.push_back(s.data());
+  pointers.push_back(nullptr);
+  return pointers;
+}
+
+int exit_code_of(int status) {
+  if (WIFEXITED(status)) return WEXITSTATUS(status);
+  if (WIFSIGNALED(status)) return 128 + WTERMSIG(status);
+  return 1;
+}
+
+}  // namespace
+
+int launch_ranks(int np, int argc, char** argv, const std::string& command) {
+  const std::string secret = comm::generate_store_secret();
+  comm::TCPStoreServer server("127.0.0.1", 0, secret);
+  std::vector<std::string> args = rank_arguments(argc, argv);
+  std::vector<char*> c_args = c_strings(args);
+  const pid_t launcher = ::getpid();
+
+  std::vector<pid_t> pids(static_cast<size_t>(np), -1);
+  for (int rank = 0; rank < np; ++rank) {
+    // Everything the child needs is built before fork: after it, only exec-safe calls.
+    std::vector<std::string> env = rank_environment(rank, np, server.port(), secret, command);
+    std::vector<char*> c_env = c_strings(env);
+    pid_t pid = ::fork();
+    if (pid < 0) fail("loom-perf --np: fork failed: ", std::strerror(errno));
+    if (pid == 0) {
+      ::prctl(PR_SET_PDEATHSIG, SIGKILL);  // never outlive the launcher
+      if (::getppid() != launcher) ::_exit(1);
+      ::execve("/proc/self/exe", c_args.data(), c_env.data());
+      const char message[] = "loom-perf --np: cannot re-execute /proc/self/exe\n";
+      (void)!::write(2, message, sizeof message - 1);
+      ::_exit(127);
+    }
+    pids[static_cast<size_t>(rank)] = pid;
+  }
+
+  int result = 0;
+  int running = np;
+  std::chrono::steady_clock::time_point kill_at{};
+  bool stopping = false;
+  while (running > 0) {
+    int status = 0;
+    pid_t pid = ::waitpid(-1, &status, stopping ? WNOHANG : 0);
+    if (pid < 0) {
+      if (errno == EINTR) continue;
+      break;
+    }
+    if (pid == 0) {  // stopping, none exited yet
+      if (std::chrono::steady_clock::now() >= kill_at) {
+        for (pid_t p : pids) {
+          if (p > 0) ::kill(p, SIGKILL);
+        }
+      }
+      std::this_thread::sleep_for(std::chrono::milliseconds(20));
+      continue;
+    }
+    for (size_t r = 0; r < pids.size(); ++r) {
+      if (pids[r] != pid) continue;
+      pids[r] = -1;
+      --running;
+      int code = exit_code_of(status);
+      if (code != 0 && result == 0) {
+        result = code;
+        std::fprintf(stderr, "loom-perf --np: rank %zu exited with code %d; stopping the others\n",
+                     r, code);
+        for (pid_t p : pids) {
+          if (p > 0) ::kill(p, SIGTERM);
+        }
+        stopping = true;
+        kill_at = std::chrono::steady_clock::now() + std::chrono::seconds(5);
+      }
+    }
+  }
+  return result;
+}
+
+}  // namespace loom::perf

@@ -1,0 +1,53 @@
+#pragma once
+// loom-perf's settings (nccl-tests' flags, same letters and meanings) and the helpers that
+// interpret them: byte sizes with K/M/G suffixes, the list of sizes, nccl-tests type names.
+
+#include <cstddef>
+#include <cstdint>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "comm/reduce_op.h"
+#include "tensor/dtype.h"
+#include "tools/loom_perf/collective.h"
+
+namespace loom::perf {
+
+struct PerfOptions {
+  Collective collective = Collective::AllReduce;
+  size_t min_bytes = 8;                     // -b
+  size_t max_bytes = size_t{64} << 20;      // -e
+  double step_factor = 2.0;                 // -f
+  size_t step_bytes = 0;                    // -i: when non-zero, sizes grow by this much instead
+  int iters = 20;                           // -n
+  int warmup_iters = 5;                     // -w
+  bool check = true;                        // -c
+  DType dtype = DType::F32;                 // -d
+  comm::ReduceOp op = comm::ReduceOp::Sum;  // -o
+  bool blocking = false;                    // -z: wait for each operation before the next
+  int root = 0;                             // -r
+  std::string backend = "auto";
+  double timeout_s = 300;
+  std::string csv_path, json_path;
+  int np = 0;           // --np: launch this many ranks of this program (0: already launched)
+  std::string command;  // the command line as the user typed it, for reports
+};
+
+// "8", "64K", "1M", "2G" (powers of 1024; an optional trailing "B" or "iB" is accepted).
+// Throws loom::Error on anything else.
+size_t parse_bytes(std::string_view text);
+// nccl-tests' type names (float, double, bfloat16, half, int32, int64, uint8, and their
+// usual spellings) and Loom's (f32, bf16, ...). Throws loom::Error listing both.
+DType parse_type_name(std::string_view name);
+std::string_view nccl_type_name(DType dtype);  // "float", "bfloat16", ...
+comm::ReduceOp parse_reduce_op(std::string_view name);
+
+// The requested sizes in bytes, from min to max inclusive: multiplied by the step factor,
+// or increased by step_bytes when that is set. Never empty (min alone when min > max).
+std::vector<size_t> size_list(const PerfOptions& options);
+
+// Space-joined argv, quoting arguments that need it.
+std::string join_command(int argc, char** argv);
+
+}  // namespace loom::perf

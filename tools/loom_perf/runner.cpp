@@ -1,0 +1,217 @@
+#include "tools/loom_perf/runner.h"
+
+#include <unistd.h>
+
+#include <chrono>
+#include <cstring>
+
+#include "tools/loom_perf/checks.h"
+
+namespace loom::perf {
+
+namespace {
+
+using comm::WorkPtr;
+
+Tensor buffer(size_t count, DType dtype) {
+  return Tensor::empty({static_cast<int64_t>(count)}, dtype);
+}
+
+// Buffers of one case: `count` elements in all (the size column), `per_rank` of them per
+// rank for the split collectives.
+CaseBuffers make_case(Collective c, bool in_place, DType dtype, size_t count, size_t per_rank,
+                      int rank) {
+  const auto slice = [&](const Tensor& t) {
+    return t.narrow(0, static_cast<int64_t>(rank * per_rank), static_cast<int64_t>(per_rank));
+  };
+  CaseBuffers b;
+  switch (c) {
+    case Collective::AllGather:
+      b.output = buffer(count, dtype);
+      b.input = in_place ? slice(b.output) : buffer(per_rank, dtype);
+      return b;
+    case Collective::ReduceScatter:
+      b.input = buffer(count, dtype);
+      b.output = in_place ? slice(b.input) : buffer(per_rank, dtype);
+      return b;
+    case Collective::Barrier: b.input = b.output = buffer(0, dtype); return b;
+    default:
+      b.input = buffer(count, dtype);
+      b.output = in_place ? b.input : buffer(count, dtype);
+      return b;
+  }
+}
+
+// Issues one operation of the case (two for sendrecv) and appends its handles.
+void issue(comm::ProcessGroup& pg, Collective c, CaseBuffers& b, const comm::CollectiveOptions& o,
+           std::vector<WorkPtr>& works) {
+  switch (c) {
+    case Collective::AllReduce:
+      works.push_back(b.input.is_same(b.output) ? pg.allreduce(b.output, o)
+                                                : pg.allreduce(b.input, b.output, o));
+      return;
+    case Collective::Broadcast: works.push_back(pg.broadcast(b.output, o)); return;
+    case Collective::Reduce: works.push_back(pg.reduce(b.output, o)); return;
+    case Collective::AllGather: works.push_back(pg.all_gather(b.output, b.input, o)); return;
+    case Collective::ReduceScatter:
+      works.push_back(pg.reduce_scatter(b.output, b.input, o));
+      return;
+    case Collective::AllToAll: works.push_back(pg.all_to_all(b.output, b.input, o)); return;
+    case Collective::SendRecv: {
+      // A ring: every rank sends to the next and receives from the previous. A send may
+      // block until its receiver drains it, so odd ranks receive first to break the cycle.
+      const int n = pg.size(), r = pg.rank();
+      const int next = (r + 1) % n, prev = (r + n - 1) % n;
+      const comm::P2POptions p2p{.tag = 0, .timeout = o.timeout};
+      if (r % 2 == 0) {
+        works.push_back(pg.send(b.input, next, p2p));
+        works.push_back(pg.recv(b.output, prev, p2p));
+      } else {
+        works.push_back(pg.recv(b.output, prev, p2p));
+        works.push_back(pg.send(b.input, next, p2p));
+      }
+      return;
+    }
+    case Collective::Barrier: works.push_back(pg.barrier(o)); return;
+  }
+}
+
+void wait_all(std::vector<WorkPtr>& works) {
+  for (WorkPtr& w : works)
+    w->wait();
+  works.clear();
+}
+
+}  // namespace
+
+Runner::Runner(std::shared_ptr<comm::ProcessGroup> pg, const PerfOptions& options)
+    : pg_(std::move(pg)), options_(options), rank_(pg_->rank()), nranks_(pg_->size()) {
+  if (options_.collective == Collective::SendRecv && nranks_ < 2) {
+    fail("loom-perf sendrecv needs at least 2 ranks (a ring of send/recv); got ", nranks_,
+         ": run it with --np N or under loomrun");
+  }
+  if (collective_info(options_.collective).rooted &&
+      (options_.root < 0 || options_.root >= nranks_)) {
+    fail("-r/--root ", options_.root, " is not a rank of this job (0 to ", nranks_ - 1, ")");
+  }
+}
+
+std::vector<RankInfo> Runner::gather_ranks() {
+  constexpr size_t kHostBytes = 64;
+  Tensor mine = Tensor::zeros({static_cast<int64_t>(kHostBytes + sizeof(int64_t))}, DType::U8);
+  auto* bytes = static_cast<char*>(mine.raw_data());
+  int64_t pid = ::getpid();
+  std::memcpy(bytes, &pid, sizeof pid);
+  ::gethostname(bytes + sizeof pid, kHostBytes - 1);
+  Tensor all = Tensor::zeros({static_cast<int64_t>(nranks_ * mine.numel())}, DType::U8);
+  pg_->all_gather(all, mine)->wait();
+  std::vector<RankInfo> ranks;
+  const auto* gathered = static_cast<const char*>(all.raw_data());
+  for (int r = 0; r < nranks_; ++r) {
+    const char* entry = gathered + r * mine.numel();
+    RankInfo info;
+    info.rank = r;
+    std::memcpy(&info.pid, entry, sizeof info.pid);
+    info.host.assign(entry + sizeof pid, strnlen(entry + sizeof pid, kHostBytes));
+    ranks.push_back(info);
+  }
+  return ranks;
+}
+
+std::vector<Row> Runner::run(const std::function<void(const Row&)>& on_row) {
+  std::vector<Row> rows;
+  std::vector<size_t> sizes = size_list(options_);
+  if (options_.collective == Collective::Barrier) sizes = {0};  // moves no data
+  uint32_t seed = 0;
+  for (size_t bytes : sizes) {
+    rows.push_back(measure_size(bytes, seed));
+    seed += 2;
+    if (on_row) on_row(rows.back());
+  }
+  return rows;
+}
+
+Row Runner::measure_size(size_t requested_bytes, uint32_t seed) {
+  const CollectiveInfo& info = collective_info(options_.collective);
+  const size_t element = dtype_size(options_.dtype);
+  size_t count = requested_bytes / element;
+  size_t per_rank = count;
+  if (info.split_across_ranks) {
+    per_rank = count / static_cast<size_t>(nranks_);
+    count = per_rank * static_cast<size_t>(nranks_);
+  }
+  Row row;
+  row.bytes = count * element;
+  row.count = count;
+  if (info.out_of_place) row.out_of_place = measure(row.bytes, count, per_rank, false, seed);
+  if (info.in_place) row.in_place = measure(row.bytes, count, per_rank, true, seed + 1);
+  return row;
+}
+
+Measurement Runner::measure(size_t bytes, size_t count, size_t per_rank, bool in_place,
+                            uint32_t seed) {
+  using Clock = std::chrono::steady_clock;
+  const CollectiveInfo& info = collective_info(options_.collective);
+  const comm::CollectiveOptions o{
+      .op = options_.op,
+      .root = options_.root,
+      .timeout = comm::Duration(static_cast<int64_t>(options_.timeout_s * 1000))};
+  CheckSpec spec{.collective = options_.collective,
+                 .op = info.reduces ? options_.op : comm::ReduceOp::Sum,
+                 .dtype = options_.dtype,
+                 .rank = rank_,
+                 .nranks = nranks_,
+                 .root = options_.root,
+                 .count = count,
+                 .per_rank = per_rank};
+  CaseBuffers buffers =
+      make_case(options_.collective, in_place, options_.dtype, count, per_rank, rank_);
+  // Real values even when not checking: garbage could hold NaNs or subnormals, which
+  // change the speed of floating-point reductions.
+  fill_case(spec, buffers, seed);
+
+  std::vector<WorkPtr> works;
+  for (int i = 0; i < options_.warmup_iters; ++i) {
+    issue(*pg_, options_.collective, buffers, o, works);
+    if (options_.blocking) wait_all(works);
+  }
+  wait_all(works);
+  pg_->barrier(o)->wait();
+
+  auto start = Clock::now();
+  for (int i = 0; i < options_.iters; ++i) {
+    issue(*pg_, options_.collective, buffers, o, works);
+    if (options_.blocking) wait_all(works);
+  }
+  wait_all(works);
+  double elapsed_us = std::chrono::duration<double, std::micro>(Clock::now() - start).count();
+
+  Measurement m;
+  m.time_us = max_over_ranks(elapsed_us / std::max(options_.iters, 1));
+  m.algbw = m.time_us > 0 ? static_cast<double>(bytes) / m.time_us / 1e3 : 0.0;
+  m.busbw = m.algbw * bus_factor(options_.collective, nranks_);
+
+  if (options_.check) {
+    fill_case(spec, buffers, seed + 1000);
+    issue(*pg_, options_.collective, buffers, o, works);
+    wait_all(works);
+    m.wrong = sum_over_ranks(count_wrong(spec, buffers, seed + 1000));
+  }
+  return m;
+}
+
+double Runner::max_over_ranks(double value) {
+  Tensor t = Tensor::full({1}, value, DType::F64);
+  comm::CollectiveOptions max;
+  max.op = comm::ReduceOp::Max;
+  pg_->allreduce(t, max)->wait();
+  return t.data<double>()[0];
+}
+
+int64_t Runner::sum_over_ranks(int64_t value) {
+  Tensor t = Tensor::full({1}, static_cast<double>(value), DType::I64);
+  pg_->allreduce(t)->wait();  // sum
+  return t.data<int64_t>()[0];
+}
+
+}  // namespace loom::perf

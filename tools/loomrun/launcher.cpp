@@ -1,0 +1,258 @@
+#include "tools/loomrun/launcher.h"
+
+#include <fcntl.h>
+#include <poll.h>
+#include <signal.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <chrono>
+#include <cstring>
+#include <memory>
+#include <optional>
+
+#include "tensor/error.h"
+#include "tools/loomrun/log.h"
+#include "tools/loomrun/output_relay.h"
+#include "tools/loomrun/rank_env.h"
+#include "tools/loomrun/rank_process.h"
+
+extern char** environ;
+
+namespace loom::loomrun {
+
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+enum class Ending { Success, RankFailed, Signaled, TimedOut, StartFailed };
+
+constexpr int kPollCapMs = 250;  // also reaps ranks whose SIGCHLD bytes were merged
+constexpr size_t kReadChunk = 64 * 1024;
+constexpr int kReadsPerWakeup = 16;  // so one chatty rank cannot starve the others
+
+std::chrono::milliseconds seconds(double s) {
+  return std::chrono::milliseconds(static_cast<int64_t>(s * 1000.0));
+}
+
+int ms_until(Clock::time_point when) {
+  auto left = std::chrono::duration_cast<std::chrono::milliseconds>(when - Clock::now()).count();
+  return static_cast<int>(std::clamp<int64_t>(left, 0, kPollCapMs));
+}
+
+// A rank with the relays of its two streams.
+struct LiveRank {
+  std::unique_ptr<RankProcess> process;
+  OutputRelay out;
+  OutputRelay err;
+};
+
+enum class Stream { Out, Err };
+
+// Reads what is available on one stream of `rank` (the fds are non-blocking) and relays
+// it; closes the stream at end of file. At most `max_reads` reads.
+void pump(LiveRank& rank, Stream stream, int max_reads) {
+  char buffer[kReadChunk];
+  for (int i = 0; i < max_reads; ++i) {
+    int fd = stream == Stream::Out ? rank.process->stdout_fd() : rank.process->stderr_fd();
+    if (fd < 0) return;
+    ssize_t n = ::read(fd, buffer, sizeof(buffer));
+    if (n > 0) {
+      (stream == Stream::Out ? rank.out : rank.err).feed(buffer, static_cast<size_t>(n));
+      continue;
+    }
+    if (n < 0 && errno == EINTR) continue;
+    if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) return;
+    // End of file (or a broken pipe): relay the partial last line and close.
+    if (stream == Stream::Out) {
+      rank.out.flush();
+      rank.process->close_stdout();
+    } else {
+      rank.err.flush();
+      rank.process->close_stderr();
+    }
+    return;
+  }
+}
+
+// After the rank exited: relays what its pipes still hold (bounded, in case something it
+// forked keeps writing).
+void drain(LiveRank& rank) {
+  pump(rank, Stream::Out, 64);
+  pump(rank, Stream::Err, 64);
+}
+
+void set_nonblocking(int fd) {
+  int flags = ::fcntl(fd, F_GETFL);
+  if (flags >= 0) ::fcntl(fd, F_SETFL, flags | O_NONBLOCK);
+}
+
+}  // namespace
+
+struct Launcher::Outcome {
+  Ending ending = Ending::Success;
+  int exit_code = 0;
+};
+
+Launcher::Launcher(const LaunchOptions& options, int master_port, std::string secret,
+                   const BindingPlan* binding, SignalPipe& signals)
+    : options_(options),
+      master_port_(master_port),
+      secret_(std::move(secret)),
+      binding_(binding),
+      signals_(signals) {}
+
+int Launcher::run() {
+  const int attempts = options_.max_restarts + 1;
+  std::optional<Clock::time_point> job_deadline;  // --timeout spans every attempt
+  if (options_.timeout_s) job_deadline = Clock::now() + seconds(*options_.timeout_s);
+  for (int restart = 0;; ++restart) {
+    for (int signo : signals_.drain()) {
+      if (signo == SIGCHLD) continue;
+      say("received ", signal_name(signo), " between attempts; not restarting");
+      return 128 + signo;
+    }
+    Outcome outcome = run_attempt(restart, job_deadline);
+    switch (outcome.ending) {
+      case Ending::Success: return 0;
+      case Ending::RankFailed:
+        if (restart + 1 < attempts) {
+          say("restarting (attempt ", restart + 2, " of ", attempts, ")");
+          continue;
+        }
+        if (attempts > 1) say("giving up after ", attempts, " attempts");
+        return outcome.exit_code != 0 ? outcome.exit_code : 1;
+      case Ending::Signaled:
+      case Ending::TimedOut:
+      case Ending::StartFailed: return outcome.exit_code != 0 ? outcome.exit_code : 1;
+    }
+  }
+}
+
+Launcher::Outcome Launcher::run_attempt(int restart_count,
+                                        std::optional<Clock::time_point> job_deadline) {
+  std::optional<Outcome> stopping;  // set once the group is being stopped, with the reason
+  Clock::time_point kill_at{};
+  bool killed = false;
+  int stop_signal = SIGTERM;
+  std::vector<LiveRank> ranks;
+  ranks.reserve(static_cast<size_t>(options_.nproc_per_node));
+
+  auto begin_stop = [&](Outcome why, int signo) {
+    stopping = why;
+    stop_signal = signo;
+    kill_at = Clock::now() + seconds(options_.grace_period_s);
+    for (LiveRank& rank : ranks)
+      rank.process->signal(signo);
+  };
+  auto kill_all = [&] {
+    killed = true;
+    for (LiveRank& rank : ranks)
+      rank.process->signal(SIGKILL);
+  };
+  auto running = [&] {
+    return std::count_if(ranks.begin(), ranks.end(),
+                         [](const LiveRank& rank) { return rank.process->running(); });
+  };
+
+  for (int local = 0; local < options_.nproc_per_node; ++local) {
+    int global = options_.node_rank * options_.nproc_per_node + local;
+    RankSpec spec{.global_rank = global,
+                  .local_rank = local,
+                  .program = options_.program,
+                  .args = options_.args,
+                  .env = rank_environment(options_,
+                                          {.local_rank = local,
+                                           .master_port = master_port_,
+                                           .restart_count = restart_count,
+                                           .secret = &secret_},
+                                          environ),
+                  .binding = binding_};
+    try {
+      auto process = std::make_unique<RankProcess>(spec);
+      set_nonblocking(process->stdout_fd());
+      set_nonblocking(process->stderr_fd());
+      std::string prefix = "[";  // built piecewise: GCC 12 -Wrestrict false positive
+      prefix += std::to_string(global);
+      prefix += "] ";
+      ranks.push_back({std::move(process), OutputRelay(1, prefix), OutputRelay(2, prefix)});
+    } catch (const Error& e) {
+      say("cannot start rank ", global, ": ", e.what());
+      begin_stop({Ending::StartFailed, 1}, SIGTERM);
+      break;
+    }
+  }
+
+  std::vector<pollfd> fds;
+  std::vector<std::pair<size_t, Stream>> owners;  // fds[i + 1] belongs to owners[i]
+  while (running() > 0) {
+    fds.assign(1, pollfd{.fd = signals_.fd(), .events = POLLIN, .revents = 0});
+    owners.clear();
+    for (size_t i = 0; i < ranks.size(); ++i) {
+      const RankProcess& p = *ranks[i].process;
+      if (p.stdout_fd() >= 0) {
+        fds.push_back({.fd = p.stdout_fd(), .events = POLLIN, .revents = 0});
+        owners.emplace_back(i, Stream::Out);
+      }
+      if (p.stderr_fd() >= 0) {
+        fds.push_back({.fd = p.stderr_fd(), .events = POLLIN, .revents = 0});
+        owners.emplace_back(i, Stream::Err);
+      }
+    }
+    int wait_ms = kPollCapMs;
+    if (!stopping && job_deadline) wait_ms = std::min(wait_ms, ms_until(*job_deadline));
+    if (stopping && !killed) wait_ms = std::min(wait_ms, ms_until(kill_at));
+    int ready = ::poll(fds.data(), fds.size(), wait_ms);
+    if (ready < 0 && errno != EINTR) fail("[loomrun] poll: ", std::strerror(errno));
+
+    for (size_t i = 1; ready > 0 && i < fds.size(); ++i) {
+      if (fds[i].revents == 0) continue;
+      auto [rank, stream] = owners[i - 1];
+      pump(ranks[rank], stream, kReadsPerWakeup);
+    }
+
+    for (int signo : signals_.drain()) {
+      if (signo == SIGCHLD) continue;
+      if (!stopping) {
+        say("received ", signal_name(signo), "; forwarding it to the ranks");
+        begin_stop({Ending::Signaled, 128 + signo}, signo);
+      } else if (!killed) {
+        say("received ", signal_name(signo), " while stopping; sending SIGKILL to the ranks");
+        stopping = Outcome{Ending::Signaled, 128 + signo};
+        kill_all();
+      }
+    }
+
+    for (LiveRank& rank : ranks) {
+      if (!rank.process->reap()) continue;
+      drain(rank);  // its last words come before loomrun's verdict
+      const RankExit& exit = *rank.process->exit();
+      if (!exit.ok() && !stopping) {
+        say("rank ", rank.process->global_rank(), " (pid ", rank.process->pid(), ") ",
+            exit.describe());
+        begin_stop({Ending::RankFailed, exit.exit_code()}, SIGTERM);
+      }
+    }
+
+    Clock::time_point now = Clock::now();
+    if (!stopping && job_deadline && now >= *job_deadline && running() > 0) {
+      say("the job ran longer than --timeout ", *options_.timeout_s, " s; stopping all ranks");
+      begin_stop({Ending::TimedOut, kTimeoutExitCode}, SIGTERM);
+    }
+    if (stopping && !killed && now >= kill_at && running() > 0) {
+      say(running(), " rank(s) still running ", options_.grace_period_s, " s after ",
+          signal_name(stop_signal), "; sending SIGKILL");
+      kill_all();
+    }
+  }
+
+  for (LiveRank& rank : ranks) {
+    drain(rank);
+    rank.out.flush();
+    rank.err.flush();
+  }
+  return stopping.value_or(Outcome{});
+}
+
+}  // namespace loom::loomrun

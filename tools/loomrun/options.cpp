@@ -1,0 +1,183 @@
+#include "tools/loomrun/options.h"
+
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <CLI/CLI.hpp>
+#include <cstdlib>
+#include <sstream>
+
+namespace loom::loomrun {
+
+namespace {
+
+[[noreturn]] void usage_error(const std::string& message) {
+  throw UsageError{message};
+}
+
+// torchrun's --nnodes takes "M" or "MIN:MAX"; loomrun is not elastic, so MIN must equal MAX.
+int parse_nnodes(const std::string& text) {
+  auto to_int = [&](const std::string& part) {
+    try {
+      size_t used = 0;
+      int value = std::stoi(part, &used);
+      if (used == part.size()) return value;
+    } catch (const std::exception&) {
+    }
+    usage_error("--nnodes expects a number or MIN:MAX, got '" + text + "'");
+  };
+  size_t colon = text.find(':');
+  if (colon == std::string::npos) return to_int(text);
+  int low = to_int(text.substr(0, colon));
+  int high = to_int(text.substr(colon + 1));
+  if (low != high) {
+    usage_error("--nnodes " + text + ": elastic node ranges are not supported; give one number");
+  }
+  return low;
+}
+
+bool is_executable_file(const std::string& path) {
+  struct stat info {};
+  return ::stat(path.c_str(), &info) == 0 && S_ISREG(info.st_mode) &&
+         ::access(path.c_str(), X_OK) == 0;
+}
+
+}  // namespace
+
+std::optional<std::string> find_program(const std::string& program) {
+  if (program.empty()) return std::nullopt;
+  if (program.find('/') != std::string::npos) {
+    if (is_executable_file(program)) return program;
+    return std::nullopt;
+  }
+  const char* path_env = std::getenv("PATH");
+  std::string path = path_env != nullptr ? path_env : "/usr/local/bin:/usr/bin:/bin";
+  std::stringstream dirs(path);
+  std::string dir;
+  while (std::getline(dirs, dir, ':')) {
+    std::string candidate = (dir.empty() ? std::string(".") : dir) + "/" + program;
+    if (is_executable_file(candidate)) return candidate;
+  }
+  return std::nullopt;
+}
+
+ParseResult parse_options(int argc, char** argv, bool secret_in_env) {
+  CLI::App app{
+      "loomrun: start the local ranks of a Loom (or torchrun-style) job, serve its store on "
+      "node 0, relay their output and restart or stop them together.\n"
+      "Usage: loomrun [OPTIONS] PROGRAM [ARGS...]"};
+  app.prefix_command();  // everything from PROGRAM on belongs to the ranks
+  LaunchOptions o;
+  std::string nnodes = "1";
+  std::string bind = "none";
+  std::string rdzv_endpoint, rdzv_backend, rdzv_id;
+  bool standalone = false;
+  bool no_python = false;
+  double timeout = 0;
+  app.add_option("--nproc-per-node,--nproc_per_node", o.nproc_per_node, "local ranks to start")
+      ->capture_default_str();
+  app.add_option("--nnodes", nnodes, "nodes in the job (M, or M:M as torchrun takes it)")
+      ->capture_default_str();
+  app.add_option("--node-rank,--node_rank", o.node_rank, "this node's rank, 0..nnodes-1")
+      ->capture_default_str();
+  app.add_option("--master-addr,--master_addr", o.master_addr,
+                 "address of node 0; node 0 binds its store here (0.0.0.0: all interfaces)")
+      ->capture_default_str();
+  app.add_option("--master-port,--master_port", o.master_port,
+                 "store port; 0 picks a free one (single node only)")
+      ->capture_default_str();
+  app.add_option("--max-restarts,--max_restarts", o.max_restarts,
+                 "restart the whole group this many times after a failure")
+      ->capture_default_str();
+  app.add_option("--bind", bind, "pin each local rank to its share of cores or NUMA nodes")
+      ->check(CLI::IsMember({"none", "core", "numa"}))
+      ->capture_default_str();
+  app.add_option("--timeout", timeout, "stop the job after this many seconds (exit 124)");
+  app.add_option("--grace-period,--grace_period", o.grace_period_s,
+                 "seconds between SIGTERM and SIGKILL when stopping ranks")
+      ->capture_default_str();
+  app.add_flag("--standalone", standalone, "single node on a free port (as torchrun)");
+  app.add_option("--rdzv-endpoint,--rdzv_endpoint", rdzv_endpoint,
+                 "HOST[:PORT], torchrun's spelling of --master-addr/--master-port");
+  app.add_option("--rdzv-backend,--rdzv_backend", rdzv_backend, "accepted for torchrun; ignored");
+  app.add_option("--rdzv-id,--rdzv_id", rdzv_id, "accepted for torchrun; ignored");
+  app.add_flag("--no-python,--no_python", no_python,
+               "accepted for torchrun; loomrun always runs PROGRAM itself");
+
+  try {
+    app.parse(argc, argv);
+  } catch (const CLI::ParseError& e) {
+    if (e.get_exit_code() == 0) return {std::nullopt, app.exit(e)};  // --help
+    usage_error(e.what());
+  }
+
+  std::vector<std::string> command = app.remaining();
+  if (!command.empty() && command.front() == "--") command.erase(command.begin());
+  if (command.empty()) usage_error("no program given: loomrun [OPTIONS] PROGRAM [ARGS...]");
+  if (command.front().size() > 1 && command.front()[0] == '-') {
+    usage_error("unknown option '" + command.front() +
+                "' (put '--' before a PROGRAM starting "
+                "with '-')");
+  }
+  o.program = command.front();
+  o.args.assign(command.begin() + 1, command.end());
+
+  o.nnodes = parse_nnodes(nnodes);
+  o.bind = *parse_bind_mode(bind);
+  if (app.count("--timeout") > 0) o.timeout_s = timeout;
+  bool port_given = app.count("--master-port") > 0;
+  bool addr_given = app.count("--master-addr") > 0;
+  if (!rdzv_endpoint.empty()) {
+    size_t colon = rdzv_endpoint.rfind(':');
+    std::string host = rdzv_endpoint.substr(0, colon);
+    if (!addr_given && !host.empty()) o.master_addr = host;
+    if (!port_given && colon != std::string::npos) {
+      try {
+        o.master_port = std::stoi(rdzv_endpoint.substr(colon + 1));
+        port_given = true;
+      } catch (const std::exception&) {
+        usage_error("--rdzv-endpoint expects HOST[:PORT], got '" + rdzv_endpoint + "'");
+      }
+    }
+  }
+  if (standalone) {
+    if (o.nnodes != 1) usage_error("--standalone runs a single node; drop --nnodes");
+    if (!port_given) o.master_port = 0;
+  }
+
+  auto number = [](auto value) { return std::to_string(value); };
+  if (o.nproc_per_node < 1) {
+    usage_error("--nproc-per-node must be at least 1 (got " + number(o.nproc_per_node) + ")");
+  }
+  if (o.nnodes < 1) usage_error("--nnodes must be at least 1 (got " + number(o.nnodes) + ")");
+  if (o.node_rank < 0 || o.node_rank >= o.nnodes) {
+    usage_error("--node-rank " + number(o.node_rank) + " is outside 0.." + number(o.nnodes - 1) +
+                " (--nnodes " + number(o.nnodes) + ")");
+  }
+  if (o.master_port < 0 || o.master_port > 65535) {
+    usage_error("--master-port must be in 0..65535 (got " + number(o.master_port) + ")");
+  }
+  if (o.master_port == 0 && o.nnodes > 1) {
+    usage_error(
+        "--master-port 0 works on a single node only: the other nodes cannot learn the "
+        "port node 0 picks; give every node the same --master-port");
+  }
+  if (o.max_restarts < 0) {
+    usage_error("--max-restarts must be >= 0 (got " + number(o.max_restarts) + ")");
+  }
+  if (o.timeout_s && !(*o.timeout_s > 0)) usage_error("--timeout must be > 0 seconds");
+  if (!(o.grace_period_s >= 0)) usage_error("--grace-period must be >= 0 seconds");
+  if (o.nnodes > 1 && !secret_in_env) {
+    usage_error("--nnodes " + number(o.nnodes) +
+                " needs LOOM_STORE_SECRET in the environment: every node's loomrun must give "
+                "its ranks the same store secret. Generate one (e.g. `openssl rand -hex 32`) and "
+                "run `export LOOM_STORE_SECRET=...` on every node before loomrun");
+  }
+  if (!find_program(o.program)) {
+    usage_error("program not found or not executable: '" + o.program + "'" +
+                (o.program.find('/') == std::string::npos ? " (searched PATH)" : ""));
+  }
+  return {std::move(o), 0};
+}
+
+}  // namespace loom::loomrun
