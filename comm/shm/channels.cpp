@@ -63,7 +63,13 @@ void ShmBackend::send_recv(const void* send_data, size_t send_bytes, int dst, vo
   auto* out = static_cast<const char*>(send_data);
   auto* in = static_cast<char*>(recv_data);
   size_t sent = 0, received = 0;
+  ChannelControl& outgoing = channel(rank_, dst);
+  ChannelControl& incoming = channel(src, rank_);
   while (sent < send_bytes || received < recv_bytes) {
+    // Snapshot the peers' counters before trying, so that a change made while we try is seen
+    // by the wait below (reading them after a failed try could miss it and wait forever).
+    uint64_t out_tail = outgoing.tail.value.load(std::memory_order_acquire);
+    uint64_t in_head = incoming.head.value.load(std::memory_order_acquire);
     size_t moved = 0;
     if (sent < send_bytes) {
       size_t n = push(dst, out + sent, send_bytes - sent);
@@ -77,10 +83,6 @@ void ShmBackend::send_recv(const void* send_data, size_t send_bytes, int dst, vo
     }
     if (moved > 0 || (sent == send_bytes && received == recv_bytes)) continue;
     // Nothing moved: wait until the receiver drained or the sender filled some bytes.
-    ChannelControl& outgoing = channel(rank_, dst);
-    ChannelControl& incoming = channel(src, rank_);
-    uint64_t out_tail = outgoing.tail.value.load(std::memory_order_acquire);
-    uint64_t in_head = incoming.head.value.load(std::memory_order_acquire);
     bool sending = sent < send_bytes;
     wait_until(
         scope_,

@@ -151,59 +151,98 @@ struct ScalarPlain {
 // (compiled for the build's -march, which GCC auto-vectorises).
 
 namespace scalar_isa {
-using Vec = ScalarF32;
+template <class E>
+using Ops = ScalarF32;
 #include "kernels/cpu/reduce_ops_simd_impl.h"
 }  // namespace scalar_isa
+
+// The vector variants: `Math` is f32 arithmetic on one register, `Ops<E>` adds the loads and
+// stores of element type E. bf16 is held as two f32 registers, the even and the odd elements
+// of a 64-byte (or 32-byte) load: widening is a shift and a mask, narrowing a word blend, and
+// no lane-crossing shuffle is needed (the elementwise arithmetic does not care about order).
 
 #pragma GCC push_options
 #pragma GCC target("avx2,fma,f16c")
 namespace avx2_isa {
 
-struct Vec {
+struct Math {
   using F = __m256;
   using Acc = float;
   using Scalar = ScalarF32;
-  static constexpr size_t kWidth = 8;
   static constexpr bool kFloating = true;
 
   static F set1(float x) { return _mm256_set1_ps(x); }
-  static F load_acc(const float* p) { return _mm256_loadu_ps(p); }
-  static void store_acc(float* p, F x) { _mm256_storeu_ps(p, x); }
   static F is_nan(F x) { return _mm256_cmp_ps(x, x, _CMP_UNORD_Q); }
   static F canonical(F x) {
     return _mm256_blendv_ps(x, _mm256_castsi256_ps(_mm256_set1_epi32(kNanF32)), is_nan(x));
   }
-
-  static F load(const float* p) { return _mm256_loadu_ps(p); }
-  static F load(const Bf16* p) {
-    __m128i h = _mm_loadu_si128(reinterpret_cast<const __m128i*>(p));
-    return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(h), 16));
-  }
-  static F load(const Half* p) {
-    return _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
-  }
-
-  static void store(float* p, F x) { _mm256_storeu_ps(p, canonical(x)); }
-  static void store(Bf16* p, F x) {
-    __m256i bits = _mm256_castps_si256(x);
-    __m256i lsb = _mm256_and_si256(_mm256_srli_epi32(bits, 16), _mm256_set1_epi32(1));
-    __m256i r = _mm256_add_epi32(bits, _mm256_add_epi32(lsb, _mm256_set1_epi32(0x7FFF)));
-    r = _mm256_srli_epi32(r, 16);
-    r = _mm256_blendv_epi8(r, _mm256_set1_epi32(kNanBf16), _mm256_castps_si256(is_nan(x)));
-    // Every lane is below 0x10000, so the unsigned saturating pack only narrows.
-    __m128i packed = _mm_packus_epi32(_mm256_castsi256_si128(r), _mm256_extracti128_si256(r, 1));
-    _mm_storeu_si128(reinterpret_cast<__m128i*>(p), packed);
-  }
-  static void store(Half* p, F x) {
-    _mm_storeu_si128(reinterpret_cast<__m128i*>(p),
-                     _mm256_cvtps_ph(canonical(x), _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC));
-  }
-
   static F add(F a, F b) { return _mm256_add_ps(a, b); }
   static F mul(F a, F b) { return _mm256_mul_ps(a, b); }
   // MINPS returns its second operand when either is NaN; the blend makes a NaN `a` win too.
   static F min(F a, F b) { return _mm256_blendv_ps(_mm256_min_ps(a, b), a, is_nan(a)); }
   static F max(F a, F b) { return _mm256_blendv_ps(_mm256_max_ps(a, b), a, is_nan(a)); }
+};
+
+template <class E>
+struct Ops;
+
+template <>
+struct Ops<float> : Math {
+  static constexpr size_t kWidth = 8;
+  static F load_acc(const float* p) { return _mm256_loadu_ps(p); }
+  static void store_acc(float* p, F x) { _mm256_storeu_ps(p, x); }
+  static F load(const float* p) { return _mm256_loadu_ps(p); }
+  static void store(float* p, F x) { _mm256_storeu_ps(p, canonical(x)); }
+};
+
+template <>
+struct Ops<Half> : Ops<float> {
+  static F load(const Half* p) {
+    return _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
+  }
+  static void store(Half* p, F x) {
+    _mm_storeu_si128(reinterpret_cast<__m128i*>(p),
+                     _mm256_cvtps_ph(canonical(x), _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC));
+  }
+};
+
+struct Pair {
+  __m256 even, odd;
+};
+
+template <>
+struct Ops<Bf16> {
+  using F = Pair;
+  using Acc = float;
+  using Scalar = ScalarF32;
+  static constexpr bool kFloating = true;
+  static constexpr size_t kWidth = 16;
+
+  static F set1(float x) { return {Math::set1(x), Math::set1(x)}; }
+  static F load_acc(const float* p) { return {_mm256_loadu_ps(p), _mm256_loadu_ps(p + 8)}; }
+  static void store_acc(float* p, F x) {
+    _mm256_storeu_ps(p, x.even);
+    _mm256_storeu_ps(p + 8, x.odd);
+  }
+  static F load(const Bf16* p) {
+    __m256i x = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p));
+    return {_mm256_castsi256_ps(_mm256_slli_epi32(x, 16)),
+            _mm256_castsi256_ps(_mm256_and_si256(x, _mm256_set1_epi32(0xFFFF0000u)))};
+  }
+  // Round to nearest even in the upper 16 bits (NaN made canonical first, which survives).
+  static __m256i round(__m256 x) {
+    __m256i bits = _mm256_castps_si256(Math::canonical(x));
+    __m256i lsb = _mm256_and_si256(_mm256_srli_epi32(bits, 16), _mm256_set1_epi32(1));
+    return _mm256_add_epi32(bits, _mm256_add_epi32(lsb, _mm256_set1_epi32(0x7FFF)));
+  }
+  static void store(Bf16* p, F x) {
+    __m256i even = _mm256_srli_epi32(round(x.even), 16), odd = round(x.odd);
+    _mm256_storeu_si256(reinterpret_cast<__m256i*>(p), _mm256_blend_epi16(even, odd, 0xAA));
+  }
+  static F add(F a, F b) { return {Math::add(a.even, b.even), Math::add(a.odd, b.odd)}; }
+  static F mul(F a, F b) { return {Math::mul(a.even, b.even), Math::mul(a.odd, b.odd)}; }
+  static F min(F a, F b) { return {Math::min(a.even, b.even), Math::min(a.odd, b.odd)}; }
+  static F max(F a, F b) { return {Math::max(a.even, b.even), Math::max(a.odd, b.odd)}; }
 };
 
 #include "kernels/cpu/reduce_ops_simd_impl.h"
@@ -214,51 +253,86 @@ struct Vec {
 #pragma GCC target("avx512f,avx512bw,avx512vl,avx2,fma,f16c")
 namespace avx512_isa {
 
-struct Vec {
+struct Math {
   using F = __m512;
   using Acc = float;
   using Scalar = ScalarF32;
-  static constexpr size_t kWidth = 16;
   static constexpr bool kFloating = true;
 
   static F set1(float x) { return _mm512_set1_ps(x); }
-  static F load_acc(const float* p) { return _mm512_loadu_ps(p); }
-  static void store_acc(float* p, F x) { _mm512_storeu_ps(p, x); }
   static __mmask16 is_nan(F x) { return _mm512_cmp_ps_mask(x, x, _CMP_UNORD_Q); }
   static F canonical(F x) {
     return _mm512_mask_mov_ps(x, is_nan(x), _mm512_castsi512_ps(_mm512_set1_epi32(kNanF32)));
   }
+  static F add(F a, F b) { return _mm512_add_ps(a, b); }
+  static F mul(F a, F b) { return _mm512_mul_ps(a, b); }
+  // VMINPS in the lanes where `a` is a number (it returns b when b is NaN); a NaN `a` stays.
+  static F min(F a, F b) { return _mm512_mask_min_ps(a, ~is_nan(a), a, b); }
+  static F max(F a, F b) { return _mm512_mask_max_ps(a, ~is_nan(a), a, b); }
+};
 
+template <class E>
+struct Ops;
+
+template <>
+struct Ops<float> : Math {
+  static constexpr size_t kWidth = 16;
+  static F load_acc(const float* p) { return _mm512_loadu_ps(p); }
+  static void store_acc(float* p, F x) { _mm512_storeu_ps(p, x); }
   static F load(const float* p) { return _mm512_loadu_ps(p); }
-  static F load(const Bf16* p) {
-    __m256i h = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p));
-    return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16));
-  }
+  static void store(float* p, F x) { _mm512_storeu_ps(p, canonical(x)); }
+};
+
+template <>
+struct Ops<Half> : Ops<float> {
   static F load(const Half* p) {
     return _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)));
-  }
-
-  static void store(float* p, F x) { _mm512_storeu_ps(p, canonical(x)); }
-  // Integer rounding rather than VCVTNEPS2BF16 (AVX512_BF16), which flushes subnormals.
-  static void store(Bf16* p, F x) {
-    __m512i bits = _mm512_castps_si512(x);
-    __m512i lsb = _mm512_and_si512(_mm512_srli_epi32(bits, 16), _mm512_set1_epi32(1));
-    __m512i r = _mm512_add_epi32(bits, _mm512_add_epi32(lsb, _mm512_set1_epi32(0x7FFF)));
-    r = _mm512_srli_epi32(r, 16);
-    r = _mm512_mask_mov_epi32(r, is_nan(x), _mm512_set1_epi32(kNanBf16));
-    _mm256_storeu_si256(reinterpret_cast<__m256i*>(p), _mm512_cvtepi32_epi16(r));
   }
   static void store(Half* p, F x) {
     _mm256_storeu_si256(
         reinterpret_cast<__m256i*>(p),
         _mm512_cvtps_ph(canonical(x), _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC));
   }
+};
 
-  static F add(F a, F b) { return _mm512_add_ps(a, b); }
-  static F mul(F a, F b) { return _mm512_mul_ps(a, b); }
-  // VMINPS in the lanes where `a` is a number (it returns b when b is NaN); a NaN `a` stays.
-  static F min(F a, F b) { return _mm512_mask_min_ps(a, ~is_nan(a), a, b); }
-  static F max(F a, F b) { return _mm512_mask_max_ps(a, ~is_nan(a), a, b); }
+struct Pair {
+  __m512 even, odd;
+};
+
+// Integer rounding rather than VCVTNEPS2BF16 (AVX512_BF16), which flushes subnormals.
+template <>
+struct Ops<Bf16> {
+  using F = Pair;
+  using Acc = float;
+  using Scalar = ScalarF32;
+  static constexpr bool kFloating = true;
+  static constexpr size_t kWidth = 32;
+
+  static F set1(float x) { return {Math::set1(x), Math::set1(x)}; }
+  static F load_acc(const float* p) { return {_mm512_loadu_ps(p), _mm512_loadu_ps(p + 16)}; }
+  static void store_acc(float* p, F x) {
+    _mm512_storeu_ps(p, x.even);
+    _mm512_storeu_ps(p + 16, x.odd);
+  }
+  static F load(const Bf16* p) {
+    __m512i x = _mm512_loadu_si512(p);
+    return {_mm512_castsi512_ps(_mm512_slli_epi32(x, 16)),
+            _mm512_castsi512_ps(_mm512_and_si512(x, _mm512_set1_epi32(0xFFFF0000u)))};
+  }
+  // Round to nearest even in the upper 16 bits (NaN made canonical first, which survives).
+  static __m512i round(__m512 x) {
+    __m512i bits = _mm512_castps_si512(Math::canonical(x));
+    __m512i lsb = _mm512_and_si512(_mm512_srli_epi32(bits, 16), _mm512_set1_epi32(1));
+    return _mm512_add_epi32(bits, _mm512_add_epi32(lsb, _mm512_set1_epi32(0x7FFF)));
+  }
+  static void store(Bf16* p, F x) {
+    __m512i even = _mm512_srli_epi32(round(x.even), 16), odd = round(x.odd);
+    _mm512_storeu_si512(p, _mm512_mask_blend_epi16(0xAAAAAAAA, even, odd));
+  }
+  static F add(F a, F b) { return {Math::add(a.even, b.even), Math::add(a.odd, b.odd)}; }
+  static F mul(F a, F b) { return {Math::mul(a.even, b.even), Math::mul(a.odd, b.odd)}; }
+  static F min(F a, F b) { return {Math::min(a.even, b.even), Math::min(a.odd, b.odd)}; }
+  static F max(F a, F b) { return {Math::max(a.even, b.even), Math::max(a.odd, b.odd)}; }
 };
 
 #include "kernels/cpu/reduce_ops_simd_impl.h"

@@ -3,11 +3,13 @@
 // this file three times, each time inside its own namespace and `#pragma GCC target` region
 // (see Note [One kernel, three instruction sets] there). Include it from nowhere else.
 //
-// A traits type V provides: `F` (a vector of accumulators, or one accumulator), `Acc` (the
-// accumulator's scalar type), `kWidth` (lanes of F), `Scalar` (the one-lane traits with the
-// same arithmetic, for loop tails), `set1`, `load_acc`/`store_acc` (raw accumulator buffer),
-// `load(const E*)` (widen an element to Acc), `store(E*, F)` (canonicalise NaN, round to E),
-// and `add`, `mul`, `min`, `max` (see Note [Reduction semantics] in reduce_ops.cpp).
+// A traits type V (one per element type and instruction set) provides: `F` (a register's
+// worth of accumulators, or one accumulator), `Acc` (the accumulator's scalar type), `kWidth`
+// (elements per F), `Scalar` (the one-element traits with the same arithmetic, for loop
+// tails), `set1`, `load_acc`/`store_acc` (the accumulator buffer, in F's own element order),
+// `load(const E*)` (widen kWidth elements), `store(E*, F)` (canonicalise NaN, round to E), and
+// `add`, `mul`, `min`, `max` (see Note [Reduction semantics] in reduce_ops.cpp). The enclosing
+// namespace provides `Ops<E>`, the traits of the f32 family for its instruction set.
 
 template <class V, ReduceKind K>
 [[gnu::always_inline]] inline typename V::F combine(typename V::F a, typename V::F b) {
@@ -150,14 +152,14 @@ void reduce_typed(ReduceKind kind, void* out, const void* const* inputs, size_t 
   }
 }
 
-// f32, bf16 and f16 (all accumulate in f32) with this instruction set's traits `Vec`.
+// f32, bf16 and f16 (all accumulate in f32) with this instruction set's traits `Ops<E>`.
 void reduce_f32_family(ReduceType type, ReduceKind kind, void* out, const void* const* inputs,
                        size_t count, size_t n, float scale, bool scaled) {
   switch (type) {
     case ReduceType::F32:
-      return reduce_typed<Vec, float>(kind, out, inputs, count, n, scale, scaled);
+      return reduce_typed<Ops<float>, float>(kind, out, inputs, count, n, scale, scaled);
     case ReduceType::BF16:
-      return reduce_typed<Vec, Bf16>(kind, out, inputs, count, n, scale, scaled);
-    default: return reduce_typed<Vec, Half>(kind, out, inputs, count, n, scale, scaled);
+      return reduce_typed<Ops<Bf16>, Bf16>(kind, out, inputs, count, n, scale, scaled);
+    default: return reduce_typed<Ops<Half>, Half>(kind, out, inputs, count, n, scale, scaled);
   }
 }
