@@ -79,27 +79,46 @@ ProcessGroup::~ProcessGroup() {
   if (progress_.joinable()) progress_.join();
 }
 
-WorkPtr ProcessGroup::enqueue(Op op) {
+WorkPtr ProcessGroup::enqueue(Op op, bool async_op) {
   auto owned = std::make_unique<Op>(std::move(op));
-  std::lock_guard lock(mutex_);
+  std::unique_lock lock(mutex_);
   owned->seq = next_seq_++;
   owned->description = owned->kind + " #" + std::to_string(owned->seq) + owned->description;
   owned->work = std::make_shared<Work>(owned->description, owned->timeout);
   WorkPtr work = owned->work;
   if (broken_) {
-    try {
-      std::rethrow_exception(broken_);
-    } catch (const std::exception& e) {
-      work->complete(std::make_exception_ptr(
-          CommError("[comm] rank " + std::to_string(rank_) + ": " + owned->description +
-                        " not started: the group is broken by an earlier failure: " + e.what(),
-                    rank_)));
-    }
+    work->complete(broken_error(*owned));
+    return work;
+  }
+  if (!async_op && queue_.empty() && !running_) {
+    // Nothing ahead of it: run on this thread, in order, without waking the progress thread.
+    running_ = true;
+    lock.unlock();
+    run(*owned);
+    lock.lock();
+    running_ = false;
+    lock.unlock();
+    queued_.notify_all();
     return work;
   }
   queue_.push_back(std::move(owned));
-  queued_.notify_one();
+  lock.unlock();
+  queued_.notify_all();
+  if (!async_op) work->wait();
   return work;
+}
+
+std::exception_ptr ProcessGroup::broken_error(const Op& op) const {
+  std::string cause = "an earlier failure";
+  try {
+    std::rethrow_exception(broken_);
+  } catch (const std::exception& e) {
+    cause = e.what();
+  }
+  return std::make_exception_ptr(CommError("[comm] rank " + std::to_string(rank_) + ": " +
+                                               op.description +
+                                               " not started: the group is broken by " + cause,
+                                           rank_));
 }
 
 void ProcessGroup::progress_loop() {
@@ -107,23 +126,27 @@ void ProcessGroup::progress_loop() {
     std::unique_ptr<Op> op;
     {
       std::unique_lock lock(mutex_);
-      queued_.wait(lock, [&] { return stopping_ || !queue_.empty(); });
+      queued_.wait(lock, [&] { return (stopping_ && !running_) || (!queue_.empty() && !running_); });
       if (queue_.empty()) return;
       op = std::move(queue_.front());
       queue_.pop_front();
+      if (broken_) {
+        op->work->complete(broken_error(*op));
+        continue;
+      }
+      running_ = true;
     }
     run(*op);
+    {
+      std::lock_guard lock(mutex_);
+      running_ = false;
+    }
+    queued_.notify_all();
   }
 }
 
+// Runs one operation on the current thread; the caller holds the running_ flag.
 void ProcessGroup::run(Op& op) {
-  if (broken_) {
-    op.work->complete(std::make_exception_ptr(CommError(
-        "[comm] rank " + std::to_string(rank_) + ": " + op.description +
-            " not started: the group is broken by an earlier failure",
-        rank_)));
-    return;
-  }
   op.work->mark_started();
   Deadline deadline = deadline_after(op.timeout);
   try {
@@ -133,11 +156,14 @@ void ProcessGroup::run(Op& op) {
     op.body(*backend_, deadline);
     op.work->complete();
   } catch (const CommError& e) {
-    CommError decorated(std::string(e.what()) + " (" + op.description + ", timeout " +
-                            duration_str(op.timeout) + ")",
-                        e.rank(), e.peer());
-    broken_ = std::make_exception_ptr(decorated);
-    op.work->complete(broken_);
+    auto error = std::make_exception_ptr(CommError(std::string(e.what()) + " (" + op.description +
+                                                       ", timeout " + duration_str(op.timeout) + ")",
+                                                   e.rank(), e.peer()));
+    {
+      std::lock_guard lock(mutex_);
+      broken_ = error;
+    }
+    op.work->complete(error);
   } catch (...) {
     op.work->complete(std::current_exception());
   }
@@ -170,7 +196,8 @@ WorkPtr ProcessGroup::allreduce(Tensor& tensor, const CollectiveOptions& o) {
                   .signature = signature_of("allreduce", t, op, std::nullopt),
                   .body = [t, op](Backend& b, Deadline d) mutable { b.allreduce(t, op, d); },
                   .timeout = o.timeout.value_or(options_.timeout),
-                  .description = LOOM_DESCRIBE(t)});
+                  .description = LOOM_DESCRIBE(t)},
+                 o.async_op);
 }
 
 WorkPtr ProcessGroup::allreduce(const Tensor& input, Tensor& output, const CollectiveOptions& o) {
@@ -194,7 +221,8 @@ WorkPtr ProcessGroup::allreduce(const Tensor& input, Tensor& output, const Colle
                         b.allreduce(out, op, d);
                       },
                   .timeout = o.timeout.value_or(options_.timeout),
-                  .description = LOOM_DESCRIBE(in)});
+                  .description = LOOM_DESCRIBE(in)},
+                 o.async_op);
 }
 
 WorkPtr ProcessGroup::broadcast(Tensor& tensor, const CollectiveOptions& o) {
@@ -206,7 +234,8 @@ WorkPtr ProcessGroup::broadcast(Tensor& tensor, const CollectiveOptions& o) {
                   .signature = signature_of("broadcast", t, std::nullopt, root),
                   .body = [t, root](Backend& b, Deadline d) mutable { b.broadcast(t, root, d); },
                   .timeout = o.timeout.value_or(options_.timeout),
-                  .description = LOOM_DESCRIBE(t)});
+                  .description = LOOM_DESCRIBE(t)},
+                 o.async_op);
 }
 
 WorkPtr ProcessGroup::reduce(Tensor& tensor, const CollectiveOptions& o) {
@@ -222,7 +251,8 @@ WorkPtr ProcessGroup::reduce(Tensor& tensor, const CollectiveOptions& o) {
                   .signature = signature_of("reduce", t, op, root),
                   .body = [t, root, op](Backend& b, Deadline d) mutable { b.reduce(t, root, op, d); },
                   .timeout = o.timeout.value_or(options_.timeout),
-                  .description = LOOM_DESCRIBE(t)});
+                  .description = LOOM_DESCRIBE(t)},
+                 o.async_op);
 }
 
 WorkPtr ProcessGroup::all_gather(Tensor& output, const Tensor& input, const CollectiveOptions& o) {
@@ -237,7 +267,8 @@ WorkPtr ProcessGroup::all_gather(Tensor& output, const Tensor& input, const Coll
                   .signature = signature_of("all_gather", in, std::nullopt, std::nullopt),
                   .body = [in, out](Backend& b, Deadline d) mutable { b.all_gather(out, in, d); },
                   .timeout = o.timeout.value_or(options_.timeout),
-                  .description = LOOM_DESCRIBE(in)});
+                  .description = LOOM_DESCRIBE(in)},
+                 o.async_op);
 }
 
 WorkPtr ProcessGroup::reduce_scatter(Tensor& output, const Tensor& input,
@@ -259,7 +290,8 @@ WorkPtr ProcessGroup::reduce_scatter(Tensor& output, const Tensor& input,
                     b.reduce_scatter(out, in, op, d);
                   },
                   .timeout = o.timeout.value_or(options_.timeout),
-                  .description = LOOM_DESCRIBE(in)});
+                  .description = LOOM_DESCRIBE(in)},
+                 o.async_op);
 }
 
 WorkPtr ProcessGroup::all_to_all(Tensor& output, const Tensor& input, const CollectiveOptions& o) {
@@ -276,7 +308,8 @@ WorkPtr ProcessGroup::all_to_all(Tensor& output, const Tensor& input, const Coll
                   .signature = signature_of("all_to_all", in, std::nullopt, std::nullopt),
                   .body = [in, out](Backend& b, Deadline d) mutable { b.all_to_all(out, in, d); },
                   .timeout = o.timeout.value_or(options_.timeout),
-                  .description = LOOM_DESCRIBE(in)});
+                  .description = LOOM_DESCRIBE(in)},
+                 o.async_op);
 }
 
 WorkPtr ProcessGroup::send(const Tensor& tensor, int dst, const P2POptions& o) {
@@ -291,7 +324,8 @@ WorkPtr ProcessGroup::send(const Tensor& tensor, int dst, const P2POptions& o) {
                   .collective = false,
                   .body = [t, dst, tag](Backend& b, Deadline d) { b.send(t, dst, tag, d); },
                   .timeout = o.timeout.value_or(options_.timeout),
-                  .description = LOOM_DESCRIBE(t) + " to rank " + std::to_string(dst)});
+                  .description = LOOM_DESCRIBE(t) + " to rank " + std::to_string(dst)},
+                 o.async_op);
 }
 
 WorkPtr ProcessGroup::recv(Tensor& tensor, int src, const P2POptions& o) {
@@ -306,7 +340,8 @@ WorkPtr ProcessGroup::recv(Tensor& tensor, int src, const P2POptions& o) {
                   .collective = false,
                   .body = [t, src, tag](Backend& b, Deadline d) mutable { b.recv(t, src, tag, d); },
                   .timeout = o.timeout.value_or(options_.timeout),
-                  .description = LOOM_DESCRIBE(t) + " from rank " + std::to_string(src)});
+                  .description = LOOM_DESCRIBE(t) + " from rank " + std::to_string(src)},
+                 o.async_op);
 }
 
 WorkPtr ProcessGroup::barrier(const CollectiveOptions& o) {
@@ -314,7 +349,8 @@ WorkPtr ProcessGroup::barrier(const CollectiveOptions& o) {
                   .signature = "barrier",
                   .body = [](Backend& b, Deadline d) { b.barrier(d); },
                   .timeout = o.timeout.value_or(options_.timeout),
-                  .description = ""});
+                  .description = ""},
+                 o.async_op);
 }
 
 #undef LOOM_DESCRIBE

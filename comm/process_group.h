@@ -33,11 +33,16 @@ struct CollectiveOptions {
   ReduceOp op = ReduceOp::Sum;
   int root = 0;                     // broadcast, reduce
   std::optional<Duration> timeout;  // default: the group's timeout
+  // false: the call returns only once the operation completed (its Work is done; errors are
+  // thrown from wait() as usual). When nothing else is queued the operation then runs on the
+  // calling thread, which saves the hand-off to the progress thread (latency-bound calls).
+  bool async_op = true;
 };
 
 struct P2POptions {
   int tag = 0;
   std::optional<Duration> timeout;
+  bool async_op = true;  // as in CollectiveOptions
 };
 
 struct GroupOptions {
@@ -85,8 +90,9 @@ class ProcessGroup : public std::enable_shared_from_this<ProcessGroup> {
 
  private:
   struct Op;
-  WorkPtr enqueue(Op op);
+  WorkPtr enqueue(Op op, bool async_op);
   void progress_loop();
+  std::exception_ptr broken_error(const Op& op) const;
   void run(Op& op);
 
   int rank_, size_;
@@ -101,6 +107,7 @@ class ProcessGroup : public std::enable_shared_from_this<ProcessGroup> {
   std::condition_variable queued_;
   std::deque<std::unique_ptr<Op>> queue_;
   bool stopping_ = false;
+  bool running_ = false;  // an operation is executing (on the progress or a calling thread)
   std::exception_ptr broken_;
   std::thread progress_;
 };

@@ -25,9 +25,10 @@ template <class V, ReduceKind K>
 }
 
 // Elements [i, i + U * kWidth) of one pass: x = (acc or p[0]) op p[..] op ... op p[A - 1], then
-// either back into acc, or scaled and rounded into out. Every load of the step comes before
-// its first store, so `out` may be one of the inputs.
-template <class T, class E, ReduceKind K, int A, bool FromAcc, bool ToOut, bool Scaled, int U>
+// either back into acc, or scaled and rounded into out (with non-temporal stores if Stream).
+// Every load of the step comes before its first store, so `out` may be one of the inputs.
+template <class T, class E, ReduceKind K, int A, bool FromAcc, bool ToOut, bool Scaled,
+          bool Stream, int U>
 [[gnu::always_inline]] inline void step(typename T::Acc* acc, const E* const* p, E* out, size_t i,
                                         typename T::F scale) {
   using F = typename T::F;
@@ -51,63 +52,74 @@ template <class T, class E, ReduceKind K, int A, bool FromAcc, bool ToOut, bool 
   for (int u = 0; u < U; ++u) {
     if constexpr (ToOut) {
       if constexpr (Scaled) x[u] = T::mul(x[u], scale);
-      T::store(out + i + u * W, x[u]);
+      if constexpr (Stream) {
+        T::stream(out + i + u * W, x[u]);
+      } else {
+        T::store(out + i + u * W, x[u]);
+      }
     } else {
       T::store_acc(acc + i + u * W, x[u]);
     }
   }
 }
 
-// One pass over m elements: four vectors per iteration, then one, then a scalar tail.
-template <class V, class E, ReduceKind K, int A, bool FromAcc, bool ToOut, bool Scaled>
+// One pass over m elements: four vectors per iteration, then one, then a scalar tail. With
+// Stream, a scalar head first brings `out` to a 64-byte boundary (non-temporal stores need
+// aligned addresses; the caller checks that out is aligned to its element size).
+template <class V, class E, ReduceKind K, int A, bool FromAcc, bool ToOut, bool Scaled,
+          bool Stream = false>
 void pass(typename V::Acc* acc, const E* const* in, E* out, size_t m, typename V::Acc scale) {
+  using S = typename V::Scalar;
   constexpr size_t W = V::kWidth;
   const E* p[A];
   for (int j = 0; j < A; ++j)
     p[j] = in[j];
   size_t i = 0;
+  if constexpr (Stream) {
+    size_t misaligned = reinterpret_cast<uintptr_t>(out) % 64;
+    size_t head = misaligned == 0 ? 0 : (64 - misaligned) / sizeof(E);
+    for (; i < head && i < m; ++i)
+      step<S, E, K, A, FromAcc, ToOut, Scaled, false, 1>(acc, p, out, i, scale);
+  }
   if constexpr (W > 1) {
     typename V::F vscale = V::set1(scale);
     for (; i + 4 * W <= m; i += 4 * W)
-      step<V, E, K, A, FromAcc, ToOut, Scaled, 4>(acc, p, out, i, vscale);
+      step<V, E, K, A, FromAcc, ToOut, Scaled, Stream, 4>(acc, p, out, i, vscale);
     for (; i + W <= m; i += W)
-      step<V, E, K, A, FromAcc, ToOut, Scaled, 1>(acc, p, out, i, vscale);
+      step<V, E, K, A, FromAcc, ToOut, Scaled, Stream, 1>(acc, p, out, i, vscale);
   }
   for (; i < m; ++i)
-    step<typename V::Scalar, E, K, A, FromAcc, ToOut, Scaled, 1>(acc, p, out, i, scale);
+    step<S, E, K, A, FromAcc, ToOut, Scaled, false, 1>(acc, p, out, i, scale);
 }
 
 // Final pass from the accumulator with the last 1 to 4 inputs, or the whole reduction of
 // 1 to 4 inputs in one pass (FromAcc = false, acc unused).
-template <class V, class E, ReduceKind K, bool FromAcc, bool Scaled>
+template <class V, class E, ReduceKind K, bool FromAcc, bool Scaled, bool Stream>
 void last_pass(typename V::Acc* acc, const E* const* p, size_t inputs, E* out, size_t m,
                typename V::Acc scale) {
   switch (inputs) {
-    case 1: return pass<V, E, K, 1, FromAcc, true, Scaled>(acc, p, out, m, scale);
-    case 2: return pass<V, E, K, 2, FromAcc, true, Scaled>(acc, p, out, m, scale);
-    case 3: return pass<V, E, K, 3, FromAcc, true, Scaled>(acc, p, out, m, scale);
-    default: return pass<V, E, K, 4, FromAcc, true, Scaled>(acc, p, out, m, scale);
+    case 1: return pass<V, E, K, 1, FromAcc, true, Scaled, Stream>(acc, p, out, m, scale);
+    case 2: return pass<V, E, K, 2, FromAcc, true, Scaled, Stream>(acc, p, out, m, scale);
+    case 3: return pass<V, E, K, 3, FromAcc, true, Scaled, Stream>(acc, p, out, m, scale);
+    default: return pass<V, E, K, 4, FromAcc, true, Scaled, Stream>(acc, p, out, m, scale);
   }
 }
 
-// Note [Blocked reduction]. Up to four inputs stream straight into `out` in one pass. More
-// inputs are reduced block by block: an L1-sized accumulator takes inputs 0-3, then 4-7, ...,
-// and the pass with the last inputs rounds into out. Each input and out cross memory once,
-// at most five streams are live at a time, and out is written only after every input of the
-// block was read, which is what makes aliasing an input safe.
-template <class V, class E, ReduceKind K, bool Scaled>
-void reduce_all(E* out, const void* const* inputs, size_t count, size_t n, typename V::Acc scale) {
-  constexpr size_t kBlock = 4096;
+// Note [Blocked reduction]. Up to four inputs go straight into `out` in one pass. More
+// inputs are reduced block by block: an accumulator block that stays in L1/L2 takes inputs
+// 0-3, then 4-7, ..., and the pass with the last inputs rounds into out. Each input and out
+// cross memory once, at most five streams are live at a time, and out is written only after
+// every input of the block was read, which is what makes aliasing an input safe.
+template <class V, class E, ReduceKind K, bool Scaled, bool Stream>
+void reduce_blocks(E* out, const void* const* inputs, size_t count, size_t n,
+                   typename V::Acc scale) {
+  constexpr size_t kBlock = 8192;
+  alignas(64) typename V::Acc acc[kBlock];
   const E* p[4];
   auto gather = [&](size_t first, size_t k, size_t offset) {
     for (size_t j = 0; j < k; ++j)
       p[j] = static_cast<const E*>(inputs[first + j]) + offset;
   };
-  if (count <= 4) {
-    gather(0, count, 0);
-    return last_pass<V, E, K, false, Scaled>(nullptr, p, count, out, n, scale);
-  }
-  alignas(64) typename V::Acc acc[kBlock];
   for (size_t b = 0; b < n; b += kBlock) {
     size_t m = n - b < kBlock ? n - b : kBlock;
     gather(0, 4, b);
@@ -118,48 +130,67 @@ void reduce_all(E* out, const void* const* inputs, size_t count, size_t n, typen
       pass<V, E, K, 4, true, false, false>(acc, p, nullptr, m, scale);
     }
     gather(k, count - k, b);
-    last_pass<V, E, K, true, Scaled>(acc, p, count - k, out + b, m, scale);
+    last_pass<V, E, K, true, Scaled, Stream>(acc, p, count - k, out + b, m, scale);
   }
+}
+
+template <class V, class E, ReduceKind K, bool Scaled, bool Stream>
+void reduce_all(E* out, const void* const* inputs, size_t count, size_t n, typename V::Acc scale) {
+  if (count <= 4) {
+    const E* p[4];
+    for (size_t j = 0; j < count; ++j)
+      p[j] = static_cast<const E*>(inputs[j]);
+    last_pass<V, E, K, false, Scaled, Stream>(nullptr, p, count, out, n, scale);
+  } else {
+    reduce_blocks<V, E, K, Scaled, Stream>(out, inputs, count, n, scale);
+  }
+  // Non-temporal stores are weakly ordered: fence them before whatever signals completion.
+  if constexpr (Stream) _mm_sfence();
+}
+
+// `stream` selects non-temporal stores (vector variants only; see Note [Streaming stores]).
+template <class V, class E, ReduceKind K>
+void reduce_kind(E* out, const void* const* inputs, size_t count, size_t n, typename V::Acc scale,
+                 bool scaled, bool stream) {
+  if constexpr (V::kFloating) {
+    if (scaled) {
+      if constexpr (V::kWidth > 1) {
+        if (stream) return reduce_all<V, E, K, true, true>(out, inputs, count, n, scale);
+      }
+      return reduce_all<V, E, K, true, false>(out, inputs, count, n, scale);
+    }
+  }
+  if constexpr (V::kWidth > 1) {
+    if (stream) return reduce_all<V, E, K, false, true>(out, inputs, count, n, scale);
+  }
+  reduce_all<V, E, K, false, false>(out, inputs, count, n, scale);
 }
 
 template <class V, class E>
 void reduce_typed(ReduceKind kind, void* out, const void* const* inputs, size_t count, size_t n,
-                  typename V::Acc scale, bool scaled) {
+                  typename V::Acc scale, bool scaled, bool stream) {
   E* o = static_cast<E*>(out);
-  if constexpr (V::kFloating) {
-    if (scaled) {
-      switch (kind) {
-        case ReduceKind::Sum:
-          return reduce_all<V, E, ReduceKind::Sum, true>(o, inputs, count, n, scale);
-        case ReduceKind::Prod:
-          return reduce_all<V, E, ReduceKind::Prod, true>(o, inputs, count, n, scale);
-        case ReduceKind::Min:
-          return reduce_all<V, E, ReduceKind::Min, true>(o, inputs, count, n, scale);
-        case ReduceKind::Max:
-          return reduce_all<V, E, ReduceKind::Max, true>(o, inputs, count, n, scale);
-      }
-    }
-  }
   switch (kind) {
     case ReduceKind::Sum:
-      return reduce_all<V, E, ReduceKind::Sum, false>(o, inputs, count, n, scale);
+      return reduce_kind<V, E, ReduceKind::Sum>(o, inputs, count, n, scale, scaled, stream);
     case ReduceKind::Prod:
-      return reduce_all<V, E, ReduceKind::Prod, false>(o, inputs, count, n, scale);
+      return reduce_kind<V, E, ReduceKind::Prod>(o, inputs, count, n, scale, scaled, stream);
     case ReduceKind::Min:
-      return reduce_all<V, E, ReduceKind::Min, false>(o, inputs, count, n, scale);
+      return reduce_kind<V, E, ReduceKind::Min>(o, inputs, count, n, scale, scaled, stream);
     case ReduceKind::Max:
-      return reduce_all<V, E, ReduceKind::Max, false>(o, inputs, count, n, scale);
+      return reduce_kind<V, E, ReduceKind::Max>(o, inputs, count, n, scale, scaled, stream);
   }
 }
 
 // f32, bf16 and f16 (all accumulate in f32) with this instruction set's traits `Ops<E>`.
 void reduce_f32_family(ReduceType type, ReduceKind kind, void* out, const void* const* inputs,
-                       size_t count, size_t n, float scale, bool scaled) {
+                       size_t count, size_t n, float scale, bool scaled, bool stream) {
   switch (type) {
     case ReduceType::F32:
-      return reduce_typed<Ops<float>, float>(kind, out, inputs, count, n, scale, scaled);
+      return reduce_typed<Ops<float>, float>(kind, out, inputs, count, n, scale, scaled, stream);
     case ReduceType::BF16:
-      return reduce_typed<Ops<Bf16>, Bf16>(kind, out, inputs, count, n, scale, scaled);
-    default: return reduce_typed<Ops<Half>, Half>(kind, out, inputs, count, n, scale, scaled);
+      return reduce_typed<Ops<Bf16>, Bf16>(kind, out, inputs, count, n, scale, scaled, stream);
+    default:
+      return reduce_typed<Ops<Half>, Half>(kind, out, inputs, count, n, scale, scaled, stream);
   }
 }

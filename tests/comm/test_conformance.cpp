@@ -276,6 +276,21 @@ TEST_P(Conformance, BarrierAndAsyncCompletion) {
   });
 }
 
+TEST_P(Conformance, BlockingCallsReturnCompleted) {
+  on_ranks([](ProcessGroup& pg) {
+    Tensor queued = Tensor::full({100000}, 1.0);
+    WorkPtr behind = pg.allreduce(queued);  // may still be running when the next call comes
+    for (int k = 0; k < 50; ++k) {
+      Tensor t = Tensor::full({2}, k);
+      WorkPtr w = pg.allreduce(t, {.async_op = false});
+      EXPECT_TRUE(w->is_completed());
+      EXPECT_EQ(t.to_vector<float>()[1], k * pg.size());
+    }
+    behind->wait();
+    EXPECT_EQ(queued.to_vector<float>()[99999], pg.size());
+  });
+}
+
 TEST_P(Conformance, SplitByParity) {
   on_ranks([](ProcessGroup& pg) {
     auto sub = pg.split(pg.rank() % 2, -pg.rank());  // keys reverse the order
