@@ -150,7 +150,7 @@ void ShmBackend::await_rank(int r, Phase phase, uint64_t round, Deadline deadlin
 }
 
 void ShmBackend::reduce_staged(uint64_t round, size_t offset, size_t count, DType dtype,
-                               ReduceOp op, void* out) {
+                               ReduceOp op, void* out, const void* own) {
   if (count == 0) return;
   const void* inputs[64];
   std::vector<const void*> many;
@@ -160,6 +160,7 @@ void ShmBackend::reduce_staged(uint64_t round, size_t offset, size_t count, DTyp
     list = many.data();
   }
   for (int r = 0; r < size_; ++r) list[r] = staging(r, round) + offset;
+  if (own != nullptr) list[rank_] = own;
   kernels::cpu::reduce_inputs(reduce_type_of(dtype), reduce_kind_of(op), out, list,
                               static_cast<size_t>(size_), count, scale_of(op, size_));
 }
@@ -198,11 +199,16 @@ void ShmBackend::reduce_rounds(Tensor& tensor, ReduceOp op, int root, Deadline d
       return std::pair<size_t, size_t>{begin, std::min(length, begin + slice) - begin};
     };
     uint64_t round = begin_round(deadline);
-    std::memcpy(staging(rank_, round), data + start * element, length * element);
+    // Peers need every slice but ours; ours is read from the tensor itself.
+    auto [mine, mine_count] = slice_range(rank_);
+    std::memcpy(staging(rank_, round), data + start * element, mine * element);
+    std::memcpy(staging(rank_, round) + (mine + mine_count) * element,
+                data + (start + mine + mine_count) * element,
+                (length - mine - mine_count) * element);
     publish(Phase::Arrived, round);
     await_all(Phase::Arrived, round, deadline, "post its data");
-    auto [mine, mine_count] = slice_range(rank_);
-    reduce_staged(round, mine * element, mine_count, tensor.dtype(), op, result(rank_, round));
+    reduce_staged(round, mine * element, mine_count, tensor.dtype(), op, result(rank_, round),
+                  data + (start + mine) * element);
     publish(Phase::Reduced, round);
     if (wanted) {
       await_all(Phase::Reduced, round, deadline, "reduce its slice");

@@ -68,9 +68,10 @@ class ShmBackend final : public Backend, public Transport {
   void await_rank(int r, Phase phase, uint64_t round, Deadline deadline, const char* what);
 
   // Reduces `count` elements at byte offset `offset` of every rank's staging buffer of
-  // `round`, in rank order, into `out`.
+  // `round`, in rank order, into `out`; this rank's contribution is read from `own` instead
+  // of its staging buffer when given.
   void reduce_staged(uint64_t round, size_t offset, size_t count, DType dtype, ReduceOp op,
-                     void* out);
+                     void* out, const void* own = nullptr);
   void reduce_rounds(Tensor& tensor, ReduceOp op, int root, Deadline deadline);
 
   size_t push(int dst, const char* data, size_t bytes);

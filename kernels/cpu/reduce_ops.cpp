@@ -242,9 +242,7 @@ struct Ops<Bf16> {
   static __m256i narrow(F x) {
     return _mm256_blend_epi16(_mm256_srli_epi32(round(x.even), 16), round(x.odd), 0xAA);
   }
-  static void store(Bf16* p, F x) {
-    _mm256_storeu_si256(reinterpret_cast<__m256i*>(p), narrow(x));
-  }
+  static void store(Bf16* p, F x) { _mm256_storeu_si256(reinterpret_cast<__m256i*>(p), narrow(x)); }
   static void stream(Bf16* p, F x) {
     _mm256_stream_si256(reinterpret_cast<__m256i*>(p), narrow(x));
   }
@@ -301,9 +299,7 @@ struct Ops<Half> : Ops<float> {
   static __m256i narrow(F x) {
     return _mm512_cvtps_ph(canonical(x), _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
   }
-  static void store(Half* p, F x) {
-    _mm256_storeu_si256(reinterpret_cast<__m256i*>(p), narrow(x));
-  }
+  static void store(Half* p, F x) { _mm256_storeu_si256(reinterpret_cast<__m256i*>(p), narrow(x)); }
   static void stream(Half* p, F x) {
     _mm256_stream_si256(reinterpret_cast<__m256i*>(p), narrow(x));
   }
@@ -340,11 +336,12 @@ struct Ops<Bf16> {
     return _mm512_add_epi32(bits, _mm512_add_epi32(lsb, _mm512_set1_epi32(0x7FFF)));
   }
   static __m512i narrow(F x) {
-    return _mm512_mask_blend_epi16(0xAAAAAAAA, _mm512_srli_epi32(round(x.even), 16),
-                                   round(x.odd));
+    return _mm512_mask_blend_epi16(0xAAAAAAAA, _mm512_srli_epi32(round(x.even), 16), round(x.odd));
   }
   static void store(Bf16* p, F x) { _mm512_storeu_si512(p, narrow(x)); }
-  static void stream(Bf16* p, F x) { _mm512_stream_si512(reinterpret_cast<__m512i*>(p), narrow(x)); }
+  static void stream(Bf16* p, F x) {
+    _mm512_stream_si512(reinterpret_cast<__m512i*>(p), narrow(x));
+  }
   static F add(F a, F b) { return {Math::add(a.even, b.even), Math::add(a.odd, b.odd)}; }
   static F mul(F a, F b) { return {Math::mul(a.even, b.even), Math::mul(a.odd, b.odd)}; }
   static F min(F a, F b) { return {Math::min(a.even, b.even), Math::min(a.odd, b.odd)}; }
@@ -472,13 +469,13 @@ void reduce_inputs(ReduceType type, ReduceKind kind, void* out, const void* cons
                                                                    scale, scaled, false);
     case ReduceType::I32:
       return scalar_isa::reduce_typed<ScalarPlain<int32_t>, int32_t>(kind, out, inputs, count, n, 1,
-                                                                     false);
+                                                                     false, false);
     case ReduceType::I64:
       return scalar_isa::reduce_typed<ScalarPlain<int64_t>, int64_t>(kind, out, inputs, count, n, 1,
-                                                                     false);
+                                                                     false, false);
     case ReduceType::U8:
       return scalar_isa::reduce_typed<ScalarPlain<uint8_t>, uint8_t>(kind, out, inputs, count, n, 1,
-                                                                     false);
+                                                                     false, false);
   }
 }
 

@@ -2,6 +2,8 @@
 // Internal to kernels/cpu/reduce_ops.cpp, its test and its benchmark: choosing the instruction
 // set by hand. Not for use from other modules.
 
+#include <cstddef>
+
 namespace loom::kernels::cpu {
 
 // Whether `isa` ("avx512", "avx2" or "scalar") can run on this machine.
@@ -12,5 +14,10 @@ bool reduce_isa_available(const char* isa);
 // set this machine lacks. Not synchronised with reductions running on other threads: call it
 // between them.
 void set_reduce_isa_for_testing(const char* isa);
+
+// Makes reductions whose inputs and output together reach `bytes` use non-temporal stores
+// (see Note [Streaming stores] in reduce_ops.cpp); 0 restores the default, the size of the
+// last-level cache. Same threading rule as above.
+void set_reduce_streaming_threshold_for_testing(size_t bytes);
 
 }  // namespace loom::kernels::cpu

@@ -27,8 +27,8 @@ template <class V, ReduceKind K>
 // Elements [i, i + U * kWidth) of one pass: x = (acc or p[0]) op p[..] op ... op p[A - 1], then
 // either back into acc, or scaled and rounded into out (with non-temporal stores if Stream).
 // Every load of the step comes before its first store, so `out` may be one of the inputs.
-template <class T, class E, ReduceKind K, int A, bool FromAcc, bool ToOut, bool Scaled,
-          bool Stream, int U>
+template <class T, class E, ReduceKind K, int A, bool FromAcc, bool ToOut, bool Scaled, bool Stream,
+          int U>
 [[gnu::always_inline]] inline void step(typename T::Acc* acc, const E* const* p, E* out, size_t i,
                                         typename T::F scale) {
   using F = typename T::F;
@@ -63,24 +63,30 @@ template <class T, class E, ReduceKind K, int A, bool FromAcc, bool ToOut, bool 
   }
 }
 
-// One pass over m elements: four vectors per iteration, then one, then a scalar tail. With
-// Stream, a scalar head first brings `out` to a 64-byte boundary (non-temporal stores need
-// aligned addresses; the caller checks that out is aligned to its element size).
+// Elements before out's next 64-byte boundary, which a streaming pass does one by one since
+// non-temporal stores need aligned addresses (the caller checks out is aligned to sizeof(E)).
+template <class E>
+size_t unaligned_head(const E* out, size_t m) {
+  size_t misaligned = reinterpret_cast<uintptr_t>(out) % 64;
+  size_t head = misaligned == 0 ? 0 : (64 - misaligned) / sizeof(E);
+  return head < m ? head : m;
+}
+
+// One pass over m elements: `head` elements one by one, then four vectors per iteration, then
+// one, then a scalar tail. Every pass over an accumulator block must use the same head, since
+// the vector traits may keep the accumulator in their own element order.
 template <class V, class E, ReduceKind K, int A, bool FromAcc, bool ToOut, bool Scaled,
           bool Stream = false>
-void pass(typename V::Acc* acc, const E* const* in, E* out, size_t m, typename V::Acc scale) {
+void pass(typename V::Acc* acc, const E* const* in, E* out, size_t m, size_t head,
+          typename V::Acc scale) {
   using S = typename V::Scalar;
   constexpr size_t W = V::kWidth;
   const E* p[A];
   for (int j = 0; j < A; ++j)
     p[j] = in[j];
   size_t i = 0;
-  if constexpr (Stream) {
-    size_t misaligned = reinterpret_cast<uintptr_t>(out) % 64;
-    size_t head = misaligned == 0 ? 0 : (64 - misaligned) / sizeof(E);
-    for (; i < head && i < m; ++i)
-      step<S, E, K, A, FromAcc, ToOut, Scaled, false, 1>(acc, p, out, i, scale);
-  }
+  for (; i < head; ++i)
+    step<S, E, K, A, FromAcc, ToOut, Scaled, false, 1>(acc, p, out, i, scale);
   if constexpr (W > 1) {
     typename V::F vscale = V::set1(scale);
     for (; i + 4 * W <= m; i += 4 * W)
@@ -96,12 +102,12 @@ void pass(typename V::Acc* acc, const E* const* in, E* out, size_t m, typename V
 // 1 to 4 inputs in one pass (FromAcc = false, acc unused).
 template <class V, class E, ReduceKind K, bool FromAcc, bool Scaled, bool Stream>
 void last_pass(typename V::Acc* acc, const E* const* p, size_t inputs, E* out, size_t m,
-               typename V::Acc scale) {
+               size_t head, typename V::Acc scale) {
   switch (inputs) {
-    case 1: return pass<V, E, K, 1, FromAcc, true, Scaled, Stream>(acc, p, out, m, scale);
-    case 2: return pass<V, E, K, 2, FromAcc, true, Scaled, Stream>(acc, p, out, m, scale);
-    case 3: return pass<V, E, K, 3, FromAcc, true, Scaled, Stream>(acc, p, out, m, scale);
-    default: return pass<V, E, K, 4, FromAcc, true, Scaled, Stream>(acc, p, out, m, scale);
+    case 1: return pass<V, E, K, 1, FromAcc, true, Scaled, Stream>(acc, p, out, m, head, scale);
+    case 2: return pass<V, E, K, 2, FromAcc, true, Scaled, Stream>(acc, p, out, m, head, scale);
+    case 3: return pass<V, E, K, 3, FromAcc, true, Scaled, Stream>(acc, p, out, m, head, scale);
+    default: return pass<V, E, K, 4, FromAcc, true, Scaled, Stream>(acc, p, out, m, head, scale);
   }
 }
 
@@ -122,15 +128,16 @@ void reduce_blocks(E* out, const void* const* inputs, size_t count, size_t n,
   };
   for (size_t b = 0; b < n; b += kBlock) {
     size_t m = n - b < kBlock ? n - b : kBlock;
+    size_t head = Stream ? unaligned_head(out + b, m) : 0;
     gather(0, 4, b);
-    pass<V, E, K, 4, false, false, false>(acc, p, nullptr, m, scale);
+    pass<V, E, K, 4, false, false, false>(acc, p, nullptr, m, head, scale);
     size_t k = 4;
     for (; count - k > 4; k += 4) {
       gather(k, 4, b);
-      pass<V, E, K, 4, true, false, false>(acc, p, nullptr, m, scale);
+      pass<V, E, K, 4, true, false, false>(acc, p, nullptr, m, head, scale);
     }
     gather(k, count - k, b);
-    last_pass<V, E, K, true, Scaled, Stream>(acc, p, count - k, out + b, m, scale);
+    last_pass<V, E, K, true, Scaled, Stream>(acc, p, count - k, out + b, m, head, scale);
   }
 }
 
@@ -140,7 +147,8 @@ void reduce_all(E* out, const void* const* inputs, size_t count, size_t n, typen
     const E* p[4];
     for (size_t j = 0; j < count; ++j)
       p[j] = static_cast<const E*>(inputs[j]);
-    last_pass<V, E, K, false, Scaled, Stream>(nullptr, p, count, out, n, scale);
+    size_t head = Stream ? unaligned_head(out, n) : 0;
+    last_pass<V, E, K, false, Scaled, Stream>(nullptr, p, count, out, n, head, scale);
   } else {
     reduce_blocks<V, E, K, Scaled, Stream>(out, inputs, count, n, scale);
   }

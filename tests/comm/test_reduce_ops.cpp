@@ -95,14 +95,17 @@ Bytes filled(ReduceType t, size_t n, const std::function<double(size_t)>& value)
   return b;
 }
 
+// Reduces into a fresh buffer, `offset` elements past an allocation's start (to vary the
+// output's alignment).
 Bytes run(ReduceType t, ReduceKind k, const std::vector<Bytes>& inputs, size_t n,
-          double scale = 1.0) {
+          double scale = 1.0, size_t offset = 0) {
   std::vector<const void*> ptrs;
   for (const Bytes& in : inputs)
     ptrs.push_back(in.data());
-  Bytes out(n * reduce_type_size(t), 0xAB);
-  reduce_inputs(t, k, out.data(), ptrs.data(), ptrs.size(), n, scale);
-  return out;
+  size_t s = reduce_type_size(t);
+  Bytes out((n + offset) * s, 0xAB);
+  reduce_inputs(t, k, out.data() + offset * s, ptrs.data(), ptrs.size(), n, scale);
+  return Bytes(out.begin() + offset * s, out.end());
 }
 
 // Index of the first differing element, or -1.
@@ -123,9 +126,12 @@ std::vector<const char*> available_isas() {
   return isas;
 }
 
-// Restores the detected instruction set when a test that forced one ends.
+// Restores the detected instruction set and the streaming threshold when a test ends.
 struct IsaGuard {
-  ~IsaGuard() { set_reduce_isa_for_testing(nullptr); }
+  ~IsaGuard() {
+    set_reduce_isa_for_testing(nullptr);
+    set_reduce_streaming_threshold_for_testing(0);
+  }
 };
 
 float f32_bits(uint32_t u) {
@@ -529,9 +535,15 @@ TEST(ReduceOps, EveryIsaMatchesTheReferenceBitForBit) {
             Bytes want = reference(t, k, inputs, n, scale);
             for (const char* isa : available_isas()) {
               set_reduce_isa_for_testing(isa);
-              long bad = first_mismatch(t, run(t, k, inputs, n, scale), want);
-              ASSERT_EQ(bad, -1) << isa << " " << name(t) << " " << name(k) << " count " << count
-                                 << " n " << n << " scale " << scale;
+              // Ordinary stores, then non-temporal ones at two output alignments.
+              for (size_t stream : {0, 1, 2}) {
+                set_reduce_streaming_threshold_for_testing(stream == 0 ? 0 : 1);
+                long bad =
+                    first_mismatch(t, run(t, k, inputs, n, scale, stream == 2 ? 1 : 0), want);
+                ASSERT_EQ(bad, -1) << isa << " " << name(t) << " " << name(k) << " count " << count
+                                   << " n " << n << " scale " << scale << " stream " << stream;
+              }
+              set_reduce_streaming_threshold_for_testing(0);
             }
           }
         }
@@ -543,6 +555,7 @@ TEST(ReduceOps, EveryIsaMatchesTheReferenceBitForBit) {
 TEST(ReduceOps, OutputMayAliasAnyInput) {
   IsaGuard guard;
   std::mt19937_64 rng(7);
+  set_reduce_streaming_threshold_for_testing(1);  // aliased outputs must not stream anyway
   for (const char* isa : available_isas()) {
     set_reduce_isa_for_testing(isa);
     for (ReduceType t : {ReduceType::F32, ReduceType::BF16, ReduceType::F16, ReduceType::I32}) {
