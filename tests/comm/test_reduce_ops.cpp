@@ -526,7 +526,7 @@ TEST(ReduceOps, EveryIsaMatchesTheReferenceBitForBit) {
   for (ReduceType t : kAllTypes) {
     for (ReduceKind k : kAllKinds) {
       for (size_t count : {1, 2, 3, 4, 5, 8, 13}) {
-        for (size_t n : {0, 1, 7, 15, 16, 17, 63, 65, 1000, 4099, 8197}) {
+        for (size_t n : {0, 1, 7, 15, 16, 17, 63, 65, 1000, 4099, 8197, 20011}) {
           std::vector<Bytes> inputs;
           for (size_t j = 0; j < count; ++j)
             inputs.push_back(random_input(t, n, rng));
