@@ -187,8 +187,9 @@ struct TCPStore::Impl {
     MessageWriter hello(kHello);
     hello.integer(kProtocolVersion).field(std::string_view(secret));
     if (hello.payload_size() > kMaxHelloMessage) {
+      const size_t overhead = hello.payload_size() - secret.size();
       loom::fail("[comm/store] ", where, ": the store secret is ", secret.size(),
-                 " bytes; at most ", kMaxHelloMessage - 32, " are supported");
+                 " bytes; expected at most ", kMaxHelloMessage - overhead);
     }
     IoStatus status = send_all(s.fd(), std::move(hello).frame(), deadline);
     Bytes reply;

@@ -16,8 +16,8 @@ bool reduce_isa_available(const char* isa);
 void set_reduce_isa_for_testing(const char* isa);
 
 // Makes reductions whose inputs and output together reach `bytes` use non-temporal stores
-// (see Note [Streaming stores] in reduce_ops.cpp); 0 restores the default, the size of the
-// last-level cache. Same threading rule as above.
+// (see Note [Streaming stores] in reduce_ops.cpp); 0 restores the default (32 MiB). Same
+// threading rule as above.
 void set_reduce_streaming_threshold_for_testing(size_t bytes);
 
 }  // namespace loom::kernels::cpu

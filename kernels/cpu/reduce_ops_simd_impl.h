@@ -5,11 +5,12 @@
 //
 // A traits type V (one per element type and instruction set) provides: `F` (a register's
 // worth of accumulators, or one accumulator), `Acc` (the accumulator's scalar type), `kWidth`
-// (elements per F), `Scalar` (the one-element traits with the same arithmetic, for loop
-// tails), `set1`, `load_acc`/`store_acc` (the accumulator buffer, in F's own element order),
-// `load(const E*)` (widen kWidth elements), `store(E*, F)` (canonicalise NaN, round to E), and
-// `add`, `mul`, `min`, `max` (see Note [Reduction semantics] in reduce_ops.cpp). The enclosing
-// namespace provides `Ops<E>`, the traits of the f32 family for its instruction set.
+// (elements per F), `kUnroll` (F values per loop iteration), `Scalar` (the one-element traits with
+// the same arithmetic, for loop tails), `set1`, `load_acc`/`store_acc` (the accumulator buffer, in
+// F's own element order), `load(const E*)` (widen kWidth elements), `store(E*, F)` (canonicalise
+// NaN, round to E), and `add`, `mul`, `min`, `max` (see Note [Reduction semantics] in
+// reduce_ops.cpp). The enclosing namespace provides `Ops<E>`, the traits of the f32 family for its
+// instruction set.
 
 template <class V, ReduceKind K>
 [[gnu::always_inline]] inline typename V::F combine(typename V::F a, typename V::F b) {
@@ -72,30 +73,44 @@ size_t unaligned_head(const E* out, size_t m) {
   return head < m ? head : m;
 }
 
-// One pass over m elements: `head` elements one by one, then four vectors per iteration, then
-// one, then a scalar tail. Every pass over an accumulator block must use the same head, since
+// One pass over m elements: `head` elements one by one, then kUnroll registers per iteration,
+// then one, then a scalar tail. Every pass over an accumulator block must use the same head, since
 // the vector traits may keep the accumulator in their own element order.
 template <class V, class E, ReduceKind K, int A, bool FromAcc, bool ToOut, bool Scaled,
           bool Stream = false>
-void pass(typename V::Acc* acc, const E* const* in, E* out, size_t m, size_t head,
-          typename V::Acc scale) {
+[[gnu::noinline]] void pass(typename V::Acc* acc, const E* const* in, E* out, size_t m, size_t head,
+                            typename V::Acc scale) {
   using S = typename V::Scalar;
   constexpr size_t W = V::kWidth;
   const E* p[A];
   for (int j = 0; j < A; ++j)
     p[j] = in[j];
-  size_t i = 0;
-  for (; i < head; ++i)
-    step<S, E, K, A, FromAcc, ToOut, Scaled, false, 1>(acc, p, out, i, scale);
+  // One element at a time over [i, end). In the vector variants that is a head or a tail of
+  // fewer than 64 elements; the early exit keeps GCC from vectorising these loops a second
+  // time (code size and compile time). The scalar variant's main loop is left to vectorise.
+  auto one_by_one = [&](size_t i, size_t end) {
+    if constexpr (W > 1) {
+#pragma GCC unroll 1
+      for (int r = 0; r < 64; ++r, ++i) {
+        if (i >= end) break;
+        step<S, E, K, A, FromAcc, ToOut, Scaled, false, 1>(acc, p, out, i, scale);
+      }
+    } else {
+      for (; i < end; ++i)
+        step<S, E, K, A, FromAcc, ToOut, Scaled, false, 1>(acc, p, out, i, scale);
+    }
+  };
+  one_by_one(0, head);
+  size_t i = head;
   if constexpr (W > 1) {
     typename V::F vscale = V::set1(scale);
-    for (; i + 4 * W <= m; i += 4 * W)
-      step<V, E, K, A, FromAcc, ToOut, Scaled, Stream, 4>(acc, p, out, i, vscale);
+    constexpr int U = V::kUnroll;
+    for (; i + U * W <= m; i += U * W)
+      step<V, E, K, A, FromAcc, ToOut, Scaled, Stream, U>(acc, p, out, i, vscale);
     for (; i + W <= m; i += W)
       step<V, E, K, A, FromAcc, ToOut, Scaled, Stream, 1>(acc, p, out, i, vscale);
   }
-  for (; i < m; ++i)
-    step<S, E, K, A, FromAcc, ToOut, Scaled, false, 1>(acc, p, out, i, scale);
+  one_by_one(i, m);
 }
 
 // Final pass from the accumulator with the last 1 to 4 inputs, or the whole reduction of
@@ -157,19 +172,19 @@ void reduce_all(E* out, const void* const* inputs, size_t count, size_t n, typen
 }
 
 // `stream` selects non-temporal stores (vector variants only; see Note [Streaming stores]).
+// Streaming reductions are bound by memory, so they always multiply, by 1 when unscaled
+// (exact for every number; NaN is made canonical afterwards either way): one variant less.
 template <class V, class E, ReduceKind K>
 void reduce_kind(E* out, const void* const* inputs, size_t count, size_t n, typename V::Acc scale,
                  bool scaled, bool stream) {
-  if constexpr (V::kFloating) {
-    if (scaled) {
-      if constexpr (V::kWidth > 1) {
-        if (stream) return reduce_all<V, E, K, true, true>(out, inputs, count, n, scale);
-      }
-      return reduce_all<V, E, K, true, false>(out, inputs, count, n, scale);
+  if constexpr (V::kWidth > 1) {
+    if (stream) {
+      return reduce_all<V, E, K, true, true>(out, inputs, count, n,
+                                             scaled ? scale : typename V::Acc{1});
     }
   }
-  if constexpr (V::kWidth > 1) {
-    if (stream) return reduce_all<V, E, K, false, true>(out, inputs, count, n, scale);
+  if constexpr (V::kFloating) {
+    if (scaled) return reduce_all<V, E, K, true, false>(out, inputs, count, n, scale);
   }
   reduce_all<V, E, K, false, false>(out, inputs, count, n, scale);
 }

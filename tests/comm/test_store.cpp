@@ -649,13 +649,22 @@ TEST(TCPStore, ThreadsSharingOneClientDoNotBlockEachOther) {
 
 TEST(TCPStore, AbandonedWaiterLeavesTheServerHealthy) {
   TCPStoreServer server("127.0.0.1", 0, kSecret);
-  // A child parks a long get on the server and dies without closing anything.
+  // A child parks a 60 s Get (command 3: key, timeout ms) on the server and dies.
   const pid_t child = spawn([&] {
-    TCPStore store("127.0.0.1", server.port(), kSecret, 2s);
-    std::thread([&] { store.get("never", 60s); }).detach();
-    std::this_thread::sleep_for(100ms);
-    _exit(0);
-    return 0;
+    const int fd = raw_connect(server.port());
+    std::string payload(1, char(3));
+    put_u32(payload, 5);
+    payload += "never";
+    put_u32(payload, 8);
+    const int64_t timeout_ms = 60000;
+    for (int i = 0; i < 8; ++i)
+      payload += char(uint64_t(timeout_ms) >> (8 * i));
+    std::string frames = hello_frame(kSecret);
+    put_u32(frames, uint32_t(payload.size()));
+    frames += payload;
+    if (fd < 0 || ::send(fd, frames.data(), frames.size(), MSG_NOSIGNAL) < 0) return 4;
+    std::this_thread::sleep_for(50ms);
+    return 0;  // _exit closes the socket with the Get still parked
   });
   EXPECT_EQ(join(child), 0);
   expect_server_healthy(server.port());
