@@ -31,7 +31,8 @@ Registry& registry() {
 
 std::string names_of(const std::map<std::string, Entry>& entries) {
   std::string names;
-  for (const auto& [name, entry] : entries) names += (names.empty() ? "" : ", ") + name;
+  for (const auto& [name, entry] : entries)
+    names += (names.empty() ? "" : ", ") + name;
   return names;
 }
 
@@ -55,7 +56,8 @@ std::vector<std::pair<std::string, std::string>> available_backends() {
   Registry& r = registry();
   std::lock_guard lock(r.mutex);
   std::vector<std::pair<std::string, std::string>> out;
-  for (const auto& [name, entry] : r.entries) out.emplace_back(name, entry.description);
+  for (const auto& [name, entry] : r.entries)
+    out.emplace_back(name, entry.description);
   return out;
 }
 
@@ -79,8 +81,9 @@ std::string resolve_auto_backend(bool multi_host, Device device) {
          ": the NCCL backend is not available in this build; use CPU tensors with 'shm'");
   }
   if (multi_host) {
-    fail("[comm] backend 'auto' for a multi-host job: no inter-host backend is available yet "
-         "(UCX is planned); 'shm' connects processes of one host only");
+    fail(
+        "[comm] backend 'auto' for a multi-host job: no inter-host backend is available yet "
+        "(UCX is planned); 'shm' connects processes of one host only");
   }
   return "shm";
 }

@@ -11,7 +11,7 @@
 namespace loom::comm {
 
 // Throws loom::CommError naming this rank's signature and the first differing rank's.
-void check_same_collective(Store& store, const std::string& group, int rank, int size,
-                           uint64_t seq, const std::string& signature, Duration timeout);
+void check_same_collective(Store& store, const std::string& group, int rank, int size, uint64_t seq,
+                           const std::string& signature, Duration timeout);
 
 }  // namespace loom::comm

@@ -16,7 +16,7 @@ class CommError : public std::runtime_error {
  public:
   CommError(const std::string& message, int rank = -1, std::optional<int> peer = std::nullopt)
       : std::runtime_error(message), rank_(rank), peer_(peer) {}
-  int rank() const { return rank_; }                   // the rank that raised it (-1: none)
+  int rank() const { return rank_; }                 // the rank that raised it (-1: none)
   std::optional<int> peer() const { return peer_; }  // the peer at fault, when known
 
  private:
@@ -33,7 +33,9 @@ using Deadline = Clock::time_point;
 // Default for every wait in the layer (stores, collectives, rendezvous).
 inline constexpr Duration kDefaultTimeout = std::chrono::minutes(5);
 
-inline Deadline deadline_after(Duration timeout) { return Clock::now() + timeout; }
+inline Deadline deadline_after(Duration timeout) {
+  return Clock::now() + timeout;
+}
 // "30 s", "250 ms", "5 min" for messages.
 std::string duration_str(Duration d);
 

@@ -33,7 +33,8 @@ std::shared_ptr<Store> rendezvous_store(const ClusterEnv& env, int rank, int siz
   if (size == 1) return std::make_shared<InProcessStore>();
   std::string secret = env.store_secret;
   if (secret.empty()) {
-    fail("[comm] init: ", size, " ranks need a shared store secret: run under loomrun, or "
+    fail("[comm] init: ", size,
+         " ranks need a shared store secret: run under loomrun, or "
          "export the same LOOM_STORE_SECRET (e.g. from `openssl rand -hex 32`) to every rank");
   }
   const char* served = std::getenv("LOOM_STORE_SERVED_BY_LAUNCHER");
@@ -59,9 +60,9 @@ std::shared_ptr<ProcessGroup> init(const InitOptions& options) {
   if (backend == "auto") backend = resolve_auto_backend(env.multi_host(), Device::cpu());
   // Each restart of the job (loomrun --max-restarts) rendezvouses under fresh keys.
   std::string name = "default.attempt" + std::to_string(env.restart_count);
-  return std::make_shared<ProcessGroup>(rank, size, std::move(store),
-                                        GroupOptions{.backend = backend, .timeout = options.timeout},
-                                        name);
+  return std::make_shared<ProcessGroup>(
+      rank, size, std::move(store), GroupOptions{.backend = backend, .timeout = options.timeout},
+      name);
 }
 
 }  // namespace loom::comm

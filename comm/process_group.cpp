@@ -56,7 +56,11 @@ struct ProcessGroup::Op {
 
 ProcessGroup::ProcessGroup(int rank, int size, std::shared_ptr<Store> store,
                            const GroupOptions& options, std::string name)
-    : rank_(rank), size_(size), store_(std::move(store)), options_(options), name_(std::move(name)) {
+    : rank_(rank),
+      size_(size),
+      store_(std::move(store)),
+      options_(options),
+      name_(std::move(name)) {
   if (size_ < 1 || rank_ < 0 || rank_ >= size_) {
     fail("[comm] ProcessGroup: rank ", rank_, " is not in [0, ", size_, ")");
   }
@@ -126,7 +130,8 @@ void ProcessGroup::progress_loop() {
     std::unique_ptr<Op> op;
     {
       std::unique_lock lock(mutex_);
-      queued_.wait(lock, [&] { return (stopping_ && !running_) || (!queue_.empty() && !running_); });
+      queued_.wait(lock,
+                   [&] { return (stopping_ && !running_) || (!queue_.empty() && !running_); });
       if (queue_.empty()) return;
       op = std::move(queue_.front());
       queue_.pop_front();
@@ -156,9 +161,10 @@ void ProcessGroup::run(Op& op) {
     op.body(*backend_, deadline);
     op.work->complete();
   } catch (const CommError& e) {
-    auto error = std::make_exception_ptr(CommError(std::string(e.what()) + " (" + op.description +
-                                                       ", timeout " + duration_str(op.timeout) + ")",
-                                                   e.rank(), e.peer()));
+    auto error =
+        std::make_exception_ptr(CommError(std::string(e.what()) + " (" + op.description +
+                                              ", timeout " + duration_str(op.timeout) + ")",
+                                          e.rank(), e.peer()));
     {
       std::lock_guard lock(mutex_);
       broken_ = error;
@@ -182,7 +188,8 @@ std::string signature_of(const char* kind, const Tensor& t, std::optional<Reduce
 
 }  // namespace
 
-#define LOOM_DESCRIBE(t) (", " + human_bytes((t).nbytes()) + " " + std::string(dtype_name((t).dtype())))
+#define LOOM_DESCRIBE(t) \
+  (", " + human_bytes((t).nbytes()) + " " + std::string(dtype_name((t).dtype())))
 
 WorkPtr ProcessGroup::allreduce(Tensor& tensor, const CollectiveOptions& o) {
   check_buffer("allreduce", "tensor", tensor);
@@ -227,7 +234,8 @@ WorkPtr ProcessGroup::allreduce(const Tensor& input, Tensor& output, const Colle
 
 WorkPtr ProcessGroup::broadcast(Tensor& tensor, const CollectiveOptions& o) {
   check_buffer("broadcast", "tensor", tensor);
-  if (o.root < 0 || o.root >= size_) fail("[comm] broadcast: root ", o.root, " is not in [0, ", size_, ")");
+  if (o.root < 0 || o.root >= size_)
+    fail("[comm] broadcast: root ", o.root, " is not in [0, ", size_, ")");
   Tensor t = tensor;
   int root = o.root;
   return enqueue({.kind = "broadcast",
@@ -240,19 +248,21 @@ WorkPtr ProcessGroup::broadcast(Tensor& tensor, const CollectiveOptions& o) {
 
 WorkPtr ProcessGroup::reduce(Tensor& tensor, const CollectiveOptions& o) {
   check_buffer("reduce", "tensor", tensor);
-  if (o.root < 0 || o.root >= size_) fail("[comm] reduce: root ", o.root, " is not in [0, ", size_, ")");
+  if (o.root < 0 || o.root >= size_)
+    fail("[comm] reduce: root ", o.root, " is not in [0, ", size_, ")");
   if (o.op == ReduceOp::Avg && !is_floating(tensor.dtype())) {
     fail("[comm] reduce: ReduceOp::Avg needs a floating dtype, got ", tensor.dtype());
   }
   Tensor t = tensor;
   int root = o.root;
   ReduceOp op = o.op;
-  return enqueue({.kind = "reduce",
-                  .signature = signature_of("reduce", t, op, root),
-                  .body = [t, root, op](Backend& b, Deadline d) mutable { b.reduce(t, root, op, d); },
-                  .timeout = o.timeout.value_or(options_.timeout),
-                  .description = LOOM_DESCRIBE(t)},
-                 o.async_op);
+  return enqueue(
+      {.kind = "reduce",
+       .signature = signature_of("reduce", t, op, root),
+       .body = [t, root, op](Backend& b, Deadline d) mutable { b.reduce(t, root, op, d); },
+       .timeout = o.timeout.value_or(options_.timeout),
+       .description = LOOM_DESCRIBE(t)},
+      o.async_op);
 }
 
 WorkPtr ProcessGroup::all_gather(Tensor& output, const Tensor& input, const CollectiveOptions& o) {
@@ -276,22 +286,21 @@ WorkPtr ProcessGroup::reduce_scatter(Tensor& output, const Tensor& input,
   check_buffer("reduce_scatter", "input", input);
   check_buffer("reduce_scatter", "output", output);
   if (output.dtype() != input.dtype() || input.numel() != output.numel() * size_) {
-    fail("[comm] reduce_scatter: input must hold size x output elements of the same dtype (",
-         size_, " x ", output.numel(), " ", output.dtype(), "), got ", input.str());
+    fail("[comm] reduce_scatter: input must hold size x output elements of the same dtype (", size_,
+         " x ", output.numel(), " ", output.dtype(), "), got ", input.str());
   }
   if (o.op == ReduceOp::Avg && !is_floating(input.dtype())) {
     fail("[comm] reduce_scatter: ReduceOp::Avg needs a floating dtype, got ", input.dtype());
   }
   Tensor in = input, out = output;
   ReduceOp op = o.op;
-  return enqueue({.kind = "reduce_scatter",
-                  .signature = signature_of("reduce_scatter", out, op, std::nullopt),
-                  .body = [in, out, op](Backend& b, Deadline d) mutable {
-                    b.reduce_scatter(out, in, op, d);
-                  },
-                  .timeout = o.timeout.value_or(options_.timeout),
-                  .description = LOOM_DESCRIBE(in)},
-                 o.async_op);
+  return enqueue(
+      {.kind = "reduce_scatter",
+       .signature = signature_of("reduce_scatter", out, op, std::nullopt),
+       .body = [in, out, op](Backend& b, Deadline d) mutable { b.reduce_scatter(out, in, op, d); },
+       .timeout = o.timeout.value_or(options_.timeout),
+       .description = LOOM_DESCRIBE(in)},
+      o.async_op);
 }
 
 WorkPtr ProcessGroup::all_to_all(Tensor& output, const Tensor& input, const CollectiveOptions& o) {
@@ -299,9 +308,10 @@ WorkPtr ProcessGroup::all_to_all(Tensor& output, const Tensor& input, const Coll
   check_buffer("all_to_all", "output", output);
   if (output.dtype() != input.dtype() || output.numel() != input.numel() ||
       input.numel() % size_ != 0) {
-    fail("[comm] all_to_all: input and output need the same dtype and a number of elements "
-         "divisible by the group size ", size_, "; got input ", input.str(), ", output ",
-         output.str());
+    fail(
+        "[comm] all_to_all: input and output need the same dtype and a number of elements "
+        "divisible by the group size ",
+        size_, "; got input ", input.str(), ", output ", output.str());
   }
   Tensor in = input, out = output;
   return enqueue({.kind = "all_to_all",
@@ -362,7 +372,8 @@ std::shared_ptr<ProcessGroup> ProcessGroup::split(int color, int key) {
   store_->set(prefix + std::to_string(rank_),
               to_bytes(std::to_string(color) + " " + std::to_string(key)));
   std::vector<std::string> keys;
-  for (int r = 0; r < size_; ++r) keys.push_back(prefix + std::to_string(r));
+  for (int r = 0; r < size_; ++r)
+    keys.push_back(prefix + std::to_string(r));
   store_->wait(keys, options_.timeout);
   if (color < 0) return nullptr;
   struct Member {

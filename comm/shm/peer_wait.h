@@ -16,8 +16,8 @@ namespace loom::comm::shm {
 bool process_alive(int64_t pid);
 
 struct WaitScope {
-  int rank;                                // this rank, for messages
-  std::function<int64_t(int)> pid_of;      // pid of a peer (0: not attached yet)
+  int rank;                            // this rank, for messages
+  std::function<int64_t(int)> pid_of;  // pid of a peer (0: not attached yet)
 };
 
 // Returns once ready() is true. lagging() names a peer that is still awaited (or -1).

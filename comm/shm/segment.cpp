@@ -21,7 +21,8 @@ std::string random_name() {
   size_t got = 0;
   while (got < sizeof bytes) {
     ssize_t n = getrandom(bytes + got, sizeof bytes - got, 0);
-    if (n < 0 && errno != EINTR) throw CommError("[comm/shm] getrandom failed: " + std::string(strerror(errno)));
+    if (n < 0 && errno != EINTR)
+      throw CommError("[comm/shm] getrandom failed: " + std::string(strerror(errno)));
     if (n > 0) got += static_cast<size_t>(n);
   }
   static const char* hex = "0123456789abcdef";
@@ -92,7 +93,9 @@ Segment Segment::open(const std::string& name, size_t bytes) {
   return s;
 }
 
-Segment::Segment(Segment&& other) noexcept { *this = std::move(other); }
+Segment::Segment(Segment&& other) noexcept {
+  *this = std::move(other);
+}
 
 Segment& Segment::operator=(Segment&& other) noexcept {
   std::swap(name_, other.name_);

@@ -11,7 +11,7 @@ namespace loom::comm::shm {
 
 class Segment {
  public:
-  static Segment create(size_t bytes);                          // zero-filled
+  static Segment create(size_t bytes);                         // zero-filled
   static Segment open(const std::string& name, size_t bytes);  // checks the size
   Segment() = default;
   Segment(Segment&& other) noexcept;

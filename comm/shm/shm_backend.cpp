@@ -37,7 +37,9 @@ const Tunables& tunables() {
   return t;
 }
 
-double scale_of(ReduceOp op, int size) { return op == ReduceOp::Avg ? 1.0 / size : 1.0; }
+double scale_of(ReduceOp op, int size) {
+  return op == ReduceOp::Avg ? 1.0 / size : 1.0;
+}
 
 }  // namespace
 
@@ -50,9 +52,11 @@ ShmBackend::ShmBackend(const BackendContext& context)
   Store& store = *context.store;
   if (rank_ == 0) {
     segment_ = Segment::create(layout_.total_bytes);
-    for (int r = 0; r < size_; ++r) new (&control(r)) RankControl();
+    for (int r = 0; r < size_; ++r)
+      new (&control(r)) RankControl();
     for (int s = 0; s < size_; ++s)
-      for (int d = 0; d < size_; ++d) new (&channel(s, d)) ChannelControl();
+      for (int d = 0; d < size_; ++d)
+        new (&channel(s, d)) ChannelControl();
     store.set("shm/segment", to_bytes(segment_.name()));
   } else {
     std::string name = to_string(store.get("shm/segment", context.timeout));
@@ -62,7 +66,8 @@ ShmBackend::ShmBackend(const BackendContext& context)
   store.set("shm/attached/" + std::to_string(rank_), to_bytes("1"));
   if (rank_ == 0) {
     std::vector<std::string> keys;
-    for (int r = 0; r < size_; ++r) keys.push_back("shm/attached/" + std::to_string(r));
+    for (int r = 0; r < size_; ++r)
+      keys.push_back("shm/attached/" + std::to_string(r));
     try {
       store.wait(keys, std::chrono::duration_cast<Duration>(deadline - Clock::now()));
     } catch (...) {
@@ -138,7 +143,8 @@ void ShmBackend::await_all(Phase phase, uint64_t round, Deadline deadline, const
     }
     return -1;
   };
-  wait_until(scope_, [&] { return behind() < 0; }, behind, deadline, what);
+  wait_until(
+      scope_, [&] { return behind() < 0; }, behind, deadline, what);
 }
 
 void ShmBackend::await_rank(int r, Phase phase, uint64_t round, Deadline deadline,
@@ -159,7 +165,8 @@ void ShmBackend::reduce_staged(uint64_t round, size_t offset, size_t count, DTyp
     many.resize(size_);
     list = many.data();
   }
-  for (int r = 0; r < size_; ++r) list[r] = staging(r, round) + offset;
+  for (int r = 0; r < size_; ++r)
+    list[r] = staging(r, round) + offset;
   if (own != nullptr) list[rank_] = own;
   kernels::cpu::reduce_inputs(reduce_type_of(dtype), reduce_kind_of(op), out, list,
                               static_cast<size_t>(size_), count, scale_of(op, size_));
@@ -224,7 +231,8 @@ void ShmBackend::reduce_rounds(Tensor& tensor, ReduceOp op, int root, Deadline d
 void ShmBackend::broadcast(Tensor& tensor, int root, Deadline deadline) {
   const size_t bytes = tensor.nbytes();
   char* data = static_cast<char*>(tensor.raw_data());
-  for (size_t start = 0; start < bytes || (bytes == 0 && start == 0); start += layout_.stage_bytes) {
+  for (size_t start = 0; start < bytes || (bytes == 0 && start == 0);
+       start += layout_.stage_bytes) {
     const size_t length = std::min(layout_.stage_bytes, bytes - start);
     uint64_t round = begin_round(deadline);
     if (rank_ == root) std::memcpy(staging(rank_, round), data + start, length);
@@ -242,7 +250,8 @@ void ShmBackend::all_gather(Tensor& output, const Tensor& input, Deadline deadli
   const size_t bytes = input.nbytes();
   const char* in = static_cast<const char*>(input.raw_data());
   char* out = static_cast<char*>(output.raw_data());
-  for (size_t start = 0; start < bytes || (bytes == 0 && start == 0); start += layout_.stage_bytes) {
+  for (size_t start = 0; start < bytes || (bytes == 0 && start == 0);
+       start += layout_.stage_bytes) {
     const size_t length = std::min(layout_.stage_bytes, bytes - start);
     uint64_t round = begin_round(deadline);
     std::memcpy(staging(rank_, round), in + start, length);
@@ -256,13 +265,16 @@ void ShmBackend::all_gather(Tensor& output, const Tensor& input, Deadline deadli
   }
 }
 
-void ShmBackend::reduce_scatter(Tensor& output, const Tensor& input, ReduceOp op,
-                                Deadline deadline) {
+// Rounds over `size` equal parts of `input` (n elements each): each round stages elements
+// [start, start + length) of every part (part j in slot j of this rank's staging buffer),
+// waits until all ranks posted, then calls consume(round, start, length, piece), where piece
+// is the slot size in elements.
+void ShmBackend::exchange_parts(
+    const Tensor& input, size_t n, Deadline deadline,
+    const std::function<void(uint64_t, size_t, size_t, size_t)>& consume) {
   const size_t element = dtype_size(input.dtype());
-  const size_t n = static_cast<size_t>(output.numel());  // elements per rank
-  const size_t piece = layout_.slice_bytes / element;    // elements per rank per round
+  const size_t piece = layout_.slice_bytes / element;
   const char* in = static_cast<const char*>(input.raw_data());
-  char* out = static_cast<char*>(output.raw_data());
   for (size_t start = 0; start < n || (n == 0 && start == 0); start += piece) {
     const size_t length = std::min(piece, n - start);
     uint64_t round = begin_round(deadline);
@@ -272,36 +284,35 @@ void ShmBackend::reduce_scatter(Tensor& output, const Tensor& input, ReduceOp op
     }
     publish(Phase::Arrived, round);
     await_all(Phase::Arrived, round, deadline, "post its data");
-    reduce_staged(round, static_cast<size_t>(rank_) * piece * element, length, input.dtype(), op,
-                  out + start * element);
+    consume(round, start, length, piece);
     publish(Phase::Consumed, round);
     if (n == 0) break;
   }
 }
 
+void ShmBackend::reduce_scatter(Tensor& output, const Tensor& input, ReduceOp op,
+                                Deadline deadline) {
+  const size_t element = dtype_size(input.dtype());
+  char* out = static_cast<char*>(output.raw_data());
+  exchange_parts(input, static_cast<size_t>(output.numel()), deadline,
+                 [&](uint64_t round, size_t start, size_t length, size_t piece) {
+                   reduce_staged(round, static_cast<size_t>(rank_) * piece * element, length,
+                                 input.dtype(), op, out + start * element);
+                 });
+}
+
 void ShmBackend::all_to_all(Tensor& output, const Tensor& input, Deadline deadline) {
   const size_t element = dtype_size(input.dtype());
   const size_t n = static_cast<size_t>(input.numel()) / static_cast<size_t>(size_);
-  const size_t piece = layout_.slice_bytes / element;
-  const char* in = static_cast<const char*>(input.raw_data());
   char* out = static_cast<char*>(output.raw_data());
-  for (size_t start = 0; start < n || (n == 0 && start == 0); start += piece) {
-    const size_t length = std::min(piece, n - start);
-    uint64_t round = begin_round(deadline);
-    for (int r = 0; r < size_; ++r) {
-      std::memcpy(staging(rank_, round) + static_cast<size_t>(r) * piece * element,
-                  in + (static_cast<size_t>(r) * n + start) * element, length * element);
-    }
-    publish(Phase::Arrived, round);
-    await_all(Phase::Arrived, round, deadline, "post its data");
-    for (int r = 0; r < size_; ++r) {
-      std::memcpy(out + (static_cast<size_t>(r) * n + start) * element,
-                  staging(r, round) + static_cast<size_t>(rank_) * piece * element,
-                  length * element);
-    }
-    publish(Phase::Consumed, round);
-    if (n == 0) break;
-  }
+  exchange_parts(input, n, deadline,
+                 [&](uint64_t round, size_t start, size_t length, size_t piece) {
+                   for (int r = 0; r < size_; ++r) {
+                     std::memcpy(out + (static_cast<size_t>(r) * n + start) * element,
+                                 staging(r, round) + static_cast<size_t>(rank_) * piece * element,
+                                 length * element);
+                   }
+                 });
 }
 
 void ShmBackend::barrier(Deadline deadline) {

@@ -14,6 +14,7 @@
 // LOOM_SHM_CHANNEL_BYTES (ring of each point-to-point channel, default 256 KiB).
 
 #include <cstdint>
+#include <functional>
 
 #include "comm/algorithms/transport.h"
 #include "comm/backend.h"
@@ -37,8 +38,7 @@ class ShmBackend final : public Backend, public Transport {
   void broadcast(Tensor& tensor, int root, Deadline deadline) override;
   void reduce(Tensor& tensor, int root, ReduceOp op, Deadline deadline) override;
   void all_gather(Tensor& output, const Tensor& input, Deadline deadline) override;
-  void reduce_scatter(Tensor& output, const Tensor& input, ReduceOp op,
-                      Deadline deadline) override;
+  void reduce_scatter(Tensor& output, const Tensor& input, ReduceOp op, Deadline deadline) override;
   void all_to_all(Tensor& output, const Tensor& input, Deadline deadline) override;
   void send(const Tensor& tensor, int dst, int tag, Deadline deadline) override;
   void recv(Tensor& tensor, int src, int tag, Deadline deadline) override;
@@ -73,6 +73,8 @@ class ShmBackend final : public Backend, public Transport {
   void reduce_staged(uint64_t round, size_t offset, size_t count, DType dtype, ReduceOp op,
                      void* out, const void* own = nullptr);
   void reduce_rounds(Tensor& tensor, ReduceOp op, int root, Deadline deadline);
+  void exchange_parts(const Tensor& input, size_t n, Deadline deadline,
+                      const std::function<void(uint64_t, size_t, size_t, size_t)>& consume);
 
   size_t push(int dst, const char* data, size_t bytes);
   size_t pull(int src, char* data, size_t bytes);
