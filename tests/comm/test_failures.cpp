@@ -8,6 +8,7 @@
 #include <chrono>
 #include <thread>
 
+#include "comm/backend_registry.h"
 #include "comm/process_group.h"
 #include "comm/store/in_process_store.h"
 #include "multiprocess.h"
@@ -61,9 +62,10 @@ TEST(Failures, KilledRankIsNamedQuicklyAndShmIsClean) {
     }
     return extra;
   };
-  for (int i = 0; i < 100 && !leftovers().empty(); ++i) std::this_thread::sleep_for(20ms);
-  EXPECT_TRUE(leftovers().empty()) << "a shared-memory segment was left in /dev/shm: "
-                                   << leftovers().front();
+  for (int i = 0; i < 100 && !leftovers().empty(); ++i)
+    std::this_thread::sleep_for(20ms);
+  EXPECT_TRUE(leftovers().empty())
+      << "a shared-memory segment was left in /dev/shm: " << leftovers().front();
 }
 
 TEST(Failures, RankThatNeverArrivesTimesOut) {
@@ -83,8 +85,7 @@ TEST(Failures, RankThatNeverArrivesTimesOut) {
 
 TEST(Failures, MismatchedCollectivesAreReportedInDebugMode) {
   expect_all_ok(run_ranks(2, [](int rank, int size, std::shared_ptr<Store> store) {
-    ProcessGroup pg(rank, size, store,
-                    {.backend = "shm", .timeout = 10s, .debug_checks = true});
+    ProcessGroup pg(rank, size, store, {.backend = "shm", .timeout = 10s, .debug_checks = true});
     Tensor t = Tensor::ones({rank == 0 ? 1024 : 512});
     WorkPtr work = rank == 0 ? pg.allreduce(t) : pg.broadcast(t);
     expect_comm_error(work, {"collective mismatch at operation #0", "allreduce 1024 f32 sum",
@@ -105,6 +106,65 @@ TEST(Failures, MisuseIsRejectedOnTheCallingThread) {
   EXPECT_THROW(pg.broadcast(t, {.root = 1}), Error);
   EXPECT_THROW(pg.send(t, 0), Error);
   EXPECT_THROW(ProcessGroup(0, 1, store, {.backend = "nope"}), Error);
+}
+
+// A user backend registered at run time is selectable by name like a built-in. This one
+// counts the collectives it forwards to a wrapped shm backend.
+class CountingBackend final : public Backend {
+ public:
+  explicit CountingBackend(const BackendContext& c) : inner_(create_backend("shm", c)) {}
+  std::string name() const override { return "counting"; }
+  int rank() const override { return inner_->rank(); }
+  int size() const override { return inner_->size(); }
+  void allreduce(Tensor& t, ReduceOp op, Deadline d) override {
+    ++calls;
+    inner_->allreduce(t, op, d);
+  }
+  void broadcast(Tensor& t, int root, Deadline d) override { inner_->broadcast(t, root, d); }
+  void reduce(Tensor& t, int root, ReduceOp op, Deadline d) override {
+    inner_->reduce(t, root, op, d);
+  }
+  void all_gather(Tensor& o, const Tensor& i, Deadline d) override { inner_->all_gather(o, i, d); }
+  void reduce_scatter(Tensor& o, const Tensor& i, ReduceOp op, Deadline d) override {
+    inner_->reduce_scatter(o, i, op, d);
+  }
+  void all_to_all(Tensor& o, const Tensor& i, Deadline d) override { inner_->all_to_all(o, i, d); }
+  void send(const Tensor& t, int dst, int tag, Deadline d) override {
+    inner_->send(t, dst, tag, d);
+  }
+  void recv(Tensor& t, int src, int tag, Deadline d) override { inner_->recv(t, src, tag, d); }
+  void barrier(Deadline d) override { inner_->barrier(d); }
+  static inline int calls = 0;
+
+ private:
+  std::unique_ptr<Backend> inner_;
+};
+
+TEST(Backends, UserBackendIsSelectableByName) {
+  register_backend(
+      "counting", [](const BackendContext& c) { return std::make_unique<CountingBackend>(c); },
+      "shm, counting allreduces");
+  bool listed = false;
+  for (auto& [name, description] : available_backends())
+    listed |= name == "counting";
+  EXPECT_TRUE(listed);
+  EXPECT_THROW(register_backend("counting", nullptr, "again"), Error);
+  expect_all_ok(run_ranks(2, [](int rank, int size, std::shared_ptr<Store> store) {
+    ProcessGroup pg(rank, size, store, {.backend = "counting", .timeout = 10s});
+    EXPECT_EQ(pg.backend_name(), "counting");
+    Tensor t = Tensor::full({3}, rank + 1.0);
+    pg.allreduce(t)->wait();
+    EXPECT_EQ(t.to_vector<float>()[2], 3.0f);
+    EXPECT_EQ(CountingBackend::calls, 1);
+  }));
+  try {
+    create_backend("countin", {});
+    FAIL();
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("available: counting, shm"), std::string::npos)
+        << e.what();
+  }
+  EXPECT_TRUE(remove_backend("counting"));
 }
 
 TEST(Failures, WorkWaitHasATimeout) {
