@@ -138,7 +138,8 @@ void BM_ReduceInputs(benchmark::State& state) {
 // reduce_into with the instruction set forced: 0 scalar, 1 avx2, 2 avx512.
 template <typename T>
 void BM_ReduceIntoIsa(benchmark::State& state) {
-  const char* isa = std::vector<const char*>{"scalar", "avx2", "avx512"}[state.range(1)];
+  constexpr const char* kIsas[] = {"scalar", "avx2", "avx512"};
+  const char* isa = kIsas[state.range(1)];
   if (!kernels::cpu::reduce_isa_available(isa)) {
     state.SkipWithError("instruction set not available on this machine");
     return;

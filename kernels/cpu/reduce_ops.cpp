@@ -149,8 +149,9 @@ struct ScalarPlain {
 // for that instruction set whatever -march the build uses (GCC gives functions declared in
 // such a region, template instantiations included, the region's target). The variant is
 // picked at run time from __builtin_cpu_supports, so a build without -march=native still
-// runs AVX-512 where the machine has it. f64 and the integers have only the scalar variant
-// (compiled for the build's -march, which GCC auto-vectorises).
+// runs AVX-512 where the machine has it. "scalar" means no intrinsics: it is compiled for the
+// build's -march, which GCC auto-vectorises (under -march=native f32 runs as fast as the
+// intrinsics; bf16 and f16 do not). f64 and the integers have only the scalar variant.
 
 namespace scalar_isa {
 template <class E>
@@ -405,10 +406,10 @@ const char* type_name(ReduceType type) {
 // Note [Streaming stores]. When the inputs and the output together exceed the last-level
 // cache, the output would be evicted before anyone reads it again, and writing it with
 // ordinary stores first reads every line of it from memory (read for ownership): a quarter of
-// the traffic of a two-input reduction (measured: 21 -> 32 GB/s for 64 MiB f32 on a Zen 4).
-// The threshold is a fixed 32 MiB, the L3 one core can reach on current server parts (AMD's
-// per-CCD L3; sysconf reports the whole socket's, 320 MiB on the machine above). An output that
-// is also an input was just read, so it keeps ordinary stores.
+// the traffic of a two-input reduction (64 MiB f32 on the AMD EPYC build machine: 21 -> 32
+// GB/s). The threshold is a fixed 32 MiB, about the L3 one core can reach on current server
+// parts (AMD's per-CCD L3; sysconf(_SC_LEVEL3_CACHE_SIZE) reports 320 MiB there, the whole
+// socket's). An output that is also an input was just read, so it keeps ordinary stores.
 constexpr size_t kStreamingBytes = size_t{32} << 20;
 std::atomic<size_t> g_streaming_threshold{kStreamingBytes};
 

@@ -82,6 +82,7 @@ template <class V, class E, ReduceKind K, int A, bool FromAcc, bool ToOut, bool 
                             typename V::Acc scale) {
   using S = typename V::Scalar;
   constexpr size_t W = V::kWidth;
+  static_assert(W <= 64, "one_by_one covers at most 64 elements (heads are shorter too)");
   const E* p[A];
   for (int j = 0; j < A; ++j)
     p[j] = in[j];
