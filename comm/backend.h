@@ -33,7 +33,8 @@ class Backend {
   virtual int rank() const = 0;
   virtual int size() const = 0;
 
-  virtual void allreduce(Tensor& tensor, ReduceOp op, Deadline deadline) = 0;
+  // output = reduction of every rank's input; input and output may be the same tensor.
+  virtual void allreduce(const Tensor& input, Tensor& output, ReduceOp op, Deadline deadline) = 0;
   virtual void broadcast(Tensor& tensor, int root, Deadline deadline) = 0;
   // The result lands in `tensor` on `root`; other ranks' tensors are left unchanged.
   virtual void reduce(Tensor& tensor, int root, ReduceOp op, Deadline deadline) = 0;

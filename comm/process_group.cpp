@@ -12,18 +12,6 @@ namespace loom::comm {
 
 namespace {
 
-std::string human_bytes(size_t bytes) {
-  char text[32];
-  if (bytes >= (1u << 20) && bytes % (1u << 20) == 0) {
-    std::snprintf(text, sizeof text, "%zu MiB", bytes >> 20);
-  } else if (bytes >= (1u << 10) && bytes % (1u << 10) == 0) {
-    std::snprintf(text, sizeof text, "%zu KiB", bytes >> 10);
-  } else {
-    std::snprintf(text, sizeof text, "%zu B", bytes);
-  }
-  return text;
-}
-
 bool debug_from_env() {
   static const bool enabled = [] {
     const char* v = std::getenv("LOOM_DEBUG");
@@ -44,13 +32,11 @@ void check_buffer(const char* op, const char* what, const Tensor& t) {
 
 // One queued operation: what it is (for errors and debug checks) and how to run it.
 struct ProcessGroup::Op {
-  std::string kind;       // "allreduce"
-  std::string signature;  // what every rank must agree on, e.g. "allreduce 1024 f32 sum root 0"
+  OpLabel label;          // submit() fills in the sequence number
+  std::string signature;  // debug checks only: "allreduce 1024 f32 sum", equal on every rank
   bool collective = true;
   std::function<void(Backend&, Deadline)> body;
   Duration timeout;
-  uint64_t seq = 0;
-  std::string description;  // "allreduce #12, 4 MiB f32"
   WorkPtr work = nullptr;
 };
 
@@ -83,29 +69,34 @@ ProcessGroup::~ProcessGroup() {
   if (progress_.joinable()) progress_.join();
 }
 
-WorkPtr ProcessGroup::enqueue(Op op, bool async_op) {
-  auto owned = std::make_unique<Op>(std::move(op));
+// Issues one operation: runs it on the calling thread when the caller waits for it anyway
+// and nothing is ahead of it (no allocation for the body, no hand-off), else queues it for the
+// progress thread.
+template <typename Body>
+WorkPtr ProcessGroup::submit(Op op, Body&& body, bool async_op) {
   std::unique_lock lock(mutex_);
-  owned->seq = next_seq_++;
-  owned->description = owned->kind + " #" + std::to_string(owned->seq) + owned->description;
-  owned->work = std::make_shared<Work>(owned->description, owned->timeout);
-  WorkPtr work = owned->work;
+  op.label.seq = next_seq_++;
+  op.work = std::make_shared<Work>(op.label, op.timeout);
+  WorkPtr work = op.work;
   if (broken_) {
-    work->complete(broken_error(*owned));
+    work->complete(broken_error(op));
     return work;
   }
   if (!async_op && queue_.empty() && !running_) {
-    // Nothing ahead of it: run on this thread, in order, without waking the progress thread.
     running_ = true;
     lock.unlock();
-    run(*owned);
+    run(op, body);
     lock.lock();
     running_ = false;
+    // Only wake the progress thread when another thread queued work meanwhile: a needless
+    // wake-up costs more than the whole small operation.
+    bool pending = !queue_.empty();
     lock.unlock();
-    queued_.notify_all();
+    if (pending) queued_.notify_all();
     return work;
   }
-  queue_.push_back(std::move(owned));
+  op.body = std::forward<Body>(body);
+  queue_.push_back(std::make_unique<Op>(std::move(op)));
   lock.unlock();
   queued_.notify_all();
   if (!async_op) work->wait();
@@ -120,7 +111,7 @@ std::exception_ptr ProcessGroup::broken_error(const Op& op) const {
     cause = e.what();
   }
   return std::make_exception_ptr(CommError("[comm] rank " + std::to_string(rank_) + ": " +
-                                               op.description +
+                                               op.label.str() +
                                                " not started: the group is broken by " + cause,
                                            rank_));
 }
@@ -141,28 +132,26 @@ void ProcessGroup::progress_loop() {
       }
       running_ = true;
     }
-    run(*op);
-    {
-      std::lock_guard lock(mutex_);
-      running_ = false;
-    }
-    queued_.notify_all();
+    run(*op, op->body);
+    std::lock_guard lock(mutex_);
+    running_ = false;
   }
 }
 
 // Runs one operation on the current thread; the caller holds the running_ flag.
-void ProcessGroup::run(Op& op) {
-  op.work->mark_started();
+template <typename Body>
+void ProcessGroup::run(Op& op, Body& body) {
   Deadline deadline = deadline_after(op.timeout);
+  op.work->mark_started(deadline - op.timeout);
   try {
     if (options_.debug_checks && op.collective) {
-      check_same_collective(*store_, name_, rank_, size_, op.seq, op.signature, op.timeout);
+      check_same_collective(*store_, name_, rank_, size_, op.label.seq, op.signature, op.timeout);
     }
-    op.body(*backend_, deadline);
+    body(*backend_, deadline);
     op.work->complete();
   } catch (const CommError& e) {
     auto error =
-        std::make_exception_ptr(CommError(std::string(e.what()) + " (" + op.description +
+        std::make_exception_ptr(CommError(std::string(e.what()) + " (" + op.label.str() +
                                               ", timeout " + duration_str(op.timeout) + ")",
                                           e.rank(), e.peer()));
     {
@@ -186,25 +175,46 @@ std::string signature_of(const char* kind, const Tensor& t, std::optional<Reduce
   return s.str();
 }
 
-}  // namespace
-
-#define LOOM_DESCRIBE(t) \
-  (", " + human_bytes((t).nbytes()) + " " + std::string(dtype_name((t).dtype())))
-
-WorkPtr ProcessGroup::allreduce(Tensor& tensor, const CollectiveOptions& o) {
-  check_buffer("allreduce", "tensor", tensor);
-  if (o.op == ReduceOp::Avg && !is_floating(tensor.dtype())) {
-    fail("[comm] allreduce: ReduceOp::Avg needs a floating dtype, got ", tensor.dtype(),
+void check_avg(const char* kind, ReduceOp op, DType dtype) {
+  if (op == ReduceOp::Avg && !is_floating(dtype)) {
+    fail("[comm] ", kind, ": ReduceOp::Avg needs a floating dtype, got ", dtype,
          " (use Sum and divide)");
   }
-  Tensor t = tensor;
-  ReduceOp op = o.op;
-  return enqueue({.kind = "allreduce",
-                  .signature = signature_of("allreduce", t, op, std::nullopt),
-                  .body = [t, op](Backend& b, Deadline d) mutable { b.allreduce(t, op, d); },
-                  .timeout = o.timeout.value_or(options_.timeout),
-                  .description = LOOM_DESCRIBE(t)},
-                 o.async_op);
+}
+
+void check_root(const char* kind, int root, int size) {
+  if (root < 0 || root >= size)
+    fail("[comm] ", kind, ": root ", root, " is not in [0, ", size, ")");
+}
+
+void check_peer(const char* kind, const char* role, int peer, int rank, int size) {
+  if (peer < 0 || peer >= size || peer == rank) {
+    fail("[comm] ", kind, ": ", role, " ", peer, " must be another rank in [0, ", size, ")");
+  }
+}
+
+}  // namespace
+
+// The parts every call shares: label, signature (built only when debug checks need it),
+// timeout.
+ProcessGroup::Op ProcessGroup::make_op(const char* kind, const Tensor* data,
+                                       std::optional<ReduceOp> op, std::optional<int> root,
+                                       std::optional<Duration> timeout) const {
+  Op result;
+  result.label.kind = kind;
+  if (data != nullptr) {
+    result.label.bytes = data->nbytes();
+    result.label.dtype = dtype_name(data->dtype());
+    if (options_.debug_checks) result.signature = signature_of(kind, *data, op, root);
+  } else if (options_.debug_checks) {
+    result.signature = kind;
+  }
+  result.timeout = timeout.value_or(options_.timeout);
+  return result;
+}
+
+WorkPtr ProcessGroup::allreduce(Tensor& tensor, const CollectiveOptions& o) {
+  return allreduce(tensor, tensor, o);
 }
 
 WorkPtr ProcessGroup::allreduce(const Tensor& input, Tensor& output, const CollectiveOptions& o) {
@@ -213,55 +223,36 @@ WorkPtr ProcessGroup::allreduce(const Tensor& input, Tensor& output, const Colle
   if (input.shape() != output.shape() || input.dtype() != output.dtype()) {
     fail("[comm] allreduce: output ", output.str(), " must match input ", input.str());
   }
-  if (o.op == ReduceOp::Avg && !is_floating(input.dtype())) {
-    fail("[comm] allreduce: ReduceOp::Avg needs a floating dtype, got ", input.dtype());
-  }
-  Tensor in = input, out = output;
-  ReduceOp op = o.op;
-  return enqueue({.kind = "allreduce",
-                  .signature = signature_of("allreduce", in, op, std::nullopt),
-                  .body =
-                      [in, out, op](Backend& b, Deadline d) mutable {
-                        if (out.raw_data() != in.raw_data()) {
-                          std::memcpy(out.raw_data(), in.raw_data(), in.nbytes());
-                        }
-                        b.allreduce(out, op, d);
-                      },
-                  .timeout = o.timeout.value_or(options_.timeout),
-                  .description = LOOM_DESCRIBE(in)},
-                 o.async_op);
+  check_avg("allreduce", o.op, input.dtype());
+  Op op = make_op("allreduce", &input, o.op, std::nullopt, o.timeout);
+  return submit(
+      std::move(op),
+      [in = input, out = output, reduce = o.op](Backend& b, Deadline d) mutable {
+        b.allreduce(in, out, reduce, d);
+      },
+      o.async_op);
 }
 
 WorkPtr ProcessGroup::broadcast(Tensor& tensor, const CollectiveOptions& o) {
   check_buffer("broadcast", "tensor", tensor);
-  if (o.root < 0 || o.root >= size_)
-    fail("[comm] broadcast: root ", o.root, " is not in [0, ", size_, ")");
-  Tensor t = tensor;
-  int root = o.root;
-  return enqueue({.kind = "broadcast",
-                  .signature = signature_of("broadcast", t, std::nullopt, root),
-                  .body = [t, root](Backend& b, Deadline d) mutable { b.broadcast(t, root, d); },
-                  .timeout = o.timeout.value_or(options_.timeout),
-                  .description = LOOM_DESCRIBE(t)},
-                 o.async_op);
+  check_root("broadcast", o.root, size_);
+  Op op = make_op("broadcast", &tensor, std::nullopt, o.root, o.timeout);
+  return submit(
+      std::move(op),
+      [t = tensor, root = o.root](Backend& b, Deadline d) mutable { b.broadcast(t, root, d); },
+      o.async_op);
 }
 
 WorkPtr ProcessGroup::reduce(Tensor& tensor, const CollectiveOptions& o) {
   check_buffer("reduce", "tensor", tensor);
-  if (o.root < 0 || o.root >= size_)
-    fail("[comm] reduce: root ", o.root, " is not in [0, ", size_, ")");
-  if (o.op == ReduceOp::Avg && !is_floating(tensor.dtype())) {
-    fail("[comm] reduce: ReduceOp::Avg needs a floating dtype, got ", tensor.dtype());
-  }
-  Tensor t = tensor;
-  int root = o.root;
-  ReduceOp op = o.op;
-  return enqueue(
-      {.kind = "reduce",
-       .signature = signature_of("reduce", t, op, root),
-       .body = [t, root, op](Backend& b, Deadline d) mutable { b.reduce(t, root, op, d); },
-       .timeout = o.timeout.value_or(options_.timeout),
-       .description = LOOM_DESCRIBE(t)},
+  check_root("reduce", o.root, size_);
+  check_avg("reduce", o.op, tensor.dtype());
+  Op op = make_op("reduce", &tensor, o.op, o.root, o.timeout);
+  return submit(
+      std::move(op),
+      [t = tensor, root = o.root, reduce = o.op](Backend& b, Deadline d) mutable {
+        b.reduce(t, root, reduce, d);
+      },
       o.async_op);
 }
 
@@ -272,13 +263,11 @@ WorkPtr ProcessGroup::all_gather(Tensor& output, const Tensor& input, const Coll
     fail("[comm] all_gather: output must hold size x input elements of the same dtype (", size_,
          " x ", input.numel(), " ", input.dtype(), "), got ", output.str());
   }
-  Tensor in = input, out = output;
-  return enqueue({.kind = "all_gather",
-                  .signature = signature_of("all_gather", in, std::nullopt, std::nullopt),
-                  .body = [in, out](Backend& b, Deadline d) mutable { b.all_gather(out, in, d); },
-                  .timeout = o.timeout.value_or(options_.timeout),
-                  .description = LOOM_DESCRIBE(in)},
-                 o.async_op);
+  Op op = make_op("all_gather", &input, std::nullopt, std::nullopt, o.timeout);
+  return submit(
+      std::move(op),
+      [in = input, out = output](Backend& b, Deadline d) mutable { b.all_gather(out, in, d); },
+      o.async_op);
 }
 
 WorkPtr ProcessGroup::reduce_scatter(Tensor& output, const Tensor& input,
@@ -289,17 +278,14 @@ WorkPtr ProcessGroup::reduce_scatter(Tensor& output, const Tensor& input,
     fail("[comm] reduce_scatter: input must hold size x output elements of the same dtype (", size_,
          " x ", output.numel(), " ", output.dtype(), "), got ", input.str());
   }
-  if (o.op == ReduceOp::Avg && !is_floating(input.dtype())) {
-    fail("[comm] reduce_scatter: ReduceOp::Avg needs a floating dtype, got ", input.dtype());
-  }
-  Tensor in = input, out = output;
-  ReduceOp op = o.op;
-  return enqueue(
-      {.kind = "reduce_scatter",
-       .signature = signature_of("reduce_scatter", out, op, std::nullopt),
-       .body = [in, out, op](Backend& b, Deadline d) mutable { b.reduce_scatter(out, in, op, d); },
-       .timeout = o.timeout.value_or(options_.timeout),
-       .description = LOOM_DESCRIBE(in)},
+  check_avg("reduce_scatter", o.op, input.dtype());
+  Op op = make_op("reduce_scatter", &output, o.op, std::nullopt, o.timeout);
+  op.label.bytes = input.nbytes();
+  return submit(
+      std::move(op),
+      [in = input, out = output, reduce = o.op](Backend& b, Deadline d) mutable {
+        b.reduce_scatter(out, in, reduce, d);
+      },
       o.async_op);
 }
 
@@ -313,57 +299,43 @@ WorkPtr ProcessGroup::all_to_all(Tensor& output, const Tensor& input, const Coll
         "divisible by the group size ",
         size_, "; got input ", input.str(), ", output ", output.str());
   }
-  Tensor in = input, out = output;
-  return enqueue({.kind = "all_to_all",
-                  .signature = signature_of("all_to_all", in, std::nullopt, std::nullopt),
-                  .body = [in, out](Backend& b, Deadline d) mutable { b.all_to_all(out, in, d); },
-                  .timeout = o.timeout.value_or(options_.timeout),
-                  .description = LOOM_DESCRIBE(in)},
-                 o.async_op);
+  Op op = make_op("all_to_all", &input, std::nullopt, std::nullopt, o.timeout);
+  return submit(
+      std::move(op),
+      [in = input, out = output](Backend& b, Deadline d) mutable { b.all_to_all(out, in, d); },
+      o.async_op);
 }
 
 WorkPtr ProcessGroup::send(const Tensor& tensor, int dst, const P2POptions& o) {
   check_buffer("send", "tensor", tensor);
-  if (dst < 0 || dst >= size_ || dst == rank_) {
-    fail("[comm] send: destination ", dst, " must be another rank in [0, ", size_, ")");
-  }
-  Tensor t = tensor;
-  int tag = o.tag;
-  return enqueue({.kind = "send",
-                  .signature = "",
-                  .collective = false,
-                  .body = [t, dst, tag](Backend& b, Deadline d) { b.send(t, dst, tag, d); },
-                  .timeout = o.timeout.value_or(options_.timeout),
-                  .description = LOOM_DESCRIBE(t) + " to rank " + std::to_string(dst)},
-                 o.async_op);
+  check_peer("send", "destination", dst, rank_, size_);
+  Op op = make_op("send", &tensor, std::nullopt, std::nullopt, o.timeout);
+  op.collective = false;
+  op.label.peer = dst;
+  op.label.to_peer = true;
+  return submit(
+      std::move(op),
+      [t = tensor, dst, tag = o.tag](Backend& b, Deadline d) { b.send(t, dst, tag, d); },
+      o.async_op);
 }
 
 WorkPtr ProcessGroup::recv(Tensor& tensor, int src, const P2POptions& o) {
   check_buffer("recv", "tensor", tensor);
-  if (src < 0 || src >= size_ || src == rank_) {
-    fail("[comm] recv: source ", src, " must be another rank in [0, ", size_, ")");
-  }
-  Tensor t = tensor;
-  int tag = o.tag;
-  return enqueue({.kind = "recv",
-                  .signature = "",
-                  .collective = false,
-                  .body = [t, src, tag](Backend& b, Deadline d) mutable { b.recv(t, src, tag, d); },
-                  .timeout = o.timeout.value_or(options_.timeout),
-                  .description = LOOM_DESCRIBE(t) + " from rank " + std::to_string(src)},
-                 o.async_op);
+  check_peer("recv", "source", src, rank_, size_);
+  Op op = make_op("recv", &tensor, std::nullopt, std::nullopt, o.timeout);
+  op.collective = false;
+  op.label.peer = src;
+  return submit(
+      std::move(op),
+      [t = tensor, src, tag = o.tag](Backend& b, Deadline d) mutable { b.recv(t, src, tag, d); },
+      o.async_op);
 }
 
 WorkPtr ProcessGroup::barrier(const CollectiveOptions& o) {
-  return enqueue({.kind = "barrier",
-                  .signature = "barrier",
-                  .body = [](Backend& b, Deadline d) { b.barrier(d); },
-                  .timeout = o.timeout.value_or(options_.timeout),
-                  .description = ""},
-                 o.async_op);
+  Op op = make_op("barrier", nullptr, std::nullopt, std::nullopt, o.timeout);
+  return submit(
+      std::move(op), [](Backend& b, Deadline d) { b.barrier(d); }, o.async_op);
 }
-
-#undef LOOM_DESCRIBE
 
 std::shared_ptr<ProcessGroup> ProcessGroup::split(int color, int key) {
   // Every rank publishes (color, key); members of a color are ordered by (key, rank).

@@ -32,7 +32,7 @@ namespace loom::comm {
 struct CollectiveOptions {
   ReduceOp op = ReduceOp::Sum;
   int root = 0;                     // broadcast, reduce
-  std::optional<Duration> timeout;  // default: the group's timeout
+  std::optional<Duration> timeout = std::nullopt;  // default: the group's timeout
   // false: the call returns only once the operation completed (its Work is done; errors are
   // thrown from wait() as usual). When nothing else is queued the operation then runs on the
   // calling thread, which saves the hand-off to the progress thread (latency-bound calls).
@@ -41,7 +41,7 @@ struct CollectiveOptions {
 
 struct P2POptions {
   int tag = 0;
-  std::optional<Duration> timeout;
+  std::optional<Duration> timeout = std::nullopt;
   bool async_op = true;  // as in CollectiveOptions
 };
 
@@ -90,10 +90,14 @@ class ProcessGroup : public std::enable_shared_from_this<ProcessGroup> {
 
  private:
   struct Op;
-  WorkPtr enqueue(Op op, bool async_op);
+  Op make_op(const char* kind, const Tensor* data, std::optional<ReduceOp> op,
+             std::optional<int> root, std::optional<Duration> timeout) const;
+  template <typename Body>
+  WorkPtr submit(Op op, Body&& body, bool async_op);
   void progress_loop();
   std::exception_ptr broken_error(const Op& op) const;
-  void run(Op& op);
+  template <typename Body>
+  void run(Op& op, Body& body);
 
   int rank_, size_;
   std::shared_ptr<Store> store_;
@@ -117,8 +121,9 @@ struct InitOptions {
   Duration timeout = kDefaultTimeout;
   // Explicit rank/size/store; when the store is null, ranks rendezvous through a TCP store
   // at MASTER_ADDR:MASTER_PORT (served by loomrun, or by rank 0 when none is running).
-  std::optional<int> rank, size;
-  std::shared_ptr<Store> store;
+  std::optional<int> rank = std::nullopt;
+  std::optional<int> size = std::nullopt;
+  std::shared_ptr<Store> store = nullptr;
 };
 
 // The default group of this job, from the cluster environment (comm/environment.h).

@@ -1,48 +1,77 @@
 #include "comm/work.h"
 
+#include <cstdio>
+
 namespace loom::comm {
 
-void Work::wait(std::optional<Duration> timeout) {
-  std::unique_lock lock(mutex_);
-  if (timeout) {
-    if (!done_.wait_for(lock, *timeout, [&] { return completed_; })) {
-      throw CommError("[comm] " + description_ + " did not complete within " +
-                      duration_str(*timeout));
-    }
+std::string OpLabel::str() const {
+  char size[32];
+  if (bytes >= (1u << 20) && bytes % (1u << 20) == 0) {
+    std::snprintf(size, sizeof size, "%zu MiB", bytes >> 20);
+  } else if (bytes >= (1u << 10) && bytes % (1u << 10) == 0) {
+    std::snprintf(size, sizeof size, "%zu KiB", bytes >> 10);
   } else {
-    const auto grace = std::chrono::seconds(1);
-    while (!done_.wait_for(lock, std::chrono::milliseconds(100), [&] { return completed_; })) {
-      if (started_ && Clock::now() > *started_ + default_timeout_ + grace) {
-        throw CommError("[comm] " + description_ + " did not complete within its timeout of " +
-                        duration_str(default_timeout_));
+    std::snprintf(size, sizeof size, "%zu B", bytes);
+  }
+  std::string text = std::string(kind) + " #" + std::to_string(seq);
+  if (!dtype.empty()) text += ", " + std::string(size) + " " + std::string(dtype);
+  if (peer >= 0) text += (to_peer ? " to rank " : " from rank ") + std::to_string(peer);
+  return text;
+}
+
+// Note [Work completion]
+// complete() stores error_, then sets completed_ (seq_cst), then notifies only if a waiter
+// registered. wait() registers in waiters_ (seq_cst) before it checks completed_ under the
+// mutex. Whichever of the two stores comes first, the other side sees it: either the waiter
+// finds completed_ set, or complete() finds a waiter and notifies under the mutex, which the
+// waiter holds from its check until it sleeps.
+void Work::wait(std::optional<Duration> timeout) {
+  if (!completed_.load()) {
+    waiters_.fetch_add(1);
+    std::unique_lock lock(mutex_);
+    auto done = [&] { return completed_.load(); };
+    bool finished = true;
+    if (timeout) {
+      finished = done_.wait_for(lock, *timeout, done);
+    } else {
+      const auto grace = std::chrono::seconds(1);
+      while (!done_.wait_for(lock, std::chrono::milliseconds(100), done)) {
+        Clock::rep started = started_.load();
+        if (started != 0 &&
+            Clock::now() > Clock::time_point(Clock::duration(started)) + default_timeout_ + grace) {
+          finished = false;
+          break;
+        }
       }
+    }
+    waiters_.fetch_sub(1);
+    if (!finished) {
+      throw CommError("[comm] " + description() + " did not complete within " +
+                      duration_str(timeout.value_or(default_timeout_)));
     }
   }
   if (error_) std::rethrow_exception(error_);
 }
 
-void Work::mark_started() {
-  std::lock_guard lock(mutex_);
-  started_ = Clock::now();
+void Work::mark_started(Clock::time_point when) {
+  started_.store(std::max<Clock::rep>(when.time_since_epoch().count(), 1));
 }
 
 bool Work::is_completed() const {
-  std::lock_guard lock(mutex_);
-  return completed_;
+  return completed_.load();
 }
 
 std::exception_ptr Work::exception() const {
-  std::lock_guard lock(mutex_);
-  return error_;
+  return completed_.load() ? error_ : nullptr;
 }
 
 void Work::complete(std::exception_ptr error) {
-  {
+  error_ = std::move(error);
+  completed_.store(true);
+  if (waiters_.load() > 0) {
     std::lock_guard lock(mutex_);
-    completed_ = true;
-    error_ = std::move(error);
+    done_.notify_all();
   }
-  done_.notify_all();
 }
 
 }  // namespace loom::comm

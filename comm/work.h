@@ -3,21 +3,37 @@
 // completes it, with an error when the operation failed; wait() blocks (never longer than
 // its timeout) and rethrows that error.
 
+#include <atomic>
 #include <condition_variable>
 #include <exception>
 #include <memory>
 #include <mutex>
 #include <optional>
 #include <string>
+#include <string_view>
 
 #include "comm/error.h"
 
 namespace loom::comm {
 
+// What an operation is, for messages: "allreduce #12, 4 MiB f32", "send #3, 8 B u8 to rank 1".
+// Kept as parts and formatted only when a message needs it (small calls stay cheap).
+struct OpLabel {
+  std::string_view kind;  // a string with static storage: "allreduce"
+  uint64_t seq = 0;       // position in the group's issue order
+  size_t bytes = 0;
+  std::string_view dtype;  // static too: "f32"
+  int peer = -1;           // send/recv: the other rank
+  bool to_peer = false;    // send (true) or recv (false)
+  std::string str() const;
+};
+
 class Work {
  public:
   explicit Work(std::string description, Duration default_timeout = kDefaultTimeout)
-      : description_(std::move(description)), default_timeout_(default_timeout) {}
+      : text_(std::move(description)), default_timeout_(default_timeout) {}
+  Work(const OpLabel& label, Duration default_timeout)
+      : label_(label), default_timeout_(default_timeout) {}
 
   // Blocks until the operation finished, then rethrows its error if it failed. With a
   // `timeout`, throws loom::CommError when it passes first. Without one, waits while the
@@ -28,20 +44,25 @@ class Work {
   bool is_completed() const;
   // The error of a failed operation (null while running or after success).
   std::exception_ptr exception() const;
-  const std::string& description() const { return description_; }  // "allreduce #12, 4 MiB f32"
+  std::string description() const { return text_.empty() ? label_.str() : text_; }
 
   // Called by the thread that runs the operation: once when it starts, once when it ends.
-  void mark_started();
+  void mark_started(Clock::time_point when = Clock::now());
   void complete(std::exception_ptr error = nullptr);
 
  private:
-  std::string description_;
+  OpLabel label_;
+  std::string text_;  // a description given as text (overrides label_)
   Duration default_timeout_;
+  // Completion is published through atomics so that an operation nobody is waiting for yet
+  // (the common case for small calls) completes without taking a lock; the mutex and
+  // condition variable only serve threads that block in wait(). See Note [Work completion].
+  std::atomic<bool> completed_{false};
+  std::atomic<int> waiters_{0};
+  std::atomic<Clock::rep> started_{0};  // time_since_epoch of the start; 0: not started
+  std::exception_ptr error_;            // written before completed_ is set
   mutable std::mutex mutex_;
   std::condition_variable done_;
-  bool completed_ = false;
-  std::optional<Clock::time_point> started_;
-  std::exception_ptr error_;
 };
 
 using WorkPtr = std::shared_ptr<Work>;

@@ -8,15 +8,15 @@ label (repeated runs) are merged by taking the median per size.
 
     python3 scripts/plot_busbw.py --json loom.json --json mpi.json --json gloo.json \
         --out docs/img/allreduce_busbw.png
-    python3 scripts/plot_busbw.py --json a.json --label "Loom shm" --json b.json --label MPI ...
+    python3 scripts/plot_busbw.py --json loom_1.json loom_2.json loom_3.json --label "Loom" \
+        --json mpi_1.json mpi_2.json mpi_3.json --label "Open MPI" --out busbw.png
 
---label applies to the --json given just before it; without one, the label is the file's
-metadata "implementation" (loom, openmpi, gloo).
+Each --json takes the files of one line; the i-th --label names the i-th line (default:
+the files' metadata "implementation": loom, openmpi, gloo).
 """
 import argparse
 import json
 import statistics
-import sys
 
 import matplotlib
 
@@ -26,70 +26,65 @@ import matplotlib.pyplot as plt  # noqa: E402  (after selecting the backend)
 
 def parse_args():
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--json", action="append", required=True, metavar="FILE",
-                        help="a benchmark JSON file (repeat for more lines)")
+    parser.add_argument("--json", action="append", nargs="+", required=True, metavar="FILE",
+                        help="benchmark JSON files of one line (repeat --json for more lines)")
     parser.add_argument("--label", action="append", default=[], metavar="TEXT",
-                        help="label of the preceding --json (default: its implementation)")
+                        help="the i-th --label names the i-th --json group "
+                             "(default: the files' metadata implementation)")
     parser.add_argument("--out", required=True, help="PNG to write")
-    parser.add_argument("--placement", choices=["out_of_place", "in_place", "best"],
-                        default="out_of_place",
-                        help="which column to plot (best: the higher of the two)")
+    parser.add_argument("--placement", choices=["out_of_place", "in_place", "both"],
+                        default="both",
+                        help="which column to plot (both: in place dashed, same colour)")
     parser.add_argument("--title", default=None)
     parser.add_argument("--dpi", type=int, default=100)
-    # Pair each --label with the --json before it.
-    labels = {}
-    last_json = None
-    argv = sys.argv[1:]
-    for i, arg in enumerate(argv):
-        if arg == "--json" and i + 1 < len(argv):
-            last_json = len([a for a in argv[:i] if a == "--json"])
-        elif arg == "--label" and i + 1 < len(argv):
-            if last_json is None:
-                parser.error("--label must follow the --json it names")
-            labels[last_json] = argv[i + 1]
     args = parser.parse_args()
-    args.labels = labels
+    if len(args.label) > len(args.json):
+        parser.error("more --label than --json groups")
     return args
 
 
 def busbw_of(row, placement):
-    cells = [row.get("out_of_place"), row.get("in_place")]
-    if placement == "out_of_place":
-        cells = [cells[0] or cells[1]]  # collectives without an out-of-place form
-    elif placement == "in_place":
-        cells = [cells[1] or cells[0]]
-    values = [c["busbw_gbps"] for c in cells if c]
-    return max(values) if values else None
+    cell = row.get(placement)
+    return cell["busbw_gbps"] if cell else None  # null: no such form (e.g. Loom broadcast)
 
 
 def main():
     args = parse_args()
-    series = {}  # label -> size -> [busbw, ...]
+    placements = ["out_of_place", "in_place"] if args.placement == "both" else [args.placement]
+    series = {}  # label -> placement -> size -> [busbw, ...]
     collective = None
-    for index, path in enumerate(args.json):
+    files = [(group, path) for group, paths in enumerate(args.json) for path in paths]
+    for group, path in files:
         with open(path) as f:
             data = json.load(f)
         meta = data.get("metadata", {})
         collective = collective or meta.get("collective")
-        label = args.labels.get(index, meta.get("implementation", path))
-        points = series.setdefault(label, {})
-        for row in data["results"]:
-            value = busbw_of(row, args.placement)
-            if value is not None and row["size"] > 0:
-                points.setdefault(row["size"], []).append(value)
+        label = args.label[group] if group < len(args.label) else meta.get("implementation", path)
+        for placement in placements:
+            points = series.setdefault(label, {}).setdefault(placement, {})
+            for row in data["results"]:
+                value = busbw_of(row, placement)
+                if value is not None and row["size"] > 0:
+                    points.setdefault(row["size"], []).append(value)
 
     fig, ax = plt.subplots(figsize=(7, 4))
-    for label, points in series.items():
-        sizes = sorted(points)
-        ax.plot(sizes, [statistics.median(points[s]) for s in sizes], marker="o",
-                markersize=3, linewidth=1.5, label=label)
+    styles = {"out_of_place": "-", "in_place": "--"}
+    for index, (label, by_placement) in enumerate(series.items()):
+        colour = f"C{index}"
+        for placement, points in by_placement.items():
+            sizes = sorted(points)
+            if not sizes:
+                continue
+            name = label if len(placements) == 1 else f"{label}, {placement.replace('_', '-')}"
+            ax.plot(sizes, [statistics.median(points[s]) for s in sizes], styles[placement],
+                    color=colour, marker="o", markersize=2.5, linewidth=1.3, label=name)
     ax.set_xscale("log", base=2)
     ax.set_xlabel("message size (bytes)")
     ax.set_ylabel("bus bandwidth (GB/s)")
-    title = args.title or f"{collective or 'collective'} bus bandwidth ({args.placement})"
+    title = args.title or f"{collective or 'collective'} bus bandwidth"
     ax.set_title(title)
     ax.grid(True, which="major", alpha=0.3)
-    ax.legend()
+    ax.legend(fontsize=8)
     fig.tight_layout()
     fig.savefig(args.out, dpi=args.dpi)
     print(f"wrote {args.out}")

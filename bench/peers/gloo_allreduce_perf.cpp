@@ -6,10 +6,13 @@
 //   ./gloo_allreduce_perf --np 2 -b 8 -e 256M          # forks 2 ranks
 //   ./gloo_allreduce_perf --rank R --size N --store-dir DIR ...   # one rank of N
 //
-// Ranks rendezvous through gloo::rendezvous::FileStore in a temporary directory.
+// Ranks rendezvous through gloo::rendezvous::FileStore in a temporary directory. With
+// --bind core, forked rank r is pinned to the r-th allowed CPU (Open MPI's default for up
+// to 2 ranks, and loom-perf --bind core).
 // Flags (a subset of nccl-tests'): -b -e (K/M/G suffixes) -f -n -w -c, -d float,
 // --json FILE.
 
+#include <sched.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -41,6 +44,7 @@ struct Options {
   bool check = true;
   std::string json_path;
   int np = 0, rank = -1, size = 0;
+  bool bind_cores = false;
   std::string store_dir;
   std::string command;
 };
@@ -74,11 +78,12 @@ bool parse_bytes(const std::string& text, size_t& out) {
 }
 
 [[noreturn]] void usage_exit(const std::string& message) {
-  std::fprintf(stderr,
-               "gloo_allreduce_perf: %s\nusage: gloo_allreduce_perf (--np N | --rank R --size N "
-               "--store-dir DIR) [-b 8] [-e 64M] [-f 2] [-n 20] [-w 5] [-c 1] [-d float] "
-               "[--json FILE]\n",
-               message.c_str());
+  std::fprintf(
+      stderr,
+      "gloo_allreduce_perf: %s\nusage: gloo_allreduce_perf (--np N | --rank R --size N "
+      "--store-dir DIR) [--bind none|core] [-b 8] [-e 64M] [-f 2] [-n 20] [-w 5] [-c 1] [-d float] "
+      "[--json FILE]\n",
+      message.c_str());
   std::exit(2);
 }
 
@@ -111,6 +116,9 @@ Options parse_options(int argc, char** argv) {
       o.rank = std::atoi(value.c_str());
     } else if (flag == "--size") {
       o.size = std::atoi(value.c_str());
+    } else if (flag == "--bind") {
+      if (value != "none" && value != "core") usage_exit("--bind takes none or core");
+      o.bind_cores = value == "core";
     } else if (flag == "--store-dir") {
       o.store_dir = value;
     } else {
@@ -353,12 +361,26 @@ int launch(Options o) {
   if (dir == nullptr) usage_exit("cannot create a temporary directory");
   o.store_dir = dir;
   o.size = o.np;
+  std::vector<int> cpus;
+  cpu_set_t allowed;
+  CPU_ZERO(&allowed);
+  if (o.bind_cores && ::sched_getaffinity(0, sizeof allowed, &allowed) == 0) {
+    for (int cpu = 0; cpu < CPU_SETSIZE; ++cpu) {
+      if (CPU_ISSET(cpu, &allowed)) cpus.push_back(cpu);
+    }
+  }
   std::vector<pid_t> pids;
   for (int r = 0; r < o.np; ++r) {
     pid_t pid = ::fork();
     if (pid < 0) usage_exit("fork failed");
     if (pid == 0) {
       o.rank = r;
+      if (!cpus.empty()) {
+        cpu_set_t core;
+        CPU_ZERO(&core);
+        CPU_SET(cpus[static_cast<size_t>(r) % cpus.size()], &core);
+        ::sched_setaffinity(0, sizeof core, &core);
+      }
       int code = 1;
       try {
         code = run_rank(o);

@@ -7,12 +7,6 @@
 #include <fstream>
 #include <thread>
 
-#if defined(__x86_64__)
-#include <immintrin.h>
-#define LOOM_CPU_RELAX() _mm_pause()
-#else
-#define LOOM_CPU_RELAX() ((void)0)
-#endif
 
 namespace loom::comm::shm {
 
@@ -29,13 +23,9 @@ bool process_alive(int64_t pid) {
   return state != 'Z' && state != 'X';
 }
 
-void wait_until(const WaitScope& scope, const std::function<bool()>& ready,
-                const std::function<int()>& lagging, Deadline deadline, const char* what) {
+void wait_slowly(const WaitScope& scope, const std::function<bool()>& ready,
+                 const std::function<int()>& lagging, Deadline deadline, const char* what) {
   using namespace std::chrono;
-  for (int i = 0; i < 2000; ++i) {
-    if (ready()) return;
-    LOOM_CPU_RELAX();
-  }
   auto start = Clock::now();
   auto next_check = start;
   while (!ready()) {

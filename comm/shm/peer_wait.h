@@ -20,9 +20,28 @@ struct WaitScope {
   std::function<int64_t(int)> pid_of;  // pid of a peer (0: not attached yet)
 };
 
+// The part of wait_until after the initial spin: yields, naps and liveness checks.
+void wait_slowly(const WaitScope& scope, const std::function<bool()>& ready,
+                 const std::function<int()>& lagging, Deadline deadline, const char* what);
+
+inline void cpu_relax() {
+#if defined(__x86_64__)
+  __builtin_ia32_pause();
+#endif
+}
+
 // Returns once ready() is true. lagging() names a peer that is still awaited (or -1).
 // Throws loom::CommError naming that peer when it died or when `deadline` passes.
-void wait_until(const WaitScope& scope, const std::function<bool()>& ready,
-                const std::function<int()>& lagging, Deadline deadline, const char* what);
+// The first few thousand checks spin inline (no allocation, no call through a pointer), which
+// is what a small collective between ranks on their own cores costs.
+template <typename Ready, typename Lagging>
+void wait_until(const WaitScope& scope, Ready&& ready, Lagging&& lagging, Deadline deadline,
+                const char* what) {
+  for (int i = 0; i < 4000; ++i) {
+    if (ready()) return;
+    cpu_relax();
+  }
+  wait_slowly(scope, ready, lagging, deadline, what);
+}
 
 }  // namespace loom::comm::shm

@@ -172,27 +172,32 @@ void ShmBackend::reduce_staged(uint64_t round, size_t offset, size_t count, DTyp
                               static_cast<size_t>(size_), count, scale_of(op, size_));
 }
 
-void ShmBackend::allreduce(Tensor& tensor, ReduceOp op, Deadline deadline) {
-  reduce_rounds(tensor, op, /*root=*/-1, deadline);
+void ShmBackend::allreduce(const Tensor& input, Tensor& output, ReduceOp op, Deadline deadline) {
+  reduce_rounds(input, output, op, /*root=*/-1, deadline);
 }
 
 void ShmBackend::reduce(Tensor& tensor, int root, ReduceOp op, Deadline deadline) {
-  reduce_rounds(tensor, op, root, deadline);
+  reduce_rounds(tensor, tensor, op, root, deadline);
 }
 
-// Reduction of `tensor` across ranks into every rank (root < 0) or into `root` only.
-void ShmBackend::reduce_rounds(Tensor& tensor, ReduceOp op, int root, Deadline deadline) {
-  const size_t element = dtype_size(tensor.dtype());
-  const size_t n = static_cast<size_t>(tensor.numel());
-  char* data = static_cast<char*>(tensor.raw_data());
+// output = reduction of every rank's input, on every rank (root < 0) or on `root` only.
+// input and output may be the same tensor: each round reads its part of input before it
+// writes that part of output.
+void ShmBackend::reduce_rounds(const Tensor& input, Tensor& output, ReduceOp op, int root,
+                               Deadline deadline) {
+  const DType dtype = input.dtype();
+  const size_t element = dtype_size(dtype);
+  const size_t n = static_cast<size_t>(input.numel());
+  const char* in = static_cast<const char*>(input.raw_data());
+  char* out = static_cast<char*>(output.raw_data());
   const bool wanted = root < 0 || root == rank_;
   if (n * element <= one_shot_bytes_) {
     // One-shot: everyone posts everything; each rank that wants the result reduces it all.
     uint64_t round = begin_round(deadline);
-    std::memcpy(staging(rank_, round), data, n * element);
+    std::memcpy(staging(rank_, round), in, n * element);
     publish(Phase::Arrived, round);
     await_all(Phase::Arrived, round, deadline, "post its data");
-    if (wanted) reduce_staged(round, 0, n, tensor.dtype(), op, data);
+    if (wanted) reduce_staged(round, 0, n, dtype, op, out);
     publish(Phase::Consumed, round);
     return;
   }
@@ -206,22 +211,22 @@ void ShmBackend::reduce_rounds(Tensor& tensor, ReduceOp op, int root, Deadline d
       return std::pair<size_t, size_t>{begin, std::min(length, begin + slice) - begin};
     };
     uint64_t round = begin_round(deadline);
-    // Peers need every slice but ours; ours is read from the tensor itself.
+    // Peers need every slice but ours; ours is read from the input itself.
     auto [mine, mine_count] = slice_range(rank_);
-    std::memcpy(staging(rank_, round), data + start * element, mine * element);
+    std::memcpy(staging(rank_, round), in + start * element, mine * element);
     std::memcpy(staging(rank_, round) + (mine + mine_count) * element,
-                data + (start + mine + mine_count) * element,
+                in + (start + mine + mine_count) * element,
                 (length - mine - mine_count) * element);
     publish(Phase::Arrived, round);
     await_all(Phase::Arrived, round, deadline, "post its data");
-    reduce_staged(round, mine * element, mine_count, tensor.dtype(), op, result(rank_, round),
-                  data + (start + mine) * element);
+    reduce_staged(round, mine * element, mine_count, dtype, op, result(rank_, round),
+                  in + (start + mine) * element);
     publish(Phase::Reduced, round);
     if (wanted) {
       await_all(Phase::Reduced, round, deadline, "reduce its slice");
       for (int r = 0; r < size_; ++r) {
         auto [begin, count] = slice_range(r);
-        std::memcpy(data + (start + begin) * element, result(r, round), count * element);
+        std::memcpy(out + (start + begin) * element, result(r, round), count * element);
       }
     }
     publish(Phase::Consumed, round);

@@ -34,7 +34,7 @@ class ShmBackend final : public Backend, public Transport {
   int rank() const override { return rank_; }
   int size() const override { return size_; }
 
-  void allreduce(Tensor& tensor, ReduceOp op, Deadline deadline) override;
+  void allreduce(const Tensor& input, Tensor& output, ReduceOp op, Deadline deadline) override;
   void broadcast(Tensor& tensor, int root, Deadline deadline) override;
   void reduce(Tensor& tensor, int root, ReduceOp op, Deadline deadline) override;
   void all_gather(Tensor& output, const Tensor& input, Deadline deadline) override;
@@ -72,7 +72,8 @@ class ShmBackend final : public Backend, public Transport {
   // of its staging buffer when given.
   void reduce_staged(uint64_t round, size_t offset, size_t count, DType dtype, ReduceOp op,
                      void* out, const void* own = nullptr);
-  void reduce_rounds(Tensor& tensor, ReduceOp op, int root, Deadline deadline);
+  void reduce_rounds(const Tensor& input, Tensor& output, ReduceOp op, int root,
+                     Deadline deadline);
   void exchange_parts(const Tensor& input, size_t n, Deadline deadline,
                       const std::function<void(uint64_t, size_t, size_t, size_t)>& consume);
 

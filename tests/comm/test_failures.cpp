@@ -116,9 +116,9 @@ class CountingBackend final : public Backend {
   std::string name() const override { return "counting"; }
   int rank() const override { return inner_->rank(); }
   int size() const override { return inner_->size(); }
-  void allreduce(Tensor& t, ReduceOp op, Deadline d) override {
+  void allreduce(const Tensor& in, Tensor& out, ReduceOp op, Deadline d) override {
     ++calls;
-    inner_->allreduce(t, op, d);
+    inner_->allreduce(in, out, op, d);
   }
   void broadcast(Tensor& t, int root, Deadline d) override { inner_->broadcast(t, root, d); }
   void reduce(Tensor& t, int root, ReduceOp op, Deadline d) override {

@@ -1,5 +1,6 @@
 #include "tools/loom_perf/launch.h"
 
+#include <sched.h>
 #include <signal.h>
 #include <sys/prctl.h>
 #include <sys/wait.h>
@@ -83,6 +84,18 @@ std::vector<char*> c_strings(std::vector<std::string>& strings) {
   return pointers;
 }
 
+// The CPUs this process may run on, in order.
+std::vector<int> allowed_cpus() {
+  cpu_set_t set;
+  CPU_ZERO(&set);
+  std::vector<int> cpus;
+  if (::sched_getaffinity(0, sizeof set, &set) != 0) return cpus;
+  for (int cpu = 0; cpu < CPU_SETSIZE; ++cpu) {
+    if (CPU_ISSET(cpu, &set)) cpus.push_back(cpu);
+  }
+  return cpus;
+}
+
 int exit_code_of(int status) {
   if (WIFEXITED(status)) return WEXITSTATUS(status);
   if (WIFSIGNALED(status)) return 128 + WTERMSIG(status);
@@ -91,23 +104,28 @@ int exit_code_of(int status) {
 
 }  // namespace
 
-int launch_ranks(int np, int argc, char** argv, const std::string& command) {
+int launch_ranks(int np, bool bind_cores, int argc, char** argv, const std::string& command) {
   const std::string secret = comm::generate_store_secret();
   comm::TCPStoreServer server("127.0.0.1", 0, secret);
   std::vector<std::string> args = rank_arguments(argc, argv);
   std::vector<char*> c_args = c_strings(args);
   const pid_t launcher = ::getpid();
+  const std::vector<int> cpus = bind_cores ? allowed_cpus() : std::vector<int>{};
 
   std::vector<pid_t> pids(static_cast<size_t>(np), -1);
   for (int rank = 0; rank < np; ++rank) {
     // Everything the child needs is built before fork: after it, only exec-safe calls.
     std::vector<std::string> env = rank_environment(rank, np, server.port(), secret, command);
     std::vector<char*> c_env = c_strings(env);
+    cpu_set_t core;
+    CPU_ZERO(&core);
+    if (!cpus.empty()) CPU_SET(cpus[static_cast<size_t>(rank) % cpus.size()], &core);
     pid_t pid = ::fork();
     if (pid < 0) fail("loom-perf --np: fork failed: ", std::strerror(errno));
     if (pid == 0) {
       ::prctl(PR_SET_PDEATHSIG, SIGKILL);  // never outlive the launcher
       if (::getppid() != launcher) ::_exit(1);
+      if (!cpus.empty()) ::sched_setaffinity(0, sizeof core, &core);
       ::execve("/proc/self/exe", c_args.data(), c_env.data());
       const char message[] = "loom-perf --np: cannot re-execute /proc/self/exe\n";
       (void)!::write(2, message, sizeof message - 1);

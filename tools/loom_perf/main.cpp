@@ -61,7 +61,8 @@ std::optional<int> parse(int argc, char** argv, PerfOptions& options) {
                  "float, double, bfloat16, half, int32, int64, uint8 (or f32, bf16, ...)")
       ->capture_default_str();
   app.add_option("-o,--op", op, "Reduction: sum, prod, min, max, avg")->capture_default_str();
-  app.add_option("-z,--blocking", blocking, "0: issue all iterations, then wait; 1: wait each")
+  app.add_option("-z,--blocking", blocking,
+                 "0: issue all iterations, then wait; 1: synchronous calls (async_op = false)")
       ->capture_default_str()
       ->check(CLI::Range(0, 1));
   app.add_option("-r,--root", options.root, "Root of broadcast and reduce")->capture_default_str();
@@ -76,6 +77,12 @@ std::optional<int> parse(int argc, char** argv, PerfOptions& options) {
                  "Launch this many ranks of this program on this host (serving the store "
                  "itself); without it, run under loomrun/torchrun/mpirun/Slurm")
       ->check(CLI::PositiveNumber);
+  std::string bind = "none";
+  app.add_option("--bind", bind,
+                 "With --np: none, or core to pin rank r to the r-th allowed CPU (as Open MPI "
+                 "does by default for up to 2 ranks)")
+      ->capture_default_str()
+      ->check(CLI::IsMember({"none", "core"}));
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {
@@ -92,6 +99,7 @@ std::optional<int> parse(int argc, char** argv, PerfOptions& options) {
     options.op = loom::perf::parse_reduce_op(op);
     options.check = check == 1;
     options.blocking = blocking == 1;
+    options.bind_cores = bind == "core";
     if (options.step_bytes == 0 && options.step_factor <= 1.0) {
       loom::fail("-f/--stepfactor must be above 1 (got ", options.step_factor,
                  "); use -i/--stepbytes for additive steps");
@@ -143,7 +151,7 @@ int main(int argc, char** argv) {
   const char* rank = std::getenv("RANK");
   try {
     if (options.np > 0) {
-      return loom::perf::launch_ranks(options.np, argc, argv, options.command);
+      return loom::perf::launch_ranks(options.np, options.bind_cores, argc, argv, options.command);
     }
     return run(options);
   } catch (const loom::CommError& e) {

@@ -25,13 +25,14 @@ struct PerfOptions {
   bool check = true;                        // -c
   DType dtype = DType::F32;                 // -d
   comm::ReduceOp op = comm::ReduceOp::Sum;  // -o
-  bool blocking = false;                    // -z: wait for each operation before the next
-  int root = 0;                             // -r
+  bool blocking = false;  // -z: synchronous calls (async_op = false), each done before the next
+  int root = 0;           // -r
   std::string backend = "auto";
   double timeout_s = 300;
   std::string csv_path, json_path;
-  int np = 0;           // --np: launch this many ranks of this program (0: already launched)
-  std::string command;  // the command line as the user typed it, for reports
+  int np = 0;               // --np: launch this many ranks of this program (0: already launched)
+  bool bind_cores = false;  // --bind core: pin --np's rank r to the r-th allowed CPU
+  std::string command;      // the command line as the user typed it, for reports
 };
 
 // "8", "64K", "1M", "2G" (powers of 1024; an optional trailing "B" or "iB" is accepted).

@@ -99,8 +99,9 @@ void print_header(std::ostream& out, const RunInfo& info) {
   out << "# Command: " << o.command << "\n";
   out << "# Date: " << info.date << "\n#\n# Using devices\n";
   for (const RankInfo& r : info.ranks) {
-    out << format("#  Rank %2d Pid %7lld on %10s device %s\n", r.rank,
-                  static_cast<long long>(r.pid), r.host.c_str(), info.device.c_str());
+    out << format("#  Rank %2d Pid %7lld on %10s device %s cpus %s\n", r.rank,
+                  static_cast<long long>(r.pid), r.host.c_str(), info.device.c_str(),
+                  r.cpus.c_str());
   }
   out << "#\n";
   out << format(
@@ -180,6 +181,9 @@ void write_json(const std::string& path, const RunInfo& info, const std::vector<
                        {"out_of_place", measurement_json(row.out_of_place)},
                        {"in_place", measurement_json(row.in_place)}});
   }
+  nlohmann::json rank_cpus = nlohmann::json::array();
+  for (const RankInfo& r : info.ranks)
+    rank_cpus.push_back(r.cpus);
   nlohmann::json metadata = {{"implementation", "loom"},
                              {"collective", collective_info(o.collective).name},
                              {"nranks", info.nranks},
@@ -195,6 +199,7 @@ void write_json(const std::string& path, const RunInfo& info, const std::vector<
                              {"command", o.command},
                              {"host", info.ranks.empty() ? "" : info.ranks.front().host},
                              {"device", info.device},
+                             {"rank_cpus", rank_cpus},
                              {"avg_busbw_gbps", average_busbw(rows)},
                              {"wrong", total_wrong(rows)}};
   std::ofstream out = open_output(path);

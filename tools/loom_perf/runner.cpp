@@ -1,6 +1,9 @@
 #include "tools/loom_perf/runner.h"
 
+#include <sched.h>
 #include <unistd.h>
+
+#include <algorithm>
 
 #include <chrono>
 #include <cstring>
@@ -62,7 +65,7 @@ void issue(comm::ProcessGroup& pg, Collective c, CaseBuffers& b, const comm::Col
       // block until its receiver drains it, so odd ranks receive first to break the cycle.
       const int n = pg.size(), r = pg.rank();
       const int next = (r + 1) % n, prev = (r + n - 1) % n;
-      const comm::P2POptions p2p{.tag = 0, .timeout = o.timeout};
+      const comm::P2POptions p2p{.tag = 0, .timeout = o.timeout, .async_op = o.async_op};
       if (r % 2 == 0) {
         works.push_back(pg.send(b.input, next, p2p));
         works.push_back(pg.recv(b.output, prev, p2p));
@@ -79,9 +82,32 @@ void issue(comm::ProcessGroup& pg, Collective c, CaseBuffers& b, const comm::Col
 // The group runs operations in issue order, so once the last is done all are: waiting for
 // it first wakes this thread once instead of once per operation (each wake-up would steal
 // a core from the progress threads). Then each wait() returns at once, rethrowing errors.
+// The CPUs this process may run on, as ranges: "0-1", "3".
+std::string allowed_cpus_text() {
+  cpu_set_t set;
+  CPU_ZERO(&set);
+  if (::sched_getaffinity(0, sizeof set, &set) != 0) return "?";
+  std::string text;
+  for (int cpu = 0; cpu < CPU_SETSIZE; ++cpu) {
+    if (!CPU_ISSET(cpu, &set)) continue;
+    int last = cpu;
+    while (last + 1 < CPU_SETSIZE && CPU_ISSET(last + 1, &set))
+      ++last;
+    if (!text.empty()) text += ',';
+    text += std::to_string(cpu);
+    if (last > cpu) {
+      text += '-';
+      text += std::to_string(last);
+    }
+    cpu = last;
+  }
+  return text;
+}
+
 void wait_all(std::vector<WorkPtr>& works) {
   if (!works.empty()) works.back()->wait();
-  for (WorkPtr& w : works) w->wait();
+  for (WorkPtr& w : works)
+    w->wait();
   works.clear();
 }
 
@@ -100,22 +126,28 @@ Runner::Runner(std::shared_ptr<comm::ProcessGroup> pg, const PerfOptions& option
 }
 
 std::vector<RankInfo> Runner::gather_ranks() {
-  constexpr size_t kHostBytes = 64;
-  Tensor mine = Tensor::zeros({static_cast<int64_t>(kHostBytes + sizeof(int64_t))}, DType::U8);
+  // Each rank's entry: pid, host name, allowed CPUs ("0-1"), fixed-size and zero-padded.
+  constexpr size_t kTextBytes = 64;
+  constexpr size_t kEntryBytes = sizeof(int64_t) + 2 * kTextBytes;
+  Tensor mine = Tensor::zeros({static_cast<int64_t>(kEntryBytes)}, DType::U8);
   auto* bytes = static_cast<char*>(mine.raw_data());
   int64_t pid = ::getpid();
   std::memcpy(bytes, &pid, sizeof pid);
-  ::gethostname(bytes + sizeof pid, kHostBytes - 1);
-  Tensor all = Tensor::zeros({static_cast<int64_t>(nranks_ * mine.numel())}, DType::U8);
+  ::gethostname(bytes + sizeof pid, kTextBytes - 1);
+  std::string cpus = allowed_cpus_text();
+  std::memcpy(bytes + sizeof pid + kTextBytes, cpus.data(), std::min(cpus.size(), kTextBytes - 1));
+  Tensor all = Tensor::zeros({static_cast<int64_t>(nranks_ * kEntryBytes)}, DType::U8);
   pg_->all_gather(all, mine)->wait();
   std::vector<RankInfo> ranks;
   const auto* gathered = static_cast<const char*>(all.raw_data());
   for (int r = 0; r < nranks_; ++r) {
-    const char* entry = gathered + r * mine.numel();
+    const char* entry = gathered + r * kEntryBytes;
     RankInfo info;
     info.rank = r;
     std::memcpy(&info.pid, entry, sizeof info.pid);
-    info.host.assign(entry + sizeof pid, strnlen(entry + sizeof pid, kHostBytes));
+    info.host.assign(entry + sizeof pid, strnlen(entry + sizeof pid, kTextBytes));
+    const char* cpu_text = entry + sizeof pid + kTextBytes;
+    info.cpus.assign(cpu_text, strnlen(cpu_text, kTextBytes));
     ranks.push_back(info);
   }
   return ranks;
@@ -155,10 +187,12 @@ Measurement Runner::measure(size_t bytes, size_t count, size_t per_rank, bool in
                             uint32_t seed) {
   using Clock = std::chrono::steady_clock;
   const CollectiveInfo& info = collective_info(options_.collective);
+  // -z 1 makes every call synchronous (async_op = false), as a blocking caller would.
   const comm::CollectiveOptions o{
       .op = options_.op,
       .root = options_.root,
-      .timeout = comm::Duration(static_cast<int64_t>(options_.timeout_s * 1000))};
+      .timeout = comm::Duration(static_cast<int64_t>(options_.timeout_s * 1000)),
+      .async_op = !options_.blocking};
   CheckSpec spec{.collective = options_.collective,
                  .op = info.reduces ? options_.op : comm::ReduceOp::Sum,
                  .dtype = options_.dtype,

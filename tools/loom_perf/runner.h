@@ -1,8 +1,8 @@
 #pragma once
 // The timing loop of loom-perf, after nccl-tests: per size and placement, warm up, time
-// `iters` operations (issued back to back and waited for at the end, or each waited for
-// with -z 1), take the slowest rank's average, then run one more operation on fresh
-// inputs and count the wrong output elements (-c 1).
+// `iters` operations (issued back to back and waited for at the end, or with -z 1 as
+// synchronous calls, async_op = false), take the slowest rank's average, then run one more
+// operation on fresh inputs and count the wrong output elements (-c 1).
 
 #include <cstdint>
 #include <functional>
@@ -33,6 +33,7 @@ struct RankInfo {
   int rank = 0;
   int64_t pid = 0;
   std::string host;
+  std::string cpus;  // CPUs the rank may run on, "0-1"
 };
 
 class Runner {
