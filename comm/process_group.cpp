@@ -31,13 +31,19 @@ void check_buffer(const char* op, const char* what, const Tensor& t) {
 }  // namespace
 
 // One queued operation: what it is (for errors and debug checks) and how to run it.
+// The body receives the operation's (up to two) tensors as arguments rather than capturing
+// them, so that an operation run on the calling thread copies no tensor handle at all; a
+// queued operation keeps its own copies in `first` and `second`.
+using OpBody = std::function<void(Backend&, Deadline, Tensor&, Tensor&)>;
+
 struct ProcessGroup::Op {
   OpLabel label;          // submit() fills in the sequence number
   std::string signature;  // debug checks only: "allreduce 1024 f32 sum", equal on every rank
   bool collective = true;
-  std::function<void(Backend&, Deadline)> body;
   Duration timeout;
   WorkPtr work = nullptr;
+  Tensor first, second;  // queued operations only
+  OpBody body;           // queued operations only
 };
 
 ProcessGroup::ProcessGroup(int rank, int size, std::shared_ptr<Store> store,
@@ -73,19 +79,22 @@ ProcessGroup::~ProcessGroup() {
 // and nothing is ahead of it (no allocation for the body, no hand-off), else queues it for the
 // progress thread.
 template <typename Body>
-WorkPtr ProcessGroup::submit(Op op, Body&& body, bool async_op) {
+WorkPtr ProcessGroup::submit(Op op, const Tensor& first, const Tensor& second, Body&& body,
+                             bool async_op) {
   std::unique_lock lock(mutex_);
   op.label.seq = next_seq_++;
   op.work = std::make_shared<Work>(op.label, op.timeout);
-  WorkPtr work = op.work;
   if (broken_) {
-    work->complete(broken_error(op));
-    return work;
+    op.work->complete(broken_error(op));
+    return std::move(op.work);
   }
   if (!async_op && queue_.empty() && !running_) {
     running_ = true;
     lock.unlock();
-    run(op, body);
+    // The caller's tensors outlive this call; the handles are not modified, only the data.
+    run(op, [&](Backend& backend, Deadline deadline) {
+      body(backend, deadline, const_cast<Tensor&>(first), const_cast<Tensor&>(second));
+    });
     lock.lock();
     running_ = false;
     // Only wake the progress thread when another thread queued work meanwhile: a needless
@@ -93,8 +102,11 @@ WorkPtr ProcessGroup::submit(Op op, Body&& body, bool async_op) {
     bool pending = !queue_.empty();
     lock.unlock();
     if (pending) queued_.notify_all();
-    return work;
+    return std::move(op.work);
   }
+  WorkPtr work = op.work;
+  op.first = first;
+  op.second = second;
   op.body = std::forward<Body>(body);
   queue_.push_back(std::make_unique<Op>(std::move(op)));
   lock.unlock();
@@ -132,7 +144,9 @@ void ProcessGroup::progress_loop() {
       }
       running_ = true;
     }
-    run(*op, op->body);
+    run(*op, [&op](Backend& backend, Deadline deadline) {
+      op->body(backend, deadline, op->first, op->second);
+    });
     std::lock_guard lock(mutex_);
     running_ = false;
   }
@@ -140,7 +154,7 @@ void ProcessGroup::progress_loop() {
 
 // Runs one operation on the current thread; the caller holds the running_ flag.
 template <typename Body>
-void ProcessGroup::run(Op& op, Body& body) {
+void ProcessGroup::run(Op& op, Body&& body) {
   Deadline deadline = deadline_after(op.timeout);
   op.work->mark_started(deadline - op.timeout);
   try {
@@ -226,8 +240,8 @@ WorkPtr ProcessGroup::allreduce(const Tensor& input, Tensor& output, const Colle
   check_avg("allreduce", o.op, input.dtype());
   Op op = make_op("allreduce", &input, o.op, std::nullopt, o.timeout);
   return submit(
-      std::move(op),
-      [in = input, out = output, reduce = o.op](Backend& b, Deadline d) mutable {
+      std::move(op), input, output,
+      [reduce = o.op](Backend& b, Deadline d, Tensor& in, Tensor& out) {
         b.allreduce(in, out, reduce, d);
       },
       o.async_op);
@@ -238,8 +252,8 @@ WorkPtr ProcessGroup::broadcast(Tensor& tensor, const CollectiveOptions& o) {
   check_root("broadcast", o.root, size_);
   Op op = make_op("broadcast", &tensor, std::nullopt, o.root, o.timeout);
   return submit(
-      std::move(op),
-      [t = tensor, root = o.root](Backend& b, Deadline d) mutable { b.broadcast(t, root, d); },
+      std::move(op), tensor, Tensor(),
+      [root = o.root](Backend& b, Deadline d, Tensor& t, Tensor&) { b.broadcast(t, root, d); },
       o.async_op);
 }
 
@@ -249,8 +263,8 @@ WorkPtr ProcessGroup::reduce(Tensor& tensor, const CollectiveOptions& o) {
   check_avg("reduce", o.op, tensor.dtype());
   Op op = make_op("reduce", &tensor, o.op, o.root, o.timeout);
   return submit(
-      std::move(op),
-      [t = tensor, root = o.root, reduce = o.op](Backend& b, Deadline d) mutable {
+      std::move(op), tensor, Tensor(),
+      [root = o.root, reduce = o.op](Backend& b, Deadline d, Tensor& t, Tensor&) {
         b.reduce(t, root, reduce, d);
       },
       o.async_op);
@@ -265,8 +279,8 @@ WorkPtr ProcessGroup::all_gather(Tensor& output, const Tensor& input, const Coll
   }
   Op op = make_op("all_gather", &input, std::nullopt, std::nullopt, o.timeout);
   return submit(
-      std::move(op),
-      [in = input, out = output](Backend& b, Deadline d) mutable { b.all_gather(out, in, d); },
+      std::move(op), input, output,
+      [](Backend& b, Deadline d, Tensor& in, Tensor& out) { b.all_gather(out, in, d); },
       o.async_op);
 }
 
@@ -282,8 +296,8 @@ WorkPtr ProcessGroup::reduce_scatter(Tensor& output, const Tensor& input,
   Op op = make_op("reduce_scatter", &output, o.op, std::nullopt, o.timeout);
   op.label.bytes = input.nbytes();
   return submit(
-      std::move(op),
-      [in = input, out = output, reduce = o.op](Backend& b, Deadline d) mutable {
+      std::move(op), input, output,
+      [reduce = o.op](Backend& b, Deadline d, Tensor& in, Tensor& out) {
         b.reduce_scatter(out, in, reduce, d);
       },
       o.async_op);
@@ -301,8 +315,8 @@ WorkPtr ProcessGroup::all_to_all(Tensor& output, const Tensor& input, const Coll
   }
   Op op = make_op("all_to_all", &input, std::nullopt, std::nullopt, o.timeout);
   return submit(
-      std::move(op),
-      [in = input, out = output](Backend& b, Deadline d) mutable { b.all_to_all(out, in, d); },
+      std::move(op), input, output,
+      [](Backend& b, Deadline d, Tensor& in, Tensor& out) { b.all_to_all(out, in, d); },
       o.async_op);
 }
 
@@ -314,8 +328,8 @@ WorkPtr ProcessGroup::send(const Tensor& tensor, int dst, const P2POptions& o) {
   op.label.peer = dst;
   op.label.to_peer = true;
   return submit(
-      std::move(op),
-      [t = tensor, dst, tag = o.tag](Backend& b, Deadline d) { b.send(t, dst, tag, d); },
+      std::move(op), tensor, Tensor(),
+      [dst, tag = o.tag](Backend& b, Deadline d, Tensor& t, Tensor&) { b.send(t, dst, tag, d); },
       o.async_op);
 }
 
@@ -326,15 +340,16 @@ WorkPtr ProcessGroup::recv(Tensor& tensor, int src, const P2POptions& o) {
   op.collective = false;
   op.label.peer = src;
   return submit(
-      std::move(op),
-      [t = tensor, src, tag = o.tag](Backend& b, Deadline d) mutable { b.recv(t, src, tag, d); },
+      std::move(op), tensor, Tensor(),
+      [src, tag = o.tag](Backend& b, Deadline d, Tensor& t, Tensor&) { b.recv(t, src, tag, d); },
       o.async_op);
 }
 
 WorkPtr ProcessGroup::barrier(const CollectiveOptions& o) {
   Op op = make_op("barrier", nullptr, std::nullopt, std::nullopt, o.timeout);
   return submit(
-      std::move(op), [](Backend& b, Deadline d) { b.barrier(d); }, o.async_op);
+      std::move(op), Tensor(), Tensor(),
+      [](Backend& b, Deadline d, Tensor&, Tensor&) { b.barrier(d); }, o.async_op);
 }
 
 std::shared_ptr<ProcessGroup> ProcessGroup::split(int color, int key) {

@@ -93,11 +93,11 @@ class ProcessGroup : public std::enable_shared_from_this<ProcessGroup> {
   Op make_op(const char* kind, const Tensor* data, std::optional<ReduceOp> op,
              std::optional<int> root, std::optional<Duration> timeout) const;
   template <typename Body>
-  WorkPtr submit(Op op, Body&& body, bool async_op);
+  WorkPtr submit(Op op, const Tensor& first, const Tensor& second, Body&& body, bool async_op);
   void progress_loop();
   std::exception_ptr broken_error(const Op& op) const;
   template <typename Body>
-  void run(Op& op, Body& body);
+  void run(Op& op, Body&& body);
 
   int rank_, size_;
   std::shared_ptr<Store> store_;

@@ -7,7 +7,6 @@
 #include <fstream>
 #include <thread>
 
-
 namespace loom::comm::shm {
 
 bool process_alive(int64_t pid) {

@@ -15,6 +15,7 @@
 
 #include <cstdint>
 #include <functional>
+#include <vector>
 
 #include "comm/algorithms/transport.h"
 #include "comm/backend.h"
@@ -57,6 +58,7 @@ class ShmBackend final : public Backend, public Transport {
   ChannelControl& channel(int src, int dst) const;
   char* ring(int src, int dst) const;
   char* staging(int r, uint64_t round) const;
+  FastBox& fastbox(int r, uint64_t round) const;
   char* result(int r, uint64_t round) const;
   std::atomic<uint64_t>& counter(int r, Phase phase) const;
 
@@ -72,8 +74,9 @@ class ShmBackend final : public Backend, public Transport {
   // of its staging buffer when given.
   void reduce_staged(uint64_t round, size_t offset, size_t count, DType dtype, ReduceOp op,
                      void* out, const void* own = nullptr);
-  void reduce_rounds(const Tensor& input, Tensor& output, ReduceOp op, int root,
-                     Deadline deadline);
+  void reduce_rounds(const Tensor& input, Tensor& output, ReduceOp op, int root, Deadline deadline);
+  // Allreduce of at most kFastBoxBytes through the fast boxes (Note [Fast boxes]).
+  void reduce_tiny(const Tensor& input, Tensor& output, ReduceOp op, int root, Deadline deadline);
   void exchange_parts(const Tensor& input, size_t n, Deadline deadline,
                       const std::function<void(uint64_t, size_t, size_t, size_t)>& consume);
 
@@ -85,6 +88,7 @@ class ShmBackend final : public Backend, public Transport {
   Segment segment_;
   WaitScope scope_;
   uint64_t round_ = 0;
+  std::vector<uint64_t> consumed_seen_;  // last value read of each rank's consumed counter
   size_t one_shot_bytes_;
 };
 
