@@ -75,6 +75,14 @@ ProcessGroup::~ProcessGroup() {
   if (progress_.joinable()) progress_.join();
 }
 
+// Note [Inline operations]
+// An operation with async_op = false runs on the calling thread when nothing is queued or
+// running; running_ (set under the mutex, cleared without it) keeps the progress thread from
+// starting another operation meanwhile. When the inline operation ends, it clears running_
+// and then reads queued_count_; a thread that queued work meanwhile incremented
+// queued_count_ before notifying. Both are seq_cst, so either the notifier's wake-up finds
+// running_ clear, or the inline thread sees the count and notifies again.
+
 // Issues one operation: runs it on the calling thread when the caller waits for it anyway
 // and nothing is ahead of it (no allocation for the body, no hand-off), else queues it for the
 // progress thread.
@@ -95,13 +103,14 @@ WorkPtr ProcessGroup::submit(Op op, const Tensor& first, const Tensor& second, B
     run(op, [&](Backend& backend, Deadline deadline) {
       body(backend, deadline, const_cast<Tensor&>(first), const_cast<Tensor&>(second));
     });
-    lock.lock();
-    running_ = false;
     // Only wake the progress thread when another thread queued work meanwhile: a needless
-    // wake-up costs more than the whole small operation.
-    bool pending = !queue_.empty();
-    lock.unlock();
-    if (pending) queued_.notify_all();
+    // wake-up costs more than the whole small operation. running_ is atomic so that this
+    // check needs no lock (Note [Inline operations]).
+    running_.store(false);
+    if (queued_count_.load() > 0) {
+      std::lock_guard relock(mutex_);
+      queued_.notify_all();
+    }
     return std::move(op.work);
   }
   WorkPtr work = op.work;
@@ -109,6 +118,7 @@ WorkPtr ProcessGroup::submit(Op op, const Tensor& first, const Tensor& second, B
   op.second = second;
   op.body = std::forward<Body>(body);
   queue_.push_back(std::make_unique<Op>(std::move(op)));
+  queued_count_.fetch_add(1);
   lock.unlock();
   queued_.notify_all();
   if (!async_op) work->wait();
@@ -138,6 +148,7 @@ void ProcessGroup::progress_loop() {
       if (queue_.empty()) return;
       op = std::move(queue_.front());
       queue_.pop_front();
+      queued_count_.fetch_sub(1);
       if (broken_) {
         op->work->complete(broken_error(*op));
         continue;
@@ -147,8 +158,7 @@ void ProcessGroup::progress_loop() {
     run(*op, [&op](Backend& backend, Deadline deadline) {
       op->body(backend, deadline, op->first, op->second);
     });
-    std::lock_guard lock(mutex_);
-    running_ = false;
+    running_.store(false);
   }
 }
 

@@ -31,7 +31,7 @@ namespace loom::comm {
 
 struct CollectiveOptions {
   ReduceOp op = ReduceOp::Sum;
-  int root = 0;                     // broadcast, reduce
+  int root = 0;                                    // broadcast, reduce
   std::optional<Duration> timeout = std::nullopt;  // default: the group's timeout
   // false: the call returns only once the operation completed (its Work is done; errors are
   // thrown from wait() as usual). When nothing else is queued the operation then runs on the
@@ -111,7 +111,10 @@ class ProcessGroup : public std::enable_shared_from_this<ProcessGroup> {
   std::condition_variable queued_;
   std::deque<std::unique_ptr<Op>> queue_;
   bool stopping_ = false;
-  bool running_ = false;  // an operation is executing (on the progress or a calling thread)
+  // An operation is executing (on the progress or a calling thread); see Note [Inline
+  // operations] in process_group.cpp.
+  std::atomic<bool> running_{false};
+  std::atomic<int> queued_count_{0};  // size of queue_, readable without the mutex
   std::exception_ptr broken_;
   std::thread progress_;
 };

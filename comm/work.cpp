@@ -54,7 +54,9 @@ void Work::wait(std::optional<Duration> timeout) {
 }
 
 void Work::mark_started(Clock::time_point when) {
-  started_.store(std::max<Clock::rep>(when.time_since_epoch().count(), 1));
+  // Relaxed: only wait()'s timeout reads it, and a late view only delays that by a slice.
+  started_.store(std::max<Clock::rep>(when.time_since_epoch().count(), 1),
+                 std::memory_order_relaxed);
 }
 
 bool Work::is_completed() const {
