@@ -1,8 +1,17 @@
 #include "comm/error.h"
 
+#include <time.h>
+
 #include <cstdio>
 
 namespace loom::comm {
+
+Clock::time_point coarse_now() {
+  timespec ts{};
+  clock_gettime(CLOCK_MONOTONIC_COARSE, &ts);
+  return Clock::time_point(std::chrono::duration_cast<Clock::duration>(
+      std::chrono::seconds(ts.tv_sec) + std::chrono::nanoseconds(ts.tv_nsec)));
+}
 
 std::string duration_str(Duration d) {
   using namespace std::chrono;
