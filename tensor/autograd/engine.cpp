@@ -75,6 +75,23 @@ void record(std::string name, const std::vector<Tensor>& inputs, const std::vect
   }
 }
 
+std::vector<const TensorImpl*> reachable_leaves(const Tensor& root) {
+  std::vector<const TensorImpl*> leaves;
+  Edge start = gradient_edge(root);
+  if (!start.node) return leaves;
+  std::vector<Node*> stack{start.node.get()};
+  std::unordered_map<Node*, bool> seen{{start.node.get(), true}};
+  while (!stack.empty()) {
+    Node* node = stack.back();
+    stack.pop_back();
+    if (auto* sink = dynamic_cast<AccumulateGrad*>(node)) leaves.push_back(sink->leaf());
+    for (Edge& edge : node->next_edges()) {
+      if (edge.node && seen.emplace(edge.node.get(), true).second) stack.push_back(edge.node.get());
+    }
+  }
+  return leaves;
+}
+
 // Note [Backward order]
 // The engine counts, for every node reachable from the roots, how many edges lead into it.
 // A node runs once all of them delivered their gradient (summed per output), so each leaf's

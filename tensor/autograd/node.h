@@ -76,6 +76,7 @@ class AccumulateGrad final : public Node {
  public:
   explicit AccumulateGrad(std::shared_ptr<TensorImpl> leaf);
   std::vector<Tensor> apply(const std::vector<Tensor>& grad_outputs) override;
+  const TensorImpl* leaf() const { return leaf_.get(); }
 
  private:
   std::shared_ptr<TensorImpl> leaf_;
@@ -92,6 +93,10 @@ Edge gradient_edge(const Tensor& tensor);
 // Call only when any_requires_grad(inputs) is true. Undefined inputs get null edges.
 void record(std::string name, const std::vector<Tensor>& inputs, const std::vector<Tensor>& outputs,
             VjpFunction vjp);
+
+// The leaves whose gradient a backward pass from `root` would accumulate (the leaves that
+// requires-grad paths from root reach). DDP's find_unused_parameters uses it.
+std::vector<const TensorImpl*> reachable_leaves(const Tensor& root);
 
 // Runs the backward pass from `roots` seeded with `grad_roots` (same length; an undefined
 // seed means ones for a one-element root). Leaves reached get their .grad accumulated.

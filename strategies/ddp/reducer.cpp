@@ -1,0 +1,242 @@
+#include "strategies/ddp/reducer.h"
+
+#include <algorithm>
+#include <cstring>
+#include <unordered_set>
+
+#include "tensor/autograd/node.h"
+#include "tensor/ops.h"
+
+namespace loom::strategies {
+
+struct Reducer::Bucket {
+  std::vector<size_t> params;  // indices into params_, in the order they were assigned
+  Tensor flat;                 // all gradients of the bucket, back to back
+  size_t pending = 0;          // gradients not yet ready in this backward pass
+  comm::WorkPtr work;
+};
+
+Reducer::Reducer(std::vector<Tensor> params, std::shared_ptr<comm::ProcessGroup> group,
+                 const ReducerOptions& options, std::vector<std::string> names)
+    : params_(std::move(params)),
+      names_(std::move(names)),
+      group_(std::move(group)),
+      options_(options),
+      slots_(params_.size()),
+      ready_(params_.size(), false),
+      alive_(std::make_shared<bool>(true)) {
+  check(group_ != nullptr, "[ddp] Reducer needs a process group");
+  for (size_t i = 0; i < params_.size(); ++i) {
+    const Tensor& p = params_[i];
+    if (!p.is_leaf() || !p.requires_grad() || !p.is_contiguous()) {
+      fail("[ddp] parameter ", name_of(i), " (", p.str(),
+           ") must be a contiguous leaf that requires grad");
+    }
+  }
+  // Reverse registration order: the order in which backward produces the gradients.
+  const double mib = 1024.0 * 1024.0;
+  size_t bytes = 0;
+  for (size_t k = params_.size(); k-- > 0;) {
+    const Tensor& p = params_[k];
+    double cap = (buckets_.size() <= 1 ? options_.first_bucket_mb : options_.bucket_cap_mb) * mib;
+    bool fits = !buckets_.empty() &&
+                params_[buckets_.back()->params.front()].dtype() == p.dtype() &&
+                static_cast<double>(bytes + p.nbytes()) <= cap;
+    if (!fits) {
+      buckets_.push_back(std::make_unique<Bucket>());
+      bytes = 0;
+    }
+    buckets_.back()->params.push_back(k);
+    bytes += p.nbytes();
+  }
+  for (size_t b = 0; b < buckets_.size(); ++b) {
+    Bucket& bucket = *buckets_[b];
+    int64_t offset = 0;
+    for (size_t k : bucket.params) {
+      slots_[k] = {b, offset};
+      offset += params_[k].numel();
+    }
+    const Tensor& first = params_[bucket.params.front()];
+    bucket.flat = Tensor::zeros({offset}, first.dtype(), first.device());
+  }
+  for (size_t k = 0; k < params_.size(); ++k) {
+    std::weak_ptr<bool> alive = alive_;
+    params_[k].register_grad_ready_hook([this, alive, k](Tensor&) {
+      if (alive.lock()) on_gradient_ready(k);
+    });
+  }
+}
+
+Reducer::~Reducer() {
+  *alive_ = false;
+}
+
+std::string Reducer::name_of(size_t param) const {
+  return param < names_.size() ? names_[param] : "#" + std::to_string(param);
+}
+
+Tensor Reducer::slice_of(size_t param) const {
+  const Slot& slot = slots_[param];
+  const Tensor& p = params_[param];
+  return Tensor::make_view(buckets_[slot.bucket]->flat, p.shape(), contiguous_strides(p.shape()),
+                           slot.offset);
+}
+
+std::vector<std::vector<size_t>> Reducer::bucket_assignment() const {
+  std::vector<std::vector<size_t>> out;
+  for (const auto& bucket : buckets_)
+    out.push_back(bucket->params);
+  return out;
+}
+
+void Reducer::prepare_for_backward(const Tensor& loss) {
+  if (expecting_backward_) {
+    fail("[ddp] prepare_for_backward called twice without finalize_backward in between");
+  }
+  NoGradGuard no_grad;
+  // Gradients as views into the buckets: a parameter whose .grad was dropped (zero_grad)
+  // gets a zeroed slice; one that still holds a gradient (accumulation under no_sync) keeps
+  // accumulating in place.
+  for (size_t k = 0; k < params_.size(); ++k) {
+    Tensor grad = params_[k].grad();
+    Tensor slice = slice_of(k);
+    if (!options_.gradient_as_bucket_view) continue;
+    if (!grad.defined()) {
+      fill_(slice, 0.0);
+      params_[k].set_grad(slice);
+    } else if (grad.storage() != slice.storage() || grad.offset() != slice.offset()) {
+      copy_(slice, grad);
+      params_[k].set_grad(slice);
+    }
+  }
+  if (!sync_) return;
+  expecting_backward_ = true;
+  next_launch_ = 0;
+  std::fill(ready_.begin(), ready_.end(), false);
+  for (auto& bucket : buckets_) {
+    bucket->pending = bucket->params.size();
+    bucket->work = nullptr;
+  }
+  if (options_.find_unused_parameters) {
+    std::vector<const TensorImpl*> used = autograd::reachable_leaves(loss);
+    std::unordered_set<const TensorImpl*> reached(used.begin(), used.end());
+    for (size_t k = 0; k < params_.size(); ++k) {
+      if (!reached.count(params_[k].impl_ptr().get())) mark_ready(k);
+    }
+  }
+}
+
+void Reducer::on_gradient_ready(size_t param) {
+  if (!expecting_backward_) return;
+  if (!options_.gradient_as_bucket_view) {
+    NoGradGuard no_grad;
+    Tensor slice = slice_of(param);
+    copy_(slice, params_[param].grad());
+  }
+  mark_ready(param);
+}
+
+void Reducer::mark_ready(size_t param) {
+  if (ready_[param]) return;  // a second hook call in one pass (e.g. recomputation)
+  ready_[param] = true;
+  if (--buckets_[slots_[param].bucket]->pending == 0) launch_ready_buckets();
+}
+
+// Buckets go out strictly in index order, so every rank issues the same allreduces in the
+// same order even if its buckets became ready in another order.
+void Reducer::launch_ready_buckets() {
+  while (next_launch_ < buckets_.size() && buckets_[next_launch_]->pending == 0) {
+    Bucket& bucket = *buckets_[next_launch_++];
+    bucket.work = group_->allreduce(bucket.flat, {.op = comm::ReduceOp::Avg});
+  }
+}
+
+void Reducer::finalize_backward() {
+  if (!expecting_backward_) return;
+  expecting_backward_ = false;
+  if (next_launch_ < buckets_.size()) {
+    for (size_t k = 0; k < params_.size(); ++k) {
+      if (!ready_[k]) {
+        fail("[ddp] parameter ", name_of(k),
+             " received no gradient in this backward pass, so its bucket was never reduced; "
+             "if some parameters are unused, construct DDP with find_unused_parameters=true");
+      }
+    }
+  }
+  for (auto& bucket : buckets_)
+    bucket->work->wait();
+  if (!options_.gradient_as_bucket_view) {
+    NoGradGuard no_grad;
+    for (size_t k = 0; k < params_.size(); ++k) {
+      Tensor grad = params_[k].grad();
+      if (grad.defined()) {
+        copy_(grad, slice_of(k));
+      } else {
+        params_[k].set_grad(slice_of(k).clone());
+      }
+    }
+  }
+}
+
+namespace {
+
+// FNV-1a over a parameter's name, shape and dtype.
+int64_t fingerprint(const std::string& name, const Tensor& t) {
+  uint64_t h = 1469598103934665603ull;
+  auto mix = [&](const void* data, size_t n) {
+    auto* bytes = static_cast<const unsigned char*>(data);
+    for (size_t i = 0; i < n; ++i)
+      h = (h ^ bytes[i]) * 1099511628211ull;
+  };
+  mix(name.data(), name.size());
+  for (int64_t d : t.shape())
+    mix(&d, sizeof d);
+  DType dtype = t.dtype();
+  mix(&dtype, sizeof dtype);
+  return static_cast<int64_t>(h);
+}
+
+}  // namespace
+
+void verify_same_parameters(const std::vector<std::pair<std::string, Tensor>>& named,
+                            comm::ProcessGroup& group) {
+  const int64_t world = group.size();
+  Tensor count = Tensor::full({1}, static_cast<double>(named.size()), DType::I64);
+  Tensor counts = Tensor::empty({world}, DType::I64);
+  group.all_gather(counts, count)->wait();
+  std::vector<int64_t> all = counts.to_vector<int64_t>();
+  for (int64_t r = 0; r < world; ++r) {
+    if (all[r] != all[0]) {
+      fail("[ddp] the models differ across ranks: rank 0 has ", all[0], " parameters, rank ", r,
+           " has ", all[r]);
+    }
+  }
+  std::vector<int64_t> mine;
+  for (const auto& [name, t] : named)
+    mine.push_back(fingerprint(name, t));
+  Tensor local = Tensor::from_vector(mine, {static_cast<int64_t>(mine.size())});
+  Tensor gathered = Tensor::empty({world * local.numel()}, DType::I64);
+  group.all_gather(gathered, local)->wait();
+  std::vector<int64_t> prints = gathered.to_vector<int64_t>();
+  for (size_t i = 0; i < named.size(); ++i) {
+    for (int64_t r = 0; r < world; ++r) {
+      if (prints[r * named.size() + i] != mine[i]) {
+        fail("[ddp] the models differ across ranks: parameter ", i, " '", named[i].first, "' (",
+             shape_str(named[i].second.shape()), " ", named[i].second.dtype(), " on rank ",
+             group.rank(), ") has another name, shape or dtype on rank ", r);
+      }
+    }
+  }
+}
+
+void broadcast_parameters(const std::vector<Tensor>& params, comm::ProcessGroup& group) {
+  std::vector<comm::WorkPtr> works;
+  for (const Tensor& p : params) {
+    Tensor data = p.detach();
+    works.push_back(group.broadcast(data, {.root = 0}));
+  }
+  for (auto& w : works)
+    w->wait();
+}
+
+}  // namespace loom::strategies

@@ -1,0 +1,105 @@
+#pragma once
+// DDP's gradient reducer: gradients live in flat buckets and each bucket is averaged across
+// ranks as soon as its last gradient is ready, overlapping communication with the rest of
+// backward (c10d's reducer, llm.c's zero.cuh).
+//
+//   Reducer reducer(model.parameters(), pg, {.bucket_cap_mb = 25});
+//   reducer.prepare_for_backward(loss);
+//   loss.backward();              // grad-ready hooks launch the buckets' allreduces
+//   reducer.finalize_backward();  // waits; every rank now holds the averaged gradients
+//
+// Buckets hold parameters in reverse registration order (the order backward produces their
+// gradients), the first one capped at first_bucket_mb so that communication starts early,
+// the others at bucket_cap_mb; a parameter never straddles two buckets and buckets never mix
+// dtypes. The assignment depends only on the parameters' order, sizes and dtypes, so it is
+// identical on every rank, and buckets are always launched in index order (a ready bucket
+// waits for the ones before it), so every rank issues the same allreduces in the same order.
+// Averaging is folded into the reduction (ReduceOp::Avg).
+//
+// Status: the reducer is the first piece of the DDP strategy (see README "Status"); the
+// Strategy/registry/Fabric layer that will own it is not written yet.
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "comm/process_group.h"
+#include "tensor/tensor.h"
+
+namespace loom::strategies {
+
+struct ReducerOptions {
+  double bucket_cap_mb = 25;
+  double first_bucket_mb = 1;
+  // Gradients are views into the buckets (no copy in or out). When false, each gradient is
+  // copied into its bucket when ready and the averaged values copied back at the end.
+  bool gradient_as_bucket_view = true;
+  // Parameters that the loss does not depend on are found by walking the autograd graph in
+  // prepare_for_backward and count as ready at once (their gradient contributes zeros).
+  // Without it such a parameter is an error naming it, since its bucket could never complete.
+  bool find_unused_parameters = false;
+};
+
+class Reducer {
+ public:
+  // `params` in registration order (Module::parameters()); all must be contiguous leaves that
+  // require grad. Collective: every rank must build its reducer over equal parameters.
+  // `names` (optional, same order) are used in error messages.
+  Reducer(std::vector<Tensor> params, std::shared_ptr<comm::ProcessGroup> group,
+          const ReducerOptions& options = {}, std::vector<std::string> names = {});
+  ~Reducer();
+  Reducer(const Reducer&) = delete;
+  Reducer& operator=(const Reducer&) = delete;
+
+  // Call before each backward pass that should synchronise. `loss` is only read when
+  // find_unused_parameters is set.
+  void prepare_for_backward(const Tensor& loss);
+  // Waits for every bucket's allreduce (bounded by the group's timeout) and leaves the
+  // averaged gradients in each parameter's .grad. Throws loom::Error naming a parameter that
+  // received no gradient (unless find_unused_parameters), loom::CommError on peer failures.
+  void finalize_backward();
+
+  // Gradient accumulation: while false, backward passes only accumulate locally (no_sync);
+  // the next synchronised pass averages the accumulated sums.
+  void set_sync(bool sync) { sync_ = sync; }
+  bool sync() const { return sync_; }
+
+  // Bucket layout, for tests and traces: parameter indices (registration order) per bucket.
+  std::vector<std::vector<size_t>> bucket_assignment() const;
+
+ private:
+  struct Bucket;
+  struct Slot {
+    size_t bucket;
+    int64_t offset;  // in elements, into the bucket's flat buffer
+  };
+
+  void on_gradient_ready(size_t param);
+  void mark_ready(size_t param);
+  void launch_ready_buckets();
+
+  std::string name_of(size_t param) const;
+  Tensor slice_of(size_t param) const;
+
+  std::vector<Tensor> params_;
+  std::vector<std::string> names_;
+  std::shared_ptr<comm::ProcessGroup> group_;
+  ReducerOptions options_;
+  std::vector<std::unique_ptr<Bucket>> buckets_;
+  std::vector<Slot> slots_;
+  std::vector<bool> ready_;
+  size_t next_launch_ = 0;
+  bool sync_ = true;
+  bool expecting_backward_ = false;
+  std::shared_ptr<bool> alive_;  // hooks outlive the reducer; they check this first
+};
+
+// DDP setup: every rank must hold the same parameters (names, shapes, dtypes), then
+// rank 0's values are broadcast to all. The check all-gathers a fingerprint per parameter
+// and throws loom::Error naming the first parameter that differs and the rank it differs on.
+void verify_same_parameters(const std::vector<std::pair<std::string, Tensor>>& named,
+                            comm::ProcessGroup& group);
+void broadcast_parameters(const std::vector<Tensor>& params, comm::ProcessGroup& group);
+
+}  // namespace loom::strategies
