@@ -72,7 +72,10 @@ Reducer::~Reducer() {
 }
 
 std::string Reducer::name_of(size_t param) const {
-  return param < names_.size() ? names_[param] : "#" + std::to_string(param);
+  if (param < names_.size()) return names_[param];
+  std::string name = "#";  // (built in two steps: GCC 12 misreports "#" + to_string as -Wrestrict)
+  name += std::to_string(param);
+  return name;
 }
 
 Tensor Reducer::slice_of(size_t param) const {
