@@ -12,6 +12,7 @@
 #include <optional>
 
 #include "nn/gpt_io.h"
+#include "strategies/registry.h"
 #include "tensor/allocator.h"
 #include "tools/train_gpt/default_corpus.h"
 #include "tools/train_gpt/progress.h"
@@ -20,6 +21,23 @@
 namespace {
 
 using namespace loom;
+
+// Devices per node for this job: "auto" takes what the launcher started; an explicit count
+// must match it (this build has no launcher of its own inside train_gpt yet).
+void check_devices(const std::string& devices, const strategies::Strategy& strategy) {
+  if (devices == "auto" || devices == "-1") return;
+  if (devices.find(',') != std::string::npos) {
+    fail("[train_gpt] --devices ", devices,
+         ": device lists select GPUs, which this build does not "
+         "have; use auto or a count");
+  }
+  int count = std::stoi(devices);
+  if (count != strategy.world_size()) {
+    fail("[train_gpt] --devices ", count, " but ", strategy.world_size(),
+         " rank(s) are running: start the ranks with `loomrun --nproc-per-node ", count,
+         " train_gpt --strategy ddp ...` (ddp_spawn, which forks them itself, is not written yet)");
+  }
+}
 using namespace loom::train_gpt;
 
 std::vector<uint8_t> read_bytes(const std::string& path) {
@@ -52,6 +70,8 @@ int run(int argc, char** argv) {
   std::string data_path, init_path, save_path, metrics_path;
   bool shuffle = false;
   int64_t log_interval = 10;
+  std::string strategy_name = "single_device";
+  strategies::StrategyOptions strategy_options;
   app.add_option("--data", data_path, "training data; bytes are tokens (default: built-in corpus)");
   app.add_option("--init", init_path, "start from these weights (.safetensors, GPT-2 layout)");
   app.add_option("--save", save_path, "write the trained weights here (.safetensors)");
@@ -78,9 +98,30 @@ int run(int argc, char** argv) {
       ->check(CLI::IsMember({"constant", "cosine"}))
       ->capture_default_str();
   app.add_flag("--shuffle", shuffle, "visit blocks in a seeded random order per epoch");
+  app.add_option("--strategy", strategy_name, "a registered strategy name (see --list-strategies)")
+      ->capture_default_str();
+  app.add_option("--devices", strategy_options.devices,
+                 "devices per node: auto, N, -1 or a list like 0,2")
+      ->capture_default_str();
+  app.add_option("--precision", strategy_options.precision, "32-true")->capture_default_str();
+  app.add_option("--grad-accum", o.grad_accum, "micro-batches per optimizer step")
+      ->capture_default_str();
+  bool list_strategies = false;
+  app.add_flag("--list-strategies", list_strategies, "print the registered strategies and exit");
   app.add_option("--log-interval", log_interval, "steps between plain progress lines")
       ->capture_default_str();
   CLI11_PARSE(app, argc, argv);
+  if (list_strategies) {
+    for (auto& [name, description] : strategies::StrategyRegistry::available_strategies()) {
+      std::printf("%-34s %s\n", name.c_str(), description.c_str());
+    }
+    return 0;
+  }
+  std::unique_ptr<strategies::Strategy> strategy =
+      strategies::StrategyRegistry::get(strategy_name, strategy_options);
+  strategy->setup_environment();
+  check_devices(strategy_options.devices, *strategy);
+  const bool chief = strategy->is_global_zero();
 
   std::optional<safetensors::Contents> init;
   if (!init_path.empty()) {
@@ -94,35 +135,41 @@ int run(int argc, char** argv) {
   TokenBlocks data(std::move(bytes), o.batch, o.model.context, o.model.vocab_size, shuffle, o.seed);
 
   std::ofstream metrics;
-  if (!metrics_path.empty()) {
+  if (chief && !metrics_path.empty()) {
     metrics.open(metrics_path, std::ios::trunc);
     if (!metrics) fail("[train_gpt] cannot write --metrics file '", metrics_path, "'");
   }
-  std::printf(
-      "train_gpt: %lld parameters (%lld layers, %lld heads, embd %lld, ctx %lld, vocab %lld); "
-      "%lld blocks of %lld x %lld tokens from %s\n",
-      static_cast<long long>(model.parameter_count()), static_cast<long long>(o.model.layers),
-      static_cast<long long>(o.model.heads), static_cast<long long>(o.model.embd),
-      static_cast<long long>(o.model.context), static_cast<long long>(o.model.vocab_size),
-      static_cast<long long>(data.block_count()), static_cast<long long>(o.batch),
-      static_cast<long long>(o.model.context),
-      data_path.empty() ? "the built-in corpus" : data_path.c_str());
+  if (chief)
+    std::printf(
+        "train_gpt: %lld parameters (%lld layers, %lld heads, embd %lld, ctx %lld, vocab %lld); "
+        "%lld blocks of %lld x %lld tokens from %s\n",
+        static_cast<long long>(model.parameter_count()), static_cast<long long>(o.model.layers),
+        static_cast<long long>(o.model.heads), static_cast<long long>(o.model.embd),
+        static_cast<long long>(o.model.context), static_cast<long long>(o.model.vocab_size),
+        static_cast<long long>(data.block_count()), static_cast<long long>(o.batch),
+        static_cast<long long>(o.model.context),
+        data_path.empty() ? "the built-in corpus" : data_path.c_str());
 
   Progress progress(stdout, isatty(fileno(stdout)) != 0, o.steps, log_interval);
   double first_loss = 0, last_loss = 0, total_ms = 0, tokens = 0;
-  train(model, data, o, [&](const StepMetrics& m) {
-    if (m.step == 0) first_loss = m.loss;
-    last_loss = m.loss;
-    total_ms += m.ms_per_step;
-    tokens += m.tokens_per_s * m.ms_per_step / 1e3;
-    progress.update(m.step, m.loss, m.tokens_per_s, m.lr);
-    if (metrics.is_open()) {
-      metrics << metrics_json_line(m) << '\n';
-      metrics.flush();
-    }
-  });
-  progress.finish();
-  if (!save_path.empty()) nn::save_gpt(save_path, model);
+  train(
+      model, data, o,
+      [&](const StepMetrics& m) {
+        if (m.step == 0) first_loss = m.loss;
+        last_loss = m.loss;
+        total_ms += m.ms_per_step;
+        tokens += m.tokens_per_s * m.ms_per_step / 1e3;
+        if (chief) progress.update(m.step, m.loss, m.tokens_per_s, m.lr);
+        if (metrics.is_open()) {
+          metrics << metrics_json_line(m) << '\n';
+          metrics.flush();
+        }
+      },
+      strategy.get());
+  if (chief) progress.finish();
+  if (chief && !save_path.empty()) nn::save_gpt(save_path, model);
+  strategy->barrier();
+  if (!chief) return 0;
 
   MemoryStats mem = allocator_for(Device::cpu()).stats();
   std::printf(

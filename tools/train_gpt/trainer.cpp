@@ -8,6 +8,7 @@
 #include "optim/adamw.h"
 #include "optim/clip_grad.h"
 #include "optim/lr_schedule.h"
+#include "tensor/ops.h"
 
 namespace loom::train_gpt {
 
@@ -47,7 +48,10 @@ std::string metrics_json_line(const StepMetrics& m) {
 }
 
 void train(nn::GPT& model, const TokenBlocks& data, const TrainOptions& options,
-           const std::function<void(const StepMetrics&)>& on_step) {
+           const std::function<void(const StepMetrics&)>& on_step, strategies::Strategy* strategy) {
+  strategies::SingleDeviceStrategy single(strategies::StrategyOptions{});
+  strategies::Strategy& s = strategy != nullptr ? *strategy : single;
+  s.setup_module(model);
   auto schedule = make_schedule(options);
   optim::AdamW optimizer(decay_groups(model, options.weight_decay),
                          {.lr = options.lr,
@@ -55,30 +59,47 @@ void train(nn::GPT& model, const TokenBlocks& data, const TrainOptions& options,
                           .beta2 = options.beta2,
                           .eps = options.eps,
                           .weight_decay = options.weight_decay});
+  s.setup_optimizer(optimizer);
   std::vector<Tensor> params = model.parameters();
+  const int64_t accum = std::max<int64_t>(options.grad_accum, 1);
+  const int64_t world = s.world_size(), rank = s.rank();
   for (int64_t step = 0; step < options.steps; ++step) {
     auto start = std::chrono::steady_clock::now();
-    Batch batch = data.for_step(step);
-    Tensor loss = model.loss(batch.tokens, batch.targets);
-    loss.backward();
+    // Micro-step m = step * accum + k of rank r reads block m * world + r; gradients of the
+    // accum micro-batches are summed locally (no sync) and averaged across ranks once.
+    double local_loss = 0;
+    int64_t tokens = 0;
+    for (int64_t k = 0; k < accum; ++k) {
+      Batch batch = data.for_step(step * accum + k, rank, world);
+      Tensor loss = model.loss(batch.tokens, batch.targets);
+      local_loss += loss.item() / static_cast<double>(accum);
+      tokens += batch.tokens.numel();
+      s.set_backward_sync(k == accum - 1);
+      s.backward(accum > 1 ? mul(loss, 1.0 / static_cast<double>(accum)) : loss);
+    }
     double norm = options.grad_clip > 0 ? optim::clip_grad_norm(params, options.grad_clip)
                                         : optim::grad_norm(params);
     if (!std::isfinite(norm)) {
-      fail("[train_gpt] step ", step, ": the gradient norm is ", norm, " (loss ", loss.item(),
+      fail("[train_gpt] step ", step, ": the gradient norm is ", norm, " (loss ", local_loss,
            "); training diverged, try a lower --lr or --grad-clip 1");
     }
     double lr = schedule->lr_at(step);
     schedule->apply(optimizer, step);
-    optimizer.step();
+    s.optimizer_step(optimizer);
     optimizer.zero_grad();
+    // The step's loss averaged over every rank's micro-batches (sync_dist mean).
+    double loss = local_loss;
+    if (world > 1) {
+      loss = s.all_reduce(Tensor::full({1}, local_loss, DType::F64), comm::ReduceOp::Avg).item();
+    }
     double ms =
         std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - start).count();
     on_step({.step = step,
-             .loss = loss.item(),
+             .loss = loss,
              .lr = lr,
              .grad_norm = norm,
              .ms_per_step = ms,
-             .tokens_per_s = static_cast<double>(batch.tokens.numel()) / (ms / 1e3)});
+             .tokens_per_s = static_cast<double>(tokens * world) / (ms / 1e3)});
   }
 }
 

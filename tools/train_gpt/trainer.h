@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "nn/gpt.h"
+#include "strategies/strategy.h"
 #include "tools/train_gpt/token_blocks.h"
 
 namespace loom::train_gpt {
@@ -26,6 +27,7 @@ struct TrainOptions {
   uint64_t seed = 0;
   int64_t warmup_steps = 0;
   std::string schedule = "constant";  // or "cosine" (to 0.1 x lr at the last step)
+  int64_t grad_accum = 1;             // micro-batches per optimizer step
 };
 
 struct StepMetrics {
@@ -41,8 +43,10 @@ struct StepMetrics {
 // "ms_per_step"}, no trailing newline.
 std::string metrics_json_line(const StepMetrics& m);
 
-// Trains `model` in place on `data` and calls on_step after each step.
+// Trains `model` in place on `data` and calls on_step after each step. `strategy` (already
+// through setup_environment) spreads the work; null means single_device.
 void train(nn::GPT& model, const TokenBlocks& data, const TrainOptions& options,
-           const std::function<void(const StepMetrics&)>& on_step);
+           const std::function<void(const StepMetrics&)>& on_step,
+           strategies::Strategy* strategy = nullptr);
 
 }  // namespace loom::train_gpt

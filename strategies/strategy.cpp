@@ -1,0 +1,122 @@
+#include "strategies/strategy.h"
+
+#include "tensor/ops.h"
+#include "tensor/safetensors.h"
+
+namespace loom::strategies {
+
+Strategy::Strategy(StrategyOptions options) : options_(std::move(options)) {
+  if (options_.accelerator != "auto" && options_.accelerator != "cpu") {
+    fail("[strategy] accelerator '", options_.accelerator,
+         "' is not available in this build; expected 'cpu' or 'auto'");
+  }
+  if (options_.precision != "32-true" && options_.precision != "32") {
+    fail("[strategy] precision '", options_.precision,
+         "' is not implemented yet; available: '32-true' (planned: 'bf16-mixed', '16-mixed')");
+  }
+  if (options_.num_nodes < 1)
+    fail("[strategy] num_nodes must be at least 1, got ", options_.num_nodes);
+}
+
+Tensor Strategy::all_reduce(Tensor tensor, comm::ReduceOp) {
+  return tensor;
+}
+Tensor Strategy::all_gather(const Tensor& tensor) {
+  Shape shape = tensor.shape();
+  shape.insert(shape.begin(), 1);
+  return tensor.contiguous().reshape(shape);
+}
+Tensor Strategy::broadcast(Tensor tensor, int) {
+  return tensor;
+}
+
+void Strategy::save_checkpoint(const std::filesystem::path& path,
+                               const std::map<std::string, Tensor>& state) {
+  if (is_global_zero()) safetensors::save(path, state);
+  barrier();
+}
+
+std::map<std::string, Tensor> Strategy::load_checkpoint(const std::filesystem::path& path) {
+  return safetensors::load(path).tensors;
+}
+
+void ParallelStrategy::setup_environment() {
+  if (!group_) group_ = comm::init({.timeout = options_.timeout});
+}
+
+int ParallelStrategy::rank() const {
+  return group_ ? group_->rank() : 0;
+}
+int ParallelStrategy::world_size() const {
+  return group_ ? group_->size() : 1;
+}
+
+namespace {
+comm::ProcessGroup& need(const std::shared_ptr<comm::ProcessGroup>& group, const char* what) {
+  if (!group) fail("[strategy] ", what, " before setup_environment(): no process group yet");
+  return *group;
+}
+}  // namespace
+
+Tensor ParallelStrategy::all_reduce(Tensor tensor, comm::ReduceOp op) {
+  Tensor t = tensor.contiguous();
+  need(group_, "all_reduce").allreduce(t, {.op = op})->wait();
+  return t;
+}
+
+Tensor ParallelStrategy::all_gather(const Tensor& tensor) {
+  Tensor in = tensor.contiguous();
+  Shape shape = in.shape();
+  shape.insert(shape.begin(), world_size());
+  Tensor out = Tensor::empty(shape, in.dtype(), in.device());
+  Tensor flat_out = out.reshape({-1});
+  need(group_, "all_gather").all_gather(flat_out, in.reshape({-1}))->wait();
+  return out;
+}
+
+Tensor ParallelStrategy::broadcast(Tensor tensor, int source) {
+  Tensor t = tensor.contiguous();
+  need(group_, "broadcast").broadcast(t, {.root = source})->wait();
+  return t;
+}
+
+void ParallelStrategy::barrier() {
+  if (group_) group_->barrier()->wait();
+}
+
+void ParallelStrategy::teardown() {
+  group_.reset();
+}
+
+void DDPStrategy::setup_module(nn::Module& module) {
+  Strategy::setup_module(module);
+  comm::ProcessGroup& group = need(group_, "setup_module");
+  auto named = module.named_parameters();
+  verify_same_parameters(named, group);
+  std::vector<Tensor> params;
+  std::vector<std::string> names;
+  for (auto& [name, p] : named) {
+    params.push_back(p);
+    names.push_back(name);
+  }
+  broadcast_parameters(params, group);
+  reducer_ = std::make_unique<Reducer>(params, group_, options_.ddp, names);
+}
+
+void DDPStrategy::backward(const Tensor& loss) {
+  if (!reducer_) fail("[ddp] backward before setup_module(): the module is not set up");
+  reducer_->prepare_for_backward(loss);
+  loss.backward();
+  reducer_->finalize_backward();
+}
+
+void DDPStrategy::set_backward_sync(bool sync) {
+  if (reducer_) reducer_->set_sync(sync);
+}
+
+void DDPStrategy::teardown() {
+  reducer_.reset();
+  ParallelStrategy::teardown();
+}
+
+}  // namespace loom::strategies

@@ -1,0 +1,121 @@
+#pragma once
+// Strategy: how a training loop's model, optimizer and collectives are spread over devices
+// and processes (Lightning's Strategy). Life cycle, as in the seeds:
+//   setup_environment()  join or launch the ranks, create the process group
+//   setup_module(m)      broadcast / wrap the module for this strategy
+//   setup_optimizer(o)   (sharded strategies shard the state here)
+//   backward(loss)       loss.backward() plus whatever gradient sync the strategy needs
+//   optimizer_step(o)    the update
+//   all_reduce / all_gather / broadcast / barrier   collectives on user tensors
+//   save_checkpoint / load_checkpoint, teardown()
+//
+// Status (see README): single_device and ddp exist; dp, ddp_spawn/ddp_fork, comm hooks and
+// precision policies other than 32-true are not written yet.
+
+#include <filesystem>
+#include <map>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "comm/process_group.h"
+#include "nn/module.h"
+#include "optim/optimizer.h"
+#include "strategies/ddp/reducer.h"
+
+namespace loom::strategies {
+
+struct StrategyOptions {
+  std::string accelerator = "auto";  // cpu, cuda, auto
+  std::string devices = "auto";      // "auto", "N", "-1" (all), "0,2"
+  int num_nodes = 1;
+  std::string precision = "32-true";
+  ReducerOptions ddp = {};  // bucket_cap_mb, find_unused_parameters, gradient_as_bucket_view
+  comm::Duration timeout = comm::kDefaultTimeout;
+};
+
+class Strategy {
+ public:
+  explicit Strategy(StrategyOptions options);
+  virtual ~Strategy() = default;
+  Strategy(const Strategy&) = delete;
+  Strategy& operator=(const Strategy&) = delete;
+
+  virtual std::string name() const = 0;
+  virtual void setup_environment() {}
+  virtual void setup_module(nn::Module& module) { module_ = &module; }
+  virtual void setup_optimizer(optim::Optimizer&) {}
+  virtual void backward(const Tensor& loss) { loss.backward(); }
+  virtual void optimizer_step(optim::Optimizer& optimizer) { optimizer.step(); }
+  // Gradient accumulation: while false, backward() skips the gradient synchronisation.
+  virtual void set_backward_sync(bool) {}
+
+  virtual int rank() const { return 0; }
+  virtual int world_size() const { return 1; }
+  bool is_global_zero() const { return rank() == 0; }
+  Device root_device() const { return Device::cpu(); }
+
+  // Collectives on user tensors (contiguous, on the root device); in place, returned for
+  // convenience. Single-device strategies return the input.
+  virtual Tensor all_reduce(Tensor tensor, comm::ReduceOp op = comm::ReduceOp::Avg);
+  virtual Tensor all_gather(const Tensor& tensor);  // [world, ...]
+  virtual Tensor broadcast(Tensor tensor, int source = 0);
+  virtual void barrier() {}
+
+  // Checkpoints: the module's state (and any extra tensors) as one safetensors file written
+  // atomically by global rank 0; load reads it on every rank.
+  virtual void save_checkpoint(const std::filesystem::path& path,
+                               const std::map<std::string, Tensor>& state);
+  virtual std::map<std::string, Tensor> load_checkpoint(const std::filesystem::path& path);
+  virtual void teardown() {}
+
+  const StrategyOptions& options() const { return options_; }
+
+ protected:
+  StrategyOptions options_;
+  nn::Module* module_ = nullptr;
+};
+
+// Everything on one device, one process.
+class SingleDeviceStrategy : public Strategy {
+ public:
+  using Strategy::Strategy;
+  std::string name() const override { return "single_device"; }
+};
+
+// Several processes with a process group (from loomrun/torchrun/Slurm/MPI variables).
+class ParallelStrategy : public Strategy {
+ public:
+  using Strategy::Strategy;
+  void setup_environment() override;
+  int rank() const override;
+  int world_size() const override;
+  Tensor all_reduce(Tensor tensor, comm::ReduceOp op = comm::ReduceOp::Avg) override;
+  Tensor all_gather(const Tensor& tensor) override;
+  Tensor broadcast(Tensor tensor, int source = 0) override;
+  void barrier() override;
+  void teardown() override;
+  // Lets tests and embedding programs hand in an existing group instead of init().
+  void set_process_group(std::shared_ptr<comm::ProcessGroup> group) { group_ = std::move(group); }
+  const std::shared_ptr<comm::ProcessGroup>& process_group() const { return group_; }
+
+ protected:
+  std::shared_ptr<comm::ProcessGroup> group_;
+};
+
+// Distributed data parallel: parameters broadcast from rank 0 at setup, gradients averaged
+// in buckets during backward (strategies/ddp/reducer.h).
+class DDPStrategy : public ParallelStrategy {
+ public:
+  using ParallelStrategy::ParallelStrategy;
+  std::string name() const override { return "ddp"; }
+  void setup_module(nn::Module& module) override;
+  void backward(const Tensor& loss) override;
+  void set_backward_sync(bool sync) override;
+  void teardown() override;
+
+ private:
+  std::unique_ptr<Reducer> reducer_;
+};
+
+}  // namespace loom::strategies
