@@ -1,0 +1,79 @@
+#include "strategies/fabric.h"
+
+#include "optim/clip_grad.h"
+
+namespace loom {
+
+Fabric::Fabric(const FabricOptions& options)
+    : strategy_(
+          strategies::StrategyRegistry::get(options.strategy, {.accelerator = options.accelerator,
+                                                               .devices = options.devices,
+                                                               .num_nodes = options.num_nodes,
+                                                               .precision = options.precision})) {}
+
+Fabric::~Fabric() {
+  strategy_->teardown();
+}
+
+void Fabric::launch() {
+  strategy_->setup_environment();
+  launched_ = true;
+}
+
+void Fabric::setup_module(nn::Module& module) {
+  if (!launched_) launch();
+  strategy_->setup_module(module);
+  module_ = &module;
+}
+
+void Fabric::setup_optimizer(optim::Optimizer& optimizer) {
+  strategy_->setup_optimizer(optimizer);
+}
+
+void Fabric::backward(const Tensor& loss) {
+  if (module_ == nullptr) fail("[fabric] backward before setup_module()");
+  strategy_->backward(loss);
+}
+
+double Fabric::clip_gradients(const nn::Module& module, double max_norm) {
+  return optim::clip_grad_norm(module.parameters(), max_norm);
+}
+
+Tensor Fabric::all_reduce(const Tensor& tensor, comm::ReduceOp op) {
+  return strategy_->all_reduce(tensor.clone(), op);
+}
+Tensor Fabric::all_gather(const Tensor& tensor) {
+  return strategy_->all_gather(tensor);
+}
+Tensor Fabric::broadcast(const Tensor& tensor, int source) {
+  return strategy_->broadcast(tensor.clone(), source);
+}
+void Fabric::barrier() {
+  strategy_->barrier();
+}
+
+void Fabric::save(const std::filesystem::path& path, const std::map<std::string, Tensor>& state) {
+  strategy_->save_checkpoint(path, state);
+}
+
+std::map<std::string, Tensor> Fabric::load(const std::filesystem::path& path) {
+  return strategy_->load_checkpoint(path);
+}
+
+int Fabric::rank() const {
+  return strategy_->rank();
+}
+int Fabric::world_size() const {
+  return strategy_->world_size();
+}
+bool Fabric::is_global_zero() const {
+  return strategy_->is_global_zero();
+}
+
+Fabric::NoBackwardSync Fabric::no_backward_sync(const nn::Module& module) {
+  if (&module != module_)
+    fail("[fabric] no_backward_sync: the module was not set up with this Fabric");
+  return NoBackwardSync(*strategy_);
+}
+
+}  // namespace loom

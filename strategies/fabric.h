@@ -1,0 +1,86 @@
+#pragma once
+// Fabric: the front a C++ trainer adopts by changing a handful of lines (Lightning Fabric).
+//
+//   loom::Fabric fabric({.strategy = "ddp"});   // under loomrun --nproc-per-node N
+//   fabric.launch();
+//   fabric.setup_module(model);                  // broadcast from rank 0, gradient buckets
+//   fabric.setup_optimizer(optimizer);
+//   for (...) {
+//     Tensor loss = model.loss(x, y);
+//     fabric.backward(loss);                     // instead of loss.backward()
+//     optimizer.step();
+//     optimizer.zero_grad();
+//   }
+//   if (fabric.is_global_zero()) ...             // logging, checkpoints
+//
+// The strategy comes from the StrategyRegistry by name, so user-registered strategies work
+// here exactly like the built-ins.
+
+#include <filesystem>
+#include <map>
+#include <memory>
+#include <string>
+
+#include "strategies/registry.h"
+
+namespace loom {
+
+struct FabricOptions {
+  std::string strategy = "single_device";
+  std::string accelerator = "auto";
+  std::string devices = "auto";
+  int num_nodes = 1;
+  std::string precision = "32-true";
+};
+
+class Fabric {
+ public:
+  explicit Fabric(const FabricOptions& options = {});
+  ~Fabric();
+
+  // Joins the job's ranks (the launcher started them) and creates the process group.
+  void launch();
+  void setup_module(nn::Module& module);
+  void setup_optimizer(optim::Optimizer& optimizer);
+  void backward(const Tensor& loss);
+  // Global-norm clipping of the module's gradients (after backward: they are synchronised).
+  double clip_gradients(const nn::Module& module, double max_norm);
+
+  Tensor all_reduce(const Tensor& tensor, comm::ReduceOp op = comm::ReduceOp::Avg);
+  Tensor all_gather(const Tensor& tensor);
+  Tensor broadcast(const Tensor& tensor, int source = 0);
+  void barrier();
+
+  // Rank 0 writes `state` atomically (safetensors); every rank can load it.
+  void save(const std::filesystem::path& path, const std::map<std::string, Tensor>& state);
+  std::map<std::string, Tensor> load(const std::filesystem::path& path);
+
+  int rank() const;
+  int world_size() const;
+  bool is_global_zero() const;
+  strategies::Strategy& strategy() { return *strategy_; }
+
+  // While the returned guard lives, backward() accumulates gradients locally without
+  // synchronising them (gradient accumulation); the first backward after it synchronises
+  // the accumulated sums.
+  class NoBackwardSync {
+   public:
+    explicit NoBackwardSync(strategies::Strategy& strategy) : strategy_(&strategy) {
+      strategy_->set_backward_sync(false);
+    }
+    ~NoBackwardSync() { strategy_->set_backward_sync(true); }
+    NoBackwardSync(const NoBackwardSync&) = delete;
+    NoBackwardSync& operator=(const NoBackwardSync&) = delete;
+
+   private:
+    strategies::Strategy* strategy_;
+  };
+  [[nodiscard]] NoBackwardSync no_backward_sync(const nn::Module& module);
+
+ private:
+  std::unique_ptr<strategies::Strategy> strategy_;
+  const nn::Module* module_ = nullptr;
+  bool launched_ = false;
+};
+
+}  // namespace loom
