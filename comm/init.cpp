@@ -47,6 +47,10 @@ std::shared_ptr<Store> rendezvous_store(const ClusterEnv& env, int rank, int siz
 
 }  // namespace
 
+std::string default_group_name(int restart_count) {
+  return "default.attempt" + std::to_string(restart_count);
+}
+
 std::shared_ptr<ProcessGroup> init(const InitOptions& options) {
   ClusterEnv env = detect_cluster_env();
   int rank = options.rank.value_or(env.rank);
@@ -58,8 +62,7 @@ std::shared_ptr<ProcessGroup> init(const InitOptions& options) {
       options.store ? options.store : rendezvous_store(env, rank, size, options.timeout);
   std::string backend = options.backend;
   if (backend == "auto") backend = resolve_auto_backend(env.multi_host(), Device::cpu());
-  // Each restart of the job (loomrun --max-restarts) rendezvouses under fresh keys.
-  std::string name = "default.attempt" + std::to_string(env.restart_count);
+  std::string name = default_group_name(env.restart_count);
   return std::make_shared<ProcessGroup>(
       rank, size, std::move(store), GroupOptions{.backend = backend, .timeout = options.timeout},
       name);

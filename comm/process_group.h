@@ -132,4 +132,9 @@ struct InitOptions {
 // The default group of this job, from the cluster environment (comm/environment.h).
 std::shared_ptr<ProcessGroup> init(const InitOptions& options = {});
 
+// Name of the default group: each restart attempt (loomrun --max-restarts) rendezvouses under
+// fresh store keys. Programs that start their own ranks use it so that ranks joining
+// through init() meet them.
+std::string default_group_name(int restart_count = 0);
+
 }  // namespace loom::comm

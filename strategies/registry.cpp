@@ -25,6 +25,12 @@ struct Registry {
     entries["ddp"] = {[](const StrategyOptions& o) { return std::make_unique<DDPStrategy>(o); },
                       "distributed data parallel: one process per device (launch with loomrun)",
                       {}};
+    entries["ddp_spawn"] = {
+        [](const StrategyOptions& o) { return std::make_unique<DDPLaunchingStrategy>(o, false); },
+        "ddp whose ranks the program starts itself (re-executes itself --devices times)", {}};
+    entries["ddp_fork"] = {
+        [](const StrategyOptions& o) { return std::make_unique<DDPLaunchingStrategy>(o, true); },
+        "ddp whose ranks the program forks itself (--devices processes)", {}};
     entries["ddp_find_unused_parameters_true"] = {
         [](const StrategyOptions& o) { return std::make_unique<DDPStrategy>(o); },
         "ddp that tolerates parameters without gradients",

@@ -1,5 +1,8 @@
 #include "strategies/strategy.h"
 
+#include <cstdlib>
+
+#include "strategies/local_launch.h"
 #include "tensor/ops.h"
 #include "tensor/safetensors.h"
 
@@ -117,6 +120,38 @@ void DDPStrategy::set_backward_sync(bool sync) {
 void DDPStrategy::teardown() {
   reducer_.reset();
   ParallelStrategy::teardown();
+}
+
+DDPLaunchingStrategy::DDPLaunchingStrategy(StrategyOptions options, bool fork)
+    : DDPStrategy(std::move(options)), fork_(fork) {}
+
+DDPLaunchingStrategy::~DDPLaunchingStrategy() = default;
+
+void DDPLaunchingStrategy::setup_environment() {
+  if (group_) return;
+  const char* world = std::getenv("WORLD_SIZE");
+  if (world != nullptr && *world != '\0') {
+    ParallelStrategy::setup_environment();  // started by a launcher, or spawned by rank 0
+    return;
+  }
+  int count = 1;
+  if (options_.devices != "auto") {
+    try {
+      count = std::stoi(options_.devices);
+    } catch (const std::exception&) {
+      fail("[", name(), "] --devices '", options_.devices, "' is not a number of processes");
+    }
+  }
+  if (count < 1) fail("[", name(), "] devices must be at least 1, got ", count);
+  job_ = std::make_unique<LocalJob>(count, fork_ ? LaunchMethod::Fork : LaunchMethod::Spawn,
+                                    options_.timeout);
+  group_ = job_->group();
+}
+
+void DDPLaunchingStrategy::teardown() {
+  DDPStrategy::teardown();
+  if (job_) job_->join();
+  job_.reset();
 }
 
 }  // namespace loom::strategies

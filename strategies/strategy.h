@@ -118,4 +118,20 @@ class DDPStrategy : public ParallelStrategy {
   std::unique_ptr<Reducer> reducer_;
 };
 
+// ddp_spawn / ddp_fork: DDP whose ranks the program starts itself when no launcher did
+// (strategies/local_launch.h); under loomrun or torchrun they behave exactly like ddp.
+// The number of ranks is `devices` ("auto" means 1 on the CPU, as in Lightning).
+class DDPLaunchingStrategy : public DDPStrategy {
+ public:
+  DDPLaunchingStrategy(StrategyOptions options, bool fork);
+  ~DDPLaunchingStrategy() override;
+  std::string name() const override { return fork_ ? "ddp_fork" : "ddp_spawn"; }
+  void setup_environment() override;
+  void teardown() override;
+
+ private:
+  bool fork_;
+  std::unique_ptr<class LocalJob> job_;
+};
+
 }  // namespace loom::strategies

@@ -13,7 +13,8 @@ struct Reducer::Bucket {
   std::vector<size_t> params;  // indices into params_, in the order they were assigned
   Tensor flat;                 // all gradients of the bucket, back to back
   size_t pending = 0;          // gradients not yet ready in this backward pass
-  comm::WorkPtr work;
+  GradBucket view;             // what the comm hook sees: flat plus per-parameter views
+  std::unique_ptr<PendingBucket> work;
 };
 
 Reducer::Reducer(std::vector<Tensor> params, std::shared_ptr<comm::ProcessGroup> group,
@@ -22,6 +23,7 @@ Reducer::Reducer(std::vector<Tensor> params, std::shared_ptr<comm::ProcessGroup>
       names_(std::move(names)),
       group_(std::move(group)),
       options_(options),
+      hook_(make_comm_hook(options.comm_hook)),
       slots_(params_.size()),
       ready_(params_.size(), false),
       alive_(std::make_shared<bool>(true)) {
@@ -58,6 +60,13 @@ Reducer::Reducer(std::vector<Tensor> params, std::shared_ptr<comm::ProcessGroup>
     }
     const Tensor& first = params_[bucket.params.front()];
     bucket.flat = Tensor::zeros({offset}, first.dtype(), first.device());
+    bucket.view.index = b;
+    bucket.view.buffer = bucket.flat;
+    bucket.view.is_last = b + 1 == buckets_.size();
+  }
+  for (auto& bucket : buckets_) {
+    for (size_t k : bucket->params)
+      bucket->view.gradients.push_back(slice_of(k));
   }
   for (size_t k = 0; k < params_.size(); ++k) {
     std::weak_ptr<bool> alive = alive_;
@@ -150,7 +159,7 @@ void Reducer::mark_ready(size_t param) {
 void Reducer::launch_ready_buckets() {
   while (next_launch_ < buckets_.size() && buckets_[next_launch_]->pending == 0) {
     Bucket& bucket = *buckets_[next_launch_++];
-    bucket.work = group_->allreduce(bucket.flat, {.op = comm::ReduceOp::Avg});
+    bucket.work = hook_->launch(bucket.view, *group_);
   }
 }
 
@@ -166,8 +175,10 @@ void Reducer::finalize_backward() {
       }
     }
   }
-  for (auto& bucket : buckets_)
-    bucket->work->wait();
+  for (auto& bucket : buckets_) {
+    std::unique_ptr<PendingBucket> work = std::move(bucket->work);
+    work->finish();
+  }
   if (!options_.gradient_as_bucket_view) {
     NoGradGuard no_grad;
     for (size_t k = 0; k < params_.size(); ++k) {

@@ -14,7 +14,9 @@
 // dtypes. The assignment depends only on the parameters' order, sizes and dtypes, so it is
 // identical on every rank, and buckets are always launched in index order (a ready bucket
 // waits for the ones before it), so every rank issues the same allreduces in the same order.
-// Averaging is folded into the reduction (ReduceOp::Avg).
+// Each bucket is averaged by the communication hook named in ReducerOptions::comm_hook
+// (strategies/ddp/comm_hook.h); the default, "allreduce", folds the averaging into the
+// reduction (ReduceOp::Avg).
 //
 // Status: the reducer is the first piece of the DDP strategy (see README "Status"); the
 // Strategy/registry/Fabric layer that will own it is not written yet.
@@ -25,6 +27,7 @@
 #include <vector>
 
 #include "comm/process_group.h"
+#include "strategies/ddp/comm_hook.h"
 #include "tensor/tensor.h"
 
 namespace loom::strategies {
@@ -39,6 +42,10 @@ struct ReducerOptions {
   // prepare_for_backward and count as ready at once (their gradient contributes zeros).
   // Without it such a parameter is an error naming it, since its bucket could never complete.
   bool find_unused_parameters = false;
+  // How each bucket is averaged: a name from available_comm_hooks() (allreduce,
+  // bf16_compress, fp16_compress, powersgd, or one registered with register_comm_hook).
+  // Each Reducer makes its own instance.
+  std::string comm_hook = "allreduce";
 };
 
 class Reducer {
@@ -86,6 +93,7 @@ class Reducer {
   std::vector<std::string> names_;
   std::shared_ptr<comm::ProcessGroup> group_;
   ReducerOptions options_;
+  std::unique_ptr<CommHook> hook_;
   std::vector<std::unique_ptr<Bucket>> buckets_;
   std::vector<Slot> slots_;
   std::vector<bool> ready_;

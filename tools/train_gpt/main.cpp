@@ -106,6 +106,11 @@ int run(int argc, char** argv) {
   app.add_option("--precision", strategy_options.precision, "32-true")->capture_default_str();
   app.add_option("--grad-accum", o.grad_accum, "micro-batches per optimizer step")
       ->capture_default_str();
+  app.add_option("--ddp-comm-hook", strategy_options.ddp.comm_hook,
+                 "DDP communication hook: allreduce, bf16_compress, fp16_compress, powersgd")
+      ->capture_default_str();
+  app.add_option("--bucket-cap-mb", strategy_options.ddp.bucket_cap_mb, "DDP bucket size cap")
+      ->capture_default_str();
   bool list_strategies = false;
   app.add_flag("--list-strategies", list_strategies, "print the registered strategies and exit");
   app.add_option("--log-interval", log_interval, "steps between plain progress lines")
@@ -149,6 +154,10 @@ int run(int argc, char** argv) {
         static_cast<long long>(data.block_count()), static_cast<long long>(o.batch),
         static_cast<long long>(o.model.context),
         data_path.empty() ? "the built-in corpus" : data_path.c_str());
+  if (chief && strategy->world_size() > 1) {
+    std::printf("train_gpt: strategy %s over %d ranks (batch %lld per rank)\n",
+                strategy->name().c_str(), strategy->world_size(), static_cast<long long>(o.batch));
+  }
 
   Progress progress(stdout, isatty(fileno(stdout)) != 0, o.steps, log_interval);
   double first_loss = 0, last_loss = 0, total_ms = 0, tokens = 0;
