@@ -83,7 +83,13 @@ def main():
     p.add_argument("--batch", type=int, default=8)
     p.add_argument("--steps", type=int, default=20, help="timed steps (after 3 warm-up steps)")
     p.add_argument("--threads", type=int, default=1)
+    p.add_argument("--ddp", type=int, default=0,
+                   help="run DistributedDataParallel over this many processes (gloo backend)")
     args = p.parse_args()
+    if args.ddp > 0:
+        import torch.multiprocessing as mp
+        mp.spawn(ddp_worker, args=(args,), nprocs=args.ddp, join=True)
+        return
 
     torch.set_num_threads(args.threads)
     torch.manual_seed(0)
@@ -112,6 +118,47 @@ def main():
     print(json.dumps({"peer": f"torch {torch.__version__}", "threads": args.threads,
                       "ms_per_step": round(ms, 3), "tokens_per_s": round(B * T / ms * 1e3, 1),
                       "config": vars(args)}))
+
+
+def ddp_worker(rank, args):
+    """One rank of PyTorch DDP (gloo, one thread): same model, step and per-rank batch."""
+    import os
+    import torch.distributed as dist
+    os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
+    os.environ.setdefault("MASTER_PORT", "29517")
+    dist.init_process_group("gloo", rank=rank, world_size=args.ddp)
+    torch.set_num_threads(args.threads)
+    torch.manual_seed(0)
+    model = torch.nn.parallel.DistributedDataParallel(
+        GPT(args.vocab, args.ctx, args.layers, args.heads, args.embd))
+    params = list(model.parameters())
+    opt = torch.optim.AdamW([{"params": [p for p in params if p.dim() >= 2], "weight_decay": 0.1},
+                             {"params": [p for p in params if p.dim() < 2], "weight_decay": 0.0}],
+                            lr=1e-3, foreach=False)
+    B, T = args.batch, args.ctx
+    data = torch.randint(0, args.vocab, (B * T * 4 + 1,))
+    times = []
+    for step in range(args.steps + 3):
+        s = (step % 4) * B * T
+        x = data[s:s + B * T].view(B, T)
+        y = data[s + 1:s + B * T + 1].view(B, T)
+        dist.barrier()
+        t0 = time.perf_counter()
+        loss = model(x, y)
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+        opt.step()
+        t1 = time.perf_counter()
+        if step >= 3:
+            times.append((t1 - t0) * 1e3)
+    ms = statistics.median(times)
+    if rank == 0:
+        print(json.dumps({"peer": f"torch {torch.__version__} DDP gloo", "ranks": args.ddp,
+                          "threads": args.threads, "ms_per_step": round(ms, 3),
+                          "tokens_per_s": round(args.ddp * B * T / ms * 1e3, 1),
+                          "config": vars(args)}))
+    dist.destroy_process_group()
 
 
 if __name__ == "__main__":

@@ -4,6 +4,7 @@
 #include <cstring>
 #include <unordered_set>
 
+#include "strategies/trace.h"
 #include "tensor/autograd/node.h"
 #include "tensor/ops.h"
 
@@ -15,6 +16,7 @@ struct Reducer::Bucket {
   size_t pending = 0;          // gradients not yet ready in this backward pass
   GradBucket view;             // what the comm hook sees: flat plus per-parameter views
   std::unique_ptr<PendingBucket> work;
+  int64_t launched_us = -1;  // when its communication was launched, for the trace
 };
 
 Reducer::Reducer(std::vector<Tensor> params, std::shared_ptr<comm::ProcessGroup> group,
@@ -151,14 +153,33 @@ void Reducer::on_gradient_ready(size_t param) {
 void Reducer::mark_ready(size_t param) {
   if (ready_[param]) return;  // a second hook call in one pass (e.g. recomputation)
   ready_[param] = true;
-  if (--buckets_[slots_[param].bucket]->pending == 0) launch_ready_buckets();
+  size_t b = slots_[param].bucket;
+  if (--buckets_[b]->pending == 0) {
+    if (Trace* trace = current_trace()) {
+      trace->instant("bucket " + std::to_string(b) + " ready", "ddp", trace->now_us(),
+                     Trace::kMainThread,
+                     {{"bucket", static_cast<int64_t>(b)},
+                      {"bytes", static_cast<int64_t>(buckets_[b]->flat.nbytes())}});
+    }
+    launch_ready_buckets();
+  }
 }
+
+// Note [Bucket spans in the trace]
+// Each bucket's span runs from the launch of its communication to the moment the main
+// thread learns it finished: finish() is called bucket by bucket after backward, so the end
+// is an upper bound (the work may have completed earlier on the comm thread). Spans that
+// overlap go to extra rows ("comm 2", ...) so that viewers never see improperly nested
+// slices on one row; the default "allreduce" hook gives names like
+// "bucket 0 allreduce (4096 bytes)".
 
 // Buckets go out strictly in index order, so every rank issues the same allreduces in the
 // same order even if its buckets became ready in another order.
 void Reducer::launch_ready_buckets() {
   while (next_launch_ < buckets_.size() && buckets_[next_launch_]->pending == 0) {
     Bucket& bucket = *buckets_[next_launch_++];
+    Trace* trace = current_trace();
+    bucket.launched_us = trace != nullptr ? trace->now_us() : -1;
     bucket.work = hook_->launch(bucket.view, *group_);
   }
 }
@@ -175,9 +196,30 @@ void Reducer::finalize_backward() {
       }
     }
   }
-  for (auto& bucket : buckets_) {
-    std::unique_ptr<PendingBucket> work = std::move(bucket->work);
+  // See Note [Bucket spans in the trace].
+  Trace* trace = current_trace();
+  Trace::Span wait_span(trace, "ddp wait for buckets", "ddp");
+  std::vector<int64_t> lane_free_at;  // per comm row: when its last bucket span ended
+  for (size_t b = 0; b < buckets_.size(); ++b) {
+    Bucket& bucket = *buckets_[b];
+    std::unique_ptr<PendingBucket> work = std::move(bucket.work);
     work->finish();
+    if (trace == nullptr || bucket.launched_us < 0) continue;
+    int64_t end = trace->now_us();
+    size_t lane = 0;
+    while (lane < lane_free_at.size() && lane_free_at[lane] > bucket.launched_us)
+      ++lane;
+    if (lane == lane_free_at.size()) lane_free_at.push_back(0);
+    lane_free_at[lane] = end;
+    int tid = Trace::kCommThread + static_cast<int>(lane);
+    if (lane > 0) trace->set_thread_name(tid, "comm " + std::to_string(lane + 1));
+    const int64_t bytes = static_cast<int64_t>(bucket.flat.nbytes());
+    trace->complete("bucket " + std::to_string(b) + " " + options_.comm_hook + " (" +
+                        std::to_string(bytes) + " bytes)",
+                    "ddp", bucket.launched_us, end - bucket.launched_us, tid,
+                    {{"bucket", static_cast<int64_t>(b)},
+                     {"bytes", bytes},
+                     {"parameters", static_cast<int64_t>(bucket.params.size())}});
   }
   if (!options_.gradient_as_bucket_view) {
     NoGradGuard no_grad;

@@ -13,6 +13,7 @@
 
 #include "nn/gpt_io.h"
 #include "strategies/registry.h"
+#include "strategies/trace.h"
 #include "tensor/allocator.h"
 #include "tools/train_gpt/default_corpus.h"
 #include "tools/train_gpt/progress.h"
@@ -67,7 +68,7 @@ nn::GPTConfig config_from_init(const safetensors::Contents& contents, const nn::
 int run(int argc, char** argv) {
   CLI::App app{"train_gpt: train a GPT-2-style model on bytes with Loom"};
   TrainOptions o;
-  std::string data_path, init_path, save_path, metrics_path;
+  std::string data_path, init_path, save_path, metrics_path, trace_path;
   bool shuffle = false;
   int64_t log_interval = 10;
   std::string strategy_name = "single_device";
@@ -76,6 +77,9 @@ int run(int argc, char** argv) {
   app.add_option("--init", init_path, "start from these weights (.safetensors, GPT-2 layout)");
   app.add_option("--save", save_path, "write the trained weights here (.safetensors)");
   app.add_option("--metrics", metrics_path, "write one JSON object per step here (.jsonl)");
+  app.add_option("--trace", trace_path,
+                 "write a Chrome/Perfetto trace (forward, backward, optimizer, DDP buckets) here; "
+                 "with several ranks, rank R writes FILE with .rankR before the extension");
   app.add_option("--layers", o.model.layers, "transformer blocks")->capture_default_str();
   app.add_option("--heads", o.model.heads, "attention heads")->capture_default_str();
   app.add_option("--embd", o.model.embd, "embedding width")->capture_default_str();
@@ -159,6 +163,11 @@ int run(int argc, char** argv) {
                 strategy->name().c_str(), strategy->world_size(), static_cast<long long>(o.batch));
   }
 
+  std::unique_ptr<strategies::Trace> trace;
+  if (!trace_path.empty()) {
+    trace = std::make_unique<strategies::Trace>();
+    strategies::set_current_trace(trace.get());
+  }
   Progress progress(stdout, isatty(fileno(stdout)) != 0, o.steps, log_interval);
   double first_loss = 0, last_loss = 0, total_ms = 0, tokens = 0;
   train(
@@ -176,6 +185,13 @@ int run(int argc, char** argv) {
       },
       strategy.get());
   if (chief) progress.finish();
+  if (trace) {
+    strategies::set_current_trace(nullptr);
+    std::string path =
+        strategies::trace_path_for_rank(trace_path, strategy->rank(), strategy->world_size());
+    trace->write(path, strategy->rank());
+    if (chief) std::printf("train_gpt: trace written to %s\n", path.c_str());
+  }
   if (chief && !save_path.empty()) nn::save_gpt(save_path, model);
   strategy->barrier();
   if (!chief) return 0;

@@ -2,12 +2,14 @@
 
 #include <chrono>
 #include <cmath>
+#include <optional>
 
 #include <nlohmann/json.hpp>
 
 #include "optim/adamw.h"
 #include "optim/clip_grad.h"
 #include "optim/lr_schedule.h"
+#include "strategies/trace.h"
 #include "tensor/ops.h"
 
 namespace loom::train_gpt {
@@ -63,20 +65,34 @@ void train(nn::GPT& model, const TokenBlocks& data, const TrainOptions& options,
   std::vector<Tensor> params = model.parameters();
   const int64_t accum = std::max<int64_t>(options.grad_accum, 1);
   const int64_t world = s.world_size(), rank = s.rank();
+  strategies::Trace* trace = strategies::current_trace();
   for (int64_t step = 0; step < options.steps; ++step) {
     auto start = std::chrono::steady_clock::now();
+    strategies::Trace::Span step_span(trace, "step " + std::to_string(step), "step",
+                                      strategies::Trace::kMainThread, {{"step", step}});
     // Micro-step m = step * accum + k of rank r reads block m * world + r; gradients of the
     // accum micro-batches are summed locally (no sync) and averaged across ranks once.
     double local_loss = 0;
     int64_t tokens = 0;
     for (int64_t k = 0; k < accum; ++k) {
+      const strategies::Trace::Args args = {{"step", step}, {"micro_step", k}};
       Batch batch = data.for_step(step * accum + k, rank, world);
-      Tensor loss = model.loss(batch.tokens, batch.targets);
-      local_loss += loss.item() / static_cast<double>(accum);
+      Tensor loss;
+      {
+        strategies::Trace::Span span(trace, "forward", "step", strategies::Trace::kMainThread,
+                                     args);
+        loss = model.loss(batch.tokens, batch.targets);
+        local_loss += loss.item() / static_cast<double>(accum);
+      }
       tokens += batch.tokens.numel();
       s.set_backward_sync(k == accum - 1);
+      strategies::Trace::Span span(trace, "backward", "step", strategies::Trace::kMainThread, args);
       s.backward(accum > 1 ? mul(loss, 1.0 / static_cast<double>(accum)) : loss);
     }
+    // Clipping, the lr schedule, the update and zero_grad (ended by reset() below).
+    std::optional<strategies::Trace::Span> optimizer_span;
+    optimizer_span.emplace(trace, "optimizer", "step", strategies::Trace::kMainThread,
+                           strategies::Trace::Args{{"step", step}});
     double norm = options.grad_clip > 0 ? optim::clip_grad_norm(params, options.grad_clip)
                                         : optim::grad_norm(params);
     if (!std::isfinite(norm)) {
@@ -87,6 +103,7 @@ void train(nn::GPT& model, const TokenBlocks& data, const TrainOptions& options,
     schedule->apply(optimizer, step);
     s.optimizer_step(optimizer);
     optimizer.zero_grad();
+    optimizer_span.reset();
     // The step's loss averaged over every rank's micro-batches (sync_dist mean).
     double loss = local_loss;
     if (world > 1) {

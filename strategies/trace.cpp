@@ -1,0 +1,153 @@
+#include "strategies/trace.h"
+
+#include <unistd.h>
+
+#include <algorithm>
+#include <atomic>
+#include <cstdio>
+#include <fstream>
+
+#include <nlohmann/json.hpp>
+
+#include "tensor/error.h"
+
+namespace loom::strategies {
+
+namespace {
+std::atomic<Trace*> g_current{nullptr};
+}  // namespace
+
+Trace* current_trace() {
+  return g_current.load(std::memory_order_acquire);
+}
+
+void set_current_trace(Trace* trace) {
+  g_current.store(trace, std::memory_order_release);
+}
+
+std::string trace_path_for_rank(const std::string& path, int rank, int world) {
+  if (world <= 1) return path;
+  size_t slash = path.find_last_of('/');
+  size_t dot = path.find_last_of('.');
+  std::string suffix = ".rank" + std::to_string(rank);
+  if (dot == std::string::npos || (slash != std::string::npos && dot < slash) || dot == 0 ||
+      dot == slash + 1) {
+    return path + suffix;
+  }
+  return path.substr(0, dot) + suffix + path.substr(dot);
+}
+
+Trace::Trace()
+    : epoch_(Clock::now()), thread_names_{{kMainThread, "main"}, {kCommThread, "comm"}} {}
+
+int64_t Trace::to_us(Clock::time_point t) const {
+  return std::chrono::duration_cast<std::chrono::microseconds>(t - epoch_).count();
+}
+
+int64_t Trace::now_us() const {
+  return to_us(Clock::now());
+}
+
+void Trace::complete(std::string name, std::string category, int64_t start_us, int64_t duration_us,
+                     int tid, Args args) {
+  std::lock_guard lock(mutex_);
+  events_.push_back({'X', std::move(name), std::move(category), start_us,
+                     std::max<int64_t>(duration_us, 0), tid, std::move(args)});
+}
+
+void Trace::instant(std::string name, std::string category, int64_t at_us, int tid, Args args) {
+  std::lock_guard lock(mutex_);
+  events_.push_back({'i', std::move(name), std::move(category), at_us, 0, tid, std::move(args)});
+}
+
+void Trace::set_thread_name(int tid, std::string name) {
+  std::lock_guard lock(mutex_);
+  thread_names_[tid] = std::move(name);
+}
+
+size_t Trace::event_count() const {
+  std::lock_guard lock(mutex_);
+  return events_.size();
+}
+
+void Trace::write(const std::string& path, int rank) const {
+  std::vector<Event> events;
+  std::map<int, std::string> names;
+  {
+    std::lock_guard lock(mutex_);
+    events = events_;
+    names = thread_names_;
+  }
+  // Enclosing spans first at equal start times, so that viewers nest them.
+  std::stable_sort(events.begin(), events.end(), [](const Event& a, const Event& b) {
+    return a.ts != b.ts ? a.ts < b.ts : a.dur > b.dur;
+  });
+  nlohmann::json list = nlohmann::json::array();
+  list.push_back({{"ph", "M"},
+                  {"name", "process_name"},
+                  {"pid", rank},
+                  {"tid", 0},
+                  {"args", {{"name", "rank " + std::to_string(rank)}}}});
+  for (const auto& [tid, name] : names) {
+    list.push_back({{"ph", "M"},
+                    {"name", "thread_name"},
+                    {"pid", rank},
+                    {"tid", tid},
+                    {"args", {{"name", name}}}});
+    list.push_back({{"ph", "M"},
+                    {"name", "thread_sort_index"},
+                    {"pid", rank},
+                    {"tid", tid},
+                    {"args", {{"sort_index", tid}}}});
+  }
+  for (const Event& e : events) {
+    nlohmann::json j = {{"ph", std::string(1, e.phase)},
+                        {"name", e.name},
+                        {"cat", e.category},
+                        {"pid", rank},
+                        {"tid", e.tid},
+                        {"ts", e.ts}};
+    if (e.phase == 'X') j["dur"] = e.dur;
+    if (e.phase == 'i') j["s"] = "t";
+    if (!e.args.empty()) {
+      nlohmann::json args = nlohmann::json::object();
+      for (const auto& [key, value] : e.args)
+        args[key] = value;
+      j["args"] = std::move(args);
+    }
+    list.push_back(std::move(j));
+  }
+  nlohmann::json doc = {{"traceEvents", std::move(list)}, {"displayTimeUnit", "ms"}};
+  std::string tmp = path + ".tmp." + std::to_string(::getpid());
+  {
+    std::ofstream out(tmp, std::ios::trunc);
+    if (!out) fail("[trace] rank ", rank, ": cannot write the trace file '", tmp, "'");
+    out << doc.dump() << '\n';
+    out.close();
+    if (!out) {
+      std::remove(tmp.c_str());
+      fail("[trace] rank ", rank, ": writing the trace file '", tmp, "' failed");
+    }
+  }
+  if (std::rename(tmp.c_str(), path.c_str()) != 0) {
+    std::remove(tmp.c_str());
+    fail("[trace] rank ", rank, ": cannot move the trace into place at '", path, "'");
+  }
+}
+
+Trace::Span::Span(Trace* trace, std::string name, std::string category, int tid, Args args)
+    : trace_(trace), tid_(tid) {
+  if (trace_ == nullptr) return;
+  name_ = std::move(name);
+  category_ = std::move(category);
+  args_ = std::move(args);
+  start_us_ = trace_->now_us();
+}
+
+Trace::Span::~Span() {
+  if (trace_ == nullptr) return;
+  trace_->complete(std::move(name_), std::move(category_), start_us_, trace_->now_us() - start_us_,
+                   tid_, std::move(args_));
+}
+
+}  // namespace loom::strategies

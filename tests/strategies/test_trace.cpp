@@ -1,0 +1,235 @@
+// The trace recorder (strategies/trace.h): events from several threads, the Chrome JSON it
+// writes, atomic writes, and a 2-rank DDP run of train_gpt's loop whose trace shows the
+// steps' spans and the buckets' communication overlapping backward.
+
+#include <gtest/gtest.h>
+#include <unistd.h>
+
+#include <filesystem>
+#include <fstream>
+#include <thread>
+
+#include <nlohmann/json.hpp>
+
+#include "multiprocess.h"
+#include "strategies/registry.h"
+#include "strategies/trace.h"
+#include "tools/train_gpt/default_corpus.h"
+#include "tools/train_gpt/trainer.h"
+
+namespace loom::strategies {
+namespace {
+
+using comm::testing::expect_all_ok;
+using comm::testing::run_ranks;
+using namespace std::chrono_literals;
+using nlohmann::json;
+
+std::string temp_dir() {
+  char dir_template[] = "/tmp/loom_trace_XXXXXX";
+  return mkdtemp(dir_template);
+}
+
+json read_json(const std::string& path) {
+  std::ifstream in(path);
+  return json::parse(in);
+}
+
+TEST(Trace, RecordsFromTwoThreadsAndWritesChromeJson) {
+  Trace trace;
+  {
+    Trace::Span outer(&trace, "outer", "test", Trace::kMainThread, {{"step", 7}});
+    std::thread comm([&] {
+      int64_t start = trace.now_us();
+      std::this_thread::sleep_for(2ms);
+      trace.complete("bucket 0 allreduce (16 bytes)", "ddp", start, trace.now_us() - start,
+                     Trace::kCommThread, {{"bytes", 16}});
+    });
+    trace.instant("ready", "ddp", trace.now_us());
+    comm.join();
+  }
+  Trace::Span null_span(nullptr, "ignored", "test");  // no trace: records nothing
+  EXPECT_EQ(trace.event_count(), 3u);
+
+  std::string dir = temp_dir();
+  std::string path = dir + "/trace.json";
+  trace.write(path, 3);
+  // Atomic write: only the final file is left.
+  EXPECT_EQ(std::distance(std::filesystem::directory_iterator(dir),
+                          std::filesystem::directory_iterator{}),
+            1);
+  json doc = read_json(path);
+  EXPECT_EQ(doc["displayTimeUnit"], "ms");
+  const json& events = doc["traceEvents"];
+  ASSERT_TRUE(events.is_array());
+  // Metadata first: the process and the two threads.
+  std::map<int, std::string> thread_names;
+  std::string process_name;
+  size_t first_real = 0;
+  while (first_real < events.size() && events[first_real]["ph"] == "M") {
+    const json& m = events[first_real++];
+    EXPECT_EQ(m["pid"], 3);
+    if (m["name"] == "process_name") process_name = m["args"]["name"];
+    if (m["name"] == "thread_name") thread_names[m["tid"].get<int>()] = m["args"]["name"];
+  }
+  EXPECT_EQ(process_name, "rank 3");
+  EXPECT_EQ(thread_names[0], "main");
+  EXPECT_EQ(thread_names[1], "comm");
+  ASSERT_EQ(events.size() - first_real, 3u);
+  int64_t last_ts = -1;
+  for (size_t i = first_real; i < events.size(); ++i) {
+    const json& e = events[i];
+    EXPECT_EQ(e["pid"], 3);
+    EXPECT_GE(e["ts"].get<int64_t>(), last_ts) << "events sorted by start time";
+    last_ts = e["ts"].get<int64_t>();
+  }
+  const json& outer = events[first_real];  // starts first
+  EXPECT_EQ(outer["name"], "outer");
+  EXPECT_EQ(outer["ph"], "X");
+  EXPECT_EQ(outer["tid"], 0);
+  EXPECT_EQ(outer["args"]["step"], 7);
+  bool saw_comm = false, saw_instant = false;
+  for (size_t i = first_real; i < events.size(); ++i) {
+    const json& e = events[i];
+    if (e["ph"] == "X" && e["tid"] == 1) {
+      saw_comm = true;
+      EXPECT_EQ(e["cat"], "ddp");
+      EXPECT_GE(e["dur"].get<int64_t>(), 2000);
+      EXPECT_EQ(e["args"]["bytes"], 16);
+      // Inside the outer span.
+      EXPECT_GE(e["ts"].get<int64_t>(), outer["ts"].get<int64_t>());
+      EXPECT_LE(e["ts"].get<int64_t>() + e["dur"].get<int64_t>(),
+                outer["ts"].get<int64_t>() + outer["dur"].get<int64_t>());
+    }
+    if (e["ph"] == "i") {
+      saw_instant = true;
+      EXPECT_EQ(e["s"], "t");
+    }
+  }
+  EXPECT_TRUE(saw_comm);
+  EXPECT_TRUE(saw_instant);
+  std::filesystem::remove_all(dir);
+}
+
+TEST(Trace, WriteFailsLoudlyAndLeavesNothing) {
+  Trace trace;
+  EXPECT_THROW(trace.write("/nonexistent_dir_for_loom/trace.json", 0), Error);
+}
+
+TEST(Trace, PathPerRank) {
+  EXPECT_EQ(trace_path_for_rank("trace.json", 1, 2), "trace.rank1.json");
+  EXPECT_EQ(trace_path_for_rank("out/t.json", 0, 4), "out/t.rank0.json");
+  EXPECT_EQ(trace_path_for_rank("a.b/trace", 1, 2), "a.b/trace.rank1");
+  EXPECT_EQ(trace_path_for_rank("trace.json", 0, 1), "trace.json");
+}
+
+TEST(Trace, CurrentTraceIsProcessWide) {
+  EXPECT_EQ(current_trace(), nullptr);
+  Trace trace;
+  set_current_trace(&trace);
+  Trace* seen = nullptr;
+  std::thread([&] { seen = current_trace(); }).join();
+  EXPECT_EQ(seen, &trace);
+  set_current_trace(nullptr);
+}
+
+// A 2-rank DDP run of train_gpt's loop with a trace: per-step forward/backward/optimizer
+// spans on the main row, one allreduce span per bucket per step on the comm rows, and
+// a bucket launched before its step's backward span ended (overlap with backward).
+TEST(Trace, DDPTrainingShowsStepsAndBucketsOverlappingBackward) {
+  const int world = 2;
+  const int64_t steps = 3;
+  std::string dir = temp_dir();
+  expect_all_ok(run_ranks(world, [&](int rank, int size, std::shared_ptr<comm::Store> store) {
+    StrategyOptions options;
+    options.ddp.bucket_cap_mb = 0.004;  // several buckets for this tiny model
+    options.ddp.first_bucket_mb = 0.002;
+    auto ddp = StrategyRegistry::get("ddp", options);
+    auto* parallel = dynamic_cast<ParallelStrategy*>(ddp.get());
+    parallel->set_process_group(std::make_shared<comm::ProcessGroup>(
+        rank, size, store, comm::GroupOptions{.timeout = 30s}));
+    ddp->setup_environment();
+    nn::GPTConfig c;
+    c.vocab_size = 64;
+    c.context = 8;
+    c.layers = 2;
+    c.heads = 2;
+    c.embd = 16;
+    nn::GPT model(c, 4);
+    train_gpt::TrainOptions o;
+    o.model = c;
+    o.batch = 2;
+    o.steps = steps;
+    std::vector<uint8_t> bytes = train_gpt::default_corpus(1 << 12);
+    for (uint8_t& b : bytes)
+      b %= 64;
+    train_gpt::TokenBlocks data(bytes, 2, 8, 64);
+    Trace trace;
+    set_current_trace(&trace);
+    train_gpt::train(
+        model, data, o, [](const train_gpt::StepMetrics&) {}, ddp.get());
+    set_current_trace(nullptr);
+    std::string path = trace_path_for_rank(dir + "/trace.json", rank, size);
+    trace.write(path, rank);
+
+    json doc = read_json(path);
+    std::map<std::string, std::vector<json>> main_spans;  // by name
+    std::vector<json> buckets;
+    std::map<int, std::string> thread_names;
+    for (const json& e : doc["traceEvents"]) {
+      EXPECT_EQ(e["pid"], rank);
+      if (e["ph"] == "M" && e["name"] == "thread_name") {
+        thread_names[e["tid"].get<int>()] = e["args"]["name"];
+      }
+      if (e["ph"] != "X") continue;
+      if (e["tid"] == 0) main_spans[e["name"].get<std::string>()].push_back(e);
+      std::string name = e["name"];
+      if (name.find("allreduce (") != std::string::npos) {
+        EXPECT_GE(e["tid"].get<int>(), 1) << name;
+        EXPECT_EQ(thread_names[e["tid"].get<int>()].rfind("comm", 0), 0u) << name;
+        buckets.push_back(e);
+      }
+    }
+    for (const char* name : {"forward", "backward", "optimizer"}) {
+      ASSERT_EQ(main_spans[name].size(), static_cast<size_t>(steps)) << name;
+      for (int64_t s = 0; s < steps; ++s)
+        EXPECT_EQ(main_spans[name][s]["args"]["step"], s) << name;
+    }
+    const size_t per_step = buckets.size() / steps;
+    ASSERT_GE(per_step, 2u) << "expected several buckets";
+    ASSERT_EQ(buckets.size(), per_step * steps);
+    EXPECT_TRUE(std::any_of(buckets.begin(), buckets.end(), [](const json& b) {
+      return b["tid"] == 1 && b["name"].get<std::string>().rfind("bucket 0 allreduce", 0) == 0;
+    }));
+    for (int64_t s = 0; s < steps; ++s) {
+      const json& backward = main_spans["backward"][s];
+      const int64_t b_start = backward["ts"], b_end = b_start + backward["dur"].get<int64_t>();
+      int launched_during_backward = 0;
+      for (const json& b : buckets) {
+        int64_t ts = b["ts"];
+        if (ts >= b_start && ts < b_end) ++launched_during_backward;
+      }
+      EXPECT_EQ(launched_during_backward, static_cast<int>(per_step)) << "step " << s;
+      // Overlap evidence: bucket 0 went out before the backward pass's last gradient, i.e.
+      // before the reducer started waiting ("ddp wait for buckets" begins after autograd).
+      int64_t first_launch = b_end;
+      for (const json& b : buckets) {
+        int64_t ts = b["ts"];
+        if (ts >= b_start && ts < b_end) first_launch = std::min(first_launch, ts);
+      }
+      int64_t wait_start = b_end;
+      for (const json& w : main_spans["ddp wait for buckets"]) {
+        int64_t ts = w["ts"];
+        if (ts >= b_start && ts < b_end) wait_start = ts;
+      }
+      EXPECT_LT(first_launch, b_end) << "step " << s;
+      EXPECT_LE(first_launch, wait_start) << "step " << s;
+    }
+  }));
+  EXPECT_TRUE(std::filesystem::exists(dir + "/trace.rank0.json"));
+  EXPECT_TRUE(std::filesystem::exists(dir + "/trace.rank1.json"));
+  std::filesystem::remove_all(dir);
+}
+
+}  // namespace
+}  // namespace loom::strategies
