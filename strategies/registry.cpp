@@ -74,6 +74,14 @@ std::string closest_name(const std::string& name, const std::vector<std::string>
   return best;
 }
 
+void fail_unknown_name(const char* component, const char* kind, const std::string& name,
+                       const std::vector<std::string>& known) {
+  std::string list;
+  for (const std::string& n : known) list += (list.empty() ? "" : ", ") + n;
+  fail("[", component, "] unknown ", kind, " '", name, "'; did you mean '",
+       closest_name(name, known), "'? Available: ", list);
+}
+
 void StrategyRegistry::register_strategy(const std::string& name, StrategyFactory factory,
                                          std::string description, OptionsDefaults defaults) {
   if (name.empty()) fail("[strategy] register_strategy: the name is empty");
@@ -98,13 +106,8 @@ std::unique_ptr<Strategy> StrategyRegistry::get(const std::string& name, Strateg
     auto it = r.entries.find(name);
     if (it == r.entries.end()) {
       std::vector<std::string> names;
-      std::string list;
-      for (const auto& [n, e] : r.entries) {
-        names.push_back(n);
-        list += (list.empty() ? "" : ", ") + n;
-      }
-      fail("[strategy] unknown strategy '", name, "'; did you mean '", closest_name(name, names),
-           "'? Available: ", list);
+      for (const auto& [n, e] : r.entries) names.push_back(n);
+      fail_unknown_name("strategy", "strategy", name, names);
     }
     entry = it->second;
   }

@@ -326,13 +326,8 @@ std::unique_ptr<CommHook> make_comm_hook(const std::string& name) {
     auto it = r.entries.find(name);
     if (it == r.entries.end()) {
       std::vector<std::string> names;
-      std::string list;
-      for (const auto& [n, e] : r.entries) {
-        names.push_back(n);
-        list += (list.empty() ? "" : ", ") + n;
-      }
-      fail("[ddp] unknown comm hook '", name, "'; did you mean '", closest_name(name, names),
-           "'? Available: ", list);
+      for (const auto& [n, e] : r.entries) names.push_back(n);
+      fail_unknown_name("ddp", "comm hook", name, names);
     }
     factory = it->second.factory;
   }
