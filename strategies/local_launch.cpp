@@ -18,7 +18,8 @@ std::vector<std::string> own_arguments() {
   std::ifstream in("/proc/self/cmdline", std::ios::binary);
   std::vector<std::string> args;
   std::string arg;
-  while (std::getline(in, arg, '\0')) args.push_back(arg);
+  while (std::getline(in, arg, '\0'))
+    args.push_back(arg);
   return args;
 }
 
@@ -85,7 +86,8 @@ LocalJob::LocalJob(int world, LaunchMethod method, comm::Duration timeout) {
         setenv("LOOM_STORE_SERVED_BY_LAUNCHER", "1", 1);
         setenv("LOOM_CLUSTER_ENV", "torchrun", 1);
         std::vector<char*> argv;
-        for (std::string& a : args) argv.push_back(a.data());
+        for (std::string& a : args)
+          argv.push_back(a.data());
         argv.push_back(nullptr);
         execv("/proc/self/exe", argv.data());
         std::fprintf(stderr, "[launch] rank %d: cannot re-execute the program: %s\n", r,

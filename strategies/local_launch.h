@@ -11,9 +11,9 @@
 // for the other ranks when destroyed (bounded: they are killed after `grace`), and reports
 // a rank that failed.
 
+#include <sys/types.h>
 #include <chrono>
 #include <memory>
-#include <sys/types.h>
 #include <vector>
 
 #include "comm/process_group.h"

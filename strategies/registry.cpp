@@ -4,6 +4,8 @@
 #include <map>
 #include <mutex>
 
+#include "strategies/data_parallel.h"
+
 namespace loom::strategies {
 
 namespace {
@@ -25,12 +27,19 @@ struct Registry {
     entries["ddp"] = {[](const StrategyOptions& o) { return std::make_unique<DDPStrategy>(o); },
                       "distributed data parallel: one process per device (launch with loomrun)",
                       {}};
+    entries["dp"] = {
+        [](const StrategyOptions& o) { return std::make_unique<DataParallelStrategy>(o); },
+        "data parallel in one process: the module replicated over --devices threads, the batch "
+        "split by rows",
+        {}};
     entries["ddp_spawn"] = {
         [](const StrategyOptions& o) { return std::make_unique<DDPLaunchingStrategy>(o, false); },
-        "ddp whose ranks the program starts itself (re-executes itself --devices times)", {}};
+        "ddp whose ranks the program starts itself (re-executes itself --devices times)",
+        {}};
     entries["ddp_fork"] = {
         [](const StrategyOptions& o) { return std::make_unique<DDPLaunchingStrategy>(o, true); },
-        "ddp whose ranks the program forks itself (--devices processes)", {}};
+        "ddp whose ranks the program forks itself (--devices processes)",
+        {}};
     entries["ddp_find_unused_parameters_true"] = {
         [](const StrategyOptions& o) { return std::make_unique<DDPStrategy>(o); },
         "ddp that tolerates parameters without gradients",
@@ -77,7 +86,8 @@ std::string closest_name(const std::string& name, const std::vector<std::string>
 void fail_unknown_name(const char* component, const char* kind, const std::string& name,
                        const std::vector<std::string>& known) {
   std::string list;
-  for (const std::string& n : known) list += (list.empty() ? "" : ", ") + n;
+  for (const std::string& n : known)
+    list += (list.empty() ? "" : ", ") + n;
   fail("[", component, "] unknown ", kind, " '", name, "'; did you mean '",
        closest_name(name, known), "'? Available: ", list);
 }
@@ -106,7 +116,8 @@ std::unique_ptr<Strategy> StrategyRegistry::get(const std::string& name, Strateg
     auto it = r.entries.find(name);
     if (it == r.entries.end()) {
       std::vector<std::string> names;
-      for (const auto& [n, e] : r.entries) names.push_back(n);
+      for (const auto& [n, e] : r.entries)
+        names.push_back(n);
       fail_unknown_name("strategy", "strategy", name, names);
     }
     entry = it->second;

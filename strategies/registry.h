@@ -1,7 +1,7 @@
 #pragma once
 // StrategyRegistry: strategies by name, as in Lightning. Built-ins registered at start-up:
-// single_device, ddp, ddp_spawn, ddp_fork, ddp_find_unused_parameters_true. A user strategy registered at run
-// time is selectable everywhere a built-in is (train_gpt --strategy, Fabric):
+// single_device, ddp, ddp_spawn, ddp_fork, ddp_find_unused_parameters_true. A user strategy
+// registered at run time is selectable everywhere a built-in is (train_gpt --strategy, Fabric):
 //   StrategyRegistry::register_strategy("my_ddp",
 //       [](const StrategyOptions& o) { return std::make_unique<MyDDP>(o); },
 //       "DDP with my gradient hook");

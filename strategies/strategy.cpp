@@ -21,6 +21,13 @@ Strategy::Strategy(StrategyOptions options) : options_(std::move(options)) {
     fail("[strategy] num_nodes must be at least 1, got ", options_.num_nodes);
 }
 
+Tensor Strategy::forward_backward(const LossOfRows& loss_of_rows, int64_t rows, double scale) {
+  if (module_ == nullptr) fail("[", name(), "] forward_backward before setup_module()");
+  Tensor loss = loss_of_rows(*module_, 0, rows);
+  backward(scale != 1.0 ? mul(loss, scale) : loss);
+  return loss;
+}
+
 Tensor Strategy::all_reduce(Tensor tensor, comm::ReduceOp) {
   return tensor;
 }
@@ -92,6 +99,9 @@ void ParallelStrategy::teardown() {
 }
 
 void DDPStrategy::setup_module(nn::Module& module) {
+  if (options_.local_sgd_period < 0 || options_.local_sgd_warmup < 0)
+    fail("[ddp] local_sgd_period and local_sgd_warmup must be at least 0, got ",
+         options_.local_sgd_period, " and ", options_.local_sgd_warmup);
   Strategy::setup_module(module);
   comm::ProcessGroup& group = need(group_, "setup_module");
   auto named = module.named_parameters();
@@ -103,22 +113,41 @@ void DDPStrategy::setup_module(nn::Module& module) {
     names.push_back(name);
   }
   broadcast_parameters(params, group);
+  averager_.reset();
+  if (options_.local_sgd_period > 0)
+    averager_ = std::make_unique<PeriodicModelAverager>(options_.local_sgd_period,
+                                                        options_.local_sgd_warmup);
+  params_ = params;
   reducer_ = std::make_unique<Reducer>(params, group_, options_.ddp, names);
+  reducer_->set_sync(user_sync_ && !past_warmup());
+}
+
+bool DDPStrategy::past_warmup() const {
+  return averager_ && averager_->step() >= averager_->warmup_steps();
 }
 
 void DDPStrategy::backward(const Tensor& loss) {
   if (!reducer_) fail("[ddp] backward before setup_module(): the module is not set up");
+  reducer_->set_sync(user_sync_ && !past_warmup());
   reducer_->prepare_for_backward(loss);
   loss.backward();
   reducer_->finalize_backward();
 }
 
+void DDPStrategy::optimizer_step(optim::Optimizer& optimizer) {
+  optimizer.step();
+  if (averager_) averager_->average_parameters(params_, need(group_, "optimizer_step"));
+}
+
 void DDPStrategy::set_backward_sync(bool sync) {
-  if (reducer_) reducer_->set_sync(sync);
+  user_sync_ = sync;
+  if (reducer_) reducer_->set_sync(sync && !past_warmup());
 }
 
 void DDPStrategy::teardown() {
   reducer_.reset();
+  averager_.reset();
+  params_.clear();
   ParallelStrategy::teardown();
 }
 

@@ -4,15 +4,17 @@
 //   setup_environment()  join or launch the ranks, create the process group
 //   setup_module(m)      broadcast / wrap the module for this strategy
 //   setup_optimizer(o)   (sharded strategies shard the state here)
+//   forward_backward(f)  the loss of a batch and its backward (dp runs f per replica)
 //   backward(loss)       loss.backward() plus whatever gradient sync the strategy needs
 //   optimizer_step(o)    the update
 //   all_reduce / all_gather / broadcast / barrier   collectives on user tensors
 //   save_checkpoint / load_checkpoint, teardown()
 //
-// Status (see README): single_device and ddp exist; dp, ddp_spawn/ddp_fork, comm hooks and
+// Status (see README): single_device, ddp, ddp_spawn/ddp_fork and dp exist; comm hooks and
 // precision policies other than 32-true are not written yet.
 
 #include <filesystem>
+#include <functional>
 #include <map>
 #include <memory>
 #include <string>
@@ -22,6 +24,7 @@
 #include "nn/module.h"
 #include "optim/optimizer.h"
 #include "strategies/ddp/reducer.h"
+#include "strategies/model_averaging.h"
 
 namespace loom::strategies {
 
@@ -32,6 +35,14 @@ struct StrategyOptions {
   std::string precision = "32-true";
   ReducerOptions ddp = {};  // bucket_cap_mb, find_unused_parameters, gradient_as_bucket_view
   comm::Duration timeout = comm::kDefaultTimeout;
+  // Local SGD with periodic model averaging (ddp and its launching variants; other strategies
+  // ignore these). 0 = off. With local_sgd_period = k > 0, the first local_sgd_warmup
+  // optimizer steps are plain DDP (gradients averaged every backward); after them gradients
+  // are never synchronised (whatever set_backward_sync says) and optimizer_step() averages
+  // the parameters after every k-th step, starting with step index local_sgd_warmup
+  // (strategies/model_averaging.h). Optimizer state (momentum, Adam moments) stays local.
+  int local_sgd_period = 0;
+  int local_sgd_warmup = 0;
 };
 
 class Strategy {
@@ -46,6 +57,15 @@ class Strategy {
   virtual void setup_module(nn::Module& module) { module_ = &module; }
   virtual void setup_optimizer(optim::Optimizer&) {}
   virtual void backward(const Tensor& loss) { loss.backward(); }
+  // The loss of a function of rows [row_begin, row_end) of the batch, as a mean over rows.
+  using LossOfRows = std::function<Tensor(nn::Module& module, int64_t row_begin, int64_t row_end)>;
+  // One forward and backward over a batch of `rows` rows: leaves the gradient of
+  // scale * loss_of_rows(module, 0, rows) added to the set-up module's parameters and returns
+  // the unscaled loss. The default calls loss_of_rows once on the set-up module on this thread,
+  // then backward(scale != 1 ? scale * loss : loss). dp (strategies/data_parallel.h) calls it
+  // once per replica on its own thread with a slice of the rows, so loss_of_rows must be
+  // thread-safe for distinct modules, and the loss a mean over rows.
+  virtual Tensor forward_backward(const LossOfRows& loss_of_rows, int64_t rows, double scale = 1.0);
   virtual void optimizer_step(optim::Optimizer& optimizer) { optimizer.step(); }
   // Gradient accumulation: while false, backward() skips the gradient synchronisation.
   virtual void set_backward_sync(bool) {}
@@ -104,18 +124,26 @@ class ParallelStrategy : public Strategy {
 };
 
 // Distributed data parallel: parameters broadcast from rank 0 at setup, gradients averaged
-// in buckets during backward (strategies/ddp/reducer.h).
+// in buckets during backward (strategies/ddp/reducer.h); with local_sgd_period set, local
+// SGD after a warm-up (see StrategyOptions).
 class DDPStrategy : public ParallelStrategy {
  public:
   using ParallelStrategy::ParallelStrategy;
   std::string name() const override { return "ddp"; }
   void setup_module(nn::Module& module) override;
   void backward(const Tensor& loss) override;
+  void optimizer_step(optim::Optimizer& optimizer) override;
   void set_backward_sync(bool sync) override;
   void teardown() override;
 
  private:
+  // True once local SGD has taken over from gradient synchronisation.
+  bool past_warmup() const;
+
   std::unique_ptr<Reducer> reducer_;
+  std::unique_ptr<PeriodicModelAverager> averager_;  // set when local_sgd_period > 0
+  std::vector<Tensor> params_;
+  bool user_sync_ = true;  // the last set_backward_sync()
 };
 
 // ddp_spawn / ddp_fork: DDP whose ranks the program starts itself when no launcher did

@@ -24,9 +24,11 @@ namespace {
 using namespace loom;
 
 // Devices per node for this job: "auto" takes what the launcher started; an explicit count
-// must match it (this build has no launcher of its own inside train_gpt yet).
+// must match the ranks running (ddp_spawn/ddp_fork start that many themselves; for dp the
+// devices are threads of this one process).
 void check_devices(const std::string& devices, const strategies::Strategy& strategy) {
   if (devices == "auto" || devices == "-1") return;
+  if (strategy.name() == "dp") return;  // one process; devices are its replicas
   if (devices.find(',') != std::string::npos) {
     fail("[train_gpt] --devices ", devices,
          ": device lists select GPUs, which this build does not "
@@ -36,7 +38,9 @@ void check_devices(const std::string& devices, const strategies::Strategy& strat
   if (count != strategy.world_size()) {
     fail("[train_gpt] --devices ", count, " but ", strategy.world_size(),
          " rank(s) are running: start the ranks with `loomrun --nproc-per-node ", count,
-         " train_gpt --strategy ddp ...` (ddp_spawn, which forks them itself, is not written yet)");
+         " train_gpt --strategy ddp ...`, or use --strategy ddp_spawn (or ddp_fork), which starts "
+         "them "
+         "itself");
   }
 }
 using namespace loom::train_gpt;
@@ -114,6 +118,13 @@ int run(int argc, char** argv) {
                  "DDP communication hook: allreduce, bf16_compress, fp16_compress, powersgd")
       ->capture_default_str();
   app.add_option("--bucket-cap-mb", strategy_options.ddp.bucket_cap_mb, "DDP bucket size cap")
+      ->capture_default_str();
+  app.add_option("--local-sgd-period", strategy_options.local_sgd_period,
+                 "DDP: after warm-up, average parameters every K steps instead of gradients "
+                 "every step (0 = off)")
+      ->capture_default_str();
+  app.add_option("--local-sgd-warmup", strategy_options.local_sgd_warmup,
+                 "DDP: steps of ordinary gradient averaging before local SGD starts")
       ->capture_default_str();
   bool list_strategies = false;
   app.add_flag("--list-strategies", list_strategies, "print the registered strategies and exit");

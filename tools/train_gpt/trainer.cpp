@@ -9,6 +9,7 @@
 #include "optim/adamw.h"
 #include "optim/clip_grad.h"
 #include "optim/lr_schedule.h"
+#include "strategies/data_parallel.h"
 #include "strategies/trace.h"
 #include "tensor/ops.h"
 
@@ -53,6 +54,10 @@ void train(nn::GPT& model, const TokenBlocks& data, const TrainOptions& options,
            const std::function<void(const StepMetrics&)>& on_step, strategies::Strategy* strategy) {
   strategies::SingleDeviceStrategy single(strategies::StrategyOptions{});
   strategies::Strategy& s = strategy != nullptr ? *strategy : single;
+  if (auto* dp = dynamic_cast<strategies::DataParallelStrategy*>(&s)) {
+    const nn::GPTConfig config = model.config();
+    dp->set_replica_factory([config] { return std::make_unique<nn::GPT>(config, 0); });
+  }
   s.setup_module(model);
   auto schedule = make_schedule(options);
   optim::AdamW optimizer(decay_groups(model, options.weight_decay),
@@ -77,17 +82,33 @@ void train(nn::GPT& model, const TokenBlocks& data, const TrainOptions& options,
     for (int64_t k = 0; k < accum; ++k) {
       const strategies::Trace::Args args = {{"step", step}, {"micro_step", k}};
       Batch batch = data.for_step(step * accum + k, rank, world);
-      Tensor loss;
-      {
-        strategies::Trace::Span span(trace, "forward", "step", strategies::Trace::kMainThread,
-                                     args);
-        loss = model.loss(batch.tokens, batch.targets);
-        local_loss += loss.item() / static_cast<double>(accum);
-      }
-      tokens += batch.tokens.numel();
       s.set_backward_sync(k == accum - 1);
-      strategies::Trace::Span span(trace, "backward", "step", strategies::Trace::kMainThread, args);
-      s.backward(accum > 1 ? mul(loss, 1.0 / static_cast<double>(accum)) : loss);
+      // The "backward" span opens when the forward on the training thread ends and closes
+      // when forward_backward returns; under dp it also covers the replicas' reduction.
+      std::optional<strategies::Trace::Span> backward_span;
+      auto loss_of_rows = [&](nn::Module& m, int64_t row_begin, int64_t row_end) {
+        const bool main_thread = &m == &model;
+        std::optional<strategies::Trace::Span> span;
+        if (main_thread)
+          span.emplace(trace, "forward", "step", strategies::Trace::kMainThread, args);
+        const int64_t rows = batch.tokens.size(0);
+        Tensor loss =
+            row_begin == 0 && row_end == rows
+                ? static_cast<nn::GPT&>(m).loss(batch.tokens, batch.targets)
+                : static_cast<nn::GPT&>(m).loss(
+                      batch.tokens.narrow(0, row_begin, row_end - row_begin).contiguous(),
+                      batch.targets.narrow(0, row_begin, row_end - row_begin).contiguous());
+        if (main_thread) {
+          span.reset();
+          backward_span.emplace(trace, "backward", "step", strategies::Trace::kMainThread, args);
+        }
+        return loss;
+      };
+      Tensor loss = s.forward_backward(loss_of_rows, batch.tokens.size(0),
+                                       accum > 1 ? 1.0 / static_cast<double>(accum) : 1.0);
+      backward_span.reset();
+      local_loss += loss.item() / static_cast<double>(accum);
+      tokens += batch.tokens.numel();
     }
     // Clipping, the lr schedule, the update and zero_grad (ended by reset() below).
     std::optional<strategies::Trace::Span> optimizer_span;
