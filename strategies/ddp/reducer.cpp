@@ -132,11 +132,17 @@ void Reducer::prepare_for_backward(const Tensor& loss) {
     bucket->work = nullptr;
   }
   if (options_.find_unused_parameters) {
-    std::vector<const TensorImpl*> used = autograd::reachable_leaves(loss);
-    std::unordered_set<const TensorImpl*> reached(used.begin(), used.end());
-    for (size_t k = 0; k < params_.size(); ++k) {
-      if (!reached.count(params_[k].impl_ptr().get())) mark_ready(k);
+    if (!options_.static_graph || !unused_known_) {
+      std::vector<const TensorImpl*> used = autograd::reachable_leaves(loss);
+      std::unordered_set<const TensorImpl*> reached(used.begin(), used.end());
+      unused_.clear();
+      for (size_t k = 0; k < params_.size(); ++k) {
+        if (!reached.count(params_[k].impl_ptr().get())) unused_.push_back(k);
+      }
+      unused_known_ = true;
     }
+    for (size_t k : unused_)
+      mark_ready(k);
   }
 }
 
@@ -203,7 +209,16 @@ void Reducer::finalize_backward() {
   for (size_t b = 0; b < buckets_.size(); ++b) {
     Bucket& bucket = *buckets_[b];
     std::unique_ptr<PendingBucket> work = std::move(bucket.work);
-    work->finish();
+    try {
+      work->finish();
+    } catch (const CommError& e) {
+      // The usual cause when only this rank's peers are late: one of them skipped backward
+      // (or ran a different number of them), so it never sent this bucket.
+      throw CommError("[ddp] rank " + std::to_string(group_->rank()) + ": gradient bucket " +
+                          std::to_string(b) + " was not reduced: " + e.what() +
+                          "; did every rank run backward on the same model this step?",
+                      e.rank(), e.peer());
+    }
     if (trace == nullptr || bucket.launched_us < 0) continue;
     int64_t end = trace->now_us();
     size_t lane = 0;

@@ -42,6 +42,10 @@ struct ReducerOptions {
   // prepare_for_backward and count as ready at once (their gradient contributes zeros).
   // Without it such a parameter is an error naming it, since its bucket could never complete.
   bool find_unused_parameters = false;
+  // The set of parameters that receive gradients is the same in every iteration: with
+  // find_unused_parameters, the autograd graph is walked in the first iteration only and
+  // the unused set reused afterwards (PyTorch's static_graph saves the same walk).
+  bool static_graph = false;
   // How each bucket is averaged: a name from available_comm_hooks() (allreduce,
   // bf16_compress, fp16_compress, powersgd, or one registered with register_comm_hook).
   // Each Reducer makes its own instance.
@@ -97,6 +101,8 @@ class Reducer {
   std::vector<std::unique_ptr<Bucket>> buckets_;
   std::vector<Slot> slots_;
   std::vector<bool> ready_;
+  std::vector<size_t> unused_;  // static_graph: parameters found unused in the first pass
+  bool unused_known_ = false;
   size_t next_launch_ = 0;
   bool sync_ = true;
   bool expecting_backward_ = false;

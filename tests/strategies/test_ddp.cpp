@@ -5,6 +5,7 @@
 #include <gtest/gtest.h>
 
 #include <cstring>
+#include <thread>
 
 #include "comm/store/in_process_store.h"
 #include "multiprocess.h"
@@ -206,6 +207,54 @@ TEST(Reducer, UnusedParametersNeedFindUnused) {
     EXPECT_EQ(used.grad().to_vector<double>(), std::vector<double>(4, 1.5));  // (1 + 2) / 2
     EXPECT_EQ(unused.grad().to_vector<double>(), std::vector<double>(4, 0.0));
   }));
+}
+
+TEST(Reducer, StaticGraphReusesTheUnusedSet) {
+  expect_all_ok(run_ranks(2, [](int rank, int size, std::shared_ptr<comm::Store> s) {
+    auto pg =
+        std::make_shared<comm::ProcessGroup>(rank, size, s, comm::GroupOptions{.timeout = 30s});
+    Tensor used = Tensor::full({4}, 1.0).set_requires_grad(true);
+    Tensor unused = Tensor::full({4}, 2.0).set_requires_grad(true);
+    Reducer reducer({used, unused}, pg, {.find_unused_parameters = true, .static_graph = true},
+                    {"used", "unused"});
+    for (int step = 0; step < 3; ++step) {
+      used.set_grad(Tensor());
+      unused.set_grad(Tensor());
+      Tensor loss = sum(mul(used, rank + 1.0 + step));
+      reducer.prepare_for_backward(loss);
+      loss.backward();
+      reducer.finalize_backward();
+      EXPECT_EQ(used.grad().to_vector<double>(), std::vector<double>(4, 1.5 + step));
+      EXPECT_EQ(unused.grad().to_vector<double>(), std::vector<double>(4, 0.0));
+    }
+  }));
+}
+
+TEST(Reducer, ARankThatSkipsBackwardIsReportedNotAHang) {
+  auto start = std::chrono::steady_clock::now();
+  expect_all_ok(run_ranks(2, [](int rank, int size, std::shared_ptr<comm::Store> s) {
+    auto pg =
+        std::make_shared<comm::ProcessGroup>(rank, size, s, comm::GroupOptions{.timeout = 500ms});
+    Tensor w = Tensor::full({4}, 1.0).set_requires_grad(true);
+    Reducer reducer({w}, pg, {}, {"w"});
+    if (rank == 1) {
+      std::this_thread::sleep_for(1500ms);  // alive, but never runs this backward
+      return;
+    }
+    Tensor loss = sum(w);
+    reducer.prepare_for_backward(loss);
+    loss.backward();
+    try {
+      reducer.finalize_backward();
+      ADD_FAILURE() << "expected a CommError";
+    } catch (const CommError& e) {
+      std::string what = e.what();
+      EXPECT_NE(what.find("gradient bucket 0 was not reduced"), std::string::npos) << what;
+      EXPECT_NE(what.find("peer 1"), std::string::npos) << what;
+      EXPECT_NE(what.find("did every rank run backward"), std::string::npos) << what;
+    }
+  }));
+  EXPECT_LT(std::chrono::steady_clock::now() - start, 5s);
 }
 
 TEST(Reducer, MismatchedModelsAreNamed) {
