@@ -17,9 +17,6 @@
 // Each bucket is averaged by the communication hook named in ReducerOptions::comm_hook
 // (strategies/ddp/comm_hook.h); the default, "allreduce", folds the averaging into the
 // reduction (ReduceOp::Avg).
-//
-// Status: the reducer is the first piece of the DDP strategy (see README "Status"); the
-// Strategy/registry/Fabric layer that will own it is not written yet.
 
 #include <cstdint>
 #include <memory>
