@@ -10,8 +10,7 @@
 //   all_reduce / all_gather / broadcast / barrier   collectives on user tensors
 //   save_checkpoint / load_checkpoint, teardown()
 //
-// Status (see README): single_device, ddp, ddp_spawn/ddp_fork and dp exist; comm hooks and
-// precision policies other than 32-true are not written yet.
+// Status (see README): precision policies other than 32-true are not written yet.
 
 #include <filesystem>
 #include <functional>
