@@ -31,7 +31,9 @@ void wait_slowly(const WaitScope& scope, const std::function<bool()>& ready,
     auto now = Clock::now();
     if (now >= next_check) {
       int peer = lagging();
-      if (peer >= 0 && !process_alive(scope.pid_of(peer))) {
+      // A peer may post its part and exit between our look at the counters and the liveness
+      // check: death only counts if, looking again after it, the peer is still behind.
+      if (peer >= 0 && !process_alive(scope.pid_of(peer)) && !ready() && lagging() == peer) {
         throw CommError("[comm/shm] rank " + std::to_string(scope.rank) + ": peer " +
                             std::to_string(peer) + " (pid " + std::to_string(scope.pid_of(peer)) +
                             ") died while this rank waited for it to " + what,
