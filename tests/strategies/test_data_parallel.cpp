@@ -7,6 +7,7 @@
 
 #include "strategies/data_parallel.h"
 #include "strategies/registry.h"
+#include "tiny_training.h"
 #include "tools/train_gpt/default_corpus.h"
 #include "tools/train_gpt/trainer.h"
 
@@ -14,14 +15,7 @@ namespace loom::strategies {
 namespace {
 
 nn::GPTConfig tiny_config() {
-  nn::GPTConfig c;
-  c.vocab_size = 64;
-  c.context = 8;
-  c.layers = 2;
-  c.heads = 2;
-  c.embd = 16;
-  c.options.dtype = DType::F64;
-  return c;
+  return testing::tiny_gpt_config();
 }
 
 train_gpt::Batch batch_of(int64_t rows) {
@@ -118,35 +112,12 @@ TEST(DataParallel, RejectsBadDevicesAndMissingFactory) {
   EXPECT_THROW(dp.forward_backward(loss_of_rows, 2), Error);
 }
 
-std::vector<double> train_and_flatten(Strategy* strategy, int64_t batch) {
-  nn::GPTConfig c = tiny_config();
-  nn::GPT model(c, 4);
-  train_gpt::TrainOptions o;
-  o.model = c;
-  o.batch = batch;
-  o.steps = 3;
-  o.lr = 1e-2;
-  o.grad_clip = 0;
-  std::vector<uint8_t> bytes = train_gpt::default_corpus(1 << 14);
-  for (uint8_t& b : bytes)
-    b %= 64;
-  train_gpt::TokenBlocks data(bytes, batch, 8, 64);
-  train_gpt::train(
-      model, data, o, [](const train_gpt::StepMetrics&) {}, strategy);
-  std::vector<double> all;
-  for (const Tensor& p : model.parameters()) {
-    std::vector<double> v = p.to_vector<double>();
-    all.insert(all.end(), v.begin(), v.end());
-  }
-  return all;
-}
-
 TEST(DataParallel, TrainLoopMatchesSingleDevice) {
   for (int64_t batch : {4, 5}) {
     SCOPED_TRACE("batch " + std::to_string(batch));
-    std::vector<double> reference = train_and_flatten(nullptr, batch);
+    std::vector<double> reference = testing::train_tiny(nullptr, batch);
     auto dp = StrategyRegistry::get("dp", {.devices = "2"});
-    expect_near_all(train_and_flatten(dp.get(), batch), reference, 1e-10);
+    expect_near_all(testing::train_tiny(dp.get(), batch), reference, 1e-10);
   }
 }
 

@@ -13,6 +13,7 @@
 #include "optim/adamw.h"
 #include "strategies/ddp/reducer.h"
 #include "tensor/ops.h"
+#include "tiny_training.h"
 #include "tools/train_gpt/default_corpus.h"
 #include "tools/train_gpt/token_blocks.h"
 
@@ -24,21 +25,10 @@ using comm::testing::run_ranks;
 using namespace std::chrono_literals;
 
 nn::GPTConfig tiny(DType dtype = DType::F64) {
-  nn::GPTConfig c;
-  c.vocab_size = 64;
-  c.context = 8;
-  c.layers = 2;
-  c.heads = 2;
-  c.embd = 16;
-  c.options.dtype = dtype;
-  return c;
+  return testing::tiny_gpt_config(dtype);
 }
-
 std::vector<uint8_t> corpus() {
-  std::vector<uint8_t> bytes = train_gpt::default_corpus(1 << 14);
-  for (uint8_t& b : bytes)
-    b %= 64;  // the tiny vocabulary
-  return bytes;
+  return testing::tiny_corpus();
 }
 
 std::vector<std::string> names_of(const nn::GPT& model) {
@@ -46,16 +36,6 @@ std::vector<std::string> names_of(const nn::GPT& model) {
   for (auto& [name, p] : model.named_parameters())
     names.push_back(name);
   return names;
-}
-
-// Flattened copy of every parameter, for comparisons across processes and runs.
-std::vector<double> flat_weights(const nn::GPT& model) {
-  std::vector<double> all;
-  for (const Tensor& p : model.parameters()) {
-    std::vector<double> v = p.to_vector<double>();
-    all.insert(all.end(), v.begin(), v.end());
-  }
-  return all;
 }
 
 // Trains `steps` AdamW steps with DDP over `pg` on micro-batches of `batch` and returns the
@@ -77,7 +57,7 @@ std::vector<double> train_ddp(comm::ProcessGroup& pg, int steps, int64_t batch,
     opt.step();
     opt.zero_grad();
   }
-  return flat_weights(model);
+  return testing::flat_parameters(model);
 }
 
 TEST(Reducer, BucketsFollowReverseOrderCapsAndDtypes) {

@@ -5,6 +5,7 @@
 
 #include "multiprocess.h"
 #include "strategies/registry.h"
+#include "tiny_training.h"
 #include "tools/train_gpt/default_corpus.h"
 #include "tools/train_gpt/trainer.h"
 
@@ -83,56 +84,27 @@ TEST(StrategyRegistry, RegisteredDefaultsApply) {
 
 // train_gpt's loop: ddp with W ranks x batch B (and accumulation K) against single_device
 // with batch W*K*B reads the same tokens per step and ends with the same weights.
-std::vector<double> train_and_flatten(Strategy* strategy, int64_t batch, int64_t accum) {
-  nn::GPTConfig c;
-  c.vocab_size = 64;
-  c.context = 8;
-  c.layers = 2;
-  c.heads = 2;
-  c.embd = 16;
-  c.options.dtype = DType::F64;
-  nn::GPT model(c, 4);
-  train_gpt::TrainOptions o;
-  o.model = c;
-  o.batch = batch;
-  o.steps = 3;
-  o.grad_accum = accum;
-  o.lr = 1e-2;
-  o.grad_clip = 0;
-  std::vector<uint8_t> bytes = train_gpt::default_corpus(1 << 14);
-  for (uint8_t& b : bytes)
-    b %= 64;
-  train_gpt::TokenBlocks data(bytes, batch, 8, 64);
-  train_gpt::train(
-      model, data, o, [](const train_gpt::StepMetrics&) {}, strategy);
-  std::vector<double> all;
-  for (const Tensor& p : model.parameters()) {
-    std::vector<double> v = p.to_vector<double>();
-    all.insert(all.end(), v.begin(), v.end());
-  }
-  return all;
-}
 
 TEST(DDPStrategy, TrainLoopMatchesSingleDeviceWithAndWithoutAccumulation) {
   // With accumulation, rank r's micro-step m reads block m*W + r; a single device with
   // batch W*K*B reads rows that are the same tokens in the same block order only when
   // K = 1, so the accumulated run is compared with DDP itself at K = 1 on batch K*B.
   const int world = 2;
-  std::vector<double> reference = train_and_flatten(nullptr, 2 * world, 1);
+  std::vector<double> reference = testing::train_tiny(nullptr, 2 * world, 1);
   expect_all_ok(run_ranks(world, [&](int rank, int size, std::shared_ptr<comm::Store> store) {
     auto ddp = StrategyRegistry::get("ddp");
     auto* parallel = dynamic_cast<ParallelStrategy*>(ddp.get());
     parallel->set_process_group(std::make_shared<comm::ProcessGroup>(
         rank, size, store, comm::GroupOptions{.timeout = 30s}));
     ddp->setup_environment();
-    std::vector<double> mine = train_and_flatten(ddp.get(), 2, 1);
+    std::vector<double> mine = testing::train_tiny(ddp.get(), 2, 1);
     double worst = 0;
     for (size_t i = 0; i < mine.size(); ++i)
       worst = std::max(worst, std::abs(mine[i] - reference[i]));
     EXPECT_LT(worst, 1e-11) << "rank " << rank;
     // Accumulation of 2 micro-batches of 1 row per rank ends where 1 batch of 2 rows... on
     // different blocks; what must hold exactly is rank agreement, checked by broadcast.
-    std::vector<double> accumulated = train_and_flatten(ddp.get(), 1, 2);
+    std::vector<double> accumulated = testing::train_tiny(ddp.get(), 1, 2);
     Tensor t = Tensor::from_vector(accumulated, {static_cast<int64_t>(accumulated.size())});
     Tensor zero = ddp->broadcast(t.clone(), 0);
     EXPECT_EQ(zero.to_vector<double>(), accumulated) << "rank " << rank;

@@ -1,0 +1,64 @@
+#pragma once
+// Shared by the strategy tests: a tiny GPT, a corpus folded into its vocabulary, and a short
+// train_gpt run whose final weights are compared across strategies.
+
+#include <cstdint>
+#include <vector>
+
+#include "nn/gpt.h"
+#include "tools/train_gpt/default_corpus.h"
+#include "tools/train_gpt/trainer.h"
+
+namespace loom::strategies::testing {
+
+inline constexpr int64_t kTinyVocab = 64;
+inline constexpr int64_t kTinyContext = 8;
+
+inline nn::GPTConfig tiny_gpt_config(DType dtype = DType::F64) {
+  nn::GPTConfig c;
+  c.vocab_size = kTinyVocab;
+  c.context = kTinyContext;
+  c.layers = 2;
+  c.heads = 2;
+  c.embd = 16;
+  c.options.dtype = dtype;
+  return c;
+}
+
+// The built-in corpus with every byte folded into the tiny vocabulary.
+inline std::vector<uint8_t> tiny_corpus(size_t bytes = 1 << 14) {
+  std::vector<uint8_t> data = train_gpt::default_corpus(bytes);
+  for (uint8_t& b : data)
+    b %= kTinyVocab;
+  return data;
+}
+
+// Every parameter of `model`, flattened in registration order.
+inline std::vector<double> flat_parameters(const nn::Module& model) {
+  std::vector<double> all;
+  for (const Tensor& p : model.parameters()) {
+    std::vector<double> v = p.to_vector<double>();
+    all.insert(all.end(), v.begin(), v.end());
+  }
+  return all;
+}
+
+// Three train_gpt steps (f64, lr 1e-2, no clipping) under `strategy` (null: single_device)
+// with `batch` rows per rank and `accum` micro-batches per step; returns the final weights.
+inline std::vector<double> train_tiny(Strategy* strategy, int64_t batch, int64_t accum = 1) {
+  nn::GPTConfig c = tiny_gpt_config();
+  nn::GPT model(c, 4);
+  train_gpt::TrainOptions o;
+  o.model = c;
+  o.batch = batch;
+  o.steps = 3;
+  o.grad_accum = accum;
+  o.lr = 1e-2;
+  o.grad_clip = 0;
+  train_gpt::TokenBlocks data(tiny_corpus(), batch, kTinyContext, kTinyVocab);
+  train_gpt::train(
+      model, data, o, [](const train_gpt::StepMetrics&) {}, strategy);
+  return flat_parameters(model);
+}
+
+}  // namespace loom::strategies::testing
