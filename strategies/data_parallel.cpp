@@ -8,6 +8,10 @@
 namespace loom::strategies {
 
 DataParallelStrategy::DataParallelStrategy(StrategyOptions options) : Strategy(std::move(options)) {
+  if (compute_dtype_ != DType::F32) {
+    fail("[dp] precision '", options_.precision,
+         "' is not supported by dp yet; use '32-true', or ddp with mixed precision");
+  }
   const std::string& devices = options_.devices;
   if (devices == "auto") return;
   size_t used = 0;

@@ -2,7 +2,10 @@
 
 #include <cstdlib>
 
+#include <cmath>
 #include "strategies/local_launch.h"
+
+#include "tensor/autocast.h"
 #include "tensor/ops.h"
 #include "tensor/safetensors.h"
 
@@ -13,9 +16,14 @@ Strategy::Strategy(StrategyOptions options) : options_(std::move(options)) {
     fail("[strategy] accelerator '", options_.accelerator,
          "' is not available in this build; expected 'cpu' or 'auto'");
   }
-  if (options_.precision != "32-true" && options_.precision != "32") {
-    fail("[strategy] precision '", options_.precision,
-         "' is not implemented yet; available: '32-true' (planned: 'bf16-mixed', '16-mixed')");
+  if (options_.precision == "bf16-mixed") {
+    compute_dtype_ = DType::BF16;
+  } else if (options_.precision == "16-mixed") {
+    compute_dtype_ = DType::F16;
+    scaler_ = std::make_unique<LossScaler>();
+  } else if (options_.precision != "32-true" && options_.precision != "32") {
+    fail("[strategy] unknown precision '", options_.precision,
+         "'; expected '32-true', 'bf16-mixed' or '16-mixed'");
   }
   if (options_.num_nodes < 1)
     fail("[strategy] num_nodes must be at least 1, got ", options_.num_nodes);
@@ -23,9 +31,54 @@ Strategy::Strategy(StrategyOptions options) : options_(std::move(options)) {
 
 Tensor Strategy::forward_backward(const LossOfRows& loss_of_rows, int64_t rows, double scale) {
   if (module_ == nullptr) fail("[", name(), "] forward_backward before setup_module()");
-  Tensor loss = loss_of_rows(*module_, 0, rows);
+  Tensor loss;
+  {
+    AutocastGuard autocast(compute_dtype_);
+    loss = loss_of_rows(*module_, 0, rows);
+  }
+  if (scaler_) scale *= scaler_->scale();
   backward(scale != 1.0 ? mul(loss, scale) : loss);
   return loss;
+}
+
+void Strategy::unscale_gradients() {
+  if (scaler_ && module_ != nullptr) scaler_->unscale(module_->parameters());
+}
+
+void Strategy::optimizer_step(optim::Optimizer& optimizer) {
+  if (!skips_step()) optimizer.step();
+  if (scaler_) scaler_->update();
+}
+
+LossScaler::LossScaler(const LossScalerOptions& options)
+    : options_(options), scale_(options.initial_scale) {}
+
+void LossScaler::unscale(const std::vector<Tensor>& params) {
+  NoGradGuard no_grad;
+  found_inf_ = false;
+  for (const Tensor& p : params) {
+    Tensor grad = p.grad();
+    if (!grad.defined()) continue;
+    mul_(grad, 1.0 / scale_);
+    for (double v : grad.to_vector<double>()) {
+      if (!std::isfinite(v)) {
+        found_inf_ = true;
+        break;
+      }
+    }
+  }
+}
+
+void LossScaler::update() {
+  if (found_inf_) {
+    scale_ *= options_.backoff;
+    clean_steps_ = 0;
+    ++skipped_;
+  } else if (++clean_steps_ == options_.growth_interval) {
+    scale_ *= options_.growth;
+    clean_steps_ = 0;
+  }
+  found_inf_ = false;
 }
 
 Tensor Strategy::all_reduce(Tensor tensor, comm::ReduceOp) {
@@ -135,7 +188,7 @@ void DDPStrategy::backward(const Tensor& loss) {
 }
 
 void DDPStrategy::optimizer_step(optim::Optimizer& optimizer) {
-  optimizer.step();
+  Strategy::optimizer_step(optimizer);
   if (averager_) averager_->average_parameters(params_, need(group_, "optimizer_step"));
 }
 

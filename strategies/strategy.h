@@ -10,7 +10,10 @@
 //   all_reduce / all_gather / broadcast / barrier   collectives on user tensors
 //   save_checkpoint / load_checkpoint, teardown()
 //
-// Status (see README): precision policies other than 32-true are not written yet.
+// Precision (StrategyOptions::precision): "32-true"; "bf16-mixed" and "16-mixed" run the
+// forward of forward_backward under an AutocastGuard (tensor/autocast.h: matmul/linear
+// operands and results rounded to bf16/f16, everything else f32, master weights f32);
+// "16-mixed" adds a dynamic loss scaler (LossScaler below).
 
 #include <filesystem>
 #include <functional>
@@ -44,6 +47,36 @@ struct StrategyOptions {
   int local_sgd_warmup = 0;
 };
 
+// PyTorch's GradScaler: the loss is multiplied by scale() before backward, gradients are
+// divided by it afterwards; a step whose gradients hold inf/NaN is skipped and the scale
+// multiplied by `backoff`; after `growth_interval` clean steps in a row it is multiplied
+// by `growth`.
+struct LossScalerOptions {
+  double initial_scale = 65536.0;
+  double growth = 2.0;
+  double backoff = 0.5;
+  int growth_interval = 2000;
+};
+
+class LossScaler {
+ public:
+  explicit LossScaler(const LossScalerOptions& options = {});
+  double scale() const { return scale_; }
+  // Divides every gradient by scale() and records whether all are finite.
+  void unscale(const std::vector<Tensor>& params);
+  bool found_inf() const { return found_inf_; }
+  // After the step (or the skipped step): updates the scale.
+  void update();
+  int64_t skipped_steps() const { return skipped_; }
+
+ private:
+  LossScalerOptions options_;
+  double scale_;
+  bool found_inf_ = false;
+  int clean_steps_ = 0;
+  int64_t skipped_ = 0;
+};
+
 class Strategy {
  public:
   explicit Strategy(StrategyOptions options);
@@ -65,7 +98,14 @@ class Strategy {
   // once per replica on its own thread with a slice of the rows, so loss_of_rows must be
   // thread-safe for distinct modules, and the loss a mean over rows.
   virtual Tensor forward_backward(const LossOfRows& loss_of_rows, int64_t rows, double scale = 1.0);
-  virtual void optimizer_step(optim::Optimizer& optimizer) { optimizer.step(); }
+  // Steps the optimizer, unless the loss scaler found inf/NaN gradients (16-mixed).
+  virtual void optimizer_step(optim::Optimizer& optimizer);
+  // 16-mixed: divides the (accumulated) gradients by the loss scale; call once per step,
+  // after the last forward_backward and before clipping. A no-op otherwise.
+  void unscale_gradients();
+  // True when the coming optimizer_step will be skipped (16-mixed, non-finite gradients).
+  bool skips_step() const { return scaler_ && scaler_->found_inf(); }
+  const LossScaler* loss_scaler() const { return scaler_.get(); }
   // Gradient accumulation: while false, backward() skips the gradient synchronisation.
   virtual void set_backward_sync(bool) {}
 
@@ -93,6 +133,8 @@ class Strategy {
  protected:
   StrategyOptions options_;
   nn::Module* module_ = nullptr;
+  DType compute_dtype_ = DType::F32;    // autocast dtype of the forward
+  std::unique_ptr<LossScaler> scaler_;  // 16-mixed only
 };
 
 // Everything on one device, one process.

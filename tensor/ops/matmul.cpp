@@ -2,6 +2,7 @@
 // kernel as transposed operands, so x @ w.T and friends never copy.
 
 #include "kernels/cpu/gemm.h"
+#include "tensor/autocast.h"
 #include "tensor/autograd/node.h"
 #include "tensor/ops.h"
 #include "tensor/ops/dispatch.h"
@@ -113,7 +114,15 @@ Tensor matmul_forward(const Tensor& a, const Tensor& b) {
 
 }  // namespace
 
-Tensor matmul(const Tensor& a, const Tensor& b) {
+Tensor matmul(const Tensor& a_in, const Tensor& b_in) {
+  if (autocast_dtype() != DType::F32) {
+    DType low = autocast_dtype();
+    AutocastGuard off(DType::F32);  // round operands and result once, not recursively
+    auto round = [low](const Tensor& t) { return round_through(t, low); };
+    return round(matmul(round(a_in), round(b_in)));
+  }
+  const Tensor& a = a_in;
+  const Tensor& b = b_in;
   Tensor out = matmul_forward(a, b);
   if (autograd::any_requires_grad({a, b})) {
     autograd::record(
@@ -136,7 +145,16 @@ Tensor matmul(const Tensor& a, const Tensor& b) {
   return out;
 }
 
-Tensor linear(const Tensor& x, const Tensor& weight, const Tensor& bias) {
+Tensor linear(const Tensor& x_in, const Tensor& weight_in, const Tensor& bias_in) {
+  if (autocast_dtype() != DType::F32) {
+    DType low = autocast_dtype();
+    AutocastGuard off(DType::F32);
+    auto round = [low](const Tensor& t) { return round_through(t, low); };
+    return round(linear(round(x_in), round(weight_in), round(bias_in)));
+  }
+  const Tensor& x = x_in;
+  const Tensor& weight = weight_in;
+  const Tensor& bias = bias_in;
   detail::check_kernel_device("linear", x);
   detail::check_same_kind("linear", x, weight);
   detail::check_same_kind("linear", x, bias);

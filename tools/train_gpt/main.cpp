@@ -111,7 +111,10 @@ int run(int argc, char** argv) {
   app.add_option("--devices", strategy_options.devices,
                  "devices per node: auto, N, -1 or a list like 0,2")
       ->capture_default_str();
-  app.add_option("--precision", strategy_options.precision, "32-true")->capture_default_str();
+  app.add_option("--precision", strategy_options.precision,
+                 "32-true, bf16-mixed or 16-mixed (mixed: matmuls round to bf16/f16, emulated on "
+                 "the CPU; 16-mixed adds a dynamic loss scaler)")
+      ->capture_default_str();
   app.add_option("--grad-accum", o.grad_accum, "micro-batches per optimizer step")
       ->capture_default_str();
   app.add_option("--ddp-comm-hook", strategy_options.ddp.comm_hook,
@@ -206,6 +209,10 @@ int run(int argc, char** argv) {
   if (chief && !save_path.empty()) nn::save_gpt(save_path, model);
   strategy->barrier();
   if (!chief) return 0;
+  if (const strategies::LossScaler* scaler = strategy->loss_scaler()) {
+    std::printf("loss scaler: %lld step(s) skipped for inf/NaN gradients, final scale %g\n",
+                static_cast<long long>(scaler->skipped_steps()), scaler->scale());
+  }
 
   MemoryStats mem = allocator_for(Device::cpu()).stats();
   std::printf(

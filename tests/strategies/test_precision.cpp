@@ -1,0 +1,96 @@
+// Precision policies: autocast rounding of matmul/linear, the dynamic loss scaler, and
+// bf16-mixed / 16-mixed training through the strategy.
+
+#include <gtest/gtest.h>
+
+#include <cmath>
+
+#include "strategies/registry.h"
+#include "tensor/autocast.h"
+#include "tensor/ops.h"
+#include "tiny_training.h"
+
+namespace loom::strategies {
+namespace {
+
+std::vector<float> rounded(const Tensor& t, DType dtype) {
+  return t.to(dtype).to(DType::F32).to_vector<float>();
+}
+
+TEST(Autocast, MatmulRoundsOperandsAndResult) {
+  Tensor a = Tensor::from_vector<float>({1.001f, 2.003f, -0.7071f, 3.14159f}, {2, 2});
+  Tensor b = Tensor::from_vector<float>({0.333f, 1.0f / 7, 2.5f, -1.1f}, {2, 2});
+  Tensor want = matmul(a.to(DType::BF16).to(DType::F32), b.to(DType::BF16).to(DType::F32));
+  Tensor got;
+  {
+    AutocastGuard guard(DType::BF16);
+    got = matmul(a, b);
+  }
+  EXPECT_EQ(got.to_vector<float>(), rounded(want, DType::BF16));
+  EXPECT_NE(got.to_vector<float>(), matmul(a, b).to_vector<float>());  // f32 outside the scope
+  EXPECT_EQ(autocast_dtype(), DType::F32);
+}
+
+TEST(Autocast, GradientsFlowThroughTheRoundings) {
+  Tensor x = Tensor::from_vector<float>({0.5f, -1.25f, 2.0f}, {1, 3}).set_requires_grad(true);
+  Tensor w = Tensor::full({3, 2}, 0.5).set_requires_grad(true);
+  Tensor b = Tensor::zeros({2}).set_requires_grad(true);
+  {
+    AutocastGuard guard(DType::F16);
+    sum(linear(x, w, b)).backward();
+  }
+  // d/dx sum(x w + b) = row sums of w = 1.0; d/db = 1; d/dw = x (each column); all exact in f16.
+  EXPECT_EQ(x.grad().to_vector<float>(), std::vector<float>({1, 1, 1}));
+  EXPECT_EQ(b.grad().to_vector<float>(), std::vector<float>({1, 1}));
+  EXPECT_EQ(w.grad().to_vector<float>(), std::vector<float>({0.5f, 0.5f, -1.25f, -1.25f, 2, 2}));
+}
+
+TEST(LossScaler, SkipsNonFiniteStepsAndAdjustsTheScale) {
+  LossScaler scaler({.initial_scale = 8, .growth = 2, .backoff = 0.5, .growth_interval = 2});
+  Tensor p = Tensor::zeros({2}).set_requires_grad(true);
+  p.set_grad(Tensor::from_vector<float>({8, 16}, {2}));
+  scaler.unscale({p});
+  EXPECT_FALSE(scaler.found_inf());
+  EXPECT_EQ(p.grad().to_vector<float>(), std::vector<float>({1, 2}));
+  scaler.update();
+  scaler.update();  // two clean steps: grows
+  EXPECT_EQ(scaler.scale(), 16);
+  p.set_grad(Tensor::from_vector<float>({INFINITY, 1}, {2}));
+  scaler.unscale({p});
+  EXPECT_TRUE(scaler.found_inf());
+  scaler.update();
+  EXPECT_EQ(scaler.scale(), 8);
+  EXPECT_EQ(scaler.skipped_steps(), 1);
+}
+
+TEST(Precision, MixedTrainingStaysCloseToF32AndSkipsOverflowingSteps) {
+  using testing::tiny_corpus;
+  auto run = [](const std::string& precision, double* scale_out) {
+    auto strategy = StrategyRegistry::get("single_device", {.precision = precision});
+    nn::GPTConfig c = testing::tiny_gpt_config(DType::F32);
+    nn::GPT model(c, 2);
+    train_gpt::TrainOptions o;
+    o.model = c;
+    o.batch = 4;
+    o.steps = 20;
+    o.lr = 3e-3;
+    train_gpt::TokenBlocks data(tiny_corpus(), 4, testing::kTinyContext, testing::kTinyVocab);
+    double last = 0;
+    train_gpt::train(
+        model, data, o, [&](const train_gpt::StepMetrics& m) { last = m.loss; }, strategy.get());
+    if (scale_out) *scale_out = strategy->loss_scaler() ? strategy->loss_scaler()->scale() : 0;
+    return last;
+  };
+  double f32 = run("32-true", nullptr);
+  double bf16 = run("bf16-mixed", nullptr);
+  double scale = 0;
+  double f16 = run("16-mixed", &scale);
+  EXPECT_NE(bf16, f32);  // the roundings are real
+  EXPECT_NEAR(bf16, f32, 0.05 * f32);
+  EXPECT_NEAR(f16, f32, 0.1 * f32);
+  EXPECT_GT(scale, 0);
+  EXPECT_THROW(StrategyRegistry::get("single_device", {.precision = "8-true"}), Error);
+}
+
+}  // namespace
+}  // namespace loom::strategies
