@@ -78,7 +78,7 @@ TEST(StrategyRegistry, RegisteredDefaultsApply) {
   auto strategy = StrategyRegistry::get("ddp_find_unused_parameters_true");
   EXPECT_EQ(strategy->name(), "ddp");
   EXPECT_TRUE(strategy->options().ddp.find_unused_parameters);
-  EXPECT_THROW(StrategyRegistry::get("ddp", {.precision = "bf16-mixed"}), Error);
+  EXPECT_THROW(StrategyRegistry::get("ddp", {.precision = "8-true"}), Error);
   EXPECT_THROW(StrategyRegistry::get("ddp", {.accelerator = "tpu"}), Error);
 }
 
