@@ -52,7 +52,7 @@ std::string default_group_name(int restart_count) {
 }
 
 std::shared_ptr<ProcessGroup> init(const InitOptions& options) {
-  ClusterEnv env = detect_cluster_env();
+  ClusterEnv env = options.environment ? *options.environment : detect_cluster_env();
   int rank = options.rank.value_or(env.rank);
   int size = options.size.value_or(env.world_size);
   if (rank < 0 || rank >= size) {

@@ -25,6 +25,7 @@
 #include <thread>
 
 #include "comm/backend.h"
+#include "comm/environment.h"
 #include "comm/work.h"
 
 namespace loom::comm {
@@ -127,6 +128,8 @@ struct InitOptions {
   std::optional<int> rank = std::nullopt;
   std::optional<int> size = std::nullopt;
   std::shared_ptr<Store> store = nullptr;
+  // Where this process sits in the job; detected from the environment when absent.
+  std::optional<ClusterEnv> environment = std::nullopt;
 };
 
 // The default group of this job, from the cluster environment (comm/environment.h).

@@ -12,10 +12,7 @@
 namespace loom::strategies {
 
 Strategy::Strategy(StrategyOptions options) : options_(std::move(options)) {
-  if (options_.accelerator != "auto" && options_.accelerator != "cpu") {
-    fail("[strategy] accelerator '", options_.accelerator,
-         "' is not available in this build; expected 'cpu' or 'auto'");
-  }
+  accelerator_ = make_accelerator(options_.accelerator);
   if (options_.precision == "bf16-mixed") {
     compute_dtype_ = DType::BF16;
   } else if (options_.precision == "16-mixed") {
@@ -93,18 +90,29 @@ Tensor Strategy::broadcast(Tensor tensor, int) {
   return tensor;
 }
 
+void Strategy::set_accelerator(std::shared_ptr<Accelerator> accelerator) {
+  if (!accelerator) fail("[strategy] set_accelerator: null accelerator");
+  accelerator_ = std::move(accelerator);
+}
+
+void Strategy::set_checkpoint_io(std::shared_ptr<CheckpointIO> io) {
+  if (!io) fail("[strategy] set_checkpoint_io: null checkpoint I/O");
+  checkpoint_io_ = std::move(io);
+}
+
 void Strategy::save_checkpoint(const std::filesystem::path& path,
                                const std::map<std::string, Tensor>& state) {
-  if (is_global_zero()) safetensors::save(path, state);
+  if (is_global_zero()) checkpoint_io_->save(path, state);
   barrier();
 }
 
 std::map<std::string, Tensor> Strategy::load_checkpoint(const std::filesystem::path& path) {
-  return safetensors::load(path).tensors;
+  return checkpoint_io_->load(path);
 }
 
 void ParallelStrategy::setup_environment() {
-  if (!group_) group_ = comm::init({.timeout = options_.timeout});
+  if (group_) return;
+  group_ = comm::init({.timeout = options_.timeout, .environment = environment_});
 }
 
 int ParallelStrategy::rank() const {

@@ -19,14 +19,17 @@
 #include <functional>
 #include <map>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
+#include "comm/environment.h"
 #include "comm/process_group.h"
 #include "nn/module.h"
 #include "optim/optimizer.h"
 #include "strategies/ddp/reducer.h"
 #include "strategies/model_averaging.h"
+#include "strategies/plugins.h"
 
 namespace loom::strategies {
 
@@ -112,7 +115,10 @@ class Strategy {
   virtual int rank() const { return 0; }
   virtual int world_size() const { return 1; }
   bool is_global_zero() const { return rank() == 0; }
-  Device root_device() const { return Device::cpu(); }
+  Device root_device() const { return accelerator_->device(0); }
+  const Accelerator& accelerator() const { return *accelerator_; }
+  void set_accelerator(std::shared_ptr<Accelerator> accelerator);
+  void set_checkpoint_io(std::shared_ptr<CheckpointIO> io);
 
   // Collectives on user tensors (contiguous, on the root device); in place, returned for
   // convenience. Single-device strategies return the input.
@@ -133,6 +139,8 @@ class Strategy {
  protected:
   StrategyOptions options_;
   nn::Module* module_ = nullptr;
+  std::shared_ptr<Accelerator> accelerator_;
+  std::shared_ptr<CheckpointIO> checkpoint_io_ = std::make_shared<SafetensorsCheckpointIO>();
   DType compute_dtype_ = DType::F32;    // autocast dtype of the forward
   std::unique_ptr<LossScaler> scaler_;  // 16-mixed only
 };
@@ -156,12 +164,18 @@ class ParallelStrategy : public Strategy {
   Tensor broadcast(Tensor tensor, int source = 0) override;
   void barrier() override;
   void teardown() override;
+  // Where this process sits in the job, instead of detecting it from the environment
+  // variables (comm/environment.h); used by setup_environment().
+  void set_cluster_environment(comm::ClusterEnv environment) {
+    environment_ = std::move(environment);
+  }
   // Lets tests and embedding programs hand in an existing group instead of init().
   void set_process_group(std::shared_ptr<comm::ProcessGroup> group) { group_ = std::move(group); }
   const std::shared_ptr<comm::ProcessGroup>& process_group() const { return group_; }
 
  protected:
   std::shared_ptr<comm::ProcessGroup> group_;
+  std::optional<comm::ClusterEnv> environment_;
 };
 
 // Distributed data parallel: parameters broadcast from rank 0 at setup, gradients averaged

@@ -82,6 +82,46 @@ TEST(StrategyRegistry, RegisteredDefaultsApply) {
   EXPECT_THROW(StrategyRegistry::get("ddp", {.accelerator = "tpu"}), Error);
 }
 
+// A user CheckpointIO that keeps checkpoints in memory.
+class MemoryCheckpointIO : public CheckpointIO {
+ public:
+  void save(const std::filesystem::path& path,
+            const std::map<std::string, Tensor>& state) override {
+    files[path.string()] = state;
+  }
+  std::map<std::string, Tensor> load(const std::filesystem::path& path) override {
+    return files.at(path.string());
+  }
+  std::map<std::string, std::map<std::string, Tensor>> files;
+};
+
+TEST(StrategyPlugins, CheckpointIOAcceleratorAndClusterEnvironmentAreReplaceable) {
+  auto strategy = StrategyRegistry::get("single_device");
+  EXPECT_EQ(strategy->accelerator().name(), "cpu");
+  EXPECT_EQ(strategy->root_device(), Device::cpu());
+  auto io = std::make_shared<MemoryCheckpointIO>();
+  strategy->set_checkpoint_io(io);
+  strategy->save_checkpoint("ckpt", {{"w", Tensor::full({2}, 3.0)}});
+  ASSERT_EQ(io->files.count("ckpt"), 1u);
+  EXPECT_EQ(strategy->load_checkpoint("ckpt").at("w").to_vector<float>(),
+            std::vector<float>({3, 3}));
+  EXPECT_THROW(strategy->set_checkpoint_io(nullptr), Error);
+  try {
+    StrategyRegistry::get("single_device", {.accelerator = "tpu"});
+    FAIL();
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("expected 'cpu' or 'auto'"), std::string::npos);
+  }
+  // A cluster environment handed in replaces the detection from environment variables.
+  auto ddp = StrategyRegistry::get("ddp");
+  comm::ClusterEnv env;
+  env.source = "custom";
+  dynamic_cast<ParallelStrategy&>(*ddp).set_cluster_environment(env);
+  ddp->setup_environment();
+  EXPECT_EQ(ddp->world_size(), 1);
+  EXPECT_TRUE(ddp->is_global_zero());
+}
+
 // train_gpt's loop: ddp with W ranks x batch B (and accumulation K) against single_device
 // with batch W*K*B reads the same tokens per step and ends with the same weights.
 
