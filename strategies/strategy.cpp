@@ -3,6 +3,7 @@
 #include <cstdlib>
 
 #include <cmath>
+#include "strategies/devices.h"
 #include "strategies/local_launch.h"
 
 #include "tensor/autocast.h"
@@ -13,6 +14,7 @@ namespace loom::strategies {
 
 Strategy::Strategy(StrategyOptions options) : options_(std::move(options)) {
   accelerator_ = make_accelerator(options_.accelerator);
+  parse_devices(options_.devices, *accelerator_);  // a clear error now rather than later
   if (options_.precision == "bf16-mixed") {
     compute_dtype_ = DType::BF16;
   } else if (options_.precision == "16-mixed") {
@@ -224,15 +226,7 @@ void DDPLaunchingStrategy::setup_environment() {
     ParallelStrategy::setup_environment();  // started by a launcher, or spawned by rank 0
     return;
   }
-  int count = 1;
-  if (options_.devices != "auto") {
-    try {
-      count = std::stoi(options_.devices);
-    } catch (const std::exception&) {
-      fail("[", name(), "] --devices '", options_.devices, "' is not a number of processes");
-    }
-  }
-  if (count < 1) fail("[", name(), "] devices must be at least 1, got ", count);
+  int count = parse_devices(options_.devices, *accelerator_).count;
   job_ = std::make_unique<LocalJob>(count, fork_ ? LaunchMethod::Fork : LaunchMethod::Spawn,
                                     options_.timeout);
   group_ = job_->group();

@@ -4,6 +4,7 @@
 #include <gtest/gtest.h>
 
 #include "multiprocess.h"
+#include "strategies/devices.h"
 #include "strategies/registry.h"
 #include "tiny_training.h"
 #include "tools/train_gpt/default_corpus.h"
@@ -120,6 +121,24 @@ TEST(StrategyPlugins, CheckpointIOAcceleratorAndClusterEnvironmentAreReplaceable
   ddp->setup_environment();
   EXPECT_EQ(ddp->world_size(), 1);
   EXPECT_TRUE(ddp->is_global_zero());
+}
+
+TEST(StrategyPlugins, DevicesAsUsersWriteThem) {
+  CPUAccelerator cpu;
+  EXPECT_EQ(parse_devices("auto", cpu).count, 1);
+  EXPECT_EQ(parse_devices("-1", cpu).count, 1);
+  EXPECT_EQ(parse_devices("3", cpu).count, 3);
+  EXPECT_THROW(parse_devices("0", cpu), Error);
+  EXPECT_THROW(parse_devices("two", cpu), Error);
+  try {
+    parse_devices("0,2", cpu);
+    FAIL();
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("pass a number of processes instead, e.g. devices=2"),
+              std::string::npos)
+        << e.what();
+  }
+  EXPECT_THROW(StrategyRegistry::get("ddp", {.devices = "1,3"}), Error);
 }
 
 // train_gpt's loop: ddp with W ranks x batch B (and accumulation K) against single_device

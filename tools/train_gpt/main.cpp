@@ -12,6 +12,7 @@
 #include <optional>
 
 #include "nn/gpt_io.h"
+#include "strategies/devices.h"
 #include "strategies/registry.h"
 #include "strategies/trace.h"
 #include "tensor/allocator.h"
@@ -27,20 +28,15 @@ using namespace loom;
 // must match the ranks running (ddp_spawn/ddp_fork start that many themselves; for dp the
 // devices are threads of this one process).
 void check_devices(const std::string& devices, const strategies::Strategy& strategy) {
+  strategies::DeviceSelection selection =
+      strategies::parse_devices(devices, strategy.accelerator());
   if (devices == "auto" || devices == "-1") return;
   if (strategy.name() == "dp") return;  // one process; devices are its replicas
-  if (devices.find(',') != std::string::npos) {
-    fail("[train_gpt] --devices ", devices,
-         ": device lists select GPUs, which this build does not "
-         "have; use auto or a count");
-  }
-  int count = std::stoi(devices);
-  if (count != strategy.world_size()) {
-    fail("[train_gpt] --devices ", count, " but ", strategy.world_size(),
-         " rank(s) are running: start the ranks with `loomrun --nproc-per-node ", count,
+  if (selection.count != strategy.world_size()) {
+    fail("[train_gpt] --devices ", selection.count, " but ", strategy.world_size(),
+         " rank(s) are running: start the ranks with `loomrun --nproc-per-node ", selection.count,
          " train_gpt --strategy ddp ...`, or use --strategy ddp_spawn (or ddp_fork), which starts "
-         "them "
-         "itself");
+         "them itself");
   }
 }
 using namespace loom::train_gpt;
