@@ -1,6 +1,7 @@
 #include "strategies/fabric.h"
 
 #include "optim/clip_grad.h"
+#include "tensor/ops.h"
 
 namespace loom {
 
@@ -32,11 +33,24 @@ void Fabric::setup_optimizer(optim::Optimizer& optimizer) {
 
 void Fabric::backward(const Tensor& loss) {
   if (module_ == nullptr) fail("[fabric] backward before setup_module()");
-  strategy_->backward(loss);
+  const strategies::LossScaler* scaler = strategy_->loss_scaler();
+  strategy_->backward(scaler != nullptr ? mul(loss, scaler->scale()) : loss);
+}
+
+void Fabric::unscale_once() {
+  if (!unscaled_) strategy_->unscale_gradients();
+  unscaled_ = true;
 }
 
 double Fabric::clip_gradients(const nn::Module& module, double max_norm) {
+  unscale_once();
   return optim::clip_grad_norm(module.parameters(), max_norm);
+}
+
+void Fabric::step(optim::Optimizer& optimizer) {
+  unscale_once();
+  strategy_->optimizer_step(optimizer);
+  unscaled_ = false;
 }
 
 Tensor Fabric::all_reduce(const Tensor& tensor, comm::ReduceOp op) {

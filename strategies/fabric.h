@@ -22,6 +22,7 @@
 #include <string>
 
 #include "strategies/registry.h"
+#include "tensor/autocast.h"
 
 namespace loom {
 
@@ -42,8 +43,18 @@ class Fabric {
   void launch();
   void setup_module(nn::Module& module);
   void setup_optimizer(optim::Optimizer& optimizer);
+  // Backward of `loss` (times the loss scale under 16-mixed) with the strategy's gradient
+  // synchronisation.
   void backward(const Tensor& loss);
-  // Global-norm clipping of the module's gradients (after backward: they are synchronised).
+  // The forward's precision scope: `auto guard = fabric.autocast();` before computing the
+  // loss (matmul/linear round to bf16/f16 under the mixed precisions; nothing under 32-true).
+  [[nodiscard]] AutocastGuard autocast() const { return AutocastGuard(strategy_->compute_dtype()); }
+  // optimizer.step() through the strategy: gradients unscaled first (16-mixed), the step
+  // skipped when they are not finite, then the scale updated. Use instead of
+  // optimizer.step() when the precision is 16-mixed (equivalent otherwise).
+  void step(optim::Optimizer& optimizer);
+  // Global-norm clipping of the module's gradients (after backward: they are synchronised;
+  // unscaled first under 16-mixed).
   double clip_gradients(const nn::Module& module, double max_norm);
 
   Tensor all_reduce(const Tensor& tensor, comm::ReduceOp op = comm::ReduceOp::Avg);
@@ -81,6 +92,8 @@ class Fabric {
   std::unique_ptr<strategies::Strategy> strategy_;
   const nn::Module* module_ = nullptr;
   bool launched_ = false;
+  bool unscaled_ = false;  // 16-mixed: gradients of this step already divided by the scale
+  void unscale_once();
 };
 
 }  // namespace loom

@@ -109,6 +109,8 @@ class Strategy {
   // True when the coming optimizer_step will be skipped (16-mixed, non-finite gradients).
   bool skips_step() const { return scaler_ && scaler_->found_inf(); }
   const LossScaler* loss_scaler() const { return scaler_.get(); }
+  // The dtype matmul/linear round to in the forward (F32 for 32-true).
+  DType compute_dtype() const { return compute_dtype_; }
   // Gradient accumulation: while false, backward() skips the gradient synchronisation.
   virtual void set_backward_sync(bool) {}
 

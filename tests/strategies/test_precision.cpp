@@ -5,6 +5,8 @@
 
 #include <cmath>
 
+#include "optim/adamw.h"
+#include "strategies/fabric.h"
 #include "strategies/registry.h"
 #include "tensor/autocast.h"
 #include "tensor/ops.h"
@@ -90,6 +92,37 @@ TEST(Precision, MixedTrainingStaysCloseToF32AndSkipsOverflowingSteps) {
   EXPECT_NEAR(f16, f32, 0.1 * f32);
   EXPECT_GT(scale, 0);
   EXPECT_THROW(StrategyRegistry::get("single_device", {.precision = "8-true"}), Error);
+}
+
+TEST(Precision, FabricAppliesAutocastAndTheLossScaler) {
+  Fabric fabric({.precision = "16-mixed"});
+  fabric.launch();
+  nn::GPTConfig c = testing::tiny_gpt_config(DType::F32);
+  nn::GPT model(c, 2);
+  optim::AdamW optimizer(model.parameters(), {.lr = 3e-3, .weight_decay = 0});
+  fabric.setup_module(model);
+  fabric.setup_optimizer(optimizer);
+  train_gpt::TokenBlocks data(testing::tiny_corpus(), 4, testing::kTinyContext,
+                              testing::kTinyVocab);
+  double first = 0, last = 0;
+  for (int step = 0; step < 30; ++step) {
+    train_gpt::Batch b = data.for_step(step);
+    Tensor loss;
+    {
+      auto guard = fabric.autocast();
+      EXPECT_EQ(autocast_dtype(), DType::F16);
+      loss = model.loss(b.tokens, b.targets);
+    }
+    fabric.backward(loss);
+    fabric.clip_gradients(model, 1.0);
+    fabric.step(optimizer);
+    optimizer.zero_grad();
+    (step == 0 ? first : last) = loss.item();
+  }
+  EXPECT_EQ(autocast_dtype(), DType::F32);
+  EXPECT_LT(last, first - 0.5);
+  ASSERT_NE(fabric.strategy().loss_scaler(), nullptr);
+  EXPECT_GT(fabric.strategy().loss_scaler()->scale(), 0);
 }
 
 }  // namespace
