@@ -15,15 +15,7 @@ namespace loom::strategies {
 Strategy::Strategy(StrategyOptions options) : options_(std::move(options)) {
   accelerator_ = make_accelerator(options_.accelerator);
   parse_devices(options_.devices, *accelerator_);  // a clear error now rather than later
-  if (options_.precision == "bf16-mixed") {
-    compute_dtype_ = DType::BF16;
-  } else if (options_.precision == "16-mixed") {
-    compute_dtype_ = DType::F16;
-    scaler_ = std::make_unique<LossScaler>();
-  } else if (options_.precision != "32-true" && options_.precision != "32") {
-    fail("[strategy] unknown precision '", options_.precision,
-         "'; expected '32-true', 'bf16-mixed' or '16-mixed'");
-  }
+  set_precision(make_precision(options_.precision));
   if (options_.num_nodes < 1)
     fail("[strategy] num_nodes must be at least 1, got ", options_.num_nodes);
 }
@@ -95,6 +87,41 @@ Tensor Strategy::broadcast(Tensor tensor, int) {
 void Strategy::set_accelerator(std::shared_ptr<Accelerator> accelerator) {
   if (!accelerator) fail("[strategy] set_accelerator: null accelerator");
   accelerator_ = std::move(accelerator);
+}
+
+namespace {
+
+class BuiltinPrecision final : public Precision {
+ public:
+  BuiltinPrecision(std::string name, DType dtype, bool scaled)
+      : name_(std::move(name)), dtype_(dtype), scaled_(scaled) {}
+  std::string name() const override { return name_; }
+  DType compute_dtype() const override { return dtype_; }
+  std::unique_ptr<LossScaler> make_scaler() const override {
+    return scaled_ ? std::make_unique<LossScaler>() : nullptr;
+  }
+
+ private:
+  std::string name_;
+  DType dtype_;
+  bool scaled_;
+};
+
+}  // namespace
+
+std::shared_ptr<Precision> make_precision(const std::string& name) {
+  if (name == "32-true" || name == "32") {
+    return std::make_shared<BuiltinPrecision>("32-true", DType::F32, false);
+  }
+  if (name == "bf16-mixed") return std::make_shared<BuiltinPrecision>(name, DType::BF16, false);
+  if (name == "16-mixed") return std::make_shared<BuiltinPrecision>(name, DType::F16, true);
+  fail("[strategy] unknown precision '", name, "'; expected '32-true', 'bf16-mixed' or '16-mixed'");
+}
+
+void Strategy::set_precision(std::shared_ptr<Precision> precision) {
+  if (!precision) fail("[strategy] set_precision: null precision");
+  compute_dtype_ = precision->compute_dtype();
+  scaler_ = precision->make_scaler();
 }
 
 void Strategy::set_checkpoint_io(std::shared_ptr<CheckpointIO> io) {

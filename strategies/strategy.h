@@ -80,6 +80,21 @@ class LossScaler {
   int64_t skipped_ = 0;
 };
 
+// The precision policy: which dtype the forward's matmuls round to, and whether a loss scaler
+// guards the step. make_precision(name) builds the built-in ones; users may derive their own
+// (e.g. another scaler schedule) and pass it to Strategy::set_precision.
+class Precision {
+ public:
+  virtual ~Precision() = default;
+  virtual std::string name() const = 0;
+  virtual DType compute_dtype() const = 0;
+  // A fresh scaler for a strategy, or null when the policy does not scale the loss.
+  virtual std::unique_ptr<LossScaler> make_scaler() const { return nullptr; }
+};
+
+// "32-true", "bf16-mixed", "16-mixed"; anything else is loom::Error listing them.
+std::shared_ptr<Precision> make_precision(const std::string& name);
+
 class Strategy {
  public:
   explicit Strategy(StrategyOptions options);
@@ -121,6 +136,7 @@ class Strategy {
   const Accelerator& accelerator() const { return *accelerator_; }
   void set_accelerator(std::shared_ptr<Accelerator> accelerator);
   void set_checkpoint_io(std::shared_ptr<CheckpointIO> io);
+  void set_precision(std::shared_ptr<Precision> precision);
 
   // Collectives on user tensors (contiguous, on the root device); in place, returned for
   // convenience. Single-device strategies return the input.

@@ -94,6 +94,28 @@ TEST(Precision, MixedTrainingStaysCloseToF32AndSkipsOverflowingSteps) {
   EXPECT_THROW(StrategyRegistry::get("single_device", {.precision = "8-true"}), Error);
 }
 
+// A user precision policy: bf16 rounding with a loss scaler.
+class ScaledBf16 : public Precision {
+ public:
+  std::string name() const override { return "scaled-bf16"; }
+  DType compute_dtype() const override { return DType::BF16; }
+  std::unique_ptr<LossScaler> make_scaler() const override {
+    return std::make_unique<LossScaler>(LossScalerOptions{.initial_scale = 1024});
+  }
+};
+
+TEST(Precision, UserPoliciesReplaceTheBuiltIns) {
+  auto strategy = StrategyRegistry::get("single_device");
+  EXPECT_EQ(strategy->compute_dtype(), DType::F32);
+  EXPECT_EQ(strategy->loss_scaler(), nullptr);
+  strategy->set_precision(std::make_shared<ScaledBf16>());
+  EXPECT_EQ(strategy->compute_dtype(), DType::BF16);
+  ASSERT_NE(strategy->loss_scaler(), nullptr);
+  EXPECT_EQ(strategy->loss_scaler()->scale(), 1024);
+  EXPECT_EQ(make_precision("16-mixed")->compute_dtype(), DType::F16);
+  EXPECT_THROW(make_precision("fp8"), Error);
+}
+
 TEST(Precision, FabricAppliesAutocastAndTheLossScaler) {
   Fabric fabric({.precision = "16-mixed"});
   fabric.launch();
