@@ -94,10 +94,20 @@ def main():
     torch.set_num_threads(args.threads)
     torch.manual_seed(0)
     model = GPT(args.vocab, args.ctx, args.layers, args.heads, args.embd)
-    decay = [p for p in model.parameters() if p.dim() >= 2]
-    no_decay = [p for p in model.parameters() if p.dim() < 2]
-    opt = torch.optim.AdamW([{"params": decay, "weight_decay": 0.1},
-                             {"params": no_decay, "weight_decay": 0.0}], lr=1e-3, foreach=False)
+    ms = median_step_ms(model, args)
+    B, T = args.batch, args.ctx
+    print(json.dumps({"peer": f"torch {torch.__version__}", "threads": args.threads,
+                      "ms_per_step": round(ms, 3), "tokens_per_s": round(B * T / ms * 1e3, 1),
+                      "config": vars(args)}))
+
+
+def median_step_ms(model, args, before_step=lambda: None):
+    """Median time of one training step (forward, backward, clipping at 1.0, AdamW with weight
+    decay on matrices only) over args.steps steps after 3 warm-up steps."""
+    params = list(model.parameters())
+    opt = torch.optim.AdamW([{"params": [p for p in params if p.dim() >= 2], "weight_decay": 0.1},
+                             {"params": [p for p in params if p.dim() < 2], "weight_decay": 0.0}],
+                            lr=1e-3, foreach=False)
     B, T = args.batch, args.ctx
     data = torch.randint(0, args.vocab, (B * T * 4 + 1,))
     times = []
@@ -105,19 +115,17 @@ def main():
         s = (step % 4) * B * T
         x = data[s:s + B * T].view(B, T)
         y = data[s + 1:s + B * T + 1].view(B, T)
+        before_step()
         t0 = time.perf_counter()
         loss = model(x, y)
         opt.zero_grad(set_to_none=True)
         loss.backward()
-        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+        torch.nn.utils.clip_grad_norm_(params, 1.0)
         opt.step()
         t1 = time.perf_counter()
         if step >= 3:
             times.append((t1 - t0) * 1e3)
-    ms = statistics.median(times)
-    print(json.dumps({"peer": f"torch {torch.__version__}", "threads": args.threads,
-                      "ms_per_step": round(ms, 3), "tokens_per_s": round(B * T / ms * 1e3, 1),
-                      "config": vars(args)}))
+    return statistics.median(times)
 
 
 def ddp_worker(rank, args):
@@ -131,29 +139,9 @@ def ddp_worker(rank, args):
     torch.manual_seed(0)
     model = torch.nn.parallel.DistributedDataParallel(
         GPT(args.vocab, args.ctx, args.layers, args.heads, args.embd))
-    params = list(model.parameters())
-    opt = torch.optim.AdamW([{"params": [p for p in params if p.dim() >= 2], "weight_decay": 0.1},
-                             {"params": [p for p in params if p.dim() < 2], "weight_decay": 0.0}],
-                            lr=1e-3, foreach=False)
-    B, T = args.batch, args.ctx
-    data = torch.randint(0, args.vocab, (B * T * 4 + 1,))
-    times = []
-    for step in range(args.steps + 3):
-        s = (step % 4) * B * T
-        x = data[s:s + B * T].view(B, T)
-        y = data[s + 1:s + B * T + 1].view(B, T)
-        dist.barrier()
-        t0 = time.perf_counter()
-        loss = model(x, y)
-        opt.zero_grad(set_to_none=True)
-        loss.backward()
-        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
-        opt.step()
-        t1 = time.perf_counter()
-        if step >= 3:
-            times.append((t1 - t0) * 1e3)
-    ms = statistics.median(times)
+    ms = median_step_ms(model, args, before_step=dist.barrier)
     if rank == 0:
+        B, T = args.batch, args.ctx
         print(json.dumps({"peer": f"torch {torch.__version__} DDP gloo", "ranks": args.ddp,
                           "threads": args.threads, "ms_per_step": round(ms, 3),
                           "tokens_per_s": round(args.ddp * B * T / ms * 1e3, 1),
