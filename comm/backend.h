@@ -4,10 +4,13 @@
 // group validates arguments, numbers operations and runs them one at a time, in issue
 // order, on its progress thread; a backend method runs the operation to completion (or
 // throws loom::CommError) before returning, and never waits past `deadline`.
-// Tensors reaching a backend are contiguous, on the backend's device, and checked for
-// matching dtypes and sizes.
+// Tensors reaching a backend are contiguous, on the backend's device(), and checked for
+// matching dtypes and sizes. A host backend (device() is the CPU) is also given CUDA tensors:
+// the process group stages them through pinned host memory (Note [Staging CUDA tensors] in
+// comm/cuda/staging_backend.h).
 
 #include <memory>
+#include <optional>
 #include <string>
 
 #include "comm/error.h"
@@ -24,6 +27,10 @@ struct BackendContext {
   std::shared_ptr<Store> store;  // private to this group (prefixed)
   Duration timeout = kDefaultTimeout;
   std::string group_name;  // unique per group, e.g. "default" or "default.split3.c1"
+  // The device of the group's tensors when its creator named one (GroupOptions::device). A
+  // device backend binds to it (nccl: absent means the calling thread's current GPU); host
+  // backends ignore it.
+  std::optional<Device> device = std::nullopt;
 };
 
 class Backend {
@@ -32,6 +39,9 @@ class Backend {
   virtual std::string name() const = 0;  // "shm"
   virtual int rank() const = 0;
   virtual int size() const = 0;
+  // Where the tensors it reads and writes live: the CPU for host backends (the default), one
+  // GPU for a device backend (nccl). Tensors on any other device are refused by the group.
+  virtual Device device() const { return Device::cpu(); }
 
   // output = reduction of every rank's input; input and output may be the same tensor.
   virtual void allreduce(const Tensor& input, Tensor& output, ReduceOp op, Deadline deadline) = 0;
@@ -49,6 +59,18 @@ class Backend {
   virtual void send(const Tensor& tensor, int dst, int tag, Deadline deadline) = 0;
   virtual void recv(Tensor& tensor, int src, int tag, Deadline deadline) = 0;
   virtual void barrier(Deadline deadline) = 0;
+
+  // Subgroups. A backend that splits natively (nccl: ncclCommSplit) returns true from
+  // splits_natively(); ProcessGroup::split then calls split() like a collective: on the
+  // progress thread, in issue order, on every rank of this group, with color < 0 on the
+  // ranks that join no subgroup (they get nullptr). `key` is the rank's position in its
+  // subgroup, which `child` describes. Otherwise (the default) the subgroup gets a fresh
+  // backend from the registry.
+  virtual bool splits_natively() const { return false; }
+  virtual std::unique_ptr<Backend> split(int /*color*/, int /*key*/,
+                                         const BackendContext& /*child*/, Deadline /*deadline*/) {
+    return nullptr;
+  }
 };
 
 }  // namespace loom::comm

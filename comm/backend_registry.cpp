@@ -6,6 +6,10 @@
 #include "comm/shm/shm_backend.h"
 #include "tensor/error.h"
 
+#if LOOM_WITH_NCCL
+#include "comm/nccl/nccl_backend.h"
+#endif
+
 namespace loom::comm {
 
 namespace {
@@ -20,7 +24,13 @@ struct Registry {
   std::map<std::string, Entry> entries;
   Registry() {
     entries["shm"] = {[](const BackendContext& c) { return std::make_unique<shm::ShmBackend>(c); },
-                      "processes on one host through POSIX shared memory (CPU tensors)"};
+                      "processes on one host through POSIX shared memory (CPU tensors; CUDA "
+                      "tensors staged through pinned host memory)"};
+#if LOOM_WITH_NCCL
+    entries["nccl"] = {
+        [](const BackendContext& c) { return std::make_unique<nccl::NcclBackend>(c); },
+        "NVIDIA NCCL: one GPU per rank, within and across hosts (CUDA tensors)"};
+#endif
   }
 };
 
@@ -77,8 +87,13 @@ std::unique_ptr<Backend> create_backend(const std::string& name, const BackendCo
 
 std::string resolve_auto_backend(bool multi_host, Device device) {
   if (device.is_cuda()) {
+#if LOOM_WITH_NCCL
+    return "nccl";
+#else
     fail("[comm] backend 'auto' for ", device,
-         ": the NCCL backend is not available in this build; use CPU tensors with 'shm'");
+         ": this build has no NCCL backend (configure with -DLOOM_WITH_NCCL=ON and NCCL "
+         "installed); on one host, backend 'shm' moves CUDA tensors through pinned host memory");
+#endif
   }
   if (multi_host) {
     fail(

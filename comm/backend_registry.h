@@ -1,6 +1,7 @@
 #pragma once
-// Backends by name. Built-in: "shm" (processes on one host). "auto" picks by device and host
-// layout. Users register their own backend the same way the built-ins are registered:
+// Backends by name. Built-in: "shm" (processes on one host) and, in a build with NCCL
+// (LOOM_WITH_NCCL), "nccl" (one GPU per rank). "auto" picks by device and host layout.
+// Users register their own backend the same way the built-ins are registered:
 //   loom::comm::register_backend("mine", [](const BackendContext& c) {
 //     return std::make_unique<MyBackend>(c); }, "my transport");
 
@@ -24,7 +25,8 @@ std::vector<std::pair<std::string, std::string>> available_backends();
 // Creates the backend `name`; an unknown name is loom::Error listing the available names.
 std::unique_ptr<Backend> create_backend(const std::string& name, const BackendContext& context);
 
-// What "auto" means for this job: "shm" when every rank is on this host.
+// What "auto" means for this job: "nccl" for CUDA tensors (loom::Error in a build without
+// NCCL), else "shm" when every rank is on this host (loom::Error for a multi-host job).
 std::string resolve_auto_backend(bool multi_host, Device device);
 
 }  // namespace loom::comm

@@ -61,11 +61,13 @@ std::shared_ptr<ProcessGroup> init(const InitOptions& options) {
   std::shared_ptr<Store> store =
       options.store ? options.store : rendezvous_store(env, rank, size, options.timeout);
   std::string backend = options.backend;
-  if (backend == "auto") backend = resolve_auto_backend(env.multi_host(), Device::cpu());
+  if (backend == "auto") {
+    backend = resolve_auto_backend(env.multi_host(), options.device.value_or(Device::cpu()));
+  }
   std::string name = default_group_name(env.restart_count);
   return std::make_shared<ProcessGroup>(
-      rank, size, std::move(store), GroupOptions{.backend = backend, .timeout = options.timeout},
-      name);
+      rank, size, std::move(store),
+      GroupOptions{.backend = backend, .timeout = options.timeout, .device = options.device}, name);
 }
 
 }  // namespace loom::comm

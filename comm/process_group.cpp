@@ -6,6 +6,7 @@
 #include <sstream>
 
 #include "comm/backend_registry.h"
+#include "comm/cuda_support.h"
 #include "comm/debug_check.h"
 
 namespace loom::comm {
@@ -40,6 +41,8 @@ struct ProcessGroup::Op {
   OpLabel label;          // submit() fills in the sequence number
   std::string signature;  // debug checks only: "allreduce 1024 f32 sum", equal on every rank
   bool collective = true;
+  bool staged = false;  // CUDA tensors on a host backend: run through staged_
+  IssueStream stream;   // CUDA tensors: the issuing thread's stream (Note [Issue streams])
   Duration timeout;
   WorkPtr work = nullptr;
   Tensor first, second;  // queued operations only
@@ -48,22 +51,40 @@ struct ProcessGroup::Op {
 
 ProcessGroup::ProcessGroup(int rank, int size, std::shared_ptr<Store> store,
                            const GroupOptions& options, std::string name)
+    : ProcessGroup(rank, size, store, options, name, create(rank, size, store, options, name)) {}
+
+ProcessGroup::ProcessGroup(int rank, int size, std::shared_ptr<Store> store,
+                           const GroupOptions& options, std::string name,
+                           std::unique_ptr<Backend> backend)
     : rank_(rank),
       size_(size),
       store_(std::move(store)),
       options_(options),
-      name_(std::move(name)) {
-  if (size_ < 1 || rank_ < 0 || rank_ >= size_) {
-    fail("[comm] ProcessGroup: rank ", rank_, " is not in [0, ", size_, ")");
-  }
-  if (!store_) fail("[comm] ProcessGroup: a store is required");
-  std::string backend = options_.backend;
-  if (backend == "auto") backend = resolve_auto_backend(false, Device::cpu());
-  BackendContext context{rank_, size_, std::make_shared<PrefixStore>("pg/" + name_, store_),
-                         options_.timeout, name_};
-  backend_ = create_backend(backend, context);
+      name_(std::move(name)),
+      backend_(std::move(backend)) {
   options_.debug_checks = options_.debug_checks || debug_from_env();
   progress_ = std::thread([this] { progress_loop(); });
+}
+
+std::unique_ptr<Backend> ProcessGroup::create(int rank, int size,
+                                              const std::shared_ptr<Store>& store,
+                                              const GroupOptions& options,
+                                              const std::string& name) {
+  if (size < 1 || rank < 0 || rank >= size) {
+    fail("[comm] ProcessGroup: rank ", rank, " is not in [0, ", size, ")");
+  }
+  if (!store) fail("[comm] ProcessGroup: a store is required");
+  std::string backend = options.backend;
+  if (backend == "auto") {
+    backend = resolve_auto_backend(false, options.device.value_or(Device::cpu()));
+  }
+  BackendContext context{.rank = rank,
+                         .size = size,
+                         .store = std::make_shared<PrefixStore>("pg/" + name, store),
+                         .timeout = options.timeout,
+                         .group_name = name,
+                         .device = options.device};
+  return create_backend(backend, context);
 }
 
 ProcessGroup::~ProcessGroup() {
@@ -171,7 +192,13 @@ void ProcessGroup::run(Op& op, Body&& body) {
     if (options_.debug_checks && op.collective) {
       check_same_collective(*store_, name_, rank_, size_, op.label.seq, op.signature, op.timeout);
     }
-    body(*backend_, deadline);
+    Backend& backend = op.staged ? *staged_ : *backend_;
+    if (op.stream.device >= 0) {
+      IssueStreamScope scope(op.stream);
+      body(backend, deadline);
+    } else {
+      body(backend, deadline);
+    }
     op.work->complete();
   } catch (const CommError& e) {
     auto error =
@@ -237,6 +264,31 @@ ProcessGroup::Op ProcessGroup::make_op(const char* kind, const Tensor* data,
   return result;
 }
 
+// Note [Devices of a group]
+// The backend says where its tensors live (Backend::device()). An operation's tensors must be
+// on one device, and that device must be the backend's, or a GPU when the backend is a host
+// backend: then the operation runs through a staging backend wrapped around it (Note
+// [Staging CUDA tensors]). For CUDA tensors the issuing thread's stream is captured here
+// and reinstated on the thread that runs the operation (Note [Issue streams]). CPU tensors
+// on a host backend take none of these paths.
+void ProcessGroup::place(Op& op, const Tensor& first, const Tensor* second) {
+  const Device device = first.device();
+  if (second != nullptr && second->device() != device) {
+    fail("[comm] ", op.label.kind, ": the tensors are on two devices, ", first.str(), " and ",
+         second->str(), "; put both on one device");
+  }
+  const Device home = backend_->device();
+  if (device != home) {
+    if (!home.is_cpu() || !device.is_cuda()) {
+      fail("[comm] ", op.label.kind, ": the '", backend_->name(), "' backend of group '", name_,
+           "' moves tensors on ", home, ", got ", first.str());
+    }
+    std::call_once(staged_once_, [this] { staged_ = make_staging_backend(*backend_); });
+    op.staged = true;
+  }
+  if (device.is_cuda()) op.stream = capture_issue_stream(device);
+}
+
 WorkPtr ProcessGroup::allreduce(Tensor& tensor, const CollectiveOptions& o) {
   return allreduce(tensor, tensor, o);
 }
@@ -249,6 +301,7 @@ WorkPtr ProcessGroup::allreduce(const Tensor& input, Tensor& output, const Colle
   }
   check_avg("allreduce", o.op, input.dtype());
   Op op = make_op("allreduce", &input, o.op, std::nullopt, o.timeout);
+  place(op, input, &output);
   return submit(
       std::move(op), input, output,
       [reduce = o.op](Backend& b, Deadline d, Tensor& in, Tensor& out) {
@@ -261,6 +314,7 @@ WorkPtr ProcessGroup::broadcast(Tensor& tensor, const CollectiveOptions& o) {
   check_buffer("broadcast", "tensor", tensor);
   check_root("broadcast", o.root, size_);
   Op op = make_op("broadcast", &tensor, std::nullopt, o.root, o.timeout);
+  place(op, tensor, nullptr);
   return submit(
       std::move(op), tensor, Tensor(),
       [root = o.root](Backend& b, Deadline d, Tensor& t, Tensor&) { b.broadcast(t, root, d); },
@@ -272,6 +326,7 @@ WorkPtr ProcessGroup::reduce(Tensor& tensor, const CollectiveOptions& o) {
   check_root("reduce", o.root, size_);
   check_avg("reduce", o.op, tensor.dtype());
   Op op = make_op("reduce", &tensor, o.op, o.root, o.timeout);
+  place(op, tensor, nullptr);
   return submit(
       std::move(op), tensor, Tensor(),
       [root = o.root, reduce = o.op](Backend& b, Deadline d, Tensor& t, Tensor&) {
@@ -288,6 +343,7 @@ WorkPtr ProcessGroup::all_gather(Tensor& output, const Tensor& input, const Coll
          " x ", input.numel(), " ", input.dtype(), "), got ", output.str());
   }
   Op op = make_op("all_gather", &input, std::nullopt, std::nullopt, o.timeout);
+  place(op, input, &output);
   return submit(
       std::move(op), input, output,
       [](Backend& b, Deadline d, Tensor& in, Tensor& out) { b.all_gather(out, in, d); },
@@ -304,6 +360,7 @@ WorkPtr ProcessGroup::reduce_scatter(Tensor& output, const Tensor& input,
   }
   check_avg("reduce_scatter", o.op, input.dtype());
   Op op = make_op("reduce_scatter", &output, o.op, std::nullopt, o.timeout);
+  place(op, input, &output);
   op.label.bytes = input.nbytes();
   return submit(
       std::move(op), input, output,
@@ -324,6 +381,7 @@ WorkPtr ProcessGroup::all_to_all(Tensor& output, const Tensor& input, const Coll
         size_, "; got input ", input.str(), ", output ", output.str());
   }
   Op op = make_op("all_to_all", &input, std::nullopt, std::nullopt, o.timeout);
+  place(op, input, &output);
   return submit(
       std::move(op), input, output,
       [](Backend& b, Deadline d, Tensor& in, Tensor& out) { b.all_to_all(out, in, d); },
@@ -334,6 +392,7 @@ WorkPtr ProcessGroup::send(const Tensor& tensor, int dst, const P2POptions& o) {
   check_buffer("send", "tensor", tensor);
   check_peer("send", "destination", dst, rank_, size_);
   Op op = make_op("send", &tensor, std::nullopt, std::nullopt, o.timeout);
+  place(op, tensor, nullptr);
   op.collective = false;
   op.label.peer = dst;
   op.label.to_peer = true;
@@ -347,6 +406,7 @@ WorkPtr ProcessGroup::recv(Tensor& tensor, int src, const P2POptions& o) {
   check_buffer("recv", "tensor", tensor);
   check_peer("recv", "source", src, rank_, size_);
   Op op = make_op("recv", &tensor, std::nullopt, std::nullopt, o.timeout);
+  place(op, tensor, nullptr);
   op.collective = false;
   op.label.peer = src;
   return submit(
@@ -372,12 +432,14 @@ std::shared_ptr<ProcessGroup> ProcessGroup::split(int color, int key) {
   for (int r = 0; r < size_; ++r)
     keys.push_back(prefix + std::to_string(r));
   store_->wait(keys, options_.timeout);
-  if (color < 0) return nullptr;
+  // A native split is a collective of the backend: ranks without a color take part too.
+  const bool native = backend_->splits_natively();
+  if (color < 0 && !native) return nullptr;
   struct Member {
     int key, rank;
   };
   std::vector<Member> members;
-  for (int r = 0; r < size_; ++r) {
+  for (int r = 0; color >= 0 && r < size_; ++r) {
     std::istringstream in(to_string(store_->get(keys[r], options_.timeout)));
     int c = 0, k = 0;
     in >> c >> k;
@@ -390,11 +452,36 @@ std::shared_ptr<ProcessGroup> ProcessGroup::split(int color, int key) {
   for (size_t i = 0; i < members.size(); ++i) {
     if (members[i].rank == rank_) new_rank = static_cast<int>(i);
   }
+  const int new_size = static_cast<int>(members.size());
   GroupOptions options = options_;
   options.backend = backend_->name();
-  return std::make_shared<ProcessGroup>(
-      new_rank, static_cast<int>(members.size()), store_, options,
-      name_ + ".split" + std::to_string(id) + ".color" + std::to_string(color));
+  std::string name = name_ + ".split" + std::to_string(id) + ".color" + std::to_string(color);
+  if (!native) return std::make_shared<ProcessGroup>(new_rank, new_size, store_, options, name);
+
+  // Queued behind this group's earlier operations, so that every rank's backend sees the
+  // split at the same point of its operation sequence. The key is the position in the
+  // subgroup, so the backend orders members exactly as above.
+  BackendContext child{.rank = new_rank,
+                       .size = new_size,
+                       .store = std::make_shared<PrefixStore>("pg/" + name, store_),
+                       .timeout = options.timeout,
+                       .group_name = name,
+                       .device = options.device};
+  auto made = std::make_shared<std::unique_ptr<Backend>>();
+  Op op = make_op("split", nullptr, std::nullopt, std::nullopt, std::nullopt);
+  submit(
+      std::move(op), Tensor(), Tensor(),
+      [made, color, new_rank, child](Backend& b, Deadline d, Tensor&, Tensor&) {
+        *made = b.split(color, new_rank, child, d);
+      },
+      /*async_op=*/false)
+      ->wait();
+  if (color < 0) return nullptr;
+  if (*made == nullptr) {
+    fail("[comm] split: the '", backend_->name(), "' backend made no subgroup for color ", color);
+  }
+  return std::shared_ptr<ProcessGroup>(
+      new ProcessGroup(new_rank, new_size, store_, options, name, std::move(*made)));
 }
 
 }  // namespace loom::comm

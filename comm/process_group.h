@@ -10,6 +10,12 @@
 // operations in issue order, so operations issued in the same order on every rank run in
 // that order. Tensors must stay alive and unmodified until their Work completes.
 // A failed operation (loom::CommError) breaks the group: later calls fail fast.
+// Devices: the tensors of one operation share one device. A host backend (shm) takes CPU
+// tensors, and CUDA tensors too, staged through pinned host memory (Note [Staging CUDA
+// tensors] in comm/cuda/staging_backend.h); the nccl backend takes the tensors of its GPU.
+// Operations on CUDA tensors are ordered after the work the caller queued on its current
+// stream before issuing them, and work queued there afterwards sees their results (Note
+// [Issue streams] in comm/cuda_support.h); their Work completes when the device is done.
 // With LOOM_DEBUG=detail every rank checks, before each collective, that all ranks issued
 // the same operation with the same count, dtype, op and root, and reports the first
 // mismatch with both ranks' views instead of hanging or corrupting memory.
@@ -50,6 +56,10 @@ struct GroupOptions {
   std::string backend = "auto";
   Duration timeout = kDefaultTimeout;
   bool debug_checks = false;  // also enabled by LOOM_DEBUG=detail
+  // The device of the group's tensors. "auto" picks the backend from it ("nccl" for a GPU,
+  // "shm" for the CPU, which is also the default), and the nccl backend binds its
+  // communicator to it (default: the calling thread's current GPU).
+  std::optional<Device> device = std::nullopt;
 };
 
 class ProcessGroup : public std::enable_shared_from_this<ProcessGroup> {
@@ -86,11 +96,21 @@ class ProcessGroup : public std::enable_shared_from_this<ProcessGroup> {
   WorkPtr barrier(const CollectiveOptions& options = {});
 
   // Collective over this group: ranks passing the same color form a new group, ordered by
-  // (key, rank). A negative color joins no group and gets nullptr.
+  // (key, rank). A negative color joins no group and gets nullptr. A backend that splits
+  // natively (nccl) does so in issue order after this group's earlier operations.
   std::shared_ptr<ProcessGroup> split(int color, int key);
 
  private:
   struct Op;
+  // A subgroup over a backend made by Backend::split.
+  ProcessGroup(int rank, int size, std::shared_ptr<Store> store, const GroupOptions& options,
+               std::string name, std::unique_ptr<Backend> backend);
+  // Checks rank, size and store, then creates the backend `options` name.
+  static std::unique_ptr<Backend> create(int rank, int size, const std::shared_ptr<Store>& store,
+                                         const GroupOptions& options, const std::string& name);
+  // Checks that an operation's tensors are on one device the backend can take, and sets up
+  // staging and the issue stream for CUDA tensors (Note [Devices of a group]).
+  void place(Op& op, const Tensor& first, const Tensor* second);
   Op make_op(const char* kind, const Tensor* data, std::optional<ReduceOp> op,
              std::optional<int> root, std::optional<Duration> timeout) const;
   template <typename Body>
@@ -105,6 +125,9 @@ class ProcessGroup : public std::enable_shared_from_this<ProcessGroup> {
   GroupOptions options_;
   std::string name_;
   std::unique_ptr<Backend> backend_;
+  // backend_ on CUDA tensors, when backend_ is a host backend; made on first use.
+  std::unique_ptr<Backend> staged_;
+  std::once_flag staged_once_;
   uint64_t next_seq_ = 0;
   int splits_ = 0;
 
@@ -130,6 +153,9 @@ struct InitOptions {
   std::shared_ptr<Store> store = nullptr;
   // Where this process sits in the job; detected from the environment when absent.
   std::optional<ClusterEnv> environment = std::nullopt;
+  // The device of the default group's tensors (GroupOptions::device); "auto" picks "nccl"
+  // for a GPU. Typically loom::Device::cuda(local_rank).
+  std::optional<Device> device = std::nullopt;
 };
 
 // The default group of this job, from the cluster environment (comm/environment.h).

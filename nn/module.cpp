@@ -12,6 +12,13 @@ Tensor Module::register_parameter(std::string name, Tensor value) {
   return value;
 }
 
+void Module::to(Device device) {
+  NoGradGuard no_grad;
+  for (const Tensor& p : parameters()) {
+    if (p.device() != device) p.set_data(p.detach().to(device));
+  }
+}
+
 void Module::collect(const std::string& prefix,
                      std::vector<std::pair<std::string, Tensor>>& out) const {
   for (const auto& [name, tensor] : parameters_)

@@ -30,6 +30,10 @@ class Module {
     return children_;
   }
   int64_t parameter_count() const;
+  // Moves every parameter to `device` in place (each keeps its identity, so optimizers and
+  // hooks created afterwards see the moved tensors; gradients are dropped). A no-op for
+  // parameters already there.
+  void to(Device device);
 
   // Name -> parameter. The tensors share storage with the parameters (detached views).
   StateDict state_dict() const;

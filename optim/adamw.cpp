@@ -5,6 +5,11 @@
 
 #include "kernels/cpu/optimizer_steps.h"
 
+#if LOOM_WITH_CUDA
+#include "kernels/cuda/optimizer.h"
+#include "tensor/ops/cuda_support.h"
+#endif
+
 namespace loom::optim {
 
 namespace {
@@ -34,7 +39,7 @@ AdamW::AdamW(std::vector<ParamGroup> groups, const AdamWOptions& options)
 AdamW::AdamW(std::vector<Tensor> params, const AdamWOptions& options)
     : AdamW(std::vector<ParamGroup>{{.params = std::move(params)}}, options) {}
 
-void AdamW::update(const ParamGroup& group, const Tensor& p, const Tensor& grad) {
+AdamW::State& AdamW::advance_state(const Tensor& p) {
   State& s = state_[p.impl_ptr().get()];
   if (!s.exp_avg.defined()) {
     s.param = p;
@@ -42,13 +47,54 @@ void AdamW::update(const ParamGroup& group, const Tensor& p, const Tensor& grad)
     s.exp_avg_sq = Tensor::zeros(p.shape(), p.dtype(), p.device());
   }
   ++s.step;
+  return s;
+}
+
+void AdamW::update_group(const ParamGroup& group, const std::vector<Tensor>& params,
+                         const std::vector<Tensor>& grads) {
+#if LOOM_WITH_CUDA
+  // One fused launch per (device, step count): parameters that missed updates for lack of
+  // a gradient have their own bias corrections.
+  std::map<std::pair<int, int64_t>, std::vector<kernels::cuda::AdamWTensor>> batches;
+  std::map<std::pair<int, int64_t>, Tensor> any_param_of;
+  for (size_t i = 0; i < params.size(); ++i) {
+    const Tensor& p = params[i];
+    if (!p.device().is_cuda()) {
+      update(group, p, grads[i]);
+      continue;
+    }
+    State& s = advance_state(p);
+    std::pair<int, int64_t> key{p.device().index, s.step};
+    batches[key].push_back({p.raw_data(), grads[i].raw_data(), s.exp_avg.raw_data(),
+                            s.exp_avg_sq.raw_data(), p.numel()});
+    any_param_of[key] = p;
+  }
+  for (const auto& [key, tensors] : batches) {
+    const kernels::cuda::AdamWArgs args{.lr = group.lr,
+                                        .beta1 = options_.beta1,
+                                        .beta2 = options_.beta2,
+                                        .eps = options_.eps,
+                                        .weight_decay = group.weight_decay,
+                                        .step = key.second};
+    kernels::cuda::multi_tensor_adamw(DType::F32, tensors.data(), static_cast<int>(tensors.size()),
+                                      args, /*grad_scale=*/nullptr,
+                                      detail::stream_of(any_param_of[key]));
+  }
+#else
+  Optimizer::update_group(group, params, grads);
+#endif
+}
+
+void AdamW::update(const ParamGroup& group, const Tensor& p, const Tensor& grad) {
+  check(p.device().is_cpu(), "AdamW::update runs the CPU kernel; CUDA parameters go through "
+                             "update_group()");
+  State& s = advance_state(p);
   const kernels::cpu::AdamWStepArgs args{.lr = group.lr,
                                          .beta1 = options_.beta1,
                                          .beta2 = options_.beta2,
                                          .eps = options_.eps,
                                          .weight_decay = group.weight_decay,
                                          .step = s.step};
-  // checked_grad() admits only f32/f64 CPU parameters; a CUDA branch goes here.
   if (p.dtype() == DType::F32) {
     kernels::cpu::adamw_step<float>(p.data<float>(), grad.data<float>(), s.exp_avg.data<float>(),
                                     s.exp_avg_sq.data<float>(), p.numel(), args);

@@ -41,6 +41,10 @@ class AdamW final : public Optimizer {
 
  protected:
   void update(const ParamGroup& group, const Tensor& param, const Tensor& grad) override;
+  // CUDA parameters of a group are updated together by the fused multi-tensor kernel (one
+  // launch per batch of tensors, instead of one per tensor); CPU ones one by one.
+  void update_group(const ParamGroup& group, const std::vector<Tensor>& params,
+                    const std::vector<Tensor>& grads) override;
   // State entries: "exp_avg", "exp_avg_sq" (the parameter's shape and dtype), "step" (i64 []).
   void export_param_state(const Tensor& param, std::map<std::string, Tensor>& named) const override;
   bool import_param_state(const Tensor& param, const std::string& name,
@@ -55,6 +59,8 @@ class AdamW final : public Optimizer {
     int64_t step = 0;
   };
   const State& state_of(const Tensor& param) const;
+  // The state of `param`, created (zeroed moments) at its first update; counts the update.
+  State& advance_state(const Tensor& param);
 
   AdamWOptions options_;
   std::map<const TensorImpl*, State> state_;

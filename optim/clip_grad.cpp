@@ -5,6 +5,11 @@
 #include "kernels/cpu/optimizer_steps.h"
 #include "tensor/ops.h"
 
+#if LOOM_WITH_CUDA
+#include "kernels/cuda/reduce.h"
+#include "tensor/ops/cuda_support.h"
+#endif
+
 namespace loom::optim {
 
 namespace {
@@ -19,11 +24,36 @@ double norm_of(const T* x, int64_t n, double norm_type) {
 }
 
 void check_grad(const Tensor& grad, size_t index) {
-  bool supported_dtype = grad.dtype() == DType::F32 || grad.dtype() == DType::F64;
-  if (!grad.device().is_cpu() || !supported_dtype || !grad.is_contiguous()) {
+  bool supported_dtype = grad.device().is_cpu()
+                             ? grad.dtype() == DType::F32 || grad.dtype() == DType::F64
+                             : grad.dtype() == DType::F32 || grad.dtype() == DType::BF16;
+  if (!supported_dtype || !grad.is_contiguous()) {
     fail("[optim] clip_grad_norm: gradient of parameter ", index, " is ", grad.str(),
-         "; supported: contiguous f32 or f64 tensors on the CPU");
+         "; supported: contiguous f32 or f64 tensors on the CPU, f32 or bf16 on CUDA");
   }
+}
+
+// The 2-norm of every gradient on one GPU, with one device-to-host copy for all of them.
+std::vector<double> cuda_two_norms(const std::vector<Tensor>& grads) {
+  std::vector<double> norms;
+  if (grads.empty()) return norms;
+#if LOOM_WITH_CUDA
+  Device device = grads[0].device();
+  Tensor squares = Tensor::empty({static_cast<int64_t>(grads.size())}, DType::F32, device);
+  for (size_t i = 0; i < grads.size(); ++i) {
+    const Tensor& g = grads[i];
+    if (g.device() != device) {
+      fail("[optim] grad_norm: gradients on ", device, " and ", g.device(),
+           "; CUDA gradients must all be on one device");
+    }
+    Tensor scratch = detail::workspace(device, kernels::cuda::reduce_workspace_bytes(g.numel()));
+    kernels::cuda::sum_of_squares(g.dtype(), g.raw_data(), g.numel(), squares.data<float>() + i,
+                                  scratch.raw_data(), detail::stream_of(g));
+  }
+  for (float s : squares.to_vector<float>())
+    norms.push_back(std::sqrt(static_cast<double>(s)));
+#endif
+  return norms;
 }
 
 }  // namespace
@@ -33,14 +63,26 @@ double grad_norm(const std::vector<Tensor>& params, double norm_type) {
     fail("[optim] grad_norm: norm_type ", norm_type, " is not supported; expected > 0 or inf");
   }
   // Per-parameter norms, then the norm of those (torch stacks them and takes the norm again).
-  double total = 0.0;
+  // CUDA gradients: 2-norms on the device (one copy back for all), other norms on the CPU.
+  std::vector<double> norms;
+  std::vector<Tensor> cuda_grads;
   for (size_t i = 0; i < params.size(); ++i) {
     Tensor grad = params[i].grad();
     if (!grad.defined()) continue;
     check_grad(grad, i);
-    double norm = grad.dtype() == DType::F32
-                      ? norm_of(grad.data<float>(), grad.numel(), norm_type)
-                      : norm_of(grad.data<double>(), grad.numel(), norm_type);
+    if (grad.device().is_cuda() && norm_type == 2.0) {
+      cuda_grads.push_back(grad);
+      continue;
+    }
+    Tensor host = grad.device().is_cuda() ? grad.to(Device::cpu()).to(DType::F32) : grad;
+    norms.push_back(host.dtype() == DType::F32
+                        ? norm_of(host.data<float>(), host.numel(), norm_type)
+                        : norm_of(host.data<double>(), host.numel(), norm_type));
+  }
+  for (double norm : cuda_two_norms(cuda_grads))
+    norms.push_back(norm);
+  double total = 0.0;
+  for (double norm : norms) {
     if (norm_type == kInfNorm) {
       total = (norm > total || std::isnan(norm)) ? norm : total;  // NaN propagates
     } else if (norm_type == 2.0) {

@@ -80,13 +80,22 @@ void Optimizer::step() {
   NoGradGuard no_grad;
   for (size_t g = 0; g < groups_.size(); ++g) {
     check_group(g);
+    std::vector<Tensor> params, grads;
     for (size_t i = 0; i < groups_[g].params.size(); ++i) {
       Tensor grad = checked_grad(g, i);
       if (!grad.defined()) continue;  // torch skips parameters without a gradient
-      update(groups_[g], groups_[g].params[i], grad);
+      params.push_back(groups_[g].params[i]);
+      grads.push_back(std::move(grad));
     }
+    update_group(groups_[g], params, grads);
   }
   ++step_count_;
+}
+
+void Optimizer::update_group(const ParamGroup& group, const std::vector<Tensor>& params,
+                             const std::vector<Tensor>& grads) {
+  for (size_t i = 0; i < params.size(); ++i)
+    update(group, params[i], grads[i]);
 }
 
 void Optimizer::zero_grad() {
@@ -125,11 +134,13 @@ std::string Optimizer::describe(size_t group, size_t index) const {
 
 Tensor Optimizer::checked_grad(size_t group, size_t index) const {
   const Tensor& p = groups_.at(group).params.at(index);
-  bool supported_dtype = p.dtype() == DType::F32 || p.dtype() == DType::F64;
-  // CUDA parameters need the CUDA optimizer kernels, which this build does not have yet.
-  if (!p.device().is_cpu() || !supported_dtype || !p.is_contiguous()) {
+  bool supported_dtype = p.device().is_cpu()
+                             ? p.dtype() == DType::F32 || p.dtype() == DType::F64
+                             : p.dtype() == DType::F32;
+  if (!supported_dtype || !p.is_contiguous()) {
     fail(describe(group, index), " is not supported; ", name_,
-         " updates contiguous f32 or f64 tensors on the CPU");
+         " updates contiguous f32 or f64 tensors on the CPU and contiguous f32 tensors on CUDA "
+         "(keep f32 master weights; bf16-mixed computes in bf16 from them)");
   }
   Tensor grad = p.grad();
   if (!grad.defined()) return grad;

@@ -22,7 +22,7 @@ inline constexpr double kUseDefault = std::numeric_limits<double>::quiet_NaN();
 // Parameters that share hyper-parameters, e.g. weights with weight decay and biases without:
 //   AdamW opt({{.params = weights, .weight_decay = 0.1}, {.params = biases, .weight_decay = 0}},
 //             {.lr = 6e-4});
-// Parameters are leaf tensors (contiguous f32 or f64, CPU), updated in place; a parameter whose
+// Parameters are leaf tensors (contiguous f32 or f64 on the CPU, f32 on CUDA), updated in place; a parameter whose
 // grad() is undefined is skipped by step(). lr and weight_decay may be changed between steps
 // through Optimizer::param_groups() (LR schedules do this). Algorithm constants (betas, eps,
 // momentum, ...) are optimizer-wide and live in each optimizer's options.
@@ -83,6 +83,11 @@ class Optimizer {
   // Updates one parameter of `group` with its (checked, contiguous) gradient; step() calls
   // it for every parameter that has a gradient, in group order, with graph recording off.
   virtual void update(const ParamGroup& group, const Tensor& param, const Tensor& grad) = 0;
+  // Updates the parameters of one group that have gradients (params[i] with grads[i]).
+  // The default calls update() for each; optimizers with fused multi-tensor kernels
+  // override it.
+  virtual void update_group(const ParamGroup& group, const std::vector<Tensor>& params,
+                            const std::vector<Tensor>& grads);
   // Per-parameter state hooks for state_dict()/load_state_dict(). `param` is parameter `index`
   // of `group`; names are the last component of the key ("exp_avg").
   virtual void export_param_state(const Tensor& param,

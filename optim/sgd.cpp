@@ -5,6 +5,11 @@
 
 #include "kernels/cpu/optimizer_steps.h"
 
+#if LOOM_WITH_CUDA
+#include "kernels/cuda/optimizer.h"
+#include "tensor/ops/cuda_support.h"
+#endif
+
 namespace loom::optim {
 
 namespace {
@@ -67,8 +72,19 @@ void SGD::update(const ParamGroup& group, const Tensor& p, const Tensor& grad) {
                                        .weight_decay = group.weight_decay,
                                        .nesterov = options_.nesterov,
                                        .first_step = first_step};
-  // checked_grad() admits only f32/f64 CPU parameters; a CUDA branch goes here.
-  if (p.dtype() == DType::F32) {
+  if (p.device().is_cuda()) {
+#if LOOM_WITH_CUDA
+    const kernels::cuda::SGDArgs cuda_args{.lr = args.lr,
+                                           .momentum = args.momentum,
+                                           .dampening = args.dampening,
+                                           .weight_decay = args.weight_decay,
+                                           .nesterov = args.nesterov,
+                                           .first_step = args.first_step};
+    kernels::cuda::sgd_step(p.dtype(), p.raw_data(), grad.raw_data(),
+                            use_momentum ? buffer.raw_data() : nullptr, p.numel(), cuda_args,
+                            detail::stream_of(p));
+#endif
+  } else if (p.dtype() == DType::F32) {
     kernels::cpu::sgd_step<float>(p.data<float>(), grad.data<float>(),
                                   use_momentum ? buffer.data<float>() : nullptr, p.numel(), args);
   } else {

@@ -26,6 +26,9 @@ DataParallelStrategy::DataParallelStrategy(StrategyOptions options) : Strategy(s
 }
 
 void DataParallelStrategy::setup_module(nn::Module& module) {
+  if (root_device().is_cuda()) {
+    fail("[dp] replicas run on CPU threads; for GPUs use strategy 'ddp' (one process per GPU)");
+  }
   Strategy::setup_module(module);
   copies_.clear();
 }

@@ -26,7 +26,22 @@ class CPUAccelerator final : public Accelerator {
   Device device(int) const override { return Device::cpu(); }
 };
 
-// "cpu" or "auto" (the CPU in this build); anything else is loom::Error naming what exists.
+// NVIDIA GPUs (builds with LOOM_WITH_CUDA). Local rank r computes on cuda:(r mod the number
+// of GPUs), so several processes may share one GPU (with the shm backend, which stages CUDA
+// tensors through pinned memory; NCCL refuses two ranks on one GPU).
+class CUDAAccelerator final : public Accelerator {
+ public:
+  CUDAAccelerator();  // throws loom::Error saying why when no GPU can be used
+  std::string name() const override { return "cuda"; }
+  Device device(int local_rank) const override;
+
+ private:
+  int device_count_ = 0;
+};
+
+// "cpu", "cuda" or "auto". "auto" is the CPU, even where a GPU is present: the CUDA path has
+// not been verified on hardware yet (docs/cuda.md), so using it is an explicit choice.
+// Anything else is loom::Error naming what exists.
 std::shared_ptr<Accelerator> make_accelerator(const std::string& name);
 
 class CheckpointIO {

@@ -10,7 +10,16 @@
 #include "tensor/ops.h"
 #include "tensor/safetensors.h"
 
+#if LOOM_WITH_CUDA
+#include "tensor/cuda/device.h"
+#endif
+
 namespace loom::strategies {
+
+void Strategy::setup_module(nn::Module& module) {
+  module.to(root_device());
+  module_ = &module;
+}
 
 Strategy::Strategy(StrategyOptions options) : options_(std::move(options)) {
   accelerator_ = make_accelerator(options_.accelerator);
@@ -141,7 +150,25 @@ std::map<std::string, Tensor> Strategy::load_checkpoint(const std::filesystem::p
 
 void ParallelStrategy::setup_environment() {
   if (group_) return;
-  group_ = comm::init({.timeout = options_.timeout, .environment = environment_});
+  comm::ClusterEnv env = environment_ ? *environment_ : comm::detect_cluster_env();
+  environment_ = env;
+  std::string backend = options_.process_group_backend;
+  if (backend == "auto" && root_device().is_cuda()) {
+    int gpus = 0;
+#if LOOM_WITH_CUDA
+    gpus = cuda::device_count();
+#endif
+    bool own_gpu = gpus >= env.local_world_size;  // NCCL refuses two ranks on one GPU
+    backend = LOOM_WITH_NCCL && own_gpu ? "nccl" : "shm";
+  }
+  std::optional<Device> device;
+  if (root_device().is_cuda()) device = root_device();
+  group_ = comm::init(
+      {.backend = backend, .timeout = options_.timeout, .environment = env, .device = device});
+}
+
+int ParallelStrategy::local_rank() const {
+  return environment_ ? environment_->local_rank : 0;
 }
 
 int ParallelStrategy::rank() const {

@@ -38,6 +38,10 @@ struct StrategyOptions {
   std::string devices = "auto";      // "auto", "N", "-1" (all), "0,2"
   int num_nodes = 1;
   std::string precision = "32-true";
+  // Backend of the process group (Lightning's process_group_backend): "auto" is "nccl" for
+  // the cuda accelerator when every local rank has its own GPU and Loom was built with NCCL,
+  // otherwise "shm" (which stages CUDA tensors through pinned host memory).
+  std::string process_group_backend = "auto";
   ReducerOptions ddp = {};  // bucket_cap_mb, find_unused_parameters, gradient_as_bucket_view
   comm::Duration timeout = comm::kDefaultTimeout;
   // Local SGD with periodic model averaging (ddp and its launching variants; other strategies
@@ -104,7 +108,8 @@ class Strategy {
 
   virtual std::string name() const = 0;
   virtual void setup_environment() {}
-  virtual void setup_module(nn::Module& module) { module_ = &module; }
+  // Moves the module's parameters to root_device() and keeps it as the module to train.
+  virtual void setup_module(nn::Module& module);
   virtual void setup_optimizer(optim::Optimizer&) {}
   virtual void backward(const Tensor& loss) { loss.backward(); }
   // The loss of a function of rows [row_begin, row_end) of the batch, as a mean over rows.
@@ -131,8 +136,10 @@ class Strategy {
 
   virtual int rank() const { return 0; }
   virtual int world_size() const { return 1; }
+  virtual int local_rank() const { return 0; }
   bool is_global_zero() const { return rank() == 0; }
-  Device root_device() const { return accelerator_->device(0); }
+  // The device this process computes on: the accelerator's device for local_rank().
+  Device root_device() const { return accelerator_->device(local_rank()); }
   const Accelerator& accelerator() const { return *accelerator_; }
   void set_accelerator(std::shared_ptr<Accelerator> accelerator);
   void set_checkpoint_io(std::shared_ptr<CheckpointIO> io);
@@ -177,6 +184,7 @@ class ParallelStrategy : public Strategy {
   void setup_environment() override;
   int rank() const override;
   int world_size() const override;
+  int local_rank() const override;
   Tensor all_reduce(Tensor tensor, comm::ReduceOp op = comm::ReduceOp::Avg) override;
   Tensor all_gather(const Tensor& tensor) override;
   Tensor broadcast(Tensor tensor, int source = 0) override;

@@ -5,6 +5,10 @@
 
 #include "tensor/error.h"
 
+#if LOOM_WITH_CUDA
+#include "tensor/cuda/caching_allocator.h"
+#endif
+
 namespace loom {
 
 MemoryStats Allocator::stats() const {
@@ -48,25 +52,32 @@ class CpuAllocator final : public Allocator {
   }
 };
 
-Allocator*& registered(DeviceType type) {
+CpuAllocator& default_cpu_allocator() {
   static CpuAllocator cpu;
-  static Allocator* table[] = {&cpu, nullptr};
+  return cpu;
+}
+
+// User overrides per device type; the CPU entry starts as the built-in allocator.
+Allocator*& registered(DeviceType type) {
+  static Allocator* table[] = {&default_cpu_allocator(), nullptr};
   return table[static_cast<int>(type)];
 }
 
 }  // namespace
 
 Allocator& allocator_for(Device device) {
-  Allocator* allocator = registered(device.type);
-  if (allocator == nullptr) {
-    fail("[tensor] no allocator for ", device,
-         ": this build has no CUDA support (configure with -DLOOM_WITH_CUDA=ON)");
-  }
-  return *allocator;
+  if (Allocator* allocator = registered(device.type)) return *allocator;
+#if LOOM_WITH_CUDA
+  if (device.is_cuda()) return cuda::caching_allocator(device.index);
+#endif
+  fail("[tensor] no allocator for ", device,
+       ": this build has no CUDA support (configure with -DLOOM_WITH_CUDA=ON on a machine "
+       "with the CUDA toolkit)");
 }
 
 void register_allocator(DeviceType type, Allocator* allocator) {
-  registered(type) = allocator;
+  bool restore_cpu = allocator == nullptr && type == DeviceType::CPU;
+  registered(type) = restore_cpu ? &default_cpu_allocator() : allocator;
 }
 
 }  // namespace loom

@@ -1,7 +1,8 @@
 #pragma once
 // One allocator per device, with byte accounting for memory reports.
-// Allocators are registered per device type; the CPU one is always present, the CUDA
-// caching allocator registers itself when Loom is built with CUDA.
+// The CPU allocator is always present; in a build with CUDA (LOOM_WITH_CUDA), cuda:N uses
+// the caching allocator of device N (tensor/cuda/caching_allocator.h). Users may replace
+// either with register_allocator().
 
 #include <atomic>
 #include <cstddef>
@@ -39,10 +40,11 @@ class Allocator {
   std::atomic<size_t> allocations_{0};
 };
 
-// The allocator for `device`; throws loom::Error when none is registered (for instance
-// cuda:0 in a build without CUDA).
+// The allocator for `device`; throws loom::Error when there is none (cuda:N in a build
+// without CUDA, or N beyond the devices present).
 Allocator& allocator_for(Device device);
-// Installs `allocator` (not owned, must outlive its use) for every device of `type`.
+// Installs `allocator` (not owned, must outlive its use) for every device of `type`;
+// nullptr restores the built-in one.
 void register_allocator(DeviceType type, Allocator* allocator);
 
 }  // namespace loom

@@ -28,4 +28,13 @@ Tensor round_through(const Tensor& x, DType dtype) {
   return cast(cast(x, dtype), DType::F32);
 }
 
+Tensor autocast_input(const Tensor& x, DType low) {
+  bool computes_in_low = x.defined() && x.device().is_cuda() && x.dtype() == DType::F32;
+  return computes_in_low ? cast(x, low) : round_through(x, low);
+}
+
+Tensor autocast_output(const Tensor& y, DType low) {
+  return y.dtype() == low ? cast(y, DType::F32) : round_through(y, low);
+}
+
 }  // namespace loom

@@ -1,10 +1,12 @@
 #pragma once
-// Mixed-precision emulation on the CPU: inside an AutocastGuard(bf16 or f16), matmul and
-// linear round their f32 operands and their result to that dtype (through cast, so autograd
-// sees the roundings as in PyTorch's autocast). A bf16/f16 GEMM with f32 accumulation computes
-// exactly this: products of the rounded inputs are exact in f32, sums are f32. Every other op
-// stays in f32. The CPU kernels run in f32, so this reproduces the numerics of bf16-mixed /
-// 16-mixed training, not their speed. Thread-local.
+// Mixed precision: inside an AutocastGuard(bf16 or f16), matmul and linear take their f32
+// operands in that dtype and give an f32 result rounded to it (through cast, so autograd sees
+// the roundings as in PyTorch's autocast). Every other op stays in f32. Thread-local.
+//  - CUDA: the product really runs in bf16/f16 (cuBLASLt, f32 accumulation) and its result is
+//    cast back to f32.
+//  - CPU: emulated. Operands and result are rounded through the low dtype and the GEMM runs
+//    in f32, which computes the same thing: products of the rounded inputs are exact in f32,
+//    sums are f32. This reproduces the numerics of bf16-mixed / 16-mixed, not their speed.
 
 #include "tensor/tensor.h"
 
@@ -26,5 +28,10 @@ DType autocast_dtype();
 // x rounded through `dtype` (cast there and back, recorded by autograd) when x is f32; x
 // otherwise.
 Tensor round_through(const Tensor& x, DType dtype);
+// An f32 operand of an autocast op: cast to `low` on CUDA, rounded through it on the CPU.
+Tensor autocast_input(const Tensor& x, DType low);
+// The result of an autocast op back in f32: cast up when it was computed in `low`, rounded
+// through `low` when it was computed in f32 (the CPU emulation).
+Tensor autocast_output(const Tensor& y, DType low);
 
 }  // namespace loom

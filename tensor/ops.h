@@ -74,7 +74,8 @@ Tensor sum(const Tensor& x);  // all elements -> shape []
 Tensor sum(const Tensor& x, const std::vector<int64_t>& dims, bool keepdim = false);
 Tensor mean(const Tensor& x);
 Tensor mean(const Tensor& x, const std::vector<int64_t>& dims, bool keepdim = false);
-// Maximum along one dimension; the gradient flows to the first maximal element.
+// Maximum along one dimension; the gradient flows to the first maximal element. CUDA tensors
+// are reduced on the CPU (max is not on a training step's path).
 Tensor max(const Tensor& x, int64_t dim, bool keepdim = false);
 Tensor max(const Tensor& x);
 // Sums a broadcast result back down to `shape` (the vjp of broadcasting).

@@ -129,8 +129,32 @@ Tensor Tensor::to(DType dtype) const {
 
 Tensor Tensor::to(Device device) const {
   if (device == this->device()) return *this;
-  fail("Tensor::to(", device, "): copies between ", this->device(), " and ", device,
-       " need a build with CUDA (LOOM_WITH_CUDA=ON)");
+  Tensor src = *this;
+  Tensor out = empty(shape(), dtype(), device);
+  {
+    NoGradGuard no_grad;
+    copy_(out, src);
+  }
+  if (autograd::any_requires_grad({src})) {
+    autograd::record("ToDevice", {src}, {out},
+                     [from = this->device()](const std::vector<Tensor>& g, const autograd::Node&) {
+                       return std::vector<Tensor>{g[0].to(from)};
+                     });
+  }
+  return out;
+}
+
+void Tensor::set_data(const Tensor& source) const {
+  check(source.defined(), "Tensor::set_data: the source tensor is undefined");
+  check(is_leaf(), "Tensor::set_data: only leaf tensors (parameters) can be repointed");
+  TensorImpl& target = impl();
+  const TensorImpl& from = source.impl();
+  target.shape = from.shape;
+  target.strides = from.strides;
+  target.offset = from.offset;
+  target.dtype = from.dtype;
+  target.storage = from.storage;
+  target.grad.reset();
 }
 
 Tensor Tensor::clone() const {

@@ -93,8 +93,15 @@ class Tensor {
   // --- conversions (recorded by autograd) -----------------------------------------------
   Tensor contiguous() const;  // returns *this when already contiguous
   Tensor to(DType dtype) const;
+  // A copy on `device` (gradients flow back to this device). A copy to the CPU has finished
+  // when this returns; one to a GPU is queued on its current stream.
   Tensor to(Device device) const;
   Tensor clone() const;  // a new contiguous copy with its own storage
+  // Points this tensor (and every handle sharing it) at `source`'s data: storage, shape,
+  // strides, offset and dtype. Its identity, requires_grad and hooks stay; its gradient is
+  // dropped. For moving parameters between devices (torch's `param.data = ...`). Not
+  // recorded by autograd; views made earlier keep the old data.
+  void set_data(const Tensor& source) const;
 
   // --- views (recorded by autograd); see tensor/ops.h for the full list --------------------
   Tensor reshape(const Shape& shape) const;

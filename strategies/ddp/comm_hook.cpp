@@ -154,7 +154,7 @@ class PowerSGDHook : public CommHook {
       if (state.error.defined() && state.error.numel() == input.numel()) {
         add_(input, state.error);
       } else {
-        state.error = Tensor::zeros(input.shape(), input.dtype());
+        state.error = Tensor::zeros(input.shape(), input.dtype(), input.device());
       }
       p.input_copy = input.clone();
     }
@@ -185,8 +185,8 @@ class PowerSGDHook : public CommHook {
     if (p.matrices.empty()) return pending;
     bool fresh = !state.q.defined() || state.q.numel() != q_size;
     if (fresh) {
-      state.p = Tensor::zeros({p_size}, input.dtype());
-      state.q = Tensor::zeros({q_size}, input.dtype());
+      state.p = Tensor::zeros({p_size}, input.dtype(), input.device());
+      state.q = Tensor::zeros({q_size}, input.dtype(), input.device());
     }
     if (fresh || !options_.warm_start) {
       // Every rank draws the same sequence: the seed and the number of draws so far.

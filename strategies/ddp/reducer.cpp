@@ -272,8 +272,10 @@ int64_t fingerprint(const std::string& name, const Tensor& t) {
 void verify_same_parameters(const std::vector<std::pair<std::string, Tensor>>& named,
                             comm::ProcessGroup& group) {
   const int64_t world = group.size();
-  Tensor count = Tensor::full({1}, static_cast<double>(named.size()), DType::I64);
-  Tensor counts = Tensor::empty({world}, DType::I64);
+  // On the parameters' device: an NCCL group moves only CUDA tensors.
+  const Device device = named.empty() ? Device::cpu() : named[0].second.device();
+  Tensor count = Tensor::full({1}, static_cast<double>(named.size()), DType::I64, device);
+  Tensor counts = Tensor::empty({world}, DType::I64, device);
   group.all_gather(counts, count)->wait();
   std::vector<int64_t> all = counts.to_vector<int64_t>();
   for (int64_t r = 0; r < world; ++r) {
@@ -285,8 +287,8 @@ void verify_same_parameters(const std::vector<std::pair<std::string, Tensor>>& n
   std::vector<int64_t> mine;
   for (const auto& [name, t] : named)
     mine.push_back(fingerprint(name, t));
-  Tensor local = Tensor::from_vector(mine, {static_cast<int64_t>(mine.size())});
-  Tensor gathered = Tensor::empty({world * local.numel()}, DType::I64);
+  Tensor local = Tensor::from_vector(mine, {static_cast<int64_t>(mine.size())}, device);
+  Tensor gathered = Tensor::empty({world * local.numel()}, DType::I64, device);
   group.all_gather(gathered, local)->wait();
   std::vector<int64_t> prints = gathered.to_vector<int64_t>();
   for (size_t i = 0; i < named.size(); ++i) {

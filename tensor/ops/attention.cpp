@@ -3,7 +3,12 @@
 #include "kernels/cpu/attention.h"
 #include "tensor/autograd/node.h"
 #include "tensor/ops.h"
+#include "tensor/ops/cuda_support.h"
 #include "tensor/ops/dispatch.h"
+
+#if LOOM_WITH_CUDA
+#include "kernels/cuda/attention.h"
+#endif
 
 namespace loom {
 
@@ -21,6 +26,51 @@ Tensor empty_bthd(const Shape& bhtd, DType dtype, Device device) {
   return storage.permute({0, 2, 1, 3});
 }
 
+// Causal attention on a GPU with the flash kernels: no [T, T] probabilities are kept, only
+// each row's logsumexp (f32), from which backward recomputes them tile by tile.
+Tensor cuda_causal_attention(const Tensor& q, const Tensor& k, const Tensor& v) {
+  kernels::cpu::AttentionShape s{q.size(0), q.size(1), q.size(2), q.size(3)};
+  Tensor qc = with_unit_inner_stride(q), kc = with_unit_inner_stride(k),
+         vc = with_unit_inner_stride(v);
+  Tensor out = empty_bthd(q.shape(), q.dtype(), q.device()).detach();
+  Tensor lse = Tensor::empty({s.batch, s.heads, s.time}, DType::F32, q.device());
+  LOOM_IF_CUDA({
+    kernels::cuda::AttentionShape cs{s.batch, s.heads, s.time, s.head_dim};
+    if (q.numel() > 0) {
+      kernels::cuda::flash_attention_forward(
+          q.dtype(), cs, qc.raw_data(), qc.strides().data(), kc.raw_data(), kc.strides().data(),
+          vc.raw_data(), vc.strides().data(), out.raw_data(), out.strides().data(),
+          lse.data<float>(), detail::stream_of(q));
+    }
+  });
+  if (autograd::any_requires_grad({q, k, v})) {
+    autograd::record(
+        "CausalAttention", {q, k, v}, {out},
+        [qc = qc.detach(), kc = kc.detach(), vc = vc.detach(), o = out.detach(), lse, s](
+            const std::vector<Tensor>& g, const autograd::Node&) {
+          Tensor dout = with_unit_inner_stride(g[0]);
+          Tensor dq = empty_bthd(qc.shape(), qc.dtype(), qc.device());
+          Tensor dk = empty_bthd(qc.shape(), qc.dtype(), qc.device());
+          Tensor dv = empty_bthd(qc.shape(), qc.dtype(), qc.device());
+          LOOM_IF_CUDA({
+            kernels::cuda::AttentionShape cs{s.batch, s.heads, s.time, s.head_dim};
+            if (qc.numel() > 0) {
+              Tensor scratch = detail::workspace(
+                  qc.device(), kernels::cuda::flash_attention_backward_workspace(cs));
+              kernels::cuda::flash_attention_backward(
+                  qc.dtype(), cs, dout.raw_data(), dout.strides().data(), qc.raw_data(),
+                  qc.strides().data(), kc.raw_data(), kc.strides().data(), vc.raw_data(),
+                  vc.strides().data(), o.raw_data(), o.strides().data(), lse.data<float>(),
+                  dq.raw_data(), dq.strides().data(), dk.raw_data(), dk.strides().data(),
+                  dv.raw_data(), dv.strides().data(), scratch.raw_data(), detail::stream_of(qc));
+            }
+          });
+          return std::vector<Tensor>{dq, dk, dv};
+        });
+  }
+  return out;
+}
+
 }  // namespace
 
 Tensor causal_attention(const Tensor& q, const Tensor& k, const Tensor& v) {
@@ -31,6 +81,7 @@ Tensor causal_attention(const Tensor& q, const Tensor& k, const Tensor& v) {
     fail("causal_attention: expected q, k, v of one shape [B, H, T, D]; got ", shape_str(q.shape()),
          ", ", shape_str(k.shape()), ", ", shape_str(v.shape()));
   }
+  if (q.device().is_cuda()) return cuda_causal_attention(q, k, v);
   kernels::cpu::AttentionShape s{q.size(0), q.size(1), q.size(2), q.size(3)};
   Tensor qc = with_unit_inner_stride(q), kc = with_unit_inner_stride(k),
          vc = with_unit_inner_stride(v);

@@ -6,7 +6,14 @@
 #include "kernels/cpu/elementwise.h"
 #include "tensor/autograd/node.h"
 #include "tensor/ops.h"
+#include "tensor/ops/cuda_support.h"
 #include "tensor/ops/dispatch.h"
+
+#if LOOM_WITH_CUDA
+#include "kernels/cuda/check.h"
+#include "kernels/cuda/elementwise.h"
+#include "tensor/cuda/copy.h"
+#endif
 
 namespace loom {
 
@@ -72,18 +79,39 @@ void convert(DType src_dtype, const void* src, DType dst_dtype, void* dst, int64
   });
 }
 
-void check_cpu_contiguous_dst(const char* op, const Tensor& dst) {
+void check_contiguous_dst(const char* op, const Tensor& dst) {
   detail::check_kernel_device(op, dst);
   if (!dst.is_contiguous())
     fail(op, ": destination must be contiguous, got strides ", shape_str(dst.strides()),
          " for shape ", shape_str(dst.shape()));
 }
 
+// Copies between devices: src is packed and converted to dst's dtype on its own device,
+// then its bytes move on the CUDA side's current stream (the destination's between two
+// GPUs, after the source's stream has drained). A copy into host memory has finished when
+// this returns.
+void copy_across_devices(Tensor& dst, const Tensor& src) {
+  NoGradGuard no_grad;
+  Tensor packed = src.contiguous().to(dst.dtype());
+#if LOOM_WITH_CUDA
+  if (src.device().is_cuda() && dst.device().is_cuda()) {
+    LOOM_CUDA_CHECK(cudaStreamSynchronize(detail::stream_of(packed)));
+  }
+#endif
+  LOOM_IF_CUDA(cuda::copy_bytes(dst.raw_data(), dst.device(), packed.raw_data(), packed.device(),
+                                dst.nbytes(),
+                                detail::stream_of(dst.device().is_cuda() ? dst : src)));
+}
+
 }  // namespace
 
 void fill_(Tensor& a, double value) {
-  check_cpu_contiguous_dst("fill_", a);
+  check_contiguous_dst("fill_", a);
   int64_t n = a.numel();
+  if (a.device().is_cuda()) {
+    LOOM_IF_CUDA(kernels::cuda::fill(a.dtype(), a.raw_data(), value, n, detail::stream_of(a)));
+    return;
+  }
   dispatch_any(a.dtype(), [&]<typename T>() {
     T v = from_double<T>(value);
     T* p = static_cast<T*>(a.raw_data());
@@ -93,13 +121,21 @@ void fill_(Tensor& a, double value) {
 }
 
 void copy_(Tensor& dst, const Tensor& src) {
-  check_cpu_contiguous_dst("copy_", dst);
+  check_contiguous_dst("copy_", dst);
   detail::check_kernel_device("copy_", src);
   if (src.shape() != dst.shape()) {
     fail("copy_: source shape ", shape_str(src.shape()), " does not match destination shape ",
          shape_str(dst.shape()));
   }
   if (src.numel() == 0) return;
+  if (src.device() != dst.device()) return copy_across_devices(dst, src);
+  if (src.device().is_cuda()) {
+    LOOM_IF_CUDA(kernels::cuda::copy_strided(src.dtype(), static_cast<int>(src.dim()),
+                                             src.shape().data(), src.raw_data(),
+                                             src.strides().data(), dst.dtype(), dst.raw_data(),
+                                             detail::stream_of(src)));
+    return;
+  }
   if (src.dtype() == dst.dtype()) {
     kernels::cpu::copy_strided(dtype_size(src.dtype()), static_cast<int>(src.dim()),
                                src.shape().data(), src.raw_data(), src.strides().data(),

@@ -4,9 +4,9 @@ namespace loom::detail {
 
 void check_kernel_device(const char* op, const Tensor& t) {
   check(t.defined(), std::string(op) + ": got an undefined tensor");
-  if (!t.device().is_cpu()) {
+  if (t.device().is_cuda() && !LOOM_WITH_CUDA) {
     fail(op, ": no kernel for ", t.device(),
-         " in this build; the CUDA kernels arrive with LOOM_WITH_CUDA (see docs/architecture.md)");
+         " in this build; configure with -DLOOM_WITH_CUDA=ON on a machine with the CUDA toolkit");
   }
 }
 

@@ -19,7 +19,7 @@ decltype(auto) dispatch_floating(DType dtype, const char* op, F&& f) {
   }
 }
 
-// Throws unless this build has a kernel for `op` on t's device (the CPU in this build).
+// Throws unless t is defined and this build has kernels for its device.
 void check_kernel_device(const char* op, const Tensor& t);
 // x's elements in row-major layout for a kernel to read: x itself when contiguous, else a
 // copy. Never recorded by autograd (the calling op records its own node against x).

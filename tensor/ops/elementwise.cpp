@@ -3,7 +3,12 @@
 #include "kernels/cpu/elementwise.h"
 #include "tensor/autograd/node.h"
 #include "tensor/ops.h"
+#include "tensor/ops/cuda_support.h"
 #include "tensor/ops/dispatch.h"
+
+#if LOOM_WITH_CUDA
+#include "kernels/cuda/elementwise.h"
+#endif
 
 namespace loom {
 
@@ -29,6 +34,13 @@ Tensor binary_forward(BinaryOp op, const char* name, const Tensor& a, const Tens
   Tensor out = Tensor::empty(shape, a.dtype(), a.device());
   if (out.numel() == 0) return out;
   Shape sa = broadcast_strides(a, shape), sb = broadcast_strides(b, shape);
+  if (a.device().is_cuda()) {
+    LOOM_IF_CUDA(kernels::cuda::binary(static_cast<kernels::cuda::BinaryOp>(op), a.dtype(),
+                                       static_cast<int>(shape.size()), shape.data(), a.raw_data(),
+                                       sa.data(), b.raw_data(), sb.data(), out.raw_data(),
+                                       detail::stream_of(a)));
+    return out;
+  }
   detail::dispatch_floating(a.dtype(), name, [&]<typename T>() {
     kernels::cpu::binary<T>(op, static_cast<int>(shape.size()), shape.data(), a.data<T>(),
                             sa.data(), b.data<T>(), sb.data(), out.data<T>());
@@ -97,9 +109,14 @@ Tensor add(const Tensor& a, double value) {
   detail::check_kernel_device("add", a);
   Tensor out = Tensor::empty(a.shape(), a.dtype(), a.device());
   Tensor src = detail::contiguous_input(a);
-  detail::dispatch_floating(a.dtype(), "add", [&]<typename T>() {
-    kernels::cpu::add_scalar<T>(src.data<T>(), static_cast<T>(value), out.data<T>(), a.numel());
-  });
+  if (a.device().is_cuda()) {
+    LOOM_IF_CUDA(kernels::cuda::add_scalar(a.dtype(), src.raw_data(), value, out.raw_data(),
+                                           a.numel(), detail::stream_of(a)));
+  } else {
+    detail::dispatch_floating(a.dtype(), "add", [&]<typename T>() {
+      kernels::cpu::add_scalar<T>(src.data<T>(), static_cast<T>(value), out.data<T>(), a.numel());
+    });
+  }
   if (autograd::any_requires_grad({a})) {
     autograd::record("AddScalar", {a}, {out},
                      [](const std::vector<Tensor>& g, const autograd::Node&) { return g; });
@@ -111,9 +128,14 @@ Tensor mul(const Tensor& a, double factor) {
   detail::check_kernel_device("mul", a);
   Tensor out = Tensor::empty(a.shape(), a.dtype(), a.device());
   Tensor src = detail::contiguous_input(a);
-  detail::dispatch_floating(a.dtype(), "mul", [&]<typename T>() {
-    kernels::cpu::scale<T>(src.data<T>(), static_cast<T>(factor), out.data<T>(), a.numel());
-  });
+  if (a.device().is_cuda()) {
+    LOOM_IF_CUDA(kernels::cuda::scale(a.dtype(), src.raw_data(), factor, out.raw_data(), a.numel(),
+                                      detail::stream_of(a)));
+  } else {
+    detail::dispatch_floating(a.dtype(), "mul", [&]<typename T>() {
+      kernels::cpu::scale<T>(src.data<T>(), static_cast<T>(factor), out.data<T>(), a.numel());
+    });
+  }
   if (autograd::any_requires_grad({a})) {
     autograd::record("MulScalar", {a}, {out},
                      [factor](const std::vector<Tensor>& g, const autograd::Node&) {
@@ -131,18 +153,29 @@ Tensor gelu(const Tensor& x) {
   detail::check_kernel_device("gelu", x);
   Tensor in = detail::contiguous_input(x);
   Tensor out = Tensor::empty(x.shape(), x.dtype(), x.device());
-  detail::dispatch_floating(x.dtype(), "gelu", [&]<typename T>() {
-    kernels::cpu::gelu_forward<T>(in.data<T>(), out.data<T>(), in.numel());
-  });
+  if (x.device().is_cuda()) {
+    LOOM_IF_CUDA(kernels::cuda::gelu_forward(x.dtype(), in.raw_data(), out.raw_data(), in.numel(),
+                                             detail::stream_of(x)));
+  } else {
+    detail::dispatch_floating(x.dtype(), "gelu", [&]<typename T>() {
+      kernels::cpu::gelu_forward<T>(in.data<T>(), out.data<T>(), in.numel());
+    });
+  }
   if (autograd::any_requires_grad({x})) {
     autograd::record("Gelu", {x}, {out},
                      [in = in.detach()](const std::vector<Tensor>& g, const autograd::Node&) {
                        Tensor dy = g[0].contiguous();
                        Tensor dx = Tensor::empty(in.shape(), in.dtype(), in.device());
-                       detail::dispatch_floating(in.dtype(), "gelu", [&]<typename T>() {
-                         kernels::cpu::gelu_backward<T>(in.data<T>(), dy.data<T>(), dx.data<T>(),
-                                                        in.numel());
-                       });
+                       if (in.device().is_cuda()) {
+                         LOOM_IF_CUDA(kernels::cuda::gelu_backward(
+                             in.dtype(), in.raw_data(), dy.raw_data(), dx.raw_data(), in.numel(),
+                             detail::stream_of(in)));
+                       } else {
+                         detail::dispatch_floating(in.dtype(), "gelu", [&]<typename T>() {
+                           kernels::cpu::gelu_backward<T>(in.data<T>(), dy.data<T>(),
+                                                          dx.data<T>(), in.numel());
+                         });
+                       }
                        return std::vector<Tensor>{dx};
                      });
   }
@@ -155,6 +188,11 @@ void add_(Tensor& a, const Tensor& b) {
   check(a.is_contiguous(), "add_: destination must be contiguous");
   NoGradGuard no_grad;
   Tensor src = b.shape() == a.shape() ? b.contiguous() : expand(b, a.shape()).contiguous();
+  if (a.device().is_cuda()) {
+    LOOM_IF_CUDA(kernels::cuda::add_inplace(a.dtype(), a.raw_data(), src.raw_data(), a.numel(),
+                                            detail::stream_of(a)));
+    return;
+  }
   detail::dispatch_floating(a.dtype(), "add_", [&]<typename T>() {
     kernels::cpu::add_inplace<T>(a.data<T>(), src.data<T>(), a.numel());
   });
@@ -163,6 +201,11 @@ void add_(Tensor& a, const Tensor& b) {
 void mul_(Tensor& a, double factor) {
   detail::check_kernel_device("mul_", a);
   check(a.is_contiguous(), "mul_: destination must be contiguous");
+  if (a.device().is_cuda()) {
+    LOOM_IF_CUDA(kernels::cuda::scale_inplace(a.dtype(), a.raw_data(), factor, a.numel(),
+                                              detail::stream_of(a)));
+    return;
+  }
   detail::dispatch_floating(a.dtype(), "mul_", [&]<typename T>() {
     kernels::cpu::scale_inplace<T>(a.data<T>(), static_cast<T>(factor), a.numel());
   });

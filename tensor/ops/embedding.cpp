@@ -3,15 +3,63 @@
 #include "kernels/cpu/embedding.h"
 #include "tensor/autograd/node.h"
 #include "tensor/ops.h"
+#include "tensor/ops/cuda_support.h"
 #include "tensor/ops/dispatch.h"
 
+#if LOOM_WITH_CUDA
+#include "kernels/cuda/embedding.h"
+#endif
+
 namespace loom {
+
+namespace {
+
+// Embedding on a GPU. Indices are moved to the weight's device as i64 (host indices are
+// uploaded); an out-of-range index stops the kernel with a device-side error naming it.
+// The backward pass sorts the indices and sums each row's gradients in index order: no
+// atomics, so the result is bitwise reproducible.
+Tensor cuda_embedding(const Tensor& indices, const Tensor& weight) {
+  if (indices.dtype() != DType::I64 && indices.dtype() != DType::I32) {
+    fail("embedding: indices must be i32 or i64, got ", indices.dtype());
+  }
+  int64_t vocab = weight.size(0), width = weight.size(1);
+  Tensor index = indices.to(weight.device()).to(DType::I64).contiguous();
+  Shape shape = indices.shape();
+  shape.push_back(width);
+  Tensor w = detail::contiguous_input(weight);
+  Tensor out = Tensor::empty(shape, weight.dtype(), weight.device());
+  int64_t count = index.numel();
+  LOOM_IF_CUDA(kernels::cuda::embedding_forward(weight.dtype(), index.data<int64_t>(),
+                                                w.raw_data(), out.raw_data(), count, width, vocab,
+                                                detail::stream_of(weight)));
+  if (autograd::any_requires_grad({weight})) {
+    autograd::record(
+        "Embedding", {weight}, {out},
+        [index, shape = weight.shape(), count, width, vocab](const std::vector<Tensor>& g,
+                                                             const autograd::Node&) {
+          Tensor dy = g[0].contiguous();
+          Tensor dw = Tensor::zeros(shape, dy.dtype(), dy.device());
+          LOOM_IF_CUDA({
+            Tensor scratch = detail::workspace(
+                dy.device(), kernels::cuda::embedding_backward_workspace(count));
+            kernels::cuda::embedding_backward(dy.dtype(), index.data<int64_t>(), dy.raw_data(),
+                                              dw.raw_data(), count, width, vocab,
+                                              scratch.raw_data(), detail::stream_of(dy));
+          });
+          return std::vector<Tensor>{dw};
+        });
+  }
+  return out;
+}
+
+}  // namespace
 
 Tensor embedding(const Tensor& indices, const Tensor& weight) {
   detail::check_kernel_device("embedding", weight);
   if (weight.dim() != 2) {
     fail("embedding: expected weight [V, C], got ", shape_str(weight.shape()));
   }
+  if (weight.device().is_cuda()) return cuda_embedding(indices, weight);
   int64_t vocab = weight.size(0), width = weight.size(1);
   auto index =
       std::make_shared<std::vector<int64_t>>(detail::indices_as_i64("embedding", indices, vocab));

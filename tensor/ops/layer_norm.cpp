@@ -3,7 +3,12 @@
 #include "kernels/cpu/layer_norm.h"
 #include "tensor/autograd/node.h"
 #include "tensor/ops.h"
+#include "tensor/ops/cuda_support.h"
 #include "tensor/ops/dispatch.h"
+
+#if LOOM_WITH_CUDA
+#include "kernels/cuda/layer_norm.h"
+#endif
 
 namespace loom {
 
@@ -21,25 +26,51 @@ Tensor layer_norm(const Tensor& x, const Tensor& weight, const Tensor& bias, dou
   Tensor in = detail::contiguous_input(x), w = detail::contiguous_input(weight),
          b = detail::contiguous_input(bias);
   Tensor out = Tensor::empty(x.shape(), x.dtype(), x.device());
-  Tensor mean = Tensor::empty({rows}, x.dtype(), x.device());
-  Tensor rstd = Tensor::empty({rows}, x.dtype(), x.device());
-  detail::dispatch_floating(x.dtype(), "layer_norm", [&]<typename T>() {
-    kernels::cpu::layer_norm_forward<T>(in.data<T>(), w.data<T>(), b.data<T>(), out.data<T>(),
-                                        mean.data<T>(), rstd.data<T>(), rows, width, eps);
-  });
+  // Row statistics: in x's dtype on the CPU, always f32 on CUDA (whose kernels read and
+  // write f32 statistics for every storage dtype).
+  DType stats_dtype = x.device().is_cuda() ? DType::F32 : x.dtype();
+  Tensor mean = Tensor::empty({rows}, stats_dtype, x.device());
+  Tensor rstd = Tensor::empty({rows}, stats_dtype, x.device());
+  if (x.device().is_cuda()) {
+    LOOM_IF_CUDA(kernels::cuda::layer_norm_forward(
+        x.dtype(), in.raw_data(), w.raw_data(), b.raw_data(), out.raw_data(),
+        mean.data<float>(), rstd.data<float>(), rows, width, eps, detail::stream_of(x)));
+  } else {
+    detail::dispatch_floating(x.dtype(), "layer_norm", [&]<typename T>() {
+      kernels::cpu::layer_norm_forward<T>(in.data<T>(), w.data<T>(), b.data<T>(), out.data<T>(),
+                                          mean.data<T>(), rstd.data<T>(), rows, width, eps);
+    });
+  }
   if (autograd::any_requires_grad({x, weight, bias})) {
     autograd::record("LayerNorm", {x, weight, bias}, {out},
                      [in = in.detach(), w = w.detach(), mean, rstd, rows, width](
                          const std::vector<Tensor>& g, const autograd::Node& node) {
                        Tensor dy = g[0].contiguous();
                        Tensor dx = Tensor::empty(in.shape(), in.dtype(), in.device());
-                       Tensor dw = Tensor::zeros(w.shape(), w.dtype(), w.device());
-                       Tensor db = Tensor::zeros(w.shape(), w.dtype(), w.device());
-                       detail::dispatch_floating(in.dtype(), "layer_norm", [&]<typename T>() {
-                         kernels::cpu::layer_norm_backward<T>(
-                             dy.data<T>(), in.data<T>(), w.data<T>(), mean.data<T>(),
-                             rstd.data<T>(), dx.data<T>(), dw.data<T>(), db.data<T>(), rows, width);
-                       });
+                       Tensor dw, db;
+                       if (in.device().is_cuda()) {  // the CUDA kernel overwrites dw and db
+                         dw = Tensor::empty(w.shape(), w.dtype(), w.device());
+                         db = Tensor::empty(w.shape(), w.dtype(), w.device());
+                         LOOM_IF_CUDA({
+                           Tensor scratch = detail::workspace(
+                               in.device(),
+                               kernels::cuda::layer_norm_backward_workspace(rows, width));
+                           kernels::cuda::layer_norm_backward(
+                               in.dtype(), dy.raw_data(), in.raw_data(), w.raw_data(),
+                               mean.data<float>(), rstd.data<float>(), dx.raw_data(),
+                               dw.raw_data(), db.raw_data(), rows, width, scratch.raw_data(),
+                               detail::stream_of(in));
+                         });
+                       } else {  // the CPU kernel accumulates into them
+                         dw = Tensor::zeros(w.shape(), w.dtype(), w.device());
+                         db = Tensor::zeros(w.shape(), w.dtype(), w.device());
+                         detail::dispatch_floating(in.dtype(), "layer_norm", [&]<typename T>() {
+                           kernels::cpu::layer_norm_backward<T>(
+                               dy.data<T>(), in.data<T>(), w.data<T>(), mean.data<T>(),
+                               rstd.data<T>(), dx.data<T>(), dw.data<T>(), db.data<T>(), rows,
+                               width);
+                         });
+                       }
                        return std::vector<Tensor>{node.needs_input_grad(0) ? dx : Tensor(),
                                                   node.needs_input_grad(1) ? dw : Tensor(),
                                                   node.needs_input_grad(2) ? db : Tensor()};

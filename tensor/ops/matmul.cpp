@@ -5,7 +5,12 @@
 #include "tensor/autocast.h"
 #include "tensor/autograd/node.h"
 #include "tensor/ops.h"
+#include "tensor/ops/cuda_support.h"
 #include "tensor/ops/dispatch.h"
+
+#if LOOM_WITH_CUDA
+#include "kernels/cuda/gemm.h"
+#endif
 
 namespace loom {
 
@@ -59,9 +64,20 @@ Tensor fold_batch(const Tensor& t) {
 }
 
 // out[i] = a[i] @ b[i] (+= when accumulate) for a batch of `batch` products; a batch stride
-// of 0 reuses the same matrix. out is contiguous [batch, m, n].
+// of 0 reuses the same matrix. out is contiguous [batch, m, n]. On CUDA, a defined `bias`
+// [n] is added to every row by the GEMM's epilogue (the CPU caller adds it itself).
 void batched_gemm(const Operand& a, const Operand& b, Tensor& out, int64_t batch, int64_t m,
-                  int64_t n, int64_t k, bool accumulate) {
+                  int64_t n, int64_t k, bool accumulate,
+                  [[maybe_unused]] const Tensor& bias = Tensor()) {
+  if (out.device().is_cuda()) {
+    LOOM_IF_CUDA(kernels::cuda::gemm(out.dtype(), a.trans, b.trans, m, n, k, a.holder.raw_data(),
+                                     a.ld, a.batch_stride, b.holder.raw_data(), b.ld,
+                                     b.batch_stride, out.raw_data(), std::max<int64_t>(n, 1), m * n,
+                                     batch, accumulate,
+                                     bias.defined() ? bias.raw_data() : nullptr,
+                                     detail::stream_of(out)));
+    return;
+  }
   detail::dispatch_floating(out.dtype(), "matmul", [&]<typename T>() {
     const T* pa = a.holder.data<T>();
     const T* pb = b.holder.data<T>();
@@ -117,9 +133,8 @@ Tensor matmul_forward(const Tensor& a, const Tensor& b) {
 Tensor matmul(const Tensor& a_in, const Tensor& b_in) {
   if (autocast_dtype() != DType::F32) {
     DType low = autocast_dtype();
-    AutocastGuard off(DType::F32);  // round operands and result once, not recursively
-    auto round = [low](const Tensor& t) { return round_through(t, low); };
-    return round(matmul(round(a_in), round(b_in)));
+    AutocastGuard off(DType::F32);  // convert operands and result once, not recursively
+    return autocast_output(matmul(autocast_input(a_in, low), autocast_input(b_in, low)), low);
   }
   const Tensor& a = a_in;
   const Tensor& b = b_in;
@@ -149,8 +164,9 @@ Tensor linear(const Tensor& x_in, const Tensor& weight_in, const Tensor& bias_in
   if (autocast_dtype() != DType::F32) {
     DType low = autocast_dtype();
     AutocastGuard off(DType::F32);
-    auto round = [low](const Tensor& t) { return round_through(t, low); };
-    return round(linear(round(x_in), round(weight_in), round(bias_in)));
+    return autocast_output(linear(autocast_input(x_in, low), autocast_input(weight_in, low),
+                                  autocast_input(bias_in, low)),
+                           low);
   }
   const Tensor& x = x_in;
   const Tensor& weight = weight_in;
@@ -174,14 +190,19 @@ Tensor linear(const Tensor& x_in, const Tensor& weight_in, const Tensor& bias_in
   out_shape.push_back(out_features);
   Tensor out = Tensor::empty(out_shape, x.dtype(), x.device());
   Tensor b = detail::contiguous_input(bias);
-  detail::dispatch_floating(x.dtype(), "linear", [&]<typename T>() {
-    T* po = out.data<T>();
-    const T* pb = b.data<T>();
-    for (int64_t r = 0; r < rows; ++r)
-      std::copy(pb, pb + out_features, po + r * out_features);
-  });
-  if (out.numel() > 0)
-    batched_gemm(as_operand(x2), as_operand(weight), out, 1, rows, out_features, in, true);
+  if (out.device().is_cuda()) {
+    if (out.numel() > 0)
+      batched_gemm(as_operand(x2), as_operand(weight), out, 1, rows, out_features, in, false, b);
+  } else {
+    detail::dispatch_floating(x.dtype(), "linear", [&]<typename T>() {
+      T* po = out.data<T>();
+      const T* pb = b.data<T>();
+      for (int64_t r = 0; r < rows; ++r)
+        std::copy(pb, pb + out_features, po + r * out_features);
+    });
+    if (out.numel() > 0)
+      batched_gemm(as_operand(x2), as_operand(weight), out, 1, rows, out_features, in, true);
+  }
   if (autograd::any_requires_grad({x, weight, bias})) {
     autograd::record("Linear", {x, weight, bias}, {out},
                      [x2 = x2.detach(), w = weight.detach(), x_shape = x.shape()](

@@ -5,7 +5,12 @@
 #include "kernels/cpu/reduce.h"
 #include "tensor/autograd/node.h"
 #include "tensor/ops.h"
+#include "tensor/ops/cuda_support.h"
 #include "tensor/ops/dispatch.h"
+
+#if LOOM_WITH_CUDA
+#include "kernels/cuda/reduce.h"
+#endif
 
 namespace loom {
 
@@ -34,6 +39,11 @@ Tensor sum_one_dim(const Tensor& x, int64_t dim) {
   Shape shape = x.shape();
   shape[dim] = 1;
   Tensor out = Tensor::empty(shape, x.dtype(), x.device());
+  if (x.device().is_cuda()) {
+    LOOM_IF_CUDA(kernels::cuda::sum_axis(x.dtype(), x.raw_data(), out.raw_data(), s.outer,
+                                         s.extent, s.inner, detail::stream_of(x)));
+    return out;
+  }
   detail::dispatch_floating(x.dtype(), "sum", [&]<typename T>() {
     kernels::cpu::sum_axis<T>(x.data<T>(), out.data<T>(), s.outer, s.extent, s.inner);
   });
@@ -58,9 +68,17 @@ Tensor sum(const Tensor& x) {
   detail::check_kernel_device("sum", x);
   Tensor in = detail::contiguous_input(x);
   Tensor out = Tensor::empty({}, x.dtype(), x.device());
-  detail::dispatch_floating(x.dtype(), "sum", [&]<typename T>() {
-    *out.data<T>() = static_cast<T>(kernels::cpu::sum_all<T>(in.data<T>(), in.numel()));
-  });
+  if (x.device().is_cuda()) {
+    LOOM_IF_CUDA({
+      Tensor scratch = detail::workspace(x.device(), kernels::cuda::reduce_workspace_bytes(in.numel()));
+      kernels::cuda::sum_all(x.dtype(), in.raw_data(), in.numel(), out.raw_data(),
+                             scratch.raw_data(), detail::stream_of(x));
+    });
+  } else {
+    detail::dispatch_floating(x.dtype(), "sum", [&]<typename T>() {
+      *out.data<T>() = static_cast<T>(kernels::cpu::sum_all<T>(in.data<T>(), in.numel()));
+    });
+  }
   if (autograd::any_requires_grad({x})) {
     autograd::record("Sum", {x}, {out},
                      [shape = x.shape()](const std::vector<Tensor>& g, const autograd::Node&) {
@@ -112,6 +130,8 @@ Tensor mean(const Tensor& x, const std::vector<int64_t>& dims, bool keepdim) {
 
 Tensor max(const Tensor& x, int64_t dim, bool keepdim) {
   detail::check_kernel_device("max", x);
+  // Not on a training step's path: a CUDA tensor takes the CPU route (two copies).
+  if (x.device().is_cuda()) return max(x.to(Device::cpu()), dim, keepdim).to(x.device());
   dim = wrap_dim(dim, x.dim(), "max");
   if (x.shape()[dim] == 0) fail("max: dimension ", dim, " of ", shape_str(x.shape()), " is empty");
   Tensor in = detail::contiguous_input(x);

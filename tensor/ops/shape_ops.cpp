@@ -6,7 +6,12 @@
 
 #include "tensor/autograd/node.h"
 #include "tensor/ops.h"
+#include "tensor/ops/cuda_support.h"
 #include "tensor/ops/dispatch.h"
+
+#if LOOM_WITH_CUDA
+#include "kernels/cuda/check.h"
+#endif
 
 namespace loom {
 
@@ -210,11 +215,26 @@ Tensor concat(const std::vector<Tensor>& xs, int64_t dim) {
     inner *= shape[d];
   size_t element = dtype_size(first.dtype());
   char* dst = static_cast<char*>(out.raw_data());
-  for (int64_t o = 0; o < outer; ++o) {
+  if (first.device().is_cuda()) {
+    // One 2-D copy per part: `outer` rows of the part's chunk into the output's wider rows.
+    [[maybe_unused]] size_t row = static_cast<size_t>(shape[dim] * inner) * element;
     for (const Tensor& part : parts) {
       size_t chunk = static_cast<size_t>(part.shape()[dim] * inner) * element;
-      std::memcpy(dst, static_cast<const char*>(part.raw_data()) + o * chunk, chunk);
+      if (chunk > 0 && outer > 0) {
+        LOOM_IF_CUDA(LOOM_CUDA_CHECK(cudaMemcpy2DAsync(dst, row, part.raw_data(), chunk, chunk,
+                                                       static_cast<size_t>(outer),
+                                                       cudaMemcpyDeviceToDevice,
+                                                       detail::stream_of(first))));
+      }
       dst += chunk;
+    }
+  } else {
+    for (int64_t o = 0; o < outer; ++o) {
+      for (const Tensor& part : parts) {
+        size_t chunk = static_cast<size_t>(part.shape()[dim] * inner) * element;
+        std::memcpy(dst, static_cast<const char*>(part.raw_data()) + o * chunk, chunk);
+        dst += chunk;
+      }
     }
   }
   if (autograd::any_requires_grad(xs)) {

@@ -3,9 +3,51 @@
 #include "kernels/cpu/softmax.h"
 #include "tensor/autograd/node.h"
 #include "tensor/ops.h"
+#include "tensor/ops/cuda_support.h"
 #include "tensor/ops/dispatch.h"
 
+#if LOOM_WITH_CUDA
+#include "kernels/cuda/softmax.h"
+#endif
+
 namespace loom {
+
+namespace {
+
+// cross_entropy on a GPU: targets are moved to the logits' device as i64 (host targets are
+// uploaded) and checked there (an out-of-range target stops the kernel with a device-side
+// error naming it); the gradient of the loss is read on the device, so that neither
+// direction waits for the host.
+Tensor cuda_cross_entropy(const Tensor& logits, const Tensor& targets) {
+  if (targets.dtype() != DType::I64 && targets.dtype() != DType::I32) {
+    fail("cross_entropy (targets): indices must be i32 or i64, got ", targets.dtype());
+  }
+  int64_t rows = logits.size(0), vocab = logits.size(1);
+  Tensor in = detail::contiguous_input(logits);
+  Tensor index = targets.to(logits.device()).to(DType::I64).contiguous();
+  Tensor lse = Tensor::empty({rows}, DType::F32, logits.device());
+  Tensor row_losses = Tensor::empty({rows}, DType::F32, logits.device());
+  Tensor out = Tensor::empty({}, logits.dtype(), logits.device());
+  LOOM_IF_CUDA(kernels::cuda::cross_entropy_forward(
+      logits.dtype(), in.raw_data(), index.data<int64_t>(), lse.data<float>(),
+      row_losses.data<float>(), out.raw_data(), rows, vocab, detail::stream_of(logits)));
+  if (autograd::any_requires_grad({logits})) {
+    autograd::record("CrossEntropy", {logits}, {out},
+                     [in = in.detach(), index, lse, rows, vocab](const std::vector<Tensor>& g,
+                                                                 const autograd::Node&) {
+                       Tensor dloss = g[0].contiguous();
+                       Tensor dlogits = Tensor::empty(in.shape(), in.dtype(), in.device());
+                       LOOM_IF_CUDA(kernels::cuda::cross_entropy_backward(
+                           in.dtype(), in.raw_data(), index.data<int64_t>(), lse.data<float>(),
+                           dloss.raw_data(), dlogits.raw_data(), rows, vocab,
+                           detail::stream_of(in)));
+                       return std::vector<Tensor>{dlogits};
+                     });
+  }
+  return out;
+}
+
+}  // namespace
 
 Tensor softmax(const Tensor& x, bool causal) {
   detail::check_kernel_device("softmax", x);
@@ -18,18 +60,31 @@ Tensor softmax(const Tensor& x, bool causal) {
   int64_t rows = x.numel() / width;
   Tensor in = detail::contiguous_input(x);
   Tensor out = Tensor::empty(x.shape(), x.dtype(), x.device());
-  detail::dispatch_floating(x.dtype(), "softmax", [&]<typename T>() {
-    kernels::cpu::softmax_forward<T>(in.data<T>(), out.data<T>(), rows, width, causal ? width : 0);
-  });
+  if (x.device().is_cuda()) {
+    LOOM_IF_CUDA(kernels::cuda::softmax_forward(x.dtype(), in.raw_data(), out.raw_data(), rows,
+                                                width, causal ? width : 0, detail::stream_of(x)));
+  } else {
+    detail::dispatch_floating(x.dtype(), "softmax", [&]<typename T>() {
+      kernels::cpu::softmax_forward<T>(in.data<T>(), out.data<T>(), rows, width,
+                                       causal ? width : 0);
+    });
+  }
   if (autograd::any_requires_grad({x})) {
     autograd::record(
         "Softmax", {x}, {out},
         [y = out.detach(), rows, width](const std::vector<Tensor>& g, const autograd::Node&) {
           Tensor dy = g[0].contiguous();
           Tensor dx = Tensor::empty(y.shape(), y.dtype(), y.device());
-          detail::dispatch_floating(y.dtype(), "softmax", [&]<typename T>() {
-            kernels::cpu::softmax_backward<T>(y.data<T>(), dy.data<T>(), dx.data<T>(), rows, width);
-          });
+          if (y.device().is_cuda()) {
+            LOOM_IF_CUDA(kernels::cuda::softmax_backward(y.dtype(), y.raw_data(), dy.raw_data(),
+                                                         dx.raw_data(), rows, width,
+                                                         detail::stream_of(y)));
+          } else {
+            detail::dispatch_floating(y.dtype(), "softmax", [&]<typename T>() {
+              kernels::cpu::softmax_backward<T>(y.data<T>(), dy.data<T>(), dx.data<T>(), rows,
+                                                width);
+            });
+          }
           return std::vector<Tensor>{dx};
         });
   }
@@ -44,6 +99,7 @@ Tensor cross_entropy(const Tensor& logits, const Tensor& targets) {
   }
   int64_t rows = logits.size(0), vocab = logits.size(1);
   if (rows == 0) fail("cross_entropy: no rows; the mean over zero targets is undefined");
+  if (logits.device().is_cuda()) return cuda_cross_entropy(logits, targets);
   auto index = std::make_shared<std::vector<int64_t>>(
       detail::indices_as_i64("cross_entropy (targets)", targets, vocab));
   Tensor in = detail::contiguous_input(logits);

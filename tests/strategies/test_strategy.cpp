@@ -111,7 +111,8 @@ TEST(StrategyPlugins, CheckpointIOAcceleratorAndClusterEnvironmentAreReplaceable
     StrategyRegistry::get("single_device", {.accelerator = "tpu"});
     FAIL();
   } catch (const Error& e) {
-    EXPECT_NE(std::string(e.what()).find("expected 'cpu' or 'auto'"), std::string::npos);
+    EXPECT_NE(std::string(e.what()).find("expected 'cpu', 'cuda' or 'auto'"), std::string::npos)
+        << e.what();
   }
   // A cluster environment handed in replaces the detection from environment variables.
   auto ddp = StrategyRegistry::get("ddp");

@@ -39,7 +39,30 @@ void check_devices(const std::string& devices, const strategies::Strategy& strat
          "them itself");
   }
 }
+
 using namespace loom::train_gpt;
+
+// Throughput over the steps after warm-up (the first steps pay for cuBLASLt heuristics, the
+// allocator's first segments and lazy initialisation): steps from first_step() on.
+class Throughput {
+ public:
+  explicit Throughput(int64_t steps) : first_(steps > 4 ? 2 : 0) {}
+  void add(const StepMetrics& m) {
+    if (m.step < first_) return;
+    ms_ += m.ms_per_step;
+    tokens_ += m.tokens_per_s * m.ms_per_step / 1e3;
+    ++count_;
+  }
+  int64_t first_step() const { return first_; }
+  int64_t steps() const { return count_; }
+  double ms_per_step() const { return count_ ? ms_ / static_cast<double>(count_) : 0.0; }
+  double tokens_per_s() const { return ms_ > 0 ? tokens_ / (ms_ / 1e3) : 0.0; }
+
+ private:
+  int64_t first_;
+  int64_t count_ = 0;
+  double ms_ = 0, tokens_ = 0;
+};
 
 std::vector<uint8_t> read_bytes(const std::string& path) {
   std::ifstream in(path, std::ios::binary);
@@ -104,6 +127,19 @@ int run(int argc, char** argv) {
   app.add_flag("--shuffle", shuffle, "visit blocks in a seeded random order per epoch");
   app.add_option("--strategy", strategy_name, "a registered strategy name (see --list-strategies)")
       ->capture_default_str();
+  app.add_option("--accelerator,--device", strategy_options.accelerator,
+                 "cpu, cuda or auto (auto is the CPU; see docs/cuda.md)")
+      ->check(CLI::IsMember({"cpu", "cuda", "gpu", "auto"}))
+      ->capture_default_str();
+  std::string preset;
+  app.add_option("--preset", preset,
+                 "gpt2-small: 12 layers, 12 heads, embd 768, ctx 1024, vocab 50304 on synthetic "
+                 "tokens (the GPU benchmark config; explicit model flags are ignored)")
+      ->check(CLI::IsMember({"gpt2-small"}));
+  double peak_tflops = 989.0;
+  app.add_option("--peak-tflops", peak_tflops,
+                 "the device's peak dense TFLOP/s for the MFU line (default: H100/H200 SXM bf16)")
+      ->capture_default_str();
   app.add_option("--devices", strategy_options.devices,
                  "devices per node: auto, N, -1 or a list like 0,2")
       ->capture_default_str();
@@ -147,11 +183,25 @@ int run(int argc, char** argv) {
     init = safetensors::load(init_path);
     o.model = config_from_init(*init, o.model, app);
   }
+  if (preset == "gpt2-small") {
+    o.model.vocab_size = 50304;
+    o.model.context = 1024;
+    o.model.layers = 12;
+    o.model.heads = 12;
+    o.model.embd = 768;
+  }
   nn::GPT model(o.model, o.seed);
   if (init) model.load_state_dict(nn::gpt_state_from_checkpoint(*init));
 
-  std::vector<uint8_t> bytes = data_path.empty() ? default_corpus() : read_bytes(data_path);
-  TokenBlocks data(std::move(bytes), o.batch, o.model.context, o.model.vocab_size, shuffle, o.seed);
+  std::vector<int32_t> token_ids;
+  if (!preset.empty()) {
+    token_ids = synthetic_tokens(8 * o.batch * o.model.context + 1, o.model.vocab_size, o.seed);
+  } else {
+    std::vector<uint8_t> bytes = data_path.empty() ? default_corpus() : read_bytes(data_path);
+    token_ids.assign(bytes.begin(), bytes.end());
+  }
+  TokenBlocks data(std::move(token_ids), o.batch, o.model.context, o.model.vocab_size, shuffle,
+                   o.seed);
 
   std::ofstream metrics;
   if (chief && !metrics_path.empty()) {
@@ -167,7 +217,9 @@ int run(int argc, char** argv) {
         static_cast<long long>(o.model.context), static_cast<long long>(o.model.vocab_size),
         static_cast<long long>(data.block_count()), static_cast<long long>(o.batch),
         static_cast<long long>(o.model.context),
-        data_path.empty() ? "the built-in corpus" : data_path.c_str());
+        !preset.empty()     ? "synthetic tokens"
+        : data_path.empty() ? "the built-in corpus"
+                            : data_path.c_str());
   if (chief && strategy->world_size() > 1) {
     std::printf("train_gpt: strategy %s over %d ranks (batch %lld per rank)\n",
                 strategy->name().c_str(), strategy->world_size(), static_cast<long long>(o.batch));
@@ -180,6 +232,7 @@ int run(int argc, char** argv) {
   }
   Progress progress(stdout, isatty(fileno(stdout)) != 0, o.steps, log_interval);
   double first_loss = 0, last_loss = 0, total_ms = 0, tokens = 0;
+  Throughput steady(o.steps);
   train(
       model, data, o,
       [&](const StepMetrics& m) {
@@ -187,6 +240,7 @@ int run(int argc, char** argv) {
         last_loss = m.loss;
         total_ms += m.ms_per_step;
         tokens += m.tokens_per_s * m.ms_per_step / 1e3;
+        steady.add(m);
         if (chief) progress.update(m.step, m.loss, m.tokens_per_s, m.lr);
         if (metrics.is_open()) {
           metrics << metrics_json_line(m) << '\n';
@@ -210,7 +264,7 @@ int run(int argc, char** argv) {
                 static_cast<long long>(scaler->skipped_steps()), scaler->scale());
   }
 
-  MemoryStats mem = allocator_for(Device::cpu()).stats();
+  MemoryStats mem = allocator_for(strategy->root_device()).stats();
   std::printf(
       "summary: %lld steps, loss %.4f -> %.4f, %.1f ms/step, %.0f tokens/s, "
       "peak tensor memory %.1f MiB%s%s\n",
@@ -219,6 +273,20 @@ int run(int argc, char** argv) {
       total_ms > 0 ? tokens / (total_ms / 1e3) : 0.0,
       static_cast<double>(mem.peak_bytes) / (1 << 20), save_path.empty() ? "" : ", saved to ",
       save_path.c_str());
+  if (steady.steps() > 0 && strategy->root_device().is_cuda()) {
+    // nanoGPT's estimate of the FLOPs of a training step per token: 6 per parameter
+    // (forward and backward of every matmul) plus attention's 12 * layers * ctx * embd.
+    const double flops_per_token = 6.0 * static_cast<double>(model.parameter_count()) +
+                                   12.0 * static_cast<double>(o.model.layers * o.model.context *
+                                                              o.model.embd);
+    const double achieved_tflops = flops_per_token * steady.tokens_per_s() / 1e12;
+    std::printf(
+        "steady state (steps %lld-%lld): %.2f ms/step, %.0f tokens/s, %.1f TFLOP/s, "
+        "MFU %.1f%% of %.0f TFLOP/s, device %s\n",
+        static_cast<long long>(steady.first_step()), static_cast<long long>(o.steps - 1),
+        steady.ms_per_step(), steady.tokens_per_s(), achieved_tflops,
+        100.0 * achieved_tflops / peak_tflops, peak_tflops, strategy->root_device().str().c_str());
+  }
   return 0;
 }
 

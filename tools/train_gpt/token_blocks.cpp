@@ -7,7 +7,7 @@
 
 namespace loom::train_gpt {
 
-TokenBlocks::TokenBlocks(std::vector<uint8_t> tokens, int64_t batch, int64_t time, int64_t vocab,
+TokenBlocks::TokenBlocks(std::vector<int32_t> tokens, int64_t batch, int64_t time, int64_t vocab,
                          bool shuffle, uint64_t seed)
     : tokens_(std::move(tokens)), batch_(batch), time_(time), shuffle_(shuffle), seed_(seed) {
   if (batch <= 0 || time <= 0) fail("[train_gpt] batch and context must be positive");
@@ -17,9 +17,10 @@ TokenBlocks::TokenBlocks(std::vector<uint8_t> tokens, int64_t batch, int64_t tim
     fail("[train_gpt] the data holds ", n, " tokens; one block of batch ", batch, " x context ",
          time, " needs at least ", batch * time + 1, " (use more data or a smaller --batch/--ctx)");
   }
-  auto largest = std::max_element(tokens_.begin(), tokens_.end());
-  if (*largest >= vocab) {
-    fail("[train_gpt] token ", static_cast<int>(*largest), " at offset ", largest - tokens_.begin(),
+  auto [smallest, largest] = std::minmax_element(tokens_.begin(), tokens_.end());
+  auto outside = *smallest < 0 ? smallest : largest;
+  if (*outside < 0 || *outside >= vocab) {
+    fail("[train_gpt] token ", *outside, " at offset ", outside - tokens_.begin(),
          " is outside the vocabulary of ", vocab,
          " (data bytes are tokens: use --vocab 256 or more)");
   }
@@ -46,6 +47,16 @@ Batch TokenBlocks::block(int64_t k) const {
   std::vector<int64_t> targets(tokens_.begin() + start + 1, tokens_.begin() + start + count + 1);
   return {Tensor::from_vector(inputs, {batch_, time_}),
           Tensor::from_vector(targets, {batch_, time_})};
+}
+
+std::vector<int32_t> synthetic_tokens(int64_t count, int64_t vocab, uint64_t seed) {
+  Generator gen(seed);
+  std::vector<int32_t> tokens(static_cast<size_t>(count));
+  for (int32_t& t : tokens) {
+    t = static_cast<int32_t>(std::min<int64_t>(
+        static_cast<int64_t>(gen.uniform() * static_cast<double>(vocab)), vocab - 1));
+  }
+  return tokens;
 }
 
 }  // namespace loom::train_gpt

@@ -20,9 +20,15 @@ struct Batch {
 
 class TokenBlocks {
  public:
-  // Throws loom::Error when the data is too short for one block or holds a token >= vocab.
-  TokenBlocks(std::vector<uint8_t> tokens, int64_t batch, int64_t time, int64_t vocab,
+  // Throws loom::Error when the data is too short for one block or holds a token outside
+  // [0, vocab).
+  TokenBlocks(std::vector<int32_t> tokens, int64_t batch, int64_t time, int64_t vocab,
               bool shuffle = false, uint64_t seed = 0);
+  // Bytes as tokens (ids 0..255).
+  TokenBlocks(const std::vector<uint8_t>& bytes, int64_t batch, int64_t time, int64_t vocab,
+              bool shuffle = false, uint64_t seed = 0)
+      : TokenBlocks(std::vector<int32_t>(bytes.begin(), bytes.end()), batch, time, vocab, shuffle,
+                    seed) {}
   int64_t block_count() const { return nblocks_; }
   // The block that step `step` of rank `rank` (of `world`) reads.
   int64_t block_index(int64_t step, int64_t rank, int64_t world) const;
@@ -32,10 +38,14 @@ class TokenBlocks {
   }
 
  private:
-  std::vector<uint8_t> tokens_;
+  std::vector<int32_t> tokens_;
   int64_t batch_, time_, nblocks_;
   bool shuffle_;
   uint64_t seed_;
 };
+
+// `count` token ids drawn uniformly from [0, vocab) with Loom's generator: the data of
+// throughput benchmarks, where a step's cost must not depend on a corpus.
+std::vector<int32_t> synthetic_tokens(int64_t count, int64_t vocab, uint64_t seed);
 
 }  // namespace loom::train_gpt

@@ -129,7 +129,8 @@ void train(nn::GPT& model, const TokenBlocks& data, const TrainOptions& options,
     // The step's loss averaged over every rank's micro-batches (sync_dist mean).
     double loss = local_loss;
     if (world > 1) {
-      loss = s.all_reduce(Tensor::full({1}, local_loss, DType::F64), comm::ReduceOp::Avg).item();
+      Tensor mean = Tensor::full({1}, local_loss, DType::F64, s.root_device());
+      loss = s.all_reduce(mean, comm::ReduceOp::Avg).item();
     }
     double ms =
         std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - start).count();

@@ -1,0 +1,170 @@
+#include "comm/nccl/communicator.h"
+
+#include <chrono>
+#include <cstdio>
+#include <thread>
+#include <utility>
+
+#include "comm/nccl/nccl_check.h"
+
+namespace loom::comm::nccl {
+
+namespace {
+
+// How long the destructor of a communicator that was not closed waits for it to flush.
+constexpr auto kCloseGrace = std::chrono::seconds(10);
+
+// Between polls of a communicator's state: yield at first (most calls finish within
+// microseconds), then sleep so that a long wait (creation, a slow peer) does not burn a core.
+void pause(unsigned polls) {
+  if (polls < 2048) {
+    std::this_thread::yield();
+  } else {
+    std::this_thread::sleep_for(std::chrono::microseconds(50));
+  }
+}
+
+ncclConfig_t non_blocking_config() {
+  ncclConfig_t config = NCCL_CONFIG_INITIALIZER;
+  config.blocking = 0;
+  return config;
+}
+
+}  // namespace
+
+Communicator Communicator::create(const ncclUniqueId& id, int rank, int size, Deadline deadline,
+                                  std::string who) {
+  ncclConfig_t config = non_blocking_config();
+  ncclComm_t raw = nullptr;
+  Communicator result(nullptr, std::move(who));
+  ncclResult_t issued = ncclSuccess;
+  try {
+    issued = LOOM_NCCL_CHECK(ncclCommInitRankConfig(&raw, size, id, rank, &config), nullptr);
+  } catch (...) {
+    result.comm_ = raw;  // whatever NCCL left behind is aborted by the destructor
+    result.broken_ = true;
+    throw;
+  }
+  result.comm_ = raw;
+  result.settle(issued, deadline, "creating the communicator (waiting for every rank to join)");
+  return result;
+}
+
+Communicator::~Communicator() {
+  close(deadline_after(std::chrono::duration_cast<Duration>(kCloseGrace)));
+}
+
+Communicator::Communicator(Communicator&& other) noexcept
+    : comm_(std::exchange(other.comm_, nullptr)),
+      aborted_(other.aborted_),
+      broken_(other.broken_),
+      who_(std::move(other.who_)) {}
+
+Communicator& Communicator::operator=(Communicator&& other) noexcept {
+  if (this != &other) {
+    close(deadline_after(std::chrono::duration_cast<Duration>(kCloseGrace)));
+    comm_ = std::exchange(other.comm_, nullptr);
+    aborted_ = other.aborted_;
+    broken_ = other.broken_;
+    who_ = std::move(other.who_);
+  }
+  return *this;
+}
+
+Communicator Communicator::split(int color, int key, Deadline deadline, std::string who) {
+  ncclConfig_t config = non_blocking_config();
+  ncclComm_t raw = nullptr;
+  Communicator child(nullptr, std::move(who));
+  ncclResult_t issued = ncclSuccess;
+  try {
+    issued = LOOM_NCCL_CHECK(
+        ncclCommSplit(comm_, color < 0 ? NCCL_SPLIT_NOCOLOR : color, key, &raw, &config), comm_);
+  } catch (const CommError&) {
+    broken_ = true;
+    child.comm_ = raw;
+    child.broken_ = true;
+    throw;
+  }
+  child.comm_ = raw;
+  // A non-blocking split leaves both the parent and the child in progress until it is done.
+  settle(issued, deadline, "ncclCommSplit");
+  if (child.valid()) child.settle(issued, deadline, "ncclCommSplit (the new communicator)");
+  return child;
+}
+
+void Communicator::settle(ncclResult_t issued, Deadline deadline, const char* what) {
+  if (issued == ncclSuccess) return;
+  try {
+    for (unsigned polls = 0;; ++polls) {
+      ncclResult_t state = ncclInProgress;
+      LOOM_NCCL_CHECK(ncclCommGetAsyncError(comm_, &state), comm_);
+      if (state == ncclSuccess) return;
+      if (state != ncclInProgress) fail_async(state, what);
+      if (Clock::now() >= deadline) {
+        abort();
+        throw CommError(who_ + ": " + what +
+                            " did not finish by its deadline; the communicator was aborted "
+                            "(ncclCommAbort): destroy the process group and create a new one",
+                        -1);
+      }
+      pause(polls);
+    }
+  } catch (const CommError&) {
+    broken_ = true;
+    throw;
+  }
+}
+
+void Communicator::check_async(const char* what) {
+  if (comm_ == nullptr) return;
+  ncclResult_t state = ncclSuccess;
+  try {
+    LOOM_NCCL_CHECK(ncclCommGetAsyncError(comm_, &state), comm_);
+  } catch (const CommError&) {
+    broken_ = true;
+    throw;
+  }
+  if (state != ncclSuccess && state != ncclInProgress) fail_async(state, what);
+}
+
+void Communicator::fail_async(ncclResult_t state, const char* what) {
+  broken_ = true;
+  std::string message = who_ + ": " + what + " failed: " + ncclGetErrorString(state);
+  const char* last = ncclGetLastError(comm_);
+  if (last != nullptr && *last != '\0') message += " (NCCL: " + std::string(last) + ")";
+  abort();
+  throw CommError(message +
+                      "; the communicator was aborted: destroy the process group and create a "
+                      "new one",
+                  -1);
+}
+
+void Communicator::abort() noexcept {
+  broken_ = true;
+  if (comm_ == nullptr) return;
+  ncclResult_t result = ncclCommAbort(std::exchange(comm_, nullptr));
+  aborted_ = true;
+  if (result != ncclSuccess) {
+    std::fprintf(stderr, "[loom] warning: %s: ncclCommAbort failed: %s\n", who_.c_str(),
+                 ncclGetErrorString(result));
+  }
+}
+
+void Communicator::close(Deadline deadline) noexcept {
+  if (comm_ == nullptr) return;
+  if (broken_) return abort();
+  ncclResult_t state = ncclCommFinalize(comm_);
+  for (unsigned polls = 0; state == ncclInProgress; ++polls) {
+    if (Clock::now() >= deadline) break;
+    pause(polls);
+    if (ncclCommGetAsyncError(comm_, &state) != ncclSuccess) state = ncclInternalError;
+  }
+  if (state != ncclSuccess) return abort();
+  ncclResult_t result = ncclCommDestroy(std::exchange(comm_, nullptr));
+  if (result != ncclSuccess) {
+    std::fprintf(stderr, "[loom] warning: %s: ncclCommDestroy failed: %s\n", who_.c_str(),
+                 ncclGetErrorString(result));
+  }
+}
+
+}  // namespace loom::comm::nccl

@@ -1,0 +1,100 @@
+#pragma once
+// Device-side helpers shared by Loom's CUDA kernels (include from .cu files only).
+// Storage types: float and __nv_bfloat16 (and __half where a kernel supports f16); all
+// arithmetic happens in float (f32 accumulation), converted on load and store.
+
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+#include <cuda_runtime.h>
+
+#include <cstdint>
+
+#include "kernels/cuda/check.h"
+#include "tensor/dtype.h"
+
+namespace loom::kernels::cuda {
+
+constexpr int kWarpSize = 32;
+
+__host__ __device__ constexpr int64_t ceil_div(int64_t a, int64_t b) {
+  return (a + b - 1) / b;
+}
+
+// Element <-> float conversions (round-to-nearest-even on store, as the CPU path does).
+__device__ __forceinline__ float to_float(float v) { return v; }
+__device__ __forceinline__ float to_float(__nv_bfloat16 v) { return __bfloat162float(v); }
+__device__ __forceinline__ float to_float(__half v) { return __half2float(v); }
+
+template <typename T>
+__device__ __forceinline__ T from_float(float v);
+template <>
+__device__ __forceinline__ float from_float<float>(float v) { return v; }
+template <>
+__device__ __forceinline__ __nv_bfloat16 from_float<__nv_bfloat16>(float v) {
+  return __float2bfloat16_rn(v);
+}
+template <>
+__device__ __forceinline__ __half from_float<__half>(float v) { return __float2half_rn(v); }
+
+// Sum / max over the 32 lanes of a warp; every lane gets the result.
+__device__ __forceinline__ float warp_sum(float v) {
+  for (int offset = kWarpSize / 2; offset > 0; offset /= 2)
+    v += __shfl_xor_sync(0xffffffffu, v, offset);
+  return v;
+}
+__device__ __forceinline__ float warp_max(float v) {
+  for (int offset = kWarpSize / 2; offset > 0; offset /= 2)
+    v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, offset));
+  return v;
+}
+
+// Sum over a block of blockDim.x threads (a multiple of 32, at most 1024); every thread gets
+// the result. `scratch` is shared memory of at least 32 floats; the call synchronises.
+__device__ __forceinline__ float block_sum(float v, float* scratch) {
+  int lane = threadIdx.x % kWarpSize, warp = threadIdx.x / kWarpSize;
+  int warps = blockDim.x / kWarpSize;
+  v = warp_sum(v);
+  __syncthreads();  // scratch may still be read by a previous call
+  if (lane == 0) scratch[warp] = v;
+  __syncthreads();
+  v = lane < warps ? scratch[lane] : 0.0f;
+  return warp_sum(v);
+}
+__device__ __forceinline__ float block_max(float v, float* scratch) {
+  int lane = threadIdx.x % kWarpSize, warp = threadIdx.x / kWarpSize;
+  int warps = blockDim.x / kWarpSize;
+  v = warp_max(v);
+  __syncthreads();
+  if (lane == 0) scratch[warp] = v;
+  __syncthreads();
+  v = lane < warps ? scratch[lane] : -INFINITY;
+  return warp_max(v);
+}
+
+// Blocks for a grid-stride loop over n elements: enough to fill the device, never more than
+// the elements need.
+inline unsigned grid_for(int64_t n, int threads, int64_t max_blocks = 65535LL * 8) {
+  int64_t blocks = ceil_div(n, threads);
+  if (blocks < 1) blocks = 1;
+  return static_cast<unsigned>(blocks < max_blocks ? blocks : max_blocks);
+}
+
+// Calls f.template operator()<T>() with the storage type for dtype (f32, bf16, f16), or
+// throws naming `op`.
+template <typename F>
+void dispatch_float_storage(DType dtype, const char* op, F&& f) {
+  switch (dtype) {
+    case DType::F32: f.template operator()<float>(); return;
+    case DType::BF16: f.template operator()<__nv_bfloat16>(); return;
+    case DType::F16: f.template operator()<__half>(); return;
+    default:
+      fail(op, ": the CUDA kernel takes f32, bf16 or f16 tensors, got dtype #",
+           static_cast<int>(dtype));
+  }
+}
+
+// Checks the launch that just happened (configuration errors surface here; errors inside
+// the kernel surface at the next synchronising call).
+#define LOOM_CUDA_CHECK_LAUNCH() LOOM_CUDA_CHECK(cudaGetLastError())
+
+}  // namespace loom::kernels::cuda

@@ -1,0 +1,64 @@
+#pragma once
+// Elementwise CUDA kernels on raw device pointers: the CUDA counterparts of
+// kernels/cpu/elementwise.h plus fills and dtype conversions (tensor/ops/copy.cpp on the CPU).
+//
+// All launchers are asynchronous on `stream`: they enqueue work, never synchronise, and throw
+// loom::Error for a dtype they do not take or a failed launch. Sizes are element counts; n == 0
+// enqueues nothing. Arithmetic kernels take f32, f64, bf16 and f16; f64 computes in double,
+// the others in f32 (bf16/f16 are widened on load and rounded to nearest even on store).
+// Scalar arguments (`factor`, `value`) are rounded once to the compute type (float, or double
+// for f64), as the CPU path rounds them to T with static_cast.
+
+#include <cstdint>
+
+#include <cuda_runtime_api.h>
+
+#include "tensor/dtype.h"
+
+namespace loom::kernels::cuda {
+
+enum class BinaryOp { Add, Sub, Mul, Div };
+
+// Most dimensions a strided kernel takes (shapes and strides travel by value in the launch).
+constexpr int kMaxDims = 8;
+
+// out (contiguous, `shape`) = a op b, with a and b read through their own strides (in
+// elements; 0 broadcasts). `out` may alias a or b only where that operand is contiguous with
+// `shape` itself (every element is read before it is written). ndim <= kMaxDims; ndim 0 is one
+// element. Contiguous operands take a 16-byte vectorised path.
+void binary(BinaryOp op, DType dtype, int ndim, const int64_t* shape, const void* a,
+            const int64_t* a_strides, const void* b, const int64_t* b_strides, void* out,
+            cudaStream_t stream);
+
+void add_inplace(DType dtype, void* a, const void* b, int64_t n, cudaStream_t stream);  // a += b
+void scale_inplace(DType dtype, void* a, double factor, int64_t n,
+                   cudaStream_t stream);  // a *= factor
+void add_scalar(DType dtype, const void* a, double value, void* out, int64_t n,
+                cudaStream_t stream);  // out = a + value (out may equal a)
+void scale(DType dtype, const void* a, double factor, void* out, int64_t n,
+           cudaStream_t stream);  // out = a * factor (out may equal a)
+
+// GELU, tanh approximation, as kernels/cpu: y = 0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3))).
+// The CPU's f32 path uses a polynomial tanh (relative error ~2e-7); this one uses tanhf, so f32
+// results agree to a few ulp, not bitwise.
+void gelu_forward(DType dtype, const void* x, void* y, int64_t n, cudaStream_t stream);
+// dx = dy * dgelu/dx (x, dy, dx contiguous; dx may equal dy).
+void gelu_backward(DType dtype, const void* x, const void* dy, void* dx, int64_t n,
+                   cudaStream_t stream);
+
+// dst[0..n) = value converted to `dtype` exactly as fill_ on the CPU does (any of the 7 dtypes:
+// double -> float -> bf16/f16 with round-to-nearest-even; to integers by truncation).
+void fill(DType dtype, void* dst, double value, int64_t n, cudaStream_t stream);
+
+// dst (contiguous, `shape`, dst_dtype) = src (strided, src_dtype), converting between any two
+// of the 7 dtypes with the CPU's rules (tensor/ops/copy.cpp): integer -> integer wraps like
+// static_cast; everything else goes through double, then to bf16/f16 via float with
+// round-to-nearest-even (bf16 bit-for-bit the CPU's float_to_bf16_bits, NaN payloads included;
+// f16 bit-for-bit except NaN payloads), and to integers by truncation toward zero (values out of
+// the integer's range are undefined behaviour on the CPU and saturate here).
+// Contiguous same-dtype copies are one cudaMemcpyAsync; contiguous f32 <-> bf16/f16 use 16-byte
+// vectorised kernels. src and dst must not overlap.
+void copy_strided(DType src_dtype, int ndim, const int64_t* shape, const void* src,
+                  const int64_t* src_strides, DType dst_dtype, void* dst, cudaStream_t stream);
+
+}  // namespace loom::kernels::cuda

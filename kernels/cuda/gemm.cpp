@@ -1,0 +1,522 @@
+// Row-major GEMM through cuBLASLt (contract in gemm.h).
+//
+// cuBLASLt is column-major. A row-major [r, c] matrix with leading dimension ld is, byte for
+// byte, the column-major [c, r] matrix with the same ld, i.e. its transpose. So the row-major
+// product C = op(A) op(B) is computed as the column-major C^T = op(B)^T op(A)^T: cuBLASLt's
+// "A" operand is our B, its "B" operand is our A, and its result is [n, m]. The bias
+// epilogue adds a vector of length "rows of D" = n, broadcast over D's columns = our rows,
+// which is exactly bias[j] added to every row of the row-major result.
+//
+// Note [GEMM resources]
+// - One cuBLASLt handle per device, created on first use under the registry lock.
+// - One 32 MiB workspace per (device, stream): a GEMM's kernels use the workspace
+//   asynchronously, so two streams sharing one could corrupt each other's split-K partials.
+//   cudaStreamPerThread names a different stream in every thread, so that handle is keyed by
+//   thread as well. Workspaces live until process exit. Caveat: a stream destroyed while
+//   GEMMs are still queued on it, whose handle is then reused by a new stream, would share
+//   the workspace with that queued work; synchronise streams before destroying them (Loom's
+//   own streams live for the whole process).
+// - A plan cache: matmul descriptor, layouts and the heuristic's algorithm, keyed by
+//   everything the heuristic sees (device, dtype, transposes, sizes, leading dimensions,
+//   batch strides, bias, TF32, and the pointer alignments, which the heuristic also assumes:
+//   by default it expects 256-byte aligned buffers, which views with offsets are not).
+//   Plans are never evicted (a training run has a few dozen shapes); they are built once
+//   and then only read, except the bias pointer, which lives in the descriptor and is
+//   therefore set and used under the plan's own mutex.
+// - When cuBLASLt offers no algorithm with the bias epilogue, or k == 0 (never handed to
+//   cuBLASLt: C = (accumulate ? C : 0) + bias needs no product), the bias is added by a
+//   second, rank-1 GEMM: C += ones[m, 1] bias[1, n], with a per-device vector of ones. That
+//   keeps this file free of hand-written kernels.
+// All of this is freed at process exit; if the CUDA runtime is already unloading by then,
+// the failures are expected and stay silent (the driver reclaims everything).
+
+#include "kernels/cuda/gemm.h"
+
+#include <cublasLt.h>
+
+#include <algorithm>
+#include <atomic>
+#include <cstdint>
+#include <cstdio>
+#include <cstring>
+#include <limits>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <thread>
+#include <type_traits>
+#include <unordered_map>
+#include <utility>
+#include <vector>
+
+#include "kernels/cuda/check.h"
+#include "tensor/error.h"
+
+namespace loom::kernels::cuda {
+
+namespace {
+
+constexpr const char* kTag = "[kernels/cuda/gemm] ";
+constexpr size_t kWorkspaceBytes = size_t{32} << 20;
+constexpr int64_t kOnesRows = 65536;  // rows per rank-1 bias GEMM
+
+std::atomic<bool> g_allow_tf32{false};
+
+// --- dtype helpers (kernels may not call tensor/dtype.cpp) ---------------------------------
+
+const char* dtype_label(DType dtype) {
+  switch (dtype) {
+    case DType::F32: return "f32";
+    case DType::F64: return "f64";
+    case DType::BF16: return "bf16";
+    case DType::F16: return "f16";
+    case DType::I32: return "i32";
+    case DType::I64: return "i64";
+    case DType::U8: return "u8";
+  }
+  return "invalid";
+}
+
+int dtype_slot(DType dtype) {
+  return dtype == DType::F32 ? 0 : dtype == DType::BF16 ? 1 : 2;
+}
+
+size_t element_bytes(DType dtype) {
+  return dtype == DType::F32 ? 4 : 2;
+}
+
+cudaDataType_t cuda_type(DType dtype) {
+  return dtype == DType::F32 ? CUDA_R_32F : dtype == DType::BF16 ? CUDA_R_16BF : CUDA_R_16F;
+}
+
+// --- RAII for cuBLASLt objects and device memory --------------------------------------------
+
+void warn_cublas(cublasStatus_t status, const char* what) noexcept {
+  if (status != CUBLAS_STATUS_SUCCESS) {
+    std::fprintf(stderr, "[loom] warning: %s failed during cleanup: %s\n", what,
+                 cuda_detail::cublas_status_name(status));
+  }
+}
+
+template <typename Handle, cublasStatus_t (*Destroy)(Handle)>
+struct LtDeleter {
+  void operator()(Handle handle) const noexcept {
+    warn_cublas(Destroy(handle), "cuBLASLt destroy");
+  }
+};
+
+template <typename Handle, cublasStatus_t (*Destroy)(Handle)>
+using LtPtr = std::unique_ptr<std::remove_pointer_t<Handle>, LtDeleter<Handle, Destroy>>;
+
+using HandlePtr = LtPtr<cublasLtHandle_t, cublasLtDestroy>;
+using MatmulDescPtr = LtPtr<cublasLtMatmulDesc_t, cublasLtMatmulDescDestroy>;
+using LayoutPtr = LtPtr<cublasLtMatrixLayout_t, cublasLtMatrixLayoutDestroy>;
+using PreferencePtr = LtPtr<cublasLtMatmulPreference_t, cublasLtMatmulPreferenceDestroy>;
+
+class DeviceMemory {
+ public:
+  explicit DeviceMemory(size_t bytes) { LOOM_CUDA_CHECK(cudaMalloc(&ptr_, bytes)); }
+  DeviceMemory(const DeviceMemory&) = delete;
+  DeviceMemory& operator=(const DeviceMemory&) = delete;
+  ~DeviceMemory() {
+    cudaError_t status = cudaFree(ptr_);
+    if (status != cudaSuccess && status != cudaErrorCudartUnloading)
+      cuda_detail::warn_cuda_error(status, "cudaFree(gemm resource)", __FILE__, __LINE__);
+  }
+  void* get() const { return ptr_; }
+
+ private:
+  void* ptr_ = nullptr;
+};
+
+// --- one problem, plan keys and plans --------------------------------------------------------
+
+struct Problem {
+  DType dtype;
+  bool trans_a, trans_b;
+  int64_t m, n, k;
+  const void* a;
+  int64_t lda, stride_a;
+  const void* b;
+  int64_t ldb, stride_b;
+  void* c;
+  int64_t ldc, stride_c, batch;
+  bool accumulate;
+  const void* bias;
+};
+
+// The largest power of two (at most 256) dividing the address of every matrix of the batch.
+uint32_t alignment_of(const void* ptr, int64_t stride, DType dtype, int64_t batch) {
+  uint64_t bits = reinterpret_cast<uintptr_t>(ptr);
+  if (batch > 1) bits |= static_cast<uint64_t>(stride) * element_bytes(dtype);
+  uint32_t align = 256;
+  while (align > 1 && bits % align != 0)
+    align /= 2;
+  return align;
+}
+
+struct PlanKey {
+  int device;
+  DType dtype;
+  bool trans_a, trans_b, accumulate, bias, tf32;
+  int64_t m, n, k, lda, ldb, ldc, stride_a, stride_b, stride_c, batch;
+  uint32_t align_a, align_b, align_c, align_bias;
+  bool operator==(const PlanKey&) const = default;
+};
+
+struct PlanKeyHash {
+  size_t operator()(const PlanKey& key) const noexcept {
+    uint64_t h = 0xCBF29CE484222325ull;
+    auto mix = [&h](uint64_t v) { h = (h ^ v) * 0x100000001B3ull + (h >> 29); };
+    mix(static_cast<uint64_t>(key.device));
+    mix(static_cast<uint64_t>(key.dtype));
+    mix((key.trans_a ? 1u : 0u) | (key.trans_b ? 2u : 0u) | (key.accumulate ? 4u : 0u) |
+        (key.bias ? 8u : 0u) | (key.tf32 ? 16u : 0u));
+    for (int64_t v : {key.m, key.n, key.k, key.lda, key.ldb, key.ldc, key.stride_a, key.stride_b,
+                      key.stride_c, key.batch})
+      mix(static_cast<uint64_t>(v));
+    mix((uint64_t{key.align_a} << 48) | (uint64_t{key.align_b} << 32) |
+        (uint64_t{key.align_c} << 16) | key.align_bias);
+    return static_cast<size_t>(h);
+  }
+};
+
+PlanKey make_key(int device, const Problem& p) {
+  bool batched = p.batch > 1;  // strides of a single product are irrelevant: normalise them
+  PlanKey key{};
+  key.device = device;
+  key.dtype = p.dtype;
+  key.trans_a = p.trans_a;
+  key.trans_b = p.trans_b;
+  key.accumulate = p.accumulate;
+  key.bias = p.bias != nullptr;
+  key.tf32 = p.dtype == DType::F32 && g_allow_tf32.load(std::memory_order_relaxed);
+  key.m = p.m;
+  key.n = p.n;
+  key.k = p.k;
+  key.lda = p.lda;
+  key.ldb = p.ldb;
+  key.ldc = p.ldc;
+  key.stride_a = batched ? p.stride_a : 0;
+  key.stride_b = batched ? p.stride_b : 0;
+  key.stride_c = batched ? p.stride_c : 0;
+  key.batch = p.batch;
+  key.align_a = alignment_of(p.a, key.stride_a, p.dtype, p.batch);
+  key.align_b = alignment_of(p.b, key.stride_b, p.dtype, p.batch);
+  key.align_c = alignment_of(p.c, key.stride_c, p.dtype, p.batch);
+  key.align_bias = p.bias ? alignment_of(p.bias, 0, p.dtype, 1) : 0;
+  return key;
+}
+
+struct Plan {
+  MatmulDescPtr desc;
+  LayoutPtr layout_a, layout_b, layout_c;  // cuBLASLt's A (our B), its B (our A), C = D
+  cublasLtMatmulAlgo_t algo{};
+  bool bias_in_epilogue = false;
+  std::mutex mutex;  // held while the bias pointer is set in desc and the matmul is enqueued
+};
+
+template <typename T>
+void set_desc(cublasLtMatmulDesc_t desc, cublasLtMatmulDescAttributes_t attribute, const T& value) {
+  LOOM_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(desc, attribute, &value, sizeof value));
+}
+
+template <typename T>
+void set_preference(cublasLtMatmulPreference_t pref, cublasLtMatmulPreferenceAttributes_t attribute,
+                    const T& value) {
+  LOOM_CUBLAS_CHECK(cublasLtMatmulPreferenceSetAttribute(pref, attribute, &value, sizeof value));
+}
+
+LayoutPtr make_layout(DType dtype, int64_t rows, int64_t cols, int64_t ld, int64_t batch,
+                      int64_t stride) {
+  cublasLtMatrixLayout_t raw = nullptr;
+  LOOM_CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&raw, cuda_type(dtype), static_cast<uint64_t>(rows),
+                                               static_cast<uint64_t>(cols), ld));
+  LayoutPtr layout(raw);
+  if (batch > 1) {
+    int32_t count = static_cast<int32_t>(batch);
+    LOOM_CUBLAS_CHECK(cublasLtMatrixLayoutSetAttribute(raw, CUBLASLT_MATRIX_LAYOUT_BATCH_COUNT,
+                                                       &count, sizeof count));
+    LOOM_CUBLAS_CHECK(cublasLtMatrixLayoutSetAttribute(
+        raw, CUBLASLT_MATRIX_LAYOUT_STRIDED_BATCH_OFFSET, &stride, sizeof stride));
+  }
+  return layout;
+}
+
+// Asks the heuristic for the best algorithm for plan's current descriptor; false when
+// cuBLASLt has none for it.
+bool find_algorithm(cublasLtHandle_t handle, const PlanKey& key, Plan& plan) {
+  cublasLtMatmulPreference_t raw = nullptr;
+  LOOM_CUBLAS_CHECK(cublasLtMatmulPreferenceCreate(&raw));
+  PreferencePtr pref(raw);
+  set_preference(raw, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, uint64_t{kWorkspaceBytes});
+  // cuBLASLt's A is our B and vice versa.
+  set_preference(raw, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES, key.align_b);
+  set_preference(raw, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES, key.align_a);
+  set_preference(raw, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, key.align_c);
+  set_preference(raw, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES, key.align_c);
+  cublasLtMatmulHeuristicResult_t result{};
+  int count = 0;
+  cublasStatus_t status = cublasLtMatmulAlgoGetHeuristic(
+      handle, plan.desc.get(), plan.layout_a.get(), plan.layout_b.get(), plan.layout_c.get(),
+      plan.layout_c.get(), raw, 1, &result, &count);
+  if (status == CUBLAS_STATUS_NOT_SUPPORTED) return false;
+  LOOM_CUBLAS_CHECK(status);
+  if (count < 1 || result.state != CUBLAS_STATUS_SUCCESS) return false;
+  plan.algo = result.algo;
+  return true;
+}
+
+std::unique_ptr<Plan> build_plan(cublasLtHandle_t handle, const PlanKey& key, const void* bias) {
+  auto plan = std::make_unique<Plan>();
+  cublasLtMatmulDesc_t desc = nullptr;
+  LOOM_CUBLAS_CHECK(cublasLtMatmulDescCreate(
+      &desc, key.tf32 ? CUBLAS_COMPUTE_32F_FAST_TF32 : CUBLAS_COMPUTE_32F, CUDA_R_32F));
+  plan->desc.reset(desc);
+  // C^T = op(B)^T op(A)^T (see the top of this file): a stored row-major operand already is
+  // the transpose of itself in column-major terms, so each operand's flag carries over.
+  set_desc(desc, CUBLASLT_MATMUL_DESC_TRANSA, key.trans_b ? CUBLAS_OP_T : CUBLAS_OP_N);
+  set_desc(desc, CUBLASLT_MATMUL_DESC_TRANSB, key.trans_a ? CUBLAS_OP_T : CUBLAS_OP_N);
+  // Our B is stored row-major as [k, n] (or [n, k] when transposed): column-major [n, k] / [k, n].
+  plan->layout_a = make_layout(key.dtype, key.trans_b ? key.k : key.n, key.trans_b ? key.n : key.k,
+                               key.ldb, key.batch, key.stride_b);
+  plan->layout_b = make_layout(key.dtype, key.trans_a ? key.m : key.k, key.trans_a ? key.k : key.m,
+                               key.lda, key.batch, key.stride_a);
+  plan->layout_c = make_layout(key.dtype, key.n, key.m, key.ldc, key.batch, key.stride_c);
+  if (key.bias) {
+    // Bias of length n = rows of the column-major D, one vector for the whole batch, in the
+    // output dtype (the default of CUBLASLT_MATMUL_DESC_BIAS_DATA_TYPE). The heuristic reads
+    // the pointer's alignment, so it is set before asking.
+    set_desc(desc, CUBLASLT_MATMUL_DESC_EPILOGUE, CUBLASLT_EPILOGUE_BIAS);
+    set_desc(desc, CUBLASLT_MATMUL_DESC_BIAS_POINTER, bias);
+    if (key.batch > 1) set_desc(desc, CUBLASLT_MATMUL_DESC_BIAS_BATCH_STRIDE, int64_t{0});
+    plan->bias_in_epilogue = find_algorithm(handle, key, *plan);
+    if (plan->bias_in_epilogue) return plan;
+    set_desc(desc, CUBLASLT_MATMUL_DESC_EPILOGUE, CUBLASLT_EPILOGUE_DEFAULT);  // rank-1 bias
+  }
+  if (!find_algorithm(handle, key, *plan)) {
+    fail(kTag, "cuBLASLt has no algorithm for a ", dtype_label(key.dtype),
+         key.tf32 ? " (TF32)" : "", " GEMM with op(A) ", key.trans_a ? "transposed" : "plain",
+         ", op(B) ", key.trans_b ? "transposed" : "plain", ", m=", key.m, " n=", key.n,
+         " k=", key.k, " lda=", key.lda, " ldb=", key.ldb, " ldc=", key.ldc, " batch=", key.batch,
+         " (strides ", key.stride_a, "/", key.stride_b, "/", key.stride_c, ", pointer alignments ",
+         key.align_a, "/", key.align_b, "/", key.align_c, " bytes)");
+  }
+  return plan;
+}
+
+// --- per-device state and the registry -----------------------------------------------------
+
+struct DeviceState {
+  HandlePtr handle;
+  std::mutex mutex;  // guards workspaces and ones
+  std::map<std::pair<uintptr_t, std::thread::id>, std::unique_ptr<DeviceMemory>> workspaces;
+  std::unique_ptr<DeviceMemory> ones[3];  // kOnesRows ones per float dtype, made on demand
+};
+
+class Registry {
+ public:
+  // The state of `device` (the current device), creating its handle on first use.
+  DeviceState& device(int device) {
+    std::lock_guard lock(mutex_);
+    if (static_cast<size_t>(device) >= devices_.size()) devices_.resize(device + 1);
+    std::unique_ptr<DeviceState>& state = devices_[device];
+    if (!state) {
+      auto fresh = std::make_unique<DeviceState>();
+      cublasLtHandle_t raw = nullptr;
+      LOOM_CUBLAS_CHECK(cublasLtCreate(&raw));
+      fresh->handle.reset(raw);
+      state = std::move(fresh);
+    }
+    return *state;
+  }
+
+  // The cached plan for key, built (heuristic included) on first use. Plans are never
+  // removed, so the reference stays valid.
+  Plan& plan(cublasLtHandle_t handle, const PlanKey& key, const void* bias) {
+    std::lock_guard lock(mutex_);
+    std::unique_ptr<Plan>& slot = plans_[key];
+    if (!slot) {
+      try {
+        slot = build_plan(handle, key, bias);
+      } catch (...) {
+        plans_.erase(key);
+        throw;
+      }
+    }
+    return *slot;
+  }
+
+ private:
+  std::mutex mutex_;
+  // Declared before plans_ so that plans (descriptors only) go first at exit.
+  std::vector<std::unique_ptr<DeviceState>> devices_;
+  std::unordered_map<PlanKey, std::unique_ptr<Plan>, PlanKeyHash> plans_;
+};
+
+Registry& registry() {
+  static Registry instance;
+  return instance;
+}
+
+void* workspace(DeviceState& state, cudaStream_t stream) {
+  std::thread::id owner =
+      stream == cudaStreamPerThread ? std::this_thread::get_id() : std::thread::id();
+  std::lock_guard lock(state.mutex);
+  std::unique_ptr<DeviceMemory>& slot =
+      state.workspaces[{reinterpret_cast<uintptr_t>(stream), owner}];
+  if (!slot) slot = std::make_unique<DeviceMemory>(kWorkspaceBytes);
+  return slot->get();
+}
+
+// kOnesRows ones in dtype on the current device. Made once per device and dtype with a
+// blocking copy (one-time setup, like the handle).
+const void* ones(DeviceState& state, DType dtype) {
+  std::lock_guard lock(state.mutex);
+  std::unique_ptr<DeviceMemory>& slot = state.ones[dtype_slot(dtype)];
+  if (!slot) {
+    size_t es = element_bytes(dtype);
+    std::vector<unsigned char> host(kOnesRows * es);
+    for (int64_t i = 0; i < kOnesRows; ++i) {
+      if (dtype == DType::F32) {
+        float one = 1.0f;
+        std::memcpy(host.data() + i * es, &one, es);
+      } else {
+        uint16_t one = dtype == DType::BF16 ? 0x3F80 : 0x3C00;  // 1.0 in bf16 / f16
+        std::memcpy(host.data() + i * es, &one, es);
+      }
+    }
+    auto memory = std::make_unique<DeviceMemory>(host.size());
+    LOOM_CUDA_CHECK(cudaMemcpy(memory->get(), host.data(), host.size(), cudaMemcpyHostToDevice));
+    slot = std::move(memory);
+  }
+  return slot->get();
+}
+
+// --- execution -----------------------------------------------------------------------------
+
+void matmul(int device, const Problem& p, cudaStream_t stream);
+
+// C_b (+)= ones[m, 1] bias[1, n] for every b: the bias as a rank-1 GEMM, in chunks of rows.
+void add_bias_rank1(int device, const Problem& p, bool accumulate, cudaStream_t stream) {
+  const void* one = ones(registry().device(device), p.dtype);
+  size_t es = element_bytes(p.dtype);
+  for (int64_t row = 0; row < p.m; row += kOnesRows) {
+    Problem q{};
+    q.dtype = p.dtype;
+    q.m = std::min(kOnesRows, p.m - row);
+    q.n = p.n;
+    q.k = 1;
+    q.a = one;
+    q.lda = 1;
+    q.b = p.bias;
+    q.ldb = p.n;
+    q.c = static_cast<unsigned char*>(p.c) + static_cast<size_t>(row * p.ldc) * es;
+    q.ldc = p.ldc;
+    q.stride_c = p.stride_c;
+    q.batch = p.batch;  // A and B strides 0: the same ones and bias for every product
+    q.accumulate = accumulate;
+    matmul(device, q, stream);
+  }
+}
+
+// One validated cuBLASLt call for k > 0 (m, n, batch > 0), plus the bias if the epilogue
+// could not take it.
+void matmul(int device, const Problem& p, cudaStream_t stream) {
+  DeviceState& state = registry().device(device);
+  PlanKey key = make_key(device, p);
+  Plan& plan = registry().plan(state.handle.get(), key, p.bias);
+  void* space = workspace(state, stream);
+  const float alpha = 1.0f, beta = p.accumulate ? 1.0f : 0.0f;
+  {
+    std::lock_guard lock(plan.mutex);
+    if (plan.bias_in_epilogue) set_desc(plan.desc.get(), CUBLASLT_MATMUL_DESC_BIAS_POINTER, p.bias);
+    LOOM_CUBLAS_CHECK(cublasLtMatmul(state.handle.get(), plan.desc.get(), &alpha, p.b,
+                                     plan.layout_a.get(), p.a, plan.layout_b.get(), &beta, p.c,
+                                     plan.layout_c.get(), p.c, plan.layout_c.get(), &plan.algo,
+                                     space, kWorkspaceBytes, stream));
+  }
+  if (p.bias && !plan.bias_in_epilogue) add_bias_rank1(device, p, /*accumulate=*/true, stream);
+}
+
+// C_b = 0 for every b (k == 0 without accumulate or bias).
+void zero_output(const Problem& p, cudaStream_t stream) {
+  size_t es = element_bytes(p.dtype);
+  size_t pitch = static_cast<size_t>(p.ldc) * es, width = static_cast<size_t>(p.n) * es;
+  if (p.batch == 1 || p.stride_c == p.m * p.ldc) {  // one pitched block
+    LOOM_CUDA_CHECK(
+        cudaMemset2DAsync(p.c, pitch, 0, width, static_cast<size_t>(p.m * p.batch), stream));
+    return;
+  }
+  for (int64_t i = 0; i < p.batch; ++i) {
+    void* c = static_cast<unsigned char*>(p.c) + static_cast<size_t>(i * p.stride_c) * es;
+    LOOM_CUDA_CHECK(cudaMemset2DAsync(c, pitch, 0, width, static_cast<size_t>(p.m), stream));
+  }
+}
+
+void validate(const Problem& p) {
+  if (p.dtype != DType::F32 && p.dtype != DType::BF16 && p.dtype != DType::F16) {
+    fail(kTag, "gemm takes f32, bf16 or f16 operands, got ", dtype_label(p.dtype));
+  }
+  if (p.m < 0 || p.n < 0 || p.k < 0 || p.batch < 0) {
+    fail(kTag, "sizes must be >= 0, got m=", p.m, " n=", p.n, " k=", p.k, " batch=", p.batch);
+  }
+  if (p.batch > std::numeric_limits<int32_t>::max()) {
+    fail(kTag, "batch must fit in int32 (cuBLASLt's batch count), got ", p.batch);
+  }
+  if (p.stride_a < 0 || p.stride_b < 0 || p.stride_c < 0) {
+    fail(kTag, "batch strides must be >= 0, got ", p.stride_a, "/", p.stride_b, "/", p.stride_c);
+  }
+}
+
+void validate_layout(const Problem& p) {
+  int64_t a_row = p.trans_a ? p.m : p.k, b_row = p.trans_b ? p.k : p.n;
+  if (p.lda < std::max<int64_t>(a_row, 1) || p.ldb < std::max<int64_t>(b_row, 1) ||
+      p.ldc < std::max<int64_t>(p.n, 1)) {
+    fail(kTag, "leading dimensions too small: need lda >= ", std::max<int64_t>(a_row, 1),
+         ", ldb >= ", std::max<int64_t>(b_row, 1), ", ldc >= ", std::max<int64_t>(p.n, 1),
+         " for m=", p.m, " n=", p.n, " k=", p.k, (p.trans_a ? " op(A)=A^T" : ""),
+         (p.trans_b ? " op(B)=B^T" : ""), "; got lda=", p.lda, " ldb=", p.ldb, " ldc=", p.ldc);
+  }
+  if (p.batch > 1 && p.stride_c < (p.m - 1) * p.ldc + p.n) {
+    fail(kTag, "the ", p.batch,
+         " results would overlap: stride_c must be >= (m-1)*ldc + n = ", (p.m - 1) * p.ldc + p.n,
+         ", got ", p.stride_c);
+  }
+  if (p.c == nullptr || (p.k > 0 && (p.a == nullptr || p.b == nullptr))) {
+    fail(kTag, "null operand pointer (a ", p.a, ", b ", p.b, ", c ", p.c, ") for m=", p.m,
+         " n=", p.n, " k=", p.k);
+  }
+}
+
+}  // namespace
+
+void gemm(DType dtype, bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, const void* a,
+          int64_t lda, int64_t stride_a, const void* b, int64_t ldb, int64_t stride_b, void* c,
+          int64_t ldc, int64_t stride_c, int64_t batch, bool accumulate, const void* bias,
+          cudaStream_t stream) {
+  const Problem p{dtype, trans_a, trans_b,  m, n,   k,        a,     lda,        stride_a,
+                  b,     ldb,     stride_b, c, ldc, stride_c, batch, accumulate, bias};
+  validate(p);
+  if (m == 0 || n == 0 || batch == 0) return;
+  validate_layout(p);
+  int device = 0;
+  LOOM_CUDA_CHECK(cudaGetDevice(&device));
+  if (k > 0) {
+    matmul(device, p, stream);
+  } else if (bias != nullptr) {
+    add_bias_rank1(device, p, accumulate, stream);  // C = (accumulate ? C : 0) + bias
+  } else if (!accumulate) {
+    zero_output(p, stream);
+  }
+}
+
+void set_allow_tf32(bool allow) {
+  g_allow_tf32.store(allow, std::memory_order_relaxed);
+}
+
+bool allow_tf32() {
+  return g_allow_tf32.load(std::memory_order_relaxed);
+}
+
+}  // namespace loom::kernels::cuda

@@ -1,0 +1,45 @@
+#pragma once
+// Row-major GEMM on the GPU through cuBLASLt, with the semantics of kernels/cpu/gemm.h plus a
+// batch and an optional bias. For b < batch:
+//   C_b = op(A_b) op(B_b) (+ C_b when accumulate) (+ bias[j] added to every row when bias)
+// where X_b = X + b * stride_x elements (a stride of 0 reuses one matrix for every product).
+// op(A) is [m, k]: A itself (row-major, leading dimension lda) or, with trans_a, the
+// transpose of a row-major [k, m] matrix; likewise op(B) is [k, n]; C is [m, n] with ldc.
+// A, B, C and bias all hold `dtype`: F32, BF16 or F16 (anything else: loom::Error).
+// Accumulation is f32 in every case: bf16/f16 use CUBLAS_COMPUTE_32F; f32 uses
+// CUBLAS_COMPUTE_32F (IEEE FMA) unless set_allow_tf32(true) selects
+// CUBLAS_COMPUTE_32F_FAST_TF32 (inputs rounded to TF32, ~10-bit mantissa, on tensor cores).
+// The bias, when given, has n elements (one per column of the row-major result) and is the
+// same for every batch; it is added in f32 before the single rounding of the result (in the
+// rare case where cuBLASLt has no bias epilogue for a shape, it is added by a second GEMM and
+// the result is rounded twice).
+//
+// Degenerate sizes behave like the CPU kernel: m, n or batch 0 does nothing; k == 0 makes
+// C = (accumulate ? C : 0) (+ bias). Leading dimensions must be at least the row length of
+// the stored matrix (lda >= (trans_a ? m : k), ldb >= (trans_b ? k : n), ldc >= n, all >= 1).
+//
+// Runs asynchronously on `stream`, which must belong to the current device; never
+// synchronises the host. Thread-safe. The first GEMM on a device creates its cuBLASLt handle,
+// the first on a (device, stream) pair allocates that stream's 32 MiB workspace (cudaMalloc),
+// and the first of each shape asks cuBLASLt's heuristic for an algorithm; those steps must
+// not happen inside CUDA graph capture. See Note [GEMM resources] in gemm.cpp.
+
+#include <cuda_runtime_api.h>
+
+#include <cstdint>
+
+#include "tensor/dtype.h"
+
+namespace loom::kernels::cuda {
+
+void gemm(DType dtype, bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, const void* a,
+          int64_t lda, int64_t stride_a, const void* b, int64_t ldb, int64_t stride_b, void* c,
+          int64_t ldc, int64_t stride_c, int64_t batch, bool accumulate, const void* bias,
+          cudaStream_t stream);
+
+// Process-wide switch for f32 GEMMs (default false: exact f32 products). Applies to GEMMs
+// launched after the call; safe to call from any thread.
+void set_allow_tf32(bool allow);
+bool allow_tf32();
+
+}  // namespace loom::kernels::cuda

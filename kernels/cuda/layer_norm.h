@@ -1,0 +1,41 @@
+#pragma once
+// Layer normalisation over rows of length `width` on the GPU: the CUDA counterpart of
+// kernels/cpu/layer_norm.h,
+//   y = (x - mean) * rstd * weight + bias,  rstd = 1 / sqrt(var + eps) (biased variance).
+//
+// Storage f32, bf16 or f16 (x, weight, bias, y, dy, dx, dweight, dbias all of `dtype`); all
+// arithmetic in f32. mean and rstd are always f32 [rows], whatever the dtype. Launchers are
+// asynchronous on `stream`, never synchronise, and throw loom::Error for a dtype they do not
+// take or a failed launch. Results are deterministic: no atomics, fixed reduction orders.
+
+#include <cstddef>
+#include <cstdint>
+
+#include <cuda_runtime_api.h>
+
+#include "tensor/dtype.h"
+
+namespace loom::kernels::cuda {
+
+// Writes y [rows, width] and each row's mean and rstd (f32 [rows]), which backward needs.
+// Two passes over the row for the variance, as the CPU kernel. One warp per row for rows up
+// to a few thousand elements, one block per row beyond.
+void layer_norm_forward(DType dtype, const void* x, const void* weight, const void* bias, void* y,
+                        float* mean, float* rstd, int64_t rows, int64_t width, double eps,
+                        cudaStream_t stream);
+
+// Bytes of device workspace layer_norm_backward needs (0 when rows or width is 0). Depends only
+// on the sizes, so callers may allocate it once per shape.
+size_t layer_norm_backward_workspace(int64_t rows, int64_t width);
+
+// dx [rows, width], dweight [width] and dbias [width] are OVERWRITTEN (unlike the CPU kernel,
+// which accumulates into dweight and dbias). dweight or dbias may be null to skip it. The
+// parameter gradients are reduced without atomics: each block of 16 rows writes f32 partial
+// sums into `workspace` (layer_norm_backward_workspace bytes, float-aligned), and a second
+// kernel adds the partials in a fixed order, so the result is bitwise reproducible.
+// With rows == 0, dweight and dbias are set to zero.
+void layer_norm_backward(DType dtype, const void* dy, const void* x, const void* weight,
+                         const float* mean, const float* rstd, void* dx, void* dweight, void* dbias,
+                         int64_t rows, int64_t width, void* workspace, cudaStream_t stream);
+
+}  // namespace loom::kernels::cuda

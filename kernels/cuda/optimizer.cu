@@ -1,0 +1,357 @@
+#include "kernels/cuda/optimizer.h"
+
+#include <algorithm>
+#include <cmath>
+#include <type_traits>
+
+#include "kernels/cuda/common.cuh"
+
+// Note [Multi-tensor AdamW]
+// A model has hundreds of parameter tensors, many of them small (biases, norms); one launch per
+// tensor would cost more in launch latency than the update itself. As in apex's
+// multi_tensor_apply, the host cuts every tensor into chunks of kChunk elements and packs, per
+// launch, the buffer addresses of up to kMaxTensors tensors plus a (tensor, chunk) pair for
+// each of up to kMaxBlocks blocks into one ChunkTable that travels in the kernel's parameters
+// (3.5 KB, under the classic 4 KB limit; read through __grid_constant__, so indexing it costs
+// no local-memory copy). Block b updates chunk block_chunk[b] of tensor block_tensor[b]. When
+// either table fills up the host launches and starts a new table, carrying a tensor whose
+// chunks are not all issued yet over as the new table's first entry. Chunks never share
+// elements, so launches and blocks are independent and the result does not depend on how the
+// work was cut.
+
+namespace loom::kernels::cuda {
+
+namespace {
+
+const char* dtype_label(DType dtype) {
+  switch (dtype) {
+    case DType::F32: return "f32";
+    case DType::F64: return "f64";
+    case DType::BF16: return "bf16";
+    case DType::F16: return "f16";
+    case DType::I32: return "i32";
+    case DType::I64: return "i64";
+    case DType::U8: return "u8";
+  }
+  return "invalid";
+}
+
+template <typename F>
+void dispatch_optimizer(DType dtype, const char* op, F&& f) {
+  switch (dtype) {
+    case DType::F32: f.template operator()<float>(); return;
+    case DType::F64: f.template operator()<double>(); return;
+    case DType::BF16: f.template operator()<__nv_bfloat16>(); return;
+    case DType::F16: f.template operator()<__half>(); return;
+    default:
+      fail(op, ": the CUDA kernel takes f32, f64, bf16 or f16 buffers, got ", dtype_label(dtype));
+  }
+}
+
+template <typename T>
+struct ComputeOf {
+  using type = float;
+};
+template <>
+struct ComputeOf<double> {
+  using type = double;
+};
+template <typename T>
+using Compute = typename ComputeOf<T>::type;
+
+__device__ __forceinline__ float widen(float v) {
+  return v;
+}
+__device__ __forceinline__ double widen(double v) {
+  return v;
+}
+__device__ __forceinline__ float widen(__nv_bfloat16 v) {
+  return __bfloat162float(v);
+}
+__device__ __forceinline__ float widen(__half v) {
+  return __half2float(v);
+}
+
+template <typename T>
+__device__ __forceinline__ T narrow(Compute<T> v) {
+  if constexpr (std::is_same_v<T, float> || std::is_same_v<T, double>) {
+    return v;
+  } else {
+    return from_float<T>(v);
+  }
+}
+
+// Explicitly rounded operations: nvcc would otherwise contract a * b + c into one fused
+// multiply-add, which rounds once instead of twice and so departs from the CPU's bits.
+__device__ __forceinline__ float add_rn(float a, float b) {
+  return __fadd_rn(a, b);
+}
+__device__ __forceinline__ double add_rn(double a, double b) {
+  return __dadd_rn(a, b);
+}
+__device__ __forceinline__ float mul_rn(float a, float b) {
+  return __fmul_rn(a, b);
+}
+__device__ __forceinline__ double mul_rn(double a, double b) {
+  return __dmul_rn(a, b);
+}
+__device__ __forceinline__ float div_rn(float a, float b) {
+  return __fdiv_rn(a, b);
+}
+__device__ __forceinline__ double div_rn(double a, double b) {
+  return __ddiv_rn(a, b);
+}
+__device__ __forceinline__ float sqrt_rn(float a) {
+  return __fsqrt_rn(a);
+}
+__device__ __forceinline__ double sqrt_rn(double a) {
+  return __dsqrt_rn(a);
+}
+
+// ---------------------------------------------------------------------------------------------
+// AdamW.
+
+template <typename C>
+struct AdamWScalars {
+  C decay, beta1, one_minus_beta1, beta2, one_minus_beta2, bias_correction2_sqrt, eps,
+      neg_step_size;
+};
+
+// As kernels/cpu/optimizer_steps.cpp's adamw_step: double on the host, rounded to C once.
+template <typename C>
+AdamWScalars<C> adamw_scalars(const AdamWArgs& args) {
+  const double step = static_cast<double>(args.step);
+  const double bias_correction1 = 1.0 - std::pow(args.beta1, step);
+  const double bias_correction2 = 1.0 - std::pow(args.beta2, step);
+  AdamWScalars<C> s;
+  s.decay = static_cast<C>(1.0 - args.lr * args.weight_decay);
+  s.beta1 = static_cast<C>(args.beta1);
+  s.one_minus_beta1 = static_cast<C>(1.0 - args.beta1);
+  s.beta2 = static_cast<C>(args.beta2);
+  s.one_minus_beta2 = static_cast<C>(1.0 - args.beta2);
+  s.bias_correction2_sqrt = static_cast<C>(std::sqrt(bias_correction2));
+  s.eps = static_cast<C>(args.eps);
+  s.neg_step_size = static_cast<C>(-(args.lr / bias_correction1));
+  return s;
+}
+
+// One element, statement by statement as the CPU's adamw_loop (torch's op order).
+template <typename C>
+__device__ __forceinline__ void adamw_update(C& p, C g, C& m, C& v, const AdamWScalars<C>& s) {
+  const C pi = mul_rn(p, s.decay);                                        // p *= 1 - lr*wd
+  const C mi = add_rn(mul_rn(m, s.beta1), mul_rn(s.one_minus_beta1, g));  // m = b1 m + (1-b1) g
+  const C vi = add_rn(mul_rn(v, s.beta2), mul_rn(mul_rn(s.one_minus_beta2, g), g));
+  const C denom = add_rn(div_rn(sqrt_rn(vi), s.bias_correction2_sqrt), s.eps);
+  m = mi;
+  v = vi;
+  p = add_rn(pi, div_rn(mul_rn(s.neg_step_size, mi), denom));  // addcdiv_(m, denom, -step)
+}
+
+constexpr int kMaxTensors = 48;
+constexpr int kMaxBlocks = 320;
+constexpr int64_t kChunk = 65536;  // elements per block; a multiple of kIlp
+constexpr int kAdamThreads = 512;
+constexpr int kIlp = 4;  // elements per thread per step (one 16-byte access for f32)
+
+struct ChunkTable {
+  void* param[kMaxTensors];
+  const void* grad[kMaxTensors];
+  void* exp_avg[kMaxTensors];
+  void* exp_avg_sq[kMaxTensors];
+  int64_t n[kMaxTensors];
+  int32_t block_chunk[kMaxBlocks];
+  uint8_t block_tensor[kMaxBlocks];
+};
+static_assert(kMaxTensors <= 256, "block_tensor is a uint8_t");
+static_assert(sizeof(ChunkTable) + sizeof(AdamWScalars<double>) + sizeof(void*) <= 4096,
+              "the launch's parameters must stay within 4 KB");
+
+template <typename T>
+struct alignas(kIlp * sizeof(T)) Pack {
+  T v[kIlp];
+};
+
+template <typename T>
+__global__ void __launch_bounds__(kAdamThreads)
+    adamw_kernel(const __grid_constant__ ChunkTable table, const AdamWScalars<Compute<T>> s,
+                 const float* grad_scale) {
+  using C = Compute<T>;
+  const int t = table.block_tensor[blockIdx.x];
+  const int64_t start = static_cast<int64_t>(table.block_chunk[blockIdx.x]) * kChunk;
+  const int64_t len = table.n[t] - start < kChunk ? table.n[t] - start : kChunk;
+  T* p = static_cast<T*>(table.param[t]) + start;
+  const T* g = static_cast<const T*>(table.grad[t]) + start;
+  T* m = static_cast<T*>(table.exp_avg[t]) + start;
+  T* v = static_cast<T*>(table.exp_avg_sq[t]) + start;
+  const bool scaled = grad_scale != nullptr;
+  const C scale = scaled ? static_cast<C>(*grad_scale) : C(1);
+
+  // kChunk is a multiple of kIlp, so the chunk's start keeps the tensor's alignment.
+  const uintptr_t any = reinterpret_cast<uintptr_t>(p) | reinterpret_cast<uintptr_t>(g) |
+                        reinterpret_cast<uintptr_t>(m) | reinterpret_cast<uintptr_t>(v);
+  const int64_t packs = any % sizeof(Pack<T>) == 0 ? len / kIlp : 0;
+  for (int64_t k = threadIdx.x; k < packs; k += blockDim.x) {
+    Pack<T> pp = reinterpret_cast<const Pack<T>*>(p)[k];
+    const Pack<T> gp = reinterpret_cast<const Pack<T>*>(g)[k];
+    Pack<T> mp = reinterpret_cast<const Pack<T>*>(m)[k];
+    Pack<T> vp = reinterpret_cast<const Pack<T>*>(v)[k];
+#pragma unroll
+    for (int j = 0; j < kIlp; ++j) {
+      C pj = widen(pp.v[j]), mj = widen(mp.v[j]), vj = widen(vp.v[j]);
+      C gj = widen(gp.v[j]);
+      if (scaled) gj = mul_rn(gj, scale);
+      adamw_update(pj, gj, mj, vj, s);
+      pp.v[j] = narrow<T>(pj);
+      mp.v[j] = narrow<T>(mj);
+      vp.v[j] = narrow<T>(vj);
+    }
+    reinterpret_cast<Pack<T>*>(p)[k] = pp;
+    reinterpret_cast<Pack<T>*>(m)[k] = mp;
+    reinterpret_cast<Pack<T>*>(v)[k] = vp;
+  }
+  for (int64_t i = packs * kIlp + threadIdx.x; i < len; i += blockDim.x) {
+    C pi = widen(p[i]), mi = widen(m[i]), vi = widen(v[i]);
+    C gi = widen(g[i]);
+    if (scaled) gi = mul_rn(gi, scale);
+    adamw_update(pi, gi, mi, vi, s);
+    p[i] = narrow<T>(pi);
+    m[i] = narrow<T>(mi);
+    v[i] = narrow<T>(vi);
+  }
+}
+
+template <typename T>
+void launch_adamw_table(const ChunkTable& table, int blocks, const AdamWScalars<Compute<T>>& s,
+                        const float* grad_scale, cudaStream_t stream) {
+  adamw_kernel<T><<<blocks, kAdamThreads, 0, stream>>>(table, s, grad_scale);
+  LOOM_CUDA_CHECK_LAUNCH();
+}
+
+// Cuts the tensors into chunk tables (see Note [Multi-tensor AdamW]) and calls
+// launch(table, blocks) for each, in order. Tensors with n == 0 are skipped.
+template <typename Launch>
+void for_each_chunk_table(const AdamWTensor* tensors, int count, Launch&& launch) {
+  ChunkTable table;
+  int slots = 0, blocks = 0;
+  for (int k = 0; k < count; ++k) {
+    const AdamWTensor& t = tensors[k];
+    if (t.n == 0) continue;
+    table.param[slots] = t.param;
+    table.grad[slots] = t.grad;
+    table.exp_avg[slots] = t.exp_avg;
+    table.exp_avg_sq[slots] = t.exp_avg_sq;
+    table.n[slots] = t.n;
+    ++slots;
+    const int64_t chunks = ceil_div(t.n, kChunk);
+    for (int64_t c = 0; c < chunks; ++c) {
+      table.block_tensor[blocks] = static_cast<uint8_t>(slots - 1);
+      table.block_chunk[blocks] = static_cast<int32_t>(c);
+      ++blocks;
+      const bool last_chunk = c == chunks - 1;
+      if (blocks < kMaxBlocks && !(slots == kMaxTensors && last_chunk)) continue;
+      launch(table, blocks);
+      blocks = 0;
+      if (last_chunk) {
+        slots = 0;
+      } else {  // this tensor goes on in the next table, as its first entry
+        table.param[0] = table.param[slots - 1];
+        table.grad[0] = table.grad[slots - 1];
+        table.exp_avg[0] = table.exp_avg[slots - 1];
+        table.exp_avg_sq[0] = table.exp_avg_sq[slots - 1];
+        table.n[0] = table.n[slots - 1];
+        slots = 1;
+      }
+    }
+  }
+  if (blocks > 0) launch(table, blocks);
+}
+
+void check_adamw_tensor(const AdamWTensor& t, int index) {
+  if (t.n < 0) fail("multi_tensor_adamw: tensor #", index, " has a negative size ", t.n);
+  if (t.n > 0 && (t.param == nullptr || t.grad == nullptr || t.exp_avg == nullptr ||
+                  t.exp_avg_sq == nullptr)) {
+    fail("multi_tensor_adamw: tensor #", index, " (", t.n,
+         " elements) has a null buffer; param, grad, exp_avg and exp_avg_sq are all needed");
+  }
+  if (ceil_div(t.n, kChunk) > INT32_MAX)
+    fail("multi_tensor_adamw: tensor #", index, " has too many elements (", t.n, ")");
+}
+
+// ---------------------------------------------------------------------------------------------
+// SGD.
+
+template <typename C>
+struct SGDScalars {
+  C weight_decay, momentum, one_minus_dampening, neg_lr;
+  bool decay, use_momentum, first_step, nesterov;
+};
+
+// The switches are uniform across the grid, so the branches cost nothing measurable in this
+// bandwidth-bound loop; one kernel per dtype instead of 16 per dtype.
+template <typename T>
+__global__ void sgd_kernel(T* p, const T* g, T* buf, int64_t n, const SGDScalars<Compute<T>> s) {
+  using C = Compute<T>;
+  const int64_t stride = static_cast<int64_t>(gridDim.x) * blockDim.x;
+  for (int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < n;
+       i += stride) {
+    const C pi = widen(p[i]);
+    C d = widen(g[i]);
+    if (s.decay) d = add_rn(d, mul_rn(s.weight_decay, pi));  // d_p.add(param, alpha=wd)
+    if (s.use_momentum) {
+      // buf = clone(d_p), or buf.mul_(momentum).add_(d_p, alpha=1-dampening)
+      const C b = s.first_step
+                      ? d
+                      : add_rn(mul_rn(widen(buf[i]), s.momentum), mul_rn(s.one_minus_dampening, d));
+      buf[i] = narrow<T>(b);
+      d = s.nesterov ? add_rn(d, mul_rn(s.momentum, b)) : b;  // d_p.add(buf, alpha=momentum)
+    }
+    p[i] = narrow<T>(add_rn(pi, mul_rn(s.neg_lr, d)));  // param.add_(d_p, alpha=-lr)
+  }
+}
+
+}  // namespace
+
+void multi_tensor_adamw(DType dtype, const AdamWTensor* tensors, int count, const AdamWArgs& args,
+                        const float* grad_scale, cudaStream_t stream) {
+  if (count < 0) fail("multi_tensor_adamw: negative tensor count ", count);
+  if (count > 0 && tensors == nullptr)
+    fail("multi_tensor_adamw: tensors is null for ", count, " tensors");
+  if (args.step < 1) fail("multi_tensor_adamw: step must be >= 1 (1-based), got ", args.step);
+  for (int k = 0; k < count; ++k)
+    check_adamw_tensor(tensors[k], k);
+  dispatch_optimizer(dtype, "multi_tensor_adamw", [&]<typename T>() {
+    const AdamWScalars<Compute<T>> s = adamw_scalars<Compute<T>>(args);
+    for_each_chunk_table(tensors, count, [&](const ChunkTable& table, int blocks) {
+      launch_adamw_table<T>(table, blocks, s, grad_scale, stream);
+    });
+  });
+}
+
+void sgd_step(DType dtype, void* param, const void* grad, void* momentum_buffer, int64_t n,
+              const SGDArgs& args, cudaStream_t stream) {
+  if (n < 0) fail("sgd_step: negative element count ", n);
+  if (n == 0) return;
+  if (param == nullptr || grad == nullptr)
+    fail("sgd_step: param and grad must not be null (", n, " elements)");
+  if (args.momentum != 0.0 && momentum_buffer == nullptr)
+    fail("sgd_step: momentum ", args.momentum, " needs a momentum buffer, got nullptr");
+  dispatch_optimizer(dtype, "sgd_step", [&]<typename T>() {
+    using C = Compute<T>;
+    SGDScalars<C> s;
+    s.weight_decay = static_cast<C>(args.weight_decay);
+    s.momentum = static_cast<C>(args.momentum);
+    s.one_minus_dampening = static_cast<C>(1.0 - args.dampening);
+    s.neg_lr = static_cast<C>(-args.lr);
+    s.decay = args.weight_decay != 0.0;
+    s.use_momentum = args.momentum != 0.0;
+    s.first_step = args.first_step;
+    s.nesterov = args.nesterov;
+    constexpr int kThreads = 256;
+    sgd_kernel<T><<<grid_for(n, kThreads), kThreads, 0, stream>>>(
+        static_cast<T*>(param), static_cast<const T*>(grad), static_cast<T*>(momentum_buffer), n,
+        s);
+    LOOM_CUDA_CHECK_LAUNCH();
+  });
+}
+
+}  // namespace loom::kernels::cuda

@@ -1,0 +1,392 @@
+#include "kernels/cuda/reduce.h"
+
+#include <algorithm>
+#include <type_traits>
+
+#include "kernels/cuda/common.cuh"
+
+// Note [Deterministic reduction trees]
+// Every reduction here has the same shape: each thread folds a strided subset of the reduced
+// axis in index order, then the partial states meet in a fixed tree (a warp's xor butterfly,
+// then a fixed pairing across warps or across the rows of a 2-D block). The subsets and the
+// tree depend only on the sizes (the launch configuration is chosen from them, never from the
+// device), so results are bitwise reproducible. The combining operations are commutative, so
+// every lane of a butterfly ends with identical bits.
+//
+// Note [Argmax as an associative operation]
+// The CPU loop `best = x[0]; for d >= 1: if (x[d] > best) take d` has to be recast as an
+// associative, commutative combine to run as a tree. Each element becomes a state (value,
+// index): a NaN at d = 0 stays {NaN, 0} and wins every combine (nothing is `>` NaN, so the CPU
+// never replaces it); a NaN at d > 0 becomes the identity {-inf, none} (the CPU never takes
+// it); otherwise the larger value wins and ties (including -0 == +0) go to the smaller index,
+// the CPU's "first maximal". This is a total order on states, hence associative. The stored
+// value is re-read from x at the winning index, so it is bitwise the CPU's (sign of zero and
+// NaN payload included).
+
+namespace loom::kernels::cuda {
+
+namespace {
+
+constexpr unsigned kFullMask = 0xffffffffu;
+
+const char* dtype_label(DType dtype) {
+  switch (dtype) {
+    case DType::F32: return "f32";
+    case DType::F64: return "f64";
+    case DType::BF16: return "bf16";
+    case DType::F16: return "f16";
+    case DType::I32: return "i32";
+    case DType::I64: return "i64";
+    case DType::U8: return "u8";
+  }
+  return "invalid";
+}
+
+template <typename F>
+void dispatch_reduce(DType dtype, const char* op, F&& f) {
+  switch (dtype) {
+    case DType::F32: f.template operator()<float>(); return;
+    case DType::F64: f.template operator()<double>(); return;
+    case DType::BF16: f.template operator()<__nv_bfloat16>(); return;
+    case DType::F16: f.template operator()<__half>(); return;
+    default:
+      fail(op, ": the CUDA kernel takes f32, f64, bf16 or f16 tensors, got ", dtype_label(dtype));
+  }
+}
+
+template <typename T>
+struct AccOf {
+  using type = float;
+};
+template <>
+struct AccOf<double> {
+  using type = double;
+};
+template <typename T>
+using Acc = typename AccOf<T>::type;
+
+__device__ __forceinline__ float widen(float v) {
+  return v;
+}
+__device__ __forceinline__ double widen(double v) {
+  return v;
+}
+__device__ __forceinline__ float widen(__nv_bfloat16 v) {
+  return __bfloat162float(v);
+}
+__device__ __forceinline__ float widen(__half v) {
+  return __half2float(v);
+}
+
+template <typename T, typename A>
+__device__ __forceinline__ T narrow(A v) {
+  if constexpr (std::is_same_v<T, float>) {
+    return static_cast<float>(v);
+  } else if constexpr (std::is_same_v<T, double>) {
+    return v;
+  } else {
+    return from_float<T>(static_cast<float>(v));
+  }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Reduction operations: State, identity, make (from element value and axis index), combine,
+// and a warp shuffle of the state.
+
+template <typename A>
+struct SumOp {
+  using State = A;
+  __device__ static State identity() { return A(0); }
+  __device__ static State make(A v, int64_t) { return v; }
+  __device__ static State combine(State a, State b) { return a + b; }
+  __device__ static State shuffle_xor(State s, int offset) {
+    return __shfl_xor_sync(kFullMask, s, offset);
+  }
+};
+
+template <typename A>
+struct ArgMaxState {
+  A value;
+  int64_t index;
+};
+
+// See Note [Argmax as an associative operation].
+template <typename A>
+struct ArgMaxOp {
+  using State = ArgMaxState<A>;
+  static constexpr int64_t kNone = INT64_MAX;
+  __device__ static State identity() { return {-INFINITY, kNone}; }
+  __device__ static State make(A v, int64_t d) {
+    if (v != v && d != 0) return identity();
+    return {v, d};
+  }
+  __device__ static State combine(State a, State b) {
+    if (a.value != a.value) return a;
+    if (b.value != b.value) return b;
+    if (a.value > b.value) return a;
+    if (b.value > a.value) return b;
+    return a.index <= b.index ? a : b;
+  }
+  __device__ static State shuffle_xor(State s, int offset) {
+    State r;
+    r.value = __shfl_xor_sync(kFullMask, s.value, offset);
+    r.index = __shfl_xor_sync(kFullMask, static_cast<long long>(s.index), offset);
+    return r;
+  }
+};
+
+template <typename Op>
+__device__ __forceinline__ typename Op::State warp_reduce(typename Op::State s) {
+#pragma unroll
+  for (int offset = kWarpSize / 2; offset > 0; offset /= 2)
+    s = Op::combine(s, Op::shuffle_xor(s, offset));
+  return s;
+}
+
+// Reduces over a 1-D block (blockDim.x a multiple of 32); every thread gets the result.
+// `scratch` holds 32 states in shared memory; the call synchronises.
+template <typename Op>
+__device__ __forceinline__ typename Op::State block_reduce(typename Op::State s,
+                                                           typename Op::State* scratch) {
+  const int lane = threadIdx.x % kWarpSize, warp = threadIdx.x / kWarpSize;
+  const int warps = blockDim.x / kWarpSize;
+  s = warp_reduce<Op>(s);
+  __syncthreads();  // scratch may still be read by a previous call
+  if (lane == 0) scratch[warp] = s;
+  __syncthreads();
+  s = lane < warps ? scratch[lane] : Op::identity();
+  return warp_reduce<Op>(s);
+}
+
+// Where a reduced state goes: sums are rounded to T; argmax re-reads the winning element.
+template <typename T>
+struct SumStore {
+  T* out;
+  template <typename A>
+  __device__ void operator()(int64_t pos, A s, const T*, int64_t) const {
+    out[pos] = narrow<T>(s);
+  }
+};
+template <typename T>
+struct ArgMaxStore {
+  T* out;
+  int64_t* argmax;
+  // `base` is x's element for d = 0 of this output, `step` the distance between d and d + 1.
+  template <typename S>
+  __device__ void operator()(int64_t pos, S s, const T* base, int64_t step) const {
+    out[pos] = base[s.index * step];
+    argmax[pos] = s.index;
+  }
+};
+
+// ---------------------------------------------------------------------------------------------
+// inner == 1: each row x[o, 0..extent) is reduced by a group of `group` threads: one warp
+// (group 32, blockDim.x / 32 rows per block) for short rows, the whole block for long ones.
+
+template <typename T, typename Op, typename Store>
+__global__ void reduce_rows_kernel(const T* x, int64_t rows, int64_t extent, int group,
+                                   Store store) {
+  using State = typename Op::State;
+  __shared__ State scratch[kWarpSize];
+  const int rows_per_block = blockDim.x / group;
+  const int lane = threadIdx.x % group;
+  const int64_t first = static_cast<int64_t>(blockIdx.x) * rows_per_block + threadIdx.x / group;
+  const int64_t step = static_cast<int64_t>(gridDim.x) * rows_per_block;
+  // In block mode every thread of the block runs the same iterations (the barriers inside
+  // block_reduce need that); in warp mode only the warp's lanes share them.
+  for (int64_t row = first; row < rows; row += step) {
+    const T* src = x + row * extent;
+    State s = Op::identity();
+    for (int64_t d = lane; d < extent; d += group)
+      s = Op::combine(s, Op::make(widen(src[d]), d));
+    s = group == kWarpSize ? warp_reduce<Op>(s) : block_reduce<Op>(s, scratch);
+    if (lane == 0) store(row, s, src, 1);
+  }
+}
+
+// inner > 1: a 2-D block of 32 x Y threads covers 32 neighbouring columns i (coalesced loads)
+// and splits the reduced axis d among its Y rows; the Y partial states per column then meet in
+// a fixed pairwise tree in shared memory. Y is a power of two, at most kMaxColumnSplit.
+constexpr int kMaxColumnSplit = 16;
+
+template <typename T, typename Op, typename Store>
+__global__ void reduce_columns_kernel(const T* x, int64_t outer, int64_t extent, int64_t inner,
+                                      Store store) {
+  using State = typename Op::State;
+  __shared__ State partial[kMaxColumnSplit][kWarpSize + 1];
+  const int tx = threadIdx.x, ty = threadIdx.y, split = blockDim.y;
+  const int64_t i = static_cast<int64_t>(blockIdx.x) * kWarpSize + tx;
+  for (int64_t o = blockIdx.y; o < outer; o += gridDim.y) {
+    const T* base = x + o * extent * inner + i;
+    State s = Op::identity();
+    if (i < inner) {
+      for (int64_t d = ty; d < extent; d += split)
+        s = Op::combine(s, Op::make(widen(base[d * inner]), d));
+    }
+    __syncthreads();  // the previous iteration's tree may still read `partial`
+    partial[ty][tx] = s;
+    __syncthreads();
+    for (int half = split / 2; half > 0; half /= 2) {
+      if (ty < half) partial[ty][tx] = Op::combine(partial[ty][tx], partial[ty + half][tx]);
+      __syncthreads();
+    }
+    if (ty == 0 && i < inner) store(o * inner + i, partial[0][tx], base, inner);
+  }
+}
+
+constexpr int kRowThreads = 256;
+constexpr int kLongRowThreads = 512;
+constexpr int64_t kLongRow = 2048;  // rows at least this long get a block each
+constexpr int64_t kMaxGridX = 65535LL * 8;
+constexpr int64_t kMaxGridY = 65535;
+
+template <typename T, typename Op, typename Store>
+void launch_axis_reduce(const T* x, int64_t outer, int64_t extent, int64_t inner, Store store,
+                        cudaStream_t stream) {
+  if (outer == 0 || inner == 0) return;
+  if (inner == 1) {
+    const bool block_per_row = extent >= kLongRow;
+    const int threads = block_per_row ? kLongRowThreads : kRowThreads;
+    const int group = block_per_row ? threads : kWarpSize;
+    const int64_t rows_per_block = threads / group;
+    const int64_t blocks = std::min(ceil_div(outer, rows_per_block), kMaxGridX);
+    reduce_rows_kernel<T, Op, Store>
+        <<<static_cast<unsigned>(blocks), threads, 0, stream>>>(x, outer, extent, group, store);
+  } else {
+    int split = 1;
+    while (split < kMaxColumnSplit && split < extent)
+      split *= 2;
+    const dim3 block(kWarpSize, static_cast<unsigned>(split));
+    const dim3 grid(static_cast<unsigned>(ceil_div(inner, kWarpSize)),
+                    static_cast<unsigned>(std::min(outer, kMaxGridY)));
+    reduce_columns_kernel<T, Op, Store><<<grid, block, 0, stream>>>(x, outer, extent, inner, store);
+  }
+  LOOM_CUDA_CHECK_LAUNCH();
+}
+
+void check_sizes(const char* op, int64_t outer, int64_t extent, int64_t inner) {
+  if (outer < 0 || extent < 0 || inner < 0) {
+    fail(op, ": sizes must be non-negative, got outer ", outer, ", extent ", extent, ", inner ",
+         inner);
+  }
+  if (ceil_div(inner, kWarpSize) > INT32_MAX) fail(op, ": inner size ", inner, " is too large");
+}
+
+// ---------------------------------------------------------------------------------------------
+// Whole-buffer sums: pass 1 runs a number of blocks fixed by n (at most kMaxPartials), each
+// folding a grid-strided share of x into one partial in the workspace; pass 2 (one block)
+// reduces the partials in a fixed tree and writes the result. They accumulate in double, as the
+// CPU's sum_all and sum_of_squares do: one double add per element is far below what any GPU's
+// f64 units sustain at memory speed, and a loss or a gradient norm then agrees with the CPU to
+// double rounding before the final cast.
+
+constexpr int kSumThreads = 256;
+constexpr int kFinishThreads = 1024;
+constexpr int64_t kMaxPartials = kFinishThreads;  // pass 2 reads one partial per thread
+constexpr int64_t kMinPerThread = 16;
+
+int64_t partial_count(int64_t n) {
+  if (n <= 0) return 0;
+  return std::min(ceil_div(n, kSumThreads * kMinPerThread), kMaxPartials);
+}
+
+template <typename T>
+struct alignas(16) Vec16 {
+  static constexpr int kSize = 16 / static_cast<int>(sizeof(T));
+  T v[kSize];
+};
+
+// 16-byte loads over the first `vectors` whole vectors (0 when x is unaligned), then single
+// elements; each thread folds its elements in index order.
+template <typename T, bool kSquare>
+__global__ void partial_sums_kernel(const T* x, int64_t n, int64_t vectors, double* partials) {
+  using Op = SumOp<double>;
+  constexpr int kVec = Vec16<T>::kSize;
+  __shared__ double scratch[kWarpSize];
+  double s = 0;
+  const int64_t stride = static_cast<int64_t>(gridDim.x) * blockDim.x;
+  const int64_t tid = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
+  for (int64_t v = tid; v < vectors; v += stride) {
+    const Vec16<T> in = reinterpret_cast<const Vec16<T>*>(x)[v];
+#pragma unroll
+    for (int j = 0; j < kVec; ++j) {
+      const double e = static_cast<double>(widen(in.v[j]));
+      s += kSquare ? e * e : e;
+    }
+  }
+  for (int64_t i = vectors * kVec + tid; i < n; i += stride) {
+    const double e = static_cast<double>(widen(x[i]));
+    s += kSquare ? e * e : e;
+  }
+  s = block_reduce<Op>(s, scratch);
+  if (threadIdx.x == 0) partials[blockIdx.x] = s;
+}
+
+template <typename A, typename Out>
+__global__ void finish_sum_kernel(const A* partials, int64_t count, Out* out) {
+  __shared__ A scratch[kWarpSize];
+  A s = threadIdx.x < count ? partials[threadIdx.x] : A(0);
+  s = block_reduce<SumOp<A>>(s, scratch);
+  if (threadIdx.x == 0) *out = narrow<Out>(s);
+}
+
+template <typename T, bool kSquare, typename Out>
+void launch_sum(const void* x, int64_t n, Out* out, void* workspace, cudaStream_t stream) {
+  if (n < 0) fail("sum: negative element count ", n);
+  const int64_t blocks = partial_count(n);
+  auto* partials = static_cast<double*>(workspace);
+  if (blocks > 0) {
+    if (workspace == nullptr) {
+      fail("sum: a workspace of ", reduce_workspace_bytes(n), " bytes is needed for ", n,
+           " elements, got nullptr");
+    }
+    const bool aligned = reinterpret_cast<uintptr_t>(x) % 16 == 0;
+    const int64_t vectors = aligned ? n / Vec16<T>::kSize : 0;
+    partial_sums_kernel<T, kSquare><<<static_cast<unsigned>(blocks), kSumThreads, 0, stream>>>(
+        static_cast<const T*>(x), n, vectors, partials);
+    LOOM_CUDA_CHECK_LAUNCH();
+  }
+  finish_sum_kernel<double, Out><<<1, kFinishThreads, 0, stream>>>(partials, blocks, out);
+  LOOM_CUDA_CHECK_LAUNCH();
+}
+
+}  // namespace
+
+void sum_axis(DType dtype, const void* x, void* out, int64_t outer, int64_t extent, int64_t inner,
+              cudaStream_t stream) {
+  check_sizes("sum_axis", outer, extent, inner);
+  dispatch_reduce(dtype, "sum_axis", [&]<typename T>() {
+    launch_axis_reduce<T, SumOp<Acc<T>>>(static_cast<const T*>(x), outer, extent, inner,
+                                         SumStore<T>{static_cast<T*>(out)}, stream);
+  });
+}
+
+void max_axis(DType dtype, const void* x, void* out, int64_t* argmax, int64_t outer, int64_t extent,
+              int64_t inner, cudaStream_t stream) {
+  check_sizes("max_axis", outer, extent, inner);
+  if (extent <= 0 && outer > 0 && inner > 0)
+    fail("max_axis: the reduced extent must be positive, got ", extent);
+  dispatch_reduce(dtype, "max_axis", [&]<typename T>() {
+    launch_axis_reduce<T, ArgMaxOp<Acc<T>>>(static_cast<const T*>(x), outer, extent, inner,
+                                            ArgMaxStore<T>{static_cast<T*>(out), argmax}, stream);
+  });
+}
+
+size_t reduce_workspace_bytes(int64_t n) {
+  return static_cast<size_t>(partial_count(n)) * sizeof(double);
+}
+
+void sum_all(DType dtype, const void* x, int64_t n, void* out, void* workspace,
+             cudaStream_t stream) {
+  dispatch_reduce(dtype, "sum_all", [&]<typename T>() {
+    launch_sum<T, false>(x, n, static_cast<T*>(out), workspace, stream);
+  });
+}
+
+void sum_of_squares(DType dtype, const void* x, int64_t n, float* out, void* workspace,
+                    cudaStream_t stream) {
+  dispatch_reduce(dtype, "sum_of_squares",
+                  [&]<typename T>() { launch_sum<T, true>(x, n, out, workspace, stream); });
+}
+
+}  // namespace loom::kernels::cuda

@@ -1,0 +1,45 @@
+#pragma once
+// Deterministic reductions on the GPU: the CUDA counterparts of kernels/cpu/reduce.h, plus the
+// whole-buffer sums behind loss averaging and gradient-norm clipping.
+//
+// Every kernel reduces in an order fixed by the sizes alone (no atomics, no dependence on the
+// device or on timing), so the same input gives bitwise the same output on every run. That
+// order is a tree, not the CPU's left-to-right loop, so sums agree with the CPU to rounding, not
+// bitwise. Dtypes: f32, bf16, f16 and f64. All launchers are asynchronous on `stream` and never
+// synchronise.
+
+#include <cstddef>
+#include <cstdint>
+
+#include <cuda_runtime_api.h>
+
+#include "tensor/dtype.h"
+
+namespace loom::kernels::cuda {
+
+// x is a contiguous [outer, extent, inner] block; out is contiguous [outer, inner]:
+// out[o, i] = sum_d x[o, d, i], accumulated in f32 (f64 for f64). extent == 0 writes zeros.
+void sum_axis(DType dtype, const void* x, void* out, int64_t outer, int64_t extent, int64_t inner,
+              cudaStream_t stream);
+
+// out[o, i] = max_d x[o, d, i] and argmax[o, i] (int64, device) = the first d attaining it,
+// with the CPU loop's NaN rule (`if (v > best)` starting from d = 0): a NaN at d = 0 wins with
+// index 0, a NaN anywhere else is never chosen. extent must be > 0.
+void max_axis(DType dtype, const void* x, void* out, int64_t* argmax, int64_t outer, int64_t extent,
+              int64_t inner, cudaStream_t stream);
+
+// Device scratch that sum_all and sum_of_squares need for n elements (0 for n == 0). The
+// caller owns it (e.g. from the caching allocator) and must keep it until the launch is done.
+size_t reduce_workspace_bytes(int64_t n);
+
+// *out (one element of `dtype`, device) = sum of x[0..n), accumulated in double (as the CPU's
+// sum_all) and rounded once to dtype. n == 0 writes 0.
+void sum_all(DType dtype, const void* x, int64_t n, void* out, void* workspace,
+             cudaStream_t stream);
+
+// *out (one float, device) = sum of x[i]^2 over x[0..n), accumulated in double (as the CPU's
+// sum_of_squares) and rounded once to float: the squared 2-norm for gradient clipping.
+void sum_of_squares(DType dtype, const void* x, int64_t n, float* out, void* workspace,
+                    cudaStream_t stream);
+
+}  // namespace loom::kernels::cuda

@@ -1,0 +1,48 @@
+#pragma once
+// Softmax over rows and the fused softmax + cross-entropy on the GPU: the CUDA counterparts of
+// kernels/cpu/softmax.h.
+//
+// Storage f32, bf16 or f16 (every tensor of `dtype` unless its type says float); all arithmetic
+// in f32 (the mean loss adds the rows in f64, as the CPU kernel does). Launchers are
+// asynchronous on `stream`, never synchronise, and throw loom::Error for a dtype they do not
+// take or a failed launch. Results are deterministic: no atomics, fixed reduction orders.
+
+#include <cstdint>
+
+#include <cuda_runtime_api.h>
+
+#include "tensor/dtype.h"
+
+namespace loom::kernels::cuda {
+
+// y = softmax(x) per row of `width`. With causal_t > 0, rows are rows of [.., T, T] blocks
+// (T = causal_t = width): row r may attend to columns 0..(r mod T); the rest get 0.
+// y may alias x. One warp per row up to a few thousand elements, one block per row beyond.
+void softmax_forward(DType dtype, const void* x, void* y, int64_t rows, int64_t width,
+                     int64_t causal_t, cudaStream_t stream);
+// dx = y * (dy - sum(dy * y)) per row. dx may alias y or dy.
+void softmax_backward(DType dtype, const void* y, const void* dy, void* dx, int64_t rows,
+                      int64_t width, cudaStream_t stream);
+
+// Cross-entropy of logits [rows, vocab] against targets (int64 [rows], on the device):
+// row loss = logsumexp(row) - row[target]. Writes each row's logsumexp (for backward) and loss
+// (f32 [rows] each), and mean_loss (one element of `dtype`) = the mean of the row losses, added
+// in f64 in row order. One block per row reads the row once (online max and sum of exps);
+// a second one-block kernel takes the mean. rows must be > 0.
+// A target outside [0, vocab) prints the row, target and vocab from the device and traps (as a
+// device-side assert): the stream's context is then unusable, and the error surfaces at the
+// next synchronising call as cudaErrorLaunchFailure or similar.
+void cross_entropy_forward(DType dtype, const void* logits, const int64_t* targets,
+                           float* logsumexp, float* row_losses, void* mean_loss, int64_t rows,
+                           int64_t vocab, cudaStream_t stream);
+
+// dlogits = dloss / rows * (softmax(logits) - onehot(target)), where dloss (one element of
+// `dtype` on the device, the gradient of the mean loss) is read by the kernel, so no host
+// synchronisation is needed. dlogits may alias logits (each element is read before the same
+// thread overwrites it), which saves the [rows, vocab] gradient buffer. Out-of-range targets
+// trap as in forward.
+void cross_entropy_backward(DType dtype, const void* logits, const int64_t* targets,
+                            const float* logsumexp, const void* dloss, void* dlogits, int64_t rows,
+                            int64_t vocab, cudaStream_t stream);
+
+}  // namespace loom::kernels::cuda

@@ -1,0 +1,347 @@
+// CUDA tensors on a host backend: forked ranks share one GPU and run the shm backend, which
+// the process group feeds through pinned host memory (Note [Staging CUDA tensors]). Every
+// collective and send/recv, several dtypes and counts, closed-form expected values.
+//
+// CUDA is initialised only in forked children: a process that initialised CUDA cannot use it
+// in the children it forks afterwards. So even the check for a device runs in a child
+// (cuda_probe), and the test process itself never calls into CUDA.
+
+#include <cuda_runtime_api.h>
+#include <gtest/gtest.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <cmath>
+#include <functional>
+#include <string>
+
+#include "comm/process_group.h"
+#include "multiprocess.h"
+#include "tensor/cuda/device.h"
+#include "tensor/cuda/stream.h"
+
+namespace loom::comm {
+namespace {
+
+using namespace std::chrono_literals;
+using testing::expect_all_ok;
+using testing::run_ranks;
+
+struct CudaProbe {
+  bool available = false;
+  std::string reason;
+};
+
+// loom::cuda::is_available() and unavailable_reason(), asked in a forked child.
+const CudaProbe& cuda_probe() {
+  static const CudaProbe probe = [] {
+    int fds[2];
+    if (pipe(fds) != 0) return CudaProbe{false, "pipe() failed"};
+    std::fflush(stdout);
+    std::fflush(stderr);
+    pid_t pid = fork();
+    if (pid == 0) {
+      close(fds[0]);
+      const bool available = loom::cuda::is_available();
+      const std::string reason = available ? "" : loom::cuda::unavailable_reason();
+      ssize_t written = write(fds[1], reason.data(), reason.size());
+      _exit(available && written >= 0 ? 0 : 1);
+    }
+    close(fds[1]);
+    std::string reason;
+    char buffer[256];
+    for (ssize_t got; (got = read(fds[0], buffer, sizeof buffer)) > 0;) {
+      reason.append(buffer, static_cast<size_t>(got));
+    }
+    close(fds[0]);
+    int status = 0;
+    if (pid < 0 || waitpid(pid, &status, 0) != pid) return CudaProbe{false, "fork() failed"};
+    if (WIFEXITED(status) && WEXITSTATUS(status) == 0) return CudaProbe{true, ""};
+    return CudaProbe{false, reason.empty() ? "the probe process failed" : reason};
+  }();
+  return probe;
+}
+
+constexpr ReduceOp kAllOps[] = {ReduceOp::Sum, ReduceOp::Avg, ReduceOp::Min, ReduceOp::Max,
+                                ReduceOp::Prod};
+constexpr int64_t kCounts[] = {0, 1, 7, 1000, 300001};
+
+Device gpu() {
+  return Device::cuda(0);
+}
+
+Tensor on_gpu(DType dtype, int64_t n, const std::function<double(int64_t)>& value) {
+  std::vector<double> v(static_cast<size_t>(n));
+  for (int64_t i = 0; i < n; ++i)
+    v[static_cast<size_t>(i)] = value(i);
+  return Tensor::from_vector(v, {n}).to(dtype).to(gpu());
+}
+
+// Rank r's contribution to element i, chosen so every reduction is exact in every dtype.
+double contribution(ReduceOp op, int r, int64_t i) {
+  if (op == ReduceOp::Prod) return 1 + ((r + i) % 2);
+  return (r + 1) * (i % 5 + 1);
+}
+
+double expected(ReduceOp op, int size, int64_t i) {
+  double k = static_cast<double>(i % 5 + 1);
+  switch (op) {
+    case ReduceOp::Sum: return k * size * (size + 1) / 2;
+    case ReduceOp::Avg: return k * (size + 1) / 2.0;
+    case ReduceOp::Min: return k;
+    case ReduceOp::Max: return k * size;
+    case ReduceOp::Prod: {
+      double p = 1;
+      for (int r = 0; r < size; ++r)
+        p *= contribution(op, r, i);
+      return p;
+    }
+  }
+  return 0;
+}
+
+bool valid(ReduceOp op, DType dtype) {
+  return op != ReduceOp::Avg || is_floating(dtype);
+}
+
+// Exact, except Avg within a relative 1e-6 (2^-7 for bf16).
+void expect_values(const Tensor& t, const std::function<double(int64_t)>& want, ReduceOp op,
+                   const std::string& context) {
+  EXPECT_EQ(t.device(), gpu()) << context;
+  std::vector<double> got = t.to(Device::cpu()).to(DType::F64).to_vector<double>();
+  const double tol = op != ReduceOp::Avg ? 0.0 : t.dtype() == DType::BF16 ? 1.0 / 128 : 1e-6;
+  for (size_t i = 0; i < got.size(); ++i) {
+    double w = want(static_cast<int64_t>(i));
+    if (std::abs(got[i] - w) > tol * std::abs(w)) {
+      ADD_FAILURE() << context << ": element " << i << " is " << got[i] << ", expected " << w;
+      return;
+    }
+  }
+}
+
+std::string describe(const char* what, DType d, int64_t n, ReduceOp op, int rank) {
+  return std::string(what) + " " + std::string(dtype_name(d)) + " n=" + std::to_string(n) +
+         " op=" + std::string(reduce_op_name(op)) + " rank=" + std::to_string(rank);
+}
+
+class CudaStaging : public ::testing::TestWithParam<int> {
+ protected:
+  void SetUp() override {
+    // loom::cuda::is_available(), asked in a child (see the top of the file).
+    if (!cuda_probe().available) GTEST_SKIP() << "no CUDA device: " << cuda_probe().reason;
+  }
+  int world() const { return GetParam(); }
+  // Runs body on every rank (forked processes) with a fresh shm group.
+  void on_ranks(const std::function<void(ProcessGroup&)>& body) {
+    expect_all_ok(run_ranks(world(), [&](int rank, int size, std::shared_ptr<Store> store) {
+      ProcessGroup pg(rank, size, store, {.backend = "shm", .timeout = 30s});
+      body(pg);
+    }));
+  }
+};
+
+TEST_P(CudaStaging, AllreduceOpsDtypesAndCounts) {
+  on_ranks([](ProcessGroup& pg) {
+    for (DType d : {DType::F32, DType::BF16, DType::I64})
+      for (ReduceOp op : kAllOps)
+        for (int64_t n : kCounts) {
+          if (!valid(op, d) || (n > 1000 && d != DType::F32)) continue;
+          Tensor t = on_gpu(d, n, [&](int64_t i) { return contribution(op, pg.rank(), i); });
+          pg.allreduce(t, {.op = op})->wait();
+          expect_values(
+              t, [&](int64_t i) { return expected(op, pg.size(), i); }, op,
+              describe("allreduce", d, n, op, pg.rank()));
+        }
+  });
+}
+
+TEST_P(CudaStaging, AllreduceOutOfPlaceLeavesInput) {
+  on_ranks([](ProcessGroup& pg) {
+    for (int64_t n : kCounts) {
+      auto mine = [&](int64_t i) { return contribution(ReduceOp::Sum, pg.rank(), i); };
+      Tensor in = on_gpu(DType::F32, n, mine);
+      Tensor out = on_gpu(DType::F32, n, [](int64_t) { return -1; });
+      pg.allreduce(in, out)->wait();
+      expect_values(in, mine, ReduceOp::Sum, describe("input", DType::F32, n, ReduceOp::Sum, 0));
+      expect_values(
+          out, [&](int64_t i) { return expected(ReduceOp::Sum, pg.size(), i); }, ReduceOp::Sum,
+          describe("output", DType::F32, n, ReduceOp::Sum, pg.rank()));
+    }
+  });
+}
+
+TEST_P(CudaStaging, BroadcastAndReduceEveryRoot) {
+  on_ranks([](ProcessGroup& pg) {
+    for (int root = 0; root < pg.size(); ++root)
+      for (int64_t n : kCounts) {
+        Tensor t = on_gpu(DType::BF16, n,
+                          [&](int64_t i) { return pg.rank() == root ? (i * 7 + root) % 97 : 250; });
+        pg.broadcast(t, {.root = root})->wait();
+        expect_values(
+            t, [&](int64_t i) { return (i * 7 + root) % 97; }, ReduceOp::Sum,
+            describe("broadcast", DType::BF16, n, ReduceOp::Sum, pg.rank()));
+        auto mine = [&](int64_t i) { return contribution(ReduceOp::Max, pg.rank(), i); };
+        Tensor r = on_gpu(DType::F32, n, mine);
+        pg.reduce(r, {.op = ReduceOp::Max, .root = root})->wait();
+        if (pg.rank() == root) {
+          expect_values(
+              r, [&](int64_t i) { return expected(ReduceOp::Max, pg.size(), i); }, ReduceOp::Max,
+              describe("reduce", DType::F32, n, ReduceOp::Max, root));
+        } else {
+          expect_values(
+              r, mine, ReduceOp::Max,
+              describe("reduce leaves non-roots", DType::F32, n, ReduceOp::Max, pg.rank()));
+        }
+      }
+  });
+}
+
+TEST_P(CudaStaging, AllGatherOutOfPlaceAndInPlace) {
+  on_ranks([](ProcessGroup& pg) {
+    const int64_t w = pg.size();
+    for (DType d : {DType::F32, DType::I64})
+      for (int64_t n : kCounts) {
+        const int64_t m = std::max<int64_t>(n, 1);
+        auto want = [&](int64_t j) { return (j / m) * 10 + (j % m) % 7; };
+        Tensor in = on_gpu(d, n, [&](int64_t i) { return pg.rank() * 10 + i % 7; });
+        Tensor out = on_gpu(d, w * n, [](int64_t) { return 0; });
+        pg.all_gather(out, in)->wait();
+        expect_values(out, want, ReduceOp::Sum,
+                      describe("all_gather", d, n, ReduceOp::Sum, pg.rank()));
+        // In place: this rank's slice of the output already holds its input.
+        Tensor whole =
+            on_gpu(d, w * n, [&](int64_t j) { return j / m == pg.rank() ? want(j) : -1; });
+        pg.all_gather(whole, whole.narrow(0, pg.rank() * n, n))->wait();
+        expect_values(whole, want, ReduceOp::Sum,
+                      describe("all_gather in place", d, n, ReduceOp::Sum, pg.rank()));
+      }
+  });
+}
+
+TEST_P(CudaStaging, ReduceScatterOutOfPlaceAndInPlace) {
+  on_ranks([](ProcessGroup& pg) {
+    const int64_t w = pg.size();
+    for (DType d : {DType::F32, DType::BF16})
+      for (ReduceOp op : kAllOps)
+        for (int64_t n : kCounts) {
+          if (n > 1000 && d != DType::F32) continue;
+          Tensor in = on_gpu(d, w * n, [&](int64_t i) { return contribution(op, pg.rank(), i); });
+          Tensor out = on_gpu(d, n, [](int64_t) { return 0; });
+          auto want = [&](int64_t i) { return expected(op, pg.size(), pg.rank() * n + i); };
+          pg.reduce_scatter(out, in, {.op = op})->wait();
+          expect_values(out, want, op, describe("reduce_scatter", d, n, op, pg.rank()));
+          Tensor mine = in.narrow(0, pg.rank() * n, n);
+          pg.reduce_scatter(mine, in, {.op = op})->wait();
+          expect_values(mine, want, op, describe("reduce_scatter in place", d, n, op, pg.rank()));
+        }
+  });
+}
+
+TEST_P(CudaStaging, AllToAll) {
+  on_ranks([](ProcessGroup& pg) {
+    const int64_t w = pg.size();
+    for (int64_t n : kCounts) {
+      const int64_t m = std::max<int64_t>(n, 1);
+      Tensor in = on_gpu(DType::F32, w * n,
+                         [&](int64_t i) { return pg.rank() * 64 + (i / m) * 8 + (i % m) % 7; });
+      Tensor out = on_gpu(DType::F32, w * n, [](int64_t) { return 0; });
+      pg.all_to_all(out, in)->wait();
+      expect_values(
+          out, [&](int64_t i) { return (i / m) * 64 + pg.rank() * 8 + (i % m) % 7; }, ReduceOp::Sum,
+          describe("all_to_all", DType::F32, n, ReduceOp::Sum, pg.rank()));
+    }
+  });
+}
+
+TEST_P(CudaStaging, SendRecvAroundARing) {
+  if (world() < 2) GTEST_SKIP() << "point-to-point needs two ranks";
+  on_ranks([](ProcessGroup& pg) {
+    const int next = (pg.rank() + 1) % pg.size(), prev = (pg.rank() + pg.size() - 1) % pg.size();
+    for (int64_t n : kCounts) {
+      Tensor out = on_gpu(DType::F32, n, [&](int64_t i) { return pg.rank() * 100000.0 + i; });
+      Tensor in = on_gpu(DType::F32, n, [](int64_t) { return 0; });
+      WorkPtr a, b;
+      if (pg.rank() % 2 == 0) {
+        a = pg.send(out, next, {.tag = 7});
+        b = pg.recv(in, prev, {.tag = 7});
+      } else {
+        b = pg.recv(in, prev, {.tag = 7});
+        a = pg.send(out, next, {.tag = 7});
+      }
+      a->wait();
+      b->wait();
+      expect_values(
+          in, [&](int64_t i) { return prev * 100000.0 + i; }, ReduceOp::Sum,
+          describe("recv", DType::F32, n, ReduceOp::Sum, pg.rank()));
+    }
+  });
+}
+
+// CPU and CUDA tensors in one group, async operations queued back to back, a barrier.
+TEST_P(CudaStaging, MixedDevicesAndAsyncCompletion) {
+  on_ranks([](ProcessGroup& pg) {
+    std::vector<Tensor> tensors;
+    std::vector<WorkPtr> works;
+    for (int k = 0; k < 20; ++k) {
+      Tensor t = Tensor::full({1000}, k + 1.0);
+      tensors.push_back(k % 2 == 0 ? t : t.to(gpu()));
+      works.push_back(pg.allreduce(tensors.back()));
+    }
+    works.push_back(pg.barrier());
+    for (auto& w : works)
+      w->wait();
+    for (int k = 0; k < 20; ++k) {
+      EXPECT_TRUE(works[static_cast<size_t>(k)]->is_completed());
+      EXPECT_EQ(tensors[static_cast<size_t>(k)].to_vector<float>()[999], (k + 1.0f) * pg.size());
+    }
+    Tensor gpu_tensor = on_gpu(DType::F32, 4, [](int64_t) { return 1; });
+    Tensor cpu_tensor = Tensor::zeros({4});
+    EXPECT_THROW(pg.allreduce(gpu_tensor, cpu_tensor), Error);  // one device per operation
+  });
+}
+
+// Data produced on a user stream (StreamGuard) is staged after it was written, and the
+// upload is visible to that stream's later work (Note [Issue streams]).
+TEST_P(CudaStaging, FollowsTheIssuingThreadsStream) {
+  on_ranks([](ProcessGroup& pg) {
+    cudaStream_t user = nullptr;
+    ASSERT_EQ(cudaSetDevice(0), cudaSuccess);
+    ASSERT_EQ(cudaStreamCreateWithFlags(&user, cudaStreamNonBlocking), cudaSuccess);
+    {
+      loom::cuda::StreamGuard guard(0, user);
+      for (int k = 0; k < 5; ++k) {
+        Tensor t = on_gpu(DType::F32, 1 << 20, [&](int64_t i) { return (i + k) % 17; });
+        pg.allreduce(t)->wait();
+        expect_values(
+            t, [&](int64_t i) { return (i + k) % 17 * pg.size(); }, ReduceOp::Sum,
+            "allreduce on a user stream");
+      }
+    }
+    EXPECT_EQ(cudaStreamSynchronize(user), cudaSuccess);
+    EXPECT_EQ(cudaStreamDestroy(user), cudaSuccess);
+  });
+}
+
+TEST_P(CudaStaging, SplitByParity) {
+  on_ranks([](ProcessGroup& pg) {
+    auto sub = pg.split(pg.rank() % 2, -pg.rank());
+    ASSERT_NE(sub, nullptr);
+    EXPECT_EQ(sub->backend_name(), "shm");
+    Tensor t = on_gpu(DType::F32, 5, [&](int64_t) { return pg.rank(); });
+    sub->allreduce(t)->wait();
+    double want = 0;
+    for (int r = pg.rank() % 2; r < pg.size(); r += 2)
+      want += r;
+    expect_values(
+        t, [&](int64_t) { return want; }, ReduceOp::Sum, "allreduce in a subgroup");
+  });
+}
+
+INSTANTIATE_TEST_SUITE_P(Shm, CudaStaging, ::testing::Values(1, 2, 3),
+                         [](const ::testing::TestParamInfo<int>& info) {
+                           return "world" + std::to_string(info.param);
+                         });
+
+}  // namespace
+}  // namespace loom::comm
