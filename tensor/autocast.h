@@ -1,12 +1,14 @@
 #pragma once
-// Mixed precision: inside an AutocastGuard(bf16 or f16), matmul and linear take their f32
-// operands in that dtype and give an f32 result rounded to it (through cast, so autograd sees
-// the roundings as in PyTorch's autocast). Every other op stays in f32. Thread-local.
-//  - CUDA: the product really runs in bf16/f16 (cuBLASLt, f32 accumulation) and its result is
-//    cast back to f32.
-//  - CPU: emulated. Operands and result are rounded through the low dtype and the GEMM runs
-//    in f32, which computes the same thing: products of the rounded inputs are exact in f32,
-//    sums are f32. This reproduces the numerics of bf16-mixed / 16-mixed, not their speed.
+// Mixed precision: inside an AutocastGuard(bf16 or f16), matmul, linear and causal_attention
+// take their f32 operands in that dtype and give an f32 result rounded to it (through cast,
+// so autograd sees the roundings as in PyTorch's autocast, which also runs these three in
+// the low dtype on CUDA). Every other op stays in f32. Thread-local.
+//  - CUDA: the op really runs in bf16/f16 (cuBLASLt or the flash-attention kernels, f32
+//    accumulation) and its result is cast back to f32.
+//  - CPU: emulated. Operands and result are rounded through the low dtype and the kernel runs
+//    in f32, which computes the same thing up to the rounding of intermediates (products of
+//    the rounded inputs are exact in f32, sums are f32; attention's probabilities stay f32).
+//    This reproduces the numerics of bf16-mixed / 16-mixed, not their speed.
 
 #include "tensor/tensor.h"
 

@@ -1,6 +1,7 @@
 // Fused causal scaled-dot-product attention.
 
 #include "kernels/cpu/attention.h"
+#include "tensor/autocast.h"
 #include "tensor/autograd/node.h"
 #include "tensor/ops.h"
 #include "tensor/ops/cuda_support.h"
@@ -74,6 +75,13 @@ Tensor cuda_causal_attention(const Tensor& q, const Tensor& k, const Tensor& v) 
 }  // namespace
 
 Tensor causal_attention(const Tensor& q, const Tensor& k, const Tensor& v) {
+  if (autocast_dtype() != DType::F32) {  // as PyTorch's autocast does for SDPA on CUDA
+    DType low = autocast_dtype();
+    AutocastGuard off(DType::F32);
+    return autocast_output(causal_attention(autocast_input(q, low), autocast_input(k, low),
+                                            autocast_input(v, low)),
+                           low);
+  }
   detail::check_kernel_device("causal_attention", q);
   detail::check_same_kind("causal_attention", q, k);
   detail::check_same_kind("causal_attention", q, v);

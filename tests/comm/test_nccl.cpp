@@ -14,6 +14,7 @@
 #include <thread>
 
 #include "comm/process_group.h"
+#include "kernels/cuda/check.h"
 #include "comm/store/in_process_store.h"
 #include "tensor/cuda/device.h"
 #include "tensor/cuda/stream.h"
@@ -298,7 +299,7 @@ TEST_F(Nccl, TimeoutAbortsTheCommunicator) {
     }
     ~BlockedStream() {
       released = true;
-      cudaStreamSynchronize(stream);
+      LOOM_CUDA_WARN(cudaStreamSynchronize(stream));
     }
   };
   {
