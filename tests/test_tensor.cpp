@@ -98,6 +98,20 @@ TEST(Tensor, CudaTensorsNeedACudaBuildAndAGpu) {
   EXPECT_TRUE(LOOM_WITH_CUDA) << "a cuda:0 tensor was created in a build without CUDA";
 }
 
+TEST(Tensor, SetDataRepointsEveryHandleAndKeepsIdentity) {
+  Tensor p = Tensor::full({2}, 1.0).set_requires_grad(true);
+  Tensor alias = p;
+  sum(p).backward();
+  ASSERT_TRUE(p.grad().defined());
+  p.set_data(Tensor::full({3}, 2.0, DType::F64));
+  EXPECT_EQ(alias.shape(), Shape{3});
+  EXPECT_EQ(alias.dtype(), DType::F64);
+  EXPECT_EQ(alias.to_vector<double>(), std::vector<double>({2, 2, 2}));
+  EXPECT_TRUE(alias.requires_grad());
+  EXPECT_FALSE(alias.grad().defined());  // dropped with the old data
+  EXPECT_THROW(mul(p, 2.0).set_data(p), Error);  // not a leaf
+}
+
 TEST(Tensor, AllocatorAccountsBytes) {
   Allocator& cpu = allocator_for(Device::cpu());
   cpu.reset_peak();

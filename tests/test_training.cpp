@@ -2,6 +2,7 @@
 
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <filesystem>
 
 #include "nn/gpt_io.h"
@@ -53,6 +54,22 @@ TEST(DataOrder, ClearErrorsForUnusableData) {
   } catch (const Error& e) {
     EXPECT_NE(std::string(e.what()).find("outside the vocabulary of 50"), std::string::npos);
   }
+}
+
+TEST(DataOrder, SyntheticTokensCoverTheVocabularyReproducibly) {
+  std::vector<int32_t> tokens = synthetic_tokens(20000, 50304, 3);
+  EXPECT_EQ(tokens, synthetic_tokens(20000, 50304, 3));
+  EXPECT_NE(tokens, synthetic_tokens(20000, 50304, 4));
+  auto [low, high] = std::minmax_element(tokens.begin(), tokens.end());
+  EXPECT_GE(*low, 0);
+  EXPECT_LT(*high, 50304);
+  EXPECT_GT(*high, 50000);  // ids above a byte's range occur
+  TokenBlocks data(tokens, 4, 1024, 50304);
+  EXPECT_EQ(data.block_count(), 4);
+  Batch batch = data.block(1);
+  EXPECT_EQ(batch.tokens.to_vector<int64_t>()[0], tokens[4096]);
+  EXPECT_EQ(batch.targets.to_vector<int64_t>()[0], tokens[4097]);
+  EXPECT_THROW(TokenBlocks(std::vector<int32_t>(100, -1), 2, 4, 50), Error);
 }
 
 nn::GPTConfig small_config() {
