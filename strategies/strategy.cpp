@@ -269,7 +269,14 @@ void DDPStrategy::teardown() {
 }
 
 DDPLaunchingStrategy::DDPLaunchingStrategy(StrategyOptions options, bool fork)
-    : DDPStrategy(std::move(options)), fork_(fork) {}
+    : DDPStrategy(std::move(options)), fork_(fork) {
+  if (fork_ && accelerator_->name() == "cuda") {
+    // As in PyTorch: a forked child cannot use CUDA once the parent has initialised it, and
+    // choosing the accelerator already did.
+    fail("[ddp_fork] the cuda accelerator cannot be used with forked ranks (CUDA does not "
+         "survive fork); use strategy 'ddp_spawn', or 'ddp' under loomrun");
+  }
+}
 
 DDPLaunchingStrategy::~DDPLaunchingStrategy() = default;
 
