@@ -16,6 +16,9 @@
 #include "strategies/registry.h"
 #include "strategies/trace.h"
 #include "tensor/allocator.h"
+#if LOOM_WITH_CUDA
+#include "tensor/cuda/caching_allocator.h"
+#endif
 #include "tools/train_gpt/default_corpus.h"
 #include "tools/train_gpt/progress.h"
 #include "tools/train_gpt/trainer.h"
@@ -286,6 +289,12 @@ int run(int argc, char** argv) {
         static_cast<long long>(steady.first_step()), static_cast<long long>(o.steps - 1),
         steady.ms_per_step(), steady.tokens_per_s(), achieved_tflops,
         100.0 * achieved_tflops / peak_tflops, peak_tflops, strategy->root_device().str().c_str());
+#if LOOM_WITH_CUDA
+    cuda::CachingStats memory = cuda::caching_stats(strategy->root_device().index);
+    std::printf("peak memory: %.1f MiB allocated, %.1f MiB reserved by the caching allocator\n",
+                static_cast<double>(memory.peak_allocated_bytes) / (1 << 20),
+                static_cast<double>(memory.peak_reserved_bytes) / (1 << 20));
+#endif
   }
   return 0;
 }
