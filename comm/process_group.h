@@ -75,6 +75,10 @@ class ProcessGroup : public std::enable_shared_from_this<ProcessGroup> {
   int rank() const { return rank_; }
   int size() const { return size_; }
   std::string backend_name() const { return backend_->name(); }
+  // Where the backend's own tensors live: the CPU for host backends (which also take CUDA
+  // tensors, staged), the group's GPU for nccl. Helpers that make their own buffers (metric
+  // syncs, model checks) put them here.
+  Device device() const { return backend_->device(); }
   const std::string& name() const { return name_; }
   Duration timeout() const { return options_.timeout; }
 

@@ -24,7 +24,8 @@ std::vector<double> sync_dist(comm::ProcessGroup& group, const std::vector<doubl
                               SyncOp op) {
   comm::ReduceOp reduce_op = reduce_op_of(op, group.rank());
   if (values.empty()) return {};
-  Tensor buffer = Tensor::from_vector<double>(values, {static_cast<int64_t>(values.size())});
+  Tensor buffer = Tensor::from_vector<double>(values, {static_cast<int64_t>(values.size())},
+                                              group.device());
   group.allreduce(buffer, {.op = reduce_op, .async_op = false})->wait();
   std::vector<double> result = buffer.to_vector<double>();
   if (op == SyncOp::Mean) {

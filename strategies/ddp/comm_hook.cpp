@@ -113,6 +113,13 @@ void orthogonalize(T* a, int64_t rows, int64_t cols, double epsilon) {
 }
 
 void orthogonalize(Tensor& m, double epsilon) {
+  if (m.device().is_cuda()) {
+    // Gram-Schmidt over a few columns runs on the CPU: a round trip of a [rows, rank] matrix.
+    Tensor host = m.to(Device::cpu());
+    orthogonalize(host, epsilon);
+    copy_(m, host);
+    return;
+  }
   const int64_t rows = m.shape()[0], cols = m.shape()[1];
   if (m.dtype() == DType::F64) {
     orthogonalize(static_cast<double*>(m.raw_data()), rows, cols, epsilon);
