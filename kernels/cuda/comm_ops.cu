@@ -116,12 +116,14 @@ __global__ void divide_kernel(T* acc, typename Elem<T>::Acc divisor, int64_t n) 
     acc[i] = store<T>(E::load(acc[i]) / divisor);
 }
 
-// u8 divides as a signed 64-bit value (so a negative divisor truncates like C++'s `/` on the
-// promoted operands) and wraps back to 8 bits.
-__global__ void divide_u8_kernel(uint8_t* acc, int64_t divisor, int64_t n) {
+// Integers divide as signed 64-bit values and wrap back to T: the divisor is never narrowed
+// (an i32 buffer divided by 2^32 + 3 gets 0, not acc / 3), a negative divisor truncates like
+// C++'s `/` on the promoted operands (u8 included), and i32 INT32_MIN / -1 wraps to INT32_MIN.
+template <typename T>
+__global__ void divide_integer_kernel(T* acc, int64_t divisor, int64_t n) {
   const int64_t stride = static_cast<int64_t>(gridDim.x) * blockDim.x;
   for (int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < n; i += stride)
-    acc[i] = static_cast<uint8_t>(static_cast<int64_t>(acc[i]) / divisor);
+    acc[i] = static_cast<T>(static_cast<int64_t>(acc[i]) / divisor);
 }
 
 template <typename F>
@@ -173,9 +175,9 @@ void divide_inplace(DType dtype, void* acc, int64_t divisor, int64_t n, cudaStre
   if (n < 0) fail("[kernels/cuda/comm_ops] divide_inplace: negative element count ", n);
   if (n == 0) return;
   dispatch_any(dtype, [&]<typename T>() {
-    if constexpr (std::is_same_v<T, uint8_t>) {
-      divide_u8_kernel<<<grid_for(n, kThreads), kThreads, 0, stream>>>(static_cast<uint8_t*>(acc),
-                                                                       divisor, n);
+    if constexpr (std::is_integral_v<T>) {
+      divide_integer_kernel<T><<<grid_for(n, kThreads), kThreads, 0, stream>>>(static_cast<T*>(acc),
+                                                                               divisor, n);
     } else {
       using A = typename Elem<T>::Acc;
       divide_kernel<T><<<grid_for(n, kThreads), kThreads, 0, stream>>>(static_cast<T*>(acc),

@@ -7,8 +7,10 @@
 //
 // Cross-entropy: the vocabulary row (50304 logits for GPT-2) is far wider than a warp's fair
 // share, so one block per row, with the same online max/sum in one pass over the row. The row
-// losses go to a buffer and one small block adds them in row order (f64), so the mean is
-// deterministic and needs no atomics. Backward recomputes softmax from the saved logsumexp.
+// losses go to a buffer and one small block adds them in f64 in an order fixed by the row count
+// (a strided share per thread, then a fixed tree; not the CPU's row order, so the two agree to
+// f64 rounding), so the mean is deterministic and needs no atomics. Backward recomputes softmax
+// from the saved logsumexp.
 
 #include "kernels/cuda/softmax.h"
 
