@@ -27,7 +27,8 @@ void softmax_backward(DType dtype, const void* y, const void* dy, void* dx, int6
 // Cross-entropy of logits [rows, vocab] against targets (int64 [rows], on the device):
 // row loss = logsumexp(row) - row[target]. Writes each row's logsumexp (for backward) and loss
 // (f32 [rows] each), and mean_loss (one element of `dtype`) = the mean of the row losses, added
-// in f64 in row order. One block per row reads the row once (online max and sum of exps);
+// in f64 in an order fixed by the row count (deterministic; equal to the CPU's row-order sum
+// up to f64 rounding). One block per row reads the row once (online max and sum of exps);
 // a second one-block kernel takes the mean. rows must be > 0.
 // A target outside [0, vocab) prints the row, target and vocab from the device and traps (as a
 // device-side assert): the stream's context is then unusable, and the error surfaces at the
