@@ -57,7 +57,8 @@ void fill(DType dtype, void* dst, double value, int64_t n, cudaStream_t stream);
 // static_cast; everything else goes through double, then to bf16/f16 via float with
 // round-to-nearest-even (bf16 bit-for-bit the CPU's float_to_bf16_bits, NaN payloads included;
 // f16 bit-for-bit except NaN payloads), and to integers by truncation toward zero (values out of
-// the integer's range are undefined behaviour on the CPU and saturate here).
+// the integer's range are undefined behaviour on the CPU; here they saturate at the range of the
+// conversion's intermediate integer type, so a u8 target wraps values that fit an int32).
 // Contiguous same-dtype copies are one cudaMemcpyAsync; contiguous f32 <-> bf16/f16 use 16-byte
 // vectorised kernels. src and dst must not overlap.
 void copy_strided(DType src_dtype, int ndim, const int64_t* shape, const void* src,
