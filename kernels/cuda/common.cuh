@@ -8,6 +8,7 @@
 #include <cuda_runtime.h>
 
 #include <cstdint>
+#include <type_traits>
 
 #include "kernels/cuda/check.h"
 #include "tensor/dtype.h"
@@ -35,6 +36,57 @@ __device__ __forceinline__ __nv_bfloat16 from_float<__nv_bfloat16>(float v) {
 }
 template <>
 __device__ __forceinline__ __half from_float<__half>(float v) { return __float2half_rn(v); }
+
+// Arithmetic type of a storage type: double for f64, float otherwise (f32 accumulation).
+template <typename T>
+struct AccOf {
+  using type = float;
+};
+template <>
+struct AccOf<double> {
+  using type = double;
+};
+template <typename T>
+using Acc = typename AccOf<T>::type;
+
+// Storage -> arithmetic type, exactly.
+__host__ __device__ __forceinline__ float widen(float v) { return v; }
+__host__ __device__ __forceinline__ double widen(double v) { return v; }
+__host__ __device__ __forceinline__ float widen(__nv_bfloat16 v) { return __bfloat162float(v); }
+__host__ __device__ __forceinline__ float widen(__half v) { return __half2float(v); }
+
+// Arithmetic -> storage type, rounding to nearest even (through float for bf16/f16).
+template <typename T, typename A>
+__device__ __forceinline__ T narrow(A v) {
+  if constexpr (std::is_same_v<T, float>) {
+    return static_cast<float>(v);
+  } else if constexpr (std::is_same_v<T, double>) {
+    return v;
+  } else {
+    return from_float<T>(static_cast<float>(v));
+  }
+}
+
+// Sixteen bytes of T, loaded and stored with one vector instruction.
+template <typename T, int V>
+struct alignas(sizeof(T) * V) Pack {
+  T v[V];
+};
+template <typename T>
+constexpr int kPackElems = 16 / static_cast<int>(sizeof(T));
+
+template <int V, typename T>
+__device__ __forceinline__ Pack<T, V> load_pack(const T* p) {
+  return *reinterpret_cast<const Pack<T, V>*>(p);
+}
+template <int V, typename T>
+__device__ __forceinline__ void store_pack(T* p, const Pack<T, V>& pack) {
+  *reinterpret_cast<Pack<T, V>*>(p) = pack;
+}
+
+inline bool aligned16(const void* p) {
+  return reinterpret_cast<uintptr_t>(p) % 16 == 0;
+}
 
 // Sum / max over the 32 lanes of a warp; every lane gets the result.
 __device__ __forceinline__ float warp_sum(float v) {
@@ -77,6 +129,34 @@ inline unsigned grid_for(int64_t n, int threads, int64_t max_blocks = 65535LL * 
   int64_t blocks = ceil_div(n, threads);
   if (blocks < 1) blocks = 1;
   return static_cast<unsigned>(blocks < max_blocks ? blocks : max_blocks);
+}
+
+// A dtype's name for messages (kernels must not call tensor/dtype.cpp, which links above them).
+inline const char* dtype_label(DType dtype) {
+  switch (dtype) {
+    case DType::F32: return "f32";
+    case DType::F64: return "f64";
+    case DType::BF16: return "bf16";
+    case DType::F16: return "f16";
+    case DType::I32: return "i32";
+    case DType::I64: return "i64";
+    case DType::U8: return "u8";
+  }
+  return "invalid";
+}
+
+// Calls f.template operator()<T>() with the storage type of a floating dtype (f32, f64, bf16,
+// f16), or throws naming `op`.
+template <typename F>
+void dispatch_arithmetic(DType dtype, const char* op, F&& f) {
+  switch (dtype) {
+    case DType::F32: f.template operator()<float>(); return;
+    case DType::F64: f.template operator()<double>(); return;
+    case DType::BF16: f.template operator()<__nv_bfloat16>(); return;
+    case DType::F16: f.template operator()<__half>(); return;
+    default:
+      fail(op, ": the CUDA kernel takes f32, f64, bf16 or f16 tensors, got ", dtype_label(dtype));
+  }
 }
 
 // Calls f.template operator()<T>() with the storage type for dtype (f32, bf16, f16), or

@@ -27,54 +27,10 @@ namespace {
 
 constexpr int kThreads = 256;
 
-const char* dtype_label(DType dtype) {
-  switch (dtype) {
-    case DType::F32: return "f32";
-    case DType::F64: return "f64";
-    case DType::BF16: return "bf16";
-    case DType::F16: return "f16";
-    case DType::I32: return "i32";
-    case DType::I64: return "i64";
-    case DType::U8: return "u8";
-  }
-  return "invalid";
-}
 
 // ---------------------------------------------------------------------------------------------
-// Element types: storage T, arithmetic in Compute<T> (double for f64, float otherwise).
+// Element types: storage T, arithmetic in Acc<T> (double for f64, float otherwise).
 
-template <typename T>
-struct ComputeOf {
-  using type = float;
-};
-template <>
-struct ComputeOf<double> {
-  using type = double;
-};
-template <typename T>
-using Compute = typename ComputeOf<T>::type;
-
-__host__ __device__ __forceinline__ float widen(float v) {
-  return v;
-}
-__host__ __device__ __forceinline__ double widen(double v) {
-  return v;
-}
-__host__ __device__ __forceinline__ float widen(__nv_bfloat16 v) {
-  return __bfloat162float(v);
-}
-__host__ __device__ __forceinline__ float widen(__half v) {
-  return __half2float(v);
-}
-
-template <typename T>
-__device__ __forceinline__ T narrow(Compute<T> v) {
-  if constexpr (std::is_same_v<T, float> || std::is_same_v<T, double>) {
-    return v;
-  } else {
-    return from_float<T>(v);
-  }
-}
 
 template <typename T>
 constexpr bool kFloatFamily =
@@ -146,18 +102,6 @@ __device__ __forceinline__ Dst convert_value(Src s) {
   }
 }
 
-// Calls f.template operator()<T>() for the arithmetic dtypes, or throws naming `op`.
-template <typename F>
-void dispatch_arith(DType dtype, const char* op, F&& f) {
-  switch (dtype) {
-    case DType::F32: f.template operator()<float>(); return;
-    case DType::F64: f.template operator()<double>(); return;
-    case DType::BF16: f.template operator()<__nv_bfloat16>(); return;
-    case DType::F16: f.template operator()<__half>(); return;
-    default:
-      fail(op, ": the CUDA kernel takes f32, f64, bf16 or f16 tensors, got ", dtype_label(dtype));
-  }
-}
 
 // Calls f.template operator()<T>() with the device storage type of any dtype.
 template <typename F>
@@ -174,9 +118,6 @@ void dispatch_any(DType dtype, F&& f) {
   fail("dispatch: invalid dtype value ", static_cast<int>(dtype));
 }
 
-bool aligned16(const void* p) {
-  return reinterpret_cast<uintptr_t>(p) % 16 == 0;
-}
 
 // ---------------------------------------------------------------------------------------------
 // Contiguous maps; see Note [Vectorised elementwise kernels].
@@ -562,7 +503,7 @@ void binary(BinaryOp op, DType dtype, int ndim, const int64_t* shape, const void
   const int64_t* strides[2] = {a_strides, b_strides};
   if (!coalesce("binary", ndim, shape, strides, layout)) return;
   const int64_t n = numel_of(layout);
-  dispatch_arith(dtype, "binary", [&]<typename T>() {
+  dispatch_arithmetic(dtype, "binary", [&]<typename T>() {
     if (is_contiguous(layout)) {
       launch_binary_contiguous<T>(op, a, b, out, n, stream);
       return;
@@ -575,7 +516,7 @@ void binary(BinaryOp op, DType dtype, int ndim, const int64_t* shape, const void
 }
 
 void add_inplace(DType dtype, void* a, const void* b, int64_t n, cudaStream_t stream) {
-  dispatch_arith(dtype, "add_inplace", [&]<typename T>() {
+  dispatch_arithmetic(dtype, "add_inplace", [&]<typename T>() {
     const void* in[2] = {a, b};
     launch_map<T, 2>(in, a, n, AddFn{}, stream);
   });
@@ -587,21 +528,21 @@ void scale_inplace(DType dtype, void* a, double factor, int64_t n, cudaStream_t 
 
 void add_scalar(DType dtype, const void* a, double value, void* out, int64_t n,
                 cudaStream_t stream) {
-  dispatch_arith(dtype, "add_scalar", [&]<typename T>() {
+  dispatch_arithmetic(dtype, "add_scalar", [&]<typename T>() {
     const void* in[1] = {a};
-    launch_map<T, 1>(in, out, n, AddScalarFn<Compute<T>>{static_cast<Compute<T>>(value)}, stream);
+    launch_map<T, 1>(in, out, n, AddScalarFn<Acc<T>>{static_cast<Acc<T>>(value)}, stream);
   });
 }
 
 void scale(DType dtype, const void* a, double factor, void* out, int64_t n, cudaStream_t stream) {
-  dispatch_arith(dtype, "scale", [&]<typename T>() {
+  dispatch_arithmetic(dtype, "scale", [&]<typename T>() {
     const void* in[1] = {a};
-    launch_map<T, 1>(in, out, n, ScaleFn<Compute<T>>{static_cast<Compute<T>>(factor)}, stream);
+    launch_map<T, 1>(in, out, n, ScaleFn<Acc<T>>{static_cast<Acc<T>>(factor)}, stream);
   });
 }
 
 void gelu_forward(DType dtype, const void* x, void* y, int64_t n, cudaStream_t stream) {
-  dispatch_arith(dtype, "gelu_forward", [&]<typename T>() {
+  dispatch_arithmetic(dtype, "gelu_forward", [&]<typename T>() {
     const void* in[1] = {x};
     launch_map<T, 1>(in, y, n, GeluForwardFn{}, stream);
   });
@@ -609,7 +550,7 @@ void gelu_forward(DType dtype, const void* x, void* y, int64_t n, cudaStream_t s
 
 void gelu_backward(DType dtype, const void* x, const void* dy, void* dx, int64_t n,
                    cudaStream_t stream) {
-  dispatch_arith(dtype, "gelu_backward", [&]<typename T>() {
+  dispatch_arithmetic(dtype, "gelu_backward", [&]<typename T>() {
     const void* in[2] = {x, dy};
     launch_map<T, 2>(in, dx, n, GeluBackwardFn{}, stream);
   });

@@ -20,26 +20,6 @@
 namespace loom::kernels::cuda {
 namespace {
 
-// Sixteen bytes of T, loaded and stored with one vector instruction.
-template <typename T, int V>
-struct alignas(sizeof(T) * V) Pack {
-  T v[V];
-};
-template <typename T>
-constexpr int kPackElems = 16 / static_cast<int>(sizeof(T));
-
-template <int V, typename T>
-__device__ __forceinline__ Pack<T, V> load_pack(const T* p) {
-  return *reinterpret_cast<const Pack<T, V>*>(p);
-}
-template <int V, typename T>
-__device__ __forceinline__ void store_pack(T* p, const Pack<T, V>& pack) {
-  *reinterpret_cast<Pack<T, V>*>(p) = pack;
-}
-
-bool aligned16(const void* p) {
-  return reinterpret_cast<uintptr_t>(p) % 16 == 0;
-}
 
 constexpr int kRowThreads = 256;       // threads per block in the warp-per-row kernels
 constexpr int kWarpRowMaxPacks = 512;  // wider rows get a whole block each

@@ -23,63 +23,7 @@ namespace loom::kernels::cuda {
 
 namespace {
 
-const char* dtype_label(DType dtype) {
-  switch (dtype) {
-    case DType::F32: return "f32";
-    case DType::F64: return "f64";
-    case DType::BF16: return "bf16";
-    case DType::F16: return "f16";
-    case DType::I32: return "i32";
-    case DType::I64: return "i64";
-    case DType::U8: return "u8";
-  }
-  return "invalid";
-}
 
-template <typename F>
-void dispatch_optimizer(DType dtype, const char* op, F&& f) {
-  switch (dtype) {
-    case DType::F32: f.template operator()<float>(); return;
-    case DType::F64: f.template operator()<double>(); return;
-    case DType::BF16: f.template operator()<__nv_bfloat16>(); return;
-    case DType::F16: f.template operator()<__half>(); return;
-    default:
-      fail(op, ": the CUDA kernel takes f32, f64, bf16 or f16 buffers, got ", dtype_label(dtype));
-  }
-}
-
-template <typename T>
-struct ComputeOf {
-  using type = float;
-};
-template <>
-struct ComputeOf<double> {
-  using type = double;
-};
-template <typename T>
-using Compute = typename ComputeOf<T>::type;
-
-__device__ __forceinline__ float widen(float v) {
-  return v;
-}
-__device__ __forceinline__ double widen(double v) {
-  return v;
-}
-__device__ __forceinline__ float widen(__nv_bfloat16 v) {
-  return __bfloat162float(v);
-}
-__device__ __forceinline__ float widen(__half v) {
-  return __half2float(v);
-}
-
-template <typename T>
-__device__ __forceinline__ T narrow(Compute<T> v) {
-  if constexpr (std::is_same_v<T, float> || std::is_same_v<T, double>) {
-    return v;
-  } else {
-    return from_float<T>(v);
-  }
-}
 
 // Explicitly rounded operations: nvcc would otherwise contract a * b + c into one fused
 // multiply-add, which rounds once instead of twice and so departs from the CPU's bits.
@@ -173,9 +117,9 @@ struct alignas(kIlp * sizeof(T)) Pack {
 
 template <typename T>
 __global__ void __launch_bounds__(kAdamThreads)
-    adamw_kernel(const __grid_constant__ ChunkTable table, const AdamWScalars<Compute<T>> s,
+    adamw_kernel(const __grid_constant__ ChunkTable table, const AdamWScalars<Acc<T>> s,
                  const float* grad_scale) {
-  using C = Compute<T>;
+  using C = Acc<T>;
   const int t = table.block_tensor[blockIdx.x];
   const int64_t start = static_cast<int64_t>(table.block_chunk[blockIdx.x]) * kChunk;
   const int64_t len = table.n[t] - start < kChunk ? table.n[t] - start : kChunk;
@@ -221,7 +165,7 @@ __global__ void __launch_bounds__(kAdamThreads)
 }
 
 template <typename T>
-void launch_adamw_table(const ChunkTable& table, int blocks, const AdamWScalars<Compute<T>>& s,
+void launch_adamw_table(const ChunkTable& table, int blocks, const AdamWScalars<Acc<T>>& s,
                         const float* grad_scale, cudaStream_t stream) {
   adamw_kernel<T><<<blocks, kAdamThreads, 0, stream>>>(table, s, grad_scale);
   LOOM_CUDA_CHECK_LAUNCH();
@@ -289,8 +233,8 @@ struct SGDScalars {
 // The switches are uniform across the grid, so the branches cost nothing measurable in this
 // bandwidth-bound loop; one kernel per dtype instead of 16 per dtype.
 template <typename T>
-__global__ void sgd_kernel(T* p, const T* g, T* buf, int64_t n, const SGDScalars<Compute<T>> s) {
-  using C = Compute<T>;
+__global__ void sgd_kernel(T* p, const T* g, T* buf, int64_t n, const SGDScalars<Acc<T>> s) {
+  using C = Acc<T>;
   const int64_t stride = static_cast<int64_t>(gridDim.x) * blockDim.x;
   for (int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < n;
        i += stride) {
@@ -319,8 +263,8 @@ void multi_tensor_adamw(DType dtype, const AdamWTensor* tensors, int count, cons
   if (args.step < 1) fail("multi_tensor_adamw: step must be >= 1 (1-based), got ", args.step);
   for (int k = 0; k < count; ++k)
     check_adamw_tensor(tensors[k], k);
-  dispatch_optimizer(dtype, "multi_tensor_adamw", [&]<typename T>() {
-    const AdamWScalars<Compute<T>> s = adamw_scalars<Compute<T>>(args);
+  dispatch_arithmetic(dtype, "multi_tensor_adamw", [&]<typename T>() {
+    const AdamWScalars<Acc<T>> s = adamw_scalars<Acc<T>>(args);
     for_each_chunk_table(tensors, count, [&](const ChunkTable& table, int blocks) {
       launch_adamw_table<T>(table, blocks, s, grad_scale, stream);
     });
@@ -335,8 +279,8 @@ void sgd_step(DType dtype, void* param, const void* grad, void* momentum_buffer,
     fail("sgd_step: param and grad must not be null (", n, " elements)");
   if (args.momentum != 0.0 && momentum_buffer == nullptr)
     fail("sgd_step: momentum ", args.momentum, " needs a momentum buffer, got nullptr");
-  dispatch_optimizer(dtype, "sgd_step", [&]<typename T>() {
-    using C = Compute<T>;
+  dispatch_arithmetic(dtype, "sgd_step", [&]<typename T>() {
+    using C = Acc<T>;
     SGDScalars<C> s;
     s.weight_decay = static_cast<C>(args.weight_decay);
     s.momentum = static_cast<C>(args.momentum);

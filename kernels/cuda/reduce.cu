@@ -29,65 +29,7 @@ namespace {
 
 constexpr unsigned kFullMask = 0xffffffffu;
 
-const char* dtype_label(DType dtype) {
-  switch (dtype) {
-    case DType::F32: return "f32";
-    case DType::F64: return "f64";
-    case DType::BF16: return "bf16";
-    case DType::F16: return "f16";
-    case DType::I32: return "i32";
-    case DType::I64: return "i64";
-    case DType::U8: return "u8";
-  }
-  return "invalid";
-}
 
-template <typename F>
-void dispatch_reduce(DType dtype, const char* op, F&& f) {
-  switch (dtype) {
-    case DType::F32: f.template operator()<float>(); return;
-    case DType::F64: f.template operator()<double>(); return;
-    case DType::BF16: f.template operator()<__nv_bfloat16>(); return;
-    case DType::F16: f.template operator()<__half>(); return;
-    default:
-      fail(op, ": the CUDA kernel takes f32, f64, bf16 or f16 tensors, got ", dtype_label(dtype));
-  }
-}
-
-template <typename T>
-struct AccOf {
-  using type = float;
-};
-template <>
-struct AccOf<double> {
-  using type = double;
-};
-template <typename T>
-using Acc = typename AccOf<T>::type;
-
-__device__ __forceinline__ float widen(float v) {
-  return v;
-}
-__device__ __forceinline__ double widen(double v) {
-  return v;
-}
-__device__ __forceinline__ float widen(__nv_bfloat16 v) {
-  return __bfloat162float(v);
-}
-__device__ __forceinline__ float widen(__half v) {
-  return __half2float(v);
-}
-
-template <typename T, typename A>
-__device__ __forceinline__ T narrow(A v) {
-  if constexpr (std::is_same_v<T, float>) {
-    return static_cast<float>(v);
-  } else if constexpr (std::is_same_v<T, double>) {
-    return v;
-  } else {
-    return from_float<T>(static_cast<float>(v));
-  }
-}
 
 // ---------------------------------------------------------------------------------------------
 // Reduction operations: State, identity, make (from element value and axis index), combine,
@@ -355,7 +297,7 @@ void launch_sum(const void* x, int64_t n, Out* out, void* workspace, cudaStream_
 void sum_axis(DType dtype, const void* x, void* out, int64_t outer, int64_t extent, int64_t inner,
               cudaStream_t stream) {
   check_sizes("sum_axis", outer, extent, inner);
-  dispatch_reduce(dtype, "sum_axis", [&]<typename T>() {
+  dispatch_arithmetic(dtype, "sum_axis", [&]<typename T>() {
     launch_axis_reduce<T, SumOp<Acc<T>>>(static_cast<const T*>(x), outer, extent, inner,
                                          SumStore<T>{static_cast<T*>(out)}, stream);
   });
@@ -366,7 +308,7 @@ void max_axis(DType dtype, const void* x, void* out, int64_t* argmax, int64_t ou
   check_sizes("max_axis", outer, extent, inner);
   if (extent <= 0 && outer > 0 && inner > 0)
     fail("max_axis: the reduced extent must be positive, got ", extent);
-  dispatch_reduce(dtype, "max_axis", [&]<typename T>() {
+  dispatch_arithmetic(dtype, "max_axis", [&]<typename T>() {
     launch_axis_reduce<T, ArgMaxOp<Acc<T>>>(static_cast<const T*>(x), outer, extent, inner,
                                             ArgMaxStore<T>{static_cast<T*>(out), argmax}, stream);
   });
@@ -378,14 +320,14 @@ size_t reduce_workspace_bytes(int64_t n) {
 
 void sum_all(DType dtype, const void* x, int64_t n, void* out, void* workspace,
              cudaStream_t stream) {
-  dispatch_reduce(dtype, "sum_all", [&]<typename T>() {
+  dispatch_arithmetic(dtype, "sum_all", [&]<typename T>() {
     launch_sum<T, false>(x, n, static_cast<T*>(out), workspace, stream);
   });
 }
 
 void sum_of_squares(DType dtype, const void* x, int64_t n, float* out, void* workspace,
                     cudaStream_t stream) {
-  dispatch_reduce(dtype, "sum_of_squares",
+  dispatch_arithmetic(dtype, "sum_of_squares",
                   [&]<typename T>() { launch_sum<T, true>(x, n, out, workspace, stream); });
 }
 
