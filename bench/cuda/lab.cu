@@ -303,7 +303,7 @@ Comparison compare(const std::vector<float>& got, const std::vector<float>& want
   return result;
 }
 
-double time_ms(const std::function<void(cudaStream_t)>& fn, cudaStream_t stream, int warmup,
+double time_ms(const Launch& fn, cudaStream_t stream, int warmup,
                int repeats) {
   if (repeats < 1) fail("[lab] time_ms needs repeats >= 1, got ", repeats);
   struct Events {

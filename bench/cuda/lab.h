@@ -116,10 +116,21 @@ Comparison compare(const std::vector<float>& got, const std::vector<float>& want
 Comparison compare(const std::vector<float>& got, const std::vector<float>& want,
                    Tolerance tolerance, const std::string& label = "output");
 
+// Work a lab launches on a stream (without synchronising), and one named version of a kernel.
+using Launch = std::function<void(cudaStream_t)>;
+struct KernelVersion {
+  const char* name;
+  Launch launch;
+};
+
+// Short names of the dtypes labs run ("f32", "bf16", "f16"), for report lines.
+inline const char* dtype_label(loom::DType dtype) {
+  return dtype == loom::DType::F32 ? "f32" : dtype == loom::DType::BF16 ? "bf16" : "f16";
+}
+
 // Milliseconds per call of fn, which launches its work on `stream` (and must not synchronise):
 // `warmup` untimed calls, then `repeats` calls between two events. Synchronises the stream.
-double time_ms(const std::function<void(cudaStream_t)>& fn, cudaStream_t stream, int warmup = 3,
-               int repeats = 20);
+double time_ms(const Launch& fn, cudaStream_t stream, int warmup = 3, int repeats = 20);
 
 // What the current device measurably does (measured once, on first use, and printed):
 // bandwidth_gbs from a large cudaMemcpyAsync device-to-device (read + write bytes counted),

@@ -40,12 +40,6 @@ using namespace loom::lab;
 namespace kc = loom::kernels::cuda;
 namespace cpu = loom::kernels::cpu;
 
-const char* dtype_label(DType dtype) {
-  return dtype == DType::F32 ? "f32" : "bf16";
-}
-size_t element_bytes(DType dtype) {
-  return dtype == DType::F32 ? 4 : 2;
-}
 
 constexpr kc::AdamWArgs kArgs{
     .lr = 1e-3, .beta1 = 0.9, .beta2 = 0.999, .eps = 1e-8, .weight_decay = 0.1, .step = 7};
@@ -153,7 +147,7 @@ struct Buffers {
 };
 
 std::vector<kc::AdamWTensor> tensor_list(const Layout& layout, Buffers& b, DType dtype) {
-  const size_t es = element_bytes(dtype);
+  const size_t es = loom::dtype_size(dtype);
   auto at = [&](DeviceBuffer& buf, int64_t offset) {
     return static_cast<char*>(buf.get()) + static_cast<size_t>(offset) * es;
   };
@@ -170,7 +164,7 @@ std::vector<kc::AdamWTensor> tensor_list(const Layout& layout, Buffers& b, DType
 
 bool validate(DType dtype) {
   const Layout layout = make_layout(validation_sizes(), 7);
-  const size_t total = static_cast<size_t>(layout.total), es = element_bytes(dtype);
+  const size_t total = static_cast<size_t>(layout.total), es = loom::dtype_size(dtype);
   std::printf("adamw validation: %zu tensors, %zu elements, %s\n", layout.sizes.size(), total,
               dtype_label(dtype));
   const std::vector<float> p0 = rounded(random_floats(total, 1), dtype);
@@ -255,7 +249,7 @@ bool validate(DType dtype) {
 
 void time_set(const char* name, const std::vector<int64_t>& sizes, DType dtype) {
   const Layout layout = make_layout(sizes, -1);
-  const size_t total = static_cast<size_t>(layout.total), es = element_bytes(dtype);
+  const size_t total = static_cast<size_t>(layout.total), es = loom::dtype_size(dtype);
   Stream stream;
   Buffers b{DeviceBuffer(total * es), DeviceBuffer(total * es), DeviceBuffer(total * es),
             DeviceBuffer(total * es)};

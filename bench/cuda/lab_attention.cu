@@ -38,12 +38,6 @@ using namespace loom::lab;
 namespace kc = loom::kernels::cuda;
 namespace cpu = loom::kernels::cpu;
 
-const char* dtype_label(DType dtype) {
-  return dtype == DType::F32 ? "f32" : "bf16";
-}
-size_t element_bytes(DType dtype) {
-  return dtype == DType::F32 ? 4 : 2;
-}
 
 struct Shape {
   int64_t batch, heads, time, head_dim;
@@ -151,13 +145,13 @@ bool run_shape(const Shape& shape, DType dtype) {
   }
 
   DeviceBuffer d_qkv = upload(qkv, dtype), d_dout = upload(dout, dtype);
-  DeviceBuffer d_out(n_plain * element_bytes(dtype)), d_grads(n_fused * element_bytes(dtype));
+  DeviceBuffer d_out(n_plain * loom::dtype_size(dtype)), d_grads(n_fused * loom::dtype_size(dtype));
   DeviceBuffer d_lse(rows * sizeof(float));
   DeviceBuffer d_ws(kc::flash_attention_backward_workspace(s));
   Stream stream;
   LOOM_CUDA_CHECK(cudaDeviceSynchronize());  // uploads are done before the stream reads them
 
-  const size_t es = element_bytes(dtype);
+  const size_t es = loom::dtype_size(dtype);
   const char* qkv_base = static_cast<const char*>(d_qkv.get());
   const void* q = qkv_base;
   const void* k = qkv_base + lay.hd * es;

@@ -35,18 +35,7 @@ using namespace loom::lab;
 namespace kc = loom::kernels::cuda;
 namespace cpu = loom::kernels::cpu;
 
-const char* dtype_label(DType dtype) {
-  return dtype == DType::F32 ? "f32" : "bf16";
-}
-size_t element_bytes(DType dtype) {
-  return dtype == DType::F32 ? 4 : 2;
-}
 
-using Launch = std::function<void(cudaStream_t)>;
-struct Version {
-  const char* name;
-  Launch launch;
-};
 
 // ---- v1 kernels: one element per thread and access ------------------------------------------
 
@@ -96,11 +85,11 @@ void launch_v1(DType dtype, int64_t n, cudaStream_t stream, Kernel&& kernel) {
 }
 
 // Runs versions of one kernel: each is validated (output zeroed first), then timed if asked.
-bool run_versions(const std::string& kernel, const std::vector<Version>& versions,
+bool run_versions(const std::string& kernel, const std::vector<KernelVersion>& versions,
                   DeviceBuffer& out, DType dtype, size_t count, size_t offset,
                   const std::vector<float>& want, bool timed, double bytes, Stream& stream) {
   bool ok = true;
-  for (const Version& v : versions) {
+  for (const KernelVersion& v : versions) {
     std::printf(" %s %s\n", kernel.c_str(), v.name);
     LOOM_CUDA_CHECK(cudaMemsetAsync(out.get(), 0, out.bytes(), stream.get()));
     v.launch(stream.get());
@@ -118,7 +107,7 @@ bool run_versions(const std::string& kernel, const std::vector<Version>& version
 // `offset` elements in front of every operand: 1 makes every pointer misaligned for 16-byte
 // accesses, so loom's kernels take their scalar path.
 bool run_flat(int64_t n, size_t offset, DType dtype, bool timed) {
-  const size_t count = static_cast<size_t>(n), es = element_bytes(dtype);
+  const size_t count = static_cast<size_t>(n), es = loom::dtype_size(dtype);
   std::printf("elementwise n=%lld %s%s\n", static_cast<long long>(n), dtype_label(dtype),
               offset ? " (misaligned by one element)" : "");
   auto padded = [&](std::vector<float> v) {
@@ -217,7 +206,7 @@ bool run_flat(int64_t n, size_t offset, DType dtype, bool timed) {
 // ---- broadcasting and transposed operands ---------------------------------------------------
 
 bool run_broadcast(int64_t rows, int64_t cols, DType dtype, bool timed) {
-  const size_t count = static_cast<size_t>(rows * cols), es = element_bytes(dtype);
+  const size_t count = static_cast<size_t>(rows * cols), es = loom::dtype_size(dtype);
   std::printf("broadcast [%lld, %lld] %s\n", static_cast<long long>(rows),
               static_cast<long long>(cols), dtype_label(dtype));
   const std::vector<float> a = rounded(random_floats(count, 3), dtype);
@@ -261,7 +250,7 @@ bool run_broadcast(int64_t rows, int64_t cols, DType dtype, bool timed) {
 bool run_copies(int64_t batch, int64_t seq, int64_t heads, int64_t head_dim, DType dtype,
                 bool timed) {
   const int64_t n = batch * seq * heads * head_dim;
-  const size_t count = static_cast<size_t>(n), es = element_bytes(dtype);
+  const size_t count = static_cast<size_t>(n), es = loom::dtype_size(dtype);
   std::printf("copies [%lld, %lld, %lld, %lld] %s\n", static_cast<long long>(batch),
               static_cast<long long>(seq), static_cast<long long>(heads),
               static_cast<long long>(head_dim), dtype_label(dtype));
@@ -289,7 +278,7 @@ bool run_copies(int64_t batch, int64_t seq, int64_t heads, int64_t head_dim, DTy
     const std::vector<float> want_bf16 = rounded(x, DType::BF16);
     DeviceBuffer d_bf16(count * 2);
     const int64_t one = 1;
-    const std::vector<Version> versions = {
+    const std::vector<KernelVersion> versions = {
         {"v1 scalar",
          [&](cudaStream_t s) {
            convert_scalar_loads<<<kc::grid_for(n, 256), 256, 0, s>>>(
@@ -299,7 +288,7 @@ bool run_copies(int64_t batch, int64_t seq, int64_t heads, int64_t head_dim, DTy
         {"v2 loom (8 per access)", [&](cudaStream_t s) {
            kc::copy_strided(DType::F32, 1, &n, d_x.get(), &one, DType::BF16, d_bf16.get(), s);
          }}};
-    for (const Version& v : versions) {
+    for (const KernelVersion& v : versions) {
       std::printf(" convert f32->bf16 %s\n", v.name);
       LOOM_CUDA_CHECK(cudaMemsetAsync(d_bf16.get(), 0, d_bf16.bytes(), stream.get()));
       v.launch(stream.get());

@@ -39,18 +39,7 @@ using loom::DType;
 using namespace loom::lab;
 namespace kc = loom::kernels::cuda;
 
-const char* dtype_label(DType dtype) {
-  return dtype == DType::F32 ? "f32" : "bf16";
-}
-size_t element_bytes(DType dtype) {
-  return dtype == DType::F32 ? 4 : 2;
-}
 
-using Launch = std::function<void(cudaStream_t)>;
-struct Version {
-  const char* name;
-  Launch launch;
-};
 
 // ---- v1 forward: thread per element ---------------------------------------------------------
 
@@ -132,8 +121,8 @@ bool run_shape(const Shape& shape, DType dtype) {
   dweight_ref = rounded(dweight_ref, dtype);  // the device rounds the f32 sum once
 
   DeviceBuffer d_weight = upload(weight, dtype), d_dout = upload(dout, dtype);
-  DeviceBuffer d_dweight0 = upload(dweight0, dtype), d_dweight(table * element_bytes(dtype));
-  DeviceBuffer d_out(rows * element_bytes(dtype));
+  DeviceBuffer d_dweight0 = upload(dweight0, dtype), d_dweight(table * loom::dtype_size(dtype));
+  DeviceBuffer d_out(rows * loom::dtype_size(dtype));
   DeviceBuffer d_indices(count * sizeof(int64_t));
   LOOM_CUDA_CHECK(
       cudaMemcpy(d_indices.get(), indices.data(), d_indices.bytes(), cudaMemcpyHostToDevice));
@@ -141,13 +130,13 @@ bool run_shape(const Shape& shape, DType dtype) {
   const auto* idx = static_cast<const int64_t*>(d_indices.get());
   Stream stream;
   LOOM_CUDA_CHECK(cudaDeviceSynchronize());  // uploads are done before the stream reads them
-  const double es = static_cast<double>(element_bytes(dtype));
+  const double es = static_cast<double>(loom::dtype_size(dtype));
   const std::string label = std::to_string(count) + " tok " + std::to_string(vocab) + "x" +
                             std::to_string(width) + (shape.skewed ? " skewed " : " uniform ") +
                             dtype_label(dtype);
   bool ok = true;
 
-  const std::vector<Version> forward = {
+  const std::vector<KernelVersion> forward = {
       {"v1 thread per element",
        [&](cudaStream_t s) {
          forward_v1(dtype, idx, d_weight.get(), d_out.get(), count, width, s);
@@ -157,7 +146,7 @@ bool run_shape(const Shape& shape, DType dtype) {
          kc::embedding_forward(dtype, idx, d_weight.get(), d_out.get(), count, width, vocab, s);
        }},
   };
-  for (const Version& v : forward) {
+  for (const KernelVersion& v : forward) {
     std::printf(" forward %s\n", v.name);
     LOOM_CUDA_CHECK(cudaMemsetAsync(d_out.get(), 0, d_out.bytes(), stream.get()));
     v.launch(stream.get());
@@ -169,7 +158,7 @@ bool run_shape(const Shape& shape, DType dtype) {
     }
   }
 
-  const std::vector<Version> backward = {
+  const std::vector<KernelVersion> backward = {
       {"v1 thread per column",
        [&](cudaStream_t s) {
          backward_v1(dtype, idx, d_dout.get(), d_dweight.get(), count, width, s);
@@ -182,7 +171,7 @@ bool run_shape(const Shape& shape, DType dtype) {
   };
   // Minimum traffic: dout and the indices once, each touched dweight row read and written.
   const double backward_bytes = es * rows + 8.0 * count + 2.0 * es * distinct * width;
-  for (const Version& v : backward) {
+  for (const KernelVersion& v : backward) {
     std::printf(" backward %s\n", v.name);
     if (&v == &backward[0] && dtype != DType::F32) {
       std::printf("  skipped: v1 rounds dweight to %s after every addition\n", dtype_label(dtype));

@@ -166,9 +166,6 @@ const Config kTf32{"f32+tf32", DType::F32, true, lab::Peak::TF32};
 const Config kBf16{"bf16", DType::BF16, false, lab::Peak::BF16};
 const Config kF16{"f16", DType::F16, false, lab::Peak::BF16};
 
-size_t element_bytes(DType dtype) {
-  return dtype == DType::F32 ? 4 : 2;
-}
 
 lab::Tolerance tolerance_for(const Config& config, int64_t k) {
   // TF32 rounds every input to a 10-bit mantissa (~2^-11 relative); over k products of
@@ -196,7 +193,7 @@ struct Case {
 // must come back untouched) with the CPU reference.
 bool check_case(const Case& cs, const Config& config, const Version& version) {
   const DType dtype = config.dtype;
-  const size_t es = element_bytes(dtype);
+  const size_t es = loom::dtype_size(dtype);
   const int64_t a_rows = cs.trans_a ? cs.k : cs.m, a_cols = cs.trans_a ? cs.m : cs.k;
   const int64_t b_rows = cs.trans_b ? cs.n : cs.k, b_cols = cs.trans_b ? cs.k : cs.n;
   const int64_t lda = std::max<int64_t>(a_cols + cs.pad, 1);
@@ -307,7 +304,7 @@ std::vector<Shape> gpt2_shapes() {
 
 void time_shape(const Shape& s, const Config& config, bool naive, cudaStream_t stream) {
   const DType dtype = config.dtype;
-  const size_t es = element_bytes(dtype);
+  const size_t es = loom::dtype_size(dtype);
   const int64_t lda = s.trans_a ? s.m : s.k, ldb = s.trans_b ? s.k : s.n;
   lab::DeviceBuffer a(static_cast<size_t>(s.m * s.k) * es), b(static_cast<size_t>(s.k * s.n) * es);
   lab::DeviceBuffer c(static_cast<size_t>(s.m * s.n) * es), bias(static_cast<size_t>(s.n) * es);

@@ -35,12 +35,6 @@ namespace kc = loom::kernels::cuda;
 
 constexpr double kEps = 1e-5;
 
-const char* dtype_label(DType dtype) {
-  return dtype == DType::F32 ? "f32" : "bf16";
-}
-size_t element_bytes(DType dtype) {
-  return dtype == DType::F32 ? 4 : 2;
-}
 
 // ---- v1 forward: block per row, scalar loads ----------------------------------------------
 
@@ -171,8 +165,8 @@ bool run_shape(const Shape& shape, DType dtype) {
 
   DeviceBuffer d_x = upload(x, dtype), d_w = upload(w, dtype), d_b = upload(b, dtype);
   DeviceBuffer d_dy = upload(dy, dtype);
-  DeviceBuffer d_y(n * element_bytes(dtype)), d_dx(n * element_bytes(dtype));
-  DeviceBuffer d_dw(width * element_bytes(dtype)), d_db(width * element_bytes(dtype));
+  DeviceBuffer d_y(n * loom::dtype_size(dtype)), d_dx(n * loom::dtype_size(dtype));
+  DeviceBuffer d_dw(width * loom::dtype_size(dtype)), d_db(width * loom::dtype_size(dtype));
   DeviceBuffer d_mean(rows * sizeof(float)), d_rstd(rows * sizeof(float));
   DeviceBuffer d_ws(kc::layer_norm_backward_workspace(rows, width));
   auto* mean = static_cast<float*>(d_mean.get());
@@ -186,15 +180,10 @@ bool run_shape(const Shape& shape, DType dtype) {
   const Tolerance param_tol = dtype == DType::F32
                                   ? Tolerance{1e-4 * std::sqrt(static_cast<double>(rows)), 1e-4}
                                   : default_tolerance(dtype);
-  const double es = static_cast<double>(element_bytes(dtype));
+  const double es = static_cast<double>(loom::dtype_size(dtype));
   bool ok = true;
 
-  using Launch = std::function<void(cudaStream_t)>;
-  struct Version {
-    const char* name;
-    Launch launch;
-  };
-  const std::vector<Version> forward = {
+  const std::vector<KernelVersion> forward = {
       {"v1 block per row, scalar",
        [&](cudaStream_t s) {
          forward_v1(dtype, d_x.get(), d_w.get(), d_b.get(), d_y.get(), mean, rstd, rows, width, s);
@@ -206,7 +195,7 @@ bool run_shape(const Shape& shape, DType dtype) {
        }},
   };
   const double forward_bytes = es * (2.0 * n + 2.0 * width) + 8.0 * rows;
-  for (const Version& v : forward) {
+  for (const KernelVersion& v : forward) {
     std::printf(" forward %s\n", v.name);
     LOOM_CUDA_CHECK(cudaMemsetAsync(d_y.get(), 0, d_y.bytes(), stream.get()));
     v.launch(stream.get());
@@ -226,7 +215,7 @@ bool run_shape(const Shape& shape, DType dtype) {
   LOOM_CUDA_CHECK(cudaDeviceSynchronize());
   const auto* mref = static_cast<const float*>(d_mean_ref.get());
   const auto* rref = static_cast<const float*>(d_rstd_ref.get());
-  const std::vector<Version> backward = {
+  const std::vector<KernelVersion> backward = {
       {"v1 dx warp/row + params thread/column",
        [&](cudaStream_t s) {
          backward_v1(dtype, d_dy.get(), d_x.get(), d_w.get(), mref, rref, d_dx.get(), d_dw.get(),
@@ -239,7 +228,7 @@ bool run_shape(const Shape& shape, DType dtype) {
        }},
   };
   const double backward_bytes = es * (3.0 * n + 3.0 * width) + 8.0 * rows;
-  for (const Version& v : backward) {
+  for (const KernelVersion& v : backward) {
     std::printf(" backward %s\n", v.name);
     LOOM_CUDA_CHECK(cudaMemsetAsync(d_dx.get(), 0, d_dx.bytes(), stream.get()));
     // Garbage in dweight/dbias: the kernels must overwrite, not accumulate.

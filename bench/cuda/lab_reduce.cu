@@ -41,18 +41,7 @@ using namespace loom::lab;
 namespace kc = loom::kernels::cuda;
 namespace cpu = loom::kernels::cpu;
 
-const char* dtype_label(DType dtype) {
-  return dtype == DType::F32 ? "f32" : "bf16";
-}
-size_t element_bytes(DType dtype) {
-  return dtype == DType::F32 ? 4 : 2;
-}
 
-using Launch = std::function<void(cudaStream_t)>;
-struct Version {
-  const char* name;
-  Launch launch;
-};
 
 // ---- lab-local versions (f32 accumulation) --------------------------------------------------
 
@@ -118,11 +107,11 @@ __global__ void sum_one_block(const T* x, int64_t n, Out* out) {
 
 // Validates every version (output poisoned first), checks loom versions for bitwise
 // determinism, then times.
-bool run_versions(const std::string& kernel, const std::vector<Version>& versions,
+bool run_versions(const std::string& kernel, const std::vector<KernelVersion>& versions,
                   DeviceBuffer& out, DType dtype, size_t count, const std::vector<float>& want,
                   Tolerance tol, bool timed, double bytes, Stream& stream) {
   bool ok = true;
-  for (const Version& v : versions) {
+  for (const KernelVersion& v : versions) {
     std::printf(" %s %s\n", kernel.c_str(), v.name);
     LOOM_CUDA_CHECK(cudaMemsetAsync(out.get(), 0x7f, out.bytes(), stream.get()));
     v.launch(stream.get());
@@ -163,7 +152,7 @@ std::string shape_tag(int64_t outer, int64_t extent, int64_t inner, DType dtype)
 // ---- sum_axis -----------------------------------------------------------------------------
 
 bool run_sum_rows(int64_t rows, int64_t extent, DType dtype, bool timed) {
-  const size_t n = static_cast<size_t>(rows * extent), es = element_bytes(dtype);
+  const size_t n = static_cast<size_t>(rows * extent), es = loom::dtype_size(dtype);
   const std::vector<float> x = rounded(random_floats(n, 1), dtype);
   const std::vector<float> want = sum_axis_reference(x, rows, extent, 1);
   DeviceBuffer d_x = upload(x, dtype), d_out(static_cast<size_t>(rows) * es);
@@ -179,7 +168,7 @@ bool run_sum_rows(int64_t rows, int64_t extent, DType dtype, bool timed) {
       });
     };
   };
-  const std::vector<Version> versions = {
+  const std::vector<KernelVersion> versions = {
       {"v1 thread per row", local([&]<typename T>(const T* x_, T* out, cudaStream_t s) {
          rows_thread_per_row<T><<<kc::grid_for(rows, 128), 128, 0, s>>>(x_, out, rows, extent);
        })},
@@ -197,7 +186,7 @@ bool run_sum_rows(int64_t rows, int64_t extent, DType dtype, bool timed) {
 }
 
 bool run_sum_columns(int64_t outer, int64_t extent, int64_t inner, DType dtype, bool timed) {
-  const size_t n = static_cast<size_t>(outer * extent * inner), es = element_bytes(dtype);
+  const size_t n = static_cast<size_t>(outer * extent * inner), es = loom::dtype_size(dtype);
   const size_t outputs = static_cast<size_t>(outer * inner);
   const std::vector<float> x = rounded(random_floats(n, 2), dtype);
   const std::vector<float> want = sum_axis_reference(x, outer, extent, inner);
@@ -205,7 +194,7 @@ bool run_sum_columns(int64_t outer, int64_t extent, int64_t inner, DType dtype, 
   Stream stream;
   const std::string tag = shape_tag(outer, extent, inner, dtype);
   std::printf("sum_axis columns%s\n", tag.c_str());
-  const std::vector<Version> versions = {
+  const std::vector<KernelVersion> versions = {
       {"v1 thread per column",
        [&](cudaStream_t s) {
          kc::dispatch_float_storage(dtype, "lab", [&]<typename T>() {
@@ -227,7 +216,7 @@ bool run_sum_columns(int64_t outer, int64_t extent, int64_t inner, DType dtype, 
 // ---- max_axis -----------------------------------------------------------------------------
 
 bool run_max(int64_t outer, int64_t extent, int64_t inner, DType dtype, bool timed) {
-  const size_t n = static_cast<size_t>(outer * extent * inner), es = element_bytes(dtype);
+  const size_t n = static_cast<size_t>(outer * extent * inner), es = loom::dtype_size(dtype);
   const size_t outputs = static_cast<size_t>(outer * inner);
   // Few distinct values, so ties are common and "first maximal index" is tested.
   std::vector<float> x = rounded(random_floats(n, 3, -8.0f, 8.0f), dtype);
@@ -268,7 +257,7 @@ bool run_max(int64_t outer, int64_t extent, int64_t inner, DType dtype, bool tim
 // ---- sum_all and sum_of_squares -------------------------------------------------------------
 
 bool run_sum_all(int64_t n, DType dtype, bool timed) {
-  const size_t count = static_cast<size_t>(n), es = element_bytes(dtype);
+  const size_t count = static_cast<size_t>(n), es = loom::dtype_size(dtype);
   // Non-negative values: no cancellation, so a relative tolerance is meaningful.
   const std::vector<float> x = rounded(random_floats(count, 4, 0.0f, 1.0f), dtype);
   const std::vector<float> want_sum = {static_cast<float>(cpu::sum_all<float>(x.data(), n))};

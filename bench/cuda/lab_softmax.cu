@@ -36,18 +36,7 @@ using loom::DType;
 using namespace loom::lab;
 namespace kc = loom::kernels::cuda;
 
-const char* dtype_label(DType dtype) {
-  return dtype == DType::F32 ? "f32" : "bf16";
-}
-size_t element_bytes(DType dtype) {
-  return dtype == DType::F32 ? 4 : 2;
-}
 
-using Launch = std::function<void(cudaStream_t)>;
-struct Version {
-  const char* name;
-  Launch launch;
-};
 
 std::string shape_label(const char* kernel, int64_t rows, int64_t width, DType dtype) {
   return std::string(kernel) + " " + std::to_string(rows) + "x" + std::to_string(width) + " " +
@@ -144,17 +133,17 @@ bool run_softmax(int64_t rows, int64_t width, bool causal, bool timed, DType dty
   loom::kernels::cpu::softmax_backward<float>(y_in.data(), dy.data(), dx_ref.data(), rows, width);
 
   DeviceBuffer d_x = upload(x, dtype), d_dy = upload(dy, dtype), d_y_in = upload(y_in, dtype);
-  DeviceBuffer d_y(n * element_bytes(dtype)), d_dx(n * element_bytes(dtype));
+  DeviceBuffer d_y(n * loom::dtype_size(dtype)), d_dx(n * loom::dtype_size(dtype));
   Stream stream;
   LOOM_CUDA_CHECK(cudaDeviceSynchronize());  // uploads are done before the stream reads them
-  const double es = static_cast<double>(element_bytes(dtype));
+  const double es = static_cast<double>(loom::dtype_size(dtype));
   // Minimum traffic: read the unmasked scores once, write every output.
   const double read = causal ? static_cast<double>(rows / width) * width * (width + 1) / 2.0 +
                                    static_cast<double>(rows % width) * (rows % width + 1) / 2.0
                              : static_cast<double>(n);
   bool ok = true;
 
-  const std::vector<Version> forward = {
+  const std::vector<KernelVersion> forward = {
       {"v1 block/row, 3 passes, scalar",
        [&](cudaStream_t s) { softmax_v1(dtype, d_x.get(), d_y.get(), rows, width, causal_t, s); }},
       {"v2 loom (online, warp/row)",
@@ -162,7 +151,7 @@ bool run_softmax(int64_t rows, int64_t width, bool causal, bool timed, DType dty
          kc::softmax_forward(dtype, d_x.get(), d_y.get(), rows, width, causal_t, s);
        }},
   };
-  for (const Version& v : forward) {
+  for (const KernelVersion& v : forward) {
     std::printf(" forward %s\n", v.name);
     LOOM_CUDA_CHECK(cudaMemsetAsync(d_y.get(), 0x7f, d_y.bytes(), stream.get()));
     v.launch(stream.get());
@@ -174,8 +163,8 @@ bool run_softmax(int64_t rows, int64_t width, bool causal, bool timed, DType dty
     }
   }
 
-  DeviceBuffer d_inplace(n * element_bytes(dtype));
-  const std::vector<Version> backward = {
+  DeviceBuffer d_inplace(n * loom::dtype_size(dtype));
+  const std::vector<KernelVersion> backward = {
       {"loom",
        [&](cudaStream_t s) {
          kc::softmax_backward(dtype, d_y_in.get(), d_dy.get(), d_dx.get(), rows, width, s);
@@ -187,7 +176,7 @@ bool run_softmax(int64_t rows, int64_t width, bool causal, bool timed, DType dty
        }},
   };
   for (size_t k = 0; k < backward.size(); ++k) {
-    const Version& v = backward[k];
+    const KernelVersion& v = backward[k];
     std::printf(" backward %s\n", v.name);
     LOOM_CUDA_CHECK(cudaMemsetAsync(d_dx.get(), 0x7f, d_dx.bytes(), stream.get()));
     LOOM_CUDA_CHECK(cudaMemcpyAsync(d_inplace.get(), d_dy.get(), d_dy.bytes(),
@@ -235,19 +224,19 @@ bool run_cross_entropy(int64_t rows, int64_t vocab, bool timed, DType dtype) {
       cudaMemcpy(d_targets.get(), targets.data(), d_targets.bytes(), cudaMemcpyHostToDevice));
   DeviceBuffer d_dloss = upload({dloss}, dtype);
   DeviceBuffer d_lse(rows * sizeof(float)), d_losses(rows * sizeof(float));
-  DeviceBuffer d_mean(element_bytes(dtype)), d_dlogits(n * element_bytes(dtype));
+  DeviceBuffer d_mean(loom::dtype_size(dtype)), d_dlogits(n * loom::dtype_size(dtype));
   auto* targets_p = static_cast<const int64_t*>(d_targets.get());
   auto* lse = static_cast<float*>(d_lse.get());
   auto* losses = static_cast<float*>(d_losses.get());
   Stream stream;
   LOOM_CUDA_CHECK(cudaDeviceSynchronize());  // uploads are done before the stream reads them
-  const double es = static_cast<double>(element_bytes(dtype));
+  const double es = static_cast<double>(loom::dtype_size(dtype));
   const Tolerance f32_tol = default_tolerance(DType::F32);  // lse and row losses are f32
   // dlogits are softmax values down to ~1e-8: relative tolerance only.
   const Tolerance grad_tol{1e-10, dtype == DType::F32 ? 1e-4 : 2e-2};
   bool ok = true;
 
-  const std::vector<Version> forward = {
+  const std::vector<KernelVersion> forward = {
       {"v1 block/row, 2 passes, scalar",
        [&](cudaStream_t s) {
          cross_entropy_v1(dtype, d_logits.get(), targets_p, lse, losses, d_mean.get(), rows, vocab,
@@ -259,7 +248,7 @@ bool run_cross_entropy(int64_t rows, int64_t vocab, bool timed, DType dtype) {
                                    rows, vocab, s);
        }},
   };
-  for (const Version& v : forward) {
+  for (const KernelVersion& v : forward) {
     std::printf(" forward %s\n", v.name);
     LOOM_CUDA_CHECK(cudaMemsetAsync(d_lse.get(), 0, d_lse.bytes(), stream.get()));
     LOOM_CUDA_CHECK(cudaMemsetAsync(d_losses.get(), 0, d_losses.bytes(), stream.get()));
@@ -278,7 +267,7 @@ bool run_cross_entropy(int64_t rows, int64_t vocab, bool timed, DType dtype) {
   kc::cross_entropy_forward(dtype, d_logits.get(), targets_p, lse, losses, d_mean.get(), rows,
                             vocab, stream.get());
   const auto* dloss_p = d_dloss.get();
-  const std::vector<Version> backward = {
+  const std::vector<KernelVersion> backward = {
       {"loom",
        [&](cudaStream_t s) {
          kc::cross_entropy_backward(dtype, d_logits.get(), targets_p, lse, dloss_p, d_dlogits.get(),
@@ -291,7 +280,7 @@ bool run_cross_entropy(int64_t rows, int64_t vocab, bool timed, DType dtype) {
        }},
   };
   for (size_t k = 0; k < backward.size(); ++k) {
-    const Version& v = backward[k];
+    const KernelVersion& v = backward[k];
     std::printf(" backward %s\n", v.name);
     if (k == 0) {
       LOOM_CUDA_CHECK(cudaMemsetAsync(d_dlogits.get(), 0x7f, d_dlogits.bytes(), stream.get()));

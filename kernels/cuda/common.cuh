@@ -123,6 +123,37 @@ __device__ __forceinline__ float block_max(float v, float* scratch) {
   return warp_max(v);
 }
 
+// The threads that share one row: a warp (kBlockPerRow false) or the whole block.
+template <bool kBlockPerRow>
+struct RowGroup {
+  int64_t row;
+  int lane, lanes;
+  __device__ RowGroup() {
+    if constexpr (kBlockPerRow) {
+      row = blockIdx.x;
+      lane = threadIdx.x;
+      lanes = blockDim.x;
+    } else {
+      row = static_cast<int64_t>(blockIdx.x) * (blockDim.x / kWarpSize) + threadIdx.x / kWarpSize;
+      lane = threadIdx.x % kWarpSize;
+      lanes = kWarpSize;
+    }
+  }
+  // Every thread of the group must call these (block mode synchronises).
+  __device__ float sum(float v, float* scratch) const {
+    if constexpr (kBlockPerRow)
+      return block_sum(v, scratch);
+    else
+      return warp_sum(v);
+  }
+  __device__ float max(float v, float* scratch) const {
+    if constexpr (kBlockPerRow)
+      return block_max(v, scratch);
+    else
+      return warp_max(v);
+  }
+};
+
 // Blocks for a grid-stride loop over n elements: enough to fill the device, never more than
 // the elements need.
 inline unsigned grid_for(int64_t n, int threads, int64_t max_blocks = 65535LL * 8) {

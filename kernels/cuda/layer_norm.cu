@@ -30,30 +30,6 @@ constexpr int kSumCols = 32;   // columns per block when adding partial sums
 constexpr int kSumLanes = 16;  // threads per column when adding partial sums
 constexpr int kSumThreads = kSumCols * kSumLanes;
 
-// The threads that share one row: a warp (kBlockPerRow false) or the whole block.
-template <bool kBlockPerRow>
-struct RowGroup {
-  int64_t row;
-  int lane, lanes;
-  __device__ RowGroup() {
-    if constexpr (kBlockPerRow) {
-      row = blockIdx.x;
-      lane = threadIdx.x;
-      lanes = blockDim.x;
-    } else {
-      row = static_cast<int64_t>(blockIdx.x) * (blockDim.x / kWarpSize) + threadIdx.x / kWarpSize;
-      lane = threadIdx.x % kWarpSize;
-      lanes = kWarpSize;
-    }
-  }
-  // Every thread of the group must call these (block mode synchronises).
-  __device__ float sum(float v, float* scratch) const {
-    if constexpr (kBlockPerRow)
-      return block_sum(v, scratch);
-    else
-      return warp_sum(v);
-  }
-};
 
 // Threads for a block-per-row launch: about eight packs per thread, 128 to 1024 threads.
 int block_row_threads(int64_t packs) {

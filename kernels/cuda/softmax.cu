@@ -28,36 +28,6 @@ constexpr int kWarpRowMaxPacks = 512;  // wider rows get a whole block each
 constexpr int kVocabMaxThreads = 512;  // threads per block in the cross-entropy kernels
 constexpr int kMeanThreads = 1024;     // the one block that averages the row losses
 
-// The threads that share one row: a warp (kBlockPerRow false) or the whole block.
-template <bool kBlockPerRow>
-struct RowGroup {
-  int64_t row;
-  int lane, lanes;
-  __device__ RowGroup() {
-    if constexpr (kBlockPerRow) {
-      row = blockIdx.x;
-      lane = threadIdx.x;
-      lanes = blockDim.x;
-    } else {
-      row = static_cast<int64_t>(blockIdx.x) * (blockDim.x / kWarpSize) + threadIdx.x / kWarpSize;
-      lane = threadIdx.x % kWarpSize;
-      lanes = kWarpSize;
-    }
-  }
-  // Every thread of the group must call these (block mode synchronises).
-  __device__ float sum(float v, float* scratch) const {
-    if constexpr (kBlockPerRow)
-      return block_sum(v, scratch);
-    else
-      return warp_sum(v);
-  }
-  __device__ float max(float v, float* scratch) const {
-    if constexpr (kBlockPerRow)
-      return block_max(v, scratch);
-    else
-      return warp_max(v);
-  }
-};
 
 // Threads for a block per row: about `per_thread` packs per thread, within [lo, hi], a
 // multiple of the warp size.
