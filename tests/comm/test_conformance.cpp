@@ -8,72 +8,24 @@
 #include <cstring>
 #include <functional>
 
+#include "collective_values.h"
 #include "comm/process_group.h"
 #include "multiprocess.h"
 
 namespace loom::comm {
 namespace {
 
+using testing::contribution;
+using testing::describe;
 using testing::expect_all_ok;
+using testing::expect_values;
+using testing::expected;
+using testing::filled;
+using testing::kAllDtypes;
+using testing::kAllOps;
+using testing::kCounts;
 using testing::run_ranks;
-
-constexpr DType kAllDtypes[] = {DType::F32, DType::F64, DType::BF16, DType::F16,
-                                DType::I32, DType::I64, DType::U8};
-constexpr ReduceOp kAllOps[] = {ReduceOp::Sum, ReduceOp::Avg, ReduceOp::Min, ReduceOp::Max,
-                                ReduceOp::Prod};
-constexpr int64_t kCounts[] = {0, 1, 7, 1000, 300001};
-
-Tensor filled(DType dtype, int64_t n, const std::function<double(int64_t)>& value) {
-  std::vector<double> v(static_cast<size_t>(n));
-  for (int64_t i = 0; i < n; ++i) v[i] = value(i);
-  return Tensor::from_vector(v, {n}).to(dtype);
-}
-
-// Rank r's contribution to element i, chosen so every reduction is exact in every dtype.
-double contribution(ReduceOp op, int r, int64_t i) {
-  if (op == ReduceOp::Prod) return 1 + ((r + i) % 2);  // products are powers of two
-  return (r + 1) * (i % 5 + 1);
-}
-
-double expected(ReduceOp op, int size, int64_t i, DType dtype) {
-  double k = static_cast<double>(i % 5 + 1);
-  switch (op) {
-    case ReduceOp::Sum: return k * size * (size + 1) / 2;
-    case ReduceOp::Avg: return k * (size + 1) / 2.0;
-    case ReduceOp::Min: return k;
-    case ReduceOp::Max: return k * size;
-    case ReduceOp::Prod: {
-      double p = 1;
-      for (int r = 0; r < size; ++r) p *= contribution(op, r, i);
-      return dtype == DType::U8 ? std::fmod(p, 256.0) : p;  // u8 wraps around
-    }
-  }
-  return 0;
-}
-
-bool valid(ReduceOp op, DType dtype) { return op != ReduceOp::Avg || is_floating(dtype); }
-
-// Compares exactly, except Avg (a multiplication by 1/size) within a relative 1e-6 (2^-7 for
-// bf16/f16, which round the scaled value once).
-void expect_values(const Tensor& t, const std::function<double(int64_t)>& want, ReduceOp op,
-                   const std::string& context) {
-  std::vector<double> got = t.to(DType::F64).to_vector<double>();
-  double tol = op != ReduceOp::Avg ? 0.0
-               : (t.dtype() == DType::BF16 || t.dtype() == DType::F16) ? 1.0 / 128
-                                                                          : 1e-6;
-  for (size_t i = 0; i < got.size(); ++i) {
-    double w = want(static_cast<int64_t>(i));
-    if (std::abs(got[i] - w) > tol * std::abs(w)) {
-      ADD_FAILURE() << context << ": element " << i << " is " << got[i] << ", expected " << w;
-      return;
-    }
-  }
-}
-
-std::string describe(const char* what, DType d, int64_t n, ReduceOp op, int rank) {
-  return std::string(what) + " " + std::string(dtype_name(d)) + " n=" + std::to_string(n) +
-         " op=" + std::string(reduce_op_name(op)) + " rank=" + std::to_string(rank);
-}
+using testing::valid;
 
 class Conformance : public ::testing::TestWithParam<std::tuple<std::string, int>> {
  protected:
@@ -97,8 +49,9 @@ TEST_P(Conformance, AllreduceEveryOpDtypeAndCount) {
           if (!valid(op, d) || (n > 1000 && d != DType::F32 && d != DType::BF16)) continue;
           Tensor t = filled(d, n, [&](int64_t i) { return contribution(op, pg.rank(), i); });
           pg.allreduce(t, {.op = op})->wait();
-          expect_values(t, [&](int64_t i) { return expected(op, pg.size(), i, d); }, op,
-                        describe("allreduce", d, n, op, pg.rank()));
+          expect_values(
+              t, [&](int64_t i) { return expected(op, pg.size(), i, d); }, op,
+              describe("allreduce", d, n, op, pg.rank()));
         }
   });
 }
@@ -106,13 +59,16 @@ TEST_P(Conformance, AllreduceEveryOpDtypeAndCount) {
 TEST_P(Conformance, AllreduceOutOfPlaceLeavesInput) {
   on_ranks([](ProcessGroup& pg) {
     for (int64_t n : kCounts) {
-      Tensor in = filled(DType::F32, n, [&](int64_t i) { return contribution(ReduceOp::Sum, pg.rank(), i); });
+      Tensor in = filled(DType::F32, n,
+                         [&](int64_t i) { return contribution(ReduceOp::Sum, pg.rank(), i); });
       Tensor before = in.clone();
       Tensor out = Tensor::empty({n});
       pg.allreduce(in, out)->wait();
       EXPECT_EQ(in.to_vector<float>(), before.to_vector<float>());
-      expect_values(out, [&](int64_t i) { return expected(ReduceOp::Sum, pg.size(), i, DType::F32); },
-                    ReduceOp::Sum, describe("allreduce out of place", DType::F32, n, ReduceOp::Sum, pg.rank()));
+      expect_values(
+          out, [&](int64_t i) { return expected(ReduceOp::Sum, pg.size(), i, DType::F32); },
+          ReduceOp::Sum,
+          describe("allreduce out of place", DType::F32, n, ReduceOp::Sum, pg.rank()));
     }
   });
 }
@@ -122,7 +78,9 @@ TEST_P(Conformance, AllreduceOutOfPlaceLeavesInput) {
 TEST_P(Conformance, AllreduceIsBitwiseDeterministic) {
   on_ranks([](ProcessGroup& pg) {
     const int64_t n = 200003;
-    auto noisy = [&](int64_t i) { return std::sin(i * 0.37 + pg.rank() * 1.3) * 1e3 / (1 + i % 17); };
+    auto noisy = [&](int64_t i) {
+      return std::sin(i * 0.37 + pg.rank() * 1.3) * 1e3 / (1 + i % 17);
+    };
     for (DType d : {DType::F32, DType::BF16}) {
       Tensor whole = filled(d, n, noisy);
       Tensor pieces = whole.clone();
@@ -134,7 +92,8 @@ TEST_P(Conformance, AllreduceIsBitwiseDeterministic) {
         std::memcpy(static_cast<char*>(pieces.raw_data()) + s * dtype_size(d), part.raw_data(),
                     part.nbytes());
       }
-      EXPECT_EQ(std::memcmp(whole.raw_data(), pieces.raw_data(), whole.nbytes()), 0) << dtype_name(d);
+      EXPECT_EQ(std::memcmp(whole.raw_data(), pieces.raw_data(), whole.nbytes()), 0)
+          << dtype_name(d);
       // Every rank holds the same bytes: compare with rank 0's through a broadcast.
       Tensor reference = whole.clone();
       pg.broadcast(reference, {.root = 0})->wait();
@@ -149,10 +108,12 @@ TEST_P(Conformance, BroadcastFromEveryRoot) {
     for (int root = 0; root < pg.size(); ++root)
       for (DType d : {DType::F32, DType::BF16, DType::I64, DType::U8})
         for (int64_t n : kCounts) {
-          Tensor t = filled(d, n, [&](int64_t i) { return pg.rank() == root ? (i * 7 + root) % 97 : 250; });
+          Tensor t = filled(
+              d, n, [&](int64_t i) { return pg.rank() == root ? (i * 7 + root) % 97 : 250; });
           pg.broadcast(t, {.root = root})->wait();
-          expect_values(t, [&](int64_t i) { return (i * 7 + root) % 97; }, ReduceOp::Sum,
-                        describe("broadcast", d, n, ReduceOp::Sum, pg.rank()));
+          expect_values(
+              t, [&](int64_t i) { return (i * 7 + root) % 97; }, ReduceOp::Sum,
+              describe("broadcast", d, n, ReduceOp::Sum, pg.rank()));
         }
   });
 }
@@ -163,14 +124,17 @@ TEST_P(Conformance, ReduceToEveryRoot) {
       for (ReduceOp op : kAllOps)
         for (int64_t n : kCounts) {
           if (n > 1000 && op != ReduceOp::Sum) continue;
-          Tensor t = filled(DType::F32, n, [&](int64_t i) { return contribution(op, pg.rank(), i); });
+          Tensor t =
+              filled(DType::F32, n, [&](int64_t i) { return contribution(op, pg.rank(), i); });
           pg.reduce(t, {.op = op, .root = root})->wait();
           if (pg.rank() == root) {
-            expect_values(t, [&](int64_t i) { return expected(op, pg.size(), i, DType::F32); }, op,
-                          describe("reduce", DType::F32, n, op, pg.rank()));
+            expect_values(
+                t, [&](int64_t i) { return expected(op, pg.size(), i, DType::F32); }, op,
+                describe("reduce", DType::F32, n, op, pg.rank()));
           } else {
-            expect_values(t, [&](int64_t i) { return contribution(op, pg.rank(), i); }, ReduceOp::Sum,
-                          describe("reduce leaves non-roots", DType::F32, n, op, pg.rank()));
+            expect_values(
+                t, [&](int64_t i) { return contribution(op, pg.rank(), i); }, ReduceOp::Sum,
+                describe("reduce leaves non-roots", DType::F32, n, op, pg.rank()));
           }
         }
   });
@@ -181,17 +145,21 @@ TEST_P(Conformance, AllGatherOutOfPlaceAndInPlace) {
     const int64_t w = pg.size();
     for (DType d : {DType::F32, DType::F16, DType::I32, DType::U8})
       for (int64_t n : kCounts) {
-        auto want = [&](int64_t j) { return (j / std::max<int64_t>(n, 1)) * 10 + (j % std::max<int64_t>(n, 1)) % 7; };
+        auto want = [&](int64_t j) {
+          return (j / std::max<int64_t>(n, 1)) * 10 + (j % std::max<int64_t>(n, 1)) % 7;
+        };
         Tensor in = filled(d, n, [&](int64_t i) { return pg.rank() * 10 + i % 7; });
         Tensor out = Tensor::zeros({w * n}, d);
         pg.all_gather(out, in)->wait();
-        expect_values(out, want, ReduceOp::Sum, describe("all_gather", d, n, ReduceOp::Sum, pg.rank()));
+        expect_values(out, want, ReduceOp::Sum,
+                      describe("all_gather", d, n, ReduceOp::Sum, pg.rank()));
         Tensor whole = Tensor::zeros({w * n}, d);
         Tensor mine = whole.narrow(0, pg.rank() * n, n);
         Tensor source = filled(d, n, [&](int64_t i) { return pg.rank() * 10 + i % 7; });
         std::memcpy(mine.raw_data(), source.raw_data(), source.nbytes());
         pg.all_gather(whole, mine)->wait();
-        expect_values(whole, want, ReduceOp::Sum, describe("all_gather in place", d, n, ReduceOp::Sum, pg.rank()));
+        expect_values(whole, want, ReduceOp::Sum,
+                      describe("all_gather in place", d, n, ReduceOp::Sum, pg.rank()));
       }
   });
 }
@@ -211,7 +179,8 @@ TEST_P(Conformance, ReduceScatterOutOfPlaceAndInPlace) {
           expect_values(out, want, op, describe("reduce_scatter", d, n, op, pg.rank()));
           Tensor mine = in.narrow(0, pg.rank() * n, n);
           pg.reduce_scatter(mine, in, {.op = op})->wait();
-          expect_values(mine.contiguous(), want, op, describe("reduce_scatter in place", d, n, op, pg.rank()));
+          expect_values(mine.contiguous(), want, op,
+                        describe("reduce_scatter in place", d, n, op, pg.rank()));
         }
   });
 }
@@ -223,14 +192,20 @@ TEST_P(Conformance, AllToAll) {
       for (int64_t n : kCounts) {
         if (n > 1000 && d != DType::F32) continue;
         // Rank r sends piece j (n elements) to rank j: value r*64 + j*8 + i%7 (exact in bf16).
-        Tensor in = filled(d, w * n, [&](int64_t i) { return pg.rank() * 64 + (i / std::max<int64_t>(n, 1)) * 8 + (i % std::max<int64_t>(n, 1)) % 7; });
+        Tensor in = filled(d, w * n, [&](int64_t i) {
+          return pg.rank() * 64 + (i / std::max<int64_t>(n, 1)) * 8 +
+                 (i % std::max<int64_t>(n, 1)) % 7;
+        });
         Tensor out = Tensor::zeros({w * n}, d);
         pg.all_to_all(out, in)->wait();
         // Piece r of the output came from rank r.
-        expect_values(out, [&](int64_t i) {
-          int64_t src = i / std::max<int64_t>(n, 1);
-          return src * 64 + pg.rank() * 8 + (i % std::max<int64_t>(n, 1)) % 7;
-        }, ReduceOp::Sum, describe("all_to_all", d, n, ReduceOp::Sum, pg.rank()));
+        expect_values(
+            out,
+            [&](int64_t i) {
+              int64_t src = i / std::max<int64_t>(n, 1);
+              return src * 64 + pg.rank() * 8 + (i % std::max<int64_t>(n, 1)) % 7;
+            },
+            ReduceOp::Sum, describe("all_to_all", d, n, ReduceOp::Sum, pg.rank()));
       }
   });
 }
@@ -253,8 +228,9 @@ TEST_P(Conformance, SendRecvAroundARing) {
       }
       a->wait();
       b->wait();
-      expect_values(in, [&](int64_t i) { return prev * 100000.0 + i; }, ReduceOp::Sum,
-                    describe("recv", DType::F32, n, ReduceOp::Sum, pg.rank()));
+      expect_values(
+          in, [&](int64_t i) { return prev * 100000.0 + i; }, ReduceOp::Sum,
+          describe("recv", DType::F32, n, ReduceOp::Sum, pg.rank()));
     }
   });
 }
@@ -268,7 +244,8 @@ TEST_P(Conformance, BarrierAndAsyncCompletion) {
       works.push_back(pg.allreduce(tensors.back()));
     }
     works.push_back(pg.barrier());
-    for (auto& w : works) w->wait();
+    for (auto& w : works)
+      w->wait();
     for (int k = 0; k < 20; ++k) {
       EXPECT_TRUE(works[k]->is_completed());
       EXPECT_EQ(tensors[k].to_vector<float>()[999], (k + 1.0f) * pg.size());
@@ -300,7 +277,8 @@ TEST_P(Conformance, SplitByParity) {
     Tensor t = Tensor::full({5}, pg.rank());
     sub->allreduce(t)->wait();
     double want = 0;
-    for (int r = pg.rank() % 2; r < pg.size(); r += 2) want += r;
+    for (int r = pg.rank() % 2; r < pg.size(); r += 2)
+      want += r;
     EXPECT_EQ(t.to_vector<float>()[0], want);
     // The highest rank of the color has key -rank, the smallest: new rank 0.
     int highest = pg.rank() % 2 + 2 * (members - 1);
@@ -314,7 +292,8 @@ std::string param_name(const ::testing::TestParamInfo<std::tuple<std::string, in
 }
 
 INSTANTIATE_TEST_SUITE_P(Backends, Conformance,
-                         ::testing::Combine(::testing::Values("shm"), ::testing::Values(1, 2, 3, 4)),
+                         ::testing::Combine(::testing::Values("shm"),
+                                            ::testing::Values(1, 2, 3, 4)),
                          param_name);
 
 // Eight ranks on a small machine: allreduce only (the ranks outnumber the cores).
@@ -322,10 +301,12 @@ TEST(ConformanceEightRanks, AllreduceSum) {
   expect_all_ok(run_ranks(8, [](int rank, int size, std::shared_ptr<Store> store) {
     ProcessGroup pg(rank, size, store, {.backend = "shm", .timeout = std::chrono::seconds(60)});
     for (int64_t n : {int64_t{1}, int64_t{1000}, int64_t{300001}}) {
-      Tensor t = filled(DType::F32, n, [&](int64_t i) { return contribution(ReduceOp::Sum, rank, i); });
+      Tensor t =
+          filled(DType::F32, n, [&](int64_t i) { return contribution(ReduceOp::Sum, rank, i); });
       pg.allreduce(t)->wait();
-      expect_values(t, [&](int64_t i) { return expected(ReduceOp::Sum, size, i, DType::F32); },
-                    ReduceOp::Sum, describe("allreduce", DType::F32, n, ReduceOp::Sum, rank));
+      expect_values(
+          t, [&](int64_t i) { return expected(ReduceOp::Sum, size, i, DType::F32); }, ReduceOp::Sum,
+          describe("allreduce", DType::F32, n, ReduceOp::Sum, rank));
     }
   }));
 }

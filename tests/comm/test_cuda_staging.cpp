@@ -16,6 +16,7 @@
 #include <functional>
 #include <string>
 
+#include "collective_values.h"
 #include "comm/process_group.h"
 #include "multiprocess.h"
 #include "tensor/cuda/device.h"
@@ -25,8 +26,15 @@ namespace loom::comm {
 namespace {
 
 using namespace std::chrono_literals;
+using testing::contribution;
+using testing::describe;
 using testing::expect_all_ok;
+using testing::expected;
+using testing::filled;
+using testing::kAllOps;
+using testing::kCounts;
 using testing::run_ranks;
+using testing::valid;
 
 struct CudaProbe {
   bool available = false;
@@ -63,66 +71,19 @@ const CudaProbe& cuda_probe() {
   return probe;
 }
 
-constexpr ReduceOp kAllOps[] = {ReduceOp::Sum, ReduceOp::Avg, ReduceOp::Min, ReduceOp::Max,
-                                ReduceOp::Prod};
-constexpr int64_t kCounts[] = {0, 1, 7, 1000, 300001};
-
 Device gpu() {
   return Device::cuda(0);
 }
 
 Tensor on_gpu(DType dtype, int64_t n, const std::function<double(int64_t)>& value) {
-  std::vector<double> v(static_cast<size_t>(n));
-  for (int64_t i = 0; i < n; ++i)
-    v[static_cast<size_t>(i)] = value(i);
-  return Tensor::from_vector(v, {n}).to(dtype).to(gpu());
+  return filled(dtype, n, value).to(gpu());
 }
 
-// Rank r's contribution to element i, chosen so every reduction is exact in every dtype.
-double contribution(ReduceOp op, int r, int64_t i) {
-  if (op == ReduceOp::Prod) return 1 + ((r + i) % 2);
-  return (r + 1) * (i % 5 + 1);
-}
-
-double expected(ReduceOp op, int size, int64_t i) {
-  double k = static_cast<double>(i % 5 + 1);
-  switch (op) {
-    case ReduceOp::Sum: return k * size * (size + 1) / 2;
-    case ReduceOp::Avg: return k * (size + 1) / 2.0;
-    case ReduceOp::Min: return k;
-    case ReduceOp::Max: return k * size;
-    case ReduceOp::Prod: {
-      double p = 1;
-      for (int r = 0; r < size; ++r)
-        p *= contribution(op, r, i);
-      return p;
-    }
-  }
-  return 0;
-}
-
-bool valid(ReduceOp op, DType dtype) {
-  return op != ReduceOp::Avg || is_floating(dtype);
-}
-
-// Exact, except Avg within a relative 1e-6 (2^-7 for bf16).
-void expect_values(const Tensor& t, const std::function<double(int64_t)>& want, ReduceOp op,
-                   const std::string& context) {
+// Checks that t is on the GPU, then its values (testing::expect_values).
+void expect_gpu_values(const Tensor& t, const std::function<double(int64_t)>& want, ReduceOp op,
+                       const std::string& context) {
   EXPECT_EQ(t.device(), gpu()) << context;
-  std::vector<double> got = t.to(Device::cpu()).to(DType::F64).to_vector<double>();
-  const double tol = op != ReduceOp::Avg ? 0.0 : t.dtype() == DType::BF16 ? 1.0 / 128 : 1e-6;
-  for (size_t i = 0; i < got.size(); ++i) {
-    double w = want(static_cast<int64_t>(i));
-    if (std::abs(got[i] - w) > tol * std::abs(w)) {
-      ADD_FAILURE() << context << ": element " << i << " is " << got[i] << ", expected " << w;
-      return;
-    }
-  }
-}
-
-std::string describe(const char* what, DType d, int64_t n, ReduceOp op, int rank) {
-  return std::string(what) + " " + std::string(dtype_name(d)) + " n=" + std::to_string(n) +
-         " op=" + std::string(reduce_op_name(op)) + " rank=" + std::to_string(rank);
+  testing::expect_values(t, want, op, context);
 }
 
 class CudaStaging : public ::testing::TestWithParam<int> {
@@ -149,7 +110,7 @@ TEST_P(CudaStaging, AllreduceOpsDtypesAndCounts) {
           if (!valid(op, d) || (n > 1000 && d != DType::F32)) continue;
           Tensor t = on_gpu(d, n, [&](int64_t i) { return contribution(op, pg.rank(), i); });
           pg.allreduce(t, {.op = op})->wait();
-          expect_values(
+          expect_gpu_values(
               t, [&](int64_t i) { return expected(op, pg.size(), i); }, op,
               describe("allreduce", d, n, op, pg.rank()));
         }
@@ -163,8 +124,9 @@ TEST_P(CudaStaging, AllreduceOutOfPlaceLeavesInput) {
       Tensor in = on_gpu(DType::F32, n, mine);
       Tensor out = on_gpu(DType::F32, n, [](int64_t) { return -1; });
       pg.allreduce(in, out)->wait();
-      expect_values(in, mine, ReduceOp::Sum, describe("input", DType::F32, n, ReduceOp::Sum, 0));
-      expect_values(
+      expect_gpu_values(in, mine, ReduceOp::Sum,
+                        describe("input", DType::F32, n, ReduceOp::Sum, 0));
+      expect_gpu_values(
           out, [&](int64_t i) { return expected(ReduceOp::Sum, pg.size(), i); }, ReduceOp::Sum,
           describe("output", DType::F32, n, ReduceOp::Sum, pg.rank()));
     }
@@ -178,18 +140,18 @@ TEST_P(CudaStaging, BroadcastAndReduceEveryRoot) {
         Tensor t = on_gpu(DType::BF16, n,
                           [&](int64_t i) { return pg.rank() == root ? (i * 7 + root) % 97 : 250; });
         pg.broadcast(t, {.root = root})->wait();
-        expect_values(
+        expect_gpu_values(
             t, [&](int64_t i) { return (i * 7 + root) % 97; }, ReduceOp::Sum,
             describe("broadcast", DType::BF16, n, ReduceOp::Sum, pg.rank()));
         auto mine = [&](int64_t i) { return contribution(ReduceOp::Max, pg.rank(), i); };
         Tensor r = on_gpu(DType::F32, n, mine);
         pg.reduce(r, {.op = ReduceOp::Max, .root = root})->wait();
         if (pg.rank() == root) {
-          expect_values(
+          expect_gpu_values(
               r, [&](int64_t i) { return expected(ReduceOp::Max, pg.size(), i); }, ReduceOp::Max,
               describe("reduce", DType::F32, n, ReduceOp::Max, root));
         } else {
-          expect_values(
+          expect_gpu_values(
               r, mine, ReduceOp::Max,
               describe("reduce leaves non-roots", DType::F32, n, ReduceOp::Max, pg.rank()));
         }
@@ -207,14 +169,14 @@ TEST_P(CudaStaging, AllGatherOutOfPlaceAndInPlace) {
         Tensor in = on_gpu(d, n, [&](int64_t i) { return pg.rank() * 10 + i % 7; });
         Tensor out = on_gpu(d, w * n, [](int64_t) { return 0; });
         pg.all_gather(out, in)->wait();
-        expect_values(out, want, ReduceOp::Sum,
-                      describe("all_gather", d, n, ReduceOp::Sum, pg.rank()));
+        expect_gpu_values(out, want, ReduceOp::Sum,
+                          describe("all_gather", d, n, ReduceOp::Sum, pg.rank()));
         // In place: this rank's slice of the output already holds its input.
         Tensor whole =
             on_gpu(d, w * n, [&](int64_t j) { return j / m == pg.rank() ? want(j) : -1; });
         pg.all_gather(whole, whole.narrow(0, pg.rank() * n, n))->wait();
-        expect_values(whole, want, ReduceOp::Sum,
-                      describe("all_gather in place", d, n, ReduceOp::Sum, pg.rank()));
+        expect_gpu_values(whole, want, ReduceOp::Sum,
+                          describe("all_gather in place", d, n, ReduceOp::Sum, pg.rank()));
       }
   });
 }
@@ -230,10 +192,11 @@ TEST_P(CudaStaging, ReduceScatterOutOfPlaceAndInPlace) {
           Tensor out = on_gpu(d, n, [](int64_t) { return 0; });
           auto want = [&](int64_t i) { return expected(op, pg.size(), pg.rank() * n + i); };
           pg.reduce_scatter(out, in, {.op = op})->wait();
-          expect_values(out, want, op, describe("reduce_scatter", d, n, op, pg.rank()));
+          expect_gpu_values(out, want, op, describe("reduce_scatter", d, n, op, pg.rank()));
           Tensor mine = in.narrow(0, pg.rank() * n, n);
           pg.reduce_scatter(mine, in, {.op = op})->wait();
-          expect_values(mine, want, op, describe("reduce_scatter in place", d, n, op, pg.rank()));
+          expect_gpu_values(mine, want, op,
+                            describe("reduce_scatter in place", d, n, op, pg.rank()));
         }
   });
 }
@@ -247,7 +210,7 @@ TEST_P(CudaStaging, AllToAll) {
                          [&](int64_t i) { return pg.rank() * 64 + (i / m) * 8 + (i % m) % 7; });
       Tensor out = on_gpu(DType::F32, w * n, [](int64_t) { return 0; });
       pg.all_to_all(out, in)->wait();
-      expect_values(
+      expect_gpu_values(
           out, [&](int64_t i) { return (i / m) * 64 + pg.rank() * 8 + (i % m) % 7; }, ReduceOp::Sum,
           describe("all_to_all", DType::F32, n, ReduceOp::Sum, pg.rank()));
     }
@@ -271,7 +234,7 @@ TEST_P(CudaStaging, SendRecvAroundARing) {
       }
       a->wait();
       b->wait();
-      expect_values(
+      expect_gpu_values(
           in, [&](int64_t i) { return prev * 100000.0 + i; }, ReduceOp::Sum,
           describe("recv", DType::F32, n, ReduceOp::Sum, pg.rank()));
     }
@@ -313,7 +276,7 @@ TEST_P(CudaStaging, FollowsTheIssuingThreadsStream) {
       for (int k = 0; k < 5; ++k) {
         Tensor t = on_gpu(DType::F32, 1 << 20, [&](int64_t i) { return (i + k) % 17; });
         pg.allreduce(t)->wait();
-        expect_values(
+        expect_gpu_values(
             t, [&](int64_t i) { return (i + k) % 17 * pg.size(); }, ReduceOp::Sum,
             "allreduce on a user stream");
       }
@@ -333,7 +296,7 @@ TEST_P(CudaStaging, SplitByParity) {
     double want = 0;
     for (int r = pg.rank() % 2; r < pg.size(); r += 2)
       want += r;
-    expect_values(
+    expect_gpu_values(
         t, [&](int64_t) { return want; }, ReduceOp::Sum, "allreduce in a subgroup");
   });
 }

@@ -13,9 +13,10 @@
 #include <string>
 #include <thread>
 
+#include "collective_values.h"
 #include "comm/process_group.h"
-#include "kernels/cuda/check.h"
 #include "comm/store/in_process_store.h"
+#include "kernels/cuda/check.h"
 #include "tensor/cuda/device.h"
 #include "tensor/cuda/stream.h"
 
@@ -23,12 +24,11 @@ namespace loom::comm {
 namespace {
 
 using namespace std::chrono_literals;
-
-constexpr DType kAllDtypes[] = {DType::F32, DType::F64, DType::BF16, DType::F16,
-                                DType::I32, DType::I64, DType::U8};
-constexpr ReduceOp kAllOps[] = {ReduceOp::Sum, ReduceOp::Avg, ReduceOp::Min, ReduceOp::Max,
-                                ReduceOp::Prod};
-constexpr int64_t kCounts[] = {0, 1, 7, 1000, 300001};
+using testing::describe;
+using testing::kAllDtypes;
+using testing::kAllOps;
+using testing::kCounts;
+using testing::valid;
 
 Device gpu() {
   return Device::cuda(0);
@@ -37,10 +37,7 @@ Device gpu() {
 // A CUDA tensor of `dtype` with element i = value(i), converted on the host (exact for the
 // small integers used here).
 Tensor on_gpu(DType dtype, int64_t n, const std::function<double(int64_t)>& value) {
-  std::vector<double> v(static_cast<size_t>(n));
-  for (int64_t i = 0; i < n; ++i)
-    v[static_cast<size_t>(i)] = value(i);
-  return Tensor::from_vector(v, {n}).to(dtype).to(gpu());
+  return testing::filled(dtype, n, value).to(gpu());
 }
 
 std::vector<double> values_of(const Tensor& t) {
@@ -49,30 +46,13 @@ std::vector<double> values_of(const Tensor& t) {
 
 // Rank 0's contribution to element i; at world size 1 every reduction returns it unchanged.
 double contribution(ReduceOp op, int64_t i) {
-  if (op == ReduceOp::Prod) return 1 + i % 2;
-  return i % 5 + 1;
+  return testing::contribution(op, 0, i);
 }
 
 void expect_values(const Tensor& t, const std::function<double(int64_t)>& want,
                    const std::string& context) {
   EXPECT_EQ(t.device(), gpu()) << context;
-  std::vector<double> got = values_of(t);
-  for (size_t i = 0; i < got.size(); ++i) {
-    if (got[i] != want(static_cast<int64_t>(i))) {
-      ADD_FAILURE() << context << ": element " << i << " is " << got[i] << ", expected "
-                    << want(static_cast<int64_t>(i));
-      return;
-    }
-  }
-}
-
-std::string describe(const char* what, DType d, int64_t n, ReduceOp op = ReduceOp::Sum) {
-  return std::string(what) + " " + std::string(dtype_name(d)) + " n=" + std::to_string(n) +
-         " op=" + std::string(reduce_op_name(op));
-}
-
-bool valid(ReduceOp op, DType dtype) {
-  return op != ReduceOp::Avg || is_floating(dtype);
+  testing::expect_values(t, want, ReduceOp::Sum, context);  // exact
 }
 
 class Nccl : public ::testing::Test {
