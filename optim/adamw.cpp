@@ -55,8 +55,11 @@ void AdamW::update_group(const ParamGroup& group, const std::vector<Tensor>& par
 #if LOOM_WITH_CUDA
   // One fused launch per (device, step count): parameters that missed updates for lack of
   // a gradient have their own bias corrections.
-  std::map<std::pair<int, int64_t>, std::vector<kernels::cuda::AdamWTensor>> batches;
-  std::map<std::pair<int, int64_t>, Tensor> any_param_of;
+  struct Batch {
+    Tensor first;  // gives the device and its stream
+    std::vector<kernels::cuda::AdamWTensor> tensors;
+  };
+  std::map<std::pair<int, int64_t>, Batch> batches;
   for (size_t i = 0; i < params.size(); ++i) {
     const Tensor& p = params[i];
     if (!p.device().is_cuda()) {
@@ -64,21 +67,21 @@ void AdamW::update_group(const ParamGroup& group, const std::vector<Tensor>& par
       continue;
     }
     State& s = advance_state(p);
-    std::pair<int, int64_t> key{p.device().index, s.step};
-    batches[key].push_back({p.raw_data(), grads[i].raw_data(), s.exp_avg.raw_data(),
-                            s.exp_avg_sq.raw_data(), p.numel()});
-    any_param_of[key] = p;
+    Batch& batch = batches[{p.device().index, s.step}];
+    if (batch.tensors.empty()) batch.first = p;
+    batch.tensors.push_back({p.raw_data(), grads[i].raw_data(), s.exp_avg.raw_data(),
+                             s.exp_avg_sq.raw_data(), p.numel()});
   }
-  for (const auto& [key, tensors] : batches) {
+  for (const auto& [key, batch] : batches) {
     const kernels::cuda::AdamWArgs args{.lr = group.lr,
                                         .beta1 = options_.beta1,
                                         .beta2 = options_.beta2,
                                         .eps = options_.eps,
                                         .weight_decay = group.weight_decay,
                                         .step = key.second};
-    kernels::cuda::multi_tensor_adamw(DType::F32, tensors.data(), static_cast<int>(tensors.size()),
-                                      args, /*grad_scale=*/nullptr,
-                                      detail::stream_of(any_param_of[key]));
+    kernels::cuda::multi_tensor_adamw(DType::F32, batch.tensors.data(),
+                                      static_cast<int>(batch.tensors.size()), args,
+                                      /*grad_scale=*/nullptr, detail::stream_of(batch.first));
   }
 #else
   Optimizer::update_group(group, params, grads);
