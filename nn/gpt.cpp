@@ -32,6 +32,10 @@ CausalSelfAttention::CausalSelfAttention(const GPTConfig& config, Generator& gen
 }
 
 Tensor CausalSelfAttention::forward(const Tensor& x) const {
+  return run_forward([&] { return attend(x); });
+}
+
+Tensor CausalSelfAttention::attend(const Tensor& x) const {
   int64_t batch = x.size(0), time = x.size(1), width = x.size(2);
   int64_t head_dim = width / heads_;
   // q, k, v are the three C-wide column blocks of c_attn's output; as [B, H, T, D] views
@@ -53,7 +57,7 @@ MLP::MLP(const GPTConfig& config, Generator& gen) {
 }
 
 Tensor MLP::forward(const Tensor& x) const {
-  return c_proj_->forward(gelu_.forward(c_fc_->forward(x)));
+  return run_forward([&] { return c_proj_->forward(gelu_.forward(c_fc_->forward(x))); });
 }
 
 Block::Block(const GPTConfig& config, Generator& gen) {
@@ -66,8 +70,10 @@ Block::Block(const GPTConfig& config, Generator& gen) {
 }
 
 Tensor Block::forward(const Tensor& x) const {
-  Tensor h = add(x, attn_->forward(ln_1_->forward(x)));
-  return add(h, mlp_->forward(ln_2_->forward(h)));
+  return run_forward([&] {
+    Tensor h = add(x, attn_->forward(ln_1_->forward(x)));
+    return add(h, mlp_->forward(ln_2_->forward(h)));
+  });
 }
 
 GPT::GPT(const GPTConfig& config, uint64_t seed) : config_(config) {
@@ -82,6 +88,7 @@ GPT::GPT(const GPTConfig& config, uint64_t seed) : config_(config) {
     h_->push_back(std::make_shared<Block>(config, gen));
   ln_f_ = register_module("ln_f",
                           std::make_shared<LayerNorm>(config.embd, kLayerNormEps, config.options));
+  declare_parameter_use(wte_->weight());  // the tied output projection in forward()
 }
 
 Tensor GPT::forward(const Tensor& tokens) const {
@@ -96,6 +103,10 @@ Tensor GPT::forward(const Tensor& tokens) const {
   for (int64_t t = 0; t < time; ++t)
     positions[t] = t;
   Tensor pos = Tensor::from_vector(positions, {time}, tokens.device());
+  return run_forward([&] { return forward_body(tokens, pos); });
+}
+
+Tensor GPT::forward_body(const Tensor& tokens, const Tensor& pos) const {
   Tensor x = add(wte_->forward(tokens), wpe_->forward(pos));
   for (const auto& block : *h_) {
     if (config_.checkpoint_activations) {

@@ -29,6 +29,8 @@ class CausalSelfAttention : public Module {
   Tensor forward(const Tensor& x) const;  // [B, T, C] -> [B, T, C]
 
  private:
+  Tensor attend(const Tensor& x) const;  // the forward, between the forward hooks
+
   int64_t heads_;
   std::shared_ptr<Linear> c_attn_, c_proj_;
 };
@@ -66,6 +68,9 @@ class GPT : public Module {
   const GPTConfig& config() const { return config_; }
 
  private:
+  // The forward after its argument checks, run between the forward hooks.
+  Tensor forward_body(const Tensor& tokens, const Tensor& positions) const;
+
   GPTConfig config_;
   std::shared_ptr<Embedding> wte_, wpe_;
   std::shared_ptr<ModuleList<Block>> h_;

@@ -20,7 +20,7 @@ Linear::Linear(int64_t in_features, int64_t out_features, Generator& gen, double
 }
 
 Tensor Linear::forward(const Tensor& x) const {
-  return linear(x, weight_, bias_);
+  return run_forward([&] { return linear(x, weight_, bias_); });
 }
 
 Embedding::Embedding(int64_t count, int64_t width, Generator& gen, double init_std,
@@ -29,7 +29,7 @@ Embedding::Embedding(int64_t count, int64_t width, Generator& gen, double init_s
 }
 
 Tensor Embedding::forward(const Tensor& indices) const {
-  return embedding(indices, weight_);
+  return run_forward([&] { return embedding(indices, weight_); });
 }
 
 LayerNorm::LayerNorm(int64_t width, double eps, const Options& options) : eps_(eps) {
@@ -38,7 +38,7 @@ LayerNorm::LayerNorm(int64_t width, double eps, const Options& options) : eps_(e
 }
 
 Tensor LayerNorm::forward(const Tensor& x) const {
-  return layer_norm(x, weight_, bias_, eps_);
+  return run_forward([&] { return layer_norm(x, weight_, bias_, eps_); });
 }
 
 Tensor GELU::forward(const Tensor& x) const {

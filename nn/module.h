@@ -15,6 +15,19 @@ namespace loom::nn {
 
 using StateDict = std::map<std::string, Tensor>;
 
+class Module;
+
+// What a strategy runs around a module's forward: sharded strategies all-gather a wrapped
+// module's parameters in before() and, in after(), free them and return the output wrapped
+// so that its backward gathers them again (strategies/sharded/). Called on the thread that
+// runs the forward.
+class ForwardHook {
+ public:
+  virtual ~ForwardHook() = default;
+  virtual void before(const Module& module) = 0;
+  virtual Tensor after(const Module& module, const Tensor& output) = 0;
+};
+
 class Module {
  public:
   virtual ~Module() = default;
@@ -43,7 +56,25 @@ class Module {
   // pass.
   void load_state_dict(const StateDict& state, bool strict = true);
 
+  // The hook run around this module's forward (null: none). Built-in modules run their
+  // forward through run_forward(); a user module that a strategy may wrap does the same.
+  void set_forward_hook(std::shared_ptr<ForwardHook> hook) { forward_hook_ = std::move(hook); }
+  // Parameters owned by another module (a descendant) that this module's forward also reads,
+  // such as GPT's output head reading the token embedding (declare_parameter_use). Sharded
+  // strategies place such a parameter in the smallest wrapped unit containing all its users.
+  const std::vector<Tensor>& used_parameters() const { return used_parameters_; }
+
  protected:
+  // Runs body() (the forward's computation, returning its output) between the forward hook's
+  // before() and after(); just body() when there is no hook.
+  template <typename Body>
+  Tensor run_forward(Body&& body) const {
+    if (!forward_hook_) return body();
+    forward_hook_->before(*this);
+    return forward_hook_->after(*this, body());
+  }
+  void declare_parameter_use(const Tensor& parameter) { used_parameters_.push_back(parameter); }
+
   // Registers a parameter (marked requires_grad) and returns the stored handle.
   Tensor register_parameter(std::string name, Tensor value);
   template <typename M>
@@ -57,6 +88,8 @@ class Module {
 
   std::vector<std::pair<std::string, Tensor>> parameters_;
   std::vector<std::pair<std::string, std::shared_ptr<Module>>> children_;
+  std::shared_ptr<ForwardHook> forward_hook_;
+  std::vector<Tensor> used_parameters_;
 };
 
 // An indexed list of modules whose children are named "0", "1", ...

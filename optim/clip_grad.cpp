@@ -1,7 +1,9 @@
 #include "optim/clip_grad.h"
 
 #include <cmath>
+#include <type_traits>
 
+#include "kernels/cpu/exact_square_sum.h"
 #include "kernels/cpu/optimizer_steps.h"
 #include "tensor/ops.h"
 
@@ -15,9 +17,18 @@ namespace loom::optim {
 namespace {
 
 // `norm_type`-norm of one gradient (a contiguous f32/f64 CPU tensor).
+// f32 2-norms come from the exact sum of squares (Note [Exact sums of squares]), so that a
+// gradient split across ranks (sharded strategies) has bitwise the same norm.
 template <typename T>
 double norm_of(const T* x, int64_t n, double norm_type) {
   if (norm_type == kInfNorm) return kernels::cpu::max_abs(x, n);
+  if constexpr (std::is_same_v<T, float>) {
+    if (norm_type == 2.0) {
+      kernels::cpu::ExactSquareSum sum;
+      sum.add_squares(x, n);
+      return std::sqrt(sum.value());
+    }
+  }
   if (norm_type == 2.0) return std::sqrt(kernels::cpu::sum_of_squares(x, n));
   if (norm_type == 1.0) return kernels::cpu::sum_of_abs_powers(x, n, 1.0);
   return std::pow(kernels::cpu::sum_of_abs_powers(x, n, norm_type), 1.0 / norm_type);
@@ -81,6 +92,10 @@ double grad_norm(const std::vector<Tensor>& params, double norm_type) {
   }
   for (double norm : cuda_two_norms(cuda_grads))
     norms.push_back(norm);
+  return total_norm(norms, norm_type);
+}
+
+double total_norm(const std::vector<double>& norms, double norm_type) {
   double total = 0.0;
   for (double norm : norms) {
     if (norm_type == kInfNorm) {
@@ -98,7 +113,12 @@ double grad_norm(const std::vector<Tensor>& params, double norm_type) {
 
 double clip_grad_norm(const std::vector<Tensor>& params, double max_norm, double norm_type,
                       bool error_if_nonfinite) {
-  const double total = grad_norm(params, norm_type);
+  return clip_grads_to_norm(params, max_norm, grad_norm(params, norm_type), norm_type,
+                            error_if_nonfinite);
+}
+
+double clip_grads_to_norm(const std::vector<Tensor>& params, double max_norm, double total,
+                          double norm_type, bool error_if_nonfinite) {
   if (!std::isfinite(total)) {
     if (error_if_nonfinite) {
       fail("[optim] clip_grad_norm: the total norm of order ", norm_type,

@@ -12,7 +12,8 @@ inline constexpr double kInfNorm = std::numeric_limits<double>::infinity();
 
 // The norm of all gradients of `params` together, as if concatenated into one vector:
 // the norm_type-norm of the vector of per-parameter norms (torch's formulation), accumulated in
-// double. norm_type is a positive number or kInfNorm (largest absolute value). Parameters
+// double; the 2-norm of an f32 gradient comes from its exact sum of squares (Note [Exact sums
+// of squares] in kernels/cpu/exact_square_sum.h), so it does not depend on how it is split. norm_type is a positive number or kInfNorm (largest absolute value). Parameters
 // without a gradient are skipped; with none at all the result is 0. Gradients must be
 // contiguous f32 or f64 CPU tensors. NaN in any gradient gives NaN.
 double grad_norm(const std::vector<Tensor>& params, double norm_type = 2.0);
@@ -28,5 +29,12 @@ double grad_norm(const std::vector<Tensor>& params, double norm_type = 2.0);
 // caller should check std::isfinite(returned norm) and skip the optimizer step.
 double clip_grad_norm(const std::vector<Tensor>& params, double max_norm, double norm_type = 2.0,
                       bool error_if_nonfinite = false);
+
+// The pieces, for gradients spread over ranks (sharded strategies): the norm of a list of
+// per-parameter norms in order (what grad_norm computes from its per-parameter norms), and
+// clip_grad_norm's scaling given the total it would have computed.
+double total_norm(const std::vector<double>& per_parameter_norms, double norm_type = 2.0);
+double clip_grads_to_norm(const std::vector<Tensor>& params, double max_norm, double total,
+                          double norm_type = 2.0, bool error_if_nonfinite = false);
 
 }  // namespace loom::optim

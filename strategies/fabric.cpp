@@ -1,6 +1,5 @@
 #include "strategies/fabric.h"
 
-#include "optim/clip_grad.h"
 #include "tensor/ops.h"
 
 namespace loom {
@@ -44,7 +43,10 @@ void Fabric::unscale_once() {
 
 double Fabric::clip_gradients(const nn::Module& module, double max_norm) {
   unscale_once();
-  return optim::clip_grad_norm(module.parameters(), max_norm);
+  if (&module != module_) {
+    fail("[fabric] clip_gradients: the module is not the one passed to setup_module()");
+  }
+  return strategy_->clip_gradients(max_norm);
 }
 
 void Fabric::step(optim::Optimizer& optimizer) {

@@ -5,6 +5,7 @@
 #include <mutex>
 
 #include "strategies/data_parallel.h"
+#include "strategies/sharded/sharded_strategy.h"
 
 namespace loom::strategies {
 
@@ -44,6 +45,62 @@ struct Registry {
         [](const StrategyOptions& o) { return std::make_unique<DDPStrategy>(o); },
         "ddp that tolerates parameters without gradients",
         [](StrategyOptions& o) { o.ddp.find_unused_parameters = true; }};
+    add_sharded_strategies();
+  }
+
+  // The sharded names (Lightning's), each the sharding engine with its options
+  // (docs/sharding.md). A name's defaults set the stage and offload; the wrap policy and
+  // prefetching stay the user's.
+  void add_sharded_strategies() {
+    auto sharded = [this](const std::string& name, std::string description,
+                          std::function<void(sharded::ShardingOptions&)> set) {
+      entries[name] = {[name](const StrategyOptions& o) {
+                         return std::make_unique<ShardedStrategy>(o, name);
+                       },
+                       std::move(description), [set](StrategyOptions& o) { set(o.sharding); }};
+    };
+    auto fsdp = [this](const std::string& name, std::string description, bool offload) {
+      entries[name] = {[name](const StrategyOptions& o) {
+                         return std::make_unique<ShardedStrategy>(o, name);
+                       },
+                       std::move(description), [offload](StrategyOptions& o) {
+                         sharded::apply_fsdp_sharding_strategy(o.fsdp_sharding_strategy,
+                                                               o.sharding);
+                         o.sharding.offload_optimizer = offload;
+                         o.sharding.offload_params = offload && o.sharding.stage == 3;
+                       }};
+    };
+    fsdp("fsdp",
+         "fully sharded data parallel: parameters, gradients and optimizer state sharded "
+         "(sharding_strategy FULL_SHARD; SHARD_GRAD_OP and NO_SHARD by option)",
+         false);
+    fsdp("fsdp_cpu_offload", "fsdp with parameter shards, master weights and optimizer state "
+         "in host memory (the optimizer steps on the CPU)", true);
+    sharded("deepspeed", "ZeRO stage 2 (DeepSpeed's default): optimizer state and gradients "
+            "sharded", [](sharded::ShardingOptions& s) { s.stage = 2; });
+    sharded("deepspeed_stage_1", "ZeRO stage 1: optimizer state sharded",
+            [](sharded::ShardingOptions& s) { s.stage = 1; });
+    sharded("deepspeed_stage_2", "ZeRO stage 2: optimizer state and gradients sharded",
+            [](sharded::ShardingOptions& s) { s.stage = 2; });
+    sharded("deepspeed_stage_2_offload", "ZeRO stage 2 with master weights and optimizer state "
+            "in host memory (the optimizer steps on the CPU)",
+            [](sharded::ShardingOptions& s) {
+              s.stage = 2;
+              s.offload_optimizer = true;
+            });
+    auto stage3 = [](sharded::ShardingOptions& s) {
+      s.stage = 3;
+      // DeepSpeed fetches each module's own parameters just before it runs.
+      if (s.auto_wrap_policy.empty() && !s.wrap_policy) s.auto_wrap_policy = "params";
+    };
+    sharded("deepspeed_stage_3", "ZeRO stage 3: parameters, gradients and optimizer state "
+            "sharded, each module's parameters gathered just before it runs", stage3);
+    sharded("deepspeed_stage_3_offload", "ZeRO stage 3 with parameter shards, master weights "
+            "and optimizer state in host memory", [stage3](sharded::ShardingOptions& s) {
+              stage3(s);
+              s.offload_optimizer = true;
+              s.offload_params = true;
+            });
   }
 };
 

@@ -6,6 +6,7 @@
 #include "strategies/devices.h"
 #include "strategies/local_launch.h"
 
+#include "optim/clip_grad.h"
 #include "tensor/autocast.h"
 #include "tensor/ops.h"
 #include "tensor/safetensors.h"
@@ -43,6 +44,16 @@ Tensor Strategy::forward_backward(const LossOfRows& loss_of_rows, int64_t rows, 
 
 void Strategy::unscale_gradients() {
   if (scaler_ && module_ != nullptr) scaler_->unscale(module_->parameters());
+}
+
+double Strategy::gradient_norm(double norm_type) {
+  if (module_ == nullptr) fail("[", name(), "] gradient_norm before setup_module()");
+  return optim::grad_norm(module_->parameters(), norm_type);
+}
+
+double Strategy::clip_gradients(double max_norm, double norm_type) {
+  if (module_ == nullptr) fail("[", name(), "] clip_gradients before setup_module()");
+  return optim::clip_grad_norm(module_->parameters(), max_norm, norm_type);
 }
 
 void Strategy::optimizer_step(optim::Optimizer& optimizer) {
@@ -213,6 +224,22 @@ void ParallelStrategy::barrier() {
 
 void ParallelStrategy::teardown() {
   group_.reset();
+  if (job_) job_->join();
+  job_.reset();
+}
+
+ParallelStrategy::~ParallelStrategy() = default;
+
+void ParallelStrategy::join_or_start_ranks(LaunchMethod method) {
+  if (group_) return;
+  const char* world = std::getenv("WORLD_SIZE");
+  if (world != nullptr && *world != '\0') {
+    ParallelStrategy::setup_environment();  // started by a launcher, or spawned by rank 0
+    return;
+  }
+  int count = parse_devices(options_.devices, *accelerator_).count;
+  job_ = std::make_unique<LocalJob>(count, method, options_.timeout);
+  group_ = job_->group();
 }
 
 void DDPStrategy::setup_module(nn::Module& module) {
@@ -278,25 +305,8 @@ DDPLaunchingStrategy::DDPLaunchingStrategy(StrategyOptions options, bool fork)
   }
 }
 
-DDPLaunchingStrategy::~DDPLaunchingStrategy() = default;
-
 void DDPLaunchingStrategy::setup_environment() {
-  if (group_) return;
-  const char* world = std::getenv("WORLD_SIZE");
-  if (world != nullptr && *world != '\0') {
-    ParallelStrategy::setup_environment();  // started by a launcher, or spawned by rank 0
-    return;
-  }
-  int count = parse_devices(options_.devices, *accelerator_).count;
-  job_ = std::make_unique<LocalJob>(count, fork_ ? LaunchMethod::Fork : LaunchMethod::Spawn,
-                                    options_.timeout);
-  group_ = job_->group();
-}
-
-void DDPLaunchingStrategy::teardown() {
-  DDPStrategy::teardown();
-  if (job_) job_->join();
-  job_.reset();
+  join_or_start_ranks(fork_ ? LaunchMethod::Fork : LaunchMethod::Spawn);
 }
 
 }  // namespace loom::strategies

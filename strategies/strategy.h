@@ -28,8 +28,10 @@
 #include "nn/module.h"
 #include "optim/optimizer.h"
 #include "strategies/ddp/reducer.h"
+#include "strategies/local_launch.h"
 #include "strategies/model_averaging.h"
 #include "strategies/plugins.h"
+#include "strategies/sharded/options.h"
 
 namespace loom::strategies {
 
@@ -52,6 +54,12 @@ struct StrategyOptions {
   // (strategies/model_averaging.h). Optimizer state (momentum, Adam moments) stays local.
   int local_sgd_period = 0;
   int local_sgd_warmup = 0;
+  // The sharded strategies' engine options (strategies/sharded/options.h); each registry name
+  // sets its stage and offload, users set the wrap policy and prefetching.
+  sharded::ShardingOptions sharding = {};
+  // FSDP's sharding_strategy for the fsdp names: FULL_SHARD (default), SHARD_GRAD_OP,
+  // NO_SHARD.
+  std::string fsdp_sharding_strategy = "FULL_SHARD";
 };
 
 // PyTorch's GradScaler: the loss is multiplied by scale() before backward, gradients are
@@ -75,6 +83,9 @@ class LossScaler {
   // After the step (or the skipped step): updates the scale.
   void update();
   int64_t skipped_steps() const { return skipped_; }
+  // Overrides what unscale() found: strategies whose ranks each see part of the gradients
+  // agree on it first.
+  void set_found_inf(bool found) { found_inf_ = found; }
 
  private:
   LossScalerOptions options_;
@@ -125,7 +136,16 @@ class Strategy {
   virtual void optimizer_step(optim::Optimizer& optimizer);
   // 16-mixed: divides the (accumulated) gradients by the loss scale; call once per step,
   // after the last forward_backward and before clipping. A no-op otherwise.
-  void unscale_gradients();
+  virtual void unscale_gradients();
+  // The global norm of the gradients the optimizer will apply (after backward), and clipping
+  // to max_norm by it (optim/clip_grad.h); sharded strategies compute it over their shards.
+  // Collective for multi-rank strategies.
+  virtual double gradient_norm(double norm_type = 2.0);
+  virtual double clip_gradients(double max_norm, double norm_type = 2.0);
+  // Leaves the whole parameters in the set-up module on every rank, e.g. after the last
+  // step and before saving it. Sharded strategies gather them and stop sharding (set the
+  // module up again to train on); the others have nothing to do. Collective.
+  virtual void gather_full_module() {}
   // True when the coming optimizer_step will be skipped (16-mixed, non-finite gradients).
   bool skips_step() const { return scaler_ && scaler_->found_inf(); }
   const LossScaler* loss_scaler() const { return scaler_.get(); }
@@ -190,6 +210,7 @@ class ParallelStrategy : public Strategy {
   Tensor broadcast(Tensor tensor, int source = 0) override;
   void barrier() override;
   void teardown() override;
+  ~ParallelStrategy() override;
   // Where this process sits in the job, instead of detecting it from the environment
   // variables (comm/environment.h); used by setup_environment().
   void set_cluster_environment(comm::ClusterEnv environment) {
@@ -200,8 +221,14 @@ class ParallelStrategy : public Strategy {
   const std::shared_ptr<comm::ProcessGroup>& process_group() const { return group_; }
 
  protected:
+  // setup_environment() for strategies that start their own ranks when no launcher did
+  // (strategies/local_launch.h): joins the launcher's job when WORLD_SIZE is set, otherwise
+  // starts `devices` ranks with `method`. teardown() then waits for them.
+  void join_or_start_ranks(LaunchMethod method);
+
   std::shared_ptr<comm::ProcessGroup> group_;
   std::optional<comm::ClusterEnv> environment_;
+  std::unique_ptr<class LocalJob> job_;  // ranks this process started
 };
 
 // Distributed data parallel: parameters broadcast from rank 0 at setup, gradients averaged
@@ -233,14 +260,11 @@ class DDPStrategy : public ParallelStrategy {
 class DDPLaunchingStrategy : public DDPStrategy {
  public:
   DDPLaunchingStrategy(StrategyOptions options, bool fork);
-  ~DDPLaunchingStrategy() override;
   std::string name() const override { return fork_ ? "ddp_fork" : "ddp_spawn"; }
   void setup_environment() override;
-  void teardown() override;
 
  private:
   bool fork_;
-  std::unique_ptr<class LocalJob> job_;
 };
 
 }  // namespace loom::strategies

@@ -17,13 +17,30 @@ class Storage {
         data_(allocator_->allocate(nbytes)),
         nbytes_(nbytes),
         device_(device) {}
-  ~Storage() { allocator_->deallocate(data_, nbytes_); }
+  ~Storage() { release(); }
   Storage(const Storage&) = delete;
   Storage& operator=(const Storage&) = delete;
 
+  // Null while released.
   void* data() const { return data_; }
   size_t nbytes() const { return nbytes_; }
   Device device() const { return device_; }
+
+  // Note [Releasing storage]
+  // Sharded strategies keep a parameter's full (gathered) storage only while a module runs
+  // (PyTorch FSDP's storage resize to 0 and back): release() returns the memory while every
+  // tensor and view keeps pointing at this Storage, and materialize() allocates it again
+  // (contents undefined) so that the same views see the next all-gather. Reading a tensor
+  // whose storage is released is the caller's bug. Not thread-safe: the owner serialises
+  // these calls with every use of the data.
+  void release() noexcept {
+    if (data_ != nullptr) allocator_->deallocate(data_, nbytes_);
+    data_ = nullptr;
+  }
+  void materialize() {
+    if (data_ == nullptr) data_ = allocator_->allocate(nbytes_);
+  }
+  bool materialized() const { return data_ != nullptr || nbytes_ == 0; }
 
  private:
   Allocator* allocator_;

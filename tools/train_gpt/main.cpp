@@ -164,11 +164,29 @@ int run(int argc, char** argv) {
   app.add_option("--local-sgd-warmup", strategy_options.local_sgd_warmup,
                  "DDP: steps of ordinary gradient averaging before local SGD starts")
       ->capture_default_str();
+  strategies::sharded::ShardingOptions& sharding = strategy_options.sharding;
+  app.add_option("--wrap-policy", sharding.auto_wrap_policy,
+                 "sharded strategies: which modules are units: none (the whole model), params "
+                 "(every module owning parameters), min_params:N, or a class name such as Block "
+                 "(default: none; params for deepspeed_stage_3*)");
+  app.add_option("--fsdp-sharding-strategy", strategy_options.fsdp_sharding_strategy,
+                 "fsdp names: FULL_SHARD, SHARD_GRAD_OP or NO_SHARD")
+      ->capture_default_str();
+  app.add_flag("--forward-prefetch", sharding.forward_prefetch,
+               "stage 3: all-gather the next unit while the current one runs forward");
+  std::string backward_prefetch = "pre";
+  app.add_option("--backward-prefetch", backward_prefetch,
+                 "stage 3: when backward all-gathers the next unit: pre, post or none")
+      ->check(CLI::IsMember({"pre", "post", "none"}))
+      ->capture_default_str();
   bool list_strategies = false;
   app.add_flag("--list-strategies", list_strategies, "print the registered strategies and exit");
   app.add_option("--log-interval", log_interval, "steps between plain progress lines")
       ->capture_default_str();
   CLI11_PARSE(app, argc, argv);
+  sharding.backward_prefetch = backward_prefetch == "pre"    ? strategies::sharded::BackwardPrefetch::Pre
+                               : backward_prefetch == "post" ? strategies::sharded::BackwardPrefetch::Post
+                                                             : strategies::sharded::BackwardPrefetch::None;
   if (list_strategies) {
     for (auto& [name, description] : strategies::StrategyRegistry::available_strategies()) {
       std::printf("%-34s %s\n", name.c_str(), description.c_str());

@@ -52,7 +52,8 @@ std::string metrics_json_line(const StepMetrics& m) {
 
 void train(nn::GPT& model, const TokenBlocks& data, const TrainOptions& options,
            const std::function<void(const StepMetrics&)>& on_step, strategies::Strategy* strategy) {
-  strategies::SingleDeviceStrategy single(strategies::StrategyOptions{});
+  const strategies::StrategyOptions single_options;
+  strategies::SingleDeviceStrategy single(single_options);
   strategies::Strategy& s = strategy != nullptr ? *strategy : single;
   if (auto* dp = dynamic_cast<strategies::DataParallelStrategy*>(&s)) {
     const nn::GPTConfig config = model.config();
@@ -67,7 +68,6 @@ void train(nn::GPT& model, const TokenBlocks& data, const TrainOptions& options,
                           .eps = options.eps,
                           .weight_decay = options.weight_decay});
   s.setup_optimizer(optimizer);
-  std::vector<Tensor> params = model.parameters();
   const int64_t accum = std::max<int64_t>(options.grad_accum, 1);
   const int64_t world = s.world_size(), rank = s.rank();
   strategies::Trace* trace = strategies::current_trace();
@@ -115,8 +115,7 @@ void train(nn::GPT& model, const TokenBlocks& data, const TrainOptions& options,
     optimizer_span.emplace(trace, "optimizer", "step", strategies::Trace::kMainThread,
                            strategies::Trace::Args{{"step", step}});
     s.unscale_gradients();
-    double norm = options.grad_clip > 0 ? optim::clip_grad_norm(params, options.grad_clip)
-                                        : optim::grad_norm(params);
+    double norm = options.grad_clip > 0 ? s.clip_gradients(options.grad_clip) : s.gradient_norm();
     if (!std::isfinite(norm) && !s.skips_step()) {
       fail("[train_gpt] step ", step, ": the gradient norm is ", norm, " (loss ", local_loss,
            "); training diverged, try a lower --lr or --grad-clip 1");
@@ -141,6 +140,7 @@ void train(nn::GPT& model, const TokenBlocks& data, const TrainOptions& options,
              .ms_per_step = ms,
              .tokens_per_s = static_cast<double>(tokens * world) / (ms / 1e3)});
   }
+  s.gather_full_module();  // sharded strategies: the whole model on every rank again
 }
 
 }  // namespace loom::train_gpt

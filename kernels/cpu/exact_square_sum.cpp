@@ -1,0 +1,102 @@
+#include "kernels/cpu/exact_square_sum.h"
+
+#include <cmath>
+#include <cstring>
+#include <limits>
+
+namespace loom::kernels::cpu {
+
+namespace {
+__extension__ typedef unsigned __int128 Uint128;  // GCC and Clang
+constexpr int64_t kMask = (int64_t{1} << 32) - 1;
+// A limb receives at most one deposit below 2^32 per element, so 2^30 elements leave room.
+constexpr int64_t kNormaliseEvery = int64_t{1} << 30;
+}  // namespace
+
+void ExactSquareSum::add_squares(const float* x, int64_t n) {
+  for (int64_t i = 0; i < n; ++i) {
+    uint32_t bits;
+    std::memcpy(&bits, &x[i], sizeof bits);
+    const uint32_t exponent = (bits >> 23) & 0xff;
+    uint64_t mantissa = bits & 0x7fffff;
+    if (exponent == 0xff) {
+      (mantissa != 0 ? nans_ : infs_) += 1;
+      continue;
+    }
+    if (mantissa == 0 && exponent == 0) continue;
+    // |x| = mantissa * 2^(e - 150) with e = max(exponent, 1); x^2 = mantissa^2 * 2^(p - 298)
+    // with p = 2e - 2 >= 0, the bit position of the square in the fixed-point integer.
+    int e = exponent == 0 ? 1 : static_cast<int>(exponent);
+    if (exponent != 0) mantissa |= 0x800000;
+    const int p = 2 * e - 2;
+    const Uint128 square = static_cast<Uint128>(mantissa * mantissa) << (p & 31);
+    int64_t* limb = &limbs_[p >> 5];
+    limb[0] += static_cast<int64_t>(static_cast<uint64_t>(square) & kMask);
+    limb[1] += static_cast<int64_t>(static_cast<uint64_t>(square >> 32) & kMask);
+    limb[2] += static_cast<int64_t>(static_cast<uint64_t>(square >> 64));
+  }
+  since_normalised_ += n;
+  if (since_normalised_ >= kNormaliseEvery) normalise();
+}
+
+void ExactSquareSum::normalise() {
+  int64_t carry = 0;
+  for (int64_t& limb : limbs_) {
+    limb += carry;
+    carry = limb >> 32;
+    limb &= kMask;
+  }
+  since_normalised_ = 0;
+}
+
+void ExactSquareSum::merge(const ExactSquareSum& other) {
+  ExactSquareSum a = *this, b = other;
+  a.normalise();
+  b.normalise();
+  for (int i = 0; i < kLimbs; ++i)
+    limbs_[i] = a.limbs_[i] + b.limbs_[i];
+  nans_ += other.nans_;
+  infs_ += other.infs_;
+  since_normalised_ = 2;  // every limb below 2^33: normalised again by the next add
+  normalise();
+}
+
+double ExactSquareSum::value() const {
+  if (nans_ > 0) return std::numeric_limits<double>::quiet_NaN();
+  if (infs_ > 0) return std::numeric_limits<double>::infinity();
+  ExactSquareSum s = *this;
+  s.normalise();
+  int top = kLimbs - 1;
+  while (top >= 0 && s.limbs_[top] == 0)
+    --top;
+  if (top < 0) return 0.0;
+  // The top three limbs hold at least 65 significant bits; the rest cannot change a double
+  // rounded from them except in ties, which are settled the same way every time.
+  double result = 0.0;
+  for (int i = top; i >= 0 && i >= top - 2; --i)
+    result += std::ldexp(static_cast<double>(s.limbs_[i]), 32 * i - 298);
+  return result;
+}
+
+std::array<int64_t, ExactSquareSum::kWords> ExactSquareSum::words() const {
+  ExactSquareSum s = *this;
+  s.normalise();
+  std::array<int64_t, kWords> out{};
+  for (int i = 0; i < kLimbs; ++i)
+    out[i] = s.limbs_[i];
+  out[kLimbs] = nans_;
+  out[kLimbs + 1] = infs_;
+  return out;
+}
+
+ExactSquareSum ExactSquareSum::from_words(const std::array<int64_t, kWords>& words) {
+  ExactSquareSum s;
+  for (int i = 0; i < kLimbs; ++i)
+    s.limbs_[i] = words[i];
+  s.nans_ = words[kLimbs];
+  s.infs_ = words[kLimbs + 1];
+  s.normalise();  // a sum over ranks: each limb below (ranks) * 2^32
+  return s;
+}
+
+}  // namespace loom::kernels::cpu

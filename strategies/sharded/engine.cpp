@@ -1,0 +1,516 @@
+#include "strategies/sharded/engine.h"
+
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <map>
+
+#include "kernels/cpu/exact_square_sum.h"
+#include "optim/clip_grad.h"
+#include "tensor/autograd/function.h"
+#include "tensor/ops.h"
+
+namespace loom::strategies::sharded {
+
+struct UnitState {
+  std::vector<FlatParam> flats;  // one per dtype, in order of first appearance
+  size_t pending = 0;            // parameters whose gradient is not ready in this backward
+  size_t param_count = 0;
+  bool grads_stale = false;      // stages 0-1: full_grad holds the previous step's values
+};
+
+// Runs the engine's unit hooks around a wrapped module's forward.
+class UnitHook final : public nn::ForwardHook {
+ public:
+  UnitHook(ShardedEngine* engine, size_t unit) : engine_(engine), unit_(unit) {}
+  void before(const nn::Module&) override { engine_->pre_forward(unit_); }
+  Tensor after(const nn::Module&, const Tensor& output) override {
+    return engine_->post_forward(unit_, output);
+  }
+
+ private:
+  ShardedEngine* engine_;
+  size_t unit_;
+};
+
+namespace {
+
+Tensor slice(const Tensor& flat, int64_t begin, int64_t length) {
+  return Tensor::make_view(flat, {length}, {1}, flat.offset() + begin);
+}
+
+// A zero-filled 1-D tensor whose storage starts released (allocated when first needed).
+Tensor released_buffer(int64_t numel, DType dtype, Device device) {
+  Tensor t = Tensor::empty({numel}, dtype, device);
+  t.storage()->release();
+  return t;
+}
+
+}  // namespace
+
+ShardedEngine::ShardedEngine(nn::Module& module, std::shared_ptr<comm::ProcessGroup> group,
+                             const ShardingOptions& options)
+    : module_(module),
+      group_(std::move(group)),
+      options_(options),
+      params_(module.named_parameters()),
+      alive_(std::make_shared<bool>(true)) {
+  check(group_ != nullptr, "[sharded] the engine needs a process group");
+  if (options_.stage < 0 || options_.stage > 3)
+    fail("[sharded] stage must be 0, 1, 2 or 3, got ", options_.stage);
+  if (options_.offload_params && options_.stage != 3) {
+    fail("[sharded] offload_params needs stage 3 (parameters sharded), got stage ",
+         options_.stage, "; use offload_optimizer to offload master weights and optimizer state");
+  }
+  shard_world_ = options_.stage == 0 ? 1 : group_->size();
+  shard_rank_ = options_.stage == 0 ? 0 : group_->rank();
+  for (size_t k = 0; k < params_.size(); ++k) {
+    const Tensor& p = params_[k].second;
+    if (!p.is_leaf() || !p.requires_grad() || !p.is_contiguous()) {
+      fail("[sharded] parameter ", params_[k].first, " (", p.str(),
+           ") must be a contiguous leaf that requires grad");
+    }
+  }
+
+  WrapPolicy policy = options_.wrap_policy ? options_.wrap_policy
+                                           : make_wrap_policy(options_.auto_wrap_policy);
+  UnitPlan plan = plan_units(module, policy);
+  if (policy && !plan.policy_matched && group_->rank() == 0) {
+    std::fprintf(stderr,
+                 "[sharded] the wrap policy '%s' matched no module: the whole model is one unit\n",
+                 options_.wrap_policy ? "(user predicate)" : options_.auto_wrap_policy.c_str());
+  }
+
+  NoGradGuard no_grad;
+  const Device host = Device::cpu();
+  unit_of_param_.assign(params_.size(), 0);
+  ready_.assign(params_.size(), false);
+  for (size_t u = 0; u < plan.units.size(); ++u) {
+    auto state = std::make_unique<UnitState>();
+    unit_paths_.push_back(plan.units[u].path);
+    std::map<DType, size_t> flat_of_dtype;
+    for (size_t k : plan.units[u].params) {
+      unit_of_param_[k] = u;
+      const Tensor& p = params_[k].second;
+      auto [it, added] = flat_of_dtype.emplace(p.dtype(), state->flats.size());
+      if (added) {
+        state->flats.emplace_back();
+        state->flats.back().dtype = p.dtype();
+      }
+      FlatParam& flat = state->flats[it->second];
+      flat.params.push_back(k);
+      flat.offsets.push_back(flat.numel);
+      flat.numel += p.numel();
+    }
+    state->param_count = plan.units[u].params.size();
+    for (FlatParam& flat : state->flats) {
+      const Device device = params_[flat.params[0]].second.device();
+      flat.shard_numel = (flat.numel + shard_world_ - 1) / shard_world_;
+      flat.shard_begin = static_cast<int64_t>(shard_rank_) * flat.shard_numel;
+      const int64_t padded = flat.shard_numel * shard_world_;
+      flat.full = Tensor::zeros({padded}, flat.dtype, device);
+      for (size_t i = 0; i < flat.params.size(); ++i) {
+        const Tensor& p = params_[flat.params[i]].second;
+        Tensor view = Tensor::make_view(flat.full, p.shape(), contiguous_strides(p.shape()),
+                                        flat.offsets[i]);
+        copy_(view, p);
+        p.set_data(view);  // the parameter is now a view into the flat buffer
+      }
+      Tensor mine = slice(flat.full, flat.shard_begin, flat.shard_numel);
+      if (options_.stage < 3) {
+        flat.shard = mine;
+      } else {
+        flat.shard = options_.offload_params ? mine.to(host).clone() : mine.clone();
+        flat.full.storage()->release();
+      }
+      flat.master = options_.offload_optimizer && flat.shard.device() != host ? flat.shard.to(host)
+                    : options_.offload_optimizer && !options_.offload_params ? flat.shard.clone()
+                                                                             : flat.shard;
+      flat.full_grad = released_buffer(padded, flat.dtype, device);
+      flat.grad_shard = options_.stage < 2 ? slice(flat.full_grad, flat.shard_begin,
+                                                   flat.shard_numel)
+                                           : Tensor::zeros({flat.shard_numel}, flat.dtype, device);
+      flat.master_grad = flat.master.is_same(flat.shard)
+                             ? flat.grad_shard
+                             : Tensor::zeros({flat.shard_numel}, flat.dtype, host);
+      const int64_t element = static_cast<int64_t>(dtype_size(flat.dtype));
+      footprint_.parameter_shards += flat.shard_numel * element;
+      if (options_.stage >= 2) footprint_.gradient_shards += flat.shard_numel * element;
+      if (!flat.master.is_same(flat.shard)) footprint_.host_master += flat.shard_numel * element;
+      if (options_.stage < 3) track_gathered(padded * element);
+    }
+    units_.push_back(std::move(state));
+  }
+  for (size_t u = 0; u < plan.units.size(); ++u) {
+    auto* m = const_cast<nn::Module*>(plan.units[u].module);  // we were handed it mutable
+    m->set_forward_hook(std::make_shared<UnitHook>(this, u));
+  }
+  for (size_t k = 0; k < params_.size(); ++k) {
+    std::weak_ptr<bool> alive = alive_;
+    params_[k].second.register_grad_ready_hook([this, alive, k](Tensor&) {
+      if (alive.lock()) on_gradient_ready(k);
+    });
+  }
+}
+
+ShardedEngine::~ShardedEngine() {
+  *alive_ = false;
+  for (auto& unit : units_) {
+    for (FlatParam& flat : unit->flats) {
+      try {
+        if (flat.gather) flat.gather->wait();
+        if (flat.reduce) flat.reduce->wait();
+      } catch (...) {
+        // The group is broken; its error was or will be reported by whoever waits on it.
+      }
+    }
+  }
+  remove_forward_hooks();
+}
+
+void ShardedEngine::remove_forward_hooks() {
+  std::vector<nn::Module*> stack{&module_};
+  while (!stack.empty()) {
+    nn::Module* m = stack.back();
+    stack.pop_back();
+    m->set_forward_hook(nullptr);
+    for (const auto& [name, child] : m->children())
+      stack.push_back(child.get());
+  }
+}
+
+size_t ShardedEngine::unit_count() const {
+  return units_.size();
+}
+
+std::string ShardedEngine::name_of(size_t param) const {
+  return params_[param].first;
+}
+
+void ShardedEngine::track_gathered(int64_t delta) {
+  gathered_now_ += delta;
+  footprint_.gathered_parameters_peak =
+      std::max(footprint_.gathered_parameters_peak, gathered_now_);
+}
+
+void ShardedEngine::gather(size_t unit) {
+  if (options_.stage < 3) return;
+  for (FlatParam& flat : units_[unit]->flats) {
+    if (flat.gather || flat.gathered()) continue;
+    flat.full.storage()->materialize();
+    track_gathered(static_cast<int64_t>(flat.full.nbytes()));
+    Tensor input = flat.shard.device() == flat.full.device() ? flat.shard
+                                                              : flat.shard.to(flat.full.device());
+    flat.gather = group_->all_gather(flat.full, input);
+  }
+}
+
+void ShardedEngine::wait_gathered(size_t unit) {
+  gather(unit);
+  for (FlatParam& flat : units_[unit]->flats) {
+    if (flat.gather) flat.gather->wait();
+    flat.gather = nullptr;
+  }
+}
+
+void ShardedEngine::free_full(size_t unit) {
+  if (options_.stage < 3) return;
+  for (FlatParam& flat : units_[unit]->flats) {
+    if (flat.gather) flat.gather->wait();
+    flat.gather = nullptr;
+    if (!flat.gathered()) continue;
+    flat.full.storage()->release();
+    track_gathered(-static_cast<int64_t>(flat.full.nbytes()));
+  }
+}
+
+// Forward order is recorded by the first forward; prefetching follows it (and its reverse
+// in backward), as FSDP does. Every rank records the same order.
+void ShardedEngine::prefetch_after(size_t unit, bool forward) {
+  if (options_.stage < 3 || !order_known_) return;
+  auto at = std::find(forward_order_.begin(), forward_order_.end(), unit);
+  if (at == forward_order_.end()) return;
+  const int depth = options_.limit_all_gathers ? 1 : 2;
+  std::ptrdiff_t pos = at - forward_order_.begin();
+  for (int step = 1; step <= depth; ++step) {
+    std::ptrdiff_t next = forward ? pos + step : pos - step;
+    if (next < 0 || next >= static_cast<std::ptrdiff_t>(forward_order_.size())) return;
+    const size_t target = forward_order_[static_cast<size_t>(next)];
+    // A unit whose backward already finished (a tied root, say) needs nothing more.
+    if (!forward && units_[target]->pending == 0) continue;
+    gather(target);
+  }
+}
+
+void ShardedEngine::pre_forward(size_t unit) {
+  if (!in_backward_ && !order_known_) forward_order_.push_back(unit);
+  wait_gathered(unit);
+  if (!in_backward_ && options_.forward_prefetch) prefetch_after(unit, /*forward=*/true);
+}
+
+Tensor ShardedEngine::post_forward(size_t unit, const Tensor& output) {
+  // Under activation checkpointing a unit's forward runs again inside backward: keep it.
+  if (!in_backward_ && options_.reshard_after_forward && unit != 0) free_full(unit);
+  if (!grad_mode_enabled() || !output.requires_grad()) return output;
+  std::weak_ptr<bool> alive = alive_;
+  autograd::CustomOp entry{
+      .name = "sharded_unit_backward_entry",
+      .forward = [](autograd::Context&,
+                    const std::vector<Tensor>& in) { return std::vector<Tensor>{in[0]}; },
+      .backward = [this, unit, alive](autograd::Context&, const std::vector<Tensor>& grad) {
+        if (alive.lock()) pre_backward(unit);
+        return std::vector<Tensor>{grad[0]};
+      }};
+  return autograd::apply(entry, {output})[0];
+}
+
+void ShardedEngine::pre_backward(size_t unit) {
+  wait_gathered(unit);
+  ensure_gradients(unit);
+  if (options_.backward_prefetch == BackwardPrefetch::Pre) prefetch_after(unit, false);
+}
+
+// The unit's full gradient buffer, zeroed when a new accumulation starts, with every
+// parameter's .grad a view into it so that backward accumulates in place.
+void ShardedEngine::ensure_gradients(size_t unit) {
+  NoGradGuard no_grad;
+  UnitState& state = *units_[unit];
+  for (FlatParam& flat : state.flats) {
+    if (!flat.full_grad.storage()->materialized()) {
+      flat.full_grad.storage()->materialize();
+      fill_(flat.full_grad, 0.0);
+      full_grads_now_ += static_cast<int64_t>(flat.full_grad.nbytes());
+      footprint_.full_gradients_peak = std::max(footprint_.full_gradients_peak, full_grads_now_);
+    } else if (state.grads_stale) {
+      fill_(flat.full_grad, 0.0);
+    }
+    for (size_t i = 0; i < flat.params.size(); ++i) {
+      const Tensor& p = params_[flat.params[i]].second;
+      Tensor grad = p.grad();
+      if (grad.defined() && grad.storage() == flat.full_grad.storage() &&
+          grad.offset() == flat.offsets[i])
+        continue;
+      Tensor view = Tensor::make_view(flat.full_grad, p.shape(), contiguous_strides(p.shape()),
+                                      flat.offsets[i]);
+      if (grad.defined()) add_(view, grad);  // a gradient accumulated before the hook ran
+      p.set_grad(view);
+    }
+  }
+  state.grads_stale = false;
+}
+
+void ShardedEngine::prepare_for_backward() {
+  order_known_ = true;
+  in_backward_ = true;
+  std::fill(ready_.begin(), ready_.end(), false);
+  for (auto& unit : units_)
+    unit->pending = unit->param_count;
+}
+
+void ShardedEngine::on_gradient_ready(size_t param) {
+  if (!in_backward_ || ready_[param]) return;
+  const size_t unit = unit_of_param_[param];
+  ensure_gradients(unit);  // no-op unless the unit's backward entry did not run
+  ready_[param] = true;
+  if (--units_[unit]->pending > 0) return;
+  if (sync_) reduce(unit);
+  if (options_.stage == 3) free_full(unit);
+  if (options_.backward_prefetch == BackwardPrefetch::Post) prefetch_after(unit, false);
+}
+
+void ShardedEngine::reduce(size_t unit) {
+  for (FlatParam& flat : units_[unit]->flats) {
+    flat.reduce = options_.stage < 2
+                      ? group_->allreduce(flat.full_grad, {.op = comm::ReduceOp::Avg})
+                      : group_->reduce_scatter(flat.grad_shard, flat.full_grad,
+                                               {.op = comm::ReduceOp::Avg});
+  }
+}
+
+void ShardedEngine::finalize_backward() {
+  in_backward_ = false;
+  if (!sync_) return;
+  for (size_t k = 0; k < params_.size(); ++k) {
+    if (!ready_[k]) {
+      fail("[sharded] parameter ", name_of(k),
+           " received no gradient in this backward pass, so its unit's gradients were never "
+           "reduced; every parameter of the module must take part in the loss");
+    }
+  }
+  NoGradGuard no_grad;
+  for (auto& unit : units_) {
+    for (FlatParam& flat : unit->flats) {
+      comm::WorkPtr work = std::move(flat.reduce);
+      try {
+        work->wait();
+      } catch (const CommError& e) {
+        throw CommError("[sharded] rank " + std::to_string(group_->rank()) +
+                            ": a gradient reduction failed: " + e.what() +
+                            "; did every rank run backward on the same model this step?",
+                        e.rank(), e.peer());
+      }
+      if (!flat.master_grad.is_same(flat.grad_shard)) copy_(flat.master_grad, flat.grad_shard);
+      if (options_.stage >= 2) {
+        for (size_t k : flat.params)
+          params_[k].second.set_grad(Tensor());
+        flat.full_grad.storage()->release();
+        full_grads_now_ -= static_cast<int64_t>(flat.full_grad.nbytes());
+      }
+    }
+    unit->grads_stale = options_.stage < 2;
+  }
+  for (size_t i = 0; i < segments_.size(); ++i)
+    segments_[i].set_grad(segment_grads_[i]);
+}
+
+void ShardedEngine::adopt_optimizer(optim::Optimizer& optimizer) {
+  if (optimizer.step_count() != 0) {
+    fail("[sharded] setup_optimizer after the optimizer stepped: set up the optimizer before "
+         "its first step, so that its state is created for this rank's shard only");
+  }
+  if (!segments_.empty()) fail("[sharded] setup_optimizer called twice");
+  std::map<const TensorImpl*, size_t> index;
+  for (size_t k = 0; k < params_.size(); ++k)
+    index.emplace(params_[k].second.impl_ptr().get(), k);
+  std::map<size_t, std::pair<const FlatParam*, size_t>> place;  // param -> (flat, position)
+  for (auto& unit : units_)
+    for (const FlatParam& flat : unit->flats)
+      for (size_t i = 0; i < flat.params.size(); ++i)
+        place[flat.params[i]] = {&flat, i};
+  for (optim::ParamGroup& group : optimizer.param_groups()) {
+    std::vector<Tensor> pieces;
+    for (const Tensor& p : group.params) {
+      auto found = index.find(p.impl_ptr().get());
+      if (found == index.end()) {
+        fail("[sharded] the optimizer holds a tensor (", p.str(),
+             ") that is not a parameter of the set-up module; build the optimizer over "
+             "module.parameters()");
+      }
+      const size_t k = found->second;
+      auto [flat, i] = place.at(k);
+      const int64_t begin = std::max(flat->offsets[i], flat->shard_begin);
+      const int64_t end = std::min(flat->offsets[i] + params_[k].second.numel(),
+                                   flat->shard_begin + flat->shard_numel);
+      if (begin >= end) continue;  // none of this parameter is on this rank
+      Tensor piece = slice(flat->master, begin - flat->shard_begin, end - begin);
+      piece.set_requires_grad(true);
+      pieces.push_back(piece);
+      segments_.push_back(piece);
+      segment_param_.push_back(k);
+      segment_grads_.push_back(slice(flat->master_grad, begin - flat->shard_begin, end - begin));
+    }
+    group.params = std::move(pieces);
+  }
+}
+
+void ShardedEngine::after_step() {
+  NoGradGuard no_grad;
+  // Stage 3: nothing gathered before the step may outlive it (the shards just changed).
+  for (size_t u = 0; u < units_.size(); ++u)
+    free_full(u);
+  std::vector<comm::WorkPtr> works;
+  for (auto& unit : units_) {
+    for (FlatParam& flat : unit->flats) {
+      if (!flat.master.is_same(flat.shard)) copy_(flat.shard, flat.master);
+      if (options_.stage < 3 && shard_world_ > 1)
+        works.push_back(group_->all_gather(flat.full, flat.shard));
+    }
+  }
+  for (auto& work : works)
+    work->wait();
+}
+
+double ShardedEngine::grad_norm(double norm_type) {
+  if (!(norm_type > 0.0))
+    fail("[sharded] grad_norm: norm_type ", norm_type, " is not supported; expected > 0 or inf");
+  NoGradGuard no_grad;
+  const int64_t count = static_cast<int64_t>(params_.size());
+  bool exact = norm_type == 2.0;
+  for (const Tensor& s : segments_)
+    exact = exact && s.dtype() == DType::F32 && s.device().is_cpu();
+  std::vector<double> norms(params_.size(), 0.0);
+  if (exact) {
+    // Per parameter, the exact sum of squares of its pieces on every rank.
+    using kernels::cpu::ExactSquareSum;
+    std::vector<ExactSquareSum> sums(params_.size());
+    for (size_t i = 0; i < segments_.size(); ++i) {
+      Tensor g = segments_[i].grad();
+      if (g.defined()) sums[segment_param_[i]].add_squares(g.data<float>(), g.numel());
+    }
+    std::vector<int64_t> words;
+    for (const ExactSquareSum& s : sums) {
+      auto w = s.words();
+      words.insert(words.end(), w.begin(), w.end());
+    }
+    Tensor all = Tensor::from_vector(words, {count * ExactSquareSum::kWords});
+    if (shard_world_ > 1) group_->allreduce(all, {.op = comm::ReduceOp::Sum})->wait();
+    const int64_t* summed = all.data<int64_t>();
+    for (int64_t k = 0; k < count; ++k) {
+      std::array<int64_t, ExactSquareSum::kWords> w;
+      std::copy(summed + k * ExactSquareSum::kWords, summed + (k + 1) * ExactSquareSum::kWords,
+                w.begin());
+      norms[k] = std::sqrt(ExactSquareSum::from_words(w).value());
+    }
+    return optim::total_norm(norms, norm_type);
+  }
+  // Other norms and dtypes: per-parameter partial sums of |g|^p (or maxima), combined across
+  // ranks; equal to the unsharded norm up to rounding.
+  const bool inf = norm_type == optim::kInfNorm;
+  std::vector<double> partial(params_.size(), 0.0);
+  for (size_t i = 0; i < segments_.size(); ++i) {
+    Tensor g = segments_[i].grad();
+    if (!g.defined()) continue;
+    double n = optim::grad_norm({segments_[i]}, norm_type);
+    double& slot = partial[segment_param_[i]];
+    slot = inf ? std::max(slot, n) : slot + std::pow(n, norm_type);
+  }
+  Tensor all = Tensor::from_vector(partial, {count});
+  if (shard_world_ > 1)
+    group_->allreduce(all, {.op = inf ? comm::ReduceOp::Max : comm::ReduceOp::Sum})->wait();
+  std::vector<double> summed = all.to_vector<double>();
+  for (int64_t k = 0; k < count; ++k)
+    norms[k] = inf ? summed[k] : std::pow(summed[k], 1.0 / norm_type);
+  return optim::total_norm(norms, norm_type);
+}
+
+double ShardedEngine::clip_grad_norm(double max_norm, double norm_type) {
+  return optim::clip_grads_to_norm(segments_, max_norm, grad_norm(norm_type), norm_type);
+}
+
+bool ShardedEngine::any_nonfinite_gradient() {
+  NoGradGuard no_grad;
+  double bad = 0.0;
+  for (const Tensor& s : segments_) {
+    Tensor g = s.grad();
+    if (!g.defined()) continue;
+    for (double v : g.to(DType::F64).to_vector<double>()) {
+      if (!std::isfinite(v)) {
+        bad = 1.0;
+        break;
+      }
+    }
+  }
+  Tensor flag = Tensor::full({1}, bad, DType::F64);
+  if (shard_world_ > 1) group_->allreduce(flag, {.op = comm::ReduceOp::Max})->wait();
+  return flag.item() > 0.0;
+}
+
+void ShardedEngine::unshard_module() {
+  NoGradGuard no_grad;
+  for (size_t u = 0; u < units_.size(); ++u)
+    wait_gathered(u);
+  *alive_ = false;
+  for (auto& unit : units_) {
+    for (FlatParam& flat : unit->flats) {
+      for (size_t k : flat.params) {
+        const Tensor& p = params_[k].second;
+        p.set_data(p.detach().clone());
+      }
+    }
+  }
+  remove_forward_hooks();
+  units_.clear();
+  segments_.clear();
+}
+
+}  // namespace loom::strategies::sharded

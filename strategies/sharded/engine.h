@@ -1,0 +1,131 @@
+#pragma once
+// The sharding engine: one implementation behind ZeRO stages 0-3 and FSDP's sharding
+// strategies (options.h). Per unit (units.h) and dtype, parameters are flattened into one
+// padded buffer split evenly across the ranks (flat_param.h). One step:
+//
+//   forward    stage 3: each unit's shard all-gathered before it runs (the next unit's
+//              prefetched), freed after it (reshard_after_forward); other stages keep full
+//              parameters.
+//   backward   a unit's parameters gathered again when its backward starts (stage 3); its
+//              gradients land in a flat buffer and, as soon as the last one is ready, are
+//              averaged: allreduce (stages 0-1) or reduce-scatter into this rank's shard
+//              (stages 2-3), overlapping the rest of backward; stage 3 frees the unit again.
+//   step       the optimizer updates only this rank's shard: its parameters are replaced by
+//              views of the shard (adopt_optimizer), so AdamW/SGD state is sharded too;
+//              stages 0-2 then all-gather the updated parameters.
+//
+// Reductions run in rank order on the shm backend, and the optimizer sees exactly the
+// elements DDP would give it, so every stage gives bitwise the weights DDP gives (tested).
+// Collectives are issued in the same order on every rank because the forward and backward
+// orders are deterministic.
+//
+// Threading: everything runs on the training thread (the forward and backward hooks
+// included); the group's progress thread moves the bytes.
+
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "comm/process_group.h"
+#include "nn/module.h"
+#include "optim/optimizer.h"
+#include "strategies/sharded/flat_param.h"
+#include "strategies/sharded/options.h"
+
+namespace loom::strategies::sharded {
+
+struct UnitState;
+
+class ShardedEngine {
+ public:
+  // Collective. `module`'s parameters must be equal on every rank (setup checks and
+  // broadcasts them first); they become views into the units' flat buffers.
+  ShardedEngine(nn::Module& module, std::shared_ptr<comm::ProcessGroup> group,
+                const ShardingOptions& options);
+  ~ShardedEngine();
+  ShardedEngine(const ShardedEngine&) = delete;
+  ShardedEngine& operator=(const ShardedEngine&) = delete;
+
+  // Replaces the optimizer's parameters by this rank's pieces of them (views into the master
+  // shards), group by group, so that step() updates and keeps state for the shard only.
+  // Call before the optimizer's first step, once.
+  void adopt_optimizer(optim::Optimizer& optimizer);
+  // The tensors adopt_optimizer gave the optimizer, with their gradients set once a
+  // synchronised backward is finalised.
+  const std::vector<Tensor>& shard_parameters() const { return segments_; }
+
+  void prepare_for_backward();
+  // Waits for the gradient reductions and leaves the averaged shard gradients on
+  // shard_parameters(). Throws loom::Error naming a parameter that got no gradient,
+  // loom::CommError when a peer fails.
+  void finalize_backward();
+  // While false, backward passes accumulate full gradients locally (no_sync).
+  void set_sync(bool sync) { sync_ = sync; }
+
+  // The global gradient norm over all shards (bitwise what optim::grad_norm gives on the
+  // full gradients, for f32 and the 2-norm; Note [Exact sums of squares]). Collective.
+  double grad_norm(double norm_type = 2.0);
+  // Clips the shard gradients to max_norm by that norm; returns the norm. Collective.
+  double clip_grad_norm(double max_norm, double norm_type = 2.0);
+  // True when any rank's shard gradient holds inf or NaN. Collective.
+  bool any_nonfinite_gradient();
+
+  // After optimizer.step(): copies offloaded master shards back and, for stages 0-2,
+  // all-gathers the updated parameters. Collective.
+  void after_step();
+
+  // Gathers every unit and gives each parameter its own storage again, with the hooks
+  // removed: the module is whole on every rank, as before setup (for saving, evaluation).
+  // The engine must not be used afterwards. Collective.
+  void unshard_module();
+
+  size_t unit_count() const;
+  const std::vector<std::string>& unit_paths() const { return unit_paths_; }
+  // Bytes of the flat buffers by role, for memory reports: this rank's parameter shards,
+  // the gathered parameters currently held, and so on (see engine.cpp).
+  struct Footprint {
+    int64_t parameter_shards = 0, gathered_parameters_peak = 0, gradient_shards = 0,
+            full_gradients_peak = 0, host_master = 0;
+  };
+  Footprint footprint() const { return footprint_; }
+
+ private:
+  friend class UnitHook;
+  void pre_forward(size_t unit);
+  Tensor post_forward(size_t unit, const Tensor& output);
+  void pre_backward(size_t unit);
+  void on_gradient_ready(size_t param);
+
+  void gather(size_t unit);         // issues the all-gather when not held
+  void wait_gathered(size_t unit);  // issues it if needed, then waits
+  void free_full(size_t unit);      // stage 3: releases the gathered storage
+  void ensure_gradients(size_t unit);
+  void reduce(size_t unit);
+  void prefetch_after(size_t unit, bool forward);
+  void track_gathered(int64_t delta);
+  void remove_forward_hooks();
+  std::string name_of(size_t param) const;
+
+  nn::Module& module_;
+  std::shared_ptr<comm::ProcessGroup> group_;
+  ShardingOptions options_;
+  int shard_world_ = 1, shard_rank_ = 0;
+  std::vector<std::pair<std::string, Tensor>> params_;  // named_parameters() order
+  std::vector<std::unique_ptr<UnitState>> units_;
+  std::vector<std::string> unit_paths_;
+  std::vector<size_t> unit_of_param_;
+  std::vector<bool> ready_;
+  std::vector<size_t> forward_order_;  // units in the order the first forward ran them
+  bool order_known_ = false;
+  bool in_backward_ = false;
+  bool sync_ = true;
+  bool grads_stale_ = false;  // stages 0-1: full gradients hold the previous step's values
+  std::vector<Tensor> segments_;
+  std::vector<size_t> segment_param_;  // the parameter each segment belongs to
+  std::vector<Tensor> segment_grads_;  // each segment's gradient: a view of master_grad
+  std::shared_ptr<bool> alive_;
+  Footprint footprint_;
+  int64_t gathered_now_ = 0, full_grads_now_ = 0;
+};
+
+}  // namespace loom::strategies::sharded

@@ -1,0 +1,36 @@
+#pragma once
+// One unit's parameters of one dtype, flattened (strategies/sharded/engine.h). The flat
+// buffer is padded to a multiple of the shard group's size and split evenly: rank r owns
+// elements [r * shard_numel, (r + 1) * shard_numel). The unit's parameters are views into
+// `full`, so a module reads them unchanged; when parameters are sharded (stage 3) `full`'s
+// storage is released between uses (Note [Releasing storage] in tensor/storage.h).
+
+#include <cstdint>
+#include <vector>
+
+#include "comm/work.h"
+#include "tensor/tensor.h"
+
+namespace loom::strategies::sharded {
+
+struct FlatParam {
+  DType dtype = DType::F32;
+  std::vector<size_t> params;    // indices into the engine's parameter list
+  std::vector<int64_t> offsets;  // element offset of each parameter in the flat buffer
+  int64_t numel = 0;             // the parameters' elements, without padding
+  int64_t shard_numel = 0;       // elements per rank
+  int64_t shard_begin = 0;       // this rank's first element
+
+  Tensor full;         // [padded] on the compute device
+  Tensor shard;        // [shard_numel]: a view of full (stages 0-2) or its own storage (3)
+  Tensor master;       // what the optimizer updates: shard, or its host copy (offload)
+  Tensor full_grad;    // [padded]: the parameters' .grad are views into it during backward
+  Tensor grad_shard;   // [shard_numel]: the reduced gradient, a view of full_grad (0-1)
+  Tensor master_grad;  // grad_shard, or its host copy (offload)
+  comm::WorkPtr gather;  // in-flight all-gather into full
+  comm::WorkPtr reduce;  // in-flight reduction of full_grad
+
+  bool gathered() const { return full.storage()->materialized(); }
+};
+
+}  // namespace loom::strategies::sharded

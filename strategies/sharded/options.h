@@ -1,0 +1,46 @@
+#pragma once
+// The options of the sharding engine (strategies/sharded/engine.h). Every named sharded
+// strategy is a point in this space (strategies/registry.cpp; docs/sharding.md):
+//   stage 0  NO_SHARD: nothing sharded (DDP through the engine)
+//   stage 1  optimizer state sharded (ZeRO-1)
+//   stage 2  + gradients (ZeRO-2)
+//   stage 3  + parameters (ZeRO-3, FSDP FULL_SHARD; SHARD_GRAD_OP with
+//            reshard_after_forward = false)
+
+#include <cstdint>
+#include <string>
+
+#include "strategies/sharded/units.h"
+
+namespace loom::strategies::sharded {
+
+// When backward all-gathers the next unit's parameters (FSDP's BackwardPrefetch):
+// Pre: when a unit's backward starts; Post: once its gradients are reduced; None: on demand.
+enum class BackwardPrefetch { None, Pre, Post };
+
+struct ShardingOptions {
+  int stage = 3;
+  // Stage 3: free a unit's gathered parameters after its forward (gather again for its
+  // backward). False keeps them until the unit's backward is done (SHARD_GRAD_OP).
+  bool reshard_after_forward = true;
+  bool forward_prefetch = false;  // stage 3: gather the next unit while this one runs
+  BackwardPrefetch backward_prefetch = BackwardPrefetch::Pre;
+  // At most one all-gather issued ahead of the unit that needs it.
+  bool limit_all_gathers = true;
+  // fp32 master shards and optimizer state in the host pool; the step runs there and the
+  // updated shard is copied back (DeepSpeed offload_optimizer, FSDP CPUOffload).
+  bool offload_optimizer = false;
+  // Stage 3: the parameter shards themselves live in the host pool (offload_param).
+  bool offload_params = false;
+  // Units: make_wrap_policy's spec ("", "none", "params", "min_params:N", a class name),
+  // or wrap_policy when set.
+  std::string auto_wrap_policy;
+  WrapPolicy wrap_policy = nullptr;
+};
+
+// "FULL_SHARD" (stage 3), "SHARD_GRAD_OP" (stage 3 without resharding after forward),
+// "NO_SHARD" (stage 0) applied to `options`; "HYBRID_SHARD" and unknown names are errors
+// saying what is available.
+void apply_fsdp_sharding_strategy(const std::string& name, ShardingOptions& options);
+
+}  // namespace loom::strategies::sharded

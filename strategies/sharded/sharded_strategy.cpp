@@ -1,0 +1,80 @@
+#include "strategies/sharded/sharded_strategy.h"
+
+namespace loom::strategies {
+
+ShardedStrategy::ShardedStrategy(StrategyOptions options, std::string name)
+    : ParallelStrategy(std::move(options)), name_(std::move(name)) {}
+
+ShardedStrategy::~ShardedStrategy() = default;
+
+void ShardedStrategy::setup_environment() {
+  join_or_start_ranks(LaunchMethod::Spawn);
+}
+
+sharded::ShardedEngine& ShardedStrategy::need_engine(const char* what) const {
+  if (!engine_) fail("[", name_, "] ", what, " before setup_module(): the module is not set up");
+  return *engine_;
+}
+
+void ShardedStrategy::setup_module(nn::Module& module) {
+  if (!group_) fail("[", name_, "] setup_module before setup_environment(): no process group");
+  Strategy::setup_module(module);
+  verify_same_parameters(module.named_parameters(), *group_);
+  broadcast_parameters(module.parameters(), *group_);
+  engine_ = std::make_unique<sharded::ShardedEngine>(module, group_, options_.sharding);
+  optimizer_adopted_ = false;
+}
+
+void ShardedStrategy::setup_optimizer(optim::Optimizer& optimizer) {
+  need_engine("setup_optimizer").adopt_optimizer(optimizer);
+  optimizer_adopted_ = true;
+}
+
+void ShardedStrategy::backward(const Tensor& loss) {
+  sharded::ShardedEngine& engine = need_engine("backward");
+  engine.prepare_for_backward();
+  loss.backward();
+  engine.finalize_backward();
+}
+
+void ShardedStrategy::set_backward_sync(bool sync) {
+  need_engine("set_backward_sync").set_sync(sync);
+}
+
+void ShardedStrategy::unscale_gradients() {
+  if (!scaler_) return;
+  sharded::ShardedEngine& engine = need_engine("unscale_gradients");
+  scaler_->unscale(engine.shard_parameters());
+  scaler_->set_found_inf(engine.any_nonfinite_gradient());  // every rank skips, or none
+}
+
+double ShardedStrategy::gradient_norm(double norm_type) {
+  return need_engine("gradient_norm").grad_norm(norm_type);
+}
+
+double ShardedStrategy::clip_gradients(double max_norm, double norm_type) {
+  return need_engine("clip_gradients").clip_grad_norm(max_norm, norm_type);
+}
+
+void ShardedStrategy::optimizer_step(optim::Optimizer& optimizer) {
+  sharded::ShardedEngine& engine = need_engine("optimizer_step");
+  if (!optimizer_adopted_) {
+    fail("[", name_, "] optimizer_step with an optimizer that was not set up: call "
+         "setup_optimizer(optimizer) after setup_module() so that it steps this rank's shard");
+  }
+  Strategy::optimizer_step(optimizer);
+  engine.after_step();
+}
+
+void ShardedStrategy::gather_full_module() {
+  if (!engine_) return;
+  engine_->unshard_module();
+  engine_.reset();
+}
+
+void ShardedStrategy::teardown() {
+  engine_.reset();
+  ParallelStrategy::teardown();
+}
+
+}  // namespace loom::strategies

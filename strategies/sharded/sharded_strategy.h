@@ -1,0 +1,46 @@
+#pragma once
+// The sharded strategies (ZeRO stages 1-3, FSDP, with CPU offload): a ParallelStrategy that
+// hands the module to the sharding engine (engine.h). The registry's names (fsdp,
+// deepspeed_stage_3_offload, ...) are this class with different ShardingOptions
+// (strategies/registry.cpp, docs/sharding.md). Under a launcher it joins the job; otherwise
+// it starts `devices` ranks itself, as ddp_spawn does.
+
+#include <memory>
+#include <string>
+
+#include "strategies/sharded/engine.h"
+#include "strategies/strategy.h"
+
+namespace loom::strategies {
+
+class ShardedStrategy : public ParallelStrategy {
+ public:
+  ShardedStrategy(StrategyOptions options, std::string name);
+  ~ShardedStrategy() override;
+  std::string name() const override { return name_; }
+  void setup_environment() override;
+  // Checks that every rank holds the same parameters, broadcasts rank 0's, then shards them.
+  void setup_module(nn::Module& module) override;
+  // Points the optimizer at this rank's shard (sharded::ShardedEngine::adopt_optimizer).
+  void setup_optimizer(optim::Optimizer& optimizer) override;
+  void backward(const Tensor& loss) override;
+  void set_backward_sync(bool sync) override;
+  void unscale_gradients() override;
+  double gradient_norm(double norm_type = 2.0) override;
+  double clip_gradients(double max_norm, double norm_type = 2.0) override;
+  void optimizer_step(optim::Optimizer& optimizer) override;
+  void gather_full_module() override;
+  void teardown() override;
+
+  // The engine, once setup_module() ran (for tests, reports and benchmarks).
+  const sharded::ShardedEngine* engine() const { return engine_.get(); }
+
+ private:
+  sharded::ShardedEngine& need_engine(const char* what) const;
+
+  std::string name_;
+  std::unique_ptr<sharded::ShardedEngine> engine_;
+  bool optimizer_adopted_ = false;
+};
+
+}  // namespace loom::strategies
