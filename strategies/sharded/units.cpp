@@ -22,7 +22,7 @@ std::string module_type_name(const nn::Module& module) {
   size_t template_start = name.find('<');
   std::string head = name.substr(0, template_start);
   size_t colon = head.rfind("::");
-  return colon == std::string::npos ? name : name.substr(colon + 2);
+  return colon == std::string::npos ? head : head.substr(colon + 2);
 }
 
 WrapPolicy wrap_modules_of_type(std::string type_name) {

@@ -30,7 +30,8 @@ WrapPolicy wrap_min_num_params(int64_t min_num_params);
 // parameters, DeepSpeed ZeRO-3's per-module fetch), "min_params:N", or a class name.
 WrapPolicy make_wrap_policy(const std::string& spec);
 
-// The unqualified class name of a module ("Block" for loom::nn::Block).
+// The unqualified class name of a module, without template arguments ("Block" for
+// loom::nn::Block, "ModuleList" for loom::nn::ModuleList<Block>).
 std::string module_type_name(const nn::Module& module);
 
 struct Unit {
