@@ -35,7 +35,7 @@ struct ShardingOptions {
   // Units: make_wrap_policy's spec ("", "none", "params", "min_params:N", a class name),
   // or wrap_policy when set.
   std::string auto_wrap_policy;
-  WrapPolicy wrap_policy = nullptr;
+  WrapPolicy wrap_policy;
 };
 
 // "FULL_SHARD" (stage 3), "SHARD_GRAD_OP" (stage 3 without resharding after forward),

@@ -65,7 +65,10 @@ std::vector<double> train_step(Strategy& s, Tiny& m, optim::SGD& sgd, int rank, 
 std::vector<std::vector<double>> run(std::shared_ptr<comm::ProcessGroup> group, int period,
                                      int warmup, int steps,
                                      std::vector<std::vector<double>>* grads_v = nullptr) {
-  DDPStrategy ddp({.local_sgd_period = period, .local_sgd_warmup = warmup});
+  StrategyOptions options;  // (named: GCC 12 misreports a designated temporary here)
+  options.local_sgd_period = period;
+  options.local_sgd_warmup = warmup;
+  DDPStrategy ddp(options);
   ddp.set_process_group(group);
   ddp.setup_environment();
   Tiny model;

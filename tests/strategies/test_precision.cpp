@@ -68,7 +68,9 @@ TEST(LossScaler, SkipsNonFiniteStepsAndAdjustsTheScale) {
 TEST(Precision, MixedTrainingStaysCloseToF32AndSkipsOverflowingSteps) {
   using testing::tiny_corpus;
   auto run = [](const std::string& precision, double* scale_out) {
-    auto strategy = StrategyRegistry::get("single_device", {.precision = precision});
+    StrategyOptions options;  // (named: GCC 12 misreports a designated temporary here)
+    options.precision = precision;
+    auto strategy = StrategyRegistry::get("single_device", options);
     nn::GPTConfig c = testing::tiny_gpt_config(DType::F32);
     nn::GPT model(c, 2);
     train_gpt::TrainOptions o;
@@ -91,7 +93,9 @@ TEST(Precision, MixedTrainingStaysCloseToF32AndSkipsOverflowingSteps) {
   EXPECT_NEAR(bf16, f32, 0.05 * f32);
   EXPECT_NEAR(f16, f32, 0.1 * f32);
   EXPECT_GT(scale, 0);
-  EXPECT_THROW(StrategyRegistry::get("single_device", {.precision = "8-true"}), Error);
+  StrategyOptions eight_bit;
+  eight_bit.precision = "8-true";
+  EXPECT_THROW(StrategyRegistry::get("single_device", eight_bit), Error);
 }
 
 // A user precision policy: bf16 rounding with a loss scaler.
