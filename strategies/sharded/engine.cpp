@@ -123,9 +123,11 @@ ShardedEngine::ShardedEngine(nn::Module& module, std::shared_ptr<comm::ProcessGr
         flat.shard = options_.offload_params ? mine.to(host).clone() : mine.clone();
         flat.full.storage()->release();
       }
-      flat.master = options_.offload_optimizer && flat.shard.device() != host ? flat.shard.to(host)
-                    : options_.offload_optimizer && !options_.offload_params ? flat.shard.clone()
-                                                                             : flat.shard;
+      // With offload_params the shard already lives on the host and is the master itself.
+      const bool own_master = options_.offload_optimizer && !options_.offload_params;
+      flat.master = !own_master                    ? flat.shard
+                    : flat.shard.device() == host ? flat.shard.clone()
+                                                  : flat.shard.to(host);
       flat.full_grad = released_buffer(padded, flat.dtype, device);
       flat.grad_shard = options_.stage < 2 ? slice(flat.full_grad, flat.shard_begin,
                                                    flat.shard_numel)
