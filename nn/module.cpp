@@ -8,6 +8,7 @@ namespace loom::nn {
 
 Tensor Module::register_parameter(std::string name, Tensor value) {
   value.set_requires_grad(true);
+  value.storage()->set_kind(MemoryKind::Parameters);
   parameters_.emplace_back(std::move(name), value);
   return value;
 }

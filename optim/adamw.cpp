@@ -43,8 +43,8 @@ AdamW::State& AdamW::advance_state(const Tensor& p) {
   State& s = state_[p.impl_ptr().get()];
   if (!s.exp_avg.defined()) {
     s.param = p;
-    s.exp_avg = Tensor::zeros(p.shape(), p.dtype(), p.device());
-    s.exp_avg_sq = Tensor::zeros(p.shape(), p.dtype(), p.device());
+    s.exp_avg = new_state(p);
+    s.exp_avg_sq = new_state(p);
   }
   ++s.step;
   return s;
@@ -152,7 +152,7 @@ bool AdamW::import_param_state(const Tensor& param, const std::string& name, con
     fail("[optim] AdamW: load_state_dict: ", name, " is ", value.str(), " but the parameter is ",
          param.str());
   }
-  (name == "exp_avg" ? s.exp_avg : s.exp_avg_sq) = value.clone();
+  (name == "exp_avg" ? s.exp_avg : s.exp_avg_sq) = state_copy(param, value);
   return true;
 }
 

@@ -43,6 +43,11 @@ double read_scalar(const std::string& key, const Tensor& t) {
   return t.item();
 }
 
+MemoryKind state_kind_for(const Tensor& param) {
+  return param.storage()->kind() == MemoryKind::Offloaded ? MemoryKind::Offloaded
+                                                          : MemoryKind::OptimizerState;
+}
+
 }  // namespace
 
 Optimizer::Optimizer(std::vector<ParamGroup> groups, std::string name)
@@ -222,6 +227,18 @@ void Optimizer::load_state_dict(const std::map<std::string, Tensor>& state) {
   for (size_t g = 0; g < groups_.size(); ++g)
     check_group(g);
   check_loaded_state();
+}
+
+Tensor Optimizer::new_state(const Tensor& param) {
+  Tensor state = Tensor::zeros(param.shape(), param.dtype(), param.device());
+  state.storage()->set_kind(state_kind_for(param));
+  return state;
+}
+
+Tensor Optimizer::state_copy(const Tensor& param, const Tensor& like) {
+  Tensor state = like.clone();
+  state.storage()->set_kind(state_kind_for(param));
+  return state;
 }
 
 }  // namespace loom::optim

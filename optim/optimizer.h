@@ -72,6 +72,12 @@ class Optimizer {
   static std::vector<ParamGroup> with_defaults(std::vector<ParamGroup> groups, double lr,
                                                double weight_decay);
 
+  // Per-parameter state (moments, momentum): zeros shaped like `param`, counted as
+  // optimizer state in memory reports, or as offloaded when the parameter is (a sharded
+  // strategy's host master shard). `like` copies a loaded value the same way.
+  static Tensor new_state(const Tensor& param);
+  static Tensor state_copy(const Tensor& param, const Tensor& like);
+
   // Throws unless the group's lr and weight_decay are finite and non-negative.
   void check_group(size_t group) const;
   // Throws unless the parameter is a contiguous f32/f64 CPU tensor and its gradient (when

@@ -61,7 +61,7 @@ void SGD::update(const ParamGroup& group, const Tensor& p, const Tensor& grad) {
     State& s = state_[p.impl_ptr().get()];
     if (!s.momentum_buffer.defined()) {
       s.param = p;
-      s.momentum_buffer = Tensor::empty(p.shape(), p.dtype(), p.device());
+      s.momentum_buffer = new_state(p);  // overwritten by the first step's gradient
       first_step = true;
     }
     buffer = s.momentum_buffer;
@@ -116,7 +116,7 @@ bool SGD::import_param_state(const Tensor& param, const std::string& name, const
     fail("[optim] SGD: load_state_dict: momentum_buffer is ", value.str(), " but the parameter is ",
          param.str());
   }
-  state_[param.impl_ptr().get()] = State{.param = param, .momentum_buffer = value.clone()};
+  state_[param.impl_ptr().get()] = State{.param = param, .momentum_buffer = state_copy(param, value)};
   return true;
 }
 

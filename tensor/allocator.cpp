@@ -11,20 +11,63 @@
 
 namespace loom {
 
+namespace {
+
+// Adds nbytes to `current` and raises `peak` to the new value if it is higher.
+void add_and_raise_peak(std::atomic<size_t>& current, std::atomic<size_t>& peak, size_t nbytes) {
+  size_t now = current.fetch_add(nbytes) + nbytes;
+  size_t seen = peak.load();
+  while (now > seen && !peak.compare_exchange_weak(seen, now)) {
+  }
+}
+
+}  // namespace
+
+const char* memory_kind_name(MemoryKind kind) {
+  switch (kind) {
+    case MemoryKind::Activations: return "activations";
+    case MemoryKind::Parameters: return "parameters";
+    case MemoryKind::Gradients: return "gradients";
+    case MemoryKind::OptimizerState: return "optimizer_state";
+    case MemoryKind::Communication: return "communication";
+    case MemoryKind::Offloaded: return "offloaded";
+  }
+  return "unknown";
+}
+
 MemoryStats Allocator::stats() const {
-  return {current_.load(), peak_.load(), allocations_.load()};
+  MemoryStats stats{.current_bytes = current_.load(),
+                    .peak_bytes = peak_.load(),
+                    .allocations = allocations_.load(),
+                    .device_current_bytes = device_current_.load(),
+                    .device_peak_bytes = device_peak_.load()};
+  for (size_t k = 0; k < kMemoryKindCount; ++k) {
+    stats.current_by_kind[k] = kind_current_[k].load();
+    stats.peak_by_kind[k] = kind_peak_[k].load();
+  }
+  return stats;
 }
 
 void Allocator::reset_peak() {
   peak_.store(current_.load());
+  device_peak_.store(device_current_.load());
+  for (size_t k = 0; k < kMemoryKindCount; ++k) kind_peak_[k].store(kind_current_[k].load());
 }
 
 void Allocator::record_allocation(size_t nbytes) {
-  size_t now = current_.fetch_add(nbytes) + nbytes;
-  size_t peak = peak_.load();
-  while (now > peak && !peak_.compare_exchange_weak(peak, now)) {
-  }
+  add_and_raise_peak(current_, peak_, nbytes);
   allocations_.fetch_add(1);
+}
+
+void Allocator::count_kind(MemoryKind kind, size_t nbytes) noexcept {
+  const auto k = static_cast<size_t>(kind);
+  add_and_raise_peak(kind_current_[k], kind_peak_[k], nbytes);
+  if (kind != MemoryKind::Offloaded) add_and_raise_peak(device_current_, device_peak_, nbytes);
+}
+
+void Allocator::uncount_kind(MemoryKind kind, size_t nbytes) noexcept {
+  kind_current_[static_cast<size_t>(kind)].fetch_sub(nbytes);
+  if (kind != MemoryKind::Offloaded) device_current_.fetch_sub(nbytes);
 }
 
 void Allocator::record_deallocation(size_t nbytes) noexcept {

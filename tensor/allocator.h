@@ -4,6 +4,7 @@
 // the caching allocator of device N (tensor/cuda/caching_allocator.h). Users may replace
 // either with register_allocator().
 
+#include <array>
 #include <atomic>
 #include <cstddef>
 #include <functional>
@@ -12,10 +13,36 @@
 
 namespace loom {
 
+// What a block of tensor memory holds, for the memory reports of train_gpt, loom-perf and
+// the sharded strategies (docs/sharding.md, "Memory"). A Storage starts as Activations
+// (activations and every other temporary of a step) and is retagged by whoever gives it a
+// lasting role: Module::register_parameter, autograd's gradient accumulation, optimizers,
+// the DDP reducer and the sharding engine. Offloaded is memory a strategy moved off the
+// compute device on purpose (offload_optimizer, offload_param): on a CPU-only machine it
+// shares the allocator with the rest but is still counted apart, so that the device-side
+// saving shows.
+enum class MemoryKind : uint8_t {
+  Activations,
+  Parameters,
+  Gradients,
+  OptimizerState,
+  Communication,
+  Offloaded,
+};
+inline constexpr size_t kMemoryKindCount = 6;
+// "activations", "parameters", "gradients", "optimizer_state", "communication", "offloaded".
+const char* memory_kind_name(MemoryKind kind);
+
 struct MemoryStats {
   size_t current_bytes = 0;  // bytes handed out and not yet returned
   size_t peak_bytes = 0;     // high-water mark of current_bytes since the last reset
   size_t allocations = 0;    // number of allocate() calls since start
+  // The same per MemoryKind (each kind's own high-water mark), and for every kind but
+  // Offloaded together: the bytes on the compute device.
+  std::array<size_t, kMemoryKindCount> current_by_kind = {};
+  std::array<size_t, kMemoryKindCount> peak_by_kind = {};
+  size_t device_current_bytes = 0;
+  size_t device_peak_bytes = 0;
 };
 
 class Allocator {
@@ -30,6 +57,10 @@ class Allocator {
   MemoryStats stats() const;
   void reset_peak();
 
+  // Kind accounting, called by Storage as it allocates, releases and retags its memory.
+  void count_kind(MemoryKind kind, size_t nbytes) noexcept;
+  void uncount_kind(MemoryKind kind, size_t nbytes) noexcept;
+
  protected:
   void record_allocation(size_t nbytes);
   void record_deallocation(size_t nbytes) noexcept;
@@ -38,6 +69,10 @@ class Allocator {
   std::atomic<size_t> current_{0};
   std::atomic<size_t> peak_{0};
   std::atomic<size_t> allocations_{0};
+  std::array<std::atomic<size_t>, kMemoryKindCount> kind_current_{};
+  std::array<std::atomic<size_t>, kMemoryKindCount> kind_peak_{};
+  std::atomic<size_t> device_current_{0};
+  std::atomic<size_t> device_peak_{0};
 };
 
 // The allocator for `device`; throws loom::Error when there is none (cuda:N in a build

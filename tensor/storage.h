@@ -16,7 +16,9 @@ class Storage {
       : allocator_(&allocator_for(device)),
         data_(allocator_->allocate(nbytes)),
         nbytes_(nbytes),
-        device_(device) {}
+        device_(device) {
+    if (data_ != nullptr) allocator_->count_kind(kind_, nbytes_);
+  }
   ~Storage() { release(); }
   Storage(const Storage&) = delete;
   Storage& operator=(const Storage&) = delete;
@@ -26,6 +28,17 @@ class Storage {
   size_t nbytes() const { return nbytes_; }
   Device device() const { return device_; }
 
+  // What the memory holds, for the allocator's reports (MemoryKind in tensor/allocator.h).
+  MemoryKind kind() const { return kind_; }
+  void set_kind(MemoryKind kind) noexcept {
+    if (kind == kind_) return;
+    if (data_ != nullptr) {
+      allocator_->uncount_kind(kind_, nbytes_);
+      allocator_->count_kind(kind, nbytes_);
+    }
+    kind_ = kind;
+  }
+
   // Note [Releasing storage]
   // Sharded strategies keep a parameter's full (gathered) storage only while a module runs
   // (PyTorch FSDP's storage resize to 0 and back): release() returns the memory while every
@@ -34,11 +47,15 @@ class Storage {
   // whose storage is released is the caller's bug. Not thread-safe: the owner serialises
   // these calls with every use of the data.
   void release() noexcept {
-    if (data_ != nullptr) allocator_->deallocate(data_, nbytes_);
+    if (data_ == nullptr) return;
+    allocator_->uncount_kind(kind_, nbytes_);
+    allocator_->deallocate(data_, nbytes_);
     data_ = nullptr;
   }
   void materialize() {
-    if (data_ == nullptr) data_ = allocator_->allocate(nbytes_);
+    if (data_ != nullptr || nbytes_ == 0) return;
+    data_ = allocator_->allocate(nbytes_);
+    allocator_->count_kind(kind_, nbytes_);
   }
   bool materialized() const { return data_ != nullptr || nbytes_ == 0; }
 
@@ -47,6 +64,7 @@ class Storage {
   void* data_;
   size_t nbytes_;
   Device device_;
+  MemoryKind kind_ = MemoryKind::Activations;
 };
 
 }  // namespace loom

@@ -149,6 +149,10 @@ void Tensor::set_data(const Tensor& source) const {
   check(is_leaf(), "Tensor::set_data: only leaf tensors (parameters) can be repointed");
   TensorImpl& target = impl();
   const TensorImpl& from = source.impl();
+  // The new memory takes over the old one's role in memory reports (a parameter moved to
+  // another device or into a flat buffer is still a parameter).
+  if (target.storage && from.storage && from.storage->kind() == MemoryKind::Activations)
+    from.storage->set_kind(target.storage->kind());
   target.shape = from.shape;
   target.strides = from.strides;
   target.offset = from.offset;

@@ -126,6 +126,38 @@ TEST(Tensor, AllocatorAccountsBytes) {
   EXPECT_GE(cpu.stats().peak_bytes, before + 9216);
 }
 
+TEST(Tensor, AllocatorAccountsBytesByKind) {
+  Allocator& cpu = allocator_for(Device::cpu());
+  auto current = [&](MemoryKind kind) {
+    return cpu.stats().current_by_kind[static_cast<size_t>(kind)];
+  };
+  auto peak = [&](MemoryKind kind) { return cpu.stats().peak_by_kind[static_cast<size_t>(kind)]; };
+  cpu.reset_peak();
+  const size_t params = current(MemoryKind::Parameters), acts = current(MemoryKind::Activations);
+  const size_t device = cpu.stats().device_current_bytes;
+  {
+    Tensor a = Tensor::empty({1024}, DType::F32);  // untagged memory counts as activations
+    EXPECT_EQ(current(MemoryKind::Activations), acts + 4096);
+    a.storage()->set_kind(MemoryKind::Parameters);
+    EXPECT_EQ(current(MemoryKind::Activations), acts);
+    EXPECT_EQ(current(MemoryKind::Parameters), params + 4096);
+    a.storage()->release();  // a sharded strategy freeing a gathered unit
+    EXPECT_EQ(current(MemoryKind::Parameters), params);
+    a.storage()->materialize();
+    EXPECT_EQ(current(MemoryKind::Parameters), params + 4096);
+    EXPECT_EQ(peak(MemoryKind::Parameters), params + 4096);
+    Tensor host = Tensor::empty({256}, DType::F32);
+    host.storage()->set_kind(MemoryKind::Offloaded);  // not on the compute device
+    EXPECT_EQ(cpu.stats().device_current_bytes, device + 4096);
+    EXPECT_EQ(current(MemoryKind::Offloaded) >= 1024, true);
+  }
+  EXPECT_EQ(current(MemoryKind::Parameters), params);
+  EXPECT_EQ(current(MemoryKind::Activations), acts);
+  EXPECT_EQ(cpu.stats().device_current_bytes, device);
+  EXPECT_GE(cpu.stats().device_peak_bytes, device + 4096);
+  EXPECT_STREQ(memory_kind_name(MemoryKind::OptimizerState), "optimizer_state");
+}
+
 TEST(Tensor, ErrorsNameTheProblem) {
   Tensor a = Tensor::zeros({2, 3}), b = Tensor::zeros({4});
   try {

@@ -119,14 +119,20 @@ TEST(Training, SameSeedSameLosses) {
 }
 
 TEST(Training, MetricsLineHasTheDocumentedFields) {
+  strategies::MemoryReport memory;
+  memory.peak_bytes = 4096;
+  memory.peak_by_kind = {1000, 2000, 3000, 4000, 5000, 6000};
   std::string line = metrics_json_line({.step = 0,
                                         .loss = 2.5,
                                         .lr = 1e-3,
                                         .grad_norm = 0.75,
                                         .ms_per_step = 4,
-                                        .tokens_per_s = 256000});
-  EXPECT_EQ(line, R"({"grad_norm":0.75,"loss":2.5,"lr":0.001,"ms_per_step":4.0,"step":0,)"
-                  R"("tokens_per_s":256000.0})");
+                                        .tokens_per_s = 256000,
+                                        .memory = memory});
+  EXPECT_EQ(line, R"({"grad_norm":0.75,"loss":2.5,"lr":0.001,"ms_per_step":4.0,"peak_bytes":4096,)"
+                  R"("peak_bytes_by_kind":{"activations":1000,"communication":5000,)"
+                  R"("gradients":3000,"offloaded":6000,"optimizer_state":4000,"parameters":2000},)"
+                  R"("step":0,"tokens_per_s":256000.0})");
 }
 
 TEST(GptCheckpoint, SaveAndLoadRoundTripsExactly) {

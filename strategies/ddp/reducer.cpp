@@ -62,6 +62,8 @@ Reducer::Reducer(std::vector<Tensor> params, std::shared_ptr<comm::ProcessGroup>
     }
     const Tensor& first = params_[bucket.params.front()];
     bucket.flat = Tensor::zeros({offset}, first.dtype(), first.device());
+    bucket.flat.storage()->set_kind(options_.gradient_as_bucket_view ? MemoryKind::Gradients
+                                                                      : MemoryKind::Communication);
     bucket.view.index = b;
     bucket.view.buffer = bucket.flat;
     bucket.view.is_last = b + 1 == buckets_.size();
@@ -243,7 +245,9 @@ void Reducer::finalize_backward() {
       if (grad.defined()) {
         copy_(grad, slice_of(k));
       } else {
-        params_[k].set_grad(slice_of(k).clone());
+        Tensor grad = slice_of(k).clone();
+        grad.storage()->set_kind(MemoryKind::Gradients);
+        params_[k].set_grad(grad);
       }
     }
   }

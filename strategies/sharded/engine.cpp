@@ -109,6 +109,7 @@ ShardedEngine::ShardedEngine(nn::Module& module, std::shared_ptr<comm::ProcessGr
       flat.shard_begin = static_cast<int64_t>(shard_rank_) * flat.shard_numel;
       const int64_t padded = flat.shard_numel * shard_world_;
       flat.full = Tensor::zeros({padded}, flat.dtype, device);
+      flat.full.storage()->set_kind(MemoryKind::Parameters);
       for (size_t i = 0; i < flat.params.size(); ++i) {
         const Tensor& p = params_[flat.params[i]].second;
         Tensor view = Tensor::make_view(flat.full, p.shape(), contiguous_strides(p.shape()),
@@ -132,9 +133,21 @@ ShardedEngine::ShardedEngine(nn::Module& module, std::shared_ptr<comm::ProcessGr
       flat.grad_shard = options_.stage < 2 ? slice(flat.full_grad, flat.shard_begin,
                                                    flat.shard_numel)
                                            : Tensor::zeros({flat.shard_numel}, flat.dtype, device);
-      flat.master_grad = flat.master.is_same(flat.shard)
+      // The optimizer reads the gradient where the master lives: with offload_params on a GPU
+      // the master is the host shard while grad_shard stays on the device.
+      const bool grad_beside_master =
+          flat.master.is_same(flat.shard) && flat.master.device() == flat.grad_shard.device();
+      flat.master_grad = grad_beside_master
                              ? flat.grad_shard
                              : Tensor::zeros({flat.shard_numel}, flat.dtype, host);
+      // Memory reports (MemoryKind): what lives in the host pool on purpose is offloaded.
+      flat.shard.storage()->set_kind(options_.offload_params ? MemoryKind::Offloaded
+                                                             : MemoryKind::Parameters);
+      flat.full_grad.storage()->set_kind(MemoryKind::Gradients);
+      flat.grad_shard.storage()->set_kind(MemoryKind::Gradients);
+      if (!flat.master.is_same(flat.shard)) flat.master.storage()->set_kind(MemoryKind::Offloaded);
+      if (!flat.master_grad.is_same(flat.grad_shard))
+        flat.master_grad.storage()->set_kind(MemoryKind::Offloaded);
       const int64_t element = static_cast<int64_t>(dtype_size(flat.dtype));
       footprint_.parameter_shards += flat.shard_numel * element;
       if (options_.stage >= 2) footprint_.gradient_shards += flat.shard_numel * element;
@@ -327,6 +340,37 @@ void ShardedEngine::reduce(size_t unit) {
                       : group_->reduce_scatter(flat.grad_shard, flat.full_grad,
                                                {.op = comm::ReduceOp::Avg});
   }
+  if (options_.stage < 2) return;
+  // Stages 2-3 keep only the shard of a reduced gradient. The previous unit's reduction had
+  // this unit's whole backward to run, so finishing it now rarely waits, and frees its full
+  // gradients: at most this unit's, the previous unit's and their enclosing units' full
+  // gradients are alive at once, whatever the timing (memory_estimate.cpp counts on it).
+  if (reducing_ >= 0) finish_reduction(static_cast<size_t>(reducing_));
+  reducing_ = static_cast<int64_t>(unit);
+}
+
+void ShardedEngine::finish_reduction(size_t unit) {
+  NoGradGuard no_grad;
+  for (FlatParam& flat : units_[unit]->flats) {
+    if (!flat.reduce) continue;
+    comm::WorkPtr work = std::move(flat.reduce);
+    try {
+      work->wait();
+    } catch (const CommError& e) {
+      throw CommError("[sharded] rank " + std::to_string(group_->rank()) +
+                          ": a gradient reduction failed: " + e.what() +
+                          "; did every rank run backward on the same model this step?",
+                      e.rank(), e.peer());
+    }
+    if (!flat.master_grad.is_same(flat.grad_shard)) copy_(flat.master_grad, flat.grad_shard);
+    if (options_.stage >= 2) {
+      for (size_t k : flat.params)
+        params_[k].second.set_grad(Tensor());
+      flat.full_grad.storage()->release();
+      full_grads_now_ -= static_cast<int64_t>(flat.full_grad.nbytes());
+    }
+  }
+  units_[unit]->grads_stale = options_.stage < 2;
 }
 
 void ShardedEngine::finalize_backward() {
@@ -339,28 +383,9 @@ void ShardedEngine::finalize_backward() {
            "reduced; every parameter of the module must take part in the loss");
     }
   }
-  NoGradGuard no_grad;
-  for (auto& unit : units_) {
-    for (FlatParam& flat : unit->flats) {
-      comm::WorkPtr work = std::move(flat.reduce);
-      try {
-        work->wait();
-      } catch (const CommError& e) {
-        throw CommError("[sharded] rank " + std::to_string(group_->rank()) +
-                            ": a gradient reduction failed: " + e.what() +
-                            "; did every rank run backward on the same model this step?",
-                        e.rank(), e.peer());
-      }
-      if (!flat.master_grad.is_same(flat.grad_shard)) copy_(flat.master_grad, flat.grad_shard);
-      if (options_.stage >= 2) {
-        for (size_t k : flat.params)
-          params_[k].second.set_grad(Tensor());
-        flat.full_grad.storage()->release();
-        full_grads_now_ -= static_cast<int64_t>(flat.full_grad.nbytes());
-      }
-    }
-    unit->grads_stale = options_.stage < 2;
-  }
+  reducing_ = -1;
+  for (size_t unit = 0; unit < units_.size(); ++unit)
+    finish_reduction(unit);
   for (size_t i = 0; i < segments_.size(); ++i)
     segments_[i].set_grad(segment_grads_[i]);
 }

@@ -101,6 +101,9 @@ class ShardedEngine {
   void free_full(size_t unit);      // stage 3: releases the gathered storage
   void ensure_gradients(size_t unit);
   void reduce(size_t unit);
+  // Waits for the unit's reduction and moves the result where the optimizer reads it;
+  // stages 2-3 then release the unit's full gradients. No-op when none is in flight.
+  void finish_reduction(size_t unit);
   void prefetch_after(size_t unit, bool forward);
   void track_gathered(int64_t delta);
   void remove_forward_hooks();
@@ -115,6 +118,7 @@ class ShardedEngine {
   std::vector<std::string> unit_paths_;
   std::vector<size_t> unit_of_param_;
   std::vector<bool> ready_;
+  int64_t reducing_ = -1;  // stages 2-3: the unit whose reduction is in flight, if any
   std::vector<size_t> forward_order_;  // units in the order the first forward ran them
   bool order_known_ = false;
   bool in_backward_ = false;

@@ -34,7 +34,9 @@ std::vector<Tensor> AccumulateGrad::apply(const std::vector<Tensor>& grad_output
     Tensor grad(leaf_->grad);
     add_(grad, incoming);
   } else {
-    leaf_->grad = incoming.clone().impl_ptr();
+    Tensor grad = incoming.clone();
+    grad.storage()->set_kind(MemoryKind::Gradients);
+    leaf_->grad = grad.impl_ptr();
   }
   for (GradReadyHook& hook : leaf_->grad_ready_hooks)
     hook(leaf);

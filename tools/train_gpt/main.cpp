@@ -13,6 +13,8 @@
 
 #include "nn/gpt_io.h"
 #include "strategies/devices.h"
+#include "strategies/memory_estimate.h"
+#include "strategies/memory_report.h"
 #include "strategies/registry.h"
 #include "strategies/trace.h"
 #include "tensor/allocator.h"
@@ -89,6 +91,24 @@ nn::GPTConfig config_from_init(const safetensors::Contents& contents, const nn::
   agree("--ctx", flags.context, file.context);
   agree("--heads", flags.heads, file.heads);
   return file;
+}
+
+void print_memory_estimate(const nn::GPT& model, const std::string& strategy,
+                           const strategies::StrategyOptions& options, int world) {
+  const strategies::MemoryEstimate e = strategies::estimate_memory(model, strategy, world, options);
+  std::printf("memory estimate per rank: %s on %d rank(s), %lld parameters, %lld unit(s), AdamW\n",
+              strategy.c_str(), world, static_cast<long long>(model.parameter_count()),
+              static_cast<long long>(e.units));
+  for (size_t k = 0; k < kMemoryKindCount; ++k) {
+    const auto kind = static_cast<MemoryKind>(k);
+    if (kind == MemoryKind::Activations) continue;
+    std::printf("  %-16s %10.2f MiB\n", memory_kind_name(kind),
+                static_cast<double>(e.peak(kind)) / (1 << 20));
+  }
+  std::printf("  %-16s %10.2f MiB (parameters + gradients + optimizer_state)\n", "model states",
+              static_cast<double>(e.model_states()) / (1 << 20));
+  std::printf("  %-16s %10s (not estimated: train a few steps and read the summary's peak by "
+              "kind)\n", "activations", "-");
 }
 
 int run(int argc, char** argv) {
@@ -179,6 +199,10 @@ int run(int argc, char** argv) {
                  "stage 3: when backward all-gathers the next unit: pre, post or none")
       ->check(CLI::IsMember({"pre", "post", "none"}))
       ->capture_default_str();
+  bool estimate_only = false;
+  app.add_flag("--estimate-memory", estimate_only,
+               "print the per-rank memory each kind needs under --strategy on --devices ranks "
+               "(parameters, gradients, optimizer state, communication, offloaded) and exit");
   bool list_strategies = false;
   app.add_flag("--list-strategies", list_strategies, "print the registered strategies and exit");
   app.add_option("--log-interval", log_interval, "steps between plain progress lines")
@@ -195,9 +219,6 @@ int run(int argc, char** argv) {
   }
   std::unique_ptr<strategies::Strategy> strategy =
       strategies::StrategyRegistry::get(strategy_name, strategy_options);
-  strategy->setup_environment();
-  check_devices(strategy_options.devices, *strategy);
-  const bool chief = strategy->is_global_zero();
 
   std::optional<safetensors::Contents> init;
   if (!init_path.empty()) {
@@ -211,6 +232,16 @@ int run(int argc, char** argv) {
     o.model.heads = 12;
     o.model.embd = 768;
   }
+  if (estimate_only) {
+    const int world =
+        strategies::parse_devices(strategy_options.devices, strategy->accelerator()).count *
+        strategy_options.num_nodes;
+    print_memory_estimate(nn::GPT(o.model, o.seed), strategy_name, strategy_options, world);
+    return 0;
+  }
+  strategy->setup_environment();
+  check_devices(strategy_options.devices, *strategy);
+  const bool chief = strategy->is_global_zero();
   nn::GPT model(o.model, o.seed);
   if (init) model.load_state_dict(nn::gpt_state_from_checkpoint(*init));
 
@@ -253,12 +284,14 @@ int run(int argc, char** argv) {
   }
   Progress progress(stdout, isatty(fileno(stdout)) != 0, o.steps, log_interval);
   double first_loss = 0, last_loss = 0, total_ms = 0, tokens = 0;
+  strategies::MemoryReport memory;  // the training steps' peaks, largest over ranks
   Throughput steady(o.steps);
   train(
       model, data, o,
       [&](const StepMetrics& m) {
         if (m.step == 0) first_loss = m.loss;
         last_loss = m.loss;
+        memory = m.memory;
         total_ms += m.ms_per_step;
         tokens += m.tokens_per_s * m.ms_per_step / 1e3;
         steady.add(m);
@@ -285,15 +318,16 @@ int run(int argc, char** argv) {
                 static_cast<long long>(scaler->skipped_steps()), scaler->scale());
   }
 
-  MemoryStats mem = allocator_for(strategy->root_device()).stats();
   std::printf(
       "summary: %lld steps, loss %.4f -> %.4f, %.1f ms/step, %.0f tokens/s, "
       "peak tensor memory %.1f MiB%s%s\n",
       static_cast<long long>(o.steps), first_loss, last_loss,
       o.steps ? total_ms / static_cast<double>(o.steps) : 0.0,
       total_ms > 0 ? tokens / (total_ms / 1e3) : 0.0,
-      static_cast<double>(mem.peak_bytes) / (1 << 20), save_path.empty() ? "" : ", saved to ",
+      static_cast<double>(memory.peak_bytes) / (1 << 20), save_path.empty() ? "" : ", saved to ",
       save_path.c_str());
+  std::printf("peak memory by kind (largest rank): %s\n",
+              strategies::peak_by_kind_text(memory).c_str());
   if (steady.steps() > 0 && strategy->root_device().is_cuda()) {
     // nanoGPT's estimate of the FLOPs of a training step per token: 6 per parameter
     // (forward and backward of every matmul) plus attention's 12 * layers * ctx * embd.
@@ -308,10 +342,10 @@ int run(int argc, char** argv) {
         steady.ms_per_step(), steady.tokens_per_s(), achieved_tflops,
         100.0 * achieved_tflops / peak_tflops, peak_tflops, strategy->root_device().str().c_str());
 #if LOOM_WITH_CUDA
-    cuda::CachingStats memory = cuda::caching_stats(strategy->root_device().index);
+    cuda::CachingStats caching = cuda::caching_stats(strategy->root_device().index);
     std::printf("peak memory: %.1f MiB allocated, %.1f MiB reserved by the caching allocator\n",
-                static_cast<double>(memory.peak_allocated_bytes) / (1 << 20),
-                static_cast<double>(memory.peak_reserved_bytes) / (1 << 20));
+                static_cast<double>(caching.peak_allocated_bytes) / (1 << 20),
+                static_cast<double>(caching.peak_reserved_bytes) / (1 << 20));
 #endif
   }
   return 0;

@@ -10,6 +10,7 @@
 #include "optim/clip_grad.h"
 #include "optim/lr_schedule.h"
 #include "strategies/data_parallel.h"
+#include "strategies/memory_report.h"
 #include "strategies/trace.h"
 #include "tensor/ops.h"
 
@@ -41,12 +42,17 @@ std::unique_ptr<optim::LrSchedule> make_schedule(const TrainOptions& o) {
 }  // namespace
 
 std::string metrics_json_line(const StepMetrics& m) {
+  nlohmann::json by_kind = nlohmann::json::object();
+  for (size_t k = 0; k < kMemoryKindCount; ++k)
+    by_kind[memory_kind_name(static_cast<MemoryKind>(k))] = m.memory.peak_by_kind[k];
   return nlohmann::json{{"step", m.step},
                         {"loss", m.loss},
                         {"lr", m.lr},
                         {"grad_norm", m.grad_norm},
                         {"tokens_per_s", m.tokens_per_s},
-                        {"ms_per_step", m.ms_per_step}}
+                        {"ms_per_step", m.ms_per_step},
+                        {"peak_bytes", m.memory.peak_bytes},
+                        {"peak_bytes_by_kind", by_kind}}
       .dump();
 }
 
@@ -68,6 +74,7 @@ void train(nn::GPT& model, const TokenBlocks& data, const TrainOptions& options,
                           .eps = options.eps,
                           .weight_decay = options.weight_decay});
   s.setup_optimizer(optimizer);
+  strategies::reset_memory_peaks(s.root_device());  // peaks of training, not of setup
   const int64_t accum = std::max<int64_t>(options.grad_accum, 1);
   const int64_t world = s.world_size(), rank = s.rank();
   strategies::Trace* trace = strategies::current_trace();
@@ -138,7 +145,9 @@ void train(nn::GPT& model, const TokenBlocks& data, const TrainOptions& options,
              .lr = lr,
              .grad_norm = norm,
              .ms_per_step = ms,
-             .tokens_per_s = static_cast<double>(tokens * world) / (ms / 1e3)});
+             .tokens_per_s = static_cast<double>(tokens * world) / (ms / 1e3),
+             .memory = strategies::max_over_ranks(
+                 s, strategies::local_memory_report(s.root_device()))});
   }
   s.gather_full_module();  // sharded strategies: the whole model on every rank again
 }

@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "nn/gpt.h"
+#include "strategies/memory_report.h"
 #include "strategies/strategy.h"
 #include "tools/train_gpt/token_blocks.h"
 
@@ -37,10 +38,13 @@ struct StepMetrics {
   double grad_norm;  // global gradient norm before clipping
   double ms_per_step;
   double tokens_per_s;  // all ranks together
+  // Peak tensor bytes so far, the largest over ranks (strategies/memory_report.h).
+  strategies::MemoryReport memory;
 };
 
 // One line of the --metrics JSONL file: {"step", "loss", "lr", "grad_norm", "tokens_per_s",
-// "ms_per_step"}, no trailing newline.
+// "ms_per_step", "peak_bytes", "peak_bytes_by_kind": {"activations", "parameters",
+// "gradients", "optimizer_state", "communication", "offloaded"}}, no trailing newline.
 std::string metrics_json_line(const StepMetrics& m);
 
 // Trains `model` in place on `data` and calls on_step after each step. `strategy` (already

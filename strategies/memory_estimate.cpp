@@ -1,0 +1,149 @@
+#include "strategies/memory_estimate.h"
+
+#include <algorithm>
+#include <map>
+
+#include "strategies/registry.h"
+#include "strategies/sharded/sharded_strategy.h"
+#include "strategies/sharded/units.h"
+
+namespace loom::strategies {
+
+namespace {
+
+int64_t& at(MemoryEstimate& e, MemoryKind kind) {
+  return e.peak_by_kind[static_cast<size_t>(kind)];
+}
+
+// Every parameter once, full size: single device and DDP. The DDP reducer's buckets are the
+// gradients (gradient_as_bucket_view) or a communication copy next to them.
+MemoryEstimate replicated(const nn::Module& model, bool ddp, bool gradient_as_bucket_view,
+                          int states_per_parameter) {
+  MemoryEstimate e;
+  for (const Tensor& p : model.parameters()) {
+    const int64_t bytes = static_cast<int64_t>(p.nbytes());
+    at(e, MemoryKind::Parameters) += bytes;
+    at(e, MemoryKind::Gradients) += bytes;
+    at(e, MemoryKind::OptimizerState) += states_per_parameter * bytes;
+    if (ddp && !gradient_as_bucket_view) at(e, MemoryKind::Communication) += bytes;
+  }
+  return e;
+}
+
+// One unit's flat buffers (one per dtype), as ShardedEngine lays them out.
+struct UnitBytes {
+  int64_t full = 0;        // padded full buffers
+  int64_t shard = 0;       // this rank's shards
+  int64_t shard_real = 0;  // rank 0's elements that are parameters, not padding, in bytes
+  int parent = -1;
+};
+
+// The sharding engine (strategies/sharded/engine.h): units in forward order (the plan's
+// pre-order), each gathered or holding full gradients together with its enclosing units.
+MemoryEstimate sharded_estimate(const nn::Module& model, const sharded::ShardingOptions& o,
+                                int world_size, int states_per_parameter) {
+  const int shards = o.stage == 0 ? 1 : world_size;
+  const sharded::WrapPolicy policy =
+      o.wrap_policy ? o.wrap_policy : sharded::make_wrap_policy(o.auto_wrap_policy);
+  const sharded::UnitPlan plan = sharded::plan_units(model, policy);
+  const std::vector<std::pair<std::string, Tensor>> params = model.named_parameters();
+
+  std::vector<UnitBytes> units;
+  for (const sharded::Unit& unit : plan.units) {
+    std::map<DType, int64_t> numel;
+    for (size_t k : unit.params)
+      numel[params[k].second.dtype()] += params[k].second.numel();
+    UnitBytes bytes{.parent = unit.parent};
+    for (const auto& [dtype, n] : numel) {
+      const int64_t element = static_cast<int64_t>(dtype_size(dtype));
+      const int64_t shard_numel = (n + shards - 1) / shards;
+      bytes.full += shard_numel * shards * element;
+      bytes.shard += shard_numel * element;
+      bytes.shard_real += std::min(shard_numel, n) * element;
+    }
+    units.push_back(bytes);
+  }
+  // Bytes of unit u and every unit enclosing it.
+  auto with_ancestors = [&](size_t u) {
+    int64_t total = 0;
+    for (int v = static_cast<int>(u); v >= 0; v = units[static_cast<size_t>(v)].parent)
+      total += units[static_cast<size_t>(v)].full;
+    return total;
+  };
+  int64_t all_full = 0, all_shards = 0, all_real = 0;
+  for (const UnitBytes& u : units) {
+    all_full += u.full;
+    all_shards += u.shard;
+    all_real += u.shard_real;
+  }
+
+  // Stage 3: while unit u runs (forward or backward), it and its enclosing units are
+  // gathered, plus the next unit when it is prefetched; SHARD_GRAD_OP keeps every unit
+  // gathered from its forward to its backward.
+  const bool prefetch = o.forward_prefetch || o.backward_prefetch == sharded::BackwardPrefetch::Pre;
+  int64_t gathered = 0;
+  for (size_t u = 0; u < units.size(); ++u) {
+    const int64_t next = prefetch && u + 1 < units.size() ? units[u + 1].full : 0;
+    gathered = std::max(gathered, with_ancestors(u) + next);
+  }
+  if (!o.reshard_after_forward) gathered = all_full;
+  // Stages 2-3: a unit's full gradients live from its backward until its reduce-scatter is
+  // finished, which the engine checks when the next unit's reduction starts: so unit u's
+  // backward runs beside its enclosing units' and the unit reduced just before it
+  // (the next one in forward order).
+  int64_t full_grads = 0;
+  for (size_t u = 0; u < units.size(); ++u) {
+    const int64_t reducing = u + 1 < units.size() ? units[u + 1].full : 0;
+    full_grads = std::max(full_grads, with_ancestors(u) + reducing);
+  }
+
+  MemoryEstimate e;
+  e.units = static_cast<int64_t>(units.size());
+  const bool offload_params = o.offload_params && o.stage == 3;
+  const bool own_master = o.offload_optimizer && !offload_params;
+  // Parameters: full buffers (stages 0-2) or shards plus what is gathered (stage 3).
+  if (o.stage < 3) {
+    at(e, MemoryKind::Parameters) = all_full;
+  } else {
+    at(e, MemoryKind::Parameters) = gathered + (offload_params ? 0 : all_shards);
+    if (offload_params) at(e, MemoryKind::Offloaded) += all_shards;
+  }
+  // Gradients: full buffers kept (stages 0-1) or shards plus the full working set (2-3).
+  at(e, MemoryKind::Gradients) = o.stage < 2 ? all_full : all_shards + full_grads;
+  // Optimizer state: per real element of this rank's shard; the master copy and its
+  // gradient in the host pool when offloaded.
+  const int64_t state = states_per_parameter * all_real;
+  if (o.offload_optimizer || offload_params) {
+    at(e, MemoryKind::Offloaded) += state;
+    if (own_master) at(e, MemoryKind::Offloaded) += 2 * all_shards;  // master and its grad
+  } else {
+    at(e, MemoryKind::OptimizerState) = state;
+  }
+  return e;
+}
+
+}  // namespace
+
+MemoryEstimate estimate_memory(const nn::Module& model, const std::string& strategy,
+                               int world_size, const StrategyOptions& options,
+                               int states_per_parameter) {
+  if (world_size < 1) fail("[memory] estimate_memory: world_size must be >= 1, got ", world_size);
+  if (states_per_parameter < 0) {
+    fail("[memory] estimate_memory: states_per_parameter must be >= 0 (AdamW 2, SGD with "
+         "momentum 1), got ", states_per_parameter);
+  }
+  // The registry applies the name's defaults (stage, offload, wrap policy) to the options.
+  std::unique_ptr<Strategy> made = StrategyRegistry::get(strategy, options);
+  if (auto* sharded = dynamic_cast<ShardedStrategy*>(made.get()))
+    return sharded_estimate(model, sharded->options().sharding, world_size, states_per_parameter);
+  if (auto* ddp = dynamic_cast<DDPStrategy*>(made.get()))
+    return replicated(model, true, ddp->options().ddp.gradient_as_bucket_view,
+                      states_per_parameter);
+  if (dynamic_cast<SingleDeviceStrategy*>(made.get()))
+    return replicated(model, false, false, states_per_parameter);
+  fail("[memory] estimate_memory: no memory model for strategy '", strategy,
+       "'; estimates cover single_device, the ddp names and the sharded names "
+       "(deepspeed*, fsdp*)");
+}
+
+}  // namespace loom::strategies
