@@ -78,12 +78,15 @@ MemoryEstimate sharded_estimate(const nn::Module& model, const sharded::Sharding
   }
 
   // Stage 3: while unit u runs (forward or backward), it and its enclosing units are
-  // gathered, plus the next unit when it is prefetched; SHARD_GRAD_OP keeps every unit
-  // gathered from its forward to its backward.
+  // gathered, plus the next unit (two without limit_all_gathers) when it is prefetched;
+  // SHARD_GRAD_OP keeps every unit gathered from its forward to its backward.
   const bool prefetch = o.forward_prefetch || o.backward_prefetch == sharded::BackwardPrefetch::Pre;
+  const size_t ahead = !prefetch ? 0 : o.limit_all_gathers ? 1 : 2;
   int64_t gathered = 0;
   for (size_t u = 0; u < units.size(); ++u) {
-    const int64_t next = prefetch && u + 1 < units.size() ? units[u + 1].full : 0;
+    int64_t next = 0;
+    for (size_t v = u + 1; v <= u + ahead && v < units.size(); ++v)
+      next += units[v].full;
     gathered = std::max(gathered, with_ancestors(u) + next);
   }
   if (!o.reshard_after_forward) gathered = all_full;

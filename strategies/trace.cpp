@@ -150,4 +150,15 @@ Trace::Span::~Span() {
                    tid_, std::move(args_));
 }
 
+int CommLanes::row_for(Trace& trace, int64_t start_us, int64_t end_us) {
+  size_t lane = 0;
+  while (lane < free_at_.size() && free_at_[lane] > start_us)
+    ++lane;
+  if (lane == free_at_.size()) free_at_.push_back(0);
+  free_at_[lane] = end_us;
+  const int tid = Trace::kCommThread + static_cast<int>(lane);
+  if (lane > 0) trace.set_thread_name(tid, "comm " + std::to_string(lane + 1));
+  return tid;
+}
+
 }  // namespace loom::strategies

@@ -84,6 +84,19 @@ class Trace {
   std::map<int, std::string> thread_names_;
 };
 
+// Rows for communication spans that may overlap (buckets or units in flight together): a
+// span goes to the first comm row whose last span ended by its start ("comm", then
+// "comm 2", ...), so that viewers never see improperly nested slices on one row. Record
+// spans in the order they end.
+class CommLanes {
+ public:
+  // The row (a Trace tid) for [start_us, end_us); names new rows in `trace`.
+  int row_for(Trace& trace, int64_t start_us, int64_t end_us);
+
+ private:
+  std::vector<int64_t> free_at_;  // per row: when its last span ended
+};
+
 // The process-wide trace that instrumented library code (the DDP reducer, train_gpt's loop)
 // records into; null (the default) turns recording off. The caller owns the Trace and must
 // reset the pointer before destroying it.

@@ -177,8 +177,7 @@ void Reducer::mark_ready(size_t param) {
 // Each bucket's span runs from the launch of its communication to the moment the main
 // thread learns it finished: finish() is called bucket by bucket after backward, so the end
 // is an upper bound (the work may have completed earlier on the comm thread). Spans that
-// overlap go to extra rows ("comm 2", ...) so that viewers never see improperly nested
-// slices on one row; the default "allreduce" hook gives names like
+// overlap go to extra rows (CommLanes); the default "allreduce" hook gives names like
 // "bucket 0 allreduce (4096 bytes)".
 
 // Buckets go out strictly in index order, so every rank issues the same allreduces in the
@@ -207,7 +206,7 @@ void Reducer::finalize_backward() {
   // See Note [Bucket spans in the trace].
   Trace* trace = current_trace();
   Trace::Span wait_span(trace, "ddp wait for buckets", "ddp");
-  std::vector<int64_t> lane_free_at;  // per comm row: when its last bucket span ended
+  CommLanes lanes;
   for (size_t b = 0; b < buckets_.size(); ++b) {
     Bucket& bucket = *buckets_[b];
     std::unique_ptr<PendingBucket> work = std::move(bucket.work);
@@ -223,13 +222,7 @@ void Reducer::finalize_backward() {
     }
     if (trace == nullptr || bucket.launched_us < 0) continue;
     int64_t end = trace->now_us();
-    size_t lane = 0;
-    while (lane < lane_free_at.size() && lane_free_at[lane] > bucket.launched_us)
-      ++lane;
-    if (lane == lane_free_at.size()) lane_free_at.push_back(0);
-    lane_free_at[lane] = end;
-    int tid = Trace::kCommThread + static_cast<int>(lane);
-    if (lane > 0) trace->set_thread_name(tid, "comm " + std::to_string(lane + 1));
+    const int tid = lanes.row_for(*trace, bucket.launched_us, end);
     const int64_t bytes = static_cast<int64_t>(bucket.flat.nbytes());
     trace->complete("bucket " + std::to_string(b) + " " + options_.comm_hook + " (" +
                         std::to_string(bytes) + " bytes)",

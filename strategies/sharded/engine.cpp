@@ -7,6 +7,7 @@
 
 #include "kernels/cpu/exact_square_sum.h"
 #include "optim/clip_grad.h"
+#include "strategies/trace.h"
 #include "tensor/autograd/function.h"
 #include "tensor/ops.h"
 
@@ -216,23 +217,52 @@ void ShardedEngine::gather(size_t unit) {
     track_gathered(static_cast<int64_t>(flat.full.nbytes()));
     Tensor input = flat.shard.device() == flat.full.device() ? flat.shard
                                                               : flat.shard.to(flat.full.device());
+    Trace* trace = current_trace();
+    flat.gather_issued_us = trace != nullptr ? trace->now_us() : -1;
     flat.gather = group_->all_gather(flat.full, input);
   }
 }
 
+// Note [Unit spans in the trace]
+// A unit's all-gather and reduction show on the comm rows from issue to the moment the
+// training thread learns they finished (an upper bound, as for DDP's buckets), named
+// "unit 3 all-gather (blocks.1, 4096 bytes)"; the time the training thread spent blocked
+// in that wait shows on the main row as "wait all-gather unit 3": communication that
+// compute did not hide.
+void ShardedEngine::wait_for(FlatParam& flat, size_t unit, bool gather) {
+  comm::WorkPtr& work = gather ? flat.gather : flat.reduce;
+  int64_t& issued_us = gather ? flat.gather_issued_us : flat.reduce_issued_us;
+  if (!work) return;
+  const char* op = gather ? "all-gather" : options_.stage < 2 ? "allreduce" : "reduce-scatter";
+  Trace* trace = issued_us >= 0 ? current_trace() : nullptr;
+  const int64_t wait_start = trace != nullptr ? trace->now_us() : 0;
+  comm::WorkPtr done = std::move(work);
+  done->wait();
+  if (trace == nullptr) return;
+  const int64_t end = trace->now_us();
+  const int64_t bytes = static_cast<int64_t>(gather ? flat.full.nbytes() : flat.full_grad.nbytes());
+  const Trace::Args args = {{"unit", static_cast<int64_t>(unit)}, {"bytes", bytes}};
+  const std::string label = "unit " + std::to_string(unit) + " " + op;
+  if (end > wait_start)
+    trace->complete("wait " + label, "sharded", wait_start, end - wait_start, Trace::kMainThread,
+                    args);
+  trace->complete(label + " (" + (unit_paths_[unit].empty() ? "root" : unit_paths_[unit]) +
+                      ", " + std::to_string(bytes) + " bytes)",
+                  "sharded", issued_us, end - issued_us, lanes_.row_for(*trace, issued_us, end),
+                  args);
+  issued_us = -1;
+}
+
 void ShardedEngine::wait_gathered(size_t unit) {
   gather(unit);
-  for (FlatParam& flat : units_[unit]->flats) {
-    if (flat.gather) flat.gather->wait();
-    flat.gather = nullptr;
-  }
+  for (FlatParam& flat : units_[unit]->flats)
+    wait_for(flat, unit, true);
 }
 
 void ShardedEngine::free_full(size_t unit) {
   if (options_.stage < 3) return;
   for (FlatParam& flat : units_[unit]->flats) {
-    if (flat.gather) flat.gather->wait();
-    flat.gather = nullptr;
+    wait_for(flat, unit, true);
     if (!flat.gathered()) continue;
     flat.full.storage()->release();
     track_gathered(-static_cast<int64_t>(flat.full.nbytes()));
@@ -334,7 +364,9 @@ void ShardedEngine::on_gradient_ready(size_t param) {
 }
 
 void ShardedEngine::reduce(size_t unit) {
+  Trace* trace = current_trace();
   for (FlatParam& flat : units_[unit]->flats) {
+    flat.reduce_issued_us = trace != nullptr ? trace->now_us() : -1;
     flat.reduce = options_.stage < 2
                       ? group_->allreduce(flat.full_grad, {.op = comm::ReduceOp::Avg})
                       : group_->reduce_scatter(flat.grad_shard, flat.full_grad,
@@ -353,9 +385,8 @@ void ShardedEngine::finish_reduction(size_t unit) {
   NoGradGuard no_grad;
   for (FlatParam& flat : units_[unit]->flats) {
     if (!flat.reduce) continue;
-    comm::WorkPtr work = std::move(flat.reduce);
     try {
-      work->wait();
+      wait_for(flat, unit, false);
     } catch (const CommError& e) {
       throw CommError("[sharded] rank " + std::to_string(group_->rank()) +
                           ": a gradient reduction failed: " + e.what() +
@@ -435,16 +466,20 @@ void ShardedEngine::after_step() {
   // Stage 3: nothing gathered before the step may outlive it (the shards just changed).
   for (size_t u = 0; u < units_.size(); ++u)
     free_full(u);
-  std::vector<comm::WorkPtr> works;
+  Trace* trace = current_trace();
   for (auto& unit : units_) {
     for (FlatParam& flat : unit->flats) {
       if (!flat.master.is_same(flat.shard)) copy_(flat.shard, flat.master);
-      if (options_.stage < 3 && shard_world_ > 1)
-        works.push_back(group_->all_gather(flat.full, flat.shard));
+      if (options_.stage < 3 && shard_world_ > 1) {
+        flat.gather_issued_us = trace != nullptr ? trace->now_us() : -1;
+        flat.gather = group_->all_gather(flat.full, flat.shard);
+      }
     }
   }
-  for (auto& work : works)
-    work->wait();
+  for (size_t u = 0; u < units_.size(); ++u) {
+    for (FlatParam& flat : units_[u]->flats)
+      wait_for(flat, u, true);
+  }
 }
 
 double ShardedEngine::grad_norm(double norm_type) {

@@ -31,6 +31,7 @@
 #include "optim/optimizer.h"
 #include "strategies/sharded/flat_param.h"
 #include "strategies/sharded/options.h"
+#include "strategies/trace.h"
 
 namespace loom::strategies::sharded {
 
@@ -99,6 +100,8 @@ class ShardedEngine {
   void gather(size_t unit);         // issues the all-gather when not held
   void wait_gathered(size_t unit);  // issues it if needed, then waits
   void free_full(size_t unit);      // stage 3: releases the gathered storage
+  // Waits for the flat's all-gather (gather) or reduction, recording both in the trace.
+  void wait_for(FlatParam& flat, size_t unit, bool gather);
   void ensure_gradients(size_t unit);
   void reduce(size_t unit);
   // Waits for the unit's reduction and moves the result where the optimizer reads it;
@@ -129,6 +132,7 @@ class ShardedEngine {
   std::vector<Tensor> segment_grads_;  // each segment's gradient: a view of master_grad
   std::shared_ptr<bool> alive_;
   Footprint footprint_;
+  CommLanes lanes_;  // trace rows for overlapping all-gathers and reductions
   int64_t gathered_now_ = 0, full_grads_now_ = 0;
 };
 

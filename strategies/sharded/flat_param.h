@@ -29,6 +29,9 @@ struct FlatParam {
   Tensor master_grad;  // grad_shard, or its host copy (offload)
   comm::WorkPtr gather;  // in-flight all-gather into full
   comm::WorkPtr reduce;  // in-flight reduction of full_grad
+  // When each was issued, for the trace (microseconds of the current Trace; -1 untraced).
+  int64_t gather_issued_us = -1;
+  int64_t reduce_issued_us = -1;
 
   bool gathered() const { return full.storage()->materialized(); }
 };

@@ -231,5 +231,72 @@ TEST(Trace, DDPTrainingShowsStepsAndBucketsOverlappingBackward) {
   std::filesystem::remove_all(dir);
 }
 
+TEST(Trace, ShardedTrainingShowsEachUnitsAllGatherAndReduceScatter) {
+  const int64_t steps = 2;
+  std::string dir = temp_dir();
+  expect_all_ok(run_ranks(2, [&](int rank, int size, std::shared_ptr<comm::Store> store) {
+    StrategyOptions options;
+    options.sharding.auto_wrap_policy = "Block";
+    options.sharding.forward_prefetch = true;
+    auto fsdp = StrategyRegistry::get("fsdp", options);
+    dynamic_cast<ParallelStrategy&>(*fsdp).set_process_group(std::make_shared<comm::ProcessGroup>(
+        rank, size, store, comm::GroupOptions{.timeout = 30s}));
+    fsdp->setup_environment();
+    nn::GPTConfig c;
+    c.vocab_size = 64;
+    c.context = 8;
+    c.layers = 2;
+    c.heads = 2;
+    c.embd = 16;
+    nn::GPT model(c, 4);
+    train_gpt::TrainOptions o;
+    o.model = c;
+    o.batch = 2;
+    o.steps = steps;
+    std::vector<uint8_t> bytes = train_gpt::default_corpus(1 << 12);
+    for (uint8_t& b : bytes)
+      b %= 64;
+    train_gpt::TokenBlocks data(bytes, 2, 8, 64);
+    Trace trace;
+    set_current_trace(&trace);
+    train_gpt::train(
+        model, data, o, [](const train_gpt::StepMetrics&) {}, fsdp.get());
+    set_current_trace(nullptr);
+    std::string path = trace_path_for_rank(dir + "/sharded.json", rank, size);
+    trace.write(path, rank);
+
+    // Units: 0 the root, 1 and 2 the blocks. Each step gathers every unit for forward, the
+    // blocks again for backward (the root stays gathered), and reduce-scatters every unit;
+    // train() ends by gathering the whole model once more (gather_full_module).
+    std::map<std::string, int> count;
+    std::map<int, std::vector<std::pair<int64_t, int64_t>>> comm_rows;
+    const json doc = read_json(path);
+    for (const json& e : doc["traceEvents"]) {
+      if (e["ph"] != "X" || e["cat"] != "sharded") continue;
+      const std::string name = e["name"];
+      if (name.rfind("wait ", 0) == 0) {
+        EXPECT_EQ(e["tid"], 0) << name;
+        continue;
+      }
+      EXPECT_GE(e["tid"].get<int>(), 1) << name;
+      comm_rows[e["tid"].get<int>()].emplace_back(e["ts"].get<int64_t>(),
+                                                 e["ts"].get<int64_t>() + e["dur"].get<int64_t>());
+      count[name.substr(0, name.find(" ("))]++;
+    }
+    EXPECT_EQ(count["unit 0 all-gather"], steps + 1);
+    EXPECT_EQ(count["unit 1 all-gather"], 2 * steps + 1);
+    EXPECT_EQ(count["unit 2 all-gather"], 2 * steps + 1);
+    for (const char* unit : {"unit 0 reduce-scatter", "unit 1 reduce-scatter",
+                             "unit 2 reduce-scatter"})
+      EXPECT_EQ(count[unit], steps) << unit;
+    for (auto& [tid, spans] : comm_rows) {  // no two spans overlap on one row
+      std::sort(spans.begin(), spans.end());
+      for (size_t i = 1; i < spans.size(); ++i)
+        EXPECT_LE(spans[i - 1].second, spans[i].first) << "row " << tid;
+    }
+  }));
+  std::filesystem::remove_all(dir);
+}
+
 }  // namespace
 }  // namespace loom::strategies
