@@ -110,6 +110,13 @@ ProcessGroup::~ProcessGroup() {
 template <typename Body>
 WorkPtr ProcessGroup::submit(Op op, const Tensor& first, const Tensor& second, Body&& body,
                              bool async_op) {
+  {
+    std::lock_guard count(traffic_mutex_);
+    Traffic& t = traffic_[std::string(op.label.kind)];
+    ++t.calls;
+    t.bytes += static_cast<int64_t>(std::max(first.defined() ? first.nbytes() : 0,
+                                             second.defined() ? second.nbytes() : 0));
+  }
   std::unique_lock lock(mutex_);
   op.label.seq = next_seq_++;
   op.work = std::make_shared<Work>(op.label, op.timeout);
@@ -420,6 +427,11 @@ WorkPtr ProcessGroup::barrier(const CollectiveOptions& o) {
   return submit(
       std::move(op), Tensor(), Tensor(),
       [](Backend& b, Deadline d, Tensor&, Tensor&) { b.barrier(d); }, o.async_op);
+}
+
+std::map<std::string, ProcessGroup::Traffic, std::less<>> ProcessGroup::traffic() const {
+  std::lock_guard lock(traffic_mutex_);
+  return traffic_;
 }
 
 std::shared_ptr<ProcessGroup> ProcessGroup::split(int color, int key) {

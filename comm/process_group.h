@@ -24,6 +24,7 @@
 #include <condition_variable>
 #include <deque>
 #include <functional>
+#include <map>
 #include <memory>
 #include <mutex>
 #include <optional>
@@ -99,6 +100,16 @@ class ProcessGroup : public std::enable_shared_from_this<ProcessGroup> {
   WorkPtr recv(Tensor& tensor, int src, const P2POptions& options = {});
   WorkPtr barrier(const CollectiveOptions& options = {});
 
+  // Operations issued on this group so far, by kind ("allreduce", "all_gather", ...): how
+  // many, and their bytes as nccl-tests size them: the larger of an operation's tensors, so
+  // the whole gathered or scattered buffer for all_gather and reduce_scatter. For
+  // benchmarks and reports; thread-safe.
+  struct Traffic {
+    int64_t calls = 0;
+    int64_t bytes = 0;
+  };
+  std::map<std::string, Traffic, std::less<>> traffic() const;
+
   // Collective over this group: ranks passing the same color form a new group, ordered by
   // (key, rank). A negative color joins no group and gets nullptr. A backend that splits
   // natively (nccl) does so in issue order after this group's earlier operations.
@@ -143,6 +154,8 @@ class ProcessGroup : public std::enable_shared_from_this<ProcessGroup> {
   // operations] in process_group.cpp.
   std::atomic<bool> running_{false};
   std::atomic<int> queued_count_{0};  // size of queue_, readable without the mutex
+  mutable std::mutex traffic_mutex_;
+  std::map<std::string, Traffic, std::less<>> traffic_;
   std::exception_ptr broken_;
   std::thread progress_;
 };

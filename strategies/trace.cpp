@@ -70,6 +70,11 @@ size_t Trace::event_count() const {
   return events_.size();
 }
 
+std::vector<Trace::Event> Trace::events() const {
+  std::lock_guard lock(mutex_);
+  return events_;
+}
+
 void Trace::write(const std::string& path, int rank) const {
   std::vector<Event> events;
   std::map<int, std::string> names;

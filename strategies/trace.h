@@ -45,7 +45,16 @@ class Trace {
   // Names row `tid` in the viewer; rows 0 and 1 are "main" and "comm" unless renamed.
   void set_thread_name(int tid, std::string name);
 
+  struct Event {
+    char phase;  // 'X' or 'i'
+    std::string name, category;
+    int64_t ts, dur;  // microseconds; dur is 0 for instants
+    int tid;
+    Args args;
+  };
   size_t event_count() const;
+  // A copy of the events recorded so far, in recording order (for reports that sum spans).
+  std::vector<Event> events() const;
 
   // Writes the Chrome JSON object format with pid = rank; events sorted by start time,
   // metadata ("M") events first. Atomic: a temporary file next to `path`, then rename.
@@ -70,14 +79,6 @@ class Trace {
   };
 
  private:
-  struct Event {
-    char phase;  // 'X' or 'i'
-    std::string name, category;
-    int64_t ts, dur;
-    int tid;
-    Args args;
-  };
-
   Clock::time_point epoch_;
   mutable std::mutex mutex_;
   std::vector<Event> events_;

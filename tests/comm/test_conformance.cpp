@@ -291,6 +291,24 @@ std::string param_name(const ::testing::TestParamInfo<std::tuple<std::string, in
   return std::get<0>(info.param) + "_world" + std::to_string(std::get<1>(info.param));
 }
 
+TEST_P(Conformance, TrafficCountsCallsAndNcclTestsSizes) {
+  on_ranks([](ProcessGroup& pg) {
+    Tensor t = Tensor::zeros({10});
+    pg.allreduce(t)->wait();
+    pg.allreduce(t)->wait();
+    Tensor full = Tensor::zeros({5 * pg.size()}), part = Tensor::zeros({5});
+    pg.all_gather(full, part)->wait();
+    pg.reduce_scatter(part, full)->wait();
+    const auto traffic = pg.traffic();
+    EXPECT_EQ(traffic.at("allreduce").calls, 2);
+    EXPECT_EQ(traffic.at("allreduce").bytes, 80);
+    // The whole buffer, as nccl-tests' size column: every rank's part together.
+    EXPECT_EQ(traffic.at("all_gather").bytes, 20 * pg.size());
+    EXPECT_EQ(traffic.at("reduce_scatter").bytes, 20 * pg.size());
+    EXPECT_EQ(traffic.count("broadcast"), 0u);
+  });
+}
+
 INSTANTIATE_TEST_SUITE_P(Backends, Conformance,
                          ::testing::Combine(::testing::Values("shm"),
                                             ::testing::Values(1, 2, 3, 4)),

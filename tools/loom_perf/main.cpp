@@ -2,6 +2,7 @@
 //
 //   loom-perf allreduce --np 2 -b 8 -e 256M          # launches 2 ranks itself
 //   loomrun --nproc-per-node 4 loom-perf all_gather -b 1K -e 64M -d bf16
+//   loom-perf strategy --strategy fsdp --layers 8 --embd 512 --np 2   # strategy_bench.h
 //
 // Same flags and table as nccl-tests' *_perf programs; one binary, the collective first.
 // Exit codes: 0 success, 1 wrong results or a failure, 2 bad usage.
@@ -18,6 +19,7 @@
 #include "tools/loom_perf/options.h"
 #include "tools/loom_perf/report.h"
 #include "tools/loom_perf/runner.h"
+#include "tools/loom_perf/strategy_bench.h"
 
 namespace {
 
@@ -146,6 +148,7 @@ int run(const PerfOptions& options) {
 }  // namespace
 
 int main(int argc, char** argv) {
+  if (argc > 1 && std::string(argv[1]) == "strategy") return loom::perf::strategy_main(argc, argv);
   PerfOptions options;
   if (auto exit_code = parse(argc, argv, options)) return *exit_code;
   const char* rank = std::getenv("RANK");
