@@ -16,6 +16,7 @@
 #include "strategies/memory_estimate.h"
 #include "strategies/memory_report.h"
 #include "strategies/registry.h"
+#include "strategies/sharded/sharded_strategy.h"
 #include "strategies/trace.h"
 #include "tensor/allocator.h"
 #if LOOM_WITH_CUDA
@@ -91,6 +92,24 @@ nn::GPTConfig config_from_init(const safetensors::Contents& contents, const nn::
   agree("--ctx", flags.context, file.context);
   agree("--heads", flags.heads, file.heads);
   return file;
+}
+
+// The sharding flags mean nothing to a strategy that replicates the model (dp, ddp, ...):
+// refuse them rather than train unsharded while the user believes otherwise.
+void check_sharding_flags(const CLI::App& app, const strategies::Strategy& strategy) {
+  if (dynamic_cast<const strategies::ShardedStrategy*>(&strategy) != nullptr) return;
+  for (const char* flag : {"--wrap-policy", "--fsdp-sharding-strategy", "--forward-prefetch",
+                           "--backward-prefetch"}) {
+    if (app.count(flag) == 0) continue;
+    std::string sharded;
+    for (const auto& [name, description] : strategies::StrategyRegistry::available_strategies()) {
+      if (name.rfind("deepspeed", 0) == 0 || name.rfind("fsdp", 0) == 0)
+        sharded += (sharded.empty() ? "" : ", ") + name;
+    }
+    fail("[train_gpt] ", flag, " applies to the sharded strategies, but --strategy ",
+         strategy.name(), " replicates the whole model on every rank (parameters are not "
+         "sharded under it); use one of: ", sharded);
+  }
 }
 
 void print_memory_estimate(const nn::GPT& model, const std::string& strategy,
@@ -219,6 +238,7 @@ int run(int argc, char** argv) {
   }
   std::unique_ptr<strategies::Strategy> strategy =
       strategies::StrategyRegistry::get(strategy_name, strategy_options);
+  check_sharding_flags(app, *strategy);
 
   std::optional<safetensors::Contents> init;
   if (!init_path.empty()) {
