@@ -149,11 +149,6 @@ ShardedEngine::ShardedEngine(nn::Module& module, std::shared_ptr<comm::ProcessGr
       if (!flat.master.is_same(flat.shard)) flat.master.storage()->set_kind(MemoryKind::Offloaded);
       if (!flat.master_grad.is_same(flat.grad_shard))
         flat.master_grad.storage()->set_kind(MemoryKind::Offloaded);
-      const int64_t element = static_cast<int64_t>(dtype_size(flat.dtype));
-      footprint_.parameter_shards += flat.shard_numel * element;
-      if (options_.stage >= 2) footprint_.gradient_shards += flat.shard_numel * element;
-      if (!flat.master.is_same(flat.shard)) footprint_.host_master += flat.shard_numel * element;
-      if (options_.stage < 3) track_gathered(padded * element);
     }
     units_.push_back(std::move(state));
   }
@@ -203,18 +198,11 @@ std::string ShardedEngine::name_of(size_t param) const {
   return params_[param].first;
 }
 
-void ShardedEngine::track_gathered(int64_t delta) {
-  gathered_now_ += delta;
-  footprint_.gathered_parameters_peak =
-      std::max(footprint_.gathered_parameters_peak, gathered_now_);
-}
-
 void ShardedEngine::gather(size_t unit) {
   if (options_.stage < 3) return;
   for (FlatParam& flat : units_[unit]->flats) {
     if (flat.gather || flat.gathered()) continue;
     flat.full.storage()->materialize();
-    track_gathered(static_cast<int64_t>(flat.full.nbytes()));
     Tensor input = flat.shard.device() == flat.full.device() ? flat.shard
                                                               : flat.shard.to(flat.full.device());
     Trace* trace = current_trace();
@@ -265,7 +253,6 @@ void ShardedEngine::free_full(size_t unit) {
     wait_for(flat, unit, true);
     if (!flat.gathered()) continue;
     flat.full.storage()->release();
-    track_gathered(-static_cast<int64_t>(flat.full.nbytes()));
   }
 }
 
@@ -324,8 +311,6 @@ void ShardedEngine::ensure_gradients(size_t unit) {
     if (!flat.full_grad.storage()->materialized()) {
       flat.full_grad.storage()->materialize();
       fill_(flat.full_grad, 0.0);
-      full_grads_now_ += static_cast<int64_t>(flat.full_grad.nbytes());
-      footprint_.full_gradients_peak = std::max(footprint_.full_gradients_peak, full_grads_now_);
     } else if (state.grads_stale) {
       fill_(flat.full_grad, 0.0);
     }
@@ -398,7 +383,6 @@ void ShardedEngine::finish_reduction(size_t unit) {
       for (size_t k : flat.params)
         params_[k].second.set_grad(Tensor());
       flat.full_grad.storage()->release();
-      full_grads_now_ -= static_cast<int64_t>(flat.full_grad.nbytes());
     }
   }
   units_[unit]->grads_stale = options_.stage < 2;

@@ -82,13 +82,6 @@ class ShardedEngine {
 
   size_t unit_count() const;
   const std::vector<std::string>& unit_paths() const { return unit_paths_; }
-  // Bytes of the flat buffers by role, for memory reports: this rank's parameter shards,
-  // the gathered parameters currently held, and so on (see engine.cpp).
-  struct Footprint {
-    int64_t parameter_shards = 0, gathered_parameters_peak = 0, gradient_shards = 0,
-            full_gradients_peak = 0, host_master = 0;
-  };
-  Footprint footprint() const { return footprint_; }
 
  private:
   friend class UnitHook;
@@ -108,7 +101,6 @@ class ShardedEngine {
   // stages 2-3 then release the unit's full gradients. No-op when none is in flight.
   void finish_reduction(size_t unit);
   void prefetch_after(size_t unit, bool forward);
-  void track_gathered(int64_t delta);
   void remove_forward_hooks();
   std::string name_of(size_t param) const;
 
@@ -131,9 +123,7 @@ class ShardedEngine {
   std::vector<size_t> segment_param_;  // the parameter each segment belongs to
   std::vector<Tensor> segment_grads_;  // each segment's gradient: a view of master_grad
   std::shared_ptr<bool> alive_;
-  Footprint footprint_;
   CommLanes lanes_;  // trace rows for overlapping all-gathers and reductions
-  int64_t gathered_now_ = 0, full_grads_now_ = 0;
 };
 
 }  // namespace loom::strategies::sharded
