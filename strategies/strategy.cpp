@@ -1,8 +1,10 @@
 #include "strategies/strategy.h"
 
-#include <cstdlib>
-
+#include <algorithm>
 #include <cmath>
+#include <cstdlib>
+#include <optional>
+
 #include "strategies/devices.h"
 #include "strategies/local_launch.h"
 
@@ -25,7 +27,7 @@ void Strategy::setup_module(nn::Module& module) {
 Strategy::Strategy(StrategyOptions options) : options_(std::move(options)) {
   accelerator_ = make_accelerator(options_.accelerator);
   parse_devices(options_.devices, *accelerator_);  // a clear error now rather than later
-  set_precision(make_precision(options_.precision));
+  set_precision(make_precision(options_.precision, options_.loss_scaler));
   if (options_.num_nodes < 1)
     fail("[strategy] num_nodes must be at least 1, got ", options_.num_nodes);
 }
@@ -82,7 +84,7 @@ void LossScaler::unscale(const std::vector<Tensor>& params) {
 
 void LossScaler::update() {
   if (found_inf_) {
-    scale_ *= options_.backoff;
+    scale_ = std::max(scale_ * options_.backoff, options_.min_scale);
     clean_steps_ = 0;
     ++skipped_;
   } else if (++clean_steps_ == options_.growth_interval) {
@@ -113,28 +115,30 @@ namespace {
 
 class BuiltinPrecision final : public Precision {
  public:
-  BuiltinPrecision(std::string name, DType dtype, bool scaled)
-      : name_(std::move(name)), dtype_(dtype), scaled_(scaled) {}
+  BuiltinPrecision(std::string name, DType dtype, std::optional<LossScalerOptions> scaler)
+      : name_(std::move(name)), dtype_(dtype), scaler_(scaler) {}
   std::string name() const override { return name_; }
   DType compute_dtype() const override { return dtype_; }
   std::unique_ptr<LossScaler> make_scaler() const override {
-    return scaled_ ? std::make_unique<LossScaler>() : nullptr;
+    return scaler_ ? std::make_unique<LossScaler>(*scaler_) : nullptr;
   }
 
  private:
   std::string name_;
   DType dtype_;
-  bool scaled_;
+  std::optional<LossScalerOptions> scaler_;  // set for 16-mixed
 };
 
 }  // namespace
 
-std::shared_ptr<Precision> make_precision(const std::string& name) {
+std::shared_ptr<Precision> make_precision(const std::string& name,
+                                          const LossScalerOptions& scaler) {
   if (name == "32-true" || name == "32") {
-    return std::make_shared<BuiltinPrecision>("32-true", DType::F32, false);
+    return std::make_shared<BuiltinPrecision>("32-true", DType::F32, std::nullopt);
   }
-  if (name == "bf16-mixed") return std::make_shared<BuiltinPrecision>(name, DType::BF16, false);
-  if (name == "16-mixed") return std::make_shared<BuiltinPrecision>(name, DType::F16, true);
+  if (name == "bf16-mixed")
+    return std::make_shared<BuiltinPrecision>(name, DType::BF16, std::nullopt);
+  if (name == "16-mixed") return std::make_shared<BuiltinPrecision>(name, DType::F16, scaler);
   fail("[strategy] unknown precision '", name, "'; expected '32-true', 'bf16-mixed' or '16-mixed'");
 }
 

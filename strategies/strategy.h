@@ -35,6 +35,18 @@
 
 namespace loom::strategies {
 
+// PyTorch's GradScaler: the loss is multiplied by scale() before backward, gradients are
+// divided by it afterwards; a step whose gradients hold inf/NaN is skipped and the scale
+// multiplied by `backoff`; after `growth_interval` clean steps in a row it is multiplied
+// by `growth`.
+struct LossScalerOptions {
+  double initial_scale = 65536.0;
+  double growth = 2.0;
+  double backoff = 0.5;
+  int growth_interval = 2000;
+  double min_scale = 0.0;  // backing off never goes below this (DeepSpeed's min_loss_scale)
+};
+
 struct StrategyOptions {
   std::string accelerator = "auto";  // cpu, cuda, auto
   std::string devices = "auto";      // "auto", "N", "-1" (all), "0,2"
@@ -60,17 +72,8 @@ struct StrategyOptions {
   // FSDP's sharding_strategy for the fsdp names: FULL_SHARD (default), SHARD_GRAD_OP,
   // NO_SHARD.
   std::string fsdp_sharding_strategy = "FULL_SHARD";
-};
-
-// PyTorch's GradScaler: the loss is multiplied by scale() before backward, gradients are
-// divided by it afterwards; a step whose gradients hold inf/NaN is skipped and the scale
-// multiplied by `backoff`; after `growth_interval` clean steps in a row it is multiplied
-// by `growth`.
-struct LossScalerOptions {
-  double initial_scale = 65536.0;
-  double growth = 2.0;
-  double backoff = 0.5;
-  int growth_interval = 2000;
+  // The dynamic loss scaler of 16-mixed (DeepSpeed's fp16 section sets it).
+  LossScalerOptions loss_scaler = {};
 };
 
 class LossScaler {
@@ -108,7 +111,8 @@ class Precision {
 };
 
 // "32-true", "bf16-mixed", "16-mixed"; anything else is loom::Error listing them.
-std::shared_ptr<Precision> make_precision(const std::string& name);
+std::shared_ptr<Precision> make_precision(const std::string& name,
+                                          const LossScalerOptions& scaler = {});
 
 class Strategy {
  public:

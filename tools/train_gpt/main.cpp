@@ -12,6 +12,7 @@
 #include <optional>
 
 #include "nn/gpt_io.h"
+#include "strategies/deepspeed_config.h"
 #include "strategies/devices.h"
 #include "strategies/memory_estimate.h"
 #include "strategies/memory_report.h"
@@ -92,6 +93,38 @@ nn::GPTConfig config_from_init(const safetensors::Contents& contents, const nn::
   agree("--ctx", flags.context, file.context);
   agree("--heads", flags.heads, file.heads);
   return file;
+}
+
+// Applies a DeepSpeed config to the run: it selects the strategy (returned) and sets what it
+// names (batch, accumulation, clipping, precision, AdamW's hyper-parameters). A flag given
+// explicitly must agree with it; DeepSpeed's defaults hold for what it leaves out
+// (gradient_clipping absent: no clipping).
+std::string take_deepspeed_config(const strategies::DeepSpeedConfig& config, const CLI::App& app,
+                                  TrainOptions& o, strategies::StrategyOptions& options) {
+  if (app.count("--strategy") > 0) {
+    fail("[train_gpt] --deepspeed-config selects the strategy itself (deepspeed_stage_N from "
+         "zero_optimization.stage); drop --strategy");
+  }
+  auto take = [&](const char* flag, auto value, auto& target) {
+    if (app.count(flag) > 0 && target != value) {
+      fail("[train_gpt] ", flag, " ", target, " disagrees with --deepspeed-config, which gives ",
+           value, "; drop the flag or change the file");
+    }
+    target = value;
+  };
+  if (config.micro_batch_per_gpu) take("--batch", *config.micro_batch_per_gpu, o.batch);
+  if (config.gradient_accumulation_steps)
+    take("--grad-accum", *config.gradient_accumulation_steps, o.grad_accum);
+  take("--grad-clip", config.gradient_clipping.value_or(0.0), o.grad_clip);
+  if (config.precision) take("--precision", *config.precision, options.precision);
+  if (const auto& opt = config.optimizer) {
+    if (opt->lr) take("--lr", *opt->lr, o.lr);
+    if (opt->beta1) take("--beta1", *opt->beta1, o.beta1);
+    if (opt->beta2) take("--beta2", *opt->beta2, o.beta2);
+    if (opt->eps) take("--eps", *opt->eps, o.eps);
+    if (opt->weight_decay) take("--weight-decay", *opt->weight_decay, o.weight_decay);
+  }
+  return strategies::apply_deepspeed_config(config, options);
 }
 
 // The sharding flags mean nothing to a strategy that replicates the model (dp, ddp, ...):
@@ -218,6 +251,11 @@ int run(int argc, char** argv) {
                  "stage 3: when backward all-gathers the next unit: pre, post or none")
       ->check(CLI::IsMember({"pre", "post", "none"}))
       ->capture_default_str();
+  std::string deepspeed_config_path;
+  app.add_option("--deepspeed-config", deepspeed_config_path,
+                 "DeepSpeed's JSON config: zero_optimization (stage, offload), batch sizes, "
+                 "gradient_clipping, bf16/fp16, optimizer; it selects the strategy "
+                 "(docs/sharding.md)");
   bool estimate_only = false;
   app.add_flag("--estimate-memory", estimate_only,
                "print the per-rank memory each kind needs under --strategy on --devices ranks "
@@ -235,6 +273,11 @@ int run(int argc, char** argv) {
       std::printf("%-34s %s\n", name.c_str(), description.c_str());
     }
     return 0;
+  }
+  std::optional<strategies::DeepSpeedConfig> deepspeed;
+  if (!deepspeed_config_path.empty()) {
+    deepspeed = strategies::load_deepspeed_config(deepspeed_config_path);
+    strategy_name = take_deepspeed_config(*deepspeed, app, o, strategy_options);
   }
   std::unique_ptr<strategies::Strategy> strategy =
       strategies::StrategyRegistry::get(strategy_name, strategy_options);
@@ -262,6 +305,13 @@ int run(int argc, char** argv) {
   strategy->setup_environment();
   check_devices(strategy_options.devices, *strategy);
   const bool chief = strategy->is_global_zero();
+  if (deepspeed) {
+    strategies::check_deepspeed_batch_sizes(*deepspeed, o.batch, o.grad_accum,
+                                            strategy->world_size());
+    for (const std::string& warning : deepspeed->warnings)
+      if (chief) std::fprintf(stderr, "[deepspeed-config] warning: %s\n", warning.c_str());
+    if (chief) std::printf("train_gpt: --deepspeed-config selects %s\n", strategy_name.c_str());
+  }
   nn::GPT model(o.model, o.seed);
   if (init) model.load_state_dict(nn::gpt_state_from_checkpoint(*init));
 

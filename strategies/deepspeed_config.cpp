@@ -1,0 +1,345 @@
+#include "strategies/deepspeed_config.h"
+
+#include <cmath>
+#include <fstream>
+#include <iterator>
+#include <map>
+
+#include <nlohmann/json.hpp>
+
+#include "strategies/registry.h"
+
+namespace loom::strategies {
+
+namespace {
+
+using nlohmann::json;
+
+// What Loom does with a key of one section. Section: a nested object checked with its own
+// table. Read: mapped onto Loom. Ignored: read, not acted on; `why` goes into the warning
+// (a key that matters only when true/false warns only then, see warn_when).
+enum class Use { Read, Ignored, Section };
+struct Key {
+  const char* name;
+  Use use;
+  const char* why = "";
+  std::optional<bool> warn_when = std::nullopt;  // Ignored booleans: warn only for this value
+};
+
+const std::vector<Key>& keys_of(const std::string& section) {
+  static const std::map<std::string, std::vector<Key>> tables = {
+      {"",
+       {{"zero_optimization", Use::Section},
+        {"bf16", Use::Section},
+        {"bfloat16", Use::Section},
+        {"fp16", Use::Section},
+        {"optimizer", Use::Section},
+        {"train_batch_size", Use::Read},
+        {"train_micro_batch_size_per_gpu", Use::Read},
+        {"gradient_accumulation_steps", Use::Read},
+        {"gradient_clipping", Use::Read},
+        {"steps_per_print", Use::Ignored, "train_gpt prints every --log-interval steps"},
+        {"wall_clock_breakdown", Use::Ignored, "use --trace for a timeline of each step"},
+        {"zero_allow_untested_optimizer", Use::Ignored, "the engine shards any Loom optimizer"},
+        {"zero_force_ds_cpu_optimizer", Use::Ignored, "offloaded steps use Loom's CPU kernels"},
+        {"prescale_gradients", Use::Ignored, "gradients are averaged in one reduction"},
+        {"gradient_predivide_factor", Use::Ignored, "gradients are averaged in one reduction"},
+        {"communication_data_type", Use::Ignored,
+         "gradients are reduced in the parameters' dtype"},
+        {"scheduler", Use::Ignored, "the schedule comes from --schedule and --warmup-steps"}}},
+      {"zero_optimization",
+       {{"stage", Use::Read},
+        {"offload_optimizer", Use::Section},
+        {"offload_param", Use::Section},
+        {"overlap_comm", Use::Ignored, "Loom always overlaps reduction with backward", false},
+        {"contiguous_gradients", Use::Ignored, "gradients always live in flat buffers", false},
+        {"reduce_scatter", Use::Ignored, "stages 2-3 always reduce-scatter", false},
+        {"allgather_partitions", Use::Ignored, "updated shards are always all-gathered", false},
+        {"reduce_bucket_size", Use::Ignored,
+         "each unit's gradients are reduced as one flat buffer; choose units with --wrap-policy"},
+        {"allgather_bucket_size", Use::Ignored,
+         "each unit is gathered as one flat buffer; choose units with --wrap-policy"},
+        {"round_robin_gradients", Use::Ignored, "shards are contiguous ranges of each unit"},
+        {"stage3_prefetch_bucket_size", Use::Ignored,
+         "stage 3 prefetches whole units (--forward-prefetch, --backward-prefetch)"},
+        {"stage3_param_persistence_threshold", Use::Ignored,
+         "small parameters are sharded like the rest; wrap them in a larger unit"},
+        {"stage3_max_live_parameters", Use::Ignored,
+         "at most one unit is gathered ahead (limit_all_gathers)"},
+        {"stage3_max_reuse_distance", Use::Ignored, "units are freed after each use"},
+        {"stage3_gather_16bit_weights_on_model_save", Use::Ignored,
+         "--save always writes the gathered model"},
+        {"elastic_checkpoint", Use::Ignored, "checkpoints are issue 10's work"},
+        {"ignore_unused_parameters", Use::Ignored,
+         "every parameter must receive a gradient under the sharded strategies"},
+        {"sub_group_size", Use::Ignored, "used by NVMe offload, which is not built yet"}}},
+      {"offload",
+       {{"device", Use::Read},
+        {"nvme_path", Use::Ignored, "NVMe offload is not built yet"},
+        {"pin_memory", Use::Ignored, "host memory is pinned only for a GPU", true},
+        {"buffer_count", Use::Ignored, "used by NVMe offload, which is not built yet"},
+        {"buffer_size", Use::Ignored, "used by NVMe offload, which is not built yet"},
+        {"max_in_cpu", Use::Ignored, "used by NVMe offload, which is not built yet"},
+        {"fast_init", Use::Ignored, "used by NVMe offload, which is not built yet"},
+        {"pipeline_read", Use::Ignored, "used by NVMe offload, which is not built yet"},
+        {"pipeline_write", Use::Ignored, "used by NVMe offload, which is not built yet"},
+        {"ratio", Use::Ignored, "the whole optimizer step is offloaded"}}},
+      {"bf16",
+       {{"enabled", Use::Read},
+        {"immediate_grad_update", Use::Ignored, "gradients are kept in the parameters' dtype"}}},
+      {"fp16",
+       {{"enabled", Use::Read},
+        {"loss_scale", Use::Read},
+        {"initial_scale_power", Use::Read},
+        {"loss_scale_window", Use::Read},
+        {"min_loss_scale", Use::Read},
+        {"hysteresis", Use::Ignored, "the scale backs off by half on every overflow"},
+        {"consecutive_hysteresis", Use::Ignored, "the scale backs off on every overflow"},
+        {"auto_cast", Use::Ignored, "16-mixed always autocasts the matmuls"}}},
+      {"optimizer", {{"type", Use::Read}, {"params", Use::Section}}},
+      {"optimizer.params",
+       {{"lr", Use::Read},
+        {"betas", Use::Read},
+        {"eps", Use::Read},
+        {"weight_decay", Use::Read},
+        {"adam_w_mode", Use::Read},
+        {"torch_adam", Use::Ignored, "Loom's AdamW is its own"},
+        {"bias_correction", Use::Ignored, "AdamW always corrects the bias", false},
+        {"amsgrad", Use::Read}}},
+  };
+  return tables.at(section);
+}
+
+// The table for the object at dotted `path` ("zero_optimization.offload_param" -> "offload").
+std::string table_for(const std::string& path) {
+  if (path == "zero_optimization.offload_optimizer" || path == "zero_optimization.offload_param")
+    return "offload";
+  if (path == "bfloat16") return "bf16";
+  return path;
+}
+
+std::string dotted(const std::string& path, const std::string& key) {
+  return path.empty() ? key : path + "." + key;
+}
+
+// 1-based line and column of byte `offset` in `text`.
+std::pair<size_t, size_t> line_and_column(const std::string& text, size_t offset) {
+  size_t line = 1, column = 1;
+  for (size_t i = 0; i < offset && i < text.size(); ++i) {
+    if (text[i] == '\n') {
+      ++line;
+      column = 1;
+    } else {
+      ++column;
+    }
+  }
+  return {line, column};
+}
+
+class Reader {
+ public:
+  Reader(std::string source, DeepSpeedConfig& config) : source_(std::move(source)), config_(config) {}
+
+  // Checks every key of the object at `path` against its table, recursing into sections.
+  void check(const json& object, const std::string& path) {
+    if (!object.is_object()) wrong(path, "an object", object);
+    const std::vector<Key>& table = keys_of(table_for(path));
+    for (const auto& [key, value] : object.items()) {
+      const Key* known = nullptr;
+      for (const Key& k : table)
+        if (key == k.name) known = &k;
+      if (known == nullptr) {
+        std::vector<std::string> names;
+        for (const Key& k : table)
+          names.push_back(dotted(path, k.name));
+        fail("[deepspeed-config] ", source_, ": unknown key '", dotted(path, key),
+             "'; did you mean '", closest_name(dotted(path, key), names), "'?");
+      }
+      if (known->use == Use::Section) check(value, dotted(path, key));
+      if (known->use != Use::Ignored) continue;
+      if (known->warn_when && !(value.is_boolean() && value.get<bool>() == *known->warn_when))
+        continue;
+      config_.warnings.push_back(dotted(path, key) + " is read but not acted on: " + known->why);
+    }
+  }
+
+  static bool is_auto(const json& v) { return v.is_string() && v.get<std::string>() == "auto"; }
+
+  [[noreturn]] void wrong(const std::string& key, const std::string& expected, const json& got) {
+    fail("[deepspeed-config] ", source_, ": ", key.empty() ? "the top level" : key, ": expected ",
+         expected, ", got ", got.dump());
+  }
+
+  std::optional<int64_t> integer(const json& object, const std::string& path,
+                                 const std::string& key, int64_t min, int64_t max) {
+    if (!object.contains(key) || is_auto(object[key])) return std::nullopt;
+    const json& v = object[key];
+    const std::string range = "an integer " + std::to_string(min) + "-" + std::to_string(max);
+    if (!v.is_number_integer()) wrong(dotted(path, key), range, v);
+    const int64_t n = v.get<int64_t>();
+    if (n < min || n > max) wrong(dotted(path, key), range, v);
+    return n;
+  }
+
+  std::optional<double> number(const json& object, const std::string& path,
+                               const std::string& key) {
+    if (!object.contains(key) || is_auto(object[key])) return std::nullopt;
+    const json& v = object[key];
+    if (!v.is_number() || !std::isfinite(v.get<double>()) || v.get<double>() < 0)
+      wrong(dotted(path, key), "a non-negative number", v);
+    return v.get<double>();
+  }
+
+  std::optional<bool> boolean(const json& object, const std::string& path,
+                              const std::string& key) {
+    if (!object.contains(key) || is_auto(object[key])) return std::nullopt;
+    if (!object[key].is_boolean()) wrong(dotted(path, key), "true or false", object[key]);
+    return object[key].get<bool>();
+  }
+
+  std::string device(const json& object, const std::string& path) {
+    if (!object.contains("device") || is_auto(object["device"])) return "none";
+    const json& v = object["device"];
+    if (!v.is_string() || (v != "none" && v != "cpu" && v != "nvme"))
+      wrong(dotted(path, "device"), "\"none\", \"cpu\" or \"nvme\"", v);
+    return v.get<std::string>();
+  }
+
+  const std::string& source() const { return source_; }
+
+ private:
+  std::string source_;
+  DeepSpeedConfig& config_;
+};
+
+}  // namespace
+
+DeepSpeedConfig parse_deepspeed_config(const std::string& json_text, const std::string& source) {
+  json root;
+  try {
+    root = json::parse(json_text);
+  } catch (const json::parse_error& e) {
+    auto [line, column] = line_and_column(json_text, e.byte > 0 ? e.byte - 1 : 0);
+    // nlohmann's message repeats the position: keep what follows it.
+    std::string reason = e.what();
+    if (auto at = reason.find(": ", reason.find("column")); at != std::string::npos)
+      reason = reason.substr(at + 2);
+    fail("[deepspeed-config] ", source, " is not valid JSON at line ", line, ", column ", column,
+         ": ", reason);
+  }
+  DeepSpeedConfig config;
+  Reader r(source, config);
+  r.check(root, "");
+
+  config.train_batch_size = r.integer(root, "", "train_batch_size", 1, INT64_MAX);
+  config.micro_batch_per_gpu = r.integer(root, "", "train_micro_batch_size_per_gpu", 1, INT64_MAX);
+  config.gradient_accumulation_steps =
+      r.integer(root, "", "gradient_accumulation_steps", 1, INT64_MAX);
+  config.gradient_clipping = r.number(root, "", "gradient_clipping");
+
+  if (root.contains("zero_optimization")) {
+    const json& zero = root["zero_optimization"];
+    const std::string path = "zero_optimization";
+    if (auto stage = r.integer(zero, path, "stage", 0, 3)) config.stage = static_cast<int>(*stage);
+    if (zero.contains("offload_optimizer"))
+      config.offload_optimizer = r.device(zero["offload_optimizer"], path + ".offload_optimizer");
+    if (zero.contains("offload_param"))
+      config.offload_param = r.device(zero["offload_param"], path + ".offload_param");
+    if (config.offload_param != "none" && config.stage.value_or(0) != 3) {
+      fail("[deepspeed-config] ", source, ": zero_optimization.offload_param needs stage 3 "
+           "(parameters sharded), got stage ", config.stage.value_or(0),
+           "; use offload_optimizer to offload master weights and optimizer state");
+    }
+  }
+  const char* bf16_key = root.contains("bf16") ? "bf16" : "bfloat16";
+  const bool bf16 = root.contains(bf16_key) && r.boolean(root[bf16_key], bf16_key, "enabled").value_or(false);
+  const bool fp16 = root.contains("fp16") && r.boolean(root["fp16"], "fp16", "enabled").value_or(false);
+  if (bf16 && fp16) fail("[deepspeed-config] ", source, ": bf16 and fp16 are both enabled; pick one");
+  if (bf16) config.precision = "bf16-mixed";
+  if (fp16) {
+    config.precision = "16-mixed";
+    const json& f = root["fp16"];
+    // DeepSpeed's defaults: dynamic scaling from 2^16, growth every 1000 clean steps, floor 1.
+    LossScalerOptions& s = config.loss_scaler;
+    s.initial_scale = std::ldexp(1.0, static_cast<int>(r.integer(f, "fp16", "initial_scale_power", 0, 64).value_or(16)));
+    s.growth_interval = static_cast<int>(r.integer(f, "fp16", "loss_scale_window", 1, INT32_MAX).value_or(1000));
+    s.min_scale = r.number(f, "fp16", "min_loss_scale").value_or(1.0);
+    if (const double fixed = r.number(f, "fp16", "loss_scale").value_or(0.0); fixed > 0) {
+      s.initial_scale = fixed;  // a static scale: never grows or backs off
+      s.growth = 1.0;
+      s.backoff = 1.0;
+    }
+  }
+  if (root.contains("optimizer")) {
+    const json& o = root["optimizer"];
+    if (!o.contains("type") || !o["type"].is_string())
+      r.wrong("optimizer.type", "\"AdamW\", \"Adam\" or \"SGD\"", o.value("type", json()));
+    std::string type = o["type"].get<std::string>();
+    for (char& c : type)
+      c = static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
+    const json params = o.value("params", json::object());
+    const bool adam_w_mode = r.boolean(params, "optimizer.params", "adam_w_mode").value_or(true);
+    if (r.boolean(params, "optimizer.params", "amsgrad").value_or(false))
+      fail("[deepspeed-config] ", source, ": optimizer.params.amsgrad is not supported by Loom's AdamW");
+    if (type == "sgd") {
+      fail("[deepspeed-config] ", source, ": optimizer SGD: train_gpt trains with AdamW; use "
+           "\"AdamW\" (or \"Adam\" with adam_w_mode true)");
+    }
+    if (type != "adamw" && !(type == "adam" && adam_w_mode)) {
+      fail("[deepspeed-config] ", source, ": optimizer.type '", o["type"].get<std::string>(), "'",
+           type == "adam" ? " with adam_w_mode false (L2 weight decay) is not built" : " is unknown",
+           "; expected \"AdamW\", or \"Adam\" with adam_w_mode true");
+    }
+    DeepSpeedConfig::Optimizer opt;
+    opt.type = "AdamW";
+    opt.lr = r.number(params, "optimizer.params", "lr");
+    opt.eps = r.number(params, "optimizer.params", "eps");
+    opt.weight_decay = r.number(params, "optimizer.params", "weight_decay");
+    if (params.contains("betas") && !Reader::is_auto(params["betas"])) {
+      const json& b = params["betas"];
+      if (!b.is_array() || b.size() != 2 || !b[0].is_number() || !b[1].is_number())
+        r.wrong("optimizer.params.betas", "an array of two numbers", b);
+      opt.beta1 = b[0].get<double>();
+      opt.beta2 = b[1].get<double>();
+    }
+    config.optimizer = opt;
+  }
+  return config;
+}
+
+DeepSpeedConfig load_deepspeed_config(const std::string& path) {
+  std::ifstream in(path);
+  if (!in) fail("[deepspeed-config] cannot read '", path, "': no such file or not readable");
+  std::string text{std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>()};
+  return parse_deepspeed_config(text, path);
+}
+
+std::string apply_deepspeed_config(const DeepSpeedConfig& config, StrategyOptions& options) {
+  if (config.offload_optimizer == "nvme" || config.offload_param == "nvme") {
+    fail("[deepspeed-config] offload to nvme is not built yet (docs/sharding.md); use "
+         "\"device\": \"cpu\"");
+  }
+  if (config.precision) options.precision = *config.precision;
+  options.loss_scaler = config.loss_scaler;
+  options.sharding.offload_optimizer = config.offload_optimizer == "cpu";
+  options.sharding.offload_params = config.offload_param == "cpu";
+  const int stage = config.stage.value_or(0);  // DeepSpeed's default: no ZeRO
+  if (stage == 0) {
+    options.fsdp_sharding_strategy = "NO_SHARD";
+    return "fsdp";
+  }
+  return "deepspeed_stage_" + std::to_string(stage);
+}
+
+void check_deepspeed_batch_sizes(const DeepSpeedConfig& config, int64_t micro_batch,
+                                 int64_t accumulation, int world_size) {
+  if (!config.train_batch_size) return;
+  if (*config.train_batch_size != micro_batch * accumulation * world_size) {
+    fail("[deepspeed-config] train_batch_size ", *config.train_batch_size,
+         " must equal train_micro_batch_size_per_gpu ", micro_batch,
+         " x gradient_accumulation_steps ", accumulation, " x world size ", world_size, " = ",
+         micro_batch * accumulation * world_size);
+  }
+}
+
+}  // namespace loom::strategies

@@ -1,0 +1,50 @@
+#pragma once
+// DeepSpeed's JSON configuration (`train_gpt --deepspeed-config FILE.json`), read with
+// DeepSpeed's own keys where they map onto Loom (docs/sharding.md, "DeepSpeed
+// configuration"). Every key is checked: an unknown key is an error naming it and the
+// closest known key; a key Loom reads but does not act on yields a warning saying why;
+// "auto" (as Hugging Face's Trainer writes) leaves Loom's value.
+
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "strategies/strategy.h"
+
+namespace loom::strategies {
+
+struct DeepSpeedConfig {
+  std::optional<int> stage;  // zero_optimization.stage, 0-3
+  // offload_optimizer.device / offload_param.device: "none", "cpu" or "nvme"
+  std::string offload_optimizer = "none";
+  std::string offload_param = "none";
+  std::optional<int64_t> train_batch_size;
+  std::optional<int64_t> micro_batch_per_gpu;  // train_micro_batch_size_per_gpu
+  std::optional<int64_t> gradient_accumulation_steps;
+  std::optional<double> gradient_clipping;
+  std::optional<std::string> precision;  // "bf16-mixed" or "16-mixed"
+  LossScalerOptions loss_scaler;         // from the fp16 section, DeepSpeed's defaults
+  struct Optimizer {
+    std::string type;  // "AdamW" (DeepSpeed's Adam with adam_w_mode true is AdamW too)
+    std::optional<double> lr, beta1, beta2, eps, weight_decay;
+  };
+  std::optional<Optimizer> optimizer;
+  std::vector<std::string> warnings;  // keys read but not acted on, with the reason
+};
+
+// `source` names the text in errors (the file's path). Throws loom::Error: not JSON (line
+// and column), an unknown key, a wrong type or value.
+DeepSpeedConfig parse_deepspeed_config(const std::string& json_text, const std::string& source);
+DeepSpeedConfig load_deepspeed_config(const std::string& path);
+
+// The registered strategy the config selects (deepspeed_stage_N; stage 0 is fsdp with
+// NO_SHARD) with its offload and precision set in `options`. NVMe offload is an error (not
+// built yet).
+std::string apply_deepspeed_config(const DeepSpeedConfig& config, StrategyOptions& options);
+
+// DeepSpeed's batch identity: train_batch_size = micro batch x accumulation x world size.
+void check_deepspeed_batch_sizes(const DeepSpeedConfig& config, int64_t micro_batch,
+                                 int64_t accumulation, int world_size);
+
+}  // namespace loom::strategies

@@ -1,0 +1,143 @@
+// DeepSpeed's JSON config: what each key becomes, the warnings for keys Loom reads but does
+// not act on, and the errors for unknown keys, bad values and text that is not JSON.
+
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <cstdio>
+#include <fstream>
+
+#include "strategies/deepspeed_config.h"
+
+namespace loom::strategies {
+namespace {
+
+// For EXPECT_PRED2, which prints both strings when it fails.
+bool contains(const std::string& text, const std::string& part) {
+  return text.find(part) != std::string::npos;
+}
+
+// The error message parse_deepspeed_config gives for `text` ("" when it parses).
+std::string error_of(const std::string& text) {
+  try {
+    parse_deepspeed_config(text, "ds.json");
+  } catch (const Error& e) {
+    return e.what();
+  }
+  return "";
+}
+
+TEST(DeepSpeedConfig, AZeroThreeConfigMapsOntoLoom) {
+  const DeepSpeedConfig c = parse_deepspeed_config(R"({
+    "train_batch_size": 16,
+    "train_micro_batch_size_per_gpu": 4,
+    "gradient_accumulation_steps": 2,
+    "gradient_clipping": 1.0,
+    "fp16": {"enabled": true, "loss_scale": 0, "initial_scale_power": 12,
+             "loss_scale_window": 500, "hysteresis": 2, "min_loss_scale": 1},
+    "optimizer": {"type": "AdamW",
+                  "params": {"lr": 3e-4, "betas": [0.9, 0.95], "eps": 1e-8, "weight_decay": 0.1}},
+    "zero_optimization": {"stage": 3, "overlap_comm": true,
+                          "offload_optimizer": {"device": "cpu"},
+                          "offload_param": {"device": "cpu", "pin_memory": false}}
+  })", "ds.json");
+  EXPECT_EQ(c.stage, 3);
+  EXPECT_EQ(c.offload_optimizer, "cpu");
+  EXPECT_EQ(c.offload_param, "cpu");
+  EXPECT_EQ(c.micro_batch_per_gpu, 4);
+  EXPECT_EQ(c.gradient_accumulation_steps, 2);
+  EXPECT_EQ(c.gradient_clipping, 1.0);
+  EXPECT_EQ(c.precision, "16-mixed");
+  EXPECT_EQ(c.loss_scaler.initial_scale, 4096.0);
+  EXPECT_EQ(c.loss_scaler.growth_interval, 500);
+  EXPECT_EQ(c.loss_scaler.min_scale, 1.0);
+  EXPECT_EQ(c.loss_scaler.backoff, 0.5);  // dynamic: loss_scale 0
+  ASSERT_TRUE(c.optimizer.has_value());
+  EXPECT_EQ(c.optimizer->lr, 3e-4);
+  EXPECT_EQ(c.optimizer->beta2, 0.95);
+  EXPECT_EQ(c.optimizer->weight_decay, 0.1);
+  // Only hysteresis is read without effect (overlap_comm true and pin_memory false are
+  // what Loom does anyway).
+  ASSERT_EQ(c.warnings.size(), 1u);
+  EXPECT_PRED2(contains, c.warnings[0], "fp16.hysteresis");
+
+  StrategyOptions options;
+  EXPECT_EQ(apply_deepspeed_config(c, options), "deepspeed_stage_3");
+  EXPECT_TRUE(options.sharding.offload_optimizer);
+  EXPECT_TRUE(options.sharding.offload_params);
+  EXPECT_EQ(options.precision, "16-mixed");
+  EXPECT_EQ(options.loss_scaler.initial_scale, 4096.0);
+  check_deepspeed_batch_sizes(c, 4, 2, 2);
+  EXPECT_THROW(check_deepspeed_batch_sizes(c, 4, 2, 4), Error);
+}
+
+TEST(DeepSpeedConfig, AutoLeavesLoomsValueAndStageZeroIsNoShard) {
+  const DeepSpeedConfig c = parse_deepspeed_config(
+      R"({"train_micro_batch_size_per_gpu": "auto", "bf16": {"enabled": true},
+          "zero_optimization": {"stage": "auto", "reduce_bucket_size": "auto"}})",
+      "ds.json");
+  EXPECT_FALSE(c.micro_batch_per_gpu.has_value());
+  EXPECT_FALSE(c.stage.has_value());
+  EXPECT_EQ(c.precision, "bf16-mixed");
+  ASSERT_EQ(c.warnings.size(), 1u);  // reduce_bucket_size is read but not acted on
+  EXPECT_PRED2(contains, c.warnings[0], "zero_optimization.reduce_bucket_size");
+  StrategyOptions options;
+  EXPECT_EQ(apply_deepspeed_config(c, options), "fsdp");
+  EXPECT_EQ(options.fsdp_sharding_strategy, "NO_SHARD");
+  const DeepSpeedConfig fixed =
+      parse_deepspeed_config(R"({"fp16": {"enabled": true, "loss_scale": 128}})", "ds.json");
+  EXPECT_EQ(fixed.loss_scaler.initial_scale, 128.0);
+  EXPECT_EQ(fixed.loss_scaler.growth, 1.0);
+  EXPECT_EQ(fixed.loss_scaler.backoff, 1.0);
+}
+
+TEST(DeepSpeedConfig, UnknownKeysNameTheClosestKnownOne) {
+  EXPECT_PRED2(contains, error_of(R"({"zero_optimization": {"stag": 2}})"), "unknown key 'zero_optimization.stag'; did you mean "
+                        "'zero_optimization.stage'?");
+  EXPECT_PRED2(contains, error_of(R"({"gradient_cliping": 1.0})"), "did you mean 'gradient_clipping'");
+  EXPECT_PRED2(contains, error_of(R"({"zero_optimization": {"offload_param": {"devise": "cpu"}}})"), "'zero_optimization.offload_param.device'");
+}
+
+TEST(DeepSpeedConfig, NotJsonGivesLineAndColumn) {
+  const std::string text = "{\n  \"zero_optimization\": {\n    \"stage\": 2\n    \"overlap_comm\": true\n  }\n}\n";
+  const std::string message = error_of(text);
+  EXPECT_PRED2(contains, message, "ds.json is not valid JSON at line 4, column");
+  EXPECT_PRED2(contains, message, "expected '}'");
+}
+
+TEST(DeepSpeedConfig, BadValuesAreNamed) {
+  EXPECT_PRED2(contains, error_of(R"({"zero_optimization": {"stage": 4}})"), "zero_optimization.stage: expected an integer 0-3, got 4");
+  EXPECT_PRED2(contains, error_of(R"({"zero_optimization": {"stage": "three"}})"), "expected an integer 0-3, got \"three\"");
+  EXPECT_PRED2(contains, error_of(R"({"zero_optimization": {"stage": 2, "offload_param": {"device": "cpu"}}})"), "offload_param needs stage 3");
+  EXPECT_PRED2(contains, error_of(R"({"zero_optimization": {"offload_optimizer": {"device": "disk"}}})"), "\"none\", \"cpu\" or \"nvme\"");
+  EXPECT_PRED2(contains, error_of(R"({"bf16": {"enabled": true}, "fp16": {"enabled": true}})"), "bf16 and fp16 are both enabled");
+  EXPECT_PRED2(contains, error_of(R"({"optimizer": {"type": "Lamb"}})"), "'Lamb' is unknown");
+  EXPECT_PRED2(contains, error_of(R"({"optimizer": {"type": "Adam", "params": {"adam_w_mode": false}}})"), "adam_w_mode false (L2 weight decay) is not built");
+  EXPECT_PRED2(contains, error_of(R"([1, 2])"), "the top level: expected an object");
+  StrategyOptions options;
+  DeepSpeedConfig nvme = parse_deepspeed_config(
+      R"({"zero_optimization": {"stage": 3, "offload_param": {"device": "nvme", "nvme_path": "/x"}}})",
+      "ds.json");
+  EXPECT_THROW(apply_deepspeed_config(nvme, options), Error);  // not built yet
+}
+
+TEST(DeepSpeedConfig, MissingFileIsNamed) {
+  try {
+    load_deepspeed_config("/nonexistent/ds_config.json");
+    FAIL() << "expected an error";
+  } catch (const Error& e) {
+    EXPECT_PRED2(contains, std::string(e.what()), "'/nonexistent/ds_config.json'");
+  }
+  char path[] = "/tmp/loom_ds_XXXXXX";
+  const int fd = mkstemp(path);
+  ASSERT_GE(fd, 0);
+  {
+    std::ofstream out(path);
+    out << R"({"zero_optimization": {"stage": 1}})";
+  }
+  EXPECT_EQ(load_deepspeed_config(path).stage, 1);
+  std::remove(path);
+}
+
+}  // namespace
+}  // namespace loom::strategies
