@@ -195,6 +195,7 @@ template <typename Body>
 void ProcessGroup::run(Op& op, Body&& body) {
   Deadline deadline = deadline_after(op.timeout);
   op.work->mark_started(deadline - op.timeout);
+  std::exception_ptr error;
   try {
     if (options_.debug_checks && op.collective) {
       check_same_collective(*store_, name_, rank_, size_, op.label.seq, op.signature, op.timeout);
@@ -206,20 +207,21 @@ void ProcessGroup::run(Op& op, Body&& body) {
     } else {
       body(backend, deadline);
     }
-    op.work->complete();
   } catch (const CommError& e) {
-    auto error =
-        std::make_exception_ptr(CommError(std::string(e.what()) + " (" + op.label.str() +
-                                              ", timeout " + duration_str(op.timeout) + ")",
-                                          e.rank(), e.peer()));
-    {
-      std::lock_guard lock(mutex_);
-      broken_ = error;
-    }
-    op.work->complete(error);
+    error = std::make_exception_ptr(CommError(std::string(e.what()) + " (" + op.label.str() +
+                                                  ", timeout " + duration_str(op.timeout) + ")",
+                                              e.rank(), e.peer()));
+    std::lock_guard lock(mutex_);
+    broken_ = error;
   } catch (...) {
-    op.work->complete(std::current_exception());
+    error = std::current_exception();
   }
+  // The caller may free or measure its memory as soon as wait() returns: the operation's
+  // references to the tensors go first.
+  op.first = Tensor();
+  op.second = Tensor();
+  op.body = nullptr;
+  op.work->complete(error);
 }
 
 namespace {

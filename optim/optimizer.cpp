@@ -83,18 +83,34 @@ std::vector<ParamGroup> Optimizer::with_defaults(std::vector<ParamGroup> groups,
 
 void Optimizer::step() {
   NoGradGuard no_grad;
+  if (hooks_.begin) hooks_.begin();
   for (size_t g = 0; g < groups_.size(); ++g) {
     check_group(g);
     std::vector<Tensor> params, grads;
     for (size_t i = 0; i < groups_[g].params.size(); ++i) {
       Tensor grad = checked_grad(g, i);
       if (!grad.defined()) continue;  // torch skips parameters without a gradient
+      if (hooks_.before_update) {
+        hooks_.before_update(g, i);
+        update(groups_[g], groups_[g].params[i], grad);
+        continue;
+      }
       params.push_back(groups_[g].params[i]);
       grads.push_back(std::move(grad));
     }
-    update_group(groups_[g], params, grads);
+    if (!hooks_.before_update) update_group(groups_[g], params, grads);
   }
+  if (hooks_.end) hooks_.end();
   ++step_count_;
+}
+
+std::vector<Tensor> Optimizer::state_tensors(const Tensor& param) const {
+  std::map<std::string, Tensor> named;
+  export_param_state(param, named);
+  std::vector<Tensor> out;
+  for (auto& [name, tensor] : named)
+    if (tensor.shape() == param.shape()) out.push_back(tensor);
+  return out;
 }
 
 void Optimizer::update_group(const ParamGroup& group, const std::vector<Tensor>& params,
@@ -168,6 +184,13 @@ std::map<std::string, Tensor> Optimizer::state_dict() const {
     for (size_t i = 0; i < groups_[g].params.size(); ++i) {
       std::map<std::string, Tensor> named;
       export_param_state(groups_[g].params[i], named);
+      for (const auto& [name, tensor] : named) {
+        if (!tensor.storage()->materialized()) {
+          fail(describe(g, i), ": its ", name, " is not in memory (NVMe offload keeps the "
+               "optimizer state in its swap file between steps); saving optimizer state under "
+               "NVMe offload is not supported yet");
+        }
+      }
       std::string state_prefix = "state." + std::to_string(g) + "." + std::to_string(i) + ".";
       for (auto& [name, tensor] : named)
         out[state_prefix + name] = tensor;

@@ -6,6 +6,7 @@
 // thread, never while a backward pass is still writing gradients.
 
 #include <cstdint>
+#include <functional>
 #include <limits>
 #include <map>
 #include <string>
@@ -46,6 +47,21 @@ class Optimizer {
   // Drops every parameter's gradient (torch's zero_grad(set_to_none=True)).
   void zero_grad();
 
+  // Calls around step() for a strategy that keeps parameters and their state out of memory
+  // between steps (NVMe offload: strategies/sharded/nvme_swap.h). With hooks set, step()
+  // calls begin(), then for each parameter that has a gradient, in group order,
+  // before_update(group, index) and its update (one parameter at a time), then end(). An
+  // exception from a hook ends the step uncounted. Empty hooks: none.
+  struct StepHooks {
+    std::function<void()> begin;
+    std::function<void(size_t group, size_t index)> before_update;
+    std::function<void()> end;
+  };
+  void set_step_hooks(StepHooks hooks) { hooks_ = std::move(hooks); }
+  // The state tensors of `param` shaped like it (moments, momentum buffer), in a fixed order;
+  // empty before its first update.
+  std::vector<Tensor> state_tensors(const Tensor& param) const;
+
   std::vector<ParamGroup>& param_groups() { return groups_; }
   const std::vector<ParamGroup>& param_groups() const { return groups_; }
   // All parameters, group by group, in order (e.g. for clip_grad_norm).
@@ -60,6 +76,7 @@ class Optimizer {
   //   "state.<g>.<i>.<name>"             per-parameter state of parameter i of group g, e.g.
   //                                      "state.0.3.exp_avg"; only parameters that have state.
   // The returned tensors alias the live state: copy them before the next step() if needed.
+  // Throws loom::Error while some state is out of memory (NVMe offload).
   std::map<std::string, Tensor> state_dict() const;
   // Restores what state_dict() produced for an optimizer over parameters of the same shapes and
   // dtypes, in the same groups. Copies the tensors. Throws loom::Error on unknown keys,
@@ -109,6 +126,7 @@ class Optimizer {
 
  private:
   std::string name_;
+  StepHooks hooks_;
 };
 
 }  // namespace loom::optim

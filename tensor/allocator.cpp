@@ -77,13 +77,17 @@ void Allocator::record_deallocation(size_t nbytes) noexcept {
 namespace {
 
 constexpr size_t kCpuAlignment = 64;  // one cache line; also what AVX-512 loads prefer
+constexpr size_t kPageAlignment = 4096;
 
 class CpuAllocator final : public Allocator {
  public:
   void* allocate(size_t nbytes) override {
     if (nbytes == 0) return nullptr;
-    size_t rounded = (nbytes + kCpuAlignment - 1) / kCpuAlignment * kCpuAlignment;
-    void* ptr = std::aligned_alloc(kCpuAlignment, rounded);
+    // Whole pages get page alignment, so that O_DIRECT file I/O can use them as they are
+    // (strategies/sharded/swap_file.h).
+    const size_t alignment = nbytes % kPageAlignment == 0 ? kPageAlignment : kCpuAlignment;
+    size_t rounded = (nbytes + alignment - 1) / alignment * alignment;
+    void* ptr = std::aligned_alloc(alignment, rounded);
     if (ptr == nullptr) fail("[tensor] cpu allocator: out of memory allocating ", nbytes, " bytes");
     record_allocation(nbytes);
     return ptr;

@@ -48,7 +48,8 @@ struct MemoryStats {
 class Allocator {
  public:
   virtual ~Allocator() = default;
-  // Returns memory for `nbytes` bytes (64-byte aligned on the CPU); never null for nbytes > 0.
+  // Returns memory for `nbytes` bytes (on the CPU 64-byte aligned, 4096-byte aligned when
+  // nbytes is a multiple of 4096); never null for nbytes > 0.
   // Thread-safe.
   virtual void* allocate(size_t nbytes) = 0;
   // Returns memory obtained from allocate() with the same nbytes. Thread-safe, never throws.

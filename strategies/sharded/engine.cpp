@@ -63,6 +63,12 @@ ShardedEngine::ShardedEngine(nn::Module& module, std::shared_ptr<comm::ProcessGr
     fail("[sharded] offload_params needs stage 3 (parameters sharded), got stage ",
          options_.stage, "; use offload_optimizer to offload master weights and optimizer state");
   }
+  if (!options_.nvme_path.empty() && !options_.offload_optimizer) {
+    fail("[sharded] nvme_path '", options_.nvme_path, "' is set but offload_optimizer is not: "
+         "NVMe offload moves the offloaded master shards and optimizer state to disk");
+  }
+  if (!options_.nvme_path.empty() && options_.sub_group_size < 1)
+    fail("[sharded] sub_group_size must be at least 1, got ", options_.sub_group_size);
   shard_world_ = options_.stage == 0 ? 1 : group_->size();
   shard_rank_ = options_.stage == 0 ? 0 : group_->rank();
   for (size_t k = 0; k < params_.size(); ++k) {
@@ -125,8 +131,10 @@ ShardedEngine::ShardedEngine(nn::Module& module, std::shared_ptr<comm::ProcessGr
         flat.shard = options_.offload_params ? mine.to(host).clone() : mine.clone();
         flat.full.storage()->release();
       }
-      // With offload_params the shard already lives on the host and is the master itself.
-      const bool own_master = options_.offload_optimizer && !options_.offload_params;
+      // With offload_params the shard already lives on the host and is the master itself;
+      // under NVMe offload the masters are the sub-groups' (adopt_optimizer).
+      const bool nvme = !options_.nvme_path.empty();
+      const bool own_master = options_.offload_optimizer && !options_.offload_params && !nvme;
       flat.master = !own_master                    ? flat.shard
                     : flat.shard.device() == host ? flat.shard.clone()
                                                   : flat.shard.to(host);
@@ -137,7 +145,8 @@ ShardedEngine::ShardedEngine(nn::Module& module, std::shared_ptr<comm::ProcessGr
       // The optimizer reads the gradient where the master lives: with offload_params on a GPU
       // the master is the host shard while grad_shard stays on the device.
       const bool grad_beside_master =
-          flat.master.is_same(flat.shard) && flat.master.device() == flat.grad_shard.device();
+          nvme || (flat.master.is_same(flat.shard) &&
+                   flat.master.device() == flat.grad_shard.device());
       flat.master_grad = grad_beside_master
                              ? flat.grad_shard
                              : Tensor::zeros({flat.shard_numel}, flat.dtype, host);
@@ -151,6 +160,19 @@ ShardedEngine::ShardedEngine(nn::Module& module, std::shared_ptr<comm::ProcessGr
         flat.master_grad.storage()->set_kind(MemoryKind::Offloaded);
     }
     units_.push_back(std::move(state));
+  }
+  if (!options_.nvme_path.empty()) {
+    // Room for the master shards and two state tensors each (AdamW), and the page padding
+    // of every sub-group: reserved now, so that a small disk fails before training starts.
+    size_t bytes = 0, pieces = params_.size() + 1;
+    for (const auto& unit : units_) {
+      for (const FlatParam& flat : unit->flats) {
+        bytes += static_cast<size_t>(flat.shard_numel) * dtype_size(flat.dtype);
+        pieces += static_cast<size_t>(flat.shard_numel / options_.sub_group_size) + 1;
+      }
+    }
+    swap_ = std::make_unique<OptimizerSwap>(options_.nvme_path, options_.nvme_buffer_count,
+                                            3 * (bytes + pieces * SwapFile::kDirectAlignment));
   }
   for (size_t u = 0; u < plan.units.size(); ++u) {
     auto* m = const_cast<nn::Module*>(plan.units[u].module);  // we were handed it mutable
@@ -379,6 +401,7 @@ void ShardedEngine::finish_reduction(size_t unit) {
                       e.rank(), e.peer());
     }
     if (!flat.master_grad.is_same(flat.grad_shard)) copy_(flat.master_grad, flat.grad_shard);
+    copy_gradients_out(flat);
     if (options_.stage >= 2) {
       for (size_t k : flat.params)
         params_[k].second.set_grad(Tensor());
@@ -403,6 +426,16 @@ void ShardedEngine::finalize_backward() {
     finish_reduction(unit);
   for (size_t i = 0; i < segments_.size(); ++i)
     segments_[i].set_grad(segment_grads_[i]);
+  for (size_t i = 0; i < sub_group_masters_.size(); ++i)
+    sub_group_masters_[i].set_grad(sub_group_grads_[i]);
+}
+
+void ShardedEngine::copy_gradients_out(const FlatParam& flat) {
+  for (size_t s : flat.nvme_segments) {
+    const Tensor source =
+        slice(flat.grad_shard, segment_source_[s].second, segment_grads_[s].numel());
+    copy_(segment_grads_[s], source);
+  }
 }
 
 void ShardedEngine::adopt_optimizer(optim::Optimizer& optimizer) {
@@ -419,8 +452,10 @@ void ShardedEngine::adopt_optimizer(optim::Optimizer& optimizer) {
     for (const FlatParam& flat : unit->flats)
       for (size_t i = 0; i < flat.params.size(); ++i)
         place[flat.params[i]] = {&flat, i};
+  std::vector<size_t> group_base;  // NVMe: the first sub-group of each optimizer group
   for (optim::ParamGroup& group : optimizer.param_groups()) {
     std::vector<Tensor> pieces;
+    std::vector<Piece> nvme_pieces;
     for (const Tensor& p : group.params) {
       auto found = index.find(p.impl_ptr().get());
       if (found == index.end()) {
@@ -434,15 +469,126 @@ void ShardedEngine::adopt_optimizer(optim::Optimizer& optimizer) {
       const int64_t end = std::min(flat->offsets[i] + params_[k].second.numel(),
                                    flat->shard_begin + flat->shard_numel);
       if (begin >= end) continue;  // none of this parameter is on this rank
-      Tensor piece = slice(flat->master, begin - flat->shard_begin, end - begin);
-      piece.set_requires_grad(true);
-      pieces.push_back(piece);
-      segments_.push_back(piece);
-      segment_param_.push_back(k);
-      segment_grads_.push_back(slice(flat->master_grad, begin - flat->shard_begin, end - begin));
+      Piece piece{const_cast<FlatParam*>(flat), k, begin - flat->shard_begin, end - begin};
+      if (swap_) {
+        nvme_pieces.push_back(piece);
+        continue;
+      }
+      Tensor view = slice(flat->master, piece.shard_offset, piece.length);
+      view.set_requires_grad(true);
+      pieces.push_back(view);
+      add_segment(view, piece, slice(flat->master_grad, piece.shard_offset, piece.length));
+    }
+    if (swap_) {
+      group_base.push_back(sub_group_masters_.size());
+      pieces = adopt_into_sub_groups(nvme_pieces);
     }
     group.params = std::move(pieces);
   }
+  if (swap_) install_step_hooks(optimizer, std::move(group_base));
+}
+
+// Note [NVMe sub-groups]
+// Under NVMe offload the optimizer does not see the pieces (segments) but sub-groups:
+// consecutive pieces of one optimizer group and dtype packed into one host tensor of at most
+// sub_group_size elements (a piece longer than that is split), padded to whole pages so that
+// its transfers and its state's can bypass the page cache. The pieces stay the engine's
+// bookkeeping (gradient norms, clipping) as views into the sub-groups; the padding holds
+// zeros, which AdamW and SGD keep at zero. Every update is elementwise, so the weights are
+// bitwise those of the unpacked pieces.
+std::vector<Tensor> ShardedEngine::adopt_into_sub_groups(const std::vector<Piece>& pieces) {
+  NoGradGuard no_grad;
+  std::vector<Tensor> masters;
+  std::vector<Piece> parts;  // of the sub-group being filled
+  int64_t filled = 0;
+  auto close = [&] {
+    if (parts.empty()) return;
+    const DType dtype = parts[0].flat->dtype;
+    const int64_t page = static_cast<int64_t>(SwapFile::kDirectAlignment / dtype_size(dtype));
+    const int64_t padded = (filled + page - 1) / page * page;
+    Tensor master = Tensor::zeros({padded}, dtype, Device::cpu());
+    Tensor grad = Tensor::zeros({padded}, dtype, Device::cpu());
+    master.storage()->set_kind(MemoryKind::Offloaded);
+    grad.storage()->set_kind(MemoryKind::Offloaded);
+    sub_group_segments_.emplace_back();
+    int64_t at = 0;
+    for (const Piece& part : parts) {
+      Tensor view = slice(master, at, part.length);
+      copy_(view, slice(part.flat->shard, part.shard_offset, part.length));
+      view.set_requires_grad(true);
+      part.flat->nvme_segments.push_back(segments_.size());
+      sub_group_segments_.back().push_back(segments_.size());
+      add_segment(view, part, slice(grad, at, part.length));
+      at += part.length;
+    }
+    master.set_requires_grad(true);
+    swap_->add(master);  // written out; its memory released until the step needs it
+    sub_group_masters_.push_back(master);
+    sub_group_grads_.push_back(grad);
+    masters.push_back(master);
+    parts.clear();
+    filled = 0;
+  };
+  for (const Piece& piece : pieces) {
+    if (!parts.empty() && parts[0].flat->dtype != piece.flat->dtype) close();
+    for (int64_t begin = 0; begin < piece.length;) {
+      const int64_t take = std::min(piece.length - begin, options_.sub_group_size - filled);
+      parts.push_back({piece.flat, piece.param, piece.shard_offset + begin, take});
+      filled += take;
+      begin += take;
+      if (filled == options_.sub_group_size) close();
+    }
+  }
+  close();
+  return masters;
+}
+
+void ShardedEngine::add_segment(const Tensor& view, const Piece& piece, const Tensor& grad) {
+  segments_.push_back(view);
+  segment_param_.push_back(piece.param);
+  segment_grads_.push_back(grad);
+  segment_source_.emplace_back(piece.flat, piece.shard_offset);
+}
+
+void ShardedEngine::install_step_hooks(optim::Optimizer& optimizer,
+                                       std::vector<size_t> group_base) {
+  swapped_optimizer_ = &optimizer;
+  std::weak_ptr<bool> alive = alive_;
+  auto engine = [this, alive] {
+    if (!alive.lock()) {
+      fail("[sharded] the optimizer stepped after its sharded engine was torn down (NVMe "
+           "offload): its parameters were that engine's shards; build a new optimizer");
+    }
+    return this;
+  };
+  optimizer.set_step_hooks(
+      {.begin = [engine] { engine()->swap_->begin_step(); },
+       .before_update =
+           [engine, base = std::move(group_base)](size_t group, size_t index) {
+             ShardedEngine* e = engine();
+             const auto id = static_cast<int64_t>(base.at(group) + index);
+             if (e->stepping_ >= 0 && e->stepping_ != id)
+               e->finish_sub_group(static_cast<size_t>(e->stepping_));
+             e->swap_->acquire(static_cast<size_t>(id));
+             e->stepping_ = id;
+           },
+       .end =
+           [engine] {
+             ShardedEngine* e = engine();
+             if (e->stepping_ >= 0) e->finish_sub_group(static_cast<size_t>(e->stepping_));
+             e->stepping_ = -1;
+             e->swap_->end_step();
+           }});
+}
+
+void ShardedEngine::finish_sub_group(size_t id) {
+  NoGradGuard no_grad;
+  for (size_t s : sub_group_segments_[id]) {
+    auto [flat, offset] = segment_source_[s];
+    Tensor target = slice(flat->shard, offset, segments_[s].numel());
+    copy_(target, segments_[s]);
+  }
+  swap_->release(id, swapped_optimizer_->state_tensors(sub_group_masters_[id]));
 }
 
 void ShardedEngine::after_step() {

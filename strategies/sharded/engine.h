@@ -30,6 +30,7 @@
 #include "nn/module.h"
 #include "optim/optimizer.h"
 #include "strategies/sharded/flat_param.h"
+#include "strategies/sharded/nvme_swap.h"
 #include "strategies/sharded/options.h"
 #include "strategies/trace.h"
 
@@ -49,7 +50,9 @@ class ShardedEngine {
 
   // Replaces the optimizer's parameters by this rank's pieces of them (views into the master
   // shards), group by group, so that step() updates and keeps state for the shard only.
-  // Call before the optimizer's first step, once.
+  // Under NVMe offload the optimizer gets one tensor per sub-group instead (this rank's
+  // pieces of consecutive parameters of a group, packed), and step hooks that page each in
+  // and out (nvme_swap.h). Call before the optimizer's first step, once.
   void adopt_optimizer(optim::Optimizer& optimizer);
   // The tensors adopt_optimizer gave the optimizer, with their gradients set once a
   // synchronised backward is finalised.
@@ -80,6 +83,9 @@ class ShardedEngine {
   // The engine must not be used afterwards. Collective.
   void unshard_module();
 
+  // The NVMe swap file, or null without NVMe offload.
+  const SwapFile* swap_file() const { return swap_ ? &swap_->file() : nullptr; }
+
   size_t unit_count() const;
   const std::vector<std::string>& unit_paths() const { return unit_paths_; }
 
@@ -102,6 +108,21 @@ class ShardedEngine {
   void finish_reduction(size_t unit);
   void prefetch_after(size_t unit, bool forward);
   void remove_forward_hooks();
+  // This rank's part of one parameter: `length` elements at `shard_offset` of flat's shard.
+  struct Piece {
+    FlatParam* flat;
+    size_t param;
+    int64_t shard_offset, length;
+  };
+  void add_segment(const Tensor& view, const Piece& piece, const Tensor& grad);
+  // NVMe offload: packs one optimizer group's pieces into sub-groups (Note [NVMe
+  // sub-groups]); returns the sub-groups' tensors for the optimizer.
+  std::vector<Tensor> adopt_into_sub_groups(const std::vector<Piece>& pieces);
+  void install_step_hooks(optim::Optimizer& optimizer, std::vector<size_t> group_base);
+  // Copies sub-group `id`'s updated values into the shards and pages it out.
+  void finish_sub_group(size_t id);
+  // Moves reduced gradients into the pieces the optimizer reads.
+  void copy_gradients_out(const FlatParam& flat);
   std::string name_of(size_t param) const;
 
   nn::Module& module_;
@@ -122,6 +143,14 @@ class ShardedEngine {
   std::vector<Tensor> segments_;
   std::vector<size_t> segment_param_;  // the parameter each segment belongs to
   std::vector<Tensor> segment_grads_;  // each segment's gradient: a view of master_grad
+  // NVMe offload: where each segment comes from in its flat's shard, the optimizer's tensors
+  // (one per sub-group) with their gradients, and the segments of each sub-group.
+  std::vector<std::pair<FlatParam*, int64_t>> segment_source_;
+  std::unique_ptr<OptimizerSwap> swap_;
+  std::vector<Tensor> sub_group_masters_, sub_group_grads_;
+  std::vector<std::vector<size_t>> sub_group_segments_;
+  optim::Optimizer* swapped_optimizer_ = nullptr;
+  int64_t stepping_ = -1;  // the sub-group being updated, during a step
   std::shared_ptr<bool> alive_;
   CommLanes lanes_;  // trace rows for overlapping all-gathers and reductions
 };

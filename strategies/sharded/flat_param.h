@@ -27,6 +27,7 @@ struct FlatParam {
   Tensor full_grad;    // [padded]: the parameters' .grad are views into it during backward
   Tensor grad_shard;   // [shard_numel]: the reduced gradient, a view of full_grad (0-1)
   Tensor master_grad;  // grad_shard, or its host copy (offload)
+  std::vector<size_t> nvme_segments;  // NVMe offload: the engine's segments of this shard
   comm::WorkPtr gather;  // in-flight all-gather into full
   comm::WorkPtr reduce;  // in-flight reduction of full_grad
   // When each was issued, for the trace (microseconds of the current Trace; -1 untraced).

@@ -32,6 +32,14 @@ struct ShardingOptions {
   bool offload_optimizer = false;
   // Stage 3: the parameter shards themselves live in the host pool (offload_param).
   bool offload_params = false;
+  // NVMe offload (ZeRO-Infinity, offload_optimizer device "nvme"): with offload_optimizer,
+  // the master shards and optimizer state live in an unlinked file under nvme_path between
+  // steps; the step pages them through host memory in sub-groups of at most sub_group_size
+  // elements, nvme_buffer_count of them in memory at once (strategies/sharded/nvme_swap.h).
+  // Parameter shards stay in host memory (offload_param device "nvme" is not built).
+  std::string nvme_path;  // empty: host memory
+  int64_t sub_group_size = 1'000'000'000;  // DeepSpeed's default
+  int nvme_buffer_count = 4;                // DeepSpeed's offload_optimizer default
   // Units: make_wrap_policy's spec ("", "none", "params", "min_params:N", a class name),
   // or wrap_policy when set.
   std::string auto_wrap_policy;

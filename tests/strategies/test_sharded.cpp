@@ -4,7 +4,9 @@
 // processes.
 
 #include <gtest/gtest.h>
+#include <unistd.h>
 
+#include <filesystem>
 #include <random>
 
 #include "kernels/cpu/exact_square_sum.h"
@@ -232,9 +234,99 @@ TEST(ShardedStrategies, EveryStageAndPolicyMatchesDdpBitwise) {
       "32-true", 1);
 }
 
+// A fresh directory for NVMe offload's swap files, removed afterwards; the test checks that
+// the swap files left nothing in it.
+class SwapDir {
+ public:
+  SwapDir() {
+    std::string pattern = (std::filesystem::temp_directory_path() / "loom-nvme-XXXXXX").string();
+    path_ = ::mkdtemp(pattern.data());
+  }
+  ~SwapDir() { std::filesystem::remove_all(path_); }
+  const std::string& path() const { return path_; }
+  bool empty() const { return std::filesystem::is_empty(path_); }
+
+ private:
+  std::string path_;
+};
+
+auto nvme(const SwapDir& dir, int64_t sub_group_size, int buffers, std::string wrap_policy = "") {
+  return [path = dir.path(), sub_group_size, buffers, wrap_policy](StrategyOptions& o) {
+    o.sharding.nvme_path = path;
+    o.sharding.sub_group_size = sub_group_size;
+    o.sharding.nvme_buffer_count = buffers;
+    if (!wrap_policy.empty()) o.sharding.auto_wrap_policy = wrap_policy;
+  };
+}
+
+// Sub-groups smaller than one parameter (split pieces), a sub-group spanning several, one
+// buffer (no overlap) and several.
+TEST(ShardedStrategies, NvmeOffloadMatchesDdpBitwise) {
+  SwapDir dir;
+  expect_bitwise_like_ddp(
+      {{"deepspeed_stage_3_offload_nvme", nvme(dir, 1000, 2), "sub-groups of 1000, 2 buffers"},
+       {"deepspeed_stage_2_offload", nvme(dir, 300, 1), "sub-groups of 300, 1 buffer"},
+       {"fsdp_cpu_offload", nvme(dir, 1 << 30, 4, "Block"), "one sub-group per group"}},
+      "32-true", 1);
+  EXPECT_TRUE(dir.empty());
+}
+
+// Between steps the master shards and AdamW's moments are on disk only; during a step at
+// most buffer_count sub-groups (master and two moments each) are added to host memory.
+TEST(ShardedStrategies, NvmeOffloadKeepsTheOptimizerOnDisk) {
+  SwapDir dir;
+  expect_all_ok(run_ranks(2, [&](int rank, int size, std::shared_ptr<comm::Store> store) {
+    StrategyOptions options;
+    nvme(dir, 1024, 2)(options);
+    auto s = make("deepspeed_stage_3_offload_nvme", options, rank, size, store, "nvme");
+    nn::GPTConfig c = testing::tiny_gpt_config(DType::F32);
+    nn::GPT model(c, 4);
+    s->setup_module(model);
+    optim::AdamW optimizer(model.parameters());
+    s->setup_optimizer(optimizer);
+    train_gpt::TokenBlocks data(testing::tiny_corpus(), 2, testing::kTinyContext,
+                                testing::kTinyVocab);
+    const size_t offloaded = static_cast<size_t>(MemoryKind::Offloaded);
+    auto host_offloaded = [&] {
+      return static_cast<int64_t>(allocator_for(Device::cpu()).stats().current_by_kind[offloaded]);
+    };
+    const int64_t between_steps = host_offloaded();
+    for (int64_t step = 0; step < 2; ++step) {
+      train_gpt::Batch b = data.for_step(step, rank, size);
+      reset_memory_peaks(Device::cpu());
+      s->backward(model.loss(b.tokens, b.targets));
+      s->optimizer_step(optimizer);
+      const int64_t peak = local_memory_report(Device::cpu()).peak(MemoryKind::Offloaded);
+      EXPECT_LE(peak - between_steps, 2 * 3 * 1024 * 4) << "step " << step;
+      EXPECT_EQ(host_offloaded(), between_steps) << "step " << step;
+    }
+    const std::vector<Tensor> masters = optimizer.param_groups()[0].params;
+    EXPECT_GT(masters.size(), 3u);  // sub-groups of 1024 elements
+    for (const Tensor& m : masters) {
+      EXPECT_FALSE(m.storage()->materialized());
+      EXPECT_LE(m.numel(), 1024);
+      const std::vector<Tensor> state = optimizer.state_tensors(m);
+      EXPECT_EQ(state.size(), 2u);
+      for (const Tensor& t : state)
+        EXPECT_FALSE(t.storage()->materialized());
+    }
+    auto* sharded = dynamic_cast<ShardedStrategy*>(s.get());
+    const sharded::SwapFile* file = sharded->engine()->swap_file();
+    ASSERT_NE(file, nullptr);
+    EXPECT_GT(file->bytes_read(), 0u);
+    EXPECT_EQ(file->directory(), dir.path());
+    EXPECT_THROW(optimizer.state_dict(), Error);  // the moments are not in memory
+    s->teardown();
+  }));
+  EXPECT_TRUE(dir.empty());
+}
+
 TEST(ShardedStrategies, AccumulationAndMixedPrecisionMatchDdpBitwise) {
-  std::vector<Variant> variants = {
-      {"deepspeed_stage_1"}, {"deepspeed_stage_2"}, {"fsdp", wrap("Block"), "Block units"}};
+  SwapDir dir;
+  std::vector<Variant> variants = {{"deepspeed_stage_1"},
+                                   {"deepspeed_stage_2"},
+                                   {"fsdp", wrap("Block"), "Block units"},
+                                   {"deepspeed_stage_3_offload_nvme", nvme(dir, 500, 2), "NVMe"}};
   expect_bitwise_like_ddp(variants, "32-true", 2);
   expect_bitwise_like_ddp(variants, "bf16-mixed", 1);
   expect_bitwise_like_ddp(variants, "16-mixed", 1);
