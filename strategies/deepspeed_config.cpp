@@ -72,17 +72,19 @@ const std::vector<Key>& keys_of(const std::string& section) {
         {"elastic_checkpoint", Use::Ignored, "checkpoints are issue 10's work"},
         {"ignore_unused_parameters", Use::Ignored,
          "every parameter must receive a gradient under the sharded strategies"},
-        {"sub_group_size", Use::Ignored, "used by NVMe offload, which is not built yet"}}},
+        {"sub_group_size", Use::Read}}},
       {"offload",
        {{"device", Use::Read},
-        {"nvme_path", Use::Ignored, "NVMe offload is not built yet"},
+        {"nvme_path", Use::Read},
         {"pin_memory", Use::Ignored, "host memory is pinned only for a GPU", true},
-        {"buffer_count", Use::Ignored, "used by NVMe offload, which is not built yet"},
-        {"buffer_size", Use::Ignored, "used by NVMe offload, which is not built yet"},
-        {"max_in_cpu", Use::Ignored, "used by NVMe offload, which is not built yet"},
-        {"fast_init", Use::Ignored, "used by NVMe offload, which is not built yet"},
-        {"pipeline_read", Use::Ignored, "used by NVMe offload, which is not built yet"},
-        {"pipeline_write", Use::Ignored, "used by NVMe offload, which is not built yet"},
+        {"buffer_count", Use::Read},
+        {"buffer_size", Use::Ignored, "NVMe buffers hold one sub-group (sub_group_size)"},
+        {"max_in_cpu", Use::Ignored, "parameter shards stay in host memory"},
+        {"fast_init", Use::Ignored, "the swap file is written once at setup"},
+        {"pipeline_read", Use::Ignored,
+         "reads of the next sub-group always overlap the step (buffer_count >= 2)"},
+        {"pipeline_write", Use::Ignored,
+         "writes of the last sub-group always overlap the step (buffer_count >= 3)"},
         {"ratio", Use::Ignored, "the whole optimizer step is offloaded"}}},
       {"bf16",
        {{"enabled", Use::Read},
@@ -175,8 +177,12 @@ class Reader {
     if (!object.contains(key) || is_auto(object[key])) return std::nullopt;
     const json& v = object[key];
     const std::string range = "an integer " + std::to_string(min) + "-" + std::to_string(max);
-    if (!v.is_number_integer()) wrong(dotted(path, key), range, v);
-    const int64_t n = v.get<int64_t>();
+    // DeepSpeed's own examples write sizes as 1e9: a whole float is an integer too.
+    const bool whole = v.is_number_float() && std::isfinite(v.get<double>()) &&
+                       std::trunc(v.get<double>()) == v.get<double>() &&
+                       std::abs(v.get<double>()) < 9.2e18;
+    if (!v.is_number_integer() && !whole) wrong(dotted(path, key), range, v);
+    const int64_t n = whole ? static_cast<int64_t>(v.get<double>()) : v.get<int64_t>();
     if (n < min || n > max) wrong(dotted(path, key), range, v);
     return n;
   }
@@ -241,8 +247,19 @@ DeepSpeedConfig parse_deepspeed_config(const std::string& json_text, const std::
     const json& zero = root["zero_optimization"];
     const std::string path = "zero_optimization";
     if (auto stage = r.integer(zero, path, "stage", 0, 3)) config.stage = static_cast<int>(*stage);
-    if (zero.contains("offload_optimizer"))
-      config.offload_optimizer = r.device(zero["offload_optimizer"], path + ".offload_optimizer");
+    if (zero.contains("offload_optimizer")) {
+      const json& offload = zero["offload_optimizer"];
+      const std::string at = path + ".offload_optimizer";
+      config.offload_optimizer = r.device(offload, at);
+      if (offload.contains("nvme_path") && !Reader::is_auto(offload["nvme_path"])) {
+        if (!offload["nvme_path"].is_string())
+          r.wrong(at + ".nvme_path", "a directory path", offload["nvme_path"]);
+        config.nvme_path = offload["nvme_path"].get<std::string>();
+      }
+      if (auto count = r.integer(offload, at, "buffer_count", 1, 1024))
+        config.nvme_buffer_count = static_cast<int>(*count);
+    }
+    config.sub_group_size = r.integer(zero, path, "sub_group_size", 1, INT64_MAX);
     if (zero.contains("offload_param"))
       config.offload_param = r.device(zero["offload_param"], path + ".offload_param");
     if (config.offload_param != "none" && config.stage.value_or(0) != 3) {
@@ -315,13 +332,23 @@ DeepSpeedConfig load_deepspeed_config(const std::string& path) {
 }
 
 std::string apply_deepspeed_config(const DeepSpeedConfig& config, StrategyOptions& options) {
-  if (config.offload_optimizer == "nvme" || config.offload_param == "nvme") {
-    fail("[deepspeed-config] offload to nvme is not built yet (docs/sharding.md); use "
-         "\"device\": \"cpu\"");
+  if (config.offload_param == "nvme") {
+    fail("[deepspeed-config] offload_param device \"nvme\" is not built (parameter shards "
+         "stay in host memory under NVMe offload, docs/sharding.md); use \"cpu\" for "
+         "offload_param, with offload_optimizer on \"nvme\"");
   }
+  if (config.offload_optimizer == "nvme") {
+    if (config.nvme_path.empty()) {
+      fail("[deepspeed-config] offload_optimizer device \"nvme\" needs "
+           "offload_optimizer.nvme_path: a directory on a local disk for the swap file");
+    }
+    options.sharding.nvme_path = config.nvme_path;
+  }
+  if (config.nvme_buffer_count) options.sharding.nvme_buffer_count = *config.nvme_buffer_count;
+  if (config.sub_group_size) options.sharding.sub_group_size = *config.sub_group_size;
   if (config.precision) options.precision = *config.precision;
   options.loss_scaler = config.loss_scaler;
-  options.sharding.offload_optimizer = config.offload_optimizer == "cpu";
+  options.sharding.offload_optimizer = config.offload_optimizer != "none";
   options.sharding.offload_params = config.offload_param == "cpu";
   const int stage = config.stage.value_or(0);  // DeepSpeed's default: no ZeRO
   if (stage == 0) {

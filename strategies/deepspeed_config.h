@@ -19,6 +19,9 @@ struct DeepSpeedConfig {
   // offload_optimizer.device / offload_param.device: "none", "cpu" or "nvme"
   std::string offload_optimizer = "none";
   std::string offload_param = "none";
+  std::string nvme_path;                     // offload_optimizer.nvme_path
+  std::optional<int> nvme_buffer_count;      // offload_optimizer.buffer_count
+  std::optional<int64_t> sub_group_size;     // zero_optimization.sub_group_size
   std::optional<int64_t> train_batch_size;
   std::optional<int64_t> micro_batch_per_gpu;  // train_micro_batch_size_per_gpu
   std::optional<int64_t> gradient_accumulation_steps;
@@ -39,8 +42,9 @@ DeepSpeedConfig parse_deepspeed_config(const std::string& json_text, const std::
 DeepSpeedConfig load_deepspeed_config(const std::string& path);
 
 // The registered strategy the config selects (deepspeed_stage_N; stage 0 is fsdp with
-// NO_SHARD) with its offload and precision set in `options`. NVMe offload is an error (not
-// built yet).
+// NO_SHARD) with its offload (NVMe for the optimizer: nvme_path, buffer_count,
+// sub_group_size) and precision set in `options`. offload_param on NVMe is an error (not
+// built).
 std::string apply_deepspeed_config(const DeepSpeedConfig& config, StrategyOptions& options);
 
 // DeepSpeed's batch identity: train_batch_size = micro batch x accumulation x world size.

@@ -116,7 +116,17 @@ MemoryEstimate sharded_estimate(const nn::Module& model, const sharded::Sharding
   // Optimizer state: per real element of this rank's shard; the master copy and its
   // gradient in the host pool when offloaded.
   const int64_t state = states_per_parameter * all_real;
-  if (o.offload_optimizer || offload_params) {
+  if (o.offload_optimizer && !o.nvme_path.empty()) {
+    // NVMe (nvme_swap.h): the master and state of every sub-group in the swap file; in host
+    // memory the gradient of each (whole sub-groups: the real elements, an upper bound for
+    // the pages' padding aside) and, during the step, at most buffer_count sub-groups with
+    // their state.
+    const int64_t element = static_cast<int64_t>(dtype_size(params.at(0).second.dtype()));
+    const int64_t resident =
+        std::min(static_cast<int64_t>(o.nvme_buffer_count) * o.sub_group_size * element, all_real);
+    at(e, MemoryKind::Offloaded) += all_real + (1 + states_per_parameter) * resident;
+    e.nvme_bytes = (1 + states_per_parameter) * all_real;
+  } else if (o.offload_optimizer || offload_params) {
     at(e, MemoryKind::Offloaded) += state;
     if (own_master) at(e, MemoryKind::Offloaded) += 2 * all_shards;  // master and its grad
   } else {

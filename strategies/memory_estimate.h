@@ -22,6 +22,7 @@ struct MemoryEstimate {
   // the batch); they stay 0.
   std::array<int64_t, kMemoryKindCount> peak_by_kind = {};
   int64_t units = 1;  // sharded strategies: the units the wrap policy makes
+  int64_t nvme_bytes = 0;  // NVMe offload: master shards and optimizer state in the swap file
 
   int64_t peak(MemoryKind kind) const { return peak_by_kind[static_cast<size_t>(kind)]; }
   // Parameters, gradients and optimizer state: the "model states" of the ZeRO paper.

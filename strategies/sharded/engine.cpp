@@ -173,6 +173,10 @@ ShardedEngine::ShardedEngine(nn::Module& module, std::shared_ptr<comm::ProcessGr
     }
     swap_ = std::make_unique<OptimizerSwap>(options_.nvme_path, options_.nvme_buffer_count,
                                             3 * (bytes + pieces * SwapFile::kDirectAlignment));
+    if (group_->rank() == 0) {
+      std::fprintf(stderr, "[sharded] NVMe offload: optimizer swap file under %s (%s)\n",
+                   options_.nvme_path.c_str(), swap_->file().mode().c_str());
+    }
   }
   for (size_t u = 0; u < plan.units.size(); ++u) {
     auto* m = const_cast<nn::Module*>(plan.units[u].module);  // we were handed it mutable

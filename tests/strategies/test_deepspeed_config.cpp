@@ -118,7 +118,42 @@ TEST(DeepSpeedConfig, BadValuesAreNamed) {
   DeepSpeedConfig nvme = parse_deepspeed_config(
       R"({"zero_optimization": {"stage": 3, "offload_param": {"device": "nvme", "nvme_path": "/x"}}})",
       "ds.json");
-  EXPECT_THROW(apply_deepspeed_config(nvme, options), Error);  // not built yet
+  try {
+    apply_deepspeed_config(nvme, options);
+    ADD_FAILURE() << "offload_param on nvme is not built";
+  } catch (const Error& e) {
+    EXPECT_PRED2(contains, std::string(e.what()), "offload_param device \"nvme\" is not built");
+  }
+  DeepSpeedConfig no_path = parse_deepspeed_config(
+      R"({"zero_optimization": {"stage": 2, "offload_optimizer": {"device": "nvme"}}})", "ds.json");
+  try {
+    apply_deepspeed_config(no_path, options);
+    ADD_FAILURE() << "nvme without nvme_path";
+  } catch (const Error& e) {
+    EXPECT_PRED2(contains, std::string(e.what()), "needs offload_optimizer.nvme_path");
+  }
+}
+
+// ZeRO-Infinity's optimizer offload: the swap directory, buffer count and sub-group size
+// reach the engine's options; DeepSpeed's 1e9 style of writing sizes is accepted.
+TEST(DeepSpeedConfig, NvmeOffloadOfTheOptimizerMaps) {
+  DeepSpeedConfig config = parse_deepspeed_config(R"({
+      "zero_optimization": {"stage": 3, "sub_group_size": 1e8,
+        "offload_optimizer": {"device": "nvme", "nvme_path": "/local_nvme", "buffer_count": 5,
+                              "pipeline_read": true},
+        "offload_param": {"device": "cpu"}}})",
+                                                  "ds.json");
+  StrategyOptions options;
+  EXPECT_EQ(apply_deepspeed_config(config, options), "deepspeed_stage_3");
+  EXPECT_TRUE(options.sharding.offload_optimizer);
+  EXPECT_TRUE(options.sharding.offload_params);
+  EXPECT_EQ(options.sharding.nvme_path, "/local_nvme");
+  EXPECT_EQ(options.sharding.nvme_buffer_count, 5);
+  EXPECT_EQ(options.sharding.sub_group_size, 100000000);
+  ASSERT_EQ(config.warnings.size(), 1u);
+  EXPECT_PRED2(contains, config.warnings[0], "pipeline_read");
+  EXPECT_PRED2(contains, error_of(R"({"zero_optimization": {"sub_group_size": 1.5}})"),
+               "sub_group_size: expected an integer");
 }
 
 TEST(DeepSpeedConfig, MissingFileIsNamed) {

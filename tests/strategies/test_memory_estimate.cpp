@@ -4,7 +4,10 @@
 
 #include <gtest/gtest.h>
 
+#include <unistd.h>
+
 #include <cmath>
+#include <filesystem>
 
 #include "multiprocess.h"
 #include "nn/gpt.h"
@@ -52,6 +55,7 @@ struct Case {
   std::string strategy;
   std::string wrap;  // auto_wrap_policy ("" keeps the name's default)
   std::string fsdp_sharding_strategy = "FULL_SHARD";
+  bool nvme = false;  // swap file in a temporary directory, small sub-groups, 2 buffers
 };
 
 TEST(MemoryEstimate, MatchesWhatTrainingStepsMeasureWithinFivePercent) {
@@ -67,10 +71,18 @@ TEST(MemoryEstimate, MatchesWhatTrainingStepsMeasureWithinFivePercent) {
       {"fsdp", "Block", "SHARD_GRAD_OP"},
       {"fsdp", "", "NO_SHARD"},
       {"fsdp_cpu_offload", "Block"},
+      {"deepspeed_stage_3_offload_nvme", "", "FULL_SHARD", true},
   };
+  std::string swap_dir = (std::filesystem::temp_directory_path() / "loom-nvme-XXXXXX").string();
+  ASSERT_NE(::mkdtemp(swap_dir.data()), nullptr);
   expect_all_ok(run_ranks(2, [&](int rank, int size, std::shared_ptr<comm::Store> store) {
     for (size_t i = 0; i < cases.size(); ++i) {
       StrategyOptions options;
+      if (cases[i].nvme) {
+        options.sharding.nvme_path = swap_dir;
+        options.sharding.sub_group_size = 4096;
+        options.sharding.nvme_buffer_count = 2;
+      }
       options.sharding.auto_wrap_policy = cases[i].wrap;
       options.fsdp_sharding_strategy = cases[i].fsdp_sharding_strategy;
       std::string group = "m";
@@ -91,6 +103,7 @@ TEST(MemoryEstimate, MatchesWhatTrainingStepsMeasureWithinFivePercent) {
       EXPECT_GT(measured.peak(MemoryKind::Activations), 0);
     }
   }, 240s));
+  std::filesystem::remove_all(swap_dir);
 }
 
 TEST(MemoryEstimate, ZeroFormulasHoldForOneUnitOnFourRanks) {

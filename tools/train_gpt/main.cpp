@@ -112,6 +112,7 @@ std::string take_deepspeed_config(const strategies::DeepSpeedConfig& config, con
     }
     target = value;
   };
+  if (!config.nvme_path.empty()) take("--nvme-path", config.nvme_path, options.sharding.nvme_path);
   if (config.micro_batch_per_gpu) take("--batch", *config.micro_batch_per_gpu, o.batch);
   if (config.gradient_accumulation_steps)
     take("--grad-accum", *config.gradient_accumulation_steps, o.grad_accum);
@@ -132,7 +133,7 @@ std::string take_deepspeed_config(const strategies::DeepSpeedConfig& config, con
 void check_sharding_flags(const CLI::App& app, const strategies::Strategy& strategy) {
   if (dynamic_cast<const strategies::ShardedStrategy*>(&strategy) != nullptr) return;
   for (const char* flag : {"--wrap-policy", "--fsdp-sharding-strategy", "--forward-prefetch",
-                           "--backward-prefetch"}) {
+                           "--backward-prefetch", "--nvme-path"}) {
     if (app.count(flag) == 0) continue;
     std::string sharded;
     for (const auto& [name, description] : strategies::StrategyRegistry::available_strategies()) {
@@ -161,6 +162,10 @@ void print_memory_estimate(const nn::GPT& model, const std::string& strategy,
               static_cast<double>(e.model_states()) / (1 << 20));
   std::printf("  %-16s %10s (not estimated: train a few steps and read the summary's peak by "
               "kind)\n", "activations", "-");
+  if (e.nvme_bytes > 0) {
+    std::printf("  %-16s %10.2f MiB (master weights and optimizer state in the swap file)\n",
+                "nvme", static_cast<double>(e.nvme_bytes) / (1 << 20));
+  }
 }
 
 int run(int argc, char** argv) {
@@ -251,6 +256,10 @@ int run(int argc, char** argv) {
                  "stage 3: when backward all-gathers the next unit: pre, post or none")
       ->check(CLI::IsMember({"pre", "post", "none"}))
       ->capture_default_str();
+  app.add_option("--nvme-path", sharding.nvme_path,
+                 "NVMe offload (deepspeed_stage_3_offload_nvme, or any strategy that offloads the "
+                 "optimizer): directory for the swap file holding master weights and optimizer "
+                 "state");
   std::string deepspeed_config_path;
   app.add_option("--deepspeed-config", deepspeed_config_path,
                  "DeepSpeed's JSON config: zero_optimization (stage, offload), batch sizes, "
