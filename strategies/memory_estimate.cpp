@@ -42,7 +42,11 @@ struct UnitBytes {
 // pre-order), each gathered or holding full gradients together with its enclosing units.
 MemoryEstimate sharded_estimate(const nn::Module& model, const sharded::ShardingOptions& o,
                                 int world_size, int states_per_parameter) {
-  const int shards = o.stage == 0 ? 1 : world_size;
+  // HYBRID_SHARD shards over one node's ranks (shard_group_size; 0, the launcher's node size,
+  // is not known here and counts as the whole world).
+  const int shards = o.stage == 0                                  ? 1
+                     : o.hybrid_shard && o.shard_group_size > 0 ? o.shard_group_size
+                                                                 : world_size;
   const sharded::WrapPolicy policy =
       o.wrap_policy ? o.wrap_policy : sharded::make_wrap_policy(o.auto_wrap_policy);
   const sharded::UnitPlan plan = sharded::plan_units(model, policy);

@@ -69,8 +69,27 @@ ShardedEngine::ShardedEngine(nn::Module& module, std::shared_ptr<comm::ProcessGr
   }
   if (!options_.nvme_path.empty() && options_.sub_group_size < 1)
     fail("[sharded] sub_group_size must be at least 1, got ", options_.sub_group_size);
-  shard_world_ = options_.stage == 0 ? 1 : group_->size();
-  shard_rank_ = options_.stage == 0 ? 0 : group_->rank();
+  shard_group_ = group_;
+  if (options_.hybrid_shard) {
+    const int size = options_.shard_group_size, world = group_->size();
+    if (options_.stage != 3)
+      fail("[sharded] HYBRID_SHARD shards parameters (stage 3), got stage ", options_.stage);
+    if (size < 1 || world % size != 0) {
+      fail("[sharded] HYBRID_SHARD: the world size ", world, " must be a multiple of the shard "
+           "group size ", size, " (the ranks of one node); start the same number of ranks on "
+           "every node, or use FULL_SHARD");
+    }
+    // Collective: every rank makes both splits, in the same order.
+    shard_group_ = group_->split(group_->rank() / size, group_->rank());
+    replicate_group_ = group_->split(group_->rank() % size, group_->rank());
+    if (group_->rank() == 0) {
+      std::fprintf(stderr, "[sharded] HYBRID_SHARD: parameters sharded over %d group(s) of %d "
+                   "rank(s), replicated across the groups\n", world / size, size);
+    }
+    if (replicate_group_->size() == 1) replicate_group_.reset();  // one node: FULL_SHARD
+  }
+  shard_world_ = options_.stage == 0 ? 1 : shard_group_->size();
+  shard_rank_ = options_.stage == 0 ? 0 : shard_group_->rank();
   for (size_t k = 0; k < params_.size(); ++k) {
     const Tensor& p = params_[k].second;
     if (!p.is_leaf() || !p.requires_grad() || !p.is_contiguous()) {
@@ -233,7 +252,7 @@ void ShardedEngine::gather(size_t unit) {
                                                               : flat.shard.to(flat.full.device());
     Trace* trace = current_trace();
     flat.gather_issued_us = trace != nullptr ? trace->now_us() : -1;
-    flat.gather = group_->all_gather(flat.full, input);
+    flat.gather = shard_group_->all_gather(flat.full, input);
   }
 }
 
@@ -380,10 +399,14 @@ void ShardedEngine::reduce(size_t unit) {
     flat.reduce_issued_us = trace != nullptr ? trace->now_us() : -1;
     flat.reduce = options_.stage < 2
                       ? group_->allreduce(flat.full_grad, {.op = comm::ReduceOp::Avg})
-                      : group_->reduce_scatter(flat.grad_shard, flat.full_grad,
-                                               {.op = comm::ReduceOp::Avg});
+                      : shard_group_->reduce_scatter(flat.grad_shard, flat.full_grad,
+                                                     {.op = comm::ReduceOp::Avg});
   }
   if (options_.stage < 2) return;
+  // HYBRID_SHARD: the unit before the previous one finishes its allreduce across groups,
+  // the previous one starts it.
+  if (replicating_ >= 0) finish_replication(static_cast<size_t>(replicating_));
+  replicating_ = replicate_group_ ? reducing_ : -1;
   // Stages 2-3 keep only the shard of a reduced gradient. The previous unit's reduction had
   // this unit's whole backward to run, so finishing it now rarely waits, and frees its full
   // gradients: at most this unit's, the previous unit's and their enclosing units' full
@@ -404,8 +427,10 @@ void ShardedEngine::finish_reduction(size_t unit) {
                           "; did every rank run backward on the same model this step?",
                       e.rank(), e.peer());
     }
-    if (!flat.master_grad.is_same(flat.grad_shard)) copy_(flat.master_grad, flat.grad_shard);
-    copy_gradients_out(flat);
+    if (replicate_group_)
+      flat.replicate = replicate_group_->allreduce(flat.grad_shard, {.op = comm::ReduceOp::Avg});
+    else
+      deliver_gradients(flat);
     if (options_.stage >= 2) {
       for (size_t k : flat.params)
         params_[k].second.set_grad(Tensor());
@@ -413,6 +438,28 @@ void ShardedEngine::finish_reduction(size_t unit) {
     }
   }
   units_[unit]->grads_stale = options_.stage < 2;
+}
+
+void ShardedEngine::finish_replication(size_t unit) {
+  NoGradGuard no_grad;
+  for (FlatParam& flat : units_[unit]->flats) {
+    if (!flat.replicate) continue;
+    comm::WorkPtr done = std::move(flat.replicate);
+    try {
+      done->wait();
+    } catch (const CommError& e) {
+      throw CommError("[sharded] rank " + std::to_string(group_->rank()) +
+                          ": HYBRID_SHARD's gradient allreduce across shard groups failed: " +
+                          e.what(),
+                      e.rank(), e.peer());
+    }
+    deliver_gradients(flat);
+  }
+}
+
+void ShardedEngine::deliver_gradients(FlatParam& flat) {
+  if (!flat.master_grad.is_same(flat.grad_shard)) copy_(flat.master_grad, flat.grad_shard);
+  copy_gradients_out(flat);
 }
 
 void ShardedEngine::finalize_backward() {
@@ -426,8 +473,11 @@ void ShardedEngine::finalize_backward() {
     }
   }
   reducing_ = -1;
+  replicating_ = -1;
   for (size_t unit = 0; unit < units_.size(); ++unit)
     finish_reduction(unit);
+  for (size_t unit = 0; unit < units_.size(); ++unit)
+    finish_replication(unit);
   for (size_t i = 0; i < segments_.size(); ++i)
     segments_[i].set_grad(segment_grads_[i]);
   for (size_t i = 0; i < sub_group_masters_.size(); ++i)
@@ -606,7 +656,7 @@ void ShardedEngine::after_step() {
       if (!flat.master.is_same(flat.shard)) copy_(flat.shard, flat.master);
       if (options_.stage < 3 && shard_world_ > 1) {
         flat.gather_issued_us = trace != nullptr ? trace->now_us() : -1;
-        flat.gather = group_->all_gather(flat.full, flat.shard);
+        flat.gather = shard_group_->all_gather(flat.full, flat.shard);
       }
     }
   }
@@ -639,7 +689,7 @@ double ShardedEngine::grad_norm(double norm_type) {
       words.insert(words.end(), w.begin(), w.end());
     }
     Tensor all = Tensor::from_vector(words, {count * ExactSquareSum::kWords});
-    if (shard_world_ > 1) group_->allreduce(all, {.op = comm::ReduceOp::Sum})->wait();
+    if (shard_world_ > 1) shard_group_->allreduce(all, {.op = comm::ReduceOp::Sum})->wait();
     const int64_t* summed = all.data<int64_t>();
     for (int64_t k = 0; k < count; ++k) {
       std::array<int64_t, ExactSquareSum::kWords> w;
@@ -662,7 +712,7 @@ double ShardedEngine::grad_norm(double norm_type) {
   }
   Tensor all = Tensor::from_vector(partial, {count});
   if (shard_world_ > 1)
-    group_->allreduce(all, {.op = inf ? comm::ReduceOp::Max : comm::ReduceOp::Sum})->wait();
+    shard_group_->allreduce(all, {.op = inf ? comm::ReduceOp::Max : comm::ReduceOp::Sum})->wait();
   std::vector<double> summed = all.to_vector<double>();
   for (int64_t k = 0; k < count; ++k)
     norms[k] = inf ? summed[k] : std::pow(summed[k], 1.0 / norm_type);
@@ -687,7 +737,7 @@ bool ShardedEngine::any_nonfinite_gradient() {
     }
   }
   Tensor flag = Tensor::full({1}, bad, DType::F64);
-  if (shard_world_ > 1) group_->allreduce(flag, {.op = comm::ReduceOp::Max})->wait();
+  if (shard_world_ > 1) shard_group_->allreduce(flag, {.op = comm::ReduceOp::Max})->wait();
   return flag.item() > 0.0;
 }
 

@@ -103,9 +103,13 @@ class ShardedEngine {
   void wait_for(FlatParam& flat, size_t unit, bool gather);
   void ensure_gradients(size_t unit);
   void reduce(size_t unit);
-  // Waits for the unit's reduction and moves the result where the optimizer reads it;
-  // stages 2-3 then release the unit's full gradients. No-op when none is in flight.
+  // Waits for the unit's reduction and moves the result where the optimizer reads it (under
+  // HYBRID_SHARD: starts the allreduce across shard groups instead); stages 2-3 then
+  // release the unit's full gradients. No-op when none is in flight.
   void finish_reduction(size_t unit);
+  // HYBRID_SHARD: waits for the unit's allreduce across shard groups and moves the result.
+  void finish_replication(size_t unit);
+  void deliver_gradients(FlatParam& flat);
   void prefetch_after(size_t unit, bool forward);
   void remove_forward_hooks();
   // This rank's part of one parameter: `length` elements at `shard_offset` of flat's shard.
@@ -127,6 +131,9 @@ class ShardedEngine {
 
   nn::Module& module_;
   std::shared_ptr<comm::ProcessGroup> group_;
+  // Parameters are sharded over shard_group_ (group_, or under HYBRID_SHARD this rank's
+  // node) and replicated over replicate_group_ (HYBRID_SHARD with several groups only).
+  std::shared_ptr<comm::ProcessGroup> shard_group_, replicate_group_;
   ShardingOptions options_;
   int shard_world_ = 1, shard_rank_ = 0;
   std::vector<std::pair<std::string, Tensor>> params_;  // named_parameters() order
@@ -135,6 +142,7 @@ class ShardedEngine {
   std::vector<size_t> unit_of_param_;
   std::vector<bool> ready_;
   int64_t reducing_ = -1;  // stages 2-3: the unit whose reduction is in flight, if any
+  int64_t replicating_ = -1;  // HYBRID_SHARD: the unit whose allreduce across groups is
   std::vector<size_t> forward_order_;  // units in the order the first forward ran them
   bool order_known_ = false;
   bool in_backward_ = false;

@@ -30,6 +30,7 @@ struct FlatParam {
   std::vector<size_t> nvme_segments;  // NVMe offload: the engine's segments of this shard
   comm::WorkPtr gather;  // in-flight all-gather into full
   comm::WorkPtr reduce;  // in-flight reduction of full_grad
+  comm::WorkPtr replicate;  // HYBRID_SHARD: in-flight allreduce of grad_shard across groups
   // When each was issued, for the trace (microseconds of the current Trace; -1 untraced).
   int64_t gather_issued_us = -1;
   int64_t reduce_issued_us = -1;

@@ -14,11 +14,12 @@ void apply_fsdp_sharding_strategy(const std::string& name, ShardingOptions& opti
   } else if (name == "NO_SHARD") {
     options.stage = 0;
   } else if (name == "HYBRID_SHARD") {
-    fail("[fsdp] sharding_strategy HYBRID_SHARD is not available yet (it needs the "
-         "hierarchical groups); use FULL_SHARD, SHARD_GRAD_OP or NO_SHARD");
+    options.stage = 3;
+    options.reshard_after_forward = true;
+    options.hybrid_shard = true;
   } else {
     fail("[fsdp] unknown sharding_strategy '", name,
-         "'; expected FULL_SHARD, SHARD_GRAD_OP or NO_SHARD");
+         "'; expected FULL_SHARD, SHARD_GRAD_OP, NO_SHARD or HYBRID_SHARD");
   }
 }
 

@@ -40,6 +40,12 @@ struct ShardingOptions {
   std::string nvme_path;  // empty: host memory
   int64_t sub_group_size = 1'000'000'000;  // DeepSpeed's default
   int nvme_buffer_count = 4;                // DeepSpeed's offload_optimizer default
+  // HYBRID_SHARD (stage 3): parameters are sharded over groups of shard_group_size
+  // consecutive ranks (0: the ranks of one node, LOCAL_WORLD_SIZE) and replicated across
+  // those groups; gradients are reduce-scattered inside a group, then all-reduced across
+  // groups (FSDP's HYBRID_SHARD, DeepSpeed's ZeRO++ hpZ for parameters).
+  bool hybrid_shard = false;
+  int shard_group_size = 0;
   // Units: make_wrap_policy's spec ("", "none", "params", "min_params:N", a class name),
   // or wrap_policy when set.
   std::string auto_wrap_policy;
@@ -47,8 +53,8 @@ struct ShardingOptions {
 };
 
 // "FULL_SHARD" (stage 3), "SHARD_GRAD_OP" (stage 3 without resharding after forward),
-// "NO_SHARD" (stage 0) applied to `options`; "HYBRID_SHARD" and unknown names are errors
-// saying what is available.
+// "NO_SHARD" (stage 0), "HYBRID_SHARD" (stage 3 inside each node) applied to `options`;
+// unknown names are errors saying what is available.
 void apply_fsdp_sharding_strategy(const std::string& name, ShardingOptions& options);
 
 }  // namespace loom::strategies::sharded

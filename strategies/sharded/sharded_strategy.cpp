@@ -21,7 +21,15 @@ void ShardedStrategy::setup_module(nn::Module& module) {
   Strategy::setup_module(module);
   verify_same_parameters(module.named_parameters(), *group_);
   broadcast_parameters(module.parameters(), *group_);
-  engine_ = std::make_unique<sharded::ShardedEngine>(module, group_, options_.sharding);
+  sharded::ShardingOptions sharding = options_.sharding;
+  if (sharding.hybrid_shard && sharding.shard_group_size == 0) {
+    // FSDP's default: shard inside a node, replicate across nodes. Ranks this strategy started
+    // itself all run on this node.
+    sharding.shard_group_size = environment_ && environment_->world_size == group_->size()
+                                    ? environment_->local_world_size
+                                    : group_->size();
+  }
+  engine_ = std::make_unique<sharded::ShardedEngine>(module, group_, sharding);
   optimizer_adopted_ = false;
 }
 

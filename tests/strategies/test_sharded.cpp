@@ -88,8 +88,10 @@ TEST(ShardedUnits, BadSpecsAndContainersAreNamed) {
     EXPECT_NE(std::string(e.what()).find("ModuleList"), std::string::npos) << e.what();
   }
   sharded::ShardingOptions o;
-  EXPECT_THROW(sharded::apply_fsdp_sharding_strategy("HYBRID_SHARD", o), Error);
   EXPECT_THROW(sharded::apply_fsdp_sharding_strategy("FULL_SHARDS", o), Error);
+  sharded::apply_fsdp_sharding_strategy("HYBRID_SHARD", o);
+  EXPECT_TRUE(o.hybrid_shard);
+  o.hybrid_shard = false;
   sharded::apply_fsdp_sharding_strategy("SHARD_GRAD_OP", o);
   EXPECT_EQ(o.stage, 3);
   EXPECT_FALSE(o.reshard_after_forward);
@@ -232,6 +234,41 @@ TEST(ShardedStrategies, EveryStageAndPolicyMatchesDdpBitwise) {
        {"fsdp", [](StrategyOptions& o) { o.fsdp_sharding_strategy = "NO_SHARD"; }, "NO_SHARD"},
        {"fsdp_cpu_offload", wrap("Block"), "Block units"}},
       "32-true", 1);
+}
+
+// HYBRID_SHARD on 4 ranks in two shard groups of 2 ("nodes"): each rank holds half the
+// parameters (not a quarter), and the weights match DDP's on 4 ranks. Not bitwise: the
+// two-level sum ((a+b)+(c+d)) associates differently from the flat one (docs/sharding.md).
+TEST(ShardedStrategies, HybridShardShardsInsideGroupsAndMatchesDdp) {
+  expect_all_ok(run_ranks(4, [&](int rank, int size, std::shared_ptr<comm::Store> store) {
+    auto ddp = make("ddp", {}, rank, size, store, "ddp");
+    const std::vector<float> reference = train_f32(ddp.get(), 1);
+    ddp->teardown();
+
+    StrategyOptions options;
+    options.fsdp_sharding_strategy = "HYBRID_SHARD";
+    options.sharding.shard_group_size = 2;
+    options.sharding.auto_wrap_policy = "Block";
+    auto hybrid = make("fsdp", options, rank, size, store, "hsdp");
+    const std::vector<float> mine = train_f32(hybrid.get(), 1);
+    hybrid->teardown();
+    ASSERT_EQ(mine.size(), reference.size());
+    double worst = 0;
+    for (size_t i = 0; i < mine.size(); ++i)
+      worst = std::max(worst, std::abs(static_cast<double>(mine[i]) - reference[i]));
+    EXPECT_LE(worst, 1e-6) << "rank " << rank;
+
+    auto probe = make("fsdp", options, rank, size, store, "hsdp-memory");
+    nn::GPT model(testing::tiny_gpt_config(DType::F32), 4);
+    const int64_t total_bytes = model.parameter_count() * 4;
+    const size_t parameters = static_cast<size_t>(MemoryKind::Parameters);
+    probe->setup_module(model);
+    const auto shards = static_cast<int64_t>(
+        allocator_for(Device::cpu()).stats().current_by_kind[parameters]);
+    EXPECT_GE(shards, total_bytes / 2);
+    EXPECT_LE(shards, total_bytes / 2 + 3 * 4) << "half the model per rank, plus padding";
+    probe->teardown();
+  }, 240s));
 }
 
 // A fresh directory for NVMe offload's swap files, removed afterwards; the test checks that
@@ -383,6 +420,22 @@ TEST(ShardedStrategies, MisuseIsExplained) {
       auto s = make("deepspeed_stage_2", options, rank, size, store, "a");
       nn::GPT model(c, 1);
       EXPECT_THROW(s->setup_module(model), Error);
+      s->teardown();
+    }
+    {
+      StrategyOptions options;
+      options.fsdp_sharding_strategy = "HYBRID_SHARD";
+      options.sharding.shard_group_size = 3;  // 2 ranks do not split into groups of 3
+      auto s = make("fsdp", options, rank, size, store, "hybrid");
+      nn::GPT model(c, 1);
+      try {
+        s->setup_module(model);
+        ADD_FAILURE() << "a world of 2 in shard groups of 3 was accepted";
+      } catch (const Error& e) {
+        EXPECT_NE(std::string(e.what()).find("must be a multiple of the shard group size 3"),
+                  std::string::npos)
+            << e.what();
+      }
       s->teardown();
     }
     {

@@ -227,6 +227,10 @@ int run(int argc, char** argv) {
                  "32-true, bf16-mixed or 16-mixed (mixed: matmuls round to bf16/f16, emulated on "
                  "the CPU; 16-mixed adds a dynamic loss scaler)")
       ->capture_default_str();
+  app.add_option("--process-group-backend", strategy_options.process_group_backend,
+                 "auto, shm or nccl (auto: nccl for GPUs that each rank owns, else shm; shm "
+                 "also serves loomrun's --nnodes when every node is this machine)")
+      ->capture_default_str();
   app.add_option("--grad-accum", o.grad_accum, "micro-batches per optimizer step")
       ->capture_default_str();
   app.add_option("--ddp-comm-hook", strategy_options.ddp.comm_hook,
@@ -247,7 +251,8 @@ int run(int argc, char** argv) {
                  "(every module owning parameters), min_params:N, or a class name such as Block "
                  "(default: none; params for deepspeed_stage_3*)");
   app.add_option("--fsdp-sharding-strategy", strategy_options.fsdp_sharding_strategy,
-                 "fsdp names: FULL_SHARD, SHARD_GRAD_OP or NO_SHARD")
+                 "fsdp names: FULL_SHARD, SHARD_GRAD_OP, NO_SHARD or HYBRID_SHARD (shard inside "
+                 "each node, replicate across nodes)")
       ->capture_default_str();
   app.add_flag("--forward-prefetch", sharding.forward_prefetch,
                "stage 3: all-gather the next unit while the current one runs forward");
