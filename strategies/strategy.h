@@ -123,7 +123,9 @@ class Strategy {
 
   virtual std::string name() const = 0;
   virtual void setup_environment() {}
-  // Moves the module's parameters to root_device() and keeps it as the module to train.
+  // Moves the module's parameters to root_device() and keeps it as the module to train. The
+  // strategy refers to the module (hooks, views of its parameters) until teardown() or its
+  // destruction: the module must outlive both.
   virtual void setup_module(nn::Module& module);
   virtual void setup_optimizer(optim::Optimizer&) {}
   virtual void backward(const Tensor& loss) { loss.backward(); }
