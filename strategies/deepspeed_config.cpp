@@ -105,6 +105,9 @@ const std::vector<Key>& keys_of(const std::string& section) {
         {"eps", Use::Read},
         {"weight_decay", Use::Read},
         {"adam_w_mode", Use::Read},
+        {"momentum", Use::Read},
+        {"dampening", Use::Read},
+        {"nesterov", Use::Read},
         {"torch_adam", Use::Ignored, "Loom's AdamW is its own"},
         {"bias_correction", Use::Ignored, "AdamW always corrects the bias", false},
         {"amsgrad", Use::Read}}},
@@ -299,8 +302,27 @@ DeepSpeedConfig parse_deepspeed_config(const std::string& json_text, const std::
     if (r.boolean(params, "optimizer.params", "amsgrad").value_or(false))
       fail("[deepspeed-config] ", source, ": optimizer.params.amsgrad is not supported by Loom's AdamW");
     if (type == "sgd") {
-      fail("[deepspeed-config] ", source, ": optimizer SGD: train_gpt trains with AdamW; use "
-           "\"AdamW\" (or \"Adam\" with adam_w_mode true)");
+      for (const char* adam_only : {"betas", "eps", "adam_w_mode"}) {
+        if (params.contains(adam_only)) {
+          fail("[deepspeed-config] ", source, ": optimizer.params.", adam_only,
+               " belongs to Adam/AdamW, not SGD; drop it or change optimizer.type");
+        }
+      }
+      DeepSpeedConfig::Optimizer opt;
+      opt.type = "SGD";
+      opt.lr = r.number(params, "optimizer.params", "lr");
+      opt.weight_decay = r.number(params, "optimizer.params", "weight_decay");
+      opt.momentum = r.number(params, "optimizer.params", "momentum");
+      opt.dampening = r.number(params, "optimizer.params", "dampening");
+      opt.nesterov = r.boolean(params, "optimizer.params", "nesterov");
+      config.optimizer = opt;
+      return config;
+    }
+    for (const char* sgd_only : {"momentum", "dampening", "nesterov"}) {
+      if (params.contains(sgd_only)) {
+        fail("[deepspeed-config] ", source, ": optimizer.params.", sgd_only,
+             " belongs to SGD, not ", o["type"].get<std::string>());
+      }
     }
     if (type != "adamw" && !(type == "adam" && adam_w_mode)) {
       fail("[deepspeed-config] ", source, ": optimizer.type '", o["type"].get<std::string>(), "'",

@@ -29,8 +29,12 @@ struct DeepSpeedConfig {
   std::optional<std::string> precision;  // "bf16-mixed" or "16-mixed"
   LossScalerOptions loss_scaler;         // from the fp16 section, DeepSpeed's defaults
   struct Optimizer {
-    std::string type;  // "AdamW" (DeepSpeed's Adam with adam_w_mode true is AdamW too)
-    std::optional<double> lr, beta1, beta2, eps, weight_decay;
+    // "AdamW" (DeepSpeed's Adam with adam_w_mode true is AdamW too) or "SGD"
+    std::string type;
+    std::optional<double> lr, weight_decay;
+    std::optional<double> beta1, beta2, eps;  // AdamW
+    std::optional<double> momentum, dampening;  // SGD
+    std::optional<bool> nesterov;               // SGD
   };
   std::optional<Optimizer> optimizer;
   std::vector<std::string> warnings;  // keys read but not acted on, with the reason

@@ -156,6 +156,22 @@ TEST(DeepSpeedConfig, NvmeOffloadOfTheOptimizerMaps) {
                "sub_group_size: expected an integer");
 }
 
+TEST(DeepSpeedConfig, SgdWithItsParameters) {
+  DeepSpeedConfig config = parse_deepspeed_config(R"({"optimizer": {"type": "SGD", "params":
+      {"lr": 0.05, "momentum": 0.9, "nesterov": true, "weight_decay": 0.01}}})", "ds.json");
+  ASSERT_TRUE(config.optimizer.has_value());
+  EXPECT_EQ(config.optimizer->type, "SGD");
+  EXPECT_EQ(config.optimizer->lr, 0.05);
+  EXPECT_EQ(config.optimizer->momentum, 0.9);
+  EXPECT_EQ(config.optimizer->nesterov, true);
+  EXPECT_EQ(config.optimizer->weight_decay, 0.01);
+  EXPECT_FALSE(config.optimizer->beta1.has_value());
+  EXPECT_PRED2(contains, error_of(R"({"optimizer": {"type": "SGD", "params": {"betas": [0.9, 0.99]}}})"),
+               "optimizer.params.betas belongs to Adam/AdamW, not SGD");
+  EXPECT_PRED2(contains, error_of(R"({"optimizer": {"type": "AdamW", "params": {"momentum": 0.9}}})"),
+               "optimizer.params.momentum belongs to SGD, not AdamW");
+}
+
 TEST(DeepSpeedConfig, MissingFileIsNamed) {
   try {
     load_deepspeed_config("/nonexistent/ds_config.json");

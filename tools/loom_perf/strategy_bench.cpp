@@ -273,7 +273,15 @@ int strategy_main(int argc, char** argv) {
   app.add_option("--wrap-policy", o.strategy_options.sharding.auto_wrap_policy,
                  "sharded strategies: none, params, min_params:N or a class name");
   app.add_option("--fsdp-sharding-strategy", o.strategy_options.fsdp_sharding_strategy,
-                 "fsdp names: FULL_SHARD, SHARD_GRAD_OP or NO_SHARD")
+                 "fsdp names: FULL_SHARD, SHARD_GRAD_OP, NO_SHARD or HYBRID_SHARD")
+      ->capture_default_str();
+  app.add_option("--nvme-path", o.strategy_options.sharding.nvme_path,
+                 "NVMe offload: directory for the optimizer's swap file");
+  app.add_option("--sub-group-size", o.strategy_options.sharding.sub_group_size,
+                 "NVMe offload: elements per sub-group paged at once")
+      ->capture_default_str();
+  app.add_option("--nvme-buffer-count", o.strategy_options.sharding.nvme_buffer_count,
+                 "NVMe offload: sub-groups in host memory at once")
       ->capture_default_str();
   app.add_flag("--forward-prefetch", o.strategy_options.sharding.forward_prefetch,
                "stage 3: gather the next unit during this one's forward");

@@ -119,6 +119,10 @@ std::string take_deepspeed_config(const strategies::DeepSpeedConfig& config, con
   take("--grad-clip", config.gradient_clipping.value_or(0.0), o.grad_clip);
   if (config.precision) take("--precision", *config.precision, options.precision);
   if (const auto& opt = config.optimizer) {
+    take("--optimizer", std::string(opt->type == "SGD" ? "sgd" : "adamw"), o.optimizer);
+    if (opt->momentum) take("--momentum", *opt->momentum, o.momentum);
+    if (opt->dampening) take("--dampening", *opt->dampening, o.dampening);
+    if (opt->nesterov) take("--nesterov", *opt->nesterov, o.nesterov);
     if (opt->lr) take("--lr", *opt->lr, o.lr);
     if (opt->beta1) take("--beta1", *opt->beta1, o.beta1);
     if (opt->beta2) take("--beta2", *opt->beta2, o.beta2);
@@ -147,11 +151,15 @@ void check_sharding_flags(const CLI::App& app, const strategies::Strategy& strat
 }
 
 void print_memory_estimate(const nn::GPT& model, const std::string& strategy,
-                           const strategies::StrategyOptions& options, int world) {
-  const strategies::MemoryEstimate e = strategies::estimate_memory(model, strategy, world, options);
-  std::printf("memory estimate per rank: %s on %d rank(s), %lld parameters, %lld unit(s), AdamW\n",
+                           const strategies::StrategyOptions& options, int world,
+                           const TrainOptions& o) {
+  // Per-parameter state tensors: AdamW's two moments, SGD's momentum buffer (if any).
+  const int states = o.optimizer == "sgd" ? (o.momentum != 0.0 ? 1 : 0) : 2;
+  const strategies::MemoryEstimate e =
+      strategies::estimate_memory(model, strategy, world, options, states);
+  std::printf("memory estimate per rank: %s on %d rank(s), %lld parameters, %lld unit(s), %s\n",
               strategy.c_str(), world, static_cast<long long>(model.parameter_count()),
-              static_cast<long long>(e.units));
+              static_cast<long long>(e.units), o.optimizer == "sgd" ? "SGD" : "AdamW");
   for (size_t k = 0; k < kMemoryKindCount; ++k) {
     const auto kind = static_cast<MemoryKind>(k);
     if (kind == MemoryKind::Activations) continue;
@@ -192,6 +200,13 @@ int run(int argc, char** argv) {
   app.add_option("--batch", o.batch, "sequences per step (per rank)")->capture_default_str();
   app.add_option("--steps", o.steps, "optimizer steps")->capture_default_str();
   app.add_option("--lr", o.lr, "peak learning rate")->capture_default_str();
+  app.add_option("--optimizer", o.optimizer, "adamw or sgd (with --momentum, --dampening, "
+                 "--nesterov; --lr and --weight-decay apply to both)")
+      ->check(CLI::IsMember({"adamw", "sgd"}))
+      ->capture_default_str();
+  app.add_option("--momentum", o.momentum, "SGD momentum")->capture_default_str();
+  app.add_option("--dampening", o.dampening, "SGD dampening")->capture_default_str();
+  app.add_flag("--nesterov", o.nesterov, "SGD: Nesterov momentum");
   app.add_option("--beta1", o.beta1, "AdamW beta1")->capture_default_str();
   app.add_option("--beta2", o.beta2, "AdamW beta2")->capture_default_str();
   app.add_option("--eps", o.eps, "AdamW epsilon")->capture_default_str();
@@ -313,7 +328,7 @@ int run(int argc, char** argv) {
     const int world =
         strategies::parse_devices(strategy_options.devices, strategy->accelerator()).count *
         strategy_options.num_nodes;
-    print_memory_estimate(nn::GPT(o.model, o.seed), strategy_name, strategy_options, world);
+    print_memory_estimate(nn::GPT(o.model, o.seed), strategy_name, strategy_options, world, o);
     return 0;
   }
   strategy->setup_environment();

@@ -9,6 +9,7 @@
 #include "optim/adamw.h"
 #include "optim/clip_grad.h"
 #include "optim/lr_schedule.h"
+#include "optim/sgd.h"
 #include "strategies/data_parallel.h"
 #include "strategies/memory_report.h"
 #include "strategies/trace.h"
@@ -25,6 +26,27 @@ std::vector<optim::ParamGroup> decay_groups(const nn::GPT& model, double weight_
   for (const Tensor& p : model.parameters())
     (p.dim() >= 2 ? decay : no_decay).params.push_back(p);
   return {decay, no_decay};
+}
+
+// AdamW (the default) or SGD over nanoGPT's decay groups.
+std::unique_ptr<optim::Optimizer> make_optimizer(const nn::GPT& model, const TrainOptions& o) {
+  if (o.optimizer == "adamw") {
+    return std::make_unique<optim::AdamW>(decay_groups(model, o.weight_decay),
+                                          optim::AdamWOptions{.lr = o.lr,
+                                                              .beta1 = o.beta1,
+                                                              .beta2 = o.beta2,
+                                                              .eps = o.eps,
+                                                              .weight_decay = o.weight_decay});
+  }
+  if (o.optimizer == "sgd") {
+    return std::make_unique<optim::SGD>(decay_groups(model, o.weight_decay),
+                                        optim::SGDOptions{.lr = o.lr,
+                                                          .momentum = o.momentum,
+                                                          .dampening = o.dampening,
+                                                          .weight_decay = o.weight_decay,
+                                                          .nesterov = o.nesterov});
+  }
+  fail("[train_gpt] unknown --optimizer '", o.optimizer, "'; expected 'adamw' or 'sgd'");
 }
 
 std::unique_ptr<optim::LrSchedule> make_schedule(const TrainOptions& o) {
@@ -67,12 +89,8 @@ void train(nn::GPT& model, const TokenBlocks& data, const TrainOptions& options,
   }
   s.setup_module(model);
   auto schedule = make_schedule(options);
-  optim::AdamW optimizer(decay_groups(model, options.weight_decay),
-                         {.lr = options.lr,
-                          .beta1 = options.beta1,
-                          .beta2 = options.beta2,
-                          .eps = options.eps,
-                          .weight_decay = options.weight_decay});
+  const std::unique_ptr<optim::Optimizer> made = make_optimizer(model, options);
+  optim::Optimizer& optimizer = *made;
   s.setup_optimizer(optimizer);
   strategies::reset_memory_peaks(s.root_device());  // peaks of training, not of setup
   const int64_t accum = std::max<int64_t>(options.grad_accum, 1);

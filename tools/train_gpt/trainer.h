@@ -24,6 +24,10 @@ struct TrainOptions {
   double beta2 = 0.999;
   double eps = 1e-8;
   double weight_decay = 0.1;  // only for parameters with 2 or more dimensions
+  std::string optimizer = "adamw";  // or "sgd", with the three below (torch.optim.SGD's)
+  double momentum = 0.0;
+  double dampening = 0.0;
+  bool nesterov = false;
   double grad_clip = 1.0;     // 0 = off
   uint64_t seed = 0;
   int64_t warmup_steps = 0;
