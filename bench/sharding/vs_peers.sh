@@ -6,6 +6,8 @@
 # PyPI torch 2.15 + deepspeed, 5.7 GB), fio, and about 20 minutes.
 #
 #   bash bench/sharding/vs_peers.sh [OUTDIR]     # then: python3 bench/sharding/summarize.py OUTDIR
+# Environment: ROUNDS (2), STEPS (12), ONLY=label,label (a subset of the pairs below),
+# MODEL_ARGS (the model and batch flags both sides take), NVME_DIR, PEERS_VENV.
 #
 # Model: parameters dominate (--layers 8 --heads 8 --embd 512, 25 M parameters, fp32),
 # context 64, 4 sequences per rank, 2 ranks with one thread each, AdamW.
@@ -18,7 +20,7 @@ STEPS=${STEPS:-12}
 NVME=${NVME_DIR:-$OUT/nvme}
 V=${PEERS_VENV:-/tmp/peers-venv}
 PERF=$ROOT/build/release/tools/loom_perf/loom-perf
-MODEL=(--layers 8 --heads 8 --embd 512 --ctx 64 --batch 4)
+read -r -a MODEL <<< "${MODEL_ARGS:---layers 8 --heads 8 --embd 512 --ctx 64 --batch 4}"
 
 [ -x "$V/bin/torchrun" ] || { echo "no peers venv at $V: run bash $PEERS/setup.sh" >&2; exit 1; }
 [ -x "$PERF" ] || { echo "build Loom first (cmake --build --preset release)" >&2; exit 1; }
@@ -42,6 +44,7 @@ port=29650
 for round in $(seq 1 "$ROUNDS"); do
   for pair in "${PAIRS[@]}"; do
     IFS='|' read -r label loom peer <<< "$pair"
+    [[ -z "${ONLY:-}" || ",$ONLY," == *",$label,"* ]] || continue
     # shellcheck disable=SC2086
     "$PERF" strategy $loom "${MODEL[@]}" --steps "$STEPS" --warmup 3 --np 2 \
       --json "$OUT/loom_${label}_r$round.json" > "$OUT/loom_${label}_r$round.log" 2>&1 \
