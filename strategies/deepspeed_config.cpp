@@ -79,7 +79,7 @@ const std::vector<Key>& keys_of(const std::string& section) {
         {"pin_memory", Use::Ignored, "host memory is pinned only for a GPU", true},
         {"buffer_count", Use::Read},
         {"buffer_size", Use::Ignored, "NVMe buffers hold one sub-group (sub_group_size)"},
-        {"max_in_cpu", Use::Ignored, "parameter shards stay in host memory"},
+        {"max_in_cpu", Use::Ignored, "parameter shards are read just before their all-gather"},
         {"fast_init", Use::Ignored, "the swap file is written once at setup"},
         {"pipeline_read", Use::Ignored,
          "reads of the next sub-group always overlap the step (buffer_count >= 2)"},
@@ -263,8 +263,15 @@ DeepSpeedConfig parse_deepspeed_config(const std::string& json_text, const std::
         config.nvme_buffer_count = static_cast<int>(*count);
     }
     config.sub_group_size = r.integer(zero, path, "sub_group_size", 1, INT64_MAX);
-    if (zero.contains("offload_param"))
-      config.offload_param = r.device(zero["offload_param"], path + ".offload_param");
+    if (zero.contains("offload_param")) {
+      const json& offload = zero["offload_param"];
+      config.offload_param = r.device(offload, path + ".offload_param");
+      if (offload.contains("nvme_path") && !Reader::is_auto(offload["nvme_path"])) {
+        if (!offload["nvme_path"].is_string())
+          r.wrong(path + ".offload_param.nvme_path", "a directory path", offload["nvme_path"]);
+        config.param_nvme_path = offload["nvme_path"].get<std::string>();
+      }
+    }
     if (config.offload_param != "none" && config.stage.value_or(0) != 3) {
       fail("[deepspeed-config] ", source, ": zero_optimization.offload_param needs stage 3 "
            "(parameters sharded), got stage ", config.stage.value_or(0),
@@ -355,9 +362,17 @@ DeepSpeedConfig load_deepspeed_config(const std::string& path) {
 
 std::string apply_deepspeed_config(const DeepSpeedConfig& config, StrategyOptions& options) {
   if (config.offload_param == "nvme") {
-    fail("[deepspeed-config] offload_param device \"nvme\" is not built (parameter shards "
-         "stay in host memory under NVMe offload, docs/sharding.md); use \"cpu\" for "
-         "offload_param, with offload_optimizer on \"nvme\"");
+    // One swap file holds both (docs/sharding.md): the optimizer's must be on NVMe as well.
+    if (config.offload_optimizer != "nvme") {
+      fail("[deepspeed-config] offload_param device \"nvme\" needs offload_optimizer on "
+           "\"nvme\" too (Loom keeps parameter shards and optimizer state in one swap file)");
+    }
+    if (!config.param_nvme_path.empty() && config.param_nvme_path != config.nvme_path) {
+      fail("[deepspeed-config] offload_param.nvme_path '", config.param_nvme_path,
+           "' differs from offload_optimizer.nvme_path '", config.nvme_path,
+           "': Loom keeps both in one swap file; give them the same directory");
+    }
+    options.sharding.nvme_params = true;
   }
   if (config.offload_optimizer == "nvme") {
     if (config.nvme_path.empty()) {
@@ -371,7 +386,7 @@ std::string apply_deepspeed_config(const DeepSpeedConfig& config, StrategyOption
   if (config.precision) options.precision = *config.precision;
   options.loss_scaler = config.loss_scaler;
   options.sharding.offload_optimizer = config.offload_optimizer != "none";
-  options.sharding.offload_params = config.offload_param == "cpu";
+  options.sharding.offload_params = config.offload_param != "none";
   const int stage = config.stage.value_or(0);  // DeepSpeed's default: no ZeRO
   if (stage == 0) {
     options.fsdp_sharding_strategy = "NO_SHARD";

@@ -20,6 +20,7 @@ struct DeepSpeedConfig {
   std::string offload_optimizer = "none";
   std::string offload_param = "none";
   std::string nvme_path;                     // offload_optimizer.nvme_path
+  std::string param_nvme_path;               // offload_param.nvme_path
   std::optional<int> nvme_buffer_count;      // offload_optimizer.buffer_count
   std::optional<int64_t> sub_group_size;     // zero_optimization.sub_group_size
   std::optional<int64_t> train_batch_size;
@@ -46,9 +47,9 @@ DeepSpeedConfig parse_deepspeed_config(const std::string& json_text, const std::
 DeepSpeedConfig load_deepspeed_config(const std::string& path);
 
 // The registered strategy the config selects (deepspeed_stage_N; stage 0 is fsdp with
-// NO_SHARD) with its offload (NVMe for the optimizer: nvme_path, buffer_count,
-// sub_group_size) and precision set in `options`. offload_param on NVMe is an error (not
-// built).
+// NO_SHARD) with its offload (NVMe: nvme_path, buffer_count, sub_group_size; parameters on
+// NVMe need the optimizer there too, in the same directory) and precision set in
+// `options`.
 std::string apply_deepspeed_config(const DeepSpeedConfig& config, StrategyOptions& options);
 
 // DeepSpeed's batch identity: train_batch_size = micro batch x accumulation x world size.

@@ -128,8 +128,16 @@ MemoryEstimate sharded_estimate(const nn::Module& model, const sharded::Sharding
     const int64_t element = static_cast<int64_t>(dtype_size(params.at(0).second.dtype()));
     const int64_t resident =
         std::min(static_cast<int64_t>(o.nvme_buffer_count) * o.sub_group_size * element, all_real);
-    at(e, MemoryKind::Offloaded) += all_real + (1 + states_per_parameter) * resident;
+    int64_t paged = (1 + states_per_parameter) * resident;
     e.nvme_bytes = (1 + states_per_parameter) * all_real;
+    if (o.nvme_params && offload_params) {
+      // The parameter shards are on disk too, in memory only while their units are gathered
+      // (forward and backward), never during the step: the larger of the two counts.
+      at(e, MemoryKind::Offloaded) -= all_shards;
+      paged = std::max(paged, gathered / shards);
+      e.nvme_bytes += all_shards;
+    }
+    at(e, MemoryKind::Offloaded) += all_real + paged;
   } else if (o.offload_optimizer || offload_params) {
     at(e, MemoryKind::Offloaded) += state;
     if (own_master) at(e, MemoryKind::Offloaded) += 2 * all_shards;  // master and its grad

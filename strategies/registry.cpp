@@ -101,12 +101,13 @@ struct Registry {
               s.offload_optimizer = true;
               s.offload_params = true;
             });
-    sharded("deepspeed_stage_3_offload_nvme", "ZeRO stage 3 with master weights and optimizer "
-            "state in a swap file under nvme_path (ZeRO-Infinity), parameter shards in host "
-            "memory", [stage3](sharded::ShardingOptions& s) {
+    sharded("deepspeed_stage_3_offload_nvme", "ZeRO stage 3 with parameter shards, master "
+            "weights and optimizer state in a swap file under nvme_path (ZeRO-Infinity)",
+            [stage3](sharded::ShardingOptions& s) {
               stage3(s);
               s.offload_optimizer = true;
               s.offload_params = true;
+              s.nvme_params = true;
               if (s.nvme_path.empty()) {
                 fail("[deepspeed_stage_3_offload_nvme] no nvme_path: give the directory for the "
                      "swap file (train_gpt --nvme-path DIR, or offload_optimizer.nvme_path in "

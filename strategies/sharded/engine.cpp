@@ -69,6 +69,11 @@ ShardedEngine::ShardedEngine(nn::Module& module, std::shared_ptr<comm::ProcessGr
   }
   if (!options_.nvme_path.empty() && options_.sub_group_size < 1)
     fail("[sharded] sub_group_size must be at least 1, got ", options_.sub_group_size);
+  if (options_.nvme_params && (options_.nvme_path.empty() || !options_.offload_params ||
+                               options_.stage != 3)) {
+    fail("[sharded] nvme_params keeps stage 3's offloaded parameter shards in the NVMe swap "
+         "file: it needs stage 3 with offload_params and offload_optimizer on nvme_path");
+  }
   shard_group_ = group_;
   if (options_.hybrid_shard) {
     const int size = options_.shard_group_size, world = group_->size();
@@ -190,11 +195,24 @@ ShardedEngine::ShardedEngine(nn::Module& module, std::shared_ptr<comm::ProcessGr
         pieces += static_cast<size_t>(flat.shard_numel / options_.sub_group_size) + 1;
       }
     }
+    const size_t copies = options_.nvme_params ? 4 : 3;  // (+ the parameter shards)
     swap_ = std::make_unique<OptimizerSwap>(options_.nvme_path, options_.nvme_buffer_count,
-                                            3 * (bytes + pieces * SwapFile::kDirectAlignment));
+                                            copies * (bytes + pieces * SwapFile::kDirectAlignment));
     if (group_->rank() == 0) {
-      std::fprintf(stderr, "[sharded] NVMe offload: optimizer swap file under %s (%s)\n",
+      std::fprintf(stderr, "[sharded] NVMe offload: %s swap file under %s (%s)\n",
+                   options_.nvme_params ? "parameter and optimizer" : "optimizer",
                    options_.nvme_path.c_str(), swap_->file().mode().c_str());
+    }
+    if (options_.nvme_params) {
+      for (auto& unit : units_) {
+        for (FlatParam& flat : unit->flats) {
+          SwapFile& file = swap_->file();
+          flat.shard_file_offset = static_cast<int64_t>(file.allocate(flat.shard.nbytes()));
+          file.wait(file.write(static_cast<uint64_t>(flat.shard_file_offset),
+                               flat.shard.storage()->data(), flat.shard.nbytes()));
+          flat.shard.storage()->release();
+        }
+      }
     }
   }
   for (size_t u = 0; u < plan.units.size(); ++u) {
@@ -247,6 +265,7 @@ void ShardedEngine::gather(size_t unit) {
   if (options_.stage < 3) return;
   for (FlatParam& flat : units_[unit]->flats) {
     if (flat.gather || flat.gathered()) continue;
+    load_shard(flat);  // read synchronously; prefetching issues this early
     flat.full.storage()->materialize();
     Tensor input = flat.shard.device() == flat.full.device() ? flat.shard
                                                               : flat.shard.to(flat.full.device());
@@ -271,6 +290,7 @@ void ShardedEngine::wait_for(FlatParam& flat, size_t unit, bool gather) {
   const int64_t wait_start = trace != nullptr ? trace->now_us() : 0;
   comm::WorkPtr done = std::move(work);
   done->wait();
+  if (gather) drop_shard(flat);
   if (trace == nullptr) return;
   const int64_t end = trace->now_us();
   const int64_t bytes = static_cast<int64_t>(gather ? flat.full.nbytes() : flat.full_grad.nbytes());
@@ -457,6 +477,18 @@ void ShardedEngine::finish_replication(size_t unit) {
   }
 }
 
+void ShardedEngine::load_shard(FlatParam& flat) {
+  if (flat.shard_file_offset < 0 || flat.shard.storage()->materialized()) return;
+  flat.shard.storage()->materialize();
+  SwapFile& file = swap_->file();
+  file.wait(file.read(static_cast<uint64_t>(flat.shard_file_offset), flat.shard.storage()->data(),
+                      flat.shard.nbytes()));
+}
+
+void ShardedEngine::drop_shard(FlatParam& flat) {
+  if (flat.shard_file_offset >= 0) flat.shard.storage()->release();
+}
+
 void ShardedEngine::deliver_gradients(FlatParam& flat) {
   if (!flat.master_grad.is_same(flat.grad_shard)) copy_(flat.master_grad, flat.grad_shard);
   copy_gradients_out(flat);
@@ -568,7 +600,9 @@ std::vector<Tensor> ShardedEngine::adopt_into_sub_groups(const std::vector<Piece
     int64_t at = 0;
     for (const Piece& part : parts) {
       Tensor view = slice(master, at, part.length);
+      load_shard(*part.flat);
       copy_(view, slice(part.flat->shard, part.shard_offset, part.length));
+      drop_shard(*part.flat);
       view.set_requires_grad(true);
       part.flat->nvme_segments.push_back(segments_.size());
       sub_group_segments_.back().push_back(segments_.size());
@@ -637,11 +671,23 @@ void ShardedEngine::install_step_hooks(optim::Optimizer& optimizer,
 
 void ShardedEngine::finish_sub_group(size_t id) {
   NoGradGuard no_grad;
+  std::vector<SwapFile::Ticket> writes;
   for (size_t s : sub_group_segments_[id]) {
     auto [flat, offset] = segment_source_[s];
+    if (flat->shard_file_offset >= 0) {  // the shard is on disk: update it there
+      const size_t element = dtype_size(flat->dtype);
+      writes.push_back(swap_->file().write(
+          static_cast<uint64_t>(flat->shard_file_offset) + static_cast<uint64_t>(offset) * element,
+          static_cast<const char*>(segments_[s].storage()->data()) +
+              static_cast<size_t>(segments_[s].offset()) * element,
+          static_cast<size_t>(segments_[s].numel()) * element));
+      continue;
+    }
     Tensor target = slice(flat->shard, offset, segments_[s].numel());
     copy_(target, segments_[s]);
   }
+  for (SwapFile::Ticket t : writes)
+    swap_->file().wait(t);  // before the sub-group's memory may go
   swap_->release(id, swapped_optimizer_->state_tensors(sub_group_masters_[id]));
 }
 

@@ -110,6 +110,10 @@ class ShardedEngine {
   // HYBRID_SHARD: waits for the unit's allreduce across shard groups and moves the result.
   void finish_replication(size_t unit);
   void deliver_gradients(FlatParam& flat);
+  // nvme_params: reads the shard from the swap file into memory / lets it go again. No-ops
+  // otherwise.
+  void load_shard(FlatParam& flat);
+  void drop_shard(FlatParam& flat);
   void prefetch_after(size_t unit, bool forward);
   void remove_forward_hooks();
   // This rank's part of one parameter: `length` elements at `shard_offset` of flat's shard.

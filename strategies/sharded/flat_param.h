@@ -28,6 +28,7 @@ struct FlatParam {
   Tensor grad_shard;   // [shard_numel]: the reduced gradient, a view of full_grad (0-1)
   Tensor master_grad;  // grad_shard, or its host copy (offload)
   std::vector<size_t> nvme_segments;  // NVMe offload: the engine's segments of this shard
+  int64_t shard_file_offset = -1;     // nvme_params: where `shard` lives between uses
   comm::WorkPtr gather;  // in-flight all-gather into full
   comm::WorkPtr reduce;  // in-flight reduction of full_grad
   comm::WorkPtr replicate;  // HYBRID_SHARD: in-flight allreduce of grad_shard across groups

@@ -45,6 +45,8 @@ class OptimizerSwap {
   void end_step();
 
   const SwapFile& file() const { return file_; }
+  // The same file, for other tensors the engine keeps there (parameter shards).
+  SwapFile& file() { return file_; }
   size_t sub_group_count() const { return groups_.size(); }
 
  private:

@@ -36,8 +36,10 @@ struct ShardingOptions {
   // the master shards and optimizer state live in an unlinked file under nvme_path between
   // steps; the step pages them through host memory in sub-groups of at most sub_group_size
   // elements, nvme_buffer_count of them in memory at once (strategies/sharded/nvme_swap.h).
-  // Parameter shards stay in host memory (offload_param device "nvme" is not built).
+  // With nvme_params too (stage 3, offload_params), the parameter shards live in the same
+  // file, read just before their all-gather (offload_param device "nvme").
   std::string nvme_path;  // empty: host memory
+  bool nvme_params = false;
   int64_t sub_group_size = 1'000'000'000;  // DeepSpeed's default
   int nvme_buffer_count = 4;                // DeepSpeed's offload_optimizer default
   // HYBRID_SHARD (stage 3): parameters are sharded over groups of shard_group_size

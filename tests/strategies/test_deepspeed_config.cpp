@@ -120,9 +120,19 @@ TEST(DeepSpeedConfig, BadValuesAreNamed) {
       "ds.json");
   try {
     apply_deepspeed_config(nvme, options);
-    ADD_FAILURE() << "offload_param on nvme is not built";
+    ADD_FAILURE() << "offload_param on nvme without the optimizer there";
   } catch (const Error& e) {
-    EXPECT_PRED2(contains, std::string(e.what()), "offload_param device \"nvme\" is not built");
+    EXPECT_PRED2(contains, std::string(e.what()), "needs offload_optimizer on \"nvme\" too");
+  }
+  DeepSpeedConfig two_paths = parse_deepspeed_config(
+      R"({"zero_optimization": {"stage": 3,
+          "offload_optimizer": {"device": "nvme", "nvme_path": "/a"},
+          "offload_param": {"device": "nvme", "nvme_path": "/b"}}})", "ds.json");
+  try {
+    apply_deepspeed_config(two_paths, options);
+    ADD_FAILURE() << "two NVMe directories";
+  } catch (const Error& e) {
+    EXPECT_PRED2(contains, std::string(e.what()), "give them the same directory");
   }
   DeepSpeedConfig no_path = parse_deepspeed_config(
       R"({"zero_optimization": {"stage": 2, "offload_optimizer": {"device": "nvme"}}})", "ds.json");
@@ -152,6 +162,14 @@ TEST(DeepSpeedConfig, NvmeOffloadOfTheOptimizerMaps) {
   EXPECT_EQ(options.sharding.sub_group_size, 100000000);
   ASSERT_EQ(config.warnings.size(), 1u);
   EXPECT_PRED2(contains, config.warnings[0], "pipeline_read");
+  EXPECT_FALSE(options.sharding.nvme_params);  // offload_param is on the cpu here
+  DeepSpeedConfig infinity = parse_deepspeed_config(R"({"zero_optimization": {"stage": 3,
+      "offload_optimizer": {"device": "nvme", "nvme_path": "/local_nvme"},
+      "offload_param": {"device": "nvme", "nvme_path": "/local_nvme"}}})", "ds.json");
+  StrategyOptions both;
+  apply_deepspeed_config(infinity, both);
+  EXPECT_TRUE(both.sharding.nvme_params);
+  EXPECT_TRUE(both.sharding.offload_params);
   EXPECT_PRED2(contains, error_of(R"({"zero_optimization": {"sub_group_size": 1.5}})"),
                "sub_group_size: expected an integer");
 }

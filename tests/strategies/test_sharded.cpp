@@ -353,13 +353,21 @@ TEST(ShardedStrategies, NvmeOffloadMatchesDdpBitwise) {
   expect_bitwise_like_ddp(
       {{"deepspeed_stage_3_offload_nvme", nvme(dir, 1000, 2), "sub-groups of 1000, 2 buffers"},
        {"deepspeed_stage_2_offload", nvme(dir, 300, 1), "sub-groups of 300, 1 buffer"},
-       {"fsdp_cpu_offload", nvme(dir, 1 << 30, 4, "Block"), "one sub-group per group"}},
+       {"fsdp_cpu_offload", nvme(dir, 1 << 30, 4, "Block"), "one sub-group per group"},
+       {"deepspeed_stage_3_offload_nvme",
+        [&dir](StrategyOptions& o) {
+          nvme(dir, 2048, 3)(o);
+          o.sharding.forward_prefetch = true;
+          o.sharding.backward_prefetch = sharded::BackwardPrefetch::Post;
+        },
+        "parameter shards read ahead by prefetching"}},
       "32-true", 1);
   EXPECT_TRUE(dir.empty());
 }
 
-// Between steps the master shards and AdamW's moments are on disk only; during a step at
-// most buffer_count sub-groups (master and two moments each) are added to host memory.
+// Between steps the parameter shards, the master shards and AdamW's moments are on disk
+// only; during a step at most buffer_count sub-groups (master and two moments each) are
+// added to host memory.
 TEST(ShardedStrategies, NvmeOffloadKeepsTheOptimizerOnDisk) {
   SwapDir dir;
   expect_all_ok(run_ranks(2, [&](int rank, int size, std::shared_ptr<comm::Store> store) {
@@ -389,6 +397,12 @@ TEST(ShardedStrategies, NvmeOffloadKeepsTheOptimizerOnDisk) {
     }
     const std::vector<Tensor> masters = optimizer.param_groups()[0].params;
     EXPECT_GT(masters.size(), 3u);  // sub-groups of 1024 elements
+    // Between steps the host holds the sub-groups' gradients only: the parameter shards are
+    // on disk too (nvme_params).
+    int64_t gradient_bytes = 0;
+    for (const Tensor& m : optimizer.parameters())
+      gradient_bytes += m.nbytes();
+    EXPECT_EQ(between_steps, gradient_bytes);
     for (const Tensor& m : masters) {
       EXPECT_FALSE(m.storage()->materialized());
       EXPECT_LE(m.numel(), 1024);
