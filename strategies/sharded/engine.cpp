@@ -69,6 +69,16 @@ ShardedEngine::ShardedEngine(nn::Module& module, std::shared_ptr<comm::ProcessGr
   }
   if (!options_.nvme_path.empty() && options_.sub_group_size < 1)
     fail("[sharded] sub_group_size must be at least 1, got ", options_.sub_group_size);
+  if (options_.param_dtype != DType::F32 && options_.stage != 3) {
+    fail("[sharded] param_dtype ", options_.param_dtype, " needs stage 3 (FULL_SHARD, "
+         "SHARD_GRAD_OP): stages 0-2 keep whole parameters, which are the master weights");
+  }
+  if (options_.param_dtype != DType::F32 && options_.nvme_params)
+    fail("[sharded] param_dtype with nvme_params is not built; use one of them");
+  for (DType d : {options_.param_dtype, options_.reduce_dtype}) {
+    if (d != DType::F32 && d != DType::BF16 && d != DType::F16)
+      fail("[sharded] param_dtype and reduce_dtype are f32, bf16 or f16, got ", d);
+  }
   if (options_.nvme_params && (options_.nvme_path.empty() || !options_.offload_params ||
                                options_.stage != 3)) {
     fail("[sharded] nvme_params keeps stage 3's offloaded parameter shards in the NVMe swap "
@@ -182,6 +192,20 @@ ShardedEngine::ShardedEngine(nn::Module& module, std::shared_ptr<comm::ProcessGr
       if (!flat.master.is_same(flat.shard)) flat.master.storage()->set_kind(MemoryKind::Offloaded);
       if (!flat.master_grad.is_same(flat.grad_shard))
         flat.master_grad.storage()->set_kind(MemoryKind::Offloaded);
+      if (options_.param_dtype != flat.dtype && options_.param_dtype != DType::F32) {
+        flat.shard_lp = flat.shard.to(device).to(options_.param_dtype);
+        flat.shard_lp.storage()->set_kind(MemoryKind::Parameters);
+        flat.full_lp = released_buffer(padded, options_.param_dtype, device);
+        flat.full_lp.storage()->set_kind(MemoryKind::Parameters);
+      }
+      if (options_.reduce_dtype != flat.dtype && options_.reduce_dtype != DType::F32) {
+        flat.full_grad_lp = released_buffer(padded, options_.reduce_dtype, device);
+        flat.full_grad_lp.storage()->set_kind(MemoryKind::Communication);
+        if (options_.stage >= 2) {
+          flat.grad_shard_lp = released_buffer(flat.shard_numel, options_.reduce_dtype, device);
+          flat.grad_shard_lp.storage()->set_kind(MemoryKind::Communication);
+        }
+      }
     }
     units_.push_back(std::move(state));
   }
@@ -266,11 +290,17 @@ void ShardedEngine::gather(size_t unit) {
   for (FlatParam& flat : units_[unit]->flats) {
     if (flat.gather || flat.gathered()) continue;
     load_shard(flat);  // read synchronously; prefetching issues this early
+    Trace* trace = current_trace();
+    flat.gather_issued_us = trace != nullptr ? trace->now_us() : -1;
+    if (flat.shard_lp.defined() && !full_precision_gathers_) {
+      // Mixed precision: gathered in param_dtype, widened into `full` when waited for.
+      flat.full_lp.storage()->materialize();
+      flat.gather = shard_group_->all_gather(flat.full_lp, flat.shard_lp);
+      continue;
+    }
     flat.full.storage()->materialize();
     Tensor input = flat.shard.device() == flat.full.device() ? flat.shard
                                                               : flat.shard.to(flat.full.device());
-    Trace* trace = current_trace();
-    flat.gather_issued_us = trace != nullptr ? trace->now_us() : -1;
     flat.gather = shard_group_->all_gather(flat.full, input);
   }
 }
@@ -291,6 +321,12 @@ void ShardedEngine::wait_for(FlatParam& flat, size_t unit, bool gather) {
   comm::WorkPtr done = std::move(work);
   done->wait();
   if (gather) drop_shard(flat);
+  if (gather && flat.full_lp.defined() && flat.full_lp.storage()->materialized()) {
+    NoGradGuard no_grad;
+    flat.full.storage()->materialize();
+    copy_(flat.full, flat.full_lp);
+    flat.full_lp.storage()->release();
+  }
   if (trace == nullptr) return;
   const int64_t end = trace->now_us();
   const int64_t bytes = static_cast<int64_t>(gather ? flat.full.nbytes() : flat.full_grad.nbytes());
@@ -417,10 +453,17 @@ void ShardedEngine::reduce(size_t unit) {
   Trace* trace = current_trace();
   for (FlatParam& flat : units_[unit]->flats) {
     flat.reduce_issued_us = trace != nullptr ? trace->now_us() : -1;
+    Tensor& full = flat.full_grad_lp.defined() ? flat.full_grad_lp : flat.full_grad;
+    Tensor& shard = flat.grad_shard_lp.defined() ? flat.grad_shard_lp : flat.grad_shard;
+    if (flat.full_grad_lp.defined()) {  // mixed precision: reduced in reduce_dtype
+      NoGradGuard no_grad;
+      flat.full_grad_lp.storage()->materialize();
+      copy_(flat.full_grad_lp, flat.full_grad);
+      if (flat.grad_shard_lp.defined()) flat.grad_shard_lp.storage()->materialize();
+    }
     flat.reduce = options_.stage < 2
-                      ? group_->allreduce(flat.full_grad, {.op = comm::ReduceOp::Avg})
-                      : shard_group_->reduce_scatter(flat.grad_shard, flat.full_grad,
-                                                     {.op = comm::ReduceOp::Avg});
+                      ? group_->allreduce(full, {.op = comm::ReduceOp::Avg})
+                      : shard_group_->reduce_scatter(shard, full, {.op = comm::ReduceOp::Avg});
   }
   if (options_.stage < 2) return;
   // HYBRID_SHARD: the unit before the previous one finishes its allreduce across groups,
@@ -446,6 +489,15 @@ void ShardedEngine::finish_reduction(size_t unit) {
                           ": a gradient reduction failed: " + e.what() +
                           "; did every rank run backward on the same model this step?",
                       e.rank(), e.peer());
+    }
+    if (flat.full_grad_lp.defined()) {  // widen the reduced gradient back
+      if (options_.stage < 2) {
+        copy_(flat.full_grad, flat.full_grad_lp);
+      } else {
+        copy_(flat.grad_shard, flat.grad_shard_lp);
+        flat.grad_shard_lp.storage()->release();
+      }
+      flat.full_grad_lp.storage()->release();
     }
     if (replicate_group_)
       flat.replicate = replicate_group_->allreduce(flat.grad_shard, {.op = comm::ReduceOp::Avg});
@@ -700,6 +752,7 @@ void ShardedEngine::after_step() {
   for (auto& unit : units_) {
     for (FlatParam& flat : unit->flats) {
       if (!flat.master.is_same(flat.shard)) copy_(flat.shard, flat.master);
+      if (flat.shard_lp.defined()) copy_(flat.shard_lp, flat.shard);  // rounded once a step
       if (options_.stage < 3 && shard_world_ > 1) {
         flat.gather_issued_us = trace != nullptr ? trace->now_us() : -1;
         flat.gather = shard_group_->all_gather(flat.full, flat.shard);
@@ -789,6 +842,11 @@ bool ShardedEngine::any_nonfinite_gradient() {
 
 void ShardedEngine::unshard_module() {
   NoGradGuard no_grad;
+  // The whole model as the master weights hold it, not rounded to param_dtype: gather the
+  // f32 shards (dropping any low-precision gather still held).
+  full_precision_gathers_ = true;
+  for (size_t u = 0; u < units_.size(); ++u)
+    free_full(u);
   for (size_t u = 0; u < units_.size(); ++u)
     wait_gathered(u);
   *alive_ = false;

@@ -151,6 +151,7 @@ class ShardedEngine {
   bool order_known_ = false;
   bool in_backward_ = false;
   bool sync_ = true;
+  bool full_precision_gathers_ = false;  // unshard_module: gather the f32 shards
   bool grads_stale_ = false;  // stages 0-1: full gradients hold the previous step's values
   std::vector<Tensor> segments_;
   std::vector<size_t> segment_param_;  // the parameter each segment belongs to

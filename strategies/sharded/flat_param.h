@@ -27,6 +27,11 @@ struct FlatParam {
   Tensor full_grad;    // [padded]: the parameters' .grad are views into it during backward
   Tensor grad_shard;   // [shard_numel]: the reduced gradient, a view of full_grad (0-1)
   Tensor master_grad;  // grad_shard, or its host copy (offload)
+  // Mixed precision (ShardingOptions::param_dtype / reduce_dtype), undefined without it: the
+  // shard in param_dtype and the buffer it is all-gathered into (released between uses), and
+  // the gradients cast to reduce_dtype for their reduction (released after it).
+  Tensor shard_lp, full_lp;
+  Tensor full_grad_lp, grad_shard_lp;
   std::vector<size_t> nvme_segments;  // NVMe offload: the engine's segments of this shard
   int64_t shard_file_offset = -1;     // nvme_params: where `shard` lives between uses
   comm::WorkPtr gather;  // in-flight all-gather into full

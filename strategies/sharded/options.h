@@ -11,6 +11,7 @@
 #include <string>
 
 #include "strategies/sharded/units.h"
+#include "tensor/dtype.h"
 
 namespace loom::strategies::sharded {
 
@@ -48,6 +49,13 @@ struct ShardingOptions {
   // groups (FSDP's HYBRID_SHARD, DeepSpeed's ZeRO++ hpZ for parameters).
   bool hybrid_shard = false;
   int shard_group_size = 0;
+  // FSDP's MixedPrecision: param_dtype is what stage 3 stores its parameter shards in and
+  // all-gathers (the master shards stay in the parameters' dtype, f32); reduce_dtype is what
+  // gradients are reduced in, any stage. F32 (the default) leaves both alone. On the CPU the
+  // modules compute in f32 from the gathered values (bf16/f16-exact): the numerics and the
+  // bytes on the wire are the low-precision ones, not the kernels.
+  DType param_dtype = DType::F32;
+  DType reduce_dtype = DType::F32;
   // Units: make_wrap_policy's spec ("", "none", "params", "min_params:N", a class name),
   // or wrap_policy when set.
   std::string auto_wrap_policy;

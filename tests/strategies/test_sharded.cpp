@@ -286,6 +286,76 @@ TEST(ShardedStrategies, SgdStateIsShardedAndMatchesDdpBitwise) {
   }, 240s));
 }
 
+// FSDP's MixedPrecision: bf16 parameter shards and gradient reduction put half the bytes on
+// the wire, train within a small distance of f32, and leave the f32 master weights
+// unrounded (what the gathered model, and so --save, holds).
+struct MixedRun {
+  std::vector<double> losses;
+  int64_t gathered_bytes = 0, reduced_bytes = 0;
+  std::vector<float> weights;
+};
+
+MixedRun train_mixed(Strategy* strategy) {
+  nn::GPT model(testing::tiny_gpt_config(DType::F32), 4);
+  strategy->setup_module(model);
+  optim::AdamW optimizer(model.parameters(), {.lr = 1e-2});
+  strategy->setup_optimizer(optimizer);
+  train_gpt::TokenBlocks data(testing::tiny_corpus(), 2, testing::kTinyContext,
+                              testing::kTinyVocab);
+  MixedRun run;
+  auto& group = *dynamic_cast<ParallelStrategy&>(*strategy).process_group();
+  auto setup = group.traffic();  // setup's own collectives (parameter checks) aside
+  for (int64_t step = 0; step < 4; ++step) {
+    train_gpt::Batch b = data.for_step(step, strategy->rank(), strategy->world_size());
+    Tensor loss = model.loss(b.tokens, b.targets);
+    strategy->backward(loss);
+    strategy->optimizer_step(optimizer);
+    optimizer.zero_grad();
+    run.losses.push_back(strategy->all_reduce(loss.detach()).item());
+  }
+  auto traffic = group.traffic();
+  run.gathered_bytes = traffic["all_gather"].bytes - setup["all_gather"].bytes;
+  run.reduced_bytes = traffic["reduce_scatter"].bytes - setup["reduce_scatter"].bytes;
+  strategy->gather_full_module();
+  strategy->teardown();
+  for (const Tensor& p : model.parameters()) {
+    std::vector<float> v = p.to_vector<float>();
+    run.weights.insert(run.weights.end(), v.begin(), v.end());
+  }
+  return run;
+}
+
+TEST(ShardedStrategies, LowPrecisionParametersHalveTheWireAndKeepF32Masters) {
+  expect_all_ok(run_ranks(2, [&](int rank, int size, std::shared_ptr<comm::Store> store) {
+    StrategyOptions options;
+    options.sharding.auto_wrap_policy = "Block";
+    const MixedRun f32 = train_mixed(make("fsdp", options, rank, size, store, "f32").get());
+    options.sharding.param_dtype = DType::BF16;
+    options.sharding.reduce_dtype = DType::BF16;
+    const MixedRun bf16 = train_mixed(make("fsdp", options, rank, size, store, "bf16").get());
+    EXPECT_EQ(2 * bf16.gathered_bytes, f32.gathered_bytes);
+    EXPECT_EQ(2 * bf16.reduced_bytes, f32.reduced_bytes);
+    for (size_t s = 0; s < f32.losses.size(); ++s)
+      EXPECT_NEAR(bf16.losses[s], f32.losses[s], 2e-2) << "step " << s;
+    EXPECT_NE(bf16.losses, f32.losses) << "bf16 changed nothing";
+    // The masters are f32: some weight is not a bf16 value (its low 16 bits are not zero).
+    size_t unrounded = 0;
+    for (float w : bf16.weights) {
+      uint32_t bits = 0;
+      std::memcpy(&bits, &w, 4);
+      unrounded += (bits & 0xffffu) != 0;
+    }
+    EXPECT_GT(unrounded, bf16.weights.size() / 2);
+
+    StrategyOptions stage2;
+    stage2.sharding.param_dtype = DType::BF16;
+    auto s = make("deepspeed_stage_2", stage2, rank, size, store, "lp-stage2");
+    nn::GPT model(testing::tiny_gpt_config(DType::F32), 4);
+    EXPECT_THROW(s->setup_module(model), Error);  // whole parameters are the masters
+    s->teardown();
+  }, 240s));
+}
+
 // HYBRID_SHARD on 4 ranks in two shard groups of 2 ("nodes"): each rank holds half the
 // parameters (not a quarter), and the weights match DDP's on 4 ranks. Not bitwise: the
 // two-level sum ((a+b)+(c+d)) associates differently from the flat one (docs/sharding.md).

@@ -29,6 +29,7 @@ struct StrategyBenchOptions {
   int64_t warmup = 2;
   int np = 0;
   std::string csv_path, json_path, command;
+  std::string param_dtype = "f32", reduce_dtype = "f32";
 };
 
 using Traffic = std::map<std::string, comm::ProcessGroup::Traffic, std::less<>>;
@@ -275,6 +276,10 @@ int strategy_main(int argc, char** argv) {
   app.add_option("--fsdp-sharding-strategy", o.strategy_options.fsdp_sharding_strategy,
                  "fsdp names: FULL_SHARD, SHARD_GRAD_OP, NO_SHARD or HYBRID_SHARD")
       ->capture_default_str();
+  app.add_option("--param-dtype", o.param_dtype, "stage 3: f32, bf16 or f16 parameter shards")
+      ->capture_default_str();
+  app.add_option("--reduce-dtype", o.reduce_dtype, "gradient reduction in f32, bf16 or f16")
+      ->capture_default_str();
   app.add_option("--nvme-path", o.strategy_options.sharding.nvme_path,
                  "NVMe offload: directory for the optimizer's swap file");
   app.add_option("--sub-group-size", o.strategy_options.sharding.sub_group_size,
@@ -297,6 +302,8 @@ int strategy_main(int argc, char** argv) {
   const char* launched_as = std::getenv("LOOM_PERF_COMMAND");
   o.command = launched_as != nullptr ? launched_as : join_command(argc, argv);
   try {
+    o.strategy_options.sharding.param_dtype = parse_dtype(o.param_dtype);
+    o.strategy_options.sharding.reduce_dtype = parse_dtype(o.reduce_dtype);
     strategies::StrategyRegistry::get(o.strategy, o.strategy_options);  // a known name?
   } catch (const Error& e) {
     std::cerr << "loom-perf strategy: " << e.what() << "\n";

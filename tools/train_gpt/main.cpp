@@ -137,7 +137,8 @@ std::string take_deepspeed_config(const strategies::DeepSpeedConfig& config, con
 void check_sharding_flags(const CLI::App& app, const strategies::Strategy& strategy) {
   if (dynamic_cast<const strategies::ShardedStrategy*>(&strategy) != nullptr) return;
   for (const char* flag : {"--wrap-policy", "--fsdp-sharding-strategy", "--forward-prefetch",
-                           "--backward-prefetch", "--nvme-path"}) {
+                           "--backward-prefetch", "--nvme-path", "--param-dtype",
+                           "--reduce-dtype"}) {
     if (app.count(flag) == 0) continue;
     std::string sharded;
     for (const auto& [name, description] : strategies::StrategyRegistry::available_strategies()) {
@@ -276,6 +277,16 @@ int run(int argc, char** argv) {
                  "stage 3: when backward all-gathers the next unit: pre, post or none")
       ->check(CLI::IsMember({"pre", "post", "none"}))
       ->capture_default_str();
+  std::string param_dtype = "f32", reduce_dtype = "f32";
+  app.add_option("--param-dtype", param_dtype,
+                 "stage 3: store and all-gather parameter shards in f32, bf16 or f16 (FSDP's "
+                 "MixedPrecision param_dtype; master weights stay f32)")
+      ->check(CLI::IsMember({"f32", "bf16", "f16"}))
+      ->capture_default_str();
+  app.add_option("--reduce-dtype", reduce_dtype,
+                 "sharded strategies: reduce gradients in f32, bf16 or f16 (FSDP's reduce_dtype)")
+      ->check(CLI::IsMember({"f32", "bf16", "f16"}))
+      ->capture_default_str();
   app.add_option("--nvme-path", sharding.nvme_path,
                  "NVMe offload (deepspeed_stage_3_offload_nvme, or any strategy that offloads the "
                  "optimizer): directory for the swap file holding master weights and optimizer "
@@ -294,6 +305,8 @@ int run(int argc, char** argv) {
   app.add_option("--log-interval", log_interval, "steps between plain progress lines")
       ->capture_default_str();
   CLI11_PARSE(app, argc, argv);
+  sharding.param_dtype = parse_dtype(param_dtype);
+  sharding.reduce_dtype = parse_dtype(reduce_dtype);
   sharding.backward_prefetch = backward_prefetch == "pre"    ? strategies::sharded::BackwardPrefetch::Pre
                                : backward_prefetch == "post" ? strategies::sharded::BackwardPrefetch::Post
                                                              : strategies::sharded::BackwardPrefetch::None;
