@@ -3,6 +3,8 @@
 //   fabric_loop                                            (single_device)
 //   loomrun --nproc-per-node 2 fabric_loop --strategy ddp  (DDP over 2 processes)
 //   fabric_loop --strategy my_ddp                          (a strategy registered below)
+//   loomrun --nproc-per-node 2 fabric_loop --strategy fsdp --save out.safetensors
+//                                                          (FSDP; any sharded name works)
 
 #include <cstdio>
 #include <cstring>
@@ -38,9 +40,10 @@ class LoggingDDP : public loom::strategies::DDPStrategy {
 }  // namespace
 
 int main(int argc, char** argv) {
-  std::string strategy = "single_device";
+  std::string strategy = "single_device", save_path;
   for (int i = 1; i + 1 < argc; ++i) {
     if (std::strcmp(argv[i], "--strategy") == 0) strategy = argv[i + 1];
+    if (std::strcmp(argv[i], "--save") == 0) save_path = argv[i + 1];
   }
   loom::strategies::StrategyRegistry::register_strategy(
       "my_ddp",
@@ -66,12 +69,14 @@ int main(int argc, char** argv) {
     loom::Tensor loss = model.loss(batch.tokens, batch.targets);
     fabric.backward(loss);  // Fabric: was loss.backward()
     fabric.clip_gradients(model, 1.0);
-    optimizer.step();
+    fabric.step(optimizer);  // Fabric: was optimizer.step()
     optimizer.zero_grad();
     double mean_loss = fabric.all_reduce(loss.detach()).item();  // Fabric: sync_dist mean
     if (fabric.is_global_zero() && step % 5 == 4) {              // Fabric
       std::printf("step %d loss %.4f (%d ranks)\n", step + 1, mean_loss, fabric.world_size());
     }
   }
+  // Fabric: every rank calls save (sharded strategies gather the model for it); rank 0 writes.
+  if (!save_path.empty()) fabric.save(save_path, model.state_dict());
   return 0;
 }

@@ -64,6 +64,10 @@ class Module {
   // strategies place such a parameter in the smallest wrapped unit containing all its users.
   const std::vector<Tensor>& used_parameters() const { return used_parameters_; }
 
+  // Expires when this module is destroyed: a strategy that hooked the module checks it before
+  // unhooking, so destroying the module before the strategy is safe.
+  std::weak_ptr<const void> lifetime() const { return lifetime_; }
+
  protected:
   // Runs body() (the forward's computation, returning its output) between the forward hook's
   // before() and after(); just body() when there is no hook.
@@ -90,6 +94,7 @@ class Module {
   std::vector<std::pair<std::string, std::shared_ptr<Module>>> children_;
   std::shared_ptr<ForwardHook> forward_hook_;
   std::vector<Tensor> used_parameters_;
+  std::shared_ptr<const void> lifetime_ = std::make_shared<char>();
 };
 
 // An indexed list of modules whose children are named "0", "1", ...

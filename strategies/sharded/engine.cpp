@@ -52,6 +52,7 @@ Tensor released_buffer(int64_t numel, DType dtype, Device device) {
 ShardedEngine::ShardedEngine(nn::Module& module, std::shared_ptr<comm::ProcessGroup> group,
                              const ShardingOptions& options)
     : module_(module),
+      module_alive_(module.lifetime()),
       group_(std::move(group)),
       options_(options),
       params_(module.named_parameters()),
@@ -267,6 +268,7 @@ ShardedEngine::~ShardedEngine() {
 }
 
 void ShardedEngine::remove_forward_hooks() {
+  if (module_alive_.expired()) return;  // its hooks went with it
   std::vector<nn::Module*> stack{&module_};
   while (!stack.empty()) {
     nn::Module* m = stack.back();
@@ -838,6 +840,26 @@ bool ShardedEngine::any_nonfinite_gradient() {
   Tensor flag = Tensor::full({1}, bad, DType::F64);
   if (shard_world_ > 1) shard_group_->allreduce(flag, {.op = comm::ReduceOp::Max})->wait();
   return flag.item() > 0.0;
+}
+
+std::vector<std::pair<Tensor, Tensor>> ShardedEngine::full_parameters() {
+  NoGradGuard no_grad;
+  std::vector<std::pair<Tensor, Tensor>> out;
+  const bool was = full_precision_gathers_;
+  full_precision_gathers_ = true;
+  for (size_t u = 0; u < units_.size(); ++u) {
+    free_full(u);  // stage 3: nothing gathered survives a step; drop a low-precision gather
+    wait_gathered(u);
+    for (const FlatParam& flat : units_[u]->flats) {
+      for (size_t k : flat.params) {
+        const Tensor& p = params_[k].second;
+        out.emplace_back(p, p.detach().clone());
+      }
+    }
+    free_full(u);  // one unit at a time
+  }
+  full_precision_gathers_ = was;
+  return out;
 }
 
 void ShardedEngine::unshard_module() {

@@ -24,6 +24,7 @@
 
 #include <memory>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "comm/process_group.h"
@@ -77,6 +78,10 @@ class ShardedEngine {
   // After optimizer.step(): copies offloaded master shards back and, for stages 0-2,
   // all-gathers the updated parameters. Collective.
   void after_step();
+
+  // Every parameter with a copy of its whole value (gathered unit by unit, in the
+  // parameters' own dtype, never rounded to param_dtype). Between steps only; collective.
+  std::vector<std::pair<Tensor, Tensor>> full_parameters();
 
   // Gathers every unit and gives each parameter its own storage again, with the hooks
   // removed: the module is whole on every rank, as before setup (for saving, evaluation).
@@ -134,6 +139,7 @@ class ShardedEngine {
   std::string name_of(size_t param) const;
 
   nn::Module& module_;
+  std::weak_ptr<const void> module_alive_;  // the module may be destroyed before the engine
   std::shared_ptr<comm::ProcessGroup> group_;
   // Parameters are sharded over shard_group_ (group_, or under HYBRID_SHARD this rank's
   // node) and replicated over replicate_group_ (HYBRID_SHARD with several groups only).

@@ -74,6 +74,30 @@ void ShardedStrategy::optimizer_step(optim::Optimizer& optimizer) {
   engine.after_step();
 }
 
+void ShardedStrategy::save_checkpoint(const std::filesystem::path& path,
+                                      const std::map<std::string, Tensor>& state) {
+  if (!engine_) {
+    Strategy::save_checkpoint(path, state);
+    return;
+  }
+  // Under stage 3 a parameter's storage is released between steps: write gathered copies.
+  // A parameter in `state` may be the parameter or a view of it (state_dict() detaches):
+  // the same storage, offset and shape.
+  const std::vector<std::pair<Tensor, Tensor>> full = engine_->full_parameters();
+  std::map<std::string, Tensor> whole = state;
+  for (auto& [name, tensor] : whole) {
+    if (!tensor.defined()) continue;
+    for (const auto& [param, copy] : full) {
+      if (tensor.storage() == param.storage() && tensor.offset() == param.offset() &&
+          tensor.shape() == param.shape()) {
+        tensor = copy;
+        break;
+      }
+    }
+  }
+  Strategy::save_checkpoint(path, whole);
+}
+
 void ShardedStrategy::gather_full_module() {
   if (!engine_) return;
   engine_->unshard_module();

@@ -557,6 +557,16 @@ TEST(ShardedStrategies, MisuseIsExplained) {
       s->teardown();
     }
     {
+      // A model destroyed before its strategy (a Fabric declared first, say) is not touched.
+      const StrategyOptions defaults;
+      auto s = make("fsdp", defaults, rank, size, store, "short-lived");
+      {
+        nn::GPT model(c, 1);
+        s->setup_module(model);
+      }
+      s->teardown();
+    }
+    {
       StrategyOptions options;
       options.fsdp_sharding_strategy = "HYBRID_SHARD";
       options.sharding.shard_group_size = 3;  // 2 ranks do not split into groups of 3
