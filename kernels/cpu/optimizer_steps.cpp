@@ -3,11 +3,17 @@
 #include <cmath>
 #include <type_traits>
 
+#include "kernels/cpu/thread_pool.h"
+
 // The AdamW loop calls sqrt. Under the default -fmath-errno GCC guards every call with a branch
 // (to set errno for negative inputs) and cannot vectorise the loop; optim/CMakeLists.txt
 // therefore compiles this file with -fno-math-errno. Nothing in Loom reads errno.
 
 namespace loom::kernels::cpu {
+
+// Elements per chunk below which the optimizer steps stay on one thread (waking a worker
+// costs more than updating fewer).
+constexpr int64_t kParallelGrain = 1 << 15;
 
 namespace {
 
@@ -52,7 +58,10 @@ void adamw_step(T* param, const T* grad, T* exp_avg, T* exp_avg_sq, int64_t n,
   s.bias_correction2_sqrt = static_cast<T>(std::sqrt(bias_correction2));
   s.eps = static_cast<T>(args.eps);
   s.neg_step_size = static_cast<T>(-(args.lr / bias_correction1));
-  adamw_loop(param, grad, exp_avg, exp_avg_sq, n, s);
+  // Elementwise: any split gives the same bits (kernels/cpu/thread_pool.h).
+  parallel_for(n, kParallelGrain, [&](int64_t begin, int64_t end) {
+    adamw_loop(param + begin, grad + begin, exp_avg + begin, exp_avg_sq + begin, end - begin, s);
+  });
 }
 
 namespace {
@@ -107,8 +116,13 @@ void sgd_step(T* param, const T* grad, T* momentum_buffer, int64_t n, const SGDS
     with_bool(args.momentum != 0.0, [&](auto momentum) {
       with_bool(args.first_step, [&](auto first) {
         with_bool(args.nesterov, [&](auto nesterov) {
-          sgd_loop<T, decltype(decay)::value, decltype(momentum)::value, decltype(first)::value,
-                   decltype(nesterov)::value>(param, grad, momentum_buffer, n, args);
+          parallel_for(n, kParallelGrain, [&](int64_t begin, int64_t end) {
+            sgd_loop<T, decltype(decay)::value, decltype(momentum)::value,
+                     decltype(first)::value, decltype(nesterov)::value>(
+                param + begin, grad + begin,
+                momentum_buffer != nullptr ? momentum_buffer + begin : nullptr, end - begin,
+                args);
+          });
         });
       });
     });

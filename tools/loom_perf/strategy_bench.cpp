@@ -9,6 +9,7 @@
 #include <nlohmann/json.hpp>
 
 #include "comm/error.h"
+#include "kernels/cpu/thread_pool.h"
 #include "strategies/memory_report.h"
 #include "strategies/registry.h"
 #include "strategies/trace.h"
@@ -30,6 +31,7 @@ struct StrategyBenchOptions {
   int np = 0;
   std::string csv_path, json_path, command;
   std::string param_dtype = "f32", reduce_dtype = "f32";
+  int threads = 1;
 };
 
 using Traffic = std::map<std::string, comm::ProcessGroup::Traffic, std::less<>>;
@@ -276,6 +278,9 @@ int strategy_main(int argc, char** argv) {
   app.add_option("--fsdp-sharding-strategy", o.strategy_options.fsdp_sharding_strategy,
                  "fsdp names: FULL_SHARD, SHARD_GRAD_OP, NO_SHARD or HYBRID_SHARD")
       ->capture_default_str();
+  app.add_option("--threads", o.threads, "threads per rank for the optimizer step")
+      ->check(CLI::PositiveNumber)
+      ->capture_default_str();
   app.add_option("--param-dtype", o.param_dtype, "stage 3: f32, bf16 or f16 parameter shards")
       ->capture_default_str();
   app.add_option("--reduce-dtype", o.reduce_dtype, "gradient reduction in f32, bf16 or f16")
@@ -302,6 +307,7 @@ int strategy_main(int argc, char** argv) {
   const char* launched_as = std::getenv("LOOM_PERF_COMMAND");
   o.command = launched_as != nullptr ? launched_as : join_command(argc, argv);
   try {
+    kernels::cpu::set_num_threads(o.threads);
     o.strategy_options.sharding.param_dtype = parse_dtype(o.param_dtype);
     o.strategy_options.sharding.reduce_dtype = parse_dtype(o.reduce_dtype);
     strategies::StrategyRegistry::get(o.strategy, o.strategy_options);  // a known name?

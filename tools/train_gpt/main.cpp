@@ -11,6 +11,7 @@
 #include <iterator>
 #include <optional>
 
+#include "kernels/cpu/thread_pool.h"
 #include "nn/gpt_io.h"
 #include "strategies/deepspeed_config.h"
 #include "strategies/devices.h"
@@ -247,6 +248,12 @@ int run(int argc, char** argv) {
                  "auto, shm or nccl (auto: nccl for GPUs that each rank owns, else shm; shm "
                  "also serves loomrun's --nnodes when every node is this machine)")
       ->capture_default_str();
+  int threads = 1;
+  app.add_option("--threads", threads,
+                 "threads per rank for the optimizer step (offloaded steps included; default 1; "
+                 "results are the same bits on any count)")
+      ->check(CLI::PositiveNumber)
+      ->capture_default_str();
   app.add_option("--grad-accum", o.grad_accum, "micro-batches per optimizer step")
       ->capture_default_str();
   app.add_option("--ddp-comm-hook", strategy_options.ddp.comm_hook,
@@ -305,6 +312,7 @@ int run(int argc, char** argv) {
   app.add_option("--log-interval", log_interval, "steps between plain progress lines")
       ->capture_default_str();
   CLI11_PARSE(app, argc, argv);
+  kernels::cpu::set_num_threads(threads);
   sharding.param_dtype = parse_dtype(param_dtype);
   sharding.reduce_dtype = parse_dtype(reduce_dtype);
   sharding.backward_prefetch = backward_prefetch == "pre"    ? strategies::sharded::BackwardPrefetch::Pre

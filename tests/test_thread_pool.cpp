@@ -1,0 +1,103 @@
+// Intra-op threads (kernels/cpu/thread_pool.h): the fixed partition covers the range exactly
+// once, errors reach the caller, and the optimizer steps give the same bits on any number of
+// threads.
+
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <atomic>
+#include <cstring>
+#include <vector>
+
+#include "kernels/cpu/thread_pool.h"
+#include "optim/adamw.h"
+#include "optim/sgd.h"
+#include "tensor/error.h"
+
+namespace loom {
+namespace {
+
+using kernels::cpu::parallel_for;
+using kernels::cpu::set_num_threads;
+
+struct ThreadsGuard {
+  ~ThreadsGuard() { set_num_threads(1); }
+};
+
+TEST(ThreadPool, EveryIndexOnceInFixedChunks) {
+  ThreadsGuard restore;
+  set_num_threads(3);
+  std::vector<std::atomic<int>> hits(1000);
+  std::vector<std::pair<int64_t, int64_t>> chunks(3, {-1, -1});
+  std::atomic<int> calls{0};
+  parallel_for(1000, 100, [&](int64_t begin, int64_t end) {
+    for (int64_t i = begin; i < end; ++i)
+      hits[static_cast<size_t>(i)]++;
+    chunks[static_cast<size_t>(calls++)] = {begin, end};
+  });
+  for (const auto& h : hits)
+    EXPECT_EQ(h.load(), 1);
+  EXPECT_EQ(calls.load(), 3);
+  std::sort(chunks.begin(), chunks.end());
+  using Range = std::pair<int64_t, int64_t>;
+  EXPECT_EQ(chunks, (std::vector<Range>{{0, 333}, {333, 666}, {666, 1000}}));
+  // Below the grain: one chunk, on the caller.
+  calls = 0;
+  parallel_for(50, 100, [&](int64_t, int64_t) { calls++; });
+  EXPECT_EQ(calls.load(), 1);
+}
+
+TEST(ThreadPool, ErrorsReachTheCallerAndBadCountsAreRefused) {
+  ThreadsGuard restore;
+  set_num_threads(2);
+  EXPECT_THROW(parallel_for(100, 1,
+                            [](int64_t begin, int64_t) {
+                              if (begin > 0) throw Error("chunk failed");
+                            }),
+               Error);
+  int after = 0;
+  parallel_for(10, 1, [&](int64_t, int64_t) { after = 1; });  // the pool still works
+  EXPECT_EQ(after, 1);
+  EXPECT_THROW(set_num_threads(0), Error);
+}
+
+// AdamW and SGD over 300k elements: 1 thread and 4 give identical parameters and state.
+std::vector<float> steps_with(int threads, bool adamw) {
+  set_num_threads(threads);
+  std::vector<float> init(300000), grad(300000);
+  for (size_t i = 0; i < init.size(); ++i) {
+    init[i] = 0.001f * static_cast<float>(i % 997) - 0.3f;
+    grad[i] = 0.01f * static_cast<float>((i * 7919) % 1009) - 5.0f;
+  }
+  Tensor p = Tensor::from_vector(init, {300000}).set_requires_grad(true);
+  std::unique_ptr<optim::Optimizer> opt;
+  if (adamw)
+    opt = std::make_unique<optim::AdamW>(std::vector<Tensor>{p}, optim::AdamWOptions{.lr = 1e-2});
+  else
+    opt = std::make_unique<optim::SGD>(
+        std::vector<Tensor>{p}, optim::SGDOptions{.lr = 0.1, .momentum = 0.9, .nesterov = true});
+  for (int step = 0; step < 3; ++step) {
+    p.set_grad(Tensor::from_vector(grad, {300000}));
+    opt->step();
+  }
+  std::vector<float> out = p.to_vector<float>();
+  for (const Tensor& s : opt->state_tensors(p)) {
+    std::vector<float> v = s.to_vector<float>();
+    out.insert(out.end(), v.begin(), v.end());
+  }
+  return out;
+}
+
+TEST(ThreadPool, OptimizerStepsAreBitwiseTheSameOnAnyThreadCount) {
+  ThreadsGuard restore;
+  for (bool adamw : {true, false}) {
+    const std::vector<float> one = steps_with(1, adamw);
+    const std::vector<float> four = steps_with(4, adamw);
+    ASSERT_EQ(one.size(), four.size());
+    EXPECT_EQ(std::memcmp(one.data(), four.data(), one.size() * sizeof(float)), 0)
+        << (adamw ? "AdamW" : "SGD");
+  }
+}
+
+}  // namespace
+}  // namespace loom
