@@ -4,15 +4,17 @@
 
 namespace loom::nn {
 
+safetensors::Metadata gpt_metadata(const GPTConfig& c) {
+  return {{"format", "pt"},
+          {"loom.layers", std::to_string(c.layers)},
+          {"loom.heads", std::to_string(c.heads)},
+          {"loom.embd", std::to_string(c.embd)},
+          {"loom.context", std::to_string(c.context)},
+          {"loom.vocab_size", std::to_string(c.vocab_size)}};
+}
+
 void save_gpt(const std::filesystem::path& path, const GPT& model) {
-  const GPTConfig& c = model.config();
-  safetensors::Metadata metadata = {{"format", "pt"},
-                                    {"loom.layers", std::to_string(c.layers)},
-                                    {"loom.heads", std::to_string(c.heads)},
-                                    {"loom.embd", std::to_string(c.embd)},
-                                    {"loom.context", std::to_string(c.context)},
-                                    {"loom.vocab_size", std::to_string(c.vocab_size)}};
-  safetensors::save(path, model.state_dict(), metadata);
+  safetensors::save(path, model.state_dict(), gpt_metadata(model.config()));
 }
 
 StateDict gpt_state_from_checkpoint(const safetensors::Contents& contents) {

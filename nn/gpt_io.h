@@ -8,8 +8,10 @@
 
 namespace loom::nn {
 
-// Writes the parameters with metadata {"format": "pt", "loom.layers", "loom.heads",
-// "loom.embd", "loom.context", "loom.vocab_size"}; atomic (see safetensors::save).
+// The metadata a GPT file carries: {"format": "pt", "loom.layers", "loom.heads",
+// "loom.embd", "loom.context", "loom.vocab_size"}.
+safetensors::Metadata gpt_metadata(const GPTConfig& config);
+// Writes the parameters with gpt_metadata(); atomic (see safetensors::save).
 void save_gpt(const std::filesystem::path& path, const GPT& model);
 
 // The parameters of a GPT-2 checkpoint under Loom's names: a "transformer." prefix is

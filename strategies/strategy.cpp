@@ -82,6 +82,18 @@ void LossScaler::unscale(const std::vector<Tensor>& params) {
   }
 }
 
+void LossScaler::restore(const State& state) {
+  if (!(state.scale > 0) || state.clean_steps < 0 || state.skipped < 0) {
+    fail("[precision] loss scaler state: scale ", state.scale, ", clean steps ",
+         state.clean_steps, ", skipped ", state.skipped, "; expected a positive scale and "
+         "non-negative counts");
+  }
+  scale_ = state.scale;
+  clean_steps_ = state.clean_steps;
+  skipped_ = state.skipped;
+  found_inf_ = false;
+}
+
 void LossScaler::update() {
   if (found_inf_) {
     scale_ = std::max(scale_ * options_.backoff, options_.min_scale);

@@ -90,6 +90,16 @@ class LossScaler {
   // agree on it first.
   void set_found_inf(bool found) { found_inf_ = found; }
 
+  // What a checkpoint keeps of the scaler between steps, so that a resumed run scales (and
+  // skips) exactly as the uninterrupted one.
+  struct State {
+    double scale = 0;
+    int clean_steps = 0;
+    int64_t skipped = 0;
+  };
+  State state() const { return {scale_, clean_steps_, skipped_}; }
+  void restore(const State& state);
+
  private:
   LossScalerOptions options_;
   double scale_;
@@ -155,6 +165,7 @@ class Strategy {
   // True when the coming optimizer_step will be skipped (16-mixed, non-finite gradients).
   bool skips_step() const { return scaler_ && scaler_->found_inf(); }
   const LossScaler* loss_scaler() const { return scaler_.get(); }
+  LossScaler* loss_scaler() { return scaler_.get(); }
   // The dtype matmul/linear round to in the forward (F32 for 32-true).
   DType compute_dtype() const { return compute_dtype_; }
   // Gradient accumulation: while false, backward() skips the gradient synchronisation.
@@ -178,6 +189,12 @@ class Strategy {
   virtual Tensor broadcast(Tensor tensor, int source = 0);
   virtual void barrier() {}
 
+  // `state` with the set-up module's parameters replaced by copies of their whole values:
+  // itself, except under sharded strategies, which gather them (collective: every rank
+  // calls it, between steps).
+  virtual std::map<std::string, Tensor> gather_state(const std::map<std::string, Tensor>& state) {
+    return state;
+  }
   // Checkpoints: the module's state (and any extra tensors) as one safetensors file written
   // atomically by global rank 0; load reads it on every rank.
   virtual void save_checkpoint(const std::filesystem::path& path,

@@ -74,15 +74,12 @@ void ShardedStrategy::optimizer_step(optim::Optimizer& optimizer) {
   engine.after_step();
 }
 
-void ShardedStrategy::save_checkpoint(const std::filesystem::path& path,
-                                      const std::map<std::string, Tensor>& state) {
-  if (!engine_) {
-    Strategy::save_checkpoint(path, state);
-    return;
-  }
-  // Under stage 3 a parameter's storage is released between steps: write gathered copies.
-  // A parameter in `state` may be the parameter or a view of it (state_dict() detaches):
-  // the same storage, offset and shape.
+std::map<std::string, Tensor> ShardedStrategy::gather_state(
+    const std::map<std::string, Tensor>& state) {
+  if (!engine_) return state;
+  // Under stage 3 a parameter's storage is released between steps: use gathered copies. A
+  // parameter in `state` may be a view of it (state_dict() detaches): the same storage,
+  // offset and shape.
   const std::vector<std::pair<Tensor, Tensor>> full = engine_->full_parameters();
   std::map<std::string, Tensor> whole = state;
   for (auto& [name, tensor] : whole) {
@@ -95,7 +92,12 @@ void ShardedStrategy::save_checkpoint(const std::filesystem::path& path,
       }
     }
   }
-  Strategy::save_checkpoint(path, whole);
+  return whole;
+}
+
+void ShardedStrategy::save_checkpoint(const std::filesystem::path& path,
+                                      const std::map<std::string, Tensor>& state) {
+  Strategy::save_checkpoint(path, gather_state(state));
 }
 
 void ShardedStrategy::gather_full_module() {

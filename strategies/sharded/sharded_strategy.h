@@ -30,8 +30,10 @@ class ShardedStrategy : public ParallelStrategy {
   double clip_gradients(double max_norm, double norm_type = 2.0) override;
   void optimizer_step(optim::Optimizer& optimizer) override;
   void gather_full_module() override;
-  // The module's parameters in `state` are written as the whole model (gathered unit by
-  // unit, f32 masters); every rank must call it (between steps).
+  // The module's parameters in `state` (or views of them, as state_dict() gives) become
+  // copies of the whole model, gathered unit by unit from the f32 masters.
+  std::map<std::string, Tensor> gather_state(const std::map<std::string, Tensor>& state) override;
+  // Writes gather_state(state); every rank must call it (between steps).
   void save_checkpoint(const std::filesystem::path& path,
                        const std::map<std::string, Tensor>& state) override;
   void teardown() override;

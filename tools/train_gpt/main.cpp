@@ -189,6 +189,16 @@ int run(int argc, char** argv) {
   app.add_option("--data", data_path, "training data; bytes are tokens (default: built-in corpus)");
   app.add_option("--init", init_path, "start from these weights (.safetensors, GPT-2 layout)");
   app.add_option("--save", save_path, "write the trained weights here (.safetensors)");
+  app.add_option("--checkpoint-dir", o.checkpoint_dir,
+                 "resumable checkpoints go here (docs/checkpoints.md)");
+  app.add_option("--save-every", o.save_every, "save a checkpoint every K steps (0: never)")
+      ->capture_default_str();
+  app.add_option("--keep-last", o.keep_last, "keep the N newest checkpoints (0: all)")
+      ->check(CLI::NonNegativeNumber)
+      ->capture_default_str();
+  app.add_option("--resume", o.resume,
+                 "auto (the newest committed checkpoint under --checkpoint-dir, if any) or a "
+                 "checkpoint directory");
   app.add_option("--metrics", metrics_path, "write one JSON object per step here (.jsonl)");
   app.add_option("--trace", trace_path,
                  "write a Chrome/Perfetto trace (forward, backward, optimizer, DDP buckets) here; "
@@ -404,12 +414,17 @@ int run(int argc, char** argv) {
   }
   Progress progress(stdout, isatty(fileno(stdout)) != 0, o.steps, log_interval);
   double first_loss = 0, last_loss = 0, total_ms = 0, tokens = 0;
+  int64_t steps_run = 0, first_step = -1;  // this run's (a resumed run starts later)
   strategies::MemoryReport memory;  // the training steps' peaks, largest over ranks
   Throughput steady(o.steps);
   train(
       model, data, o,
       [&](const StepMetrics& m) {
-        if (m.step == 0) first_loss = m.loss;
+        if (first_step < 0) {
+          first_step = m.step;
+          first_loss = m.loss;
+        }
+        ++steps_run;
         last_loss = m.loss;
         memory = m.memory;
         total_ms += m.ms_per_step;
@@ -438,11 +453,15 @@ int run(int argc, char** argv) {
                 static_cast<long long>(scaler->skipped_steps()), scaler->scale());
   }
 
+  const std::string resumed =
+      first_step > 0 ? " (steps " + std::to_string(first_step + 1) + "-" +
+                           std::to_string(o.steps) + ", resumed)"
+                     : "";
   std::printf(
-      "summary: %lld steps, loss %.4f -> %.4f, %.1f ms/step, %.0f tokens/s, "
+      "summary: %lld steps%s, loss %.4f -> %.4f, %.1f ms/step, %.0f tokens/s, "
       "peak tensor memory %.1f MiB%s%s\n",
-      static_cast<long long>(o.steps), first_loss, last_loss,
-      o.steps ? total_ms / static_cast<double>(o.steps) : 0.0,
+      static_cast<long long>(steps_run), resumed.c_str(), first_loss, last_loss,
+      steps_run ? total_ms / static_cast<double>(steps_run) : 0.0,
       total_ms > 0 ? tokens / (total_ms / 1e3) : 0.0,
       static_cast<double>(memory.peak_bytes) / (1 << 20), save_path.empty() ? "" : ", saved to ",
       save_path.c_str());

@@ -14,6 +14,7 @@
 #include "strategies/memory_report.h"
 #include "strategies/trace.h"
 #include "tensor/ops.h"
+#include "tools/train_gpt/train_state.h"
 
 namespace loom::train_gpt {
 
@@ -87,16 +88,19 @@ void train(nn::GPT& model, const TokenBlocks& data, const TrainOptions& options,
     const nn::GPTConfig config = model.config();
     dp->set_replica_factory([config] { return std::make_unique<nn::GPT>(config, 0); });
   }
+  TrainCheckpoints checkpoints(options, s);
+  const int64_t first_step = checkpoints.load_weights(model);  // before the strategy copies it
   s.setup_module(model);
   auto schedule = make_schedule(options);
   const std::unique_ptr<optim::Optimizer> made = make_optimizer(model, options);
   optim::Optimizer& optimizer = *made;
   s.setup_optimizer(optimizer);
+  checkpoints.load_state(optimizer);
   strategies::reset_memory_peaks(s.root_device());  // peaks of training, not of setup
   const int64_t accum = std::max<int64_t>(options.grad_accum, 1);
   const int64_t world = s.world_size(), rank = s.rank();
   strategies::Trace* trace = strategies::current_trace();
-  for (int64_t step = 0; step < options.steps; ++step) {
+  for (int64_t step = first_step; step < options.steps; ++step) {
     auto start = std::chrono::steady_clock::now();
     strategies::Trace::Span step_span(trace, "step " + std::to_string(step), "step",
                                       strategies::Trace::kMainThread, {{"step", step}});
@@ -166,6 +170,7 @@ void train(nn::GPT& model, const TokenBlocks& data, const TrainOptions& options,
              .tokens_per_s = static_cast<double>(tokens * world) / (ms / 1e3),
              .memory = strategies::max_over_ranks(
                  s, strategies::local_memory_report(s.root_device()))});
+    checkpoints.after_step(step + 1, model, optimizer);
   }
   s.gather_full_module();  // sharded strategies: the whole model on every rank again
 }

@@ -33,6 +33,13 @@ struct TrainOptions {
   int64_t warmup_steps = 0;
   std::string schedule = "constant";  // or "cosine" (to 0.1 x lr at the last step)
   int64_t grad_accum = 1;             // micro-batches per optimizer step
+  // Resumable checkpoints (train_state.h): every save_every steps (0: never) under
+  // checkpoint_dir, keeping the keep_last newest (0: all); resume "" (no), "auto" (the newest
+  // committed checkpoint under checkpoint_dir, if any) or a checkpoint's path.
+  std::string checkpoint_dir;
+  int64_t save_every = 0;
+  int keep_last = 0;
+  std::string resume;
 };
 
 struct StepMetrics {

@@ -1,0 +1,135 @@
+#include "strategies/checkpoint/directory.h"
+
+#include <fcntl.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <cstdio>
+#include <cstring>
+#include <string>
+
+#include "tensor/error.h"
+
+namespace loom::strategies::checkpoint {
+
+namespace fs = std::filesystem;
+
+namespace {
+
+std::string step_name(int64_t step) {
+  char name[32];
+  std::snprintf(name, sizeof name, "step-%08lld", static_cast<long long>(step));
+  return name;
+}
+
+// fsync of a file or a directory (its entries); throws naming the path.
+void sync_path(const fs::path& path, bool directory) {
+  const int fd = ::open(path.c_str(), (directory ? O_RDONLY | O_DIRECTORY : O_RDONLY) | O_CLOEXEC);
+  if (fd < 0) fail("[checkpoint] cannot open ", path.string(), " to sync it: ", std::strerror(errno));
+  const int rc = ::fsync(fd);
+  const int error = errno;
+  ::close(fd);
+  if (rc != 0) fail("[checkpoint] fsync of ", path.string(), " failed: ", std::strerror(error));
+}
+
+}  // namespace
+
+std::optional<int64_t> step_of(const fs::path& checkpoint) {
+  const std::string name = checkpoint.filename().string();
+  if (name.size() <= 5 || name.rfind("step-", 0) != 0) return std::nullopt;
+  const std::string digits = name.substr(5);
+  if (!std::all_of(digits.begin(), digits.end(), [](char c) { return c >= '0' && c <= '9'; }))
+    return std::nullopt;
+  return std::stoll(digits);
+}
+
+Directory::Directory(fs::path root) : root_(std::move(root)) {}
+
+fs::path Directory::staging(int64_t step) const {
+  return root_ / ("." + step_name(step) + ".partial");
+}
+
+fs::path Directory::committed_path(int64_t step) const {
+  return root_ / step_name(step);
+}
+
+bool Directory::is_committed(const fs::path& checkpoint) {
+  std::error_code ec;
+  return fs::is_regular_file(checkpoint / kMarker, ec);
+}
+
+void Directory::prepare(int64_t step) const {
+  std::error_code ec;
+  fs::create_directories(root_, ec);
+  if (ec) {
+    fail("[checkpoint] cannot create the checkpoint directory ", root_.string(), ": ",
+         ec.message(), "; pass a writable --checkpoint-dir");
+  }
+  fs::remove_all(staging(step), ec);
+  fs::create_directory(staging(step), ec);
+  if (ec) {
+    fail("[checkpoint] cannot create ", staging(step).string(), ": ", ec.message(),
+         "; is --checkpoint-dir writable?");
+  }
+}
+
+fs::path Directory::commit(int64_t step) const {
+  const fs::path from = staging(step), to = committed_path(step);
+  for (const auto& entry : fs::directory_iterator(from))
+    sync_path(entry.path(), false);
+  sync_path(from, true);
+  std::error_code ec;
+  fs::remove_all(to, ec);  // an uncommitted leftover of an earlier try at this step
+  fs::rename(from, to, ec);
+  if (ec) fail("[checkpoint] renaming ", from.string(), " to ", to.string(), ": ", ec.message());
+  sync_path(root_, true);
+  const fs::path marker = to / kMarker;
+  const int fd = ::open(marker.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+  if (fd < 0) fail("[checkpoint] cannot write ", marker.string(), ": ", std::strerror(errno));
+  const int rc = ::fsync(fd);
+  ::close(fd);
+  if (rc != 0) fail("[checkpoint] fsync of ", marker.string(), " failed");
+  sync_path(to, true);
+  return to;
+}
+
+std::vector<fs::path> Directory::committed() const {
+  std::vector<std::pair<int64_t, fs::path>> found;
+  std::error_code ec;
+  if (!fs::is_directory(root_, ec)) return {};
+  for (const auto& entry : fs::directory_iterator(root_)) {
+    auto step = step_of(entry.path());
+    if (step && entry.is_directory() && is_committed(entry.path()))
+      found.emplace_back(*step, entry.path());
+  }
+  std::sort(found.begin(), found.end());
+  std::vector<fs::path> out;
+  for (auto& [step, path] : found)
+    out.push_back(path);
+  return out;
+}
+
+std::optional<fs::path> Directory::latest() const {
+  std::vector<fs::path> all = committed();
+  if (all.empty()) return std::nullopt;
+  return all.back();
+}
+
+void Directory::prune(int keep_last) const {
+  std::vector<fs::path> all = committed();
+  std::error_code ec;
+  if (keep_last > 0 && all.size() > static_cast<size_t>(keep_last)) {
+    for (size_t i = 0; i + static_cast<size_t>(keep_last) < all.size(); ++i)
+      fs::remove_all(all[i], ec);
+  }
+  // Leftovers of interrupted saves: partial directories and renamed but unmarked ones.
+  for (const auto& entry : fs::directory_iterator(root_)) {
+    const std::string name = entry.path().filename().string();
+    const bool partial = name.starts_with(".step-") && name.ends_with(".partial");
+    const bool unmarked = step_of(entry.path()) && !is_committed(entry.path());
+    if (entry.is_directory() && (partial || unmarked)) fs::remove_all(entry.path(), ec);
+  }
+}
+
+}  // namespace loom::strategies::checkpoint

@@ -1,0 +1,54 @@
+#pragma once
+// A directory of training checkpoints, one subdirectory per saved step (docs/checkpoints.md):
+//
+//   ROOT/step-00000042/           a checkpoint: its files, then COMMITTED, written last
+//   ROOT/.step-00000042.partial/  one being written: never read, removed by the next save
+//
+// A save writes every file into the partial directory (each one atomic and fsynced), fsyncs
+// it, renames it to step-N, fsyncs ROOT, and only then writes and fsyncs COMMITTED. So a
+// crash at any moment leaves either the previous checkpoints untouched and a partial (or
+// uncommitted) directory, which readers skip, or the new checkpoint complete.
+//
+// Ranks: every rank writes its own files into staging(step) (the directory is shared: one
+// host, or a shared file system); rank 0 alone calls prepare() before and commit() after
+// (with barriers around, done by the caller).
+
+#include <cstdint>
+#include <filesystem>
+#include <optional>
+#include <vector>
+
+namespace loom::strategies::checkpoint {
+
+class Directory {
+ public:
+  explicit Directory(std::filesystem::path root);
+
+  const std::filesystem::path& root() const { return root_; }
+  std::filesystem::path staging(int64_t step) const;
+  std::filesystem::path committed_path(int64_t step) const;
+
+  // Rank 0, before any rank writes: creates ROOT and an empty staging(step) (removing a
+  // stale one). Throws loom::Error naming ROOT when it cannot be created or written.
+  void prepare(int64_t step) const;
+  // Rank 0, after every rank wrote: makes staging(step) the committed step-N checkpoint.
+  std::filesystem::path commit(int64_t step) const;
+  // Deletes the oldest committed checkpoints beyond `keep_last` (0 keeps all), and any
+  // partial or uncommitted directory except a newer-than-latest partial being written.
+  void prune(int keep_last) const;
+
+  // The committed checkpoints, oldest first (step order).
+  std::vector<std::filesystem::path> committed() const;
+  std::optional<std::filesystem::path> latest() const;
+
+  static bool is_committed(const std::filesystem::path& checkpoint);
+  static constexpr const char* kMarker = "COMMITTED";
+
+ private:
+  std::filesystem::path root_;
+};
+
+// Parses "step-00000042" (any directory name of that form); nullopt otherwise.
+std::optional<int64_t> step_of(const std::filesystem::path& checkpoint);
+
+}  // namespace loom::strategies::checkpoint
