@@ -2,11 +2,11 @@
 # A checkpoint survives SIGKILL at any moment: a run saving every step is killed at random
 # times, resumed with --resume auto each time, and finally its weights equal an uninterrupted
 # run's, bitwise. Every resume reads (and checksums) the newest committed checkpoint.
-#   survives_sigkill.sh TRAIN_GPT [KILLS]
+#   survives_sigkill.sh TRAIN_GPT [KILLS [EXTRA TRAIN_GPT FLAGS...]]
 set -euo pipefail
-T=$1; KILLS=${2:-8}
+T=$1; KILLS=${2:-8}; shift 2 || shift $#
 d=$(mktemp -d); trap 'rm -rf "$d"' EXIT
-ARGS=(--layers 2 --heads 2 --embd 64 --ctx 32 --batch 4 --steps 40 --log-interval 100)
+ARGS=(--layers 2 --heads 2 --embd 64 --ctx 32 --batch 4 --steps 40 --log-interval 100 "$@")
 "$T" "${ARGS[@]}" --save "$d/straight.st" > /dev/null
 RANDOM=7  # the same kill times on every run of the test
 for i in $(seq 1 "$KILLS"); do

@@ -196,6 +196,8 @@ int run(int argc, char** argv) {
   app.add_option("--keep-last", o.keep_last, "keep the N newest checkpoints (0: all)")
       ->check(CLI::NonNegativeNumber)
       ->capture_default_str();
+  app.add_flag("--async-save", o.async_save,
+               "write checkpoints in a background thread while training goes on");
   app.add_option("--resume", o.resume,
                  "auto (the newest committed checkpoint under --checkpoint-dir, if any) or a "
                  "checkpoint directory");

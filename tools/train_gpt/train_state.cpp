@@ -1,7 +1,9 @@
 #include "tools/train_gpt/train_state.h"
 
+#include <chrono>
 #include <cstdio>
 #include <fstream>
+#include <thread>
 #include <nlohmann/json.hpp>
 
 #include "nn/gpt_io.h"
@@ -157,50 +159,112 @@ void TrainCheckpoints::after_step(int64_t steps_done, nn::GPT& model,
 }
 
 void TrainCheckpoints::save(int64_t steps_done, nn::GPT& model, optim::Optimizer& optimizer) {
+  finish();  // the previous asynchronous save, whose errors surface here
   const bool chief = strategy_.is_global_zero();
-  // Gathered by every rank first (collective), written by rank 0.
-  const std::map<std::string, Tensor> weights = strategy_.gather_state(model.state_dict());
+  const int rank = strategy_.rank(), world = strategy_.world_size();
+  // The snapshot: copies in host memory, so that training may go on while they are written.
+  // The weights are gathered by every rank (collective) and written by rank 0.
+  Snapshot snap;
+  snap.steps_done = steps_done;
+  const std::map<std::string, Tensor> gathered = strategy_.gather_state(model.state_dict());
+  if (chief) {
+    for (const auto& [name, tensor] : gathered)
+      snap.weights.emplace(name, tensor.to(Device::cpu()).clone());
+  }
+  if (chief || sharded_optimizer()) {
+    for (auto& [name, tensor] : optimizer.state_dict())
+      snap.optimizer.emplace(name, tensor.to(Device::cpu()).clone());
+    snap.optimizer["train.steps_done"] = scalar_i64(steps_done);
+    if (const strategies::LossScaler* scaler = strategy_.loss_scaler()) {
+      const strategies::LossScaler::State st = scaler->state();
+      snap.optimizer["scaler.scale"] = Tensor::from_vector<double>({st.scale}, {});
+      snap.optimizer["scaler.clean_steps"] = scalar_i64(st.clean_steps);
+      snap.optimizer["scaler.skipped"] = scalar_i64(st.skipped);
+    }
+  }
+  if (chief) {
+    snap.meta = {{"format", kFormat},
+                 {"version", 1},
+                 {"step", steps_done},
+                 {"strategy", strategy_.name()},
+                 {"world_size", world},
+                 {"sharded_optimizer", sharded_optimizer()},
+                 {"optimizer", options_.optimizer},
+                 {"model", model_json(model.config())},
+                 {"grad_accum", options_.grad_accum},
+                 {"batch", options_.batch},
+                 {"seed", options_.seed}};
+    snap.model_metadata = nn::gpt_metadata(model.config());
+  }
   strategy_.barrier();
   if (chief) directory_->prepare(steps_done);
   strategy_.barrier();
-  const fs::path staging = directory_->staging(steps_done);
-  if (chief) save_checked(staging / "model.safetensors", weights, nn::gpt_metadata(model.config()));
-  if (chief || sharded_optimizer()) {
-    std::map<std::string, Tensor> state = optimizer.state_dict();
-    for (auto& [name, tensor] : state)
-      tensor = tensor.clone();  // the live state, as it is at this step
-    state["train.steps_done"] = scalar_i64(steps_done);
-    if (const strategies::LossScaler* scaler = strategy_.loss_scaler()) {
-      const strategies::LossScaler::State s = scaler->state();
-      state["scaler.scale"] = Tensor::from_vector<double>({s.scale}, {});
-      state["scaler.clean_steps"] = scalar_i64(s.clean_steps);
-      state["scaler.skipped"] = scalar_i64(s.skipped);
+  if (!options_.async_save) {
+    write(snap, rank, world, /*wait_for_ranks=*/false);
+    strategy_.barrier();  // every rank's files are there
+    if (chief) commit(steps_done);
+    strategy_.barrier();
+    return;
+  }
+  writer_ = std::thread([this, snap = std::move(snap), rank, world, chief] {
+    try {
+      write(snap, rank, world, /*wait_for_ranks=*/true);
+      if (chief) commit(snap.steps_done);
+    } catch (const std::exception& e) {
+      writer_error_ = "[checkpoint] the asynchronous save of step " +
+                      std::to_string(snap.steps_done) + " failed: " + e.what();
     }
-    save_checked(staging / optimizer_file(strategy_.rank()), state);
-  }
-  if (chief) {
-    const nlohmann::json meta = {{"format", kFormat},
-                                 {"version", 1},
-                                 {"step", steps_done},
-                                 {"strategy", strategy_.name()},
-                                 {"world_size", strategy_.world_size()},
-                                 {"sharded_optimizer", sharded_optimizer()},
-                                 {"optimizer", options_.optimizer},
-                                 {"model", model_json(model.config())},
-                                 {"grad_accum", options_.grad_accum},
-                                 {"batch", options_.batch},
-                                 {"seed", options_.seed}};
+  });
+}
+
+// Every rank's files into the staging directory. With wait_for_ranks (asynchronous saves,
+// which must not use the process group beside training), ranks other than 0 then leave a
+// marker file and rank 0 waits for all of them before it may commit.
+void TrainCheckpoints::write(const Snapshot& snap, int rank, int world, bool wait_for_ranks) {
+  const fs::path staging = directory_->staging(snap.steps_done);
+  if (!snap.weights.empty())
+    save_checked(staging / "model.safetensors", snap.weights, snap.model_metadata);
+  if (!snap.optimizer.empty()) save_checked(staging / optimizer_file(rank), snap.optimizer);
+  if (rank == 0) {
     std::ofstream out(staging / "meta.json");
-    out << meta.dump(1) << "\n";
+    out << snap.meta.dump(1) << "\n";
     out.close();
-    if (!out) fail("[checkpoint] writing ", (staging / "meta.json").string(), " failed");
+    if (!out) fail("writing ", (staging / "meta.json").string(), " failed");
   }
-  strategy_.barrier();
-  if (chief) {
-    directory_->commit(steps_done);
-    directory_->prune(options_.keep_last);
+  if (!wait_for_ranks || world == 1) return;
+  const fs::path mine = staging / (".rank-" + std::to_string(rank) + ".written");
+  if (rank != 0) {
+    std::ofstream(mine) << "ok\n";
+    return;
   }
-  strategy_.barrier();
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::minutes(10);
+  for (int r = 1; r < world; ++r) {
+    const fs::path theirs = staging / (".rank-" + std::to_string(r) + ".written");
+    while (!fs::exists(theirs)) {
+      if (std::chrono::steady_clock::now() > deadline)
+        fail("rank ", r, " did not finish writing its files within 10 minutes");
+      std::this_thread::sleep_for(std::chrono::milliseconds(5));
+    }
+    fs::remove(theirs);
+  }
+}
+
+void TrainCheckpoints::commit(int64_t steps_done) {
+  directory_->commit(steps_done);
+  directory_->prune(options_.keep_last);
+}
+
+void TrainCheckpoints::finish() {
+  if (writer_.joinable()) writer_.join();
+  if (!writer_error_.empty()) {
+    const std::string error = std::move(writer_error_);
+    writer_error_.clear();
+    fail(error);
+  }
+}
+
+TrainCheckpoints::~TrainCheckpoints() {
+  if (writer_.joinable()) writer_.join();  // errors were or will not be reported: finish()
 }
 
 }  // namespace loom::train_gpt

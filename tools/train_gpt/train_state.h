@@ -15,12 +15,16 @@
 #include <cstdint>
 #include <filesystem>
 #include <optional>
+#include <map>
+#include <nlohmann/json.hpp>
 #include <string>
+#include <thread>
 
 #include "nn/gpt.h"
 #include "optim/optimizer.h"
 #include "strategies/checkpoint/directory.h"
 #include "strategies/strategy.h"
+#include "tensor/safetensors.h"
 #include "tools/train_gpt/trainer.h"
 
 namespace loom::train_gpt {
@@ -37,11 +41,24 @@ class TrainCheckpoints {
   int64_t load_weights(nn::GPT& model);
   // After setup_optimizer: the optimizer's state and the loss scaler's.
   void load_state(optim::Optimizer& optimizer);
-  // After a step: saves when `steps_done` is a multiple of save_every (collective).
+  // After a step: saves when `steps_done` is a multiple of save_every (collective). With
+  // options.async_save the state is snapshotted to host memory and written by a background
+  // thread while training goes on; the next save (or finish()) waits for it.
   void after_step(int64_t steps_done, nn::GPT& model, optim::Optimizer& optimizer);
+  // Waits for an asynchronous save; throws loom::Error if it failed.
+  void finish();
+  ~TrainCheckpoints();
 
  private:
+  struct Snapshot {
+    int64_t steps_done = 0;
+    std::map<std::string, Tensor> weights, optimizer;  // host copies
+    nlohmann::json meta;
+    safetensors::Metadata model_metadata;
+  };
   void save(int64_t steps_done, nn::GPT& model, optim::Optimizer& optimizer);
+  void write(const Snapshot& snap, int rank, int world, bool wait_for_ranks);
+  void commit(int64_t steps_done);
   std::string optimizer_file(int rank) const;
   bool sharded_optimizer() const;
 
@@ -49,6 +66,8 @@ class TrainCheckpoints {
   strategies::Strategy& strategy_;
   std::optional<strategies::checkpoint::Directory> directory_;
   std::optional<std::filesystem::path> resume_from_;
+  std::thread writer_;        // the asynchronous save in flight, if any
+  std::string writer_error_;  // its failure, reported by finish()
 };
 
 }  // namespace loom::train_gpt

@@ -172,6 +172,7 @@ void train(nn::GPT& model, const TokenBlocks& data, const TrainOptions& options,
                  s, strategies::local_memory_report(s.root_device()))});
     checkpoints.after_step(step + 1, model, optimizer);
   }
+  checkpoints.finish();  // an asynchronous save still being written
   s.gather_full_module();  // sharded strategies: the whole model on every rank again
 }
 

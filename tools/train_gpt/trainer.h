@@ -40,6 +40,7 @@ struct TrainOptions {
   int64_t save_every = 0;
   int keep_last = 0;
   std::string resume;
+  bool async_save = false;  // write checkpoints in the background (train_state.h)
 };
 
 struct StepMetrics {
