@@ -8,6 +8,7 @@
 #include "comm/backend_registry.h"
 #include "comm/cuda_support.h"
 #include "comm/debug_check.h"
+#include "comm/flight_recorder.h"
 
 namespace loom::comm {
 
@@ -47,6 +48,7 @@ struct ProcessGroup::Op {
   WorkPtr work = nullptr;
   Tensor first, second;  // queued operations only
   OpBody body;           // queued operations only
+  uint64_t flight_id = 0;  // its entry in the FlightRecorder
 };
 
 ProcessGroup::ProcessGroup(int rank, int size, std::shared_ptr<Store> store,
@@ -63,6 +65,9 @@ ProcessGroup::ProcessGroup(int rank, int size, std::shared_ptr<Store> store,
       name_(std::move(name)),
       backend_(std::move(backend)) {
   options_.debug_checks = options_.debug_checks || debug_from_env();
+  FlightRecorder::global().note_rank(rank_);
+  flight_group_ = FlightRecorder::global().register_group(name_, rank_, size_);
+  FlightRecorder::install_signal_dump();
   progress_ = std::thread([this] { progress_loop(); });
 }
 
@@ -120,7 +125,9 @@ WorkPtr ProcessGroup::submit(Op op, const Tensor& first, const Tensor& second, B
   std::unique_lock lock(mutex_);
   op.label.seq = next_seq_++;
   op.work = std::make_shared<Work>(op.label, op.timeout);
+  op.flight_id = FlightRecorder::global().record(flight_group_, op.label);
   if (broken_) {
+    FlightRecorder::global().completed(op.flight_id, "not started: the group is broken");
     op.work->complete(broken_error(op));
     return std::move(op.work);
   }
@@ -178,6 +185,7 @@ void ProcessGroup::progress_loop() {
       queue_.pop_front();
       queued_count_.fetch_sub(1);
       if (broken_) {
+        FlightRecorder::global().completed(op->flight_id, "not started: the group is broken");
         op->work->complete(broken_error(*op));
         continue;
       }
@@ -195,6 +203,7 @@ template <typename Body>
 void ProcessGroup::run(Op& op, Body&& body) {
   Deadline deadline = deadline_after(op.timeout);
   op.work->mark_started(deadline - op.timeout);
+  FlightRecorder::global().started(op.flight_id, deadline - op.timeout);
   std::exception_ptr error;
   try {
     if (options_.debug_checks && op.collective) {
@@ -211,11 +220,20 @@ void ProcessGroup::run(Op& op, Body&& body) {
     error = std::make_exception_ptr(CommError(std::string(e.what()) + " (" + op.label.str() +
                                                   ", timeout " + duration_str(op.timeout) + ")",
                                               e.rank(), e.peer()));
-    std::lock_guard lock(mutex_);
-    broken_ = error;
+    {
+      std::lock_guard lock(mutex_);
+      broken_ = error;
+    }
+    FlightRecorder::global().completed(op.flight_id, e.what());
+    FlightRecorder::global().dump_if_configured(rank_);  // what this rank was doing
+  } catch (const std::exception& e) {
+    error = std::current_exception();
+    FlightRecorder::global().completed(op.flight_id, e.what());
   } catch (...) {
     error = std::current_exception();
+    FlightRecorder::global().completed(op.flight_id, "unknown exception");
   }
+  if (!error) FlightRecorder::global().completed(op.flight_id);
   // The caller may free or measure its memory as soon as wait() returns: the operation's
   // references to the tensors go first.
   op.first = Tensor();

@@ -139,6 +139,7 @@ class ProcessGroup : public std::enable_shared_from_this<ProcessGroup> {
   std::shared_ptr<Store> store_;
   GroupOptions options_;
   std::string name_;
+  uint32_t flight_group_ = 0;  // this group in the FlightRecorder
   std::unique_ptr<Backend> backend_;
   // backend_ on CUDA tensors, when backend_ is a host backend; made on first use.
   std::unique_ptr<Backend> staged_;
