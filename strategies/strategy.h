@@ -135,7 +135,8 @@ class Strategy {
   virtual void setup_environment() {}
   // Moves the module's parameters to root_device() and keeps it as the module to train. The
   // strategy refers to the module (hooks, views of its parameters) until teardown() or its
-  // destruction: the module must outlive both.
+  // destruction; a module destroyed first is left alone (Module::lifetime()), but the
+  // strategy must not train it any more.
   virtual void setup_module(nn::Module& module);
   virtual void setup_optimizer(optim::Optimizer&) {}
   virtual void backward(const Tensor& loss) { loss.backward(); }
