@@ -23,6 +23,6 @@ kill -9 "$victim"
 echo "killed rank process $victim"
 wait "$run"
 grep -q "resuming from" "$d/elastic.log" || { echo "the group did not resume"; cat "$d/elastic.log"; exit 1; }
-grep -h "resuming from" "$d/elastic.log" | head -n 2
+grep -h -m 2 "resuming from" "$d/elastic.log"
 cmp "$d/straight.st" "$d/elastic.st"
 echo "elastic restart: the same weights as the uninterrupted run"

@@ -7,10 +7,14 @@ set -euo pipefail
 T=$1; C=$2
 d=$(mktemp -d); trap 'rm -rf "$d"' EXIT
 "$T" --layers 1 --heads 2 --embd 16 --ctx 16 --batch 2 --steps 4 --checkpoint-dir "$d/ck" --save-every 2 > /dev/null
-"$C" inspect "$d/ck" | grep -q "step 4, strategy single_device on 1 rank(s), optimizer adamw"
-"$C" inspect "$d/ck" | grep -q "wte.weight *f32 *\[256, 16\]"
-"$C" verify "$d/ck" | grep -q "every checksum matches"
-"$C" diff "$d/ck/step-00000004" "$d/ck" | grep -q "the checkpoints are equal"
+# (Outputs go to files first: grep -q closing a pipe early would fail the writer under pipefail.)
+"$C" inspect "$d/ck" > "$d/inspect.txt"
+grep -q "step 4, strategy single_device on 1 rank(s), optimizer adamw" "$d/inspect.txt"
+grep -q "wte.weight *f32 *\[256, 16\]" "$d/inspect.txt"
+"$C" verify "$d/ck" > "$d/verify.txt"
+grep -q "every checksum matches" "$d/verify.txt"
+"$C" diff "$d/ck/step-00000004" "$d/ck" > "$d/diff.txt"
+grep -q "the checkpoints are equal" "$d/diff.txt"
 if "$C" diff "$d/ck/step-00000002" "$d/ck/step-00000004" > /dev/null; then echo "diff saw no change"; exit 1; fi
 f="$d/ck/step-00000004/model.safetensors"
 size=$(stat -c %s "$f")
