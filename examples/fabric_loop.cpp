@@ -5,8 +5,10 @@
 //   fabric_loop --strategy my_ddp                          (a strategy registered below)
 //   loomrun --nproc-per-node 2 fabric_loop --strategy fsdp --save out.safetensors
 //                                                          (FSDP; any sharded name works)
+//   fabric_loop --stop-after 10 --state DIR; fabric_loop --resume DIR   (resumable state)
 
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <string>
 
@@ -40,10 +42,14 @@ class LoggingDDP : public loom::strategies::DDPStrategy {
 }  // namespace
 
 int main(int argc, char** argv) {
-  std::string strategy = "single_device", save_path;
+  std::string strategy = "single_device", save_path, state_path, resume_path;
+  int stop_after = 20;
   for (int i = 1; i + 1 < argc; ++i) {
     if (std::strcmp(argv[i], "--strategy") == 0) strategy = argv[i + 1];
     if (std::strcmp(argv[i], "--save") == 0) save_path = argv[i + 1];
+    if (std::strcmp(argv[i], "--state") == 0) state_path = argv[i + 1];    // save state at the end
+    if (std::strcmp(argv[i], "--resume") == 0) resume_path = argv[i + 1];  // continue a state
+    if (std::strcmp(argv[i], "--stop-after") == 0) stop_after = std::atoi(argv[i + 1]);
   }
   loom::strategies::StrategyRegistry::register_strategy(
       "my_ddp",
@@ -62,8 +68,16 @@ int main(int argc, char** argv) {
   fabric.setup_module(model);         // Fabric
   fabric.setup_optimizer(optimizer);  // Fabric
 
+  // Fabric: the training state to resume from, as Lightning's fabric.save/load take it.
+  loom::Fabric::State state{.module = &model, .optimizer = &optimizer, .tensors = {}};
+  int first_step = 0;
+  if (!resume_path.empty()) {
+    fabric.load(resume_path, state);
+    first_step = static_cast<int>(state.tensors.at("step").item());
+  }
+
   loom::train_gpt::TokenBlocks data(loom::train_gpt::default_corpus(1 << 16), 4, 64, 256);
-  for (int step = 0; step < 20; ++step) {
+  for (int step = first_step; step < stop_after; ++step) {
     // Fabric: each rank reads its own blocks.
     auto batch = data.for_step(step, fabric.rank(), fabric.world_size());
     loom::Tensor loss = model.loss(batch.tokens, batch.targets);
@@ -78,5 +92,9 @@ int main(int argc, char** argv) {
   }
   // Fabric: every rank calls save (sharded strategies gather the model for it); rank 0 writes.
   if (!save_path.empty()) fabric.save(save_path, model.state_dict());
+  if (!state_path.empty()) {
+    state.tensors["step"] = loom::Tensor::from_vector<int64_t>({stop_after}, {});
+    fabric.save(state_path, state);
+  }
   return 0;
 }

@@ -1,5 +1,12 @@
 #include "strategies/fabric.h"
 
+#include <fstream>
+#include <nlohmann/json.hpp>
+
+#include "strategies/checkpoint/checked_file.h"
+#include "strategies/checkpoint/directory.h"
+#include "strategies/checkpoint/training_state.h"
+
 #include "tensor/ops.h"
 
 namespace loom {
@@ -74,6 +81,66 @@ void Fabric::save(const std::filesystem::path& path, const std::map<std::string,
 
 std::map<std::string, Tensor> Fabric::load(const std::filesystem::path& path) {
   return strategy_->load_checkpoint(path);
+}
+
+void Fabric::save(const std::filesystem::path& path, const State& state) {
+  namespace ckpt = strategies::checkpoint;
+  if (state.module == nullptr || state.module != module_)
+    fail("[fabric] save: State::module must be the module passed to setup_module()");
+  const bool chief = is_global_zero();
+  const std::filesystem::path staging = path.string() + ".partial";
+  // Gathered by every rank (collective), written by rank 0.
+  const std::map<std::string, Tensor> weights = strategy_->gather_state(state.module->state_dict());
+  barrier();
+  if (chief) {
+    std::filesystem::remove_all(staging);
+    std::filesystem::create_directories(staging);
+    ckpt::save_checked(staging / "model.safetensors", weights);
+    ckpt::save_checked(staging / "tensors.safetensors", state.tensors);
+    const nlohmann::json meta = {{"format", "loom-fabric-state"},
+                                 {"version", 1},
+                                 {"strategy", strategy_->name()},
+                                 {"world_size", world_size()},
+                                 {"sharded_optimizer", ckpt::shards_optimizer_state(*strategy_)}};
+    std::ofstream(staging / "meta.json") << meta.dump(1) << "\n";
+  }
+  barrier();
+  if (state.optimizer != nullptr && (chief || ckpt::shards_optimizer_state(*strategy_))) {
+    ckpt::save_checked(staging / ckpt::optimizer_file(*strategy_),
+                       ckpt::optimizer_snapshot(*state.optimizer, *strategy_));
+  }
+  barrier();
+  if (chief) ckpt::commit_directory(staging, path);
+  barrier();
+}
+
+void Fabric::load(const std::filesystem::path& path, State& state) {
+  namespace ckpt = strategies::checkpoint;
+  if (state.module == nullptr || state.module != module_)
+    fail("[fabric] load: State::module must be the module passed to setup_module()");
+  if (!ckpt::Directory::is_committed(path)) {
+    fail("[fabric] load: ", path.string(), " is not a committed checkpoint (no ",
+         ckpt::Directory::kMarker, "): its save did not finish, or it is not a Fabric state");
+  }
+  std::ifstream in(path / "meta.json");
+  const nlohmann::json meta = nlohmann::json::parse(in);
+  const bool sharded = meta.at("sharded_optimizer").get<bool>();
+  if (state.optimizer != nullptr &&
+      (sharded || ckpt::shards_optimizer_state(*strategy_)) &&
+      (meta.at("strategy").get<std::string>() != strategy_->name() ||
+       meta.at("world_size").get<int>() != world_size() ||
+       sharded != ckpt::shards_optimizer_state(*strategy_))) {
+    fail("[fabric] load: ", path.string(), " was saved by ", meta.at("strategy").get<std::string>(),
+         " on ", meta.at("world_size").get<int>(), " rank(s); its optimizer state loads under "
+         "the same strategy and world size only (resharding is not built yet)");
+  }
+  strategy_->load_parameters(ckpt::load_checked(path / "model.safetensors").tensors);
+  if (state.optimizer != nullptr) {
+    const std::filesystem::path file = path / ckpt::optimizer_file(*strategy_);
+    ckpt::restore_optimizer(ckpt::load_checked(file).tensors, *state.optimizer, *strategy_,
+                            file.string());
+  }
+  state.tensors = ckpt::load_checked(path / "tensors.safetensors").tensors;
 }
 
 int Fabric::rank() const {

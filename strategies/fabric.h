@@ -66,6 +66,23 @@ class Fabric {
   void save(const std::filesystem::path& path, const std::map<std::string, Tensor>& state);
   std::map<std::string, Tensor> load(const std::filesystem::path& path);
 
+  // Training state to resume from (Lightning's fabric.save(path, {"model": model,
+  // "optimizer": optimizer, "step": step})): the set-up module, its set-up optimizer (may be
+  // null) and the caller's own tensors.
+  struct State {
+    nn::Module* module = nullptr;
+    optim::Optimizer* optimizer = nullptr;
+    std::map<std::string, Tensor> tensors;
+  };
+  // Writes `state` as a committed checkpoint directory at `path` (docs/checkpoints.md:
+  // model.safetensors gathered from the shards, the optimizer's state per rank when sharded,
+  // checksums, COMMITTED last). Collective: every rank calls it between steps.
+  void save(const std::filesystem::path& path, const State& state);
+  // Restores a save(path, State) into `state` in place: the module's parameters (into the
+  // shards under sharded strategies), the optimizer's and loss scaler's state (sharded state
+  // under the same strategy and world size only), and fills `state.tensors`. Collective.
+  void load(const std::filesystem::path& path, State& state);
+
   int rank() const;
   int world_size() const;
   bool is_global_zero() const;

@@ -24,6 +24,11 @@ void Strategy::setup_module(nn::Module& module) {
   module_ = &module;
 }
 
+void Strategy::load_parameters(const std::map<std::string, Tensor>& state) {
+  if (module_ == nullptr) fail("[strategy] load_parameters before setup_module(): no module");
+  module_->load_state_dict(state);
+}
+
 Strategy::Strategy(StrategyOptions options) : options_(std::move(options)) {
   accelerator_ = make_accelerator(options_.accelerator);
   parse_devices(options_.devices, *accelerator_);  // a clear error now rather than later

@@ -190,6 +190,10 @@ class Strategy {
   virtual Tensor broadcast(Tensor tensor, int source = 0);
   virtual void barrier() {}
 
+  // Copies the whole values in `state` (name -> tensor, as state_dict() names them) into the
+  // set-up module's parameters, in place, on every rank (collective under sharded
+  // strategies, which write each rank's shard). Every parameter must be there.
+  virtual void load_parameters(const std::map<std::string, Tensor>& state);
   // `state` with the set-up module's parameters replaced by copies of their whole values:
   // itself, except under sharded strategies, which gather them (collective: every rank
   // calls it, between steps).

@@ -75,23 +75,26 @@ void Directory::prepare(int64_t step) const {
 }
 
 fs::path Directory::commit(int64_t step) const {
-  const fs::path from = staging(step), to = committed_path(step);
+  commit_directory(staging(step), committed_path(step));
+  return committed_path(step);
+}
+
+void commit_directory(const fs::path& from, const fs::path& to) {
   for (const auto& entry : fs::directory_iterator(from))
     sync_path(entry.path(), false);
   sync_path(from, true);
   std::error_code ec;
-  fs::remove_all(to, ec);  // an uncommitted leftover of an earlier try at this step
+  fs::remove_all(to, ec);  // an uncommitted leftover of an earlier try
   fs::rename(from, to, ec);
   if (ec) fail("[checkpoint] renaming ", from.string(), " to ", to.string(), ": ", ec.message());
-  sync_path(root_, true);
-  const fs::path marker = to / kMarker;
+  sync_path(to.parent_path().empty() ? fs::path(".") : to.parent_path(), true);
+  const fs::path marker = to / Directory::kMarker;
   const int fd = ::open(marker.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
   if (fd < 0) fail("[checkpoint] cannot write ", marker.string(), ": ", std::strerror(errno));
   const int rc = ::fsync(fd);
   ::close(fd);
   if (rc != 0) fail("[checkpoint] fsync of ", marker.string(), " failed");
   sync_path(to, true);
-  return to;
 }
 
 std::vector<fs::path> Directory::committed() const {

@@ -48,6 +48,11 @@ class Directory {
   std::filesystem::path root_;
 };
 
+// Makes the written directory `staging` the committed checkpoint `target`: fsyncs its files
+// and itself, renames it (over an uncommitted leftover), fsyncs the parent, then writes and
+// fsyncs the COMMITTED marker. What Directory::commit does for a step.
+void commit_directory(const std::filesystem::path& staging, const std::filesystem::path& target);
+
 // Parses "step-00000042" (any directory name of that form); nullopt otherwise.
 std::optional<int64_t> step_of(const std::filesystem::path& checkpoint);
 

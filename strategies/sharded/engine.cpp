@@ -862,6 +862,43 @@ std::vector<std::pair<Tensor, Tensor>> ShardedEngine::full_parameters() {
   return out;
 }
 
+void ShardedEngine::load_full_parameters(const std::map<std::string, Tensor>& values) {
+  NoGradGuard no_grad;
+  if (swap_) {
+    fail("[sharded] loading parameters into a module whose optimizer is offloaded to NVMe is "
+         "not built: load the weights before setup_module()");
+  }
+  for (size_t u = 0; u < units_.size(); ++u) {
+    free_full(u);  // stage 3: nothing gathered may outlive new values
+    for (FlatParam& flat : units_[u]->flats) {
+      for (size_t i = 0; i < flat.params.size(); ++i) {
+        const auto& [name, p] = params_[flat.params[i]];
+        auto found = values.find(name);
+        if (found == values.end()) fail("[sharded] load_parameters: no value for ", name);
+        if (found->second.shape() != p.shape()) {
+          fail("[sharded] load_parameters: ", name, " has shape ", found->second.str(),
+               "; the parameter is ", p.str());
+        }
+        const Tensor whole = found->second.contiguous().reshape({p.numel()});
+        if (options_.stage < 3) {  // the full buffer is the parameter
+          Tensor view = slice(flat.full, flat.offsets[i], p.numel());
+          copy_(view, whole);
+          continue;
+        }
+        // Stage 3: only the part of the parameter inside this rank's shard.
+        const int64_t begin = std::max(flat.offsets[i], flat.shard_begin);
+        const int64_t end =
+            std::min(flat.offsets[i] + p.numel(), flat.shard_begin + flat.shard_numel);
+        if (begin >= end) continue;
+        Tensor target = slice(flat.shard, begin - flat.shard_begin, end - begin);
+        copy_(target, slice(whole, begin - flat.offsets[i], end - begin));
+      }
+      if (!flat.master.is_same(flat.shard)) copy_(flat.master, flat.shard);
+      if (flat.shard_lp.defined()) copy_(flat.shard_lp, flat.shard);
+    }
+  }
+}
+
 void ShardedEngine::unshard_module() {
   NoGradGuard no_grad;
   // The whole model as the master weights hold it, not rounded to param_dtype: gather the

@@ -22,6 +22,7 @@
 // Threading: everything runs on the training thread (the forward and backward hooks
 // included); the group's progress thread moves the bytes.
 
+#include <map>
 #include <memory>
 #include <string>
 #include <utility>
@@ -82,6 +83,12 @@ class ShardedEngine {
   // Every parameter with a copy of its whole value (gathered unit by unit, in the
   // parameters' own dtype, never rounded to param_dtype). Between steps only; collective.
   std::vector<std::pair<Tensor, Tensor>> full_parameters();
+
+  // Writes whole parameter values (by name, every parameter) into this rank's part of each
+  // unit: the shards (and their offloaded masters, low-precision copies) or, for stages 0-2,
+  // the full buffers. Between steps. Not under NVMe offload of the optimizer (the masters are
+  // on disk): an error.
+  void load_full_parameters(const std::map<std::string, Tensor>& values);
 
   // Gathers every unit and gives each parameter its own storage again, with the hooks
   // removed: the module is whole on every rank, as before setup (for saving, evaluation).

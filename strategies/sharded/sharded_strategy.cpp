@@ -95,6 +95,14 @@ std::map<std::string, Tensor> ShardedStrategy::gather_state(
   return whole;
 }
 
+void ShardedStrategy::load_parameters(const std::map<std::string, Tensor>& state) {
+  if (!engine_) {
+    Strategy::load_parameters(state);
+    return;
+  }
+  engine_->load_full_parameters(state);
+}
+
 void ShardedStrategy::save_checkpoint(const std::filesystem::path& path,
                                       const std::map<std::string, Tensor>& state) {
   Strategy::save_checkpoint(path, gather_state(state));

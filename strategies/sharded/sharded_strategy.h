@@ -33,6 +33,7 @@ class ShardedStrategy : public ParallelStrategy {
   // The module's parameters in `state` (or views of them, as state_dict() gives) become
   // copies of the whole model, gathered unit by unit from the f32 masters.
   std::map<std::string, Tensor> gather_state(const std::map<std::string, Tensor>& state) override;
+  void load_parameters(const std::map<std::string, Tensor>& state) override;
   // Writes gather_state(state); every rank must call it (between steps).
   void save_checkpoint(const std::filesystem::path& path,
                        const std::map<std::string, Tensor>& state) override;

@@ -8,7 +8,7 @@
 
 #include "nn/gpt_io.h"
 #include "strategies/checkpoint/checked_file.h"
-#include "strategies/sharded/sharded_strategy.h"
+#include "strategies/checkpoint/training_state.h"
 #include "tensor/error.h"
 
 namespace loom::train_gpt {
@@ -56,14 +56,7 @@ TrainCheckpoints::TrainCheckpoints(const TrainOptions& options, strategies::Stra
 }
 
 bool TrainCheckpoints::sharded_optimizer() const {
-  return dynamic_cast<const strategies::ShardedStrategy*>(&strategy_) != nullptr;
-}
-
-std::string TrainCheckpoints::optimizer_file(int rank) const {
-  if (!sharded_optimizer()) return "optimizer.safetensors";
-  char name[64];
-  std::snprintf(name, sizeof name, "optimizer.rank-%05d.safetensors", rank);
-  return name;
+  return strategies::checkpoint::shards_optimizer_state(strategy_);
 }
 
 int64_t TrainCheckpoints::load_weights(nn::GPT& model) {
@@ -123,33 +116,9 @@ int64_t TrainCheckpoints::load_weights(nn::GPT& model) {
 
 void TrainCheckpoints::load_state(optim::Optimizer& optimizer) {
   if (!resume_from_) return;
-  safetensors::Contents contents =
-      load_checked(*resume_from_ / optimizer_file(strategy_.rank()));
-  std::map<std::string, Tensor> state;
-  std::optional<strategies::LossScaler::State> scaler;
-  for (auto& [name, tensor] : contents.tensors) {
-    if (name.rfind("scaler.", 0) == 0) {
-      if (!scaler) scaler.emplace();
-      if (name == "scaler.scale") scaler->scale = tensor.item();
-      if (name == "scaler.clean_steps") scaler->clean_steps = static_cast<int>(tensor.item());
-      if (name == "scaler.skipped") scaler->skipped = static_cast<int64_t>(tensor.item());
-    } else if (name.rfind("train.", 0) != 0) {
-      state.emplace(name, tensor);
-    }
-  }
-  optimizer.load_state_dict(state);
-  strategies::LossScaler* mine = strategy_.loss_scaler();
-  if (scaler && mine == nullptr) {
-    fail("[train_gpt] ", resume_from_->string(), " holds a loss scaler (16-mixed) but this run's "
-         "--precision has none; resume with --precision 16-mixed");
-  }
-  if (mine != nullptr) {
-    if (!scaler) {
-      fail("[train_gpt] ", resume_from_->string(), " has no loss scaler state; it was not "
-           "saved under --precision 16-mixed");
-    }
-    mine->restore(*scaler);
-  }
+  const fs::path file = *resume_from_ / strategies::checkpoint::optimizer_file(strategy_);
+  strategies::checkpoint::restore_optimizer(load_checked(file).tensors, optimizer, strategy_,
+                                            file.string());
 }
 
 void TrainCheckpoints::after_step(int64_t steps_done, nn::GPT& model,
@@ -172,15 +141,8 @@ void TrainCheckpoints::save(int64_t steps_done, nn::GPT& model, optim::Optimizer
       snap.weights.emplace(name, tensor.to(Device::cpu()).clone());
   }
   if (chief || sharded_optimizer()) {
-    for (auto& [name, tensor] : optimizer.state_dict())
-      snap.optimizer.emplace(name, tensor.to(Device::cpu()).clone());
+    snap.optimizer = strategies::checkpoint::optimizer_snapshot(optimizer, strategy_);
     snap.optimizer["train.steps_done"] = scalar_i64(steps_done);
-    if (const strategies::LossScaler* scaler = strategy_.loss_scaler()) {
-      const strategies::LossScaler::State st = scaler->state();
-      snap.optimizer["scaler.scale"] = Tensor::from_vector<double>({st.scale}, {});
-      snap.optimizer["scaler.clean_steps"] = scalar_i64(st.clean_steps);
-      snap.optimizer["scaler.skipped"] = scalar_i64(st.skipped);
-    }
   }
   if (chief) {
     snap.meta = {{"format", kFormat},
@@ -224,7 +186,8 @@ void TrainCheckpoints::write(const Snapshot& snap, int rank, int world, bool wai
   const fs::path staging = directory_->staging(snap.steps_done);
   if (!snap.weights.empty())
     save_checked(staging / "model.safetensors", snap.weights, snap.model_metadata);
-  if (!snap.optimizer.empty()) save_checked(staging / optimizer_file(rank), snap.optimizer);
+  if (!snap.optimizer.empty())
+    save_checked(staging / strategies::checkpoint::optimizer_file(strategy_), snap.optimizer);
   if (rank == 0) {
     std::ofstream out(staging / "meta.json");
     out << snap.meta.dump(1) << "\n";

@@ -59,7 +59,6 @@ class TrainCheckpoints {
   void save(int64_t steps_done, nn::GPT& model, optim::Optimizer& optimizer);
   void write(const Snapshot& snap, int rank, int world, bool wait_for_ranks);
   void commit(int64_t steps_done);
-  std::string optimizer_file(int rank) const;
   bool sharded_optimizer() const;
 
   const TrainOptions& options_;
