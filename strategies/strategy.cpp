@@ -24,6 +24,13 @@ void Strategy::setup_module(nn::Module& module) {
   module_ = &module;
 }
 
+std::map<std::string, Tensor> Strategy::optimizer_state(const optim::Optimizer& optimizer) {
+  std::map<std::string, Tensor> out;
+  for (const auto& [name, tensor] : optimizer.state_dict())
+    out.emplace(name, tensor.clone());
+  return out;
+}
+
 void Strategy::load_parameters(const std::map<std::string, Tensor>& state) {
   if (module_ == nullptr) fail("[strategy] load_parameters before setup_module(): no module");
   module_->load_state_dict(state);

@@ -190,6 +190,9 @@ class Strategy {
   virtual Tensor broadcast(Tensor tensor, int source = 0);
   virtual void barrier() {}
 
+  // Copies of optimizer.state_dict() for a checkpoint (sharded strategies: this rank's shard;
+  // under NVMe offload read from the swap file for it).
+  virtual std::map<std::string, Tensor> optimizer_state(const optim::Optimizer& optimizer);
   // Copies the whole values in `state` (name -> tensor, as state_dict() names them) into the
   // set-up module's parameters, in place, on every rank (collective under sharded
   // strategies, which write each rank's shard). Every parameter must be there.

@@ -20,10 +20,10 @@ std::string optimizer_file(const Strategy& strategy) {
 }
 
 std::map<std::string, Tensor> optimizer_snapshot(const optim::Optimizer& optimizer,
-                                                 const Strategy& strategy) {
+                                                 Strategy& strategy) {
   std::map<std::string, Tensor> out;
-  for (const auto& [name, tensor] : optimizer.state_dict())
-    out.emplace(name, tensor.to(Device::cpu()).clone());
+  for (const auto& [name, tensor] : strategy.optimizer_state(optimizer))
+    out.emplace(name, tensor.to(Device::cpu()));
   if (const LossScaler* scaler = strategy.loss_scaler()) {
     const LossScaler::State s = scaler->state();
     out["scaler.scale"] = Tensor::from_vector<double>({s.scale}, {});

@@ -20,10 +20,10 @@ bool shards_optimizer_state(const Strategy& strategy);
 // The file this rank's optimizer state goes to (only rank 0 writes when not sharded).
 std::string optimizer_file(const Strategy& strategy);
 
-// Host copies of optimizer.state_dict() plus the loss scaler ("scaler.scale",
+// Host copies of the optimizer's state (Strategy::optimizer_state) plus the loss scaler ("scaler.scale",
 // "scaler.clean_steps", "scaler.skipped") when the strategy has one.
 std::map<std::string, Tensor> optimizer_snapshot(const optim::Optimizer& optimizer,
-                                                 const Strategy& strategy);
+                                                 Strategy& strategy);
 // Loads what optimizer_snapshot() wrote (keys starting "train." are the caller's and are
 // skipped). Throws loom::Error naming `origin` when the loss scaler is in one and not the
 // other.

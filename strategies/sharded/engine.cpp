@@ -842,6 +842,15 @@ bool ShardedEngine::any_nonfinite_gradient() {
   return flag.item() > 0.0;
 }
 
+std::map<std::string, Tensor> ShardedEngine::optimizer_state(const optim::Optimizer& optimizer) {
+  if (swap_) swap_->read_all();
+  std::map<std::string, Tensor> out;
+  for (const auto& [name, tensor] : optimizer.state_dict())
+    out.emplace(name, tensor.clone());
+  if (swap_) swap_->drop_all();
+  return out;
+}
+
 std::vector<std::pair<Tensor, Tensor>> ShardedEngine::full_parameters() {
   NoGradGuard no_grad;
   std::vector<std::pair<Tensor, Tensor>> out;

@@ -80,6 +80,10 @@ class ShardedEngine {
   // all-gathers the updated parameters. Collective.
   void after_step();
 
+  // optimizer.state_dict(), as copies; under NVMe offload its state is read from the swap
+  // file for it (all of it in memory for a moment) and let go again.
+  std::map<std::string, Tensor> optimizer_state(const optim::Optimizer& optimizer);
+
   // Every parameter with a copy of its whole value (gathered unit by unit, in the
   // parameters' own dtype, never rounded to param_dtype). Between steps only; collective.
   std::vector<std::pair<Tensor, Tensor>> full_parameters();

@@ -114,6 +114,15 @@ void OptimizerSwap::release(size_t id, std::vector<Tensor> state) {
   } else if (state.size() != g.state.size()) {
     fail("[nvme] sub-group ", id, " had ", g.state.size(), " state tensors and now has ",
          state.size());
+  } else {
+    for (size_t k = 0; k < state.size(); ++k) {
+      if (state[k].storage() == g.state[k].storage()) continue;
+      if (state[k].nbytes() != g.state[k].nbytes() || !state[k].is_contiguous() ||
+          state[k].offset() != 0)
+        fail("[nvme] optimizer state ", state[k].str(), " does not fit its swap slot");
+      g.state[k].storage()->release();  // the replaced tensor's copy read this step
+      g.state[k] = state[k];
+    }
   }
   for (size_t k = 0; k < g.offsets.size(); ++k) {
     const Tensor& t = k == 0 ? g.master : g.state[k - 1];
@@ -121,6 +130,30 @@ void OptimizerSwap::release(size_t id, std::vector<Tensor> state) {
   }
   g.where = Where::Writing;
   writes_.push_back(id);
+}
+
+void OptimizerSwap::read_all() {
+  for (size_t id = 0; id < groups_.size(); ++id) {
+    SubGroup& g = groups_[id];
+    if (g.where == Where::Writing) finish_io(id);
+    if (g.where != Where::File) continue;
+    for (size_t k = 0; k < g.offsets.size(); ++k) {
+      Tensor t = k == 0 ? g.master : g.state[k - 1];
+      t.storage()->materialize();
+      g.io.push_back(file_.read(g.offsets[k], t.storage()->data(), t.nbytes()));
+    }
+    g.where = Where::Reading;
+  }
+  for (size_t id = 0; id < groups_.size(); ++id)
+    finish_io(id);
+}
+
+void OptimizerSwap::drop_all() {
+  for (SubGroup& g : groups_) {
+    for (Tensor& t : tensors_of(g))
+      t.storage()->release();
+    g.where = Where::File;
+  }
 }
 
 void OptimizerSwap::end_step() {

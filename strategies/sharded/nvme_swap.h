@@ -40,9 +40,14 @@ class OptimizerSwap {
   // Sub-group `id`'s master and state are in memory when this returns.
   void acquire(size_t id);
   // The optimizer is done with sub-group `id`; `state` are its state tensors (the first
-  // release of a sub-group names them, later ones must pass the same tensors).
+  // release of a sub-group names them; tensors that replaced them since, as
+  // Optimizer::load_state_dict makes, take their place).
   void release(size_t id, std::vector<Tensor> state);
   void end_step();
+  // Outside a step: every sub-group's master and state in memory (a checkpoint's snapshot
+  // reads them), then out of it again without writing (nothing changed).
+  void read_all();
+  void drop_all();
 
   const SwapFile& file() const { return file_; }
   // The same file, for other tensors the engine keeps there (parameter shards).

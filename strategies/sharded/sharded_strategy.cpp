@@ -103,6 +103,10 @@ void ShardedStrategy::load_parameters(const std::map<std::string, Tensor>& state
   engine_->load_full_parameters(state);
 }
 
+std::map<std::string, Tensor> ShardedStrategy::optimizer_state(const optim::Optimizer& optimizer) {
+  return engine_ ? engine_->optimizer_state(optimizer) : Strategy::optimizer_state(optimizer);
+}
+
 void ShardedStrategy::save_checkpoint(const std::filesystem::path& path,
                                       const std::map<std::string, Tensor>& state) {
   Strategy::save_checkpoint(path, gather_state(state));

@@ -34,6 +34,7 @@ class ShardedStrategy : public ParallelStrategy {
   // copies of the whole model, gathered unit by unit from the f32 masters.
   std::map<std::string, Tensor> gather_state(const std::map<std::string, Tensor>& state) override;
   void load_parameters(const std::map<std::string, Tensor>& state) override;
+  std::map<std::string, Tensor> optimizer_state(const optim::Optimizer& optimizer) override;
   // Writes gather_state(state); every rank must call it (between steps).
   void save_checkpoint(const std::filesystem::path& path,
                        const std::map<std::string, Tensor>& state) override;

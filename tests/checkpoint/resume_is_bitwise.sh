@@ -2,7 +2,7 @@
 # Resume is bitwise: for each configuration, 6 steps straight, and 3 steps with checkpoints
 # followed by a resume to 6, give the same per-step losses and gradient norms and the same
 # final weights (cmp of the saved files).
-# The last two save asynchronously (--async-save).
+# Two save asynchronously (--async-save); the last keeps the optimizer on NVMe.
 #   resume_is_bitwise.sh TRAIN_GPT
 set -euo pipefail
 T=$1
@@ -28,4 +28,6 @@ check zero3 --strategy deepspeed_stage_3 --devices 2
 check fsdp_offload --strategy fsdp_cpu_offload --devices 2 --wrap-policy Block --optimizer sgd --momentum 0.9
 check ddp_async --strategy ddp_spawn --devices 2 --async-save
 check zero3_async --strategy deepspeed_stage_3 --devices 2 --async-save
+mkdir -p "$d/nvme"
+check zero3_nvme --strategy deepspeed_stage_3_offload_nvme --devices 2 --nvme-path "$d/nvme"
 echo "all configurations resume bitwise"
