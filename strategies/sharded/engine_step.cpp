@@ -1,0 +1,301 @@
+#include "strategies/sharded/engine.h"
+
+// The optimizer's side of the sharding engine: the shard pieces it steps (or, under NVMe
+// offload, the sub-groups and the step hooks that page them), the updated shards' way back
+// into the model, the global gradient norm over the shards, and the optimizer's state for
+// checkpoints.
+
+#include <algorithm>
+#include <cmath>
+#include <map>
+
+#include "kernels/cpu/exact_square_sum.h"
+#include "optim/clip_grad.h"
+#include "strategies/sharded/unit_state.h"
+#include "strategies/trace.h"
+#include "tensor/ops.h"
+
+namespace loom::strategies::sharded {
+
+void ShardedEngine::copy_gradients_out(const FlatParam& flat) {
+  for (size_t s : flat.nvme_segments) {
+    const Tensor source =
+        slice(flat.grad_shard, segment_source_[s].second, segment_grads_[s].numel());
+    copy_(segment_grads_[s], source);
+  }
+}
+
+void ShardedEngine::adopt_optimizer(optim::Optimizer& optimizer) {
+  if (optimizer.step_count() != 0) {
+    fail("[sharded] setup_optimizer after the optimizer stepped: set up the optimizer before "
+         "its first step, so that its state is created for this rank's shard only");
+  }
+  if (!segments_.empty()) fail("[sharded] setup_optimizer called twice");
+  std::map<const TensorImpl*, size_t> index;
+  for (size_t k = 0; k < params_.size(); ++k)
+    index.emplace(params_[k].second.impl_ptr().get(), k);
+  std::map<size_t, std::pair<const FlatParam*, size_t>> place;  // param -> (flat, position)
+  for (auto& unit : units_)
+    for (const FlatParam& flat : unit->flats)
+      for (size_t i = 0; i < flat.params.size(); ++i)
+        place[flat.params[i]] = {&flat, i};
+  std::vector<size_t> group_base;  // NVMe: the first sub-group of each optimizer group
+  for (optim::ParamGroup& group : optimizer.param_groups()) {
+    std::vector<Tensor> pieces;
+    std::vector<Piece> nvme_pieces;
+    for (const Tensor& p : group.params) {
+      auto found = index.find(p.impl_ptr().get());
+      if (found == index.end()) {
+        fail("[sharded] the optimizer holds a tensor (", p.str(),
+             ") that is not a parameter of the set-up module; build the optimizer over "
+             "module.parameters()");
+      }
+      const size_t k = found->second;
+      auto [flat, i] = place.at(k);
+      const int64_t begin = std::max(flat->offsets[i], flat->shard_begin);
+      const int64_t end = std::min(flat->offsets[i] + params_[k].second.numel(),
+                                   flat->shard_begin + flat->shard_numel);
+      if (begin >= end) continue;  // none of this parameter is on this rank
+      Piece piece{const_cast<FlatParam*>(flat), k, begin - flat->shard_begin, end - begin};
+      if (swap_) {
+        nvme_pieces.push_back(piece);
+        continue;
+      }
+      Tensor view = slice(flat->master, piece.shard_offset, piece.length);
+      view.set_requires_grad(true);
+      pieces.push_back(view);
+      add_segment(view, piece, slice(flat->master_grad, piece.shard_offset, piece.length));
+    }
+    if (swap_) {
+      group_base.push_back(sub_group_masters_.size());
+      pieces = adopt_into_sub_groups(nvme_pieces);
+    }
+    group.params = std::move(pieces);
+  }
+  if (swap_) install_step_hooks(optimizer, std::move(group_base));
+}
+
+// Note [NVMe sub-groups]
+// Under NVMe offload the optimizer does not see the pieces (segments) but sub-groups:
+// consecutive pieces of one optimizer group and dtype packed into one host tensor of at most
+// sub_group_size elements (a piece longer than that is split), padded to whole pages so that
+// its transfers and its state's can bypass the page cache. The pieces stay the engine's
+// bookkeeping (gradient norms, clipping) as views into the sub-groups; the padding holds
+// zeros, which AdamW and SGD keep at zero. Every update is elementwise, so the weights are
+// bitwise those of the unpacked pieces.
+std::vector<Tensor> ShardedEngine::adopt_into_sub_groups(const std::vector<Piece>& pieces) {
+  NoGradGuard no_grad;
+  std::vector<Tensor> masters;
+  std::vector<Piece> parts;  // of the sub-group being filled
+  int64_t filled = 0;
+  auto close = [&] {
+    if (parts.empty()) return;
+    const DType dtype = parts[0].flat->dtype;
+    const int64_t page = static_cast<int64_t>(SwapFile::kDirectAlignment / dtype_size(dtype));
+    const int64_t padded = (filled + page - 1) / page * page;
+    Tensor master = Tensor::zeros({padded}, dtype, Device::cpu());
+    Tensor grad = Tensor::zeros({padded}, dtype, Device::cpu());
+    master.storage()->set_kind(MemoryKind::Offloaded);
+    grad.storage()->set_kind(MemoryKind::Offloaded);
+    sub_group_segments_.emplace_back();
+    int64_t at = 0;
+    for (const Piece& part : parts) {
+      Tensor view = slice(master, at, part.length);
+      load_shard(*part.flat);
+      copy_(view, slice(part.flat->shard, part.shard_offset, part.length));
+      drop_shard(*part.flat);
+      view.set_requires_grad(true);
+      part.flat->nvme_segments.push_back(segments_.size());
+      sub_group_segments_.back().push_back(segments_.size());
+      add_segment(view, part, slice(grad, at, part.length));
+      at += part.length;
+    }
+    master.set_requires_grad(true);
+    swap_->add(master);  // written out; its memory released until the step needs it
+    sub_group_masters_.push_back(master);
+    sub_group_grads_.push_back(grad);
+    masters.push_back(master);
+    parts.clear();
+    filled = 0;
+  };
+  for (const Piece& piece : pieces) {
+    if (!parts.empty() && parts[0].flat->dtype != piece.flat->dtype) close();
+    for (int64_t begin = 0; begin < piece.length;) {
+      const int64_t take = std::min(piece.length - begin, options_.sub_group_size - filled);
+      parts.push_back({piece.flat, piece.param, piece.shard_offset + begin, take});
+      filled += take;
+      begin += take;
+      if (filled == options_.sub_group_size) close();
+    }
+  }
+  close();
+  return masters;
+}
+
+void ShardedEngine::add_segment(const Tensor& view, const Piece& piece, const Tensor& grad) {
+  segments_.push_back(view);
+  segment_param_.push_back(piece.param);
+  segment_grads_.push_back(grad);
+  segment_source_.emplace_back(piece.flat, piece.shard_offset);
+}
+
+void ShardedEngine::install_step_hooks(optim::Optimizer& optimizer,
+                                       std::vector<size_t> group_base) {
+  swapped_optimizer_ = &optimizer;
+  std::weak_ptr<bool> alive = alive_;
+  auto engine = [this, alive] {
+    if (!alive.lock()) {
+      fail("[sharded] the optimizer stepped after its sharded engine was torn down (NVMe "
+           "offload): its parameters were that engine's shards; build a new optimizer");
+    }
+    return this;
+  };
+  optimizer.set_step_hooks(
+      {.begin = [engine] { engine()->swap_->begin_step(); },
+       .before_update =
+           [engine, base = std::move(group_base)](size_t group, size_t index) {
+             ShardedEngine* e = engine();
+             const auto id = static_cast<int64_t>(base.at(group) + index);
+             if (e->stepping_ >= 0 && e->stepping_ != id)
+               e->finish_sub_group(static_cast<size_t>(e->stepping_));
+             e->swap_->acquire(static_cast<size_t>(id));
+             e->stepping_ = id;
+           },
+       .end =
+           [engine] {
+             ShardedEngine* e = engine();
+             if (e->stepping_ >= 0) e->finish_sub_group(static_cast<size_t>(e->stepping_));
+             e->stepping_ = -1;
+             e->swap_->end_step();
+           }});
+}
+
+void ShardedEngine::finish_sub_group(size_t id) {
+  NoGradGuard no_grad;
+  std::vector<SwapFile::Ticket> writes;
+  for (size_t s : sub_group_segments_[id]) {
+    auto [flat, offset] = segment_source_[s];
+    if (flat->shard_file_offset >= 0) {  // the shard is on disk: update it there
+      const size_t element = dtype_size(flat->dtype);
+      writes.push_back(swap_->file().write(
+          static_cast<uint64_t>(flat->shard_file_offset) + static_cast<uint64_t>(offset) * element,
+          static_cast<const char*>(segments_[s].storage()->data()) +
+              static_cast<size_t>(segments_[s].offset()) * element,
+          static_cast<size_t>(segments_[s].numel()) * element));
+      continue;
+    }
+    Tensor target = slice(flat->shard, offset, segments_[s].numel());
+    copy_(target, segments_[s]);
+  }
+  for (SwapFile::Ticket t : writes)
+    swap_->file().wait(t);  // before the sub-group's memory may go
+  swap_->release(id, swapped_optimizer_->state_tensors(sub_group_masters_[id]));
+}
+
+void ShardedEngine::after_step() {
+  NoGradGuard no_grad;
+  // Stage 3: nothing gathered before the step may outlive it (the shards just changed).
+  for (size_t u = 0; u < units_.size(); ++u)
+    free_full(u);
+  Trace* trace = current_trace();
+  for (auto& unit : units_) {
+    for (FlatParam& flat : unit->flats) {
+      if (!flat.master.is_same(flat.shard)) copy_(flat.shard, flat.master);
+      if (flat.shard_lp.defined()) copy_(flat.shard_lp, flat.shard);  // rounded once a step
+      if (options_.stage < 3 && shard_world_ > 1) {
+        flat.gather_issued_us = trace != nullptr ? trace->now_us() : -1;
+        flat.gather = shard_group_->all_gather(flat.full, flat.shard);
+      }
+    }
+  }
+  for (size_t u = 0; u < units_.size(); ++u) {
+    for (FlatParam& flat : units_[u]->flats)
+      wait_for(flat, u, true);
+  }
+}
+
+double ShardedEngine::grad_norm(double norm_type) {
+  if (!(norm_type > 0.0))
+    fail("[sharded] grad_norm: norm_type ", norm_type, " is not supported; expected > 0 or inf");
+  NoGradGuard no_grad;
+  const int64_t count = static_cast<int64_t>(params_.size());
+  bool exact = norm_type == 2.0;
+  for (const Tensor& s : segments_)
+    exact = exact && s.dtype() == DType::F32 && s.device().is_cpu();
+  std::vector<double> norms(params_.size(), 0.0);
+  if (exact) {
+    // Per parameter, the exact sum of squares of its pieces on every rank.
+    using kernels::cpu::ExactSquareSum;
+    std::vector<ExactSquareSum> sums(params_.size());
+    for (size_t i = 0; i < segments_.size(); ++i) {
+      Tensor g = segments_[i].grad();
+      if (g.defined()) sums[segment_param_[i]].add_squares(g.data<float>(), g.numel());
+    }
+    std::vector<int64_t> words;
+    for (const ExactSquareSum& s : sums) {
+      auto w = s.words();
+      words.insert(words.end(), w.begin(), w.end());
+    }
+    Tensor all = Tensor::from_vector(words, {count * ExactSquareSum::kWords});
+    if (shard_world_ > 1) shard_group_->allreduce(all, {.op = comm::ReduceOp::Sum})->wait();
+    const int64_t* summed = all.data<int64_t>();
+    for (int64_t k = 0; k < count; ++k) {
+      std::array<int64_t, ExactSquareSum::kWords> w;
+      std::copy(summed + k * ExactSquareSum::kWords, summed + (k + 1) * ExactSquareSum::kWords,
+                w.begin());
+      norms[k] = std::sqrt(ExactSquareSum::from_words(w).value());
+    }
+    return optim::total_norm(norms, norm_type);
+  }
+  // Other norms and dtypes: per-parameter partial sums of |g|^p (or maxima), combined across
+  // ranks; equal to the unsharded norm up to rounding.
+  const bool inf = norm_type == optim::kInfNorm;
+  std::vector<double> partial(params_.size(), 0.0);
+  for (size_t i = 0; i < segments_.size(); ++i) {
+    Tensor g = segments_[i].grad();
+    if (!g.defined()) continue;
+    double n = optim::grad_norm({segments_[i]}, norm_type);
+    double& slot = partial[segment_param_[i]];
+    slot = inf ? std::max(slot, n) : slot + std::pow(n, norm_type);
+  }
+  Tensor all = Tensor::from_vector(partial, {count});
+  if (shard_world_ > 1)
+    shard_group_->allreduce(all, {.op = inf ? comm::ReduceOp::Max : comm::ReduceOp::Sum})->wait();
+  std::vector<double> summed = all.to_vector<double>();
+  for (int64_t k = 0; k < count; ++k)
+    norms[k] = inf ? summed[k] : std::pow(summed[k], 1.0 / norm_type);
+  return optim::total_norm(norms, norm_type);
+}
+
+double ShardedEngine::clip_grad_norm(double max_norm, double norm_type) {
+  return optim::clip_grads_to_norm(segments_, max_norm, grad_norm(norm_type), norm_type);
+}
+
+bool ShardedEngine::any_nonfinite_gradient() {
+  NoGradGuard no_grad;
+  double bad = 0.0;
+  for (const Tensor& s : segments_) {
+    Tensor g = s.grad();
+    if (!g.defined()) continue;
+    for (double v : g.to(DType::F64).to_vector<double>()) {
+      if (!std::isfinite(v)) {
+        bad = 1.0;
+        break;
+      }
+    }
+  }
+  Tensor flag = Tensor::full({1}, bad, DType::F64);
+  if (shard_world_ > 1) shard_group_->allreduce(flag, {.op = comm::ReduceOp::Max})->wait();
+  return flag.item() > 0.0;
+}
+
+std::map<std::string, Tensor> ShardedEngine::optimizer_state(const optim::Optimizer& optimizer) {
+  if (swap_) swap_->read_all();
+  std::map<std::string, Tensor> out;
+  for (const auto& [name, tensor] : optimizer.state_dict())
+    out.emplace(name, tensor.clone());
+  if (swap_) swap_->drop_all();
+  return out;
+}
+
+}  // namespace loom::strategies::sharded
