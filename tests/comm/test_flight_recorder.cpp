@@ -4,7 +4,6 @@
 
 #include <gtest/gtest.h>
 #include <signal.h>
-#include <unistd.h>
 
 #include <cstdlib>
 #include <filesystem>
@@ -14,6 +13,7 @@
 #include "comm/flight_recorder.h"
 #include "comm/process_group.h"
 #include "multiprocess.h"
+#include "test_support.h"
 #include "tools/loom_trace/analyze.h"
 
 namespace loom::comm {
@@ -24,21 +24,13 @@ using testing::run_ranks;
 using namespace std::chrono_literals;
 namespace fs = std::filesystem;
 
-class DumpDir {
+// A temporary directory named in LOOM_FLIGHT_RECORDER_DIR, which the ranks inherit.
+class DumpDir : public loom::testing::TempDir {
  public:
-  DumpDir() {
-    std::string pattern = (fs::temp_directory_path() / "loom-flight-XXXXXX").string();
-    path_ = ::mkdtemp(pattern.data());
-    ::setenv("LOOM_FLIGHT_RECORDER_DIR", path_.c_str(), 1);  // inherited by the ranks
+  DumpDir() : TempDir("loom-flight") {
+    ::setenv("LOOM_FLIGHT_RECORDER_DIR", path().c_str(), 1);
   }
-  ~DumpDir() {
-    ::unsetenv("LOOM_FLIGHT_RECORDER_DIR");
-    fs::remove_all(path_);
-  }
-  const std::string& path() const { return path_; }
-
- private:
-  std::string path_;
+  ~DumpDir() { ::unsetenv("LOOM_FLIGHT_RECORDER_DIR"); }
 };
 
 void wait_for_file(const fs::path& path) {

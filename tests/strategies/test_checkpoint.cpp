@@ -3,7 +3,6 @@
 // for a checkpoint; pruning keeps the newest.
 
 #include <gtest/gtest.h>
-#include <unistd.h>
 
 #include <filesystem>
 #include <fstream>
@@ -11,33 +10,15 @@
 #include "strategies/checkpoint/checked_file.h"
 #include "strategies/checkpoint/directory.h"
 #include "tensor/error.h"
+#include "test_support.h"
 
 namespace loom::strategies::checkpoint {
 namespace {
 
 namespace fs = std::filesystem;
 
-class TempDir {
- public:
-  TempDir() {
-    std::string pattern = (fs::temp_directory_path() / "loom-ckpt-test-XXXXXX").string();
-    path_ = ::mkdtemp(pattern.data());
-  }
-  ~TempDir() { fs::remove_all(path_); }
-  fs::path path() const { return path_; }
-
- private:
-  std::string path_;
-};
-
-std::string error_of(const std::function<void()>& f) {
-  try {
-    f();
-  } catch (const Error& e) {
-    return e.what();
-  }
-  return "no error";
-}
+using loom::testing::error_of;
+using loom::testing::TempDir;
 
 TEST(CheckedFile, RoundTripsAndNamesACorruptTensor) {
   TempDir dir;

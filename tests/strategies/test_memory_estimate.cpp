@@ -4,15 +4,13 @@
 
 #include <gtest/gtest.h>
 
-#include <unistd.h>
-
 #include <cmath>
-#include <filesystem>
 
 #include "multiprocess.h"
 #include "nn/gpt.h"
 #include "strategies/memory_estimate.h"
 #include "strategies/registry.h"
+#include "test_support.h"
 #include "tiny_training.h"
 
 namespace loom::strategies {
@@ -73,8 +71,8 @@ TEST(MemoryEstimate, MatchesWhatTrainingStepsMeasureWithinFivePercent) {
       {"fsdp_cpu_offload", "Block"},
       {"deepspeed_stage_3_offload_nvme", "", "FULL_SHARD", true},
   };
-  std::string swap_dir = (std::filesystem::temp_directory_path() / "loom-nvme-XXXXXX").string();
-  ASSERT_NE(::mkdtemp(swap_dir.data()), nullptr);
+  const loom::testing::TempDir swap("loom-nvme");
+  const std::string& swap_dir = swap.path();
   expect_all_ok(run_ranks(2, [&](int rank, int size, std::shared_ptr<comm::Store> store) {
     for (size_t i = 0; i < cases.size(); ++i) {
       StrategyOptions options;
@@ -103,7 +101,6 @@ TEST(MemoryEstimate, MatchesWhatTrainingStepsMeasureWithinFivePercent) {
       EXPECT_GT(measured.peak(MemoryKind::Activations), 0);
     }
   }, 240s));
-  std::filesystem::remove_all(swap_dir);
 }
 
 TEST(MemoryEstimate, ZeroFormulasHoldForOneUnitOnFourRanks) {

@@ -17,37 +17,15 @@
 #include "strategies/sharded/swap_file.h"
 #include "tensor/error.h"
 #include "tensor/ops.h"
+#include "test_support.h"
 
 namespace loom::strategies::sharded {
 namespace {
 
 namespace fs = std::filesystem;
 
-// A fresh directory under the system's temporary directory, removed with its contents.
-class TempDir {
- public:
-  TempDir() {
-    std::string pattern = (fs::temp_directory_path() / "loom-nvme-test-XXXXXX").string();
-    path_ = ::mkdtemp(pattern.data());
-  }
-  ~TempDir() { fs::remove_all(path_); }
-  const std::string& path() const { return path_; }
-  size_t entries() const {
-    return static_cast<size_t>(std::distance(fs::directory_iterator(path_), {}));
-  }
-
- private:
-  std::string path_;
-};
-
-std::string error_of(const std::function<void()>& f) {
-  try {
-    f();
-  } catch (const Error& e) {
-    return e.what();
-  }
-  return "no error";
-}
+using loom::testing::error_of;
+using loom::testing::TempDir;
 
 TEST(SwapFile, WritesAndReadsBackAlignedAndUnalignedBuffers) {
   TempDir dir;
@@ -121,12 +99,12 @@ TEST(SwapFile, NothingIsLeftBehindAfterSigkill) {
 
 TEST(SwapFile, BadPathsAndFullDisksAreNamed) {
   TempDir dir;
-  const std::string missing = dir.path() + "/absent";
+  const std::string missing = dir.path() / "absent";
   std::string e = error_of([&] { SwapFile f(missing, 0); });
   EXPECT_NE(e.find(missing), std::string::npos) << e;
   EXPECT_NE(e.find("create the directory"), std::string::npos) << e;
 
-  const std::string file_path = dir.path() + "/a_file";
+  const std::string file_path = dir.path() / "a_file";
   std::ofstream(file_path) << "x";
   e = error_of([&] { SwapFile f(file_path, 0); });
   EXPECT_NE(e.find("is not a directory"), std::string::npos) << e;

@@ -4,7 +4,6 @@
 // processes.
 
 #include <gtest/gtest.h>
-#include <unistd.h>
 
 #include <cstring>
 #include <filesystem>
@@ -20,6 +19,7 @@
 #include "strategies/registry.h"
 #include "strategies/sharded/sharded_strategy.h"
 #include "strategies/sharded/units.h"
+#include "test_support.h"
 #include "tiny_training.h"
 
 namespace loom::strategies {
@@ -391,20 +391,10 @@ TEST(ShardedStrategies, HybridShardShardsInsideGroupsAndMatchesDdp) {
   }, 240s));
 }
 
-// A fresh directory for NVMe offload's swap files, removed afterwards; the test checks that
-// the swap files left nothing in it.
-class SwapDir {
- public:
-  SwapDir() {
-    std::string pattern = (std::filesystem::temp_directory_path() / "loom-nvme-XXXXXX").string();
-    path_ = ::mkdtemp(pattern.data());
-  }
-  ~SwapDir() { std::filesystem::remove_all(path_); }
-  const std::string& path() const { return path_; }
-  bool empty() const { return std::filesystem::is_empty(path_); }
-
- private:
-  std::string path_;
+// NVMe offload's swap files go to a temporary directory; the tests check that they left
+// nothing in it.
+struct SwapDir : loom::testing::TempDir {
+  SwapDir() : TempDir("loom-nvme") {}
 };
 
 auto nvme(const SwapDir& dir, int64_t sub_group_size, int buffers, std::string wrap_policy = "") {
