@@ -308,39 +308,36 @@ DeepSpeedConfig parse_deepspeed_config(const std::string& json_text, const std::
     const bool adam_w_mode = r.boolean(params, "optimizer.params", "adam_w_mode").value_or(true);
     if (r.boolean(params, "optimizer.params", "amsgrad").value_or(false))
       fail("[deepspeed-config] ", source, ": optimizer.params.amsgrad is not supported by Loom's AdamW");
-    if (type == "sgd") {
-      for (const char* adam_only : {"betas", "eps", "adam_w_mode"}) {
-        if (params.contains(adam_only)) {
-          fail("[deepspeed-config] ", source, ": optimizer.params.", adam_only,
-               " belongs to Adam/AdamW, not SGD; drop it or change optimizer.type");
+    // A key of the other optimizer is a mistake worth naming.
+    const std::string given = o["type"].get<std::string>();
+    auto refuse = [&](std::initializer_list<const char*> keys, const char* owner) {
+      for (const char* key : keys) {
+        if (params.contains(key)) {
+          fail("[deepspeed-config] ", source, ": optimizer.params.", key, " belongs to ", owner,
+               ", not ", given, "; drop it or change optimizer.type");
         }
       }
-      DeepSpeedConfig::Optimizer opt;
+    };
+    DeepSpeedConfig::Optimizer opt;
+    opt.lr = r.number(params, "optimizer.params", "lr");
+    opt.weight_decay = r.number(params, "optimizer.params", "weight_decay");
+    if (type == "sgd") {
+      refuse({"betas", "eps", "adam_w_mode"}, "Adam/AdamW");
       opt.type = "SGD";
-      opt.lr = r.number(params, "optimizer.params", "lr");
-      opt.weight_decay = r.number(params, "optimizer.params", "weight_decay");
       opt.momentum = r.number(params, "optimizer.params", "momentum");
       opt.dampening = r.number(params, "optimizer.params", "dampening");
       opt.nesterov = r.boolean(params, "optimizer.params", "nesterov");
       config.optimizer = opt;
       return config;
     }
-    for (const char* sgd_only : {"momentum", "dampening", "nesterov"}) {
-      if (params.contains(sgd_only)) {
-        fail("[deepspeed-config] ", source, ": optimizer.params.", sgd_only,
-             " belongs to SGD, not ", o["type"].get<std::string>());
-      }
-    }
+    refuse({"momentum", "dampening", "nesterov"}, "SGD");
     if (type != "adamw" && !(type == "adam" && adam_w_mode)) {
-      fail("[deepspeed-config] ", source, ": optimizer.type '", o["type"].get<std::string>(), "'",
+      fail("[deepspeed-config] ", source, ": optimizer.type '", given, "'",
            type == "adam" ? " with adam_w_mode false (L2 weight decay) is not built" : " is unknown",
            "; expected \"AdamW\", or \"Adam\" with adam_w_mode true");
     }
-    DeepSpeedConfig::Optimizer opt;
     opt.type = "AdamW";
-    opt.lr = r.number(params, "optimizer.params", "lr");
     opt.eps = r.number(params, "optimizer.params", "eps");
-    opt.weight_decay = r.number(params, "optimizer.params", "weight_decay");
     if (params.contains("betas") && !Reader::is_auto(params["betas"])) {
       const json& b = params["betas"];
       if (!b.is_array() || b.size() != 2 || !b[0].is_number() || !b[1].is_number())
