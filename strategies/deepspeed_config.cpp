@@ -2,6 +2,7 @@
 
 #include <cmath>
 #include <fstream>
+#include <initializer_list>
 #include <iterator>
 #include <map>
 
