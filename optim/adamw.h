@@ -38,6 +38,7 @@ class AdamW final : public Optimizer {
   const Tensor& exp_avg(const Tensor& param) const;
   const Tensor& exp_avg_sq(const Tensor& param) const;
   int64_t param_step(const Tensor& param) const;  // t of the formula above
+  bool is_scalar_state(const std::string& name) const override { return name == "step"; }
 
  protected:
   void update(const ParamGroup& group, const Tensor& param, const Tensor& grad) override;

@@ -78,6 +78,9 @@ class Optimizer {
   // The returned tensors alias the live state: copy them before the next step() if needed.
   // Throws loom::Error while some state is out of memory (NVMe offload).
   std::map<std::string, Tensor> state_dict() const;
+  // True for a per-parameter state entry that is one number per parameter (AdamW's "step")
+  // rather than one per element (moments); distributed checkpoints store those once.
+  virtual bool is_scalar_state(const std::string& /*name*/) const { return false; }
   // Restores what state_dict() produced for an optimizer over parameters of the same shapes and
   // dtypes, in the same groups. Copies the tensors. Throws loom::Error on unknown keys,
   // mismatched shapes or dtypes, or incomplete per-parameter state (the optimizer may then be

@@ -5,7 +5,7 @@
 
 #include "strategies/checkpoint/checked_file.h"
 #include "strategies/checkpoint/directory.h"
-#include "strategies/checkpoint/training_state.h"
+#include "strategies/checkpoint/distributed_state.h"
 
 #include "tensor/ops.h"
 
@@ -89,28 +89,31 @@ void Fabric::save(const std::filesystem::path& path, const State& state) {
     fail("[fabric] save: State::module must be the module passed to setup_module()");
   const bool chief = is_global_zero();
   const std::filesystem::path staging = path.string() + ".partial";
-  // Gathered by every rank (collective), written by rank 0.
-  const std::map<std::string, Tensor> weights = strategy_->gather_state(state.module->state_dict());
   barrier();
   if (chief) {
     std::filesystem::remove_all(staging);
     std::filesystem::create_directories(staging);
-    ckpt::save_checked(staging / "model.safetensors", weights);
-    ckpt::save_checked(staging / "tensors.safetensors", state.tensors);
+  }
+  barrier();
+  // Every rank writes what it holds (no gathering), rank 0 indexes it and commits.
+  std::map<std::string, Tensor> extra;
+  for (const auto& [name, tensor] : state.tensors)
+    extra.emplace("tensors." + name, tensor);
+  ckpt::write_pieces(staging / ckpt::rank_file(rank()),
+                     ckpt::state_pieces(*strategy_, *module_, state.optimizer, true, extra));
+  barrier();
+  if (chief) {
+    ckpt::write_index(staging, world_size());
     const nlohmann::json meta = {{"format", "loom-fabric-state"},
-                                 {"version", 1},
+                                 {"version", 2},
                                  {"strategy", strategy_->name()},
-                                 {"world_size", world_size()},
-                                 {"sharded_optimizer", ckpt::shards_optimizer_state(*strategy_)}};
-    std::ofstream(staging / "meta.json") << meta.dump(1) << "\n";
+                                 {"world_size", world_size()}};
+    std::ofstream out(staging / "meta.json");
+    out << meta.dump(1) << "\n";
+    out.close();
+    if (!out) fail("[fabric] save: writing ", (staging / "meta.json").string(), " failed");
+    ckpt::commit_directory(staging, path);
   }
-  barrier();
-  if (state.optimizer != nullptr && (chief || ckpt::shards_optimizer_state(*strategy_))) {
-    ckpt::save_checked(staging / ckpt::optimizer_file(*strategy_),
-                       ckpt::optimizer_snapshot(*state.optimizer, *strategy_));
-  }
-  barrier();
-  if (chief) ckpt::commit_directory(staging, path);
   barrier();
 }
 
@@ -122,25 +125,16 @@ void Fabric::load(const std::filesystem::path& path, State& state) {
     fail("[fabric] load: ", path.string(), " is not a committed checkpoint (no ",
          ckpt::Directory::kMarker, "): its save did not finish, or it is not a Fabric state");
   }
-  std::ifstream in(path / "meta.json");
-  const nlohmann::json meta = nlohmann::json::parse(in);
-  const bool sharded = meta.at("sharded_optimizer").get<bool>();
-  if (state.optimizer != nullptr &&
-      (sharded || ckpt::shards_optimizer_state(*strategy_)) &&
-      (meta.at("strategy").get<std::string>() != strategy_->name() ||
-       meta.at("world_size").get<int>() != world_size() ||
-       sharded != ckpt::shards_optimizer_state(*strategy_))) {
-    fail("[fabric] load: ", path.string(), " was saved by ", meta.at("strategy").get<std::string>(),
-         " on ", meta.at("world_size").get<int>(), " rank(s); its optimizer state loads under "
-         "the same strategy and world size only (resharding is not built yet)");
+  // Any strategy and world size loads it: each rank reads the parts it holds.
+  ckpt::CheckpointReader reader(path);
+  ckpt::check_model(reader, *module_);
+  ckpt::load_parameters(*strategy_, reader);
+  if (state.optimizer != nullptr) ckpt::load_optimizer(*strategy_, *state.optimizer, reader);
+  state.tensors.clear();
+  const std::string prefix = "tensors.";
+  for (const auto& [name, entry] : reader.index().tensors) {
+    if (name.rfind(prefix, 0) == 0) state.tensors.emplace(name.substr(prefix.size()), reader.read(name));
   }
-  strategy_->load_parameters(ckpt::load_checked(path / "model.safetensors").tensors);
-  if (state.optimizer != nullptr) {
-    const std::filesystem::path file = path / ckpt::optimizer_file(*strategy_);
-    ckpt::restore_optimizer(ckpt::load_checked(file).tensors, *state.optimizer, *strategy_,
-                            file.string());
-  }
-  state.tensors = ckpt::load_checked(path / "tensors.safetensors").tensors;
 }
 
 int Fabric::rank() const {

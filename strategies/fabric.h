@@ -74,13 +74,15 @@ class Fabric {
     optim::Optimizer* optimizer = nullptr;
     std::map<std::string, Tensor> tensors;
   };
-  // Writes `state` as a committed checkpoint directory at `path` (docs/checkpoints.md:
-  // model.safetensors gathered from the shards, the optimizer's state per rank when sharded,
-  // checksums, COMMITTED last). Collective: every rank calls it between steps.
+  // Writes `state` as a committed distributed checkpoint at `path` (docs/checkpoints.md:
+  // every rank writes the parameters and optimizer state it holds, rank 0 the index and
+  // `state.tensors`, with checksums, COMMITTED last; nothing is gathered). Collective: every
+  // rank calls it between steps.
   void save(const std::filesystem::path& path, const State& state);
-  // Restores a save(path, State) into `state` in place: the module's parameters (into the
-  // shards under sharded strategies), the optimizer's and loss scaler's state (sharded state
-  // under the same strategy and world size only), and fills `state.tensors`. Collective.
+  // Restores a save(path, State) into `state` in place, under any strategy and world size:
+  // the module's parameters and the optimizer's and loss scaler's state (each rank reads the
+  // parts it holds), and fills `state.tensors`. After setup_module / setup_optimizer; not
+  // into a module whose optimizer is offloaded to NVMe (load the weights before setup).
   void load(const std::filesystem::path& path, State& state);
 
   int rank() const;

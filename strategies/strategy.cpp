@@ -32,8 +32,57 @@ std::map<std::string, Tensor> Strategy::optimizer_state(const optim::Optimizer& 
 }
 
 void Strategy::load_parameters(const std::map<std::string, Tensor>& state) {
-  if (module_ == nullptr) fail("[strategy] load_parameters before setup_module(): no module");
-  module_->load_state_dict(state);
+  load_parameter_parts([&](const std::string& name, int64_t begin, Tensor& out) {
+    auto found = state.find(name);
+    if (found == state.end()) fail("[", this->name(), "] load_parameters: no value for ", name);
+    const Tensor whole = found->second.to(Device::cpu()).contiguous();
+    const Tensor flat = whole.reshape({whole.numel()});
+    if (begin + out.numel() > flat.numel() || whole.dtype() != out.dtype()) {
+      fail("[", this->name(), "] load_parameters: ", name, " is ", whole.str(),
+           "; the parameter needs elements [", begin, ", ", begin + out.numel(), ") of ",
+           dtype_name(out.dtype()));
+    }
+    copy_(out, Tensor::make_view(flat, {out.numel()}, {1}, flat.offset() + begin));
+  });
+}
+
+std::vector<ParameterPart> Strategy::held_parameters() {
+  if (module_ == nullptr) fail("[", name(), "] held_parameters before setup_module(): no module");
+  std::vector<ParameterPart> parts;
+  for (const auto& [name, p] : module_->named_parameters())
+    parts.push_back({name, 0, p.detach().contiguous().reshape({p.numel()})});
+  return parts;
+}
+
+OptimizerLayout Strategy::optimizer_layout(const optim::Optimizer& optimizer) const {
+  if (module_ == nullptr) fail("[", name(), "] optimizer_layout before setup_module(): no module");
+  std::map<const TensorImpl*, std::string> names;
+  for (const auto& [name, p] : module_->named_parameters())
+    names.emplace(p.impl_ptr().get(), name);
+  OptimizerLayout layout;
+  for (const optim::ParamGroup& group : optimizer.param_groups()) {
+    layout.emplace_back();
+    for (const Tensor& p : group.params) {
+      auto found = names.find(p.impl_ptr().get());
+      if (found == names.end()) {
+        fail("[", name(), "] the optimizer holds a tensor (", p.str(), ") that is not a "
+             "parameter of the set-up module; build the optimizer over module.parameters()");
+      }
+      layout.back().push_back({{found->second, 0, p.numel(), 0}});
+    }
+  }
+  return layout;
+}
+
+void Strategy::load_parameter_parts(const ReadParameter& read) {
+  if (module_ == nullptr) fail("[", name(), "] loading parameters before setup_module(): no module");
+  NoGradGuard no_grad;
+  for (auto& [name, p] : module_->named_parameters()) {
+    Tensor host = Tensor::empty({p.numel()}, p.dtype(), Device::cpu());
+    read(name, 0, host);
+    Tensor target = p.detach();
+    copy_(target, host.reshape(p.shape()));
+  }
 }
 
 Strategy::Strategy(StrategyOptions options) : options_(std::move(options)) {

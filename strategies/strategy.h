@@ -30,6 +30,7 @@
 #include "strategies/ddp/reducer.h"
 #include "strategies/local_launch.h"
 #include "strategies/model_averaging.h"
+#include "strategies/parameter_parts.h"
 #include "strategies/plugins.h"
 #include "strategies/sharded/options.h"
 
@@ -194,9 +195,24 @@ class Strategy {
   // under NVMe offload read from the swap file for it).
   virtual std::map<std::string, Tensor> optimizer_state(const optim::Optimizer& optimizer);
   // Copies the whole values in `state` (name -> tensor, as state_dict() names them) into the
-  // set-up module's parameters, in place, on every rank (collective under sharded
-  // strategies, which write each rank's shard). Every parameter must be there.
-  virtual void load_parameters(const std::map<std::string, Tensor>& state);
+  // set-up module's parameters, in place (load_parameter_parts of them). Every parameter
+  // must be there.
+  void load_parameters(const std::map<std::string, Tensor>& state);
+  // Distributed checkpoints (strategies/checkpoint/distributed_state.h; the types are in
+  // parameter_parts.h). The parts of the set-up module's parameters this rank holds: every
+  // parameter whole (replicating strategies), or this rank's pieces of the shards (sharded
+  // ones). Between steps.
+  virtual std::vector<ParameterPart> held_parameters();
+  // Ranks that hold the same parts split their writing: (which of them this rank is, how
+  // many there are). Replicating strategies: (rank, world size); sharded: (0, 1), or the
+  // rank among the replicas of a shard under HYBRID_SHARD.
+  virtual std::pair<int, int> replica_of_held() const { return {rank(), world_size()}; }
+  // What each tensor the optimizer updates is made of. Replicating strategies: each is a
+  // whole parameter.
+  virtual OptimizerLayout optimizer_layout(const optim::Optimizer& optimizer) const;
+  // Fills the parts of the parameters this rank holds with values from `read`, in place.
+  // Between steps; no collectives.
+  virtual void load_parameter_parts(const ReadParameter& read);
   // `state` with the set-up module's parameters replaced by copies of their whole values:
   // itself, except under sharded strategies, which gather them (collective: every rank
   // calls it, between steps).

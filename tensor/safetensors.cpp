@@ -479,6 +479,24 @@ void write_atomically(const std::filesystem::path& path, std::span<const std::by
   }
 }
 
+// The header of a file whose data buffer has `buffer_size` bytes, fully validated; entries
+// sorted by offset.
+std::pair<Metadata, std::vector<Entry>> parse_header(std::string_view text, uint64_t buffer_size,
+                                                     std::string_view origin) {
+  const json header = parse_header_json(text, origin);
+  Metadata metadata;
+  std::vector<Entry> entries;
+  for (const auto& [name, value] : header.items()) {
+    if (name == kMetadataKey) {
+      metadata = parse_metadata(value, origin);
+    } else {
+      entries.push_back(parse_entry(name, value, buffer_size, origin));
+    }
+  }
+  check_layout(entries, buffer_size, origin);
+  return {std::move(metadata), std::move(entries)};
+}
+
 }  // namespace
 
 Contents parse(std::span<const std::byte> bytes, const std::string& origin) {
@@ -497,17 +515,9 @@ Contents parse(std::span<const std::byte> bytes, const std::string& origin) {
   const std::string_view text(reinterpret_cast<const char*>(bytes.data() + 8), header_size);
   const std::span<const std::byte> buffer = bytes.subspan(8 + header_size);
 
-  const json header = parse_header_json(text, origin);
   Contents contents;
   std::vector<Entry> entries;
-  for (const auto& [name, value] : header.items()) {
-    if (name == kMetadataKey) {
-      contents.metadata = parse_metadata(value, origin);
-    } else {
-      entries.push_back(parse_entry(name, value, buffer.size(), origin));
-    }
-  }
-  check_layout(entries, buffer.size(), origin);
+  std::tie(contents.metadata, entries) = parse_header(text, buffer.size(), origin);
 
   // Everything is valid; only now allocate and copy.
   for (const Entry& entry : entries) {
@@ -543,6 +553,52 @@ Contents load(const std::filesystem::path& path) {
   }
   Mapping mapping(data, size);
   return parse(std::span(static_cast<const std::byte*>(data), size), origin);
+}
+
+Header read_header(const std::filesystem::path& path) {
+  const std::string origin = path.string();
+  FileDescriptor file(::open(path.c_str(), O_RDONLY | O_CLOEXEC));
+  if (file.get() < 0) {
+    fail_at(origin, "cannot open for reading: ", errno_text(errno),
+            "; expected an existing, readable safetensors file");
+  }
+  struct stat status {};
+  if (::fstat(file.get(), &status) != 0) fail_at(origin, "fstat failed: ", errno_text(errno));
+  if (!S_ISREG(status.st_mode)) fail_at(origin, "is not a regular file; expected a safetensors file");
+  const auto size = static_cast<uint64_t>(status.st_size);
+  auto read_exactly = [&](void* into, uint64_t bytes, uint64_t at) {
+    uint64_t done = 0;
+    while (done < bytes) {
+      const ssize_t n = ::pread(file.get(), static_cast<char*>(into) + done, bytes - done,
+                                static_cast<off_t>(at + done));
+      if (n < 0 && errno == EINTR) continue;
+      if (n <= 0) fail_at(origin, "reading the header failed: ", n < 0 ? errno_text(errno) : "end of file");
+      done += static_cast<uint64_t>(n);
+    }
+  };
+  if (size < 8) {
+    fail_at(origin, "file is ", size,
+            " bytes, shorter than the 8-byte header length prefix; expected a safetensors file");
+  }
+  uint64_t header_size = 0;
+  read_exactly(&header_size, 8, 0);
+  if (header_size > size - 8) {
+    fail_at(origin, "header length ", header_size, " bytes runs past the end of the file (",
+            size, " bytes, so at most ", size - 8,
+            " bytes after the 8-byte prefix); expected a safetensors file");
+  }
+  std::string text(header_size, '\0');
+  read_exactly(text.data(), header_size, 8);
+  Header header;
+  header.data_start = 8 + header_size;
+  header.file_size = size;
+  auto [metadata, entries] = parse_header(text, size - header.data_start, origin);
+  header.metadata = std::move(metadata);
+  for (Entry& e : entries) {
+    header.tensors.push_back({std::move(e.name), e.dtype, std::move(e.shape),
+                              header.data_start + e.begin, header.data_start + e.end});
+  }
+  return header;
 }
 
 std::vector<std::byte> serialize(const TensorMap& tensors, const Metadata& metadata) {

@@ -53,6 +53,24 @@ Contents load(const std::filesystem::path& path);
 // `origin` names the source in messages (load() passes the path).
 Contents parse(std::span<const std::byte> bytes, const std::string& origin);
 
+// A file's header without its data, for readers that take only some bytes of a large file
+// (distributed checkpoints read ranges of tensors). Validated as parse() validates it (the
+// tensors tile the data buffer, which runs to the end of the file); offsets are absolute
+// (from the start of the file), so a tensor's bytes are [begin, end) of the file.
+struct HeaderEntry {
+  std::string name;
+  DType dtype;
+  Shape shape;
+  uint64_t begin, end;
+};
+struct Header {
+  Metadata metadata;
+  std::vector<HeaderEntry> tensors;  // in file order
+  uint64_t data_start = 0;           // 8 + the header's length
+  uint64_t file_size = 0;
+};
+Header read_header(const std::filesystem::path& path);
+
 // The bytes save() would write: header padded with spaces to a multiple of 8 bytes, then the
 // tensors' data in ascending name order, each right after the previous one.
 std::vector<std::byte> serialize(const TensorMap& tensors, const Metadata& metadata = {});

@@ -577,7 +577,33 @@ std::vector<std::pair<Tensor, Tensor>> ShardedEngine::full_parameters() {
   return out;
 }
 
-void ShardedEngine::load_full_parameters(const std::map<std::string, Tensor>& values) {
+
+std::vector<ParameterPart> ShardedEngine::held_parameters() {
+  NoGradGuard no_grad;
+  std::vector<ParameterPart> parts;
+  for (auto& unit : units_) {
+    for (FlatParam& flat : unit->flats) {
+      load_shard(flat);
+      for (size_t i = 0; i < flat.params.size(); ++i) {
+        const auto& [name, p] = params_[flat.params[i]];
+        const auto [begin, end] = shard_part(flat, i, p.numel());
+        if (begin >= end) continue;
+        Tensor values = slice(flat.shard, begin - flat.shard_begin, end - begin);
+        if (flat.shard_file_offset >= 0) values = values.clone();  // the shard goes back to disk
+        parts.push_back({name, begin - flat.offsets[i], values});
+      }
+      drop_shard(flat);
+    }
+  }
+  return parts;
+}
+
+std::pair<int, int> ShardedEngine::replica_of_held() const {
+  if (!replicate_group_) return {0, 1};
+  return {replicate_group_->rank(), replicate_group_->size()};
+}
+
+void ShardedEngine::load_parameter_parts(const ReadParameter& read) {
   NoGradGuard no_grad;
   if (swap_) {
     fail("[sharded] loading parameters into a module whose optimizer is offloaded to NVMe is "
@@ -588,25 +614,16 @@ void ShardedEngine::load_full_parameters(const std::map<std::string, Tensor>& va
     for (FlatParam& flat : units_[u]->flats) {
       for (size_t i = 0; i < flat.params.size(); ++i) {
         const auto& [name, p] = params_[flat.params[i]];
-        auto found = values.find(name);
-        if (found == values.end()) fail("[sharded] load_parameters: no value for ", name);
-        if (found->second.shape() != p.shape()) {
-          fail("[sharded] load_parameters: ", name, " has shape ", found->second.str(),
-               "; the parameter is ", p.str());
-        }
-        const Tensor whole = found->second.contiguous().reshape({p.numel()});
-        if (options_.stage < 3) {  // the full buffer is the parameter
-          Tensor view = slice(flat.full, flat.offsets[i], p.numel());
-          copy_(view, whole);
-          continue;
-        }
-        // Stage 3: only the part of the parameter inside this rank's shard.
-        const int64_t begin = std::max(flat.offsets[i], flat.shard_begin);
-        const int64_t end =
-            std::min(flat.offsets[i] + p.numel(), flat.shard_begin + flat.shard_numel);
+        // Stages 0-2: the full buffer is the parameter; stage 3: the part in this shard.
+        const auto [begin, end] = options_.stage < 3
+                                      ? std::pair{flat.offsets[i], flat.offsets[i] + p.numel()}
+                                      : shard_part(flat, i, p.numel());
         if (begin >= end) continue;
-        Tensor target = slice(flat.shard, begin - flat.shard_begin, end - begin);
-        copy_(target, slice(whole, begin - flat.offsets[i], end - begin));
+        Tensor host = Tensor::empty({end - begin}, p.dtype(), Device::cpu());
+        read(name, begin - flat.offsets[i], host);
+        Tensor target = options_.stage < 3 ? slice(flat.full, begin, end - begin)
+                                           : slice(flat.shard, begin - flat.shard_begin, end - begin);
+        copy_(target, host);
       }
       if (!flat.master.is_same(flat.shard)) copy_(flat.master, flat.shard);
       if (flat.shard_lp.defined()) copy_(flat.shard_lp, flat.shard);

@@ -33,6 +33,7 @@
 #include "optim/optimizer.h"
 #include "strategies/sharded/flat_param.h"
 #include "strategies/sharded/nvme_swap.h"
+#include "strategies/parameter_parts.h"
 #include "strategies/sharded/options.h"
 #include "strategies/trace.h"
 
@@ -88,11 +89,20 @@ class ShardedEngine {
   // parameters' own dtype, never rounded to param_dtype). Between steps only; collective.
   std::vector<std::pair<Tensor, Tensor>> full_parameters();
 
-  // Writes whole parameter values (by name, every parameter) into this rank's part of each
-  // unit: the shards (and their offloaded masters, low-precision copies) or, for stages 0-2,
-  // the full buffers. Between steps. Not under NVMe offload of the optimizer (the masters are
-  // on disk): an error.
-  void load_full_parameters(const std::map<std::string, Tensor>& values);
+  // Distributed checkpoints (strategies/parameter_parts.h). This rank's pieces of the
+  // parameters' shards (views; copies under nvme_params). Between steps.
+  std::vector<ParameterPart> held_parameters();
+  // (rank, size) among the ranks holding the same shard: (0, 1) unless HYBRID_SHARD
+  // replicates shards across groups.
+  std::pair<int, int> replica_of_held() const;
+  // What each tensor of `optimizer` (adopted) is made of: a piece of one parameter, or under
+  // NVMe offload the pieces packed into a sub-group.
+  OptimizerLayout optimizer_layout(const optim::Optimizer& optimizer) const;
+  // Reads parameter values into this rank's part of each unit: the shards (and their
+  // offloaded masters, low-precision copies) or, for stages 0-2, the full buffers (whole
+  // parameters). Between steps. Not under NVMe offload of the optimizer (the masters are on
+  // disk): an error.
+  void load_parameter_parts(const ReadParameter& read);
 
   // Gathers every unit and gives each parameter its own storage again, with the hooks
   // removed: the module is whole on every rank, as before setup (for saving, evaluation).
@@ -172,6 +182,7 @@ class ShardedEngine {
   bool grads_stale_ = false;  // stages 0-1: full gradients hold the previous step's values
   std::vector<Tensor> segments_;
   std::vector<size_t> segment_param_;  // the parameter each segment belongs to
+  std::vector<int64_t> segment_param_begin_;  // and its first element within it
   std::vector<Tensor> segment_grads_;  // each segment's gradient: a view of master_grad
   // NVMe offload: where each segment comes from in its flat's shard, the optimizer's tensors
   // (one per sub-group) with their gradients, and the segments of each sub-group.

@@ -52,9 +52,7 @@ void ShardedEngine::adopt_optimizer(optim::Optimizer& optimizer) {
       }
       const size_t k = found->second;
       auto [flat, i] = place.at(k);
-      const int64_t begin = std::max(flat->offsets[i], flat->shard_begin);
-      const int64_t end = std::min(flat->offsets[i] + params_[k].second.numel(),
-                                   flat->shard_begin + flat->shard_numel);
+      const auto [begin, end] = shard_part(*flat, i, params_[k].second.numel());
       if (begin >= end) continue;  // none of this parameter is on this rank
       Piece piece{const_cast<FlatParam*>(flat), k, begin - flat->shard_begin, end - begin};
       if (swap_) {
@@ -135,6 +133,9 @@ std::vector<Tensor> ShardedEngine::adopt_into_sub_groups(const std::vector<Piece
 void ShardedEngine::add_segment(const Tensor& view, const Piece& piece, const Tensor& grad) {
   segments_.push_back(view);
   segment_param_.push_back(piece.param);
+  const auto at = std::find(piece.flat->params.begin(), piece.flat->params.end(), piece.param);
+  const int64_t param_offset = piece.flat->offsets[at - piece.flat->params.begin()];
+  segment_param_begin_.push_back(piece.flat->shard_begin + piece.shard_offset - param_offset);
   segment_grads_.push_back(grad);
   segment_source_.emplace_back(piece.flat, piece.shard_offset);
 }
@@ -287,6 +288,39 @@ bool ShardedEngine::any_nonfinite_gradient() {
   Tensor flag = Tensor::full({1}, bad, DType::F64);
   if (shard_world_ > 1) shard_group_->allreduce(flag, {.op = comm::ReduceOp::Max})->wait();
   return flag.item() > 0.0;
+}
+
+OptimizerLayout ShardedEngine::optimizer_layout(const optim::Optimizer& optimizer) const {
+  // Each tensor the optimizer holds is a segment, or under NVMe offload a sub-group of
+  // segments packed one after another (adopt_into_sub_groups).
+  std::map<const TensorImpl*, std::vector<size_t>> segments_of;
+  if (swap_) {
+    for (size_t j = 0; j < sub_group_masters_.size(); ++j)
+      segments_of[sub_group_masters_[j].impl_ptr().get()] = sub_group_segments_[j];
+  } else {
+    for (size_t s = 0; s < segments_.size(); ++s)
+      segments_of[segments_[s].impl_ptr().get()] = {s};
+  }
+  OptimizerLayout layout;
+  for (const optim::ParamGroup& group : optimizer.param_groups()) {
+    layout.emplace_back();
+    for (const Tensor& tensor : group.params) {
+      auto found = segments_of.find(tensor.impl_ptr().get());
+      if (found == segments_of.end()) {
+        fail("[sharded] the optimizer holds a tensor (", tensor.str(), ") the engine did not "
+             "give it; pass the optimizer to setup_optimizer() before describing its state");
+      }
+      std::vector<OptimizerPart> parts;
+      int64_t offset = 0;
+      for (size_t s : found->second) {
+        const int64_t length = segments_[s].numel();
+        parts.push_back({params_[segment_param_[s]].first, segment_param_begin_[s], length, offset});
+        offset += length;
+      }
+      layout.back().push_back(std::move(parts));
+    }
+  }
+  return layout;
 }
 
 std::map<std::string, Tensor> ShardedEngine::optimizer_state(const optim::Optimizer& optimizer) {

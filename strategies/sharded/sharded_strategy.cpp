@@ -95,12 +95,25 @@ std::map<std::string, Tensor> ShardedStrategy::gather_state(
   return whole;
 }
 
-void ShardedStrategy::load_parameters(const std::map<std::string, Tensor>& state) {
-  if (!engine_) {
-    Strategy::load_parameters(state);
-    return;
+std::vector<ParameterPart> ShardedStrategy::held_parameters() {
+  return engine_ ? engine_->held_parameters() : ParallelStrategy::held_parameters();
+}
+
+std::pair<int, int> ShardedStrategy::replica_of_held() const {
+  return engine_ ? engine_->replica_of_held() : ParallelStrategy::replica_of_held();
+}
+
+OptimizerLayout ShardedStrategy::optimizer_layout(const optim::Optimizer& optimizer) const {
+  return engine_ && optimizer_adopted_ ? engine_->optimizer_layout(optimizer)
+                                       : ParallelStrategy::optimizer_layout(optimizer);
+}
+
+void ShardedStrategy::load_parameter_parts(const ReadParameter& read) {
+  if (engine_) {
+    engine_->load_parameter_parts(read);
+  } else {
+    ParallelStrategy::load_parameter_parts(read);
   }
-  engine_->load_full_parameters(state);
 }
 
 std::map<std::string, Tensor> ShardedStrategy::optimizer_state(const optim::Optimizer& optimizer) {

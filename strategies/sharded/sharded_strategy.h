@@ -33,7 +33,10 @@ class ShardedStrategy : public ParallelStrategy {
   // The module's parameters in `state` (or views of them, as state_dict() gives) become
   // copies of the whole model, gathered unit by unit from the f32 masters.
   std::map<std::string, Tensor> gather_state(const std::map<std::string, Tensor>& state) override;
-  void load_parameters(const std::map<std::string, Tensor>& state) override;
+  std::vector<ParameterPart> held_parameters() override;
+  std::pair<int, int> replica_of_held() const override;
+  OptimizerLayout optimizer_layout(const optim::Optimizer& optimizer) const override;
+  void load_parameter_parts(const ReadParameter& read) override;
   std::map<std::string, Tensor> optimizer_state(const optim::Optimizer& optimizer) override;
   // Writes gather_state(state); every rank must call it (between steps).
   void save_checkpoint(const std::filesystem::path& path,

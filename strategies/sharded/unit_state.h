@@ -3,7 +3,9 @@
 // engine.cpp (units, gathers, reductions, whole-model I/O) and engine_step.cpp (the shard the
 // optimizer steps: adoption, NVMe sub-groups, norms, the update's aftermath).
 
+#include <algorithm>
 #include <cstdint>
+#include <utility>
 #include <vector>
 
 #include "strategies/sharded/flat_param.h"
@@ -20,6 +22,14 @@ struct UnitState {
 // Elements [begin, begin + length) of a 1-D tensor, as a view.
 inline Tensor slice(const Tensor& flat, int64_t begin, int64_t length) {
   return Tensor::make_view(flat, {length}, {1}, flat.offset() + begin);
+}
+
+// The part of parameter `position` (of `numel` elements) of `flat` inside this rank's
+// shard: elements [begin, end) of the flat buffer (begin >= end: none of it).
+inline std::pair<int64_t, int64_t> shard_part(const FlatParam& flat, size_t position,
+                                              int64_t numel) {
+  return {std::max(flat.offsets[position], flat.shard_begin),
+          std::min(flat.offsets[position] + numel, flat.shard_begin + flat.shard_numel)};
 }
 
 }  // namespace loom::strategies::sharded

@@ -198,6 +198,11 @@ int run(int argc, char** argv) {
       ->capture_default_str();
   app.add_flag("--async-save", o.async_save,
                "write checkpoints in a background thread while training goes on");
+  app.add_option("--checkpoint-format", o.checkpoint_format,
+                 "full (weights gathered into model.safetensors), sharded (every rank writes "
+                 "its part), auto (sharded under the sharded strategies)")
+      ->check(CLI::IsMember({"auto", "full", "sharded"}))
+      ->capture_default_str();
   app.add_option("--resume", o.resume,
                  "auto (the newest committed checkpoint under --checkpoint-dir, if any) or a "
                  "checkpoint directory");

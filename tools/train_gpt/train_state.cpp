@@ -8,19 +8,21 @@
 
 #include "nn/gpt_io.h"
 #include "strategies/checkpoint/checked_file.h"
-#include "strategies/checkpoint/training_state.h"
+#include "strategies/checkpoint/distributed_state.h"
+#include "strategies/sharded/sharded_strategy.h"
+#include "tensor/ops.h"
 #include "tensor/error.h"
 
 namespace loom::train_gpt {
 
 namespace fs = std::filesystem;
 using strategies::checkpoint::Directory;
-using strategies::checkpoint::load_checked;
 using strategies::checkpoint::save_checked;
 
 namespace {
 
 constexpr const char* kFormat = "loom-train-checkpoint";
+constexpr int kVersion = 2;
 
 nlohmann::json model_json(const nn::GPTConfig& c) {
   return {{"layers", c.layers}, {"heads", c.heads},   {"embd", c.embd},
@@ -30,17 +32,21 @@ nlohmann::json model_json(const nn::GPTConfig& c) {
 nlohmann::json read_meta(const fs::path& checkpoint) {
   std::ifstream in(checkpoint / "meta.json");
   if (!in) fail("[checkpoint] ", checkpoint.string(), " has no meta.json; not a train_gpt checkpoint");
+  nlohmann::json meta;
   try {
-    nlohmann::json meta = nlohmann::json::parse(in);
-    if (meta.value("format", "") != kFormat) fail("format is not ", kFormat);
-    return meta;
+    meta = nlohmann::json::parse(in);
   } catch (const std::exception& e) {
     fail("[checkpoint] ", (checkpoint / "meta.json").string(), " is unreadable: ", e.what());
   }
-}
-
-Tensor scalar_i64(int64_t v) {
-  return Tensor::from_vector<int64_t>({v}, {});
+  if (meta.value("format", "") != kFormat) {
+    fail("[checkpoint] ", checkpoint.string(), " is not a train_gpt checkpoint (meta.json format ",
+         meta.value("format", "?"), ", expected ", kFormat, ")");
+  }
+  if (meta.value("version", 0) != kVersion) {
+    fail("[checkpoint] ", checkpoint.string(), " has format version ", meta.value("version", 0),
+         "; this train_gpt reads version ", kVersion, " (checkpoints with an index.json)");
+  }
+  return meta;
 }
 
 }  // namespace
@@ -55,70 +61,73 @@ TrainCheckpoints::TrainCheckpoints(const TrainOptions& options, strategies::Stra
     fail("[train_gpt] --resume auto needs --checkpoint-dir DIR (where to look)");
 }
 
-bool TrainCheckpoints::sharded_optimizer() const {
-  return strategies::checkpoint::shards_optimizer_state(strategy_);
+bool TrainCheckpoints::sharded_format() const {
+  if (options_.checkpoint_format == "auto")
+    return dynamic_cast<const strategies::ShardedStrategy*>(&strategy_) != nullptr;
+  return options_.checkpoint_format == "sharded";
 }
 
-int64_t TrainCheckpoints::load_weights(nn::GPT& model) {
+int64_t TrainCheckpoints::open(nn::GPT& model) {
   if (options_.resume.empty()) return 0;
+  fs::path checkpoint;
   if (options_.resume == "auto") {
-    resume_from_ = directory_->latest();
-    if (!resume_from_) {
+    const std::optional<fs::path> latest = directory_->latest();
+    if (!latest) {
       if (strategy_.is_global_zero()) {
         std::printf("train_gpt: no committed checkpoint under %s: starting at step 0\n",
                     directory_->root().string().c_str());
       }
       return 0;
     }
+    checkpoint = *latest;
   } else {
-    resume_from_ = fs::path(options_.resume);
-    if (!Directory::is_committed(*resume_from_)) {
+    checkpoint = fs::path(options_.resume);
+    if (!Directory::is_committed(checkpoint)) {
       fail("[train_gpt] --resume ", options_.resume, " is not a committed checkpoint (no ",
            Directory::kMarker, " marker: missing, or its save was interrupted); use an "
            "earlier one or --resume auto");
     }
   }
-  const nlohmann::json meta = read_meta(*resume_from_);
+  const nlohmann::json meta = read_meta(checkpoint);
   const nlohmann::json mine = model_json(model.config());
   if (meta.at("model") != mine) {
-    fail("[train_gpt] ", resume_from_->string(), " is a checkpoint of another model (",
+    fail("[train_gpt] ", checkpoint.string(), " is a checkpoint of another model (",
          meta.at("model").dump(), "; this run builds ", mine.dump(), ")");
   }
-  const bool was_sharded = meta.at("sharded_optimizer").get<bool>();
-  if (was_sharded || sharded_optimizer()) {
-    const std::string strategy = meta.at("strategy").get<std::string>();
-    const int world = meta.at("world_size").get<int>();
-    if (was_sharded != sharded_optimizer() || strategy != strategy_.name() ||
-        world != strategy_.world_size()) {
-      fail("[train_gpt] ", resume_from_->string(), " was saved by ", strategy, " on ", world,
-           " rank(s) with ", was_sharded ? "sharded" : "whole", " optimizer state; resume it "
-           "with the same --strategy and --devices (resharding checkpoints on load is not "
-           "built yet)");
-    }
-  }
   if (meta.at("optimizer").get<std::string>() != options_.optimizer) {
-    fail("[train_gpt] ", resume_from_->string(), " holds ", meta.at("optimizer").get<std::string>(),
+    fail("[train_gpt] ", checkpoint.string(), " holds ", meta.at("optimizer").get<std::string>(),
          " state; this run uses --optimizer ", options_.optimizer);
   }
-  const safetensors::Contents weights = load_checked(*resume_from_ / "model.safetensors");
-  model.load_state_dict(nn::gpt_state_from_checkpoint(weights));
   const int64_t steps = meta.at("step").get<int64_t>();
   if (steps > options_.steps) {
-    fail("[train_gpt] ", resume_from_->string(), " has done ", steps, " steps, more than --steps ",
+    fail("[train_gpt] ", checkpoint.string(), " has done ", steps, " steps, more than --steps ",
          options_.steps);
   }
+  resume_from_ = std::make_unique<strategies::checkpoint::CheckpointReader>(checkpoint);
+  strategies::checkpoint::check_model(*resume_from_, model);
+  // The engine takes no weights once the optimizer's masters are on NVMe: load them now
+  // (whole, on every rank), before setup_module shards them.
+  if (!strategy_.options().sharding.nvme_path.empty()) {
+    NoGradGuard no_grad;
+    for (auto& [name, p] : model.named_parameters()) {
+      Tensor target = p.detach();
+      copy_(target, resume_from_->read(name));
+    }
+    weights_loaded_ = true;
+  }
   if (strategy_.is_global_zero()) {
-    std::printf("train_gpt: resuming from %s (%lld steps done)\n", resume_from_->string().c_str(),
-                static_cast<long long>(steps));
+    std::printf("train_gpt: resuming from %s (%lld steps done, saved by %s on %d rank(s))\n",
+                checkpoint.string().c_str(), static_cast<long long>(steps),
+                meta.at("strategy").get<std::string>().c_str(), meta.at("world_size").get<int>());
   }
   return steps;
 }
 
 void TrainCheckpoints::load_state(optim::Optimizer& optimizer) {
   if (!resume_from_) return;
-  const fs::path file = *resume_from_ / strategies::checkpoint::optimizer_file(strategy_);
-  strategies::checkpoint::restore_optimizer(load_checked(file).tensors, optimizer, strategy_,
-                                            file.string());
+  if (!weights_loaded_) strategies::checkpoint::load_parameters(strategy_, *resume_from_);
+  strategies::checkpoint::load_optimizer(strategy_, optimizer, *resume_from_);
+  resume_from_.reset();  // closes the files
 }
 
 void TrainCheckpoints::after_step(int64_t steps_done, nn::GPT& model,
@@ -131,32 +140,31 @@ void TrainCheckpoints::save(int64_t steps_done, nn::GPT& model, optim::Optimizer
   finish();  // the previous asynchronous save, whose errors surface here
   const bool chief = strategy_.is_global_zero();
   const int rank = strategy_.rank(), world = strategy_.world_size();
+  const bool sharded = sharded_format();
   // The snapshot: copies in host memory, so that training may go on while they are written.
-  // The weights are gathered by every rank (collective) and written by rank 0.
   Snapshot snap;
   snap.steps_done = steps_done;
-  const std::map<std::string, Tensor> gathered = strategy_.gather_state(model.state_dict());
-  if (chief) {
-    for (const auto& [name, tensor] : gathered)
-      snap.weights.emplace(name, tensor.to(Device::cpu()).clone());
+  if (!sharded) {  // the full format: gathered by every rank (collective), written by rank 0
+    const std::map<std::string, Tensor> gathered = strategy_.gather_state(model.state_dict());
+    if (chief) {
+      for (const auto& [name, tensor] : gathered)
+        snap.weights.emplace(name, tensor.to(Device::cpu()).clone());
+      snap.model_metadata = nn::gpt_metadata(model.config());
+    }
   }
-  if (chief || sharded_optimizer()) {
-    snap.optimizer = strategies::checkpoint::optimizer_snapshot(optimizer, strategy_);
-    snap.optimizer["train.steps_done"] = scalar_i64(steps_done);
-  }
+  snap.pieces = strategies::checkpoint::state_pieces(strategy_, model, &optimizer, sharded);
   if (chief) {
     snap.meta = {{"format", kFormat},
-                 {"version", 1},
+                 {"version", kVersion},
                  {"step", steps_done},
                  {"strategy", strategy_.name()},
                  {"world_size", world},
-                 {"sharded_optimizer", sharded_optimizer()},
+                 {"checkpoint_format", sharded ? "sharded" : "full"},
                  {"optimizer", options_.optimizer},
                  {"model", model_json(model.config())},
                  {"grad_accum", options_.grad_accum},
                  {"batch", options_.batch},
                  {"seed", options_.seed}};
-    snap.model_metadata = nn::gpt_metadata(model.config());
   }
   strategy_.barrier();
   if (chief) directory_->prepare(steps_done);
@@ -183,11 +191,11 @@ void TrainCheckpoints::save(int64_t steps_done, nn::GPT& model, optim::Optimizer
 // which must not use the process group beside training), ranks other than 0 then leave a
 // marker file and rank 0 waits for all of them before it may commit.
 void TrainCheckpoints::write(const Snapshot& snap, int rank, int world, bool wait_for_ranks) {
+  namespace ckpt = strategies::checkpoint;
   const fs::path staging = directory_->staging(snap.steps_done);
   if (!snap.weights.empty())
-    save_checked(staging / "model.safetensors", snap.weights, snap.model_metadata);
-  if (!snap.optimizer.empty())
-    save_checked(staging / strategies::checkpoint::optimizer_file(strategy_), snap.optimizer);
+    save_checked(staging / ckpt::kModelFile, snap.weights, snap.model_metadata);
+  ckpt::write_pieces(staging / ckpt::rank_file(rank), snap.pieces);
   if (rank == 0) {
     std::ofstream out(staging / "meta.json");
     out << snap.meta.dump(1) << "\n";
@@ -212,7 +220,9 @@ void TrainCheckpoints::write(const Snapshot& snap, int rank, int world, bool wai
   }
 }
 
+// Rank 0, once every rank's files are written: the index over them, then the commit.
 void TrainCheckpoints::commit(int64_t steps_done) {
+  strategies::checkpoint::write_index(directory_->staging(steps_done), strategy_.world_size());
   directory_->commit(steps_done);
   directory_->prune(options_.keep_last);
 }

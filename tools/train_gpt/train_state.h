@@ -2,27 +2,35 @@
 // train_gpt's resumable checkpoints (docs/checkpoints.md): under --checkpoint-dir, every
 // --save-every steps, a committed directory (strategies/checkpoint/directory.h) holding
 //
-//   model.safetensors               the whole model (gathered under sharded strategies), in
-//                                   the Hugging Face GPT-2 layout, with per-tensor checksums
-//   optimizer.safetensors           optimizer state of a replicating strategy (rank 0), or
-//   optimizer.rank-00001.safetensors  each rank's shard of it under a sharded strategy; with
-//                                   the steps done and the loss scaler's state
-//   meta.json                       step, strategy, world size, model, optimizer, precision
+//   rank-00000.safetensors ...  every rank's parts of the training state
+//                               (strategies/checkpoint/distributed_state.h): the optimizer's
+//                               state it holds, the loss scaler's, and with the sharded
+//                               format its parts of the weights
+//   model.safetensors           with the full format: the whole model (gathered), in the
+//                               Hugging Face GPT-2 layout
+//   index.json                  every tensor's shape, dtype and shards
+//   meta.json                   step, strategy, world size, model, optimizer, format
 //
+// Any strategy and world size resumes any of them (each rank reads the parts it holds).
 // Everything else a step depends on is a function of the step (data order, learning rate)
-// or fixed by the options (seed), so a resumed run repeats the uninterrupted one bit for bit.
+// or fixed by the options (seed), so a run resumed under the strategy and world size that
+// saved it repeats the uninterrupted one bit for bit.
 
 #include <cstdint>
 #include <filesystem>
-#include <optional>
 #include <map>
+#include <memory>
 #include <nlohmann/json.hpp>
+#include <optional>
 #include <string>
 #include <thread>
+#include <vector>
 
 #include "nn/gpt.h"
 #include "optim/optimizer.h"
+#include "strategies/checkpoint/checkpoint_reader.h"
 #include "strategies/checkpoint/directory.h"
+#include "strategies/checkpoint/tensor_index.h"
 #include "strategies/strategy.h"
 #include "tensor/safetensors.h"
 #include "tools/train_gpt/trainer.h"
@@ -35,11 +43,13 @@ class TrainCheckpoints {
   TrainCheckpoints(const TrainOptions& options, strategies::Strategy& strategy);
 
   // Before setup_module: finds the checkpoint to resume from (options.resume: "auto" takes
-  // the newest committed one under checkpoint_dir, or none; a path must be committed),
-  // checks that it fits this run, and loads its weights into `model`. Returns the steps it
-  // had done (0 when starting fresh).
-  int64_t load_weights(nn::GPT& model);
-  // After setup_optimizer: the optimizer's state and the loss scaler's.
+  // the newest committed one under checkpoint_dir, or none; a path must be committed) and
+  // checks that it fits this run. Returns the steps it had done (0 when starting fresh).
+  // Under NVMe offload of the optimizer it loads the weights into `model` here (the engine
+  // cannot take them after setup).
+  int64_t open(nn::GPT& model);
+  // After setup_optimizer: the parts of the weights and of the optimizer's and loss
+  // scaler's state this rank holds.
   void load_state(optim::Optimizer& optimizer);
   // After a step: saves when `steps_done` is a multiple of save_every (collective). With
   // options.async_save the state is snapshotted to host memory and written by a background
@@ -52,21 +62,23 @@ class TrainCheckpoints {
  private:
   struct Snapshot {
     int64_t steps_done = 0;
-    std::map<std::string, Tensor> weights, optimizer;  // host copies
+    std::vector<strategies::checkpoint::TensorPiece> pieces;  // host copies
+    std::map<std::string, Tensor> weights;  // the full format's gathered model (rank 0)
     nlohmann::json meta;
     safetensors::Metadata model_metadata;
   };
+  bool sharded_format() const;
   void save(int64_t steps_done, nn::GPT& model, optim::Optimizer& optimizer);
   void write(const Snapshot& snap, int rank, int world, bool wait_for_ranks);
   void commit(int64_t steps_done);
-  bool sharded_optimizer() const;
 
   const TrainOptions& options_;
   strategies::Strategy& strategy_;
   std::optional<strategies::checkpoint::Directory> directory_;
-  std::optional<std::filesystem::path> resume_from_;
-  std::thread writer_;        // the asynchronous save in flight, if any
-  std::string writer_error_;  // its failure, reported by finish()
+  std::unique_ptr<strategies::checkpoint::CheckpointReader> resume_from_;
+  bool weights_loaded_ = false;  // by open(), before setup
+  std::thread writer_;           // the asynchronous save in flight, if any
+  std::string writer_error_;     // its failure, reported by finish()
 };
 
 }  // namespace loom::train_gpt

@@ -89,7 +89,7 @@ void train(nn::GPT& model, const TokenBlocks& data, const TrainOptions& options,
     dp->set_replica_factory([config] { return std::make_unique<nn::GPT>(config, 0); });
   }
   TrainCheckpoints checkpoints(options, s);
-  const int64_t first_step = checkpoints.load_weights(model);  // before the strategy copies it
+  const int64_t first_step = checkpoints.open(model);  // before the strategy copies it
   s.setup_module(model);
   auto schedule = make_schedule(options);
   const std::unique_ptr<optim::Optimizer> made = make_optimizer(model, options);

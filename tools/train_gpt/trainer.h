@@ -41,6 +41,9 @@ struct TrainOptions {
   int keep_last = 0;
   std::string resume;
   bool async_save = false;  // write checkpoints in the background (train_state.h)
+  // "full": the weights gathered into model.safetensors (Hugging Face layout), "sharded":
+  // every rank writes the parts it holds; "auto": sharded under the sharded strategies.
+  std::string checkpoint_format = "auto";
 };
 
 struct StepMetrics {

@@ -1,0 +1,104 @@
+#include "strategies/checkpoint/checkpoint_reader.h"
+
+#include <fcntl.h>
+#include <unistd.h>
+#include <xxhash.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <cstring>
+#include <vector>
+
+#include "tensor/error.h"
+
+namespace loom::strategies::checkpoint {
+
+namespace fs = std::filesystem;
+
+CheckpointReader::CheckpointReader(fs::path checkpoint)
+    : path_(std::move(checkpoint)), index_(Index::read(path_)) {}
+
+CheckpointReader::~CheckpointReader() {
+  for (const auto& [file, fd] : open_)
+    ::close(fd);
+}
+
+int CheckpointReader::descriptor(const std::string& file) {
+  auto found = open_.find(file);
+  if (found != open_.end()) return found->second;
+  const fs::path path = path_ / file;
+  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+  if (fd < 0) fail("[checkpoint] cannot open ", path.string(), ": ", std::strerror(errno));
+  open_.emplace(file, fd);
+  return fd;
+}
+
+void CheckpointReader::read_into(const std::string& name, int64_t begin, Tensor& out) {
+  const TensorEntry& e = entry(name);
+  int64_t numel = 1;
+  for (int64_t d : e.shape)
+    numel *= d;
+  const int64_t end = begin + out.numel();
+  if (out.dtype() != e.dtype || !out.is_contiguous() || out.device() != Device::cpu()) {
+    fail("[checkpoint] ", path_.string(), ": tensor '", name, "' is ", dtype_name(e.dtype),
+         "; it cannot be read into ", out.str());
+  }
+  if (begin < 0 || end > numel) {
+    fail("[checkpoint] ", path_.string(), ": elements [", begin, ", ", end, ") of tensor '", name,
+         "', which has ", numel);
+  }
+  const uint64_t element = dtype_size(e.dtype);
+  auto* into = static_cast<char*>(out.raw_data());
+  std::vector<char> buffer;
+  for (const Shard& shard : e.shards) {
+    const int64_t lo = std::max(begin, shard.begin), hi = std::min(end, shard.end);
+    if (lo >= hi) continue;
+    // The checksum blocks [first, last] that hold shard bytes [from, to).
+    const uint64_t from = static_cast<uint64_t>(lo - shard.begin) * element;
+    const uint64_t to = static_cast<uint64_t>(hi - shard.begin) * element;
+    const uint64_t first = from / shard.block_bytes, last = (to - 1) / shard.block_bytes;
+    const uint64_t read_from = first * shard.block_bytes;
+    const uint64_t read_to =
+        std::min((last + 1) * shard.block_bytes, shard.byte_end - shard.byte_begin);
+    buffer.resize(read_to - read_from);
+    const int fd = descriptor(shard.file);
+    for (uint64_t done = 0; done < buffer.size();) {
+      const ssize_t n = ::pread(fd, buffer.data() + done, buffer.size() - done,
+                                static_cast<off_t>(shard.byte_begin + read_from + done));
+      if (n < 0 && errno == EINTR) continue;
+      if (n <= 0) {
+        fail("[checkpoint] reading tensor '", name, "' from ", (path_ / shard.file).string(),
+             " failed: ", n < 0 ? std::strerror(errno) : "the file ends early (truncated)");
+      }
+      done += static_cast<uint64_t>(n);
+    }
+    bytes_read_ += buffer.size();
+    for (uint64_t block = first; block <= last; ++block) {
+      const uint64_t at = block * shard.block_bytes - read_from;
+      const uint64_t length = std::min<uint64_t>(shard.block_bytes, buffer.size() - at);
+      const uint64_t sum = XXH3_64bits(buffer.data() + at, length);
+      if (sum != shard.checksums[block]) {
+        fail("[checkpoint] ", (path_ / shard.file).string(), ": tensor '", name,
+             "' is corrupt (elements [", shard.begin, ", ", shard.end, "), bytes ",
+             shard.byte_begin + block * shard.block_bytes, " to ",
+             shard.byte_begin + block * shard.block_bytes + length,
+             " fail their checksum); the file was damaged after it was written: restore it "
+             "or resume from an earlier checkpoint");
+      }
+    }
+    std::memcpy(into + static_cast<uint64_t>(lo - begin) * element,
+                buffer.data() + (from - read_from), to - from);
+  }
+}
+
+Tensor CheckpointReader::read(const std::string& name) {
+  const TensorEntry& e = entry(name);
+  int64_t numel = 1;
+  for (int64_t d : e.shape)
+    numel *= d;
+  Tensor flat = Tensor::empty({numel}, e.dtype, Device::cpu());
+  read_into(name, 0, flat);
+  return flat.reshape(e.shape);
+}
+
+}  // namespace loom::strategies::checkpoint

@@ -1,0 +1,210 @@
+#include "strategies/checkpoint/distributed_state.h"
+
+#include <cstdio>
+#include <optional>
+#include <set>
+
+#include "tensor/error.h"
+#include "tensor/ops.h"
+
+namespace loom::strategies::checkpoint {
+
+namespace fs = std::filesystem;
+
+namespace {
+
+constexpr const char* kStatePrefix = "optim.state.";
+
+Tensor elements(const Tensor& flat, int64_t begin, int64_t length) {
+  return Tensor::make_view(flat, {length}, {1}, flat.offset() + begin);
+}
+
+Tensor flattened(const Tensor& t) {
+  const Tensor c = t.contiguous();
+  return c.reshape({c.numel()});
+}
+
+// Appends this replica's even share of the part [begin, begin + values.numel()) of `name`.
+void add_share(std::vector<TensorPiece>& out, const std::string& name, const Shape& shape,
+               int64_t begin, const Tensor& values, std::pair<int, int> replica) {
+  const auto [index, count] = replica;
+  const int64_t n = values.numel();
+  const int64_t lo = n * index / count, hi = n * (index + 1) / count;
+  if (lo >= hi) return;
+  out.push_back({name, shape, begin + lo, elements(values, lo, hi - lo).to(Device::cpu()).clone()});
+}
+
+// "state.<g>.<i>.<entry>" -> (g, i, entry); nullopt for other keys.
+struct StateKey {
+  size_t group, index;
+  std::string entry;
+};
+std::optional<StateKey> parse_state_key(const std::string& key) {
+  unsigned long g = 0, i = 0;
+  int used = 0;
+  if (std::sscanf(key.c_str(), "state.%lu.%lu.%n", &g, &i, &used) != 2 || used == 0)
+    return std::nullopt;
+  return StateKey{g, i, key.substr(used)};
+}
+
+std::map<std::string, Shape> parameter_shapes(const nn::Module& module) {
+  std::map<std::string, Shape> shapes;
+  for (const auto& [name, p] : module.named_parameters())
+    shapes.emplace(name, p.shape());
+  return shapes;
+}
+
+Tensor scalar_of(const Tensor& t) {
+  return flattened(t.to(Device::cpu())).reshape({});
+}
+
+}  // namespace
+
+std::string rank_file(int rank) {
+  char name[48];
+  std::snprintf(name, sizeof name, "rank-%05d.safetensors", rank);
+  return name;
+}
+
+std::vector<TensorPiece> state_pieces(Strategy& strategy, const nn::Module& module,
+                                      const optim::Optimizer* optimizer, bool parameters,
+                                      const std::map<std::string, Tensor>& extra) {
+  std::vector<TensorPiece> pieces;
+  const std::map<std::string, Shape> shapes = parameter_shapes(module);
+  const std::pair<int, int> replica = strategy.replica_of_held();
+  const bool chief = strategy.is_global_zero();
+  auto whole = [&](const std::string& name, const Tensor& value) {
+    if (chief) add_share(pieces, name, value.shape(), 0, flattened(value), {0, 1});
+  };
+  if (parameters) {
+    for (const ParameterPart& part : strategy.held_parameters())
+      add_share(pieces, part.name, shapes.at(part.name), part.begin, part.values, replica);
+  }
+  if (optimizer != nullptr) {
+    const OptimizerLayout layout = strategy.optimizer_layout(*optimizer);
+    for (const auto& [key, value] : strategy.optimizer_state(*optimizer)) {
+      const std::optional<StateKey> state = parse_state_key(key);
+      if (!state) {
+        whole("optim." + key, value);  // step_count, param_groups.<g>.<field>
+        continue;
+      }
+      const std::vector<OptimizerPart>& parts = layout.at(state->group).at(state->index);
+      const Tensor flat = flattened(value.to(Device::cpu()));
+      for (const OptimizerPart& part : parts) {
+        const std::string name = kStatePrefix + part.param + "." + state->entry;
+        if (optimizer->is_scalar_state(state->entry)) {
+          // One number per parameter: from the holder of its first element.
+          if (part.begin == 0 && replica.first == 0) add_share(pieces, name, {}, 0, flat, {0, 1});
+          continue;
+        }
+        add_share(pieces, name, shapes.at(part.param), part.begin,
+                  elements(flat, part.offset, part.length), replica);
+      }
+    }
+  }
+  if (const LossScaler* scaler = strategy.loss_scaler()) {
+    const LossScaler::State s = scaler->state();
+    whole("scaler.scale", Tensor::from_vector<double>({s.scale}, {}));
+    whole("scaler.clean_steps", Tensor::from_vector<int64_t>({s.clean_steps}, {}));
+    whole("scaler.skipped", Tensor::from_vector<int64_t>({s.skipped}, {}));
+  }
+  for (const auto& [name, value] : extra)
+    whole(name, value);
+  return pieces;
+}
+
+void write_index(const fs::path& staging, int world_size) {
+  std::vector<std::string> files;
+  if (fs::exists(staging / kModelFile)) files.push_back(kModelFile);
+  for (int r = 0; r < world_size; ++r)
+    files.push_back(rank_file(r));
+  Index::of_files(staging, files).write(staging);
+}
+
+void check_model(const CheckpointReader& checkpoint, const nn::Module& module) {
+  for (const auto& [name, p] : module.named_parameters()) {
+    if (!checkpoint.contains(name)) {
+      fail("[checkpoint] ", checkpoint.path().string(), " has no parameter '", name,
+           "': it is a checkpoint of another model");
+    }
+    const TensorEntry& e = checkpoint.entry(name);
+    if (e.shape != p.shape() || e.dtype != p.dtype()) {
+      fail("[checkpoint] ", checkpoint.path().string(), ": parameter '", name, "' is ",
+           dtype_name(e.dtype), " ", Tensor::empty(e.shape, e.dtype, Device::cpu()).str(),
+           " there; this model's is ", p.str(), ": it is a checkpoint of another model");
+    }
+  }
+}
+
+void load_parameters(Strategy& strategy, CheckpointReader& checkpoint) {
+  strategy.load_parameter_parts([&](const std::string& name, int64_t begin, Tensor& out) {
+    checkpoint.read_into(name, begin, out);
+  });
+}
+
+void load_optimizer(Strategy& strategy, optim::Optimizer& optimizer, CheckpointReader& checkpoint) {
+  const std::string origin = checkpoint.path().string();
+  std::map<std::string, Tensor> state;
+  if (!checkpoint.contains("optim.step_count")) {
+    fail("[checkpoint] ", origin, " holds no optimizer state; it was saved without an optimizer");
+  }
+  state["step_count"] = checkpoint.read("optim.step_count");
+  const auto& groups = optimizer.param_groups();
+  const std::string beyond = "optim.param_groups." + std::to_string(groups.size()) + ".lr";
+  if (checkpoint.contains(beyond)) {
+    fail("[checkpoint] ", origin, " holds more optimizer groups than this optimizer's ",
+         groups.size(), "; build the optimizer with the groups of the run that saved it");
+  }
+  const OptimizerLayout layout = strategy.optimizer_layout(optimizer);
+  const auto& index = checkpoint.index().tensors;
+  for (size_t g = 0; g < groups.size(); ++g) {
+    for (const char* field : {"lr", "weight_decay"}) {
+      const std::string key = "param_groups." + std::to_string(g) + "." + field;
+      state[key] = checkpoint.read("optim." + key);
+    }
+    for (size_t i = 0; i < groups[g].params.size(); ++i) {
+      const Tensor& tensor = groups[g].params[i];
+      const std::vector<OptimizerPart>& parts = layout[g][i];
+      if (parts.empty()) continue;
+      // The entries the checkpoint has for the first part's parameter; every part's must too.
+      const std::string prefix = kStatePrefix + parts[0].param + ".";
+      std::set<std::string> entries;
+      for (auto it = index.lower_bound(prefix); it != index.end() && it->first.rfind(prefix, 0) == 0; ++it) {
+        const std::string entry = it->first.substr(prefix.size());
+        if (entry.find('.') == std::string::npos) entries.insert(entry);
+      }
+      const std::string key = "state." + std::to_string(g) + "." + std::to_string(i) + ".";
+      for (const std::string& entry : entries) {
+        if (optimizer.is_scalar_state(entry)) {
+          state[key + entry] = scalar_of(checkpoint.read(prefix + entry));
+          continue;
+        }
+        // Padding (NVMe sub-groups) stays zero, as the optimizer keeps it.
+        Tensor value = Tensor::zeros({tensor.numel()}, tensor.dtype(), Device::cpu());
+        for (const OptimizerPart& part : parts) {
+          Tensor into = elements(value, part.offset, part.length);
+          checkpoint.read_into(kStatePrefix + part.param + "." + entry, part.begin, into);
+        }
+        state[key + entry] = value.reshape(tensor.shape());
+      }
+    }
+  }
+  optimizer.load_state_dict(state);
+
+  LossScaler* mine = strategy.loss_scaler();
+  const bool saved = checkpoint.contains("scaler.scale");
+  if (saved && mine == nullptr) {
+    fail("[checkpoint] ", origin, " holds a loss scaler (16-mixed) but this run's precision "
+         "has none; resume with precision 16-mixed");
+  }
+  if (mine != nullptr) {
+    if (!saved) fail("[checkpoint] ", origin, " has no loss scaler state; it was not saved under 16-mixed");
+    LossScaler::State s;
+    s.scale = checkpoint.read("scaler.scale").item();
+    s.clean_steps = static_cast<int>(checkpoint.read("scaler.clean_steps").item());
+    s.skipped = static_cast<int64_t>(checkpoint.read("scaler.skipped").item());
+    mine->restore(s);
+  }
+}
+
+}  // namespace loom::strategies::checkpoint

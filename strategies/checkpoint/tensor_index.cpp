@@ -1,0 +1,284 @@
+#include "strategies/checkpoint/tensor_index.h"
+
+#include <xxhash.h>
+
+#include <algorithm>
+#include <cstdio>
+#include <fstream>
+#include <nlohmann/json.hpp>
+
+#include "tensor/error.h"
+#include "tensor/safetensors.h"
+
+namespace loom::strategies::checkpoint {
+
+namespace fs = std::filesystem;
+using json = nlohmann::json;
+
+namespace {
+
+constexpr uint64_t kBlockBytes = 1 << 20;
+constexpr const char* kPiecesKey = "loom.pieces";
+constexpr const char* kBlockKey = "loom.block_bytes";
+constexpr const char* kWholeChecksumPrefix = "loom.xxh3.";  // checked_file.h
+constexpr const char* kIndexFormat = "loom-checkpoint-index";
+
+std::string hex(uint64_t value) {
+  char text[17];
+  std::snprintf(text, sizeof text, "%016llx", static_cast<unsigned long long>(value));
+  return text;
+}
+
+uint64_t parse_hex(const std::string& text, const std::string& origin) {
+  if (text.size() != 16 || text.find_first_not_of("0123456789abcdef") != std::string::npos)
+    fail("[checkpoint] ", origin, ": checksum '", text, "' is not 16 hex digits");
+  return std::stoull(text, nullptr, 16);
+}
+
+int64_t numel_of(const Shape& shape) {
+  int64_t n = 1;
+  for (int64_t d : shape)
+    n *= d;
+  return n;
+}
+
+std::string shape_text(const Shape& shape) {
+  return json(shape).dump();
+}
+
+// The shards of every tensor, sorted, must tile [0, numel) exactly.
+void check_tiling(const std::map<std::string, TensorEntry>& tensors, const std::string& origin) {
+  for (const auto& [name, entry] : tensors) {
+    int64_t at = 0;
+    for (const Shard& shard : entry.shards) {
+      if (shard.begin != at) {
+        fail("[checkpoint] ", origin, ": tensor '", name, "' has ",
+             shard.begin > at ? "no shard for" : "two shards holding", " elements [",
+             std::min(at, shard.begin), ", ", std::max(at, shard.begin), ") (next shard in ",
+             shard.file, "); expected its shards to hold each of its ", numel_of(entry.shape),
+             " elements once: a shard file is missing from the index, or the index is of "
+             "another save");
+      }
+      const uint64_t expected =
+          static_cast<uint64_t>(shard.end - shard.begin) * dtype_size(entry.dtype);
+      if (shard.byte_end - shard.byte_begin != expected || shard.end < shard.begin) {
+        fail("[checkpoint] ", origin, ": tensor '", name, "' shard in ", shard.file, " holds ",
+             shard.end - shard.begin, " elements in ", shard.byte_end - shard.byte_begin,
+             " bytes; expected ", expected);
+      }
+      const uint64_t bytes = shard.byte_end - shard.byte_begin;
+      const uint64_t blocks = bytes == 0 ? 0 : (bytes + shard.block_bytes - 1) / std::max<uint64_t>(shard.block_bytes, 1);
+      if (shard.checksums.size() != blocks) {
+        fail("[checkpoint] ", origin, ": tensor '", name, "' shard in ", shard.file, " has ",
+             shard.checksums.size(), " checksums for ", blocks, " block(s)");
+      }
+      at = shard.end;
+    }
+    if (at != numel_of(entry.shape)) {
+      fail("[checkpoint] ", origin, ": tensor '", name, "' of shape ", shape_text(entry.shape),
+           " has shards for its first ", at, " of ", numel_of(entry.shape),
+           " elements only; a shard file is missing from the index");
+    }
+  }
+}
+
+void add_shard(std::map<std::string, TensorEntry>& tensors, const std::string& name, DType dtype,
+               const Shape& shape, Shard shard, const std::string& origin) {
+  auto [it, fresh] = tensors.try_emplace(name);
+  TensorEntry& entry = it->second;
+  if (fresh) {
+    entry.dtype = dtype;
+    entry.shape = shape;
+  } else if (entry.dtype != dtype || entry.shape != shape) {
+    fail("[checkpoint] ", origin, ": tensor '", name, "' is ", dtype_name(dtype), " ",
+         shape_text(shape), " in ", shard.file, " but ", dtype_name(entry.dtype), " ",
+         shape_text(entry.shape), " in ", entry.shards.front().file,
+         "; the files are not of one save");
+  }
+  entry.shards.push_back(std::move(shard));
+}
+
+void sort_shards(std::map<std::string, TensorEntry>& tensors) {
+  for (auto& [name, entry] : tensors) {
+    std::sort(entry.shards.begin(), entry.shards.end(),
+              [](const Shard& a, const Shard& b) { return a.begin < b.begin; });
+  }
+}
+
+}  // namespace
+
+void write_pieces(const fs::path& path, const std::vector<TensorPiece>& pieces) {
+  safetensors::TensorMap stored;
+  json described = json::object();
+  for (const TensorPiece& piece : pieces) {
+    const Tensor host = piece.values.to(Device::cpu()).contiguous();
+    if (host.dim() != 1) fail("[checkpoint] write_pieces: piece of ", piece.name, " is not 1-D");
+    const std::string key = piece.name + "@" + std::to_string(piece.begin);
+    if (!stored.emplace(key, host).second)
+      fail("[checkpoint] write_pieces: ", key, " given twice for ", path.string());
+    json checksums = json::array();
+    const auto* bytes = static_cast<const char*>(host.raw_data());
+    for (uint64_t at = 0; at < host.nbytes(); at += kBlockBytes) {
+      const uint64_t length = std::min<uint64_t>(kBlockBytes, host.nbytes() - at);
+      checksums.push_back(hex(XXH3_64bits(bytes + at, length)));
+    }
+    described[key] = {{"tensor", piece.name},
+                      {"shape", piece.shape},
+                      {"begin", piece.begin},
+                      {"xxh3", std::move(checksums)}};
+  }
+  safetensors::save(path, stored,
+                    {{kPiecesKey, described.dump()}, {kBlockKey, std::to_string(kBlockBytes)}});
+}
+
+Index Index::of_files(const fs::path& checkpoint, const std::vector<std::string>& files) {
+  Index index;
+  for (const std::string& file : files) {
+    const fs::path path = checkpoint / file;
+    const safetensors::Header header = safetensors::read_header(path);
+    index.file_bytes[file] = header.file_size;
+    auto pieces = header.metadata.find(kPiecesKey);
+    if (pieces == header.metadata.end()) {  // whole tensors with per-tensor checksums
+      for (const safetensors::HeaderEntry& e : header.tensors) {
+        auto sum = header.metadata.find(kWholeChecksumPrefix + e.name);
+        if (sum == header.metadata.end()) {
+          fail("[checkpoint] ", path.string(), ": tensor '", e.name, "' has no checksum; "
+               "expected a file written by a Loom checkpoint");
+        }
+        Shard shard{file, 0, numel_of(e.shape), e.begin, e.end,
+                    std::max<uint64_t>(e.end - e.begin, 1), {}};
+        if (e.end > e.begin) shard.checksums.push_back(parse_hex(sum->second, path.string()));
+        add_shard(index.tensors, e.name, e.dtype, e.shape, std::move(shard), path.string());
+      }
+      continue;
+    }
+    json described;
+    uint64_t block = 0;
+    try {
+      described = json::parse(pieces->second);
+      block = std::stoull(header.metadata.at(kBlockKey));
+    } catch (const std::exception& e) {
+      fail("[checkpoint] ", path.string(), ": its metadata '", kPiecesKey, "' or '", kBlockKey,
+           "' is unreadable: ", e.what());
+    }
+    if (block == 0) fail("[checkpoint] ", path.string(), ": block size 0");
+    for (const safetensors::HeaderEntry& e : header.tensors) {
+      if (!described.contains(e.name)) {
+        fail("[checkpoint] ", path.string(), ": tensor '", e.name, "' is not described in its '",
+             kPiecesKey, "' metadata");
+      }
+      try {
+        const json& d = described.at(e.name);
+        if (e.shape.size() != 1) fail("stored piece is not 1-D");
+        const int64_t begin = d.at("begin").get<int64_t>();
+        Shard shard{file, begin, begin + e.shape[0], e.begin, e.end, block, {}};
+        for (const json& sum : d.at("xxh3"))
+          shard.checksums.push_back(parse_hex(sum.get<std::string>(), path.string()));
+        add_shard(index.tensors, d.at("tensor").get<std::string>(), e.dtype,
+                  d.at("shape").get<Shape>(), std::move(shard), path.string());
+      } catch (const nlohmann::json::exception& error) {
+        fail("[checkpoint] ", path.string(), ": the description of '", e.name,
+             "' is malformed: ", error.what());
+      }
+    }
+  }
+  sort_shards(index.tensors);
+  check_tiling(index.tensors, checkpoint.string());
+  return index;
+}
+
+void Index::write(const fs::path& checkpoint) const {
+  json tensors_json = json::object();
+  for (const auto& [name, entry] : tensors) {
+    json shards = json::array();
+    for (const Shard& s : entry.shards) {
+      json sums = json::array();
+      for (uint64_t c : s.checksums)
+        sums.push_back(hex(c));
+      shards.push_back({{"file", s.file},
+                        {"elements", {s.begin, s.end}},
+                        {"bytes", {s.byte_begin, s.byte_end}},
+                        {"block_bytes", s.block_bytes},
+                        {"xxh3", std::move(sums)}});
+    }
+    tensors_json[name] = {{"dtype", std::string(dtype_name(entry.dtype))},
+                          {"shape", entry.shape},
+                          {"shards", std::move(shards)}};
+  }
+  const json out = {{"format", kIndexFormat},
+                    {"version", 1},
+                    {"files", file_bytes},
+                    {"tensors", std::move(tensors_json)}};
+  const fs::path path = checkpoint / kIndexFile;
+  std::ofstream stream(path);
+  stream << out.dump(1) << "\n";
+  stream.close();
+  if (!stream) fail("[checkpoint] writing ", path.string(), " failed (disk full?)");
+}
+
+Index Index::read(const fs::path& checkpoint) {
+  const fs::path path = checkpoint / kIndexFile;
+  const std::string origin = path.string();
+  std::ifstream stream(path);
+  if (!stream) {
+    fail("[checkpoint] ", checkpoint.string(), " has no ", kIndexFile,
+         "; expected a checkpoint written by Loom (docs/checkpoints.md)");
+  }
+  Index index;
+  try {
+    const json in = json::parse(stream);
+    if (in.value("format", "") != kIndexFormat || in.value("version", 0) != 1) {
+      fail("format ", in.value("format", "?"), " version ", in.value("version", 0),
+           "; expected ", kIndexFormat, " version 1");
+    }
+    index.file_bytes = in.at("files").get<std::map<std::string, uint64_t>>();
+    for (const auto& [name, t] : in.at("tensors").items()) {
+      TensorEntry& entry = index.tensors[name];
+      entry.dtype = parse_dtype(t.at("dtype").get<std::string>());
+      entry.shape = t.at("shape").get<Shape>();
+      for (const json& s : t.at("shards")) {
+        Shard shard;
+        shard.file = s.at("file").get<std::string>();
+        shard.begin = s.at("elements").at(0).get<int64_t>();
+        shard.end = s.at("elements").at(1).get<int64_t>();
+        shard.byte_begin = s.at("bytes").at(0).get<uint64_t>();
+        shard.byte_end = s.at("bytes").at(1).get<uint64_t>();
+        shard.block_bytes = s.at("block_bytes").get<uint64_t>();
+        if (shard.block_bytes == 0) fail("tensor '", name, "': block_bytes 0");
+        for (const json& sum : s.at("xxh3"))
+          shard.checksums.push_back(parse_hex(sum.get<std::string>(), origin));
+        if (!index.file_bytes.count(shard.file))
+          fail("tensor '", name, "' has a shard in ", shard.file, ", which \"files\" does not list");
+        entry.shards.push_back(std::move(shard));
+      }
+    }
+  } catch (const std::exception& e) {
+    fail("[checkpoint] ", origin, " is unreadable: ", e.what());
+  }
+  sort_shards(index.tensors);
+  check_tiling(index.tensors, origin);
+  for (const auto& [file, bytes] : index.file_bytes) {
+    std::error_code ec;
+    const uint64_t size = fs::file_size(checkpoint / file, ec);
+    if (ec) {
+      fail("[checkpoint] ", (checkpoint / file).string(), ", listed in ", kIndexFile,
+           ", is missing (", ec.message(), "); the checkpoint is incomplete");
+    }
+    if (size != bytes) {
+      fail("[checkpoint] ", (checkpoint / file).string(), " is ", size, " bytes; ", kIndexFile,
+           " recorded ", bytes, " (truncated or replaced after the save)");
+    }
+  }
+  return index;
+}
+
+const TensorEntry& Index::at(const std::string& name, const fs::path& checkpoint) const {
+  auto found = tensors.find(name);
+  if (found == tensors.end()) {
+    fail("[checkpoint] ", checkpoint.string(), " has no tensor '", name,
+         "'; it was saved from another model or optimizer");
+  }
+  return found->second;
+}
+
+}  // namespace loom::strategies::checkpoint

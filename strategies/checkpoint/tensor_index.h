@@ -1,0 +1,73 @@
+#pragma once
+// The index of a distributed checkpoint (docs/checkpoints.md, "index.json"): for every
+// global tensor its dtype and shape, and the shards that hold it. A shard is a run of the
+// tensor's elements in row-major order, [begin, end), stored in a safetensors file of the
+// checkpoint at bytes [byte_begin, byte_end) of that file, with XXH3-64 checksums of its
+// consecutive blocks of `block_bytes` bytes (the last one shorter), so that a reader that
+// needs part of a shard reads and checks only the blocks it overlaps. PyTorch DCP's metadata
+// and Hugging Face's model.safetensors.index.json hold the same idea.
+//
+// Files carry their pieces as ordinary safetensors tensors, so Python's safetensors reads
+// them; which global tensor a stored tensor belongs to is in the file's metadata
+// ("loom.pieces", written by write_pieces). A file without it (a full model.safetensors
+// written with checked_file.h's per-tensor checksums) holds whole tensors under their own
+// names, one block each.
+
+#include <cstdint>
+#include <filesystem>
+#include <map>
+#include <string>
+#include <vector>
+
+#include "tensor/tensor.h"
+
+namespace loom::strategies::checkpoint {
+
+// Elements [begin, begin + values.numel()) of the global tensor `name` of shape `shape`;
+// `values` is 1-D, in the tensor's dtype, on any device.
+struct TensorPiece {
+  std::string name;
+  Shape shape;
+  int64_t begin = 0;
+  Tensor values;
+};
+
+// Writes `pieces` into the safetensors file `path` (atomic, durable), each stored as
+// "<name>@<begin>", with their place and block checksums in the metadata.
+void write_pieces(const std::filesystem::path& path, const std::vector<TensorPiece>& pieces);
+
+struct Shard {
+  std::string file;  // relative to the checkpoint directory
+  int64_t begin = 0, end = 0;  // elements of the global tensor
+  uint64_t byte_begin = 0, byte_end = 0;
+  uint64_t block_bytes = 0;
+  std::vector<uint64_t> checksums;  // XXH3-64 per block
+};
+
+struct TensorEntry {
+  DType dtype = DType::F32;
+  Shape shape;
+  std::vector<Shard> shards;  // sorted by begin; they tile [0, numel) exactly
+};
+
+struct Index {
+  std::map<std::string, TensorEntry> tensors;
+  std::map<std::string, uint64_t> file_bytes;  // every file's size when it was indexed
+
+  // Builds the index of `files` (names relative to `checkpoint`) from their headers alone;
+  // throws loom::Error when two files disagree on a tensor's dtype or shape, or its shards
+  // leave elements out or hold some twice.
+  static Index of_files(const std::filesystem::path& checkpoint,
+                        const std::vector<std::string>& files);
+  // Reads `checkpoint`/index.json, validated as of_files() validates; every message names
+  // the file and what was wrong.
+  static Index read(const std::filesystem::path& checkpoint);
+  // Writes it as `checkpoint`/index.json (synced by the checkpoint's commit).
+  void write(const std::filesystem::path& checkpoint) const;
+
+  const TensorEntry& at(const std::string& name, const std::filesystem::path& checkpoint) const;
+};
+
+inline constexpr const char* kIndexFile = "index.json";
+
+}  // namespace loom::strategies::checkpoint
