@@ -1,10 +1,7 @@
 #include "strategies/fabric.h"
 
-#include <fstream>
 #include <nlohmann/json.hpp>
 
-#include "strategies/checkpoint/checked_file.h"
-#include "strategies/checkpoint/directory.h"
 #include "strategies/checkpoint/distributed_state.h"
 
 #include "tensor/ops.h"
@@ -84,57 +81,23 @@ std::map<std::string, Tensor> Fabric::load(const std::filesystem::path& path) {
 }
 
 void Fabric::save(const std::filesystem::path& path, const State& state) {
-  namespace ckpt = strategies::checkpoint;
   if (state.module == nullptr || state.module != module_)
     fail("[fabric] save: State::module must be the module passed to setup_module()");
-  const bool chief = is_global_zero();
-  const std::filesystem::path staging = path.string() + ".partial";
-  barrier();
-  if (chief) {
-    std::filesystem::remove_all(staging);
-    std::filesystem::create_directories(staging);
-  }
-  barrier();
-  // Every rank writes what it holds (no gathering), rank 0 indexes it and commits.
   std::map<std::string, Tensor> extra;
   for (const auto& [name, tensor] : state.tensors)
     extra.emplace("tensors." + name, tensor);
-  ckpt::write_pieces(staging / ckpt::rank_file(rank()),
-                     ckpt::state_pieces(*strategy_, *module_, state.optimizer, true, extra));
-  barrier();
-  if (chief) {
-    ckpt::write_index(staging, world_size());
-    const nlohmann::json meta = {{"format", "loom-fabric-state"},
-                                 {"version", 2},
-                                 {"strategy", strategy_->name()},
-                                 {"world_size", world_size()}};
-    std::ofstream out(staging / "meta.json");
-    out << meta.dump(1) << "\n";
-    out.close();
-    if (!out) fail("[fabric] save: writing ", (staging / "meta.json").string(), " failed");
-    ckpt::commit_directory(staging, path);
-  }
-  barrier();
+  const nlohmann::json meta = {{"format", "loom-fabric-state"},
+                               {"version", 2},
+                               {"strategy", strategy_->name()},
+                               {"world_size", world_size()}};
+  strategies::checkpoint::save_checkpoint(*strategy_, *module_, state.optimizer, path, extra, meta);
 }
 
 void Fabric::load(const std::filesystem::path& path, State& state) {
-  namespace ckpt = strategies::checkpoint;
   if (state.module == nullptr || state.module != module_)
     fail("[fabric] load: State::module must be the module passed to setup_module()");
-  if (!ckpt::Directory::is_committed(path)) {
-    fail("[fabric] load: ", path.string(), " is not a committed checkpoint (no ",
-         ckpt::Directory::kMarker, "): its save did not finish, or it is not a Fabric state");
-  }
-  // Any strategy and world size loads it: each rank reads the parts it holds.
-  ckpt::CheckpointReader reader(path);
-  ckpt::check_model(reader, *module_);
-  ckpt::load_parameters(*strategy_, reader);
-  if (state.optimizer != nullptr) ckpt::load_optimizer(*strategy_, *state.optimizer, reader);
-  state.tensors.clear();
-  const std::string prefix = "tensors.";
-  for (const auto& [name, entry] : reader.index().tensors) {
-    if (name.rfind(prefix, 0) == 0) state.tensors.emplace(name.substr(prefix.size()), reader.read(name));
-  }
+  state.tensors = strategies::checkpoint::load_checkpoint(*strategy_, *module_, state.optimizer,
+                                                          path, "tensors.");
 }
 
 int Fabric::rank() const {

@@ -81,8 +81,7 @@ class Fabric {
   void save(const std::filesystem::path& path, const State& state);
   // Restores a save(path, State) into `state` in place, under any strategy and world size:
   // the module's parameters and the optimizer's and loss scaler's state (each rank reads the
-  // parts it holds), and fills `state.tensors`. After setup_module / setup_optimizer; not
-  // into a module whose optimizer is offloaded to NVMe (load the weights before setup).
+  // parts it holds), and fills `state.tensors`. After setup_module / setup_optimizer.
   void load(const std::filesystem::path& path, State& state);
 
   int rank() const;

@@ -1,9 +1,11 @@
 #include "strategies/checkpoint/distributed_state.h"
 
 #include <cstdio>
+#include <fstream>
 #include <optional>
 #include <set>
 
+#include "strategies/checkpoint/directory.h"
 #include "tensor/error.h"
 #include "tensor/ops.h"
 
@@ -119,6 +121,49 @@ void write_index(const fs::path& staging, int world_size) {
   for (int r = 0; r < world_size; ++r)
     files.push_back(rank_file(r));
   Index::of_files(staging, files).write(staging);
+}
+
+void save_checkpoint(Strategy& strategy, const nn::Module& module,
+                     const optim::Optimizer* optimizer, const fs::path& path,
+                     const std::map<std::string, Tensor>& extra, const nlohmann::json& meta) {
+  const bool chief = strategy.is_global_zero();
+  const fs::path staging = path.string() + ".partial";
+  strategy.barrier();
+  if (chief) {
+    fs::remove_all(staging);
+    fs::create_directories(staging);
+  }
+  strategy.barrier();
+  write_pieces(staging / rank_file(strategy.rank()),
+               state_pieces(strategy, module, optimizer, /*parameters=*/true, extra));
+  strategy.barrier();
+  if (chief) {
+    write_index(staging, strategy.world_size());
+    std::ofstream out(staging / "meta.json");
+    out << meta.dump(1) << "\n";
+    out.close();
+    if (!out) fail("[checkpoint] writing ", (staging / "meta.json").string(), " failed");
+    commit_directory(staging, path);
+  }
+  strategy.barrier();
+}
+
+std::map<std::string, Tensor> load_checkpoint(Strategy& strategy, const nn::Module& module,
+                                              optim::Optimizer* optimizer, const fs::path& path,
+                                              const std::string& extra_prefix) {
+  if (!Directory::is_committed(path)) {
+    fail("[checkpoint] ", path.string(), " is not a committed checkpoint (no ", Directory::kMarker,
+         "): its save did not finish, or it is not a checkpoint");
+  }
+  CheckpointReader reader(path);
+  check_model(reader, module);
+  load_parameters(strategy, reader);
+  if (optimizer != nullptr) load_optimizer(strategy, *optimizer, reader);
+  std::map<std::string, Tensor> extra;
+  for (const auto& [name, entry] : reader.index().tensors) {
+    if (name.rfind(extra_prefix, 0) == 0) extra.emplace(name.substr(extra_prefix.size()), reader.read(name));
+  }
+  return extra;
 }
 
 void check_model(const CheckpointReader& checkpoint, const nn::Module& module) {

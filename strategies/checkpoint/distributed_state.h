@@ -19,6 +19,7 @@
 #include <cstdint>
 #include <filesystem>
 #include <map>
+#include <nlohmann/json.hpp>
 #include <string>
 #include <vector>
 
@@ -47,6 +48,19 @@ std::vector<TensorPiece> state_pieces(Strategy& strategy, const nn::Module& modu
 // Rank 0, once every rank's file is in `staging`: writes index.json over the world's rank
 // files and model.safetensors when there.
 void write_index(const std::filesystem::path& staging, int world_size);
+
+// The whole save, as Fabric::save does it (collective: every rank, between steps): an empty
+// `path`.partial, every rank's file, rank 0's index and meta.json (`meta`), then the commit
+// (directory.h: COMMITTED last).
+void save_checkpoint(Strategy& strategy, const nn::Module& module,
+                     const optim::Optimizer* optimizer, const std::filesystem::path& path,
+                     const std::map<std::string, Tensor>& extra, const nlohmann::json& meta);
+// The whole load into the set-up module and optimizer (may be null), under any strategy and
+// world size. Returns the tensors whose names start with `extra_prefix`, without it.
+std::map<std::string, Tensor> load_checkpoint(Strategy& strategy, const nn::Module& module,
+                                              optim::Optimizer* optimizer,
+                                              const std::filesystem::path& path,
+                                              const std::string& extra_prefix);
 
 // Throws loom::Error unless the checkpoint holds every parameter of `module`, with its shape
 // and dtype, naming the first that differs.

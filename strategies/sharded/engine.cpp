@@ -605,13 +605,10 @@ std::pair<int, int> ShardedEngine::replica_of_held() const {
 
 void ShardedEngine::load_parameter_parts(const ReadParameter& read) {
   NoGradGuard no_grad;
-  if (swap_) {
-    fail("[sharded] loading parameters into a module whose optimizer is offloaded to NVMe is "
-         "not built: load the weights before setup_module()");
-  }
   for (size_t u = 0; u < units_.size(); ++u) {
     free_full(u);  // stage 3: nothing gathered may outlive new values
     for (FlatParam& flat : units_[u]->flats) {
+      load_shard(flat);
       for (size_t i = 0; i < flat.params.size(); ++i) {
         const auto& [name, p] = params_[flat.params[i]];
         // Stages 0-2: the full buffer is the parameter; stage 3: the part in this shard.
@@ -627,8 +624,24 @@ void ShardedEngine::load_parameter_parts(const ReadParameter& read) {
       }
       if (!flat.master.is_same(flat.shard)) copy_(flat.master, flat.shard);
       if (flat.shard_lp.defined()) copy_(flat.shard_lp, flat.shard);
+      if (flat.shard_file_offset >= 0) {  // nvme_params: the new shard back to its file
+        SwapFile& file = swap_->file();
+        file.wait(file.write(static_cast<uint64_t>(flat.shard_file_offset),
+                             flat.shard.storage()->data(), flat.shard.nbytes()));
+      }
+      drop_shard(flat);
     }
   }
+  if (!swap_) return;
+  // NVMe offload: the sub-groups' masters (the optimizer's copies of the shards) too.
+  swap_->rewrite_masters([&](size_t id) {
+    for (size_t s : sub_group_segments_[id]) {
+      FlatParam& flat = *segment_source_[s].first;
+      load_shard(flat);
+      copy_(segments_[s], slice(flat.shard, segment_source_[s].second, segments_[s].numel()));
+      drop_shard(flat);
+    }
+  });
 }
 
 void ShardedEngine::unshard_module() {

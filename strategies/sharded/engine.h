@@ -100,8 +100,8 @@ class ShardedEngine {
   OptimizerLayout optimizer_layout(const optim::Optimizer& optimizer) const;
   // Reads parameter values into this rank's part of each unit: the shards (and their
   // offloaded masters, low-precision copies) or, for stages 0-2, the full buffers (whole
-  // parameters). Between steps. Not under NVMe offload of the optimizer (the masters are on
-  // disk): an error.
+  // parameters); under NVMe offload the sub-groups' masters in the swap file too. Between
+  // steps.
   void load_parameter_parts(const ReadParameter& read);
 
   // Gathers every unit and gives each parameter its own storage again, with the hooks

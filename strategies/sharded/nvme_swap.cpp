@@ -156,6 +156,15 @@ void OptimizerSwap::drop_all() {
   }
 }
 
+void OptimizerSwap::rewrite_masters(const std::function<void(size_t id)>& fill) {
+  for (size_t id = 0; id < groups_.size(); ++id) {
+    acquire(id);
+    fill(id);
+    release(id, groups_[id].state);  // the same state tensors: only written back
+  }
+  end_step();
+}
+
 void OptimizerSwap::end_step() {
   for (size_t id = 0; id < groups_.size(); ++id) {
     if (groups_[id].where == Where::Resident || groups_[id].where == Where::Reading) {

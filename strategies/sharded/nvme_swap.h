@@ -17,6 +17,7 @@
 // Threading: the training thread only (the optimizer's step hooks).
 
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <string>
 #include <vector>
@@ -48,6 +49,9 @@ class OptimizerSwap {
   // reads them), then out of it again without writing (nothing changed).
   void read_all();
   void drop_all();
+  // Outside a step: each sub-group in turn into memory, fill(id) changes its master (loading
+  // a checkpoint's weights), and back to the file.
+  void rewrite_masters(const std::function<void(size_t id)>& fill);
 
   const SwapFile& file() const { return file_; }
   // The same file, for other tensors the engine keeps there (parameter shards).

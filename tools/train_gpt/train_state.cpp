@@ -10,7 +10,6 @@
 #include "strategies/checkpoint/checked_file.h"
 #include "strategies/checkpoint/distributed_state.h"
 #include "strategies/sharded/sharded_strategy.h"
-#include "tensor/ops.h"
 #include "tensor/error.h"
 
 namespace loom::train_gpt {
@@ -105,16 +104,6 @@ int64_t TrainCheckpoints::open(nn::GPT& model) {
   }
   resume_from_ = std::make_unique<strategies::checkpoint::CheckpointReader>(checkpoint);
   strategies::checkpoint::check_model(*resume_from_, model);
-  // The engine takes no weights once the optimizer's masters are on NVMe: load them now
-  // (whole, on every rank), before setup_module shards them.
-  if (!strategy_.options().sharding.nvme_path.empty()) {
-    NoGradGuard no_grad;
-    for (auto& [name, p] : model.named_parameters()) {
-      Tensor target = p.detach();
-      copy_(target, resume_from_->read(name));
-    }
-    weights_loaded_ = true;
-  }
   if (strategy_.is_global_zero()) {
     std::printf("train_gpt: resuming from %s (%lld steps done, saved by %s on %d rank(s))\n",
                 checkpoint.string().c_str(), static_cast<long long>(steps),
@@ -125,7 +114,7 @@ int64_t TrainCheckpoints::open(nn::GPT& model) {
 
 void TrainCheckpoints::load_state(optim::Optimizer& optimizer) {
   if (!resume_from_) return;
-  if (!weights_loaded_) strategies::checkpoint::load_parameters(strategy_, *resume_from_);
+  strategies::checkpoint::load_parameters(strategy_, *resume_from_);
   strategies::checkpoint::load_optimizer(strategy_, optimizer, *resume_from_);
   resume_from_.reset();  // closes the files
 }

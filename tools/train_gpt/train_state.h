@@ -45,8 +45,6 @@ class TrainCheckpoints {
   // Before setup_module: finds the checkpoint to resume from (options.resume: "auto" takes
   // the newest committed one under checkpoint_dir, or none; a path must be committed) and
   // checks that it fits this run. Returns the steps it had done (0 when starting fresh).
-  // Under NVMe offload of the optimizer it loads the weights into `model` here (the engine
-  // cannot take them after setup).
   int64_t open(nn::GPT& model);
   // After setup_optimizer: the parts of the weights and of the optimizer's and loss
   // scaler's state this rank holds.
@@ -76,7 +74,6 @@ class TrainCheckpoints {
   strategies::Strategy& strategy_;
   std::optional<strategies::checkpoint::Directory> directory_;
   std::unique_ptr<strategies::checkpoint::CheckpointReader> resume_from_;
-  bool weights_loaded_ = false;  // by open(), before setup
   std::thread writer_;           // the asynchronous save in flight, if any
   std::string writer_error_;     // its failure, reported by finish()
 };

@@ -29,7 +29,21 @@ std::vector<optim::ParamGroup> decay_groups(const nn::GPT& model, double weight_
   return {decay, no_decay};
 }
 
-// AdamW (the default) or SGD over nanoGPT's decay groups.
+
+std::unique_ptr<optim::LrSchedule> make_schedule(const TrainOptions& o) {
+  if (o.schedule == "cosine") {
+    return std::make_unique<optim::WarmupCosineSchedule>(o.lr, o.warmup_steps, o.steps, 0.1 * o.lr);
+  }
+  if (o.schedule == "constant") {
+    // Linear warmup, then flat: a cosine whose floor is its peak.
+    return std::make_unique<optim::WarmupCosineSchedule>(o.lr, o.warmup_steps,
+                                                         std::max(o.steps, o.warmup_steps), o.lr);
+  }
+  fail("[train_gpt] unknown --schedule '", o.schedule, "'; expected 'constant' or 'cosine'");
+}
+
+}  // namespace
+
 std::unique_ptr<optim::Optimizer> make_optimizer(const nn::GPT& model, const TrainOptions& o) {
   if (o.optimizer == "adamw") {
     return std::make_unique<optim::AdamW>(decay_groups(model, o.weight_decay),
@@ -49,20 +63,6 @@ std::unique_ptr<optim::Optimizer> make_optimizer(const nn::GPT& model, const Tra
   }
   fail("[train_gpt] unknown --optimizer '", o.optimizer, "'; expected 'adamw' or 'sgd'");
 }
-
-std::unique_ptr<optim::LrSchedule> make_schedule(const TrainOptions& o) {
-  if (o.schedule == "cosine") {
-    return std::make_unique<optim::WarmupCosineSchedule>(o.lr, o.warmup_steps, o.steps, 0.1 * o.lr);
-  }
-  if (o.schedule == "constant") {
-    // Linear warmup, then flat: a cosine whose floor is its peak.
-    return std::make_unique<optim::WarmupCosineSchedule>(o.lr, o.warmup_steps,
-                                                         std::max(o.steps, o.warmup_steps), o.lr);
-  }
-  fail("[train_gpt] unknown --schedule '", o.schedule, "'; expected 'constant' or 'cosine'");
-}
-
-}  // namespace
 
 std::string metrics_json_line(const StepMetrics& m) {
   nlohmann::json by_kind = nlohmann::json::object();

@@ -5,10 +5,12 @@
 
 #include <cstdint>
 #include <functional>
+#include <memory>
 #include <string>
 #include <vector>
 
 #include "nn/gpt.h"
+#include "optim/optimizer.h"
 #include "strategies/memory_report.h"
 #include "strategies/strategy.h"
 #include "tools/train_gpt/token_blocks.h"
@@ -61,6 +63,10 @@ struct StepMetrics {
 // "ms_per_step", "peak_bytes", "peak_bytes_by_kind": {"activations", "parameters",
 // "gradients", "optimizer_state", "communication", "offloaded"}}, no trailing newline.
 std::string metrics_json_line(const StepMetrics& m);
+
+// The optimizer train() builds for `model`: options.optimizer (AdamW or SGD) over nanoGPT's
+// groups (weight decay for parameters of 2 or more dimensions, none for the others).
+std::unique_ptr<optim::Optimizer> make_optimizer(const nn::GPT& model, const TrainOptions& options);
 
 // Trains `model` in place on `data` and calls on_step after each step. `strategy` (already
 // through setup_environment) spreads the work; null means single_device.
