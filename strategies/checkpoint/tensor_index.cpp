@@ -17,7 +17,6 @@ using json = nlohmann::json;
 
 namespace {
 
-constexpr uint64_t kBlockBytes = 1 << 20;
 constexpr const char* kPiecesKey = "loom.pieces";
 constexpr const char* kBlockKey = "loom.block_bytes";
 constexpr const char* kWholeChecksumPrefix = "loom.xxh3.";  // checked_file.h
@@ -107,7 +106,9 @@ void sort_shards(std::map<std::string, TensorEntry>& tensors) {
 
 }  // namespace
 
-void write_pieces(const fs::path& path, const std::vector<TensorPiece>& pieces) {
+void write_pieces(const fs::path& path, const std::vector<TensorPiece>& pieces,
+                  uint64_t block_bytes) {
+  if (block_bytes == 0) fail("[checkpoint] write_pieces: block_bytes must be positive");
   safetensors::TensorMap stored;
   json described = json::object();
   for (const TensorPiece& piece : pieces) {
@@ -118,8 +119,8 @@ void write_pieces(const fs::path& path, const std::vector<TensorPiece>& pieces) 
       fail("[checkpoint] write_pieces: ", key, " given twice for ", path.string());
     json checksums = json::array();
     const auto* bytes = static_cast<const char*>(host.raw_data());
-    for (uint64_t at = 0; at < host.nbytes(); at += kBlockBytes) {
-      const uint64_t length = std::min<uint64_t>(kBlockBytes, host.nbytes() - at);
+    for (uint64_t at = 0; at < host.nbytes(); at += block_bytes) {
+      const uint64_t length = std::min<uint64_t>(block_bytes, host.nbytes() - at);
       checksums.push_back(hex(XXH3_64bits(bytes + at, length)));
     }
     described[key] = {{"tensor", piece.name},
@@ -128,7 +129,7 @@ void write_pieces(const fs::path& path, const std::vector<TensorPiece>& pieces) 
                       {"xxh3", std::move(checksums)}};
   }
   safetensors::save(path, stored,
-                    {{kPiecesKey, described.dump()}, {kBlockKey, std::to_string(kBlockBytes)}});
+                    {{kPiecesKey, described.dump()}, {kBlockKey, std::to_string(block_bytes)}});
 }
 
 Index Index::of_files(const fs::path& checkpoint, const std::vector<std::string>& files) {

@@ -33,8 +33,11 @@ struct TensorPiece {
 };
 
 // Writes `pieces` into the safetensors file `path` (atomic, durable), each stored as
-// "<name>@<begin>", with their place and block checksums in the metadata.
-void write_pieces(const std::filesystem::path& path, const std::vector<TensorPiece>& pieces);
+// "<name>@<begin>", with their place and the checksums of their blocks of `block_bytes` in
+// the metadata.
+inline constexpr uint64_t kChecksumBlockBytes = 1 << 20;
+void write_pieces(const std::filesystem::path& path, const std::vector<TensorPiece>& pieces,
+                  uint64_t block_bytes = kChecksumBlockBytes);
 
 struct Shard {
   std::string file;  // relative to the checkpoint directory

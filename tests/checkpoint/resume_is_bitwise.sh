@@ -2,7 +2,8 @@
 # Resume is bitwise: for each configuration, 6 steps straight, and 3 steps with checkpoints
 # followed by a resume to 6, give the same per-step losses and gradient norms and the same
 # final weights (cmp of the saved files).
-# Two save asynchronously (--async-save); the last keeps the optimizer on NVMe.
+# Two save asynchronously (--async-save); the last keeps the optimizer on NVMe. The sharded
+# strategies write the sharded format, one the full format (weights gathered).
 #   resume_is_bitwise.sh TRAIN_GPT
 set -euo pipefail
 T=$1
@@ -25,6 +26,7 @@ check single_16mixed --precision 16-mixed
 check ddp --strategy ddp_spawn --devices 2
 check zero1_bf16 --strategy deepspeed_stage_1 --devices 2 --precision bf16-mixed
 check zero3 --strategy deepspeed_stage_3 --devices 2
+check zero3_full_format --strategy deepspeed_stage_3 --devices 2 --checkpoint-format full
 check fsdp_offload --strategy fsdp_cpu_offload --devices 2 --wrap-policy Block --optimizer sgd --momentum 0.9
 check ddp_async --strategy ddp_spawn --devices 2 --async-save
 check zero3_async --strategy deepspeed_stage_3 --devices 2 --async-save

@@ -8,6 +8,8 @@
 #include <fstream>
 
 #include "strategies/checkpoint/checked_file.h"
+#include "strategies/checkpoint/checkpoint_reader.h"
+#include "strategies/checkpoint/tensor_index.h"
 #include "strategies/checkpoint/directory.h"
 #include "tensor/error.h"
 #include "test_support.h"
@@ -48,6 +50,68 @@ TEST(CheckedFile, RoundTripsAndNamesACorruptTensor) {
   // A plain safetensors file is not taken for a checkpoint file.
   safetensors::save(file, {{"a", Tensor::from_vector<float>({1}, {1})}});
   EXPECT_NE(error_of([&] { load_checked(file); }).find("has no checksum"), std::string::npos);
+}
+
+// Flips one bit of the byte at `offset` of `file`.
+void flip_byte(const fs::path& file, uint64_t offset) {
+  std::fstream f(file, std::ios::in | std::ios::out | std::ios::binary);
+  f.seekg(static_cast<std::streamoff>(offset));
+  char c = 0;
+  f.read(&c, 1);
+  c ^= 1;
+  f.seekp(static_cast<std::streamoff>(offset));
+  f.write(&c, 1);
+}
+
+// A [6, 100] f32 tensor in two shards of two files, with 64-byte checksum blocks.
+TEST(TensorIndex, RangesReadOnlyTheBlocksTheyOverlapAndCheckThem) {
+  TempDir dir;
+  std::vector<float> values(600);
+  for (size_t i = 0; i < values.size(); ++i)
+    values[i] = static_cast<float>(i);
+  const Tensor whole = Tensor::from_vector<float>(values, {600});
+  auto part = [&](int64_t begin, int64_t length) {
+    return Tensor::make_view(whole, {length}, {1}, begin);
+  };
+  write_pieces(dir.path() / "a.safetensors", {{"w", {6, 100}, 0, part(0, 250)},
+                                              {"b", {}, 0, Tensor::from_vector<float>({7}, {1})}},
+               64);
+  write_pieces(dir.path() / "b.safetensors", {{"w", {6, 100}, 250, part(250, 350)}}, 64);
+  Index::of_files(dir.path(), {"a.safetensors", "b.safetensors"}).write(dir.path());
+
+  CheckpointReader reader(dir.path());
+  EXPECT_EQ(reader.entry("w").shards.size(), 2u);
+  Tensor out = Tensor::empty({20}, DType::F32, Device::cpu());
+  reader.read_into("w", 240, out);  // across both shards
+  for (int64_t i = 0; i < 20; ++i)
+    EXPECT_EQ(out.to_vector<float>()[i], static_cast<float>(240 + i));
+  EXPECT_LE(reader.bytes_read(), 4 * 64u) << "one or two 64-byte blocks on each side";
+  EXPECT_EQ(reader.read("w").to_vector<float>(), values);
+  EXPECT_EQ(reader.read("b").item(), 7.0);
+
+  // A flipped byte in the second shard's last block: a read of its first elements does not
+  // touch it, a read of the whole tensor names the file and the tensor.
+  const Shard& second = reader.entry("w").shards[1];
+  flip_byte(dir.path() / "b.safetensors", second.byte_end - 1);
+  CheckpointReader damaged(dir.path());
+  Tensor head = Tensor::empty({10}, DType::F32, Device::cpu());
+  damaged.read_into("w", 250, head);
+  EXPECT_EQ(head.to_vector<float>()[0], 250.0f);
+  const std::string e = error_of([&] { damaged.read("w"); });
+  EXPECT_NE(e.find("b.safetensors: tensor 'w' is corrupt"), std::string::npos) << e;
+
+  // Index and files must agree.
+  EXPECT_NE(error_of([&] { Index::of_files(dir.path(), {"a.safetensors"}); })
+                .find("tensor 'w' of shape [6,100] has shards for its first 250 of 600"),
+            std::string::npos);
+  write_pieces(dir.path() / "c.safetensors", {{"w", {6, 100}, 200, part(200, 100)}});
+  EXPECT_NE(error_of([&] { Index::of_files(dir.path(), {"a.safetensors", "c.safetensors"}); })
+                .find("has two shards holding elements [200, 250)"),
+            std::string::npos);
+  write_pieces(dir.path() / "d.safetensors", {{"w", {600}, 250, part(250, 350)}});
+  EXPECT_NE(error_of([&] { Index::of_files(dir.path(), {"a.safetensors", "d.safetensors"}); })
+                .find("is f32 [600] in d.safetensors but f32 [6,100] in a.safetensors"),
+            std::string::npos);
 }
 
 void write(const fs::path& path, const std::string& text) {
