@@ -91,7 +91,7 @@ GPT::GPT(const GPTConfig& config, uint64_t seed) : config_(config) {
   declare_parameter_use(wte_->weight());  // the tied output projection in forward()
 }
 
-Tensor GPT::forward(const Tensor& tokens) const {
+Tensor GPT::positions_for(const Tensor& tokens) const {
   if (tokens.dim() != 2)
     fail("GPT::forward: expected tokens [B, T], got ", shape_str(tokens.shape()));
   int64_t time = tokens.size(1);
@@ -102,25 +102,58 @@ Tensor GPT::forward(const Tensor& tokens) const {
   std::vector<int64_t> positions(static_cast<size_t>(time));
   for (int64_t t = 0; t < time; ++t)
     positions[t] = t;
-  Tensor pos = Tensor::from_vector(positions, {time}, tokens.device());
+  return Tensor::from_vector(positions, {time}, tokens.device());
+}
+
+Tensor GPT::forward(const Tensor& tokens) const {
+  Tensor pos = positions_for(tokens);
   return run_forward([&] { return forward_body(tokens, pos); });
+}
+
+Tensor GPT::block_forward(int64_t index, const Tensor& x) const {
+  const std::shared_ptr<Block> block = *(h_->begin() + index);
+  if (!config_.checkpoint_activations) return block->forward(x);
+  return autograd::checkpoint(
+      [block](const std::vector<Tensor>& in) { return std::vector<Tensor>{block->forward(in[0])}; },
+      {x})[0];
+}
+
+Tensor GPT::head(const Tensor& x) const {
+  return matmul(ln_f_->forward(x), transpose(wte_->weight(), 0, 1));  // tied output projection
 }
 
 Tensor GPT::forward_body(const Tensor& tokens, const Tensor& pos) const {
   Tensor x = add(wte_->forward(tokens), wpe_->forward(pos));
-  for (const auto& block : *h_) {
-    if (config_.checkpoint_activations) {
-      x = autograd::checkpoint(
-          [block](const std::vector<Tensor>& in) {
-            return std::vector<Tensor>{block->forward(in[0])};
-          },
-          {x})[0];
-    } else {
-      x = block->forward(x);
-    }
+  for (int64_t i = 0; i < config_.layers; ++i)
+    x = block_forward(i, x);
+  return head(x);
+}
+
+Tensor GPT::forward_layer(int64_t layer, const Tensor& x) const {
+  if (layer < 0 || layer >= layer_count())
+    fail("GPT::forward_layer: layer ", layer, " of ", layer_count());
+  if (layer == 0) return add(wte_->forward(x), wpe_->forward(positions_for(x)));
+  if (layer <= config_.layers) return block_forward(layer - 1, x);
+  return head(x);
+}
+
+Tensor GPT::layer_loss(const Tensor& logits, const Tensor& targets) const {
+  return cross_entropy(logits.reshape({-1, config_.vocab_size}), targets.reshape({-1}));
+}
+
+std::vector<std::string> GPT::layer_parameters(int64_t layer) const {
+  if (layer < 0 || layer >= layer_count())
+    fail("GPT::layer_parameters: layer ", layer, " of ", layer_count());
+  std::vector<std::string> prefixes;
+  if (layer == 0) prefixes = {"wte.", "wpe."};
+  else if (layer <= config_.layers) prefixes = {"h." + std::to_string(layer - 1) + "."};
+  else prefixes = {"ln_f.", "wte."};
+  std::vector<std::string> names;
+  for (const auto& [name, p] : named_parameters()) {
+    for (const std::string& prefix : prefixes)
+      if (name.rfind(prefix, 0) == 0) names.push_back(name);
   }
-  x = ln_f_->forward(x);
-  return matmul(x, transpose(wte_->weight(), 0, 1));  // tied output projection
+  return names;
 }
 
 Tensor GPT::loss(const Tensor& tokens, const Tensor& targets) const {
@@ -128,8 +161,7 @@ Tensor GPT::loss(const Tensor& tokens, const Tensor& targets) const {
     fail("GPT::loss: targets ", shape_str(targets.shape()), " must match tokens ",
          shape_str(tokens.shape()));
   }
-  Tensor logits = forward(tokens);
-  return cross_entropy(logits.reshape({-1, config_.vocab_size}), targets.reshape({-1}));
+  return layer_loss(forward(tokens), targets);
 }
 
 }  // namespace loom::nn

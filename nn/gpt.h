@@ -5,6 +5,7 @@
 
 #include <memory>
 
+#include "nn/layered_model.h"
 #include "nn/layers.h"
 
 namespace loom::nn {
@@ -56,7 +57,9 @@ class Block : public Module {
   std::shared_ptr<MLP> mlp_;
 };
 
-class GPT : public Module {
+// As a LayeredModel: layer 0 is the embedding (wte + wpe), layers 1..L the blocks, layer L+1
+// the head (ln_f and the output projection tied to wte).
+class GPT : public Module, public LayeredModel {
  public:
   // Initialises like GPT-2: N(0, 0.02) weights, residual projections (c_proj) scaled by
   // 1/sqrt(2 * layers), zero biases, LayerNorm weight 1. Deterministic given `seed`.
@@ -67,9 +70,19 @@ class GPT : public Module {
   Tensor loss(const Tensor& tokens, const Tensor& targets) const;
   const GPTConfig& config() const { return config_; }
 
+  int64_t layer_count() const override { return config_.layers + 2; }
+  // Layer 0 takes tokens [B, T]; the head gives logits [B, T, vocab].
+  Tensor forward_layer(int64_t layer, const Tensor& x) const override;
+  Tensor layer_loss(const Tensor& logits, const Tensor& targets) const override;
+  std::vector<std::string> layer_parameters(int64_t layer) const override;
+
  private:
   // The forward after its argument checks, run between the forward hooks.
   Tensor forward_body(const Tensor& tokens, const Tensor& positions) const;
+  // Checks tokens [B, T] and gives the positions 0..T-1.
+  Tensor positions_for(const Tensor& tokens) const;
+  Tensor block_forward(int64_t index, const Tensor& x) const;
+  Tensor head(const Tensor& x) const;
 
   GPTConfig config_;
   std::shared_ptr<Embedding> wte_, wpe_;
