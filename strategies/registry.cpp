@@ -5,6 +5,7 @@
 #include <mutex>
 
 #include "strategies/data_parallel.h"
+#include "strategies/pipeline/pipeline_strategy.h"
 #include "strategies/sharded/sharded_strategy.h"
 
 namespace loom::strategies {
@@ -45,6 +46,11 @@ struct Registry {
         [](const StrategyOptions& o) { return std::make_unique<DDPStrategy>(o); },
         "ddp that tolerates parameters without gradients",
         [](StrategyOptions& o) { o.ddp.find_unused_parameters = true; }};
+    entries["pipeline"] = {
+        [](const StrategyOptions& o) { return std::make_unique<PipelineStrategy>(o); },
+        "pipeline parallel: the model's layers split into --pp stages that pass micro-batches "
+        "along, data parallel across the rest of the ranks",
+        {}};
     add_sharded_strategies();
   }
 

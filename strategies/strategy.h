@@ -31,6 +31,7 @@
 #include "strategies/local_launch.h"
 #include "strategies/model_averaging.h"
 #include "strategies/parameter_parts.h"
+#include "strategies/pipeline/options.h"
 #include "strategies/plugins.h"
 #include "strategies/sharded/options.h"
 
@@ -70,6 +71,8 @@ struct StrategyOptions {
   // The sharded strategies' engine options (strategies/sharded/options.h); each registry name
   // sets its stage and offload, users set the wrap policy and prefetching.
   sharded::ShardingOptions sharding = {};
+  // The pipeline strategy's stages, micro-batches and schedule (strategies/pipeline/).
+  pipeline::PipelineOptions pipeline = {};
   // FSDP's sharding_strategy for the fsdp names: FULL_SHARD (default), SHARD_GRAD_OP,
   // NO_SHARD.
   std::string fsdp_sharding_strategy = "FULL_SHARD";
@@ -175,6 +178,10 @@ class Strategy {
 
   virtual int rank() const { return 0; }
   virtual int world_size() const { return 1; }
+  // The replica this rank belongs to and how many there are: which data a rank reads. Equal
+  // to rank() and world_size() except where ranks of one replica split the model (pipeline).
+  virtual int data_parallel_rank() const { return rank(); }
+  virtual int data_parallel_size() const { return world_size(); }
   virtual int local_rank() const { return 0; }
   bool is_global_zero() const { return rank() == 0; }
   // The device this process computes on: the accelerator's device for local_rank().

@@ -285,6 +285,21 @@ int run(int argc, char** argv) {
   app.add_option("--local-sgd-warmup", strategy_options.local_sgd_warmup,
                  "DDP: steps of ordinary gradient averaging before local SGD starts")
       ->capture_default_str();
+  strategies::pipeline::PipelineOptions& pipeline = strategy_options.pipeline;
+  app.add_option("--pp", pipeline.stages,
+                 "pipeline stages (docs/parallelism.md); above 1 selects --strategy pipeline, "
+                 "with the data-parallel size the world divided by it")
+      ->capture_default_str();
+  app.add_option("--micro-batches", pipeline.micro_batches,
+                 "pipeline: each data-parallel rank's --batch rows split into this many")
+      ->capture_default_str();
+  app.add_option("--pp-schedule", pipeline.schedule, "pipeline schedule: gpipe or 1f1b")
+      ->check(CLI::IsMember({"gpipe", "1f1b"}))
+      ->capture_default_str();
+  app.add_option("--pp-balance", pipeline.balance,
+                 "pipeline: layers per stage, e.g. 2,3 (the embedding, each block and the head "
+                 "count as layers; default: balanced by parameter count)")
+      ->delimiter(',');
   strategies::sharded::ShardingOptions& sharding = strategy_options.sharding;
   app.add_option("--wrap-policy", sharding.auto_wrap_policy,
                  "sharded strategies: which modules are units: none (the whole model), params "
@@ -346,6 +361,13 @@ int run(int argc, char** argv) {
     deepspeed = strategies::load_deepspeed_config(deepspeed_config_path);
     strategy_name = take_deepspeed_config(*deepspeed, app, o, strategy_options);
   }
+  if (pipeline.stages > 1 && strategy_name == "single_device") strategy_name = "pipeline";
+  if (pipeline.stages > 1 && strategy_name != "pipeline") {
+    fail("[train_gpt] --pp ", pipeline.stages, " runs the pipeline strategy (data parallel over "
+         "the rest of the ranks); drop --strategy ", strategy_name);
+  }
+  if (strategy_name == "pipeline" && app.count("--devices") == 0)
+    strategy_options.devices = std::to_string(pipeline.stages);
   std::unique_ptr<strategies::Strategy> strategy =
       strategies::StrategyRegistry::get(strategy_name, strategy_options);
   check_sharding_flags(app, *strategy);

@@ -11,9 +11,11 @@
 #include "optim/lr_schedule.h"
 #include "optim/sgd.h"
 #include "strategies/data_parallel.h"
+#include "strategies/pipeline/pipeline_strategy.h"
 #include "strategies/memory_report.h"
 #include "strategies/trace.h"
 #include "tensor/ops.h"
+#include "strategies/pipeline/pipeline_strategy.h"
 #include "tools/train_gpt/train_state.h"
 
 namespace loom::train_gpt {
@@ -98,7 +100,9 @@ void train(nn::GPT& model, const TokenBlocks& data, const TrainOptions& options,
   checkpoints.load_state(optimizer);
   strategies::reset_memory_peaks(s.root_device());  // peaks of training, not of setup
   const int64_t accum = std::max<int64_t>(options.grad_accum, 1);
-  const int64_t world = s.world_size(), rank = s.rank();
+  // Replicas read different data; the ranks of one replica (pipeline stages) the same.
+  const int64_t world = s.data_parallel_size(), rank = s.data_parallel_rank();
+  auto* pipeline = dynamic_cast<strategies::PipelineStrategy*>(&s);
   strategies::Trace* trace = strategies::current_trace();
   for (int64_t step = first_step; step < options.steps; ++step) {
     auto start = std::chrono::steady_clock::now();
@@ -133,8 +137,10 @@ void train(nn::GPT& model, const TokenBlocks& data, const TrainOptions& options,
         }
         return loss;
       };
-      Tensor loss = s.forward_backward(loss_of_rows, batch.tokens.size(0),
-                                       accum > 1 ? 1.0 / static_cast<double>(accum) : 1.0);
+      const double scale = accum > 1 ? 1.0 / static_cast<double>(accum) : 1.0;
+      Tensor loss = pipeline != nullptr
+                        ? pipeline->train_batch(batch.tokens, batch.targets, scale)
+                        : s.forward_backward(loss_of_rows, batch.tokens.size(0), scale);
       backward_span.reset();
       local_loss += loss.item() / static_cast<double>(accum);
       tokens += batch.tokens.numel();

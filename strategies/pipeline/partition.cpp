@@ -1,0 +1,64 @@
+#include "strategies/pipeline/partition.h"
+
+#include <algorithm>
+#include <limits>
+#include <map>
+#include <string>
+
+#include "tensor/error.h"
+
+namespace loom::strategies::pipeline {
+
+std::vector<int64_t> partition_layers(const nn::LayeredModel& model, const nn::Module& module,
+                                      int stages, const std::vector<int64_t>& balance) {
+  const int64_t layers = model.layer_count();
+  if (stages < 1 || stages > layers)
+    fail("[pipeline] ", stages, " stages for a model of ", layers, " layers; use 1 to ", layers);
+  std::vector<int64_t> bounds{0};
+  if (!balance.empty()) {
+    if (static_cast<int>(balance.size()) != stages)
+      fail("[pipeline] balance lists ", balance.size(), " stages; --pp is ", stages);
+    for (int64_t n : balance) {
+      if (n < 1) fail("[pipeline] balance gives a stage ", n, " layers; every stage needs >= 1");
+      bounds.push_back(bounds.back() + n);
+    }
+    if (bounds.back() != layers) {
+      fail("[pipeline] balance adds up to ", bounds.back(), " layers; the model has ", layers,
+           " (GPT: the embedding, each block, the head)");
+    }
+    return bounds;
+  }
+  std::map<std::string, int64_t> sizes;
+  for (const auto& [name, p] : module.named_parameters())
+    sizes[name] = p.numel();
+  std::vector<int64_t> prefix{0};  // parameter elements of layers [0, i)
+  for (int64_t l = 0; l < layers; ++l) {
+    int64_t n = 0;
+    for (const std::string& name : model.layer_parameters(l))
+      n += sizes.at(name);
+    prefix.push_back(prefix.back() + n);
+  }
+  // best[s][i]: the smallest largest stage splitting layers [0, i) into s stages.
+  constexpr int64_t kNone = std::numeric_limits<int64_t>::max();
+  std::vector<std::vector<int64_t>> best(stages + 1, std::vector<int64_t>(layers + 1, kNone));
+  std::vector<std::vector<int64_t>> cut(stages + 1, std::vector<int64_t>(layers + 1, 0));
+  best[0][0] = 0;
+  for (int s = 1; s <= stages; ++s) {
+    for (int64_t i = s; i <= layers; ++i) {
+      for (int64_t j = s - 1; j < i; ++j) {
+        if (best[s - 1][j] == kNone) continue;
+        const int64_t worst = std::max(best[s - 1][j], prefix[i] - prefix[j]);
+        if (worst < best[s][i]) {
+          best[s][i] = worst;
+          cut[s][i] = j;
+        }
+      }
+    }
+  }
+  std::vector<int64_t> reversed{layers};
+  for (int s = stages; s > 0; --s)
+    reversed.push_back(cut[s][reversed.back()]);
+  return {reversed.rbegin(), reversed.rend()};
+}
+
+}  // namespace loom::strategies::pipeline

@@ -1,0 +1,265 @@
+#include "strategies/pipeline/pipeline_strategy.h"
+
+#include <algorithm>
+
+#include "optim/clip_grad.h"
+#include "strategies/pipeline/partition.h"
+#include "tensor/error.h"
+#include "tensor/ops.h"
+
+namespace loom::strategies {
+
+PipelineStrategy::PipelineStrategy(StrategyOptions options) : ParallelStrategy(std::move(options)) {
+  const pipeline::PipelineOptions& o = options_.pipeline;
+  if (o.stages < 1) fail("[pipeline] --pp must be >= 1, got ", o.stages);
+  if (o.micro_batches < 1) fail("[pipeline] --micro-batches must be >= 1, got ", o.micro_batches);
+  if (options_.precision == "16-mixed") {
+    fail("[pipeline] precision 16-mixed (a loss scaler across stages) is not built; use "
+         "bf16-mixed or 32-true");
+  }
+  schedule_ = pipeline::make_schedule(o.schedule);
+}
+
+void PipelineStrategy::setup_environment() {
+  join_or_start_ranks(LaunchMethod::Spawn);
+  const int pp = options_.pipeline.stages;
+  const int dp = DeviceMesh::data_parallel_size(group_->size(), pp, 1);
+  mesh_.emplace(group_, DeviceMesh::Dims{{"dp", dp}, {"pp", pp}});
+  stage_ = mesh_->coordinate("pp");
+  make_links();
+}
+
+const DeviceMesh& PipelineStrategy::mesh() const {
+  if (!mesh_) fail("[pipeline] the mesh exists after setup_environment()");
+  return *mesh_;
+}
+
+// Four splits of the pp group: activations and gradients, each over the links between even
+// and odd neighbour pairs (a stage is in two links, one of each parity).
+void PipelineStrategy::make_links() {
+  const auto& pp = mesh_->group("pp");
+  const int p = pp->size(), s = stage_;
+  std::shared_ptr<comm::ProcessGroup> link[2][2];  // [activations/gradients][parity]
+  for (int kind = 0; kind < 2; ++kind) {
+    for (int parity = 0; parity < 2; ++parity) {
+      // Link l joins stages l and l + 1; this split holds the links of one parity.
+      const int l = (s - parity) % 2 == 0 ? s : s - 1;  // the link of this parity s is in
+      const bool member = l >= 0 && l + 1 < p && (l % 2) == parity;
+      link[kind][parity] = pp->split(member ? l : -1, s);
+    }
+  }
+  if (s + 1 < p) {
+    links_.to_next = link[0][s % 2];
+    links_.grads_from_next = link[1][s % 2];
+  }
+  if (s > 0) {
+    links_.from_prev = link[0][(s - 1) % 2];
+    links_.grads_to_prev = link[1][(s - 1) % 2];
+  }
+}
+
+void PipelineStrategy::setup_module(nn::Module& module) {
+  if (!mesh_) fail("[pipeline] setup_module before setup_environment(): no process group");
+  const auto* layered = dynamic_cast<const nn::LayeredModel*>(&module);
+  if (layered == nullptr) {
+    fail("[pipeline] the module is not an nn::LayeredModel (a model that runs as consecutive "
+         "layers, as nn::GPT does); a pipeline cannot split it");
+  }
+  Strategy::setup_module(module);
+  verify_same_parameters(module.named_parameters(), *group_);
+  const int p = options_.pipeline.stages;
+  bounds_ = pipeline::partition_layers(*layered, module, p, options_.pipeline.balance);
+  params_ = module.named_parameters();
+  stages_of_.clear();
+  for (int s = 0; s < p; ++s)
+    for (int64_t l = bounds_[s]; l < bounds_[s + 1]; ++l)
+      for (const std::string& name : layered->layer_parameters(l))
+        stages_of_[name].insert(s);
+  tied_.clear();
+  for (const auto& [name, stages] : stages_of_) {
+    if (stages.size() == 1) continue;
+    if (stages != std::set<int>{0, p - 1}) {
+      fail("[pipeline] parameter ", name, " is used by stages other than the first and the "
+           "last together; only a first/last tie (an embedding tied to the head) is supported");
+    }
+    tied_.push_back(name);
+  }
+  for (const auto& [name, p] : params_) {
+    if (!stages_of_.count(name)) fail("[pipeline] parameter ", name, " belongs to no layer");
+  }
+  // The first and the last stage of each replica sum the tied gradients.
+  const bool in_tie = !tied_.empty() && (stage_ == 0 || stage_ == p - 1);
+  tie_group_ = mesh_->group("pp")->split(in_tie ? 0 : -1, stage_);
+  // Free what this stage does not use; the rest starts equal on every rank (checked above).
+  for (auto& [name, param] : params_) {
+    if (!stages_of_.at(name).count(stage_)) param.storage()->release();
+  }
+  runner_ = std::make_unique<pipeline::StageRunner>(*layered, stage_, p, bounds_[stage_],
+                                                    bounds_[stage_ + 1], links_);
+}
+
+void PipelineStrategy::setup_optimizer(optim::Optimizer& optimizer) {
+  std::set<const TensorImpl*> mine;
+  for (const auto& [name, param] : params_)
+    if (stages_of_.at(name).count(stage_)) mine.insert(param.impl_ptr().get());
+  for (optim::ParamGroup& group : optimizer.param_groups()) {
+    std::vector<Tensor> kept;
+    for (const Tensor& t : group.params)
+      if (mine.count(t.impl_ptr().get())) kept.push_back(t);
+    group.params = std::move(kept);
+  }
+}
+
+Tensor PipelineStrategy::forward_backward(const LossOfRows&, int64_t, double) {
+  fail("[pipeline] a pipeline runs whole batches: call train_batch(inputs, targets) instead of "
+       "forward_backward (train_gpt does)");
+}
+
+void PipelineStrategy::set_backward_sync(bool sync) {
+  if (!sync) {
+    fail("[pipeline] gradient accumulation without synchronisation (no_sync) is not built; "
+         "use --micro-batches, which accumulates inside a batch");
+  }
+}
+
+Tensor PipelineStrategy::train_batch(const Tensor& inputs, const Tensor& targets, double scale) {
+  if (!runner_) fail("[pipeline] train_batch before setup_module()");
+  const int m = options_.pipeline.micro_batches;
+  const int64_t rows = inputs.size(0);
+  if (rows % m != 0) {
+    fail("[pipeline] a batch of ", rows, " rows does not split into --micro-batches ", m,
+         "; use a --batch that ", m, " divides");
+  }
+  std::vector<Tensor> in, out;
+  for (int k = 0; k < m; ++k) {
+    const int64_t begin = rows / m * k;
+    if (runner_->first()) in.push_back(inputs.narrow(0, begin, rows / m).contiguous());
+    if (runner_->last()) out.push_back(targets.narrow(0, begin, rows / m).contiguous());
+  }
+  const std::vector<pipeline::Action> actions =
+      schedule_->actions(stage_, options_.pipeline.stages, m);
+  pipeline::check_actions(actions, m, schedule_->name());
+  const double loss = runner_->run(actions, m, in, out, scale / m, compute_dtype_);
+  synchronise_gradients();
+  // Every rank reports the batch's loss: the last stage's, broadcast along the pipeline.
+  Tensor value = Tensor::full({1}, loss, DType::F64);
+  mesh_->group("pp")->broadcast(value, {.root = options_.pipeline.stages - 1})->wait();
+  return value.reshape({});
+}
+
+void PipelineStrategy::synchronise_gradients() {
+  NoGradGuard no_grad;
+  std::vector<comm::WorkPtr> pending;
+  if (tie_group_) {
+    for (const std::string& name : tied_) {  // the same order on both stages
+      for (auto& [n, param] : params_) {
+        if (n != name) continue;
+        Tensor g = param.grad();
+        if (!g.defined()) g = Tensor::zeros(param.shape(), param.dtype());
+        pending.push_back(tie_group_->allreduce(g, {.op = comm::ReduceOp::Sum}));
+        param.set_grad(g);
+      }
+    }
+    for (const comm::WorkPtr& w : pending)
+      w->wait();
+    pending.clear();
+  }
+  const auto& dp = mesh_->group("dp");
+  if (dp->size() == 1) return;
+  for (auto& [name, param] : params_) {
+    if (!stages_of_.at(name).count(stage_)) continue;
+    Tensor g = param.grad();
+    if (!g.defined()) fail("[pipeline] parameter ", name, " got no gradient on stage ", stage_);
+    pending.push_back(dp->allreduce(g, {.op = comm::ReduceOp::Avg}));
+  }
+  for (const comm::WorkPtr& w : pending)
+    w->wait();
+}
+
+int PipelineStrategy::owner_stage(const std::string& name) const {
+  return *stages_of_.at(name).begin();
+}
+
+// Per-parameter norms on the owning stage, gathered along the pipeline, combined in the
+// module's parameter order: what optim::grad_norm gives on one device.
+double PipelineStrategy::gradient_norm(double norm_type) {
+  if (!runner_) fail("[pipeline] gradient_norm before setup_module()");
+  std::vector<double> norms(params_.size(), 0.0);
+  for (size_t i = 0; i < params_.size(); ++i) {
+    const auto& [name, param] = params_[i];
+    if (owner_stage(name) == stage_ && param.grad().defined())
+      norms[i] = optim::grad_norm({param}, norm_type);
+  }
+  Tensor all = Tensor::from_vector(norms, {static_cast<int64_t>(norms.size())});
+  mesh_->group("pp")->allreduce(all, {.op = comm::ReduceOp::Sum})->wait();
+  return optim::total_norm(all.to_vector<double>(), norm_type);
+}
+
+double PipelineStrategy::clip_gradients(double max_norm, double norm_type) {
+  const double total = gradient_norm(norm_type);
+  std::vector<Tensor> mine;
+  for (const auto& [name, param] : params_)
+    if (stages_of_.at(name).count(stage_)) mine.push_back(param);
+  return optim::clip_grads_to_norm(mine, max_norm, total, norm_type);
+}
+
+int PipelineStrategy::data_parallel_rank() const {
+  return mesh().coordinate("dp");
+}
+
+int PipelineStrategy::data_parallel_size() const {
+  return mesh().size("dp");
+}
+
+std::vector<ParameterPart> PipelineStrategy::held_parameters() {
+  std::vector<ParameterPart> parts;
+  for (const auto& [name, param] : params_)
+    if (owner_stage(name) == stage_) parts.push_back({name, 0, param.detach().reshape({param.numel()})});
+  return parts;
+}
+
+std::pair<int, int> PipelineStrategy::replica_of_held() const {
+  return {data_parallel_rank(), data_parallel_size()};
+}
+
+void PipelineStrategy::load_parameter_parts(const ReadParameter& read) {
+  NoGradGuard no_grad;
+  for (auto& [name, param] : params_) {
+    if (!stages_of_.at(name).count(stage_)) continue;
+    Tensor host = Tensor::empty({param.numel()}, param.dtype(), Device::cpu());
+    read(name, 0, host);
+    Tensor target = param.detach();
+    copy_(target, host.reshape(param.shape()));
+  }
+}
+
+// Every parameter from its owner (dp rank 0 of the owning stage) to every rank.
+std::map<std::string, Tensor> PipelineStrategy::gather_state(
+    const std::map<std::string, Tensor>& state) {
+  std::map<std::string, Tensor> whole = state;
+  for (auto& [name, param] : params_) {
+    Tensor copy = stages_of_.at(name).count(stage_) ? param.detach().clone()
+                                                    : Tensor::empty(param.shape(), param.dtype());
+    const int root = mesh_->rank_with({{"dp", 0}, {"pp", owner_stage(name)}});
+    group_->broadcast(copy, {.root = root})->wait();
+    if (whole.count(name)) whole[name] = copy;
+  }
+  return whole;
+}
+
+void PipelineStrategy::gather_full_module() {
+  if (!runner_) return;
+  NoGradGuard no_grad;
+  for (auto& [name, param] : params_) {
+    if (!param.storage()->materialized()) param.storage()->materialize();
+    Tensor copy = stages_of_.at(name).count(stage_) ? param.detach().clone()
+                                                    : Tensor::empty(param.shape(), param.dtype());
+    const int root = mesh_->rank_with({{"dp", 0}, {"pp", owner_stage(name)}});
+    group_->broadcast(copy, {.root = root})->wait();
+    Tensor target = param.detach();
+    copy_(target, copy);
+  }
+  runner_.reset();
+}
+
+}  // namespace loom::strategies

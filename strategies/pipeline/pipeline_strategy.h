@@ -1,0 +1,86 @@
+#pragma once
+// The pipeline strategy ("pipeline", docs/parallelism.md): the ranks form a mesh of dp x pp
+// (strategies/device_mesh.h); the pp ranks of a replica each run a contiguous run of the
+// model's layers (partition.h; the model must be an nn::LayeredModel, as GPT is) on the
+// micro-batches of a batch in a schedule's order (schedule.h, stage_runner.h), and the dp
+// replicas of a stage average their gradients. A parameter two stages use (GPT's tied wte:
+// the embedding on the first stage, the output projection on the last) lives on both and its
+// two gradients are summed across them every step (as Megatron does), so both copies stay
+// identical.
+//
+// Each rank builds the whole model (so that the weights are those of the single-device
+// model) and frees the storage of the parameters its stage does not use in setup_module.
+//
+// A step: train_batch(inputs, targets) instead of forward_backward; then the usual
+// gradient_norm / clip_gradients (over every stage, each parameter counted once),
+// optimizer_step (each rank its stage's parameters). Not supported yet (clear errors):
+// 16-mixed, gradient accumulation without synchronisation (set_backward_sync(false)).
+
+#include <map>
+#include <memory>
+#include <optional>
+#include <set>
+#include <string>
+#include <vector>
+
+#include "nn/layered_model.h"
+#include "strategies/device_mesh.h"
+#include "strategies/pipeline/schedule.h"
+#include "strategies/pipeline/stage_runner.h"
+#include "strategies/strategy.h"
+
+namespace loom::strategies {
+
+class PipelineStrategy : public ParallelStrategy {
+ public:
+  explicit PipelineStrategy(StrategyOptions options);
+  std::string name() const override { return "pipeline"; }
+  void setup_environment() override;
+  // Partitions the module (an nn::LayeredModel) into stages and keeps this rank's.
+  void setup_module(nn::Module& module) override;
+  // Keeps this stage's parameters in the optimizer's groups.
+  void setup_optimizer(optim::Optimizer& optimizer) override;
+  // One batch (this data-parallel rank's rows) through the pipeline: split into
+  // options().pipeline.micro_batches micro-batches by rows, each loss multiplied by
+  // scale / micro_batches before its backward; gradients synchronised (tied parameters
+  // summed across stages, then averaged over the stage's dp replicas). Returns the batch's
+  // mean loss on every rank. Collective.
+  Tensor train_batch(const Tensor& inputs, const Tensor& targets, double scale = 1.0);
+  Tensor forward_backward(const LossOfRows& loss_of_rows, int64_t rows, double scale) override;
+  void set_backward_sync(bool sync) override;
+  double gradient_norm(double norm_type = 2.0) override;
+  double clip_gradients(double max_norm, double norm_type = 2.0) override;
+  void gather_full_module() override;
+  std::map<std::string, Tensor> gather_state(const std::map<std::string, Tensor>& state) override;
+
+  int data_parallel_rank() const override;
+  int data_parallel_size() const override;
+
+  std::vector<ParameterPart> held_parameters() override;
+  std::pair<int, int> replica_of_held() const override;
+  void load_parameter_parts(const ReadParameter& read) override;
+
+  const DeviceMesh& mesh() const;
+  int stage() const { return stage_; }
+  // Stage s runs layers [layer_bounds()[s], layer_bounds()[s + 1]).
+  const std::vector<int64_t>& layer_bounds() const { return bounds_; }
+
+ private:
+  // The stage (lowest) that owns a parameter for norms, checkpoints and gathering.
+  int owner_stage(const std::string& name) const;
+  void make_links();
+  void synchronise_gradients();
+
+  std::optional<DeviceMesh> mesh_;
+  std::unique_ptr<pipeline::Schedule> schedule_;
+  std::unique_ptr<pipeline::StageRunner> runner_;
+  pipeline::StageLinks links_;
+  std::shared_ptr<comm::ProcessGroup> tie_group_;  // the first and last stage, when tied
+  std::vector<int64_t> bounds_;
+  int stage_ = 0;
+  std::vector<std::pair<std::string, Tensor>> params_;  // the module's, in order
+  std::map<std::string, std::set<int>> stages_of_;      // the stages that use each parameter
+  std::vector<std::string> tied_;  // parameters the first and the last stage both use
+};
+
+}  // namespace loom::strategies

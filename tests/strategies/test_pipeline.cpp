@@ -1,0 +1,258 @@
+// Pipeline parallelism (strategies/pipeline/, docs/parallelism.md): schedules, partitioning,
+// the device mesh, and training through real processes against single-device gradient
+// accumulation over the same micro-batches.
+
+#include <gtest/gtest.h>
+
+#include <chrono>
+#include <cmath>
+#include <cstring>
+#include <functional>
+#include <string>
+#include <vector>
+
+#include "../comm/multiprocess.h"
+#include "../comm/test_support.h"
+#include "comm/error.h"
+#include "nn/gpt.h"
+#include "strategies/device_mesh.h"
+#include "strategies/pipeline/partition.h"
+#include "strategies/pipeline/pipeline_strategy.h"
+#include "strategies/pipeline/schedule.h"
+#include "strategies/registry.h"
+#include "tiny_training.h"
+
+namespace loom::strategies {
+namespace {
+
+using comm::testing::expect_all_ok;
+using comm::testing::run_ranks;
+using loom::testing::error_of;
+using namespace std::chrono_literals;
+using pipeline::Action;
+
+TEST(PipelineSchedules, EveryActionOnceBackwardInOrderAnd1F1BHoldsAtMostTheStagesLeft) {
+  for (const std::string name : {"gpipe", "1f1b"}) {
+    auto schedule = pipeline::make_schedule(name);
+    for (int p : {1, 2, 4}) {
+      for (int m : {1, 3, 8}) {
+        for (int s = 0; s < p; ++s) {
+          const std::vector<Action> actions = schedule->actions(s, p, m);
+          EXPECT_NO_THROW(pipeline::check_actions(actions, m, name));
+          const int peak = pipeline::peak_in_flight(actions);
+          const int expected = name == "gpipe" ? m : std::min(p - s, m);
+          EXPECT_EQ(peak, expected) << name << " stage " << s << " of " << p;
+        }
+      }
+    }
+  }
+  // p = 4, m = 8: the first stage runs 3 forwards ahead, the last one alternates from the start.
+  const auto one_f_one_b = pipeline::make_schedule("1f1b");
+  const std::vector<Action> first = one_f_one_b->actions(0, 4, 8);
+  EXPECT_EQ(first[3], (Action{Action::Forward, 3}));
+  EXPECT_EQ(first[4], (Action{Action::Backward, 0}));
+  const std::vector<Action> last = one_f_one_b->actions(3, 4, 8);
+  EXPECT_EQ(last[1], (Action{Action::Backward, 0}));
+  EXPECT_DOUBLE_EQ(one_f_one_b->theoretical_bubble(4, 8), 3.0 / 11.0);
+
+  EXPECT_NE(error_of([] { pipeline::make_schedule("zigzag"); }).find("expected gpipe or 1f1b"),
+            std::string::npos);
+  const std::vector<Action> out_of_order = {{Action::Forward, 0}, {Action::Forward, 1},
+                                            {Action::Backward, 1}, {Action::Backward, 0}};
+  EXPECT_NE(error_of([&] { pipeline::check_actions(out_of_order, 2, "mine"); })
+                .find("backward of micro-batch 1 where 0 is due"),
+            std::string::npos);
+}
+
+TEST(PipelinePartition, BalanceOrParameterCounts) {
+  nn::GPT model(testing::tiny_gpt_config(DType::F32), 1);  // 2 blocks: 4 layers
+  EXPECT_EQ(pipeline::partition_layers(model, model, 2, {1, 3}), (std::vector<int64_t>{0, 1, 4}));
+  const std::vector<int64_t> auto_split = pipeline::partition_layers(model, model, 2, {});
+  EXPECT_EQ(auto_split.front(), 0);
+  EXPECT_EQ(auto_split.back(), 4);
+  EXPECT_EQ(auto_split.size(), 3u);
+  EXPECT_NE(error_of([&] { pipeline::partition_layers(model, model, 2, {1, 2}); })
+                .find("balance adds up to 3 layers; the model has 4"),
+            std::string::npos);
+  EXPECT_NE(error_of([&] { pipeline::partition_layers(model, model, 5, {}); })
+                .find("5 stages for a model of 4 layers"),
+            std::string::npos);
+}
+
+TEST(DeviceMesh, CoordinatesGroupsAndSizesThatDoNotFactor) {
+  EXPECT_EQ(DeviceMesh::data_parallel_size(8, 2, 2), 2);
+  EXPECT_NE(error_of([] { DeviceMesh::data_parallel_size(6, 4, 1); })
+                .find("world sizes that work are multiples of 4 (4, 8, 12, ...)"),
+            std::string::npos);
+  expect_all_ok(run_ranks(4, [](int rank, int size, std::shared_ptr<comm::Store> store) {
+    auto world = std::make_shared<comm::ProcessGroup>(rank, size, store,
+                                                      comm::GroupOptions{.timeout = 20s}, "mesh");
+    DeviceMesh mesh(world, {{"dp", 2}, {"pp", 2}});
+    EXPECT_EQ(mesh.coordinate("dp"), rank / 2);
+    EXPECT_EQ(mesh.coordinate("pp"), rank % 2);
+    EXPECT_EQ(mesh.group("pp")->rank(), rank % 2);
+    EXPECT_EQ(mesh.group("dp")->rank(), rank / 2);
+    EXPECT_EQ(mesh.rank_with({{"pp", 0}}), rank / 2 * 2);
+    Tensor t = Tensor::from_vector<float>({static_cast<float>(rank)}, {1});
+    mesh.group("dp")->allreduce(t, {.op = comm::ReduceOp::Sum})->wait();
+    EXPECT_EQ(t.item(), rank % 2 == 0 ? 0.0 + 2.0 : 1.0 + 3.0);  // ranks {0, 2} and {1, 3}
+    EXPECT_EQ(mesh.describe(), "dp 2 x pp 2");
+  }));
+}
+
+std::vector<std::vector<float>> train(Strategy* strategy, int64_t batch, int64_t accum,
+                                      int64_t steps) {
+  nn::GPTConfig c = testing::tiny_gpt_config(DType::F32);
+  nn::GPT model(c, 4);
+  train_gpt::TrainOptions o;
+  o.model = c;
+  o.batch = batch;
+  o.steps = steps;
+  o.grad_accum = accum;
+  o.lr = 1e-2;
+  o.grad_clip = 0.05;
+  train_gpt::TokenBlocks data(testing::tiny_corpus(), batch, testing::kTinyContext,
+                              testing::kTinyVocab);
+  train_gpt::train(model, data, o, [](const train_gpt::StepMetrics&) {}, strategy);
+  std::vector<std::vector<float>> out;
+  for (const Tensor& p : model.parameters())
+    out.push_back(p.to_vector<float>());
+  return out;
+}
+
+std::unique_ptr<Strategy> make_pipeline(int stages, int micro_batches, const std::string& schedule,
+                                        std::vector<int64_t> balance, int rank, int size,
+                                        const std::shared_ptr<comm::Store>& store,
+                                        const std::string& group) {
+  StrategyOptions options;
+  options.pipeline = {.stages = stages, .micro_batches = micro_batches, .schedule = schedule,
+                      .balance = std::move(balance)};
+  auto strategy = std::make_unique<PipelineStrategy>(options);
+  strategy->set_process_group(std::make_shared<comm::ProcessGroup>(
+      rank, size, store, comm::GroupOptions{.timeout = 30s}, group));
+  strategy->setup_environment();
+  return strategy;
+}
+
+// The largest difference between two sets of weights, and whether any but the tied wte
+// (parameter 0) differs at all.
+double max_difference(const std::vector<std::vector<float>>& a,
+                      const std::vector<std::vector<float>>& b, bool& untied_differ) {
+  double worst = 0;
+  untied_differ = false;
+  for (size_t i = 0; i < a.size(); ++i) {
+    for (size_t j = 0; j < a[i].size(); ++j) {
+      const double d = std::abs(static_cast<double>(a[i][j]) - b[i][j]);
+      worst = std::max(worst, d);
+      if (i != 0 && d != 0) untied_differ = true;
+    }
+  }
+  return worst;
+}
+
+// One stage: exactly single-device accumulation over the same micro-batches. Two and three
+// stages, any schedule and balance: after one step every parameter but the tied wte is
+// bitwise that, wte within rounding (its two stages' sums are added, Megatron's order); all
+// schedules and balances give bitwise the same weights; several steps stay within 1e-5.
+TEST(Pipeline, MatchesSingleDeviceAccumulationOverTheSameMicroBatches) {
+  const auto reference_1 = train(nullptr, 2, 2, 1);
+  const auto reference_4 = train(nullptr, 2, 2, 4);
+  expect_all_ok(run_ranks(1, [&](int rank, int size, std::shared_ptr<comm::Store> store) {
+    auto s = make_pipeline(1, 2, "1f1b", {}, rank, size, store, "one");
+    EXPECT_EQ(train(s.get(), 4, 1, 4), reference_4) << "one stage";
+    s->teardown();
+  }));
+  for (int stages : {2, 3}) {
+    expect_all_ok(run_ranks(stages, [&](int rank, int size, std::shared_ptr<comm::Store> store) {
+      auto gpipe = make_pipeline(stages, 2, "gpipe", {}, rank, size, store, "step");
+      const auto one_step = train(gpipe.get(), 4, 1, 1);
+      gpipe->teardown();
+      bool untied_differ = false;
+      EXPECT_LE(max_difference(one_step, reference_1, untied_differ), 1e-8);
+      EXPECT_FALSE(untied_differ) << stages << " stages: only the tied wte may differ";
+
+      auto a = make_pipeline(stages, 2, "gpipe", {}, rank, size, store, "gpipe");
+      const auto with_gpipe = train(a.get(), 4, 1, 4);
+      a->teardown();
+      auto b = make_pipeline(stages, 2, "1f1b", stages == 2 ? std::vector<int64_t>{1, 3}
+                                                           : std::vector<int64_t>{2, 1, 1},
+                             rank, size, store, "1f1b");
+      const auto with_1f1b = train(b.get(), 4, 1, 4);
+      b->teardown();
+      EXPECT_EQ(with_gpipe, with_1f1b) << stages << " stages: schedules and balances agree";
+      EXPECT_LE(max_difference(with_gpipe, reference_4, untied_differ), 1e-5);
+    }, 120s));
+  }
+}
+
+// dp 2 x pp 2 on 4 ranks: the two replicas read different data and average; the result is
+// within rounding of DDP over 2 ranks with accumulation over the same micro-batches.
+TEST(Pipeline, ComposesWithDataParallelism) {
+  std::vector<std::vector<float>> ddp_weights;
+  expect_all_ok(run_ranks(2, [&](int rank, int size, std::shared_ptr<comm::Store> store) {
+    auto ddp = StrategyRegistry::get("ddp", {});
+    dynamic_cast<ParallelStrategy&>(*ddp).set_process_group(std::make_shared<comm::ProcessGroup>(
+        rank, size, store, comm::GroupOptions{.timeout = 30s}, "ddp"));
+    ddp->setup_environment();
+    const auto w = train(ddp.get(), 2, 2, 3);
+    ddp->teardown();
+    // Pipeline over 4 ranks, in the same processes' children: compared in the parent below.
+    if (rank == 0) {
+      std::FILE* f = std::fopen("/tmp/loom_pp_ddp_reference.bin", "wb");
+      for (const auto& p : w)
+        std::fwrite(p.data(), sizeof(float), p.size(), f);
+      std::fclose(f);
+    }
+  }));
+  expect_all_ok(run_ranks(4, [&](int rank, int size, std::shared_ptr<comm::Store> store) {
+    auto s = make_pipeline(2, 2, "1f1b", {}, rank, size, store, "dp-pp");
+    EXPECT_EQ(s->data_parallel_size(), 2);
+    const auto w = train(s.get(), 4, 1, 3);
+    s->teardown();
+    std::vector<float> reference;
+    std::FILE* f = std::fopen("/tmp/loom_pp_ddp_reference.bin", "rb");
+    float v = 0;
+    while (std::fread(&v, sizeof v, 1, f) == 1)
+      reference.push_back(v);
+    std::fclose(f);
+    size_t at = 0;
+    double worst = 0;
+    for (const auto& p : w)
+      for (float x : p)
+        worst = std::max(worst, std::abs(static_cast<double>(x) - reference.at(at++)));
+    EXPECT_EQ(at, reference.size());
+    EXPECT_LE(worst, 1e-5) << "rank " << rank;
+  }, 120s));
+  std::remove("/tmp/loom_pp_ddp_reference.bin");
+}
+
+// A stage that dies mid-batch: its neighbour fails with a CommError within the timeout.
+TEST(Pipeline, ADeadStageIsACommErrorNotAHang) {
+  const auto results = run_ranks(2, [](int rank, int size, std::shared_ptr<comm::Store> store) {
+    StrategyOptions options;
+    options.pipeline.stages = 2;
+    options.pipeline.micro_batches = 2;
+    PipelineStrategy s(options);
+    s.set_process_group(std::make_shared<comm::ProcessGroup>(
+        rank, size, store, comm::GroupOptions{.timeout = 5s}, "dead"));
+    s.setup_environment();
+    nn::GPT model(testing::tiny_gpt_config(DType::F32), 4);
+    s.setup_module(model);
+    Tensor tokens = Tensor::zeros({4, testing::kTinyContext}, DType::I64);
+    if (rank == 1) _exit(0);  // the last stage is gone before the first batch
+    const auto start = std::chrono::steady_clock::now();
+    std::string e = "no error";
+    try {
+      s.train_batch(tokens, tokens);
+    } catch (const loom::CommError& error) {
+      e = error.what();
+    }
+    EXPECT_NE(e.find("peer 1"), std::string::npos) << e;
+    EXPECT_LT(std::chrono::steady_clock::now() - start, 20s);
+    _exit(::testing::Test::HasFailure() ? 1 : 0);
+  });
+  EXPECT_EQ(results[0].exit_code, 0);
+}
+
+}  // namespace
+}  // namespace loom::strategies
