@@ -214,6 +214,9 @@ class Strategy {
   // many there are). Replicating strategies: (rank, world size); sharded: (0, 1), or the
   // rank among the replicas of a shard under HYBRID_SHARD.
   virtual std::pair<int, int> replica_of_held() const { return {rank(), world_size()}; }
+  // Whether this rank writes the checkpoint state of `param` (its parts and its optimizer
+  // state): a parameter several pipeline stages hold is written by one of them.
+  virtual bool writes_state_of(const std::string& /*param*/) const { return true; }
   // What each tensor the optimizer updates is made of. Replicating strategies: each is a
   // whole parameter.
   virtual OptimizerLayout optimizer_layout(const optim::Optimizer& optimizer) const;

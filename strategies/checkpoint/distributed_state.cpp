@@ -93,6 +93,7 @@ std::vector<TensorPiece> state_pieces(Strategy& strategy, const nn::Module& modu
       const std::vector<OptimizerPart>& parts = layout.at(state->group).at(state->index);
       const Tensor flat = flattened(value.to(Device::cpu()));
       for (const OptimizerPart& part : parts) {
+        if (!strategy.writes_state_of(part.param)) continue;  // another stage's copy
         const std::string name = kStatePrefix + part.param + "." + state->entry;
         if (optimizer->is_scalar_state(state->entry)) {
           // One number per parameter: from the holder of its first element.

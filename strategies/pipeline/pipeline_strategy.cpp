@@ -214,8 +214,12 @@ int PipelineStrategy::data_parallel_size() const {
 std::vector<ParameterPart> PipelineStrategy::held_parameters() {
   std::vector<ParameterPart> parts;
   for (const auto& [name, param] : params_)
-    if (owner_stage(name) == stage_) parts.push_back({name, 0, param.detach().reshape({param.numel()})});
+    if (writes_state_of(name)) parts.push_back({name, 0, param.detach().reshape({param.numel()})});
   return parts;
+}
+
+bool PipelineStrategy::writes_state_of(const std::string& param) const {
+  return owner_stage(param) == stage_;
 }
 
 std::pair<int, int> PipelineStrategy::replica_of_held() const {

@@ -58,6 +58,7 @@ class PipelineStrategy : public ParallelStrategy {
 
   std::vector<ParameterPart> held_parameters() override;
   std::pair<int, int> replica_of_held() const override;
+  bool writes_state_of(const std::string& param) const override;
   void load_parameter_parts(const ReadParameter& read) override;
 
   const DeviceMesh& mesh() const;

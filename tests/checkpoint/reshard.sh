@@ -34,6 +34,14 @@ test -f "$d/z3_full/model.safetensors"
 test -f "$d/ddp_sharded3/rank-00002.safetensors"
 resumed converted_full_to_ddp "$d/z3_full" --strategy ddp_spawn
 resumed converted_sharded_to_zero2 "$d/ddp_sharded3" --strategy deepspeed_stage_2
+# A pipeline's checkpoint (2 stages, the tied wte on both, written once) resumes under
+# ZeRO-3 on 2 ranks from the same state: diff against the single-device conversion.
+"$T" "${M[@]}" --pp 2 --micro-batches 2 --steps 3 --checkpoint-dir "$d/pp" --save-every 3 > "$d/log" 2>&1
+"$C" convert "$d/pp/step-00000003" "$d/pp_full" --to full > /dev/null
+"$C" diff "$d/pp/step-00000003" "$d/pp_full" > "$d/diff3"
+grep -q "the checkpoints are equal" "$d/diff3"
+two --strategy deepspeed_stage_3 --steps 4 --resume "$d/pp/step-00000003"
+grep -q "resuming from .* (3 steps done, saved by pipeline on 2 rank(s))" "$d/log"
 # Another world size: one rank, and ZeRO-3 on 3 ranks, go on from step 3.
 "$T" "${M[@]}" --steps 6 --resume "$d/z3/step-00000003" > "$d/log" 2>&1
 grep -q "resuming from .* (3 steps done, saved by deepspeed_stage_3 on 2 rank(s))" "$d/log"

@@ -1,7 +1,7 @@
 // Resharding on load (docs/checkpoints.md): a checkpoint saved under one strategy and world
 // size, loaded under another and saved again, holds bitwise the same tensors (weights,
-// optimizer state, counters), hop after hop through replicating, sharded, hybrid, offloaded
-// and NVMe strategies on 1 to 4 ranks. Each hop runs in real processes.
+// optimizer state, counters), hop after hop through replicating, sharded, hybrid, offloaded,
+// NVMe and pipeline strategies on 1 to 4 ranks. Each hop runs in real processes.
 
 #include <gtest/gtest.h>
 
@@ -131,6 +131,10 @@ void block_units(StrategyOptions& o, const fs::path&) {
   o.sharding.auto_wrap_policy = "Block";
 }
 
+auto stages(int count) {
+  return [count](StrategyOptions& o, const fs::path&) { o.pipeline.stages = count; };
+}
+
 TEST(Resharding, AdamWStateSurvivesEveryStrategyAndWorldSize) {
   expect_hops_keep_the_state(
       {{"ddp", 2},
@@ -142,6 +146,9 @@ TEST(Resharding, AdamWStateSurvivesEveryStrategyAndWorldSize) {
           o.sharding.shard_group_size = 2;
           o.sharding.auto_wrap_policy = "Block";
         }},
+       {"pipeline", 2, stages(2)},
+       {"pipeline", 4, stages(2)},  // dp 2 x pp 2
+       {"pipeline", 3, stages(3)},
        {"single_device", 1},
        {"fsdp_cpu_offload", 2}},
       "adamw");
