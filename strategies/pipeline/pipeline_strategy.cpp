@@ -176,6 +176,21 @@ void PipelineStrategy::synchronise_gradients() {
     w->wait();
 }
 
+std::vector<double> PipelineStrategy::measured_bubbles() {
+  const auto& pp = mesh().group("pp");
+  const double mine = runner_ && runner_->total_seconds() > 0
+                          ? 1.0 - runner_->busy_seconds() / runner_->total_seconds()
+                          : 0.0;
+  Tensor all = Tensor::zeros({pp->size()}, DType::F64);
+  Tensor one = Tensor::full({1}, mine, DType::F64);
+  pp->all_gather(all, one)->wait();
+  return all.to_vector<double>();
+}
+
+double PipelineStrategy::theoretical_bubble() const {
+  return schedule_->theoretical_bubble(options_.pipeline.stages, options_.pipeline.micro_batches);
+}
+
 int PipelineStrategy::owner_stage(const std::string& name) const {
   return *stages_of_.at(name).begin();
 }
@@ -263,7 +278,6 @@ void PipelineStrategy::gather_full_module() {
     Tensor target = param.detach();
     copy_(target, copy);
   }
-  runner_.reset();
 }
 
 }  // namespace loom::strategies

@@ -61,6 +61,12 @@ class PipelineStrategy : public ParallelStrategy {
   bool writes_state_of(const std::string& param) const override;
   void load_parameter_parts(const ReadParameter& read) override;
 
+  // Each stage's measured bubble so far (1 - computing time / time in train_batch), in
+  // stage order, and the schedule's theoretical one. Collective over the pipeline.
+  std::vector<double> measured_bubbles();
+  double theoretical_bubble() const;
+  const pipeline::Schedule& schedule() const { return *schedule_; }
+
   const DeviceMesh& mesh() const;
   int stage() const { return stage_; }
   // Stage s runs layers [layer_bounds()[s], layer_bounds()[s + 1]).

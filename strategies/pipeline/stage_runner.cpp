@@ -1,5 +1,7 @@
 #include "strategies/pipeline/stage_runner.h"
 
+#include <chrono>
+
 #include "tensor/autocast.h"
 #include "tensor/error.h"
 #include "tensor/ops.h"
@@ -8,7 +10,11 @@ namespace loom::strategies::pipeline {
 
 namespace {
 constexpr int kHeaderWords = 8;  // dtype, rank, up to 6 dimensions
+
+double seconds_since(std::chrono::steady_clock::time_point start) {
+  return std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
 }
+}  // namespace
 
 StageRunner::StageRunner(const nn::LayeredModel& model, int stage, int stages, int64_t layer_begin,
                          int64_t layer_end, StageLinks links)
@@ -56,6 +62,7 @@ void StageRunner::post_gradient_receives() {
 double StageRunner::run(const std::vector<Action>& actions, int micro_batches,
                         const std::vector<Tensor>& inputs, const std::vector<Tensor>& targets,
                         double loss_scale, DType compute_dtype) {
+  const auto started = std::chrono::steady_clock::now();
   const auto m = static_cast<size_t>(micro_batches);
   if ((first() && inputs.size() != m) || (last() && targets.size() != m))
     fail("[pipeline] stage ", stage_, ": ", m, " micro-batches need as many inputs and targets");
@@ -83,6 +90,7 @@ double StageRunner::run(const std::vector<Action>& actions, int micro_batches,
   for (const comm::WorkPtr& send : sends_)
     send->wait();
   sends_.clear();
+  total_s_ += seconds_since(started);
   double sum = 0;
   for (double v : loss_values_)
     sum += v;
@@ -100,6 +108,7 @@ void StageRunner::forward(int k, const std::vector<Tensor>& inputs,
     x.set_requires_grad(true);  // a leaf whose gradient goes back to the previous stage
     inputs_[k] = x;
   }
+  const auto started = std::chrono::steady_clock::now();
   Tensor y = x;
   {
     AutocastGuard autocast(compute_dtype);
@@ -107,6 +116,7 @@ void StageRunner::forward(int k, const std::vector<Tensor>& inputs,
       y = model_.forward_layer(layer, y);
     if (last()) losses_[k] = model_.layer_loss(y, targets[k]);
   }
+  busy_s_ += seconds_since(started);
   if (last()) {
     loss_values_[k] = losses_[k].item();
     return;
@@ -123,12 +133,14 @@ void StageRunner::forward(int k, const std::vector<Tensor>& inputs,
 }
 
 void StageRunner::backward(int k, double loss_scale) {
+  if (!last()) grad_receives_[k]->wait();
+  const auto started = std::chrono::steady_clock::now();
   if (last()) {
     (loss_scale != 1.0 ? mul(losses_[k], loss_scale) : losses_[k]).backward();
   } else {
-    grad_receives_[k]->wait();
     outputs_[k].backward(grads_[k]);
   }
+  busy_s_ += seconds_since(started);
   if (!first()) {
     const Tensor g = inputs_[k].grad();
     if (!g.defined()) fail("[pipeline] stage ", stage_, ": micro-batch ", k, "'s input got no gradient");

@@ -43,6 +43,11 @@ class StageRunner {
              const std::vector<Tensor>& inputs, const std::vector<Tensor>& targets,
              double loss_scale, DType compute_dtype);
 
+  // Time spent computing (forward and backward, not waiting for neighbours) and in run()
+  // altogether, summed over the batches run so far: 1 - busy / total is the stage's bubble.
+  double busy_seconds() const { return busy_s_; }
+  double total_seconds() const { return total_s_; }
+
   bool first() const { return stage_ == 0; }
   bool last() const { return stage_ == stages_ - 1; }
 
@@ -65,6 +70,7 @@ class StageRunner {
   std::vector<Tensor> received_, inputs_, outputs_, losses_, grads_;
   std::vector<double> loss_values_;
   std::vector<comm::WorkPtr> receives_, grad_receives_, sends_;
+  double busy_s_ = 0, total_s_ = 0;
 };
 
 }  // namespace loom::strategies::pipeline

@@ -15,6 +15,7 @@
 #include "nn/gpt_io.h"
 #include "strategies/deepspeed_config.h"
 #include "strategies/devices.h"
+#include "strategies/pipeline/pipeline_strategy.h"
 #include "strategies/memory_estimate.h"
 #include "strategies/memory_report.h"
 #include "strategies/registry.h"
@@ -285,6 +286,12 @@ int run(int argc, char** argv) {
   app.add_option("--local-sgd-warmup", strategy_options.local_sgd_warmup,
                  "DDP: steps of ordinary gradient averaging before local SGD starts")
       ->capture_default_str();
+  std::string activation_checkpointing = "none";
+  app.add_option("--activation-checkpointing", activation_checkpointing,
+                 "recompute the activations of each module of this class during backward "
+                 "instead of keeping them: Block (each transformer block) or none")
+      ->check(CLI::IsMember({"none", "Block"}))
+      ->capture_default_str();
   strategies::pipeline::PipelineOptions& pipeline = strategy_options.pipeline;
   app.add_option("--pp", pipeline.stages,
                  "pipeline stages (docs/parallelism.md); above 1 selects --strategy pipeline, "
@@ -401,6 +408,7 @@ int run(int argc, char** argv) {
       if (chief) std::fprintf(stderr, "[deepspeed-config] warning: %s\n", warning.c_str());
     if (chief) std::printf("train_gpt: --deepspeed-config selects %s\n", strategy_name.c_str());
   }
+  o.model.checkpoint_activations = activation_checkpointing == "Block";
   nn::GPT model(o.model, o.seed);
   if (init) model.load_state_dict(nn::gpt_state_from_checkpoint(*init));
 
@@ -475,6 +483,17 @@ int run(int argc, char** argv) {
     if (chief) std::printf("train_gpt: trace written to %s\n", path.c_str());
   }
   if (chief && !save_path.empty()) nn::save_gpt(save_path, model);
+  if (auto* pp = dynamic_cast<strategies::PipelineStrategy*>(strategy.get())) {
+    const std::vector<double> bubbles = pp->measured_bubbles();  // collective
+    if (chief) {
+      std::string measured;
+      for (double b : bubbles)
+        measured += (measured.empty() ? "" : " ") + std::to_string(b).substr(0, 5);
+      std::printf("pipeline: %s, %d micro-batches, %s: bubble per stage %s (theory %.3f)\n",
+                  pp->mesh().describe().c_str(), strategy_options.pipeline.micro_batches,
+                  pp->schedule().name().c_str(), measured.c_str(), pp->theoretical_bubble());
+    }
+  }
   strategy->barrier();
   if (!chief) return 0;
   if (const strategies::LossScaler* scaler = strategy->loss_scaler()) {
