@@ -5,6 +5,7 @@
 #include <xxhash.h>
 
 #include <algorithm>
+#include <cstdint>
 #include <cerrno>
 #include <cstring>
 #include <vector>
@@ -50,12 +51,24 @@ void CheckpointReader::read_into(const std::string& name, int64_t begin, Tensor&
   const uint64_t element = dtype_size(e.dtype);
   auto* into = static_cast<char*>(out.raw_data());
   std::vector<char> buffer;
+  struct Copy {
+    int64_t local, length, to;  // shard elements [local, local + length) -> out[to, ...)
+  };
   for (const Shard& shard : e.shards) {
-    const int64_t lo = std::max(begin, shard.begin), hi = std::min(end, shard.end);
-    if (lo >= hi) continue;
-    // The checksum blocks [first, last] that hold shard bytes [from, to).
-    const uint64_t from = static_cast<uint64_t>(lo - shard.begin) * element;
-    const uint64_t to = static_cast<uint64_t>(hi - shard.begin) * element;
+    auto cached = runs_.find(&shard);
+    if (cached == runs_.end()) cached = runs_.emplace(&shard, runs_of(shard, e.shape)).first;
+    std::vector<Copy> copies;
+    for (const ShardRun& run : cached->second) {
+      const int64_t lo = std::max(begin, run.global), hi = std::min(end, run.global + run.length);
+      if (lo < hi) copies.push_back({run.local + (lo - run.global), hi - lo, lo - begin});
+    }
+    if (copies.empty()) continue;
+    // The checksum blocks [first, last] that hold the shard bytes [from, to) the copies need.
+    uint64_t from = UINT64_MAX, to = 0;
+    for (const Copy& c : copies) {
+      from = std::min<uint64_t>(from, static_cast<uint64_t>(c.local) * element);
+      to = std::max<uint64_t>(to, static_cast<uint64_t>(c.local + c.length) * element);
+    }
     const uint64_t first = from / shard.block_bytes, last = (to - 1) / shard.block_bytes;
     const uint64_t read_from = first * shard.block_bytes;
     const uint64_t read_to =
@@ -79,15 +92,17 @@ void CheckpointReader::read_into(const std::string& name, int64_t begin, Tensor&
       const uint64_t sum = XXH3_64bits(buffer.data() + at, length);
       if (sum != shard.checksums[block]) {
         fail("[checkpoint] ", (path_ / shard.file).string(), ": tensor '", name,
-             "' is corrupt (elements [", shard.begin, ", ", shard.end, "), bytes ",
-             shard.byte_begin + block * shard.block_bytes, " to ",
+             "' is corrupt (bytes ", shard.byte_begin + block * shard.block_bytes, " to ",
              shard.byte_begin + block * shard.block_bytes + length,
-             " fail their checksum); the file was damaged after it was written: restore it "
-             "or resume from an earlier checkpoint");
+             " of the file fail their checksum); the file was damaged after it was written: "
+             "restore it or resume from an earlier checkpoint");
       }
     }
-    std::memcpy(into + static_cast<uint64_t>(lo - begin) * element,
-                buffer.data() + (from - read_from), to - from);
+    for (const Copy& c : copies) {
+      std::memcpy(into + static_cast<uint64_t>(c.to) * element,
+                  buffer.data() + (static_cast<uint64_t>(c.local) * element - read_from),
+                  static_cast<uint64_t>(c.length) * element);
+    }
   }
 }
 

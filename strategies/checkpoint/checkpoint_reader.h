@@ -42,6 +42,7 @@ class CheckpointReader {
   std::filesystem::path path_;
   Index index_;
   std::map<std::string, int> open_;  // file -> descriptor
+  std::map<const Shard*, std::vector<ShardRun>> runs_;  // computed once per shard
   uint64_t bytes_read_ = 0;
 };
 

@@ -45,19 +45,16 @@ std::string shape_text(const Shape& shape) {
   return json(shape).dump();
 }
 
-// The shards of every tensor, sorted, must tile [0, numel) exactly.
+// The shards of every tensor must hold each element exactly once, in as many bytes as their
+// elements need, with a checksum per block.
 void check_tiling(const std::map<std::string, TensorEntry>& tensors, const std::string& origin) {
   for (const auto& [name, entry] : tensors) {
-    int64_t at = 0;
+    struct Located {
+      ShardRun run;
+      const Shard* shard;
+    };
+    std::vector<Located> runs;
     for (const Shard& shard : entry.shards) {
-      if (shard.begin != at) {
-        fail("[checkpoint] ", origin, ": tensor '", name, "' has ",
-             shard.begin > at ? "no shard for" : "two shards holding", " elements [",
-             std::min(at, shard.begin), ", ", std::max(at, shard.begin), ") (next shard in ",
-             shard.file, "); expected its shards to hold each of its ", numel_of(entry.shape),
-             " elements once: a shard file is missing from the index, or the index is of "
-             "another save");
-      }
       const uint64_t expected =
           static_cast<uint64_t>(shard.end - shard.begin) * dtype_size(entry.dtype);
       if (shard.byte_end - shard.byte_begin != expected || shard.end < shard.begin) {
@@ -66,12 +63,27 @@ void check_tiling(const std::map<std::string, TensorEntry>& tensors, const std::
              " bytes; expected ", expected);
       }
       const uint64_t bytes = shard.byte_end - shard.byte_begin;
-      const uint64_t blocks = bytes == 0 ? 0 : (bytes + shard.block_bytes - 1) / std::max<uint64_t>(shard.block_bytes, 1);
+      const uint64_t blocks = bytes == 0 ? 0 : (bytes + shard.block_bytes - 1) / shard.block_bytes;
       if (shard.checksums.size() != blocks) {
         fail("[checkpoint] ", origin, ": tensor '", name, "' shard in ", shard.file, " has ",
              shard.checksums.size(), " checksums for ", blocks, " block(s)");
       }
-      at = shard.end;
+      for (const ShardRun& run : runs_of(shard, entry.shape))
+        runs.push_back({run, &shard});
+    }
+    std::sort(runs.begin(), runs.end(),
+              [](const Located& a, const Located& b) { return a.run.global < b.run.global; });
+    int64_t at = 0;
+    for (const Located& r : runs) {
+      if (r.run.global != at) {
+        fail("[checkpoint] ", origin, ": tensor '", name, "' has ",
+             r.run.global > at ? "no shard for" : "two shards holding", " elements [",
+             std::min(at, r.run.global), ", ", std::max(at, r.run.global), ") (next shard in ",
+             r.shard->file, "); expected its shards to hold each of its ", numel_of(entry.shape),
+             " elements once: a shard file is missing from the index, or the index is of "
+             "another save");
+      }
+      at = r.run.global + r.run.length;
     }
     if (at != numel_of(entry.shape)) {
       fail("[checkpoint] ", origin, ": tensor '", name, "' of shape ", shape_text(entry.shape),
@@ -79,6 +91,23 @@ void check_tiling(const std::map<std::string, TensorEntry>& tensors, const std::
            " elements only; a shard file is missing from the index");
     }
   }
+}
+
+// A box's place in a tensor of `shape`: its first element and element count; throws when it
+// does not fit.
+std::pair<int64_t, int64_t> box_extent(const Shape& offsets, const Shape& sizes, const Shape& shape,
+                                       const std::string& what) {
+  if (offsets.size() != shape.size() || sizes.size() != shape.size())
+    fail("[checkpoint] ", what, ": a box of ", offsets.size(), " dimensions in a tensor of ", shape.size());
+  int64_t first = 0, count = 1;
+  for (size_t d = 0; d < shape.size(); ++d) {
+    if (offsets[d] < 0 || sizes[d] < 0 || offsets[d] + sizes[d] > shape[d])
+      fail("[checkpoint] ", what, ": box ", shape_text(offsets), " + ", shape_text(sizes),
+           " leaves the tensor's shape ", shape_text(shape));
+    first = first * shape[d] + offsets[d];
+    count *= sizes[d];
+  }
+  return {first, count};
 }
 
 void add_shard(std::map<std::string, TensorEntry>& tensors, const std::string& name, DType dtype,
@@ -106,6 +135,39 @@ void sort_shards(std::map<std::string, TensorEntry>& tensors) {
 
 }  // namespace
 
+std::vector<ShardRun> runs_of(const Shard& shard, const Shape& shape) {
+  if (shard.sizes.empty()) return {{shard.begin, 0, shard.end - shard.begin}};
+  const size_t dims = shape.size();
+  if (dims == 0) return {{0, 0, 1}};
+  std::vector<int64_t> stride(dims, 1);
+  for (size_t d = dims - 1; d-- > 0;)
+    stride[d] = stride[d + 1] * shape[d + 1];
+  const int64_t row = shard.sizes[dims - 1];
+  int64_t rows = 1;
+  for (size_t d = 0; d + 1 < dims; ++d)
+    rows *= shard.sizes[d];
+  std::vector<ShardRun> runs;
+  if (row == 0) return runs;
+  std::vector<int64_t> index(dims, 0);  // within the box, the last dimension left at 0
+  for (int64_t r = 0; r < rows; ++r) {
+    int64_t global = 0;
+    for (size_t d = 0; d < dims; ++d)
+      global += (shard.offsets[d] + index[d]) * stride[d];
+    const int64_t local = r * row;
+    if (!runs.empty() && runs.back().global + runs.back().length == global &&
+        runs.back().local + runs.back().length == local) {
+      runs.back().length += row;
+    } else {
+      runs.push_back({global, local, row});
+    }
+    for (size_t d = dims - 1; d-- > 0;) {  // the next row: an odometer over the leading dims
+      if (++index[d] < shard.sizes[d]) break;
+      index[d] = 0;
+    }
+  }
+  return runs;
+}
+
 void write_pieces(const fs::path& path, const std::vector<TensorPiece>& pieces,
                   uint64_t block_bytes) {
   if (block_bytes == 0) fail("[checkpoint] write_pieces: block_bytes must be positive");
@@ -114,7 +176,20 @@ void write_pieces(const fs::path& path, const std::vector<TensorPiece>& pieces,
   for (const TensorPiece& piece : pieces) {
     const Tensor host = piece.values.to(Device::cpu()).contiguous();
     if (host.dim() != 1) fail("[checkpoint] write_pieces: piece of ", piece.name, " is not 1-D");
-    const std::string key = piece.name + "@" + std::to_string(piece.begin);
+    const bool box = !piece.sizes.empty();
+    std::string key = piece.name + "@";
+    if (box) {
+      const auto [first, count] = box_extent(piece.offsets, piece.sizes, piece.shape, piece.name);
+      (void)first;
+      if (count != host.numel())
+        fail("[checkpoint] write_pieces: box of ", piece.name, " holds ", count, " elements, values ", host.numel());
+      for (size_t d = 0; d < piece.offsets.size(); ++d) {
+        if (d > 0) key += ',';
+        key += std::to_string(piece.offsets[d]);
+      }
+    } else {
+      key += std::to_string(piece.begin);
+    }
     if (!stored.emplace(key, host).second)
       fail("[checkpoint] write_pieces: ", key, " given twice for ", path.string());
     json checksums = json::array();
@@ -123,10 +198,13 @@ void write_pieces(const fs::path& path, const std::vector<TensorPiece>& pieces,
       const uint64_t length = std::min<uint64_t>(block_bytes, host.nbytes() - at);
       checksums.push_back(hex(XXH3_64bits(bytes + at, length)));
     }
-    described[key] = {{"tensor", piece.name},
-                      {"shape", piece.shape},
-                      {"begin", piece.begin},
-                      {"xxh3", std::move(checksums)}};
+    described[key] = {{"tensor", piece.name}, {"shape", piece.shape}, {"xxh3", std::move(checksums)}};
+    if (box) {
+      described[key]["offsets"] = piece.offsets;
+      described[key]["sizes"] = piece.sizes;
+    } else {
+      described[key]["begin"] = piece.begin;
+    }
   }
   safetensors::save(path, stored,
                     {{kPiecesKey, described.dump()}, {kBlockKey, std::to_string(block_bytes)}});
@@ -146,8 +224,12 @@ Index Index::of_files(const fs::path& checkpoint, const std::vector<std::string>
           fail("[checkpoint] ", path.string(), ": tensor '", e.name, "' has no checksum; "
                "expected a file written by a Loom checkpoint");
         }
-        Shard shard{file, 0, numel_of(e.shape), e.begin, e.end,
-                    std::max<uint64_t>(e.end - e.begin, 1), {}};
+        Shard shard;
+        shard.file = file;
+        shard.end = numel_of(e.shape);
+        shard.byte_begin = e.begin;
+        shard.byte_end = e.end;
+        shard.block_bytes = std::max<uint64_t>(e.end - e.begin, 1);
         if (e.end > e.begin) shard.checksums.push_back(parse_hex(sum->second, path.string()));
         add_shard(index.tensors, e.name, e.dtype, e.shape, std::move(shard), path.string());
       }
@@ -171,13 +253,28 @@ Index Index::of_files(const fs::path& checkpoint, const std::vector<std::string>
       try {
         const json& d = described.at(e.name);
         if (e.shape.size() != 1) fail("stored piece is not 1-D");
-        const int64_t begin = d.at("begin").get<int64_t>();
-        Shard shard{file, begin, begin + e.shape[0], e.begin, e.end, block, {}};
+        const Shape shape = d.at("shape").get<Shape>();
+        Shard shard;
+        shard.file = file;
+        if (d.contains("sizes")) {
+          shard.offsets = d.at("offsets").get<Shape>();
+          shard.sizes = d.at("sizes").get<Shape>();
+          const auto [first, count] = box_extent(shard.offsets, shard.sizes, shape, path.string());
+          if (count != e.shape[0]) fail("its box holds ", count, " elements, the stored tensor ", e.shape[0]);
+          shard.begin = first;
+          shard.end = first + count;
+        } else {
+          shard.begin = d.at("begin").get<int64_t>();
+          shard.end = shard.begin + e.shape[0];
+        }
+        shard.byte_begin = e.begin;
+        shard.byte_end = e.end;
+        shard.block_bytes = block;
         for (const json& sum : d.at("xxh3"))
           shard.checksums.push_back(parse_hex(sum.get<std::string>(), path.string()));
-        add_shard(index.tensors, d.at("tensor").get<std::string>(), e.dtype,
-                  d.at("shape").get<Shape>(), std::move(shard), path.string());
-      } catch (const nlohmann::json::exception& error) {
+        add_shard(index.tensors, d.at("tensor").get<std::string>(), e.dtype, shape,
+                  std::move(shard), path.string());
+      } catch (const std::exception& error) {
         fail("[checkpoint] ", path.string(), ": the description of '", e.name,
              "' is malformed: ", error.what());
       }
@@ -196,11 +293,17 @@ void Index::write(const fs::path& checkpoint) const {
       json sums = json::array();
       for (uint64_t c : s.checksums)
         sums.push_back(hex(c));
-      shards.push_back({{"file", s.file},
-                        {"elements", {s.begin, s.end}},
-                        {"bytes", {s.byte_begin, s.byte_end}},
-                        {"block_bytes", s.block_bytes},
-                        {"xxh3", std::move(sums)}});
+      json shard = {{"file", s.file},
+                    {"bytes", {s.byte_begin, s.byte_end}},
+                    {"block_bytes", s.block_bytes},
+                    {"xxh3", std::move(sums)}};
+      if (s.sizes.empty()) {
+        shard["elements"] = {s.begin, s.end};
+      } else {
+        shard["offsets"] = s.offsets;
+        shard["sizes"] = s.sizes;
+      }
+      shards.push_back(std::move(shard));
     }
     tensors_json[name] = {{"dtype", std::string(dtype_name(entry.dtype))},
                           {"shape", entry.shape},
@@ -240,8 +343,16 @@ Index Index::read(const fs::path& checkpoint) {
       for (const json& s : t.at("shards")) {
         Shard shard;
         shard.file = s.at("file").get<std::string>();
-        shard.begin = s.at("elements").at(0).get<int64_t>();
-        shard.end = s.at("elements").at(1).get<int64_t>();
+        if (s.contains("sizes")) {
+          shard.offsets = s.at("offsets").get<Shape>();
+          shard.sizes = s.at("sizes").get<Shape>();
+          const auto [first, count] = box_extent(shard.offsets, shard.sizes, entry.shape, name);
+          shard.begin = first;
+          shard.end = first + count;
+        } else {
+          shard.begin = s.at("elements").at(0).get<int64_t>();
+          shard.end = s.at("elements").at(1).get<int64_t>();
+        }
         shard.byte_begin = s.at("bytes").at(0).get<uint64_t>();
         shard.byte_end = s.at("bytes").at(1).get<uint64_t>();
         shard.block_bytes = s.at("block_bytes").get<uint64_t>();

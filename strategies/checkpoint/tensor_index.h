@@ -23,13 +23,18 @@
 
 namespace loom::strategies::checkpoint {
 
-// Elements [begin, begin + values.numel()) of the global tensor `name` of shape `shape`;
-// `values` is 1-D, in the tensor's dtype, on any device.
+// A part of the global tensor `name` of shape `shape`: elements [begin, begin +
+// values.numel()) of its row-major flattening (a run: what data parallel and ZeRO ranks
+// hold), or, when `sizes` is given, the box of elements offsets[d] .. offsets[d] + sizes[d]
+// along every dimension d (a slice: what a tensor-parallel rank holds, e.g. a block of
+// columns), its elements in row-major order. `values` is 1-D, in the tensor's dtype, on any
+// device.
 struct TensorPiece {
   std::string name;
   Shape shape;
   int64_t begin = 0;
   Tensor values;
+  Shape offsets = {}, sizes = {};  // a box instead of a run
 };
 
 // Writes `pieces` into the safetensors file `path` (atomic, durable), each stored as
@@ -41,16 +46,28 @@ void write_pieces(const std::filesystem::path& path, const std::vector<TensorPie
 
 struct Shard {
   std::string file;  // relative to the checkpoint directory
-  int64_t begin = 0, end = 0;  // elements of the global tensor
+  // A run: elements [begin, end) of the global tensor. A box (sizes not empty): the slice
+  // offsets[d] .. offsets[d] + sizes[d], row-major; begin is its first element's index and
+  // end - begin its element count.
+  int64_t begin = 0, end = 0;
+  Shape offsets = {}, sizes = {};
   uint64_t byte_begin = 0, byte_end = 0;
   uint64_t block_bytes = 0;
   std::vector<uint64_t> checksums;  // XXH3-64 per block
 };
 
+// Where a shard's elements sit: elements [global, global + length) of the tensor are the
+// shard's elements [local, local + length). A run is one; a box one per row of its last
+// dimension (merged where consecutive).
+struct ShardRun {
+  int64_t global, local, length;
+};
+std::vector<ShardRun> runs_of(const Shard& shard, const Shape& shape);
+
 struct TensorEntry {
   DType dtype = DType::F32;
   Shape shape;
-  std::vector<Shard> shards;  // sorted by begin; they tile [0, numel) exactly
+  std::vector<Shard> shards;  // sorted by begin; their runs tile [0, numel) exactly
 };
 
 struct Index {

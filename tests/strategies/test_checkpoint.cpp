@@ -114,6 +114,40 @@ TEST(TensorIndex, RangesReadOnlyTheBlocksTheyOverlapAndCheckThem) {
             std::string::npos);
 }
 
+// Boxes (what tensor-parallel ranks hold): a [6, 100] tensor as two blocks of columns, read
+// back by flat ranges that cross rows and blocks; boxes that overlap or leave the tensor are
+// refused.
+TEST(TensorIndex, BoxesOfColumnsReadAsRuns) {
+  TempDir dir;
+  std::vector<float> values(600);
+  for (size_t i = 0; i < values.size(); ++i)
+    values[i] = static_cast<float>(i);
+  const Tensor whole = Tensor::from_vector<float>(values, {6, 100});
+  auto columns = [&](int64_t first, int64_t count) {
+    return whole.narrow(1, first, count).contiguous().reshape({6 * count});
+  };
+  write_pieces(dir.path() / "tp0.safetensors", {{"w", {6, 100}, 0, columns(0, 40), {0, 0}, {6, 40}}}, 64);
+  write_pieces(dir.path() / "tp1.safetensors", {{"w", {6, 100}, 0, columns(40, 60), {0, 40}, {6, 60}}}, 64);
+  Index::of_files(dir.path(), {"tp0.safetensors", "tp1.safetensors"}).write(dir.path());
+  CheckpointReader reader(dir.path());
+  EXPECT_EQ(reader.read("w").to_vector<float>(), values);
+  Tensor out = Tensor::empty({150}, DType::F32, Device::cpu());
+  reader.read_into("w", 130, out);  // rows 1 to 2, both blocks
+  for (int64_t i = 0; i < 150; ++i)
+    ASSERT_EQ(out.to_vector<float>()[i], static_cast<float>(130 + i));
+  EXPECT_EQ(runs_of(reader.entry("w").shards[0], {6, 100}).size(), 6u);
+
+  write_pieces(dir.path() / "tp2.safetensors", {{"w", {6, 100}, 0, columns(30, 70), {0, 30}, {6, 70}}});
+  EXPECT_NE(error_of([&] { Index::of_files(dir.path(), {"tp0.safetensors", "tp2.safetensors"}); })
+                .find("has two shards holding elements [30, 40)"),
+            std::string::npos);
+  EXPECT_NE(error_of([&] {
+              write_pieces(dir.path() / "bad.safetensors",
+                           {{"w", {6, 100}, 0, Tensor::zeros({420}, DType::F32), {0, 40}, {6, 70}}});
+            }).find("leaves the tensor's shape [6,100]"),
+            std::string::npos);
+}
+
 void write(const fs::path& path, const std::string& text) {
   std::ofstream(path) << text;
 }

@@ -7,6 +7,7 @@
 
 #include <chrono>
 #include <cstring>
+#include <fstream>
 #include <functional>
 #include <string>
 #include <vector>
@@ -108,7 +109,39 @@ void expect_same_tensors(const fs::path& a, const fs::path& b, const std::string
   }
 }
 
-void expect_hops_keep_the_state(const std::vector<Hop>& hops, const std::string& optimizer) {
+// Rewrites `from` as 2 tensor-parallel ranks would hold it: every 2-D tensor (weights and
+// their optimizer state) split into two blocks of columns (boxes), the rest into two runs.
+void rewrite_as_column_blocks(const fs::path& from, const fs::path& to) {
+  checkpoint::CheckpointReader reader(from);
+  std::vector<std::vector<checkpoint::TensorPiece>> ranks(2);
+  for (const auto& [name, entry] : reader.index().tensors) {
+    const Tensor whole = reader.read(name);
+    if (entry.shape.size() == 2) {
+      const int64_t cols = entry.shape[1], half = cols / 2;
+      for (int r = 0; r < 2; ++r) {
+        const int64_t first = r == 0 ? 0 : half, count = r == 0 ? half : cols - half;
+        Tensor block = whole.narrow(1, first, count).contiguous();
+        ranks[r].push_back({name, entry.shape, 0, block.reshape({block.numel()}), {0, first},
+                            {entry.shape[0], count}});
+      }
+      continue;
+    }
+    const Tensor flat = whole.reshape({whole.numel()});
+    const int64_t n = flat.numel();
+    for (int r = 0; r < 2; ++r) {
+      const int64_t lo = n * r / 2, hi = n * (r + 1) / 2;
+      if (lo < hi) ranks[r].push_back({name, entry.shape, lo, flat.narrow(0, lo, hi - lo).contiguous()});
+    }
+  }
+  fs::create_directories(to);
+  for (int r = 0; r < 2; ++r)
+    checkpoint::write_pieces(to / checkpoint::rank_file(r), ranks[r]);
+  checkpoint::write_index(to, 2);
+  std::ofstream(to / checkpoint::Directory::kMarker) << "";
+}
+
+void expect_hops_keep_the_state(const std::vector<Hop>& hops, const std::string& optimizer,
+                                bool column_blocks = false) {
   loom::testing::TempDir dir;
   const fs::path scratch = dir.path() / "nvme";
   fs::create_directories(scratch);
@@ -116,6 +149,11 @@ void expect_hops_keep_the_state(const std::vector<Hop>& hops, const std::string&
   const fs::path first = dir.path() / "run" / "step-00000003";
   ASSERT_TRUE(checkpoint::Directory::is_committed(first));
   fs::path previous = first;
+  if (column_blocks) {
+    previous = dir.path() / "columns";
+    rewrite_as_column_blocks(first, previous);
+    expect_same_tensors(first, previous, "column blocks");
+  }
   std::string path_so_far = hops[0].strategy + "/" + std::to_string(hops[0].world);
   for (size_t h = 1; h < hops.size(); ++h) {
     const fs::path next = dir.path() / ("hop-" + std::to_string(h));
@@ -152,6 +190,15 @@ TEST(Resharding, AdamWStateSurvivesEveryStrategyAndWorldSize) {
        {"single_device", 1},
        {"fsdp_cpu_offload", 2}},
       "adamw");
+}
+
+// The layout a tensor-parallel strategy writes (blocks of columns) loads everywhere.
+TEST(Resharding, ColumnBlocksLoadUnderEveryKindOfStrategy) {
+  expect_hops_keep_the_state({{"ddp", 2},
+                              {"deepspeed_stage_3", 3, block_units},
+                              {"pipeline", 2, stages(2)},
+                              {"single_device", 1}},
+                             "adamw", /*column_blocks=*/true);
 }
 
 TEST(Resharding, SgdMomentumSurvivesNvmeSubGroups) {

@@ -2,7 +2,8 @@
 // docs/checkpoints.md), through their index.json.
 //
 //   loom-ckpt inspect CKPT       step, strategy, world size, format; files; per tensor its
-//                                dtype, shape and shards
+//                                dtype, shape and shards (file[first, end) for a run of
+//                                elements, file[offsets]+[sizes] for a box)
 //   loom-ckpt verify CKPT        the index against the files, and every checksum of every
 //                                shard; exit 1 naming the first bad one
 //   loom-ckpt diff A B           per tensor, the largest absolute difference (exit 1 when any
@@ -86,9 +87,15 @@ int inspect(const fs::path& checkpoint) {
   for (const auto& [name, entry] : index.tensors) {
     std::printf("    %-44s %-5s %-12s", name.c_str(), std::string(dtype_name(entry.dtype)).c_str(),
                 shape_text(entry.shape).c_str());
-    for (const Shard& s : entry.shards)
-      std::printf(" %s[%lld,%lld)", s.file.c_str(), static_cast<long long>(s.begin),
-                  static_cast<long long>(s.end));
+    for (const Shard& s : entry.shards) {
+      if (s.sizes.empty()) {
+        std::printf(" %s[%lld,%lld)", s.file.c_str(), static_cast<long long>(s.begin),
+                    static_cast<long long>(s.end));
+      } else {
+        std::printf(" %s%s+%s", s.file.c_str(), shape_text(s.offsets).c_str(),
+                    shape_text(s.sizes).c_str());
+      }
+    }
     std::printf("\n");
   }
   return 0;
