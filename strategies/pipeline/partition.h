@@ -9,7 +9,8 @@
 
 namespace loom::strategies::pipeline {
 
-// Stage s runs layers [bounds[s], bounds[s + 1]). With `balance` (layers per stage) that
+// Chunk s runs layers [bounds[s], bounds[s + 1]) (a chunk is a stage, or a virtual stage of
+// an interleaved schedule). With `balance` (layers per chunk) that
 // split; without, the contiguous split whose largest stage has the fewest parameter elements
 // (a parameter counts in every layer that uses it). Throws loom::Error for more stages than
 // layers or a balance that does not add up.

@@ -17,7 +17,7 @@ PipelineStrategy::PipelineStrategy(StrategyOptions options) : ParallelStrategy(s
     fail("[pipeline] precision 16-mixed (a loss scaler across stages) is not built; use "
          "bf16-mixed or 32-true");
   }
-  schedule_ = pipeline::make_schedule(o.schedule);
+  schedule_ = pipeline::make_schedule(o.schedule, o.chunks);
 }
 
 void PipelineStrategy::setup_environment() {
@@ -34,8 +34,10 @@ const DeviceMesh& PipelineStrategy::mesh() const {
   return *mesh_;
 }
 
-// Four splits of the pp group: activations and gradients, each over the links between even
-// and odd neighbour pairs (a stage is in two links, one of each parity).
+// Splits of the pp group, one 2-rank group per link and direction: activations and
+// gradients, each over the links between even and odd neighbour pairs (a stage is in two
+// links, one of each parity; the lower stage is rank 0), and for interleaved schedules the
+// link from the last stage back to the first (the last stage is rank 0).
 void PipelineStrategy::make_links() {
   const auto& pp = mesh_->group("pp");
   const int p = pp->size(), s = stage_;
@@ -49,12 +51,18 @@ void PipelineStrategy::make_links() {
     }
   }
   if (s + 1 < p) {
-    links_.to_next = link[0][s % 2];
-    links_.grads_from_next = link[1][s % 2];
+    links_.activations_to_next = {link[0][s % 2], 1};
+    links_.gradients_from_next = {link[1][s % 2], 1};
   }
   if (s > 0) {
-    links_.from_prev = link[0][(s - 1) % 2];
-    links_.grads_to_prev = link[1][(s - 1) % 2];
+    links_.activations_from_prev = {link[0][(s - 1) % 2], 0};
+    links_.gradients_to_prev = {link[1][(s - 1) % 2], 0};
+  }
+  if (schedule_->chunks_per_stage() > 1 && p > 1) {
+    const bool member = s == 0 || s == p - 1;
+    const int key = s == p - 1 ? 0 : 1;
+    links_.activations_wrap = {pp->split(member ? 0 : -1, key), s == p - 1 ? 1 : 0};
+    links_.gradients_wrap = {pp->split(member ? 0 : -1, key), s == p - 1 ? 1 : 0};
   }
 }
 
@@ -68,13 +76,14 @@ void PipelineStrategy::setup_module(nn::Module& module) {
   Strategy::setup_module(module);
   verify_same_parameters(module.named_parameters(), *group_);
   const int p = options_.pipeline.stages;
-  bounds_ = pipeline::partition_layers(*layered, module, p, options_.pipeline.balance);
+  const int chunks = p * schedule_->chunks_per_stage();  // chunk c runs on stage c % p
+  bounds_ = pipeline::partition_layers(*layered, module, chunks, options_.pipeline.balance);
   params_ = module.named_parameters();
   stages_of_.clear();
-  for (int s = 0; s < p; ++s)
-    for (int64_t l = bounds_[s]; l < bounds_[s + 1]; ++l)
+  for (int c = 0; c < chunks; ++c)
+    for (int64_t l = bounds_[c]; l < bounds_[c + 1]; ++l)
       for (const std::string& name : layered->layer_parameters(l))
-        stages_of_[name].insert(s);
+        stages_of_[name].insert(c % p);
   tied_.clear();
   for (const auto& [name, stages] : stages_of_) {
     if (stages.size() == 1) continue;
@@ -94,8 +103,8 @@ void PipelineStrategy::setup_module(nn::Module& module) {
   for (auto& [name, param] : params_) {
     if (!stages_of_.at(name).count(stage_)) param.storage()->release();
   }
-  runner_ = std::make_unique<pipeline::StageRunner>(*layered, stage_, p, bounds_[stage_],
-                                                    bounds_[stage_ + 1], links_);
+  runner_ = std::make_unique<pipeline::StageRunner>(*layered, *schedule_, stage_, p, bounds_,
+                                                    links_);
 }
 
 void PipelineStrategy::setup_optimizer(optim::Optimizer& optimizer) {
@@ -133,12 +142,12 @@ Tensor PipelineStrategy::train_batch(const Tensor& inputs, const Tensor& targets
   std::vector<Tensor> in, out;
   for (int k = 0; k < m; ++k) {
     const int64_t begin = rows / m * k;
-    if (runner_->first()) in.push_back(inputs.narrow(0, begin, rows / m).contiguous());
-    if (runner_->last()) out.push_back(targets.narrow(0, begin, rows / m).contiguous());
+    if (runner_->has_first_chunk()) in.push_back(inputs.narrow(0, begin, rows / m).contiguous());
+    if (runner_->has_last_chunk()) out.push_back(targets.narrow(0, begin, rows / m).contiguous());
   }
   const std::vector<pipeline::Action> actions =
       schedule_->actions(stage_, options_.pipeline.stages, m);
-  pipeline::check_actions(actions, m, schedule_->name());
+  pipeline::check_actions(actions, m, schedule_->chunks_per_stage(), schedule_->name());
   const double loss = runner_->run(actions, m, in, out, scale / m, compute_dtype_);
   synchronise_gradients();
   // Every rank reports the batch's loss: the last stage's, broadcast along the pipeline.
@@ -253,14 +262,19 @@ void PipelineStrategy::load_parameter_parts(const ReadParameter& read) {
 }
 
 // Every parameter from its owner (dp rank 0 of the owning stage) to every rank.
+Tensor PipelineStrategy::from_owner(const std::string& name, const Tensor& param) {
+  Tensor copy = stages_of_.at(name).count(stage_) ? param.detach().clone()
+                                                  : Tensor::empty(param.shape(), param.dtype());
+  const int root = mesh_->rank_with({{"dp", 0}, {"pp", owner_stage(name)}});
+  group_->broadcast(copy, {.root = root})->wait();
+  return copy;
+}
+
 std::map<std::string, Tensor> PipelineStrategy::gather_state(
     const std::map<std::string, Tensor>& state) {
   std::map<std::string, Tensor> whole = state;
-  for (auto& [name, param] : params_) {
-    Tensor copy = stages_of_.at(name).count(stage_) ? param.detach().clone()
-                                                    : Tensor::empty(param.shape(), param.dtype());
-    const int root = mesh_->rank_with({{"dp", 0}, {"pp", owner_stage(name)}});
-    group_->broadcast(copy, {.root = root})->wait();
+  for (const auto& [name, param] : params_) {
+    Tensor copy = from_owner(name, param);
     if (whole.count(name)) whole[name] = copy;
   }
   return whole;
@@ -270,11 +284,8 @@ void PipelineStrategy::gather_full_module() {
   if (!runner_) return;
   NoGradGuard no_grad;
   for (auto& [name, param] : params_) {
+    const Tensor copy = from_owner(name, param);
     if (!param.storage()->materialized()) param.storage()->materialize();
-    Tensor copy = stages_of_.at(name).count(stage_) ? param.detach().clone()
-                                                    : Tensor::empty(param.shape(), param.dtype());
-    const int root = mesh_->rank_with({{"dp", 0}, {"pp", owner_stage(name)}});
-    group_->broadcast(copy, {.root = root})->wait();
     Tensor target = param.detach();
     copy_(target, copy);
   }

@@ -69,12 +69,16 @@ class PipelineStrategy : public ParallelStrategy {
 
   const DeviceMesh& mesh() const;
   int stage() const { return stage_; }
-  // Stage s runs layers [layer_bounds()[s], layer_bounds()[s + 1]).
+  // Model chunk c (stage c % stages; one chunk per stage unless interleaved) runs layers
+  // [layer_bounds()[c], layer_bounds()[c + 1]).
   const std::vector<int64_t>& layer_bounds() const { return bounds_; }
 
  private:
   // The stage (lowest) that owns a parameter for norms, checkpoints and gathering.
   int owner_stage(const std::string& name) const;
+  // A copy of the parameter's value from its owner (dp rank 0 of the owning stage), on every
+  // rank. Collective over the world.
+  Tensor from_owner(const std::string& name, const Tensor& param);
   void make_links();
   void synchronise_gradients();
 

@@ -9,54 +9,127 @@
 namespace loom::strategies::pipeline {
 
 namespace {
+
 constexpr int kHeaderWords = 8;  // dtype, rank, up to 6 dimensions
+
+// The streams of a stage, by what they carry and with whom.
+enum StreamKind {
+  kActivationsToNext,
+  kGradientsFromNext,
+  kActivationsFromPrev,
+  kGradientsToPrev,
+  kActivationsWrapOut,  // last stage -> first (interleaved)
+  kGradientsWrapIn,
+  kActivationsWrapIn,  // first stage <- last (interleaved)
+  kGradientsWrapOut,
+};
 
 double seconds_since(std::chrono::steady_clock::time_point start) {
   return std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
 }
+
 }  // namespace
 
-StageRunner::StageRunner(const nn::LayeredModel& model, int stage, int stages, int64_t layer_begin,
-                         int64_t layer_end, StageLinks links)
-    : model_(model),
-      stage_(stage),
-      stages_(stages),
-      layer_begin_(layer_begin),
-      layer_end_(layer_end),
-      links_(std::move(links)) {
-  if ((stage > 0) != (links_.from_prev != nullptr) || (stage > 0) != (links_.grads_to_prev != nullptr) ||
-      (stage + 1 < stages) != (links_.to_next != nullptr) ||
-      (stage + 1 < stages) != (links_.grads_from_next != nullptr)) {
-    fail("[pipeline] stage ", stage, " of ", stages, ": links to its neighbours are missing");
+StageRunner::StageRunner(const nn::LayeredModel& model, const Schedule& schedule, int stage,
+                         int stages, std::vector<int64_t> bounds, StageLinks links)
+    : model_(model), schedule_(schedule), stage_(stage), stages_(stages), bounds_(std::move(bounds)) {
+  const int chunks = schedule.chunks_per_stage();
+  if (chunk_count() != stages * chunks) {
+    fail("[pipeline] ", chunk_count(), " model chunks for ", stages, " stages of ", chunks);
+  }
+  auto need = [&](const Link& link, const char* what) {
+    if (!link.group) fail("[pipeline] stage ", stage, " of ", stages, ": no link ", what);
+    return link;
+  };
+  if (stage + 1 < stages) {
+    streams_[kActivationsToNext].link = need(links.activations_to_next, "to the next stage");
+    streams_[kGradientsFromNext].link = need(links.gradients_from_next, "from the next stage");
+  }
+  if (stage > 0) {
+    streams_[kActivationsFromPrev].link = need(links.activations_from_prev, "from the previous stage");
+    streams_[kGradientsToPrev].link = need(links.gradients_to_prev, "to the previous stage");
+  }
+  if (chunks > 1 && stage == stages - 1) {
+    streams_[kActivationsWrapOut].link = need(links.activations_wrap, "to the first stage");
+    streams_[kGradientsWrapIn].link = need(links.gradients_wrap, "from the first stage");
+  }
+  if (chunks > 1 && stage == 0) {
+    streams_[kActivationsWrapIn].link = need(links.activations_wrap, "from the last stage");
+    streams_[kGradientsWrapOut].link = need(links.gradients_wrap, "to the last stage");
   }
 }
 
-void StageRunner::send_header(const Tensor& output) {
-  if (output.dim() > kHeaderWords - 2) fail("[pipeline] activations of more than 6 dimensions");
-  std::vector<int64_t> words(kHeaderWords, 0);
-  words[0] = static_cast<int64_t>(output.dtype());
-  words[1] = output.dim();
-  for (int64_t d = 0; d < output.dim(); ++d)
-    words[2 + d] = output.size(d);
-  sends_.push_back(links_.to_next->send(Tensor::from_vector(words, {kHeaderWords}), 1));
-  out_shape_ = output.shape();
-  out_dtype_ = output.dtype();
+StageRunner::Stream* StageRunner::activations_in(int chunk) {
+  if (global_chunk(chunk) == 0) return nullptr;
+  return &streams_.at(stage_ > 0 ? kActivationsFromPrev : kActivationsWrapIn);
 }
 
-void StageRunner::receive_header() {
-  Tensor words = Tensor::empty({kHeaderWords}, DType::I64);
-  links_.from_prev->recv(words, 0)->wait();
-  const std::vector<int64_t> w = words.to_vector<int64_t>();
-  in_dtype_ = static_cast<DType>(w[0]);
-  in_shape_ = Shape(w.begin() + 2, w.begin() + 2 + w[1]);
+StageRunner::Stream* StageRunner::activations_out(int chunk) {
+  if (global_chunk(chunk) == chunk_count() - 1) return nullptr;
+  return &streams_.at(stage_ + 1 < stages_ ? kActivationsToNext : kActivationsWrapOut);
 }
 
-void StageRunner::post_gradient_receives() {
-  if (last() || !out_shape_ || grad_receives_.empty() || grad_receives_[0]) return;
-  for (size_t k = 0; k < grads_.size(); ++k) {
-    grads_[k] = Tensor::empty(*out_shape_, out_dtype_);
-    grad_receives_[k] = links_.grads_from_next->recv(grads_[k], 1);
+StageRunner::Stream* StageRunner::gradients_in(int chunk) {
+  if (global_chunk(chunk) == chunk_count() - 1) return nullptr;
+  return &streams_.at(stage_ + 1 < stages_ ? kGradientsFromNext : kGradientsWrapIn);
+}
+
+StageRunner::Stream* StageRunner::gradients_out(int chunk) {
+  if (global_chunk(chunk) == 0) return nullptr;
+  return &streams_.at(stage_ > 0 ? kGradientsToPrev : kGradientsWrapOut);
+}
+
+void StageRunner::plan_receives(Stream& stream, int sender, bool activations, int micro_batches) {
+  stream.order.clear();
+  stream.buffers.clear();
+  stream.receives.clear();
+  for (const Action& a : schedule_.actions(sender, stages_, micro_batches)) {
+    if ((a.kind == Action::Forward) != activations) continue;
+    const int from = a.chunk * stages_ + sender;
+    const int to = activations ? from + 1 : from - 1;
+    if (to < 0 || to >= chunk_count() || to % stages_ != stage_) continue;
+    stream.order.emplace_back(to / stages_, a.micro_batch);
   }
+}
+
+void StageRunner::post_receives(Stream& stream, bool activations) {
+  if (!stream.receives.empty() || stream.order.empty()) return;
+  if (activations && !stream.shape) return;  // the header has not come yet
+  if (!activations) {
+    for (const Key& key : stream.order)
+      if (!output_shapes_.count(key.first)) return;  // a chunk whose output is still unknown
+  }
+  for (const Key& key : stream.order) {
+    const auto& [shape, dtype] =
+        activations ? std::pair{*stream.shape, stream.dtype} : output_shapes_.at(key.first);
+    stream.buffers.push_back(Tensor::empty(shape, dtype));
+    stream.receives.push_back(stream.link.group->recv(stream.buffers.back(), stream.link.peer));
+  }
+}
+
+Tensor StageRunner::take(Stream& stream, const Key& key) {
+  const bool activations = &stream == activations_in(key.first);
+  if (activations && !stream.shape) {
+    Tensor words = Tensor::empty({kHeaderWords}, DType::I64);
+    stream.link.group->recv(words, stream.link.peer)->wait();
+    const std::vector<int64_t> w = words.to_vector<int64_t>();
+    stream.dtype = static_cast<DType>(w[0]);
+    stream.shape = Shape(w.begin() + 2, w.begin() + 2 + w[1]);
+  }
+  post_receives(stream, activations);
+  if (stream.receives.empty()) {
+    fail("[pipeline] stage ", stage_, ": the gradient of chunk ", key.first, ", micro-batch ",
+         key.second, " is due before its forward ran");
+  }
+  for (size_t i = 0; i < stream.order.size(); ++i) {
+    if (stream.order[i] != key) continue;
+    stream.receives[i]->wait();
+    Tensor value = stream.buffers[i];
+    stream.buffers[i] = Tensor();
+    return value;
+  }
+  fail("[pipeline] stage ", stage_, ": chunk ", key.first, ", micro-batch ", key.second,
+       " expects a message its neighbour's schedule does not send");
 }
 
 double StageRunner::run(const std::vector<Action>& actions, int micro_batches,
@@ -64,27 +137,30 @@ double StageRunner::run(const std::vector<Action>& actions, int micro_batches,
                         double loss_scale, DType compute_dtype) {
   const auto started = std::chrono::steady_clock::now();
   const auto m = static_cast<size_t>(micro_batches);
-  if ((first() && inputs.size() != m) || (last() && targets.size() != m))
+  if ((has_first_chunk() && inputs.size() != m) || (has_last_chunk() && targets.size() != m))
     fail("[pipeline] stage ", stage_, ": ", m, " micro-batches need as many inputs and targets");
-  for (auto* v : {&received_, &inputs_, &outputs_, &losses_, &grads_})
-    v->assign(m, Tensor());
+  inputs_.clear();
+  outputs_.clear();
+  losses_.clear();
   loss_values_.assign(m, 0.0);
-  receives_.assign(m, nullptr);
-  grad_receives_.assign(m, nullptr);
-  if (!first()) {
-    if (!in_shape_) receive_header();
-    for (size_t k = 0; k < m; ++k) {
-      received_[k] = Tensor::empty(*in_shape_, in_dtype_);
-      receives_[k] = links_.from_prev->recv(received_[k], 0);
-    }
+  // Every receive of the batch, from the senders' schedules, posted once shapes are known.
+  const int p = stages_;
+  const std::pair<int, int> receiving[] = {{kActivationsFromPrev, stage_ - 1},
+                                           {kActivationsWrapIn, p - 1},
+                                           {kGradientsFromNext, stage_ + 1},
+                                           {kGradientsWrapIn, 0}};
+  for (const auto& [kind, sender] : receiving) {
+    auto found = streams_.find(kind);
+    if (found == streams_.end()) continue;
+    const bool activations = kind == kActivationsFromPrev || kind == kActivationsWrapIn;
+    plan_receives(found->second, sender, activations, micro_batches);
+    post_receives(found->second, activations);
   }
-  post_gradient_receives();  // from the second batch on; the first posts them after a forward
   for (const Action& a : actions) {
     if (a.kind == Action::Forward) {
-      forward(a.micro_batch, inputs, targets, compute_dtype);
-      post_gradient_receives();
+      forward(a, inputs, targets, compute_dtype);
     } else {
-      backward(a.micro_batch, loss_scale);
+      backward(a, loss_scale);
     }
   }
   for (const comm::WorkPtr& send : sends_)
@@ -94,60 +170,82 @@ double StageRunner::run(const std::vector<Action>& actions, int micro_batches,
   double sum = 0;
   for (double v : loss_values_)
     sum += v;
-  return last() ? sum / static_cast<double>(m) : 0.0;
+  return has_last_chunk() ? sum / static_cast<double>(m) : 0.0;
 }
 
-void StageRunner::forward(int k, const std::vector<Tensor>& inputs,
+void StageRunner::forward(const Action& a, const std::vector<Tensor>& inputs,
                           const std::vector<Tensor>& targets, DType compute_dtype) {
+  const Key key{a.chunk, a.micro_batch};
+  const int chunk = global_chunk(a.chunk);
   Tensor x;
-  if (first()) {
-    x = inputs[k];
+  if (chunk == 0) {
+    x = inputs[a.micro_batch];
   } else {
-    receives_[k]->wait();
-    x = received_[k];
-    x.set_requires_grad(true);  // a leaf whose gradient goes back to the previous stage
-    inputs_[k] = x;
+    x = take(*activations_in(a.chunk), key);
+    x.set_requires_grad(true);  // a leaf whose gradient goes back to the chunk before
+    inputs_[key] = x;
   }
   const auto started = std::chrono::steady_clock::now();
   Tensor y = x;
   {
     AutocastGuard autocast(compute_dtype);
-    for (int64_t layer = layer_begin_; layer < layer_end_; ++layer)
+    for (int64_t layer = bounds_[chunk]; layer < bounds_[chunk + 1]; ++layer)
       y = model_.forward_layer(layer, y);
-    if (last()) losses_[k] = model_.layer_loss(y, targets[k]);
+    if (chunk == chunk_count() - 1) losses_[key] = model_.layer_loss(y, targets[a.micro_batch]);
   }
   busy_s_ += seconds_since(started);
-  if (last()) {
-    loss_values_[k] = losses_[k].item();
+  if (chunk == chunk_count() - 1) {
+    loss_values_[a.micro_batch] = losses_[key].item();
     return;
   }
-  if (!out_shape_) {
-    send_header(y);
-  } else if (y.shape() != *out_shape_ || y.dtype() != out_dtype_) {
-    fail("[pipeline] stage ", stage_, ": micro-batch ", k, " gives activations ", y.str(),
-         " where the pipeline agreed on ", shape_str(*out_shape_), " ", dtype_name(out_dtype_),
-         "; every micro-batch must have the same shape");
+  auto known = output_shapes_.find(a.chunk);
+  if (known == output_shapes_.end()) {
+    output_shapes_.emplace(a.chunk, std::pair{y.shape(), y.dtype()});
+    post_receives(*gradients_in(a.chunk), /*activations=*/false);
+  } else if (known->second.first != y.shape() || known->second.second != y.dtype()) {
+    fail("[pipeline] stage ", stage_, ": micro-batch ", a.micro_batch, " gives activations ",
+         y.str(), " where an earlier one gave ", shape_str(known->second.first), " ",
+         dtype_name(known->second.second), "; every micro-batch must have the same shape");
   }
-  outputs_[k] = y;
-  sends_.push_back(links_.to_next->send(y.detach().contiguous(), 1));
+  outputs_[key] = y;
+  Stream& out = *activations_out(a.chunk);
+  if (!out.header_sent) {
+    if (y.dim() > kHeaderWords - 2) fail("[pipeline] activations of more than 6 dimensions");
+    std::vector<int64_t> words(kHeaderWords, 0);
+    words[0] = static_cast<int64_t>(y.dtype());
+    words[1] = y.dim();
+    for (int64_t d = 0; d < y.dim(); ++d)
+      words[2 + d] = y.size(d);
+    sends_.push_back(out.link.group->send(Tensor::from_vector(words, {kHeaderWords}), out.link.peer));
+    out.header_sent = true;
+  }
+  sends_.push_back(out.link.group->send(y.detach().contiguous(), out.link.peer));
 }
 
-void StageRunner::backward(int k, double loss_scale) {
-  if (!last()) grad_receives_[k]->wait();
-  const auto started = std::chrono::steady_clock::now();
-  if (last()) {
-    (loss_scale != 1.0 ? mul(losses_[k], loss_scale) : losses_[k]).backward();
+void StageRunner::backward(const Action& a, double loss_scale) {
+  const Key key{a.chunk, a.micro_batch};
+  const int chunk = global_chunk(a.chunk);
+  if (chunk == chunk_count() - 1) {
+    const auto started = std::chrono::steady_clock::now();
+    (loss_scale != 1.0 ? mul(losses_.at(key), loss_scale) : losses_.at(key)).backward();
+    busy_s_ += seconds_since(started);
   } else {
-    outputs_[k].backward(grads_[k]);
+    const Tensor g = take(*gradients_in(a.chunk), key);
+    const auto started = std::chrono::steady_clock::now();
+    outputs_.at(key).backward(g);
+    busy_s_ += seconds_since(started);
   }
-  busy_s_ += seconds_since(started);
-  if (!first()) {
-    const Tensor g = inputs_[k].grad();
-    if (!g.defined()) fail("[pipeline] stage ", stage_, ": micro-batch ", k, "'s input got no gradient");
-    sends_.push_back(links_.grads_to_prev->send(g.contiguous(), 0));
+  if (chunk > 0) {
+    const Tensor g = inputs_.at(key).grad();
+    if (!g.defined()) {
+      fail("[pipeline] stage ", stage_, ": micro-batch ", a.micro_batch, "'s input got no gradient");
+    }
+    Stream& out = *gradients_out(a.chunk);
+    sends_.push_back(out.link.group->send(g.contiguous(), out.link.peer));
   }
-  for (auto* v : {&received_, &inputs_, &outputs_, &losses_, &grads_})
-    (*v)[k] = Tensor();
+  inputs_.erase(key);
+  outputs_.erase(key);
+  losses_.erase(key);
 }
 
 }  // namespace loom::strategies::pipeline

@@ -1,19 +1,25 @@
 #pragma once
-// One pipeline stage's share of a batch: layers [begin, end) of a LayeredModel, run micro-
-// batch by micro-batch in a schedule's order (schedule.h), with activations coming from the
-// previous stage and gradients from the next one over point-to-point links.
+// One pipeline stage's share of a batch: its model chunks (runs of layers of a LayeredModel;
+// one chunk, or several under an interleaved schedule, chunk j of stage s being the model's
+// chunk j*p + s), run micro-batch by micro-batch in a schedule's order (schedule.h), with
+// activations coming from the chunk before and gradients from the chunk after over
+// point-to-point links.
 //
-// Links: each direction of each neighbour pair has its own 2-rank process group, so that
-// every group carries one stream of messages in one direction, in micro-batch order, and a
-// receive posted ahead never holds up a send behind it in the same group's queue. Receives
-// of a batch's activations and gradients are posted as soon as their shapes are known; the
-// activation's shape and dtype are agreed once (a header before the first one), not sent
-// with every micro-batch. A neighbour that dies or stalls surfaces as a loom::CommError of
-// the link's group (its name says which stages) within the group's timeout.
+// Links: each direction between neighbouring stages (and, for interleaved schedules, from
+// the last stage back to the first) has its own 2-rank process group, so that each group
+// carries one stream of messages in one direction, and a receive posted ahead never holds
+// up a send queued behind it (a group runs its operations in order). Both ends know the
+// order of the messages on a stream: the sender's schedule. A batch's receives are posted
+// as soon as their shapes are known (from the second batch on, when the batch starts); an
+// activation's shape and dtype travel once per stream, as a header before the first one. A
+// neighbour that dies or stalls surfaces as a loom::CommError of the link's group within the
+// group's timeout.
 
 #include <cstdint>
+#include <map>
 #include <memory>
 #include <optional>
+#include <utility>
 #include <vector>
 
 #include "comm/process_group.h"
@@ -22,23 +28,32 @@
 
 namespace loom::strategies::pipeline {
 
+// A 2-rank group and the other end's rank in it.
+struct Link {
+  std::shared_ptr<comm::ProcessGroup> group;
+  int peer = 0;
+};
+
 struct StageLinks {
-  // 2-rank groups in which the previous stage is rank 0 and this one rank 1 (from_prev,
-  // grads_to_prev), or this one rank 0 and the next rank 1 (to_next, grads_from_next). Null
-  // at the first / last stage.
-  std::shared_ptr<comm::ProcessGroup> from_prev, to_next, grads_from_next, grads_to_prev;
+  Link activations_to_next, gradients_from_next;  // with stage s + 1 (not on the last stage)
+  Link activations_from_prev, gradients_to_prev;  // with stage s - 1 (not on the first)
+  // Interleaved schedules only: from the last stage to the first (on those two stages).
+  Link activations_wrap, gradients_wrap;
 };
 
 class StageRunner {
  public:
-  StageRunner(const nn::LayeredModel& model, int stage, int stages, int64_t layer_begin,
-              int64_t layer_end, StageLinks links);
+  // `bounds` splits the model's layers into stages x schedule.chunks_per_stage() chunks:
+  // chunk c runs layers [bounds[c], bounds[c + 1]).
+  StageRunner(const nn::LayeredModel& model, const Schedule& schedule, int stage, int stages,
+              std::vector<int64_t> bounds, StageLinks links);
 
-  // Runs `actions` over `micro_batches` micro-batches: inputs[k] feed the first stage,
-  // targets[k] score the last one (each is empty on the other stages), whose losses are
-  // multiplied by loss_scale before their backward. Leaves the gradients accumulated on the
-  // stage's parameters. Returns the mean of the micro-batches' losses on the last stage, 0
-  // elsewhere. The forward runs under autocast to `compute_dtype` (F32: off).
+  // Runs `actions` over `micro_batches` micro-batches: inputs[k] feed the model's first
+  // chunk, targets[k] score its last one (each is empty on stages without them), whose
+  // losses are multiplied by loss_scale before their backward. Leaves the gradients
+  // accumulated on the stage's parameters. Returns the mean of the micro-batches' losses on
+  // the stage holding the last chunk, 0 elsewhere. The forward runs under autocast to
+  // `compute_dtype` (F32: off).
   double run(const std::vector<Action>& actions, int micro_batches,
              const std::vector<Tensor>& inputs, const std::vector<Tensor>& targets,
              double loss_scale, DType compute_dtype);
@@ -48,28 +63,49 @@ class StageRunner {
   double busy_seconds() const { return busy_s_; }
   double total_seconds() const { return total_s_; }
 
-  bool first() const { return stage_ == 0; }
-  bool last() const { return stage_ == stages_ - 1; }
+  // Whether this stage holds the model's first / last chunk.
+  bool has_first_chunk() const { return stage_ == 0; }
+  bool has_last_chunk() const { return stage_ == stages_ - 1; }
 
  private:
-  void forward(int k, const std::vector<Tensor>& inputs, const std::vector<Tensor>& targets,
-               DType compute_dtype);
-  void post_gradient_receives();
-  void backward(int k, double loss_scale);
-  // The activation header: shape and dtype of what this stage sends (first batch only).
-  void send_header(const Tensor& output);
-  void receive_header();
+  // One direction of one link: what it carries, in order, and the receives posted on it.
+  struct Stream {
+    Link link;
+    std::vector<std::pair<int, int>> order;  // (this stage's chunk, micro-batch) per message
+    std::optional<Shape> shape;              // receiving activations: from the header
+    DType dtype = DType::F32;
+    bool header_sent = false;                // sending activations
+    std::vector<Tensor> buffers;
+    std::vector<comm::WorkPtr> receives;
+  };
+  using Key = std::pair<int, int>;  // (chunk, micro-batch)
+
+  int chunk_count() const { return static_cast<int>(bounds_.size()) - 1; }
+  int global_chunk(int chunk) const { return chunk * stages_ + stage_; }
+  // The streams a chunk's activations arrive on and leave by (null: none, the model's first
+  // or last chunk), and the gradient streams that mirror them.
+  Stream* activations_in(int chunk);
+  Stream* activations_out(int chunk);
+  Stream* gradients_in(int chunk);
+  Stream* gradients_out(int chunk);
+  // The messages of a receiving stream this batch, from the sending stage's schedule.
+  void plan_receives(Stream& stream, int sender, bool activations, int micro_batches);
+  void post_receives(Stream& stream, bool activations);
+  Tensor take(Stream& stream, const Key& key);
+  void forward(const Action& a, const std::vector<Tensor>& inputs,
+               const std::vector<Tensor>& targets, DType compute_dtype);
+  void backward(const Action& a, double loss_scale);
 
   const nn::LayeredModel& model_;
+  const Schedule& schedule_;
   int stage_, stages_;
-  int64_t layer_begin_, layer_end_;
-  StageLinks links_;
-  std::optional<Shape> in_shape_, out_shape_;
-  DType in_dtype_ = DType::F32, out_dtype_ = DType::F32;
-  // Per micro-batch of the batch being run.
-  std::vector<Tensor> received_, inputs_, outputs_, losses_, grads_;
+  std::vector<int64_t> bounds_;  // of every chunk of the model
+  std::map<int, Stream> streams_;  // by kind: see the .cpp
+  std::map<int, std::pair<Shape, DType>> output_shapes_;  // per chunk of this stage
+  // Per (chunk, micro-batch) of the batch being run.
+  std::map<Key, Tensor> inputs_, outputs_, losses_;
   std::vector<double> loss_values_;
-  std::vector<comm::WorkPtr> receives_, grad_receives_, sends_;
+  std::vector<comm::WorkPtr> sends_;
   double busy_s_ = 0, total_s_ = 0;
 };
 

@@ -38,7 +38,7 @@ TEST(PipelineSchedules, EveryActionOnceBackwardInOrderAnd1F1BHoldsAtMostTheStage
       for (int m : {1, 3, 8}) {
         for (int s = 0; s < p; ++s) {
           const std::vector<Action> actions = schedule->actions(s, p, m);
-          EXPECT_NO_THROW(pipeline::check_actions(actions, m, name));
+          EXPECT_NO_THROW(pipeline::check_actions(actions, m, 1, name));
           const int peak = pipeline::peak_in_flight(actions);
           const int expected = name == "gpipe" ? m : std::min(p - s, m);
           EXPECT_EQ(peak, expected) << name << " stage " << s << " of " << p;
@@ -55,11 +55,27 @@ TEST(PipelineSchedules, EveryActionOnceBackwardInOrderAnd1F1BHoldsAtMostTheStage
   EXPECT_EQ(last[1], (Action{Action::Backward, 0}));
   EXPECT_DOUBLE_EQ(one_f_one_b->theoretical_bubble(4, 8), 3.0 / 11.0);
 
-  EXPECT_NE(error_of([] { pipeline::make_schedule("zigzag"); }).find("expected gpipe or 1f1b"),
+  // Interleaved: every chunk's actions once, in order; the bubble divided by the chunks.
+  for (int p : {2, 4}) {
+    for (int v : {2, 3}) {
+      auto interleaved = pipeline::make_schedule("interleaved_1f1b", v);
+      EXPECT_EQ(interleaved->chunks_per_stage(), v);
+      for (int m : {p, 2 * p}) {
+        for (int s = 0; s < p; ++s)
+          EXPECT_NO_THROW(pipeline::check_actions(interleaved->actions(s, p, m), m, v, "interleaved"));
+      }
+    }
+  }
+  const auto interleaved = pipeline::make_schedule("interleaved_1f1b", 2);
+  EXPECT_DOUBLE_EQ(interleaved->theoretical_bubble(4, 8), 3.0 / 19.0);
+  EXPECT_NE(error_of([&] { interleaved->actions(0, 4, 6); }).find("a multiple of --pp 4"),
+            std::string::npos);
+  EXPECT_NE(error_of([] { pipeline::make_schedule("zigzag"); })
+                .find("expected gpipe, 1f1b or interleaved_1f1b"),
             std::string::npos);
   const std::vector<Action> out_of_order = {{Action::Forward, 0}, {Action::Forward, 1},
                                             {Action::Backward, 1}, {Action::Backward, 0}};
-  EXPECT_NE(error_of([&] { pipeline::check_actions(out_of_order, 2, "mine"); })
+  EXPECT_NE(error_of([&] { pipeline::check_actions(out_of_order, 2, 1, "mine"); })
                 .find("backward of micro-batch 1 where 0 is due"),
             std::string::npos);
 }
@@ -180,6 +196,11 @@ TEST(Pipeline, MatchesSingleDeviceAccumulationOverTheSameMicroBatches) {
       const auto with_1f1b = train(b.get(), 4, 1, 4);
       b->teardown();
       EXPECT_EQ(with_gpipe, with_1f1b) << stages << " stages: schedules and balances agree";
+      if (stages == 2) {  // 4 layers in 4 chunks, 2 per stage
+        auto c = make_pipeline(stages, 2, "interleaved_1f1b", {}, rank, size, store, "inter");
+        EXPECT_EQ(train(c.get(), 4, 1, 4), with_gpipe) << "interleaved_1f1b agrees";
+        c->teardown();
+      }
       EXPECT_LE(max_difference(with_gpipe, reference_4, untied_differ), 1e-5);
     }, 120s));
   }

@@ -300,12 +300,17 @@ int run(int argc, char** argv) {
   app.add_option("--micro-batches", pipeline.micro_batches,
                  "pipeline: each data-parallel rank's --batch rows split into this many")
       ->capture_default_str();
-  app.add_option("--pp-schedule", pipeline.schedule, "pipeline schedule: gpipe or 1f1b")
-      ->check(CLI::IsMember({"gpipe", "1f1b"}))
+  app.add_option("--pp-schedule", pipeline.schedule,
+                 "pipeline schedule: gpipe, 1f1b or interleaved_1f1b")
+      ->check(CLI::IsMember({"gpipe", "1f1b", "interleaved_1f1b"}))
+      ->capture_default_str();
+  app.add_option("--pp-chunks", pipeline.chunks,
+                 "interleaved_1f1b: model chunks (virtual stages) per stage")
       ->capture_default_str();
   app.add_option("--pp-balance", pipeline.balance,
-                 "pipeline: layers per stage, e.g. 2,3 (the embedding, each block and the head "
-                 "count as layers; default: balanced by parameter count)")
+                 "pipeline: layers per stage (per chunk under interleaved_1f1b), e.g. 2,3 (the "
+                 "embedding, each block and the head count as layers; default: balanced by "
+                 "parameter count)")
       ->delimiter(',');
   strategies::sharded::ShardingOptions& sharding = strategy_options.sharding;
   app.add_option("--wrap-policy", sharding.auto_wrap_policy,
@@ -375,6 +380,15 @@ int run(int argc, char** argv) {
   }
   if (strategy_name == "pipeline" && app.count("--devices") == 0)
     strategy_options.devices = std::to_string(pipeline.stages);
+  if (strategy_name == "pipeline" && pipeline.micro_batches > 0 &&
+      o.batch % pipeline.micro_batches != 0) {
+    fail("[train_gpt] --batch ", o.batch, " does not split into --micro-batches ",
+         pipeline.micro_batches, "; use a --batch that ", pipeline.micro_batches, " divides");
+  }
+  if (pipeline.schedule == "interleaved_1f1b" && pipeline.micro_batches % pipeline.stages != 0) {
+    fail("[train_gpt] --pp-schedule interleaved_1f1b needs --micro-batches a multiple of --pp ",
+         pipeline.stages, ", got ", pipeline.micro_batches);
+  }
   std::unique_ptr<strategies::Strategy> strategy =
       strategies::StrategyRegistry::get(strategy_name, strategy_options);
   check_sharding_flags(app, *strategy);
