@@ -2,6 +2,7 @@
 
 #include <chrono>
 
+#include "strategies/trace.h"
 #include "tensor/autocast.h"
 #include "tensor/error.h"
 #include "tensor/ops.h"
@@ -26,6 +27,21 @@ enum StreamKind {
 
 double seconds_since(std::chrono::steady_clock::time_point start) {
   return std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+}
+
+// "F3" or "F3c1" (chunk 1 of the stage), the span of an action in --trace.
+std::string action_label(const Action& a, bool chunked) {
+  std::string label = a.kind == Action::Forward ? "F" : "B";
+  label += std::to_string(a.micro_batch);
+  if (chunked) {
+    label += 'c';
+    label += std::to_string(a.chunk);
+  }
+  return label;
+}
+
+Trace::Args action_args(const Action& a) {
+  return {{"micro_batch", a.micro_batch}, {"chunk", a.chunk}};
 }
 
 }  // namespace
@@ -123,6 +139,8 @@ Tensor StageRunner::take(Stream& stream, const Key& key) {
   }
   for (size_t i = 0; i < stream.order.size(); ++i) {
     if (stream.order[i] != key) continue;
+    Trace::Span span(current_trace(), activations ? "wait activations" : "wait gradients",
+                     "pipeline", Trace::kMainThread, {{"micro_batch", key.second}, {"chunk", key.first}});
     stream.receives[i]->wait();
     Tensor value = stream.buffers[i];
     stream.buffers[i] = Tensor();
@@ -186,6 +204,8 @@ void StageRunner::forward(const Action& a, const std::vector<Tensor>& inputs,
     inputs_[key] = x;
   }
   const auto started = std::chrono::steady_clock::now();
+  Trace::Span span(current_trace(), action_label(a, chunk_count() > stages_), "pipeline",
+                   Trace::kMainThread, action_args(a));
   Tensor y = x;
   {
     AutocastGuard autocast(compute_dtype);
@@ -225,13 +245,16 @@ void StageRunner::forward(const Action& a, const std::vector<Tensor>& inputs,
 void StageRunner::backward(const Action& a, double loss_scale) {
   const Key key{a.chunk, a.micro_batch};
   const int chunk = global_chunk(a.chunk);
+  const std::string label = action_label(a, chunk_count() > stages_);
   if (chunk == chunk_count() - 1) {
     const auto started = std::chrono::steady_clock::now();
+    Trace::Span span(current_trace(), label, "pipeline", Trace::kMainThread, action_args(a));
     (loss_scale != 1.0 ? mul(losses_.at(key), loss_scale) : losses_.at(key)).backward();
     busy_s_ += seconds_since(started);
   } else {
     const Tensor g = take(*gradients_in(a.chunk), key);
     const auto started = std::chrono::steady_clock::now();
+    Trace::Span span(current_trace(), label, "pipeline", Trace::kMainThread, action_args(a));
     outputs_.at(key).backward(g);
     busy_s_ += seconds_since(started);
   }
