@@ -1,6 +1,7 @@
 // Loom against single-process PyTorch: from the same initial weights and data, the loss of
 // every step of a 2-rank deepspeed_stage_3 and fsdp run (8 rows per rank) matches PyTorch's at
-// batch 16 within 2e-4 over 20 steps, as do single_device at batch 16 and DDP. The reference
+// batch 16 within 2e-4 over 20 steps, as do single_device at batch 16, DDP, and a 2-stage
+// pipeline at batch 16 under every schedule. The reference
 // (tests/data/torch_reference_tiny.json, with its initial weights) comes from
 // scripts/make_torch_reference.py, run once with PyPI torch 2.15 (the peers' venv); this
 // test only reads it. Ranks are forked processes.
@@ -17,6 +18,7 @@
 #include "nn/gpt.h"
 #include "nn/gpt_io.h"
 #include "optim/adamw.h"
+#include "strategies/pipeline/pipeline_strategy.h"
 #include "strategies/registry.h"
 
 #ifndef LOOM_TEST_DATA_DIR
@@ -130,6 +132,40 @@ TEST(TorchReference, TwoRankShardedStrategiesMatchPyTorchAtTwiceTheBatch) {
                                                comm::GroupOptions{.timeout = 60s}, name));
       strategy->setup_environment();
       expect_matches(ref, train(ref, strategy.get()), name + " on 2 ranks, 8 rows each");
+    }
+  }, 300s));
+}
+
+// Two pipeline stages (the whole batch of 16 rows on one replica, 4 micro-batches of 4) under
+// every schedule: the same losses as PyTorch at batch 16.
+TEST(TorchReference, PipelineSchedulesMatchPyTorchAtTheSameBatch) {
+  const Reference ref = read_reference();
+  expect_all_ok(run_ranks(2, [&](int rank, int size, std::shared_ptr<comm::Store> store) {
+    for (const std::string schedule : {"gpipe", "1f1b", "interleaved_1f1b"}) {
+      StrategyOptions options;
+      options.pipeline.stages = 2;
+      options.pipeline.micro_batches = 4;
+      options.pipeline.schedule = schedule;
+      PipelineStrategy strategy(options);
+      strategy.set_process_group(std::make_shared<comm::ProcessGroup>(
+          rank, size, store, comm::GroupOptions{.timeout = 60s}, schedule));
+      strategy.setup_environment();
+      nn::GPT model(ref.config, 0);
+      model.load_state_dict(nn::gpt_state_from_checkpoint(
+          safetensors::load(kData / "torch_reference_init.safetensors")));
+      strategy.setup_module(model);
+      optim::AdamW optimizer(model.parameters(), {.lr = 1e-3, .beta1 = 0.9, .beta2 = 0.95,
+                                                  .eps = 1e-8, .weight_decay = 0.1});
+      strategy.setup_optimizer(optimizer);
+      std::vector<double> losses;
+      for (int64_t step = 0; step < ref.steps; ++step) {
+        auto [tokens, targets] = lcg_batch(step, 0, ref.batch, ref.config.context);
+        losses.push_back(strategy.train_batch(tokens, targets).item());
+        strategy.optimizer_step(optimizer);
+        optimizer.zero_grad();
+      }
+      strategy.teardown();
+      expect_matches(ref, losses, "pipeline " + schedule + ", 2 stages x 4 micro-batches");
     }
   }, 300s));
 }

@@ -1,0 +1,67 @@
+#!/usr/bin/env bash
+# Loom's pipeline schedules against torch.distributed.pipelining (PyTorch 2.15, gloo) on this
+# CPU (docs/parallelism.md, "Against PyTorch"). 2 stages, 4 micro-batches, one thread per
+# rank; each pair runs interleaved, Loom then its peer, for ROUNDS rounds; a run's figure is
+# its slowest rank's median step over steps 5 and on. The placements match: GPipe and 1F1B
+# run (embedding, block 0 | block 1, head) on the two ranks, interleaved 1F1B the four
+# chunks (embedding | block 0 | block 1 | head) two per rank. Not for CI: it needs the peers'
+# venv (../shared/peers/setup.sh, PyPI torch 2.15, 5.7 GB).
+#
+#   bash bench/pipeline/vs_peers.sh [OUTDIR]
+# Environment: ROUNDS (3), STEPS (20), MODEL_ARGS (both sides; the peer's GPipe and 1F1B
+# placements need --layers 2), PEERS_VENV.
+set -euo pipefail
+ROOT=$(cd "$(dirname "$0")/../.." && pwd)
+PEERS=$ROOT/../shared/peers
+OUT=${1:-$ROOT/build/bench-pipeline}
+ROUNDS=${ROUNDS:-3}
+STEPS=${STEPS:-20}
+V=${PEERS_VENV:-/tmp/peers-venv}
+T=$ROOT/build/release/tools/train_gpt/train_gpt
+read -r -a MODEL <<< "${MODEL_ARGS:---layers 2 --heads 4 --embd 128 --ctx 128 --batch 8}"
+
+[ -x "$V/bin/torchrun" ] || { echo "no peers venv at $V: run bash $PEERS/setup.sh" >&2; exit 1; }
+[ -x "$T" ] || { echo "build Loom first (cmake --build --preset release)" >&2; exit 1; }
+mkdir -p "$OUT"
+export OMP_NUM_THREADS=1
+
+# label | Loom's train_gpt flags | the peer's variant
+PAIRS=(
+  "gpipe|--pp-schedule gpipe --pp-balance 2,2|gpipe"
+  "1f1b|--pp-schedule 1f1b --pp-balance 2,2|1f1b"
+  "interleaved_1f1b|--pp-schedule interleaved_1f1b --pp-chunks 2|interleaved1f1b"
+)
+port=29750
+for round in $(seq 1 "$ROUNDS"); do
+  for pair in "${PAIRS[@]}"; do
+    IFS='|' read -r label loom peer <<< "$pair"
+    # shellcheck disable=SC2086
+    "$T" "${MODEL[@]}" --pp 2 --micro-batches 4 $loom --steps "$STEPS" --grad-clip 0 \
+      --log-interval 1000 --metrics "$OUT/loom_${label}_r$round.jsonl" \
+      > "$OUT/loom_${label}_r$round.log" 2>&1 || echo "loom $label failed (see $OUT/loom_${label}_r$round.log)"
+    port=$((port + 1))
+    (cd "$PEERS" && timeout 600 "$V/bin/torchrun" --nproc-per-node 2 --master-port $port \
+      pp.py --variant "$peer" "${MODEL[@]}" --steps "$STEPS" --out "$OUT/peer_${label}_r$round" \
+      > "$OUT/peer_${label}_r$round.log" 2>&1) || echo "peer $label failed (see $OUT/peer_${label}_r$round.log)"
+    echo "round $round: $label done"
+  done
+done
+{ date -Iseconds; lscpu | grep 'Model name'; git -C "$ROOT" rev-parse --short HEAD; } > "$OUT/machine.txt"
+
+# Per schedule: Loom's and the peer's medians per round, and the ratio of their medians.
+python3 - "$OUT" "$ROUNDS" <<'PY'
+import glob, json, statistics, sys
+out, rounds = sys.argv[1], int(sys.argv[2])
+def loom(label, r):
+    steps = [json.loads(l)["ms_per_step"] for l in open(f"{out}/loom_{label}_r{r}.jsonl")]
+    return statistics.median(steps[5:])
+def peer(label, r):
+    return max(json.load(open(f))["median_ms_5_19"] for f in glob.glob(f"{out}/peer_{label}_r{r}.rank*.json"))
+print("| schedule | Loom ms/step (rounds) | torch.distributed.pipelining ms/step | Loom / peer (medians) |")
+print("|---|---|---|---|")
+for label in ("gpipe", "1f1b", "interleaved_1f1b"):
+    a = [loom(label, r) for r in range(1, rounds + 1)]
+    b = [peer(label, r) for r in range(1, rounds + 1)]
+    print(f"| {label} | {', '.join(f'{x:.1f}' for x in a)} | {', '.join(f'{x:.1f}' for x in b)} | "
+          f"{statistics.median(a) / statistics.median(b):.2f} |")
+PY
