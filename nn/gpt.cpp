@@ -35,17 +35,28 @@ Tensor CausalSelfAttention::forward(const Tensor& x) const {
   return run_forward([&] { return attend(x); });
 }
 
+void CausalSelfAttention::parallelize(const TensorParallelGroup* tp) {
+  heads_ /= tp->size();
+  tp_ = tp;
+}
+
 Tensor CausalSelfAttention::attend(const Tensor& x) const {
-  int64_t batch = x.size(0), time = x.size(1), width = x.size(2);
+  int64_t batch = x.size(0), time = x.size(1);
+  // This rank's width: all of it, or its heads' share under tensor parallelism.
+  const int64_t width = tp_ != nullptr ? x.size(2) / tp_->size() : x.size(2);
   int64_t head_dim = width / heads_;
-  // q, k, v are the three C-wide column blocks of c_attn's output; as [B, H, T, D] views
-  // they stay inside the fused projection (no copies).
-  std::vector<Tensor> qkv = split(c_attn_->forward(x), {width, width, width}, -1);
+  // q, k, v are the three column blocks of c_attn's output; as [B, H, T, D] views they stay
+  // inside the fused projection (no copies).
+  std::vector<Tensor> qkv =
+      split(c_attn_->forward(tp_ != nullptr ? tp_->copy_in(x) : x), {width, width, width}, -1);
   auto heads_view = [&](const Tensor& t) {
     return t.reshape({batch, time, heads_, head_dim}).permute({0, 2, 1, 3});
   };
   Tensor y = causal_attention(heads_view(qkv[0]), heads_view(qkv[1]), heads_view(qkv[2]));
-  return c_proj_->forward(y.permute({0, 2, 1, 3}).reshape({batch, time, width}));
+  y = y.permute({0, 2, 1, 3}).reshape({batch, time, width});
+  if (tp_ == nullptr) return c_proj_->forward(y);
+  // Row-parallel: the heads' partial sums, summed over the group, then the bias once.
+  return add(tp_->reduce_out(matmul(y, c_proj_->weight())), c_proj_->bias());
 }
 
 MLP::MLP(const GPTConfig& config, Generator& gen) {
@@ -57,7 +68,11 @@ MLP::MLP(const GPTConfig& config, Generator& gen) {
 }
 
 Tensor MLP::forward(const Tensor& x) const {
-  return run_forward([&] { return c_proj_->forward(gelu_.forward(c_fc_->forward(x))); });
+  return run_forward([&] {
+    if (tp_ == nullptr) return c_proj_->forward(gelu_.forward(c_fc_->forward(x)));
+    Tensor h = gelu_.forward(c_fc_->forward(tp_->copy_in(x)));
+    return add(tp_->reduce_out(matmul(h, c_proj_->weight())), c_proj_->bias());
+  });
 }
 
 Block::Block(const GPTConfig& config, Generator& gen) {
@@ -67,6 +82,11 @@ Block::Block(const GPTConfig& config, Generator& gen) {
   ln_2_ = register_module("ln_2",
                           std::make_shared<LayerNorm>(config.embd, kLayerNormEps, config.options));
   mlp_ = register_module("mlp", std::make_shared<MLP>(config, gen));
+}
+
+void Block::parallelize(const TensorParallelGroup* tp) {
+  attn_->parallelize(tp);
+  mlp_->parallelize(tp);
 }
 
 Tensor Block::forward(const Tensor& x) const {
@@ -119,11 +139,56 @@ Tensor GPT::block_forward(int64_t index, const Tensor& x) const {
 }
 
 Tensor GPT::head(const Tensor& x) const {
-  return matmul(ln_f_->forward(x), transpose(wte_->weight(), 0, 1));  // tied output projection
+  Tensor normed = ln_f_->forward(x);
+  if (tp_) normed = tp_->copy_in(normed);  // then this rank's vocabulary rows of the logits
+  return matmul(normed, transpose(wte_->weight(), 0, 1));  // tied output projection
+}
+
+int64_t GPT::vocab_first() const {
+  return tp_ ? config_.vocab_size / tp_->size() * tp_->rank() : 0;
+}
+
+Tensor GPT::embed(const Tensor& tokens, const Tensor& pos) const {
+  if (!tp_) return add(wte_->forward(tokens), wpe_->forward(pos));
+  // Every position's row comes from the one rank that holds it; the others add zeros.
+  return add(tp_->reduce_out(vocab_parallel_embedding(tokens, wte_->weight(), vocab_first())),
+             wpe_->forward(pos));
+}
+
+void GPT::parallelize(std::shared_ptr<const TensorParallelGroup> tp) {
+  if (tp_) fail("GPT::parallelize: the model is already tensor parallel");
+  const int n = tp->size();
+  if (config_.heads % n != 0 || config_.vocab_size % n != 0) {
+    fail("GPT::parallelize: --tp ", n, " must divide the heads (", config_.heads,
+         ") and the vocabulary (", config_.vocab_size, ")");
+  }
+  NoGradGuard no_grad;
+  const auto splits = tensor_parallel_splits();
+  for (const auto& [name, p] : named_parameters()) {
+    auto found = splits.find(name);
+    if (found != splits.end()) p.set_data(take_split(p.detach(), found->second, tp->rank(), n));
+  }
+  for (const auto& block : *h_)
+    block->parallelize(tp.get());
+  tp_ = std::move(tp);
+}
+
+std::map<std::string, TensorParallelSplit> GPT::tensor_parallel_splits() const {
+  std::map<std::string, TensorParallelSplit> splits{{"wte.weight", {0, 1}}};
+  for (int64_t i = 0; i < config_.layers; ++i) {
+    const std::string block = "h." + std::to_string(i) + ".";
+    splits[block + "attn.c_attn.weight"] = {1, 3};  // q, k and v columns, by head
+    splits[block + "attn.c_attn.bias"] = {0, 3};
+    splits[block + "attn.c_proj.weight"] = {0, 1};  // rows: the heads' outputs
+    splits[block + "mlp.c_fc.weight"] = {1, 1};
+    splits[block + "mlp.c_fc.bias"] = {0, 1};
+    splits[block + "mlp.c_proj.weight"] = {0, 1};
+  }
+  return splits;
 }
 
 Tensor GPT::forward_body(const Tensor& tokens, const Tensor& pos) const {
-  Tensor x = add(wte_->forward(tokens), wpe_->forward(pos));
+  Tensor x = embed(tokens, pos);
   for (int64_t i = 0; i < config_.layers; ++i)
     x = block_forward(i, x);
   return head(x);
@@ -132,12 +197,16 @@ Tensor GPT::forward_body(const Tensor& tokens, const Tensor& pos) const {
 Tensor GPT::forward_layer(int64_t layer, const Tensor& x) const {
   if (layer < 0 || layer >= layer_count())
     fail("GPT::forward_layer: layer ", layer, " of ", layer_count());
-  if (layer == 0) return add(wte_->forward(x), wpe_->forward(positions_for(x)));
+  if (layer == 0) return embed(x, positions_for(x));
   if (layer <= config_.layers) return block_forward(layer - 1, x);
   return head(x);
 }
 
 Tensor GPT::layer_loss(const Tensor& logits, const Tensor& targets) const {
+  if (tp_) {
+    return parallel_cross_entropy(logits.reshape({-1, logits.size(-1)}), targets.reshape({-1}),
+                                  vocab_first(), *tp_);
+  }
   return cross_entropy(logits.reshape({-1, config_.vocab_size}), targets.reshape({-1}));
 }
 

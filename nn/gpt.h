@@ -5,7 +5,11 @@
 
 #include <memory>
 
+#include <map>
+#include <string>
+
 #include "nn/layered_model.h"
+#include "nn/tensor_parallel.h"
 #include "nn/layers.h"
 
 namespace loom::nn {
@@ -28,11 +32,15 @@ class CausalSelfAttention : public Module {
  public:
   CausalSelfAttention(const GPTConfig& config, Generator& gen);
   Tensor forward(const Tensor& x) const;  // [B, T, C] -> [B, T, C]
+  // Tensor parallel (GPT::parallelize): this rank's heads only; c_attn column-parallel by
+  // head, c_proj row-parallel.
+  void parallelize(const TensorParallelGroup* tp);
 
  private:
   Tensor attend(const Tensor& x) const;  // the forward, between the forward hooks
 
-  int64_t heads_;
+  int64_t heads_;  // this rank's
+  const TensorParallelGroup* tp_ = nullptr;
   std::shared_ptr<Linear> c_attn_, c_proj_;
 };
 
@@ -40,8 +48,11 @@ class MLP : public Module {
  public:
   MLP(const GPTConfig& config, Generator& gen);
   Tensor forward(const Tensor& x) const;
+  // Tensor parallel: c_fc column-parallel, c_proj row-parallel.
+  void parallelize(const TensorParallelGroup* tp) { tp_ = tp; }
 
  private:
+  const TensorParallelGroup* tp_ = nullptr;
   std::shared_ptr<Linear> c_fc_, c_proj_;
   GELU gelu_;
 };
@@ -50,6 +61,7 @@ class Block : public Module {
  public:
   Block(const GPTConfig& config, Generator& gen);
   Tensor forward(const Tensor& x) const;
+  void parallelize(const TensorParallelGroup* tp);
 
  private:
   std::shared_ptr<LayerNorm> ln_1_, ln_2_;
@@ -59,7 +71,7 @@ class Block : public Module {
 
 // As a LayeredModel: layer 0 is the embedding (wte + wpe), layers 1..L the blocks, layer L+1
 // the head (ln_f and the output projection tied to wte).
-class GPT : public Module, public LayeredModel {
+class GPT : public Module, public LayeredModel, public TensorParallelModel {
  public:
   // Initialises like GPT-2: N(0, 0.02) weights, residual projections (c_proj) scaled by
   // 1/sqrt(2 * layers), zero biases, LayerNorm weight 1. Deterministic given `seed`.
@@ -69,6 +81,16 @@ class GPT : public Module, public LayeredModel {
   // Mean cross-entropy of next-token prediction; targets [B, T].
   Tensor loss(const Tensor& tokens, const Tensor& targets) const;
   const GPTConfig& config() const { return config_; }
+
+  // Tensor parallelism (Megatron-LM's): replaces every split parameter by this rank's part
+  // (tensor_parallel_splits()) and runs the forward split: the embedding by vocabulary rows,
+  // attention by heads, the MLP's first layer by columns and the projections after attention
+  // and the MLP by rows, the head's logits by vocabulary with a parallel cross-entropy. The
+  // group must outlive the model; loss() then needs every rank of it. Once only.
+  void parallelize(std::shared_ptr<const TensorParallelGroup> tp) override;
+  const TensorParallelGroup* tensor_parallel() const { return tp_.get(); }
+  // How each parameter is split under parallelize() (by name; replicated ones absent).
+  std::map<std::string, TensorParallelSplit> tensor_parallel_splits() const override;
 
   int64_t layer_count() const override { return config_.layers + 2; }
   // Layer 0 takes tokens [B, T]; the head gives logits [B, T, vocab].
@@ -84,7 +106,12 @@ class GPT : public Module, public LayeredModel {
   Tensor block_forward(int64_t index, const Tensor& x) const;
   Tensor head(const Tensor& x) const;
 
+  // The vocabulary rows this rank's wte holds begin here (0 without tensor parallelism).
+  int64_t vocab_first() const;
+  Tensor embed(const Tensor& tokens, const Tensor& positions) const;
+
   GPTConfig config_;
+  std::shared_ptr<const TensorParallelGroup> tp_;
   std::shared_ptr<Embedding> wte_, wpe_;
   std::shared_ptr<ModuleList<Block>> h_;
   std::shared_ptr<LayerNorm> ln_f_;

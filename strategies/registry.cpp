@@ -7,6 +7,7 @@
 #include "strategies/data_parallel.h"
 #include "strategies/pipeline/pipeline_strategy.h"
 #include "strategies/sharded/sharded_strategy.h"
+#include "strategies/tp/model_parallel_strategy.h"
 
 namespace loom::strategies {
 
@@ -50,6 +51,11 @@ struct Registry {
         [](const StrategyOptions& o) { return std::make_unique<PipelineStrategy>(o); },
         "pipeline parallel: the model's layers split into --pp stages that pass micro-batches "
         "along, data parallel across the rest of the ranks",
+        {}};
+    entries["model_parallel"] = {
+        [](const StrategyOptions& o) { return std::make_unique<ModelParallelStrategy>(o); },
+        "tensor parallel (Megatron-LM's): each layer split over --tp ranks, data parallel "
+        "across the rest",
         {}};
     add_sharded_strategies();
   }

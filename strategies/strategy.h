@@ -73,6 +73,8 @@ struct StrategyOptions {
   sharded::ShardingOptions sharding = {};
   // The pipeline strategy's stages, micro-batches and schedule (strategies/pipeline/).
   pipeline::PipelineOptions pipeline = {};
+  // The model_parallel strategy's tensor-parallel size (strategies/tp/): ranks per replica.
+  int tensor_parallel = 1;
   // FSDP's sharding_strategy for the fsdp names: FULL_SHARD (default), SHARD_GRAD_OP,
   // NO_SHARD.
   std::string fsdp_sharding_strategy = "FULL_SHARD";

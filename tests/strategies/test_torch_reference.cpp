@@ -1,7 +1,7 @@
 // Loom against single-process PyTorch: from the same initial weights and data, the loss of
 // every step of a 2-rank deepspeed_stage_3 and fsdp run (8 rows per rank) matches PyTorch's at
-// batch 16 within 2e-4 over 20 steps, as do single_device at batch 16, DDP, and a 2-stage
-// pipeline at batch 16 under every schedule. The reference
+// batch 16 within 2e-4 over 20 steps, as do single_device at batch 16, DDP, a 2-stage
+// pipeline at batch 16 under every schedule, and tensor parallelism over 2 ranks. The reference
 // (tests/data/torch_reference_tiny.json, with its initial weights) comes from
 // scripts/make_torch_reference.py, run once with PyPI torch 2.15 (the peers' venv); this
 // test only reads it. Ranks are forked processes.
@@ -75,8 +75,9 @@ std::pair<Tensor, Tensor> lcg_batch(int64_t step, int64_t first, int64_t rows, i
 // The mean loss over all ranks at each step, training under `strategy` (null: one process)
 // with this rank's share of the reference's batch; tears the strategy down.
 std::vector<double> train(const Reference& ref, Strategy* strategy) {
-  const int rank = strategy ? strategy->rank() : 0;
-  const int world = strategy ? strategy->world_size() : 1;
+  // Replicas split the batch; the ranks of one replica (tensor parallel) share it.
+  const int rank = strategy ? strategy->data_parallel_rank() : 0;
+  const int world = strategy ? strategy->data_parallel_size() : 1;
   nn::GPT model(ref.config, 0);
   model.load_state_dict(nn::gpt_state_from_checkpoint(
       safetensors::load(kData / "torch_reference_init.safetensors")));
@@ -133,6 +134,21 @@ TEST(TorchReference, TwoRankShardedStrategiesMatchPyTorchAtTwiceTheBatch) {
       strategy->setup_environment();
       expect_matches(ref, train(ref, strategy.get()), name + " on 2 ranks, 8 rows each");
     }
+  }, 300s));
+}
+
+// Tensor parallel over 2 ranks (each the whole batch of 16): PyTorch's losses at batch 16.
+TEST(TorchReference, TensorParallelMatchesPyTorchAtTheSameBatch) {
+  const Reference ref = read_reference();
+  expect_all_ok(run_ranks(2, [&](int rank, int size, std::shared_ptr<comm::Store> store) {
+    StrategyOptions options;
+    options.tensor_parallel = 2;
+    auto strategy = StrategyRegistry::get("model_parallel", options);
+    dynamic_cast<ParallelStrategy&>(*strategy).set_process_group(
+        std::make_shared<comm::ProcessGroup>(rank, size, store, comm::GroupOptions{.timeout = 60s},
+                                             "tp"));
+    strategy->setup_environment();
+    expect_matches(ref, train(ref, strategy.get()), "model_parallel, tp 2");
   }, 300s));
 }
 

@@ -297,6 +297,10 @@ int run(int argc, char** argv) {
                  "pipeline stages (docs/parallelism.md); above 1 selects --strategy pipeline, "
                  "with the data-parallel size the world divided by it")
       ->capture_default_str();
+  app.add_option("--tp", strategy_options.tensor_parallel,
+                 "tensor-parallel size (docs/parallelism.md); above 1 selects --strategy "
+                 "model_parallel, with the data-parallel size the world divided by it")
+      ->capture_default_str();
   app.add_option("--micro-batches", pipeline.micro_batches,
                  "pipeline: each data-parallel rank's --batch rows split into this many")
       ->capture_default_str();
@@ -373,6 +377,17 @@ int run(int argc, char** argv) {
     deepspeed = strategies::load_deepspeed_config(deepspeed_config_path);
     strategy_name = take_deepspeed_config(*deepspeed, app, o, strategy_options);
   }
+  if (pipeline.stages > 1 && strategy_options.tensor_parallel > 1) {
+    fail("[train_gpt] --pp with --tp (3-D parallelism) is not built yet; use one of them");
+  }
+  if (strategy_options.tensor_parallel > 1 && strategy_name == "single_device")
+    strategy_name = "model_parallel";
+  if (strategy_options.tensor_parallel > 1 && strategy_name != "model_parallel") {
+    fail("[train_gpt] --tp ", strategy_options.tensor_parallel, " runs the model_parallel "
+         "strategy (data parallel over the rest of the ranks); drop --strategy ", strategy_name);
+  }
+  if (strategy_name == "model_parallel" && app.count("--devices") == 0)
+    strategy_options.devices = std::to_string(strategy_options.tensor_parallel);
   if (pipeline.stages > 1 && strategy_name == "single_device") strategy_name = "pipeline";
   if (pipeline.stages > 1 && strategy_name != "pipeline") {
     fail("[train_gpt] --pp ", pipeline.stages, " runs the pipeline strategy (data parallel over "

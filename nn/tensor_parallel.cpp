@@ -1,0 +1,139 @@
+#include "nn/tensor_parallel.h"
+
+#include <cmath>
+#include <cstring>
+
+#include "tensor/autograd/function.h"
+#include "tensor/error.h"
+#include "tensor/ops.h"
+
+namespace loom::nn {
+
+Tensor take_split(const Tensor& full, const TensorParallelSplit& split, int rank, int size) {
+  if (!split.split()) return full.contiguous();
+  const int64_t extent = full.size(split.dim);
+  if (extent % (split.blocks * size) != 0) {
+    fail("[tp] dimension ", split.dim, " of ", full.str(), " does not split into ", split.blocks,
+         " block(s) over ", size, " ranks");
+  }
+  const int64_t block = extent / split.blocks, part = block / size;
+  std::vector<Tensor> parts;
+  for (int64_t b = 0; b < split.blocks; ++b)
+    parts.push_back(full.narrow(split.dim, b * block + rank * part, part));
+  return (parts.size() == 1 ? parts[0] : concat(parts, split.dim)).contiguous();
+}
+
+Tensor join_splits(const std::vector<Tensor>& parts, const TensorParallelSplit& split) {
+  if (!split.split()) return parts.at(0);
+  const int64_t part = parts.at(0).size(split.dim) / split.blocks;
+  std::vector<Tensor> ordered;  // block by block, rank by rank
+  for (int64_t b = 0; b < split.blocks; ++b)
+    for (const Tensor& p : parts)
+      ordered.push_back(p.narrow(split.dim, b * part, part));
+  return concat(ordered, split.dim).contiguous();
+}
+
+Tensor vocab_parallel_embedding(const Tensor& ids, const Tensor& weight, int64_t first) {
+  if (weight.dtype() != DType::F32 || !weight.device().is_cpu())
+    fail("[tp] vocab_parallel_embedding: f32 CPU weights only, got ", weight.str());
+  const Tensor index = ids.to(DType::I64).contiguous();
+  const int64_t rows = weight.size(0), width = weight.size(1);
+  autograd::CustomOp op{
+      .name = "vocab_parallel_embedding",
+      .forward =
+          [index, rows, width, first](autograd::Context&, const std::vector<Tensor>& in) {
+            Shape shape = index.shape();
+            shape.push_back(width);
+            Tensor out = Tensor::zeros(shape, DType::F32);
+            const Tensor w = in[0].contiguous();
+            const int64_t* id = index.data<int64_t>();
+            for (int64_t i = 0; i < index.numel(); ++i) {
+              const int64_t row = id[i] - first;
+              if (row < 0 || row >= rows) continue;
+              std::memcpy(out.data<float>() + i * width, w.data<float>() + row * width,
+                          sizeof(float) * static_cast<size_t>(width));
+            }
+            return std::vector<Tensor>{out};
+          },
+      .backward =
+          [index, rows, width, first](autograd::Context&, const std::vector<Tensor>& grad_out) {
+            Tensor grad = Tensor::zeros({rows, width}, DType::F32);
+            const Tensor g = grad_out[0].contiguous();
+            const int64_t* id = index.data<int64_t>();
+            for (int64_t i = 0; i < index.numel(); ++i) {
+              const int64_t row = id[i] - first;
+              if (row < 0 || row >= rows) continue;
+              float* into = grad.data<float>() + row * width;
+              const float* from = g.data<float>() + i * width;
+              for (int64_t c = 0; c < width; ++c)
+                into[c] += from[c];
+            }
+            return std::vector<Tensor>{grad};
+          }};
+  return autograd::apply(op, {weight})[0];
+}
+
+Tensor parallel_cross_entropy(const Tensor& logits, const Tensor& targets, int64_t first,
+                              const TensorParallelGroup& group) {
+  if (logits.dtype() != DType::F32 || logits.dim() != 2)
+    fail("[tp] parallel_cross_entropy: f32 logits [N, vocab part], got ", logits.str());
+  const Tensor target = targets.to(DType::I64).contiguous().reshape({-1});
+  const int64_t n = logits.size(0), cols = logits.size(1);
+  const TensorParallelGroup* tp = &group;
+  autograd::CustomOp op{
+      .name = "parallel_cross_entropy",
+      .forward =
+          [target, n, cols, first, tp](autograd::Context& ctx, const std::vector<Tensor>& in) {
+            const Tensor l = in[0].contiguous();
+            const float* x = l.data<float>();
+            Tensor max = Tensor::empty({n}, DType::F64), sum = Tensor::zeros({n}, DType::F64);
+            Tensor picked = Tensor::zeros({n}, DType::F64);
+            for (int64_t i = 0; i < n; ++i) {
+              double m = -INFINITY;
+              for (int64_t c = 0; c < cols; ++c)
+                m = std::max(m, static_cast<double>(x[i * cols + c]));
+              max.data<double>()[i] = m;
+            }
+            tp->max(max);
+            Tensor probs = Tensor::empty({n, cols}, DType::F32);
+            for (int64_t i = 0; i < n; ++i) {
+              const double m = max.data<double>()[i];
+              double s = 0;
+              for (int64_t c = 0; c < cols; ++c)
+                s += std::exp(static_cast<double>(x[i * cols + c]) - m);
+              sum.data<double>()[i] = s;
+              const int64_t col = target.data<int64_t>()[i] - first;
+              if (col >= 0 && col < cols) picked.data<double>()[i] = x[i * cols + col];
+            }
+            tp->sum(sum);
+            tp->sum(picked);
+            double loss = 0;
+            for (int64_t i = 0; i < n; ++i) {
+              const double m = max.data<double>()[i], s = sum.data<double>()[i];
+              loss += std::log(s) + m - picked.data<double>()[i];
+              for (int64_t c = 0; c < cols; ++c) {
+                probs.data<float>()[i * cols + c] =
+                    static_cast<float>(std::exp(static_cast<double>(x[i * cols + c]) - m) / s);
+              }
+            }
+            ctx.save(probs);
+            return std::vector<Tensor>{
+                Tensor::full({}, loss / static_cast<double>(n), DType::F32)};
+          },
+      .backward =
+          [target, n, cols, first](autograd::Context& ctx, const std::vector<Tensor>& grad_out) {
+            Tensor grad = ctx.saved(0).clone();
+            const double g = grad_out[0].item() / static_cast<double>(n);
+            float* d = grad.data<float>();
+            for (int64_t i = 0; i < n; ++i) {
+              const int64_t col = target.data<int64_t>()[i] - first;
+              if (col >= 0 && col < cols) d[i * cols + col] -= 1.0f;
+              for (int64_t c = 0; c < cols; ++c)
+                d[i * cols + c] = static_cast<float>(d[i * cols + c] * g);
+            }
+            return std::vector<Tensor>{grad};
+          }};
+  return autograd::apply(op, {logits})[0];
+}
+
+}  // namespace loom::nn

@@ -1,0 +1,76 @@
+#pragma once
+// The model_parallel strategy (Lightning's ModelParallelStrategy; docs/parallelism.md): the
+// ranks form a mesh of dp x tp (strategies/device_mesh.h); the tp ranks of a replica split
+// the model's layers (Megatron-LM's tensor parallelism, through the model's own
+// nn::TensorParallelModel::parallelize, as GPT does) and the dp replicas average their
+// gradients after backward. The collectives between split layers (nn/tensor_parallel.h) run
+// over the tp subgroup as differentiable ops: identity forward / all-reduce backward, and
+// all-reduce forward / identity backward.
+//
+// Each rank builds the whole model (so the weights are the single-device model's) and keeps
+// its parts of the split parameters in setup_module. Not built yet (clear errors):
+// distributed checkpoints of a split model (train_gpt --checkpoint-dir; --save works: it
+// gathers the whole model), sequence parallelism, 16-mixed.
+
+#include <map>
+#include <memory>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "nn/tensor_parallel.h"
+#include "strategies/device_mesh.h"
+#include "strategies/strategy.h"
+
+namespace loom::strategies {
+
+// The tensor-parallel collectives over a process group.
+class ProcessGroupTensorParallel : public nn::TensorParallelGroup {
+ public:
+  explicit ProcessGroupTensorParallel(std::shared_ptr<comm::ProcessGroup> group);
+  int rank() const override { return group_->rank(); }
+  int size() const override { return group_->size(); }
+  Tensor copy_in(const Tensor& x) const override;
+  Tensor reduce_out(const Tensor& x) const override;
+  void sum(Tensor& t) const override;
+  void max(Tensor& t) const override;
+
+ private:
+  std::shared_ptr<comm::ProcessGroup> group_;
+};
+
+class ModelParallelStrategy : public ParallelStrategy {
+ public:
+  explicit ModelParallelStrategy(StrategyOptions options);
+  std::string name() const override { return "model_parallel"; }
+  void setup_environment() override;
+  // Splits the module (an nn::TensorParallelModel) over this rank's tp group.
+  void setup_module(nn::Module& module) override;
+  // loss.backward(), then the gradients averaged over the dp replicas (unless accumulating).
+  void backward(const Tensor& loss) override;
+  void set_backward_sync(bool sync) override { sync_ = sync; }
+  double gradient_norm(double norm_type = 2.0) override;
+  double clip_gradients(double max_norm, double norm_type = 2.0) override;
+  std::map<std::string, Tensor> gather_state(const std::map<std::string, Tensor>& state) override;
+  void gather_full_module() override;
+  int data_parallel_rank() const override;
+  int data_parallel_size() const override;
+  std::vector<ParameterPart> held_parameters() override;
+  OptimizerLayout optimizer_layout(const optim::Optimizer& optimizer) const override;
+  void load_parameter_parts(const ReadParameter& read) override;
+
+  const DeviceMesh& mesh() const;
+
+ private:
+  // The whole value of parameter `name` from every tp rank's part. Collective over tp.
+  Tensor whole(const std::string& name, const Tensor& part) const;
+
+  std::optional<DeviceMesh> mesh_;
+  std::shared_ptr<ProcessGroupTensorParallel> tp_;
+  std::map<std::string, nn::TensorParallelSplit> splits_;
+  std::vector<std::pair<std::string, Tensor>> params_;
+  bool sync_ = true;
+  bool whole_ = false;  // gather_full_module ran
+};
+
+}  // namespace loom::strategies

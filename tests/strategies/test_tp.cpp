@@ -1,0 +1,149 @@
+// Tensor parallelism (strategies/tp/, nn/tensor_parallel.h, docs/parallelism.md): splitting
+// and joining parameters, and GPT trained over 2 tensor-parallel ranks (alone and with data
+// parallelism) against one device and DDP, in real processes.
+
+#include <gtest/gtest.h>
+
+#include <chrono>
+#include <cmath>
+#include <string>
+#include <vector>
+
+#include "../comm/multiprocess.h"
+#include "../comm/test_support.h"
+#include "nn/gpt.h"
+#include "strategies/registry.h"
+#include "strategies/tp/model_parallel_strategy.h"
+#include "tiny_training.h"
+
+namespace loom::strategies {
+namespace {
+
+using comm::testing::expect_all_ok;
+using comm::testing::run_ranks;
+using loom::testing::error_of;
+using namespace std::chrono_literals;
+
+TEST(TensorParallelSplit, PartsJoinBackIntoTheWhole) {
+  std::vector<float> values(4 * 12);
+  for (size_t i = 0; i < values.size(); ++i)
+    values[i] = static_cast<float>(i);
+  const Tensor whole = Tensor::from_vector<float>(values, {4, 12});
+  for (const nn::TensorParallelSplit split : {nn::TensorParallelSplit{1, 3}, {1, 1}, {0, 1}}) {
+    std::vector<Tensor> parts;
+    for (int r = 0; r < 2; ++r)
+      parts.push_back(nn::take_split(whole, split, r, 2));
+    EXPECT_EQ(nn::join_splits(parts, split).to_vector<float>(), values);
+  }
+  // q, k, v blocks of 4 columns each, split by head: rank 1 holds columns 2-3, 6-7, 10-11.
+  const Tensor part = nn::take_split(whole, {1, 3}, 1, 2);
+  EXPECT_EQ(part.shape(), (Shape{4, 6}));
+  EXPECT_EQ(part.to_vector<float>()[0], 2.0f);
+  EXPECT_EQ(part.to_vector<float>()[2], 6.0f);
+  EXPECT_NE(error_of([&] { nn::take_split(whole, {1, 3}, 0, 3); }).find("does not split"),
+            std::string::npos);
+}
+
+std::vector<std::vector<float>> train(Strategy* strategy, int64_t batch, int64_t steps) {
+  nn::GPTConfig c = testing::tiny_gpt_config(DType::F32);  // 2 heads, vocabulary 64
+  nn::GPT model(c, 4);
+  train_gpt::TrainOptions o;
+  o.model = c;
+  o.batch = batch;
+  o.steps = steps;
+  o.lr = 1e-2;
+  o.grad_clip = 0.05;
+  train_gpt::TokenBlocks data(testing::tiny_corpus(), batch, testing::kTinyContext,
+                              testing::kTinyVocab);
+  train_gpt::train(model, data, o, [](const train_gpt::StepMetrics&) {}, strategy);
+  std::vector<std::vector<float>> out;
+  for (const Tensor& p : model.parameters())  // whole again: train() gathers them at the end
+    out.push_back(p.to_vector<float>());
+  return out;
+}
+
+std::unique_ptr<Strategy> make(const std::string& name, int tp, int rank, int size,
+                               const std::shared_ptr<comm::Store>& store, const std::string& group) {
+  StrategyOptions options;
+  options.tensor_parallel = tp;
+  auto strategy = StrategyRegistry::get(name, options);
+  dynamic_cast<ParallelStrategy&>(*strategy).set_process_group(std::make_shared<comm::ProcessGroup>(
+      rank, size, store, comm::GroupOptions{.timeout = 30s}, group));
+  strategy->setup_environment();
+  return strategy;
+}
+
+double max_difference(const std::vector<std::vector<float>>& a,
+                      const std::vector<std::vector<float>>& b) {
+  double worst = 0;
+  for (size_t i = 0; i < a.size(); ++i)
+    for (size_t j = 0; j < a[i].size(); ++j)
+      worst = std::max(worst, std::abs(static_cast<double>(a[i][j]) - b[i][j]));
+  return worst;
+}
+
+// tp 2: within rounding of one device (row-parallel sums add in another order), and bitwise
+// the same from one run to the next.
+TEST(TensorParallel, TwoRanksMatchOneDeviceAndRepeatThemselves) {
+  const auto reference = train(nullptr, 4, 4);
+  expect_all_ok(run_ranks(2, [&](int rank, int size, std::shared_ptr<comm::Store> store) {
+    auto a = make("model_parallel", 2, rank, size, store, "tp-a");
+    const auto first = train(a.get(), 4, 4);
+    a->teardown();
+    auto b = make("model_parallel", 2, rank, size, store, "tp-b");
+    const auto second = train(b.get(), 4, 4);
+    b->teardown();
+    EXPECT_EQ(first, second) << "tensor parallel runs are deterministic";
+    ASSERT_EQ(first.size(), reference.size());
+    EXPECT_LE(max_difference(first, reference), 1e-5);
+  }, 120s));
+}
+
+// dp 2 x tp 2 on 4 ranks against DDP on 2 ranks: the same batches, within rounding.
+TEST(TensorParallel, ComposesWithDataParallelism) {
+  std::vector<std::vector<float>> ddp;
+  expect_all_ok(run_ranks(2, [&](int rank, int size, std::shared_ptr<comm::Store> store) {
+    auto s = make("ddp", 1, rank, size, store, "ddp");
+    const auto w = train(s.get(), 2, 3);
+    s->teardown();
+    if (rank == 0) {
+      std::FILE* f = std::fopen("/tmp/loom_tp_ddp_reference.bin", "wb");
+      for (const auto& p : w)
+        std::fwrite(p.data(), sizeof(float), p.size(), f);
+      std::fclose(f);
+    }
+  }));
+  expect_all_ok(run_ranks(4, [&](int rank, int size, std::shared_ptr<comm::Store> store) {
+    auto s = make("model_parallel", 2, rank, size, store, "dp-tp");
+    EXPECT_EQ(s->data_parallel_size(), 2);
+    const auto w = train(s.get(), 2, 3);
+    s->teardown();
+    std::vector<float> reference;
+    std::FILE* f = std::fopen("/tmp/loom_tp_ddp_reference.bin", "rb");
+    float v = 0;
+    while (std::fread(&v, sizeof v, 1, f) == 1)
+      reference.push_back(v);
+    std::fclose(f);
+    size_t at = 0;
+    double worst = 0;
+    for (const auto& p : w)
+      for (float x : p)
+        worst = std::max(worst, std::abs(static_cast<double>(x) - reference.at(at++)));
+    EXPECT_EQ(at, reference.size());
+    EXPECT_LE(worst, 1e-5) << "rank " << rank;
+  }, 120s));
+  std::remove("/tmp/loom_tp_ddp_reference.bin");
+}
+
+TEST(TensorParallel, SizesThatDoNotSplitTheModelAreRefused) {
+  expect_all_ok(run_ranks(3, [&](int rank, int size, std::shared_ptr<comm::Store> store) {
+    auto s = make("model_parallel", 3, rank, size, store, "three");
+    nn::GPT model(testing::tiny_gpt_config(DType::F32), 4);  // 2 heads
+    EXPECT_NE(error_of([&] { s->setup_module(model); }).find("--tp 3 must divide the heads (2)"),
+              std::string::npos);
+    s->teardown();
+  }));
+}
+
+}  // namespace
+}  // namespace loom::strategies
