@@ -32,18 +32,34 @@ std::map<std::string, Tensor> Strategy::optimizer_state(const optim::Optimizer& 
 }
 
 void Strategy::load_parameters(const std::map<std::string, Tensor>& state) {
-  load_parameter_parts([&](const std::string& name, int64_t begin, Tensor& out) {
+  auto value_of = [&](const std::string& name, const Tensor& out) {
     auto found = state.find(name);
     if (found == state.end()) fail("[", this->name(), "] load_parameters: no value for ", name);
     const Tensor whole = found->second.to(Device::cpu()).contiguous();
-    const Tensor flat = whole.reshape({whole.numel()});
-    if (begin + out.numel() > flat.numel() || whole.dtype() != out.dtype()) {
-      fail("[", this->name(), "] load_parameters: ", name, " is ", whole.str(),
-           "; the parameter needs elements [", begin, ", ", begin + out.numel(), ") of ",
+    if (whole.dtype() != out.dtype()) {
+      fail("[", this->name(), "] load_parameters: ", name, " is ", whole.str(), "; the parameter is ",
            dtype_name(out.dtype()));
     }
-    copy_(out, Tensor::make_view(flat, {out.numel()}, {1}, flat.offset() + begin));
-  });
+    return whole;
+  };
+  load_parameter_parts(
+      {.run =
+           [&](const std::string& name, int64_t begin, Tensor& out) {
+             const Tensor whole = value_of(name, out);
+             const Tensor flat = whole.reshape({whole.numel()});
+             if (begin + out.numel() > flat.numel()) {
+               fail("[", this->name(), "] load_parameters: ", name, " is ", whole.str(),
+                    "; the parameter needs elements [", begin, ", ", begin + out.numel(), ")");
+             }
+             copy_(out, Tensor::make_view(flat, {out.numel()}, {1}, flat.offset() + begin));
+           },
+       .box =
+           [&](const std::string& name, const Shape& offsets, const Shape& sizes, Tensor& out) {
+             Tensor part = value_of(name, out);
+             for (size_t d = 0; d < sizes.size(); ++d)
+               part = part.narrow(static_cast<int64_t>(d), offsets[d], sizes[d]);
+             copy_(out, part.contiguous().reshape({out.numel()}));
+           }});
 }
 
 std::vector<ParameterPart> Strategy::held_parameters() {

@@ -216,6 +216,11 @@ class Strategy {
   // many there are). Replicating strategies: (rank, world size); sharded: (0, 1), or the
   // rank among the replicas of a shard under HYBRID_SHARD.
   virtual std::pair<int, int> replica_of_held() const { return {rank(), world_size()}; }
+  // The whole shape of parameter `name`, whose tensor on this rank is `param` (a
+  // tensor-parallel rank holds a part of it).
+  virtual Shape parameter_shape(const std::string& /*name*/, const Tensor& param) const {
+    return param.shape();
+  }
   // Whether this rank writes the checkpoint state of `param` (its parts and its optimizer
   // state): a parameter several pipeline stages hold is written by one of them.
   virtual bool writes_state_of(const std::string& /*param*/) const { return true; }

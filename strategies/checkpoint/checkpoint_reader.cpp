@@ -35,18 +35,45 @@ int CheckpointReader::descriptor(const std::string& file) {
 }
 
 void CheckpointReader::read_into(const std::string& name, int64_t begin, Tensor& out) {
+  read_runs(name, {{begin, 0, out.numel()}}, out);
+}
+
+void CheckpointReader::read_box(const std::string& name, const Shape& offsets, const Shape& sizes,
+                                Tensor& out) {
+  const TensorEntry& e = entry(name);
+  Shard box;  // the box as a shard of the tensor: its runs are what to read
+  box.offsets = offsets;
+  box.sizes = sizes;
+  int64_t count = 1;
+  for (size_t d = 0; d < sizes.size(); ++d) {
+    if (d >= e.shape.size() || offsets[d] < 0 || offsets[d] + sizes[d] > e.shape[d]) {
+      fail("[checkpoint] ", path_.string(), ": box ", shape_str(offsets), " + ", shape_str(sizes),
+           " of tensor '", name, "', whose shape is ", shape_str(e.shape));
+    }
+    count *= sizes[d];
+  }
+  if (sizes.size() != e.shape.size() || count != out.numel()) {
+    fail("[checkpoint] ", path_.string(), ": a box of ", count, " elements of tensor '", name,
+         "' read into ", out.str());
+  }
+  read_runs(name, runs_of(box, e.shape), out);
+}
+
+void CheckpointReader::read_runs(const std::string& name, const std::vector<ShardRun>& wanted,
+                                 Tensor& out) {
   const TensorEntry& e = entry(name);
   int64_t numel = 1;
   for (int64_t d : e.shape)
     numel *= d;
-  const int64_t end = begin + out.numel();
   if (out.dtype() != e.dtype || !out.is_contiguous() || out.device() != Device::cpu()) {
     fail("[checkpoint] ", path_.string(), ": tensor '", name, "' is ", dtype_name(e.dtype),
          "; it cannot be read into ", out.str());
   }
-  if (begin < 0 || end > numel) {
-    fail("[checkpoint] ", path_.string(), ": elements [", begin, ", ", end, ") of tensor '", name,
-         "', which has ", numel);
+  for (const ShardRun& w : wanted) {
+    if (w.global < 0 || w.global + w.length > numel || w.local + w.length > out.numel()) {
+      fail("[checkpoint] ", path_.string(), ": elements [", w.global, ", ", w.global + w.length,
+           ") of tensor '", name, "', which has ", numel);
+    }
   }
   const uint64_t element = dtype_size(e.dtype);
   auto* into = static_cast<char*>(out.raw_data());
@@ -59,8 +86,11 @@ void CheckpointReader::read_into(const std::string& name, int64_t begin, Tensor&
     if (cached == runs_.end()) cached = runs_.emplace(&shard, runs_of(shard, e.shape)).first;
     std::vector<Copy> copies;
     for (const ShardRun& run : cached->second) {
-      const int64_t lo = std::max(begin, run.global), hi = std::min(end, run.global + run.length);
-      if (lo < hi) copies.push_back({run.local + (lo - run.global), hi - lo, lo - begin});
+      for (const ShardRun& w : wanted) {
+        const int64_t lo = std::max(w.global, run.global);
+        const int64_t hi = std::min(w.global + w.length, run.global + run.length);
+        if (lo < hi) copies.push_back({run.local + (lo - run.global), hi - lo, w.local + (lo - w.global)});
+      }
     }
     if (copies.empty()) continue;
     // The checksum blocks [first, last] that hold the shard bytes [from, to) the copies need.

@@ -31,6 +31,9 @@ class CheckpointReader {
   // of the tensor's dtype). Throws loom::Error for a range past the tensor, another dtype, a
   // read error or a block whose checksum differs (naming the file, tensor and bytes).
   void read_into(const std::string& name, int64_t begin, Tensor& out);
+  // The box offsets[d] .. offsets[d] + sizes[d] of `name` into `out` (contiguous, on the CPU,
+  // of the tensor's dtype, row-major, the product of sizes elements).
+  void read_box(const std::string& name, const Shape& offsets, const Shape& sizes, Tensor& out);
   // The whole tensor, in its shape.
   Tensor read(const std::string& name);
   // Bytes read from the files so far (for tests and reports).
@@ -38,6 +41,9 @@ class CheckpointReader {
 
  private:
   int descriptor(const std::string& file);
+  // Reads the runs `wanted` (elements [global, global + length) of the tensor into `out` at
+  // element `local`), each shard's blocks once.
+  void read_runs(const std::string& name, const std::vector<ShardRun>& wanted, Tensor& out);
 
   std::filesystem::path path_;
   Index index_;

@@ -1,5 +1,6 @@
 #include "strategies/checkpoint/distributed_state.h"
 
+#include <algorithm>
 #include <cstdio>
 #include <fstream>
 #include <optional>
@@ -49,11 +50,19 @@ std::optional<StateKey> parse_state_key(const std::string& key) {
   return StateKey{g, i, key.substr(used)};
 }
 
-std::map<std::string, Shape> parameter_shapes(const nn::Module& module) {
+// The whole shape of every parameter (a tensor-parallel rank holds parts of some).
+std::map<std::string, Shape> parameter_shapes(const Strategy& strategy, const nn::Module& module) {
   std::map<std::string, Shape> shapes;
   for (const auto& [name, p] : module.named_parameters())
-    shapes.emplace(name, p.shape());
+    shapes.emplace(name, strategy.parameter_shape(name, p));
   return shapes;
+}
+
+// The box `sizes` at `offsets` of a tensor, as a view.
+Tensor box_of(Tensor t, const Shape& offsets, const Shape& sizes) {
+  for (size_t d = 0; d < sizes.size(); ++d)
+    t = t.narrow(static_cast<int64_t>(d), offsets[d], sizes[d]);
+  return t;
 }
 
 Tensor scalar_of(const Tensor& t) {
@@ -72,15 +81,21 @@ std::vector<TensorPiece> state_pieces(Strategy& strategy, const nn::Module& modu
                                       const optim::Optimizer* optimizer, bool parameters,
                                       const std::map<std::string, Tensor>& extra) {
   std::vector<TensorPiece> pieces;
-  const std::map<std::string, Shape> shapes = parameter_shapes(module);
+  const std::map<std::string, Shape> shapes = parameter_shapes(strategy, module);
   const std::pair<int, int> replica = strategy.replica_of_held();
   const bool chief = strategy.is_global_zero();
   auto whole = [&](const std::string& name, const Tensor& value) {
     if (chief) add_share(pieces, name, value.shape(), 0, flattened(value), {0, 1});
   };
   if (parameters) {
-    for (const ParameterPart& part : strategy.held_parameters())
-      add_share(pieces, part.name, shapes.at(part.name), part.begin, part.values, replica);
+    for (const ParameterPart& part : strategy.held_parameters()) {
+      if (part.sizes.empty()) {
+        add_share(pieces, part.name, shapes.at(part.name), part.begin, part.values, replica);
+      } else if (replica.first == 0) {  // a box: written whole by the first replica
+        pieces.push_back({part.name, shapes.at(part.name), 0,
+                          part.values.to(Device::cpu()).clone(), part.offsets, part.sizes});
+      }
+    }
   }
   if (optimizer != nullptr) {
     const OptimizerLayout layout = strategy.optimizer_layout(*optimizer);
@@ -91,13 +106,25 @@ std::vector<TensorPiece> state_pieces(Strategy& strategy, const nn::Module& modu
         continue;
       }
       const std::vector<OptimizerPart>& parts = layout.at(state->group).at(state->index);
-      const Tensor flat = flattened(value.to(Device::cpu()));
+      const Tensor host = value.to(Device::cpu()).contiguous();
+      const Tensor flat = flattened(host);
       for (const OptimizerPart& part : parts) {
-        if (!strategy.writes_state_of(part.param)) continue;  // another stage's copy
+        if (!strategy.writes_state_of(part.param)) continue;  // another rank's copy
         const std::string name = kStatePrefix + part.param + "." + state->entry;
+        const bool box = !part.sizes.empty();
         if (optimizer->is_scalar_state(state->entry)) {
           // One number per parameter: from the holder of its first element.
-          if (part.begin == 0 && replica.first == 0) add_share(pieces, name, {}, 0, flat, {0, 1});
+          const bool first = box ? std::all_of(part.offsets.begin(), part.offsets.end(),
+                                               [](int64_t o) { return o == 0; })
+                                 : part.begin == 0;
+          if (first && replica.first == 0) add_share(pieces, name, {}, 0, flat, {0, 1});
+          continue;
+        }
+        if (box) {
+          if (replica.first != 0) continue;
+          const Tensor values = box_of(host, part.local_offsets, part.sizes).contiguous();
+          pieces.push_back({name, shapes.at(part.param), 0, values.reshape({values.numel()}),
+                            part.offsets, part.sizes});
           continue;
         }
         add_share(pieces, name, shapes.at(part.param), part.begin,
@@ -157,7 +184,7 @@ std::map<std::string, Tensor> load_checkpoint(Strategy& strategy, const nn::Modu
          "): its save did not finish, or it is not a checkpoint");
   }
   CheckpointReader reader(path);
-  check_model(reader, module);
+  check_model(reader, strategy, module);
   load_parameters(strategy, reader);
   if (optimizer != nullptr) load_optimizer(strategy, *optimizer, reader);
   std::map<std::string, Tensor> extra;
@@ -167,25 +194,29 @@ std::map<std::string, Tensor> load_checkpoint(Strategy& strategy, const nn::Modu
   return extra;
 }
 
-void check_model(const CheckpointReader& checkpoint, const nn::Module& module) {
+void check_model(const CheckpointReader& checkpoint, const Strategy& strategy,
+                 const nn::Module& module) {
   for (const auto& [name, p] : module.named_parameters()) {
+    const Shape whole = strategy.parameter_shape(name, p);
     if (!checkpoint.contains(name)) {
       fail("[checkpoint] ", checkpoint.path().string(), " has no parameter '", name,
            "': it is a checkpoint of another model");
     }
     const TensorEntry& e = checkpoint.entry(name);
-    if (e.shape != p.shape() || e.dtype != p.dtype()) {
+    if (e.shape != whole || e.dtype != p.dtype()) {
       fail("[checkpoint] ", checkpoint.path().string(), ": parameter '", name, "' is ",
-           dtype_name(e.dtype), " ", Tensor::empty(e.shape, e.dtype, Device::cpu()).str(),
-           " there; this model's is ", p.str(), ": it is a checkpoint of another model");
+           dtype_name(e.dtype), " ", shape_str(e.shape), " there; this model's is ",
+           dtype_name(p.dtype()), " ", shape_str(whole), ": it is a checkpoint of another model");
     }
   }
 }
 
 void load_parameters(Strategy& strategy, CheckpointReader& checkpoint) {
-  strategy.load_parameter_parts([&](const std::string& name, int64_t begin, Tensor& out) {
-    checkpoint.read_into(name, begin, out);
-  });
+  strategy.load_parameter_parts(
+      {.run = [&](const std::string& name, int64_t begin,
+                  Tensor& out) { checkpoint.read_into(name, begin, out); },
+       .box = [&](const std::string& name, const Shape& offsets, const Shape& sizes,
+                  Tensor& out) { checkpoint.read_box(name, offsets, sizes, out); }});
 }
 
 void load_optimizer(Strategy& strategy, optim::Optimizer& optimizer, CheckpointReader& checkpoint) {
@@ -228,8 +259,19 @@ void load_optimizer(Strategy& strategy, optim::Optimizer& optimizer, CheckpointR
         // Padding (NVMe sub-groups) stays zero, as the optimizer keeps it.
         Tensor value = Tensor::zeros({tensor.numel()}, tensor.dtype(), Device::cpu());
         for (const OptimizerPart& part : parts) {
-          Tensor into = elements(value, part.offset, part.length);
-          checkpoint.read_into(kStatePrefix + part.param + "." + entry, part.begin, into);
+          const std::string name = kStatePrefix + part.param + "." + entry;
+          if (part.sizes.empty()) {
+            Tensor into = elements(value, part.offset, part.length);
+            checkpoint.read_into(name, part.begin, into);
+            continue;
+          }
+          int64_t count = 1;
+          for (int64_t d : part.sizes)
+            count *= d;
+          Tensor box = Tensor::empty({count}, tensor.dtype(), Device::cpu());
+          checkpoint.read_box(name, part.offsets, part.sizes, box);
+          Tensor shaped = value.reshape(tensor.shape());
+          copy_into_box(shaped, part.local_offsets, part.sizes, box);
         }
         state[key + entry] = value.reshape(tensor.shape());
       }

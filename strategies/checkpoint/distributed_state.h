@@ -62,9 +62,10 @@ std::map<std::string, Tensor> load_checkpoint(Strategy& strategy, const nn::Modu
                                               const std::filesystem::path& path,
                                               const std::string& extra_prefix);
 
-// Throws loom::Error unless the checkpoint holds every parameter of `module`, with its shape
-// and dtype, naming the first that differs.
-void check_model(const CheckpointReader& checkpoint, const nn::Module& module);
+// Throws loom::Error unless the checkpoint holds every parameter of `module`, with its whole
+// shape (Strategy::parameter_shape) and dtype, naming the first that differs.
+void check_model(const CheckpointReader& checkpoint, const Strategy& strategy,
+                 const nn::Module& module);
 // Reads this rank's parts of the parameters into the set-up module (after setup_module).
 void load_parameters(Strategy& strategy, CheckpointReader& checkpoint);
 // Reads the optimizer state this rank holds, and the loss scaler's, into the set-up

@@ -186,18 +186,109 @@ int ModelParallelStrategy::data_parallel_size() const {
   return mesh().size("dp");
 }
 
+Shape ModelParallelStrategy::parameter_shape(const std::string& name, const Tensor& param) const {
+  auto found = splits_.find(name);
+  if (found == splits_.end() || whole_) return param.shape();
+  return whole_shape(param.shape(), found->second.dim, mesh().size("tp"));
+}
+
+std::vector<ModelParallelStrategy::Block> ModelParallelStrategy::blocks_of(const std::string& name,
+                                                                        const Tensor& part) const {
+  const nn::TensorParallelSplit& split = splits_.at(name);
+  const int rank = mesh().coordinate("tp"), ranks = mesh().size("tp");
+  const auto dim = static_cast<size_t>(split.dim);
+  const int64_t piece = part.size(split.dim) / split.blocks;  // of one block, on this rank
+  std::vector<Block> blocks;
+  for (int64_t b = 0; b < split.blocks; ++b) {
+    Block block{Shape(part.dim(), 0), part.shape(), Shape(part.dim(), 0)};
+    block.offsets[dim] = (b * ranks + rank) * piece;
+    block.sizes[dim] = piece;
+    block.local_offsets[dim] = b * piece;
+    blocks.push_back(block);
+  }
+  return blocks;
+}
+
 std::vector<ParameterPart> ModelParallelStrategy::held_parameters() {
-  fail("[model_parallel] distributed checkpoints of a tensor-parallel model are not built "
-       "yet; save the whole model with --save (it is gathered)");
+  if (whole_) fail("[model_parallel] checkpoints after gather_full_module(): the model is whole");
+  std::vector<ParameterPart> parts;
+  for (const auto& [name, param] : params_) {
+    if (!writes_state_of(name)) continue;
+    if (!splits_.count(name)) {
+      parts.push_back({name, 0, param.detach().contiguous().reshape({param.numel()})});
+      continue;
+    }
+    for (const Block& block : blocks_of(name, param)) {
+      Tensor values = param.detach();
+      for (size_t d = 0; d < block.sizes.size(); ++d)
+        values = values.narrow(static_cast<int64_t>(d), block.local_offsets[d], block.sizes[d]);
+      values = values.contiguous();
+      parts.push_back({name, 0, values.reshape({values.numel()}), block.offsets, block.sizes});
+    }
+  }
+  return parts;
 }
 
-OptimizerLayout ModelParallelStrategy::optimizer_layout(const optim::Optimizer&) const {
-  fail("[model_parallel] distributed checkpoints of a tensor-parallel model are not built yet");
+std::pair<int, int> ModelParallelStrategy::replica_of_held() const {
+  return {data_parallel_rank(), data_parallel_size()};
 }
 
-void ModelParallelStrategy::load_parameter_parts(const ReadParameter&) {
-  fail("[model_parallel] loading a distributed checkpoint into a tensor-parallel model is not "
-       "built yet; start from the weights with --init instead");
+bool ModelParallelStrategy::writes_state_of(const std::string& param) const {
+  return splits_.count(param) != 0 || mesh().coordinate("tp") == 0;
+}
+
+OptimizerLayout ModelParallelStrategy::optimizer_layout(const optim::Optimizer& optimizer) const {
+  std::map<const TensorImpl*, std::string> names;
+  for (const auto& [name, p] : params_)
+    names.emplace(p.impl_ptr().get(), name);
+  OptimizerLayout layout;
+  for (const optim::ParamGroup& group : optimizer.param_groups()) {
+    layout.emplace_back();
+    for (const Tensor& p : group.params) {
+      auto found = names.find(p.impl_ptr().get());
+      if (found == names.end()) {
+        fail("[model_parallel] the optimizer holds a tensor (", p.str(), ") that is not a "
+             "parameter of the set-up module");
+      }
+      std::vector<OptimizerPart> parts;
+      if (!splits_.count(found->second)) {
+        parts.push_back({found->second, 0, p.numel(), 0});
+      } else {
+        for (const Block& block : blocks_of(found->second, p)) {
+          OptimizerPart part{found->second};
+          part.offsets = block.offsets;
+          part.sizes = block.sizes;
+          part.local_offsets = block.local_offsets;
+          parts.push_back(part);
+        }
+      }
+      layout.back().push_back(std::move(parts));
+    }
+  }
+  return layout;
+}
+
+void ModelParallelStrategy::load_parameter_parts(const ReadParameter& read) {
+  if (whole_) fail("[model_parallel] loading after gather_full_module(): the model is whole");
+  NoGradGuard no_grad;
+  for (auto& [name, param] : params_) {
+    if (!splits_.count(name)) {
+      Tensor host = Tensor::empty({param.numel()}, param.dtype(), Device::cpu());
+      read(name, 0, host);
+      Tensor target = param.detach();
+      copy_(target, host.reshape(param.shape()));
+      continue;
+    }
+    for (const Block& block : blocks_of(name, param)) {
+      int64_t count = 1;
+      for (int64_t d : block.sizes)
+        count *= d;
+      Tensor host = Tensor::empty({count}, param.dtype(), Device::cpu());
+      read.box(name, block.offsets, block.sizes, host);
+      Tensor target = param.detach();
+      copy_into_box(target, block.local_offsets, block.sizes, host);
+    }
+  }
 }
 
 }  // namespace loom::strategies

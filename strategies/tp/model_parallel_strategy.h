@@ -8,9 +8,8 @@
 // all-reduce forward / identity backward.
 //
 // Each rank builds the whole model (so the weights are the single-device model's) and keeps
-// its parts of the split parameters in setup_module. Not built yet (clear errors):
-// distributed checkpoints of a split model (train_gpt --checkpoint-dir; --save works: it
-// gathers the whole model), sequence parallelism, 16-mixed.
+// its parts of the split parameters in setup_module. Not built yet (clear errors): sequence
+// parallelism, 16-mixed, composing with the pipeline.
 
 #include <map>
 #include <memory>
@@ -55,7 +54,13 @@ class ModelParallelStrategy : public ParallelStrategy {
   void gather_full_module() override;
   int data_parallel_rank() const override;
   int data_parallel_size() const override;
+  // Checkpoints: a split parameter's part is one box per block (columns or rows of the
+  // whole), written by the first data-parallel replica; a replicated one is written by tp
+  // rank 0 (shared by the replicas like DDP's).
+  Shape parameter_shape(const std::string& name, const Tensor& param) const override;
   std::vector<ParameterPart> held_parameters() override;
+  std::pair<int, int> replica_of_held() const override;
+  bool writes_state_of(const std::string& param) const override;
   OptimizerLayout optimizer_layout(const optim::Optimizer& optimizer) const override;
   void load_parameter_parts(const ReadParameter& read) override;
 
@@ -64,6 +69,12 @@ class ModelParallelStrategy : public ParallelStrategy {
  private:
   // The whole value of parameter `name` from every tp rank's part. Collective over tp.
   Tensor whole(const std::string& name, const Tensor& part) const;
+  // Where this rank's part of a split parameter sits, block by block: the box in the whole
+  // parameter and its offsets in the part.
+  struct Block {
+    Shape offsets, sizes, local_offsets;
+  };
+  std::vector<Block> blocks_of(const std::string& name, const Tensor& part) const;
 
   std::optional<DeviceMesh> mesh_;
   std::shared_ptr<ProcessGroupTensorParallel> tp_;

@@ -42,6 +42,13 @@ resumed converted_sharded_to_zero2 "$d/ddp_sharded3" --strategy deepspeed_stage_
 grep -q "the checkpoints are equal" "$d/diff3"
 two --strategy deepspeed_stage_3 --steps 4 --resume "$d/pp/step-00000003"
 grep -q "resuming from .* (3 steps done, saved by pipeline on 2 rank(s))" "$d/log"
+# A tensor-parallel checkpoint (blocks of columns and rows) resumes under DDP on 2 ranks, and
+# a DDP checkpoint under --tp 2.
+"$T" "${M[@]}" --tp 2 --steps 3 --checkpoint-dir "$d/tp" --save-every 3 > "$d/log" 2>&1
+two --strategy ddp_spawn --steps 4 --resume "$d/tp/step-00000003"
+grep -q "resuming from .* (3 steps done, saved by model_parallel on 2 rank(s))" "$d/log"
+two --tp 2 --steps 4 --resume "$d/ddp/step-00000003"
+grep -q "resuming from .* (3 steps done, saved by ddp_spawn on 2 rank(s))" "$d/log"
 # Another world size: one rank, and ZeRO-3 on 3 ranks, go on from step 3.
 "$T" "${M[@]}" --steps 6 --resume "$d/z3/step-00000003" > "$d/log" 2>&1
 grep -q "resuming from .* (3 steps done, saved by deepspeed_stage_3 on 2 rank(s))" "$d/log"

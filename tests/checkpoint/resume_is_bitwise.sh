@@ -28,6 +28,7 @@ check zero1_bf16 --strategy deepspeed_stage_1 --devices 2 --precision bf16-mixed
 check zero3 --strategy deepspeed_stage_3 --devices 2
 check zero3_full_format --strategy deepspeed_stage_3 --devices 2 --checkpoint-format full
 check pipeline --pp 2 --micro-batches 2
+check tensor_parallel --tp 2
 check fsdp_offload --strategy fsdp_cpu_offload --devices 2 --wrap-policy Block --optimizer sgd --momentum 0.9
 check ddp_async --strategy ddp_spawn --devices 2 --async-save
 check zero3_async --strategy deepspeed_stage_3 --devices 2 --async-save

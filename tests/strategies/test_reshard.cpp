@@ -1,7 +1,8 @@
 // Resharding on load (docs/checkpoints.md): a checkpoint saved under one strategy and world
 // size, loaded under another and saved again, holds bitwise the same tensors (weights,
 // optimizer state, counters), hop after hop through replicating, sharded, hybrid, offloaded,
-// NVMe and pipeline strategies on 1 to 4 ranks. Each hop runs in real processes.
+// NVMe, pipeline and tensor-parallel strategies on 1 to 4 ranks. Each hop runs in real
+// processes.
 
 #include <gtest/gtest.h>
 
@@ -169,6 +170,10 @@ void block_units(StrategyOptions& o, const fs::path&) {
   o.sharding.auto_wrap_policy = "Block";
 }
 
+auto tensor_parallel(int size) {
+  return [size](StrategyOptions& o, const fs::path&) { o.tensor_parallel = size; };
+}
+
 auto stages(int count) {
   return [count](StrategyOptions& o, const fs::path&) { o.pipeline.stages = count; };
 }
@@ -187,6 +192,8 @@ TEST(Resharding, AdamWStateSurvivesEveryStrategyAndWorldSize) {
        {"pipeline", 2, stages(2)},
        {"pipeline", 4, stages(2)},  // dp 2 x pp 2
        {"pipeline", 3, stages(3)},
+       {"model_parallel", 2, tensor_parallel(2)},
+       {"model_parallel", 4, tensor_parallel(2)},  // dp 2 x tp 2
        {"single_device", 1},
        {"fsdp_cpu_offload", 2}},
       "adamw");

@@ -103,7 +103,7 @@ int64_t TrainCheckpoints::open(nn::GPT& model) {
          options_.steps);
   }
   resume_from_ = std::make_unique<strategies::checkpoint::CheckpointReader>(checkpoint);
-  strategies::checkpoint::check_model(*resume_from_, model);
+  strategies::checkpoint::check_model(*resume_from_, strategy_, model);
   if (strategy_.is_global_zero()) {
     std::printf("train_gpt: resuming from %s (%lld steps done, saved by %s on %d rank(s))\n",
                 checkpoint.string().c_str(), static_cast<long long>(steps),

@@ -1,0 +1,45 @@
+#include "strategies/parameter_parts.h"
+
+#include <cstring>
+
+#include "tensor/error.h"
+
+namespace loom::strategies {
+
+void copy_into_box(Tensor& target, const Shape& offsets, const Shape& sizes, const Tensor& values) {
+  if (!target.is_contiguous() || !target.device().is_cpu() || target.dtype() != values.dtype() ||
+      sizes.size() != static_cast<size_t>(target.dim()) || offsets.size() != sizes.size()) {
+    fail("[checkpoint] copy_into_box: a ", values.str(), " box of ", shape_str(sizes), " at ",
+         shape_str(offsets), " into ", target.str());
+  }
+  const Tensor source = values.contiguous();
+  const size_t dims = sizes.size();
+  if (dims == 0) {
+    std::memcpy(target.raw_data(), source.raw_data(), target.nbytes());
+    return;
+  }
+  std::vector<int64_t> stride(dims, 1);
+  for (size_t d = dims - 1; d-- > 0;)
+    stride[d] = stride[d + 1] * target.size(static_cast<int64_t>(d + 1));
+  const int64_t row = sizes[dims - 1];
+  int64_t rows = 1;
+  for (size_t d = 0; d + 1 < dims; ++d)
+    rows *= sizes[d];
+  const size_t element = dtype_size(target.dtype());
+  auto* into = static_cast<char*>(target.raw_data());
+  const auto* from = static_cast<const char*>(source.raw_data());
+  std::vector<int64_t> index(dims, 0);
+  for (int64_t r = 0; r < rows; ++r) {
+    int64_t at = 0;
+    for (size_t d = 0; d < dims; ++d)
+      at += (offsets[d] + index[d]) * stride[d];
+    std::memcpy(into + static_cast<size_t>(at) * element, from + static_cast<size_t>(r * row) * element,
+                static_cast<size_t>(row) * element);
+    for (size_t d = dims - 1; d-- > 0;) {
+      if (++index[d] < sizes[d]) break;
+      index[d] = 0;
+    }
+  }
+}
+
+}  // namespace loom::strategies
