@@ -20,6 +20,7 @@
 #include "nn/tensor_parallel.h"
 #include "strategies/device_mesh.h"
 #include "strategies/strategy.h"
+#include "strategies/tp/layout.h"
 
 namespace loom::strategies {
 
@@ -67,18 +68,9 @@ class ModelParallelStrategy : public ParallelStrategy {
   const DeviceMesh& mesh() const;
 
  private:
-  // The whole value of parameter `name` from every tp rank's part. Collective over tp.
-  Tensor whole(const std::string& name, const Tensor& part) const;
-  // Where this rank's part of a split parameter sits, block by block: the box in the whole
-  // parameter and its offsets in the part.
-  struct Block {
-    Shape offsets, sizes, local_offsets;
-  };
-  std::vector<Block> blocks_of(const std::string& name, const Tensor& part) const;
-
   std::optional<DeviceMesh> mesh_;
   std::shared_ptr<ProcessGroupTensorParallel> tp_;
-  std::map<std::string, nn::TensorParallelSplit> splits_;
+  TensorParallelLayout layout_;
   std::vector<std::pair<std::string, Tensor>> params_;
   bool sync_ = true;
   bool whole_ = false;  // gather_full_module ran
