@@ -4,6 +4,7 @@
 
 #include "optim/clip_grad.h"
 #include "strategies/pipeline/partition.h"
+#include "strategies/tp/model_parallel_strategy.h"
 #include "tensor/error.h"
 #include "tensor/ops.h"
 
@@ -23,8 +24,9 @@ PipelineStrategy::PipelineStrategy(StrategyOptions options) : ParallelStrategy(s
 void PipelineStrategy::setup_environment() {
   join_or_start_ranks(LaunchMethod::Spawn);
   const int pp = options_.pipeline.stages;
-  const int dp = DeviceMesh::data_parallel_size(group_->size(), pp, 1);
-  mesh_.emplace(group_, DeviceMesh::Dims{{"dp", dp}, {"pp", pp}});
+  const int tp = options_.tensor_parallel;
+  const int dp = DeviceMesh::data_parallel_size(group_->size(), pp, tp);
+  mesh_.emplace(group_, DeviceMesh::Dims{{"dp", dp}, {"pp", pp}, {"tp", tp}});
   stage_ = mesh_->coordinate("pp");
   make_links();
 }
@@ -75,6 +77,16 @@ void PipelineStrategy::setup_module(nn::Module& module) {
   }
   Strategy::setup_module(module);
   verify_same_parameters(module.named_parameters(), *group_);
+  if (options_.tensor_parallel > 1) {  // pp x tp: each stage's layers split over its tp group
+    auto* split = dynamic_cast<nn::TensorParallelModel*>(&module);
+    if (split == nullptr) {
+      fail("[pipeline] --tp needs an nn::TensorParallelModel (a model that splits its own "
+           "layers, as nn::GPT does)");
+    }
+    tensor_parallel_ = std::make_shared<ProcessGroupTensorParallel>(mesh_->group("tp"));
+    split->parallelize(tensor_parallel_);
+    layout_ = TensorParallelLayout(mesh_->group("tp"), split->tensor_parallel_splits());
+  }
   const int p = options_.pipeline.stages;
   const int chunks = p * schedule_->chunks_per_stage();  // chunk c runs on stage c % p
   bounds_ = pipeline::partition_layers(*layered, module, chunks, options_.pipeline.balance);
@@ -209,11 +221,14 @@ int PipelineStrategy::owner_stage(const std::string& name) const {
 double PipelineStrategy::gradient_norm(double norm_type) {
   if (!runner_) fail("[pipeline] gradient_norm before setup_module()");
   std::vector<double> norms(params_.size(), 0.0);
+  std::vector<std::string> names;
   for (size_t i = 0; i < params_.size(); ++i) {
     const auto& [name, param] = params_[i];
+    names.push_back(name);
     if (owner_stage(name) == stage_ && param.grad().defined())
       norms[i] = optim::grad_norm({param}, norm_type);
   }
+  layout_.complete_norms(names, norms, norm_type);  // parts split over this stage's tp group
   Tensor all = Tensor::from_vector(norms, {static_cast<int64_t>(norms.size())});
   mesh_->group("pp")->allreduce(all, {.op = comm::ReduceOp::Sum})->wait();
   return optim::total_norm(all.to_vector<double>(), norm_type);
@@ -238,12 +253,35 @@ int PipelineStrategy::data_parallel_size() const {
 std::vector<ParameterPart> PipelineStrategy::held_parameters() {
   std::vector<ParameterPart> parts;
   for (const auto& [name, param] : params_)
-    if (writes_state_of(name)) parts.push_back({name, 0, param.detach().reshape({param.numel()})});
+    if (writes_state_of(name)) layout_.add_parts(name, param, parts);
   return parts;
 }
 
 bool PipelineStrategy::writes_state_of(const std::string& param) const {
-  return owner_stage(param) == stage_;
+  return owner_stage(param) == stage_ && layout_.writes(param);
+}
+
+Shape PipelineStrategy::parameter_shape(const std::string& name, const Tensor& param) const {
+  return whole_ ? param.shape() : layout_.whole_shape(name, param);
+}
+
+OptimizerLayout PipelineStrategy::optimizer_layout(const optim::Optimizer& optimizer) const {
+  std::map<const TensorImpl*, std::string> names;
+  for (const auto& [name, p] : params_)
+    names.emplace(p.impl_ptr().get(), name);
+  OptimizerLayout layout;
+  for (const optim::ParamGroup& group : optimizer.param_groups()) {
+    layout.emplace_back();
+    for (const Tensor& p : group.params) {
+      auto found = names.find(p.impl_ptr().get());
+      if (found == names.end()) {
+        fail("[pipeline] the optimizer holds a tensor (", p.str(), ") that is not a parameter "
+             "of the set-up module");
+      }
+      layout.back().push_back(layout_.optimizer_parts(found->second, p));
+    }
+  }
+  return layout;
 }
 
 std::pair<int, int> PipelineStrategy::replica_of_held() const {
@@ -251,21 +289,18 @@ std::pair<int, int> PipelineStrategy::replica_of_held() const {
 }
 
 void PipelineStrategy::load_parameter_parts(const ReadParameter& read) {
-  NoGradGuard no_grad;
-  for (auto& [name, param] : params_) {
-    if (!stages_of_.at(name).count(stage_)) continue;
-    Tensor host = Tensor::empty({param.numel()}, param.dtype(), Device::cpu());
-    read(name, 0, host);
-    Tensor target = param.detach();
-    copy_(target, host.reshape(param.shape()));
-  }
+  for (const auto& [name, param] : params_)
+    if (stages_of_.at(name).count(stage_)) layout_.load(name, param, read);
 }
 
 // Every parameter from its owner (dp rank 0 of the owning stage) to every rank.
 Tensor PipelineStrategy::from_owner(const std::string& name, const Tensor& param) {
-  Tensor copy = stages_of_.at(name).count(stage_) ? param.detach().clone()
-                                                  : Tensor::empty(param.shape(), param.dtype());
-  const int root = mesh_->rank_with({{"dp", 0}, {"pp", owner_stage(name)}});
+  // The holders of the owning stage put the whole value together (over their tp group), and
+  // its first replica's first tp rank sends it to every rank.
+  Tensor copy = stages_of_.at(name).count(stage_)
+                    ? layout_.whole(name, param)
+                    : Tensor::empty(layout_.whole_shape(name, param), param.dtype());
+  const int root = mesh_->rank_with({{"dp", 0}, {"pp", owner_stage(name)}, {"tp", 0}});
   group_->broadcast(copy, {.root = root})->wait();
   return copy;
 }
@@ -274,21 +309,18 @@ std::map<std::string, Tensor> PipelineStrategy::gather_state(
     const std::map<std::string, Tensor>& state) {
   std::map<std::string, Tensor> whole = state;
   for (const auto& [name, param] : params_) {
-    Tensor copy = from_owner(name, param);
+    Tensor copy = whole_ ? param.detach().clone() : from_owner(name, param);
     if (whole.count(name)) whole[name] = copy;
   }
   return whole;
 }
 
 void PipelineStrategy::gather_full_module() {
-  if (!runner_) return;
+  if (!runner_ || whole_) return;
   NoGradGuard no_grad;
-  for (auto& [name, param] : params_) {
-    const Tensor copy = from_owner(name, param);
-    if (!param.storage()->materialized()) param.storage()->materialize();
-    Tensor target = param.detach();
-    copy_(target, copy);
-  }
+  for (auto& [name, param] : params_)
+    param.set_data(from_owner(name, param));
+  whole_ = true;  // whole weights on every rank: for saving, not for training on
 }
 
 }  // namespace loom::strategies

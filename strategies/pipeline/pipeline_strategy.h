@@ -11,6 +11,10 @@
 // Each rank builds the whole model (so that the weights are those of the single-device
 // model) and frees the storage of the parameters its stage does not use in setup_module.
 //
+// With options.tensor_parallel > 1 the mesh is dp x pp x tp and each stage's layers are split
+// over its tp group (as model_parallel splits them, strategies/tp/), activations passing
+// between the same tp ranks of neighbouring stages.
+//
 // A step: train_batch(inputs, targets) instead of forward_backward; then the usual
 // gradient_norm / clip_gradients (over every stage, each parameter counted once),
 // optimizer_step (each rank its stage's parameters). Not supported yet (clear errors):
@@ -28,6 +32,7 @@
 #include "strategies/pipeline/schedule.h"
 #include "strategies/pipeline/stage_runner.h"
 #include "strategies/strategy.h"
+#include "strategies/tp/layout.h"
 
 namespace loom::strategies {
 
@@ -59,6 +64,8 @@ class PipelineStrategy : public ParallelStrategy {
   std::vector<ParameterPart> held_parameters() override;
   std::pair<int, int> replica_of_held() const override;
   bool writes_state_of(const std::string& param) const override;
+  Shape parameter_shape(const std::string& name, const Tensor& param) const override;
+  OptimizerLayout optimizer_layout(const optim::Optimizer& optimizer) const override;
   void load_parameter_parts(const ReadParameter& read) override;
 
   // Each stage's measured bubble so far (1 - computing time / time in train_batch), in
@@ -92,6 +99,10 @@ class PipelineStrategy : public ParallelStrategy {
   std::vector<std::pair<std::string, Tensor>> params_;  // the module's, in order
   std::map<std::string, std::set<int>> stages_of_;      // the stages that use each parameter
   std::vector<std::string> tied_;  // parameters the first and the last stage both use
+  // pp x tp: each stage's layers split over its tp group (empty layout: --tp 1).
+  std::shared_ptr<nn::TensorParallelGroup> tensor_parallel_;
+  TensorParallelLayout layout_;
+  bool whole_ = false;  // gather_full_module ran
 };
 
 }  // namespace loom::strategies

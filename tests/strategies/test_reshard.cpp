@@ -194,6 +194,11 @@ TEST(Resharding, AdamWStateSurvivesEveryStrategyAndWorldSize) {
        {"pipeline", 3, stages(3)},
        {"model_parallel", 2, tensor_parallel(2)},
        {"model_parallel", 4, tensor_parallel(2)},  // dp 2 x tp 2
+       {"pipeline", 4,
+        [](StrategyOptions& o, const fs::path&) {  // pp 2 x tp 2
+          o.pipeline.stages = 2;
+          o.tensor_parallel = 2;
+        }},
        {"single_device", 1},
        {"fsdp_cpu_offload", 2}},
       "adamw");

@@ -1,7 +1,8 @@
 // Loom against single-process PyTorch: from the same initial weights and data, the loss of
 // every step of a 2-rank deepspeed_stage_3 and fsdp run (8 rows per rank) matches PyTorch's at
 // batch 16 within 2e-4 over 20 steps, as do single_device at batch 16, DDP, a 2-stage
-// pipeline at batch 16 under every schedule, and tensor parallelism over 2 ranks. The reference
+// pipeline at batch 16 under every schedule, tensor parallelism over 2 ranks, and dp 2 x pp 2
+// x tp 2 on 8 ranks. The reference
 // (tests/data/torch_reference_tiny.json, with its initial weights) comes from
 // scripts/make_torch_reference.py, run once with PyPI torch 2.15 (the peers' venv); this
 // test only reads it. Ranks are forked processes.
@@ -183,6 +184,42 @@ TEST(TorchReference, PipelineSchedulesMatchPyTorchAtTheSameBatch) {
       strategy.teardown();
       expect_matches(ref, losses, "pipeline " + schedule + ", 2 stages x 4 micro-batches");
     }
+  }, 300s));
+}
+
+// 3-D: data parallel 2 x pipeline 2 x tensor parallel 2 on 8 processes (each replica 8 rows
+// in 2 micro-batches): PyTorch's losses at batch 16.
+TEST(TorchReference, ThreeDimensionalParallelismMatchesPyTorch) {
+  const Reference ref = read_reference();
+  expect_all_ok(run_ranks(8, [&](int rank, int size, std::shared_ptr<comm::Store> store) {
+    StrategyOptions options;
+    options.pipeline.stages = 2;
+    options.pipeline.micro_batches = 2;
+    options.tensor_parallel = 2;
+    PipelineStrategy strategy(options);
+    strategy.set_process_group(std::make_shared<comm::ProcessGroup>(
+        rank, size, store, comm::GroupOptions{.timeout = 120s}, "3d"));
+    strategy.setup_environment();
+    ASSERT_EQ(strategy.data_parallel_size(), 2);
+    nn::GPT model(ref.config, 0);
+    model.load_state_dict(nn::gpt_state_from_checkpoint(
+        safetensors::load(kData / "torch_reference_init.safetensors")));
+    strategy.setup_module(model);
+    optim::AdamW optimizer(model.parameters(), {.lr = 1e-3, .beta1 = 0.9, .beta2 = 0.95,
+                                                .eps = 1e-8, .weight_decay = 0.1});
+    strategy.setup_optimizer(optimizer);
+    const int64_t rows = ref.batch / 2;
+    std::vector<double> losses;
+    for (int64_t step = 0; step < ref.steps; ++step) {
+      auto [tokens, targets] =
+          lcg_batch(step, strategy.data_parallel_rank() * rows, rows, ref.config.context);
+      Tensor loss = strategy.train_batch(tokens, targets);
+      strategy.optimizer_step(optimizer);
+      optimizer.zero_grad();
+      losses.push_back(strategy.all_reduce(loss.reshape({1})).item());
+    }
+    strategy.teardown();
+    expect_matches(ref, losses, "dp 2 x pp 2 x tp 2");
   }, 300s));
 }
 

@@ -377,24 +377,23 @@ int run(int argc, char** argv) {
     deepspeed = strategies::load_deepspeed_config(deepspeed_config_path);
     strategy_name = take_deepspeed_config(*deepspeed, app, o, strategy_options);
   }
-  if (pipeline.stages > 1 && strategy_options.tensor_parallel > 1) {
-    fail("[train_gpt] --pp with --tp (3-D parallelism) is not built yet; use one of them");
-  }
+  // --pp (with or without --tp) runs the pipeline, --tp alone model_parallel; each with data
+  // parallelism across the rest of the ranks.
+  if (pipeline.stages > 1 && strategy_name == "single_device") strategy_name = "pipeline";
   if (strategy_options.tensor_parallel > 1 && strategy_name == "single_device")
     strategy_name = "model_parallel";
-  if (strategy_options.tensor_parallel > 1 && strategy_name != "model_parallel") {
+  if (strategy_options.tensor_parallel > 1 && strategy_name != "model_parallel" &&
+      strategy_name != "pipeline") {
     fail("[train_gpt] --tp ", strategy_options.tensor_parallel, " runs the model_parallel "
          "strategy (data parallel over the rest of the ranks); drop --strategy ", strategy_name);
   }
-  if (strategy_name == "model_parallel" && app.count("--devices") == 0)
-    strategy_options.devices = std::to_string(strategy_options.tensor_parallel);
-  if (pipeline.stages > 1 && strategy_name == "single_device") strategy_name = "pipeline";
+  if ((strategy_name == "model_parallel" || strategy_name == "pipeline") &&
+      app.count("--devices") == 0)
+    strategy_options.devices = std::to_string(pipeline.stages * strategy_options.tensor_parallel);
   if (pipeline.stages > 1 && strategy_name != "pipeline") {
     fail("[train_gpt] --pp ", pipeline.stages, " runs the pipeline strategy (data parallel over "
          "the rest of the ranks); drop --strategy ", strategy_name);
   }
-  if (strategy_name == "pipeline" && app.count("--devices") == 0)
-    strategy_options.devices = std::to_string(pipeline.stages);
   if (strategy_name == "pipeline" && pipeline.micro_batches > 0 &&
       o.batch % pipeline.micro_batches != 0) {
     fail("[train_gpt] --batch ", o.batch, " does not split into --micro-batches ",
