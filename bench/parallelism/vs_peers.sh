@@ -1,19 +1,21 @@
 #!/usr/bin/env bash
-# Loom's pipeline schedules against torch.distributed.pipelining (PyTorch 2.15, gloo) on this
-# CPU (docs/parallelism.md, "Against PyTorch"). 2 stages, 4 micro-batches, one thread per
-# rank; each pair runs interleaved, Loom then its peer, for ROUNDS rounds; a run's figure is
-# its slowest rank's median step over steps 5 and on. The placements match: GPipe and 1F1B
-# run (embedding, block 0 | block 1, head) on the two ranks, interleaved 1F1B the four
-# chunks (embedding | block 0 | block 1 | head) two per rank. Not for CI: it needs the peers'
-# venv (../shared/peers/setup.sh, PyPI torch 2.15, 5.7 GB).
+# Loom's pipeline schedules and tensor parallelism against torch.distributed.pipelining and
+# torch.distributed.tensor.parallel (PyTorch 2.15, gloo) on this CPU (docs/parallelism.md,
+# "Against PyTorch"). 2 ranks, one thread each; each pair runs interleaved, Loom then its
+# peer, for ROUNDS rounds; a run's figure is its slowest rank's median step over steps 5 and
+# on. Pipelines: 4 micro-batches, the same placements (GPipe and 1F1B run (embedding, block 0
+# | block 1, head) on the two ranks, interleaved 1F1B the four chunks two per rank). Tensor
+# parallel: Loom splits attention, the MLP and the vocabulary; the peer's script
+# (../shared/peers/tp.py) splits the MLP only. Not for CI: it needs the peers' venv
+# (../shared/peers/setup.sh, PyPI torch 2.15, 5.7 GB).
 #
-#   bash bench/pipeline/vs_peers.sh [OUTDIR]
+#   bash bench/parallelism/vs_peers.sh [OUTDIR]
 # Environment: ROUNDS (3), STEPS (20), MODEL_ARGS (both sides; the peer's GPipe and 1F1B
 # placements need --layers 2), PEERS_VENV.
 set -euo pipefail
 ROOT=$(cd "$(dirname "$0")/../.." && pwd)
 PEERS=$ROOT/../shared/peers
-OUT=${1:-$ROOT/build/bench-pipeline}
+OUT=${1:-$ROOT/build/bench-parallelism}
 ROUNDS=${ROUNDS:-3}
 STEPS=${STEPS:-20}
 V=${PEERS_VENV:-/tmp/peers-venv}
@@ -25,23 +27,25 @@ read -r -a MODEL <<< "${MODEL_ARGS:---layers 2 --heads 4 --embd 128 --ctx 128 --
 mkdir -p "$OUT"
 export OMP_NUM_THREADS=1
 
-# label | Loom's train_gpt flags | the peer's variant
+# label | Loom's train_gpt flags | the peer's script and variant
 PAIRS=(
-  "gpipe|--pp-schedule gpipe --pp-balance 2,2|gpipe"
-  "1f1b|--pp-schedule 1f1b --pp-balance 2,2|1f1b"
-  "interleaved_1f1b|--pp-schedule interleaved_1f1b --pp-chunks 2|interleaved1f1b"
+  "gpipe|--pp 2 --micro-batches 4 --pp-schedule gpipe --pp-balance 2,2|pp.py --variant gpipe"
+  "1f1b|--pp 2 --micro-batches 4 --pp-schedule 1f1b --pp-balance 2,2|pp.py --variant 1f1b"
+  "interleaved_1f1b|--pp 2 --micro-batches 4 --pp-schedule interleaved_1f1b --pp-chunks 2|pp.py --variant interleaved1f1b"
+  "tp|--tp 2|tp.py --variant mlp"
 )
 port=29750
 for round in $(seq 1 "$ROUNDS"); do
   for pair in "${PAIRS[@]}"; do
     IFS='|' read -r label loom peer <<< "$pair"
     # shellcheck disable=SC2086
-    "$T" "${MODEL[@]}" --pp 2 --micro-batches 4 $loom --steps "$STEPS" --grad-clip 0 \
+    "$T" "${MODEL[@]}" $loom --steps "$STEPS" --grad-clip 0 \
       --log-interval 1000 --metrics "$OUT/loom_${label}_r$round.jsonl" \
       > "$OUT/loom_${label}_r$round.log" 2>&1 || echo "loom $label failed (see $OUT/loom_${label}_r$round.log)"
     port=$((port + 1))
+    # shellcheck disable=SC2086
     (cd "$PEERS" && timeout 600 "$V/bin/torchrun" --nproc-per-node 2 --master-port $port \
-      pp.py --variant "$peer" "${MODEL[@]}" --steps "$STEPS" --out "$OUT/peer_${label}_r$round" \
+      $peer "${MODEL[@]}" --steps "$STEPS" --out "$OUT/peer_${label}_r$round" \
       > "$OUT/peer_${label}_r$round.log" 2>&1) || echo "peer $label failed (see $OUT/peer_${label}_r$round.log)"
     echo "round $round: $label done"
   done
@@ -57,9 +61,9 @@ def loom(label, r):
     return statistics.median(steps[5:])
 def peer(label, r):
     return max(json.load(open(f))["median_ms_5_19"] for f in glob.glob(f"{out}/peer_{label}_r{r}.rank*.json"))
-print("| schedule | Loom ms/step (rounds) | torch.distributed.pipelining ms/step | Loom / peer (medians) |")
+print("| run | Loom ms/step (rounds) | PyTorch ms/step | Loom / peer (medians) |")
 print("|---|---|---|---|")
-for label in ("gpipe", "1f1b", "interleaved_1f1b"):
+for label in ("gpipe", "1f1b", "interleaved_1f1b", "tp"):
     a = [loom(label, r) for r in range(1, rounds + 1)]
     b = [peer(label, r) for r in range(1, rounds + 1)]
     print(f"| {label} | {', '.join(f'{x:.1f}' for x in a)} | {', '.join(f'{x:.1f}' for x in b)} | "
