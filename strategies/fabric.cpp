@@ -90,7 +90,8 @@ void Fabric::save(const std::filesystem::path& path, const State& state) {
                                {"version", 2},
                                {"strategy", strategy_->name()},
                                {"world_size", world_size()}};
-  strategies::checkpoint::save_checkpoint(*strategy_, *module_, state.optimizer, path, extra, meta);
+  strategies::checkpoint::save_checkpoint(*strategy_, *module_, state.optimizer, path, extra,
+                                          meta.dump(1));
 }
 
 void Fabric::load(const std::filesystem::path& path, State& state) {

@@ -153,7 +153,7 @@ void write_index(const fs::path& staging, int world_size) {
 
 void save_checkpoint(Strategy& strategy, const nn::Module& module,
                      const optim::Optimizer* optimizer, const fs::path& path,
-                     const std::map<std::string, Tensor>& extra, const nlohmann::json& meta) {
+                     const std::map<std::string, Tensor>& extra, const std::string& meta_json) {
   const bool chief = strategy.is_global_zero();
   const fs::path staging = path.string() + ".partial";
   strategy.barrier();
@@ -168,7 +168,7 @@ void save_checkpoint(Strategy& strategy, const nn::Module& module,
   if (chief) {
     write_index(staging, strategy.world_size());
     std::ofstream out(staging / "meta.json");
-    out << meta.dump(1) << "\n";
+    out << meta_json << "\n";
     out.close();
     if (!out) fail("[checkpoint] writing ", (staging / "meta.json").string(), " failed");
     commit_directory(staging, path);

@@ -19,7 +19,6 @@
 #include <cstdint>
 #include <filesystem>
 #include <map>
-#include <nlohmann/json.hpp>
 #include <string>
 #include <vector>
 
@@ -50,11 +49,11 @@ std::vector<TensorPiece> state_pieces(Strategy& strategy, const nn::Module& modu
 void write_index(const std::filesystem::path& staging, int world_size);
 
 // The whole save, as Fabric::save does it (collective: every rank, between steps): an empty
-// `path`.partial, every rank's file, rank 0's index and meta.json (`meta`), then the commit
-// (directory.h: COMMITTED last).
+// `path`.partial, every rank's file, rank 0's index and meta.json (`meta_json`, a JSON
+// object's text), then the commit (directory.h: COMMITTED last).
 void save_checkpoint(Strategy& strategy, const nn::Module& module,
                      const optim::Optimizer* optimizer, const std::filesystem::path& path,
-                     const std::map<std::string, Tensor>& extra, const nlohmann::json& meta);
+                     const std::map<std::string, Tensor>& extra, const std::string& meta_json);
 // The whole load into the set-up module and optimizer (may be null), under any strategy and
 // world size. Returns the tensors whose names start with `extra_prefix`, without it.
 std::map<std::string, Tensor> load_checkpoint(Strategy& strategy, const nn::Module& module,

@@ -88,7 +88,8 @@ void load_and_save(const Hop& hop, const std::string& optimizer, const fs::path&
     strategy->setup_optimizer(*made);
     checkpoint::load_checkpoint(*strategy, model, made.get(), from, "tensors.");
     checkpoint::save_checkpoint(*strategy, model, made.get(), to, {},
-                                {{"strategy", hop.strategy}, {"world_size", hop.world}});
+                                "{\"strategy\": \"" + hop.strategy + "\", \"world_size\": " +
+                                    std::to_string(hop.world) + "}");
     strategy->teardown();
   }, 120s));
 }
