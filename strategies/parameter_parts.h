@@ -31,6 +31,9 @@ struct OptimizerPart {
   int64_t begin = 0, length = 0;  // elements of the parameter
   int64_t offset = 0;             // where they sit in the optimizer's tensor
   Shape offsets = {}, sizes = {}, local_offsets = {};
+  // Held by this rank alone (ZeRO-1 inside a pipeline stage): written whole, not shared out
+  // among the replicas of replica_of_held().
+  bool sole_holder = false;
 };
 // [group][index in the group] -> the parts that tensor is made of.
 using OptimizerLayout = std::vector<std::vector<std::vector<OptimizerPart>>>;

@@ -128,7 +128,8 @@ std::vector<TensorPiece> state_pieces(Strategy& strategy, const nn::Module& modu
           continue;
         }
         add_share(pieces, name, shapes.at(part.param), part.begin,
-                  elements(flat, part.offset, part.length), replica);
+                  elements(flat, part.offset, part.length),
+                  part.sole_holder ? std::pair{0, 1} : replica);
       }
     }
   }

@@ -15,6 +15,10 @@ struct PipelineOptions {
   // Layers per model chunk (stages x chunks of them, summing to the model's layer count);
   // empty: balanced by parameter count.
   std::vector<int64_t> balance;
+  // Within each stage's data-parallel group: "ddp" (every replica keeps the whole optimizer
+  // state) or "deepspeed_stage_1" (ZeRO-1: each replica updates and keeps the state of 1/dp
+  // of every parameter, then the replicas exchange the updated parts).
+  std::string data_parallel = "ddp";
 };
 
 }  // namespace loom::strategies::pipeline

@@ -19,6 +19,13 @@ PipelineStrategy::PipelineStrategy(StrategyOptions options) : ParallelStrategy(s
          "bf16-mixed or 32-true");
   }
   schedule_ = pipeline::make_schedule(o.schedule, o.chunks);
+  if (o.data_parallel != "ddp" && o.data_parallel != "deepspeed_stage_1") {
+    fail("[pipeline] unknown data parallelism '", o.data_parallel, "' inside the stages; "
+         "expected ddp or deepspeed_stage_1");
+  }
+  if (o.data_parallel == "deepspeed_stage_1" && options_.tensor_parallel > 1) {
+    fail("[pipeline] deepspeed_stage_1 inside the stages with --tp is not built; use ddp");
+  }
 }
 
 void PipelineStrategy::setup_environment() {
@@ -120,15 +127,64 @@ void PipelineStrategy::setup_module(nn::Module& module) {
 }
 
 void PipelineStrategy::setup_optimizer(optim::Optimizer& optimizer) {
-  std::set<const TensorImpl*> mine;
-  for (const auto& [name, param] : params_)
-    if (stages_of_.at(name).count(stage_)) mine.insert(param.impl_ptr().get());
+  std::map<const TensorImpl*, size_t> mine;
+  for (size_t k = 0; k < params_.size(); ++k)
+    if (stages_of_.at(params_[k].first).count(stage_)) mine.emplace(params_[k].second.impl_ptr().get(), k);
+  const bool zero1 = options_.pipeline.data_parallel == "deepspeed_stage_1";
+  const int replica = mesh().coordinate("dp"), replicas = mesh().size("dp");
+  pieces_.clear();
   for (optim::ParamGroup& group : optimizer.param_groups()) {
     std::vector<Tensor> kept;
-    for (const Tensor& t : group.params)
-      if (mine.count(t.impl_ptr().get())) kept.push_back(t);
+    for (const Tensor& t : group.params) {
+      auto found = mine.find(t.impl_ptr().get());
+      if (found == mine.end()) continue;  // another stage's
+      if (!zero1) {
+        kept.push_back(t);
+        continue;
+      }
+      // ZeRO-1: this replica's even share of the parameter's elements.
+      const int64_t n = t.numel(), begin = n * replica / replicas;
+      const int64_t length = n * (replica + 1) / replicas - begin;
+      if (length == 0) continue;
+      Tensor view = Tensor::make_view(t.detach(), {length}, {1}, t.offset() + begin);
+      view.set_requires_grad(true);
+      pieces_.push_back({found->second, begin, length, view});
+      kept.push_back(view);
+    }
     group.params = std::move(kept);
   }
+}
+
+void PipelineStrategy::optimizer_step(optim::Optimizer& optimizer) {
+  if (options_.pipeline.data_parallel != "deepspeed_stage_1") {
+    Strategy::optimizer_step(optimizer);
+    return;
+  }
+  NoGradGuard no_grad;
+  for (OptimizerPiece& piece : pieces_) {  // the averaged gradient's part
+    const Tensor grad = params_[piece.param].second.grad();
+    if (!grad.defined()) continue;
+    const Tensor flat = grad.contiguous();
+    piece.view.set_grad(Tensor::make_view(flat, {piece.length}, {1}, flat.offset() + piece.begin));
+  }
+  Strategy::optimizer_step(optimizer);
+  // Every replica's updated part to every replica, parameter by parameter, in a fixed order.
+  const auto& dp = mesh().group("dp");
+  const int replicas = dp->size();
+  std::vector<comm::WorkPtr> pending;
+  for (auto& [name, param] : params_) {
+    if (!stages_of_.at(name).count(stage_)) continue;
+    param.set_grad(Tensor());  // the optimizer's zero_grad drops its parts' gradients only
+    const int64_t n = param.numel();
+    for (int r = 0; r < replicas; ++r) {
+      const int64_t begin = n * r / replicas, length = n * (r + 1) / replicas - begin;
+      if (length == 0) continue;
+      Tensor part = Tensor::make_view(param.detach(), {length}, {1}, param.offset() + begin);
+      pending.push_back(dp->broadcast(part, {.root = r}));
+    }
+  }
+  for (const comm::WorkPtr& w : pending)
+    w->wait();
 }
 
 Tensor PipelineStrategy::forward_backward(const LossOfRows&, int64_t, double) {
@@ -269,10 +325,21 @@ OptimizerLayout PipelineStrategy::optimizer_layout(const optim::Optimizer& optim
   std::map<const TensorImpl*, std::string> names;
   for (const auto& [name, p] : params_)
     names.emplace(p.impl_ptr().get(), name);
+  // ZeRO-1: the optimizer's tensors are this replica's runs of the parameters.
+  std::map<const TensorImpl*, OptimizerPart> runs;
+  for (const OptimizerPiece& piece : pieces_) {
+    OptimizerPart part{params_[piece.param].first, piece.begin, piece.length, 0};
+    part.sole_holder = true;
+    runs.emplace(piece.view.impl_ptr().get(), part);
+  }
   OptimizerLayout layout;
   for (const optim::ParamGroup& group : optimizer.param_groups()) {
     layout.emplace_back();
     for (const Tensor& p : group.params) {
+      if (auto run = runs.find(p.impl_ptr().get()); run != runs.end()) {
+        layout.back().push_back({run->second});
+        continue;
+      }
       auto found = names.find(p.impl_ptr().get());
       if (found == names.end()) {
         fail("[pipeline] the optimizer holds a tensor (", p.str(), ") that is not a parameter "
@@ -283,6 +350,7 @@ OptimizerLayout PipelineStrategy::optimizer_layout(const optim::Optimizer& optim
   }
   return layout;
 }
+
 
 std::pair<int, int> PipelineStrategy::replica_of_held() const {
   return {data_parallel_rank(), data_parallel_size()};

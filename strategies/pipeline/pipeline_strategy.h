@@ -43,8 +43,11 @@ class PipelineStrategy : public ParallelStrategy {
   void setup_environment() override;
   // Partitions the module (an nn::LayeredModel) into stages and keeps this rank's.
   void setup_module(nn::Module& module) override;
-  // Keeps this stage's parameters in the optimizer's groups.
+  // Keeps this stage's parameters in the optimizer's groups; under ZeRO-1 in the stage's dp
+  // group (options().pipeline.data_parallel), this replica's 1/dp of each instead.
   void setup_optimizer(optim::Optimizer& optimizer) override;
+  // The update; under ZeRO-1 each replica steps its parts, then they exchange them.
+  void optimizer_step(optim::Optimizer& optimizer) override;
   // One batch (this data-parallel rank's rows) through the pipeline: split into
   // options().pipeline.micro_batches micro-batches by rows, each loss multiplied by
   // scale / micro_batches before its backward; gradients synchronised (tied parameters
@@ -103,6 +106,14 @@ class PipelineStrategy : public ParallelStrategy {
   std::shared_ptr<nn::TensorParallelGroup> tensor_parallel_;
   TensorParallelLayout layout_;
   bool whole_ = false;  // gather_full_module ran
+  // ZeRO-1 in the stage's dp group: this replica's part of each parameter it updates, a view
+  // of the parameter (elements [begin, begin + length) of its flattening).
+  struct OptimizerPiece {
+    size_t param;  // index into params_
+    int64_t begin, length;
+    Tensor view;
+  };
+  std::vector<OptimizerPiece> pieces_;
 };
 
 }  // namespace loom::strategies

@@ -142,8 +142,10 @@ std::unique_ptr<Strategy> make_pipeline(int stages, int micro_batches, const std
                                         const std::shared_ptr<comm::Store>& store,
                                         const std::string& group) {
   StrategyOptions options;
-  options.pipeline = {.stages = stages, .micro_batches = micro_batches, .schedule = schedule,
-                      .balance = std::move(balance)};
+  options.pipeline.stages = stages;
+  options.pipeline.micro_batches = micro_batches;
+  options.pipeline.schedule = schedule;
+  options.pipeline.balance = std::move(balance);
   auto strategy = std::make_unique<PipelineStrategy>(options);
   strategy->set_process_group(std::make_shared<comm::ProcessGroup>(
       rank, size, store, comm::GroupOptions{.timeout = 30s}, group));
@@ -246,6 +248,24 @@ TEST(Pipeline, ComposesWithDataParallelism) {
     EXPECT_LE(worst, 1e-5) << "rank " << rank;
   }, 120s));
   std::remove("/tmp/loom_pp_ddp_reference.bin");
+}
+
+// ZeRO-1 inside each stage's dp group: bitwise the weights of plain averaging.
+TEST(Pipeline, ZeroOneInsideTheStagesMatchesDdpInsideThemBitwise) {
+  expect_all_ok(run_ranks(4, [&](int rank, int size, std::shared_ptr<comm::Store> store) {
+    auto ddp = make_pipeline(2, 2, "1f1b", {}, rank, size, store, "pp-ddp");
+    const auto with_ddp = train(ddp.get(), 4, 1, 3);
+    ddp->teardown();
+    StrategyOptions options;
+    options.pipeline = {.stages = 2, .micro_batches = 2, .schedule = "1f1b", .chunks = 2,
+                        .balance = {}, .data_parallel = "deepspeed_stage_1"};
+    auto zero1 = std::make_unique<PipelineStrategy>(options);
+    zero1->set_process_group(std::make_shared<comm::ProcessGroup>(
+        rank, size, store, comm::GroupOptions{.timeout = 30s}, "pp-zero1"));
+    zero1->setup_environment();
+    EXPECT_EQ(train(zero1.get(), 4, 1, 3), with_ddp) << "rank " << rank;
+    zero1->teardown();
+  }, 120s));
 }
 
 // 1F1B holds at most p micro-batches' activations on a stage, GPipe all m: with p = 2 and

@@ -192,6 +192,11 @@ TEST(Resharding, AdamWStateSurvivesEveryStrategyAndWorldSize) {
         }},
        {"pipeline", 2, stages(2)},
        {"pipeline", 4, stages(2)},  // dp 2 x pp 2
+       {"pipeline", 4,
+        [](StrategyOptions& o, const fs::path&) {  // dp 2 x pp 2, ZeRO-1 inside the stages
+          o.pipeline.stages = 2;
+          o.pipeline.data_parallel = "deepspeed_stage_1";
+        }},
        {"pipeline", 3, stages(3)},
        {"model_parallel", 2, tensor_parallel(2)},
        {"model_parallel", 4, tensor_parallel(2)},  // dp 2 x tp 2

@@ -270,7 +270,7 @@ int run(int argc, char** argv) {
   app.add_option("--threads", threads,
                  "threads per rank for the optimizer step (offloaded steps included; default 1; "
                  "results are the same bits on any count)")
-      ->check(CLI::PositiveNumber)
+      ->check(CLI::Range(1, 1 << 16))
       ->capture_default_str();
   app.add_option("--grad-accum", o.grad_accum, "micro-batches per optimizer step")
       ->capture_default_str();
@@ -296,13 +296,16 @@ int run(int argc, char** argv) {
   app.add_option("--pp", pipeline.stages,
                  "pipeline stages (docs/parallelism.md); above 1 selects --strategy pipeline, "
                  "with the data-parallel size the world divided by it")
+      ->check(CLI::Range(1, 1 << 16))
       ->capture_default_str();
   app.add_option("--tp", strategy_options.tensor_parallel,
                  "tensor-parallel size (docs/parallelism.md); above 1 selects --strategy "
                  "model_parallel, with the data-parallel size the world divided by it")
+      ->check(CLI::Range(1, 1 << 16))
       ->capture_default_str();
   app.add_option("--micro-batches", pipeline.micro_batches,
                  "pipeline: each data-parallel rank's --batch rows split into this many")
+      ->check(CLI::Range(1, 1 << 16))
       ->capture_default_str();
   app.add_option("--pp-schedule", pipeline.schedule,
                  "pipeline schedule: gpipe, 1f1b or interleaved_1f1b")
@@ -310,6 +313,12 @@ int run(int argc, char** argv) {
       ->capture_default_str();
   app.add_option("--pp-chunks", pipeline.chunks,
                  "interleaved_1f1b: model chunks (virtual stages) per stage")
+      ->check(CLI::Range(1, 1 << 16))
+      ->capture_default_str();
+  app.add_option("--pp-dp", pipeline.data_parallel,
+                 "pipeline: data parallelism inside each stage's replicas: ddp, or "
+                 "deepspeed_stage_1 (optimizer state sharded over them)")
+      ->check(CLI::IsMember({"ddp", "deepspeed_stage_1"}))
       ->capture_default_str();
   app.add_option("--pp-balance", pipeline.balance,
                  "pipeline: layers per stage (per chunk under interleaved_1f1b), e.g. 2,3 (the "
@@ -425,6 +434,18 @@ int run(int argc, char** argv) {
         strategy_options.num_nodes;
     print_memory_estimate(nn::GPT(o.model, o.seed), strategy_name, strategy_options, world, o);
     return 0;
+  }
+  // Model-parallel sizes that cannot split this model: one clear error before any rank starts.
+  if (const int tp = strategy_options.tensor_parallel;
+      tp > 1 && (o.model.heads % tp != 0 || o.model.vocab_size % tp != 0)) {
+    fail("[train_gpt] --tp ", tp, " must divide --heads (", o.model.heads, ") and the vocabulary (",
+         o.model.vocab_size, ")");
+  }
+  if (const int64_t chunks = static_cast<int64_t>(pipeline.stages) *
+                             (pipeline.schedule == "interleaved_1f1b" ? pipeline.chunks : 1);
+      strategy_name == "pipeline" && chunks > o.model.layers + 2) {
+    fail("[train_gpt] --pp ", pipeline.stages, " needs ", chunks, " model chunks but the model has ",
+         o.model.layers + 2, " layers (the embedding, ", o.model.layers, " blocks, the head)");
   }
   strategy->setup_environment();
   check_devices(strategy_options.devices, *strategy);
