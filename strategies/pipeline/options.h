@@ -13,8 +13,11 @@ struct PipelineOptions {
   std::string schedule = "1f1b";  // --pp-schedule: gpipe, 1f1b, interleaved_1f1b (schedule.h)
   int chunks = 2;  // --pp-chunks: model chunks per stage under interleaved_1f1b
   // Layers per model chunk (stages x chunks of them, summing to the model's layer count);
-  // empty: balanced by parameter count.
+  // empty: balanced by `balance_by`.
   std::vector<int64_t> balance;
+  // "parameters" (each layer's parameter elements) or "time" (each layer's forward time in a
+  // short profiling pass on a sample micro-batch: PipelineStrategy::set_profile_input).
+  std::string balance_by = "parameters";
   // Within each stage's data-parallel group: "ddp" (every replica keeps the whole optimizer
   // state) or "deepspeed_stage_1" (ZeRO-1: each replica updates and keeps the state of 1/dp
   // of every parameter, then the replicas exchange the updated parts).

@@ -1,6 +1,7 @@
 #include "strategies/pipeline/partition.h"
 
 #include <algorithm>
+#include <chrono>
 #include <limits>
 #include <map>
 #include <string>
@@ -31,14 +32,24 @@ std::vector<int64_t> partition_layers(const nn::LayeredModel& model, const nn::M
   std::map<std::string, int64_t> sizes;
   for (const auto& [name, p] : module.named_parameters())
     sizes[name] = p.numel();
-  std::vector<int64_t> prefix{0};  // parameter elements of layers [0, i)
+  std::vector<int64_t> costs;
   for (int64_t l = 0; l < layers; ++l) {
     int64_t n = 0;
     for (const std::string& name : model.layer_parameters(l))
       n += sizes.at(name);
-    prefix.push_back(prefix.back() + n);
+    costs.push_back(n);
   }
-  // best[s][i]: the smallest largest stage splitting layers [0, i) into s stages.
+  return partition_by_cost(costs, stages);
+}
+
+std::vector<int64_t> partition_by_cost(const std::vector<int64_t>& costs, int stages) {
+  const auto layers = static_cast<int64_t>(costs.size());
+  if (stages < 1 || stages > layers)
+    fail("[pipeline] ", stages, " stages for a model of ", layers, " layers; use 1 to ", layers);
+  std::vector<int64_t> prefix{0};  // cost of layers [0, i)
+  for (int64_t c : costs)
+    prefix.push_back(prefix.back() + c);
+  // best[s][i]: the smallest largest chunk splitting layers [0, i) into s chunks.
   constexpr int64_t kNone = std::numeric_limits<int64_t>::max();
   std::vector<std::vector<int64_t>> best(stages + 1, std::vector<int64_t>(layers + 1, kNone));
   std::vector<std::vector<int64_t>> cut(stages + 1, std::vector<int64_t>(layers + 1, 0));
@@ -59,6 +70,29 @@ std::vector<int64_t> partition_layers(const nn::LayeredModel& model, const nn::M
   for (int s = stages; s > 0; --s)
     reversed.push_back(cut[s][reversed.back()]);
   return {reversed.rbegin(), reversed.rend()};
+}
+
+std::vector<int64_t> layer_forward_times(const nn::LayeredModel& model, const Tensor& sample,
+                                         int repeats) {
+  NoGradGuard no_grad;
+  std::vector<std::vector<int64_t>> runs(static_cast<size_t>(model.layer_count()));
+  for (int r = 0; r < repeats; ++r) {
+    Tensor x = sample;
+    for (int64_t l = 0; l < model.layer_count(); ++l) {
+      const auto start = std::chrono::steady_clock::now();
+      x = model.forward_layer(l, x);
+      runs[static_cast<size_t>(l)].push_back(
+          std::chrono::duration_cast<std::chrono::microseconds>(std::chrono::steady_clock::now() -
+                                                                start)
+              .count());
+    }
+  }
+  std::vector<int64_t> medians;
+  for (std::vector<int64_t>& t : runs) {
+    std::nth_element(t.begin(), t.begin() + static_cast<int64_t>(t.size() / 2), t.end());
+    medians.push_back(std::max<int64_t>(t[t.size() / 2], 1));
+  }
+  return medians;
 }
 
 }  // namespace loom::strategies::pipeline

@@ -96,7 +96,22 @@ void PipelineStrategy::setup_module(nn::Module& module) {
   }
   const int p = options_.pipeline.stages;
   const int chunks = p * schedule_->chunks_per_stage();  // chunk c runs on stage c % p
-  bounds_ = pipeline::partition_layers(*layered, module, chunks, options_.pipeline.balance);
+  if (options_.pipeline.balance.empty() && options_.pipeline.balance_by == "time") {
+    // Rank 0's measurement, so that every rank cuts the model the same way.
+    if (!profile_input_.defined()) {
+      fail("[pipeline] balancing by time needs a sample micro-batch: set_profile_input() "
+           "before setup_module (train_gpt gives it)");
+    }
+    const std::vector<int64_t> measured = pipeline::layer_forward_times(*layered, profile_input_);
+    Tensor costs = Tensor::from_vector(measured, {static_cast<int64_t>(measured.size())});
+    group_->broadcast(costs, {.root = 0})->wait();
+    bounds_ = pipeline::partition_by_cost(costs.to_vector<int64_t>(), chunks);
+  } else if (options_.pipeline.balance_by != "parameters" && options_.pipeline.balance_by != "time") {
+    fail("[pipeline] unknown balance_by '", options_.pipeline.balance_by,
+         "'; expected parameters or time");
+  } else {
+    bounds_ = pipeline::partition_layers(*layered, module, chunks, options_.pipeline.balance);
+  }
   params_ = module.named_parameters();
   stages_of_.clear();
   for (int c = 0; c < chunks; ++c)

@@ -41,6 +41,9 @@ class PipelineStrategy : public ParallelStrategy {
   explicit PipelineStrategy(StrategyOptions options);
   std::string name() const override { return "pipeline"; }
   void setup_environment() override;
+  // The first layer's input for balancing by time (options().pipeline.balance_by "time"):
+  // one micro-batch. Before setup_module.
+  void set_profile_input(Tensor sample) { profile_input_ = std::move(sample); }
   // Partitions the module (an nn::LayeredModel) into stages and keeps this rank's.
   void setup_module(nn::Module& module) override;
   // Keeps this stage's parameters in the optimizer's groups; under ZeRO-1 in the stage's dp
@@ -98,6 +101,7 @@ class PipelineStrategy : public ParallelStrategy {
   pipeline::StageLinks links_;
   std::shared_ptr<comm::ProcessGroup> tie_group_;  // the first and last stage, when tied
   std::vector<int64_t> bounds_;
+  Tensor profile_input_;
   int stage_ = 0;
   std::vector<std::pair<std::string, Tensor>> params_;  // the module's, in order
   std::map<std::string, std::set<int>> stages_of_;      // the stages that use each parameter

@@ -91,6 +91,14 @@ TEST(PipelinePartition, BalanceOrParameterCounts) {
   EXPECT_NE(error_of([&] { pipeline::partition_layers(model, model, 2, {1, 2}); })
                 .find("balance adds up to 3 layers; the model has 4"),
             std::string::npos);
+  // By cost: the split whose most expensive chunk costs least.
+  EXPECT_EQ(pipeline::partition_by_cost({5, 1, 1, 1, 4}, 2), (std::vector<int64_t>{0, 2, 5}));
+  EXPECT_EQ(pipeline::partition_by_cost({1, 1, 1, 9}, 2), (std::vector<int64_t>{0, 3, 4}));
+  const Tensor tokens = Tensor::zeros({2, testing::kTinyContext}, DType::I64);
+  const std::vector<int64_t> times = pipeline::layer_forward_times(model, tokens, 3);
+  ASSERT_EQ(times.size(), 4u);
+  for (int64_t t : times)
+    EXPECT_GT(t, 0);
   EXPECT_NE(error_of([&] { pipeline::partition_layers(model, model, 5, {}); })
                 .find("5 stages for a model of 4 layers"),
             std::string::npos);
@@ -199,6 +207,18 @@ TEST(Pipeline, MatchesSingleDeviceAccumulationOverTheSameMicroBatches) {
       const auto with_1f1b = train(b.get(), 4, 1, 4);
       b->teardown();
       EXPECT_EQ(with_gpipe, with_1f1b) << stages << " stages: schedules and balances agree";
+      if (stages == 2) {  // balanced by measured forward times: the same weights
+        StrategyOptions options;
+        options.pipeline.stages = 2;
+        options.pipeline.micro_batches = 2;
+        options.pipeline.balance_by = "time";
+        PipelineStrategy timed(options);
+        timed.set_process_group(std::make_shared<comm::ProcessGroup>(
+            rank, size, store, comm::GroupOptions{.timeout = 30s}, "timed"));
+        timed.setup_environment();
+        EXPECT_EQ(train(&timed, 4, 1, 4), with_gpipe) << "balanced by time";
+        timed.teardown();
+      }
       if (stages == 2) {  // 4 layers in 4 chunks, 2 per stage
         auto c = make_pipeline(stages, 2, "interleaved_1f1b", {}, rank, size, store, "inter");
         EXPECT_EQ(train(c.get(), 4, 1, 4), with_gpipe) << "interleaved_1f1b agrees";

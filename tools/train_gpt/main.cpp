@@ -320,6 +320,11 @@ int run(int argc, char** argv) {
                  "deepspeed_stage_1 (optimizer state sharded over them)")
       ->check(CLI::IsMember({"ddp", "deepspeed_stage_1"}))
       ->capture_default_str();
+  app.add_option("--pp-balance-by", pipeline.balance_by,
+                 "pipeline without --pp-balance: balance stages by each layer's parameters, or "
+                 "by its forward time measured on the first micro-batch")
+      ->check(CLI::IsMember({"parameters", "time"}))
+      ->capture_default_str();
   app.add_option("--pp-balance", pipeline.balance,
                  "pipeline: layers per stage (per chunk under interleaved_1f1b), e.g. 2,3 (the "
                  "embedding, each block and the head count as layers; default: balanced by "
@@ -538,9 +543,15 @@ int run(int argc, char** argv) {
       std::string measured;
       for (double b : bubbles)
         measured += (measured.empty() ? "" : " ") + std::to_string(b).substr(0, 5);
-      std::printf("pipeline: %s, %d micro-batches, %s: bubble per stage %s (theory %.3f)\n",
+      std::string layers;
+      const std::vector<int64_t>& bounds = pp->layer_bounds();
+      for (size_t c = 0; c + 1 < bounds.size(); ++c)
+        layers += (c ? "," : "") + std::to_string(bounds[c + 1] - bounds[c]);
+      std::printf("pipeline: %s, %d micro-batches, %s, layers per chunk %s: bubble per stage %s "
+                  "(theory %.3f)\n",
                   pp->mesh().describe().c_str(), strategy_options.pipeline.micro_batches,
-                  pp->schedule().name().c_str(), measured.c_str(), pp->theoretical_bubble());
+                  pp->schedule().name().c_str(), layers.c_str(), measured.c_str(),
+                  pp->theoretical_bubble());
     }
   }
   strategy->barrier();

@@ -92,6 +92,11 @@ void train(nn::GPT& model, const TokenBlocks& data, const TrainOptions& options,
   }
   TrainCheckpoints checkpoints(options, s);
   const int64_t first_step = checkpoints.open(model);  // before the strategy copies it
+  if (auto* pp = dynamic_cast<strategies::PipelineStrategy*>(&s)) {  // balancing by time
+    const Tensor tokens = data.for_step(0).tokens;
+    const int64_t rows = tokens.size(0) / std::max(pp->options().pipeline.micro_batches, 1);
+    pp->set_profile_input(tokens.narrow(0, 0, std::max<int64_t>(rows, 1)).contiguous());
+  }
   s.setup_module(model);
   auto schedule = make_schedule(options);
   const std::unique_ptr<optim::Optimizer> made = make_optimizer(model, options);
