@@ -41,14 +41,15 @@ void CausalSelfAttention::parallelize(const TensorParallelGroup* tp) {
 }
 
 Tensor CausalSelfAttention::attend(const Tensor& x) const {
-  int64_t batch = x.size(0), time = x.size(1);
-  // This rank's width: all of it, or its heads' share under tensor parallelism.
-  const int64_t width = tp_ != nullptr ? x.size(2) / tp_->size() : x.size(2);
+  // Under tensor parallelism the input enters the group (the whole sequence, when sequence
+  // parallel) and this rank's width is its heads' share.
+  const Tensor in = tp_ != nullptr ? tp_->copy_in(x) : x;
+  int64_t batch = in.size(0), time = in.size(1);
+  const int64_t width = tp_ != nullptr ? in.size(2) / tp_->size() : in.size(2);
   int64_t head_dim = width / heads_;
   // q, k, v are the three column blocks of c_attn's output; as [B, H, T, D] views they stay
   // inside the fused projection (no copies).
-  std::vector<Tensor> qkv =
-      split(c_attn_->forward(tp_ != nullptr ? tp_->copy_in(x) : x), {width, width, width}, -1);
+  std::vector<Tensor> qkv = split(c_attn_->forward(in), {width, width, width}, -1);
   auto heads_view = [&](const Tensor& t) {
     return t.reshape({batch, time, heads_, head_dim}).permute({0, 2, 1, 3});
   };
@@ -151,8 +152,15 @@ int64_t GPT::vocab_first() const {
 Tensor GPT::embed(const Tensor& tokens, const Tensor& pos) const {
   if (!tp_) return add(wte_->forward(tokens), wpe_->forward(pos));
   // Every position's row comes from the one rank that holds it; the others add zeros.
-  return add(tp_->reduce_out(vocab_parallel_embedding(tokens, wte_->weight(), vocab_first())),
-             wpe_->forward(pos));
+  Tensor rows = tp_->reduce_out(vocab_parallel_embedding(tokens, wte_->weight(), vocab_first()));
+  if (!tp_->sequence_parallel()) return add(rows, wpe_->forward(pos));
+  // Sequence parallel: this rank's positions only.
+  const int64_t time = pos.size(0), n = tp_->size();
+  if (time % n != 0) {
+    fail("GPT: sequence parallelism over ", n, " ranks needs a sequence length they divide, got ",
+         time);
+  }
+  return add(rows, wpe_->forward(pos.narrow(0, time / n * tp_->rank(), time / n).contiguous()));
 }
 
 void GPT::parallelize(std::shared_ptr<const TensorParallelGroup> tp) {

@@ -28,6 +28,12 @@ class TensorParallelGroup {
   virtual Tensor copy_in(const Tensor& x) const = 0;
   // The sum over the group forward; identity backward.
   virtual Tensor reduce_out(const Tensor& x) const = 0;
+  // Sequence parallelism (Megatron-LM's): between the split layers the activations are
+  // split by sequence position over the group instead of replicated; copy_in then gathers
+  // the sequence (dimension 1) forward and reduce-scatters the gradient backward, reduce_out
+  // reduce-scatters forward and gathers backward. Layers that run on the split sequence
+  // (LayerNorm, the embedding's positions) see only this rank's positions.
+  virtual bool sequence_parallel() const { return false; }
   // In place over the group, not differentiable (inside custom ops such as the parallel
   // cross-entropy): the sum, the maximum.
   virtual void sum(Tensor& t) const = 0;

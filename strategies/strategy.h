@@ -75,6 +75,8 @@ struct StrategyOptions {
   pipeline::PipelineOptions pipeline = {};
   // The model_parallel strategy's tensor-parallel size (strategies/tp/): ranks per replica.
   int tensor_parallel = 1;
+  // model_parallel: Megatron-LM's sequence parallelism between the split layers.
+  bool sequence_parallel = false;
   // FSDP's sharding_strategy for the fsdp names: FULL_SHARD (default), SHARD_GRAD_OP,
   // NO_SHARD.
   std::string fsdp_sharding_strategy = "FULL_SHARD";

@@ -23,6 +23,10 @@ PipelineStrategy::PipelineStrategy(StrategyOptions options) : ParallelStrategy(s
     fail("[pipeline] unknown data parallelism '", o.data_parallel, "' inside the stages; "
          "expected ddp or deepspeed_stage_1");
   }
+  if (options_.sequence_parallel) {
+    fail("[pipeline] sequence parallelism inside a pipeline is not built; use it with "
+         "model_parallel (--tp without --pp)");
+  }
   if (o.data_parallel == "deepspeed_stage_1" && options_.tensor_parallel > 1) {
     fail("[pipeline] deepspeed_stage_1 inside the stages with --tp is not built; use ddp");
   }

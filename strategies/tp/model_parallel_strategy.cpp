@@ -15,13 +15,63 @@ void reduce_in_place(comm::ProcessGroup& group, Tensor& t, comm::ReduceOp op) {
   group.allreduce(t, {.op = op})->wait();
 }
 
+// [B, t, ...] on each rank -> [B, n t, ...]: the sequence (dimension 1) in rank order.
+Tensor gather_sequence(comm::ProcessGroup& group, const Tensor& x) {
+  const Tensor part = x.contiguous();
+  const int n = group.size();
+  Tensor all = Tensor::empty({n * part.numel()}, part.dtype());
+  group.all_gather(all, part)->wait();
+  Shape stacked{n};
+  stacked.insert(stacked.end(), part.shape().begin(), part.shape().end());
+  std::vector<int64_t> order{1, 0};  // [n, B, t, ...] -> [B, n, t, ...]
+  for (int64_t d = 2; d < static_cast<int64_t>(stacked.size()); ++d)
+    order.push_back(d);
+  Shape whole = part.shape();
+  whole[1] *= n;
+  return all.reshape(stacked).permute(order).contiguous().reshape(whole);
+}
+
+// [B, T, ...] on each rank -> this rank's [B, T / n, ...] of their sum.
+Tensor reduce_scatter_sequence(comm::ProcessGroup& group, const Tensor& x) {
+  const int n = group.size();
+  const Shape shape = x.shape();
+  if (shape.size() < 2 || shape[1] % n != 0) {
+    fail("[tp] sequence parallelism over ", n, " ranks needs a sequence length they divide, got ",
+         x.str());
+  }
+  Shape split{shape[0], n, shape[1] / n};  // [B, n, t, ...] -> [n, B, t, ...]
+  split.insert(split.end(), shape.begin() + 2, shape.end());
+  std::vector<int64_t> order{1, 0};
+  for (int64_t d = 2; d < static_cast<int64_t>(split.size()); ++d)
+    order.push_back(d);
+  const Tensor stacked = x.contiguous().reshape(split).permute(order).contiguous().reshape({x.numel()});
+  Tensor mine = Tensor::empty({x.numel() / n}, x.dtype());
+  group.reduce_scatter(mine, stacked, {.op = comm::ReduceOp::Sum})->wait();
+  Shape part = shape;
+  part[1] /= n;
+  return mine.reshape(part);
+}
+
 }  // namespace
 
-ProcessGroupTensorParallel::ProcessGroupTensorParallel(std::shared_ptr<comm::ProcessGroup> group)
-    : group_(std::move(group)) {}
+ProcessGroupTensorParallel::ProcessGroupTensorParallel(std::shared_ptr<comm::ProcessGroup> group,
+                                                       bool sequence_parallel)
+    : group_(std::move(group)), sequence_parallel_(sequence_parallel) {}
 
 Tensor ProcessGroupTensorParallel::copy_in(const Tensor& x) const {
   auto group = group_;
+  if (sequence_parallel_) {
+    autograd::CustomOp op{
+        .name = "tp_gather_sequence",
+        .forward =
+            [group](autograd::Context&, const std::vector<Tensor>& in) {
+              return std::vector<Tensor>{gather_sequence(*group, in[0])};
+            },
+        .backward = [group](autograd::Context&, const std::vector<Tensor>& grad_out) {
+          return std::vector<Tensor>{reduce_scatter_sequence(*group, grad_out[0])};
+        }};
+    return autograd::apply(op, {x})[0];
+  }
   autograd::CustomOp op{
       .name = "tp_copy_in",
       .forward = [](autograd::Context&,
@@ -37,6 +87,18 @@ Tensor ProcessGroupTensorParallel::copy_in(const Tensor& x) const {
 
 Tensor ProcessGroupTensorParallel::reduce_out(const Tensor& x) const {
   auto group = group_;
+  if (sequence_parallel_) {
+    autograd::CustomOp op{
+        .name = "tp_reduce_scatter_sequence",
+        .forward =
+            [group](autograd::Context&, const std::vector<Tensor>& in) {
+              return std::vector<Tensor>{reduce_scatter_sequence(*group, in[0])};
+            },
+        .backward = [group](autograd::Context&, const std::vector<Tensor>& grad_out) {
+          return std::vector<Tensor>{gather_sequence(*group, grad_out[0])};
+        }};
+    return autograd::apply(op, {x})[0];
+  }
   autograd::CustomOp op{
       .name = "tp_reduce_out",
       .forward =
@@ -73,7 +135,8 @@ void ModelParallelStrategy::setup_environment() {
   const int tp = options_.tensor_parallel;
   const int dp = DeviceMesh::data_parallel_size(group_->size(), 1, tp);
   mesh_.emplace(group_, DeviceMesh::Dims{{"dp", dp}, {"tp", tp}});
-  tp_ = std::make_shared<ProcessGroupTensorParallel>(mesh_->group("tp"));
+  tp_ = std::make_shared<ProcessGroupTensorParallel>(mesh_->group("tp"),
+                                                     options_.sequence_parallel);
 }
 
 const DeviceMesh& ModelParallelStrategy::mesh() const {
@@ -97,6 +160,19 @@ void ModelParallelStrategy::setup_module(nn::Module& module) {
 
 void ModelParallelStrategy::backward(const Tensor& loss) {
   loss.backward();
+  if (options_.sequence_parallel) {
+    // Replicated parameters used on the split sequence (LayerNorms, wpe, the biases after the
+    // row-parallel layers) have each rank's positions' share of their gradient: sum them.
+    NoGradGuard no_grad;
+    std::vector<comm::WorkPtr> pending;
+    for (auto& [name, param] : params_) {
+      Tensor g = param.grad();
+      if (layout_.is_split(name) || !g.defined()) continue;
+      pending.push_back(mesh().group("tp")->allreduce(g, {.op = comm::ReduceOp::Sum}));
+    }
+    for (const comm::WorkPtr& w : pending)
+      w->wait();
+  }
   const auto& dp = mesh().group("dp");
   if (!sync_ || dp->size() == 1) return;
   NoGradGuard no_grad;

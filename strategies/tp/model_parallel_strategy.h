@@ -27,7 +27,11 @@ namespace loom::strategies {
 // The tensor-parallel collectives over a process group.
 class ProcessGroupTensorParallel : public nn::TensorParallelGroup {
  public:
-  explicit ProcessGroupTensorParallel(std::shared_ptr<comm::ProcessGroup> group);
+  // With `sequence_parallel`, copy_in and reduce_out gather and reduce-scatter the sequence
+  // (nn::TensorParallelGroup::sequence_parallel).
+  explicit ProcessGroupTensorParallel(std::shared_ptr<comm::ProcessGroup> group,
+                                      bool sequence_parallel = false);
+  bool sequence_parallel() const override { return sequence_parallel_; }
   int rank() const override { return group_->rank(); }
   int size() const override { return group_->size(); }
   Tensor copy_in(const Tensor& x) const override;
@@ -37,6 +41,7 @@ class ProcessGroupTensorParallel : public nn::TensorParallelGroup {
 
  private:
   std::shared_ptr<comm::ProcessGroup> group_;
+  bool sequence_parallel_ = false;
 };
 
 class ModelParallelStrategy : public ParallelStrategy {

@@ -199,6 +199,11 @@ TEST(Resharding, AdamWStateSurvivesEveryStrategyAndWorldSize) {
         }},
        {"pipeline", 3, stages(3)},
        {"model_parallel", 2, tensor_parallel(2)},
+       {"model_parallel", 2,
+        [](StrategyOptions& o, const fs::path&) {
+          o.tensor_parallel = 2;
+          o.sequence_parallel = true;
+        }},
        {"model_parallel", 4, tensor_parallel(2)},  // dp 2 x tp 2
        {"pipeline", 4,
         [](StrategyOptions& o, const fs::path&) {  // pp 2 x tp 2

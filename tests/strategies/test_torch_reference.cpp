@@ -150,6 +150,13 @@ TEST(TorchReference, TensorParallelMatchesPyTorchAtTheSameBatch) {
                                              "tp"));
     strategy->setup_environment();
     expect_matches(ref, train(ref, strategy.get()), "model_parallel, tp 2");
+    options.sequence_parallel = true;
+    auto sequence = StrategyRegistry::get("model_parallel", options);
+    dynamic_cast<ParallelStrategy&>(*sequence).set_process_group(
+        std::make_shared<comm::ProcessGroup>(rank, size, store, comm::GroupOptions{.timeout = 60s},
+                                             "tp-sp"));
+    sequence->setup_environment();
+    expect_matches(ref, train(ref, sequence.get()), "model_parallel, tp 2, sequence parallel");
   }, 300s));
 }
 

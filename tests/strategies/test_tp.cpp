@@ -63,9 +63,11 @@ std::vector<std::vector<float>> train(Strategy* strategy, int64_t batch, int64_t
 }
 
 std::unique_ptr<Strategy> make(const std::string& name, int tp, int rank, int size,
-                               const std::shared_ptr<comm::Store>& store, const std::string& group) {
+                               const std::shared_ptr<comm::Store>& store, const std::string& group,
+                               bool sequence_parallel = false) {
   StrategyOptions options;
   options.tensor_parallel = tp;
+  options.sequence_parallel = sequence_parallel;
   auto strategy = StrategyRegistry::get(name, options);
   dynamic_cast<ParallelStrategy&>(*strategy).set_process_group(std::make_shared<comm::ProcessGroup>(
       rank, size, store, comm::GroupOptions{.timeout = 30s}, group));
@@ -95,6 +97,21 @@ TEST(TensorParallel, TwoRanksMatchOneDeviceAndRepeatThemselves) {
     b->teardown();
     EXPECT_EQ(first, second) << "tensor parallel runs are deterministic";
     ASSERT_EQ(first.size(), reference.size());
+    EXPECT_LE(max_difference(first, reference), 1e-5);
+  }, 120s));
+}
+
+// Sequence parallelism (the activations between split layers split by position): within
+// rounding of one device, and deterministic.
+TEST(TensorParallel, SequenceParallelismMatchesOneDevice) {
+  const auto reference = train(nullptr, 4, 4);
+  expect_all_ok(run_ranks(2, [&](int rank, int size, std::shared_ptr<comm::Store> store) {
+    auto a = make("model_parallel", 2, rank, size, store, "sp-a", true);
+    const auto first = train(a.get(), 4, 4);
+    a->teardown();
+    auto b = make("model_parallel", 2, rank, size, store, "sp-b", true);
+    EXPECT_EQ(train(b.get(), 4, 4), first) << "deterministic";
+    b->teardown();
     EXPECT_LE(max_difference(first, reference), 1e-5);
   }, 120s));
 }

@@ -303,6 +303,9 @@ int run(int argc, char** argv) {
                  "model_parallel, with the data-parallel size the world divided by it")
       ->check(CLI::Range(1, 1 << 16))
       ->capture_default_str();
+  app.add_flag("--sequence-parallel", strategy_options.sequence_parallel,
+               "with --tp: split the activations between the split layers by sequence position "
+               "(Megatron-LM's sequence parallelism)");
   app.add_option("--micro-batches", pipeline.micro_batches,
                  "pipeline: each data-parallel rank's --batch rows split into this many")
       ->check(CLI::Range(1, 1 << 16))
