@@ -58,59 +58,47 @@ ProcessGroupTensorParallel::ProcessGroupTensorParallel(std::shared_ptr<comm::Pro
                                                        bool sequence_parallel)
     : group_(std::move(group)), sequence_parallel_(sequence_parallel) {}
 
-Tensor ProcessGroupTensorParallel::copy_in(const Tensor& x) const {
-  auto group = group_;
-  if (sequence_parallel_) {
-    autograd::CustomOp op{
-        .name = "tp_gather_sequence",
-        .forward =
-            [group](autograd::Context&, const std::vector<Tensor>& in) {
-              return std::vector<Tensor>{gather_sequence(*group, in[0])};
-            },
-        .backward = [group](autograd::Context&, const std::vector<Tensor>& grad_out) {
-          return std::vector<Tensor>{reduce_scatter_sequence(*group, grad_out[0])};
-        }};
-    return autograd::apply(op, {x})[0];
-  }
+namespace {
+
+using GroupFunction = Tensor (*)(comm::ProcessGroup&, const Tensor&);
+
+Tensor unchanged(comm::ProcessGroup&, const Tensor& x) {
+  return x.detach();
+}
+
+Tensor summed(comm::ProcessGroup& group, const Tensor& x) {
+  Tensor y = x.contiguous().clone();
+  reduce_in_place(group, y, comm::ReduceOp::Sum);
+  return y;
+}
+
+// A differentiable op over the group: `forward` on the way in, `backward` on the gradient.
+Tensor group_op(const char* name, const std::shared_ptr<comm::ProcessGroup>& group,
+                GroupFunction forward, GroupFunction backward, const Tensor& x) {
   autograd::CustomOp op{
-      .name = "tp_copy_in",
-      .forward = [](autograd::Context&,
-                    const std::vector<Tensor>& in) { return std::vector<Tensor>{in[0].detach()}; },
-      .backward =
-          [group](autograd::Context&, const std::vector<Tensor>& grad_out) {
-            Tensor g = grad_out[0].contiguous().clone();
-            reduce_in_place(*group, g, comm::ReduceOp::Sum);
-            return std::vector<Tensor>{g};
-          }};
+      .name = name,
+      .forward = [group, forward](autograd::Context&,
+                                  const std::vector<Tensor>& in) {
+        return std::vector<Tensor>{forward(*group, in[0])};
+      },
+      .backward = [group, backward](autograd::Context&, const std::vector<Tensor>& grad_out) {
+        return std::vector<Tensor>{backward(*group, grad_out[0])};
+      }};
   return autograd::apply(op, {x})[0];
 }
 
+}  // namespace
+
+Tensor ProcessGroupTensorParallel::copy_in(const Tensor& x) const {
+  if (sequence_parallel_)
+    return group_op("tp_gather_sequence", group_, gather_sequence, reduce_scatter_sequence, x);
+  return group_op("tp_copy_in", group_, unchanged, summed, x);
+}
+
 Tensor ProcessGroupTensorParallel::reduce_out(const Tensor& x) const {
-  auto group = group_;
-  if (sequence_parallel_) {
-    autograd::CustomOp op{
-        .name = "tp_reduce_scatter_sequence",
-        .forward =
-            [group](autograd::Context&, const std::vector<Tensor>& in) {
-              return std::vector<Tensor>{reduce_scatter_sequence(*group, in[0])};
-            },
-        .backward = [group](autograd::Context&, const std::vector<Tensor>& grad_out) {
-          return std::vector<Tensor>{gather_sequence(*group, grad_out[0])};
-        }};
-    return autograd::apply(op, {x})[0];
-  }
-  autograd::CustomOp op{
-      .name = "tp_reduce_out",
-      .forward =
-          [group](autograd::Context&, const std::vector<Tensor>& in) {
-            Tensor y = in[0].contiguous().clone();
-            reduce_in_place(*group, y, comm::ReduceOp::Sum);
-            return std::vector<Tensor>{y};
-          },
-      .backward = [](autograd::Context&, const std::vector<Tensor>& grad_out) {
-        return std::vector<Tensor>{grad_out[0]};
-      }};
-  return autograd::apply(op, {x})[0];
+  if (sequence_parallel_)
+    return group_op("tp_reduce_scatter_sequence", group_, reduce_scatter_sequence, gather_sequence, x);
+  return group_op("tp_reduce_out", group_, summed, unchanged, x);
 }
 
 void ProcessGroupTensorParallel::sum(Tensor& t) const {

@@ -142,21 +142,20 @@ TEST(TorchReference, TwoRankShardedStrategiesMatchPyTorchAtTwiceTheBatch) {
 TEST(TorchReference, TensorParallelMatchesPyTorchAtTheSameBatch) {
   const Reference ref = read_reference();
   expect_all_ok(run_ranks(2, [&](int rank, int size, std::shared_ptr<comm::Store> store) {
-    StrategyOptions options;
-    options.tensor_parallel = 2;
-    auto strategy = StrategyRegistry::get("model_parallel", options);
-    dynamic_cast<ParallelStrategy&>(*strategy).set_process_group(
-        std::make_shared<comm::ProcessGroup>(rank, size, store, comm::GroupOptions{.timeout = 60s},
-                                             "tp"));
-    strategy->setup_environment();
-    expect_matches(ref, train(ref, strategy.get()), "model_parallel, tp 2");
-    options.sequence_parallel = true;
-    auto sequence = StrategyRegistry::get("model_parallel", options);
-    dynamic_cast<ParallelStrategy&>(*sequence).set_process_group(
-        std::make_shared<comm::ProcessGroup>(rank, size, store, comm::GroupOptions{.timeout = 60s},
-                                             "tp-sp"));
-    sequence->setup_environment();
-    expect_matches(ref, train(ref, sequence.get()), "model_parallel, tp 2, sequence parallel");
+    for (const bool sequence_parallel : {false, true}) {
+      StrategyOptions options;
+      options.tensor_parallel = 2;
+      options.sequence_parallel = sequence_parallel;
+      auto strategy = StrategyRegistry::get("model_parallel", options);
+      dynamic_cast<ParallelStrategy&>(*strategy).set_process_group(
+          std::make_shared<comm::ProcessGroup>(rank, size, store,
+                                               comm::GroupOptions{.timeout = 60s},
+                                               sequence_parallel ? "tp-sp" : "tp"));
+      strategy->setup_environment();
+      expect_matches(ref, train(ref, strategy.get()),
+                     sequence_parallel ? "model_parallel, tp 2, sequence parallel"
+                                       : "model_parallel, tp 2");
+    }
   }, 300s));
 }
 
