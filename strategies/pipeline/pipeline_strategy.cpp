@@ -14,10 +14,6 @@ PipelineStrategy::PipelineStrategy(StrategyOptions options) : ParallelStrategy(s
   const pipeline::PipelineOptions& o = options_.pipeline;
   if (o.stages < 1) fail("[pipeline] --pp must be >= 1, got ", o.stages);
   if (o.micro_batches < 1) fail("[pipeline] --micro-batches must be >= 1, got ", o.micro_batches);
-  if (options_.precision == "16-mixed") {
-    fail("[pipeline] precision 16-mixed (a loss scaler across stages) is not built; use "
-         "bf16-mixed or 32-true");
-  }
   schedule_ = pipeline::make_schedule(o.schedule, o.chunks);
   if (o.data_parallel != "ddp" && o.data_parallel != "deepspeed_stage_1") {
     fail("[pipeline] unknown data parallelism '", o.data_parallel, "' inside the stages; "
@@ -206,6 +202,18 @@ void PipelineStrategy::optimizer_step(optim::Optimizer& optimizer) {
     w->wait();
 }
 
+void PipelineStrategy::unscale_gradients() {
+  if (!scaler_) return;
+  std::vector<Tensor> held;
+  for (const auto& [name, param] : params_)
+    if (stages_of_.at(name).count(stage_)) held.push_back(param);
+  scaler_->unscale(held);
+  // Every rank skips the step, or none: inf/NaN on any stage counts.
+  Tensor found = Tensor::full({1}, scaler_->found_inf() ? 1.0 : 0.0, DType::F64);
+  group_->allreduce(found, {.op = comm::ReduceOp::Max})->wait();
+  scaler_->set_found_inf(found.item() > 0.0);
+}
+
 Tensor PipelineStrategy::forward_backward(const LossOfRows&, int64_t, double) {
   fail("[pipeline] a pipeline runs whole batches: call train_batch(inputs, targets) instead of "
        "forward_backward (train_gpt does)");
@@ -235,7 +243,10 @@ Tensor PipelineStrategy::train_batch(const Tensor& inputs, const Tensor& targets
   const std::vector<pipeline::Action> actions =
       schedule_->actions(stage_, options_.pipeline.stages, m);
   pipeline::check_actions(actions, m, schedule_->chunks_per_stage(), schedule_->name());
-  const double loss = runner_->run(actions, m, in, out, scale / m, compute_dtype_);
+  // 16-mixed: the last stage's losses scaled as one device scales them; unscale_gradients
+  // divides every stage's gradients back.
+  const double loss_scale = scale / m * (scaler_ ? scaler_->scale() : 1.0);
+  const double loss = runner_->run(actions, m, in, out, loss_scale, compute_dtype_);
   synchronise_gradients();
   // Every rank reports the batch's loss: the last stage's, broadcast along the pipeline.
   Tensor value = Tensor::full({1}, loss, DType::F64);

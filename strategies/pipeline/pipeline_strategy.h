@@ -17,8 +17,8 @@
 //
 // A step: train_batch(inputs, targets) instead of forward_backward; then the usual
 // gradient_norm / clip_gradients (over every stage, each parameter counted once),
-// optimizer_step (each rank its stage's parameters). Not supported yet (clear errors):
-// 16-mixed, gradient accumulation without synchronisation (set_backward_sync(false)).
+// optimizer_step (each rank its stage's parameters). Not supported yet (a clear error):
+// gradient accumulation without synchronisation (set_backward_sync(false)).
 
 #include <map>
 #include <memory>
@@ -59,6 +59,9 @@ class PipelineStrategy : public ParallelStrategy {
   Tensor train_batch(const Tensor& inputs, const Tensor& targets, double scale = 1.0);
   Tensor forward_backward(const LossOfRows& loss_of_rows, int64_t rows, double scale) override;
   void set_backward_sync(bool sync) override;
+  // 16-mixed: this stage's gradients divided by the loss scale; inf/NaN on any rank skips the
+  // step everywhere.
+  void unscale_gradients() override;
   double gradient_norm(double norm_type = 2.0) override;
   double clip_gradients(double max_norm, double norm_type = 2.0) override;
   void gather_full_module() override;

@@ -113,9 +113,6 @@ ModelParallelStrategy::ModelParallelStrategy(StrategyOptions options)
     : ParallelStrategy(std::move(options)) {
   if (options_.tensor_parallel < 1)
     fail("[model_parallel] --tp must be >= 1, got ", options_.tensor_parallel);
-  if (options_.precision == "16-mixed") {
-    fail("[model_parallel] precision 16-mixed is not built; use bf16-mixed or 32-true");
-  }
 }
 
 void ModelParallelStrategy::setup_environment() {
@@ -172,6 +169,18 @@ void ModelParallelStrategy::backward(const Tensor& loss) {
   }
   for (const comm::WorkPtr& w : pending)
     w->wait();
+}
+
+void ModelParallelStrategy::unscale_gradients() {
+  if (!scaler_) return;
+  std::vector<Tensor> params;
+  for (const auto& [name, param] : params_)
+    params.push_back(param);
+  scaler_->unscale(params);
+  // Every rank skips the step, or none.
+  Tensor found = Tensor::full({1}, scaler_->found_inf() ? 1.0 : 0.0, DType::F64);
+  group_->allreduce(found, {.op = comm::ReduceOp::Max})->wait();
+  scaler_->set_found_inf(found.item() > 0.0);
 }
 
 // Per-parameter norms in the module's order, as one device computes them.

@@ -8,8 +8,7 @@
 // all-reduce forward / identity backward.
 //
 // Each rank builds the whole model (so the weights are the single-device model's) and keeps
-// its parts of the split parameters in setup_module. Not built yet (clear errors): sequence
-// parallelism, 16-mixed, composing with the pipeline.
+// its parts of the split parameters in setup_module.
 
 #include <map>
 #include <memory>
@@ -54,6 +53,8 @@ class ModelParallelStrategy : public ParallelStrategy {
   // loss.backward(), then the gradients averaged over the dp replicas (unless accumulating).
   void backward(const Tensor& loss) override;
   void set_backward_sync(bool sync) override { sync_ = sync; }
+  // 16-mixed: inf/NaN on any rank skips the step everywhere.
+  void unscale_gradients() override;
   double gradient_norm(double norm_type = 2.0) override;
   double clip_gradients(double max_norm, double norm_type = 2.0) override;
   std::map<std::string, Tensor> gather_state(const std::map<std::string, Tensor>& state) override;

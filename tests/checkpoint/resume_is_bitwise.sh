@@ -29,6 +29,8 @@ check zero3 --strategy deepspeed_stage_3 --devices 2
 check zero3_full_format --strategy deepspeed_stage_3 --devices 2 --checkpoint-format full
 check pipeline --pp 2 --micro-batches 2
 check tensor_parallel --tp 2
+check pipeline_16mixed --pp 2 --micro-batches 2 --precision 16-mixed
+check tensor_parallel_16mixed --tp 2 --sequence-parallel --precision 16-mixed
 check fsdp_offload --strategy fsdp_cpu_offload --devices 2 --wrap-policy Block --optimizer sgd --momentum 0.9
 check ddp_async --strategy ddp_spawn --devices 2 --async-save
 check zero3_async --strategy deepspeed_stage_3 --devices 2 --async-save

@@ -145,6 +145,18 @@ std::vector<std::vector<float>> train(Strategy* strategy, int64_t batch, int64_t
   return out;
 }
 
+// A pipeline strategy joined to a fresh group `group` of the test's ranks.
+std::unique_ptr<PipelineStrategy> start_pipeline(const StrategyOptions& options, int rank, int size,
+                                                 const std::shared_ptr<comm::Store>& store,
+                                                 const std::string& group,
+                                                 std::chrono::seconds timeout = 30s) {
+  auto strategy = std::make_unique<PipelineStrategy>(options);
+  strategy->set_process_group(std::make_shared<comm::ProcessGroup>(
+      rank, size, store, comm::GroupOptions{.timeout = timeout}, group));
+  strategy->setup_environment();
+  return strategy;
+}
+
 std::unique_ptr<Strategy> make_pipeline(int stages, int micro_batches, const std::string& schedule,
                                         std::vector<int64_t> balance, int rank, int size,
                                         const std::shared_ptr<comm::Store>& store,
@@ -154,11 +166,7 @@ std::unique_ptr<Strategy> make_pipeline(int stages, int micro_batches, const std
   options.pipeline.micro_batches = micro_batches;
   options.pipeline.schedule = schedule;
   options.pipeline.balance = std::move(balance);
-  auto strategy = std::make_unique<PipelineStrategy>(options);
-  strategy->set_process_group(std::make_shared<comm::ProcessGroup>(
-      rank, size, store, comm::GroupOptions{.timeout = 30s}, group));
-  strategy->setup_environment();
-  return strategy;
+  return start_pipeline(options, rank, size, store, group);
 }
 
 // The largest difference between two sets of weights, and whether any but the tied wte
@@ -212,12 +220,9 @@ TEST(Pipeline, MatchesSingleDeviceAccumulationOverTheSameMicroBatches) {
         options.pipeline.stages = 2;
         options.pipeline.micro_batches = 2;
         options.pipeline.balance_by = "time";
-        PipelineStrategy timed(options);
-        timed.set_process_group(std::make_shared<comm::ProcessGroup>(
-            rank, size, store, comm::GroupOptions{.timeout = 30s}, "timed"));
-        timed.setup_environment();
-        EXPECT_EQ(train(&timed, 4, 1, 4), with_gpipe) << "balanced by time";
-        timed.teardown();
+        auto timed = start_pipeline(options, rank, size, store, "timed");
+        EXPECT_EQ(train(timed.get(), 4, 1, 4), with_gpipe) << "balanced by time";
+        timed->teardown();
       }
       if (stages == 2) {  // 4 layers in 4 chunks, 2 per stage
         auto c = make_pipeline(stages, 2, "interleaved_1f1b", {}, rank, size, store, "inter");
@@ -279,12 +284,36 @@ TEST(Pipeline, ZeroOneInsideTheStagesMatchesDdpInsideThemBitwise) {
     StrategyOptions options;
     options.pipeline = {.stages = 2, .micro_batches = 2, .schedule = "1f1b", .chunks = 2,
                         .balance = {}, .data_parallel = "deepspeed_stage_1"};
-    auto zero1 = std::make_unique<PipelineStrategy>(options);
-    zero1->set_process_group(std::make_shared<comm::ProcessGroup>(
-        rank, size, store, comm::GroupOptions{.timeout = 30s}, "pp-zero1"));
-    zero1->setup_environment();
+    auto zero1 = start_pipeline(options, rank, size, store, "pp-zero1");
     EXPECT_EQ(train(zero1.get(), 4, 1, 3), with_ddp) << "rank " << rank;
     zero1->teardown();
+  }, 120s));
+}
+
+// 16-mixed: a loss scale that overflows on the last stage skips the step on every stage
+// (the ranks agree), backs off the same way everywhere, and training goes on.
+TEST(Pipeline, LossScalerSkipsTheStepOnEveryStage) {
+  expect_all_ok(run_ranks(2, [&](int rank, int size, std::shared_ptr<comm::Store> store) {
+    StrategyOptions options;
+    options.precision = "16-mixed";
+    options.loss_scaler.initial_scale = 1e38;  // the scaled loss overflows at first
+    options.pipeline.stages = 2;
+    options.pipeline.micro_batches = 2;
+    auto s = start_pipeline(options, rank, size, store, "scaler");
+    const auto weights = train(s.get(), 4, 1, 4);
+    const LossScaler* scaler = s->loss_scaler();
+    ASSERT_NE(scaler, nullptr);
+    EXPECT_GE(scaler->skipped_steps(), 1) << "rank " << rank;
+    Tensor mine = Tensor::full({2}, 0.0, DType::F64);
+    mine.data<double>()[0] = static_cast<double>(scaler->skipped_steps());
+    mine.data<double>()[1] = scaler->scale();
+    Tensor high = mine.clone();
+    s->all_reduce(high, comm::ReduceOp::Max);
+    EXPECT_EQ(high.to_vector<double>(), mine.to_vector<double>()) << "the ranks agree";
+    for (const auto& p : weights)
+      for (float v : p)
+        ASSERT_TRUE(std::isfinite(v));
+    s->teardown();
   }, 120s));
 }
 
@@ -313,18 +342,15 @@ TEST(Pipeline, ADeadStageIsACommErrorNotAHang) {
     StrategyOptions options;
     options.pipeline.stages = 2;
     options.pipeline.micro_batches = 2;
-    PipelineStrategy s(options);
-    s.set_process_group(std::make_shared<comm::ProcessGroup>(
-        rank, size, store, comm::GroupOptions{.timeout = 5s}, "dead"));
-    s.setup_environment();
+    auto s = start_pipeline(options, rank, size, store, "dead", 5s);
     nn::GPT model(testing::tiny_gpt_config(DType::F32), 4);
-    s.setup_module(model);
+    s->setup_module(model);
     Tensor tokens = Tensor::zeros({4, testing::kTinyContext}, DType::I64);
     if (rank == 1) _exit(0);  // the last stage is gone before the first batch
     const auto start = std::chrono::steady_clock::now();
     std::string e = "no error";
     try {
-      s.train_batch(tokens, tokens);
+      s->train_batch(tokens, tokens);
     } catch (const loom::CommError& error) {
       e = error.what();
     }
