@@ -42,4 +42,22 @@ void copy_into_box(Tensor& target, const Shape& offsets, const Shape& sizes, con
   }
 }
 
+OptimizerLayout optimizer_layout_of(const optim::Optimizer& optimizer, const PartsByTensor& parts,
+                                    const std::string& who) {
+  OptimizerLayout layout;
+  for (const optim::ParamGroup& group : optimizer.param_groups()) {
+    layout.emplace_back();
+    for (const Tensor& p : group.params) {
+      auto found = parts.find(p.impl_ptr().get());
+      if (found == parts.end()) {
+        fail("[", who, "] the optimizer holds a tensor (", p.str(), ") that is not a parameter "
+             "of the set-up module; build the optimizer over module.parameters() and set it up "
+             "with the strategy");
+      }
+      layout.back().push_back(found->second);
+    }
+  }
+  return layout;
+}
+
 }  // namespace loom::strategies

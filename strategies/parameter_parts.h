@@ -6,9 +6,11 @@
 
 #include <cstdint>
 #include <functional>
+#include <map>
 #include <string>
 #include <vector>
 
+#include "optim/optimizer.h"
 #include "tensor/tensor.h"
 
 namespace loom::strategies {
@@ -37,6 +39,12 @@ struct OptimizerPart {
 };
 // [group][index in the group] -> the parts that tensor is made of.
 using OptimizerLayout = std::vector<std::vector<std::vector<OptimizerPart>>>;
+
+// The layout of `optimizer` whose every tensor is a key of `parts` (the tensor's impl -> its
+// parts). Throws loom::Error, prefixed `who`, for a tensor that is not.
+using PartsByTensor = std::map<const TensorImpl*, std::vector<OptimizerPart>>;
+OptimizerLayout optimizer_layout_of(const optim::Optimizer& optimizer, const PartsByTensor& parts,
+                                    const std::string& who);
 
 // Where loaded parameter values come from: read(name, begin, out) fills the 1-D host tensor
 // `out` with elements [begin, begin + out.numel()) of parameter `name`; box(name, offsets,

@@ -72,22 +72,10 @@ std::vector<ParameterPart> Strategy::held_parameters() {
 
 OptimizerLayout Strategy::optimizer_layout(const optim::Optimizer& optimizer) const {
   if (module_ == nullptr) fail("[", name(), "] optimizer_layout before setup_module(): no module");
-  std::map<const TensorImpl*, std::string> names;
+  PartsByTensor parts;
   for (const auto& [name, p] : module_->named_parameters())
-    names.emplace(p.impl_ptr().get(), name);
-  OptimizerLayout layout;
-  for (const optim::ParamGroup& group : optimizer.param_groups()) {
-    layout.emplace_back();
-    for (const Tensor& p : group.params) {
-      auto found = names.find(p.impl_ptr().get());
-      if (found == names.end()) {
-        fail("[", name(), "] the optimizer holds a tensor (", p.str(), ") that is not a "
-             "parameter of the set-up module; build the optimizer over module.parameters()");
-      }
-      layout.back().push_back({{found->second, 0, p.numel(), 0}});
-    }
-  }
-  return layout;
+    parts[p.impl_ptr().get()] = {{name, 0, p.numel(), 0}};
+  return optimizer_layout_of(optimizer, parts, name());
 }
 
 void Strategy::load_parameter_parts(const ReadParameter& read) {

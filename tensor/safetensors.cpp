@@ -376,6 +376,7 @@ class FileDescriptor {
   }
   FileDescriptor(const FileDescriptor&) = delete;
   FileDescriptor& operator=(const FileDescriptor&) = delete;
+  FileDescriptor(FileDescriptor&& other) noexcept : fd_(std::exchange(other.fd_, -1)) {}
   int get() const { return fd_; }
   // Closes now and returns close()'s result, so that late write errors are seen.
   int close() { return ::close(std::exchange(fd_, -1)); }
@@ -383,6 +384,21 @@ class FileDescriptor {
  private:
   int fd_;
 };
+
+// Opens an existing regular file for reading; its size into `size`. Throws naming `origin`.
+FileDescriptor open_regular_file(const std::filesystem::path& path, const std::string& origin,
+                                 uint64_t& size) {
+  FileDescriptor file(::open(path.c_str(), O_RDONLY | O_CLOEXEC));
+  if (file.get() < 0) {
+    fail_at(origin, "cannot open for reading: ", errno_text(errno),
+            "; expected an existing, readable safetensors file");
+  }
+  struct stat status {};
+  if (::fstat(file.get(), &status) != 0) fail_at(origin, "fstat failed: ", errno_text(errno));
+  if (!S_ISREG(status.st_mode)) fail_at(origin, "is not a regular file; expected a safetensors file");
+  size = static_cast<uint64_t>(status.st_size);
+  return file;
+}
 
 // Unmaps a read-only file mapping; never throws.
 class Mapping {
@@ -531,19 +547,9 @@ Contents parse(std::span<const std::byte> bytes, const std::string& origin) {
 
 Contents load(const std::filesystem::path& path) {
   const std::string origin = path.string();
-  FileDescriptor file(::open(path.c_str(), O_RDONLY | O_CLOEXEC));
-  if (file.get() < 0) {
-    fail_at(origin, "cannot open for reading: ", errno_text(errno),
-            "; expected an existing, readable safetensors file");
-  }
-  struct stat status {};
-  if (::fstat(file.get(), &status) != 0) {
-    fail_at(origin, "fstat failed: ", errno_text(errno));
-  }
-  if (!S_ISREG(status.st_mode)) {
-    fail_at(origin, "is not a regular file; expected a safetensors file");
-  }
-  const auto size = static_cast<size_t>(status.st_size);
+  uint64_t bytes = 0;
+  const FileDescriptor file = open_regular_file(path, origin, bytes);
+  const auto size = static_cast<size_t>(bytes);
   if (size == 0) return parse({}, origin);
   // A private read-only mapping: the tensors are copied out before it is unmapped. save()
   // replaces files by rename, so a concurrent save never truncates a file being loaded.
@@ -557,15 +563,8 @@ Contents load(const std::filesystem::path& path) {
 
 Header read_header(const std::filesystem::path& path) {
   const std::string origin = path.string();
-  FileDescriptor file(::open(path.c_str(), O_RDONLY | O_CLOEXEC));
-  if (file.get() < 0) {
-    fail_at(origin, "cannot open for reading: ", errno_text(errno),
-            "; expected an existing, readable safetensors file");
-  }
-  struct stat status {};
-  if (::fstat(file.get(), &status) != 0) fail_at(origin, "fstat failed: ", errno_text(errno));
-  if (!S_ISREG(status.st_mode)) fail_at(origin, "is not a regular file; expected a safetensors file");
-  const auto size = static_cast<uint64_t>(status.st_size);
+  uint64_t size = 0;
+  const FileDescriptor file = open_regular_file(path, origin, size);
   auto read_exactly = [&](void* into, uint64_t bytes, uint64_t at) {
     uint64_t done = 0;
     while (done < bytes) {

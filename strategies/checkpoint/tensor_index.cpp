@@ -179,8 +179,7 @@ void write_pieces(const fs::path& path, const std::vector<TensorPiece>& pieces,
     const bool box = !piece.sizes.empty();
     std::string key = piece.name + "@";
     if (box) {
-      const auto [first, count] = box_extent(piece.offsets, piece.sizes, piece.shape, piece.name);
-      (void)first;
+      const int64_t count = box_extent(piece.offsets, piece.sizes, piece.shape, piece.name).second;
       if (count != host.numel())
         fail("[checkpoint] write_pieces: box of ", piece.name, " holds ", count, " elements, values ", host.numel());
       for (size_t d = 0; d < piece.offsets.size(); ++d) {

@@ -135,16 +135,20 @@ void PipelineStrategy::setup_module(nn::Module& module) {
   tie_group_ = mesh_->group("pp")->split(in_tie ? 0 : -1, stage_);
   // Free what this stage does not use; the rest starts equal on every rank (checked above).
   for (auto& [name, param] : params_) {
-    if (!stages_of_.at(name).count(stage_)) param.storage()->release();
+    if (!holds(name)) param.storage()->release();
   }
   runner_ = std::make_unique<pipeline::StageRunner>(*layered, *schedule_, stage_, p, bounds_,
                                                     links_);
+  // This stage's order of actions, the same for every batch: made and checked once.
+  const int m = options_.pipeline.micro_batches;
+  actions_ = schedule_->actions(stage_, p, m);
+  pipeline::check_actions(actions_, m, schedule_->chunks_per_stage(), schedule_->name());
 }
 
 void PipelineStrategy::setup_optimizer(optim::Optimizer& optimizer) {
   std::map<const TensorImpl*, size_t> mine;
   for (size_t k = 0; k < params_.size(); ++k)
-    if (stages_of_.at(params_[k].first).count(stage_)) mine.emplace(params_[k].second.impl_ptr().get(), k);
+    if (holds(params_[k].first)) mine.emplace(params_[k].second.impl_ptr().get(), k);
   const bool zero1 = options_.pipeline.data_parallel == "deepspeed_stage_1";
   const int replica = mesh().coordinate("dp"), replicas = mesh().size("dp");
   pieces_.clear();
@@ -188,7 +192,7 @@ void PipelineStrategy::optimizer_step(optim::Optimizer& optimizer) {
   const int replicas = dp->size();
   std::vector<comm::WorkPtr> pending;
   for (auto& [name, param] : params_) {
-    if (!stages_of_.at(name).count(stage_)) continue;
+    if (!holds(name)) continue;
     param.set_grad(Tensor());  // the optimizer's zero_grad drops its parts' gradients only
     const int64_t n = param.numel();
     for (int r = 0; r < replicas; ++r) {
@@ -206,7 +210,7 @@ void PipelineStrategy::unscale_gradients() {
   if (!scaler_) return;
   std::vector<Tensor> held;
   for (const auto& [name, param] : params_)
-    if (stages_of_.at(name).count(stage_)) held.push_back(param);
+    if (holds(name)) held.push_back(param);
   scaler_->unscale(held);
   // Every rank skips the step, or none: inf/NaN on any stage counts.
   Tensor found = Tensor::full({1}, scaler_->found_inf() ? 1.0 : 0.0, DType::F64);
@@ -240,13 +244,10 @@ Tensor PipelineStrategy::train_batch(const Tensor& inputs, const Tensor& targets
     if (runner_->has_first_chunk()) in.push_back(inputs.narrow(0, begin, rows / m).contiguous());
     if (runner_->has_last_chunk()) out.push_back(targets.narrow(0, begin, rows / m).contiguous());
   }
-  const std::vector<pipeline::Action> actions =
-      schedule_->actions(stage_, options_.pipeline.stages, m);
-  pipeline::check_actions(actions, m, schedule_->chunks_per_stage(), schedule_->name());
   // 16-mixed: the last stage's losses scaled as one device scales them; unscale_gradients
   // divides every stage's gradients back.
   const double loss_scale = scale / m * (scaler_ ? scaler_->scale() : 1.0);
-  const double loss = runner_->run(actions, m, in, out, loss_scale, compute_dtype_);
+  const double loss = runner_->run(actions_, m, in, out, loss_scale, compute_dtype_);
   synchronise_gradients();
   // Every rank reports the batch's loss: the last stage's, broadcast along the pipeline.
   Tensor value = Tensor::full({1}, loss, DType::F64);
@@ -274,7 +275,7 @@ void PipelineStrategy::synchronise_gradients() {
   const auto& dp = mesh_->group("dp");
   if (dp->size() == 1) return;
   for (auto& [name, param] : params_) {
-    if (!stages_of_.at(name).count(stage_)) continue;
+    if (!holds(name)) continue;
     Tensor g = param.grad();
     if (!g.defined()) fail("[pipeline] parameter ", name, " got no gradient on stage ", stage_);
     pending.push_back(dp->allreduce(g, {.op = comm::ReduceOp::Avg}));
@@ -296,6 +297,10 @@ std::vector<double> PipelineStrategy::measured_bubbles() {
 
 double PipelineStrategy::theoretical_bubble() const {
   return schedule_->theoretical_bubble(options_.pipeline.stages, options_.pipeline.micro_batches);
+}
+
+bool PipelineStrategy::holds(const std::string& name) const {
+  return stages_of_.at(name).count(stage_) != 0;
 }
 
 int PipelineStrategy::owner_stage(const std::string& name) const {
@@ -324,7 +329,7 @@ double PipelineStrategy::clip_gradients(double max_norm, double norm_type) {
   const double total = gradient_norm(norm_type);
   std::vector<Tensor> mine;
   for (const auto& [name, param] : params_)
-    if (stages_of_.at(name).count(stage_)) mine.push_back(param);
+    if (holds(name)) mine.push_back(param);
   return optim::clip_grads_to_norm(mine, max_norm, total, norm_type);
 }
 
@@ -352,33 +357,16 @@ Shape PipelineStrategy::parameter_shape(const std::string& name, const Tensor& p
 }
 
 OptimizerLayout PipelineStrategy::optimizer_layout(const optim::Optimizer& optimizer) const {
-  std::map<const TensorImpl*, std::string> names;
+  PartsByTensor parts;
   for (const auto& [name, p] : params_)
-    names.emplace(p.impl_ptr().get(), name);
+    parts[p.impl_ptr().get()] = layout_.optimizer_parts(name, p);
   // ZeRO-1: the optimizer's tensors are this replica's runs of the parameters.
-  std::map<const TensorImpl*, OptimizerPart> runs;
   for (const OptimizerPiece& piece : pieces_) {
     OptimizerPart part{params_[piece.param].first, piece.begin, piece.length, 0};
     part.sole_holder = true;
-    runs.emplace(piece.view.impl_ptr().get(), part);
+    parts[piece.view.impl_ptr().get()] = {part};
   }
-  OptimizerLayout layout;
-  for (const optim::ParamGroup& group : optimizer.param_groups()) {
-    layout.emplace_back();
-    for (const Tensor& p : group.params) {
-      if (auto run = runs.find(p.impl_ptr().get()); run != runs.end()) {
-        layout.back().push_back({run->second});
-        continue;
-      }
-      auto found = names.find(p.impl_ptr().get());
-      if (found == names.end()) {
-        fail("[pipeline] the optimizer holds a tensor (", p.str(), ") that is not a parameter "
-             "of the set-up module");
-      }
-      layout.back().push_back(layout_.optimizer_parts(found->second, p));
-    }
-  }
-  return layout;
+  return optimizer_layout_of(optimizer, parts, name());
 }
 
 
@@ -388,14 +376,14 @@ std::pair<int, int> PipelineStrategy::replica_of_held() const {
 
 void PipelineStrategy::load_parameter_parts(const ReadParameter& read) {
   for (const auto& [name, param] : params_)
-    if (stages_of_.at(name).count(stage_)) layout_.load(name, param, read);
+    if (holds(name)) layout_.load(name, param, read);
 }
 
 // Every parameter from its owner (dp rank 0 of the owning stage) to every rank.
 Tensor PipelineStrategy::from_owner(const std::string& name, const Tensor& param) {
   // The holders of the owning stage put the whole value together (over their tp group), and
   // its first replica's first tp rank sends it to every rank.
-  Tensor copy = stages_of_.at(name).count(stage_)
+  Tensor copy = holds(name)
                     ? layout_.whole(name, param)
                     : Tensor::empty(layout_.whole_shape(name, param), param.dtype());
   const int root = mesh_->rank_with({{"dp", 0}, {"pp", owner_stage(name)}, {"tp", 0}});

@@ -90,6 +90,8 @@ class PipelineStrategy : public ParallelStrategy {
   const std::vector<int64_t>& layer_bounds() const { return bounds_; }
 
  private:
+  // Whether this stage uses parameter `name` (it keeps its storage).
+  bool holds(const std::string& name) const;
   // The stage (lowest) that owns a parameter for norms, checkpoints and gathering.
   int owner_stage(const std::string& name) const;
   // A copy of the parameter's value from its owner (dp rank 0 of the owning stage), on every
@@ -101,6 +103,7 @@ class PipelineStrategy : public ParallelStrategy {
   std::optional<DeviceMesh> mesh_;
   std::unique_ptr<pipeline::Schedule> schedule_;
   std::unique_ptr<pipeline::StageRunner> runner_;
+  std::vector<pipeline::Action> actions_;  // this stage's, for every batch
   pipeline::StageLinks links_;
   std::shared_ptr<comm::ProcessGroup> tie_group_;  // the first and last stage, when tied
   std::vector<int64_t> bounds_;

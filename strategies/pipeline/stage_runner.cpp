@@ -96,9 +96,11 @@ StageRunner::Stream* StageRunner::gradients_out(int chunk) {
 }
 
 void StageRunner::plan_receives(Stream& stream, int sender, bool activations, int micro_batches) {
-  stream.order.clear();
   stream.buffers.clear();
   stream.receives.clear();
+  if (stream.planned_for == micro_batches) return;  // the same messages as the last batch
+  stream.planned_for = micro_batches;
+  stream.order.clear();
   for (const Action& a : schedule_.actions(sender, stages_, micro_batches)) {
     if ((a.kind == Action::Forward) != activations) continue;
     const int from = a.chunk * stages_ + sender;

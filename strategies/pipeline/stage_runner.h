@@ -72,6 +72,7 @@ class StageRunner {
   struct Stream {
     Link link;
     std::vector<std::pair<int, int>> order;  // (this stage's chunk, micro-batch) per message
+    int planned_for = -1;                    // the micro-batch count `order` was made for
     std::optional<Shape> shape;              // receiving activations: from the header
     DType dtype = DType::F32;
     bool header_sent = false;                // sending activations
@@ -88,7 +89,8 @@ class StageRunner {
   Stream* activations_out(int chunk);
   Stream* gradients_in(int chunk);
   Stream* gradients_out(int chunk);
-  // The messages of a receiving stream this batch, from the sending stage's schedule.
+  // The messages of a receiving stream this batch, from the sending stage's schedule (worked
+  // out once per micro-batch count), with no receive posted yet.
   void plan_receives(Stream& stream, int sender, bool activations, int micro_batches);
   void post_receives(Stream& stream, bool activations);
   Tensor take(Stream& stream, const Key& key);

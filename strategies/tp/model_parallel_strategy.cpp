@@ -249,22 +249,10 @@ bool ModelParallelStrategy::writes_state_of(const std::string& param) const {
 }
 
 OptimizerLayout ModelParallelStrategy::optimizer_layout(const optim::Optimizer& optimizer) const {
-  std::map<const TensorImpl*, std::string> names;
+  PartsByTensor parts;
   for (const auto& [name, p] : params_)
-    names.emplace(p.impl_ptr().get(), name);
-  OptimizerLayout layout;
-  for (const optim::ParamGroup& group : optimizer.param_groups()) {
-    layout.emplace_back();
-    for (const Tensor& p : group.params) {
-      auto found = names.find(p.impl_ptr().get());
-      if (found == names.end()) {
-        fail("[model_parallel] the optimizer holds a tensor (", p.str(), ") that is not a "
-             "parameter of the set-up module");
-      }
-      layout.back().push_back(layout_.optimizer_parts(found->second, p));
-    }
-  }
-  return layout;
+    parts[p.impl_ptr().get()] = layout_.optimizer_parts(name, p);
+  return optimizer_layout_of(optimizer, parts, name());
 }
 
 void ModelParallelStrategy::load_parameter_parts(const ReadParameter& read) {

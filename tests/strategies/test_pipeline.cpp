@@ -125,24 +125,11 @@ TEST(DeviceMesh, CoordinatesGroupsAndSizesThatDoNotFactor) {
   }));
 }
 
-std::vector<std::vector<float>> train(Strategy* strategy, int64_t batch, int64_t accum,
-                                      int64_t steps) {
-  nn::GPTConfig c = testing::tiny_gpt_config(DType::F32);
-  nn::GPT model(c, 4);
-  train_gpt::TrainOptions o;
-  o.model = c;
-  o.batch = batch;
-  o.steps = steps;
-  o.grad_accum = accum;
-  o.lr = 1e-2;
-  o.grad_clip = 0.05;
-  train_gpt::TokenBlocks data(testing::tiny_corpus(), batch, testing::kTinyContext,
-                              testing::kTinyVocab);
-  train_gpt::train(model, data, o, [](const train_gpt::StepMetrics&) {}, strategy);
-  std::vector<std::vector<float>> out;
-  for (const Tensor& p : model.parameters())
-    out.push_back(p.to_vector<float>());
-  return out;
+using testing::max_difference;
+using testing::Weights;
+
+Weights train(Strategy* strategy, int64_t batch, int64_t accum, int64_t steps) {
+  return testing::train_tiny_f32(strategy, batch, accum, steps);
 }
 
 // A pipeline strategy joined to a fresh group `group` of the test's ranks.
@@ -169,20 +156,9 @@ std::unique_ptr<Strategy> make_pipeline(int stages, int micro_batches, const std
   return start_pipeline(options, rank, size, store, group);
 }
 
-// The largest difference between two sets of weights, and whether any but the tied wte
-// (parameter 0) differs at all.
-double max_difference(const std::vector<std::vector<float>>& a,
-                      const std::vector<std::vector<float>>& b, bool& untied_differ) {
-  double worst = 0;
-  untied_differ = false;
-  for (size_t i = 0; i < a.size(); ++i) {
-    for (size_t j = 0; j < a[i].size(); ++j) {
-      const double d = std::abs(static_cast<double>(a[i][j]) - b[i][j]);
-      worst = std::max(worst, d);
-      if (i != 0 && d != 0) untied_differ = true;
-    }
-  }
-  return worst;
+// Whether any parameter but the tied wte (parameter 0) differs.
+bool untied_differ(const Weights& a, const Weights& b) {
+  return !std::equal(a.begin() + 1, a.end(), b.begin() + 1);
 }
 
 // One stage: exactly single-device accumulation over the same micro-batches. Two and three
@@ -202,9 +178,9 @@ TEST(Pipeline, MatchesSingleDeviceAccumulationOverTheSameMicroBatches) {
       auto gpipe = make_pipeline(stages, 2, "gpipe", {}, rank, size, store, "step");
       const auto one_step = train(gpipe.get(), 4, 1, 1);
       gpipe->teardown();
-      bool untied_differ = false;
-      EXPECT_LE(max_difference(one_step, reference_1, untied_differ), 1e-8);
-      EXPECT_FALSE(untied_differ) << stages << " stages: only the tied wte may differ";
+      EXPECT_LE(max_difference(one_step, reference_1), 1e-8);
+      EXPECT_FALSE(untied_differ(one_step, reference_1))
+          << stages << " stages: only the tied wte may differ";
 
       auto a = make_pipeline(stages, 2, "gpipe", {}, rank, size, store, "gpipe");
       const auto with_gpipe = train(a.get(), 4, 1, 4);
@@ -229,7 +205,7 @@ TEST(Pipeline, MatchesSingleDeviceAccumulationOverTheSameMicroBatches) {
         EXPECT_EQ(train(c.get(), 4, 1, 4), with_gpipe) << "interleaved_1f1b agrees";
         c->teardown();
       }
-      EXPECT_LE(max_difference(with_gpipe, reference_4, untied_differ), 1e-5);
+      EXPECT_LE(max_difference(with_gpipe, reference_4), 1e-5);
     }, 120s));
   }
 }
@@ -237,42 +213,26 @@ TEST(Pipeline, MatchesSingleDeviceAccumulationOverTheSameMicroBatches) {
 // dp 2 x pp 2 on 4 ranks: the two replicas read different data and average; the result is
 // within rounding of DDP over 2 ranks with accumulation over the same micro-batches.
 TEST(Pipeline, ComposesWithDataParallelism) {
-  std::vector<std::vector<float>> ddp_weights;
+  loom::testing::TempDir dir;
+  const auto reference_file = dir.path() / "ddp.weights";
   expect_all_ok(run_ranks(2, [&](int rank, int size, std::shared_ptr<comm::Store> store) {
     auto ddp = StrategyRegistry::get("ddp", {});
     dynamic_cast<ParallelStrategy&>(*ddp).set_process_group(std::make_shared<comm::ProcessGroup>(
         rank, size, store, comm::GroupOptions{.timeout = 30s}, "ddp"));
     ddp->setup_environment();
-    const auto w = train(ddp.get(), 2, 2, 3);
+    const Weights w = train(ddp.get(), 2, 2, 3);
     ddp->teardown();
-    // Pipeline over 4 ranks, in the same processes' children: compared in the parent below.
-    if (rank == 0) {
-      std::FILE* f = std::fopen("/tmp/loom_pp_ddp_reference.bin", "wb");
-      for (const auto& p : w)
-        std::fwrite(p.data(), sizeof(float), p.size(), f);
-      std::fclose(f);
-    }
+    if (rank == 0) testing::write_weights(reference_file, w);
   }));
   expect_all_ok(run_ranks(4, [&](int rank, int size, std::shared_ptr<comm::Store> store) {
     auto s = make_pipeline(2, 2, "1f1b", {}, rank, size, store, "dp-pp");
     EXPECT_EQ(s->data_parallel_size(), 2);
-    const auto w = train(s.get(), 4, 1, 3);
+    const Weights w = train(s.get(), 4, 1, 3);
     s->teardown();
-    std::vector<float> reference;
-    std::FILE* f = std::fopen("/tmp/loom_pp_ddp_reference.bin", "rb");
-    float v = 0;
-    while (std::fread(&v, sizeof v, 1, f) == 1)
-      reference.push_back(v);
-    std::fclose(f);
-    size_t at = 0;
-    double worst = 0;
-    for (const auto& p : w)
-      for (float x : p)
-        worst = std::max(worst, std::abs(static_cast<double>(x) - reference.at(at++)));
-    EXPECT_EQ(at, reference.size());
-    EXPECT_LE(worst, 1e-5) << "rank " << rank;
+    const Weights reference = testing::read_weights(reference_file, w);
+    ASSERT_FALSE(reference.empty()) << "the reference holds another model";
+    EXPECT_LE(max_difference(w, reference), 1e-5) << "rank " << rank;
   }, 120s));
-  std::remove("/tmp/loom_pp_ddp_reference.bin");
 }
 
 // ZeRO-1 inside each stage's dp group: bitwise the weights of plain averaging.

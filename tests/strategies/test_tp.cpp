@@ -44,22 +44,11 @@ TEST(TensorParallelSplit, PartsJoinBackIntoTheWhole) {
             std::string::npos);
 }
 
-std::vector<std::vector<float>> train(Strategy* strategy, int64_t batch, int64_t steps) {
-  nn::GPTConfig c = testing::tiny_gpt_config(DType::F32);  // 2 heads, vocabulary 64
-  nn::GPT model(c, 4);
-  train_gpt::TrainOptions o;
-  o.model = c;
-  o.batch = batch;
-  o.steps = steps;
-  o.lr = 1e-2;
-  o.grad_clip = 0.05;
-  train_gpt::TokenBlocks data(testing::tiny_corpus(), batch, testing::kTinyContext,
-                              testing::kTinyVocab);
-  train_gpt::train(model, data, o, [](const train_gpt::StepMetrics&) {}, strategy);
-  std::vector<std::vector<float>> out;
-  for (const Tensor& p : model.parameters())  // whole again: train() gathers them at the end
-    out.push_back(p.to_vector<float>());
-  return out;
+using testing::max_difference;
+using testing::Weights;
+
+Weights train(Strategy* strategy, int64_t batch, int64_t steps) {
+  return testing::train_tiny_f32(strategy, batch, 1, steps);
 }
 
 std::unique_ptr<Strategy> make(const std::string& name, int tp, int rank, int size,
@@ -73,15 +62,6 @@ std::unique_ptr<Strategy> make(const std::string& name, int tp, int rank, int si
       rank, size, store, comm::GroupOptions{.timeout = 30s}, group));
   strategy->setup_environment();
   return strategy;
-}
-
-double max_difference(const std::vector<std::vector<float>>& a,
-                      const std::vector<std::vector<float>>& b) {
-  double worst = 0;
-  for (size_t i = 0; i < a.size(); ++i)
-    for (size_t j = 0; j < a[i].size(); ++j)
-      worst = std::max(worst, std::abs(static_cast<double>(a[i][j]) - b[i][j]));
-  return worst;
 }
 
 // tp 2: within rounding of one device (row-parallel sums add in another order), and bitwise
@@ -118,38 +98,23 @@ TEST(TensorParallel, SequenceParallelismMatchesOneDevice) {
 
 // dp 2 x tp 2 on 4 ranks against DDP on 2 ranks: the same batches, within rounding.
 TEST(TensorParallel, ComposesWithDataParallelism) {
-  std::vector<std::vector<float>> ddp;
+  loom::testing::TempDir dir;
+  const auto reference_file = dir.path() / "ddp.weights";
   expect_all_ok(run_ranks(2, [&](int rank, int size, std::shared_ptr<comm::Store> store) {
     auto s = make("ddp", 1, rank, size, store, "ddp");
-    const auto w = train(s.get(), 2, 3);
+    const Weights w = train(s.get(), 2, 3);
     s->teardown();
-    if (rank == 0) {
-      std::FILE* f = std::fopen("/tmp/loom_tp_ddp_reference.bin", "wb");
-      for (const auto& p : w)
-        std::fwrite(p.data(), sizeof(float), p.size(), f);
-      std::fclose(f);
-    }
+    if (rank == 0) testing::write_weights(reference_file, w);
   }));
   expect_all_ok(run_ranks(4, [&](int rank, int size, std::shared_ptr<comm::Store> store) {
     auto s = make("model_parallel", 2, rank, size, store, "dp-tp");
     EXPECT_EQ(s->data_parallel_size(), 2);
-    const auto w = train(s.get(), 2, 3);
+    const Weights w = train(s.get(), 2, 3);
     s->teardown();
-    std::vector<float> reference;
-    std::FILE* f = std::fopen("/tmp/loom_tp_ddp_reference.bin", "rb");
-    float v = 0;
-    while (std::fread(&v, sizeof v, 1, f) == 1)
-      reference.push_back(v);
-    std::fclose(f);
-    size_t at = 0;
-    double worst = 0;
-    for (const auto& p : w)
-      for (float x : p)
-        worst = std::max(worst, std::abs(static_cast<double>(x) - reference.at(at++)));
-    EXPECT_EQ(at, reference.size());
-    EXPECT_LE(worst, 1e-5) << "rank " << rank;
+    const Weights reference = testing::read_weights(reference_file, w);
+    ASSERT_FALSE(reference.empty()) << "the reference holds another model";
+    EXPECT_LE(max_difference(w, reference), 1e-5) << "rank " << rank;
   }, 120s));
-  std::remove("/tmp/loom_tp_ddp_reference.bin");
 }
 
 TEST(TensorParallel, SizesThatDoNotSplitTheModelAreRefused) {

@@ -2,7 +2,11 @@
 // Shared by the strategy tests: a tiny GPT, a corpus folded into its vocabulary, and a short
 // train_gpt run whose final weights are compared across strategies.
 
+#include <algorithm>
+#include <cmath>
 #include <cstdint>
+#include <filesystem>
+#include <fstream>
 #include <vector>
 
 #include "nn/gpt.h"
@@ -59,6 +63,59 @@ inline std::vector<double> train_tiny(Strategy* strategy, int64_t batch, int64_t
   train_gpt::train(
       model, data, o, [](const train_gpt::StepMetrics&) {}, strategy);
   return flat_parameters(model);
+}
+
+// Per parameter, its final f32 values.
+using Weights = std::vector<std::vector<float>>;
+
+// The f32 tiny GPT trained by train_gpt (lr 1e-2, clipping at 0.05) for `steps` steps of
+// `batch` rows per replica in `accum` micro-batches under `strategy` (null: single_device);
+// its final weights, whole (train() gathers split models at the end).
+inline Weights train_tiny_f32(Strategy* strategy, int64_t batch, int64_t accum, int64_t steps) {
+  nn::GPTConfig c = tiny_gpt_config(DType::F32);
+  nn::GPT model(c, 4);
+  train_gpt::TrainOptions o;
+  o.model = c;
+  o.batch = batch;
+  o.steps = steps;
+  o.grad_accum = accum;
+  o.lr = 1e-2;
+  o.grad_clip = 0.05;
+  train_gpt::TokenBlocks data(tiny_corpus(), batch, kTinyContext, kTinyVocab);
+  train_gpt::train(model, data, o, [](const train_gpt::StepMetrics&) {}, strategy);
+  Weights out;
+  for (const Tensor& p : model.parameters())
+    out.push_back(p.to_vector<float>());
+  return out;
+}
+
+inline double max_difference(const Weights& a, const Weights& b) {
+  double worst = 0;
+  for (size_t i = 0; i < a.size(); ++i)
+    for (size_t j = 0; j < a[i].size(); ++j)
+      worst = std::max(worst, std::abs(static_cast<double>(a[i][j]) - b[i][j]));
+  return worst;
+}
+
+// Weights through a file: a reference trained by one job of forked ranks, read by another.
+inline void write_weights(const std::filesystem::path& path, const Weights& w) {
+  std::ofstream out(path, std::ios::binary);
+  for (const auto& p : w)
+    out.write(reinterpret_cast<const char*>(p.data()),
+              static_cast<std::streamsize>(p.size() * sizeof(float)));
+}
+
+// What write_weights wrote, in the sizes of `like`; empty when the file holds another count.
+inline Weights read_weights(const std::filesystem::path& path, const Weights& like) {
+  std::ifstream in(path, std::ios::binary);
+  Weights out;
+  for (const auto& p : like) {
+    out.emplace_back(p.size());
+    in.read(reinterpret_cast<char*>(out.back().data()),
+            static_cast<std::streamsize>(p.size() * sizeof(float)));
+  }
+  if (!in || in.peek() != std::char_traits<char>::eof()) return {};
+  return out;
 }
 
 }  // namespace loom::strategies::testing
