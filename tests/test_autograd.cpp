@@ -5,6 +5,7 @@
 #include "tensor/autograd/function.h"
 #include "tensor/autograd/node.h"
 #include "tensor/ops.h"
+#include "tensor/random.h"
 
 namespace loom {
 namespace {
@@ -116,6 +117,155 @@ TEST(Autograd, CustomOp) {
   EXPECT_EQ(y.grad_fn()->name(), "cube");
   sum(y).backward();
   EXPECT_EQ(x.grad().to_vector<double>(), std::vector<double>({3, 12, 27}));
+}
+
+// A small stage of a model: linear, layer norm, gelu, a custom op and a weight used twice.
+struct SplitStage {
+  Tensor w1, b1, ln_w, ln_b, w2, b2;
+  std::shared_ptr<int> scale_gradients = std::make_shared<int>(0);  // computed by scale_by
+  autograd::CustomOp scale_by{
+      .name = "scale_by",
+      .forward = [](autograd::Context& ctx, const std::vector<Tensor>& in) {
+        ctx.save(in[0]);
+        ctx.save(in[1]);
+        return std::vector<Tensor>{mul(in[0], in[1])};
+      },
+      .backward = [counter = scale_gradients](autograd::Context& ctx, const std::vector<Tensor>& g) {
+        *counter += ctx.needs_input_grad(1) ? 1 : 0;
+        Tensor gx = ctx.needs_input_grad(0) ? mul(g[0], ctx.saved(1)) : Tensor();
+        Tensor gs = ctx.needs_input_grad(1) ? sum_to(mul(g[0], ctx.saved(0)), ctx.saved(1).shape())
+                                            : Tensor();
+        return std::vector<Tensor>{gx, gs};
+      }};
+
+  SplitStage() {
+    Generator gen(7);
+    auto param = [&](Shape shape) {
+      Tensor t = Tensor::empty(shape, DType::F32);
+      normal_(t, 0.0, 0.5, gen);
+      return t.set_requires_grad(true);
+    };
+    w1 = param({4, 6}), b1 = param({6}), ln_w = param({6}), ln_b = param({6});
+    w2 = param({6, 4}), b2 = param({4});
+  }
+  std::vector<Tensor> parameters() const { return {w1, b1, ln_w, ln_b, w2, b2}; }
+  Tensor forward(const Tensor& x) const {
+    Tensor h = gelu(layer_norm(linear(x, w1, b1), ln_w, ln_b));
+    h = autograd::apply(scale_by, {h, ln_w})[0];  // ln_w feeds two nodes
+    return linear(h, w2, b2);
+  }
+  void zero_grad() const {
+    for (const Tensor& p : parameters())
+      p.set_grad(Tensor());
+  }
+};
+
+Tensor stage_loss(const SplitStage& stage, const Tensor& x) {
+  Tensor y = stage.forward(x);
+  return sum(mul(y, y));
+}
+
+std::vector<std::vector<float>> gradients_of(const std::vector<Tensor>& tensors) {
+  std::vector<std::vector<float>> out;
+  for (const Tensor& t : tensors)
+    out.push_back(t.grad().to_vector<float>());
+  return out;
+}
+
+Tensor stage_input(uint64_t seed) {
+  Generator gen(seed);
+  Tensor x = Tensor::empty({3, 4}, DType::F32);
+  normal_(x, 0.0, 1.0, gen);
+  return x.set_requires_grad(true);
+}
+
+TEST(Autograd, SplitBackwardGivesTheGradientsOfOnePassBitwise) {
+  SplitStage stage;
+  Tensor whole_x = stage_input(1);
+  stage_loss(stage, whole_x).backward();
+  const auto whole = gradients_of(stage.parameters());
+  stage.zero_grad();
+
+  Tensor x = stage_input(1);
+  autograd::WeightGradients rest = autograd::run_backward_input({stage_loss(stage, x)}, {Tensor()}, {x});
+  // The input's gradient is there and no weight's yet.
+  ASSERT_TRUE(x.grad().defined());
+  EXPECT_EQ(x.grad().to_vector<float>(), whole_x.grad().to_vector<float>());
+  for (const Tensor& p : stage.parameters())
+    EXPECT_FALSE(p.grad().defined());
+  const int whole_pass_scale_gradients = 1;
+  EXPECT_EQ(*stage.scale_gradients, whole_pass_scale_gradients);  // not computed again yet
+  ASSERT_FALSE(rest.empty());
+  rest.run();
+  EXPECT_EQ(*stage.scale_gradients, whole_pass_scale_gradients + 1);
+  EXPECT_TRUE(rest.empty());
+  EXPECT_EQ(gradients_of(stage.parameters()), whole);
+}
+
+// The zero-bubble order: input halves of two micro-batches, then their weight halves.
+TEST(Autograd, WeightHalvesRunLaterAccumulateAsWholePassesDo) {
+  SplitStage stage;
+  for (uint64_t k : {1, 2})
+    stage_loss(stage, stage_input(k)).backward();
+  const auto whole = gradients_of(stage.parameters());
+  stage.zero_grad();
+
+  int hook_calls = 0;
+  stage.w1.register_grad_ready_hook([&](Tensor&) { ++hook_calls; });
+  std::vector<autograd::WeightGradients> rests;
+  for (uint64_t k : {1, 2}) {
+    Tensor x = stage_input(k);
+    rests.push_back(autograd::run_backward_input({stage_loss(stage, x)}, {Tensor()}, {x}));
+  }
+  EXPECT_EQ(hook_calls, 0);
+  for (autograd::WeightGradients& rest : rests)
+    rest.run();
+  EXPECT_EQ(hook_calls, 2);
+  EXPECT_EQ(gradients_of(stage.parameters()), whole);
+}
+
+TEST(Autograd, SplitBackwardWithoutInputsLeavesEverythingForLater) {
+  SplitStage stage;
+  Tensor x = stage_input(3).detach();  // the first stage: tokens, no gradient to send back
+  stage_loss(stage, x).backward();
+  const auto whole = gradients_of(stage.parameters());
+  stage.zero_grad();
+
+  autograd::WeightGradients rest = autograd::run_backward_input({stage_loss(stage, x)}, {Tensor()}, {});
+  for (const Tensor& p : stage.parameters())
+    EXPECT_FALSE(p.grad().defined());
+  rest.run();
+  EXPECT_EQ(gradients_of(stage.parameters()), whole);
+}
+
+TEST(Autograd, SplitBackwardThroughACheckpointedRegion) {
+  SplitStage stage;
+  auto loss_of = [&](const Tensor& x) {
+    Tensor y = autograd::checkpoint(
+        [&](const std::vector<Tensor>& in) { return std::vector<Tensor>{stage.forward(in[0])}; },
+        {x})[0];
+    return sum(mul(y, y));
+  };
+  Tensor whole_x = stage_input(4);
+  loss_of(whole_x).backward();
+  const auto whole = gradients_of(stage.parameters());
+  stage.zero_grad();
+
+  Tensor x = stage_input(4);
+  autograd::WeightGradients rest = autograd::run_backward_input({loss_of(x)}, {Tensor()}, {x});
+  rest.run();
+  EXPECT_EQ(x.grad().to_vector<float>(), whole_x.grad().to_vector<float>());
+  EXPECT_EQ(gradients_of(stage.parameters()), whole);
+}
+
+TEST(Autograd, SplitBackwardFreesTheGraph) {
+  SplitStage stage;
+  Tensor x = stage_input(5);
+  Tensor loss = stage_loss(stage, x);
+  autograd::WeightGradients rest = autograd::run_backward_input({loss}, {Tensor()}, {x});
+  rest.run();
+  EXPECT_THROW(loss.backward(), Error);
+  EXPECT_THROW(autograd::run_backward_input({loss}, {Tensor()}, {stage.w1}), Error);
 }
 
 TEST(Autograd, GradientFlowsThroughViewsIntoTheBase) {

@@ -1,5 +1,7 @@
+#include <functional>
 #include <queue>
 #include <unordered_map>
+#include <unordered_set>
 
 #include "tensor/autograd/node.h"
 #include "tensor/ops.h"
@@ -101,52 +103,152 @@ std::vector<const TensorImpl*> reachable_leaves(const Tensor& root) {
 // grad-ready hooks fire, and why DDP can launch a bucket's allreduce from them. Among ready
 // nodes the most recently created runs first (highest sequence number), which walks the
 // model from the last layer to the first, the order in which DDP fills its buckets.
-void run_backward(const std::vector<Tensor>& roots, const std::vector<Tensor>& grad_roots,
-                  bool retain_graph) {
-  check_eq(roots.size(), grad_roots.size(), "run_backward: one seed gradient per root");
-  NoGradGuard no_grad;
+//
+// Note [Split backward]
+// run_backward_input runs the nodes from which an input's gradient edge can be reached (the
+// input half; every edge into them comes from the half itself, so their gradients are
+// complete there). Such a node computes only its edges into the half (needs_input_grad
+// says so), and when it has edges outside it (a Linear's weight and bias), it is held with
+// its output gradients and its saved tensors. WeightGradients::run then runs the held
+// nodes again for those edges only, together with the roots' seeds that lead to no input,
+// as one ordinary pass over the rest of the graph. Each gradient is the same arithmetic on
+// the same operands as in one pass, and every leaf still accumulates its gradient once.
 
+// Restricts a node to computing some of its edges while alive.
+class ComputingOnly {
+ public:
+  ComputingOnly(Node& node, const std::vector<bool>& edges) : node_(node) {
+    node_.computing_ = &edges;
+  }
+  ~ComputingOnly() { node_.computing_ = nullptr; }
+  ComputingOnly(const ComputingOnly&) = delete;
+  ComputingOnly& operator=(const ComputingOnly&) = delete;
+
+ private:
+  Node& node_;
+};
+
+namespace {
+
+// One backward pass over the nodes `in_pass` accepts: edges into them counted, gradients
+// summed per output, ready nodes run latest-created first.
+class Pass {
+ public:
+  using Filter = std::function<bool(const Node*)>;
+  Pass(Filter in_pass, bool retain_graph)
+      : in_pass_(std::move(in_pass)), retain_graph_(retain_graph) {}
+
+  // Counts the edges into the nodes of the pass reachable from `starts` (one per start).
+  void count(const std::vector<Edge>& starts) {
+    std::vector<Node*> stack;
+    auto visit = [&](const Edge& edge) {
+      if (!edge.node || !in_pass_(edge.node.get())) return;
+      auto [it, inserted] = pending_.try_emplace(edge.node.get());
+      it->second.dependencies++;
+      if (inserted) {
+        it->second.grads.resize(edge.node->outputs().size());
+        keep_alive_.push_back(edge.node);
+        stack.push_back(edge.node.get());
+      }
+    };
+    for (const Edge& edge : starts)
+      visit(edge);
+    while (!stack.empty()) {
+      Node* node = stack.back();
+      stack.pop_back();
+      for (const Edge& edge : node->next_edges())
+        visit(edge);
+    }
+  }
+
+  // One of the counted edges delivers `grad` (undefined: nothing, as for an input the node
+  // computed no gradient for).
+  void deliver(const Edge& edge, const Tensor& grad) {
+    Pending& target = pending_.at(edge.node.get());
+    if (grad.defined()) {
+      Tensor& slot = target.grads[edge.input_nr];
+      slot = slot.defined() ? add(slot, grad) : grad;
+    }
+    if (--target.dependencies == 0) ready_.push(edge.node.get());
+  }
+
+  // A node ready at the start with its output gradients, computing only `edges`.
+  void add_held(WeightGradients::Held held) {
+    ready_.push(held.node.get());
+    held_.emplace(held.node.get(), std::move(held));
+  }
+
+  // Runs nodes until none is ready. Where a node has edges outside the pass, it computes
+  // the others and, when `held_back` is given, is held there for the rest.
+  void run(std::vector<WeightGradients::Held>* held_back) {
+    while (!ready_.empty()) {
+      Node* node = ready_.top();
+      ready_.pop();
+      std::vector<Edge>& edges = node->next_edges();
+      std::vector<Tensor> grads;
+      std::vector<bool> computing(edges.size());
+      bool holds_back = false;
+      if (auto held = held_.find(node); held != held_.end()) {
+        grads = std::move(held->second.grad_outputs);
+        computing = std::move(held->second.edges);
+      } else {
+        grads = std::move(pending_.at(node).grads);
+        // Outputs that received no gradient (unused outputs of multi-output ops) count as zero.
+        for (size_t i = 0; i < grads.size(); ++i) {
+          if (!grads[i].defined()) {
+            const OutputMeta& meta = node->outputs()[i];
+            grads[i] = Tensor::zeros(meta.shape, meta.dtype, meta.device);
+          }
+        }
+        for (size_t i = 0; i < edges.size(); ++i) {
+          computing[i] = edges[i].node && in_pass_(edges[i].node.get());
+          holds_back = holds_back || (edges[i].node && !computing[i]);
+        }
+      }
+      if (holds_back && held_back) {
+        std::vector<bool> rest(edges.size());
+        for (size_t i = 0; i < edges.size(); ++i)
+          rest[i] = edges[i].node && !computing[i];
+        held_back->push_back({node->shared_from_this(), grads, std::move(rest)});
+      }
+      std::vector<Tensor> input_grads;
+      {
+        ComputingOnly only(*node, computing);
+        input_grads = node->apply(grads);
+      }
+      if (!retain_graph_ && !holds_back) node->release_saved();
+      for (size_t i = 0; i < edges.size(); ++i) {
+        if (computing[i]) deliver(edges[i], i < input_grads.size() ? input_grads[i] : Tensor());
+      }
+    }
+  }
+
+ private:
   struct Pending {
     std::vector<Tensor> grads;
     int dependencies = 0;
   };
-  std::unordered_map<Node*, Pending> pending;
-  std::vector<std::shared_ptr<Node>> keep_alive;
-
-  // Count incoming edges with an iterative depth-first walk.
-  std::vector<Node*> stack;
-  auto visit = [&](const std::shared_ptr<Node>& node) {
-    auto [it, inserted] = pending.try_emplace(node.get());
-    it->second.dependencies++;
-    if (inserted) {
-      it->second.grads.resize(node->outputs().size());
-      keep_alive.push_back(node);
-      stack.push_back(node.get());
-    }
+  struct BySequence {
+    bool operator()(const Node* a, const Node* b) const { return a->sequence_nr() < b->sequence_nr(); }
   };
-  std::vector<Edge> root_edges;
+  Filter in_pass_;
+  bool retain_graph_;
+  std::unordered_map<Node*, Pending> pending_;
+  std::unordered_map<Node*, WeightGradients::Held> held_;
+  std::vector<std::shared_ptr<Node>> keep_alive_;
+  std::priority_queue<Node*, std::vector<Node*>, BySequence> ready_;
+};
+
+bool every_node(const Node*) { return true; }
+
+// The roots' gradient edges with their seeds (ones for a one-element root given none).
+std::vector<std::pair<Edge, Tensor>> seeded_roots(const std::vector<Tensor>& roots,
+                                                  const std::vector<Tensor>& grad_roots) {
+  check_eq(roots.size(), grad_roots.size(), "run_backward: one seed gradient per root");
+  std::vector<std::pair<Edge, Tensor>> seeded;
   for (size_t i = 0; i < roots.size(); ++i) {
     check(roots[i].requires_grad(),
           "backward: tensor " + roots[i].str() + " does not require grad and has no grad_fn");
-    root_edges.push_back(gradient_edge(roots[i]));
-    visit(root_edges.back().node);
-  }
-  while (!stack.empty()) {
-    Node* node = stack.back();
-    stack.pop_back();
-    for (Edge& edge : node->next_edges()) {
-      if (edge.node) visit(edge.node);
-    }
-  }
-
-  auto deliver = [](Pending& target, uint32_t input_nr, const Tensor& grad) {
-    Tensor& slot = target.grads[input_nr];
-    slot = slot.defined() ? add(slot, grad) : grad;
-  };
-  auto by_sequence = [](Node* a, Node* b) { return a->sequence_nr() < b->sequence_nr(); };
-  std::priority_queue<Node*, std::vector<Node*>, decltype(by_sequence)> ready(by_sequence);
-
-  for (size_t i = 0; i < roots.size(); ++i) {
     Tensor seed = grad_roots[i];
     if (!seed.defined()) {
       check(roots[i].numel() == 1,
@@ -156,35 +258,108 @@ void run_backward(const std::vector<Tensor>& roots, const std::vector<Tensor>& g
     check(seed.shape() == roots[i].shape(),
           "backward: seed gradient shape " + shape_str(seed.shape()) +
               " does not match root shape " + shape_str(roots[i].shape()));
-    Pending& target = pending[root_edges[i].node.get()];
-    deliver(target, root_edges[i].input_nr, seed);
-    if (--target.dependencies == 0) ready.push(root_edges[i].node.get());
+    seeded.emplace_back(gradient_edge(roots[i]), seed);
   }
+  return seeded;
+}
 
-  while (!ready.empty()) {
-    Node* node = ready.top();
-    ready.pop();
-    Pending& mine = pending[node];
-    // Outputs that received no gradient (unused outputs of multi-output ops) count as zero.
-    for (size_t i = 0; i < mine.grads.size(); ++i) {
-      if (!mine.grads[i].defined()) {
-        const OutputMeta& meta = node->outputs()[i];
-        mine.grads[i] = Tensor::zeros(meta.shape, meta.dtype, meta.device);
-      }
-    }
-    std::vector<Tensor> input_grads = node->apply(mine.grads);
-    mine.grads.clear();
-    if (!retain_graph) node->release_saved();
-    std::vector<Edge>& edges = node->next_edges();
-    for (size_t i = 0; i < edges.size(); ++i) {
-      if (!edges[i].node) continue;
-      Pending& target = pending[edges[i].node.get()];
-      if (i < input_grads.size() && input_grads[i].defined()) {
-        deliver(target, edges[i].input_nr, input_grads[i]);
-      }
-      if (--target.dependencies == 0) ready.push(edges[i].node.get());
+// Runs one pass over every node reachable from the seeded edges and the held nodes.
+void run_pass(const std::vector<std::pair<Edge, Tensor>>& seeds,
+              std::vector<WeightGradients::Held> held, bool retain_graph) {
+  Pass pass(every_node, retain_graph);
+  std::vector<Edge> starts;
+  for (const auto& [edge, seed] : seeds)
+    starts.push_back(edge);
+  for (const WeightGradients::Held& h : held) {
+    for (size_t i = 0; i < h.edges.size(); ++i)
+      if (h.edges[i]) starts.push_back(h.node->next_edges()[i]);
+  }
+  pass.count(starts);
+  for (const auto& [edge, seed] : seeds)
+    pass.deliver(edge, seed);
+  for (WeightGradients::Held& h : held)
+    pass.add_held(std::move(h));
+  pass.run(nullptr);
+}
+
+// The nodes reachable from `roots` from which one of `targets` can be reached.
+std::unordered_set<const Node*> nodes_leading_to(const std::vector<Edge>& roots,
+                                                 const std::vector<Edge>& targets) {
+  std::unordered_map<const Node*, std::vector<const Node*>> consumers;
+  std::unordered_set<const Node*> seen;
+  std::vector<Node*> stack;
+  for (const Edge& root : roots) {
+    if (root.node && seen.insert(root.node.get()).second) stack.push_back(root.node.get());
+  }
+  while (!stack.empty()) {
+    Node* node = stack.back();
+    stack.pop_back();
+    for (const Edge& edge : node->next_edges()) {
+      if (!edge.node) continue;
+      consumers[edge.node.get()].push_back(node);
+      if (seen.insert(edge.node.get()).second) stack.push_back(edge.node.get());
     }
   }
+  std::unordered_set<const Node*> leading;
+  std::vector<const Node*> backwards;
+  for (const Edge& target : targets) {
+    if (target.node && seen.count(target.node.get()) && leading.insert(target.node.get()).second)
+      backwards.push_back(target.node.get());
+  }
+  while (!backwards.empty()) {
+    const Node* node = backwards.back();
+    backwards.pop_back();
+    for (const Node* consumer : consumers[node]) {
+      if (leading.insert(consumer).second) backwards.push_back(consumer);
+    }
+  }
+  return leading;
+}
+
+}  // namespace
+
+void run_backward(const std::vector<Tensor>& roots, const std::vector<Tensor>& grad_roots,
+                  bool retain_graph) {
+  NoGradGuard no_grad;
+  run_pass(seeded_roots(roots, grad_roots), {}, retain_graph);
+}
+
+WeightGradients run_backward_input(const std::vector<Tensor>& roots,
+                                   const std::vector<Tensor>& grad_roots,
+                                   const std::vector<Tensor>& inputs) {
+  NoGradGuard no_grad;
+  const std::vector<std::pair<Edge, Tensor>> seeds = seeded_roots(roots, grad_roots);
+  std::vector<Edge> root_edges, input_edges;
+  for (const auto& [edge, seed] : seeds)
+    root_edges.push_back(edge);
+  for (const Tensor& input : inputs) {
+    check(input.requires_grad(), "backward_input: input " + input.str() + " does not require grad");
+    input_edges.push_back(gradient_edge(input));
+  }
+  const std::unordered_set<const Node*> input_half = nodes_leading_to(root_edges, input_edges);
+  auto in_half = [&input_half](const Node* node) { return input_half.count(node) > 0; };
+
+  WeightGradients rest;
+  Pass pass(in_half, /*retain_graph=*/false);
+  pass.count(root_edges);
+  for (const auto& [edge, seed] : seeds) {
+    if (in_half(edge.node.get())) {
+      pass.deliver(edge, seed);
+    } else {
+      rest.seeds_.emplace_back(edge, seed);
+    }
+  }
+  pass.run(&rest.held_);
+  return rest;
+}
+
+void WeightGradients::run() {
+  NoGradGuard no_grad;
+  std::vector<std::pair<Edge, Tensor>> seeds = std::move(seeds_);
+  std::vector<Held> held = std::move(held_);
+  seeds_.clear();
+  held_.clear();
+  run_pass(seeds, std::move(held), /*retain_graph=*/false);
 }
 
 }  // namespace loom::autograd

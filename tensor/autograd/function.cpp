@@ -24,6 +24,9 @@ std::vector<Tensor> apply(const CustomOp& op, const std::vector<Tensor>& inputs)
     std::string name = op.name;
     record(op.name, inputs, outputs,
            [ctx, backward, name](const std::vector<Tensor>& grad_outputs, const Node& node) {
+             // A split backward (node.h) may ask for fewer inputs than forward recorded.
+             for (size_t i = 0; i < node.num_inputs(); ++i)
+               ctx->needs_input_grad_[i] = node.needs_input_grad(i);
              std::vector<Tensor> grads = backward(*ctx, grad_outputs);
              check_eq(grads.size(), node.num_inputs(),
                       "custom op '" + name + "' backward must return one gradient per input");

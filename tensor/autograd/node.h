@@ -44,15 +44,21 @@ class Node : public std::enable_shared_from_this<Node> {
   // Creation order; the engine runs later nodes first.
   uint64_t sequence_nr() const { return sequence_nr_; }
   std::vector<Edge>& next_edges() { return next_edges_; }
-  bool needs_input_grad(size_t i) const { return next_edges_[i].node != nullptr; }
+  // Whether apply() must compute input i's gradient: the input needs one and the pass
+  // running this node asked for it (a split backward computes some edges later).
+  bool needs_input_grad(size_t i) const {
+    return next_edges_[i].node != nullptr && (!computing_ || (*computing_)[i]);
+  }
   size_t num_inputs() const { return next_edges_.size(); }
   std::vector<OutputMeta>& outputs() { return outputs_; }
 
  private:
+  friend class ComputingOnly;
   std::string name_;
   uint64_t sequence_nr_;
   std::vector<Edge> next_edges_;
   std::vector<OutputMeta> outputs_;
+  const std::vector<bool>* computing_ = nullptr;  // per edge; null: every edge
 };
 
 // Signature of an op's vector-Jacobian product: output gradients -> input gradients.
@@ -102,5 +108,38 @@ std::vector<const TensorImpl*> reachable_leaves(const Tensor& root);
 // seed means ones for a one-element root). Leaves reached get their .grad accumulated.
 void run_backward(const std::vector<Tensor>& roots, const std::vector<Tensor>& grad_roots,
                   bool retain_graph);
+
+// A backward pass split in two (Note [Split backward] in engine.cpp), as zero-bubble
+// pipeline schedules need it: run_backward_input computes only what the gradients of
+// `inputs` (leaves) depend on and accumulates those into the inputs' .grad; the WeightGradients it
+// returns computes the rest later (every other leaf's gradient, with its hooks), keeping
+// the saved tensors that needs until then. The two halves together accumulate exactly the
+// gradients one run_backward would, bitwise, and free the graph as it would.
+class WeightGradients {
+ public:
+  WeightGradients() = default;
+  WeightGradients(WeightGradients&&) = default;
+  WeightGradients& operator=(WeightGradients&&) = default;
+  // Runs the held-back half. Call it once; afterwards this is empty.
+  void run();
+  bool empty() const { return held_.empty() && seeds_.empty(); }
+
+  // A node whose edges outside the input half wait for run(), with its output gradients.
+  struct Held {
+    std::shared_ptr<Node> node;
+    std::vector<Tensor> grad_outputs;
+    std::vector<bool> edges;  // the edges run() computes
+  };
+
+ private:
+  friend WeightGradients run_backward_input(const std::vector<Tensor>&, const std::vector<Tensor>&,
+                                            const std::vector<Tensor>&);
+  std::vector<Held> held_;
+  std::vector<std::pair<Edge, Tensor>> seeds_;  // roots that do not lead to an input
+};
+
+WeightGradients run_backward_input(const std::vector<Tensor>& roots,
+                                   const std::vector<Tensor>& grad_roots,
+                                   const std::vector<Tensor>& inputs);
 
 }  // namespace loom::autograd
