@@ -10,7 +10,7 @@ namespace loom::strategies::pipeline {
 struct PipelineOptions {
   int stages = 1;          // --pp: pipeline stages; the data-parallel size is world / stages
   int micro_batches = 1;   // --micro-batches: each data-parallel rank's batch split by rows
-  std::string schedule = "1f1b";  // --pp-schedule: gpipe, 1f1b, interleaved_1f1b (schedule.h)
+  std::string schedule = "1f1b";  // --pp-schedule: gpipe, 1f1b, interleaved_1f1b, zero_bubble (schedule.h)
   int chunks = 2;  // --pp-chunks: model chunks per stage under interleaved_1f1b
   // Layers per model chunk (stages x chunks of them, summing to the model's layer count);
   // empty: balanced by `balance_by`.

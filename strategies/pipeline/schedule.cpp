@@ -7,7 +7,11 @@
 namespace loom::strategies::pipeline {
 
 double Schedule::theoretical_bubble(int stages, int micro_batches) const {
-  return static_cast<double>(stages - 1) / static_cast<double>(micro_batches + stages - 1);
+  const Simulation run = simulate(*this, stages, micro_batches);
+  double idle = 0;
+  for (double busy : run.busy)
+    idle += 1.0 - busy / run.makespan;
+  return idle / static_cast<double>(stages);
 }
 
 std::vector<Action> GPipeSchedule::actions(int, int, int micro_batches) const {
@@ -69,58 +73,152 @@ std::vector<Action> InterleavedOneFOneBSchedule::actions(int stage, int stages,
   return out;
 }
 
-double InterleavedOneFOneBSchedule::theoretical_bubble(int stages, int micro_batches) const {
-  return static_cast<double>(stages - 1) /
-         static_cast<double>(chunks_ * micro_batches + stages - 1);
+// PyTorch's and the paper's ZB-H1: 1F1B's order with I for B, and a W after each I from
+// the (s + 1)-th on, the rest at the end.
+std::vector<Action> ZeroBubbleSchedule::actions(int stage, int stages, int micro_batches) const {
+  const int warmup = std::min(stages - stage - 1, micro_batches);
+  std::vector<Action> out;
+  for (int k = 0; k < warmup; ++k)
+    out.push_back({Action::Forward, k});
+  int weights = 0;
+  for (int k = 0; k < micro_batches; ++k) {
+    if (k + warmup < micro_batches) out.push_back({Action::Forward, k + warmup});
+    out.push_back({Action::BackwardInput, k});
+    if (k >= stage) out.push_back({Action::BackwardWeight, weights++});
+  }
+  while (weights < micro_batches)
+    out.push_back({Action::BackwardWeight, weights++});
+  return out;
 }
 
 std::unique_ptr<Schedule> make_schedule(const std::string& name, int chunks) {
   if (name == "gpipe") return std::make_unique<GPipeSchedule>();
   if (name == "1f1b") return std::make_unique<OneFOneBSchedule>();
   if (name == "interleaved_1f1b") return std::make_unique<InterleavedOneFOneBSchedule>(chunks);
-  fail("[pipeline] unknown schedule '", name, "'; expected gpipe, 1f1b or interleaved_1f1b");
+  if (name == "zero_bubble") return std::make_unique<ZeroBubbleSchedule>();
+  fail("[pipeline] unknown schedule '", name,
+       "'; expected gpipe, 1f1b, interleaved_1f1b or zero_bubble");
 }
 
 void check_actions(const std::vector<Action>& actions, int micro_batches, int chunks,
                    const std::string& schedule) {
   std::vector<std::vector<int>> forwards(chunks, std::vector<int>(micro_batches, 0));
-  std::vector<int> next_backward(chunks, 0);
+  std::vector<int> next_backward(chunks, 0), next_weight(chunks, 0);
+  std::vector<std::vector<bool>> split(chunks, std::vector<bool>(micro_batches, false));
   for (const Action& a : actions) {
     if (a.micro_batch < 0 || a.micro_batch >= micro_batches || a.chunk < 0 || a.chunk >= chunks) {
       fail("[pipeline] schedule ", schedule, ": micro-batch ", a.micro_batch, " of ",
            micro_batches, ", chunk ", a.chunk, " of ", chunks);
     }
-    if (a.kind == Action::Forward) {
-      if (forwards[a.chunk][a.micro_batch]++ != 0) {
-        fail("[pipeline] schedule ", schedule, ": micro-batch ", a.micro_batch, " runs forward "
-             "twice on chunk ", a.chunk);
-      }
-      continue;
+    switch (a.kind) {
+      case Action::Forward:
+        if (forwards[a.chunk][a.micro_batch]++ != 0) {
+          fail("[pipeline] schedule ", schedule, ": micro-batch ", a.micro_batch,
+               " runs forward twice on chunk ", a.chunk);
+        }
+        break;
+      case Action::Backward:
+      case Action::BackwardInput:
+        if (a.micro_batch != next_backward[a.chunk]) {
+          fail("[pipeline] schedule ", schedule, ": backward of micro-batch ", a.micro_batch,
+               " where ", next_backward[a.chunk],
+               " is due (backward passes run in increasing order)");
+        }
+        if (forwards[a.chunk][a.micro_batch] == 0) {
+          fail("[pipeline] schedule ", schedule, ": backward of micro-batch ", a.micro_batch,
+               " before its forward");
+        }
+        ++next_backward[a.chunk];
+        if (a.kind == Action::Backward) {
+          ++next_weight[a.chunk];  // a whole backward does its weight half too
+        } else {
+          split[a.chunk][a.micro_batch] = true;
+        }
+        break;
+      case Action::BackwardWeight:
+        if (a.micro_batch != next_weight[a.chunk] || !split[a.chunk][a.micro_batch]) {
+          fail("[pipeline] schedule ", schedule, ": weight half of micro-batch ", a.micro_batch,
+               " on chunk ", a.chunk, " where ", next_weight[a.chunk],
+               "'s is due (after its input half; weight halves run in increasing order)");
+        }
+        ++next_weight[a.chunk];
+        break;
     }
-    if (a.micro_batch != next_backward[a.chunk]) {
-      fail("[pipeline] schedule ", schedule, ": backward of micro-batch ", a.micro_batch,
-           " where ", next_backward[a.chunk], " is due (backward passes run in increasing order)");
-    }
-    if (forwards[a.chunk][a.micro_batch] == 0) {
-      fail("[pipeline] schedule ", schedule, ": backward of micro-batch ", a.micro_batch,
-           " before its forward");
-    }
-    ++next_backward[a.chunk];
   }
   for (int c = 0; c < chunks; ++c) {
-    if (next_backward[c] != micro_batches) {
-      fail("[pipeline] schedule ", schedule, ": ", next_backward[c], " backward passes for ",
-           micro_batches, " micro-batches on chunk ", c);
+    if (next_backward[c] != micro_batches || next_weight[c] != micro_batches) {
+      fail("[pipeline] schedule ", schedule, ": ", next_backward[c], " backward passes and ",
+           next_weight[c], " weight halves for ", micro_batches, " micro-batches on chunk ", c);
     }
   }
 }
+
 int peak_in_flight(const std::vector<Action>& actions) {
   int held = 0, peak = 0;
   for (const Action& a : actions) {
-    held += a.kind == Action::Forward ? 1 : -1;
+    if (a.kind == Action::Forward) ++held;
+    if (a.kind == Action::Backward || a.kind == Action::BackwardWeight) --held;
     peak = std::max(peak, held);
   }
   return peak;
+}
+
+Simulation simulate(const Schedule& schedule, int stages, int micro_batches) {
+  const int p = stages, v = schedule.chunks_per_stage(), chunks = p * v;
+  const double unit = 1.0 / v;  // a chunk is 1/v of a stage's layers
+  std::vector<std::vector<Action>> actions(p);
+  for (int s = 0; s < p; ++s) {
+    actions[s] = schedule.actions(s, p, micro_batches);
+    check_actions(actions[s], micro_batches, v, schedule.name());
+  }
+  // When each (global chunk, micro-batch)'s forward and its input gradient are done.
+  const double kNotYet = -1;
+  std::vector<std::vector<double>> forward_done(chunks, std::vector<double>(micro_batches, kNotYet));
+  std::vector<std::vector<double>> backward_done = forward_done;
+  Simulation run;
+  run.busy.assign(p, 0);
+  run.spans.resize(p);
+  std::vector<double> free_at(p, 0);
+  std::vector<size_t> next(p, 0);
+  for (bool progress = true; progress;) {
+    progress = false;
+    for (int s = 0; s < p; ++s) {
+      for (; next[s] < actions[s].size(); ++next[s]) {
+        const Action& a = actions[s][next[s]];
+        const int g = a.chunk * p + s;
+        double ready = free_at[s];
+        double cost = unit;
+        if (a.kind == Action::Forward && g > 0) {
+          if (forward_done[g - 1][a.micro_batch] == kNotYet) break;
+          ready = std::max(ready, forward_done[g - 1][a.micro_batch]);
+        }
+        if (a.kind == Action::Backward || a.kind == Action::BackwardInput) {
+          if (g + 1 < chunks) {
+            if (backward_done[g + 1][a.micro_batch] == kNotYet) break;
+            ready = std::max(ready, backward_done[g + 1][a.micro_batch]);
+          }
+          if (a.kind == Action::Backward) cost = 2 * unit;
+        }
+        free_at[s] = ready + cost;
+        run.busy[s] += cost;
+        run.spans[s].emplace_back(ready, free_at[s]);
+        if (a.kind == Action::Forward) forward_done[g][a.micro_batch] = free_at[s];
+        if (a.kind == Action::Backward || a.kind == Action::BackwardInput)
+          backward_done[g][a.micro_batch] = free_at[s];
+        progress = true;
+      }
+    }
+  }
+  for (int s = 0; s < p; ++s) {
+    if (next[s] < actions[s].size()) {
+      const Action& a = actions[s][next[s]];
+      fail("[pipeline] schedule ", schedule.name(), " deadlocks: stage ", s, " of ", p,
+           " waits forever to run ", a.kind == Action::Forward ? "the forward" : "the backward",
+           " of micro-batch ", a.micro_batch, " on chunk ", a.chunk);
+    }
+    run.makespan = std::max(run.makespan, free_at[s]);
+  }
+  return run;
 }
 
 }  // namespace loom::strategies::pipeline

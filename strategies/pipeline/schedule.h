@@ -15,8 +15,16 @@
 //          (virtual stages: chunk j of stage s is the model's chunk j*p + s), forwards
 //          cycle through the chunks p micro-batches at a time; m must be a multiple of p.
 //
+//   zero_bubble  ZB-H1 (Qi et al., "Zero Bubble Pipeline Parallelism"): 1F1B with each
+//          backward split into its input half (I: the gradient the stage before waits for)
+//          and its weight half (W: the weights' gradients, which nothing waits for). Stage s
+//          runs its W passes s micro-batches behind its I passes, so that they fill the
+//          time 1F1B spends waiting; a stage holds at most p micro-batches' activations, as
+//          1F1B's first stage does.
+//
 // GPipe and 1F1B idle a stage (p - 1) / (m + p - 1) of a step when every action takes as
-// long; interleaving divides the idle time by v: (p - 1) / (v m + p - 1).
+// long; interleaving divides the idle time by v: (p - 1) / (v m + p - 1); zero_bubble, with
+// I and W each half of a backward, leaves (p - 1) / (3 m + p - 1).
 
 #include <memory>
 #include <string>
@@ -25,7 +33,8 @@
 namespace loom::strategies::pipeline {
 
 struct Action {
-  enum Kind { Forward, Backward } kind;
+  // F, B, and a backward split in two halves: I (input gradient) then W (weight gradient).
+  enum Kind { Forward, Backward, BackwardInput, BackwardWeight } kind;
   int micro_batch;
   int chunk = 0;  // which of the stage's model chunks (0 unless interleaved)
   bool operator==(const Action&) const = default;
@@ -38,8 +47,9 @@ class Schedule {
   // Model chunks per stage (virtual stages): the model is split into stages x this many.
   virtual int chunks_per_stage() const { return 1; }
   virtual std::vector<Action> actions(int stage, int stages, int micro_batches) const = 0;
-  // The fraction of a step a stage idles when every action takes the same time.
-  virtual double theoretical_bubble(int stages, int micro_batches) const;
+  // The fraction of a step a stage idles when a chunk's forward takes one unit of time, its
+  // backward two (I and W one each) and messages none: simulate()'s figure.
+  double theoretical_bubble(int stages, int micro_batches) const;
 };
 
 class GPipeSchedule : public Schedule {
@@ -60,23 +70,40 @@ class InterleavedOneFOneBSchedule : public Schedule {
   std::string name() const override { return "interleaved_1f1b"; }
   int chunks_per_stage() const override { return chunks_; }
   std::vector<Action> actions(int stage, int stages, int micro_batches) const override;
-  double theoretical_bubble(int stages, int micro_batches) const override;
 
  private:
   int chunks_;
 };
 
-// "gpipe", "1f1b", "interleaved_1f1b" (with `chunks` model chunks per stage, >= 2); anything
-// else is loom::Error listing them.
+class ZeroBubbleSchedule : public Schedule {
+ public:
+  std::string name() const override { return "zero_bubble"; }
+  std::vector<Action> actions(int stage, int stages, int micro_batches) const override;
+};
+
+// "gpipe", "1f1b", "interleaved_1f1b" (with `chunks` model chunks per stage, >= 2),
+// "zero_bubble"; anything else is loom::Error listing them.
 std::unique_ptr<Schedule> make_schedule(const std::string& name, int chunks = 2);
 
 // Throws loom::Error unless `actions` run every micro-batch's forward once on each of the
-// `chunks` chunks and then its backward once, each chunk's backward passes in increasing
-// micro-batch order.
+// `chunks` chunks and then its backward once (whole, or its I and later its W half), each
+// chunk's backward passes and weight halves in increasing micro-batch order.
 void check_actions(const std::vector<Action>& actions, int micro_batches, int chunks,
                    const std::string& schedule);
 
-// The most micro-batches whose activations a stage holds at once under `actions`.
+// The most micro-batches whose activations a stage holds at once under `actions` (from a
+// forward until the backward, or its W half, frees them).
 int peak_in_flight(const std::vector<Action>& actions);
+
+// Every stage's actions run against each other: each starts once the stage is free and
+// what it waits for (the chunk before's forward, the chunk after's backward) is done.
+struct Simulation {
+  double makespan = 0;
+  std::vector<double> busy;  // per stage
+  std::vector<std::vector<std::pair<double, double>>> spans;  // per stage, per action: start, end
+};
+// Costs as theoretical_bubble says; a schedule whose stages wait for each other forever is
+// loom::Error naming the stages stuck and what they wait for.
+Simulation simulate(const Schedule& schedule, int stages, int micro_batches);
 
 }  // namespace loom::strategies::pipeline

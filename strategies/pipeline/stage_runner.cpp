@@ -3,6 +3,7 @@
 #include <chrono>
 
 #include "strategies/trace.h"
+#include "tensor/autograd/node.h"
 #include "tensor/autocast.h"
 #include "tensor/error.h"
 #include "tensor/ops.h"
@@ -29,9 +30,11 @@ double seconds_since(std::chrono::steady_clock::time_point start) {
   return std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
 }
 
-// "F3" or "F3c1" (chunk 1 of the stage), the span of an action in --trace.
+// "F3" or "F3c1" (chunk 1 of the stage), the span of an action in --trace: F forward,
+// B backward, I and W its input and weight halves.
 std::string action_label(const Action& a, bool chunked) {
-  std::string label = a.kind == Action::Forward ? "F" : "B";
+  constexpr const char* kLetters[] = {"F", "B", "I", "W"};
+  std::string label = kLetters[a.kind];
   label += std::to_string(a.micro_batch);
   if (chunked) {
     label += 'c';
@@ -102,7 +105,8 @@ void StageRunner::plan_receives(Stream& stream, int sender, bool activations, in
   stream.planned_for = micro_batches;
   stream.order.clear();
   for (const Action& a : schedule_.actions(sender, stages_, micro_batches)) {
-    if ((a.kind == Action::Forward) != activations) continue;
+    const bool sends_gradient = a.kind == Action::Backward || a.kind == Action::BackwardInput;
+    if (activations ? a.kind != Action::Forward : !sends_gradient) continue;
     const int from = a.chunk * stages_ + sender;
     const int to = activations ? from + 1 : from - 1;
     if (to < 0 || to >= chunk_count() || to % stages_ != stage_) continue;
@@ -177,10 +181,17 @@ double StageRunner::run(const std::vector<Action>& actions, int micro_batches,
     post_receives(found->second, activations);
   }
   for (const Action& a : actions) {
-    if (a.kind == Action::Forward) {
-      forward(a, inputs, targets, compute_dtype);
-    } else {
-      backward(a, loss_scale);
+    switch (a.kind) {
+      case Action::Forward:
+        forward(a, inputs, targets, compute_dtype);
+        break;
+      case Action::Backward:
+      case Action::BackwardInput:
+        backward(a, loss_scale);
+        break;
+      case Action::BackwardWeight:
+        backward_weight(a);
+        break;
     }
   }
   for (const comm::WorkPtr& send : sends_)
@@ -244,20 +255,29 @@ void StageRunner::forward(const Action& a, const std::vector<Tensor>& inputs,
   sends_.push_back(out.link.group->send(y.detach().contiguous(), out.link.peer));
 }
 
+// A whole backward, or its input half (Note [Split backward] in tensor/autograd/engine.cpp)
+// with the weight half kept for backward_weight.
 void StageRunner::backward(const Action& a, double loss_scale) {
   const Key key{a.chunk, a.micro_batch};
   const int chunk = global_chunk(a.chunk);
-  const std::string label = action_label(a, chunk_count() > stages_);
+  Tensor root, seed;
   if (chunk == chunk_count() - 1) {
-    const auto started = std::chrono::steady_clock::now();
-    Trace::Span span(current_trace(), label, "pipeline", Trace::kMainThread, action_args(a));
-    (loss_scale != 1.0 ? mul(losses_.at(key), loss_scale) : losses_.at(key)).backward();
-    busy_s_ += seconds_since(started);
+    root = loss_scale != 1.0 ? mul(losses_.at(key), loss_scale) : losses_.at(key);
   } else {
-    const Tensor g = take(*gradients_in(a.chunk), key);
+    seed = take(*gradients_in(a.chunk), key);
+    root = outputs_.at(key);
+  }
+  {
     const auto started = std::chrono::steady_clock::now();
-    Trace::Span span(current_trace(), label, "pipeline", Trace::kMainThread, action_args(a));
-    outputs_.at(key).backward(g);
+    Trace::Span span(current_trace(), action_label(a, chunk_count() > stages_), "pipeline",
+                     Trace::kMainThread, action_args(a));
+    if (a.kind == Action::Backward) {
+      root.backward(seed);
+    } else {
+      std::vector<Tensor> wanted;
+      if (chunk > 0) wanted.push_back(inputs_.at(key));
+      weight_halves_[key] = autograd::run_backward_input({root}, {seed}, wanted);
+    }
     busy_s_ += seconds_since(started);
   }
   if (chunk > 0) {
@@ -271,6 +291,21 @@ void StageRunner::backward(const Action& a, double loss_scale) {
   inputs_.erase(key);
   outputs_.erase(key);
   losses_.erase(key);
+}
+
+void StageRunner::backward_weight(const Action& a) {
+  const Key key{a.chunk, a.micro_batch};
+  auto half = weight_halves_.find(key);
+  if (half == weight_halves_.end()) {
+    fail("[pipeline] stage ", stage_, ": the weight half of micro-batch ", a.micro_batch,
+         " before its input half");
+  }
+  const auto started = std::chrono::steady_clock::now();
+  Trace::Span span(current_trace(), action_label(a, chunk_count() > stages_), "pipeline",
+                   Trace::kMainThread, action_args(a));
+  half->second.run();
+  weight_halves_.erase(half);
+  busy_s_ += seconds_since(started);
 }
 
 }  // namespace loom::strategies::pipeline

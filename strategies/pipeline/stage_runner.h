@@ -24,6 +24,7 @@
 
 #include "comm/process_group.h"
 #include "nn/layered_model.h"
+#include "tensor/autograd/node.h"
 #include "strategies/pipeline/schedule.h"
 
 namespace loom::strategies::pipeline {
@@ -97,6 +98,7 @@ class StageRunner {
   void forward(const Action& a, const std::vector<Tensor>& inputs,
                const std::vector<Tensor>& targets, DType compute_dtype);
   void backward(const Action& a, double loss_scale);
+  void backward_weight(const Action& a);
 
   const nn::LayeredModel& model_;
   const Schedule& schedule_;
@@ -106,6 +108,7 @@ class StageRunner {
   std::map<int, std::pair<Shape, DType>> output_shapes_;  // per chunk of this stage
   // Per (chunk, micro-batch) of the batch being run.
   std::map<Key, Tensor> inputs_, outputs_, losses_;
+  std::map<Key, autograd::WeightGradients> weight_halves_;  // between I and W
   std::vector<double> loss_values_;
   std::vector<comm::WorkPtr> sends_;
   double busy_s_ = 0, total_s_ = 0;

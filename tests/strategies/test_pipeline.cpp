@@ -33,7 +33,7 @@ using namespace std::chrono_literals;
 using pipeline::Action;
 
 TEST(PipelineSchedules, EveryActionOnceBackwardInOrderAnd1F1BHoldsAtMostTheStagesLeft) {
-  for (const std::string name : {"gpipe", "1f1b"}) {
+  for (const std::string name : {"gpipe", "1f1b", "zero_bubble"}) {
     auto schedule = pipeline::make_schedule(name);
     for (int p : {1, 2, 4}) {
       for (int m : {1, 3, 8}) {
@@ -41,7 +41,9 @@ TEST(PipelineSchedules, EveryActionOnceBackwardInOrderAnd1F1BHoldsAtMostTheStage
           const std::vector<Action> actions = schedule->actions(s, p, m);
           EXPECT_NO_THROW(pipeline::check_actions(actions, m, 1, name));
           const int peak = pipeline::peak_in_flight(actions);
-          const int expected = name == "gpipe" ? m : std::min(p - s, m);
+          const int expected = name == "gpipe"         ? m
+                               : name == "zero_bubble" ? std::min(p, m)
+                                                       : std::min(p - s, m);
           EXPECT_EQ(peak, expected) << name << " stage " << s << " of " << p;
         }
       }
@@ -72,12 +74,54 @@ TEST(PipelineSchedules, EveryActionOnceBackwardInOrderAnd1F1BHoldsAtMostTheStage
   EXPECT_NE(error_of([&] { interleaved->actions(0, 4, 6); }).find("a multiple of --pp 4"),
             std::string::npos);
   EXPECT_NE(error_of([] { pipeline::make_schedule("zigzag"); })
-                .find("expected gpipe, 1f1b or interleaved_1f1b"),
+                .find("expected gpipe, 1f1b, interleaved_1f1b or zero_bubble"),
             std::string::npos);
   const std::vector<Action> out_of_order = {{Action::Forward, 0}, {Action::Forward, 1},
                                             {Action::Backward, 1}, {Action::Backward, 0}};
   EXPECT_NE(error_of([&] { pipeline::check_actions(out_of_order, 2, 1, "mine"); })
                 .find("backward of micro-batch 1 where 0 is due"),
+            std::string::npos);
+}
+
+// Stage 1 runs both forwards before a backward, stage 0 wants B0 before F1: neither moves.
+class DeadlockingSchedule : public pipeline::Schedule {
+ public:
+  std::string name() const override { return "deadlocking"; }
+  std::vector<Action> actions(int stage, int, int) const override {
+    if (stage == 0)
+      return {{Action::Forward, 0}, {Action::Backward, 0}, {Action::Forward, 1}, {Action::Backward, 1}};
+    return {{Action::Forward, 0}, {Action::Forward, 1}, {Action::Backward, 0}, {Action::Backward, 1}};
+  }
+};
+
+TEST(PipelineSchedules, ZeroBubbleSplitsBackwardAndFillsTheBubble) {
+  const auto zero_bubble = pipeline::make_schedule("zero_bubble");
+  // p = 2, m = 4: stage 1 holds its first weight half back one micro-batch.
+  const std::vector<Action> expected_last = {
+      {Action::Forward, 0},        {Action::BackwardInput, 0}, {Action::Forward, 1},
+      {Action::BackwardInput, 1},  {Action::BackwardWeight, 0}, {Action::Forward, 2},
+      {Action::BackwardInput, 2},  {Action::BackwardWeight, 1}, {Action::Forward, 3},
+      {Action::BackwardInput, 3},  {Action::BackwardWeight, 2}, {Action::BackwardWeight, 3}};
+  EXPECT_EQ(zero_bubble->actions(1, 2, 4), expected_last);
+  // With I and W each half a backward, 1F1B's idle (p - 1) units of 3 become (p - 1) of 1.
+  EXPECT_DOUBLE_EQ(zero_bubble->theoretical_bubble(2, 4), 1.0 / 13.0);
+  EXPECT_DOUBLE_EQ(zero_bubble->theoretical_bubble(4, 8), 3.0 / 27.0);
+  const auto one_f_one_b = pipeline::make_schedule("1f1b");
+  EXPECT_DOUBLE_EQ(one_f_one_b->theoretical_bubble(2, 4), 1.0 / 5.0);
+  EXPECT_DOUBLE_EQ(pipeline::make_schedule("gpipe")->theoretical_bubble(4, 8), 3.0 / 11.0);
+  // A weight half before its input half, or out of order, is refused.
+  EXPECT_NE(error_of([] {
+              pipeline::check_actions({{Action::Forward, 0}, {Action::BackwardWeight, 0}}, 1, 1, "mine");
+            }).find("weight half of micro-batch 0 on chunk 0 where 0's is due (after its input half"),
+            std::string::npos);
+  EXPECT_NE(error_of([] {
+              pipeline::check_actions({{Action::Forward, 0}, {Action::BackwardInput, 0}}, 1, 1, "mine");
+            }).find("1 backward passes and 0 weight halves for 1 micro-batches"),
+            std::string::npos);
+  // Stages that wait for each other are found before a process does.
+  EXPECT_NE(error_of([] { pipeline::simulate(DeadlockingSchedule(), 2, 2); })
+                .find("deadlocking deadlocks: stage 0 of 2 waits forever to run the backward of "
+                      "micro-batch 0"),
             std::string::npos);
 }
 
@@ -191,6 +235,9 @@ TEST(Pipeline, MatchesSingleDeviceAccumulationOverTheSameMicroBatches) {
       const auto with_1f1b = train(b.get(), 4, 1, 4);
       b->teardown();
       EXPECT_EQ(with_gpipe, with_1f1b) << stages << " stages: schedules and balances agree";
+      auto zb = make_pipeline(stages, 2, "zero_bubble", {}, rank, size, store, "zb");
+      EXPECT_EQ(train(zb.get(), 4, 1, 4), with_gpipe) << stages << " stages: zero_bubble agrees";
+      zb->teardown();
       if (stages == 2) {  // balanced by measured forward times: the same weights
         StrategyOptions options;
         options.pipeline.stages = 2;
@@ -277,13 +324,13 @@ TEST(Pipeline, LossScalerSkipsTheStepOnEveryStage) {
   }, 120s));
 }
 
-// 1F1B holds at most p micro-batches' activations on a stage, GPipe all m: with p = 2 and
-// m = 8 the first stage's peak activation memory is several times smaller under 1F1B.
+// 1F1B and zero_bubble hold at most p micro-batches' activations on a stage, GPipe all m:
+// with p = 2 and m = 8 the first stage's peak activation memory is several times smaller.
 TEST(Pipeline, OneFOneBHoldsFewerActivationsThanGPipe) {
   expect_all_ok(run_ranks(2, [&](int rank, int size, std::shared_ptr<comm::Store> store) {
-    int64_t peak[2] = {0, 0};
+    int64_t peak[3] = {0, 0, 0};
     int i = 0;
-    for (const std::string schedule : {"gpipe", "1f1b"}) {
+    for (const std::string schedule : {"gpipe", "1f1b", "zero_bubble"}) {
       auto s = make_pipeline(2, 8, schedule, {2, 2}, rank, size, store, "memory-" + schedule);
       train(s.get(), 16, 1, 2);  // train() resets the peaks after setup
       peak[i++] = local_memory_report(Device::cpu()).peak(MemoryKind::Activations);
@@ -291,7 +338,10 @@ TEST(Pipeline, OneFOneBHoldsFewerActivationsThanGPipe) {
     }
     if (rank == 0) {
       EXPECT_LT(peak[1] * 2, peak[0]) << "1f1b " << peak[1] << " B, gpipe " << peak[0] << " B";
-      std::printf("stage 0 peak activations: gpipe %lld B, 1f1b %lld B\n", static_cast<long long>(peak[0]), static_cast<long long>(peak[1]));
+      EXPECT_LT(peak[2] * 2, peak[0]) << "zero_bubble " << peak[2] << " B, gpipe " << peak[0] << " B";
+      std::printf("stage 0 peak activations: gpipe %lld B, 1f1b %lld B, zero_bubble %lld B\n",
+                  static_cast<long long>(peak[0]), static_cast<long long>(peak[1]),
+                  static_cast<long long>(peak[2]));
     }
   }, 120s));
 }

@@ -164,7 +164,7 @@ TEST(TorchReference, TensorParallelMatchesPyTorchAtTheSameBatch) {
 TEST(TorchReference, PipelineSchedulesMatchPyTorchAtTheSameBatch) {
   const Reference ref = read_reference();
   expect_all_ok(run_ranks(2, [&](int rank, int size, std::shared_ptr<comm::Store> store) {
-    for (const std::string schedule : {"gpipe", "1f1b", "interleaved_1f1b"}) {
+    for (const std::string schedule : {"gpipe", "1f1b", "interleaved_1f1b", "zero_bubble"}) {
       StrategyOptions options;
       options.pipeline.stages = 2;
       options.pipeline.micro_batches = 4;

@@ -311,8 +311,8 @@ int run(int argc, char** argv) {
       ->check(CLI::Range(1, 1 << 16))
       ->capture_default_str();
   app.add_option("--pp-schedule", pipeline.schedule,
-                 "pipeline schedule: gpipe, 1f1b or interleaved_1f1b")
-      ->check(CLI::IsMember({"gpipe", "1f1b", "interleaved_1f1b"}))
+                 "pipeline schedule: gpipe, 1f1b, interleaved_1f1b or zero_bubble")
+      ->check(CLI::IsMember({"gpipe", "1f1b", "interleaved_1f1b", "zero_bubble"}))
       ->capture_default_str();
   app.add_option("--pp-chunks", pipeline.chunks,
                  "interleaved_1f1b: model chunks (virtual stages) per stage")
