@@ -4,7 +4,10 @@
 # "Against PyTorch"). 2 ranks, one thread each; each pair runs interleaved, Loom then its
 # peer, for ROUNDS rounds; a run's figure is its slowest rank's median step over steps 5 and
 # on. Pipelines: 4 micro-batches, the same placements (GPipe and 1F1B run (embedding, block 0
-# | block 1, head) on the two ranks, interleaved 1F1B the four chunks two per rank). Tensor
+# | block 1, head) on the two ranks, interleaved 1F1B the four chunks two per rank). Loom's
+# zero_bubble (ZB-H1, one chunk per rank) is set against both of PyTorch's zero-bubble
+# schedules, which need two chunks per rank (ScheduleInterleavedZeroBubble looped,
+# ScheduleZBVZeroBubble in a V); neither is the same schedule, both the peer's best. Tensor
 # parallel: Loom splits attention, the MLP and the vocabulary; the peer's script
 # (../shared/peers/tp.py) splits the MLP only. Not for CI: it needs the peers' venv
 # (../shared/peers/setup.sh, PyPI torch 2.15, 5.7 GB).
@@ -32,6 +35,8 @@ PAIRS=(
   "gpipe|--pp 2 --micro-batches 4 --pp-schedule gpipe --pp-balance 2,2|pp.py --variant gpipe"
   "1f1b|--pp 2 --micro-batches 4 --pp-schedule 1f1b --pp-balance 2,2|pp.py --variant 1f1b"
   "interleaved_1f1b|--pp 2 --micro-batches 4 --pp-schedule interleaved_1f1b --pp-chunks 2|pp.py --variant interleaved1f1b"
+  "zero_bubble_vs_interleavedzb|--pp 2 --micro-batches 4 --pp-schedule zero_bubble --pp-balance 2,2|pp.py --variant interleavedzb"
+  "zero_bubble_vs_zbv|--pp 2 --micro-batches 4 --pp-schedule zero_bubble --pp-balance 2,2|pp.py --variant zbv"
   "tp|--tp 2|tp.py --variant mlp"
 )
 port=29750
@@ -63,7 +68,8 @@ def peer(label, r):
     return max(json.load(open(f))["median_ms_5_19"] for f in glob.glob(f"{out}/peer_{label}_r{r}.rank*.json"))
 print("| run | Loom ms/step (rounds) | PyTorch ms/step | Loom / peer (medians) |")
 print("|---|---|---|---|")
-for label in ("gpipe", "1f1b", "interleaved_1f1b", "tp"):
+for label in ("gpipe", "1f1b", "interleaved_1f1b", "zero_bubble_vs_interleavedzb",
+              "zero_bubble_vs_zbv", "tp"):
     a = [loom(label, r) for r in range(1, rounds + 1)]
     b = [peer(label, r) for r in range(1, rounds + 1)]
     print(f"| {label} | {', '.join(f'{x:.1f}' for x in a)} | {', '.join(f'{x:.1f}' for x in b)} | "
