@@ -6,13 +6,14 @@
 #
 # The GPU machine (the device tool's H100/H200 image) has nvcc, CMake, ninja and PyTorch but
 # no Debian packages and no network, so it lacks what Loom's CMake asks for:
-#   find_package(Eigen3 / nlohmann_json / CLI11)   top-level CMakeLists.txt
+#   find_package(Eigen3 / dnnl / nlohmann_json / CLI11)   top-level CMakeLists.txt
 #   find_package(GTest)                            tests/CMakeLists.txt
 #   find_package(benchmark)                        bench/CMakeLists.txt
 #   pkg_check_modules(hwloc)                       tools/loomrun/CMakeLists.txt (pkg-config too)
 # (fmt is not used by Loom.)
 #
-# Layout (about 17 MiB; the device tool carries at most 64 MiB with the working tree):
+# Layout (about 55 MiB, 38 of them libdnnl.so; the device tool carries at most 64 MiB with the
+# working tree):
 #   third_party_carry/usr/...           the packages' files at their Debian paths under /usr:
 #                                       headers, CMake config files, pkg-config files (rewritten
 #                                       to be relocatable), libbenchmark.so (Debian ships no
@@ -47,6 +48,7 @@ command -v dpkg >/dev/null || die "dpkg not found: this script reads Debian's pa
 
 # Debian packages whose files are copied (docs, man pages and static libraries skipped).
 PACKAGES=(libeigen3-dev nlohmann-json3-dev libcli11-dev libbenchmark-dev libbenchmark1debian
+          libdnnl-dev libdnnl2
           libhwloc-dev libhwloc15 googletest)
 missing=()
 for p in "${PACKAGES[@]}"; do

@@ -1,6 +1,12 @@
 #include "kernels/cpu/gemm.h"
 
+#include <dnnl.h>
+#include <omp.h>
+
 #include <Eigen/Core>
+#include <string>
+
+#include "tensor/error.h"
 
 namespace loom::kernels::cpu {
 
@@ -26,9 +32,30 @@ void multiply(const A& a, const B& b, MutableRowMajorMap<T>& c, bool accumulate)
 
 }  // namespace
 
-template <typename T>
-void gemm(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, const T* a, int64_t lda,
-          const T* b, int64_t ldb, T* c, int64_t ldc, bool accumulate) {
+// oneDNN runs its GEMM on OpenMP threads, as many as the calling thread's OpenMP setting
+// says (by default every core). Loom keeps each call on its caller (see gemm.h): the first
+// call on a thread sets that thread's OpenMP team to one.
+template <>
+void gemm<float>(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, const float* a,
+                 int64_t lda, const float* b, int64_t ldb, float* c, int64_t ldc,
+                 bool accumulate) {
+  if (m == 0 || n == 0) return;
+  static thread_local const bool one_thread = (omp_set_num_threads(1), true);
+  (void)one_thread;
+  const dnnl_status_t status =
+      dnnl_sgemm(trans_a ? 'T' : 'N', trans_b ? 'T' : 'N', m, n, k, 1.0f, a, lda, b, ldb,
+                 accumulate ? 1.0f : 0.0f, c, ldc);
+  if (status != dnnl_success) {
+    fail("[kernels/cpu] oneDNN sgemm failed (status ", static_cast<int>(status), ") for ", m,
+         " x ", n, " x ", k, ", lda ", lda, ", ldb ", ldb, ", ldc ", ldc);
+  }
+}
+
+template <>
+void gemm<double>(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, const double* a,
+                  int64_t lda, const double* b, int64_t ldb, double* c, int64_t ldc,
+                  bool accumulate) {
+  using T = double;
   MutableRowMajorMap<T> cm(c, m, n, Eigen::OuterStride<>(ldc));
   if (k == 0) {
     if (!accumulate) cm.setZero();
@@ -42,10 +69,5 @@ void gemm(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, const T* 
   if (trans_a && !trans_b) multiply<T>(am.transpose(), bm, cm, accumulate);
   if (trans_a && trans_b) multiply<T>(am.transpose(), bm.transpose(), cm, accumulate);
 }
-
-template void gemm<float>(bool, bool, int64_t, int64_t, int64_t, const float*, int64_t,
-                          const float*, int64_t, float*, int64_t, bool);
-template void gemm<double>(bool, bool, int64_t, int64_t, int64_t, const double*, int64_t,
-                           const double*, int64_t, double*, int64_t, bool);
 
 }  // namespace loom::kernels::cpu

@@ -1,5 +1,8 @@
 #pragma once
-// Row-major GEMM through Eigen: C = op(A) op(B) (+ C when accumulate).
+// Row-major GEMM: C = op(A) op(B) (+ C when accumulate). f32 runs oneDNN's sgemm (the
+// fastest of Eigen, oneDNN, OpenBLAS and BLIS on this project's shapes: docs/performance.md),
+// f64 Eigen's. Each call computes on the calling thread alone, so its bits do not depend on
+// any thread count; parallelism is the caller's (over independent blocks of C).
 // op(A) is [M, K]: A itself (row-major, leading dimension lda) or, with trans_a, the
 // transpose of a row-major [K, M] matrix. Likewise op(B) is [K, N].
 
