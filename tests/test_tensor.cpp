@@ -126,6 +126,27 @@ TEST(Tensor, AllocatorAccountsBytes) {
   EXPECT_GE(cpu.stats().peak_bytes, before + 9216);
 }
 
+// Note [Caching CPU blocks]: a large block freed is handed out again for the same size,
+// with the alignment that size asks for, and is no longer counted while cached.
+TEST(Tensor, CpuAllocatorReusesLargeBlocksBySizeAndAlignment) {
+  Allocator& cpu = allocator_for(Device::cpu());
+  const size_t before = cpu.stats().current_bytes;
+  const size_t pages = size_t{1} << 20, odd = pages + 64;  // page-aligned, 64-byte aligned
+  void* a = cpu.allocate(pages);
+  cpu.deallocate(a, pages);
+  EXPECT_EQ(cpu.stats().current_bytes, before);
+  void* b = cpu.allocate(odd);  // another size: not the cached block
+  EXPECT_NE(b, a);
+  EXPECT_EQ(reinterpret_cast<uintptr_t>(b) % 64, 0u);
+  void* c = cpu.allocate(pages);
+  EXPECT_EQ(c, a);
+  EXPECT_EQ(reinterpret_cast<uintptr_t>(c) % 4096, 0u);
+  EXPECT_EQ(cpu.stats().current_bytes, before + pages + odd);
+  cpu.deallocate(b, odd);
+  cpu.deallocate(c, pages);
+  EXPECT_EQ(cpu.stats().current_bytes, before);
+}
+
 TEST(Tensor, AllocatorAccountsBytesByKind) {
   Allocator& cpu = allocator_for(Device::cpu());
   auto current = [&](MemoryKind kind) {
