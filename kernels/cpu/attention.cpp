@@ -5,6 +5,7 @@
 
 #include "kernels/cpu/gemm.h"
 #include "kernels/cpu/softmax.h"
+#include "kernels/cpu/thread_pool.h"
 
 namespace loom::kernels::cpu {
 
@@ -21,9 +22,10 @@ void causal_attention_forward(const AttentionShape& s, const T* q, const int64_t
                               T* probs) {
   const int64_t tt = s.time * s.time;
   const T scale = static_cast<T>(1.0 / std::sqrt(static_cast<double>(s.head_dim)));
-  for (int64_t b = 0; b < s.batch; ++b) {
-    for (int64_t h = 0; h < s.heads; ++h) {
-      T* p = probs + (b * s.heads + h) * tt;
+  parallel_rows(s.batch * s.heads, tt, [&](int64_t first, int64_t last) {
+    for (int64_t bh = first; bh < last; ++bh) {
+      const int64_t b = bh / s.heads, h = bh % s.heads;
+      T* p = probs + bh * tt;
       gemm<T>(false, true, s.time, s.time, s.head_dim, q + at(q_strides, b, h), q_strides[2],
               k + at(k_strides, b, h), k_strides[2], p, s.time, false);
       for (int64_t i = 0; i < tt; ++i)
@@ -32,7 +34,7 @@ void causal_attention_forward(const AttentionShape& s, const T* q, const int64_t
       gemm<T>(false, false, s.time, s.head_dim, s.time, p, s.time, v + at(v_strides, b, h),
               v_strides[2], out + at(out_strides, b, h), out_strides[2], false);
     }
-  }
+  });
 }
 
 template <typename T>
@@ -43,10 +45,11 @@ void causal_attention_backward(const AttentionShape& s, const T* dout, const int
                                const int64_t* dk_strides, T* dv, const int64_t* dv_strides) {
   const int64_t tt = s.time * s.time;
   const T scale = static_cast<T>(1.0 / std::sqrt(static_cast<double>(s.head_dim)));
-  std::vector<T> dscores(static_cast<size_t>(tt));
-  for (int64_t b = 0; b < s.batch; ++b) {
-    for (int64_t h = 0; h < s.heads; ++h) {
-      const T* p = probs + (b * s.heads + h) * tt;
+  parallel_rows(s.batch * s.heads, tt, [&](int64_t first, int64_t last) {
+    std::vector<T> dscores(static_cast<size_t>(tt));
+    for (int64_t bh = first; bh < last; ++bh) {
+      const int64_t b = bh / s.heads, h = bh % s.heads;
+      const T* p = probs + bh * tt;
       const T* dO = dout + at(dout_strides, b, h);
       const int64_t ldo = dout_strides[2];
       // dV = P^T dO
@@ -66,7 +69,7 @@ void causal_attention_backward(const AttentionShape& s, const T* dout, const int
               q + at(q_strides, b, h), q_strides[2], dk + at(dk_strides, b, h), dk_strides[2],
               false);
     }
-  }
+  });
 }
 
 #define LOOM_INSTANTIATE(T)                                                                       \

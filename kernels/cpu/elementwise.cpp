@@ -1,8 +1,10 @@
 #include "kernels/cpu/elementwise.h"
 
 #include <cstring>
+#include <vector>
 
 #include "kernels/cpu/strided.h"
+#include "kernels/cpu/thread_pool.h"
 #include "kernels/cpu/vec_math.h"
 
 namespace loom::kernels::cpu {
@@ -42,9 +44,11 @@ void binary_rows(int ndim, const int64_t* shape, const T* a, const int64_t* a_st
 
 }  // namespace
 
+namespace {
+
 template <typename T>
-void binary(BinaryOp op, int ndim, const int64_t* shape, const T* a, const int64_t* a_strides,
-            const T* b, const int64_t* b_strides, T* out) {
+void binary_serial(BinaryOp op, int ndim, const int64_t* shape, const T* a,
+                   const int64_t* a_strides, const T* b, const int64_t* b_strides, T* out) {
   switch (op) {
     case BinaryOp::Add:
       return binary_rows(ndim, shape, a, a_strides, b, b_strides, out,
@@ -61,28 +65,54 @@ void binary(BinaryOp op, int ndim, const int64_t* shape, const T* a, const int64
   }
 }
 
+}  // namespace
+
+// The output is contiguous: the threads take ranges of the outermost dimension.
+template <typename T>
+void binary(BinaryOp op, int ndim, const int64_t* shape, const T* a, const int64_t* a_strides,
+            const T* b, const int64_t* b_strides, T* out) {
+  if (ndim == 0) return binary_serial(op, ndim, shape, a, a_strides, b, b_strides, out);
+  int64_t inner = 1;
+  for (int d = 1; d < ndim; ++d)
+    inner *= shape[d];
+  parallel_rows(shape[0], inner, [&](int64_t first, int64_t last) {
+    std::vector<int64_t> part(shape, shape + ndim);
+    part[0] = last - first;
+    binary_serial(op, ndim, part.data(), a + first * a_strides[0], a_strides,
+                  b + first * b_strides[0], b_strides, out + first * inner);
+  });
+}
+
 template <typename T>
 void add_inplace(T* a, const T* b, int64_t n) {
-  for (int64_t i = 0; i < n; ++i)
-    a[i] += b[i];
+  parallel_for(n, kMinParallelElements, [&](int64_t first, int64_t last) {
+    for (int64_t i = first; i < last; ++i)
+      a[i] += b[i];
+  });
 }
 
 template <typename T>
 void scale_inplace(T* a, T factor, int64_t n) {
-  for (int64_t i = 0; i < n; ++i)
-    a[i] *= factor;
+  parallel_for(n, kMinParallelElements, [&](int64_t first, int64_t last) {
+    for (int64_t i = first; i < last; ++i)
+      a[i] *= factor;
+  });
 }
 
 template <typename T>
 void add_scalar(const T* a, T value, T* out, int64_t n) {
-  for (int64_t i = 0; i < n; ++i)
-    out[i] = a[i] + value;
+  parallel_for(n, kMinParallelElements, [&](int64_t first, int64_t last) {
+    for (int64_t i = first; i < last; ++i)
+      out[i] = a[i] + value;
+  });
 }
 
 template <typename T>
 void scale(const T* a, T factor, T* out, int64_t n) {
-  for (int64_t i = 0; i < n; ++i)
-    out[i] = a[i] * factor;
+  parallel_for(n, kMinParallelElements, [&](int64_t first, int64_t last) {
+    for (int64_t i = first; i < last; ++i)
+      out[i] = a[i] * factor;
+  });
 }
 
 namespace {
@@ -93,23 +123,27 @@ constexpr double kGeluCubic = 0.044715;
 template <typename T>
 void gelu_forward(const T* x, T* y, int64_t n) {
   const T c = static_cast<T>(kSqrt2OverPi), k = static_cast<T>(kGeluCubic);
-  for (int64_t i = 0; i < n; ++i) {
-    T v = x[i];
-    T t = tanh_approx(c * (v + k * v * v * v));
-    y[i] = T(0.5) * v * (T(1) + t);
-  }
+  parallel_for(n, kMinParallelElements, [&](int64_t first, int64_t last) {
+    for (int64_t i = first; i < last; ++i) {
+      T v = x[i];
+      T t = tanh_approx(c * (v + k * v * v * v));
+      y[i] = T(0.5) * v * (T(1) + t);
+    }
+  });
 }
 
 template <typename T>
 void gelu_backward(const T* x, const T* dy, T* dx, int64_t n) {
   const T c = static_cast<T>(kSqrt2OverPi), k = static_cast<T>(kGeluCubic);
-  for (int64_t i = 0; i < n; ++i) {
-    T v = x[i];
-    T t = tanh_approx(c * (v + k * v * v * v));
-    T sech2 = T(1) - t * t;
-    T grad = T(0.5) * (T(1) + t) + T(0.5) * v * sech2 * c * (T(1) + T(3) * k * v * v);
-    dx[i] = dy[i] * grad;
-  }
+  parallel_for(n, kMinParallelElements, [&](int64_t first, int64_t last) {
+    for (int64_t i = first; i < last; ++i) {
+      T v = x[i];
+      T t = tanh_approx(c * (v + k * v * v * v));
+      T sech2 = T(1) - t * t;
+      T grad = T(0.5) * (T(1) + t) + T(0.5) * v * sech2 * c * (T(1) + T(3) * k * v * v);
+      dx[i] = dy[i] * grad;
+    }
+  });
 }
 
 namespace {

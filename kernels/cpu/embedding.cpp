@@ -2,25 +2,31 @@
 
 #include <cstring>
 
+#include "kernels/cpu/thread_pool.h"
+
 namespace loom::kernels::cpu {
 
 template <typename T>
 void embedding_forward(const int64_t* indices, const T* weight, T* out, int64_t count,
                        int64_t width) {
-  for (int64_t n = 0; n < count; ++n) {
-    std::memcpy(out + n * width, weight + indices[n] * width, sizeof(T) * width);
-  }
+  parallel_rows(count, width, [&](int64_t first, int64_t last) {
+    for (int64_t n = first; n < last; ++n)
+      std::memcpy(out + n * width, weight + indices[n] * width, sizeof(T) * width);
+  });
 }
 
 template <typename T>
 void embedding_backward(const int64_t* indices, const T* dout, T* dweight, int64_t count,
                         int64_t width) {
-  for (int64_t n = 0; n < count; ++n) {
-    T* dst = dweight + indices[n] * width;
-    const T* src = dout + n * width;
-    for (int64_t i = 0; i < width; ++i)
-      dst[i] += src[i];
-  }
+  // Rows may repeat an index: the threads take columns, each adding its rows in order.
+  parallel_rows(width, count, [&](int64_t begin, int64_t end) {
+    for (int64_t n = 0; n < count; ++n) {
+      T* dst = dweight + indices[n] * width;
+      const T* src = dout + n * width;
+      for (int64_t i = begin; i < end; ++i)
+        dst[i] += src[i];
+    }
+  });
 }
 
 template void embedding_forward<float>(const int64_t*, const float*, float*, int64_t, int64_t);

@@ -1,8 +1,9 @@
 #pragma once
 // Row-major GEMM: C = op(A) op(B) (+ C when accumulate). f32 runs oneDNN's sgemm (the
 // fastest of Eigen, oneDNN, OpenBLAS and BLIS on this project's shapes: docs/performance.md),
-// f64 Eigen's. Each call computes on the calling thread alone, so its bits do not depend on
-// any thread count; parallelism is the caller's (over independent blocks of C).
+// f64 Eigen's. A large f32 product is computed in fixed blocks of C shared out among the
+// intra-op threads (thread_pool.h, Note [GEMM blocks]): its bits do not depend on the thread
+// count.
 // op(A) is [M, K]: A itself (row-major, leading dimension lda) or, with trans_a, the
 // transpose of a row-major [K, M] matrix. Likewise op(B) is [K, N].
 

@@ -2,58 +2,76 @@
 
 #include <cmath>
 
+#include "kernels/cpu/thread_pool.h"
+
 namespace loom::kernels::cpu {
 
 template <typename T>
 void layer_norm_forward(const T* x, const T* weight, const T* bias, T* y, T* mean, T* rstd,
                         int64_t rows, int64_t width, double eps) {
-  for (int64_t r = 0; r < rows; ++r) {
-    const T* xr = x + r * width;
-    T* yr = y + r * width;
-    T m = 0;
-    for (int64_t i = 0; i < width; ++i)
-      m += xr[i];
-    m /= static_cast<T>(width);
-    T v = 0;
-    for (int64_t i = 0; i < width; ++i) {
-      T d = xr[i] - m;
-      v += d * d;
+  parallel_rows(rows, width, [&](int64_t first, int64_t last) {
+    for (int64_t r = first; r < last; ++r) {
+      const T* xr = x + r * width;
+      T* yr = y + r * width;
+      T m = 0;
+      for (int64_t i = 0; i < width; ++i)
+        m += xr[i];
+      m /= static_cast<T>(width);
+      T v = 0;
+      for (int64_t i = 0; i < width; ++i) {
+        T d = xr[i] - m;
+        v += d * d;
+      }
+      v /= static_cast<T>(width);
+      T s = static_cast<T>(1.0 / std::sqrt(static_cast<double>(v) + eps));
+      for (int64_t i = 0; i < width; ++i)
+        yr[i] = (xr[i] - m) * s * weight[i] + bias[i];
+      mean[r] = m;
+      rstd[r] = s;
     }
-    v /= static_cast<T>(width);
-    T s = static_cast<T>(1.0 / std::sqrt(static_cast<double>(v) + eps));
-    for (int64_t i = 0; i < width; ++i)
-      yr[i] = (xr[i] - m) * s * weight[i] + bias[i];
-    mean[r] = m;
-    rstd[r] = s;
-  }
+  });
 }
 
+// dx row by row; dweight and dbias column by column, each summing its rows in order (the
+// threads take rows for the one, columns for the other).
 template <typename T>
 void layer_norm_backward(const T* dy, const T* x, const T* weight, const T* mean, const T* rstd,
                          T* dx, T* dweight, T* dbias, int64_t rows, int64_t width) {
-  for (int64_t r = 0; r < rows; ++r) {
-    const T* xr = x + r * width;
-    const T* dyr = dy + r * width;
-    T* dxr = dx + r * width;
-    T m = mean[r], s = rstd[r];
-    // dxhat = dy * weight; dx = s * (dxhat - mean(dxhat) - xhat * mean(dxhat * xhat)).
-    T sum_dxhat = 0, sum_dxhat_xhat = 0;
-    for (int64_t i = 0; i < width; ++i) {
-      T xhat = (xr[i] - m) * s;
-      T dxhat = dyr[i] * weight[i];
-      sum_dxhat += dxhat;
-      sum_dxhat_xhat += dxhat * xhat;
-      if (dweight) dweight[i] += dyr[i] * xhat;
-      if (dbias) dbias[i] += dyr[i];
+  parallel_rows(rows, width, [&](int64_t first, int64_t last) {
+    for (int64_t r = first; r < last; ++r) {
+      const T* xr = x + r * width;
+      const T* dyr = dy + r * width;
+      T* dxr = dx + r * width;
+      T m = mean[r], s = rstd[r];
+      // dxhat = dy * weight; dx = s * (dxhat - mean(dxhat) - xhat * mean(dxhat * xhat)).
+      T sum_dxhat = 0, sum_dxhat_xhat = 0;
+      for (int64_t i = 0; i < width; ++i) {
+        T xhat = (xr[i] - m) * s;
+        T dxhat = dyr[i] * weight[i];
+        sum_dxhat += dxhat;
+        sum_dxhat_xhat += dxhat * xhat;
+      }
+      T inv_width = T(1) / static_cast<T>(width);
+      T mean_dxhat = sum_dxhat * inv_width, mean_dxhat_xhat = sum_dxhat_xhat * inv_width;
+      for (int64_t i = 0; i < width; ++i) {
+        T xhat = (xr[i] - m) * s;
+        T dxhat = dyr[i] * weight[i];
+        dxr[i] = s * (dxhat - mean_dxhat - xhat * mean_dxhat_xhat);
+      }
     }
-    T inv_width = T(1) / static_cast<T>(width);
-    T mean_dxhat = sum_dxhat * inv_width, mean_dxhat_xhat = sum_dxhat_xhat * inv_width;
-    for (int64_t i = 0; i < width; ++i) {
-      T xhat = (xr[i] - m) * s;
-      T dxhat = dyr[i] * weight[i];
-      dxr[i] = s * (dxhat - mean_dxhat - xhat * mean_dxhat_xhat);
+  });
+  if (!dweight && !dbias) return;
+  parallel_rows(width, rows, [&](int64_t first, int64_t last) {
+    for (int64_t r = 0; r < rows; ++r) {
+      const T* xr = x + r * width;
+      const T* dyr = dy + r * width;
+      const T m = mean[r], s = rstd[r];
+      for (int64_t i = first; i < last; ++i) {
+        if (dweight) dweight[i] += dyr[i] * ((xr[i] - m) * s);
+        if (dbias) dbias[i] += dyr[i];
+      }
     }
-  }
+  });
 }
 
 #define LOOM_INSTANTIATE(T)                                                                       \

@@ -2,19 +2,31 @@
 
 #include <algorithm>
 
+#include "kernels/cpu/thread_pool.h"
+
 namespace loom::kernels::cpu {
 
 template <typename T>
 void sum_axis(const T* x, T* out, int64_t outer, int64_t extent, int64_t inner) {
-  for (int64_t o = 0; o < outer; ++o) {
+  // Each output sums its `extent` inputs in order; the threads take whole outputs (columns
+  // `begin..end` of every outer slice).
+  auto columns = [&](int64_t o, int64_t begin, int64_t end) {
     T* dst = out + o * inner;
-    std::fill(dst, dst + inner, T(0));
+    std::fill(dst + begin, dst + end, T(0));
     const T* src = x + o * extent * inner;
     for (int64_t d = 0; d < extent; ++d) {
       const T* row = src + d * inner;
-      for (int64_t i = 0; i < inner; ++i)
+      for (int64_t i = begin; i < end; ++i)
         dst[i] += row[i];
     }
+  };
+  if (outer > 1) {
+    parallel_rows(outer, extent * inner, [&](int64_t first, int64_t last) {
+      for (int64_t o = first; o < last; ++o)
+        columns(o, 0, inner);
+    });
+  } else if (outer == 1) {
+    parallel_rows(inner, extent, [&](int64_t begin, int64_t end) { columns(0, begin, end); });
   }
 }
 

@@ -35,6 +35,16 @@ class Pool {
   }
   int workers() const { return static_cast<int>(threads_.size()); }
 
+  // Runs chunk(0) .. chunk(chunks - 1), or returns false at once when another thread is
+  // running a job.
+  bool try_run(int chunks, const std::function<void(int)>& chunk) {
+    std::unique_lock caller(running_, std::try_to_lock);
+    if (!caller.owns_lock()) return false;
+    run(chunks, chunk);
+    return true;
+  }
+
+ private:
   void run(int chunks, const std::function<void(int)>& chunk) {
     {
       std::lock_guard lock(mutex_);
@@ -58,7 +68,6 @@ class Pool {
     if (error_) std::rethrow_exception(error_);
   }
 
- private:
   void work(int index, uint64_t seen) {
     while (true) {
       const std::function<void(int)>* job = nullptr;
@@ -82,6 +91,7 @@ class Pool {
     }
   }
 
+  std::mutex running_;  // held by the thread whose job runs
   std::mutex mutex_;
   std::condition_variable wake_, done_;
   std::vector<std::thread> threads_;
@@ -127,11 +137,19 @@ void parallel_for(int64_t n, int64_t grain,
     body(0, n);
     return;
   }
-  pool().run(chunks, [&](int i) {
+  const bool ran = pool().try_run(chunks, [&](int i) {
     inside_parallel_for = true;
     body(n * i / chunks, n * (i + 1) / chunks);
     inside_parallel_for = false;
   });
+  if (!ran) body(0, n);
+}
+
+void parallel_rows(int64_t rows, int64_t width,
+                   const std::function<void(int64_t begin, int64_t end)>& body) {
+  const int64_t grain =
+      (kMinParallelElements + std::max<int64_t>(width, 1) - 1) / std::max<int64_t>(width, 1);
+  parallel_for(rows, grain, body);
 }
 
 }  // namespace loom::kernels::cpu

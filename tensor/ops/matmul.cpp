@@ -2,6 +2,7 @@
 // kernel as transposed operands, so x @ w.T and friends never copy.
 
 #include "kernels/cpu/gemm.h"
+#include "kernels/cpu/thread_pool.h"
 #include "tensor/autocast.h"
 #include "tensor/autograd/node.h"
 #include "tensor/ops.h"
@@ -82,11 +83,16 @@ void batched_gemm(const Operand& a, const Operand& b, Tensor& out, int64_t batch
     const T* pa = a.holder.data<T>();
     const T* pb = b.holder.data<T>();
     T* pc = out.data<T>();
-    for (int64_t i = 0; i < batch; ++i) {
-      kernels::cpu::gemm<T>(a.trans, b.trans, m, n, k, pa + i * a.batch_stride, a.ld,
-                            pb + i * b.batch_stride, b.ld, pc + i * m * n, std::max<int64_t>(n, 1),
-                            accumulate);
-    }
+    // Each product writes its own matrix of out: the intra-op threads share them out.
+    const int64_t grain = std::max<int64_t>(
+        1, kernels::cpu::kMinParallelElements * 16 / std::max<int64_t>(m * n * k, 1));
+    kernels::cpu::parallel_for(batch, grain, [&](int64_t first, int64_t last) {
+      for (int64_t i = first; i < last; ++i) {
+        kernels::cpu::gemm<T>(a.trans, b.trans, m, n, k, pa + i * a.batch_stride, a.ld,
+                              pb + i * b.batch_stride, b.ld, pc + i * m * n,
+                              std::max<int64_t>(n, 1), accumulate);
+      }
+    });
   });
 }
 
