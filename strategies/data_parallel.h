@@ -26,6 +26,7 @@ class DataParallelStrategy : public Strategy {
   explicit DataParallelStrategy(StrategyOptions options);
   std::string name() const override { return "dp"; }
   int num_replicas() const { return replicas_; }
+  int local_world_size() const override { return replicas_; }
 
   // Makes a module with the master's structure (its weights are overwritten each step).
   // Required before the first forward_backward when num_replicas() > 1.

@@ -263,6 +263,11 @@ int ParallelStrategy::local_rank() const {
   return environment_ ? environment_->local_rank : 0;
 }
 
+int ParallelStrategy::local_world_size() const {
+  if (environment_) return environment_->local_world_size;
+  return job_ ? world_size() : 1;  // the ranks this process started, itself included
+}
+
 int ParallelStrategy::rank() const {
   return group_ ? group_->rank() : 0;
 }

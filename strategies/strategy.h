@@ -187,6 +187,9 @@ class Strategy {
   virtual int data_parallel_rank() const { return rank(); }
   virtual int data_parallel_size() const { return world_size(); }
   virtual int local_rank() const { return 0; }
+  // How many of this job's ranks (or the dp strategy's replica threads) compute on this
+  // machine: they share its cores (train_gpt's default --threads).
+  virtual int local_world_size() const { return 1; }
   bool is_global_zero() const { return rank() == 0; }
   // The device this process computes on: the accelerator's device for local_rank().
   Device root_device() const { return accelerator_->device(local_rank()); }
@@ -271,6 +274,7 @@ class ParallelStrategy : public Strategy {
   int rank() const override;
   int world_size() const override;
   int local_rank() const override;
+  int local_world_size() const override;
   Tensor all_reduce(Tensor tensor, comm::ReduceOp op = comm::ReduceOp::Avg) override;
   Tensor all_gather(const Tensor& tensor) override;
   Tensor broadcast(Tensor tensor, int source = 0) override;

@@ -10,6 +10,7 @@
 #include <fstream>
 #include <iterator>
 #include <optional>
+#include <thread>
 
 #include "kernels/cpu/thread_pool.h"
 #include "nn/gpt_io.h"
@@ -266,11 +267,12 @@ int run(int argc, char** argv) {
                  "auto, shm or nccl (auto: nccl for GPUs that each rank owns, else shm; shm "
                  "also serves loomrun's --nnodes when every node is this machine)")
       ->capture_default_str();
-  int threads = 1;
+  int threads = 0;
   app.add_option("--threads", threads,
-                 "threads per rank for the optimizer step (offloaded steps included; default 1; "
-                 "results are the same bits on any count)")
-      ->check(CLI::Range(1, 1 << 16))
+                 "intra-op threads per rank for every CPU kernel and the optimizer step (0: this "
+                 "machine's cores divided among the ranks on it; results are the same bits on any "
+                 "count)")
+      ->check(CLI::Range(0, 1 << 16))
       ->capture_default_str();
   app.add_option("--grad-accum", o.grad_accum, "micro-batches per optimizer step")
       ->capture_default_str();
@@ -377,7 +379,6 @@ int run(int argc, char** argv) {
   app.add_option("--log-interval", log_interval, "steps between plain progress lines")
       ->capture_default_str();
   CLI11_PARSE(app, argc, argv);
-  kernels::cpu::set_num_threads(threads);
   sharding.param_dtype = parse_dtype(param_dtype);
   sharding.reduce_dtype = parse_dtype(reduce_dtype);
   sharding.backward_prefetch = backward_prefetch == "pre"    ? strategies::sharded::BackwardPrefetch::Pre
@@ -458,6 +459,12 @@ int run(int argc, char** argv) {
   strategy->setup_environment();
   check_devices(strategy_options.devices, *strategy);
   const bool chief = strategy->is_global_zero();
+  // PyTorch's default too: the cores shared out among the ranks on this machine.
+  if (threads == 0) {
+    const int cores = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
+    threads = std::max(1, cores / std::max(1, strategy->local_world_size()));
+  }
+  kernels::cpu::set_num_threads(threads);
   if (deepspeed) {
     strategies::check_deepspeed_batch_sizes(*deepspeed, o.batch, o.grad_accum,
                                             strategy->world_size());
@@ -500,6 +507,7 @@ int run(int argc, char** argv) {
     std::printf("train_gpt: strategy %s over %d ranks (batch %lld per rank)\n",
                 strategy->name().c_str(), strategy->world_size(), static_cast<long long>(o.batch));
   }
+  if (chief) std::printf("train_gpt: intra-op threads per rank: %d\n", threads);
 
   std::unique_ptr<strategies::Trace> trace;
   if (!trace_path.empty()) {
