@@ -1,0 +1,80 @@
+#!/usr/bin/env bash
+# Loom's training step on this CPU against PyTorch 2.15 (PyPI: MKL, oneDNN) on the same
+# model: single device at 1 and 2 threads, torch.compile at 1 thread, and DDP over 2 ranks
+# of one thread each (gloo for PyTorch). docs/performance.md, "Training step against
+# PyTorch". Interleaved: each round runs every pair, Loom then its peer; a run's figure is
+# the median step from step 5 on (the slowest rank's for DDP). Both start from the same
+# weights (the peer writes them, Loom loads them with --init); the data differ (Loom's
+# built-in corpus, the peers' LCG sequences), which does not change a step's work. AdamW
+# (lr 1e-3, betas 0.9/0.95, weight decay 0.1), no gradient clipping, on both sides. Not for
+# CI: it needs the peers' venv (../shared/peers/setup.sh, 5.7 GB).
+#
+#   bash bench/cpu_step/vs_torch.sh [OUTDIR]
+# Environment: ROUNDS (3), STEPS (25), MODEL_ARGS, PEERS_VENV.
+set -euo pipefail
+ROOT=$(cd "$(dirname "$0")/../.." && pwd)
+PEERS=$ROOT/../shared/peers
+OUT=${1:-$ROOT/build/bench-cpu-step}
+ROUNDS=${ROUNDS:-3}
+STEPS=${STEPS:-25}
+V=${PEERS_VENV:-/tmp/peers-venv}
+T=$ROOT/build/release/tools/train_gpt/train_gpt
+read -r -a MODEL <<< "${MODEL_ARGS:---layers 4 --heads 4 --embd 128 --ctx 128 --batch 8}"
+
+[ -x "$V/bin/torchrun" ] || { echo "no peers venv at $V: run bash $PEERS/setup.sh" >&2; exit 1; }
+[ -x "$T" ] || { echo "build Loom first (cmake --build --preset release)" >&2; exit 1; }
+mkdir -p "$OUT"
+export OMP_NUM_THREADS=1
+"$V/bin/python" "$PEERS/single.py" "${MODEL[@]}" --steps 1 --save-init "$OUT/init_torch.safetensors" > /dev/null
+# PyTorch's Linear weights are [out, in]; GPT-2's Conv1D layout, which --init reads, [in, out].
+"$V/bin/python" - "$OUT/init_torch.safetensors" "$OUT/init.safetensors" <<'PY'
+import sys
+from safetensors.torch import load_file, save_file
+state = load_file(sys.argv[1])
+linear = ("attn.c_attn.weight", "attn.c_proj.weight", "mlp.c_fc.weight", "mlp.c_proj.weight")
+save_file({k: (v.t().contiguous() if k.endswith(linear) else v) for k, v in state.items()}, sys.argv[2])
+PY
+
+LOOM=("$T" "${MODEL[@]}" --init "$OUT/init.safetensors" --grad-clip 0 --lr 1e-3 --steps "$STEPS"
+      --warmup-steps 0 --schedule constant --log-interval 1000)
+# label | Loom's flags | the peer's command (run in ../shared/peers)
+PAIRS=(
+  "single_1thread|--threads 1|$V/bin/python single.py --threads 1"
+  "single_2threads|--threads 2|$V/bin/python single.py --threads 2"
+  "single_compile|--threads 1|$V/bin/python single.py --threads 1 --compile"
+  "ddp_2x1|--strategy ddp_spawn --devices 2 --threads 1|$V/bin/torchrun --nproc-per-node 2 --master-port PORT ddp.py"
+)
+port=29850
+for round in $(seq 1 "$ROUNDS"); do
+  for pair in "${PAIRS[@]}"; do
+    IFS='|' read -r label loom peer <<< "$pair"
+    # shellcheck disable=SC2086
+    "${LOOM[@]}" $loom --metrics "$OUT/loom_${label}_r$round.jsonl" \
+      > "$OUT/loom_${label}_r$round.log" 2>&1 || echo "loom $label failed (see $OUT/loom_${label}_r$round.log)"
+    port=$((port + 1))
+    # shellcheck disable=SC2086
+    (cd "$PEERS" && timeout 900 ${peer/PORT/$port} "${MODEL[@]}" --steps "$STEPS" \
+      --out "$OUT/peer_${label}_r$round" > "$OUT/peer_${label}_r$round.log" 2>&1) ||
+      echo "peer $label failed (see $OUT/peer_${label}_r$round.log)"
+    echo "round $round: $label done"
+  done
+done
+{ date -Iseconds; lscpu | grep 'Model name'; git -C "$ROOT" rev-parse --short HEAD; } > "$OUT/machine.txt"
+
+python3 - "$OUT" "$ROUNDS" <<'PY'
+import glob, json, statistics, sys
+out, rounds = sys.argv[1], int(sys.argv[2])
+def loom(label, r):
+    steps = [json.loads(l)["ms_per_step"] for l in open(f"{out}/loom_{label}_r{r}.jsonl")]
+    return statistics.median(steps[5:])
+def peer(label, r):
+    files = glob.glob(f"{out}/peer_{label}_r{r}.rank*.json")
+    return max(json.load(open(f))["median_ms_5_19"] for f in files) if files else float("nan")
+print("| run | Loom ms/step (rounds) | PyTorch ms/step | Loom / PyTorch (medians) |")
+print("|---|---|---|---|")
+for label in ("single_1thread", "single_2threads", "single_compile", "ddp_2x1"):
+    a = [loom(label, r) for r in range(1, rounds + 1)]
+    b = [peer(label, r) for r in range(1, rounds + 1)]
+    print(f"| {label} | {', '.join(f'{x:.1f}' for x in a)} | {', '.join(f'{x:.1f}' for x in b)} | "
+          f"{statistics.median(a) / statistics.median(b):.2f} |")
+PY
