@@ -48,6 +48,24 @@ TEST(ThreadPool, EveryIndexOnceInFixedChunks) {
   EXPECT_EQ(calls.load(), 1);
 }
 
+// Jobs back to back with 1 to 4 chunks on 4 threads, so that workers without a chunk in
+// one job race the next job's posting (Note [Spinning workers]): every index once, always.
+TEST(ThreadPool, ManyShortJobsBackToBack) {
+  ThreadsGuard restore;
+  set_num_threads(4);
+  std::vector<int> hits(4);
+  for (int job = 0; job < 20000; ++job) {
+    const int64_t n = 1 + job % 4;
+    std::fill(hits.begin(), hits.end(), 0);
+    parallel_for(n, 1, [&](int64_t begin, int64_t end) {
+      for (int64_t i = begin; i < end; ++i)
+        hits[static_cast<size_t>(i)]++;
+    });
+    for (int64_t i = 0; i < n; ++i)
+      ASSERT_EQ(hits[static_cast<size_t>(i)], 1) << "job " << job << ", index " << i;
+  }
+}
+
 TEST(ThreadPool, ErrorsReachTheCallerAndBadCountsAreRefused) {
   ThreadsGuard restore;
   set_num_threads(2);

@@ -1,6 +1,8 @@
 #include "kernels/cpu/thread_pool.h"
 
 #include <algorithm>
+#include <atomic>
+#include <chrono>
 #include <condition_variable>
 #include <exception>
 #include <mutex>
@@ -14,7 +16,38 @@ namespace loom::kernels::cpu {
 
 namespace {
 
-// Workers sleep until a job is posted; each runs the chunk of its index, then counts down.
+// Note [Spinning workers]
+// A training step runs a few hundred parallel kernels, each a few tens of microseconds per
+// thread, so waking a sleeping worker (a futex round trip, tens of microseconds) would cost
+// a good share of the gain. Workers and the caller therefore spin for up to kSpin on an
+// atomic before they sleep on a condition variable, as OpenMP runtimes do; a worker idle
+// longer than that sleeps and costs nothing.
+constexpr auto kSpin = std::chrono::microseconds(200);
+
+void pause_briefly() {
+#if defined(__x86_64__) || defined(__i386__)
+  __builtin_ia32_pause();
+#endif
+}
+
+// Spins until done() or kSpin has passed; returns done(). After a short busy wait it
+// yields the core at each turn, so that spinning costs little where threads outnumber
+// cores (ranks sharing a machine with --threads too high).
+template <typename Done>
+bool spin_until(const Done& done) {
+  const auto give_up = std::chrono::steady_clock::now() + kSpin;
+  for (int i = 1;; ++i) {
+    if (done()) return true;
+    if (i < 256) {
+      pause_briefly();
+      continue;
+    }
+    std::this_thread::yield();
+    if (std::chrono::steady_clock::now() > give_up) return done();
+  }
+}
+
+// Workers wait for a job to be posted; each runs the chunk of its index, then counts down.
 class Pool {
  public:
   ~Pool() { resize(0); }
@@ -31,7 +64,7 @@ class Pool {
     stopping_ = false;
     // New workers wait for the next job, not one posted before they existed.
     for (int w = 0; w < workers; ++w)
-      threads_.emplace_back([this, w, seen = generation_] { work(w + 1, seen); });
+      threads_.emplace_back([this, w, seen = posted_.load()] { work(w + 1, seen); });
   }
   int workers() const { return static_cast<int>(threads_.size()); }
 
@@ -49,10 +82,11 @@ class Pool {
     {
       std::lock_guard lock(mutex_);
       job_ = &chunk;
-      chunks_ = chunks;
-      pending_ = chunks - 1;
       error_ = nullptr;
-      ++generation_;
+      pending_.store(chunks - 1);
+      const uint64_t generation = (posted_.load() >> kChunkBits) + 1;
+      posted_.store(generation << kChunkBits | static_cast<uint64_t>(chunks),
+                    std::memory_order_release);  // publishes the job
     }
     wake_.notify_all();
     std::exception_ptr mine;
@@ -61,33 +95,46 @@ class Pool {
     } catch (...) {
       mine = std::current_exception();
     }
-    std::unique_lock lock(mutex_);
-    done_.wait(lock, [&] { return pending_ == 0; });
+    if (!spin_until([&] { return pending_.load(std::memory_order_acquire) == 0; })) {
+      std::unique_lock lock(mutex_);
+      done_.wait(lock, [&] { return pending_.load() == 0; });
+    }
+    std::lock_guard lock(mutex_);
     job_ = nullptr;
     if (mine) std::rethrow_exception(mine);
     if (error_) std::rethrow_exception(error_);
   }
 
+  // `seen`: the last posted_ word this worker took.
   void work(int index, uint64_t seen) {
     while (true) {
-      const std::function<void(int)>* job = nullptr;
-      {
+      auto posted = [&] {
+        return stopping_.load() || posted_.load(std::memory_order_acquire) != seen;
+      };
+      if (!spin_until(posted)) {
         std::unique_lock lock(mutex_);
-        wake_.wait(lock, [&] { return stopping_ || generation_ != seen; });
-        if (stopping_) return;
-        seen = generation_;
-        if (index >= chunks_) continue;  // fewer chunks than workers this time
-        job = job_;
+        wake_.wait(lock, posted);
       }
+      if (stopping_.load()) return;
+      // One load gives the job's number and its chunk count together. A worker with no
+      // chunk in it reads nothing else: the caller may already be posting the next job.
+      seen = posted_.load(std::memory_order_acquire);
+      const int chunks = static_cast<int>(seen & ((uint64_t{1} << kChunkBits) - 1));
+      if (index >= chunks) continue;
       std::exception_ptr error;
       try {
-        (*job)(index);
+        (*job_)(index);
       } catch (...) {
         error = std::current_exception();
       }
-      std::lock_guard lock(mutex_);
-      if (error && !error_) error_ = error;
-      if (--pending_ == 0) done_.notify_one();
+      if (error) {
+        std::lock_guard lock(mutex_);
+        if (!error_) error_ = error;
+      }
+      if (pending_.fetch_sub(1, std::memory_order_acq_rel) == 1) {
+        std::lock_guard lock(mutex_);  // the caller may be about to sleep: wake it under the lock
+        done_.notify_one();
+      }
     }
   }
 
@@ -95,10 +142,14 @@ class Pool {
   std::mutex mutex_;
   std::condition_variable wake_, done_;
   std::vector<std::thread> threads_;
+  // The job, written before posted_ moves on and read by the workers with a chunk in it
+  // (the caller waits for them before it posts again); posted_ = job number << kChunkBits |
+  // its chunk count.
+  static constexpr int kChunkBits = 20;
   const std::function<void(int)>* job_ = nullptr;
-  int chunks_ = 0, pending_ = 0;
-  uint64_t generation_ = 0;
-  bool stopping_ = false;
+  std::atomic<int> pending_{0};
+  std::atomic<uint64_t> posted_{0};
+  std::atomic<bool> stopping_{false};
   std::exception_ptr error_;
 };
 
@@ -117,8 +168,8 @@ thread_local bool inside_parallel_for = false;
 }  // namespace
 
 void set_num_threads(int n) {
-  if (n < 1) {
-    throw Error("[kernels] set_num_threads: need at least 1 thread, got " + std::to_string(n));
+  if (n < 1 || n > (1 << 20)) {
+    throw Error("[kernels] set_num_threads: need 1 to 2^20 threads, got " + std::to_string(n));
   }
   configured_threads() = n;
   pool().resize(n - 1);

@@ -17,7 +17,7 @@
 namespace loom::kernels::cpu {
 
 // Threads used by parallel_for, the caller included (default 1: no worker threads).
-// Throws loom::Error for n < 1.
+// Throws loom::Error for n < 1 or above 2^20.
 void set_num_threads(int n);
 int num_threads();
 
