@@ -5,10 +5,12 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <array>
 #include <atomic>
 #include <cstring>
 #include <vector>
 
+#include "kernels/cpu/exact_square_sum.h"
 #include "kernels/cpu/thread_pool.h"
 #include "nn/gpt.h"
 #include "optim/adamw.h"
@@ -116,6 +118,23 @@ TEST(ThreadPool, OptimizerStepsAreBitwiseTheSameOnAnyThreadCount) {
     EXPECT_EQ(std::memcmp(one.data(), four.data(), one.size() * sizeof(float)), 0)
         << (adamw ? "AdamW" : "SGD");
   }
+}
+
+// The exact sum of squares (gradient norms) split over threads: the same words on any count.
+TEST(ThreadPool, ExactSquareSumIsTheSameOnAnyThreadCount) {
+  ThreadsGuard restore;
+  std::vector<float> x(300001);
+  for (size_t i = 0; i < x.size(); ++i)
+    x[i] = 1e-3f * static_cast<float>((i * 7919) % 2003) - 1.0f;
+  std::vector<std::array<int64_t, kernels::cpu::ExactSquareSum::kWords>> words;
+  for (int threads : {1, 2, 3}) {
+    set_num_threads(threads);
+    kernels::cpu::ExactSquareSum sum;
+    sum.add_squares(x.data(), static_cast<int64_t>(x.size()));
+    words.push_back(sum.words());
+  }
+  EXPECT_EQ(words[0], words[1]);
+  EXPECT_EQ(words[0], words[2]);
 }
 
 // Two training steps of a GPT large enough that every kernel splits its work (GEMM blocks,

@@ -3,6 +3,9 @@
 #include <cmath>
 #include <cstring>
 #include <limits>
+#include <mutex>
+
+#include "kernels/cpu/thread_pool.h"
 
 namespace loom::kernels::cpu {
 
@@ -14,6 +17,21 @@ constexpr int64_t kNormaliseEvery = int64_t{1} << 30;
 }  // namespace
 
 void ExactSquareSum::add_squares(const float* x, int64_t n) {
+  // The sum is exact, so parts merged in any order give it: the intra-op threads take parts.
+  if (n >= 2 * kMinParallelElements && num_threads() > 1) {
+    std::mutex merging;
+    parallel_for(n, kMinParallelElements, [&](int64_t begin, int64_t end) {
+      ExactSquareSum part;
+      part.add_serial(x + begin, end - begin);
+      std::lock_guard lock(merging);
+      merge(part);
+    });
+    return;
+  }
+  add_serial(x, n);
+}
+
+void ExactSquareSum::add_serial(const float* x, int64_t n) {
   for (int64_t i = 0; i < n; ++i) {
     uint32_t bits;
     std::memcpy(&bits, &x[i], sizeof bits);

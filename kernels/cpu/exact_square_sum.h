@@ -33,6 +33,7 @@ class ExactSquareSum {
   static ExactSquareSum from_words(const std::array<int64_t, kWords>& words);
 
  private:
+  void add_serial(const float* x, int64_t n);
   void normalise();
 
   std::array<int64_t, kLimbs> limbs_{};
