@@ -6,8 +6,9 @@
 // 48-bit integer times 2^k with k in [-298, 208], so all of them fit one fixed-point integer
 // of 32-bit limbs (a Kulisch accumulator). Partial sums from any split, merged in any order,
 // give the same integer, and value() rounds that integer to double the same way every time.
-// Limbs are int64 with deferred carries: each add deposits less than 2^32 into a limb, and
-// the accumulator normalises itself long before a limb could overflow.
+// Limbs are int64 with deferred carries: each deposit adds less than 2^32 to a limb, and
+// the accumulator normalises itself long before a limb could overflow. Squares are summed
+// per exponent first (exactly, in 64-bit buckets) and deposited bucket by bucket.
 
 #include <array>
 #include <cstdint>

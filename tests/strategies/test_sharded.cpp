@@ -134,6 +134,34 @@ TEST(ExactSquareSum, AnySplitGivesTheSameSum) {
   EXPECT_TRUE(std::isnan(nan.value()));
 }
 
+// The sum is the exact integer: 70000 values near 2 (more than one 2^16 chunk of the
+// per-exponent buckets, and together more than a 64-bit bucket holds) are m 2^-23 with m
+// just below 2^24, so their squares sum to S 2^-46 with
+// S the integer sum of the m^2, which sits at bit 2 * 127 - 2 = 252 of the fixed-point
+// accumulator: limbs 7 to 9 hold S << 28.
+TEST(ExactSquareSum, IsTheExactIntegerSum) {
+  __extension__ typedef unsigned __int128 Uint128;
+  std::vector<float> x(70000);
+  Uint128 expected = 0;
+  for (size_t i = 0; i < x.size(); ++i) {
+    const uint64_t m = (uint64_t{1} << 24) - 1 - (i * 104729) % (uint64_t{1} << 20);
+    x[i] = std::ldexp(static_cast<float>(m), -23);
+    expected += static_cast<Uint128>(m * m);
+  }
+  kernels::cpu::ExactSquareSum sum;
+  sum.add_squares(x.data(), static_cast<int64_t>(x.size()));
+  const auto words = sum.words();
+  const Uint128 shifted = expected << 28;
+  const uint64_t mask = (uint64_t{1} << 32) - 1;
+  for (int limb = 0; limb < kernels::cpu::ExactSquareSum::kWords; ++limb) {
+    int64_t want = 0;
+    if (limb == 7) want = static_cast<int64_t>(static_cast<uint64_t>(shifted) & mask);
+    if (limb == 8) want = static_cast<int64_t>(static_cast<uint64_t>(shifted >> 32) & mask);
+    if (limb == 9) want = static_cast<int64_t>(static_cast<uint64_t>(shifted >> 64));
+    EXPECT_EQ(words[static_cast<size_t>(limb)], want) << "word " << limb;
+  }
+}
+
 // Four train_gpt steps of the tiny GPT in f32 with clipping that bites (grad_clip 0.05),
 // under `strategy` with 2 rows per rank; returns the final weights' bits.
 std::vector<float> train_f32(Strategy* strategy, int64_t accum) {
