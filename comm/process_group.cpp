@@ -49,7 +49,27 @@ struct ProcessGroup::Op {
   Tensor first, second;  // queued operations only
   OpBody body;           // queued operations only
   uint64_t flight_id = 0;  // its entry in the FlightRecorder
+  // Queued alone on an idle group, small: the waiting thread may run it (Note [Claimable
+  // operations]) until kClaimWindow after it was queued.
+  bool claimable = false;
+  Clock::time_point queued_at;
 };
+
+namespace {
+// Note [Claimable operations]
+// A small asynchronous collective is usually waited for at once (a loss value, an inf/NaN
+// flag, a metric): handing it to the progress thread and its completion back costs more
+// than the operation. So when one is queued on an idle group, the progress thread leaves
+// it for kClaimWindow, and a thread that calls wait() on its Work meanwhile runs it itself,
+// as an async_op = false call would. Nothing else changes: operations still run one at a
+// time in issue order (only the queue's front, with nothing running, can be claimed), and a
+// caller that does not wait (or queues more behind it) has it started by the progress
+// thread within kClaimWindow, so no program that relied on asynchrony waits on itself.
+// Point-to-point operations are never claimable: a receive posted ahead must not block its
+// poster.
+constexpr size_t kClaimableBytes = 4096;
+constexpr auto kClaimWindow = std::chrono::microseconds(50);
+}  // namespace
 
 ProcessGroup::ProcessGroup(int rank, int size, std::shared_ptr<Store> store,
                            const GroupOptions& options, std::string name)
@@ -152,12 +172,39 @@ WorkPtr ProcessGroup::submit(Op op, const Tensor& first, const Tensor& second, B
   op.first = first;
   op.second = second;
   op.body = std::forward<Body>(body);
+  op.claimable = async_op && op.collective && !op.staged &&
+                 (!first.defined() || first.device().is_cpu()) &&
+                 queue_.empty() && !running_ && op.label.bytes <= kClaimableBytes;
+  if (op.claimable) {
+    op.queued_at = Clock::now();
+    const uint64_t seq = op.label.seq;
+    work->offer_claim([this, seq] { return claim(seq); });
+  }
   queue_.push_back(std::make_unique<Op>(std::move(op)));
   queued_count_.fetch_add(1);
   lock.unlock();
   queued_.notify_all();
   if (!async_op) work->wait();
   return work;
+}
+
+bool ProcessGroup::claim(uint64_t seq) {
+  std::unique_lock lock(mutex_);
+  if (queue_.empty() || queue_.front()->label.seq != seq || running_ || broken_) return false;
+  std::unique_ptr<Op> op = std::move(queue_.front());
+  queue_.pop_front();
+  queued_count_.fetch_sub(1);
+  running_ = true;
+  lock.unlock();
+  run(*op, [&op](Backend& backend, Deadline deadline) {
+    op->body(backend, deadline, op->first, op->second);
+  });
+  running_.store(false);
+  if (queued_count_.load() > 0) {
+    std::lock_guard relock(mutex_);
+    queued_.notify_all();
+  }
+  return true;
 }
 
 std::exception_ptr ProcessGroup::broken_error(const Op& op) const {
@@ -181,6 +228,13 @@ void ProcessGroup::progress_loop() {
       queued_.wait(lock,
                    [&] { return (stopping_ && !running_) || (!queue_.empty() && !running_); });
       if (queue_.empty()) return;
+      // A claimable operation alone in the queue is left to its waiter for a moment.
+      const Op& front = *queue_.front();
+      if (front.claimable && queue_.size() == 1 && !stopping_ &&
+          Clock::now() < front.queued_at + kClaimWindow) {
+        queued_.wait_until(lock, front.queued_at + kClaimWindow);
+        continue;
+      }
       op = std::move(queue_.front());
       queue_.pop_front();
       queued_count_.fetch_sub(1);
@@ -191,6 +245,7 @@ void ProcessGroup::progress_loop() {
       }
       running_ = true;
     }
+    if (op->claimable) op->work->withdraw_claim();
     run(*op, [&op](Backend& backend, Deadline deadline) {
       op->body(backend, deadline, op->first, op->second);
     });

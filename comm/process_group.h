@@ -131,6 +131,8 @@ class ProcessGroup : public std::enable_shared_from_this<ProcessGroup> {
   template <typename Body>
   WorkPtr submit(Op op, const Tensor& first, const Tensor& second, Body&& body, bool async_op);
   void progress_loop();
+  // Runs queued operation `seq` on the calling thread if it is next and nothing runs.
+  bool claim(uint64_t seq);
   std::exception_ptr broken_error(const Op& op) const;
   template <typename Body>
   void run(Op& op, Body&& body);

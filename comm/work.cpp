@@ -27,6 +27,17 @@ std::string OpLabel::str() const {
 // waiter holds from its check until it sleeps.
 void Work::wait(std::optional<Duration> timeout) {
   if (!completed_.load()) {
+    std::function<bool()> claim;
+    {
+      std::lock_guard lock(mutex_);
+      claim.swap(claim_);
+    }
+    if (claim && claim()) {  // ran here: complete() was called
+      if (error_) std::rethrow_exception(error_);
+      return;
+    }
+  }
+  if (!completed_.load()) {
     waiters_.fetch_add(1);
     std::unique_lock lock(mutex_);
     auto done = [&] { return completed_.load(); };
@@ -51,6 +62,16 @@ void Work::wait(std::optional<Duration> timeout) {
     }
   }
   if (error_) std::rethrow_exception(error_);
+}
+
+void Work::offer_claim(std::function<bool()> claim) {
+  std::lock_guard lock(mutex_);
+  claim_ = std::move(claim);
+}
+
+void Work::withdraw_claim() {
+  std::lock_guard lock(mutex_);
+  claim_ = nullptr;
 }
 
 void Work::mark_started(Clock::time_point when) {

@@ -6,6 +6,7 @@
 #include <atomic>
 #include <condition_variable>
 #include <exception>
+#include <functional>
 #include <memory>
 #include <mutex>
 #include <optional>
@@ -50,6 +51,13 @@ class Work {
   void mark_started(Clock::time_point when = Clock::now());
   void complete(std::exception_ptr error = nullptr);
 
+  // The process group's offer to run a queued operation on the thread that waits for it
+  // (Note [Claimable operations] in process_group.cpp): wait() calls `claim` first, which
+  // runs the operation there and returns true, or returns false (it started elsewhere).
+  // The group withdraws the offer before its progress thread starts the operation.
+  void offer_claim(std::function<bool()> claim);
+  void withdraw_claim();
+
  private:
   OpLabel label_;
   std::string text_;  // a description given as text (overrides label_)
@@ -63,6 +71,7 @@ class Work {
   std::exception_ptr error_;            // written before completed_ is set
   mutable std::mutex mutex_;
   std::condition_variable done_;
+  std::function<bool()> claim_;  // guarded by mutex_
 };
 
 using WorkPtr = std::shared_ptr<Work>;

@@ -4,9 +4,11 @@
 
 #include <gtest/gtest.h>
 
+#include <chrono>
 #include <cmath>
 #include <cstring>
 #include <functional>
+#include <thread>
 
 #include "collective_values.h"
 #include "comm/process_group.h"
@@ -265,6 +267,36 @@ TEST_P(Conformance, BlockingCallsReturnCompleted) {
     }
     behind->wait();
     EXPECT_EQ(queued.to_vector<float>()[99999], pg.size());
+  });
+}
+
+// Small asynchronous collectives may run on the thread that waits for them (Note [Claimable
+// operations]); one nobody waits for still completes on its own, and ones queued behind
+// each other all complete, in order.
+TEST_P(Conformance, SmallAsyncCallsCompleteWithOrWithoutAWaiter) {
+  on_ranks([](ProcessGroup& pg) {
+    for (int k = 0; k < 50; ++k) {  // waited for at once
+      Tensor t = Tensor::full({2}, k);
+      pg.allreduce(t)->wait();
+      EXPECT_EQ(t.to_vector<float>()[0], k * pg.size());
+    }
+    Tensor alone = Tensor::full({2}, 1.0);
+    WorkPtr unwaited = pg.allreduce(alone);
+    const auto give_up = std::chrono::steady_clock::now() + std::chrono::seconds(10);
+    while (!unwaited->is_completed() && std::chrono::steady_clock::now() < give_up)
+      std::this_thread::sleep_for(std::chrono::milliseconds(1));
+    EXPECT_TRUE(unwaited->is_completed()) << "a small async call nobody waits for must start";
+    EXPECT_EQ(alone.to_vector<float>()[1], pg.size());
+    std::vector<Tensor> tensors;
+    std::vector<WorkPtr> works;
+    for (int k = 0; k < 5; ++k) {
+      tensors.push_back(Tensor::full({3}, k));
+      works.push_back(pg.allreduce(tensors.back()));
+    }
+    for (int k = 4; k >= 0; --k)  // waited for in reverse
+      works[k]->wait();
+    for (int k = 0; k < 5; ++k)
+      EXPECT_EQ(tensors[k].to_vector<float>()[2], k * pg.size());
   });
 }
 

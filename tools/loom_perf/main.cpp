@@ -64,9 +64,10 @@ std::optional<int> parse(int argc, char** argv, PerfOptions& options) {
       ->capture_default_str();
   app.add_option("-o,--op", op, "Reduction: sum, prod, min, max, avg")->capture_default_str();
   app.add_option("-z,--blocking", blocking,
-                 "0: issue all iterations, then wait; 1: synchronous calls (async_op = false)")
+                 "0: issue all iterations, then wait; 1: synchronous calls (async_op = false); "
+                 "2: asynchronous calls, each waited for before the next")
       ->capture_default_str()
-      ->check(CLI::Range(0, 1));
+      ->check(CLI::Range(0, 2));
   app.add_option("-r,--root", options.root, "Root of broadcast and reduce")->capture_default_str();
   app.add_option("--backend", options.backend, "Loom backend (auto, shm, ...)")
       ->capture_default_str();
@@ -101,6 +102,7 @@ std::optional<int> parse(int argc, char** argv, PerfOptions& options) {
     options.op = loom::perf::parse_reduce_op(op);
     options.check = check == 1;
     options.blocking = blocking == 1;
+    options.wait_each = blocking == 2;
     options.bind_cores = bind == "core";
     if (options.step_bytes == 0 && options.step_factor <= 1.0) {
       loom::fail("-f/--stepfactor must be above 1 (got ", options.step_factor,

@@ -25,7 +25,8 @@ struct PerfOptions {
   bool check = true;                        // -c
   DType dtype = DType::F32;                 // -d
   comm::ReduceOp op = comm::ReduceOp::Sum;  // -o
-  bool blocking = false;  // -z: synchronous calls (async_op = false), each done before the next
+  bool blocking = false;  // -z 1: synchronous calls (async_op = false), each done before the next
+  bool wait_each = false;  // -z 2: asynchronous calls, each waited for before the next
   int root = 0;           // -r
   std::string backend = "auto";
   double timeout_s = 300;

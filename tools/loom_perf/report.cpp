@@ -95,7 +95,7 @@ void print_header(std::ostream& out, const RunInfo& info) {
     out << format("step: %g(factor)", o.step_factor);
   }
   out << format(" warmup iters: %d iters: %d validation: %d blocking: %d\n", o.warmup_iters,
-                o.iters, o.check ? 1 : 0, o.blocking ? 1 : 0);
+                o.iters, o.check ? 1 : 0, o.blocking ? 1 : (o.wait_each ? 2 : 0));
   out << "# Command: " << o.command << "\n";
   out << "# Date: " << info.date << "\n#\n# Using devices\n";
   for (const RankInfo& r : info.ranks) {
@@ -193,7 +193,7 @@ void write_json(const std::string& path, const RunInfo& info, const std::vector<
                              {"root", root_column(info)},
                              {"iters", o.iters},
                              {"warmup_iters", o.warmup_iters},
-                             {"blocking", o.blocking},
+                             {"blocking", o.blocking ? 1 : (o.wait_each ? 2 : 0)},
                              {"check", o.check},
                              {"date", info.date},
                              {"command", o.command},

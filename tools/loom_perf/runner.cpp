@@ -210,7 +210,7 @@ Measurement Runner::measure(size_t bytes, size_t count, size_t per_rank, bool in
   std::vector<WorkPtr> works;
   for (int i = 0; i < options_.warmup_iters; ++i) {
     issue(*pg_, options_.collective, buffers, o, works);
-    if (options_.blocking) wait_all(works);
+    if (options_.blocking || options_.wait_each) wait_all(works);
   }
   wait_all(works);
   pg_->barrier(o)->wait();
@@ -218,7 +218,7 @@ Measurement Runner::measure(size_t bytes, size_t count, size_t per_rank, bool in
   auto start = Clock::now();
   for (int i = 0; i < options_.iters; ++i) {
     issue(*pg_, options_.collective, buffers, o, works);
-    if (options_.blocking) wait_all(works);
+    if (options_.blocking || options_.wait_each) wait_all(works);
   }
   wait_all(works);
   double elapsed_us = std::chrono::duration<double, std::micro>(Clock::now() - start).count();
