@@ -4,18 +4,22 @@
 // operation (with its sequence number, size and dtype) and which peer is at fault:
 //   [comm/shm] rank 3: peer 5 did not arrive within 30 s (allreduce #1842, 4 MiB f32)
 // After a CommError the process group is broken: destroy it and create a new one.
+// It is a loom::Error, so that catching the base catches peer failures too; handlers that
+// treat the two tiers differently catch CommError first.
 
 #include <chrono>
 #include <optional>
 #include <stdexcept>
 #include <string>
 
+#include "tensor/error.h"
+
 namespace loom {
 
-class CommError : public std::runtime_error {
+class CommError : public Error {
  public:
   CommError(const std::string& message, int rank = -1, std::optional<int> peer = std::nullopt)
-      : std::runtime_error(message), rank_(rank), peer_(peer) {}
+      : Error(message), rank_(rank), peer_(peer) {}
   int rank() const { return rank_; }                 // the rank that raised it (-1: none)
   std::optional<int> peer() const { return peer_; }  // the peer at fault, when known
 

@@ -217,6 +217,8 @@ void NcclBackend::run(const char* op, std::initializer_list<const Tensor*> tenso
     bool finished = false;
     try {
       finished = wait_event(done, deadline, [&] { communicator_.check_async(op); });
+    } catch (const CommError&) {
+      throw;  // the communicator's own failure, already named
     } catch (const Error& e) {
       // The device failed while running the collective (a sticky CUDA error).
       throw CommError(who() + ": " + op + " failed on the device: " + e.what(), rank_);

@@ -34,6 +34,20 @@ void expect_comm_error(const WorkPtr& work, const std::vector<std::string>& part
   }
 }
 
+// One error hierarchy: catching loom::Error catches a peer's failure too, which keeps its
+// rank and peer.
+TEST(Failures, CommErrorIsALoomError) {
+  try {
+    throw CommError("[comm/shm] rank 1: peer 0 died", 1, 0);
+  } catch (const Error& e) {
+    const auto* comm = dynamic_cast<const CommError*>(&e);
+    ASSERT_NE(comm, nullptr);
+    EXPECT_EQ(comm->rank(), 1);
+    EXPECT_EQ(comm->peer(), 0);
+    EXPECT_STREQ(e.what(), "[comm/shm] rank 1: peer 0 died");
+  }
+}
+
 TEST(Failures, KilledRankIsNamedQuicklyAndShmIsClean) {
   auto before = loom_shm_entries();
   auto start = std::chrono::steady_clock::now();
