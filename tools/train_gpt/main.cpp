@@ -5,8 +5,12 @@
 #include <unistd.h>
 
 #include <CLI/CLI.hpp>
+#include <cerrno>
 #include <chrono>
 #include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <filesystem>
 #include <fstream>
 #include <iterator>
 #include <optional>
@@ -33,6 +37,53 @@
 namespace {
 
 using namespace loom;
+
+// Numeric flag checks whose messages name the bound (CLI11's PositiveNumber prints a range up
+// to the largest double): "--steps: must be at least 1, got 0".
+CLI::Validator bounded(double low, bool inclusive) {
+  char bound[32];
+  std::snprintf(bound, sizeof bound, "%g", low);
+  const std::string rule = std::string(inclusive ? "at least " : "above ") + bound;
+  return CLI::Validator(
+      [=](std::string& text) -> std::string {
+        char* end = nullptr;
+        const double value = std::strtod(text.c_str(), &end);
+        if (end == text.c_str() || *end != '\0') return "expected a number, got '" + text + "'";
+        const bool ok = inclusive ? value >= low : value > low;
+        return ok ? std::string() : "must be " + rule + ", got " + text;
+      },
+      rule);
+}
+const CLI::Validator kAtLeastOne = bounded(1, true);
+const CLI::Validator kNonNegative = bounded(0, true);
+const CLI::Validator kPositive = bounded(0, false);
+
+// An output named on the command line must be writable where it is asked for: checked before
+// any work starts, so that a typo does not cost a training run. `directory`: the path is a
+// folder that may not exist yet (its parent must).
+void check_output_path(const char* flag, const std::string& path, bool directory = false) {
+  if (path.empty()) return;
+  namespace fs = std::filesystem;
+  const fs::path target(path);
+  if (!directory && fs::is_directory(target)) {
+    fail("[train_gpt] ", flag, " ", path, " is a folder; give a file name in it");
+  }
+  if (directory && fs::is_directory(target)) {
+    if (::access(target.c_str(), W_OK) != 0) {
+      fail("[train_gpt] ", flag, " ", path, " cannot be written: ", std::strerror(errno));
+    }
+    return;
+  }
+  const fs::path folder = target.has_parent_path() ? target.parent_path() : fs::path(".");
+  if (!fs::is_directory(folder)) {
+    fail("[train_gpt] ", flag, " ", path, ": the folder ", folder.string(),
+         " does not exist; create it first");
+  }
+  if (::access(folder.c_str(), W_OK) != 0) {
+    fail("[train_gpt] ", flag, " ", path, ": the folder ", folder.string(),
+         " cannot be written: ", std::strerror(errno));
+  }
+}
 
 // Devices per node for this job: "auto" takes what the launcher started; an explicit count
 // must match the ranks running (ddp_spawn/ddp_fork start that many themselves; for dp the
@@ -188,15 +239,18 @@ int run(int argc, char** argv) {
   int64_t log_interval = 10;
   std::string strategy_name = "single_device";
   strategies::StrategyOptions strategy_options;
-  app.add_option("--data", data_path, "training data; bytes are tokens (default: built-in corpus)");
-  app.add_option("--init", init_path, "start from these weights (.safetensors, GPT-2 layout)");
+  app.add_option("--data", data_path, "training data; bytes are tokens (default: built-in corpus)")
+      ->check(CLI::ExistingFile);
+  app.add_option("--init", init_path, "start from these weights (.safetensors, GPT-2 layout)")
+      ->check(CLI::ExistingFile);
   app.add_option("--save", save_path, "write the trained weights here (.safetensors)");
   app.add_option("--checkpoint-dir", o.checkpoint_dir,
                  "resumable checkpoints go here (docs/checkpoints.md)");
   app.add_option("--save-every", o.save_every, "save a checkpoint every K steps (0: never)")
+      ->check(kNonNegative)
       ->capture_default_str();
   app.add_option("--keep-last", o.keep_last, "keep the N newest checkpoints (0: all)")
-      ->check(CLI::NonNegativeNumber)
+      ->check(kNonNegative)
       ->capture_default_str();
   app.add_flag("--async-save", o.async_save,
                "write checkpoints in a background thread while training goes on");
@@ -212,31 +266,60 @@ int run(int argc, char** argv) {
   app.add_option("--trace", trace_path,
                  "write a Chrome/Perfetto trace (forward, backward, optimizer, DDP buckets) here; "
                  "with several ranks, rank R writes FILE with .rankR before the extension");
-  app.add_option("--layers", o.model.layers, "transformer blocks")->capture_default_str();
-  app.add_option("--heads", o.model.heads, "attention heads")->capture_default_str();
-  app.add_option("--embd", o.model.embd, "embedding width")->capture_default_str();
-  app.add_option("--ctx", o.model.context, "context length (sequence length)")
+  app.add_option("--layers", o.model.layers, "transformer blocks")
+      ->check(kAtLeastOne)
       ->capture_default_str();
-  app.add_option("--vocab", o.model.vocab_size, "vocabulary size")->capture_default_str();
-  app.add_option("--batch", o.batch, "sequences per step (per rank)")->capture_default_str();
-  app.add_option("--steps", o.steps, "optimizer steps")->capture_default_str();
-  app.add_option("--lr", o.lr, "peak learning rate")->capture_default_str();
+  app.add_option("--heads", o.model.heads, "attention heads")
+      ->check(kAtLeastOne)
+      ->capture_default_str();
+  app.add_option("--embd", o.model.embd, "embedding width")
+      ->check(kAtLeastOne)
+      ->capture_default_str();
+  app.add_option("--ctx", o.model.context, "context length (sequence length)")
+      ->check(kAtLeastOne)
+      ->capture_default_str();
+  app.add_option("--vocab", o.model.vocab_size, "vocabulary size")
+      ->check(kAtLeastOne)
+      ->capture_default_str();
+  app.add_option("--batch", o.batch, "sequences per step (per rank)")
+      ->check(kAtLeastOne)
+      ->capture_default_str();
+  app.add_option("--steps", o.steps, "optimizer steps")
+      ->check(kAtLeastOne)
+      ->capture_default_str();
+  app.add_option("--lr", o.lr, "peak learning rate")
+      ->check(kNonNegative)
+      ->capture_default_str();
   app.add_option("--optimizer", o.optimizer, "adamw or sgd (with --momentum, --dampening, "
                  "--nesterov; --lr and --weight-decay apply to both)")
       ->check(CLI::IsMember({"adamw", "sgd"}))
       ->capture_default_str();
-  app.add_option("--momentum", o.momentum, "SGD momentum")->capture_default_str();
-  app.add_option("--dampening", o.dampening, "SGD dampening")->capture_default_str();
+  app.add_option("--momentum", o.momentum, "SGD momentum")
+      ->check(kNonNegative)
+      ->capture_default_str();
+  app.add_option("--dampening", o.dampening, "SGD dampening")
+      ->check(kNonNegative)
+      ->capture_default_str();
   app.add_flag("--nesterov", o.nesterov, "SGD: Nesterov momentum");
-  app.add_option("--beta1", o.beta1, "AdamW beta1")->capture_default_str();
-  app.add_option("--beta2", o.beta2, "AdamW beta2")->capture_default_str();
-  app.add_option("--eps", o.eps, "AdamW epsilon")->capture_default_str();
+  app.add_option("--beta1", o.beta1, "AdamW beta1")
+      ->check(CLI::Range(0.0, 0.999999))
+      ->capture_default_str();
+  app.add_option("--beta2", o.beta2, "AdamW beta2")
+      ->check(CLI::Range(0.0, 0.999999))
+      ->capture_default_str();
+  app.add_option("--eps", o.eps, "AdamW epsilon")
+      ->check(kPositive)
+      ->capture_default_str();
   app.add_option("--weight-decay", o.weight_decay, "AdamW weight decay (parameters with >= 2 dims)")
+      ->check(kNonNegative)
       ->capture_default_str();
   app.add_option("--grad-clip", o.grad_clip, "clip the global gradient norm (0 = off)")
+      ->check(kNonNegative)
       ->capture_default_str();
   app.add_option("--seed", o.seed, "initialisation seed")->capture_default_str();
-  app.add_option("--warmup-steps", o.warmup_steps, "linear warmup steps")->capture_default_str();
+  app.add_option("--warmup-steps", o.warmup_steps, "linear warmup steps")
+      ->check(kNonNegative)
+      ->capture_default_str();
   app.add_option("--schedule", o.schedule, "learning-rate schedule after warmup")
       ->check(CLI::IsMember({"constant", "cosine"}))
       ->capture_default_str();
@@ -255,6 +338,7 @@ int run(int argc, char** argv) {
   double peak_tflops = 989.0;
   app.add_option("--peak-tflops", peak_tflops,
                  "the device's peak dense TFLOP/s for the MFU line (default: H100/H200 SXM bf16)")
+      ->check(kPositive)
       ->capture_default_str();
   app.add_option("--devices", strategy_options.devices,
                  "devices per node: auto, N, -1 or a list like 0,2")
@@ -275,18 +359,22 @@ int run(int argc, char** argv) {
       ->check(CLI::Range(0, 1 << 16))
       ->capture_default_str();
   app.add_option("--grad-accum", o.grad_accum, "micro-batches per optimizer step")
+      ->check(kAtLeastOne)
       ->capture_default_str();
   app.add_option("--ddp-comm-hook", strategy_options.ddp.comm_hook,
                  "DDP communication hook: allreduce, bf16_compress, fp16_compress, powersgd")
       ->capture_default_str();
   app.add_option("--bucket-cap-mb", strategy_options.ddp.bucket_cap_mb, "DDP bucket size cap")
+      ->check(kPositive)
       ->capture_default_str();
   app.add_option("--local-sgd-period", strategy_options.local_sgd_period,
                  "DDP: after warm-up, average parameters every K steps instead of gradients "
                  "every step (0 = off)")
+      ->check(kNonNegative)
       ->capture_default_str();
   app.add_option("--local-sgd-warmup", strategy_options.local_sgd_warmup,
                  "DDP: steps of ordinary gradient averaging before local SGD starts")
+      ->check(kNonNegative)
       ->capture_default_str();
   std::string activation_checkpointing = "none";
   app.add_option("--activation-checkpointing", activation_checkpointing,
@@ -377,8 +465,13 @@ int run(int argc, char** argv) {
   bool list_strategies = false;
   app.add_flag("--list-strategies", list_strategies, "print the registered strategies and exit");
   app.add_option("--log-interval", log_interval, "steps between plain progress lines")
+      ->check(kAtLeastOne)
       ->capture_default_str();
   CLI11_PARSE(app, argc, argv);
+  check_output_path("--save", save_path);
+  check_output_path("--metrics", metrics_path);
+  check_output_path("--trace", trace_path);
+  check_output_path("--checkpoint-dir", o.checkpoint_dir, /*directory=*/true);
   sharding.param_dtype = parse_dtype(param_dtype);
   sharding.reduce_dtype = parse_dtype(reduce_dtype);
   sharding.backward_prefetch = backward_prefetch == "pre"    ? strategies::sharded::BackwardPrefetch::Pre
@@ -615,6 +708,9 @@ int main(int argc, char** argv) {
   try {
     return run(argc, argv);
   } catch (const loom::Error& e) {
+    std::fprintf(stderr, "error: %s\n", e.what());
+    return 1;
+  } catch (const std::exception& e) {  // from the standard library: still one line, no abort
     std::fprintf(stderr, "error: %s\n", e.what());
     return 1;
   }

@@ -1,0 +1,39 @@
+#!/usr/bin/env bash
+# train_gpt refuses bad flags before any work starts, with one line naming the flag, the
+# value and what is accepted, and a non-zero exit (never an abort): numbers out of range,
+# a folder where a file is expected, outputs that cannot be written.
+#   train_gpt_bad_flags.sh TRAIN_GPT
+set -euo pipefail
+T=$1
+d=$(mktemp -d); trap 'rm -rf "$d"' EXIT
+M=(--layers 1 --heads 2 --embd 16 --ctx 16 --batch 2 --steps 2 --log-interval 100)
+expect_error() {  # pattern, then the train_gpt arguments
+  local pattern=$1; shift
+  set +e
+  "$T" "${M[@]}" "$@" > "$d/out" 2>&1
+  local rc=$?
+  set -e
+  if [ "$rc" -eq 0 ]; then echo "accepted: $*"; exit 1; fi
+  if [ "$rc" -ge 128 ]; then echo "crashed (exit $rc): $*"; cat "$d/out"; exit 1; fi
+  grep -q -- "$pattern" "$d/out" || { echo "expected '$pattern', got:"; cat "$d/out"; exit 1; }
+  if grep -q "^Summary\|summary:" "$d/out"; then echo "trained before refusing: $*"; exit 1; fi
+  echo "refused ($rc): $pattern"
+}
+expect_error "steps: must be at least 1, got -5" --steps -5
+expect_error "steps: must be at least 1, got 0" --steps 0
+expect_error "grad-accum: must be at least 1, got 0" --grad-accum 0
+expect_error "grad-accum: must be at least 1, got -2" --grad-accum -2
+expect_error "bucket-cap-mb: must be above 0, got -1" --bucket-cap-mb -1
+expect_error "log-interval: must be at least 1, got 0" --log-interval 0
+expect_error "lr: must be at least 0, got -0.1" --lr -0.1
+expect_error "eps: must be above 0, got 0" --eps 0
+expect_error "beta2: Value 1 not in range" --beta2 1
+expect_error "batch: expected a number, got 'eight'" --batch eight
+expect_error "data: File is actually a directory" --data "$d"
+expect_error "init: File does not exist" --init "$d/none.safetensors"
+expect_error "\-\-save $d/no/w.safetensors: the folder $d/no does not exist" --save "$d/no/w.safetensors"
+expect_error "\-\-trace $d is a folder" --trace "$d"
+expect_error "\-\-metrics $d/no/m.jsonl: the folder $d/no does not exist" --metrics "$d/no/m.jsonl"
+expect_error "\-\-checkpoint-dir $d/no/ckpt: the folder $d/no does not exist" --checkpoint-dir "$d/no/ckpt"
+expect_error "unknown strategy" --strategy ddpp
+echo "all refused"
