@@ -294,8 +294,9 @@ struct Registry {
         [] { return std::make_unique<CompressHook>("fp16_compress", DType::F16); },
         "buckets travel and are averaged as f16, then cast back"};
     entries["powersgd"] = {[] { return make_powersgd_hook(); },
-                           "PowerSGD rank-1 compression with error feedback after 1000 "
-                           "iterations of allreduce (PowerSGDOptions defaults)"};
+                           "PowerSGD compression with error feedback (rank 1 after 1000 "
+                           "iterations of allreduce unless ReducerOptions::powersgd says "
+                           "otherwise)"};
   }
 };
 

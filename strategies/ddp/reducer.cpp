@@ -25,7 +25,8 @@ Reducer::Reducer(std::vector<Tensor> params, std::shared_ptr<comm::ProcessGroup>
       names_(std::move(names)),
       group_(std::move(group)),
       options_(options),
-      hook_(make_comm_hook(options.comm_hook)),
+      hook_(options.comm_hook == "powersgd" ? make_powersgd_hook(options.powersgd)
+                                             : make_comm_hook(options.comm_hook)),
       slots_(params_.size()),
       ready_(params_.size(), false),
       alive_(std::make_shared<bool>(true)) {

@@ -47,6 +47,8 @@ struct ReducerOptions {
   // bf16_compress, fp16_compress, powersgd, or one registered with register_comm_hook).
   // Each Reducer makes its own instance.
   std::string comm_hook = "allreduce";
+  // The settings of the powersgd hook (train_gpt's --powersgd-*).
+  PowerSGDOptions powersgd = {};
 };
 
 class Reducer {

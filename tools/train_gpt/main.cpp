@@ -364,6 +364,20 @@ int run(int argc, char** argv) {
   app.add_option("--ddp-comm-hook", strategy_options.ddp.comm_hook,
                  "DDP communication hook: allreduce, bf16_compress, fp16_compress, powersgd")
       ->capture_default_str();
+  auto& powersgd = strategy_options.ddp.powersgd;
+  app.add_option("--powersgd-rank", powersgd.matrix_approximation_rank,
+                 "--ddp-comm-hook powersgd: the rank of each gradient matrix's approximation")
+      ->check(kAtLeastOne)
+      ->capture_default_str();
+  app.add_option("--powersgd-start-iter", powersgd.start_powersgd_iter,
+                 "--ddp-comm-hook powersgd: backward passes of plain allreduce before "
+                 "compression starts")
+      ->check(kNonNegative)
+      ->capture_default_str();
+  app.add_option("--powersgd-warm-start", powersgd.warm_start,
+                 "--ddp-comm-hook powersgd: reuse the last iteration's Q (true) or draw a fresh "
+                 "random one each time (false)")
+      ->capture_default_str();
   app.add_option("--bucket-cap-mb", strategy_options.ddp.bucket_cap_mb, "DDP bucket size cap")
       ->check(kPositive)
       ->capture_default_str();
