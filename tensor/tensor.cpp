@@ -85,6 +85,7 @@ int64_t Tensor::size(int64_t d) const {
 bool Tensor::is_contiguous() const {
   const Shape& s = shape();
   const Shape& st = strides();
+  if (numel() == 0) return true;  // no element to be out of place (as in PyTorch)
   int64_t expected = 1;
   for (size_t i = s.size(); i-- > 0;) {
     if (s[i] == 1) continue;

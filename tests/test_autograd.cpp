@@ -268,6 +268,38 @@ TEST(Autograd, SplitBackwardFreesTheGraph) {
   EXPECT_THROW(autograd::run_backward_input({loss}, {Tensor()}, {stage.w1}), Error);
 }
 
+// Zero-size tensors are ordinary tensors: created, viewed, computed with and differentiated
+// (the last token's narrow of a sequence, an empty batch), as in PyTorch.
+TEST(Autograd, ZeroSizeTensorsThroughOpsAndTheirGradients) {
+  EXPECT_EQ(Tensor::zeros({3, 0}).numel(), 0);
+  EXPECT_TRUE(Tensor::zeros({3, 0}).is_contiguous());
+  Tensor x = Tensor::ones({3, 4}).set_requires_grad(true);
+  Tensor tail = x.narrow(1, 4, 0);  // past the last column: [3, 0]
+  EXPECT_EQ(tail.shape(), (Shape{3, 0}));
+  Tensor w = Tensor::ones({0, 2}).set_requires_grad(true);
+  Tensor y = matmul(tail, w);  // an empty sum: [3, 2] of zeros
+  EXPECT_EQ(y.to_vector<float>(), std::vector<float>(6, 0.0f));
+  Tensor loss = add(sum(mul(add(y, 1.0), 2.0)), sum(gelu(tail)));
+  loss.backward();
+  EXPECT_EQ(x.grad().to_vector<float>(), std::vector<float>(12, 0.0f));
+  EXPECT_EQ(w.grad().shape(), (Shape{0, 2}));
+
+  Tensor rows = Tensor::ones({0, 4}).set_requires_grad(true);  // an empty batch
+  Tensor weight = Tensor::ones({4}).set_requires_grad(true);
+  Tensor bias = Tensor::zeros({4}).set_requires_grad(true);
+  Tensor h = layer_norm(rows, weight, bias);
+  Tensor p = softmax(h);
+  Tensor lin = linear(p, Tensor::ones({4, 3}).set_requires_grad(true), Tensor::zeros({3}));
+  Tensor total = add(sum(lin), sum(concat({h, rows}, 1)));
+  EXPECT_EQ(total.item(), 0.0);
+  total.backward();
+  EXPECT_EQ(rows.grad().shape(), (Shape{0, 4}));
+  EXPECT_EQ(weight.grad().to_vector<float>(), std::vector<float>(4, 0.0f));
+  EXPECT_EQ(mean(Tensor::ones({0, 4}), {0}).shape(), (Shape{4}));
+  EXPECT_EQ(reshape(Tensor::zeros({0, 4}), {4, 0}).shape(), (Shape{4, 0}));
+  EXPECT_EQ(Tensor::zeros({2, 0}).transpose(0, 1).contiguous().shape(), (Shape{0, 2}));
+}
+
 TEST(Autograd, GradientFlowsThroughViewsIntoTheBase) {
   Tensor x = Tensor::from_vector<double>({1, 2, 3, 4, 5, 6}, {2, 3}).set_requires_grad(true);
   Tensor y = mul(x.transpose(0, 1).narrow(0, 1, 2), 2.0);  // rows 1..2 of x^T

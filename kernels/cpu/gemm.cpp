@@ -63,6 +63,12 @@ void gemm<float>(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, co
   constexpr int64_t kBlock = 128;
   constexpr int64_t kBlockedWork = int64_t{1} << 21;
   if (m == 0 || n == 0) return;
+  if (k == 0) {  // an empty sum: zeros (oneDNN refuses k = 0)
+    if (!accumulate)
+      for (int64_t i = 0; i < m; ++i)
+        std::fill(c + i * ldc, c + i * ldc + n, 0.0f);
+    return;
+  }
   const bool by_rows = m >= n;
   const int64_t extent = by_rows ? m : n;
   const int64_t blocks = m * n * k >= kBlockedWork ? (extent + kBlock - 1) / kBlock : 1;
