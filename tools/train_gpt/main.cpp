@@ -85,6 +85,29 @@ void check_output_path(const char* flag, const std::string& path, bool directory
   }
 }
 
+// The flags every rank must agree on: a rank started with another --batch or model would
+// otherwise train on a different problem without a word. Compared once at start-up over the
+// job; the first that differs is an error (on every rank) naming it and both values.
+void check_same_flags_on_every_rank(strategies::Strategy& strategy,
+                                    const std::vector<std::pair<const char*, double>>& flags) {
+  if (strategy.world_size() == 1) return;
+  std::vector<double> mine;
+  for (const auto& flag : flags)
+    mine.push_back(flag.second);
+  const auto n = static_cast<int64_t>(mine.size());
+  const Tensor gathered =
+      strategy.all_gather(Tensor::from_vector(mine, {n}).to(strategy.root_device()));
+  const std::vector<double> all = gathered.to(Device::cpu()).to_vector<double>();
+  for (int r = 1; r < strategy.world_size(); ++r) {
+    for (int64_t i = 0; i < n; ++i) {
+      const double theirs = all[static_cast<size_t>(r * n + i)], first = all[static_cast<size_t>(i)];
+      if (theirs == first) continue;
+      fail("[train_gpt] rank ", r, " was started with ", flags[static_cast<size_t>(i)].first, " ",
+           theirs, " and rank 0 with ", first, ": every rank needs the same value");
+    }
+  }
+}
+
 // Devices per node for this job: "auto" takes what the launcher started; an explicit count
 // must match the ranks running (ddp_spawn/ddp_fork start that many themselves; for dp the
 // devices are threads of this one process).
@@ -565,6 +588,19 @@ int run(int argc, char** argv) {
   }
   strategy->setup_environment();
   check_devices(strategy_options.devices, *strategy);
+  check_same_flags_on_every_rank(
+      *strategy, {{"--batch", static_cast<double>(o.batch)},
+                  {"--ctx", static_cast<double>(o.model.context)},
+                  {"--layers", static_cast<double>(o.model.layers)},
+                  {"--heads", static_cast<double>(o.model.heads)},
+                  {"--embd", static_cast<double>(o.model.embd)},
+                  {"--vocab", static_cast<double>(o.model.vocab_size)},
+                  {"--steps", static_cast<double>(o.steps)},
+                  {"--grad-accum", static_cast<double>(o.grad_accum)},
+                  {"--micro-batches", static_cast<double>(pipeline.micro_batches)},
+                  {"--seed", static_cast<double>(o.seed)},
+                  {"--lr", o.lr},
+                  {"--grad-clip", o.grad_clip}});
   const bool chief = strategy->is_global_zero();
   // PyTorch's default too: the cores shared out among the ranks on this machine.
   if (threads == 0) {
