@@ -80,6 +80,19 @@ void Work::mark_started(Clock::time_point when) {
                  std::memory_order_relaxed);
 }
 
+std::optional<Clock::time_point> Work::started_at() const {
+  const Clock::rep at = started_.load(std::memory_order_relaxed);
+  if (at == 0) return std::nullopt;
+  return Clock::time_point(Clock::duration(at));
+}
+
+std::optional<Clock::time_point> Work::completed_at() const {
+  if (!completed_.load()) return std::nullopt;
+  const Clock::rep at = completed_at_.load(std::memory_order_relaxed);
+  if (at == 0) return std::nullopt;
+  return Clock::time_point(Clock::duration(at));
+}
+
 bool Work::is_completed() const {
   return completed_.load();
 }
@@ -89,6 +102,8 @@ std::exception_ptr Work::exception() const {
 }
 
 void Work::complete(std::exception_ptr error) {
+  completed_at_.store(std::max<Clock::rep>(Clock::now().time_since_epoch().count(), 1),
+                      std::memory_order_relaxed);  // published by completed_ below
   error_ = std::move(error);
   completed_.store(true);
   if (waiters_.load() > 0) {

@@ -47,6 +47,11 @@ class Work {
   std::exception_ptr exception() const;
   std::string description() const { return text_.empty() ? label_.str() : text_; }
 
+  // When the operation started, and completed, on the thread that ran it: for traces that
+  // show communication as it happened. Empty until then (started_at: or when it never ran).
+  std::optional<Clock::time_point> started_at() const;
+  std::optional<Clock::time_point> completed_at() const;
+
   // Called by the thread that runs the operation: once when it starts, once when it ends.
   void mark_started(Clock::time_point when = Clock::now());
   void complete(std::exception_ptr error = nullptr);
@@ -68,6 +73,7 @@ class Work {
   std::atomic<bool> completed_{false};
   std::atomic<int> waiters_{0};
   std::atomic<Clock::rep> started_{0};  // time_since_epoch of the start; 0: not started
+  std::atomic<Clock::rep> completed_at_{0};  // likewise, of the completion
   std::exception_ptr error_;            // written before completed_ is set
   mutable std::mutex mutex_;
   std::condition_variable done_;

@@ -24,6 +24,7 @@ class WorkPending : public PendingBucket {
  public:
   explicit WorkPending(comm::WorkPtr work) : work_(std::move(work)) {}
   void finish() override { work_->wait(); }
+  std::optional<Span> comm_span() const override { return span_of(*work_); }
 
  private:
   comm::WorkPtr work_;
@@ -64,6 +65,7 @@ class CompressHook : public CommHook {
       NoGradGuard no_grad;
       copy_(bucket, wire);  // converts back to the bucket's dtype
     }
+    std::optional<Span> comm_span() const override { return span_of(*work); }
   };
   std::string name_;
   DType wire_;
@@ -306,6 +308,12 @@ Registry& registry() {
 }
 
 }  // namespace
+
+std::optional<PendingBucket::Span> span_of(const comm::Work& work) {
+  const auto started = work.started_at(), completed = work.completed_at();
+  if (!started || !completed) return std::nullopt;
+  return PendingBucket::Span{*started, *completed};
+}
 
 std::unique_ptr<CommHook> make_powersgd_hook(const PowerSGDOptions& options) {
   return std::make_unique<PowerSGDHook>(options);

@@ -21,6 +21,7 @@
 #include <cstdint>
 #include <functional>
 #include <memory>
+#include <optional>
 #include <string>
 #include <utility>
 #include <vector>
@@ -46,7 +47,14 @@ class PendingBucket {
  public:
   virtual ~PendingBucket() = default;
   virtual void finish() = 0;
+  // When the bucket's communication really started and finished (after finish(); empty where
+  // the hook cannot say), for the trace (Note [Bucket spans in the trace] in reducer.cpp).
+  using Span = std::pair<comm::Clock::time_point, comm::Clock::time_point>;
+  virtual std::optional<Span> comm_span() const { return std::nullopt; }
 };
+
+// The span of one operation's Work, once it completed.
+std::optional<PendingBucket::Span> span_of(const comm::Work& work);
 
 class CommHook {
  public:

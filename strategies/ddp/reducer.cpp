@@ -175,11 +175,14 @@ void Reducer::mark_ready(size_t param) {
 }
 
 // Note [Bucket spans in the trace]
-// Each bucket's span runs from the launch of its communication to the moment the main
-// thread learns it finished: finish() is called bucket by bucket after backward, so the end
-// is an upper bound (the work may have completed earlier on the comm thread). Spans that
-// overlap go to extra rows (CommLanes); the default "allreduce" hook gives names like
-// "bucket 0 allreduce (4096 bytes)".
+// Each bucket's span runs from the moment its communication really started to the moment
+// it really finished, as the thread that ran it recorded them (comm::Work::started_at and
+// completed_at), with the time it waited in the group's queue after its launch as
+// `queued_us`, so that the overlap with backward and the communication left exposed after
+// it can be read off the timeline. A hook that cannot say (PowerSGD: several operations per
+// bucket) gets the span from its launch to the moment the main thread learned it finished,
+// an upper bound. Spans that overlap go to extra rows (CommLanes); the default "allreduce"
+// hook gives names like "bucket 0 allreduce (4096 bytes)".
 
 // Buckets go out strictly in index order, so every rank issues the same allreduces in the
 // same order even if its buckets became ready in another order.
@@ -222,15 +225,19 @@ void Reducer::finalize_backward() {
                       e.rank(), e.peer());
     }
     if (trace == nullptr || bucket.launched_us < 0) continue;
-    int64_t end = trace->now_us();
-    const int tid = lanes.row_for(*trace, bucket.launched_us, end);
-    const int64_t bytes = static_cast<int64_t>(bucket.flat.nbytes());
+    int64_t start = bucket.launched_us, end = trace->now_us();
+    Trace::Args args{{"bucket", static_cast<int64_t>(b)},
+                     {"bytes", static_cast<int64_t>(bucket.flat.nbytes())},
+                     {"parameters", static_cast<int64_t>(bucket.params.size())}};
+    if (const auto span = work->comm_span()) {
+      start = std::max(trace->to_us(span->first), bucket.launched_us);
+      end = std::max(trace->to_us(span->second), start);
+      args.emplace_back("queued_us", start - bucket.launched_us);
+    }
+    const int tid = lanes.row_for(*trace, start, end);
     trace->complete("bucket " + std::to_string(b) + " " + options_.comm_hook + " (" +
-                        std::to_string(bytes) + " bytes)",
-                    "ddp", bucket.launched_us, end - bucket.launched_us, tid,
-                    {{"bucket", static_cast<int64_t>(b)},
-                     {"bytes", bytes},
-                     {"parameters", static_cast<int64_t>(bucket.params.size())}});
+                        std::to_string(bucket.flat.nbytes()) + " bytes)",
+                    "ddp", start, end - start, tid, std::move(args));
   }
   if (!options_.gradient_as_bucket_view) {
     NoGradGuard no_grad;

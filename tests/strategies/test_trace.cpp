@@ -5,6 +5,7 @@
 #include <gtest/gtest.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <filesystem>
 #include <fstream>
 #include <thread>
@@ -201,20 +202,39 @@ TEST(Trace, DDPTrainingShowsStepsAndBucketsOverlappingBackward) {
     EXPECT_TRUE(std::any_of(buckets.begin(), buckets.end(), [](const json& b) {
       return b["tid"] == 1 && b["name"].get<std::string>().rfind("bucket 0 allreduce", 0) == 0;
     }));
+    // A bucket's span is its communication as it happened; it was launched queued_us before.
+    auto launched_at = [](const json& b) {
+      return b["ts"].get<int64_t>() - b["args"]["queued_us"].get<int64_t>();
+    };
     for (int64_t s = 0; s < steps; ++s) {
       const json& backward = main_spans["backward"][s];
       const int64_t b_start = backward["ts"], b_end = b_start + backward["dur"].get<int64_t>();
       int launched_during_backward = 0;
+      std::vector<const json*> of_step;
       for (const json& b : buckets) {
-        int64_t ts = b["ts"];
-        if (ts >= b_start && ts < b_end) ++launched_during_backward;
+        int64_t ts = launched_at(b);
+        if (ts >= b_start && ts < b_end) {
+          ++launched_during_backward;
+          of_step.push_back(&b);
+        }
+      }
+      // One group runs its operations one after another: each bucket's communication ends
+      // before the next one's starts (not all at the moment the main thread looked).
+      std::sort(of_step.begin(), of_step.end(), [](const json* x, const json* y) {
+        return (*x)["args"]["bucket"].get<int64_t>() < (*y)["args"]["bucket"].get<int64_t>();
+      });
+      for (size_t i = 1; i < of_step.size(); ++i) {
+        const json& before = *of_step[i - 1];
+        EXPECT_LE(before["ts"].get<int64_t>() + before["dur"].get<int64_t>(),
+                  (*of_step[i])["ts"].get<int64_t>())
+            << "step " << s << ", bucket " << i;
       }
       EXPECT_EQ(launched_during_backward, static_cast<int>(per_step)) << "step " << s;
       // Overlap evidence: bucket 0 went out before the backward pass's last gradient, i.e.
       // before the reducer started waiting ("ddp wait for buckets" begins after autograd).
       int64_t first_launch = b_end;
       for (const json& b : buckets) {
-        int64_t ts = b["ts"];
+        int64_t ts = launched_at(b);
         if (ts >= b_start && ts < b_end) first_launch = std::min(first_launch, ts);
       }
       int64_t wait_start = b_end;
