@@ -43,7 +43,7 @@ fs::path resolve(const std::string& given) {
   fs::path path(given);
   if (Directory::is_committed(path)) return path;
   if (auto latest = Directory(path).latest()) return *latest;
-  fail("loom-ckpt: ", given, " is neither a committed checkpoint (a directory with ",
+  fail(given, " is neither a committed checkpoint (a directory with ",
        Directory::kMarker, ") nor a directory holding one");
 }
 

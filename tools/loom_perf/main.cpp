@@ -104,6 +104,10 @@ std::optional<int> parse(int argc, char** argv, PerfOptions& options) {
     options.blocking = blocking == 1;
     options.wait_each = blocking == 2;
     options.bind_cores = bind == "core";
+    if (options.max_bytes < options.min_bytes) {
+      loom::fail("-e/--maxbytes ", max_bytes, " is below -b/--minbytes ", min_bytes,
+                 ": no size to measure");
+    }
     if (options.step_bytes == 0 && options.step_factor <= 1.0) {
       loom::fail("-f/--stepfactor must be above 1 (got ", options.step_factor,
                  "); use -i/--stepbytes for additive steps");
