@@ -21,6 +21,7 @@
 #include <vector>
 
 #include "comm/store/store_impl.h"
+#include "comm/store/tcp_auth.h"
 #include "comm/store/tcp_protocol.h"
 #include "comm/store/tcp_socket.h"
 #include "comm/store/tcp_store.h"
@@ -183,21 +184,27 @@ struct TCPStore::Impl {
          " (last error: " + (last_error.empty() ? "connect: timed out" : last_error) + ")");
   }
 
+  // Note [Store authentication]: the server's challenge, then the proof of the secret.
   void authenticate(Socket& s, Deadline deadline) const {
-    MessageWriter hello(kHello);
-    hello.integer(kProtocolVersion).field(std::string_view(secret));
-    if (hello.payload_size() > kMaxHelloMessage) {
-      const size_t overhead = hello.payload_size() - secret.size();
-      loom::fail("[comm/store] ", where, ": the store secret is ", secret.size(),
-                 " bytes; expected at most ", kMaxHelloMessage - overhead);
+    Bytes challenge;
+    IoStatus status = recv_frame(s.fd(), challenge, deadline);
+    if (!status.ok()) fail("authentication failed: no challenge from the server: " + status.describe());
+    MessageReader offer(challenge.data(), challenge.size());
+    const auto code = offer.code();
+    const auto nonce = offer.field();
+    if (code != kChallenge || !nonce || !offer.at_end() || nonce->size() != kNonceBytes) {
+      fail("authentication failed: the server's first message is not a challenge (is it a Loom "
+           "store of this version?)");
     }
-    IoStatus status = send_all(s.fd(), std::move(hello).frame(), deadline);
+    MessageWriter hello(kHello);
+    hello.integer(kProtocolVersion).field(std::string_view(hello_proof(secret, *nonce)));
+    status = send_all(s.fd(), std::move(hello).frame(), deadline);
     Bytes reply;
     if (status.ok()) status = recv_frame(s.fd(), reply, deadline);
     if (status.kind == IoStatus::kClosed) {
       fail(
-          "authentication failed: the server closed the connection when given the secret "
-          "(it does not match the server's; check LOOM_STORE_SECRET)");
+          "authentication failed: the server closed the connection at the proof of the secret "
+          "(the secrets differ; check LOOM_STORE_SECRET)");
     }
     if (!status.ok()) fail("authentication failed: " + status.describe());
     if (MessageReader(reply.data(), reply.size()).code() != kOk) {

@@ -37,7 +37,7 @@
 
 namespace loom::comm::tcp {
 
-inline constexpr uint32_t kProtocolVersion = 1;
+inline constexpr uint32_t kProtocolVersion = 2;  // 2: challenge and HMAC (tcp_auth.h)
 inline constexpr size_t kFrameHeader = 4;
 inline constexpr size_t kMaxMessage = size_t(64) << 20;  // 64 MiB payload
 inline constexpr size_t kMaxHelloMessage = 4096;         // payload before authentication
@@ -51,6 +51,7 @@ enum Command : uint8_t {
   kWait = 6,
   kCheck = 7,
   kRemove = 8,
+  kChallenge = 9,  // server -> client, first on every connection: the nonce (tcp_auth.h)
 };
 
 enum Status : uint8_t {

@@ -23,6 +23,7 @@
 #include <vector>
 
 #include "comm/store/store_impl.h"
+#include "comm/store/tcp_auth.h"
 #include "comm/store/tcp_protocol.h"
 #include "comm/store/tcp_socket.h"
 #include "comm/store/tcp_store.h"
@@ -42,17 +43,9 @@ constexpr size_t kReadChunk = size_t(256) << 10;
 constexpr int64_t kMaxWaitMs = int64_t(365) * 24 * 3600 * 1000;
 
 // Compares in time independent of where the strings differ (only the length may leak).
-bool secrets_equal(std::string_view expected, std::string_view given) {
-  size_t diff = expected.size() ^ given.size();
-  for (size_t i = 0; i < expected.size(); ++i) {
-    const uint8_t g = i < given.size() ? uint8_t(given[i]) : 0;
-    diff |= uint8_t(expected[i]) ^ g;
-  }
-  return diff == 0;
-}
-
 struct Connection {
   Socket socket;
+  std::string nonce;  // this connection's challenge (Note [Store authentication])
   bool authenticated = false;
   bool dead = false;
   Deadline hello_deadline;
@@ -168,6 +161,8 @@ struct TCPStoreServer::Impl {
       auto c = std::make_unique<Connection>();
       c->socket = Socket(fd);
       c->hello_deadline = Clock::now() + kHelloTimeout;
+      c->nonce = new_nonce();
+      reply(*c, std::move(MessageWriter(kChallenge).field(std::string_view(c->nonce))));
       connections.push_back(std::move(c));
     }
   }
@@ -248,8 +243,8 @@ struct TCPStoreServer::Impl {
       const auto version = in.integer();
       const auto given = in.field();
       if (code != kHello || !version || !given || !in.at_end() || *version != kProtocolVersion ||
-          !secrets_equal(secret, *given)) {
-        c.dead = true;  // no reply: a wrong secret learns nothing
+          !proofs_equal(hello_proof(secret, c.nonce), *given)) {
+        c.dead = true;  // no reply: a wrong proof learns nothing
         return;
       }
       c.authenticated = true;

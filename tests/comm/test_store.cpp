@@ -28,6 +28,7 @@
 #include "comm/store/file_store.h"
 #include "comm/store/in_process_store.h"
 #include "comm/store/store.h"
+#include "comm/store/tcp_auth.h"
 #include "comm/store/tcp_store.h"
 #include "tensor/error.h"
 
@@ -445,16 +446,44 @@ void put_u32(std::string& out, uint32_t v) {
     out += char(v >> (8 * i));
 }
 
-// A well-formed hello frame (see tcp_protocol.h): kHello, version field, secret field.
-std::string hello_frame(const std::string& secret) {
+// A hello frame (see tcp_protocol.h): kHello, the version as an 8-byte field, then `proof`.
+std::string hello_with(const std::string& proof, uint64_t version = 2) {
   std::string payload(1, char(1));
   put_u32(payload, 8);
-  payload += std::string("\x01\0\0\0\0\0\0\0", 8);
-  put_u32(payload, uint32_t(secret.size()));
-  payload += secret;
+  for (int i = 0; i < 8; ++i)
+    payload += char(version >> (8 * i));
+  put_u32(payload, uint32_t(proof.size()));
+  payload += proof;
   std::string frame;
   put_u32(frame, uint32_t(payload.size()));
   return frame + payload;
+}
+
+// Reads the server's first frame on `fd`, its challenge, and returns the nonce ("" when the
+// frame is not a challenge or does not come within two seconds).
+std::string read_challenge(int fd) {
+  std::string in;
+  const auto deadline = Clock::now() + 2s;
+  auto want = [&](size_t n) {
+    while (in.size() < n && Clock::now() < deadline) {
+      pollfd p{fd, POLLIN, 0};
+      if (::poll(&p, 1, 100) <= 0) continue;
+      char buf[256];
+      const ssize_t got = ::recv(fd, buf, std::min(sizeof(buf), n - in.size()), 0);
+      if (got <= 0) return false;
+      in.append(buf, size_t(got));
+    }
+    return in.size() >= n;
+  };
+  if (!want(4)) return "";
+  const uint32_t size = uint8_t(in[0]) | uint8_t(in[1]) << 8 | uint8_t(in[2]) << 16 | uint32_t(uint8_t(in[3])) << 24;
+  if (size != 1 + 4 + 32 || !want(4 + size) || in[4] != char(9)) return "";
+  return in.substr(9, 32);
+}
+
+// The hello that answers this connection's challenge with the proof of `secret`.
+std::string hello_frame(int fd, const std::string& secret) {
+  return hello_with(comm::tcp::hello_proof(secret, read_challenge(fd)));
 }
 
 // True when the server closes `fd` (EOF or reset) within two seconds.
@@ -494,6 +523,83 @@ TEST(TCPStore, RejectsWrongSecret) {
   }
   EXPECT_EQ(to_string(good.get("k", 1s)), "v");
   expect_server_healthy(server.port());
+}
+
+// Note [Store authentication]: the proof is HMAC-SHA256 (RFC 4231, test case 2).
+TEST(TCPStore, ProofIsHmacSha256) {
+  const std::string mac = comm::tcp::hello_proof("Jefe", "what do ya want for nothing?");
+  const unsigned char expected[] = {0x5b, 0xdc, 0xc1, 0x46, 0xbf, 0x60, 0x75, 0x4e, 0x6a, 0x04, 0x24,
+                                    0x26, 0x08, 0x95, 0x75, 0xc7, 0x5a, 0x00, 0x3f, 0x08, 0x9d, 0x27,
+                                    0x39, 0x83, 0x9d, 0xec, 0x58, 0xb9, 0x64, 0xec, 0x38, 0x43};
+  EXPECT_EQ(mac, std::string(reinterpret_cast<const char*>(expected), sizeof expected));
+  EXPECT_NE(comm::tcp::new_nonce(), comm::tcp::new_nonce());
+}
+
+// A hello that authenticated one connection is refused on another: its nonce differs.
+TEST(TCPStore, ReplayedHelloIsRejected) {
+  TCPStoreServer server("127.0.0.1", 0, kSecret);
+  const int first = raw_connect(server.port());
+  ASSERT_GE(first, 0);
+  const std::string captured = hello_frame(first, kSecret);
+  ASSERT_EQ(::send(first, captured.data(), captured.size(), MSG_NOSIGNAL), ssize_t(captured.size()));
+  EXPECT_FALSE(closed_by_server(first)) << "the genuine hello authenticates";
+  const int second = raw_connect(server.port());
+  ASSERT_GE(second, 0);
+  ASSERT_EQ(read_challenge(second).size(), 32u);
+  ASSERT_EQ(::send(second, captured.data(), captured.size(), MSG_NOSIGNAL), ssize_t(captured.size()));
+  EXPECT_TRUE(closed_by_server(second)) << "the replayed hello must not";
+  // A hello cut short, and one of the old protocol (the secret itself), are refused too.
+  const int third = raw_connect(server.port());
+  ASSERT_GE(third, 0);
+  const std::string truncated = hello_frame(third, kSecret).substr(0, 20);
+  ::send(third, truncated.data(), truncated.size(), MSG_NOSIGNAL);
+  ::shutdown(third, SHUT_WR);
+  EXPECT_TRUE(closed_by_server(third));
+  const int fourth = raw_connect(server.port());
+  ASSERT_GE(fourth, 0);
+  read_challenge(fourth);
+  const std::string old = hello_with(kSecret, 1);
+  ::send(fourth, old.data(), old.size(), MSG_NOSIGNAL);
+  EXPECT_TRUE(closed_by_server(fourth));
+  for (int fd : {first, second, third, fourth})
+    ::close(fd);
+  expect_server_healthy(server.port());
+}
+
+// The client never sends the secret: a listener playing the server sees only the proof.
+TEST(TCPStore, SecretNeverCrossesTheWire) {
+  const int listener = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  sockaddr_in addr{};
+  addr.sin_family = AF_INET;
+  addr.sin_port = 0;
+  ::inet_pton(AF_INET, "127.0.0.1", &addr.sin_addr);
+  ASSERT_EQ(::bind(listener, reinterpret_cast<sockaddr*>(&addr), sizeof addr), 0);
+  ASSERT_EQ(::listen(listener, 1), 0);
+  socklen_t length = sizeof addr;
+  ::getsockname(listener, reinterpret_cast<sockaddr*>(&addr), &length);
+  const uint16_t port = ntohs(addr.sin_port);
+  const std::string nonce(32, 'n');
+  std::string heard;
+  std::thread fake([&] {
+    const int fd = ::accept(listener, nullptr, nullptr);
+    std::string challenge;
+    put_u32(challenge, 1 + 4 + 32);
+    challenge += char(9);
+    put_u32(challenge, 32);
+    challenge += nonce;
+    ::send(fd, challenge.data(), challenge.size(), MSG_NOSIGNAL);
+    char buf[512];
+    for (ssize_t n; (n = ::recv(fd, buf, sizeof buf, 0)) > 0;) {
+      heard.append(buf, size_t(n));
+      if (heard.size() >= 4 + 1 + 12 + 4 + 32) break;  // the whole hello
+    }
+    ::close(fd);  // no reply: the client's authentication fails
+  });
+  EXPECT_THROW(TCPStore("127.0.0.1", port, kSecret, 2s), CommError);
+  fake.join();
+  ::close(listener);
+  EXPECT_EQ(heard.find(kSecret), std::string::npos) << "the secret went over the wire";
+  EXPECT_NE(heard.find(comm::tcp::hello_proof(kSecret, nonce)), std::string::npos);
 }
 
 TEST(TCPStore, UnauthenticatedRequestsAreNotProcessed) {
@@ -539,7 +645,7 @@ TEST(TCPStore, DropsGarbageAndOversizedMessages) {
   {
     const int fd = raw_connect(server.port());
     ASSERT_GE(fd, 0);
-    std::string frames = hello_frame(kSecret);
+    std::string frames = hello_frame(fd, kSecret);
     frames += std::string("\x01\0\0\0\x7f", 5);  // a 1-byte payload with command 0x7f
     ::send(fd, frames.data(), frames.size(), MSG_NOSIGNAL);
     EXPECT_TRUE(closed_by_server(fd));
@@ -550,7 +656,7 @@ TEST(TCPStore, DropsGarbageAndOversizedMessages) {
   {
     const int fd = raw_connect(server.port());
     ASSERT_GE(fd, 0);
-    std::string frames = hello_frame(kSecret);
+    std::string frames = hello_frame(fd, kSecret);
     put_u32(frames, (64u << 20) + 1);
     frames += "partial body";
     ::send(fd, frames.data(), frames.size(), MSG_NOSIGNAL);
@@ -561,7 +667,7 @@ TEST(TCPStore, DropsGarbageAndOversizedMessages) {
   {
     const int fd = raw_connect(server.port());
     ASSERT_GE(fd, 0);
-    std::string frames = hello_frame(std::string(10000, 's'));
+    std::string frames = hello_with(std::string(10000, 's'));
     ::send(fd, frames.data(), frames.size(), MSG_NOSIGNAL);
     EXPECT_TRUE(closed_by_server(fd));
     ::close(fd);
@@ -659,7 +765,7 @@ TEST(TCPStore, AbandonedWaiterLeavesTheServerHealthy) {
     const int64_t timeout_ms = 60000;
     for (int i = 0; i < 8; ++i)
       payload += char(uint64_t(timeout_ms) >> (8 * i));
-    std::string frames = hello_frame(kSecret);
+    std::string frames = hello_frame(fd, kSecret);
     put_u32(frames, uint32_t(payload.size()));
     frames += payload;
     if (fd < 0 || ::send(fd, frames.data(), frames.size(), MSG_NOSIGNAL) < 0) return 4;
