@@ -6,7 +6,9 @@
 #
 # The GPU machine (the device tool's H100/H200 image) has nvcc, CMake, ninja and PyTorch but
 # no Debian packages and no network, so it lacks what Loom's CMake asks for:
-#   find_package(Eigen3 / dnnl / nlohmann_json / CLI11)   top-level CMakeLists.txt
+#   find_package(Eigen3 / dnnl / OpenSSL / nlohmann_json / CLI11)   top-level CMakeLists.txt
+#   (OpenSSL: the headers and the libcrypto.so link are carried; libcrypto.so.3 itself is
+#   assumed present, as on any image with Python)
 #   find_package(GTest)                            tests/CMakeLists.txt
 #   find_package(benchmark)                        bench/CMakeLists.txt
 #   pkg_check_modules(hwloc)                       tools/loomrun/CMakeLists.txt (pkg-config too)
@@ -48,7 +50,7 @@ command -v dpkg >/dev/null || die "dpkg not found: this script reads Debian's pa
 
 # Debian packages whose files are copied (docs, man pages and static libraries skipped).
 PACKAGES=(libeigen3-dev nlohmann-json3-dev libcli11-dev libbenchmark-dev libbenchmark1debian
-          libdnnl-dev libdnnl2
+          libdnnl-dev libdnnl2 libssl-dev
           libhwloc-dev libhwloc15 googletest)
 missing=()
 for p in "${PACKAGES[@]}"; do
