@@ -74,7 +74,8 @@ std::pair<Tensor, Tensor> lcg_batch(int64_t step, int64_t first, int64_t rows, i
 }
 
 // The mean loss over all ranks at each step, training under `strategy` (null: one process)
-// with this rank's share of the reference's batch; tears the strategy down.
+// with this rank's share of the reference's batch; tears the strategy down. A pipeline runs
+// each batch through train_batch.
 std::vector<double> train(const Reference& ref, Strategy* strategy) {
   // Replicas split the batch; the ranks of one replica (tensor parallel) share it.
   const int rank = strategy ? strategy->data_parallel_rank() : 0;
@@ -87,9 +88,17 @@ std::vector<double> train(const Reference& ref, Strategy* strategy) {
                                               .eps = 1e-8, .weight_decay = 0.1});
   if (strategy) strategy->setup_optimizer(optimizer);
   const int64_t rows = ref.batch / world;
+  auto* pipeline = dynamic_cast<PipelineStrategy*>(strategy);
   std::vector<double> losses;
   for (int64_t step = 0; step < ref.steps; ++step) {
     auto [tokens, targets] = lcg_batch(step, rank * rows, rows, ref.config.context);
+    if (pipeline) {
+      Tensor loss = pipeline->train_batch(tokens, targets);
+      pipeline->optimizer_step(optimizer);
+      losses.push_back(pipeline->all_reduce(loss.reshape({1})).item());
+      optimizer.zero_grad();
+      continue;
+    }
     Tensor loss = model.loss(tokens, targets);
     if (strategy) {
       strategy->backward(loss);
@@ -173,22 +182,8 @@ TEST(TorchReference, PipelineSchedulesMatchPyTorchAtTheSameBatch) {
       strategy.set_process_group(std::make_shared<comm::ProcessGroup>(
           rank, size, store, comm::GroupOptions{.timeout = 60s}, schedule));
       strategy.setup_environment();
-      nn::GPT model(ref.config, 0);
-      model.load_state_dict(nn::gpt_state_from_checkpoint(
-          safetensors::load(kData / "torch_reference_init.safetensors")));
-      strategy.setup_module(model);
-      optim::AdamW optimizer(model.parameters(), {.lr = 1e-3, .beta1 = 0.9, .beta2 = 0.95,
-                                                  .eps = 1e-8, .weight_decay = 0.1});
-      strategy.setup_optimizer(optimizer);
-      std::vector<double> losses;
-      for (int64_t step = 0; step < ref.steps; ++step) {
-        auto [tokens, targets] = lcg_batch(step, 0, ref.batch, ref.config.context);
-        losses.push_back(strategy.train_batch(tokens, targets).item());
-        strategy.optimizer_step(optimizer);
-        optimizer.zero_grad();
-      }
-      strategy.teardown();
-      expect_matches(ref, losses, "pipeline " + schedule + ", 2 stages x 4 micro-batches");
+      expect_matches(ref, train(ref, &strategy),
+                     "pipeline " + schedule + ", 2 stages x 4 micro-batches");
     }
   }, 300s));
 }
@@ -207,25 +202,7 @@ TEST(TorchReference, ThreeDimensionalParallelismMatchesPyTorch) {
         rank, size, store, comm::GroupOptions{.timeout = 120s}, "3d"));
     strategy.setup_environment();
     ASSERT_EQ(strategy.data_parallel_size(), 2);
-    nn::GPT model(ref.config, 0);
-    model.load_state_dict(nn::gpt_state_from_checkpoint(
-        safetensors::load(kData / "torch_reference_init.safetensors")));
-    strategy.setup_module(model);
-    optim::AdamW optimizer(model.parameters(), {.lr = 1e-3, .beta1 = 0.9, .beta2 = 0.95,
-                                                .eps = 1e-8, .weight_decay = 0.1});
-    strategy.setup_optimizer(optimizer);
-    const int64_t rows = ref.batch / 2;
-    std::vector<double> losses;
-    for (int64_t step = 0; step < ref.steps; ++step) {
-      auto [tokens, targets] =
-          lcg_batch(step, strategy.data_parallel_rank() * rows, rows, ref.config.context);
-      Tensor loss = strategy.train_batch(tokens, targets);
-      strategy.optimizer_step(optimizer);
-      optimizer.zero_grad();
-      losses.push_back(strategy.all_reduce(loss.reshape({1})).item());
-    }
-    strategy.teardown();
-    expect_matches(ref, losses, "dp 2 x pp 2 x tp 2");
+    expect_matches(ref, train(ref, &strategy), "dp 2 x pp 2 x tp 2");
   }, 300s));
 }
 
