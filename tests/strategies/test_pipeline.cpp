@@ -262,23 +262,13 @@ TEST(Pipeline, MatchesSingleDeviceAccumulationOverTheSameMicroBatches) {
 TEST(Pipeline, ComposesWithDataParallelism) {
   loom::testing::TempDir dir;
   const auto reference_file = dir.path() / "ddp.weights";
-  expect_all_ok(run_ranks(2, [&](int rank, int size, std::shared_ptr<comm::Store> store) {
-    auto ddp = StrategyRegistry::get("ddp", {});
-    dynamic_cast<ParallelStrategy&>(*ddp).set_process_group(std::make_shared<comm::ProcessGroup>(
-        rank, size, store, comm::GroupOptions{.timeout = 30s}, "ddp"));
-    ddp->setup_environment();
-    const Weights w = train(ddp.get(), 2, 2, 3);
-    ddp->teardown();
-    if (rank == 0) testing::write_weights(reference_file, w);
-  }));
+  testing::write_ddp_reference(reference_file, 2, 2, 3);
   expect_all_ok(run_ranks(4, [&](int rank, int size, std::shared_ptr<comm::Store> store) {
     auto s = make_pipeline(2, 2, "1f1b", {}, rank, size, store, "dp-pp");
     EXPECT_EQ(s->data_parallel_size(), 2);
     const Weights w = train(s.get(), 4, 1, 3);
     s->teardown();
-    const Weights reference = testing::read_weights(reference_file, w);
-    ASSERT_FALSE(reference.empty()) << "the reference holds another model";
-    EXPECT_LE(max_difference(w, reference), 1e-5) << "rank " << rank;
+    testing::expect_near_reference(reference_file, w, rank);
   }, 120s));
 }
 

@@ -100,20 +100,13 @@ TEST(TensorParallel, SequenceParallelismMatchesOneDevice) {
 TEST(TensorParallel, ComposesWithDataParallelism) {
   loom::testing::TempDir dir;
   const auto reference_file = dir.path() / "ddp.weights";
-  expect_all_ok(run_ranks(2, [&](int rank, int size, std::shared_ptr<comm::Store> store) {
-    auto s = make("ddp", 1, rank, size, store, "ddp");
-    const Weights w = train(s.get(), 2, 3);
-    s->teardown();
-    if (rank == 0) testing::write_weights(reference_file, w);
-  }));
+  testing::write_ddp_reference(reference_file, 2, 1, 3);
   expect_all_ok(run_ranks(4, [&](int rank, int size, std::shared_ptr<comm::Store> store) {
     auto s = make("model_parallel", 2, rank, size, store, "dp-tp");
     EXPECT_EQ(s->data_parallel_size(), 2);
     const Weights w = train(s.get(), 2, 3);
     s->teardown();
-    const Weights reference = testing::read_weights(reference_file, w);
-    ASSERT_FALSE(reference.empty()) << "the reference holds another model";
-    EXPECT_LE(max_difference(w, reference), 1e-5) << "rank " << rank;
+    testing::expect_near_reference(reference_file, w, rank);
   }, 120s));
 }
 

@@ -2,14 +2,21 @@
 // Shared by the strategy tests: a tiny GPT, a corpus folded into its vocabulary, and a short
 // train_gpt run whose final weights are compared across strategies.
 
+#include <gtest/gtest.h>
+
 #include <algorithm>
+#include <chrono>
 #include <cmath>
 #include <cstdint>
 #include <filesystem>
 #include <fstream>
+#include <memory>
 #include <vector>
 
+#include "comm/process_group.h"
+#include "multiprocess.h"
 #include "nn/gpt.h"
+#include "strategies/registry.h"
 #include "tools/train_gpt/default_corpus.h"
 #include "tools/train_gpt/trainer.h"
 
@@ -116,6 +123,31 @@ inline Weights read_weights(const std::filesystem::path& path, const Weights& li
   }
   if (!in || in.peek() != std::char_traits<char>::eof()) return {};
   return out;
+}
+
+// The reference for a data-parallel composition (dp 2 x pp, dp 2 x tp): DDP over 2 forked
+// ranks, train_tiny_f32(batch, accum, steps), rank 0's weights written to `path`.
+inline void write_ddp_reference(const std::filesystem::path& path, int64_t batch, int64_t accum,
+                                int64_t steps) {
+  comm::testing::expect_all_ok(comm::testing::run_ranks(
+      2, [&](int rank, int size, std::shared_ptr<comm::Store> store) {
+        auto ddp = StrategyRegistry::get("ddp", {});
+        dynamic_cast<ParallelStrategy&>(*ddp).set_process_group(
+            std::make_shared<comm::ProcessGroup>(
+                rank, size, store, comm::GroupOptions{.timeout = std::chrono::seconds(30)},
+                "ddp-reference"));
+        ddp->setup_environment();
+        const Weights w = train_tiny_f32(ddp.get(), batch, accum, steps);
+        ddp->teardown();
+        if (rank == 0) write_weights(path, w);
+      }));
+}
+
+// `w` is within rounding (1e-5) of the weights write_ddp_reference wrote to `path`.
+inline void expect_near_reference(const std::filesystem::path& path, const Weights& w, int rank) {
+  const Weights reference = read_weights(path, w);
+  ASSERT_FALSE(reference.empty()) << "the reference holds another model";
+  EXPECT_LE(max_difference(w, reference), 1e-5) << "rank " << rank;
 }
 
 }  // namespace loom::strategies::testing
