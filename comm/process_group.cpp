@@ -158,14 +158,7 @@ WorkPtr ProcessGroup::submit(Op op, const Tensor& first, const Tensor& second, B
     run(op, [&](Backend& backend, Deadline deadline) {
       body(backend, deadline, const_cast<Tensor&>(first), const_cast<Tensor&>(second));
     });
-    // Only wake the progress thread when another thread queued work meanwhile: a needless
-    // wake-up costs more than the whole small operation. running_ is atomic so that this
-    // check needs no lock (Note [Inline operations]).
-    running_.store(false);
-    if (queued_count_.load() > 0) {
-      std::lock_guard relock(mutex_);
-      queued_.notify_all();
-    }
+    done_running_here();
     return std::move(op.work);
   }
   WorkPtr work = op.work;
@@ -199,12 +192,19 @@ bool ProcessGroup::claim(uint64_t seq) {
   run(*op, [&op](Backend& backend, Deadline deadline) {
     op->body(backend, deadline, op->first, op->second);
   });
+  done_running_here();
+  return true;
+}
+
+// Only wakes the progress thread when another thread queued work meanwhile: a needless
+// wake-up costs more than the whole small operation. running_ is atomic so that this check
+// needs no lock (Note [Inline operations]).
+void ProcessGroup::done_running_here() {
   running_.store(false);
   if (queued_count_.load() > 0) {
     std::lock_guard relock(mutex_);
     queued_.notify_all();
   }
-  return true;
 }
 
 std::exception_ptr ProcessGroup::broken_error(const Op& op) const {

@@ -133,6 +133,8 @@ class ProcessGroup : public std::enable_shared_from_this<ProcessGroup> {
   void progress_loop();
   // Runs queued operation `seq` on the calling thread if it is next and nothing runs.
   bool claim(uint64_t seq);
+  // After an operation ran on a calling thread: clears running_, hands queued work on.
+  void done_running_here();
   std::exception_ptr broken_error(const Op& op) const;
   template <typename Body>
   void run(Op& op, Body&& body);

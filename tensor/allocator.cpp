@@ -4,6 +4,7 @@
 #include <mutex>
 #include <new>
 #include <unordered_map>
+#include <utility>
 #include <vector>
 
 #include "tensor/error.h"
@@ -103,10 +104,7 @@ class CpuAllocator final : public Allocator {
 
   void* allocate(size_t nbytes) override {
     if (nbytes == 0) return nullptr;
-    // Whole pages get page alignment, so that O_DIRECT file I/O can use them as they are
-    // (strategies/sharded/swap_file.h).
-    const size_t alignment = nbytes % kPageAlignment == 0 ? kPageAlignment : kCpuAlignment;
-    const size_t rounded = (nbytes + alignment - 1) / alignment * alignment;
+    const auto [alignment, rounded] = block_of(nbytes);
     void* ptr = rounded >= kCacheFrom ? take_cached(rounded, alignment) : nullptr;
     if (ptr == nullptr) ptr = std::aligned_alloc(alignment, rounded);
     if (ptr == nullptr) fail("[tensor] cpu allocator: out of memory allocating ", nbytes, " bytes");
@@ -116,13 +114,18 @@ class CpuAllocator final : public Allocator {
   void deallocate(void* ptr, size_t nbytes) noexcept override {
     if (ptr == nullptr) return;
     record_deallocation(nbytes);
-    const size_t alignment = nbytes % kPageAlignment == 0 ? kPageAlignment : kCpuAlignment;
-    const size_t rounded = (nbytes + alignment - 1) / alignment * alignment;
+    const auto [alignment, rounded] = block_of(nbytes);
     if (rounded >= kCacheFrom && keep(ptr, rounded, alignment)) return;
     std::free(ptr);
   }
 
  private:
+  // The alignment and size of the block that holds `nbytes`: whole pages get page alignment,
+  // so that O_DIRECT file I/O can use them as they are (strategies/sharded/swap_file.h).
+  static std::pair<size_t, size_t> block_of(size_t nbytes) {
+    const size_t alignment = nbytes % kPageAlignment == 0 ? kPageAlignment : kCpuAlignment;
+    return {alignment, (nbytes + alignment - 1) / alignment * alignment};
+  }
   // A block's key: its size, and whether it is page-aligned (a 64-byte-aligned block of a
   // whole number of pages must not serve a page-aligned request).
   static size_t key(size_t rounded, size_t alignment) {
