@@ -61,20 +61,4 @@ for round in $(seq 1 "$ROUNDS"); do
 done
 { date -Iseconds; lscpu | grep 'Model name'; git -C "$ROOT" rev-parse --short HEAD; } > "$OUT/machine.txt"
 
-python3 - "$OUT" "$ROUNDS" <<'PY'
-import glob, json, statistics, sys
-out, rounds = sys.argv[1], int(sys.argv[2])
-def loom(label, r):
-    steps = [json.loads(l)["ms_per_step"] for l in open(f"{out}/loom_{label}_r{r}.jsonl")]
-    return statistics.median(steps[5:])
-def peer(label, r):
-    files = glob.glob(f"{out}/peer_{label}_r{r}.rank*.json")
-    return max(json.load(open(f))["median_ms_5_19"] for f in files) if files else float("nan")
-print("| run | Loom ms/step (rounds) | PyTorch ms/step | Loom / PyTorch (medians) |")
-print("|---|---|---|---|")
-for label in ("single_1thread", "single_2threads", "single_compile", "ddp_2x1"):
-    a = [loom(label, r) for r in range(1, rounds + 1)]
-    b = [peer(label, r) for r in range(1, rounds + 1)]
-    print(f"| {label} | {', '.join(f'{x:.1f}' for x in a)} | {', '.join(f'{x:.1f}' for x in b)} | "
-          f"{statistics.median(a) / statistics.median(b):.2f} |")
-PY
+python3 "$ROOT/bench/train_gpt_pairs_summary.py" "$OUT" "$ROUNDS" single_1thread single_2threads single_compile ddp_2x1

@@ -58,20 +58,4 @@ done
 { date -Iseconds; lscpu | grep 'Model name'; git -C "$ROOT" rev-parse --short HEAD; } > "$OUT/machine.txt"
 
 # Per schedule: Loom's and the peer's medians per round, and the ratio of their medians.
-python3 - "$OUT" "$ROUNDS" <<'PY'
-import glob, json, statistics, sys
-out, rounds = sys.argv[1], int(sys.argv[2])
-def loom(label, r):
-    steps = [json.loads(l)["ms_per_step"] for l in open(f"{out}/loom_{label}_r{r}.jsonl")]
-    return statistics.median(steps[5:])
-def peer(label, r):
-    return max(json.load(open(f))["median_ms_5_19"] for f in glob.glob(f"{out}/peer_{label}_r{r}.rank*.json"))
-print("| run | Loom ms/step (rounds) | PyTorch ms/step | Loom / peer (medians) |")
-print("|---|---|---|---|")
-for label in ("gpipe", "1f1b", "interleaved_1f1b", "zero_bubble_vs_interleavedzb",
-              "zero_bubble_vs_zbv", "tp"):
-    a = [loom(label, r) for r in range(1, rounds + 1)]
-    b = [peer(label, r) for r in range(1, rounds + 1)]
-    print(f"| {label} | {', '.join(f'{x:.1f}' for x in a)} | {', '.join(f'{x:.1f}' for x in b)} | "
-          f"{statistics.median(a) / statistics.median(b):.2f} |")
-PY
+python3 "$ROOT/bench/train_gpt_pairs_summary.py" "$OUT" "$ROUNDS" gpipe 1f1b interleaved_1f1b zero_bubble_vs_interleavedzb zero_bubble_vs_zbv tp
