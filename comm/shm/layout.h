@@ -3,10 +3,12 @@
 // counter is written by one rank only (the owner) and read by the others.
 //
 //   [RankControl x size] [ChannelControl x size*size] [FastBox x size*kFastBoxSlots]
+//   [RoundRecord x size*kRecordedRounds]
 //   [staging: size ranks x 2 buffers x stage_bytes] [results: size x 2 x slice_bytes]
 //   [channel rings: size*size x channel_bytes]
 //
-// See Note [Rounds] in shm_backend.cpp for how the counters are used.
+// See Note [Rounds] in shm_backend.cpp for how the counters are used, and Note
+// [Fingerprints] in fingerprint.cpp for the chains and records.
 
 #include <atomic>
 #include <cstddef>
@@ -20,22 +22,38 @@ struct alignas(64) Counter {
 static_assert(sizeof(Counter) == 64);
 static_assert(std::atomic<uint64_t>::is_always_lock_free);
 
+// The arrived counter with the rank's fingerprint chain of its staging rounds beside it (slot
+// round % 2, like the staging buffers), so a peer that sees the round has the chain too.
+struct alignas(64) ArrivedLine {
+  std::atomic<uint64_t> value{0};  // last round whose data this rank posted
+  std::atomic<uint64_t> chain[2] = {0, 0};
+};
+static_assert(sizeof(ArrivedLine) == 64);
+
 struct RankControl {
-  Counter pid;       // process id, written once when the rank attaches
-  Counter arrived;   // last round whose data this rank posted
-  Counter reduced;   // last round whose reduced slice this rank wrote
-  Counter consumed;  // last round this rank finished reading
+  Counter pid;          // process id, written once when the rank attaches
+  ArrivedLine arrived;  // last round whose data this rank posted, and its chain
+  Counter reduced;      // last round whose reduced slice this rank wrote
+  Counter consumed;     // last round this rank finished reading
+  Counter stopped;      // 1 once this rank gave up on the group with a CommError
 };
 
-// One cache line that carries a tiny message together with the round it belongs to, so a
-// reader that sees the round also has the data (one cache-line transfer per peer).
+// One cache line that carries a tiny message stamped with the fingerprint chain of the round
+// it belongs to, so a reader that sees its own chain there also has the data (one cache-line
+// transfer per peer).
 struct alignas(64) FastBox {
-  std::atomic<uint64_t> round{0};
+  std::atomic<uint64_t> stamp{0};
   unsigned char data[56];
 };
 static_assert(sizeof(FastBox) == 64);
 inline constexpr size_t kFastBoxBytes = sizeof(FastBox::data);
 inline constexpr uint64_t kFastBoxSlots = 16;  // per rank, used round-robin
+
+// What a rank ran in one round, kept for kRecordedRounds rounds to explain a mismatch.
+struct alignas(64) RoundRecord {
+  std::atomic<uint64_t> round{0}, chain{0}, packed{0}, count{0}, seq{0};
+};
+inline constexpr uint64_t kRecordedRounds = kFastBoxSlots;
 
 // Byte stream from rank `src` to rank `dst`: head counts bytes written (by src), tail bytes
 // read (by dst); both only grow.
@@ -49,8 +67,8 @@ struct Layout {
   size_t slice_bytes = 0;    // per-rank share of one round of a reduction
   size_t stage_bytes = 0;    // one rank's staging buffer: size * slice_bytes
   size_t channel_bytes = 0;  // ring capacity of one point-to-point channel
-  size_t ranks_offset = 0, channels_offset = 0, fastbox_offset = 0, staging_offset = 0,
-         results_offset = 0, rings_offset = 0, total_bytes = 0;
+  size_t ranks_offset = 0, channels_offset = 0, fastbox_offset = 0, records_offset = 0,
+         staging_offset = 0, results_offset = 0, rings_offset = 0, total_bytes = 0;
 
   static Layout make(int size, size_t slice_bytes, size_t channel_bytes) {
     Layout l;
@@ -62,7 +80,8 @@ struct Layout {
     l.ranks_offset = 0;
     l.channels_offset = l.ranks_offset + n * sizeof(RankControl);
     l.fastbox_offset = l.channels_offset + n * n * sizeof(ChannelControl);
-    l.staging_offset = l.fastbox_offset + n * kFastBoxSlots * sizeof(FastBox);
+    l.records_offset = l.fastbox_offset + n * kFastBoxSlots * sizeof(FastBox);
+    l.staging_offset = l.records_offset + n * kRecordedRounds * sizeof(RoundRecord);
     l.results_offset = l.staging_offset + n * 2 * l.stage_bytes;
     l.rings_offset = l.results_offset + n * 2 * slice_bytes;
     l.total_bytes = l.rings_offset + n * n * channel_bytes;

@@ -22,27 +22,41 @@ bool process_alive(int64_t pid) {
   return state != 'Z' && state != 'X';
 }
 
+void give_up(const WaitScope& scope, const CommError& error) {
+  if (scope.stop) scope.stop();
+  throw error;
+}
+
 void wait_slowly(const WaitScope& scope, const std::function<bool()>& ready,
                  const std::function<int()>& lagging, Deadline deadline, const char* what) {
   using namespace std::chrono;
   auto start = Clock::now();
   auto next_check = start;
+  const std::string prefix = "[comm/shm] rank " + std::to_string(scope.rank) + ": peer ";
   while (!ready()) {
     auto now = Clock::now();
     if (now >= next_check) {
       int peer = lagging();
+      // A peer that gave up (and may have exited since) is named for that, not as dead.
+      if (peer >= 0 && scope.stopped && scope.stopped(peer) && !ready()) {
+        give_up(scope, CommError(prefix + std::to_string(peer) +
+                                     " gave up on the group (its own error names the cause) "
+                                     "while this rank waited for it to " +
+                                     what,
+                                 scope.rank, peer));
+      }
       // A peer may post its part and exit between our look at the counters and the liveness
       // check: death only counts if, looking again after it, the peer is still behind.
       if (peer >= 0 && !process_alive(scope.pid_of(peer)) && !ready() && lagging() == peer) {
-        throw CommError("[comm/shm] rank " + std::to_string(scope.rank) + ": peer " +
-                            std::to_string(peer) + " (pid " + std::to_string(scope.pid_of(peer)) +
-                            ") died while this rank waited for it to " + what,
-                        scope.rank, peer);
+        give_up(scope, CommError(prefix + std::to_string(peer) + " (pid " +
+                                     std::to_string(scope.pid_of(peer)) +
+                                     ") died while this rank waited for it to " + what,
+                                 scope.rank, peer));
       }
       if (now >= deadline) {
-        throw CommError("[comm/shm] rank " + std::to_string(scope.rank) + ": peer " +
-                            std::to_string(peer) + " did not " + what + " before the deadline",
-                        scope.rank, peer >= 0 ? std::optional<int>(peer) : std::nullopt);
+        give_up(scope, CommError(prefix + std::to_string(peer) + " did not " + what +
+                                     " before the deadline",
+                                 scope.rank, peer >= 0 ? std::optional<int>(peer) : std::nullopt));
       }
       next_check = now + milliseconds(5);
     }

@@ -1,8 +1,8 @@
 #pragma once
 // Waiting on other ranks through shared memory: spin briefly (latency), then yield, then
 // sleep in short naps (ranks may outnumber cores). Every few milliseconds the ranks still
-// awaited are checked for liveness, so a dead peer is reported at once instead of at the
-// deadline.
+// awaited are checked for liveness, so a dead peer, or one that gave up on the group with an
+// error of its own, is reported at once instead of at the deadline.
 
 #include <cstdint>
 #include <functional>
@@ -18,7 +18,12 @@ bool process_alive(int64_t pid);
 struct WaitScope {
   int rank;                            // this rank, for messages
   std::function<int64_t(int)> pid_of;  // pid of a peer (0: not attached yet)
+  std::function<bool(int)> stopped;    // whether a peer gave up on the group
+  std::function<void()> stop;          // tells the peers that this rank gives up
 };
+
+// Marks this rank as stopped (scope.stop) and throws `error`.
+[[noreturn]] void give_up(const WaitScope& scope, const CommError& error);
 
 // The part of wait_until after the initial spin: yields, naps and liveness checks.
 void wait_slowly(const WaitScope& scope, const std::function<bool()>& ready,
@@ -31,7 +36,7 @@ inline void cpu_relax() {
 }
 
 // Returns once ready() is true. lagging() names a peer that is still awaited (or -1).
-// Throws loom::CommError naming that peer when it died or when `deadline` passes.
+// Throws loom::CommError naming that peer when it died, gave up or when `deadline` passes.
 // The first few thousand checks spin inline (no allocation, no call through a pointer), which
 // is what a small collective between ranks on their own cores costs.
 template <typename Ready, typename Lagging>

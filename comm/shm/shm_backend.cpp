@@ -77,9 +77,15 @@ ShmBackend::ShmBackend(const BackendContext& context)
     segment_.unlink();  // every rank has it mapped: the name is no longer needed
   }
   consumed_seen_.assign(static_cast<size_t>(size_), 0);
-  scope_ = {rank_, [this](int r) {
-              return static_cast<int64_t>(control(r).pid.value.load(std::memory_order_acquire));
-            }};
+  scope_ = {.rank = rank_,
+            .pid_of =
+                [this](int r) {
+                  return static_cast<int64_t>(
+                      control(r).pid.value.load(std::memory_order_acquire));
+                },
+            .stopped =
+                [this](int r) { return control(r).stopped.value.load(std::memory_order_acquire); },
+            .stop = [this] { control(rank_).stopped.value.store(1, std::memory_order_release); }};
 }
 
 RankControl& ShmBackend::control(int r) const {
@@ -106,6 +112,12 @@ FastBox& ShmBackend::fastbox(int r, uint64_t round) const {
   auto* base =
       reinterpret_cast<FastBox*>(static_cast<char*>(segment_.data()) + layout_.fastbox_offset);
   return base[static_cast<size_t>(r) * kFastBoxSlots + round % kFastBoxSlots];
+}
+
+RoundRecord& ShmBackend::record(int r, uint64_t round) const {
+  auto* base = reinterpret_cast<RoundRecord*>(static_cast<char*>(segment_.data()) +
+                                              layout_.records_offset);
+  return base[static_cast<size_t>(r) * kRecordedRounds + round % kRecordedRounds];
 }
 
 char* ShmBackend::result(int r, uint64_t round) const {
@@ -136,7 +148,73 @@ std::atomic<uint64_t>& ShmBackend::counter(int r, Phase phase) const {
 uint64_t ShmBackend::begin_round(Deadline deadline) {
   uint64_t round = ++round_;
   if (round > 2) await_all(Phase::Consumed, round - 2, deadline, "finish reading");
+  stamp_round(round);
+  control(rank_).arrived.chain[round % 2].store(chain_, std::memory_order_relaxed);
   return round;
+}
+
+void ShmBackend::start(const Fingerprint& print) {
+  current_ = print;
+  current_.seq = collectives_++;
+}
+
+// The record is published with the arrived counter or fast box that follows (release).
+void ShmBackend::stamp_round(uint64_t round) {
+  chain_ = extend_chain(chain_, current_);
+  RoundRecord& mine = record(rank_, round);
+  mine.round.store(round, std::memory_order_relaxed);
+  mine.chain.store(chain_, std::memory_order_relaxed);
+  mine.packed.store(current_.packed(), std::memory_order_relaxed);
+  mine.count.store(current_.count, std::memory_order_relaxed);
+  mine.seq.store(current_.seq, std::memory_order_relaxed);
+}
+
+// Called once rank r's arrived counter reached `round` (acquire), which makes its chain slot
+// of that round visible; the slot is rewritten two staging rounds later at the earliest,
+// which needs this rank to have consumed `round` first.
+void ShmBackend::check_peer(int r, uint64_t round) const {
+  if (control(r).arrived.chain[round % 2].load(std::memory_order_relaxed) != chain_) {
+    report_mismatch(r, round);
+  }
+}
+
+void ShmBackend::check_all(uint64_t round) const {
+  for (int r = 0; r < size_; ++r)
+    check_peer(r, round);
+}
+
+void ShmBackend::report_mismatch(int r, uint64_t round) const {
+  auto view_of = [&](int rank, uint64_t s) {
+    const RoundRecord& at = record(rank, s);
+    return Fingerprint::unpack(at.packed.load(std::memory_order_relaxed),
+                               at.count.load(std::memory_order_relaxed),
+                               at.seq.load(std::memory_order_relaxed));
+  };
+  // The first remembered round in which the chains differ is where the ranks parted.
+  const uint64_t oldest = round > kRecordedRounds ? round - kRecordedRounds + 1 : 1;
+  uint64_t parted = round;
+  for (uint64_t s = oldest; s <= round; ++s) {
+    if (record(r, s).round.load(std::memory_order_relaxed) == s &&
+        record(r, s).chain.load(std::memory_order_relaxed) !=
+            record(rank_, s).chain.load(std::memory_order_relaxed)) {
+      parted = s;
+      break;
+    }
+  }
+  std::string message = "[comm/shm] rank " + std::to_string(rank_) + ": rank " +
+                        std::to_string(r) + " runs a different collective: here " +
+                        view_of(rank_, parted).str() + ", on rank " + std::to_string(r) + " ";
+  message += record(r, parted).round.load(std::memory_order_relaxed) == parted
+                 ? view_of(r, parted).str()
+                 : "another one (its record of that round is gone)";
+  if (parted == oldest && oldest > 1) {
+    message += "; they may have parted earlier, before the oldest of the " +
+               std::to_string(kRecordedRounds) + " rounds each rank remembers";
+  }
+  give_up(scope_, CommError(message +
+                                "; every rank must issue the same collectives in the same order, "
+                                "with the same counts, dtypes, reduce ops and roots",
+                            rank_, r));
 }
 
 void ShmBackend::publish(Phase phase, uint64_t round) {
@@ -180,10 +258,19 @@ void ShmBackend::reduce_staged(uint64_t round, size_t offset, size_t count, DTyp
 }
 
 void ShmBackend::allreduce(const Tensor& input, Tensor& output, ReduceOp op, Deadline deadline) {
+  start({.kind = Collective::Allreduce,
+         .dtype = input.dtype(),
+         .op = op,
+         .count = static_cast<uint64_t>(input.numel())});
   reduce_rounds(input, output, op, /*root=*/-1, deadline);
 }
 
 void ShmBackend::reduce(Tensor& tensor, int root, ReduceOp op, Deadline deadline) {
+  start({.kind = Collective::Reduce,
+         .dtype = tensor.dtype(),
+         .op = op,
+         .root = root,
+         .count = static_cast<uint64_t>(tensor.numel())});
   reduce_rounds(tensor, tensor, op, root, deadline);
 }
 
@@ -205,6 +292,7 @@ void ShmBackend::reduce_rounds(const Tensor& input, Tensor& output, ReduceOp op,
     std::memcpy(staging(rank_, round), in, n * element);
     publish(Phase::Arrived, round);
     await_all(Phase::Arrived, round, deadline, "post its data");
+    check_all(round);
     if (wanted) reduce_staged(round, 0, n, dtype, op, out);
     publish(Phase::Consumed, round);
     return;
@@ -226,6 +314,7 @@ void ShmBackend::reduce_rounds(const Tensor& input, Tensor& output, ReduceOp op,
                 in + (start + mine + mine_count) * element, (length - mine - mine_count) * element);
     publish(Phase::Arrived, round);
     await_all(Phase::Arrived, round, deadline, "post its data");
+    check_all(round);
     reduce_staged(round, mine * element, mine_count, dtype, op, result(rank_, round),
                   in + (start + mine) * element);
     publish(Phase::Reduced, round);
@@ -248,7 +337,9 @@ void ShmBackend::reduce_rounds(const Tensor& input, Tensor& output, ReduceOp op,
 // round s - kFastBoxSlots a rank checks that every peer consumed that round, re-reading the
 // peers' consumed counters only when its cached copy is too old (once every few rounds).
 // The reduction reads the boxes in rank order, like every other path, so results are the
-// same bits whichever path a size takes.
+// same bits whichever path a size takes. A box is stamped with its round's fingerprint chain
+// rather than the round number (Note [Fingerprints]): a reader that finds a peer's arrived
+// counter at this round but not its own chain on the box has found a mismatch.
 void ShmBackend::reduce_tiny(const Tensor& input, Tensor& output, ReduceOp op, int root,
                              Deadline deadline) {
   const uint64_t round = ++round_;
@@ -260,9 +351,14 @@ void ShmBackend::reduce_tiny(const Tensor& input, Tensor& output, ReduceOp op, i
       consumed_seen_[r] = counter(r, Phase::Consumed).load(std::memory_order_acquire);
     }
   }
+  stamp_round(round);
   FastBox& mine = fastbox(rank_, round);
   std::memcpy(mine.data, input.raw_data(), input.nbytes());
-  mine.round.store(round, std::memory_order_release);
+  mine.stamp.store(chain_, std::memory_order_release);
+  // Staging-buffer rounds (the other paths) wait for every rank's arrived and consumed
+  // counters too, so publishing them keeps all paths ordered; arrived goes first so that a
+  // peer in a mismatched staging round sees this round's chain differ at once.
+  publish(Phase::Arrived, round);
   if (root < 0 || root == rank_) {
     const void* inputs[64];
     std::vector<const void*> many;
@@ -273,10 +369,16 @@ void ShmBackend::reduce_tiny(const Tensor& input, Tensor& output, ReduceOp op, i
     }
     for (int r = 0; r < size_; ++r) {
       FastBox& box = fastbox(r, round);
-      if (box.round.load(std::memory_order_acquire) != round) {
+      if (box.stamp.load(std::memory_order_acquire) != chain_) {
+        auto& arrived = counter(r, Phase::Arrived);
         wait_until(
-            scope_, [&] { return box.round.load(std::memory_order_acquire) == round; },
+            scope_,
+            [&] {
+              return box.stamp.load(std::memory_order_acquire) == chain_ ||
+                     arrived.load(std::memory_order_acquire) >= round;
+            },
             [r] { return r; }, deadline, "post its data");
+        if (box.stamp.load(std::memory_order_acquire) != chain_) report_mismatch(r, round);
       }
       list[r] = box.data;
     }
@@ -284,13 +386,14 @@ void ShmBackend::reduce_tiny(const Tensor& input, Tensor& output, ReduceOp op, i
                                 output.raw_data(), list, static_cast<size_t>(size_),
                                 static_cast<size_t>(input.numel()), scale_of(op, size_));
   }
-  // Staging-buffer rounds (the other paths) wait for every rank's consumed counter too, so
-  // publishing it keeps all paths ordered.
-  publish(Phase::Arrived, round);
   publish(Phase::Consumed, round);
 }
 
 void ShmBackend::broadcast(Tensor& tensor, int root, Deadline deadline) {
+  start({.kind = Collective::Broadcast,
+         .dtype = tensor.dtype(),
+         .root = root,
+         .count = static_cast<uint64_t>(tensor.numel())});
   const size_t bytes = tensor.nbytes();
   char* data = static_cast<char*>(tensor.raw_data());
   for (size_t start = 0; start < bytes || (bytes == 0 && start == 0);
@@ -301,6 +404,7 @@ void ShmBackend::broadcast(Tensor& tensor, int root, Deadline deadline) {
     publish(Phase::Arrived, round);
     if (rank_ != root) {
       await_rank(root, Phase::Arrived, round, deadline, "post its data");
+      check_peer(root, round);
       std::memcpy(data + start, staging(root, round), length);
     }
     publish(Phase::Consumed, round);
@@ -309,6 +413,9 @@ void ShmBackend::broadcast(Tensor& tensor, int root, Deadline deadline) {
 }
 
 void ShmBackend::all_gather(Tensor& output, const Tensor& input, Deadline deadline) {
+  start({.kind = Collective::AllGather,
+         .dtype = input.dtype(),
+         .count = static_cast<uint64_t>(input.numel())});
   const size_t bytes = input.nbytes();
   const char* in = static_cast<const char*>(input.raw_data());
   char* out = static_cast<char*>(output.raw_data());
@@ -319,6 +426,7 @@ void ShmBackend::all_gather(Tensor& output, const Tensor& input, Deadline deadli
     std::memcpy(staging(rank_, round), in + start, length);
     publish(Phase::Arrived, round);
     await_all(Phase::Arrived, round, deadline, "post its data");
+    check_all(round);
     for (int r = 0; r < size_; ++r) {
       std::memcpy(out + static_cast<size_t>(r) * bytes + start, staging(r, round), length);
     }
@@ -346,6 +454,7 @@ void ShmBackend::exchange_parts(
     }
     publish(Phase::Arrived, round);
     await_all(Phase::Arrived, round, deadline, "post its data");
+    check_all(round);
     consume(round, start, length, piece);
     publish(Phase::Consumed, round);
     if (n == 0) break;
@@ -354,6 +463,10 @@ void ShmBackend::exchange_parts(
 
 void ShmBackend::reduce_scatter(Tensor& output, const Tensor& input, ReduceOp op,
                                 Deadline deadline) {
+  start({.kind = Collective::ReduceScatter,
+         .dtype = input.dtype(),
+         .op = op,
+         .count = static_cast<uint64_t>(output.numel())});
   const size_t element = dtype_size(input.dtype());
   char* out = static_cast<char*>(output.raw_data());
   exchange_parts(input, static_cast<size_t>(output.numel()), deadline,
@@ -364,6 +477,9 @@ void ShmBackend::reduce_scatter(Tensor& output, const Tensor& input, ReduceOp op
 }
 
 void ShmBackend::all_to_all(Tensor& output, const Tensor& input, Deadline deadline) {
+  start({.kind = Collective::AllToAll,
+         .dtype = input.dtype(),
+         .count = static_cast<uint64_t>(input.numel())});
   const size_t element = dtype_size(input.dtype());
   const size_t n = static_cast<size_t>(input.numel()) / static_cast<size_t>(size_);
   char* out = static_cast<char*>(output.raw_data());
@@ -378,9 +494,11 @@ void ShmBackend::all_to_all(Tensor& output, const Tensor& input, Deadline deadli
 }
 
 void ShmBackend::barrier(Deadline deadline) {
+  start({.kind = Collective::Barrier});
   uint64_t round = begin_round(deadline);
   publish(Phase::Arrived, round);
   await_all(Phase::Arrived, round, deadline, "reach the barrier");
+  check_all(round);
   publish(Phase::Consumed, round);
 }
 

@@ -7,7 +7,8 @@
 // rank order 0, 1, ..., size-1 with f32 accumulation for bf16/f16, so results are bitwise
 // identical on every rank, from run to run and whichever algorithm the size selects.
 // Point-to-point byte streams between every pair of ranks (Transport) carry send/recv and
-// the generic algorithms of comm/algorithms/.
+// the generic algorithms of comm/algorithms/. Ranks whose collectives differ (kind, count,
+// dtype, reduce op, root) get a CommError naming both views, always (Note [Fingerprints]).
 //
 // Tunables, read once: LOOM_SHM_SLICE_BYTES (per-rank share of a round, default 256 KiB),
 // LOOM_SHM_ONE_SHOT_BYTES (largest one-shot allreduce, default 32 KiB),
@@ -19,6 +20,7 @@
 
 #include "comm/algorithms/transport.h"
 #include "comm/backend.h"
+#include "comm/shm/fingerprint.h"
 #include "comm/shm/layout.h"
 #include "comm/shm/peer_wait.h"
 #include "comm/shm/segment.h"
@@ -59,12 +61,23 @@ class ShmBackend final : public Backend, public Transport {
   char* ring(int src, int dst) const;
   char* staging(int r, uint64_t round) const;
   FastBox& fastbox(int r, uint64_t round) const;
+  RoundRecord& record(int r, uint64_t round) const;
   char* result(int r, uint64_t round) const;
   std::atomic<uint64_t>& counter(int r, Phase phase) const;
 
+  // Every collective starts here: what it is, for the fingerprint of each of its rounds.
+  void start(const Fingerprint& print);
   // Starts the next round: waits until every rank finished reading the round that last
-  // used this round's buffers.
+  // used this round's buffers, then records the round and publishes its chain slot.
   uint64_t begin_round(Deadline deadline);
+  // Extends the chain with the current collective and records round `round`.
+  void stamp_round(uint64_t round);
+  // After waiting for rank r's data of a staging round: throws unless r's chain equals ours.
+  void check_peer(int r, uint64_t round) const;
+  void check_all(uint64_t round) const;
+  // Throws the CommError that names this rank's and rank r's view of the first round in
+  // which their chains differ.
+  [[noreturn]] void report_mismatch(int r, uint64_t round) const;
   void publish(Phase phase, uint64_t round);
   void await_all(Phase phase, uint64_t round, Deadline deadline, const char* what);
   void await_rank(int r, Phase phase, uint64_t round, Deadline deadline, const char* what);
@@ -88,6 +101,9 @@ class ShmBackend final : public Backend, public Transport {
   Segment segment_;
   WaitScope scope_;
   uint64_t round_ = 0;
+  Fingerprint current_;            // the collective now running (Note [Fingerprints])
+  uint64_t chain_ = kChainStart;   // this rank's chain after round_
+  uint64_t collectives_ = 0;       // collectives started, for messages
   std::vector<uint64_t> consumed_seen_;  // last value read of each rank's consumed counter
   size_t one_shot_bytes_;
 };

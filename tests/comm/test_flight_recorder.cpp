@@ -71,9 +71,10 @@ TEST(FlightRecorder, RanksThatDisagreeOnACollectiveAreNamed) {
     ProcessGroup group(rank, size, store, GroupOptions{.timeout = 5s}, "mismatch");
     Tensor same = Tensor::full({4}, 1.0);
     group.allreduce(same)->wait();
-    // The same bytes, another dtype: the shm backend cannot tell; the recorder can.
+    // The same bytes, another dtype: the shm backend refuses it (Note [Fingerprints]) and the
+    // recorder's dumps name it too.
     Tensor odd = rank == 0 ? Tensor::full({4}, 1.0) : Tensor::full({4}, 1.0, DType::I32);
-    group.allreduce(odd)->wait();
+    EXPECT_THROW(group.allreduce(odd)->wait(), CommError);
     FlightRecorder::global().dump(fs::path(dir.path()) /
                                       ("flight.rank-" + std::to_string(rank) + ".json"),
                                   rank);

@@ -1,0 +1,45 @@
+#pragma once
+// What a collective is, as the shm backend compares it across ranks on every round, debug
+// mode or not (Note [Fingerprints] in fingerprint.cpp): its kind, dtype, element count,
+// reduce op and root. Each rank folds the fingerprints of all its rounds into a running
+// 64-bit chain; ranks that ran the same collectives in the same order hold the same chain.
+
+#include <cstdint>
+#include <string>
+
+#include "comm/reduce_op.h"
+#include "tensor/dtype.h"
+
+namespace loom::comm::shm {
+
+enum class Collective : uint8_t {
+  Allreduce = 1,
+  Reduce,
+  Broadcast,
+  AllGather,
+  ReduceScatter,
+  AllToAll,
+  Barrier,
+};
+
+struct Fingerprint {
+  Collective kind = Collective::Barrier;
+  DType dtype = DType::U8;
+  ReduceOp op = ReduceOp::Sum;  // reductions only
+  int root = -1;                // reduce and broadcast only
+  uint64_t count = 0;           // elements of the tensor the caller passed (per rank)
+  uint64_t seq = 0;             // this backend's collective number, for messages only
+
+  // Every field but seq in one word (with count beside it), for the records peers read.
+  uint64_t packed() const;
+  static Fingerprint unpack(uint64_t packed, uint64_t count, uint64_t seq);
+  // "allreduce sum f32 x 1024 (collective #3)", "broadcast root 0 u8 x 0 (collective #4)".
+  std::string str() const;
+};
+
+// The chain after one more round of `print`. Never 0, so a zeroed box or line never matches.
+uint64_t extend_chain(uint64_t chain, const Fingerprint& print);
+
+inline constexpr uint64_t kChainStart = 0x6c6f6f6d2d73686dULL;  // "loom-shm"
+
+}  // namespace loom::comm::shm
