@@ -3,6 +3,7 @@
 // in a fresh temporary directory. Each child runs body(rank, size, store) and exits 0 when it
 // returned without a GoogleTest failure, 1 on a failure, 2 on an exception; its messages go
 // to the shared stdout. The parent waits at most `timeout` and kills the children after it.
+// The parent must be single-threaded when it forks (threads_in_this_process() == 1).
 
 #include <gtest/gtest.h>
 #include <signal.h>
@@ -28,8 +29,24 @@ struct RankResult {
   int signal = 0;
 };
 
+inline int threads_in_this_process() {
+  int threads = 0;
+  for ([[maybe_unused]] const auto& task : std::filesystem::directory_iterator("/proc/self/task"))
+    ++threads;
+  return threads;
+}
+
 inline std::vector<RankResult> run_ranks(int size, const RankBody& body,
                                          std::chrono::seconds timeout = std::chrono::seconds(60)) {
+  // fork() keeps only the calling thread: a lock another thread held at that moment (a
+  // process group's queue, the flight recorder) stays locked forever in the child, and
+  // ThreadSanitizer refuses to start threads after such a fork.
+  if (const int threads = threads_in_this_process(); threads != 1) {
+    ADD_FAILURE() << "run_ranks: the test process runs " << threads
+                  << " threads; destroy its process groups (and stop other threads) before "
+                     "forking ranks";
+    return std::vector<RankResult>(static_cast<size_t>(size));
+  }
   char dir_template[] = "/tmp/loom_test_XXXXXX";
   std::string dir = mkdtemp(dir_template);
   std::string store_path = dir + "/store";

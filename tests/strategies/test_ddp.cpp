@@ -79,9 +79,13 @@ TEST(Reducer, DdpMatchesSingleDeviceOnTheSameGlobalBatch) {
   // Reference: one process, batch W*B: step i reads the same tokens as the W ranks together.
   const int world = 2, steps = 4;
   const int64_t micro = 2;
-  auto store = std::make_shared<comm::InProcessStore>();
-  auto single = std::make_shared<comm::ProcessGroup>(0, 1, store, comm::GroupOptions{}, "single");
-  std::vector<double> reference = train_ddp(*single, steps, micro * world, {});
+  std::vector<double> reference;
+  {  // its progress thread ends here: the ranks are forked from a single-threaded process
+    auto store = std::make_shared<comm::InProcessStore>();
+    auto single =
+        std::make_shared<comm::ProcessGroup>(0, 1, store, comm::GroupOptions{}, "single");
+    reference = train_ddp(*single, steps, micro * world, {});
+  }
   expect_all_ok(run_ranks(world, [&](int rank, int size, std::shared_ptr<comm::Store> s) {
     auto pg =
         std::make_shared<comm::ProcessGroup>(rank, size, s, comm::GroupOptions{.timeout = 30s});
