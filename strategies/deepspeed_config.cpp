@@ -236,6 +236,10 @@ DeepSpeedConfig parse_deepspeed_config(const std::string& json_text, const std::
       reason = reason.substr(at + 2);
     fail("[deepspeed-config] ", source, " is not valid JSON at line ", line, ", column ", column,
          ": ", reason);
+  } catch (const json::out_of_range& e) {  // a number past double's range, such as 1e400
+    std::string reason = e.what();
+    if (auto at = reason.find("] "); at != std::string::npos) reason = reason.substr(at + 2);
+    fail("[deepspeed-config] ", source, " is not valid JSON: ", reason);
   }
   DeepSpeedConfig config;
   Reader r(source, config);
@@ -396,11 +400,15 @@ std::string apply_deepspeed_config(const DeepSpeedConfig& config, StrategyOption
 void check_deepspeed_batch_sizes(const DeepSpeedConfig& config, int64_t micro_batch,
                                  int64_t accumulation, int world_size) {
   if (!config.train_batch_size) return;
-  if (*config.train_batch_size != micro_batch * accumulation * world_size) {
+  // The sizes come from the config: their product may not fit in int64.
+  int64_t product = 0;
+  const bool overflow = __builtin_mul_overflow(micro_batch, accumulation, &product) ||
+                        __builtin_mul_overflow(product, int64_t{world_size}, &product);
+  if (overflow || *config.train_batch_size != product) {
     fail("[deepspeed-config] train_batch_size ", *config.train_batch_size,
          " must equal train_micro_batch_size_per_gpu ", micro_batch,
          " x gradient_accumulation_steps ", accumulation, " x world size ", world_size, " = ",
-         micro_batch * accumulation * world_size);
+         overflow ? std::string("more than 2^63 - 1") : std::to_string(product));
   }
 }
 

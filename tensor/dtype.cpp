@@ -4,6 +4,7 @@
 #include <cmath>
 #include <ostream>
 
+#include "kernels/cpu/half.h"
 #include "tensor/error.h"
 
 namespace loom {
@@ -67,13 +68,13 @@ float bf16_bits_to_float(uint16_t bits) {
   return std::bit_cast<float>(static_cast<uint32_t>(bits) << 16);
 }
 
-// _Float16 conversions in GCC round to nearest even (F16C instructions or libgcc).
+// Round to nearest even, as the F16C instructions and GCC's _Float16 do (kernels/cpu/half.h).
 uint16_t float_to_f16_bits(float value) {
-  return std::bit_cast<uint16_t>(static_cast<_Float16>(value));
+  return kernels::cpu::f32_to_f16_bits(value);
 }
 
 float f16_bits_to_float(uint16_t bits) {
-  return static_cast<float>(std::bit_cast<_Float16>(bits));
+  return kernels::cpu::f16_bits_to_f32(bits);
 }
 
 std::ostream& operator<<(std::ostream& out, DType dtype) {

@@ -5,7 +5,7 @@
 namespace loom::detail {
 
 void throw_check_failure(const std::string& what, const std::string& context,
-                         const std::source_location& where) {
+                         const SourceLocation& where) {
   std::ostringstream out;
   out << std::filesystem::path(where.file_name()).filename().string() << ':' << where.line() << ": "
       << what << ": " << context;

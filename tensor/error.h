@@ -5,12 +5,32 @@
 //  - loom::CommError (comm/): failures of peers and transports.
 // LOOM_CHECK* throw loom::Error with "<file>:<line>: <condition> (<lhs> vs <rhs>): <context>".
 
-#include <source_location>
+#include <cstdint>
 #include <sstream>
 #include <stdexcept>
 #include <string>
 
 namespace loom {
+
+// Where a check is written: what std::source_location::current() gives, captured the same
+// way (default arguments, evaluated where the call is written). Loom's own because
+// libstdc++'s std::source_location needs __builtin_source_location, which clang has only
+// from version 15 (the fuzzing build, tests/fuzz, uses clang 14); __builtin_FILE and
+// __builtin_LINE are in GCC, clang and MSVC alike.
+class SourceLocation {
+ public:
+  static constexpr SourceLocation current(const char* file = __builtin_FILE(),
+                                          uint_least32_t line = __builtin_LINE()) noexcept {
+    return SourceLocation(file, line);
+  }
+  constexpr const char* file_name() const noexcept { return file_; }
+  constexpr uint_least32_t line() const noexcept { return line_; }
+
+ private:
+  constexpr SourceLocation(const char* file, uint_least32_t line) : file_(file), line_(line) {}
+  const char* file_;
+  uint_least32_t line_;
+};
 
 class Error : public std::runtime_error {
  public:
@@ -20,12 +40,12 @@ class Error : public std::runtime_error {
 namespace detail {
 
 [[noreturn]] void throw_check_failure(const std::string& what, const std::string& context,
-                                      const std::source_location& where);
+                                      const SourceLocation& where);
 
 template <typename A, typename B>
 [[noreturn]] void throw_comparison_failure(const char* op, const A& a, const B& b,
                                            const std::string& context,
-                                           const std::source_location& where) {
+                                           const SourceLocation& where) {
   std::ostringstream what;
   what << "expected lhs " << op << " rhs (" << a << " vs " << b << ")";
   throw_check_failure(what.str(), context, where);
@@ -35,13 +55,13 @@ template <typename A, typename B>
 
 // Throws loom::Error with `context` when `condition` is false.
 inline void check(bool condition, const std::string& context,
-                  const std::source_location& where = std::source_location::current()) {
+                  const SourceLocation& where = SourceLocation::current()) {
   if (!condition) detail::throw_check_failure("check failed", context, where);
 }
 
 template <typename A, typename B>
 void check_eq(const A& a, const B& b, const std::string& context,
-              const std::source_location& where = std::source_location::current()) {
+              const SourceLocation& where = SourceLocation::current()) {
   if (!(a == b)) detail::throw_comparison_failure("==", a, b, context, where);
 }
 

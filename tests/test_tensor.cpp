@@ -2,7 +2,9 @@
 
 #include <gtest/gtest.h>
 
+#include <bit>
 #include <cmath>
+#include <cstdint>
 #include <limits>
 
 #include "tensor/ops.h"
@@ -64,6 +66,31 @@ TEST(Tensor, F16RoundsToNearestEven) {
   EXPECT_EQ(float_to_f16_bits(70000.0f), 0x7C00);  // overflow -> inf
   EXPECT_EQ(f16_bits_to_float(0x0001), 0x1p-24f);  // smallest subnormal
 }
+
+// The conversions are plain C++ (kernels/cpu/half.h) so that every compiler builds them;
+// GCC's _Float16 (the F16C rounding) is the reference wherever the compiler has it: every f16
+// value both ways, and every 61st f32 bit pattern (about 70 million, all exponents) to f16.
+#ifdef __FLT16_MANT_DIG__
+TEST(Tensor, F16ConversionsMatchTheCompilersFloat16) {
+  for (uint32_t bits = 0; bits <= 0xFFFF; ++bits) {
+    const auto h = static_cast<uint16_t>(bits);
+    const float expected = static_cast<float>(std::bit_cast<_Float16>(h));
+    const float got = f16_bits_to_float(h);
+    if (std::isnan(expected)) {
+      ASSERT_TRUE(std::isnan(got)) << bits;
+      ASSERT_EQ(std::signbit(got), std::signbit(expected)) << bits;
+    } else {
+      ASSERT_EQ(std::bit_cast<uint32_t>(got), std::bit_cast<uint32_t>(expected)) << bits;
+    }
+  }
+  for (uint64_t bits = 0; bits <= 0xFFFFFFFFu; bits += 61) {
+    const float value = std::bit_cast<float>(static_cast<uint32_t>(bits));
+    if (std::isnan(value)) continue;  // NaN payloads: F16RoundsToNearestEven covers the sign
+    ASSERT_EQ(float_to_f16_bits(value), std::bit_cast<uint16_t>(static_cast<_Float16>(value)))
+        << bits;
+  }
+}
+#endif
 
 TEST(Tensor, CastsBetweenAllDtypes) {
   Tensor x = Tensor::from_vector<float>({-2.5f, 0.0f, 1.0f, 3.75f}, {4});

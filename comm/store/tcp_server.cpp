@@ -20,11 +20,14 @@
 #include <cstdio>
 #include <map>
 #include <thread>
+#include <utility>
+#include <variant>
 #include <vector>
 
 #include "comm/store/store_impl.h"
 #include "comm/store/tcp_auth.h"
 #include "comm/store/tcp_protocol.h"
+#include "comm/store/tcp_request.h"
 #include "comm/store/tcp_socket.h"
 #include "comm/store/tcp_store.h"
 #include "tensor/error.h"
@@ -209,10 +212,7 @@ struct TCPStoreServer::Impl {
   // 1: a complete frame is buffered; 0: not yet; -1: the frame header is invalid
   // (empty or over the limit), so the connection must be dropped.
   static int frame_state(const Connection& c) {
-    if (c.in.size() < kFrameHeader) return 0;
-    const size_t size = load_u32(c.in.data());
-    if (size == 0 || size > c.limit()) return -1;
-    return c.in.size() - kFrameHeader >= size ? 1 : 0;
+    return tcp::frame_state(c.in.data(), c.in.size(), c.limit());
   }
 
   // Handles buffered frames while the connection is idle.
@@ -223,7 +223,7 @@ struct TCPStoreServer::Impl {
       if (state <= 0) return;
       const size_t size = load_u32(c.in.data());
       try {
-        handle(c, MessageReader(c.in.data() + kFrameHeader, size));
+        handle(c, c.in.data() + kFrameHeader, size);
       } catch (const std::exception&) {
         c.dead = true;  // e.g. bad_alloc on a huge value: drop this client, serve the rest
       }
@@ -237,13 +237,11 @@ struct TCPStoreServer::Impl {
     flush(c);
   }
 
-  void handle(Connection& c, MessageReader in) {
-    const auto code = in.code();
+  void handle(Connection& c, const uint8_t* payload, size_t size) {
     if (!c.authenticated) {
-      const auto version = in.integer();
-      const auto given = in.field();
-      if (code != kHello || !version || !given || !in.at_end() || *version != kProtocolVersion ||
-          !proofs_equal(hello_proof(secret, c.nonce), *given)) {
+      const auto hello = decode_hello(payload, size);
+      if (!hello || hello->version != kProtocolVersion ||
+          !proofs_equal(hello_proof(secret, c.nonce), hello->proof)) {
         c.dead = true;  // no reply: a wrong proof learns nothing
         return;
       }
@@ -251,92 +249,67 @@ struct TCPStoreServer::Impl {
       reply(c, MessageWriter(kOk));
       return;
     }
-    switch (code.value_or(0)) {
-      case kSet: {
-        auto key = in.string();
-        auto value = in.bytes();
-        if (!key || !value || !in.at_end()) break;
-        values[*key] = std::move(*value);
-        reply(c, MessageWriter(kOk));
-        release_waiters();
-        return;
-      }
-      case kGet: {
-        auto key = in.string();
-        auto timeout_ms = in.integer();
-        if (!key || !timeout_ms || !in.at_end()) break;
-        park(c, true, {std::move(*key)}, *timeout_ms);
-        return;
-      }
-      case kAdd: {
-        auto key = in.string();
-        auto delta = in.integer();
-        if (!key || !delta || !in.at_end()) break;
-        auto found = values.find(*key);
-        int64_t result = 0;
-        try {
-          result = detail::add_to_counter(*key, found == values.end() ? nullptr : &found->second,
-                                          *delta);
-        } catch (const Error& e) {
-          reply(c, std::move(MessageWriter(kError).field(std::string_view(e.what()))));
-          return;
-        }
-        values[*key] = to_bytes(std::to_string(result));
-        reply(c, std::move(MessageWriter(kOk).integer(result)));
-        release_waiters();
-        return;
-      }
-      case kCompareSet: {
-        auto key = in.string();
-        auto expected = in.bytes();
-        auto desired = in.bytes();
-        if (!key || !expected || !desired || !in.at_end()) break;
-        auto found = values.find(*key);
-        const bool matches = found == values.end() ? expected->empty() : found->second == *expected;
-        if (!matches) {
-          reply(c, std::move(
-                       MessageWriter(kOk).field(found == values.end() ? Bytes{} : found->second)));
-          return;
-        }
-        values[*key] = *desired;
-        reply(c, std::move(MessageWriter(kOk).field(*desired)));
-        release_waiters();
-        return;
-      }
-      case kWait: {
-        auto timeout_ms = in.integer();
-        if (!timeout_ms) break;
-        std::vector<std::string> keys;
-        while (!in.at_end()) {
-          auto key = in.string();
-          if (!key) break;
-          keys.push_back(std::move(*key));
-        }
-        if (!in.at_end()) break;
-        park(c, false, std::move(keys), *timeout_ms);
-        return;
-      }
-      case kCheck: {
-        bool all = true;
-        while (!in.at_end()) {
-          auto key = in.field();
-          if (!key) break;
-          all = all && values.contains(std::string(*key));
-        }
-        if (!in.at_end()) break;
-        reply(c, std::move(MessageWriter(kOk).integer(all ? 1 : 0)));
-        return;
-      }
-      case kRemove: {
-        auto key = in.string();
-        if (!key || !in.at_end()) break;
-        const bool existed = values.erase(*key) > 0;
-        reply(c, std::move(MessageWriter(kOk).integer(existed ? 1 : 0)));
-        return;
-      }
-      default: break;
+    auto request = decode_request(payload, size);
+    if (!request) {
+      c.dead = true;  // unknown command or malformed fields
+      return;
     }
-    c.dead = true;  // unknown command or malformed fields
+    std::visit([&](auto& r) { serve(c, r); }, *request);
+  }
+
+  void serve(Connection& c, SetRequest& r) {
+    values[r.key] = std::move(r.value);
+    reply(c, MessageWriter(kOk));
+    release_waiters();
+  }
+
+  void serve(Connection& c, GetRequest& r) {
+    park(c, true, {std::move(r.key)}, r.timeout_ms);
+  }
+
+  void serve(Connection& c, AddRequest& r) {
+    auto found = values.find(r.key);
+    int64_t result = 0;
+    try {
+      result = detail::add_to_counter(r.key, found == values.end() ? nullptr : &found->second,
+                                      r.delta);
+    } catch (const Error& e) {
+      reply(c, std::move(MessageWriter(kError).field(std::string_view(e.what()))));
+      return;
+    }
+    values[r.key] = to_bytes(std::to_string(result));
+    reply(c, std::move(MessageWriter(kOk).integer(result)));
+    release_waiters();
+  }
+
+  void serve(Connection& c, CompareSetRequest& r) {
+    auto found = values.find(r.key);
+    const bool matches = found == values.end() ? r.expected.empty() : found->second == r.expected;
+    if (!matches) {
+      reply(c, std::move(MessageWriter(kOk).field(found == values.end() ? Bytes{} : found->second)));
+      return;
+    }
+    values[r.key] = r.desired;
+    reply(c, std::move(MessageWriter(kOk).field(r.desired)));
+    release_waiters();
+  }
+
+  void serve(Connection& c, WaitRequest& r) {
+    park(c, false, std::move(r.keys), r.timeout_ms);
+  }
+
+  void serve(Connection& c, CheckRequest& r) {
+    bool all = true;
+    while (!r.keys.at_end()) {
+      const std::string_view key = *r.keys.field();  // decode_request checked every field
+      all = all && values.contains(std::string(key));
+    }
+    reply(c, std::move(MessageWriter(kOk).integer(all ? 1 : 0)));
+  }
+
+  void serve(Connection& c, RemoveRequest& r) {
+    const bool existed = values.erase(r.key) > 0;
+    reply(c, std::move(MessageWriter(kOk).integer(existed ? 1 : 0)));
   }
 
   void park(Connection& c, bool get, std::vector<std::string> keys, int64_t timeout_ms) {

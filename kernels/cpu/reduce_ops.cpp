@@ -7,6 +7,7 @@
 #pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
 #include <immintrin.h>
 #pragma GCC diagnostic pop
+#include <cpuid.h>
 
 #include <atomic>
 #include <bit>
@@ -15,6 +16,7 @@
 #include <string>
 #include <type_traits>
 
+#include "kernels/cpu/half.h"
 #include "kernels/cpu/reduce_ops_impl.h"
 
 // Note [Reduction semantics]
@@ -22,7 +24,7 @@
 // - Elementwise, left to right: acc = in0; acc = acc op in1; ...; then, with scale != 1,
 //   acc = acc * scale (in the accumulator type); then one rounding to the element type.
 //   bf16 and f16 accumulate in f32 (bf16 rounds to nearest even; f16 through the hardware or
-//   _Float16 conversion, also nearest even, with overflow to inf and subnormal results kept).
+//   half.h's conversion, also nearest even, with overflow to inf and subnormal results kept).
 // - Min and max propagate NaN: if either operand is NaN the result is NaN; otherwise
 //   min(a, b) = a < b ? a : b and max(a, b) = a > b ? a : b (the x86 MINPS/MAXPS rule), so
 //   min(-0, +0) is +0 and min(+0, -0) is -0: the later input wins a tie of zeros.
@@ -59,12 +61,12 @@ inline uint16_t f32_to_bf16(float x) {
 }
 
 inline float f16_to_f32(uint16_t bits) {
-  return static_cast<float>(std::bit_cast<_Float16>(bits));
+  return f16_bits_to_f32(bits);
 }
 
 inline uint16_t f32_to_f16(float x) {
   if (x != x) return kNanF16;
-  return std::bit_cast<uint16_t>(static_cast<_Float16>(x));
+  return f32_to_f16_bits(x);
 }
 
 template <typename T>
@@ -365,13 +367,18 @@ using F32FamilyKernel = void (*)(ReduceType, ReduceKind, void*, const void* cons
 constexpr F32FamilyKernel kF32FamilyKernels[] = {
     scalar_isa::reduce_f32_family, avx2_isa::reduce_f32_family, avx512_isa::reduce_f32_family};
 
+// F16C from CPUID (leaf 1, ECX): not every compiler's __builtin_cpu_supports knows "f16c".
+bool has_f16c() {
+  unsigned eax = 0, ebx = 0, ecx = 0, edx = 0;
+  return __get_cpuid(1, &eax, &ebx, &ecx, &edx) != 0 && (ecx & bit_F16C) != 0;
+}
+
 bool isa_supported(Isa isa) {
   __builtin_cpu_init();
   switch (isa) {
     case Isa::Scalar: return true;
     case Isa::Avx2:
-      return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") &&
-             __builtin_cpu_supports("f16c");
+      return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") && has_f16c();
     case Isa::Avx512:
       return isa_supported(Isa::Avx2) && __builtin_cpu_supports("avx512f") &&
              __builtin_cpu_supports("avx512bw") && __builtin_cpu_supports("avx512vl");

@@ -3,6 +3,7 @@
 #include <xxhash.h>
 
 #include <algorithm>
+#include <cstdint>
 #include <cstdio>
 #include <fstream>
 #include <nlohmann/json.hpp>
@@ -45,6 +46,43 @@ std::string shape_text(const Shape& shape) {
   return json(shape).dump();
 }
 
+// Integers read from JSON. nlohmann::json's get<int64_t>() and get<uint64_t>() convert a
+// float (1e30, or an integer too long for 64 bits, which it parses as a float) with a C++
+// cast, undefined out of range: these accept JSON integers only, in the type's range.
+int64_t int64_of(const json& value) {
+  if (!value.is_number_integer() ||
+      (value.is_number_unsigned() && value.get<uint64_t>() > uint64_t{INT64_MAX})) {
+    fail("expected an integer of 64 bits, got ", value.dump());
+  }
+  return value.get<int64_t>();
+}
+
+uint64_t uint64_of(const json& value) {
+  if (!value.is_number_unsigned()) fail("expected a non-negative integer, got ", value.dump());
+  return value.get<uint64_t>();
+}
+
+Shape shape_of(const json& value) {
+  if (!value.is_array()) fail("expected an array of integers, got ", value.dump());
+  Shape shape;
+  for (const json& d : value)
+    shape.push_back(int64_of(d));
+  return shape;
+}
+
+// A shape read from a file: no negative dimension, and the product of the dimensions (zeros
+// counted as 1, as strides count them) within int64, so that element counts, strides and
+// indices computed from it cannot overflow (the rule safetensors.h applies to its shapes).
+void check_shape(const Shape& shape, const std::string& what) {
+  int64_t extent = 1;
+  for (int64_t d : shape) {
+    if (d < 0 || __builtin_mul_overflow(extent, std::max<int64_t>(d, 1), &extent)) {
+      fail("[checkpoint] ", what, ": shape ", shape_text(shape),
+           " has a negative dimension or 2^63 elements or more");
+    }
+  }
+}
+
 // The shards of every tensor must hold each element exactly once, in as many bytes as their
 // elements need, with a checksum per block.
 void check_tiling(const std::map<std::string, TensorEntry>& tensors, const std::string& origin) {
@@ -55,15 +93,18 @@ void check_tiling(const std::map<std::string, TensorEntry>& tensors, const std::
     };
     std::vector<Located> runs;
     for (const Shard& shard : entry.shards) {
-      const uint64_t expected =
-          static_cast<uint64_t>(shard.end - shard.begin) * dtype_size(entry.dtype);
-      if (shard.byte_end - shard.byte_begin != expected || shard.end < shard.begin) {
+      // The readers check 0 <= begin <= end <= the tensor's element count, and byte_begin <=
+      // byte_end; an element count whose bytes overflow cannot match.
+      uint64_t expected = 0;
+      const bool overflow = __builtin_mul_overflow(static_cast<uint64_t>(shard.end - shard.begin),
+                                                   dtype_size(entry.dtype), &expected);
+      if (overflow || shard.byte_end - shard.byte_begin != expected) {
         fail("[checkpoint] ", origin, ": tensor '", name, "' shard in ", shard.file, " holds ",
              shard.end - shard.begin, " elements in ", shard.byte_end - shard.byte_begin,
-             " bytes; expected ", expected);
+             " bytes; expected ", overflow ? std::string("2^64 or more") : std::to_string(expected));
       }
       const uint64_t bytes = shard.byte_end - shard.byte_begin;
-      const uint64_t blocks = bytes == 0 ? 0 : (bytes + shard.block_bytes - 1) / shard.block_bytes;
+      const uint64_t blocks = bytes / shard.block_bytes + (bytes % shard.block_bytes != 0 ? 1 : 0);
       if (shard.checksums.size() != blocks) {
         fail("[checkpoint] ", origin, ": tensor '", name, "' shard in ", shard.file, " has ",
              shard.checksums.size(), " checksums for ", blocks, " block(s)");
@@ -93,15 +134,15 @@ void check_tiling(const std::map<std::string, TensorEntry>& tensors, const std::
   }
 }
 
-// A box's place in a tensor of `shape`: its first element and element count; throws when it
-// does not fit.
+// A box's place in a tensor of `shape` (check_shape's): its first element and element count;
+// throws when it does not fit.
 std::pair<int64_t, int64_t> box_extent(const Shape& offsets, const Shape& sizes, const Shape& shape,
                                        const std::string& what) {
   if (offsets.size() != shape.size() || sizes.size() != shape.size())
     fail("[checkpoint] ", what, ": a box of ", offsets.size(), " dimensions in a tensor of ", shape.size());
   int64_t first = 0, count = 1;
   for (size_t d = 0; d < shape.size(); ++d) {
-    if (offsets[d] < 0 || sizes[d] < 0 || offsets[d] + sizes[d] > shape[d])
+    if (offsets[d] < 0 || sizes[d] < 0 || offsets[d] > shape[d] || sizes[d] > shape[d] - offsets[d])
       fail("[checkpoint] ", what, ": box ", shape_text(offsets), " + ", shape_text(sizes),
            " leaves the tensor's shape ", shape_text(shape));
     first = first * shape[d] + offsets[d];
@@ -252,18 +293,23 @@ Index Index::of_files(const fs::path& checkpoint, const std::vector<std::string>
       try {
         const json& d = described.at(e.name);
         if (e.shape.size() != 1) fail("stored piece is not 1-D");
-        const Shape shape = d.at("shape").get<Shape>();
+        const Shape shape = shape_of(d.at("shape"));
+        check_shape(shape, path.string());
         Shard shard;
         shard.file = file;
         if (d.contains("sizes")) {
-          shard.offsets = d.at("offsets").get<Shape>();
-          shard.sizes = d.at("sizes").get<Shape>();
+          shard.offsets = shape_of(d.at("offsets"));
+          shard.sizes = shape_of(d.at("sizes"));
           const auto [first, count] = box_extent(shard.offsets, shard.sizes, shape, path.string());
           if (count != e.shape[0]) fail("its box holds ", count, " elements, the stored tensor ", e.shape[0]);
           shard.begin = first;
           shard.end = first + count;
         } else {
-          shard.begin = d.at("begin").get<int64_t>();
+          shard.begin = int64_of(d.at("begin"));
+          if (shard.begin < 0 || e.shape[0] > numel_of(shape) - shard.begin) {
+            fail("its ", e.shape[0], " elements from element ", shard.begin,
+                 " leave the tensor's ", numel_of(shape));
+          }
           shard.end = shard.begin + e.shape[0];
         }
         shard.byte_begin = e.begin;
@@ -330,36 +376,50 @@ Index Index::read(const fs::path& checkpoint) {
   Index index;
   try {
     const json in = json::parse(stream);
-    if (in.value("format", "") != kIndexFormat || in.value("version", 0) != 1) {
-      fail("format ", in.value("format", "?"), " version ", in.value("version", 0),
+    const json version = in.value("version", json(0));  // compared as JSON: any number
+    if (in.value("format", "") != kIndexFormat || version != 1) {
+      fail("format ", in.value("format", "?"), " version ", version.dump(),
            "; expected ", kIndexFormat, " version 1");
     }
-    index.file_bytes = in.at("files").get<std::map<std::string, uint64_t>>();
+    if (!in.at("files").is_object()) fail("\"files\" is not an object");
+    for (const auto& [file, bytes] : in.at("files").items())
+      index.file_bytes[file] = uint64_of(bytes);
     for (const auto& [name, t] : in.at("tensors").items()) {
       TensorEntry& entry = index.tensors[name];
       entry.dtype = parse_dtype(t.at("dtype").get<std::string>());
-      entry.shape = t.at("shape").get<Shape>();
+      entry.shape = shape_of(t.at("shape"));
+      check_shape(entry.shape, "tensor '" + name + "'");
       for (const json& s : t.at("shards")) {
         Shard shard;
         shard.file = s.at("file").get<std::string>();
         if (s.contains("sizes")) {
-          shard.offsets = s.at("offsets").get<Shape>();
-          shard.sizes = s.at("sizes").get<Shape>();
+          shard.offsets = shape_of(s.at("offsets"));
+          shard.sizes = shape_of(s.at("sizes"));
           const auto [first, count] = box_extent(shard.offsets, shard.sizes, entry.shape, name);
           shard.begin = first;
           shard.end = first + count;
         } else {
-          shard.begin = s.at("elements").at(0).get<int64_t>();
-          shard.end = s.at("elements").at(1).get<int64_t>();
+          shard.begin = int64_of(s.at("elements").at(0));
+          shard.end = int64_of(s.at("elements").at(1));
+          if (shard.begin < 0 || shard.end < shard.begin || shard.end > numel_of(entry.shape)) {
+            fail("tensor '", name, "' has a shard of elements [", shard.begin, ", ", shard.end,
+                 "); it has ", numel_of(entry.shape));
+          }
         }
-        shard.byte_begin = s.at("bytes").at(0).get<uint64_t>();
-        shard.byte_end = s.at("bytes").at(1).get<uint64_t>();
-        shard.block_bytes = s.at("block_bytes").get<uint64_t>();
+        shard.byte_begin = uint64_of(s.at("bytes").at(0));
+        shard.byte_end = uint64_of(s.at("bytes").at(1));
+        shard.block_bytes = uint64_of(s.at("block_bytes"));
         if (shard.block_bytes == 0) fail("tensor '", name, "': block_bytes 0");
         for (const json& sum : s.at("xxh3"))
           shard.checksums.push_back(parse_hex(sum.get<std::string>(), origin));
-        if (!index.file_bytes.count(shard.file))
+        auto listed = index.file_bytes.find(shard.file);
+        if (listed == index.file_bytes.end())
           fail("tensor '", name, "' has a shard in ", shard.file, ", which \"files\" does not list");
+        // So that no shard claims more elements than its file can hold.
+        if (shard.byte_begin > shard.byte_end || shard.byte_end > listed->second) {
+          fail("tensor '", name, "' has a shard at bytes [", shard.byte_begin, ", ", shard.byte_end,
+               ") of ", shard.file, ", which has ", listed->second);
+        }
         entry.shards.push_back(std::move(shard));
       }
     }

@@ -1,0 +1,83 @@
+#!/usr/bin/env bash
+# Builds the libFuzzer harnesses of tests/fuzz in build/fuzz (clang 14, ASan + UBSan, CUDA
+# off) and runs each for SECONDS (default 30) on a copy of its seed corpus, so that the
+# checked-in corpus never grows:
+#
+#   scripts/fuzz.sh [SECONDS_PER_HARNESS] [HARNESS...]     e.g. scripts/fuzz.sh 150 safetensors
+#
+# HARNESS names a tests/fuzz/fuzz_<HARNESS>.cpp (all of them by default). Prints one line
+# per harness: executions, seconds, crashes (a crash, a sanitizer report, an exception
+# outside the parser's contract, a timeout over 10 s or a memory use over 2 GiB). Exits 1
+# if any harness crashed, with the input that did it kept under build/fuzz/findings/ and its
+# path printed, with the command that reproduces it (build/fuzz/tests/fuzz/fuzz_<HARNESS>
+# PATH, in a TMPDIR of its own: a harness that dies leaves its scratch directory behind).
+# The build runs niced on CMAKE_BUILD_PARALLEL_LEVEL jobs (default 2), the harnesses niced
+# one at a time.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+seconds=${1:-30}
+[[ "$seconds" =~ ^[1-9][0-9]*$ ]] || { echo "usage: $0 [SECONDS_PER_HARNESS] [HARNESS...]" >&2; exit 2; }
+shift $(( $# > 0 ? 1 : 0 ))
+if [ $# -gt 0 ]; then
+  harnesses=("$@")
+else
+  harnesses=()
+  for source in tests/fuzz/fuzz_*.cpp; do
+    name=${source#tests/fuzz/fuzz_}
+    harnesses+=("${name%.cpp}")
+  done
+fi
+for name in "${harnesses[@]}"; do
+  [ -f "tests/fuzz/fuzz_$name.cpp" ] || { echo "$0: no harness tests/fuzz/fuzz_$name.cpp" >&2; exit 2; }
+done
+
+build=build/fuzz
+mkdir -p "$build"
+CC=clang CXX=clang++ cmake -S . -B "$build" -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo \
+  -DLOOM_FUZZ=ON -DLOOM_WITH_CUDA=OFF -DLOOM_WITH_NCCL=OFF \
+  -DLOOM_BUILD_TESTS=OFF -DLOOM_BUILD_BENCHMARKS=OFF > "$build/configure.log" 2>&1 ||
+  { cat "$build/configure.log"; exit 1; }
+targets=()
+for name in "${harnesses[@]}"; do targets+=(--target "fuzz_$name"); done
+nice -n 10 cmake --build "$build" "${targets[@]}" --parallel "${CMAKE_BUILD_PARALLEL_LEVEL:-2}"
+
+# Working corpora and the harnesses' scratch files ($TMPDIR, tests/fuzz/fuzz_support.h) live
+# here, removed at exit even when a harness died without cleaning up.
+work=$(mktemp -d "${TMPDIR:-/tmp}/loom-fuzz.XXXXXX")
+trap 'rm -rf "$work"' EXIT
+findings="$build/findings"
+crashed=0
+for name in "${harnesses[@]}"; do
+  corpus="$work/corpus-$name"
+  mkdir -p "$corpus" "$work/tmp" "$findings/$name"
+  [ -d "tests/fuzz/corpus/$name" ] && cp -r "tests/fuzz/corpus/$name/." "$corpus/"
+  dict=()
+  [ -f "tests/fuzz/$name.dict" ] && dict=(-dict="tests/fuzz/$name.dict")
+  log="$findings/$name/last-run.log"
+  before=$(find "$findings/$name" -type f ! -name '*.log' | sort)
+  start=$(date +%s)
+  status=0
+  TMPDIR="$work/tmp" nice -n 10 "$build/tests/fuzz/fuzz_$name" "$corpus" "${dict[@]}" \
+    -max_total_time="$seconds" -rss_limit_mb=2048 -timeout=10 -print_final_stats=1 \
+    -artifact_prefix="$findings/$name/" > "$log" 2>&1 || status=$?
+  elapsed=$(( $(date +%s) - start ))
+  runs=$(grep -oE 'stat::number_of_executed_units: *[0-9]+' "$log" | grep -oE '[0-9]+$' | tail -1 || true)
+  new=$(comm -13 <(echo "$before") <(find "$findings/$name" -type f ! -name '*.log' | sort) | sed '/^$/d')
+  count=$(printf '%s' "$new" | grep -c . || true)
+  if [ "$status" -ne 0 ] && [ "$count" -eq 0 ]; then count=1; fi  # died without an artifact
+  printf '%-20s %12s executions %6s s %3s crashes\n' "$name" "${runs:-?}" "$elapsed" "$count"
+  if [ "$count" -gt 0 ]; then
+    crashed=1
+    grep -E '^(==[0-9]+==ERROR|SUMMARY|.*runtime error|.*uncaught exception|.*deadly signal|.*Test unit written)' \
+      "$log" | head -8 | sed 's/^/    /' || true
+    if [ -n "$new" ]; then
+      while read -r input; do
+        echo "    crash input: $input"
+        echo "    reproduce:   (t=\$(mktemp -d); TMPDIR=\$t $build/tests/fuzz/fuzz_$name $input; rm -rf \$t)"
+      done <<< "$new"
+    fi
+    echo "    log: $log"
+  fi
+done
+exit "$crashed"
