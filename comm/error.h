@@ -16,16 +16,31 @@
 
 namespace loom {
 
+// What went wrong, where the backend knows: handlers pick their advice from it.
+enum class CommFailure {
+  Unknown,
+  PeerDied,  // the peer's process is gone
+  Timeout,   // the peer is alive but did not take part before the deadline
+  Mismatch,  // the ranks issued different collectives
+};
+
 class CommError : public Error {
  public:
-  CommError(const std::string& message, int rank = -1, std::optional<int> peer = std::nullopt)
-      : Error(message), rank_(rank), peer_(peer) {}
+  CommError(const std::string& message, int rank = -1, std::optional<int> peer = std::nullopt,
+            CommFailure failure = CommFailure::Unknown)
+      : Error(message), rank_(rank), peer_(peer), failure_(failure) {}
   int rank() const { return rank_; }                 // the rank that raised it (-1: none)
   std::optional<int> peer() const { return peer_; }  // the peer at fault, when known
+  CommFailure failure() const { return failure_; }
+  // The same error (rank, peer, failure) with a message that adds context around what().
+  CommError rephrased(const std::string& message) const {
+    return CommError(message, rank_, peer_, failure_);
+  }
 
  private:
   int rank_;
   std::optional<int> peer_;
+  CommFailure failure_;
 };
 
 namespace comm {

@@ -272,9 +272,8 @@ void ProcessGroup::run(Op& op, Body&& body) {
       body(backend, deadline);
     }
   } catch (const CommError& e) {
-    error = std::make_exception_ptr(CommError(std::string(e.what()) + " (" + op.label.str() +
-                                                  ", timeout " + duration_str(op.timeout) + ")",
-                                              e.rank(), e.peer()));
+    error = std::make_exception_ptr(e.rephrased(std::string(e.what()) + " (" + op.label.str() +
+                                                ", timeout " + duration_str(op.timeout) + ")"));
     {
       std::lock_guard lock(mutex_);
       broken_ = error;

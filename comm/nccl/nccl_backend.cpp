@@ -178,7 +178,7 @@ std::string NcclBackend::who() const {
 // Errors raised inside Communicator (which knows no rank) carry this rank outward.
 void NcclBackend::rethrow_with_rank(const CommError& error) const {
   if (error.rank() >= 0) throw error;
-  throw CommError(error.what(), rank_, error.peer());
+  throw CommError(error.what(), rank_, error.peer(), error.failure());
 }
 
 void NcclBackend::check_usable(const char* op) const {

@@ -51,12 +51,13 @@ void wait_slowly(const WaitScope& scope, const std::function<bool()>& ready,
         give_up(scope, CommError(prefix + std::to_string(peer) + " (pid " +
                                      std::to_string(scope.pid_of(peer)) +
                                      ") died while this rank waited for it to " + what,
-                                 scope.rank, peer));
+                                 scope.rank, peer, CommFailure::PeerDied));
       }
       if (now >= deadline) {
         give_up(scope, CommError(prefix + std::to_string(peer) + " did not " + what +
                                      " before the deadline",
-                                 scope.rank, peer >= 0 ? std::optional<int>(peer) : std::nullopt));
+                                 scope.rank, peer >= 0 ? std::optional<int>(peer) : std::nullopt,
+                                 CommFailure::Timeout));
       }
       next_check = now + milliseconds(5);
     }

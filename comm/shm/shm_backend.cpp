@@ -214,7 +214,7 @@ void ShmBackend::report_mismatch(int r, uint64_t round) const {
   give_up(scope_, CommError(message +
                                 "; every rank must issue the same collectives in the same order, "
                                 "with the same counts, dtypes, reduce ops and roots",
-                            rank_, r));
+                            rank_, r, CommFailure::Mismatch));
 }
 
 void ShmBackend::publish(Phase phase, uint64_t round) {

@@ -4,6 +4,7 @@
 #include <cstring>
 #include <unordered_set>
 
+#include "strategies/gradient_sync_hint.h"
 #include "strategies/trace.h"
 #include "tensor/autograd/node.h"
 #include "tensor/ops.h"
@@ -217,12 +218,9 @@ void Reducer::finalize_backward() {
     try {
       work->finish();
     } catch (const CommError& e) {
-      // The usual cause when only this rank's peers are late: one of them skipped backward
-      // (or ran a different number of them), so it never sent this bucket.
-      throw CommError("[ddp] rank " + std::to_string(group_->rank()) + ": gradient bucket " +
-                          std::to_string(b) + " was not reduced: " + e.what() +
-                          "; did every rank run backward on the same model this step?",
-                      e.rank(), e.peer());
+      throw e.rephrased("[ddp] rank " + std::to_string(group_->rank()) + ": gradient bucket " +
+                        std::to_string(b) + " was not reduced: " + e.what() +
+                        skipped_backward_hint(e));
     }
     if (trace == nullptr || bucket.launched_us < 0) continue;
     int64_t start = bucket.launched_us, end = trace->now_us();

@@ -5,6 +5,7 @@
 #include <map>
 
 #include "strategies/sharded/unit_state.h"
+#include "strategies/gradient_sync_hint.h"
 #include "strategies/trace.h"
 #include "tensor/autograd/function.h"
 #include "tensor/ops.h"
@@ -474,10 +475,8 @@ void ShardedEngine::finish_reduction(size_t unit) {
     try {
       wait_for(flat, unit, false);
     } catch (const CommError& e) {
-      throw CommError("[sharded] rank " + std::to_string(group_->rank()) +
-                          ": a gradient reduction failed: " + e.what() +
-                          "; did every rank run backward on the same model this step?",
-                      e.rank(), e.peer());
+      throw e.rephrased("[sharded] rank " + std::to_string(group_->rank()) +
+                        ": a gradient reduction failed: " + e.what() + skipped_backward_hint(e));
     }
     if (flat.full_grad_lp.defined()) {  // widen the reduced gradient back
       if (options_.stage < 2) {
@@ -509,10 +508,9 @@ void ShardedEngine::finish_replication(size_t unit) {
     try {
       done->wait();
     } catch (const CommError& e) {
-      throw CommError("[sharded] rank " + std::to_string(group_->rank()) +
-                          ": HYBRID_SHARD's gradient allreduce across shard groups failed: " +
-                          e.what(),
-                      e.rank(), e.peer());
+      throw e.rephrased("[sharded] rank " + std::to_string(group_->rank()) +
+                        ": HYBRID_SHARD's gradient allreduce across shard groups failed: " +
+                        e.what());
     }
     deliver_gradients(flat);
   }
