@@ -6,8 +6,12 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <algorithm>
+#include <cctype>
 #include <cerrno>
+#include <cstdlib>
 #include <cstring>
+#include <filesystem>
 #include <utility>
 
 #include "comm/error.h"
@@ -16,22 +20,48 @@ namespace loom::comm::shm {
 
 namespace {
 
-std::string random_name() {
+std::string random_hex(size_t count) {
   unsigned char bytes[16];
   size_t got = 0;
-  while (got < sizeof bytes) {
-    ssize_t n = getrandom(bytes + got, sizeof bytes - got, 0);
+  count = std::min(count, sizeof bytes);
+  while (got < count) {
+    ssize_t n = getrandom(bytes + got, count - got, 0);
     if (n < 0 && errno != EINTR)
       throw CommError("[comm/shm] getrandom failed: " + std::string(strerror(errno)));
     if (n > 0) got += static_cast<size_t>(n);
   }
   static const char* hex = "0123456789abcdef";
-  std::string name = "/loom-";
-  for (unsigned char b : bytes) {
-    name += hex[b >> 4];
-    name += hex[b & 15];
+  std::string text;
+  for (size_t i = 0; i < count; ++i) {
+    text += hex[bytes[i] >> 4];
+    text += hex[bytes[i] & 15];
   }
-  return name;
+  return text;
+}
+
+// The job id from the environment ("" outside a launcher), checked once.
+const std::string& job_id_from_env() {
+  static const std::string id = [] {
+    const char* text = std::getenv(kJobIdVariable);
+    std::string value = text != nullptr ? text : "";
+    const bool valid = value.size() <= 64 && std::all_of(value.begin(), value.end(), [](char c) {
+                         return std::isalnum(static_cast<unsigned char>(c)) != 0 || c == '_';
+                       });
+    if (!valid) {
+      throw CommError(std::string("[comm/shm] ") + kJobIdVariable + "='" + value +
+                      "' is not a job id (at most 64 letters, digits or '_'; launchers set it)");
+    }
+    return value;
+  }();
+  return id;
+}
+
+std::string job_prefix(const std::string& job_id) {
+  return job_id.empty() ? "loom-" : "loom-" + job_id + "-";
+}
+
+std::string random_name() {
+  return "/" + job_prefix(job_id_from_env()) + random_hex(16);
 }
 
 void* map(int fd, size_t bytes, const std::string& name) {
@@ -44,6 +74,22 @@ void* map(int fd, size_t bytes, const std::string& name) {
 }
 
 }  // namespace
+
+std::string new_job_id() {
+  return random_hex(8);
+}
+
+int remove_job_segments(const std::string& job_id) {
+  if (job_id.empty()) return 0;
+  const std::string prefix = job_prefix(job_id);
+  int removed = 0;
+  std::error_code error;
+  for (const auto& entry : std::filesystem::directory_iterator("/dev/shm", error)) {
+    const std::string name = entry.path().filename().string();
+    if (name.rfind(prefix, 0) == 0 && shm_unlink(("/" + name).c_str()) == 0) ++removed;
+  }
+  return removed;
+}
 
 Segment Segment::create(size_t bytes) {
   Segment s;

@@ -11,6 +11,9 @@
 //   affinity               print "CPUS=<list of CPUs this process may run on>"
 //   store                  rank 0 and 1 exchange a value through the store loomrun serves
 //   store-bad-secret       connect with a wrong secret; exit 0 only if rejected
+//   leak-segment           create a shared-memory segment and print "SEGMENT=<name>"; rank 1
+//                          then dies by SIGKILL 200 ms later, the others sleep 30 s; none
+//                          unlinks it (ranks killed during group setup)
 
 #include <sched.h>
 #include <signal.h>
@@ -22,6 +25,7 @@
 #include <string>
 #include <thread>
 
+#include "comm/shm/segment.h"
 #include "comm/store/tcp_store.h"
 
 namespace {
@@ -106,7 +110,7 @@ int main(int argc, char** argv) {
     for (const char* name :
          {"RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "GROUP_RANK", "MASTER_ADDR",
           "MASTER_PORT", "LOOM_STORE_SECRET", "LOOM_RESTART_COUNT", "TORCHELASTIC_RESTART_COUNT",
-          "LOOM_CLUSTER_ENV"}) {
+          "LOOM_CLUSTER_ENV", "LOOM_JOB_ID"}) {
       std::printf("%s=%s\n", name, env(name).c_str());
     }
     return 0;
@@ -127,6 +131,14 @@ int main(int argc, char** argv) {
     if (mode == "stubborn") signal(SIGTERM, SIG_IGN);
     sleep_s(30);
     return 0;
+  }
+  if (mode == "leak-segment") {
+    loom::comm::shm::Segment segment = loom::comm::shm::Segment::create(4096);
+    std::printf("SEGMENT=%s\n", segment.name().c_str());
+    std::fflush(stdout);
+    if (rank() != 1) sleep_s(30);
+    sleep_s(0.2);
+    raise(SIGKILL);
   }
   if (mode == "fail-until") {
     int attempt = std::atoi(env("LOOM_RESTART_COUNT").c_str());

@@ -12,6 +12,7 @@
 
 #include <chrono>
 #include <cstdlib>
+#include <filesystem>
 #include <fstream>
 #include <map>
 #include <optional>
@@ -209,6 +210,9 @@ TEST(Loomrun, GivesEachRankItsEnvironment) {
     EXPECT_EQ(value_of(r.out, p, "TORCHELASTIC_RESTART_COUNT"), "0");
     EXPECT_EQ(value_of(r.out, p, "LOOM_CLUSTER_ENV"), "torchrun");
   }
+  std::string job = value_of(r.out, "[0] ", "LOOM_JOB_ID");
+  EXPECT_EQ(job.size(), 16u) << job;
+  EXPECT_EQ(value_of(r.out, "[1] ", "LOOM_JOB_ID"), job);
   std::string port = value_of(r.out, "[0] ", "MASTER_PORT");
   EXPECT_NE(port, "0") << "port 0 must become the store's real port";
   EXPECT_GT(std::atoi(port.c_str()), 0);
@@ -276,6 +280,17 @@ TEST(Loomrun, ReportsARankKilledByASignal) {
   EXPECT_TRUE(contains(r.err, "rank 1 (pid ")) << r.err;
   EXPECT_TRUE(contains(r.err, "was killed by signal 9 (SIGKILL)")) << r.err;
   EXPECT_LT(r.seconds, 4.0);
+}
+
+TEST(Loomrun, RemovesTheSegmentsOfRanksKilledBeforeTheyUnlinked) {
+  Result r = run({"--nproc-per-node", "2", "--master-port", "0", kProbe, "leak-segment"});
+  EXPECT_EQ(r.code(), 128 + SIGKILL) << dump(r);
+  EXPECT_TRUE(contains(r.err, "removed 2 shared-memory segment(s)")) << r.err;
+  for (int rank = 0; rank < 2; ++rank) {
+    std::string name = value_of(r.out, rank_prefix(rank), "SEGMENT");
+    ASSERT_EQ(name.rfind("/loom-", 0), 0u) << r.out;
+    EXPECT_FALSE(std::filesystem::exists("/dev/shm" + name)) << name << " was left behind";
+  }
 }
 
 TEST(Loomrun, RestartsTheGroupUntilItSucceeds) {

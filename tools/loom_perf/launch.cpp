@@ -12,6 +12,7 @@
 #include <thread>
 #include <vector>
 
+#include "comm/shm/segment.h"
 #include "comm/store/tcp_store.h"
 #include "tensor/error.h"
 
@@ -34,6 +35,7 @@ bool replaced(const std::string& entry) {
                                        "LOOM_STORE_PORT",
                                        "LOOM_STORE_SERVED_BY_LAUNCHER",
                                        "LOOM_CLUSTER_ENV",
+                                       "LOOM_JOB_ID",
                                        "LOOM_PERF_COMMAND"};
   for (const char* name : kNames) {
     size_t n = std::strlen(name);
@@ -43,7 +45,8 @@ bool replaced(const std::string& entry) {
 }
 
 std::vector<std::string> rank_environment(int rank, int np, uint16_t port,
-                                          const std::string& secret, const std::string& command) {
+                                          const std::string& secret, const std::string& job_id,
+                                          const std::string& command) {
   std::vector<std::string> env;
   for (char** e = environ; *e != nullptr; ++e) {
     if (!replaced(*e)) env.emplace_back(*e);
@@ -57,6 +60,7 @@ std::vector<std::string> rank_environment(int rank, int np, uint16_t port,
   env.push_back("MASTER_PORT=" + std::to_string(port));
   env.push_back("LOOM_STORE_SECRET=" + secret);
   env.push_back("LOOM_STORE_SERVED_BY_LAUNCHER=1");
+  env.push_back(std::string(comm::shm::kJobIdVariable) + "=" + job_id);
   env.push_back("LOOM_PERF_COMMAND=" + command);
   return env;
 }
@@ -104,8 +108,16 @@ int exit_code_of(int status) {
 
 }  // namespace
 
+void report_rank_error(const char* tool, const char* rank, const std::exception& error) {
+  std::string line = tool;
+  line.append(": rank ").append(rank != nullptr ? rank : "0").append(": ");
+  line.append(error.what()).append("\n");
+  (void)!::write(2, line.data(), line.size());
+}
+
 int launch_ranks(int np, bool bind_cores, int argc, char** argv, const std::string& command) {
   const std::string secret = comm::generate_store_secret();
+  const std::string job_id = comm::shm::new_job_id();
   comm::TCPStoreServer server("127.0.0.1", 0, secret);
   std::vector<std::string> args = rank_arguments(argc, argv);
   std::vector<char*> c_args = c_strings(args);
@@ -115,7 +127,8 @@ int launch_ranks(int np, bool bind_cores, int argc, char** argv, const std::stri
   std::vector<pid_t> pids(static_cast<size_t>(np), -1);
   for (int rank = 0; rank < np; ++rank) {
     // Everything the child needs is built before fork: after it, only exec-safe calls.
-    std::vector<std::string> env = rank_environment(rank, np, server.port(), secret, command);
+    std::vector<std::string> env =
+        rank_environment(rank, np, server.port(), secret, job_id, command);
     std::vector<char*> c_env = c_strings(env);
     cpu_set_t core;
     CPU_ZERO(&core);
@@ -138,6 +151,8 @@ int launch_ranks(int np, bool bind_cores, int argc, char** argv, const std::stri
   int running = np;
   std::chrono::steady_clock::time_point kill_at{};
   bool stopping = false;
+  bool killed = false;            // SIGKILL sent to the ranks still running
+  bool cause_was_signal = false;  // the failure that began the stop was a signal death
   while (running > 0) {
     int status = 0;
     pid_t pid = ::waitpid(-1, &status, stopping ? WNOHANG : 0);
@@ -146,7 +161,8 @@ int launch_ranks(int np, bool bind_cores, int argc, char** argv, const std::stri
       break;
     }
     if (pid == 0) {  // stopping, none exited yet
-      if (std::chrono::steady_clock::now() >= kill_at) {
+      if (!killed && std::chrono::steady_clock::now() >= kill_at) {
+        killed = true;
         for (pid_t p : pids) {
           if (p > 0) ::kill(p, SIGKILL);
         }
@@ -159,8 +175,10 @@ int launch_ranks(int np, bool bind_cores, int argc, char** argv, const std::stri
       pids[r] = -1;
       --running;
       int code = exit_code_of(status);
+      const bool signaled = WIFSIGNALED(status);
       if (code != 0 && result == 0) {
         result = code;
+        cause_was_signal = signaled;
         std::fprintf(stderr, "loom-perf --np: rank %zu exited with code %d; stopping the others\n",
                      r, code);
         for (pid_t p : pids) {
@@ -168,8 +186,21 @@ int launch_ranks(int np, bool bind_cores, int argc, char** argv, const std::stri
         }
         stopping = true;
         kill_at = std::chrono::steady_clock::now() + std::chrono::seconds(5);
+      } else if (stopping && signaled && WTERMSIG(status) != SIGTERM &&
+                 !(killed && WTERMSIG(status) == SIGKILL)) {
+        // Killed by a signal we did not send, after a peer failed: most likely the cause (a
+        // survivor can notice the death before we reap the dead rank), so named too.
+        std::fprintf(stderr, "loom-perf --np: rank %zu was killed by signal %d\n", r,
+                     WTERMSIG(status));
+        if (!cause_was_signal) result = code;
+        cause_was_signal = true;
       }
     }
+  }
+  // Ranks killed while they set up their group may leave its segment behind.
+  if (int removed = comm::shm::remove_job_segments(job_id); removed > 0) {
+    std::fprintf(stderr, "loom-perf --np: removed %d shared-memory segment(s) left in /dev/shm\n",
+                 removed);
   }
   return result;
 }

@@ -163,12 +163,8 @@ int main(int argc, char** argv) {
       return loom::perf::launch_ranks(options.np, options.bind_cores, argc, argv, options.command);
     }
     return run(options);
-  } catch (const loom::CommError& e) {
-    std::cerr << "loom-perf: rank " << (rank ? rank : "0") << ": " << e.what() << "\n";
-  } catch (const loom::Error& e) {
-    std::cerr << "loom-perf: rank " << (rank ? rank : "0") << ": " << e.what() << "\n";
   } catch (const std::exception& e) {
-    std::cerr << "loom-perf: rank " << (rank ? rank : "0") << ": " << e.what() << "\n";
+    loom::perf::report_rank_error("loom-perf", rank, e);
   }
   return 1;
 }

@@ -319,10 +319,8 @@ int strategy_main(int argc, char** argv) {
   try {
     if (o.np > 0) return launch_ranks(o.np, false, argc, argv, o.command);
     return run(o);
-  } catch (const Error& e) {
-    std::cerr << "loom-perf strategy: rank " << (rank ? rank : "0") << ": " << e.what() << "\n";
   } catch (const std::exception& e) {
-    std::cerr << "loom-perf strategy: rank " << (rank ? rank : "0") << ": " << e.what() << "\n";
+    report_rank_error("loom-perf strategy", rank, e);
   }
   return 1;
 }

@@ -12,6 +12,7 @@
 #include <memory>
 #include <optional>
 
+#include "comm/shm/segment.h"
 #include "tensor/error.h"
 #include "tools/loomrun/log.h"
 #include "tools/loomrun/output_relay.h"
@@ -100,6 +101,7 @@ Launcher::Launcher(const LaunchOptions& options, int master_port, std::string se
     : options_(options),
       master_port_(master_port),
       secret_(std::move(secret)),
+      job_id_(comm::shm::new_job_id()),
       binding_(binding),
       signals_(signals) {}
 
@@ -114,6 +116,10 @@ int Launcher::run() {
       return 128 + signo;
     }
     Outcome outcome = run_attempt(restart, job_deadline);
+    // Ranks killed while they set up their group may leave its segment behind.
+    if (int removed = comm::shm::remove_job_segments(job_id_); removed > 0) {
+      say("removed ", removed, " shared-memory segment(s) that exited ranks left in /dev/shm");
+    }
     switch (outcome.ending) {
       case Ending::Success: return 0;
       case Ending::RankFailed:
@@ -136,6 +142,7 @@ Launcher::Outcome Launcher::run_attempt(int restart_count,
   Clock::time_point kill_at{};
   bool killed = false;
   int stop_signal = SIGTERM;
+  bool cause_was_signal = false;  // the failure that began the stop was a signal death
   std::vector<LiveRank> ranks;
   ranks.reserve(static_cast<size_t>(options_.nproc_per_node));
 
@@ -166,7 +173,8 @@ Launcher::Outcome Launcher::run_attempt(int restart_count,
                                           {.local_rank = local,
                                            .master_port = master_port_,
                                            .restart_count = restart_count,
-                                           .secret = &secret_},
+                                           .secret = &secret_,
+                                           .job_id = &job_id_},
                                           environ),
                   .binding = binding_};
     try {
@@ -228,10 +236,22 @@ Launcher::Outcome Launcher::run_attempt(int restart_count,
       if (!rank.process->reap()) continue;
       drain(rank);  // its last words come before loomrun's verdict
       const RankExit& exit = *rank.process->exit();
-      if (!exit.ok() && !stopping) {
+      if (exit.ok()) continue;
+      const bool sent_by_us =
+          stopping && exit.signaled && (exit.value == stop_signal || (killed && exit.value == SIGKILL));
+      if (!stopping) {
         say("rank ", rank.process->global_rank(), " (pid ", rank.process->pid(), ") ",
             exit.describe());
         begin_stop({Ending::RankFailed, exit.exit_code()}, SIGTERM);
+        cause_was_signal = exit.signaled;
+      } else if (stopping->ending == Ending::RankFailed && exit.signaled && !sent_by_us) {
+        // A rank killed by a signal loomrun did not send, reaped after a peer that failed:
+        // the peer most likely failed because this one died (a survivor can notice the death
+        // before loomrun reaps the dead), so it is named too and its status is the job's.
+        say("rank ", rank.process->global_rank(), " (pid ", rank.process->pid(), ") ",
+            exit.describe());
+        if (!cause_was_signal) stopping->exit_code = exit.exit_code();
+        cause_was_signal = true;
       }
     }
 

@@ -44,6 +44,7 @@ class Launcher {
   const LaunchOptions& options_;
   int master_port_;
   std::string secret_;
+  std::string job_id_;  // LOOM_JOB_ID of the ranks (comm/shm/segment.h)
   const BindingPlan* binding_;
   SignalPipe& signals_;
 };

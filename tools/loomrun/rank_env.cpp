@@ -24,6 +24,7 @@ std::vector<std::string> rank_environment(const LaunchOptions& options, const Ra
       {"TORCHELASTIC_RESTART_COUNT", std::to_string(who.restart_count)},
       {"TORCHELASTIC_MAX_RESTARTS", std::to_string(options.max_restarts)},
       {"LOOM_CLUSTER_ENV", "torchrun"},
+      {"LOOM_JOB_ID", who.job_id != nullptr ? *who.job_id : std::string()},
       // The store is served by loomrun itself (node 0), so rank 0 must not serve one too.
       {"LOOM_STORE_SERVED_BY_LAUNCHER", "1"},
   };

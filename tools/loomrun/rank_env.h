@@ -5,7 +5,8 @@
 //   LOCAL_WORLD_SIZE, GROUP_RANK (node rank), GROUP_WORLD_SIZE, ROLE_RANK, ROLE_WORLD_SIZE,
 //   ROLE_NAME, MASTER_ADDR, MASTER_PORT (the port the store really listens on),
 //   LOOM_STORE_SECRET, LOOM_RESTART_COUNT and TORCHELASTIC_RESTART_COUNT (0 on the first
-//   attempt), TORCHELASTIC_MAX_RESTARTS, LOOM_CLUSTER_ENV=torchrun.
+//   attempt), TORCHELASTIC_MAX_RESTARTS, LOOM_CLUSTER_ENV=torchrun, LOOM_JOB_ID (names the
+//   job's shared-memory segments, which loomrun removes after each attempt).
 //
 // Note [Restart attempts share one store]: loomrun serves one store for its whole
 // lifetime, so keys written by a failed attempt are still there when the group restarts.
@@ -24,6 +25,7 @@ struct RankIdentity {
   int master_port = 0;  // actual port (the store's, when loomrun picked it)
   int restart_count = 0;
   const std::string* secret = nullptr;
+  const std::string* job_id = nullptr;
 };
 
 // "NAME=value" entries: `base` (a NULL-terminated environ) with the rank's variables set.
