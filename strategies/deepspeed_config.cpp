@@ -1,6 +1,7 @@
 #include "strategies/deepspeed_config.h"
 
 #include <cmath>
+#include <filesystem>
 #include <fstream>
 #include <initializer_list>
 #include <iterator>
@@ -200,6 +201,14 @@ class Reader {
     return v.get<double>();
   }
 
+  // A number that must be above zero (Adam's eps: zero divides by zero for a zero moment).
+  std::optional<double> positive(const json& object, const std::string& path,
+                                 const std::string& key) {
+    const std::optional<double> value = number(object, path, key);
+    if (value && *value <= 0) wrong(dotted(path, key), "a number above 0", object[key]);
+    return value;
+  }
+
   std::optional<bool> boolean(const json& object, const std::string& path,
                               const std::string& key) {
     if (!object.contains(key) || is_auto(object[key])) return std::nullopt;
@@ -342,11 +351,14 @@ DeepSpeedConfig parse_deepspeed_config(const std::string& json_text, const std::
            "; expected \"AdamW\", or \"Adam\" with adam_w_mode true");
     }
     opt.type = "AdamW";
-    opt.eps = r.number(params, "optimizer.params", "eps");
+    opt.eps = r.positive(params, "optimizer.params", "eps");
     if (params.contains("betas") && !Reader::is_auto(params["betas"])) {
       const json& b = params["betas"];
-      if (!b.is_array() || b.size() != 2 || !b[0].is_number() || !b[1].is_number())
-        r.wrong("optimizer.params.betas", "an array of two numbers", b);
+      const auto is_beta = [](const json& v) {
+        return v.is_number() && v.get<double>() >= 0 && v.get<double>() < 1;
+      };
+      if (!b.is_array() || b.size() != 2 || !is_beta(b[0]) || !is_beta(b[1]))
+        r.wrong("optimizer.params.betas", "an array of two numbers in [0, 1)", b);
       opt.beta1 = b[0].get<double>();
       opt.beta2 = b[1].get<double>();
     }
@@ -356,6 +368,8 @@ DeepSpeedConfig parse_deepspeed_config(const std::string& json_text, const std::
 }
 
 DeepSpeedConfig load_deepspeed_config(const std::string& path) {
+  if (std::filesystem::is_directory(path))
+    fail("[deepspeed-config] '", path, "' is a folder; give the JSON file in it");
   std::ifstream in(path);
   if (!in) fail("[deepspeed-config] cannot read '", path, "': no such file or not readable");
   std::string text{std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>()};

@@ -1,16 +1,21 @@
 #!/usr/bin/env bash
 # train_gpt refuses bad flags before any work starts, with one line naming the flag, the
 # value and what is accepted, and a non-zero exit (never an abort): numbers out of range,
-# a folder where a file is expected, outputs that cannot be written.
+# a folder where a file is expected, outputs that cannot be written, empty values, models
+# too large for this machine, and flags that have no effect in the configuration asked for.
 #   train_gpt_bad_flags.sh TRAIN_GPT
 set -euo pipefail
 T=$1
 d=$(mktemp -d); trap 'rm -rf "$d"' EXIT
 M=(--layers 1 --heads 2 --embd 16 --ctx 16 --batch 2 --steps 2 --log-interval 100)
-expect_error() {  # pattern, then the train_gpt arguments
+expect_error() {  # pattern, then the train_gpt arguments (after the small model's flags)
+  local pattern=$1; shift
+  expect_error_of_model "$pattern" "${M[@]}" "$@"
+}
+expect_error_of_model() {  # pattern, then all the train_gpt arguments
   local pattern=$1; shift
   set +e
-  "$T" "${M[@]}" "$@" > "$d/out" 2>&1
+  "$T" "$@" > "$d/out" 2>&1
   local rc=$?
   set -e
   if [ "$rc" -eq 0 ]; then echo "accepted: $*"; exit 1; fi
@@ -36,4 +41,21 @@ expect_error "\-\-trace $d is a folder" --trace "$d"
 expect_error "\-\-metrics $d/no/m.jsonl: the folder $d/no does not exist" --metrics "$d/no/m.jsonl"
 expect_error "\-\-checkpoint-dir $d/no/ckpt: the folder $d/no does not exist" --checkpoint-dir "$d/no/ckpt"
 expect_error "unknown strategy" --strategy ddpp
+expect_error "seed: expected a whole number from 0 to 18446744073709551615, got '18446744073709551616'" --seed 18446744073709551616
+expect_error "seed: expected a whole number" --seed -1
+expect_error "\-\-save was given an empty value" --save ''
+expect_error "\-\-resume was given an empty value" --resume ''
+expect_error_of_model "layers: must be at least 1 and at most 4096, got 9999999999999" --layers 9999999999999
+expect_error_of_model "f32 weights, more than this machine's" --layers 4096 --embd 65536 --steps 1
+expect_error_of_model "logits take .* GiB, more than this machine's" --layers 1 --batch 65536 --ctx 65536 --vocab 65536
+expect_error "writing \-\-metrics file '/dev/full' failed at step 1" --metrics /dev/full
+expect_error "\-\-nesterov has no effect here: it needs \-\-optimizer sgd" --nesterov
+expect_error "\-\-eps has no effect here: it needs \-\-optimizer adamw" --optimizer sgd --eps 1e-6
+expect_error "\-\-keep-last has no effect here: it needs \-\-checkpoint-dir" --keep-last 2
+expect_error "\-\-bucket-cap-mb has no effect here: it needs a DDP strategy" --bucket-cap-mb 1
+expect_error "\-\-powersgd-rank has no effect here: it needs \-\-ddp-comm-hook powersgd" --strategy ddp_spawn --devices 2 --powersgd-rank 2
+expect_error "\-\-sequence-parallel has no effect here: it needs \-\-tp 2 or more" --sequence-parallel
+expect_error "\-\-micro-batches has no effect here: it needs \-\-pp 2 or more" --micro-batches 2
+expect_error "\-\-pp-chunks has no effect here: it needs \-\-pp-schedule interleaved_1f1b" --pp 2 --pp-chunks 2
+expect_error "deepspeed-config\] '$d' is a folder" --deepspeed-config "$d"
 echo "all refused"

@@ -114,6 +114,8 @@ TEST(DeepSpeedConfig, BadValuesAreNamed) {
   EXPECT_PRED2(contains, error_of(R"({"optimizer": {"type": "Lamb"}})"), "'Lamb' is unknown");
   EXPECT_PRED2(contains, error_of(R"({"optimizer": {"type": "Adam", "params": {"adam_w_mode": false}}})"), "adam_w_mode false (L2 weight decay) is not built");
   EXPECT_PRED2(contains, error_of(R"([1, 2])"), "the top level: expected an object");
+  EXPECT_PRED2(contains, error_of(R"({"optimizer": {"type": "AdamW", "params": {"eps": 0}}})"), "optimizer.params.eps: expected a number above 0, got 0");
+  EXPECT_PRED2(contains, error_of(R"({"optimizer": {"type": "AdamW", "params": {"betas": [0.9, 1.0]}}})"), "two numbers in [0, 1), got [0.9,1.0]");
   StrategyOptions options;
   DeepSpeedConfig nvme = parse_deepspeed_config(
       R"({"zero_optimization": {"stage": 3, "offload_param": {"device": "nvme", "nvme_path": "/x"}}})",
@@ -196,6 +198,12 @@ TEST(DeepSpeedConfig, MissingFileIsNamed) {
     FAIL() << "expected an error";
   } catch (const Error& e) {
     EXPECT_PRED2(contains, std::string(e.what()), "'/nonexistent/ds_config.json'");
+  }
+  try {
+    load_deepspeed_config("/tmp");
+    FAIL() << "expected an error for a folder";
+  } catch (const Error& e) {
+    EXPECT_PRED2(contains, std::string(e.what()), "'/tmp' is a folder");
   }
   char path[] = "/tmp/loom_ds_XXXXXX";
   const int fd = mkstemp(path);

@@ -6,7 +6,9 @@
 
 #include <CLI/CLI.hpp>
 #include <cerrno>
+#include <charconv>
 #include <chrono>
+#include <cmath>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
@@ -38,18 +40,23 @@ namespace {
 
 using namespace loom;
 
-// Numeric flag checks whose messages name the bound (CLI11's PositiveNumber prints a range up
+// Numeric flag checks whose messages name the bounds (CLI11's PositiveNumber prints a range up
 // to the largest double): "--steps: must be at least 1, got 0".
-CLI::Validator bounded(double low, bool inclusive) {
-  char bound[32];
-  std::snprintf(bound, sizeof bound, "%g", low);
-  const std::string rule = std::string(inclusive ? "at least " : "above ") + bound;
+CLI::Validator bounded(double low, bool inclusive, double high = HUGE_VAL) {
+  char bound[64];
+  if (high == HUGE_VAL) {
+    std::snprintf(bound, sizeof bound, "%s %g", inclusive ? "at least" : "above", low);
+  } else {
+    std::snprintf(bound, sizeof bound, "%s %g and at most %g", inclusive ? "at least" : "above",
+                  low, high);
+  }
+  const std::string rule = bound;
   return CLI::Validator(
       [=](std::string& text) -> std::string {
         char* end = nullptr;
         const double value = std::strtod(text.c_str(), &end);
         if (end == text.c_str() || *end != '\0') return "expected a number, got '" + text + "'";
-        const bool ok = inclusive ? value >= low : value > low;
+        const bool ok = (inclusive ? value >= low : value > low) && value <= high;
         return ok ? std::string() : "must be " + rule + ", got " + text;
       },
       rule);
@@ -57,6 +64,94 @@ CLI::Validator bounded(double low, bool inclusive) {
 const CLI::Validator kAtLeastOne = bounded(1, true);
 const CLI::Validator kNonNegative = bounded(0, true);
 const CLI::Validator kPositive = bounded(0, false);
+
+// A seed is a whole number that fits in 64 bits (CLI11 alone would wrap 2^64 and -1).
+const CLI::Validator kSeed(
+    [](std::string& text) -> std::string {
+      uint64_t value = 0;
+      const auto [end, error] = std::from_chars(text.data(), text.data() + text.size(), value);
+      if (text.empty() || error != std::errc() || end != text.data() + text.size())
+        return "expected a whole number from 0 to 18446744073709551615, got '" + text + "'";
+      return "";
+    },
+    "0 to 2^64 - 1");
+
+// Every option that takes a value must be given one: CLI11 reads --seed '' as 0 and
+// --powersgd-warm-start '' as false, and an empty path as "no output".
+void refuse_empty_values(const CLI::App& app) {
+  for (const CLI::Option* option : app.get_options()) {
+    if (option->count() == 0 || option->get_type_size() == 0) continue;  // absent, or a flag
+    for (const std::string& value : option->results()) {
+      if (value.empty())
+        fail("[train_gpt] ", option->get_name(), " was given an empty value; give one or drop "
+             "the flag (see --help)");
+    }
+  }
+}
+
+// The whole model is built on every rank before any strategy shards it, so its f32 weights
+// must fit in this machine's memory: a size typed with a digit too many is refused here,
+// not after minutes of allocation or by the kernel's OOM killer.
+void check_model_fits(const nn::GPTConfig& m, int64_t batch) {
+  const double embd = static_cast<double>(m.embd);
+  const double parameters = static_cast<double>(m.vocab_size + m.context) * embd +
+                            static_cast<double>(m.layers) * (12 * embd * embd + 13 * embd) +
+                            2 * embd;
+  const double bytes = 4 * parameters;
+  const double memory =
+      static_cast<double>(sysconf(_SC_PHYS_PAGES)) * static_cast<double>(sysconf(_SC_PAGE_SIZE));
+  if (memory > 0 && bytes > memory) {
+    fail("[train_gpt] the model (--layers ", m.layers, " --heads ", m.heads, " --embd ", m.embd,
+         " --ctx ", m.context, " --vocab ", m.vocab_size, ") has about ", parameters,
+         " parameters: ", bytes / (1 << 30), " GiB of f32 weights, more than this machine's ",
+         memory / (1 << 30), " GiB of memory; make it smaller");
+  }
+  // The logits of one step (batch x ctx x vocab f32) are the largest activation.
+  const double logits = 4.0 * static_cast<double>(batch) * static_cast<double>(m.context) *
+                        static_cast<double>(m.vocab_size);
+  if (memory > 0 && logits > memory) {
+    fail("[train_gpt] --batch ", batch, " x --ctx ", m.context, " x --vocab ", m.vocab_size,
+         " logits take ", logits / (1 << 30), " GiB, more than this machine's ",
+         memory / (1 << 30), " GiB of memory; make them smaller");
+  }
+}
+
+// A flag that has no effect in the configuration asked for is refused, naming what it needs:
+// whoever typed it believes it changes something.
+void refuse_flags_without_effect(const CLI::App& app, const train_gpt::TrainOptions& o,
+                                 const strategies::Strategy& strategy,
+                                 const strategies::StrategyOptions& options) {
+  const auto refuse_unless = [&](bool applies, std::initializer_list<const char*> flags,
+                                 const std::string& needs) {
+    if (applies) return;
+    for (const char* flag : flags) {
+      if (app.count(flag) > 0) fail("[train_gpt] ", flag, " has no effect here: it needs ", needs);
+    }
+  };
+  refuse_unless(o.optimizer == "sgd", {"--momentum", "--dampening", "--nesterov"},
+                "--optimizer sgd (this run uses " + o.optimizer + ")");
+  refuse_unless(o.optimizer == "adamw", {"--beta1", "--beta2", "--eps"},
+                "--optimizer adamw (this run uses " + o.optimizer + ")");
+  refuse_unless(!o.checkpoint_dir.empty(),
+                {"--save-every", "--keep-last", "--async-save", "--checkpoint-format"},
+                "--checkpoint-dir");
+  refuse_unless(!o.checkpoint_dir.empty() || o.resume != "auto", {"--resume"},
+                "--checkpoint-dir (--resume auto looks for the newest checkpoint there)");
+  const bool ddp = dynamic_cast<const strategies::DDPStrategy*>(&strategy) != nullptr;
+  refuse_unless(ddp, {"--ddp-comm-hook", "--bucket-cap-mb", "--local-sgd-period",
+                      "--local-sgd-warmup"},
+                "a DDP strategy (ddp, ddp_spawn, ...; this run uses " + strategy.name() + ")");
+  refuse_unless(options.ddp.comm_hook == "powersgd",
+                {"--powersgd-rank", "--powersgd-start-iter", "--powersgd-warm-start"},
+                "--ddp-comm-hook powersgd");
+  refuse_unless(options.tensor_parallel > 1, {"--sequence-parallel"}, "--tp 2 or more");
+  const bool pipeline = strategy.name() == "pipeline";
+  refuse_unless(pipeline, {"--micro-batches", "--pp-schedule", "--pp-chunks", "--pp-dp",
+                           "--pp-balance-by", "--pp-balance"},
+                "--pp 2 or more (the pipeline strategy)");
+  refuse_unless(options.pipeline.schedule == "interleaved_1f1b", {"--pp-chunks"},
+                "--pp-schedule interleaved_1f1b");
+}
 
 // An output named on the command line must be writable where it is asked for: checked before
 // any work starts, so that a typo does not cost a training run. `directory`: the path is a
@@ -290,22 +385,22 @@ int run(int argc, char** argv) {
                  "write a Chrome/Perfetto trace (forward, backward, optimizer, DDP buckets) here; "
                  "with several ranks, rank R writes FILE with .rankR before the extension");
   app.add_option("--layers", o.model.layers, "transformer blocks")
-      ->check(kAtLeastOne)
+      ->check(bounded(1, true, 4096))
       ->capture_default_str();
   app.add_option("--heads", o.model.heads, "attention heads")
-      ->check(kAtLeastOne)
+      ->check(bounded(1, true, 4096))
       ->capture_default_str();
   app.add_option("--embd", o.model.embd, "embedding width")
-      ->check(kAtLeastOne)
+      ->check(bounded(1, true, 1 << 18))
       ->capture_default_str();
   app.add_option("--ctx", o.model.context, "context length (sequence length)")
-      ->check(kAtLeastOne)
+      ->check(bounded(1, true, 1 << 22))
       ->capture_default_str();
   app.add_option("--vocab", o.model.vocab_size, "vocabulary size")
-      ->check(kAtLeastOne)
+      ->check(bounded(1, true, 1 << 24))
       ->capture_default_str();
   app.add_option("--batch", o.batch, "sequences per step (per rank)")
-      ->check(kAtLeastOne)
+      ->check(bounded(1, true, 1 << 24))
       ->capture_default_str();
   app.add_option("--steps", o.steps, "optimizer steps")
       ->check(kAtLeastOne)
@@ -339,7 +434,7 @@ int run(int argc, char** argv) {
   app.add_option("--grad-clip", o.grad_clip, "clip the global gradient norm (0 = off)")
       ->check(kNonNegative)
       ->capture_default_str();
-  app.add_option("--seed", o.seed, "initialisation seed")->capture_default_str();
+  app.add_option("--seed", o.seed, "initialisation seed")->check(kSeed)->capture_default_str();
   app.add_option("--warmup-steps", o.warmup_steps, "linear warmup steps")
       ->check(kNonNegative)
       ->capture_default_str();
@@ -505,6 +600,7 @@ int run(int argc, char** argv) {
       ->check(kAtLeastOne)
       ->capture_default_str();
   CLI11_PARSE(app, argc, argv);
+  refuse_empty_values(app);
   check_output_path("--save", save_path);
   check_output_path("--metrics", metrics_path);
   check_output_path("--trace", trace_path);
@@ -554,6 +650,7 @@ int run(int argc, char** argv) {
   std::unique_ptr<strategies::Strategy> strategy =
       strategies::StrategyRegistry::get(strategy_name, strategy_options);
   check_sharding_flags(app, *strategy);
+  refuse_flags_without_effect(app, o, *strategy, strategy_options);
 
   std::optional<safetensors::Contents> init;
   if (!init_path.empty()) {
@@ -567,6 +664,7 @@ int run(int argc, char** argv) {
     o.model.heads = 12;
     o.model.embd = 768;
   }
+  check_model_fits(o.model, o.batch);
   if (estimate_only) {
     const int world =
         strategies::parse_devices(strategy_options.devices, strategy->accelerator()).count *
@@ -678,7 +776,9 @@ int run(int argc, char** argv) {
         if (chief) progress.update(m.step, m.loss, m.tokens_per_s, m.lr);
         if (metrics.is_open()) {
           metrics << metrics_json_line(m) << '\n';
-          metrics.flush();
+          if (!metrics.flush())
+            fail("[train_gpt] writing --metrics file '", metrics_path, "' failed at step ", m.step + 1,
+                 ": ", std::strerror(errno));
         }
       },
       strategy.get());
