@@ -3,6 +3,7 @@
 # value and what is accepted, and a non-zero exit (never an abort): numbers out of range,
 # a folder where a file is expected, outputs that cannot be written, empty values, models
 # too large for this machine, and flags that have no effect in the configuration asked for.
+# And a run that diverges (a non-finite loss and gradient norm) stops naming the step.
 #   train_gpt_bad_flags.sh TRAIN_GPT
 set -euo pipefail
 T=$1
@@ -58,4 +59,5 @@ expect_error "\-\-sequence-parallel has no effect here: it needs \-\-tp 2 or mor
 expect_error "\-\-micro-batches has no effect here: it needs \-\-pp 2 or more" --micro-batches 2
 expect_error "\-\-pp-chunks has no effect here: it needs \-\-pp-schedule interleaved_1f1b" --pp 2 --pp-chunks 2
 expect_error "deepspeed-config\] '$d' is a folder" --deepspeed-config "$d"
+expect_error "step 2: the gradient norm is nan (loss -\?nan); training diverged" --lr 1e30
 echo "all refused"

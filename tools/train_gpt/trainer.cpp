@@ -157,7 +157,7 @@ void train(nn::GPT& model, const TokenBlocks& data, const TrainOptions& options,
     s.unscale_gradients();
     double norm = options.grad_clip > 0 ? s.clip_gradients(options.grad_clip) : s.gradient_norm();
     if (!std::isfinite(norm) && !s.skips_step()) {
-      fail("[train_gpt] step ", step, ": the gradient norm is ", norm, " (loss ", local_loss,
+      fail("[train_gpt] step ", step + 1, ": the gradient norm is ", norm, " (loss ", local_loss,
            "); training diverged, try a lower --lr or --grad-clip 1");
     }
     double lr = schedule->lr_at(step);
