@@ -1,8 +1,69 @@
 #include "nn/gpt_io.h"
 
+#include <charconv>
+#include <optional>
 #include <regex>
+#include <set>
 
 namespace loom::nn {
+
+namespace {
+
+// `text` as a decimal integer in [min, max]; nullopt for anything else (signs, spaces,
+// letters, values out of range or past int64).
+std::optional<int64_t> integer_in(const std::string& text, int64_t min, int64_t max) {
+  int64_t value = 0;
+  const char* end = text.data() + text.size();
+  const auto [stop, error] = std::from_chars(text.data(), end, value);
+  if (text.empty() || text[0] == '-' || error != std::errc() || stop != end || value < min ||
+      value > max) {
+    return std::nullopt;
+  }
+  return value;
+}
+
+// The attention heads the metadata "loom.heads" records (gpt_metadata): a divisor of the
+// embedding width `embd`. nullopt when the file does not record it (GPT-2 files).
+std::optional<int64_t> recorded_heads(const safetensors::Metadata& metadata, int64_t embd) {
+  auto heads = metadata.find("loom.heads");
+  if (heads == metadata.end()) return std::nullopt;
+  const std::optional<int64_t> value = integer_in(heads->second, 1, embd);
+  if (!value || embd % *value != 0) {
+    fail("[train_gpt] checkpoint metadata 'loom.heads' is '", heads->second,
+         "'; expected the number of attention heads: an integer from 1 to ", embd,
+         " that divides the embedding width ", embd);
+  }
+  return value;
+}
+
+// The number of blocks: one more than the largest N of the tensors "h.N.*", with every N from
+// 0 up present (so that a damaged name cannot ask for a huge model).
+int64_t block_count(const StateDict& state) {
+  static const std::regex block(R"(h\.(\d+)\..*)");
+  const int64_t largest = static_cast<int64_t>(state.size()) - 1;  // one tensor per block at least
+  std::set<int64_t> seen;
+  for (const auto& [name, tensor] : state) {
+    std::smatch m;
+    if (!std::regex_match(name, m, block)) continue;
+    const std::optional<int64_t> index = integer_in(m[1].str(), 0, largest);
+    if (!index) {
+      fail("[train_gpt] checkpoint tensor '", name, "' has block index ", m[1].str(),
+           "; expected h.N with N from 0 to ", largest, " (the file holds ", state.size(),
+           " tensors)");
+    }
+    seen.insert(*index);
+  }
+  const int64_t count = seen.empty() ? 0 : *seen.rbegin() + 1;
+  for (int64_t n = 0; n < count; ++n) {
+    if (seen.count(n) == 0) {
+      fail("[train_gpt] checkpoint has tensors of block h.", count - 1, " but none of block h.", n,
+           "; expected every block from h.0 to h.", count - 1);
+    }
+  }
+  return count;
+}
+
+}  // namespace
 
 safetensors::Metadata gpt_metadata(const GPTConfig& c) {
   return {{"format", "pt"},
@@ -45,15 +106,8 @@ GPTConfig gpt_config_from_checkpoint(const safetensors::Contents& contents,
   config.vocab_size = need("wte.weight").size(0);
   config.embd = need("wte.weight").size(1);
   config.context = need("wpe.weight").size(0);
-  int64_t layers = 0;
-  static const std::regex block(R"(h\.(\d+)\..*)");
-  for (const auto& [name, tensor] : state) {
-    std::smatch m;
-    if (std::regex_match(name, m, block)) layers = std::max<int64_t>(layers, std::stoll(m[1]) + 1);
-  }
-  config.layers = layers;
-  auto heads = contents.metadata.find("loom.heads");
-  config.heads = heads != contents.metadata.end() ? std::stoll(heads->second) : heads_if_unknown;
+  config.layers = block_count(state);
+  config.heads = recorded_heads(contents.metadata, config.embd).value_or(heads_if_unknown);
   return config;
 }
 

@@ -21,7 +21,10 @@ StateDict gpt_state_from_checkpoint(const safetensors::Contents& contents);
 
 // The architecture stored in a checkpoint: vocab_size and embd from wte, context from wpe,
 // layers from the h.N blocks; heads from the "loom.heads" metadata when present, else
-// `heads_if_unknown` (GPT-2 files do not record it). Throws loom::Error when wte/wpe are missing.
+// `heads_if_unknown` (GPT-2 files do not record it). Throws loom::Error when wte/wpe are
+// missing, when "loom.heads" is not a decimal divisor of embd, or when the blocks are not
+// h.0 to h.L-1 (a block index past the file's tensor count, or one left out), naming the key or
+// tensor and what is accepted.
 GPTConfig gpt_config_from_checkpoint(const safetensors::Contents& contents,
                                      int64_t heads_if_unknown);
 

@@ -24,6 +24,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include "nn/gpt_io.h"
 #include "tensor/tensor.h"
 
 #ifndef LOOM_TEST_DATA_DIR
@@ -554,6 +555,58 @@ TEST(Safetensors, ParseNamesItsOrigin) {
   } catch (const loom::Error& error) {
     expect_contains(error.what(), {"[safetensors] shard-7 from the network:", "3 bytes"});
   }
+}
+
+// --- a GPT file's architecture (nn/gpt_io.h) ----------------------------------------------
+
+// The message gpt_config_from_checkpoint throws for `contents` (a test failure when it does
+// not throw).
+std::string gpt_config_error(const st::Contents& contents) {
+  try {
+    loom::nn::gpt_config_from_checkpoint(contents, 1);
+  } catch (const loom::Error& error) {
+    return error.what();
+  }
+  ADD_FAILURE() << "gpt_config_from_checkpoint did not throw";
+  return "";
+}
+
+// "loom.heads" must be a decimal divisor of the embedding width, and the blocks h.0 .. h.L-1,
+// or the error names the metadata key or the tensor and what is accepted (a bare std::stoll
+// used to answer "stoll").
+TEST(GptCheckpoint, ConfigRefusesBadHeadsAndBlockNames) {
+  st::Contents good;
+  good.tensors = {{"wte.weight", Tensor::zeros({256, 16}, DType::F32)},
+                  {"wpe.weight", Tensor::zeros({8, 16}, DType::F32)},
+                  {"h.0.ln_1.weight", Tensor::zeros({16}, DType::F32)},
+                  {"h.1.ln_1.weight", Tensor::zeros({16}, DType::F32)}};
+  good.metadata = {{"loom.heads", "4"}};
+  const loom::nn::GPTConfig config = loom::nn::gpt_config_from_checkpoint(good, 1);
+  EXPECT_EQ(config.heads, 4);
+  EXPECT_EQ(config.layers, 2);
+  EXPECT_EQ(config.embd, 16);
+
+  for (const std::string heads : {"abc", "99999999999999999999", "0", "-1", "3", " 4", "4x", ""}) {
+    st::Contents bad = good;
+    bad.metadata["loom.heads"] = heads;
+    expect_contains(gpt_config_error(bad),
+                    {"'loom.heads' is '" + heads + "'", "an integer from 1 to 16",
+                     "divides the embedding width 16"});
+  }
+
+  st::Contents huge = good;
+  huge.tensors.erase("h.1.ln_1.weight");
+  huge.tensors.emplace("h.99999999999999999999.ln_1.weight", Tensor::zeros({16}, DType::F32));
+  expect_contains(gpt_config_error(huge),
+                  {"tensor 'h.99999999999999999999.ln_1.weight' has block index "
+                   "99999999999999999999",
+                   "expected h.N with N from 0 to 3"});
+
+  st::Contents gap = good;
+  gap.tensors.erase("h.1.ln_1.weight");
+  gap.tensors.emplace("h.3.ln_1.weight", Tensor::zeros({16}, DType::F32));
+  expect_contains(gpt_config_error(gap),
+                  {"tensors of block h.3 but none of block h.1", "every block from h.0 to h.3"});
 }
 
 // --- interop with the Python safetensors library --------------------------------------------

@@ -3,8 +3,11 @@
 #include <algorithm>
 #include <cstdio>
 #include <fstream>
+#include <limits>
+#include <nlohmann/json.hpp>
 #include <optional>
 #include <set>
+#include <sstream>
 
 #include "strategies/checkpoint/directory.h"
 #include "tensor/error.h"
@@ -294,6 +297,100 @@ void load_optimizer(Strategy& strategy, optim::Optimizer& optimizer, CheckpointR
     s.skipped = static_cast<int64_t>(checkpoint.read("scaler.skipped").item());
     mine->restore(s);
   }
+}
+
+CheckpointMeta::CheckpointMeta(const fs::path& checkpoint) : path_(checkpoint / kMetaFile) {
+  std::ifstream in(path_);
+  if (!in) {
+    fail("[checkpoint] ", checkpoint.string(), " has no ", kMetaFile,
+         " (or it cannot be read); expected a checkpoint written by train_gpt or Fabric");
+  }
+  json_ = std::make_unique<nlohmann::json>(parse_json_object(in, path_.string()));
+}
+
+CheckpointMeta::~CheckpointMeta() = default;
+
+const nlohmann::json* CheckpointMeta::find(const std::string& field) const {
+  const nlohmann::json* value = json_.get();
+  for (size_t begin = 0; value != nullptr;) {
+    const size_t end = std::min(field.find('.', begin), field.size());
+    if (!value->is_object()) return nullptr;
+    auto found = value->find(field.substr(begin, end - begin));
+    value = found == value->end() ? nullptr : &*found;
+    if (end == field.size()) break;
+    begin = end + 1;
+  }
+  return value;
+}
+
+const nlohmann::json& CheckpointMeta::at(const std::string& field,
+                                         const std::string& expected) const {
+  if (const nlohmann::json* value = find(field)) return *value;
+  const size_t dot = field.rfind('.');
+  if (dot != std::string::npos) {  // "model.heads": is "model" there, and an object?
+    const std::string parent = field.substr(0, dot);
+    if (!at(parent, "an object").is_object()) {
+      refuse(parent, "an object with \"" + field.substr(dot + 1) + "\"");
+    }
+  }
+  fail("[checkpoint] ", path_.string(), " has no \"", field, "\"; expected ", expected);
+}
+
+bool CheckpointMeta::has(const std::string& field) const {
+  return find(field) != nullptr;
+}
+
+void CheckpointMeta::refuse(const std::string& field, const std::string& expected) const {
+  const nlohmann::json* value = find(field);
+  std::string shown = value != nullptr ? value->dump() : "absent";
+  if (shown.size() > 60) shown = shown.substr(0, 57) + "...";
+  fail("[checkpoint] ", path_.string(), ": \"", field, "\" is ", shown, "; expected ", expected);
+}
+
+std::string CheckpointMeta::text(const std::string& field,
+                                 const std::vector<std::string>& choices) const {
+  std::string expected = "a string";
+  if (!choices.empty()) {
+    expected = "one of";
+    for (size_t i = 0; i < choices.size(); ++i)
+      expected += (i == 0 ? " \"" : ", \"") + choices[i] + "\"";
+  }
+  const nlohmann::json& value = at(field, expected);
+  if (!value.is_string()) refuse(field, expected);
+  std::string result = value.get<std::string>();
+  if (!choices.empty() && std::find(choices.begin(), choices.end(), result) == choices.end())
+    refuse(field, expected);
+  return result;
+}
+
+int64_t CheckpointMeta::integer(const std::string& field, int64_t min, int64_t max) const {
+  std::ostringstream expected;
+  constexpr int64_t kLowest = std::numeric_limits<int64_t>::min();
+  constexpr int64_t kLargest = std::numeric_limits<int64_t>::max();
+  if (min == max) {
+    expected << "the integer " << min;
+  } else if (min == kLowest && max == kLargest) {
+    expected << "an integer";
+  } else if (max == kLargest) {
+    expected << "an integer >= " << min;
+  } else {
+    expected << "an integer from " << min << " to " << max;
+  }
+  const nlohmann::json& value = at(field, expected.str());
+  // nlohmann's get<int64_t>() converts a float (1e30) with a C++ cast, undefined out of range:
+  // only JSON integers within int64 are taken.
+  const bool fits = value.is_number_integer() &&
+                    !(value.is_number_unsigned() && value.get<uint64_t>() > uint64_t{kLargest});
+  if (!fits || value.get<int64_t>() < min || value.get<int64_t>() > max)
+    refuse(field, expected.str());
+  return value.get<int64_t>();
+}
+
+uint64_t CheckpointMeta::unsigned_integer(const std::string& field) const {
+  const std::string expected = "an integer from 0 to 2^64 - 1";
+  const nlohmann::json& value = at(field, expected);
+  if (!value.is_number_unsigned()) refuse(field, expected);
+  return value.get<uint64_t>();
 }
 
 }  // namespace loom::strategies::checkpoint

@@ -19,6 +19,8 @@
 #include <cstdint>
 #include <filesystem>
 #include <map>
+#include <memory>
+#include <nlohmann/json_fwd.hpp>
 #include <string>
 #include <vector>
 
@@ -31,6 +33,7 @@
 namespace loom::strategies::checkpoint {
 
 inline constexpr const char* kModelFile = "model.safetensors";
+inline constexpr const char* kMetaFile = "meta.json";
 // "rank-00001.safetensors"
 std::string rank_file(int rank);
 
@@ -72,5 +75,43 @@ void load_parameters(Strategy& strategy, CheckpointReader& checkpoint);
 // optimizer's state, other groups, or a loss scaler where this run has none (or none where
 // it has one).
 void load_optimizer(Strategy& strategy, optim::Optimizer& optimizer, CheckpointReader& checkpoint);
+
+// A checkpoint's meta.json: one JSON object saying what saved it (docs/checkpoints.md). The
+// program that writes it defines its fields (train_gpt: tools/train_gpt/train_state.h;
+// Fabric::save); this reads them with their types and ranges checked. A field is named by its
+// path of keys ("step", "model.heads"). Every error is a loom::Error naming the file, the
+// field, the value found and what is expected.
+class CheckpointMeta {
+ public:
+  // Reads `checkpoint`/meta.json; throws when it is missing, not JSON, not a JSON object, or
+  // gives a key twice.
+  explicit CheckpointMeta(const std::filesystem::path& checkpoint);
+  ~CheckpointMeta();
+  CheckpointMeta(const CheckpointMeta&) = delete;
+  CheckpointMeta& operator=(const CheckpointMeta&) = delete;
+
+  const std::filesystem::path& path() const { return path_; }
+  // The whole object, as read.
+  const nlohmann::json& json() const { return *json_; }
+  bool has(const std::string& field) const;
+  // The string `field`; with `choices`, one of them.
+  std::string text(const std::string& field, const std::vector<std::string>& choices = {}) const;
+  // The integer `field` (a JSON integer: not 2.0, not "2"), within [min, max].
+  int64_t integer(const std::string& field, int64_t min, int64_t max) const;
+  // The non-negative integer `field`, up to 2^64 - 1.
+  uint64_t unsigned_integer(const std::string& field) const;
+  // Throws: `field` has the value it has; `expected` says what it should be.
+  [[noreturn]] void refuse(const std::string& field, const std::string& expected) const;
+
+ private:
+  // The value at `field`, or null when it (or an object on its path) is missing.
+  const nlohmann::json* find(const std::string& field) const;
+  // The value at `field`; throws saying `expected` when it (or an object on its path) is
+  // missing.
+  const nlohmann::json& at(const std::string& field, const std::string& expected) const;
+
+  std::filesystem::path path_;
+  std::unique_ptr<nlohmann::json> json_;
+};
 
 }  // namespace loom::strategies::checkpoint

@@ -7,6 +7,10 @@
 #include <cstdio>
 #include <fstream>
 #include <nlohmann/json.hpp>
+#include <optional>
+#include <set>
+#include <sstream>
+#include <tuple>
 
 #include "tensor/error.h"
 #include "tensor/safetensors.h"
@@ -29,9 +33,9 @@ std::string hex(uint64_t value) {
   return text;
 }
 
-uint64_t parse_hex(const std::string& text, const std::string& origin) {
+uint64_t parse_hex(const std::string& text) {
   if (text.size() != 16 || text.find_first_not_of("0123456789abcdef") != std::string::npos)
-    fail("[checkpoint] ", origin, ": checksum '", text, "' is not 16 hex digits");
+    fail("checksum '", text, "' is not 16 hex digits");
   return std::stoull(text, nullptr, 16);
 }
 
@@ -167,14 +171,311 @@ void add_shard(std::map<std::string, TensorEntry>& tensors, const std::string& n
   entry.shards.push_back(std::move(shard));
 }
 
+// Shards in one order whatever order they were found in: by first element, then by file and
+// place, so that two lists of the same shards compare equal element by element.
 void sort_shards(std::map<std::string, TensorEntry>& tensors) {
   for (auto& [name, entry] : tensors) {
-    std::sort(entry.shards.begin(), entry.shards.end(),
-              [](const Shard& a, const Shard& b) { return a.begin < b.begin; });
+    std::sort(entry.shards.begin(), entry.shards.end(), [](const Shard& a, const Shard& b) {
+      return std::tie(a.begin, a.end, a.file, a.byte_begin) <
+             std::tie(b.begin, b.end, b.file, b.byte_begin);
+    });
+  }
+}
+
+// A message without its leading tag ("[checkpoint] ", "[json.exception.parse_error.101] "),
+// for one that another message quotes after its own tag.
+std::string untagged(const std::string& message) {
+  const size_t tag_end = message.find("] ");
+  const bool tagged =
+      message.starts_with("[checkpoint]") || message.starts_with("[json.exception.");
+  return tagged && tag_end != std::string::npos ? message.substr(tag_end + 2) : message;
+}
+
+// A JSON value as a message quotes it, cut short.
+std::string brief(const json& value) {
+  std::string text = value.dump();
+  if (text.size() > 60) text = text.substr(0, 57) + "...";
+  return text;
+}
+
+// index.json's members, each read with its type checked; `where` names the JSON value in
+// messages ("tensor 'wte.weight'", "tensor 'wte.weight', shard 0").
+const json& member(const json& object, const char* key, const std::string& where) {
+  if (!object.is_object())
+    fail(where, " is a JSON ", object.type_name(), " (", brief(object), "); expected an object");
+  auto found = object.find(key);
+  if (found == object.end()) fail(where, " has no \"", key, "\"");
+  return *found;
+}
+
+std::string string_member(const json& object, const char* key, const std::string& where) {
+  const json& value = member(object, key, where);
+  if (!value.is_string()) fail(where, ": \"", key, "\" is ", brief(value), "; expected a string");
+  return value.get<std::string>();
+}
+
+// The array `key` of `object`; of `size` values unless size is 0.
+const json& array_member(const json& object, const char* key, const std::string& where,
+                         size_t size = 0) {
+  const json& value = member(object, key, where);
+  if (!value.is_array() || (size != 0 && value.size() != size)) {
+    if (size == 0) fail(where, ": \"", key, "\" is ", brief(value), "; expected an array");
+    fail(where, ": \"", key, "\" is ", brief(value), "; expected an array of ", size, " values");
+  }
+  return value;
+}
+
+// A file named by the index: a plain name in the checkpoint's directory, so that a damaged or
+// hostile index cannot make a reader open a file elsewhere ("../x", "/etc/x").
+void check_plain_file_name(const std::string& file) {
+  if (file.empty() || file == "." || file == ".." || file.find('/') != std::string::npos ||
+      file.find('\0') != std::string::npos) {
+    fail("file '", file,
+         "' is not the plain name of a file in the checkpoint's directory; "
+         "expected a name such as rank-00000.safetensors, without '/'");
+  }
+}
+
+Shard parse_shard(const json& s, const TensorEntry& entry, const Index& index,
+                  const std::string& where) {
+  Shard shard;
+  shard.file = string_member(s, "file", where);
+  auto listed = index.file_bytes.find(shard.file);
+  if (listed == index.file_bytes.end())
+    fail(where, " is in ", shard.file, ", which \"files\" does not list");
+  try {
+    if (s.contains("sizes")) {
+      shard.offsets = shape_of(member(s, "offsets", where));
+      shard.sizes = shape_of(s.at("sizes"));
+      const auto [first, count] = box_extent(shard.offsets, shard.sizes, entry.shape, where);
+      shard.begin = first;
+      shard.end = first + count;
+    } else {
+      const json& elements = array_member(s, "elements", where, 2);
+      shard.begin = int64_of(elements[0]);
+      shard.end = int64_of(elements[1]);
+      if (shard.begin < 0 || shard.end < shard.begin || shard.end > numel_of(entry.shape)) {
+        fail("elements [", shard.begin, ", ", shard.end, ") of a tensor of ",
+             numel_of(entry.shape));
+      }
+    }
+    const json& bytes = array_member(s, "bytes", where, 2);
+    shard.byte_begin = uint64_of(bytes[0]);
+    shard.byte_end = uint64_of(bytes[1]);
+    shard.block_bytes = uint64_of(member(s, "block_bytes", where));
+    if (shard.block_bytes == 0) fail("block_bytes 0; expected a positive block size");
+    for (const json& sum : array_member(s, "xxh3", where)) {
+      if (!sum.is_string()) fail("checksum ", sum.dump(), " is not a string of 16 hex digits");
+      shard.checksums.push_back(parse_hex(sum.get<std::string>()));
+    }
+  } catch (const Error& e) {
+    const std::string message = untagged(e.what());
+    if (message.starts_with(where)) throw Error(message);  // it names the shard already
+    fail(where, ": ", message);
+  }
+  // So that no shard claims more elements than its file can hold.
+  if (shard.byte_begin > shard.byte_end || shard.byte_end > listed->second) {
+    fail(where, " is at bytes [", shard.byte_begin, ", ", shard.byte_end, ") of ", shard.file,
+         ", which has ", listed->second);
+  }
+  return shard;
+}
+
+TensorEntry parse_entry(const std::string& name, const json& t, const Index& index) {
+  const std::string where = "tensor '" + name + "'";
+  TensorEntry entry;
+  const std::string dtype = string_member(t, "dtype", where);
+  try {
+    entry.dtype = parse_dtype(dtype);
+    entry.shape = shape_of(member(t, "shape", where));
+  } catch (const Error& e) {
+    fail(where, ": ", e.what());
+  }
+  check_shape(entry.shape, where);
+  const json& shards = array_member(t, "shards", where);
+  for (size_t i = 0; i < shards.size(); ++i) {
+    entry.shards.push_back(
+        parse_shard(shards[i], entry, index, where + ", shard " + std::to_string(i)));
+  }
+  return entry;
+}
+
+// index.json as Index::write writes it: its format and version, "files" (plain names, sizes)
+// and "tensors" (an object of entries), each value of its type.
+Index parse_index(const json& in) {
+  const json format = in.value("format", json("(none)"));
+  const json version = in.value("version", json("(none)"));  // compared as JSON: any number
+  if (format != kIndexFormat || version != 1) {
+    fail("format ", format.dump(), " version ", version.dump(), "; expected \"", kIndexFormat,
+         "\" version 1");
+  }
+  Index index;
+  const json& files = member(in, "files", "the index");
+  if (!files.is_object()) fail("\"files\" is a JSON ", files.type_name(), "; expected an object");
+  for (const auto& [file, bytes] : files.items()) {
+    check_plain_file_name(file);
+    try {
+      index.file_bytes[file] = uint64_of(bytes);
+    } catch (const Error& e) {
+      fail("\"files\": the size of ", file, ": ", e.what());
+    }
+  }
+  const json& tensors = member(in, "tensors", "the index");
+  if (!tensors.is_object()) {
+    fail("\"tensors\" is a JSON ", tensors.type_name(),
+         "; expected an object mapping each tensor's name to its entry");
+  }
+  for (const auto& [name, t] : tensors.items())
+    index.tensors.emplace(name, parse_entry(name, t, index));
+  return index;
+}
+
+// Every file the index lists has the size it recorded.
+void check_file_sizes(const Index& index, const fs::path& checkpoint) {
+  for (const auto& [file, bytes] : index.file_bytes) {
+    std::error_code ec;
+    const uint64_t size = fs::file_size(checkpoint / file, ec);
+    if (ec) {
+      fail("[checkpoint] ", (checkpoint / file).string(), ", listed in ", kIndexFile,
+           ", is missing (", ec.message(), "); the checkpoint is incomplete");
+    }
+    if (size != bytes) {
+      fail("[checkpoint] ", (checkpoint / file).string(), " is ", size, " bytes; ", kIndexFile,
+           " recorded ", bytes, " (truncated or replaced after the save)");
+    }
+  }
+}
+
+std::string shard_text(const Shard& s) {
+  std::ostringstream text;
+  text << s.file;
+  if (s.sizes.empty()) {
+    text << " elements [" << s.begin << ", " << s.end << ")";
+  } else {
+    text << " box " << shape_text(s.offsets) << " + " << shape_text(s.sizes);
+  }
+  text << " at bytes [" << s.byte_begin << ", " << s.byte_end << ") in blocks of " << s.block_bytes;
+  return text.str();
+}
+
+bool same_place(const Shard& a, const Shard& b) {
+  return a.file == b.file && a.begin == b.begin && a.end == b.end && a.offsets == b.offsets &&
+         a.sizes == b.sizes && a.byte_begin == b.byte_begin && a.byte_end == b.byte_end &&
+         a.block_bytes == b.block_bytes;
+}
+
+// What differs between shard `i` of a tensor in the index (`listed`) and in the headers
+// (`held`), either of them absent; empty when they are the same.
+std::string shard_difference(const std::vector<Shard>& listed, const std::vector<Shard>& held,
+                             size_t i) {
+  std::ostringstream out;
+  if (i >= listed.size() || i >= held.size() || !same_place(listed[i], held[i])) {
+    out << "shard " << i << " is " << (i < listed.size() ? shard_text(listed[i]) : "absent")
+        << " in the index but " << (i < held.size() ? shard_text(held[i]) : "absent")
+        << " in the files' headers";
+    return out.str();
+  }
+  const std::vector<uint64_t>& a = listed[i].checksums;
+  const std::vector<uint64_t>& b = held[i].checksums;
+  for (size_t block = 0; block < std::max(a.size(), b.size()); ++block) {
+    if (block < a.size() && block < b.size() && a[block] == b[block]) continue;
+    out << "shard " << i << " (" << shard_text(listed[i]) << ") has checksum "
+        << (block < a.size() ? hex(a[block]) : "(none)") << " for block " << block
+        << " in the index but " << (block < b.size() ? hex(b[block]) : "(none)")
+        << " in the header of " << held[i].file;
+    return out.str();
+  }
+  return {};
+}
+
+// Note [The index is checked against the headers]: index.json is written from its files'
+// headers (Index::of_files), so a reader takes it only when the headers still give exactly
+// it: every tensor once, of the same dtype and shape, in the same shards with the same
+// checksums. Reading the headers is cheap (they are a small part of the files) and catches
+// an edited or damaged index, a damaged header, and a file replaced by another save's.
+void check_against_headers(const Index& index, const fs::path& checkpoint,
+                           const std::string& origin) {
+  std::vector<std::string> files;
+  for (const auto& [file, bytes] : index.file_bytes)
+    files.push_back(file);
+  const Index headers = Index::of_files(checkpoint, files);
+  for (const auto& [name, held] : headers.tensors) {
+    if (index.tensors.count(name) == 0) {
+      fail("[checkpoint] ", origin, " does not list tensor '", name, "', which ",
+           held.shards.front().file,
+           " holds; expected every tensor of its files once (the "
+           "index was damaged or edited: restore it, or resume from an earlier checkpoint)");
+    }
+  }
+  for (const auto& [name, listed] : index.tensors) {
+    auto held = headers.tensors.find(name);
+    if (held == headers.tensors.end()) {
+      fail("[checkpoint] ", origin, " lists tensor '", name, "', which none of its files holds",
+           "; expected only the tensors of its files (the index was damaged or edited)");
+    }
+    const TensorEntry& h = held->second;
+    if (listed.dtype != h.dtype || listed.shape != h.shape) {
+      fail("[checkpoint] ", origin, " says tensor '", name, "' is ", dtype_name(listed.dtype), " ",
+           shape_text(listed.shape), "; the header of ", h.shards.front().file, " says ",
+           dtype_name(h.dtype), " ", shape_text(h.shape),
+           " (the index or the file was damaged or edited)");
+    }
+    for (size_t i = 0; i < std::max(listed.shards.size(), h.shards.size()); ++i) {
+      const std::string difference = shard_difference(listed.shards, h.shards, i);
+      if (difference.empty()) continue;
+      fail("[checkpoint] ", origin, ": tensor '", name, "': ", difference,
+           "; expected the index written with these files (the index or a file was damaged, "
+           "edited or replaced)");
+    }
   }
 }
 
 }  // namespace
+
+json parse_json_object(std::istream& in, const std::string& origin) {
+  struct Container {
+    std::string name;  // the key it is the value of, or its array's ("" at the top)
+    bool object;
+    std::set<std::string> keys;
+  };
+  std::vector<Container> open;
+  std::string last_key;
+  std::optional<std::string> duplicate;
+  auto name_of_next = [&] {
+    return open.empty() ? std::string() : open.back().object ? last_key : open.back().name;
+  };
+  auto track_keys = [&](int /*depth*/, json::parse_event_t event, json& parsed) {
+    using Event = json::parse_event_t;
+    if (event == Event::object_start || event == Event::array_start) {
+      open.push_back({name_of_next(), event == Event::object_start, {}});
+    } else if ((event == Event::object_end || event == Event::array_end) && !open.empty()) {
+      open.pop_back();
+    } else if (event == Event::key && !open.empty()) {
+      last_key = parsed.get<std::string>();
+      if (!open.back().keys.insert(last_key).second && !duplicate) {
+        duplicate = "key '" + last_key + "' appears twice" +
+                    (open.back().name.empty() ? std::string(" at the top level")
+                                              : " in the object of '" + open.back().name + "'");
+      }
+    }
+    return true;
+  };
+  json value;
+  try {
+    value = json::parse(in, track_keys);
+  } catch (const std::exception& e) {  // json::parse_error, or a read error of the stream
+    fail("[checkpoint] ", origin, " is not valid JSON (", untagged(e.what()),
+         "); expected a JSON object");
+  }
+  if (!value.is_object()) {
+    fail("[checkpoint] ", origin, " is a JSON ", value.type_name(), "; expected a JSON object");
+  }
+  if (duplicate) {
+    fail("[checkpoint] ", origin, ": ", *duplicate,
+         "; expected each key once (the file was damaged or edited)");
+  }
+  return value;
+}
 
 std::vector<ShardRun> runs_of(const Shard& shard, const Shape& shape) {
   if (shard.sizes.empty()) return {{shard.begin, 0, shard.end - shard.begin}};
@@ -270,7 +571,11 @@ Index Index::of_files(const fs::path& checkpoint, const std::vector<std::string>
         shard.byte_begin = e.begin;
         shard.byte_end = e.end;
         shard.block_bytes = std::max<uint64_t>(e.end - e.begin, 1);
-        if (e.end > e.begin) shard.checksums.push_back(parse_hex(sum->second, path.string()));
+        try {
+          if (e.end > e.begin) shard.checksums.push_back(parse_hex(sum->second));
+        } catch (const Error& error) {
+          fail("[checkpoint] ", path.string(), ": tensor '", e.name, "': ", error.what());
+        }
         add_shard(index.tensors, e.name, e.dtype, e.shape, std::move(shard), path.string());
       }
       continue;
@@ -316,12 +621,12 @@ Index Index::of_files(const fs::path& checkpoint, const std::vector<std::string>
         shard.byte_end = e.end;
         shard.block_bytes = block;
         for (const json& sum : d.at("xxh3"))
-          shard.checksums.push_back(parse_hex(sum.get<std::string>(), path.string()));
+          shard.checksums.push_back(parse_hex(sum.get<std::string>()));
         add_shard(index.tensors, d.at("tensor").get<std::string>(), e.dtype, shape,
                   std::move(shard), path.string());
       } catch (const std::exception& error) {
         fail("[checkpoint] ", path.string(), ": the description of '", e.name,
-             "' is malformed: ", error.what());
+             "' is malformed: ", untagged(error.what()));
       }
     }
   }
@@ -373,73 +678,17 @@ Index Index::read(const fs::path& checkpoint) {
     fail("[checkpoint] ", checkpoint.string(), " has no ", kIndexFile,
          "; expected a checkpoint written by Loom (docs/checkpoints.md)");
   }
+  const json in = parse_json_object(stream, origin);
   Index index;
   try {
-    const json in = json::parse(stream);
-    const json version = in.value("version", json(0));  // compared as JSON: any number
-    if (in.value("format", "") != kIndexFormat || version != 1) {
-      fail("format ", in.value("format", "?"), " version ", version.dump(),
-           "; expected ", kIndexFormat, " version 1");
-    }
-    if (!in.at("files").is_object()) fail("\"files\" is not an object");
-    for (const auto& [file, bytes] : in.at("files").items())
-      index.file_bytes[file] = uint64_of(bytes);
-    for (const auto& [name, t] : in.at("tensors").items()) {
-      TensorEntry& entry = index.tensors[name];
-      entry.dtype = parse_dtype(t.at("dtype").get<std::string>());
-      entry.shape = shape_of(t.at("shape"));
-      check_shape(entry.shape, "tensor '" + name + "'");
-      for (const json& s : t.at("shards")) {
-        Shard shard;
-        shard.file = s.at("file").get<std::string>();
-        if (s.contains("sizes")) {
-          shard.offsets = shape_of(s.at("offsets"));
-          shard.sizes = shape_of(s.at("sizes"));
-          const auto [first, count] = box_extent(shard.offsets, shard.sizes, entry.shape, name);
-          shard.begin = first;
-          shard.end = first + count;
-        } else {
-          shard.begin = int64_of(s.at("elements").at(0));
-          shard.end = int64_of(s.at("elements").at(1));
-          if (shard.begin < 0 || shard.end < shard.begin || shard.end > numel_of(entry.shape)) {
-            fail("tensor '", name, "' has a shard of elements [", shard.begin, ", ", shard.end,
-                 "); it has ", numel_of(entry.shape));
-          }
-        }
-        shard.byte_begin = uint64_of(s.at("bytes").at(0));
-        shard.byte_end = uint64_of(s.at("bytes").at(1));
-        shard.block_bytes = uint64_of(s.at("block_bytes"));
-        if (shard.block_bytes == 0) fail("tensor '", name, "': block_bytes 0");
-        for (const json& sum : s.at("xxh3"))
-          shard.checksums.push_back(parse_hex(sum.get<std::string>(), origin));
-        auto listed = index.file_bytes.find(shard.file);
-        if (listed == index.file_bytes.end())
-          fail("tensor '", name, "' has a shard in ", shard.file, ", which \"files\" does not list");
-        // So that no shard claims more elements than its file can hold.
-        if (shard.byte_begin > shard.byte_end || shard.byte_end > listed->second) {
-          fail("tensor '", name, "' has a shard at bytes [", shard.byte_begin, ", ", shard.byte_end,
-               ") of ", shard.file, ", which has ", listed->second);
-        }
-        entry.shards.push_back(std::move(shard));
-      }
-    }
+    index = parse_index(in);
   } catch (const std::exception& e) {
-    fail("[checkpoint] ", origin, " is unreadable: ", e.what());
+    fail("[checkpoint] ", origin, " is unreadable: ", untagged(e.what()));
   }
   sort_shards(index.tensors);
   check_tiling(index.tensors, origin);
-  for (const auto& [file, bytes] : index.file_bytes) {
-    std::error_code ec;
-    const uint64_t size = fs::file_size(checkpoint / file, ec);
-    if (ec) {
-      fail("[checkpoint] ", (checkpoint / file).string(), ", listed in ", kIndexFile,
-           ", is missing (", ec.message(), "); the checkpoint is incomplete");
-    }
-    if (size != bytes) {
-      fail("[checkpoint] ", (checkpoint / file).string(), " is ", size, " bytes; ", kIndexFile,
-           " recorded ", bytes, " (truncated or replaced after the save)");
-    }
-  }
+  check_file_sizes(index, checkpoint);
+  check_against_headers(index, checkpoint, origin);
   return index;
 }
 

@@ -15,7 +15,9 @@
 
 #include <cstdint>
 #include <filesystem>
+#include <istream>
 #include <map>
+#include <nlohmann/json_fwd.hpp>
 #include <string>
 #include <vector>
 
@@ -45,7 +47,7 @@ void write_pieces(const std::filesystem::path& path, const std::vector<TensorPie
                   uint64_t block_bytes = kChecksumBlockBytes);
 
 struct Shard {
-  std::string file;  // relative to the checkpoint directory
+  std::string file;  // a plain file name in the checkpoint directory (no '/')
   // A run: elements [begin, end) of the global tensor. A box (sizes not empty): the slice
   // offsets[d] .. offsets[d] + sizes[d], row-major; begin is its first element's index and
   // end - begin its element count.
@@ -79,8 +81,13 @@ struct Index {
   // leave elements out or hold some twice.
   static Index of_files(const std::filesystem::path& checkpoint,
                         const std::vector<std::string>& files);
-  // Reads `checkpoint`/index.json, validated as of_files() validates; every message names
-  // the file and what was wrong.
+  // Reads `checkpoint`/index.json, validated as of_files() validates, and takes it only when
+  // it is exactly what of_files() gives for the files it lists: every file's header is read
+  // and checked (safetensors.h: names, dtypes, shapes, offsets inside the data buffer, no
+  // overlaps) and must give the same tensors, dtypes, shapes and shards, so that an edited
+  // index, a damaged header or a file replaced since the save is an error here, not wrong
+  // bytes later. Files must be plain names inside `checkpoint`. Every message names the file
+  // and what was wrong.
   static Index read(const std::filesystem::path& checkpoint);
   // Writes it as `checkpoint`/index.json (synced by the checkpoint's commit).
   void write(const std::filesystem::path& checkpoint) const;
@@ -89,5 +96,11 @@ struct Index {
 };
 
 inline constexpr const char* kIndexFile = "index.json";
+
+// Parses `in` as the JSON file `origin` (index.json, meta.json): it must hold one JSON object,
+// and no object in it may give a key twice (a parser keeps one of the values silently, so a
+// damaged file could pass for a valid one). Throws loom::Error naming `origin`, what was wrong
+// and what is expected.
+nlohmann::json parse_json_object(std::istream& in, const std::string& origin);
 
 }  // namespace loom::strategies::checkpoint

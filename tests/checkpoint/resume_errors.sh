@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # A checkpoint that does not fit the run is refused with a message naming what differs:
 # another model, an uncommitted directory, damaged files (a truncated, missing or corrupt
-# shard, an index that disagrees with the files).
+# shard, an index that disagrees with the files), a meta.json whose fields are not of their
+# type and range (a negative or float step used to crash the run).
 #   resume_errors.sh TRAIN_GPT
 set -euo pipefail
 T=$1
@@ -37,6 +38,29 @@ entry["shards"] = [s for s in entry["shards"] if s["file"] != "rank-00001.safete
 json.dump(index, open(sys.argv[1], "w"))
 PY
 expect_error "tensor 'wte.weight' of shape .* has shards for its first .* elements only; a shard file is missing" --layers 1 "${M[@]}" --steps 4 --resume "$c"
+# meta.json with a field out of its type or range: refused naming meta.json and the field.
+meta_edited() {  # name, then a Python statement on the meta.json object `m`
+  rm -rf "$d/$1"; cp -r "$d/plain/step-00000002" "$d/$1"
+  python3 - "$d/$1/meta.json" "$2" <<'PY'
+import json, sys
+m = json.load(open(sys.argv[1]))
+exec(sys.argv[2])
+json.dump(m, open(sys.argv[1], "w"))
+PY
+  echo "$d/$1"
+}
+c=$(meta_edited step_negative 'm["step"] = -5')
+expect_error 'meta.json: "step" is -5; expected an integer >= 0' --layers 1 "${M[@]}" --steps 4 --resume "$c"
+c=$(meta_edited step_float 'm["step"] = 1e30')
+expect_error 'meta.json: "step" is 1e+30; expected an integer >= 0' --layers 1 "${M[@]}" --steps 4 --resume "$c"
+c=$(meta_edited version_string 'm["version"] = "2"')
+expect_error 'meta.json: "version" is "2"; expected an integer' --layers 1 "${M[@]}" --steps 4 --resume "$c"
+c=$(meta_edited world_size_string 'm["world_size"] = "two"')
+expect_error 'meta.json: "world_size" is "two"; expected an integer from 1' --layers 1 "${M[@]}" --steps 4 --resume "$c"
+c=$(meta_edited heads_zero 'm["model"]["heads"] = 0')
+expect_error 'meta.json: "model.heads" is 0; expected an integer >= 1' --layers 1 "${M[@]}" --steps 4 --resume "$c"
+printf '[]' > "$(meta_edited array 'pass')/meta.json"
+expect_error "meta.json is a JSON array; expected a JSON object" --layers 1 "${M[@]}" --steps 4 --resume "$d/array"
 mkdir -p "$d/plain/step-00000009"
 expect_error "is not a committed checkpoint" --layers 1 "${M[@]}" --steps 10 --resume "$d/plain/step-00000009"
 f="$d/plain/step-00000002/model.safetensors"

@@ -1,16 +1,21 @@
 // Checkpoint files and directories (strategies/checkpoint/): checksums catch a flipped byte
-// and name the file and tensor; a save interrupted at any point leaves nothing a reader takes
-// for a checkpoint; pruning keeps the newest.
+// and name the file and tensor; an index its files' headers do not give is refused; meta.json
+// fields are read with their types and ranges; a save interrupted at any point leaves nothing
+// a reader takes for a checkpoint; pruning keeps the newest.
 
 #include <gtest/gtest.h>
 
+#include <cstdint>
 #include <filesystem>
 #include <fstream>
+#include <functional>
+#include <nlohmann/json.hpp>
 
 #include "strategies/checkpoint/checked_file.h"
 #include "strategies/checkpoint/checkpoint_reader.h"
-#include "strategies/checkpoint/tensor_index.h"
 #include "strategies/checkpoint/directory.h"
+#include "strategies/checkpoint/distributed_state.h"
+#include "strategies/checkpoint/tensor_index.h"
 #include "tensor/error.h"
 #include "test_support.h"
 
@@ -150,6 +155,134 @@ TEST(TensorIndex, BoxesOfColumnsReadAsRuns) {
 
 void write(const fs::path& path, const std::string& text) {
   std::ofstream(path) << text;
+}
+
+std::string read_text(const fs::path& path) {
+  std::ifstream in(path);
+  return {std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>()};
+}
+
+// Expects `message` to contain every one of `needles`.
+void expect_contains(const std::string& message, const std::vector<std::string>& needles) {
+  for (const std::string& needle : needles)
+    EXPECT_NE(message.find(needle), std::string::npos) << "no \"" << needle << "\" in: " << message;
+}
+
+// Note [The index is checked against the headers]: a reader takes index.json only when its
+// files' headers give exactly it, and only as the writer writes it; each of these edits (and a
+// damaged header) is refused naming the file and what differs.
+TEST(TensorIndex, ReadersRefuseAnIndexItsFilesDoNotGive) {
+  TempDir dir;
+  std::vector<float> values(16);
+  for (size_t i = 0; i < values.size(); ++i)
+    values[i] = static_cast<float>(i);
+  write_pieces(dir.path() / "a.safetensors",
+               {{"w", {4, 4}, 0, Tensor::from_vector<float>(values, {16})},
+                {"b", {}, 0, Tensor::from_vector<float>({7}, {1})}},
+               32);
+  Index::of_files(dir.path(), {"a.safetensors"}).write(dir.path());
+  const fs::path index = dir.path() / kIndexFile;
+  const std::string good = read_text(index);
+  EXPECT_EQ(Index::read(dir.path()).tensors.size(), 2u);
+
+  // The index edited: `edit` applied to its JSON.
+  auto refusal = [&](const std::function<void(nlohmann::json&)>& edit) {
+    nlohmann::json changed = nlohmann::json::parse(good);
+    edit(changed);
+    write(index, changed.dump(1));
+    return error_of([&] { Index::read(dir.path()); });
+  };
+  expect_contains(refusal([](nlohmann::json& ix) { ix["tensors"].erase("b"); }),
+                  {index.string(), "does not list tensor 'b', which a.safetensors holds"});
+  expect_contains(refusal([](nlohmann::json& ix) { ix["tensors"] = nlohmann::json::object(); }),
+                  {index.string(), "does not list tensor"});
+  expect_contains(refusal([](nlohmann::json& ix) { ix["tensors"] = nlohmann::json::array(); }),
+                  {index.string(), "\"tensors\" is a JSON array; expected an object"});
+  expect_contains(refusal([](nlohmann::json& ix) { ix["tensors"]["x"] = ix["tensors"]["b"]; }),
+                  {"lists tensor 'x', which none of its files holds"});
+  expect_contains(refusal([](nlohmann::json& ix) { ix["tensors"]["w"]["shape"] = {16}; }),
+                  {"says tensor 'w' is f32 [16]; the header of a.safetensors says f32 [4,4]"});
+  expect_contains(refusal([](nlohmann::json& ix) {
+                    ix["tensors"]["w"]["shape"] = {-4, -4};
+                  }),
+                  {index.string(), "tensor 'w': shape [-4,-4] has a negative dimension"});
+  expect_contains(
+      refusal([](nlohmann::json& ix) {
+        ix["tensors"]["w"]["shards"][0]["xxh3"][1] = "0000000000000000";
+      }),
+      {"tensor 'w': shard 0", "has checksum 0000000000000000 for block 1 in the index but"});
+  expect_contains(
+      refusal([](nlohmann::json& ix) { ix["tensors"]["w"]["shards"][0]["elements"] = {0}; }),
+      {"tensor 'w', shard 0: \"elements\" is [0]; expected an array of 2 values"});
+
+  // Files outside the checkpoint's directory, however the index names them.
+  for (const std::string outside : {"../a.safetensors", "/etc/passwd", "..", ""}) {
+    expect_contains(refusal([&](nlohmann::json& ix) {
+                      ix["files"][outside] = ix["files"]["a.safetensors"];
+                      for (auto& [name, entry] : ix["tensors"].items())
+                        entry["shards"][0]["file"] = outside;
+                      ix["files"].erase("a.safetensors");
+                    }),
+                    {"file '" + outside + "' is not the plain name of a file in the checkpoint"});
+  }
+
+  // A key twice: a parser would keep one of the values silently.
+  std::string twice = good;
+  const std::string tensors = "\"tensors\": {";
+  twice.insert(twice.find(tensors) + tensors.size(), "\"w\": {\"dtype\": \"f32\"},");
+  write(index, twice);
+  expect_contains(error_of([&] { Index::read(dir.path()); }),
+                  {index.string(), "key 'w' appears twice in the object of 'tensors'"});
+
+  // The index as written, but a damaged header: the safetensors reader names the file.
+  write(index, good);
+  flip_byte(dir.path() / "a.safetensors", 9);
+  expect_contains(error_of([&] { Index::read(dir.path()); }),
+                  {"[safetensors] ", "a.safetensors: header is not valid JSON"});
+}
+
+// meta.json's fields are read with their types and ranges checked, every error naming the
+// file, the field, the value and what is expected (nlohmann's own messages name none).
+TEST(CheckpointMeta, FieldsAreReadWithTheirTypesAndRanges) {
+  TempDir dir;
+  const fs::path meta = dir.path() / kMetaFile;
+  expect_contains(error_of([&] { CheckpointMeta m(dir.path()); }), {"has no meta.json"});
+  for (const std::string text : {"{ nope", "", "[]", "{\"a\": 1, \"a\": 2}"}) {
+    write(meta, text);
+    expect_contains(error_of([&] { CheckpointMeta m(dir.path()); }),
+                    {meta.string(), text == "[]"               ? "is a JSON array"
+                                    : text.starts_with("{\"a") ? "key 'a' appears twice"
+                                                               : "is not valid JSON"});
+  }
+  write(meta, R"({"format": "x", "step": -5, "big": 1e30, "name": 5, "huge": 18446744073709551615,
+                  "kind": "zip", "model": {"heads": 0, "layers": 2}})");
+  const CheckpointMeta m(dir.path());
+  EXPECT_EQ(m.integer("model.layers", 1, 10), 2);
+  EXPECT_EQ(m.text("format"), "x");
+  EXPECT_EQ(m.unsigned_integer("huge"), UINT64_MAX);
+  EXPECT_TRUE(m.has("model.heads"));
+  EXPECT_FALSE(m.has("model.embd"));
+  auto refusal = [&](const std::function<void()>& read) { return error_of(read); };
+  const std::string at = meta.string() + ": ";
+  expect_contains(refusal([&] { m.integer("step", 0, INT64_MAX); }),
+                  {at + "\"step\" is -5; expected an integer >= 0"});
+  expect_contains(refusal([&] { m.integer("big", 0, INT64_MAX); }),
+                  {at + "\"big\" is 1e+30; expected an integer >= 0"});
+  expect_contains(refusal([&] { m.integer("huge", 0, INT64_MAX); }), {"\"huge\" is 1844674"});
+  expect_contains(refusal([&] { m.integer("format", 2, 2); }),
+                  {at + "\"format\" is \"x\"; expected the integer 2"});
+  expect_contains(refusal([&] { m.text("name"); }), {at + "\"name\" is 5; expected a string"});
+  expect_contains(refusal([&] {
+                    m.text("kind", {"full", "sharded"});
+                  }),
+                  {at + "\"kind\" is \"zip\"; expected one of \"full\", \"sharded\""});
+  expect_contains(refusal([&] { m.integer("model.heads", 1, 8); }),
+                  {at + "\"model.heads\" is 0; expected an integer from 1 to 8"});
+  expect_contains(refusal([&] { m.integer("model.embd", 1, 8); }),
+                  {meta.string() + " has no \"model.embd\"; expected an integer from 1 to 8"});
+  expect_contains(refusal([&] { m.integer("format.x", 1, 8); }),
+                  {at + "\"format\" is \"x\"; expected an object with \"x\""});
+  expect_contains(refusal([&] { m.unsigned_integer("step"); }), {"\"step\" is -5"});
 }
 
 TEST(CheckpointDirectory, OnlyCommittedCheckpointsCountAndPruneKeepsTheNewest) {

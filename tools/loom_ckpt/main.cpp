@@ -4,7 +4,8 @@
 //   loom-ckpt inspect CKPT       step, strategy, world size, format; files; per tensor its
 //                                dtype, shape and shards (file[first, end) for a run of
 //                                elements, file[offsets]+[sizes] for a box)
-//   loom-ckpt verify CKPT        the index against the files, and every checksum of every
+//   loom-ckpt verify CKPT        the index against the files (sizes, and every header: names,
+//                                dtypes, shapes, shards, offsets) and every checksum of every
 //                                shard; exit 1 naming the first bad one
 //   loom-ckpt diff A B           per tensor, the largest absolute difference (exit 1 when any
 //                                differ); A and B may have any formats and world sizes
@@ -15,7 +16,10 @@
 //                                every tensor split evenly over N rank files
 //
 // CKPT is a step directory (DIR/step-00000040), a checkpoint root (DIR: its newest committed
-// step) or a Fabric save. DST must not exist; it is written as a committed checkpoint.
+// step) or a Fabric save. DST must not exist; it is written as a committed checkpoint. Every
+// subcommand refuses what train_gpt's and Fabric's readers refuse: an index its files'
+// headers do not give (tensor_index.h), and for inspect and convert a meta.json of another
+// format or version, or with a field of the wrong type or range.
 
 #include <CLI/CLI.hpp>
 #include <algorithm>
@@ -23,7 +27,9 @@
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
+#include <limits>
 #include <nlohmann/json.hpp>
+#include <string_view>
 
 #include "nn/gpt_io.h"
 #include "strategies/checkpoint/checked_file.h"
@@ -31,6 +37,7 @@
 #include "strategies/checkpoint/directory.h"
 #include "strategies/checkpoint/distributed_state.h"
 #include "tensor/error.h"
+#include "tools/train_gpt/train_state.h"
 
 namespace {
 
@@ -47,10 +54,24 @@ fs::path resolve(const std::string& given) {
        Directory::kMarker, ") nor a directory holding one");
 }
 
+// Fabric::save's meta.json (strategies/fabric.cpp): format, version, strategy, world size.
+constexpr const char* kFabricFormat = "loom-fabric-state";
+constexpr int64_t kFabricVersion = 2;
+
+// meta.json, checked as the checkpoint's own reader checks it: train_gpt's every field
+// (train_gpt::check_train_meta), Fabric's format and version; the fields inspect shows are then
+// of their types.
 nlohmann::json read_meta(const fs::path& checkpoint) {
-  std::ifstream in(checkpoint / "meta.json");
-  if (!in) fail(checkpoint.string(), " has no meta.json");
-  return nlohmann::json::parse(in);
+  const CheckpointMeta meta(checkpoint);
+  const std::string format = meta.text("format", {train_gpt::kCheckpointFormat, kFabricFormat});
+  if (format == train_gpt::kCheckpointFormat) {
+    train_gpt::check_train_meta(meta);
+  } else {
+    meta.integer("version", kFabricVersion, kFabricVersion);
+    meta.text("strategy");
+    meta.integer("world_size", 1, std::numeric_limits<int>::max());
+  }
+  return meta.json();
 }
 
 std::string shape_text(const Shape& shape) {
@@ -70,12 +91,10 @@ bool is_parameter(const std::string& name) {
 int inspect(const fs::path& checkpoint) {
   const nlohmann::json meta = read_meta(checkpoint);
   const Index index = Index::read(checkpoint);
-  std::printf("checkpoint %s\n  %s", checkpoint.string().c_str(),
-              meta.contains("step")
-                  ? ("step " + std::to_string(meta.at("step").get<long long>()) + ", ").c_str()
-                  : "");
-  std::printf("strategy %s on %d rank(s)", meta.value("strategy", "?").c_str(),
-              meta.value("world_size", 0));
+  std::printf("checkpoint %s\n  ", checkpoint.string().c_str());
+  if (meta.contains("step")) std::printf("step %lld, ", meta.at("step").get<long long>());
+  std::printf("strategy %s on %d rank(s)", meta.at("strategy").get<std::string>().c_str(),
+              meta.at("world_size").get<int>());
   if (meta.contains("optimizer"))
     std::printf(", optimizer %s", meta.at("optimizer").get<std::string>().c_str());
   if (meta.contains("checkpoint_format"))
@@ -102,15 +121,18 @@ int inspect(const fs::path& checkpoint) {
 }
 
 int verify(const fs::path& checkpoint) {
-  CheckpointReader reader(checkpoint);  // sizes, tiling
+  // The index, its tiling, the files' sizes and every header against the index (Index::read).
+  CheckpointReader reader(checkpoint);
   size_t shards = 0;
   for (const auto& [name, entry] : reader.index().tensors) {
     reader.read(name);  // every block of every shard; throws naming the first bad one
     shards += entry.shards.size();
   }
-  std::printf("%s: %zu tensors in %zu shards of %zu files, every checksum matches\n",
-              checkpoint.string().c_str(), reader.index().tensors.size(), shards,
-              reader.index().file_bytes.size());
+  std::printf(
+      "%s: %zu tensors in %zu shards of %zu files, every header matches the index, "
+      "every checksum matches\n",
+      checkpoint.string().c_str(), reader.index().tensors.size(), shards,
+      reader.index().file_bytes.size());
   return 0;
 }
 
@@ -170,7 +192,7 @@ int convert(const fs::path& source, const fs::path& target, const std::string& t
   }
   if (to == "full") {
     safetensors::Metadata metadata;
-    if (meta.contains("model")) {
+    if (meta.contains("model")) {  // checked by read_meta: train_gpt's model sizes
       nn::GPTConfig c;
       const nlohmann::json& m = meta.at("model");
       c.layers = m.at("layers"), c.heads = m.at("heads"), c.embd = m.at("embd");
@@ -196,7 +218,20 @@ int convert(const fs::path& source, const fs::path& target, const std::string& t
 
 }  // namespace
 
+// CLI11 answers an unknown subcommand with "A subcommand is required": name it instead.
+bool is_known_subcommand(int argc, char** argv) {
+  if (argc < 2 || argv[1][0] == '-') return true;  // none (CLI11 says so), or an option
+  for (std::string_view known : {"inspect", "verify", "diff", "convert"})
+    if (known == argv[1]) return true;
+  std::fprintf(stderr,
+               "loom-ckpt: unknown subcommand '%s'; expected one of inspect, verify, diff, "
+               "convert (loom-ckpt --help describes them)\n",
+               argv[1]);
+  return false;
+}
+
 int main(int argc, char** argv) {
+  if (!is_known_subcommand(argc, argv)) return 2;
   CLI::App app{"loom-ckpt: inspect, verify, compare and convert Loom checkpoints"};
   app.require_subcommand(1);
   std::string one, two, to, strategy;

@@ -27,7 +27,12 @@ TokenBlocks::TokenBlocks(std::vector<int32_t> tokens, int64_t batch, int64_t tim
 }
 
 int64_t TokenBlocks::block_index(int64_t step, int64_t rank, int64_t world) const {
-  int64_t k = step * world + rank;
+  int64_t k = 0;
+  if (step < 0 || world < 1 || rank < 0 || rank >= world ||
+      __builtin_mul_overflow(step, world, &k) || __builtin_add_overflow(k, rank, &k)) {
+    fail("[train_gpt] no data block for step ", step, " of rank ", rank, " in a world of ", world,
+         "; expected step >= 0, 0 <= rank < world and step * world + rank below 2^63");
+  }
   if (!shuffle_) return k % nblocks_;
   int64_t epoch = k / nblocks_;
   std::vector<int64_t> order(static_cast<size_t>(nblocks_));
@@ -41,6 +46,7 @@ int64_t TokenBlocks::block_index(int64_t step, int64_t rank, int64_t world) cons
 }
 
 Batch TokenBlocks::block(int64_t k) const {
+  if (k < 0) fail("[train_gpt] data block ", k, " asked for; expected a block index >= 0");
   int64_t count = batch_ * time_;
   int64_t start = (k % nblocks_) * count;
   std::vector<int64_t> inputs(tokens_.begin() + start, tokens_.begin() + start + count);

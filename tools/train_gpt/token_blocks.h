@@ -30,8 +30,10 @@ class TokenBlocks {
       : TokenBlocks(std::vector<int32_t>(bytes.begin(), bytes.end()), batch, time, vocab, shuffle,
                     seed) {}
   int64_t block_count() const { return nblocks_; }
-  // The block that step `step` of rank `rank` (of `world`) reads.
+  // The block that step `step` of rank `rank` (of `world`) reads. Throws loom::Error unless
+  // step >= 0 and 0 <= rank < world.
   int64_t block_index(int64_t step, int64_t rank, int64_t world) const;
+  // Block k mod block_count(); throws loom::Error for k < 0.
   Batch block(int64_t k) const;
   Batch for_step(int64_t step, int64_t rank = 0, int64_t world = 1) const {
     return block(block_index(step, rank, world));

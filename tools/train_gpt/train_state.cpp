@@ -3,8 +3,9 @@
 #include <chrono>
 #include <cstdio>
 #include <fstream>
-#include <thread>
+#include <limits>
 #include <nlohmann/json.hpp>
+#include <thread>
 
 #include "nn/gpt_io.h"
 #include "strategies/checkpoint/checked_file.h"
@@ -20,35 +21,40 @@ using strategies::checkpoint::save_checked;
 
 namespace {
 
-constexpr const char* kFormat = "loom-train-checkpoint";
-constexpr int kVersion = 2;
-
 nlohmann::json model_json(const nn::GPTConfig& c) {
   return {{"layers", c.layers}, {"heads", c.heads},   {"embd", c.embd},
           {"context", c.context}, {"vocab_size", c.vocab_size}};
 }
 
-nlohmann::json read_meta(const fs::path& checkpoint) {
-  std::ifstream in(checkpoint / "meta.json");
-  if (!in) fail("[checkpoint] ", checkpoint.string(), " has no meta.json; not a train_gpt checkpoint");
-  nlohmann::json meta;
-  try {
-    meta = nlohmann::json::parse(in);
-  } catch (const std::exception& e) {
-    fail("[checkpoint] ", (checkpoint / "meta.json").string(), " is unreadable: ", e.what());
-  }
-  if (meta.value("format", "") != kFormat) {
-    fail("[checkpoint] ", checkpoint.string(), " is not a train_gpt checkpoint (meta.json format ",
-         meta.value("format", "?"), ", expected ", kFormat, ")");
-  }
-  if (meta.value("version", 0) != kVersion) {
-    fail("[checkpoint] ", checkpoint.string(), " has format version ", meta.value("version", 0),
-         "; this train_gpt reads version ", kVersion, " (checkpoints with an index.json)");
-  }
-  return meta;
-}
-
 }  // namespace
+
+TrainMeta check_train_meta(const strategies::checkpoint::CheckpointMeta& meta) {
+  constexpr int64_t kLargest = std::numeric_limits<int64_t>::max();
+  if (meta.text("format") != kCheckpointFormat) {
+    meta.refuse("format", std::string("\"") + kCheckpointFormat + "\" (a train_gpt checkpoint)");
+  }
+  const int64_t version = meta.integer("version", std::numeric_limits<int64_t>::min(), kLargest);
+  if (version != kCheckpointVersion) {
+    fail("[checkpoint] ", meta.path().string(), " has format version ", version,
+         "; this Loom reads version ", kCheckpointVersion, " (checkpoints with an index.json)");
+  }
+  TrainMeta out;
+  out.step = meta.integer("step", 0, kLargest);
+  out.strategy = meta.text("strategy");
+  out.world_size = meta.integer("world_size", 1, std::numeric_limits<int>::max());
+  out.checkpoint_format = meta.text("checkpoint_format", {"full", "sharded"});
+  out.optimizer = meta.text("optimizer");
+  out.model.layers = meta.integer("model.layers", 1, kLargest);
+  out.model.heads = meta.integer("model.heads", 1, kLargest);
+  out.model.embd = meta.integer("model.embd", 1, kLargest);
+  out.model.context = meta.integer("model.context", 1, kLargest);
+  out.model.vocab_size = meta.integer("model.vocab_size", 1, kLargest);
+  // Recorded, not used on resume (the options given now hold), but of their type if there.
+  for (const char* positive : {"grad_accum", "batch"})
+    if (meta.has(positive)) meta.integer(positive, 1, kLargest);
+  if (meta.has("seed")) meta.unsigned_integer("seed");
+  return out;
+}
 
 TrainCheckpoints::TrainCheckpoints(const TrainOptions& options, strategies::Strategy& strategy)
     : options_(options), strategy_(strategy) {
@@ -87,17 +93,17 @@ int64_t TrainCheckpoints::open(nn::GPT& model) {
            "earlier one or --resume auto");
     }
   }
-  const nlohmann::json meta = read_meta(checkpoint);
-  const nlohmann::json mine = model_json(model.config());
-  if (meta.at("model") != mine) {
-    fail("[train_gpt] ", checkpoint.string(), " is a checkpoint of another model (",
-         meta.at("model").dump(), "; this run builds ", mine.dump(), ")");
+  const TrainMeta meta = check_train_meta(strategies::checkpoint::CheckpointMeta(checkpoint));
+  const nlohmann::json saved = model_json(meta.model), mine = model_json(model.config());
+  if (saved != mine) {
+    fail("[train_gpt] ", checkpoint.string(), " is a checkpoint of another model (", saved.dump(),
+         "; this run builds ", mine.dump(), ")");
   }
-  if (meta.at("optimizer").get<std::string>() != options_.optimizer) {
-    fail("[train_gpt] ", checkpoint.string(), " holds ", meta.at("optimizer").get<std::string>(),
+  if (meta.optimizer != options_.optimizer) {
+    fail("[train_gpt] ", checkpoint.string(), " holds ", meta.optimizer,
          " state; this run uses --optimizer ", options_.optimizer);
   }
-  const int64_t steps = meta.at("step").get<int64_t>();
+  const int64_t steps = meta.step;
   if (steps > options_.steps) {
     fail("[train_gpt] ", checkpoint.string(), " has done ", steps, " steps, more than --steps ",
          options_.steps);
@@ -106,8 +112,8 @@ int64_t TrainCheckpoints::open(nn::GPT& model) {
   strategies::checkpoint::check_model(*resume_from_, strategy_, model);
   if (strategy_.is_global_zero()) {
     std::printf("train_gpt: resuming from %s (%lld steps done, saved by %s on %d rank(s))\n",
-                checkpoint.string().c_str(), static_cast<long long>(steps),
-                meta.at("strategy").get<std::string>().c_str(), meta.at("world_size").get<int>());
+                checkpoint.string().c_str(), static_cast<long long>(steps), meta.strategy.c_str(),
+                static_cast<int>(meta.world_size));
   }
   return steps;
 }
@@ -143,8 +149,8 @@ void TrainCheckpoints::save(int64_t steps_done, nn::GPT& model, optim::Optimizer
   }
   snap.pieces = strategies::checkpoint::state_pieces(strategy_, model, &optimizer, sharded);
   if (chief) {
-    snap.meta = {{"format", kFormat},
-                 {"version", kVersion},
+    snap.meta = {{"format", kCheckpointFormat},
+                 {"version", kCheckpointVersion},
                  {"step", steps_done},
                  {"strategy", strategy_.name()},
                  {"world_size", world},

@@ -30,12 +30,28 @@
 #include "optim/optimizer.h"
 #include "strategies/checkpoint/checkpoint_reader.h"
 #include "strategies/checkpoint/directory.h"
+#include "strategies/checkpoint/distributed_state.h"
 #include "strategies/checkpoint/tensor_index.h"
 #include "strategies/strategy.h"
 #include "tensor/safetensors.h"
 #include "tools/train_gpt/trainer.h"
 
 namespace loom::train_gpt {
+
+// train_gpt's meta.json (docs/checkpoints.md, "What a checkpoint holds"), as read back.
+inline constexpr const char* kCheckpointFormat = "loom-train-checkpoint";
+inline constexpr int64_t kCheckpointVersion = 2;
+struct TrainMeta {
+  int64_t step = 0;  // the steps done
+  std::string strategy, checkpoint_format, optimizer;
+  int64_t world_size = 0;
+  nn::GPTConfig model;
+};
+// Checks `meta` as train_gpt writes it: its format and version, then every field's type and
+// range (step >= 0, world_size >= 1, checkpoint_format full or sharded, the model's sizes
+// positive, ...). Throws loom::Error naming meta.json, the field, its value and what is
+// expected. Fields it does not know are left alone.
+TrainMeta check_train_meta(const strategies::checkpoint::CheckpointMeta& meta);
 
 class TrainCheckpoints {
  public:
