@@ -10,9 +10,23 @@ T=$1
 d=$(mktemp -d); trap 'rm -rf "$d"' EXIT
 MODEL=(--layers 2 --heads 2 --embd 32 --ctx 16 --batch 2 --log-interval 100)
 numbers() { grep -o '"\(loss\|grad_norm\)":[^,}]*' "$1"; }
+# The flags without those that only concern checkpoints (--async-save, --checkpoint-format F),
+# which train_gpt refuses in a run without --checkpoint-dir: the uninterrupted run's flags.
+training_flags() {
+  local skip=0 a
+  for a in "$@"; do
+    if [ "$skip" = 1 ]; then skip=0; continue; fi
+    case "$a" in
+      --async-save) ;;
+      --checkpoint-format) skip=1 ;;
+      *) printf '%s\n' "$a" ;;
+    esac
+  done
+}
 check() {
   local name=$1; shift
-  "$T" "${MODEL[@]}" "$@" --steps 6 --metrics "$d/$name.straight.jsonl" --save "$d/$name.straight.st" > /dev/null 2>&1
+  local straight; mapfile -t straight < <(training_flags "$@")
+  "$T" "${MODEL[@]}" "${straight[@]}" --steps 6 --metrics "$d/$name.straight.jsonl" --save "$d/$name.straight.st" > /dev/null 2>&1
   "$T" "${MODEL[@]}" "$@" --steps 3 --checkpoint-dir "$d/$name" --save-every 3 > /dev/null 2>&1
   "$T" "${MODEL[@]}" "$@" --steps 6 --checkpoint-dir "$d/$name" --resume auto \
     --metrics "$d/$name.resumed.jsonl" --save "$d/$name.resumed.st" > "$d/$name.log" 2>&1
