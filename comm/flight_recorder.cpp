@@ -7,6 +7,7 @@
 #include <cstdlib>
 #include <fstream>
 #include <nlohmann/json.hpp>
+#include <string_view>
 #include <thread>
 
 namespace loom::comm {
@@ -30,6 +31,18 @@ int job_rank(int noted, int fallback) {
   return noted >= 0 ? noted : fallback;
 }
 
+// LOOM_FLIGHT_RECORDER: unset, empty or 1 records, 0 does not. Any other value is loom::Error
+// rather than ignored, so that a job never runs without the recorder it was thought to have.
+bool enabled_by_environment() {
+  const char* setting = std::getenv("LOOM_FLIGHT_RECORDER");
+  if (setting == nullptr || *setting == '\0') return true;
+  const std::string_view value(setting);
+  if (value == "1") return true;
+  if (value == "0") return false;
+  fail("[comm] LOOM_FLIGHT_RECORDER='", setting,
+       "' is not a known setting; expected 1 (record, the default) or 0 (off)");
+}
+
 int signal_pipe[2] = {-1, -1};
 
 void on_sigusr1(int) {
@@ -39,10 +52,7 @@ void on_sigusr1(int) {
 
 }  // namespace
 
-FlightRecorder::FlightRecorder() {
-  const char* setting = std::getenv("LOOM_FLIGHT_RECORDER");
-  enabled_ = setting == nullptr || std::string(setting) != "0";
-}
+FlightRecorder::FlightRecorder() : enabled_(enabled_by_environment()) {}
 
 FlightRecorder& FlightRecorder::global() {
   static FlightRecorder* recorder = new FlightRecorder();  // outlives every group's threads

@@ -26,7 +26,8 @@ inline constexpr size_t kFlightCapacity = 4096;
 
 class FlightRecorder {
  public:
-  // The process's recorder.
+  // The process's recorder. Its creation reads LOOM_FLIGHT_RECORDER: loom::Error for a value
+  // other than 0 or 1 (ProcessGroup's construction asks first, on the constructing thread).
   static FlightRecorder& global();
 
   // False when LOOM_FLIGHT_RECORDER=0: record() then keeps nothing (for measuring its cost).

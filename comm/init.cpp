@@ -1,6 +1,8 @@
 // loom::comm::init(): the default process group from the cluster environment.
 
+#include <charconv>
 #include <cstdlib>
+#include <cstring>
 #include <mutex>
 
 #include "comm/backend_registry.h"
@@ -19,13 +21,23 @@ std::unique_ptr<TCPStoreServer>& own_server() {
   return server;
 }
 
+// The port of Loom's store: LOOM_STORE_PORT when set (and not empty), else MASTER_PORT.
+// LOOM_STORE_PORT lets the Loom store live beside another launcher's store (torchrun keeps
+// MASTER_PORT for its own). Only 1..65535 is a port here: every rank must know it in advance,
+// so 0 ("any free port") cannot work, and a value cast to 16 bits would point the ranks at
+// some other port, where they would wait for a store until the timeout.
 uint16_t store_port(const ClusterEnv& env) {
-  // LOOM_STORE_PORT lets the Loom store live beside another launcher's store (torchrun keeps
-  // MASTER_PORT for its own).
-  if (const char* port = std::getenv("LOOM_STORE_PORT"); port != nullptr && *port != '\0') {
-    return static_cast<uint16_t>(std::stoi(port));
+  const char* text = std::getenv("LOOM_STORE_PORT");
+  if (text == nullptr || *text == '\0') return static_cast<uint16_t>(env.master_port);
+  const char* end = text + std::strlen(text);
+  int port = 0;
+  const auto [stop, ec] = std::from_chars(text, end, port);
+  if (ec != std::errc() || stop != end || port < 1 || port > 65535) {
+    fail("[comm] init: LOOM_STORE_PORT='", text,
+         "' is not a TCP port: expected a number from 1 to 65535 (or unset it to use "
+         "MASTER_PORT)");
   }
-  return static_cast<uint16_t>(env.master_port);
+  return static_cast<uint16_t>(port);
 }
 
 std::shared_ptr<Store> rendezvous_store(const ClusterEnv& env, int rank, int size,

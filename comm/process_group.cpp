@@ -4,6 +4,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <sstream>
+#include <string_view>
 
 #include "comm/backend_registry.h"
 #include "comm/cuda_support.h"
@@ -14,12 +15,24 @@ namespace loom::comm {
 
 namespace {
 
+// LOOM_DEBUG: unset or empty (off), or "detail". Any other value is loom::Error rather than
+// ignored: a misspelt setting would run the job without the checks that were asked for.
 bool debug_from_env() {
   static const bool enabled = [] {
     const char* v = std::getenv("LOOM_DEBUG");
-    return v != nullptr && std::string(v) == "detail";
+    if (v == nullptr || *v == '\0') return false;
+    if (std::string_view(v) == "detail") return true;
+    fail("[comm] LOOM_DEBUG='", v, "' is not a known setting; expected 'detail' (or unset)");
   }();
   return enabled;
+}
+
+// Reads the settings of LOOM_DEBUG and LOOM_FLIGHT_RECORDER (loom::Error for a value they do
+// not know) before the backend's rendezvous, so that every rank refuses a bad value at once
+// rather than after waiting for the others.
+void check_debug_settings() {
+  (void)debug_from_env();
+  (void)FlightRecorder::global();
 }
 
 void check_buffer(const char* op, const char* what, const Tensor& t) {
@@ -99,6 +112,7 @@ std::unique_ptr<Backend> ProcessGroup::create(int rank, int size,
     fail("[comm] ProcessGroup: rank ", rank, " is not in [0, ", size, ")");
   }
   if (!store) fail("[comm] ProcessGroup: a store is required");
+  check_debug_settings();
   std::string backend = options.backend;
   if (backend == "auto") {
     backend = resolve_auto_backend(false, options.device.value_or(Device::cpu()));

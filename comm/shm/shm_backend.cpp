@@ -3,6 +3,8 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <charconv>
+#include <cstdint>
 #include <cstdlib>
 #include <cstring>
 #include <vector>
@@ -13,13 +15,28 @@ namespace loom::comm::shm {
 
 namespace {
 
+// The largest value a size tunable takes: the segment holds size^2 channel rings and
+// 2 * size^2 slices, so a few GiB per rank is already more memory than a host has.
+constexpr uint64_t kMaxTunableBytes = uint64_t{1} << 30;
+
+// A size tunable of the shm backend (bytes, 1 to kMaxTunableBytes); `fallback` when unset or
+// empty. Only decimal digits are taken: strtoull would read "-1" as 2^64 - 1 and saturate on
+// overflow, and a size that wraps when rounded up makes the round loops spin forever.
 size_t tunable(const char* name, size_t fallback) {
   const char* text = std::getenv(name);
   if (text == nullptr || *text == '\0') return fallback;
-  char* end = nullptr;
-  unsigned long long value = std::strtoull(text, &end, 10);
-  if (*end != '\0' || value == 0) {
-    fail("[comm/shm] ", name, "='", text, "' is not a positive number of bytes");
+  const char* end = text + std::strlen(text);
+  uint64_t value = 0;
+  const auto [stop, ec] = std::from_chars(text, end, value);
+  if (ec == std::errc::invalid_argument || stop != end) {
+    fail("[comm/shm] ", name, "='", text,
+         "' is not a number of bytes: expected decimal digits only (no sign, space or suffix), "
+         "from 1 to ",
+         kMaxTunableBytes, " (1 GiB)");
+  }
+  if (ec == std::errc::result_out_of_range || value < 1 || value > kMaxTunableBytes) {
+    fail("[comm/shm] ", name, "=", text, " is out of range: expected 1 to ", kMaxTunableBytes,
+         " bytes (1 GiB)");
   }
   return static_cast<size_t>(value);
 }

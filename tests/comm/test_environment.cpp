@@ -1,12 +1,21 @@
 // detect_cluster_env over fake environments (a map, never the real one): every source, the
 // precedence between them, explicit selection, each error message, and Slurm node lists.
+// Then the LOOM_* variables read elsewhere in comm (LOOM_STORE_PORT, LOOM_SHM_*_BYTES,
+// LOOM_DEBUG, LOOM_FLIGHT_RECORDER), from the real environment: the last three are read once
+// per process, so each value is tried in a forked child (this process creates no group).
 
 #include <gtest/gtest.h>
+#include <sys/wait.h>
+#include <unistd.h>
 
+#include <cstdlib>
+#include <functional>
 #include <map>
 #include <string>
 
 #include "comm/environment.h"
+#include "comm/process_group.h"
+#include "comm/store/in_process_store.h"
 #include "tensor/error.h"
 
 namespace loom::comm {
@@ -333,6 +342,106 @@ TEST(SlurmNodelist, MalformedListsAreErrors) {
     } catch (const Error& e) {
       EXPECT_NE(std::string(e.what()).find("Slurm node list"), std::string::npos) << e.what();
     }
+  }
+}
+
+// Runs `body` in a forked child with `name`=`value` set; returns the message of the
+// loom::Error it threw, or "accepted".
+std::string outcome_in_child(const std::string& name, const std::string& value,
+                             const std::function<void()>& body) {
+  int fds[2];
+  if (::pipe(fds) != 0) return "pipe failed";
+  std::fflush(stdout);
+  std::fflush(stderr);
+  const pid_t pid = ::fork();
+  if (pid == 0) {
+    ::close(fds[0]);
+    ::setenv(name.c_str(), value.c_str(), 1);
+    std::string outcome = "accepted";
+    try {
+      body();
+    } catch (const Error& e) {
+      outcome = e.what();
+    }
+    (void)!::write(fds[1], outcome.data(), outcome.size());
+    _exit(0);
+  }
+  ::close(fds[1]);
+  std::string outcome;
+  char buffer[512];
+  for (ssize_t n; (n = ::read(fds[0], buffer, sizeof buffer)) > 0;)
+    outcome.append(buffer, static_cast<size_t>(n));
+  ::close(fds[0]);
+  ::waitpid(pid, nullptr, 0);
+  return outcome;
+}
+
+// A one-rank shm group: enough to read every setting a group reads.
+void create_one_rank_group() {
+  ProcessGroup group(0, 1, std::make_shared<InProcessStore>(), {.backend = "shm"});
+}
+
+bool has(const std::string& text, const std::string& part) {
+  return text.find(part) != std::string::npos;
+}
+
+TEST(CommVariables, ShmSizesAreDigitsFromOneByteToOneGiB) {
+  for (const char* name :
+       {"LOOM_SHM_SLICE_BYTES", "LOOM_SHM_ONE_SHOT_BYTES", "LOOM_SHM_CHANNEL_BYTES"}) {
+    for (const char* bad : {"abc", "-1", "+5", " 5", "5 ", "1e3", "64K", "0x40"}) {
+      const std::string what = outcome_in_child(name, bad, create_one_rank_group);
+      EXPECT_TRUE(has(what, std::string(name) + "='" + bad + "' is not a number of bytes")) << what;
+      EXPECT_TRUE(has(what, "from 1 to 1073741824 (1 GiB)")) << what;
+    }
+    // 2^64 - 1 and past it (strtoull saturates there), past 1 GiB, and 0.
+    for (const char* big :
+         {"18446744073709551615", "99999999999999999999", "1099511627776000", "1073741825", "0"}) {
+      const std::string what = outcome_in_child(name, big, create_one_rank_group);
+      EXPECT_TRUE(has(what, std::string(name) + "=" + big + " is out of range")) << what;
+      EXPECT_TRUE(has(what, "expected 1 to 1073741824 bytes")) << what;
+    }
+    for (const char* good : {"1", "4096", "1073741824"}) {
+      EXPECT_EQ(outcome_in_child(name, good, create_one_rank_group), "accepted") << good;
+    }
+  }
+}
+
+TEST(CommVariables, LoomDebugTakesDetailOnly) {
+  for (const char* bad : {"verbose", "DETAIL", "1", "info"}) {
+    const std::string what = outcome_in_child("LOOM_DEBUG", bad, create_one_rank_group);
+    EXPECT_TRUE(has(what, std::string("LOOM_DEBUG='") + bad + "' is not a known setting")) << what;
+    EXPECT_TRUE(has(what, "expected 'detail'")) << what;
+  }
+  EXPECT_EQ(outcome_in_child("LOOM_DEBUG", "detail", create_one_rank_group), "accepted");
+  EXPECT_EQ(outcome_in_child("LOOM_DEBUG", "", create_one_rank_group), "accepted");
+}
+
+TEST(CommVariables, FlightRecorderTakesZeroOrOne) {
+  for (const char* bad : {"abc", "2", "off", "true"}) {
+    const std::string what = outcome_in_child("LOOM_FLIGHT_RECORDER", bad, create_one_rank_group);
+    EXPECT_TRUE(has(what, std::string("LOOM_FLIGHT_RECORDER='") + bad + "' is not a known setting"))
+        << what;
+    EXPECT_TRUE(has(what, "expected 1 (record, the default) or 0 (off)")) << what;
+  }
+  for (const char* good : {"0", "1", ""}) {
+    EXPECT_EQ(outcome_in_child("LOOM_FLIGHT_RECORDER", good, create_one_rank_group), "accepted")
+        << good;
+  }
+}
+
+TEST(CommVariables, StorePortIsOneTo65535) {
+  ClusterEnv env;
+  env.world_size = 2;
+  env.local_world_size = 2;
+  env.store_secret = "s3cret";
+  // Rank 1 connects to the store: the port is read before it tries.
+  auto join_as_rank_1 = [&] {
+    init({.timeout = std::chrono::seconds(1), .rank = 1, .environment = env});
+  };
+  for (const char* bad : {"abc", "99999", "65536", "-1", "0", " 80", "80x"}) {
+    const std::string what = outcome_in_child("LOOM_STORE_PORT", bad, join_as_rank_1);
+    EXPECT_TRUE(has(what, std::string("LOOM_STORE_PORT='") + bad + "' is not a TCP port")) << what;
+    EXPECT_TRUE(has(what, "expected a number from 1 to 65535")) << what;
   }
 }
 
