@@ -240,19 +240,29 @@ std::map<std::string, Tensor> Strategy::load_checkpoint(const std::filesystem::p
   return checkpoint_io_->load(path);
 }
 
+namespace {
+// The backend of a group whose ranks run on `device`, `local_ranks` of them on this host:
+// `requested`, where "auto" on CUDA devices is "nccl" when every local rank has a GPU of its
+// own (NCCL refuses two ranks on one GPU), else "shm" (which stages CUDA tensors through host
+// memory). Every rank must reach the same answer: ranks started by a LocalJob (rank 0) and
+// by setup_environment (the others) both ask here.
+std::string group_backend(const std::string& requested, Device device, int local_ranks) {
+  if (requested != "auto" || !device.is_cuda()) return requested;
+  int gpus = 0;
+#if LOOM_WITH_CUDA
+  gpus = cuda::device_count();
+#endif
+  const bool own_gpu = gpus >= local_ranks;
+  return LOOM_WITH_NCCL && own_gpu ? "nccl" : "shm";
+}
+}  // namespace
+
 void ParallelStrategy::setup_environment() {
   if (group_) return;
   comm::ClusterEnv env = environment_ ? *environment_ : comm::detect_cluster_env();
   environment_ = env;
-  std::string backend = options_.process_group_backend;
-  if (backend == "auto" && root_device().is_cuda()) {
-    int gpus = 0;
-#if LOOM_WITH_CUDA
-    gpus = cuda::device_count();
-#endif
-    bool own_gpu = gpus >= env.local_world_size;  // NCCL refuses two ranks on one GPU
-    backend = LOOM_WITH_NCCL && own_gpu ? "nccl" : "shm";
-  }
+  const std::string backend =
+      group_backend(options_.process_group_backend, root_device(), env.local_world_size);
   std::optional<Device> device;
   if (root_device().is_cuda()) device = root_device();
   group_ = comm::init(
@@ -324,7 +334,11 @@ void ParallelStrategy::join_or_start_ranks(LaunchMethod method) {
     return;
   }
   int count = parse_devices(options_.devices, *accelerator_).count;
-  job_ = std::make_unique<LocalJob>(count, method, options_.timeout);
+  const LocalJobOptions job_options{
+      .backend = group_backend(options_.process_group_backend, root_device(), count),
+      .device = root_device(),
+      .timeout = options_.timeout};
+  job_ = std::make_unique<LocalJob>(count, method, job_options);
   group_ = job_->group();
 }
 
