@@ -110,7 +110,7 @@ int main(int argc, char** argv) {
     for (const char* name :
          {"RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "GROUP_RANK", "MASTER_ADDR",
           "MASTER_PORT", "LOOM_STORE_SECRET", "LOOM_RESTART_COUNT", "TORCHELASTIC_RESTART_COUNT",
-          "LOOM_CLUSTER_ENV", "LOOM_JOB_ID"}) {
+          "LOOM_CLUSTER_ENV", "LOOM_JOB_ID", "LOOM_STORE_PORT"}) {
       std::printf("%s=%s\n", name, env(name).c_str());
     }
     return 0;

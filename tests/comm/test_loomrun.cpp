@@ -384,7 +384,14 @@ TEST(Loomrun, BadUsageExitsTwo) {
       {{"/nonexistent/program"}, "program not found"},
       {{"loomrun-no-such-program"}, "program not found"},
       {{"--bind", "socket", kProbe}, "--bind"},
-      {{"--master-port", "70000", kProbe}, "--master-port"},
+      {{"--master-port", "70000", kProbe}, "--master-port must be a number from 0 to 65535"},
+      {{"--master-port", "", kProbe}, "single node only), got ''"},
+      {{"--master-port", "-1", kProbe}, "--master-port must be a number from 0 to 65535"},
+      {{"--master-port", "29500x", kProbe}, "got '29500x'"},
+      {{"--rdzv-endpoint", "localhost:99999", kProbe},
+       "the port of --rdzv-endpoint localhost:99999 must be a number from 0 to 65535"},
+      {{"--rdzv-endpoint", "localhost:-5", kProbe}, "--rdzv-endpoint localhost:-5"},
+      {{"--rdzv-endpoint", "localhost:abc", kProbe}, "--rdzv-endpoint localhost:abc"},
       {{"--no-such-flag", kProbe}, "--no-such-flag"},
   };
   for (const auto& [args, message] : cases) {
@@ -395,6 +402,26 @@ TEST(Loomrun, BadUsageExitsTwo) {
     EXPECT_EQ(r.code(), 2) << "loomrun" << shown << "\n" << dump(r);
     EXPECT_TRUE(contains(r.err, message)) << "loomrun" << shown << "\n" << r.err;
   }
+}
+
+TEST(Loomrun, RefusesALoomStorePortThatIsNotAPort) {
+  for (const char* bad : {"abc", "99999", "-1", "0"}) {
+    Result r = run({"--master-port", "0", kProbe, "env"}, {{"LOOM_STORE_PORT", bad}});
+    EXPECT_EQ(r.code(), 2) << dump(r);
+    EXPECT_TRUE(contains(r.err, "LOOM_STORE_PORT (in loomrun's environment"))
+        << bad << ": " << r.err;
+    EXPECT_TRUE(contains(r.err, std::string("got '") + bad + "'")) << r.err;
+  }
+}
+
+TEST(Loomrun, GivesItsRanksItsStorePortInLoomStorePort) {
+  // A port the ranks would otherwise prefer to MASTER_PORT, and find no store on.
+  Result r = run({"--nproc-per-node", "2", "--master-port", "0", kProbe, "env"},
+                 {{"LOOM_STORE_PORT", "29999"}});
+  ASSERT_EQ(r.code(), 0) << dump(r);
+  const std::string port = value_of(r.out, "[0] ", "MASTER_PORT");
+  EXPECT_EQ(value_of(r.out, "[0] ", "LOOM_STORE_PORT"), port);
+  EXPECT_EQ(value_of(r.out, "[1] ", "LOOM_STORE_PORT"), port);
 }
 
 TEST(Loomrun, ReportsAnExecFailure) {

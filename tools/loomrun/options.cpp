@@ -4,6 +4,7 @@
 #include <unistd.h>
 
 #include <CLI/CLI.hpp>
+#include <charconv>
 #include <cstdlib>
 #include <sstream>
 
@@ -34,6 +35,30 @@ int parse_nnodes(const std::string& text) {
     usage_error("--nnodes " + text + ": elastic node ranges are not supported; give one number");
   }
   return low;
+}
+
+// A TCP port named `what` (a flag, or a variable) in `text`: decimal digits only, from
+// `lowest` (0 where "any free port" is meaningful, else 1) to 65535.
+int parse_port(const std::string& text, const std::string& what, int lowest) {
+  int port = -1;
+  const char* begin = text.data();
+  const char* end = begin + text.size();
+  const auto [stop, ec] = std::from_chars(begin, end, port);
+  if (text.empty() || ec != std::errc() || stop != end || port < lowest || port > 65535) {
+    usage_error(what + " must be a number from " + std::to_string(lowest) + " to 65535" +
+                (lowest == 0 ? " (0: a free port, single node only)" : "") + ", got '" + text +
+                "'");
+  }
+  return port;
+}
+
+// LOOM_STORE_PORT, if set, names where the ranks find Loom's store; loomrun serves that store
+// itself and gives its ranks its own port in it, so a value that is not a port at all is a
+// mistake in the caller's environment, refused rather than silently replaced.
+void check_store_port_variable() {
+  const char* value = std::getenv("LOOM_STORE_PORT");
+  if (value == nullptr || *value == '\0') return;
+  parse_port(value, "LOOM_STORE_PORT (in loomrun's environment; its ranks get loomrun's port)", 1);
 }
 
 bool is_executable_file(const std::string& path) {
@@ -83,8 +108,9 @@ ParseResult parse_options(int argc, char** argv, bool secret_in_env) {
   app.add_option("--master-addr,--master_addr", o.master_addr,
                  "address of node 0; node 0 binds its store here (0.0.0.0: all interfaces)")
       ->capture_default_str();
-  app.add_option("--master-port,--master_port", o.master_port,
-                 "store port; 0 picks a free one (single node only)")
+  std::string master_port = std::to_string(o.master_port);
+  app.add_option("--master-port,--master_port", master_port,
+                 "store port, 0 to 65535; 0 picks a free one (single node only)")
       ->capture_default_str();
   app.add_option("--max-restarts,--max_restarts", o.max_restarts,
                  "restart the whole group this many times after a failure")
@@ -127,17 +153,16 @@ ParseResult parse_options(int argc, char** argv, bool secret_in_env) {
   if (app.count("--timeout") > 0) o.timeout_s = timeout;
   bool port_given = app.count("--master-port") > 0;
   bool addr_given = app.count("--master-addr") > 0;
+  o.master_port = parse_port(master_port, "--master-port", 0);
   if (!rdzv_endpoint.empty()) {
     size_t colon = rdzv_endpoint.rfind(':');
     std::string host = rdzv_endpoint.substr(0, colon);
     if (!addr_given && !host.empty()) o.master_addr = host;
-    if (!port_given && colon != std::string::npos) {
-      try {
-        o.master_port = std::stoi(rdzv_endpoint.substr(colon + 1));
-        port_given = true;
-      } catch (const std::exception&) {
-        usage_error("--rdzv-endpoint expects HOST[:PORT], got '" + rdzv_endpoint + "'");
-      }
+    if (colon != std::string::npos) {
+      const int port = parse_port(rdzv_endpoint.substr(colon + 1),
+                                  "the port of --rdzv-endpoint " + rdzv_endpoint, 0);
+      if (!port_given) o.master_port = port;
+      port_given = true;
     }
   }
   if (standalone) {
@@ -153,9 +178,6 @@ ParseResult parse_options(int argc, char** argv, bool secret_in_env) {
   if (o.node_rank < 0 || o.node_rank >= o.nnodes) {
     usage_error("--node-rank " + number(o.node_rank) + " is outside 0.." + number(o.nnodes - 1) +
                 " (--nnodes " + number(o.nnodes) + ")");
-  }
-  if (o.master_port < 0 || o.master_port > 65535) {
-    usage_error("--master-port must be in 0..65535 (got " + number(o.master_port) + ")");
   }
   if (o.master_port == 0 && o.nnodes > 1) {
     usage_error(
@@ -173,6 +195,7 @@ ParseResult parse_options(int argc, char** argv, bool secret_in_env) {
                 "its ranks the same store secret. Generate one (e.g. `openssl rand -hex 32`) and "
                 "run `export LOOM_STORE_SECRET=...` on every node before loomrun");
   }
+  check_store_port_variable();
   if (!find_program(o.program)) {
     usage_error("program not found or not executable: '" + o.program + "'" +
                 (o.program.find('/') == std::string::npos ? " (searched PATH)" : ""));

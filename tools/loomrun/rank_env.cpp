@@ -19,6 +19,9 @@ std::vector<std::string> rank_environment(const LaunchOptions& options, const Ra
       {"ROLE_NAME", "default"},
       {"MASTER_ADDR", options.master_addr},
       {"MASTER_PORT", std::to_string(who.master_port)},
+      // Ranks prefer LOOM_STORE_PORT to MASTER_PORT (comm/init.cpp); an inherited value would
+      // send them to some other port, to wait there for a store until their timeout.
+      {"LOOM_STORE_PORT", std::to_string(who.master_port)},
       {"LOOM_STORE_SECRET", who.secret != nullptr ? *who.secret : std::string()},
       {"LOOM_RESTART_COUNT", std::to_string(who.restart_count)},
       {"TORCHELASTIC_RESTART_COUNT", std::to_string(who.restart_count)},
