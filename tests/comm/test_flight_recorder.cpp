@@ -1,12 +1,16 @@
 // The flight recorder (comm/flight_recorder.h) and loom-trace analyze on real jobs of two
 // forked ranks: one that stalls (rank 1 skips a collective: rank 0 times out and dumps,
-// rank 1 dumps on SIGUSR1) and one whose ranks disagree on a collective's dtype.
+// rank 1 dumps on SIGUSR1) and one whose ranks disagree on a collective's dtype. Then
+// analyze on hand-written dumps that are malformed: each error names the file, the entry
+// and the field.
 
 #include <gtest/gtest.h>
 #include <signal.h>
 
 #include <cstdlib>
 #include <filesystem>
+#include <fstream>
+#include <map>
 #include <thread>
 
 #include "comm/error.h"
@@ -27,9 +31,7 @@ namespace fs = std::filesystem;
 // A temporary directory named in LOOM_FLIGHT_RECORDER_DIR, which the ranks inherit.
 class DumpDir : public loom::testing::TempDir {
  public:
-  DumpDir() : TempDir("loom-flight") {
-    ::setenv("LOOM_FLIGHT_RECORDER_DIR", path().c_str(), 1);
-  }
+  DumpDir() : TempDir("loom-flight") { ::setenv("LOOM_FLIGHT_RECORDER_DIR", path().c_str(), 1); }
   ~DumpDir() { ::unsetenv("LOOM_FLIGHT_RECORDER_DIR"); }
 };
 
@@ -75,9 +77,8 @@ TEST(FlightRecorder, RanksThatDisagreeOnACollectiveAreNamed) {
     // recorder's dumps name it too.
     Tensor odd = rank == 0 ? Tensor::full({4}, 1.0) : Tensor::full({4}, 1.0, DType::I32);
     EXPECT_THROW(group.allreduce(odd)->wait(), CommError);
-    FlightRecorder::global().dump(fs::path(dir.path()) /
-                                      ("flight.rank-" + std::to_string(rank) + ".json"),
-                                  rank);
+    FlightRecorder::global().dump(
+        fs::path(dir.path()) / ("flight.rank-" + std::to_string(rank) + ".json"), rank);
   }));
   const trace::Analysis a = trace::analyze_flight_dumps(dir.path());
   EXPECT_TRUE(a.found) << a.report;
@@ -94,6 +95,106 @@ TEST(FlightRecorder, NoDumpsIsAClearError) {
   } catch (const Error& e) {
     EXPECT_NE(std::string(e.what()).find("LOOM_FLIGHT_RECORDER_DIR"), std::string::npos);
   }
+}
+
+// A well-formed entry of rank `rank`'s dump, with `field` replaced by `value` (a JSON text).
+std::string entry(int rank, const std::string& field = "", const std::string& value = "") {
+  std::map<std::string, std::string> fields = {{"group", "\"default.attempt0\""},
+                                               {"group_rank", std::to_string(rank)},
+                                               {"group_size", "2"},
+                                               {"seq", "1"},
+                                               {"op", "\"allreduce\""},
+                                               {"bytes", "16"},
+                                               {"dtype", "\"f32\""},
+                                               {"peer", "-1"},
+                                               {"state", "\"completed\""},
+                                               {"queued_us", "0"},
+                                               {"started_us", "1"},
+                                               {"completed_us", "2"},
+                                               {"error", "\"\""}};
+  if (!field.empty()) fields[field] = value;
+  std::string text = "{";
+  for (const auto& [name, json] : fields) {
+    if (json.empty()) continue;  // an empty value drops the field
+    text += (text.size() > 1 ? ", \"" : "\"") + name + "\": " + json;
+  }
+  return text + "}";
+}
+
+std::string dump_text(int rank, const std::string& entries) {
+  return "{\"rank\": " + std::to_string(rank) + ", \"entries\": " + entries + "}";
+}
+
+// Writes rank 0's dump `rank0` (and a well-formed rank 1 dump, unless `rank1` says otherwise)
+// and returns analyze's error.
+std::string analyze_error(const std::string& rank0,
+                          const std::string& rank1 = dump_text(1, "[" + entry(1) + "]")) {
+  loom::testing::TempDir dir("loom-trace");
+  std::ofstream(dir.path() / "flight.rank-0.json") << rank0;
+  std::ofstream(dir.path() / "flight.rank-1.json") << rank1;
+  return loom::testing::error_of([&] { trace::analyze_flight_dumps(dir.path()); });
+}
+
+bool has(const std::string& text, const std::string& part) {
+  return text.find(part) != std::string::npos;
+}
+
+TEST(LoomTraceAnalyze, MalformedDumpsNameTheFileTheEntryAndTheField) {
+  struct Case {
+    std::string dump;
+    std::vector<std::string> expected;  // every one appears in the error
+  };
+  const std::vector<Case> cases = {
+      {"{ nope", {"flight.rank-0.json is not a flight-recorder dump (not JSON)"}},
+      {"[]", {"flight.rank-0.json: the file holds [] (array), not a JSON object"}},
+      {"{\"entries\": []}", {"flight.rank-0.json: no 'rank' field"}},
+      {dump_text(-3, "[]"), {"'rank' is -3 (number); expected an integer from 0 to"}},
+      {"{\"rank\": \"0\", \"entries\": []}", {"'rank' is \"0\" (string)"}},
+      {dump_text(0, "5"), {"flight.rank-0.json: 'entries' is 5 (number); expected a list"}},
+      {dump_text(0, "[5]"), {"entry 0: the entry is 5 (number); expected an object"}},
+      {dump_text(0, "[" + entry(0) + ", " + entry(0, "op", "5") + "]"),
+       {"flight.rank-0.json: entry 1: 'op' is 5 (number); expected a string"}},
+      {dump_text(0, "[" + entry(0, "seq", "-1") + "]"),
+       {"entry 0: 'seq' is -1 (number); expected an integer from 0 to 18446744073709551615"}},
+      {dump_text(0, "[" + entry(0, "seq", "1.5") + "]"), {"'seq' is 1.5 (number)"}},
+      {dump_text(0, "[" + entry(0, "bytes", "\"16\"") + "]"),
+       {"entry 0: 'bytes' is \"16\" (string); expected an integer from 0 to"}},
+      {dump_text(0, "[" + entry(0, "group_size", "0") + "]"),
+       {"entry 0: 'group_size' is 0 (number); expected an integer from 1 to"}},
+      {dump_text(0, "[" + entry(0, "group_rank", "2") + "]"),
+       {"entry 0: 'group_rank' 2 is not below 'group_size' 2"}},
+      {dump_text(0, "[" + entry(0, "peer", "-2") + "]"), {"'peer' is -2 (number)"}},
+      {dump_text(0, "[" + entry(0, "group", "") + "]"), {"entry 0: no 'group' field"}},
+      {dump_text(0, "[" + entry(0, "state", "null") + "]"), {"'state' is null (null)"}},
+  };
+  for (const Case& c : cases) {
+    const std::string what = analyze_error(c.dump);
+    EXPECT_TRUE(has(what, "[loom-trace] ")) << what;
+    EXPECT_TRUE(has(what, "flight.rank-0.json")) << what;
+    for (const std::string& part : c.expected)
+      EXPECT_TRUE(has(what, part)) << "'" << part << "' not in: " << what;
+  }
+}
+
+TEST(LoomTraceAnalyze, TwoDumpsOfOneRankAreAnError) {
+  const std::string what =
+      analyze_error(dump_text(0, "[" + entry(0) + "]"), dump_text(0, "[" + entry(0) + "]"));
+  EXPECT_TRUE(has(what, "rank 0 has two dumps")) << what;
+  EXPECT_TRUE(has(what, "flight.rank-0.json and ")) << what;
+  EXPECT_TRUE(has(what, "flight.rank-1.json")) << what;
+}
+
+TEST(LoomTraceAnalyze, TheLargestSequenceNumberEndsTheScan) {
+  // Every rank at seq 2^64 - 1 only, and agreeing: the scan must stop there, not wrap to 0.
+  loom::testing::TempDir dir("loom-trace");
+  const std::string last = "18446744073709551615";
+  std::ofstream(dir.path() / "flight.rank-0.json")
+      << dump_text(0, "[" + entry(0, "seq", last) + "]");
+  std::ofstream(dir.path() / "flight.rank-1.json")
+      << dump_text(1, "[" + entry(1, "seq", last) + "]");
+  const trace::Analysis a = trace::analyze_flight_dumps(dir.path());
+  EXPECT_FALSE(a.found) << a.report;
+  EXPECT_TRUE(has(a.report, "every rank issued and completed the same operations")) << a.report;
 }
 
 }  // namespace

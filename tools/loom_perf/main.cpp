@@ -71,9 +71,9 @@ std::optional<int> parse(int argc, char** argv, PerfOptions& options) {
   app.add_option("-r,--root", options.root, "Root of broadcast and reduce")->capture_default_str();
   app.add_option("--backend", options.backend, "Loom backend (auto, shm, ...)")
       ->capture_default_str();
-  app.add_option("--timeout", options.timeout_s, "Seconds any one operation may take")
-      ->capture_default_str()
-      ->check(CLI::PositiveNumber);
+  app.add_option("--timeout", options.timeout_s,
+                 "Seconds any one operation may take (above 0, at most 31536000: a year)")
+      ->capture_default_str();
   app.add_option("--csv", options.csv_path, "Also write the rows as CSV to this file");
   app.add_option("--json", options.json_path, "Also write the rows and metadata as JSON");
   app.add_option("--np", options.np,
@@ -89,7 +89,8 @@ std::optional<int> parse(int argc, char** argv, PerfOptions& options) {
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {
-    return app.exit(e);
+    const int printed = app.exit(e);  // CLI11's own codes (105, ...) mean bad usage here
+    return printed == 0 ? 0 : 2;
   }
   try {
     auto kind = loom::perf::parse_collective(collective);
@@ -104,19 +105,7 @@ std::optional<int> parse(int argc, char** argv, PerfOptions& options) {
     options.blocking = blocking == 1;
     options.wait_each = blocking == 2;
     options.bind_cores = bind == "core";
-    if (options.max_bytes < options.min_bytes) {
-      loom::fail("-e/--maxbytes ", max_bytes, " is below -b/--minbytes ", min_bytes,
-                 ": no size to measure");
-    }
-    if (options.step_bytes == 0 && options.step_factor <= 1.0) {
-      loom::fail("-f/--stepfactor must be above 1 (got ", options.step_factor,
-                 "); use -i/--stepbytes for additive steps");
-    }
-    if (loom::perf::collective_info(options.collective).reduces &&
-        options.op == loom::comm::ReduceOp::Avg && !loom::is_floating(options.dtype)) {
-      loom::fail("-o avg needs a floating datatype, got ",
-                 loom::perf::nccl_type_name(options.dtype));
-    }
+    loom::perf::check_options(options);
   } catch (const loom::Error& e) {
     std::cerr << "loom-perf: " << e.what() << "\n";
     return 2;

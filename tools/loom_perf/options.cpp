@@ -85,6 +85,27 @@ comm::ReduceOp parse_reduce_op(std::string_view name) {
   fail("unknown reduction '", name, "'; expected one of sum, prod, min, max, avg");
 }
 
+void check_options(const PerfOptions& o) {
+  if (o.max_bytes < o.min_bytes) {
+    fail("-e/--maxbytes ", o.max_bytes, " is below -b/--minbytes ", o.min_bytes,
+         ": no size to measure");
+  }
+  // NaN fails every comparison and infinity makes the next size infinite: both are refused
+  // explicitly, as is a factor that would not grow the size.
+  if (o.step_bytes == 0 && !(std::isfinite(o.step_factor) && o.step_factor > 1.0)) {
+    fail("-f/--stepfactor must be a finite number above 1, got ", o.step_factor,
+         "; use -i/--stepbytes for additive steps");
+  }
+  if (collective_info(o.collective).reduces && o.op == comm::ReduceOp::Avg &&
+      !is_floating(o.dtype)) {
+    fail("-o avg needs a floating datatype, got ", nccl_type_name(o.dtype));
+  }
+  if (!(o.timeout_s > 0 && o.timeout_s <= static_cast<double>(kMaxTimeoutSeconds))) {
+    fail("--timeout must be a number of seconds above 0 and at most ", kMaxTimeoutSeconds,
+         " (a year), got ", o.timeout_s);
+  }
+}
+
 std::vector<size_t> size_list(const PerfOptions& options) {
   std::vector<size_t> sizes;
   size_t size = options.min_bytes;

@@ -45,6 +45,16 @@ DType parse_type_name(std::string_view name);
 std::string_view nccl_type_name(DType dtype);  // "float", "bfloat16", ...
 comm::ReduceOp parse_reduce_op(std::string_view name);
 
+// The longest --timeout: a year, in seconds (a value past it is a typo, and seconds * 1000
+// must fit the int64 milliseconds of a comm::Duration).
+inline constexpr int64_t kMaxTimeoutSeconds = int64_t{365} * 24 * 3600;
+
+// Checks the parsed options against each other and their ranges, before any work starts:
+// -e not below -b, a finite -f above 1 (unless -i is set), -o avg on a floating type, and a
+// --timeout above 0 and at most kMaxTimeoutSeconds. Throws loom::Error naming the flag,
+// the value and what is accepted.
+void check_options(const PerfOptions& options);
+
 // The requested sizes in bytes, from min to max inclusive: multiplied by the step factor,
 // or increased by step_bytes when that is set. Never empty (min alone when min > max).
 std::vector<size_t> size_list(const PerfOptions& options);

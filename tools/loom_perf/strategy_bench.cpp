@@ -265,12 +265,21 @@ int strategy_main(int argc, char** argv) {
   app.add_option("--embd", t.model.embd, "embedding width")->capture_default_str();
   app.add_option("--ctx", t.model.context, "context length")->capture_default_str();
   app.add_option("--vocab", t.model.vocab_size, "vocabulary size")->capture_default_str();
-  app.add_option("--batch", t.batch, "sequences per step and rank")->capture_default_str();
-  app.add_option("--grad-accum", t.grad_accum, "micro-batches per step")->capture_default_str();
+  // Ranges as train_gpt's (a batch or accumulation of 0 would time nothing, and a negative
+  // one reaches the data loader as a huge size).
+  app.add_option("--batch", t.batch, "sequences per step and rank")
+      ->capture_default_str()
+      ->check(CLI::Range(int64_t{1}, int64_t{1} << 24));
+  app.add_option("--grad-accum", t.grad_accum, "micro-batches per step")
+      ->capture_default_str()
+      ->check(CLI::Range(int64_t{1}, int64_t{1} << 16));
   app.add_option("--steps", t.steps, "steps in all (warm-up included)")
       ->capture_default_str()
       ->check(CLI::Range(int64_t{2}, int64_t{1} << 40));
-  app.add_option("--warmup", o.warmup, "untimed first steps")->capture_default_str();
+  app.add_option("--warmup", o.warmup,
+                 "untimed first steps (capped at --steps - 1: the last step is always timed)")
+      ->capture_default_str()
+      ->check(CLI::Range(int64_t{0}, int64_t{1} << 40));
   app.add_option("--precision", o.strategy_options.precision, "32-true, bf16-mixed, 16-mixed")
       ->capture_default_str();
   app.add_option("--wrap-policy", o.strategy_options.sharding.auto_wrap_policy,
@@ -302,7 +311,8 @@ int strategy_main(int argc, char** argv) {
   try {
     app.parse(argc - 1, argv + 1);
   } catch (const CLI::ParseError& e) {
-    return app.exit(e);
+    const int printed = app.exit(e);  // CLI11's own codes (105, ...) mean bad usage here
+    return printed == 0 ? 0 : 2;
   }
   const char* launched_as = std::getenv("LOOM_PERF_COMMAND");
   o.command = launched_as != nullptr ? launched_as : join_command(argc, argv);
