@@ -1048,7 +1048,7 @@ META_ACCEPT = {
     "world-size-string": "informational field (what saved it)",
     "checkpoint-format-weird": "informational field: the files and index.json say the format",
 }
-META_READERS = ("inspect", "convert", "resume")  # who reads meta.json
+META_READERS = ("inspect", "verify", "convert", "resume")  # who reads meta.json
 META_KEYS = {"format": "format", "version": "version", "step": "step", "world": "world_size",
              "model": "model", "optimizer": "optimizer", "strategy": "strategy",
              "checkpoint": "checkpoint_format", "batch": "batch"}
@@ -1064,12 +1064,12 @@ META_FORMAT = ("format-wrong", "version-1", "version-3", "version-string")
 def meta_corruptions() -> list[Corruption]:
     out = []
     for name, mutate in META_MUTATIONS:
-        accept = {"verify": "verify checks index.json and the files, not meta.json",
-                  "diff": "diff compares tensors; meta.json is not a tensor"}
+        accept = {"diff": "diff compares tensors; meta.json is not a tensor"}
         if name in META_ACCEPT:
             accept.update({c: META_ACCEPT[name] for c in META_READERS})
         if name not in META_TYPE_ERRORS:
             accept["inspect"] = "inspect shows meta.json's values as they are"
+            accept["verify"] = "verify checks meta.json's types and ranges, as inspect does"
             if name not in META_FORMAT:
                 accept["convert"] = "convert copies meta.json's values as they are"
         key = META_KEYS.get(name.split("-")[0])
@@ -1083,8 +1083,7 @@ def directory_corruptions() -> list[Corruption]:
         Corruption("COMMITTED-removed", remove("ck/COMMITTED"), ("COMMITTED", "committed")),
         Corruption("index-removed", remove("ck/index.json"), ("index.json",)),
         Corruption("meta-removed", remove("ck/meta.json"), ("meta.json",),
-                   {"verify": "verify checks index.json and the files",
-                    "diff": "diff compares tensors"}),
+                   {"diff": "diff compares tensors"}),
         Corruption("stray-file-added", write("ck/notes.txt", "hello"), (),
                    {c: "an unlisted extra file is not part of the checkpoint" for c in
                     ("inspect", "verify", "diff", "convert", "resume")}),

@@ -57,6 +57,7 @@ c=$(damaged version); edit_json "$c/meta.json" 'j["version"] = 3'
 refused "meta.json has format version 3" convert "$c" "$d/converted" --to full
 c=$(damaged step); edit_json "$c/meta.json" 'j["step"] = "2"'
 refused "meta.json: \"step\" is \"2\"; expected an integer >= 0" inspect "$c"
+refused "meta.json: \"step\" is \"2\"; expected an integer >= 0" verify "$c"
 c=$(damaged optimizer); edit_json "$c/meta.json" 'j["optimizer"] = 5'
 refused "meta.json: \"optimizer\" is 5; expected a string" convert "$c" "$d/converted" --to sharded --world-size 2
 echo "loom-ckpt: inspect, verify and diff work"

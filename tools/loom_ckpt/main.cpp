@@ -4,9 +4,10 @@
 //   loom-ckpt inspect CKPT       step, strategy, world size, format; files; per tensor its
 //                                dtype, shape and shards (file[first, end) for a run of
 //                                elements, file[offsets]+[sizes] for a box)
-//   loom-ckpt verify CKPT        the index against the files (sizes, and every header: names,
-//                                dtypes, shapes, shards, offsets) and every checksum of every
-//                                shard; exit 1 naming the first bad one
+//   loom-ckpt verify CKPT        meta.json (as inspect reads it), the index against the files
+//                                (sizes, and every header: names, dtypes, shapes, shards,
+//                                offsets) and every checksum of every shard; exit 1 naming
+//                                the first bad one
 //   loom-ckpt diff A B           per tensor, the largest absolute difference (exit 1 when any
 //                                differ); A and B may have any formats and world sizes
 //   loom-ckpt convert SRC DST --to full
@@ -121,6 +122,7 @@ int inspect(const fs::path& checkpoint) {
 }
 
 int verify(const fs::path& checkpoint) {
+  read_meta(checkpoint);  // every field's type and range
   // The index, its tiling, the files' sizes and every header against the index (Index::read).
   CheckpointReader reader(checkpoint);
   size_t shards = 0;
@@ -129,7 +131,8 @@ int verify(const fs::path& checkpoint) {
     shards += entry.shards.size();
   }
   std::printf(
-      "%s: %zu tensors in %zu shards of %zu files, every header matches the index, "
+      "%s: meta.json is valid; %zu tensors in %zu shards of %zu files, every header matches "
+      "the index, "
       "every checksum matches\n",
       checkpoint.string().c_str(), reader.index().tensors.size(), shards,
       reader.index().file_bytes.size());
