@@ -1,0 +1,50 @@
+#!/usr/bin/env bash
+# The sanitizer runs (CI runs this after scripts/test.sh; docs/reliability.md):
+#   1. the whole test suite built with AddressSanitizer + UndefinedBehaviorSanitizer
+#      (preset asan: -O1 -g, CUDA off; any UBSan report aborts the test);
+#   2. the comm, launcher and strategy tests (ctest labels "comm" and "strategies") built with
+#      ThreadSanitizer (preset tsan);
+#   3. every libFuzzer harness for FUZZ_SECONDS (default 10) each (scripts/fuzz.sh).
+# Each step prints how long it took. Needs scripts/install-deps.sh's packages.
+#   scripts/sanitize.sh [asan|tsan|fuzz ...]     (default: all three)
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+# Reports go to stderr, where ctest keeps them with the failing test's output. UBSan stops at
+# its first report (halt_on_error), as ASan always does; TSan's exit code is its own (66).
+export ASAN_OPTIONS=${ASAN_OPTIONS:-detect_leaks=1:abort_on_error=0}
+export UBSAN_OPTIONS=${UBSAN_OPTIONS:-print_stacktrace=1:halt_on_error=1}
+export TSAN_OPTIONS=${TSAN_OPTIONS:-halt_on_error=1:second_deadlock_stack=1}
+
+timed() {  # name, then the command
+  local name=$1 start=$SECONDS
+  shift
+  "$@"
+  echo "sanitize.sh: $name took $((SECONDS - start)) s"
+}
+
+run_asan() {
+  timed "asan configure+build" bash -c 'cmake --preset asan > /dev/null && cmake --build --preset asan'
+  timed "asan ctest" ctest --preset asan -j2 --output-on-failure
+}
+
+run_tsan() {
+  timed "tsan configure+build" bash -c 'cmake --preset tsan > /dev/null &&
+    cmake --build --preset tsan --target loom_comm_tests loom_strategy_tests'
+  timed "tsan ctest" ctest --preset tsan -j2 -L 'comm|strategies' --output-on-failure
+}
+
+run_fuzz() {
+  timed "fuzz" bash scripts/fuzz.sh "${FUZZ_SECONDS:-10}"
+}
+
+steps=("$@")
+[ ${#steps[@]} -gt 0 ] || steps=(asan tsan fuzz)
+for step in "${steps[@]}"; do
+  case "$step" in
+    asan) run_asan ;;
+    tsan) run_tsan ;;
+    fuzz) run_fuzz ;;
+    *) echo "usage: $0 [asan|tsan|fuzz ...]" >&2; exit 2 ;;
+  esac
+done
