@@ -18,19 +18,13 @@ namespace loom::comm::shm {
 //   - a rank that waited for a peer's data compares that peer's chain with its own before
 //     it reads a byte, and a differing chain is a CommError naming both views.
 // The cost is one multiply-xorshift per round and one compare per peer of a word in a cache
-// line the rank fetches anyway (docs/performance_comm.md has the measurement).
+// line the rank fetches anyway (docs/reliability.md has the measurement).
 // A rank that waits for nobody in a round (a broadcast's root; a rank that does not want a
 // reduce's result) checks nothing then, but its chain carries that round: the next round in
 // which the ranks wait for each other reports it. To name both views, each rank also keeps
 // its last kRecordedRounds fingerprints in its record slots, which are read only to explain
 // a mismatch. The rank that finds a mismatch marks its control block, so a peer waiting for
 // it fails at its next liveness check (within milliseconds) instead of at the deadline.
-
-uint64_t Fingerprint::packed() const {
-  return static_cast<uint64_t>(kind) | static_cast<uint64_t>(dtype) << 8 |
-         static_cast<uint64_t>(op) << 16 | static_cast<uint64_t>(static_cast<uint32_t>(root))
-                                               << 32;
-}
 
 Fingerprint Fingerprint::unpack(uint64_t packed, uint64_t count, uint64_t seq) {
   return {.kind = static_cast<Collective>(packed & 0xff),
@@ -56,20 +50,6 @@ std::string Fingerprint::str() const {
     text.append(" ").append(dtype_name(dtype)).append(" x ").append(std::to_string(count));
   }
   return text.append(" (collective #").append(std::to_string(seq)).append(")");
-}
-
-uint64_t extend_chain(uint64_t chain, const Fingerprint& print) {
-  // splitmix64's finaliser over the chain and both words: a change in any field changes
-  // every later chain value (up to 64-bit collisions).
-  auto mix = [](uint64_t x) {
-    x ^= x >> 30;
-    x *= 0xbf58476d1ce4e5b9ULL;
-    x ^= x >> 27;
-    x *= 0x94d049bb133111ebULL;
-    return x ^ (x >> 31);
-  };
-  uint64_t next = mix(chain ^ mix(print.packed() ^ mix(print.count + 0x9e3779b97f4a7c15ULL)));
-  return next == 0 ? 1 : next;
 }
 
 }  // namespace loom::comm::shm

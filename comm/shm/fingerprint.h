@@ -37,9 +37,28 @@ struct Fingerprint {
   std::string str() const;
 };
 
-// The chain after one more round of `print`. Never 0, so a zeroed box or line never matches.
-uint64_t extend_chain(uint64_t chain, const Fingerprint& print);
-
 inline constexpr uint64_t kChainStart = 0x6c6f6f6d2d73686dULL;  // "loom-shm"
+
+inline uint64_t Fingerprint::packed() const {
+  return static_cast<uint64_t>(kind) | static_cast<uint64_t>(dtype) << 8 |
+         static_cast<uint64_t>(op) << 16 | static_cast<uint64_t>(static_cast<uint32_t>(root))
+                                               << 32;
+}
+
+// The chain after one more round of `print`. Never 0, so a zeroed box or line never matches.
+// Inline: it runs on every round of every collective.
+inline uint64_t extend_chain(uint64_t chain, const Fingerprint& print) {
+  // splitmix64's finaliser over the chain and both words: a change in any field changes
+  // every later chain value (up to 64-bit collisions).
+  auto mix = [](uint64_t x) {
+    x ^= x >> 30;
+    x *= 0xbf58476d1ce4e5b9ULL;
+    x ^= x >> 27;
+    x *= 0x94d049bb133111ebULL;
+    return x ^ (x >> 31);
+  };
+  uint64_t next = mix(chain ^ mix(print.packed() ^ mix(print.count + 0x9e3779b97f4a7c15ULL)));
+  return next == 0 ? 1 : next;
+}
 
 }  // namespace loom::comm::shm

@@ -179,11 +179,11 @@ void ShmBackend::start(const Fingerprint& print) {
 void ShmBackend::stamp_round(uint64_t round) {
   chain_ = extend_chain(chain_, current_);
   RoundRecord& mine = record(rank_, round);
-  mine.round.store(round, std::memory_order_relaxed);
   mine.chain.store(chain_, std::memory_order_relaxed);
   mine.packed.store(current_.packed(), std::memory_order_relaxed);
   mine.count.store(current_.count, std::memory_order_relaxed);
   mine.seq.store(current_.seq, std::memory_order_relaxed);
+  mine.round.store(round, std::memory_order_release);  // last: a reader of it sees the rest
 }
 
 // Called once rank r's arrived counter reached `round` (acquire), which makes its chain slot
@@ -238,6 +238,18 @@ void ShmBackend::publish(Phase phase, uint64_t round) {
   counter(rank_, phase).store(round, std::memory_order_release);
 }
 
+// A peer awaited for its data of `round` may have run that round on the other path (a tiny
+// round, which publishes no arrived counter, against a staging one): its record of the round
+// then shows a chain other than ours. Looked at once every 64 checks of the wait, so that a
+// peer that is merely late costs nothing more.
+void ShmBackend::fail_if_parted(int r, uint64_t round) const {
+  const RoundRecord& at = record(r, round);
+  if (at.round.load(std::memory_order_acquire) == round &&
+      at.chain.load(std::memory_order_relaxed) != chain_) {
+    report_mismatch(r, round);
+  }
+}
+
 void ShmBackend::await_all(Phase phase, uint64_t round, Deadline deadline, const char* what) {
   auto behind = [&]() -> int {
     for (int r = 0; r < size_; ++r) {
@@ -245,16 +257,30 @@ void ShmBackend::await_all(Phase phase, uint64_t round, Deadline deadline, const
     }
     return -1;
   };
+  uint32_t checks = 0;
   wait_until(
-      scope_, [&] { return behind() < 0; }, behind, deadline, what);
+      scope_,
+      [&] {
+        const int late = behind();
+        if (late >= 0 && phase == Phase::Arrived && ++checks % 64 == 0)
+          fail_if_parted(late, round);
+        return late < 0;
+      },
+      behind, deadline, what);
 }
 
 void ShmBackend::await_rank(int r, Phase phase, uint64_t round, Deadline deadline,
                             const char* what) {
   auto& c = counter(r, phase);
+  uint32_t checks = 0;
   wait_until(
-      scope_, [&] { return c.load(std::memory_order_acquire) >= round; }, [r] { return r; },
-      deadline, what);
+      scope_,
+      [&] {
+        if (c.load(std::memory_order_acquire) >= round) return true;
+        if (phase == Phase::Arrived && ++checks % 64 == 0) fail_if_parted(r, round);
+        return false;
+      },
+      [r] { return r; }, deadline, what);
 }
 
 void ShmBackend::reduce_staged(uint64_t round, size_t offset, size_t count, DType dtype,
@@ -372,10 +398,8 @@ void ShmBackend::reduce_tiny(const Tensor& input, Tensor& output, ReduceOp op, i
   FastBox& mine = fastbox(rank_, round);
   std::memcpy(mine.data, input.raw_data(), input.nbytes());
   mine.stamp.store(chain_, std::memory_order_release);
-  // Staging-buffer rounds (the other paths) wait for every rank's arrived and consumed
-  // counters too, so publishing them keeps all paths ordered; arrived goes first so that a
-  // peer in a mismatched staging round sees this round's chain differ at once.
-  publish(Phase::Arrived, round);
+  // No arrived counter: peers read this round's data from the box alone (a peer that ran this
+  // round on a staging path finds it out from this round's record, fail_if_parted).
   if (root < 0 || root == rank_) {
     const void* inputs[64];
     std::vector<const void*> many;
@@ -387,15 +411,15 @@ void ShmBackend::reduce_tiny(const Tensor& input, Tensor& output, ReduceOp op, i
     for (int r = 0; r < size_; ++r) {
       FastBox& box = fastbox(r, round);
       if (box.stamp.load(std::memory_order_acquire) != chain_) {
-        auto& arrived = counter(r, Phase::Arrived);
+        uint32_t checks = 0;
         wait_until(
             scope_,
             [&] {
-              return box.stamp.load(std::memory_order_acquire) == chain_ ||
-                     arrived.load(std::memory_order_acquire) >= round;
+              if (box.stamp.load(std::memory_order_acquire) == chain_) return true;
+              if (++checks % 64 == 0) fail_if_parted(r, round);
+              return false;
             },
             [r] { return r; }, deadline, "post its data");
-        if (box.stamp.load(std::memory_order_acquire) != chain_) report_mismatch(r, round);
       }
       list[r] = box.data;
     }

@@ -79,6 +79,7 @@ class ShmBackend final : public Backend, public Transport {
   // which their chains differ.
   [[noreturn]] void report_mismatch(int r, uint64_t round) const;
   void publish(Phase phase, uint64_t round);
+  void fail_if_parted(int r, uint64_t round) const;
   void await_all(Phase phase, uint64_t round, Deadline deadline, const char* what);
   void await_rank(int r, Phase phase, uint64_t round, Deadline deadline, const char* what);
 
