@@ -16,7 +16,11 @@ namespace loom::comm::shm {
 //     its arrived line (staging rounds, one slot per staging buffer) or as the stamp of its
 //     fast box (tiny rounds; the box then carries the chain instead of the round number);
 //   - a rank that waited for a peer's data compares that peer's chain with its own before
-//     it reads a byte, and a differing chain is a CommError naming both views.
+//     it reads a byte, and a differing chain is a CommError naming both views;
+//   - ranks that run one round on different paths (a tiny round against a staging one) never
+//     see each other's signal there: a rank that waits long looks at the peer's record of
+//     the round once every 64 checks, and a record of this round with another chain is the
+//     same CommError (ShmBackend::fail_if_parted).
 // The cost is one multiply-xorshift per round and one compare per peer of a word in a cache
 // line the rank fetches anyway (docs/reliability.md has the measurement).
 // A rank that waits for nobody in a round (a broadcast's root; a rank that does not want a

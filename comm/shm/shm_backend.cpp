@@ -381,8 +381,9 @@ void ShmBackend::reduce_rounds(const Tensor& input, Tensor& output, ReduceOp op,
 // peers' consumed counters only when its cached copy is too old (once every few rounds).
 // The reduction reads the boxes in rank order, like every other path, so results are the
 // same bits whichever path a size takes. A box is stamped with its round's fingerprint chain
-// rather than the round number (Note [Fingerprints]): a reader that finds a peer's arrived
-// counter at this round but not its own chain on the box has found a mismatch.
+// rather than the round number (Note [Fingerprints]): a reader that waits long for a peer's
+// box looks at the peer's record of the round now and then (fail_if_parted), and a record of
+// this round with another chain is a mismatch.
 void ShmBackend::reduce_tiny(const Tensor& input, Tensor& output, ReduceOp op, int root,
                              Deadline deadline) {
   const uint64_t round = ++round_;
