@@ -15,6 +15,12 @@ namespace loom::comm::shm {
 
 namespace {
 
+// memcpy, except that nothing is read or written for 0 bytes: the data pointer of a tensor of
+// 0 elements may be null, which memcpy may not be given even for 0 bytes.
+void copy_bytes(void* to, const void* from, size_t bytes) {
+  if (bytes > 0) std::memcpy(to, from, bytes);
+}
+
 // The largest value a size tunable takes: the segment holds size^2 channel rings and
 // 2 * size^2 slices, so a few GiB per rank is already more memory than a host has.
 constexpr uint64_t kMaxTunableBytes = uint64_t{1} << 30;
@@ -332,7 +338,7 @@ void ShmBackend::reduce_rounds(const Tensor& input, Tensor& output, ReduceOp op,
   if (n * element <= one_shot_bytes_) {
     // One-shot: everyone posts everything; each rank that wants the result reduces it all.
     uint64_t round = begin_round(deadline);
-    std::memcpy(staging(rank_, round), in, n * element);
+    copy_bytes(staging(rank_, round), in, n * element);
     publish(Phase::Arrived, round);
     await_all(Phase::Arrived, round, deadline, "post its data");
     check_all(round);
@@ -352,8 +358,8 @@ void ShmBackend::reduce_rounds(const Tensor& input, Tensor& output, ReduceOp op,
     uint64_t round = begin_round(deadline);
     // Peers need every slice but ours; ours is read from the input itself.
     auto [mine, mine_count] = slice_range(rank_);
-    std::memcpy(staging(rank_, round), in + start * element, mine * element);
-    std::memcpy(staging(rank_, round) + (mine + mine_count) * element,
+    copy_bytes(staging(rank_, round), in + start * element, mine * element);
+    copy_bytes(staging(rank_, round) + (mine + mine_count) * element,
                 in + (start + mine + mine_count) * element, (length - mine - mine_count) * element);
     publish(Phase::Arrived, round);
     await_all(Phase::Arrived, round, deadline, "post its data");
@@ -365,7 +371,7 @@ void ShmBackend::reduce_rounds(const Tensor& input, Tensor& output, ReduceOp op,
       await_all(Phase::Reduced, round, deadline, "reduce its slice");
       for (int r = 0; r < size_; ++r) {
         auto [begin, count] = slice_range(r);
-        std::memcpy(out + (start + begin) * element, result(r, round), count * element);
+        copy_bytes(out + (start + begin) * element, result(r, round), count * element);
       }
     }
     publish(Phase::Consumed, round);
@@ -397,7 +403,7 @@ void ShmBackend::reduce_tiny(const Tensor& input, Tensor& output, ReduceOp op, i
   }
   stamp_round(round);
   FastBox& mine = fastbox(rank_, round);
-  std::memcpy(mine.data, input.raw_data(), input.nbytes());
+  copy_bytes(mine.data, input.raw_data(), input.nbytes());
   mine.stamp.store(chain_, std::memory_order_release);
   // No arrived counter: peers read this round's data from the box alone (a peer that ran this
   // round on a staging path finds it out from this round's record, fail_if_parted).
@@ -442,12 +448,12 @@ void ShmBackend::broadcast(Tensor& tensor, int root, Deadline deadline) {
        start += layout_.stage_bytes) {
     const size_t length = std::min(layout_.stage_bytes, bytes - start);
     uint64_t round = begin_round(deadline);
-    if (rank_ == root) std::memcpy(staging(rank_, round), data + start, length);
+    if (rank_ == root) copy_bytes(staging(rank_, round), data + start, length);
     publish(Phase::Arrived, round);
     if (rank_ != root) {
       await_rank(root, Phase::Arrived, round, deadline, "post its data");
       check_peer(root, round);
-      std::memcpy(data + start, staging(root, round), length);
+      copy_bytes(data + start, staging(root, round), length);
     }
     publish(Phase::Consumed, round);
     if (bytes == 0) break;
@@ -465,12 +471,12 @@ void ShmBackend::all_gather(Tensor& output, const Tensor& input, Deadline deadli
        start += layout_.stage_bytes) {
     const size_t length = std::min(layout_.stage_bytes, bytes - start);
     uint64_t round = begin_round(deadline);
-    std::memcpy(staging(rank_, round), in + start, length);
+    copy_bytes(staging(rank_, round), in + start, length);
     publish(Phase::Arrived, round);
     await_all(Phase::Arrived, round, deadline, "post its data");
     check_all(round);
     for (int r = 0; r < size_; ++r) {
-      std::memcpy(out + static_cast<size_t>(r) * bytes + start, staging(r, round), length);
+      copy_bytes(out + static_cast<size_t>(r) * bytes + start, staging(r, round), length);
     }
     publish(Phase::Consumed, round);
     if (bytes == 0) break;
@@ -491,7 +497,7 @@ void ShmBackend::exchange_parts(
     const size_t length = std::min(piece, n - start);
     uint64_t round = begin_round(deadline);
     for (int r = 0; r < size_; ++r) {
-      std::memcpy(staging(rank_, round) + static_cast<size_t>(r) * piece * element,
+      copy_bytes(staging(rank_, round) + static_cast<size_t>(r) * piece * element,
                   in + (static_cast<size_t>(r) * n + start) * element, length * element);
     }
     publish(Phase::Arrived, round);
@@ -528,7 +534,7 @@ void ShmBackend::all_to_all(Tensor& output, const Tensor& input, Deadline deadli
   exchange_parts(input, n, deadline,
                  [&](uint64_t round, size_t start, size_t length, size_t piece) {
                    for (int r = 0; r < size_; ++r) {
-                     std::memcpy(out + (static_cast<size_t>(r) * n + start) * element,
+                     copy_bytes(out + (static_cast<size_t>(r) * n + start) * element,
                                  staging(r, round) + static_cast<size_t>(rank_) * piece * element,
                                  length * element);
                    }

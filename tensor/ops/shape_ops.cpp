@@ -232,6 +232,7 @@ Tensor concat(const std::vector<Tensor>& xs, int64_t dim) {
     for (int64_t o = 0; o < outer; ++o) {
       for (const Tensor& part : parts) {
         size_t chunk = static_cast<size_t>(part.shape()[dim] * inner) * element;
+        if (chunk == 0) continue;  // a part of 0 elements may have no storage (null data)
         std::memcpy(dst, static_cast<const char*>(part.raw_data()) + o * chunk, chunk);
         dst += chunk;
       }
