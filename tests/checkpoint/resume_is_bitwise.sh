@@ -10,19 +10,7 @@ T=$1
 d=$(mktemp -d); trap 'rm -rf "$d"' EXIT
 MODEL=(--layers 2 --heads 2 --embd 32 --ctx 16 --batch 2 --log-interval 100)
 numbers() { grep -o '"\(loss\|grad_norm\)":[^,}]*' "$1"; }
-# The flags without those that only concern checkpoints (--async-save, --checkpoint-format F),
-# which train_gpt refuses in a run without --checkpoint-dir: the uninterrupted run's flags.
-training_flags() {
-  local skip=0 a
-  for a in "$@"; do
-    if [ "$skip" = 1 ]; then skip=0; continue; fi
-    case "$a" in
-      --async-save) ;;
-      --checkpoint-format) skip=1 ;;
-      *) printf '%s\n' "$a" ;;
-    esac
-  done
-}
+source "$(dirname "$0")/training_flags.sh"
 check() {
   local name=$1; shift
   local straight; mapfile -t straight < <(training_flags "$@")

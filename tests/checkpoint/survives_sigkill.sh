@@ -7,19 +7,7 @@ set -euo pipefail
 T=$1; KILLS=${2:-8}; shift 2 || shift $#
 d=$(mktemp -d); trap 'rm -rf "$d"' EXIT
 ARGS=(--layers 2 --heads 2 --embd 64 --ctx 32 --batch 4 --steps 40 --log-interval 100 "$@")
-# The flags without those that only concern checkpoints (--async-save, --checkpoint-format F),
-# which train_gpt refuses in a run without --checkpoint-dir: the uninterrupted run's flags.
-training_flags() {
-  local skip=0 a
-  for a in "$@"; do
-    if [ "$skip" = 1 ]; then skip=0; continue; fi
-    case "$a" in
-      --async-save) ;;
-      --checkpoint-format) skip=1 ;;
-      *) printf '%s\n' "$a" ;;
-    esac
-  done
-}
+source "$(dirname "$0")/training_flags.sh"
 mapfile -t STRAIGHT < <(training_flags "${ARGS[@]}")
 "$T" "${STRAIGHT[@]}" --save "$d/straight.st" > /dev/null
 RANDOM=7  # the same kill times on every run of the test

@@ -22,6 +22,7 @@
 #include "strategies/checkpoint/tensor_index.h"
 #include "tensor/error.h"
 #include "tensor/tensor.h"
+#include "tests/fuzz/fuzz_support.h"
 
 namespace loom::fuzz {
 
@@ -59,6 +60,17 @@ inline void write_checkpoint_fixture(const std::filesystem::path& directory) {
   ckpt::save_checked(directory / kFixtureModelFile,
                      {{"wte", Tensor::from_vector<float>({1, 2, 3, 4, 5, 6}, {3, 2})},
                       {"ln.bias", Tensor::zeros({2}, DType::F16)}});
+}
+
+// This process's copy of the fixture, written on first use into its scratch directory.
+inline const std::filesystem::path& fixture_directory() {
+  static const std::filesystem::path directory = [] {
+    std::filesystem::path path = scratch_directory() / "checkpoint";
+    std::filesystem::create_directories(path);
+    write_checkpoint_fixture(path);
+    return path;
+  }();
+  return directory;
 }
 
 // Reads every tensor of an accepted checkpoint as its loaders do: whole (read, through

@@ -23,23 +23,9 @@
 #include "tests/fuzz/checkpoint_fixture.h"
 #include "tests/fuzz/fuzz_support.h"
 
-namespace {
-
-const std::filesystem::path& checkpoint_directory() {
-  static const std::filesystem::path directory = [] {
-    std::filesystem::path path = loom::fuzz::scratch_directory() / "checkpoint";
-    std::filesystem::create_directories(path);
-    loom::fuzz::write_checkpoint_fixture(path);
-    return path;
-  }();
-  return directory;
-}
-
-}  // namespace
-
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   namespace ckpt = loom::strategies::checkpoint;
-  const std::filesystem::path& directory = checkpoint_directory();
+  const std::filesystem::path& directory = loom::fuzz::fixture_directory();
   loom::fuzz::write_file(directory / ckpt::kIndexFile, data, size);
   try {
     ckpt::CheckpointReader reader(directory);

@@ -32,19 +32,9 @@ namespace {
 
 namespace ckpt = loom::strategies::checkpoint;
 
-const std::filesystem::path& checkpoint_directory() {
-  static const std::filesystem::path directory = [] {
-    std::filesystem::path path = loom::fuzz::scratch_directory() / "checkpoint";
-    std::filesystem::create_directories(path);
-    loom::fuzz::write_checkpoint_fixture(path);
-    return path;
-  }();
-  return directory;
-}
-
 std::optional<ckpt::Index> index_of(const std::vector<std::string>& files) {
   try {
-    return ckpt::Index::of_files(checkpoint_directory(), files);
+    return ckpt::Index::of_files(loom::fuzz::fixture_directory(), files);
   } catch (const loom::Error&) {
     return std::nullopt;
   }
@@ -53,7 +43,7 @@ std::optional<ckpt::Index> index_of(const std::vector<std::string>& files) {
 }  // namespace
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
-  const std::filesystem::path& directory = checkpoint_directory();
+  const std::filesystem::path& directory = loom::fuzz::fixture_directory();
   const std::string input = ckpt::rank_file(0);
   loom::fuzz::write_file(directory / input, data, size);
   std::optional<ckpt::Index> index = index_of({input});

@@ -6,13 +6,10 @@
 
 #include <CLI/CLI.hpp>
 #include <cerrno>
-#include <charconv>
 #include <chrono>
-#include <cmath>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
-#include <filesystem>
 #include <fstream>
 #include <iterator>
 #include <optional>
@@ -33,191 +30,13 @@
 #include "tensor/cuda/caching_allocator.h"
 #endif
 #include "tools/train_gpt/default_corpus.h"
+#include "tools/train_gpt/flag_checks.h"
 #include "tools/train_gpt/progress.h"
 #include "tools/train_gpt/trainer.h"
 
 namespace {
 
 using namespace loom;
-
-// Numeric flag checks whose messages name the bounds (CLI11's PositiveNumber prints a range up
-// to the largest double): "--steps: must be at least 1, got 0".
-CLI::Validator bounded(double low, bool inclusive, double high = HUGE_VAL) {
-  char bound[64];
-  if (high == HUGE_VAL) {
-    std::snprintf(bound, sizeof bound, "%s %g", inclusive ? "at least" : "above", low);
-  } else {
-    std::snprintf(bound, sizeof bound, "%s %g and at most %g", inclusive ? "at least" : "above",
-                  low, high);
-  }
-  const std::string rule = bound;
-  return CLI::Validator(
-      [=](std::string& text) -> std::string {
-        char* end = nullptr;
-        const double value = std::strtod(text.c_str(), &end);
-        if (end == text.c_str() || *end != '\0') return "expected a number, got '" + text + "'";
-        const bool ok = (inclusive ? value >= low : value > low) && value <= high;
-        return ok ? std::string() : "must be " + rule + ", got " + text;
-      },
-      rule);
-}
-const CLI::Validator kAtLeastOne = bounded(1, true);
-const CLI::Validator kNonNegative = bounded(0, true);
-const CLI::Validator kPositive = bounded(0, false);
-
-// A seed is a whole number that fits in 64 bits (CLI11 alone would wrap 2^64 and -1).
-const CLI::Validator kSeed(
-    [](std::string& text) -> std::string {
-      uint64_t value = 0;
-      const auto [end, error] = std::from_chars(text.data(), text.data() + text.size(), value);
-      if (text.empty() || error != std::errc() || end != text.data() + text.size())
-        return "expected a whole number from 0 to 18446744073709551615, got '" + text + "'";
-      return "";
-    },
-    "0 to 2^64 - 1");
-
-// Every option that takes a value must be given one: CLI11 reads --seed '' as 0 and
-// --powersgd-warm-start '' as false, and an empty path as "no output".
-void refuse_empty_values(const CLI::App& app) {
-  for (const CLI::Option* option : app.get_options()) {
-    if (option->count() == 0 || option->get_type_size() == 0) continue;  // absent, or a flag
-    for (const std::string& value : option->results()) {
-      if (value.empty())
-        fail("[train_gpt] ", option->get_name(), " was given an empty value; give one or drop "
-             "the flag (see --help)");
-    }
-  }
-}
-
-// The whole model is built on every rank before any strategy shards it, so its f32 weights
-// must fit in this machine's memory: a size typed with a digit too many is refused here,
-// not after minutes of allocation or by the kernel's OOM killer.
-void check_model_fits(const nn::GPTConfig& m, int64_t batch) {
-  const double embd = static_cast<double>(m.embd);
-  const double parameters = static_cast<double>(m.vocab_size + m.context) * embd +
-                            static_cast<double>(m.layers) * (12 * embd * embd + 13 * embd) +
-                            2 * embd;
-  const double bytes = 4 * parameters;
-  const double memory =
-      static_cast<double>(sysconf(_SC_PHYS_PAGES)) * static_cast<double>(sysconf(_SC_PAGE_SIZE));
-  if (memory > 0 && bytes > memory) {
-    fail("[train_gpt] the model (--layers ", m.layers, " --heads ", m.heads, " --embd ", m.embd,
-         " --ctx ", m.context, " --vocab ", m.vocab_size, ") has about ", parameters,
-         " parameters: ", bytes / (1 << 30), " GiB of f32 weights, more than this machine's ",
-         memory / (1 << 30), " GiB of memory; make it smaller");
-  }
-  // The logits of one step (batch x ctx x vocab f32) are the largest activation.
-  const double logits = 4.0 * static_cast<double>(batch) * static_cast<double>(m.context) *
-                        static_cast<double>(m.vocab_size);
-  if (memory > 0 && logits > memory) {
-    fail("[train_gpt] --batch ", batch, " x --ctx ", m.context, " x --vocab ", m.vocab_size,
-         " logits take ", logits / (1 << 30), " GiB, more than this machine's ",
-         memory / (1 << 30), " GiB of memory; make them smaller");
-  }
-}
-
-// A flag that has no effect in the configuration asked for is refused, naming what it needs:
-// whoever typed it believes it changes something.
-void refuse_flags_without_effect(const CLI::App& app, const train_gpt::TrainOptions& o,
-                                 const strategies::Strategy& strategy,
-                                 const strategies::StrategyOptions& options) {
-  const auto refuse_unless = [&](bool applies, std::initializer_list<const char*> flags,
-                                 const std::string& needs) {
-    if (applies) return;
-    for (const char* flag : flags) {
-      if (app.count(flag) > 0) fail("[train_gpt] ", flag, " has no effect here: it needs ", needs);
-    }
-  };
-  refuse_unless(o.optimizer == "sgd", {"--momentum", "--dampening", "--nesterov"},
-                "--optimizer sgd (this run uses " + o.optimizer + ")");
-  refuse_unless(o.optimizer == "adamw", {"--beta1", "--beta2", "--eps"},
-                "--optimizer adamw (this run uses " + o.optimizer + ")");
-  refuse_unless(!o.checkpoint_dir.empty(),
-                {"--save-every", "--keep-last", "--async-save", "--checkpoint-format"},
-                "--checkpoint-dir");
-  refuse_unless(!o.checkpoint_dir.empty() || o.resume != "auto", {"--resume"},
-                "--checkpoint-dir (--resume auto looks for the newest checkpoint there)");
-  const bool ddp = dynamic_cast<const strategies::DDPStrategy*>(&strategy) != nullptr;
-  refuse_unless(ddp, {"--ddp-comm-hook", "--bucket-cap-mb", "--local-sgd-period",
-                      "--local-sgd-warmup"},
-                "a DDP strategy (ddp, ddp_spawn, ...; this run uses " + strategy.name() + ")");
-  refuse_unless(options.ddp.comm_hook == "powersgd",
-                {"--powersgd-rank", "--powersgd-start-iter", "--powersgd-warm-start"},
-                "--ddp-comm-hook powersgd");
-  refuse_unless(options.tensor_parallel > 1, {"--sequence-parallel"}, "--tp 2 or more");
-  const bool pipeline = strategy.name() == "pipeline";
-  refuse_unless(pipeline, {"--micro-batches", "--pp-schedule", "--pp-chunks", "--pp-dp",
-                           "--pp-balance-by", "--pp-balance"},
-                "--pp 2 or more (the pipeline strategy)");
-  refuse_unless(options.pipeline.schedule == "interleaved_1f1b", {"--pp-chunks"},
-                "--pp-schedule interleaved_1f1b");
-}
-
-// An output named on the command line must be writable where it is asked for: checked before
-// any work starts, so that a typo does not cost a training run. `directory`: the path is a
-// folder that may not exist yet (its parent must).
-void check_output_path(const char* flag, const std::string& path, bool directory = false) {
-  if (path.empty()) return;
-  namespace fs = std::filesystem;
-  const fs::path target(path);
-  if (!directory && fs::is_directory(target)) {
-    fail("[train_gpt] ", flag, " ", path, " is a folder; give a file name in it");
-  }
-  if (directory && fs::is_directory(target)) {
-    if (::access(target.c_str(), W_OK) != 0) {
-      fail("[train_gpt] ", flag, " ", path, " cannot be written: ", std::strerror(errno));
-    }
-    return;
-  }
-  const fs::path folder = target.has_parent_path() ? target.parent_path() : fs::path(".");
-  if (!fs::is_directory(folder)) {
-    fail("[train_gpt] ", flag, " ", path, ": the folder ", folder.string(),
-         " does not exist; create it first");
-  }
-  if (::access(folder.c_str(), W_OK) != 0) {
-    fail("[train_gpt] ", flag, " ", path, ": the folder ", folder.string(),
-         " cannot be written: ", std::strerror(errno));
-  }
-}
-
-// The flags every rank must agree on: a rank started with another --batch or model would
-// otherwise train on a different problem without a word. Compared once at start-up over the
-// job; the first that differs is an error (on every rank) naming it and both values.
-void check_same_flags_on_every_rank(strategies::Strategy& strategy,
-                                    const std::vector<std::pair<const char*, double>>& flags) {
-  if (strategy.world_size() == 1) return;
-  std::vector<double> mine;
-  for (const auto& flag : flags)
-    mine.push_back(flag.second);
-  const auto n = static_cast<int64_t>(mine.size());
-  const Tensor gathered =
-      strategy.all_gather(Tensor::from_vector(mine, {n}).to(strategy.root_device()));
-  const std::vector<double> all = gathered.to(Device::cpu()).to_vector<double>();
-  for (int r = 1; r < strategy.world_size(); ++r) {
-    for (int64_t i = 0; i < n; ++i) {
-      const double theirs = all[static_cast<size_t>(r * n + i)], first = all[static_cast<size_t>(i)];
-      if (theirs == first) continue;
-      fail("[train_gpt] rank ", r, " was started with ", flags[static_cast<size_t>(i)].first, " ",
-           theirs, " and rank 0 with ", first, ": every rank needs the same value");
-    }
-  }
-}
-
-// Devices per node for this job: "auto" takes what the launcher started; an explicit count
-// must match the ranks running (ddp_spawn/ddp_fork start that many themselves; for dp the
-// devices are threads of this one process).
-void check_devices(const std::string& devices, const strategies::Strategy& strategy) {
-  strategies::DeviceSelection selection =
-      strategies::parse_devices(devices, strategy.accelerator());
-  if (devices == "auto" || devices == "-1") return;
-  if (strategy.name() == "dp") return;  // one process; devices are its replicas
-  if (selection.count != strategy.world_size()) {
-    fail("[train_gpt] --devices ", selection.count, " but ", strategy.world_size(),
-         " rank(s) are running: start the ranks with `loomrun --nproc-per-node ", selection.count,
-         " train_gpt --strategy ddp ...`, or use --strategy ddp_spawn (or ddp_fork), which starts "
-         "them itself");
-  }
-}
 
 using namespace loom::train_gpt;
 
@@ -302,25 +121,6 @@ std::string take_deepspeed_config(const strategies::DeepSpeedConfig& config, con
     if (opt->weight_decay) take("--weight-decay", *opt->weight_decay, o.weight_decay);
   }
   return strategies::apply_deepspeed_config(config, options);
-}
-
-// The sharding flags mean nothing to a strategy that replicates the model (dp, ddp, ...):
-// refuse them rather than train unsharded while the user believes otherwise.
-void check_sharding_flags(const CLI::App& app, const strategies::Strategy& strategy) {
-  if (dynamic_cast<const strategies::ShardedStrategy*>(&strategy) != nullptr) return;
-  for (const char* flag : {"--wrap-policy", "--fsdp-sharding-strategy", "--forward-prefetch",
-                           "--backward-prefetch", "--nvme-path", "--param-dtype",
-                           "--reduce-dtype"}) {
-    if (app.count(flag) == 0) continue;
-    std::string sharded;
-    for (const auto& [name, description] : strategies::StrategyRegistry::available_strategies()) {
-      if (name.rfind("deepspeed", 0) == 0 || name.rfind("fsdp", 0) == 0)
-        sharded += (sharded.empty() ? "" : ", ") + name;
-    }
-    fail("[train_gpt] ", flag, " applies to the sharded strategies, but --strategy ",
-         strategy.name(), " replicates the whole model on every rank (parameters are not "
-         "sharded under it); use one of: ", sharded);
-  }
 }
 
 void print_memory_estimate(const nn::GPT& model, const std::string& strategy,
