@@ -1,5 +1,6 @@
 // One AdamW step over a flat parameter, against the scalar formula in f64.
 
+#include "bench/roofline.h"
 #include "bench/validate.h"
 #include "optim/adamw.h"
 #include "tensor/ops.h"
@@ -33,6 +34,7 @@ void BM_AdamWStep(benchmark::State& state) {
   // Bytes: read param, grad, exp_avg, exp_avg_sq; write param, exp_avg, exp_avg_sq.
   state.counters["GB/s"] =
       benchmark::Counter(7.0 * n * 4 * 1e-9, benchmark::Counter::kIsIterationInvariantRate);
+  set_working_set(state, 4.0 * n * 4);
 }
 
 BENCHMARK(BM_AdamWStep)

@@ -1,5 +1,6 @@
 // Layer norm forward and backward over rows of width C.
 
+#include "bench/roofline.h"
 #include "bench/validate.h"
 #include "tensor/ops.h"
 #include "tensor/random.h"
@@ -32,6 +33,7 @@ void BM_LayerNormForward(benchmark::State& state) {
   // Bytes: read x, write y.
   state.counters["GB/s"] = benchmark::Counter(2.0 * rows * width * 4 * 1e-9,
                                               benchmark::Counter::kIsIterationInvariantRate);
+  set_working_set(state, 2.0 * rows * width * 4);
 }
 
 void BM_LayerNormBackward(benchmark::State& state) {
@@ -58,6 +60,7 @@ void BM_LayerNormBackward(benchmark::State& state) {
   }
   state.counters["GB/s"] = benchmark::Counter(5.0 * rows * width * 4 * 1e-9,
                                               benchmark::Counter::kIsIterationInvariantRate);
+  set_working_set(state, 5.0 * rows * width * 4);
 }
 
 BENCHMARK(BM_LayerNormForward)

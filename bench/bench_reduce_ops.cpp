@@ -9,6 +9,7 @@
 #include <cstring>
 #include <vector>
 
+#include "bench/roofline.h"
 #include "bench/validate.h"
 #include "kernels/cpu/reduce_ops.h"
 #include "kernels/cpu/reduce_ops_impl.h"
@@ -104,6 +105,7 @@ void reduce_into_case(benchmark::State& state, size_t bytes) {
   state.SetLabel(kernels::cpu::reduce_isa());
   state.counters["GB/s"] =
       benchmark::Counter(3.0 * bytes * 1e-9, benchmark::Counter::kIsIterationInvariantRate);
+  set_working_set(state, 2.0 * bytes);
 }
 
 template <typename T>
@@ -133,6 +135,7 @@ void BM_ReduceInputs(benchmark::State& state) {
   state.SetLabel(kernels::cpu::reduce_isa());
   state.counters["GB/s"] = benchmark::Counter((count + 1.0) * bytes * 1e-9,
                                               benchmark::Counter::kIsIterationInvariantRate);
+  set_working_set(state, (count + 1.0) * bytes);
 }
 
 // reduce_into with the instruction set forced: 0 scalar, 1 avx2, 2 avx512.
@@ -159,6 +162,7 @@ void BM_Memcpy(benchmark::State& state) {
   }
   state.counters["GB/s"] =
       benchmark::Counter(2.0 * bytes * 1e-9, benchmark::Counter::kIsIterationInvariantRate);
+  set_working_set(state, 2.0 * bytes);
 }
 
 constexpr int64_t kSizes[] = {32 << 10, 1 << 20, 16 << 20, 64 << 20};
