@@ -3,7 +3,9 @@
 # reads loom.pc there; examples/consumer, a separate CMake project that knows nothing but the
 # prefix, is configured, built, and run on 2 ranks under the installed loomrun with a built-in
 # and with a user-registered strategy. Then the same against the Debian package's files
-# (cpack -G DEB, unpacked with dpkg-deb -x: the test does not install it on the machine).
+# (cpack -G DEB, unpacked with dpkg-deb -x), and the package installed and removed by dpkg
+# itself in a scratch root with a database of its own: the machine's packages are not
+# touched.
 #   consumer.sh BUILD_DIR SOURCE_DIR
 set -euo pipefail
 B=$1; S=$2
@@ -34,4 +36,24 @@ cmake -S "$S/examples/consumer" -B "$d/consumer-deb" -DCMAKE_PREFIX_PATH="$d/deb
 cmake --build "$d/consumer-deb" > "$d/build-deb.log" 2>&1 || { cat "$d/build-deb.log"; exit 1; }
 "$d/consumer-deb/consumer" > "$d/deb.log" 2>&1 || { cat "$d/deb.log"; exit 1; }
 grep -q "consumer rank 0 of 1 (single_device)" "$d/deb.log"
+# dpkg -i / -r. Its dependencies are not in the scratch root (--force-depends), so each is
+# checked by name against this machine's database instead: a real install would resolve them.
+deb=$(ls "$d"/deb/loom_*.deb)
+for dep in $(dpkg-deb -f "$deb" Depends | tr -d ' ' | tr ',' ' '); do
+  dpkg -s "${dep%%(*}" > /dev/null 2>&1 || { echo "the .deb depends on '$dep', which no installed package provides"; exit 1; }
+done
+r="$d/dpkgroot"
+mkdir -p "$r/var/lib/dpkg/info" "$r/var/lib/dpkg/updates"
+touch "$r/var/lib/dpkg/status"
+dpkg --root="$r" --force-depends -i "$deb" > "$d/dpkg-i.log" 2>&1 || { cat "$d/dpkg-i.log"; exit 1; }
+dpkg --root="$r" -s loom | grep -q "^Status: install ok installed"
+listed=$(dpkg --root="$r" -L loom | while read -r f; do [ -f "$r$f" ] && echo "$f"; done | wc -l)
+shipped=$(dpkg-deb -c "$deb" | grep -c '^-')
+[ "$listed" -eq "$shipped" ] || { echo "dpkg lists $listed installed files, the .deb ships $shipped"; exit 1; }
+test -x "$r/usr/bin/loomrun"
+dpkg --root="$r" -r loom > "$d/dpkg-r.log" 2>&1 || { cat "$d/dpkg-r.log"; exit 1; }
+if dpkg --root="$r" -s loom > /dev/null 2>&1; then echo "dpkg -r left loom installed"; exit 1; fi
+left=$(find "$r" -mindepth 1 -not -path "$r/var/lib/dpkg*" -type f | head -5)
+[ -z "$left" ] || { echo "dpkg -r left files behind: $left"; exit 1; }
+echo "dpkg installs $shipped files and removes them all"
 echo "the installed package builds and runs a consumer"
