@@ -14,10 +14,8 @@ namespace loom::comm {
 
 namespace {
 
-int64_t now_us() {
-  return std::chrono::duration_cast<std::chrono::microseconds>(
-             std::chrono::steady_clock::now().time_since_epoch())
-      .count();
+int64_t us_of(std::chrono::steady_clock::time_point when) {
+  return std::chrono::duration_cast<std::chrono::microseconds>(when.time_since_epoch()).count();
 }
 
 const char* state_name(int state) {
@@ -66,9 +64,10 @@ uint32_t FlightRecorder::register_group(const std::string& name, int group_rank,
   return static_cast<uint32_t>(groups_.size() - 1);
 }
 
-uint64_t FlightRecorder::record(uint32_t group, const OpLabel& label) {
+uint64_t FlightRecorder::record(uint32_t group, const OpLabel& label,
+                                std::chrono::steady_clock::time_point when) {
   if (!enabled_) return 0;
-  const int64_t now = now_us();
+  const int64_t now = us_of(when);
   std::lock_guard lock(mutex_);
   const uint64_t id = next_id_++;
   Entry& e = ring_[id % ring_.size()];
@@ -93,21 +92,20 @@ FlightRecorder::Entry* FlightRecorder::find(uint64_t id) {
 
 void FlightRecorder::started(uint64_t id, std::chrono::steady_clock::time_point when) {
   if (Entry* e = find(id)) {
-    e->started_us.store(
-        std::chrono::duration_cast<std::chrono::microseconds>(when.time_since_epoch()).count(),
-        std::memory_order_relaxed);
+    e->started_us.store(us_of(when), std::memory_order_relaxed);
     e->state.store(kStarted, std::memory_order_release);
   }
 }
 
-void FlightRecorder::completed(uint64_t id, const std::string& error) {
+void FlightRecorder::completed(uint64_t id, std::chrono::steady_clock::time_point when,
+                               const std::string& error) {
   Entry* e = find(id);
   if (e == nullptr) return;
   if (!error.empty()) {
     std::lock_guard lock(mutex_);
     e->error = error;
   }
-  e->completed_us.store(now_us(), std::memory_order_relaxed);
+  e->completed_us.store(us_of(when), std::memory_order_relaxed);
   e->state.store(error.empty() ? kCompleted : kFailed, std::memory_order_release);
 }
 

@@ -36,10 +36,13 @@ class FlightRecorder {
   uint32_t register_group(const std::string& name, int group_rank, int group_size);
   // A new entry for an operation just issued; returns its id for the updates below (0 when
   // disabled; the updates ignore it).
-  uint64_t record(uint32_t group, const OpLabel& label);
+  // The times are the caller's: a group reads the clock once per phase of an operation and
+  // gives the same time to its Work and to the recorder.
+  uint64_t record(uint32_t group, const OpLabel& label, std::chrono::steady_clock::time_point when);
   // `when`: the start time the caller already read (a clock read costs as much as the rest).
   void started(uint64_t id, std::chrono::steady_clock::time_point when);
-  void completed(uint64_t id, const std::string& error = "");
+  void completed(uint64_t id, std::chrono::steady_clock::time_point when,
+                 const std::string& error = "");
 
   // {"rank": R, "entries": [{"group", "group_rank", "group_size", "seq", "op", "bytes",
   // "dtype", "peer", "state", "queued_us", "started_us", "completed_us", "error"}, ...]},

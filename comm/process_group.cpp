@@ -15,6 +15,11 @@ namespace loom::comm {
 
 namespace {
 
+// ProcessGroup::OpKind's names, in its order: labels, messages and traffic() use them.
+constexpr const char* kOpKindNames[] = {"allreduce", "broadcast",  "reduce", "all_gather",
+                                        "reduce_scatter", "all_to_all", "send", "recv",
+                                        "barrier", "split"};
+
 // LOOM_DEBUG: unset or empty (off), or "detail". Any other value is loom::Error rather than
 // ignored: a misspelt setting would run the job without the checks that were asked for.
 bool debug_from_env() {
@@ -52,6 +57,7 @@ void check_buffer(const char* op, const char* what, const Tensor& t) {
 using OpBody = std::function<void(Backend&, Deadline, Tensor&, Tensor&)>;
 
 struct ProcessGroup::Op {
+  OpKind kind = OpKind::Barrier;
   OpLabel label;          // submit() fills in the sequence number
   std::string signature;  // debug checks only: "allreduce 1024 f32 sum", equal on every rank
   bool collective = true;
@@ -149,29 +155,32 @@ ProcessGroup::~ProcessGroup() {
 template <typename Body>
 WorkPtr ProcessGroup::submit(Op op, const Tensor& first, const Tensor& second, Body&& body,
                              bool async_op) {
-  {
-    std::lock_guard count(traffic_mutex_);
-    Traffic& t = traffic_[std::string(op.label.kind)];
-    ++t.calls;
-    t.bytes += static_cast<int64_t>(std::max(first.defined() ? first.nbytes() : 0,
-                                             second.defined() ? second.nbytes() : 0));
-  }
+  TrafficCounter& traffic = traffic_[static_cast<size_t>(op.kind)];
+  traffic.calls.fetch_add(1, std::memory_order_relaxed);
+  traffic.bytes.fetch_add(static_cast<int64_t>(std::max(first.defined() ? first.nbytes() : 0,
+                                                        second.defined() ? second.nbytes() : 0)),
+                          std::memory_order_relaxed);
+  // One clock read serves the record, and the start of an operation run here.
+  const Clock::time_point issued = Clock::now();
   std::unique_lock lock(mutex_);
   op.label.seq = next_seq_++;
   op.work = std::make_shared<Work>(op.label, op.timeout);
-  op.flight_id = FlightRecorder::global().record(flight_group_, op.label);
+  op.flight_id = FlightRecorder::global().record(flight_group_, op.label, issued);
   if (broken_) {
-    FlightRecorder::global().completed(op.flight_id, "not started: the group is broken");
-    op.work->complete(broken_error(op));
+    FlightRecorder::global().completed(op.flight_id, issued, "not started: the group is broken");
+    op.work->complete(broken_error(op), issued);
     return std::move(op.work);
   }
   if (!async_op && queue_.empty() && !running_) {
     running_ = true;
     lock.unlock();
     // The caller's tensors outlive this call; the handles are not modified, only the data.
-    run(op, [&](Backend& backend, Deadline deadline) {
-      body(backend, deadline, const_cast<Tensor&>(first), const_cast<Tensor&>(second));
-    });
+    run(
+        op,
+        [&](Backend& backend, Deadline deadline) {
+          body(backend, deadline, const_cast<Tensor&>(first), const_cast<Tensor&>(second));
+        },
+        issued);
     done_running_here();
     return std::move(op.work);
   }
@@ -183,7 +192,7 @@ WorkPtr ProcessGroup::submit(Op op, const Tensor& first, const Tensor& second, B
                  (!first.defined() || first.device().is_cpu()) &&
                  queue_.empty() && !running_ && op.label.bytes <= kClaimableBytes;
   if (op.claimable) {
-    op.queued_at = Clock::now();
+    op.queued_at = issued;
     const uint64_t seq = op.label.seq;
     work->offer_claim([this, seq] { return claim(seq); });
   }
@@ -253,8 +262,9 @@ void ProcessGroup::progress_loop() {
       queue_.pop_front();
       queued_count_.fetch_sub(1);
       if (broken_) {
-        FlightRecorder::global().completed(op->flight_id, "not started: the group is broken");
-        op->work->complete(broken_error(*op));
+        const Clock::time_point now = Clock::now();
+        FlightRecorder::global().completed(op->flight_id, now, "not started: the group is broken");
+        op->work->complete(broken_error(*op), now);
         continue;
       }
       running_ = true;
@@ -267,13 +277,16 @@ void ProcessGroup::progress_loop() {
   }
 }
 
-// Runs one operation on the current thread; the caller holds the running_ flag.
+// Runs one operation on the current thread, starting `now` (read here when not given); the
+// caller holds the running_ flag.
 template <typename Body>
-void ProcessGroup::run(Op& op, Body&& body) {
-  Deadline deadline = deadline_after(op.timeout);
-  op.work->mark_started(deadline - op.timeout);
-  FlightRecorder::global().started(op.flight_id, deadline - op.timeout);
+void ProcessGroup::run(Op& op, Body&& body, std::optional<Clock::time_point> now) {
+  const Clock::time_point start = now ? *now : Clock::now();
+  const Deadline deadline = start + op.timeout;
+  op.work->mark_started(start);
+  FlightRecorder::global().started(op.flight_id, start);
   std::exception_ptr error;
+  std::string failure;  // the recorder's note of a failed operation
   try {
     if (options_.debug_checks && op.collective) {
       check_same_collective(*store_, name_, rank_, size_, op.label.seq, op.signature, op.timeout);
@@ -292,22 +305,27 @@ void ProcessGroup::run(Op& op, Body&& body) {
       std::lock_guard lock(mutex_);
       broken_ = error;
     }
-    FlightRecorder::global().completed(op.flight_id, e.what());
+    FlightRecorder::global().completed(op.flight_id, Clock::now(), e.what());
     FlightRecorder::global().dump_if_configured(rank_);  // what this rank was doing
   } catch (const std::exception& e) {
     error = std::current_exception();
-    FlightRecorder::global().completed(op.flight_id, e.what());
+    failure = e.what();
   } catch (...) {
     error = std::current_exception();
-    FlightRecorder::global().completed(op.flight_id, "unknown exception");
+    failure = "unknown exception";
   }
-  if (!error) FlightRecorder::global().completed(op.flight_id);
+  const Clock::time_point done = Clock::now();
+  if (!failure.empty()) {
+    FlightRecorder::global().completed(op.flight_id, done, failure);
+  } else if (!error) {
+    FlightRecorder::global().completed(op.flight_id, done);
+  }
   // The caller may free or measure its memory as soon as wait() returns: the operation's
   // references to the tensors go first.
   op.first = Tensor();
   op.second = Tensor();
   op.body = nullptr;
-  op.work->complete(error);
+  op.work->complete(error, done);
 }
 
 namespace {
@@ -343,17 +361,20 @@ void check_peer(const char* kind, const char* role, int peer, int rank, int size
 
 // The parts every call shares: label, signature (built only when debug checks need it),
 // timeout.
-ProcessGroup::Op ProcessGroup::make_op(const char* kind, const Tensor* data,
+ProcessGroup::Op ProcessGroup::make_op(OpKind kind, const Tensor* data,
                                        std::optional<ReduceOp> op, std::optional<int> root,
                                        std::optional<Duration> timeout) const {
+  static_assert(std::size(kOpKindNames) == static_cast<size_t>(OpKind::Count));
+  const char* name = kOpKindNames[static_cast<size_t>(kind)];
   Op result;
-  result.label.kind = kind;
+  result.kind = kind;
+  result.label.kind = name;
   if (data != nullptr) {
     result.label.bytes = data->nbytes();
     result.label.dtype = dtype_name(data->dtype());
-    if (options_.debug_checks) result.signature = signature_of(kind, *data, op, root);
+    if (options_.debug_checks) result.signature = signature_of(name, *data, op, root);
   } else if (options_.debug_checks) {
-    result.signature = kind;
+    result.signature = name;
   }
   result.timeout = timeout.value_or(options_.timeout);
   return result;
@@ -395,7 +416,7 @@ WorkPtr ProcessGroup::allreduce(const Tensor& input, Tensor& output, const Colle
     fail("[comm] allreduce: output ", output.str(), " must match input ", input.str());
   }
   check_avg("allreduce", o.op, input.dtype());
-  Op op = make_op("allreduce", &input, o.op, std::nullopt, o.timeout);
+  Op op = make_op(OpKind::Allreduce, &input, o.op, std::nullopt, o.timeout);
   place(op, input, &output);
   return submit(
       std::move(op), input, output,
@@ -408,7 +429,7 @@ WorkPtr ProcessGroup::allreduce(const Tensor& input, Tensor& output, const Colle
 WorkPtr ProcessGroup::broadcast(Tensor& tensor, const CollectiveOptions& o) {
   check_buffer("broadcast", "tensor", tensor);
   check_root("broadcast", o.root, size_);
-  Op op = make_op("broadcast", &tensor, std::nullopt, o.root, o.timeout);
+  Op op = make_op(OpKind::Broadcast, &tensor, std::nullopt, o.root, o.timeout);
   place(op, tensor, nullptr);
   return submit(
       std::move(op), tensor, Tensor(),
@@ -420,7 +441,7 @@ WorkPtr ProcessGroup::reduce(Tensor& tensor, const CollectiveOptions& o) {
   check_buffer("reduce", "tensor", tensor);
   check_root("reduce", o.root, size_);
   check_avg("reduce", o.op, tensor.dtype());
-  Op op = make_op("reduce", &tensor, o.op, o.root, o.timeout);
+  Op op = make_op(OpKind::Reduce, &tensor, o.op, o.root, o.timeout);
   place(op, tensor, nullptr);
   return submit(
       std::move(op), tensor, Tensor(),
@@ -437,7 +458,7 @@ WorkPtr ProcessGroup::all_gather(Tensor& output, const Tensor& input, const Coll
     fail("[comm] all_gather: output must hold size x input elements of the same dtype (", size_,
          " x ", input.numel(), " ", input.dtype(), "), got ", output.str());
   }
-  Op op = make_op("all_gather", &input, std::nullopt, std::nullopt, o.timeout);
+  Op op = make_op(OpKind::AllGather, &input, std::nullopt, std::nullopt, o.timeout);
   place(op, input, &output);
   return submit(
       std::move(op), input, output,
@@ -454,7 +475,7 @@ WorkPtr ProcessGroup::reduce_scatter(Tensor& output, const Tensor& input,
          " x ", output.numel(), " ", output.dtype(), "), got ", input.str());
   }
   check_avg("reduce_scatter", o.op, input.dtype());
-  Op op = make_op("reduce_scatter", &output, o.op, std::nullopt, o.timeout);
+  Op op = make_op(OpKind::ReduceScatter, &output, o.op, std::nullopt, o.timeout);
   place(op, input, &output);
   op.label.bytes = input.nbytes();
   return submit(
@@ -475,7 +496,7 @@ WorkPtr ProcessGroup::all_to_all(Tensor& output, const Tensor& input, const Coll
         "divisible by the group size ",
         size_, "; got input ", input.str(), ", output ", output.str());
   }
-  Op op = make_op("all_to_all", &input, std::nullopt, std::nullopt, o.timeout);
+  Op op = make_op(OpKind::AllToAll, &input, std::nullopt, std::nullopt, o.timeout);
   place(op, input, &output);
   return submit(
       std::move(op), input, output,
@@ -486,7 +507,7 @@ WorkPtr ProcessGroup::all_to_all(Tensor& output, const Tensor& input, const Coll
 WorkPtr ProcessGroup::send(const Tensor& tensor, int dst, const P2POptions& o) {
   check_buffer("send", "tensor", tensor);
   check_peer("send", "destination", dst, rank_, size_);
-  Op op = make_op("send", &tensor, std::nullopt, std::nullopt, o.timeout);
+  Op op = make_op(OpKind::Send, &tensor, std::nullopt, std::nullopt, o.timeout);
   place(op, tensor, nullptr);
   op.collective = false;
   op.label.peer = dst;
@@ -500,7 +521,7 @@ WorkPtr ProcessGroup::send(const Tensor& tensor, int dst, const P2POptions& o) {
 WorkPtr ProcessGroup::recv(Tensor& tensor, int src, const P2POptions& o) {
   check_buffer("recv", "tensor", tensor);
   check_peer("recv", "source", src, rank_, size_);
-  Op op = make_op("recv", &tensor, std::nullopt, std::nullopt, o.timeout);
+  Op op = make_op(OpKind::Recv, &tensor, std::nullopt, std::nullopt, o.timeout);
   place(op, tensor, nullptr);
   op.collective = false;
   op.label.peer = src;
@@ -511,15 +532,22 @@ WorkPtr ProcessGroup::recv(Tensor& tensor, int src, const P2POptions& o) {
 }
 
 WorkPtr ProcessGroup::barrier(const CollectiveOptions& o) {
-  Op op = make_op("barrier", nullptr, std::nullopt, std::nullopt, o.timeout);
+  Op op = make_op(OpKind::Barrier, nullptr, std::nullopt, std::nullopt, o.timeout);
   return submit(
       std::move(op), Tensor(), Tensor(),
       [](Backend& b, Deadline d, Tensor&, Tensor&) { b.barrier(d); }, o.async_op);
 }
 
 std::map<std::string, ProcessGroup::Traffic, std::less<>> ProcessGroup::traffic() const {
-  std::lock_guard lock(traffic_mutex_);
-  return traffic_;
+  std::map<std::string, Traffic, std::less<>> counts;
+  for (size_t kind = 0; kind < traffic_.size(); ++kind) {
+    const int64_t calls = traffic_[kind].calls.load(std::memory_order_relaxed);
+    if (calls > 0) {
+      counts[kOpKindNames[kind]] = {.calls = calls,
+                                    .bytes = traffic_[kind].bytes.load(std::memory_order_relaxed)};
+    }
+  }
+  return counts;
 }
 
 std::shared_ptr<ProcessGroup> ProcessGroup::split(int color, int key) {
@@ -568,7 +596,7 @@ std::shared_ptr<ProcessGroup> ProcessGroup::split(int color, int key) {
                        .group_name = name,
                        .device = options.device};
   auto made = std::make_shared<std::unique_ptr<Backend>>();
-  Op op = make_op("split", nullptr, std::nullopt, std::nullopt, std::nullopt);
+  Op op = make_op(OpKind::Split, nullptr, std::nullopt, std::nullopt, std::nullopt);
   submit(
       std::move(op), Tensor(), Tensor(),
       [made, color, new_rank, child](Backend& b, Deadline d, Tensor&, Tensor&) {

@@ -20,6 +20,7 @@
 // the same operation with the same count, dtype, op and root, and reports the first
 // mismatch with both ranks' views instead of hanging or corrupting memory.
 
+#include <array>
 #include <atomic>
 #include <condition_variable>
 #include <deque>
@@ -117,6 +118,11 @@ class ProcessGroup : public std::enable_shared_from_this<ProcessGroup> {
 
  private:
   struct Op;
+  // The kinds of operation, for the traffic counts (kOpKindNames in process_group.cpp).
+  enum class OpKind : uint8_t {
+    Allreduce, Broadcast, Reduce, AllGather, ReduceScatter, AllToAll, Send, Recv, Barrier,
+    Split, Count
+  };
   // A subgroup over a backend made by Backend::split.
   ProcessGroup(int rank, int size, std::shared_ptr<Store> store, const GroupOptions& options,
                std::string name, std::unique_ptr<Backend> backend);
@@ -126,7 +132,7 @@ class ProcessGroup : public std::enable_shared_from_this<ProcessGroup> {
   // Checks that an operation's tensors are on one device the backend can take, and sets up
   // staging and the issue stream for CUDA tensors (Note [Devices of a group]).
   void place(Op& op, const Tensor& first, const Tensor* second);
-  Op make_op(const char* kind, const Tensor* data, std::optional<ReduceOp> op,
+  Op make_op(OpKind kind, const Tensor* data, std::optional<ReduceOp> op,
              std::optional<int> root, std::optional<Duration> timeout) const;
   template <typename Body>
   WorkPtr submit(Op op, const Tensor& first, const Tensor& second, Body&& body, bool async_op);
@@ -137,7 +143,7 @@ class ProcessGroup : public std::enable_shared_from_this<ProcessGroup> {
   void done_running_here();
   std::exception_ptr broken_error(const Op& op) const;
   template <typename Body>
-  void run(Op& op, Body&& body);
+  void run(Op& op, Body&& body, std::optional<Clock::time_point> now = std::nullopt);
 
   int rank_, size_;
   std::shared_ptr<Store> store_;
@@ -159,8 +165,11 @@ class ProcessGroup : public std::enable_shared_from_this<ProcessGroup> {
   // operations] in process_group.cpp.
   std::atomic<bool> running_{false};
   std::atomic<int> queued_count_{0};  // size of queue_, readable without the mutex
-  mutable std::mutex traffic_mutex_;
-  std::map<std::string, Traffic, std::less<>> traffic_;
+  // Counted on every call without a lock (relaxed: they are statistics).
+  struct TrafficCounter {
+    std::atomic<int64_t> calls{0}, bytes{0};
+  };
+  std::array<TrafficCounter, static_cast<size_t>(OpKind::Count)> traffic_;
   std::exception_ptr broken_;
   std::thread progress_;
 };

@@ -101,8 +101,8 @@ std::exception_ptr Work::exception() const {
   return completed_.load() ? error_ : nullptr;
 }
 
-void Work::complete(std::exception_ptr error) {
-  completed_at_.store(std::max<Clock::rep>(Clock::now().time_since_epoch().count(), 1),
+void Work::complete(std::exception_ptr error, Clock::time_point when) {
+  completed_at_.store(std::max<Clock::rep>(when.time_since_epoch().count(), 1),
                       std::memory_order_relaxed);  // published by completed_ below
   error_ = std::move(error);
   completed_.store(true);

@@ -54,7 +54,7 @@ class Work {
 
   // Called by the thread that runs the operation: once when it starts, once when it ends.
   void mark_started(Clock::time_point when = Clock::now());
-  void complete(std::exception_ptr error = nullptr);
+  void complete(std::exception_ptr error = nullptr, Clock::time_point when = Clock::now());
 
   // The process group's offer to run a queued operation on the thread that waits for it
   // (Note [Claimable operations] in process_group.cpp): wait() calls `claim` first, which
