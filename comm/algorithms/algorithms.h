@@ -57,6 +57,25 @@ void ring_all_gather(Transport& transport, const void* input, void* output, size
 void ring_reduce_scatter(Transport& transport, const void* input, void* output, size_t count,
                          ReduceType type, ReduceOp op, Deadline deadline);
 
+// Rank-ordered reductions (Note [Rank-ordered reductions] in rank_ordered.cpp): every
+// element is reduced by one rank from all ranks' values in rank order 0, 1, ..., size-1, with
+// reduce_inputs (f32 accumulation for bf16/f16, Avg as a scale before the one rounding), so
+// the result is bitwise the shm backend's, whatever the count or how a buffer is split into
+// calls. Direct exchanges: each rank sends every other rank its part at once (size-1 steps
+// of send_recv), which suits the few ranks of a host or a small group of hosts.
+
+// data[0, count) on every rank becomes the reduction of every rank's data: rank-ordered
+// reduce-scatter of `size` chunks (sizes differ by at most one), then each rank sends its
+// reduced chunk to every other. Scratch: size-1 chunks.
+void rank_ordered_allreduce(Transport& transport, void* data, size_t count, ReduceType type,
+                            ReduceOp op, Deadline deadline);
+
+// output[count] = slice `rank` of the reduction of every rank's input[size * count], in rank
+// order; input is left unchanged. In place when output == input + rank * count; otherwise
+// the two must not overlap. Scratch: size-1 slices.
+void rank_ordered_reduce_scatter(Transport& transport, const void* input, void* output,
+                                 size_t count, ReduceType type, ReduceOp op, Deadline deadline);
+
 // data[0, count) on every rank becomes root's data, along a binomial tree (log2(size)
 // rounds; each rank receives once).
 void tree_broadcast(Transport& transport, void* data, size_t count, ReduceType type, int root,

@@ -281,7 +281,11 @@ void all_gather_body(Transport& t, const std::vector<size_t>& counts) {
   }
 }
 
-void reduce_scatter_body(Transport& t, const std::vector<size_t>& counts) {
+using ReduceScatter = void (*)(Transport&, const void*, void*, size_t, ReduceType, ReduceOp,
+                               Deadline);
+
+void reduce_scatter_body(Transport& t, const std::vector<size_t>& counts,
+                         ReduceScatter reduce_scatter = &algorithms::ring_reduce_scatter) {
   const int w = t.size();
   Checker checker(t.rank());
   const auto rank = static_cast<size_t>(t.rank());
@@ -299,9 +303,9 @@ void reduce_scatter_body(Transport& t, const std::vector<size_t>& counts) {
           Buffer output(type, count);
           Buffer& result = in_place ? input : output;
           const size_t first = in_place ? rank * count : 0;
-          algorithms::ring_reduce_scatter(
-              t, input.data(), static_cast<std::byte*>(result.data()) + first * type_size(type),
-              count, type, op, generous());
+          reduce_scatter(t, input.data(),
+                         static_cast<std::byte*>(result.data()) + first * type_size(type), count,
+                         type, op, generous());
           const std::string context = describe(type, op, count, w) + (in_place ? " in place" : "");
           checker.expect(
               result, first, count,
@@ -404,6 +408,58 @@ TEST_P(ThreadRanks, RingAllreduce) {
 
 TEST_P(ThreadRanks, HalvingDoublingAllreduce) {
   check_allreduce(&algorithms::halving_doubling_allreduce);
+}
+
+TEST_P(ThreadRanks, RankOrderedAllreduce) {
+  check_allreduce(&algorithms::rank_ordered_allreduce);
+}
+
+TEST_P(ThreadRanks, RankOrderedReduceScatter) {
+  run_threads(world(), [](ThreadTransport& t) {
+    reduce_scatter_body(t, kCounts, &algorithms::rank_ordered_reduce_scatter);
+  });
+}
+
+// Note [Rank-ordered reductions]: the bits of reduce_inputs over every rank's data in rank
+// order (what the shm backend computes), in one call or in pieces of any size.
+TEST_P(ThreadRanks, RankOrderedAllreduceGivesTheRankOrderBitsInAnyPieces) {
+  const int w = world();
+  const size_t n = 10007;
+  auto value = [](int rank, size_t i) {
+    return std::sin(static_cast<double>(i) * 0.37 + rank * 1.3) * 1e3 / (1 + i % 17);
+  };
+  for (ReduceType type : {ReduceType::F32, ReduceType::BF16}) {
+    for (ReduceOp op : {ReduceOp::Sum, ReduceOp::Avg}) {
+      std::vector<Buffer> all;
+      std::vector<const void*> pointers;
+      for (int r = 0; r < w; ++r) {
+        all.emplace_back(type, n);
+        for (size_t i = 0; i < n; ++i)
+          all.back().set(i, value(r, i));
+      }
+      for (const Buffer& b : all)
+        pointers.push_back(b.bytes.data());
+      Buffer want(type, n);
+      kernels::cpu::reduce_inputs(type, reduce_kind_of(op), want.data(),
+                                  pointers.data(), static_cast<size_t>(w), n,
+                                  op == ReduceOp::Avg ? 1.0 / w : 1.0);
+      run_threads(w, [&](ThreadTransport& t) {
+        const size_t es = type_size(type);
+        Buffer whole = all[static_cast<size_t>(t.rank())];
+        algorithms::rank_ordered_allreduce(t, whole.data(), n, type, op, generous());
+        Buffer pieces = all[static_cast<size_t>(t.rank())];
+        for (size_t start = 0; start < n; start += 999) {
+          algorithms::rank_ordered_allreduce(t, pieces.bytes.data() + start * es,
+                                             std::min<size_t>(999, n - start), type, op,
+                                             generous());
+        }
+        const std::string context = std::string(type_name(type)) + " " + std::string(reduce_op_name(op)) +
+                                    ", rank " + std::to_string(t.rank());
+        EXPECT_TRUE(whole.bytes == want.bytes) << context << ": one call";
+        EXPECT_TRUE(pieces.bytes == want.bytes) << context << ": in pieces of 999";
+      });
+    }
+  }
 }
 
 TEST_P(ThreadRanks, RingAllGather) {

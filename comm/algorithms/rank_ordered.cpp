@@ -1,0 +1,90 @@
+// Rank-ordered reductions over the point-to-point Transport.
+//
+// Note [Rank-ordered reductions]
+// Ring and halving-doubling combine partial sums in an order that depends on the chunk an
+// element falls in, so the same data reduced in one call or in pieces can differ in the last
+// bits (Note [Rounding of bf16/f16 reductions]). Here the rank that owns a chunk receives
+// every other rank's copy of it and reduces all of them at once, in rank order, with
+// reduce_inputs: the element-wise result depends only on the values, as the shm backend's
+// does, so a job gives the same bits on shm, on a network backend, and on both together
+// (a hierarchical group). Each rank sends (size-1)/size of its data and receives as much, as
+// a ring's reduce-scatter does, but in size-1 direct exchanges rather than around the ring.
+
+#include <vector>
+
+#include "comm/algorithms/algorithms.h"
+#include "comm/algorithms/algorithms_impl.h"
+
+namespace loom::comm::algorithms {
+
+using detail::at;
+using detail::Chunks;
+using detail::exchange;
+
+namespace {
+
+double scale_for(ReduceOp op, int size) {
+  return op == ReduceOp::Avg ? 1.0 / size : 1.0;
+}
+
+// The part of a rank-ordered reduction every caller shares: part(r) is the span of `input`
+// that rank r reduces (offset and length in elements); this rank's reduced part lands in
+// `output`. Step k sends part(rank + k) to rank + k and receives part(rank) from rank - k.
+template <typename Part>
+void reduce_parts(Transport& transport, const void* input, void* output, ReduceType type,
+                  ReduceOp op, const Part& part, Deadline deadline) {
+  const kernels::cpu::ReduceKind kind = detail::reduce_kind(op, type, "rank_ordered");
+  const int size = transport.size();
+  const int rank = transport.rank();
+  const size_t es = kernels::cpu::reduce_type_size(type);
+  const auto [mine, length] = part(rank);
+  std::vector<std::byte> scratch(length * es * static_cast<size_t>(size));
+  std::vector<const void*> inputs(static_cast<size_t>(size));
+  inputs[rank] = at(input, mine, es);
+  for (int k = 1; k < size; ++k) {
+    const int dst = (rank + k) % size;
+    const int src = (rank - k + size) % size;
+    std::byte* from_src = scratch.data() + static_cast<size_t>(src) * length * es;
+    const auto [their, their_length] = part(dst);
+    exchange(transport, at(input, their, es), their_length * es, dst, from_src, length * es, src,
+             deadline);
+    inputs[src] = from_src;
+  }
+  if (length > 0) {
+    kernels::cpu::reduce_inputs(type, kind, output, inputs.data(), static_cast<size_t>(size),
+                                length, scale_for(op, size));
+  }
+}
+
+}  // namespace
+
+void rank_ordered_allreduce(Transport& transport, void* data, size_t count, ReduceType type,
+                            ReduceOp op, Deadline deadline) {
+  detail::check_args(transport, count, data, data, "rank_ordered_allreduce");
+  (void)detail::reduce_kind(op, type, "rank_ordered_allreduce");
+  const int size = transport.size();
+  const int rank = transport.rank();
+  if (count == 0) return;
+  const Chunks chunks(count, size);
+  auto part = [&](int r) { return std::pair<size_t, size_t>{chunks.begin(r), chunks.size(r)}; };
+  const size_t es = kernels::cpu::reduce_type_size(type);
+  // Reduced in place: reduce_inputs may write over one of its inputs (this rank's chunk).
+  reduce_parts(transport, data, at(data, chunks.begin(rank), es), type, op, part, deadline);
+  for (int k = 1; k < size; ++k) {
+    const int dst = (rank + k) % size;
+    const int src = (rank - k + size) % size;
+    exchange(transport, at(data, chunks.begin(rank), es), chunks.size(rank) * es, dst,
+             at(data, chunks.begin(src), es), chunks.size(src) * es, src, deadline);
+  }
+}
+
+void rank_ordered_reduce_scatter(Transport& transport, const void* input, void* output,
+                                 size_t count, ReduceType type, ReduceOp op, Deadline deadline) {
+  detail::check_args(transport, count, input, output, "rank_ordered_reduce_scatter");
+  (void)detail::reduce_kind(op, type, "rank_ordered_reduce_scatter");
+  if (count == 0) return;
+  auto part = [&](int r) { return std::pair<size_t, size_t>{static_cast<size_t>(r) * count, count}; };
+  reduce_parts(transport, input, output, type, op, part, deadline);
+}
+
+}  // namespace loom::comm::algorithms
