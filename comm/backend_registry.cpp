@@ -9,6 +9,9 @@
 #if LOOM_WITH_NCCL
 #include "comm/nccl/nccl_backend.h"
 #endif
+#if LOOM_WITH_UCX
+#include "comm/ucx/ucx_backend.h"
+#endif
 
 namespace loom::comm {
 
@@ -31,12 +34,25 @@ struct Registry {
         [](const BackendContext& c) { return std::make_unique<nccl::NcclBackend>(c); },
         "NVIDIA NCCL: one GPU per rank, within and across hosts (CUDA tensors)"};
 #endif
+#if LOOM_WITH_UCX
+    entries["ucx"] = {
+        [](const BackendContext& c) { return std::make_unique<ucx::UcxBackend>(c); },
+        "UCX tagged messages: processes on any hosts, over the transports UCX finds (CPU "
+        "tensors; CUDA tensors staged through pinned host memory)"};
+#endif
   }
 };
 
 Registry& registry() {
   static Registry instance;
   return instance;
+}
+
+// Backends Loom has but a build may lack, and how to get them.
+const char* missing_build_hint(const std::string& name) {
+  if (name == "nccl") return "configure with -DLOOM_WITH_NCCL=ON with CUDA and NCCL installed";
+  if (name == "ucx") return "install UCX (Debian: libucx-dev) and configure again";
+  return nullptr;
 }
 
 std::string names_of(const std::map<std::string, Entry>& entries) {
@@ -78,6 +94,10 @@ std::unique_ptr<Backend> create_backend(const std::string& name, const BackendCo
     std::lock_guard lock(r.mutex);
     auto it = r.entries.find(name);
     if (it == r.entries.end()) {
+      if (const char* hint = missing_build_hint(name)) {
+        fail("[comm] backend '", name, "' is not in this build: ", hint, "; available: ",
+             names_of(r.entries), ", auto");
+      }
       fail("[comm] unknown backend '", name, "'; available: ", names_of(r.entries), ", auto");
     }
     factory = it->second.factory;
@@ -96,9 +116,12 @@ std::string resolve_auto_backend(bool multi_host, Device device) {
 #endif
   }
   if (multi_host) {
-    fail(
-        "[comm] backend 'auto' for a multi-host job: no inter-host backend is available yet "
-        "(UCX is planned); 'shm' connects processes of one host only");
+#if LOOM_WITH_UCX
+    return "ucx";
+#else
+    fail("[comm] backend 'auto' for a multi-host job: this build has no inter-host backend (",
+         missing_build_hint("ucx"), "); 'shm' connects processes of one host only");
+#endif
   }
   return "shm";
 }

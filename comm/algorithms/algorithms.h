@@ -76,6 +76,21 @@ void rank_ordered_allreduce(Transport& transport, void* data, size_t count, Redu
 void rank_ordered_reduce_scatter(Transport& transport, const void* input, void* output,
                                  size_t count, ReduceType type, ReduceOp op, Deadline deadline);
 
+// data[0, count) on root becomes the rank-ordered reduction of every rank's data
+// (reduce-scatter as above, then every rank sends its reduced chunk to root); other ranks'
+// data is left unchanged. Scratch: size chunks.
+void rank_ordered_reduce(Transport& transport, void* data, size_t count, ReduceType type,
+                         ReduceOp op, int root, Deadline deadline);
+
+// Slice j of this rank's input[size * count] goes to rank j, which stores it as slice `rank`
+// of its output[size * count]; size-1 direct exchanges. input and output must not overlap.
+void pairwise_all_to_all(Transport& transport, const void* input, void* output, size_t count,
+                         ReduceType type, Deadline deadline);
+
+// Returns once every rank has entered it: ceil(log2(size)) rounds of one-byte exchanges with
+// the ranks 1, 2, 4, ... away.
+void dissemination_barrier(Transport& transport, Deadline deadline);
+
 // data[0, count) on every rank becomes root's data, along a binomial tree (log2(size)
 // rounds; each rank receives once).
 void tree_broadcast(Transport& transport, void* data, size_t count, ReduceType type, int root,

@@ -10,6 +10,7 @@
 // (a hierarchical group). Each rank sends (size-1)/size of its data and receives as much, as
 // a ring's reduce-scatter does, but in size-1 direct exchanges rather than around the ring.
 
+#include <algorithm>
 #include <vector>
 
 #include "comm/algorithms/algorithms.h"
@@ -75,6 +76,32 @@ void rank_ordered_allreduce(Transport& transport, void* data, size_t count, Redu
     const int src = (rank - k + size) % size;
     exchange(transport, at(data, chunks.begin(rank), es), chunks.size(rank) * es, dst,
              at(data, chunks.begin(src), es), chunks.size(src) * es, src, deadline);
+  }
+}
+
+void rank_ordered_reduce(Transport& transport, void* data, size_t count, ReduceType type,
+                         ReduceOp op, int root, Deadline deadline) {
+  detail::check_args(transport, count, data, data, "rank_ordered_reduce");
+  detail::check_root(transport, root, "rank_ordered_reduce");
+  (void)detail::reduce_kind(op, type, "rank_ordered_reduce");
+  const int size = transport.size();
+  const int rank = transport.rank();
+  if (count == 0) return;
+  const Chunks chunks(count, size);
+  auto part = [&](int r) { return std::pair<size_t, size_t>{chunks.begin(r), chunks.size(r)}; };
+  const size_t es = kernels::cpu::reduce_type_size(type);
+  // Reduced beside the data: only root's data may change.
+  std::vector<std::byte> reduced(chunks.size(rank) * es);
+  reduce_parts(transport, data, reduced.data(), type, op, part, deadline);
+  if (rank != root) {
+    if (!reduced.empty()) transport.send(reduced.data(), reduced.size(), root, deadline);
+    return;
+  }
+  std::copy(reduced.begin(), reduced.end(), at(data, chunks.begin(rank), es));
+  for (int r = 0; r < size; ++r) {
+    if (r != rank && chunks.size(r) > 0) {
+      transport.recv(at(data, chunks.begin(r), es), chunks.size(r) * es, r, deadline);
+    }
   }
 }
 

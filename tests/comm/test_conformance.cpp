@@ -11,6 +11,7 @@
 #include <thread>
 
 #include "collective_values.h"
+#include "comm/backend_registry.h"
 #include "comm/process_group.h"
 #include "multiprocess.h"
 
@@ -33,6 +34,12 @@ class Conformance : public ::testing::TestWithParam<std::tuple<std::string, int>
  protected:
   std::string backend() const { return std::get<0>(GetParam()); }
   int world() const { return std::get<1>(GetParam()); }
+  void SetUp() override {
+    bool built = false;
+    for (const auto& [name, description] : available_backends())
+      built = built || name == backend();
+    if (!built) GTEST_SKIP() << "this build has no '" << backend() << "' backend";
+  }
   // Runs body on every rank with a fresh group of this backend.
   void on_ranks(const std::function<void(ProcessGroup&)>& body) {
     std::string name = backend();
@@ -342,7 +349,7 @@ TEST_P(Conformance, TrafficCountsCallsAndNcclTestsSizes) {
 }
 
 INSTANTIATE_TEST_SUITE_P(Backends, Conformance,
-                         ::testing::Combine(::testing::Values("shm"),
+                         ::testing::Combine(::testing::Values("shm", "ucx"),
                                             ::testing::Values(1, 2, 3, 4)),
                          param_name);
 

@@ -1,0 +1,332 @@
+#include "comm/ucx/ucx_backend.h"
+
+#include <sched.h>
+#include <ucp/api/ucp.h>
+
+#include <cstring>
+
+#include "comm/algorithms/algorithms.h"
+#include "comm/reduce_op.h"
+
+namespace loom::comm::ucx {
+
+// Note [UCX collectives]
+// The backend is a Transport: send, recv and send_recv are UCX tagged messages whose tag is
+// the sending rank, received with the full tag mask, so each ordered pair of ranks is one
+// ordered stream (UCX matches the messages of one sender and one tag in order). Collectives
+// are the generic algorithms over it: rank-ordered allreduce, reduce and reduce-scatter
+// (Note [Rank-ordered reductions]: the shm backend's bits), ring all-gather, binomial-tree
+// broadcast, pairwise all-to-all, dissemination barrier. Tensor send/recv frame each message
+// with a header (tag and size) as the shm backend does. The group runs one operation at a
+// time, so one thread at a time drives the worker (UCS_THREAD_MODE_SERIALIZED).
+
+namespace {
+
+// Framing of tensor messages (ProcessGroup send/recv): the receiver checks tag and size.
+struct MessageHeader {
+  int64_t tag;
+  uint64_t bytes;
+};
+
+constexpr ucp_tag_t kFullMask = ~ucp_tag_t{0};
+
+ucp_tag_t stream_tag(int sender) {
+  return static_cast<ucp_tag_t>(sender);
+}
+
+std::string text(ucs_status_t status) {
+  return ucs_status_string(status);
+}
+
+}  // namespace
+
+struct UcxBackend::State {
+  ucp_context_h context = nullptr;
+  ucp_worker_h worker = nullptr;
+  std::vector<ucp_ep_h> endpoints;  // by peer rank; null for this rank
+  // The first error each peer's endpoint reported (UCS_OK while none). Written by the error
+  // handler, which UCX calls from ucp_worker_progress on the thread driving the worker.
+  std::vector<ucs_status_t> peer_errors;
+  struct ErrorArg {
+    State* state;
+    int peer;
+  };
+  std::vector<ErrorArg> error_args;  // the handlers' arguments, one per rank
+
+  static void on_endpoint_error(void* arg, ucp_ep_h /*ep*/, ucs_status_t status) {
+    auto* where = static_cast<ErrorArg*>(arg);
+    ucs_status_t& slot = where->state->peer_errors[static_cast<size_t>(where->peer)];
+    if (slot == UCS_OK) slot = status;
+  }
+
+  State() = default;
+  State(const State&) = delete;
+  State& operator=(const State&) = delete;
+  // Closes the endpoints, then the worker and the context: also when the constructor failed
+  // halfway.
+  ~State() {
+    for (size_t r = 0; r < endpoints.size(); ++r)
+      close_endpoint(static_cast<int>(r));
+    if (worker != nullptr) ucp_worker_destroy(worker);
+    if (context != nullptr) ucp_cleanup(context);
+  }
+
+  // Drives the worker until `request` is no longer in progress, at most a second.
+  void settle(void* request) {
+    const Deadline until = Clock::now() + std::chrono::seconds(1);
+    while (ucp_request_check_status(request) == UCS_INPROGRESS && Clock::now() < until)
+      ucp_worker_progress(worker);
+  }
+
+  // Forced close: no handshake with a peer that may be gone; the endpoint's sends still in
+  // flight complete as canceled.
+  void close_endpoint(int peer) {
+    ucp_ep_h& ep = endpoints[static_cast<size_t>(peer)];
+    if (ep == nullptr) return;
+    ucp_request_param_t param{};
+    param.op_attr_mask = UCP_OP_ATTR_FIELD_FLAGS;
+    param.flags = UCP_EP_CLOSE_FLAG_FORCE;
+    ucs_status_ptr_t request = ucp_ep_close_nbx(ep, &param);
+    ep = nullptr;
+    if (UCS_PTR_IS_PTR(request)) {
+      settle(request);
+      ucp_request_free(request);
+    }
+  }
+
+  // After a failure (the group is broken from then on): a receive in flight is canceled; a
+  // send is canceled by closing its endpoint, so that UCX no longer reads the caller's buffer.
+  void abandon_receive(void* request) {
+    if (request == nullptr) return;
+    ucp_request_cancel(worker, request);
+    settle(request);
+    ucp_request_free(request);
+  }
+  void abandon_send(void* request, int peer) {
+    if (request == nullptr) return;
+    close_endpoint(peer);
+    settle(request);
+    ucp_request_free(request);
+  }
+};
+
+UcxBackend::UcxBackend(const BackendContext& context)
+    : rank_(context.rank), size_(context.size), state_(std::make_unique<State>()) {
+  State& s = *state_;
+  const std::string me = "[comm/ucx] rank " + std::to_string(rank_) + ": ";
+  ucp_config_t* config = nullptr;
+  if (ucs_status_t status = ucp_config_read(nullptr, nullptr, &config); status != UCS_OK) {
+    fail(me, "reading the UCX configuration (the UCX_* variables) failed: ", text(status));
+  }
+  ucp_params_t params{};
+  params.field_mask = UCP_PARAM_FIELD_FEATURES;
+  params.features = UCP_FEATURE_TAG;
+  const ucs_status_t initialized = ucp_init(&params, config, &s.context);
+  ucp_config_release(config);
+  if (initialized != UCS_OK) fail(me, "ucp_init failed: ", text(initialized));
+  ucp_worker_params_t worker_params{};
+  worker_params.field_mask = UCP_WORKER_PARAM_FIELD_THREAD_MODE;
+  worker_params.thread_mode = UCS_THREAD_MODE_SERIALIZED;
+  if (ucs_status_t status = ucp_worker_create(s.context, &worker_params, &s.worker);
+      status != UCS_OK) {
+    fail(me, "ucp_worker_create failed: ", text(status));
+  }
+  ucp_address_t* address = nullptr;
+  size_t address_bytes = 0;
+  if (ucs_status_t status = ucp_worker_get_address(s.worker, &address, &address_bytes);
+      status != UCS_OK) {
+    fail(me, "ucp_worker_get_address failed: ", text(status));
+  }
+  const auto* first = reinterpret_cast<const uint8_t*>(address);
+  Bytes mine(first, first + address_bytes);
+  ucp_worker_release_address(s.worker, address);
+  context.store->set("ucx/address/" + std::to_string(rank_), mine);
+
+  s.endpoints.assign(static_cast<size_t>(size_), nullptr);
+  s.peer_errors.assign(static_cast<size_t>(size_), UCS_OK);
+  for (int r = 0; r < size_; ++r)
+    s.error_args.push_back({&s, r});
+  for (int r = 0; r < size_; ++r) {
+    if (r == rank_) continue;
+    const Bytes peer = context.store->get("ucx/address/" + std::to_string(r), context.timeout);
+    ucp_ep_params_t ep_params{};
+    ep_params.field_mask = UCP_EP_PARAM_FIELD_REMOTE_ADDRESS |
+                           UCP_EP_PARAM_FIELD_ERR_HANDLING_MODE | UCP_EP_PARAM_FIELD_ERR_HANDLER;
+    ep_params.address = reinterpret_cast<const ucp_address_t*>(peer.data());
+    ep_params.err_mode = UCP_ERR_HANDLING_MODE_PEER;
+    ep_params.err_handler.cb = &State::on_endpoint_error;
+    ep_params.err_handler.arg = &s.error_args[static_cast<size_t>(r)];
+    if (ucs_status_t status = ucp_ep_create(s.worker, &ep_params, &s.endpoints[r]);
+        status != UCS_OK) {
+      fail(me, "connecting to rank ", r, " (ucp_ep_create) failed: ", text(status));
+    }
+  }
+}
+
+UcxBackend::~UcxBackend() = default;
+
+// Both directions are posted before the worker is driven, so two ranks that send to each
+// other at once never wait on each other, whatever the message sizes.
+void UcxBackend::transfer(const void* send_data, size_t send_bytes, int dst, void* recv_data,
+                          size_t recv_bytes, int src, Deadline deadline) {
+  State& s = *state_;
+  const std::string me = "[comm/ucx] rank " + std::to_string(rank_) + ": ";
+  void* receiving = nullptr;
+  void* sending = nullptr;
+  // Abandons what is in flight, then throws `error`.
+  auto give_up = [&](const CommError& error) {
+    s.abandon_receive(receiving);
+    s.abandon_send(sending, dst);
+    throw error;
+  };
+  auto peer_failed = [&](int peer, ucs_status_t status, const char* what) {
+    give_up(CommError(me + "peer " + std::to_string(peer) + " failed (" + text(status) +
+                          ") while this rank waited for it to " + what,
+                      rank_, peer, CommFailure::PeerDied));
+  };
+  if (recv_bytes > 0) {
+    ucp_request_param_t param{};
+    ucs_status_ptr_t request =
+        ucp_tag_recv_nbx(s.worker, recv_data, recv_bytes, stream_tag(src), kFullMask, &param);
+    if (UCS_PTR_IS_ERR(request)) peer_failed(src, UCS_PTR_STATUS(request), "send its message");
+    receiving = request;
+  }
+  if (send_bytes > 0) {
+    if (s.endpoints[static_cast<size_t>(dst)] == nullptr) {
+      give_up(CommError(me + "the connection to rank " + std::to_string(dst) +
+                            " was closed after an earlier failure; create a new group",
+                        rank_, dst));
+    }
+    ucp_request_param_t param{};
+    ucs_status_ptr_t request =
+        ucp_tag_send_nbx(s.endpoints[static_cast<size_t>(dst)], send_data, send_bytes,
+                         stream_tag(rank_), &param);
+    if (UCS_PTR_IS_ERR(request)) {
+      peer_failed(dst, UCS_PTR_STATUS(request), "receive this rank's message");
+    }
+    sending = request;  // null: sent already
+  }
+  const Clock::time_point start = Clock::now();
+  uint32_t spins = 0;
+  while (receiving != nullptr || sending != nullptr) {
+    ucp_worker_progress(s.worker);
+    if (sending != nullptr) {
+      const ucs_status_t status = ucp_request_check_status(sending);
+      if (status != UCS_INPROGRESS) {
+        ucp_request_free(sending);
+        sending = nullptr;
+        if (status != UCS_OK) peer_failed(dst, status, "receive this rank's message");
+      }
+    }
+    if (receiving != nullptr) {
+      ucp_tag_recv_info_t info{};
+      const ucs_status_t status = ucp_tag_recv_request_test(receiving, &info);
+      if (status != UCS_INPROGRESS) {
+        ucp_request_free(receiving);
+        receiving = nullptr;
+        if (status == UCS_ERR_MESSAGE_TRUNCATED || (status == UCS_OK && info.length != recv_bytes)) {
+          give_up(CommError(me + "rank " + std::to_string(src) + " sent a message of " +
+                                (status == UCS_OK ? std::to_string(info.length) : "more") +
+                                " bytes where " + std::to_string(recv_bytes) +
+                                " were expected: the ranks run different collectives or sizes",
+                            rank_, src, CommFailure::Mismatch));
+        }
+        if (status != UCS_OK) peer_failed(src, status, "send its message");
+      }
+    }
+    if (++spins % 256 != 0) continue;
+    // Now and then: a peer's endpoint error, the deadline, and the core for others.
+    if (receiving != nullptr && s.peer_errors[static_cast<size_t>(src)] != UCS_OK) {
+      peer_failed(src, s.peer_errors[static_cast<size_t>(src)], "send its message");
+    }
+    if (sending != nullptr && s.peer_errors[static_cast<size_t>(dst)] != UCS_OK) {
+      peer_failed(dst, s.peer_errors[static_cast<size_t>(dst)], "receive this rank's message");
+    }
+    const Clock::time_point now = Clock::now();
+    if (now >= deadline) {
+      const int late = receiving != nullptr ? src : dst;
+      give_up(CommError(me + "peer " + std::to_string(late) + " did not " +
+                            (receiving != nullptr ? "send its message" : "receive this rank's message") +
+                            " before the deadline",
+                        rank_, late, CommFailure::Timeout));
+    }
+    if (now - start > std::chrono::milliseconds(2)) sched_yield();
+  }
+}
+
+void UcxBackend::send(const void* data, size_t bytes, int dst, Deadline deadline) {
+  transfer(data, bytes, dst, nullptr, 0, dst, deadline);
+}
+
+void UcxBackend::recv(void* data, size_t bytes, int src, Deadline deadline) {
+  transfer(nullptr, 0, src, data, bytes, src, deadline);
+}
+
+void UcxBackend::send_recv(const void* send_data, size_t send_bytes, int dst, void* recv_data,
+                           size_t recv_bytes, int src, Deadline deadline) {
+  transfer(send_data, send_bytes, dst, recv_data, recv_bytes, src, deadline);
+}
+
+void UcxBackend::allreduce(const Tensor& input, Tensor& output, ReduceOp op, Deadline deadline) {
+  if (output.raw_data() != input.raw_data() && input.nbytes() > 0) {
+    std::memcpy(output.raw_data(), input.raw_data(), input.nbytes());
+  }
+  algorithms::rank_ordered_allreduce(*this, output.raw_data(),
+                                     static_cast<size_t>(output.numel()),
+                                     reduce_type_of(output.dtype()), op, deadline);
+}
+
+void UcxBackend::broadcast(Tensor& tensor, int root, Deadline deadline) {
+  algorithms::tree_broadcast(*this, tensor.raw_data(), static_cast<size_t>(tensor.numel()),
+                             reduce_type_of(tensor.dtype()), root, deadline);
+}
+
+void UcxBackend::reduce(Tensor& tensor, int root, ReduceOp op, Deadline deadline) {
+  algorithms::rank_ordered_reduce(*this, tensor.raw_data(), static_cast<size_t>(tensor.numel()),
+                                  reduce_type_of(tensor.dtype()), op, root, deadline);
+}
+
+void UcxBackend::all_gather(Tensor& output, const Tensor& input, Deadline deadline) {
+  algorithms::ring_all_gather(*this, input.raw_data(), output.raw_data(),
+                              static_cast<size_t>(input.numel()), reduce_type_of(input.dtype()),
+                              deadline);
+}
+
+void UcxBackend::reduce_scatter(Tensor& output, const Tensor& input, ReduceOp op,
+                                Deadline deadline) {
+  algorithms::rank_ordered_reduce_scatter(*this, input.raw_data(), output.raw_data(),
+                                          static_cast<size_t>(output.numel()),
+                                          reduce_type_of(input.dtype()), op, deadline);
+}
+
+void UcxBackend::all_to_all(Tensor& output, const Tensor& input, Deadline deadline) {
+  algorithms::pairwise_all_to_all(*this, input.raw_data(), output.raw_data(),
+                                  static_cast<size_t>(input.numel()) / static_cast<size_t>(size_),
+                                  reduce_type_of(input.dtype()), deadline);
+}
+
+void UcxBackend::barrier(Deadline deadline) {
+  algorithms::dissemination_barrier(*this, deadline);
+}
+
+void UcxBackend::send(const Tensor& tensor, int dst, int tag, Deadline deadline) {
+  const MessageHeader header{tag, tensor.nbytes()};
+  send(&header, sizeof header, dst, deadline);
+  if (tensor.nbytes() > 0) send(tensor.raw_data(), tensor.nbytes(), dst, deadline);
+}
+
+void UcxBackend::recv(Tensor& tensor, int src, int tag, Deadline deadline) {
+  MessageHeader header{};
+  recv(&header, sizeof header, src, deadline);
+  if (header.tag != tag || header.bytes != tensor.nbytes()) {
+    throw CommError("[comm/ucx] rank " + std::to_string(rank_) + ": recv from rank " +
+                        std::to_string(src) + " expected tag " + std::to_string(tag) + " and " +
+                        std::to_string(tensor.nbytes()) + " bytes, but the next message has tag " +
+                        std::to_string(header.tag) + " and " + std::to_string(header.bytes) +
+                        " bytes (sends and recvs between two ranks must match in order)",
+                    rank_, src);
+  }
+  if (tensor.nbytes() > 0) recv(tensor.raw_data(), tensor.nbytes(), src, deadline);
+}
+
+}  // namespace loom::comm::ucx
