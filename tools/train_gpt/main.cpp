@@ -545,8 +545,13 @@ int run(int argc, char** argv) {
         : data_path.empty() ? "the built-in corpus"
                             : data_path.c_str());
   if (chief && strategy->world_size() > 1) {
-    std::printf("train_gpt: strategy %s over %d ranks (batch %lld per rank)\n",
-                strategy->name().c_str(), strategy->world_size(), static_cast<long long>(o.batch));
+    const auto* parallel = dynamic_cast<const strategies::ParallelStrategy*>(strategy.get());
+    const std::string backend = parallel != nullptr && parallel->process_group()
+                                    ? ", backend " + parallel->process_group()->backend_name()
+                                    : "";
+    std::printf("train_gpt: strategy %s over %d ranks (batch %lld per rank)%s\n",
+                strategy->name().c_str(), strategy->world_size(), static_cast<long long>(o.batch),
+                backend.c_str());
   }
   if (chief) std::printf("train_gpt: intra-op threads per rank: %d\n", threads);
 
