@@ -266,8 +266,15 @@ int run(int argc, char** argv) {
                  "the CPU; 16-mixed adds a dynamic loss scaler)")
       ->capture_default_str();
   app.add_option("--process-group-backend", strategy_options.process_group_backend,
-                 "auto, shm or nccl (auto: nccl for GPUs that each rank owns, else shm; shm "
-                 "also serves loomrun's --nnodes when every node is this machine)")
+                 "auto, shm, ucx or nccl (auto: nccl for GPUs that each rank owns, ucx when the "
+                 "job spans hosts, else shm; shm also serves loomrun's --nnodes when every node "
+                 "is this machine)")
+      ->capture_default_str();
+  double timeout_s = std::chrono::duration<double>(strategy_options.timeout).count();
+  app.add_option("--timeout", timeout_s,
+                 "seconds a collective may wait for a peer before every rank stops with an "
+                 "error naming it (PyTorch's init_process_group timeout)")
+      ->check(CLI::Range(0.001, 86400.0))
       ->capture_default_str();
   int threads = 0;
   app.add_option("--threads", threads,
@@ -401,6 +408,8 @@ int run(int argc, char** argv) {
       ->capture_default_str();
   CLI11_PARSE(app, argc, argv);
   refuse_empty_values(app);
+  strategy_options.timeout =
+      comm::Duration(std::max<int64_t>(1, std::llround(timeout_s * 1000)));
   check_output_path("--save", save_path);
   check_output_path("--metrics", metrics_path);
   check_output_path("--trace", trace_path);

@@ -1,0 +1,67 @@
+#!/usr/bin/env bash
+# Faults across hosts (scripts/netns_hosts.sh): train_gpt --strategy ddp over 2 hosts x 1
+# rank through loomrun --nnodes 2 and the ucx backend, then
+#   1. the link of host 1 is cut mid-training: both ranks stop with a CommError naming the
+#      other within the collective timeout (--timeout 3), and both loomruns exit non-zero;
+#   2. host 1 is killed (its loomrun and rank, SIGKILL): the rank on host 0 stops naming
+#      rank 1, and host 0's loomrun exits non-zero.
+# Nothing of the job is left in /dev/shm afterwards.
+#   faults.sh SOURCE_DIR LOOMRUN TRAIN_GPT      (exit 77: namespaces refused, skip)
+set -euo pipefail
+S=$1; LOOMRUN=$2; TRAIN_GPT=$3
+prefix="lf$(($$ % 100000))"
+d=$(mktemp -d)
+cleanup() {  # the nodes' sessions first: removing a namespace does not stop its processes
+  for f in "$d"/*.pid; do
+    [ -f "$f" ] && kill -9 -- "-$(cat "$f")" 2> /dev/null || true
+  done
+  bash "$S/scripts/netns_hosts.sh" down "$prefix"
+  rm -rf "$d"
+}
+trap cleanup EXIT
+bash "$S/scripts/netns_hosts.sh" up "$prefix" 2  # exits 77 where the kernel refuses
+LOOM_STORE_SECRET=$(od -An -tx1 -N32 /dev/urandom | tr -d ' \n')
+export LOOM_STORE_SECRET
+before=$(ls /dev/shm | grep -c '^loom-' || true)
+
+start_nodes() {  # scenario: each node's loomrun in a session of its own (killable as a host)
+  for node in 0 1; do
+    ip netns exec "$prefix-h$node" env UCX_TLS=tcp setsid timeout 120 "$LOOMRUN" --nnodes 2 \
+      --node-rank "$node" --nproc-per-node 1 --master-addr 10.77.0.1 --master-port 29500 \
+      "$TRAIN_GPT" --strategy ddp --layers 1 --heads 2 --embd 16 --ctx 16 --batch 2 \
+      --steps 1000000 --log-interval 100 --timeout 3 > "$d/$1.node$node.log" 2>&1 &
+    echo $! > "$d/$1.node$node.pid"
+  done
+  for _ in $(seq 200); do  # training is under way once rank 0 logged a step
+    grep -q "step 101/" "$d/$1.node0.log" 2>/dev/null && return 0
+    sleep 0.1
+  done
+  echo "$1: training did not start"; cat "$d/$1".node*.log; exit 1
+}
+
+# Waits for node's loomrun; expects a failure within `limit` seconds whose log names `peer`.
+expect_failure() {  # scenario node peer limit
+  local pid status=0 started=$SECONDS
+  pid=$(cat "$d/$1.node$2.pid")
+  wait "$pid" || status=$?
+  [ "$status" -ne 0 ] || { echo "$1: node $2's loomrun exited 0"; cat "$d/$1.node$2.log"; exit 1; }
+  [ $((SECONDS - started)) -le "$4" ] || { echo "$1: node $2 took too long"; exit 1; }
+  grep -m1 "\[comm/ucx\] rank $2: peer $3 " "$d/$1.node$2.log" ||
+    { echo "$1: node $2's log does not name peer $3"; cat "$d/$1.node$2.log"; exit 1; }
+  echo "$1: node $2's loomrun exited $status naming rank $3"
+}
+
+start_nodes cut
+ip -n "$prefix-sw" link set v1 down
+expect_failure cut 0 1 20
+expect_failure cut 1 0 20
+ip -n "$prefix-sw" link set v1 up
+
+start_nodes kill
+kill -9 -- "-$(cat "$d/kill.node1.pid")"
+expect_failure kill 0 1 20
+wait 2>/dev/null || true
+
+after=$(ls /dev/shm | grep -c '^loom-' || true)
+[ "$after" -le "$before" ] || { echo "left in /dev/shm:"; ls /dev/shm | grep '^loom-'; exit 1; }
+echo "a cut link and a killed host are named by the survivors within the timeout"
