@@ -10,6 +10,7 @@
 #include "comm/nccl/nccl_backend.h"
 #endif
 #if LOOM_WITH_UCX
+#include "comm/hierarchical/hierarchical_backend.h"
 #include "comm/ucx/ucx_backend.h"
 #endif
 
@@ -39,6 +40,12 @@ struct Registry {
         [](const BackendContext& c) { return std::make_unique<ucx::UcxBackend>(c); },
         "UCX tagged messages: processes on any hosts, over the transports UCX finds (CPU "
         "tensors; CUDA tensors staged through pinned host memory)"};
+    entries["hierarchical"] = {
+        [](const BackendContext& c) {
+          return std::make_unique<hierarchical::HierarchicalBackend>(c);
+        },
+        "shm within each host and ucx between hosts: allreduce, reduce-scatter and "
+        "all-gather in two levels (CPU tensors; CUDA tensors staged)"};
 #endif
   }
 };
@@ -51,7 +58,9 @@ Registry& registry() {
 // Backends Loom has but a build may lack, and how to get them.
 const char* missing_build_hint(const std::string& name) {
   if (name == "nccl") return "configure with -DLOOM_WITH_NCCL=ON with CUDA and NCCL installed";
-  if (name == "ucx") return "install UCX (Debian: libucx-dev) and configure again";
+  if (name == "ucx" || name == "hierarchical") {
+    return "install UCX (Debian: libucx-dev) and configure again";
+  }
   return nullptr;
 }
 
@@ -117,7 +126,7 @@ std::string resolve_auto_backend(bool multi_host, Device device) {
   }
   if (multi_host) {
 #if LOOM_WITH_UCX
-    return "ucx";
+    return "hierarchical";
 #else
     fail("[comm] backend 'auto' for a multi-host job: this build has no inter-host backend (",
          missing_build_hint("ucx"), "); 'shm' connects processes of one host only");

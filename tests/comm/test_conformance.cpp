@@ -40,10 +40,13 @@ class Conformance : public ::testing::TestWithParam<std::tuple<std::string, int>
       built = built || name == backend();
     if (!built) GTEST_SKIP() << "this build has no '" << backend() << "' backend";
   }
-  // Runs body on every rank with a fresh group of this backend.
+  // Runs body on every rank with a fresh group of this backend. The hierarchical backend
+  // sees hosts of 2 ranks (LOOM_HOST_ID = rank / 2): one host at world 2 (shm alone), hosts
+  // of 2 and 1 ranks at world 3 (the flat path), 2 x 2 at world 4 (two levels).
   void on_ranks(const std::function<void(ProcessGroup&)>& body) {
     std::string name = backend();
     expect_all_ok(run_ranks(world(), [&](int rank, int size, std::shared_ptr<Store> store) {
+      if (name == "hierarchical") setenv("LOOM_HOST_ID", std::to_string(rank / 2).c_str(), 1);
       ProcessGroup pg(rank, size, store, {.backend = name, .timeout = std::chrono::seconds(30)});
       body(pg);
     }));
@@ -349,7 +352,7 @@ TEST_P(Conformance, TrafficCountsCallsAndNcclTestsSizes) {
 }
 
 INSTANTIATE_TEST_SUITE_P(Backends, Conformance,
-                         ::testing::Combine(::testing::Values("shm", "ucx"),
+                         ::testing::Combine(::testing::Values("shm", "ucx", "hierarchical"),
                                             ::testing::Values(1, 2, 3, 4)),
                          param_name);
 

@@ -1,0 +1,188 @@
+#include "comm/hierarchical/hierarchical_backend.h"
+
+#include <limits.h>
+#include <unistd.h>
+
+#include <cstdlib>
+#include <cstring>
+#include <filesystem>
+#include <map>
+#include <vector>
+
+#include "comm/reduce_op.h"
+#include "comm/shm/shm_backend.h"
+#include "comm/store/store.h"
+#include "comm/ucx/ucx_backend.h"
+
+namespace loom::comm::hierarchical {
+
+// Note [Hierarchical collectives]
+// With H hosts of L ranks each, numbered host by host (rank = host * L + local), the three
+// levels of an allreduce of n elements are:
+//   1. intra-host reduce-scatter (shm): the data, padded to L * ceil(n / L), is split into
+//      L shards; local rank l gets its host's sum of shard l;
+//   2. inter-host allreduce (ucx) of shard l among the H ranks of local rank l: only
+//      1/L of the data crosses hosts from each rank, and every inter-host link is busy;
+//   3. intra-host all-gather (shm) of the shards.
+// Avg reduces as Sum and scales the shard once after step 2, so every rank gets the same
+// bits. reduce-scatter arranges the input so that local rank l's intra-host share holds the
+// slices of the ranks with local index l on every host; after the intra-host reduce-scatter
+// an inter-host reduce-scatter leaves each rank its own slice. all-gather runs the same two
+// steps the other way round.
+
+namespace {
+
+// This process's host: LOOM_HOST_ID, else the host name and the network namespace.
+std::string host_key() {
+  if (const char* id = std::getenv("LOOM_HOST_ID"); id != nullptr && *id != '\0') {
+    return std::string("id:") + id;
+  }
+  char name[HOST_NAME_MAX + 1] = {};
+  gethostname(name, sizeof name - 1);
+  std::error_code ignored;
+  const std::string net = std::filesystem::read_symlink("/proc/self/ns/net", ignored).string();
+  return std::string(name) + "/" + net;
+}
+
+BackendContext sub_context(const BackendContext& whole, const std::string& part, int rank,
+                           int size) {
+  return {.rank = rank,
+          .size = size,
+          .store = std::make_shared<PrefixStore>("hierarchical/" + part, whole.store),
+          .timeout = whole.timeout,
+          .group_name = whole.group_name + "." + part,
+          .device = whole.device};
+}
+
+Tensor like(const Tensor& t, int64_t n) {
+  return Tensor::empty({n}, t.dtype());
+}
+
+char* bytes_of(Tensor& t) {
+  return static_cast<char*>(t.raw_data());
+}
+const char* bytes_of(const Tensor& t) {
+  return static_cast<const char*>(t.raw_data());
+}
+
+}  // namespace
+
+HierarchicalBackend::HierarchicalBackend(const BackendContext& context)
+    : rank_(context.rank), size_(context.size) {
+  Store& store = *context.store;
+  store.set("hierarchical/host/" + std::to_string(rank_), to_bytes(host_key()));
+  std::map<std::string, int> host_of_key;
+  std::vector<int> host(static_cast<size_t>(size_));
+  std::vector<int> count;
+  for (int r = 0; r < size_; ++r) {
+    const std::string key =
+        to_string(store.get("hierarchical/host/" + std::to_string(r), context.timeout));
+    auto [it, added] = host_of_key.emplace(key, static_cast<int>(host_of_key.size()));
+    if (added) count.push_back(0);
+    host[static_cast<size_t>(r)] = it->second;
+    ++count[static_cast<size_t>(it->second)];
+  }
+  hosts_ = static_cast<int>(count.size());
+  local_size_ = count[static_cast<size_t>(host[static_cast<size_t>(rank_)])];
+  if (hosts_ == 1) {  // one host: shared memory serves everything
+    flat_ = std::make_unique<shm::ShmBackend>(sub_context(context, "flat", rank_, size_));
+    return;
+  }
+  bool layered = local_size_ > 1;
+  for (int r = 0; r < size_ && layered; ++r) {
+    layered = count[static_cast<size_t>(host[static_cast<size_t>(r)])] == local_size_ &&
+              host[static_cast<size_t>(r)] == r / local_size_;
+  }
+  if (layered) {
+    const int my_host = rank_ / local_size_, local = rank_ % local_size_;
+    intra_ = std::make_unique<shm::ShmBackend>(
+        sub_context(context, "intra" + std::to_string(my_host), local, local_size_));
+    inter_ = std::make_unique<ucx::UcxBackend>(
+        sub_context(context, "inter" + std::to_string(local), my_host, hosts_));
+  }
+  flat_ = std::make_unique<ucx::UcxBackend>(sub_context(context, "flat", rank_, size_));
+}
+
+HierarchicalBackend::~HierarchicalBackend() = default;
+
+void HierarchicalBackend::allreduce(const Tensor& input, Tensor& output, ReduceOp op,
+                                    Deadline deadline) {
+  const int64_t n = input.numel();
+  if (!two_levels() || n == 0) return flat_->allreduce(input, output, op, deadline);
+  const int64_t shard_count = (n + local_size_ - 1) / local_size_;
+  const size_t es = dtype_size(input.dtype());
+  Tensor padded = like(input, shard_count * local_size_);
+  std::memcpy(padded.raw_data(), input.raw_data(), input.nbytes());
+  std::memset(bytes_of(padded) + input.nbytes(), 0, padded.nbytes() - input.nbytes());
+  Tensor shard = like(input, shard_count);
+  const ReduceOp level = op == ReduceOp::Avg ? ReduceOp::Sum : op;
+  intra_->reduce_scatter(shard, padded, level, deadline);
+  inter_->allreduce(shard, shard, level, deadline);
+  if (op == ReduceOp::Avg) {
+    kernels::cpu::scale_inplace(reduce_type_of(input.dtype()), shard.raw_data(),
+                                static_cast<size_t>(shard_count), 1.0 / size_);
+  }
+  intra_->all_gather(padded, shard, deadline);
+  std::memcpy(output.raw_data(), padded.raw_data(), static_cast<size_t>(n) * es);
+}
+
+void HierarchicalBackend::reduce_scatter(Tensor& output, const Tensor& input, ReduceOp op,
+                                         Deadline deadline) {
+  const int64_t c = output.numel();
+  if (!two_levels() || c == 0) return flat_->reduce_scatter(output, input, op, deadline);
+  const size_t slice = output.nbytes();
+  // Local rank l's share: the slices of ranks h * L + l, host by host.
+  Tensor arranged = like(input, input.numel());
+  for (int l = 0; l < local_size_; ++l)
+    for (int h = 0; h < hosts_; ++h)
+      std::memcpy(bytes_of(arranged) + static_cast<size_t>(l * hosts_ + h) * slice,
+                  bytes_of(input) + static_cast<size_t>(h * local_size_ + l) * slice, slice);
+  Tensor mine = like(input, c * hosts_);
+  const ReduceOp level = op == ReduceOp::Avg ? ReduceOp::Sum : op;
+  intra_->reduce_scatter(mine, arranged, level, deadline);
+  inter_->reduce_scatter(output, mine, level, deadline);
+  if (op == ReduceOp::Avg) {
+    kernels::cpu::scale_inplace(reduce_type_of(output.dtype()), output.raw_data(),
+                                static_cast<size_t>(c), 1.0 / size_);
+  }
+}
+
+void HierarchicalBackend::all_gather(Tensor& output, const Tensor& input, Deadline deadline) {
+  const int64_t c = input.numel();
+  if (!two_levels() || c == 0) return flat_->all_gather(output, input, deadline);
+  const size_t slice = input.nbytes();
+  Tensor mine = like(input, c * hosts_);  // host h's rank of this local index, host by host
+  inter_->all_gather(mine, input, deadline);
+  Tensor arranged = like(input, c * hosts_ * local_size_);
+  intra_->all_gather(arranged, mine, deadline);
+  for (int l = 0; l < local_size_; ++l)
+    for (int h = 0; h < hosts_; ++h)
+      std::memcpy(bytes_of(output) + static_cast<size_t>(h * local_size_ + l) * slice,
+                  bytes_of(arranged) + static_cast<size_t>(l * hosts_ + h) * slice, slice);
+}
+
+void HierarchicalBackend::broadcast(Tensor& tensor, int root, Deadline deadline) {
+  flat_->broadcast(tensor, root, deadline);
+}
+
+void HierarchicalBackend::reduce(Tensor& tensor, int root, ReduceOp op, Deadline deadline) {
+  flat_->reduce(tensor, root, op, deadline);
+}
+
+void HierarchicalBackend::all_to_all(Tensor& output, const Tensor& input, Deadline deadline) {
+  flat_->all_to_all(output, input, deadline);
+}
+
+void HierarchicalBackend::send(const Tensor& tensor, int dst, int tag, Deadline deadline) {
+  flat_->send(tensor, dst, tag, deadline);
+}
+
+void HierarchicalBackend::recv(Tensor& tensor, int src, int tag, Deadline deadline) {
+  flat_->recv(tensor, src, tag, deadline);
+}
+
+void HierarchicalBackend::barrier(Deadline deadline) {
+  flat_->barrier(deadline);
+}
+
+}  // namespace loom::comm::hierarchical
