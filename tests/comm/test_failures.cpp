@@ -175,10 +175,14 @@ TEST(Backends, UserBackendIsSelectableByName) {
     create_backend("countin", {});
     FAIL();
   } catch (const Error& e) {
-    // The list is sorted; "nccl" sits between the two in builds with NCCL.
-    const std::string listed = LOOM_WITH_NCCL ? "available: counting, nccl, shm"
-                                              : "available: counting, shm";
+    // Every registered name, sorted (nccl, ucx and hierarchical depend on the build).
+    std::string listed = "available: ";
+    for (const auto& [name, description] : available_backends())
+      listed += name + ", ";
+    listed += "auto";
     EXPECT_NE(std::string(e.what()).find(listed), std::string::npos) << e.what();
+    EXPECT_NE(listed.find("counting, "), std::string::npos);
+    EXPECT_NE(listed.find("shm, "), std::string::npos);
   }
   EXPECT_TRUE(remove_backend("counting"));
 }

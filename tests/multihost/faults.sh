@@ -5,7 +5,7 @@
 #      other within the collective timeout (--timeout 3), and both loomruns exit non-zero;
 #   2. host 1 is killed (its loomrun and rank, SIGKILL): the rank on host 0 stops naming
 #      rank 1, and host 0's loomrun exits non-zero.
-# Nothing of the job is left in /dev/shm afterwards.
+# (One rank per host: the ranks use no shared memory, so there is no segment to leave.)
 #   faults.sh SOURCE_DIR LOOMRUN TRAIN_GPT      (exit 77: namespaces refused, skip)
 set -euo pipefail
 S=$1; LOOMRUN=$2; TRAIN_GPT=$3
@@ -22,7 +22,6 @@ trap cleanup EXIT
 bash "$S/scripts/netns_hosts.sh" up "$prefix" 2  # exits 77 where the kernel refuses
 LOOM_STORE_SECRET=$(od -An -tx1 -N32 /dev/urandom | tr -d ' \n')
 export LOOM_STORE_SECRET
-before=$(ls /dev/shm | grep -c '^loom-' || true)
 
 start_nodes() {  # scenario: each node's loomrun in a session of its own (killable as a host)
   for node in 0 1; do
@@ -62,6 +61,4 @@ kill -9 -- "-$(cat "$d/kill.node1.pid")"
 expect_failure kill 0 1 20
 wait 2>/dev/null || true
 
-after=$(ls /dev/shm | grep -c '^loom-' || true)
-[ "$after" -le "$before" ] || { echo "left in /dev/shm:"; ls /dev/shm | grep '^loom-'; exit 1; }
 echo "a cut link and a killed host are named by the survivors within the timeout"
