@@ -7,7 +7,10 @@
 #     reductions]) the saved model is the same bytes;
 #   - with 'auto', which picks the hierarchical backend for a group that spans hosts (shm
 #     within each host, ucx between them), every step's loss is within 2e-4 (the sums are
-#     associated by host: docs/performance_comm.md, "Hierarchical groups").
+#     associated by host: docs/multihost.md, "hierarchical");
+#   - started by Open MPI's mpirun instead (from host 0, its remote agent scripts/netns_rsh.sh
+#     entering host 1's namespace; Loom reads the OMPI_* variables, rank 0 serves the store
+#     at MASTER_ADDR), over ucx: the same bytes again. Skipped where mpirun is missing.
 #   ddp_two_hosts.sh SOURCE_DIR LOOMRUN TRAIN_GPT      (exit 77: namespaces refused, skip)
 set -euo pipefail
 S=$1; LOOMRUN=$2; TRAIN_GPT=$3
@@ -56,3 +59,17 @@ print(f"hierarchical: losses {layered}, largest difference from one host {worst:
 assert worst <= 2e-4, f"hierarchical losses differ by {worst} (more than 2e-4)"
 PY
 echo "2 hosts x 2 ranks over the hierarchical backend: losses within 2e-4 of one host"
+
+if ! command -v mpirun > /dev/null; then
+  echo "mpirun: not installed (Debian: openmpi-bin), not tried"
+  exit 0
+fi
+ip netns exec "$prefix-h0" env NETNS_PREFIX="$prefix" timeout 120 mpirun --allow-run-as-root \
+  --mca plm_rsh_agent "$S/scripts/netns_rsh.sh" --mca oob_tcp_if_include eth0 \
+  --host 10.77.0.1:2,10.77.0.2:2 -np 4 -x MASTER_ADDR=10.77.0.1 -x MASTER_PORT=29500 \
+  -x LOOM_STORE_SECRET -x UCX_TLS=tcp "$TRAIN_GPT" "${cfg[@]}" --process-group-backend ucx \
+  --save "$d/mpirun.safetensors" > "$d/mpirun.log" 2>&1 || { cat "$d/mpirun.log"; exit 1; }
+grep -q "strategy ddp over 4 ranks (batch 2 per rank), backend ucx" "$d/mpirun.log" ||
+  { cat "$d/mpirun.log"; exit 1; }
+cmp "$d/mpirun.safetensors" "$d/one.safetensors"
+echo "2 hosts x 2 ranks started by mpirun: the same bytes again"
