@@ -26,9 +26,20 @@ std::unique_ptr<TCPStoreServer>& own_server() {
 // MASTER_PORT for its own). Only 1..65535 is a port here: every rank must know it in advance,
 // so 0 ("any free port") cannot work, and a value cast to 16 bits would point the ranks at
 // some other port, where they would wait for a store until the timeout.
+// Under torchrun (TORCHELASTIC_RUN_ID is set), whose own store holds MASTER_PORT, the default
+// is MASTER_PORT + 1 instead: every rank computes the same port, and torchrun users need no
+// Loom-specific setting beyond the store secret.
 uint16_t store_port(const ClusterEnv& env) {
   const char* text = std::getenv("LOOM_STORE_PORT");
-  if (text == nullptr || *text == '\0') return static_cast<uint16_t>(env.master_port);
+  if (text == nullptr || *text == '\0') {
+    const char* torchrun = std::getenv("TORCHELASTIC_RUN_ID");
+    if (torchrun == nullptr || *torchrun == '\0') return static_cast<uint16_t>(env.master_port);
+    if (env.master_port >= 65535) {
+      fail("[comm] init: under torchrun Loom's store takes MASTER_PORT + 1, but MASTER_PORT is ",
+           env.master_port, "; set LOOM_STORE_PORT to a free port (the same on every rank)");
+    }
+    return static_cast<uint16_t>(env.master_port + 1);
+  }
   const char* end = text + std::strlen(text);
   int port = 0;
   const auto [stop, ec] = std::from_chars(text, end, port);
@@ -47,7 +58,8 @@ std::shared_ptr<Store> rendezvous_store(const ClusterEnv& env, int rank, int siz
   if (secret.empty()) {
     fail("[comm] init: ", size,
          " ranks need a shared store secret: run under loomrun, or "
-         "export the same LOOM_STORE_SECRET (e.g. from `openssl rand -hex 32`) to every rank");
+         "export the same LOOM_STORE_SECRET (e.g. from `openssl rand -hex 32`) to every rank "
+         "(under torchrun, mpirun or srun: export it before starting them)");
   }
   const char* served = std::getenv("LOOM_STORE_SERVED_BY_LAUNCHER");
   bool launcher_serves = served != nullptr && std::string(served) == "1";
