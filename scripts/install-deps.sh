@@ -6,7 +6,7 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 
 packages=(g++ cmake ninja-build pkg-config libeigen3-dev nlohmann-json3-dev libcli11-dev libgtest-dev
-          libdnnl-dev libssl-dev libucx-dev openmpi-bin libbenchmark-dev libhwloc-dev liburing-dev libxxhash-dev python3 python3-venv
+          libdnnl-dev libssl-dev libucx-dev openmpi-bin slurm-wlm munge libbenchmark-dev libhwloc-dev liburing-dev libxxhash-dev python3 python3-venv
           clang libclang-rt-14-dev libomp-14-dev)  # clang 14, libFuzzer and clang's OpenMP: scripts/fuzz.sh
 missing=()
 for p in "${packages[@]}"; do
