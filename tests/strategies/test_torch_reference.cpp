@@ -15,6 +15,7 @@
 #include <fstream>
 #include <nlohmann/json.hpp>
 
+#include "comm/backend_registry.h"
 #include "multiprocess.h"
 #include "nn/gpt.h"
 #include "nn/gpt_io.h"
@@ -143,6 +144,35 @@ TEST(TorchReference, TwoRankShardedStrategiesMatchPyTorchAtTwiceTheBatch) {
                                                comm::GroupOptions{.timeout = 60s}, name));
       strategy->setup_environment();
       expect_matches(ref, train(ref, strategy.get()), name + " on 2 ranks, 8 rows each");
+    }
+  }, 300s));
+}
+
+// DDP and FSDP's HYBRID_SHARD (a shard group per host) over 2 hosts x 2 ranks (hosts
+// simulated with LOOM_HOST_ID; the hierarchical backend: shm within a host, ucx between
+// hosts), 4 rows each: PyTorch's losses at 4x the batch. Skipped in a build without UCX.
+TEST(TorchReference, DdpOverTwoHostsMatchesPyTorchAtFourTimesTheBatch) {
+  bool built = false;
+  for (const auto& [name, description] : comm::available_backends())
+    built = built || name == "hierarchical";
+  if (!built) GTEST_SKIP() << "this build has no hierarchical backend (it needs UCX)";
+  const Reference ref = read_reference();
+  expect_all_ok(run_ranks(4, [&](int rank, int size, std::shared_ptr<comm::Store> store) {
+    setenv("LOOM_HOST_ID", std::to_string(rank / 2).c_str(), 1);
+    StrategyOptions hybrid;
+    hybrid.fsdp_sharding_strategy = "HYBRID_SHARD";
+    hybrid.sharding.shard_group_size = 2;  // a host
+    for (const auto& [name, options] :
+         {std::pair<std::string, StrategyOptions>{"ddp", {}}, {"fsdp", hybrid}}) {
+      auto strategy = StrategyRegistry::get(name, options);
+      dynamic_cast<ParallelStrategy&>(*strategy).set_process_group(
+          std::make_shared<comm::ProcessGroup>(
+              rank, size, store, comm::GroupOptions{.backend = "hierarchical", .timeout = 60s},
+              "hosts-" + name));
+      strategy->setup_environment();
+      expect_matches(ref, train(ref, strategy.get()),
+                     name + " on 2 hosts x 2 ranks, 4 rows each" +
+                         (name == "fsdp" ? " (HYBRID_SHARD)" : ""));
     }
   }, 300s));
 }
