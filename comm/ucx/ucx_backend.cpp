@@ -2,7 +2,9 @@
 
 #include <sched.h>
 #include <ucp/api/ucp.h>
+#include <unistd.h>
 
+#include <cstdlib>
 #include <cstring>
 
 #include "comm/algorithms/algorithms.h"
@@ -38,6 +40,15 @@ std::string text(ucs_status_t status) {
   return ucs_status_string(status);
 }
 
+// How messages name a rank's host: LOOM_HOST_ID when set (the hierarchical backend's host
+// key), else the host name.
+std::string host_label() {
+  if (const char* id = std::getenv("LOOM_HOST_ID"); id != nullptr && *id != '\0') return id;
+  char name[256] = {};
+  gethostname(name, sizeof name - 1);
+  return name;
+}
+
 }  // namespace
 
 struct UcxBackend::State {
@@ -47,6 +58,7 @@ struct UcxBackend::State {
   // The first error each peer's endpoint reported (UCS_OK while none). Written by the error
   // handler, which UCX calls from ucp_worker_progress on the thread driving the worker.
   std::vector<ucs_status_t> peer_errors;
+  std::vector<std::string> hosts;  // each rank's host, for messages (host_label())
   struct ErrorArg {
     State* state;
     int peer;
@@ -141,14 +153,18 @@ UcxBackend::UcxBackend(const BackendContext& context)
   Bytes mine(first, first + address_bytes);
   ucp_worker_release_address(s.worker, address);
   context.store->set("ucx/address/" + std::to_string(rank_), mine);
+  context.store->set("ucx/host/" + std::to_string(rank_), to_bytes(host_label()));
 
   s.endpoints.assign(static_cast<size_t>(size_), nullptr);
   s.peer_errors.assign(static_cast<size_t>(size_), UCS_OK);
+  s.hosts.assign(static_cast<size_t>(size_), host_label());
   for (int r = 0; r < size_; ++r)
     s.error_args.push_back({&s, r});
   for (int r = 0; r < size_; ++r) {
     if (r == rank_) continue;
     const Bytes peer = context.store->get("ucx/address/" + std::to_string(r), context.timeout);
+    s.hosts[static_cast<size_t>(r)] =
+        to_string(context.store->get("ucx/host/" + std::to_string(r), context.timeout));
     ucp_ep_params_t ep_params{};
     ep_params.field_mask = UCP_EP_PARAM_FIELD_REMOTE_ADDRESS |
                            UCP_EP_PARAM_FIELD_ERR_HANDLING_MODE | UCP_EP_PARAM_FIELD_ERR_HANDLER;
@@ -179,8 +195,11 @@ void UcxBackend::transfer(const void* send_data, size_t send_bytes, int dst, voi
     s.abandon_send(sending, dst);
     throw error;
   };
+  auto named = [&](int peer) {
+    return "peer " + std::to_string(peer) + " (host " + s.hosts[static_cast<size_t>(peer)] + ")";
+  };
   auto peer_failed = [&](int peer, ucs_status_t status, const char* what) {
-    give_up(CommError(me + "peer " + std::to_string(peer) + " failed (" + text(status) +
+    give_up(CommError(me + named(peer) + " failed (" + text(status) +
                           ") while this rank waited for it to " + what,
                       rank_, peer, CommFailure::PeerDied));
   };
@@ -245,7 +264,7 @@ void UcxBackend::transfer(const void* send_data, size_t send_bytes, int dst, voi
     const Clock::time_point now = Clock::now();
     if (now >= deadline) {
       const int late = receiving != nullptr ? src : dst;
-      give_up(CommError(me + "peer " + std::to_string(late) + " did not " +
+      give_up(CommError(me + named(late) + " did not " +
                             (receiving != nullptr ? "send its message" : "receive this rank's message") +
                             " before the deadline",
                         rank_, late, CommFailure::Timeout));

@@ -2,9 +2,10 @@
 # Faults across hosts (scripts/netns_hosts.sh): train_gpt --strategy ddp over 2 hosts x 1
 # rank through loomrun --nnodes 2 and the ucx backend, then
 #   1. the link of host 1 is cut mid-training: both ranks stop with a CommError naming the
-#      other within the collective timeout (--timeout 3), and both loomruns exit non-zero;
+#      other and its host (LOOM_HOST_ID host0, host1) within the collective timeout
+#      (--timeout 3), and both loomruns exit non-zero;
 #   2. host 1 is killed (its loomrun and rank, SIGKILL): the rank on host 0 stops naming
-#      rank 1, and host 0's loomrun exits non-zero.
+#      rank 1 and host1, and host 0's loomrun exits non-zero.
 # (One rank per host: the ranks use no shared memory, so there is no segment to leave.)
 #   faults.sh SOURCE_DIR LOOMRUN TRAIN_GPT      (exit 77: namespaces refused, skip)
 set -euo pipefail
@@ -25,7 +26,8 @@ export LOOM_STORE_SECRET
 
 start_nodes() {  # scenario: each node's loomrun in a session of its own (killable as a host)
   for node in 0 1; do
-    ip netns exec "$prefix-h$node" env UCX_TLS=tcp setsid timeout 120 "$LOOMRUN" --nnodes 2 \
+    ip netns exec "$prefix-h$node" env UCX_TLS=tcp LOOM_HOST_ID="host$node" \
+      setsid timeout 120 "$LOOMRUN" --nnodes 2 \
       --node-rank "$node" --nproc-per-node 1 --master-addr 10.77.0.1 --master-port 29500 \
       "$TRAIN_GPT" --strategy ddp --layers 1 --heads 2 --embd 16 --ctx 16 --batch 2 \
       --steps 1000000 --log-interval 100 --timeout 3 > "$d/$1.node$node.log" 2>&1 &
@@ -45,8 +47,8 @@ expect_failure() {  # scenario node peer limit
   wait "$pid" || status=$?
   [ "$status" -ne 0 ] || { echo "$1: node $2's loomrun exited 0"; cat "$d/$1.node$2.log"; exit 1; }
   [ $((SECONDS - started)) -le "$4" ] || { echo "$1: node $2 took too long"; exit 1; }
-  grep -m1 "\[comm/ucx\] rank $2: peer $3 " "$d/$1.node$2.log" ||
-    { echo "$1: node $2's log does not name peer $3"; cat "$d/$1.node$2.log"; exit 1; }
+  grep -m1 "\[comm/ucx\] rank $2: peer $3 (host host$3) " "$d/$1.node$2.log" ||
+    { echo "$1: node $2's log does not name peer $3 on host$3"; cat "$d/$1.node$2.log"; exit 1; }
   echo "$1: node $2's loomrun exited $status naming rank $3"
 }
 
