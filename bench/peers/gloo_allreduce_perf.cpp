@@ -5,6 +5,8 @@
 //
 //   ./gloo_allreduce_perf --np 2 -b 8 -e 256M          # forks 2 ranks
 //   ./gloo_allreduce_perf --rank R --size N --store-dir DIR ...   # one rank of N
+//   mpirun ... ./gloo_allreduce_perf --store-dir DIR --iface eth0 ... # rank and size from
+//                                       Open MPI; listening on eth0 (hosts: docs/multihost.md)
 //
 // Ranks rendezvous through gloo::rendezvous::FileStore in a temporary directory. With
 // --bind core, forked rank r is pinned to the r-th allowed CPU (Open MPI's default for up
@@ -46,6 +48,7 @@ struct Options {
   int np = 0, rank = -1, size = 0;
   bool bind_cores = false;
   std::string store_dir;
+  std::string iface;  // listen on this interface (else 127.0.0.1)
   std::string command;
 };
 
@@ -121,9 +124,16 @@ Options parse_options(int argc, char** argv) {
       o.bind_cores = value == "core";
     } else if (flag == "--store-dir") {
       o.store_dir = value;
+    } else if (flag == "--iface") {
+      o.iface = value;
     } else {
       usage_exit("unknown flag " + flag);
     }
+  }
+  // Started by mpirun: the rank and size are Open MPI's when not given.
+  if (o.np < 1 && o.rank < 0 && std::getenv("OMPI_COMM_WORLD_RANK") != nullptr) {
+    o.rank = std::atoi(std::getenv("OMPI_COMM_WORLD_RANK"));
+    o.size = std::atoi(std::getenv("OMPI_COMM_WORLD_SIZE"));
   }
   if (o.np < 1 && (o.rank < 0 || o.size < 1 || o.rank >= o.size || o.store_dir.empty())) {
     usage_exit("give --np N, or --rank R --size N --store-dir DIR");
@@ -286,7 +296,11 @@ void write_json(const Options& o, const std::vector<Row>& rows, int nranks, cons
 
 int run_rank(const Options& o) {
   gloo::transport::tcp::attr attr;
-  attr.hostname = "127.0.0.1";
+  if (o.iface.empty()) {
+    attr.hostname = "127.0.0.1";
+  } else {
+    attr.iface = o.iface;
+  }
   auto device = gloo::transport::tcp::CreateDevice(attr);
   auto context = std::make_shared<gloo::rendezvous::Context>(o.rank, o.size);
   gloo::rendezvous::FileStore store(o.store_dir);

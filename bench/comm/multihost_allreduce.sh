@@ -1,0 +1,65 @@
+#!/usr/bin/env bash
+# Allreduce between two test hosts (scripts/netns_hosts.sh), interleaved, several rounds:
+#   1 rank per host:  loom-perf --backend ucx  against  Open MPI (btl tcp,self) and Gloo (TCP)
+#   2 ranks per host: loom-perf --backend ucx and --backend hierarchical  against  both
+# Every program is started by mpirun from host 0 (scripts/netns_rsh.sh as its remote agent)
+# with --bind-to none: Open MPI's default binding pins rank 0 of each "host" to the same
+# core, which on one machine puts the ranks of both hosts on one core. Loom uses UCX_TLS=tcp,
+# so both sides cross the veth links over TCP. Prints, per program and size, the us per call
+# (out of place) of every round and their median. Needs root, Open MPI and a build with UCX;
+# Gloo's peer (bench/peers/gloo_allreduce_perf, Debian libgloo-dev) runs where it was built,
+# its ranks meeting through a FileStore in a shared directory and listening on eth0.
+#   bench/comm/multihost_allreduce.sh [ROUNDS]      (from the repository root; default 3)
+set -euo pipefail
+rounds=${1:-3}
+B=build/release
+prefix="mb$(($$ % 100000))"
+trap 'bash scripts/netns_hosts.sh down "$prefix"' EXIT
+bash scripts/netns_hosts.sh up "$prefix" 2
+LOOM_STORE_SECRET=$(od -An -tx1 -N32 /dev/urandom | tr -d ' \n')
+export LOOM_STORE_SECRET
+out=$(mktemp -d)
+
+run() {  # label ranks-per-host program args...: appends "label size us" lines
+  local label=$1 per_host=$2
+  shift 2
+  ip netns exec "$prefix-h0" env NETNS_PREFIX="$prefix" timeout 600 mpirun --allow-run-as-root \
+    --bind-to none --mca plm_rsh_agent "$PWD/scripts/netns_rsh.sh" --mca oob_tcp_if_include eth0 \
+    --mca btl tcp,self --mca btl_tcp_if_include eth0 \
+    --host "10.77.0.1:$per_host,10.77.0.2:$per_host" -np $((2 * per_host)) \
+    -x MASTER_ADDR=10.77.0.1 -x MASTER_PORT=29500 -x LOOM_STORE_SECRET -x UCX_TLS=tcp "$@" 2>&1 |
+    awk -v l="$label" '/^ +[0-9]+ +[0-9]+ +float/ {print l, $1, $6}' >> "$out/results"
+}
+
+gloo() {  # ranks-per-host args...
+  local per_host=$1 store
+  shift
+  [ -x "$B/bench/peers/gloo_allreduce_perf" ] || return 0
+  store=$(mktemp -d)
+  run "gloo ${per_host}x2" "$per_host" "$B/bench/peers/gloo_allreduce_perf" --store-dir "$store" \
+    --iface eth0 "$@"
+  rm -rf "$store"
+}
+
+small=(-b 8 -e 1M -f 8 -n 1000 -w 50)
+large=(-b 1M -e 16M -f 4 -n 20 -w 3)
+for ((r = 1; r <= rounds; ++r)); do
+  echo "round $r" >&2
+  run "ucx 1x2" 1 "$B/tools/loom_perf/loom-perf" allreduce --backend ucx "${small[@]}"
+  run "mpi 1x2" 1 "$B/bench/peers/mpi_allreduce_perf" "${small[@]}"
+  gloo 1 "${small[@]}"
+  run "ucx 2x2" 2 "$B/tools/loom_perf/loom-perf" allreduce --backend ucx "${large[@]}"
+  run "hierarchical 2x2" 2 "$B/tools/loom_perf/loom-perf" allreduce --backend hierarchical "${large[@]}"
+  run "mpi 2x2" 2 "$B/bench/peers/mpi_allreduce_perf" "${large[@]}"
+  gloo 2 "${large[@]}"
+done
+python3 - "$out/results" <<'PY'
+import collections, statistics, sys
+runs = collections.defaultdict(list)
+for line in open(sys.argv[1]):
+    *label, size, us = line.split()
+    runs[(" ".join(label), int(size))].append(float(us))
+for (label, size), values in sorted(runs.items(), key=lambda kv: (kv[0][0].split()[-1], kv[0][1], kv[0][0])):
+    print(f"{label:18s} {size:>9d} B  median {statistics.median(values):10.2f} us  runs {', '.join(f'{v:.2f}' for v in values)}")
+PY
+rm -rf "$out"
