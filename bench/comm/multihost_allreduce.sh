@@ -41,13 +41,17 @@ gloo() {  # ranks-per-host args...
   rm -rf "$store"
 }
 
-small=(-b 8 -e 1M -f 8 -n 1000 -w 50)
+small=(-b 8 -e 32K -f 8 -n 1000 -w 50)
+medium=(-b 64K -e 16M -f 4 -n 20 -w 3)
 large=(-b 1M -e 16M -f 4 -n 20 -w 3)
 for ((r = 1; r <= rounds; ++r)); do
   echo "round $r" >&2
-  run "ucx 1x2" 1 "$B/tools/loom_perf/loom-perf" allreduce --backend ucx "${small[@]}"
-  run "mpi 1x2" 1 "$B/bench/peers/mpi_allreduce_perf" "${small[@]}"
-  gloo 1 "${small[@]}"
+  for sizes in small medium; do
+    declare -n args=$sizes
+    run "ucx 1x2" 1 "$B/tools/loom_perf/loom-perf" allreduce --backend ucx "${args[@]}"
+    run "mpi 1x2" 1 "$B/bench/peers/mpi_allreduce_perf" "${args[@]}"
+    gloo 1 "${args[@]}"
+  done
   run "ucx 2x2" 2 "$B/tools/loom_perf/loom-perf" allreduce --backend ucx "${large[@]}"
   run "hierarchical 2x2" 2 "$B/tools/loom_perf/loom-perf" allreduce --backend hierarchical "${large[@]}"
   run "mpi 2x2" 2 "$B/bench/peers/mpi_allreduce_perf" "${large[@]}"

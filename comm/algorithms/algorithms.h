@@ -64,9 +64,11 @@ void ring_reduce_scatter(Transport& transport, const void* input, void* output, 
 // calls. Direct exchanges: each rank sends every other rank its part at once (size-1 steps
 // of send_recv), which suits the few ranks of a host or a small group of hosts.
 
-// data[0, count) on every rank becomes the reduction of every rank's data: rank-ordered
-// reduce-scatter of `size` chunks (sizes differ by at most one), then each rank sends its
-// reduced chunk to every other. Scratch: size-1 chunks.
+// data[0, count) on every rank becomes the reduction of every rank's data. Small buffers
+// ((size - 1) x the buffer at most 256 KiB) in one shot: every rank sends its buffer to every
+// other and reduces all of them (one exchange per peer; scratch: size-1 buffers). Larger
+// ones: rank-ordered reduce-scatter of `size` chunks (sizes differ by at most one), then
+// each rank sends its reduced chunk to every other (scratch: size-1 chunks). Same bits.
 void rank_ordered_allreduce(Transport& transport, void* data, size_t count, ReduceType type,
                             ReduceOp op, Deadline deadline);
 

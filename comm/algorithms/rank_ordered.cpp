@@ -24,6 +24,9 @@ using detail::exchange;
 
 namespace {
 
+// Below this many bytes sent per rank ((size - 1) x the buffer), allreduce goes in one shot.
+constexpr size_t kOneShotBudget = size_t{256} << 10;
+
 double scale_for(ReduceOp op, int size) {
   return op == ReduceOp::Avg ? 1.0 / size : 1.0;
 }
@@ -62,13 +65,32 @@ void reduce_parts(Transport& transport, const void* input, void* output, ReduceT
 void rank_ordered_allreduce(Transport& transport, void* data, size_t count, ReduceType type,
                             ReduceOp op, Deadline deadline) {
   detail::check_args(transport, count, data, data, "rank_ordered_allreduce");
-  (void)detail::reduce_kind(op, type, "rank_ordered_allreduce");
+  const kernels::cpu::ReduceKind kind = detail::reduce_kind(op, type, "rank_ordered_allreduce");
   const int size = transport.size();
   const int rank = transport.rank();
-  if (count == 0) return;
+  if (count == 0 || size == 1) return;
+  const size_t es = kernels::cpu::reduce_type_size(type);
+  const size_t bytes = count * es;
+  if (bytes * static_cast<size_t>(size - 1) <= kOneShotBudget) {
+    // One shot: every rank sends its whole buffer to every other and reduces all of them
+    // itself, in rank order: one exchange per peer instead of a reduce-scatter followed by an
+    // all-gather, with the same bits.
+    std::vector<std::byte> scratch(bytes * static_cast<size_t>(size));
+    std::vector<const void*> inputs(static_cast<size_t>(size));
+    inputs[rank] = data;
+    for (int k = 1; k < size; ++k) {
+      const int dst = (rank + k) % size;
+      const int src = (rank - k + size) % size;
+      std::byte* from_src = scratch.data() + static_cast<size_t>(src) * bytes;
+      exchange(transport, data, bytes, dst, from_src, bytes, src, deadline);
+      inputs[src] = from_src;
+    }
+    kernels::cpu::reduce_inputs(type, kind, data, inputs.data(), static_cast<size_t>(size), count,
+                                scale_for(op, size));
+    return;
+  }
   const Chunks chunks(count, size);
   auto part = [&](int r) { return std::pair<size_t, size_t>{chunks.begin(r), chunks.size(r)}; };
-  const size_t es = kernels::cpu::reduce_type_size(type);
   // Reduced in place: reduce_inputs may write over one of its inputs (this rank's chunk).
   reduce_parts(transport, data, at(data, chunks.begin(rank), es), type, op, part, deadline);
   for (int k = 1; k < size; ++k) {
