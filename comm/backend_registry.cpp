@@ -96,6 +96,12 @@ std::vector<std::pair<std::string, std::string>> available_backends() {
   return out;
 }
 
+bool backend_available(const std::string& name) {
+  Registry& r = registry();
+  std::lock_guard lock(r.mutex);
+  return r.entries.count(name) > 0;
+}
+
 std::unique_ptr<Backend> create_backend(const std::string& name, const BackendContext& context) {
   BackendFactory factory;
   {

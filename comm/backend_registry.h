@@ -22,11 +22,14 @@ void register_backend(const std::string& name, BackendFactory factory, std::stri
 bool remove_backend(const std::string& name);
 // (name, description) of every registered backend, sorted by name.
 std::vector<std::pair<std::string, std::string>> available_backends();
+// Whether `name` is registered (ucx and hierarchical exist only in builds with UCX).
+bool backend_available(const std::string& name);
 // Creates the backend `name`; an unknown name is loom::Error listing the available names.
 std::unique_ptr<Backend> create_backend(const std::string& name, const BackendContext& context);
 
 // What "auto" means for this job: "nccl" for CUDA tensors (loom::Error in a build without
-// NCCL), else "shm" when every rank is on this host (loom::Error for a multi-host job).
+// NCCL), else "shm" when every rank is on this host, "hierarchical" for a multi-host job
+// (loom::Error in a build without UCX).
 std::string resolve_auto_backend(bool multi_host, Device device);
 
 }  // namespace loom::comm

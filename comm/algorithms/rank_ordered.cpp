@@ -65,28 +65,17 @@ void reduce_parts(Transport& transport, const void* input, void* output, ReduceT
 void rank_ordered_allreduce(Transport& transport, void* data, size_t count, ReduceType type,
                             ReduceOp op, Deadline deadline) {
   detail::check_args(transport, count, data, data, "rank_ordered_allreduce");
-  const kernels::cpu::ReduceKind kind = detail::reduce_kind(op, type, "rank_ordered_allreduce");
+  (void)detail::reduce_kind(op, type, "rank_ordered_allreduce");
   const int size = transport.size();
   const int rank = transport.rank();
   if (count == 0 || size == 1) return;
   const size_t es = kernels::cpu::reduce_type_size(type);
-  const size_t bytes = count * es;
-  if (bytes * static_cast<size_t>(size - 1) <= kOneShotBudget) {
-    // One shot: every rank sends its whole buffer to every other and reduces all of them
-    // itself, in rank order: one exchange per peer instead of a reduce-scatter followed by an
-    // all-gather, with the same bits.
-    std::vector<std::byte> scratch(bytes * static_cast<size_t>(size));
-    std::vector<const void*> inputs(static_cast<size_t>(size));
-    inputs[rank] = data;
-    for (int k = 1; k < size; ++k) {
-      const int dst = (rank + k) % size;
-      const int src = (rank - k + size) % size;
-      std::byte* from_src = scratch.data() + static_cast<size_t>(src) * bytes;
-      exchange(transport, data, bytes, dst, from_src, bytes, src, deadline);
-      inputs[src] = from_src;
-    }
-    kernels::cpu::reduce_inputs(type, kind, data, inputs.data(), static_cast<size_t>(size), count,
-                                scale_for(op, size));
+  if (count * es * static_cast<size_t>(size - 1) <= kOneShotBudget) {
+    // One shot: every rank's part is the whole buffer, so each rank sends its buffer to every
+    // other and reduces all of them itself, in rank order: one exchange per peer instead of a
+    // reduce-scatter followed by an all-gather, with the same bits.
+    auto whole = [&](int) { return std::pair<size_t, size_t>{0, count}; };
+    reduce_parts(transport, data, data, type, op, whole, deadline);
     return;
   }
   const Chunks chunks(count, size);

@@ -4,19 +4,10 @@
 #include <algorithm>
 #include <cstring>
 
+#include "comm/algorithms/tagged_messages.h"
 #include "comm/shm/shm_backend.h"
 
 namespace loom::comm::shm {
-
-namespace {
-
-// Framing of tensor messages (ProcessGroup send/recv): the receiver checks tag and size.
-struct MessageHeader {
-  int64_t tag;
-  uint64_t bytes;
-};
-
-}  // namespace
 
 size_t ShmBackend::push(int dst, const char* data, size_t bytes) {
   ChannelControl& c = channel(rank_, dst);
@@ -97,23 +88,12 @@ void ShmBackend::send_recv(const void* send_data, size_t send_bytes, int dst, vo
 }
 
 void ShmBackend::send(const Tensor& tensor, int dst, int tag, Deadline deadline) {
-  MessageHeader header{tag, tensor.nbytes()};
-  send(&header, sizeof header, dst, deadline);
-  send(tensor.raw_data(), tensor.nbytes(), dst, deadline);
+  algorithms::send_tagged(*this, tensor.raw_data(), tensor.nbytes(), tag, dst, deadline);
 }
 
 void ShmBackend::recv(Tensor& tensor, int src, int tag, Deadline deadline) {
-  MessageHeader header{};
-  recv(&header, sizeof header, src, deadline);
-  if (header.tag != tag || header.bytes != tensor.nbytes()) {
-    throw CommError("[comm/shm] rank " + std::to_string(rank_) + ": recv from rank " +
-                        std::to_string(src) + " expected tag " + std::to_string(tag) + " and " +
-                        std::to_string(tensor.nbytes()) + " bytes, but the next message has tag " +
-                        std::to_string(header.tag) + " and " + std::to_string(header.bytes) +
-                        " bytes (sends and recvs between two ranks must match in order)",
-                    rank_, src);
-  }
-  recv(tensor.raw_data(), tensor.nbytes(), src, deadline);
+  algorithms::recv_tagged(*this, tensor.raw_data(), tensor.nbytes(), tag, src, deadline,
+                          "[comm/shm]");
 }
 
 }  // namespace loom::comm::shm

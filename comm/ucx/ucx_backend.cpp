@@ -8,6 +8,7 @@
 #include <cstring>
 
 #include "comm/algorithms/algorithms.h"
+#include "comm/algorithms/tagged_messages.h"
 #include "comm/reduce_op.h"
 
 namespace loom::comm::ucx {
@@ -18,17 +19,11 @@ namespace loom::comm::ucx {
 // ordered stream (UCX matches the messages of one sender and one tag in order). Collectives
 // are the generic algorithms over it: rank-ordered allreduce, reduce and reduce-scatter
 // (Note [Rank-ordered reductions]: the shm backend's bits), ring all-gather, binomial-tree
-// broadcast, pairwise all-to-all, dissemination barrier. Tensor send/recv frame each message
-// with a header (tag and size) as the shm backend does. The group runs one operation at a
+// broadcast, pairwise all-to-all, dissemination barrier. Tensor send/recv are the tagged
+// messages of comm/algorithms/tagged_messages.h, as on the shm backend. The group runs one operation at a
 // time, so one thread at a time drives the worker (UCS_THREAD_MODE_SERIALIZED).
 
 namespace {
-
-// Framing of tensor messages (ProcessGroup send/recv): the receiver checks tag and size.
-struct MessageHeader {
-  int64_t tag;
-  uint64_t bytes;
-};
 
 constexpr ucp_tag_t kFullMask = ~ucp_tag_t{0};
 
@@ -329,23 +324,12 @@ void UcxBackend::barrier(Deadline deadline) {
 }
 
 void UcxBackend::send(const Tensor& tensor, int dst, int tag, Deadline deadline) {
-  const MessageHeader header{tag, tensor.nbytes()};
-  send(&header, sizeof header, dst, deadline);
-  if (tensor.nbytes() > 0) send(tensor.raw_data(), tensor.nbytes(), dst, deadline);
+  algorithms::send_tagged(*this, tensor.raw_data(), tensor.nbytes(), tag, dst, deadline);
 }
 
 void UcxBackend::recv(Tensor& tensor, int src, int tag, Deadline deadline) {
-  MessageHeader header{};
-  recv(&header, sizeof header, src, deadline);
-  if (header.tag != tag || header.bytes != tensor.nbytes()) {
-    throw CommError("[comm/ucx] rank " + std::to_string(rank_) + ": recv from rank " +
-                        std::to_string(src) + " expected tag " + std::to_string(tag) + " and " +
-                        std::to_string(tensor.nbytes()) + " bytes, but the next message has tag " +
-                        std::to_string(header.tag) + " and " + std::to_string(header.bytes) +
-                        " bytes (sends and recvs between two ranks must match in order)",
-                    rank_, src);
-  }
-  if (tensor.nbytes() > 0) recv(tensor.raw_data(), tensor.nbytes(), src, deadline);
+  algorithms::recv_tagged(*this, tensor.raw_data(), tensor.nbytes(), tag, src, deadline,
+                          "[comm/ucx]");
 }
 
 }  // namespace loom::comm::ucx

@@ -35,10 +35,9 @@ class Conformance : public ::testing::TestWithParam<std::tuple<std::string, int>
   std::string backend() const { return std::get<0>(GetParam()); }
   int world() const { return std::get<1>(GetParam()); }
   void SetUp() override {
-    bool built = false;
-    for (const auto& [name, description] : available_backends())
-      built = built || name == backend();
-    if (!built) GTEST_SKIP() << "this build has no '" << backend() << "' backend";
+    if (!backend_available(backend())) {
+      GTEST_SKIP() << "this build has no '" << backend() << "' backend";
+    }
   }
   // Runs body on every rank with a fresh group of this backend. The hierarchical backend
   // sees hosts of 2 ranks (LOOM_HOST_ID = rank / 2): one host at world 2 (shm alone), hosts
