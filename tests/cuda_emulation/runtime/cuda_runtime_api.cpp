@@ -1,0 +1,120 @@
+// The part of the CUDA runtime API that Loom's kernel launchers call, answered by the
+// emulator: a program built with it does not link libcudart, so a call the emulation does
+// not provide is a link error rather than a silent "no device".
+//
+// Memory is the host's: a "device pointer" is a host pointer, and copies are memcpy. Work is
+// done when it is issued (every launch runs to completion before returning), so the
+// synchronising calls only report the error a trapped kernel left.
+
+#include <cuda_runtime_api.h>
+
+#include <cstring>
+#include <map>
+#include <mutex>
+
+#include "emulator.h"
+
+namespace loom::cuda_emulation {
+
+extern cudaError_t emulated_last_error;
+
+namespace {
+
+constexpr size_t kDefaultDynamicShared = 48 * 1024;
+constexpr size_t kOptInDynamicShared = 227 * 1024;  // sm_90's per-block opt-in limit
+
+std::mutex attribute_mutex;
+std::map<const void*, size_t>& dynamic_shared_limits() {
+  static std::map<const void*, size_t> limits;
+  return limits;
+}
+
+}  // namespace
+
+size_t max_dynamic_shared_bytes(const void* kernel) {
+  std::lock_guard<std::mutex> lock(attribute_mutex);
+  auto it = dynamic_shared_limits().find(kernel);
+  return it == dynamic_shared_limits().end() ? kDefaultDynamicShared : it->second;
+}
+
+}  // namespace loom::cuda_emulation
+
+using loom::cuda_emulation::emulated_last_error;
+
+extern "C" {
+
+cudaError_t CUDARTAPI cudaGetLastError(void) {
+  const cudaError_t error = emulated_last_error;
+  emulated_last_error = loom::cuda_emulation::device_error();  // a trap's error is sticky
+  return error;
+}
+
+cudaError_t CUDARTAPI cudaPeekAtLastError(void) { return emulated_last_error; }
+
+const char* CUDARTAPI cudaGetErrorName(cudaError_t error) {
+  switch (error) {
+    case cudaSuccess: return "cudaSuccess";
+    case cudaErrorInvalidValue: return "cudaErrorInvalidValue";
+    case cudaErrorInvalidConfiguration: return "cudaErrorInvalidConfiguration";
+    case cudaErrorLaunchFailure: return "cudaErrorLaunchFailure";
+    default: return "cudaError (emulated)";
+  }
+}
+
+const char* CUDARTAPI cudaGetErrorString(cudaError_t error) {
+  switch (error) {
+    case cudaSuccess: return "no error";
+    case cudaErrorInvalidValue: return "invalid argument";
+    case cudaErrorInvalidConfiguration: return "invalid configuration argument";
+    case cudaErrorLaunchFailure: return "unspecified launch failure";
+    default: return "an error the emulated runtime does not name";
+  }
+}
+
+cudaError_t CUDARTAPI cudaGetDevice(int* device) {
+  *device = 0;
+  return cudaSuccess;
+}
+
+cudaError_t CUDARTAPI cudaFuncGetAttributes(struct cudaFuncAttributes* attr, const void* func) {
+  if (attr == nullptr || func == nullptr) return cudaErrorInvalidValue;
+  *attr = cudaFuncAttributes{};
+  attr->maxThreadsPerBlock = 1024;
+  attr->maxDynamicSharedSizeBytes =
+      static_cast<int>(loom::cuda_emulation::max_dynamic_shared_bytes(func));
+  attr->ptxVersion = 90;  // the emulated build targets sm_90, as the real one does
+  attr->binaryVersion = 90;
+  return cudaSuccess;
+}
+
+cudaError_t CUDARTAPI cudaFuncSetAttribute(const void* func, enum cudaFuncAttribute attr,
+                                           int value) {
+  if (func == nullptr) return cudaErrorInvalidValue;
+  if (attr != cudaFuncAttributeMaxDynamicSharedMemorySize) return cudaSuccess;
+  if (value < 0 || static_cast<size_t>(value) > loom::cuda_emulation::kOptInDynamicShared)
+    return cudaErrorInvalidValue;
+  std::lock_guard<std::mutex> lock(loom::cuda_emulation::attribute_mutex);
+  loom::cuda_emulation::dynamic_shared_limits()[func] = static_cast<size_t>(value);
+  return cudaSuccess;
+}
+
+cudaError_t CUDARTAPI cudaMemcpyAsync(void* dst, const void* src, size_t count,
+                                      enum cudaMemcpyKind, cudaStream_t) {
+  if (count > 0 && (dst == nullptr || src == nullptr)) return cudaErrorInvalidValue;
+  if (count > 0) std::memmove(dst, src, count);
+  return loom::cuda_emulation::device_error();
+}
+
+cudaError_t CUDARTAPI cudaMemsetAsync(void* ptr, int value, size_t count, cudaStream_t) {
+  if (count > 0 && ptr == nullptr) return cudaErrorInvalidValue;
+  if (count > 0) std::memset(ptr, value, count);
+  return loom::cuda_emulation::device_error();
+}
+
+cudaError_t CUDARTAPI cudaStreamSynchronize(cudaStream_t) {
+  return loom::cuda_emulation::device_error();
+}
+
+cudaError_t CUDARTAPI cudaDeviceSynchronize(void) { return loom::cuda_emulation::device_error(); }
+
+}  // extern "C"

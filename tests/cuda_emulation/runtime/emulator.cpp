@@ -1,0 +1,527 @@
+#include "emulator.h"
+
+#include <sys/mman.h>
+#include <ucontext.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cstring>
+#include <exception>
+#include <mutex>
+#include <new>
+#include <random>
+#include <sstream>
+#include <vector>
+
+#if defined(__SANITIZE_ADDRESS__)
+#include <sanitizer/asan_interface.h>
+#include <sanitizer/common_interface_defs.h>
+#define LOOM_EMULATION_ASAN 1
+#else
+#define LOOM_EMULATION_ASAN 0
+#endif
+
+// Note [Kernel emulation]
+// ~~~~~~~~~~~~~~~~~~~~~~~
+// Fibers rather than one host thread per CUDA thread: a block of 1024 threads would be 1024
+// OS threads, each barrier a thousand context switches through the kernel, on a 2-core
+// machine. Fibers switch in user space, run deterministically for a given Schedule, and let
+// the scheduler know exactly who waits where, which is what turns a barrier that can never
+// complete into an error naming it instead of a hang.
+//
+// A barrier is a count: __syncthreads releases when every thread of the block has arrived
+// or exited (as on sm_70 and later, where exited threads no longer hold a barrier); a warp
+// operation releases when every lane of its mask has arrived, and a lane of the mask that
+// has exited is an error, since CUDA leaves that undefined. The last thread to arrive
+// releases the others and then waits for the scheduler like them, so the next phase starts
+// in the Schedule's order, not with whoever happened to arrive last.
+
+namespace loom::cuda_emulation {
+namespace {
+
+constexpr int kWarpSize = 32;
+constexpr unsigned kFullMask = 0xffffffffu;
+#if LOOM_EMULATION_ASAN
+constexpr size_t kStackBytes = 1024 * 1024;  // ASan's redzones grow every frame
+#else
+constexpr size_t kStackBytes = 256 * 1024;
+#endif
+
+enum class Wait { kRunnable, kBlockBarrier, kWarpBarrier, kExited };
+
+struct Fiber {
+  ucontext_t context{};
+  unsigned char* stack = nullptr;  // usable stack, above a guard page
+  ThreadIds ids{};
+  int index = 0;  // linear thread index in the block
+  Wait wait = Wait::kRunnable;
+#if LOOM_EMULATION_ASAN
+  void* fake_stack = nullptr;
+#endif
+  alignas(16) unsigned char shuffle_in[16] = {};
+  alignas(16) unsigned char shuffle_out[16] = {};
+};
+
+// A warp operation in progress: which lanes it names and which have arrived.
+struct WarpBarrier {
+  const char* operation = nullptr;  // nullptr: none in progress
+  unsigned mask = 0;
+  unsigned arrived = 0;
+  size_t bytes = 0;
+  int lane_mask = 0;
+  int width = kWarpSize;
+};
+
+// Stacks for the threads of a block, made once and reused (with a guard page below each, so
+// that an overflow faults instead of corrupting a neighbour).
+class StackPool {
+ public:
+  ~StackPool() {
+    for (unsigned char* base : bases_) munmap(base, kStackBytes + page());
+  }
+  unsigned char* stack(size_t i) {
+    while (bases_.size() <= i) {
+      void* base = mmap(nullptr, kStackBytes + page(), PROT_READ | PROT_WRITE,
+                        MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE | MAP_STACK, -1, 0);
+      if (base == MAP_FAILED) throw std::bad_alloc();
+      mprotect(base, page(), PROT_NONE);
+      bases_.push_back(static_cast<unsigned char*>(base));
+    }
+    return bases_[i] + page();
+  }
+
+ private:
+  static size_t page() { return static_cast<size_t>(sysconf(_SC_PAGESIZE)); }
+  std::vector<unsigned char*> bases_;
+};
+
+// One launch's state. Launches are serialised (launch_mutex), so one exists at a time.
+struct Run {
+  LaunchConfig config{};
+  const std::function<void()>* body = nullptr;
+  std::vector<Fiber> fibers;
+  std::vector<WarpBarrier> warps;
+  int threads = 0;
+  int at_block_barrier = 0;
+  int exited = 0;
+  Fiber* current = nullptr;
+  void* dynamic_shared = nullptr;
+  std::vector<const void*> shared_in_use;  // static __shared__ arrays poisoned in this block
+  std::exception_ptr error;  // an EmulationError or a kernel's own exception
+  bool trapped = false;
+  ucontext_t scheduler{};
+#if LOOM_EMULATION_ASAN
+  const void* scheduler_stack = nullptr;
+  size_t scheduler_stack_size = 0;
+#endif
+};
+
+std::mutex launch_mutex;
+Run* active = nullptr;
+StackPool stacks;
+Schedule schedule_setting;
+Counters counter_values;
+cudaError_t sticky_error = cudaSuccess;
+
+Run& run() {
+  if (active == nullptr)
+    throw EmulationError("a CUDA device built-in was called outside an emulated kernel launch");
+  return *active;
+}
+
+std::string block_name(const Run& r) {
+  const auto& b = r.fibers.front().ids.block_idx;
+  std::ostringstream out;
+  out << "block (" << b.x << "," << b.y << "," << b.z << ")";
+  return out.str();
+}
+
+std::string thread_name(const Fiber& f) {
+  std::ostringstream out;
+  out << "thread (" << f.ids.thread_idx.x << "," << f.ids.thread_idx.y << ","
+      << f.ids.thread_idx.z << ") [warp " << f.index / kWarpSize << " lane "
+      << f.index % kWarpSize << "]";
+  return out.str();
+}
+
+std::string hex(unsigned v) {
+  std::ostringstream out;
+  out << "0x" << std::hex << v;
+  return out.str();
+}
+
+// Thrown through a trapping thread's stack to its fiber's entry.
+struct Trapped {};
+
+[[noreturn]] void undefined(const Run& r, const Fiber& f, const std::string& what) {
+  throw EmulationError("[cuda emulation] " + block_name(r) + ", " + thread_name(f) + ": " + what);
+}
+
+// ---- Fiber switching -----------------------------------------------------------------------
+
+void switch_to_scheduler(Run& r, Fiber& self, bool exiting) {
+#if LOOM_EMULATION_ASAN
+  __sanitizer_start_switch_fiber(exiting ? nullptr : &self.fake_stack, r.scheduler_stack,
+                                 r.scheduler_stack_size);
+#else
+  (void)exiting;
+#endif
+  swapcontext(&self.context, &r.scheduler);
+#if LOOM_EMULATION_ASAN
+  __sanitizer_finish_switch_fiber(self.fake_stack, nullptr, nullptr);
+#endif
+}
+
+void switch_to_fiber(Run& r, Fiber& f) {
+  r.current = &f;
+  ++counter_values.switches;
+#if LOOM_EMULATION_ASAN
+  void* fake = nullptr;
+  __sanitizer_start_switch_fiber(&fake, f.stack, kStackBytes);
+#endif
+  swapcontext(&r.scheduler, &f.context);
+#if LOOM_EMULATION_ASAN
+  __sanitizer_finish_switch_fiber(fake, &r.scheduler_stack, &r.scheduler_stack_size);
+#endif
+  r.current = nullptr;
+}
+
+void release_block_barrier(Run& r) {
+  for (Fiber& f : r.fibers)
+    if (f.wait == Wait::kBlockBarrier) f.wait = Wait::kRunnable;
+  r.at_block_barrier = 0;
+}
+
+bool block_barrier_complete(const Run& r) {
+  return r.at_block_barrier > 0 && r.at_block_barrier + r.exited == r.threads;
+}
+
+unsigned lanes_of_warp(const Run& r, int warp) {
+  const int lanes = std::min(kWarpSize, r.threads - warp * kWarpSize);
+  return lanes == kWarpSize ? kFullMask : (1u << lanes) - 1u;
+}
+
+void fiber_main() {
+  Run& r = *active;
+  Fiber& self = *r.current;
+#if LOOM_EMULATION_ASAN
+  __sanitizer_finish_switch_fiber(nullptr, &r.scheduler_stack, &r.scheduler_stack_size);
+#endif
+  try {
+    (*r.body)();
+  } catch (const Trapped&) {
+    // r.trapped is set; the launch stops after this block
+  } catch (...) {
+    if (!r.error) r.error = std::current_exception();
+  }
+  self.wait = Wait::kExited;
+  ++r.exited;
+  const int warp = self.index / kWarpSize, lane = self.index % kWarpSize;
+  const WarpBarrier& wb = r.warps[static_cast<size_t>(warp)];
+  if (!r.error && wb.operation != nullptr && (wb.mask >> lane & 1u) != 0) {
+    try {
+      undefined(r, self, std::string("exited while its warp waits for it in ") + wb.operation +
+                             " with mask " + hex(wb.mask));
+    } catch (...) {
+      r.error = std::current_exception();
+    }
+  }
+  if (block_barrier_complete(r)) release_block_barrier(r);
+  switch_to_scheduler(r, self, /*exiting=*/true);
+  std::abort();  // an exited fiber is never resumed
+}
+
+// ---- The scheduler -------------------------------------------------------------------------
+
+std::string deadlock_report(const Run& r) {
+  std::ostringstream out;
+  out << "[cuda emulation] " << block_name(r) << " can never finish: " << r.at_block_barrier
+      << " of " << r.threads << " threads wait at __syncthreads, " << r.exited << " exited";
+  for (size_t w = 0; w < r.warps.size(); ++w) {
+    const WarpBarrier& wb = r.warps[w];
+    if (wb.operation != nullptr) {
+      out << "; warp " << w << " waits in " << wb.operation << " (mask " << hex(wb.mask)
+          << ", arrived " << hex(wb.arrived) << ")";
+    }
+  }
+  out << " (a barrier in divergent code, or one that not every thread reaches)";
+  return out.str();
+}
+
+std::vector<int> pass_order(int threads, std::mt19937_64& rng) {
+  std::vector<int> order(static_cast<size_t>(threads));
+  for (int i = 0; i < threads; ++i) order[static_cast<size_t>(i)] = i;
+  switch (schedule_setting.order) {
+    case Order::kForward: break;
+    case Order::kReverse: std::reverse(order.begin(), order.end()); break;
+    case Order::kShuffled: std::shuffle(order.begin(), order.end(), rng); break;
+  }
+  return order;
+}
+
+void poison_shared_memory(Run& r) {
+  r.shared_in_use.clear();  // static arrays: when a thread of this block first reaches them
+  if (r.dynamic_shared != nullptr) std::memset(r.dynamic_shared, 0xFF, r.config.shared_bytes);
+}
+
+void run_block(Run& r, const uint3& block_idx, std::mt19937_64& rng) {
+  const dim3 bd = r.config.block;
+  poison_shared_memory(r);
+  r.at_block_barrier = 0;
+  r.exited = 0;
+  std::fill(r.warps.begin(), r.warps.end(), WarpBarrier{});
+  for (int i = 0; i < r.threads; ++i) {
+    Fiber& f = r.fibers[static_cast<size_t>(i)];
+    f.index = i;
+    f.wait = Wait::kRunnable;
+    f.ids.thread_idx = uint3{static_cast<unsigned>(i) % bd.x,
+                             static_cast<unsigned>(i) / bd.x % bd.y,
+                             static_cast<unsigned>(i) / (bd.x * bd.y)};
+    f.ids.block_idx = block_idx;
+    f.ids.block_dim = bd;
+    f.ids.grid_dim = r.config.grid;
+    f.stack = stacks.stack(static_cast<size_t>(i));
+#if LOOM_EMULATION_ASAN
+    __asan_unpoison_memory_region(f.stack, kStackBytes);  // frames an abandoned block left
+    f.fake_stack = nullptr;
+#endif
+    getcontext(&f.context);
+    f.context.uc_stack.ss_sp = f.stack;
+    f.context.uc_stack.ss_size = kStackBytes;
+    f.context.uc_link = nullptr;
+    makecontext(&f.context, fiber_main, 0);
+  }
+  while (r.exited < r.threads) {
+    bool ran = false;
+    for (int i : pass_order(r.threads, rng)) {
+      Fiber& f = r.fibers[static_cast<size_t>(i)];
+      if (f.wait != Wait::kRunnable) continue;
+      switch_to_fiber(r, f);
+      ran = true;
+      if (r.error) std::rethrow_exception(r.error);
+      if (r.trapped) return;
+    }
+    if (!ran) throw EmulationError(deadlock_report(r));
+  }
+}
+
+const char* launch_refusal(const LaunchConfig& c) {
+  const uint64_t threads = uint64_t{c.block.x} * c.block.y * c.block.z;
+  if (c.block.x == 0 || c.block.y == 0 || c.block.z == 0 || c.grid.x == 0 || c.grid.y == 0 ||
+      c.grid.z == 0) {
+    return "a grid or block dimension is 0";
+  }
+  if (c.block.x > 1024 || c.block.y > 1024 || c.block.z > 64 || threads > 1024)
+    return "more than 1024 threads per block (or a block dimension past its limit)";
+  if (c.grid.x > 0x7fffffffu || c.grid.y > 65535 || c.grid.z > 65535)
+    return "a grid dimension past its limit (x < 2^31, y and z <= 65535)";
+  return nullptr;
+}
+
+}  // namespace
+
+// Set by the emulated runtime API (cuda_runtime_api.cpp).
+cudaError_t emulated_last_error = cudaSuccess;
+size_t max_dynamic_shared_bytes(const void* kernel);
+
+void set_schedule(const Schedule& schedule) { schedule_setting = schedule; }
+const Schedule& current_schedule() { return schedule_setting; }
+
+std::string describe(const Schedule& schedule) {
+  switch (schedule.order) {
+    case Order::kForward: return "forward";
+    case Order::kReverse: return "reverse";
+    case Order::kShuffled: return "shuffled(" + std::to_string(schedule.seed) + ")";
+  }
+  return "?";
+}
+
+const ThreadIds& this_thread() {
+  Run& r = run();
+  return r.current->ids;
+}
+
+const Counters& counters() { return counter_values; }
+void reset_counters() { counter_values = Counters{}; }
+cudaError_t device_error() { return sticky_error; }
+void clear_device_error() {
+  sticky_error = cudaSuccess;
+  emulated_last_error = cudaSuccess;
+}
+
+void sync_threads() {
+  Run& r = run();
+  Fiber& self = *r.current;
+  self.wait = Wait::kBlockBarrier;
+  ++r.at_block_barrier;
+  if (block_barrier_complete(r)) release_block_barrier(r);
+  switch_to_scheduler(r, self, false);
+}
+
+namespace {
+
+// Arrival at a warp operation; returns once every lane of `mask` has arrived. `on_release`
+// runs once, in the last lane to arrive, before any lane goes on.
+void warp_barrier(const char* operation, unsigned mask, size_t bytes, int lane_mask, int width,
+                  void (*on_release)(Run&, int warp)) {
+  Run& r = run();
+  Fiber& self = *r.current;
+  const int warp = self.index / kWarpSize, lane = self.index % kWarpSize;
+  const unsigned existing = lanes_of_warp(r, warp);
+  if ((mask >> lane & 1u) == 0)
+    undefined(r, self, std::string(operation) + " with mask " + hex(mask) + " that omits the calling lane");
+  if ((mask & ~existing) != 0) {
+    undefined(r, self, std::string(operation) + " with mask " + hex(mask) + " names lanes " +
+                           hex(mask & ~existing) + " that do not exist (the warp has lanes " +
+                           hex(existing) + ")");
+  }
+  for (int l = 0; l < kWarpSize; ++l) {
+    if ((mask >> l & 1u) != 0 &&
+        r.fibers[static_cast<size_t>(warp * kWarpSize + l)].wait == Wait::kExited) {
+      undefined(r, self, std::string(operation) + " with mask " + hex(mask) + " names lane " +
+                             std::to_string(l) + ", which has exited");
+    }
+  }
+  WarpBarrier& wb = r.warps[static_cast<size_t>(warp)];
+  if (wb.operation == nullptr) {
+    wb = WarpBarrier{operation, mask, 0, bytes, lane_mask, width};
+  } else if (std::strcmp(wb.operation, operation) != 0 || wb.mask != mask || wb.bytes != bytes ||
+             wb.lane_mask != lane_mask || wb.width != width) {
+    undefined(r, self, std::string("reached ") + operation + " (mask " + hex(mask) +
+                           ") while other lanes of its warp wait in " + wb.operation + " (mask " +
+                           hex(wb.mask) + "): the warp diverged at a warp-synchronous operation");
+  }
+  wb.arrived |= 1u << lane;
+  self.wait = Wait::kWarpBarrier;
+  if (wb.arrived == wb.mask) {
+    if (on_release != nullptr) on_release(r, warp);
+    for (int l = 0; l < kWarpSize; ++l) {
+      if ((wb.mask >> l & 1u) != 0) r.fibers[static_cast<size_t>(warp * kWarpSize + l)].wait = Wait::kRunnable;
+    }
+    wb = WarpBarrier{};
+  }
+  switch_to_scheduler(r, self, false);
+}
+
+void exchange_shuffled_values(Run& r, int warp) {
+  const WarpBarrier& wb = r.warps[static_cast<size_t>(warp)];
+  for (int lane = 0; lane < kWarpSize; ++lane) {
+    if ((wb.mask >> lane & 1u) == 0) continue;
+    int source = lane ^ wb.lane_mask;
+    if (source / wb.width > lane / wb.width) source = lane;  // a later group: own value
+    Fiber& dst = r.fibers[static_cast<size_t>(warp * kWarpSize + lane)];
+    if (source >= kWarpSize || (wb.mask >> source & 1u) == 0) {
+      undefined(r, dst, "__shfl_xor_sync reads lane " + std::to_string(source) +
+                            ", which is not in the mask " + hex(wb.mask) + " (its value is undefined)");
+    }
+    const Fiber& src = r.fibers[static_cast<size_t>(warp * kWarpSize + source)];
+    std::memcpy(dst.shuffle_out, src.shuffle_in, wb.bytes);
+  }
+}
+
+}  // namespace
+
+void sync_warp(unsigned mask) { warp_barrier("__syncwarp", mask, 0, 0, kWarpSize, nullptr); }
+
+unsigned active_mask() {
+  // Lanes that have not exited: the emulator cannot know which lanes took the caller's
+  // branch, so this is the widest answer CUDA could give.
+  Run& r = run();
+  const int warp = r.current->index / kWarpSize;
+  unsigned mask = 0;
+  for (int l = 0; l < kWarpSize; ++l) {
+    const int i = warp * kWarpSize + l;
+    if (i < r.threads && r.fibers[static_cast<size_t>(i)].wait != Wait::kExited) mask |= 1u << l;
+  }
+  return mask;
+}
+
+void shuffle_xor(unsigned mask, void* value, size_t bytes, int lane_mask, int width) {
+  Run& r = run();
+  if (bytes > sizeof(Fiber::shuffle_in))
+    undefined(r, *r.current, "__shfl_xor_sync of a value wider than 16 bytes");
+  if (width <= 0 || width > kWarpSize || (width & (width - 1)) != 0)
+    undefined(r, *r.current, "__shfl_xor_sync with width " + std::to_string(width) + " (expected a power of 2 up to 32)");
+  std::memcpy(r.current->shuffle_in, value, bytes);
+  warp_barrier("__shfl_xor_sync", mask, bytes, lane_mask, width, exchange_shuffled_values);
+  std::memcpy(value, active->current->shuffle_out, bytes);
+}
+
+void warp_collective(const char* operation) {
+  warp_barrier(operation, kFullMask, 0, 0, kWarpSize, nullptr);
+}
+
+void* dynamic_shared_memory() {
+  Run& r = run();
+  if (r.dynamic_shared == nullptr)
+    undefined(r, *r.current, "extern __shared__ memory used by a launch that asked for 0 bytes of it");
+  return r.dynamic_shared;
+}
+
+void shared_memory_in_use(void* array, size_t bytes) {
+  Run& r = run();
+  if (std::find(r.shared_in_use.begin(), r.shared_in_use.end(), array) != r.shared_in_use.end())
+    return;
+  std::memset(array, 0xFF, bytes);
+  r.shared_in_use.push_back(array);
+}
+
+void trap() {
+  Run& r = run();
+  r.trapped = true;
+  throw Trapped{};
+}
+
+void run_grid(const LaunchConfig& config, const std::function<void()>& body) {
+  std::lock_guard<std::mutex> lock(launch_mutex);
+  if (sticky_error != cudaSuccess) {
+    emulated_last_error = sticky_error;
+    return;
+  }
+  if (launch_refusal(config) != nullptr) {
+    emulated_last_error = cudaErrorInvalidConfiguration;
+    return;
+  }
+  if (config.shared_bytes > max_dynamic_shared_bytes(config.kernel)) {
+    emulated_last_error = cudaErrorInvalidValue;  // what a device says past the opt-in limit
+    return;
+  }
+  Run r;
+  r.config = config;
+  r.body = &body;
+  r.threads = static_cast<int>(config.block.x * config.block.y * config.block.z);
+  r.fibers.resize(static_cast<size_t>(r.threads));
+  r.warps.resize(static_cast<size_t>((r.threads + kWarpSize - 1) / kWarpSize));
+  struct SharedBuffer {
+    void* p = nullptr;
+    ~SharedBuffer() { ::operator delete(p, std::align_val_t{128}); }
+  } shared;
+  if (config.shared_bytes > 0) {
+    shared.p = ::operator new(config.shared_bytes, std::align_val_t{128});
+    r.dynamic_shared = shared.p;
+  }
+  ++counter_values.launches;
+  std::mt19937_64 rng(schedule_setting.seed);
+  active = &r;
+  struct Deactivate {
+    ~Deactivate() { active = nullptr; }
+  } deactivate;
+  std::vector<uint3> blocks;
+  for (unsigned z = 0; z < config.grid.z; ++z)
+    for (unsigned y = 0; y < config.grid.y; ++y)
+      for (unsigned x = 0; x < config.grid.x; ++x) blocks.push_back(uint3{x, y, z});
+  if (schedule_setting.order == Order::kReverse) std::reverse(blocks.begin(), blocks.end());
+  if (schedule_setting.order == Order::kShuffled) std::shuffle(blocks.begin(), blocks.end(), rng);
+  for (const uint3& b : blocks) {
+    run_block(r, b, rng);
+    ++counter_values.blocks;
+    counter_values.threads += static_cast<uint64_t>(r.threads);
+    if (r.trapped) {
+      sticky_error = cudaErrorLaunchFailure;
+      emulated_last_error = sticky_error;
+      return;
+    }
+  }
+}
+
+}  // namespace loom::cuda_emulation

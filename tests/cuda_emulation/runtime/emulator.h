@@ -1,0 +1,135 @@
+#pragma once
+// The CUDA execution model on the CPU, so that Loom's kernels run, unchanged, where there is
+// no GPU (Note [Kernel emulation]).
+//
+// A launch runs its blocks one after another on the calling host thread. Every CUDA thread
+// of a block is a fiber with its own stack; a fiber runs until it reaches a barrier
+// (__syncthreads, __syncwarp, a warp shuffle, a WMMA operation) or returns, and the
+// scheduler then runs the next. A barrier releases its waiters once every thread it names
+// has arrived, so a kernel sees exactly the ordering guarantees CUDA gives and no more:
+// - between barriers, the threads of a block run in the order the Schedule picks (forward,
+//   reverse, or shuffled afresh at every barrier), so a read that needs a barrier it lacks
+//   sees the other order under one of them;
+// - shared memory (static __shared__ arrays and the dynamic buffer) is filled with 0xFF
+//   bytes, a NaN in every floating type, before each block, so a read before any write
+//   poisons the result instead of finding an earlier block's values;
+// - what CUDA leaves undefined is an error here (EmulationError, naming block, thread and
+//   operation): a warp operation whose mask names a lane that has exited or does not exist,
+//   lanes of one warp in different warp operations, a shuffle from a lane outside the mask,
+//   a WMMA pointer that is not 32-byte aligned, and a barrier that can never be released.
+//
+// What it cannot establish: the hardware memory model (a thread's writes are visible at
+// once, not at the next fence), device math (expf, tanhf, fused multiply-adds and the tensor
+// cores' rounding are the host's), and anything about speed. One launch runs at a time.
+
+#include <cuda_runtime_api.h>
+#include <vector_types.h>
+
+#include <cstddef>
+#include <cstdint>
+#include <functional>
+#include <stdexcept>
+#include <string>
+#include <tuple>
+#include <type_traits>
+#include <utility>
+
+namespace loom::cuda_emulation {
+
+// Something a kernel did that CUDA leaves undefined, or a barrier that can never complete.
+class EmulationError : public std::runtime_error {
+ public:
+  using std::runtime_error::runtime_error;
+};
+
+// The order in which the runnable threads of a block run between two barriers.
+enum class Order { kForward, kReverse, kShuffled };
+struct Schedule {
+  Order order = Order::kForward;
+  uint64_t seed = 0;  // kShuffled: the first permutation's seed
+};
+void set_schedule(const Schedule& schedule);
+const Schedule& current_schedule();
+// "forward", "reverse" or "shuffled(seed)".
+std::string describe(const Schedule& schedule);
+
+// The running emulated thread's built-in variables.
+struct ThreadIds {
+  uint3 thread_idx;
+  uint3 block_idx;
+  dim3 block_dim;
+  dim3 grid_dim;
+};
+const ThreadIds& this_thread();
+
+// Device-side operations (the CUDA built-ins in device.h call these).
+void sync_threads();
+void sync_warp(unsigned mask);
+unsigned active_mask();
+// Every lane in `mask` passes `bytes` (at most 16) of its value; each gets the value of lane
+// (its lane ^ lane_mask), within groups of `width` lanes.
+void shuffle_xor(unsigned mask, void* value, size_t bytes, int lane_mask, int width);
+// A warp-synchronous operation (WMMA): every lane of the warp must reach it together.
+void warp_collective(const char* operation);
+void* dynamic_shared_memory();
+// A static __shared__ array reached by a thread: the first call of each block fills it with
+// 0xFF bytes (rewrite_kernel_source.cmake puts the call after each declaration).
+void shared_memory_in_use(void* array, size_t bytes);
+[[noreturn]] void trap();
+
+// Counters since the process started (or since reset_counters()).
+struct Counters {
+  uint64_t launches = 0;
+  uint64_t blocks = 0;
+  uint64_t threads = 0;
+  uint64_t switches = 0;  // fiber switches into emulated threads
+};
+const Counters& counters();
+void reset_counters();
+
+// The error a trapped kernel left (cudaErrorLaunchFailure, as a device reports it at the
+// next synchronising call); cudaSuccess when none. clear_device_error() starts afresh, as a
+// new context would.
+cudaError_t device_error();
+void clear_device_error();
+
+struct LaunchConfig {
+  const void* kernel;
+  dim3 grid;
+  dim3 block;
+  size_t shared_bytes;
+  cudaStream_t stream;
+};
+// Runs `body` as every thread of every block of the grid. A configuration CUDA refuses sets
+// the error cudaGetLastError() returns, and nothing runs.
+void run_grid(const LaunchConfig& config, const std::function<void()>& body);
+
+// kernel<<<grid, block, shared, stream>>>(args...) is rewritten into
+// launch(kernel, grid, block, shared, stream)(args...): the arguments are converted to the
+// kernel's parameter types once, as a launch does, and every thread gets its own copy.
+template <typename... Params>
+class Launch {
+ public:
+  Launch(void (*kernel)(Params...), const LaunchConfig& config)
+      : kernel_(kernel), config_(config) {}
+
+  template <typename... Args>
+  void operator()(Args&&... args) const {
+    static_assert(sizeof...(Args) == sizeof...(Params), "kernel launched with the wrong arity");
+    const std::tuple<std::decay_t<Params>...> params(std::forward<Args>(args)...);
+    run_grid(config_, [&] { std::apply(kernel_, params); });
+  }
+
+ private:
+  void (*kernel_)(Params...);
+  LaunchConfig config_;
+};
+
+template <typename... Params>
+Launch<Params...> launch(void (*kernel)(Params...), dim3 grid, dim3 block, size_t shared_bytes = 0,
+                         cudaStream_t stream = nullptr) {
+  return Launch<Params...>(kernel, LaunchConfig{reinterpret_cast<const void*>(kernel), grid,
+                                                block, shared_bytes, stream});
+}
+
+}  // namespace loom::cuda_emulation

@@ -1,0 +1,236 @@
+// The emulator itself: indices, barriers, shuffles, shared-memory poisoning, the schedules
+// that expose a missing barrier, WMMA, and the errors for what CUDA leaves undefined.
+
+#include <cuda_runtime.h>
+#include <mma.h>
+
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <vector>
+
+#include "emulator.h"
+
+namespace emu = loom::cuda_emulation;
+
+namespace {
+
+const emu::Schedule kSchedules[] = {
+    {emu::Order::kForward, 0}, {emu::Order::kReverse, 0}, {emu::Order::kShuffled, 1},
+    {emu::Order::kShuffled, 2}};
+
+struct ScheduleGuard {
+  ~ScheduleGuard() {
+    emu::set_schedule({});
+    emu::clear_device_error();
+  }
+};
+
+void write_ids(int* out) {
+  const int block = blockIdx.x + gridDim.x * blockIdx.y;
+  const int thread = threadIdx.x + blockDim.x * (threadIdx.y + blockDim.y * threadIdx.z);
+  const int per_block = blockDim.x * blockDim.y * blockDim.z;
+  out[block * per_block + thread] = block * 1000 + thread;
+}
+
+TEST(Emulator, EveryThreadOfEveryBlockRunsWithItsIndices) {
+  std::vector<int> out(6 * 16, -1);
+  emu::launch(write_ids, dim3(3, 2), dim3(4, 2, 2))(out.data());
+  ASSERT_EQ(cudaGetLastError(), cudaSuccess);
+  for (int b = 0; b < 6; ++b)
+    for (int t = 0; t < 16; ++t) EXPECT_EQ(out[b * 16 + t], b * 1000 + t);
+}
+
+// Each thread reads its neighbour's value from shared memory: right with the barrier under
+// every schedule, poisoned (NaN) without it under at least one.
+template <bool kBarrier>
+void rotate(float* out) {
+  __shared__ float values[64];
+  emu::shared_memory_in_use(values, sizeof(values));  // what the kernel rewrite adds
+  const unsigned t = threadIdx.x;
+  values[t] = static_cast<float>(t);
+  if (kBarrier) __syncthreads();
+  out[blockIdx.x * blockDim.x + t] = values[(t + 1) % blockDim.x];
+}
+
+TEST(Emulator, ABarrierOrdersSharedMemoryUnderEverySchedule) {
+  ScheduleGuard guard;
+  for (const auto& schedule : kSchedules) {
+    emu::set_schedule(schedule);
+    std::vector<float> out(2 * 64);
+    emu::launch(rotate<true>, 2, 64)(out.data());
+    for (int i = 0; i < 128; ++i)
+      ASSERT_EQ(out[i], static_cast<float>((i % 64 + 1) % 64)) << emu::describe(schedule);
+  }
+}
+
+TEST(Emulator, AMissingBarrierReadsPoisonUnderSomeSchedule) {
+  ScheduleGuard guard;
+  for (const auto& schedule : kSchedules) {
+    emu::set_schedule(schedule);
+    std::vector<float> out(64);
+    emu::launch(rotate<false>, 1, 64)(out.data());
+    int poisoned = 0;
+    for (float v : out) poisoned += std::isnan(v) ? 1 : 0;
+    // Forward order: only thread 63 reads a value not yet written; reverse: all but one.
+    if (schedule.order == emu::Order::kForward) {
+      EXPECT_EQ(poisoned, 63);
+    } else if (schedule.order == emu::Order::kReverse) {
+      EXPECT_EQ(poisoned, 1);
+    } else {
+      EXPECT_GT(poisoned, 0);
+    }
+  }
+}
+
+void warp_sums(const float* in, float* out) {
+  float v = in[threadIdx.x];
+  for (int offset = 16; offset > 0; offset /= 2) v += __shfl_xor_sync(0xffffffffu, v, offset);
+  out[threadIdx.x] = v;
+}
+
+TEST(Emulator, ShuffleXorGivesEveryLaneTheWarpSum) {
+  ScheduleGuard guard;
+  std::vector<float> in(64), out(64);
+  for (int i = 0; i < 64; ++i) in[i] = static_cast<float>(i);
+  for (const auto& schedule : kSchedules) {
+    emu::set_schedule(schedule);
+    emu::launch(warp_sums, 1, 64)(in.data(), out.data());
+    for (int i = 0; i < 32; ++i) ASSERT_EQ(out[i], 496.0f);         // 0 + ... + 31
+    for (int i = 32; i < 64; ++i) ASSERT_EQ(out[i], 1520.0f);       // 32 + ... + 63
+  }
+}
+
+TEST(Emulator, AShuffleNamingLanesPastTheBlockIsAnError) {
+  std::vector<float> in(48), out(48);
+  try {
+    emu::launch(warp_sums, 1, 48)(in.data(), out.data());
+    FAIL() << "expected an EmulationError";
+  } catch (const emu::EmulationError& e) {
+    EXPECT_NE(std::string(e.what()).find("do not exist"), std::string::npos) << e.what();
+  }
+}
+
+void early_exit_then_shuffle(float* out) {
+  if (threadIdx.x == 5) return;
+  out[threadIdx.x] = __shfl_xor_sync(0xffffffffu, 1.0f, 1);
+}
+
+TEST(Emulator, AShuffleWaitingForAnExitedLaneIsAnError) {
+  std::vector<float> out(32);
+  EXPECT_THROW(emu::launch(early_exit_then_shuffle, 1, 32)(out.data()), emu::EmulationError);
+}
+
+void divergent_barrier(int* out) {
+  if (threadIdx.x < 16) {
+    __syncthreads();
+  } else {
+    __syncwarp();
+    __syncthreads();
+    __syncthreads();
+  }
+  out[threadIdx.x] = 1;
+}
+
+TEST(Emulator, ABarrierThatCanNeverCompleteIsNamedNotHung) {
+  std::vector<int> out(64);
+  try {
+    emu::launch(divergent_barrier, 1, 64)(out.data());
+    FAIL() << "expected an EmulationError";
+  } catch (const emu::EmulationError& e) {
+    EXPECT_NE(std::string(e.what()).find("can never finish"), std::string::npos) << e.what();
+  }
+}
+
+void exits_then_barrier(int* out) {
+  if (threadIdx.x >= 40) return;  // exited threads do not hold __syncthreads (sm_70+)
+  __syncthreads();
+  out[threadIdx.x] = 1;
+}
+
+TEST(Emulator, ExitedThreadsDoNotHoldTheBlockBarrier) {
+  std::vector<int> out(64, 0);
+  emu::launch(exits_then_barrier, 1, 64)(out.data());
+  for (int i = 0; i < 64; ++i) EXPECT_EQ(out[i], i < 40 ? 1 : 0);
+}
+
+void traps_in_block_one(int* out) {
+  if (blockIdx.x == 1 && threadIdx.x == 3) __trap();
+  out[blockIdx.x * blockDim.x + threadIdx.x] = 1;
+}
+
+TEST(Emulator, ATrapFailsTheLaunchAndStaysUntilCleared) {
+  ScheduleGuard guard;
+  std::vector<int> out(4 * 32, 0);
+  emu::launch(traps_in_block_one, 4, 32)(out.data());
+  EXPECT_EQ(cudaGetLastError(), cudaErrorLaunchFailure);
+  EXPECT_EQ(cudaDeviceSynchronize(), cudaErrorLaunchFailure);
+  EXPECT_EQ(out[3 * 32], 0) << "blocks after the trap must not run";
+  emu::clear_device_error();
+  EXPECT_EQ(cudaGetLastError(), cudaSuccess);
+}
+
+TEST(Emulator, ALaunchCudaRefusesSetsTheLastErrorAndRunsNothing) {
+  std::vector<int> out(2048, 0);
+  emu::launch(write_ids, 1, 1025)(out.data());
+  EXPECT_EQ(cudaGetLastError(), cudaErrorInvalidConfiguration);
+  EXPECT_EQ(out[0], 0);
+  EXPECT_EQ(cudaGetLastError(), cudaSuccess);
+}
+
+void dynamic_first_byte(unsigned char* out) {
+  auto* smem = static_cast<unsigned char*>(emu::dynamic_shared_memory());
+  if (threadIdx.x == 0) *out = smem[0];
+}
+
+TEST(Emulator, DynamicSharedMemoryIsPoisonedAndLimitedLikeADevice) {
+  unsigned char first = 0;
+  emu::launch(dynamic_first_byte, 1, 32, 1024)(&first);
+  ASSERT_EQ(cudaGetLastError(), cudaSuccess);
+  EXPECT_EQ(first, 0xFF);
+  emu::launch(dynamic_first_byte, 1, 32, 64 * 1024)(&first);
+  EXPECT_EQ(cudaGetLastError(), cudaErrorInvalidValue) << "past 48 KiB needs the attribute";
+  ASSERT_EQ(cudaFuncSetAttribute(reinterpret_cast<const void*>(dynamic_first_byte),
+                                 cudaFuncAttributeMaxDynamicSharedMemorySize, 64 * 1024),
+            cudaSuccess);
+  emu::launch(dynamic_first_byte, 1, 32, 64 * 1024)(&first);
+  EXPECT_EQ(cudaGetLastError(), cudaSuccess);
+}
+
+namespace wmma = nvcuda::wmma;
+
+void wmma_product(const __nv_bfloat16* a, const __nv_bfloat16* b, float* c) {
+  wmma::fragment<wmma::matrix_a, 16, 16, 16, __nv_bfloat16, wmma::row_major> fa;
+  wmma::fragment<wmma::matrix_b, 16, 16, 16, __nv_bfloat16, wmma::col_major> fb;
+  wmma::fragment<wmma::accumulator, 16, 16, 16, float> acc;
+  wmma::fill_fragment(acc, 0.0f);
+  wmma::load_matrix_sync(fa, a, 16);
+  wmma::load_matrix_sync(fb, b, 16);
+  wmma::mma_sync(acc, fa, fb, acc);
+  wmma::store_matrix_sync(c, acc, 16, wmma::mem_row_major);
+}
+
+TEST(Emulator, WmmaMultipliesWithTheFragmentsLayouts) {
+  alignas(32) __nv_bfloat16 a[256], b[256];
+  alignas(32) float c[256];
+  for (int i = 0; i < 256; ++i) {
+    a[i] = __float2bfloat16_rn(static_cast<float>(i % 7) - 3.0f);
+    b[i] = __float2bfloat16_rn(static_cast<float>(i % 5) - 2.0f);
+  }
+  emu::launch(wmma_product, 1, 32)(a, b, c);
+  for (int i = 0; i < 16; ++i)
+    for (int j = 0; j < 16; ++j) {
+      float expected = 0;
+      for (int k = 0; k < 16; ++k)  // b is column-major: element (k, j) at j * 16 + k
+        expected += __bfloat162float(a[i * 16 + k]) * __bfloat162float(b[j * 16 + k]);
+      ASSERT_EQ(c[i * 16 + j], expected) << i << "," << j;
+    }
+}
+
+TEST(Emulator, WmmaInAWarpWithMissingLanesIsAnError) {
+  alignas(32) __nv_bfloat16 a[256] = {}, b[256] = {};
+  alignas(32) float c[256];
+  EXPECT_THROW(emu::launch(wmma_product, 1, 16)(a, b, c), emu::EmulationError);
+}
+
+}  // namespace
