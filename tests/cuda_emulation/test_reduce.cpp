@@ -1,0 +1,114 @@
+// kernels/cuda/reduce.cu under the emulator against kernels/cpu: sums and maxima over an
+// axis (rows and columns kernels), argmax with the CPU's NaN rule, and the whole-buffer sums
+// (the two-kernel partial-sum path), in f32, f64, bf16 and f16, the same bits under every
+// schedule.
+
+#include "kernels/cuda/reduce.h"
+
+#include "emulation_test_util.h"
+#include "kernels/cpu/optimizer_steps.h"
+#include "kernels/cpu/reduce.h"
+
+namespace loom::cuda_emulation::testing {
+namespace {
+
+namespace gpu = loom::kernels::cuda;
+namespace cpu = loom::kernels::cpu;
+
+struct Axis {
+  int64_t outer, extent, inner;
+};
+// inner == 1 reduces rows; inner > 1 reduces columns. Extents around warps and blocks.
+const Axis kAxes[] = {{1, 1, 1},   {3, 5, 1},  {2, 33, 1}, {4, 1000, 1}, {1, 3000, 1},
+                      {2, 3, 7},   {3, 64, 5}, {1, 300, 33}, {2, 1, 40}};
+
+template <typename T>
+void check_axis_reductions() {
+  std::mt19937_64 rng(31);
+  for (const auto& a : kAxes) {
+    SCOPED_TRACE("outer " + std::to_string(a.outer) + " extent " + std::to_string(a.extent) +
+                 " inner " + std::to_string(a.inner));
+    const size_t n = static_cast<size_t>(a.outer * a.extent * a.inner),
+                 m = static_cast<size_t>(a.outer * a.inner);
+    const auto x = random_values<T>(n, rng);
+    const auto xw = widen_all(x);
+    std::vector<Wide<T>> want_sum(m), want_max(m);
+    std::vector<int64_t> want_arg(m);
+    cpu::sum_axis(xw.data(), want_sum.data(), a.outer, a.extent, a.inner);
+    cpu::max_axis(xw.data(), want_max.data(), want_arg.data(), a.outer, a.extent, a.inner);
+    std::vector<T> first;
+    for_each_schedule([&] {
+      std::vector<T> sum(m), max(m);
+      std::vector<int64_t> arg(m, -1);
+      gpu::sum_axis(dtype_of<T>(), x.data(), sum.data(), a.outer, a.extent, a.inner, nullptr);
+      // A sum of up to 3000 terms in a tree order: relative to the terms' magnitudes.
+      EXPECT_LE(max_relative_error(sum, want_sum, 4.0), tolerance<T>() * 8);
+      gpu::max_axis(dtype_of<T>(), x.data(), max.data(), arg.data(), a.outer, a.extent,
+                    a.inner, nullptr);
+      EXPECT_EQ(max_relative_error(max, want_max), 0.0);
+      EXPECT_EQ(arg, want_arg);
+      if (first.empty()) first = sum;
+      EXPECT_TRUE(bitwise_equal(first, sum));
+    });
+  }
+}
+
+TEST(EmulatedReduce, AxisSumsAndMaximaF32) { check_axis_reductions<float>(); }
+TEST(EmulatedReduce, AxisSumsAndMaximaF64) { check_axis_reductions<double>(); }
+TEST(EmulatedReduce, AxisSumsAndMaximaBf16) { check_axis_reductions<__nv_bfloat16>(); }
+TEST(EmulatedReduce, AxisSumsAndMaximaF16) { check_axis_reductions<__half>(); }
+
+TEST(EmulatedReduce, ArgmaxFollowsTheCpuNanRule) {
+  // A NaN first wins with index 0; a NaN later is never chosen.
+  const float nan = std::nanf("");
+  const std::vector<float> x = {nan, 1, 2, /**/ 1, nan, 3, /**/ 5, 5, 1};
+  std::vector<float> want_max(3);
+  std::vector<int64_t> want_arg(3);
+  cpu::max_axis(x.data(), want_max.data(), want_arg.data(), 3, 3, 1);
+  for_each_schedule([&] {
+    std::vector<float> max(3);
+    std::vector<int64_t> arg(3);
+    gpu::max_axis(DType::F32, x.data(), max.data(), arg.data(), 3, 3, 1, nullptr);
+    EXPECT_EQ(arg, want_arg);
+    EXPECT_TRUE(std::isnan(max[0]));
+    EXPECT_EQ(max[1], 3.0f);
+    EXPECT_EQ(max[2], 5.0f);
+  });
+}
+
+template <typename T>
+void check_whole_sums() {
+  std::mt19937_64 rng(37);
+  for (int64_t n : {0, 1, 31, 1000, 4097, 70001}) {
+    SCOPED_TRACE("n " + std::to_string(n));
+    const auto x = random_values<T>(static_cast<size_t>(n), rng);
+    const auto xw = widen_all(x);
+    const double want_sum = cpu::sum_all(xw.data(), n);
+    const double want_squares = cpu::sum_of_squares(xw.data(), n);
+    std::vector<T> first;
+    for_each_schedule([&] {
+      std::vector<double> workspace(gpu::reduce_workspace_bytes(n) / sizeof(double) + 1);
+      std::vector<T> sum(1);
+      float squares = -1;
+      gpu::sum_all(dtype_of<T>(), x.data(), n, sum.data(), workspace.data(), nullptr);
+      gpu::sum_of_squares(dtype_of<T>(), x.data(), n, &squares, workspace.data(), nullptr);
+      // Added in double, rounded once: the CPU's double sum rounded to T (f64: up to the
+      // reassociation of the double sum).
+      if constexpr (std::is_same_v<T, double>) {
+        EXPECT_NEAR(sum[0], want_sum, 1e-13 * std::max(1.0, std::abs(want_sum)));
+      } else {
+        EXPECT_EQ(to_double(sum[0]), to_double(from_double<T>(want_sum)));
+      }
+      EXPECT_EQ(squares, static_cast<float>(want_squares));
+      if (first.empty()) first = sum;
+      EXPECT_TRUE(bitwise_equal(first, sum));
+    });
+  }
+}
+
+TEST(EmulatedReduce, WholeBufferSumsF32) { check_whole_sums<float>(); }
+TEST(EmulatedReduce, WholeBufferSumsBf16) { check_whole_sums<__nv_bfloat16>(); }
+TEST(EmulatedReduce, WholeBufferSumsF64) { check_whole_sums<double>(); }
+
+}  // namespace
+}  // namespace loom::cuda_emulation::testing
