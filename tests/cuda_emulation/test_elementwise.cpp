@@ -1,0 +1,306 @@
+// kernels/cuda/elementwise.cu under the emulator against the CPU: binary ops over random
+// broadcast/strided layouts of up to 8 dims, the contiguous maps on misaligned pointers,
+// GELU, fills and copy_strided between all 49 dtype pairs, with the CPU's conversion rules
+// (tensor/dtype.cpp's bf16 and f16 rounding).
+
+#include "kernels/cuda/elementwise.h"
+
+#include <cstring>
+
+#include "emulation_test_util.h"
+#include "kernels/cpu/elementwise.h"
+#include "kernels/cpu/half.h"
+#include "tensor/dtype.h"
+
+namespace loom::cuda_emulation::testing {
+namespace {
+
+namespace gpu = loom::kernels::cuda;
+namespace cpu = loom::kernels::cpu;
+
+// A shape and an operand's strides into a buffer of `span` elements: dimensions permuted,
+// stepped, or broadcast (stride 0).
+struct Layout {
+  std::vector<int64_t> strides;
+  int64_t span = 1;
+};
+
+std::vector<int64_t> random_shape(std::mt19937_64& rng, int max_dims) {
+  std::uniform_int_distribution<int> dims(0, max_dims), extent(1, 4);
+  std::vector<int64_t> shape(static_cast<size_t>(dims(rng)));
+  for (auto& d : shape) d = extent(rng);
+  return shape;
+}
+
+Layout random_layout(const std::vector<int64_t>& shape, std::mt19937_64& rng, bool broadcast) {
+  const size_t ndim = shape.size();
+  std::vector<size_t> order(ndim);
+  for (size_t i = 0; i < ndim; ++i) order[i] = i;
+  std::shuffle(order.begin(), order.end(), rng);
+  std::uniform_int_distribution<int> step(1, 2), coin(0, 3);
+  Layout l;
+  l.strides.assign(ndim, 0);
+  int64_t stride = 1;
+  for (size_t i : order) {
+    if (broadcast && coin(rng) == 0) continue;  // stride 0
+    l.strides[i] = stride * step(rng);
+    stride = l.strides[i] * shape[i];
+  }
+  l.span = 1;
+  for (size_t i = 0; i < ndim; ++i) l.span += (shape[i] - 1) * l.strides[i];
+  return l;
+}
+
+int64_t numel(const std::vector<int64_t>& shape) {
+  int64_t n = 1;
+  for (int64_t d : shape) n *= d;
+  return n;
+}
+
+// Offset of the i-th element (row-major over `shape`) through `strides`.
+int64_t offset_of(int64_t i, const std::vector<int64_t>& shape, const std::vector<int64_t>& strides) {
+  int64_t off = 0;
+  for (size_t d = shape.size(); d-- > 0;) {
+    off += (i % shape[d]) * strides[d];
+    i /= shape[d];
+  }
+  return off;
+}
+
+template <typename T>
+void check_binary_layouts() {
+  std::mt19937_64 rng(41);
+  const gpu::BinaryOp gops[] = {gpu::BinaryOp::Add, gpu::BinaryOp::Sub, gpu::BinaryOp::Mul,
+                                gpu::BinaryOp::Div};
+  const cpu::BinaryOp cops[] = {cpu::BinaryOp::Add, cpu::BinaryOp::Sub, cpu::BinaryOp::Mul,
+                                cpu::BinaryOp::Div};
+  for (int trial = 0; trial < 60; ++trial) {
+    const auto shape = random_shape(rng, trial < 50 ? 5 : gpu::kMaxDims);
+    const Layout la = random_layout(shape, rng, true), lb = random_layout(shape, rng, true);
+    const auto a = random_values<T>(static_cast<size_t>(la.span), rng);
+    const auto b = random_values<T>(static_cast<size_t>(lb.span), rng, 0.5, 3.0);
+    const auto aw = widen_all(a), bw = widen_all(b);
+    const int op = trial % 4;
+    std::vector<Wide<T>> want(static_cast<size_t>(numel(shape)));
+    cpu::binary(cops[op], static_cast<int>(shape.size()), shape.data(), aw.data(),
+                la.strides.data(), bw.data(), lb.strides.data(), want.data());
+    std::vector<T> want_t(want.size());
+    for (size_t i = 0; i < want.size(); ++i) want_t[i] = from_double<T>(want[i]);
+    std::vector<T> out(want.size());
+    gpu::binary(gops[op], dtype_of<T>(), static_cast<int>(shape.size()), shape.data(), a.data(),
+                la.strides.data(), b.data(), lb.strides.data(), out.data(), nullptr);
+    // One operation in the compute type, rounded once: the CPU's bits exactly.
+    ASSERT_TRUE(bitwise_equal(out, want_t)) << "trial " << trial << " op " << op;
+  }
+}
+
+TEST(EmulatedElementwise, BinaryOverBroadcastStridedLayoutsF32) {
+  for_each_schedule([] { check_binary_layouts<float>(); });
+}
+TEST(EmulatedElementwise, BinaryOverBroadcastStridedLayoutsF64) { check_binary_layouts<double>(); }
+TEST(EmulatedElementwise, BinaryOverBroadcastStridedLayoutsBf16) {
+  check_binary_layouts<__nv_bfloat16>();
+}
+
+// Contiguous maps: sizes around the 16-byte vectors, pointers off 16-byte alignment.
+template <typename T>
+void check_maps() {
+  std::mt19937_64 rng(43);
+  for (int64_t n : {1, 3, 4, 7, 8, 9, 33, 1000, 4099}) {
+    for (int64_t shift : {0, 1}) {
+      SCOPED_TRACE("n " + std::to_string(n) + " shift " + std::to_string(shift));
+      const auto a0 = random_values<T>(static_cast<size_t>(n + shift), rng);
+      const auto b0 = random_values<T>(static_cast<size_t>(n + shift), rng);
+      std::vector<Wide<T>> aw = widen_all(a0), bw = widen_all(b0);
+      auto round_all = [](const std::vector<Wide<T>>& v) {
+        std::vector<T> out(v.size());
+        for (size_t i = 0; i < v.size(); ++i) out[i] = from_double<T>(v[i]);
+        return out;
+      };
+      const auto factor = static_cast<Wide<T>>(0.37), value = static_cast<Wide<T>>(-1.25);
+      // a += b
+      std::vector<T> a = a0;
+      gpu::add_inplace(dtype_of<T>(), a.data() + shift, b0.data() + shift, n, nullptr);
+      std::vector<Wide<T>> want = aw;
+      cpu::add_inplace(want.data() + shift, bw.data() + shift, n);
+      EXPECT_TRUE(bitwise_equal(a, round_all(want))) << "add_inplace";
+      // a *= factor
+      a = a0;
+      gpu::scale_inplace(dtype_of<T>(), a.data() + shift, 0.37, n, nullptr);
+      want = aw;
+      cpu::scale_inplace(want.data() + shift, factor, n);
+      EXPECT_TRUE(bitwise_equal(a, round_all(want))) << "scale_inplace";
+      // out = a + value, out = a * factor
+      std::vector<T> out(a0.size());
+      std::memcpy(out.data(), a0.data(), shift * sizeof(T));
+      gpu::add_scalar(dtype_of<T>(), a0.data() + shift, -1.25, out.data() + shift, n, nullptr);
+      want = aw;
+      cpu::add_scalar(aw.data() + shift, value, want.data() + shift, n);
+      EXPECT_TRUE(bitwise_equal(out, round_all(want))) << "add_scalar";
+      gpu::scale(dtype_of<T>(), a0.data() + shift, 0.37, out.data() + shift, n, nullptr);
+      cpu::scale(aw.data() + shift, factor, want.data() + shift, n);
+      EXPECT_TRUE(bitwise_equal(out, round_all(want))) << "scale";
+    }
+  }
+}
+
+TEST(EmulatedElementwise, ContiguousMapsOnMisalignedPointersF32) {
+  for_each_schedule([] { check_maps<float>(); });
+}
+TEST(EmulatedElementwise, ContiguousMapsOnMisalignedPointersF64) { check_maps<double>(); }
+TEST(EmulatedElementwise, ContiguousMapsOnMisalignedPointersBf16) { check_maps<__nv_bfloat16>(); }
+TEST(EmulatedElementwise, ContiguousMapsOnMisalignedPointersF16) { check_maps<__half>(); }
+
+TEST(EmulatedElementwise, GeluForwardAndBackwardWithinTheDocumentedBounds) {
+  std::mt19937_64 rng(47);
+  const int64_t n = 3001;
+  const auto x = random_values<float>(n, rng, -7, 7);
+  const auto dy = random_values<float>(n, rng);
+  std::vector<float> want_y(n), want_dx(n), y(n), dx(n);
+  cpu::gelu_forward(x.data(), want_y.data(), n);
+  cpu::gelu_backward(x.data(), dy.data(), want_dx.data(), n);
+  for_each_schedule([&] {
+    gpu::gelu_forward(DType::F32, x.data(), y.data(), n, nullptr);
+    gpu::gelu_backward(DType::F32, x.data(), dy.data(), dx.data(), n, nullptr);
+    for (int64_t i = 0; i < n; ++i) {
+      // elementwise.h: a few ulp for x >= -1; ~4e-7 absolute (backward ~2e-6 |dy|) below.
+      ASSERT_NEAR(y[i], want_y[i], x[i] >= -1 ? 4e-7 * std::max(1.0f, std::abs(want_y[i])) : 5e-7)
+          << "x " << x[i];
+      ASSERT_NEAR(dx[i], want_dx[i], 3e-6 * std::max(1.0f, std::abs(dy[i]))) << "x " << x[i];
+    }
+  });
+}
+
+// ---- Conversions: the CPU's rules (tensor/ops/copy.cpp) as an oracle -----------------------
+
+size_t element_size(DType d) {
+  switch (d) {
+    case DType::F64:
+    case DType::I64: return 8;
+    case DType::F32:
+    case DType::I32: return 4;
+    case DType::BF16:
+    case DType::F16: return 2;
+    case DType::U8: return 1;
+  }
+  return 0;
+}
+
+bool is_integer(DType d) { return d == DType::I32 || d == DType::I64 || d == DType::U8; }
+
+// An element read as the CPU reads it: integers exactly, floats widened to double.
+double read_double(DType d, const unsigned char* p) {
+  switch (d) {
+    case DType::F32: { float v; std::memcpy(&v, p, 4); return v; }
+    case DType::F64: { double v; std::memcpy(&v, p, 8); return v; }
+    case DType::BF16: { uint16_t b; std::memcpy(&b, p, 2); return bf16_bits_to_float(b); }
+    case DType::F16: { uint16_t b; std::memcpy(&b, p, 2); return kernels::cpu::f16_bits_to_f32(b); }
+    case DType::I32: { int32_t v; std::memcpy(&v, p, 4); return v; }
+    case DType::I64: { int64_t v; std::memcpy(&v, p, 8); return static_cast<double>(v); }
+    case DType::U8: return *p;
+  }
+  return 0;
+}
+
+int64_t read_integer(DType d, const unsigned char* p) {
+  switch (d) {
+    case DType::I32: { int32_t v; std::memcpy(&v, p, 4); return v; }
+    case DType::I64: { int64_t v; std::memcpy(&v, p, 8); return v; }
+    default: return *p;
+  }
+}
+
+void write_converted(DType src, const unsigned char* in, DType dst, unsigned char* out) {
+  if (is_integer(src) && is_integer(dst)) {  // wraps like static_cast
+    const int64_t v = read_integer(src, in);
+    if (dst == DType::I32) { const auto w = static_cast<int32_t>(v); std::memcpy(out, &w, 4); }
+    if (dst == DType::I64) std::memcpy(out, &v, 8);
+    if (dst == DType::U8) *out = static_cast<uint8_t>(v);
+    return;
+  }
+  const double v = read_double(src, in);
+  switch (dst) {
+    case DType::F32: { const auto f = static_cast<float>(v); std::memcpy(out, &f, 4); return; }
+    case DType::F64: std::memcpy(out, &v, 8); return;
+    case DType::BF16: { const uint16_t b = float_to_bf16_bits(static_cast<float>(v)); std::memcpy(out, &b, 2); return; }
+    case DType::F16: { const uint16_t b = kernels::cpu::f32_to_f16_bits(static_cast<float>(v)); std::memcpy(out, &b, 2); return; }
+    case DType::I32: { const auto i = static_cast<int32_t>(v); std::memcpy(out, &i, 4); return; }
+    case DType::I64: { const auto i = static_cast<int64_t>(v); std::memcpy(out, &i, 8); return; }
+    case DType::U8: *out = static_cast<uint8_t>(static_cast<int32_t>(v)); return;
+  }
+}
+
+// Raw elements of dtype d with values the CPU converts without undefined behaviour (integers
+// in range of every integer type after truncation; floats with fractions, NaN for floats).
+std::vector<unsigned char> random_elements(DType d, int64_t n, std::mt19937_64& rng, bool nan) {
+  std::vector<unsigned char> raw(static_cast<size_t>(n) * element_size(d));
+  std::uniform_real_distribution<double> u(-120.0, 120.0);
+  for (int64_t i = 0; i < n; ++i) {
+    double v = u(rng);
+    if (nan && !is_integer(d) && i % 17 == 5) v = std::nan("");
+    unsigned char* p = raw.data() + i * element_size(d);
+    if (is_integer(d)) {
+      const auto k = static_cast<int64_t>(v);
+      if (d == DType::I32) { const auto w = static_cast<int32_t>(k); std::memcpy(p, &w, 4); }
+      if (d == DType::I64) std::memcpy(p, &k, 8);
+      if (d == DType::U8) *p = static_cast<uint8_t>(k);
+    } else {
+      write_converted(DType::F64, reinterpret_cast<const unsigned char*>(&v), d, p);
+    }
+  }
+  return raw;
+}
+
+const DType kAllDtypes[] = {DType::F32, DType::F64, DType::BF16, DType::F16,
+                            DType::I32, DType::I64, DType::U8};
+
+TEST(EmulatedElementwise, CopyStridedConvertsEveryDtypePairAsTheCpu) {
+  std::mt19937_64 rng(53);
+  int checked = 0;
+  for (DType src : kAllDtypes) {
+    for (DType dst : kAllDtypes) {
+      for (int trial = 0; trial < 6; ++trial) {
+        // Float NaNs into integers are undefined on the CPU; f16 NaN payloads may differ.
+        const bool nan = !is_integer(dst) && dst != DType::F16 && src != DType::F16;
+        std::vector<int64_t> shape = trial == 0 ? std::vector<int64_t>{37} : random_shape(rng, 6);
+        const Layout l = trial == 0 ? Layout{{1}, 37} : random_layout(shape, rng, trial % 2 == 1);
+        const auto in = random_elements(src, l.span, rng, nan);
+        const int64_t n = numel(shape);
+        std::vector<unsigned char> want(static_cast<size_t>(n) * element_size(dst));
+        for (int64_t i = 0; i < n; ++i) {
+          write_converted(src, in.data() + offset_of(i, shape, l.strides) * element_size(src),
+                          dst, want.data() + i * element_size(dst));
+        }
+        std::vector<unsigned char> out(want.size(), 0xAB);
+        gpu::copy_strided(src, static_cast<int>(shape.size()), shape.data(), in.data(),
+                          l.strides.data(), dst, out.data(), nullptr);
+        ASSERT_EQ(out, want) << dtype_name(src) << " -> " << dtype_name(dst) << " trial " << trial;
+        ++checked;
+      }
+    }
+  }
+  EXPECT_EQ(checked, 49 * 6);
+}
+
+TEST(EmulatedElementwise, FillWritesTheCpuValueInEveryDtype) {
+  for (DType d : kAllDtypes) {
+    for (double value : {0.0, -3.75, 2.5e-3, 77.9}) {
+      const int64_t n = 45;
+      std::vector<unsigned char> want(static_cast<size_t>(n) * element_size(d));
+      for (int64_t i = 0; i < n; ++i)
+        write_converted(DType::F64, reinterpret_cast<const unsigned char*>(&value), d,
+                        want.data() + i * element_size(d));
+      for (int64_t shift : {0, 1}) {  // and off 16-byte alignment
+        std::vector<unsigned char> out(want.size() + element_size(d), 0xCD);
+        gpu::fill(d, out.data() + shift * element_size(d), value, n, nullptr);
+        ASSERT_EQ(std::vector<unsigned char>(out.begin() + shift * element_size(d),
+                                             out.begin() + shift * element_size(d) + want.size()),
+                  want)
+            << dtype_name(d) << " value " << value;
+      }
+    }
+  }
+}
+
+}  // namespace
+}  // namespace loom::cuda_emulation::testing
