@@ -1,0 +1,110 @@
+// kernels/cuda/attention.cu under the emulator against kernels/cpu/attention: v1 (SIMT, f32
+// and bf16) and v2 (WMMA tensor cores, bf16) forward and backward, on head dims padded and
+// not, sequence lengths around the tiles, and q/k/v as strided views into a fused
+// [B, T, 3, H, D] projection; bitwise the same under every schedule.
+
+#include "kernels/cuda/attention.h"
+
+#include "emulation_test_util.h"
+#include "kernels/cpu/attention.h"
+
+namespace loom::cuda_emulation::testing {
+namespace {
+
+namespace gpu = loom::kernels::cuda;
+namespace cpu = loom::kernels::cpu;
+
+struct Shape {
+  int64_t batch, heads, time, head_dim;
+};
+const Shape kShapes[] = {{1, 1, 5, 8},   {2, 3, 17, 32}, {1, 2, 33, 40},
+                         {1, 1, 70, 64}, {1, 1, 65, 128}, {2, 1, 100, 24}};
+
+// q, k, v inside one fused projection buffer; out, dout, dq, dk, dv contiguous [B, H, T, D].
+struct Layouts {
+  int64_t fused[3], plain[3];
+  size_t fused_size, plain_size;
+  int64_t k_offset, v_offset;
+};
+
+Layouts layouts(const Shape& s) {
+  const int64_t hd = s.heads * s.head_dim;
+  Layouts l{};
+  l.fused[0] = s.time * 3 * hd;
+  l.fused[1] = s.head_dim;
+  l.fused[2] = 3 * hd;
+  l.plain[0] = s.heads * s.time * s.head_dim;
+  l.plain[1] = s.time * s.head_dim;
+  l.plain[2] = s.head_dim;
+  l.fused_size = static_cast<size_t>(s.batch * s.time * 3 * hd);
+  l.plain_size = static_cast<size_t>(s.batch * hd * s.time);
+  l.k_offset = hd;
+  l.v_offset = 2 * hd;
+  return l;
+}
+
+template <typename T>
+void check_attention(gpu::AttentionVersion version, double tol_out, double tol_grad) {
+  ASSERT_TRUE(gpu::attention_version_supports(version, dtype_of<T>()));
+  std::mt19937_64 rng(83);
+  for (const auto& s : kShapes) {
+    SCOPED_TRACE("B " + std::to_string(s.batch) + " H " + std::to_string(s.heads) + " T " +
+                 std::to_string(s.time) + " D " + std::to_string(s.head_dim));
+    const Layouts l = layouts(s);
+    const auto qkv = random_values<T>(l.fused_size, rng, -1, 1);
+    const auto dout = random_values<T>(l.plain_size, rng, -1, 1);
+    const auto qkv_w = widen_all(qkv), dout_w = widen_all(dout);
+    const cpu::AttentionShape cs{s.batch, s.heads, s.time, s.head_dim};
+    std::vector<float> want_out(l.plain_size), probs(static_cast<size_t>(s.batch * s.heads * s.time * s.time));
+    std::vector<float> want_dq(l.plain_size), want_dk(l.plain_size), want_dv(l.plain_size);
+    cpu::causal_attention_forward(cs, qkv_w.data(), l.fused, qkv_w.data() + l.k_offset, l.fused,
+                                  qkv_w.data() + l.v_offset, l.fused, want_out.data(), l.plain,
+                                  probs.data());
+    cpu::causal_attention_backward(cs, dout_w.data(), l.plain, qkv_w.data(), l.fused,
+                                   qkv_w.data() + l.k_offset, l.fused, qkv_w.data() + l.v_offset,
+                                   l.fused, probs.data(), want_dq.data(), l.plain, want_dk.data(),
+                                   l.plain, want_dv.data(), l.plain);
+    const gpu::AttentionShape gs{s.batch, s.heads, s.time, s.head_dim};
+    std::vector<T> first_dq;
+    for_each_schedule([&] {
+      std::vector<T> out(l.plain_size), dq(l.plain_size), dk(l.plain_size), dv(l.plain_size);
+      std::vector<float> lse(static_cast<size_t>(s.batch * s.heads * s.time));
+      gpu::flash_attention_forward_version(version, dtype_of<T>(), gs, qkv.data(), l.fused,
+                                           qkv.data() + l.k_offset, l.fused,
+                                           qkv.data() + l.v_offset, l.fused, out.data(), l.plain,
+                                           lse.data(), nullptr);
+      EXPECT_LE(max_relative_error(out, want_out), tol_out);
+      std::vector<float> workspace(gpu::flash_attention_backward_workspace(gs) / 4 + 4);
+      gpu::flash_attention_backward_version(
+          version, dtype_of<T>(), gs, dout.data(), l.plain, qkv.data(), l.fused,
+          qkv.data() + l.k_offset, l.fused, qkv.data() + l.v_offset, l.fused, out.data(), l.plain,
+          lse.data(), dq.data(), l.plain, dk.data(), l.plain, dv.data(), l.plain,
+          workspace.data(), nullptr);
+      EXPECT_LE(max_relative_error(dq, want_dq), tol_grad);
+      EXPECT_LE(max_relative_error(dk, want_dk), tol_grad);
+      EXPECT_LE(max_relative_error(dv, want_dv), tol_grad);
+      if (first_dq.empty()) first_dq = dq;
+      EXPECT_TRUE(bitwise_equal(first_dq, dq)) << "attention gradients must be reproducible";
+    });
+  }
+}
+
+// Errors are relative to max(|x|, 1): f32 differs from the CPU's GEMM order by rounding;
+// bf16 rounds inputs, probabilities (v2) and outputs to 8 bits of mantissa.
+TEST(EmulatedAttention, SimtF32) {
+  check_attention<float>(gpu::AttentionVersion::kSimt, 2e-6, 1e-5);
+}
+TEST(EmulatedAttention, SimtBf16) {
+  check_attention<__nv_bfloat16>(gpu::AttentionVersion::kSimt, 8e-3, 2e-2);
+}
+TEST(EmulatedAttention, TensorCoreBf16) {
+  check_attention<__nv_bfloat16>(gpu::AttentionVersion::kTensorCore, 8e-3, 2e-2);
+}
+
+TEST(EmulatedAttention, TheTensorCoreVersionTakesBf16Only) {
+  EXPECT_FALSE(gpu::attention_version_supports(gpu::AttentionVersion::kTensorCore, DType::F32));
+  EXPECT_TRUE(gpu::attention_version_supports(gpu::AttentionVersion::kSimt, DType::F32));
+}
+
+}  // namespace
+}  // namespace loom::cuda_emulation::testing

@@ -1,0 +1,78 @@
+// kernels/cuda/embedding.cu under the emulator against kernels/cpu/embedding: the lookup, and
+// the sorted, atomic-free gradient (f32 bitwise the CPU's, since rows are added in the CPU's
+// order), on packed and unpacked widths, with heavily repeated indices, in f32, bf16 and f16;
+// an index out of range traps.
+
+#include "kernels/cuda/embedding.h"
+
+#include "emulation_test_util.h"
+#include "kernels/cpu/embedding.h"
+
+namespace loom::cuda_emulation::testing {
+namespace {
+
+namespace gpu = loom::kernels::cuda;
+namespace cpu = loom::kernels::cpu;
+
+struct Case {
+  int64_t count, width, vocab;
+};
+// Widths with and without 16-byte packs; few distinct indices (long runs) and many.
+const Case kCases[] = {{1, 1, 1}, {7, 3, 5}, {40, 8, 3}, {100, 16, 1000}, {300, 33, 50},
+                       {65, 64, 2}};
+
+template <typename T>
+void check_embedding() {
+  std::mt19937_64 rng(79);
+  for (const auto& c : kCases) {
+    SCOPED_TRACE("count " + std::to_string(c.count) + " width " + std::to_string(c.width) +
+                 " vocab " + std::to_string(c.vocab));
+    const size_t table = static_cast<size_t>(c.vocab * c.width),
+                 rows = static_cast<size_t>(c.count * c.width);
+    std::vector<int64_t> indices(static_cast<size_t>(c.count));
+    std::uniform_int_distribution<int64_t> pick(0, c.vocab - 1);
+    for (auto& i : indices) i = pick(rng);
+    const auto weight = random_values<T>(table, rng);
+    const auto dout = random_values<T>(rows, rng);
+    const auto dweight0 = random_values<T>(table, rng);  // accumulated into
+    const auto ww = widen_all(weight), dw = widen_all(dout);
+    std::vector<Wide<T>> want_out(rows), want_grad = widen_all(dweight0);
+    cpu::embedding_forward(indices.data(), ww.data(), want_out.data(), c.count, c.width);
+    cpu::embedding_backward(indices.data(), dw.data(), want_grad.data(), c.count, c.width);
+    for_each_schedule([&] {
+      std::vector<T> out(rows), grad = dweight0;
+      gpu::embedding_forward(dtype_of<T>(), indices.data(), weight.data(), out.data(), c.count,
+                             c.width, c.vocab, nullptr);
+      EXPECT_EQ(max_relative_error(out, want_out), 0.0);
+      std::vector<uint64_t> workspace(gpu::embedding_backward_workspace(c.count) / 8 + 64);
+      // 256-byte aligned, as from cudaMalloc.
+      void* aligned = workspace.data();
+      size_t space = workspace.size() * 8;
+      ASSERT_NE(std::align(256, gpu::embedding_backward_workspace(c.count), aligned, space), nullptr);
+      gpu::embedding_backward(dtype_of<T>(), indices.data(), dout.data(), grad.data(), c.count,
+                              c.width, c.vocab, aligned, nullptr);
+      // f32: the CPU's order, so its bits; bf16/f16: rounded once at the end (the CPU here
+      // adds in f32 without rounding between rows too).
+      const double tol = std::is_same_v<T, float> ? 0.0 : tolerance<T>();
+      EXPECT_LE(max_relative_error(grad, want_grad), tol);
+    });
+  }
+}
+
+TEST(EmulatedEmbedding, LookupAndSortedGradientF32) { check_embedding<float>(); }
+TEST(EmulatedEmbedding, LookupAndSortedGradientBf16) { check_embedding<__nv_bfloat16>(); }
+TEST(EmulatedEmbedding, LookupAndSortedGradientF16) { check_embedding<__half>(); }
+
+TEST(EmulatedEmbedding, AnIndexOutOfRangeTraps) {
+  const std::vector<int64_t> indices = {0, 4, 1};
+  const std::vector<float> weight(4 * 8, 1.0f);
+  std::vector<float> out(3 * 8);
+  EXPECT_THROW(gpu::embedding_forward(DType::F32, indices.data(), weight.data(), out.data(), 3, 8,
+                                      4, nullptr),
+               loom::Error);
+  EXPECT_EQ(device_error(), cudaErrorLaunchFailure);
+  clear_device_error();
+}
+
+}  // namespace
+}  // namespace loom::cuda_emulation::testing
