@@ -1,5 +1,6 @@
 #include "strategies/devices.h"
 
+#include <algorithm>
 #include <charconv>
 #include <sstream>
 
@@ -16,7 +17,13 @@ bool parse_int(const std::string& text, int& value) {
 
 DeviceSelection parse_devices(const std::string& devices, const Accelerator& accelerator) {
   const bool cpu = accelerator.name() == "cpu";
-  if (devices == "auto" || devices == "-1") return {1, {}};
+  const int visible = accelerator.visible_devices();
+  auto first = [](int n) {
+    DeviceSelection all{n, std::vector<int>(static_cast<size_t>(n))};
+    for (int i = 0; i < n; ++i) all.indices[static_cast<size_t>(i)] = i;
+    return all;
+  };
+  if (devices == "auto" || devices == "-1") return cpu ? DeviceSelection{1, {}} : first(visible);
   int count = 0;
   if (parse_int(devices, count)) {
     if (count < 1) {
@@ -24,7 +31,13 @@ DeviceSelection parse_devices(const std::string& devices, const Accelerator& acc
            " is not valid; expected 'auto', a count >= 1, '-1' "
            "(all) or device indices like '0,2'");
     }
-    return {count, {}};
+    if (cpu) return {count, {}};
+    if (count > visible) {
+      fail("[strategy] devices=", count, " but this process sees ", visible, " ",
+           accelerator.name(), " device(s) (after CUDA_VISIBLE_DEVICES); ask for at most ",
+           visible, " or use devices=auto");
+    }
+    return first(count);
   }
   std::vector<int> indices;
   std::stringstream in(devices);
@@ -36,6 +49,8 @@ DeviceSelection parse_devices(const std::string& devices, const Accelerator& acc
            "' is not valid; expected 'auto', a count, '-1' or "
            "device indices like '0,2'");
     }
+    if (std::find(indices.begin(), indices.end(), index) != indices.end())
+      fail("[strategy] devices='", devices, "' lists device ", index, " twice");
     indices.push_back(index);
   }
   if (cpu) {
@@ -43,6 +58,13 @@ DeviceSelection parse_devices(const std::string& devices, const Accelerator& acc
          "' lists device indices, which select GPUs; with the "
          "CPU accelerator pass a number of processes instead, e.g. devices=",
          indices.size());
+  }
+  for (int index : indices) {
+    if (index >= visible) {
+      fail("[strategy] devices='", devices, "' names device ", index, ", but this process sees ",
+           visible, " ", accelerator.name(), " device(s), indices 0..", visible - 1,
+           " (after CUDA_VISIBLE_DEVICES)");
+    }
   }
   return {static_cast<int>(indices.size()), indices};
 }

@@ -10,8 +10,8 @@ namespace loom::strategies {
 
 CUDAAccelerator::CUDAAccelerator() {
 #if LOOM_WITH_CUDA
-  device_count_ = cuda::device_count();
-  if (device_count_ == 0) {
+  visible_devices_ = cuda::device_count();
+  if (visible_devices_ == 0) {
     fail("[strategy] accelerator 'cuda': no usable GPU (", cuda::unavailable_reason(),
          "); use accelerator 'cpu'");
   }
@@ -21,8 +21,24 @@ CUDAAccelerator::CUDAAccelerator() {
 #endif
 }
 
+CUDAAccelerator::CUDAAccelerator(int visible_devices) : visible_devices_(visible_devices) {
+  if (visible_devices < 1)
+    fail("[strategy] accelerator 'cuda' with ", visible_devices, " visible GPUs: expected at least 1");
+}
+
+void CUDAAccelerator::select(const std::vector<int>& indices) {
+  for (int index : indices) {
+    if (index < 0 || index >= visible_devices_) {
+      fail("[strategy] GPU index ", index, " is not visible: this process sees ", visible_devices_,
+           " GPU(s), indices 0..", visible_devices_ - 1, " (after CUDA_VISIBLE_DEVICES)");
+    }
+  }
+  selected_ = indices;
+}
+
 Device CUDAAccelerator::device(int local_rank) const {
-  return Device::cuda(local_rank % device_count_);
+  if (selected_.empty()) return Device::cuda(local_rank % visible_devices_);
+  return Device::cuda(selected_[static_cast<size_t>(local_rank) % selected_.size()]);
 }
 
 std::shared_ptr<Accelerator> make_accelerator(const std::string& name) {

@@ -7,6 +7,7 @@
 #include <map>
 #include <memory>
 #include <string>
+#include <vector>
 
 #include "tensor/tensor.h"
 
@@ -16,27 +17,40 @@ class Accelerator {
  public:
   virtual ~Accelerator() = default;
   virtual std::string name() const = 0;
-  // The device local rank `local_rank` computes on.
+  // How many devices this accelerator can address: the visible GPUs (CUDA_VISIBLE_DEVICES
+  // applied, as the driver reports them), 1 for the CPU.
+  virtual int visible_devices() const = 0;
+  // The devices the job uses, as indices into the visible ones (parse_devices' selection);
+  // all visible devices until this is called.
+  virtual void select(const std::vector<int>& indices) = 0;
+  // The device local rank `local_rank` computes on: the selected devices in order, wrapping.
   virtual Device device(int local_rank) const = 0;
 };
 
 class CPUAccelerator final : public Accelerator {
  public:
   std::string name() const override { return "cpu"; }
+  int visible_devices() const override { return 1; }
+  void select(const std::vector<int>&) override {}
   Device device(int) const override { return Device::cpu(); }
 };
 
-// NVIDIA GPUs (builds with LOOM_WITH_CUDA). Local rank r computes on cuda:(r mod the number
-// of GPUs), so several processes may share one GPU (with the shm backend, which stages CUDA
-// tensors through pinned memory; NCCL refuses two ranks on one GPU).
+// NVIDIA GPUs (builds with LOOM_WITH_CUDA). Local rank r computes on the (r mod n)-th of the n
+// selected GPUs, so several processes may share one GPU (with the shm backend, which stages
+// CUDA tensors through pinned memory; NCCL refuses two ranks on one GPU).
 class CUDAAccelerator final : public Accelerator {
  public:
   CUDAAccelerator();  // throws loom::Error saying why when no GPU can be used
+  // As if the driver reported `visible_devices` GPUs (tests of device selection).
+  explicit CUDAAccelerator(int visible_devices);
   std::string name() const override { return "cuda"; }
+  int visible_devices() const override { return visible_devices_; }
+  void select(const std::vector<int>& indices) override;  // throws naming a bad index
   Device device(int local_rank) const override;
 
  private:
-  int device_count_ = 0;
+  int visible_devices_ = 0;
+  std::vector<int> selected_;  // empty: all visible devices
 };
 
 // "cpu", "cuda" or "auto". "auto" is the CPU, even where a GPU is present: the CUDA path has

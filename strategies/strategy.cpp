@@ -13,10 +13,6 @@
 #include "tensor/ops.h"
 #include "tensor/safetensors.h"
 
-#if LOOM_WITH_CUDA
-#include "tensor/cuda/device.h"
-#endif
-
 namespace loom::strategies {
 
 void Strategy::setup_module(nn::Module& module) {
@@ -90,8 +86,7 @@ void Strategy::load_parameter_parts(const ReadParameter& read) {
 }
 
 Strategy::Strategy(StrategyOptions options) : options_(std::move(options)) {
-  accelerator_ = make_accelerator(options_.accelerator);
-  parse_devices(options_.devices, *accelerator_);  // a clear error now rather than later
+  set_accelerator(make_accelerator(options_.accelerator));  // parses devices: errors now
   set_precision(make_precision(options_.precision, options_.loss_scaler));
   if (options_.num_nodes < 1)
     fail("[strategy] num_nodes must be at least 1, got ", options_.num_nodes);
@@ -185,6 +180,7 @@ Tensor Strategy::broadcast(Tensor tensor, int) {
 
 void Strategy::set_accelerator(std::shared_ptr<Accelerator> accelerator) {
   if (!accelerator) fail("[strategy] set_accelerator: null accelerator");
+  accelerator->select(parse_devices(options_.devices, *accelerator).indices);
   accelerator_ = std::move(accelerator);
 }
 
@@ -241,17 +237,13 @@ std::map<std::string, Tensor> Strategy::load_checkpoint(const std::filesystem::p
 }
 
 namespace {
-// The backend of a group whose ranks run on `device`, `local_ranks` of them on this host:
-// `requested`, where "auto" on CUDA devices is "nccl" when every local rank has a GPU of its
-// own (NCCL refuses two ranks on one GPU), else "shm" (which stages CUDA tensors through host
-// memory). Every rank must reach the same answer: ranks started by a LocalJob (rank 0) and
-// by setup_environment (the others) both ask here.
-std::string group_backend(const std::string& requested, Device device, int local_ranks) {
+// The backend of a group whose ranks run on `device`, `local_ranks` of them on this host,
+// spread over `gpus` selected GPUs: `requested`, where "auto" on CUDA devices is "nccl" when
+// every local rank has a GPU of its own (NCCL refuses two ranks on one GPU), else "shm"
+// (which stages CUDA tensors through host memory). Every rank must reach the same answer:
+// ranks started by a LocalJob (rank 0) and by setup_environment (the others) both ask here.
+std::string group_backend(const std::string& requested, Device device, int local_ranks, int gpus) {
   if (requested != "auto" || !device.is_cuda()) return requested;
-  int gpus = 0;
-#if LOOM_WITH_CUDA
-  gpus = cuda::device_count();
-#endif
   const bool own_gpu = gpus >= local_ranks;
   return LOOM_WITH_NCCL && own_gpu ? "nccl" : "shm";
 }
@@ -262,7 +254,8 @@ void ParallelStrategy::setup_environment() {
   comm::ClusterEnv env = environment_ ? *environment_ : comm::detect_cluster_env();
   environment_ = env;
   const std::string backend =
-      group_backend(options_.process_group_backend, root_device(), env.local_world_size);
+      group_backend(options_.process_group_backend, root_device(), env.local_world_size,
+                    parse_devices(options_.devices, *accelerator_).count);
   std::optional<Device> device;
   if (root_device().is_cuda()) device = root_device();
   group_ = comm::init(
@@ -335,7 +328,7 @@ void ParallelStrategy::join_or_start_ranks(LaunchMethod method) {
   }
   int count = parse_devices(options_.devices, *accelerator_).count;
   const LocalJobOptions job_options{
-      .backend = group_backend(options_.process_group_backend, root_device(), count),
+      .backend = group_backend(options_.process_group_backend, root_device(), count, count),
       .device = root_device(),
       .timeout = options_.timeout};
   job_ = std::make_unique<LocalJob>(count, method, job_options);

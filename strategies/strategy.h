@@ -192,6 +192,7 @@ class Strategy {
   virtual int local_world_size() const { return 1; }
   bool is_global_zero() const { return rank() == 0; }
   // The device this process computes on: the accelerator's device for local_rank().
+  // set_accelerator applies the selection `devices` makes (parse_devices) to the accelerator.
   Device root_device() const { return accelerator_->device(local_rank()); }
   const Accelerator& accelerator() const { return *accelerator_; }
   void set_accelerator(std::shared_ptr<Accelerator> accelerator);

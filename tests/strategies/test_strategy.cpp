@@ -142,6 +142,35 @@ TEST(StrategyPlugins, DevicesAsUsersWriteThem) {
   EXPECT_THROW(StrategyRegistry::get("ddp", {.devices = "1,3"}), Error);
 }
 
+// On GPUs (a fake count of 4 visible devices): "auto" and "-1" are all of them, "N" the
+// first N, an index list exactly those, in order; local ranks map onto the selection.
+TEST(StrategyPlugins, DevicesSelectGpusAsUsersWriteThem) {
+  CUDAAccelerator gpus(4);
+  auto indices = [&](const std::string& devices) { return parse_devices(devices, gpus).indices; };
+  EXPECT_EQ(parse_devices("auto", gpus).count, 4);
+  EXPECT_EQ(indices("auto"), (std::vector<int>{0, 1, 2, 3}));
+  EXPECT_EQ(indices("-1"), (std::vector<int>{0, 1, 2, 3}));
+  EXPECT_EQ(indices("2"), (std::vector<int>{0, 1}));
+  EXPECT_EQ(indices("0,2"), (std::vector<int>{0, 2}));
+  EXPECT_EQ(indices("3,1"), (std::vector<int>{3, 1}));
+  gpus.select(indices("0,2"));
+  EXPECT_EQ(gpus.device(0), Device::cuda(0));
+  EXPECT_EQ(gpus.device(1), Device::cuda(2));
+  EXPECT_EQ(gpus.device(2), Device::cuda(0));  // more local ranks than GPUs: they share
+  auto refused = [&](const std::string& devices, const std::string& expected) {
+    try {
+      parse_devices(devices, gpus);
+      ADD_FAILURE() << devices << " was accepted";
+    } catch (const Error& e) {
+      EXPECT_NE(std::string(e.what()).find(expected), std::string::npos) << e.what();
+    }
+  };
+  refused("5", "sees 4 cuda device(s)");
+  refused("0,4", "names device 4, but this process sees 4");
+  refused("1,1", "lists device 1 twice");
+  EXPECT_THROW(gpus.select({7}), Error);
+}
+
 // train_gpt's loop: ddp with W ranks x batch B (and accumulation K) against single_device
 // with batch W*K*B reads the same tokens per step and ends with the same weights.
 
