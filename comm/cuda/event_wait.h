@@ -6,17 +6,17 @@
 #include <thread>
 
 #include "comm/error.h"
-#include "tensor/cuda/stream.h"
 
 namespace loom::comm {
 
-// Polls `event` until its work finished (returns true) or `deadline` passed (false). Spins
+// Polls `event` (a cuda::Event, or anything whose query() says whether its work finished)
+// until its work finished (returns true) or `deadline` passed (false). Spins
 // with yields first (collectives of small tensors finish within microseconds), then sleeps
 // 50 us between polls so that a long wait does not burn a core. Calls `check()` every 64
 // polls, which may throw to end the wait early (the nccl backend checks for asynchronous
 // errors there).
-template <typename Check>
-bool wait_event(const cuda::Event& event, Deadline deadline, Check&& check) {
+template <typename Event, typename Check>
+bool wait_event(const Event& event, Deadline deadline, Check&& check) {
   for (unsigned polls = 0;; ++polls) {
     if (event.query()) return true;
     if (polls % 64 == 63) check();
@@ -29,7 +29,8 @@ bool wait_event(const cuda::Event& event, Deadline deadline, Check&& check) {
   }
 }
 
-inline bool wait_event(const cuda::Event& event, Deadline deadline) {
+template <typename Event>
+bool wait_event(const Event& event, Deadline deadline) {
   return wait_event(event, deadline, [] {});
 }
 
