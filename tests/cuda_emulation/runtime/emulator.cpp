@@ -1,7 +1,8 @@
 #include "emulator.h"
 
+#include "fiber_context.h"
+
 #include <sys/mman.h>
-#include <ucontext.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -50,7 +51,7 @@ constexpr size_t kStackBytes = 256 * 1024;
 enum class Wait { kRunnable, kBlockBarrier, kWarpBarrier, kExited };
 
 struct Fiber {
-  ucontext_t context{};
+  FiberContext context;
   unsigned char* stack = nullptr;  // usable stack, above a guard page
   ThreadIds ids{};
   int index = 0;  // linear thread index in the block
@@ -109,7 +110,7 @@ struct Run {
   std::vector<const void*> shared_in_use;  // static __shared__ arrays poisoned in this block
   std::exception_ptr error;  // an EmulationError or a kernel's own exception
   bool trapped = false;
-  ucontext_t scheduler{};
+  FiberContext scheduler;
 #if LOOM_EMULATION_ASAN
   const void* scheduler_stack = nullptr;
   size_t scheduler_stack_size = 0;
@@ -166,7 +167,7 @@ void switch_to_scheduler(Run& r, Fiber& self, bool exiting) {
 #else
   (void)exiting;
 #endif
-  swapcontext(&self.context, &r.scheduler);
+  switch_context(self.context, r.scheduler);
 #if LOOM_EMULATION_ASAN
   __sanitizer_finish_switch_fiber(self.fake_stack, nullptr, nullptr);
 #endif
@@ -179,9 +180,9 @@ void switch_to_fiber(Run& r, Fiber& f) {
   void* fake = nullptr;
   __sanitizer_start_switch_fiber(&fake, f.stack, kStackBytes);
 #endif
-  swapcontext(&r.scheduler, &f.context);
+  switch_context(r.scheduler, f.context);
 #if LOOM_EMULATION_ASAN
-  __sanitizer_finish_switch_fiber(fake, &r.scheduler_stack, &r.scheduler_stack_size);
+  __sanitizer_finish_switch_fiber(fake, nullptr, nullptr);
 #endif
   r.current = nullptr;
 }
@@ -201,7 +202,7 @@ unsigned lanes_of_warp(const Run& r, int warp) {
   return lanes == kWarpSize ? kFullMask : (1u << lanes) - 1u;
 }
 
-void fiber_main() {
+[[noreturn]] void fiber_main() {
   Run& r = *active;
   Fiber& self = *r.current;
 #if LOOM_EMULATION_ASAN
@@ -285,11 +286,7 @@ void run_block(Run& r, const uint3& block_idx, std::mt19937_64& rng) {
     __asan_unpoison_memory_region(f.stack, kStackBytes);  // frames an abandoned block left
     f.fake_stack = nullptr;
 #endif
-    getcontext(&f.context);
-    f.context.uc_stack.ss_sp = f.stack;
-    f.context.uc_stack.ss_size = kStackBytes;
-    f.context.uc_link = nullptr;
-    makecontext(&f.context, fiber_main, 0);
+    make_context(f.context, f.stack, kStackBytes, fiber_main);
   }
   while (r.exited < r.threads) {
     bool ran = false;
