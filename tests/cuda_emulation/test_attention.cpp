@@ -101,6 +101,32 @@ TEST(EmulatedAttention, TensorCoreBf16) {
   check_attention<__nv_bfloat16>(gpu::AttentionVersion::kTensorCore, 8e-3, 2e-2);
 }
 
+// The public launchers pick v1 for f32 and, on a device that runs sm_80 code (the emulated
+// one reports sm_90), v2 for bf16.
+template <typename T>
+void check_public_launcher_is(gpu::AttentionVersion version) {
+  const Shape s{1, 2, 40, 32};
+  const Layouts l = layouts(s);
+  std::mt19937_64 rng(89);
+  const auto qkv = random_values<T>(l.fused_size, rng, -1, 1);
+  const gpu::AttentionShape gs{s.batch, s.heads, s.time, s.head_dim};
+  std::vector<T> out(l.plain_size), want(l.plain_size);
+  std::vector<float> lse(static_cast<size_t>(s.heads * s.time)), want_lse(lse.size());
+  gpu::flash_attention_forward(dtype_of<T>(), gs, qkv.data(), l.fused, qkv.data() + l.k_offset,
+                               l.fused, qkv.data() + l.v_offset, l.fused, out.data(), l.plain,
+                               lse.data(), nullptr);
+  gpu::flash_attention_forward_version(version, dtype_of<T>(), gs, qkv.data(), l.fused,
+                                       qkv.data() + l.k_offset, l.fused, qkv.data() + l.v_offset,
+                                       l.fused, want.data(), l.plain, want_lse.data(), nullptr);
+  EXPECT_TRUE(bitwise_equal(out, want));
+  EXPECT_TRUE(bitwise_equal(lse, want_lse));
+}
+
+TEST(EmulatedAttention, PublicLaunchersUseSimtForF32AndTensorCoresForBf16) {
+  check_public_launcher_is<float>(gpu::AttentionVersion::kSimt);
+  check_public_launcher_is<__nv_bfloat16>(gpu::AttentionVersion::kTensorCore);
+}
+
 TEST(EmulatedAttention, TheTensorCoreVersionTakesBf16Only) {
   EXPECT_FALSE(gpu::attention_version_supports(gpu::AttentionVersion::kTensorCore, DType::F32));
   EXPECT_TRUE(gpu::attention_version_supports(gpu::AttentionVersion::kSimt, DType::F32));

@@ -233,4 +233,19 @@ TEST(Emulator, WmmaInAWarpWithMissingLanesIsAnError) {
   EXPECT_THROW(emu::launch(wmma_product, 1, 16)(a, b, c), emu::EmulationError);
 }
 
+void wmma_divergent_pointers(const __nv_bfloat16* a) {
+  wmma::fragment<wmma::matrix_a, 16, 16, 16, __nv_bfloat16, wmma::row_major> fa;
+  wmma::load_matrix_sync(fa, a + (threadIdx.x % 2) * 256, 16);  // lanes disagree: undefined
+}
+
+TEST(Emulator, WmmaWithDifferentPointersPerLaneIsAnError) {
+  alignas(32) __nv_bfloat16 a[512] = {};
+  try {
+    emu::launch(wmma_divergent_pointers, 1, 32)(a);
+    FAIL() << "expected an EmulationError";
+  } catch (const emu::EmulationError& e) {
+    EXPECT_NE(std::string(e.what()).find("same pointer and stride"), std::string::npos) << e.what();
+  }
+}
+
 }  // namespace

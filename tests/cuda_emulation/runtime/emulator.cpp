@@ -12,6 +12,7 @@
 #include <new>
 #include <random>
 #include <sstream>
+#include <utility>
 #include <vector>
 
 #if defined(__SANITIZE_ADDRESS__)
@@ -71,6 +72,15 @@ struct WarpBarrier {
   size_t bytes = 0;
   int lane_mask = 0;
   int width = kWarpSize;
+  unsigned char arguments[32] = {};  // what every lane must pass alike (WMMA pointers, ldm)
+  size_t argument_bytes = 0;
+};
+
+// Per warp, beyond its barrier: whether the first lane to go on after a warp collective has
+// yet to run, and a buffer that lane can fill for the others (warp_scratch).
+struct WarpShared {
+  bool leader_pending = false;
+  std::vector<unsigned char> scratch;
 };
 
 // Stacks for the threads of a block, made once and reused (with a guard page below each, so
@@ -102,6 +112,7 @@ struct Run {
   const std::function<void()>* body = nullptr;
   std::vector<Fiber> fibers;
   std::vector<WarpBarrier> warps;
+  std::vector<WarpShared> warp_shared;
   int threads = 0;
   int at_block_barrier = 0;
   int exited = 0;
@@ -271,6 +282,7 @@ void run_block(Run& r, const uint3& block_idx, std::mt19937_64& rng) {
   r.at_block_barrier = 0;
   r.exited = 0;
   std::fill(r.warps.begin(), r.warps.end(), WarpBarrier{});
+  for (WarpShared& w : r.warp_shared) w.leader_pending = false;
   for (int i = 0; i < r.threads; ++i) {
     Fiber& f = r.fibers[static_cast<size_t>(i)];
     f.index = i;
@@ -360,7 +372,8 @@ namespace {
 // Arrival at a warp operation; returns once every lane of `mask` has arrived. `on_release`
 // runs once, in the last lane to arrive, before any lane goes on.
 void warp_barrier(const char* operation, unsigned mask, size_t bytes, int lane_mask, int width,
-                  void (*on_release)(Run&, int warp)) {
+                  void (*on_release)(Run&, int warp), const void* arguments = nullptr,
+                  size_t argument_bytes = 0) {
   Run& r = run();
   Fiber& self = *r.current;
   const int warp = self.index / kWarpSize, lane = self.index % kWarpSize;
@@ -381,7 +394,12 @@ void warp_barrier(const char* operation, unsigned mask, size_t bytes, int lane_m
   }
   WarpBarrier& wb = r.warps[static_cast<size_t>(warp)];
   if (wb.operation == nullptr) {
-    wb = WarpBarrier{operation, mask, 0, bytes, lane_mask, width};
+    wb = WarpBarrier{operation, mask, 0, bytes, lane_mask, width, {}, argument_bytes};
+    if (argument_bytes > 0) std::memcpy(wb.arguments, arguments, argument_bytes);
+  } else if (argument_bytes > 0 && std::memcmp(wb.arguments, arguments, argument_bytes) != 0) {
+    undefined(r, self, std::string(operation) + " with other arguments than the lanes of its warp "
+                           "that reached it first (CUDA requires the same pointer and stride "
+                           "in every lane)");
   } else if (std::strcmp(wb.operation, operation) != 0 || wb.mask != mask || wb.bytes != bytes ||
              wb.lane_mask != lane_mask || wb.width != width) {
     undefined(r, self, std::string("reached ") + operation + " (mask " + hex(mask) +
@@ -392,6 +410,7 @@ void warp_barrier(const char* operation, unsigned mask, size_t bytes, int lane_m
   self.wait = Wait::kWarpBarrier;
   if (wb.arrived == wb.mask) {
     if (on_release != nullptr) on_release(r, warp);
+    r.warp_shared[static_cast<size_t>(warp)].leader_pending = true;
     for (int l = 0; l < kWarpSize; ++l) {
       if ((wb.mask >> l & 1u) != 0) r.fibers[static_cast<size_t>(warp * kWarpSize + l)].wait = Wait::kRunnable;
     }
@@ -444,8 +463,21 @@ void shuffle_xor(unsigned mask, void* value, size_t bytes, int lane_mask, int wi
   std::memcpy(value, active->current->shuffle_out, bytes);
 }
 
-void warp_collective(const char* operation) {
-  warp_barrier(operation, kFullMask, 0, 0, kWarpSize, nullptr);
+bool warp_collective(const char* operation, const void* arguments, size_t bytes) {
+  if (bytes > sizeof(WarpBarrier::arguments))
+    throw EmulationError("[cuda emulation] warp_collective: more than 32 bytes of arguments");
+  warp_barrier(operation, kFullMask, 0, 0, kWarpSize, nullptr, arguments, bytes);
+  Run& r = *active;
+  WarpShared& w = r.warp_shared[static_cast<size_t>(r.current->index / kWarpSize)];
+  return std::exchange(w.leader_pending, false);
+}
+
+void* warp_scratch(size_t bytes) {
+  Run& r = run();
+  std::vector<unsigned char>& scratch =
+      r.warp_shared[static_cast<size_t>(r.current->index / kWarpSize)].scratch;
+  if (scratch.size() < bytes) scratch.resize(bytes);
+  return scratch.data();
 }
 
 void* dynamic_shared_memory() {
@@ -489,6 +521,7 @@ void run_grid(const LaunchConfig& config, const std::function<void()>& body) {
   r.threads = static_cast<int>(config.block.x * config.block.y * config.block.z);
   r.fibers.resize(static_cast<size_t>(r.threads));
   r.warps.resize(static_cast<size_t>((r.threads + kWarpSize - 1) / kWarpSize));
+  r.warp_shared.resize(r.warps.size());
   struct SharedBuffer {
     void* p = nullptr;
     ~SharedBuffer() { ::operator delete(p, std::align_val_t{128}); }

@@ -69,8 +69,13 @@ unsigned active_mask();
 // Every lane in `mask` passes `bytes` (at most 16) of its value; each gets the value of lane
 // (its lane ^ lane_mask), within groups of `width` lanes.
 void shuffle_xor(unsigned mask, void* value, size_t bytes, int lane_mask, int width);
-// A warp-synchronous operation (WMMA): every lane of the warp must reach it together.
-void warp_collective(const char* operation);
+// A warp-synchronous operation (WMMA): every lane of the warp must reach it together, passing
+// the same `arguments` bytes (at most 32: CUDA requires the same pointer and stride in every
+// lane). Returns true in the first lane of the warp to go on, which runs before any other
+// lane of its warp does, so it may compute a result for all of them in warp_scratch().
+bool warp_collective(const char* operation, const void* arguments = nullptr, size_t bytes = 0);
+// A per-warp buffer of at least `bytes`, kept until the block ends.
+void* warp_scratch(size_t bytes);
 void* dynamic_shared_memory();
 // A static __shared__ array reached by a thread: the first call of each block fills it with
 // 0xFF bytes (rewrite_kernel_source.cmake puts the call after each declaration).
