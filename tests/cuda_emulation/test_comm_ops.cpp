@@ -1,6 +1,6 @@
 // kernels/cuda/comm_ops.cu under the emulator against kernels/cpu/reduce_ops: combining a
-// received buffer into an accumulator for every op and dtype, bitwise, NaNs and signed zeros
-// included; finishing averages (integer divisors past 32 bits); contiguous conversions.
+// received buffer into an accumulator for every op and dtype, bitwise, NaNs meeting numbers,
+// infinities of both signs and signed zeros included; finishing averages (integer divisors past 32 bits); contiguous conversions.
 
 #include "kernels/cuda/comm_ops.h"
 
@@ -27,15 +27,22 @@ cpu::ReduceType reduce_type(DType d) {
   return cpu::ReduceType::F32;
 }
 
-// Elements with NaNs, and zeros of both signs so that Min/Max ties show which operand wins.
-std::vector<unsigned char> awkward_elements(DType d, int64_t n, std::mt19937_64& rng) {
-  auto raw = random_elements(d, n, rng, /*nan=*/true);
-  if (!is_integer(d)) {
-    for (int64_t i = 3; i < n; i += 11) {
-      const double zero = i % 2 == 0 ? 0.0 : -0.0;
-      write_converted(DType::F64, reinterpret_cast<const unsigned char*>(&zero), d,
-                      raw.data() + i * element_size(d));
+// Elements with NaNs, infinities and zeros of both signs, at positions that depend on
+// `phase`, so that between two buffers of different phases a NaN meets a number, +0 meets
+// -0, and inf meets -inf (a NaN the kernel makes itself, which it must store canonical).
+std::vector<unsigned char> awkward_elements(DType d, int64_t n, std::mt19937_64& rng, int phase) {
+  auto raw = random_elements(d, n, rng, /*nan=*/false);
+  if (is_integer(d)) return raw;
+  for (int64_t i = 0; i < n; ++i) {
+    double v;
+    switch ((i + phase) % 13) {
+      case 2: v = std::nan(""); break;
+      case 5: v = (i / 13 + phase) % 2 == 0 ? 0.0 : -0.0; break;
+      case 7: v = (i / 13 + phase) % 2 == 0 ? INFINITY : -INFINITY; break;
+      default: continue;
     }
+    write_converted(DType::F64, reinterpret_cast<const unsigned char*>(&v), d,
+                    raw.data() + i * element_size(d));
   }
   return raw;
 }
@@ -52,7 +59,8 @@ TEST(EmulatedCommOps, ReduceInplaceHoldsTheCpuBackendsBits) {
     for (DType d : kAllDtypes) {
       for (const auto& [gop, cop] : ops) {
         for (int64_t n : {1, 7, 8, 100, 4101}) {
-          const auto acc0 = awkward_elements(d, n, rng), x = awkward_elements(d, n, rng);
+          for (int phase : {0, 3, 13}) {
+          const auto acc0 = awkward_elements(d, n, rng, 0), x = awkward_elements(d, n, rng, phase);
           auto want = acc0;
           cpu::reduce_into(reduce_type(d), cop, want.data(), x.data(), static_cast<size_t>(n));
           auto acc = acc0;
@@ -64,6 +72,7 @@ TEST(EmulatedCommOps, ReduceInplaceHoldsTheCpuBackendsBits) {
                            static_cast<size_t>(n));
           gpu::reduce_inplace(gop, d, same.data(), same.data(), n, nullptr);
           ASSERT_EQ(same, same_want) << dtype_name(d) << " in place";
+          }
         }
       }
     }

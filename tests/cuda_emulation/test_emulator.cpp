@@ -17,7 +17,7 @@ namespace {
 
 const emu::Schedule kSchedules[] = {
     {emu::Order::kForward, 0}, {emu::Order::kReverse, 0}, {emu::Order::kShuffled, 1},
-    {emu::Order::kShuffled, 2}};
+    {emu::Order::kShuffled, 2}, {emu::Order::kWarpsReverse, 0}};
 
 struct ScheduleGuard {
   ~ScheduleGuard() {
@@ -72,14 +72,42 @@ TEST(Emulator, AMissingBarrierReadsPoisonUnderSomeSchedule) {
     emu::launch(rotate<false>, 1, 64)(out.data());
     int poisoned = 0;
     for (float v : out) poisoned += std::isnan(v) ? 1 : 0;
-    // Forward order: only thread 63 reads a value not yet written; reverse: all but one.
+    // Forward: every thread but the last reads its neighbour before it is written; reverse:
+    // only the last.
     if (schedule.order == emu::Order::kForward) {
       EXPECT_EQ(poisoned, 63);
     } else if (schedule.order == emu::Order::kReverse) {
       EXPECT_EQ(poisoned, 1);
+    } else if (schedule.order == emu::Order::kWarpsReverse) {
+      EXPECT_EQ(poisoned, 63);  // warp 1 first (all 32 read ahead), then warp 0 (all but 31)
     } else {
       EXPECT_GT(poisoned, 0);
     }
+  }
+}
+
+// The other warp's value after only a __syncwarp: a missing __syncthreads that lockstep
+// schedules cannot show (every thread writes before any passes its __syncwarp), but running
+// warp by warp does.
+void other_warps_value(float* out) {
+  __shared__ float values[64];
+  emu::shared_memory_in_use(values, sizeof(values));
+  const unsigned t = threadIdx.x;
+  values[t] = static_cast<float>(t);
+  __syncwarp();
+  out[t] = values[(t + 32) % 64];
+}
+
+TEST(Emulator, AMissingBarrierAcrossWarpLevelOperationsShowsWarpByWarp) {
+  ScheduleGuard guard;
+  for (const auto& schedule : {emu::Schedule{emu::Order::kForward, 0},
+                               emu::Schedule{emu::Order::kWarpsReverse, 0}}) {
+    emu::set_schedule(schedule);
+    std::vector<float> out(64);
+    emu::launch(other_warps_value, 1, 64)(out.data());
+    int poisoned = 0;
+    for (float v : out) poisoned += std::isnan(v) ? 1 : 0;
+    EXPECT_EQ(poisoned, schedule.order == emu::Order::kForward ? 0 : 32) << emu::describe(schedule);
   }
 }
 

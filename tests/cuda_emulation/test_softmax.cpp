@@ -53,6 +53,30 @@ TEST(EmulatedSoftmax, ForwardAndBackwardF32) { check_softmax<float>(); }
 TEST(EmulatedSoftmax, ForwardAndBackwardBf16) { check_softmax<__nv_bfloat16>(); }
 TEST(EmulatedSoftmax, ForwardAndBackwardF16) { check_softmax<__half>(); }
 
+// Rows whose exps all underflow or overflow unless the row's maximum is subtracted first.
+TEST(EmulatedSoftmax, RowsFarFromZeroAreShiftedByTheirMaximum) {
+  std::mt19937_64 rng(13);
+  for (double centre : {-950.0, 950.0}) {
+    for (int64_t width : {5, 33, 515, 2052}) {
+      const int64_t rows = 3;
+      const size_t n = static_cast<size_t>(rows * width);
+      const auto x = random_values<float>(n, rng, centre - 50, centre + 50);
+      std::vector<float> want(n), y(n);
+      cpu::softmax_forward(x.data(), want.data(), rows, width, 0);
+      std::vector<int64_t> targets = {0, width / 2, width - 1};
+      std::vector<float> lse(3), want_lse(3), losses(3), mean(1);
+      cpu::cross_entropy_forward(x.data(), targets.data(), want_lse.data(), rows, width);
+      for_each_schedule([&] {
+        gpu::softmax_forward(DType::F32, x.data(), y.data(), rows, width, 0, nullptr);
+        EXPECT_LE(max_relative_error(y, want), tolerance<float>()) << "width " << width;
+        gpu::cross_entropy_forward(DType::F32, x.data(), targets.data(), lse.data(),
+                                   losses.data(), mean.data(), rows, width, nullptr);
+        EXPECT_LE(max_relative_error(lse, want_lse), tolerance<float>()) << "width " << width;
+      });
+    }
+  }
+}
+
 TEST(EmulatedSoftmax, CausalRowsSeeOnlyThePast) {
   std::mt19937_64 rng(3);
   for (int64_t t : {1, 7, 32, 40}) {

@@ -267,8 +267,43 @@ std::vector<int> pass_order(int threads, std::mt19937_64& rng) {
     case Order::kForward: break;
     case Order::kReverse: std::reverse(order.begin(), order.end()); break;
     case Order::kShuffled: std::shuffle(order.begin(), order.end(), rng); break;
+    case Order::kWarpsReverse: break;  // see run_pass
   }
   return order;
+}
+
+// Runs thread i if it can; false when it cannot. Stops the block on an error or a trap.
+bool step(Run& r, int i) {
+  Fiber& f = r.fibers[static_cast<size_t>(i)];
+  if (f.wait != Wait::kRunnable) return false;
+  switch_to_fiber(r, f);
+  if (r.error) std::rethrow_exception(r.error);
+  return true;
+}
+
+// One pass of the scheduler; false when no thread could run. Lockstep orders run every
+// runnable thread once, to its next barrier of any kind, so warps keep pace with each other.
+// kWarpsReverse runs the last warp until none of its threads can go on (all at __syncthreads
+// or exited), then the one before, and so on: warps drift apart across their warp-level
+// operations, as they may on a GPU, which shows a missing __syncthreads that lockstep hides.
+bool run_pass(Run& r, std::mt19937_64& rng) {
+  bool ran = false;
+  if (schedule_setting.order == Order::kWarpsReverse) {
+    for (int warp = static_cast<int>(r.warps.size()) - 1; warp >= 0; --warp) {
+      const int first = warp * kWarpSize, last = std::min(r.threads, first + kWarpSize);
+      for (bool warp_ran = true; warp_ran && !r.trapped;) {
+        warp_ran = false;
+        for (int i = first; i < last && !r.trapped; ++i) warp_ran |= step(r, i);
+        ran |= warp_ran;
+      }
+    }
+    return ran;
+  }
+  for (int i : pass_order(r.threads, rng)) {
+    ran |= step(r, i);
+    if (r.trapped) break;
+  }
+  return ran;
 }
 
 void poison_shared_memory(Run& r) {
@@ -301,15 +336,8 @@ void run_block(Run& r, const uint3& block_idx, std::mt19937_64& rng) {
     make_context(f.context, f.stack, kStackBytes, fiber_main);
   }
   while (r.exited < r.threads) {
-    bool ran = false;
-    for (int i : pass_order(r.threads, rng)) {
-      Fiber& f = r.fibers[static_cast<size_t>(i)];
-      if (f.wait != Wait::kRunnable) continue;
-      switch_to_fiber(r, f);
-      ran = true;
-      if (r.error) std::rethrow_exception(r.error);
-      if (r.trapped) return;
-    }
+    const bool ran = run_pass(r, rng);
+    if (r.trapped) return;
     if (!ran) throw EmulationError(deadlock_report(r));
   }
 }
@@ -341,6 +369,7 @@ std::string describe(const Schedule& schedule) {
     case Order::kForward: return "forward";
     case Order::kReverse: return "reverse";
     case Order::kShuffled: return "shuffled(" + std::to_string(schedule.seed) + ")";
+    case Order::kWarpsReverse: return "warps-reverse";
   }
   return "?";
 }
@@ -540,7 +569,8 @@ void run_grid(const LaunchConfig& config, const std::function<void()>& body) {
   for (unsigned z = 0; z < config.grid.z; ++z)
     for (unsigned y = 0; y < config.grid.y; ++y)
       for (unsigned x = 0; x < config.grid.x; ++x) blocks.push_back(uint3{x, y, z});
-  if (schedule_setting.order == Order::kReverse) std::reverse(blocks.begin(), blocks.end());
+  if (schedule_setting.order == Order::kReverse || schedule_setting.order == Order::kWarpsReverse)
+    std::reverse(blocks.begin(), blocks.end());
   if (schedule_setting.order == Order::kShuffled) std::shuffle(blocks.begin(), blocks.end(), rng);
   for (const uint3& b : blocks) {
     run_block(r, b, rng);

@@ -8,8 +8,8 @@
 // scheduler then runs the next. A barrier releases its waiters once every thread it names
 // has arrived, so a kernel sees exactly the ordering guarantees CUDA gives and no more:
 // - between barriers, the threads of a block run in the order the Schedule picks (forward,
-//   reverse, or shuffled afresh at every barrier), so a read that needs a barrier it lacks
-//   sees the other order under one of them;
+//   reverse, shuffled afresh at every barrier, or warp by warp from the last), so a read
+//   that needs a barrier it lacks sees the other order under one of them;
 // - shared memory (static __shared__ arrays and the dynamic buffer) is filled with 0xFF
 //   bytes, a NaN in every floating type, before each block, so a read before any write
 //   poisons the result instead of finding an earlier block's values;
@@ -42,15 +42,18 @@ class EmulationError : public std::runtime_error {
   using std::runtime_error::runtime_error;
 };
 
-// The order in which the runnable threads of a block run between two barriers.
-enum class Order { kForward, kReverse, kShuffled };
+// The order in which the runnable threads of a block run between two barriers. The first
+// three keep warps in lockstep (each thread runs to its next barrier of any kind, then the
+// next thread); kWarpsReverse runs each warp, last first, until all its threads wait at
+// __syncthreads or exited, so warps drift apart across warp-level operations.
+enum class Order { kForward, kReverse, kShuffled, kWarpsReverse };
 struct Schedule {
   Order order = Order::kForward;
   uint64_t seed = 0;  // kShuffled: the first permutation's seed
 };
 void set_schedule(const Schedule& schedule);
 const Schedule& current_schedule();
-// "forward", "reverse" or "shuffled(seed)".
+// "forward", "reverse", "shuffled(seed)" or "warps-reverse".
 std::string describe(const Schedule& schedule);
 
 // The running emulated thread's built-in variables.
