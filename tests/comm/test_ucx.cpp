@@ -90,6 +90,10 @@ TEST_F(Ucx, KilledRankIsNamed) {
     pg.allreduce(t)->wait();  // every endpoint has carried traffic
     if (rank == 2) raise(SIGKILL);
     expect_failure(pg.allreduce(t), 2, CommFailure::PeerDied);
+    // The survivors leave together: one that exits as soon as it has seen rank 2 die would be
+    // a dead peer too, and the other might see that first (CI once named peer 0 this way).
+    store->set("saw_rank_2_die/" + std::to_string(rank), Bytes{1});
+    store->wait({"saw_rank_2_die/0", "saw_rank_2_die/1"}, 20s);
   });
   EXPECT_LT(std::chrono::steady_clock::now() - start, 20s) << "dead peer detected too slowly";
   EXPECT_EQ(results[0].exit_code, 0);
