@@ -180,8 +180,10 @@ Tensor Strategy::broadcast(Tensor tensor, int) {
 
 void Strategy::set_accelerator(std::shared_ptr<Accelerator> accelerator) {
   if (!accelerator) fail("[strategy] set_accelerator: null accelerator");
-  accelerator->select(parse_devices(options_.devices, *accelerator).indices);
+  DeviceSelection devices = parse_devices(options_.devices, *accelerator);
+  accelerator->select(devices.indices);
   accelerator_ = std::move(accelerator);
+  devices_ = std::move(devices);
 }
 
 namespace {
@@ -255,7 +257,7 @@ void ParallelStrategy::setup_environment() {
   environment_ = env;
   const std::string backend =
       group_backend(options_.process_group_backend, root_device(), env.local_world_size,
-                    parse_devices(options_.devices, *accelerator_).count);
+                    devices_.count);
   std::optional<Device> device;
   if (root_device().is_cuda()) device = root_device();
   group_ = comm::init(
@@ -326,7 +328,7 @@ void ParallelStrategy::join_or_start_ranks(LaunchMethod method) {
     ParallelStrategy::setup_environment();  // started by a launcher, or spawned by rank 0
     return;
   }
-  int count = parse_devices(options_.devices, *accelerator_).count;
+  const int count = devices_.count;
   const LocalJobOptions job_options{
       .backend = group_backend(options_.process_group_backend, root_device(), count, count),
       .device = root_device(),

@@ -28,6 +28,7 @@
 #include "nn/module.h"
 #include "optim/optimizer.h"
 #include "strategies/ddp/reducer.h"
+#include "strategies/devices.h"
 #include "strategies/local_launch.h"
 #include "strategies/model_averaging.h"
 #include "strategies/parameter_parts.h"
@@ -255,6 +256,7 @@ class Strategy {
   StrategyOptions options_;
   nn::Module* module_ = nullptr;
   std::shared_ptr<Accelerator> accelerator_;
+  DeviceSelection devices_;  // options_.devices parsed against accelerator_ (set_accelerator)
   std::shared_ptr<CheckpointIO> checkpoint_io_ = std::make_shared<SafetensorsCheckpointIO>();
   DType compute_dtype_ = DType::F32;    // autocast dtype of the forward
   std::unique_ptr<LossScaler> scaler_;  // 16-mixed only

@@ -14,20 +14,8 @@
 
 namespace loom::cuda_emulation::testing {
 
-inline size_t element_size(DType d) {
-  switch (d) {
-    case DType::F64:
-    case DType::I64: return 8;
-    case DType::F32:
-    case DType::I32: return 4;
-    case DType::BF16:
-    case DType::F16: return 2;
-    case DType::U8: return 1;
-  }
-  return 0;
-}
-
-inline bool is_integer(DType d) { return d == DType::I32 || d == DType::I64 || d == DType::U8; }
+// Element sizes and kinds are tensor/dtype.h's (dtype_size, is_floating); the test programs
+// that include this link tensor/dtype.cpp.
 
 // An element read as the CPU reads it: integers exactly, floats widened to double.
 inline double read_double(DType d, const unsigned char* p) {
@@ -52,7 +40,7 @@ inline int64_t read_integer(DType d, const unsigned char* p) {
 }
 
 inline void write_converted(DType src, const unsigned char* in, DType dst, unsigned char* out) {
-  if (is_integer(src) && is_integer(dst)) {  // wraps like static_cast
+  if (!is_floating(src) && !is_floating(dst)) {  // wraps like static_cast
     const int64_t v = read_integer(src, in);
     if (dst == DType::I32) { const auto w = static_cast<int32_t>(v); std::memcpy(out, &w, 4); }
     if (dst == DType::I64) std::memcpy(out, &v, 8);
@@ -74,13 +62,13 @@ inline void write_converted(DType src, const unsigned char* in, DType dst, unsig
 // Raw elements of dtype d with values the CPU converts without undefined behaviour (integers
 // in range of every integer type after truncation; floats with fractions, NaN for floats).
 inline std::vector<unsigned char> random_elements(DType d, int64_t n, std::mt19937_64& rng, bool nan) {
-  std::vector<unsigned char> raw(static_cast<size_t>(n) * element_size(d));
+  std::vector<unsigned char> raw(static_cast<size_t>(n) * dtype_size(d));
   std::uniform_real_distribution<double> u(-120.0, 120.0);
   for (int64_t i = 0; i < n; ++i) {
     double v = u(rng);
-    if (nan && !is_integer(d) && i % 17 == 5) v = std::nan("");
-    unsigned char* p = raw.data() + i * element_size(d);
-    if (is_integer(d)) {
+    if (nan && is_floating(d) && i % 17 == 5) v = std::nan("");
+    unsigned char* p = raw.data() + i * dtype_size(d);
+    if (!is_floating(d)) {
       const auto k = static_cast<int64_t>(v);
       if (d == DType::I32) { const auto w = static_cast<int32_t>(k); std::memcpy(p, &w, 4); }
       if (d == DType::I64) std::memcpy(p, &k, 8);

@@ -32,7 +32,7 @@ cpu::ReduceType reduce_type(DType d) {
 // -0, and inf meets -inf (a NaN the kernel makes itself, which it must store canonical).
 std::vector<unsigned char> awkward_elements(DType d, int64_t n, std::mt19937_64& rng, int phase) {
   auto raw = random_elements(d, n, rng, /*nan=*/false);
-  if (is_integer(d)) return raw;
+  if (!is_floating(d)) return raw;
   for (int64_t i = 0; i < n; ++i) {
     double v;
     switch ((i + phase) % 13) {
@@ -42,7 +42,7 @@ std::vector<unsigned char> awkward_elements(DType d, int64_t n, std::mt19937_64&
       default: continue;
     }
     write_converted(DType::F64, reinterpret_cast<const unsigned char*>(&v), d,
-                    raw.data() + i * element_size(d));
+                    raw.data() + i * dtype_size(d));
   }
   return raw;
 }
@@ -88,9 +88,9 @@ TEST(EmulatedCommOps, DivideInplaceFinishesAverages) {
       const auto in = random_elements(d, n, rng, false);
       std::vector<unsigned char> want(in.size());
       for (int64_t i = 0; i < n; ++i) {
-        const unsigned char* p = in.data() + i * element_size(d);
-        unsigned char* q = want.data() + i * element_size(d);
-        if (is_integer(d)) {  // truncation toward zero, wrapping into the type
+        const unsigned char* p = in.data() + i * dtype_size(d);
+        unsigned char* q = want.data() + i * dtype_size(d);
+        if (!is_floating(d)) {  // truncation toward zero, wrapping into the type
           const int64_t v = read_integer(d, p) / divisor;
           write_converted(DType::I64, reinterpret_cast<const unsigned char*>(&v), d, q);
         } else if (d == DType::F64) {
@@ -114,12 +114,12 @@ TEST(EmulatedCommOps, ConvertMatchesTheCpuRulesForEveryPair) {
   for (DType src : kAllDtypes) {
     for (DType dst : kAllDtypes) {
       for (int64_t n : {1, 9, 1031}) {
-        const bool nan = !is_integer(dst) && dst != DType::F16 && src != DType::F16;
+        const bool nan = is_floating(dst) && dst != DType::F16 && src != DType::F16;
         const auto in = random_elements(src, n, rng, nan);
-        std::vector<unsigned char> want(static_cast<size_t>(n) * element_size(dst));
+        std::vector<unsigned char> want(static_cast<size_t>(n) * dtype_size(dst));
         for (int64_t i = 0; i < n; ++i)
-          write_converted(src, in.data() + i * element_size(src), dst,
-                          want.data() + i * element_size(dst));
+          write_converted(src, in.data() + i * dtype_size(src), dst,
+                          want.data() + i * dtype_size(dst));
         std::vector<unsigned char> out(want.size());
         gpu::convert(src, in.data(), dst, out.data(), n, nullptr);
         ASSERT_EQ(out, want) << dtype_name(src) << " -> " << dtype_name(dst) << " n " << n;

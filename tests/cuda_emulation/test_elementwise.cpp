@@ -177,15 +177,15 @@ TEST(EmulatedElementwise, CopyStridedConvertsEveryDtypePairAsTheCpu) {
     for (DType dst : kAllDtypes) {
       for (int trial = 0; trial < 6; ++trial) {
         // Float NaNs into integers are undefined on the CPU; f16 NaN payloads may differ.
-        const bool nan = !is_integer(dst) && dst != DType::F16 && src != DType::F16;
+        const bool nan = is_floating(dst) && dst != DType::F16 && src != DType::F16;
         std::vector<int64_t> shape = trial == 0 ? std::vector<int64_t>{37} : random_shape(rng, 6);
         const Layout l = trial == 0 ? Layout{{1}, 37} : random_layout(shape, rng, trial % 2 == 1);
         const auto in = random_elements(src, l.span, rng, nan);
         const int64_t n = numel(shape);
-        std::vector<unsigned char> want(static_cast<size_t>(n) * element_size(dst));
+        std::vector<unsigned char> want(static_cast<size_t>(n) * dtype_size(dst));
         for (int64_t i = 0; i < n; ++i) {
-          write_converted(src, in.data() + offset_of(i, shape, l.strides) * element_size(src),
-                          dst, want.data() + i * element_size(dst));
+          write_converted(src, in.data() + offset_of(i, shape, l.strides) * dtype_size(src),
+                          dst, want.data() + i * dtype_size(dst));
         }
         std::vector<unsigned char> out(want.size(), 0xAB);
         gpu::copy_strided(src, static_cast<int>(shape.size()), shape.data(), in.data(),
@@ -202,15 +202,15 @@ TEST(EmulatedElementwise, FillWritesTheCpuValueInEveryDtype) {
   for (DType d : kAllDtypes) {
     for (double value : {0.0, -3.75, 2.5e-3, 77.9}) {
       const int64_t n = 45;
-      std::vector<unsigned char> want(static_cast<size_t>(n) * element_size(d));
+      std::vector<unsigned char> want(static_cast<size_t>(n) * dtype_size(d));
       for (int64_t i = 0; i < n; ++i)
         write_converted(DType::F64, reinterpret_cast<const unsigned char*>(&value), d,
-                        want.data() + i * element_size(d));
+                        want.data() + i * dtype_size(d));
       for (int64_t shift : {0, 1}) {  // and off 16-byte alignment
-        std::vector<unsigned char> out(want.size() + element_size(d), 0xCD);
-        gpu::fill(d, out.data() + shift * element_size(d), value, n, nullptr);
-        ASSERT_EQ(std::vector<unsigned char>(out.begin() + shift * element_size(d),
-                                             out.begin() + shift * element_size(d) + want.size()),
+        std::vector<unsigned char> out(want.size() + dtype_size(d), 0xCD);
+        gpu::fill(d, out.data() + shift * dtype_size(d), value, n, nullptr);
+        ASSERT_EQ(std::vector<unsigned char>(out.begin() + shift * dtype_size(d),
+                                             out.begin() + shift * dtype_size(d) + want.size()),
                   want)
             << dtype_name(d) << " value " << value;
       }

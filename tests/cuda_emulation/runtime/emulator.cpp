@@ -132,7 +132,6 @@ std::mutex launch_mutex;
 Run* active = nullptr;
 StackPool stacks;
 Schedule schedule_setting;
-Counters counter_values;
 cudaError_t sticky_error = cudaSuccess;
 
 Run& run() {
@@ -186,7 +185,6 @@ void switch_to_scheduler(Run& r, Fiber& self, bool exiting) {
 
 void switch_to_fiber(Run& r, Fiber& f) {
   r.current = &f;
-  ++counter_values.switches;
 #if LOOM_EMULATION_ASAN
   void* fake = nullptr;
   __sanitizer_start_switch_fiber(&fake, f.stack, kStackBytes);
@@ -342,17 +340,13 @@ void run_block(Run& r, const uint3& block_idx, std::mt19937_64& rng) {
   }
 }
 
-const char* launch_refusal(const LaunchConfig& c) {
+// Whether a device would refuse the launch's configuration (cudaErrorInvalidConfiguration):
+// a zero dimension, more than 1024 threads per block, or a dimension past its limit.
+bool refused_configuration(const LaunchConfig& c) {
   const uint64_t threads = uint64_t{c.block.x} * c.block.y * c.block.z;
-  if (c.block.x == 0 || c.block.y == 0 || c.block.z == 0 || c.grid.x == 0 || c.grid.y == 0 ||
-      c.grid.z == 0) {
-    return "a grid or block dimension is 0";
-  }
-  if (c.block.x > 1024 || c.block.y > 1024 || c.block.z > 64 || threads > 1024)
-    return "more than 1024 threads per block (or a block dimension past its limit)";
-  if (c.grid.x > 0x7fffffffu || c.grid.y > 65535 || c.grid.z > 65535)
-    return "a grid dimension past its limit (x < 2^31, y and z <= 65535)";
-  return nullptr;
+  return c.block.x == 0 || c.block.y == 0 || c.block.z == 0 || c.grid.x == 0 || c.grid.y == 0 ||
+         c.grid.z == 0 || c.block.x > 1024 || c.block.y > 1024 || c.block.z > 64 ||
+         threads > 1024 || c.grid.x > 0x7fffffffu || c.grid.y > 65535 || c.grid.z > 65535;
 }
 
 }  // namespace
@@ -362,7 +356,6 @@ cudaError_t emulated_last_error = cudaSuccess;
 size_t max_dynamic_shared_bytes(const void* kernel);
 
 void set_schedule(const Schedule& schedule) { schedule_setting = schedule; }
-const Schedule& current_schedule() { return schedule_setting; }
 
 std::string describe(const Schedule& schedule) {
   switch (schedule.order) {
@@ -379,8 +372,6 @@ const ThreadIds& this_thread() {
   return r.current->ids;
 }
 
-const Counters& counters() { return counter_values; }
-void reset_counters() { counter_values = Counters{}; }
 cudaError_t device_error() { return sticky_error; }
 void clear_device_error() {
   sticky_error = cudaSuccess;
@@ -536,7 +527,7 @@ void run_grid(const LaunchConfig& config, const std::function<void()>& body) {
     emulated_last_error = sticky_error;
     return;
   }
-  if (launch_refusal(config) != nullptr) {
+  if (refused_configuration(config)) {
     emulated_last_error = cudaErrorInvalidConfiguration;
     return;
   }
@@ -559,7 +550,6 @@ void run_grid(const LaunchConfig& config, const std::function<void()>& body) {
     shared.p = ::operator new(config.shared_bytes, std::align_val_t{128});
     r.dynamic_shared = shared.p;
   }
-  ++counter_values.launches;
   std::mt19937_64 rng(schedule_setting.seed);
   active = &r;
   struct Deactivate {
@@ -574,8 +564,6 @@ void run_grid(const LaunchConfig& config, const std::function<void()>& body) {
   if (schedule_setting.order == Order::kShuffled) std::shuffle(blocks.begin(), blocks.end(), rng);
   for (const uint3& b : blocks) {
     run_block(r, b, rng);
-    ++counter_values.blocks;
-    counter_values.threads += static_cast<uint64_t>(r.threads);
     if (r.trapped) {
       sticky_error = cudaErrorLaunchFailure;
       emulated_last_error = sticky_error;

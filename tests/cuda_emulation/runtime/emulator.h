@@ -52,7 +52,6 @@ struct Schedule {
   uint64_t seed = 0;  // kShuffled: the first permutation's seed
 };
 void set_schedule(const Schedule& schedule);
-const Schedule& current_schedule();
 // "forward", "reverse", "shuffled(seed)" or "warps-reverse".
 std::string describe(const Schedule& schedule);
 
@@ -84,16 +83,6 @@ void* dynamic_shared_memory();
 // 0xFF bytes (rewrite_kernel_source.cmake puts the call after each declaration).
 void shared_memory_in_use(void* array, size_t bytes);
 [[noreturn]] void trap();
-
-// Counters since the process started (or since reset_counters()).
-struct Counters {
-  uint64_t launches = 0;
-  uint64_t blocks = 0;
-  uint64_t threads = 0;
-  uint64_t switches = 0;  // fiber switches into emulated threads
-};
-const Counters& counters();
-void reset_counters();
 
 // The error a trapped kernel left (cudaErrorLaunchFailure, as a device reports it at the
 // next synchronising call); cudaSuccess when none. clear_device_error() starts afresh, as a
