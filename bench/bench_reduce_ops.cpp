@@ -18,7 +18,6 @@ namespace loom::bench {
 namespace {
 
 using kernels::cpu::ReduceKind;
-using kernels::cpu::ReduceType;
 
 using Bf16 = uint16_t;  // bf16 bits; the alias names the benchmarks
 
@@ -83,8 +82,8 @@ std::vector<float> values(const std::vector<T>& v) {
 }
 
 template <typename T>
-constexpr ReduceType reduce_type() {
-  return sizeof(T) == 4 ? ReduceType::F32 : ReduceType::BF16;
+constexpr DType reduce_type() {
+  return sizeof(T) == 4 ? DType::F32 : DType::BF16;
 }
 
 // dst += src in place (the ring allreduce's step): reads 2 buffers, writes 1.

@@ -1,14 +1,14 @@
 # The installed package (docs/api.md): headers under include/loom (a program includes
 # "tensor/tensor.h", "strategies/fabric.h", ...), the static libraries and the tools, a CMake
 # package with namespaced targets (find_package(Loom 0.1 CONFIG REQUIRED); Loom::loom for
-# everything, or the layers Loom::kernels, Loom::tensor, Loom::nn, Loom::optim, Loom::comm,
+# everything, or the layers Loom::core, Loom::kernels, Loom::tensor, Loom::nn, Loom::optim, Loom::comm,
 # Loom::strategies), a pkg-config file (loom.pc) and a Debian package (cpack -G DEB).
 # Included at the end of the top-level CMakeLists.txt.
 
 include(GNUInstallDirs)
 include(CMakePackageConfigHelpers)
 
-set(loom_layers loom_kernels loom_tensor loom_nn loom_optim loom_comm loom_strategies)
+set(loom_layers loom_core loom_kernels loom_tensor loom_nn loom_optim loom_comm loom_strategies)
 if(LOOM_WITH_CUDA)
   list(INSERT loom_layers 0 loom_kernels_cuda)
 endif()
@@ -28,7 +28,7 @@ install(TARGETS loom loom_options ${loom_layers}
         INCLUDES DESTINATION ${CMAKE_INSTALL_INCLUDEDIR}/loom)
 install(TARGETS train_gpt loomrun loom_ckpt loom_trace loom-perf
         RUNTIME DESTINATION ${CMAKE_INSTALL_BINDIR})
-foreach(dir kernels tensor nn optim comm strategies)
+foreach(dir core kernels tensor nn optim comm strategies)
   install(DIRECTORY ${PROJECT_SOURCE_DIR}/${dir} DESTINATION ${CMAKE_INSTALL_INCLUDEDIR}/loom
           FILES_MATCHING PATTERN "*.h")
 endforeach()
@@ -52,6 +52,9 @@ if(LOOM_WITH_UCX)
 endif()
 if(LOOM_WITH_CUDA)
   string(APPEND loom_pc_libs " -lloom_kernels_cuda")
+endif()
+string(APPEND loom_pc_libs " -lloom_core")  # below every layer, so last
+if(LOOM_WITH_CUDA)
   string(APPEND loom_pc_extra " -L${CUDAToolkit_LIBRARY_DIR} -lcublasLt -lcudart")
   if(LOOM_WITH_NCCL)
     string(APPEND loom_pc_extra " ${NCCL_LIBRARY}")

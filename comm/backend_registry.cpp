@@ -4,7 +4,7 @@
 #include <mutex>
 
 #include "comm/shm/shm_backend.h"
-#include "tensor/error.h"
+#include "core/error.h"
 
 #if LOOM_WITH_NCCL
 #include "comm/nccl/nccl_backend.h"

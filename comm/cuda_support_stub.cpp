@@ -3,7 +3,7 @@
 
 #include "comm/cuda_support.h"
 
-#include "tensor/error.h"
+#include "core/error.h"
 
 namespace loom::comm {
 

@@ -8,7 +8,7 @@
 #include <cstdlib>
 #include <vector>
 
-#include "tensor/error.h"
+#include "core/error.h"
 
 namespace loom::comm {
 

@@ -7,12 +7,12 @@
 // It is a loom::Error, so that catching the base catches peer failures too; handlers that
 // treat the two tiers differently catch CommError first.
 
-#include <chrono>
 #include <optional>
 #include <stdexcept>
 #include <string>
 
-#include "tensor/error.h"
+#include "core/deadline.h"  // CommErrors come from waits with deadlines
+#include "core/error.h"
 
 namespace loom {
 
@@ -43,20 +43,4 @@ class CommError : public Error {
   CommFailure failure_;
 };
 
-namespace comm {
-
-using Clock = std::chrono::steady_clock;
-using Duration = std::chrono::milliseconds;
-using Deadline = Clock::time_point;
-
-// Default for every wait in the layer (stores, collectives, rendezvous).
-inline constexpr Duration kDefaultTimeout = std::chrono::minutes(5);
-
-inline Deadline deadline_after(Duration timeout) {
-  return Clock::now() + timeout;
-}
-// "30 s", "250 ms", "5 min" for messages.
-std::string duration_str(Duration d);
-
-}  // namespace comm
 }  // namespace loom

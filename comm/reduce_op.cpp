@@ -13,20 +13,6 @@ std::string_view reduce_op_name(ReduceOp op) {
   return "invalid";
 }
 
-kernels::cpu::ReduceType reduce_type_of(DType dtype) {
-  using kernels::cpu::ReduceType;
-  switch (dtype) {
-    case DType::F32: return ReduceType::F32;
-    case DType::F64: return ReduceType::F64;
-    case DType::BF16: return ReduceType::BF16;
-    case DType::F16: return ReduceType::F16;
-    case DType::I32: return ReduceType::I32;
-    case DType::I64: return ReduceType::I64;
-    case DType::U8: return ReduceType::U8;
-  }
-  return ReduceType::F32;
-}
-
 kernels::cpu::ReduceKind reduce_kind_of(ReduceOp op) {
   using kernels::cpu::ReduceKind;
   switch (op) {

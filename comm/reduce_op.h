@@ -3,8 +3,8 @@
 
 #include <string_view>
 
+#include "core/dtype.h"
 #include "kernels/cpu/reduce_ops.h"
-#include "tensor/dtype.h"
 
 namespace loom::comm {
 
@@ -13,7 +13,6 @@ enum class ReduceOp { Sum, Avg, Min, Max, Prod };
 
 std::string_view reduce_op_name(ReduceOp op);  // "sum", "avg", ...
 
-kernels::cpu::ReduceType reduce_type_of(DType dtype);
 kernels::cpu::ReduceKind reduce_kind_of(ReduceOp op);  // Avg reduces as Sum, then scales
 
 }  // namespace loom::comm

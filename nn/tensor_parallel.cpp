@@ -3,8 +3,8 @@
 #include <cmath>
 #include <cstring>
 
+#include "core/error.h"
 #include "tensor/autograd/function.h"
-#include "tensor/error.h"
 #include "tensor/ops.h"
 
 namespace loom::nn {

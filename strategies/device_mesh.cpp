@@ -1,6 +1,6 @@
 #include "strategies/device_mesh.h"
 
-#include "tensor/error.h"
+#include "core/error.h"
 
 namespace loom::strategies {
 

@@ -3,7 +3,7 @@
 #include <numeric>
 #include <utility>
 
-#include "tensor/error.h"
+#include "core/error.h"
 #include "tensor/random.h"
 
 namespace loom::strategies {

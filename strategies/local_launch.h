@@ -37,7 +37,7 @@ enum class LaunchMethod { Spawn, Fork };
 struct LocalJobOptions {
   std::string backend = "auto";   // the group's backend ("auto": chosen for `device`)
   Device device = Device::cpu();  // where rank 0's tensors live (the backend must serve it)
-  comm::Duration timeout = comm::kDefaultTimeout;
+  loom::Duration timeout = loom::kDefaultTimeout;
 };
 
 // How long a rank asked to stop (SIGTERM) has before it is killed.

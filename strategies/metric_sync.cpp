@@ -1,6 +1,6 @@
 #include "strategies/metric_sync.h"
 
-#include "tensor/error.h"
+#include "core/error.h"
 #include "tensor/tensor.h"
 
 namespace loom::strategies {

@@ -2,7 +2,7 @@
 
 #include <cstring>
 
-#include "tensor/error.h"
+#include "core/error.h"
 
 namespace loom::strategies {
 

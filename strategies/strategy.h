@@ -60,7 +60,7 @@ struct StrategyOptions {
   // otherwise "shm" (which stages CUDA tensors through pinned host memory).
   std::string process_group_backend = "auto";
   ReducerOptions ddp = {};  // bucket_cap_mb, find_unused_parameters, gradient_as_bucket_view
-  comm::Duration timeout = comm::kDefaultTimeout;
+  loom::Duration timeout = loom::kDefaultTimeout;
   // Local SGD with periodic model averaging (ddp and its launching variants; other strategies
   // ignore these). 0 = off. With local_sgd_period = k > 0, the first local_sgd_warmup
   // optimizer steps are plain DDP (gradients averaged every backward); after them gradients

@@ -9,7 +9,7 @@
 
 #include <nlohmann/json.hpp>
 
-#include "tensor/error.h"
+#include "core/error.h"
 
 namespace loom::strategies {
 

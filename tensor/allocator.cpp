@@ -7,7 +7,7 @@
 #include <utility>
 #include <vector>
 
-#include "tensor/error.h"
+#include "core/error.h"
 
 #if LOOM_WITH_CUDA
 #include "tensor/cuda/caching_allocator.h"

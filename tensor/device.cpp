@@ -2,7 +2,7 @@
 
 #include <charconv>
 
-#include "tensor/error.h"
+#include "core/error.h"
 
 namespace loom {
 

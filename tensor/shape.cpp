@@ -2,7 +2,7 @@
 
 #include <algorithm>
 
-#include "tensor/error.h"
+#include "core/error.h"
 
 namespace loom {
 

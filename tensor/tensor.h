@@ -9,9 +9,9 @@
 #include <string>
 #include <vector>
 
+#include "core/dtype.h"
+#include "core/error.h"
 #include "tensor/device.h"
-#include "tensor/dtype.h"
-#include "tensor/error.h"
 #include "tensor/shape.h"
 #include "tensor/storage.h"
 

@@ -67,7 +67,7 @@ TEST(Tensor, F16RoundsToNearestEven) {
   EXPECT_EQ(f16_bits_to_float(0x0001), 0x1p-24f);  // smallest subnormal
 }
 
-// The conversions are plain C++ (kernels/cpu/half.h) so that every compiler builds them;
+// The conversions are plain C++ (core/half.h) so that every compiler builds them;
 // GCC's _Float16 (the F16C rounding) is the reference wherever the compiler has it: every f16
 // value both ways, and every 61st f32 bit pattern (about 70 million, all exponents) to f16.
 #ifdef __FLT16_MANT_DIG__

@@ -10,12 +10,12 @@
 #include <cstring>
 #include <vector>
 
+#include "core/error.h"
 #include "kernels/cpu/exact_square_sum.h"
 #include "kernels/cpu/thread_pool.h"
 #include "nn/gpt.h"
 #include "optim/adamw.h"
 #include "optim/sgd.h"
-#include "tensor/error.h"
 
 namespace loom {
 namespace {

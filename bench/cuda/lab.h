@@ -17,7 +17,7 @@
 //
 // Everything here is for single-threaded lab programs: functions block (they synchronise the
 // device where they say so) and throw loom::Error on CUDA failures. Labs link
-// tensor/dtype.cpp (host conversions) and kernels/cuda/gemm.cpp (measured_limits() times
+// core/dtype.cpp (host conversions) and kernels/cuda/gemm.cpp (measured_limits() times
 // cuBLASLt GEMMs), plus cublasLt and cudart.
 
 #include <cuda_runtime_api.h>
@@ -28,7 +28,7 @@
 #include <string>
 #include <vector>
 
-#include "tensor/dtype.h"
+#include "core/dtype.h"
 
 namespace loom::lab {
 
@@ -122,11 +122,6 @@ struct KernelVersion {
   const char* name;
   Launch launch;
 };
-
-// Short names of the dtypes labs run ("f32", "bf16", "f16"), for report lines.
-inline const char* dtype_label(loom::DType dtype) {
-  return dtype == loom::DType::F32 ? "f32" : dtype == loom::DType::BF16 ? "bf16" : "f16";
-}
 
 // Milliseconds per call of fn, which launches its work on `stream` (and must not synchronise):
 // `warmup` untimed calls, then `repeats` calls between two events. Synchronises the stream.

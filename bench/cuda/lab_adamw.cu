@@ -19,7 +19,7 @@
 //
 // Build: nvcc -std=c++20 -arch=sm_90 --expt-relaxed-constexpr -I. bench/cuda/lab_adamw.cu
 //   bench/cuda/lab.cu kernels/cuda/optimizer.cu kernels/cuda/gemm.cpp
-//   kernels/cpu/optimizer_steps.cpp tensor/dtype.cpp tensor/error.cpp -lcublasLt
+//   kernels/cpu/optimizer_steps.cpp core/dtype.cpp core/error.cpp -lcublasLt
 // Run: ./lab_adamw   (prints "no CUDA device: ..." and exits 0 without a GPU)
 
 #include <cmath>
@@ -166,7 +166,7 @@ bool validate(DType dtype) {
   const Layout layout = make_layout(validation_sizes(), 7);
   const size_t total = static_cast<size_t>(layout.total), es = loom::dtype_size(dtype);
   std::printf("adamw validation: %zu tensors, %zu elements, %s\n", layout.sizes.size(), total,
-              dtype_label(dtype));
+              loom::dtype_name(dtype));
   const std::vector<float> p0 = rounded(random_floats(total, 1), dtype);
   const std::vector<float> g = rounded(random_floats(total, 2), dtype);
   const std::vector<float> m0 = rounded(random_floats(total, 3, -0.1f, 0.1f), dtype);
@@ -261,7 +261,7 @@ void time_set(const char* name, const std::vector<int64_t>& sizes, DType dtype) 
   DeviceBuffer d_scale = upload({0.5f}, DType::F32);
   const auto* scale = static_cast<const float*>(d_scale.get());
   const std::string kernel = std::string("adamw ") + name + " (" + std::to_string(sizes.size()) +
-                             " tensors, " + std::to_string(total) + ") " + dtype_label(dtype);
+                             " tensors, " + std::to_string(total) + ") " + loom::dtype_name(dtype);
   const double bytes = 7.0 * static_cast<double>(es) * static_cast<double>(total);
   const int count = static_cast<int>(tensors.size());
   report(kernel, "v1 per-tensor launches",

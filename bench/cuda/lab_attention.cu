@@ -16,8 +16,8 @@
 //
 // Build: nvcc -std=c++20 -arch=sm_90 --expt-relaxed-constexpr -I. -I/usr/include/eigen3
 //   bench/cuda/lab_attention.cu bench/cuda/lab.cu kernels/cuda/attention.cu kernels/cuda/gemm.cpp
-//   kernels/cpu/attention.cpp kernels/cpu/gemm.cpp kernels/cpu/softmax.cpp tensor/dtype.cpp
-//   tensor/error.cpp -lcublasLt
+//   kernels/cpu/attention.cpp kernels/cpu/gemm.cpp kernels/cpu/softmax.cpp core/dtype.cpp
+//   core/error.cpp -lcublasLt
 // Run: ./lab_attention   (prints "no CUDA device: ..." and exits 0 without a GPU)
 
 #include <algorithm>
@@ -116,7 +116,7 @@ bool run_shape(const Shape& shape, DType dtype) {
   const int64_t B = shape.batch, H = shape.heads, T = shape.time, D = shape.head_dim;
   std::printf("attention B=%lld H=%lld T=%lld D=%lld %s\n", static_cast<long long>(B),
               static_cast<long long>(H), static_cast<long long>(T), static_cast<long long>(D),
-              dtype_label(dtype));
+              loom::dtype_name(dtype));
   const Layouts lay(shape);
   const size_t n_fused = static_cast<size_t>(B * T * 3 * lay.hd);
   const size_t n_plain = static_cast<size_t>(B * T * lay.hd);
@@ -173,7 +173,7 @@ bool run_shape(const Shape& shape, DType dtype) {
   const double backward_bytes = 8.0 * n_elems * es + 8.0 * rows;
   const Peak peak = dtype == DType::F32 ? Peak::F32 : Peak::BF16;
   const std::string label = "B" + std::to_string(B) + " H" + std::to_string(H) + " T" +
-                            std::to_string(T) + " D" + std::to_string(D) + " " + dtype_label(dtype);
+                            std::to_string(T) + " D" + std::to_string(D) + " " + loom::dtype_name(dtype);
   bool ok = true;
   for (const Version& ver : versions) {
     auto forward = [&](cudaStream_t st) {

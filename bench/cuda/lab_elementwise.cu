@@ -14,7 +14,7 @@
 //
 // Build: nvcc -std=c++20 -arch=sm_90 --expt-relaxed-constexpr -I. bench/cuda/lab_elementwise.cu
 //   bench/cuda/lab.cu kernels/cuda/elementwise.cu kernels/cuda/gemm.cpp
-//   kernels/cpu/elementwise.cpp tensor/dtype.cpp tensor/error.cpp -lcublasLt
+//   kernels/cpu/elementwise.cpp core/dtype.cpp core/error.cpp -lcublasLt
 // Run: ./lab_elementwise   (prints "no CUDA device: ..." and exits 0 without a GPU)
 
 #include <cmath>
@@ -108,7 +108,7 @@ bool run_versions(const std::string& kernel, const std::vector<KernelVersion>& v
 // accesses, so loom's kernels take their scalar path.
 bool run_flat(int64_t n, size_t offset, DType dtype, bool timed) {
   const size_t count = static_cast<size_t>(n), es = loom::dtype_size(dtype);
-  std::printf("elementwise n=%lld %s%s\n", static_cast<long long>(n), dtype_label(dtype),
+  std::printf("elementwise n=%lld %s%s\n", static_cast<long long>(n), loom::dtype_name(dtype),
               offset ? " (misaligned by one element)" : "");
   auto padded = [&](std::vector<float> v) {
     v.insert(v.begin(), offset, 0.0f);
@@ -122,7 +122,7 @@ bool run_flat(int64_t n, size_t offset, DType dtype, bool timed) {
   const char* pa = static_cast<const char*>(d_a.get()) + offset * es;
   const char* pb = static_cast<const char*>(d_b.get()) + offset * es;
   char* po = static_cast<char*>(d_out.get()) + offset * es;
-  const std::string tag = " n=" + std::to_string(n) + " " + dtype_label(dtype);
+  const std::string tag = " n=" + std::to_string(n) + " " + loom::dtype_name(dtype);
   bool ok = true;
 
   // add (and the other three ops, validated through loom's contiguous path)
@@ -208,7 +208,7 @@ bool run_flat(int64_t n, size_t offset, DType dtype, bool timed) {
 bool run_broadcast(int64_t rows, int64_t cols, DType dtype, bool timed) {
   const size_t count = static_cast<size_t>(rows * cols), es = loom::dtype_size(dtype);
   std::printf("broadcast [%lld, %lld] %s\n", static_cast<long long>(rows),
-              static_cast<long long>(cols), dtype_label(dtype));
+              static_cast<long long>(cols), loom::dtype_name(dtype));
   const std::vector<float> a = rounded(random_floats(count, 3), dtype);
   const std::vector<float> bias = rounded(random_floats(static_cast<size_t>(cols), 4), dtype);
   const std::vector<float> at = rounded(random_floats(count, 5), dtype);  // [cols, rows]
@@ -218,7 +218,7 @@ bool run_broadcast(int64_t rows, int64_t cols, DType dtype, bool timed) {
   const int64_t shape[2] = {rows, cols};
   const int64_t row_major[2] = {cols, 1}, row_bcast[2] = {0, 1}, transposed[2] = {1, rows};
   const std::string tag =
-      " [" + std::to_string(rows) + "," + std::to_string(cols) + "] " + dtype_label(dtype);
+      " [" + std::to_string(rows) + "," + std::to_string(cols) + "] " + loom::dtype_name(dtype);
   std::vector<float> want(count);
   bool ok = true;
 
@@ -253,11 +253,11 @@ bool run_copies(int64_t batch, int64_t seq, int64_t heads, int64_t head_dim, DTy
   const size_t count = static_cast<size_t>(n), es = loom::dtype_size(dtype);
   std::printf("copies [%lld, %lld, %lld, %lld] %s\n", static_cast<long long>(batch),
               static_cast<long long>(seq), static_cast<long long>(heads),
-              static_cast<long long>(head_dim), dtype_label(dtype));
+              static_cast<long long>(head_dim), loom::dtype_name(dtype));
   const std::vector<float> x = rounded(random_floats(count, 6, -4.0f, 4.0f), dtype);
   DeviceBuffer d_x = upload(x, dtype), d_out(count * es);
   Stream stream;
-  const std::string tag = " " + std::to_string(n) + " " + dtype_label(dtype);
+  const std::string tag = " " + std::to_string(n) + " " + loom::dtype_name(dtype);
   bool ok = true;
 
   // [B, T, H, D] read as [B, H, T, D]: the head split before attention.

@@ -17,7 +17,7 @@
 //
 // Build: nvcc -std=c++20 -arch=sm_90 --expt-relaxed-constexpr -I. bench/cuda/lab_embedding.cu
 //   bench/cuda/lab.cu kernels/cuda/embedding.cu kernels/cuda/gemm.cpp kernels/cpu/embedding.cpp
-//   tensor/dtype.cpp (+ tensor/error.cpp) -lcublasLt
+//   core/dtype.cpp (+ core/error.cpp) -lcublasLt
 // Run: ./lab_embedding   (prints "no CUDA device: ..." and exits 0 without a GPU)
 
 #include <algorithm>
@@ -106,7 +106,7 @@ bool run_shape(const Shape& shape, DType dtype) {
   std::printf("embedding %lld tokens, %lld x %lld, %s indices (%zu distinct) %s\n",
               static_cast<long long>(count), static_cast<long long>(vocab),
               static_cast<long long>(width), shape.skewed ? "skewed" : "uniform", distinct,
-              dtype_label(dtype));
+              loom::dtype_name(dtype));
 
   const size_t table = static_cast<size_t>(vocab * width),
                rows = static_cast<size_t>(count * width);
@@ -133,7 +133,7 @@ bool run_shape(const Shape& shape, DType dtype) {
   const double es = static_cast<double>(loom::dtype_size(dtype));
   const std::string label = std::to_string(count) + " tok " + std::to_string(vocab) + "x" +
                             std::to_string(width) + (shape.skewed ? " skewed " : " uniform ") +
-                            dtype_label(dtype);
+                            loom::dtype_name(dtype);
   bool ok = true;
 
   const std::vector<KernelVersion> forward = {
@@ -174,7 +174,7 @@ bool run_shape(const Shape& shape, DType dtype) {
   for (const KernelVersion& v : backward) {
     std::printf(" backward %s\n", v.name);
     if (&v == &backward[0] && dtype != DType::F32) {
-      std::printf("  skipped: v1 rounds dweight to %s after every addition\n", dtype_label(dtype));
+      std::printf("  skipped: v1 rounds dweight to %s after every addition\n", loom::dtype_name(dtype));
       continue;
     }
     LOOM_CUDA_CHECK(cudaMemcpyAsync(d_dweight.get(), d_dweight0.get(), d_dweight0.bytes(),

@@ -13,7 +13,7 @@
 //
 // Build: nvcc -std=c++20 -arch=sm_90 --expt-relaxed-constexpr -I. bench/cuda/lab_layer_norm.cu
 //   bench/cuda/lab.cu kernels/cuda/layer_norm.cu kernels/cuda/gemm.cpp kernels/cpu/layer_norm.cpp
-//   tensor/dtype.cpp (+ tensor/error.cpp) -lcublasLt
+//   core/dtype.cpp (+ core/error.cpp) -lcublasLt
 // Run: ./lab_layer_norm   (prints "no CUDA device: ..." and exits 0 without a GPU)
 
 #include <cmath>
@@ -147,7 +147,7 @@ bool run_shape(const Shape& shape, DType dtype) {
   const int64_t rows = shape.rows, width = shape.width;
   const size_t n = static_cast<size_t>(rows * width);
   std::printf("layer_norm %lld x %lld %s\n", static_cast<long long>(rows),
-              static_cast<long long>(width), dtype_label(dtype));
+              static_cast<long long>(width), loom::dtype_name(dtype));
 
   // Inputs as the device sees them (rounded to dtype), and the CPU reference on those.
   const std::vector<float> x = rounded(random_floats(n, 1, -2.0f, 2.0f), dtype);
@@ -205,7 +205,7 @@ bool run_shape(const Shape& shape, DType dtype) {
     ok &= good;
     if (good && shape.timed) {
       report("layer_norm_forward " + std::to_string(rows) + "x" + std::to_string(width) + " " +
-                 dtype_label(dtype),
+                 loom::dtype_name(dtype),
              v.name, time_ms(v.launch, stream.get()), forward_bytes, 0.0);
     }
   }
@@ -248,7 +248,7 @@ bool run_shape(const Shape& shape, DType dtype) {
     ok &= good;
     if (good && shape.timed) {
       report("layer_norm_backward " + std::to_string(rows) + "x" + std::to_string(width) + " " +
-                 dtype_label(dtype),
+                 loom::dtype_name(dtype),
              v.name, time_ms(v.launch, stream.get()), backward_bytes, 0.0);
     }
   }

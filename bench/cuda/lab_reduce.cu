@@ -18,7 +18,7 @@
 //
 // Build: nvcc -std=c++20 -arch=sm_90 --expt-relaxed-constexpr -I. bench/cuda/lab_reduce.cu
 //   bench/cuda/lab.cu kernels/cuda/reduce.cu kernels/cuda/gemm.cpp kernels/cpu/reduce.cpp
-//   kernels/cpu/optimizer_steps.cpp tensor/dtype.cpp tensor/error.cpp -lcublasLt
+//   kernels/cpu/optimizer_steps.cpp core/dtype.cpp core/error.cpp -lcublasLt
 // Run: ./lab_reduce   (prints "no CUDA device: ..." and exits 0 without a GPU)
 
 #include <algorithm>
@@ -146,7 +146,7 @@ Tolerance sum_tolerance(DType dtype, int64_t extent) {
 
 std::string shape_tag(int64_t outer, int64_t extent, int64_t inner, DType dtype) {
   return " [" + std::to_string(outer) + "," + std::to_string(extent) + "," + std::to_string(inner) +
-         "] " + dtype_label(dtype);
+         "] " + loom::dtype_name(dtype);
 }
 
 // ---- sum_axis -----------------------------------------------------------------------------
@@ -265,7 +265,7 @@ bool run_sum_all(int64_t n, DType dtype, bool timed) {
   DeviceBuffer d_x = upload(x, dtype), d_sum(8), d_sq(4);
   DeviceBuffer d_ws(kc::reduce_workspace_bytes(n));
   Stream stream;
-  const std::string tag = " n=" + std::to_string(n) + " " + dtype_label(dtype);
+  const std::string tag = " n=" + std::to_string(n) + " " + loom::dtype_name(dtype);
   std::printf("sum_all / sum_of_squares%s\n", tag.c_str());
   const Tolerance f32_tol{0.0, 1e-4};
   const Tolerance sum_tol = dtype == DType::F32 ? f32_tol : default_tolerance(dtype);

@@ -15,7 +15,7 @@
 //
 // Build: nvcc -std=c++20 -arch=sm_90 --expt-relaxed-constexpr -I. bench/cuda/lab_softmax.cu
 //   bench/cuda/lab.cu kernels/cuda/softmax.cu kernels/cuda/gemm.cpp kernels/cpu/softmax.cpp
-//   tensor/dtype.cpp (+ tensor/error.cpp) -lcublasLt
+//   core/dtype.cpp (+ core/error.cpp) -lcublasLt
 // Run: ./lab_softmax   (prints "no CUDA device: ..." and exits 0 without a GPU)
 
 #include <algorithm>
@@ -40,7 +40,7 @@ namespace kc = loom::kernels::cuda;
 
 std::string shape_label(const char* kernel, int64_t rows, int64_t width, DType dtype) {
   return std::string(kernel) + " " + std::to_string(rows) + "x" + std::to_string(width) + " " +
-         dtype_label(dtype);
+         loom::dtype_name(dtype);
 }
 
 // ---- v1 softmax forward: block per row, three passes -----------------------------------------
@@ -123,7 +123,7 @@ bool run_softmax(int64_t rows, int64_t width, bool causal, bool timed, DType dty
   const int64_t causal_t = causal ? width : 0;
   const size_t n = static_cast<size_t>(rows * width);
   std::printf("softmax %lld x %lld%s %s\n", static_cast<long long>(rows),
-              static_cast<long long>(width), causal ? " causal" : "", dtype_label(dtype));
+              static_cast<long long>(width), causal ? " causal" : "", loom::dtype_name(dtype));
   const std::vector<float> x = rounded(random_floats(n, 11, -4.0f, 4.0f), dtype);
   const std::vector<float> dy = rounded(random_floats(n, 12), dtype);
   std::vector<float> y_ref(n), dx_ref(n);
@@ -198,7 +198,7 @@ bool run_softmax(int64_t rows, int64_t width, bool causal, bool timed, DType dty
 bool run_cross_entropy(int64_t rows, int64_t vocab, bool timed, DType dtype) {
   const size_t n = static_cast<size_t>(rows * vocab);
   std::printf("cross_entropy %lld x %lld %s\n", static_cast<long long>(rows),
-              static_cast<long long>(vocab), dtype_label(dtype));
+              static_cast<long long>(vocab), loom::dtype_name(dtype));
   const std::vector<float> logits = rounded(random_floats(n, 21, -4.0f, 4.0f), dtype);
   std::vector<int64_t> targets(rows);
   {

@@ -31,31 +31,29 @@
 
 namespace loom::comm::algorithms {
 
-using kernels::cpu::ReduceType;
-
 // data[0, count) on every rank becomes the reduction of every rank's data. Reduce-scatter
 // then all-gather around the ring, in `size` chunks (sizes differ by at most one element);
 // bandwidth-optimal, 2(size-1) steps. Scratch: one chunk.
-void ring_allreduce(Transport& transport, void* data, size_t count, ReduceType type, ReduceOp op,
+void ring_allreduce(Transport& transport, void* data, size_t count, DType type, ReduceOp op,
                     Deadline deadline);
 
 // Same result as ring_allreduce, by recursive halving (reduce-scatter) then recursive
 // doubling (all-gather): 2 log2(p) steps for p = largest power of two <= size. With a
 // non-power-of-two size the first 2(size-p) ranks fold in pairs before and after.
 // Scratch: half the buffer.
-void halving_doubling_allreduce(Transport& transport, void* data, size_t count, ReduceType type,
+void halving_doubling_allreduce(Transport& transport, void* data, size_t count, DType type,
                                 ReduceOp op, Deadline deadline);
 
 // output[size * count] = every rank's input[count], concatenated in rank order. In place
 // when input == output + rank * count; otherwise the two must not overlap.
 void ring_all_gather(Transport& transport, const void* input, void* output, size_t count,
-                     ReduceType type, Deadline deadline);
+                     DType type, Deadline deadline);
 
 // output[count] = slice `rank` of the reduction of every rank's input[size * count]; input
 // is left unchanged. In place when output == input + rank * count; otherwise the two must
 // not overlap. Scratch: two slices.
 void ring_reduce_scatter(Transport& transport, const void* input, void* output, size_t count,
-                         ReduceType type, ReduceOp op, Deadline deadline);
+                         DType type, ReduceOp op, Deadline deadline);
 
 // Rank-ordered reductions (Note [Rank-ordered reductions] in rank_ordered.cpp): every
 // element is reduced by one rank from all ranks' values in rank order 0, 1, ..., size-1, with
@@ -69,25 +67,25 @@ void ring_reduce_scatter(Transport& transport, const void* input, void* output, 
 // other and reduces all of them (one exchange per peer; scratch: size-1 buffers). Larger
 // ones: rank-ordered reduce-scatter of `size` chunks (sizes differ by at most one), then
 // each rank sends its reduced chunk to every other (scratch: size-1 chunks). Same bits.
-void rank_ordered_allreduce(Transport& transport, void* data, size_t count, ReduceType type,
+void rank_ordered_allreduce(Transport& transport, void* data, size_t count, DType type,
                             ReduceOp op, Deadline deadline);
 
 // output[count] = slice `rank` of the reduction of every rank's input[size * count], in rank
 // order; input is left unchanged. In place when output == input + rank * count; otherwise
 // the two must not overlap. Scratch: size-1 slices.
 void rank_ordered_reduce_scatter(Transport& transport, const void* input, void* output,
-                                 size_t count, ReduceType type, ReduceOp op, Deadline deadline);
+                                 size_t count, DType type, ReduceOp op, Deadline deadline);
 
 // data[0, count) on root becomes the rank-ordered reduction of every rank's data
 // (reduce-scatter as above, then every rank sends its reduced chunk to root); other ranks'
 // data is left unchanged. Scratch: size chunks.
-void rank_ordered_reduce(Transport& transport, void* data, size_t count, ReduceType type,
+void rank_ordered_reduce(Transport& transport, void* data, size_t count, DType type,
                          ReduceOp op, int root, Deadline deadline);
 
 // Slice j of this rank's input[size * count] goes to rank j, which stores it as slice `rank`
 // of its output[size * count]; size-1 direct exchanges. input and output must not overlap.
 void pairwise_all_to_all(Transport& transport, const void* input, void* output, size_t count,
-                         ReduceType type, Deadline deadline);
+                         DType type, Deadline deadline);
 
 // Returns once every rank has entered it: ceil(log2(size)) rounds of one-byte exchanges with
 // the ranks 1, 2, 4, ... away.
@@ -95,12 +93,12 @@ void dissemination_barrier(Transport& transport, Deadline deadline);
 
 // data[0, count) on every rank becomes root's data, along a binomial tree (log2(size)
 // rounds; each rank receives once).
-void tree_broadcast(Transport& transport, void* data, size_t count, ReduceType type, int root,
+void tree_broadcast(Transport& transport, void* data, size_t count, DType type, int root,
                     Deadline deadline);
 
 // data[0, count) on root becomes the reduction of every rank's data, along a binomial tree;
 // other ranks' data is left unchanged. Scratch: up to two buffers on inner ranks.
-void tree_reduce(Transport& transport, void* data, size_t count, ReduceType type, ReduceOp op,
+void tree_reduce(Transport& transport, void* data, size_t count, DType type, ReduceOp op,
                  int root, Deadline deadline);
 
 }  // namespace loom::comm::algorithms

@@ -7,24 +7,18 @@
 
 #include "comm/algorithms/transport.h"
 #include "comm/reduce_op.h"
+#include "core/error.h"
 #include "kernels/cpu/reduce_ops.h"
-#include "tensor/error.h"
 
 namespace loom::comm::algorithms::detail {
 
 using kernels::cpu::ReduceKind;
-using kernels::cpu::ReduceType;
-
-inline bool is_floating(ReduceType type) {
-  return type == ReduceType::F32 || type == ReduceType::F64 || type == ReduceType::BF16 ||
-         type == ReduceType::F16;
-}
 
 // The kernel that combines two buffers for `op`; rejects Avg on integer types.
-inline ReduceKind reduce_kind(ReduceOp op, ReduceType type, const char* algorithm) {
+inline ReduceKind reduce_kind(ReduceOp op, DType type, const char* algorithm) {
   if (op == ReduceOp::Avg && !is_floating(type)) {
     fail("[comm/algorithms] ", algorithm,
-         ": ReduceOp::Avg needs a floating type (f32, f64, bf16, f16), got an integer type");
+         ": ReduceOp::Avg needs a floating type (f32, f64, bf16, f16), got ", dtype_name(type));
   }
   return reduce_kind_of(op);
 }
@@ -47,7 +41,7 @@ inline void check_root(const Transport& transport, int root, const char* algorit
 }
 
 // Avg = Sum, then every element times 1/size by the rank that owns the reduced result.
-inline void finish_avg(ReduceOp op, ReduceType type, void* data, size_t count, int size) {
+inline void finish_avg(ReduceOp op, DType type, void* data, size_t count, int size) {
   if (op == ReduceOp::Avg && size > 1 && count > 0) {
     kernels::cpu::scale_inplace(type, data, count, 1.0 / size);
   }

@@ -25,7 +25,7 @@ using detail::Chunks;
 using detail::exchange;
 using kernels::cpu::ReduceKind;
 
-void halving_doubling_allreduce(Transport& transport, void* data, size_t count, ReduceType type,
+void halving_doubling_allreduce(Transport& transport, void* data, size_t count, DType type,
                                 ReduceOp op, Deadline deadline) {
   const ReduceKind kind = detail::reduce_kind(op, type, "halving_doubling_allreduce");
   detail::check_args(transport, count, data, data, "halving_doubling_allreduce");
@@ -33,7 +33,7 @@ void halving_doubling_allreduce(Transport& transport, void* data, size_t count, 
   const int rank = transport.rank();
   if (count == 0 || size == 1) return;
 
-  const size_t es = kernels::cpu::reduce_type_size(type);
+  const size_t es = dtype_size(type);
   const size_t bytes = count * es;
   int p = 1;
   while (p * 2 <= size)

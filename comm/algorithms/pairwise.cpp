@@ -11,12 +11,12 @@ using detail::at;
 using detail::exchange;
 
 void pairwise_all_to_all(Transport& transport, const void* input, void* output, size_t count,
-                         ReduceType type, Deadline deadline) {
+                         DType type, Deadline deadline) {
   detail::check_args(transport, count, input, output, "pairwise_all_to_all");
   const int size = transport.size();
   const int rank = transport.rank();
   if (count == 0) return;
-  const size_t es = kernels::cpu::reduce_type_size(type);
+  const size_t es = dtype_size(type);
   const size_t slice = count * es;
   std::memcpy(at(output, static_cast<size_t>(rank) * count, es),
               at(input, static_cast<size_t>(rank) * count, es), slice);

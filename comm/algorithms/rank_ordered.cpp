@@ -35,12 +35,12 @@ double scale_for(ReduceOp op, int size) {
 // that rank r reduces (offset and length in elements); this rank's reduced part lands in
 // `output`. Step k sends part(rank + k) to rank + k and receives part(rank) from rank - k.
 template <typename Part>
-void reduce_parts(Transport& transport, const void* input, void* output, ReduceType type,
+void reduce_parts(Transport& transport, const void* input, void* output, DType type,
                   ReduceOp op, const Part& part, Deadline deadline) {
   const kernels::cpu::ReduceKind kind = detail::reduce_kind(op, type, "rank_ordered");
   const int size = transport.size();
   const int rank = transport.rank();
-  const size_t es = kernels::cpu::reduce_type_size(type);
+  const size_t es = dtype_size(type);
   const auto [mine, length] = part(rank);
   std::vector<std::byte> scratch(length * es * static_cast<size_t>(size));
   std::vector<const void*> inputs(static_cast<size_t>(size));
@@ -62,14 +62,14 @@ void reduce_parts(Transport& transport, const void* input, void* output, ReduceT
 
 }  // namespace
 
-void rank_ordered_allreduce(Transport& transport, void* data, size_t count, ReduceType type,
+void rank_ordered_allreduce(Transport& transport, void* data, size_t count, DType type,
                             ReduceOp op, Deadline deadline) {
   detail::check_args(transport, count, data, data, "rank_ordered_allreduce");
   (void)detail::reduce_kind(op, type, "rank_ordered_allreduce");
   const int size = transport.size();
   const int rank = transport.rank();
   if (count == 0 || size == 1) return;
-  const size_t es = kernels::cpu::reduce_type_size(type);
+  const size_t es = dtype_size(type);
   if (count * es * static_cast<size_t>(size - 1) <= kOneShotBudget) {
     // One shot: every rank's part is the whole buffer, so each rank sends its buffer to every
     // other and reduces all of them itself, in rank order: one exchange per peer instead of a
@@ -90,7 +90,7 @@ void rank_ordered_allreduce(Transport& transport, void* data, size_t count, Redu
   }
 }
 
-void rank_ordered_reduce(Transport& transport, void* data, size_t count, ReduceType type,
+void rank_ordered_reduce(Transport& transport, void* data, size_t count, DType type,
                          ReduceOp op, int root, Deadline deadline) {
   detail::check_args(transport, count, data, data, "rank_ordered_reduce");
   detail::check_root(transport, root, "rank_ordered_reduce");
@@ -100,7 +100,7 @@ void rank_ordered_reduce(Transport& transport, void* data, size_t count, ReduceT
   if (count == 0) return;
   const Chunks chunks(count, size);
   auto part = [&](int r) { return std::pair<size_t, size_t>{chunks.begin(r), chunks.size(r)}; };
-  const size_t es = kernels::cpu::reduce_type_size(type);
+  const size_t es = dtype_size(type);
   // Reduced beside the data: only root's data may change.
   std::vector<std::byte> reduced(chunks.size(rank) * es);
   reduce_parts(transport, data, reduced.data(), type, op, part, deadline);
@@ -117,7 +117,7 @@ void rank_ordered_reduce(Transport& transport, void* data, size_t count, ReduceT
 }
 
 void rank_ordered_reduce_scatter(Transport& transport, const void* input, void* output,
-                                 size_t count, ReduceType type, ReduceOp op, Deadline deadline) {
+                                 size_t count, DType type, ReduceOp op, Deadline deadline) {
   detail::check_args(transport, count, input, output, "rank_ordered_reduce_scatter");
   (void)detail::reduce_kind(op, type, "rank_ordered_reduce_scatter");
   if (count == 0) return;

@@ -24,7 +24,7 @@ int wrap(int k, int size) {
 
 }  // namespace
 
-void ring_allreduce(Transport& transport, void* data, size_t count, ReduceType type, ReduceOp op,
+void ring_allreduce(Transport& transport, void* data, size_t count, DType type, ReduceOp op,
                     Deadline deadline) {
   const ReduceKind kind = detail::reduce_kind(op, type, "ring_allreduce");
   detail::check_args(transport, count, data, data, "ring_allreduce");
@@ -32,7 +32,7 @@ void ring_allreduce(Transport& transport, void* data, size_t count, ReduceType t
   const int rank = transport.rank();
   if (count == 0 || size == 1) return;
 
-  const size_t es = kernels::cpu::reduce_type_size(type);
+  const size_t es = dtype_size(type);
   const Chunks chunks(count, size);
   const int right = wrap(rank + 1, size);
   const int left = wrap(rank - 1, size);
@@ -64,13 +64,13 @@ void ring_allreduce(Transport& transport, void* data, size_t count, ReduceType t
 }
 
 void ring_all_gather(Transport& transport, const void* input, void* output, size_t count,
-                     ReduceType type, Deadline deadline) {
+                     DType type, Deadline deadline) {
   detail::check_args(transport, count, input, output, "ring_all_gather");
   const int size = transport.size();
   const int rank = transport.rank();
   if (count == 0) return;
 
-  const size_t es = kernels::cpu::reduce_type_size(type);
+  const size_t es = dtype_size(type);
   const size_t bytes = count * es;
   std::byte* mine = at(output, static_cast<size_t>(rank) * count, es);
   if (mine != input) std::memcpy(mine, input, bytes);
@@ -87,14 +87,14 @@ void ring_all_gather(Transport& transport, const void* input, void* output, size
 }
 
 void ring_reduce_scatter(Transport& transport, const void* input, void* output, size_t count,
-                         ReduceType type, ReduceOp op, Deadline deadline) {
+                         DType type, ReduceOp op, Deadline deadline) {
   const ReduceKind kind = detail::reduce_kind(op, type, "ring_reduce_scatter");
   detail::check_args(transport, count, input, output, "ring_reduce_scatter");
   const int size = transport.size();
   const int rank = transport.rank();
   if (count == 0) return;
 
-  const size_t es = kernels::cpu::reduce_type_size(type);
+  const size_t es = dtype_size(type);
   const size_t bytes = count * es;
   if (size == 1) {
     if (output != input) std::memcpy(output, input, bytes);

@@ -5,7 +5,7 @@
 #include <string>
 #include <thread>
 
-#include "tensor/error.h"
+#include "core/error.h"
 
 namespace loom::comm {
 

@@ -11,14 +11,14 @@ namespace loom::comm::algorithms {
 
 using kernels::cpu::ReduceKind;
 
-void tree_broadcast(Transport& transport, void* data, size_t count, ReduceType type, int root,
+void tree_broadcast(Transport& transport, void* data, size_t count, DType type, int root,
                     Deadline deadline) {
   detail::check_args(transport, count, data, data, "tree_broadcast");
   detail::check_root(transport, root, "tree_broadcast");
   const int size = transport.size();
   if (count == 0 || size == 1) return;
 
-  const size_t bytes = count * kernels::cpu::reduce_type_size(type);
+  const size_t bytes = count * dtype_size(type);
   const int v = (transport.rank() - root + size) % size;
   const auto real = [&](int relative) { return (relative + root) % size; };
 
@@ -38,7 +38,7 @@ void tree_broadcast(Transport& transport, void* data, size_t count, ReduceType t
   }
 }
 
-void tree_reduce(Transport& transport, void* data, size_t count, ReduceType type, ReduceOp op,
+void tree_reduce(Transport& transport, void* data, size_t count, DType type, ReduceOp op,
                  int root, Deadline deadline) {
   const ReduceKind kind = detail::reduce_kind(op, type, "tree_reduce");
   detail::check_args(transport, count, data, data, "tree_reduce");
@@ -47,7 +47,7 @@ void tree_reduce(Transport& transport, void* data, size_t count, ReduceType type
   const int rank = transport.rank();
   if (count == 0 || size == 1) return;
 
-  const size_t bytes = count * kernels::cpu::reduce_type_size(type);
+  const size_t bytes = count * dtype_size(type);
   const int v = (rank - root + size) % size;
   const auto real = [&](int relative) { return (relative + root) % size; };
 

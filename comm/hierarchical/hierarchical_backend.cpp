@@ -119,7 +119,7 @@ void HierarchicalBackend::allreduce(const Tensor& input, Tensor& output, ReduceO
   intra_->reduce_scatter(shard, padded, level, deadline);
   inter_->allreduce(shard, shard, level, deadline);
   if (op == ReduceOp::Avg) {
-    kernels::cpu::scale_inplace(reduce_type_of(input.dtype()), shard.raw_data(),
+    kernels::cpu::scale_inplace(input.dtype(), shard.raw_data(),
                                 static_cast<size_t>(shard_count), 1.0 / size_);
   }
   intra_->all_gather(padded, shard, deadline);
@@ -142,7 +142,7 @@ void HierarchicalBackend::reduce_scatter(Tensor& output, const Tensor& input, Re
   intra_->reduce_scatter(mine, arranged, level, deadline);
   inter_->reduce_scatter(output, mine, level, deadline);
   if (op == ReduceOp::Avg) {
-    kernels::cpu::scale_inplace(reduce_type_of(output.dtype()), output.raw_data(),
+    kernels::cpu::scale_inplace(output.dtype(), output.raw_data(),
                                 static_cast<size_t>(c), 1.0 / size_);
   }
 }

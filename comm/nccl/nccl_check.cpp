@@ -3,7 +3,7 @@
 #include <string>
 
 #include "comm/error.h"
-#include "tensor/error.h"
+#include "core/error.h"
 
 namespace loom::comm::nccl::detail {
 

@@ -8,7 +8,7 @@
 #include <string>
 
 #include "comm/reduce_op.h"
-#include "tensor/dtype.h"
+#include "core/dtype.h"
 
 namespace loom::comm::shm {
 

@@ -302,7 +302,7 @@ void ShmBackend::reduce_staged(uint64_t round, size_t offset, size_t count, DTyp
   for (int r = 0; r < size_; ++r)
     list[r] = staging(r, round) + offset;
   if (own != nullptr) list[rank_] = own;
-  kernels::cpu::reduce_inputs(reduce_type_of(dtype), reduce_kind_of(op), out, list,
+  kernels::cpu::reduce_inputs(dtype, reduce_kind_of(op), out, list,
                               static_cast<size_t>(size_), count, scale_of(op, size_));
 }
 
@@ -430,7 +430,7 @@ void ShmBackend::reduce_tiny(const Tensor& input, Tensor& output, ReduceOp op, i
       }
       list[r] = box.data;
     }
-    kernels::cpu::reduce_inputs(reduce_type_of(input.dtype()), reduce_kind_of(op),
+    kernels::cpu::reduce_inputs(input.dtype(), reduce_kind_of(op),
                                 output.raw_data(), list, static_cast<size_t>(size_),
                                 static_cast<size_t>(input.numel()), scale_of(op, size_));
   }

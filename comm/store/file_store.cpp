@@ -26,7 +26,7 @@
 #include <thread>
 
 #include "comm/store/store_impl.h"
-#include "tensor/error.h"
+#include "core/error.h"
 
 namespace loom::comm {
 

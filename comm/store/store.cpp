@@ -7,7 +7,7 @@
 #include <utility>
 
 #include "comm/store/store_impl.h"
-#include "tensor/error.h"
+#include "core/error.h"
 
 namespace loom::comm {
 

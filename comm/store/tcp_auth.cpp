@@ -6,7 +6,7 @@
 #include <openssl/rand.h>
 
 #include "comm/error.h"
-#include "tensor/error.h"
+#include "core/error.h"
 
 namespace loom::comm::tcp {
 

@@ -25,7 +25,7 @@
 #include "comm/store/tcp_protocol.h"
 #include "comm/store/tcp_socket.h"
 #include "comm/store/tcp_store.h"
-#include "tensor/error.h"
+#include "core/error.h"
 
 namespace loom::comm {
 

@@ -287,22 +287,22 @@ void UcxBackend::allreduce(const Tensor& input, Tensor& output, ReduceOp op, Dea
   }
   algorithms::rank_ordered_allreduce(*this, output.raw_data(),
                                      static_cast<size_t>(output.numel()),
-                                     reduce_type_of(output.dtype()), op, deadline);
+                                     output.dtype(), op, deadline);
 }
 
 void UcxBackend::broadcast(Tensor& tensor, int root, Deadline deadline) {
   algorithms::tree_broadcast(*this, tensor.raw_data(), static_cast<size_t>(tensor.numel()),
-                             reduce_type_of(tensor.dtype()), root, deadline);
+                             tensor.dtype(), root, deadline);
 }
 
 void UcxBackend::reduce(Tensor& tensor, int root, ReduceOp op, Deadline deadline) {
   algorithms::rank_ordered_reduce(*this, tensor.raw_data(), static_cast<size_t>(tensor.numel()),
-                                  reduce_type_of(tensor.dtype()), op, root, deadline);
+                                  tensor.dtype(), op, root, deadline);
 }
 
 void UcxBackend::all_gather(Tensor& output, const Tensor& input, Deadline deadline) {
   algorithms::ring_all_gather(*this, input.raw_data(), output.raw_data(),
-                              static_cast<size_t>(input.numel()), reduce_type_of(input.dtype()),
+                              static_cast<size_t>(input.numel()), input.dtype(),
                               deadline);
 }
 
@@ -310,13 +310,13 @@ void UcxBackend::reduce_scatter(Tensor& output, const Tensor& input, ReduceOp op
                                 Deadline deadline) {
   algorithms::rank_ordered_reduce_scatter(*this, input.raw_data(), output.raw_data(),
                                           static_cast<size_t>(output.numel()),
-                                          reduce_type_of(input.dtype()), op, deadline);
+                                          input.dtype(), op, deadline);
 }
 
 void UcxBackend::all_to_all(Tensor& output, const Tensor& input, Deadline deadline) {
   algorithms::pairwise_all_to_all(*this, input.raw_data(), output.raw_data(),
                                   static_cast<size_t>(input.numel()) / static_cast<size_t>(size_),
-                                  reduce_type_of(input.dtype()), deadline);
+                                  input.dtype(), deadline);
 }
 
 void UcxBackend::barrier(Deadline deadline) {

@@ -7,8 +7,8 @@
 #include <algorithm>
 #include <string>
 
+#include "core/error.h"
 #include "kernels/cpu/thread_pool.h"
-#include "tensor/error.h"
 
 namespace loom::kernels::cpu {
 

@@ -12,11 +12,11 @@
 #include <atomic>
 #include <bit>
 #include <cstring>
-#include <stdexcept>
 #include <string>
 #include <type_traits>
 
-#include "kernels/cpu/half.h"
+#include "core/error.h"
+#include "core/half.h"
 #include "kernels/cpu/reduce_ops_impl.h"
 
 // Note [Reduction semantics]
@@ -362,7 +362,7 @@ struct Ops<Bf16> {
 enum class Isa { Scalar, Avx2, Avx512 };
 constexpr const char* kIsaNames[] = {"scalar", "avx2", "avx512"};
 
-using F32FamilyKernel = void (*)(ReduceType, ReduceKind, void*, const void* const*, size_t, size_t,
+using F32FamilyKernel = void (*)(DType, ReduceKind, void*, const void* const*, size_t, size_t,
                                  float, bool, bool);
 constexpr F32FamilyKernel kF32FamilyKernels[] = {
     scalar_isa::reduce_f32_family, avx2_isa::reduce_f32_family, avx512_isa::reduce_f32_family};
@@ -401,13 +401,8 @@ Isa parse_isa(const char* name) {
   for (int i = 0; i < 3; ++i) {
     if (std::strcmp(name, kIsaNames[i]) == 0) return static_cast<Isa>(i);
   }
-  throw std::invalid_argument(std::string("[kernels/reduce_ops] unknown instruction set '") + name +
-                              "'; expected avx512, avx2 or scalar");
-}
-
-const char* type_name(ReduceType type) {
-  constexpr const char* kNames[] = {"f32", "f64", "bf16", "f16", "i32", "i64", "u8"};
-  return kNames[static_cast<int>(type)];
+  fail("[kernels/reduce_ops] unknown instruction set '", name,
+       "'; expected avx512, avx2 or scalar");
 }
 
 // Note [Streaming stores]. When the inputs and the output together exceed the last-level
@@ -429,71 +424,50 @@ bool use_streaming_stores(const void* out, const void* const* inputs, size_t cou
   return (count + 1) * n * element_size >= g_streaming_threshold.load(std::memory_order_relaxed);
 }
 
-bool is_floating(ReduceType type) {
-  return type == ReduceType::F32 || type == ReduceType::F64 || type == ReduceType::BF16 ||
-         type == ReduceType::F16;
-}
-
 }  // namespace
 
-size_t reduce_type_size(ReduceType type) {
-  switch (type) {
-    case ReduceType::F32: return 4;
-    case ReduceType::F64: return 8;
-    case ReduceType::BF16: return 2;
-    case ReduceType::F16: return 2;
-    case ReduceType::I32: return 4;
-    case ReduceType::I64: return 8;
-    case ReduceType::U8: return 1;
-  }
-  return 0;
-}
-
-void reduce_inputs(ReduceType type, ReduceKind kind, void* out, const void* const* inputs,
+void reduce_inputs(DType type, ReduceKind kind, void* out, const void* const* inputs,
                    size_t count, size_t n, double scale) {
   bool scaled = scale != 1.0;
   if (scaled && !is_floating(type)) {
-    throw std::invalid_argument(std::string("[kernels/reduce_ops] reduce_inputs: scale ") +
-                                std::to_string(scale) + " given for integer type " +
-                                type_name(type) + "; scaling applies to floating types only");
+    fail("[kernels/reduce_ops] reduce_inputs: scale ", scale, " given for integer type ",
+         dtype_name(type), "; scaling applies to floating types only");
   }
   if (n == 0) return;
   if (count == 0) {
-    throw std::invalid_argument(
-        "[kernels/reduce_ops] reduce_inputs: count is 0; expected 1 or more inputs");
+    fail("[kernels/reduce_ops] reduce_inputs: count is 0; expected 1 or more inputs");
   }
   switch (type) {
-    case ReduceType::F32:
-    case ReduceType::BF16:
-    case ReduceType::F16:
+    case DType::F32:
+    case DType::BF16:
+    case DType::F16:
       return kF32FamilyKernels[static_cast<int>(selected_isa().load(std::memory_order_relaxed))](
           type, kind, out, inputs, count, n, static_cast<float>(scale), scaled,
-          use_streaming_stores(out, inputs, count, n, reduce_type_size(type)));
-    case ReduceType::F64:
+          use_streaming_stores(out, inputs, count, n, dtype_size(type)));
+    case DType::F64:
       return scalar_isa::reduce_typed<ScalarPlain<double>, double>(kind, out, inputs, count, n,
                                                                    scale, scaled, false);
-    case ReduceType::I32:
+    case DType::I32:
       return scalar_isa::reduce_typed<ScalarPlain<int32_t>, int32_t>(kind, out, inputs, count, n, 1,
                                                                      false, false);
-    case ReduceType::I64:
+    case DType::I64:
       return scalar_isa::reduce_typed<ScalarPlain<int64_t>, int64_t>(kind, out, inputs, count, n, 1,
                                                                      false, false);
-    case ReduceType::U8:
+    case DType::U8:
       return scalar_isa::reduce_typed<ScalarPlain<uint8_t>, uint8_t>(kind, out, inputs, count, n, 1,
                                                                      false, false);
   }
 }
 
-void reduce_into(ReduceType type, ReduceKind kind, void* dst, const void* src, size_t n) {
+void reduce_into(DType type, ReduceKind kind, void* dst, const void* src, size_t n) {
   const void* inputs[2] = {dst, src};
   reduce_inputs(type, kind, dst, inputs, 2, n);
 }
 
-void scale_inplace(ReduceType type, void* dst, size_t n, double scale) {
+void scale_inplace(DType type, void* dst, size_t n, double scale) {
   if (!is_floating(type)) {
-    throw std::invalid_argument(std::string("[kernels/reduce_ops] scale_inplace: type ") +
-                                type_name(type) +
-                                " is not floating; expected f32, f64, bf16 or f16");
+    fail("[kernels/reduce_ops] scale_inplace: type ", dtype_name(type),
+         " is not floating; expected f32, f64, bf16 or f16");
   }
   if (scale == 1.0) return;
   const void* inputs[1] = {dst};
@@ -515,8 +489,7 @@ void set_reduce_streaming_threshold_for_testing(size_t bytes) {
 void set_reduce_isa_for_testing(const char* isa) {
   Isa chosen = isa == nullptr ? detect_isa() : parse_isa(isa);
   if (!isa_supported(chosen)) {
-    throw std::invalid_argument(std::string("[kernels/reduce_ops] instruction set ") + isa +
-                                " is not available on this machine");
+    fail("[kernels/reduce_ops] instruction set ", isa, " is not available on this machine");
   }
   selected_isa().store(chosen, std::memory_order_relaxed);
 }

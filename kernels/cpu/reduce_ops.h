@@ -6,26 +6,24 @@
 #include <cstddef>
 #include <cstdint>
 
+#include "core/dtype.h"
+
 namespace loom::kernels::cpu {
 
-// Element types of the reductions, mirroring loom::DType without depending on tensor/.
-enum class ReduceType { F32, F64, BF16, F16, I32, I64, U8 };
 enum class ReduceKind { Sum, Min, Max, Prod };
-
-size_t reduce_type_size(ReduceType type);
 
 // out[i] = inputs[0][i] op inputs[1][i] op ... op inputs[k-1][i], combined left to right
 // (inputs[0] first). bf16/f16 accumulate in f32 and round once at the end. `out` may alias
 // any input. With `scale` != 1 (floating types only) the result is multiplied by it before
 // rounding (Avg = Sum with scale 1/n).
-void reduce_inputs(ReduceType type, ReduceKind kind, void* out, const void* const* inputs,
+void reduce_inputs(DType type, ReduceKind kind, void* out, const void* const* inputs,
                    size_t count, size_t n, double scale = 1.0);
 
 // dst[i] = dst[i] op src[i] (two-input form of reduce_inputs, same rounding).
-void reduce_into(ReduceType type, ReduceKind kind, void* dst, const void* src, size_t n);
+void reduce_into(DType type, ReduceKind kind, void* dst, const void* src, size_t n);
 
 // dst[i] *= scale (floating types only; bf16/f16 through f32).
-void scale_inplace(ReduceType type, void* dst, size_t n, double scale);
+void scale_inplace(DType type, void* dst, size_t n, double scale);
 
 // Which instruction set reduce_inputs uses on this machine: "avx512", "avx2" or "scalar".
 const char* reduce_isa();

@@ -10,7 +10,7 @@ namespace loom::kernels::cpu {
 bool reduce_isa_available(const char* isa);
 
 // Makes every later reduction use `isa` ("avx512", "avx2" or "scalar"); nullptr restores the
-// one detected at start-up. Throws std::invalid_argument for an unknown name or an instruction
+// one detected at start-up. Throws loom::Error for an unknown name or an instruction
 // set this machine lacks. Not synchronised with reductions running on other threads: call it
 // between them.
 void set_reduce_isa_for_testing(const char* isa);

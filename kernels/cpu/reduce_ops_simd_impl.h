@@ -207,12 +207,12 @@ void reduce_typed(ReduceKind kind, void* out, const void* const* inputs, size_t 
 }
 
 // f32, bf16 and f16 (all accumulate in f32) with this instruction set's traits `Ops<E>`.
-void reduce_f32_family(ReduceType type, ReduceKind kind, void* out, const void* const* inputs,
+void reduce_f32_family(DType type, ReduceKind kind, void* out, const void* const* inputs,
                        size_t count, size_t n, float scale, bool scaled, bool stream) {
   switch (type) {
-    case ReduceType::F32:
+    case DType::F32:
       return reduce_typed<Ops<float>, float>(kind, out, inputs, count, n, scale, scaled, stream);
-    case ReduceType::BF16:
+    case DType::BF16:
       return reduce_typed<Ops<Bf16>, Bf16>(kind, out, inputs, count, n, scale, scaled, stream);
     default:
       return reduce_typed<Ops<Half>, Half>(kind, out, inputs, count, n, scale, scaled, stream);

@@ -10,7 +10,7 @@
 #include <thread>
 #include <vector>
 
-#include "tensor/error.h"
+#include "core/error.h"
 
 namespace loom::kernels::cpu {
 

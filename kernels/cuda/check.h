@@ -11,7 +11,7 @@
 
 #include <cstdio>
 
-#include "tensor/error.h"
+#include "core/error.h"
 
 namespace loom::cuda_detail {
 

@@ -10,8 +10,8 @@
 #include <cstdint>
 #include <type_traits>
 
+#include "core/dtype.h"
 #include "kernels/cuda/check.h"
-#include "tensor/dtype.h"
 
 namespace loom::kernels::cuda {
 
@@ -162,20 +162,6 @@ inline unsigned grid_for(int64_t n, int threads, int64_t max_blocks = 65535LL * 
   return static_cast<unsigned>(blocks < max_blocks ? blocks : max_blocks);
 }
 
-// A dtype's name for messages (kernels must not call tensor/dtype.cpp, which links above them).
-inline const char* dtype_label(DType dtype) {
-  switch (dtype) {
-    case DType::F32: return "f32";
-    case DType::F64: return "f64";
-    case DType::BF16: return "bf16";
-    case DType::F16: return "f16";
-    case DType::I32: return "i32";
-    case DType::I64: return "i64";
-    case DType::U8: return "u8";
-  }
-  return "invalid";
-}
-
 // Calls f.template operator()<T>() with the storage type of a floating dtype (f32, f64, bf16,
 // f16), or throws naming `op`.
 template <typename F>
@@ -186,7 +172,7 @@ void dispatch_arithmetic(DType dtype, const char* op, F&& f) {
     case DType::BF16: f.template operator()<__nv_bfloat16>(); return;
     case DType::F16: f.template operator()<__half>(); return;
     default:
-      fail(op, ": the CUDA kernel takes f32, f64, bf16 or f16 tensors, got ", dtype_label(dtype));
+      fail(op, ": the CUDA kernel takes f32, f64, bf16 or f16 tensors, got ", dtype_name(dtype));
   }
 }
 

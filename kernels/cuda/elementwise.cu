@@ -36,7 +36,7 @@ template <typename T>
 constexpr bool kFloatFamily =
     std::is_same_v<T, float> || std::is_same_v<T, __nv_bfloat16> || std::is_same_v<T, __half>;
 
-// bf16 exactly as tensor/dtype.cpp's float_to_bf16_bits (round to nearest even; a NaN keeps
+// bf16 exactly as core/dtype.cpp's float_to_bf16_bits (round to nearest even; a NaN keeps
 // its sign and upper payload and becomes quiet), so that conversions match the CPU bitwise.
 __host__ __device__ __forceinline__ __nv_bfloat16 bf16_like_cpu(float value) {
   uint32_t bits;

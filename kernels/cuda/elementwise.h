@@ -13,7 +13,7 @@
 
 #include <cuda_runtime_api.h>
 
-#include "tensor/dtype.h"
+#include "core/dtype.h"
 
 namespace loom::kernels::cuda {
 

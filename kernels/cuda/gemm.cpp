@@ -49,8 +49,8 @@
 #include <utility>
 #include <vector>
 
+#include "core/error.h"
 #include "kernels/cuda/check.h"
-#include "tensor/error.h"
 
 namespace loom::kernels::cuda {
 
@@ -62,27 +62,10 @@ constexpr int64_t kOnesRows = 65536;  // rows per rank-1 bias GEMM
 
 std::atomic<bool> g_allow_tf32{false};
 
-// --- dtype helpers (kernels may not call tensor/dtype.cpp) ---------------------------------
-
-const char* dtype_label(DType dtype) {
-  switch (dtype) {
-    case DType::F32: return "f32";
-    case DType::F64: return "f64";
-    case DType::BF16: return "bf16";
-    case DType::F16: return "f16";
-    case DType::I32: return "i32";
-    case DType::I64: return "i64";
-    case DType::U8: return "u8";
-  }
-  return "invalid";
-}
+// --- dtype helpers ---------------------------------------------------------------------------
 
 int dtype_slot(DType dtype) {
   return dtype == DType::F32 ? 0 : dtype == DType::BF16 ? 1 : 2;
-}
-
-size_t element_bytes(DType dtype) {
-  return dtype == DType::F32 ? 4 : 2;
 }
 
 cudaDataType_t cuda_type(DType dtype) {
@@ -148,7 +131,7 @@ struct Problem {
 // The largest power of two (at most 256) dividing the address of every matrix of the batch.
 uint32_t alignment_of(const void* ptr, int64_t stride, DType dtype, int64_t batch) {
   uint64_t bits = reinterpret_cast<uintptr_t>(ptr);
-  if (batch > 1) bits |= static_cast<uint64_t>(stride) * element_bytes(dtype);
+  if (batch > 1) bits |= static_cast<uint64_t>(stride) * dtype_size(dtype);
   uint32_t align = 256;
   while (align > 1 && bits % align != 0)
     align /= 2;
@@ -295,7 +278,7 @@ std::unique_ptr<Plan> build_plan(cublasLtHandle_t handle, const PlanKey& key, co
     set_desc(desc, CUBLASLT_MATMUL_DESC_EPILOGUE, CUBLASLT_EPILOGUE_DEFAULT);  // rank-1 bias
   }
   if (!find_algorithm(handle, key, *plan)) {
-    fail(kTag, "cuBLASLt has no algorithm for a ", dtype_label(key.dtype),
+    fail(kTag, "cuBLASLt has no algorithm for a ", dtype_name(key.dtype),
          key.tf32 ? " (TF32)" : "", " GEMM with op(A) ", key.trans_a ? "transposed" : "plain",
          ", op(B) ", key.trans_b ? "transposed" : "plain", ", m=", key.m, " n=", key.n,
          " k=", key.k, " lda=", key.lda, " ldb=", key.ldb, " ldc=", key.ldc, " batch=", key.batch,
@@ -375,7 +358,7 @@ const void* ones(DeviceState& state, DType dtype) {
   std::lock_guard lock(state.mutex);
   std::unique_ptr<DeviceMemory>& slot = state.ones[dtype_slot(dtype)];
   if (!slot) {
-    size_t es = element_bytes(dtype);
+    size_t es = dtype_size(dtype);
     std::vector<unsigned char> host(kOnesRows * es);
     for (int64_t i = 0; i < kOnesRows; ++i) {
       if (dtype == DType::F32) {
@@ -400,7 +383,7 @@ void matmul(int device, const Problem& p, cudaStream_t stream);
 // C_b (+)= ones[m, 1] bias[1, n] for every b: the bias as a rank-1 GEMM, in chunks of rows.
 void add_bias_rank1(int device, const Problem& p, bool accumulate, cudaStream_t stream) {
   const void* one = ones(registry().device(device), p.dtype);
-  size_t es = element_bytes(p.dtype);
+  size_t es = dtype_size(p.dtype);
   for (int64_t row = 0; row < p.m; row += kOnesRows) {
     Problem q{};
     q.dtype = p.dtype;
@@ -441,7 +424,7 @@ void matmul(int device, const Problem& p, cudaStream_t stream) {
 
 // C_b = 0 for every b (k == 0 without accumulate or bias).
 void zero_output(const Problem& p, cudaStream_t stream) {
-  size_t es = element_bytes(p.dtype);
+  size_t es = dtype_size(p.dtype);
   size_t pitch = static_cast<size_t>(p.ldc) * es, width = static_cast<size_t>(p.n) * es;
   if (p.batch == 1 || p.stride_c == p.m * p.ldc) {  // one pitched block
     LOOM_CUDA_CHECK(
@@ -456,7 +439,7 @@ void zero_output(const Problem& p, cudaStream_t stream) {
 
 void validate(const Problem& p) {
   if (p.dtype != DType::F32 && p.dtype != DType::BF16 && p.dtype != DType::F16) {
-    fail(kTag, "gemm takes f32, bf16 or f16 operands, got ", dtype_label(p.dtype));
+    fail(kTag, "gemm takes f32, bf16 or f16 operands, got ", dtype_name(p.dtype));
   }
   if (p.m < 0 || p.n < 0 || p.k < 0 || p.batch < 0) {
     fail(kTag, "sizes must be >= 0, got m=", p.m, " n=", p.n, " k=", p.k, " batch=", p.batch);

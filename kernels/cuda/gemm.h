@@ -28,7 +28,7 @@
 
 #include <cstdint>
 
-#include "tensor/dtype.h"
+#include "core/dtype.h"
 
 namespace loom::kernels::cuda {
 

@@ -4,7 +4,7 @@
 
 #include <cstdio>
 
-#include "tensor/error.h"
+#include "core/error.h"
 
 namespace loom::strategies::checkpoint {
 

@@ -10,7 +10,7 @@
 #include <cstring>
 #include <vector>
 
-#include "tensor/error.h"
+#include "core/error.h"
 
 namespace loom::strategies::checkpoint {
 

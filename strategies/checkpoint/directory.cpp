@@ -9,7 +9,7 @@
 #include <cstring>
 #include <string>
 
-#include "tensor/error.h"
+#include "core/error.h"
 
 namespace loom::strategies::checkpoint {
 

@@ -9,8 +9,8 @@
 #include <set>
 #include <sstream>
 
+#include "core/error.h"
 #include "strategies/checkpoint/directory.h"
-#include "tensor/error.h"
 #include "tensor/ops.h"
 
 namespace loom::strategies::checkpoint {

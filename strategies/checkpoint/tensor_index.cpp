@@ -12,7 +12,7 @@
 #include <sstream>
 #include <tuple>
 
-#include "tensor/error.h"
+#include "core/error.h"
 #include "tensor/safetensors.h"
 
 namespace loom::strategies::checkpoint {

@@ -49,7 +49,7 @@ class PendingBucket {
   virtual void finish() = 0;
   // When the bucket's communication really started and finished (after finish(); empty where
   // the hook cannot say), for the trace (Note [Bucket spans in the trace] in reducer.cpp).
-  using Span = std::pair<comm::Clock::time_point, comm::Clock::time_point>;
+  using Span = std::pair<loom::Clock::time_point, loom::Clock::time_point>;
   virtual std::optional<Span> comm_span() const { return std::nullopt; }
 };
 

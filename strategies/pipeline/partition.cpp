@@ -6,7 +6,7 @@
 #include <map>
 #include <string>
 
-#include "tensor/error.h"
+#include "core/error.h"
 
 namespace loom::strategies::pipeline {
 

@@ -2,10 +2,10 @@
 
 #include <algorithm>
 
+#include "core/error.h"
 #include "optim/clip_grad.h"
 #include "strategies/pipeline/partition.h"
 #include "strategies/tp/model_parallel_strategy.h"
-#include "tensor/error.h"
 #include "tensor/ops.h"
 
 namespace loom::strategies {

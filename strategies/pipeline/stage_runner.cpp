@@ -2,10 +2,10 @@
 
 #include <chrono>
 
+#include "core/error.h"
 #include "strategies/trace.h"
-#include "tensor/autograd/node.h"
 #include "tensor/autocast.h"
-#include "tensor/error.h"
+#include "tensor/autograd/node.h"
 #include "tensor/ops.h"
 
 namespace loom::strategies::pipeline {

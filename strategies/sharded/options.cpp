@@ -1,6 +1,6 @@
 #include "strategies/sharded/options.h"
 
-#include "tensor/error.h"
+#include "core/error.h"
 
 namespace loom::strategies::sharded {
 

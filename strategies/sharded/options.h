@@ -10,8 +10,8 @@
 #include <cstdint>
 #include <string>
 
+#include "core/dtype.h"
 #include "strategies/sharded/units.h"
-#include "tensor/dtype.h"
 
 namespace loom::strategies::sharded {
 

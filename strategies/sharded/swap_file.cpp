@@ -10,7 +10,7 @@
 #include <cerrno>
 #include <cstring>
 
-#include "tensor/error.h"
+#include "core/error.h"
 
 namespace loom::strategies::sharded {
 

@@ -9,7 +9,7 @@
 #include <memory>
 #include <typeinfo>
 
-#include "tensor/error.h"
+#include "core/error.h"
 
 namespace loom::strategies::sharded {
 

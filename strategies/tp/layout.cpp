@@ -2,8 +2,8 @@
 
 #include <cmath>
 
+#include "core/error.h"
 #include "optim/clip_grad.h"
-#include "tensor/error.h"
 #include "tensor/ops.h"
 
 namespace loom::strategies {

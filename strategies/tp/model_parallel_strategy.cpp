@@ -1,10 +1,10 @@
 #include "strategies/tp/model_parallel_strategy.h"
 
 
+#include "core/error.h"
 #include "optim/clip_grad.h"
 #include "strategies/ddp/reducer.h"
 #include "tensor/autograd/function.h"
-#include "tensor/error.h"
 #include "tensor/ops.h"
 
 namespace loom::strategies {

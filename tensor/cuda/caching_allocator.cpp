@@ -11,10 +11,10 @@
 #include <unordered_set>
 #include <vector>
 
+#include "core/error.h"
 #include "kernels/cuda/check.h"
 #include "tensor/cuda/device.h"
 #include "tensor/cuda/stream.h"
-#include "tensor/error.h"
 
 namespace loom::cuda {
 namespace {

@@ -4,11 +4,11 @@
 #include <cstring>
 #include <optional>
 
+#include "core/error.h"
 #include "kernels/cuda/check.h"
 #include "tensor/cuda/device.h"
 #include "tensor/cuda/pinned.h"
 #include "tensor/cuda/stream.h"
-#include "tensor/error.h"
 
 namespace loom::cuda {
 namespace {

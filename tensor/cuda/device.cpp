@@ -4,8 +4,8 @@
 
 #include <string>
 
+#include "core/error.h"
 #include "kernels/cuda/check.h"
-#include "tensor/error.h"
 
 namespace loom::cuda {
 namespace {

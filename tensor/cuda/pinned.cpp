@@ -8,9 +8,9 @@
 #include <mutex>
 #include <utility>
 
+#include "core/error.h"
 #include "kernels/cuda/check.h"
 #include "tensor/cuda/device.h"
-#include "tensor/error.h"
 
 namespace loom::cuda {
 namespace {

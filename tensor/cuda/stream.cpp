@@ -6,9 +6,9 @@
 #include <utility>
 #include <vector>
 
+#include "core/error.h"
 #include "kernels/cuda/check.h"
 #include "tensor/cuda/device.h"
-#include "tensor/error.h"
 
 namespace loom::cuda {
 namespace {

@@ -22,51 +22,18 @@
 #include "comm/backend.h"
 #include "comm/error.h"
 #include "comm/shm/shm_backend.h"
+#include "core/error.h"
 #include "multiprocess.h"
-#include "tensor/error.h"
 
 namespace loom::comm {
 namespace {
 
 using namespace std::chrono_literals;
-using algorithms::ReduceType;
 
-constexpr ReduceType kTypes[] = {ReduceType::F32, ReduceType::F64, ReduceType::I32,
-                                 ReduceType::I64, ReduceType::U8,  ReduceType::BF16,
-                                 ReduceType::F16};
+constexpr DType kTypes[] = {DType::F32, DType::F64, DType::I32, DType::I64,
+                            DType::U8,  DType::BF16, DType::F16};
 constexpr ReduceOp kOps[] = {ReduceOp::Sum, ReduceOp::Avg, ReduceOp::Min, ReduceOp::Max,
                              ReduceOp::Prod};
-
-const char* type_name(ReduceType type) {
-  switch (type) {
-    case ReduceType::F32: return "f32";
-    case ReduceType::F64: return "f64";
-    case ReduceType::BF16: return "bf16";
-    case ReduceType::F16: return "f16";
-    case ReduceType::I32: return "i32";
-    case ReduceType::I64: return "i64";
-    case ReduceType::U8: return "u8";
-  }
-  return "?";
-}
-
-bool is_floating(ReduceType type) {
-  return type == ReduceType::F32 || type == ReduceType::F64 || type == ReduceType::BF16 ||
-         type == ReduceType::F16;
-}
-
-size_t type_size(ReduceType type) {
-  switch (type) {
-    case ReduceType::F64:
-    case ReduceType::I64: return 8;
-    case ReduceType::F32:
-    case ReduceType::I32: return 4;
-    case ReduceType::BF16:
-    case ReduceType::F16: return 2;
-    case ReduceType::U8: return 1;
-  }
-  return 0;
-}
 
 // f16 from a value it holds exactly as a normal number (the tests use small integers and
 // halves), and back from any bits.
@@ -95,56 +62,56 @@ double from_bf16(uint16_t b) {
   return std::bit_cast<float>(uint32_t{b} << 16);
 }
 
-void store(ReduceType type, void* data, size_t i, double x) {
+void store(DType type, void* data, size_t i, double x) {
   switch (type) {
-    case ReduceType::F32: static_cast<float*>(data)[i] = static_cast<float>(x); break;
-    case ReduceType::F64: static_cast<double*>(data)[i] = x; break;
-    case ReduceType::I32: static_cast<int32_t*>(data)[i] = static_cast<int32_t>(x); break;
-    case ReduceType::I64: static_cast<int64_t*>(data)[i] = static_cast<int64_t>(x); break;
-    case ReduceType::U8: static_cast<uint8_t*>(data)[i] = static_cast<uint8_t>(x); break;
-    case ReduceType::BF16: static_cast<uint16_t*>(data)[i] = to_bf16(x); break;
-    case ReduceType::F16: static_cast<uint16_t*>(data)[i] = to_f16(x); break;
+    case DType::F32: static_cast<float*>(data)[i] = static_cast<float>(x); break;
+    case DType::F64: static_cast<double*>(data)[i] = x; break;
+    case DType::I32: static_cast<int32_t*>(data)[i] = static_cast<int32_t>(x); break;
+    case DType::I64: static_cast<int64_t*>(data)[i] = static_cast<int64_t>(x); break;
+    case DType::U8: static_cast<uint8_t*>(data)[i] = static_cast<uint8_t>(x); break;
+    case DType::BF16: static_cast<uint16_t*>(data)[i] = to_bf16(x); break;
+    case DType::F16: static_cast<uint16_t*>(data)[i] = to_f16(x); break;
   }
 }
 
-double load(ReduceType type, const void* data, size_t i) {
+double load(DType type, const void* data, size_t i) {
   switch (type) {
-    case ReduceType::F32: return static_cast<const float*>(data)[i];
-    case ReduceType::F64: return static_cast<const double*>(data)[i];
-    case ReduceType::I32: return static_cast<const int32_t*>(data)[i];
-    case ReduceType::I64: return static_cast<double>(static_cast<const int64_t*>(data)[i]);
-    case ReduceType::U8: return static_cast<const uint8_t*>(data)[i];
-    case ReduceType::BF16: return from_bf16(static_cast<const uint16_t*>(data)[i]);
-    case ReduceType::F16: return from_f16(static_cast<const uint16_t*>(data)[i]);
+    case DType::F32: return static_cast<const float*>(data)[i];
+    case DType::F64: return static_cast<const double*>(data)[i];
+    case DType::I32: return static_cast<const int32_t*>(data)[i];
+    case DType::I64: return static_cast<double>(static_cast<const int64_t*>(data)[i]);
+    case DType::U8: return static_cast<const uint8_t*>(data)[i];
+    case DType::BF16: return from_bf16(static_cast<const uint16_t*>(data)[i]);
+    case DType::F16: return from_f16(static_cast<const uint16_t*>(data)[i]);
   }
   return NAN;
 }
 
 // A buffer of `count` elements of `type`.
 struct Buffer {
-  Buffer(ReduceType type, size_t count) : type(type), bytes(count * type_size(type)) {}
+  Buffer(DType type, size_t count) : type(type), bytes(count * dtype_size(type)) {}
   void* data() { return bytes.data(); }
   void set(size_t i, double x) { store(type, bytes.data(), i, x); }
   double get(size_t i) const { return load(type, bytes.data(), i); }
-  ReduceType type;
+  DType type;
   std::vector<std::byte> bytes;
 };
 
 // Element i of rank r's contribution, and the closed form of its reduction over a world of
 // w ranks. The rank holding the extreme value changes with i; signed types go negative.
 // Prod uses factors 1 and 2 only, so the product (2^k, k <= 3 for w <= 8) stays exact.
-double offset(ReduceType type) {
-  return type == ReduceType::U8 ? 0 : 10;
+double offset(DType type) {
+  return type == DType::U8 ? 0 : 10;
 }
 
-double contribution(ReduceType type, ReduceOp op, int r, size_t i, int w) {
+double contribution(DType type, ReduceOp op, int r, size_t i, int w) {
   if (op == ReduceOp::Prod) return (i + static_cast<size_t>(r)) % 3 == 0 ? 2 : 1;
   const auto rotated =
       static_cast<double>((i + static_cast<size_t>(r)) % static_cast<size_t>(w) + 1);
   return rotated * static_cast<double>(i % 5 + 1) - offset(type);
 }
 
-double expected(ReduceType type, ReduceOp op, size_t i, int w) {
+double expected(DType type, ReduceOp op, size_t i, int w) {
   const double base = static_cast<double>(i % 5 + 1);
   switch (op) {
     case ReduceOp::Sum: return base * w * (w + 1) / 2 - w * offset(type);
@@ -162,21 +129,21 @@ double expected(ReduceType type, ReduceOp op, size_t i, int w) {
 }
 
 // Avg divides by the size in floating point: allow two units in the last place.
-double tolerance(ReduceType type, ReduceOp op) {
+double tolerance(DType type, ReduceOp op) {
   if (op != ReduceOp::Avg) return 0;
   switch (type) {
-    case ReduceType::BF16: return 0x1p-7;
-    case ReduceType::F16: return 0x1p-10;
-    case ReduceType::F32: return 0x1p-22;
+    case DType::BF16: return 0x1p-7;
+    case DType::F16: return 0x1p-10;
+    case DType::F32: return 0x1p-22;
     default: return 0x1p-51;
   }
 }
 
-std::string describe(ReduceType type, size_t count, int w) {
-  return std::string(type_name(type)) + " count " + std::to_string(count) + " world " +
+std::string describe(DType type, size_t count, int w) {
+  return std::string(dtype_name(type)) + " count " + std::to_string(count) + " world " +
          std::to_string(w);
 }
-std::string describe(ReduceType type, ReduceOp op, size_t count, int w) {
+std::string describe(DType type, ReduceOp op, size_t count, int w) {
   return describe(type, count, w) + " op " + std::string(reduce_op_name(op));
 }
 
@@ -222,14 +189,14 @@ Deadline generous() {
 // Each runs one collective over a matrix of dtypes, ops, counts (and roots) on one rank of
 // `t`, checking this rank's result.
 
-using Allreduce = void (*)(Transport&, void*, size_t, ReduceType, ReduceOp, Deadline);
+using Allreduce = void (*)(Transport&, void*, size_t, DType, ReduceOp, Deadline);
 
 // Appends a hash of every result to `hashes`, for the cross-rank bitwise comparison.
 void allreduce_body(Allreduce allreduce, Transport& t, const std::vector<size_t>& counts,
                     std::vector<uint64_t>& hashes) {
   const int w = t.size();
   Checker checker(t.rank());
-  for (ReduceType type : kTypes) {
+  for (DType type : kTypes) {
     for (ReduceOp op : kOps) {
       if (op == ReduceOp::Avg && !is_floating(type)) continue;
       for (size_t count : counts) {
@@ -255,7 +222,7 @@ void all_gather_body(Transport& t, const std::vector<size_t>& counts) {
   const int w = t.size();
   Checker checker(t.rank());
   const auto rank = static_cast<size_t>(t.rank());
-  for (ReduceType type : kTypes) {
+  for (DType type : kTypes) {
     for (size_t count : counts) {
       for (bool in_place : {false, true}) {
         Buffer output(type, count * static_cast<size_t>(w));
@@ -267,7 +234,7 @@ void all_gather_body(Transport& t, const std::vector<size_t>& counts) {
         for (size_t i = 0; i < count; ++i)
           source.set(first + i, block_value(t.rank(), i));
         algorithms::ring_all_gather(
-            t, static_cast<std::byte*>(source.data()) + first * type_size(type), output.data(),
+            t, static_cast<std::byte*>(source.data()) + first * dtype_size(type), output.data(),
             count, type, generous());
         for (int r = 0; r < w; ++r) {
           checker.expect(
@@ -281,7 +248,7 @@ void all_gather_body(Transport& t, const std::vector<size_t>& counts) {
   }
 }
 
-using ReduceScatter = void (*)(Transport&, const void*, void*, size_t, ReduceType, ReduceOp,
+using ReduceScatter = void (*)(Transport&, const void*, void*, size_t, DType, ReduceOp,
                                Deadline);
 
 void reduce_scatter_body(Transport& t, const std::vector<size_t>& counts,
@@ -289,7 +256,7 @@ void reduce_scatter_body(Transport& t, const std::vector<size_t>& counts,
   const int w = t.size();
   Checker checker(t.rank());
   const auto rank = static_cast<size_t>(t.rank());
-  for (ReduceType type : kTypes) {
+  for (DType type : kTypes) {
     for (ReduceOp op : kOps) {
       if (op == ReduceOp::Avg && !is_floating(type)) continue;
       for (size_t count : counts) {
@@ -304,7 +271,7 @@ void reduce_scatter_body(Transport& t, const std::vector<size_t>& counts,
           Buffer& result = in_place ? input : output;
           const size_t first = in_place ? rank * count : 0;
           reduce_scatter(t, input.data(),
-                         static_cast<std::byte*>(result.data()) + first * type_size(type), count,
+                         static_cast<std::byte*>(result.data()) + first * dtype_size(type), count,
                          type, op, generous());
           const std::string context = describe(type, op, count, w) + (in_place ? " in place" : "");
           checker.expect(
@@ -325,7 +292,7 @@ void broadcast_body(Transport& t, const std::vector<size_t>& counts) {
   const int w = t.size();
   Checker checker(t.rank());
   for (int root = 0; root < w; ++root) {
-    for (ReduceType type : kTypes) {
+    for (DType type : kTypes) {
       for (size_t count : counts) {
         Buffer data(type, count);
         for (size_t i = 0; i < count; ++i)
@@ -343,7 +310,7 @@ void reduce_body(Transport& t, const std::vector<size_t>& counts) {
   const int w = t.size();
   Checker checker(t.rank());
   for (int root = 0; root < w; ++root) {
-    for (ReduceType type : kTypes) {
+    for (DType type : kTypes) {
       for (ReduceOp op : kOps) {
         if (op == ReduceOp::Avg && !is_floating(type)) continue;
         for (size_t count : counts) {
@@ -428,7 +395,7 @@ TEST_P(ThreadRanks, RankOrderedAllreduceGivesTheRankOrderBitsInAnyPieces) {
   auto value = [](int rank, size_t i) {
     return std::sin(static_cast<double>(i) * 0.37 + rank * 1.3) * 1e3 / (1 + i % 17);
   };
-  for (ReduceType type : {ReduceType::F32, ReduceType::BF16}) {
+  for (DType type : {DType::F32, DType::BF16}) {
     for (ReduceOp op : {ReduceOp::Sum, ReduceOp::Avg}) {
       std::vector<Buffer> all;
       std::vector<const void*> pointers;
@@ -444,7 +411,7 @@ TEST_P(ThreadRanks, RankOrderedAllreduceGivesTheRankOrderBitsInAnyPieces) {
                                   pointers.data(), static_cast<size_t>(w), n,
                                   op == ReduceOp::Avg ? 1.0 / w : 1.0);
       run_threads(w, [&](ThreadTransport& t) {
-        const size_t es = type_size(type);
+        const size_t es = dtype_size(type);
         Buffer whole = all[static_cast<size_t>(t.rank())];
         algorithms::rank_ordered_allreduce(t, whole.data(), n, type, op, generous());
         Buffer pieces = all[static_cast<size_t>(t.rank())];
@@ -453,7 +420,7 @@ TEST_P(ThreadRanks, RankOrderedAllreduceGivesTheRankOrderBitsInAnyPieces) {
                                              std::min<size_t>(999, n - start), type, op,
                                              generous());
         }
-        const std::string context = std::string(type_name(type)) + " " + std::string(reduce_op_name(op)) +
+        const std::string context = std::string(dtype_name(type)) + " " + std::string(reduce_op_name(op)) +
                                     ", rank " + std::to_string(t.rank());
         EXPECT_TRUE(whole.bytes == want.bytes) << context << ": one call";
         EXPECT_TRUE(pieces.bytes == want.bytes) << context << ": in pieces of 999";
@@ -553,7 +520,7 @@ TEST(ShmFailure, RingAllreduceNamesAbsentPeer) {
         std::vector<float> buffer(100, 1.0f);
         const auto start = Clock::now();
         try {
-          algorithms::ring_allreduce(backend, buffer.data(), buffer.size(), ReduceType::F32,
+          algorithms::ring_allreduce(backend, buffer.data(), buffer.size(), DType::F32,
                                      ReduceOp::Sum, deadline_after(200ms));
           ADD_FAILURE() << "rank " << rank << ": allreduce without rank 1 succeeded";
         } catch (const CommError& e) {
@@ -619,7 +586,7 @@ void expect_deadline_failure(const std::vector<Outcome>& outcomes, int absent, i
 TEST(AlgorithmsFailure, RingAllreduceNamesAbsentPeer) {
   auto outcomes = run_with_absent_rank(4, 2, [](Transport& t, Deadline deadline) {
     std::vector<float> buffer(100, 1.0f);
-    algorithms::ring_allreduce(t, buffer.data(), buffer.size(), ReduceType::F32, ReduceOp::Sum,
+    algorithms::ring_allreduce(t, buffer.data(), buffer.size(), DType::F32, ReduceOp::Sum,
                                deadline);
   });
   expect_deadline_failure(outcomes, 2, 3);  // rank 3 receives from rank 2 first
@@ -629,7 +596,7 @@ TEST(AlgorithmsFailure, HalvingDoublingNamesAbsentPeer) {
   // Size 3: rank 0 folds into rank 1, which waits for it.
   auto outcomes = run_with_absent_rank(3, 0, [](Transport& t, Deadline deadline) {
     std::vector<int32_t> buffer(10, 1);
-    algorithms::halving_doubling_allreduce(t, buffer.data(), buffer.size(), ReduceType::I32,
+    algorithms::halving_doubling_allreduce(t, buffer.data(), buffer.size(), DType::I32,
                                            ReduceOp::Sum, deadline);
   });
   expect_deadline_failure(outcomes, 0, 1);
@@ -638,7 +605,7 @@ TEST(AlgorithmsFailure, HalvingDoublingNamesAbsentPeer) {
 TEST(AlgorithmsFailure, TreeBroadcastNamesAbsentRoot) {
   auto outcomes = run_with_absent_rank(4, 1, [](Transport& t, Deadline deadline) {
     std::vector<double> buffer(10, 0.0);
-    algorithms::tree_broadcast(t, buffer.data(), buffer.size(), ReduceType::F64, 1, deadline);
+    algorithms::tree_broadcast(t, buffer.data(), buffer.size(), DType::F64, 1, deadline);
   });
   expect_deadline_failure(outcomes, 1, 2);  // relative rank 1 is the root's first child
 }
@@ -647,17 +614,17 @@ TEST(AlgorithmsFailure, MisuseThrowsBeforeSending) {
   auto fabric = std::make_shared<ThreadFabric>(2);
   ThreadTransport t(fabric, 0);
   std::vector<int32_t> ints(4, 1);
-  EXPECT_THROW(algorithms::ring_allreduce(t, ints.data(), ints.size(), ReduceType::I32,
+  EXPECT_THROW(algorithms::ring_allreduce(t, ints.data(), ints.size(), DType::I32,
                                           ReduceOp::Avg, generous()),
                loom::Error);
   EXPECT_THROW(
-      algorithms::tree_broadcast(t, ints.data(), ints.size(), ReduceType::I32, 2, generous()),
+      algorithms::tree_broadcast(t, ints.data(), ints.size(), DType::I32, 2, generous()),
       loom::Error);
-  EXPECT_THROW(algorithms::tree_reduce(t, ints.data(), ints.size(), ReduceType::I32, ReduceOp::Sum,
+  EXPECT_THROW(algorithms::tree_reduce(t, ints.data(), ints.size(), DType::I32, ReduceOp::Sum,
                                        -1, generous()),
                loom::Error);
   EXPECT_THROW(
-      algorithms::ring_allreduce(t, nullptr, 4, ReduceType::I32, ReduceOp::Sum, generous()),
+      algorithms::ring_allreduce(t, nullptr, 4, DType::I32, ReduceOp::Sum, generous()),
       loom::Error);
 }
 

@@ -16,7 +16,7 @@
 #include "comm/environment.h"
 #include "comm/process_group.h"
 #include "comm/store/in_process_store.h"
-#include "tensor/error.h"
+#include "core/error.h"
 
 namespace loom::comm {
 namespace {

@@ -28,8 +28,8 @@
 #include "comm/store/in_process_store.h"
 #include "comm/store/store.h"
 #include "comm/store/tcp_store.h"
+#include "core/error.h"
 #include "store_test_support.h"
-#include "tensor/error.h"
 
 namespace loom::comm {
 namespace {

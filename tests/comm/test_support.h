@@ -9,7 +9,7 @@
 #include <iterator>
 #include <string>
 
-#include "tensor/error.h"
+#include "core/error.h"
 
 namespace loom::testing {
 

@@ -14,9 +14,9 @@
 #include <utility>
 #include <vector>
 
+#include "core/error.h"
 #include "tensor/cuda/caching_allocator.h"
 #include "tensor/cuda/device.h"
-#include "tensor/error.h"
 
 namespace loom::cuda {
 namespace {

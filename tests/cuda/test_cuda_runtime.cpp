@@ -14,6 +14,7 @@
 #include <thread>
 #include <vector>
 
+#include "core/error.h"
 #include "kernels/cuda/check.h"
 #include "tensor/allocator.h"
 #include "tensor/cuda/caching_allocator.h"
@@ -21,7 +22,6 @@
 #include "tensor/cuda/device.h"
 #include "tensor/cuda/pinned.h"
 #include "tensor/cuda/stream.h"
-#include "tensor/error.h"
 
 namespace loom::cuda {
 namespace {

@@ -1,6 +1,6 @@
 #pragma once
-// The CPU's element conversion rules (tensor/ops/copy.cpp, tensor/dtype.cpp's bf16 and
-// kernels/cpu/half.h's f16 rounding) one element at a time: the oracle for the CUDA
+// The CPU's element conversion rules (tensor/ops/copy.cpp, core/dtype.cpp's bf16 and
+// core/half.h's f16 rounding) one element at a time: the oracle for the CUDA
 // conversions (copy_strided, fill, the communication layer's convert).
 
 #include <cmath>
@@ -9,13 +9,13 @@
 #include <random>
 #include <vector>
 
-#include "kernels/cpu/half.h"
-#include "tensor/dtype.h"
+#include "core/dtype.h"
+#include "core/half.h"
 
 namespace loom::cuda_emulation::testing {
 
-// Element sizes and kinds are tensor/dtype.h's (dtype_size, is_floating); the test programs
-// that include this link tensor/dtype.cpp.
+// Element sizes and kinds are core/dtype.h's (dtype_size, is_floating); the test programs
+// that include this link core/dtype.cpp.
 
 // An element read as the CPU reads it: integers exactly, floats widened to double.
 inline double read_double(DType d, const unsigned char* p) {

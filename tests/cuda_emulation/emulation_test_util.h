@@ -15,9 +15,9 @@
 #include <type_traits>
 #include <vector>
 
+#include "core/dtype.h"
+#include "core/error.h"
 #include "emulator.h"
-#include "tensor/dtype.h"
-#include "tensor/error.h"
 
 namespace loom::cuda_emulation::testing {
 

@@ -14,19 +14,6 @@ namespace {
 namespace gpu = loom::kernels::cuda;
 namespace cpu = loom::kernels::cpu;
 
-cpu::ReduceType reduce_type(DType d) {
-  switch (d) {
-    case DType::F32: return cpu::ReduceType::F32;
-    case DType::F64: return cpu::ReduceType::F64;
-    case DType::BF16: return cpu::ReduceType::BF16;
-    case DType::F16: return cpu::ReduceType::F16;
-    case DType::I32: return cpu::ReduceType::I32;
-    case DType::I64: return cpu::ReduceType::I64;
-    case DType::U8: return cpu::ReduceType::U8;
-  }
-  return cpu::ReduceType::F32;
-}
-
 // Elements with NaNs, infinities and zeros of both signs, at positions that depend on
 // `phase`, so that between two buffers of different phases a NaN meets a number, +0 meets
 // -0, and inf meets -inf (a NaN the kernel makes itself, which it must store canonical).
@@ -62,13 +49,13 @@ TEST(EmulatedCommOps, ReduceInplaceHoldsTheCpuBackendsBits) {
           for (int phase : {0, 3, 13}) {
           const auto acc0 = awkward_elements(d, n, rng, 0), x = awkward_elements(d, n, rng, phase);
           auto want = acc0;
-          cpu::reduce_into(reduce_type(d), cop, want.data(), x.data(), static_cast<size_t>(n));
+          cpu::reduce_into(d, cop, want.data(), x.data(), static_cast<size_t>(n));
           auto acc = acc0;
           gpu::reduce_inplace(gop, d, acc.data(), x.data(), n, nullptr);
           ASSERT_EQ(acc, want) << dtype_name(d) << " op " << static_cast<int>(gop) << " n " << n;
           // acc and x may be the same buffer.
           auto same = acc0, same_want = acc0;
-          cpu::reduce_into(reduce_type(d), cop, same_want.data(), acc0.data(),
+          cpu::reduce_into(d, cop, same_want.data(), acc0.data(),
                            static_cast<size_t>(n));
           gpu::reduce_inplace(gop, d, same.data(), same.data(), n, nullptr);
           ASSERT_EQ(same, same_want) << dtype_name(d) << " in place";

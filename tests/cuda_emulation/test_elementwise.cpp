@@ -1,7 +1,7 @@
 // kernels/cuda/elementwise.cu under the emulator against the CPU: binary ops over random
 // broadcast/strided layouts of up to 8 dims, the contiguous maps on misaligned pointers,
 // GELU, fills and copy_strided between all 49 dtype pairs, with the CPU's conversion rules
-// (tensor/dtype.cpp's bf16 and f16 rounding).
+// (core/dtype.cpp's bf16 and f16 rounding).
 
 #include "kernels/cuda/elementwise.h"
 

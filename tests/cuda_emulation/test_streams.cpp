@@ -8,10 +8,10 @@
 #include <string>
 #include <thread>
 
+#include "core/error.h"
 #include "fake_cuda_driver.h"
 #include "tensor/cuda/device.h"
 #include "tensor/cuda/stream.h"
-#include "tensor/error.h"
 
 namespace loom::cuda {
 namespace {

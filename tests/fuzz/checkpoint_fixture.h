@@ -16,11 +16,11 @@
 #include <filesystem>
 #include <vector>
 
+#include "core/error.h"
 #include "strategies/checkpoint/checked_file.h"
 #include "strategies/checkpoint/checkpoint_reader.h"
 #include "strategies/checkpoint/distributed_state.h"
 #include "strategies/checkpoint/tensor_index.h"
-#include "tensor/error.h"
 #include "tensor/tensor.h"
 #include "tests/fuzz/fuzz_support.h"
 

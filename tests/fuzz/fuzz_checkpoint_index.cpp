@@ -17,9 +17,9 @@
 #include <cstdint>
 #include <filesystem>
 
+#include "core/error.h"
 #include "strategies/checkpoint/checkpoint_reader.h"
 #include "strategies/checkpoint/tensor_index.h"
-#include "tensor/error.h"
 #include "tests/fuzz/checkpoint_fixture.h"
 #include "tests/fuzz/fuzz_support.h"
 

@@ -14,8 +14,8 @@
 #include <cstdint>
 #include <string>
 
+#include "core/error.h"
 #include "strategies/deepspeed_config.h"
-#include "tensor/error.h"
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   namespace ls = loom::strategies;

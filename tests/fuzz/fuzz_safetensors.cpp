@@ -13,7 +13,7 @@
 #include <cstdint>
 #include <span>
 
-#include "tensor/error.h"
+#include "core/error.h"
 #include "tensor/safetensors.h"
 #include "tests/fuzz/fuzz_support.h"
 

@@ -27,7 +27,7 @@
 #include "comm/store/tcp_auth.h"
 #include "comm/store/tcp_protocol.h"
 #include "comm/store/tcp_request.h"
-#include "tensor/error.h"
+#include "core/error.h"
 
 namespace {
 

@@ -21,10 +21,10 @@
 #include <string>
 #include <vector>
 
+#include "core/error.h"
 #include "strategies/checkpoint/checkpoint_reader.h"
 #include "strategies/checkpoint/distributed_state.h"
 #include "strategies/checkpoint/tensor_index.h"
-#include "tensor/error.h"
 #include "tests/fuzz/checkpoint_fixture.h"
 #include "tests/fuzz/fuzz_support.h"
 

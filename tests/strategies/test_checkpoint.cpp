@@ -11,12 +11,12 @@
 #include <functional>
 #include <nlohmann/json.hpp>
 
+#include "core/error.h"
 #include "strategies/checkpoint/checked_file.h"
 #include "strategies/checkpoint/checkpoint_reader.h"
 #include "strategies/checkpoint/directory.h"
 #include "strategies/checkpoint/distributed_state.h"
 #include "strategies/checkpoint/tensor_index.h"
-#include "tensor/error.h"
 #include "test_support.h"
 
 namespace loom::strategies::checkpoint {

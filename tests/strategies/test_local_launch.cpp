@@ -25,7 +25,7 @@ using namespace std::chrono_literals;
 using Clock = std::chrono::steady_clock;
 
 // Long enough that a test which waited for it would be caught by the time checks below.
-constexpr comm::Duration kLongTimeout = std::chrono::minutes(2);
+constexpr loom::Duration kLongTimeout = std::chrono::minutes(2);
 constexpr auto kPromptly = 15s;
 
 // True when this process has no child left (running or unreaped).

@@ -13,9 +13,9 @@
 #include <numeric>
 #include <string>
 
+#include "core/error.h"
 #include "strategies/sharded/nvme_swap.h"
 #include "strategies/sharded/swap_file.h"
-#include "tensor/error.h"
 #include "tensor/ops.h"
 #include "test_support.h"
 

@@ -8,8 +8,8 @@
 #include <set>
 #include <vector>
 
+#include "core/error.h"
 #include "strategies/distributed_sampler.h"
-#include "tensor/error.h"
 
 namespace loom::strategies {
 namespace {

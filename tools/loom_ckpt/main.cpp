@@ -32,12 +32,12 @@
 #include <nlohmann/json.hpp>
 #include <string_view>
 
+#include "core/error.h"
 #include "nn/gpt_io.h"
 #include "strategies/checkpoint/checked_file.h"
 #include "strategies/checkpoint/checkpoint_reader.h"
 #include "strategies/checkpoint/directory.h"
 #include "strategies/checkpoint/distributed_state.h"
-#include "tensor/error.h"
 #include "tools/train_gpt/train_state.h"
 
 namespace {

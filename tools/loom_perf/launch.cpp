@@ -14,7 +14,7 @@
 
 #include "comm/shm/segment.h"
 #include "comm/store/tcp_store.h"
-#include "tensor/error.h"
+#include "core/error.h"
 
 extern char** environ;
 

@@ -14,7 +14,7 @@
 
 #include "comm/error.h"
 #include "comm/process_group.h"
-#include "tensor/error.h"
+#include "core/error.h"
 #include "tools/loom_perf/launch.h"
 #include "tools/loom_perf/options.h"
 #include "tools/loom_perf/report.h"
@@ -118,7 +118,7 @@ std::optional<int> parse(int argc, char** argv, PerfOptions& options) {
 int run(const PerfOptions& options) {
   loom::comm::InitOptions init;
   init.backend = options.backend;
-  init.timeout = loom::comm::Duration(static_cast<int64_t>(options.timeout_s * 1000));
+  init.timeout = loom::Duration(static_cast<int64_t>(options.timeout_s * 1000));
   auto pg = loom::comm::init(init);
   loom::perf::Runner runner(pg, options);
   loom::perf::RunInfo info{.options = options,

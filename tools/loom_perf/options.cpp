@@ -3,7 +3,7 @@
 #include <cctype>
 #include <cmath>
 
-#include "tensor/error.h"
+#include "core/error.h"
 
 namespace loom::perf {
 

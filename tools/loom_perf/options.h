@@ -9,7 +9,7 @@
 #include <vector>
 
 #include "comm/reduce_op.h"
-#include "tensor/dtype.h"
+#include "core/dtype.h"
 #include "tools/loom_perf/collective.h"
 
 namespace loom::perf {
@@ -46,7 +46,7 @@ std::string_view nccl_type_name(DType dtype);  // "float", "bfloat16", ...
 comm::ReduceOp parse_reduce_op(std::string_view name);
 
 // The longest --timeout: a year, in seconds (a value past it is a typo, and seconds * 1000
-// must fit the int64 milliseconds of a comm::Duration).
+// must fit the int64 milliseconds of a loom::Duration).
 inline constexpr int64_t kMaxTimeoutSeconds = int64_t{365} * 24 * 3600;
 
 // Checks the parsed options against each other and their ranges, before any work starts:

@@ -6,7 +6,7 @@
 
 #include <nlohmann/json.hpp>
 
-#include "tensor/error.h"
+#include "core/error.h"
 
 namespace loom::perf {
 

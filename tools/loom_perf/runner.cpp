@@ -191,7 +191,7 @@ Measurement Runner::measure(size_t bytes, size_t count, size_t per_rank, bool in
   const comm::CollectiveOptions o{
       .op = options_.op,
       .root = options_.root,
-      .timeout = comm::Duration(static_cast<int64_t>(options_.timeout_s * 1000)),
+      .timeout = loom::Duration(static_cast<int64_t>(options_.timeout_s * 1000)),
       .async_op = !options_.blocking};
   CheckSpec spec{.collective = options_.collective,
                  .op = info.reduces ? options_.op : comm::ReduceOp::Sum,

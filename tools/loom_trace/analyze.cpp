@@ -7,7 +7,7 @@
 #include <set>
 #include <sstream>
 
-#include "tensor/error.h"
+#include "core/error.h"
 
 namespace loom::trace {
 

@@ -6,7 +6,7 @@
 #include <cstdlib>
 #include <vector>
 
-#include "tensor/error.h"
+#include "core/error.h"
 
 namespace loom::loomrun {
 

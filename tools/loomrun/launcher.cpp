@@ -13,7 +13,7 @@
 #include <optional>
 
 #include "comm/shm/segment.h"
-#include "tensor/error.h"
+#include "core/error.h"
 #include "tools/loomrun/log.h"
 #include "tools/loomrun/output_relay.h"
 #include "tools/loomrun/rank_env.h"

@@ -7,7 +7,7 @@
 #include <memory>
 
 #include "comm/store/tcp_store.h"
-#include "tensor/error.h"
+#include "core/error.h"
 #include "tools/loomrun/binding.h"
 #include "tools/loomrun/launcher.h"
 #include "tools/loomrun/log.h"

@@ -9,7 +9,7 @@
 #include <cerrno>
 #include <cstring>
 
-#include "tensor/error.h"
+#include "core/error.h"
 #include "tools/loomrun/signal_pipe.h"
 
 namespace loom::loomrun {

@@ -6,7 +6,7 @@
 
 #include <cerrno>
 
-#include "tensor/error.h"
+#include "core/error.h"
 
 namespace loom::loomrun {
 

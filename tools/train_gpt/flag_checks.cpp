@@ -10,10 +10,10 @@
 #include <cstring>
 #include <filesystem>
 
+#include "core/error.h"
 #include "strategies/devices.h"
 #include "strategies/registry.h"
 #include "strategies/sharded/sharded_strategy.h"
-#include "tensor/error.h"
 
 namespace loom::train_gpt {
 

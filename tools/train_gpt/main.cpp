@@ -409,7 +409,7 @@ int run(int argc, char** argv) {
   CLI11_PARSE(app, argc, argv);
   refuse_empty_values(app);
   strategy_options.timeout =
-      comm::Duration(std::max<int64_t>(1, std::llround(timeout_s * 1000)));
+      loom::Duration(std::max<int64_t>(1, std::llround(timeout_s * 1000)));
   check_output_path("--save", save_path);
   check_output_path("--metrics", metrics_path);
   check_output_path("--trace", trace_path);

@@ -7,11 +7,11 @@
 #include <nlohmann/json.hpp>
 #include <thread>
 
+#include "core/error.h"
 #include "nn/gpt_io.h"
 #include "strategies/checkpoint/checked_file.h"
 #include "strategies/checkpoint/distributed_state.h"
 #include "strategies/sharded/sharded_strategy.h"
-#include "tensor/error.h"
 
 namespace loom::train_gpt {
 

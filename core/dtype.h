@@ -20,7 +20,8 @@ struct Half {
 };
 
 size_t dtype_size(DType dtype);
-std::string_view dtype_name(DType dtype);  // "f32", "bf16", ...
+// "f32", "bf16", ...: a static NUL-terminated string, so printf and C APIs take it too.
+const char* dtype_name(DType dtype);
 bool is_floating(DType dtype);
 // Parses "f32", "float32", "bf16", ...; throws loom::Error listing the accepted names.
 DType parse_dtype(std::string_view name);

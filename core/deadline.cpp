@@ -1,17 +1,8 @@
-#include "comm/error.h"
-
-#include <time.h>
+#include "core/deadline.h"
 
 #include <cstdio>
 
-namespace loom::comm {
-
-Clock::time_point coarse_now() {
-  timespec ts{};
-  clock_gettime(CLOCK_MONOTONIC_COARSE, &ts);
-  return Clock::time_point(std::chrono::duration_cast<Clock::duration>(
-      std::chrono::seconds(ts.tv_sec) + std::chrono::nanoseconds(ts.tv_nsec)));
-}
+namespace loom {
 
 std::string duration_str(Duration d) {
   using namespace std::chrono;
@@ -26,4 +17,4 @@ std::string duration_str(Duration d) {
   return text;
 }
 
-}  // namespace loom::comm
+}  // namespace loom

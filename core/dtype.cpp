@@ -1,11 +1,11 @@
-#include "tensor/dtype.h"
+#include "core/dtype.h"
 
 #include <bit>
 #include <cmath>
 #include <ostream>
 
-#include "kernels/cpu/half.h"
-#include "tensor/error.h"
+#include "core/error.h"
+#include "core/half.h"
 
 namespace loom {
 
@@ -22,7 +22,7 @@ size_t dtype_size(DType dtype) {
   fail("dtype_size: invalid dtype value ", static_cast<int>(dtype));
 }
 
-std::string_view dtype_name(DType dtype) {
+const char* dtype_name(DType dtype) {
   switch (dtype) {
     case DType::F32: return "f32";
     case DType::F64: return "f64";
@@ -68,7 +68,7 @@ float bf16_bits_to_float(uint16_t bits) {
   return std::bit_cast<float>(static_cast<uint32_t>(bits) << 16);
 }
 
-// Round to nearest even, as the F16C instructions and GCC's _Float16 do (kernels/cpu/half.h).
+// Round to nearest even, as the F16C instructions and GCC's _Float16 do (core/half.h).
 uint16_t float_to_f16_bits(float value) {
   return kernels::cpu::f32_to_f16_bits(value);
 }
