@@ -1,10 +1,8 @@
 #include "comm/backend_registry.h"
 
-#include <map>
-#include <mutex>
-
 #include "comm/shm/shm_backend.h"
 #include "core/error.h"
+#include "core/registry.h"
 
 #if LOOM_WITH_NCCL
 #include "comm/nccl/nccl_backend.h"
@@ -23,29 +21,27 @@ struct Entry {
   std::string description;
 };
 
-struct Registry {
-  std::mutex mutex;
-  std::map<std::string, Entry> entries;
-  Registry() {
-    entries["shm"] = {[](const BackendContext& c) { return std::make_unique<shm::ShmBackend>(c); },
-                      "processes on one host through POSIX shared memory (CPU tensors; CUDA "
-                      "tensors staged through pinned host memory)"};
+// The built-in backends, added when the registry is first used. "auto" is resolved before
+// the registry is asked (resolve_auto_backend), so it is reserved.
+struct Registry : NamedRegistry<Entry> {
+  Registry() : NamedRegistry<Entry>("comm", "backend", {"auto"}) {
+    add("shm", {[](const BackendContext& c) { return std::make_unique<shm::ShmBackend>(c); },
+                "processes on one host through POSIX shared memory (CPU tensors; CUDA "
+                "tensors staged through pinned host memory)"});
 #if LOOM_WITH_NCCL
-    entries["nccl"] = {
-        [](const BackendContext& c) { return std::make_unique<nccl::NcclBackend>(c); },
-        "NVIDIA NCCL: one GPU per rank, within and across hosts (CUDA tensors)"};
+    add("nccl", {[](const BackendContext& c) { return std::make_unique<nccl::NcclBackend>(c); },
+                 "NVIDIA NCCL: one GPU per rank, within and across hosts (CUDA tensors)"});
 #endif
 #if LOOM_WITH_UCX
-    entries["ucx"] = {
-        [](const BackendContext& c) { return std::make_unique<ucx::UcxBackend>(c); },
-        "UCX tagged messages: processes on any hosts, over the transports UCX finds (CPU "
-        "tensors; CUDA tensors staged through pinned host memory)"};
-    entries["hierarchical"] = {
-        [](const BackendContext& c) {
-          return std::make_unique<hierarchical::HierarchicalBackend>(c);
-        },
-        "shm within each host and ucx between hosts: allreduce, reduce-scatter and "
-        "all-gather in two levels (CPU tensors; CUDA tensors staged)"};
+    add("ucx", {[](const BackendContext& c) { return std::make_unique<ucx::UcxBackend>(c); },
+                "UCX tagged messages: processes on any hosts, over the transports UCX finds (CPU "
+                "tensors; CUDA tensors staged through pinned host memory)"});
+    add("hierarchical",
+        {[](const BackendContext& c) {
+           return std::make_unique<hierarchical::HierarchicalBackend>(c);
+         },
+         "shm within each host and ucx between hosts: allreduce, reduce-scatter and "
+         "all-gather in two levels (CPU tensors; CUDA tensors staged)"});
 #endif
   }
 };
@@ -64,60 +60,35 @@ const char* missing_build_hint(const std::string& name) {
   return nullptr;
 }
 
-std::string names_of(const std::map<std::string, Entry>& entries) {
-  std::string names;
-  for (const auto& [name, entry] : entries)
-    names += (names.empty() ? "" : ", ") + name;
-  return names;
-}
-
 }  // namespace
 
 void register_backend(const std::string& name, BackendFactory factory, std::string description) {
-  Registry& r = registry();
-  std::lock_guard lock(r.mutex);
-  if (name.empty() || name == "auto") fail("register_backend: '", name, "' is not a usable name");
-  if (r.entries.count(name)) fail("register_backend: a backend named '", name, "' exists already");
-  r.entries[name] = {std::move(factory), std::move(description)};
+  registry().add(name, {std::move(factory), std::move(description)});
 }
 
 bool remove_backend(const std::string& name) {
-  Registry& r = registry();
-  std::lock_guard lock(r.mutex);
-  return r.entries.erase(name) > 0;
+  return registry().remove(name);
 }
 
 std::vector<std::pair<std::string, std::string>> available_backends() {
-  Registry& r = registry();
-  std::lock_guard lock(r.mutex);
-  std::vector<std::pair<std::string, std::string>> out;
-  for (const auto& [name, entry] : r.entries)
-    out.emplace_back(name, entry.description);
-  return out;
+  return registry().list();
 }
 
 bool backend_available(const std::string& name) {
-  Registry& r = registry();
-  std::lock_guard lock(r.mutex);
-  return r.entries.count(name) > 0;
+  return registry().contains(name);
+}
+
+void require_backend(const std::string& name) {
+  if (registry().contains(name)) return;
+  if (const char* hint = missing_build_hint(name)) {
+    fail("[comm] backend '", name, "' is not in this build: ", hint);
+  }
+  registry().at(name);  // the unknown-name error
 }
 
 std::unique_ptr<Backend> create_backend(const std::string& name, const BackendContext& context) {
-  BackendFactory factory;
-  {
-    Registry& r = registry();
-    std::lock_guard lock(r.mutex);
-    auto it = r.entries.find(name);
-    if (it == r.entries.end()) {
-      if (const char* hint = missing_build_hint(name)) {
-        fail("[comm] backend '", name, "' is not in this build: ", hint, "; available: ",
-             names_of(r.entries), ", auto");
-      }
-      fail("[comm] unknown backend '", name, "'; available: ", names_of(r.entries), ", auto");
-    }
-    factory = it->second.factory;
-  }
-  return factory(context);
+  require_backend(name);
+  return registry().at(name).factory(context);
 }
 
 std::string resolve_auto_backend(bool multi_host, Device device) {

@@ -24,7 +24,10 @@ bool remove_backend(const std::string& name);
 std::vector<std::pair<std::string, std::string>> available_backends();
 // Whether `name` is registered (ucx and hierarchical exist only in builds with UCX).
 bool backend_available(const std::string& name);
-// Creates the backend `name`; an unknown name is loom::Error listing the available names.
+// Throws loom::Error unless `name` is registered: naming the build option for a backend Loom
+// has but this build lacks, else listing the available names and the closest match.
+void require_backend(const std::string& name);
+// Creates the backend `name`; an unknown name is require_backend's error.
 std::unique_ptr<Backend> create_backend(const std::string& name, const BackendContext& context);
 
 // What "auto" means for this job: "nccl" for CUDA tensors (loom::Error in a build without

@@ -9,7 +9,7 @@
 
 #include <nlohmann/json.hpp>
 
-#include "strategies/registry.h"
+#include "core/registry.h"
 
 namespace loom::strategies {
 

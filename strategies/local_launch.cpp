@@ -172,16 +172,7 @@ std::vector<std::string> own_arguments() {
 std::string checked_backend(const std::string& requested, Device device) {
   const std::string backend =
       requested == "auto" ? comm::resolve_auto_backend(false, device) : requested;
-  bool known = false;
-  std::string names;
-  for (const auto& [name, description] : comm::available_backends()) {
-    known = known || name == backend;
-    names += name;
-    names += ", ";
-  }
-  if (!known) {
-    fail("[launch] unknown process group backend '", requested, "'; available: ", names, "auto");
-  }
+  comm::require_backend(backend);
   if (backend == "nccl" && !device.is_cuda()) {
     fail("[launch] process group backend 'nccl' needs CUDA devices, but the ranks run on ", device,
          "; use 'shm' (or 'auto') for ranks on the CPU");

@@ -1,9 +1,6 @@
 #include "strategies/registry.h"
 
-#include <algorithm>
-#include <map>
-#include <mutex>
-
+#include "core/registry.h"
 #include "strategies/data_parallel.h"
 #include "strategies/pipeline/pipeline_strategy.h"
 #include "strategies/sharded/sharded_strategy.h"
@@ -19,44 +16,43 @@ struct Entry {
   OptionsDefaults defaults;
 };
 
-struct Registry {
-  std::mutex mutex;
-  std::map<std::string, Entry> entries;
-  Registry() {
-    entries["single_device"] = {
-        [](const StrategyOptions& o) { return std::make_unique<SingleDeviceStrategy>(o); },
-        "everything on one device in one process",
-        {}};
-    entries["ddp"] = {[](const StrategyOptions& o) { return std::make_unique<DDPStrategy>(o); },
-                      "distributed data parallel: one process per device (launch with loomrun)",
-                      {}};
-    entries["dp"] = {
-        [](const StrategyOptions& o) { return std::make_unique<DataParallelStrategy>(o); },
-        "data parallel in one process: the module replicated over --devices threads, the batch "
-        "split by rows",
-        {}};
-    entries["ddp_spawn"] = {
-        [](const StrategyOptions& o) { return std::make_unique<DDPLaunchingStrategy>(o, false); },
-        "ddp whose ranks the program starts itself (re-executes itself --devices times)",
-        {}};
-    entries["ddp_fork"] = {
-        [](const StrategyOptions& o) { return std::make_unique<DDPLaunchingStrategy>(o, true); },
-        "ddp whose ranks the program forks itself (--devices processes)",
-        {}};
-    entries["ddp_find_unused_parameters_true"] = {
-        [](const StrategyOptions& o) { return std::make_unique<DDPStrategy>(o); },
-        "ddp that tolerates parameters without gradients",
-        [](StrategyOptions& o) { o.ddp.find_unused_parameters = true; }};
-    entries["pipeline"] = {
-        [](const StrategyOptions& o) { return std::make_unique<PipelineStrategy>(o); },
-        "pipeline parallel: the model's layers split into --pp stages that pass micro-batches "
-        "along, data parallel across the rest of the ranks",
-        {}};
-    entries["model_parallel"] = {
-        [](const StrategyOptions& o) { return std::make_unique<ModelParallelStrategy>(o); },
-        "tensor parallel (Megatron-LM's): each layer split over --tp ranks, data parallel "
-        "across the rest",
-        {}};
+// The built-in strategies, added when the registry is first used.
+struct Registry : NamedRegistry<Entry> {
+  Registry() : NamedRegistry<Entry>("strategy", "strategy") {
+    add("single_device",
+        {[](const StrategyOptions& o) { return std::make_unique<SingleDeviceStrategy>(o); },
+         "everything on one device in one process",
+         {}});
+    add("ddp", {[](const StrategyOptions& o) { return std::make_unique<DDPStrategy>(o); },
+                "distributed data parallel: one process per device (launch with loomrun)",
+                {}});
+    add("dp",
+        {[](const StrategyOptions& o) { return std::make_unique<DataParallelStrategy>(o); },
+         "data parallel in one process: the module replicated over --devices threads, the batch "
+         "split by rows",
+         {}});
+    add("ddp_spawn",
+        {[](const StrategyOptions& o) { return std::make_unique<DDPLaunchingStrategy>(o, false); },
+         "ddp whose ranks the program starts itself (re-executes itself --devices times)",
+         {}});
+    add("ddp_fork",
+        {[](const StrategyOptions& o) { return std::make_unique<DDPLaunchingStrategy>(o, true); },
+         "ddp whose ranks the program forks itself (--devices processes)",
+         {}});
+    add("ddp_find_unused_parameters_true",
+        {[](const StrategyOptions& o) { return std::make_unique<DDPStrategy>(o); },
+         "ddp that tolerates parameters without gradients",
+         [](StrategyOptions& o) { o.ddp.find_unused_parameters = true; }});
+    add("pipeline",
+        {[](const StrategyOptions& o) { return std::make_unique<PipelineStrategy>(o); },
+         "pipeline parallel: the model's layers split into --pp stages that pass micro-batches "
+         "along, data parallel across the rest of the ranks",
+         {}});
+    add("model_parallel",
+        {[](const StrategyOptions& o) { return std::make_unique<ModelParallelStrategy>(o); },
+         "tensor parallel (Megatron-LM's): each layer split over --tp ranks, data parallel "
+         "across the rest",
+         {}});
     add_sharded_strategies();
   }
 
@@ -66,35 +62,38 @@ struct Registry {
   void add_sharded_strategies() {
     auto sharded = [this](const std::string& name, std::string description,
                           std::function<void(sharded::ShardingOptions&)> set) {
-      entries[name] = {[name](const StrategyOptions& o) {
-                         return std::make_unique<ShardedStrategy>(o, name);
-                       },
-                       std::move(description), [set](StrategyOptions& o) { set(o.sharding); }};
+      add(name,
+          {[name](const StrategyOptions& o) { return std::make_unique<ShardedStrategy>(o, name); },
+           std::move(description), [set](StrategyOptions& o) { set(o.sharding); }});
     };
     auto fsdp = [this](const std::string& name, std::string description, bool offload) {
-      entries[name] = {[name](const StrategyOptions& o) {
-                         return std::make_unique<ShardedStrategy>(o, name);
-                       },
-                       std::move(description), [offload](StrategyOptions& o) {
-                         sharded::apply_fsdp_sharding_strategy(o.fsdp_sharding_strategy,
-                                                               o.sharding);
-                         o.sharding.offload_optimizer = offload;
-                         o.sharding.offload_params = offload && o.sharding.stage == 3;
-                       }};
+      add(name,
+          {[name](const StrategyOptions& o) { return std::make_unique<ShardedStrategy>(o, name); },
+           std::move(description),
+           [offload](StrategyOptions& o) {
+             sharded::apply_fsdp_sharding_strategy(o.fsdp_sharding_strategy, o.sharding);
+             o.sharding.offload_optimizer = offload;
+             o.sharding.offload_params = offload && o.sharding.stage == 3;
+           }});
     };
     fsdp("fsdp",
          "fully sharded data parallel: parameters, gradients and optimizer state sharded "
          "(sharding_strategy FULL_SHARD; SHARD_GRAD_OP and NO_SHARD by option)",
          false);
-    fsdp("fsdp_cpu_offload", "fsdp with parameter shards, master weights and optimizer state "
-         "in host memory (the optimizer steps on the CPU)", true);
-    sharded("deepspeed", "ZeRO stage 2 (DeepSpeed's default): optimizer state and gradients "
-            "sharded", [](sharded::ShardingOptions& s) { s.stage = 2; });
+    fsdp("fsdp_cpu_offload",
+         "fsdp with parameter shards, master weights and optimizer state "
+         "in host memory (the optimizer steps on the CPU)",
+         true);
+    sharded("deepspeed",
+            "ZeRO stage 2 (DeepSpeed's default): optimizer state and gradients "
+            "sharded",
+            [](sharded::ShardingOptions& s) { s.stage = 2; });
     sharded("deepspeed_stage_1", "ZeRO stage 1: optimizer state sharded",
             [](sharded::ShardingOptions& s) { s.stage = 1; });
     sharded("deepspeed_stage_2", "ZeRO stage 2: optimizer state and gradients sharded",
             [](sharded::ShardingOptions& s) { s.stage = 2; });
-    sharded("deepspeed_stage_2_offload", "ZeRO stage 2 with master weights and optimizer state "
+    sharded("deepspeed_stage_2_offload",
+            "ZeRO stage 2 with master weights and optimizer state "
             "in host memory (the optimizer steps on the CPU)",
             [](sharded::ShardingOptions& s) {
               s.stage = 2;
@@ -105,15 +104,20 @@ struct Registry {
       // DeepSpeed fetches each module's own parameters just before it runs.
       if (s.auto_wrap_policy.empty() && !s.wrap_policy) s.auto_wrap_policy = "params";
     };
-    sharded("deepspeed_stage_3", "ZeRO stage 3: parameters, gradients and optimizer state "
-            "sharded, each module's parameters gathered just before it runs", stage3);
-    sharded("deepspeed_stage_3_offload", "ZeRO stage 3 with parameter shards, master weights "
-            "and optimizer state in host memory", [stage3](sharded::ShardingOptions& s) {
+    sharded("deepspeed_stage_3",
+            "ZeRO stage 3: parameters, gradients and optimizer state "
+            "sharded, each module's parameters gathered just before it runs",
+            stage3);
+    sharded("deepspeed_stage_3_offload",
+            "ZeRO stage 3 with parameter shards, master weights "
+            "and optimizer state in host memory",
+            [stage3](sharded::ShardingOptions& s) {
               stage3(s);
               s.offload_optimizer = true;
               s.offload_params = true;
             });
-    sharded("deepspeed_stage_3_offload_nvme", "ZeRO stage 3 with parameter shards, master "
+    sharded("deepspeed_stage_3_offload_nvme",
+            "ZeRO stage 3 with parameter shards, master "
             "weights and optimizer state in a swap file under nvme_path (ZeRO-Infinity)",
             [stage3](sharded::ShardingOptions& s) {
               stage3(s);
@@ -121,9 +125,10 @@ struct Registry {
               s.offload_params = true;
               s.nvme_params = true;
               if (s.nvme_path.empty()) {
-                fail("[deepspeed_stage_3_offload_nvme] no nvme_path: give the directory for the "
-                     "swap file (train_gpt --nvme-path DIR, or offload_optimizer.nvme_path in "
-                     "--deepspeed-config)");
+                fail(
+                    "[deepspeed_stage_3_offload_nvme] no nvme_path: give the directory for the "
+                    "swap file (train_gpt --nvme-path DIR, or offload_optimizer.nvme_path in "
+                    "--deepspeed-config)");
               }
             });
   }
@@ -134,87 +139,25 @@ Registry& registry() {
   return instance;
 }
 
-size_t edit_distance(const std::string& a, const std::string& b) {
-  std::vector<size_t> row(b.size() + 1);
-  for (size_t j = 0; j <= b.size(); ++j)
-    row[j] = j;
-  for (size_t i = 1; i <= a.size(); ++i) {
-    size_t diagonal = row[0];
-    row[0] = i;
-    for (size_t j = 1; j <= b.size(); ++j) {
-      size_t above = row[j];
-      row[j] = std::min({row[j] + 1, row[j - 1] + 1, diagonal + (a[i - 1] != b[j - 1])});
-      diagonal = above;
-    }
-  }
-  return row[b.size()];
-}
-
 }  // namespace
-
-std::string closest_name(const std::string& name, const std::vector<std::string>& candidates) {
-  std::string best;
-  size_t best_distance = SIZE_MAX;
-  for (const std::string& c : candidates) {
-    size_t d = edit_distance(name, c);
-    if (d < best_distance) {
-      best = c;
-      best_distance = d;
-    }
-  }
-  return best;
-}
-
-void fail_unknown_name(const char* component, const char* kind, const std::string& name,
-                       const std::vector<std::string>& known) {
-  std::string list;
-  for (const std::string& n : known)
-    list += (list.empty() ? "" : ", ") + n;
-  fail("[", component, "] unknown ", kind, " '", name, "'; did you mean '",
-       closest_name(name, known), "'? Available: ", list);
-}
 
 void StrategyRegistry::register_strategy(const std::string& name, StrategyFactory factory,
                                          std::string description, OptionsDefaults defaults) {
-  if (name.empty()) fail("[strategy] register_strategy: the name is empty");
-  if (!factory) fail("[strategy] register_strategy('", name, "'): the factory is empty");
-  Registry& r = registry();
-  std::lock_guard lock(r.mutex);
-  if (r.entries.count(name)) fail("[strategy] a strategy named '", name, "' is already registered");
-  r.entries[name] = {std::move(factory), std::move(description), std::move(defaults)};
+  registry().add(name, {std::move(factory), std::move(description), std::move(defaults)});
 }
 
 bool StrategyRegistry::remove(const std::string& name) {
-  Registry& r = registry();
-  std::lock_guard lock(r.mutex);
-  return r.entries.erase(name) > 0;
+  return registry().remove(name);
 }
 
 std::unique_ptr<Strategy> StrategyRegistry::get(const std::string& name, StrategyOptions options) {
-  Entry entry;
-  {
-    Registry& r = registry();
-    std::lock_guard lock(r.mutex);
-    auto it = r.entries.find(name);
-    if (it == r.entries.end()) {
-      std::vector<std::string> names;
-      for (const auto& [n, e] : r.entries)
-        names.push_back(n);
-      fail_unknown_name("strategy", "strategy", name, names);
-    }
-    entry = it->second;
-  }
+  const Entry entry = registry().at(name);
   if (entry.defaults) entry.defaults(options);
   return entry.factory(options);
 }
 
 std::vector<std::pair<std::string, std::string>> StrategyRegistry::available_strategies() {
-  Registry& r = registry();
-  std::lock_guard lock(r.mutex);
-  std::vector<std::pair<std::string, std::string>> out;
-  for (const auto& [name, entry] : r.entries)
-    out.emplace_back(name, entry.description);
-  return out;
+  return registry().list();
 }
 
 }  // namespace loom::strategies

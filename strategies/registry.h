@@ -34,12 +34,4 @@ class StrategyRegistry {
   static std::vector<std::pair<std::string, std::string>> available_strategies();
 };
 
-// The registered name closest to `name` by edit distance (for "did you mean" messages).
-std::string closest_name(const std::string& name, const std::vector<std::string>& candidates);
-
-// Throws loom::Error for an unknown `name` of a `kind` ("strategy", "comm hook"), naming the
-// closest of `known` and listing all of them.
-[[noreturn]] void fail_unknown_name(const char* component, const char* kind,
-                                    const std::string& name, const std::vector<std::string>& known);
-
 }  // namespace loom::strategies

@@ -2,11 +2,9 @@
 
 #include <algorithm>
 #include <cmath>
-#include <map>
-#include <mutex>
 #include <unordered_map>
 
-#include "strategies/registry.h"
+#include "core/registry.h"
 #include "tensor/ops.h"
 
 namespace loom::strategies {
@@ -283,22 +281,21 @@ struct Entry {
   std::string description;
 };
 
-struct Registry {
-  std::mutex mutex;
-  std::map<std::string, Entry> entries;
-  Registry() {
-    entries["allreduce"] = {[] { return std::make_unique<AllreduceHook>(); },
-                            "allreduce Avg of each bucket (the default)"};
-    entries["bf16_compress"] = {
-        [] { return std::make_unique<CompressHook>("bf16_compress", DType::BF16); },
-        "buckets travel and are averaged as bf16, then cast back"};
-    entries["fp16_compress"] = {
-        [] { return std::make_unique<CompressHook>("fp16_compress", DType::F16); },
-        "buckets travel and are averaged as f16, then cast back"};
-    entries["powersgd"] = {[] { return make_powersgd_hook(); },
-                           "PowerSGD compression with error feedback (rank 1 after 1000 "
-                           "iterations of allreduce unless ReducerOptions::powersgd says "
-                           "otherwise)"};
+// The built-in hooks, added when the registry is first used.
+struct Registry : NamedRegistry<Entry> {
+  Registry() : NamedRegistry<Entry>("ddp", "comm hook") {
+    add("allreduce", {[] { return std::make_unique<AllreduceHook>(); },
+                      "allreduce Avg of each bucket (the default)"});
+    add("bf16_compress",
+        {[] { return std::make_unique<CompressHook>("bf16_compress", DType::BF16); },
+         "buckets travel and are averaged as bf16, then cast back"});
+    add("fp16_compress",
+        {[] { return std::make_unique<CompressHook>("fp16_compress", DType::F16); },
+         "buckets travel and are averaged as f16, then cast back"});
+    add("powersgd", {[] { return make_powersgd_hook(); },
+                     "PowerSGD compression with error feedback (rank 1 after 1000 "
+                     "iterations of allreduce unless ReducerOptions::powersgd says "
+                     "otherwise)"});
   }
 };
 
@@ -320,45 +317,21 @@ std::unique_ptr<CommHook> make_powersgd_hook(const PowerSGDOptions& options) {
 }
 
 void register_comm_hook(const std::string& name, CommHookFactory factory, std::string description) {
-  if (name.empty()) fail("[ddp] register_comm_hook: the name is empty");
-  if (!factory) fail("[ddp] register_comm_hook('", name, "'): the factory is empty");
-  Registry& r = registry();
-  std::lock_guard lock(r.mutex);
-  if (r.entries.count(name)) fail("[ddp] a comm hook named '", name, "' is already registered");
-  r.entries[name] = {std::move(factory), std::move(description)};
+  registry().add(name, {std::move(factory), std::move(description)});
 }
 
 bool remove_comm_hook(const std::string& name) {
-  Registry& r = registry();
-  std::lock_guard lock(r.mutex);
-  return r.entries.erase(name) > 0;
+  return registry().remove(name);
 }
 
 std::unique_ptr<CommHook> make_comm_hook(const std::string& name) {
-  CommHookFactory factory;
-  {
-    Registry& r = registry();
-    std::lock_guard lock(r.mutex);
-    auto it = r.entries.find(name);
-    if (it == r.entries.end()) {
-      std::vector<std::string> names;
-      for (const auto& [n, e] : r.entries) names.push_back(n);
-      fail_unknown_name("ddp", "comm hook", name, names);
-    }
-    factory = it->second.factory;
-  }
-  std::unique_ptr<CommHook> hook = factory();
+  std::unique_ptr<CommHook> hook = registry().at(name).factory();
   check(hook != nullptr, "[ddp] the factory of comm hook '" + name + "' returned null");
   return hook;
 }
 
 std::vector<std::pair<std::string, std::string>> available_comm_hooks() {
-  Registry& r = registry();
-  std::lock_guard lock(r.mutex);
-  std::vector<std::pair<std::string, std::string>> out;
-  for (const auto& [name, entry] : r.entries)
-    out.emplace_back(name, entry.description);
-  return out;
+  return registry().list();
 }
 
 }  // namespace loom::strategies

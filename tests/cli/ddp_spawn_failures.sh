@@ -34,11 +34,11 @@ expect_refused() {  # pattern, then environment assignments and train_gpt flags
   echo "refused ($rc), nothing left: $pattern"
 }
 
-expect_refused "unknown process group backend 'mpi'; available: " \
+expect_refused "unknown backend 'mpi'; did you mean '[a-z]*'? Available: " \
   "$T" "${M[@]}" --steps 2 --process-group-backend mpi
-expect_refused "unknown process group backend 'gloo'" \
+expect_refused "unknown backend 'gloo'" \
   "$T" "${M[@]}" --steps 2 --process-group-backend gloo
-expect_refused "'nccl' needs CUDA devices, but the ranks run on cpu\|unknown .* backend 'nccl'" \
+expect_refused "'nccl' needs CUDA devices, but the ranks run on cpu\|backend 'nccl' is not in this build" \
   "$T" "${M[@]}" --steps 2 --process-group-backend nccl
 expect_refused "LOOM_SHM_SLICE_BYTES='abc' is not a number of bytes" \
   LOOM_SHM_SLICE_BYTES=abc "$T" "${M[@]}" --steps 2

@@ -176,7 +176,7 @@ TEST(Backends, UserBackendIsSelectableByName) {
     FAIL();
   } catch (const Error& e) {
     // Every registered name, sorted (nccl, ucx and hierarchical depend on the build).
-    std::string listed = "available: ";
+    std::string listed = "Available: ";
     for (const auto& [name, description] : available_backends())
       listed += name + ", ";
     listed += "auto";

@@ -4,6 +4,7 @@
 #include <gtest/gtest.h>
 
 #include "multiprocess.h"
+#include "core/registry.h"
 #include "strategies/devices.h"
 #include "strategies/registry.h"
 #include "tiny_training.h"
