@@ -2,11 +2,11 @@
 // AdamW): the figure docs/performance.md compares with PyTorch.
 
 #include "bench/validate.h"
+#include "data/default_corpus.h"
+#include "data/token_blocks.h"
 #include "nn/gpt.h"
 #include "optim/adamw.h"
 #include "optim/clip_grad.h"
-#include "tools/train_gpt/default_corpus.h"
-#include "tools/train_gpt/token_blocks.h"
 
 namespace loom::bench {
 namespace {
@@ -26,8 +26,8 @@ void BM_TrainStep(benchmark::State& state) {
   int64_t batch = state.range(4);
   nn::GPTConfig config = config_from(state, DType::F32);
   nn::GPT model(config, 0);
-  train_gpt::TokenBlocks data(train_gpt::default_corpus(1 << 18), batch, config.context, 256);
-  train_gpt::Batch first = data.for_step(0);
+  data::TokenBlocks data(data::default_corpus(1 << 18), batch, config.context, 256);
+  data::Batch first = data.for_step(0);
   {
     // Reference: the same model in f64 (same seed, so the same weights up to f32 rounding).
     nn::GPT reference(config_from(state, DType::F64), 0);
@@ -41,7 +41,7 @@ void BM_TrainStep(benchmark::State& state) {
   optim::AdamW opt(params, {.lr = 1e-3, .weight_decay = 0.1});
   int64_t step = 0;
   for (auto _ : state) {
-    train_gpt::Batch b = data.for_step(step++);
+    data::Batch b = data.for_step(step++);
     Tensor loss = model.loss(b.tokens, b.targets);
     loss.backward();
     optim::clip_grad_norm(params, 1.0);

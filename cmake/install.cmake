@@ -1,14 +1,16 @@
 # The installed package (docs/api.md): headers under include/loom (a program includes
 # "tensor/tensor.h", "strategies/fabric.h", ...), the static libraries and the tools, a CMake
 # package with namespaced targets (find_package(Loom 0.1 CONFIG REQUIRED); Loom::loom for
-# everything, or the layers Loom::core, Loom::kernels, Loom::tensor, Loom::nn, Loom::optim, Loom::comm,
-# Loom::strategies), a pkg-config file (loom.pc) and a Debian package (cpack -G DEB).
+# everything, or the layers Loom::core, Loom::kernels, Loom::tensor, Loom::nn, Loom::optim,
+# Loom::comm, Loom::strategies, Loom::data), a pkg-config file (loom.pc) and a Debian package
+# (cpack -G DEB).
 # Included at the end of the top-level CMakeLists.txt.
 
 include(GNUInstallDirs)
 include(CMakePackageConfigHelpers)
 
-set(loom_layers loom_core loom_kernels loom_tensor loom_nn loom_optim loom_comm loom_strategies)
+set(loom_layers loom_core loom_kernels loom_tensor loom_nn loom_optim loom_comm loom_strategies
+                loom_data)
 if(LOOM_WITH_CUDA)
   list(INSERT loom_layers 0 loom_kernels_cuda)
 endif()
@@ -20,7 +22,7 @@ set_target_properties(loom_options PROPERTIES EXPORT_NAME options)
 
 # Loom::loom: every layer.
 add_library(loom INTERFACE)
-target_link_libraries(loom INTERFACE loom_strategies)
+target_link_libraries(loom INTERFACE loom_strategies loom_data)
 
 install(TARGETS loom loom_options ${loom_layers}
         EXPORT LoomTargets
@@ -28,7 +30,7 @@ install(TARGETS loom loom_options ${loom_layers}
         INCLUDES DESTINATION ${CMAKE_INSTALL_INCLUDEDIR}/loom)
 install(TARGETS train_gpt loomrun loom_ckpt loom_trace loom-perf
         RUNTIME DESTINATION ${CMAKE_INSTALL_BINDIR})
-foreach(dir core kernels tensor nn optim comm strategies)
+foreach(dir core kernels tensor nn optim comm strategies data)
   install(DIRECTORY ${PROJECT_SOURCE_DIR}/${dir} DESTINATION ${CMAKE_INSTALL_INCLUDEDIR}/loom
           FILES_MATCHING PATTERN "*.h")
 endforeach()
@@ -44,7 +46,8 @@ install(FILES ${PROJECT_BINARY_DIR}/LoomConfig.cmake ${PROJECT_BINARY_DIR}/LoomC
         DESTINATION ${CMAKE_INSTALL_LIBDIR}/cmake/Loom)
 
 # pkg-config: the libraries in link order and what they need.
-set(loom_pc_libs "-lloom_strategies -lloom_comm -lloom_optim -lloom_nn -lloom_tensor -lloom_kernels")
+set(loom_pc_libs
+    "-lloom_data -lloom_strategies -lloom_comm -lloom_optim -lloom_nn -lloom_tensor -lloom_kernels")
 set(loom_pc_requires "liburing libxxhash")
 set(loom_pc_extra "-lrt -pthread")
 if(LOOM_WITH_UCX)

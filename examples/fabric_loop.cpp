@@ -12,11 +12,12 @@
 #include <cstring>
 #include <string>
 
+#include "data/default_corpus.h"
+#include "data/token_blocks.h"
 #include "nn/gpt.h"
 #include "optim/adamw.h"
+#include "strategies/ddp/ddp_strategy.h"
 #include "strategies/fabric.h"
-#include "tools/train_gpt/default_corpus.h"
-#include "tools/train_gpt/token_blocks.h"
 
 namespace {
 
@@ -76,7 +77,7 @@ int main(int argc, char** argv) {
     first_step = static_cast<int>(state.tensors.at("step").item());
   }
 
-  loom::train_gpt::TokenBlocks data(loom::train_gpt::default_corpus(1 << 16), 4, 64, 256);
+  loom::data::TokenBlocks data(loom::data::default_corpus(1 << 16), 4, 64, 256);
   for (int step = first_step; step < stop_after; ++step) {
     // Fabric: each rank reads its own blocks.
     auto batch = data.for_step(step, fabric.rank(), fabric.world_size());

@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <map>
 
+#include "strategies/ddp/ddp_strategy.h"
 #include "strategies/registry.h"
 #include "strategies/sharded/sharded_strategy.h"
 #include "strategies/sharded/units.h"

@@ -2,6 +2,7 @@
 
 #include "core/registry.h"
 #include "strategies/data_parallel.h"
+#include "strategies/ddp/ddp_strategy.h"
 #include "strategies/pipeline/pipeline_strategy.h"
 #include "strategies/sharded/sharded_strategy.h"
 #include "strategies/tp/model_parallel_strategy.h"

@@ -123,49 +123,6 @@ void Strategy::optimizer_step(optim::Optimizer& optimizer) {
   if (scaler_) scaler_->update();
 }
 
-LossScaler::LossScaler(const LossScalerOptions& options)
-    : options_(options), scale_(options.initial_scale) {}
-
-void LossScaler::unscale(const std::vector<Tensor>& params) {
-  NoGradGuard no_grad;
-  found_inf_ = false;
-  for (const Tensor& p : params) {
-    Tensor grad = p.grad();
-    if (!grad.defined()) continue;
-    mul_(grad, 1.0 / scale_);
-    for (double v : grad.to_vector<double>()) {
-      if (!std::isfinite(v)) {
-        found_inf_ = true;
-        break;
-      }
-    }
-  }
-}
-
-void LossScaler::restore(const State& state) {
-  if (!(state.scale > 0) || state.clean_steps < 0 || state.skipped < 0) {
-    fail("[precision] loss scaler state: scale ", state.scale, ", clean steps ",
-         state.clean_steps, ", skipped ", state.skipped, "; expected a positive scale and "
-         "non-negative counts");
-  }
-  scale_ = state.scale;
-  clean_steps_ = state.clean_steps;
-  skipped_ = state.skipped;
-  found_inf_ = false;
-}
-
-void LossScaler::update() {
-  if (found_inf_) {
-    scale_ = std::max(scale_ * options_.backoff, options_.min_scale);
-    clean_steps_ = 0;
-    ++skipped_;
-  } else if (++clean_steps_ == options_.growth_interval) {
-    scale_ *= options_.growth;
-    clean_steps_ = 0;
-  }
-  found_inf_ = false;
-}
-
 Tensor Strategy::all_reduce(Tensor tensor, comm::ReduceOp) {
   return tensor;
 }
@@ -184,37 +141,6 @@ void Strategy::set_accelerator(std::shared_ptr<Accelerator> accelerator) {
   accelerator->select(devices.indices);
   accelerator_ = std::move(accelerator);
   devices_ = std::move(devices);
-}
-
-namespace {
-
-class BuiltinPrecision final : public Precision {
- public:
-  BuiltinPrecision(std::string name, DType dtype, std::optional<LossScalerOptions> scaler)
-      : name_(std::move(name)), dtype_(dtype), scaler_(scaler) {}
-  std::string name() const override { return name_; }
-  DType compute_dtype() const override { return dtype_; }
-  std::unique_ptr<LossScaler> make_scaler() const override {
-    return scaler_ ? std::make_unique<LossScaler>(*scaler_) : nullptr;
-  }
-
- private:
-  std::string name_;
-  DType dtype_;
-  std::optional<LossScalerOptions> scaler_;  // set for 16-mixed
-};
-
-}  // namespace
-
-std::shared_ptr<Precision> make_precision(const std::string& name,
-                                          const LossScalerOptions& scaler) {
-  if (name == "32-true" || name == "32") {
-    return std::make_shared<BuiltinPrecision>("32-true", DType::F32, std::nullopt);
-  }
-  if (name == "bf16-mixed")
-    return std::make_shared<BuiltinPrecision>(name, DType::BF16, std::nullopt);
-  if (name == "16-mixed") return std::make_shared<BuiltinPrecision>(name, DType::F16, scaler);
-  fail("[strategy] unknown precision '", name, "'; expected '32-true', 'bf16-mixed' or '16-mixed'");
 }
 
 void Strategy::set_precision(std::shared_ptr<Precision> precision) {
@@ -280,16 +206,14 @@ int ParallelStrategy::world_size() const {
   return group_ ? group_->size() : 1;
 }
 
-namespace {
-comm::ProcessGroup& need(const std::shared_ptr<comm::ProcessGroup>& group, const char* what) {
-  if (!group) fail("[strategy] ", what, " before setup_environment(): no process group yet");
-  return *group;
+comm::ProcessGroup& ParallelStrategy::group_for(const char* what) const {
+  if (!group_) fail("[strategy] ", what, " before setup_environment(): no process group yet");
+  return *group_;
 }
-}  // namespace
 
 Tensor ParallelStrategy::all_reduce(Tensor tensor, comm::ReduceOp op) {
   Tensor t = tensor.contiguous();
-  need(group_, "all_reduce").allreduce(t, {.op = op})->wait();
+  group_for("all_reduce").allreduce(t, {.op = op})->wait();
   return t;
 }
 
@@ -299,13 +223,13 @@ Tensor ParallelStrategy::all_gather(const Tensor& tensor) {
   shape.insert(shape.begin(), world_size());
   Tensor out = Tensor::empty(shape, in.dtype(), in.device());
   Tensor flat_out = out.reshape({-1});
-  need(group_, "all_gather").all_gather(flat_out, in.reshape({-1}))->wait();
+  group_for("all_gather").all_gather(flat_out, in.reshape({-1}))->wait();
   return out;
 }
 
 Tensor ParallelStrategy::broadcast(Tensor tensor, int source) {
   Tensor t = tensor.contiguous();
-  need(group_, "broadcast").broadcast(t, {.root = source})->wait();
+  group_for("broadcast").broadcast(t, {.root = source})->wait();
   return t;
 }
 
@@ -335,73 +259,6 @@ void ParallelStrategy::join_or_start_ranks(LaunchMethod method) {
       .timeout = options_.timeout};
   job_ = std::make_unique<LocalJob>(count, method, job_options);
   group_ = job_->group();
-}
-
-void DDPStrategy::setup_module(nn::Module& module) {
-  if (options_.local_sgd_period < 0 || options_.local_sgd_warmup < 0)
-    fail("[ddp] local_sgd_period and local_sgd_warmup must be at least 0, got ",
-         options_.local_sgd_period, " and ", options_.local_sgd_warmup);
-  Strategy::setup_module(module);
-  comm::ProcessGroup& group = need(group_, "setup_module");
-  auto named = module.named_parameters();
-  verify_same_parameters(named, group);
-  std::vector<Tensor> params;
-  std::vector<std::string> names;
-  for (auto& [name, p] : named) {
-    params.push_back(p);
-    names.push_back(name);
-  }
-  broadcast_parameters(params, group);
-  averager_.reset();
-  if (options_.local_sgd_period > 0)
-    averager_ = std::make_unique<PeriodicModelAverager>(options_.local_sgd_period,
-                                                        options_.local_sgd_warmup);
-  params_ = params;
-  reducer_ = std::make_unique<Reducer>(params, group_, options_.ddp, names);
-  reducer_->set_sync(user_sync_ && !past_warmup());
-}
-
-bool DDPStrategy::past_warmup() const {
-  return averager_ && averager_->step() >= averager_->warmup_steps();
-}
-
-void DDPStrategy::backward(const Tensor& loss) {
-  if (!reducer_) fail("[ddp] backward before setup_module(): the module is not set up");
-  reducer_->set_sync(user_sync_ && !past_warmup());
-  reducer_->prepare_for_backward(loss);
-  loss.backward();
-  reducer_->finalize_backward();
-}
-
-void DDPStrategy::optimizer_step(optim::Optimizer& optimizer) {
-  Strategy::optimizer_step(optimizer);
-  if (averager_) averager_->average_parameters(params_, need(group_, "optimizer_step"));
-}
-
-void DDPStrategy::set_backward_sync(bool sync) {
-  user_sync_ = sync;
-  if (reducer_) reducer_->set_sync(sync && !past_warmup());
-}
-
-void DDPStrategy::teardown() {
-  reducer_.reset();
-  averager_.reset();
-  params_.clear();
-  ParallelStrategy::teardown();
-}
-
-DDPLaunchingStrategy::DDPLaunchingStrategy(StrategyOptions options, bool fork)
-    : DDPStrategy(std::move(options)), fork_(fork) {
-  if (fork_ && accelerator_->name() == "cuda") {
-    // As in PyTorch: a forked child cannot use CUDA once the parent has initialised it, and
-    // choosing the accelerator already did.
-    fail("[ddp_fork] the cuda accelerator cannot be used with forked ranks (CUDA does not "
-         "survive fork); use strategy 'ddp_spawn', or 'ddp' under loomrun");
-  }
-}
-
-void DDPLaunchingStrategy::setup_environment() {
-  join_or_start_ranks(fork_ ? LaunchMethod::Fork : LaunchMethod::Spawn);
 }
 
 }  // namespace loom::strategies

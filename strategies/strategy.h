@@ -10,10 +10,8 @@
 //   all_reduce / all_gather / broadcast / barrier   collectives on user tensors
 //   save_checkpoint / load_checkpoint, teardown()
 //
-// Precision (StrategyOptions::precision): "32-true"; "bf16-mixed" and "16-mixed" run the
-// forward of forward_backward under an AutocastGuard (tensor/autocast.h: matmul/linear
-// operands and results rounded to bf16/f16, everything else f32, master weights f32);
-// "16-mixed" adds a dynamic loss scaler (LossScaler below).
+// Precision (StrategyOptions::precision): the policies of strategies/precision.h, applied
+// to the forward of forward_backward.
 
 #include <filesystem>
 #include <functional>
@@ -30,25 +28,13 @@
 #include "strategies/ddp/reducer.h"
 #include "strategies/devices.h"
 #include "strategies/local_launch.h"
-#include "strategies/model_averaging.h"
 #include "strategies/parameter_parts.h"
 #include "strategies/pipeline/options.h"
 #include "strategies/plugins.h"
+#include "strategies/precision.h"
 #include "strategies/sharded/options.h"
 
 namespace loom::strategies {
-
-// PyTorch's GradScaler: the loss is multiplied by scale() before backward, gradients are
-// divided by it afterwards; a step whose gradients hold inf/NaN is skipped and the scale
-// multiplied by `backoff`; after `growth_interval` clean steps in a row it is multiplied
-// by `growth`.
-struct LossScalerOptions {
-  double initial_scale = 65536.0;
-  double growth = 2.0;
-  double backoff = 0.5;
-  int growth_interval = 2000;
-  double min_scale = 0.0;  // backing off never goes below this (DeepSpeed's min_loss_scale)
-};
 
 struct StrategyOptions {
   std::string accelerator = "auto";  // cpu, cuda, auto
@@ -84,54 +70,6 @@ struct StrategyOptions {
   // The dynamic loss scaler of 16-mixed (DeepSpeed's fp16 section sets it).
   LossScalerOptions loss_scaler = {};
 };
-
-class LossScaler {
- public:
-  explicit LossScaler(const LossScalerOptions& options = {});
-  double scale() const { return scale_; }
-  // Divides every gradient by scale() and records whether all are finite.
-  void unscale(const std::vector<Tensor>& params);
-  bool found_inf() const { return found_inf_; }
-  // After the step (or the skipped step): updates the scale.
-  void update();
-  int64_t skipped_steps() const { return skipped_; }
-  // Overrides what unscale() found: strategies whose ranks each see part of the gradients
-  // agree on it first.
-  void set_found_inf(bool found) { found_inf_ = found; }
-
-  // What a checkpoint keeps of the scaler between steps, so that a resumed run scales (and
-  // skips) exactly as the uninterrupted one.
-  struct State {
-    double scale = 0;
-    int clean_steps = 0;
-    int64_t skipped = 0;
-  };
-  State state() const { return {scale_, clean_steps_, skipped_}; }
-  void restore(const State& state);
-
- private:
-  LossScalerOptions options_;
-  double scale_;
-  bool found_inf_ = false;
-  int clean_steps_ = 0;
-  int64_t skipped_ = 0;
-};
-
-// The precision policy: which dtype the forward's matmuls round to, and whether a loss scaler
-// guards the step. make_precision(name) builds the built-in ones; users may derive their own
-// (e.g. another scaler schedule) and pass it to Strategy::set_precision.
-class Precision {
- public:
-  virtual ~Precision() = default;
-  virtual std::string name() const = 0;
-  virtual DType compute_dtype() const = 0;
-  // A fresh scaler for a strategy, or null when the policy does not scale the loss.
-  virtual std::unique_ptr<LossScaler> make_scaler() const { return nullptr; }
-};
-
-// "32-true", "bf16-mixed", "16-mixed"; anything else is loom::Error listing them.
-std::shared_ptr<Precision> make_precision(const std::string& name,
-                                          const LossScalerOptions& scaler = {});
 
 class Strategy {
  public:
@@ -298,46 +236,12 @@ class ParallelStrategy : public Strategy {
   // (strategies/local_launch.h): joins the launcher's job when WORLD_SIZE is set, otherwise
   // starts `devices` ranks with `method`. teardown() then waits for them.
   void join_or_start_ranks(LaunchMethod method);
+  // The process group; loom::Error naming `what` before setup_environment() made one.
+  comm::ProcessGroup& group_for(const char* what) const;
 
   std::shared_ptr<comm::ProcessGroup> group_;
   std::optional<comm::ClusterEnv> environment_;
   std::unique_ptr<class LocalJob> job_;  // ranks this process started
-};
-
-// Distributed data parallel: parameters broadcast from rank 0 at setup, gradients averaged
-// in buckets during backward (strategies/ddp/reducer.h); with local_sgd_period set, local
-// SGD after a warm-up (see StrategyOptions).
-class DDPStrategy : public ParallelStrategy {
- public:
-  using ParallelStrategy::ParallelStrategy;
-  std::string name() const override { return "ddp"; }
-  void setup_module(nn::Module& module) override;
-  void backward(const Tensor& loss) override;
-  void optimizer_step(optim::Optimizer& optimizer) override;
-  void set_backward_sync(bool sync) override;
-  void teardown() override;
-
- private:
-  // True once local SGD has taken over from gradient synchronisation.
-  bool past_warmup() const;
-
-  std::unique_ptr<Reducer> reducer_;
-  std::unique_ptr<PeriodicModelAverager> averager_;  // set when local_sgd_period > 0
-  std::vector<Tensor> params_;
-  bool user_sync_ = true;  // the last set_backward_sync()
-};
-
-// ddp_spawn / ddp_fork: DDP whose ranks the program starts itself when no launcher did
-// (strategies/local_launch.h); under loomrun or torchrun they behave exactly like ddp.
-// The number of ranks is `devices` ("auto" means 1 on the CPU, as in Lightning).
-class DDPLaunchingStrategy : public DDPStrategy {
- public:
-  DDPLaunchingStrategy(StrategyOptions options, bool fork);
-  std::string name() const override { return fork_ ? "ddp_fork" : "ddp_spawn"; }
-  void setup_environment() override;
-
- private:
-  bool fork_;
 };
 
 }  // namespace loom::strategies

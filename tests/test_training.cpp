@@ -5,13 +5,18 @@
 #include <algorithm>
 #include <filesystem>
 
+#include "data/default_corpus.h"
+#include "data/token_blocks.h"
 #include "nn/gpt_io.h"
-#include "tools/train_gpt/default_corpus.h"
-#include "tools/train_gpt/token_blocks.h"
 #include "tools/train_gpt/trainer.h"
 
 namespace loom::train_gpt {
 namespace {
+
+using data::Batch;
+using data::default_corpus;
+using data::synthetic_tokens;
+using data::TokenBlocks;
 
 std::vector<uint8_t> counting_bytes(size_t n) {
   std::vector<uint8_t> bytes(n);

@@ -12,6 +12,7 @@
 #include "nn/layers.h"
 #include "nn/module.h"
 #include "optim/adamw.h"
+#include "strategies/ddp/ddp_strategy.h"
 #include "strategies/fabric.h"
 #include "strategies/registry.h"
 #include "tensor/ops.h"

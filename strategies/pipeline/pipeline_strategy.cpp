@@ -4,6 +4,7 @@
 
 #include "core/error.h"
 #include "optim/clip_grad.h"
+#include "strategies/parameter_sync.h"
 #include "strategies/pipeline/partition.h"
 #include "strategies/tp/model_parallel_strategy.h"
 #include "tensor/ops.h"

@@ -1,5 +1,7 @@
 #include "strategies/sharded/sharded_strategy.h"
 
+#include "strategies/parameter_sync.h"
+
 namespace loom::strategies {
 
 ShardedStrategy::ShardedStrategy(StrategyOptions options, std::string name)

@@ -4,6 +4,7 @@
 #include "core/error.h"
 #include "optim/clip_grad.h"
 #include "strategies/ddp/reducer.h"
+#include "strategies/parameter_sync.h"
 #include "tensor/autograd/function.h"
 #include "tensor/ops.h"
 

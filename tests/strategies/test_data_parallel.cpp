@@ -5,10 +5,10 @@
 
 #include <cmath>
 
+#include "data/default_corpus.h"
 #include "strategies/data_parallel.h"
 #include "strategies/registry.h"
 #include "tiny_training.h"
-#include "tools/train_gpt/default_corpus.h"
 #include "tools/train_gpt/trainer.h"
 
 namespace loom::strategies {
@@ -18,11 +18,11 @@ nn::GPTConfig tiny_config() {
   return testing::tiny_gpt_config();
 }
 
-train_gpt::Batch batch_of(int64_t rows) {
-  std::vector<uint8_t> bytes = train_gpt::default_corpus(1 << 12);
+data::Batch batch_of(int64_t rows) {
+  std::vector<uint8_t> bytes = data::default_corpus(1 << 12);
   for (uint8_t& b : bytes)
     b %= 64;
-  return train_gpt::TokenBlocks(bytes, rows, 8, 64).block(1);
+  return data::TokenBlocks(bytes, rows, 8, 64).block(1);
 }
 
 // The gradients (flattened, parameter order) and loss of `strategy` on a batch of `rows`.
@@ -33,7 +33,7 @@ std::vector<double> gradients(Strategy& strategy, int64_t rows, double* loss_out
     dp->set_replica_factory([config] { return std::make_unique<nn::GPT>(config, 99); });
   }
   strategy.setup_module(model);
-  train_gpt::Batch batch = batch_of(rows);
+  data::Batch batch = batch_of(rows);
   auto loss_of_rows = [&](nn::Module& m, int64_t begin, int64_t end) {
     return static_cast<nn::GPT&>(m).loss(batch.tokens.narrow(0, begin, end - begin).contiguous(),
                                          batch.targets.narrow(0, begin, end - begin).contiguous());
@@ -83,7 +83,7 @@ TEST(DataParallel, GradientsAccumulateAcrossCalls) {
   dynamic_cast<DataParallelStrategy&>(*dp).set_replica_factory(
       [config] { return std::make_unique<nn::GPT>(config, 1); });
   dp->setup_module(model);
-  train_gpt::Batch batch = batch_of(5);
+  data::Batch batch = batch_of(5);
   auto loss_of_rows = [&](nn::Module& m, int64_t begin, int64_t end) {
     return static_cast<nn::GPT&>(m).loss(batch.tokens.narrow(0, begin, end - begin).contiguous(),
                                          batch.targets.narrow(0, begin, end - begin).contiguous());
@@ -105,7 +105,7 @@ TEST(DataParallel, RejectsBadDevicesAndMissingFactory) {
   nn::GPT model(tiny_config(), 0);
   DataParallelStrategy dp({.devices = "2"});
   dp.setup_module(model);
-  train_gpt::Batch batch = batch_of(2);
+  data::Batch batch = batch_of(2);
   auto loss_of_rows = [&](nn::Module& m, int64_t, int64_t) {
     return static_cast<nn::GPT&>(m).loss(batch.tokens, batch.targets);
   };

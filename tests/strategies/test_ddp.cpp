@@ -8,14 +8,15 @@
 #include <thread>
 
 #include "comm/store/in_process_store.h"
+#include "data/default_corpus.h"
+#include "data/token_blocks.h"
 #include "multiprocess.h"
 #include "nn/gpt.h"
 #include "optim/adamw.h"
 #include "strategies/ddp/reducer.h"
+#include "strategies/parameter_sync.h"
 #include "tensor/ops.h"
 #include "tiny_training.h"
-#include "tools/train_gpt/default_corpus.h"
-#include "tools/train_gpt/token_blocks.h"
 
 namespace loom::strategies {
 namespace {
@@ -47,9 +48,9 @@ std::vector<double> train_ddp(comm::ProcessGroup& pg, int steps, int64_t batch,
   broadcast_parameters(model.parameters(), pg);
   Reducer reducer(model.parameters(), pg.shared_from_this(), options, names_of(model));
   optim::AdamW opt(model.parameters(), {.lr = 1e-2, .weight_decay = 0.0});
-  train_gpt::TokenBlocks data(corpus(), batch, 8, 64);
+  data::TokenBlocks data(corpus(), batch, 8, 64);
   for (int step = 0; step < steps; ++step) {
-    train_gpt::Batch b = data.for_step(step, pg.rank(), pg.size());
+    data::Batch b = data.for_step(step, pg.rank(), pg.size());
     Tensor loss = model.loss(b.tokens, b.targets);
     reducer.prepare_for_backward(loss);
     loss.backward();
@@ -125,8 +126,8 @@ TEST(Reducer, NoSyncAccumulationMatchesALargerBatch) {
   expect_all_ok(run_ranks(2, [&](int rank, int size, std::shared_ptr<comm::Store> s) {
     auto pg =
         std::make_shared<comm::ProcessGroup>(rank, size, s, comm::GroupOptions{.timeout = 30s});
-    train_gpt::TokenBlocks big(corpus(), K, 8, 64);
-    train_gpt::Batch b = big.for_step(0, rank, size);
+    data::TokenBlocks big(corpus(), K, 8, 64);
+    data::Batch b = big.for_step(0, rank, size);
     auto grads_of = [&](bool accumulate) {
       nn::GPT model(tiny(), 1);
       Reducer reducer(model.parameters(), pg, {});

@@ -40,7 +40,7 @@ MemoryReport measure(const std::string& name, const StrategyOptions& options, in
   o.model = model_config();
   o.batch = 2;
   o.steps = 2;
-  train_gpt::TokenBlocks data(testing::tiny_corpus(), o.batch, testing::kTinyContext,
+  data::TokenBlocks data(testing::tiny_corpus(), o.batch, testing::kTinyContext,
                               testing::kTinyVocab);
   MemoryReport last;
   train_gpt::train(

@@ -7,6 +7,7 @@
 
 #include "multiprocess.h"
 #include "optim/sgd.h"
+#include "strategies/ddp/ddp_strategy.h"
 #include "strategies/model_averaging.h"
 #include "strategies/strategy.h"
 #include "tensor/ops.h"

@@ -78,7 +78,7 @@ TEST(Precision, MixedTrainingStaysCloseToF32AndSkipsOverflowingSteps) {
     o.batch = 4;
     o.steps = 20;
     o.lr = 3e-3;
-    train_gpt::TokenBlocks data(tiny_corpus(), 4, testing::kTinyContext, testing::kTinyVocab);
+    data::TokenBlocks data(tiny_corpus(), 4, testing::kTinyContext, testing::kTinyVocab);
     double last = 0;
     train_gpt::train(
         model, data, o, [&](const train_gpt::StepMetrics& m) { last = m.loss; }, strategy.get());
@@ -128,11 +128,11 @@ TEST(Precision, FabricAppliesAutocastAndTheLossScaler) {
   optim::AdamW optimizer(model.parameters(), {.lr = 3e-3, .weight_decay = 0});
   fabric.setup_module(model);
   fabric.setup_optimizer(optimizer);
-  train_gpt::TokenBlocks data(testing::tiny_corpus(), 4, testing::kTinyContext,
+  data::TokenBlocks data(testing::tiny_corpus(), 4, testing::kTinyContext,
                               testing::kTinyVocab);
   double first = 0, last = 0;
   for (int step = 0; step < 30; ++step) {
-    train_gpt::Batch b = data.for_step(step);
+    data::Batch b = data.for_step(step);
     Tensor loss;
     {
       auto guard = fabric.autocast();

@@ -69,7 +69,7 @@ void train_and_save(const Hop& hop, const std::string& optimizer, const fs::path
     o.save_every = 3;
     o.checkpoint_dir = root;
     nn::GPT model(o.model, 4);
-    train_gpt::TokenBlocks data(testing::tiny_corpus(), o.batch, testing::kTinyContext,
+    data::TokenBlocks data(testing::tiny_corpus(), o.batch, testing::kTinyContext,
                                 testing::kTinyVocab);
     train_gpt::train(model, data, o, [](const train_gpt::StepMetrics&) {}, strategy.get());
     strategy->teardown();

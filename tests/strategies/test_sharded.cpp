@@ -174,7 +174,7 @@ std::vector<float> train_f32(Strategy* strategy, int64_t accum) {
   o.grad_accum = accum;
   o.lr = 1e-2;
   o.grad_clip = 0.05;
-  train_gpt::TokenBlocks data(testing::tiny_corpus(), o.batch, testing::kTinyContext,
+  data::TokenBlocks data(testing::tiny_corpus(), o.batch, testing::kTinyContext,
                               testing::kTinyVocab);
   train_gpt::train(
       model, data, o, [](const train_gpt::StepMetrics&) {}, strategy);
@@ -275,10 +275,10 @@ std::vector<float> train_sgd(Strategy* strategy, int64_t& held) {
   optim::SGD optimizer(model.parameters(),
                        {.lr = 0.05, .momentum = 0.9, .weight_decay = 0.01, .nesterov = true});
   strategy->setup_optimizer(optimizer);
-  train_gpt::TokenBlocks data(testing::tiny_corpus(), 2, testing::kTinyContext,
+  data::TokenBlocks data(testing::tiny_corpus(), 2, testing::kTinyContext,
                               testing::kTinyVocab);
   for (int64_t step = 0; step < 4; ++step) {
-    train_gpt::Batch b = data.for_step(step, strategy->rank(), strategy->world_size());
+    data::Batch b = data.for_step(step, strategy->rank(), strategy->world_size());
     strategy->backward(model.loss(b.tokens, b.targets));
     strategy->optimizer_step(optimizer);
     optimizer.zero_grad();
@@ -328,13 +328,13 @@ MixedRun train_mixed(Strategy* strategy) {
   strategy->setup_module(model);
   optim::AdamW optimizer(model.parameters(), {.lr = 1e-2});
   strategy->setup_optimizer(optimizer);
-  train_gpt::TokenBlocks data(testing::tiny_corpus(), 2, testing::kTinyContext,
+  data::TokenBlocks data(testing::tiny_corpus(), 2, testing::kTinyContext,
                               testing::kTinyVocab);
   MixedRun run;
   auto& group = *dynamic_cast<ParallelStrategy&>(*strategy).process_group();
   auto setup = group.traffic();  // setup's own collectives (parameter checks) aside
   for (int64_t step = 0; step < 4; ++step) {
-    train_gpt::Batch b = data.for_step(step, strategy->rank(), strategy->world_size());
+    data::Batch b = data.for_step(step, strategy->rank(), strategy->world_size());
     Tensor loss = model.loss(b.tokens, b.targets);
     strategy->backward(loss);
     strategy->optimizer_step(optimizer);
@@ -467,7 +467,7 @@ TEST(ShardedStrategies, NvmeOffloadKeepsTheOptimizerOnDisk) {
     s->setup_module(model);
     optim::AdamW optimizer(model.parameters());
     s->setup_optimizer(optimizer);
-    train_gpt::TokenBlocks data(testing::tiny_corpus(), 2, testing::kTinyContext,
+    data::TokenBlocks data(testing::tiny_corpus(), 2, testing::kTinyContext,
                                 testing::kTinyVocab);
     const size_t offloaded = static_cast<size_t>(MemoryKind::Offloaded);
     auto host_offloaded = [&] {
@@ -475,7 +475,7 @@ TEST(ShardedStrategies, NvmeOffloadKeepsTheOptimizerOnDisk) {
     };
     const int64_t between_steps = host_offloaded();
     for (int64_t step = 0; step < 2; ++step) {
-      train_gpt::Batch b = data.for_step(step, rank, size);
+      data::Batch b = data.for_step(step, rank, size);
       reset_memory_peaks(Device::cpu());
       s->backward(model.loss(b.tokens, b.targets));
       s->optimizer_step(optimizer);
@@ -533,9 +533,9 @@ TEST(ShardedStrategies, StageThreeHoldsOnlyShardsAndOneUnitAtATime) {
     s->setup_module(model);
     optim::AdamW optimizer(model.parameters());
     s->setup_optimizer(optimizer);
-    train_gpt::TokenBlocks data(testing::tiny_corpus(), 2, testing::kTinyContext,
+    data::TokenBlocks data(testing::tiny_corpus(), 2, testing::kTinyContext,
                                 testing::kTinyVocab);
-    train_gpt::Batch b = data.for_step(0, rank, size);
+    data::Batch b = data.for_step(0, rank, size);
     reset_memory_peaks(Device::cpu());
     const size_t parameters = static_cast<size_t>(MemoryKind::Parameters);
     const int64_t shards = static_cast<int64_t>(

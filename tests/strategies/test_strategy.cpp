@@ -3,12 +3,13 @@
 
 #include <gtest/gtest.h>
 
-#include "multiprocess.h"
 #include "core/registry.h"
+#include "data/default_corpus.h"
+#include "multiprocess.h"
+#include "strategies/ddp/ddp_strategy.h"
 #include "strategies/devices.h"
 #include "strategies/registry.h"
 #include "tiny_training.h"
-#include "tools/train_gpt/default_corpus.h"
 #include "tools/train_gpt/trainer.h"
 
 namespace loom::strategies {
@@ -66,10 +67,10 @@ TEST(StrategyRegistry, UserStrategiesAreSelectableByName) {
   o.model = c;
   o.batch = 2;
   o.steps = 3;
-  std::vector<uint8_t> bytes = train_gpt::default_corpus(1 << 12);
+  std::vector<uint8_t> bytes = data::default_corpus(1 << 12);
   for (uint8_t& b : bytes)
     b %= 64;
-  train_gpt::TokenBlocks data(bytes, 2, 8, 64);
+  data::TokenBlocks data(bytes, 2, 8, 64);
   train_gpt::train(
       model, data, o, [](const train_gpt::StepMetrics&) {}, strategy.get());
   EXPECT_EQ(Counting::backwards, 3);

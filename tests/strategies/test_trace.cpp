@@ -12,10 +12,10 @@
 
 #include <nlohmann/json.hpp>
 
+#include "data/default_corpus.h"
 #include "multiprocess.h"
 #include "strategies/registry.h"
 #include "strategies/trace.h"
-#include "tools/train_gpt/default_corpus.h"
 #include "tools/train_gpt/trainer.h"
 
 namespace loom::strategies {
@@ -161,10 +161,10 @@ TEST(Trace, DDPTrainingShowsStepsAndBucketsOverlappingBackward) {
     o.model = c;
     o.batch = 2;
     o.steps = steps;
-    std::vector<uint8_t> bytes = train_gpt::default_corpus(1 << 12);
+    std::vector<uint8_t> bytes = data::default_corpus(1 << 12);
     for (uint8_t& b : bytes)
       b %= 64;
-    train_gpt::TokenBlocks data(bytes, 2, 8, 64);
+    data::TokenBlocks data(bytes, 2, 8, 64);
     Trace trace;
     set_current_trace(&trace);
     train_gpt::train(
@@ -273,10 +273,10 @@ TEST(Trace, ShardedTrainingShowsEachUnitsAllGatherAndReduceScatter) {
     o.model = c;
     o.batch = 2;
     o.steps = steps;
-    std::vector<uint8_t> bytes = train_gpt::default_corpus(1 << 12);
+    std::vector<uint8_t> bytes = data::default_corpus(1 << 12);
     for (uint8_t& b : bytes)
       b %= 64;
-    train_gpt::TokenBlocks data(bytes, 2, 8, 64);
+    data::TokenBlocks data(bytes, 2, 8, 64);
     Trace trace;
     set_current_trace(&trace);
     train_gpt::train(

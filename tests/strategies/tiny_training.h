@@ -14,10 +14,10 @@
 #include <vector>
 
 #include "comm/process_group.h"
+#include "data/default_corpus.h"
 #include "multiprocess.h"
 #include "nn/gpt.h"
 #include "strategies/registry.h"
-#include "tools/train_gpt/default_corpus.h"
 #include "tools/train_gpt/trainer.h"
 
 namespace loom::strategies::testing {
@@ -38,7 +38,7 @@ inline nn::GPTConfig tiny_gpt_config(DType dtype = DType::F64) {
 
 // The built-in corpus with every byte folded into the tiny vocabulary.
 inline std::vector<uint8_t> tiny_corpus(size_t bytes = 1 << 14) {
-  std::vector<uint8_t> data = train_gpt::default_corpus(bytes);
+  std::vector<uint8_t> data = data::default_corpus(bytes);
   for (uint8_t& b : data)
     b %= kTinyVocab;
   return data;
@@ -66,7 +66,7 @@ inline std::vector<double> train_tiny(Strategy* strategy, int64_t batch, int64_t
   o.grad_accum = accum;
   o.lr = 1e-2;
   o.grad_clip = 0;
-  train_gpt::TokenBlocks data(tiny_corpus(), batch, kTinyContext, kTinyVocab);
+  data::TokenBlocks data(tiny_corpus(), batch, kTinyContext, kTinyVocab);
   train_gpt::train(
       model, data, o, [](const train_gpt::StepMetrics&) {}, strategy);
   return flat_parameters(model);
@@ -88,7 +88,7 @@ inline Weights train_tiny_f32(Strategy* strategy, int64_t batch, int64_t accum, 
   o.grad_accum = accum;
   o.lr = 1e-2;
   o.grad_clip = 0.05;
-  train_gpt::TokenBlocks data(tiny_corpus(), batch, kTinyContext, kTinyVocab);
+  data::TokenBlocks data(tiny_corpus(), batch, kTinyContext, kTinyVocab);
   train_gpt::train(model, data, o, [](const train_gpt::StepMetrics&) {}, strategy);
   Weights out;
   for (const Tensor& p : model.parameters())

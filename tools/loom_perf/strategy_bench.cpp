@@ -9,6 +9,7 @@
 #include <nlohmann/json.hpp>
 
 #include "comm/error.h"
+#include "data/token_blocks.h"
 #include "kernels/cpu/thread_pool.h"
 #include "strategies/memory_report.h"
 #include "strategies/registry.h"
@@ -16,7 +17,6 @@
 #include "tools/loom_perf/launch.h"
 #include "tools/loom_perf/options.h"
 #include "tools/loom_perf/report.h"
-#include "tools/train_gpt/token_blocks.h"
 #include "tools/train_gpt/trainer.h"
 
 namespace loom::perf {
@@ -84,8 +84,8 @@ RankResult run_rank(const StrategyBenchOptions& o, strategies::Strategy& strateg
   nn::GPT model(t.model, t.seed);
   const int64_t tokens_needed = (t.steps * t.grad_accum * strategy.world_size() + 1) * t.batch *
                                     t.model.context + 1;
-  train_gpt::TokenBlocks data(
-      train_gpt::synthetic_tokens(tokens_needed, t.model.vocab_size, t.seed), t.batch,
+  data::TokenBlocks data(
+      data::synthetic_tokens(tokens_needed, t.model.vocab_size, t.seed), t.batch,
       t.model.context, t.model.vocab_size, false, t.seed);
   strategies::Trace trace;
   strategies::set_current_trace(&trace);

@@ -11,6 +11,7 @@
 #include <filesystem>
 
 #include "core/error.h"
+#include "strategies/ddp/ddp_strategy.h"
 #include "strategies/devices.h"
 #include "strategies/registry.h"
 #include "strategies/sharded/sharded_strategy.h"

@@ -29,7 +29,7 @@
 #if LOOM_WITH_CUDA
 #include "tensor/cuda/caching_allocator.h"
 #endif
-#include "tools/train_gpt/default_corpus.h"
+#include "data/default_corpus.h"
 #include "tools/train_gpt/flag_checks.h"
 #include "tools/train_gpt/progress.h"
 #include "tools/train_gpt/trainer.h"
@@ -528,13 +528,14 @@ int run(int argc, char** argv) {
 
   std::vector<int32_t> token_ids;
   if (!preset.empty()) {
-    token_ids = synthetic_tokens(8 * o.batch * o.model.context + 1, o.model.vocab_size, o.seed);
+    token_ids =
+        data::synthetic_tokens(8 * o.batch * o.model.context + 1, o.model.vocab_size, o.seed);
   } else {
-    std::vector<uint8_t> bytes = data_path.empty() ? default_corpus() : read_bytes(data_path);
+    std::vector<uint8_t> bytes = data_path.empty() ? data::default_corpus() : read_bytes(data_path);
     token_ids.assign(bytes.begin(), bytes.end());
   }
-  TokenBlocks data(std::move(token_ids), o.batch, o.model.context, o.model.vocab_size, shuffle,
-                   o.seed);
+  data::TokenBlocks data(std::move(token_ids), o.batch, o.model.context, o.model.vocab_size,
+                         shuffle, o.seed);
 
   std::ofstream metrics;
   if (chief && !metrics_path.empty()) {

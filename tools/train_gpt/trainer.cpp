@@ -81,7 +81,7 @@ std::string metrics_json_line(const StepMetrics& m) {
       .dump();
 }
 
-void train(nn::GPT& model, const TokenBlocks& data, const TrainOptions& options,
+void train(nn::GPT& model, const data::TokenBlocks& data, const TrainOptions& options,
            const std::function<void(const StepMetrics&)>& on_step, strategies::Strategy* strategy) {
   const strategies::StrategyOptions single_options;
   strategies::SingleDeviceStrategy single(single_options);
@@ -119,7 +119,7 @@ void train(nn::GPT& model, const TokenBlocks& data, const TrainOptions& options,
     int64_t tokens = 0;
     for (int64_t k = 0; k < accum; ++k) {
       const strategies::Trace::Args args = {{"step", step}, {"micro_step", k}};
-      Batch batch = data.for_step(step * accum + k, rank, world);
+      data::Batch batch = data.for_step(step * accum + k, rank, world);
       s.set_backward_sync(k == accum - 1);
       // The "backward" span opens when the forward on the training thread ends and closes
       // when forward_backward returns; under dp it also covers the replicas' reduction.

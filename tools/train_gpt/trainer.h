@@ -9,11 +9,11 @@
 #include <string>
 #include <vector>
 
+#include "data/token_blocks.h"
 #include "nn/gpt.h"
 #include "optim/optimizer.h"
 #include "strategies/memory_report.h"
 #include "strategies/strategy.h"
-#include "tools/train_gpt/token_blocks.h"
 
 namespace loom::train_gpt {
 
@@ -70,7 +70,7 @@ std::unique_ptr<optim::Optimizer> make_optimizer(const nn::GPT& model, const Tra
 
 // Trains `model` in place on `data` and calls on_step after each step. `strategy` (already
 // through setup_environment) spreads the work; null means single_device.
-void train(nn::GPT& model, const TokenBlocks& data, const TrainOptions& options,
+void train(nn::GPT& model, const data::TokenBlocks& data, const TrainOptions& options,
            const std::function<void(const StepMetrics&)>& on_step,
            strategies::Strategy* strategy = nullptr);
 

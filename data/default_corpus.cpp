@@ -1,11 +1,11 @@
-#include "tools/train_gpt/default_corpus.h"
+#include "data/default_corpus.h"
 
 #include <array>
 #include <string>
 
 #include "tensor/random.h"
 
-namespace loom::train_gpt {
+namespace loom::data {
 
 namespace {
 
@@ -60,4 +60,4 @@ std::vector<uint8_t> default_corpus(size_t bytes) {
   return text;
 }
 
-}  // namespace loom::train_gpt
+}  // namespace loom::data

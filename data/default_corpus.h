@@ -7,9 +7,9 @@
 #include <cstdint>
 #include <vector>
 
-namespace loom::train_gpt {
+namespace loom::data {
 
 // About `bytes` bytes of English-like sentences built from a small grammar.
 std::vector<uint8_t> default_corpus(size_t bytes = 1 << 20);
 
-}  // namespace loom::train_gpt
+}  // namespace loom::data

@@ -11,7 +11,7 @@
 
 #include "tensor/tensor.h"
 
-namespace loom::train_gpt {
+namespace loom::data {
 
 struct Batch {
   Tensor tokens;   // [B, T] i64
@@ -50,4 +50,4 @@ class TokenBlocks {
 // throughput benchmarks, where a step's cost must not depend on a corpus.
 std::vector<int32_t> synthetic_tokens(int64_t count, int64_t vocab, uint64_t seed);
 
-}  // namespace loom::train_gpt
+}  // namespace loom::data

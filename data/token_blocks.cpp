@@ -1,11 +1,11 @@
-#include "tools/train_gpt/token_blocks.h"
+#include "data/token_blocks.h"
 
 #include <algorithm>
 #include <numeric>
 
 #include "tensor/random.h"
 
-namespace loom::train_gpt {
+namespace loom::data {
 
 TokenBlocks::TokenBlocks(std::vector<int32_t> tokens, int64_t batch, int64_t time, int64_t vocab,
                          bool shuffle, uint64_t seed)
@@ -65,4 +65,4 @@ std::vector<int32_t> synthetic_tokens(int64_t count, int64_t vocab, uint64_t see
   return tokens;
 }
 
-}  // namespace loom::train_gpt
+}  // namespace loom::data

@@ -1,0 +1,76 @@
+#include "strategies/ddp/ddp_strategy.h"
+
+#include "core/error.h"
+#include "strategies/parameter_sync.h"
+
+namespace loom::strategies {
+
+void DDPStrategy::setup_module(nn::Module& module) {
+  if (options_.local_sgd_period < 0 || options_.local_sgd_warmup < 0)
+    fail("[ddp] local_sgd_period and local_sgd_warmup must be at least 0, got ",
+         options_.local_sgd_period, " and ", options_.local_sgd_warmup);
+  Strategy::setup_module(module);
+  comm::ProcessGroup& group = group_for("setup_module");
+  auto named = module.named_parameters();
+  verify_same_parameters(named, group);
+  std::vector<Tensor> params;
+  std::vector<std::string> names;
+  for (auto& [name, p] : named) {
+    params.push_back(p);
+    names.push_back(name);
+  }
+  broadcast_parameters(params, group);
+  averager_.reset();
+  if (options_.local_sgd_period > 0)
+    averager_ = std::make_unique<PeriodicModelAverager>(options_.local_sgd_period,
+                                                        options_.local_sgd_warmup);
+  params_ = params;
+  reducer_ = std::make_unique<Reducer>(params, group_, options_.ddp, names);
+  reducer_->set_sync(user_sync_ && !past_warmup());
+}
+
+bool DDPStrategy::past_warmup() const {
+  return averager_ && averager_->step() >= averager_->warmup_steps();
+}
+
+void DDPStrategy::backward(const Tensor& loss) {
+  if (!reducer_) fail("[ddp] backward before setup_module(): the module is not set up");
+  reducer_->set_sync(user_sync_ && !past_warmup());
+  reducer_->prepare_for_backward(loss);
+  loss.backward();
+  reducer_->finalize_backward();
+}
+
+void DDPStrategy::optimizer_step(optim::Optimizer& optimizer) {
+  Strategy::optimizer_step(optimizer);
+  if (averager_) averager_->average_parameters(params_, group_for("optimizer_step"));
+}
+
+void DDPStrategy::set_backward_sync(bool sync) {
+  user_sync_ = sync;
+  if (reducer_) reducer_->set_sync(sync && !past_warmup());
+}
+
+void DDPStrategy::teardown() {
+  reducer_.reset();
+  averager_.reset();
+  params_.clear();
+  ParallelStrategy::teardown();
+}
+
+DDPLaunchingStrategy::DDPLaunchingStrategy(StrategyOptions options, bool fork)
+    : DDPStrategy(std::move(options)), fork_(fork) {
+  if (fork_ && accelerator_->name() == "cuda") {
+    // As in PyTorch: a forked child cannot use CUDA once the parent has initialised it, and
+    // choosing the accelerator already did.
+    fail(
+        "[ddp_fork] the cuda accelerator cannot be used with forked ranks (CUDA does not "
+        "survive fork); use strategy 'ddp_spawn', or 'ddp' under loomrun");
+  }
+}
+
+void DDPLaunchingStrategy::setup_environment() {
+  join_or_start_ranks(fork_ ? LaunchMethod::Fork : LaunchMethod::Spawn);
+}
+
+}  // namespace loom::strategies
