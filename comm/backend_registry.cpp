@@ -91,17 +91,10 @@ std::unique_ptr<Backend> create_backend(const std::string& name, const BackendCo
   return registry().at(name).factory(context);
 }
 
-std::string resolve_auto_backend(bool multi_host, Device device) {
-  if (device.is_cuda()) {
-#if LOOM_WITH_NCCL
-    return "nccl";
-#else
-    fail("[comm] backend 'auto' for ", device,
-         ": this build has no NCCL backend (configure with -DLOOM_WITH_NCCL=ON and NCCL "
-         "installed); on one host, backend 'shm' moves CUDA tensors through pinned host memory");
-#endif
-  }
-  if (multi_host) {
+std::string resolve_auto_backend(const BackendNeeds& needs) {
+  const bool own_gpu = needs.gpus < 0 || needs.gpus >= needs.local_ranks;
+  if (LOOM_WITH_NCCL && needs.device.is_cuda() && own_gpu) return "nccl";
+  if (needs.multi_host) {
 #if LOOM_WITH_UCX
     return "hierarchical";
 #else

@@ -30,9 +30,18 @@ void require_backend(const std::string& name);
 // Creates the backend `name`; an unknown name is require_backend's error.
 std::unique_ptr<Backend> create_backend(const std::string& name, const BackendContext& context);
 
-// What "auto" means for this job: "nccl" for CUDA tensors (loom::Error in a build without
-// NCCL), else "shm" when every rank is on this host, "hierarchical" for a multi-host job
-// (loom::Error in a build without UCX).
-std::string resolve_auto_backend(bool multi_host, Device device);
+// What a group needs of its backend: the facts "auto" is decided by.
+struct BackendNeeds {
+  Device device = Device::cpu();  // where the group's tensors live
+  bool multi_host = false;        // the group's ranks span hosts
+  int local_ranks = 1;            // the group's ranks on this host
+  int gpus = -1;                  // GPUs selected on this host (-1: one per local rank)
+};
+
+// What "auto" means, decided here only (docs/multihost.md has the table): "nccl" for CUDA
+// tensors when every local rank has a GPU of its own (NCCL refuses two ranks on one GPU) and
+// the build has NCCL; else "hierarchical" for a multi-host group (loom::Error in a build
+// without UCX); else "shm", which stages CUDA tensors through pinned host memory.
+std::string resolve_auto_backend(const BackendNeeds& needs);
 
 }  // namespace loom::comm

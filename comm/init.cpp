@@ -86,7 +86,9 @@ std::shared_ptr<ProcessGroup> init(const InitOptions& options) {
       options.store ? options.store : rendezvous_store(env, rank, size, options.timeout);
   std::string backend = options.backend;
   if (backend == "auto") {
-    backend = resolve_auto_backend(env.multi_host(), options.device.value_or(Device::cpu()));
+    backend = resolve_auto_backend({.device = options.device.value_or(Device::cpu()),
+                                    .multi_host = env.multi_host(),
+                                    .local_ranks = env.local_world_size});
   }
   std::string name = default_group_name(env.restart_count);
   return std::make_shared<ProcessGroup>(

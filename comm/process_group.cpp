@@ -121,7 +121,7 @@ std::unique_ptr<Backend> ProcessGroup::create(int rank, int size,
   check_debug_settings();
   std::string backend = options.backend;
   if (backend == "auto") {
-    backend = resolve_auto_backend(false, options.device.value_or(Device::cpu()));
+    backend = resolve_auto_backend({.device = options.device.value_or(Device::cpu())});
   }
   BackendContext context{.rank = rank,
                          .size = size,

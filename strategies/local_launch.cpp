@@ -171,7 +171,7 @@ std::vector<std::string> own_arguments() {
 // or "auto" resolved for `device`, that can serve tensors on `device`.
 std::string checked_backend(const std::string& requested, Device device) {
   const std::string backend =
-      requested == "auto" ? comm::resolve_auto_backend(false, device) : requested;
+      requested == "auto" ? comm::resolve_auto_backend({.device = device}) : requested;
   comm::require_backend(backend);
   if (backend == "nccl" && !device.is_cuda()) {
     fail("[launch] process group backend 'nccl' needs CUDA devices, but the ranks run on ", device,

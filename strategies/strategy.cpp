@@ -5,10 +5,10 @@
 #include <cstdlib>
 #include <optional>
 
+#include "comm/backend_registry.h"
+#include "optim/clip_grad.h"
 #include "strategies/devices.h"
 #include "strategies/local_launch.h"
-
-#include "optim/clip_grad.h"
 #include "tensor/autocast.h"
 #include "tensor/ops.h"
 #include "tensor/safetensors.h"
@@ -164,26 +164,19 @@ std::map<std::string, Tensor> Strategy::load_checkpoint(const std::filesystem::p
   return checkpoint_io_->load(path);
 }
 
-namespace {
-// The backend of a group whose ranks run on `device`, `local_ranks` of them on this host,
-// spread over `gpus` selected GPUs: `requested`, where "auto" on CUDA devices is "nccl" when
-// every local rank has a GPU of its own (NCCL refuses two ranks on one GPU), else "shm"
-// (which stages CUDA tensors through host memory). Every rank must reach the same answer:
-// ranks started by a LocalJob (rank 0) and by setup_environment (the others) both ask here.
-std::string group_backend(const std::string& requested, Device device, int local_ranks, int gpus) {
-  if (requested != "auto" || !device.is_cuda()) return requested;
-  const bool own_gpu = gpus >= local_ranks;
-  return LOOM_WITH_NCCL && own_gpu ? "nccl" : "shm";
+std::string ParallelStrategy::group_backend(bool multi_host, int local_ranks) const {
+  if (options_.process_group_backend != "auto") return options_.process_group_backend;
+  return comm::resolve_auto_backend({.device = root_device(),
+                                     .multi_host = multi_host,
+                                     .local_ranks = local_ranks,
+                                     .gpus = devices_.count});
 }
-}  // namespace
 
 void ParallelStrategy::setup_environment() {
   if (group_) return;
   comm::ClusterEnv env = environment_ ? *environment_ : comm::detect_cluster_env();
   environment_ = env;
-  const std::string backend =
-      group_backend(options_.process_group_backend, root_device(), env.local_world_size,
-                    devices_.count);
+  const std::string backend = group_backend(env.multi_host(), env.local_world_size);
   std::optional<Device> device;
   if (root_device().is_cuda()) device = root_device();
   group_ = comm::init(
@@ -254,7 +247,7 @@ void ParallelStrategy::join_or_start_ranks(LaunchMethod method) {
   }
   const int count = devices_.count;
   const LocalJobOptions job_options{
-      .backend = group_backend(options_.process_group_backend, root_device(), count, count),
+      .backend = group_backend(/*multi_host=*/false, count),
       .device = root_device(),
       .timeout = options_.timeout};
   job_ = std::make_unique<LocalJob>(count, method, job_options);

@@ -43,7 +43,8 @@ struct StrategyOptions {
   std::string precision = "32-true";
   // Backend of the process group (Lightning's process_group_backend): "auto" is "nccl" for
   // the cuda accelerator when every local rank has its own GPU and Loom was built with NCCL,
-  // otherwise "shm" (which stages CUDA tensors through pinned host memory).
+  // "hierarchical" for a group across hosts, otherwise "shm" (which stages CUDA tensors
+  // through pinned host memory); comm::resolve_auto_backend decides.
   std::string process_group_backend = "auto";
   ReducerOptions ddp = {};  // bucket_cap_mb, find_unused_parameters, gradient_as_bucket_view
   loom::Duration timeout = loom::kDefaultTimeout;
@@ -236,6 +237,10 @@ class ParallelStrategy : public Strategy {
   // (strategies/local_launch.h): joins the launcher's job when WORLD_SIZE is set, otherwise
   // starts `devices` ranks with `method`. teardown() then waits for them.
   void join_or_start_ranks(LaunchMethod method);
+  // The backend this strategy's group uses: process_group_backend, "auto" resolved once
+  // for this group (comm::resolve_auto_backend). Every rank must reach the same answer: ranks
+  // started by a LocalJob (rank 0) and by setup_environment (the others) both ask here.
+  std::string group_backend(bool multi_host, int local_ranks) const;
   // The process group; loom::Error naming `what` before setup_environment() made one.
   comm::ProcessGroup& group_for(const char* what) const;
 
