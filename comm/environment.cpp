@@ -292,4 +292,41 @@ std::string first_slurm_host(const std::string& nodelist) {
   return host;
 }
 
+std::map<std::string, std::string> rank_variables(const RankAssignment& rank) {
+  const std::string port = std::to_string(rank.store_port);
+  return {
+      {"RANK", std::to_string(rank.rank)},
+      {"LOCAL_RANK", std::to_string(rank.local_rank)},
+      {"WORLD_SIZE", std::to_string(rank.world_size)},
+      {"LOCAL_WORLD_SIZE", std::to_string(rank.local_world_size)},
+      {"GROUP_RANK", std::to_string(rank.node_rank)},
+      {"GROUP_WORLD_SIZE", std::to_string(rank.nnodes)},
+      {"ROLE_RANK", std::to_string(rank.rank)},
+      {"ROLE_WORLD_SIZE", std::to_string(rank.world_size)},
+      {"ROLE_NAME", "default"},
+      {"MASTER_ADDR", rank.master_addr},
+      {"MASTER_PORT", port},
+      {"LOOM_STORE_PORT", port},
+      {"LOOM_STORE_SECRET", rank.store_secret},
+      {"LOOM_RESTART_COUNT", std::to_string(rank.restart_count)},
+      {"TORCHELASTIC_RESTART_COUNT", std::to_string(rank.restart_count)},
+      {"TORCHELASTIC_MAX_RESTARTS", std::to_string(rank.max_restarts)},
+      {"LOOM_CLUSTER_ENV", "torchrun"},
+      {"LOOM_JOB_ID", rank.job_id},
+      {"LOOM_STORE_SERVED_BY_LAUNCHER", "1"},
+  };
+}
+
+std::vector<std::string> environment_with(const std::map<std::string, std::string>& variables,
+                                          char** base) {
+  std::vector<std::string> env;
+  for (char** entry = base; entry != nullptr && *entry != nullptr; ++entry) {
+    std::string text(*entry);
+    if (variables.count(text.substr(0, text.find('='))) == 0) env.push_back(std::move(text));
+  }
+  for (const auto& [name, value] : variables)
+    env.push_back(name + "=" + value);
+  return env;
+}
+
 }  // namespace loom::comm

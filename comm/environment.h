@@ -25,8 +25,10 @@
 // Reads nothing but `getenv`, so tests pass a lambda over a map.
 
 #include <functional>
+#include <map>
 #include <optional>
 #include <string>
+#include <vector>
 
 namespace loom::comm {
 
@@ -50,6 +52,42 @@ std::optional<std::string> process_env(const std::string& name);
 
 ClusterEnv detect_cluster_env(const GetEnv& getenv = process_env,
                               std::optional<std::string> force = std::nullopt);
+
+// The other half of the contract: what a launcher tells each rank it starts. loomrun,
+// loom-perf --np and ddp_spawn all write these variables through rank_variables(), and
+// detect_cluster_env (source "torchrun") and comm::init read them back:
+//   RANK, LOCAL_RANK, WORLD_SIZE, LOCAL_WORLD_SIZE, GROUP_RANK (node rank),
+//   GROUP_WORLD_SIZE, ROLE_RANK, ROLE_WORLD_SIZE, ROLE_NAME, MASTER_ADDR, MASTER_PORT and
+//   LOOM_STORE_PORT (both the port the launcher's store listens on; an inherited
+//   LOOM_STORE_PORT would send ranks elsewhere), LOOM_STORE_SECRET, LOOM_RESTART_COUNT and
+//   TORCHELASTIC_RESTART_COUNT, TORCHELASTIC_MAX_RESTARTS, LOOM_CLUSTER_ENV=torchrun,
+//   LOOM_JOB_ID (names the job's shared-memory segments, comm/shm/segment.h; empty when the
+//   launcher does not remove them), LOOM_STORE_SERVED_BY_LAUNCHER=1 (so rank 0 does not
+//   serve a second store).
+//
+// Note [Restart attempts share one store]: loomrun serves one store for its whole lifetime,
+// so keys written by a failed attempt are still there when the group restarts. Process
+// groups therefore prefix their keys with the restart count ("attempt<k>/...",
+// k = LOOM_RESTART_COUNT), and ranks of different attempts never see each other's keys.
+struct RankAssignment {
+  int rank = 0;
+  int local_rank = 0;
+  int world_size = 1;
+  int local_world_size = 1;
+  int node_rank = 0;
+  int nnodes = 1;
+  std::string master_addr = "127.0.0.1";
+  int store_port = 0;
+  std::string store_secret;
+  int restart_count = 0;
+  int max_restarts = 0;
+  std::string job_id;
+};
+std::map<std::string, std::string> rank_variables(const RankAssignment& rank);
+// `base` (a NULL-terminated environ) with `variables` set, replacing inherited values:
+// "NAME=value" entries for exec.
+std::vector<std::string> environment_with(const std::map<std::string, std::string>& variables,
+                                          char** base);
 
 // First host of a Slurm node list: "node[03-05,9],gpu1" -> "node03".
 std::string first_slurm_host(const std::string& nodelist);

@@ -1,8 +1,6 @@
 #include "strategies/local_launch.h"
 
 #include <signal.h>
-#include <sys/prctl.h>
-#include <sys/wait.h>
 #include <unistd.h>
 
 #include <cerrno>
@@ -15,24 +13,26 @@
 #include <vector>
 
 #include "comm/backend_registry.h"
+#include "comm/environment.h"
 #include "comm/error.h"
+#include "comm/launch/rank_group.h"
+
+extern char** environ;
 
 namespace loom::strategies {
 
 using Clock = std::chrono::steady_clock;
 
-// Reaps the ranks this process started, on a thread of its own (polling waitpid on each: it
-// must not reap children that are not ranks). The first rank that fails, a non-zero exit
-// status or a signal, is recorded; the watcher then stops the others (SIGTERM, SIGKILL
-// kStopGrace later) and calls `on_failure` once, on its thread. Exits of ranks that it or
-// stop_all() stopped are not failures.
-// Every waitpid and kill happens under mutex_, so a signal never reaches a reaped (and
-// possibly reused) process id.
+// Watches the ranks this process started, on a thread of its own, with the launchers'
+// supervision rule (comm/launch/rank_group.h): the first rank that fails is recorded, the
+// others are stopped (SIGTERM, SIGKILL kStopGrace later), and `on_failure` runs once, on the
+// watcher's thread. Exits of ranks that it or stop_all() stopped are not failures.
+// The group is driven under mutex_ only, so a signal never reaches a reaped (and possibly
+// reused) process id.
 class RankWatcher {
  public:
-  // children[i] is rank i + 1.
-  RankWatcher(std::vector<pid_t> children, std::function<void()> on_failure)
-      : children_(std::move(children)), on_failure_(std::move(on_failure)) {
+  RankWatcher(comm::launch::RankGroup group, std::function<void()> on_failure)
+      : group_(std::move(group)), on_failure_(std::move(on_failure)) {
     thread_ = std::thread([this] { watch(); });
   }
 
@@ -40,8 +40,7 @@ class RankWatcher {
   ~RankWatcher() {
     {
       std::lock_guard lock(mutex_);
-      stopping_ = true;
-      signal_running(SIGKILL);
+      group_.stop(SIGKILL);
     }
     thread_.join();
   }
@@ -53,24 +52,21 @@ class RankWatcher {
   // returns once all are reaped.
   void stop_all() {
     std::unique_lock lock(mutex_);
-    stopping_ = true;
-    signal_running(SIGTERM);
-    kill_at_ = Clock::now() + kStopGrace;
-    changed_.wait(lock, [this] { return all_reaped(); });
+    if (!group_.stopping()) group_.stop(SIGTERM);
+    changed_.wait(lock, [this] { return group_.running() == 0; });
   }
 
   // Waits until every rank has exited, or until `deadline`; then kills the rest (a failure
   // unless one was recorded already) and returns once all are reaped.
   void wait_all(Clock::time_point deadline, std::chrono::seconds grace) {
     std::unique_lock lock(mutex_);
-    if (changed_.wait_until(lock, deadline, [this] { return all_reaped(); })) return;
+    if (changed_.wait_until(lock, deadline, [this] { return group_.running() == 0; })) return;
     if (failure_.empty()) {
       failure_ = "a rank did not exit within " + std::to_string(grace.count()) +
                  " s of rank 0 finishing (killed)";
     }
-    stopping_ = true;
-    signal_running(SIGKILL);
-    changed_.wait(lock, [this] { return all_reaped(); });
+    group_.stop(SIGKILL);
+    changed_.wait(lock, [this] { return group_.running() == 0; });
   }
 
   // What the first failed rank did ("rank 2 exited with code 1"), or "" when none failed.
@@ -80,63 +76,19 @@ class RankWatcher {
   }
 
  private:
-  bool all_reaped() const {
-    for (pid_t pid : children_) {
-      if (pid != 0) return false;
-    }
-    return true;
-  }
-
-  void signal_running(int signo) {
-    for (pid_t pid : children_) {
-      if (pid != 0) ::kill(pid, signo);
-    }
-  }
-
-  static std::string describe_exit(int rank, int status) {
-    std::string text = "rank ";
-    text += std::to_string(rank);
-    if (WIFSIGNALED(status)) {
-      text += " was killed by signal ";
-      text += std::to_string(WTERMSIG(status));
-    } else {
-      text += " exited with code ";
-      text += std::to_string(WEXITSTATUS(status));
-    }
-    return text;
-  }
-
-  // Reaps whichever ranks exited; returns true when this recorded the first failure.
-  bool reap_exited() {
-    bool first_failure = false;
-    for (size_t i = 0; i < children_.size(); ++i) {
-      if (children_[i] == 0) continue;
-      int status = 0;
-      const pid_t done = ::waitpid(children_[i], &status, WNOHANG);
-      if (done == 0 || (done < 0 && errno == EINTR)) continue;
-      children_[i] = 0;  // exited, or not our child any more (ECHILD): nothing to wait for
-      const bool failed = done > 0 && (WIFSIGNALED(status) || WEXITSTATUS(status) != 0);
-      if (failed && !stopping_ && failure_.empty()) {
-        failure_ = describe_exit(static_cast<int>(i) + 1, status);
-        first_failure = true;
-      }
-    }
-    return first_failure;
-  }
-
   void watch() {
     while (true) {
       bool first_failure = false;
       {
         std::lock_guard lock(mutex_);
-        first_failure = reap_exited();
-        if (first_failure) {
-          stopping_ = true;
-          signal_running(SIGTERM);
-          kill_at_ = Clock::now() + kStopGrace;
+        for (const comm::launch::RankGroup::Report& report : group_.reap()) {
+          if (!report.first_failure) continue;
+          failure_ = "rank " + std::to_string(report.rank->rank()) + " " +
+                     report.rank->exit()->describe();
+          first_failure = true;
         }
-        if (kill_at_ && Clock::now() >= *kill_at_) signal_running(SIGKILL);
-        if (all_reaped()) {
+        group_.tick();
+        if (group_.running() == 0) {
           changed_.notify_all();
           if (!first_failure) return;
         }
@@ -148,10 +100,8 @@ class RankWatcher {
 
   mutable std::mutex mutex_;
   std::condition_variable changed_;  // notified once every rank is reaped
-  std::vector<pid_t> children_;      // 0 once reaped
+  comm::launch::RankGroup group_;
   std::string failure_;
-  bool stopping_ = false;  // exits from here on were asked for
-  std::optional<Clock::time_point> kill_at_;
   std::function<void()> on_failure_;
   std::thread thread_;
 };
@@ -180,45 +130,38 @@ std::string checked_backend(const std::string& requested, Device device) {
   return backend;
 }
 
-// In a rank just forked: it gets SIGKILL when the forking thread exits, and exits at once if
-// the parent is already gone (it died between fork() and here, so no signal will come).
-void die_with_parent(pid_t parent) {
-  ::prctl(PR_SET_PDEATHSIG, SIGKILL);
-  if (::getppid() != parent) _exit(1);
+// Kills and reaps the ranks started so far: starting the job failed.
+void kill_started(comm::launch::RankGroup& started) {
+  started.stop(SIGKILL);
+  while (started.running() > 0) {
+    started.reap();
+    std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  }
 }
 
-// Kills and reaps the ranks started so far, then throws: starting the job failed.
 template <typename... Parts>
-[[noreturn]] void abandon(const std::vector<pid_t>& started, const Parts&... parts) {
-  for (pid_t pid : started)
-    ::kill(pid, SIGKILL);
-  for (pid_t pid : started)
-    ::waitpid(pid, nullptr, 0);
+[[noreturn]] void abandon(comm::launch::RankGroup& started, const Parts&... parts) {
+  kill_started(started);
   fail("[launch] ", parts...);
 }
 
-// Sets loomrun's variables for rank `rank` and re-executes this program; never returns.
-[[noreturn]] void exec_rank(int rank, int world, uint16_t port, const std::string& secret,
-                            std::vector<std::string>& args) {
-  setenv("RANK", std::to_string(rank).c_str(), 1);
-  setenv("LOCAL_RANK", std::to_string(rank).c_str(), 1);
-  setenv("WORLD_SIZE", std::to_string(world).c_str(), 1);
-  setenv("LOCAL_WORLD_SIZE", std::to_string(world).c_str(), 1);
-  setenv("GROUP_RANK", "0", 1);
-  setenv("MASTER_ADDR", "127.0.0.1", 1);
-  setenv("MASTER_PORT", std::to_string(port).c_str(), 1);
-  setenv("LOOM_STORE_PORT", std::to_string(port).c_str(), 1);
-  setenv("LOOM_STORE_SECRET", secret.c_str(), 1);
-  setenv("LOOM_STORE_SERVED_BY_LAUNCHER", "1", 1);
-  setenv("LOOM_CLUSTER_ENV", "torchrun", 1);
-  std::vector<char*> argv;
-  for (std::string& a : args)
-    argv.push_back(a.data());
-  argv.push_back(nullptr);
-  execv("/proc/self/exe", argv.data());
-  std::fprintf(stderr, "[launch] rank %d: cannot re-execute the program: %s\n", rank,
-               std::strerror(errno));
-  _exit(127);
+// The rank `rank` of `world` as a re-execution of this program, with the launchers' rank
+// variables (comm/environment.h).
+std::unique_ptr<comm::launch::RankProcess> spawn_rank(int rank, int world, uint16_t port,
+                                                      const std::string& secret,
+                                                      const std::vector<std::string>& args) {
+  const comm::RankAssignment assignment{.rank = rank,
+                                        .local_rank = rank,
+                                        .world_size = world,
+                                        .local_world_size = world,
+                                        .store_port = port,
+                                        .store_secret = secret};
+  return std::make_unique<comm::launch::RankProcess>(comm::launch::RankSpec{
+      .rank = rank,
+      .program = "/proc/self/exe",
+      .args = args,
+      .env = comm::environment_with(comm::rank_variables(assignment), environ),
+      .tool = "launch"});
 }
 
 // Rank 0's group creation failed with `error` and its ranks were stopped: rethrows it,
@@ -246,7 +189,7 @@ LocalJob::LocalJob(int world, LaunchMethod method, const LocalJobOptions& option
       .device = options.device.is_cuda() ? std::optional<Device>(options.device) : std::nullopt};
   const std::string secret = comm::generate_store_secret();
   const pid_t parent = ::getpid();
-  std::vector<pid_t> children;
+  comm::launch::RankGroup children(kStopGrace);  // rank 0's: ranks 1 to world - 1
   int rank = 0;
   uint16_t port = 0;
   if (method == LaunchMethod::Fork) {
@@ -260,12 +203,11 @@ LocalJob::LocalJob(int world, LaunchMethod method, const LocalJobOptions& option
       pid_t pid = fork();
       if (pid < 0) abandon(children, "fork failed: ", std::strerror(errno));
       if (pid == 0) {
-        die_with_parent(parent);
+        comm::launch::die_with_parent(parent);
         rank = r;
-        children.clear();
         break;
       }
-      children.push_back(pid);
+      children.add(comm::launch::RankProcess::adopt(r, pid));  // (a forked rank ignores these)
     }
     if (rank == 0) {
       close(pipe_fds[0]);
@@ -294,16 +236,14 @@ LocalJob::LocalJob(int world, LaunchMethod method, const LocalJobOptions& option
     server_ = std::make_unique<comm::TCPStoreServer>("127.0.0.1", 0, secret);
     port = server_->port();
     std::vector<std::string> args = own_arguments();
-    std::fflush(stdout);
-    std::fflush(stderr);
+    args.erase(args.begin());  // argv[0]: the program is /proc/self/exe
     for (int r = 1; r < world; ++r) {
-      pid_t pid = fork();
-      if (pid < 0) abandon(children, "fork failed: ", std::strerror(errno));
-      if (pid == 0) {
-        die_with_parent(parent);
-        exec_rank(r, world, port, secret, args);
+      try {
+        children.add(spawn_rank(r, world, port, secret, args));
+      } catch (const Error&) {
+        kill_started(children);
+        throw;
       }
-      children.push_back(pid);
     }
   }
   if (rank == 0) {

@@ -2,16 +2,17 @@
 
 #include <sched.h>
 #include <signal.h>
-#include <sys/prctl.h>
-#include <sys/wait.h>
 #include <unistd.h>
 
+#include <cerrno>
 #include <chrono>
 #include <cstdio>
-#include <cstring>
+#include <map>
 #include <thread>
 #include <vector>
 
+#include "comm/environment.h"
+#include "comm/launch/rank_group.h"
 #include "comm/shm/segment.h"
 #include "comm/store/tcp_store.h"
 #include "core/error.h"
@@ -21,49 +22,6 @@ extern char** environ;
 namespace loom::perf {
 
 namespace {
-
-// Variables this launcher sets, plus those that would point a rank elsewhere.
-bool replaced(const std::string& entry) {
-  static const char* const kNames[] = {"RANK",
-                                       "WORLD_SIZE",
-                                       "LOCAL_RANK",
-                                       "LOCAL_WORLD_SIZE",
-                                       "GROUP_RANK",
-                                       "MASTER_ADDR",
-                                       "MASTER_PORT",
-                                       "LOOM_STORE_SECRET",
-                                       "LOOM_STORE_PORT",
-                                       "LOOM_STORE_SERVED_BY_LAUNCHER",
-                                       "LOOM_CLUSTER_ENV",
-                                       "LOOM_JOB_ID",
-                                       "LOOM_PERF_COMMAND"};
-  for (const char* name : kNames) {
-    size_t n = std::strlen(name);
-    if (entry.compare(0, n, name) == 0 && entry.size() > n && entry[n] == '=') return true;
-  }
-  return false;
-}
-
-std::vector<std::string> rank_environment(int rank, int np, uint16_t port,
-                                          const std::string& secret, const std::string& job_id,
-                                          const std::string& command) {
-  std::vector<std::string> env;
-  for (char** e = environ; *e != nullptr; ++e) {
-    if (!replaced(*e)) env.emplace_back(*e);
-  }
-  env.push_back("RANK=" + std::to_string(rank));
-  env.push_back("WORLD_SIZE=" + std::to_string(np));
-  env.push_back("LOCAL_RANK=" + std::to_string(rank));
-  env.push_back("LOCAL_WORLD_SIZE=" + std::to_string(np));
-  env.push_back("GROUP_RANK=0");
-  env.push_back("MASTER_ADDR=127.0.0.1");
-  env.push_back("MASTER_PORT=" + std::to_string(port));
-  env.push_back("LOOM_STORE_SECRET=" + secret);
-  env.push_back("LOOM_STORE_SERVED_BY_LAUNCHER=1");
-  env.push_back(std::string(comm::shm::kJobIdVariable) + "=" + job_id);
-  env.push_back("LOOM_PERF_COMMAND=" + command);
-  return env;
-}
 
 // argv without "--np N" / "--np=N".
 std::vector<std::string> rank_arguments(int argc, char** argv) {
@@ -80,14 +38,6 @@ std::vector<std::string> rank_arguments(int argc, char** argv) {
   return args;
 }
 
-std::vector<char*> c_strings(std::vector<std::string>& strings) {
-  std::vector<char*> pointers;
-  for (std::string& s : strings)
-    pointers.push_back(s.data());
-  pointers.push_back(nullptr);
-  return pointers;
-}
-
 // The CPUs this process may run on, in order.
 std::vector<int> allowed_cpus() {
   cpu_set_t set;
@@ -98,12 +48,6 @@ std::vector<int> allowed_cpus() {
     if (CPU_ISSET(cpu, &set)) cpus.push_back(cpu);
   }
   return cpus;
-}
-
-int exit_code_of(int status) {
-  if (WIFEXITED(status)) return WEXITSTATUS(status);
-  if (WIFSIGNALED(status)) return 128 + WTERMSIG(status);
-  return 1;
 }
 
 }  // namespace
@@ -120,89 +64,63 @@ int launch_ranks(int np, bool bind_cores, int argc, char** argv, const std::stri
   const std::string job_id = comm::shm::new_job_id();
   comm::TCPStoreServer server("127.0.0.1", 0, secret);
   std::vector<std::string> args = rank_arguments(argc, argv);
-  std::vector<char*> c_args = c_strings(args);
-  const pid_t launcher = ::getpid();
+  args.erase(args.begin());  // argv[0]: the program is /proc/self/exe
   const std::vector<int> cpus = bind_cores ? allowed_cpus() : std::vector<int>{};
 
-  std::vector<pid_t> pids(static_cast<size_t>(np), -1);
+  comm::launch::RankGroup group(std::chrono::seconds(5));
   for (int rank = 0; rank < np; ++rank) {
-    // Everything the child needs is built before fork: after it, only exec-safe calls.
-    std::vector<std::string> env =
-        rank_environment(rank, np, server.port(), secret, job_id, command);
-    std::vector<char*> c_env = c_strings(env);
+    std::map<std::string, std::string> variables =
+        comm::rank_variables({.rank = rank,
+                              .local_rank = rank,
+                              .world_size = np,
+                              .local_world_size = np,
+                              .store_port = server.port(),
+                              .store_secret = secret,
+                              .job_id = job_id});
+    variables["LOOM_PERF_COMMAND"] = command;
     cpu_set_t core;
     CPU_ZERO(&core);
     if (!cpus.empty()) CPU_SET(cpus[static_cast<size_t>(rank) % cpus.size()], &core);
-    pid_t pid = ::fork();
-    if (pid < 0) fail("loom-perf --np: fork failed: ", std::strerror(errno));
-    if (pid == 0) {
-      ::prctl(PR_SET_PDEATHSIG, SIGKILL);  // never outlive the launcher
-      if (::getppid() != launcher) ::_exit(1);
-      if (!cpus.empty()) ::sched_setaffinity(0, sizeof core, &core);
-      ::execve("/proc/self/exe", c_args.data(), c_env.data());
-      const char message[] = "loom-perf --np: cannot re-execute /proc/self/exe\n";
-      (void)!::write(2, message, sizeof message - 1);
-      ::_exit(127);
-    }
-    pids[static_cast<size_t>(rank)] = pid;
-  }
-
-  int result = 0;
-  int running = np;
-  std::chrono::steady_clock::time_point kill_at{};
-  bool stopping = false;
-  bool killed = false;            // SIGKILL sent to the ranks still running
-  bool cause_was_signal = false;  // the failure that began the stop was a signal death
-  while (running > 0) {
-    int status = 0;
-    pid_t pid = ::waitpid(-1, &status, stopping ? WNOHANG : 0);
-    if (pid < 0) {
-      if (errno == EINTR) continue;
+    comm::launch::RankSpec spec{.rank = rank,
+                                .program = "/proc/self/exe",
+                                .args = args,
+                                .env = comm::environment_with(variables, environ),
+                                .tool = "loom-perf --np",
+                                .in_child = [&cpus, core]() -> int {
+                                  if (cpus.empty()) return 0;
+                                  return ::sched_setaffinity(0, sizeof core, &core) == 0 ? 0
+                                                                                         : errno;
+                                },
+                                .in_child_failure = "cannot bind to its core (running unbound)"};
+    try {
+      group.add(std::make_unique<comm::launch::RankProcess>(spec));
+    } catch (const Error& e) {
+      std::fprintf(stderr, "loom-perf --np: cannot start rank %d: %s\n", rank, e.what());
+      group.stop(SIGTERM);
       break;
     }
-    if (pid == 0) {  // stopping, none exited yet
-      if (!killed && std::chrono::steady_clock::now() >= kill_at) {
-        killed = true;
-        for (pid_t p : pids) {
-          if (p > 0) ::kill(p, SIGKILL);
-        }
-      }
-      std::this_thread::sleep_for(std::chrono::milliseconds(20));
-      continue;
-    }
-    for (size_t r = 0; r < pids.size(); ++r) {
-      if (pids[r] != pid) continue;
-      pids[r] = -1;
-      --running;
-      int code = exit_code_of(status);
-      const bool signaled = WIFSIGNALED(status);
-      if (code != 0 && result == 0) {
-        result = code;
-        cause_was_signal = signaled;
-        std::fprintf(stderr, "loom-perf --np: rank %zu exited with code %d; stopping the others\n",
-                     r, code);
-        for (pid_t p : pids) {
-          if (p > 0) ::kill(p, SIGTERM);
-        }
-        stopping = true;
-        kill_at = std::chrono::steady_clock::now() + std::chrono::seconds(5);
-      } else if (stopping && signaled && WTERMSIG(status) != SIGTERM &&
-                 !(killed && WTERMSIG(status) == SIGKILL)) {
-        // Killed by a signal we did not send, after a peer failed: most likely the cause (a
-        // survivor can notice the death before we reap the dead rank), so named too.
-        std::fprintf(stderr, "loom-perf --np: rank %zu was killed by signal %d\n", r,
-                     WTERMSIG(status));
-        if (!cause_was_signal) result = code;
-        cause_was_signal = true;
+  }
+
+  while (group.running() > 0) {
+    for (const comm::launch::RankGroup::Report& report : group.reap()) {
+      const comm::launch::RankExit& exit = *report.rank->exit();
+      if (report.first_failure) {
+        std::fprintf(stderr, "loom-perf --np: rank %d exited with code %d; stopping the others\n",
+                     report.rank->rank(), exit.exit_code());
+      } else {
+        std::fprintf(stderr, "loom-perf --np: rank %d was killed by signal %d\n",
+                     report.rank->rank(), exit.value);
       }
     }
+    group.tick();
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
   }
   // Ranks killed while they set up their group may leave its segment behind.
   if (int removed = comm::shm::remove_job_segments(job_id); removed > 0) {
     std::fprintf(stderr, "loom-perf --np: removed %d shared-memory segment(s) left in /dev/shm\n",
                  removed);
   }
-  return result;
+  return group.failed() ? group.exit_code() : (group.stopping() ? 1 : 0);
 }
 
 }  // namespace loom::perf

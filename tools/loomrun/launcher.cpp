@@ -12,12 +12,13 @@
 #include <memory>
 #include <optional>
 
+#include "comm/environment.h"
+#include "comm/launch/rank_group.h"
+#include "comm/launch/rank_process.h"
 #include "comm/shm/segment.h"
 #include "core/error.h"
 #include "tools/loomrun/log.h"
 #include "tools/loomrun/output_relay.h"
-#include "tools/loomrun/rank_env.h"
-#include "tools/loomrun/rank_process.h"
 
 extern char** environ;
 
@@ -25,6 +26,10 @@ namespace loom::loomrun {
 
 namespace {
 
+using comm::launch::RankExit;
+using comm::launch::RankGroup;
+using comm::launch::RankProcess;
+using comm::launch::signal_name;
 using Clock = std::chrono::steady_clock;
 
 enum class Ending { Success, RankFailed, Signaled, TimedOut, StartFailed };
@@ -42,9 +47,9 @@ int ms_until(Clock::time_point when) {
   return static_cast<int>(std::clamp<int64_t>(left, 0, kPollCapMs));
 }
 
-// A rank with the relays of its two streams.
+// A rank (owned by the attempt's RankGroup) with the relays of its two streams.
 struct LiveRank {
-  std::unique_ptr<RankProcess> process;
+  RankProcess* process;
   OutputRelay out;
   OutputRelay err;
 };
@@ -138,53 +143,57 @@ int Launcher::run() {
 
 Launcher::Outcome Launcher::run_attempt(int restart_count,
                                         std::optional<Clock::time_point> job_deadline) {
-  std::optional<Outcome> stopping;  // set once the group is being stopped, with the reason
-  Clock::time_point kill_at{};
-  bool killed = false;
-  int stop_signal = SIGTERM;
-  bool cause_was_signal = false;  // the failure that began the stop was a signal death
+  Outcome outcome;  // the reason the group is being stopped, once it is
+  RankGroup group(seconds(options_.grace_period_s));
   std::vector<LiveRank> ranks;
   ranks.reserve(static_cast<size_t>(options_.nproc_per_node));
-
   auto begin_stop = [&](Outcome why, int signo) {
-    stopping = why;
-    stop_signal = signo;
-    kill_at = Clock::now() + seconds(options_.grace_period_s);
-    for (LiveRank& rank : ranks)
-      rank.process->signal(signo);
-  };
-  auto kill_all = [&] {
-    killed = true;
-    for (LiveRank& rank : ranks)
-      rank.process->signal(SIGKILL);
-  };
-  auto running = [&] {
-    return std::count_if(ranks.begin(), ranks.end(),
-                         [](const LiveRank& rank) { return rank.process->running(); });
+    outcome = why;
+    group.stop(signo);
   };
 
   for (int local = 0; local < options_.nproc_per_node; ++local) {
-    int global = options_.node_rank * options_.nproc_per_node + local;
-    RankSpec spec{.global_rank = global,
-                  .local_rank = local,
-                  .program = options_.program,
-                  .args = options_.args,
-                  .env = rank_environment(options_,
-                                          {.local_rank = local,
-                                           .master_port = master_port_,
-                                           .restart_count = restart_count,
-                                           .secret = &secret_,
-                                           .job_id = &job_id_},
-                                          environ),
-                  .binding = binding_};
+    const int global = options_.node_rank * options_.nproc_per_node + local;
+    const comm::RankAssignment assignment{.rank = global,
+                                          .local_rank = local,
+                                          .world_size = options_.world_size(),
+                                          .local_world_size = options_.nproc_per_node,
+                                          .node_rank = options_.node_rank,
+                                          .nnodes = options_.nnodes,
+                                          .master_addr = options_.master_addr,
+                                          .store_port = master_port_,
+                                          .store_secret = secret_,
+                                          .restart_count = restart_count,
+                                          .max_restarts = options_.max_restarts,
+                                          .job_id = job_id_};
+    comm::launch::RankSpec spec{
+        .rank = global,
+        .program = options_.program,
+        .args = options_.args,
+        .env = comm::environment_with(comm::rank_variables(assignment), environ),
+        .tool = "loomrun",
+        .own_process_group = true,
+        .capture_output = true,
+        // The child resets loomrun's handlers (blocked around fork below: run in the child,
+        // they would write into loomrun's signal pipe), then binds to its CPUs.
+        .in_child = [this, local]() -> int {
+          SignalPipe::reset_in_child();
+          return binding_ != nullptr ? binding_->apply(local) : 0;
+        },
+        .in_child_failure = "cannot bind to its CPUs (running unbound)"};
     try {
-      auto process = std::make_unique<RankProcess>(spec);
+      std::unique_ptr<RankProcess> process;
+      {
+        SignalBlock block;
+        process = std::make_unique<RankProcess>(spec);
+      }
       set_nonblocking(process->stdout_fd());
       set_nonblocking(process->stderr_fd());
       std::string prefix = "[";  // built piecewise: GCC 12 -Wrestrict false positive
       prefix += std::to_string(global);
       prefix += "] ";
-      ranks.push_back({std::move(process), OutputRelay(1, prefix), OutputRelay(2, prefix)});
+      ranks.push_back({process.get(), OutputRelay(1, prefix), OutputRelay(2, prefix)});
+      group.add(std::move(process));
     } catch (const Error& e) {
       say("cannot start rank ", global, ": ", e.what());
       begin_stop({Ending::StartFailed, 1}, SIGTERM);
@@ -194,7 +203,7 @@ Launcher::Outcome Launcher::run_attempt(int restart_count,
 
   std::vector<pollfd> fds;
   std::vector<std::pair<size_t, Stream>> owners;  // fds[i + 1] belongs to owners[i]
-  while (running() > 0) {
+  while (group.running() > 0) {
     fds.assign(1, pollfd{.fd = signals_.fd(), .events = POLLIN, .revents = 0});
     owners.clear();
     for (size_t i = 0; i < ranks.size(); ++i) {
@@ -209,11 +218,11 @@ Launcher::Outcome Launcher::run_attempt(int restart_count,
       }
     }
     int wait_ms = kPollCapMs;
-    if (!stopping && job_deadline) wait_ms = std::min(wait_ms, ms_until(*job_deadline));
-    if (stopping && !killed) wait_ms = std::min(wait_ms, ms_until(kill_at));
+    if (!group.stopping() && job_deadline) wait_ms = std::min(wait_ms, ms_until(*job_deadline));
+    if (group.stopping() && !group.killed())
+      wait_ms = std::min(wait_ms, ms_until(*group.kill_at()));
     int ready = ::poll(fds.data(), fds.size(), wait_ms);
     if (ready < 0 && errno != EINTR) fail("[loomrun] poll: ", std::strerror(errno));
-
     for (size_t i = 1; ready > 0 && i < fds.size(); ++i) {
       if (fds[i].revents == 0) continue;
       auto [rank, stream] = owners[i - 1];
@@ -222,48 +231,37 @@ Launcher::Outcome Launcher::run_attempt(int restart_count,
 
     for (int signo : signals_.drain()) {
       if (signo == SIGCHLD) continue;
-      if (!stopping) {
+      if (!group.stopping()) {
         say("received ", signal_name(signo), "; forwarding it to the ranks");
         begin_stop({Ending::Signaled, 128 + signo}, signo);
-      } else if (!killed) {
+      } else if (!group.killed()) {
         say("received ", signal_name(signo), " while stopping; sending SIGKILL to the ranks");
-        stopping = Outcome{Ending::Signaled, 128 + signo};
-        kill_all();
+        outcome = Outcome{Ending::Signaled, 128 + signo};
+        group.kill_all();
       }
     }
 
+    const std::vector<RankGroup::Report> reports = group.reap();
     for (LiveRank& rank : ranks) {
-      if (!rank.process->reap()) continue;
-      drain(rank);  // its last words come before loomrun's verdict
-      const RankExit& exit = *rank.process->exit();
-      if (exit.ok()) continue;
-      const bool sent_by_us =
-          stopping && exit.signaled && (exit.value == stop_signal || (killed && exit.value == SIGKILL));
-      if (!stopping) {
-        say("rank ", rank.process->global_rank(), " (pid ", rank.process->pid(), ") ",
-            exit.describe());
-        begin_stop({Ending::RankFailed, exit.exit_code()}, SIGTERM);
-        cause_was_signal = exit.signaled;
-      } else if (stopping->ending == Ending::RankFailed && exit.signaled && !sent_by_us) {
-        // A rank killed by a signal loomrun did not send, reaped after a peer that failed:
-        // the peer most likely failed because this one died (a survivor can notice the death
-        // before loomrun reaps the dead), so it is named too and its status is the job's.
-        say("rank ", rank.process->global_rank(), " (pid ", rank.process->pid(), ") ",
-            exit.describe());
-        if (!cause_was_signal) stopping->exit_code = exit.exit_code();
-        cause_was_signal = true;
-      }
+      if (!rank.process->running()) drain(rank);  // last words before loomrun's verdict
+    }
+    for (const RankGroup::Report& report : reports) {
+      // A signal death after the first failure is named while that failure is the reason
+      // for the stop (not once a signal to loomrun took over).
+      if (!report.first_failure && outcome.ending != Ending::RankFailed) continue;
+      say("rank ", report.rank->rank(), " (pid ", report.rank->pid(), ") ",
+          report.rank->exit()->describe());
+      outcome = Outcome{Ending::RankFailed, group.exit_code()};
     }
 
-    Clock::time_point now = Clock::now();
-    if (!stopping && job_deadline && now >= *job_deadline && running() > 0) {
+    if (!group.stopping() && job_deadline && Clock::now() >= *job_deadline && group.running() > 0) {
       say("the job ran longer than --timeout ", *options_.timeout_s, " s; stopping all ranks");
       begin_stop({Ending::TimedOut, kTimeoutExitCode}, SIGTERM);
     }
-    if (stopping && !killed && now >= kill_at && running() > 0) {
-      say(running(), " rank(s) still running ", options_.grace_period_s, " s after ",
-          signal_name(stop_signal), "; sending SIGKILL");
-      kill_all();
+    const int still_running = group.running();
+    if (group.tick()) {
+      say(still_running, " rank(s) still running ", options_.grace_period_s, " s after ",
+          signal_name(group.stop_signal()), "; sending SIGKILL");
     }
   }
 
@@ -272,7 +270,7 @@ Launcher::Outcome Launcher::run_attempt(int restart_count,
     rank.out.flush();
     rank.err.flush();
   }
-  return stopping.value_or(Outcome{});
+  return outcome;
 }
 
 }  // namespace loom::loomrun

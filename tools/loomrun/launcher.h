@@ -9,7 +9,7 @@
 // period applies; a second such signal sends SIGKILL at once. After a failed attempt the
 // group restarts (LOOM_RESTART_COUNT + 1) until --max-restarts is used up; a signal or
 // --timeout never restarts. The store (served by main on node 0) outlives every attempt;
-// see Note [Restart attempts share one store] in rank_env.h.
+// see Note [Restart attempts share one store] in comm/environment.h.
 //
 // Exit codes of run(): 0 when every rank of an attempt exits 0; the failing rank's code
 // (128 + signal when it was killed) when the last attempt fails; 128 + signal when loomrun
