@@ -3,6 +3,7 @@
 #include "comm/shm/shm_backend.h"
 #include "core/error.h"
 #include "core/registry.h"
+#include "core/tags.h"
 
 #if LOOM_WITH_NCCL
 #include "comm/nccl/nccl_backend.h"
@@ -24,7 +25,7 @@ struct Entry {
 // The built-in backends, added when the registry is first used. "auto" is resolved before
 // the registry is asked (resolve_auto_backend), so it is reserved.
 struct Registry : NamedRegistry<Entry> {
-  Registry() : NamedRegistry<Entry>("comm", "backend", {"auto"}) {
+  Registry() : NamedRegistry<Entry>(tag::kComm, "backend", {"auto"}) {
     add("shm", {[](const BackendContext& c) { return std::make_unique<shm::ShmBackend>(c); },
                 "processes on one host through POSIX shared memory (CPU tensors; CUDA "
                 "tensors staged through pinned host memory)"});
@@ -81,7 +82,7 @@ bool backend_available(const std::string& name) {
 void require_backend(const std::string& name) {
   if (registry().contains(name)) return;
   if (const char* hint = missing_build_hint(name)) {
-    fail("[comm] backend '", name, "' is not in this build: ", hint);
+    tag::kComm.fail("backend '", name, "' is not in this build: ", hint);
   }
   registry().at(name);  // the unknown-name error
 }
@@ -98,8 +99,8 @@ std::string resolve_auto_backend(const BackendNeeds& needs) {
 #if LOOM_WITH_UCX
     return "hierarchical";
 #else
-    fail("[comm] backend 'auto' for a multi-host job: this build has no inter-host backend (",
-         missing_build_hint("ucx"), "); 'shm' connects processes of one host only");
+    tag::kComm.fail("backend 'auto' for a multi-host job: this build has no inter-host backend (",
+                    missing_build_hint("ucx"), "); 'shm' connects processes of one host only");
 #endif
   }
   return "shm";

@@ -2,6 +2,7 @@
 // captured and nothing needs staging.
 
 #include "comm/cuda_support.h"
+#include "core/tags.h"
 
 #include "core/error.h"
 
@@ -17,9 +18,10 @@ IssueStreamScope::IssueStreamScope(const IssueStream&) {}
 IssueStreamScope::~IssueStreamScope() = default;
 
 std::unique_ptr<Backend> make_staging_backend(Backend& host) {
-  fail("[comm] the '", host.name(),
-       "' backend was given CUDA tensors, but this build has no CUDA support (configure with "
-       "-DLOOM_WITH_CUDA=ON)");
+  tag::kComm.fail(
+      "the '", host.name(),
+      "' backend was given CUDA tensors, but this build has no CUDA support (configure with "
+      "-DLOOM_WITH_CUDA=ON)");
 }
 
 }  // namespace loom::comm

@@ -2,6 +2,8 @@
 
 #include <vector>
 
+#include "core/tags.h"
+
 namespace loom::comm {
 
 void check_same_collective(Store& store, const std::string& group, int rank, int size, uint64_t seq,
@@ -14,8 +16,8 @@ void check_same_collective(Store& store, const std::string& group, int rank, int
   try {
     store.wait(keys, timeout);
   } catch (const CommError& e) {
-    throw CommError("[comm] rank " + std::to_string(rank) + ": debug check of operation #" +
-                        std::to_string(seq) + " ('" + signature +
+    throw CommError(tag::kComm.prefix() + "rank " + std::to_string(rank) +
+                        ": debug check of operation #" + std::to_string(seq) + " ('" + signature +
                         "'): not every rank issued an operation #" + std::to_string(seq) + ": " +
                         e.what(),
                     rank);
@@ -24,7 +26,7 @@ void check_same_collective(Store& store, const std::string& group, int rank, int
     if (r == rank) continue;
     std::string theirs = to_string(store.get(keys[r], timeout));
     if (theirs != signature) {
-      throw CommError("[comm] rank " + std::to_string(rank) +
+      throw CommError(tag::kComm.prefix() + "rank " + std::to_string(rank) +
                           ": collective mismatch at operation #" + std::to_string(seq) +
                           " of group '" + group + "': this rank called '" + signature + "', rank " +
                           std::to_string(r) + " called '" + theirs + "'",

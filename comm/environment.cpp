@@ -3,6 +3,7 @@
 // they came from, for messages); finish() validates them and resolves the master.
 
 #include "comm/environment.h"
+#include "core/tags.h"
 
 #include <charconv>
 #include <cstdlib>
@@ -47,7 +48,7 @@ class EnvReader {
 
   template <typename... Parts>
   [[noreturn]] void error(const Parts&... parts) const {
-    fail("[comm/env] ", source_, ": ", parts...);
+    tag::kCommEnv.fail(source_, ": ", parts...);
   }
 
   // A non-negative integer variable, if set.
@@ -255,14 +256,14 @@ ClusterEnv detect_cluster_env(const GetEnv& getenv, std::optional<std::string> f
     raw.world_size = Var{"world size", 1};
     return finish(env, raw);
   }
-  fail("[comm/env] ", force ? "requested cluster environment '" : "LOOM_CLUSTER_ENV='", source,
-       "' is not a known source; expected one of ", kSourceNames);
+  tag::kCommEnv.fail(force ? "requested cluster environment '" : "LOOM_CLUSTER_ENV='", source,
+                     "' is not a known source; expected one of ", kSourceNames);
 }
 
 std::string first_slurm_host(const std::string& nodelist) {
   auto malformed = [&](const char* why) {
-    fail("[comm/env] Slurm node list '", nodelist, "' is malformed: ", why,
-         " (expected e.g. 'node[03-05,9],gpu1')");
+    tag::kCommEnv.fail("Slurm node list '", nodelist, "' is malformed: ", why,
+                       " (expected e.g. 'node[03-05,9],gpu1')");
   };
   const size_t begin = nodelist.find_first_not_of(" \t\n");
   if (begin == std::string::npos) malformed("it is empty");

@@ -78,10 +78,10 @@ struct RankAssignment {
   int nnodes = 1;
   std::string master_addr = "127.0.0.1";
   int store_port = 0;
-  std::string store_secret;
+  std::string store_secret = {};
   int restart_count = 0;
   int max_restarts = 0;
-  std::string job_id;
+  std::string job_id = {};
 };
 std::map<std::string, std::string> rank_variables(const RankAssignment& rank);
 // `base` (a NULL-terminated environ) with `variables` set, replacing inherited values:

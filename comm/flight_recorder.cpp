@@ -10,6 +10,8 @@
 #include <string_view>
 #include <thread>
 
+#include "core/tags.h"
+
 namespace loom::comm {
 
 namespace {
@@ -37,8 +39,8 @@ bool enabled_by_environment() {
   const std::string_view value(setting);
   if (value == "1") return true;
   if (value == "0") return false;
-  fail("[comm] LOOM_FLIGHT_RECORDER='", setting,
-       "' is not a known setting; expected 1 (record, the default) or 0 (off)");
+  tag::kComm.fail("LOOM_FLIGHT_RECORDER='", setting,
+                  "' is not a known setting; expected 1 (record, the default) or 0 (off)");
 }
 
 int signal_pipe[2] = {-1, -1};

@@ -10,6 +10,7 @@
 #include "comm/process_group.h"
 #include "comm/store/in_process_store.h"
 #include "comm/store/tcp_store.h"
+#include "core/tags.h"
 
 namespace loom::comm {
 
@@ -35,8 +36,9 @@ uint16_t store_port(const ClusterEnv& env) {
     const char* torchrun = std::getenv("TORCHELASTIC_RUN_ID");
     if (torchrun == nullptr || *torchrun == '\0') return static_cast<uint16_t>(env.master_port);
     if (env.master_port >= 65535) {
-      fail("[comm] init: under torchrun Loom's store takes MASTER_PORT + 1, but MASTER_PORT is ",
-           env.master_port, "; set LOOM_STORE_PORT to a free port (the same on every rank)");
+      tag::kComm.fail(
+          "init: under torchrun Loom's store takes MASTER_PORT + 1, but MASTER_PORT is ",
+          env.master_port, "; set LOOM_STORE_PORT to a free port (the same on every rank)");
     }
     return static_cast<uint16_t>(env.master_port + 1);
   }
@@ -44,9 +46,9 @@ uint16_t store_port(const ClusterEnv& env) {
   int port = 0;
   const auto [stop, ec] = std::from_chars(text, end, port);
   if (ec != std::errc() || stop != end || port < 1 || port > 65535) {
-    fail("[comm] init: LOOM_STORE_PORT='", text,
-         "' is not a TCP port: expected a number from 1 to 65535 (or unset it to use "
-         "MASTER_PORT)");
+    tag::kComm.fail("init: LOOM_STORE_PORT='", text,
+                    "' is not a TCP port: expected a number from 1 to 65535 (or unset it to use "
+                    "MASTER_PORT)");
   }
   return static_cast<uint16_t>(port);
 }
@@ -56,10 +58,11 @@ std::shared_ptr<Store> rendezvous_store(const ClusterEnv& env, int rank, int siz
   if (size == 1) return std::make_shared<InProcessStore>();
   std::string secret = env.store_secret;
   if (secret.empty()) {
-    fail("[comm] init: ", size,
-         " ranks need a shared store secret: run under loomrun, or "
-         "export the same LOOM_STORE_SECRET (e.g. from `openssl rand -hex 32`) to every rank "
-         "(under torchrun, mpirun or srun: export it before starting them)");
+    tag::kComm.fail(
+        "init: ", size,
+        " ranks need a shared store secret: run under loomrun, or "
+        "export the same LOOM_STORE_SECRET (e.g. from `openssl rand -hex 32`) to every rank "
+        "(under torchrun, mpirun or srun: export it before starting them)");
   }
   const char* served = std::getenv("LOOM_STORE_SERVED_BY_LAUNCHER");
   bool launcher_serves = served != nullptr && std::string(served) == "1";
@@ -80,7 +83,7 @@ std::shared_ptr<ProcessGroup> init(const InitOptions& options) {
   int rank = options.rank.value_or(env.rank);
   int size = options.size.value_or(env.world_size);
   if (rank < 0 || rank >= size) {
-    fail("[comm] init: rank ", rank, " is not below the world size ", size);
+    tag::kComm.fail("init: rank ", rank, " is not below the world size ", size);
   }
   std::shared_ptr<Store> store =
       options.store ? options.store : rendezvous_store(env, rank, size, options.timeout);

@@ -10,6 +10,7 @@
 #include "comm/cuda_support.h"
 #include "comm/debug_check.h"
 #include "comm/flight_recorder.h"
+#include "core/tags.h"
 
 namespace loom::comm {
 
@@ -27,7 +28,7 @@ bool debug_from_env() {
     const char* v = std::getenv("LOOM_DEBUG");
     if (v == nullptr || *v == '\0') return false;
     if (std::string_view(v) == "detail") return true;
-    fail("[comm] LOOM_DEBUG='", v, "' is not a known setting; expected 'detail' (or unset)");
+    tag::kComm.fail("LOOM_DEBUG='", v, "' is not a known setting; expected 'detail' (or unset)");
   }();
   return enabled;
 }
@@ -41,10 +42,10 @@ void check_debug_settings() {
 }
 
 void check_buffer(const char* op, const char* what, const Tensor& t) {
-  if (!t.defined()) fail("[comm] ", op, ": ", what, " is undefined");
+  if (!t.defined()) tag::kComm.fail(op, ": ", what, " is undefined");
   if (!t.is_contiguous()) {
-    fail("[comm] ", op, ": ", what, " must be contiguous (call .contiguous() first), got ", t.str(),
-         " with strides ", shape_str(t.strides()));
+    tag::kComm.fail(op, ": ", what, " must be contiguous (call .contiguous() first), got ", t.str(),
+                    " with strides ", shape_str(t.strides()));
   }
 }
 
@@ -115,9 +116,9 @@ std::unique_ptr<Backend> ProcessGroup::create(int rank, int size,
                                               const GroupOptions& options,
                                               const std::string& name) {
   if (size < 1 || rank < 0 || rank >= size) {
-    fail("[comm] ProcessGroup: rank ", rank, " is not in [0, ", size, ")");
+    tag::kComm.fail("ProcessGroup: rank ", rank, " is not in [0, ", size, ")");
   }
-  if (!store) fail("[comm] ProcessGroup: a store is required");
+  if (!store) tag::kComm.fail("ProcessGroup: a store is required");
   check_debug_settings();
   std::string backend = options.backend;
   if (backend == "auto") {
@@ -237,8 +238,8 @@ std::exception_ptr ProcessGroup::broken_error(const Op& op) const {
   } catch (const std::exception& e) {
     cause = e.what();
   }
-  return std::make_exception_ptr(CommError("[comm] rank " + std::to_string(rank_) + ": " +
-                                               op.label.str() +
+  return std::make_exception_ptr(CommError(tag::kComm.prefix() + "rank " + std::to_string(rank_) +
+                                               ": " + op.label.str() +
                                                " not started: the group is broken by " + cause,
                                            rank_));
 }
@@ -341,19 +342,19 @@ std::string signature_of(const char* kind, const Tensor& t, std::optional<Reduce
 
 void check_avg(const char* kind, ReduceOp op, DType dtype) {
   if (op == ReduceOp::Avg && !is_floating(dtype)) {
-    fail("[comm] ", kind, ": ReduceOp::Avg needs a floating dtype, got ", dtype,
-         " (use Sum and divide)");
+    tag::kComm.fail(kind, ": ReduceOp::Avg needs a floating dtype, got ", dtype,
+                    " (use Sum and divide)");
   }
 }
 
 void check_root(const char* kind, int root, int size) {
   if (root < 0 || root >= size)
-    fail("[comm] ", kind, ": root ", root, " is not in [0, ", size, ")");
+    tag::kComm.fail(kind, ": root ", root, " is not in [0, ", size, ")");
 }
 
 void check_peer(const char* kind, const char* role, int peer, int rank, int size) {
   if (peer < 0 || peer >= size || peer == rank) {
-    fail("[comm] ", kind, ": ", role, " ", peer, " must be another rank in [0, ", size, ")");
+    tag::kComm.fail(kind, ": ", role, " ", peer, " must be another rank in [0, ", size, ")");
   }
 }
 
@@ -390,14 +391,14 @@ ProcessGroup::Op ProcessGroup::make_op(OpKind kind, const Tensor* data,
 void ProcessGroup::place(Op& op, const Tensor& first, const Tensor* second) {
   const Device device = first.device();
   if (second != nullptr && second->device() != device) {
-    fail("[comm] ", op.label.kind, ": the tensors are on two devices, ", first.str(), " and ",
-         second->str(), "; put both on one device");
+    tag::kComm.fail(op.label.kind, ": the tensors are on two devices, ", first.str(), " and ",
+                    second->str(), "; put both on one device");
   }
   const Device home = backend_->device();
   if (device != home) {
     if (!home.is_cpu() || !device.is_cuda()) {
-      fail("[comm] ", op.label.kind, ": the '", backend_->name(), "' backend of group '", name_,
-           "' moves tensors on ", home, ", got ", first.str());
+      tag::kComm.fail(op.label.kind, ": the '", backend_->name(), "' backend of group '", name_,
+                      "' moves tensors on ", home, ", got ", first.str());
     }
     std::call_once(staged_once_, [this] { staged_ = make_staging_backend(*backend_); });
     op.staged = true;
@@ -413,7 +414,7 @@ WorkPtr ProcessGroup::allreduce(const Tensor& input, Tensor& output, const Colle
   check_buffer("allreduce", "input", input);
   check_buffer("allreduce", "output", output);
   if (input.shape() != output.shape() || input.dtype() != output.dtype()) {
-    fail("[comm] allreduce: output ", output.str(), " must match input ", input.str());
+    tag::kComm.fail("allreduce: output ", output.str(), " must match input ", input.str());
   }
   check_avg("allreduce", o.op, input.dtype());
   Op op = make_op(OpKind::Allreduce, &input, o.op, std::nullopt, o.timeout);
@@ -455,8 +456,8 @@ WorkPtr ProcessGroup::all_gather(Tensor& output, const Tensor& input, const Coll
   check_buffer("all_gather", "input", input);
   check_buffer("all_gather", "output", output);
   if (output.dtype() != input.dtype() || output.numel() != input.numel() * size_) {
-    fail("[comm] all_gather: output must hold size x input elements of the same dtype (", size_,
-         " x ", input.numel(), " ", input.dtype(), "), got ", output.str());
+    tag::kComm.fail("all_gather: output must hold size x input elements of the same dtype (", size_,
+                    " x ", input.numel(), " ", input.dtype(), "), got ", output.str());
   }
   Op op = make_op(OpKind::AllGather, &input, std::nullopt, std::nullopt, o.timeout);
   place(op, input, &output);
@@ -471,8 +472,8 @@ WorkPtr ProcessGroup::reduce_scatter(Tensor& output, const Tensor& input,
   check_buffer("reduce_scatter", "input", input);
   check_buffer("reduce_scatter", "output", output);
   if (output.dtype() != input.dtype() || input.numel() != output.numel() * size_) {
-    fail("[comm] reduce_scatter: input must hold size x output elements of the same dtype (", size_,
-         " x ", output.numel(), " ", output.dtype(), "), got ", input.str());
+    tag::kComm.fail("reduce_scatter: input must hold size x output elements of the same dtype (",
+                    size_, " x ", output.numel(), " ", output.dtype(), "), got ", input.str());
   }
   check_avg("reduce_scatter", o.op, input.dtype());
   Op op = make_op(OpKind::ReduceScatter, &output, o.op, std::nullopt, o.timeout);
@@ -491,8 +492,8 @@ WorkPtr ProcessGroup::all_to_all(Tensor& output, const Tensor& input, const Coll
   check_buffer("all_to_all", "output", output);
   if (output.dtype() != input.dtype() || output.numel() != input.numel() ||
       input.numel() % size_ != 0) {
-    fail(
-        "[comm] all_to_all: input and output need the same dtype and a number of elements "
+    tag::kComm.fail(
+        "all_to_all: input and output need the same dtype and a number of elements "
         "divisible by the group size ",
         size_, "; got input ", input.str(), ", output ", output.str());
   }
@@ -606,7 +607,8 @@ std::shared_ptr<ProcessGroup> ProcessGroup::split(int color, int key) {
       ->wait();
   if (color < 0) return nullptr;
   if (*made == nullptr) {
-    fail("[comm] split: the '", backend_->name(), "' backend made no subgroup for color ", color);
+    tag::kComm.fail("split: the '", backend_->name(), "' backend made no subgroup for color ",
+                    color);
   }
   return std::shared_ptr<ProcessGroup>(
       new ProcessGroup(new_rank, new_size, store_, options, name, std::move(*made)));

@@ -2,6 +2,8 @@
 
 #include <cstdio>
 
+#include "core/tags.h"
+
 namespace loom::comm {
 
 std::string OpLabel::str() const {
@@ -57,7 +59,7 @@ void Work::wait(std::optional<Duration> timeout) {
     }
     waiters_.fetch_sub(1);
     if (!finished) {
-      throw CommError("[comm] " + description() + " did not complete within " +
+      throw CommError(tag::kComm.prefix() + description() + " did not complete within " +
                       duration_str(timeout.value_or(default_timeout_)));
     }
   }

@@ -9,6 +9,7 @@
 #include <sstream>
 #include <stdexcept>
 #include <string>
+#include <string_view>
 
 namespace loom {
 
@@ -72,5 +73,39 @@ template <typename... Parts>
   (out << ... << parts);
   throw Error(out.str());
 }
+
+// The tag that starts every message of one component, "[checkpoint] ...": the one way
+// messages are prefixed. Each component's Tag is declared once, in core/tags.h.
+//   tag::kCheckpoint.fail("no index in ", dir);  // loom::Error "[checkpoint] no index in ..."
+//   throw CommError(tag::kCommShm.message("peer ", peer, " died"), rank, peer);
+// A component named at run time (a strategy's registry name) is tagged the same way:
+//   Tag(name()).fail("setup_module before setup_environment()");
+class Tag {
+ public:
+  explicit constexpr Tag(std::string_view name) : name_(name) {}
+  constexpr std::string_view name() const { return name_; }
+  // "[name] "
+  std::string prefix() const {
+    std::string text = "[";  // built piecewise: GCC 12's -Wrestrict false positive
+    text += name_;
+    text += "] ";
+    return text;
+  }
+  // The prefix followed by the streamable parts.
+  template <typename... Parts>
+  std::string message(const Parts&... parts) const {
+    std::ostringstream out;
+    out << prefix();
+    (out << ... << parts);
+    return out.str();
+  }
+  template <typename... Parts>
+  [[noreturn]] void fail(const Parts&... parts) const {
+    throw Error(message(parts...));
+  }
+
+ private:
+  std::string_view name_;
+};
 
 }  // namespace loom

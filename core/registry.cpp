@@ -38,13 +38,13 @@ std::string closest_name(const std::string& name, const std::vector<std::string>
   return best;
 }
 
-void fail_unknown_name(const std::string& component, const std::string& kind,
-                       const std::string& name, const std::vector<std::string>& known) {
+void fail_unknown_name(const Tag& component, const std::string& kind, const std::string& name,
+                       const std::vector<std::string>& known) {
   std::string list;
   for (const std::string& n : known)
     list += (list.empty() ? "" : ", ") + n;
-  fail("[", component, "] unknown ", kind, " '", name, "'; did you mean '",
-       closest_name(name, known), "'? Available: ", list);
+  component.fail("unknown ", kind, " '", name, "'; did you mean '", closest_name(name, known),
+                 "'? Available: ", list);
 }
 
 }  // namespace loom

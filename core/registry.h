@@ -24,28 +24,28 @@ std::string closest_name(const std::string& name, const std::vector<std::string>
 
 // Throws loom::Error: "[component] unknown kind 'name'; did you mean 'x'? Available: a, b".
 // `known` is listed in the order given.
-[[noreturn]] void fail_unknown_name(const std::string& component, const std::string& kind,
+[[noreturn]] void fail_unknown_name(const Tag& component, const std::string& kind,
                                     const std::string& name, const std::vector<std::string>& known);
 
 template <typename Entry>
 class NamedRegistry {
  public:
-  // `component` tags messages ("[comm]"), `kind` names what is registered ("backend");
+  // `component` tags messages (tag::kComm), `kind` names what is registered ("backend");
   // `reserved` names are accepted elsewhere (a backend's "auto"): they cannot be registered
   // and are listed, after the registered names, when a name is unknown.
-  NamedRegistry(std::string component, std::string kind, std::vector<std::string> reserved = {})
-      : component_(std::move(component)), kind_(std::move(kind)), reserved_(std::move(reserved)) {}
+  NamedRegistry(Tag component, std::string kind, std::vector<std::string> reserved = {})
+      : component_(component), kind_(std::move(kind)), reserved_(std::move(reserved)) {}
 
   // Throws loom::Error for an empty or reserved name, an empty factory, or a name taken.
   void add(const std::string& name, Entry entry) {
-    if (name.empty()) fail("[", component_, "] cannot register a ", kind_, " with an empty name");
+    if (name.empty()) component_.fail("cannot register a ", kind_, " with an empty name");
     for (const std::string& r : reserved_) {
-      if (name == r) fail("[", component_, "] '", name, "' is reserved and cannot name a ", kind_);
+      if (name == r) component_.fail("'", name, "' is reserved and cannot name a ", kind_);
     }
-    if (!entry.factory) fail("[", component_, "] the factory of ", kind_, " '", name, "' is empty");
+    if (!entry.factory) component_.fail("the factory of ", kind_, " '", name, "' is empty");
     std::lock_guard lock(mutex_);
     if (!entries_.emplace(name, std::move(entry)).second) {
-      fail("[", component_, "] a ", kind_, " named '", name, "' is already registered");
+      component_.fail("a ", kind_, " named '", name, "' is already registered");
     }
   }
 
@@ -83,7 +83,7 @@ class NamedRegistry {
   }
 
  private:
-  const std::string component_;
+  const Tag component_;
   const std::string kind_;
   const std::vector<std::string> reserved_;
   mutable std::mutex mutex_;

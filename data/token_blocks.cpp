@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <numeric>
 
+#include "core/tags.h"
 #include "tensor/random.h"
 
 namespace loom::data {
@@ -10,19 +11,20 @@ namespace loom::data {
 TokenBlocks::TokenBlocks(std::vector<int32_t> tokens, int64_t batch, int64_t time, int64_t vocab,
                          bool shuffle, uint64_t seed)
     : tokens_(std::move(tokens)), batch_(batch), time_(time), shuffle_(shuffle), seed_(seed) {
-  if (batch <= 0 || time <= 0) fail("[train_gpt] batch and context must be positive");
+  if (batch <= 0 || time <= 0) tag::kTrainGpt.fail("batch and context must be positive");
   int64_t n = static_cast<int64_t>(tokens_.size());
   nblocks_ = n > 0 ? (n - 1) / (batch * time) : 0;
   if (nblocks_ == 0) {
-    fail("[train_gpt] the data holds ", n, " tokens; one block of batch ", batch, " x context ",
-         time, " needs at least ", batch * time + 1, " (use more data or a smaller --batch/--ctx)");
+    tag::kTrainGpt.fail("the data holds ", n, " tokens; one block of batch ", batch, " x context ",
+                        time, " needs at least ", batch * time + 1,
+                        " (use more data or a smaller --batch/--ctx)");
   }
   auto [smallest, largest] = std::minmax_element(tokens_.begin(), tokens_.end());
   auto outside = *smallest < 0 ? smallest : largest;
   if (*outside < 0 || *outside >= vocab) {
-    fail("[train_gpt] token ", *outside, " at offset ", outside - tokens_.begin(),
-         " is outside the vocabulary of ", vocab,
-         " (data bytes are tokens: use --vocab 256 or more)");
+    tag::kTrainGpt.fail("token ", *outside, " at offset ", outside - tokens_.begin(),
+                        " is outside the vocabulary of ", vocab,
+                        " (data bytes are tokens: use --vocab 256 or more)");
   }
 }
 
@@ -30,8 +32,9 @@ int64_t TokenBlocks::block_index(int64_t step, int64_t rank, int64_t world) cons
   int64_t k = 0;
   if (step < 0 || world < 1 || rank < 0 || rank >= world ||
       __builtin_mul_overflow(step, world, &k) || __builtin_add_overflow(k, rank, &k)) {
-    fail("[train_gpt] no data block for step ", step, " of rank ", rank, " in a world of ", world,
-         "; expected step >= 0, 0 <= rank < world and step * world + rank below 2^63");
+    tag::kTrainGpt.fail(
+        "no data block for step ", step, " of rank ", rank, " in a world of ", world,
+        "; expected step >= 0, 0 <= rank < world and step * world + rank below 2^63");
   }
   if (!shuffle_) return k % nblocks_;
   int64_t epoch = k / nblocks_;
@@ -46,7 +49,7 @@ int64_t TokenBlocks::block_index(int64_t step, int64_t rank, int64_t world) cons
 }
 
 Batch TokenBlocks::block(int64_t k) const {
-  if (k < 0) fail("[train_gpt] data block ", k, " asked for; expected a block index >= 0");
+  if (k < 0) tag::kTrainGpt.fail("data block ", k, " asked for; expected a block index >= 0");
   int64_t count = batch_ * time_;
   int64_t start = (k % nblocks_) * count;
   std::vector<int64_t> inputs(tokens_.begin() + start, tokens_.begin() + start + count);

@@ -5,6 +5,8 @@
 #include <regex>
 #include <set>
 
+#include "core/tags.h"
+
 namespace loom::nn {
 
 namespace {
@@ -29,9 +31,9 @@ std::optional<int64_t> recorded_heads(const safetensors::Metadata& metadata, int
   if (heads == metadata.end()) return std::nullopt;
   const std::optional<int64_t> value = integer_in(heads->second, 1, embd);
   if (!value || embd % *value != 0) {
-    fail("[train_gpt] checkpoint metadata 'loom.heads' is '", heads->second,
-         "'; expected the number of attention heads: an integer from 1 to ", embd,
-         " that divides the embedding width ", embd);
+    tag::kTrainGpt.fail("checkpoint metadata 'loom.heads' is '", heads->second,
+                        "'; expected the number of attention heads: an integer from 1 to ", embd,
+                        " that divides the embedding width ", embd);
   }
   return value;
 }
@@ -47,17 +49,17 @@ int64_t block_count(const StateDict& state) {
     if (!std::regex_match(name, m, block)) continue;
     const std::optional<int64_t> index = integer_in(m[1].str(), 0, largest);
     if (!index) {
-      fail("[train_gpt] checkpoint tensor '", name, "' has block index ", m[1].str(),
-           "; expected h.N with N from 0 to ", largest, " (the file holds ", state.size(),
-           " tensors)");
+      tag::kTrainGpt.fail("checkpoint tensor '", name, "' has block index ", m[1].str(),
+                          "; expected h.N with N from 0 to ", largest, " (the file holds ",
+                          state.size(), " tensors)");
     }
     seen.insert(*index);
   }
   const int64_t count = seen.empty() ? 0 : *seen.rbegin() + 1;
   for (int64_t n = 0; n < count; ++n) {
     if (seen.count(n) == 0) {
-      fail("[train_gpt] checkpoint has tensors of block h.", count - 1, " but none of block h.", n,
-           "; expected every block from h.0 to h.", count - 1);
+      tag::kTrainGpt.fail("checkpoint has tensors of block h.", count - 1, " but none of block h.",
+                          n, "; expected every block from h.0 to h.", count - 1);
     }
   }
   return count;
@@ -97,8 +99,9 @@ GPTConfig gpt_config_from_checkpoint(const safetensors::Contents& contents,
   auto need = [&](const std::string& name) -> const Tensor& {
     auto it = state.find(name);
     if (it == state.end() || it->second.dim() != 2) {
-      fail("[train_gpt] checkpoint has no 2-D '", name,
-           "'; expected a GPT-2 state (wte.weight [V, C], wpe.weight [T, C], h.N.*)");
+      tag::kTrainGpt.fail(
+          "checkpoint has no 2-D '", name,
+          "'; expected a GPT-2 state (wte.weight [V, C], wpe.weight [T, C], h.N.*)");
     }
     return it->second;
   };

@@ -4,6 +4,7 @@
 #include <cstring>
 
 #include "core/error.h"
+#include "core/tags.h"
 #include "tensor/autograd/function.h"
 #include "tensor/ops.h"
 
@@ -13,8 +14,8 @@ Tensor take_split(const Tensor& full, const TensorParallelSplit& split, int rank
   if (!split.split()) return full.contiguous();
   const int64_t extent = full.size(split.dim);
   if (extent % (split.blocks * size) != 0) {
-    fail("[tp] dimension ", split.dim, " of ", full.str(), " does not split into ", split.blocks,
-         " block(s) over ", size, " ranks");
+    tag::kTp.fail("dimension ", split.dim, " of ", full.str(), " does not split into ",
+                  split.blocks, " block(s) over ", size, " ranks");
   }
   const int64_t block = extent / split.blocks, part = block / size;
   std::vector<Tensor> parts;
@@ -35,7 +36,7 @@ Tensor join_splits(const std::vector<Tensor>& parts, const TensorParallelSplit& 
 
 Tensor vocab_parallel_embedding(const Tensor& ids, const Tensor& weight, int64_t first) {
   if (weight.dtype() != DType::F32 || !weight.device().is_cpu())
-    fail("[tp] vocab_parallel_embedding: f32 CPU weights only, got ", weight.str());
+    tag::kTp.fail("vocab_parallel_embedding: f32 CPU weights only, got ", weight.str());
   const Tensor index = ids.to(DType::I64).contiguous();
   const int64_t rows = weight.size(0), width = weight.size(1);
   autograd::CustomOp op{
@@ -76,7 +77,7 @@ Tensor vocab_parallel_embedding(const Tensor& ids, const Tensor& weight, int64_t
 Tensor parallel_cross_entropy(const Tensor& logits, const Tensor& targets, int64_t first,
                               const TensorParallelGroup& group) {
   if (logits.dtype() != DType::F32 || logits.dim() != 2)
-    fail("[tp] parallel_cross_entropy: f32 logits [N, vocab part], got ", logits.str());
+    tag::kTp.fail("parallel_cross_entropy: f32 logits [N, vocab part], got ", logits.str());
   const Tensor target = targets.to(DType::I64).contiguous().reshape({-1});
   const int64_t n = logits.size(0), cols = logits.size(1);
   const TensorParallelGroup* tp = &group;

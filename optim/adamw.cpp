@@ -3,6 +3,7 @@
 #include <cmath>
 #include <utility>
 
+#include "core/tags.h"
 #include "kernels/cpu/optimizer_steps.h"
 
 #if LOOM_WITH_CUDA
@@ -15,16 +16,16 @@ namespace loom::optim {
 namespace {
 
 const AdamWOptions& checked(const AdamWOptions& o) {
-  if (!(std::isfinite(o.lr) && o.lr >= 0.0)) fail("[optim] AdamW: invalid lr ", o.lr);
+  if (!(std::isfinite(o.lr) && o.lr >= 0.0)) tag::kOptim.fail("AdamW: invalid lr ", o.lr);
   if (!(o.beta1 >= 0.0 && o.beta1 < 1.0)) {
-    fail("[optim] AdamW: invalid beta1 ", o.beta1, "; expected 0 <= beta1 < 1");
+    tag::kOptim.fail("AdamW: invalid beta1 ", o.beta1, "; expected 0 <= beta1 < 1");
   }
   if (!(o.beta2 >= 0.0 && o.beta2 < 1.0)) {
-    fail("[optim] AdamW: invalid beta2 ", o.beta2, "; expected 0 <= beta2 < 1");
+    tag::kOptim.fail("AdamW: invalid beta2 ", o.beta2, "; expected 0 <= beta2 < 1");
   }
-  if (!(std::isfinite(o.eps) && o.eps >= 0.0)) fail("[optim] AdamW: invalid eps ", o.eps);
+  if (!(std::isfinite(o.eps) && o.eps >= 0.0)) tag::kOptim.fail("AdamW: invalid eps ", o.eps);
   if (!(std::isfinite(o.weight_decay) && o.weight_decay >= 0.0)) {
-    fail("[optim] AdamW: invalid weight_decay ", o.weight_decay);
+    tag::kOptim.fail("AdamW: invalid weight_decay ", o.weight_decay);
   }
   return o;
 }
@@ -115,8 +116,8 @@ bool AdamW::has_state(const Tensor& param) const {
 const AdamW::State& AdamW::state_of(const Tensor& param) const {
   auto it = param.defined() ? state_.find(param.impl_ptr().get()) : state_.end();
   if (it == state_.end()) {
-    fail("[optim] AdamW: no state for ", param.str(),
-         "; state is created at a parameter's first update");
+    tag::kOptim.fail("AdamW: no state for ", param.str(),
+                     "; state is created at a parameter's first update");
   }
   return it->second;
 }
@@ -143,14 +144,14 @@ bool AdamW::import_param_state(const Tensor& param, const std::string& name, con
   State& s = state_[param.impl_ptr().get()];
   s.param = param;
   if (name == "step") {
-    if (value.numel() != 1) fail("[optim] AdamW: load_state_dict: step must be a scalar");
+    if (value.numel() != 1) tag::kOptim.fail("AdamW: load_state_dict: step must be a scalar");
     s.step = static_cast<int64_t>(value.item());
     return true;
   }
   if (name != "exp_avg" && name != "exp_avg_sq") return false;
   if (value.dtype() != param.dtype() || value.shape() != param.shape()) {
-    fail("[optim] AdamW: load_state_dict: ", name, " is ", value.str(), " but the parameter is ",
-         param.str());
+    tag::kOptim.fail("AdamW: load_state_dict: ", name, " is ", value.str(),
+                     " but the parameter is ", param.str());
   }
   (name == "exp_avg" ? s.exp_avg : s.exp_avg_sq) = state_copy(param, value);
   return true;
@@ -159,8 +160,8 @@ bool AdamW::import_param_state(const Tensor& param, const std::string& name, con
 void AdamW::check_loaded_state() const {
   for (const auto& [key, s] : state_) {
     if (!s.exp_avg.defined() || !s.exp_avg_sq.defined() || s.step <= 0) {
-      fail("[optim] AdamW: load_state_dict: incomplete state for ", s.param.str(),
-           "; expected exp_avg, exp_avg_sq and a positive step");
+      tag::kOptim.fail("AdamW: load_state_dict: incomplete state for ", s.param.str(),
+                       "; expected exp_avg, exp_avg_sq and a positive step");
     }
   }
 }

@@ -3,6 +3,7 @@
 #include <cmath>
 #include <type_traits>
 
+#include "core/tags.h"
 #include "kernels/cpu/exact_square_sum.h"
 #include "kernels/cpu/optimizer_steps.h"
 #include "tensor/ops.h"
@@ -39,8 +40,8 @@ void check_grad(const Tensor& grad, size_t index) {
                              ? grad.dtype() == DType::F32 || grad.dtype() == DType::F64
                              : grad.dtype() == DType::F32 || grad.dtype() == DType::BF16;
   if (!supported_dtype || !grad.is_contiguous()) {
-    fail("[optim] clip_grad_norm: gradient of parameter ", index, " is ", grad.str(),
-         "; supported: contiguous f32 or f64 tensors on the CPU, f32 or bf16 on CUDA");
+    tag::kOptim.fail("clip_grad_norm: gradient of parameter ", index, " is ", grad.str(),
+                     "; supported: contiguous f32 or f64 tensors on the CPU, f32 or bf16 on CUDA");
   }
 }
 
@@ -54,8 +55,8 @@ std::vector<double> cuda_two_norms(const std::vector<Tensor>& grads) {
   for (size_t i = 0; i < grads.size(); ++i) {
     const Tensor& g = grads[i];
     if (g.device() != device) {
-      fail("[optim] grad_norm: gradients on ", device, " and ", g.device(),
-           "; CUDA gradients must all be on one device");
+      tag::kOptim.fail("grad_norm: gradients on ", device, " and ", g.device(),
+                       "; CUDA gradients must all be on one device");
     }
     Tensor scratch = detail::workspace(device, kernels::cuda::reduce_workspace_bytes(g.numel()));
     kernels::cuda::sum_of_squares(g.dtype(), g.raw_data(), g.numel(), squares.data<float>() + i,
@@ -71,7 +72,7 @@ std::vector<double> cuda_two_norms(const std::vector<Tensor>& grads) {
 
 double grad_norm(const std::vector<Tensor>& params, double norm_type) {
   if (!(norm_type > 0.0)) {
-    fail("[optim] grad_norm: norm_type ", norm_type, " is not supported; expected > 0 or inf");
+    tag::kOptim.fail("grad_norm: norm_type ", norm_type, " is not supported; expected > 0 or inf");
   }
   // Per-parameter norms, then the norm of those (torch stacks them and takes the norm again).
   // CUDA gradients: 2-norms on the device (one copy back for all), other norms on the CPU.
@@ -121,8 +122,8 @@ double clip_grads_to_norm(const std::vector<Tensor>& params, double max_norm, do
                           double norm_type, bool error_if_nonfinite) {
   if (!std::isfinite(total)) {
     if (error_if_nonfinite) {
-      fail("[optim] clip_grad_norm: the total norm of order ", norm_type,
-           " of the gradients is non-finite (", total, "), so they cannot be clipped");
+      tag::kOptim.fail("clip_grad_norm: the total norm of order ", norm_type,
+                       " of the gradients is non-finite (", total, "), so they cannot be clipped");
     }
     return total;
   }

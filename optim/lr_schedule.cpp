@@ -3,12 +3,14 @@
 #include <cmath>
 #include <numbers>
 
+#include "core/tags.h"
+
 namespace loom::optim {
 
 namespace {
 
 void check_step(int64_t step) {
-  if (step < 0) fail("[optim] lr schedule: step ", step, " is negative; steps are 0-based");
+  if (step < 0) tag::kOptim.fail("lr schedule: step ", step, " is negative; steps are 0-based");
 }
 
 }  // namespace
@@ -23,7 +25,7 @@ void set_lr(Optimizer& optimizer, double lr) {
 }
 
 ConstantSchedule::ConstantSchedule(double lr) : lr_(lr) {
-  if (!(std::isfinite(lr) && lr >= 0.0)) fail("[optim] ConstantSchedule: invalid lr ", lr);
+  if (!(std::isfinite(lr) && lr >= 0.0)) tag::kOptim.fail("ConstantSchedule: invalid lr ", lr);
 }
 
 double ConstantSchedule::lr_at(int64_t step) const {
@@ -35,12 +37,12 @@ WarmupCosineSchedule::WarmupCosineSchedule(double max_lr, int64_t warmup_steps, 
                                            double min_lr)
     : max_lr_(max_lr), warmup_steps_(warmup_steps), total_steps_(total_steps), min_lr_(min_lr) {
   if (!(warmup_steps >= 0 && warmup_steps <= total_steps)) {
-    fail("[optim] WarmupCosineSchedule: expected 0 <= warmup_steps <= total_steps, got ",
-         warmup_steps, " and ", total_steps);
+    tag::kOptim.fail("WarmupCosineSchedule: expected 0 <= warmup_steps <= total_steps, got ",
+                     warmup_steps, " and ", total_steps);
   }
   if (!(std::isfinite(max_lr) && std::isfinite(min_lr) && min_lr >= 0.0 && min_lr <= max_lr)) {
-    fail("[optim] WarmupCosineSchedule: expected 0 <= min_lr <= max_lr, got min_lr ", min_lr,
-         " and max_lr ", max_lr);
+    tag::kOptim.fail("WarmupCosineSchedule: expected 0 <= min_lr <= max_lr, got min_lr ", min_lr,
+                     " and max_lr ", max_lr);
   }
 }
 

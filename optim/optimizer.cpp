@@ -6,6 +6,8 @@
 #include <string_view>
 #include <utility>
 
+#include "core/tags.h"
+
 namespace loom::optim {
 
 namespace {
@@ -39,7 +41,8 @@ Tensor scalar_f64(double value) {
 }
 
 double read_scalar(const std::string& key, const Tensor& t) {
-  if (!t.defined() || t.numel() != 1) fail("[optim] load_state_dict: ", key, " must be a scalar");
+  if (!t.defined() || t.numel() != 1)
+    tag::kOptim.fail("load_state_dict: ", key, " must be a scalar");
   return t.item();
 }
 
@@ -69,7 +72,7 @@ Optimizer::Optimizer(std::vector<ParamGroup> groups, std::string name)
       ++count;
     }
   }
-  if (count == 0) fail("[optim] ", name_, ": got an empty parameter list");
+  if (count == 0) tag::kOptim.fail(name_, ": got an empty parameter list");
 }
 
 std::vector<ParamGroup> Optimizer::with_defaults(std::vector<ParamGroup> groups, double lr,
@@ -137,18 +140,19 @@ std::vector<Tensor> Optimizer::parameters() const {
 void Optimizer::check_group(size_t group) const {
   const ParamGroup& g = groups_.at(group);
   if (!(std::isfinite(g.lr) && g.lr >= 0.0)) {
-    fail("[optim] ", name_, ": group ", group, " has learning rate ", g.lr,
-         "; expected a finite value >= 0 (set ParamGroup::lr or the optimizer's default)");
+    tag::kOptim.fail(
+        name_, ": group ", group, " has learning rate ", g.lr,
+        "; expected a finite value >= 0 (set ParamGroup::lr or the optimizer's default)");
   }
   if (!(std::isfinite(g.weight_decay) && g.weight_decay >= 0.0)) {
-    fail("[optim] ", name_, ": group ", group, " has weight_decay ", g.weight_decay,
-         "; expected a finite value >= 0");
+    tag::kOptim.fail(name_, ": group ", group, " has weight_decay ", g.weight_decay,
+                     "; expected a finite value >= 0");
   }
 }
 
 std::string Optimizer::describe(size_t group, size_t index) const {
   std::ostringstream out;
-  out << "[optim] " << name_ << ": parameter " << index << " of group " << group << " ("
+  out << tag::kOptim.prefix() << name_ << ": parameter " << index << " of group " << group << " ("
       << groups_.at(group).params.at(index).str() << ")";
   return out.str();
 }
@@ -216,35 +220,35 @@ void Optimizer::load_state_dict(const std::map<std::string, Tensor>& state) {
       try {
         group = std::stoul(rest.substr(0, dot));
       } catch (const std::exception&) {
-        fail("[optim] ", name_, ": load_state_dict: malformed key ", key);
+        tag::kOptim.fail(name_, ": load_state_dict: malformed key ", key);
       }
       if (group >= groups_.size()) {
-        fail("[optim] ", name_, ": load_state_dict: ", key, " names group ", group,
-             " but the optimizer has ", groups_.size(), " groups");
+        tag::kOptim.fail(name_, ": load_state_dict: ", key, " names group ", group,
+                         " but the optimizer has ", groups_.size(), " groups");
       }
       if (field == "lr") {
         groups_[group].lr = read_scalar(key, value);
       } else if (field == "weight_decay") {
         groups_[group].weight_decay = read_scalar(key, value);
       } else {
-        fail("[optim] ", name_, ": load_state_dict: unknown key ", key);
+        tag::kOptim.fail(name_, ": load_state_dict: unknown key ", key);
       }
       continue;
     }
     if (!parse_state_key(key, group, index, name)) {
-      fail("[optim] ", name_, ": load_state_dict: unknown key ", key,
-           "; expected step_count, param_groups.<g>.<field> or state.<g>.<i>.<name>");
+      tag::kOptim.fail(name_, ": load_state_dict: unknown key ", key,
+                       "; expected step_count, param_groups.<g>.<field> or state.<g>.<i>.<name>");
     }
     if (group >= groups_.size() || index >= groups_[group].params.size()) {
-      fail("[optim] ", name_, ": load_state_dict: ", key,
-           " names a parameter this optimizer does not have");
+      tag::kOptim.fail(name_, ": load_state_dict: ", key,
+                       " names a parameter this optimizer does not have");
     }
     const Tensor& param = groups_[group].params[index];
     if (!value.defined() || !value.device().is_cpu()) {
-      fail("[optim] ", name_, ": load_state_dict: ", key, " must be a defined CPU tensor");
+      tag::kOptim.fail(name_, ": load_state_dict: ", key, " must be a defined CPU tensor");
     }
     if (!import_param_state(param, name, value)) {
-      fail("[optim] ", name_, ": load_state_dict: unknown state entry ", key);
+      tag::kOptim.fail(name_, ": load_state_dict: unknown state entry ", key);
     }
   }
   for (size_t g = 0; g < groups_.size(); ++g)

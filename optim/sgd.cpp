@@ -3,6 +3,7 @@
 #include <cmath>
 #include <utility>
 
+#include "core/tags.h"
 #include "kernels/cpu/optimizer_steps.h"
 
 #if LOOM_WITH_CUDA
@@ -16,18 +17,19 @@ namespace {
 
 const SGDOptions& checked(const SGDOptions& o) {
   if (!std::isnan(o.lr) && !(std::isfinite(o.lr) && o.lr >= 0.0)) {
-    fail("[optim] SGD: invalid lr ", o.lr);
+    tag::kOptim.fail("SGD: invalid lr ", o.lr);
   }
   if (!(std::isfinite(o.momentum) && o.momentum >= 0.0)) {
-    fail("[optim] SGD: invalid momentum ", o.momentum, "; expected >= 0");
+    tag::kOptim.fail("SGD: invalid momentum ", o.momentum, "; expected >= 0");
   }
-  if (!std::isfinite(o.dampening)) fail("[optim] SGD: invalid dampening ", o.dampening);
+  if (!std::isfinite(o.dampening)) tag::kOptim.fail("SGD: invalid dampening ", o.dampening);
   if (!(std::isfinite(o.weight_decay) && o.weight_decay >= 0.0)) {
-    fail("[optim] SGD: invalid weight_decay ", o.weight_decay);
+    tag::kOptim.fail("SGD: invalid weight_decay ", o.weight_decay);
   }
   if (o.nesterov && (o.momentum <= 0.0 || o.dampening != 0.0)) {
-    fail("[optim] SGD: Nesterov momentum requires momentum > 0 and dampening == 0 (got momentum ",
-         o.momentum, ", dampening ", o.dampening, ")");
+    tag::kOptim.fail(
+        "SGD: Nesterov momentum requires momentum > 0 and dampening == 0 (got momentum ",
+        o.momentum, ", dampening ", o.dampening, ")");
   }
   return o;
 }
@@ -35,8 +37,9 @@ const SGDOptions& checked(const SGDOptions& o) {
 std::vector<ParamGroup> with_required_lr(std::vector<ParamGroup> groups) {
   for (size_t g = 0; g < groups.size(); ++g) {
     if (std::isnan(groups[g].lr)) {
-      fail("[optim] SGD: group ", g,
-           " has no learning rate; set ParamGroup::lr or SGDOptions::lr (SGD has no default)");
+      tag::kOptim.fail(
+          "SGD: group ", g,
+          " has no learning rate; set ParamGroup::lr or SGDOptions::lr (SGD has no default)");
     }
   }
   return groups;
@@ -100,8 +103,8 @@ bool SGD::has_momentum_buffer(const Tensor& param) const {
 const Tensor& SGD::momentum_buffer(const Tensor& param) const {
   auto it = param.defined() ? state_.find(param.impl_ptr().get()) : state_.end();
   if (it == state_.end()) {
-    fail("[optim] SGD: no momentum buffer for ", param.str(),
-         "; it is created at a parameter's first update when momentum != 0");
+    tag::kOptim.fail("SGD: no momentum buffer for ", param.str(),
+                     "; it is created at a parameter's first update when momentum != 0");
   }
   return it->second.momentum_buffer;
 }
@@ -113,8 +116,8 @@ void SGD::export_param_state(const Tensor& param, std::map<std::string, Tensor>&
 bool SGD::import_param_state(const Tensor& param, const std::string& name, const Tensor& value) {
   if (name != "momentum_buffer") return false;
   if (value.dtype() != param.dtype() || value.shape() != param.shape()) {
-    fail("[optim] SGD: load_state_dict: momentum_buffer is ", value.str(), " but the parameter is ",
-         param.str());
+    tag::kOptim.fail("SGD: load_state_dict: momentum_buffer is ", value.str(),
+                     " but the parameter is ", param.str());
   }
   state_[param.impl_ptr().get()] = State{.param = param, .momentum_buffer = state_copy(param, value)};
   return true;

@@ -3,14 +3,15 @@
 #include <exception>
 #include <thread>
 
+#include "core/tags.h"
 #include "tensor/ops.h"
 
 namespace loom::strategies {
 
 DataParallelStrategy::DataParallelStrategy(StrategyOptions options) : Strategy(std::move(options)) {
   if (compute_dtype_ != DType::F32) {
-    fail("[dp] precision '", options_.precision,
-         "' is not supported by dp yet; use '32-true', or ddp with mixed precision");
+    tag::kDp.fail("precision '", options_.precision,
+                  "' is not supported by dp yet; use '32-true', or ddp with mixed precision");
   }
   const std::string& devices = options_.devices;
   if (devices == "auto") return;
@@ -21,13 +22,13 @@ DataParallelStrategy::DataParallelStrategy(StrategyOptions options) : Strategy(s
     used = 0;
   }
   if (used != devices.size() || replicas_ < 1) {
-    fail("[dp] --devices '", devices, "': expected 'auto' or a number of replicas >= 1");
+    tag::kDp.fail("--devices '", devices, "': expected 'auto' or a number of replicas >= 1");
   }
 }
 
 void DataParallelStrategy::setup_module(nn::Module& module) {
   if (root_device().is_cuda()) {
-    fail("[dp] replicas run on CPU threads; for GPUs use strategy 'ddp' (one process per GPU)");
+    tag::kDp.fail("replicas run on CPU threads; for GPUs use strategy 'ddp' (one process per GPU)");
   }
   Strategy::setup_module(module);
   copies_.clear();
@@ -39,16 +40,16 @@ void DataParallelStrategy::teardown() {
 
 Tensor DataParallelStrategy::forward_backward(const LossOfRows& loss_of_rows, int64_t rows,
                                               double scale) {
-  if (module_ == nullptr) fail("[dp] forward_backward before setup_module()");
-  if (rows < 1) fail("[dp] forward_backward over ", rows, " rows; expected at least 1");
+  if (module_ == nullptr) tag::kDp.fail("forward_backward before setup_module()");
+  if (rows < 1) tag::kDp.fail("forward_backward over ", rows, " rows; expected at least 1");
   const int64_t n = std::min<int64_t>(replicas_, rows);  // no replica gets an empty slice
   if (n > 1 && static_cast<int64_t>(copies_.size()) + 1 < n) {
     if (!factory_) {
-      fail("[dp] ", replicas_, " replicas but no replica factory: call set_replica_factory()");
+      tag::kDp.fail(replicas_, " replicas but no replica factory: call set_replica_factory()");
     }
     while (static_cast<int64_t>(copies_.size()) + 1 < replicas_) {
       copies_.push_back(factory_());
-      if (!copies_.back()) fail("[dp] the replica factory returned null");
+      if (!copies_.back()) tag::kDp.fail("the replica factory returned null");
     }
   }
   // Broadcast: the replicas start from the master's current weights, without gradients.

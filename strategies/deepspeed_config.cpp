@@ -10,6 +10,7 @@
 #include <nlohmann/json.hpp>
 
 #include "core/registry.h"
+#include "core/tags.h"
 
 namespace loom::strategies {
 
@@ -159,8 +160,9 @@ class Reader {
         std::vector<std::string> names;
         for (const Key& k : table)
           names.push_back(dotted(path, k.name));
-        fail("[deepspeed-config] ", source_, ": unknown key '", dotted(path, key),
-             "'; did you mean '", closest_name(dotted(path, key), names), "'?");
+        tag::kDeepspeedConfig.fail(source_, ": unknown key '", dotted(path, key),
+                                   "'; did you mean '", closest_name(dotted(path, key), names),
+                                   "'?");
       }
       if (known->use == Use::Section) check(value, dotted(path, key));
       if (known->use != Use::Ignored) continue;
@@ -173,8 +175,8 @@ class Reader {
   static bool is_auto(const json& v) { return v.is_string() && v.get<std::string>() == "auto"; }
 
   [[noreturn]] void wrong(const std::string& key, const std::string& expected, const json& got) {
-    fail("[deepspeed-config] ", source_, ": ", key.empty() ? "the top level" : key, ": expected ",
-         expected, ", got ", got.dump());
+    tag::kDeepspeedConfig.fail(source_, ": ", key.empty() ? "the top level" : key, ": expected ",
+                               expected, ", got ", got.dump());
   }
 
   std::optional<int64_t> integer(const json& object, const std::string& path,
@@ -243,12 +245,12 @@ DeepSpeedConfig parse_deepspeed_config(const std::string& json_text, const std::
     std::string reason = e.what();
     if (auto at = reason.find(": ", reason.find("column")); at != std::string::npos)
       reason = reason.substr(at + 2);
-    fail("[deepspeed-config] ", source, " is not valid JSON at line ", line, ", column ", column,
-         ": ", reason);
+    tag::kDeepspeedConfig.fail(source, " is not valid JSON at line ", line, ", column ", column,
+                               ": ", reason);
   } catch (const json::out_of_range& e) {  // a number past double's range, such as 1e400
     std::string reason = e.what();
     if (auto at = reason.find("] "); at != std::string::npos) reason = reason.substr(at + 2);
-    fail("[deepspeed-config] ", source, " is not valid JSON: ", reason);
+    tag::kDeepspeedConfig.fail(source, " is not valid JSON: ", reason);
   }
   DeepSpeedConfig config;
   Reader r(source, config);
@@ -287,15 +289,19 @@ DeepSpeedConfig parse_deepspeed_config(const std::string& json_text, const std::
       }
     }
     if (config.offload_param != "none" && config.stage.value_or(0) != 3) {
-      fail("[deepspeed-config] ", source, ": zero_optimization.offload_param needs stage 3 "
-           "(parameters sharded), got stage ", config.stage.value_or(0),
-           "; use offload_optimizer to offload master weights and optimizer state");
+      tag::kDeepspeedConfig.fail(
+          source,
+          ": zero_optimization.offload_param needs stage 3 "
+          "(parameters sharded), got stage ",
+          config.stage.value_or(0),
+          "; use offload_optimizer to offload master weights and optimizer state");
     }
   }
   const char* bf16_key = root.contains("bf16") ? "bf16" : "bfloat16";
   const bool bf16 = root.contains(bf16_key) && r.boolean(root[bf16_key], bf16_key, "enabled").value_or(false);
   const bool fp16 = root.contains("fp16") && r.boolean(root["fp16"], "fp16", "enabled").value_or(false);
-  if (bf16 && fp16) fail("[deepspeed-config] ", source, ": bf16 and fp16 are both enabled; pick one");
+  if (bf16 && fp16)
+    tag::kDeepspeedConfig.fail(source, ": bf16 and fp16 are both enabled; pick one");
   if (bf16) config.precision = "bf16-mixed";
   if (fp16) {
     config.precision = "16-mixed";
@@ -321,14 +327,15 @@ DeepSpeedConfig parse_deepspeed_config(const std::string& json_text, const std::
     const json params = o.value("params", json::object());
     const bool adam_w_mode = r.boolean(params, "optimizer.params", "adam_w_mode").value_or(true);
     if (r.boolean(params, "optimizer.params", "amsgrad").value_or(false))
-      fail("[deepspeed-config] ", source, ": optimizer.params.amsgrad is not supported by Loom's AdamW");
+      tag::kDeepspeedConfig.fail(source,
+                                 ": optimizer.params.amsgrad is not supported by Loom's AdamW");
     // A key of the other optimizer is a mistake worth naming.
     const std::string given = o["type"].get<std::string>();
     auto refuse = [&](std::initializer_list<const char*> keys, const char* owner) {
       for (const char* key : keys) {
         if (params.contains(key)) {
-          fail("[deepspeed-config] ", source, ": optimizer.params.", key, " belongs to ", owner,
-               ", not ", given, "; drop it or change optimizer.type");
+          tag::kDeepspeedConfig.fail(source, ": optimizer.params.", key, " belongs to ", owner,
+                                     ", not ", given, "; drop it or change optimizer.type");
         }
       }
     };
@@ -346,9 +353,10 @@ DeepSpeedConfig parse_deepspeed_config(const std::string& json_text, const std::
     }
     refuse({"momentum", "dampening", "nesterov"}, "SGD");
     if (type != "adamw" && !(type == "adam" && adam_w_mode)) {
-      fail("[deepspeed-config] ", source, ": optimizer.type '", given, "'",
-           type == "adam" ? " with adam_w_mode false (L2 weight decay) is not built" : " is unknown",
-           "; expected \"AdamW\", or \"Adam\" with adam_w_mode true");
+      tag::kDeepspeedConfig.fail(
+          source, ": optimizer.type '", given, "'",
+          type == "adam" ? " with adam_w_mode false (L2 weight decay) is not built" : " is unknown",
+          "; expected \"AdamW\", or \"Adam\" with adam_w_mode true");
     }
     opt.type = "AdamW";
     opt.eps = r.positive(params, "optimizer.params", "eps");
@@ -369,9 +377,9 @@ DeepSpeedConfig parse_deepspeed_config(const std::string& json_text, const std::
 
 DeepSpeedConfig load_deepspeed_config(const std::string& path) {
   if (std::filesystem::is_directory(path))
-    fail("[deepspeed-config] '", path, "' is a folder; give the JSON file in it");
+    tag::kDeepspeedConfig.fail("'", path, "' is a folder; give the JSON file in it");
   std::ifstream in(path);
-  if (!in) fail("[deepspeed-config] cannot read '", path, "': no such file or not readable");
+  if (!in) tag::kDeepspeedConfig.fail("cannot read '", path, "': no such file or not readable");
   std::string text{std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>()};
   return parse_deepspeed_config(text, path);
 }
@@ -380,20 +388,23 @@ std::string apply_deepspeed_config(const DeepSpeedConfig& config, StrategyOption
   if (config.offload_param == "nvme") {
     // One swap file holds both (docs/sharding.md): the optimizer's must be on NVMe as well.
     if (config.offload_optimizer != "nvme") {
-      fail("[deepspeed-config] offload_param device \"nvme\" needs offload_optimizer on "
-           "\"nvme\" too (Loom keeps parameter shards and optimizer state in one swap file)");
+      tag::kDeepspeedConfig.fail(
+          "offload_param device \"nvme\" needs offload_optimizer on "
+          "\"nvme\" too (Loom keeps parameter shards and optimizer state in one swap file)");
     }
     if (!config.param_nvme_path.empty() && config.param_nvme_path != config.nvme_path) {
-      fail("[deepspeed-config] offload_param.nvme_path '", config.param_nvme_path,
-           "' differs from offload_optimizer.nvme_path '", config.nvme_path,
-           "': Loom keeps both in one swap file; give them the same directory");
+      tag::kDeepspeedConfig.fail(
+          "offload_param.nvme_path '", config.param_nvme_path,
+          "' differs from offload_optimizer.nvme_path '", config.nvme_path,
+          "': Loom keeps both in one swap file; give them the same directory");
     }
     options.sharding.nvme_params = true;
   }
   if (config.offload_optimizer == "nvme") {
     if (config.nvme_path.empty()) {
-      fail("[deepspeed-config] offload_optimizer device \"nvme\" needs "
-           "offload_optimizer.nvme_path: a directory on a local disk for the swap file");
+      tag::kDeepspeedConfig.fail(
+          "offload_optimizer device \"nvme\" needs "
+          "offload_optimizer.nvme_path: a directory on a local disk for the swap file");
     }
     options.sharding.nvme_path = config.nvme_path;
   }
@@ -419,10 +430,11 @@ void check_deepspeed_batch_sizes(const DeepSpeedConfig& config, int64_t micro_ba
   const bool overflow = __builtin_mul_overflow(micro_batch, accumulation, &product) ||
                         __builtin_mul_overflow(product, int64_t{world_size}, &product);
   if (overflow || *config.train_batch_size != product) {
-    fail("[deepspeed-config] train_batch_size ", *config.train_batch_size,
-         " must equal train_micro_batch_size_per_gpu ", micro_batch,
-         " x gradient_accumulation_steps ", accumulation, " x world size ", world_size, " = ",
-         overflow ? std::string("more than 2^63 - 1") : std::to_string(product));
+    tag::kDeepspeedConfig.fail(
+        "train_batch_size ", *config.train_batch_size,
+        " must equal train_micro_batch_size_per_gpu ", micro_batch,
+        " x gradient_accumulation_steps ", accumulation, " x world size ", world_size, " = ",
+        overflow ? std::string("more than 2^63 - 1") : std::to_string(product));
   }
 }
 

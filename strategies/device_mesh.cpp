@@ -1,19 +1,20 @@
 #include "strategies/device_mesh.h"
 
 #include "core/error.h"
+#include "core/tags.h"
 
 namespace loom::strategies {
 
 DeviceMesh::DeviceMesh(std::shared_ptr<comm::ProcessGroup> group, Dims dims)
     : world_(std::move(group)), dims_(std::move(dims)) {
-  if (!world_) fail("[mesh] DeviceMesh needs a process group");
+  if (!world_) tag::kMesh.fail("DeviceMesh needs a process group");
   int product = 1;
   for (const auto& [name, size] : dims_) {
-    if (size < 1) fail("[mesh] dimension '", name, "' has size ", size, "; sizes are >= 1");
+    if (size < 1) tag::kMesh.fail("dimension '", name, "' has size ", size, "; sizes are >= 1");
     product *= size;
   }
   if (product != world_->size())
-    fail("[mesh] ", describe(), " holds ", product, " ranks, but the group has ", world_->size());
+    tag::kMesh.fail(describe(), " holds ", product, " ranks, but the group has ", world_->size());
   // Row-major coordinates of this rank.
   coords_.assign(dims_.size(), 0);
   int rest = world_->rank();
@@ -33,7 +34,7 @@ DeviceMesh::DeviceMesh(std::shared_ptr<comm::ProcessGroup> group, Dims dims)
 size_t DeviceMesh::index_of(const std::string& dim) const {
   for (size_t d = 0; d < dims_.size(); ++d)
     if (dims_[d].first == dim) return d;
-  fail("[mesh] ", describe(), " has no dimension '", dim, "'");
+  tag::kMesh.fail(describe(), " has no dimension '", dim, "'");
 }
 
 int DeviceMesh::size(const std::string& dim) const {
@@ -53,7 +54,7 @@ int DeviceMesh::rank_with(const std::map<std::string, int>& changes) const {
   for (const auto& [dim, value] : changes) {
     const size_t d = index_of(dim);
     if (value < 0 || value >= dims_[d].second)
-      fail("[mesh] coordinate ", value, " along '", dim, "' of ", describe());
+      tag::kMesh.fail("coordinate ", value, " along '", dim, "' of ", describe());
     coords[d] = value;
   }
   int rank = 0;
@@ -70,12 +71,12 @@ std::string DeviceMesh::describe() const {
 }
 
 int DeviceMesh::data_parallel_size(int world, int pp, int tp) {
-  if (pp < 1 || tp < 1) fail("[mesh] --pp and --tp are >= 1, got ", pp, " and ", tp);
+  if (pp < 1 || tp < 1) tag::kMesh.fail("--pp and --tp are >= 1, got ", pp, " and ", tp);
   const int per_replica = pp * tp;
   if (world % per_replica != 0) {
-    fail("[mesh] ", world, " rank(s) do not split into replicas of pp ", pp, " x tp ", tp, " = ",
-         per_replica, " ranks; world sizes that work are multiples of ", per_replica, " (",
-         per_replica, ", ", 2 * per_replica, ", ", 3 * per_replica, ", ...)");
+    tag::kMesh.fail(world, " rank(s) do not split into replicas of pp ", pp, " x tp ", tp, " = ",
+                    per_replica, " ranks; world sizes that work are multiples of ", per_replica,
+                    " (", per_replica, ", ", 2 * per_replica, ", ", 3 * per_replica, ", ...)");
   }
   return world / per_replica;
 }

@@ -4,6 +4,8 @@
 #include <charconv>
 #include <sstream>
 
+#include "core/tags.h"
+
 namespace loom::strategies {
 
 namespace {
@@ -27,15 +29,16 @@ DeviceSelection parse_devices(const std::string& devices, const Accelerator& acc
   int count = 0;
   if (parse_int(devices, count)) {
     if (count < 1) {
-      fail("[strategy] devices=", devices,
-           " is not valid; expected 'auto', a count >= 1, '-1' "
-           "(all) or device indices like '0,2'");
+      tag::kStrategy.fail("devices=", devices,
+                          " is not valid; expected 'auto', a count >= 1, '-1' "
+                          "(all) or device indices like '0,2'");
     }
     if (cpu) return {count, {}};
     if (count > visible) {
-      fail("[strategy] devices=", count, " but this process sees ", visible, " ",
-           accelerator.name(), " device(s) (after CUDA_VISIBLE_DEVICES); ask for at most ",
-           visible, " or use devices=auto");
+      tag::kStrategy.fail("devices=", count, " but this process sees ", visible, " ",
+                          accelerator.name(),
+                          " device(s) (after CUDA_VISIBLE_DEVICES); ask for at most ", visible,
+                          " or use devices=auto");
     }
     return first(count);
   }
@@ -45,25 +48,25 @@ DeviceSelection parse_devices(const std::string& devices, const Accelerator& acc
   while (std::getline(in, item, ',')) {
     int index = 0;
     if (!parse_int(item, index) || index < 0) {
-      fail("[strategy] devices='", devices,
-           "' is not valid; expected 'auto', a count, '-1' or "
-           "device indices like '0,2'");
+      tag::kStrategy.fail("devices='", devices,
+                          "' is not valid; expected 'auto', a count, '-1' or "
+                          "device indices like '0,2'");
     }
     if (std::find(indices.begin(), indices.end(), index) != indices.end())
-      fail("[strategy] devices='", devices, "' lists device ", index, " twice");
+      tag::kStrategy.fail("devices='", devices, "' lists device ", index, " twice");
     indices.push_back(index);
   }
   if (cpu) {
-    fail("[strategy] devices='", devices,
-         "' lists device indices, which select GPUs; with the "
-         "CPU accelerator pass a number of processes instead, e.g. devices=",
-         indices.size());
+    tag::kStrategy.fail("devices='", devices,
+                        "' lists device indices, which select GPUs; with the "
+                        "CPU accelerator pass a number of processes instead, e.g. devices=",
+                        indices.size());
   }
   for (int index : indices) {
     if (index >= visible) {
-      fail("[strategy] devices='", devices, "' names device ", index, ", but this process sees ",
-           visible, " ", accelerator.name(), " device(s), indices 0..", visible - 1,
-           " (after CUDA_VISIBLE_DEVICES)");
+      tag::kStrategy.fail("devices='", devices, "' names device ", index,
+                          ", but this process sees ", visible, " ", accelerator.name(),
+                          " device(s), indices 0..", visible - 1, " (after CUDA_VISIBLE_DEVICES)");
     }
   }
   return {static_cast<int>(indices.size()), indices};

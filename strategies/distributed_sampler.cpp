@@ -4,6 +4,7 @@
 #include <utility>
 
 #include "core/error.h"
+#include "core/tags.h"
 #include "tensor/random.h"
 
 namespace loom::strategies {
@@ -12,14 +13,14 @@ DistributedSampler::DistributedSampler(int64_t dataset_size, int num_replicas, i
                                        const DistributedSamplerOptions& options)
     : dataset_size_(dataset_size), num_replicas_(num_replicas), rank_(rank), options_(options) {
   if (dataset_size < 0) {
-    fail("[strategies/sampler] dataset_size must be >= 0, got ", dataset_size);
+    tag::kStrategiesSampler.fail("dataset_size must be >= 0, got ", dataset_size);
   }
   if (num_replicas < 1) {
-    fail("[strategies/sampler] num_replicas must be >= 1, got ", num_replicas);
+    tag::kStrategiesSampler.fail("num_replicas must be >= 1, got ", num_replicas);
   }
   if (rank < 0 || rank >= num_replicas) {
-    fail("[strategies/sampler] rank must be in [0, ", num_replicas - 1, "], got ", rank,
-         " (num_replicas ", num_replicas, ")");
+    tag::kStrategiesSampler.fail("rank must be in [0, ", num_replicas - 1, "], got ", rank,
+                                 " (num_replicas ", num_replicas, ")");
   }
   // torch: ceil((N - R) / R) when drop_last and R does not divide N, which is floor(N / R)
   // (0 when N < R); otherwise ceil(N / R).

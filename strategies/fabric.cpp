@@ -2,6 +2,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include "core/tags.h"
 #include "strategies/checkpoint/distributed_state.h"
 
 #include "tensor/ops.h"
@@ -35,7 +36,7 @@ void Fabric::setup_optimizer(optim::Optimizer& optimizer) {
 }
 
 void Fabric::backward(const Tensor& loss) {
-  if (module_ == nullptr) fail("[fabric] backward before setup_module()");
+  if (module_ == nullptr) tag::kFabric.fail("backward before setup_module()");
   const strategies::LossScaler* scaler = strategy_->loss_scaler();
   strategy_->backward(scaler != nullptr ? mul(loss, scaler->scale()) : loss);
 }
@@ -48,7 +49,7 @@ void Fabric::unscale_once() {
 double Fabric::clip_gradients(const nn::Module& module, double max_norm) {
   unscale_once();
   if (&module != module_) {
-    fail("[fabric] clip_gradients: the module is not the one passed to setup_module()");
+    tag::kFabric.fail("clip_gradients: the module is not the one passed to setup_module()");
   }
   return strategy_->clip_gradients(max_norm);
 }
@@ -82,7 +83,7 @@ std::map<std::string, Tensor> Fabric::load(const std::filesystem::path& path) {
 
 void Fabric::save(const std::filesystem::path& path, const State& state) {
   if (state.module == nullptr || state.module != module_)
-    fail("[fabric] save: State::module must be the module passed to setup_module()");
+    tag::kFabric.fail("save: State::module must be the module passed to setup_module()");
   std::map<std::string, Tensor> extra;
   for (const auto& [name, tensor] : state.tensors)
     extra.emplace("tensors." + name, tensor);
@@ -96,7 +97,7 @@ void Fabric::save(const std::filesystem::path& path, const State& state) {
 
 void Fabric::load(const std::filesystem::path& path, State& state) {
   if (state.module == nullptr || state.module != module_)
-    fail("[fabric] load: State::module must be the module passed to setup_module()");
+    tag::kFabric.fail("load: State::module must be the module passed to setup_module()");
   state.tensors = strategies::checkpoint::load_checkpoint(*strategy_, *module_, state.optimizer,
                                                           path, "tensors.");
 }
@@ -113,7 +114,7 @@ bool Fabric::is_global_zero() const {
 
 Fabric::NoBackwardSync Fabric::no_backward_sync(const nn::Module& module) {
   if (&module != module_)
-    fail("[fabric] no_backward_sync: the module was not set up with this Fabric");
+    tag::kFabric.fail("no_backward_sync: the module was not set up with this Fabric");
   return NoBackwardSync(*strategy_);
 }
 

@@ -16,6 +16,7 @@
 #include "comm/environment.h"
 #include "comm/error.h"
 #include "comm/launch/rank_group.h"
+#include "core/tags.h"
 
 extern char** environ;
 
@@ -124,8 +125,8 @@ std::string checked_backend(const std::string& requested, Device device) {
       requested == "auto" ? comm::resolve_auto_backend({.device = device}) : requested;
   comm::require_backend(backend);
   if (backend == "nccl" && !device.is_cuda()) {
-    fail("[launch] process group backend 'nccl' needs CUDA devices, but the ranks run on ", device,
-         "; use 'shm' (or 'auto') for ranks on the CPU");
+    tag::kLaunch.fail("process group backend 'nccl' needs CUDA devices, but the ranks run on ",
+                      device, "; use 'shm' (or 'auto') for ranks on the CPU");
   }
   return backend;
 }
@@ -142,7 +143,7 @@ void kill_started(comm::launch::RankGroup& started) {
 template <typename... Parts>
 [[noreturn]] void abandon(comm::launch::RankGroup& started, const Parts&... parts) {
   kill_started(started);
-  fail("[launch] ", parts...);
+  tag::kLaunch.fail(parts...);
 }
 
 // The rank `rank` of `world` as a re-execution of this program, with the launchers' rank
@@ -172,17 +173,18 @@ std::unique_ptr<comm::launch::RankProcess> spawn_rank(int rank, int world, uint1
     std::rethrow_exception(error);
   } catch (const CommError& e) {
     if (failed.empty()) throw;
-    fail("[launch] ", failed,
-         " while the ranks were setting up their process group (its own message is above); "
-         "rank 0 stopped the others (rank 0 saw: ",
-         e.what(), ")");
+    tag::kLaunch.fail(
+        failed,
+        " while the ranks were setting up their process group (its own message is above); "
+        "rank 0 stopped the others (rank 0 saw: ",
+        e.what(), ")");
   }
 }
 
 }  // namespace
 
 LocalJob::LocalJob(int world, LaunchMethod method, const LocalJobOptions& options) {
-  if (world < 1) fail("[launch] the number of ranks must be at least 1, got ", world);
+  if (world < 1) tag::kLaunch.fail("the number of ranks must be at least 1, got ", world);
   const comm::GroupOptions group_options{
       .backend = checked_backend(options.backend, options.device),
       .timeout = options.timeout,
@@ -196,7 +198,7 @@ LocalJob::LocalJob(int world, LaunchMethod method, const LocalJobOptions& option
     // Fork first (fork keeps only the calling thread, and the store server runs on one),
     // then serve, and tell the children the port through a pipe.
     int pipe_fds[2];
-    if (pipe(pipe_fds) != 0) fail("[launch] pipe failed: ", std::strerror(errno));
+    if (pipe(pipe_fds) != 0) tag::kLaunch.fail("pipe failed: ", std::strerror(errno));
     std::fflush(stdout);
     std::fflush(stderr);
     for (int r = 1; r < world; ++r) {
@@ -227,7 +229,8 @@ LocalJob::LocalJob(int world, LaunchMethod method, const LocalJobOptions& option
     } else {
       close(pipe_fds[1]);
       if (read(pipe_fds[0], &port, sizeof port) != sizeof port) {
-        std::fprintf(stderr, "[launch] rank %d: rank 0 did not send the store port\n", rank);
+        std::fprintf(stderr, "%srank %d: rank 0 did not send the store port\n",
+                     tag::kLaunch.prefix().c_str(), rank);
         _exit(1);
       }
       close(pipe_fds[0]);
@@ -284,7 +287,7 @@ void LocalJob::join(std::chrono::seconds grace) {
     watcher_.reset();
   }
   close_store();
-  if (!failure.empty()) fail("[launch] ", failure);
+  if (!failure.empty()) tag::kLaunch.fail(failure);
 }
 
 LocalJob::~LocalJob() {

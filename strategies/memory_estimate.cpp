@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <map>
 
+#include "core/tags.h"
 #include "strategies/ddp/ddp_strategy.h"
 #include "strategies/registry.h"
 #include "strategies/sharded/sharded_strategy.h"
@@ -153,10 +154,13 @@ MemoryEstimate sharded_estimate(const nn::Module& model, const sharded::Sharding
 MemoryEstimate estimate_memory(const nn::Module& model, const std::string& strategy,
                                int world_size, const StrategyOptions& options,
                                int states_per_parameter) {
-  if (world_size < 1) fail("[memory] estimate_memory: world_size must be >= 1, got ", world_size);
+  if (world_size < 1)
+    tag::kMemory.fail("estimate_memory: world_size must be >= 1, got ", world_size);
   if (states_per_parameter < 0) {
-    fail("[memory] estimate_memory: states_per_parameter must be >= 0 (AdamW 2, SGD with "
-         "momentum 1), got ", states_per_parameter);
+    tag::kMemory.fail(
+        "estimate_memory: states_per_parameter must be >= 0 (AdamW 2, SGD with "
+        "momentum 1), got ",
+        states_per_parameter);
   }
   // The registry applies the name's defaults (stage, offload, wrap policy) to the options.
   std::unique_ptr<Strategy> made = StrategyRegistry::get(strategy, options);
@@ -167,9 +171,9 @@ MemoryEstimate estimate_memory(const nn::Module& model, const std::string& strat
                       states_per_parameter);
   if (dynamic_cast<SingleDeviceStrategy*>(made.get()))
     return replicated(model, false, false, states_per_parameter);
-  fail("[memory] estimate_memory: no memory model for strategy '", strategy,
-       "'; estimates cover single_device, the ddp names and the sharded names "
-       "(deepspeed*, fsdp*)");
+  tag::kMemory.fail("estimate_memory: no memory model for strategy '", strategy,
+                    "'; estimates cover single_device, the ddp names and the sharded names "
+                    "(deepspeed*, fsdp*)");
 }
 
 }  // namespace loom::strategies

@@ -1,6 +1,7 @@
 #include "strategies/metric_sync.h"
 
 #include "core/error.h"
+#include "core/tags.h"
 #include "tensor/tensor.h"
 
 namespace loom::strategies {
@@ -15,7 +16,7 @@ comm::ReduceOp reduce_op_of(SyncOp op, int rank) {
     case SyncOp::Max: return comm::ReduceOp::Max;
     case SyncOp::Min: return comm::ReduceOp::Min;
   }
-  fail("[strategies/metric_sync] rank ", rank, ": unknown SyncOp ", static_cast<int>(op));
+  tag::kStrategiesMetricSync.fail("rank ", rank, ": unknown SyncOp ", static_cast<int>(op));
 }
 
 }  // namespace

@@ -1,12 +1,14 @@
 #include "strategies/model_averaging.h"
 
+#include "core/tags.h"
+
 namespace loom::strategies {
 
 PeriodicModelAverager::PeriodicModelAverager(int period, int warmup_steps)
     : period_(period), warmup_steps_(warmup_steps) {
-  if (period < 1) fail("[model_averaging] period must be at least 1, got ", period);
+  if (period < 1) tag::kModelAveraging.fail("period must be at least 1, got ", period);
   if (warmup_steps < 0)
-    fail("[model_averaging] warmup_steps must be at least 0, got ", warmup_steps);
+    tag::kModelAveraging.fail("warmup_steps must be at least 0, got ", warmup_steps);
 }
 
 void PeriodicModelAverager::average_parameters(const std::vector<Tensor>& params,
@@ -17,8 +19,8 @@ void PeriodicModelAverager::average_parameters(const std::vector<Tensor>& params
     works.reserve(params.size());
     for (size_t i = 0; i < params.size(); ++i) {
       if (!params[i].is_contiguous())
-        fail("[model_averaging] rank ", group.rank(), ": parameter ", i,
-             " is not contiguous; expected contiguous parameters");
+        tag::kModelAveraging.fail("rank ", group.rank(), ": parameter ", i,
+                                  " is not contiguous; expected contiguous parameters");
       Tensor p = params[i];
       works.push_back(group.allreduce(p, {.op = comm::ReduceOp::Avg}));
     }

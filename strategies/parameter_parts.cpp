@@ -3,14 +3,15 @@
 #include <cstring>
 
 #include "core/error.h"
+#include "core/tags.h"
 
 namespace loom::strategies {
 
 void copy_into_box(Tensor& target, const Shape& offsets, const Shape& sizes, const Tensor& values) {
   if (!target.is_contiguous() || !target.device().is_cpu() || target.dtype() != values.dtype() ||
       sizes.size() != static_cast<size_t>(target.dim()) || offsets.size() != sizes.size()) {
-    fail("[checkpoint] copy_into_box: a ", values.str(), " box of ", shape_str(sizes), " at ",
-         shape_str(offsets), " into ", target.str());
+    tag::kCheckpoint.fail("copy_into_box: a ", values.str(), " box of ", shape_str(sizes), " at ",
+                          shape_str(offsets), " into ", target.str());
   }
   const Tensor source = values.contiguous();
   const size_t dims = sizes.size();
@@ -50,9 +51,11 @@ OptimizerLayout optimizer_layout_of(const optim::Optimizer& optimizer, const Par
     for (const Tensor& p : group.params) {
       auto found = parts.find(p.impl_ptr().get());
       if (found == parts.end()) {
-        fail("[", who, "] the optimizer holds a tensor (", p.str(), ") that is not a parameter "
-             "of the set-up module; build the optimizer over module.parameters() and set it up "
-             "with the strategy");
+        Tag(who).fail(
+            "the optimizer holds a tensor (", p.str(),
+            ") that is not a parameter "
+            "of the set-up module; build the optimizer over module.parameters() and set it up "
+            "with the strategy");
       }
       layout.back().push_back(found->second);
     }

@@ -3,6 +3,7 @@
 #include <cstdint>
 
 #include "core/error.h"
+#include "core/tags.h"
 #include "tensor/shape.h"
 
 namespace loom::strategies {
@@ -38,8 +39,8 @@ void verify_same_parameters(const std::vector<std::pair<std::string, Tensor>>& n
   std::vector<int64_t> all = counts.to_vector<int64_t>();
   for (int64_t r = 0; r < world; ++r) {
     if (all[r] != all[0]) {
-      fail("[ddp] the models differ across ranks: rank 0 has ", all[0], " parameters, rank ", r,
-           " has ", all[r]);
+      tag::kDdp.fail("the models differ across ranks: rank 0 has ", all[0], " parameters, rank ", r,
+                     " has ", all[r]);
     }
   }
   std::vector<int64_t> mine;
@@ -52,9 +53,9 @@ void verify_same_parameters(const std::vector<std::pair<std::string, Tensor>>& n
   for (size_t i = 0; i < named.size(); ++i) {
     for (int64_t r = 0; r < world; ++r) {
       if (prints[r * named.size() + i] != mine[i]) {
-        fail("[ddp] the models differ across ranks: parameter ", i, " '", named[i].first, "' (",
-             shape_str(named[i].second.shape()), " ", named[i].second.dtype(), " on rank ",
-             group.rank(), ") has another name, shape or dtype on rank ", r);
+        tag::kDdp.fail("the models differ across ranks: parameter ", i, " '", named[i].first, "' (",
+                       shape_str(named[i].second.shape()), " ", named[i].second.dtype(),
+                       " on rank ", group.rank(), ") has another name, shape or dtype on rank ", r);
       }
     }
   }

@@ -1,6 +1,7 @@
 #include "strategies/plugins.h"
 
 #if LOOM_WITH_CUDA
+#include "core/tags.h"
 #include "tensor/cuda/device.h"
 #endif
 
@@ -12,25 +13,28 @@ CUDAAccelerator::CUDAAccelerator() {
 #if LOOM_WITH_CUDA
   visible_devices_ = cuda::device_count();
   if (visible_devices_ == 0) {
-    fail("[strategy] accelerator 'cuda': no usable GPU (", cuda::unavailable_reason(),
-         "); use accelerator 'cpu'");
+    tag::kStrategy.fail("accelerator 'cuda': no usable GPU (", cuda::unavailable_reason(),
+                        "); use accelerator 'cpu'");
   }
 #else
-  fail("[strategy] accelerator 'cuda' is not available in this build; configure with "
-       "-DLOOM_WITH_CUDA=ON on a machine with the CUDA toolkit, or use 'cpu'");
+  tag::kStrategy.fail(
+      "accelerator 'cuda' is not available in this build; configure with "
+      "-DLOOM_WITH_CUDA=ON on a machine with the CUDA toolkit, or use 'cpu'");
 #endif
 }
 
 CUDAAccelerator::CUDAAccelerator(int visible_devices) : visible_devices_(visible_devices) {
   if (visible_devices < 1)
-    fail("[strategy] accelerator 'cuda' with ", visible_devices, " visible GPUs: expected at least 1");
+    tag::kStrategy.fail("accelerator 'cuda' with ", visible_devices,
+                        " visible GPUs: expected at least 1");
 }
 
 void CUDAAccelerator::select(const std::vector<int>& indices) {
   for (int index : indices) {
     if (index < 0 || index >= visible_devices_) {
-      fail("[strategy] GPU index ", index, " is not visible: this process sees ", visible_devices_,
-           " GPU(s), indices 0..", visible_devices_ - 1, " (after CUDA_VISIBLE_DEVICES)");
+      tag::kStrategy.fail("GPU index ", index, " is not visible: this process sees ",
+                          visible_devices_, " GPU(s), indices 0..", visible_devices_ - 1,
+                          " (after CUDA_VISIBLE_DEVICES)");
     }
   }
   selected_ = indices;
@@ -44,7 +48,7 @@ Device CUDAAccelerator::device(int local_rank) const {
 std::shared_ptr<Accelerator> make_accelerator(const std::string& name) {
   if (name == "cpu" || name == "auto") return std::make_shared<CPUAccelerator>();
   if (name == "cuda" || name == "gpu") return std::make_shared<CUDAAccelerator>();
-  fail("[strategy] unknown accelerator '", name, "'; expected 'cpu', 'cuda' or 'auto'");
+  tag::kStrategy.fail("unknown accelerator '", name, "'; expected 'cpu', 'cuda' or 'auto'");
 }
 
 void SafetensorsCheckpointIO::save(const std::filesystem::path& path,

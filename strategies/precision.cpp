@@ -5,6 +5,7 @@
 #include <optional>
 
 #include "core/error.h"
+#include "core/tags.h"
 #include "tensor/ops.h"
 
 namespace loom::strategies {
@@ -30,10 +31,10 @@ void LossScaler::unscale(const std::vector<Tensor>& params) {
 
 void LossScaler::restore(const State& state) {
   if (!(state.scale > 0) || state.clean_steps < 0 || state.skipped < 0) {
-    fail("[precision] loss scaler state: scale ", state.scale, ", clean steps ", state.clean_steps,
-         ", skipped ", state.skipped,
-         "; expected a positive scale and "
-         "non-negative counts");
+    tag::kPrecision.fail("loss scaler state: scale ", state.scale, ", clean steps ",
+                         state.clean_steps, ", skipped ", state.skipped,
+                         "; expected a positive scale and "
+                         "non-negative counts");
   }
   scale_ = state.scale;
   clean_steps_ = state.clean_steps;
@@ -81,7 +82,8 @@ std::shared_ptr<Precision> make_precision(const std::string& name,
   if (name == "bf16-mixed")
     return std::make_shared<BuiltinPrecision>(name, DType::BF16, std::nullopt);
   if (name == "16-mixed") return std::make_shared<BuiltinPrecision>(name, DType::F16, scaler);
-  fail("[strategy] unknown precision '", name, "'; expected '32-true', 'bf16-mixed' or '16-mixed'");
+  tag::kStrategy.fail("unknown precision '", name,
+                      "'; expected '32-true', 'bf16-mixed' or '16-mixed'");
 }
 
 }  // namespace loom::strategies

@@ -1,6 +1,7 @@
 #include "strategies/registry.h"
 
 #include "core/registry.h"
+#include "core/tags.h"
 #include "strategies/data_parallel.h"
 #include "strategies/ddp/ddp_strategy.h"
 #include "strategies/pipeline/pipeline_strategy.h"
@@ -19,7 +20,7 @@ struct Entry {
 
 // The built-in strategies, added when the registry is first used.
 struct Registry : NamedRegistry<Entry> {
-  Registry() : NamedRegistry<Entry>("strategy", "strategy") {
+  Registry() : NamedRegistry<Entry>(tag::kStrategy, "strategy") {
     add("single_device",
         {[](const StrategyOptions& o) { return std::make_unique<SingleDeviceStrategy>(o); },
          "everything on one device in one process",

@@ -6,6 +6,7 @@
 #include <optional>
 
 #include "comm/backend_registry.h"
+#include "core/tags.h"
 #include "optim/clip_grad.h"
 #include "strategies/devices.h"
 #include "strategies/local_launch.h"
@@ -30,11 +31,12 @@ std::map<std::string, Tensor> Strategy::optimizer_state(const optim::Optimizer& 
 void Strategy::load_parameters(const std::map<std::string, Tensor>& state) {
   auto value_of = [&](const std::string& name, const Tensor& out) {
     auto found = state.find(name);
-    if (found == state.end()) fail("[", this->name(), "] load_parameters: no value for ", name);
+    if (found == state.end()) Tag(this->name()).fail("load_parameters: no value for ", name);
     const Tensor whole = found->second.to(Device::cpu()).contiguous();
     if (whole.dtype() != out.dtype()) {
-      fail("[", this->name(), "] load_parameters: ", name, " is ", whole.str(), "; the parameter is ",
-           dtype_name(out.dtype()));
+      Tag(this->name())
+          .fail("load_parameters: ", name, " is ", whole.str(), "; the parameter is ",
+                dtype_name(out.dtype()));
     }
     return whole;
   };
@@ -44,8 +46,9 @@ void Strategy::load_parameters(const std::map<std::string, Tensor>& state) {
              const Tensor whole = value_of(name, out);
              const Tensor flat = whole.reshape({whole.numel()});
              if (begin + out.numel() > flat.numel()) {
-               fail("[", this->name(), "] load_parameters: ", name, " is ", whole.str(),
-                    "; the parameter needs elements [", begin, ", ", begin + out.numel(), ")");
+               Tag(this->name())
+                   .fail("load_parameters: ", name, " is ", whole.str(),
+                         "; the parameter needs elements [", begin, ", ", begin + out.numel(), ")");
              }
              copy_(out, Tensor::make_view(flat, {out.numel()}, {1}, flat.offset() + begin));
            },
@@ -59,7 +62,7 @@ void Strategy::load_parameters(const std::map<std::string, Tensor>& state) {
 }
 
 std::vector<ParameterPart> Strategy::held_parameters() {
-  if (module_ == nullptr) fail("[", name(), "] held_parameters before setup_module(): no module");
+  if (module_ == nullptr) Tag(name()).fail("held_parameters before setup_module(): no module");
   std::vector<ParameterPart> parts;
   for (const auto& [name, p] : module_->named_parameters())
     parts.push_back({name, 0, p.detach().contiguous().reshape({p.numel()})});
@@ -67,7 +70,7 @@ std::vector<ParameterPart> Strategy::held_parameters() {
 }
 
 OptimizerLayout Strategy::optimizer_layout(const optim::Optimizer& optimizer) const {
-  if (module_ == nullptr) fail("[", name(), "] optimizer_layout before setup_module(): no module");
+  if (module_ == nullptr) Tag(name()).fail("optimizer_layout before setup_module(): no module");
   PartsByTensor parts;
   for (const auto& [name, p] : module_->named_parameters())
     parts[p.impl_ptr().get()] = {{name, 0, p.numel(), 0}};
@@ -75,7 +78,7 @@ OptimizerLayout Strategy::optimizer_layout(const optim::Optimizer& optimizer) co
 }
 
 void Strategy::load_parameter_parts(const ReadParameter& read) {
-  if (module_ == nullptr) fail("[", name(), "] loading parameters before setup_module(): no module");
+  if (module_ == nullptr) Tag(name()).fail("loading parameters before setup_module(): no module");
   NoGradGuard no_grad;
   for (auto& [name, p] : module_->named_parameters()) {
     Tensor host = Tensor::empty({p.numel()}, p.dtype(), Device::cpu());
@@ -89,11 +92,11 @@ Strategy::Strategy(StrategyOptions options) : options_(std::move(options)) {
   set_accelerator(make_accelerator(options_.accelerator));  // parses devices: errors now
   set_precision(make_precision(options_.precision, options_.loss_scaler));
   if (options_.num_nodes < 1)
-    fail("[strategy] num_nodes must be at least 1, got ", options_.num_nodes);
+    tag::kStrategy.fail("num_nodes must be at least 1, got ", options_.num_nodes);
 }
 
 Tensor Strategy::forward_backward(const LossOfRows& loss_of_rows, int64_t rows, double scale) {
-  if (module_ == nullptr) fail("[", name(), "] forward_backward before setup_module()");
+  if (module_ == nullptr) Tag(name()).fail("forward_backward before setup_module()");
   Tensor loss;
   {
     AutocastGuard autocast(compute_dtype_);
@@ -109,12 +112,12 @@ void Strategy::unscale_gradients() {
 }
 
 double Strategy::gradient_norm(double norm_type) {
-  if (module_ == nullptr) fail("[", name(), "] gradient_norm before setup_module()");
+  if (module_ == nullptr) Tag(name()).fail("gradient_norm before setup_module()");
   return optim::grad_norm(module_->parameters(), norm_type);
 }
 
 double Strategy::clip_gradients(double max_norm, double norm_type) {
-  if (module_ == nullptr) fail("[", name(), "] clip_gradients before setup_module()");
+  if (module_ == nullptr) Tag(name()).fail("clip_gradients before setup_module()");
   return optim::clip_grad_norm(module_->parameters(), max_norm, norm_type);
 }
 
@@ -136,7 +139,7 @@ Tensor Strategy::broadcast(Tensor tensor, int) {
 }
 
 void Strategy::set_accelerator(std::shared_ptr<Accelerator> accelerator) {
-  if (!accelerator) fail("[strategy] set_accelerator: null accelerator");
+  if (!accelerator) tag::kStrategy.fail("set_accelerator: null accelerator");
   DeviceSelection devices = parse_devices(options_.devices, *accelerator);
   accelerator->select(devices.indices);
   accelerator_ = std::move(accelerator);
@@ -144,13 +147,13 @@ void Strategy::set_accelerator(std::shared_ptr<Accelerator> accelerator) {
 }
 
 void Strategy::set_precision(std::shared_ptr<Precision> precision) {
-  if (!precision) fail("[strategy] set_precision: null precision");
+  if (!precision) tag::kStrategy.fail("set_precision: null precision");
   compute_dtype_ = precision->compute_dtype();
   scaler_ = precision->make_scaler();
 }
 
 void Strategy::set_checkpoint_io(std::shared_ptr<CheckpointIO> io) {
-  if (!io) fail("[strategy] set_checkpoint_io: null checkpoint I/O");
+  if (!io) tag::kStrategy.fail("set_checkpoint_io: null checkpoint I/O");
   checkpoint_io_ = std::move(io);
 }
 
@@ -200,7 +203,7 @@ int ParallelStrategy::world_size() const {
 }
 
 comm::ProcessGroup& ParallelStrategy::group_for(const char* what) const {
-  if (!group_) fail("[strategy] ", what, " before setup_environment(): no process group yet");
+  if (!group_) tag::kStrategy.fail(what, " before setup_environment(): no process group yet");
   return *group_;
 }
 

@@ -10,6 +10,7 @@
 #include <nlohmann/json.hpp>
 
 #include "core/error.h"
+#include "core/tags.h"
 
 namespace loom::strategies {
 
@@ -126,17 +127,17 @@ void Trace::write(const std::string& path, int rank) const {
   std::string tmp = path + ".tmp." + std::to_string(::getpid());
   {
     std::ofstream out(tmp, std::ios::trunc);
-    if (!out) fail("[trace] rank ", rank, ": cannot write the trace file '", tmp, "'");
+    if (!out) tag::kTrace.fail("rank ", rank, ": cannot write the trace file '", tmp, "'");
     out << doc.dump() << '\n';
     out.close();
     if (!out) {
       std::remove(tmp.c_str());
-      fail("[trace] rank ", rank, ": writing the trace file '", tmp, "' failed");
+      tag::kTrace.fail("rank ", rank, ": writing the trace file '", tmp, "' failed");
     }
   }
   if (std::rename(tmp.c_str(), path.c_str()) != 0) {
     std::remove(tmp.c_str());
-    fail("[trace] rank ", rank, ": cannot move the trace into place at '", path, "'");
+    tag::kTrace.fail("rank ", rank, ": cannot move the trace into place at '", path, "'");
   }
 }
 

@@ -8,6 +8,7 @@
 #include <vector>
 
 #include "core/error.h"
+#include "core/tags.h"
 
 #if LOOM_WITH_CUDA
 #include "tensor/cuda/caching_allocator.h"
@@ -107,7 +108,8 @@ class CpuAllocator final : public Allocator {
     const auto [alignment, rounded] = block_of(nbytes);
     void* ptr = rounded >= kCacheFrom ? take_cached(rounded, alignment) : nullptr;
     if (ptr == nullptr) ptr = std::aligned_alloc(alignment, rounded);
-    if (ptr == nullptr) fail("[tensor] cpu allocator: out of memory allocating ", nbytes, " bytes");
+    if (ptr == nullptr)
+      tag::kTensor.fail("cpu allocator: out of memory allocating ", nbytes, " bytes");
     record_allocation(nbytes);
     return ptr;
   }
@@ -175,9 +177,10 @@ Allocator& allocator_for(Device device) {
 #if LOOM_WITH_CUDA
   if (device.is_cuda()) return cuda::caching_allocator(device.index);
 #endif
-  fail("[tensor] no allocator for ", device,
-       ": this build has no CUDA support (configure with -DLOOM_WITH_CUDA=ON on a machine "
-       "with the CUDA toolkit)");
+  tag::kTensor.fail(
+      "no allocator for ", device,
+      ": this build has no CUDA support (configure with -DLOOM_WITH_CUDA=ON on a machine "
+      "with the CUDA toolkit)");
 }
 
 void register_allocator(DeviceType type, Allocator* allocator) {

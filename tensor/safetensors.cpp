@@ -21,6 +21,8 @@
 
 #include <nlohmann/json.hpp>
 
+#include "core/tags.h"
+
 namespace loom::safetensors {
 namespace {
 
@@ -39,7 +41,7 @@ constexpr std::string_view kInMemoryOrigin = "(in-memory buffer)";
 // Every message: "[safetensors] <file>: <problem>".
 template <typename... Parts>
 [[noreturn]] void fail_at(std::string_view origin, const Parts&... parts) {
-  fail("[safetensors] ", origin, ": ", parts...);
+  tag::kSafetensors.fail(origin, ": ", parts...);
 }
 
 std::string errno_text(int error) {
@@ -56,7 +58,7 @@ std::string_view format_dtype_name(DType dtype) {
     case DType::I32: return "I32";
     case DType::U8: return "U8";
   }
-  fail("[safetensors] dtype ", static_cast<int>(dtype), " has no safetensors name");
+  tag::kSafetensors.fail("dtype ", static_cast<int>(dtype), " has no safetensors name");
 }
 
 std::optional<DType> parse_format_dtype(std::string_view name) {

@@ -8,6 +8,7 @@
 #include "comm/algorithms/transport.h"
 #include "comm/reduce_op.h"
 #include "core/error.h"
+#include "core/tags.h"
 #include "kernels/cpu/reduce_ops.h"
 
 namespace loom::comm::algorithms::detail {
@@ -17,8 +18,9 @@ using kernels::cpu::ReduceKind;
 // The kernel that combines two buffers for `op`; rejects Avg on integer types.
 inline ReduceKind reduce_kind(ReduceOp op, DType type, const char* algorithm) {
   if (op == ReduceOp::Avg && !is_floating(type)) {
-    fail("[comm/algorithms] ", algorithm,
-         ": ReduceOp::Avg needs a floating type (f32, f64, bf16, f16), got ", dtype_name(type));
+    tag::kCommAlgorithms.fail(algorithm,
+                              ": ReduceOp::Avg needs a floating type (f32, f64, bf16, f16), got ",
+                              dtype_name(type));
   }
   return reduce_kind_of(op);
 }
@@ -27,16 +29,16 @@ inline ReduceKind reduce_kind(ReduceOp op, DType type, const char* algorithm) {
 inline void check_args(const Transport& transport, size_t count, const void* a, const void* b,
                        const char* algorithm) {
   check(transport.size() >= 1 && transport.rank() >= 0 && transport.rank() < transport.size(),
-        std::string("[comm/algorithms] ") + algorithm + ": transport has rank " +
+        tag::kCommAlgorithms.prefix() + algorithm + ": transport has rank " +
             std::to_string(transport.rank()) + " of size " + std::to_string(transport.size()));
-  check(count == 0 || (a != nullptr && b != nullptr), std::string("[comm/algorithms] ") +
-                                                          algorithm + ": null buffer with count " +
+  check(count == 0 || (a != nullptr && b != nullptr), tag::kCommAlgorithms.prefix() + algorithm +
+                                                          ": null buffer with count " +
                                                           std::to_string(count));
 }
 
 inline void check_root(const Transport& transport, int root, const char* algorithm) {
   check(root >= 0 && root < transport.size(),
-        std::string("[comm/algorithms] ") + algorithm + ": root " + std::to_string(root) +
+        tag::kCommAlgorithms.prefix() + algorithm + ": root " + std::to_string(root) +
             " is not a rank of a group of size " + std::to_string(transport.size()));
 }
 

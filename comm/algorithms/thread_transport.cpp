@@ -6,20 +6,22 @@
 #include <thread>
 
 #include "core/error.h"
+#include "core/tags.h"
 
 namespace loom::comm {
 
 namespace {
 
 std::string prefix(int rank) {
-  return "[comm/thread] rank " + std::to_string(rank) + ": ";
+  return tag::kCommThread.prefix() + "rank " + std::to_string(rank) + ": ";
 }
 
 }  // namespace
 
 ThreadFabric::ThreadFabric(int size)
     : size_(size), closed_(std::make_unique<std::atomic<bool>[]>(static_cast<size_t>(size))) {
-  check(size >= 1, "[comm/thread] a fabric needs at least one rank, got " + std::to_string(size));
+  check(size >= 1, tag::kCommThread.prefix() + "a fabric needs at least one rank, got " +
+                       std::to_string(size));
   for (int r = 0; r < size; ++r) {
     inboxes_.push_back(std::make_unique<Inbox>());
     inboxes_.back()->from.resize(static_cast<size_t>(size));
@@ -29,10 +31,10 @@ ThreadFabric::ThreadFabric(int size)
 
 ThreadTransport::ThreadTransport(std::shared_ptr<ThreadFabric> fabric, int rank)
     : fabric_(std::move(fabric)), rank_(rank) {
-  check(fabric_ != nullptr, "[comm/thread] ThreadTransport needs a fabric");
-  check(rank >= 0 && rank < fabric_->size(), "[comm/thread] rank " + std::to_string(rank) +
-                                                 " is outside a fabric of size " +
-                                                 std::to_string(fabric_->size()));
+  check(fabric_ != nullptr, tag::kCommThread.prefix() + "ThreadTransport needs a fabric");
+  check(rank >= 0 && rank < fabric_->size(),
+        tag::kCommThread.prefix() + "rank " + std::to_string(rank) +
+            " is outside a fabric of size " + std::to_string(fabric_->size()));
 }
 
 ThreadTransport::~ThreadTransport() {

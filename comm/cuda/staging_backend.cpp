@@ -7,6 +7,7 @@
 
 #include "comm/cuda/event_wait.h"
 #include "comm/cuda_support.h"
+#include "core/tags.h"
 #include "kernels/cuda/check.h"
 #include "tensor/cuda/device.h"
 #include "tensor/cuda/stream.h"
@@ -64,7 +65,7 @@ void StagingBackend::copy(void* dst, const void* src, size_t bytes, int device, 
   cuda::Event copied;
   copied.record(stream);
   if (!wait_event(copied, deadline)) {
-    throw CommError("[comm/staging] rank " + std::to_string(rank()) + ": copying " +
+    throw CommError(tag::kCommStaging.prefix() + "rank " + std::to_string(rank()) + ": copying " +
                         std::to_string(bytes) + " bytes of a CUDA tensor " +
                         (to_host ? "to" : "from") + " pinned host memory for " + op +
                         " did not finish by the deadline (is the stream of cuda:" +

@@ -109,11 +109,11 @@ RankProcess::RankProcess(const RankSpec& spec)
   int out[2] = {-1, -1}, err[2] = {-1, -1};
   ChildStdio stdio;
   if (spec.capture_output) {
-    if (::pipe2(out, O_CLOEXEC) != 0) fail("[", spec.tool, "] pipe: ", std::strerror(errno));
+    if (::pipe2(out, O_CLOEXEC) != 0) Tag(spec.tool).fail("pipe: ", std::strerror(errno));
     if (::pipe2(err, O_CLOEXEC) != 0) {
       ::close(out[0]);
       ::close(out[1]);
-      fail("[", spec.tool, "] pipe: ", std::strerror(errno));
+      Tag(spec.tool).fail("pipe: ", std::strerror(errno));
     }
     stdio = {out[1], err[1], ::open("/dev/null", O_RDONLY | O_CLOEXEC)};
   }
@@ -133,7 +133,7 @@ RankProcess::RankProcess(const RankSpec& spec)
   if (pid < 0) {
     if (out[0] >= 0) ::close(out[0]);
     if (err[0] >= 0) ::close(err[0]);
-    fail("[", spec.tool, "] fork for rank ", spec.rank, ": ", std::strerror(fork_error));
+    Tag(spec.tool).fail("fork for rank ", spec.rank, ": ", std::strerror(fork_error));
   }
   if (own_group_) ::setpgid(pid, pid);  // also done by the child; whichever runs first wins
   pid_ = pid;

@@ -32,19 +32,19 @@ struct RankExit {
 };
 
 struct RankSpec {
-  int rank = 0;                   // for messages
-  std::string program;            // found on PATH unless it holds a '/'
-  std::vector<std::string> args;  // without argv[0]
-  std::vector<std::string> env;   // the whole environment, "NAME=value"
-  std::string tool = "loom";      // names the launcher in the child's messages
+  int rank = 0;                        // for messages
+  std::string program = {};            // found on PATH unless it holds a '/'
+  std::vector<std::string> args = {};  // without argv[0]
+  std::vector<std::string> env = {};   // the whole environment, "NAME=value"
+  std::string tool = "loom";           // names the launcher in the child's messages
   bool own_process_group = false;
   bool capture_output = false;  // stdout/stderr on pipes (the launcher relays them)
   // Runs in the child after fork, before exec, with signals as the launcher left them: only
   // what is safe after fork (async-signal-safe calls, CPU binding). Returns an errno-style
   // code; non-zero is reported on the rank's stderr as `in_child_failure` and the rank runs
   // anyway.
-  std::function<int()> in_child;
-  std::string in_child_failure;
+  std::function<int()> in_child = {};
+  std::string in_child_failure = {};
 };
 
 class RankProcess {

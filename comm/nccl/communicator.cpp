@@ -6,6 +6,7 @@
 #include <utility>
 
 #include "comm/nccl/nccl_check.h"
+#include "core/tags.h"
 
 namespace loom::comm::nccl {
 
@@ -145,8 +146,8 @@ void Communicator::abort() noexcept {
   ncclResult_t result = ncclCommAbort(std::exchange(comm_, nullptr));
   aborted_ = true;
   if (result != ncclSuccess) {
-    std::fprintf(stderr, "[loom] warning: %s: ncclCommAbort failed: %s\n", who_.c_str(),
-                 ncclGetErrorString(result));
+    std::fprintf(stderr, "%swarning: %s: ncclCommAbort failed: %s\n", tag::kLoom.prefix().c_str(),
+                 who_.c_str(), ncclGetErrorString(result));
   }
 }
 
@@ -162,8 +163,8 @@ void Communicator::close(Deadline deadline) noexcept {
   if (state != ncclSuccess) return abort();
   ncclResult_t result = ncclCommDestroy(std::exchange(comm_, nullptr));
   if (result != ncclSuccess) {
-    std::fprintf(stderr, "[loom] warning: %s: ncclCommDestroy failed: %s\n", who_.c_str(),
-                 ncclGetErrorString(result));
+    std::fprintf(stderr, "%swarning: %s: ncclCommDestroy failed: %s\n", tag::kLoom.prefix().c_str(),
+                 who_.c_str(), ncclGetErrorString(result));
   }
 }
 

@@ -9,6 +9,7 @@
 
 #include "comm/cuda/event_wait.h"
 #include "comm/nccl/nccl_check.h"
+#include "core/tags.h"
 #include "kernels/cuda/check.h"
 #include "tensor/cuda/caching_allocator.h"
 #include "tensor/cuda/device.h"
@@ -28,8 +29,8 @@ ncclDataType_t nccl_type(DType dtype) {
     case DType::I64: return ncclInt64;
     case DType::U8: return ncclUint8;
   }
-  fail("[comm/nccl] dtype ", dtype,
-       " has no NCCL equivalent (supported: f32, f64, bf16, f16, i32, i64, u8)");
+  tag::kCommNccl.fail("dtype ", dtype,
+                      " has no NCCL equivalent (supported: f32, f64, bf16, f16, i32, i64, u8)");
 }
 
 ncclRedOp_t nccl_op(ReduceOp op) {
@@ -40,7 +41,7 @@ ncclRedOp_t nccl_op(ReduceOp op) {
     case ReduceOp::Max: return ncclMax;
     case ReduceOp::Prod: return ncclProd;
   }
-  fail("[comm/nccl] reduce op ", static_cast<int>(op), " has no NCCL equivalent");
+  tag::kCommNccl.fail("reduce op ", static_cast<int>(op), " has no NCCL equivalent");
 }
 
 size_t count_of(const Tensor& t) {
@@ -48,7 +49,7 @@ size_t count_of(const Tensor& t) {
 }
 
 std::string describe(int rank, const std::string& group, int device) {
-  return "[comm/nccl] rank " + std::to_string(rank) + " (group '" + group +
+  return tag::kCommNccl.prefix() + "rank " + std::to_string(rank) + " (group '" + group +
          "', cuda:" + std::to_string(device) + ")";
 }
 
@@ -56,14 +57,14 @@ std::string describe(int rank, const std::string& group, int device) {
 // calling thread's current device (NCCL's own convention).
 int group_device(const BackendContext& context) {
   if (!cuda::is_available()) {
-    fail("[comm/nccl] rank ", context.rank,
-         ": the nccl backend needs a CUDA device: ", cuda::unavailable_reason());
+    tag::kCommNccl.fail("rank ", context.rank,
+                        ": the nccl backend needs a CUDA device: ", cuda::unavailable_reason());
   }
   if (context.device) {
     if (!context.device->is_cuda()) {
-      fail("[comm/nccl] the nccl backend moves CUDA tensors, but group '", context.group_name,
-           "' was created for ", *context.device,
-           "; use backend 'shm' (or 'auto') for CPU tensors");
+      tag::kCommNccl.fail("the nccl backend moves CUDA tensors, but group '", context.group_name,
+                          "' was created for ", *context.device,
+                          "; use backend 'shm' (or 'auto') for CPU tensors");
     }
     cuda::check_device_index(context.device->index);
     return context.device->index;
@@ -94,10 +95,11 @@ ncclUniqueId exchange_unique_id(Store& store, int rank, Duration timeout, const 
 
 void check_tag(const char* op, int tag) {
   if (tag != 0) {
-    fail("[comm/nccl] ", op,
-         ": NCCL matches the messages between two ranks by their order and "
-         "has no tags; got tag ",
-         tag, " (use tag 0 and issue matching sends and receives in the same order)");
+    tag::kCommNccl.fail(op,
+                        ": NCCL matches the messages between two ranks by their order and "
+                        "has no tags; got tag ",
+                        tag,
+                        " (use tag 0 and issue matching sends and receives in the same order)");
   }
 }
 

@@ -4,6 +4,7 @@
 
 #include "comm/error.h"
 #include "core/error.h"
+#include "core/tags.h"
 
 namespace loom::comm::nccl::detail {
 
@@ -12,7 +13,7 @@ void throw_nccl_error(ncclResult_t result, ncclComm_t comm, const char* call, co
   int rank = -1;
   if (comm != nullptr && ncclCommUserRank(comm, &rank) != ncclSuccess) rank = -1;
   const char* last = ncclGetLastError(comm);
-  std::string message = "[comm/nccl] ";
+  std::string message = tag::kCommNccl.prefix();
   if (rank >= 0) message += "rank " + std::to_string(rank) + ": ";
   message += std::string(call) + " failed at " + file + ":" + std::to_string(line) + ": " +
              ncclGetErrorString(result);

@@ -7,6 +7,8 @@
 #include <fstream>
 #include <thread>
 
+#include "core/tags.h"
+
 namespace loom::comm::shm {
 
 bool process_alive(int64_t pid) {
@@ -32,7 +34,8 @@ void wait_slowly(const WaitScope& scope, const std::function<bool()>& ready,
   using namespace std::chrono;
   auto start = Clock::now();
   auto next_check = start;
-  const std::string prefix = "[comm/shm] rank " + std::to_string(scope.rank) + ": peer ";
+  const std::string prefix =
+      tag::kCommShm.prefix() + "rank " + std::to_string(scope.rank) + ": peer ";
   while (!ready()) {
     auto now = Clock::now();
     if (now >= next_check) {

@@ -15,6 +15,7 @@
 #include <utility>
 
 #include "comm/error.h"
+#include "core/tags.h"
 
 namespace loom::comm::shm {
 
@@ -27,7 +28,7 @@ std::string random_hex(size_t count) {
   while (got < count) {
     ssize_t n = getrandom(bytes + got, count - got, 0);
     if (n < 0 && errno != EINTR)
-      throw CommError("[comm/shm] getrandom failed: " + std::string(strerror(errno)));
+      throw CommError(tag::kCommShm.prefix() + "getrandom failed: " + std::string(strerror(errno)));
     if (n > 0) got += static_cast<size_t>(n);
   }
   static const char* hex = "0123456789abcdef";
@@ -48,7 +49,7 @@ const std::string& job_id_from_env() {
                          return std::isalnum(static_cast<unsigned char>(c)) != 0 || c == '_';
                        });
     if (!valid) {
-      throw CommError(std::string("[comm/shm] ") + kJobIdVariable + "='" + value +
+      throw CommError(tag::kCommShm.prefix() + kJobIdVariable + "='" + value +
                       "' is not a job id (at most 64 letters, digits or '_'; launchers set it)");
     }
     return value;
@@ -67,7 +68,7 @@ std::string random_name() {
 void* map(int fd, size_t bytes, const std::string& name) {
   void* data = mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
   if (data == MAP_FAILED) {
-    throw CommError("[comm/shm] mmap of " + name + " (" + std::to_string(bytes) +
+    throw CommError(tag::kCommShm.prefix() + "mmap of " + name + " (" + std::to_string(bytes) +
                     " bytes) failed: " + strerror(errno));
   }
   return data;
@@ -95,13 +96,15 @@ Segment Segment::create(size_t bytes) {
   Segment s;
   s.name_ = random_name();
   int fd = shm_open(s.name_.c_str(), O_CREAT | O_EXCL | O_RDWR, 0600);
-  if (fd < 0) throw CommError("[comm/shm] shm_open(" + s.name_ + ") failed: " + strerror(errno));
+  if (fd < 0)
+    throw CommError(tag::kCommShm.prefix() + "shm_open(" + s.name_ +
+                    ") failed: " + strerror(errno));
   s.owner_ = true;
   if (ftruncate(fd, static_cast<off_t>(bytes)) != 0) {
     int error = errno;
     close(fd);
     shm_unlink(s.name_.c_str());
-    throw CommError("[comm/shm] cannot size the segment to " + std::to_string(bytes) +
+    throw CommError(tag::kCommShm.prefix() + "cannot size the segment to " + std::to_string(bytes) +
                     " bytes: " + strerror(error) + " (is /dev/shm large enough?)");
   }
   try {
@@ -120,12 +123,13 @@ Segment Segment::open(const std::string& name, size_t bytes) {
   Segment s;
   s.name_ = name;
   int fd = shm_open(name.c_str(), O_RDWR, 0600);
-  if (fd < 0) throw CommError("[comm/shm] shm_open(" + name + ") failed: " + strerror(errno));
+  if (fd < 0)
+    throw CommError(tag::kCommShm.prefix() + "shm_open(" + name + ") failed: " + strerror(errno));
   struct stat st {};
   if (fstat(fd, &st) != 0 || static_cast<size_t>(st.st_size) != bytes) {
     close(fd);
-    throw CommError("[comm/shm] segment " + name + " has " + std::to_string(st.st_size) +
-                    " bytes, expected " + std::to_string(bytes) +
+    throw CommError(tag::kCommShm.prefix() + "segment " + name + " has " +
+                    std::to_string(st.st_size) + " bytes, expected " + std::to_string(bytes) +
                     " (ranks disagree on the group size)");
   }
   try {

@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "comm/reduce_op.h"
+#include "core/tags.h"
 
 namespace loom::comm::shm {
 
@@ -35,14 +36,15 @@ size_t tunable(const char* name, size_t fallback) {
   uint64_t value = 0;
   const auto [stop, ec] = std::from_chars(text, end, value);
   if (ec == std::errc::invalid_argument || stop != end) {
-    fail("[comm/shm] ", name, "='", text,
-         "' is not a number of bytes: expected decimal digits only (no sign, space or suffix), "
-         "from 1 to ",
-         kMaxTunableBytes, " (1 GiB)");
+    tag::kCommShm.fail(
+        name, "='", text,
+        "' is not a number of bytes: expected decimal digits only (no sign, space or suffix), "
+        "from 1 to ",
+        kMaxTunableBytes, " (1 GiB)");
   }
   if (ec == std::errc::result_out_of_range || value < 1 || value > kMaxTunableBytes) {
-    fail("[comm/shm] ", name, "=", text, " is out of range: expected 1 to ", kMaxTunableBytes,
-         " bytes (1 GiB)");
+    tag::kCommShm.fail(name, "=", text, " is out of range: expected 1 to ", kMaxTunableBytes,
+                       " bytes (1 GiB)");
   }
   return static_cast<size_t>(value);
 }
@@ -224,7 +226,7 @@ void ShmBackend::report_mismatch(int r, uint64_t round) const {
       break;
     }
   }
-  std::string message = "[comm/shm] rank " + std::to_string(rank_) + ": rank " +
+  std::string message = tag::kCommShm.prefix() + "rank " + std::to_string(rank_) + ": rank " +
                         std::to_string(r) + " runs a different collective: here " +
                         view_of(rank_, parted).str() + ", on rank " + std::to_string(r) + " ";
   message += record(r, parted).round.load(std::memory_order_relaxed) == parted

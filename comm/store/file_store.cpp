@@ -12,6 +12,7 @@
 // and the next writer truncates it before appending.
 
 #include "comm/store/file_store.h"
+#include "core/tags.h"
 
 #include <fcntl.h>
 #include <sys/stat.h>
@@ -39,7 +40,8 @@ constexpr uint8_t kSetRecord = 'S';
 constexpr uint8_t kRemoveRecord = 'R';
 
 [[noreturn]] void throw_io(const std::string& path, const std::string& what, int err) {
-  throw CommError("[comm/store] file " + path + ": " + what + ": " + std::strerror(err));
+  throw CommError(tag::kCommStore.prefix() + "file " + path + ": " + what + ": " +
+                  std::strerror(err));
 }
 
 uint32_t read_u32(const uint8_t* p) {
@@ -151,8 +153,9 @@ struct FileStore::State {
     if (offset == 0) {
       const size_t have = std::min(data.size(), kMagicSize);
       if (std::memcmp(data.data(), kMagic, have) != 0) {
-        fail("[comm/store] file ", path,
-             ": expected a Loom file store (starting with \"LOOMFS1\"), found other content");
+        tag::kCommStore.fail(
+            "file ", path,
+            ": expected a Loom file store (starting with \"LOOMFS1\"), found other content");
       }
       if (have < kMagicSize) {  // the first writer died mid-header
         if (repair) file.truncate(0);
@@ -165,8 +168,8 @@ struct FileStore::State {
       const uint64_t key_size = read_u32(&data[pos + 1]);
       const uint64_t value_size = read_u32(&data[pos + 5]);
       if (kind != kSetRecord && kind != kRemoveRecord) {
-        fail("[comm/store] file ", path, ": corrupt record at offset ", offset + pos,
-             " (kind byte ", int(kind), ", expected 'S' or 'R')");
+        tag::kCommStore.fail("file ", path, ": corrupt record at offset ", offset + pos,
+                             " (kind byte ", int(kind), ", expected 'S' or 'R')");
       }
       if (data.size() - pos - kRecordHeader < key_size + value_size) break;  // partial tail
       const auto* key_begin = reinterpret_cast<const char*>(&data[pos + kRecordHeader]);
@@ -189,8 +192,8 @@ struct FileStore::State {
     Bytes record;
     if (offset == 0) record.assign(kMagic, kMagic + kMagicSize);
     if (key.size() > UINT32_MAX || value.size() > UINT32_MAX) {
-      fail("[comm/store] key '", key, "': value of ", value.size(),
-           " bytes exceeds the 4 GiB record limit");
+      tag::kCommStore.fail("key '", key, "': value of ", value.size(),
+                           " bytes exceeds the 4 GiB record limit");
     }
     record.push_back(kind);
     append_u32(record, uint32_t(key.size()));

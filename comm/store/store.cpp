@@ -1,6 +1,7 @@
 // Byte helpers, PrefixStore, and the helpers every store implementation shares.
 
 #include "comm/store/store.h"
+#include "core/tags.h"
 
 #include <charconv>
 #include <cstdio>
@@ -21,7 +22,7 @@ std::string to_string(const Bytes& bytes) {
 
 PrefixStore::PrefixStore(std::string prefix, std::shared_ptr<Store> base)
     : prefix_(std::move(prefix)), base_(std::move(base)) {
-  if (!base_) fail("[comm/store] PrefixStore '", prefix_, "': expected a base store, got null");
+  if (!base_) tag::kCommStore.fail("PrefixStore '", prefix_, "': expected a base store, got null");
 }
 
 std::vector<std::string> PrefixStore::keys_of(const std::vector<std::string>& keys) const {
@@ -96,13 +97,13 @@ int64_t add_to_counter(const std::string& key, const Bytes* current, int64_t del
     const char* end = begin + current->size();
     const auto [ptr, ec] = std::from_chars(begin, end, value);
     if (current->empty() || ec != std::errc() || ptr != end) {
-      fail("[comm/store] add on key '", key, "': expected a decimal integer value, got '",
-           printable(*current), "'");
+      tag::kCommStore.fail("add on key '", key, "': expected a decimal integer value, got '",
+                           printable(*current), "'");
     }
   }
   int64_t sum = 0;
   if (__builtin_add_overflow(value, delta, &sum)) {
-    fail("[comm/store] add on key '", key, "': ", value, " + ", delta, " overflows int64");
+    tag::kCommStore.fail("add on key '", key, "': ", value, " + ", delta, " overflows int64");
   }
   return sum;
 }
@@ -118,7 +119,7 @@ Deadline deadline_in(Duration timeout) {
 
 void throw_wait_timeout(const std::string& where, const std::vector<std::string>& missing,
                         Duration timeout) {
-  throw CommError("[comm/store] " + where + ": " + describe_keys(missing) +
+  throw CommError(tag::kCommStore.prefix() + where + ": " + describe_keys(missing) +
                   " did not appear within " + duration_str(timeout));
 }
 

@@ -7,6 +7,7 @@
 
 #include "comm/error.h"
 #include "core/error.h"
+#include "core/tags.h"
 
 namespace loom::comm::tcp {
 
@@ -20,7 +21,7 @@ namespace {
 // and each thread's state is freed when the thread exits.
 void use_openssl() {
   static const bool ready = OPENSSL_init_crypto(OPENSSL_INIT_NO_ATEXIT, nullptr) == 1;
-  if (!ready) fail("[comm/store] OpenSSL (libcrypto) failed to initialize");
+  if (!ready) tag::kCommStore.fail("OpenSSL (libcrypto) failed to initialize");
 }
 
 }  // namespace
@@ -29,7 +30,8 @@ std::string new_nonce() {
   use_openssl();
   std::string nonce(kNonceBytes, '\0');
   if (RAND_bytes(reinterpret_cast<unsigned char*>(nonce.data()), static_cast<int>(nonce.size())) != 1) {
-    throw CommError("[comm/store] cannot draw random bytes for an authentication challenge");
+    throw CommError(tag::kCommStore.prefix() +
+                    "cannot draw random bytes for an authentication challenge");
   }
   return nonce;
 }
@@ -42,7 +44,7 @@ std::string hello_proof(std::string_view secret, std::string_view nonce) {
            reinterpret_cast<const unsigned char*>(nonce.data()), nonce.size(), mac,
            &length) == nullptr ||
       length != kProofBytes) {
-    fail("[comm/store] HMAC-SHA256 failed");
+    tag::kCommStore.fail("HMAC-SHA256 failed");
   }
   return std::string(reinterpret_cast<const char*>(mac), length);
 }

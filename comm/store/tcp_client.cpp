@@ -26,6 +26,7 @@
 #include "comm/store/tcp_socket.h"
 #include "comm/store/tcp_store.h"
 #include "core/error.h"
+#include "core/tags.h"
 
 namespace loom::comm {
 
@@ -131,7 +132,7 @@ struct TCPStore::Impl {
   pid_t owner = 0;
 
   [[noreturn]] void fail(const std::string& what) const {
-    throw CommError("[comm/store] " + where + ": " + what);
+    throw CommError(tag::kCommStore.prefix() + where + ": " + what);
   }
 
   // Connects (retrying with backoff until the deadline; the server may start later) and
@@ -240,8 +241,8 @@ struct TCPStore::Impl {
   Bytes call(MessageWriter&& request, Deadline deadline, const char* op,
              const std::vector<std::string>* keys = nullptr, Duration wait_timeout = {}) {
     if (request.payload_size() > kMaxMessage) {
-      loom::fail("[comm/store] ", where, ": ", op, " request of ", request.payload_size(),
-                 " bytes exceeds the TCP store's 64 MiB message limit");
+      tag::kCommStore.fail(where, ": ", op, " request of ", request.payload_size(),
+                           " bytes exceeds the TCP store's 64 MiB message limit");
     }
     Socket s = acquire();
     IoStatus status = send_all(s.fd(), std::move(request).frame(), deadline);

@@ -10,6 +10,7 @@
 #include <cstring>
 
 #include "comm/store/tcp_store.h"
+#include "core/tags.h"
 
 namespace loom::comm {
 
@@ -31,7 +32,7 @@ void random_bytes(uint8_t* out, size_t size) {
   if (got == size) return;
   const int fd = ::open("/dev/urandom", O_RDONLY | O_CLOEXEC);
   if (fd < 0) {
-    throw CommError(std::string("[comm/store] cannot read random bytes for the store secret: ") +
+    throw CommError((tag::kCommStore.prefix() + "cannot read random bytes for the store secret: ") +
                     std::strerror(errno));
   }
   while (got < size) {
@@ -41,8 +42,9 @@ void random_bytes(uint8_t* out, size_t size) {
     } else if (n == 0 || errno != EINTR) {
       const int err = n == 0 ? EIO : errno;
       ::close(fd);
-      throw CommError(std::string("[comm/store] cannot read /dev/urandom for the store secret: ") +
-                      std::strerror(err));
+      throw CommError(
+          (tag::kCommStore.prefix() + "cannot read /dev/urandom for the store secret: ") +
+          std::strerror(err));
     }
   }
   ::close(fd);

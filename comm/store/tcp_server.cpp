@@ -31,6 +31,7 @@
 #include "comm/store/tcp_socket.h"
 #include "comm/store/tcp_store.h"
 #include "core/error.h"
+#include "core/tags.h"
 
 namespace loom::comm {
 
@@ -86,7 +87,8 @@ struct TCPStoreServer::Impl {
       loop();
     } catch (const std::exception& e) {
       // Fatal (poll failed, out of memory): close everything so clients fail fast.
-      std::fprintf(stderr, "[comm/store] %s: server stopped: %s\n", where.c_str(), e.what());
+      std::fprintf(stderr, "%s%s: server stopped: %s\n", tag::kCommStore.prefix().c_str(),
+                   where.c_str(), e.what());
     }
     connections.clear();
     listener.reset();
@@ -377,7 +379,8 @@ TCPStoreServer::TCPStoreServer(const std::string& host, uint16_t port, std::stri
     impl_->listener = std::move(s);
   }
   if (!impl_->listener.valid()) {
-    throw CommError("[comm/store] " + impl_->where + ": server cannot listen (" + error + ")");
+    throw CommError(tag::kCommStore.prefix() + impl_->where + ": server cannot listen (" + error +
+                    ")");
   }
   sockaddr_storage bound{};
   socklen_t length = sizeof(bound);
@@ -388,7 +391,7 @@ TCPStoreServer::TCPStoreServer(const std::string& host, uint16_t port, std::stri
   impl_->where = endpoint_str(host, impl_->port);
   int pipe_fds[2];
   if (::pipe2(pipe_fds, O_CLOEXEC | O_NONBLOCK) != 0) {
-    throw CommError("[comm/store] " + impl_->where +
+    throw CommError(tag::kCommStore.prefix() + impl_->where +
                     ": server cannot create its wake pipe: " + errno_str(errno));
   }
   impl_->wake_read = Socket(pipe_fds[0]);

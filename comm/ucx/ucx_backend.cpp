@@ -10,6 +10,7 @@
 #include "comm/algorithms/algorithms.h"
 #include "comm/algorithms/tagged_messages.h"
 #include "comm/reduce_op.h"
+#include "core/tags.h"
 
 namespace loom::comm::ucx {
 
@@ -120,7 +121,7 @@ struct UcxBackend::State {
 UcxBackend::UcxBackend(const BackendContext& context)
     : rank_(context.rank), size_(context.size), state_(std::make_unique<State>()) {
   State& s = *state_;
-  const std::string me = "[comm/ucx] rank " + std::to_string(rank_) + ": ";
+  const std::string me = tag::kCommUcx.prefix() + "rank " + std::to_string(rank_) + ": ";
   ucp_config_t* config = nullptr;
   if (ucs_status_t status = ucp_config_read(nullptr, nullptr, &config); status != UCS_OK) {
     fail(me, "reading the UCX configuration (the UCX_* variables) failed: ", text(status));
@@ -181,7 +182,7 @@ UcxBackend::~UcxBackend() = default;
 void UcxBackend::transfer(const void* send_data, size_t send_bytes, int dst, void* recv_data,
                           size_t recv_bytes, int src, Deadline deadline) {
   State& s = *state_;
-  const std::string me = "[comm/ucx] rank " + std::to_string(rank_) + ": ";
+  const std::string me = tag::kCommUcx.prefix() + "rank " + std::to_string(rank_) + ": ";
   void* receiving = nullptr;
   void* sending = nullptr;
   // Abandons what is in flight, then throws `error`.

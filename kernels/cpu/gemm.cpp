@@ -8,6 +8,7 @@
 #include <string>
 
 #include "core/error.h"
+#include "core/tags.h"
 #include "kernels/cpu/thread_pool.h"
 
 namespace loom::kernels::cpu {
@@ -43,8 +44,8 @@ void sgemm_on_this_thread(bool trans_a, bool trans_b, int64_t m, int64_t n, int6
   const dnnl_status_t status = dnnl_sgemm(trans_a ? 'T' : 'N', trans_b ? 'T' : 'N', m, n, k, 1.0f,
                                           a, lda, b, ldb, accumulate ? 1.0f : 0.0f, c, ldc);
   if (status != dnnl_success) {
-    fail("[kernels/cpu] oneDNN sgemm failed (status ", static_cast<int>(status), ") for ", m, " x ",
-         n, " x ", k, ", lda ", lda, ", ldb ", ldb, ", ldc ", ldc);
+    tag::kKernelsCpu.fail("oneDNN sgemm failed (status ", static_cast<int>(status), ") for ", m,
+                          " x ", n, " x ", k, ", lda ", lda, ", ldb ", ldb, ", ldc ", ldc);
   }
 }
 

@@ -17,6 +17,7 @@
 
 #include "core/error.h"
 #include "core/half.h"
+#include "core/tags.h"
 #include "kernels/cpu/reduce_ops_impl.h"
 
 // Note [Reduction semantics]
@@ -401,8 +402,8 @@ Isa parse_isa(const char* name) {
   for (int i = 0; i < 3; ++i) {
     if (std::strcmp(name, kIsaNames[i]) == 0) return static_cast<Isa>(i);
   }
-  fail("[kernels/reduce_ops] unknown instruction set '", name,
-       "'; expected avx512, avx2 or scalar");
+  tag::kKernelsReduceOps.fail("unknown instruction set '", name,
+                              "'; expected avx512, avx2 or scalar");
 }
 
 // Note [Streaming stores]. When the inputs and the output together exceed the last-level
@@ -430,12 +431,12 @@ void reduce_inputs(DType type, ReduceKind kind, void* out, const void* const* in
                    size_t count, size_t n, double scale) {
   bool scaled = scale != 1.0;
   if (scaled && !is_floating(type)) {
-    fail("[kernels/reduce_ops] reduce_inputs: scale ", scale, " given for integer type ",
-         dtype_name(type), "; scaling applies to floating types only");
+    tag::kKernelsReduceOps.fail("reduce_inputs: scale ", scale, " given for integer type ",
+                                dtype_name(type), "; scaling applies to floating types only");
   }
   if (n == 0) return;
   if (count == 0) {
-    fail("[kernels/reduce_ops] reduce_inputs: count is 0; expected 1 or more inputs");
+    tag::kKernelsReduceOps.fail("reduce_inputs: count is 0; expected 1 or more inputs");
   }
   switch (type) {
     case DType::F32:
@@ -466,8 +467,8 @@ void reduce_into(DType type, ReduceKind kind, void* dst, const void* src, size_t
 
 void scale_inplace(DType type, void* dst, size_t n, double scale) {
   if (!is_floating(type)) {
-    fail("[kernels/reduce_ops] scale_inplace: type ", dtype_name(type),
-         " is not floating; expected f32, f64, bf16 or f16");
+    tag::kKernelsReduceOps.fail("scale_inplace: type ", dtype_name(type),
+                                " is not floating; expected f32, f64, bf16 or f16");
   }
   if (scale == 1.0) return;
   const void* inputs[1] = {dst};
@@ -489,7 +490,7 @@ void set_reduce_streaming_threshold_for_testing(size_t bytes) {
 void set_reduce_isa_for_testing(const char* isa) {
   Isa chosen = isa == nullptr ? detect_isa() : parse_isa(isa);
   if (!isa_supported(chosen)) {
-    fail("[kernels/reduce_ops] instruction set ", isa, " is not available on this machine");
+    tag::kKernelsReduceOps.fail("instruction set ", isa, " is not available on this machine");
   }
   selected_isa().store(chosen, std::memory_order_relaxed);
 }

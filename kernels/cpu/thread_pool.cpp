@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "core/error.h"
+#include "core/tags.h"
 
 namespace loom::kernels::cpu {
 
@@ -169,7 +170,8 @@ thread_local bool inside_parallel_for = false;
 
 void set_num_threads(int n) {
   if (n < 1 || n > (1 << 20)) {
-    throw Error("[kernels] set_num_threads: need 1 to 2^20 threads, got " + std::to_string(n));
+    throw Error(tag::kKernels.prefix() + "set_num_threads: need 1 to 2^20 threads, got " +
+                std::to_string(n));
   }
   configured_threads() = n;
   pool().resize(n - 1);

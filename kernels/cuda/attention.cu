@@ -29,6 +29,7 @@
 // The kernels live in attention_simt.cuh (v1) and attention_tensor_core.cuh (v2), their
 // shared pieces in attention_common.cuh; this file holds the launchers.
 
+#include "core/tags.h"
 #include "kernels/cuda/attention.h"
 
 #include <atomic>
@@ -70,8 +71,8 @@ void dispatch_storage(DType dtype, const char* op, F&& f) {
     case DType::F32: f.template operator()<float>(); return;
     case DType::BF16: f.template operator()<bf16>(); return;
     default:
-      fail("[kernels/cuda] ", op, ": the CUDA attention kernels take f32 or bf16, got dtype #",
-           static_cast<int>(dtype));
+      tag::kKernelsCuda.fail(op, ": the CUDA attention kernels take f32 or bf16, got dtype #",
+                             static_cast<int>(dtype));
   }
 }
 
@@ -91,24 +92,24 @@ void dispatch_head_dim(int64_t head_dim, F&& f) {
 bool check_call(const char* op, AttentionVersion version, DType dtype, const AttentionShape& s,
                 std::initializer_list<const void*> pointers) {
   if (!attention_version_supports(version, dtype)) {
-    fail("[kernels/cuda] ", op, ": version v", static_cast<int>(version), " does not take dtype #",
-         static_cast<int>(dtype), " (v1: f32, bf16; v2: bf16)");
+    tag::kKernelsCuda.fail(op, ": version v", static_cast<int>(version), " does not take dtype #",
+                           static_cast<int>(dtype), " (v1: f32, bf16; v2: bf16)");
   }
   if (s.batch < 0 || s.heads < 0 || s.time < 0 || s.head_dim < 0) {
-    fail("[kernels/cuda] ", op, ": negative size in shape [B=", s.batch, ", H=", s.heads,
-         ", T=", s.time, ", D=", s.head_dim, "]");
+    tag::kKernelsCuda.fail(op, ": negative size in shape [B=", s.batch, ", H=", s.heads,
+                           ", T=", s.time, ", D=", s.head_dim, "]");
   }
   if (s.batch == 0 || s.heads == 0 || s.time == 0) return false;
   if (s.head_dim < 1 || s.head_dim > kMaxHeadDim) {
-    fail("[kernels/cuda] ", op, ": head_dim must be in [1, ", kMaxHeadDim, "], got ", s.head_dim);
+    tag::kKernelsCuda.fail(op, ": head_dim must be in [1, ", kMaxHeadDim, "], got ", s.head_dim);
   }
   if (s.batch * s.heads > INT32_MAX || s.time > int64_t(kMaxGridY) * kSimtTile) {
-    fail("[kernels/cuda] ", op,
-         ": expected batch * heads <= 2^31 - 1 and time <= ", int64_t(kMaxGridY) * kSimtTile,
-         ", got batch * heads = ", s.batch * s.heads, ", time = ", s.time);
+    tag::kKernelsCuda.fail(
+        op, ": expected batch * heads <= 2^31 - 1 and time <= ", int64_t(kMaxGridY) * kSimtTile,
+        ", got batch * heads = ", s.batch * s.heads, ", time = ", s.time);
   }
   for (const void* p : pointers)
-    if (p == nullptr) fail("[kernels/cuda] ", op, ": null operand pointer or strides");
+    if (p == nullptr) tag::kKernelsCuda.fail(op, ": null operand pointer or strides");
   return true;
 }
 

@@ -12,6 +12,7 @@
 #include <cstdio>
 
 #include "core/error.h"
+#include "core/tags.h"
 
 namespace loom::cuda_detail {
 
@@ -44,8 +45,8 @@ inline const char* cublas_status_name(cublasStatus_t status) {
 }
 
 inline void warn_cuda_error(cudaError_t status, const char* call, const char* file, int line) {
-  std::fprintf(stderr, "[loom] warning: CUDA call %s failed at %s:%d during cleanup: %s\n", call,
-               file, line, cudaGetErrorString(status));
+  std::fprintf(stderr, "%swarning: CUDA call %s failed at %s:%d during cleanup: %s\n",
+               tag::kLoom.prefix().c_str(), call, file, line, cudaGetErrorString(status));
 }
 
 }  // namespace loom::cuda_detail

@@ -2,6 +2,7 @@
 
 #include <type_traits>
 
+#include "core/tags.h"
 #include "kernels/cuda/common.cuh"
 #include "kernels/cuda/elementwise.h"
 
@@ -137,7 +138,7 @@ void dispatch_any(DType dtype, F&& f) {
     case DType::I64: f.template operator()<int64_t>(); return;
     case DType::U8: f.template operator()<uint8_t>(); return;
   }
-  fail("[kernels/cuda/comm_ops] invalid dtype value ", static_cast<int>(dtype));
+  tag::kKernelsCudaCommOps.fail("invalid dtype value ", static_cast<int>(dtype));
 }
 
 template <typename T, CommReduce kOp>
@@ -156,7 +157,7 @@ void launch_reduce(void* acc, const void* x, int64_t n, cudaStream_t stream) {
 
 void reduce_inplace(CommReduce op, DType dtype, void* acc, const void* x, int64_t n,
                     cudaStream_t stream) {
-  if (n < 0) fail("[kernels/cuda/comm_ops] reduce_inplace: negative element count ", n);
+  if (n < 0) tag::kKernelsCudaCommOps.fail("reduce_inplace: negative element count ", n);
   if (n == 0) return;
   dispatch_any(dtype, [&]<typename T>() {
     switch (op) {
@@ -166,13 +167,14 @@ void reduce_inplace(CommReduce op, DType dtype, void* acc, const void* x, int64_
       case CommReduce::Max: return launch_reduce<T, CommReduce::Max>(acc, x, n, stream);
       case CommReduce::Prod: return launch_reduce<T, CommReduce::Prod>(acc, x, n, stream);
     }
-    fail("[kernels/cuda/comm_ops] reduce_inplace: invalid CommReduce value ", static_cast<int>(op));
+    tag::kKernelsCudaCommOps.fail("reduce_inplace: invalid CommReduce value ",
+                                  static_cast<int>(op));
   });
 }
 
 void divide_inplace(DType dtype, void* acc, int64_t divisor, int64_t n, cudaStream_t stream) {
-  if (divisor == 0) fail("[kernels/cuda/comm_ops] divide_inplace: divisor must be non-zero");
-  if (n < 0) fail("[kernels/cuda/comm_ops] divide_inplace: negative element count ", n);
+  if (divisor == 0) tag::kKernelsCudaCommOps.fail("divide_inplace: divisor must be non-zero");
+  if (n < 0) tag::kKernelsCudaCommOps.fail("divide_inplace: negative element count ", n);
   if (n == 0) return;
   dispatch_any(dtype, [&]<typename T>() {
     if constexpr (std::is_integral_v<T>) {
@@ -189,7 +191,7 @@ void divide_inplace(DType dtype, void* acc, int64_t divisor, int64_t n, cudaStre
 
 void convert(DType src_dtype, const void* src, DType dst_dtype, void* dst, int64_t n,
              cudaStream_t stream) {
-  if (n < 0) fail("[kernels/cuda/comm_ops] convert: negative element count ", n);
+  if (n < 0) tag::kKernelsCudaCommOps.fail("convert: negative element count ", n);
   if (n == 0) return;
   const int64_t stride = 1;
   copy_strided(src_dtype, 1, &n, src, &stride, dst_dtype, dst, stream);

@@ -31,6 +31,7 @@
 // the failures are expected and stay silent (the driver reclaims everything).
 
 #include "kernels/cuda/gemm.h"
+#include "core/tags.h"
 
 #include <cublasLt.h>
 
@@ -56,7 +57,6 @@ namespace loom::kernels::cuda {
 
 namespace {
 
-constexpr const char* kTag = "[kernels/cuda/gemm] ";
 constexpr size_t kWorkspaceBytes = size_t{32} << 20;
 constexpr int64_t kOnesRows = 65536;  // rows per rank-1 bias GEMM
 
@@ -76,8 +76,8 @@ cudaDataType_t cuda_type(DType dtype) {
 
 void warn_cublas(cublasStatus_t status, const char* what) noexcept {
   if (status != CUBLAS_STATUS_SUCCESS) {
-    std::fprintf(stderr, "[loom] warning: %s failed during cleanup: %s\n", what,
-                 cuda_detail::cublas_status_name(status));
+    std::fprintf(stderr, "%swarning: %s failed during cleanup: %s\n", tag::kLoom.prefix().c_str(),
+                 what, cuda_detail::cublas_status_name(status));
   }
 }
 
@@ -278,12 +278,13 @@ std::unique_ptr<Plan> build_plan(cublasLtHandle_t handle, const PlanKey& key, co
     set_desc(desc, CUBLASLT_MATMUL_DESC_EPILOGUE, CUBLASLT_EPILOGUE_DEFAULT);  // rank-1 bias
   }
   if (!find_algorithm(handle, key, *plan)) {
-    fail(kTag, "cuBLASLt has no algorithm for a ", dtype_name(key.dtype),
-         key.tf32 ? " (TF32)" : "", " GEMM with op(A) ", key.trans_a ? "transposed" : "plain",
-         ", op(B) ", key.trans_b ? "transposed" : "plain", ", m=", key.m, " n=", key.n,
-         " k=", key.k, " lda=", key.lda, " ldb=", key.ldb, " ldc=", key.ldc, " batch=", key.batch,
-         " (strides ", key.stride_a, "/", key.stride_b, "/", key.stride_c, ", pointer alignments ",
-         key.align_a, "/", key.align_b, "/", key.align_c, " bytes)");
+    tag::kKernelsCudaGemm.fail(
+        "cuBLASLt has no algorithm for a ", dtype_name(key.dtype), key.tf32 ? " (TF32)" : "",
+        " GEMM with op(A) ", key.trans_a ? "transposed" : "plain", ", op(B) ",
+        key.trans_b ? "transposed" : "plain", ", m=", key.m, " n=", key.n, " k=", key.k,
+        " lda=", key.lda, " ldb=", key.ldb, " ldc=", key.ldc, " batch=", key.batch, " (strides ",
+        key.stride_a, "/", key.stride_b, "/", key.stride_c, ", pointer alignments ", key.align_a,
+        "/", key.align_b, "/", key.align_c, " bytes)");
   }
   return plan;
 }
@@ -439,16 +440,18 @@ void zero_output(const Problem& p, cudaStream_t stream) {
 
 void validate(const Problem& p) {
   if (p.dtype != DType::F32 && p.dtype != DType::BF16 && p.dtype != DType::F16) {
-    fail(kTag, "gemm takes f32, bf16 or f16 operands, got ", dtype_name(p.dtype));
+    tag::kKernelsCudaGemm.fail("gemm takes f32, bf16 or f16 operands, got ", dtype_name(p.dtype));
   }
   if (p.m < 0 || p.n < 0 || p.k < 0 || p.batch < 0) {
-    fail(kTag, "sizes must be >= 0, got m=", p.m, " n=", p.n, " k=", p.k, " batch=", p.batch);
+    tag::kKernelsCudaGemm.fail("sizes must be >= 0, got m=", p.m, " n=", p.n, " k=", p.k,
+                               " batch=", p.batch);
   }
   if (p.batch > std::numeric_limits<int32_t>::max()) {
-    fail(kTag, "batch must fit in int32 (cuBLASLt's batch count), got ", p.batch);
+    tag::kKernelsCudaGemm.fail("batch must fit in int32 (cuBLASLt's batch count), got ", p.batch);
   }
   if (p.stride_a < 0 || p.stride_b < 0 || p.stride_c < 0) {
-    fail(kTag, "batch strides must be >= 0, got ", p.stride_a, "/", p.stride_b, "/", p.stride_c);
+    tag::kKernelsCudaGemm.fail("batch strides must be >= 0, got ", p.stride_a, "/", p.stride_b, "/",
+                               p.stride_c);
   }
 }
 
@@ -456,19 +459,20 @@ void validate_layout(const Problem& p) {
   int64_t a_row = p.trans_a ? p.m : p.k, b_row = p.trans_b ? p.k : p.n;
   if (p.lda < std::max<int64_t>(a_row, 1) || p.ldb < std::max<int64_t>(b_row, 1) ||
       p.ldc < std::max<int64_t>(p.n, 1)) {
-    fail(kTag, "leading dimensions too small: need lda >= ", std::max<int64_t>(a_row, 1),
-         ", ldb >= ", std::max<int64_t>(b_row, 1), ", ldc >= ", std::max<int64_t>(p.n, 1),
-         " for m=", p.m, " n=", p.n, " k=", p.k, (p.trans_a ? " op(A)=A^T" : ""),
-         (p.trans_b ? " op(B)=B^T" : ""), "; got lda=", p.lda, " ldb=", p.ldb, " ldc=", p.ldc);
+    tag::kKernelsCudaGemm.fail(
+        "leading dimensions too small: need lda >= ", std::max<int64_t>(a_row, 1),
+        ", ldb >= ", std::max<int64_t>(b_row, 1), ", ldc >= ", std::max<int64_t>(p.n, 1),
+        " for m=", p.m, " n=", p.n, " k=", p.k, (p.trans_a ? " op(A)=A^T" : ""),
+        (p.trans_b ? " op(B)=B^T" : ""), "; got lda=", p.lda, " ldb=", p.ldb, " ldc=", p.ldc);
   }
   if (p.batch > 1 && p.stride_c < (p.m - 1) * p.ldc + p.n) {
-    fail(kTag, "the ", p.batch,
-         " results would overlap: stride_c must be >= (m-1)*ldc + n = ", (p.m - 1) * p.ldc + p.n,
-         ", got ", p.stride_c);
+    tag::kKernelsCudaGemm.fail("the ", p.batch,
+                               " results would overlap: stride_c must be >= (m-1)*ldc + n = ",
+                               (p.m - 1) * p.ldc + p.n, ", got ", p.stride_c);
   }
   if (p.c == nullptr || (p.k > 0 && (p.a == nullptr || p.b == nullptr))) {
-    fail(kTag, "null operand pointer (a ", p.a, ", b ", p.b, ", c ", p.c, ") for m=", p.m,
-         " n=", p.n, " k=", p.k);
+    tag::kKernelsCudaGemm.fail("null operand pointer (a ", p.a, ", b ", p.b, ", c ", p.c,
+                               ") for m=", p.m, " n=", p.n, " k=", p.k);
   }
 }
 

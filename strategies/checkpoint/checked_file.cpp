@@ -5,6 +5,7 @@
 #include <cstdio>
 
 #include "core/error.h"
+#include "core/tags.h"
 
 namespace loom::strategies::checkpoint {
 
@@ -34,15 +35,16 @@ safetensors::Contents load_checked(const std::filesystem::path& path) {
   for (const auto& [name, tensor] : contents.tensors) {
     auto found = contents.metadata.find(kPrefix + name);
     if (found == contents.metadata.end()) {
-      fail("[checkpoint] ", path.string(), ": tensor '", name,
-           "' has no checksum; expected a file written by a Loom checkpoint");
+      tag::kCheckpoint.fail(path.string(), ": tensor '", name,
+                            "' has no checksum; expected a file written by a Loom checkpoint");
     }
     const std::string actual = checksum_of(tensor);
     if (actual != found->second) {
-      fail("[checkpoint] ", path.string(), ": tensor '", name, "' is corrupt (checksum ",
-           actual, ", recorded ", found->second,
-           "); the file was damaged after it was written: restore it or resume from an "
-           "earlier checkpoint");
+      tag::kCheckpoint.fail(
+          path.string(), ": tensor '", name, "' is corrupt (checksum ", actual, ", recorded ",
+          found->second,
+          "); the file was damaged after it was written: restore it or resume from an "
+          "earlier checkpoint");
     }
   }
   return contents;

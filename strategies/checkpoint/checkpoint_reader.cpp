@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "core/error.h"
+#include "core/tags.h"
 
 namespace loom::strategies::checkpoint {
 
@@ -29,7 +30,7 @@ int CheckpointReader::descriptor(const std::string& file) {
   if (found != open_.end()) return found->second;
   const fs::path path = path_ / file;
   const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
-  if (fd < 0) fail("[checkpoint] cannot open ", path.string(), ": ", std::strerror(errno));
+  if (fd < 0) tag::kCheckpoint.fail("cannot open ", path.string(), ": ", std::strerror(errno));
   open_.emplace(file, fd);
   return fd;
 }
@@ -47,14 +48,14 @@ void CheckpointReader::read_box(const std::string& name, const Shape& offsets, c
   int64_t count = 1;
   for (size_t d = 0; d < sizes.size(); ++d) {
     if (d >= e.shape.size() || offsets[d] < 0 || offsets[d] + sizes[d] > e.shape[d]) {
-      fail("[checkpoint] ", path_.string(), ": box ", shape_str(offsets), " + ", shape_str(sizes),
-           " of tensor '", name, "', whose shape is ", shape_str(e.shape));
+      tag::kCheckpoint.fail(path_.string(), ": box ", shape_str(offsets), " + ", shape_str(sizes),
+                            " of tensor '", name, "', whose shape is ", shape_str(e.shape));
     }
     count *= sizes[d];
   }
   if (sizes.size() != e.shape.size() || count != out.numel()) {
-    fail("[checkpoint] ", path_.string(), ": a box of ", count, " elements of tensor '", name,
-         "' read into ", out.str());
+    tag::kCheckpoint.fail(path_.string(), ": a box of ", count, " elements of tensor '", name,
+                          "' read into ", out.str());
   }
   read_runs(name, runs_of(box, e.shape), out);
 }
@@ -66,13 +67,13 @@ void CheckpointReader::read_runs(const std::string& name, const std::vector<Shar
   for (int64_t d : e.shape)
     numel *= d;
   if (out.dtype() != e.dtype || !out.is_contiguous() || out.device() != Device::cpu()) {
-    fail("[checkpoint] ", path_.string(), ": tensor '", name, "' is ", dtype_name(e.dtype),
-         "; it cannot be read into ", out.str());
+    tag::kCheckpoint.fail(path_.string(), ": tensor '", name, "' is ", dtype_name(e.dtype),
+                          "; it cannot be read into ", out.str());
   }
   for (const ShardRun& w : wanted) {
     if (w.global < 0 || w.global + w.length > numel || w.local + w.length > out.numel()) {
-      fail("[checkpoint] ", path_.string(), ": elements [", w.global, ", ", w.global + w.length,
-           ") of tensor '", name, "', which has ", numel);
+      tag::kCheckpoint.fail(path_.string(), ": elements [", w.global, ", ", w.global + w.length,
+                            ") of tensor '", name, "', which has ", numel);
     }
   }
   const uint64_t element = dtype_size(e.dtype);
@@ -110,8 +111,9 @@ void CheckpointReader::read_runs(const std::string& name, const std::vector<Shar
                                 static_cast<off_t>(shard.byte_begin + read_from + done));
       if (n < 0 && errno == EINTR) continue;
       if (n <= 0) {
-        fail("[checkpoint] reading tensor '", name, "' from ", (path_ / shard.file).string(),
-             " failed: ", n < 0 ? std::strerror(errno) : "the file ends early (truncated)");
+        tag::kCheckpoint.fail(
+            "reading tensor '", name, "' from ", (path_ / shard.file).string(),
+            " failed: ", n < 0 ? std::strerror(errno) : "the file ends early (truncated)");
       }
       done += static_cast<uint64_t>(n);
     }
@@ -121,11 +123,12 @@ void CheckpointReader::read_runs(const std::string& name, const std::vector<Shar
       const uint64_t length = std::min<uint64_t>(shard.block_bytes, buffer.size() - at);
       const uint64_t sum = XXH3_64bits(buffer.data() + at, length);
       if (sum != shard.checksums[block]) {
-        fail("[checkpoint] ", (path_ / shard.file).string(), ": tensor '", name,
-             "' is corrupt (bytes ", shard.byte_begin + block * shard.block_bytes, " to ",
-             shard.byte_begin + block * shard.block_bytes + length,
-             " of the file fail their checksum); the file was damaged after it was written: "
-             "restore it or resume from an earlier checkpoint");
+        tag::kCheckpoint.fail(
+            (path_ / shard.file).string(), ": tensor '", name, "' is corrupt (bytes ",
+            shard.byte_begin + block * shard.block_bytes, " to ",
+            shard.byte_begin + block * shard.block_bytes + length,
+            " of the file fail their checksum); the file was damaged after it was written: "
+            "restore it or resume from an earlier checkpoint");
       }
     }
     for (const Copy& c : copies) {

@@ -10,6 +10,7 @@
 #include <string>
 
 #include "core/error.h"
+#include "core/tags.h"
 
 namespace loom::strategies::checkpoint {
 
@@ -26,11 +27,12 @@ std::string step_name(int64_t step) {
 // fsync of a file or a directory (its entries); throws naming the path.
 void sync_path(const fs::path& path, bool directory) {
   const int fd = ::open(path.c_str(), (directory ? O_RDONLY | O_DIRECTORY : O_RDONLY) | O_CLOEXEC);
-  if (fd < 0) fail("[checkpoint] cannot open ", path.string(), " to sync it: ", std::strerror(errno));
+  if (fd < 0)
+    tag::kCheckpoint.fail("cannot open ", path.string(), " to sync it: ", std::strerror(errno));
   const int rc = ::fsync(fd);
   const int error = errno;
   ::close(fd);
-  if (rc != 0) fail("[checkpoint] fsync of ", path.string(), " failed: ", std::strerror(error));
+  if (rc != 0) tag::kCheckpoint.fail("fsync of ", path.string(), " failed: ", std::strerror(error));
 }
 
 }  // namespace
@@ -63,14 +65,14 @@ void Directory::prepare(int64_t step) const {
   std::error_code ec;
   fs::create_directories(root_, ec);
   if (ec) {
-    fail("[checkpoint] cannot create the checkpoint directory ", root_.string(), ": ",
-         ec.message(), "; pass a writable --checkpoint-dir");
+    tag::kCheckpoint.fail("cannot create the checkpoint directory ", root_.string(), ": ",
+                          ec.message(), "; pass a writable --checkpoint-dir");
   }
   fs::remove_all(staging(step), ec);
   fs::create_directory(staging(step), ec);
   if (ec) {
-    fail("[checkpoint] cannot create ", staging(step).string(), ": ", ec.message(),
-         "; is --checkpoint-dir writable?");
+    tag::kCheckpoint.fail("cannot create ", staging(step).string(), ": ", ec.message(),
+                          "; is --checkpoint-dir writable?");
   }
 }
 
@@ -86,14 +88,15 @@ void commit_directory(const fs::path& from, const fs::path& to) {
   std::error_code ec;
   fs::remove_all(to, ec);  // an uncommitted leftover of an earlier try
   fs::rename(from, to, ec);
-  if (ec) fail("[checkpoint] renaming ", from.string(), " to ", to.string(), ": ", ec.message());
+  if (ec)
+    tag::kCheckpoint.fail("renaming ", from.string(), " to ", to.string(), ": ", ec.message());
   sync_path(to.parent_path().empty() ? fs::path(".") : to.parent_path(), true);
   const fs::path marker = to / Directory::kMarker;
   const int fd = ::open(marker.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
-  if (fd < 0) fail("[checkpoint] cannot write ", marker.string(), ": ", std::strerror(errno));
+  if (fd < 0) tag::kCheckpoint.fail("cannot write ", marker.string(), ": ", std::strerror(errno));
   const int rc = ::fsync(fd);
   ::close(fd);
-  if (rc != 0) fail("[checkpoint] fsync of ", marker.string(), " failed");
+  if (rc != 0) tag::kCheckpoint.fail("fsync of ", marker.string(), " failed");
   sync_path(to, true);
 }
 

@@ -10,6 +10,7 @@
 #include <sstream>
 
 #include "core/error.h"
+#include "core/tags.h"
 #include "strategies/checkpoint/directory.h"
 #include "tensor/ops.h"
 
@@ -174,7 +175,7 @@ void save_checkpoint(Strategy& strategy, const nn::Module& module,
     std::ofstream out(staging / "meta.json");
     out << meta_json << "\n";
     out.close();
-    if (!out) fail("[checkpoint] writing ", (staging / "meta.json").string(), " failed");
+    if (!out) tag::kCheckpoint.fail("writing ", (staging / "meta.json").string(), " failed");
     commit_directory(staging, path);
   }
   strategy.barrier();
@@ -184,8 +185,8 @@ std::map<std::string, Tensor> load_checkpoint(Strategy& strategy, const nn::Modu
                                               optim::Optimizer* optimizer, const fs::path& path,
                                               const std::string& extra_prefix) {
   if (!Directory::is_committed(path)) {
-    fail("[checkpoint] ", path.string(), " is not a committed checkpoint (no ", Directory::kMarker,
-         "): its save did not finish, or it is not a checkpoint");
+    tag::kCheckpoint.fail(path.string(), " is not a committed checkpoint (no ", Directory::kMarker,
+                          "): its save did not finish, or it is not a checkpoint");
   }
   CheckpointReader reader(path);
   check_model(reader, strategy, module);
@@ -203,14 +204,15 @@ void check_model(const CheckpointReader& checkpoint, const Strategy& strategy,
   for (const auto& [name, p] : module.named_parameters()) {
     const Shape whole = strategy.parameter_shape(name, p);
     if (!checkpoint.contains(name)) {
-      fail("[checkpoint] ", checkpoint.path().string(), " has no parameter '", name,
-           "': it is a checkpoint of another model");
+      tag::kCheckpoint.fail(checkpoint.path().string(), " has no parameter '", name,
+                            "': it is a checkpoint of another model");
     }
     const TensorEntry& e = checkpoint.entry(name);
     if (e.shape != whole || e.dtype != p.dtype()) {
-      fail("[checkpoint] ", checkpoint.path().string(), ": parameter '", name, "' is ",
-           dtype_name(e.dtype), " ", shape_str(e.shape), " there; this model's is ",
-           dtype_name(p.dtype()), " ", shape_str(whole), ": it is a checkpoint of another model");
+      tag::kCheckpoint.fail(checkpoint.path().string(), ": parameter '", name, "' is ",
+                            dtype_name(e.dtype), " ", shape_str(e.shape),
+                            " there; this model's is ", dtype_name(p.dtype()), " ",
+                            shape_str(whole), ": it is a checkpoint of another model");
     }
   }
 }
@@ -227,14 +229,15 @@ void load_optimizer(Strategy& strategy, optim::Optimizer& optimizer, CheckpointR
   const std::string origin = checkpoint.path().string();
   std::map<std::string, Tensor> state;
   if (!checkpoint.contains("optim.step_count")) {
-    fail("[checkpoint] ", origin, " holds no optimizer state; it was saved without an optimizer");
+    tag::kCheckpoint.fail(origin, " holds no optimizer state; it was saved without an optimizer");
   }
   state["step_count"] = checkpoint.read("optim.step_count");
   const auto& groups = optimizer.param_groups();
   const std::string beyond = "optim.param_groups." + std::to_string(groups.size()) + ".lr";
   if (checkpoint.contains(beyond)) {
-    fail("[checkpoint] ", origin, " holds more optimizer groups than this optimizer's ",
-         groups.size(), "; build the optimizer with the groups of the run that saved it");
+    tag::kCheckpoint.fail(origin, " holds more optimizer groups than this optimizer's ",
+                          groups.size(),
+                          "; build the optimizer with the groups of the run that saved it");
   }
   const OptimizerLayout layout = strategy.optimizer_layout(optimizer);
   const auto& index = checkpoint.index().tensors;
@@ -286,11 +289,13 @@ void load_optimizer(Strategy& strategy, optim::Optimizer& optimizer, CheckpointR
   LossScaler* mine = strategy.loss_scaler();
   const bool saved = checkpoint.contains("scaler.scale");
   if (saved && mine == nullptr) {
-    fail("[checkpoint] ", origin, " holds a loss scaler (16-mixed) but this run's precision "
-         "has none; resume with precision 16-mixed");
+    tag::kCheckpoint.fail(origin,
+                          " holds a loss scaler (16-mixed) but this run's precision "
+                          "has none; resume with precision 16-mixed");
   }
   if (mine != nullptr) {
-    if (!saved) fail("[checkpoint] ", origin, " has no loss scaler state; it was not saved under 16-mixed");
+    if (!saved)
+      tag::kCheckpoint.fail(origin, " has no loss scaler state; it was not saved under 16-mixed");
     LossScaler::State s;
     s.scale = checkpoint.read("scaler.scale").item();
     s.clean_steps = static_cast<int>(checkpoint.read("scaler.clean_steps").item());
@@ -302,8 +307,9 @@ void load_optimizer(Strategy& strategy, optim::Optimizer& optimizer, CheckpointR
 CheckpointMeta::CheckpointMeta(const fs::path& checkpoint) : path_(checkpoint / kMetaFile) {
   std::ifstream in(path_);
   if (!in) {
-    fail("[checkpoint] ", checkpoint.string(), " has no ", kMetaFile,
-         " (or it cannot be read); expected a checkpoint written by train_gpt or Fabric");
+    tag::kCheckpoint.fail(
+        checkpoint.string(), " has no ", kMetaFile,
+        " (or it cannot be read); expected a checkpoint written by train_gpt or Fabric");
   }
   json_ = std::make_unique<nlohmann::json>(parse_json_object(in, path_.string()));
 }
@@ -333,7 +339,7 @@ const nlohmann::json& CheckpointMeta::at(const std::string& field,
       refuse(parent, "an object with \"" + field.substr(dot + 1) + "\"");
     }
   }
-  fail("[checkpoint] ", path_.string(), " has no \"", field, "\"; expected ", expected);
+  tag::kCheckpoint.fail(path_.string(), " has no \"", field, "\"; expected ", expected);
 }
 
 bool CheckpointMeta::has(const std::string& field) const {
@@ -344,7 +350,7 @@ void CheckpointMeta::refuse(const std::string& field, const std::string& expecte
   const nlohmann::json* value = find(field);
   std::string shown = value != nullptr ? value->dump() : "absent";
   if (shown.size() > 60) shown = shown.substr(0, 57) + "...";
-  fail("[checkpoint] ", path_.string(), ": \"", field, "\" is ", shown, "; expected ", expected);
+  tag::kCheckpoint.fail(path_.string(), ": \"", field, "\" is ", shown, "; expected ", expected);
 }
 
 std::string CheckpointMeta::text(const std::string& field,

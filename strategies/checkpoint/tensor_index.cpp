@@ -13,6 +13,7 @@
 #include <tuple>
 
 #include "core/error.h"
+#include "core/tags.h"
 #include "tensor/safetensors.h"
 
 namespace loom::strategies::checkpoint {
@@ -81,8 +82,8 @@ void check_shape(const Shape& shape, const std::string& what) {
   int64_t extent = 1;
   for (int64_t d : shape) {
     if (d < 0 || __builtin_mul_overflow(extent, std::max<int64_t>(d, 1), &extent)) {
-      fail("[checkpoint] ", what, ": shape ", shape_text(shape),
-           " has a negative dimension or 2^63 elements or more");
+      tag::kCheckpoint.fail(what, ": shape ", shape_text(shape),
+                            " has a negative dimension or 2^63 elements or more");
     }
   }
 }
@@ -103,15 +104,16 @@ void check_tiling(const std::map<std::string, TensorEntry>& tensors, const std::
       const bool overflow = __builtin_mul_overflow(static_cast<uint64_t>(shard.end - shard.begin),
                                                    dtype_size(entry.dtype), &expected);
       if (overflow || shard.byte_end - shard.byte_begin != expected) {
-        fail("[checkpoint] ", origin, ": tensor '", name, "' shard in ", shard.file, " holds ",
-             shard.end - shard.begin, " elements in ", shard.byte_end - shard.byte_begin,
-             " bytes; expected ", overflow ? std::string("2^64 or more") : std::to_string(expected));
+        tag::kCheckpoint.fail(origin, ": tensor '", name, "' shard in ", shard.file, " holds ",
+                              shard.end - shard.begin, " elements in ",
+                              shard.byte_end - shard.byte_begin, " bytes; expected ",
+                              overflow ? std::string("2^64 or more") : std::to_string(expected));
       }
       const uint64_t bytes = shard.byte_end - shard.byte_begin;
       const uint64_t blocks = bytes / shard.block_bytes + (bytes % shard.block_bytes != 0 ? 1 : 0);
       if (shard.checksums.size() != blocks) {
-        fail("[checkpoint] ", origin, ": tensor '", name, "' shard in ", shard.file, " has ",
-             shard.checksums.size(), " checksums for ", blocks, " block(s)");
+        tag::kCheckpoint.fail(origin, ": tensor '", name, "' shard in ", shard.file, " has ",
+                              shard.checksums.size(), " checksums for ", blocks, " block(s)");
       }
       for (const ShardRun& run : runs_of(shard, entry.shape))
         runs.push_back({run, &shard});
@@ -121,19 +123,20 @@ void check_tiling(const std::map<std::string, TensorEntry>& tensors, const std::
     int64_t at = 0;
     for (const Located& r : runs) {
       if (r.run.global != at) {
-        fail("[checkpoint] ", origin, ": tensor '", name, "' has ",
-             r.run.global > at ? "no shard for" : "two shards holding", " elements [",
-             std::min(at, r.run.global), ", ", std::max(at, r.run.global), ") (next shard in ",
-             r.shard->file, "); expected its shards to hold each of its ", numel_of(entry.shape),
-             " elements once: a shard file is missing from the index, or the index is of "
-             "another save");
+        tag::kCheckpoint.fail(
+            origin, ": tensor '", name, "' has ",
+            r.run.global > at ? "no shard for" : "two shards holding", " elements [",
+            std::min(at, r.run.global), ", ", std::max(at, r.run.global), ") (next shard in ",
+            r.shard->file, "); expected its shards to hold each of its ", numel_of(entry.shape),
+            " elements once: a shard file is missing from the index, or the index is of "
+            "another save");
       }
       at = r.run.global + r.run.length;
     }
     if (at != numel_of(entry.shape)) {
-      fail("[checkpoint] ", origin, ": tensor '", name, "' of shape ", shape_text(entry.shape),
-           " has shards for its first ", at, " of ", numel_of(entry.shape),
-           " elements only; a shard file is missing from the index");
+      tag::kCheckpoint.fail(origin, ": tensor '", name, "' of shape ", shape_text(entry.shape),
+                            " has shards for its first ", at, " of ", numel_of(entry.shape),
+                            " elements only; a shard file is missing from the index");
     }
   }
 }
@@ -143,12 +146,13 @@ void check_tiling(const std::map<std::string, TensorEntry>& tensors, const std::
 std::pair<int64_t, int64_t> box_extent(const Shape& offsets, const Shape& sizes, const Shape& shape,
                                        const std::string& what) {
   if (offsets.size() != shape.size() || sizes.size() != shape.size())
-    fail("[checkpoint] ", what, ": a box of ", offsets.size(), " dimensions in a tensor of ", shape.size());
+    tag::kCheckpoint.fail(what, ": a box of ", offsets.size(), " dimensions in a tensor of ",
+                          shape.size());
   int64_t first = 0, count = 1;
   for (size_t d = 0; d < shape.size(); ++d) {
     if (offsets[d] < 0 || sizes[d] < 0 || offsets[d] > shape[d] || sizes[d] > shape[d] - offsets[d])
-      fail("[checkpoint] ", what, ": box ", shape_text(offsets), " + ", shape_text(sizes),
-           " leaves the tensor's shape ", shape_text(shape));
+      tag::kCheckpoint.fail(what, ": box ", shape_text(offsets), " + ", shape_text(sizes),
+                            " leaves the tensor's shape ", shape_text(shape));
     first = first * shape[d] + offsets[d];
     count *= sizes[d];
   }
@@ -163,10 +167,10 @@ void add_shard(std::map<std::string, TensorEntry>& tensors, const std::string& n
     entry.dtype = dtype;
     entry.shape = shape;
   } else if (entry.dtype != dtype || entry.shape != shape) {
-    fail("[checkpoint] ", origin, ": tensor '", name, "' is ", dtype_name(dtype), " ",
-         shape_text(shape), " in ", shard.file, " but ", dtype_name(entry.dtype), " ",
-         shape_text(entry.shape), " in ", entry.shards.front().file,
-         "; the files are not of one save");
+    tag::kCheckpoint.fail(origin, ": tensor '", name, "' is ", dtype_name(dtype), " ",
+                          shape_text(shape), " in ", shard.file, " but ", dtype_name(entry.dtype),
+                          " ", shape_text(entry.shape), " in ", entry.shards.front().file,
+                          "; the files are not of one save");
   }
   entry.shards.push_back(std::move(shard));
 }
@@ -336,12 +340,12 @@ void check_file_sizes(const Index& index, const fs::path& checkpoint) {
     std::error_code ec;
     const uint64_t size = fs::file_size(checkpoint / file, ec);
     if (ec) {
-      fail("[checkpoint] ", (checkpoint / file).string(), ", listed in ", kIndexFile,
-           ", is missing (", ec.message(), "); the checkpoint is incomplete");
+      tag::kCheckpoint.fail((checkpoint / file).string(), ", listed in ", kIndexFile,
+                            ", is missing (", ec.message(), "); the checkpoint is incomplete");
     }
     if (size != bytes) {
-      fail("[checkpoint] ", (checkpoint / file).string(), " is ", size, " bytes; ", kIndexFile,
-           " recorded ", bytes, " (truncated or replaced after the save)");
+      tag::kCheckpoint.fail((checkpoint / file).string(), " is ", size, " bytes; ", kIndexFile,
+                            " recorded ", bytes, " (truncated or replaced after the save)");
     }
   }
 }
@@ -401,31 +405,33 @@ void check_against_headers(const Index& index, const fs::path& checkpoint,
   const Index headers = Index::of_files(checkpoint, files);
   for (const auto& [name, held] : headers.tensors) {
     if (index.tensors.count(name) == 0) {
-      fail("[checkpoint] ", origin, " does not list tensor '", name, "', which ",
-           held.shards.front().file,
-           " holds; expected every tensor of its files once (the "
-           "index was damaged or edited: restore it, or resume from an earlier checkpoint)");
+      tag::kCheckpoint.fail(
+          origin, " does not list tensor '", name, "', which ", held.shards.front().file,
+          " holds; expected every tensor of its files once (the "
+          "index was damaged or edited: restore it, or resume from an earlier checkpoint)");
     }
   }
   for (const auto& [name, listed] : index.tensors) {
     auto held = headers.tensors.find(name);
     if (held == headers.tensors.end()) {
-      fail("[checkpoint] ", origin, " lists tensor '", name, "', which none of its files holds",
-           "; expected only the tensors of its files (the index was damaged or edited)");
+      tag::kCheckpoint.fail(
+          origin, " lists tensor '", name, "', which none of its files holds",
+          "; expected only the tensors of its files (the index was damaged or edited)");
     }
     const TensorEntry& h = held->second;
     if (listed.dtype != h.dtype || listed.shape != h.shape) {
-      fail("[checkpoint] ", origin, " says tensor '", name, "' is ", dtype_name(listed.dtype), " ",
-           shape_text(listed.shape), "; the header of ", h.shards.front().file, " says ",
-           dtype_name(h.dtype), " ", shape_text(h.shape),
-           " (the index or the file was damaged or edited)");
+      tag::kCheckpoint.fail(origin, " says tensor '", name, "' is ", dtype_name(listed.dtype), " ",
+                            shape_text(listed.shape), "; the header of ", h.shards.front().file,
+                            " says ", dtype_name(h.dtype), " ", shape_text(h.shape),
+                            " (the index or the file was damaged or edited)");
     }
     for (size_t i = 0; i < std::max(listed.shards.size(), h.shards.size()); ++i) {
       const std::string difference = shard_difference(listed.shards, h.shards, i);
       if (difference.empty()) continue;
-      fail("[checkpoint] ", origin, ": tensor '", name, "': ", difference,
-           "; expected the index written with these files (the index or a file was damaged, "
-           "edited or replaced)");
+      tag::kCheckpoint.fail(
+          origin, ": tensor '", name, "': ", difference,
+          "; expected the index written with these files (the index or a file was damaged, "
+          "edited or replaced)");
     }
   }
 }
@@ -464,15 +470,15 @@ json parse_json_object(std::istream& in, const std::string& origin) {
   try {
     value = json::parse(in, track_keys);
   } catch (const std::exception& e) {  // json::parse_error, or a read error of the stream
-    fail("[checkpoint] ", origin, " is not valid JSON (", untagged(e.what()),
-         "); expected a JSON object");
+    tag::kCheckpoint.fail(origin, " is not valid JSON (", untagged(e.what()),
+                          "); expected a JSON object");
   }
   if (!value.is_object()) {
-    fail("[checkpoint] ", origin, " is a JSON ", value.type_name(), "; expected a JSON object");
+    tag::kCheckpoint.fail(origin, " is a JSON ", value.type_name(), "; expected a JSON object");
   }
   if (duplicate) {
-    fail("[checkpoint] ", origin, ": ", *duplicate,
-         "; expected each key once (the file was damaged or edited)");
+    tag::kCheckpoint.fail(origin, ": ", *duplicate,
+                          "; expected each key once (the file was damaged or edited)");
   }
   return value;
 }
@@ -512,18 +518,20 @@ std::vector<ShardRun> runs_of(const Shard& shard, const Shape& shape) {
 
 void write_pieces(const fs::path& path, const std::vector<TensorPiece>& pieces,
                   uint64_t block_bytes) {
-  if (block_bytes == 0) fail("[checkpoint] write_pieces: block_bytes must be positive");
+  if (block_bytes == 0) tag::kCheckpoint.fail("write_pieces: block_bytes must be positive");
   safetensors::TensorMap stored;
   json described = json::object();
   for (const TensorPiece& piece : pieces) {
     const Tensor host = piece.values.to(Device::cpu()).contiguous();
-    if (host.dim() != 1) fail("[checkpoint] write_pieces: piece of ", piece.name, " is not 1-D");
+    if (host.dim() != 1)
+      tag::kCheckpoint.fail("write_pieces: piece of ", piece.name, " is not 1-D");
     const bool box = !piece.sizes.empty();
     std::string key = piece.name + "@";
     if (box) {
       const int64_t count = box_extent(piece.offsets, piece.sizes, piece.shape, piece.name).second;
       if (count != host.numel())
-        fail("[checkpoint] write_pieces: box of ", piece.name, " holds ", count, " elements, values ", host.numel());
+        tag::kCheckpoint.fail("write_pieces: box of ", piece.name, " holds ", count,
+                              " elements, values ", host.numel());
       for (size_t d = 0; d < piece.offsets.size(); ++d) {
         if (d > 0) key += ',';
         key += std::to_string(piece.offsets[d]);
@@ -532,7 +540,7 @@ void write_pieces(const fs::path& path, const std::vector<TensorPiece>& pieces,
       key += std::to_string(piece.begin);
     }
     if (!stored.emplace(key, host).second)
-      fail("[checkpoint] write_pieces: ", key, " given twice for ", path.string());
+      tag::kCheckpoint.fail("write_pieces: ", key, " given twice for ", path.string());
     json checksums = json::array();
     const auto* bytes = static_cast<const char*>(host.raw_data());
     for (uint64_t at = 0; at < host.nbytes(); at += block_bytes) {
@@ -562,8 +570,9 @@ Index Index::of_files(const fs::path& checkpoint, const std::vector<std::string>
       for (const safetensors::HeaderEntry& e : header.tensors) {
         auto sum = header.metadata.find(kWholeChecksumPrefix + e.name);
         if (sum == header.metadata.end()) {
-          fail("[checkpoint] ", path.string(), ": tensor '", e.name, "' has no checksum; "
-               "expected a file written by a Loom checkpoint");
+          tag::kCheckpoint.fail(path.string(), ": tensor '", e.name,
+                                "' has no checksum; "
+                                "expected a file written by a Loom checkpoint");
         }
         Shard shard;
         shard.file = file;
@@ -574,7 +583,7 @@ Index Index::of_files(const fs::path& checkpoint, const std::vector<std::string>
         try {
           if (e.end > e.begin) shard.checksums.push_back(parse_hex(sum->second));
         } catch (const Error& error) {
-          fail("[checkpoint] ", path.string(), ": tensor '", e.name, "': ", error.what());
+          tag::kCheckpoint.fail(path.string(), ": tensor '", e.name, "': ", error.what());
         }
         add_shard(index.tensors, e.name, e.dtype, e.shape, std::move(shard), path.string());
       }
@@ -586,14 +595,14 @@ Index Index::of_files(const fs::path& checkpoint, const std::vector<std::string>
       described = json::parse(pieces->second);
       block = std::stoull(header.metadata.at(kBlockKey));
     } catch (const std::exception& e) {
-      fail("[checkpoint] ", path.string(), ": its metadata '", kPiecesKey, "' or '", kBlockKey,
-           "' is unreadable: ", e.what());
+      tag::kCheckpoint.fail(path.string(), ": its metadata '", kPiecesKey, "' or '", kBlockKey,
+                            "' is unreadable: ", e.what());
     }
-    if (block == 0) fail("[checkpoint] ", path.string(), ": block size 0");
+    if (block == 0) tag::kCheckpoint.fail(path.string(), ": block size 0");
     for (const safetensors::HeaderEntry& e : header.tensors) {
       if (!described.contains(e.name)) {
-        fail("[checkpoint] ", path.string(), ": tensor '", e.name, "' is not described in its '",
-             kPiecesKey, "' metadata");
+        tag::kCheckpoint.fail(path.string(), ": tensor '", e.name, "' is not described in its '",
+                              kPiecesKey, "' metadata");
       }
       try {
         const json& d = described.at(e.name);
@@ -625,8 +634,8 @@ Index Index::of_files(const fs::path& checkpoint, const std::vector<std::string>
         add_shard(index.tensors, d.at("tensor").get<std::string>(), e.dtype, shape,
                   std::move(shard), path.string());
       } catch (const std::exception& error) {
-        fail("[checkpoint] ", path.string(), ": the description of '", e.name,
-             "' is malformed: ", untagged(error.what()));
+        tag::kCheckpoint.fail(path.string(), ": the description of '", e.name,
+                              "' is malformed: ", untagged(error.what()));
       }
     }
   }
@@ -667,7 +676,7 @@ void Index::write(const fs::path& checkpoint) const {
   std::ofstream stream(path);
   stream << out.dump(1) << "\n";
   stream.close();
-  if (!stream) fail("[checkpoint] writing ", path.string(), " failed (disk full?)");
+  if (!stream) tag::kCheckpoint.fail("writing ", path.string(), " failed (disk full?)");
 }
 
 Index Index::read(const fs::path& checkpoint) {
@@ -675,15 +684,15 @@ Index Index::read(const fs::path& checkpoint) {
   const std::string origin = path.string();
   std::ifstream stream(path);
   if (!stream) {
-    fail("[checkpoint] ", checkpoint.string(), " has no ", kIndexFile,
-         "; expected a checkpoint written by Loom (docs/checkpoints.md)");
+    tag::kCheckpoint.fail(checkpoint.string(), " has no ", kIndexFile,
+                          "; expected a checkpoint written by Loom (docs/checkpoints.md)");
   }
   const json in = parse_json_object(stream, origin);
   Index index;
   try {
     index = parse_index(in);
   } catch (const std::exception& e) {
-    fail("[checkpoint] ", origin, " is unreadable: ", untagged(e.what()));
+    tag::kCheckpoint.fail(origin, " is unreadable: ", untagged(e.what()));
   }
   sort_shards(index.tensors);
   check_tiling(index.tensors, origin);
@@ -695,8 +704,8 @@ Index Index::read(const fs::path& checkpoint) {
 const TensorEntry& Index::at(const std::string& name, const fs::path& checkpoint) const {
   auto found = tensors.find(name);
   if (found == tensors.end()) {
-    fail("[checkpoint] ", checkpoint.string(), " has no tensor '", name,
-         "'; it was saved from another model or optimizer");
+    tag::kCheckpoint.fail(checkpoint.string(), " has no tensor '", name,
+                          "'; it was saved from another model or optimizer");
   }
   return found->second;
 }

@@ -5,6 +5,7 @@
 #include <unordered_map>
 
 #include "core/registry.h"
+#include "core/tags.h"
 #include "tensor/ops.h"
 
 namespace loom::strategies {
@@ -136,8 +137,8 @@ class PowerSGDHook : public CommHook {
  public:
   explicit PowerSGDHook(const PowerSGDOptions& options) : options_(options) {
     if (options_.matrix_approximation_rank < 1) {
-      fail("[ddp/powersgd] matrix_approximation_rank must be >= 1, got ",
-           options_.matrix_approximation_rank);
+      tag::kDdpPowersgd.fail("matrix_approximation_rank must be >= 1, got ",
+                             options_.matrix_approximation_rank);
     }
   }
   std::string name() const override { return "powersgd"; }
@@ -283,7 +284,7 @@ struct Entry {
 
 // The built-in hooks, added when the registry is first used.
 struct Registry : NamedRegistry<Entry> {
-  Registry() : NamedRegistry<Entry>("ddp", "comm hook") {
+  Registry() : NamedRegistry<Entry>(tag::kDdp, "comm hook") {
     add("allreduce", {[] { return std::make_unique<AllreduceHook>(); },
                       "allreduce Avg of each bucket (the default)"});
     add("bf16_compress",
@@ -326,7 +327,8 @@ bool remove_comm_hook(const std::string& name) {
 
 std::unique_ptr<CommHook> make_comm_hook(const std::string& name) {
   std::unique_ptr<CommHook> hook = registry().at(name).factory();
-  check(hook != nullptr, "[ddp] the factory of comm hook '" + name + "' returned null");
+  check(hook != nullptr,
+        tag::kDdp.prefix() + "the factory of comm hook '" + name + "' returned null");
   return hook;
 }
 

@@ -1,14 +1,15 @@
 #include "strategies/ddp/ddp_strategy.h"
 
 #include "core/error.h"
+#include "core/tags.h"
 #include "strategies/parameter_sync.h"
 
 namespace loom::strategies {
 
 void DDPStrategy::setup_module(nn::Module& module) {
   if (options_.local_sgd_period < 0 || options_.local_sgd_warmup < 0)
-    fail("[ddp] local_sgd_period and local_sgd_warmup must be at least 0, got ",
-         options_.local_sgd_period, " and ", options_.local_sgd_warmup);
+    tag::kDdp.fail("local_sgd_period and local_sgd_warmup must be at least 0, got ",
+                   options_.local_sgd_period, " and ", options_.local_sgd_warmup);
   Strategy::setup_module(module);
   comm::ProcessGroup& group = group_for("setup_module");
   auto named = module.named_parameters();
@@ -34,7 +35,7 @@ bool DDPStrategy::past_warmup() const {
 }
 
 void DDPStrategy::backward(const Tensor& loss) {
-  if (!reducer_) fail("[ddp] backward before setup_module(): the module is not set up");
+  if (!reducer_) tag::kDdp.fail("backward before setup_module(): the module is not set up");
   reducer_->set_sync(user_sync_ && !past_warmup());
   reducer_->prepare_for_backward(loss);
   loss.backward();
@@ -63,8 +64,8 @@ DDPLaunchingStrategy::DDPLaunchingStrategy(StrategyOptions options, bool fork)
   if (fork_ && accelerator_->name() == "cuda") {
     // As in PyTorch: a forked child cannot use CUDA once the parent has initialised it, and
     // choosing the accelerator already did.
-    fail(
-        "[ddp_fork] the cuda accelerator cannot be used with forked ranks (CUDA does not "
+    tag::kDdpFork.fail(
+        "the cuda accelerator cannot be used with forked ranks (CUDA does not "
         "survive fork); use strategy 'ddp_spawn', or 'ddp' under loomrun");
   }
 }

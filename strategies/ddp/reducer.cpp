@@ -4,6 +4,7 @@
 #include <cstring>
 #include <unordered_set>
 
+#include "core/tags.h"
 #include "strategies/gradient_sync_hint.h"
 #include "strategies/trace.h"
 #include "tensor/autograd/node.h"
@@ -31,12 +32,12 @@ Reducer::Reducer(std::vector<Tensor> params, std::shared_ptr<comm::ProcessGroup>
       slots_(params_.size()),
       ready_(params_.size(), false),
       alive_(std::make_shared<bool>(true)) {
-  check(group_ != nullptr, "[ddp] Reducer needs a process group");
+  check(group_ != nullptr, tag::kDdp.prefix() + "Reducer needs a process group");
   for (size_t i = 0; i < params_.size(); ++i) {
     const Tensor& p = params_[i];
     if (!p.is_leaf() || !p.requires_grad() || !p.is_contiguous()) {
-      fail("[ddp] parameter ", name_of(i), " (", p.str(),
-           ") must be a contiguous leaf that requires grad");
+      tag::kDdp.fail("parameter ", name_of(i), " (", p.str(),
+                     ") must be a contiguous leaf that requires grad");
     }
   }
   // Reverse registration order: the order in which backward produces the gradients.
@@ -109,7 +110,7 @@ std::vector<std::vector<size_t>> Reducer::bucket_assignment() const {
 
 void Reducer::prepare_for_backward(const Tensor& loss) {
   if (expecting_backward_) {
-    fail("[ddp] prepare_for_backward called twice without finalize_backward in between");
+    tag::kDdp.fail("prepare_for_backward called twice without finalize_backward in between");
   }
   NoGradGuard no_grad;
   // Gradients as views into the buckets: a parameter whose .grad was dropped (zero_grad)
@@ -202,9 +203,10 @@ void Reducer::finalize_backward() {
   if (next_launch_ < buckets_.size()) {
     for (size_t k = 0; k < params_.size(); ++k) {
       if (!ready_[k]) {
-        fail("[ddp] parameter ", name_of(k),
-             " received no gradient in this backward pass, so its bucket was never reduced; "
-             "if some parameters are unused, construct DDP with find_unused_parameters=true");
+        tag::kDdp.fail(
+            "parameter ", name_of(k),
+            " received no gradient in this backward pass, so its bucket was never reduced; "
+            "if some parameters are unused, construct DDP with find_unused_parameters=true");
       }
     }
   }
@@ -218,8 +220,8 @@ void Reducer::finalize_backward() {
     try {
       work->finish();
     } catch (const CommError& e) {
-      throw e.rephrased("[ddp] rank " + std::to_string(group_->rank()) + ": gradient bucket " +
-                        std::to_string(b) + " was not reduced: " + e.what() +
+      throw e.rephrased(tag::kDdp.prefix() + "rank " + std::to_string(group_->rank()) +
+                        ": gradient bucket " + std::to_string(b) + " was not reduced: " + e.what() +
                         skipped_backward_hint(e));
     }
     if (trace == nullptr || bucket.launched_us < 0) continue;

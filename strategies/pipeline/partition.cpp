@@ -7,6 +7,7 @@
 #include <string>
 
 #include "core/error.h"
+#include "core/tags.h"
 
 namespace loom::strategies::pipeline {
 
@@ -14,18 +15,19 @@ std::vector<int64_t> partition_layers(const nn::LayeredModel& model, const nn::M
                                       int stages, const std::vector<int64_t>& balance) {
   const int64_t layers = model.layer_count();
   if (stages < 1 || stages > layers)
-    fail("[pipeline] ", stages, " stages for a model of ", layers, " layers; use 1 to ", layers);
+    tag::kPipeline.fail(stages, " stages for a model of ", layers, " layers; use 1 to ", layers);
   std::vector<int64_t> bounds{0};
   if (!balance.empty()) {
     if (static_cast<int>(balance.size()) != stages)
-      fail("[pipeline] balance lists ", balance.size(), " stages; --pp is ", stages);
+      tag::kPipeline.fail("balance lists ", balance.size(), " stages; --pp is ", stages);
     for (int64_t n : balance) {
-      if (n < 1) fail("[pipeline] balance gives a stage ", n, " layers; every stage needs >= 1");
+      if (n < 1)
+        tag::kPipeline.fail("balance gives a stage ", n, " layers; every stage needs >= 1");
       bounds.push_back(bounds.back() + n);
     }
     if (bounds.back() != layers) {
-      fail("[pipeline] balance adds up to ", bounds.back(), " layers; the model has ", layers,
-           " (GPT: the embedding, each block, the head)");
+      tag::kPipeline.fail("balance adds up to ", bounds.back(), " layers; the model has ", layers,
+                          " (GPT: the embedding, each block, the head)");
     }
     return bounds;
   }
@@ -45,7 +47,7 @@ std::vector<int64_t> partition_layers(const nn::LayeredModel& model, const nn::M
 std::vector<int64_t> partition_by_cost(const std::vector<int64_t>& costs, int stages) {
   const auto layers = static_cast<int64_t>(costs.size());
   if (stages < 1 || stages > layers)
-    fail("[pipeline] ", stages, " stages for a model of ", layers, " layers; use 1 to ", layers);
+    tag::kPipeline.fail(stages, " stages for a model of ", layers, " layers; use 1 to ", layers);
   std::vector<int64_t> prefix{0};  // cost of layers [0, i)
   for (int64_t c : costs)
     prefix.push_back(prefix.back() + c);

@@ -3,6 +3,7 @@
 #include <algorithm>
 
 #include "core/error.h"
+#include "core/tags.h"
 #include "optim/clip_grad.h"
 #include "strategies/parameter_sync.h"
 #include "strategies/pipeline/partition.h"
@@ -13,19 +14,22 @@ namespace loom::strategies {
 
 PipelineStrategy::PipelineStrategy(StrategyOptions options) : ParallelStrategy(std::move(options)) {
   const pipeline::PipelineOptions& o = options_.pipeline;
-  if (o.stages < 1) fail("[pipeline] --pp must be >= 1, got ", o.stages);
-  if (o.micro_batches < 1) fail("[pipeline] --micro-batches must be >= 1, got ", o.micro_batches);
+  if (o.stages < 1) tag::kPipeline.fail("--pp must be >= 1, got ", o.stages);
+  if (o.micro_batches < 1)
+    tag::kPipeline.fail("--micro-batches must be >= 1, got ", o.micro_batches);
   schedule_ = pipeline::make_schedule(o.schedule, o.chunks);
   if (o.data_parallel != "ddp" && o.data_parallel != "deepspeed_stage_1") {
-    fail("[pipeline] unknown data parallelism '", o.data_parallel, "' inside the stages; "
-         "expected ddp or deepspeed_stage_1");
+    tag::kPipeline.fail("unknown data parallelism '", o.data_parallel,
+                        "' inside the stages; "
+                        "expected ddp or deepspeed_stage_1");
   }
   if (options_.sequence_parallel) {
-    fail("[pipeline] sequence parallelism inside a pipeline is not built; use it with "
-         "model_parallel (--tp without --pp)");
+    tag::kPipeline.fail(
+        "sequence parallelism inside a pipeline is not built; use it with "
+        "model_parallel (--tp without --pp)");
   }
   if (o.data_parallel == "deepspeed_stage_1" && options_.tensor_parallel > 1) {
-    fail("[pipeline] deepspeed_stage_1 inside the stages with --tp is not built; use ddp");
+    tag::kPipeline.fail("deepspeed_stage_1 inside the stages with --tp is not built; use ddp");
   }
 }
 
@@ -40,7 +44,7 @@ void PipelineStrategy::setup_environment() {
 }
 
 const DeviceMesh& PipelineStrategy::mesh() const {
-  if (!mesh_) fail("[pipeline] the mesh exists after setup_environment()");
+  if (!mesh_) tag::kPipeline.fail("the mesh exists after setup_environment()");
   return *mesh_;
 }
 
@@ -77,19 +81,21 @@ void PipelineStrategy::make_links() {
 }
 
 void PipelineStrategy::setup_module(nn::Module& module) {
-  if (!mesh_) fail("[pipeline] setup_module before setup_environment(): no process group");
+  if (!mesh_) tag::kPipeline.fail("setup_module before setup_environment(): no process group");
   const auto* layered = dynamic_cast<const nn::LayeredModel*>(&module);
   if (layered == nullptr) {
-    fail("[pipeline] the module is not an nn::LayeredModel (a model that runs as consecutive "
-         "layers, as nn::GPT does); a pipeline cannot split it");
+    tag::kPipeline.fail(
+        "the module is not an nn::LayeredModel (a model that runs as consecutive "
+        "layers, as nn::GPT does); a pipeline cannot split it");
   }
   Strategy::setup_module(module);
   verify_same_parameters(module.named_parameters(), *group_);
   if (options_.tensor_parallel > 1) {  // pp x tp: each stage's layers split over its tp group
     auto* split = dynamic_cast<nn::TensorParallelModel*>(&module);
     if (split == nullptr) {
-      fail("[pipeline] --tp needs an nn::TensorParallelModel (a model that splits its own "
-           "layers, as nn::GPT does)");
+      tag::kPipeline.fail(
+          "--tp needs an nn::TensorParallelModel (a model that splits its own "
+          "layers, as nn::GPT does)");
     }
     tensor_parallel_ = std::make_shared<ProcessGroupTensorParallel>(mesh_->group("tp"));
     split->parallelize(tensor_parallel_);
@@ -100,16 +106,17 @@ void PipelineStrategy::setup_module(nn::Module& module) {
   if (options_.pipeline.balance.empty() && options_.pipeline.balance_by == "time") {
     // Rank 0's measurement, so that every rank cuts the model the same way.
     if (!profile_input_.defined()) {
-      fail("[pipeline] balancing by time needs a sample micro-batch: set_profile_input() "
-           "before setup_module (train_gpt gives it)");
+      tag::kPipeline.fail(
+          "balancing by time needs a sample micro-batch: set_profile_input() "
+          "before setup_module (train_gpt gives it)");
     }
     const std::vector<int64_t> measured = pipeline::layer_forward_times(*layered, profile_input_);
     Tensor costs = Tensor::from_vector(measured, {static_cast<int64_t>(measured.size())});
     group_->broadcast(costs, {.root = 0})->wait();
     bounds_ = pipeline::partition_by_cost(costs.to_vector<int64_t>(), chunks);
   } else if (options_.pipeline.balance_by != "parameters" && options_.pipeline.balance_by != "time") {
-    fail("[pipeline] unknown balance_by '", options_.pipeline.balance_by,
-         "'; expected parameters or time");
+    tag::kPipeline.fail("unknown balance_by '", options_.pipeline.balance_by,
+                        "'; expected parameters or time");
   } else {
     bounds_ = pipeline::partition_layers(*layered, module, chunks, options_.pipeline.balance);
   }
@@ -123,13 +130,15 @@ void PipelineStrategy::setup_module(nn::Module& module) {
   for (const auto& [name, stages] : stages_of_) {
     if (stages.size() == 1) continue;
     if (stages != std::set<int>{0, p - 1}) {
-      fail("[pipeline] parameter ", name, " is used by stages other than the first and the "
-           "last together; only a first/last tie (an embedding tied to the head) is supported");
+      tag::kPipeline.fail(
+          "parameter ", name,
+          " is used by stages other than the first and the "
+          "last together; only a first/last tie (an embedding tied to the head) is supported");
     }
     tied_.push_back(name);
   }
   for (const auto& [name, p] : params_) {
-    if (!stages_of_.count(name)) fail("[pipeline] parameter ", name, " belongs to no layer");
+    if (!stages_of_.count(name)) tag::kPipeline.fail("parameter ", name, " belongs to no layer");
   }
   // The first and the last stage of each replica sum the tied gradients.
   const bool in_tie = !tied_.empty() && (stage_ == 0 || stage_ == p - 1);
@@ -220,24 +229,26 @@ void PipelineStrategy::unscale_gradients() {
 }
 
 Tensor PipelineStrategy::forward_backward(const LossOfRows&, int64_t, double) {
-  fail("[pipeline] a pipeline runs whole batches: call train_batch(inputs, targets) instead of "
-       "forward_backward (train_gpt does)");
+  tag::kPipeline.fail(
+      "a pipeline runs whole batches: call train_batch(inputs, targets) instead of "
+      "forward_backward (train_gpt does)");
 }
 
 void PipelineStrategy::set_backward_sync(bool sync) {
   if (!sync) {
-    fail("[pipeline] gradient accumulation without synchronisation (no_sync) is not built; "
-         "use --micro-batches, which accumulates inside a batch");
+    tag::kPipeline.fail(
+        "gradient accumulation without synchronisation (no_sync) is not built; "
+        "use --micro-batches, which accumulates inside a batch");
   }
 }
 
 Tensor PipelineStrategy::train_batch(const Tensor& inputs, const Tensor& targets, double scale) {
-  if (!runner_) fail("[pipeline] train_batch before setup_module()");
+  if (!runner_) tag::kPipeline.fail("train_batch before setup_module()");
   const int m = options_.pipeline.micro_batches;
   const int64_t rows = inputs.size(0);
   if (rows % m != 0) {
-    fail("[pipeline] a batch of ", rows, " rows does not split into --micro-batches ", m,
-         "; use a --batch that ", m, " divides");
+    tag::kPipeline.fail("a batch of ", rows, " rows does not split into --micro-batches ", m,
+                        "; use a --batch that ", m, " divides");
   }
   std::vector<Tensor> in, out;
   for (int k = 0; k < m; ++k) {
@@ -278,7 +289,7 @@ void PipelineStrategy::synchronise_gradients() {
   for (auto& [name, param] : params_) {
     if (!holds(name)) continue;
     Tensor g = param.grad();
-    if (!g.defined()) fail("[pipeline] parameter ", name, " got no gradient on stage ", stage_);
+    if (!g.defined()) tag::kPipeline.fail("parameter ", name, " got no gradient on stage ", stage_);
     pending.push_back(dp->allreduce(g, {.op = comm::ReduceOp::Avg}));
   }
   for (const comm::WorkPtr& w : pending)
@@ -311,7 +322,7 @@ int PipelineStrategy::owner_stage(const std::string& name) const {
 // Per-parameter norms on the owning stage, gathered along the pipeline, combined in the
 // module's parameter order: what optim::grad_norm gives on one device.
 double PipelineStrategy::gradient_norm(double norm_type) {
-  if (!runner_) fail("[pipeline] gradient_norm before setup_module()");
+  if (!runner_) tag::kPipeline.fail("gradient_norm before setup_module()");
   std::vector<double> norms(params_.size(), 0.0);
   std::vector<std::string> names;
   for (size_t i = 0; i < params_.size(); ++i) {

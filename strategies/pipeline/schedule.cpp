@@ -3,6 +3,7 @@
 #include <algorithm>
 
 #include "core/error.h"
+#include "core/tags.h"
 
 namespace loom::strategies::pipeline {
 
@@ -39,8 +40,8 @@ std::vector<Action> OneFOneBSchedule::actions(int stage, int stages, int micro_b
 
 InterleavedOneFOneBSchedule::InterleavedOneFOneBSchedule(int chunks) : chunks_(chunks) {
   if (chunks < 2) {
-    fail("[pipeline] interleaved_1f1b needs at least 2 model chunks per stage, got ", chunks,
-         "; with 1 it is 1f1b");
+    tag::kPipeline.fail("interleaved_1f1b needs at least 2 model chunks per stage, got ", chunks,
+                        "; with 1 it is 1f1b");
   }
 }
 
@@ -50,9 +51,10 @@ InterleavedOneFOneBSchedule::InterleavedOneFOneBSchedule(int chunks) : chunks_(c
 std::vector<Action> InterleavedOneFOneBSchedule::actions(int stage, int stages,
                                                          int micro_batches) const {
   const int p = stages, v = chunks_, m = micro_batches;
-  if (p < 2) fail("[pipeline] interleaved_1f1b needs at least 2 stages");
+  if (p < 2) tag::kPipeline.fail("interleaved_1f1b needs at least 2 stages");
   if (m % p != 0) {
-    fail("[pipeline] interleaved_1f1b needs --micro-batches a multiple of --pp ", p, ", got ", m);
+    tag::kPipeline.fail("interleaved_1f1b needs --micro-batches a multiple of --pp ", p, ", got ",
+                        m);
   }
   const int total = m * v;
   auto micro_batch = [&](int i) { return i / (p * v) * p + i % p; };
@@ -96,8 +98,8 @@ std::unique_ptr<Schedule> make_schedule(const std::string& name, int chunks) {
   if (name == "1f1b") return std::make_unique<OneFOneBSchedule>();
   if (name == "interleaved_1f1b") return std::make_unique<InterleavedOneFOneBSchedule>(chunks);
   if (name == "zero_bubble") return std::make_unique<ZeroBubbleSchedule>();
-  fail("[pipeline] unknown schedule '", name,
-       "'; expected gpipe, 1f1b, interleaved_1f1b or zero_bubble");
+  tag::kPipeline.fail("unknown schedule '", name,
+                      "'; expected gpipe, 1f1b, interleaved_1f1b or zero_bubble");
 }
 
 void check_actions(const std::vector<Action>& actions, int micro_batches, int chunks,
@@ -107,26 +109,26 @@ void check_actions(const std::vector<Action>& actions, int micro_batches, int ch
   std::vector<std::vector<bool>> split(chunks, std::vector<bool>(micro_batches, false));
   for (const Action& a : actions) {
     if (a.micro_batch < 0 || a.micro_batch >= micro_batches || a.chunk < 0 || a.chunk >= chunks) {
-      fail("[pipeline] schedule ", schedule, ": micro-batch ", a.micro_batch, " of ",
-           micro_batches, ", chunk ", a.chunk, " of ", chunks);
+      tag::kPipeline.fail("schedule ", schedule, ": micro-batch ", a.micro_batch, " of ",
+                          micro_batches, ", chunk ", a.chunk, " of ", chunks);
     }
     switch (a.kind) {
       case Action::Forward:
         if (forwards[a.chunk][a.micro_batch]++ != 0) {
-          fail("[pipeline] schedule ", schedule, ": micro-batch ", a.micro_batch,
-               " runs forward twice on chunk ", a.chunk);
+          tag::kPipeline.fail("schedule ", schedule, ": micro-batch ", a.micro_batch,
+                              " runs forward twice on chunk ", a.chunk);
         }
         break;
       case Action::Backward:
       case Action::BackwardInput:
         if (a.micro_batch != next_backward[a.chunk]) {
-          fail("[pipeline] schedule ", schedule, ": backward of micro-batch ", a.micro_batch,
-               " where ", next_backward[a.chunk],
-               " is due (backward passes run in increasing order)");
+          tag::kPipeline.fail("schedule ", schedule, ": backward of micro-batch ", a.micro_batch,
+                              " where ", next_backward[a.chunk],
+                              " is due (backward passes run in increasing order)");
         }
         if (forwards[a.chunk][a.micro_batch] == 0) {
-          fail("[pipeline] schedule ", schedule, ": backward of micro-batch ", a.micro_batch,
-               " before its forward");
+          tag::kPipeline.fail("schedule ", schedule, ": backward of micro-batch ", a.micro_batch,
+                              " before its forward");
         }
         ++next_backward[a.chunk];
         if (a.kind == Action::Backward) {
@@ -137,9 +139,10 @@ void check_actions(const std::vector<Action>& actions, int micro_batches, int ch
         break;
       case Action::BackwardWeight:
         if (a.micro_batch != next_weight[a.chunk] || !split[a.chunk][a.micro_batch]) {
-          fail("[pipeline] schedule ", schedule, ": weight half of micro-batch ", a.micro_batch,
-               " on chunk ", a.chunk, " where ", next_weight[a.chunk],
-               "'s is due (after its input half; weight halves run in increasing order)");
+          tag::kPipeline.fail(
+              "schedule ", schedule, ": weight half of micro-batch ", a.micro_batch, " on chunk ",
+              a.chunk, " where ", next_weight[a.chunk],
+              "'s is due (after its input half; weight halves run in increasing order)");
         }
         ++next_weight[a.chunk];
         break;
@@ -147,8 +150,9 @@ void check_actions(const std::vector<Action>& actions, int micro_batches, int ch
   }
   for (int c = 0; c < chunks; ++c) {
     if (next_backward[c] != micro_batches || next_weight[c] != micro_batches) {
-      fail("[pipeline] schedule ", schedule, ": ", next_backward[c], " backward passes and ",
-           next_weight[c], " weight halves for ", micro_batches, " micro-batches on chunk ", c);
+      tag::kPipeline.fail("schedule ", schedule, ": ", next_backward[c], " backward passes and ",
+                          next_weight[c], " weight halves for ", micro_batches,
+                          " micro-batches on chunk ", c);
     }
   }
 }
@@ -212,9 +216,10 @@ Simulation simulate(const Schedule& schedule, int stages, int micro_batches) {
   for (int s = 0; s < p; ++s) {
     if (next[s] < actions[s].size()) {
       const Action& a = actions[s][next[s]];
-      fail("[pipeline] schedule ", schedule.name(), " deadlocks: stage ", s, " of ", p,
-           " waits forever to run ", a.kind == Action::Forward ? "the forward" : "the backward",
-           " of micro-batch ", a.micro_batch, " on chunk ", a.chunk);
+      tag::kPipeline.fail("schedule ", schedule.name(), " deadlocks: stage ", s, " of ", p,
+                          " waits forever to run ",
+                          a.kind == Action::Forward ? "the forward" : "the backward",
+                          " of micro-batch ", a.micro_batch, " on chunk ", a.chunk);
     }
     run.makespan = std::max(run.makespan, free_at[s]);
   }

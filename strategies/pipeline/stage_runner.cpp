@@ -3,6 +3,7 @@
 #include <chrono>
 
 #include "core/error.h"
+#include "core/tags.h"
 #include "strategies/trace.h"
 #include "tensor/autocast.h"
 #include "tensor/autograd/node.h"
@@ -54,10 +55,10 @@ StageRunner::StageRunner(const nn::LayeredModel& model, const Schedule& schedule
     : model_(model), schedule_(schedule), stage_(stage), stages_(stages), bounds_(std::move(bounds)) {
   const int chunks = schedule.chunks_per_stage();
   if (chunk_count() != stages * chunks) {
-    fail("[pipeline] ", chunk_count(), " model chunks for ", stages, " stages of ", chunks);
+    tag::kPipeline.fail(chunk_count(), " model chunks for ", stages, " stages of ", chunks);
   }
   auto need = [&](const Link& link, const char* what) {
-    if (!link.group) fail("[pipeline] stage ", stage, " of ", stages, ": no link ", what);
+    if (!link.group) tag::kPipeline.fail("stage ", stage, " of ", stages, ": no link ", what);
     return link;
   };
   if (stage + 1 < stages) {
@@ -140,8 +141,8 @@ Tensor StageRunner::take(Stream& stream, const Key& key) {
   }
   post_receives(stream, activations);
   if (stream.receives.empty()) {
-    fail("[pipeline] stage ", stage_, ": the gradient of chunk ", key.first, ", micro-batch ",
-         key.second, " is due before its forward ran");
+    tag::kPipeline.fail("stage ", stage_, ": the gradient of chunk ", key.first, ", micro-batch ",
+                        key.second, " is due before its forward ran");
   }
   for (size_t i = 0; i < stream.order.size(); ++i) {
     if (stream.order[i] != key) continue;
@@ -152,8 +153,8 @@ Tensor StageRunner::take(Stream& stream, const Key& key) {
     stream.buffers[i] = Tensor();
     return value;
   }
-  fail("[pipeline] stage ", stage_, ": chunk ", key.first, ", micro-batch ", key.second,
-       " expects a message its neighbour's schedule does not send");
+  tag::kPipeline.fail("stage ", stage_, ": chunk ", key.first, ", micro-batch ", key.second,
+                      " expects a message its neighbour's schedule does not send");
 }
 
 double StageRunner::run(const std::vector<Action>& actions, int micro_batches,
@@ -162,7 +163,8 @@ double StageRunner::run(const std::vector<Action>& actions, int micro_batches,
   const auto started = std::chrono::steady_clock::now();
   const auto m = static_cast<size_t>(micro_batches);
   if ((has_first_chunk() && inputs.size() != m) || (has_last_chunk() && targets.size() != m))
-    fail("[pipeline] stage ", stage_, ": ", m, " micro-batches need as many inputs and targets");
+    tag::kPipeline.fail("stage ", stage_, ": ", m,
+                        " micro-batches need as many inputs and targets");
   inputs_.clear();
   outputs_.clear();
   losses_.clear();
@@ -236,14 +238,15 @@ void StageRunner::forward(const Action& a, const std::vector<Tensor>& inputs,
     output_shapes_.emplace(a.chunk, std::pair{y.shape(), y.dtype()});
     post_receives(*gradients_in(a.chunk), /*activations=*/false);
   } else if (known->second.first != y.shape() || known->second.second != y.dtype()) {
-    fail("[pipeline] stage ", stage_, ": micro-batch ", a.micro_batch, " gives activations ",
-         y.str(), " where an earlier one gave ", shape_str(known->second.first), " ",
-         dtype_name(known->second.second), "; every micro-batch must have the same shape");
+    tag::kPipeline.fail("stage ", stage_, ": micro-batch ", a.micro_batch, " gives activations ",
+                        y.str(), " where an earlier one gave ", shape_str(known->second.first), " ",
+                        dtype_name(known->second.second),
+                        "; every micro-batch must have the same shape");
   }
   outputs_[key] = y;
   Stream& out = *activations_out(a.chunk);
   if (!out.header_sent) {
-    if (y.dim() > kHeaderWords - 2) fail("[pipeline] activations of more than 6 dimensions");
+    if (y.dim() > kHeaderWords - 2) tag::kPipeline.fail("activations of more than 6 dimensions");
     std::vector<int64_t> words(kHeaderWords, 0);
     words[0] = static_cast<int64_t>(y.dtype());
     words[1] = y.dim();
@@ -283,7 +286,8 @@ void StageRunner::backward(const Action& a, double loss_scale) {
   if (chunk > 0) {
     const Tensor g = inputs_.at(key).grad();
     if (!g.defined()) {
-      fail("[pipeline] stage ", stage_, ": micro-batch ", a.micro_batch, "'s input got no gradient");
+      tag::kPipeline.fail("stage ", stage_, ": micro-batch ", a.micro_batch,
+                          "'s input got no gradient");
     }
     Stream& out = *gradients_out(a.chunk);
     sends_.push_back(out.link.group->send(g.contiguous(), out.link.peer));
@@ -297,8 +301,8 @@ void StageRunner::backward_weight(const Action& a) {
   const Key key{a.chunk, a.micro_batch};
   auto half = weight_halves_.find(key);
   if (half == weight_halves_.end()) {
-    fail("[pipeline] stage ", stage_, ": the weight half of micro-batch ", a.micro_batch,
-         " before its input half");
+    tag::kPipeline.fail("stage ", stage_, ": the weight half of micro-batch ", a.micro_batch,
+                        " before its input half");
   }
   const auto started = std::chrono::steady_clock::now();
   Trace::Span span(current_trace(), action_label(a, chunk_count() > stages_), "pipeline",

@@ -4,8 +4,9 @@
 #include <cstdio>
 #include <map>
 
-#include "strategies/sharded/unit_state.h"
+#include "core/tags.h"
 #include "strategies/gradient_sync_hint.h"
+#include "strategies/sharded/unit_state.h"
 #include "strategies/trace.h"
 #include "tensor/autograd/function.h"
 #include "tensor/ops.h"
@@ -45,50 +46,61 @@ ShardedEngine::ShardedEngine(nn::Module& module, std::shared_ptr<comm::ProcessGr
       options_(options),
       params_(module.named_parameters()),
       alive_(std::make_shared<bool>(true)) {
-  check(group_ != nullptr, "[sharded] the engine needs a process group");
+  check(group_ != nullptr, tag::kSharded.prefix() + "the engine needs a process group");
   if (options_.stage < 0 || options_.stage > 3)
-    fail("[sharded] stage must be 0, 1, 2 or 3, got ", options_.stage);
+    tag::kSharded.fail("stage must be 0, 1, 2 or 3, got ", options_.stage);
   if (options_.offload_params && options_.stage != 3) {
-    fail("[sharded] offload_params needs stage 3 (parameters sharded), got stage ",
-         options_.stage, "; use offload_optimizer to offload master weights and optimizer state");
+    tag::kSharded.fail("offload_params needs stage 3 (parameters sharded), got stage ",
+                       options_.stage,
+                       "; use offload_optimizer to offload master weights and optimizer state");
   }
   if (!options_.nvme_path.empty() && !options_.offload_optimizer) {
-    fail("[sharded] nvme_path '", options_.nvme_path, "' is set but offload_optimizer is not: "
-         "NVMe offload moves the offloaded master shards and optimizer state to disk");
+    tag::kSharded.fail(
+        "nvme_path '", options_.nvme_path,
+        "' is set but offload_optimizer is not: "
+        "NVMe offload moves the offloaded master shards and optimizer state to disk");
   }
   if (!options_.nvme_path.empty() && options_.sub_group_size < 1)
-    fail("[sharded] sub_group_size must be at least 1, got ", options_.sub_group_size);
+    tag::kSharded.fail("sub_group_size must be at least 1, got ", options_.sub_group_size);
   if (options_.param_dtype != DType::F32 && options_.stage != 3) {
-    fail("[sharded] param_dtype ", options_.param_dtype, " needs stage 3 (FULL_SHARD, "
-         "SHARD_GRAD_OP): stages 0-2 keep whole parameters, which are the master weights");
+    tag::kSharded.fail(
+        "param_dtype ", options_.param_dtype,
+        " needs stage 3 (FULL_SHARD, "
+        "SHARD_GRAD_OP): stages 0-2 keep whole parameters, which are the master weights");
   }
   if (options_.param_dtype != DType::F32 && options_.nvme_params)
-    fail("[sharded] param_dtype with nvme_params is not built; use one of them");
+    tag::kSharded.fail("param_dtype with nvme_params is not built; use one of them");
   for (DType d : {options_.param_dtype, options_.reduce_dtype}) {
     if (d != DType::F32 && d != DType::BF16 && d != DType::F16)
-      fail("[sharded] param_dtype and reduce_dtype are f32, bf16 or f16, got ", d);
+      tag::kSharded.fail("param_dtype and reduce_dtype are f32, bf16 or f16, got ", d);
   }
   if (options_.nvme_params && (options_.nvme_path.empty() || !options_.offload_params ||
                                options_.stage != 3)) {
-    fail("[sharded] nvme_params keeps stage 3's offloaded parameter shards in the NVMe swap "
-         "file: it needs stage 3 with offload_params and offload_optimizer on nvme_path");
+    tag::kSharded.fail(
+        "nvme_params keeps stage 3's offloaded parameter shards in the NVMe swap "
+        "file: it needs stage 3 with offload_params and offload_optimizer on nvme_path");
   }
   shard_group_ = group_;
   if (options_.hybrid_shard) {
     const int size = options_.shard_group_size, world = group_->size();
     if (options_.stage != 3)
-      fail("[sharded] HYBRID_SHARD shards parameters (stage 3), got stage ", options_.stage);
+      tag::kSharded.fail("HYBRID_SHARD shards parameters (stage 3), got stage ", options_.stage);
     if (size < 1 || world % size != 0) {
-      fail("[sharded] HYBRID_SHARD: the world size ", world, " must be a multiple of the shard "
-           "group size ", size, " (the ranks of one node); start the same number of ranks on "
-           "every node, or use FULL_SHARD");
+      tag::kSharded.fail("HYBRID_SHARD: the world size ", world,
+                         " must be a multiple of the shard "
+                         "group size ",
+                         size,
+                         " (the ranks of one node); start the same number of ranks on "
+                         "every node, or use FULL_SHARD");
     }
     // Collective: every rank makes both splits, in the same order.
     shard_group_ = group_->split(group_->rank() / size, group_->rank());
     replicate_group_ = group_->split(group_->rank() % size, group_->rank());
     if (group_->rank() == 0) {
-      std::fprintf(stderr, "[sharded] HYBRID_SHARD: parameters sharded over %d group(s) of %d "
-                   "rank(s), replicated across the groups\n", world / size, size);
+      std::fprintf(stderr,
+                   "%sHYBRID_SHARD: parameters sharded over %d group(s) of %d "
+                   "rank(s), replicated across the groups\n",
+                   tag::kSharded.prefix().c_str(), world / size, size);
     }
     if (replicate_group_->size() == 1) replicate_group_.reset();  // one node: FULL_SHARD
   }
@@ -97,8 +109,8 @@ ShardedEngine::ShardedEngine(nn::Module& module, std::shared_ptr<comm::ProcessGr
   for (size_t k = 0; k < params_.size(); ++k) {
     const Tensor& p = params_[k].second;
     if (!p.is_leaf() || !p.requires_grad() || !p.is_contiguous()) {
-      fail("[sharded] parameter ", params_[k].first, " (", p.str(),
-           ") must be a contiguous leaf that requires grad");
+      tag::kSharded.fail("parameter ", params_[k].first, " (", p.str(),
+                         ") must be a contiguous leaf that requires grad");
     }
   }
 
@@ -106,8 +118,8 @@ ShardedEngine::ShardedEngine(nn::Module& module, std::shared_ptr<comm::ProcessGr
                                            : make_wrap_policy(options_.auto_wrap_policy);
   UnitPlan plan = plan_units(module, policy);
   if (policy && !plan.policy_matched && group_->rank() == 0) {
-    std::fprintf(stderr,
-                 "[sharded] the wrap policy '%s' matched no module: the whole model is one unit\n",
+    std::fprintf(stderr, "%sthe wrap policy '%s' matched no module: the whole model is one unit\n",
+                 tag::kSharded.prefix().c_str(),
                  options_.wrap_policy ? "(user predicate)" : options_.auto_wrap_policy.c_str());
   }
 
@@ -212,7 +224,8 @@ ShardedEngine::ShardedEngine(nn::Module& module, std::shared_ptr<comm::ProcessGr
     swap_ = std::make_unique<OptimizerSwap>(options_.nvme_path, options_.nvme_buffer_count,
                                             copies * (bytes + pieces * SwapFile::kDirectAlignment));
     if (group_->rank() == 0) {
-      std::fprintf(stderr, "[sharded] NVMe offload: %s swap file under %s (%s)\n",
+      std::fprintf(stderr, "%sNVMe offload: %s swap file under %s (%s)\n",
+                   tag::kSharded.prefix().c_str(),
                    options_.nvme_params ? "parameter and optimizer" : "optimizer",
                    options_.nvme_path.c_str(), swap_->file().mode().c_str());
     }
@@ -475,7 +488,7 @@ void ShardedEngine::finish_reduction(size_t unit) {
     try {
       wait_for(flat, unit, false);
     } catch (const CommError& e) {
-      throw e.rephrased("[sharded] rank " + std::to_string(group_->rank()) +
+      throw e.rephrased(tag::kSharded.prefix() + "rank " + std::to_string(group_->rank()) +
                         ": a gradient reduction failed: " + e.what() + skipped_backward_hint(e));
     }
     if (flat.full_grad_lp.defined()) {  // widen the reduced gradient back
@@ -508,9 +521,9 @@ void ShardedEngine::finish_replication(size_t unit) {
     try {
       done->wait();
     } catch (const CommError& e) {
-      throw e.rephrased("[sharded] rank " + std::to_string(group_->rank()) +
-                        ": HYBRID_SHARD's gradient allreduce across shard groups failed: " +
-                        e.what());
+      throw e.rephrased(
+          tag::kSharded.prefix() + "rank " + std::to_string(group_->rank()) +
+          ": HYBRID_SHARD's gradient allreduce across shard groups failed: " + e.what());
     }
     deliver_gradients(flat);
   }
@@ -538,9 +551,10 @@ void ShardedEngine::finalize_backward() {
   if (!sync_) return;
   for (size_t k = 0; k < params_.size(); ++k) {
     if (!ready_[k]) {
-      fail("[sharded] parameter ", name_of(k),
-           " received no gradient in this backward pass, so its unit's gradients were never "
-           "reduced; every parameter of the module must take part in the loss");
+      tag::kSharded.fail(
+          "parameter ", name_of(k),
+          " received no gradient in this backward pass, so its unit's gradients were never "
+          "reduced; every parameter of the module must take part in the loss");
     }
   }
   reducing_ = -1;

@@ -9,6 +9,7 @@
 #include <cmath>
 #include <map>
 
+#include "core/tags.h"
 #include "kernels/cpu/exact_square_sum.h"
 #include "optim/clip_grad.h"
 #include "strategies/sharded/unit_state.h"
@@ -27,10 +28,11 @@ void ShardedEngine::copy_gradients_out(const FlatParam& flat) {
 
 void ShardedEngine::adopt_optimizer(optim::Optimizer& optimizer) {
   if (optimizer.step_count() != 0) {
-    fail("[sharded] setup_optimizer after the optimizer stepped: set up the optimizer before "
-         "its first step, so that its state is created for this rank's shard only");
+    tag::kSharded.fail(
+        "setup_optimizer after the optimizer stepped: set up the optimizer before "
+        "its first step, so that its state is created for this rank's shard only");
   }
-  if (!segments_.empty()) fail("[sharded] setup_optimizer called twice");
+  if (!segments_.empty()) tag::kSharded.fail("setup_optimizer called twice");
   std::map<const TensorImpl*, size_t> index;
   for (size_t k = 0; k < params_.size(); ++k)
     index.emplace(params_[k].second.impl_ptr().get(), k);
@@ -46,9 +48,10 @@ void ShardedEngine::adopt_optimizer(optim::Optimizer& optimizer) {
     for (const Tensor& p : group.params) {
       auto found = index.find(p.impl_ptr().get());
       if (found == index.end()) {
-        fail("[sharded] the optimizer holds a tensor (", p.str(),
-             ") that is not a parameter of the set-up module; build the optimizer over "
-             "module.parameters()");
+        tag::kSharded.fail(
+            "the optimizer holds a tensor (", p.str(),
+            ") that is not a parameter of the set-up module; build the optimizer over "
+            "module.parameters()");
       }
       const size_t k = found->second;
       auto [flat, i] = place.at(k);
@@ -146,8 +149,9 @@ void ShardedEngine::install_step_hooks(optim::Optimizer& optimizer,
   std::weak_ptr<bool> alive = alive_;
   auto engine = [this, alive] {
     if (!alive.lock()) {
-      fail("[sharded] the optimizer stepped after its sharded engine was torn down (NVMe "
-           "offload): its parameters were that engine's shards; build a new optimizer");
+      tag::kSharded.fail(
+          "the optimizer stepped after its sharded engine was torn down (NVMe "
+          "offload): its parameters were that engine's shards; build a new optimizer");
     }
     return this;
   };
@@ -217,7 +221,8 @@ void ShardedEngine::after_step() {
 
 double ShardedEngine::grad_norm(double norm_type) {
   if (!(norm_type > 0.0))
-    fail("[sharded] grad_norm: norm_type ", norm_type, " is not supported; expected > 0 or inf");
+    tag::kSharded.fail("grad_norm: norm_type ", norm_type,
+                       " is not supported; expected > 0 or inf");
   NoGradGuard no_grad;
   const int64_t count = static_cast<int64_t>(params_.size());
   bool exact = norm_type == 2.0;
@@ -307,8 +312,10 @@ OptimizerLayout ShardedEngine::optimizer_layout(const optim::Optimizer& optimize
     for (const Tensor& tensor : group.params) {
       auto found = segments_of.find(tensor.impl_ptr().get());
       if (found == segments_of.end()) {
-        fail("[sharded] the optimizer holds a tensor (", tensor.str(), ") the engine did not "
-             "give it; pass the optimizer to setup_optimizer() before describing its state");
+        tag::kSharded.fail(
+            "the optimizer holds a tensor (", tensor.str(),
+            ") the engine did not "
+            "give it; pass the optimizer to setup_optimizer() before describing its state");
       }
       std::vector<OptimizerPart> parts;
       int64_t offset = 0;

@@ -3,13 +3,14 @@
 #include <algorithm>
 
 #include "core/error.h"
+#include "core/tags.h"
 
 namespace loom::strategies::sharded {
 
 OptimizerSwap::OptimizerSwap(const std::string& directory, int buffer_count,
                              size_t reserve_bytes)
     : file_(directory, reserve_bytes), buffer_count_(buffer_count) {
-  if (buffer_count < 1) fail("[nvme] buffer_count must be at least 1, got ", buffer_count);
+  if (buffer_count < 1) tag::kNvme.fail("buffer_count must be at least 1, got ", buffer_count);
 }
 
 OptimizerSwap::~OptimizerSwap() {
@@ -38,8 +39,8 @@ size_t OptimizerSwap::in_memory() const {
 size_t OptimizerSwap::add(Tensor master) {
   if (!master.defined() || !master.device().is_cpu() || !master.is_contiguous() ||
       master.offset() != 0 || master.nbytes() != master.storage()->nbytes()) {
-    fail("[nvme] a swapped tensor must be a whole contiguous host storage, got ",
-         master.defined() ? master.str() : "an undefined tensor");
+    tag::kNvme.fail("a swapped tensor must be a whole contiguous host storage, got ",
+                    master.defined() ? master.str() : "an undefined tensor");
   }
   SubGroup g;
   g.master = std::move(master);
@@ -89,7 +90,7 @@ void OptimizerSwap::begin_step() {
 }
 
 void OptimizerSwap::acquire(size_t id) {
-  if (id >= groups_.size()) fail("[nvme] acquire: no sub-group ", id);
+  if (id >= groups_.size()) tag::kNvme.fail("acquire: no sub-group ", id);
   SubGroup& g = groups_[id];
   if (g.where == Where::Writing) finish_io(id);  // stepped twice in one step: read it back
   if (g.where == Where::File) start_read(id);
@@ -103,23 +104,23 @@ void OptimizerSwap::acquire(size_t id) {
 
 void OptimizerSwap::release(size_t id, std::vector<Tensor> state) {
   SubGroup& g = groups_[id];
-  if (g.where != Where::Resident) fail("[nvme] release: sub-group ", id, " is not in memory");
+  if (g.where != Where::Resident) tag::kNvme.fail("release: sub-group ", id, " is not in memory");
   if (g.state.empty() && !state.empty()) {
     g.state = std::move(state);
     for (const Tensor& t : g.state) {
       if (!t.is_contiguous() || t.offset() != 0 || t.nbytes() != t.storage()->nbytes())
-        fail("[nvme] optimizer state ", t.str(), " is not a whole contiguous storage");
+        tag::kNvme.fail("optimizer state ", t.str(), " is not a whole contiguous storage");
       g.offsets.push_back(file_.allocate(t.nbytes()));
     }
   } else if (state.size() != g.state.size()) {
-    fail("[nvme] sub-group ", id, " had ", g.state.size(), " state tensors and now has ",
-         state.size());
+    tag::kNvme.fail("sub-group ", id, " had ", g.state.size(), " state tensors and now has ",
+                    state.size());
   } else {
     for (size_t k = 0; k < state.size(); ++k) {
       if (state[k].storage() == g.state[k].storage()) continue;
       if (state[k].nbytes() != g.state[k].nbytes() || !state[k].is_contiguous() ||
           state[k].offset() != 0)
-        fail("[nvme] optimizer state ", state[k].str(), " does not fit its swap slot");
+        tag::kNvme.fail("optimizer state ", state[k].str(), " does not fit its swap slot");
       g.state[k].storage()->release();  // the replaced tensor's copy read this step
       g.state[k] = state[k];
     }

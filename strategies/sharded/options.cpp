@@ -1,6 +1,7 @@
 #include "strategies/sharded/options.h"
 
 #include "core/error.h"
+#include "core/tags.h"
 
 namespace loom::strategies::sharded {
 
@@ -18,8 +19,8 @@ void apply_fsdp_sharding_strategy(const std::string& name, ShardingOptions& opti
     options.reshard_after_forward = true;
     options.hybrid_shard = true;
   } else {
-    fail("[fsdp] unknown sharding_strategy '", name,
-         "'; expected FULL_SHARD, SHARD_GRAD_OP, NO_SHARD or HYBRID_SHARD");
+    tag::kFsdp.fail("unknown sharding_strategy '", name,
+                    "'; expected FULL_SHARD, SHARD_GRAD_OP, NO_SHARD or HYBRID_SHARD");
   }
 }
 

@@ -14,12 +14,12 @@ void ShardedStrategy::setup_environment() {
 }
 
 sharded::ShardedEngine& ShardedStrategy::need_engine(const char* what) const {
-  if (!engine_) fail("[", name_, "] ", what, " before setup_module(): the module is not set up");
+  if (!engine_) Tag(name_).fail(what, " before setup_module(): the module is not set up");
   return *engine_;
 }
 
 void ShardedStrategy::setup_module(nn::Module& module) {
-  if (!group_) fail("[", name_, "] setup_module before setup_environment(): no process group");
+  if (!group_) Tag(name_).fail("setup_module before setup_environment(): no process group");
   Strategy::setup_module(module);
   verify_same_parameters(module.named_parameters(), *group_);
   broadcast_parameters(module.parameters(), *group_);
@@ -69,8 +69,9 @@ double ShardedStrategy::clip_gradients(double max_norm, double norm_type) {
 void ShardedStrategy::optimizer_step(optim::Optimizer& optimizer) {
   sharded::ShardedEngine& engine = need_engine("optimizer_step");
   if (!optimizer_adopted_) {
-    fail("[", name_, "] optimizer_step with an optimizer that was not set up: call "
-         "setup_optimizer(optimizer) after setup_module() so that it steps this rank's shard");
+    Tag(name_).fail(
+        "optimizer_step with an optimizer that was not set up: call "
+        "setup_optimizer(optimizer) after setup_module() so that it steps this rank's shard");
   }
   Strategy::optimizer_step(optimizer);
   engine.after_step();

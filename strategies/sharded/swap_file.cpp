@@ -11,6 +11,7 @@
 #include <cstring>
 
 #include "core/error.h"
+#include "core/tags.h"
 
 namespace loom::strategies::sharded {
 
@@ -56,9 +57,10 @@ struct Piece {
 SwapFile::SwapFile(const std::string& directory, size_t reserve_bytes,
                    std::chrono::milliseconds timeout)
     : directory_(directory), timeout_(timeout) {
-  const std::string where = "[nvme] nvme_path '" + directory + "'";
+  const std::string where = tag::kNvme.prefix() + "nvme_path '" + directory + "'";
   if (directory.empty())
-    fail("[nvme] no nvme_path given: NVMe offload needs a directory on a local disk (--nvme-path DIR)");
+    tag::kNvme.fail(
+        "no nvme_path given: NVMe offload needs a directory on a local disk (--nvme-path DIR)");
   struct stat st{};
   if (::stat(directory.c_str(), &st) != 0) {
     fail(where, " cannot be used: ", std::strerror(errno),
@@ -128,8 +130,9 @@ uint64_t SwapFile::allocate(size_t nbytes) {
     const int error = ::posix_fallocate(fd_, static_cast<off_t>(reserved_),
                                         static_cast<off_t>(end - reserved_));
     if (error != 0) {
-      fail("[nvme] growing the swap file under '", directory_, "' to ", mib(end), " failed: ",
-           std::strerror(error), "; free some space or pass another --nvme-path");
+      tag::kNvme.fail("growing the swap file under '", directory_, "' to ", mib(end),
+                      " failed: ", std::strerror(error),
+                      "; free some space or pass another --nvme-path");
     }
     reserved_ = end;
   }
@@ -138,9 +141,10 @@ uint64_t SwapFile::allocate(size_t nbytes) {
 }
 
 void SwapFile::fail_io(const char* what, int error) const {
-  fail("[nvme] ", what, " the swap file under '", directory_, "' failed: ",
-       error == kShortTransfer ? "short transfer" : std::strerror(-error),
-       error == -ENOSPC ? " (the disk is full; free space or pass another --nvme-path)" : "");
+  tag::kNvme.fail(
+      what, " the swap file under '", directory_,
+      "' failed: ", error == kShortTransfer ? "short transfer" : std::strerror(-error),
+      error == -ENOSPC ? " (the disk is full; free space or pass another --nvme-path)" : "");
 }
 
 SwapFile::Ticket SwapFile::write(uint64_t offset, const void* buffer, size_t nbytes) {
@@ -153,8 +157,8 @@ SwapFile::Ticket SwapFile::read(uint64_t offset, void* buffer, size_t nbytes) {
 
 SwapFile::Ticket SwapFile::submit(bool write, uint64_t offset, void* buffer, size_t nbytes) {
   if (offset + nbytes > size_) {
-    fail("[nvme] transfer of ", nbytes, " bytes at offset ", offset,
-         " is outside the allocated ", size_, " bytes of the swap file");
+    tag::kNvme.fail("transfer of ", nbytes, " bytes at offset ", offset,
+                    " is outside the allocated ", size_, " bytes of the swap file");
   }
   const bool direct = direct_fd_ >= 0 && reinterpret_cast<uintptr_t>(buffer) % kDirectAlignment == 0 &&
                       nbytes % kDirectAlignment == 0 && offset % kDirectAlignment == 0;
@@ -205,8 +209,8 @@ void SwapFile::reap_one() {
   while (rc == -EINTR)
     rc = io_uring_wait_cqe_timeout(&ring_->ring, &cqe, &ts);
   if (rc == -ETIME) {
-    fail("[nvme] a read or write of the swap file under '", directory_,
-         "' did not complete within ", timeout_.count(), " ms; is the disk healthy?");
+    tag::kNvme.fail("a read or write of the swap file under '", directory_,
+                    "' did not complete within ", timeout_.count(), " ms; is the disk healthy?");
   }
   if (rc < 0) fail_io("waiting for", rc);
   std::unique_ptr<Piece> piece(static_cast<Piece*>(io_uring_cqe_get_data(cqe)));
@@ -226,7 +230,8 @@ void SwapFile::wait(Ticket ticket) {
     return std::find_if(pending_.begin(), pending_.end(),
                         [&](const Pending& p) { return p.ticket == ticket; });
   };
-  if (find() == pending_.end()) fail("[nvme] wait: unknown or already finished transfer ", ticket);
+  if (find() == pending_.end())
+    tag::kNvme.fail("wait: unknown or already finished transfer ", ticket);
   while (find()->pieces_left > 0)
     reap_one();
   const Pending done = *find();

@@ -10,6 +10,7 @@
 #include <typeinfo>
 
 #include "core/error.h"
+#include "core/tags.h"
 
 namespace loom::strategies::sharded {
 
@@ -32,7 +33,8 @@ WrapPolicy wrap_modules_of_type(std::string type_name) {
 }
 
 WrapPolicy wrap_min_num_params(int64_t min_num_params) {
-  if (min_num_params < 1) fail("[sharded] min_num_params must be at least 1, got ", min_num_params);
+  if (min_num_params < 1)
+    tag::kSharded.fail("min_num_params must be at least 1, got ", min_num_params);
   return [min_num_params](const nn::Module&, const std::string&, int64_t unwrapped) {
     return unwrapped >= min_num_params;
   };
@@ -53,15 +55,17 @@ WrapPolicy make_wrap_policy(const std::string& spec) {
     char* end = nullptr;
     long long n = std::strtoll(spec.c_str() + prefix.size(), &end, 10);
     if (end == spec.c_str() + prefix.size() || *end != '\0' || n < 1) {
-      fail("[sharded] wrap policy '", spec, "': expected min_params:N with N a positive integer");
+      tag::kSharded.fail("wrap policy '", spec,
+                         "': expected min_params:N with N a positive integer");
     }
     return wrap_min_num_params(n);
   }
   for (char c : spec) {
     if (!(std::isalnum(static_cast<unsigned char>(c)) || c == '_')) {
-      fail("[sharded] wrap policy '", spec,
-           "' is not understood; expected none, params, min_params:N or a module class name "
-           "such as Block");
+      tag::kSharded.fail(
+          "wrap policy '", spec,
+          "' is not understood; expected none, params, min_params:N or a module class name "
+          "such as Block");
     }
   }
   return wrap_modules_of_type(spec);
@@ -112,9 +116,10 @@ UnitPlan plan_units(const nn::Module& root, const WrapPolicy& policy,
     // policy skips ModuleList for the same reason).
     const bool container = module_type_name(*modules[i].module) == "ModuleList";
     if (manual_pick && container) {
-      fail("[sharded] module '", modules[i].path,
-           "' is a ModuleList, which has no forward to gather its parameters around; wrap "
-           "its elements instead");
+      tag::kSharded.fail(
+          "module '", modules[i].path,
+          "' is a ModuleList, which has no forward to gather its parameters around; wrap "
+          "its elements instead");
     }
     bool pick = i > 0 && !container &&
                 (manual_pick || (policy && policy(*modules[i].module, modules[i].path,

@@ -3,6 +3,7 @@
 #include <cmath>
 
 #include "core/error.h"
+#include "core/tags.h"
 #include "optim/clip_grad.h"
 #include "tensor/ops.h"
 
@@ -34,8 +35,10 @@ void TensorParallelLayout::complete_norms(const std::vector<std::string>& names,
                                           std::vector<double>& norms, double norm_type) const {
   if (splits_.empty()) return;
   if (!(norm_type == 2.0 || norm_type == optim::kInfNorm)) {
-    fail("[tp] gradient norms of split parameters: the 2-norm and the infinity norm are built, "
-         "got ", norm_type);
+    tag::kTp.fail(
+        "gradient norms of split parameters: the 2-norm and the infinity norm are built, "
+        "got ",
+        norm_type);
   }
   const bool inf = norm_type == optim::kInfNorm;
   std::vector<size_t> at;

@@ -2,6 +2,7 @@
 
 
 #include "core/error.h"
+#include "core/tags.h"
 #include "optim/clip_grad.h"
 #include "strategies/ddp/reducer.h"
 #include "strategies/parameter_sync.h"
@@ -37,8 +38,8 @@ Tensor reduce_scatter_sequence(comm::ProcessGroup& group, const Tensor& x) {
   const int n = group.size();
   const Shape shape = x.shape();
   if (shape.size() < 2 || shape[1] % n != 0) {
-    fail("[tp] sequence parallelism over ", n, " ranks needs a sequence length they divide, got ",
-         x.str());
+    tag::kTp.fail("sequence parallelism over ", n,
+                  " ranks needs a sequence length they divide, got ", x.str());
   }
   Shape split{shape[0], n, shape[1] / n};  // [B, n, t, ...] -> [n, B, t, ...]
   split.insert(split.end(), shape.begin() + 2, shape.end());
@@ -113,7 +114,7 @@ void ProcessGroupTensorParallel::max(Tensor& t) const {
 ModelParallelStrategy::ModelParallelStrategy(StrategyOptions options)
     : ParallelStrategy(std::move(options)) {
   if (options_.tensor_parallel < 1)
-    fail("[model_parallel] --tp must be >= 1, got ", options_.tensor_parallel);
+    tag::kModelParallel.fail("--tp must be >= 1, got ", options_.tensor_parallel);
 }
 
 void ModelParallelStrategy::setup_environment() {
@@ -126,16 +127,17 @@ void ModelParallelStrategy::setup_environment() {
 }
 
 const DeviceMesh& ModelParallelStrategy::mesh() const {
-  if (!mesh_) fail("[model_parallel] the mesh exists after setup_environment()");
+  if (!mesh_) tag::kModelParallel.fail("the mesh exists after setup_environment()");
   return *mesh_;
 }
 
 void ModelParallelStrategy::setup_module(nn::Module& module) {
-  if (!mesh_) fail("[model_parallel] setup_module before setup_environment(): no process group");
+  if (!mesh_) tag::kModelParallel.fail("setup_module before setup_environment(): no process group");
   auto* model = dynamic_cast<nn::TensorParallelModel*>(&module);
   if (model == nullptr) {
-    fail("[model_parallel] the module is not an nn::TensorParallelModel (a model that splits "
-         "its own layers, as nn::GPT does)");
+    tag::kModelParallel.fail(
+        "the module is not an nn::TensorParallelModel (a model that splits "
+        "its own layers, as nn::GPT does)");
   }
   Strategy::setup_module(module);
   verify_same_parameters(module.named_parameters(), *group_);
@@ -165,7 +167,7 @@ void ModelParallelStrategy::backward(const Tensor& loss) {
   std::vector<comm::WorkPtr> pending;
   for (auto& [name, param] : params_) {
     Tensor g = param.grad();
-    if (!g.defined()) fail("[model_parallel] parameter ", name, " got no gradient");
+    if (!g.defined()) tag::kModelParallel.fail("parameter ", name, " got no gradient");
     pending.push_back(dp->allreduce(g, {.op = comm::ReduceOp::Avg}));
   }
   for (const comm::WorkPtr& w : pending)
@@ -234,7 +236,8 @@ Shape ModelParallelStrategy::parameter_shape(const std::string& name, const Tens
 }
 
 std::vector<ParameterPart> ModelParallelStrategy::held_parameters() {
-  if (whole_) fail("[model_parallel] checkpoints after gather_full_module(): the model is whole");
+  if (whole_)
+    tag::kModelParallel.fail("checkpoints after gather_full_module(): the model is whole");
   std::vector<ParameterPart> parts;
   for (const auto& [name, param] : params_)
     if (layout_.writes(name)) layout_.add_parts(name, param, parts);
@@ -257,7 +260,7 @@ OptimizerLayout ModelParallelStrategy::optimizer_layout(const optim::Optimizer& 
 }
 
 void ModelParallelStrategy::load_parameter_parts(const ReadParameter& read) {
-  if (whole_) fail("[model_parallel] loading after gather_full_module(): the model is whole");
+  if (whole_) tag::kModelParallel.fail("loading after gather_full_module(): the model is whole");
   for (const auto& [name, param] : params_)
     layout_.load(name, param, read);
 }

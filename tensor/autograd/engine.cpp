@@ -3,6 +3,7 @@
 #include <unordered_map>
 #include <unordered_set>
 
+#include "core/tags.h"
 #include "tensor/autograd/node.h"
 #include "tensor/ops.h"
 
@@ -16,9 +17,10 @@ Node::Node(std::string name) : name_(std::move(name)), sequence_nr_(next_sequenc
 
 std::vector<Tensor> FunctionNode::apply(const std::vector<Tensor>& grad_outputs) {
   if (!vjp_) {
-    fail("[autograd] backward through '", name(),
-         "' a second time: its saved tensors were freed after the first backward; "
-         "pass retain_graph=true to the first backward() if you need to run it again");
+    tag::kAutograd.fail(
+        "backward through '", name(),
+        "' a second time: its saved tensors were freed after the first backward; "
+        "pass retain_graph=true to the first backward() if you need to run it again");
   }
   return vjp_(grad_outputs, *this);
 }

@@ -12,6 +12,7 @@
 #include <vector>
 
 #include "core/error.h"
+#include "core/tags.h"
 #include "kernels/cuda/check.h"
 #include "tensor/cuda/device.h"
 #include "tensor/cuda/stream.h"
@@ -85,7 +86,7 @@ bool CachingAllocator::BlockOrder::operator()(const Block* a, const Block* b) co
 
 CachingAllocator::CachingAllocator(int device, std::unique_ptr<DeviceMemoryDriver> driver)
     : device_(device), driver_(std::move(driver)) {
-  check(driver_ != nullptr, "[cuda] CachingAllocator needs a DeviceMemoryDriver");
+  check(driver_ != nullptr, tag::kCuda.prefix() + "CachingAllocator needs a DeviceMemoryDriver");
 }
 
 CachingAllocator::~CachingAllocator() {
@@ -101,8 +102,8 @@ CachingAllocator::~CachingAllocator() {
       driver_->free(const_cast<void*>(base));
     }
   } catch (const std::exception& e) {
-    std::fprintf(stderr, "[cuda] warning: cuda:%d caching allocator teardown failed: %s\n", device_,
-                 e.what());
+    std::fprintf(stderr, "%swarning: cuda:%d caching allocator teardown failed: %s\n",
+                 tag::kCuda.prefix().c_str(), device_, e.what());
   }
 }
 
@@ -114,8 +115,8 @@ void* CachingAllocator::allocate(size_t nbytes) {
 void* CachingAllocator::allocate_on(size_t nbytes, cudaStream_t stream) {
   if (nbytes == 0) return nullptr;
   if (nbytes > kMaxRequest) {
-    fail("[cuda] cuda:", device_, " cannot allocate ", nbytes,
-         " bytes: larger than any device memory (a negative size converted to size_t?)");
+    tag::kCuda.fail("cuda:", device_, " cannot allocate ", nbytes,
+                    " bytes: larger than any device memory (a negative size converted to size_t?)");
   }
   size_t size = round_size(nbytes);
   bool small = size <= kSmallSize;
@@ -189,9 +190,9 @@ void CachingAllocator::deallocate(void* ptr, size_t nbytes) noexcept {
   auto it = active_.find(ptr);
   if (it == active_.end()) {
     std::fprintf(stderr,
-                 "[cuda] warning: cuda:%d caching allocator asked to free %p, which it did not "
+                 "%swarning: cuda:%d caching allocator asked to free %p, which it did not "
                  "hand out (or which was already freed); ignored\n",
-                 device_, ptr);
+                 tag::kCuda.prefix().c_str(), device_, ptr);
     return;
   }
   Block* block = it->second;
@@ -212,9 +213,9 @@ void CachingAllocator::deallocate(void* ptr, size_t nbytes) noexcept {
       // Without the events nothing says when the other streams are done with the block:
       // keep it out of circulation for good rather than risk handing out memory in use.
       std::fprintf(stderr,
-                   "[cuda] warning: cuda:%d caching allocator could not record an event for a "
+                   "%swarning: cuda:%d caching allocator could not record an event for a "
                    "block used on several streams (%s); its %zu bytes stay reserved\n",
-                   device_, e.what(), block->size);
+                   tag::kCuda.prefix().c_str(), device_, e.what(), block->size);
       block->allocated = true;
       return;
     }
@@ -283,11 +284,12 @@ void CachingAllocator::release_cached_segments() {
 
 void CachingAllocator::fail_out_of_memory(size_t requested, size_t segment) {
   std::ostringstream text;
-  text << "[cuda] cuda:" << device_ << " out of memory: cannot allocate " << format_bytes(requested)
-       << " (" << requested << " bytes requested, needing a new " << format_bytes(segment)
-       << " segment). The caching allocator has " << format_bytes(stats_.allocated_bytes) << " ("
-       << stats_.allocated_bytes << " bytes) allocated and " << format_bytes(stats_.reserved_bytes)
-       << " (" << stats_.reserved_bytes
+  text << tag::kCuda.prefix() + "cuda:" << device_ << " out of memory: cannot allocate "
+       << format_bytes(requested) << " (" << requested << " bytes requested, needing a new "
+       << format_bytes(segment) << " segment). The caching allocator has "
+       << format_bytes(stats_.allocated_bytes) << " (" << stats_.allocated_bytes
+       << " bytes) allocated and " << format_bytes(stats_.reserved_bytes) << " ("
+       << stats_.reserved_bytes
        << " bytes) reserved after returning its unused cached segments to the driver; the "
           "rest of the device is held by other processes or libraries. Use a smaller batch or "
           "micro-batch size (or activation checkpointing), or release tensors that are no "
@@ -300,8 +302,9 @@ void CachingAllocator::record_stream(void* ptr, cudaStream_t stream) {
   std::lock_guard<std::mutex> lock(mutex_);
   auto it = active_.find(ptr);
   if (it == active_.end()) {
-    fail("[cuda] record_stream: ", ptr, " is not a live allocation of the cuda:", device_,
-         " caching allocator (expected a pointer returned by allocate() and not yet freed)");
+    tag::kCuda.fail(
+        "record_stream: ", ptr, " is not a live allocation of the cuda:", device_,
+        " caching allocator (expected a pointer returned by allocate() and not yet freed)");
   }
   Block* block = it->second;
   if (stream != block->stream) block->stream_uses.insert(stream);
@@ -449,8 +452,8 @@ void record_stream(void* ptr, cudaStream_t stream) {
       return;
     }
   }
-  fail("[cuda] record_stream: ", ptr,
-       " was not handed out by a CUDA caching allocator (or was already freed)");
+  tag::kCuda.fail("record_stream: ", ptr,
+                  " was not handed out by a CUDA caching allocator (or was already freed)");
 }
 
 void empty_cache() {

@@ -5,6 +5,7 @@
 #include <optional>
 
 #include "core/error.h"
+#include "core/tags.h"
 #include "kernels/cuda/check.h"
 #include "tensor/cuda/device.h"
 #include "tensor/cuda/pinned.h"
@@ -102,8 +103,8 @@ void copy_bytes(void* dst, Device dst_device, const void* src, Device src_device
                 cudaStream_t stream) {
   if (nbytes == 0) return;
   if (dst == nullptr || src == nullptr) {
-    fail("[cuda] copy_bytes of ", nbytes, " bytes from ", src_device, " to ", dst_device,
-         " got a null ", dst == nullptr ? "destination" : "source");
+    tag::kCuda.fail("copy_bytes of ", nbytes, " bytes from ", src_device, " to ", dst_device,
+                    " got a null ", dst == nullptr ? "destination" : "source");
   }
   if (dst_device.is_cpu() && src_device.is_cpu()) {
     std::memcpy(dst, src, nbytes);

@@ -5,6 +5,7 @@
 #include <string>
 
 #include "core/error.h"
+#include "core/tags.h"
 #include "kernels/cuda/check.h"
 
 namespace loom::cuda {
@@ -57,12 +58,12 @@ std::string unavailable_reason() {
 void check_device_index(int index) {
   int count = device_count();
   if (count == 0) {
-    fail("[cuda] device cuda:", index,
-         " requested but no CUDA device is available: ", unavailable_reason());
+    tag::kCuda.fail("device cuda:", index,
+                    " requested but no CUDA device is available: ", unavailable_reason());
   }
   if (index < 0 || index >= count) {
-    fail("[cuda] device index ", index, " is out of range: expected 0..", count - 1, " (", count,
-         " visible device", count == 1 ? "" : "s", ")");
+    tag::kCuda.fail("device index ", index, " is out of range: expected 0..", count - 1, " (",
+                    count, " visible device", count == 1 ? "" : "s", ")");
   }
 }
 

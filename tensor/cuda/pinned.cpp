@@ -9,6 +9,7 @@
 #include <utility>
 
 #include "core/error.h"
+#include "core/tags.h"
 #include "kernels/cuda/check.h"
 #include "tensor/cuda/device.h"
 
@@ -43,10 +44,10 @@ class PinnedCache {
       ptr = host_alloc(capacity);
     }
     if (ptr == nullptr) {
-      fail("[cuda] out of pinned host memory: cudaHostAlloc of ", capacity,
-           " bytes failed after freeing the pinned cache (", stats_.in_use_bytes,
-           " bytes of pinned memory are in use); stage less data at a time or raise the "
-           "locked-memory limit");
+      tag::kCuda.fail("out of pinned host memory: cudaHostAlloc of ", capacity,
+                      " bytes failed after freeing the pinned cache (", stats_.in_use_bytes,
+                      " bytes of pinned memory are in use); stage less data at a time or raise the "
+                      "locked-memory limit");
     }
     ++stats_.host_allocs;
     stats_.in_use_bytes += capacity;
@@ -63,9 +64,9 @@ class PinnedCache {
         pending.events.push_back(record_on(stream));
     } catch (const std::exception& e) {
       std::fprintf(stderr,
-                   "[cuda] warning: could not record an event for a pinned buffer (%s); its %zu "
+                   "%swarning: could not record an event for a pinned buffer (%s); its %zu "
                    "bytes are not reused\n",
-                   e.what(), capacity);
+                   tag::kCuda.prefix().c_str(), e.what(), capacity);
       for (cudaEvent_t event : pending.events)
         LOOM_CUDA_WARN(cudaEventDestroy(event));
       return;
@@ -77,7 +78,8 @@ class PinnedCache {
         pending_.push_back(std::move(pending));
       }
     } catch (const std::bad_alloc&) {
-      std::fprintf(stderr, "[cuda] warning: pinned cache bookkeeping failed; block leaked\n");
+      std::fprintf(stderr, "%swarning: pinned cache bookkeeping failed; block leaked\n",
+                   tag::kCuda.prefix().c_str());
     }
   }
 

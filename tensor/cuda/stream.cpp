@@ -7,6 +7,7 @@
 #include <vector>
 
 #include "core/error.h"
+#include "core/tags.h"
 #include "kernels/cuda/check.h"
 #include "tensor/cuda/device.h"
 
@@ -136,7 +137,7 @@ void Event::destroy() noexcept {
 }
 
 void Event::record(cudaStream_t stream) {
-  check(event_ != nullptr, "[cuda] Event::record on a moved-from event");
+  check(event_ != nullptr, tag::kCuda.prefix() + "Event::record on a moved-from event");
   int stream_device = device_of_stream(stream);
   if (stream_device != device_) {
     // An event can only be recorded on streams of the device it was created on.
@@ -174,10 +175,10 @@ void Event::wait_on(cudaStream_t stream) const {
 
 float Event::elapsed_ms(const Event& end) const {
   if (!timing_ || !end.timing_) {
-    fail("[cuda] Event::elapsed_ms needs two timing events (construct with Event(true))");
+    tag::kCuda.fail("Event::elapsed_ms needs two timing events (construct with Event(true))");
   }
   if (!recorded_ || !end.recorded_) {
-    fail("[cuda] Event::elapsed_ms needs both events recorded first");
+    tag::kCuda.fail("Event::elapsed_ms needs both events recorded first");
   }
   float ms = 0;
   LOOM_CUDA_CHECK(cudaEventElapsedTime(&ms, event_, end.event_));

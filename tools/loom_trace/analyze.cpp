@@ -8,6 +8,7 @@
 #include <sstream>
 
 #include "core/error.h"
+#include "core/tags.h"
 
 namespace loom::trace {
 
@@ -62,7 +63,7 @@ class DumpReader {
 
  private:
   [[noreturn]] void bad(const std::string& where, const std::string& what) const {
-    fail("[loom-trace] ", path_.string(), ": ", where, what);
+    tag::kLoomTrace.fail(path_.string(), ": ", where, what);
   }
 
   const json& field(const json& object, const char* name, const std::string& where) const {
@@ -130,12 +131,12 @@ class DumpReader {
 
 Dump read_dump(const fs::path& path) {
   std::ifstream in(path);
-  if (!in) fail("[loom-trace] cannot open ", path.string());
+  if (!in) tag::kLoomTrace.fail("cannot open ", path.string());
   json dump;
   try {
     dump = json::parse(in);
   } catch (const json::exception& e) {
-    fail("[loom-trace] ", path.string(), " is not a flight-recorder dump (not JSON): ", e.what());
+    tag::kLoomTrace.fail(path.string(), " is not a flight-recorder dump (not JSON): ", e.what());
   }
   return DumpReader(path).read(dump);
 }
@@ -155,9 +156,9 @@ std::map<int, Dump> read_dumps(const fs::path& dir) {
   std::error_code ec;
   fs::directory_iterator files(dir, ec);
   if (ec) {
-    fail("[loom-trace] cannot read the dump directory ", dir.string(), ": ", ec.message(),
-         "; run the job with LOOM_FLIGHT_RECORDER_DIR=", dir.string(),
-         " (ranks dump on a failure, or on SIGUSR1)");
+    tag::kLoomTrace.fail("cannot read the dump directory ", dir.string(), ": ", ec.message(),
+                         "; run the job with LOOM_FLIGHT_RECORDER_DIR=", dir.string(),
+                         " (ranks dump on a failure, or on SIGUSR1)");
   }
   std::map<int, Dump> dumps;
   for (const auto& file : files) {
@@ -167,14 +168,15 @@ std::map<int, Dump> read_dumps(const fs::path& dir) {
     auto [it, added] = dumps.try_emplace(dump.rank, dump);
     if (!added) {
       const auto& [first, second] = std::minmax(it->second.path, dump.path);
-      fail("[loom-trace] rank ", dump.rank, " has two dumps, ", first.string(), " and ",
-           second.string(), "; keep one dump per rank (of one run) in ", dir.string());
+      tag::kLoomTrace.fail("rank ", dump.rank, " has two dumps, ", first.string(), " and ",
+                           second.string(), "; keep one dump per rank (of one run) in ",
+                           dir.string());
     }
   }
   if (dumps.empty()) {
-    fail("[loom-trace] no flight.rank-R.json in ", dir.string(),
-         "; run the job with LOOM_FLIGHT_RECORDER_DIR=", dir.string(),
-         " (ranks dump on a failure, or on SIGUSR1)");
+    tag::kLoomTrace.fail("no flight.rank-R.json in ", dir.string(),
+                         "; run the job with LOOM_FLIGHT_RECORDER_DIR=", dir.string(),
+                         " (ranks dump on a failure, or on SIGUSR1)");
   }
   return dumps;
 }

@@ -7,6 +7,7 @@
 #include <vector>
 
 #include "core/error.h"
+#include "core/tags.h"
 
 namespace loom::loomrun {
 
@@ -51,9 +52,9 @@ BindingPlan::BindingPlan(BindMode mode, int local_world_size) : impl_(std::make_
   if (mode == BindMode::None) return;
   if (hwloc_topology_init(&impl_->topology) != 0) {
     impl_->topology = nullptr;
-    fail("[loomrun] hwloc_topology_init failed");
+    tag::kLoomrun.fail("hwloc_topology_init failed");
   }
-  if (hwloc_topology_load(impl_->topology) != 0) fail("[loomrun] hwloc_topology_load failed");
+  if (hwloc_topology_load(impl_->topology) != 0) tag::kLoomrun.fail("hwloc_topology_load failed");
 
   hwloc_obj_type_t type = mode == BindMode::Core ? HWLOC_OBJ_CORE : HWLOC_OBJ_NUMANODE;
   int count = hwloc_get_nbobjs_by_type(impl_->topology, type);
@@ -63,8 +64,8 @@ BindingPlan::BindingPlan(BindMode mode, int local_world_size) : impl_(std::make_
     count = hwloc_get_nbobjs_by_type(impl_->topology, type);
   }
   if (count <= 0) {
-    fail("[loomrun] --bind ", mode == BindMode::Core ? "core" : "numa", ": hwloc found no ",
-         mode == BindMode::Core ? "cores" : "NUMA nodes", " on this machine");
+    tag::kLoomrun.fail("--bind ", mode == BindMode::Core ? "core" : "numa", ": hwloc found no ",
+                       mode == BindMode::Core ? "cores" : "NUMA nodes", " on this machine");
   }
 
   for (int rank = 0; rank < local_world_size; ++rank) {

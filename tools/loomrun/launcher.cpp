@@ -17,6 +17,7 @@
 #include "comm/launch/rank_process.h"
 #include "comm/shm/segment.h"
 #include "core/error.h"
+#include "core/tags.h"
 #include "tools/loomrun/log.h"
 #include "tools/loomrun/output_relay.h"
 
@@ -222,7 +223,7 @@ Launcher::Outcome Launcher::run_attempt(int restart_count,
     if (group.stopping() && !group.killed())
       wait_ms = std::min(wait_ms, ms_until(*group.kill_at()));
     int ready = ::poll(fds.data(), fds.size(), wait_ms);
-    if (ready < 0 && errno != EINTR) fail("[loomrun] poll: ", std::strerror(errno));
+    if (ready < 0 && errno != EINTR) tag::kLoomrun.fail("poll: ", std::strerror(errno));
     for (size_t i = 1; ready > 0 && i < fds.size(); ++i) {
       if (fds[i].revents == 0) continue;
       auto [rank, stream] = owners[i - 1];

@@ -7,6 +7,7 @@
 #include <cerrno>
 
 #include "core/error.h"
+#include "core/tags.h"
 
 namespace loom::loomrun {
 
@@ -27,7 +28,8 @@ void on_signal(int signo) {
 
 SignalPipe::SignalPipe() {
   int fds[2];
-  if (::pipe2(fds, O_CLOEXEC | O_NONBLOCK) != 0) fail("[loomrun] cannot create the signal pipe");
+  if (::pipe2(fds, O_CLOEXEC | O_NONBLOCK) != 0)
+    tag::kLoomrun.fail("cannot create the signal pipe");
   read_fd_ = fds[0];
   g_write_fd = fds[1];
   struct sigaction action {};

@@ -11,6 +11,7 @@
 #include <filesystem>
 
 #include "core/error.h"
+#include "core/tags.h"
 #include "strategies/ddp/ddp_strategy.h"
 #include "strategies/devices.h"
 #include "strategies/registry.h"
@@ -61,8 +62,9 @@ void refuse_empty_values(const CLI::App& app) {
     if (option->count() == 0 || option->get_type_size() == 0) continue;  // absent, or a flag
     for (const std::string& value : option->results()) {
       if (value.empty())
-        fail("[train_gpt] ", option->get_name(), " was given an empty value; give one or drop "
-             "the flag (see --help)");
+        tag::kTrainGpt.fail(option->get_name(),
+                            " was given an empty value; give one or drop "
+                            "the flag (see --help)");
     }
   }
 }
@@ -79,18 +81,19 @@ void check_model_fits(const nn::GPTConfig& m, int64_t batch) {
   const double memory =
       static_cast<double>(sysconf(_SC_PHYS_PAGES)) * static_cast<double>(sysconf(_SC_PAGE_SIZE));
   if (memory > 0 && bytes > memory) {
-    fail("[train_gpt] the model (--layers ", m.layers, " --heads ", m.heads, " --embd ", m.embd,
-         " --ctx ", m.context, " --vocab ", m.vocab_size, ") has about ", parameters,
-         " parameters: ", bytes / (1 << 30), " GiB of f32 weights, more than this machine's ",
-         memory / (1 << 30), " GiB of memory; make it smaller");
+    tag::kTrainGpt.fail("the model (--layers ", m.layers, " --heads ", m.heads, " --embd ", m.embd,
+                        " --ctx ", m.context, " --vocab ", m.vocab_size, ") has about ", parameters,
+                        " parameters: ", bytes / (1 << 30),
+                        " GiB of f32 weights, more than this machine's ", memory / (1 << 30),
+                        " GiB of memory; make it smaller");
   }
   // The logits of one step (batch x ctx x vocab f32) are the largest activation.
   const double logits = 4.0 * static_cast<double>(batch) * static_cast<double>(m.context) *
                         static_cast<double>(m.vocab_size);
   if (memory > 0 && logits > memory) {
-    fail("[train_gpt] --batch ", batch, " x --ctx ", m.context, " x --vocab ", m.vocab_size,
-         " logits take ", logits / (1 << 30), " GiB, more than this machine's ",
-         memory / (1 << 30), " GiB of memory; make them smaller");
+    tag::kTrainGpt.fail("--batch ", batch, " x --ctx ", m.context, " x --vocab ", m.vocab_size,
+                        " logits take ", logits / (1 << 30), " GiB, more than this machine's ",
+                        memory / (1 << 30), " GiB of memory; make them smaller");
   }
 }
 
@@ -103,7 +106,7 @@ void refuse_flags_without_effect(const CLI::App& app, const TrainOptions& o,
                                  const std::string& needs) {
     if (applies) return;
     for (const char* flag : flags) {
-      if (app.count(flag) > 0) fail("[train_gpt] ", flag, " has no effect here: it needs ", needs);
+      if (app.count(flag) > 0) tag::kTrainGpt.fail(flag, " has no effect here: it needs ", needs);
     }
   };
   refuse_unless(o.optimizer == "sgd", {"--momentum", "--dampening", "--nesterov"},
@@ -139,22 +142,22 @@ void check_output_path(const char* flag, const std::string& path, bool directory
   namespace fs = std::filesystem;
   const fs::path target(path);
   if (!directory && fs::is_directory(target)) {
-    fail("[train_gpt] ", flag, " ", path, " is a folder; give a file name in it");
+    tag::kTrainGpt.fail(flag, " ", path, " is a folder; give a file name in it");
   }
   if (directory && fs::is_directory(target)) {
     if (::access(target.c_str(), W_OK) != 0) {
-      fail("[train_gpt] ", flag, " ", path, " cannot be written: ", std::strerror(errno));
+      tag::kTrainGpt.fail(flag, " ", path, " cannot be written: ", std::strerror(errno));
     }
     return;
   }
   const fs::path folder = target.has_parent_path() ? target.parent_path() : fs::path(".");
   if (!fs::is_directory(folder)) {
-    fail("[train_gpt] ", flag, " ", path, ": the folder ", folder.string(),
-         " does not exist; create it first");
+    tag::kTrainGpt.fail(flag, " ", path, ": the folder ", folder.string(),
+                        " does not exist; create it first");
   }
   if (::access(folder.c_str(), W_OK) != 0) {
-    fail("[train_gpt] ", flag, " ", path, ": the folder ", folder.string(),
-         " cannot be written: ", std::strerror(errno));
+    tag::kTrainGpt.fail(flag, " ", path, ": the folder ", folder.string(),
+                        " cannot be written: ", std::strerror(errno));
   }
 }
 
@@ -175,8 +178,9 @@ void check_same_flags_on_every_rank(strategies::Strategy& strategy,
     for (int64_t i = 0; i < n; ++i) {
       const double theirs = all[static_cast<size_t>(r * n + i)], first = all[static_cast<size_t>(i)];
       if (theirs == first) continue;
-      fail("[train_gpt] rank ", r, " was started with ", flags[static_cast<size_t>(i)].first, " ",
-           theirs, " and rank 0 with ", first, ": every rank needs the same value");
+      tag::kTrainGpt.fail("rank ", r, " was started with ", flags[static_cast<size_t>(i)].first,
+                          " ", theirs, " and rank 0 with ", first,
+                          ": every rank needs the same value");
     }
   }
 }
@@ -190,10 +194,11 @@ void check_devices(const std::string& devices, const strategies::Strategy& strat
   if (devices == "auto" || devices == "-1") return;
   if (strategy.name() == "dp") return;  // one process; devices are its replicas
   if (selection.count != strategy.world_size()) {
-    fail("[train_gpt] --devices ", selection.count, " but ", strategy.world_size(),
-         " rank(s) are running: start the ranks with `loomrun --nproc-per-node ", selection.count,
-         " train_gpt --strategy ddp ...`, or use --strategy ddp_spawn (or ddp_fork), which starts "
-         "them itself");
+    tag::kTrainGpt.fail(
+        "--devices ", selection.count, " but ", strategy.world_size(),
+        " rank(s) are running: start the ranks with `loomrun --nproc-per-node ", selection.count,
+        " train_gpt --strategy ddp ...`, or use --strategy ddp_spawn (or ddp_fork), which starts "
+        "them itself");
   }
 }
 
@@ -210,9 +215,11 @@ void check_sharding_flags(const CLI::App& app, const strategies::Strategy& strat
       if (name.rfind("deepspeed", 0) == 0 || name.rfind("fsdp", 0) == 0)
         sharded += (sharded.empty() ? "" : ", ") + name;
     }
-    fail("[train_gpt] ", flag, " applies to the sharded strategies, but --strategy ",
-         strategy.name(), " replicates the whole model on every rank (parameters are not "
-         "sharded under it); use one of: ", sharded);
+    tag::kTrainGpt.fail(flag, " applies to the sharded strategies, but --strategy ",
+                        strategy.name(),
+                        " replicates the whole model on every rank (parameters are not "
+                        "sharded under it); use one of: ",
+                        sharded);
   }
 }
 

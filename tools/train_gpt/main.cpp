@@ -15,13 +15,14 @@
 #include <optional>
 #include <thread>
 
+#include "core/tags.h"
 #include "kernels/cpu/thread_pool.h"
 #include "nn/gpt_io.h"
 #include "strategies/deepspeed_config.h"
 #include "strategies/devices.h"
-#include "strategies/pipeline/pipeline_strategy.h"
 #include "strategies/memory_estimate.h"
 #include "strategies/memory_report.h"
+#include "strategies/pipeline/pipeline_strategy.h"
 #include "strategies/registry.h"
 #include "strategies/sharded/sharded_strategy.h"
 #include "strategies/trace.h"
@@ -64,7 +65,7 @@ class Throughput {
 
 std::vector<uint8_t> read_bytes(const std::string& path) {
   std::ifstream in(path, std::ios::binary);
-  if (!in) fail("[train_gpt] cannot open --data file '", path, "'");
+  if (!in) tag::kTrainGpt.fail("cannot open --data file '", path, "'");
   return {std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>()};
 }
 
@@ -74,8 +75,8 @@ nn::GPTConfig config_from_init(const safetensors::Contents& contents, const nn::
   nn::GPTConfig file = nn::gpt_config_from_checkpoint(contents, flags.heads);
   auto agree = [&](const char* flag, int64_t given, int64_t stored) {
     if (app.count(flag) > 0 && given != stored) {
-      fail("[train_gpt] ", flag, " ", given, " does not match the --init checkpoint, which has ",
-           stored, "; drop the flag to take the checkpoint's value");
+      tag::kTrainGpt.fail(flag, " ", given, " does not match the --init checkpoint, which has ",
+                          stored, "; drop the flag to take the checkpoint's value");
     }
   };
   agree("--layers", flags.layers, file.layers);
@@ -93,13 +94,14 @@ nn::GPTConfig config_from_init(const safetensors::Contents& contents, const nn::
 std::string take_deepspeed_config(const strategies::DeepSpeedConfig& config, const CLI::App& app,
                                   TrainOptions& o, strategies::StrategyOptions& options) {
   if (app.count("--strategy") > 0) {
-    fail("[train_gpt] --deepspeed-config selects the strategy itself (deepspeed_stage_N from "
-         "zero_optimization.stage); drop --strategy");
+    tag::kTrainGpt.fail(
+        "--deepspeed-config selects the strategy itself (deepspeed_stage_N from "
+        "zero_optimization.stage); drop --strategy");
   }
   auto take = [&](const char* flag, auto value, auto& target) {
     if (app.count(flag) > 0 && target != value) {
-      fail("[train_gpt] ", flag, " ", target, " disagrees with --deepspeed-config, which gives ",
-           value, "; drop the flag or change the file");
+      tag::kTrainGpt.fail(flag, " ", target, " disagrees with --deepspeed-config, which gives ",
+                          value, "; drop the flag or change the file");
     }
     target = value;
   };
@@ -437,24 +439,29 @@ int run(int argc, char** argv) {
     strategy_name = "model_parallel";
   if (strategy_options.tensor_parallel > 1 && strategy_name != "model_parallel" &&
       strategy_name != "pipeline") {
-    fail("[train_gpt] --tp ", strategy_options.tensor_parallel, " runs the model_parallel "
-         "strategy (data parallel over the rest of the ranks); drop --strategy ", strategy_name);
+    tag::kTrainGpt.fail("--tp ", strategy_options.tensor_parallel,
+                        " runs the model_parallel "
+                        "strategy (data parallel over the rest of the ranks); drop --strategy ",
+                        strategy_name);
   }
   if ((strategy_name == "model_parallel" || strategy_name == "pipeline") &&
       app.count("--devices") == 0)
     strategy_options.devices = std::to_string(pipeline.stages * strategy_options.tensor_parallel);
   if (pipeline.stages > 1 && strategy_name != "pipeline") {
-    fail("[train_gpt] --pp ", pipeline.stages, " runs the pipeline strategy (data parallel over "
-         "the rest of the ranks); drop --strategy ", strategy_name);
+    tag::kTrainGpt.fail("--pp ", pipeline.stages,
+                        " runs the pipeline strategy (data parallel over "
+                        "the rest of the ranks); drop --strategy ",
+                        strategy_name);
   }
   if (strategy_name == "pipeline" && pipeline.micro_batches > 0 &&
       o.batch % pipeline.micro_batches != 0) {
-    fail("[train_gpt] --batch ", o.batch, " does not split into --micro-batches ",
-         pipeline.micro_batches, "; use a --batch that ", pipeline.micro_batches, " divides");
+    tag::kTrainGpt.fail("--batch ", o.batch, " does not split into --micro-batches ",
+                        pipeline.micro_batches, "; use a --batch that ", pipeline.micro_batches,
+                        " divides");
   }
   if (pipeline.schedule == "interleaved_1f1b" && pipeline.micro_batches % pipeline.stages != 0) {
-    fail("[train_gpt] --pp-schedule interleaved_1f1b needs --micro-batches a multiple of --pp ",
-         pipeline.stages, ", got ", pipeline.micro_batches);
+    tag::kTrainGpt.fail("--pp-schedule interleaved_1f1b needs --micro-batches a multiple of --pp ",
+                        pipeline.stages, ", got ", pipeline.micro_batches);
   }
   std::unique_ptr<strategies::Strategy> strategy =
       strategies::StrategyRegistry::get(strategy_name, strategy_options);
@@ -484,14 +491,15 @@ int run(int argc, char** argv) {
   // Model-parallel sizes that cannot split this model: one clear error before any rank starts.
   if (const int tp = strategy_options.tensor_parallel;
       tp > 1 && (o.model.heads % tp != 0 || o.model.vocab_size % tp != 0)) {
-    fail("[train_gpt] --tp ", tp, " must divide --heads (", o.model.heads, ") and the vocabulary (",
-         o.model.vocab_size, ")");
+    tag::kTrainGpt.fail("--tp ", tp, " must divide --heads (", o.model.heads,
+                        ") and the vocabulary (", o.model.vocab_size, ")");
   }
   if (const int64_t chunks = static_cast<int64_t>(pipeline.stages) *
                              (pipeline.schedule == "interleaved_1f1b" ? pipeline.chunks : 1);
       strategy_name == "pipeline" && chunks > o.model.layers + 2) {
-    fail("[train_gpt] --pp ", pipeline.stages, " needs ", chunks, " model chunks but the model has ",
-         o.model.layers + 2, " layers (the embedding, ", o.model.layers, " blocks, the head)");
+    tag::kTrainGpt.fail("--pp ", pipeline.stages, " needs ", chunks,
+                        " model chunks but the model has ", o.model.layers + 2,
+                        " layers (the embedding, ", o.model.layers, " blocks, the head)");
   }
   strategy->setup_environment();
   check_devices(strategy_options.devices, *strategy);
@@ -519,7 +527,9 @@ int run(int argc, char** argv) {
     strategies::check_deepspeed_batch_sizes(*deepspeed, o.batch, o.grad_accum,
                                             strategy->world_size());
     for (const std::string& warning : deepspeed->warnings)
-      if (chief) std::fprintf(stderr, "[deepspeed-config] warning: %s\n", warning.c_str());
+      if (chief)
+        std::fprintf(stderr, "%swarning: %s\n", tag::kDeepspeedConfig.prefix().c_str(),
+                     warning.c_str());
     if (chief) std::printf("train_gpt: --deepspeed-config selects %s\n", strategy_name.c_str());
   }
   o.model.checkpoint_activations = activation_checkpointing == "Block";
@@ -540,7 +550,7 @@ int run(int argc, char** argv) {
   std::ofstream metrics;
   if (chief && !metrics_path.empty()) {
     metrics.open(metrics_path, std::ios::trunc);
-    if (!metrics) fail("[train_gpt] cannot write --metrics file '", metrics_path, "'");
+    if (!metrics) tag::kTrainGpt.fail("cannot write --metrics file '", metrics_path, "'");
   }
   if (chief)
     std::printf(
@@ -592,8 +602,8 @@ int run(int argc, char** argv) {
         if (metrics.is_open()) {
           metrics << metrics_json_line(m) << '\n';
           if (!metrics.flush())
-            fail("[train_gpt] writing --metrics file '", metrics_path, "' failed at step ", m.step + 1,
-                 ": ", std::strerror(errno));
+            tag::kTrainGpt.fail("writing --metrics file '", metrics_path, "' failed at step ",
+                                m.step + 1, ": ", std::strerror(errno));
         }
       },
       strategy.get());

@@ -8,6 +8,7 @@
 #include <thread>
 
 #include "core/error.h"
+#include "core/tags.h"
 #include "nn/gpt_io.h"
 #include "strategies/checkpoint/checked_file.h"
 #include "strategies/checkpoint/distributed_state.h"
@@ -35,8 +36,9 @@ TrainMeta check_train_meta(const strategies::checkpoint::CheckpointMeta& meta) {
   }
   const int64_t version = meta.integer("version", std::numeric_limits<int64_t>::min(), kLargest);
   if (version != kCheckpointVersion) {
-    fail("[checkpoint] ", meta.path().string(), " has format version ", version,
-         "; this Loom reads version ", kCheckpointVersion, " (checkpoints with an index.json)");
+    tag::kCheckpoint.fail(meta.path().string(), " has format version ", version,
+                          "; this Loom reads version ", kCheckpointVersion,
+                          " (checkpoints with an index.json)");
   }
   TrainMeta out;
   out.step = meta.integer("step", 0, kLargest);
@@ -59,11 +61,12 @@ TrainMeta check_train_meta(const strategies::checkpoint::CheckpointMeta& meta) {
 TrainCheckpoints::TrainCheckpoints(const TrainOptions& options, strategies::Strategy& strategy)
     : options_(options), strategy_(strategy) {
   if (!options.checkpoint_dir.empty()) directory_.emplace(options.checkpoint_dir);
-  if (options.save_every < 0) fail("[train_gpt] --save-every must be >= 0, got ", options.save_every);
+  if (options.save_every < 0)
+    tag::kTrainGpt.fail("--save-every must be >= 0, got ", options.save_every);
   if (options.save_every > 0 && !directory_)
-    fail("[train_gpt] --save-every needs --checkpoint-dir DIR (where the checkpoints go)");
+    tag::kTrainGpt.fail("--save-every needs --checkpoint-dir DIR (where the checkpoints go)");
   if (options.resume == "auto" && !directory_)
-    fail("[train_gpt] --resume auto needs --checkpoint-dir DIR (where to look)");
+    tag::kTrainGpt.fail("--resume auto needs --checkpoint-dir DIR (where to look)");
 }
 
 bool TrainCheckpoints::sharded_format() const {
@@ -88,25 +91,26 @@ int64_t TrainCheckpoints::open(nn::GPT& model) {
   } else {
     checkpoint = fs::path(options_.resume);
     if (!Directory::is_committed(checkpoint)) {
-      fail("[train_gpt] --resume ", options_.resume, " is not a committed checkpoint (no ",
-           Directory::kMarker, " marker: missing, or its save was interrupted); use an "
-           "earlier one or --resume auto");
+      tag::kTrainGpt.fail("--resume ", options_.resume, " is not a committed checkpoint (no ",
+                          Directory::kMarker,
+                          " marker: missing, or its save was interrupted); use an "
+                          "earlier one or --resume auto");
     }
   }
   const TrainMeta meta = check_train_meta(strategies::checkpoint::CheckpointMeta(checkpoint));
   const nlohmann::json saved = model_json(meta.model), mine = model_json(model.config());
   if (saved != mine) {
-    fail("[train_gpt] ", checkpoint.string(), " is a checkpoint of another model (", saved.dump(),
-         "; this run builds ", mine.dump(), ")");
+    tag::kTrainGpt.fail(checkpoint.string(), " is a checkpoint of another model (", saved.dump(),
+                        "; this run builds ", mine.dump(), ")");
   }
   if (meta.optimizer != options_.optimizer) {
-    fail("[train_gpt] ", checkpoint.string(), " holds ", meta.optimizer,
-         " state; this run uses --optimizer ", options_.optimizer);
+    tag::kTrainGpt.fail(checkpoint.string(), " holds ", meta.optimizer,
+                        " state; this run uses --optimizer ", options_.optimizer);
   }
   const int64_t steps = meta.step;
   if (steps > options_.steps) {
-    fail("[train_gpt] ", checkpoint.string(), " has done ", steps, " steps, more than --steps ",
-         options_.steps);
+    tag::kTrainGpt.fail(checkpoint.string(), " has done ", steps, " steps, more than --steps ",
+                        options_.steps);
   }
   resume_from_ = std::make_unique<strategies::checkpoint::CheckpointReader>(checkpoint);
   strategies::checkpoint::check_model(*resume_from_, strategy_, model);
@@ -176,7 +180,7 @@ void TrainCheckpoints::save(int64_t steps_done, nn::GPT& model, optim::Optimizer
       write(snap, rank, world, /*wait_for_ranks=*/true);
       if (chief) commit(snap.steps_done);
     } catch (const std::exception& e) {
-      writer_error_ = "[checkpoint] the asynchronous save of step " +
+      writer_error_ = tag::kCheckpoint.prefix() + "the asynchronous save of step " +
                       std::to_string(snap.steps_done) + " failed: " + e.what();
     }
   });

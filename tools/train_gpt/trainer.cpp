@@ -6,16 +6,16 @@
 
 #include <nlohmann/json.hpp>
 
+#include "core/tags.h"
 #include "optim/adamw.h"
 #include "optim/clip_grad.h"
 #include "optim/lr_schedule.h"
 #include "optim/sgd.h"
 #include "strategies/data_parallel.h"
-#include "strategies/pipeline/pipeline_strategy.h"
 #include "strategies/memory_report.h"
+#include "strategies/pipeline/pipeline_strategy.h"
 #include "strategies/trace.h"
 #include "tensor/ops.h"
-#include "strategies/pipeline/pipeline_strategy.h"
 #include "tools/train_gpt/train_state.h"
 
 namespace loom::train_gpt {
@@ -41,7 +41,7 @@ std::unique_ptr<optim::LrSchedule> make_schedule(const TrainOptions& o) {
     return std::make_unique<optim::WarmupCosineSchedule>(o.lr, o.warmup_steps,
                                                          std::max(o.steps, o.warmup_steps), o.lr);
   }
-  fail("[train_gpt] unknown --schedule '", o.schedule, "'; expected 'constant' or 'cosine'");
+  tag::kTrainGpt.fail("unknown --schedule '", o.schedule, "'; expected 'constant' or 'cosine'");
 }
 
 }  // namespace
@@ -63,7 +63,7 @@ std::unique_ptr<optim::Optimizer> make_optimizer(const nn::GPT& model, const Tra
                                                           .weight_decay = o.weight_decay,
                                                           .nesterov = o.nesterov});
   }
-  fail("[train_gpt] unknown --optimizer '", o.optimizer, "'; expected 'adamw' or 'sgd'");
+  tag::kTrainGpt.fail("unknown --optimizer '", o.optimizer, "'; expected 'adamw' or 'sgd'");
 }
 
 std::string metrics_json_line(const StepMetrics& m) {
@@ -157,8 +157,8 @@ void train(nn::GPT& model, const data::TokenBlocks& data, const TrainOptions& op
     s.unscale_gradients();
     double norm = options.grad_clip > 0 ? s.clip_gradients(options.grad_clip) : s.gradient_norm();
     if (!std::isfinite(norm) && !s.skips_step()) {
-      fail("[train_gpt] step ", step + 1, ": the gradient norm is ", norm, " (loss ", local_loss,
-           "); training diverged, try a lower --lr or --grad-clip 1");
+      tag::kTrainGpt.fail("step ", step + 1, ": the gradient norm is ", norm, " (loss ", local_loss,
+                          "); training diverged, try a lower --lr or --grad-clip 1");
     }
     double lr = schedule->lr_at(step);
     schedule->apply(optimizer, step);
