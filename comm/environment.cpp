@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "core/error.h"
+#include "core/tunables.h"
 
 namespace loom::comm {
 
@@ -205,8 +206,8 @@ ClusterEnv finish(const EnvReader& env, const RawEnv& raw) {
     }
     out.master_port = port->value;
   }
-  out.store_secret = env.raw("LOOM_STORE_SECRET").value_or("");
-  auto restarts = env.integer("LOOM_RESTART_COUNT");
+  out.store_secret = env.raw(tunables::kStoreSecret.name).value_or("");
+  auto restarts = env.integer(tunables::kRestartCount.name);
   if (!restarts) restarts = env.integer("TORCHELASTIC_RESTART_COUNT");
   out.restart_count = restarts ? restarts->value : 0;
   return out;
@@ -237,9 +238,9 @@ ClusterEnv detect_cluster_env(const GetEnv& getenv, std::optional<std::string> f
     source = *force;
     selected_by = " (selected by the caller)";
     if (source.empty() || source == "auto") selected_by.clear();
-  } else if (auto named = getenv("LOOM_CLUSTER_ENV"); named && !named->empty()) {
+  } else if (auto named = getenv(tunables::kClusterEnv.name); named && !named->empty()) {
     source = *named;
-    selected_by = " (selected by LOOM_CLUSTER_ENV=" + source + ")";
+    selected_by = std::string(" (selected by ") + tunables::kClusterEnv.name + "=" + source + ")";
     if (source == "auto") selected_by.clear();
   }
   if (source.empty() || source == "auto") source = detect_source(getenv);
@@ -255,8 +256,10 @@ ClusterEnv detect_cluster_env(const GetEnv& getenv, std::optional<std::string> f
     raw.world_size = Var{"world size", 1};
     return finish(env, raw);
   }
-  fail("[comm/env] ", force ? "requested cluster environment '" : "LOOM_CLUSTER_ENV='", source,
-       "' is not a known source; expected one of ", kSourceNames);
+  const std::string named_by =
+      force ? "requested cluster environment " : std::string(tunables::kClusterEnv.name) + "=";
+  fail("[comm/env] ", named_by, "'", source, "' is not a known source; expected one of ",
+       kSourceNames);
 }
 
 std::string first_slurm_host(const std::string& nodelist) {

@@ -16,6 +16,7 @@
 
 #include "comm/backend_registry.h"
 #include "comm/error.h"
+#include "core/tunables.h"
 
 namespace loom::strategies {
 
@@ -207,10 +208,10 @@ template <typename... Parts>
   setenv("GROUP_RANK", "0", 1);
   setenv("MASTER_ADDR", "127.0.0.1", 1);
   setenv("MASTER_PORT", std::to_string(port).c_str(), 1);
-  setenv("LOOM_STORE_PORT", std::to_string(port).c_str(), 1);
-  setenv("LOOM_STORE_SECRET", secret.c_str(), 1);
-  setenv("LOOM_STORE_SERVED_BY_LAUNCHER", "1", 1);
-  setenv("LOOM_CLUSTER_ENV", "torchrun", 1);
+  setenv(tunables::kStorePort.name, std::to_string(port).c_str(), 1);
+  setenv(tunables::kStoreSecret.name, secret.c_str(), 1);
+  setenv(tunables::kStoreServedByLauncher.name, "1", 1);
+  setenv(tunables::kClusterEnv.name, "torchrun", 1);
   std::vector<char*> argv;
   for (std::string& a : args)
     argv.push_back(a.data());

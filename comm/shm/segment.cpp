@@ -15,6 +15,7 @@
 #include <utility>
 
 #include "comm/error.h"
+#include "core/tunables.h"
 
 namespace loom::comm::shm {
 
@@ -42,13 +43,13 @@ std::string random_hex(size_t count) {
 // The job id from the environment ("" outside a launcher), checked once.
 const std::string& job_id_from_env() {
   static const std::string id = [] {
-    const char* text = std::getenv(kJobIdVariable);
+    const char* text = tunable_value(tunables::kJobId);
     std::string value = text != nullptr ? text : "";
     const bool valid = value.size() <= 64 && std::all_of(value.begin(), value.end(), [](char c) {
                          return std::isalnum(static_cast<unsigned char>(c)) != 0 || c == '_';
                        });
     if (!valid) {
-      throw CommError(std::string("[comm/shm] ") + kJobIdVariable + "='" + value +
+      throw CommError(std::string("[comm/shm] ") + tunables::kJobId.name + "='" + value +
                       "' is not a job id (at most 64 letters, digits or '_'; launchers set it)");
     }
     return value;

@@ -10,6 +10,7 @@
 #include <cstring>
 
 #include "comm/store/tcp_store.h"
+#include "core/tunables.h"
 
 namespace loom::comm {
 
@@ -51,7 +52,7 @@ void random_bytes(uint8_t* out, size_t size) {
 }  // namespace
 
 std::string store_secret_from_env() {
-  const char* value = std::getenv("LOOM_STORE_SECRET");
+  const char* value = tunable_value(tunables::kStoreSecret);
   return value == nullptr ? std::string() : std::string(value);
 }
 

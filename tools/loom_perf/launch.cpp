@@ -15,6 +15,7 @@
 #include "comm/shm/segment.h"
 #include "comm/store/tcp_store.h"
 #include "core/error.h"
+#include "core/tunables.h"
 
 extern char** environ;
 
@@ -31,12 +32,12 @@ bool replaced(const std::string& entry) {
                                        "GROUP_RANK",
                                        "MASTER_ADDR",
                                        "MASTER_PORT",
-                                       "LOOM_STORE_SECRET",
-                                       "LOOM_STORE_PORT",
-                                       "LOOM_STORE_SERVED_BY_LAUNCHER",
-                                       "LOOM_CLUSTER_ENV",
-                                       "LOOM_JOB_ID",
-                                       "LOOM_PERF_COMMAND"};
+                                       tunables::kStoreSecret.name,
+                                       tunables::kStorePort.name,
+                                       tunables::kStoreServedByLauncher.name,
+                                       tunables::kClusterEnv.name,
+                                       tunables::kJobId.name,
+                                       tunables::kPerfCommand.name};
   for (const char* name : kNames) {
     size_t n = std::strlen(name);
     if (entry.compare(0, n, name) == 0 && entry.size() > n && entry[n] == '=') return true;
@@ -58,10 +59,10 @@ std::vector<std::string> rank_environment(int rank, int np, uint16_t port,
   env.push_back("GROUP_RANK=0");
   env.push_back("MASTER_ADDR=127.0.0.1");
   env.push_back("MASTER_PORT=" + std::to_string(port));
-  env.push_back("LOOM_STORE_SECRET=" + secret);
-  env.push_back("LOOM_STORE_SERVED_BY_LAUNCHER=1");
-  env.push_back(std::string(comm::shm::kJobIdVariable) + "=" + job_id);
-  env.push_back("LOOM_PERF_COMMAND=" + command);
+  env.push_back(std::string(tunables::kStoreSecret.name) + "=" + secret);
+  env.push_back(std::string(tunables::kStoreServedByLauncher.name) + "=1");
+  env.push_back(std::string(tunables::kJobId.name) + "=" + job_id);
+  env.push_back(std::string(tunables::kPerfCommand.name) + "=" + command);
   return env;
 }
 

@@ -8,6 +8,7 @@
 #include <sstream>
 
 #include "core/error.h"
+#include "core/tunables.h"
 
 namespace loom::trace {
 
@@ -156,7 +157,7 @@ std::map<int, Dump> read_dumps(const fs::path& dir) {
   fs::directory_iterator files(dir, ec);
   if (ec) {
     fail("[loom-trace] cannot read the dump directory ", dir.string(), ": ", ec.message(),
-         "; run the job with LOOM_FLIGHT_RECORDER_DIR=", dir.string(),
+         "; run the job with ", tunables::kFlightRecorderDir.name, "=", dir.string(),
          " (ranks dump on a failure, or on SIGUSR1)");
   }
   std::map<int, Dump> dumps;
@@ -172,8 +173,8 @@ std::map<int, Dump> read_dumps(const fs::path& dir) {
     }
   }
   if (dumps.empty()) {
-    fail("[loom-trace] no flight.rank-R.json in ", dir.string(),
-         "; run the job with LOOM_FLIGHT_RECORDER_DIR=", dir.string(),
+    fail("[loom-trace] no flight.rank-R.json in ", dir.string(), "; run the job with ",
+         tunables::kFlightRecorderDir.name, "=", dir.string(),
          " (ranks dump on a failure, or on SIGUSR1)");
   }
   return dumps;

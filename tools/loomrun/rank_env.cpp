@@ -2,6 +2,8 @@
 
 #include <map>
 
+#include "core/tunables.h"
+
 namespace loom::loomrun {
 
 std::vector<std::string> rank_environment(const LaunchOptions& options, const RankIdentity& who,
@@ -21,15 +23,15 @@ std::vector<std::string> rank_environment(const LaunchOptions& options, const Ra
       {"MASTER_PORT", std::to_string(who.master_port)},
       // Ranks prefer LOOM_STORE_PORT to MASTER_PORT (comm/init.cpp); an inherited value would
       // send them to some other port, to wait there for a store until their timeout.
-      {"LOOM_STORE_PORT", std::to_string(who.master_port)},
-      {"LOOM_STORE_SECRET", who.secret != nullptr ? *who.secret : std::string()},
-      {"LOOM_RESTART_COUNT", std::to_string(who.restart_count)},
+      {tunables::kStorePort.name, std::to_string(who.master_port)},
+      {tunables::kStoreSecret.name, who.secret != nullptr ? *who.secret : std::string()},
+      {tunables::kRestartCount.name, std::to_string(who.restart_count)},
       {"TORCHELASTIC_RESTART_COUNT", std::to_string(who.restart_count)},
       {"TORCHELASTIC_MAX_RESTARTS", std::to_string(options.max_restarts)},
-      {"LOOM_CLUSTER_ENV", "torchrun"},
-      {"LOOM_JOB_ID", who.job_id != nullptr ? *who.job_id : std::string()},
+      {tunables::kClusterEnv.name, "torchrun"},
+      {tunables::kJobId.name, who.job_id != nullptr ? *who.job_id : std::string()},
       // The store is served by loomrun itself (node 0), so rank 0 must not serve one too.
-      {"LOOM_STORE_SERVED_BY_LAUNCHER", "1"},
+      {tunables::kStoreServedByLauncher.name, "1"},
   };
   std::vector<std::string> env;
   for (char** entry = base; entry != nullptr && *entry != nullptr; ++entry) {
