@@ -3,13 +3,14 @@
 // they came from, for messages); finish() validates them and resolves the master.
 
 #include "comm/environment.h"
-#include "core/tags.h"
 
 #include <charconv>
 #include <cstdlib>
 #include <vector>
 
 #include "core/error.h"
+#include "core/tags.h"
+#include "core/tunables.h"
 
 namespace loom::comm {
 
@@ -206,8 +207,8 @@ ClusterEnv finish(const EnvReader& env, const RawEnv& raw) {
     }
     out.master_port = port->value;
   }
-  out.store_secret = env.raw("LOOM_STORE_SECRET").value_or("");
-  auto restarts = env.integer("LOOM_RESTART_COUNT");
+  out.store_secret = env.raw(tunables::kStoreSecret.name).value_or("");
+  auto restarts = env.integer(tunables::kRestartCount.name);
   if (!restarts) restarts = env.integer("TORCHELASTIC_RESTART_COUNT");
   out.restart_count = restarts ? restarts->value : 0;
   return out;
@@ -238,9 +239,9 @@ ClusterEnv detect_cluster_env(const GetEnv& getenv, std::optional<std::string> f
     source = *force;
     selected_by = " (selected by the caller)";
     if (source.empty() || source == "auto") selected_by.clear();
-  } else if (auto named = getenv("LOOM_CLUSTER_ENV"); named && !named->empty()) {
+  } else if (auto named = getenv(tunables::kClusterEnv.name); named && !named->empty()) {
     source = *named;
-    selected_by = " (selected by LOOM_CLUSTER_ENV=" + source + ")";
+    selected_by = std::string(" (selected by ") + tunables::kClusterEnv.name + "=" + source + ")";
     if (source == "auto") selected_by.clear();
   }
   if (source.empty() || source == "auto") source = detect_source(getenv);
@@ -256,8 +257,10 @@ ClusterEnv detect_cluster_env(const GetEnv& getenv, std::optional<std::string> f
     raw.world_size = Var{"world size", 1};
     return finish(env, raw);
   }
-  tag::kCommEnv.fail(force ? "requested cluster environment '" : "LOOM_CLUSTER_ENV='", source,
-                     "' is not a known source; expected one of ", kSourceNames);
+  const std::string named_by =
+      force ? "requested cluster environment " : std::string(tunables::kClusterEnv.name) + "=";
+  tag::kCommEnv.fail(named_by, "'", source, "' is not a known source; expected one of ",
+                     kSourceNames);
 }
 
 std::string first_slurm_host(const std::string& nodelist) {
@@ -307,14 +310,14 @@ std::map<std::string, std::string> rank_variables(const RankAssignment& rank) {
       {"ROLE_NAME", "default"},
       {"MASTER_ADDR", rank.master_addr},
       {"MASTER_PORT", port},
-      {"LOOM_STORE_PORT", port},
-      {"LOOM_STORE_SECRET", rank.store_secret},
-      {"LOOM_RESTART_COUNT", std::to_string(rank.restart_count)},
+      {tunables::kStorePort.name, port},
+      {tunables::kStoreSecret.name, rank.store_secret},
+      {tunables::kRestartCount.name, std::to_string(rank.restart_count)},
       {"TORCHELASTIC_RESTART_COUNT", std::to_string(rank.restart_count)},
       {"TORCHELASTIC_MAX_RESTARTS", std::to_string(rank.max_restarts)},
-      {"LOOM_CLUSTER_ENV", "torchrun"},
-      {"LOOM_JOB_ID", rank.job_id},
-      {"LOOM_STORE_SERVED_BY_LAUNCHER", "1"},
+      {tunables::kClusterEnv.name, "torchrun"},
+      {tunables::kJobId.name, rank.job_id},
+      {tunables::kStoreServedByLauncher.name, "1"},
   };
 }
 

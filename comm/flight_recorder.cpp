@@ -11,7 +11,7 @@
 #include <thread>
 
 #include "core/tags.h"
-
+#include "core/tunables.h"
 namespace loom::comm {
 
 namespace {
@@ -34,12 +34,12 @@ int job_rank(int noted, int fallback) {
 // LOOM_FLIGHT_RECORDER: unset, empty or 1 records, 0 does not. Any other value is loom::Error
 // rather than ignored, so that a job never runs without the recorder it was thought to have.
 bool enabled_by_environment() {
-  const char* setting = std::getenv("LOOM_FLIGHT_RECORDER");
+  const char* setting = tunable_value(tunables::kFlightRecorder);
   if (setting == nullptr || *setting == '\0') return true;
   const std::string_view value(setting);
   if (value == "1") return true;
   if (value == "0") return false;
-  tag::kComm.fail("LOOM_FLIGHT_RECORDER='", setting,
+  tag::kComm.fail(tunables::kFlightRecorder.name, "='", setting,
                   "' is not a known setting; expected 1 (record, the default) or 0 (off)");
 }
 
@@ -146,7 +146,7 @@ void FlightRecorder::dump(const std::filesystem::path& path, int rank) const {
 }
 
 void FlightRecorder::dump_if_configured(int fallback_rank) const noexcept {
-  const char* dir = std::getenv("LOOM_FLIGHT_RECORDER_DIR");
+  const char* dir = tunable_value(tunables::kFlightRecorderDir);
   if (dir == nullptr || *dir == '\0') return;
   try {
     int noted = -1;
@@ -170,7 +170,7 @@ void FlightRecorder::note_rank(int rank) {
 void FlightRecorder::install_signal_dump() {
   static std::once_flag once;
   std::call_once(once, [] {
-    const char* dir = std::getenv("LOOM_FLIGHT_RECORDER_DIR");
+    const char* dir = tunable_value(tunables::kFlightRecorderDir);
     if (dir == nullptr || *dir == '\0' || ::pipe(signal_pipe) != 0) return;
     std::thread([] {
       char byte = 0;

@@ -11,6 +11,7 @@
 #include "comm/store/in_process_store.h"
 #include "comm/store/tcp_store.h"
 #include "core/tags.h"
+#include "core/tunables.h"
 
 namespace loom::comm {
 
@@ -31,14 +32,15 @@ std::unique_ptr<TCPStoreServer>& own_server() {
 // is MASTER_PORT + 1 instead: every rank computes the same port, and torchrun users need no
 // Loom-specific setting beyond the store secret.
 uint16_t store_port(const ClusterEnv& env) {
-  const char* text = std::getenv("LOOM_STORE_PORT");
+  const char* text = tunable_value(tunables::kStorePort);
   if (text == nullptr || *text == '\0') {
     const char* torchrun = std::getenv("TORCHELASTIC_RUN_ID");
     if (torchrun == nullptr || *torchrun == '\0') return static_cast<uint16_t>(env.master_port);
     if (env.master_port >= 65535) {
       tag::kComm.fail(
           "init: under torchrun Loom's store takes MASTER_PORT + 1, but MASTER_PORT is ",
-          env.master_port, "; set LOOM_STORE_PORT to a free port (the same on every rank)");
+          env.master_port, "; set ", tunables::kStorePort.name,
+          " to a free port (the same on every rank)");
     }
     return static_cast<uint16_t>(env.master_port + 1);
   }
@@ -46,7 +48,7 @@ uint16_t store_port(const ClusterEnv& env) {
   int port = 0;
   const auto [stop, ec] = std::from_chars(text, end, port);
   if (ec != std::errc() || stop != end || port < 1 || port > 65535) {
-    tag::kComm.fail("init: LOOM_STORE_PORT='", text,
+    tag::kComm.fail("init: ", tunables::kStorePort.name, "='", text,
                     "' is not a TCP port: expected a number from 1 to 65535 (or unset it to use "
                     "MASTER_PORT)");
   }
@@ -59,12 +61,12 @@ std::shared_ptr<Store> rendezvous_store(const ClusterEnv& env, int rank, int siz
   std::string secret = env.store_secret;
   if (secret.empty()) {
     tag::kComm.fail(
-        "init: ", size,
-        " ranks need a shared store secret: run under loomrun, or "
-        "export the same LOOM_STORE_SECRET (e.g. from `openssl rand -hex 32`) to every rank "
-        "(under torchrun, mpirun or srun: export it before starting them)");
+        "init: ", size, " ranks need a shared store secret: run under loomrun, or export the same ",
+        tunables::kStoreSecret.name,
+        " (e.g. from `openssl rand -hex 32`) to every rank (under torchrun, mpirun or srun: "
+        "export it before starting them)");
   }
-  const char* served = std::getenv("LOOM_STORE_SERVED_BY_LAUNCHER");
+  const char* served = tunable_value(tunables::kStoreServedByLauncher);
   bool launcher_serves = served != nullptr && std::string(served) == "1";
   if (rank == 0 && !launcher_serves) {
     own_server() = std::make_unique<TCPStoreServer>(env.master_addr, store_port(env), secret);

@@ -11,6 +11,7 @@
 #include "comm/debug_check.h"
 #include "comm/flight_recorder.h"
 #include "core/tags.h"
+#include "core/tunables.h"
 
 namespace loom::comm {
 
@@ -25,10 +26,11 @@ constexpr const char* kOpKindNames[] = {"allreduce", "broadcast",  "reduce", "al
 // ignored: a misspelt setting would run the job without the checks that were asked for.
 bool debug_from_env() {
   static const bool enabled = [] {
-    const char* v = std::getenv("LOOM_DEBUG");
+    const char* v = tunable_value(tunables::kDebug);
     if (v == nullptr || *v == '\0') return false;
     if (std::string_view(v) == "detail") return true;
-    tag::kComm.fail("LOOM_DEBUG='", v, "' is not a known setting; expected 'detail' (or unset)");
+    tag::kComm.fail(tunables::kDebug.name, "='", v,
+                    "' is not a known setting; expected 'detail' (or unset)");
   }();
   return enabled;
 }

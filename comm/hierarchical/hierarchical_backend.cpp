@@ -13,6 +13,7 @@
 #include "comm/shm/shm_backend.h"
 #include "comm/store/store.h"
 #include "comm/ucx/ucx_backend.h"
+#include "core/tunables.h"
 
 namespace loom::comm::hierarchical {
 
@@ -34,7 +35,7 @@ namespace {
 
 // This process's host: LOOM_HOST_ID, else the host name and the network namespace.
 std::string host_key() {
-  if (const char* id = std::getenv("LOOM_HOST_ID"); id != nullptr && *id != '\0') {
+  if (const char* id = tunable_value(tunables::kHostId); id != nullptr && *id != '\0') {
     return std::string("id:") + id;
   }
   char name[HOST_NAME_MAX + 1] = {};

@@ -16,6 +16,7 @@
 
 #include "comm/error.h"
 #include "core/tags.h"
+#include "core/tunables.h"
 
 namespace loom::comm::shm {
 
@@ -43,13 +44,13 @@ std::string random_hex(size_t count) {
 // The job id from the environment ("" outside a launcher), checked once.
 const std::string& job_id_from_env() {
   static const std::string id = [] {
-    const char* text = std::getenv(kJobIdVariable);
+    const char* text = tunable_value(tunables::kJobId);
     std::string value = text != nullptr ? text : "";
     const bool valid = value.size() <= 64 && std::all_of(value.begin(), value.end(), [](char c) {
                          return std::isalnum(static_cast<unsigned char>(c)) != 0 || c == '_';
                        });
     if (!valid) {
-      throw CommError(tag::kCommShm.prefix() + kJobIdVariable + "='" + value +
+      throw CommError((tag::kCommShm.prefix()) + tunables::kJobId.name + "='" + value +
                       "' is not a job id (at most 64 letters, digits or '_'; launchers set it)");
     }
     return value;

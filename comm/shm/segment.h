@@ -4,16 +4,15 @@
 // it by name. unlink() removes the name (the mapping stays valid): the shm backend calls it
 // as soon as every rank has attached, so nothing is left in /dev/shm even after SIGKILL.
 // A rank killed before that (while it waits for the others to attach) cannot unlink: so
-// launchers tag their job (LOOM_JOB_ID, set in every rank's environment), segments of a
-// tagged job are named /loom-<job id>-<128 random bits>, and the launcher removes the job's
-// segments once all its ranks have exited (remove_job_segments).
+// launchers tag their job (LOOM_JOB_ID, tunables::kJobId, set in every rank's environment),
+// segments of a tagged job are named /loom-<job id>-<128 random bits>, and the launcher
+// removes the job's segments once all its ranks have exited (remove_job_segments).
 
 #include <cstddef>
 #include <string>
 
 namespace loom::comm::shm {
 
-inline constexpr const char* kJobIdVariable = "LOOM_JOB_ID";
 // A fresh job id for a launcher: 16 random hex digits.
 std::string new_job_id();
 // Unlinks every /dev/shm segment of the job; returns how many there were.

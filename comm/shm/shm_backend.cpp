@@ -7,10 +7,12 @@
 #include <cstdint>
 #include <cstdlib>
 #include <cstring>
+#include <string_view>
 #include <vector>
 
 #include "comm/reduce_op.h"
 #include "core/tags.h"
+#include "core/tunables.h"
 
 namespace loom::comm::shm {
 
@@ -26,38 +28,41 @@ void copy_bytes(void* to, const void* from, size_t bytes) {
 // 2 * size^2 slices, so a few GiB per rank is already more memory than a host has.
 constexpr uint64_t kMaxTunableBytes = uint64_t{1} << 30;
 
-// A size tunable of the shm backend (bytes, 1 to kMaxTunableBytes); `fallback` when unset or
-// empty. Only decimal digits are taken: strtoull would read "-1" as 2^64 - 1 and saturate on
-// overflow, and a size that wraps when rounded up makes the round loops spin forever.
-size_t tunable(const char* name, size_t fallback) {
-  const char* text = std::getenv(name);
-  if (text == nullptr || *text == '\0') return fallback;
-  const char* end = text + std::strlen(text);
+// A size tunable of the shm backend (bytes, 1 to kMaxTunableBytes); its declared default
+// (default_text, e.g. "262144") when unset or empty. Only decimal digits are taken: strtoull
+// would read "-1" as 2^64 - 1 and saturate on overflow, and a size that wraps when rounded up
+// makes the round loops spin forever.
+size_t tunable(const Tunable& variable) {
+  const char* set = tunable_value(variable);
+  const std::string_view text =
+      set != nullptr && *set != '\0' ? std::string_view(set) : variable.default_text;
+  const char* end = text.data() + text.size();
   uint64_t value = 0;
-  const auto [stop, ec] = std::from_chars(text, end, value);
+  const auto [stop, ec] = std::from_chars(text.data(), end, value);
   if (ec == std::errc::invalid_argument || stop != end) {
     tag::kCommShm.fail(
-        name, "='", text,
+        variable.name, "='", text,
         "' is not a number of bytes: expected decimal digits only (no sign, space or suffix), "
         "from 1 to ",
         kMaxTunableBytes, " (1 GiB)");
   }
   if (ec == std::errc::result_out_of_range || value < 1 || value > kMaxTunableBytes) {
-    tag::kCommShm.fail(name, "=", text, " is out of range: expected 1 to ", kMaxTunableBytes,
-                       " bytes (1 GiB)");
+    tag::kCommShm.fail(variable.name, "=", text, " is out of range: expected 1 to ",
+                       kMaxTunableBytes, " bytes (1 GiB)");
   }
   return static_cast<size_t>(value);
 }
 
-struct Tunables {
+// The three sizes, read once (the first backend of the process reads them).
+struct Sizes {
   size_t slice_bytes, one_shot_bytes, channel_bytes;
 };
 
-const Tunables& tunables() {
-  static const Tunables t{
-      (tunable("LOOM_SHM_SLICE_BYTES", 256 << 10) + 63) / 64 * 64,
-      tunable("LOOM_SHM_ONE_SHOT_BYTES", 32 << 10),
-      (tunable("LOOM_SHM_CHANNEL_BYTES", 256 << 10) + 63) / 64 * 64,
+const Sizes& sizes() {
+  static const Sizes t{
+      (tunable(tunables::kShmSliceBytes) + 63) / 64 * 64,
+      tunable(tunables::kShmOneShotBytes),
+      (tunable(tunables::kShmChannelBytes) + 63) / 64 * 64,
   };
   return t;
 }
@@ -71,8 +76,8 @@ double scale_of(ReduceOp op, int size) {
 ShmBackend::ShmBackend(const BackendContext& context)
     : rank_(context.rank),
       size_(context.size),
-      layout_(Layout::make(context.size, tunables().slice_bytes, tunables().channel_bytes)),
-      one_shot_bytes_(std::min(tunables().one_shot_bytes, layout_.stage_bytes)) {
+      layout_(Layout::make(context.size, sizes().slice_bytes, sizes().channel_bytes)),
+      one_shot_bytes_(std::min(sizes().one_shot_bytes, layout_.stage_bytes)) {
   Deadline deadline = deadline_after(context.timeout);
   Store& store = *context.store;
   if (rank_ == 0) {

@@ -10,8 +10,8 @@
 // the generic algorithms of comm/algorithms/. Ranks whose collectives differ (kind, count,
 // dtype, reduce op, root) get a CommError naming both views, always (Note [Fingerprints]).
 //
-// Tunables, read once: LOOM_SHM_SLICE_BYTES (per-rank share of a round, default 256 KiB),
-// LOOM_SHM_ONE_SHOT_BYTES (largest one-shot allreduce, default 32 KiB),
+// Tunables (core/tunables.h), read once: LOOM_SHM_SLICE_BYTES (per-rank share of a round,
+// default 256 KiB), LOOM_SHM_ONE_SHOT_BYTES (largest one-shot allreduce, default 32 KiB),
 // LOOM_SHM_CHANNEL_BYTES (ring of each point-to-point channel, default 256 KiB).
 
 #include <cstdint>

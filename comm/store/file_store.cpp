@@ -12,7 +12,6 @@
 // and the next writer truncates it before appending.
 
 #include "comm/store/file_store.h"
-#include "core/tags.h"
 
 #include <fcntl.h>
 #include <sys/stat.h>
@@ -28,6 +27,7 @@
 
 #include "comm/store/store_impl.h"
 #include "core/error.h"
+#include "core/tags.h"
 
 namespace loom::comm {
 

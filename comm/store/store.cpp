@@ -1,7 +1,6 @@
 // Byte helpers, PrefixStore, and the helpers every store implementation shares.
 
 #include "comm/store/store.h"
-#include "core/tags.h"
 
 #include <charconv>
 #include <cstdio>
@@ -9,6 +8,7 @@
 
 #include "comm/store/store_impl.h"
 #include "core/error.h"
+#include "core/tags.h"
 
 namespace loom::comm {
 

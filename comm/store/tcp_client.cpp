@@ -27,6 +27,7 @@
 #include "comm/store/tcp_store.h"
 #include "core/error.h"
 #include "core/tags.h"
+#include "core/tunables.h"
 
 namespace loom::comm {
 
@@ -205,7 +206,8 @@ struct TCPStore::Impl {
     if (status.kind == IoStatus::kClosed) {
       fail(
           "authentication failed: the server closed the connection at the proof of the secret "
-          "(the secrets differ; check LOOM_STORE_SECRET)");
+          "(the secrets differ; check " +
+          std::string(tunables::kStoreSecret.name) + ")");
     }
     if (!status.ok()) fail("authentication failed: " + status.describe());
     if (MessageReader(reply.data(), reply.size()).code() != kOk) {

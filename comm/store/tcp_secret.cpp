@@ -11,6 +11,7 @@
 
 #include "comm/store/tcp_store.h"
 #include "core/tags.h"
+#include "core/tunables.h"
 
 namespace loom::comm {
 
@@ -53,7 +54,7 @@ void random_bytes(uint8_t* out, size_t size) {
 }  // namespace
 
 std::string store_secret_from_env() {
-  const char* value = std::getenv("LOOM_STORE_SECRET");
+  const char* value = tunable_value(tunables::kStoreSecret);
   return value == nullptr ? std::string() : std::string(value);
 }
 

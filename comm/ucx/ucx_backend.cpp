@@ -11,6 +11,7 @@
 #include "comm/algorithms/tagged_messages.h"
 #include "comm/reduce_op.h"
 #include "core/tags.h"
+#include "core/tunables.h"
 
 namespace loom::comm::ucx {
 
@@ -39,7 +40,8 @@ std::string text(ucs_status_t status) {
 // How messages name a rank's host: LOOM_HOST_ID when set (the hierarchical backend's host
 // key), else the host name.
 std::string host_label() {
-  if (const char* id = std::getenv("LOOM_HOST_ID"); id != nullptr && *id != '\0') return id;
+  const char* id = tunable_value(tunables::kHostId);
+  if (id != nullptr && *id != '\0') return id;
   char name[256] = {};
   gethostname(name, sizeof name - 1);
   return name;

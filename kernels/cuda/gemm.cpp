@@ -31,7 +31,6 @@
 // the failures are expected and stay silent (the driver reclaims everything).
 
 #include "kernels/cuda/gemm.h"
-#include "core/tags.h"
 
 #include <cublasLt.h>
 
@@ -51,6 +50,7 @@
 #include <vector>
 
 #include "core/error.h"
+#include "core/tags.h"
 #include "kernels/cuda/check.h"
 
 namespace loom::kernels::cuda {

@@ -16,6 +16,7 @@
 #include "comm/shm/segment.h"
 #include "comm/store/tcp_store.h"
 #include "core/error.h"
+#include "core/tunables.h"
 
 extern char** environ;
 
@@ -77,7 +78,7 @@ int launch_ranks(int np, bool bind_cores, int argc, char** argv, const std::stri
                               .store_port = server.port(),
                               .store_secret = secret,
                               .job_id = job_id});
-    variables["LOOM_PERF_COMMAND"] = command;
+    variables[tunables::kPerfCommand.name] = command;
     cpu_set_t core;
     CPU_ZERO(&core);
     if (!cpus.empty()) CPU_SET(cpus[static_cast<size_t>(rank) % cpus.size()], &core);

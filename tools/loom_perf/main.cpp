@@ -15,6 +15,7 @@
 #include "comm/error.h"
 #include "comm/process_group.h"
 #include "core/error.h"
+#include "core/tunables.h"
 #include "tools/loom_perf/launch.h"
 #include "tools/loom_perf/options.h"
 #include "tools/loom_perf/report.h"
@@ -110,7 +111,7 @@ std::optional<int> parse(int argc, char** argv, PerfOptions& options) {
     std::cerr << "loom-perf: " << e.what() << "\n";
     return 2;
   }
-  const char* launched_as = std::getenv("LOOM_PERF_COMMAND");
+  const char* launched_as = loom::tunable_value(loom::tunables::kPerfCommand);
   options.command = launched_as != nullptr ? launched_as : loom::perf::join_command(argc, argv);
   return std::nullopt;
 }

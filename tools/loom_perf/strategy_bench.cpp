@@ -9,6 +9,7 @@
 #include <nlohmann/json.hpp>
 
 #include "comm/error.h"
+#include "core/tunables.h"
 #include "data/token_blocks.h"
 #include "kernels/cpu/thread_pool.h"
 #include "strategies/memory_report.h"
@@ -314,7 +315,7 @@ int strategy_main(int argc, char** argv) {
     const int printed = app.exit(e);  // CLI11's own codes (105, ...) mean bad usage here
     return printed == 0 ? 0 : 2;
   }
-  const char* launched_as = std::getenv("LOOM_PERF_COMMAND");
+  const char* launched_as = tunable_value(tunables::kPerfCommand);
   o.command = launched_as != nullptr ? launched_as : join_command(argc, argv);
   try {
     kernels::cpu::set_num_threads(o.threads);

@@ -9,6 +9,7 @@
 
 #include "core/error.h"
 #include "core/tags.h"
+#include "core/tunables.h"
 
 namespace loom::trace {
 
@@ -157,8 +158,8 @@ std::map<int, Dump> read_dumps(const fs::path& dir) {
   fs::directory_iterator files(dir, ec);
   if (ec) {
     tag::kLoomTrace.fail("cannot read the dump directory ", dir.string(), ": ", ec.message(),
-                         "; run the job with LOOM_FLIGHT_RECORDER_DIR=", dir.string(),
-                         " (ranks dump on a failure, or on SIGUSR1)");
+                         "; run the job with ", tunables::kFlightRecorderDir.name, "=",
+                         dir.string(), " (ranks dump on a failure, or on SIGUSR1)");
   }
   std::map<int, Dump> dumps;
   for (const auto& file : files) {
@@ -174,8 +175,8 @@ std::map<int, Dump> read_dumps(const fs::path& dir) {
     }
   }
   if (dumps.empty()) {
-    tag::kLoomTrace.fail("no flight.rank-R.json in ", dir.string(),
-                         "; run the job with LOOM_FLIGHT_RECORDER_DIR=", dir.string(),
+    tag::kLoomTrace.fail("no flight.rank-R.json in ", dir.string(), "; run the job with ",
+                         tunables::kFlightRecorderDir.name, "=", dir.string(),
                          " (ranks dump on a failure, or on SIGUSR1)");
   }
   return dumps;

@@ -8,6 +8,7 @@
 
 #include "comm/store/tcp_store.h"
 #include "core/error.h"
+#include "core/tunables.h"
 #include "tools/loomrun/binding.h"
 #include "tools/loomrun/launcher.h"
 #include "tools/loomrun/log.h"
@@ -21,7 +22,7 @@ using namespace loom::loomrun;
 constexpr int kUsageExitCode = 2;
 
 int run(int argc, char** argv) {
-  const char* env_secret = std::getenv("LOOM_STORE_SECRET");
+  const char* env_secret = loom::tunable_value(loom::tunables::kStoreSecret);
   bool secret_in_env = env_secret != nullptr && *env_secret != '\0';
   LaunchOptions options;
   try {

@@ -8,6 +8,8 @@
 #include <cstdlib>
 #include <sstream>
 
+#include "core/tunables.h"
+
 namespace loom::loomrun {
 
 namespace {
@@ -56,9 +58,12 @@ int parse_port(const std::string& text, const std::string& what, int lowest) {
 // itself and gives its ranks its own port in it, so a value that is not a port at all is a
 // mistake in the caller's environment, refused rather than silently replaced.
 void check_store_port_variable() {
-  const char* value = std::getenv("LOOM_STORE_PORT");
+  const char* value = tunable_value(tunables::kStorePort);
   if (value == nullptr || *value == '\0') return;
-  parse_port(value, "LOOM_STORE_PORT (in loomrun's environment; its ranks get loomrun's port)", 1);
+  parse_port(value,
+             std::string(tunables::kStorePort.name) +
+                 " (in loomrun's environment; its ranks get loomrun's port)",
+             1);
 }
 
 bool is_executable_file(const std::string& path) {
@@ -190,10 +195,10 @@ ParseResult parse_options(int argc, char** argv, bool secret_in_env) {
   if (o.timeout_s && !(*o.timeout_s > 0)) usage_error("--timeout must be > 0 seconds");
   if (!(o.grace_period_s >= 0)) usage_error("--grace-period must be >= 0 seconds");
   if (o.nnodes > 1 && !secret_in_env) {
-    usage_error("--nnodes " + number(o.nnodes) +
-                " needs LOOM_STORE_SECRET in the environment: every node's loomrun must give "
-                "its ranks the same store secret. Generate one (e.g. `openssl rand -hex 32`) and "
-                "run `export LOOM_STORE_SECRET=...` on every node before loomrun");
+    usage_error("--nnodes " + number(o.nnodes) + " needs " + tunables::kStoreSecret.name +
+                " in the environment: every node's loomrun must give its ranks the same store "
+                "secret. Generate one (e.g. `openssl rand -hex 32`) and run `export " +
+                tunables::kStoreSecret.name + "=...` on every node before loomrun");
   }
   check_store_port_variable();
   if (!find_program(o.program)) {
