@@ -24,15 +24,6 @@ size_t storage_bytes(DType dtype) {
   }
 }
 
-const char* short_name(DType dtype) {
-  switch (dtype) {
-    case DType::F32: return "f32";
-    case DType::BF16: return "bf16";
-    case DType::F16: return "f16";
-    default: return "?";
-  }
-}
-
 // splitmix64: tiny, fast and identical everywhere.
 uint64_t splitmix64(uint64_t& state) {
   uint64_t z = (state += 0x9E3779B97F4A7C15ull);
@@ -222,7 +213,7 @@ DeviceBuffer upload(const std::vector<float>& host, DType dtype) {
 std::vector<float> download(const DeviceBuffer& buf, DType dtype, size_t count) {
   size_t es = storage_bytes(dtype);
   if (count * es > buf.bytes()) {
-    fail("[lab] download of ", count, " ", short_name(dtype), " elements (", count * es,
+    fail("[lab] download of ", count, " ", dtype_name(dtype), " elements (", count * es,
          " bytes) from a buffer of ", buf.bytes(), " bytes");
   }
   LOOM_CUDA_CHECK(cudaDeviceSynchronize());
