@@ -2,9 +2,9 @@
 // captured and nothing needs staging.
 
 #include "comm/cuda_support.h"
-#include "core/tags.h"
 
 #include "core/error.h"
+#include "core/tags.h"
 
 namespace loom::comm {
 

@@ -1,10 +1,10 @@
 #include "strategies/plugins.h"
 
 #if LOOM_WITH_CUDA
-#include "core/tags.h"
 #include "tensor/cuda/device.h"
 #endif
 
+#include "core/tags.h"
 #include "tensor/safetensors.h"
 
 namespace loom::strategies {
