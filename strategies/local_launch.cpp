@@ -22,8 +22,6 @@ extern char** environ;
 
 namespace loom::strategies {
 
-using Clock = std::chrono::steady_clock;
-
 // Watches the ranks this process started, on a thread of its own, with the launchers'
 // supervision rule (comm/launch/rank_group.h): the first rank that fails is recorded, the
 // others are stopped (SIGTERM, SIGKILL kStopGrace later), and `on_failure` runs once, on the

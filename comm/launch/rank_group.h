@@ -13,13 +13,12 @@
 #include <vector>
 
 #include "comm/launch/rank_process.h"
+#include "core/deadline.h"
 
 namespace loom::comm::launch {
 
 class RankGroup {
  public:
-  using Clock = std::chrono::steady_clock;
-
   explicit RankGroup(std::chrono::milliseconds grace) : grace_(grace) {}
 
   void add(std::unique_ptr<RankProcess> rank) { ranks_.push_back(std::move(rank)); }
@@ -47,7 +46,6 @@ class RankGroup {
   bool stopping() const { return stop_signal_.has_value(); }
   bool killed() const { return killed_; }
   std::optional<Clock::time_point> kill_at() const { return kill_at_; }
-  std::chrono::milliseconds grace() const { return grace_; }
   // The signal the stop began with (SIGTERM for a failure).
   int stop_signal() const { return stop_signal_.value_or(0); }
   // The job's exit code: 0, or that of the failure the group reported (128 + signal for a

@@ -242,9 +242,12 @@ Launcher::Outcome Launcher::run_attempt(int restart_count,
       }
     }
 
+    std::vector<bool> was_running;
+    for (const LiveRank& rank : ranks) was_running.push_back(rank.process->running());
     const std::vector<RankGroup::Report> reports = group.reap();
-    for (LiveRank& rank : ranks) {
-      if (!rank.process->running()) drain(rank);  // last words before loomrun's verdict
+    for (size_t i = 0; i < ranks.size(); ++i) {
+      // A rank reaped just now: its last words come before loomrun's verdict.
+      if (was_running[i] && !ranks[i].process->running()) drain(ranks[i]);
     }
     for (const RankGroup::Report& report : reports) {
       // A signal death after the first failure is named while that failure is the reason
