@@ -6,8 +6,13 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 
 packages=(g++ cmake ninja-build pkg-config libeigen3-dev nlohmann-json3-dev libcli11-dev libgtest-dev
-          libdnnl-dev libssl-dev libucx-dev openmpi-bin slurm-wlm munge libbenchmark-dev libhwloc-dev liburing-dev libxxhash-dev python3 python3-venv
+          libdnnl-dev ocl-icd-opencl-dev libssl-dev libucx-dev openmpi-bin libopenmpi-dev slurm-wlm munge libbenchmark-dev libhwloc-dev liburing-dev libxxhash-dev python3 python3-venv
           clang libclang-rt-14-dev libomp-14-dev)  # clang 14, libFuzzer and clang's OpenMP: scripts/fuzz.sh
+# ocl-icd-opencl-dev: Debian's oneDNN is built with its OpenCL GPU runtime, so its CMake
+# package config requires OpenCL's headers; libdnnl-dev only recommends them, and
+# --no-install-recommends leaves them out. libopenmpi-dev: with openmpi-bin alone, CMake's
+# FindMPI finds mpicc's include path missing and stops the configuration
+# (bench/peers/mpi_allreduce_perf is the Open MPI peer of docs/performance_comm.md).
 missing=()
 for p in "${packages[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
