@@ -6,6 +6,8 @@
 
 #include <cstdlib>
 #include <cstring>
+#include <filesystem>
+#include <system_error>
 
 #include "comm/algorithms/algorithms.h"
 #include "comm/algorithms/tagged_messages.h"
@@ -47,6 +49,51 @@ std::string host_label() {
   return name;
 }
 
+// Note [UCX defaults for TCP]
+// UCX's own defaults suit RDMA networks. Over TCP they cost Loom its goal against Open MPI
+// between two hosts (docs/performance_comm.md, "ucx and hierarchical between namespace
+// hosts"): from UCX's automatic rendezvous threshold up, a message waits a round trip for the
+// receiver's answer before its data moves (64 KiB took 2x Open MPI's time), and TCP's 8 KiB
+// send segments cut a large message into many small writes (4 and 16 MiB took 1.1x to 1.2x).
+// So, unless the user set the variable:
+//  - UCX_RNDV_THRESH=1M: messages below 1 MiB go eagerly (above it the round trip is a few
+//    percent of the transfer, and a receiver never buffers more than 1 MiB unexpected). Left
+//    to UCX where an RDMA device exists (/sys/class/infiniband): there rendezvous is
+//    zero-copy and pays from a few KiB.
+//  - UCX_TCP_TX_SEG_SIZE=64K and UCX_TCP_RX_SEG_SIZE=256K (ucp_config_modify hands
+//    transport variables on without their transport's prefix; only tcp has these two).
+// A value in the environment always wins.
+struct TunedDefault {
+  const char* name;      // as ucp_config_modify takes it
+  const char* variable;  // the environment variable that overrides it
+  const char* value;
+  bool tcp_only;  // applied only where no RDMA device exists
+};
+constexpr TunedDefault kTunedDefaults[] = {
+    {"RNDV_THRESH", "UCX_RNDV_THRESH", "1M", true},
+    {"TX_SEG_SIZE", "UCX_TCP_TX_SEG_SIZE", "64K", false},
+    {"RX_SEG_SIZE", "UCX_TCP_RX_SEG_SIZE", "256K", false},
+};
+
+bool has_rdma_device() {
+  std::error_code ignored;
+  std::filesystem::directory_iterator devices("/sys/class/infiniband", ignored);
+  return !ignored && devices != std::filesystem::directory_iterator();
+}
+
+// Applies kTunedDefaults to `config`.
+void apply_tuned_defaults(ucp_config_t* config, const std::string& me) {
+  const bool rdma = has_rdma_device();
+  for (const TunedDefault& d : kTunedDefaults) {
+    if (std::getenv(d.variable) != nullptr) continue;
+    if (d.tcp_only && rdma) continue;
+    if (ucs_status_t status = ucp_config_modify(config, d.name, d.value); status != UCS_OK) {
+      fail(me, "setting ", d.variable, "=", d.value, " failed: ", text(status), "; set ",
+           d.variable, " in the environment to choose a value yourself");
+    }
+  }
+}
+
 }  // namespace
 
 struct UcxBackend::State {
@@ -76,7 +123,7 @@ struct UcxBackend::State {
   // halfway.
   ~State() {
     for (size_t r = 0; r < endpoints.size(); ++r)
-      close_endpoint(static_cast<int>(r));
+      close_endpoint(static_cast<int>(r), /*force=*/peer_errors[r] != UCS_OK);
     if (worker != nullptr) ucp_worker_destroy(worker);
     if (context != nullptr) ucp_cleanup(context);
   }
@@ -88,14 +135,17 @@ struct UcxBackend::State {
       ucp_worker_progress(worker);
   }
 
-  // Forced close: no handshake with a peer that may be gone; the endpoint's sends still in
-  // flight complete as canceled.
-  void close_endpoint(int peer) {
+  // Closes the endpoint to `peer`, waiting at most a second. Normally with a flush: an eager
+  // send completes for its caller once UCX holds the data, not once the peer has it, so a
+  // rank whose last operation was a send would otherwise drop it in flight and its peer
+  // would see an endpoint error. Forced where the peer failed or a send is abandoned: no
+  // handshake with a peer that may be gone; sends still in flight complete as canceled.
+  void close_endpoint(int peer, bool force) {
     ucp_ep_h& ep = endpoints[static_cast<size_t>(peer)];
     if (ep == nullptr) return;
     ucp_request_param_t param{};
     param.op_attr_mask = UCP_OP_ATTR_FIELD_FLAGS;
-    param.flags = UCP_EP_CLOSE_FLAG_FORCE;
+    param.flags = force ? UCP_EP_CLOSE_FLAG_FORCE : 0;
     ucs_status_ptr_t request = ucp_ep_close_nbx(ep, &param);
     ep = nullptr;
     if (UCS_PTR_IS_PTR(request)) {
@@ -114,12 +164,11 @@ struct UcxBackend::State {
   }
   void abandon_send(void* request, int peer) {
     if (request == nullptr) return;
-    close_endpoint(peer);
+    close_endpoint(peer, /*force=*/true);
     settle(request);
     ucp_request_free(request);
   }
 };
-
 UcxBackend::UcxBackend(const BackendContext& context)
     : rank_(context.rank), size_(context.size), state_(std::make_unique<State>()) {
   State& s = *state_;
@@ -128,6 +177,7 @@ UcxBackend::UcxBackend(const BackendContext& context)
   if (ucs_status_t status = ucp_config_read(nullptr, nullptr, &config); status != UCS_OK) {
     fail(me, "reading the UCX configuration (the UCX_* variables) failed: ", text(status));
   }
+  apply_tuned_defaults(config, me);
   ucp_params_t params{};
   params.field_mask = UCP_PARAM_FIELD_FEATURES;
   params.features = UCP_FEATURE_TAG;
