@@ -5,8 +5,10 @@
 # Every program is started by mpirun from host 0 (scripts/netns_rsh.sh as its remote agent)
 # with --bind-to none: Open MPI's default binding pins rank 0 of each "host" to the same
 # core, which on one machine puts the ranks of both hosts on one core. Loom uses UCX_TLS=tcp,
-# so both sides cross the veth links over TCP. Prints, per program and size, the us per call
-# (out of place) of every round and their median. Needs root, Open MPI and a build with UCX;
+# so both sides cross the veth links over TCP. Loom and Open MPI take turns going first. Prints,
+# per program and size, the us per call (out of place) of every round and their median, then
+# Loom's ucx over Open MPI within each round and the median ratio. Needs root, Open MPI and a
+# build with UCX;
 # Gloo's peer (bench/peers/gloo_allreduce_perf, Debian libgloo-dev) runs where it was built,
 # its ranks meeting through a FileStore in a shared directory and listening on eth0.
 #   bench/comm/multihost_allreduce.sh [ROUNDS]      (from the repository root; default 3)
@@ -28,7 +30,7 @@ run() {  # label ranks-per-host program args...: appends "label size us" lines
     --mca btl tcp,self --mca btl_tcp_if_include eth0 \
     --host "10.77.0.1:$per_host,10.77.0.2:$per_host" -np $((2 * per_host)) \
     -x MASTER_ADDR=10.77.0.1 -x MASTER_PORT=29500 -x LOOM_STORE_SECRET -x UCX_TLS=tcp "$@" 2>&1 |
-    awk -v l="$label" '/^ +[0-9]+ +[0-9]+ +float/ {print l, $1, $6}' >> "$out/results"
+    awk -v l="$label" -v r="$round" '/^ +[0-9]+ +[0-9]+ +float/ {print r, l, $1, $6}' >> "$out/results"
 }
 
 gloo() {  # ranks-per-host args...
@@ -42,14 +44,16 @@ gloo() {  # ranks-per-host args...
 }
 
 small=(-b 8 -e 32K -f 8 -n 1000 -w 50)
-medium=(-b 64K -e 16M -f 4 -n 20 -w 3)
+medium=(-b 64K -e 16M -f 4 -n 100 -w 10)
 large=(-b 1M -e 16M -f 4 -n 20 -w 3)
-for ((r = 1; r <= rounds; ++r)); do
-  echo "round $r" >&2
+# Loom and Open MPI take turns going first (the host's fast and slow modes last seconds).
+for ((round = 1; round <= rounds; ++round)); do
+  echo "round $round" >&2
   for sizes in small medium; do
     declare -n args=$sizes
-    run "ucx 1x2" 1 "$B/tools/loom_perf/loom-perf" allreduce --backend ucx "${args[@]}"
-    run "mpi 1x2" 1 "$B/bench/peers/mpi_allreduce_perf" "${args[@]}"
+    ucx_1x2() { run "ucx 1x2" 1 "$B/tools/loom_perf/loom-perf" allreduce --backend ucx "${args[@]}"; }
+    mpi_1x2() { run "mpi 1x2" 1 "$B/bench/peers/mpi_allreduce_perf" "${args[@]}"; }
+    if ((round % 2)); then ucx_1x2; mpi_1x2; else mpi_1x2; ucx_1x2; fi
     gloo 1 "${args[@]}"
   done
   run "ucx 2x2" 2 "$B/tools/loom_perf/loom-perf" allreduce --backend ucx "${large[@]}"
@@ -59,11 +63,19 @@ for ((r = 1; r <= rounds; ++r)); do
 done
 python3 - "$out/results" <<'PY'
 import collections, statistics, sys
-runs = collections.defaultdict(list)
+runs = collections.defaultdict(dict)  # (label, size) -> {round: us}
 for line in open(sys.argv[1]):
-    *label, size, us = line.split()
-    runs[(" ".join(label), int(size))].append(float(us))
-for (label, size), values in sorted(runs.items(), key=lambda kv: (kv[0][0].split()[-1], kv[0][1], kv[0][0])):
+    rnd, *label, size, us = line.split()
+    runs[(" ".join(label), int(size))][int(rnd)] = float(us)
+for (label, size), by_round in sorted(runs.items(), key=lambda kv: (kv[0][0].split()[-1], kv[0][1], kv[0][0])):
+    values = [by_round[r] for r in sorted(by_round)]
     print(f"{label:18s} {size:>9d} B  median {statistics.median(values):10.2f} us  runs {', '.join(f'{v:.2f}' for v in values)}")
+# Loom's ucx against Open MPI, one rank per host: the ratio within each round, and its median.
+for (label, size), by_round in sorted(runs.items(), key=lambda kv: kv[0][1]):
+    peer = runs.get(("mpi 1x2", size))
+    if label != "ucx 1x2" or not peer:
+        continue
+    ratios = [by_round[r] / peer[r] for r in sorted(by_round) if r in peer]
+    print(f"ucx / mpi 1x2      {size:>9d} B  median {statistics.median(ratios):5.2f}  rounds {', '.join(f'{x:.2f}' for x in ratios)}")
 PY
 rm -rf "$out"
