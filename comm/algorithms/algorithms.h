@@ -69,6 +69,11 @@ void ring_reduce_scatter(Transport& transport, const void* input, void* output, 
 // each rank sends its reduced chunk to every other (scratch: size-1 chunks). Same bits.
 void rank_ordered_allreduce(Transport& transport, void* data, size_t count, DType type,
                             ReduceOp op, Deadline deadline);
+// The same out of place: output[0, count) becomes the reduction of every rank's
+// input[0, count), bitwise the in-place result; input is left unchanged. output may be input
+// (in place); otherwise the two must not overlap. No copy of input is made first.
+void rank_ordered_allreduce(Transport& transport, const void* input, void* output, size_t count,
+                            DType type, ReduceOp op, Deadline deadline);
 
 // output[count] = slice `rank` of the reduction of every rank's input[size * count], in rank
 // order; input is left unchanged. In place when output == input + rank * count; otherwise

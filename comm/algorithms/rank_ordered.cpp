@@ -11,6 +11,7 @@
 // a ring's reduce-scatter does, but in size-1 direct exchanges rather than around the ring.
 
 #include <algorithm>
+#include <cstring>
 #include <memory>
 #include <vector>
 
@@ -66,32 +67,42 @@ void reduce_parts(Transport& transport, const void* input, void* output, DType t
 
 }  // namespace
 
-void rank_ordered_allreduce(Transport& transport, void* data, size_t count, DType type,
-                            ReduceOp op, Deadline deadline) {
-  detail::check_args(transport, count, data, data, "rank_ordered_allreduce");
+void rank_ordered_allreduce(Transport& transport, const void* input, void* output, size_t count,
+                            DType type, ReduceOp op, Deadline deadline) {
+  detail::check_args(transport, count, input, output, "rank_ordered_allreduce");
   (void)detail::reduce_kind(op, type, "rank_ordered_allreduce");
   const int size = transport.size();
   const int rank = transport.rank();
-  if (count == 0 || size == 1) return;
+  if (count == 0) return;
   const size_t es = dtype_size(type);
+  if (size == 1) {
+    if (output != input) std::memcpy(output, input, count * es);
+    return;
+  }
   if (count * es * static_cast<size_t>(size - 1) <= kOneShotBudget) {
     // One shot: every rank's part is the whole buffer, so each rank sends its buffer to every
     // other and reduces all of them itself, in rank order: one exchange per peer instead of a
     // reduce-scatter followed by an all-gather, with the same bits.
     auto whole = [&](int) { return std::pair<size_t, size_t>{0, count}; };
-    reduce_parts(transport, data, data, type, op, whole, deadline);
+    reduce_parts(transport, input, output, type, op, whole, deadline);
     return;
   }
   const Chunks chunks(count, size);
   auto part = [&](int r) { return std::pair<size_t, size_t>{chunks.begin(r), chunks.size(r)}; };
-  // Reduced in place: reduce_inputs may write over one of its inputs (this rank's chunk).
-  reduce_parts(transport, data, at(data, chunks.begin(rank), es), type, op, part, deadline);
+  // The other chunks of `input` are sent before this rank's chunk of `output` is written
+  // (reduce_inputs may write over one of its inputs), so output may be input.
+  reduce_parts(transport, input, at(output, chunks.begin(rank), es), type, op, part, deadline);
   for (int k = 1; k < size; ++k) {
     const int dst = (rank + k) % size;
     const int src = (rank - k + size) % size;
-    exchange(transport, at(data, chunks.begin(rank), es), chunks.size(rank) * es, dst,
-             at(data, chunks.begin(src), es), chunks.size(src) * es, src, deadline);
+    exchange(transport, at(output, chunks.begin(rank), es), chunks.size(rank) * es, dst,
+             at(output, chunks.begin(src), es), chunks.size(src) * es, src, deadline);
   }
+}
+
+void rank_ordered_allreduce(Transport& transport, void* data, size_t count, DType type, ReduceOp op,
+                            Deadline deadline) {
+  rank_ordered_allreduce(transport, data, data, count, type, op, deadline);
 }
 
 void rank_ordered_reduce(Transport& transport, void* data, size_t count, DType type,

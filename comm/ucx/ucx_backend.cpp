@@ -335,12 +335,9 @@ void UcxBackend::send_recv(const void* send_data, size_t send_bytes, int dst, vo
 }
 
 void UcxBackend::allreduce(const Tensor& input, Tensor& output, ReduceOp op, Deadline deadline) {
-  if (output.raw_data() != input.raw_data() && input.nbytes() > 0) {
-    std::memcpy(output.raw_data(), input.raw_data(), input.nbytes());
-  }
-  algorithms::rank_ordered_allreduce(*this, output.raw_data(),
-                                     static_cast<size_t>(output.numel()),
-                                     output.dtype(), op, deadline);
+  algorithms::rank_ordered_allreduce(*this, input.raw_data(), output.raw_data(),
+                                     static_cast<size_t>(output.numel()), output.dtype(), op,
+                                     deadline);
 }
 
 void UcxBackend::broadcast(Tensor& tensor, int root, Deadline deadline) {

@@ -429,6 +429,27 @@ TEST_P(ThreadRanks, RankOrderedAllreduceGivesTheRankOrderBitsInAnyPieces) {
   }
 }
 
+// Out of place (no copy of the input first): the in-place bits, the input left unchanged,
+// on both paths (one shot, and reduce-scatter then all-gather past 256 KiB per peer).
+TEST_P(ThreadRanks, RankOrderedAllreduceOutOfPlaceGivesTheInPlaceBits) {
+  for (size_t n : {size_t{10007}, size_t{70001}}) {
+    run_threads(world(), [n](ThreadTransport& t) {
+      Buffer input(DType::F32, n);
+      for (size_t i = 0; i < n; ++i)
+        input.set(i, std::sin(static_cast<double>(i) * 0.37 + t.rank() * 1.3) * 1e3);
+      const Buffer original = input;
+      Buffer in_place = input;
+      algorithms::rank_ordered_allreduce(t, in_place.data(), n, DType::F32, ReduceOp::Sum,
+                                         generous());
+      Buffer output(DType::F32, n);
+      algorithms::rank_ordered_allreduce(t, input.data(), output.data(), n, DType::F32,
+                                         ReduceOp::Sum, generous());
+      EXPECT_TRUE(output.bytes == in_place.bytes) << n << " elements, rank " << t.rank();
+      EXPECT_TRUE(input.bytes == original.bytes) << n << " elements, rank " << t.rank();
+    });
+  }
+}
+
 TEST_P(ThreadRanks, RingAllGather) {
   run_threads(world(), [](ThreadTransport& t) { all_gather_body(t, kCounts); });
 }
