@@ -29,14 +29,22 @@ EnableGradGuard::~EnableGradGuard() {
 }
 
 Tensor Tensor::empty(const Shape& shape, DType dtype, Device device) {
+  // The size in bytes, refusing a shape whose element count or byte count does not fit in
+  // int64 (a corrupt file's header, a product of dimensions gone wrong), which would
+  // otherwise wrap around to a small or negative allocation.
+  int64_t bytes = static_cast<int64_t>(dtype_size(dtype));
   for (int64_t d : shape) {
     if (d < 0) fail("Tensor::empty: negative dimension in shape ", shape_str(shape));
+    if (__builtin_mul_overflow(bytes, d, &bytes)) {
+      fail("Tensor::empty: shape ", shape_str(shape), " of ", dtype_name(dtype),
+           " needs more than 2^63 bytes; check the shape");
+    }
   }
   auto impl = std::make_shared<TensorImpl>();
   impl->shape = shape;
   impl->strides = contiguous_strides(shape);
   impl->dtype = dtype;
-  impl->storage = std::make_shared<Storage>(numel_of(shape) * dtype_size(dtype), device);
+  impl->storage = std::make_shared<Storage>(static_cast<size_t>(bytes), device);
   return Tensor(std::move(impl));
 }
 

@@ -28,6 +28,22 @@ TEST(Tensor, ViewsShareStorage) {
   EXPECT_EQ(e.to_vector<float>(), std::vector<float>({7, 8, 9, 7, 8, 9}));
 }
 
+// A shape whose size in bytes overflows int64 is refused, naming the shape, instead of
+// wrapping around to a small allocation.
+TEST(Tensor, EmptyRefusesAShapeWhoseSizeOverflows) {
+  try {
+    (void)Tensor::empty({int64_t{1} << 32, int64_t{1} << 30}, DType::F32);
+    FAIL() << "no error";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("[4294967296, 1073741824]"), std::string::npos)
+        << e.what();
+    EXPECT_NE(std::string(e.what()).find("2^63 bytes"), std::string::npos) << e.what();
+  }
+  // 2^61 f32 elements are 2^63 bytes: one byte too many.
+  EXPECT_THROW((void)Tensor::empty({int64_t{1} << 61}, DType::F32), Error);
+  EXPECT_EQ(Tensor::empty({int64_t{1} << 40, 0}, DType::F32).numel(), 0);
+}
+
 TEST(Tensor, ContiguousCopiesOnlyWhenNeeded) {
   Tensor x = Tensor::zeros({4, 5});
   EXPECT_TRUE(x.contiguous().is_same(x));
