@@ -62,6 +62,11 @@ TEST(Failures, KilledRankIsNamedQuicklyAndShmIsClean) {
     auto again = std::chrono::steady_clock::now();
     expect_comm_error(pg.allreduce(t), {"broken"});
     EXPECT_LT(std::chrono::steady_clock::now() - again, 1s);
+    // The survivors leave together: one that exits as soon as it has seen rank 2 die would be
+    // a dead peer too, and the other might see that first (the ucx version of this test once
+    // named peer 0 in CI this way).
+    store->set("saw_rank_2_die/" + std::to_string(rank), Bytes{1});
+    store->wait({"saw_rank_2_die/0", "saw_rank_2_die/1"}, 20s);
   });
   EXPECT_LT(std::chrono::steady_clock::now() - start, 10s) << "dead peer detected too slowly";
   EXPECT_EQ(results[0].exit_code, 0);
