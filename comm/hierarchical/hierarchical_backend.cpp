@@ -7,8 +7,10 @@
 #include <cstring>
 #include <filesystem>
 #include <map>
+#include <utility>
 #include <vector>
 
+#include "comm/algorithms/algorithms.h"
 #include "comm/reduce_op.h"
 #include "comm/shm/shm_backend.h"
 #include "comm/store/store.h"
@@ -23,7 +25,9 @@ namespace loom::comm::hierarchical {
 //   1. intra-host reduce-scatter (shm): the data, padded to L * ceil(n / L), is split into
 //      L shards; local rank l gets its host's sum of shard l;
 //   2. inter-host allreduce (ucx) of shard l among the H ranks of local rank l: only
-//      1/L of the data crosses hosts from each rank, and every inter-host link is busy;
+//      1/L of the data crosses hosts from each rank, and every inter-host link is busy. These
+//      H ranks talk over the flat ucx group's endpoints (a SubsetTransport), so a group has
+//      one UCX context, and the rank-ordered reductions give the ucx backend's bits;
 //   3. intra-host all-gather (shm) of the shards.
 // Avg reduces as Sum and scales the shard once after step 2, so every rank gets the same
 // bits. reduce-scatter arranges the input so that local rank l's intra-host share holds the
@@ -94,14 +98,17 @@ HierarchicalBackend::HierarchicalBackend(const BackendContext& context)
     layered = count[static_cast<size_t>(host[static_cast<size_t>(r)])] == local_size_ &&
               host[static_cast<size_t>(r)] == r / local_size_;
   }
+  auto flat = std::make_unique<ucx::UcxBackend>(sub_context(context, "flat", rank_, size_));
   if (layered) {
     const int my_host = rank_ / local_size_, local = rank_ % local_size_;
     intra_ = std::make_unique<shm::ShmBackend>(
         sub_context(context, "intra" + std::to_string(my_host), local, local_size_));
-    inter_ = std::make_unique<ucx::UcxBackend>(
-        sub_context(context, "inter" + std::to_string(local), my_host, hosts_));
+    std::vector<int> same_local_rank;
+    for (int h = 0; h < hosts_; ++h)
+      same_local_rank.push_back(h * local_size_ + local);
+    inter_ = std::make_unique<algorithms::SubsetTransport>(*flat, std::move(same_local_rank));
   }
-  flat_ = std::make_unique<ucx::UcxBackend>(sub_context(context, "flat", rank_, size_));
+  flat_ = std::move(flat);
 }
 
 HierarchicalBackend::~HierarchicalBackend() = default;
@@ -118,7 +125,8 @@ void HierarchicalBackend::allreduce(const Tensor& input, Tensor& output, ReduceO
   Tensor shard = like(input, shard_count);
   const ReduceOp level = op == ReduceOp::Avg ? ReduceOp::Sum : op;
   intra_->reduce_scatter(shard, padded, level, deadline);
-  inter_->allreduce(shard, shard, level, deadline);
+  algorithms::rank_ordered_allreduce(*inter_, shard.raw_data(), static_cast<size_t>(shard_count),
+                                     input.dtype(), level, deadline);
   if (op == ReduceOp::Avg) {
     kernels::cpu::scale_inplace(input.dtype(), shard.raw_data(),
                                 static_cast<size_t>(shard_count), 1.0 / size_);
@@ -141,7 +149,8 @@ void HierarchicalBackend::reduce_scatter(Tensor& output, const Tensor& input, Re
   Tensor mine = like(input, c * hosts_);
   const ReduceOp level = op == ReduceOp::Avg ? ReduceOp::Sum : op;
   intra_->reduce_scatter(mine, arranged, level, deadline);
-  inter_->reduce_scatter(output, mine, level, deadline);
+  algorithms::rank_ordered_reduce_scatter(*inter_, mine.raw_data(), output.raw_data(),
+                                          static_cast<size_t>(c), input.dtype(), level, deadline);
   if (op == ReduceOp::Avg) {
     kernels::cpu::scale_inplace(output.dtype(), output.raw_data(),
                                 static_cast<size_t>(c), 1.0 / size_);
@@ -153,7 +162,8 @@ void HierarchicalBackend::all_gather(Tensor& output, const Tensor& input, Deadli
   if (!two_levels() || c == 0) return flat_->all_gather(output, input, deadline);
   const size_t slice = input.nbytes();
   Tensor mine = like(input, c * hosts_);  // host h's rank of this local index, host by host
-  inter_->all_gather(mine, input, deadline);
+  algorithms::ring_all_gather(*inter_, input.raw_data(), mine.raw_data(), static_cast<size_t>(c),
+                              input.dtype(), deadline);
   Tensor arranged = like(input, c * hosts_ * local_size_);
   intra_->all_gather(arranged, mine, deadline);
   for (int l = 0; l < local_size_; ++l)

@@ -21,6 +21,7 @@
 #include <memory>
 #include <string>
 
+#include "comm/algorithms/subset_transport.h"
 #include "comm/backend.h"
 
 namespace loom::comm::hierarchical {
@@ -55,8 +56,9 @@ class HierarchicalBackend final : public Backend {
   int rank_, size_;
   int hosts_ = 1, local_size_ = 1;
   std::unique_ptr<Backend> intra_;  // this host's ranks (shm); null: flat only
-  std::unique_ptr<Backend> inter_;  // the ranks of this local rank on every host (ucx)
-  std::unique_ptr<Backend> flat_;   // the whole group (ucx)
+  std::unique_ptr<Backend> flat_;   // the whole group (ucx; shm on one host)
+  // The ranks of this local rank on every host, over flat_'s endpoints; null: flat only.
+  std::unique_ptr<algorithms::SubsetTransport> inter_;
 };
 
 }  // namespace loom::comm::hierarchical

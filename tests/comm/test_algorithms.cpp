@@ -18,6 +18,7 @@
 #include <vector>
 
 #include "comm/algorithms/algorithms.h"
+#include "comm/algorithms/subset_transport.h"
 #include "comm/algorithms/thread_transport.h"
 #include "comm/backend.h"
 #include "comm/error.h"
@@ -448,6 +449,31 @@ TEST_P(ThreadRanks, RankOrderedAllreduceOutOfPlaceGivesTheInPlaceBits) {
       EXPECT_TRUE(input.bytes == original.bytes) << n << " elements, rank " << t.rank();
     });
   }
+}
+
+// A subset of ranks, in an order of its own, runs collectives over the whole's streams; the
+// other ranks take no part. Members that repeat or are out of range, and a rank that is not a
+// member, are refused.
+TEST(SubsetTransport, CollectivesAmongSomeRanksInTheirOwnOrder) {
+  run_threads(4, [](ThreadTransport& whole) {
+    EXPECT_THROW(algorithms::SubsetTransport(whole, {0, 1, 2, 3, 3}), Error);
+    EXPECT_THROW(algorithms::SubsetTransport(whole, {0, 1, 2, 4}), Error);
+    if (whole.rank() != 3 && whole.rank() != 1) {
+      EXPECT_THROW(algorithms::SubsetTransport(whole, {3, 1}), Error);
+      return;
+    }
+    algorithms::SubsetTransport subset(whole, {3, 1});
+    EXPECT_EQ(subset.rank(), whole.rank() == 3 ? 0 : 1);
+    EXPECT_EQ(subset.size(), 2);
+    std::vector<float> data = {1.0f * static_cast<float>(whole.rank()), 10.0f};
+    algorithms::rank_ordered_allreduce(subset, data.data(), data.size(), DType::F32, ReduceOp::Sum,
+                                       generous());
+    EXPECT_EQ(data, (std::vector<float>{4.0f, 20.0f}));
+    std::vector<float> gathered(2);
+    const float mine = static_cast<float>(whole.rank());
+    algorithms::ring_all_gather(subset, &mine, gathered.data(), 1, DType::F32, generous());
+    EXPECT_EQ(gathered, (std::vector<float>{3.0f, 1.0f}));  // subset rank order
+  });
 }
 
 TEST_P(ThreadRanks, RingAllGather) {
