@@ -4,6 +4,7 @@
 #include <ucp/api/ucp.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cstdlib>
 #include <cstring>
 #include <filesystem>
@@ -81,13 +82,14 @@ bool has_rdma_device() {
   return !ignored && devices != std::filesystem::directory_iterator();
 }
 
-// Applies kTunedDefaults to `config`.
+// Applies kTunedDefaults to `config`; releases it before throwing.
 void apply_tuned_defaults(ucp_config_t* config, const std::string& me) {
   const bool rdma = has_rdma_device();
   for (const TunedDefault& d : kTunedDefaults) {
     if (std::getenv(d.variable) != nullptr) continue;
     if (d.tcp_only && rdma) continue;
     if (ucs_status_t status = ucp_config_modify(config, d.name, d.value); status != UCS_OK) {
+      ucp_config_release(config);
       fail(me, "setting ", d.variable, "=", d.value, " failed: ", text(status), "; set ",
            d.variable, " in the environment to choose a value yourself");
     }
@@ -121,9 +123,24 @@ struct UcxBackend::State {
   State& operator=(const State&) = delete;
   // Closes the endpoints, then the worker and the context: also when the constructor failed
   // halfway.
+  // Every endpoint's close starts at once and all of them share one second, so a group of
+  // any size closes within a second even if peers do not answer.
   ~State() {
-    for (size_t r = 0; r < endpoints.size(); ++r)
-      close_endpoint(static_cast<int>(r), /*force=*/peer_errors[r] != UCS_OK);
+    std::vector<void*> closing;
+    for (size_t r = 0; r < endpoints.size(); ++r) {
+      void* request = start_close(static_cast<int>(r), /*force=*/peer_errors[r] != UCS_OK);
+      if (request != nullptr) closing.push_back(request);
+    }
+    const Deadline until = Clock::now() + std::chrono::seconds(1);
+    auto in_progress = [&] {
+      return std::any_of(closing.begin(), closing.end(), [](void* request) {
+        return ucp_request_check_status(request) == UCS_INPROGRESS;
+      });
+    };
+    while (in_progress() && Clock::now() < until)
+      ucp_worker_progress(worker);
+    for (void* request : closing)
+      ucp_request_free(request);
     if (worker != nullptr) ucp_worker_destroy(worker);
     if (context != nullptr) ucp_cleanup(context);
   }
@@ -135,23 +152,21 @@ struct UcxBackend::State {
       ucp_worker_progress(worker);
   }
 
-  // Closes the endpoint to `peer`, waiting at most a second. Normally with a flush: an eager
-  // send completes for its caller once UCX holds the data, not once the peer has it, so a
-  // rank whose last operation was a send would otherwise drop it in flight and its peer
-  // would see an endpoint error. Forced where the peer failed or a send is abandoned: no
-  // handshake with a peer that may be gone; sends still in flight complete as canceled.
-  void close_endpoint(int peer, bool force) {
+  // Starts closing the endpoint to `peer`; returns the request to wait for (null: closed
+  // already, or no endpoint). Normally with a flush: an eager send completes for its caller
+  // once UCX holds the data, not once the peer has it, so a rank whose last operation was a
+  // send would otherwise drop it in flight and its peer would see an endpoint error. Forced
+  // where the peer failed or a send is abandoned: no handshake with a peer that may be gone;
+  // sends still in flight complete as canceled.
+  void* start_close(int peer, bool force) {
     ucp_ep_h& ep = endpoints[static_cast<size_t>(peer)];
-    if (ep == nullptr) return;
+    if (ep == nullptr) return nullptr;
     ucp_request_param_t param{};
     param.op_attr_mask = UCP_OP_ATTR_FIELD_FLAGS;
     param.flags = force ? UCP_EP_CLOSE_FLAG_FORCE : 0;
     ucs_status_ptr_t request = ucp_ep_close_nbx(ep, &param);
     ep = nullptr;
-    if (UCS_PTR_IS_PTR(request)) {
-      settle(request);
-      ucp_request_free(request);
-    }
+    return UCS_PTR_IS_PTR(request) ? request : nullptr;
   }
 
   // After a failure (the group is broken from then on): a receive in flight is canceled; a
@@ -164,11 +179,15 @@ struct UcxBackend::State {
   }
   void abandon_send(void* request, int peer) {
     if (request == nullptr) return;
-    close_endpoint(peer, /*force=*/true);
+    if (void* closing = start_close(peer, /*force=*/true); closing != nullptr) {
+      settle(closing);
+      ucp_request_free(closing);
+    }
     settle(request);
     ucp_request_free(request);
   }
 };
+
 UcxBackend::UcxBackend(const BackendContext& context)
     : rank_(context.rank), size_(context.size), state_(std::make_unique<State>()) {
   State& s = *state_;
