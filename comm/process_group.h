@@ -31,6 +31,7 @@
 #include <optional>
 #include <string>
 #include <thread>
+#include <vector>
 
 #include "comm/backend.h"
 #include "comm/environment.h"
@@ -136,6 +137,8 @@ class ProcessGroup : public std::enable_shared_from_this<ProcessGroup> {
              std::optional<int> root, std::optional<Duration> timeout) const;
   template <typename Body>
   WorkPtr submit(Op op, const Tensor& first, const Tensor& second, Body&& body, bool async_op);
+  // mutex_, taken with a short spin first (Note [Locking the queue]).
+  std::unique_lock<std::mutex> lock_queue();
   void progress_loop();
   // Runs queued operation `seq` on the calling thread if it is next and nothing runs.
   bool claim(uint64_t seq);
@@ -160,6 +163,7 @@ class ProcessGroup : public std::enable_shared_from_this<ProcessGroup> {
   std::mutex mutex_;
   std::condition_variable queued_;
   std::deque<std::unique_ptr<Op>> queue_;
+  std::vector<std::unique_ptr<Op>> spare_ops_;  // run and emptied, for submit() to reuse
   bool stopping_ = false;
   // An operation is executing (on the progress or a calling thread); see Note [Inline
   // operations] in process_group.cpp.

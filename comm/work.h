@@ -52,6 +52,9 @@ class Work {
   std::optional<Clock::time_point> started_at() const;
   std::optional<Clock::time_point> completed_at() const;
 
+  // The group numbers an operation under its queue's lock, after making its Work outside
+  // it; no other thread sees the Work before.
+  void set_seq(uint64_t seq) { label_.seq = seq; }
   // Called by the thread that runs the operation: once when it starts, once when it ends.
   void mark_started(Clock::time_point when = Clock::now());
   void complete(std::exception_ptr error = nullptr, Clock::time_point when = Clock::now());

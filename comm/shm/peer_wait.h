@@ -8,6 +8,7 @@
 #include <functional>
 #include <string>
 
+#include "comm/cpu_relax.h"
 #include "comm/error.h"
 
 namespace loom::comm::shm {
@@ -28,12 +29,6 @@ struct WaitScope {
 // The part of wait_until after the initial spin: yields, naps and liveness checks.
 void wait_slowly(const WaitScope& scope, const std::function<bool()>& ready,
                  const std::function<int()>& lagging, Deadline deadline, const char* what);
-
-inline void cpu_relax() {
-#if defined(__x86_64__)
-  __builtin_ia32_pause();
-#endif
-}
 
 // Returns once ready() is true. lagging() names a peer that is still awaited (or -1).
 // Throws loom::CommError naming that peer when it died, gave up or when `deadline` passes.

@@ -45,9 +45,27 @@ CaseBuffers make_case(Collective c, bool in_place, DType dtype, size_t count, si
   }
 }
 
+// Drops the handles of completed operations (rethrowing their errors), so that a burst of
+// -z 0 holds only the operations still in flight, as a program that waits on its last
+// operation or keeps a window of handles does; nccl-tests' -z 0 likewise only synchronizes
+// its stream at the end. Checked every kReleaseEvery handles, and the completed prefix is
+// erased only when it is at least half of them, so the cost per call stays constant.
+void release_completed(std::vector<WorkPtr>& works) {
+  constexpr size_t kReleaseEvery = 64;
+  if (works.size() < kReleaseEvery || works.size() % kReleaseEvery != 0) return;
+  size_t done = 0;
+  while (done < works.size() && works[done]->is_completed())
+    ++done;
+  if (2 * done < works.size()) return;
+  for (size_t i = 0; i < done; ++i)
+    works[i]->wait();
+  works.erase(works.begin(), works.begin() + static_cast<ptrdiff_t>(done));
+}
+
 // Issues one operation of the case (two for sendrecv) and appends its handles.
 void issue(comm::ProcessGroup& pg, Collective c, CaseBuffers& b, const comm::CollectiveOptions& o,
            std::vector<WorkPtr>& works) {
+  release_completed(works);
   switch (c) {
     case Collective::AllReduce:
       works.push_back(b.input.is_same(b.output) ? pg.allreduce(b.output, o)
@@ -79,9 +97,6 @@ void issue(comm::ProcessGroup& pg, Collective c, CaseBuffers& b, const comm::Col
   }
 }
 
-// The group runs operations in issue order, so once the last is done all are: waiting for
-// it first wakes this thread once instead of once per operation (each wake-up would steal
-// a core from the progress threads). Then each wait() returns at once, rethrowing errors.
 // The CPUs this process may run on, as ranges: "0-1", "3".
 std::string allowed_cpus_text() {
   cpu_set_t set;
@@ -104,6 +119,9 @@ std::string allowed_cpus_text() {
   return text;
 }
 
+// The group runs operations in issue order, so once the last is done all are: waiting for
+// it first wakes this thread once instead of once per operation (each wake-up would steal
+// a core from the progress threads). Then each wait() returns at once, rethrowing errors.
 void wait_all(std::vector<WorkPtr>& works) {
   if (!works.empty()) works.back()->wait();
   for (WorkPtr& w : works)
