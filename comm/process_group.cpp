@@ -276,14 +276,29 @@ std::unique_lock<std::mutex> ProcessGroup::lock_queue() {
   return lock;
 }
 
+// Note [Batches]
+// The progress thread takes everything queued in one go, under one lock, and runs it in
+// order: a burst of small calls then costs the two threads one exchange of the queue per
+// batch instead of one per operation (each exchange moves the lock's and the queue's cache
+// lines between cores). running_ stays set for the whole batch, so calls issued meanwhile
+// queue behind it; claim() finds its operation no longer queued and its waiter just waits.
+// An operation that breaks the group fails the rest of its batch unstarted, as it would
+// have failed them in the queue.
 void ProcessGroup::progress_loop() {
-  std::unique_ptr<Op> spent;  // the last operation run, returned to spare_ops_ under the lock
+  std::deque<std::unique_ptr<Op>> batch;
+  std::vector<std::unique_ptr<Op>> spent;  // run, returned to spare_ops_ under the lock
   while (true) {
-    std::unique_ptr<Op> op;
     {
       std::unique_lock lock = lock_queue();
-      if (spent && spare_ops_.size() < kSpareOps) spare_ops_.push_back(std::move(spent));
-      spent = nullptr;
+      for (std::unique_ptr<Op>& op : spent) {
+        if (spare_ops_.size() >= kSpareOps) break;
+        spare_ops_.push_back(std::move(op));
+      }
+      spent.clear();
+      // Unstarted operations of a batch cut short by a failure.
+      for (std::unique_ptr<Op>& op : batch)
+        fail_unstarted(*op);
+      batch.clear();
       queued_.wait(lock,
                    [&] { return (stopping_ && !running_) || (!queue_.empty() && !running_); });
       if (queue_.empty()) return;
@@ -294,36 +309,50 @@ void ProcessGroup::progress_loop() {
         queued_.wait_until(lock, front.queued_at + kClaimWindow);
         continue;
       }
-      op = std::move(queue_.front());
-      queue_.pop_front();
-      queued_count_.fetch_sub(1);
       if (broken_) {
-        const Clock::time_point now = Clock::now();
-        FlightRecorder::global().completed(op->flight_id, now, "not started: the group is broken");
-        op->work->complete(broken_error(*op), now);
+        for (std::unique_ptr<Op>& op : queue_)
+          fail_unstarted(*op);
+        queued_count_.fetch_sub(static_cast<int>(queue_.size()));
+        queue_.clear();
         continue;
       }
+      batch.swap(queue_);
+      queued_count_.fetch_sub(static_cast<int>(batch.size()));
       running_ = true;
     }
-    if (op->claimable) op->work->withdraw_claim();
-    run(*op, [&op](Backend& backend, Deadline deadline) {
-      op->body(backend, deadline, op->first, op->second);
-    });
+    while (!batch.empty()) {
+      std::unique_ptr<Op> op = std::move(batch.front());
+      batch.pop_front();
+      if (op->claimable) op->work->withdraw_claim();
+      const bool broke = run(*op, [&op](Backend& backend, Deadline deadline) {
+        op->body(backend, deadline, op->first, op->second);
+      });
+      op->work = nullptr;
+      spent.push_back(std::move(op));
+      if (broke) break;
+    }
     running_.store(false);
-    op->work = nullptr;
-    spent = std::move(op);
   }
 }
 
+// Completes a queued operation that will not run because the group is broken. Under the
+// lock (broken_error reads broken_).
+void ProcessGroup::fail_unstarted(Op& op) {
+  const Clock::time_point now = Clock::now();
+  FlightRecorder::global().completed(op.flight_id, now, "not started: the group is broken");
+  op.work->complete(broken_error(op), now);
+}
+
 // Runs one operation on the current thread, starting `now` (read here when not given); the
-// caller holds the running_ flag.
+// caller holds the running_ flag. Returns true when the operation broke the group.
 template <typename Body>
-void ProcessGroup::run(Op& op, Body&& body, std::optional<Clock::time_point> now) {
+bool ProcessGroup::run(Op& op, Body&& body, std::optional<Clock::time_point> now) {
   const Clock::time_point start = now ? *now : Clock::now();
   const Deadline deadline = start + op.timeout;
   op.work->mark_started(start);
   FlightRecorder::global().started(op.flight_id, start);
   std::exception_ptr error;
+  bool broke = false;
   std::string failure;  // the recorder's note of a failed operation
   try {
     if (options_.debug_checks && op.collective) {
@@ -343,6 +372,7 @@ void ProcessGroup::run(Op& op, Body&& body, std::optional<Clock::time_point> now
       std::lock_guard lock(mutex_);
       broken_ = error;
     }
+    broke = true;
     FlightRecorder::global().completed(op.flight_id, Clock::now(), e.what());
     FlightRecorder::global().dump_if_configured(rank_);  // what this rank was doing
   } catch (const std::exception& e) {
@@ -364,6 +394,7 @@ void ProcessGroup::run(Op& op, Body&& body, std::optional<Clock::time_point> now
   op.second = Tensor();
   op.body = nullptr;
   op.work->complete(error, done);
+  return broke;
 }
 
 namespace {

@@ -146,7 +146,8 @@ class ProcessGroup : public std::enable_shared_from_this<ProcessGroup> {
   void done_running_here();
   std::exception_ptr broken_error(const Op& op) const;
   template <typename Body>
-  void run(Op& op, Body&& body, std::optional<Clock::time_point> now = std::nullopt);
+  bool run(Op& op, Body&& body, std::optional<Clock::time_point> now = std::nullopt);
+  void fail_unstarted(Op& op);
 
   int rank_, size_;
   std::shared_ptr<Store> store_;

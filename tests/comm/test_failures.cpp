@@ -102,6 +102,34 @@ TEST(Failures, RankThatNeverArrivesTimesOut) {
   }));
 }
 
+// Operations queued behind one that fails are not started: each fails with the failure
+// that broke the group, in issue order, instead of waiting for its own timeout (the progress
+// thread takes queued operations in batches: Note [Batches] in process_group.cpp).
+TEST(Failures, OperationsQueuedBehindAFailureFailWithIt) {
+  expect_all_ok(run_ranks(2, [](int rank, int size, std::shared_ptr<Store> store) {
+    ProcessGroup pg(rank, size, store, {.backend = "shm", .timeout = 10s});
+    if (rank == 1) {
+      std::this_thread::sleep_for(1500ms);  // alive, but late for the collectives
+      return;
+    }
+    std::vector<Tensor> tensors;
+    std::vector<WorkPtr> works;
+    for (int i = 0; i < 4; ++i) {
+      tensors.push_back(Tensor::ones({16}));
+      works.push_back(pg.allreduce(tensors.back(), {.timeout = 300ms}));
+    }
+    auto start = std::chrono::steady_clock::now();
+    expect_comm_error(works[0], {"peer 1", "did not", "allreduce #0"});
+    for (int i = 1; i < 4; ++i) {
+      expect_comm_error(works[i], {"allreduce #" + std::to_string(i), "not started", "broken by",
+                                   "allreduce #0"});
+    }
+    EXPECT_LT(std::chrono::steady_clock::now() - start, 1200ms);
+    for (int i = 1; i < 4; ++i)  // never started: left as they were
+      EXPECT_EQ(tensors[i].to_vector<float>(), std::vector<float>(16, 1.0f));
+  }));
+}
+
 TEST(Failures, MismatchedCollectivesAreReportedInDebugMode) {
   expect_all_ok(run_ranks(2, [](int rank, int size, std::shared_ptr<Store> store) {
     ProcessGroup pg(rank, size, store, {.backend = "shm", .timeout = 10s, .debug_checks = true});
