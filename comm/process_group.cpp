@@ -338,6 +338,9 @@ void ProcessGroup::progress_loop() {
 // Completes a queued operation that will not run because the group is broken. Under the
 // lock (broken_error reads broken_).
 void ProcessGroup::fail_unstarted(Op& op) {
+  op.first = Tensor();  // as in run(): the tensors are the caller's once wait() returns
+  op.second = Tensor();
+  op.body = nullptr;
   const Clock::time_point now = Clock::now();
   FlightRecorder::global().completed(op.flight_id, now, "not started: the group is broken");
   op.work->complete(broken_error(op), now);
