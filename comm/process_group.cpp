@@ -76,6 +76,14 @@ struct ProcessGroup::Op {
   // operations]) until kClaimWindow after it was queued.
   bool claimable = false;
   Clock::time_point queued_at;
+
+  // Before its Work completes: the caller may free or measure its memory as soon as wait()
+  // returns, so the operation's references to the tensors go first.
+  void drop_inputs() {
+    first = Tensor();
+    second = Tensor();
+    body = nullptr;
+  }
 };
 
 namespace {
@@ -176,8 +184,7 @@ WorkPtr ProcessGroup::submit(Op op, const Tensor& first, const Tensor& second, B
   op.work = work;
   op.flight_id = FlightRecorder::global().record(flight_group_, op.label, issued);
   if (broken_) {
-    FlightRecorder::global().completed(op.flight_id, issued, "not started: the group is broken");
-    work->complete(broken_error(op), issued);
+    fail_unstarted(op, issued);
     return work;
   }
   if (!async_op && queue_.empty() && !running_) {
@@ -295,9 +302,9 @@ void ProcessGroup::progress_loop() {
         spare_ops_.push_back(std::move(op));
       }
       spent.clear();
-      // Unstarted operations of a batch cut short by a failure.
+      // A batch taken from a broken group, or cut short by a failure.
       for (std::unique_ptr<Op>& op : batch)
-        fail_unstarted(*op);
+        fail_unstarted(*op, Clock::now());
       batch.clear();
       queued_.wait(lock,
                    [&] { return (stopping_ && !running_) || (!queue_.empty() && !running_); });
@@ -309,15 +316,9 @@ void ProcessGroup::progress_loop() {
         queued_.wait_until(lock, front.queued_at + kClaimWindow);
         continue;
       }
-      if (broken_) {
-        for (std::unique_ptr<Op>& op : queue_)
-          fail_unstarted(*op);
-        queued_count_.fetch_sub(static_cast<int>(queue_.size()));
-        queue_.clear();
-        continue;
-      }
       batch.swap(queue_);
       queued_count_.fetch_sub(static_cast<int>(batch.size()));
+      if (broken_) continue;  // the batch fails unstarted at the top of the loop
       running_ = true;
     }
     while (!batch.empty()) {
@@ -335,13 +336,8 @@ void ProcessGroup::progress_loop() {
   }
 }
 
-// Completes a queued operation that will not run because the group is broken. Under the
-// lock (broken_error reads broken_).
-void ProcessGroup::fail_unstarted(Op& op) {
-  op.first = Tensor();  // as in run(): the tensors are the caller's once wait() returns
-  op.second = Tensor();
-  op.body = nullptr;
-  const Clock::time_point now = Clock::now();
+void ProcessGroup::fail_unstarted(Op& op, Clock::time_point now) {
+  op.drop_inputs();
   FlightRecorder::global().completed(op.flight_id, now, "not started: the group is broken");
   op.work->complete(broken_error(op), now);
 }
@@ -391,11 +387,7 @@ bool ProcessGroup::run(Op& op, Body&& body, std::optional<Clock::time_point> now
   } else if (!error) {
     FlightRecorder::global().completed(op.flight_id, done);
   }
-  // The caller may free or measure its memory as soon as wait() returns: the operation's
-  // references to the tensors go first.
-  op.first = Tensor();
-  op.second = Tensor();
-  op.body = nullptr;
+  op.drop_inputs();
   op.work->complete(error, done);
   return broke;
 }

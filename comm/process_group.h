@@ -147,7 +147,9 @@ class ProcessGroup : public std::enable_shared_from_this<ProcessGroup> {
   std::exception_ptr broken_error(const Op& op) const;
   template <typename Body>
   bool run(Op& op, Body&& body, std::optional<Clock::time_point> now = std::nullopt);
-  void fail_unstarted(Op& op);
+  // Completes a queued operation that will not run because the group is broken (under the
+  // lock: broken_error reads broken_).
+  void fail_unstarted(Op& op, Clock::time_point now);
 
   int rank_, size_;
   std::shared_ptr<Store> store_;
