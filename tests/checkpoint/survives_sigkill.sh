@@ -9,18 +9,29 @@ d=$(mktemp -d); trap 'rm -rf "$d"' EXIT
 ARGS=(--layers 2 --heads 2 --embd 64 --ctx 32 --batch 4 --steps 40 --log-interval 100 "$@")
 source "$(dirname "$0")/training_flags.sh"
 mapfile -t STRAIGHT < <(training_flags "${ARGS[@]}")
+# Kill times are fractions of the uninterrupted run's wall time, so that a slow build (ASan)
+# or a slow host still sees kills after the first checkpoint, not only during start-up.
+start=$(date +%s%N)
 "$T" "${STRAIGHT[@]}" --save "$d/straight.st" > /dev/null
-RANDOM=7  # the same kill times on every run of the test
+straight_ms=$((($(date +%s%N) - start) / 1000000))
+RANDOM=7  # the same kill fractions on every run of the test
 for i in $(seq 1 "$KILLS"); do
   "$T" "${ARGS[@]}" --checkpoint-dir "$d/ck" --save-every 1 --keep-last 2 --resume auto \
     > "$d/run$i.log" 2>&1 &
   pid=$!
-  sleep "0.$(printf '%02d' $((RANDOM % 60 + 5)))"
+  kill_ms=$((straight_ms * (RANDOM % 120 + 10) / 100))
+  sleep "$((kill_ms / 1000)).$(printf '%03d' $((kill_ms % 1000)))"
   kill -9 "$pid" 2> /dev/null || true
   wait "$pid" 2> /dev/null || true
 done
 "$T" "${ARGS[@]}" --checkpoint-dir "$d/ck" --save-every 1 --keep-last 2 --resume auto \
   --save "$d/resumed.st" > "$d/final.log" 2>&1
-grep -h "resuming from" "$d"/run*.log "$d/final.log" | wc -l | xargs echo "resumes:"
+resumes=$(cat "$d"/run*.log "$d/final.log" | grep -c "resuming from" || true)
+echo "resumes: $resumes"
+if [ "$resumes" = 0 ]; then
+  echo "no run was killed after its first checkpoint (the uninterrupted run took" \
+    "${straight_ms} ms): this run tested nothing" >&2
+  exit 1
+fi
 cmp "$d/straight.st" "$d/resumed.st"
 echo "after $KILLS kills: the same weights as the uninterrupted run"
