@@ -3,10 +3,14 @@
 // GCC 12 reports a false -Wmaybe-uninitialized inside its own AVX-512 header when its
 // intrinsics are inlined (the self-initialised placeholder of _mm512_undefined_ps); the state
 // that counts is the one at the header's lines, so the pragma wraps the include.
+#if defined(__GNUC__) && !defined(__clang__)
 #pragma GCC diagnostic push
 #pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
+#endif
 #include <immintrin.h>
+#if defined(__GNUC__) && !defined(__clang__)
 #pragma GCC diagnostic pop
+#endif
 #include <cpuid.h>
 
 #include <atomic>
@@ -85,7 +89,6 @@ struct ScalarF32 {
   using Acc = float;
   using Scalar = ScalarF32;
   static constexpr size_t kWidth = 1;
-  static constexpr int kUnroll = 1;
   static constexpr bool kFloating = true;
 
   static float set1(float x) { return x; }
@@ -122,7 +125,6 @@ struct ScalarPlain {
   using Scalar = ScalarPlain;
   using Wide = typename Wrapping<T>::type;
   static constexpr size_t kWidth = 1;
-  static constexpr int kUnroll = 1;
   static constexpr bool kFloating = std::is_floating_point_v<T>;
 
   static T set1(T x) { return x; }
@@ -150,7 +152,8 @@ struct ScalarPlain {
 // includes them three times, in namespaces scalar_isa, avx2_isa and avx512_isa, the last two
 // inside `#pragma GCC target` regions so that the templates instantiated there are compiled
 // for that instruction set whatever -march the build uses (GCC gives functions declared in
-// such a region, template instantiations included, the region's target). The variant is
+// such a region, template instantiations included, the region's target; clang's equivalent
+// is `#pragma clang attribute` with a target attribute on every function of the region). The variant is
 // picked at run time from __builtin_cpu_supports, so a build without -march=native still
 // runs AVX-512 where the machine has it. "scalar" means no intrinsics: it is compiled for the
 // build's -march, which GCC auto-vectorises (under -march=native f32 runs as fast as the
@@ -167,8 +170,12 @@ using Ops = ScalarF32;
 // of a 64-byte (or 32-byte) load: widening is a shift and a mask, narrowing a word blend, and
 // no lane-crossing shuffle is needed (the elementwise arithmetic does not care about order).
 
+#if defined(__clang__)
+#pragma clang attribute push(__attribute__((target("avx2,fma,f16c"))), apply_to = function)
+#else
 #pragma GCC push_options
 #pragma GCC target("avx2,fma,f16c")
+#endif
 namespace avx2_isa {
 
 struct Math {
@@ -260,10 +267,18 @@ struct Ops<Bf16> {
 
 #include "kernels/cpu/reduce_ops_simd_impl.h"
 }  // namespace avx2_isa
+#if defined(__clang__)
+#pragma clang attribute pop
+#else
 #pragma GCC pop_options
+#endif
 
+#if defined(__clang__)
+#pragma clang attribute push(__attribute__((target("avx512f,avx512bw,avx512vl,avx2,fma,f16c"))), apply_to = function)
+#else
 #pragma GCC push_options
 #pragma GCC target("avx512f,avx512bw,avx512vl,avx2,fma,f16c")
+#endif
 namespace avx512_isa {
 
 struct Math {
@@ -358,7 +373,11 @@ struct Ops<Bf16> {
 
 #include "kernels/cpu/reduce_ops_simd_impl.h"
 }  // namespace avx512_isa
+#if defined(__clang__)
+#pragma clang attribute pop
+#else
 #pragma GCC pop_options
+#endif
 
 enum class Isa { Scalar, Avx2, Avx512 };
 constexpr const char* kIsaNames[] = {"scalar", "avx2", "avx512"};

@@ -1,11 +1,11 @@
 // The blocked reduction loops of reduce_ops.cpp, written once over a vector-traits type and
 // compiled once per instruction set. Deliberately no include guard: reduce_ops.cpp includes
-// this file three times, each time inside its own namespace and `#pragma GCC target` region
+// this file three times, each time inside its own namespace and target region
 // (see Note [One kernel, three instruction sets] there). Include it from nowhere else.
 //
 // A traits type V (one per element type and instruction set) provides: `F` (a register's
 // worth of accumulators, or one accumulator), `Acc` (the accumulator's scalar type), `kWidth`
-// (elements per F), `kUnroll` (F values per loop iteration), `Scalar` (the one-element traits with
+// (elements per F), `kUnroll` (F values per loop iteration; vector traits only), `Scalar` (the one-element traits with
 // the same arithmetic, for loop tails), `set1`, `load_acc`/`store_acc` (the accumulator buffer, in
 // F's own element order), `load(const E*)` (widen kWidth elements), `store(E*, F)` (canonicalise
 // NaN, round to E), and `add`, `mul`, `min`, `max` (see Note [Reduction semantics] in

@@ -73,7 +73,8 @@ TEST(Fingerprints, DifferentCountsFailOnEveryPath) {
                               {(1 << 20) + 1, 1 << 20}}) {
     expect_mismatch_reported(
         {.name = "allreduce of " + std::to_string(mine) + " and " + std::to_string(theirs),
-         .call = [=](ProcessGroup& pg, int rank) {
+         // (Captured by name: clang 14 cannot capture structured bindings.)
+         .call = [mine = mine, theirs = theirs](ProcessGroup& pg, int rank) {
            Tensor t = ones(rank == 0 ? mine : theirs);
            return pg.allreduce(t);
          },

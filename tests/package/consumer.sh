@@ -16,8 +16,11 @@ test -f "$d/prefix/lib/cmake/Loom/LoomConfigVersion.cmake"
 test -x "$d/prefix/bin/train_gpt"
 PKG_CONFIG_PATH="$d/prefix/lib/pkgconfig" pkg-config --cflags --libs loom > "$d/pc.txt"
 grep -q -- "-I$d/prefix/lib/pkgconfig/../../include/loom" "$d/pc.txt" || { cat "$d/pc.txt"; exit 1; }
+# The consumer is compiled by the compiler the package was: a clang build's OpenMP code calls
+# clang's runtime (libomp), which GCC's -fopenmp does not link.
+cxx=$(sed -n 's/^CMAKE_CXX_COMPILER:[A-Z]*=//p' "$B/CMakeCache.txt")
 cmake -S "$S/examples/consumer" -B "$d/consumer" -DCMAKE_PREFIX_PATH="$d/prefix" \
-  -DCMAKE_BUILD_TYPE=Release > "$d/configure.log" 2>&1 || { cat "$d/configure.log"; exit 1; }
+  -DCMAKE_CXX_COMPILER="$cxx" -DCMAKE_BUILD_TYPE=Release > "$d/configure.log" 2>&1 || { cat "$d/configure.log"; exit 1; }
 cmake --build "$d/consumer" > "$d/build.log" 2>&1 || { cat "$d/build.log"; exit 1; }
 run() {  # strategy: 2 ranks under the installed launcher
   "$d/prefix/bin/loomrun" --nproc-per-node 2 --master-port 0 "$d/consumer/consumer" \
@@ -32,7 +35,7 @@ cat "$d/my_ddp.log"
 (cd "$B" && cpack -G DEB -B "$d/deb" > "$d/cpack.log" 2>&1) || { cat "$d/cpack.log"; exit 1; }
 dpkg-deb -x "$d"/deb/loom_*.deb "$d/debroot"
 cmake -S "$S/examples/consumer" -B "$d/consumer-deb" -DCMAKE_PREFIX_PATH="$d/debroot/usr" \
-  -DCMAKE_BUILD_TYPE=Release > "$d/configure-deb.log" 2>&1 || { cat "$d/configure-deb.log"; exit 1; }
+  -DCMAKE_CXX_COMPILER="$cxx" -DCMAKE_BUILD_TYPE=Release > "$d/configure-deb.log" 2>&1 || { cat "$d/configure-deb.log"; exit 1; }
 cmake --build "$d/consumer-deb" > "$d/build-deb.log" 2>&1 || { cat "$d/build-deb.log"; exit 1; }
 "$d/consumer-deb/consumer" > "$d/deb.log" 2>&1 || { cat "$d/deb.log"; exit 1; }
 grep -q "consumer rank 0 of 1 (single_device)" "$d/deb.log"

@@ -15,10 +15,17 @@
 #include <utility>
 #include <vector>
 
+// AddressSanitizer: GCC defines __SANITIZE_ADDRESS__, clang answers __has_feature.
 #if defined(__SANITIZE_ADDRESS__)
+#define LOOM_EMULATION_ASAN 1
+#elif defined(__has_feature)
+#if __has_feature(address_sanitizer)
+#define LOOM_EMULATION_ASAN 1
+#endif
+#endif
+#ifdef LOOM_EMULATION_ASAN
 #include <sanitizer/asan_interface.h>
 #include <sanitizer/common_interface_defs.h>
-#define LOOM_EMULATION_ASAN 1
 #else
 #define LOOM_EMULATION_ASAN 0
 #endif
