@@ -153,9 +153,9 @@ struct ScalarPlain {
 // inside `#pragma GCC target` regions so that the templates instantiated there are compiled
 // for that instruction set whatever -march the build uses (GCC gives functions declared in
 // such a region, template instantiations included, the region's target; clang's equivalent
-// is `#pragma clang attribute` with a target attribute on every function of the region). The variant is
-// picked at run time from __builtin_cpu_supports, so a build without -march=native still
-// runs AVX-512 where the machine has it. "scalar" means no intrinsics: it is compiled for the
+// is `#pragma clang attribute` with a target attribute on every function of the region).
+// The variant is picked at run time from __builtin_cpu_supports, so a build without
+// -march=native still runs AVX-512 where the machine has it. "scalar" means no intrinsics: it is compiled for the
 // build's -march, which GCC auto-vectorises (under -march=native f32 runs as fast as the
 // intrinsics; bf16 and f16 do not). f64 and the integers have only the scalar variant.
 
@@ -274,7 +274,8 @@ struct Ops<Bf16> {
 #endif
 
 #if defined(__clang__)
-#pragma clang attribute push(__attribute__((target("avx512f,avx512bw,avx512vl,avx2,fma,f16c"))), apply_to = function)
+#pragma clang attribute push(__attribute__((target("avx512f,avx512bw,avx512vl,avx2,fma,f16c"))), \
+                             apply_to = function)
 #else
 #pragma GCC push_options
 #pragma GCC target("avx512f,avx512bw,avx512vl,avx2,fma,f16c")

@@ -5,12 +5,12 @@
 //
 // A traits type V (one per element type and instruction set) provides: `F` (a register's
 // worth of accumulators, or one accumulator), `Acc` (the accumulator's scalar type), `kWidth`
-// (elements per F), `kUnroll` (F values per loop iteration; vector traits only), `Scalar` (the one-element traits with
-// the same arithmetic, for loop tails), `set1`, `load_acc`/`store_acc` (the accumulator buffer, in
-// F's own element order), `load(const E*)` (widen kWidth elements), `store(E*, F)` (canonicalise
-// NaN, round to E), and `add`, `mul`, `min`, `max` (see Note [Reduction semantics] in
-// reduce_ops.cpp). The enclosing namespace provides `Ops<E>`, the traits of the f32 family for its
-// instruction set.
+// (elements per F), `kUnroll` (F values per loop iteration; vector traits only), `Scalar` (the
+// one-element traits with the same arithmetic, for loop tails), `set1`, `load_acc`/`store_acc` (the
+// accumulator buffer, in F's own element order), `load(const E*)` (widen kWidth elements),
+// `store(E*, F)` (canonicalise NaN, round to E), and `add`, `mul`, `min`, `max` (see Note
+// [Reduction semantics] in reduce_ops.cpp). The enclosing namespace provides `Ops<E>`, the traits
+// of the f32 family for its instruction set.
 
 template <class V, ReduceKind K>
 [[gnu::always_inline]] inline typename V::F combine(typename V::F a, typename V::F b) {

@@ -74,10 +74,11 @@ TEST(Fingerprints, DifferentCountsFailOnEveryPath) {
     expect_mismatch_reported(
         {.name = "allreduce of " + std::to_string(mine) + " and " + std::to_string(theirs),
          // (Captured by name: clang 14 cannot capture structured bindings.)
-         .call = [mine = mine, theirs = theirs](ProcessGroup& pg, int rank) {
-           Tensor t = ones(rank == 0 ? mine : theirs);
-           return pg.allreduce(t);
-         },
+         .call =
+             [mine = mine, theirs = theirs](ProcessGroup& pg, int rank) {
+               Tensor t = ones(rank == 0 ? mine : theirs);
+               return pg.allreduce(t);
+             },
          .views = {"allreduce sum f32 x " + std::to_string(mine),
                    "allreduce sum f32 x " + std::to_string(theirs)}});
   }
