@@ -155,9 +155,10 @@ struct ScalarPlain {
 // such a region, template instantiations included, the region's target; clang's equivalent
 // is `#pragma clang attribute` with a target attribute on every function of the region).
 // The variant is picked at run time from __builtin_cpu_supports, so a build without
-// -march=native still runs AVX-512 where the machine has it. "scalar" means no intrinsics: it is compiled for the
-// build's -march, which GCC auto-vectorises (under -march=native f32 runs as fast as the
-// intrinsics; bf16 and f16 do not). f64 and the integers have only the scalar variant.
+// -march=native still runs AVX-512 where the machine has it. "scalar" means no intrinsics:
+// it is compiled for the build's -march, which GCC auto-vectorises (under -march=native f32
+// runs as fast as the intrinsics; bf16 and f16 do not). f64 and the integers have only the
+// scalar variant.
 
 namespace scalar_isa {
 template <class E>
