@@ -266,5 +266,17 @@ TEST(Tensor, Fp32TranscendentalsAreAccurate) {
   }
 }
 
+// A diverged run's NaN goes through the fp32 exp (softmax, GELU) and comes out NaN; the exp's
+// scale no longer converts NaN to an integer (undefined behaviour that clang's UBSan stops at).
+TEST(Tensor, Fp32TranscendentalsPassNanThrough) {
+  const float nan = std::numeric_limits<float>::quiet_NaN();
+  Tensor x = Tensor::from_vector(std::vector<float>{nan, 0.0f, nan, 1.0f}, {2, 2});
+  std::vector<float> g = gelu(x).to_vector<float>();
+  EXPECT_TRUE(std::isnan(g[0]) && std::isnan(g[2]));
+  EXPECT_EQ(g[1], 0.0f);
+  std::vector<float> p = softmax(x).to_vector<float>();
+  EXPECT_TRUE(std::isnan(p[0]) && std::isnan(p[1]) && std::isnan(p[2]) && std::isnan(p[3]));
+}
+
 }  // namespace
 }  // namespace loom

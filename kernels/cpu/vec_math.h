@@ -24,7 +24,9 @@ inline float exp_approx(float x) {
   p = p * r + 1.6666665459e-1f;
   p = p * r + 5.0000001201e-1f;
   p = p * r * r + r + 1.0f;
-  int32_t exponent = (static_cast<int32_t>(k) + 127) << 23;
+  // A NaN x leaves k NaN, whose conversion to an integer is undefined; p carries the NaN
+  // out whatever the scale, so NaN takes the scale 1.
+  int32_t exponent = ((k == k ? static_cast<int32_t>(k) : 0) + 127) << 23;
   return p * std::bit_cast<float>(exponent);
 }
 
