@@ -20,6 +20,11 @@ int64_t us_of(std::chrono::steady_clock::time_point when) {
   return std::chrono::duration_cast<std::chrono::microseconds>(when.time_since_epoch()).count();
 }
 
+// An OpLabel's string_view as kept in an entry (an empty one may have no pointer).
+std::string text_of(const char* data, uint32_t size) {
+  return size == 0 ? std::string() : std::string(data, size);
+}
+
 const char* state_name(int state) {
   static const char* names[] = {"queued", "started", "completed", "failed"};
   return names[state];
@@ -66,21 +71,39 @@ uint32_t FlightRecorder::register_group(const std::string& name, int group_rank,
   return static_cast<uint32_t>(groups_.size() - 1);
 }
 
+// Note [Lock-free records]
+// record() runs on every operation's issue path, where a lock costs a tenth of a small
+// call, so an entry is a seqlock: the writer takes a fresh id (the ids of the ring's slot
+// grow by kFlightCapacity), clears the slot's id, fills every field with relaxed stores and
+// publishes the id with a release store. json() reads the id (acquire), the fields, then the
+// id again after an acquire fence, and drops the entry if the id changed meanwhile (a
+// writer 4096 operations later took the slot). Every field is an atomic, so a torn read is
+// detected, never undefined. Failures are rare and keep their text under the mutex.
 uint64_t FlightRecorder::record(uint32_t group, const OpLabel& label,
                                 std::chrono::steady_clock::time_point when) {
   if (!enabled_) return 0;
-  const int64_t now = us_of(when);
-  std::lock_guard lock(mutex_);
-  const uint64_t id = next_id_++;
+  const uint64_t id = next_id_.fetch_add(1, std::memory_order_relaxed);
   Entry& e = ring_[id % ring_.size()];
-  e.id.store(0, std::memory_order_relaxed);  // no update lands here while it is refilled
-  e.group = group;
-  e.label = label;
-  e.state.store(kQueued, std::memory_order_relaxed);
-  e.queued_us = now;
-  e.started_us.store(-1, std::memory_order_relaxed);
-  e.completed_us.store(-1, std::memory_order_relaxed);
-  if (!e.error.empty()) e.error.clear();
+  e.id.store(0, std::memory_order_relaxed);
+  std::atomic_thread_fence(std::memory_order_release);  // the 0 is seen before new fields
+  if (e.has_error.load(std::memory_order_relaxed)) {
+    std::lock_guard lock(mutex_);
+    e.error.clear();
+    e.has_error.store(false, std::memory_order_relaxed);
+  }
+  constexpr auto relaxed = std::memory_order_relaxed;
+  e.group.store(group, relaxed);
+  e.kind.store(label.kind.data(), relaxed);
+  e.kind_size.store(static_cast<uint32_t>(label.kind.size()), relaxed);
+  e.dtype.store(label.dtype.data(), relaxed);
+  e.dtype_size.store(static_cast<uint32_t>(label.dtype.size()), relaxed);
+  e.seq.store(label.seq, relaxed);
+  e.bytes.store(label.bytes, relaxed);
+  e.peer.store(label.peer, relaxed);
+  e.state.store(kQueued, relaxed);
+  e.queued_us.store(us_of(when), relaxed);
+  e.started_us.store(-1, relaxed);
+  e.completed_us.store(-1, relaxed);
   e.id.store(id, std::memory_order_release);
   return id;
 }
@@ -100,12 +123,13 @@ void FlightRecorder::started(uint64_t id, std::chrono::steady_clock::time_point 
 }
 
 void FlightRecorder::completed(uint64_t id, std::chrono::steady_clock::time_point when,
-                               const std::string& error) {
+                               std::string_view error) {
   Entry* e = find(id);
   if (e == nullptr) return;
   if (!error.empty()) {
     std::lock_guard lock(mutex_);
     e->error = error;
+    e->has_error.store(true, std::memory_order_relaxed);
   }
   e->completed_us.store(us_of(when), std::memory_order_relaxed);
   e->state.store(error.empty() ? kCompleted : kFailed, std::memory_order_release);
@@ -113,25 +137,35 @@ void FlightRecorder::completed(uint64_t id, std::chrono::steady_clock::time_poin
 
 std::string FlightRecorder::json(int rank) const {
   std::lock_guard lock(mutex_);
+  constexpr auto relaxed = std::memory_order_relaxed;
   nlohmann::json entries = nlohmann::json::array();
-  const uint64_t first = next_id_ > ring_.size() ? next_id_ - ring_.size() : 1;
-  for (uint64_t id = first; id < next_id_; ++id) {
+  const uint64_t next = next_id_.load(std::memory_order_acquire);
+  const uint64_t first = next > ring_.size() ? next - ring_.size() : 1;
+  for (uint64_t id = first; id < next; ++id) {
     const Entry& e = ring_[id % ring_.size()];
-    if (e.id.load(std::memory_order_acquire) != id) continue;
-    const Group& g = groups_[e.group];
+    if (e.id.load(std::memory_order_acquire) != id) continue;  // being filled, or newer
+    const uint32_t group = e.group.load(relaxed);
+    const std::string kind = text_of(e.kind.load(relaxed), e.kind_size.load(relaxed));
+    const std::string dtype = text_of(e.dtype.load(relaxed), e.dtype_size.load(relaxed));
+    const uint64_t seq = e.seq.load(relaxed), bytes = e.bytes.load(relaxed);
+    const int32_t peer = e.peer.load(relaxed);
+    const int64_t queued = e.queued_us.load(relaxed);
+    std::atomic_thread_fence(std::memory_order_acquire);
+    if (e.id.load(relaxed) != id) continue;  // refilled while read
+    const Group& g = groups_[group];
     entries.push_back({{"group", g.name},
                        {"group_rank", g.rank},
                        {"group_size", g.size},
-                       {"seq", e.label.seq},
-                       {"op", std::string(e.label.kind)},
-                       {"bytes", e.label.bytes},
-                       {"dtype", std::string(e.label.dtype)},
-                       {"peer", e.label.peer},
+                       {"seq", seq},
+                       {"op", kind},
+                       {"bytes", bytes},
+                       {"dtype", dtype},
+                       {"peer", peer},
                        {"state", state_name(e.state.load(std::memory_order_acquire))},
-                       {"queued_us", e.queued_us},
-                       {"started_us", e.started_us.load(std::memory_order_relaxed)},
-                       {"completed_us", e.completed_us.load(std::memory_order_relaxed)},
-                       {"error", e.error}});
+                       {"queued_us", queued},
+                       {"started_us", e.started_us.load(relaxed)},
+                       {"completed_us", e.completed_us.load(relaxed)},
+                       {"error", e.has_error.load(relaxed) ? e.error : std::string()}});
   }
   return nlohmann::json{{"rank", rank}, {"entries", entries}}.dump(1);
 }

@@ -8,7 +8,7 @@
 // first operation the ranks disagree on or that some rank never reached
 // (tools/loom_trace/analyze.h).
 //
-// Threading: every function is thread-safe; record() and its updates take one short lock.
+// Threading: every function is thread-safe; record() and its updates take no lock.
 
 #include <atomic>
 #include <chrono>
@@ -16,6 +16,7 @@
 #include <filesystem>
 #include <mutex>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "comm/work.h"
@@ -41,8 +42,9 @@ class FlightRecorder {
   uint64_t record(uint32_t group, const OpLabel& label, std::chrono::steady_clock::time_point when);
   // `when`: the start time the caller already read (a clock read costs as much as the rest).
   void started(uint64_t id, std::chrono::steady_clock::time_point when);
+  // `error`: empty for success, else the failure (copied).
   void completed(uint64_t id, std::chrono::steady_clock::time_point when,
-                 const std::string& error = "");
+                 std::string_view error = {});
 
   // {"rank": R, "entries": [{"group", "group_rank", "group_size", "seq", "op", "bytes",
   // "dtype", "peer", "state", "queued_us", "started_us", "completed_us", "error"}, ...]},
@@ -65,24 +67,29 @@ class FlightRecorder {
     std::string name;
     int rank = 0, size = 0;
   };
-  // record() fills an entry under the lock; started() and completed() update only the
-  // atomics, without it (they run on every operation's path), and json() reads them.
+  // Every issued operation records an entry, so record() takes no lock: it claims a slot by
+  // its id and fills it as a seqlock writer (Note [Lock-free records] in
+  // flight_recorder.cpp). Every field is an atomic, read by json() only while the slot's id
+  // stays the same. started() and completed() update the times and state in place.
   enum State : uint8_t { kQueued, kStarted, kCompleted, kFailed };
   struct Entry {
-    std::atomic<uint64_t> id{0};
-    uint32_t group = 0;  // index into groups_
-    OpLabel label;
+    std::atomic<uint64_t> id{0};                             // 0 while being (re)filled
+    std::atomic<uint32_t> group{0};                          // index into groups_
+    std::atomic<const char*> kind{nullptr}, dtype{nullptr};  // OpLabel's, static storage
+    std::atomic<uint32_t> kind_size{0}, dtype_size{0};
+    std::atomic<uint64_t> seq{0}, bytes{0};
+    std::atomic<int32_t> peer{-1};
     std::atomic<uint8_t> state{kQueued};
-    int64_t queued_us = 0;
-    std::atomic<int64_t> started_us{-1}, completed_us{-1};
-    std::string error;  // failures only: written under the lock
+    std::atomic<int64_t> queued_us{0}, started_us{-1}, completed_us{-1};
+    std::atomic<bool> has_error{false};  // error below is set; both change under mutex_
+    std::string error;                   // failures only
   };
   Entry* find(uint64_t id);
 
-  mutable std::mutex mutex_;
+  mutable std::mutex mutex_;  // groups_, rank_, and the entries' errors
   std::vector<Entry> ring_ = std::vector<Entry>(kFlightCapacity);
   std::vector<Group> groups_;
-  uint64_t next_id_ = 1;
+  std::atomic<uint64_t> next_id_{1};
   int rank_ = -1;
   bool enabled_ = true;
 

@@ -167,25 +167,26 @@ ProcessGroup::~ProcessGroup() {
 // and nothing is ahead of it (no allocation for the body, no hand-off), else queues it for the
 // progress thread.
 template <typename Body>
-WorkPtr ProcessGroup::submit(Op op, const Tensor& first, const Tensor& second, Body&& body,
+WorkPtr ProcessGroup::submit(Op&& op, const Tensor& first, const Tensor& second, Body&& body,
                              bool async_op) {
-  TrafficCounter& traffic = traffic_[static_cast<size_t>(op.kind)];
-  traffic.calls.fetch_add(1, std::memory_order_relaxed);
-  traffic.bytes.fetch_add(static_cast<int64_t>(std::max(first.defined() ? first.nbytes() : 0,
-                                                        second.defined() ? second.nbytes() : 0)),
-                          std::memory_order_relaxed);
+  const auto bytes = static_cast<int64_t>(
+      std::max(first.defined() ? first.nbytes() : 0, second.defined() ? second.nbytes() : 0));
   // One clock read serves the record, and the start of an operation run here.
   const Clock::time_point issued = Clock::now();
   // Made before taking the lock, which the progress thread needs for every operation.
-  WorkPtr work = std::make_shared<Work>(op.label, op.timeout);
+  op.work = std::make_shared<Work>(op.label, op.timeout);
   std::unique_lock lock = lock_queue();
+  // One writer at a time (the lock's holder): a load and a store, no locked instruction.
+  TrafficCounter& traffic = traffic_[static_cast<size_t>(op.kind)];
+  traffic.calls.store(traffic.calls.load(std::memory_order_relaxed) + 1, std::memory_order_relaxed);
+  traffic.bytes.store(traffic.bytes.load(std::memory_order_relaxed) + bytes,
+                      std::memory_order_relaxed);
   op.label.seq = next_seq_++;
-  work->set_seq(op.label.seq);
-  op.work = work;
+  op.work->set_seq(op.label.seq);
   op.flight_id = FlightRecorder::global().record(flight_group_, op.label, issued);
   if (broken_) {
     fail_unstarted(op, issued);
-    return work;
+    return std::move(op.work);
   }
   if (!async_op && queue_.empty() && !running_) {
     running_ = true;
@@ -198,8 +199,9 @@ WorkPtr ProcessGroup::submit(Op op, const Tensor& first, const Tensor& second, B
         },
         issued);
     done_running_here();
-    return work;
+    return std::move(op.work);
   }
+  WorkPtr work = op.work;
   op.first = first;
   op.second = second;
   op.body = std::forward<Body>(body);

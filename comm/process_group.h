@@ -136,7 +136,7 @@ class ProcessGroup : public std::enable_shared_from_this<ProcessGroup> {
   Op make_op(OpKind kind, const Tensor* data, std::optional<ReduceOp> op,
              std::optional<int> root, std::optional<Duration> timeout) const;
   template <typename Body>
-  WorkPtr submit(Op op, const Tensor& first, const Tensor& second, Body&& body, bool async_op);
+  WorkPtr submit(Op&& op, const Tensor& first, const Tensor& second, Body&& body, bool async_op);
   // mutex_, taken with a short spin first (Note [Locking the queue]).
   std::unique_lock<std::mutex> lock_queue();
   void progress_loop();
@@ -172,7 +172,7 @@ class ProcessGroup : public std::enable_shared_from_this<ProcessGroup> {
   // operations] in process_group.cpp.
   std::atomic<bool> running_{false};
   std::atomic<int> queued_count_{0};  // size of queue_, readable without the mutex
-  // Counted on every call without a lock (relaxed: they are statistics).
+  // Counted on every call under mutex_, read by traffic() without it (relaxed: statistics).
   struct TrafficCounter {
     std::atomic<int64_t> calls{0}, bytes{0};
   };

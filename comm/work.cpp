@@ -1,6 +1,8 @@
 #include "comm/work.h"
 
+#include <condition_variable>
 #include <cstdio>
+#include <mutex>
 
 #include "core/tags.h"
 
@@ -21,17 +23,40 @@ std::string OpLabel::str() const {
   return text;
 }
 
+// Note [Waiting stripes]
+// Most Works are never slept on: small operations complete before anyone waits. So a Work
+// carries no mutex or condition variable of its own (making and destroying them cost a
+// tenth of a small call); a thread that must sleep uses the stripe its Work's address
+// hashes to, one of kStripes shared by all Works. complete() notifies the whole stripe,
+// and each sleeper rechecks its own Work, so sharing costs at most a spurious wake-up.
+namespace {
+constexpr size_t kStripes = 64;
+struct alignas(64) Stripe {
+  std::mutex mutex;
+  std::condition_variable done;
+};
+Stripe& stripe_of(const Work* work) {
+  static Stripe* stripes = new Stripe[kStripes];  // outlives threads still waiting at exit
+  return stripes[(reinterpret_cast<uintptr_t>(work) >> 6) % kStripes];
+}
+}  // namespace
+
 // Note [Work completion]
 // complete() stores error_, then sets completed_ (seq_cst), then notifies only if a waiter
 // registered. wait() registers in waiters_ (seq_cst) before it checks completed_ under the
-// mutex. Whichever of the two stores comes first, the other side sees it: either the waiter
-// finds completed_ set, or complete() finds a waiter and notifies under the mutex, which the
-// waiter holds from its check until it sleeps.
+// stripe's mutex. Whichever of the two stores comes first, the other side sees it: either
+// the waiter finds completed_ set, or complete() finds a waiter and notifies under the
+// mutex, which the waiter holds from its check until it sleeps.
 void Work::wait(std::optional<Duration> timeout) {
-  if (!completed_.load()) {
+  if (completed_.load()) {
+    if (error_) std::rethrow_exception(error_);
+    return;
+  }
+  Stripe& stripe = stripe_of(this);
+  {
     std::function<bool()> claim;
     {
-      std::lock_guard lock(mutex_);
+      std::lock_guard lock(stripe.mutex);
       claim.swap(claim_);
     }
     if (claim && claim()) {  // ran here: complete() was called
@@ -41,14 +66,14 @@ void Work::wait(std::optional<Duration> timeout) {
   }
   if (!completed_.load()) {
     waiters_.fetch_add(1);
-    std::unique_lock lock(mutex_);
+    std::unique_lock lock(stripe.mutex);
     auto done = [&] { return completed_.load(); };
     bool finished = true;
     if (timeout) {
-      finished = done_.wait_for(lock, *timeout, done);
+      finished = stripe.done.wait_for(lock, *timeout, done);
     } else {
       const auto grace = std::chrono::seconds(1);
-      while (!done_.wait_for(lock, std::chrono::milliseconds(100), done)) {
+      while (!stripe.done.wait_for(lock, std::chrono::milliseconds(100), done)) {
         Clock::rep started = started_.load();
         if (started != 0 &&
             Clock::now() > Clock::time_point(Clock::duration(started)) + default_timeout_ + grace) {
@@ -67,12 +92,12 @@ void Work::wait(std::optional<Duration> timeout) {
 }
 
 void Work::offer_claim(std::function<bool()> claim) {
-  std::lock_guard lock(mutex_);
+  std::lock_guard lock(stripe_of(this).mutex);
   claim_ = std::move(claim);
 }
 
 void Work::withdraw_claim() {
-  std::lock_guard lock(mutex_);
+  std::lock_guard lock(stripe_of(this).mutex);
   claim_ = nullptr;
 }
 
@@ -109,8 +134,9 @@ void Work::complete(std::exception_ptr error, Clock::time_point when) {
   error_ = std::move(error);
   completed_.store(true);
   if (waiters_.load() > 0) {
-    std::lock_guard lock(mutex_);
-    done_.notify_all();
+    Stripe& stripe = stripe_of(this);
+    std::lock_guard lock(stripe.mutex);
+    stripe.done.notify_all();
   }
 }
 

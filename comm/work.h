@@ -4,11 +4,9 @@
 // its timeout) and rethrows that error.
 
 #include <atomic>
-#include <condition_variable>
 #include <exception>
 #include <functional>
 #include <memory>
-#include <mutex>
 #include <optional>
 #include <string>
 #include <string_view>
@@ -71,16 +69,15 @@ class Work {
   std::string text_;  // a description given as text (overrides label_)
   Duration default_timeout_;
   // Completion is published through atomics so that an operation nobody is waiting for yet
-  // (the common case for small calls) completes without taking a lock; the mutex and
-  // condition variable only serve threads that block in wait(). See Note [Work completion].
+  // (the common case for small calls) completes without taking a lock; a thread that blocks
+  // in wait() sleeps on a mutex and condition variable shared by a stripe of Works (Note
+  // [Waiting stripes]). See Note [Work completion].
   std::atomic<bool> completed_{false};
   std::atomic<int> waiters_{0};
   std::atomic<Clock::rep> started_{0};  // time_since_epoch of the start; 0: not started
   std::atomic<Clock::rep> completed_at_{0};  // likewise, of the completion
   std::exception_ptr error_;            // written before completed_ is set
-  mutable std::mutex mutex_;
-  std::condition_variable done_;
-  std::function<bool()> claim_;  // guarded by mutex_
+  std::function<bool()> claim_;         // guarded by the Work's stripe (Note [Waiting stripes])
 };
 
 using WorkPtr = std::shared_ptr<Work>;

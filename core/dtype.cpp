@@ -9,17 +9,8 @@
 
 namespace loom {
 
-size_t dtype_size(DType dtype) {
-  switch (dtype) {
-    case DType::F64:
-    case DType::I64: return 8;
-    case DType::F32:
-    case DType::I32: return 4;
-    case DType::BF16:
-    case DType::F16: return 2;
-    case DType::U8: return 1;
-  }
-  fail("dtype_size: invalid dtype value ", static_cast<int>(dtype));
+void invalid_dtype(const char* where, DType dtype) {
+  fail(where, ": invalid dtype value ", static_cast<int>(dtype));
 }
 
 const char* dtype_name(DType dtype) {

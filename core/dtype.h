@@ -19,7 +19,21 @@ struct Half {
   uint16_t bits;
 };
 
-size_t dtype_size(DType dtype);
+// Inline: every tensor access asks it. An out-of-range value (memory corruption) fails in
+// invalid_dtype().
+[[noreturn]] void invalid_dtype(const char* where, DType dtype);
+inline size_t dtype_size(DType dtype) {
+  switch (dtype) {
+    case DType::F64:
+    case DType::I64: return 8;
+    case DType::F32:
+    case DType::I32: return 4;
+    case DType::BF16:
+    case DType::F16: return 2;
+    case DType::U8: return 1;
+  }
+  invalid_dtype("dtype_size", dtype);
+}
 // "f32", "bf16", ...: a static NUL-terminated string, so printf and C APIs take it too.
 const char* dtype_name(DType dtype);
 bool is_floating(DType dtype);

@@ -6,13 +6,6 @@
 
 namespace loom {
 
-int64_t numel_of(const Shape& shape) {
-  int64_t n = 1;
-  for (int64_t d : shape)
-    n *= d;
-  return n;
-}
-
 Shape contiguous_strides(const Shape& shape) {
   Shape strides(shape.size());
   int64_t stride = 1;

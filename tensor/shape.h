@@ -10,7 +10,12 @@ namespace loom {
 
 using Shape = std::vector<int64_t>;
 
-int64_t numel_of(const Shape& shape);
+inline int64_t numel_of(const Shape& shape) {
+  int64_t n = 1;
+  for (int64_t d : shape)
+    n *= d;
+  return n;
+}
 Shape contiguous_strides(const Shape& shape);
 // Wraps a possibly negative dimension index into [0, ndim); throws naming `op` when out of range.
 int64_t wrap_dim(int64_t dim, int64_t ndim, const char* op);

@@ -81,9 +81,8 @@ Tensor Tensor::make_view(const Tensor& base, Shape shape, Shape strides, int64_t
   return Tensor(std::move(impl));
 }
 
-TensorImpl& Tensor::impl() const {
-  if (!impl_) throw Error("use of an undefined Tensor (default-constructed or moved-from)");
-  return *impl_;
+void Tensor::throw_undefined() {
+  throw Error("use of an undefined Tensor (default-constructed or moved-from)");
 }
 
 int64_t Tensor::size(int64_t d) const {
@@ -101,11 +100,6 @@ bool Tensor::is_contiguous() const {
     expected *= s[i];
   }
   return true;
-}
-
-void* Tensor::raw_data() const {
-  auto* base = static_cast<char*>(storage()->data());
-  return base + offset() * static_cast<int64_t>(dtype_size(dtype()));
 }
 
 template <typename T>

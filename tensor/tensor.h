@@ -76,14 +76,23 @@ class Tensor {
   const std::shared_ptr<Storage>& storage() const { return impl().storage; }
   // Same descriptor (not merely same storage).
   bool is_same(const Tensor& other) const { return impl_ == other.impl_; }
-  TensorImpl& impl() const;
+  TensorImpl& impl() const {
+    if (impl_ == nullptr) [[unlikely]]
+      throw_undefined();
+    return *impl_;
+  }
   const std::shared_ptr<TensorImpl>& impl_ptr() const { return impl_; }
 
   // --- data access (host memory only) ---------------------------------------------------
   // Pointer to the first element; throws if T does not match dtype().
   template <typename T>
   T* data() const;
-  void* raw_data() const;  // untyped pointer to the first element, any device
+  // Untyped pointer to the first element, any device.
+  void* raw_data() const {
+    const TensorImpl& t = impl();
+    return static_cast<char*>(t.storage->data()) +
+           t.offset * static_cast<int64_t>(dtype_size(t.dtype));
+  }
   // Copies the elements (any layout, CPU only) into a row-major vector of T's dtype.
   template <typename T>
   std::vector<T> to_vector() const;
@@ -128,6 +137,7 @@ class Tensor {
   std::string str() const;  // "Tensor(f32, [2, 3], cpu)"
 
  private:
+  [[noreturn]] static void throw_undefined();
   std::shared_ptr<TensorImpl> impl_;
 };
 

@@ -142,7 +142,8 @@ TEST(ThreadPool, ExactSquareSumIsTheSameOnAnyThreadCount) {
 // same loss and weights, bit for bit.
 std::vector<float> gpt_steps_with(int threads) {
   set_num_threads(threads);
-  nn::GPTConfig config{.vocab_size = 96, .context = 64, .layers = 2, .heads = 4, .embd = 64};
+  nn::GPTConfig config{
+      .vocab_size = 96, .context = 64, .layers = 2, .heads = 4, .embd = 64, .options = {}};
   nn::GPT model(config, 3);
   optim::AdamW optimizer(model.parameters(), {.lr = 1e-2});
   std::vector<int64_t> tokens(8 * 64), targets(8 * 64);
