@@ -15,6 +15,7 @@
 #include "core/error.h"
 #include "core/tags.h"
 #include "tensor/safetensors.h"
+#include "tensor/shape.h"
 
 namespace loom::strategies::checkpoint {
 
@@ -38,13 +39,6 @@ uint64_t parse_hex(const std::string& text) {
   if (text.size() != 16 || text.find_first_not_of("0123456789abcdef") != std::string::npos)
     fail("checksum '", text, "' is not 16 hex digits");
   return std::stoull(text, nullptr, 16);
-}
-
-int64_t numel_of(const Shape& shape) {
-  int64_t n = 1;
-  for (int64_t d : shape)
-    n *= d;
-  return n;
 }
 
 std::string shape_text(const Shape& shape) {

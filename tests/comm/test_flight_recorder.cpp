@@ -11,6 +11,7 @@
 #include <filesystem>
 #include <fstream>
 #include <map>
+#include <nlohmann/json.hpp>
 #include <thread>
 
 #include "comm/error.h"
@@ -85,6 +86,55 @@ TEST(FlightRecorder, RanksThatDisagreeOnACollectiveAreNamed) {
   EXPECT_NE(a.report.find("seq 1: the ranks disagree on the operation"), std::string::npos)
       << a.report;
   EXPECT_NE(a.report.find("rank 1: allreduce 16 B i32"), std::string::npos) << a.report;
+}
+
+// record() takes no lock (Note [Lock-free records]): a dump taken while other threads
+// record, wrapping the ring many times, holds each entry whole or leaves it out. Every
+// recorded label here ties its fields together (bytes = 8 x seq; allreduce is f32, broadcast
+// bf16), so a torn read shows as a mismatch; under TSan, a race on a field is a report.
+TEST(FlightRecorder, DumpsTakenWhileRecordingHoldWholeEntries) {
+  FlightRecorder& recorder = FlightRecorder::global();
+  if (!recorder.enabled()) GTEST_SKIP() << "LOOM_FLIGHT_RECORDER=0";
+  const std::string group_name = "torn-read-check";
+  const uint32_t group = recorder.register_group(group_name, 0, 1);
+  // The writers go on until the reader has finished 3 dumps (and each wrapped the ring 3
+  // times), so that at least 3 dumps ran while entries were being written.
+  std::atomic<int> dumps{0};
+  std::atomic<bool> done{false};
+  auto write = [&](uint64_t first) {
+    for (uint64_t seq = first; dumps.load() < 3 || seq < first + 3 * kFlightCapacity; ++seq) {
+      const bool even = seq % 2 == 0;
+      const OpLabel label{.kind = even ? "allreduce" : "broadcast",
+                          .seq = seq,
+                          .bytes = seq * 8,
+                          .dtype = even ? "f32" : "bf16",
+                          .peer = -1,
+                          .to_peer = false};
+      const uint64_t id = recorder.record(group, label, std::chrono::steady_clock::now());
+      recorder.completed(id, std::chrono::steady_clock::now());
+    }
+  };
+  std::thread a(write, 0), b(write, 1u << 20);
+  int64_t checked = 0;
+  std::thread reader([&] {
+    while (!done.load()) {
+      const auto dump = nlohmann::json::parse(recorder.json(0));
+      for (const auto& e : dump.at("entries")) {
+        if (e.at("group") != group_name) continue;
+        const uint64_t seq = e.at("seq");
+        EXPECT_EQ(e.at("bytes").get<uint64_t>(), seq * 8) << e.dump();
+        EXPECT_EQ(e.at("op"), seq % 2 == 0 ? "allreduce" : "broadcast") << e.dump();
+        EXPECT_EQ(e.at("dtype"), seq % 2 == 0 ? "f32" : "bf16") << e.dump();
+        ++checked;
+      }
+      ++dumps;
+    }
+  });
+  a.join();
+  b.join();
+  done = true;
+  reader.join();
+  EXPECT_GT(checked, 0) << "no dump saw an entry of the writers";
 }
 
 TEST(FlightRecorder, NoDumpsIsAClearError) {
