@@ -1,13 +1,14 @@
 #!/usr/bin/env bash
 # Allreduce between two test hosts (scripts/netns_hosts.sh), interleaved, several rounds:
-#   1 rank per host:  loom-perf --backend ucx  against  Open MPI (btl tcp,self) and Gloo (TCP)
+#   1 rank per host:  loom-perf --backend ucx (-z 0, and -z 1: synchronous calls, as Open MPI's
+#                     blocking MPI_Allreduce)  against  Open MPI (btl tcp,self) and Gloo (TCP)
 #   2 ranks per host: loom-perf --backend ucx and --backend hierarchical  against  both
 # Every program is started by mpirun from host 0 (scripts/netns_rsh.sh as its remote agent)
 # with --bind-to none: Open MPI's default binding pins rank 0 of each "host" to the same
 # core, which on one machine puts the ranks of both hosts on one core. Loom uses UCX_TLS=tcp,
 # so both sides cross the veth links over TCP. Loom and Open MPI take turns going first. Prints,
 # per program and size, the us per call (out of place) of every round and their median, then
-# Loom's ucx over Open MPI within each round and the median ratio. Needs root, Open MPI and a
+# Loom's ucx (-z 0 and -z 1) over Open MPI within each round and the median ratio. Needs root, Open MPI and a
 # build with UCX;
 # Gloo's peer (bench/peers/gloo_allreduce_perf, Debian libgloo-dev) runs where it was built,
 # its ranks meeting through a FileStore in a shared directory and listening on eth0.
@@ -51,7 +52,10 @@ for ((round = 1; round <= rounds; ++round)); do
   echo "round $round" >&2
   for sizes in small medium; do
     declare -n args=$sizes
-    ucx_1x2() { run "ucx 1x2" 1 "$B/tools/loom_perf/loom-perf" allreduce --backend ucx "${args[@]}"; }
+    ucx_1x2() {
+      run "ucx 1x2" 1 "$B/tools/loom_perf/loom-perf" allreduce --backend ucx "${args[@]}"
+      run "ucx-z1 1x2" 1 "$B/tools/loom_perf/loom-perf" allreduce --backend ucx "${args[@]}" -z 1
+    }
     mpi_1x2() { run "mpi 1x2" 1 "$B/bench/peers/mpi_allreduce_perf" "${args[@]}"; }
     if ((round % 2)); then ucx_1x2; mpi_1x2; else mpi_1x2; ucx_1x2; fi
     gloo 1 "${args[@]}"
@@ -71,11 +75,12 @@ for (label, size), by_round in sorted(runs.items(), key=lambda kv: (kv[0][0].spl
     values = [by_round[r] for r in sorted(by_round)]
     print(f"{label:18s} {size:>9d} B  median {statistics.median(values):10.2f} us  runs {', '.join(f'{v:.2f}' for v in values)}")
 # Loom's ucx against Open MPI, one rank per host: the ratio within each round, and its median.
-for (label, size), by_round in sorted(runs.items(), key=lambda kv: kv[0][1]):
+for (label, size), by_round in sorted(runs.items(), key=lambda kv: (kv[0][1], kv[0][0])):
     peer = runs.get(("mpi 1x2", size))
-    if label != "ucx 1x2" or not peer:
+    if label not in ("ucx 1x2", "ucx-z1 1x2") or not peer:
         continue
     ratios = [by_round[r] / peer[r] for r in sorted(by_round) if r in peer]
-    print(f"ucx / mpi 1x2      {size:>9d} B  median {statistics.median(ratios):5.2f}  rounds {', '.join(f'{x:.2f}' for x in ratios)}")
+    name = label.replace(" 1x2", "") + " / mpi 1x2"
+    print(f"{name:18s} {size:>9d} B  median {statistics.median(ratios):5.2f}  rounds {', '.join(f'{x:.2f}' for x in ratios)}")
 PY
 rm -rf "$out"
