@@ -81,7 +81,9 @@ __attribute__((target("avx512f"))) float fma_avx512(int64_t n) {
   __m512 sum = a[0];
   for (int i = 1; i < kAccumulators; ++i)
     sum = _mm512_add_ps(sum, a[i]);
-  return _mm512_reduce_add_ps(sum);
+  float lanes[16];  // not _mm512_reduce_add_ps, which GCC 12 warns about inside its own header
+  _mm512_storeu_ps(lanes, sum);
+  return lanes[0] + lanes[15];
 }
 #endif
 
@@ -181,7 +183,8 @@ CoreLimits measure() {
 void add_limits(benchmark::BenchmarkReporter::Run& run) {
   const CoreLimits& limits = core_limits();
   auto label = [&run](const std::string& limit) {
-    run.report_label += (run.report_label.empty() ? "" : " ") + ("vs " + limit);
+    if (!run.report_label.empty()) run.report_label += ' ';
+    run.report_label += "vs " + limit;
   };
   if (auto flops = run.counters.find("GFLOP/s"); flops != run.counters.end()) {
     run.counters["limit%"] = 100.0 * flops->second.value / limits.fma_gflops;

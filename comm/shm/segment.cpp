@@ -63,7 +63,10 @@ std::string job_prefix(const std::string& job_id) {
 }
 
 std::string random_name() {
-  return "/" + job_prefix(job_id_from_env()) + random_hex(16);
+  std::string name = "/";  // appended to: GCC 12 warns falsely on "/" + a temporary string
+  name += job_prefix(job_id_from_env());
+  name += random_hex(16);
+  return name;
 }
 
 void* map(int fd, size_t bytes, const std::string& name) {

@@ -49,7 +49,10 @@ std::optional<int64_t> step_of(const fs::path& checkpoint) {
 Directory::Directory(fs::path root) : root_(std::move(root)) {}
 
 fs::path Directory::staging(int64_t step) const {
-  return root_ / ("." + step_name(step) + ".partial");
+  std::string name = ".";  // appended to: GCC 12 warns falsely on "." + a temporary string
+  name += step_name(step);
+  name += ".partial";
+  return root_ / name;
 }
 
 fs::path Directory::committed_path(int64_t step) const {

@@ -147,6 +147,11 @@ TEST(FlightRecorder, NoDumpsIsAClearError) {
   }
 }
 
+// "[" + entries + "]": a JSON array of entries.
+std::string in_brackets(const std::string& entries) {
+  return "[" + entries + "]";
+}
+
 // A well-formed entry of rank `rank`'s dump, with `field` replaced by `value` (a JSON text).
 std::string entry(int rank, const std::string& field = "", const std::string& value = "") {
   std::map<std::string, std::string> fields = {{"group", "\"default.attempt0\""},
@@ -178,7 +183,7 @@ std::string dump_text(int rank, const std::string& entries) {
 // Writes rank 0's dump `rank0` (and a well-formed rank 1 dump, unless `rank1` says otherwise)
 // and returns analyze's error.
 std::string analyze_error(const std::string& rank0,
-                          const std::string& rank1 = dump_text(1, "[" + entry(1) + "]")) {
+                          const std::string& rank1 = dump_text(1, in_brackets(entry(1)))) {
   loom::testing::TempDir dir("loom-trace");
   std::ofstream(dir.path() / "flight.rank-0.json") << rank0;
   std::ofstream(dir.path() / "flight.rank-1.json") << rank1;
@@ -202,20 +207,20 @@ TEST(LoomTraceAnalyze, MalformedDumpsNameTheFileTheEntryAndTheField) {
       {"{\"rank\": \"0\", \"entries\": []}", {"'rank' is \"0\" (string)"}},
       {dump_text(0, "5"), {"flight.rank-0.json: 'entries' is 5 (number); expected a list"}},
       {dump_text(0, "[5]"), {"entry 0: the entry is 5 (number); expected an object"}},
-      {dump_text(0, "[" + entry(0) + ", " + entry(0, "op", "5") + "]"),
+      {dump_text(0, in_brackets(entry(0) + ", " + entry(0, "op", "5"))),
        {"flight.rank-0.json: entry 1: 'op' is 5 (number); expected a string"}},
-      {dump_text(0, "[" + entry(0, "seq", "-1") + "]"),
+      {dump_text(0, in_brackets(entry(0, "seq", "-1"))),
        {"entry 0: 'seq' is -1 (number); expected an integer from 0 to 18446744073709551615"}},
-      {dump_text(0, "[" + entry(0, "seq", "1.5") + "]"), {"'seq' is 1.5 (number)"}},
-      {dump_text(0, "[" + entry(0, "bytes", "\"16\"") + "]"),
+      {dump_text(0, in_brackets(entry(0, "seq", "1.5"))), {"'seq' is 1.5 (number)"}},
+      {dump_text(0, in_brackets(entry(0, "bytes", "\"16\""))),
        {"entry 0: 'bytes' is \"16\" (string); expected an integer from 0 to"}},
-      {dump_text(0, "[" + entry(0, "group_size", "0") + "]"),
+      {dump_text(0, in_brackets(entry(0, "group_size", "0"))),
        {"entry 0: 'group_size' is 0 (number); expected an integer from 1 to"}},
-      {dump_text(0, "[" + entry(0, "group_rank", "2") + "]"),
+      {dump_text(0, in_brackets(entry(0, "group_rank", "2"))),
        {"entry 0: 'group_rank' 2 is not below 'group_size' 2"}},
-      {dump_text(0, "[" + entry(0, "peer", "-2") + "]"), {"'peer' is -2 (number)"}},
-      {dump_text(0, "[" + entry(0, "group", "") + "]"), {"entry 0: no 'group' field"}},
-      {dump_text(0, "[" + entry(0, "state", "null") + "]"), {"'state' is null (null)"}},
+      {dump_text(0, in_brackets(entry(0, "peer", "-2"))), {"'peer' is -2 (number)"}},
+      {dump_text(0, in_brackets(entry(0, "group", ""))), {"entry 0: no 'group' field"}},
+      {dump_text(0, in_brackets(entry(0, "state", "null"))), {"'state' is null (null)"}},
   };
   for (const Case& c : cases) {
     const std::string what = analyze_error(c.dump);
@@ -228,7 +233,7 @@ TEST(LoomTraceAnalyze, MalformedDumpsNameTheFileTheEntryAndTheField) {
 
 TEST(LoomTraceAnalyze, TwoDumpsOfOneRankAreAnError) {
   const std::string what =
-      analyze_error(dump_text(0, "[" + entry(0) + "]"), dump_text(0, "[" + entry(0) + "]"));
+      analyze_error(dump_text(0, in_brackets(entry(0))), dump_text(0, in_brackets(entry(0))));
   EXPECT_TRUE(has(what, "rank 0 has two dumps")) << what;
   EXPECT_TRUE(has(what, "flight.rank-0.json and ")) << what;
   EXPECT_TRUE(has(what, "flight.rank-1.json")) << what;
@@ -239,9 +244,9 @@ TEST(LoomTraceAnalyze, TheLargestSequenceNumberEndsTheScan) {
   loom::testing::TempDir dir("loom-trace");
   const std::string last = "18446744073709551615";
   std::ofstream(dir.path() / "flight.rank-0.json")
-      << dump_text(0, "[" + entry(0, "seq", last) + "]");
+      << dump_text(0, in_brackets(entry(0, "seq", last)));
   std::ofstream(dir.path() / "flight.rank-1.json")
-      << dump_text(1, "[" + entry(1, "seq", last) + "]");
+      << dump_text(1, in_brackets(entry(1, "seq", last)));
   const trace::Analysis a = trace::analyze_flight_dumps(dir.path());
   EXPECT_FALSE(a.found) << a.report;
   EXPECT_TRUE(has(a.report, "every rank issued and completed the same operations")) << a.report;
