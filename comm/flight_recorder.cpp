@@ -94,9 +94,9 @@ uint64_t FlightRecorder::record(uint32_t group, const OpLabel& label,
   constexpr auto relaxed = std::memory_order_relaxed;
   e.group.store(group, relaxed);
   e.kind.store(label.kind.data(), relaxed);
-  e.kind_size.store(static_cast<uint32_t>(label.kind.size()), relaxed);
+  e.kind_length.store(static_cast<uint32_t>(label.kind.size()), relaxed);
   e.dtype.store(label.dtype.data(), relaxed);
-  e.dtype_size.store(static_cast<uint32_t>(label.dtype.size()), relaxed);
+  e.dtype_length.store(static_cast<uint32_t>(label.dtype.size()), relaxed);
   e.seq.store(label.seq, relaxed);
   e.bytes.store(label.bytes, relaxed);
   e.peer.store(label.peer, relaxed);
@@ -145,8 +145,8 @@ std::string FlightRecorder::json(int rank) const {
     const Entry& e = ring_[id % ring_.size()];
     if (e.id.load(std::memory_order_acquire) != id) continue;  // being filled, or newer
     const uint32_t group = e.group.load(relaxed);
-    const std::string kind = text_of(e.kind.load(relaxed), e.kind_size.load(relaxed));
-    const std::string dtype = text_of(e.dtype.load(relaxed), e.dtype_size.load(relaxed));
+    const std::string kind = text_of(e.kind.load(relaxed), e.kind_length.load(relaxed));
+    const std::string dtype = text_of(e.dtype.load(relaxed), e.dtype_length.load(relaxed));
     const uint64_t seq = e.seq.load(relaxed), bytes = e.bytes.load(relaxed);
     const int32_t peer = e.peer.load(relaxed);
     const int64_t queued = e.queued_us.load(relaxed);

@@ -76,7 +76,7 @@ class FlightRecorder {
     std::atomic<uint64_t> id{0};                             // 0 while being (re)filled
     std::atomic<uint32_t> group{0};                          // index into groups_
     std::atomic<const char*> kind{nullptr}, dtype{nullptr};  // OpLabel's, static storage
-    std::atomic<uint32_t> kind_size{0}, dtype_size{0};
+    std::atomic<uint32_t> kind_length{0}, dtype_length{0};
     std::atomic<uint64_t> seq{0}, bytes{0};
     std::atomic<int32_t> peer{-1};
     std::atomic<uint8_t> state{kQueued};

@@ -9,8 +9,8 @@
 
 namespace loom {
 
-void invalid_dtype(const char* where, DType dtype) {
-  fail(where, ": invalid dtype value ", static_cast<int>(dtype));
+void invalid_dtype_size(DType dtype) {
+  fail("dtype_size: invalid dtype value ", static_cast<int>(dtype));
 }
 
 const char* dtype_name(DType dtype) {

@@ -20,8 +20,8 @@ struct Half {
 };
 
 // Inline: every tensor access asks it. An out-of-range value (memory corruption) fails in
-// invalid_dtype().
-[[noreturn]] void invalid_dtype(const char* where, DType dtype);
+// invalid_dtype_size().
+[[noreturn]] void invalid_dtype_size(DType dtype);
 inline size_t dtype_size(DType dtype) {
   switch (dtype) {
     case DType::F64:
@@ -32,7 +32,7 @@ inline size_t dtype_size(DType dtype) {
     case DType::F16: return 2;
     case DType::U8: return 1;
   }
-  invalid_dtype("dtype_size", dtype);
+  invalid_dtype_size(dtype);
 }
 // "f32", "bf16", ...: a static NUL-terminated string, so printf and C APIs take it too.
 const char* dtype_name(DType dtype);

@@ -8,8 +8,8 @@
 # core, which on one machine puts the ranks of both hosts on one core. Loom uses UCX_TLS=tcp,
 # so both sides cross the veth links over TCP. Loom and Open MPI take turns going first. Prints,
 # per program and size, the us per call (out of place) of every round and their median, then
-# Loom's ucx (-z 0 and -z 1) over Open MPI within each round and the median ratio. Needs root, Open MPI and a
-# build with UCX;
+# Loom's ucx (-z 0 and -z 1) over Open MPI within each round and the median ratio. Needs
+# root, Open MPI and a build with UCX;
 # Gloo's peer (bench/peers/gloo_allreduce_perf, Debian libgloo-dev) runs where it was built,
 # its ranks meeting through a FileStore in a shared directory and listening on eth0.
 #   bench/comm/multihost_allreduce.sh [ROUNDS]      (from the repository root; default 3)
