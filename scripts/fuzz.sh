@@ -1,15 +1,15 @@
 #!/usr/bin/env bash
-# Builds the libFuzzer harnesses of tests/fuzz in build/fuzz (clang 14, ASan + UBSan, CUDA
-# off) and runs each for SECONDS (default 30) on a copy of its seed corpus, so that the
-# checked-in corpus never grows:
+# Builds the libFuzzer harnesses of tests/fuzz in the asan preset's tree (build/asan: clang 14,
+# ASan + UBSan, CUDA off; the harnesses are part of that build) and runs each for SECONDS
+# (default 30) on a copy of its seed corpus, so that the checked-in corpus never grows:
 #
 #   scripts/fuzz.sh [SECONDS_PER_HARNESS] [HARNESS...]     e.g. scripts/fuzz.sh 150 safetensors
 #
 # HARNESS names a tests/fuzz/fuzz_<HARNESS>.cpp (all of them by default). Prints one line
 # per harness: executions, seconds, crashes (a crash, a sanitizer report, an exception
 # outside the parser's contract, a timeout over 10 s or a memory use over 2 GiB). Exits 1
-# if any harness crashed, with the input that did it kept under build/fuzz/findings/ and its
-# path printed, with the command that reproduces it (build/fuzz/tests/fuzz/fuzz_<HARNESS>
+# if any harness crashed, with the input that did it kept under build/asan/fuzz-findings/ and its
+# path printed, with the command that reproduces it (build/asan/tests/fuzz/fuzz_<HARNESS>
 # PATH, in a TMPDIR of its own: a harness that dies leaves its scratch directory behind).
 # The build runs niced on CMAKE_BUILD_PARALLEL_LEVEL jobs (default 2), the harnesses niced
 # one at a time.
@@ -32,21 +32,19 @@ for name in "${harnesses[@]}"; do
   [ -f "tests/fuzz/fuzz_$name.cpp" ] || { echo "$0: no harness tests/fuzz/fuzz_$name.cpp" >&2; exit 2; }
 done
 
-build=build/fuzz
-mkdir -p "$build"
-CC=clang CXX=clang++ cmake -S . -B "$build" -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo \
-  -DLOOM_FUZZ=ON -DLOOM_WITH_CUDA=OFF -DLOOM_WITH_NCCL=OFF \
-  -DLOOM_BUILD_TESTS=OFF -DLOOM_BUILD_BENCHMARKS=OFF > "$build/configure.log" 2>&1 ||
-  { cat "$build/configure.log"; exit 1; }
+build=build/asan
+cmake --preset asan > /dev/null
 targets=()
 for name in "${harnesses[@]}"; do targets+=(--target "fuzz_$name"); done
 nice -n 10 cmake --build "$build" "${targets[@]}" --parallel "${CMAKE_BUILD_PARALLEL_LEVEL:-2}"
+# The build makes every UBSan report abort already; ASan's leak check stays on.
+export ASAN_OPTIONS=${ASAN_OPTIONS:-detect_leaks=1}
 
 # Working corpora and the harnesses' scratch files ($TMPDIR, tests/fuzz/fuzz_support.h) live
 # here, removed at exit even when a harness died without cleaning up.
 work=$(mktemp -d "${TMPDIR:-/tmp}/loom-fuzz.XXXXXX")
 trap 'rm -rf "$work"' EXIT
-findings="$build/findings"
+findings="$build/fuzz-findings"
 crashed=0
 for name in "${harnesses[@]}"; do
   corpus="$work/corpus-$name"

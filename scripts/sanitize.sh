@@ -4,7 +4,8 @@
 #      (preset asan: -O1 -g, CUDA off; any UBSan report aborts the test);
 #   2. the comm, launcher and strategy tests (ctest labels "comm" and "strategies") built with
 #      ThreadSanitizer (preset tsan);
-#   3. every libFuzzer harness for FUZZ_SECONDS (default 10) each (scripts/fuzz.sh).
+#   3. every libFuzzer harness (built in step 1's tree) for FUZZ_SECONDS (default 10) each
+#      (scripts/fuzz.sh).
 # Each step prints how long it took. Needs scripts/install-deps.sh's packages.
 #   scripts/sanitize.sh [asan|tsan|fuzz ...]     (default: all three)
 set -euo pipefail

@@ -172,10 +172,11 @@ struct FileStore::State {
                              " (kind byte ", int(kind), ", expected 'S' or 'R')");
       }
       if (data.size() - pos - kRecordHeader < key_size + value_size) break;  // partial tail
-      const auto* key_begin = reinterpret_cast<const char*>(&data[pos + kRecordHeader]);
+      // Pointers, not data[...]: an empty value at the end of the file starts at data.size().
+      const auto* key_begin = reinterpret_cast<const char*>(data.data() + pos + kRecordHeader);
       std::string key(key_begin, key_size);
       if (kind == kSetRecord) {
-        const auto* value_begin = &data[pos + kRecordHeader + key_size];
+        const auto* value_begin = data.data() + pos + kRecordHeader + key_size;
         values[std::move(key)] = Bytes(value_begin, value_begin + value_size);
       } else {
         values.erase(key);

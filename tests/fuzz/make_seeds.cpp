@@ -1,7 +1,7 @@
 // Writes the project-made seeds of tests/fuzz/corpus/ (the JSON configs of
 // corpus/deepspeed_config/ are written by hand):
 //
-//   build/fuzz/tests/fuzz/fuzz_make_seeds tests/fuzz/corpus
+//   build/asan/tests/fuzz/fuzz_make_seeds tests/fuzz/corpus
 //
 // safetensors/      files save() writes (every dtype, metadata, empty and zero-size tensors)
 //                   and the checkpoint fixture's files, plus a few broken on purpose
