@@ -95,11 +95,30 @@ namespace {
 // as an async_op = false call would. Nothing else changes: operations still run one at a
 // time in issue order (only the queue's front, with nothing running, can be claimed), and a
 // caller that does not wait (or queues more behind it) has it started by the progress
-// thread within kClaimWindow, so no program that relied on asynchrony waits on itself.
-// Point-to-point operations are never claimable: a receive posted ahead must not block its
-// poster.
+// thread soon after kClaimWindow (within kLongestPoll more: Note [Idle progress thread]), so
+// no program that relied on asynchrony waits on itself. Point-to-point operations are never
+// claimable: a receive posted ahead must not block its poster.
 constexpr size_t kClaimableBytes = 4096;
 constexpr auto kClaimWindow = std::chrono::microseconds(50);
+
+// Note [Idle progress thread]
+// Waking the progress thread costs a system call on the issuing thread and a context switch
+// that, on a machine with as many busy threads as cores, takes the core another rank's caller
+// needs: for a claimable operation that its waiter then runs itself, that wake-up was most of
+// the cost of the call. So for kIdlePollSpan after a claimable operation was queued, the idle
+// progress thread polls instead of sleeping until notified, and submit() does not wake it for
+// a claimable operation: a poll finds the operation if its waiter has not run it, and starts
+// it kClaimWindow after it was queued, or at once if that moment has passed. Polls that find
+// nothing double the period, from kClaimWindow up to kLongestPoll, and a poll or wake-up that
+// finds work resets it. So an operation nobody waits for starts within kLongestPoll plus
+// kClaimWindow at worst, while a stream of calls run by their waiters costs a wake-up per
+// kLongestPoll instead of one per call: a wake every 200 us instead of 800 cost two-rank
+// `loom-perf -z 2` calls 1.9x the time (docs/performance_comm.md). Any other operation
+// still wakes the thread at once. After kIdlePollSpan without a claimable operation it
+// sleeps until notified, so an idle group, or one whose small calls are synchronous (run on
+// the caller's thread), costs nothing.
+constexpr auto kIdlePollSpan = std::chrono::milliseconds(1);
+constexpr auto kLongestPoll = std::chrono::microseconds(800);
 // Spent operations kept for reuse (ProcessGroup::spare_ops_).
 constexpr size_t kSpareOps = 64;
 }  // namespace
@@ -210,9 +229,11 @@ WorkPtr ProcessGroup::submit(Op&& op, const Tensor& first, const Tensor& second,
                  queue_.empty() && !running_ && op.label.bytes <= kClaimableBytes;
   if (op.claimable) {
     op.queued_at = issued;
+    last_claimable_ = issued;
     const uint64_t seq = op.label.seq;
     work->offer_claim([this, seq] { return claim(seq); });
   }
+  const bool wake = !(op.claimable && progress_polling_);
   // A spent Op is reused: allocating here and freeing on the progress thread would make the
   // two threads contend for the allocator's lock on every call.
   if (spare_ops_.empty()) {
@@ -224,7 +245,7 @@ WorkPtr ProcessGroup::submit(Op&& op, const Tensor& first, const Tensor& second,
   }
   queued_count_.fetch_add(1);
   lock.unlock();
-  queued_.notify_all();
+  if (wake) queued_.notify_all();
   if (!async_op) work->wait();
   return work;
 }
@@ -296,6 +317,7 @@ std::unique_lock<std::mutex> ProcessGroup::lock_queue() {
 void ProcessGroup::progress_loop() {
   std::deque<std::unique_ptr<Op>> batch;
   std::vector<std::unique_ptr<Op>> spent;  // run, returned to spare_ops_ under the lock
+  std::chrono::microseconds poll_period = kClaimWindow;  // Note [Idle progress thread]
   while (true) {
     {
       std::unique_lock lock = lock_queue();
@@ -308,8 +330,18 @@ void ProcessGroup::progress_loop() {
       for (std::unique_ptr<Op>& op : batch)
         fail_unstarted(*op, Clock::now());
       batch.clear();
-      queued_.wait(lock,
-                   [&] { return (stopping_ && !running_) || (!queue_.empty() && !running_); });
+      while (!(stopping_ || !queue_.empty()) || running_) {
+        const Clock::time_point now = Clock::now();
+        progress_polling_ = now < last_claimable_ + kIdlePollSpan;
+        if (progress_polling_) {
+          queued_.wait_until(lock, now + poll_period);
+          poll_period = std::min(2 * poll_period, std::chrono::microseconds(kLongestPoll));
+        } else {
+          queued_.wait(lock);
+        }
+      }
+      progress_polling_ = false;
+      poll_period = kClaimWindow;
       if (queue_.empty()) return;
       // A claimable operation alone in the queue is left to its waiter for a moment.
       const Op& front = *queue_.front();

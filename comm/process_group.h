@@ -172,6 +172,11 @@ class ProcessGroup : public std::enable_shared_from_this<ProcessGroup> {
   // operations] in process_group.cpp.
   std::atomic<bool> running_{false};
   std::atomic<int> queued_count_{0};  // size of queue_, readable without the mutex
+  // The progress thread's idle state (Note [Idle progress thread] in process_group.cpp), both
+  // under mutex_: it polls (wakes every kClaimWindow) while a claimable operation was queued
+  // within kIdlePollSpan, and only then may submit() queue one without waking it.
+  bool progress_polling_ = false;
+  Clock::time_point last_claimable_{};
   // Counted on every call under mutex_, read by traffic() without it (relaxed: statistics).
   struct TrafficCounter {
     std::atomic<int64_t> calls{0}, bytes{0};

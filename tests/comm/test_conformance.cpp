@@ -289,13 +289,19 @@ TEST_P(Conformance, SmallAsyncCallsCompleteWithOrWithoutAWaiter) {
       pg.allreduce(t)->wait();
       EXPECT_EQ(t.to_vector<float>()[0], k * pg.size());
     }
-    Tensor alone = Tensor::full({2}, 1.0);
-    WorkPtr unwaited = pg.allreduce(alone);
-    const auto give_up = std::chrono::steady_clock::now() + std::chrono::seconds(10);
-    while (!unwaited->is_completed() && std::chrono::steady_clock::now() < give_up)
-      std::this_thread::sleep_for(std::chrono::milliseconds(1));
-    EXPECT_TRUE(unwaited->is_completed()) << "a small async call nobody waits for must start";
-    EXPECT_EQ(alone.to_vector<float>()[1], pg.size());
+    // Nobody waits: issued right after the calls above (the progress thread polls) and after
+    // the group sat idle for a while (it sleeps until woken); Note [Idle progress thread].
+    for (const char* when : {"right after other calls", "on a group idle for 20 ms"}) {
+      Tensor alone = Tensor::full({2}, 1.0);
+      WorkPtr unwaited = pg.allreduce(alone);
+      const auto give_up = std::chrono::steady_clock::now() + std::chrono::seconds(10);
+      while (!unwaited->is_completed() && std::chrono::steady_clock::now() < give_up)
+        std::this_thread::sleep_for(std::chrono::milliseconds(1));
+      EXPECT_TRUE(unwaited->is_completed())
+          << "a small async call nobody waits for must start, " << when;
+      EXPECT_EQ(alone.to_vector<float>()[1], pg.size()) << when;
+      std::this_thread::sleep_for(std::chrono::milliseconds(20));
+    }
     std::vector<Tensor> tensors;
     std::vector<WorkPtr> works;
     for (int k = 0; k < 5; ++k) {
