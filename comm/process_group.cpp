@@ -330,7 +330,9 @@ void ProcessGroup::progress_loop() {
       for (std::unique_ptr<Op>& op : batch)
         fail_unstarted(*op, Clock::now());
       batch.clear();
-      while (!(stopping_ || !queue_.empty()) || running_) {
+      // Something to run (or the order to stop), and no operation running on a caller's thread.
+      auto may_proceed = [&] { return !running_ && (stopping_ || !queue_.empty()); };
+      while (!may_proceed()) {
         const Clock::time_point now = Clock::now();
         progress_polling_ = now < last_claimable_ + kIdlePollSpan;
         if (progress_polling_) {
