@@ -337,7 +337,7 @@ void ProcessGroup::progress_loop() {
         progress_polling_ = now < last_claimable_ + kIdlePollSpan;
         if (progress_polling_) {
           queued_.wait_until(lock, now + poll_period);
-          poll_period = std::min(2 * poll_period, std::chrono::microseconds(kLongestPoll));
+          poll_period = std::min(2 * poll_period, kLongestPoll);
         } else {
           queued_.wait(lock);
         }
