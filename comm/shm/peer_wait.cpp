@@ -40,17 +40,22 @@ void wait_slowly(const WaitScope& scope, const std::function<bool()>& ready,
     auto now = Clock::now();
     if (now >= next_check) {
       int peer = lagging();
-      // A peer that gave up (and may have exited since) is named for that, not as dead.
-      if (peer >= 0 && scope.stopped && scope.stopped(peer) && !ready()) {
+      const bool gave_up = peer >= 0 && scope.stopped && scope.stopped(peer);
+      // A peer may post its part and exit between our look at the counters and the liveness
+      // check: death only counts if, looking again after it, the peer is still behind.
+      const bool died = peer >= 0 && !gave_up && !process_alive(scope.pid_of(peer)) && !ready() &&
+                        lagging() == peer;
+      // A peer that gave up (and may have exited since) is named for that, not as dead. It
+      // raises its flag before it exits, so a peer found dead is asked again: it may have given
+      // up and exited after the first look.
+      if ((gave_up || (died && scope.stopped && scope.stopped(peer))) && !ready()) {
         give_up(scope, CommError(prefix + std::to_string(peer) +
                                      " gave up on the group (its own error names the cause) "
                                      "while this rank waited for it to " +
                                      what,
                                  scope.rank, peer));
       }
-      // A peer may post its part and exit between our look at the counters and the liveness
-      // check: death only counts if, looking again after it, the peer is still behind.
-      if (peer >= 0 && !process_alive(scope.pid_of(peer)) && !ready() && lagging() == peer) {
+      if (died) {
         give_up(scope, CommError(prefix + std::to_string(peer) + " (pid " +
                                      std::to_string(scope.pid_of(peer)) +
                                      ") died while this rank waited for it to " + what,

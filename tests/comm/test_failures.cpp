@@ -3,6 +3,8 @@
 
 #include <gtest/gtest.h>
 #include <signal.h>
+#include <sys/wait.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <chrono>
@@ -10,6 +12,7 @@
 
 #include "comm/backend_registry.h"
 #include "comm/process_group.h"
+#include "comm/shm/peer_wait.h"
 #include "comm/store/in_process_store.h"
 #include "multiprocess.h"
 
@@ -105,6 +108,33 @@ TEST(Failures, RankThatNeverArrivesTimesOut) {
 // Operations queued behind one that fails are not started: each fails with the failure
 // that broke the group, in issue order, instead of waiting for its own timeout (the progress
 // thread takes queued operations in batches: Note [Batches] in process_group.cpp).
+// A peer raises its "gave up" flag and exits between a waiter's look at the flag and its
+// liveness check: the waiter names the peer for giving up (its own error names the cause), not
+// as dead. Replayed deterministically: the flag reads false once, then true, and the peer's
+// process has exited.
+TEST(Failures, APeerThatGaveUpAndExitedIsNamedForGivingUp) {
+  const pid_t child = fork();
+  ASSERT_GE(child, 0);
+  if (child == 0) _exit(0);
+  ASSERT_EQ(waitpid(child, nullptr, 0), child);
+  int looks = 0;
+  bool this_rank_stopped = false;
+  const shm::WaitScope scope{.rank = 0,
+                             .pid_of = [&](int) { return int64_t{child}; },
+                             .stopped = [&](int) { return looks++ > 0; },
+                             .stop = [&] { this_rank_stopped = true; }};
+  try {
+    shm::wait_slowly(
+        scope, [] { return false; }, [] { return 1; }, Clock::now() + 5s, "post its data");
+    ADD_FAILURE() << "expected a CommError";
+  } catch (const CommError& e) {
+    EXPECT_NE(std::string(e.what()).find("peer 1 gave up on the group"), std::string::npos)
+        << e.what();
+    EXPECT_EQ(e.peer().value_or(-1), 1);
+  }
+  EXPECT_TRUE(this_rank_stopped);
+}
+
 TEST(Failures, OperationsQueuedBehindAFailureFailWithIt) {
   expect_all_ok(run_ranks(2, [](int rank, int size, std::shared_ptr<Store> store) {
     ProcessGroup pg(rank, size, store, {.backend = "shm", .timeout = 10s});
