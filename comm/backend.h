@@ -16,6 +16,7 @@
 #include "comm/error.h"
 #include "comm/reduce_op.h"
 #include "comm/store/store.h"
+#include "core/tags.h"
 #include "tensor/tensor.h"
 
 namespace loom::comm {
@@ -59,6 +60,22 @@ class Backend {
   virtual void send(const Tensor& tensor, int dst, int tag, Deadline deadline) = 0;
   virtual void recv(Tensor& tensor, int src, int tag, Deadline deadline) = 0;
   virtual void barrier(Deadline deadline) = 0;
+
+  // Posted allreduces (Note [Posted allreduces] in comm/process_group.cpp), optional. A backend
+  // that can split an allreduce of at most postable_allreduce_bytes() in two says so here:
+  // post_allreduce() sends this rank's input without waiting for the peers, and
+  // finish_allreduce() later writes the result of the oldest posted allreduce into `output`
+  // (same op, same size). The group calls them in issue order, one thread at a time, with at
+  // most max_posted() posted and not finished, and finishes every posted one before any other
+  // operation. The defaults post nothing.
+  virtual size_t postable_allreduce_bytes() const { return 0; }
+  virtual size_t max_posted() const { return 0; }
+  virtual void post_allreduce(const Tensor& /*input*/, ReduceOp /*op*/, Deadline /*deadline*/) {
+    tag::kComm.fail(name(), " backend: post_allreduce is not supported");
+  }
+  virtual void finish_allreduce(Tensor& /*output*/, ReduceOp /*op*/, Deadline /*deadline*/) {
+    tag::kComm.fail(name(), " backend: finish_allreduce is not supported");
+  }
 
   // Subgroups. A backend that splits natively (nccl: ncclCommSplit) returns true from
   // splits_natively(); ProcessGroup::split then calls split() like a collective: on the

@@ -44,6 +44,20 @@ void check_debug_settings() {
   (void)FlightRecorder::global();
 }
 
+// Whether the bytes of two contiguous tensors overlap.
+bool overlaps(const Tensor& a, const Tensor& b) {
+  const auto* a0 = static_cast<const std::byte*>(a.raw_data());
+  const auto* b0 = static_cast<const std::byte*>(b.raw_data());
+  return a0 < b0 + b.nbytes() && b0 < a0 + a.nbytes();
+}
+
+// The body of a queued allreduce.
+auto allreduce_body(ReduceOp reduce) {
+  return [reduce](Backend& b, Deadline d, Tensor& in, Tensor& out) {
+    b.allreduce(in, out, reduce, d);
+  };
+}
+
 void check_buffer(const char* op, const char* what, const Tensor& t) {
   if (!t.defined()) tag::kComm.fail(op, ": ", what, " is undefined");
   if (!t.is_contiguous()) {
@@ -76,6 +90,8 @@ struct ProcessGroup::Op {
   // operations]) until kClaimWindow after it was queued.
   bool claimable = false;
   Clock::time_point queued_at;
+  // Posted (Note [Posted allreduces]): its data went out at issue; `body` finishes it.
+  bool posted = false;
 
   // Before its Work completes: the caller may free or measure its memory as soon as wait()
   // returns, so the operation's references to the tensors go first.
@@ -182,6 +198,18 @@ ProcessGroup::~ProcessGroup() {
 // queued_count_ before notifying. Both are seq_cst, so either the notifier's wake-up finds
 // running_ clear, or the inline thread sees the count and notifies again.
 
+// Numbers an operation and counts it (under the lock).
+void ProcessGroup::enter(Op& op, int64_t bytes, Clock::time_point issued) {
+  // One writer at a time (the lock's holder): a load and a store, no locked instruction.
+  TrafficCounter& traffic = traffic_[static_cast<size_t>(op.kind)];
+  traffic.calls.store(traffic.calls.load(std::memory_order_relaxed) + 1, std::memory_order_relaxed);
+  traffic.bytes.store(traffic.bytes.load(std::memory_order_relaxed) + bytes,
+                      std::memory_order_relaxed);
+  op.label.seq = next_seq_++;
+  op.work->set_seq(op.label.seq);
+  op.flight_id = FlightRecorder::global().record(flight_group_, op.label, issued);
+}
+
 // Issues one operation: runs it on the calling thread when the caller waits for it anyway
 // and nothing is ahead of it (no allocation for the body, no hand-off), else queues it for the
 // progress thread.
@@ -195,28 +223,29 @@ WorkPtr ProcessGroup::submit(Op&& op, const Tensor& first, const Tensor& second,
   // Made before taking the lock, which the progress thread needs for every operation.
   op.work = std::make_shared<Work>(op.label, op.timeout);
   std::unique_lock lock = lock_queue();
-  // One writer at a time (the lock's holder): a load and a store, no locked instruction.
-  TrafficCounter& traffic = traffic_[static_cast<size_t>(op.kind)];
-  traffic.calls.store(traffic.calls.load(std::memory_order_relaxed) + 1, std::memory_order_relaxed);
-  traffic.bytes.store(traffic.bytes.load(std::memory_order_relaxed) + bytes,
-                      std::memory_order_relaxed);
-  op.label.seq = next_seq_++;
-  op.work->set_seq(op.label.seq);
-  op.flight_id = FlightRecorder::global().record(flight_group_, op.label, issued);
+  enter(op, bytes, issued);
   if (broken_) {
     fail_unstarted(op, issued);
     return std::move(op.work);
   }
   if (!async_op && queue_.empty() && !running_) {
-    running_ = true;
+    take_running();
+    for (std::unique_ptr<Op>& ahead : posted_)  // posted allreduces finish first
+      claimed_.push_back(std::move(ahead));
+    posted_.clear();
     lock.unlock();
     // The caller's tensors outlive this call; the handles are not modified, only the data.
-    run(
-        op,
-        [&](Backend& backend, Deadline deadline) {
-          body(backend, deadline, const_cast<Tensor&>(first), const_cast<Tensor&>(second));
-        },
-        issued);
+    if (!run_in_order(claimed_)) {
+      run(
+          op,
+          [&](Backend& backend, Deadline deadline) {
+            body(backend, deadline, const_cast<Tensor&>(first), const_cast<Tensor&>(second));
+          },
+          issued);
+    } else {
+      std::lock_guard relock(mutex_);
+      fail_unstarted(op, Clock::now());
+    }
     done_running_here();
     return std::move(op.work);
   }
@@ -234,15 +263,7 @@ WorkPtr ProcessGroup::submit(Op&& op, const Tensor& first, const Tensor& second,
     work->offer_claim([this, seq] { return claim(seq); });
   }
   const bool wake = !(op.claimable && progress_polling_);
-  // A spent Op is reused: allocating here and freeing on the progress thread would make the
-  // two threads contend for the allocator's lock on every call.
-  if (spare_ops_.empty()) {
-    queue_.push_back(std::make_unique<Op>(std::move(op)));
-  } else {
-    queue_.push_back(std::move(spare_ops_.back()));
-    spare_ops_.pop_back();
-    *queue_.back() = std::move(op);
-  }
+  queue_.push_back(reuse_op(std::move(op)));
   queued_count_.fetch_add(1);
   lock.unlock();
   if (wake) queued_.notify_all();
@@ -250,17 +271,152 @@ WorkPtr ProcessGroup::submit(Op&& op, const Tensor& first, const Tensor& second,
   return work;
 }
 
+// A spent Op is reused (under the lock): allocating here and freeing on the progress thread
+// would make the two threads contend for the allocator's lock on every call.
+std::unique_ptr<ProcessGroup::Op> ProcessGroup::reuse_op(Op&& op) {
+  if (spare_ops_.empty()) return std::make_unique<Op>(std::move(op));
+  std::unique_ptr<Op> spare = std::move(spare_ops_.back());
+  spare_ops_.pop_back();
+  *spare = std::move(op);
+  return spare;
+}
+
+void ProcessGroup::keep_spares(std::vector<std::unique_ptr<Op>>& spent) {
+  for (std::unique_ptr<Op>& op : spent) {
+    if (spare_ops_.size() >= kSpareOps) break;
+    spare_ops_.push_back(std::move(op));
+  }
+  spent.clear();
+}
+
+// Note [Posted allreduces]
+// In a burst of small asynchronous allreduces (a loss, a norm, a flag per layer) each call
+// waits a round trip for its peers, and handing it to the progress thread costs more again:
+// on a machine with as many busy threads as cores the two threads of a rank take turns on
+// one. A backend that can split an allreduce (Backend::post_allreduce, e.g. shm's fast
+// boxes) gets it posted instead: when nothing is queued or running, the issuing thread puts
+// its data out at once, without waiting for the peers, and the Work stays pending in
+// posted_. Finishing it (waiting for the peers' data and reducing it) is claimable: whoever
+// waits on the Work finishes the posted ones up to it; the issuing thread finishes the oldest
+// itself when max_posted() are outstanding; anything else to run (an inline operation, a
+// claim, the progress thread's batch) finishes all posted ones first, so operations still
+// complete in issue order; a call that reads the output of a posted one finishes that one
+// before it posts, so it sees its result, as it would have queued behind it; and the progress
+// thread finishes those nobody finished within kClaimWindow (it polls while any are posted: Note
+// [Idle progress thread]). A rank's posts run ahead of its peers by up to max_posted() calls, so a
+// burst costs one round trip in all rather than one per call. Not under LOOM_DEBUG (whose check
+// runs each collective whole) nor for CUDA tensors.
+WorkPtr ProcessGroup::post(Op&& op, const Tensor& input, Tensor& output, ReduceOp reduce) {
+  const Clock::time_point issued = Clock::now();
+  op.work = std::make_shared<Work>(op.label, op.timeout);
+  std::unique_lock lock = lock_queue();
+  if (!queue_.empty() || running_ || broken_) {
+    lock.unlock();
+    return submit(std::move(op), input, output, allreduce_body(reduce), /*async_op=*/true);
+  }
+  enter(op, static_cast<int64_t>(input.nbytes()), issued);
+  take_running();
+  // Finished first: the oldest, when a post more would be too many, and every posted call
+  // up to the last one whose output this call reads (it must see their results).
+  size_t finish =
+      posted_.size() >= backend_->max_posted() ? posted_.size() - backend_->max_posted() + 1 : 0;
+  for (size_t i = finish; i < posted_.size(); ++i) {
+    if (overlaps(posted_[i]->second, input)) finish = i + 1;
+  }
+  for (; finish > 0; --finish) {
+    claimed_.push_back(std::move(posted_.front()));
+    posted_.pop_front();
+  }
+  WorkPtr work = op.work;
+  const uint64_t seq = op.label.seq;
+  op.first = input;
+  op.second = output;
+  op.body = [reduce](Backend& backend, Deadline deadline, Tensor&, Tensor& out) {
+    backend.finish_allreduce(out, reduce, deadline);
+  };
+  op.posted = true;
+  op.claimable = true;
+  op.queued_at = issued;
+  last_claimable_ = issued;
+  const bool wake = !progress_polling_;
+  // Queued before it is posted: nobody else finishes it (or posts) while this thread runs.
+  posted_.push_back(reuse_op(std::move(op)));
+  Op& mine = *posted_.back();
+  lock.unlock();
+  work->offer_claim([this, seq] { return claim(seq); });
+  bool broke = run_in_order(claimed_);
+  if (!broke) {
+    broke = run(
+        mine,
+        [&](Backend& backend, Deadline deadline) {
+          backend.post_allreduce(input, reduce, deadline);
+        },
+        issued, /*finishes=*/false);
+  }
+  if (broke) {  // the post failed, or was not made after a finish failed
+    lock.lock();
+    if (!work->is_completed()) fail_unstarted(mine, Clock::now());
+    mine.work = nullptr;
+    claimed_.push_back(std::move(posted_.back()));
+    posted_.pop_back();
+    lock.unlock();
+  }
+  done_running_here();
+  if (wake) queued_.notify_all();
+  return work;
+}
+
+// Under the lock, with running_ clear: this thread now runs operations. The Ops the last
+// thread to run some left spent in claimed_ go back to the spares.
+void ProcessGroup::take_running() {
+  running_ = true;
+  keep_spares(claimed_);
+}
+
+// Runs `ops` in order on this thread, which holds running_; after one that breaks the group
+// the rest fail unstarted. The spent Ops stay in `ops`, emptied, for keep_spares().
+bool ProcessGroup::run_in_order(std::vector<std::unique_ptr<Op>>& ops) {
+  size_t i = 0;
+  bool broke = false;
+  for (; i < ops.size() && !broke; ++i) {
+    Op& op = *ops[i];
+    if (!op.work) continue;  // spent: left by an earlier holder of running_
+    if (op.claimable) op.work->withdraw_claim();
+    broke = run(op, [&op](Backend& backend, Deadline deadline) {
+      op.body(backend, deadline, op.first, op.second);
+    });
+    op.work = nullptr;
+  }
+  if (i < ops.size()) {
+    std::lock_guard lock(mutex_);
+    for (; i < ops.size(); ++i) {
+      if (ops[i]->work) fail_unstarted(*ops[i], Clock::now());
+      ops[i]->work = nullptr;
+    }
+  }
+  return broke;
+}
+
+// Runs operation `seq` on the calling thread when nothing runs and it is either posted (with
+// the posted ones before it) or the queue's front (after every posted one).
 bool ProcessGroup::claim(uint64_t seq) {
   std::unique_lock lock(mutex_);
-  if (queue_.empty() || queue_.front()->label.seq != seq || running_ || broken_) return false;
-  std::unique_ptr<Op> op = std::move(queue_.front());
-  queue_.pop_front();
-  queued_count_.fetch_sub(1);
-  running_ = true;
+  if (running_ || broken_) return false;
+  const bool posted =
+      !posted_.empty() && posted_.front()->label.seq <= seq && seq <= posted_.back()->label.seq;
+  if (!posted && (queue_.empty() || queue_.front()->label.seq != seq)) return false;
+  take_running();
+  while (!posted_.empty() && (!posted || posted_.front()->label.seq <= seq)) {
+    claimed_.push_back(std::move(posted_.front()));
+    posted_.pop_front();
+  }
+  if (!posted) {
+    claimed_.push_back(std::move(queue_.front()));
+    queue_.pop_front();
+    queued_count_.fetch_sub(1);
+  }
   lock.unlock();
-  run(*op, [&op](Backend& backend, Deadline deadline) {
-    op->body(backend, deadline, op->first, op->second);
-  });
+  run_in_order(claimed_);
   done_running_here();
   return true;
 }
@@ -315,26 +471,27 @@ std::unique_lock<std::mutex> ProcessGroup::lock_queue() {
 // An operation that breaks the group fails the rest of its batch unstarted, as it would
 // have failed them in the queue.
 void ProcessGroup::progress_loop() {
-  std::deque<std::unique_ptr<Op>> batch;
-  std::vector<std::unique_ptr<Op>> spent;  // run, returned to spare_ops_ under the lock
+  std::vector<std::unique_ptr<Op>> batch;
   std::chrono::microseconds poll_period = kClaimWindow;  // Note [Idle progress thread]
   while (true) {
     {
       std::unique_lock lock = lock_queue();
-      for (std::unique_ptr<Op>& op : spent) {
-        if (spare_ops_.size() >= kSpareOps) break;
-        spare_ops_.push_back(std::move(op));
+      // A batch taken from a broken group fails here; one that ran is only spent.
+      for (std::unique_ptr<Op>& op : batch) {
+        if (op->work) fail_unstarted(*op, Clock::now());
+        op->work = nullptr;
       }
-      spent.clear();
-      // A batch taken from a broken group, or cut short by a failure.
-      for (std::unique_ptr<Op>& op : batch)
-        fail_unstarted(*op, Clock::now());
-      batch.clear();
-      // Something to run (or the order to stop), and no operation running on a caller's thread.
-      auto may_proceed = [&] { return !running_ && (stopping_ || !queue_.empty()); };
-      while (!may_proceed()) {
-        const Clock::time_point now = Clock::now();
-        progress_polling_ = now < last_claimable_ + kIdlePollSpan;
+      keep_spares(batch);
+      // Something to run (or the order to stop), and no operation running on a caller's
+      // thread: queued operations, or a posted allreduce nobody finished within kClaimWindow.
+      auto may_proceed = [&](Clock::time_point now) {
+        return !running_ &&
+               (stopping_ || !queue_.empty() ||
+                (!posted_.empty() && now >= posted_.front()->queued_at + kClaimWindow));
+      };
+      for (Clock::time_point now = Clock::now(); !may_proceed(now); now = Clock::now()) {
+        // Posted allreduces keep it polling: a thread that finishes one does not wake it.
+        progress_polling_ = !posted_.empty() || now < last_claimable_ + kIdlePollSpan;
         if (progress_polling_) {
           queued_.wait_until(lock, now + poll_period);
           poll_period = std::min(2 * poll_period, kLongestPoll);
@@ -344,30 +501,27 @@ void ProcessGroup::progress_loop() {
       }
       progress_polling_ = false;
       poll_period = kClaimWindow;
-      if (queue_.empty()) return;
+      if (queue_.empty() && posted_.empty()) return;
       // A claimable operation alone in the queue is left to its waiter for a moment.
-      const Op& front = *queue_.front();
-      if (front.claimable && queue_.size() == 1 && !stopping_ &&
-          Clock::now() < front.queued_at + kClaimWindow) {
-        queued_.wait_until(lock, front.queued_at + kClaimWindow);
-        continue;
+      if (posted_.empty()) {
+        const Op& front = *queue_.front();
+        if (front.claimable && queue_.size() == 1 && !stopping_ &&
+            Clock::now() < front.queued_at + kClaimWindow) {
+          queued_.wait_until(lock, front.queued_at + kClaimWindow);
+          continue;
+        }
       }
-      batch.swap(queue_);
-      queued_count_.fetch_sub(static_cast<int>(batch.size()));
+      // Posted allreduces first: every operation in the queue was issued after them.
+      for (std::deque<std::unique_ptr<Op>>* from : {&posted_, &queue_}) {
+        for (std::unique_ptr<Op>& op : *from)
+          batch.push_back(std::move(op));
+        from->clear();
+      }
+      queued_count_.store(0);
       if (broken_) continue;  // the batch fails unstarted at the top of the loop
       running_ = true;
     }
-    while (!batch.empty()) {
-      std::unique_ptr<Op> op = std::move(batch.front());
-      batch.pop_front();
-      if (op->claimable) op->work->withdraw_claim();
-      const bool broke = run(*op, [&op](Backend& backend, Deadline deadline) {
-        op->body(backend, deadline, op->first, op->second);
-      });
-      op->work = nullptr;
-      spent.push_back(std::move(op));
-      if (broke) break;
-    }
+    run_in_order(batch);
     running_.store(false);
   }
 }
@@ -381,7 +535,7 @@ void ProcessGroup::fail_unstarted(Op& op, Clock::time_point now) {
 // Runs one operation on the current thread, starting `now` (read here when not given); the
 // caller holds the running_ flag. Returns true when the operation broke the group.
 template <typename Body>
-bool ProcessGroup::run(Op& op, Body&& body, std::optional<Clock::time_point> now) {
+bool ProcessGroup::run(Op& op, Body&& body, std::optional<Clock::time_point> now, bool finishes) {
   const Clock::time_point start = now ? *now : Clock::now();
   const Deadline deadline = start + op.timeout;
   op.work->mark_started(start);
@@ -390,7 +544,7 @@ bool ProcessGroup::run(Op& op, Body&& body, std::optional<Clock::time_point> now
   bool broke = false;
   std::string failure;  // the recorder's note of a failed operation
   try {
-    if (options_.debug_checks && op.collective) {
+    if (options_.debug_checks && op.collective && !op.posted) {
       check_same_collective(*store_, name_, rank_, size_, op.label.seq, op.signature, op.timeout);
     }
     Backend& backend = op.staged ? *staged_ : *backend_;
@@ -417,6 +571,7 @@ bool ProcessGroup::run(Op& op, Body&& body, std::optional<Clock::time_point> now
     error = std::current_exception();
     failure = "unknown exception";
   }
+  if (!finishes && !error) return false;  // posted: complete once finished
   const Clock::time_point done = Clock::now();
   if (!failure.empty()) {
     FlightRecorder::global().completed(op.flight_id, done, failure);
@@ -518,12 +673,11 @@ WorkPtr ProcessGroup::allreduce(const Tensor& input, Tensor& output, const Colle
   check_avg("allreduce", o.op, input.dtype());
   Op op = make_op(OpKind::Allreduce, &input, o.op, std::nullopt, o.timeout);
   place(op, input, &output);
-  return submit(
-      std::move(op), input, output,
-      [reduce = o.op](Backend& b, Deadline d, Tensor& in, Tensor& out) {
-        b.allreduce(in, out, reduce, d);
-      },
-      o.async_op);
+  if (o.async_op && !op.staged && input.device().is_cpu() && !options_.debug_checks &&
+      input.nbytes() > 0 && input.nbytes() <= backend_->postable_allreduce_bytes()) {
+    return post(std::move(op), input, output, o.op);
+  }
+  return submit(std::move(op), input, output, allreduce_body(o.op), o.async_op);
 }
 
 WorkPtr ProcessGroup::broadcast(Tensor& tensor, const CollectiveOptions& o) {

@@ -137,16 +137,32 @@ class ProcessGroup : public std::enable_shared_from_this<ProcessGroup> {
              std::optional<int> root, std::optional<Duration> timeout) const;
   template <typename Body>
   WorkPtr submit(Op&& op, const Tensor& first, const Tensor& second, Body&& body, bool async_op);
+  // Numbers and counts an operation (under the lock).
+  void enter(Op& op, int64_t bytes, Clock::time_point issued);
+  // An asynchronous allreduce the backend can post (Note [Posted allreduces]); submitted as
+  // usual when something is queued or running.
+  WorkPtr post(Op&& op, const Tensor& input, Tensor& output, ReduceOp reduce);
+  // Under the lock: `op` moved into a spare Op when there is one; spent Ops kept for reuse.
+  std::unique_ptr<Op> reuse_op(Op&& op);
+  void keep_spares(std::vector<std::unique_ptr<Op>>& spent);
+  // Under the lock, with running_ clear: sets it, and recycles the spent Ops in claimed_.
+  void take_running();
+  // Runs `ops` in order on this thread, which holds running_; after one that breaks the
+  // group, fails the rest unstarted. True when one broke it.
+  bool run_in_order(std::vector<std::unique_ptr<Op>>& ops);
   // mutex_, taken with a short spin first (Note [Locking the queue]).
   std::unique_lock<std::mutex> lock_queue();
   void progress_loop();
-  // Runs queued operation `seq` on the calling thread if it is next and nothing runs.
+  // Runs operation `seq` on the calling thread if it is next (posted, or the queue's front
+  // after the posted ones) and nothing runs.
   bool claim(uint64_t seq);
   // After an operation ran on a calling thread: clears running_, hands queued work on.
   void done_running_here();
   std::exception_ptr broken_error(const Op& op) const;
+  // finishes = false: a post, whose Work completes when it is finished (or when it fails).
   template <typename Body>
-  bool run(Op& op, Body&& body, std::optional<Clock::time_point> now = std::nullopt);
+  bool run(Op& op, Body&& body, std::optional<Clock::time_point> now = std::nullopt,
+           bool finishes = true);
   // Completes a queued operation that will not run because the group is broken (under the
   // lock: broken_error reads broken_).
   void fail_unstarted(Op& op, Clock::time_point now);
@@ -166,6 +182,11 @@ class ProcessGroup : public std::enable_shared_from_this<ProcessGroup> {
   std::mutex mutex_;
   std::condition_variable queued_;
   std::deque<std::unique_ptr<Op>> queue_;
+  // Posted allreduces not yet finished, oldest first; all issued before anything in queue_.
+  std::deque<std::unique_ptr<Op>> posted_;
+  // Operations a calling thread takes to run (claims, posts, inline operations): only the
+  // holder of running_ touches it; it leaves the spent Ops for the next holder to recycle.
+  std::vector<std::unique_ptr<Op>> claimed_;
   std::vector<std::unique_ptr<Op>> spare_ops_;  // run and emptied, for submit() to reuse
   bool stopping_ = false;
   // An operation is executing (on the progress or a calling thread); see Note [Inline

@@ -255,10 +255,10 @@ void ShmBackend::publish(Phase phase, uint64_t round) {
 // round, which publishes no arrived counter, against a staging one): its record of the round
 // then shows a chain other than ours. Looked at once every 64 checks of the wait, so that a
 // peer that is merely late costs nothing more.
-void ShmBackend::fail_if_parted(int r, uint64_t round) const {
+void ShmBackend::fail_if_parted(int r, uint64_t round, uint64_t chain) const {
   const RoundRecord& at = record(r, round);
   if (at.round.load(std::memory_order_acquire) == round &&
-      at.chain.load(std::memory_order_relaxed) != chain_) {
+      at.chain.load(std::memory_order_relaxed) != chain) {
     report_mismatch(r, round);
   }
 }
@@ -276,7 +276,7 @@ void ShmBackend::await_all(Phase phase, uint64_t round, Deadline deadline, const
       [&] {
         const int late = behind();
         if (late >= 0 && phase == Phase::Arrived && ++checks % 64 == 0)
-          fail_if_parted(late, round);
+          fail_if_parted(late, round, chain_);
         return late < 0;
       },
       behind, deadline, what);
@@ -290,7 +290,7 @@ void ShmBackend::await_rank(int r, Phase phase, uint64_t round, Deadline deadlin
       scope_,
       [&] {
         if (c.load(std::memory_order_acquire) >= round) return true;
-        if (phase == Phase::Arrived && ++checks % 64 == 0) fail_if_parted(r, round);
+        if (phase == Phase::Arrived && ++checks % 64 == 0) fail_if_parted(r, round, chain_);
         return false;
       },
       [r] { return r; }, deadline, what);
@@ -399,6 +399,10 @@ void ShmBackend::reduce_rounds(const Tensor& input, Tensor& output, ReduceOp op,
 // this round with another chain is a mismatch.
 void ShmBackend::reduce_tiny(const Tensor& input, Tensor& output, ReduceOp op, int root,
                              Deadline deadline) {
+  finish_tiny(post_tiny(input, deadline), output, op, root, deadline);
+}
+
+ShmBackend::PostedRound ShmBackend::post_tiny(const Tensor& input, Deadline deadline) {
   const uint64_t round = ++round_;
   if (round > kFastBoxSlots) {
     const uint64_t needed = round - kFastBoxSlots;
@@ -414,6 +418,15 @@ void ShmBackend::reduce_tiny(const Tensor& input, Tensor& output, ReduceOp op, i
   mine.stamp.store(chain_, std::memory_order_release);
   // No arrived counter: peers read this round's data from the box alone (a peer that ran this
   // round on a staging path finds it out from this round's record, fail_if_parted).
+  return {round, chain_};
+}
+
+// Reads the boxes of a posted round: uses only `posted`, never round_ or chain_, which later
+// posts may have moved on (Note [Posted allreduces] in comm/process_group.cpp).
+void ShmBackend::finish_tiny(const PostedRound& posted, Tensor& output, ReduceOp op, int root,
+                             Deadline deadline) {
+  const uint64_t round = posted.round;  // (not a structured binding: clang 14 cannot capture one)
+  const uint64_t chain = posted.chain;
   if (root < 0 || root == rank_) {
     const void* inputs[64];
     std::vector<const void*> many;
@@ -424,24 +437,51 @@ void ShmBackend::reduce_tiny(const Tensor& input, Tensor& output, ReduceOp op, i
     }
     for (int r = 0; r < size_; ++r) {
       FastBox& box = fastbox(r, round);
-      if (box.stamp.load(std::memory_order_acquire) != chain_) {
+      if (box.stamp.load(std::memory_order_acquire) != chain) {
         uint32_t checks = 0;
         wait_until(
             scope_,
             [&] {
-              if (box.stamp.load(std::memory_order_acquire) == chain_) return true;
-              if (++checks % 64 == 0) fail_if_parted(r, round);
+              if (box.stamp.load(std::memory_order_acquire) == chain) return true;
+              if (++checks % 64 == 0) fail_if_parted(r, round, chain);
               return false;
             },
             [r] { return r; }, deadline, "post its data");
       }
       list[r] = box.data;
     }
-    kernels::cpu::reduce_inputs(input.dtype(), reduce_kind_of(op),
-                                output.raw_data(), list, static_cast<size_t>(size_),
-                                static_cast<size_t>(input.numel()), scale_of(op, size_));
+    kernels::cpu::reduce_inputs(output.dtype(), reduce_kind_of(op), output.raw_data(), list,
+                                static_cast<size_t>(size_), static_cast<size_t>(output.numel()),
+                                scale_of(op, size_));
   }
   publish(Phase::Consumed, round);
+}
+
+size_t ShmBackend::postable_allreduce_bytes() const {
+  return kFastBoxBytes;
+}
+
+size_t ShmBackend::max_posted() const {
+  return kMaxPosted;
+}
+
+void ShmBackend::post_allreduce(const Tensor& input, ReduceOp op, Deadline deadline) {
+  if (input.nbytes() > kFastBoxBytes || posted_.size() >= kMaxPosted) {
+    tag::kCommShm.fail("post_allreduce: ", input.nbytes(), " bytes with ", posted_.size(),
+                       " posted (at most ", kFastBoxBytes, " bytes and ", kMaxPosted, ")");
+  }
+  start({.kind = Collective::Allreduce,
+         .dtype = input.dtype(),
+         .op = op,
+         .count = static_cast<uint64_t>(input.numel())});
+  posted_.push_back(post_tiny(input, deadline));
+}
+
+void ShmBackend::finish_allreduce(Tensor& output, ReduceOp op, Deadline deadline) {
+  if (posted_.empty()) tag::kCommShm.fail("finish_allreduce: nothing was posted");
+  const PostedRound posted = posted_.front();
+  posted_.pop_front();
+  finish_tiny(posted, output, op, /*root=*/-1, deadline);
 }
 
 void ShmBackend::broadcast(Tensor& tensor, int root, Deadline deadline) {

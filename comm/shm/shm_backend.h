@@ -15,6 +15,7 @@
 // LOOM_SHM_CHANNEL_BYTES (ring of each point-to-point channel, default 256 KiB).
 
 #include <cstdint>
+#include <deque>
 #include <functional>
 #include <vector>
 
@@ -47,6 +48,15 @@ class ShmBackend final : public Backend, public Transport {
   void recv(Tensor& tensor, int src, int tag, Deadline deadline) override;
   void barrier(Deadline deadline) override;
 
+  // Allreduces of a fast box's size or less are posted (Note [Posted allreduces] in
+  // comm/process_group.cpp): the data goes into this rank's box at once, and the finish reads
+  // the peers' boxes. At most kMaxPosted are outstanding, which leaves a lagging peer
+  // kFastBoxSlots - kMaxPosted rounds before a post waits for it to free a box.
+  size_t postable_allreduce_bytes() const override;
+  size_t max_posted() const override;
+  void post_allreduce(const Tensor& input, ReduceOp op, Deadline deadline) override;
+  void finish_allreduce(Tensor& output, ReduceOp op, Deadline deadline) override;
+
   // Transport: raw byte streams between ranks.
   void send(const void* data, size_t bytes, int dst, Deadline deadline) override;
   void recv(void* data, size_t bytes, int src, Deadline deadline) override;
@@ -55,6 +65,13 @@ class ShmBackend final : public Backend, public Transport {
 
  private:
   enum class Phase { Arrived, Reduced, Consumed };
+  // A round whose data this rank put in its fast box, and the chain its peers stamp theirs
+  // with.
+  struct PostedRound {
+    uint64_t round;
+    uint64_t chain;
+  };
+  static constexpr size_t kMaxPosted = kFastBoxSlots / 2;
 
   RankControl& control(int r) const;
   ChannelControl& channel(int src, int dst) const;
@@ -79,7 +96,8 @@ class ShmBackend final : public Backend, public Transport {
   // which their chains differ.
   [[noreturn]] void report_mismatch(int r, uint64_t round) const;
   void publish(Phase phase, uint64_t round);
-  void fail_if_parted(int r, uint64_t round) const;
+  // Throws the mismatch if rank r's record of `round` shows a chain other than `chain`.
+  void fail_if_parted(int r, uint64_t round, uint64_t chain) const;
   void await_all(Phase phase, uint64_t round, Deadline deadline, const char* what);
   void await_rank(int r, Phase phase, uint64_t round, Deadline deadline, const char* what);
 
@@ -91,6 +109,11 @@ class ShmBackend final : public Backend, public Transport {
   void reduce_rounds(const Tensor& input, Tensor& output, ReduceOp op, int root, Deadline deadline);
   // Allreduce of at most kFastBoxBytes through the fast boxes (Note [Fast boxes]).
   void reduce_tiny(const Tensor& input, Tensor& output, ReduceOp op, int root, Deadline deadline);
+  // reduce_tiny's two halves: put this rank's data in its box of the next round; then wait
+  // for the peers' boxes of that round and reduce them (root < 0: on every rank).
+  PostedRound post_tiny(const Tensor& input, Deadline deadline);
+  void finish_tiny(const PostedRound& posted, Tensor& output, ReduceOp op, int root,
+                   Deadline deadline);
   void exchange_parts(const Tensor& input, size_t n, Deadline deadline,
                       const std::function<void(uint64_t, size_t, size_t, size_t)>& consume);
 
@@ -107,6 +130,7 @@ class ShmBackend final : public Backend, public Transport {
   uint64_t collectives_ = 0;       // collectives started, for messages
   std::vector<uint64_t> consumed_seen_;  // last value read of each rank's consumed counter
   size_t one_shot_bytes_;
+  std::deque<PostedRound> posted_;  // posted and not yet finished, oldest first
 };
 
 }  // namespace loom::comm::shm
