@@ -259,8 +259,7 @@ WorkPtr ProcessGroup::submit(Op&& op, const Tensor& first, const Tensor& second,
   if (op.claimable) {
     op.queued_at = issued;
     last_claimable_ = issued;
-    const uint64_t seq = op.label.seq;
-    work->offer_claim([this, seq] { return claim(seq); });
+    work->offer_claim(this);
   }
   const bool wake = !(op.claimable && progress_polling_);
   queue_.push_back(reuse_op(std::move(op)));
@@ -328,7 +327,6 @@ WorkPtr ProcessGroup::post(Op&& op, const Tensor& input, Tensor& output, ReduceO
     posted_.pop_front();
   }
   WorkPtr work = op.work;
-  const uint64_t seq = op.label.seq;
   op.first = input;
   op.second = output;
   op.body = [reduce](Backend& backend, Deadline deadline, Tensor&, Tensor& out) {
@@ -343,7 +341,7 @@ WorkPtr ProcessGroup::post(Op&& op, const Tensor& input, Tensor& output, ReduceO
   posted_.push_back(reuse_op(std::move(op)));
   Op& mine = *posted_.back();
   lock.unlock();
-  work->offer_claim([this, seq] { return claim(seq); });
+  work->offer_claim(this);
   bool broke = run_in_order(claimed_);
   if (!broke) {
     broke = run(

@@ -65,7 +65,7 @@ struct GroupOptions {
   std::optional<Device> device = std::nullopt;
 };
 
-class ProcessGroup : public std::enable_shared_from_this<ProcessGroup> {
+class ProcessGroup : public std::enable_shared_from_this<ProcessGroup>, private Claimer {
  public:
   // Joins a group of `size` ranks that rendezvous through `store`. Collective: every rank
   // must construct its group with the same backend and store.
@@ -155,7 +155,7 @@ class ProcessGroup : public std::enable_shared_from_this<ProcessGroup> {
   void progress_loop();
   // Runs operation `seq` on the calling thread if it is next (posted, or the queue's front
   // after the posted ones) and nothing runs.
-  bool claim(uint64_t seq);
+  bool claim(uint64_t seq) override;
   // After an operation ran on a calling thread: clears running_, hands queued work on.
   void done_running_here();
   std::exception_ptr broken_error(const Op& op) const;

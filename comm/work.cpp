@@ -52,18 +52,13 @@ void Work::wait(std::optional<Duration> timeout) {
     if (error_) std::rethrow_exception(error_);
     return;
   }
-  Stripe& stripe = stripe_of(this);
-  {
-    std::function<bool()> claim;
-    {
-      std::lock_guard lock(stripe.mutex);
-      claim.swap(claim_);
-    }
-    if (claim && claim()) {  // ran here: complete() was called
+  if (Claimer* claimer = claimer_.exchange(nullptr, std::memory_order_acquire)) {
+    if (claimer->claim(label_.seq)) {  // ran here: complete() was called
       if (error_) std::rethrow_exception(error_);
       return;
     }
   }
+  Stripe& stripe = stripe_of(this);
   if (!completed_.load()) {
     waiters_.fetch_add(1);
     std::unique_lock lock(stripe.mutex);
@@ -89,16 +84,6 @@ void Work::wait(std::optional<Duration> timeout) {
     }
   }
   if (error_) std::rethrow_exception(error_);
-}
-
-void Work::offer_claim(std::function<bool()> claim) {
-  std::lock_guard lock(stripe_of(this).mutex);
-  claim_ = std::move(claim);
-}
-
-void Work::withdraw_claim() {
-  std::lock_guard lock(stripe_of(this).mutex);
-  claim_ = nullptr;
 }
 
 void Work::mark_started(Clock::time_point when) {

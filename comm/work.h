@@ -27,6 +27,18 @@ struct OpLabel {
   std::string str() const;
 };
 
+// Runs a queued operation on the thread that waits for it (Note [Claimable operations] in
+// process_group.cpp): the process group.
+class Claimer {
+ public:
+  // Runs operation `seq` on the calling thread and returns true, or returns false (it
+  // started elsewhere).
+  virtual bool claim(uint64_t seq) = 0;
+
+ protected:
+  ~Claimer() = default;
+};
+
 class Work {
  public:
   explicit Work(std::string description, Duration default_timeout = kDefaultTimeout)
@@ -58,11 +70,11 @@ class Work {
   void complete(std::exception_ptr error = nullptr, Clock::time_point when = Clock::now());
 
   // The process group's offer to run a queued operation on the thread that waits for it
-  // (Note [Claimable operations] in process_group.cpp): wait() calls `claim` first, which
-  // runs the operation there and returns true, or returns false (it started elsewhere).
-  // The group withdraws the offer before its progress thread starts the operation.
-  void offer_claim(std::function<bool()> claim);
-  void withdraw_claim();
+  // (Note [Claimable operations] in process_group.cpp): wait() first calls
+  // claimer->claim(seq), once. The group withdraws the offer before another thread starts
+  // the operation. Atomic stores: no lock per call.
+  void offer_claim(Claimer* claimer) { claimer_.store(claimer, std::memory_order_release); }
+  void withdraw_claim() { claimer_.store(nullptr, std::memory_order_relaxed); }
 
  private:
   OpLabel label_;
@@ -77,7 +89,7 @@ class Work {
   std::atomic<Clock::rep> started_{0};  // time_since_epoch of the start; 0: not started
   std::atomic<Clock::rep> completed_at_{0};  // likewise, of the completion
   std::exception_ptr error_;            // written before completed_ is set
-  std::function<bool()> claim_;         // guarded by the Work's stripe (Note [Waiting stripes])
+  std::atomic<Claimer*> claimer_{nullptr};  // offer_claim()
 };
 
 using WorkPtr = std::shared_ptr<Work>;
