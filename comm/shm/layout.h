@@ -38,14 +38,15 @@ struct RankControl {
   Counter stopped;      // 1 once this rank gave up on the group with a CommError
 };
 
-// One cache line that carries a tiny message stamped with the fingerprint chain of the round
-// it belongs to, so a reader that sees its own chain there also has the data (one cache-line
-// transfer per peer).
+// A small message (up to 4 KiB and a little more) stamped with the fingerprint chain of the
+// round it belongs to, so a reader that sees its own chain there also has the data. The stamp
+// shares its cache line with the first 56 bytes: a message of that size or less costs one
+// cache-line transfer per peer.
 struct alignas(64) FastBox {
   std::atomic<uint64_t> stamp{0};
-  unsigned char data[56];
+  unsigned char data[4096 + 56];
 };
-static_assert(sizeof(FastBox) == 64);
+static_assert(sizeof(FastBox) == 4096 + 64);
 inline constexpr size_t kFastBoxBytes = sizeof(FastBox::data);
 inline constexpr uint64_t kFastBoxSlots = 16;  // per rank, used round-robin
 

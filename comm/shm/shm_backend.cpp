@@ -386,17 +386,18 @@ void ShmBackend::reduce_rounds(const Tensor& input, Tensor& output, ReduceOp op,
 }
 
 // Note [Fast boxes]
-// A reduction of at most 56 bytes travels in one cache line per rank, the data beside the
-// number of the round it belongs to: a peer that sees the round number has the data too, so
-// the round costs one cache-line transfer per peer instead of three (flag, data, consumed
-// counter). Each rank has kFastBoxSlots boxes used round-robin; before reusing the box of
-// round s - kFastBoxSlots a rank checks that every peer consumed that round, re-reading the
-// peers' consumed counters only when its cached copy is too old (once every few rounds).
-// The reduction reads the boxes in rank order, like every other path, so results are the
-// same bits whichever path a size takes. A box is stamped with its round's fingerprint chain
-// rather than the round number (Note [Fingerprints]): a reader that waits long for a peer's
-// box looks at the peer's record of the round now and then (fail_if_parted), and a record of
-// this round with another chain is a mismatch.
+// A reduction of at most kFastBoxBytes (4 KiB and 56 bytes) travels in one box per rank, the
+// data beside the number of the round it belongs to: a peer that sees the round number has
+// the data too, so the round costs no flag or consumed counter of its own, and up to 56
+// bytes a single cache-line transfer per peer. (Boxes of 4 KiB took the staging path's
+// one-shot rounds from 64 B to 4 KiB: docs/performance_comm.md, "posted allreduces".) Each rank has
+// kFastBoxSlots boxes used round-robin; before reusing the box of round s - kFastBoxSlots a rank
+// checks that every peer consumed that round, re-reading the peers' consumed counters only when its
+// cached copy is too old (once every few rounds). The reduction reads the boxes in rank order, like
+// every other path, so results are the same bits whichever path a size takes. A box is stamped with
+// its round's fingerprint chain rather than the round number (Note [Fingerprints]): a reader that
+// waits long for a peer's box looks at the peer's record of the round now and then
+// (fail_if_parted), and a record of this round with another chain is a mismatch.
 void ShmBackend::reduce_tiny(const Tensor& input, Tensor& output, ReduceOp op, int root,
                              Deadline deadline) {
   finish_tiny(post_tiny(input, deadline), output, op, root, deadline);

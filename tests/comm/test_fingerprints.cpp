@@ -68,8 +68,11 @@ Tensor ones(int64_t n, DType dtype = DType::F32) {
 }
 
 TEST(Fingerprints, DifferentCountsFailOnEveryPath) {
-  // Fast box (16 B) against one-shot (4 KiB), one-shot against one-shot, and multi-round.
-  for (auto [mine, theirs] : {std::pair<int64_t, int64_t>{4, 1024}, {1024, 512},
+  // Fast box (16 B) against one-shot (16 KiB), box against box (4 and 2 KiB), one-shot
+  // against one-shot, and multi-round.
+  for (auto [mine, theirs] : {std::pair<int64_t, int64_t>{4, 4096},
+                              {1024, 512},
+                              {4096, 2048},
                               {(1 << 20) + 1, 1 << 20}}) {
     expect_mismatch_reported(
         {.name = "allreduce of " + std::to_string(mine) + " and " + std::to_string(theirs),

@@ -1,6 +1,6 @@
-// Posted allreduces (Note [Posted allreduces] in comm/process_group.cpp): small asynchronous
-// allreduces on the shm backend put their data out at issue and finish later. What users
-// rely on: exact results however many are outstanding and in whatever order they are waited
+// Posted allreduces (Note [Posted allreduces] in comm/process_group.cpp): asynchronous
+// allreduces of up to 4 KiB on the shm backend put their data out at issue and finish later. What
+// users rely on: exact results however many are outstanding and in whatever order they are waited
 // for, issue order kept against every other operation, completion without a wait, the group's
 // destructor finishing them, and a dead peer reported quickly.
 
@@ -65,6 +65,35 @@ TEST(Posted, BurstsGiveExactResultsWaitedInAnyOrder) {
         expect_call_result(data[static_cast<size_t>(i)], i, size);
     }));
   }
+}
+
+// The largest calls that are posted (4 KiB of f32), in a burst: exact element-wise sums.
+TEST(Posted, BurstsOfFourKibibyteCalls) {
+  expect_all_ok(run_ranks(3, [](int rank, int size, std::shared_ptr<Store> store) {
+    ProcessGroup pg(rank, size, store, {.backend = "shm", .timeout = 30s});
+    const int calls = 40;
+    const int64_t n = 1024;
+    auto value = [](int i, int r, int64_t j) { return static_cast<float>(i * 10 + r + j % 7); };
+    std::vector<Tensor> data;
+    std::vector<WorkPtr> works;
+    for (int i = 0; i < calls; ++i) {
+      Tensor t = Tensor::empty({n}, DType::F32);
+      for (int64_t j = 0; j < n; ++j)
+        t.data<float>()[j] = value(i, rank, j);
+      data.push_back(t);
+      works.push_back(pg.allreduce(data.back()));
+    }
+    for (const WorkPtr& w : works)
+      w->wait();
+    for (int i = 0; i < calls; ++i) {
+      for (int64_t j = 0; j < n; ++j) {
+        float want = 0.0f;
+        for (int r = 0; r < size; ++r)
+          want += value(i, r, j);
+        ASSERT_EQ(data[static_cast<size_t>(i)].data<float>()[j], want) << "call " << i << ", " << j;
+      }
+    }
+  }));
 }
 
 // Posted calls between a large allreduce, a broadcast and synchronous calls: every operation
