@@ -235,13 +235,14 @@ WorkPtr ProcessGroup::submit(Op&& op, const Tensor& first, const Tensor& second,
     posted_.clear();
     lock.unlock();
     // The caller's tensors outlive this call; the handles are not modified, only the data.
-    if (!run_in_order(claimed_)) {
+    Clock::time_point clock = issued;
+    if (!run_in_order(claimed_, clock)) {
       run(
           op,
           [&](Backend& backend, Deadline deadline) {
             body(backend, deadline, const_cast<Tensor&>(first), const_cast<Tensor&>(second));
           },
-          issued);
+          clock);
     } else {
       std::lock_guard relock(mutex_);
       fail_unstarted(op, Clock::now());
@@ -342,14 +343,15 @@ WorkPtr ProcessGroup::post(Op&& op, const Tensor& input, Tensor& output, ReduceO
   Op& mine = *posted_.back();
   lock.unlock();
   work->offer_claim(this);
-  bool broke = run_in_order(claimed_);
+  Clock::time_point clock = issued;
+  bool broke = run_in_order(claimed_, clock);
   if (!broke) {
     broke = run(
         mine,
         [&](Backend& backend, Deadline deadline) {
           backend.post_allreduce(input, reduce, deadline);
         },
-        issued, /*finishes=*/false);
+        clock, /*finishes=*/false);
   }
   if (broke) {  // the post failed, or was not made after a finish failed
     lock.lock();
@@ -372,17 +374,23 @@ void ProcessGroup::take_running() {
 }
 
 // Runs `ops` in order on this thread, which holds running_; after one that breaks the group
-// the rest fail unstarted. The spent Ops stay in `ops`, emptied, for keep_spares().
-bool ProcessGroup::run_in_order(std::vector<std::unique_ptr<Op>>& ops) {
+// the rest fail unstarted. The spent Ops stay in `ops`, emptied, for keep_spares(). `clock`
+// is when the first starts; each starts when the one before completed (one clock read per
+// operation), and `clock` ends as the last one's completion.
+bool ProcessGroup::run_in_order(std::vector<std::unique_ptr<Op>>& ops, Clock::time_point& clock) {
   size_t i = 0;
   bool broke = false;
   for (; i < ops.size() && !broke; ++i) {
     Op& op = *ops[i];
     if (!op.work) continue;  // spent: left by an earlier holder of running_
     if (op.claimable) op.work->withdraw_claim();
-    broke = run(op, [&op](Backend& backend, Deadline deadline) {
-      op.body(backend, deadline, op.first, op.second);
-    });
+    broke = run(
+        op,
+        [&op](Backend& backend, Deadline deadline) {
+          op.body(backend, deadline, op.first, op.second);
+        },
+        clock);
+    clock = op.work->completed_at().value_or(clock);
     op.work = nullptr;
   }
   if (i < ops.size()) {
@@ -414,7 +422,8 @@ bool ProcessGroup::claim(uint64_t seq) {
     queued_count_.fetch_sub(1);
   }
   lock.unlock();
-  run_in_order(claimed_);
+  Clock::time_point clock = Clock::now();
+  run_in_order(claimed_, clock);
   done_running_here();
   return true;
 }
@@ -519,7 +528,8 @@ void ProcessGroup::progress_loop() {
       if (broken_) continue;  // the batch fails unstarted at the top of the loop
       running_ = true;
     }
-    run_in_order(batch);
+    Clock::time_point clock = Clock::now();
+    run_in_order(batch, clock);
     running_.store(false);
   }
 }

@@ -147,9 +147,10 @@ class ProcessGroup : public std::enable_shared_from_this<ProcessGroup>, private 
   void keep_spares(std::vector<std::unique_ptr<Op>>& spent);
   // Under the lock, with running_ clear: sets it, and recycles the spent Ops in claimed_.
   void take_running();
-  // Runs `ops` in order on this thread, which holds running_; after one that breaks the
-  // group, fails the rest unstarted. True when one broke it.
-  bool run_in_order(std::vector<std::unique_ptr<Op>>& ops);
+  // Runs `ops` in order on this thread, which holds running_, the first starting at `clock`,
+  // each after the one before; after one that breaks the group, fails the rest unstarted.
+  // True when one broke it. `clock` ends as the last one's completion time.
+  bool run_in_order(std::vector<std::unique_ptr<Op>>& ops, Clock::time_point& clock);
   // mutex_, taken with a short spin first (Note [Locking the queue]).
   std::unique_lock<std::mutex> lock_queue();
   void progress_loop();
