@@ -328,8 +328,7 @@ WorkPtr ProcessGroup::post(Op&& op, const Tensor& input, Tensor& output, ReduceO
     posted_.pop_front();
   }
   WorkPtr work = op.work;
-  op.first = input;
-  op.second = output;
+  op.second = output;  // the input is read by the post, on this thread, and not kept
   op.body = [reduce](Backend& backend, Deadline deadline, Tensor&, Tensor& out) {
     backend.finish_allreduce(out, reduce, deadline);
   };
