@@ -90,8 +90,6 @@ struct ProcessGroup::Op {
   // operations]) until kClaimWindow after it was queued.
   bool claimable = false;
   Clock::time_point queued_at;
-  // Posted (Note [Posted allreduces]): its data went out at issue; `body` finishes it.
-  bool posted = false;
 
   // Before its Work completes: the caller may free or measure its memory as soon as wait()
   // returns, so the operation's references to the tensors go first.
@@ -332,7 +330,6 @@ WorkPtr ProcessGroup::post(Op&& op, const Tensor& input, Tensor& output, ReduceO
   op.body = [reduce](Backend& backend, Deadline deadline, Tensor&, Tensor& out) {
     backend.finish_allreduce(out, reduce, deadline);
   };
-  op.posted = true;
   op.claimable = true;
   op.queued_at = issued;
   last_claimable_ = issued;
@@ -551,7 +548,7 @@ bool ProcessGroup::run(Op& op, Body&& body, std::optional<Clock::time_point> now
   bool broke = false;
   std::string failure;  // the recorder's note of a failed operation
   try {
-    if (options_.debug_checks && op.collective && !op.posted) {
+    if (options_.debug_checks && op.collective) {  // (never posted: Note [Posted allreduces])
       check_same_collective(*store_, name_, rank_, size_, op.label.seq, op.signature, op.timeout);
     }
     Backend& backend = op.staged ? *staged_ : *backend_;

@@ -313,11 +313,15 @@ void ShmBackend::reduce_staged(uint64_t round, size_t offset, size_t count, DTyp
                               static_cast<size_t>(size_), count, scale_of(op, size_));
 }
 
+Fingerprint ShmBackend::allreduce_print(const Tensor& input, ReduceOp op) {
+  return {.kind = Collective::Allreduce,
+          .dtype = input.dtype(),
+          .op = op,
+          .count = static_cast<uint64_t>(input.numel())};
+}
+
 void ShmBackend::allreduce(const Tensor& input, Tensor& output, ReduceOp op, Deadline deadline) {
-  start({.kind = Collective::Allreduce,
-         .dtype = input.dtype(),
-         .op = op,
-         .count = static_cast<uint64_t>(input.numel())});
+  start(allreduce_print(input, op));
   reduce_rounds(input, output, op, /*root=*/-1, deadline);
 }
 
@@ -471,10 +475,7 @@ void ShmBackend::post_allreduce(const Tensor& input, ReduceOp op, Deadline deadl
     tag::kCommShm.fail("post_allreduce: ", input.nbytes(), " bytes with ", posted_.size(),
                        " posted (at most ", kFastBoxBytes, " bytes and ", kMaxPosted, ")");
   }
-  start({.kind = Collective::Allreduce,
-         .dtype = input.dtype(),
-         .op = op,
-         .count = static_cast<uint64_t>(input.numel())});
+  start(allreduce_print(input, op));
   posted_.push_back(post_tiny(input, deadline));
 }
 

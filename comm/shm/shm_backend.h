@@ -84,6 +84,8 @@ class ShmBackend final : public Backend, public Transport {
 
   // Every collective starts here: what it is, for the fingerprint of each of its rounds.
   void start(const Fingerprint& print);
+  // An allreduce's fingerprint, posted or not.
+  static Fingerprint allreduce_print(const Tensor& input, ReduceOp op);
   // Starts the next round: waits until every rank finished reading the round that last
   // used this round's buffers, then records the round and publishes its chain slot.
   uint64_t begin_round(Deadline deadline);
