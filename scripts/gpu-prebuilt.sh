@@ -16,7 +16,9 @@
 #
 # run's stages (all by default, in this order): env, tests (each CUDA test program, whole),
 # train_gpt (GPT-2 small, bf16-mixed, batch 8, 20 steps), torch_eager (the same model in
-# PyTorch, scripts/torch_gpt2_bench.py), labs (each kernel lab). Every stage runs under its
+# PyTorch, scripts/torch_gpt2_bench.py), labs (each kernel lab); on request: lab_NAME (one lab),
+# torch_compile (torch_eager with torch.compile), phases (train_gpt with synchronous launches
+# and --trace, for the time of forward, backward and optimizer). Every stage runs under its
 # own time limit within a budget for the whole run (GPU_CHECK_BUDGET_S, default 540 s). The
 # output goes to the terminal and to one log, $OUT/gpu-prebuilt-<date>.log when $OUT is set
 # (the device tool's output folder, which returns few files), else ./gpu-prebuilt.log.
@@ -137,10 +139,15 @@ run_all() {
       train_gpt)
         stage train_gpt 200 "$PACK/bin/train_gpt" --device cuda --preset gpt2-small --precision bf16-mixed \
           --batch 8 --steps 20 --log-interval 5 ;;
-      torch_eager)
-        stage torch_eager 150 python3 scripts/torch_gpt2_bench.py --device cuda --layers 12 --heads 12 --embd 768 \
-          --ctx 1024 --vocab 50304 --precision bf16-mixed --batch 8 --steps 20 --warmup 2 --log-interval 5 ;;
-      *) echo "gpu-prebuilt: unknown stage '$s' (env tests labs train_gpt torch_eager)"; return 2 ;;
+      torch_eager | torch_compile)
+        stage "$s" 240 python3 scripts/torch_gpt2_bench.py --device cuda --layers 12 --heads 12 --embd 768 \
+          --ctx 1024 --vocab 50304 --precision bf16-mixed --batch 8 --steps 20 --warmup 2 --log-interval 5 \
+          $([ "$s" = torch_compile ] && echo --compile) ;;
+      phases)  # forward, backward and optimizer times: synchronous launches, trace next to the log
+        stage phases 120 env CUDA_LAUNCH_BLOCKING=1 "$PACK/bin/train_gpt" --device cuda --preset gpt2-small \
+          --precision bf16-mixed --batch 8 --steps 6 --log-interval 1 --trace "${GPU_PREBUILT_LOG%.log}.trace.json" ;;
+      lab_*) stage "$s" 120 "$PACK/bin/$s" ;;
+      *) echo "gpu-prebuilt: unknown stage '$s' (env tests train_gpt torch_eager labs torch_compile phases lab_NAME)"; return 2 ;;
     esac
   done
   printf '\n========== summary (%ss of %ss) ==========\n' $((SECONDS - start)) "$budget"

@@ -1,7 +1,12 @@
 #include "comm/nccl/communicator.h"
 
 #include <chrono>
+#include <condition_variable>
 #include <cstdio>
+#include <memory>
+#include <mutex>
+#include <optional>
+#include <system_error>
 #include <thread>
 #include <utility>
 
@@ -14,6 +19,11 @@ namespace {
 
 // How long the destructor of a communicator that was not closed waits for it to flush.
 constexpr auto kCloseGrace = std::chrono::seconds(10);
+
+// How long abort() waits for ncclCommAbort before leaving it to finish in the background:
+// well inside the second of grace that Work::wait gives a backend past an operation's
+// timeout, so that the watchdog's error, not the generic one, reaches the caller.
+constexpr auto kAbortWait = std::chrono::milliseconds(250);
 
 // Between polls of a communicator's state: yield at first (most calls finish within
 // microseconds), then sleep so that a long wait (creation, a slow peer) does not burn a core.
@@ -74,21 +84,24 @@ Communicator& Communicator::operator=(Communicator&& other) noexcept {
 
 Communicator Communicator::split(int color, int key, Deadline deadline, std::string who) {
   ncclConfig_t config = non_blocking_config();
-  ncclComm_t raw = nullptr;
+  // A non-blocking ncclCommSplit writes the new handle from its own thread when the split
+  // is done (NCCL 2.28 was seen leaving it null on return: the first GPU check), so the slot
+  // is read only after the parent settled. It is on the heap and deliberately leaked when
+  // the split fails, since NCCL may still write it after this function has thrown.
+  auto* slot = new ncclComm_t(nullptr);
   Communicator child(nullptr, std::move(who));
   ncclResult_t issued = ncclSuccess;
   try {
     issued = LOOM_NCCL_CHECK(
-        ncclCommSplit(comm_, color < 0 ? NCCL_SPLIT_NOCOLOR : color, key, &raw, &config), comm_);
+        ncclCommSplit(comm_, color < 0 ? NCCL_SPLIT_NOCOLOR : color, key, slot, &config), comm_);
+    // Both the parent and the child stay in progress until the split is done.
+    settle(issued, deadline, "ncclCommSplit");
   } catch (const CommError&) {
     broken_ = true;
-    child.comm_ = raw;
-    child.broken_ = true;
     throw;
   }
-  child.comm_ = raw;
-  // A non-blocking split leaves both the parent and the child in progress until it is done.
-  settle(issued, deadline, "ncclCommSplit");
+  child.comm_ = *slot;
+  delete slot;
   if (child.valid()) child.settle(issued, deadline, "ncclCommSplit (the new communicator)");
   return child;
 }
@@ -143,11 +156,37 @@ void Communicator::fail_async(ncclResult_t state, const char* what) {
 void Communicator::abort() noexcept {
   broken_ = true;
   if (comm_ == nullptr) return;
-  ncclResult_t result = ncclCommAbort(std::exchange(comm_, nullptr));
   aborted_ = true;
-  if (result != ncclSuccess) {
+  // On a helper thread, waited for at most kAbortWait: ncclCommAbort frees device memory,
+  // which waits for every stream of the device, so a stream held up by other work (the
+  // GPU check saw a host function do it) would otherwise keep the caller from its error.
+  struct Outcome {
+    std::mutex mutex;
+    std::condition_variable done_cv;
+    std::optional<ncclResult_t> result;
+  };
+  auto outcome = std::make_shared<Outcome>();
+  ncclComm_t comm = std::exchange(comm_, nullptr);
+  try {
+    std::thread([comm, outcome] {
+      const ncclResult_t result = ncclCommAbort(comm);
+      std::lock_guard lock(outcome->mutex);
+      outcome->result = result;
+      outcome->done_cv.notify_all();
+    }).detach();
+  } catch (const std::system_error&) {  // no thread to be had: abort here
+    outcome->result = ncclCommAbort(comm);
+  }
+  std::unique_lock lock(outcome->mutex);
+  if (!outcome->done_cv.wait_for(lock, kAbortWait, [&] { return outcome->result.has_value(); })) {
+    std::fprintf(stderr,
+                 "%swarning: %s: ncclCommAbort is still running after %lld ms (the device is "
+                 "busy with other work); it goes on in the background\n",
+                 tag::kLoom.prefix().c_str(), who_.c_str(),
+                 static_cast<long long>(kAbortWait.count()));
+  } else if (*outcome->result != ncclSuccess) {
     std::fprintf(stderr, "%swarning: %s: ncclCommAbort failed: %s\n", tag::kLoom.prefix().c_str(),
-                 who_.c_str(), ncclGetErrorString(result));
+                 who_.c_str(), ncclGetErrorString(*outcome->result));
   }
 }
 

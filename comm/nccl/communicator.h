@@ -49,7 +49,8 @@ class Communicator {
   // e.g. a peer that failed. Does not block.
   void check_async(const char* what);
   // ncclCommAbort: stops whatever this communicator has running on the device and frees it.
-  // Idempotent; never throws.
+  // Returns within about 250 ms even when the device is held up by other work (the abort
+  // then finishes in the background, with a warning on stderr). Idempotent; never throws.
   void abort() noexcept;
   // Finalizes and destroys a healthy communicator, waiting at most until `deadline` for it
   // to flush; aborts it instead when it is broken or the deadline passes. Never throws.
