@@ -18,7 +18,8 @@
 # train_gpt (GPT-2 small, bf16-mixed, batch 8, 20 steps), torch_eager (the same model in
 # PyTorch, scripts/torch_gpt2_bench.py), labs (each kernel lab); on request: lab_NAME (one lab),
 # torch_compile (torch_eager with torch.compile), phases (train_gpt with synchronous launches
-# and --trace, for the time of forward, backward and optimizer). Every stage runs under its
+# and --trace, for the time of forward, backward and optimizer), kernels (Nsight Compute's
+# GPU time of every kernel of train_gpt's first two steps, as CSV). Every stage runs under its
 # own time limit within a budget for the whole run (GPU_CHECK_BUDGET_S, default 540 s). The
 # output goes to the terminal and to one log, $OUT/gpu-prebuilt-<date>.log when $OUT is set
 # (the device tool's output folder, which returns few files), else ./gpu-prebuilt.log.
@@ -146,8 +147,14 @@ run_all() {
       phases)  # forward, backward and optimizer times: synchronous launches, trace next to the log
         stage phases 120 env CUDA_LAUNCH_BLOCKING=1 "$PACK/bin/train_gpt" --device cuda --preset gpt2-small \
           --precision bf16-mixed --batch 8 --steps 6 --log-interval 1 --trace "${GPU_PREBUILT_LOG%.log}.trace.json" ;;
+      kernels)  # the GPU time of every kernel of train_gpt's first 2 steps, Nsight Compute's CSV
+        stage kernels 150 bash -c 'ncu=$(command -v ncu || ls /opt/nvidia/nsight-compute/*/ncu 2>/dev/null | head -1)
+          [ -n "$ncu" ] || { echo "no ncu on this machine"; exit 1; }
+          "$ncu" --clock-control none --metrics gpu__time_duration.sum --csv --log-file "$0" \
+            "$1" --device cuda --preset gpt2-small --precision bf16-mixed --batch 8 --steps 2 &&
+          echo "$(wc -l <"$0") lines in $0"' "${GPU_PREBUILT_LOG%.log}.kernels.csv" "$PACK/bin/train_gpt" ;;
       lab_*) stage "$s" 120 "$PACK/bin/$s" ;;
-      *) echo "gpu-prebuilt: unknown stage '$s' (env tests train_gpt torch_eager labs torch_compile phases lab_NAME)"; return 2 ;;
+      *) echo "gpu-prebuilt: unknown stage '$s' (env tests train_gpt torch_eager labs torch_compile phases kernels lab_NAME)"; return 2 ;;
     esac
   done
   printf '\n========== summary (%ss of %ss) ==========\n' $((SECONDS - start)) "$budget"

@@ -1,5 +1,6 @@
 #include "comm/nccl/communicator.h"
 
+#include <atomic>
 #include <chrono>
 #include <condition_variable>
 #include <cstdio>
@@ -84,25 +85,36 @@ Communicator& Communicator::operator=(Communicator&& other) noexcept {
 
 Communicator Communicator::split(int color, int key, Deadline deadline, std::string who) {
   ncclConfig_t config = non_blocking_config();
-  // A non-blocking ncclCommSplit writes the new handle from its own thread when the split
-  // is done (NCCL 2.28 was seen leaving it null on return: the first GPU check), so the slot
-  // is read only after the parent settled. It is on the heap and deliberately leaked when
-  // the split fails, since NCCL may still write it after this function has thrown.
+  // A non-blocking ncclCommSplit returns ncclSuccess while the split goes on in NCCL's own
+  // thread, which stores the new handle into the slot when it is done (the GPU check of
+  // 2026-11-27, NCCL 2.28, found it still null on return). So the slot is polled until
+  // filled, and it lives on the heap, deliberately leaked when the split fails: NCCL may
+  // write to it after this function has thrown.
   auto* slot = new ncclComm_t(nullptr);
-  Communicator child(nullptr, std::move(who));
-  ncclResult_t issued = ncclSuccess;
+  std::atomic_ref<ncclComm_t> handle(*slot);
   try {
-    issued = LOOM_NCCL_CHECK(
+    LOOM_NCCL_CHECK(
         ncclCommSplit(comm_, color < 0 ? NCCL_SPLIT_NOCOLOR : color, key, slot, &config), comm_);
-    // Both the parent and the child stay in progress until the split is done.
-    settle(issued, deadline, "ncclCommSplit");
+    settle(ncclInProgress, deadline, "ncclCommSplit");  // the parent, until the split is done
+    for (unsigned polls = 0; color >= 0 && handle.load(std::memory_order_acquire) == nullptr;
+         ++polls) {
+      if (Clock::now() >= deadline) {
+        abort();
+        throw CommError(who_ +
+                            ": ncclCommSplit made no communicator by its deadline; the "
+                            "communicator was aborted (ncclCommAbort): destroy the process "
+                            "group and create a new one",
+                        -1);
+      }
+      pause(polls);
+    }
   } catch (const CommError&) {
     broken_ = true;
     throw;
   }
-  child.comm_ = *slot;
+  Communicator child(handle.load(std::memory_order_acquire), std::move(who));
   delete slot;
-  if (child.valid()) child.settle(issued, deadline, "ncclCommSplit (the new communicator)");
+  if (child.valid()) child.settle(ncclInProgress, deadline, "ncclCommSplit (the new communicator)");
   return child;
 }
 

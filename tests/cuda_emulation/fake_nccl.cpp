@@ -1,5 +1,7 @@
 #include "fake_nccl.h"
 
+#include <utility>
+
 namespace loom::fake_nccl {
 namespace {
 Script current;
@@ -18,10 +20,13 @@ const Counts& counts() { return tally; }
 using loom::fake_nccl::current;
 using loom::fake_nccl::tally;
 
-// A fake communicator: how many more polls it stays in progress.
+// A fake communicator: how many more polls it stays in progress, and the handle a split of
+// it delivers when that progress ends.
 struct ncclComm {
   int rank = 0;
   int polls_left = 0;
+  ncclComm** split_slot = nullptr;
+  ncclComm* split_child = nullptr;
 };
 
 namespace {
@@ -42,10 +47,15 @@ ncclResult_t ncclCommInitRankConfig(ncclComm_t* comm, int, ncclUniqueId, int ran
   return issued(*comm);
 }
 
+// As NCCL 2.28 does with a non-blocking parent: returns ncclSuccess at once, keeps the
+// parent in progress, and stores the new handle only when that progress ends.
 ncclResult_t ncclCommSplit(ncclComm_t comm, int, int, ncclComm_t* newcomm, ncclConfig_t*) {
-  *newcomm = current.split_gives_none ? nullptr : make(comm->rank);
-  if (*newcomm != nullptr) issued(*newcomm);
-  return issued(comm);
+  *newcomm = nullptr;
+  comm->split_slot = newcomm;
+  comm->split_child = current.split_gives_none ? nullptr : make(comm->rank);
+  if (comm->split_child != nullptr) issued(comm->split_child);
+  comm->polls_left = current.polls_in_progress;
+  return ncclSuccess;
 }
 
 ncclResult_t ncclCommGetAsyncError(ncclComm_t comm, ncclResult_t* state) {
@@ -55,6 +65,7 @@ ncclResult_t ncclCommGetAsyncError(ncclComm_t comm, ncclResult_t* state) {
     *state = ncclInProgress;
   } else {
     *state = current.settled;
+    if (comm->split_slot != nullptr) *std::exchange(comm->split_slot, nullptr) = comm->split_child;
   }
   return ncclSuccess;
 }
