@@ -183,7 +183,9 @@ bool run_sum_rows(int64_t rows, int64_t extent, DType dtype, bool timed) {
          rows_block_per_row<T><<<static_cast<unsigned>(rows), 512, 0, s>>>(x_, out, extent);
        })},
       {"v4 loom",
-       [&](cudaStream_t s) { kc::sum_axis(dtype, d_x.get(), d_out.get(), rows, extent, 1, s); }}};
+       [&](cudaStream_t s) {
+         kc::sum_axis(dtype, d_x.get(), d_out.get(), rows, extent, 1, nullptr, s);
+       }}};
   return run_versions("sum_axis" + tag, versions, d_out, dtype, static_cast<size_t>(rows), want,
                       sum_tolerance(dtype, extent), timed, es * (n + rows), stream);
 }
@@ -194,6 +196,7 @@ bool run_sum_columns(int64_t outer, int64_t extent, int64_t inner, DType dtype, 
   const std::vector<float> x = rounded(random_floats(n, 2), dtype);
   const std::vector<float> want = sum_axis_reference(x, outer, extent, inner);
   DeviceBuffer d_x = upload(x, dtype), d_out(outputs * es);
+  DeviceBuffer d_ws(kc::sum_axis_workspace_bytes(dtype, outer, extent, inner));
   Stream stream;
   const std::string tag = shape_tag(outer, extent, inner, dtype);
   std::printf("sum_axis columns%s\n", tag.c_str());
@@ -209,8 +212,9 @@ bool run_sum_columns(int64_t outer, int64_t extent, int64_t inner, DType dtype, 
            LOOM_CUDA_CHECK_LAUNCH();
          });
        }},
-      {"v2 loom (32 columns x 16 row groups)", [&](cudaStream_t s) {
-         kc::sum_axis(dtype, d_x.get(), d_out.get(), outer, extent, inner, s);
+      {"v2 loom (32 columns x 16 row groups; 256-row chunks from 1024 rows)",
+       [&](cudaStream_t s) {
+         kc::sum_axis(dtype, d_x.get(), d_out.get(), outer, extent, inner, d_ws.get(), s);
        }}};
   return run_versions("sum_axis" + tag, versions, d_out, dtype, outputs, want,
                       sum_tolerance(dtype, extent), timed, es * (n + outputs), stream);
@@ -317,7 +321,8 @@ int main() {
     ok &= run_sum_rows(8192, 768, dtype, true);        // short rows: warp per row
     ok &= run_sum_rows(256, 65536, dtype, true);       // long rows: block per row
     ok &= run_sum_rows(37, 2049, dtype, false);        // odd sizes
-    ok &= run_sum_columns(1, 8192, 768, dtype, true);  // bias gradient of [8192, 768]
+    ok &= run_sum_columns(1, 8192, 768, dtype, true);   // bias gradient of [8192, 768]
+    ok &= run_sum_columns(1, 8192, 3072, dtype, true);  // ... and of the MLP's [8192, 3072]
     ok &= run_sum_columns(64, 128, 1024, dtype, true);
     ok &= run_sum_columns(3, 5, 1001, dtype, false);
     ok &= run_max(8192, 768, 1, dtype, true);

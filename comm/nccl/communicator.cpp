@@ -113,7 +113,9 @@ Communicator Communicator::split(int color, int key, Deadline deadline, std::str
     throw;
   }
   Communicator child(handle.load(std::memory_order_acquire), std::move(who));
-  delete slot;
+  // With no color NCCL stores null when its job ends, which the settled parent implies but
+  // no handle shows: that slot (8 bytes per such split) is left to it.
+  if (color >= 0) delete slot;
   if (child.valid()) child.settle(ncclInProgress, deadline, "ncclCommSplit (the new communicator)");
   return child;
 }

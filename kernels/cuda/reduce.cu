@@ -151,36 +151,124 @@ __global__ void reduce_rows_kernel(const T* x, int64_t rows, int64_t extent, int
 // a fixed pairwise tree in shared memory. Y is a power of two, at most kMaxColumnSplit.
 constexpr int kMaxColumnSplit = 16;
 
+// One column's share of a 32 x Y block: Op over base[d * inner] for d = first, first + step, ...
+// below end, in that order (unrolled so that the loads are in flight together).
+template <typename T, typename Op>
+__device__ typename Op::State fold_column(const T* base, int64_t first, int64_t end, int step,
+                                          int64_t inner) {
+  typename Op::State s = Op::identity();
+#pragma unroll 8
+  for (int64_t d = first; d < end; d += step)
+    s = Op::combine(s, Op::make(widen(base[d * inner]), d));
+  return s;
+}
+
+// The Y states of each of the block's 32 columns meet in a fixed pairwise tree in `partial`;
+// every thread calls it, and row ty == 0 gets its column's result.
+template <typename Op>
+__device__ typename Op::State column_tree(typename Op::State s,
+                                          typename Op::State (*partial)[kWarpSize + 1]) {
+  const int tx = threadIdx.x, ty = threadIdx.y, split = blockDim.y;
+  __syncthreads();  // the previous iteration's tree may still read `partial`
+  partial[ty][tx] = s;
+  __syncthreads();
+  for (int half = split / 2; half > 0; half /= 2) {
+    if (ty < half) partial[ty][tx] = Op::combine(partial[ty][tx], partial[ty + half][tx]);
+    __syncthreads();
+  }
+  return partial[0][tx];
+}
+
 template <typename T, typename Op, typename Store>
 __global__ void reduce_columns_kernel(const T* x, int64_t outer, int64_t extent, int64_t inner,
                                       Store store) {
   using State = typename Op::State;
   __shared__ State partial[kMaxColumnSplit][kWarpSize + 1];
-  const int tx = threadIdx.x, ty = threadIdx.y, split = blockDim.y;
-  const int64_t i = static_cast<int64_t>(blockIdx.x) * kWarpSize + tx;
+  const int64_t i = static_cast<int64_t>(blockIdx.x) * kWarpSize + threadIdx.x;
   for (int64_t o = blockIdx.y; o < outer; o += gridDim.y) {
     const T* base = x + o * extent * inner + i;
-    State s = Op::identity();
-    if (i < inner) {
-      for (int64_t d = ty; d < extent; d += split)
-        s = Op::combine(s, Op::make(widen(base[d * inner]), d));
-    }
-    __syncthreads();  // the previous iteration's tree may still read `partial`
-    partial[ty][tx] = s;
-    __syncthreads();
-    for (int half = split / 2; half > 0; half /= 2) {
-      if (ty < half) partial[ty][tx] = Op::combine(partial[ty][tx], partial[ty + half][tx]);
-      __syncthreads();
-    }
-    if (ty == 0 && i < inner) store(o * inner + i, partial[0][tx], base, inner);
+    const State s = i < inner ? fold_column<T, Op>(base, threadIdx.y, extent, blockDim.y, inner)
+                              : Op::identity();
+    const State total = column_tree<Op>(s, partial);
+    if (threadIdx.y == 0 && i < inner) store(o * inner + i, total, base, inner);
   }
+}
+
+constexpr int64_t kMaxGridX = 65535LL * 8;
+constexpr int64_t kMaxGridY = 65535;
+
+// Long columns (the bias gradients of a linear layer: extent = batch x tokens, inner = width)
+// leave the kernel above with only ceil(inner / 32) blocks, each thread folding extent / 16
+// rows one dependent load at a time: 8.5% of the H200's bandwidth, 20% of a GPT-2 step (the
+// GPU check of 2026-11-27). So from kLongColumn rows on, the reduced axis is cut into chunks
+// of kChunkRows (at most kMaxChunks chunks; both from the sizes alone): pass 1 folds each
+// chunk of 32 columns in a block of 32 x kMaxColumnSplit threads and its fixed tree into a
+// partial state in the workspace, and pass 2 folds the chunks' partials of each column in
+// chunk order.
+constexpr int64_t kLongColumn = 1024;
+constexpr int64_t kChunkRows = 256;
+constexpr int64_t kMaxChunks = 256;
+constexpr int kFinishColumnThreads = 256;
+
+int64_t column_chunks(int64_t extent, int64_t inner) {
+  if (inner <= 1 || extent < kLongColumn) return 0;  // the one-pass kernels
+  return std::min(ceil_div(extent, kChunkRows), kMaxChunks);
+}
+
+template <typename T, typename Op>
+__global__ void column_partials_kernel(const T* x, int64_t outer, int64_t extent, int64_t inner,
+                                       int64_t chunk_rows, typename Op::State* partials) {
+  using State = typename Op::State;
+  __shared__ State partial[kMaxColumnSplit][kWarpSize + 1];
+  const int64_t i = static_cast<int64_t>(blockIdx.x) * kWarpSize + threadIdx.x;
+  const int64_t chunk = blockIdx.y, chunks = gridDim.y;
+  const int64_t begin = chunk * chunk_rows;
+  const int64_t end = begin + chunk_rows < extent ? begin + chunk_rows : extent;
+  for (int64_t o = blockIdx.z; o < outer; o += gridDim.z) {
+    const T* base = x + o * extent * inner + i;
+    const State s =
+        i < inner ? fold_column<T, Op>(base, begin + threadIdx.y, end, blockDim.y, inner)
+                  : Op::identity();
+    const State total = column_tree<Op>(s, partial);
+    if (threadIdx.y == 0 && i < inner) partials[(o * chunks + chunk) * inner + i] = total;
+  }
+}
+
+template <typename Op, typename Store>
+__global__ void finish_columns_kernel(const typename Op::State* partials, int64_t outer,
+                                      int64_t chunks, int64_t inner, Store store) {
+  const int64_t stride = static_cast<int64_t>(gridDim.x) * blockDim.x;
+  for (int64_t k = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; k < outer * inner;
+       k += stride) {
+    const int64_t o = k / inner, i = k % inner;
+    typename Op::State s = Op::identity();
+    for (int64_t c = 0; c < chunks; ++c)
+      s = Op::combine(s, partials[(o * chunks + c) * inner + i]);
+    store(k, s, nullptr, inner);
+  }
+}
+
+template <typename T, typename Op, typename Store>
+void launch_chunked_columns(const T* x, int64_t outer, int64_t extent, int64_t inner,
+                            int64_t chunks, Store store, void* workspace, cudaStream_t stream) {
+  using State = typename Op::State;
+  auto* partials = static_cast<State*>(workspace);
+  const int64_t chunk_rows = ceil_div(extent, chunks);
+  const dim3 block(kWarpSize, kMaxColumnSplit);
+  const dim3 grid(static_cast<unsigned>(ceil_div(inner, kWarpSize)), static_cast<unsigned>(chunks),
+                  static_cast<unsigned>(std::min(outer, kMaxGridY)));
+  column_partials_kernel<T, Op>
+      <<<grid, block, 0, stream>>>(x, outer, extent, inner, chunk_rows, partials);
+  LOOM_CUDA_CHECK_LAUNCH();
+  const int64_t blocks = std::min(ceil_div(outer * inner, kFinishColumnThreads), kMaxGridX);
+  finish_columns_kernel<Op, Store><<<static_cast<unsigned>(blocks), kFinishColumnThreads, 0,
+                                     stream>>>(partials, outer, chunks, inner, store);
+  LOOM_CUDA_CHECK_LAUNCH();
 }
 
 constexpr int kRowThreads = 256;
 constexpr int kLongRowThreads = 512;
 constexpr int64_t kLongRow = 2048;  // rows at least this long get a block each
-constexpr int64_t kMaxGridX = 65535LL * 8;
-constexpr int64_t kMaxGridY = 65535;
 
 template <typename T, typename Op, typename Store>
 void launch_axis_reduce(const T* x, int64_t outer, int64_t extent, int64_t inner, Store store,
@@ -294,12 +382,29 @@ void launch_sum(const void* x, int64_t n, Out* out, void* workspace, cudaStream_
 
 }  // namespace
 
-void sum_axis(DType dtype, const void* x, void* out, int64_t outer, int64_t extent, int64_t inner,
-              cudaStream_t stream) {
+size_t sum_axis_workspace_bytes(DType dtype, int64_t outer, int64_t extent, int64_t inner) {
   check_sizes("sum_axis", outer, extent, inner);
+  const size_t state = dtype == DType::F64 ? sizeof(double) : sizeof(float);  // Acc<T>
+  return static_cast<size_t>(outer * column_chunks(extent, inner) * inner) * state;
+}
+
+void sum_axis(DType dtype, const void* x, void* out, int64_t outer, int64_t extent, int64_t inner,
+              void* workspace, cudaStream_t stream) {
+  check_sizes("sum_axis", outer, extent, inner);
+  const int64_t chunks = column_chunks(extent, inner);
   dispatch_arithmetic(dtype, "sum_axis", [&]<typename T>() {
-    launch_axis_reduce<T, SumOp<Acc<T>>>(static_cast<const T*>(x), outer, extent, inner,
-                                         SumStore<T>{static_cast<T*>(out)}, stream);
+    const SumStore<T> store{static_cast<T*>(out)};
+    if (chunks == 0 || outer == 0) {
+      launch_axis_reduce<T, SumOp<Acc<T>>>(static_cast<const T*>(x), outer, extent, inner, store,
+                                           stream);
+      return;
+    }
+    if (workspace == nullptr) {
+      fail("sum_axis: a workspace of ", sum_axis_workspace_bytes(dtype, outer, extent, inner),
+           " bytes is needed for [", outer, ", ", extent, ", ", inner, "], got nullptr");
+    }
+    launch_chunked_columns<T, SumOp<Acc<T>>>(static_cast<const T*>(x), outer, extent, inner,
+                                             chunks, store, workspace, stream);
   });
 }
 

@@ -40,8 +40,12 @@ Tensor sum_one_dim(const Tensor& x, int64_t dim) {
   shape[dim] = 1;
   Tensor out = Tensor::empty(shape, x.dtype(), x.device());
   if (x.device().is_cuda()) {
-    LOOM_IF_CUDA(kernels::cuda::sum_axis(x.dtype(), x.raw_data(), out.raw_data(), s.outer,
-                                         s.extent, s.inner, detail::stream_of(x)));
+    LOOM_IF_CUDA({
+      Tensor scratch = detail::workspace(x.device(), kernels::cuda::sum_axis_workspace_bytes(
+                                                         x.dtype(), s.outer, s.extent, s.inner));
+      kernels::cuda::sum_axis(x.dtype(), x.raw_data(), out.raw_data(), s.outer, s.extent,
+                              s.inner, scratch.raw_data(), detail::stream_of(x));
+    });
     return out;
   }
   detail::dispatch_floating(x.dtype(), "sum", [&]<typename T>() {

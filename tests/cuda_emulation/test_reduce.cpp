@@ -18,9 +18,12 @@ namespace cpu = loom::kernels::cpu;
 struct Axis {
   int64_t outer, extent, inner;
 };
-// inner == 1 reduces rows; inner > 1 reduces columns. Extents around warps and blocks.
-const Axis kAxes[] = {{1, 1, 1},   {3, 5, 1},  {2, 33, 1}, {4, 1000, 1}, {1, 3000, 1},
-                      {2, 3, 7},   {3, 64, 5}, {1, 300, 33}, {2, 1, 40}};
+// inner == 1 reduces rows; inner > 1 reduces columns. Extents around warps and blocks; from
+// 1024 rows on, columns are summed in chunks through a workspace (a last chunk that is short,
+// and one chunk per 256 rows up to the cap of 256 chunks, are the cases below).
+const Axis kAxes[] = {{1, 1, 1},     {3, 5, 1},      {2, 33, 1},  {4, 1000, 1},
+                      {1, 3000, 1},  {2, 3, 7},      {3, 64, 5},  {1, 300, 33},
+                      {2, 1, 40},    {1, 1100, 33},  {2, 1024, 3}, {1, 70000, 2}};
 
 template <typename T>
 void check_axis_reductions() {
@@ -40,7 +43,11 @@ void check_axis_reductions() {
     for_each_schedule([&] {
       std::vector<T> sum(m), max(m);
       std::vector<int64_t> arg(m, -1);
-      gpu::sum_axis(dtype_of<T>(), x.data(), sum.data(), a.outer, a.extent, a.inner, nullptr);
+      std::vector<double> workspace(
+          gpu::sum_axis_workspace_bytes(dtype_of<T>(), a.outer, a.extent, a.inner) / sizeof(double) +
+          1);
+      gpu::sum_axis(dtype_of<T>(), x.data(), sum.data(), a.outer, a.extent, a.inner,
+                    workspace.data(), nullptr);
       // A sum of up to 3000 terms in a tree order: relative to the terms' magnitudes.
       EXPECT_LE(max_relative_error(sum, want_sum, 4.0), tolerance<T>() * 8);
       gpu::max_axis(dtype_of<T>(), x.data(), max.data(), arg.data(), a.outer, a.extent,
