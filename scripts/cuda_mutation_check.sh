@@ -278,8 +278,8 @@ done
 ((${#needed[@]})) || die "every selected mutation is broken; nothing to run"
 
 start=$SECONDS
+fresh_copy  # before configure: CMake globs the copy's sources (none yet in a new checkout)
 configure
-fresh_copy
 echo "building the unmutated copy: ${needed[*]} (log: $logs/baseline.build.log)"
 build_tests "$logs/baseline.build.log" "${needed[@]}" ||
   die "the unmutated kernels do not build; see $logs/baseline.build.log"
