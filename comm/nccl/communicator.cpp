@@ -70,7 +70,8 @@ Communicator::Communicator(Communicator&& other) noexcept
     : comm_(std::exchange(other.comm_, nullptr)),
       aborted_(other.aborted_),
       broken_(other.broken_),
-      who_(std::move(other.who_)) {}
+      who_(std::move(other.who_)),
+      split_slots_(std::move(other.split_slots_)) {}
 
 Communicator& Communicator::operator=(Communicator&& other) noexcept {
   if (this != &other) {
@@ -79,6 +80,7 @@ Communicator& Communicator::operator=(Communicator&& other) noexcept {
     aborted_ = other.aborted_;
     broken_ = other.broken_;
     who_ = std::move(other.who_);
+    split_slots_ = std::move(other.split_slots_);
   }
   return *this;
 }
@@ -88,13 +90,15 @@ Communicator Communicator::split(int color, int key, Deadline deadline, std::str
   // A non-blocking ncclCommSplit returns ncclSuccess while the split goes on in NCCL's own
   // thread, which stores the new handle into the slot when it is done (the GPU check of
   // 2026-11-27, NCCL 2.28, found it still null on return). So the slot is polled until
-  // filled, and it lives on the heap, deliberately leaked when the split fails: NCCL may
-  // write to it after this function has thrown.
-  auto* slot = new ncclComm_t(nullptr);
+  // filled. It belongs to this communicator until then, and for good when the split fails
+  // or has no color (NCCL then stores null, with no handle to show when): NCCL may write to
+  // it after this function has returned or thrown, but not after this communicator is gone.
+  auto& slot = split_slots_.emplace_back(std::make_unique<ncclComm_t>(nullptr));
   std::atomic_ref<ncclComm_t> handle(*slot);
   try {
-    LOOM_NCCL_CHECK(
-        ncclCommSplit(comm_, color < 0 ? NCCL_SPLIT_NOCOLOR : color, key, slot, &config), comm_);
+    LOOM_NCCL_CHECK(ncclCommSplit(comm_, color < 0 ? NCCL_SPLIT_NOCOLOR : color, key, slot.get(),
+                                  &config),
+                    comm_);
     settle(ncclInProgress, deadline, "ncclCommSplit");  // the parent, until the split is done
     for (unsigned polls = 0; color >= 0 && handle.load(std::memory_order_acquire) == nullptr;
          ++polls) {
@@ -113,9 +117,7 @@ Communicator Communicator::split(int color, int key, Deadline deadline, std::str
     throw;
   }
   Communicator child(handle.load(std::memory_order_acquire), std::move(who));
-  // With no color NCCL stores null when its job ends, which the settled parent implies but
-  // no handle shows: that slot (8 bytes per such split) is left to it.
-  if (color >= 0) delete slot;
+  if (color >= 0) split_slots_.pop_back();  // delivered: NCCL is done with it
   if (child.valid()) child.settle(ncclInProgress, deadline, "ncclCommSplit (the new communicator)");
   return child;
 }

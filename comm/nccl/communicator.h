@@ -12,7 +12,9 @@
 
 #include <nccl.h>
 
+#include <memory>
 #include <string>
+#include <vector>
 
 #include "comm/error.h"
 
@@ -66,6 +68,7 @@ class Communicator {
   bool aborted_ = false;
   bool broken_ = false;  // an error was seen: close() aborts
   std::string who_;
+  std::vector<std::unique_ptr<ncclComm_t>> split_slots_;  // see split(): NCCL may still write
 };
 
 }  // namespace loom::comm::nccl
