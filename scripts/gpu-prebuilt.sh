@@ -47,7 +47,8 @@ pack() {
   grep -q '^LOOM_WITH_CUDA:BOOL=ON' "$build/CMakeCache.txt" ||
     { echo "gpu-prebuilt: $build was configured without CUDA (LOOM_WITH_CUDA is not ON)"; return 1; }
   rm -rf "$PACK" && mkdir -p "$PACK/bin" "$PACK/lib"
-  local wanted=($TEST_PROGRAMS train_gpt)
+  local wanted
+  read -ra wanted <<<"$TEST_PROGRAMS train_gpt"
   mapfile -t -O ${#wanted[@]} wanted < <(find "$build/bench/cuda" -maxdepth 1 -type f -name 'lab_*' -perm -u+x -printf '%f\n' | sort)
   for name in "${wanted[@]}"; do
     exe=$(find "$build" -path '*/CMakeFiles' -prune -o -type f -name "$name" -perm -u+x -print | head -1)
@@ -109,6 +110,7 @@ run_all() {
   local stages=("$@")
   [ ${#stages[@]} -gt 0 ] || stages=(env tests train_gpt torch_eager labs)
   local libpath=$PACK/lib soname dir
+  # shellcheck disable=SC2013  # sonames: words, never spaces
   for soname in $(sed -n 's/^cuda-sonames: //p' "$PACK/MANIFEST.txt"); do
     if dir=$(find_cuda_lib "$soname"); then libpath="$libpath:$dir"; else echo "gpu-prebuilt: $soname NOT FOUND"; fi
   done
@@ -130,6 +132,7 @@ run_all() {
   for s in "${stages[@]}"; do
     case $s in
       env)
+        # shellcheck disable=SC2016  # expanded by the inner bash
         stage env 60 bash -c 'cat "$0"/MANIFEST.txt; echo "LD_LIBRARY_PATH=$LD_LIBRARY_PATH"; nvidia-smi;
           nvcc --version | tail -2; for e in "$0"/bin/*; do ldd "$e" | grep "not found" | sed "s|^|$(basename "$e"): |"; done;
           python3 -c "import torch; print(\"torch\", torch.__version__, torch.cuda.get_device_name(0))"' "$PACK" ;;
@@ -141,13 +144,16 @@ run_all() {
         stage train_gpt 200 "$PACK/bin/train_gpt" --device cuda --preset gpt2-small --precision bf16-mixed \
           --batch 8 --steps 20 --log-interval 5 ;;
       torch_eager | torch_compile)
+        local compile=()
+        [ "$s" = torch_compile ] && compile=(--compile)
         stage "$s" 240 python3 scripts/torch_gpt2_bench.py --device cuda --layers 12 --heads 12 --embd 768 \
           --ctx 1024 --vocab 50304 --precision bf16-mixed --batch 8 --steps 20 --warmup 2 --log-interval 5 \
-          $([ "$s" = torch_compile ] && echo --compile) ;;
+          "${compile[@]}" ;;
       phases)  # forward, backward and optimizer times: synchronous launches, trace next to the log
         stage phases 120 env CUDA_LAUNCH_BLOCKING=1 "$PACK/bin/train_gpt" --device cuda --preset gpt2-small \
           --precision bf16-mixed --batch 8 --steps 6 --log-interval 1 --trace "${GPU_PREBUILT_LOG%.log}.trace.json" ;;
       kernels)  # the GPU time of every kernel of train_gpt's first 2 steps, Nsight Compute's CSV
+        # shellcheck disable=SC2016  # expanded by the inner bash
         stage kernels 150 bash -c 'ncu=$(command -v ncu || ls /opt/nvidia/nsight-compute/*/ncu 2>/dev/null | head -1)
           [ -n "$ncu" ] || { echo "no ncu on this machine"; exit 1; }
           "$ncu" --clock-control none --metrics gpu__time_duration.sum --csv --log-file "$0" \
