@@ -2,10 +2,9 @@
 
 #include <atomic>
 #include <chrono>
-#include <condition_variable>
 #include <cstdio>
+#include <future>
 #include <memory>
-#include <mutex>
 #include <optional>
 #include <system_error>
 #include <thread>
@@ -176,33 +175,27 @@ void Communicator::abort() noexcept {
   // On a helper thread, waited for at most kAbortWait: ncclCommAbort frees device memory,
   // which waits for every stream of the device, so a stream held up by other work (the
   // GPU check saw a host function do it) would otherwise keep the caller from its error.
-  struct Outcome {
-    std::mutex mutex;
-    std::condition_variable done_cv;
-    std::optional<ncclResult_t> result;
-  };
-  auto outcome = std::make_shared<Outcome>();
   ncclComm_t comm = std::exchange(comm_, nullptr);
+  std::optional<ncclResult_t> result;
   try {
-    std::thread([comm, outcome] {
-      const ncclResult_t result = ncclCommAbort(comm);
-      std::lock_guard lock(outcome->mutex);
-      outcome->result = result;
-      outcome->done_cv.notify_all();
+    std::promise<ncclResult_t> done;
+    std::future<ncclResult_t> outcome = done.get_future();
+    std::thread([comm, done = std::move(done)]() mutable {
+      done.set_value(ncclCommAbort(comm));
     }).detach();
+    if (outcome.wait_for(kAbortWait) == std::future_status::ready) result = outcome.get();
   } catch (const std::system_error&) {  // no thread to be had: abort here
-    outcome->result = ncclCommAbort(comm);
+    result = ncclCommAbort(comm);
   }
-  std::unique_lock lock(outcome->mutex);
-  if (!outcome->done_cv.wait_for(lock, kAbortWait, [&] { return outcome->result.has_value(); })) {
+  if (!result) {
     std::fprintf(stderr,
                  "%swarning: %s: ncclCommAbort is still running after %lld ms (the device is "
                  "busy with other work); it goes on in the background\n",
                  tag::kLoom.prefix().c_str(), who_.c_str(),
                  static_cast<long long>(kAbortWait.count()));
-  } else if (*outcome->result != ncclSuccess) {
+  } else if (*result != ncclSuccess) {
     std::fprintf(stderr, "%swarning: %s: ncclCommAbort failed: %s\n", tag::kLoom.prefix().c_str(),
-                 who_.c_str(), ncclGetErrorString(*outcome->result));
+                 who_.c_str(), ncclGetErrorString(*result));
   }
 }
 

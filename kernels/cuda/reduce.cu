@@ -384,7 +384,8 @@ void launch_sum(const void* x, int64_t n, Out* out, void* workspace, cudaStream_
 
 size_t sum_axis_workspace_bytes(DType dtype, int64_t outer, int64_t extent, int64_t inner) {
   check_sizes("sum_axis", outer, extent, inner);
-  const size_t state = dtype == DType::F64 ? sizeof(double) : sizeof(float);  // Acc<T>
+  size_t state = 0;  // the partial sums' type, Acc<T>
+  dispatch_arithmetic(dtype, "sum_axis", [&]<typename T>() { state = sizeof(Acc<T>); });
   return static_cast<size_t>(outer * column_chunks(extent, inner) * inner) * state;
 }
 
