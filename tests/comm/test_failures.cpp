@@ -251,7 +251,7 @@ TEST(Backends, UserBackendIsSelectableByName) {
 }
 
 TEST(Failures, WorkWaitHasATimeout) {
-  Work work("allreduce #3, 4 KiB f32");
+  Work work(OpLabel{.kind = "allreduce", .seq = 3, .bytes = 4096, .dtype = "f32"});
   auto start = std::chrono::steady_clock::now();
   try {
     work.wait(50ms);
