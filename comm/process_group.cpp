@@ -1,9 +1,10 @@
+// ProcessGroup's queue: operations issued by the entry points (process_group_calls.cpp) run
+// in issue order, on the calling thread when it waits for them anyway (inline operations,
+// claims, posted allreduces) or on the group's progress thread.
+
 #include "comm/process_group.h"
 
 #include <algorithm>
-#include <cstdlib>
-#include <cstring>
-#include <sstream>
 #include <string_view>
 
 #include "comm/backend_registry.h"
@@ -11,17 +12,13 @@
 #include "comm/cuda_support.h"
 #include "comm/debug_check.h"
 #include "comm/flight_recorder.h"
+#include "comm/process_group_op.h"
 #include "core/tags.h"
 #include "core/tunables.h"
 
 namespace loom::comm {
 
 namespace {
-
-// ProcessGroup::OpKind's names, in its order: labels, messages and traffic() use them.
-constexpr const char* kOpKindNames[] = {"allreduce", "broadcast",  "reduce", "all_gather",
-                                        "reduce_scatter", "all_to_all", "send", "recv",
-                                        "barrier", "split"};
 
 // LOOM_DEBUG: unset or empty (off), or "detail". Any other value is loom::Error rather than
 // ignored: a misspelt setting would run the job without the checks that were asked for.
@@ -51,54 +48,7 @@ bool overlaps(const Tensor& a, const Tensor& b) {
   return a0 < b0 + b.nbytes() && b0 < a0 + a.nbytes();
 }
 
-// The body of a queued allreduce.
-auto allreduce_body(ReduceOp reduce) {
-  return [reduce](Backend& b, Deadline d, Tensor& in, Tensor& out) {
-    b.allreduce(in, out, reduce, d);
-  };
-}
-
-void check_buffer(const char* op, const char* what, const Tensor& t) {
-  if (!t.defined()) tag::kComm.fail(op, ": ", what, " is undefined");
-  if (!t.is_contiguous()) {
-    tag::kComm.fail(op, ": ", what, " must be contiguous (call .contiguous() first), got ", t.str(),
-                    " with strides ", shape_str(t.strides()));
-  }
-}
-
 }  // namespace
-
-// One queued operation: what it is (for errors and debug checks) and how to run it.
-// The body receives the operation's (up to two) tensors as arguments rather than capturing
-// them, so that an operation run on the calling thread copies no tensor handle at all; a
-// queued operation keeps its own copies in `first` and `second`.
-using OpBody = std::function<void(Backend&, Deadline, Tensor&, Tensor&)>;
-
-struct ProcessGroup::Op {
-  OpKind kind = OpKind::Barrier;
-  OpLabel label;          // submit() fills in the sequence number
-  std::string signature;  // debug checks only: "allreduce 1024 f32 sum", equal on every rank
-  bool collective = true;
-  bool staged = false;  // CUDA tensors on a host backend: run through staged_
-  IssueStream stream;   // CUDA tensors: the issuing thread's stream (Note [Issue streams])
-  Duration timeout;
-  WorkPtr work = nullptr;
-  Tensor first, second;  // queued operations only
-  OpBody body;           // queued operations only
-  uint64_t flight_id = 0;  // its entry in the FlightRecorder
-  // Queued alone on an idle group, small: the waiting thread may run it (Note [Claimable
-  // operations]) until kClaimWindow after it was queued.
-  bool claimable = false;
-  Clock::time_point queued_at;
-
-  // Before its Work completes: the caller may free or measure its memory as soon as wait()
-  // returns, so the operation's references to the tensors go first.
-  void drop_inputs() {
-    first = Tensor();
-    second = Tensor();
-    body = nullptr;
-  }
-};
 
 namespace {
 // Note [Claimable operations]
@@ -211,8 +161,7 @@ void ProcessGroup::enter(Op& op, int64_t bytes, Clock::time_point issued) {
 // Issues one operation: runs it on the calling thread when the caller waits for it anyway
 // and nothing is ahead of it (no allocation for the body, no hand-off), else queues it for the
 // progress thread.
-template <typename Body>
-WorkPtr ProcessGroup::submit(Op&& op, const Tensor& first, const Tensor& second, Body&& body,
+WorkPtr ProcessGroup::submit(Op&& op, const Tensor& first, const Tensor& second, OpBody body,
                              bool async_op) {
   const auto bytes = static_cast<int64_t>(
       std::max(first.defined() ? first.nbytes() : 0, second.defined() ? second.nbytes() : 0));
@@ -251,7 +200,7 @@ WorkPtr ProcessGroup::submit(Op&& op, const Tensor& first, const Tensor& second,
   WorkPtr work = op.work;
   op.first = first;
   op.second = second;
-  op.body = std::forward<Body>(body);
+  op.body = std::move(body);
   op.claimable = async_op && op.collective && !op.staged &&
                  (!first.defined() || first.device().is_cpu()) &&
                  queue_.empty() && !running_ && op.label.bytes <= kClaimableBytes;
@@ -585,290 +534,6 @@ bool ProcessGroup::run(Op& op, Body&& body, std::optional<Clock::time_point> now
   op.drop_inputs();
   op.work->complete(error, done);
   return broke;
-}
-
-namespace {
-
-std::string signature_of(const char* kind, const Tensor& t, std::optional<ReduceOp> op,
-                         std::optional<int> root) {
-  std::ostringstream s;
-  s << kind << ' ' << t.numel() << ' ' << t.dtype();
-  if (op) s << ' ' << reduce_op_name(*op);
-  if (root) s << " root " << *root;
-  return s.str();
-}
-
-void check_avg(const char* kind, ReduceOp op, DType dtype) {
-  if (op == ReduceOp::Avg && !is_floating(dtype)) {
-    tag::kComm.fail(kind, ": ReduceOp::Avg needs a floating dtype, got ", dtype,
-                    " (use Sum and divide)");
-  }
-}
-
-void check_root(const char* kind, int root, int size) {
-  if (root < 0 || root >= size)
-    tag::kComm.fail(kind, ": root ", root, " is not in [0, ", size, ")");
-}
-
-void check_peer(const char* kind, const char* role, int peer, int rank, int size) {
-  if (peer < 0 || peer >= size || peer == rank) {
-    tag::kComm.fail(kind, ": ", role, " ", peer, " must be another rank in [0, ", size, ")");
-  }
-}
-
-}  // namespace
-
-// The parts every call shares: label, signature (built only when debug checks need it),
-// timeout.
-ProcessGroup::Op ProcessGroup::make_op(OpKind kind, const Tensor* data,
-                                       std::optional<ReduceOp> op, std::optional<int> root,
-                                       std::optional<Duration> timeout) const {
-  static_assert(std::size(kOpKindNames) == static_cast<size_t>(OpKind::Count));
-  const char* name = kOpKindNames[static_cast<size_t>(kind)];
-  Op result;
-  result.kind = kind;
-  result.label.kind = name;
-  if (data != nullptr) {
-    result.label.bytes = data->nbytes();
-    result.label.dtype = dtype_name(data->dtype());
-    if (options_.debug_checks) result.signature = signature_of(name, *data, op, root);
-  } else if (options_.debug_checks) {
-    result.signature = name;
-  }
-  result.timeout = timeout.value_or(options_.timeout);
-  return result;
-}
-
-// Note [Devices of a group]
-// The backend says where its tensors live (Backend::device()). An operation's tensors must be
-// on one device, and that device must be the backend's, or a GPU when the backend is a host
-// backend: then the operation runs through a staging backend wrapped around it (Note
-// [Staging CUDA tensors]). For CUDA tensors the issuing thread's stream is captured here
-// and reinstated on the thread that runs the operation (Note [Issue streams]). CPU tensors
-// on a host backend take none of these paths.
-void ProcessGroup::place(Op& op, const Tensor& first, const Tensor* second) {
-  const Device device = first.device();
-  if (second != nullptr && second->device() != device) {
-    tag::kComm.fail(op.label.kind, ": the tensors are on two devices, ", first.str(), " and ",
-                    second->str(), "; put both on one device");
-  }
-  const Device home = backend_->device();
-  if (device != home) {
-    if (!home.is_cpu() || !device.is_cuda()) {
-      tag::kComm.fail(op.label.kind, ": the '", backend_->name(), "' backend of group '", name_,
-                      "' moves tensors on ", home, ", got ", first.str());
-    }
-    std::call_once(staged_once_, [this] { staged_ = make_staging_backend(*backend_); });
-    op.staged = true;
-  }
-  if (device.is_cuda()) op.stream = capture_issue_stream(device);
-}
-
-WorkPtr ProcessGroup::allreduce(Tensor& tensor, const CollectiveOptions& o) {
-  return allreduce(tensor, tensor, o);
-}
-
-WorkPtr ProcessGroup::allreduce(const Tensor& input, Tensor& output, const CollectiveOptions& o) {
-  check_buffer("allreduce", "input", input);
-  check_buffer("allreduce", "output", output);
-  if (input.shape() != output.shape() || input.dtype() != output.dtype()) {
-    tag::kComm.fail("allreduce: output ", output.str(), " must match input ", input.str());
-  }
-  check_avg("allreduce", o.op, input.dtype());
-  Op op = make_op(OpKind::Allreduce, &input, o.op, std::nullopt, o.timeout);
-  place(op, input, &output);
-  if (o.async_op && !op.staged && input.device().is_cpu() && !options_.debug_checks &&
-      input.nbytes() > 0 && input.nbytes() <= backend_->postable_allreduce_bytes()) {
-    return post(std::move(op), input, output, o.op);
-  }
-  return submit(std::move(op), input, output, allreduce_body(o.op), o.async_op);
-}
-
-WorkPtr ProcessGroup::broadcast(Tensor& tensor, const CollectiveOptions& o) {
-  check_buffer("broadcast", "tensor", tensor);
-  check_root("broadcast", o.root, size_);
-  Op op = make_op(OpKind::Broadcast, &tensor, std::nullopt, o.root, o.timeout);
-  place(op, tensor, nullptr);
-  return submit(
-      std::move(op), tensor, Tensor(),
-      [root = o.root](Backend& b, Deadline d, Tensor& t, Tensor&) { b.broadcast(t, root, d); },
-      o.async_op);
-}
-
-WorkPtr ProcessGroup::reduce(Tensor& tensor, const CollectiveOptions& o) {
-  check_buffer("reduce", "tensor", tensor);
-  check_root("reduce", o.root, size_);
-  check_avg("reduce", o.op, tensor.dtype());
-  Op op = make_op(OpKind::Reduce, &tensor, o.op, o.root, o.timeout);
-  place(op, tensor, nullptr);
-  return submit(
-      std::move(op), tensor, Tensor(),
-      [root = o.root, reduce = o.op](Backend& b, Deadline d, Tensor& t, Tensor&) {
-        b.reduce(t, root, reduce, d);
-      },
-      o.async_op);
-}
-
-WorkPtr ProcessGroup::all_gather(Tensor& output, const Tensor& input, const CollectiveOptions& o) {
-  check_buffer("all_gather", "input", input);
-  check_buffer("all_gather", "output", output);
-  if (output.dtype() != input.dtype() || output.numel() != input.numel() * size_) {
-    tag::kComm.fail("all_gather: output must hold size x input elements of the same dtype (", size_,
-                    " x ", input.numel(), " ", input.dtype(), "), got ", output.str());
-  }
-  Op op = make_op(OpKind::AllGather, &input, std::nullopt, std::nullopt, o.timeout);
-  place(op, input, &output);
-  return submit(
-      std::move(op), input, output,
-      [](Backend& b, Deadline d, Tensor& in, Tensor& out) { b.all_gather(out, in, d); },
-      o.async_op);
-}
-
-WorkPtr ProcessGroup::reduce_scatter(Tensor& output, const Tensor& input,
-                                     const CollectiveOptions& o) {
-  check_buffer("reduce_scatter", "input", input);
-  check_buffer("reduce_scatter", "output", output);
-  if (output.dtype() != input.dtype() || input.numel() != output.numel() * size_) {
-    tag::kComm.fail("reduce_scatter: input must hold size x output elements of the same dtype (",
-                    size_, " x ", output.numel(), " ", output.dtype(), "), got ", input.str());
-  }
-  check_avg("reduce_scatter", o.op, input.dtype());
-  Op op = make_op(OpKind::ReduceScatter, &output, o.op, std::nullopt, o.timeout);
-  place(op, input, &output);
-  op.label.bytes = input.nbytes();
-  return submit(
-      std::move(op), input, output,
-      [reduce = o.op](Backend& b, Deadline d, Tensor& in, Tensor& out) {
-        b.reduce_scatter(out, in, reduce, d);
-      },
-      o.async_op);
-}
-
-WorkPtr ProcessGroup::all_to_all(Tensor& output, const Tensor& input, const CollectiveOptions& o) {
-  check_buffer("all_to_all", "input", input);
-  check_buffer("all_to_all", "output", output);
-  if (output.dtype() != input.dtype() || output.numel() != input.numel() ||
-      input.numel() % size_ != 0) {
-    tag::kComm.fail(
-        "all_to_all: input and output need the same dtype and a number of elements "
-        "divisible by the group size ",
-        size_, "; got input ", input.str(), ", output ", output.str());
-  }
-  Op op = make_op(OpKind::AllToAll, &input, std::nullopt, std::nullopt, o.timeout);
-  place(op, input, &output);
-  return submit(
-      std::move(op), input, output,
-      [](Backend& b, Deadline d, Tensor& in, Tensor& out) { b.all_to_all(out, in, d); },
-      o.async_op);
-}
-
-WorkPtr ProcessGroup::send(const Tensor& tensor, int dst, const P2POptions& o) {
-  check_buffer("send", "tensor", tensor);
-  check_peer("send", "destination", dst, rank_, size_);
-  Op op = make_op(OpKind::Send, &tensor, std::nullopt, std::nullopt, o.timeout);
-  place(op, tensor, nullptr);
-  op.collective = false;
-  op.label.peer = dst;
-  op.label.to_peer = true;
-  return submit(
-      std::move(op), tensor, Tensor(),
-      [dst, tag = o.tag](Backend& b, Deadline d, Tensor& t, Tensor&) { b.send(t, dst, tag, d); },
-      o.async_op);
-}
-
-WorkPtr ProcessGroup::recv(Tensor& tensor, int src, const P2POptions& o) {
-  check_buffer("recv", "tensor", tensor);
-  check_peer("recv", "source", src, rank_, size_);
-  Op op = make_op(OpKind::Recv, &tensor, std::nullopt, std::nullopt, o.timeout);
-  place(op, tensor, nullptr);
-  op.collective = false;
-  op.label.peer = src;
-  return submit(
-      std::move(op), tensor, Tensor(),
-      [src, tag = o.tag](Backend& b, Deadline d, Tensor& t, Tensor&) { b.recv(t, src, tag, d); },
-      o.async_op);
-}
-
-WorkPtr ProcessGroup::barrier(const CollectiveOptions& o) {
-  Op op = make_op(OpKind::Barrier, nullptr, std::nullopt, std::nullopt, o.timeout);
-  return submit(
-      std::move(op), Tensor(), Tensor(),
-      [](Backend& b, Deadline d, Tensor&, Tensor&) { b.barrier(d); }, o.async_op);
-}
-
-std::map<std::string, ProcessGroup::Traffic, std::less<>> ProcessGroup::traffic() const {
-  std::map<std::string, Traffic, std::less<>> counts;
-  for (size_t kind = 0; kind < traffic_.size(); ++kind) {
-    const int64_t calls = traffic_[kind].calls.load(std::memory_order_relaxed);
-    if (calls > 0) {
-      counts[kOpKindNames[kind]] = {.calls = calls,
-                                    .bytes = traffic_[kind].bytes.load(std::memory_order_relaxed)};
-    }
-  }
-  return counts;
-}
-
-std::shared_ptr<ProcessGroup> ProcessGroup::split(int color, int key) {
-  // Every rank publishes (color, key); members of a color are ordered by (key, rank).
-  const int id = splits_++;
-  const std::string prefix = "pg/" + name_ + "/split" + std::to_string(id) + "/";
-  store_->set(prefix + std::to_string(rank_),
-              to_bytes(std::to_string(color) + " " + std::to_string(key)));
-  std::vector<std::string> keys;
-  for (int r = 0; r < size_; ++r)
-    keys.push_back(prefix + std::to_string(r));
-  store_->wait(keys, options_.timeout);
-  // A native split is a collective of the backend: ranks without a color take part too.
-  const bool native = backend_->splits_natively();
-  if (color < 0 && !native) return nullptr;
-  struct Member {
-    int key, rank;
-  };
-  std::vector<Member> members;
-  for (int r = 0; color >= 0 && r < size_; ++r) {
-    std::istringstream in(to_string(store_->get(keys[r], options_.timeout)));
-    int c = 0, k = 0;
-    in >> c >> k;
-    if (c == color) members.push_back({k, r});
-  }
-  std::sort(members.begin(), members.end(), [](const Member& a, const Member& b) {
-    return a.key != b.key ? a.key < b.key : a.rank < b.rank;
-  });
-  int new_rank = 0;
-  for (size_t i = 0; i < members.size(); ++i) {
-    if (members[i].rank == rank_) new_rank = static_cast<int>(i);
-  }
-  const int new_size = static_cast<int>(members.size());
-  GroupOptions options = options_;
-  options.backend = backend_->name();
-  std::string name = name_ + ".split" + std::to_string(id) + ".color" + std::to_string(color);
-  if (!native) return std::make_shared<ProcessGroup>(new_rank, new_size, store_, options, name);
-
-  // Queued behind this group's earlier operations, so that every rank's backend sees the
-  // split at the same point of its operation sequence. The key is the position in the
-  // subgroup, so the backend orders members exactly as above.
-  BackendContext child{.rank = new_rank,
-                       .size = new_size,
-                       .store = std::make_shared<PrefixStore>("pg/" + name, store_),
-                       .timeout = options.timeout,
-                       .group_name = name,
-                       .device = options.device};
-  auto made = std::make_shared<std::unique_ptr<Backend>>();
-  Op op = make_op(OpKind::Split, nullptr, std::nullopt, std::nullopt, std::nullopt);
-  submit(
-      std::move(op), Tensor(), Tensor(),
-      [made, color, new_rank, child](Backend& b, Deadline d, Tensor&, Tensor&) {
-        *made = b.split(color, new_rank, child, d);
-      },
-      /*async_op=*/false)
-      ->wait();
-  if (color < 0) return nullptr;
-  if (*made == nullptr) {
-    tag::kComm.fail("split: the '", backend_->name(), "' backend made no subgroup for color ",
-                    color);
-  }
-  return std::shared_ptr<ProcessGroup>(
-      new ProcessGroup(new_rank, new_size, store_, options, name, std::move(*made)));
 }
 
 }  // namespace loom::comm

@@ -118,8 +118,8 @@ class ProcessGroup : public std::enable_shared_from_this<ProcessGroup>, private 
   std::shared_ptr<ProcessGroup> split(int color, int key);
 
  private:
-  struct Op;
-  // The kinds of operation, for the traffic counts (kOpKindNames in process_group.cpp).
+  struct Op;  // comm/process_group_op.h
+  // The kinds of operation, for the traffic counts (kOpKindNames in process_group_calls.cpp).
   enum class OpKind : uint8_t {
     Allreduce, Broadcast, Reduce, AllGather, ReduceScatter, AllToAll, Send, Recv, Barrier,
     Split, Count
@@ -135,8 +135,10 @@ class ProcessGroup : public std::enable_shared_from_this<ProcessGroup>, private 
   void place(Op& op, const Tensor& first, const Tensor* second);
   Op make_op(OpKind kind, const Tensor* data, std::optional<ReduceOp> op,
              std::optional<int> root, std::optional<Duration> timeout) const;
-  template <typename Body>
-  WorkPtr submit(Op&& op, const Tensor& first, const Tensor& second, Body&& body, bool async_op);
+  // What an operation does, given its (up to two) tensors: Note [Operation bodies].
+  using OpBody = std::function<void(Backend&, Deadline, Tensor&, Tensor&)>;
+  // Issues an operation: runs it on the calling thread or queues it (process_group.cpp).
+  WorkPtr submit(Op&& op, const Tensor& first, const Tensor& second, OpBody body, bool async_op);
   // Numbers and counts an operation (under the lock).
   void enter(Op& op, int64_t bytes, Clock::time_point issued);
   // An asynchronous allreduce the backend can post (Note [Posted allreduces]); submitted as

@@ -1,0 +1,50 @@
+#pragma once
+// Internal to comm/process_group*.cpp: the definition of ProcessGroup::Op, shared by the
+// entry points that make operations (process_group_calls.cpp) and the queue that runs them
+// (process_group.cpp).
+
+#include "comm/backend.h"
+#include "comm/process_group.h"
+
+namespace loom::comm {
+
+// One queued operation: what it is (for errors and debug checks) and how to run it.
+// Note [Operation bodies]: the body receives the operation's (up to two) tensors as arguments
+// rather than capturing them, so that an operation run on the calling thread copies no tensor
+// handle at all; a queued operation keeps its own copies in `first` and `second`. Bodies
+// capture a few scalars, which std::function keeps without allocating.
+struct ProcessGroup::Op {
+  OpKind kind = OpKind::Barrier;
+  OpLabel label;          // submit() fills in the sequence number
+  std::string signature;  // debug checks only: "allreduce 1024 f32 sum", equal on every rank
+  bool collective = true;
+  bool staged = false;  // CUDA tensors on a host backend: run through staged_
+  IssueStream stream;   // CUDA tensors: the issuing thread's stream (Note [Issue streams])
+  Duration timeout;
+  WorkPtr work = nullptr;
+  Tensor first, second;    // queued operations only
+  OpBody body;             // queued operations only
+  uint64_t flight_id = 0;  // its entry in the FlightRecorder
+  // Queued alone on an idle group, small: the waiting thread may run it (Note [Claimable
+  // operations]) until kClaimWindow after it was queued.
+  bool claimable = false;
+  Clock::time_point queued_at;
+
+  // Before its Work completes: the caller may free or measure its memory as soon as wait()
+  // returns, so the operation's references to the tensors go first.
+  void drop_inputs() {
+    first = Tensor();
+    second = Tensor();
+    body = nullptr;
+  }
+};
+
+// The body of an allreduce: run by the caller, queued, or submitted by post() when it cannot
+// post.
+inline auto allreduce_body(ReduceOp reduce) {
+  return [reduce](Backend& b, Deadline d, Tensor& in, Tensor& out) {
+    b.allreduce(in, out, reduce, d);
+  };
+}
+
+}  // namespace loom::comm
