@@ -14,6 +14,7 @@
 #include "comm/process_group.h"
 #include "comm/shm/peer_wait.h"
 #include "comm/store/in_process_store.h"
+#include "core/tunables.h"
 #include "multiprocess.h"
 
 namespace loom::comm {
@@ -51,10 +52,30 @@ TEST(Failures, CommErrorIsALoomError) {
   }
 }
 
+// The ranks' segments carry a job id of this test's own (LOOM_JOB_ID, as a launcher sets it),
+// so that the leftover check looks at them alone: under ctest -j, other tests' groups hold
+// segments of their own for seconds at a time.
 TEST(Failures, KilledRankIsNamedQuicklyAndShmIsClean) {
-  auto before = loom_shm_entries();
+  const std::string job = "killed_rank_" + std::to_string(::getpid());
+  const std::string prefix = "loom-" + job + "-";
+  auto ours = [&] {
+    std::vector<std::string> names;
+    for (const std::string& name : loom_shm_entries()) {
+      if (name.rfind(prefix, 0) == 0) names.push_back(name);
+    }
+    return names;
+  };
+  ASSERT_EQ(::setenv(tunables::kJobId.name, job.c_str(), 1), 0);
   auto start = std::chrono::steady_clock::now();
-  auto results = run_ranks(3, [](int rank, int size, std::shared_ptr<Store> store) {
+  auto results = run_ranks(3, [&](int rank, int size, std::shared_ptr<Store> store) {
+    if (rank == 1) {
+      // Rank 0 names the segment until every rank attached: it carries this test's job id,
+      // so the check at the end would see it if it were left.
+      const auto until = std::chrono::steady_clock::now() + 20s;
+      while (ours().empty() && std::chrono::steady_clock::now() < until)
+        std::this_thread::sleep_for(5ms);
+      EXPECT_FALSE(ours().empty()) << "no /dev/shm entry starts with " << prefix;
+    }
     ProcessGroup pg(rank, size, store, {.backend = "shm", .timeout = 60s});
     Tensor t = Tensor::ones({1 << 20});
     pg.allreduce(t)->wait();  // everyone attached and working
@@ -71,23 +92,13 @@ TEST(Failures, KilledRankIsNamedQuicklyAndShmIsClean) {
     store->set("saw_rank_2_die/" + std::to_string(rank), Bytes{1});
     store->wait({"saw_rank_2_die/0", "saw_rank_2_die/1"}, 20s);
   });
+  ::unsetenv(tunables::kJobId.name);
   EXPECT_LT(std::chrono::steady_clock::now() - start, 10s) << "dead peer detected too slowly";
   EXPECT_EQ(results[0].exit_code, 0);
   EXPECT_EQ(results[1].exit_code, 0);
   EXPECT_EQ(results[2].signal, SIGKILL);
-  // Other tests running in parallel create (and at once unlink) segments of their own, so
-  // wait briefly for /dev/shm to hold nothing beyond what was there before.
-  auto leftovers = [&] {
-    std::vector<std::string> extra;
-    for (const std::string& name : loom_shm_entries()) {
-      if (std::find(before.begin(), before.end(), name) == before.end()) extra.push_back(name);
-    }
-    return extra;
-  };
-  for (int i = 0; i < 100 && !leftovers().empty(); ++i)
-    std::this_thread::sleep_for(20ms);
-  EXPECT_TRUE(leftovers().empty())
-      << "a shared-memory segment was left in /dev/shm: " << leftovers().front();
+  // Rank 0 unlinked the name once every rank had attached; nothing else may be left.
+  EXPECT_TRUE(ours().empty()) << "a shared-memory segment was left in /dev/shm: " << ours().front();
 }
 
 TEST(Failures, RankThatNeverArrivesTimesOut) {
