@@ -10,7 +10,8 @@ once), then `mpirun -np 2 mpi_allreduce_perf` (blocking MPI_Allreduce, `--bind-t
 loom-perf's default), with the same sizes and counts, float sum, out of place. Prints per
 size the median time of each and the median over rounds of Loom's time over Open MPI's in the
 same round: the host's fast and slow spells move both (docs/performance_comm.md). Issue 12's
-goal is `-z 0` within 1.2x of Open MPI from 8 B to 4 KiB.
+goal is `-z 0` within 1.2x of Open MPI from 8 B to 4 KiB. Also prints the share of CPU time
+the hypervisor stole during the runs.
 """
 import argparse
 import json
@@ -18,6 +19,14 @@ import os
 import statistics
 import subprocess
 import tempfile
+
+
+def cpu_jiffies() -> tuple:
+    """(steal, total) over all CPUs from /proc/stat: the share of time the hypervisor ran
+    something else while this VM wanted the CPU, one sign of the host's slow mode."""
+    with open("/proc/stat") as f:
+        fields = [int(x) for x in f.readline().split()[1:]]
+    return fields[7] if len(fields) > 7 else 0, sum(fields[:8])
 
 
 def times(path: str) -> dict:
@@ -45,6 +54,7 @@ def main() -> None:
     sweep = ["-b", args.b, "-e", args.e, "-f", args.f, "-n", args.n, "-w", args.w, "-c", "0"]
     modes = [int(z) for z in args.modes.split(",")]
     runs = {}  # name -> [per-round {size: us}]
+    steal_before, total_before = cpu_jiffies()
     with tempfile.TemporaryDirectory() as d:
         out = os.path.join(d, "r.json")
         for _ in range(args.rounds):
@@ -55,6 +65,9 @@ def main() -> None:
             subprocess.run(["mpirun", "--allow-run-as-root", "--bind-to", "none", "-np", "2", mpi,
                             *sweep, "--json", out], check=True, stdout=subprocess.DEVNULL)
             runs.setdefault("Open MPI", []).append(times(out))
+    steal_after, total_after = cpu_jiffies()
+    steal = 100 * (steal_after - steal_before) / max(total_after - total_before, 1)
+    print(f"steal time during the runs: {steal:.1f}% of CPU time (/proc/stat)")
     names = [f"loom -z {z}" for z in modes]
     print(f"{'size':>6} {'Open MPI us':>12}" + "".join(f" {n + ' us (ratio)':>22}" for n in names))
     for size in sorted(runs["Open MPI"][0]):
