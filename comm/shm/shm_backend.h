@@ -78,6 +78,8 @@ class ShmBackend final : public Backend, public Transport {
   char* ring(int src, int dst) const;
   char* staging(int r, uint64_t round) const;
   FastBox& fastbox(int r, uint64_t round) const;
+  // Takes this rank's box of round + 1 for writing, `bytes` of it (Note [Claiming the next box]).
+  void claim_next_box(uint64_t round, size_t bytes) const;
   RoundRecord& record(int r, uint64_t round) const;
   char* result(int r, uint64_t round) const;
   std::atomic<uint64_t>& counter(int r, Phase phase) const;
