@@ -65,7 +65,9 @@ struct GroupOptions {
   std::optional<Device> device = std::nullopt;
 };
 
-class ProcessGroup : public std::enable_shared_from_this<ProcessGroup>, private Claimer {
+// Final: it implements Claimer, whose destructor is not virtual (clang warned at every
+// shared_ptr<ProcessGroup> deleter, -Wdelete-non-abstract-non-virtual-dtor).
+class ProcessGroup final : public std::enable_shared_from_this<ProcessGroup>, private Claimer {
  public:
   // Joins a group of `size` ranks that rendezvous through `store`. Collective: every rank
   // must construct its group with the same backend and store.
