@@ -120,13 +120,7 @@ std::unique_ptr<Backend> ProcessGroup::create(int rank, int size,
   if (backend == "auto") {
     backend = resolve_auto_backend({.device = options.device.value_or(Device::cpu())});
   }
-  BackendContext context{.rank = rank,
-                         .size = size,
-                         .store = std::make_shared<PrefixStore>("pg/" + name, store),
-                         .timeout = options.timeout,
-                         .group_name = name,
-                         .device = options.device};
-  return create_backend(backend, context);
+  return create_backend(backend, group_backend_context(rank, size, store, options, name));
 }
 
 ProcessGroup::~ProcessGroup() {

@@ -285,12 +285,7 @@ std::shared_ptr<ProcessGroup> ProcessGroup::split(int color, int key) {
   // Queued behind this group's earlier operations, so that every rank's backend sees the
   // split at the same point of its operation sequence. The key is the position in the
   // subgroup, so the backend orders members exactly as above.
-  BackendContext child{.rank = new_rank,
-                       .size = new_size,
-                       .store = std::make_shared<PrefixStore>("pg/" + name, store_),
-                       .timeout = options.timeout,
-                       .group_name = name,
-                       .device = options.device};
+  const BackendContext child = group_backend_context(new_rank, new_size, store_, options, name);
   auto made = std::make_shared<std::unique_ptr<Backend>>();
   Op op = make_op(OpKind::Split, nullptr, std::nullopt, std::nullopt, std::nullopt);
   submit(

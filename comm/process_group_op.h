@@ -1,10 +1,11 @@
 #pragma once
 // Internal to comm/process_group*.cpp: the definition of ProcessGroup::Op, shared by the
 // entry points that make operations (process_group_calls.cpp) and the queue that runs them
-// (process_group.cpp).
+// (process_group.cpp), and what a group tells the backend it creates.
 
 #include "comm/backend.h"
 #include "comm/process_group.h"
+#include "comm/store/store.h"
 
 namespace loom::comm {
 
@@ -45,6 +46,18 @@ inline auto allreduce_body(ReduceOp reduce) {
   return [reduce](Backend& b, Deadline d, Tensor& in, Tensor& out) {
     b.allreduce(in, out, reduce, d);
   };
+}
+
+// The context of the backend of group `name` (a new group, or a split's subgroup): its
+// store keys live under "pg/<name>/".
+inline BackendContext group_backend_context(int rank, int size, const std::shared_ptr<Store>& store,
+                                            const GroupOptions& options, const std::string& name) {
+  return {.rank = rank,
+          .size = size,
+          .store = std::make_shared<PrefixStore>("pg/" + name, store),
+          .timeout = options.timeout,
+          .group_name = name,
+          .device = options.device};
 }
 
 }  // namespace loom::comm

@@ -435,7 +435,8 @@ ShmBackend::PostedRound ShmBackend::post_tiny(const Tensor& input, Deadline dead
 // this round's is written lets that transfer run while the caller goes on; the lines taken
 // are those a call of this size writes. A hint only: nothing is read or written, and the
 // box's reuse is still checked against the peers' consumed counters before it is written.
-// Measured: 8 B to 2 KiB asynchronous bursts 0.65x to 0.85x the time (docs/performance_comm.md).
+// Measured: asynchronous bursts of 8 B to 4 KiB 0.65x to 0.95x the time, but for 64 B (1.06x),
+// and synchronous calls from 512 B 0.70x to 0.93x (docs/performance_comm.md).
 // Prefetching the peers' next boxes for reading measured slower: the line often arrives
 // before the peer wrote it, and the peer's write then has to take it back.
 void ShmBackend::claim_next_box(uint64_t round, size_t bytes) const {
