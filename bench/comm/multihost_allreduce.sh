@@ -13,12 +13,26 @@
 # Gloo's peer (bench/peers/gloo_allreduce_perf, Debian libgloo-dev) runs where it was built,
 # its ranks meeting through a FileStore in a shared directory and listening on eth0.
 #   bench/comm/multihost_allreduce.sh [ROUNDS]      (from the repository root; default 3)
+# TCP_CC=NAME sets the test hosts' TCP congestion control (a network namespace may choose
+# only those in /proc/sys/net/ipv4/tcp_allowed_congestion_control); without it they keep the
+# machine's, which the script prints. It matters here: docs/performance_comm.md, "TCP
+# congestion control on the test hosts".
 set -euo pipefail
 rounds=${1:-3}
 B=build/release
 prefix="mb$(($$ % 100000))"
 trap 'bash scripts/netns_hosts.sh down "$prefix"' EXIT
 bash scripts/netns_hosts.sh up "$prefix" 2
+if [ -n "${TCP_CC:-}" ]; then
+  for host in 0 1; do
+    ip netns exec "$prefix-h$host" sysctl -qw net.ipv4.tcp_congestion_control="$TCP_CC" || {
+      echo "cannot set TCP_CC=$TCP_CC on the test hosts; a namespace may choose one of:" \
+        "$(cat /proc/sys/net/ipv4/tcp_allowed_congestion_control)" >&2
+      exit 2
+    }
+  done
+fi
+echo "TCP congestion control on the test hosts: $(ip netns exec "$prefix-h0" sysctl -n net.ipv4.tcp_congestion_control)"
 LOOM_STORE_SECRET=$(od -An -tx1 -N32 /dev/urandom | tr -d ' \n')
 export LOOM_STORE_SECRET
 out=$(mktemp -d)

@@ -67,6 +67,12 @@ class Chunks {
   size_t extra_;
 };
 
+// Elements of a span of `length` that fall in the piece starting at `offset` (zero past its
+// end): the pieces of spans of different lengths line up, so peers agree on every piece.
+inline size_t piece_length(size_t length, size_t offset, size_t piece) {
+  return offset < length ? std::min(piece, length - offset) : 0;
+}
+
 inline std::byte* at(void* data, size_t element, size_t element_size) {
   return static_cast<std::byte*>(data) + element * element_size;
 }

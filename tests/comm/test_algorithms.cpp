@@ -451,6 +451,52 @@ TEST_P(ThreadRanks, RankOrderedAllreduceOutOfPlaceGivesTheInPlaceBits) {
   }
 }
 
+// Note [Pieces of a rank-ordered reduction]: parts longer than a piece (512 KiB) go piece by
+// piece, an allreduce passing each reduced piece on at once. Parts of 1.5 pieces and of
+// unequal lengths: the rank-order bits, in place and out of place, and for reduce-scatter.
+TEST_P(ThreadRanks, RankOrderedReductionsInPiecesGiveTheRankOrderBits) {
+  const int w = world();
+  for (DType type : {DType::F32, DType::BF16}) {
+    const size_t piece = (size_t{512} << 10) / dtype_size(type);
+    const size_t n = static_cast<size_t>(w) * (piece + piece / 2) + 3;
+    std::vector<Buffer> all;
+    std::vector<const void*> pointers;
+    for (int r = 0; r < w; ++r) {
+      all.emplace_back(type, n);
+      for (size_t i = 0; i < n; ++i)
+        all.back().set(i, std::sin(static_cast<double>(i) * 0.37 + r * 1.3) * 1e3);
+    }
+    for (const Buffer& b : all)
+      pointers.push_back(b.bytes.data());
+    Buffer want(type, n);
+    kernels::cpu::reduce_inputs(type, reduce_kind_of(ReduceOp::Sum), want.data(), pointers.data(),
+                                static_cast<size_t>(w), n, 1.0);
+    run_threads(w, [&](ThreadTransport& t) {
+      const std::string context =
+          std::string(dtype_name(type)) + ", rank " + std::to_string(t.rank());
+      const Buffer& mine = all[static_cast<size_t>(t.rank())];
+      Buffer in_place = mine;
+      algorithms::rank_ordered_allreduce(t, in_place.data(), n, type, ReduceOp::Sum, generous());
+      EXPECT_TRUE(in_place.bytes == want.bytes) << context << ": allreduce in place";
+      Buffer input = mine;
+      Buffer output(type, n);
+      algorithms::rank_ordered_allreduce(t, input.data(), output.data(), n, type, ReduceOp::Sum,
+                                         generous());
+      EXPECT_TRUE(output.bytes == want.bytes) << context << ": allreduce out of place";
+      EXPECT_TRUE(input.bytes == mine.bytes) << context << ": allreduce changed its input";
+      // Reduce-scatter of the first w * m elements: this rank's m of the sum.
+      const size_t m = n / static_cast<size_t>(w);
+      const size_t es = dtype_size(type);
+      Buffer scattered(type, m);
+      algorithms::rank_ordered_reduce_scatter(t, input.data(), scattered.data(), m, type,
+                                              ReduceOp::Sum, generous());
+      const auto* first = want.bytes.data() + static_cast<size_t>(t.rank()) * m * es;
+      EXPECT_TRUE(std::equal(first, first + m * es, scattered.bytes.begin()))
+          << context << ": reduce-scatter";
+    });
+  }
+}
+
 // A subset of ranks, in an order of its own, runs collectives over the whole's streams; the
 // other ranks take no part. Members that repeat or are out of range, and a rank that is not a
 // member, are refused.
