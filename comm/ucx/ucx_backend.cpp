@@ -32,6 +32,14 @@ namespace {
 
 constexpr ucp_tag_t kFullMask = ~ucp_tag_t{0};
 
+// A wait drives the worker without pause this long, then yields the core at every check of
+// the deadline (every 256 rounds of progress): where ranks outnumber cores, the peer it waits
+// for may need this core. Yielding where nothing else is runnable returns at once. 2 ms here
+// (the value until 2026-11-28) made a 16 MiB allreduce of 2 ranks on each of two namespace
+// hosts (4 ranks on 2 cores) take 4x as long (docs/performance_comm.md); the shm backend
+// yields after a few thousand spins likewise (comm/shm/peer_wait.h).
+constexpr auto kSpinBeforeYielding = std::chrono::microseconds(20);
+
 ucp_tag_t stream_tag(int sender) {
   return static_cast<ucp_tag_t>(sender);
 }
@@ -336,7 +344,7 @@ void UcxBackend::transfer(const void* send_data, size_t send_bytes, int dst, voi
                             " before the deadline",
                         rank_, late, CommFailure::Timeout));
     }
-    if (now - start > std::chrono::milliseconds(2)) sched_yield();
+    if (now - start > kSpinBeforeYielding) sched_yield();
   }
 }
 
