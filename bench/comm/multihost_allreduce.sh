@@ -5,7 +5,8 @@
 #   2 ranks per host: loom-perf --backend ucx and --backend hierarchical  against  both
 # Every program is started by mpirun from host 0 (scripts/netns_rsh.sh as its remote agent)
 # with --bind-to none: Open MPI's default binding pins rank 0 of each "host" to the same
-# core, which on one machine puts the ranks of both hosts on one core. Loom uses UCX_TLS=tcp,
+# core, which on one machine puts the ranks of both hosts on one core; with one rank per host
+# the script pins rank r to core r itself (taskset). Loom uses UCX_TLS=tcp,
 # so both sides cross the veth links over TCP. Loom and Open MPI take turns going first. Prints,
 # per program and size, the us per call (out of place) of every round and their median, then
 # Loom's ucx (-z 0 and -z 1) over Open MPI within each round and the median ratio. Needs
@@ -40,6 +41,11 @@ out=$(mktemp -d)
 run() {  # label ranks-per-host program args...: appends "label size us" lines
   local label=$1 per_host=$2
   shift 2
+  # One rank per host: each rank on a core of its own, as on real hosts (mpirun's own binding
+  # would put both on core 0, see above). Unbound, the scheduler at times started both ranks'
+  # busy threads on one core and moved one only milliseconds later, which made the first size
+  # of a loom-perf -z 0 sweep (its progress thread polls) 3x to 4x slow in some rounds.
+  if [ "$per_host" -eq 1 ]; then set -- bash -c 'exec taskset -c "$OMPI_COMM_WORLD_RANK" "$0" "$@"' "$@"; fi
   ip netns exec "$prefix-h0" env NETNS_PREFIX="$prefix" timeout 600 mpirun --allow-run-as-root \
     --bind-to none --mca plm_rsh_agent "$PWD/scripts/netns_rsh.sh" --mca oob_tcp_if_include eth0 \
     --mca btl tcp,self --mca btl_tcp_if_include eth0 \
