@@ -16,8 +16,8 @@
 #   bench/comm/multihost_allreduce.sh [ROUNDS]      (from the repository root; default 3)
 # TCP_CC=NAME sets the test hosts' TCP congestion control (a network namespace may choose
 # only those in /proc/sys/net/ipv4/tcp_allowed_congestion_control); without it they keep the
-# machine's, which the script prints. It matters here: docs/performance_comm.md, "TCP
-# congestion control on the test hosts".
+# machine's, which the script prints. It matters here: docs/performance_comm.md, "2026-11-28:
+# the hosts' congestion control, pieces, and yielding".
 set -euo pipefail
 rounds=${1:-3}
 B=build/release
@@ -45,7 +45,7 @@ run() {  # label ranks-per-host program args...: appends "label size us" lines
   # would put both on core 0, see above). Unbound, the scheduler at times started both ranks'
   # busy threads on one core and moved one only milliseconds later, which made the first size
   # of a loom-perf -z 0 sweep (its progress thread polls) 3x to 4x slow in some rounds.
-  if [ "$per_host" -eq 1 ]; then set -- bash -c 'exec taskset -c "$OMPI_COMM_WORLD_RANK" "$0" "$@"' "$@"; fi
+  if [ "$per_host" -eq 1 ]; then set -- bash -c 'exec taskset -c "$((OMPI_COMM_WORLD_RANK % $(nproc)))" "$0" "$@"' "$@"; fi
   ip netns exec "$prefix-h0" env NETNS_PREFIX="$prefix" timeout 600 mpirun --allow-run-as-root \
     --bind-to none --mca plm_rsh_agent "$PWD/scripts/netns_rsh.sh" --mca oob_tcp_if_include eth0 \
     --mca btl tcp,self --mca btl_tcp_if_include eth0 \
