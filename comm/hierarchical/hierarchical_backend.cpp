@@ -118,21 +118,27 @@ void HierarchicalBackend::allreduce(const Tensor& input, Tensor& output, ReduceO
   const int64_t n = input.numel();
   if (!two_levels() || n == 0) return flat_->allreduce(input, output, op, deadline);
   const int64_t shard_count = (n + local_size_ - 1) / local_size_;
-  const size_t es = dtype_size(input.dtype());
-  Tensor padded = like(input, shard_count * local_size_);
-  std::memcpy(padded.raw_data(), input.raw_data(), input.nbytes());
-  std::memset(bytes_of(padded) + input.nbytes(), 0, padded.nbytes() - input.nbytes());
+  // Where n is not a multiple of the local size, the levels work on a zero-padded copy;
+  // otherwise they read `input` and write `output` themselves (the two copies of the whole
+  // buffer were 43% of a 16 MiB allreduce with 2 ranks on each of two hosts). The shard is
+  // separate, so output may be input.
+  Tensor padded;
+  if (n % local_size_ != 0) {
+    padded = like(input, shard_count * local_size_);
+    std::memcpy(padded.raw_data(), input.raw_data(), input.nbytes());
+    std::memset(bytes_of(padded) + input.nbytes(), 0, padded.nbytes() - input.nbytes());
+  }
   Tensor shard = like(input, shard_count);
   const ReduceOp level = op == ReduceOp::Avg ? ReduceOp::Sum : op;
-  intra_->reduce_scatter(shard, padded, level, deadline);
+  intra_->reduce_scatter(shard, padded.defined() ? padded : input, level, deadline);
   algorithms::rank_ordered_allreduce(*inter_, shard.raw_data(), static_cast<size_t>(shard_count),
                                      input.dtype(), level, deadline);
   if (op == ReduceOp::Avg) {
     kernels::cpu::scale_inplace(input.dtype(), shard.raw_data(),
                                 static_cast<size_t>(shard_count), 1.0 / size_);
   }
-  intra_->all_gather(padded, shard, deadline);
-  std::memcpy(output.raw_data(), padded.raw_data(), static_cast<size_t>(n) * es);
+  intra_->all_gather(padded.defined() ? padded : output, shard, deadline);
+  if (padded.defined()) std::memcpy(output.raw_data(), padded.raw_data(), output.nbytes());
 }
 
 void HierarchicalBackend::reduce_scatter(Tensor& output, const Tensor& input, ReduceOp op,
