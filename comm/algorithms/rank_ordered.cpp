@@ -18,7 +18,7 @@
 // whole part. The reduction is element-wise, so the bits do not depend on the pieces. Between
 // two namespace hosts over TCP (docs/performance_comm.md) this took 4 and 16 MiB allreduces
 // to 0.88x-0.90x of their time in one message; 256 KiB pieces measured the same there, and
-// cost 1 MiB (two pieces of its 512 KiB parts) 2-4%, 128 KiB pieces more.
+// cost 1 MiB (two pieces of its 512 KiB parts) 1-4%, 128 KiB pieces more.
 
 #include <algorithm>
 #include <cstring>

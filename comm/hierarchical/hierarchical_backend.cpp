@@ -128,17 +128,19 @@ void HierarchicalBackend::allreduce(const Tensor& input, Tensor& output, ReduceO
     std::memcpy(padded.raw_data(), input.raw_data(), input.nbytes());
     std::memset(bytes_of(padded) + input.nbytes(), 0, padded.nbytes() - input.nbytes());
   }
+  const Tensor& from = padded.defined() ? padded : input;
+  Tensor& into = padded.defined() ? padded : output;
   Tensor shard = like(input, shard_count);
   const ReduceOp level = op == ReduceOp::Avg ? ReduceOp::Sum : op;
-  intra_->reduce_scatter(shard, padded.defined() ? padded : input, level, deadline);
+  intra_->reduce_scatter(shard, from, level, deadline);
   algorithms::rank_ordered_allreduce(*inter_, shard.raw_data(), static_cast<size_t>(shard_count),
                                      input.dtype(), level, deadline);
   if (op == ReduceOp::Avg) {
     kernels::cpu::scale_inplace(input.dtype(), shard.raw_data(),
                                 static_cast<size_t>(shard_count), 1.0 / size_);
   }
-  intra_->all_gather(padded.defined() ? padded : output, shard, deadline);
-  if (padded.defined()) std::memcpy(output.raw_data(), padded.raw_data(), output.nbytes());
+  intra_->all_gather(into, shard, deadline);
+  if (&into != &output) std::memcpy(output.raw_data(), into.raw_data(), output.nbytes());
 }
 
 void HierarchicalBackend::reduce_scatter(Tensor& output, const Tensor& input, ReduceOp op,

@@ -388,29 +388,39 @@ TEST_P(ThreadRanks, RankOrderedReduceScatter) {
   });
 }
 
+// Every rank's data for a rank-order test (n elements of `type` per rank, w ranks) and what
+// the shm backend computes from it: reduce_inputs over the ranks' buffers in rank order.
+struct RankOrderCase {
+  std::vector<Buffer> all;  // by rank
+  Buffer want;
+};
+
+RankOrderCase rank_order_case(DType type, ReduceOp op, int w, size_t n) {
+  RankOrderCase c{{}, Buffer(type, n)};
+  std::vector<const void*> pointers;
+  for (int r = 0; r < w; ++r) {
+    c.all.emplace_back(type, n);
+    for (size_t i = 0; i < n; ++i)
+      c.all.back().set(i, std::sin(static_cast<double>(i) * 0.37 + r * 1.3) * 1e3 / (1 + i % 17));
+  }
+  for (const Buffer& b : c.all)
+    pointers.push_back(b.bytes.data());
+  kernels::cpu::reduce_inputs(type, reduce_kind_of(op), c.want.data(), pointers.data(),
+                              static_cast<size_t>(w), n, op == ReduceOp::Avg ? 1.0 / w : 1.0);
+  return c;
+}
+
 // Note [Rank-ordered reductions]: the bits of reduce_inputs over every rank's data in rank
 // order (what the shm backend computes), in one call or in pieces of any size.
 TEST_P(ThreadRanks, RankOrderedAllreduceGivesTheRankOrderBitsInAnyPieces) {
   const int w = world();
   const size_t n = 10007;
-  auto value = [](int rank, size_t i) {
-    return std::sin(static_cast<double>(i) * 0.37 + rank * 1.3) * 1e3 / (1 + i % 17);
-  };
   for (DType type : {DType::F32, DType::BF16}) {
     for (ReduceOp op : {ReduceOp::Sum, ReduceOp::Avg}) {
-      std::vector<Buffer> all;
-      std::vector<const void*> pointers;
-      for (int r = 0; r < w; ++r) {
-        all.emplace_back(type, n);
-        for (size_t i = 0; i < n; ++i)
-          all.back().set(i, value(r, i));
-      }
-      for (const Buffer& b : all)
-        pointers.push_back(b.bytes.data());
-      Buffer want(type, n);
-      kernels::cpu::reduce_inputs(type, reduce_kind_of(op), want.data(),
-                                  pointers.data(), static_cast<size_t>(w), n,
-                                  op == ReduceOp::Avg ? 1.0 / w : 1.0);
+      // Named members, not a structured binding: clang 14 cannot capture those in a lambda.
+      const RankOrderCase data = rank_order_case(type, op, w, n);
+      const std::vector<Buffer>& all = data.all;
+      const Buffer& want = data.want;
       run_threads(w, [&](ThreadTransport& t) {
         const size_t es = dtype_size(type);
         Buffer whole = all[static_cast<size_t>(t.rank())];
@@ -459,18 +469,9 @@ TEST_P(ThreadRanks, RankOrderedReductionsInPiecesGiveTheRankOrderBits) {
   for (DType type : {DType::F32, DType::BF16}) {
     const size_t piece = (size_t{512} << 10) / dtype_size(type);
     const size_t n = static_cast<size_t>(w) * (piece + piece / 2) + 3;
-    std::vector<Buffer> all;
-    std::vector<const void*> pointers;
-    for (int r = 0; r < w; ++r) {
-      all.emplace_back(type, n);
-      for (size_t i = 0; i < n; ++i)
-        all.back().set(i, std::sin(static_cast<double>(i) * 0.37 + r * 1.3) * 1e3);
-    }
-    for (const Buffer& b : all)
-      pointers.push_back(b.bytes.data());
-    Buffer want(type, n);
-    kernels::cpu::reduce_inputs(type, reduce_kind_of(ReduceOp::Sum), want.data(), pointers.data(),
-                                static_cast<size_t>(w), n, 1.0);
+    const RankOrderCase data = rank_order_case(type, ReduceOp::Sum, w, n);
+    const std::vector<Buffer>& all = data.all;
+    const Buffer& want = data.want;
     run_threads(w, [&](ThreadTransport& t) {
       const std::string context =
           std::string(dtype_name(type)) + ", rank " + std::to_string(t.rank());
