@@ -38,16 +38,28 @@ struct RankControl {
   Counter stopped;      // 1 once this rank gave up on the group with a CommError
 };
 
-// A small message (up to 4 KiB and a little more) stamped with the fingerprint chain of the
-// round it belongs to, so a reader that sees its own chain there also has the data. The stamp
-// shares its cache line with the first 56 bytes: a message of that size or less costs one
-// cache-line transfer per peer.
+// A small message (up to 4 KiB and a little more) followed by the fingerprint chain of the
+// round it belongs to (its stamp), so a reader that sees its own chain there also has the data.
+// The data starts on a cache line, and the stamp at the next multiple of 8 bytes after it: up
+// to 56 bytes, data and stamp share one line. Writer and readers find the stamp by the size,
+// which every rank passes alike; a rank that passed another size waits at another place and
+// finds the mismatch in the peer's round record (Note [Fast boxes] in shm_backend.cpp).
 struct alignas(64) FastBox {
-  std::atomic<uint64_t> stamp{0};
-  unsigned char data[4096 + 56];
+  unsigned char data[4096 + 64];
+
+  static constexpr size_t stamp_offset(size_t bytes) { return (bytes + 7) / 8 * 8; }
+  // The part of the box a message of `bytes` bytes and its stamp occupy: [0, used_bytes).
+  static constexpr size_t used_bytes(size_t bytes) {
+    return stamp_offset(bytes) + sizeof(uint64_t);
+  }
+  std::atomic_ref<uint64_t> stamp(size_t bytes) {
+    return std::atomic_ref<uint64_t>(*reinterpret_cast<uint64_t*>(data + stamp_offset(bytes)));
+  }
 };
 static_assert(sizeof(FastBox) == 4096 + 64);
-inline constexpr size_t kFastBoxBytes = sizeof(FastBox::data);
+inline constexpr size_t kFastBoxBytes = sizeof(FastBox::data) - sizeof(uint64_t);
+static_assert(FastBox::used_bytes(kFastBoxBytes) <= sizeof(FastBox::data));
+static_assert(std::atomic_ref<uint64_t>::required_alignment <= sizeof(uint64_t));
 inline constexpr uint64_t kFastBoxSlots = 16;  // per rank, used round-robin
 
 // What a rank ran in one round, kept for kRecordedRounds rounds to explain a mismatch.

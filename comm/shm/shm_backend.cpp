@@ -391,7 +391,7 @@ void ShmBackend::reduce_rounds(const Tensor& input, Tensor& output, ReduceOp op,
 
 // Note [Fast boxes]
 // A reduction of at most kFastBoxBytes (4 KiB and 56 bytes) travels in one box per rank, the
-// data beside the number of the round it belongs to: a peer that sees the round number has
+// data followed by the number of the round it belongs to: a peer that sees the round number has
 // the data too, so the round costs no flag or consumed counter of its own, and up to 56
 // bytes a single cache-line transfer per peer. (Boxes of 4 KiB took the staging path's
 // one-shot rounds from 64 B to 4 KiB: docs/performance_comm.md, "posted allreduces".) Each rank has
@@ -402,6 +402,16 @@ void ShmBackend::reduce_rounds(const Tensor& input, Tensor& output, ReduceOp op,
 // its round's fingerprint chain rather than the round number (Note [Fingerprints]): a reader that
 // waits long for a peer's box looks at the peer's record of the round now and then
 // (fail_if_parted), and a record of this round with another chain is a mismatch.
+//
+// The data starts on a cache line and the stamp follows it (FastBox::stamp_offset), so the
+// stamp's place depends on the size. The stamp used to come first, the data 8 bytes into the
+// line, and a 64-byte f32 allreduce (one AVX-512 load per peer, across two lines) took 1.3x-1.6x
+// the time of 56 or 96 bytes: 1.16x-1.22x Open MPI's time, 0.80x now. Why only that case (64
+// bytes of bf16 or i32 were not slow) is not known; with the data on a line it is gone. Other
+// sizes: 0.84x-1.15x their former time (docs/performance_comm.md, "The 64-byte allreduce").
+// Every rank passes the same size, so all look in the same place; a rank that passed another
+// size looks elsewhere, never sees its chain, and fail_if_parted finds the mismatch. A data
+// word left where a reader looks equals the reader's chain only by a 64-bit hash collision.
 void ShmBackend::reduce_tiny(const Tensor& input, Tensor& output, ReduceOp op, int root,
                              Deadline deadline) {
   finish_tiny(post_tiny(input, deadline), output, op, root, deadline);
@@ -420,7 +430,7 @@ ShmBackend::PostedRound ShmBackend::post_tiny(const Tensor& input, Deadline dead
   stamp_round(round);
   FastBox& mine = fastbox(rank_, round);
   copy_bytes(mine.data, input.raw_data(), input.nbytes());
-  mine.stamp.store(chain_, std::memory_order_release);
+  mine.stamp(input.nbytes()).store(chain_, std::memory_order_release);
   claim_next_box(round, input.nbytes());
   // No arrived counter: peers read this round's data from the box alone (a peer that ran this
   // round on a staging path finds it out from this round's record, fail_if_parted).
@@ -435,13 +445,14 @@ ShmBackend::PostedRound ShmBackend::post_tiny(const Tensor& input, Deadline dead
 // this round's is written lets that transfer run while the caller goes on; the lines taken
 // are those a call of this size writes. A hint only: nothing is read or written, and the
 // box's reuse is still checked against the peers' consumed counters before it is written.
-// Measured: asynchronous bursts of 8 B to 4 KiB 0.65x to 0.95x the time, but for 64 B (1.06x),
-// and synchronous calls from 512 B 0.70x to 0.93x (docs/performance_comm.md).
+// Measured: asynchronous bursts of 8 B to 4 KiB 0.65x to 0.95x the time, but for 64 B (1.06x,
+// with the stamp-first box of the time: Note [Fast boxes]), and synchronous calls from 512 B
+// 0.70x to 0.93x (docs/performance_comm.md).
 // Prefetching the peers' next boxes for reading measured slower: the line often arrives
 // before the peer wrote it, and the peer's write then has to take it back.
 void ShmBackend::claim_next_box(uint64_t round, size_t bytes) const {
   const auto* next = reinterpret_cast<const unsigned char*>(&fastbox(rank_, round + 1));
-  for (size_t at = 0; at < sizeof(FastBox::stamp) + bytes; at += 64)
+  for (size_t at = 0; at < FastBox::used_bytes(bytes); at += 64)
     __builtin_prefetch(next + at, /*rw=*/1);
 }
 
@@ -461,12 +472,14 @@ void ShmBackend::finish_tiny(const PostedRound& posted, Tensor& output, ReduceOp
     }
     for (int r = 0; r < size_; ++r) {
       FastBox& box = fastbox(r, round);
-      if (box.stamp.load(std::memory_order_acquire) != chain) {
+      // (output holds as many bytes as every rank's input: the stamps' place.)
+      const std::atomic_ref<uint64_t> stamp = box.stamp(output.nbytes());
+      if (stamp.load(std::memory_order_acquire) != chain) {
         uint32_t checks = 0;
         wait_until(
             scope_,
             [&] {
-              if (box.stamp.load(std::memory_order_acquire) == chain) return true;
+              if (stamp.load(std::memory_order_acquire) == chain) return true;
               if (++checks % 64 == 0) fail_if_parted(r, round, chain);
               return false;
             },
