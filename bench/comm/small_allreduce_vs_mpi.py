@@ -29,6 +29,16 @@ def cpu_jiffies() -> tuple:
     return fields[7] if len(fields) > 7 else 0, sum(fields[:8])
 
 
+def core_to_core(build: str) -> str:
+    """The median one-way core-to-core latency from bench/core_to_core, or why there is none."""
+    probe = os.path.join(build, "bench/core_to_core")
+    if not os.access(probe, os.X_OK):
+        return f"({probe} not built)"
+    out = subprocess.run([probe, "--round-trips", "200000"], check=True, capture_output=True,
+                         text=True).stdout
+    return next(line.split()[1] for line in out.splitlines() if line.startswith("median_ns")) + " ns"
+
+
 def times(path: str) -> dict:
     with open(path) as f:
         return {r["size"]: r["out_of_place"]["time_us"] for r in json.load(f)["results"]}
@@ -54,6 +64,7 @@ def main() -> None:
     sweep = ["-b", args.b, "-e", args.e, "-f", args.f, "-n", args.n, "-w", args.w, "-c", "0"]
     modes = [int(z) for z in args.modes.split(",")]
     runs = {}  # name -> [per-round {size: us}]
+    latency_before = core_to_core(args.build)
     steal_before, total_before = cpu_jiffies()
     with tempfile.TemporaryDirectory() as d:
         out = os.path.join(d, "r.json")
@@ -68,6 +79,8 @@ def main() -> None:
     steal_after, total_after = cpu_jiffies()
     steal = 100 * (steal_after - steal_before) / max(total_after - total_before, 1)
     print(f"steal time during the runs: {steal:.1f}% of CPU time (/proc/stat)")
+    print(f"one-way core-to-core latency before and after: {latency_before}, "
+          f"{core_to_core(args.build)} (bench/core_to_core)")
     names = [f"loom -z {z}" for z in modes]
     print(f"{'size':>6} {'Open MPI us':>12}" + "".join(f" {n + ' us (ratio)':>22}" for n in names))
     for size in sorted(runs["Open MPI"][0]):
