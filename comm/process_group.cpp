@@ -33,11 +33,27 @@ bool debug_from_env() {
   return enabled;
 }
 
-// Reads the settings of LOOM_DEBUG and LOOM_FLIGHT_RECORDER (loom::Error for a value they do
-// not know) before the backend's rendezvous, so that every rank refuses a bad value at once
-// rather than after waiting for the others.
+// LOOM_COMM_TIMING: unset, empty or 0 (the coarse clock), or 1 (the precise one: Note
+// [Operation times]). Any other value is loom::Error, as for LOOM_DEBUG.
+bool precise_times_from_env() {
+  static const bool enabled = [] {
+    const char* v = tunable_value(tunables::kCommTiming);
+    if (v == nullptr || *v == '\0' || std::string_view(v) == "0") return false;
+    if (std::string_view(v) == "1") return true;
+    tag::kComm.fail(
+        tunables::kCommTiming.name, "='", v,
+        "' is not a known setting; expected 1 (the precise clock) or 0 (the coarse one, "
+        "the default)");
+  }();
+  return enabled;
+}
+
+// Reads the settings of LOOM_DEBUG, LOOM_COMM_TIMING and LOOM_FLIGHT_RECORDER (loom::Error for
+// a value they do not know) before the backend's rendezvous, so that every rank refuses a bad
+// value at once rather than after waiting for the others.
 void check_debug_settings() {
   (void)debug_from_env();
+  (void)precise_times_from_env();
   (void)FlightRecorder::global();
 }
 
@@ -59,8 +75,10 @@ namespace {
 // as an async_op = false call would. Nothing else changes: operations still run one at a
 // time in issue order (only the queue's front, with nothing running, can be claimed), and a
 // caller that does not wait (or queues more behind it) has it started by the progress
-// thread soon after kClaimWindow (within kLongestPoll more: Note [Idle progress thread]), so
-// no program that relied on asynchrony waits on itself. Point-to-point operations are never
+// thread kClaimWindow after that thread first saw it (within kLongestPoll of its queueing:
+// Note [Idle progress thread]), so no program that relied on asynchrony waits on itself. The
+// window is timed on the progress thread's clock, not from the issue time: the issuing thread
+// reads only the coarse clock (Note [Operation times]). Point-to-point operations are never
 // claimable: a receive posted ahead must not block its poster.
 constexpr size_t kClaimableBytes = 4096;
 constexpr auto kClaimWindow = std::chrono::microseconds(50);
@@ -69,10 +87,10 @@ constexpr auto kClaimWindow = std::chrono::microseconds(50);
 // Waking the progress thread costs a system call on the issuing thread and a context switch
 // that, on a machine with as many busy threads as cores, takes the core another rank's caller
 // needs: for a claimable operation that its waiter then runs itself, that wake-up was most of
-// the cost of the call. So for kIdlePollSpan after a claimable operation was queued, the idle
+// the cost of the call. So for kIdlePollSpan after it saw a claimable operation issued, the idle
 // progress thread polls instead of sleeping until notified, and submit() does not wake it for
 // a claimable operation: a poll finds the operation if its waiter has not run it, and starts
-// it kClaimWindow after it was queued, or at once if that moment has passed. Polls that find
+// it kClaimWindow after the first poll that saw it. Polls that find
 // nothing double the period, from kClaimWindow up to kLongestPoll, and a poll or wake-up that
 // finds work resets it. So an operation nobody waits for starts within kLongestPoll plus
 // kClaimWindow at worst, while a stream of calls run by their waiters costs a wake-up per
@@ -101,6 +119,8 @@ ProcessGroup::ProcessGroup(int rank, int size, std::shared_ptr<Store> store,
       name_(std::move(name)),
       backend_(std::move(backend)) {
   options_.debug_checks = options_.debug_checks || debug_from_env();
+  precise_times_.store(options_.precise_times || precise_times_from_env(),
+                       std::memory_order_relaxed);
   FlightRecorder::global().note_rank(rank_);
   flight_group_ = FlightRecorder::global().register_group(name_, rank_, size_);
   FlightRecorder::install_signal_dump();
@@ -140,6 +160,22 @@ ProcessGroup::~ProcessGroup() {
 // queued_count_ before notifying. Both are seq_cst, so either the notifier's wake-up finds
 // running_ clear, or the inline thread sees the count and notifies again.
 
+// Note [Operation times]
+// An operation's phases (issued, started, completed) are timed for its Work (started_at,
+// completed_at), the flight recorder and its deadline. A read of the precise clock costs
+// about 20 ns, and a small allreduce takes two (issue and completion): a tenth of its time
+// (docs/performance_comm.md, 2026-11-28). So by default a group reads the coarse clock
+// (coarse_now(): the time of the last timer tick, 1 to 4 ms behind), precise enough to tell
+// a hung operation from a slow one, and reads the precise clock only when asked to
+// (GroupOptions::precise_times, LOOM_COMM_TIMING=1, or time_precisely(), which DDP calls when
+// a trace records its buckets), as PyTorch times NCCL operations only under
+// TORCH_NCCL_ENABLE_TIMING. Nothing else depends on the choice: a deadline is counted from
+// the start plus the coarse clock's lag, so it is never early, and the progress thread times
+// claim windows on its own precise clock (Note [Claimable operations]).
+Clock::time_point ProcessGroup::op_time() const {
+  return precise_times_.load(std::memory_order_relaxed) ? Clock::now() : coarse_now();
+}
+
 // Numbers an operation and counts it (under the lock).
 void ProcessGroup::enter(Op& op, int64_t bytes, Clock::time_point issued) {
   // One writer at a time (the lock's holder): a load and a store, no locked instruction.
@@ -160,7 +196,7 @@ WorkPtr ProcessGroup::submit(Op&& op, const Tensor& first, const Tensor& second,
   const auto bytes = static_cast<int64_t>(
       std::max(first.defined() ? first.nbytes() : 0, second.defined() ? second.nbytes() : 0));
   // One clock read serves the record, and the start of an operation run here.
-  const Clock::time_point issued = Clock::now();
+  const Clock::time_point issued = op_time();
   // Made before taking the lock, which the progress thread needs for every operation.
   op.work = std::make_shared<Work>(op.label, op.timeout);
   std::unique_lock lock = lock_queue();
@@ -186,7 +222,7 @@ WorkPtr ProcessGroup::submit(Op&& op, const Tensor& first, const Tensor& second,
           clock);
     } else {
       std::lock_guard relock(mutex_);
-      fail_unstarted(op, Clock::now());
+      fail_unstarted(op, op_time());
     }
     done_running_here();
     return std::move(op.work);
@@ -199,8 +235,7 @@ WorkPtr ProcessGroup::submit(Op&& op, const Tensor& first, const Tensor& second,
                  (!first.defined() || first.device().is_cpu()) &&
                  queue_.empty() && !running_ && op.label.bytes <= kClaimableBytes;
   if (op.claimable) {
-    op.queued_at = issued;
-    last_claimable_ = issued;
+    ++claimables_issued_;
     work->offer_claim(this);
   }
   const bool wake = !(op.claimable && progress_polling_);
@@ -248,7 +283,7 @@ void ProcessGroup::keep_spares(std::vector<std::unique_ptr<Op>>& spent) {
 // burst costs one round trip in all rather than one per call. Not under LOOM_DEBUG (whose check
 // runs each collective whole) nor for CUDA tensors.
 WorkPtr ProcessGroup::post(Op&& op, const Tensor& input, Tensor& output, ReduceOp reduce) {
-  const Clock::time_point issued = Clock::now();
+  const Clock::time_point issued = op_time();
   op.work = std::make_shared<Work>(op.label, op.timeout);
   std::unique_lock lock = lock_queue();
   if (!queue_.empty() || running_ || broken_) {
@@ -274,8 +309,7 @@ WorkPtr ProcessGroup::post(Op&& op, const Tensor& input, Tensor& output, ReduceO
     backend.finish_allreduce(out, reduce, deadline);
   };
   op.claimable = true;
-  op.queued_at = issued;
-  last_claimable_ = issued;
+  ++claimables_issued_;
   const bool wake = !progress_polling_;
   // Queued before it is posted: nobody else finishes it (or posts) while this thread runs.
   posted_.push_back(reuse_op(std::move(op)));
@@ -294,7 +328,7 @@ WorkPtr ProcessGroup::post(Op&& op, const Tensor& input, Tensor& output, ReduceO
   }
   if (broke) {  // the post failed, or was not made after a finish failed
     lock.lock();
-    if (!work->is_completed()) fail_unstarted(mine, Clock::now());
+    if (!work->is_completed()) fail_unstarted(mine, op_time());
     mine.work = nullptr;
     claimed_.push_back(std::move(posted_.back()));
     posted_.pop_back();
@@ -335,7 +369,7 @@ bool ProcessGroup::run_in_order(std::vector<std::unique_ptr<Op>>& ops, Clock::ti
   if (i < ops.size()) {
     std::lock_guard lock(mutex_);
     for (; i < ops.size(); ++i) {
-      if (ops[i]->work) fail_unstarted(*ops[i], Clock::now());
+      if (ops[i]->work) fail_unstarted(*ops[i], op_time());
       ops[i]->work = nullptr;
     }
   }
@@ -361,7 +395,7 @@ bool ProcessGroup::claim(uint64_t seq) {
     queued_count_.fetch_sub(1);
   }
   lock.unlock();
-  Clock::time_point clock = Clock::now();
+  Clock::time_point clock = op_time();
   run_in_order(claimed_, clock);
   done_running_here();
   return true;
@@ -419,27 +453,40 @@ std::unique_lock<std::mutex> ProcessGroup::lock_queue() {
 void ProcessGroup::progress_loop() {
   std::vector<std::unique_ptr<Op>> batch;
   std::chrono::microseconds poll_period = kClaimWindow;  // Note [Idle progress thread]
+  uint64_t claimables_seen = 0;        // claimables_issued_ when this thread last looked
+  Clock::time_point last_claimable{};  // when a look last found new ones
+  // Whether `op`'s claim window is over: kClaimWindow after this thread first saw it.
+  auto window_over = [](Op& op, Clock::time_point now) {
+    if (!op.seen_at) op.seen_at = now;
+    return now >= *op.seen_at + kClaimWindow;
+  };
   while (true) {
     {
       std::unique_lock lock = lock_queue();
       // A batch taken from a broken group fails here; one that ran is only spent.
       for (std::unique_ptr<Op>& op : batch) {
-        if (op->work) fail_unstarted(*op, Clock::now());
+        if (op->work) fail_unstarted(*op, op_time());
         op->work = nullptr;
       }
       keep_spares(batch);
       // Something to run (or the order to stop), and no operation running on a caller's
       // thread: queued operations, or a posted allreduce nobody finished within kClaimWindow.
       auto may_proceed = [&](Clock::time_point now) {
-        return !running_ &&
-               (stopping_ || !queue_.empty() ||
-                (!posted_.empty() && now >= posted_.front()->queued_at + kClaimWindow));
+        return !running_ && (stopping_ || !queue_.empty() ||
+                             (!posted_.empty() && window_over(*posted_.front(), now)));
       };
       for (Clock::time_point now = Clock::now(); !may_proceed(now); now = Clock::now()) {
+        if (claimables_issued_ != claimables_seen) {
+          claimables_seen = claimables_issued_;
+          last_claimable = now;
+        }
         // Posted allreduces keep it polling: a thread that finishes one does not wake it.
-        progress_polling_ = !posted_.empty() || now < last_claimable_ + kIdlePollSpan;
+        progress_polling_ = !posted_.empty() || now < last_claimable + kIdlePollSpan;
         if (progress_polling_) {
-          queued_.wait_until(lock, now + poll_period);
+          Clock::time_point wake = now + poll_period;
+          if (!posted_.empty() && posted_.front()->seen_at)
+            wake = std::min(wake, *posted_.front()->seen_at + kClaimWindow);
+          queued_.wait_until(lock, wake);
           poll_period = std::min(2 * poll_period, kLongestPoll);
         } else {
           queued_.wait(lock);
@@ -450,10 +497,10 @@ void ProcessGroup::progress_loop() {
       if (queue_.empty() && posted_.empty()) return;
       // A claimable operation alone in the queue is left to its waiter for a moment.
       if (posted_.empty()) {
-        const Op& front = *queue_.front();
+        Op& front = *queue_.front();
         if (front.claimable && queue_.size() == 1 && !stopping_ &&
-            Clock::now() < front.queued_at + kClaimWindow) {
-          queued_.wait_until(lock, front.queued_at + kClaimWindow);
+            !window_over(front, Clock::now())) {
+          queued_.wait_until(lock, *front.seen_at + kClaimWindow);
           continue;
         }
       }
@@ -467,7 +514,7 @@ void ProcessGroup::progress_loop() {
       if (broken_) continue;  // the batch fails unstarted at the top of the loop
       running_ = true;
     }
-    Clock::time_point clock = Clock::now();
+    Clock::time_point clock = op_time();
     run_in_order(batch, clock);
     running_.store(false);
   }
@@ -483,8 +530,9 @@ void ProcessGroup::fail_unstarted(Op& op, Clock::time_point now) {
 // caller holds the running_ flag. Returns true when the operation broke the group.
 template <typename Body>
 bool ProcessGroup::run(Op& op, Body&& body, std::optional<Clock::time_point> now, bool finishes) {
-  const Clock::time_point start = now ? *now : Clock::now();
-  const Deadline deadline = start + op.timeout;
+  const Clock::time_point start = now ? *now : op_time();
+  // `start` may be the coarse clock's, up to its lag behind (Note [Operation times]).
+  const Deadline deadline = start + coarse_clock_lag() + op.timeout;
   op.work->mark_started(start);
   FlightRecorder::global().started(op.flight_id, start);
   std::exception_ptr error;
@@ -509,7 +557,7 @@ bool ProcessGroup::run(Op& op, Body&& body, std::optional<Clock::time_point> now
       broken_ = error;
     }
     broke = true;
-    FlightRecorder::global().completed(op.flight_id, Clock::now(), e.what());
+    FlightRecorder::global().completed(op.flight_id, op_time(), e.what());
     FlightRecorder::global().dump_if_configured(rank_);  // what this rank was doing
   } catch (const std::exception& e) {
     error = std::current_exception();
@@ -519,7 +567,7 @@ bool ProcessGroup::run(Op& op, Body&& body, std::optional<Clock::time_point> now
     failure = "unknown exception";
   }
   if (!finishes && !error) return false;  // posted: complete once finished
-  const Clock::time_point done = Clock::now();
+  const Clock::time_point done = op_time();
   if (!failure.empty()) {
     FlightRecorder::global().completed(op.flight_id, done, failure);
   } else if (!error) {

@@ -63,6 +63,9 @@ struct GroupOptions {
   // "shm" for the CPU, which is also the default), and the nccl backend binds its
   // communicator to it (default: the calling thread's current GPU).
   std::optional<Device> device = std::nullopt;
+  // Times operations with the precise clock rather than the coarse one (Note [Operation
+  // times] in comm/process_group.cpp); also enabled by LOOM_COMM_TIMING=1.
+  bool precise_times = false;
 };
 
 // Final: it implements Claimer, whose destructor is not virtual (clang warned at every
@@ -119,6 +122,10 @@ class ProcessGroup final : public std::enable_shared_from_this<ProcessGroup>, pr
   // natively (nccl) does so in issue order after this group's earlier operations.
   std::shared_ptr<ProcessGroup> split(int color, int key);
 
+  // From now on, times this group's operations with the precise clock (GroupOptions::
+  // precise_times): for traces that show each operation as it ran. Thread-safe.
+  void time_precisely() { precise_times_.store(true, std::memory_order_relaxed); }
+
  private:
   struct Op;  // comm/process_group_op.h
   // The kinds of operation, for the traffic counts (kOpKindNames in process_group_calls.cpp).
@@ -164,6 +171,8 @@ class ProcessGroup final : public std::enable_shared_from_this<ProcessGroup>, pr
   // After an operation ran on a calling thread: clears running_, hands queued work on.
   void done_running_here();
   std::exception_ptr broken_error(const Op& op) const;
+  // The time of an operation's phases (Note [Operation times]).
+  Clock::time_point op_time() const;
   // finishes = false: a post, whose Work completes when it is finished (or when it fails).
   template <typename Body>
   bool run(Op& op, Body&& body, std::optional<Clock::time_point> now = std::nullopt,
@@ -199,10 +208,11 @@ class ProcessGroup final : public std::enable_shared_from_this<ProcessGroup>, pr
   std::atomic<bool> running_{false};
   std::atomic<int> queued_count_{0};  // size of queue_, readable without the mutex
   // The progress thread's idle state (Note [Idle progress thread] in process_group.cpp), both
-  // under mutex_: it polls (wakes every kClaimWindow) while a claimable operation was queued
-  // within kIdlePollSpan, and only then may submit() queue one without waking it.
+  // under mutex_: it polls (wakes every kClaimWindow) while it saw a claimable operation
+  // issued within kIdlePollSpan, and only then may submit() queue one without waking it.
   bool progress_polling_ = false;
-  Clock::time_point last_claimable_{};
+  uint64_t claimables_issued_ = 0;          // counted by the issuing threads, watched by the poller
+  std::atomic<bool> precise_times_{false};  // Note [Operation times]
   // Counted on every call under mutex_, read by traffic() without it (relaxed: statistics).
   struct TrafficCounter {
     std::atomic<int64_t> calls{0}, bytes{0};

@@ -27,9 +27,9 @@ struct ProcessGroup::Op {
   OpBody body;             // queued operations only
   uint64_t flight_id = 0;  // its entry in the FlightRecorder
   // Queued alone on an idle group, small: the waiting thread may run it (Note [Claimable
-  // operations]) until kClaimWindow after it was queued.
+  // operations]) until kClaimWindow after the progress thread first saw it.
   bool claimable = false;
-  Clock::time_point queued_at;
+  std::optional<Clock::time_point> seen_at;  // by the progress thread, on its own clock
 
   // Before its Work completes: the caller may free or measure its memory as soon as wait()
   // returns, so the operation's references to the tensors go first.

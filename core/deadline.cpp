@@ -1,8 +1,35 @@
 #include "core/deadline.h"
 
+#include <time.h>
+
 #include <cstdio>
 
 namespace loom {
+
+Clock::time_point coarse_now() {
+#ifdef CLOCK_MONOTONIC_COARSE
+  timespec now;
+  ::clock_gettime(CLOCK_MONOTONIC_COARSE, &now);
+  return Clock::time_point(std::chrono::duration_cast<Clock::duration>(
+      std::chrono::seconds(now.tv_sec) + std::chrono::nanoseconds(now.tv_nsec)));
+#else
+  return Clock::now();
+#endif
+}
+
+Clock::duration coarse_clock_lag() {
+#ifdef CLOCK_MONOTONIC_COARSE
+  static const Clock::duration lag = [] {
+    timespec resolution{};
+    ::clock_getres(CLOCK_MONOTONIC_COARSE, &resolution);
+    return std::chrono::duration_cast<Clock::duration>(
+        std::chrono::seconds(resolution.tv_sec) + std::chrono::nanoseconds(resolution.tv_nsec));
+  }();
+  return lag;
+#else
+  return Clock::duration::zero();
+#endif
+}
 
 std::string duration_str(Duration d) {
   using namespace std::chrono;

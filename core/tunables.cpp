@@ -22,6 +22,7 @@ std::span<const Tunable> all_tunables() {
       kJobId,
       kFlightRecorderDir,
       kFlightRecorder,
+      kCommTiming,
       kPerfCommand,
   };
   // clang-format on

@@ -73,6 +73,12 @@ inline constexpr Tunable kFlightRecorderDir{
 inline constexpr Tunable kFlightRecorder{
     "LOOM_FLIGHT_RECORDER", "1",
     "0 switches the flight recorder off (1 or 0; any other value is refused)"};
+inline constexpr Tunable kCommTiming{
+    "LOOM_COMM_TIMING", "unset",
+    "`1`: time every communication operation with the precise clock (about 20 ns a read) for the "
+    "flight recorder and `Work::started_at`/`completed_at`; unset or `0`: the coarse one (one "
+    "timer tick, 1 to 4 ms). DDP's trace turns it on for its group (docs/checkpoints.md). Any "
+    "other value is refused"};
 inline constexpr Tunable kPerfCommand{"LOOM_PERF_COMMAND", "set by `loom-perf --np`",
                                       "the command line its ranks write into their reports"};
 

@@ -184,7 +184,9 @@ void Reducer::mark_ready(size_t param) {
 // it can be read off the timeline. A hook that cannot say (PowerSGD: several operations per
 // bucket) gets the span from its launch to the moment the main thread learned it finished,
 // an upper bound. Spans that overlap go to extra rows (CommLanes); the default "allreduce"
-// hook gives names like "bucket 0 allreduce (4096 bytes)".
+// hook gives names like "bucket 0 allreduce (4096 bytes)". While a trace records, the group
+// times its operations with the precise clock (Note [Operation times] in
+// comm/process_group.cpp; it stays so afterwards).
 
 // Buckets go out strictly in index order, so every rank issues the same allreduces in the
 // same order even if its buckets became ready in another order.
@@ -192,6 +194,7 @@ void Reducer::launch_ready_buckets() {
   while (next_launch_ < buckets_.size() && buckets_[next_launch_]->pending == 0) {
     Bucket& bucket = *buckets_[next_launch_++];
     Trace* trace = current_trace();
+    if (trace != nullptr) group_->time_precisely();
     bucket.launched_us = trace != nullptr ? trace->now_us() : -1;
     bucket.work = hook_->launch(bucket.view, *group_);
   }

@@ -429,6 +429,20 @@ TEST(CommVariables, FlightRecorderTakesZeroOrOne) {
   }
 }
 
+TEST(CommVariables, CommTimingTakesZeroOrOne) {
+  for (const char* bad : {"yes", "2", "precise", "true"}) {
+    const std::string what = outcome_in_child("LOOM_COMM_TIMING", bad, create_one_rank_group);
+    EXPECT_TRUE(has(what, std::string("LOOM_COMM_TIMING='") + bad + "' is not a known setting"))
+        << what;
+    EXPECT_TRUE(has(what, "expected 1 (the precise clock) or 0 (the coarse one, the default)"))
+        << what;
+  }
+  for (const char* good : {"0", "1", ""}) {
+    EXPECT_EQ(outcome_in_child("LOOM_COMM_TIMING", good, create_one_rank_group), "accepted")
+        << good;
+  }
+}
+
 TEST(CommVariables, StorePortIsOneTo65535) {
   ClusterEnv env;
   env.world_size = 2;
