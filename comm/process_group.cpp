@@ -57,11 +57,14 @@ void check_debug_settings() {
   (void)FlightRecorder::global();
 }
 
-// Whether the bytes of two contiguous tensors overlap.
-bool overlaps(const Tensor& a, const Tensor& b) {
-  const auto* a0 = static_cast<const std::byte*>(a.raw_data());
-  const auto* b0 = static_cast<const std::byte*>(b.raw_data());
-  return a0 < b0 + b.nbytes() && b0 < a0 + a.nbytes();
+// The bytes of a contiguous tensor, [begin, end).
+ByteRange bytes_of(const Tensor& t) {
+  const auto* begin = static_cast<const std::byte*>(t.raw_data());
+  return {begin, begin + t.nbytes()};
+}
+
+bool overlaps(const ByteRange& a, const ByteRange& b) {
+  return a.begin < b.end && b.begin < a.end;
 }
 
 }  // namespace
@@ -296,8 +299,9 @@ WorkPtr ProcessGroup::post(Op&& op, const Tensor& input, Tensor& output, ReduceO
   // up to the last one whose output this call reads (it must see their results).
   size_t finish =
       posted_.size() >= backend_->max_posted() ? posted_.size() - backend_->max_posted() + 1 : 0;
+  const ByteRange input_bytes = bytes_of(input);
   for (size_t i = finish; i < posted_.size(); ++i) {
-    if (overlaps(posted_[i]->second, input)) finish = i + 1;
+    if (overlaps(posted_[i]->output_bytes, input_bytes)) finish = i + 1;
   }
   for (; finish > 0; --finish) {
     claimed_.push_back(std::move(posted_.front()));
@@ -305,6 +309,7 @@ WorkPtr ProcessGroup::post(Op&& op, const Tensor& input, Tensor& output, ReduceO
   }
   WorkPtr work = op.work;
   op.second = output;  // the input is read by the post, on this thread, and not kept
+  op.output_bytes = bytes_of(output);
   op.body = [reduce](Backend& backend, Deadline deadline, Tensor&, Tensor& out) {
     backend.finish_allreduce(out, reduce, deadline);
   };

@@ -9,6 +9,12 @@
 
 namespace loom::comm {
 
+// A tensor's bytes, [begin, end).
+struct ByteRange {
+  const std::byte* begin = nullptr;
+  const std::byte* end = nullptr;
+};
+
 // One queued operation: what it is (for errors and debug checks) and how to run it.
 // Note [Operation bodies]: the body receives the operation's (up to two) tensors as arguments
 // rather than capturing them, so that an operation run on the calling thread copies no tensor
@@ -26,6 +32,7 @@ struct ProcessGroup::Op {
   Tensor first, second;    // queued operations only
   OpBody body;             // queued operations only
   uint64_t flight_id = 0;  // its entry in the FlightRecorder
+  ByteRange output_bytes;  // a posted allreduce's output (a later post reading it waits)
   // Queued alone on an idle group, small: the waiting thread may run it (Note [Claimable
   // operations]) until kClaimWindow after the progress thread first saw it.
   bool claimable = false;

@@ -456,18 +456,20 @@ constexpr size_t kTinyBytes = 64;
 
 template <typename T, typename Bits, Bits kCanonicalNan>
 void sum_tiny(void* out, const void* const* inputs, size_t count, size_t n) {
-  T acc[kTinyBytes / sizeof(T)];
-  std::memcpy(acc, inputs[0], n * sizeof(T));  // out may alias an input: read all first
-  for (size_t k = 1; k < count; ++k) {
-    T next[kTinyBytes / sizeof(T)];
-    std::memcpy(next, inputs[k], n * sizeof(T));
-    for (size_t i = 0; i < n; ++i)
-      acc[i] += next[i];
-  }
+  // Element by element: out may alias an input, and element i of it is written only after
+  // every input's element i was read. (Fixed-size copies: no call to memmove.)
+  auto load = [](const void* from, size_t i) {
+    T value;
+    std::memcpy(&value, static_cast<const char*>(from) + i * sizeof(T), sizeof(T));
+    return value;
+  };
   for (size_t i = 0; i < n; ++i) {
-    if (acc[i] != acc[i]) acc[i] = std::bit_cast<T>(kCanonicalNan);
+    T acc = load(inputs[0], i);
+    for (size_t k = 1; k < count; ++k)
+      acc += load(inputs[k], i);
+    if (acc != acc) acc = std::bit_cast<T>(kCanonicalNan);
+    std::memcpy(static_cast<char*>(out) + i * sizeof(T), &acc, sizeof(T));
   }
-  std::memcpy(out, acc, n * sizeof(T));
 }
 
 }  // namespace
