@@ -93,11 +93,11 @@ constexpr auto kClaimWindow = std::chrono::microseconds(50);
 // the cost of the call. So for kIdlePollSpan after it saw a claimable operation issued, the idle
 // progress thread polls instead of sleeping until notified, and submit() does not wake it for
 // a claimable operation: a poll finds the operation if its waiter has not run it, and starts
-// it kClaimWindow after the first poll that saw it. Polls that find
-// nothing double the period, from kClaimWindow up to kLongestPoll, and a poll or wake-up that
-// finds work resets it. So an operation nobody waits for starts within kLongestPoll plus
-// kClaimWindow at worst, while a stream of calls run by their waiters costs a wake-up per
-// kLongestPoll instead of one per call: a wake every 200 us instead of 800 cost two-rank
+// it kClaimWindow after the first poll that saw it (a posted allreduce: at the next poll).
+// Polls that find nothing to run double the period, from kClaimWindow up to kLongestPoll, and
+// a poll or wake-up that runs something resets it. So an operation nobody waits for starts
+// within twice kLongestPoll at worst, while a stream of calls run by their waiters costs a wake-up
+// per kLongestPoll instead of one per call: a wake every 200 us instead of 800 cost two-rank
 // `loom-perf -z 2` calls 1.9x the time (docs/performance_comm.md). Any other operation
 // still wakes the thread at once. After kIdlePollSpan without a claimable operation it
 // sleeps until notified, so an idle group, or one whose small calls are synchronous (run on
@@ -369,7 +369,6 @@ bool ProcessGroup::run_in_order(std::vector<std::unique_ptr<Op>>& ops, Clock::ti
           op.body(backend, deadline, op.first, op.second);
         },
         clock);
-    clock = op.work->completed_at().value_or(clock);
     op.work = nullptr;
   }
   if (i < ops.size()) {
@@ -489,8 +488,11 @@ void ProcessGroup::progress_loop() {
         // Posted allreduces keep it polling: a thread that finishes one does not wake it.
         progress_polling_ = !posted_.empty() || now < last_claimable + kIdlePollSpan;
         if (progress_polling_) {
+          // A posted allreduce seen at an earlier look starts once its window is over; one
+          // first seen now waits a whole period, so that a burst (whose oldest posted call
+          // changes at every look) still costs one wake-up per period, not per kClaimWindow.
           Clock::time_point wake = now + poll_period;
-          if (!posted_.empty() && posted_.front()->seen_at)
+          if (!posted_.empty() && posted_.front()->seen_at && *posted_.front()->seen_at < now)
             wake = std::min(wake, *posted_.front()->seen_at + kClaimWindow);
           queued_.wait_until(lock, wake);
           poll_period = std::min(2 * poll_period, kLongestPoll);
@@ -532,11 +534,11 @@ void ProcessGroup::fail_unstarted(Op& op, Clock::time_point now) {
   op.work->complete(broken_error(op), now);
 }
 
-// Runs one operation on the current thread, starting `now` (read here when not given); the
-// caller holds the running_ flag. Returns true when the operation broke the group.
+// Runs one operation on the current thread, starting at `clock`, which ends as its completion
+// time; the caller holds the running_ flag. Returns true when the operation broke the group.
 template <typename Body>
-bool ProcessGroup::run(Op& op, Body&& body, std::optional<Clock::time_point> now, bool finishes) {
-  const Clock::time_point start = now ? *now : op_time();
+bool ProcessGroup::run(Op& op, Body&& body, Clock::time_point& clock, bool finishes) {
+  const Clock::time_point start = clock;
   // `start` may be the coarse clock's, up to its lag behind (Note [Operation times]).
   const Deadline deadline = start + coarse_clock_lag() + op.timeout;
   op.work->mark_started(start);
@@ -574,6 +576,7 @@ bool ProcessGroup::run(Op& op, Body&& body, std::optional<Clock::time_point> now
   }
   if (!finishes && !error) return false;  // posted: complete once finished
   const Clock::time_point done = op_time();
+  clock = done;
   if (!failure.empty()) {
     FlightRecorder::global().completed(op.flight_id, done, failure);
   } else if (!error) {

@@ -173,10 +173,11 @@ class ProcessGroup final : public std::enable_shared_from_this<ProcessGroup>, pr
   std::exception_ptr broken_error(const Op& op) const;
   // The time of an operation's phases (Note [Operation times]).
   Clock::time_point op_time() const;
-  // finishes = false: a post, whose Work completes when it is finished (or when it fails).
+  // Runs one operation, starting at `clock`, which becomes its completion time (unchanged
+  // for a post that succeeded). finishes = false: a post, whose Work completes when it is
+  // finished (or when it fails).
   template <typename Body>
-  bool run(Op& op, Body&& body, std::optional<Clock::time_point> now = std::nullopt,
-           bool finishes = true);
+  bool run(Op& op, Body&& body, Clock::time_point& clock, bool finishes = true);
   // Completes a queued operation that will not run because the group is broken (under the
   // lock: broken_error reads broken_).
   void fail_unstarted(Op& op, Clock::time_point now);
