@@ -80,7 +80,7 @@ uint32_t FlightRecorder::register_group(const std::string& name, int group_rank,
 // writer 4096 operations later took the slot). Every field is an atomic, so a torn read is
 // detected, never undefined. Failures are rare and keep their text under the mutex.
 uint64_t FlightRecorder::record(uint32_t group, const OpLabel& label,
-                                std::chrono::steady_clock::time_point when) {
+                                std::chrono::steady_clock::time_point when, bool started) {
   if (!enabled_) return 0;
   const uint64_t id = next_id_.fetch_add(1, std::memory_order_relaxed);
   Entry& e = ring_[id % ring_.size()];
@@ -100,9 +100,10 @@ uint64_t FlightRecorder::record(uint32_t group, const OpLabel& label,
   e.seq.store(label.seq, relaxed);
   e.bytes.store(label.bytes, relaxed);
   e.peer.store(label.peer, relaxed);
-  e.state.store(kQueued, relaxed);
-  e.queued_us.store(us_of(when), relaxed);
-  e.started_us.store(-1, relaxed);
+  const int64_t at = us_of(when);
+  e.state.store(started ? kStarted : kQueued, relaxed);
+  e.queued_us.store(at, relaxed);
+  e.started_us.store(started ? at : -1, relaxed);
   e.completed_us.store(-1, relaxed);
   e.id.store(id, std::memory_order_release);
   return id;

@@ -39,7 +39,10 @@ class FlightRecorder {
   // disabled; the updates ignore it).
   // The times are the caller's: a group reads the clock once per phase of an operation and
   // gives the same time to its Work and to the recorder.
-  uint64_t record(uint32_t group, const OpLabel& label, std::chrono::steady_clock::time_point when);
+  // `started`: the operation also starts now (it runs on the issuing thread), which saves the
+  // started() call.
+  uint64_t record(uint32_t group, const OpLabel& label, std::chrono::steady_clock::time_point when,
+                  bool started = false);
   // `when`: the start time the caller already read (a clock read costs as much as the rest).
   void started(uint64_t id, std::chrono::steady_clock::time_point when);
   // `error`: empty for success, else the failure (copied).

@@ -180,7 +180,7 @@ Clock::time_point ProcessGroup::op_time() const {
 }
 
 // Numbers an operation and counts it (under the lock).
-void ProcessGroup::enter(Op& op, int64_t bytes, Clock::time_point issued) {
+void ProcessGroup::enter(Op& op, int64_t bytes, Clock::time_point issued, bool starts) {
   // One writer at a time (the lock's holder): a load and a store, no locked instruction.
   TrafficCounter& traffic = traffic_[static_cast<size_t>(op.kind)];
   traffic.calls.store(traffic.calls.load(std::memory_order_relaxed) + 1, std::memory_order_relaxed);
@@ -188,7 +188,8 @@ void ProcessGroup::enter(Op& op, int64_t bytes, Clock::time_point issued) {
                       std::memory_order_relaxed);
   op.label.seq = next_seq_++;
   op.work->set_seq(op.label.seq);
-  op.flight_id = FlightRecorder::global().record(flight_group_, op.label, issued);
+  op.flight_id = FlightRecorder::global().record(flight_group_, op.label, issued, starts);
+  op.flight_started = starts;
 }
 
 // Issues one operation: runs it on the calling thread when the caller waits for it anyway
@@ -203,12 +204,13 @@ WorkPtr ProcessGroup::submit(Op&& op, const Tensor& first, const Tensor& second,
   // Made before taking the lock, which the progress thread needs for every operation.
   op.work = std::make_shared<Work>(op.label, op.timeout);
   std::unique_lock lock = lock_queue();
-  enter(op, bytes, issued);
+  const bool inline_run = !async_op && queue_.empty() && !running_;
+  enter(op, bytes, issued, inline_run && !broken_);
   if (broken_) {
     fail_unstarted(op, issued);
     return std::move(op.work);
   }
-  if (!async_op && queue_.empty() && !running_) {
+  if (inline_run) {
     take_running();
     for (std::unique_ptr<Op>& ahead : posted_)  // posted allreduces finish first
       claimed_.push_back(std::move(ahead));
@@ -293,7 +295,7 @@ WorkPtr ProcessGroup::post(Op&& op, const Tensor& input, Tensor& output, ReduceO
     lock.unlock();
     return submit(std::move(op), input, output, allreduce_body(reduce), /*async_op=*/true);
   }
-  enter(op, static_cast<int64_t>(input.nbytes()), issued);
+  enter(op, static_cast<int64_t>(input.nbytes()), issued, /*starts=*/true);
   take_running();
   // Finished first: the oldest, when a post more would be too many, and every posted call
   // up to the last one whose output this call reads (it must see their results).
@@ -542,7 +544,10 @@ bool ProcessGroup::run(Op& op, Body&& body, Clock::time_point& clock, bool finis
   // `start` may be the coarse clock's, up to its lag behind (Note [Operation times]).
   const Deadline deadline = start + coarse_clock_lag() + op.timeout;
   op.work->mark_started(start);
-  FlightRecorder::global().started(op.flight_id, start);
+  if (!op.flight_started) {  // (an inline or posted operation's record has its start)
+    op.flight_started = true;
+    FlightRecorder::global().started(op.flight_id, start);
+  }
   std::exception_ptr error;
   bool broke = false;
   std::string failure;  // the recorder's note of a failed operation

@@ -148,8 +148,8 @@ class ProcessGroup final : public std::enable_shared_from_this<ProcessGroup>, pr
   using OpBody = std::function<void(Backend&, Deadline, Tensor&, Tensor&)>;
   // Issues an operation: runs it on the calling thread or queues it (process_group.cpp).
   WorkPtr submit(Op&& op, const Tensor& first, const Tensor& second, OpBody body, bool async_op);
-  // Numbers and counts an operation (under the lock).
-  void enter(Op& op, int64_t bytes, Clock::time_point issued);
+  // Numbers and counts an operation (under the lock); `starts`: it runs on this thread now.
+  void enter(Op& op, int64_t bytes, Clock::time_point issued, bool starts);
   // An asynchronous allreduce the backend can post (Note [Posted allreduces]); submitted as
   // usual when something is queued or running.
   WorkPtr post(Op&& op, const Tensor& input, Tensor& output, ReduceOp reduce);

@@ -108,9 +108,11 @@ WorkPtr ProcessGroup::allreduce(Tensor& tensor, const CollectiveOptions& o) {
 
 WorkPtr ProcessGroup::allreduce(const Tensor& input, Tensor& output, const CollectiveOptions& o) {
   check_buffer("allreduce", "input", input);
-  check_buffer("allreduce", "output", output);
-  if (input.shape() != output.shape() || input.dtype() != output.dtype()) {
-    tag::kComm.fail("allreduce: output ", output.str(), " must match input ", input.str());
+  if (!input.is_same(output)) {  // (in place: one tensor, checked once)
+    check_buffer("allreduce", "output", output);
+    if (input.shape() != output.shape() || input.dtype() != output.dtype()) {
+      tag::kComm.fail("allreduce: output ", output.str(), " must match input ", input.str());
+    }
   }
   check_avg("allreduce", o.op, input.dtype());
   Op op = make_op(OpKind::Allreduce, &input, o.op, std::nullopt, o.timeout);
