@@ -67,6 +67,14 @@ bool overlaps(const ByteRange& a, const ByteRange& b) {
   return a.begin < b.end && b.begin < a.end;
 }
 
+// The finish of a posted allreduce, one capture-free body per ReduceOp. A std::function keeps
+// a capture in its 16-byte buffer, and the Op's move into its queue slot copied that buffer
+// right after the 4-byte capture was stored into it: a failed store forward on every post.
+template <ReduceOp kReduce>
+constexpr auto kFinishPosted = [](Backend& backend, Deadline deadline, Tensor&, Tensor& out) {
+  backend.finish_allreduce(out, kReduce, deadline);
+};
+
 }  // namespace
 
 namespace {
@@ -312,9 +320,13 @@ WorkPtr ProcessGroup::post(Op&& op, const Tensor& input, Tensor& output, ReduceO
   WorkPtr work = op.work;
   op.second = output;  // the input is read by the post, on this thread, and not kept
   op.output_bytes = bytes_of(output);
-  op.body = [reduce](Backend& backend, Deadline deadline, Tensor&, Tensor& out) {
-    backend.finish_allreduce(out, reduce, deadline);
-  };
+  switch (reduce) {  // capture-free bodies: see kFinishPosted
+    case ReduceOp::Sum: op.body = kFinishPosted<ReduceOp::Sum>; break;
+    case ReduceOp::Avg: op.body = kFinishPosted<ReduceOp::Avg>; break;
+    case ReduceOp::Min: op.body = kFinishPosted<ReduceOp::Min>; break;
+    case ReduceOp::Max: op.body = kFinishPosted<ReduceOp::Max>; break;
+    case ReduceOp::Prod: op.body = kFinishPosted<ReduceOp::Prod>; break;
+  }
   op.claimable = true;
   ++claimables_issued_;
   const bool wake = !progress_polling_;

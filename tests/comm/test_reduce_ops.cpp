@@ -17,6 +17,7 @@
 #include <vector>
 
 #include "core/error.h"
+#include "core/half.h"
 #include "kernels/cpu/reduce_ops_impl.h"
 
 namespace loom::kernels::cpu {
@@ -38,7 +39,11 @@ std::string name(ReduceKind kind) {
 }
 
 // Conversions written independently of the kernel: bf16 rounds to nearest even, f16 through
-// _Float16, and NaN becomes the canonical quiet NaN of the type.
+// the compiler's _Float16, and NaN becomes the canonical quiet NaN of the type. Where the
+// compiler has no _Float16 (clang before 15 on x86 without AVX512-FP16, as on some CPUs that
+// -march=native names), f16 goes through core/half.h, which
+// Tensor.F16ConversionsMatchTheCompilersFloat16 checks bit for bit against _Float16 wherever a
+// compiler has it.
 uint16_t to_bf16(float x) {
   if (std::isnan(x)) return 0x7FC0;
   uint32_t u = std::bit_cast<uint32_t>(x);
@@ -49,6 +54,7 @@ uint16_t to_bf16(float x) {
 float from_bf16(uint16_t b) {
   return std::bit_cast<float>(uint32_t(b) << 16);
 }
+#ifdef __FLT16_MANT_DIG__
 uint16_t to_f16(float x) {
   if (std::isnan(x)) return 0x7E00;
   return std::bit_cast<uint16_t>(static_cast<_Float16>(x));
@@ -56,6 +62,15 @@ uint16_t to_f16(float x) {
 float from_f16(uint16_t b) {
   return static_cast<float>(std::bit_cast<_Float16>(b));
 }
+#else
+uint16_t to_f16(float x) {
+  if (std::isnan(x)) return 0x7E00;
+  return loom::kernels::cpu::f32_to_f16_bits(x);
+}
+float from_f16(uint16_t b) {
+  return loom::kernels::cpu::f16_bits_to_f32(b);
+}
+#endif
 
 template <typename T>
 T get(const Bytes& b, size_t i) {

@@ -35,7 +35,10 @@ chmod 400 "$d/munge/munge.key"
 munged --key-file "$d/munge/munge.key" --socket "$d/munge/socket" --pid-file "$d/munge/pid" \
   --log-file "$d/log/munged.log" --seed-file "$d/munge/seed" -f || skip "munged did not start"
 host=$(hostname -s)
-base=$((30000 + $$ % 10000 * 2))  # two ports of this run's own
+# Four ports of this run's own (slurmctld, slurmd, the two jobs' stores), below the kernel's
+# ephemeral ports (32768 and up by default), which outgoing connections take: a store port
+# chosen among them was once in use already (bind: Address already in use).
+base=$((20000 + $$ % 3000 * 4))
 cat > "$d/slurm.conf" << CONF
 ClusterName=loomtest
 SlurmctldHost=$host

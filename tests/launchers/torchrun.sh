@@ -18,7 +18,7 @@ trap 'rm -rf "$d"' EXIT
 cfg=(--strategy ddp --layers 1 --heads 2 --embd 16 --ctx 16 --batch 2 --steps 3)
 LOOM_STORE_SECRET=$(od -An -tx1 -N32 /dev/urandom | tr -d ' \n')
 export LOOM_STORE_SECRET
-port=$((20000 + $$ % 20000))
+port=$((20000 + $$ % 12000))  # and port + 1; below the ephemeral ports (slurm.sh)
 timeout 120 "$torchrun" --no-python --nproc-per-node 2 --master-port "$port" "$TRAIN_GPT" \
   "${cfg[@]}" --save "$d/torchrun.safetensors" > "$d/torchrun.log" 2>&1 ||
   { cat "$d/torchrun.log"; exit 1; }
