@@ -176,12 +176,13 @@ ProcessGroup::~ProcessGroup() {
 // completed_at), the flight recorder and its deadline. A read of the precise clock costs
 // about 20 ns, and a small allreduce takes two (issue and completion): a tenth of its time
 // (docs/performance_comm.md, 2026-11-28). So by default a group reads the coarse clock
-// (coarse_now(): the time of the last timer tick, 1 to 4 ms behind), precise enough to tell
+// (coarse_now(): the time of the last timer tick, a few ms behind), precise enough to tell
 // a hung operation from a slow one, and reads the precise clock only when asked to
 // (GroupOptions::precise_times, LOOM_COMM_TIMING=1, or time_precisely(), which DDP calls when
 // a trace records its buckets), as PyTorch times NCCL operations only under
 // TORCH_NCCL_ENABLE_TIMING. Nothing else depends on the choice: a deadline is counted from
-// the start plus the coarse clock's lag, so it is never early, and the progress thread times
+// the start plus the coarse clock's lag (coarse_clock_lag(): two ticks, as a tick can come
+// late), so it is not early, and the progress thread times
 // claim windows on its own precise clock (Note [Claimable operations]).
 Clock::time_point ProcessGroup::op_time() const {
   return precise_times_.load(std::memory_order_relaxed) ? Clock::now() : coarse_now();
@@ -553,7 +554,7 @@ void ProcessGroup::fail_unstarted(Op& op, Clock::time_point now) {
 template <typename Body>
 bool ProcessGroup::run(Op& op, Body&& body, Clock::time_point& clock, bool finishes) {
   const Clock::time_point start = clock;
-  // `start` may be the coarse clock's, up to its lag behind (Note [Operation times]).
+  // `start` may be the coarse clock's, up to coarse_clock_lag() behind (Note [Operation times]).
   const Deadline deadline = start + coarse_clock_lag() + op.timeout;
   op.work->mark_started(start);
   if (!op.flight_started) {  // (an inline or posted operation's record has its start)

@@ -57,6 +57,8 @@ class Work {
 
   // When the operation started, and completed, on the thread that ran it: for traces that
   // show communication as it happened. Empty until then (started_at: or when it never ran).
+  // The coarse clock's times (a timer tick, 1 to 4 ms) unless the group times precisely
+  // (GroupOptions::precise_times, LOOM_COMM_TIMING=1: Note [Operation times]).
   std::optional<Clock::time_point> started_at() const;
   std::optional<Clock::time_point> completed_at() const;
 

@@ -22,8 +22,9 @@ Clock::duration coarse_clock_lag() {
   static const Clock::duration lag = [] {
     timespec resolution{};
     ::clock_getres(CLOCK_MONOTONIC_COARSE, &resolution);
-    return std::chrono::duration_cast<Clock::duration>(
-        std::chrono::seconds(resolution.tv_sec) + std::chrono::nanoseconds(resolution.tv_nsec));
+    return 2 * std::chrono::duration_cast<Clock::duration>(
+                   std::chrono::seconds(resolution.tv_sec) +
+                   std::chrono::nanoseconds(resolution.tv_nsec));
   }();
   return lag;
 #else

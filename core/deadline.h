@@ -25,8 +25,9 @@ inline Deadline deadline_after(Duration timeout) {
 // taken on every small operation, where that difference is a tenth of the call (Note
 // [Operation times] in comm/process_group.cpp). Clock::now() where there is no such clock.
 Clock::time_point coarse_now();
-// How far coarse_now() may lag: the clock's resolution, one timer tick (1 to 4 ms); zero
-// where coarse_now() is Clock::now().
+// How far coarse_now() may lag: twice the clock's resolution (its resolution is one timer
+// tick, 1 to 4 ms, and a tick can itself come late: 4.5 ms was seen with 4 ms ticks under
+// ThreadSanitizer); zero where coarse_now() is Clock::now().
 Clock::duration coarse_clock_lag();
 
 // "30 s", "250 ms", "5 min" for messages.

@@ -1,7 +1,7 @@
 // Note [Operation times] in comm/process_group.cpp: a group times its operations with the
 // coarse clock unless asked for the precise one. Either way a Work's times lie between the
-// issue of its operation and the return of the call (the coarse clock's up to its lag
-// before), and a deadline is never shortened by the coarse clock's lag.
+// issue of its operation and the return of the call (the coarse clock's up to
+// coarse_clock_lag() before), and a deadline is not shortened by the coarse clock's lag.
 
 #include <gtest/gtest.h>
 
@@ -39,7 +39,7 @@ TEST(OperationTimes, PreciseTimesLieWithinTheCall) {
     expect_times_within_the_call(group, Clock::duration::zero());
 }
 
-TEST(OperationTimes, CoarseTimesLagByAtMostATick) {
+TEST(OperationTimes, CoarseTimesLagByAtMostTwoTicks) {
   ProcessGroup group(0, 1, std::make_shared<InProcessStore>(), {.backend = "shm"});
   for (int i = 0; i < 100; ++i)
     expect_times_within_the_call(group, coarse_clock_lag());
