@@ -3,6 +3,7 @@
 #include <signal.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cstdlib>
 #include <fstream>
@@ -64,72 +65,87 @@ FlightRecorder& FlightRecorder::global() {
   return *recorder;
 }
 
-uint32_t FlightRecorder::register_group(const std::string& name, int group_rank,
-                                        int group_size) {
+FlightRecorder::Log& FlightRecorder::register_group(const std::string& name, int group_rank,
+                                                    int group_size) {
   std::lock_guard lock(mutex_);
-  groups_.push_back({name, group_rank, group_size});
-  return static_cast<uint32_t>(groups_.size() - 1);
+  return logs_.emplace_back(*this, name, group_rank, group_size);
 }
+
+FlightRecorder::Log::Log(FlightRecorder& recorder, std::string name, int rank, int size)
+    : recorder_(recorder),
+      name_(std::move(name)),
+      rank_(rank),
+      size_(size),
+      enabled_(recorder.enabled()),
+      entries_(enabled_ ? std::make_unique<Entry[]>(kFlightCapacity) : nullptr) {}
 
 // Note [Lock-free records]
 // record() runs on every operation's issue path, where a lock costs a tenth of a small
-// call, so an entry is a seqlock: the writer takes a fresh id (the ids of the ring's slot
-// grow by kFlightCapacity), clears the slot's id, fills every field with relaxed stores and
-// publishes the id with a release store. json() reads the id (acquire), the fields, then the
-// id again after an acquire fence, and drops the entry if the id changed meanwhile (a
-// writer 4096 operations later took the slot). Every field is an atomic, so a torn read is
-// detected, never undefined. Failures are rare and keep their text under the mutex.
-uint64_t FlightRecorder::record(uint32_t group, const OpLabel& label,
-                                std::chrono::steady_clock::time_point when, bool started) {
-  if (!enabled_) return 0;
-  const uint64_t id = next_id_.fetch_add(1, std::memory_order_relaxed);
-  Entry& e = ring_[id % ring_.size()];
-  e.id.store(0, std::memory_order_relaxed);
-  std::atomic_thread_fence(std::memory_order_release);  // the 0 is seen before new fields
-  if (e.has_error.load(std::memory_order_relaxed)) {
-    std::lock_guard lock(mutex_);
-    e.error.clear();
-    e.has_error.store(false, std::memory_order_relaxed);
-  }
+// call, so an entry is a seqlock: the writer clears the slot's id, fills every field with
+// relaxed stores and publishes the id (seq + 1) with a release store. json() reads the id
+// (acquire), the fields, then the id again after an acquire fence, and drops the entry if the
+// id changed meanwhile (the group's operation kFlightCapacity later took the slot). Every
+// field is an atomic, so a torn read is detected, never undefined. Failures are rare and keep
+// their text under the recorder's mutex. An update (started, completed) that checked the id
+// just before a new record took the slot can land in the new entry: only an operation that
+// ran kFlightCapacity operations behind its group's issue could do that.
+//
+// Note [A line per record]
+// A small call records an entry and completes it: a few stores, but to a line that the ring
+// last touched kFlightCapacity calls ago. With one ring for all groups, an id taken by a
+// locked fetch_add, entries of two lines and a division for the slot, the recorder cost 14
+// ns of a 0.19 us two-rank 8-byte allreduce (docs/performance_comm.md, 2026-11-28 evening).
+// So each group has its own ring, whose slot is the operation's sequence number (recorded by
+// one thread at a time: no locked instruction), its low bits (no division), and an entry is
+// one aligned line. A busy group no longer evicts a quiet group's last operations either.
+void FlightRecorder::Log::record(const OpLabel& label, std::chrono::steady_clock::time_point when,
+                                 bool started) {
+  if (!enabled_) return;
+  Entry& e = entries_[label.seq & (kFlightCapacity - 1)];
   constexpr auto relaxed = std::memory_order_relaxed;
-  e.group.store(group, relaxed);
-  e.kind.store(label.kind.data(), relaxed);
-  e.kind_length.store(static_cast<uint32_t>(label.kind.size()), relaxed);
-  e.dtype.store(label.dtype.data(), relaxed);
-  e.dtype_length.store(static_cast<uint32_t>(label.dtype.size()), relaxed);
-  e.seq.store(label.seq, relaxed);
+  const uint64_t previous = e.id.load(relaxed);
+  e.id.store(0, relaxed);
+  std::atomic_thread_fence(std::memory_order_release);  // the 0 is seen before new fields
+  if (e.has_error.load(relaxed)) {                      // (set only in an entry that had an id)
+    std::lock_guard lock(recorder_.mutex_);
+    errors_.erase(previous - 1);
+    e.has_error.store(false, relaxed);
+  }
   e.bytes.store(label.bytes, relaxed);
+  e.kind.store(label.kind.data(), relaxed);
+  e.kind_length.store(static_cast<uint8_t>(std::min<size_t>(label.kind.size(), 255)), relaxed);
+  e.dtype.store(label.dtype.data(), relaxed);
+  e.dtype_length.store(static_cast<uint8_t>(std::min<size_t>(label.dtype.size(), 255)), relaxed);
   e.peer.store(label.peer, relaxed);
   const int64_t at = us_of(when);
   e.state.store(started ? kStarted : kQueued, relaxed);
   e.queued_us.store(at, relaxed);
   e.started_us.store(started ? at : -1, relaxed);
   e.completed_us.store(-1, relaxed);
-  e.id.store(id, std::memory_order_release);
-  return id;
+  e.id.store(label.seq + 1, std::memory_order_release);
 }
 
-FlightRecorder::Entry* FlightRecorder::find(uint64_t id) {
-  if (id == 0) return nullptr;
-  Entry& e = ring_[id % ring_.size()];
-  // Overwritten by a newer operation (4096 later): nothing to update.
-  return e.id.load(std::memory_order_acquire) == id ? &e : nullptr;
+FlightRecorder::Log::Entry* FlightRecorder::Log::find(uint64_t seq) {
+  if (!enabled_) return nullptr;
+  Entry& e = entries_[seq & (kFlightCapacity - 1)];
+  // Overwritten by a newer operation (kFlightCapacity later): nothing to update.
+  return e.id.load(std::memory_order_acquire) == seq + 1 ? &e : nullptr;
 }
 
-void FlightRecorder::started(uint64_t id, std::chrono::steady_clock::time_point when) {
-  if (Entry* e = find(id)) {
+void FlightRecorder::Log::started(uint64_t seq, std::chrono::steady_clock::time_point when) {
+  if (Entry* e = find(seq)) {
     e->started_us.store(us_of(when), std::memory_order_relaxed);
     e->state.store(kStarted, std::memory_order_release);
   }
 }
 
-void FlightRecorder::completed(uint64_t id, std::chrono::steady_clock::time_point when,
-                               std::string_view error) {
-  Entry* e = find(id);
+void FlightRecorder::Log::completed(uint64_t seq, std::chrono::steady_clock::time_point when,
+                                    std::string_view error) {
+  Entry* e = find(seq);
   if (e == nullptr) return;
   if (!error.empty()) {
-    std::lock_guard lock(mutex_);
-    e->error = error;
+    std::lock_guard lock(recorder_.mutex_);
+    errors_[seq] = error;
     e->has_error.store(true, std::memory_order_relaxed);
   }
   e->completed_us.store(us_of(when), std::memory_order_relaxed);
@@ -140,33 +156,47 @@ std::string FlightRecorder::json(int rank) const {
   std::lock_guard lock(mutex_);
   constexpr auto relaxed = std::memory_order_relaxed;
   nlohmann::json entries = nlohmann::json::array();
-  const uint64_t next = next_id_.load(std::memory_order_acquire);
-  const uint64_t first = next > ring_.size() ? next - ring_.size() : 1;
-  for (uint64_t id = first; id < next; ++id) {
-    const Entry& e = ring_[id % ring_.size()];
-    if (e.id.load(std::memory_order_acquire) != id) continue;  // being filled, or newer
-    const uint32_t group = e.group.load(relaxed);
-    const std::string kind = text_of(e.kind.load(relaxed), e.kind_length.load(relaxed));
-    const std::string dtype = text_of(e.dtype.load(relaxed), e.dtype_length.load(relaxed));
-    const uint64_t seq = e.seq.load(relaxed), bytes = e.bytes.load(relaxed);
-    const int32_t peer = e.peer.load(relaxed);
-    const int64_t queued = e.queued_us.load(relaxed);
-    std::atomic_thread_fence(std::memory_order_acquire);
-    if (e.id.load(relaxed) != id) continue;  // refilled while read
-    const Group& g = groups_[group];
-    entries.push_back({{"group", g.name},
-                       {"group_rank", g.rank},
-                       {"group_size", g.size},
-                       {"seq", seq},
-                       {"op", kind},
-                       {"bytes", bytes},
-                       {"dtype", dtype},
-                       {"peer", peer},
-                       {"state", state_name(e.state.load(std::memory_order_acquire))},
-                       {"queued_us", queued},
-                       {"started_us", e.started_us.load(relaxed)},
-                       {"completed_us", e.completed_us.load(relaxed)},
-                       {"error", e.has_error.load(relaxed) ? e.error : std::string()}});
+  for (const Log& log : logs_) {
+    if (!log.enabled_) continue;
+    // The entries by sequence number: the slots from the oldest one's on.
+    std::vector<nlohmann::json> found;
+    for (size_t slot = 0; slot < kFlightCapacity; ++slot) {
+      const Log::Entry& e = log.entries_[slot];
+      const uint64_t id = e.id.load(std::memory_order_acquire);
+      if (id == 0) continue;  // empty, or being filled
+      const std::string kind = text_of(e.kind.load(relaxed), e.kind_length.load(relaxed));
+      const std::string dtype = text_of(e.dtype.load(relaxed), e.dtype_length.load(relaxed));
+      const uint64_t bytes = e.bytes.load(relaxed);
+      const int32_t peer = e.peer.load(relaxed);
+      const int64_t queued = e.queued_us.load(relaxed);
+      const int64_t started = e.started_us.load(relaxed);
+      const int64_t completed = e.completed_us.load(relaxed);
+      const int state = e.state.load(relaxed);
+      const bool has_error = e.has_error.load(relaxed);
+      std::atomic_thread_fence(std::memory_order_acquire);
+      if (e.id.load(relaxed) != id) continue;  // refilled while read
+      const uint64_t seq = id - 1;
+      const auto error = log.errors_.find(seq);
+      found.push_back(
+          {{"group", log.name_},
+           {"group_rank", log.rank_},
+           {"group_size", log.size_},
+           {"seq", seq},
+           {"op", kind},
+           {"bytes", bytes},
+           {"dtype", dtype},
+           {"peer", peer},
+           {"state", state_name(state)},
+           {"queued_us", queued},
+           {"started_us", started},
+           {"completed_us", completed},
+           {"error", has_error && error != log.errors_.end() ? error->second : std::string()}});
+    }
+    std::sort(found.begin(), found.end(), [](const nlohmann::json& a, const nlohmann::json& b) {
+      return a.at("seq").get<uint64_t>() < b.at("seq").get<uint64_t>();
+    });
+    for (nlohmann::json& entry : found)
+      entries.push_back(std::move(entry));
   }
   return nlohmann::json{{"rank", rank}, {"entries", entries}}.dump(1);
 }

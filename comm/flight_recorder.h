@@ -1,19 +1,23 @@
 #pragma once
 // The flight recorder (PyTorch's idea, for NCCL): every process keeps the last
-// kFlightCapacity operations of all its process groups, with their state (queued, started,
-// completed, failed) and times, so that a hung or failed job can say what each rank was
-// doing. With LOOM_FLIGHT_RECORDER_DIR set, each rank writes them to
+// kFlightCapacity operations of each of its process groups, with their state (queued,
+// started, completed, failed) and times, so that a hung or failed job can say what each rank
+// was doing. With LOOM_FLIGHT_RECORDER_DIR set, each rank writes them to
 // DIR/flight.rank-<RANK>.json when an operation fails (a CommError: a dead peer, a timeout)
 // and when it receives SIGUSR1; `loom-trace analyze DIR` merges the files and names the
 // first operation the ranks disagree on or that some rank never reached
 // (tools/loom_trace/analyze.h).
 //
-// Threading: every function is thread-safe; record() and its updates take no lock.
+// Threading: every function is thread-safe, except that a Log's records come from one thread
+// at a time (its group's queue lock); records and their updates take no lock.
 
 #include <atomic>
 #include <chrono>
 #include <cstdint>
+#include <deque>
 #include <filesystem>
+#include <map>
+#include <memory>
 #include <mutex>
 #include <string>
 #include <string_view>
@@ -23,35 +27,28 @@
 
 namespace loom::comm {
 
-inline constexpr size_t kFlightCapacity = 4096;
+// Per process group; a power of two (an entry's slot is its sequence number's low bits).
+inline constexpr size_t kFlightCapacity = 2048;
+static_assert((kFlightCapacity & (kFlightCapacity - 1)) == 0);
 
 class FlightRecorder {
  public:
+  class Log;
+
   // The process's recorder. Its creation reads LOOM_FLIGHT_RECORDER: loom::Error for a value
   // other than 0 or 1 (ProcessGroup's construction asks first, on the constructing thread).
   static FlightRecorder& global();
 
-  // False when LOOM_FLIGHT_RECORDER=0: record() then keeps nothing (for measuring its cost).
+  // False when LOOM_FLIGHT_RECORDER=0: logs then keep nothing (for measuring their cost).
   bool enabled() const { return enabled_; }
-  // A process group's name, once (at its construction): the id its records carry.
-  uint32_t register_group(const std::string& name, int group_rank, int group_size);
-  // A new entry for an operation just issued; returns its id for the updates below (0 when
-  // disabled; the updates ignore it).
-  // The times are the caller's: a group reads the clock once per phase of an operation and
-  // gives the same time to its Work and to the recorder.
-  // `started`: the operation also starts now (it runs on the issuing thread), which saves the
-  // started() call.
-  uint64_t record(uint32_t group, const OpLabel& label, std::chrono::steady_clock::time_point when,
-                  bool started = false);
-  // `when`: the start time the caller already read (a clock read costs as much as the rest).
-  void started(uint64_t id, std::chrono::steady_clock::time_point when);
-  // `error`: empty for success, else the failure (copied).
-  void completed(uint64_t id, std::chrono::steady_clock::time_point when,
-                 std::string_view error = {});
+  // A new process group's log (at its construction), kept for the rest of the process so
+  // that a dump still shows the groups a program destroyed.
+  Log& register_group(const std::string& name, int group_rank, int group_size);
 
   // {"rank": R, "entries": [{"group", "group_rank", "group_size", "seq", "op", "bytes",
   // "dtype", "peer", "state", "queued_us", "started_us", "completed_us", "error"}, ...]},
-  // oldest first; times are microseconds of the steady clock.
+  // group by group (in their order of creation), each oldest first; times are microseconds
+  // of the steady clock.
   std::string json(int rank) const;
   // Writes json() to `path` (atomically: a temporary file renamed).
   void dump(const std::filesystem::path& path, int rank) const;
@@ -66,37 +63,59 @@ class FlightRecorder {
   void note_rank(int rank);
 
  private:
-  struct Group {
-    std::string name;
-    int rank = 0, size = 0;
-  };
-  // Every issued operation records an entry, so record() takes no lock: it claims a slot by
-  // its id and fills it as a seqlock writer (Note [Lock-free records] in
-  // flight_recorder.cpp). Every field is an atomic, read by json() only while the slot's id
-  // stays the same. started() and completed() update the times and state in place.
-  enum State : uint8_t { kQueued, kStarted, kCompleted, kFailed };
-  struct Entry {
-    std::atomic<uint64_t> id{0};                             // 0 while being (re)filled
-    std::atomic<uint32_t> group{0};                          // index into groups_
-    std::atomic<const char*> kind{nullptr}, dtype{nullptr};  // OpLabel's, static storage
-    std::atomic<uint32_t> kind_length{0}, dtype_length{0};
-    std::atomic<uint64_t> seq{0}, bytes{0};
-    std::atomic<int32_t> peer{-1};
-    std::atomic<uint8_t> state{kQueued};
-    std::atomic<int64_t> queued_us{0}, started_us{-1}, completed_us{-1};
-    std::atomic<bool> has_error{false};  // error below is set; both change under mutex_
-    std::string error;                   // failures only
-  };
-  Entry* find(uint64_t id);
+  FlightRecorder();
 
-  mutable std::mutex mutex_;  // groups_, rank_, and the entries' errors
-  std::vector<Entry> ring_ = std::vector<Entry>(kFlightCapacity);
-  std::vector<Group> groups_;
-  std::atomic<uint64_t> next_id_{1};
+  mutable std::mutex mutex_;  // logs_, rank_, and the logs' error texts
+  std::deque<Log> logs_;      // (a deque: a Log never moves once handed out)
   int rank_ = -1;
   bool enabled_ = true;
+};
 
-  FlightRecorder();
+// One process group's operations, in its issue order: the last kFlightCapacity of them.
+class FlightRecorder::Log {
+ public:
+  Log(FlightRecorder& recorder, std::string name, int rank, int size);
+
+  // A new entry for operation `label.seq`, just issued. Sequence numbers come in increasing
+  // order, from one thread at a time (the group numbers and records an operation under its
+  // queue's lock). The times are the caller's: a group reads the clock once per phase of an
+  // operation and gives the same time to its Work and to the log. `started`: the operation
+  // also starts now (it runs on the issuing thread), which saves the started() call.
+  void record(const OpLabel& label, std::chrono::steady_clock::time_point when,
+              bool started = false);
+  // Updates of operation `seq`'s entry, from any thread (nothing once kFlightCapacity later
+  // operations took its slot).
+  void started(uint64_t seq, std::chrono::steady_clock::time_point when);
+  // `error`: empty for success, else the failure (copied).
+  void completed(uint64_t seq, std::chrono::steady_clock::time_point when,
+                 std::string_view error = {});
+
+ private:
+  friend class FlightRecorder;  // json()
+  // Every issued operation records an entry, so record() takes no lock: it fills its slot
+  // as a seqlock writer (Note [Lock-free records] in flight_recorder.cpp). Every field is an
+  // atomic, read by json() only while the slot's id stays the same. An entry is one cache
+  // line, written on every small call: Note [A line per record].
+  enum State : uint8_t { kQueued, kStarted, kCompleted, kFailed };
+  struct alignas(64) Entry {
+    std::atomic<uint64_t> id{0};  // seq + 1; 0 while being (re)filled
+    std::atomic<uint64_t> bytes{0};
+    std::atomic<const char*> kind{nullptr}, dtype{nullptr};  // OpLabel's, static storage
+    std::atomic<int64_t> queued_us{0}, started_us{-1}, completed_us{-1};
+    std::atomic<int32_t> peer{-1};
+    std::atomic<uint8_t> kind_length{0}, dtype_length{0};  // (names are short)
+    std::atomic<uint8_t> state{kQueued};
+    std::atomic<bool> has_error{false};  // errors_ holds its text; both change under the mutex
+  };
+  static_assert(sizeof(Entry) == 64);
+  Entry* find(uint64_t seq);
+
+  FlightRecorder& recorder_;
+  const std::string name_;
+  const int rank_, size_;
+  const bool enabled_;
+  std::unique_ptr<Entry[]> entries_;
+  std::map<uint64_t, std::string> errors_;  // by seq, under the recorder's mutex
 };
 
 }  // namespace loom::comm

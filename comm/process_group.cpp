@@ -133,7 +133,7 @@ ProcessGroup::ProcessGroup(int rank, int size, std::shared_ptr<Store> store,
   precise_times_.store(options_.precise_times || precise_times_from_env(),
                        std::memory_order_relaxed);
   FlightRecorder::global().note_rank(rank_);
-  flight_group_ = FlightRecorder::global().register_group(name_, rank_, size_);
+  flight_ = &FlightRecorder::global().register_group(name_, rank_, size_);
   FlightRecorder::install_signal_dump();
   progress_ = std::thread([this] { progress_loop(); });
 }
@@ -197,7 +197,7 @@ void ProcessGroup::enter(Op& op, int64_t bytes, Clock::time_point issued, bool s
                       std::memory_order_relaxed);
   op.label.seq = next_seq_++;
   op.work->set_seq(op.label.seq);
-  op.flight_id = FlightRecorder::global().record(flight_group_, op.label, issued, starts);
+  flight_->record(op.label, issued, starts);
   op.flight_started = starts;
 }
 
@@ -545,7 +545,7 @@ void ProcessGroup::progress_loop() {
 
 void ProcessGroup::fail_unstarted(Op& op, Clock::time_point now) {
   op.drop_inputs();
-  FlightRecorder::global().completed(op.flight_id, now, "not started: the group is broken");
+  flight_->completed(op.label.seq, now, "not started: the group is broken");
   op.work->complete(broken_error(op), now);
 }
 
@@ -559,7 +559,7 @@ bool ProcessGroup::run(Op& op, Body&& body, Clock::time_point& clock, bool finis
   op.work->mark_started(start);
   if (!op.flight_started) {  // (an inline or posted operation's record has its start)
     op.flight_started = true;
-    FlightRecorder::global().started(op.flight_id, start);
+    flight_->started(op.label.seq, start);
   }
   std::exception_ptr error;
   bool broke = false;
@@ -583,7 +583,7 @@ bool ProcessGroup::run(Op& op, Body&& body, Clock::time_point& clock, bool finis
       broken_ = error;
     }
     broke = true;
-    FlightRecorder::global().completed(op.flight_id, op_time(), e.what());
+    flight_->completed(op.label.seq, op_time(), e.what());
     FlightRecorder::global().dump_if_configured(rank_);  // what this rank was doing
   } catch (const std::exception& e) {
     error = std::current_exception();
@@ -596,9 +596,9 @@ bool ProcessGroup::run(Op& op, Body&& body, Clock::time_point& clock, bool finis
   const Clock::time_point done = op_time();
   clock = done;
   if (!failure.empty()) {
-    FlightRecorder::global().completed(op.flight_id, done, failure);
+    flight_->completed(op.label.seq, done, failure);
   } else if (!error) {
-    FlightRecorder::global().completed(op.flight_id, done);
+    flight_->completed(op.label.seq, done);
   }
   op.drop_inputs();
   op.work->complete(error, done);

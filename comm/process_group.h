@@ -35,6 +35,7 @@
 
 #include "comm/backend.h"
 #include "comm/environment.h"
+#include "comm/flight_recorder.h"
 #include "comm/work.h"
 
 namespace loom::comm {
@@ -186,7 +187,7 @@ class ProcessGroup final : public std::enable_shared_from_this<ProcessGroup>, pr
   std::shared_ptr<Store> store_;
   GroupOptions options_;
   std::string name_;
-  uint32_t flight_group_ = 0;  // this group in the FlightRecorder
+  FlightRecorder::Log* flight_ = nullptr;  // this group's operations in the FlightRecorder
   std::unique_ptr<Backend> backend_;
   // backend_ on CUDA tensors, when backend_ is a host backend; made on first use.
   std::unique_ptr<Backend> staged_;

@@ -31,7 +31,6 @@ struct ProcessGroup::Op {
   WorkPtr work = nullptr;
   Tensor first, second;    // queued operations only
   OpBody body;             // queued operations only
-  uint64_t flight_id = 0;  // its entry in the FlightRecorder
   bool flight_started = false;  // the entry has its start (recorded once)
   ByteRange output_bytes;  // a posted allreduce's output (a later post reading it waits)
   // Queued alone on an idle group, small: the waiting thread may run it (Note [Claimable

@@ -88,21 +88,22 @@ TEST(FlightRecorder, RanksThatDisagreeOnACollectiveAreNamed) {
   EXPECT_NE(a.report.find("rank 1: allreduce 16 B i32"), std::string::npos) << a.report;
 }
 
-// record() takes no lock (Note [Lock-free records]): a dump taken while other threads
-// record, wrapping the ring many times, holds each entry whole or leaves it out. Every
+// Records take no lock (Note [Lock-free records]): a dump taken while two groups' logs are
+// written, each wrapping its ring many times, holds each entry whole or leaves it out. Every
 // recorded label here ties its fields together (bytes = 8 x seq; allreduce is f32, broadcast
 // bf16), so a torn read shows as a mismatch; under TSan, a race on a field is a report.
 TEST(FlightRecorder, DumpsTakenWhileRecordingHoldWholeEntries) {
   FlightRecorder& recorder = FlightRecorder::global();
   if (!recorder.enabled()) GTEST_SKIP() << "LOOM_FLIGHT_RECORDER=0";
-  const std::string group_name = "torn-read-check";
-  const uint32_t group = recorder.register_group(group_name, 0, 1);
-  // The writers go on until the reader has finished 3 dumps (and each wrapped the ring 3
+  const std::string names[] = {"torn-read-check-a", "torn-read-check-b"};
+  FlightRecorder::Log* logs[] = {&recorder.register_group(names[0], 0, 1),
+                                 &recorder.register_group(names[1], 0, 1)};
+  // The writers go on until the reader has finished 3 dumps (and each wrapped its ring 3
   // times), so that at least 3 dumps ran while entries were being written.
   std::atomic<int> dumps{0};
   std::atomic<bool> done{false};
-  auto write = [&](uint64_t first) {
-    for (uint64_t seq = first; dumps.load() < 3 || seq < first + 3 * kFlightCapacity; ++seq) {
+  auto write = [&](FlightRecorder::Log* log) {
+    for (uint64_t seq = 0; dumps.load() < 3 || seq < 3 * kFlightCapacity; ++seq) {
       const bool even = seq % 2 == 0;
       const OpLabel label{.kind = even ? "allreduce" : "broadcast",
                           .seq = seq,
@@ -110,22 +111,23 @@ TEST(FlightRecorder, DumpsTakenWhileRecordingHoldWholeEntries) {
                           .dtype = even ? "f32" : "bf16",
                           .peer = -1,
                           .to_peer = false};
-      const uint64_t id = recorder.record(group, label, std::chrono::steady_clock::now());
-      recorder.completed(id, std::chrono::steady_clock::now());
+      log->record(label, std::chrono::steady_clock::now());
+      log->completed(seq, std::chrono::steady_clock::now());
     }
   };
-  std::thread a(write, 0), b(write, 1u << 20);
-  int64_t checked = 0;
+  std::thread a(write, logs[0]), b(write, logs[1]);
+  std::map<std::string, int64_t> checked;
   std::thread reader([&] {
     while (!done.load()) {
       const auto dump = nlohmann::json::parse(recorder.json(0));
       for (const auto& e : dump.at("entries")) {
-        if (e.at("group") != group_name) continue;
+        const std::string group = e.at("group");
+        if (group != names[0] && group != names[1]) continue;
         const uint64_t seq = e.at("seq");
         EXPECT_EQ(e.at("bytes").get<uint64_t>(), seq * 8) << e.dump();
         EXPECT_EQ(e.at("op"), seq % 2 == 0 ? "allreduce" : "broadcast") << e.dump();
         EXPECT_EQ(e.at("dtype"), seq % 2 == 0 ? "f32" : "bf16") << e.dump();
-        ++checked;
+        ++checked[group];
       }
       ++dumps;
     }
@@ -134,7 +136,47 @@ TEST(FlightRecorder, DumpsTakenWhileRecordingHoldWholeEntries) {
   b.join();
   done = true;
   reader.join();
-  EXPECT_GT(checked, 0) << "no dump saw an entry of the writers";
+  EXPECT_GT(checked[names[0]], 0) << "no dump saw an entry of the first writer";
+  EXPECT_GT(checked[names[1]], 0) << "no dump saw an entry of the second writer";
+}
+
+// A dump keeps the last kFlightCapacity operations of each group, oldest first, with the
+// error of a failed one; a busy group does not evict a quiet one's.
+TEST(FlightRecorder, EachGroupKeepsItsLastOperations) {
+  FlightRecorder& recorder = FlightRecorder::global();
+  if (!recorder.enabled()) GTEST_SKIP() << "LOOM_FLIGHT_RECORDER=0";
+  FlightRecorder::Log& quiet = recorder.register_group("keeps-quiet", 1, 2);
+  FlightRecorder::Log& busy = recorder.register_group("keeps-busy", 0, 2);
+  const auto now = std::chrono::steady_clock::now();
+  quiet.record({.kind = "barrier", .seq = 0, .bytes = 0, .dtype = "", .peer = -1, .to_peer = false},
+               now, /*started=*/true);
+  quiet.completed(0, now, "peer 0 died");
+  const uint64_t total = kFlightCapacity + 5;
+  for (uint64_t seq = 0; seq < total; ++seq) {
+    busy.record({.kind = "send", .seq = seq, .bytes = 4, .dtype = "u8", .peer = 1, .to_peer = true},
+                now);
+    if (seq == total - 2) busy.started(seq, now);
+    if (seq < total - 2) busy.completed(seq, now);
+  }
+  busy.completed(3, now);  // long overwritten: nothing changes
+  const auto dump = nlohmann::json::parse(recorder.json(0));
+  std::vector<nlohmann::json> quiet_entries, busy_entries;
+  for (const auto& e : dump.at("entries")) {
+    if (e.at("group") == "keeps-quiet") quiet_entries.push_back(e);
+    if (e.at("group") == "keeps-busy") busy_entries.push_back(e);
+  }
+  ASSERT_EQ(quiet_entries.size(), 1u);
+  EXPECT_EQ(quiet_entries[0].at("state"), "failed");
+  EXPECT_EQ(quiet_entries[0].at("error"), "peer 0 died");
+  EXPECT_EQ(quiet_entries[0].at("group_rank"), 1);
+  ASSERT_EQ(busy_entries.size(), kFlightCapacity);
+  for (size_t i = 0; i < busy_entries.size(); ++i)
+    EXPECT_EQ(busy_entries[i].at("seq").get<uint64_t>(), total - kFlightCapacity + i);
+  EXPECT_EQ(busy_entries.back().at("state"), "queued");
+  EXPECT_EQ(busy_entries[kFlightCapacity - 2].at("state"), "started");
+  EXPECT_EQ(busy_entries.front().at("state"), "completed");
+  EXPECT_EQ(busy_entries.front().at("op"), "send");
+  EXPECT_EQ(busy_entries.front().at("peer"), 1);
 }
 
 TEST(FlightRecorder, NoDumpsIsAClearError) {
