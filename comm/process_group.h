@@ -143,8 +143,10 @@ class ProcessGroup final : public std::enable_shared_from_this<ProcessGroup>, pr
   // Checks that an operation's tensors are on one device the backend can take, and sets up
   // staging and the issue stream for CUDA tensors (Note [Devices of a group]).
   void place(Op& op, const Tensor& first, const Tensor* second);
-  Op make_op(OpKind kind, const Tensor* data, std::optional<ReduceOp> op,
-             std::optional<int> root, std::optional<Duration> timeout) const;
+  // The optionals by reference: built by the caller just before the call, an optional passed
+  // by value is stored in parts and loaded whole (a failed store forward per call).
+  Op make_op(OpKind kind, const Tensor* data, const std::optional<ReduceOp>& op,
+             const std::optional<int>& root, const std::optional<Duration>& timeout) const;
   // What an operation does, given its (up to two) tensors: Note [Operation bodies].
   using OpBody = std::function<void(Backend&, Deadline, Tensor&, Tensor&)>;
   // Issues an operation: runs it on the calling thread or queues it (process_group.cpp).

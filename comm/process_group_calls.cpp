@@ -15,9 +15,10 @@ namespace loom::comm {
 namespace {
 
 // ProcessGroup::OpKind's names, in its order: labels, messages and traffic() use them.
-constexpr const char* kOpKindNames[] = {"allreduce",      "broadcast",  "reduce", "all_gather",
-                                        "reduce_scatter", "all_to_all", "send",   "recv",
-                                        "barrier",        "split"};
+// (string_views: a label takes one per call, without measuring it)
+constexpr std::string_view kOpKindNames[] = {"allreduce",      "broadcast",  "reduce", "all_gather",
+                                             "reduce_scatter", "all_to_all", "send",   "recv",
+                                             "barrier",        "split"};
 
 void check_buffer(const char* op, const char* what, const Tensor& t) {
   if (!t.defined()) tag::kComm.fail(op, ": ", what, " is undefined");
@@ -27,7 +28,7 @@ void check_buffer(const char* op, const char* what, const Tensor& t) {
   }
 }
 
-std::string signature_of(const char* kind, const Tensor& t, std::optional<ReduceOp> op,
+std::string signature_of(std::string_view kind, const Tensor& t, std::optional<ReduceOp> op,
                          std::optional<int> root) {
   std::ostringstream s;
   s << kind << ' ' << t.numel() << ' ' << t.dtype();
@@ -58,11 +59,12 @@ void check_peer(const char* kind, const char* role, int peer, int rank, int size
 
 // The parts every call shares: label, signature (built only when debug checks need it),
 // timeout.
-ProcessGroup::Op ProcessGroup::make_op(OpKind kind, const Tensor* data, std::optional<ReduceOp> op,
-                                       std::optional<int> root,
-                                       std::optional<Duration> timeout) const {
+ProcessGroup::Op ProcessGroup::make_op(OpKind kind, const Tensor* data,
+                                       const std::optional<ReduceOp>& op,
+                                       const std::optional<int>& root,
+                                       const std::optional<Duration>& timeout) const {
   static_assert(std::size(kOpKindNames) == static_cast<size_t>(OpKind::Count));
-  const char* name = kOpKindNames[static_cast<size_t>(kind)];
+  const std::string_view name = kOpKindNames[static_cast<size_t>(kind)];
   Op result;
   result.kind = kind;
   result.label.kind = name;
@@ -71,7 +73,7 @@ ProcessGroup::Op ProcessGroup::make_op(OpKind kind, const Tensor* data, std::opt
     result.label.dtype = dtype_name(data->dtype());
     if (options_.debug_checks) result.signature = signature_of(name, *data, op, root);
   } else if (options_.debug_checks) {
-    result.signature = name;
+    result.signature = std::string(name);
   }
   result.timeout = timeout.value_or(options_.timeout);
   return result;
@@ -241,8 +243,8 @@ std::map<std::string, ProcessGroup::Traffic, std::less<>> ProcessGroup::traffic(
   for (size_t kind = 0; kind < traffic_.size(); ++kind) {
     const int64_t calls = traffic_[kind].calls.load(std::memory_order_relaxed);
     if (calls > 0) {
-      counts[kOpKindNames[kind]] = {.calls = calls,
-                                    .bytes = traffic_[kind].bytes.load(std::memory_order_relaxed)};
+      counts[std::string(kOpKindNames[kind])] = {
+          .calls = calls, .bytes = traffic_[kind].bytes.load(std::memory_order_relaxed)};
     }
   }
   return counts;

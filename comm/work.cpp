@@ -52,7 +52,7 @@ Stripe& stripe_of(const Work* work) {
 // stripe's mutex. Whichever of the two stores comes first, the other side sees it: either
 // the waiter finds completed_ set, or complete() finds a waiter and notifies under the
 // mutex, which the waiter holds from its check until it sleeps.
-void Work::wait(std::optional<Duration> timeout) {
+void Work::wait_until_done(const Duration* timeout) {
   if (completed_.load()) {
     if (error_) std::rethrow_exception(error_);
     return;
@@ -69,7 +69,7 @@ void Work::wait(std::optional<Duration> timeout) {
     std::unique_lock lock(stripe.mutex);
     auto done = [&] { return completed_.load(); };
     bool finished = true;
-    if (timeout) {
+    if (timeout != nullptr) {
       finished = stripe.done.wait_for(lock, *timeout, done);
     } else {
       const auto grace = std::chrono::seconds(1);
@@ -85,7 +85,7 @@ void Work::wait(std::optional<Duration> timeout) {
     waiters_.fetch_sub(1);
     if (!finished) {
       throw CommError(tag::kComm.prefix() + description() + " did not complete within " +
-                      duration_str(timeout.value_or(default_timeout_)));
+                      duration_str(timeout != nullptr ? *timeout : default_timeout_));
     }
   }
   if (error_) std::rethrow_exception(error_);

@@ -49,7 +49,10 @@ class Work {
   // operation is queued behind others (each of which is bounded by its own timeout) and at
   // most the operation's timeout (plus a second of grace) once it has started.
   // Thread-safe; may be called any number of times.
-  void wait(std::optional<Duration> timeout = std::nullopt);
+  // (Two overloads, not a std::optional argument: an optional built at the call is stored in
+  // parts and loaded whole, a failed store forward on every small call.)
+  void wait() { wait_until_done(nullptr); }
+  void wait(Duration timeout) { wait_until_done(&timeout); }
   bool is_completed() const;
   // The error of a failed operation (null while running or after success).
   std::exception_ptr exception() const;
@@ -77,6 +80,8 @@ class Work {
   void withdraw_claim() { claimer_.store(nullptr, std::memory_order_relaxed); }
 
  private:
+  void wait_until_done(const Duration* timeout);  // null: the default bound (wait())
+
   // A Work is allocated per call, and small calls cost a few hundred nanoseconds: it stays
   // within glibc's fast bins (at most 128 bytes with make_shared's control block).
   OpLabel label_;
