@@ -17,10 +17,6 @@ namespace loom::comm {
 
 namespace {
 
-int64_t us_of(std::chrono::steady_clock::time_point when) {
-  return std::chrono::duration_cast<std::chrono::microseconds>(when.time_since_epoch()).count();
-}
-
 // An OpLabel's string_view as kept in an entry (an empty one may have no pointer).
 std::string text_of(const char* data, uint32_t size) {
   return size == 0 ? std::string() : std::string(data, size);
@@ -98,58 +94,14 @@ FlightRecorder::Log::Log(FlightRecorder& recorder, std::string name, int rank, i
 // So each group has its own ring, whose slot is the operation's sequence number (recorded by
 // one thread at a time: no locked instruction), its low bits (no division), and an entry is
 // one aligned line. A busy group no longer evicts a quiet group's last operations either.
-void FlightRecorder::Log::record(const OpLabel& label, std::chrono::steady_clock::time_point when,
-                                 bool started) {
-  if (!enabled_) return;
-  Entry& e = entries_[label.seq & (kFlightCapacity - 1)];
-  constexpr auto relaxed = std::memory_order_relaxed;
-  const uint64_t previous = e.id.load(relaxed);
-  e.id.store(0, relaxed);
-  std::atomic_thread_fence(std::memory_order_release);  // the 0 is seen before new fields
-  if (e.has_error.load(relaxed)) {                      // (set only in an entry that had an id)
-    std::lock_guard lock(recorder_.mutex_);
-    errors_.erase(previous - 1);
-    e.has_error.store(false, relaxed);
-  }
-  e.bytes.store(label.bytes, relaxed);
-  e.kind.store(label.kind.data(), relaxed);
-  e.kind_length.store(static_cast<uint8_t>(std::min<size_t>(label.kind.size(), 255)), relaxed);
-  e.dtype.store(label.dtype.data(), relaxed);
-  e.dtype_length.store(static_cast<uint8_t>(std::min<size_t>(label.dtype.size(), 255)), relaxed);
-  e.peer.store(label.peer, relaxed);
-  const int64_t at = us_of(when);
-  e.state.store(started ? kStarted : kQueued, relaxed);
-  e.queued_us.store(at, relaxed);
-  e.started_us.store(started ? at : -1, relaxed);
-  e.completed_us.store(-1, relaxed);
-  e.id.store(label.seq + 1, std::memory_order_release);
+void FlightRecorder::Log::forget_error(uint64_t seq) {
+  std::lock_guard lock(recorder_.mutex_);
+  errors_.erase(seq);
 }
 
-FlightRecorder::Log::Entry* FlightRecorder::Log::find(uint64_t seq) {
-  if (!enabled_) return nullptr;
-  Entry& e = entries_[seq & (kFlightCapacity - 1)];
-  // Overwritten by a newer operation (kFlightCapacity later): nothing to update.
-  return e.id.load(std::memory_order_acquire) == seq + 1 ? &e : nullptr;
-}
-
-void FlightRecorder::Log::started(uint64_t seq, std::chrono::steady_clock::time_point when) {
-  if (Entry* e = find(seq)) {
-    e->started_us.store(us_of(when), std::memory_order_relaxed);
-    e->state.store(kStarted, std::memory_order_release);
-  }
-}
-
-void FlightRecorder::Log::completed(uint64_t seq, std::chrono::steady_clock::time_point when,
-                                    std::string_view error) {
-  Entry* e = find(seq);
-  if (e == nullptr) return;
-  if (!error.empty()) {
-    std::lock_guard lock(recorder_.mutex_);
-    errors_[seq] = error;
-    e->has_error.store(true, std::memory_order_relaxed);
-  }
-  e->completed_us.store(us_of(when), std::memory_order_relaxed);
-  e->state.store(error.empty() ? kCompleted : kFailed, std::memory_order_release);
+void FlightRecorder::Log::keep_error(uint64_t seq, std::string_view error) {
+  std::lock_guard lock(recorder_.mutex_);
+  errors_[seq] = error;
 }
 
 std::string FlightRecorder::json(int rank) const {

@@ -11,6 +11,7 @@
 // Threading: every function is thread-safe, except that a Log's records come from one thread
 // at a time (its group's queue lock); records and their updates take no lock.
 
+#include <algorithm>
 #include <atomic>
 #include <chrono>
 #include <cstdint>
@@ -109,6 +110,12 @@ class FlightRecorder::Log {
   };
   static_assert(sizeof(Entry) == 64);
   Entry* find(uint64_t seq);
+  // The error texts, under the recorder's mutex (out of line: failures only).
+  void forget_error(uint64_t seq);
+  void keep_error(uint64_t seq, std::string_view error);
+  static int64_t us_of(std::chrono::steady_clock::time_point when) {
+    return std::chrono::duration_cast<std::chrono::microseconds>(when.time_since_epoch()).count();
+  }
 
   FlightRecorder& recorder_;
   const std::string name_;
@@ -117,5 +124,59 @@ class FlightRecorder::Log {
   std::unique_ptr<Entry[]> entries_;
   std::map<uint64_t, std::string> errors_;  // by seq, under the recorder's mutex
 };
+
+// Inline: every operation records an entry and updates it (Note [A line per record] in
+// flight_recorder.cpp).
+inline void FlightRecorder::Log::record(const OpLabel& label,
+                                        std::chrono::steady_clock::time_point when, bool started) {
+  if (!enabled_) return;
+  Entry& e = entries_[label.seq & (kFlightCapacity - 1)];
+  constexpr auto relaxed = std::memory_order_relaxed;
+  const uint64_t previous = e.id.load(relaxed);
+  e.id.store(0, relaxed);
+  std::atomic_thread_fence(std::memory_order_release);  // the 0 is seen before new fields
+  if (e.has_error.load(relaxed)) {                      // (set only in an entry that had an id)
+    forget_error(previous - 1);
+    e.has_error.store(false, relaxed);
+  }
+  e.bytes.store(label.bytes, relaxed);
+  e.kind.store(label.kind.data(), relaxed);
+  e.kind_length.store(static_cast<uint8_t>(std::min<size_t>(label.kind.size(), 255)), relaxed);
+  e.dtype.store(label.dtype.data(), relaxed);
+  e.dtype_length.store(static_cast<uint8_t>(std::min<size_t>(label.dtype.size(), 255)), relaxed);
+  e.peer.store(label.peer, relaxed);
+  const int64_t at = us_of(when);
+  e.state.store(started ? kStarted : kQueued, relaxed);
+  e.queued_us.store(at, relaxed);
+  e.started_us.store(started ? at : -1, relaxed);
+  e.completed_us.store(-1, relaxed);
+  e.id.store(label.seq + 1, std::memory_order_release);
+}
+
+inline FlightRecorder::Log::Entry* FlightRecorder::Log::find(uint64_t seq) {
+  if (!enabled_) return nullptr;
+  Entry& e = entries_[seq & (kFlightCapacity - 1)];
+  // Overwritten by a newer operation (kFlightCapacity later): nothing to update.
+  return e.id.load(std::memory_order_acquire) == seq + 1 ? &e : nullptr;
+}
+
+inline void FlightRecorder::Log::started(uint64_t seq, std::chrono::steady_clock::time_point when) {
+  if (Entry* e = find(seq)) {
+    e->started_us.store(us_of(when), std::memory_order_relaxed);
+    e->state.store(kStarted, std::memory_order_release);
+  }
+}
+
+inline void FlightRecorder::Log::completed(uint64_t seq, std::chrono::steady_clock::time_point when,
+                                           std::string_view error) {
+  Entry* e = find(seq);
+  if (e == nullptr) return;
+  if (!error.empty()) {
+    keep_error(seq, error);
+    e->has_error.store(true, std::memory_order_relaxed);
+  }
+  e->completed_us.store(us_of(when), std::memory_order_relaxed);
+  e->state.store(error.empty() ? kCompleted : kFailed, std::memory_order_release);
+}
 
 }  // namespace loom::comm

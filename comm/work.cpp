@@ -91,12 +91,6 @@ void Work::wait_until_done(const Duration* timeout) {
   if (error_) std::rethrow_exception(error_);
 }
 
-void Work::mark_started(Clock::time_point when) {
-  // Relaxed: only wait()'s timeout reads it, and a late view only delays that by a slice.
-  started_.store(std::max<Clock::rep>(when.time_since_epoch().count(), 1),
-                 std::memory_order_relaxed);
-}
-
 std::optional<Clock::time_point> Work::started_at() const {
   const Clock::rep at = started_.load(std::memory_order_relaxed);
   if (at == 0) return std::nullopt;
@@ -110,24 +104,14 @@ std::optional<Clock::time_point> Work::completed_at() const {
   return Clock::time_point(Clock::duration(at));
 }
 
-bool Work::is_completed() const {
-  return completed_.load();
-}
-
 std::exception_ptr Work::exception() const {
   return completed_.load() ? error_ : nullptr;
 }
 
-void Work::complete(std::exception_ptr error, Clock::time_point when) {
-  completed_at_.store(std::max<Clock::rep>(when.time_since_epoch().count(), 1),
-                      std::memory_order_relaxed);  // published by completed_ below
-  error_ = std::move(error);
-  completed_.store(true);
-  if (waiters_.load() > 0) {
-    Stripe& stripe = stripe_of(this);
-    std::lock_guard lock(stripe.mutex);
-    stripe.done.notify_all();
-  }
+void Work::wake_waiters() {
+  Stripe& stripe = stripe_of(this);
+  std::lock_guard lock(stripe.mutex);
+  stripe.done.notify_all();
 }
 
 }  // namespace loom::comm

@@ -3,6 +3,7 @@
 // completes it, with an error when the operation failed; wait() blocks (never longer than
 // its timeout) and rethrows that error.
 
+#include <algorithm>
 #include <atomic>
 #include <exception>
 #include <functional>
@@ -53,7 +54,7 @@ class Work {
   // parts and loaded whole, a failed store forward on every small call.)
   void wait() { wait_until_done(nullptr); }
   void wait(Duration timeout) { wait_until_done(&timeout); }
-  bool is_completed() const;
+  bool is_completed() const { return completed_.load(); }
   // The error of a failed operation (null while running or after success).
   std::exception_ptr exception() const;
   std::string description() const { return label_.str(); }
@@ -69,8 +70,19 @@ class Work {
   // it; no other thread sees the Work before.
   void set_seq(uint64_t seq) { label_.seq = seq; }
   // Called by the thread that runs the operation: once when it starts, once when it ends.
-  void mark_started(Clock::time_point when = Clock::now());
-  void complete(std::exception_ptr error = nullptr, Clock::time_point when = Clock::now());
+  // (Inline: a small call runs both, and is_completed(), once each; Note [Work completion].)
+  void mark_started(Clock::time_point when = Clock::now()) {
+    // Relaxed: only wait()'s timeout reads it, and a late view only delays that by a slice.
+    started_.store(std::max<Clock::rep>(when.time_since_epoch().count(), 1),
+                   std::memory_order_relaxed);
+  }
+  void complete(std::exception_ptr error = nullptr, Clock::time_point when = Clock::now()) {
+    completed_at_.store(std::max<Clock::rep>(when.time_since_epoch().count(), 1),
+                        std::memory_order_relaxed);  // published by completed_ below
+    error_ = std::move(error);
+    completed_.store(true);
+    if (waiters_.load() > 0) wake_waiters();
+  }
 
   // The process group's offer to run a queued operation on the thread that waits for it
   // (Note [Claimable operations] in process_group.cpp): wait() first calls
@@ -80,6 +92,7 @@ class Work {
   void withdraw_claim() { claimer_.store(nullptr, std::memory_order_relaxed); }
 
  private:
+  void wake_waiters();                            // complete()'s, when a thread sleeps in wait()
   void wait_until_done(const Duration* timeout);  // null: the default bound (wait())
 
   // A Work is allocated per call, and small calls cost a few hundred nanoseconds: it stays
