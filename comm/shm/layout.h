@@ -44,8 +44,12 @@ struct RankControl {
 // to 56 bytes, data and stamp share one line. Writer and readers find the stamp by the size,
 // which every rank passes alike; a rank that passed another size waits at another place and
 // finds the mismatch in the peer's round record (Note [Fast boxes] in shm_backend.cpp).
-struct alignas(64) FastBox {
-  unsigned char data[4096 + 64];
+// Boxes start on 128 bytes, as the cores fetch lines in aligned pairs (the adjacent-line
+// prefetcher): with 65-line boxes every other box split its first two lines across two pairs,
+// and 128 and 256-byte allreduces took 1.06x the time of 128-byte aligned boxes in the slow
+// mode and 128 bytes 1.06x in the fast one (2026-11-28, docs/performance_comm.md).
+struct alignas(128) FastBox {
+  unsigned char data[4096 + 128];
 
   static constexpr size_t stamp_offset(size_t bytes) { return (bytes + 7) / 8 * 8; }
   // The part of the box a message of `bytes` bytes and its stamp occupy: [0, used_bytes).
@@ -56,8 +60,9 @@ struct alignas(64) FastBox {
     return std::atomic_ref<uint64_t>(*reinterpret_cast<uint64_t*>(data + stamp_offset(bytes)));
   }
 };
-static_assert(sizeof(FastBox) == 4096 + 64);
-inline constexpr size_t kFastBoxBytes = sizeof(FastBox::data) - sizeof(uint64_t);
+static_assert(sizeof(FastBox) == 4096 + 128);
+// (The last 64 bytes are padding to the next box's 128-byte boundary.)
+inline constexpr size_t kFastBoxBytes = 4096 + 64 - sizeof(uint64_t);
 static_assert(FastBox::used_bytes(kFastBoxBytes) <= sizeof(FastBox::data));
 static_assert(std::atomic_ref<uint64_t>::required_alignment <= sizeof(uint64_t));
 inline constexpr uint64_t kFastBoxSlots = 16;  // per rank, used round-robin
@@ -92,7 +97,7 @@ struct Layout {
     size_t n = static_cast<size_t>(size);
     l.ranks_offset = 0;
     l.channels_offset = l.ranks_offset + n * sizeof(RankControl);
-    l.fastbox_offset = l.channels_offset + n * n * sizeof(ChannelControl);
+    l.fastbox_offset = (l.channels_offset + n * n * sizeof(ChannelControl) + 127) / 128 * 128;
     l.records_offset = l.fastbox_offset + n * kFastBoxSlots * sizeof(FastBox);
     l.staging_offset = l.records_offset + n * kRecordedRounds * sizeof(RoundRecord);
     l.results_offset = l.staging_offset + n * 2 * l.stage_bytes;
