@@ -67,6 +67,15 @@ FlightRecorder::Log& FlightRecorder::register_group(const std::string& name, int
   return logs_.emplace_back(*this, name, group_rank, group_size);
 }
 
+void FlightRecorder::close_group(Log& log) {
+  std::lock_guard lock(mutex_);
+  closed_.push_back(&log);
+  if (closed_.size() <= kClosedFlightLogs) return;
+  const Log* oldest = closed_.front();
+  closed_.pop_front();
+  logs_.remove_if([oldest](const Log& l) { return &l == oldest; });
+}
+
 FlightRecorder::Log::Log(FlightRecorder& recorder, std::string name, int rank, int size)
     : recorder_(recorder),
       name_(std::move(name)),

@@ -17,6 +17,7 @@
 #include <cstdint>
 #include <deque>
 #include <filesystem>
+#include <list>
 #include <map>
 #include <memory>
 #include <mutex>
@@ -31,6 +32,8 @@ namespace loom::comm {
 // Per process group; a power of two (an entry's slot is its sequence number's low bits).
 inline constexpr size_t kFlightCapacity = 2048;
 static_assert((kFlightCapacity & (kFlightCapacity - 1)) == 0);
+// Logs of destroyed groups kept for dumps (FlightRecorder::close_group).
+inline constexpr size_t kClosedFlightLogs = 8;
 
 class FlightRecorder {
  public:
@@ -42,9 +45,13 @@ class FlightRecorder {
 
   // False when LOOM_FLIGHT_RECORDER=0: logs then keep nothing (for measuring their cost).
   bool enabled() const { return enabled_; }
-  // A new process group's log (at its construction), kept for the rest of the process so
-  // that a dump still shows the groups a program destroyed.
+  // A new process group's log (at its construction).
   Log& register_group(const std::string& name, int group_rank, int group_size);
+  // At the group's destruction, once nothing updates its log any more. The logs of the last
+  // kClosedFlightLogs groups closed stay in dumps (a job that failed may have destroyed the
+  // group that failed); older ones are freed, so that a program that makes and destroys
+  // groups all along does not grow by a ring per group.
+  void close_group(Log& log);
 
   // {"rank": R, "entries": [{"group", "group_rank", "group_size", "seq", "op", "bytes",
   // "dtype", "peer", "state", "queued_us", "started_us", "completed_us", "error"}, ...]},
@@ -66,8 +73,9 @@ class FlightRecorder {
  private:
   FlightRecorder();
 
-  mutable std::mutex mutex_;  // logs_, rank_, and the logs' error texts
-  std::deque<Log> logs_;      // (a deque: a Log never moves once handed out)
+  mutable std::mutex mutex_;       // logs_, closed_, rank_, and the logs' error texts
+  std::list<Log> logs_;            // in order of creation (a Log never moves once handed out)
+  std::deque<const Log*> closed_;  // closed logs still kept, oldest first
   int rank_ = -1;
   bool enabled_ = true;
 };

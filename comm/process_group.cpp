@@ -161,6 +161,7 @@ ProcessGroup::~ProcessGroup() {
   }
   queued_.notify_all();
   if (progress_.joinable()) progress_.join();
+  FlightRecorder::global().close_group(*flight_);
 }
 
 // Note [Inline operations]

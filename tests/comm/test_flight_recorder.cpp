@@ -12,6 +12,7 @@
 #include <fstream>
 #include <map>
 #include <nlohmann/json.hpp>
+#include <set>
 #include <thread>
 
 #include "comm/error.h"
@@ -177,6 +178,32 @@ TEST(FlightRecorder, EachGroupKeepsItsLastOperations) {
   EXPECT_EQ(busy_entries.front().at("state"), "completed");
   EXPECT_EQ(busy_entries.front().at("op"), "send");
   EXPECT_EQ(busy_entries.front().at("peer"), 1);
+}
+
+// A destroyed group's log stays in dumps while it is among the last kClosedFlightLogs
+// closed; older ones are freed.
+TEST(FlightRecorder, DumpsKeepTheLastDestroyedGroups) {
+  FlightRecorder& recorder = FlightRecorder::global();
+  if (!recorder.enabled()) GTEST_SKIP() << "LOOM_FLIGHT_RECORDER=0";
+  const size_t closed = kClosedFlightLogs + 3;
+  for (size_t i = 0; i < closed; ++i) {
+    FlightRecorder::Log& log = recorder.register_group("closed-" + std::to_string(i), 0, 1);
+    log.record({.kind = "barrier", .seq = 0, .bytes = 0, .dtype = "", .peer = -1, .to_peer = false},
+               std::chrono::steady_clock::now());
+    recorder.close_group(log);
+  }
+  FlightRecorder::Log& open = recorder.register_group("still-open", 0, 1);
+  open.record({.kind = "barrier", .seq = 0, .bytes = 0, .dtype = "", .peer = -1, .to_peer = false},
+              std::chrono::steady_clock::now());
+  const auto dump = nlohmann::json::parse(recorder.json(0));
+  std::set<std::string> groups;
+  for (const auto& e : dump.at("entries"))
+    groups.insert(e.at("group").get<std::string>());
+  for (size_t i = 0; i < closed; ++i) {
+    const bool kept = i >= closed - kClosedFlightLogs;
+    EXPECT_EQ(groups.count("closed-" + std::to_string(i)), kept ? 1u : 0u) << i;
+  }
+  EXPECT_EQ(groups.count("still-open"), 1u);
 }
 
 TEST(FlightRecorder, NoDumpsIsAClearError) {
