@@ -1,7 +1,6 @@
 #include "kernels/cpu/gemm.h"
 
 #include <dnnl.h>
-#include <omp.h>
 
 #include <Eigen/Core>
 #include <algorithm>
@@ -10,6 +9,11 @@
 #include "core/error.h"
 #include "core/tags.h"
 #include "kernels/cpu/thread_pool.h"
+
+// The OpenMP runtime libdnnl runs on, GNU's libgomp (linked by name: CMakeLists.txt), whose
+// function is declared here rather than through <omp.h>, which a clang build would take from
+// LLVM's OpenMP.
+extern "C" void omp_set_num_threads(int threads);
 
 namespace loom::kernels::cpu {
 
@@ -35,7 +39,7 @@ void multiply(const A& a, const B& b, MutableRowMajorMap<T>& c, bool accumulate)
 
 // oneDNN runs its GEMM on OpenMP threads, as many as the calling thread's OpenMP setting
 // says (by default every core). Loom keeps each call on one thread: the first call on a
-// thread sets that thread's OpenMP team to one.
+// thread sets that thread's OpenMP team to one (omp_set_num_threads, above).
 void sgemm_on_this_thread(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k,
                           const float* a, int64_t lda, const float* b, int64_t ldb, float* c,
                           int64_t ldc, bool accumulate) {

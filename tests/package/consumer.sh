@@ -16,8 +16,7 @@ test -f "$d/prefix/lib/cmake/Loom/LoomConfigVersion.cmake"
 test -x "$d/prefix/bin/train_gpt"
 PKG_CONFIG_PATH="$d/prefix/lib/pkgconfig" pkg-config --cflags --libs loom > "$d/pc.txt"
 grep -q -- "-I$d/prefix/lib/pkgconfig/../../include/loom" "$d/pc.txt" || { cat "$d/pc.txt"; exit 1; }
-# The consumer is compiled by the compiler the package was: a clang build's OpenMP code calls
-# clang's runtime (libomp), which GCC's -fopenmp does not link.
+# The consumer is compiled by the compiler the package was, as a user of that build would.
 cxx=$(sed -n 's/^CMAKE_CXX_COMPILER:[A-Z]*=//p' "$B/CMakeCache.txt")
 cmake -S "$S/examples/consumer" -B "$d/consumer" -DCMAKE_PREFIX_PATH="$d/prefix" \
   -DCMAKE_CXX_COMPILER="$cxx" -DCMAKE_BUILD_TYPE=Release > "$d/configure.log" 2>&1 || { cat "$d/configure.log"; exit 1; }
