@@ -45,11 +45,14 @@ write_basic_package_version_file(${PROJECT_BINARY_DIR}/LoomConfigVersion.cmake
 install(FILES ${PROJECT_BINARY_DIR}/LoomConfig.cmake ${PROJECT_BINARY_DIR}/LoomConfigVersion.cmake
         DESTINATION ${CMAKE_INSTALL_LIBDIR}/cmake/Loom)
 
-# pkg-config: the libraries in link order and what they need.
+# pkg-config: the libraries in link order and what they need. Loom's libraries are static, so
+# a program links their dependencies too: those with a pkg-config file are Requires (not
+# Requires.private, whose libraries only --static lists), oneDNN and its OpenMP runtime
+# follow Loom's libraries in Libs.
 set(loom_pc_libs
     "-lloom_data -lloom_strategies -lloom_comm -lloom_optim -lloom_nn -lloom_tensor -lloom_kernels")
-set(loom_pc_requires "liburing libxxhash")
-set(loom_pc_extra "-lrt -pthread")
+set(loom_pc_requires "liburing libxxhash libcrypto")
+set(loom_pc_extra "-ldnnl ${LOOM_GOMP_LIBRARY} -lrt -pthread")
 if(LOOM_WITH_UCX)
   string(APPEND loom_pc_requires " ucx")
 endif()
@@ -72,7 +75,7 @@ includedir=\${prefix}/${CMAKE_INSTALL_INCLUDEDIR}
 Name: loom
 Description: Loom, a C++20 runtime for distributed training
 Version: ${PROJECT_VERSION}
-Requires.private: ${loom_pc_requires}
+Requires: ${loom_pc_requires}
 Cflags: ${loom_pc_cflags}
 Libs: -L\${libdir} ${loom_pc_libs} ${loom_pc_extra}
 ")
