@@ -66,6 +66,11 @@ if(LOOM_WITH_CUDA)
     string(APPEND loom_pc_extra " ${NCCL_LIBRARY}")
   endif()
 endif()
+# A sanitized build's libraries call the sanitizer's runtime, which the program links by the
+# same flag (as loom_options' INTERFACE link option gives CMake consumers).
+if(loom_sanitizers)
+  string(APPEND loom_pc_extra " -fsanitize=${loom_sanitizers}")
+endif()
 set(loom_pc_cflags "-I\${includedir}/loom -std=c++20 -DLOOM_WITH_CUDA=$<BOOL:${LOOM_WITH_CUDA}> -DLOOM_WITH_NCCL=$<BOOL:${LOOM_WITH_NCCL}>")
 # Relocatable: the prefix is found from the file's own place (${pcfiledir}).
 file(GENERATE OUTPUT ${PROJECT_BINARY_DIR}/loom.pc CONTENT "prefix=\${pcfiledir}/../..
