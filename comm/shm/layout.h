@@ -48,22 +48,37 @@ struct RankControl {
 // prefetcher): with 65-line boxes every other box split its first two lines across two pairs,
 // and 128 and 256-byte allreduces took 1.06x the time of 128-byte aligned boxes in the slow
 // mode and 128 bytes 1.06x in the fast one (2026-11-28, docs/performance_comm.md).
+// Messages of 57 to kLinedBytes bytes travel lined instead: each line holds 56 bytes of data
+// and a copy of the stamp in its last 8, so a reader waits for all its lines at once rather
+// than for the stamp's line and then the data's (Note [Lined boxes] in shm_backend.cpp).
 struct alignas(128) FastBox {
   unsigned char data[4096 + 128];
+
+  static constexpr size_t kLineData = 56;     // data bytes per line of a lined message
+  static constexpr size_t kLinedBytes = 512;  // the largest lined message
+  static constexpr bool lined(size_t bytes) { return bytes > kLineData && bytes <= kLinedBytes; }
+  static constexpr size_t lines(size_t bytes) { return (bytes + kLineData - 1) / kLineData; }
 
   static constexpr size_t stamp_offset(size_t bytes) { return (bytes + 7) / 8 * 8; }
   // The part of the box a message of `bytes` bytes and its stamp occupy: [0, used_bytes).
   static constexpr size_t used_bytes(size_t bytes) {
-    return stamp_offset(bytes) + sizeof(uint64_t);
+    return lined(bytes) ? lines(bytes) * 64 : stamp_offset(bytes) + sizeof(uint64_t);
   }
-  std::atomic_ref<uint64_t> stamp(size_t bytes) {
-    return std::atomic_ref<uint64_t>(*reinterpret_cast<uint64_t*>(data + stamp_offset(bytes)));
+  // The stamp of a message that is not lined.
+  std::atomic_ref<uint64_t> stamp(size_t bytes) { return word_at(stamp_offset(bytes)); }
+  // The stamp in line `line` of a lined message.
+  std::atomic_ref<uint64_t> line_stamp(size_t line) { return word_at(line * 64 + kLineData); }
+
+ private:
+  std::atomic_ref<uint64_t> word_at(size_t offset) {
+    return std::atomic_ref<uint64_t>(*reinterpret_cast<uint64_t*>(data + offset));
   }
 };
 static_assert(sizeof(FastBox) == 4096 + 128);
 // (The last 64 bytes are padding to the next box's 128-byte boundary.)
 inline constexpr size_t kFastBoxBytes = 4096 + 64 - sizeof(uint64_t);
 static_assert(FastBox::used_bytes(kFastBoxBytes) <= sizeof(FastBox::data));
+static_assert(FastBox::used_bytes(FastBox::kLinedBytes) <= sizeof(FastBox::data));
 static_assert(std::atomic_ref<uint64_t>::required_alignment <= sizeof(uint64_t));
 inline constexpr uint64_t kFastBoxSlots = 16;  // per rank, used round-robin
 

@@ -118,6 +118,12 @@ class ShmBackend final : public Backend, public Transport {
   PostedRound post_tiny(const Tensor& input, Deadline deadline);
   void finish_tiny(const PostedRound& posted, Tensor& output, ReduceOp op, int root,
                    Deadline deadline);
+  // Whether `box` holds a message of `bytes` bytes stamped `chain`; and a lined message's data
+  // gathered into rank r's part of gathered_ (Note [Lined boxes]).
+  static bool stamped(FastBox& box, size_t bytes, uint64_t chain);
+  const void* gather(const FastBox& box, size_t bytes, int r);
+  static constexpr size_t kGatheredBytes =
+      FastBox::lines(FastBox::kLinedBytes) * FastBox::kLineData;
   void exchange_parts(const Tensor& input, size_t n, Deadline deadline,
                       const std::function<void(uint64_t, size_t, size_t, size_t)>& consume);
 
@@ -135,6 +141,9 @@ class ShmBackend final : public Backend, public Transport {
   std::vector<uint64_t> consumed_seen_;  // last value read of each rank's consumed counter
   size_t one_shot_bytes_;
   std::deque<PostedRound> posted_;  // posted and not yet finished, oldest first
+  // Each rank's lined message gathered into contiguous bytes for the reduction (Note [Lined
+  // boxes]): FastBox::lines(kLinedBytes) * kLineData bytes per rank.
+  std::vector<unsigned char> gathered_;
 };
 
 }  // namespace loom::comm::shm

@@ -67,6 +67,36 @@ TEST_P(Conformance, AllreduceEveryOpDtypeAndCount) {
   });
 }
 
+// Every size a small message can have, in bursts of asynchronous calls: shm sends messages up
+// to 4 KiB in its fast boxes, in three layouts by size (data and stamp in one line up to 56
+// bytes, lined up to 512, the stamp after the data above: Note [Lined boxes]).
+TEST_P(Conformance, AllreduceEverySmallByteCount) {
+  on_ranks([](ProcessGroup& pg) {
+    for (DType d : {DType::U8, DType::BF16, DType::F32, DType::F64}) {
+      const int64_t element = static_cast<int64_t>(dtype_size(d));
+      std::vector<Tensor> burst;
+      std::vector<WorkPtr> works;
+      auto check_burst = [&] {
+        for (size_t k = 0; k < burst.size(); ++k) {
+          works[k]->wait();
+          expect_values(
+              burst[k], [&](int64_t i) { return expected(ReduceOp::Sum, pg.size(), i, d); },
+              ReduceOp::Sum, describe("allreduce", d, burst[k].numel(), ReduceOp::Sum, pg.rank()));
+        }
+        burst.clear();
+        works.clear();
+      };
+      for (int64_t n = 1; n * element <= 640; ++n) {
+        burst.push_back(
+            filled(d, n, [&](int64_t i) { return contribution(ReduceOp::Sum, pg.rank(), i); }));
+        works.push_back(pg.allreduce(burst.back(), {.async_op = true}));
+        if (burst.size() == 3) check_burst();
+      }
+      check_burst();
+    }
+  });
+}
+
 TEST_P(Conformance, AllreduceOutOfPlaceLeavesInput) {
   on_ranks([](ProcessGroup& pg) {
     for (int64_t n : kCounts) {
