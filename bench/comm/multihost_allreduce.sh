@@ -18,6 +18,9 @@
 # only those in /proc/sys/net/ipv4/tcp_allowed_congestion_control); without it they keep the
 # machine's, which the script prints. It matters here: docs/performance_comm.md, "2026-11-28:
 # the hosts' congestion control, pieces, and yielding".
+# SIZES="-b 1M -e 4M -f 4 -n 200 -w 20" replaces the two sweeps of one rank per host with
+# one of these loom-perf/mpi_allreduce_perf arguments; ONE_PER_HOST=1 skips Gloo and the runs
+# of 2 ranks per host (a quick look at one rank per host against Open MPI).
 set -euo pipefail
 rounds=${1:-3}
 B=build/release
@@ -67,10 +70,16 @@ gloo() {  # ranks-per-host args...
 small=(-b 8 -e 32K -f 8 -n 1000 -w 50)
 medium=(-b 64K -e 16M -f 4 -n 100 -w 10)
 large=(-b 1M -e 16M -f 4 -n 20 -w 3)
+sweeps=(small medium)
+if [ -n "${SIZES:-}" ]; then
+  read -r -a custom <<< "$SIZES"
+  sweeps=(custom)
+fi
+one_per_host=${ONE_PER_HOST:-0}
 # Loom and Open MPI take turns going first (the host's fast and slow modes last seconds).
 for ((round = 1; round <= rounds; ++round)); do
   echo "round $round" >&2
-  for sizes in small medium; do
+  for sizes in "${sweeps[@]}"; do
     declare -n args=$sizes
     ucx_1x2() {
       run "ucx 1x2" 1 "$B/tools/loom_perf/loom-perf" allreduce --backend ucx "${args[@]}"
@@ -78,8 +87,9 @@ for ((round = 1; round <= rounds; ++round)); do
     }
     mpi_1x2() { run "mpi 1x2" 1 "$B/bench/peers/mpi_allreduce_perf" "${args[@]}"; }
     if ((round % 2)); then ucx_1x2; mpi_1x2; else mpi_1x2; ucx_1x2; fi
-    gloo 1 "${args[@]}"
+    [ "$one_per_host" = 1 ] || gloo 1 "${args[@]}"
   done
+  if [ "$one_per_host" = 1 ]; then continue; fi
   run "ucx 2x2" 2 "$B/tools/loom_perf/loom-perf" allreduce --backend ucx "${large[@]}"
   run "hierarchical 2x2" 2 "$B/tools/loom_perf/loom-perf" allreduce --backend hierarchical "${large[@]}"
   run "mpi 2x2" 2 "$B/bench/peers/mpi_allreduce_perf" "${large[@]}"
