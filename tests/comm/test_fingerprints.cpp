@@ -68,10 +68,13 @@ Tensor ones(int64_t n, DType dtype = DType::F32) {
 }
 
 TEST(Fingerprints, DifferentCountsFailOnEveryPath) {
-  // Fast box (16 B) against one-shot (16 KiB), box against box (4 and 2 KiB), one-shot
-  // against one-shot, and multi-round.
+  // Fast box (16 B) against one-shot (16 KiB), box against box (4 and 2 KiB; lined 100 and
+  // 120 B; one line 40 B against lined 80 B: Note [Lined boxes]), one-shot against one-shot,
+  // and multi-round.
   for (auto [mine, theirs] : {std::pair<int64_t, int64_t>{4, 4096},
                               {1024, 512},
+                              {25, 30},
+                              {10, 20},
                               {4096, 2048},
                               {(1 << 20) + 1, 1 << 20}}) {
     expect_mismatch_reported(
