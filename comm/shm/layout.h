@@ -54,20 +54,32 @@ struct RankControl {
 struct alignas(128) FastBox {
   unsigned char data[4096 + 128];
 
+  static constexpr size_t kLineBytes = 64;
   static constexpr size_t kLineData = 56;     // data bytes per line of a lined message
   static constexpr size_t kLinedBytes = 512;  // the largest lined message
   static constexpr bool lined(size_t bytes) { return bytes > kLineData && bytes <= kLinedBytes; }
   static constexpr size_t lines(size_t bytes) { return (bytes + kLineData - 1) / kLineData; }
+  unsigned char* line(size_t i) { return data + i * kLineBytes; }
+  const unsigned char* line(size_t i) const { return data + i * kLineBytes; }
 
   static constexpr size_t stamp_offset(size_t bytes) { return (bytes + 7) / 8 * 8; }
   // The part of the box a message of `bytes` bytes and its stamp occupy: [0, used_bytes).
   static constexpr size_t used_bytes(size_t bytes) {
-    return lined(bytes) ? lines(bytes) * 64 : stamp_offset(bytes) + sizeof(uint64_t);
+    return lined(bytes) ? lines(bytes) * kLineBytes : stamp_offset(bytes) + sizeof(uint64_t);
   }
   // The stamp of a message that is not lined.
   std::atomic_ref<uint64_t> stamp(size_t bytes) { return word_at(stamp_offset(bytes)); }
   // The stamp in line `line` of a lined message.
-  std::atomic_ref<uint64_t> line_stamp(size_t line) { return word_at(line * 64 + kLineData); }
+  std::atomic_ref<uint64_t> line_stamp(size_t i) { return word_at(i * kLineBytes + kLineData); }
+  // Whether the box holds a message of `bytes` bytes stamped `chain`: for a lined message,
+  // every line's stamp, each loaded rather than stopping at the first (they travel at once).
+  bool stamped(size_t bytes, uint64_t chain) {
+    if (!lined(bytes)) return stamp(bytes).load(std::memory_order_acquire) == chain;
+    bool all = true;
+    for (size_t i = 0; i < lines(bytes); ++i)
+      all &= line_stamp(i).load(std::memory_order_acquire) == chain;
+    return all;
+  }
 
  private:
   std::atomic_ref<uint64_t> word_at(size_t offset) {

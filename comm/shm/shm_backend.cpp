@@ -429,18 +429,10 @@ void ShmBackend::reduce_tiny(const Tensor& input, Tensor& output, ReduceOp op, i
 // reader loads every line's stamp in each check, and the lines come over together; it then
 // gathers each rank's lines into contiguous bytes (gathered_, in L1) for the reduction, which
 // reads them in rank order as before: the same bits.
-bool ShmBackend::stamped(FastBox& box, size_t bytes, uint64_t chain) {
-  if (!FastBox::lined(bytes)) return box.stamp(bytes).load(std::memory_order_acquire) == chain;
-  bool all = true;  // (every line's stamp loaded, not stopping at the first: they travel at once)
-  for (size_t line = 0; line < FastBox::lines(bytes); ++line)
-    all &= box.line_stamp(line).load(std::memory_order_acquire) == chain;
-  return all;
-}
-
 const void* ShmBackend::gather(const FastBox& box, size_t bytes, int r) {
   unsigned char* out = gathered_.data() + static_cast<size_t>(r) * kGatheredBytes;
   for (size_t line = 0; line < FastBox::lines(bytes); ++line)  // whole lines: the rest unused
-    std::memcpy(out + line * FastBox::kLineData, box.data + line * 64, FastBox::kLineData);
+    std::memcpy(out + line * FastBox::kLineData, box.line(line), FastBox::kLineData);
   return out;
 }
 
@@ -462,17 +454,16 @@ ShmBackend::PostedRound ShmBackend::post_tiny(const Tensor& input, Deadline dead
     const auto* in = static_cast<const unsigned char*>(input.raw_data());
     const size_t last = FastBox::lines(bytes) - 1;
     for (size_t line = 0; line < last; ++line) {
-      std::memcpy(mine.data + line * 64, in + line * FastBox::kLineData, FastBox::kLineData);
+      std::memcpy(mine.line(line), in + line * FastBox::kLineData, FastBox::kLineData);
       mine.line_stamp(line).store(chain_, std::memory_order_release);
     }
-    std::memcpy(mine.data + last * 64, in + last * FastBox::kLineData,
-                bytes - last * FastBox::kLineData);
+    std::memcpy(mine.line(last), in + last * FastBox::kLineData, bytes - last * FastBox::kLineData);
     mine.line_stamp(last).store(chain_, std::memory_order_release);
   } else {
     copy_bytes(mine.data, input.raw_data(), bytes);
     mine.stamp(bytes).store(chain_, std::memory_order_release);
   }
-  claim_next_box(round, input.nbytes());
+  claim_next_box(round, bytes);
   // No arrived counter: peers read this round's data from the box alone (a peer that ran this
   // round on a staging path finds it out from this round's record, fail_if_parted).
   return {round, chain_};
@@ -515,12 +506,12 @@ void ShmBackend::finish_tiny(const PostedRound& posted, Tensor& output, ReduceOp
     const size_t bytes = output.nbytes();
     for (int r = 0; r < size_; ++r) {
       FastBox& box = fastbox(r, round);
-      if (!stamped(box, bytes, chain)) {
+      if (!box.stamped(bytes, chain)) {
         uint32_t checks = 0;
         wait_until(
             scope_,
             [&] {
-              if (stamped(box, bytes, chain)) return true;
+              if (box.stamped(bytes, chain)) return true;
               if (++checks % 64 == 0) fail_if_parted(r, round, chain);
               return false;
             },

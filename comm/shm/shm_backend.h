@@ -118,9 +118,7 @@ class ShmBackend final : public Backend, public Transport {
   PostedRound post_tiny(const Tensor& input, Deadline deadline);
   void finish_tiny(const PostedRound& posted, Tensor& output, ReduceOp op, int root,
                    Deadline deadline);
-  // Whether `box` holds a message of `bytes` bytes stamped `chain`; and a lined message's data
-  // gathered into rank r's part of gathered_ (Note [Lined boxes]).
-  static bool stamped(FastBox& box, size_t bytes, uint64_t chain);
+  // A lined message's data gathered into rank r's part of gathered_ (Note [Lined boxes]).
   const void* gather(const FastBox& box, size_t bytes, int r);
   static constexpr size_t kGatheredBytes =
       FastBox::lines(FastBox::kLinedBytes) * FastBox::kLineData;
