@@ -92,7 +92,9 @@ inline constexpr size_t kFastBoxBytes = 4096 + 64 - sizeof(uint64_t);
 static_assert(FastBox::used_bytes(kFastBoxBytes) <= sizeof(FastBox::data));
 static_assert(FastBox::used_bytes(FastBox::kLinedBytes) <= sizeof(FastBox::data));
 static_assert(std::atomic_ref<uint64_t>::required_alignment <= sizeof(uint64_t));
-inline constexpr uint64_t kFastBoxSlots = 16;  // per rank, used round-robin
+// Per rank, used round-robin; more than twice the posts a rank may have outstanding (Note [Box
+// slots] in shm_backend.cpp).
+inline constexpr uint64_t kFastBoxSlots = 32;
 
 // What a rank ran in one round, kept for kRecordedRounds rounds to explain a mismatch.
 struct alignas(64) RoundRecord {

@@ -488,6 +488,20 @@ void ShmBackend::claim_next_box(uint64_t round, size_t bytes) const {
     __builtin_prefetch(next + at, /*rw=*/1);
 }
 
+// Note [Box slots]
+// A post that finds kMaxPosted rounds outstanding finishes the oldest first: a rank finishes
+// round s, and reads its peers' boxes of round s, in its post of round s + kMaxPosted. Finishing
+// s waits for every peer's post of s, so no rank runs more than kMaxPosted rounds ahead of
+// another. A rank claims its box for round r + 1 at the end of its post of round r (Note
+// [Claiming the next box]); a peer last read that box in round r + 1 - kFastBoxSlots, and
+// reads it after the claim, taking the lines back so that the next post's stores wait for them
+// again, when it lags by kFastBoxSlots - kMaxPosted - 1 rounds or more. With 16 slots and 8
+// posts a lag of 7 or 8 did that, and in a burst the ranks drift until one is a whole window
+// ahead. With more than twice kMaxPosted slots no lag reaches it: bursts of 64 to 256 bytes took
+// 0.91x-0.95x the time of 16 slots (docs/performance_comm.md, "2026-11-29: box slots"). Fewer
+// posts (4 of 16) were as fast with two ranks on two cores, but four ranks on two took 1.7x-2.4x
+// the time: a rank whose peer is descheduled goes on posting only as far as kMaxPosted.
+
 // Reads the boxes of a posted round: uses only `posted`, never round_ or chain_, which later
 // posts may have moved on (Note [Posted allreduces] in comm/process_group.cpp).
 void ShmBackend::finish_tiny(const PostedRound& posted, Tensor& output, ReduceOp op, int root,

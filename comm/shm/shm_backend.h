@@ -50,8 +50,8 @@ class ShmBackend final : public Backend, public Transport {
 
   // Allreduces of a fast box's size or less are posted (Note [Posted allreduces] in
   // comm/process_group.cpp): the data goes into this rank's box at once, and the finish reads
-  // the peers' boxes. At most kMaxPosted are outstanding, which leaves a lagging peer
-  // kFastBoxSlots - kMaxPosted rounds before a post waits for it to free a box.
+  // the peers' boxes. At most kMaxPosted are outstanding, so a peer lags by kMaxPosted rounds at
+  // most, and it never reads a box this rank claimed for its next post (Note [Box slots]).
   size_t postable_allreduce_bytes() const override;
   size_t max_posted() const override;
   void post_allreduce(const Tensor& input, ReduceOp op, Deadline deadline) override;
@@ -71,7 +71,8 @@ class ShmBackend final : public Backend, public Transport {
     uint64_t round;
     uint64_t chain;
   };
-  static constexpr size_t kMaxPosted = kFastBoxSlots / 2;
+  static constexpr size_t kMaxPosted = 8;
+  static_assert(kFastBoxSlots > 2 * kMaxPosted + 1, "Note [Box slots]");
 
   RankControl& control(int r) const;
   ChannelControl& channel(int src, int dst) const;
