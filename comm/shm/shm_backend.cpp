@@ -497,8 +497,8 @@ void ShmBackend::claim_next_box(uint64_t round, size_t bytes) const {
 // reads it after the claim, taking the lines back so that the next post's stores wait for them
 // again, when it lags by kFastBoxSlots - kMaxPosted - 1 rounds or more. With 16 slots and 8
 // posts a lag of 7 or 8 did that, and in a burst the ranks drift until one is a whole window
-// ahead. With more than twice kMaxPosted slots no lag reaches it: bursts of 64 to 256 bytes took
-// 0.91x-0.95x the time of 16 slots (docs/performance_comm.md, "2026-11-29: box slots"). Fewer
+// ahead. With more than twice kMaxPosted slots no lag reaches it: bursts of 64 to 512 bytes took
+// 0.84x-0.97x the time of 16 slots (docs/performance_comm.md, "2026-11-29: box slots"). Fewer
 // posts (4 of 16) were as fast with two ranks on two cores, but four ranks on two took 1.7x-2.4x
 // the time: a rank whose peer is descheduled goes on posting only as far as kMaxPosted.
 
