@@ -167,10 +167,17 @@ ProcessGroup::~ProcessGroup() {
 // Note [Inline operations]
 // An operation with async_op = false runs on the calling thread when nothing is queued or
 // running; running_ (set under the mutex, cleared without it) keeps the progress thread from
-// starting another operation meanwhile. When the inline operation ends, it clears running_
-// and then reads queued_count_; a thread that queued work meanwhile incremented
-// queued_count_ before notifying. Both are seq_cst, so either the notifier's wake-up finds
-// running_ clear, or the inline thread sees the count and notifies again.
+// starting another operation meanwhile. When a caller's operation ends, it clears running_
+// and then reads queued_count_: a thread that queued work meanwhile counted it there before
+// notifying, and the caller notifies again when it sees the count. The clearing is a release
+// store with no fence after it (on x86 a seq_cst store is an exchange, which waits for the
+// operation's stores to the peers' lines to drain: 5% of a small posted allreduce,
+// docs/performance_comm.md 2026-11-29 "running_ without a fence"), so the two can miss each
+// other: the notifier's wake-up finds running_ still set while the caller reads the count from
+// before the increment. Such a miss happens only within a store's drain (nanoseconds) of the
+// queueing. So the progress thread never sleeps untimed while it sees work queued behind a
+// caller's operation: it polls, from kClaimWindow after it first sees more queued (doubling up
+// to kLongestPoll while nothing changes), and a lost notification costs at most kClaimWindow.
 
 // Note [Operation times]
 // An operation's phases (issued, started, completed) are timed for its Work (started_at,
@@ -255,7 +262,8 @@ WorkPtr ProcessGroup::submit(Op&& op, const Tensor& first, const Tensor& second,
   }
   const bool wake = !(op.claimable && progress_polling_);
   queue_.push_back(reuse_op(std::move(op)));
-  queued_count_.fetch_add(1);
+  // Under the mutex, where every writer holds it: a load and a store, no locked instruction.
+  queued_count_.store(queued_count_.load(std::memory_order_relaxed) + 1, std::memory_order_relaxed);
   lock.unlock();
   if (wake) queued_.notify_all();
   if (!async_op) work->wait();
@@ -413,7 +421,8 @@ bool ProcessGroup::claim(uint64_t seq) {
   if (!posted) {
     claimed_.push_back(std::move(queue_.front()));
     queue_.pop_front();
-    queued_count_.fetch_sub(1);
+    queued_count_.store(queued_count_.load(std::memory_order_relaxed) - 1,
+                        std::memory_order_relaxed);
   }
   lock.unlock();
   Clock::time_point clock = op_time();
@@ -426,8 +435,8 @@ bool ProcessGroup::claim(uint64_t seq) {
 // wake-up costs more than the whole small operation. running_ is atomic so that this check
 // needs no lock (Note [Inline operations]).
 void ProcessGroup::done_running_here() {
-  running_.store(false);
-  if (queued_count_.load() > 0) {
+  running_.store(false, std::memory_order_release);
+  if (queued_count_.load(std::memory_order_relaxed) > 0) {
     std::lock_guard relock(mutex_);
     queued_.notify_all();
   }
@@ -475,6 +484,7 @@ void ProcessGroup::progress_loop() {
   std::vector<std::unique_ptr<Op>> batch;
   std::chrono::microseconds poll_period = kClaimWindow;  // Note [Idle progress thread]
   uint64_t claimables_seen = 0;        // claimables_issued_ when this thread last looked
+  size_t queued_seen = 0;  // the queue's length when this thread last looked behind a caller
   Clock::time_point last_claimable{};  // when a look last found new ones
   // Whether `op`'s claim window is over: kClaimWindow after this thread first saw it.
   auto window_over = [](Op& op, Clock::time_point now) {
@@ -501,8 +511,14 @@ void ProcessGroup::progress_loop() {
           claimables_seen = claimables_issued_;
           last_claimable = now;
         }
+        // Work queued behind an operation on a caller's thread keeps it polling, as its
+        // notification can be lost (Note [Inline operations]); from kClaimWindow when more came.
+        const bool behind_caller = running_ && !queue_.empty();
+        if (behind_caller && queue_.size() != queued_seen) poll_period = kClaimWindow;
+        queued_seen = behind_caller ? queue_.size() : 0;
         // Posted allreduces keep it polling: a thread that finishes one does not wake it.
-        progress_polling_ = !posted_.empty() || now < last_claimable + kIdlePollSpan;
+        progress_polling_ =
+            behind_caller || !posted_.empty() || now < last_claimable + kIdlePollSpan;
         if (progress_polling_) {
           // A posted allreduce seen at an earlier look starts once its window is over; one
           // first seen now waits a whole period, so that a burst (whose oldest posted call
@@ -534,7 +550,7 @@ void ProcessGroup::progress_loop() {
           batch.push_back(std::move(op));
         from->clear();
       }
-      queued_count_.store(0);
+      queued_count_.store(0, std::memory_order_relaxed);
       if (broken_) continue;  // the batch fails unstarted at the top of the loop
       running_.store(true, std::memory_order_relaxed);  // as in take_running()
     }

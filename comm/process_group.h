@@ -210,7 +210,7 @@ class ProcessGroup final : public std::enable_shared_from_this<ProcessGroup>, pr
   // An operation is executing (on the progress or a calling thread); see Note [Inline
   // operations] in process_group.cpp.
   std::atomic<bool> running_{false};
-  std::atomic<int> queued_count_{0};  // size of queue_, readable without the mutex
+  std::atomic<int> queued_count_{0};  // size of queue_: written under the mutex, read without
   // The progress thread's idle state (Note [Idle progress thread] in process_group.cpp), both
   // under mutex_: it polls (wakes every kClaimWindow) while it saw a claimable operation
   // issued within kIdlePollSpan, and only then may submit() queue one without waking it.
