@@ -37,7 +37,7 @@ constexpr ucp_tag_t kFullMask = ~ucp_tag_t{0};
 // for may need this core. Yielding where nothing else is runnable returns at once. 2 ms here
 // (the value until 2026-11-28) made a 16 MiB allreduce of 2 ranks on each of two namespace
 // hosts (4 ranks on 2 cores) take 4x as long (docs/performance_comm.md); the shm backend
-// yields after a few thousand spins likewise (comm/shm/peer_wait.h).
+// yields after 20 us of spinning likewise (kSpinInline in comm/shm/peer_wait.h).
 constexpr auto kSpinBeforeYielding = std::chrono::microseconds(20);
 
 ucp_tag_t stream_tag(int sender) {
