@@ -69,8 +69,13 @@ std::string host_label() {
 //    percent of the transfer, and a receiver never buffers more than 1 MiB unexpected). Left
 //    to UCX where an RDMA device exists (/sys/class/infiniband): there rendezvous is
 //    zero-copy and pays from a few KiB.
-//  - UCX_TCP_TX_SEG_SIZE=64K and UCX_TCP_RX_SEG_SIZE=256K (ucp_config_modify hands
-//    transport variables on without their transport's prefix; only tcp has these two).
+//  - UCX_TCP_TX_SEG_SIZE=64K and UCX_TCP_RX_SEG_SIZE=513K (ucp_config_modify hands
+//    transport variables on without their transport's prefix; only tcp has these two). The
+//    receive segment is also UCX's limit on a zero-copy fragment: at 513K a 512 KiB piece of
+//    a rank-ordered reduction (kPieceBytes, Note [Pieces of a rank-ordered reduction]) with
+//    its headers goes in one write, where 256K made two and a third of a few dozen bytes,
+//    each ending in a short packet (a 4 MiB allreduce sent 1.2x the packets Open MPI's does,
+//    and took about 3% longer; docs/performance_comm.md, "2026-11-29 (later)").
 // A value in the environment always wins.
 struct TunedDefault {
   const char* name;      // as ucp_config_modify takes it
@@ -81,7 +86,7 @@ struct TunedDefault {
 constexpr TunedDefault kTunedDefaults[] = {
     {"RNDV_THRESH", "UCX_RNDV_THRESH", "1M", true},
     {"TX_SEG_SIZE", "UCX_TCP_TX_SEG_SIZE", "64K", false},
-    {"RX_SEG_SIZE", "UCX_TCP_RX_SEG_SIZE", "256K", false},
+    {"RX_SEG_SIZE", "UCX_TCP_RX_SEG_SIZE", "513K", false},
 };
 
 bool has_rdma_device() {
