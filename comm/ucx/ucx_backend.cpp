@@ -12,6 +12,7 @@
 
 #include "comm/algorithms/algorithms.h"
 #include "comm/algorithms/tagged_messages.h"
+#include "comm/cpu_relax.h"
 #include "comm/reduce_op.h"
 #include "core/tags.h"
 #include "core/tunables.h"
@@ -31,14 +32,6 @@ namespace loom::comm::ucx {
 namespace {
 
 constexpr ucp_tag_t kFullMask = ~ucp_tag_t{0};
-
-// A wait drives the worker without pause this long, then yields the core at every check of
-// the deadline (every 256 rounds of progress): where ranks outnumber cores, the peer it waits
-// for may need this core. Yielding where nothing else is runnable returns at once. 2 ms here
-// (the value until 2026-11-28) made a 16 MiB allreduce of 2 ranks on each of two namespace
-// hosts (4 ranks on 2 cores) take 4x as long (docs/performance_comm.md); the shm backend
-// yields after 20 us of spinning likewise (kSpinInline in comm/shm/peer_wait.h).
-constexpr auto kSpinBeforeYielding = std::chrono::microseconds(20);
 
 ucp_tag_t stream_tag(int sender) {
   return static_cast<ucp_tag_t>(sender);
@@ -349,6 +342,8 @@ void UcxBackend::transfer(const void* send_data, size_t send_bytes, int dst, voi
                             " before the deadline",
                         rank_, late, CommFailure::Timeout));
     }
+    // After kSpinBeforeYielding (comm/cpu_relax.h) of driving the worker without pause, the
+    // core is yielded at every such check; where nothing else is runnable that returns at once.
     if (now - start > kSpinBeforeYielding) sched_yield();
   }
 }
