@@ -8,8 +8,9 @@
 # core, which on one machine puts the ranks of both hosts on one core; with one rank per host
 # the script pins rank r to core r itself (taskset). Loom uses UCX_TLS=tcp,
 # so both sides cross the veth links over TCP. Loom and Open MPI take turns going first. Prints,
-# per program and size, the us per call (out of place) of every round and their median, then
-# Loom's ucx (-z 0 and -z 1) over Open MPI within each round and the median ratio. Needs
+# per program and size, the us per call of every round and their median, then
+# Loom's ucx (-z 0 and -z 1) over Open MPI within each round and the median ratio, out of
+# place (Open MPI's MPI_Allreduce copies the input to the output first) and in place. Needs
 # root, Open MPI and a build with UCX;
 # Gloo's peer (bench/peers/gloo_allreduce_perf, Debian libgloo-dev) runs where it was built,
 # its ranks meeting through a FileStore in a shared directory and listening on eth0.
@@ -54,7 +55,8 @@ run() {  # label ranks-per-host program args...: appends "label size us" lines
     --mca btl tcp,self --mca btl_tcp_if_include eth0 \
     --host "10.77.0.1:$per_host,10.77.0.2:$per_host" -np $((2 * per_host)) \
     -x MASTER_ADDR=10.77.0.1 -x MASTER_PORT=29500 -x LOOM_STORE_SECRET -x UCX_TLS=tcp "$@" 2>&1 |
-    awk -v l="$label" -v r="$round" '/^ +[0-9]+ +[0-9]+ +float/ {print r, l, $1, $6}' >> "$out/results"
+    awk -v l="$label" -v r="$round" \
+      '/^ +[0-9]+ +[0-9]+ +float/ {print r, l, $1, $6; if ($10 ~ /^[0-9.]+$/) print r, l " in-place", $1, $10}' >> "$out/results"
 }
 
 gloo() {  # ranks-per-host args...
@@ -103,14 +105,16 @@ for line in open(sys.argv[1]):
     runs[(" ".join(label), int(size))][int(rnd)] = float(us)
 for (label, size), by_round in sorted(runs.items(), key=lambda kv: (kv[0][0].split()[-1], kv[0][1], kv[0][0])):
     values = [by_round[r] for r in sorted(by_round)]
-    print(f"{label:18s} {size:>9d} B  median {statistics.median(values):10.2f} us  runs {', '.join(f'{v:.2f}' for v in values)}")
-# Loom's ucx against Open MPI, one rank per host: the ratio within each round, and its median.
+    print(f"{label:27s} {size:>9d} B  median {statistics.median(values):10.2f} us  runs {', '.join(f'{v:.2f}' for v in values)}")
+# Loom's ucx against Open MPI, one rank per host, out of place and in place: the ratio within
+# each round, and its median.
 for (label, size), by_round in sorted(runs.items(), key=lambda kv: (kv[0][1], kv[0][0])):
-    peer = runs.get(("mpi 1x2", size))
-    if label not in ("ucx 1x2", "ucx-z1 1x2") or not peer:
+    where = " in-place" if label.endswith(" in-place") else ""
+    peer = runs.get(("mpi 1x2" + where, size))
+    if label.removesuffix(where) not in ("ucx 1x2", "ucx-z1 1x2") or not peer:
         continue
     ratios = [by_round[r] / peer[r] for r in sorted(by_round) if r in peer]
-    name = label.replace(" 1x2", "") + " / mpi 1x2"
-    print(f"{name:18s} {size:>9d} B  median {statistics.median(ratios):5.2f}  rounds {', '.join(f'{x:.2f}' for x in ratios)}")
+    name = label.replace(" 1x2", "") + " / mpi"
+    print(f"{name:24s} {size:>9d} B  median {statistics.median(ratios):5.2f}  rounds {', '.join(f'{x:.2f}' for x in ratios)}")
 PY
 rm -rf "$out"
