@@ -1,6 +1,7 @@
 #include "comm/backend_registry.h"
 
 #include "comm/shm/shm_backend.h"
+#include "comm/tcp/tcp_backend.h"
 #include "core/error.h"
 #include "core/registry.h"
 #include "core/tags.h"
@@ -29,6 +30,10 @@ struct Registry : NamedRegistry<Entry> {
     add("shm", {[](const BackendContext& c) { return std::make_unique<shm::ShmBackend>(c); },
                 "processes on one host through POSIX shared memory (CPU tensors; CUDA "
                 "tensors staged through pinned host memory)"});
+    add("tcp", {[](const BackendContext& c) { return std::make_unique<tcp::TcpBackend>(c); },
+                "Loom's own TCP connections: processes on any hosts, each message received "
+                "straight into its buffer (CPU tensors; CUDA tensors staged through pinned host "
+                "memory)"});
 #if LOOM_WITH_NCCL
     add("nccl", {[](const BackendContext& c) { return std::make_unique<nccl::NcclBackend>(c); },
                  "NVIDIA NCCL: one GPU per rank, within and across hosts (CUDA tensors)"});

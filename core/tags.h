@@ -16,6 +16,7 @@ inline constexpr Tag kCommNccl{"comm/nccl"};
 inline constexpr Tag kCommShm{"comm/shm"};
 inline constexpr Tag kCommStaging{"comm/staging"};
 inline constexpr Tag kCommStore{"comm/store"};
+inline constexpr Tag kCommTcp{"comm/tcp"};
 inline constexpr Tag kCommThread{"comm/thread"};
 inline constexpr Tag kCommUcx{"comm/ucx"};
 inline constexpr Tag kCuda{"cuda"};

@@ -10,12 +10,9 @@
 #include <filesystem>
 #include <system_error>
 
-#include "comm/algorithms/algorithms.h"
-#include "comm/algorithms/tagged_messages.h"
 #include "comm/cpu_relax.h"
 #include "comm/reduce_op.h"
 #include "core/tags.h"
-#include "core/tunables.h"
 
 namespace loom::comm::ucx {
 
@@ -23,11 +20,9 @@ namespace loom::comm::ucx {
 // The backend is a Transport: send, recv and send_recv are UCX tagged messages whose tag is
 // the sending rank, received with the full tag mask, so each ordered pair of ranks is one
 // ordered stream (UCX matches the messages of one sender and one tag in order). Collectives
-// are the generic algorithms over it: rank-ordered allreduce, reduce and reduce-scatter
-// (Note [Rank-ordered reductions]: the shm backend's bits), ring all-gather, binomial-tree
-// broadcast, pairwise all-to-all, dissemination barrier. Tensor send/recv are the tagged
-// messages of comm/algorithms/tagged_messages.h, as on the shm backend. The group runs one operation at a
-// time, so one thread at a time drives the worker (UCS_THREAD_MODE_SERIALIZED).
+// are the generic algorithms over it (TransportBackend, Note [Collectives over a
+// Transport]). The group runs one operation at a time, so one thread at a time drives the
+// worker (UCS_THREAD_MODE_SERIALIZED).
 
 namespace {
 
@@ -39,16 +34,6 @@ ucp_tag_t stream_tag(int sender) {
 
 std::string text(ucs_status_t status) {
   return ucs_status_string(status);
-}
-
-// How messages name a rank's host: LOOM_HOST_ID when set (the hierarchical backend's host
-// key), else the host name.
-std::string host_label() {
-  const char* id = tunable_value(tunables::kHostId);
-  if (id != nullptr && *id != '\0') return id;
-  char name[256] = {};
-  gethostname(name, sizeof name - 1);
-  return name;
 }
 
 // Note [UCX defaults for TCP]
@@ -359,54 +344,6 @@ void UcxBackend::recv(void* data, size_t bytes, int src, Deadline deadline) {
 void UcxBackend::send_recv(const void* send_data, size_t send_bytes, int dst, void* recv_data,
                            size_t recv_bytes, int src, Deadline deadline) {
   transfer(send_data, send_bytes, dst, recv_data, recv_bytes, src, deadline);
-}
-
-void UcxBackend::allreduce(const Tensor& input, Tensor& output, ReduceOp op, Deadline deadline) {
-  algorithms::rank_ordered_allreduce(*this, input.raw_data(), output.raw_data(),
-                                     static_cast<size_t>(output.numel()), output.dtype(), op,
-                                     deadline);
-}
-
-void UcxBackend::broadcast(Tensor& tensor, int root, Deadline deadline) {
-  algorithms::tree_broadcast(*this, tensor.raw_data(), static_cast<size_t>(tensor.numel()),
-                             tensor.dtype(), root, deadline);
-}
-
-void UcxBackend::reduce(Tensor& tensor, int root, ReduceOp op, Deadline deadline) {
-  algorithms::rank_ordered_reduce(*this, tensor.raw_data(), static_cast<size_t>(tensor.numel()),
-                                  tensor.dtype(), op, root, deadline);
-}
-
-void UcxBackend::all_gather(Tensor& output, const Tensor& input, Deadline deadline) {
-  algorithms::ring_all_gather(*this, input.raw_data(), output.raw_data(),
-                              static_cast<size_t>(input.numel()), input.dtype(),
-                              deadline);
-}
-
-void UcxBackend::reduce_scatter(Tensor& output, const Tensor& input, ReduceOp op,
-                                Deadline deadline) {
-  algorithms::rank_ordered_reduce_scatter(*this, input.raw_data(), output.raw_data(),
-                                          static_cast<size_t>(output.numel()),
-                                          input.dtype(), op, deadline);
-}
-
-void UcxBackend::all_to_all(Tensor& output, const Tensor& input, Deadline deadline) {
-  algorithms::pairwise_all_to_all(*this, input.raw_data(), output.raw_data(),
-                                  static_cast<size_t>(input.numel()) / static_cast<size_t>(size_),
-                                  input.dtype(), deadline);
-}
-
-void UcxBackend::barrier(Deadline deadline) {
-  algorithms::dissemination_barrier(*this, deadline);
-}
-
-void UcxBackend::send(const Tensor& tensor, int dst, int tag, Deadline deadline) {
-  algorithms::send_tagged(*this, tensor.raw_data(), tensor.nbytes(), tag, dst, deadline);
-}
-
-void UcxBackend::recv(Tensor& tensor, int src, int tag, Deadline deadline) {
-  algorithms::recv_tagged(*this, tensor.raw_data(), tensor.nbytes(), tag, src, deadline,
-                          "[comm/ucx]");
 }
 
 }  // namespace loom::comm::ucx

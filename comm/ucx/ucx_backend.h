@@ -3,10 +3,11 @@
 // libucx-dev, UCX 1.13), which picks the transport itself (TCP, shared memory, InfiniBand;
 // UCX_TLS narrows it). Each group has its own UCX context and worker; the workers' addresses
 // travel through the group's store. Every collective comes from the generic algorithms of
-// comm/algorithms/ over the point-to-point Transport this backend implements (Note [UCX
-// collectives] in ucx_backend.cpp): the reductions are rank-ordered, so results are bitwise
-// the shm backend's. Waits drive the worker until the operation completes, a peer's endpoint
-// reports an error (CommError naming the peer, PeerDied) or the deadline passes (Timeout).
+// comm/algorithms/ over the point-to-point Transport this backend implements
+// (TransportBackend; Note [UCX collectives] in ucx_backend.cpp): the reductions are
+// rank-ordered, so results are bitwise the shm backend's. Waits drive the worker until the
+// operation completes, a peer's endpoint reports an error (CommError naming the peer, PeerDied) or
+// the deadline passes (Timeout).
 //
 // Not provided: the shm backend's always-on fingerprints. Ranks that issue different
 // collectives over ucx may hang until the deadline or exchange mismatched messages (sizes
@@ -17,12 +18,11 @@
 #include <string>
 #include <vector>
 
-#include "comm/algorithms/transport.h"
-#include "comm/backend.h"
+#include "comm/algorithms/transport_backend.h"
 
 namespace loom::comm::ucx {
 
-class UcxBackend final : public Backend, public Transport {
+class UcxBackend final : public TransportBackend {
  public:
   // Collective over the group: creates the context and worker, publishes this worker's
   // address in the store, connects an endpoint to every peer's.
@@ -35,21 +35,13 @@ class UcxBackend final : public Backend, public Transport {
   int rank() const override { return rank_; }
   int size() const override { return size_; }
 
-  void allreduce(const Tensor& input, Tensor& output, ReduceOp op, Deadline deadline) override;
-  void broadcast(Tensor& tensor, int root, Deadline deadline) override;
-  void reduce(Tensor& tensor, int root, ReduceOp op, Deadline deadline) override;
-  void all_gather(Tensor& output, const Tensor& input, Deadline deadline) override;
-  void reduce_scatter(Tensor& output, const Tensor& input, ReduceOp op, Deadline deadline) override;
-  void all_to_all(Tensor& output, const Tensor& input, Deadline deadline) override;
-  void send(const Tensor& tensor, int dst, int tag, Deadline deadline) override;
-  void recv(Tensor& tensor, int src, int tag, Deadline deadline) override;
-  void barrier(Deadline deadline) override;
-
   // Transport: ordered byte streams between ranks (one UCX tag per sending rank).
   void send(const void* data, size_t bytes, int dst, Deadline deadline) override;
   void recv(void* data, size_t bytes, int src, Deadline deadline) override;
   void send_recv(const void* send_data, size_t send_bytes, int dst, void* recv_data,
                  size_t recv_bytes, int src, Deadline deadline) override;
+  using TransportBackend::recv;
+  using TransportBackend::send;
 
  private:
   struct State;  // the UCX handles (ucp.h stays out of this header)

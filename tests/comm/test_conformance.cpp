@@ -387,7 +387,7 @@ TEST_P(Conformance, TrafficCountsCallsAndNcclTestsSizes) {
 }
 
 INSTANTIATE_TEST_SUITE_P(Backends, Conformance,
-                         ::testing::Combine(::testing::Values("shm", "ucx", "hierarchical"),
+                         ::testing::Combine(::testing::Values("shm", "tcp", "ucx", "hierarchical"),
                                             ::testing::Values(1, 2, 3, 4)),
                          param_name);
 
