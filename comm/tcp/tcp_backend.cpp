@@ -366,9 +366,8 @@ void TcpBackend::send_recv(const void* send_data, size_t send_bytes, int dst, vo
         advance(receiving, recv_first, static_cast<size_t>(n));
         moved = true;
         if (!had_length && recv_first > 0 && recv_length != recv_bytes) {
-          throw CommError(me() + "rank " + std::to_string(src) + " sent a message of " +
-                              std::to_string(recv_length) + " bytes where " +
-                              std::to_string(recv_bytes) +
+          throw CommError(me() + named(src) + " sent a message of " + std::to_string(recv_length) +
+                              " bytes where " + std::to_string(recv_bytes) +
                               " were expected: the ranks run different collectives or sizes",
                           rank_, src, CommFailure::Mismatch);
         }

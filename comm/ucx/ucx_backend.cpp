@@ -302,7 +302,7 @@ void UcxBackend::transfer(const void* send_data, size_t send_bytes, int dst, voi
         ucp_request_free(receiving);
         receiving = nullptr;
         if (status == UCS_ERR_MESSAGE_TRUNCATED || (status == UCS_OK && info.length != recv_bytes)) {
-          give_up(CommError(me + "rank " + std::to_string(src) + " sent a message of " +
+          give_up(CommError(me + named(src) + " sent a message of " +
                                 (status == UCS_OK ? std::to_string(info.length) : "more") +
                                 " bytes where " + std::to_string(recv_bytes) +
                                 " were expected: the ranks run different collectives or sizes",
