@@ -3,8 +3,9 @@
 # scripts/netns_hosts.sh, one loomrun on each (--nnodes 2, the store on host 0), the ranks
 # talking over UCX's TCP transport through the veth links. Against 4 ranks on one host over
 # shm:
-#   - with --process-group-backend ucx (flat, rank-ordered reductions: Note [Rank-ordered
-#     reductions]) the saved model is the same bytes;
+#   - with --process-group-backend ucx, and with tcp (Loom's own connections), flat,
+#     rank-ordered reductions (Note [Rank-ordered reductions]): the saved model is the same
+#     bytes;
 #   - with 'auto', which picks the hierarchical backend for a group that spans hosts (shm
 #     within each host, ucx between them), every step's loss is within 2e-4 (the sums are
 #     associated by host: docs/multihost.md, "hierarchical");
@@ -47,6 +48,12 @@ grep -q "strategy ddp over 4 ranks (batch 2 per rank), backend ucx" "$d/flat.nod
   { cat "$d/flat.node0.log"; exit 1; }
 cmp "$d/flat.safetensors" "$d/one.safetensors"
 echo "2 hosts x 2 ranks over ucx save the bytes 4 ranks on one host save"
+
+on_two_hosts tcp tcp
+grep -q "strategy ddp over 4 ranks (batch 2 per rank), backend tcp" "$d/tcp.node0.log" ||
+  { cat "$d/tcp.node0.log"; exit 1; }
+cmp "$d/tcp.safetensors" "$d/one.safetensors"
+echo "2 hosts x 2 ranks over tcp save the bytes 4 ranks on one host save"
 
 on_two_hosts auto layered
 grep -q "backend hierarchical" "$d/layered.node0.log" || { cat "$d/layered.node0.log"; exit 1; }

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Faults across hosts (scripts/netns_hosts.sh): train_gpt --strategy ddp over 2 hosts x 1
-# rank through loomrun --nnodes 2 and the ucx backend, then
+# rank through loomrun --nnodes 2, over the ucx backend and over the tcp backend, then
 #   1. the link of host 1 is cut mid-training: both ranks stop with a CommError naming the
 #      other and its host (LOOM_HOST_ID host0, host1) within the collective timeout
 #      (--timeout 3), and both loomruns exit non-zero;
@@ -24,13 +24,14 @@ bash "$S/scripts/netns_hosts.sh" up "$prefix" 2  # exits 77 where the kernel ref
 LOOM_STORE_SECRET=$(od -An -tx1 -N32 /dev/urandom | tr -d ' \n')
 export LOOM_STORE_SECRET
 
-start_nodes() {  # scenario: each node's loomrun in a session of its own (killable as a host)
+start_nodes() {  # scenario backend: each node's loomrun in a session of its own (killable)
   for node in 0 1; do
     ip netns exec "$prefix-h$node" env UCX_TLS=tcp LOOM_HOST_ID="host$node" \
       setsid timeout 120 "$LOOMRUN" --nnodes 2 \
       --node-rank "$node" --nproc-per-node 1 --master-addr 10.77.0.1 --master-port 29500 \
       "$TRAIN_GPT" --strategy ddp --layers 1 --heads 2 --embd 16 --ctx 16 --batch 2 \
-      --steps 1000000 --log-interval 100 --timeout 3 > "$d/$1.node$node.log" 2>&1 &
+      --steps 1000000 --log-interval 100 --timeout 3 --process-group-backend "$2" \
+      > "$d/$1.node$node.log" 2>&1 &
     echo $! > "$d/$1.node$node.pid"
   done
   for _ in $(seq 200); do  # training is under way once rank 0 logged a step
@@ -41,26 +42,28 @@ start_nodes() {  # scenario: each node's loomrun in a session of its own (killab
 }
 
 # Waits for node's loomrun; expects a failure within `limit` seconds whose log names `peer`.
-expect_failure() {  # scenario node peer limit
+expect_failure() {  # scenario node peer limit backend
   local pid status=0 started=$SECONDS
   pid=$(cat "$d/$1.node$2.pid")
   wait "$pid" || status=$?
   [ "$status" -ne 0 ] || { echo "$1: node $2's loomrun exited 0"; cat "$d/$1.node$2.log"; exit 1; }
   [ $((SECONDS - started)) -le "$4" ] || { echo "$1: node $2 took too long"; exit 1; }
-  grep -m1 "\[comm/ucx\] rank $2: peer $3 (host host$3) " "$d/$1.node$2.log" ||
+  grep -m1 "\[comm/$5\] rank $2: peer $3 (host host$3) " "$d/$1.node$2.log" ||
     { echo "$1: node $2's log does not name peer $3 on host$3"; cat "$d/$1.node$2.log"; exit 1; }
   echo "$1: node $2's loomrun exited $status naming rank $3"
 }
 
-start_nodes cut
-ip -n "$prefix-sw" link set v1 down
-expect_failure cut 0 1 20
-expect_failure cut 1 0 20
-ip -n "$prefix-sw" link set v1 up
+for backend in ucx tcp; do
+  start_nodes "cut-$backend" "$backend"
+  ip -n "$prefix-sw" link set v1 down
+  expect_failure "cut-$backend" 0 1 20 "$backend"
+  expect_failure "cut-$backend" 1 0 20 "$backend"
+  ip -n "$prefix-sw" link set v1 up
 
-start_nodes kill
-kill -9 -- "-$(cat "$d/kill.node1.pid")"
-expect_failure kill 0 1 20
-wait 2>/dev/null || true
+  start_nodes "kill-$backend" "$backend"
+  kill -9 -- "-$(cat "$d/kill-$backend.node1.pid")"
+  expect_failure "kill-$backend" 0 1 20 "$backend"
+  wait 2>/dev/null || true
+done
 
-echo "a cut link and a killed host are named by the survivors within the timeout"
+echo "a cut link and a killed host are named by the survivors within the timeout (ucx, tcp)"
