@@ -1,15 +1,16 @@
 #!/usr/bin/env bash
 # Allreduce between two test hosts (scripts/netns_hosts.sh), interleaved, several rounds:
-#   1 rank per host:  loom-perf --backend ucx (-z 0, and -z 1: synchronous calls, as Open MPI's
-#                     blocking MPI_Allreduce)  against  Open MPI (btl tcp,self) and Gloo (TCP)
-#   2 ranks per host: loom-perf --backend ucx and --backend hierarchical  against  both
+#   1 rank per host:  loom-perf --backend ucx and --backend tcp (-z 0, and -z 1: synchronous
+#                     calls, as Open MPI's blocking MPI_Allreduce)  against  Open MPI (btl
+#                     tcp,self) and Gloo (TCP)
+#   2 ranks per host: loom-perf --backend ucx, tcp and hierarchical  against  both
 # Every program is started by mpirun from host 0 (scripts/netns_rsh.sh as its remote agent)
 # with --bind-to none: Open MPI's default binding pins rank 0 of each "host" to the same
 # core, which on one machine puts the ranks of both hosts on one core; with one rank per host
 # the script pins rank r to core r itself (taskset). Loom uses UCX_TLS=tcp,
 # so both sides cross the veth links over TCP. Loom and Open MPI take turns going first. Prints,
 # per program and size, the us per call of every round and their median, then
-# Loom's ucx (-z 0 and -z 1) over Open MPI within each round and the median ratio, out of
+# Loom's ucx and tcp (-z 0 and -z 1) over Open MPI within each round and the median ratio, out of
 # place (Open MPI's MPI_Allreduce copies the input to the output first) and in place. Needs
 # root, Open MPI and a build with UCX;
 # Gloo's peer (bench/peers/gloo_allreduce_perf, Debian libgloo-dev) runs where it was built,
@@ -86,6 +87,8 @@ for ((round = 1; round <= rounds; ++round)); do
     ucx_1x2() {
       run "ucx 1x2" 1 "$B/tools/loom_perf/loom-perf" allreduce --backend ucx "${args[@]}"
       run "ucx-z1 1x2" 1 "$B/tools/loom_perf/loom-perf" allreduce --backend ucx "${args[@]}" -z 1
+      run "tcp 1x2" 1 "$B/tools/loom_perf/loom-perf" allreduce --backend tcp "${args[@]}"
+      run "tcp-z1 1x2" 1 "$B/tools/loom_perf/loom-perf" allreduce --backend tcp "${args[@]}" -z 1
     }
     mpi_1x2() { run "mpi 1x2" 1 "$B/bench/peers/mpi_allreduce_perf" "${args[@]}"; }
     if ((round % 2)); then ucx_1x2; mpi_1x2; else mpi_1x2; ucx_1x2; fi
@@ -93,6 +96,7 @@ for ((round = 1; round <= rounds; ++round)); do
   done
   if [ "$one_per_host" = 1 ]; then continue; fi
   run "ucx 2x2" 2 "$B/tools/loom_perf/loom-perf" allreduce --backend ucx "${large[@]}"
+  run "tcp 2x2" 2 "$B/tools/loom_perf/loom-perf" allreduce --backend tcp "${large[@]}"
   run "hierarchical 2x2" 2 "$B/tools/loom_perf/loom-perf" allreduce --backend hierarchical "${large[@]}"
   run "mpi 2x2" 2 "$B/bench/peers/mpi_allreduce_perf" "${large[@]}"
   gloo 2 "${large[@]}"
@@ -111,7 +115,7 @@ for (label, size), by_round in sorted(runs.items(), key=lambda kv: (kv[0][0].spl
 for (label, size), by_round in sorted(runs.items(), key=lambda kv: (kv[0][1], kv[0][0])):
     where = " in-place" if label.endswith(" in-place") else ""
     peer = runs.get(("mpi 1x2" + where, size))
-    if label.removesuffix(where) not in ("ucx 1x2", "ucx-z1 1x2") or not peer:
+    if label.removesuffix(where) not in ("ucx 1x2", "ucx-z1 1x2", "tcp 1x2", "tcp-z1 1x2") or not peer:
         continue
     ratios = [by_round[r] / peer[r] for r in sorted(by_round) if r in peer]
     name = label.replace(" 1x2", "") + " / mpi"
