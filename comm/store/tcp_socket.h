@@ -1,5 +1,5 @@
 #pragma once
-// Socket plumbing shared by the TCP store's server and client (comm/store internals).
+// Socket plumbing shared by the TCP store's server and client and the tcp backend.
 
 #include <netdb.h>
 
