@@ -1,5 +1,6 @@
 #include "comm/backend_registry.h"
 
+#include "comm/hierarchical/hierarchical_backend.h"
 #include "comm/shm/shm_backend.h"
 #include "comm/tcp/tcp_backend.h"
 #include "core/error.h"
@@ -10,7 +11,6 @@
 #include "comm/nccl/nccl_backend.h"
 #endif
 #if LOOM_WITH_UCX
-#include "comm/hierarchical/hierarchical_backend.h"
 #include "comm/ucx/ucx_backend.h"
 #endif
 
@@ -42,13 +42,13 @@ struct Registry : NamedRegistry<Entry> {
     add("ucx", {[](const BackendContext& c) { return std::make_unique<ucx::UcxBackend>(c); },
                 "UCX tagged messages: processes on any hosts, over the transports UCX finds (CPU "
                 "tensors; CUDA tensors staged through pinned host memory)"});
+#endif
     add("hierarchical",
         {[](const BackendContext& c) {
            return std::make_unique<hierarchical::HierarchicalBackend>(c);
          },
-         "shm within each host and ucx between hosts: allreduce, reduce-scatter and "
-         "all-gather in two levels (CPU tensors; CUDA tensors staged)"});
-#endif
+         "shm within each host and tcp (ucx over RDMA) between hosts: allreduce, "
+         "reduce-scatter and all-gather in two levels (CPU tensors; CUDA tensors staged)"});
   }
 };
 
@@ -60,9 +60,7 @@ Registry& registry() {
 // Backends Loom has but a build may lack, and how to get them.
 const char* missing_build_hint(const std::string& name) {
   if (name == "nccl") return "configure with -DLOOM_WITH_NCCL=ON with CUDA and NCCL installed";
-  if (name == "ucx" || name == "hierarchical") {
-    return "install UCX (Debian: libucx-dev) and configure again";
-  }
+  if (name == "ucx") return "install UCX (Debian: libucx-dev) and configure again";
   return nullptr;
 }
 
@@ -100,14 +98,7 @@ std::unique_ptr<Backend> create_backend(const std::string& name, const BackendCo
 std::string resolve_auto_backend(const BackendNeeds& needs) {
   const bool own_gpu = needs.gpus < 0 || needs.gpus >= needs.local_ranks;
   if (LOOM_WITH_NCCL && needs.device.is_cuda() && own_gpu) return "nccl";
-  if (needs.multi_host) {
-#if LOOM_WITH_UCX
-    return "hierarchical";
-#else
-    tag::kComm.fail("backend 'auto' for a multi-host job: this build has no inter-host backend (",
-                    missing_build_hint("ucx"), "); 'shm' connects processes of one host only");
-#endif
-  }
+  if (needs.multi_host) return "hierarchical";
   return "shm";
 }
 

@@ -12,6 +12,7 @@ std::span<const Tunable> all_tunables() {
       kDebug,
       kStoreSecret,
       kStorePort,
+      kHierarchicalNetwork,
       kHostId,
       kClusterEnv,
       kShmSliceBytes,

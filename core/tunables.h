@@ -37,6 +37,10 @@ inline constexpr Tunable kStorePort{
     "LOOM_STORE_PORT", "`MASTER_PORT` (`MASTER_PORT` + 1 under torchrun)",
     "port of Loom's store (1 to 65535), e.g. when another launcher's store holds `MASTER_PORT`; "
     "loomrun and `ddp_spawn` set it to the port of the store they serve"};
+inline constexpr Tunable kHierarchicalNetwork{
+    "LOOM_HIERARCHICAL_NETWORK", "`auto`",
+    "the hierarchical backend's network between hosts: `tcp`, `ucx`, or `auto` (ucx where an "
+    "RDMA device exists and the build has UCX, else tcp; docs/multihost.md)"};
 inline constexpr Tunable kHostId{
     "LOOM_HOST_ID", "host name and network namespace",
     "which host a rank is on, for the hierarchical backend (ranks with the same value share a "

@@ -2,6 +2,9 @@
 
 #include <unistd.h>
 
+#include <filesystem>
+#include <system_error>
+
 #include "comm/algorithms/algorithms.h"
 #include "comm/algorithms/tagged_messages.h"
 #include "core/tunables.h"
@@ -61,6 +64,12 @@ void TransportBackend::recv(Tensor& tensor, int src, int tag, Deadline deadline)
   const std::string prefix = "[comm/" + name() + "]";
   algorithms::recv_tagged(*this, tensor.raw_data(), tensor.nbytes(), tag, src, deadline,
                           prefix.c_str());
+}
+
+bool has_rdma_device() {
+  std::error_code ignored;
+  std::filesystem::directory_iterator devices("/sys/class/infiniband", ignored);
+  return !ignored && devices != std::filesystem::directory_iterator();
 }
 
 std::string host_label() {

@@ -33,4 +33,8 @@ class TransportBackend : public Backend, public Transport {
 // hierarchical backend's host key), else the host name.
 std::string host_label();
 
+// Whether this host has an RDMA device (/sys/class/infiniband not empty), where UCX's
+// rendezvous is zero-copy: ucx's defaults and the hierarchical backend's network ask.
+bool has_rdma_device();
+
 }  // namespace loom::comm

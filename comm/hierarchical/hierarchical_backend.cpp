@@ -14,8 +14,12 @@
 #include "comm/reduce_op.h"
 #include "comm/shm/shm_backend.h"
 #include "comm/store/store.h"
-#include "comm/ucx/ucx_backend.h"
+#include "comm/tcp/tcp_backend.h"
+#include "core/tags.h"
 #include "core/tunables.h"
+#if LOOM_WITH_UCX
+#include "comm/ucx/ucx_backend.h"
+#endif
 
 namespace loom::comm::hierarchical {
 
@@ -24,10 +28,11 @@ namespace loom::comm::hierarchical {
 // levels of an allreduce of n elements are:
 //   1. intra-host reduce-scatter (shm): the data, padded to L * ceil(n / L), is split into
 //      L shards; local rank l gets its host's sum of shard l;
-//   2. inter-host allreduce (ucx) of shard l among the H ranks of local rank l: only
-//      1/L of the data crosses hosts from each rank, and every inter-host link is busy. These
-//      H ranks talk over the flat ucx group's endpoints (a SubsetTransport), so a group has
-//      one UCX context, and the rank-ordered reductions give the ucx backend's bits;
+//   2. inter-host allreduce (the network backend, Note [The network between hosts]) of
+//      shard l among the H ranks of local rank l: only 1/L of the data crosses hosts from
+//      each rank, and every inter-host link is busy. These H ranks talk over the flat
+//      network group's connections (a SubsetTransport), so a group has one connection per
+//      pair of ranks, and the rank-ordered reductions give the network backend's bits;
 //   3. intra-host all-gather (shm) of the shards.
 // Avg reduces as Sum and scales the shard once after step 2, so every rank gets the same
 // bits. reduce-scatter arranges the input so that local rank l's intra-host share holds the
@@ -35,7 +40,36 @@ namespace loom::comm::hierarchical {
 // an inter-host reduce-scatter leaves each rank its own slice. all-gather runs the same two
 // steps the other way round.
 
+// Note [The network between hosts]
+// The flat group of a group that spans hosts is a network backend: tcp, or ucx where an RDMA
+// device exists (and the build has UCX), where UCX's rendezvous is zero-copy. Over TCP, tcp
+// receives each message straight into its buffer while UCX's TCP transport copies it out of
+// its own segments: between two namespace hosts with 2 ranks each, the hierarchical
+// allreduce over tcp took 0.59x, 0.92x and 0.91x the time over ucx at 1, 4 and 16 MiB
+// (docs/performance_comm.md, "the tcp backend"). LOOM_HIERARCHICAL_NETWORK=tcp|ucx chooses.
+
 namespace {
+
+std::unique_ptr<TransportBackend> network_backend(const BackendContext& context) {
+  const char* set = tunable_value(tunables::kHierarchicalNetwork);
+  const std::string choice = set != nullptr && *set != '\0' ? set : "auto";
+  if (choice != "auto" && choice != "tcp" && choice != "ucx") {
+    tag::kComm.fail(tunables::kHierarchicalNetwork.name, "='", choice,
+                    "' is not a network of the hierarchical backend; expected tcp, ucx or auto");
+  }
+#if LOOM_WITH_UCX
+  if (choice == "ucx" || (choice == "auto" && has_rdma_device())) {
+    return std::make_unique<ucx::UcxBackend>(context);
+  }
+#else
+  if (choice == "ucx") {
+    tag::kComm.fail(tunables::kHierarchicalNetwork.name,
+                    "=ucx, but this build has no ucx backend: install UCX (Debian: libucx-dev) "
+                    "and configure again, or choose tcp");
+  }
+#endif
+  return std::make_unique<tcp::TcpBackend>(context);
+}
 
 // This process's host: LOOM_HOST_ID, else the host name and the network namespace.
 std::string host_key() {
@@ -98,7 +132,8 @@ HierarchicalBackend::HierarchicalBackend(const BackendContext& context)
     layered = count[static_cast<size_t>(host[static_cast<size_t>(r)])] == local_size_ &&
               host[static_cast<size_t>(r)] == r / local_size_;
   }
-  auto flat = std::make_unique<ucx::UcxBackend>(sub_context(context, "flat", rank_, size_));
+  std::unique_ptr<TransportBackend> flat =
+      network_backend(sub_context(context, "flat", rank_, size_));
   if (layered) {
     const int my_host = rank_ / local_size_, local = rank_ % local_size_;
     intra_ = std::make_unique<shm::ShmBackend>(

@@ -1,15 +1,16 @@
 #pragma once
 // The hierarchical backend: a group whose ranks sit on several hosts, as an intra-host group
-// per host (shm) and an inter-host group per local rank (ucx) (Note [Hierarchical
+// per host (shm) and an inter-host group per local rank over a network backend (tcp, or ucx
+// where an RDMA device exists: Note [The network between hosts]) (Note [Hierarchical
 // collectives] in hierarchical_backend.cpp). allreduce = intra-host reduce-scatter,
 // inter-host allreduce of each shard, intra-host all-gather; reduce-scatter and all-gather
-// likewise; broadcast, reduce, all-to-all, point-to-point and barrier go over a flat ucx
+// likewise; broadcast, reduce, all-to-all, point-to-point and barrier go over a flat network
 // backend of the whole group. The backend 'auto' picks it for CPU groups that span hosts.
 //
 // A host is what the ranks' host keys say: LOOM_HOST_ID when set, else the host name and
 // network namespace (so that the test hosts of scripts/netns_hosts.sh count as hosts). With
 // one host, or hosts of different rank counts, or ranks not numbered host by host, every
-// collective takes the flat ucx path (two_levels() says which).
+// collective takes the flat network path (two_levels() says which).
 //
 // Results are bitwise the same from run to run and on every rank. They equal the flat
 // path's bits for Min, Max and integer Sum and Prod (exact), and whenever there is one rank
@@ -56,7 +57,7 @@ class HierarchicalBackend final : public Backend {
   int rank_, size_;
   int hosts_ = 1, local_size_ = 1;
   std::unique_ptr<Backend> intra_;  // this host's ranks (shm); null: flat only
-  std::unique_ptr<Backend> flat_;   // the whole group (ucx; shm on one host)
+  std::unique_ptr<Backend> flat_;   // the whole group (tcp or ucx; shm on one host)
   // The ranks of this local rank on every host, over flat_'s endpoints; null: flat only.
   std::unique_ptr<algorithms::SubsetTransport> inter_;
 };

@@ -33,7 +33,9 @@ namespace loom::comm::tcp {
 // (another host's docker0, a loopback port reused by another job) therefore fails the
 // handshake, and the next address is tried. Connecting waits only for lower ranks, which
 // connect to theirs before they accept: no cycle, so no deadlock. Every step is bounded by
-// the group's timeout; an address gets at most kAttemptTime of it.
+// the group's timeout; reaching an address gets at most kAttemptTime of it, while the answer
+// to a Hello may take until the timeout (the lower rank answers once it connected to the
+// ranks below it).
 //
 // Note [tcp messages]
 // A message is an 8-byte length followed by the bytes. The receiver reads the length and
@@ -246,10 +248,12 @@ TcpBackend::TcpBackend(const BackendContext& context)
       std::string why;
       Socket c = connect_to(address, static_cast<uint16_t>(port), attempt, why);
       if (c.valid()) {
+        // The answer may wait until rank r has connected to the ranks below it: the whole
+        // timeout, not the attempt's.
         const Hello hello{kHelloMagic, rank_, theirs};
         uint8_t answer = 0;
         if (write_all(c.fd(), &hello, sizeof hello, attempt) &&
-            read_all(c.fd(), &answer, 1, attempt) && answer == 1) {
+            read_all(c.fd(), &answer, 1, deadline) && answer == 1) {
           s.peers[static_cast<size_t>(r)] = std::move(c);
           break;
         }

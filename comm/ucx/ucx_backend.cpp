@@ -7,8 +7,6 @@
 #include <algorithm>
 #include <cstdlib>
 #include <cstring>
-#include <filesystem>
-#include <system_error>
 
 #include "comm/cpu_relax.h"
 #include "comm/reduce_op.h"
@@ -66,12 +64,6 @@ constexpr TunedDefault kTunedDefaults[] = {
     {"TX_SEG_SIZE", "UCX_TCP_TX_SEG_SIZE", "64K", false},
     {"RX_SEG_SIZE", "UCX_TCP_RX_SEG_SIZE", "513K", false},
 };
-
-bool has_rdma_device() {
-  std::error_code ignored;
-  std::filesystem::directory_iterator devices("/sys/class/infiniband", ignored);
-  return !ignored && devices != std::filesystem::directory_iterator();
-}
 
 // Applies kTunedDefaults to `config`; releases it before throwing.
 void apply_tuned_defaults(ucp_config_t* config, const std::string& me) {

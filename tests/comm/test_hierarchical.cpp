@@ -1,7 +1,8 @@
 // The hierarchical backend beyond the conformance suite (which runs it on one host, on
 // hosts of unequal sizes and on 2 x 2 hosts): the layout it finds from the host keys, and its
-// results against the flat ucx path's bits (Note [Hierarchical collectives]). Hosts are
-// simulated with LOOM_HOST_ID in each forked rank. Skipped in a build without UCX.
+// results against the flat network path's bits (Note [Hierarchical collectives]), and the
+// network between hosts it uses (LOOM_HIERARCHICAL_NETWORK). Hosts are simulated with
+// LOOM_HOST_ID in each forked rank.
 
 #include <gtest/gtest.h>
 
@@ -25,14 +26,7 @@ using testing::expect_all_ok;
 using testing::filled;
 using testing::run_ranks;
 
-class Hierarchical : public ::testing::Test {
- protected:
-  void SetUp() override {
-    if (!backend_available("hierarchical")) {
-      GTEST_SKIP() << "this build has no hierarchical backend (it needs UCX)";
-    }
-  }
-};
+class Hierarchical : public ::testing::Test {};
 
 // Every rank of a group whose rank r has host id host_of[r] finds `hosts` hosts, its own
 // host's size, and whether collectives take two levels.
@@ -59,13 +53,13 @@ TEST_F(Hierarchical, FindsHostsFromTheirKeys) {
   expect_layout({0, 1, 2}, 3, false);
 }
 
-// Exact reductions (Max, integer Sum) give the flat ucx path's bits; a floating Sum is the
+// Exact reductions (Max, integer Sum) give the flat tcp path's bits; a floating Sum is the
 // same from run to run and close to the flat one.
 TEST_F(Hierarchical, TwoLevelsMatchTheFlatPath) {
   expect_all_ok(run_ranks(4, [](int rank, int size, std::shared_ptr<Store> store) {
     setenv("LOOM_HOST_ID", std::to_string(rank / 2).c_str(), 1);
     ProcessGroup layered(rank, size, store, {.backend = "hierarchical", .timeout = 30s}, "h");
-    ProcessGroup flat(rank, size, store, {.backend = "ucx", .timeout = 30s}, "f");
+    ProcessGroup flat(rank, size, store, {.backend = "tcp", .timeout = 30s}, "f");
     auto noisy = [&](int64_t i) {
       return std::sin(static_cast<double>(i) * 0.37 + rank * 1.3) * 1e3 / (1 + i % 17);
     };
@@ -91,6 +85,35 @@ TEST_F(Hierarchical, TwoLevelsMatchTheFlatPath) {
       const float* q = y.data<float>();
       for (int64_t k = 0; k < n; ++k)
         ASSERT_NEAR(p[k], q[k], 1e-3 * (1 + std::fabs(q[k]))) << "f32 sum, n=" << n << " at " << k;
+    }
+  }));
+}
+
+// LOOM_HIERARCHICAL_NETWORK picks the network between hosts (ucx where the build has it; tcp
+// always), and a value it does not know is refused naming the variable.
+TEST_F(Hierarchical, NetworkIsChosenByItsVariable) {
+  std::vector<std::string> networks = {"tcp"};
+  if (backend_available("ucx")) networks.push_back("ucx");
+  for (const std::string& network : networks) {
+    expect_all_ok(run_ranks(4, [&](int rank, int size, std::shared_ptr<Store> store) {
+      setenv("LOOM_HOST_ID", std::to_string(rank / 2).c_str(), 1);
+      setenv("LOOM_HIERARCHICAL_NETWORK", network.c_str(), 1);
+      ProcessGroup pg(rank, size, store, {.backend = "hierarchical", .timeout = 30s}, "n");
+      Tensor t = Tensor::full({1001}, static_cast<float>(rank + 1));
+      pg.allreduce(t)->wait();
+      EXPECT_EQ(t.data<float>()[1000], 10.0f) << network;
+    }));
+  }
+  expect_all_ok(run_ranks(2, [&](int rank, int size, std::shared_ptr<Store> store) {
+    setenv("LOOM_HOST_ID", std::to_string(rank).c_str(), 1);
+    setenv("LOOM_HIERARCHICAL_NETWORK", "infiniband", 1);
+    try {
+      ProcessGroup pg(rank, size, store, {.backend = "hierarchical", .timeout = 30s}, "bad");
+      ADD_FAILURE() << "expected LOOM_HIERARCHICAL_NETWORK=infiniband to be refused";
+    } catch (const Error& e) {
+      EXPECT_NE(std::string(e.what()).find("LOOM_HIERARCHICAL_NETWORK='infiniband'"),
+                std::string::npos)
+          << e.what();
     }
   }));
 }

@@ -149,12 +149,9 @@ TEST(TorchReference, TwoRankShardedStrategiesMatchPyTorchAtTwiceTheBatch) {
 }
 
 // DDP and FSDP's HYBRID_SHARD (a shard group per host) over 2 hosts x 2 ranks (hosts
-// simulated with LOOM_HOST_ID; the hierarchical backend: shm within a host, ucx between
-// hosts), 4 rows each: PyTorch's losses at 4x the batch. Skipped in a build without UCX.
+// simulated with LOOM_HOST_ID; the hierarchical backend: shm within a host, tcp between
+// hosts), 4 rows each: PyTorch's losses at 4x the batch.
 TEST(TorchReference, DdpOverTwoHostsMatchesPyTorchAtFourTimesTheBatch) {
-  if (!comm::backend_available("hierarchical")) {
-    GTEST_SKIP() << "this build has no hierarchical backend (it needs UCX)";
-  }
   const Reference ref = read_reference();
   expect_all_ok(run_ranks(4, [&](int rank, int size, std::shared_ptr<comm::Store> store) {
     setenv("LOOM_HOST_ID", std::to_string(rank / 2).c_str(), 1);
