@@ -13,7 +13,8 @@ namespace loom::comm {
 // Zen 4 and a few on other cores (the shm backend's 4000 of them spun 95 us here). 2 ms in
 // the ucx backend made a 16 MiB allreduce of 2 ranks on each of two namespace hosts (4 ranks
 // on 2 cores) take 4x as long (docs/performance_comm.md, 2026-11-28 "yielding" and
-// 2026-11-29 "spinning by time"). Used by comm/shm/peer_wait.h and comm/ucx/ucx_backend.cpp.
+// 2026-11-29 "spinning by time"). Used by comm/shm/peer_wait.h, comm/ucx/ucx_backend.cpp and
+// comm/tcp/tcp_backend.cpp.
 inline constexpr auto kSpinBeforeYielding = std::chrono::microseconds(20);
 
 inline void cpu_relax() {

@@ -1,7 +1,7 @@
 #pragma once
 // The point-to-point interface the generic algorithms are written against. A backend that
-// can move bytes between two ranks (shm channels, UCX tags) gets every collective in
-// comm/algorithms/ by implementing these three calls.
+// can move bytes between two ranks (shm channels, TCP connections, UCX tags) gets every
+// collective in comm/algorithms/ by implementing these three calls (TransportBackend).
 
 #include <cstddef>
 

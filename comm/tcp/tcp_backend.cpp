@@ -347,7 +347,6 @@ void TcpBackend::send_recv(const void* send_data, size_t send_bytes, int dst, vo
     }
   };
   Clock::time_point idle_since = Clock::now();
-  uint32_t spins = 0;
   while (send_first < 2 || recv_first < 2) {
     bool moved = false;
     if (send_first < 2) {
@@ -382,16 +381,11 @@ void TcpBackend::send_recv(const void* send_data, size_t send_bytes, int dst, vo
                              ") while this rank waited for its message");
       }
     }
-    if (moved) {
-      spins = 0;
-      idle_since = Clock::now();
-      continue;
-    }
-    if (++spins % 64 != 0) {
-      cpu_relax();
-      continue;
-    }
     const Clock::time_point now = Clock::now();
+    if (moved) {
+      idle_since = now;
+      continue;
+    }
     if (now >= deadline) {
       const bool waiting_for_src = recv_first < 2;
       const int late = waiting_for_src ? src : dst;

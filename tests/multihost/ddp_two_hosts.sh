@@ -7,7 +7,7 @@
 #     rank-ordered reductions (Note [Rank-ordered reductions]): the saved model is the same
 #     bytes;
 #   - with 'auto', which picks the hierarchical backend for a group that spans hosts (shm
-#     within each host, ucx between them), every step's loss is within 2e-4 (the sums are
+#     within each host, tcp between them), every step's loss is within 2e-4 (the sums are
 #     associated by host: docs/multihost.md, "hierarchical");
 #   - started by Open MPI's mpirun instead (from host 0, its remote agent scripts/netns_rsh.sh
 #     entering host 1's namespace; Loom reads the OMPI_* variables, rank 0 serves the store
