@@ -17,6 +17,14 @@ namespace loom::comm {
 // dissemination barrier; tensor send/recv are the tagged messages of
 // comm/algorithms/tagged_messages.h, as on the shm backend.
 
+void TransportBackend::send(const void* data, size_t bytes, int dst, Deadline deadline) {
+  send_recv(data, bytes, dst, nullptr, 0, dst, deadline);
+}
+
+void TransportBackend::recv(void* data, size_t bytes, int src, Deadline deadline) {
+  send_recv(nullptr, 0, src, data, bytes, src, deadline);
+}
+
 void TransportBackend::allreduce(const Tensor& input, Tensor& output, ReduceOp op,
                                  Deadline deadline) {
   algorithms::rank_ordered_allreduce(*this, input.raw_data(), output.raw_data(),

@@ -1,7 +1,8 @@
 #pragma once
 // A Backend whose collectives are the generic algorithms of comm/algorithms/ over its own
-// point-to-point Transport: a network backend (ucx, tcp) implements rank, size, name and the
-// Transport's three calls, and gets the rest here (Note [Collectives over a Transport]).
+// point-to-point Transport: a network backend (ucx, tcp) implements rank, size, name and
+// send_recv, and gets the rest here (Note [Collectives over a Transport]); send and recv are
+// send_recv with one direction empty.
 
 #include <string>
 
@@ -25,8 +26,8 @@ class TransportBackend : public Backend, public Transport {
   void recv(Tensor& tensor, int src, int tag, Deadline deadline) override;
   void barrier(Deadline deadline) override;
 
-  using Transport::recv;
-  using Transport::send;
+  void send(const void* data, size_t bytes, int dst, Deadline deadline) override;
+  void recv(void* data, size_t bytes, int src, Deadline deadline) override;
 };
 
 // How a network backend's messages name a rank's host: LOOM_HOST_ID when set (the

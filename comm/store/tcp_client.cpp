@@ -36,77 +36,10 @@ namespace {
 using namespace tcp;
 
 constexpr Duration kReplyGrace = std::chrono::seconds(1);
+constexpr std::string_view kServer = "the server";  // who closes a connection, in messages
 constexpr size_t kMaxIdleConnections = 16;
 // Authentication gets at least this long even when connecting used up the timeout.
 constexpr Duration kMinHelloTime = std::chrono::seconds(1);
-
-struct IoStatus {
-  enum Kind { kDone, kTimedOut, kClosed, kFailed } kind = kDone;
-  int err = 0;
-  bool ok() const { return kind == kDone; }
-  std::string describe() const {
-    switch (kind) {
-      case kDone: return "ok";
-      case kTimedOut: return "timed out";
-      case kClosed: return "the server closed the connection";
-      case kFailed: return errno_str(err);
-    }
-    return "?";
-  }
-};
-
-// Waits until `fd` is ready for `events` or the deadline passes.
-IoStatus wait_ready(int fd, short events, Deadline deadline) {
-  while (true) {
-    const auto now = Clock::now();
-    if (now >= deadline) return {IoStatus::kTimedOut};
-    const auto left = std::chrono::ceil<std::chrono::milliseconds>(deadline - now).count();
-    pollfd p{fd, events, 0};
-    const int rc = ::poll(&p, 1, int(std::min<int64_t>(left, 1 << 30)));
-    if (rc > 0) return {};
-    if (rc < 0 && errno != EINTR) return {IoStatus::kFailed, errno};
-  }
-}
-
-IoStatus send_all(int fd, const Bytes& data, Deadline deadline) {
-  size_t sent = 0;
-  while (sent < data.size()) {
-    const ssize_t n = ::send(fd, data.data() + sent, data.size() - sent, MSG_NOSIGNAL);
-    if (n > 0) {
-      sent += size_t(n);
-      continue;
-    }
-    if (n < 0 && errno == EINTR) continue;
-    if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) {
-      const IoStatus ready = wait_ready(fd, POLLOUT, deadline);
-      if (!ready.ok()) return ready;
-      continue;
-    }
-    return {IoStatus::kFailed, errno};
-  }
-  return {};
-}
-
-IoStatus recv_exact(int fd, uint8_t* data, size_t size, Deadline deadline) {
-  size_t got = 0;
-  while (got < size) {
-    const ssize_t n = ::recv(fd, data + got, size - got, 0);
-    if (n > 0) {
-      got += size_t(n);
-      continue;
-    }
-    if (n == 0) return {IoStatus::kClosed};
-    if (errno == EINTR) continue;
-    if (errno == EAGAIN || errno == EWOULDBLOCK) {
-      const IoStatus ready = wait_ready(fd, POLLIN, deadline);
-      if (!ready.ok()) return ready;
-      continue;
-    }
-    if (errno == ECONNRESET) return {IoStatus::kClosed};
-    return {IoStatus::kFailed, errno};
-  }
-  return {};
-}
 
 // Reads one frame's payload; a payload over kMaxMessage fails with EMSGSIZE.
 IoStatus recv_frame(int fd, Bytes& payload, Deadline deadline) {
@@ -144,34 +77,15 @@ struct TCPStore::Impl {
     while (true) {
       AddrInfoList addresses = resolve(host, port, last_error);
       for (addrinfo* ai = addresses.get(); ai != nullptr; ai = ai->ai_next) {
-        Socket s(::socket(ai->ai_family, ai->ai_socktype | SOCK_NONBLOCK | SOCK_CLOEXEC,
-                          ai->ai_protocol));
+        IoStatus status;
+        Socket s = connect_nonblocking(*ai, deadline, status);
         if (!s.valid()) {
-          last_error = "socket: " + errno_str(errno);
-          continue;
-        }
-        int rc = ::connect(s.fd(), ai->ai_addr, ai->ai_addrlen);
-        if (rc != 0 && errno != EINPROGRESS && errno != EINTR) {
-          last_error = "connect: " + errno_str(errno);
-          continue;
-        }
-        if (rc != 0) {
-          const IoStatus ready = wait_ready(s.fd(), POLLOUT, deadline);
-          if (!ready.ok()) {
-            // Keep an earlier, more telling error ("Connection refused") over running out of
-            // time on the last attempt.
-            if (ready.kind != IoStatus::kTimedOut || last_error.empty()) {
-              last_error = "connect: " + ready.describe();
-            }
-            continue;
+          // Keep an earlier, more telling error ("Connection refused") over running out of
+          // time on the last attempt.
+          if (status.kind != IoStatus::kTimedOut || last_error.empty()) {
+            last_error = "connect: " + status.describe(kServer);
           }
-          int err = 0;
-          socklen_t length = sizeof(err);
-          ::getsockopt(s.fd(), SOL_SOCKET, SO_ERROR, &err, &length);
-          if (err != 0) {
-            last_error = "connect: " + errno_str(err);
-            continue;
-          }
+          continue;
         }
         set_nodelay(s.fd());
         authenticate(s, std::max(deadline, Clock::now() + kMinHelloTime));
@@ -190,7 +104,8 @@ struct TCPStore::Impl {
   void authenticate(Socket& s, Deadline deadline) const {
     Bytes challenge;
     IoStatus status = recv_frame(s.fd(), challenge, deadline);
-    if (!status.ok()) fail("authentication failed: no challenge from the server: " + status.describe());
+    if (!status.ok())
+      fail("authentication failed: no challenge from the server: " + status.describe(kServer));
     MessageReader offer(challenge.data(), challenge.size());
     const auto code = offer.code();
     const auto nonce = offer.field();
@@ -200,7 +115,8 @@ struct TCPStore::Impl {
     }
     MessageWriter hello(kHello);
     hello.integer(kProtocolVersion).field(std::string_view(hello_proof(secret, *nonce)));
-    status = send_all(s.fd(), std::move(hello).frame(), deadline);
+    const Bytes frame = std::move(hello).frame();
+    status = send_all(s.fd(), frame.data(), frame.size(), deadline);
     Bytes reply;
     if (status.ok()) status = recv_frame(s.fd(), reply, deadline);
     if (status.kind == IoStatus::kClosed) {
@@ -209,7 +125,7 @@ struct TCPStore::Impl {
           "(the secrets differ; check " +
           std::string(tunables::kStoreSecret.name) + ")");
     }
-    if (!status.ok()) fail("authentication failed: " + status.describe());
+    if (!status.ok()) fail("authentication failed: " + status.describe(kServer));
     if (MessageReader(reply.data(), reply.size()).code() != kOk) {
       fail("authentication failed: unexpected reply from the server");
     }
@@ -247,7 +163,8 @@ struct TCPStore::Impl {
                            " bytes exceeds the TCP store's 64 MiB message limit");
     }
     Socket s = acquire();
-    IoStatus status = send_all(s.fd(), std::move(request).frame(), deadline);
+    const Bytes frame = std::move(request).frame();
+    IoStatus status = send_all(s.fd(), frame.data(), frame.size(), deadline);
     Bytes reply;
     if (status.ok()) status = recv_frame(s.fd(), reply, deadline);
     if (!status.ok()) {
@@ -255,7 +172,7 @@ struct TCPStore::Impl {
       if (status.kind == IoStatus::kTimedOut && keys != nullptr) {
         detail::throw_wait_timeout(where + " (no reply from the server)", *keys, wait_timeout);
       }
-      fail(std::string(op) + " failed: " + status.describe());
+      fail(std::string(op) + " failed: " + status.describe(kServer));
     }
     release(std::move(s));
     return reply;

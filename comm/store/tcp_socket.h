@@ -3,10 +3,14 @@
 
 #include <netdb.h>
 
+#include <cstddef>
 #include <cstdint>
 #include <memory>
 #include <string>
+#include <string_view>
 #include <utility>
+
+#include "core/deadline.h"
 
 namespace loom::comm::tcp {
 
@@ -50,5 +54,25 @@ void set_nodelay(int fd);
 
 // strerror(err) as a string.
 std::string errno_str(int err);
+
+// How a bounded socket operation ended.
+struct IoStatus {
+  enum Kind { kDone, kTimedOut, kClosed, kFailed } kind = kDone;
+  int err = 0;  // kFailed: the errno
+  bool ok() const { return kind == kDone; }
+  // "timed out", "<other_end> closed the connection", strerror.
+  std::string describe(std::string_view other_end) const;
+};
+
+// Waits until `fd` is ready for `events` (poll's) or the deadline passes.
+IoStatus wait_ready(int fd, short events, Deadline deadline);
+// Writes all `size` bytes, waiting for room on a non-blocking socket (no SIGPIPE).
+IoStatus send_all(int fd, const void* data, size_t size, Deadline deadline);
+// Reads exactly `size` bytes; end of stream and a reset are kClosed.
+IoStatus recv_exact(int fd, void* data, size_t size, Deadline deadline);
+
+// A non-blocking, close-on-exec TCP connection to `address`, or an invalid Socket with
+// `status` saying why (kFailed with the errno, or kTimedOut).
+Socket connect_nonblocking(const addrinfo& address, Deadline deadline, IoStatus& status);
 
 }  // namespace loom::comm::tcp

@@ -108,85 +108,6 @@ int milliseconds_until(Deadline deadline, std::chrono::milliseconds longest) {
   return static_cast<int>(std::max<int64_t>(0, left.count()));
 }
 
-// Waits until `fd` is ready for `events` or `deadline`; false on the deadline.
-bool wait_ready(int fd, short events, Deadline deadline) {
-  while (true) {
-    pollfd p{fd, events, 0};
-    const int ms = milliseconds_until(deadline, std::chrono::seconds(1));
-    const int rc = ::poll(&p, 1, ms);
-    if (rc > 0) return true;
-    if (rc < 0 && errno != EINTR) return false;
-    if (Clock::now() >= deadline) return false;
-  }
-}
-
-// Writes or reads exactly `bytes` on a non-blocking socket before `deadline`; false on
-// error, end of stream or deadline.
-bool write_all(int fd, const void* data, size_t bytes, Deadline deadline) {
-  const auto* at = static_cast<const uint8_t*>(data);
-  while (bytes > 0) {
-    const ssize_t n = ::send(fd, at, bytes, MSG_NOSIGNAL | MSG_DONTWAIT);
-    if (n > 0) {
-      at += n;
-      bytes -= static_cast<size_t>(n);
-    } else if (n < 0 && (errno == EAGAIN || errno == EINTR)) {
-      if (!wait_ready(fd, POLLOUT, deadline)) return false;
-    } else {
-      return false;
-    }
-  }
-  return true;
-}
-
-bool read_all(int fd, void* data, size_t bytes, Deadline deadline) {
-  auto* at = static_cast<uint8_t*>(data);
-  while (bytes > 0) {
-    const ssize_t n = ::recv(fd, at, bytes, MSG_DONTWAIT);
-    if (n > 0) {
-      at += n;
-      bytes -= static_cast<size_t>(n);
-    } else if (n < 0 && (errno == EAGAIN || errno == EINTR)) {
-      if (!wait_ready(fd, POLLIN, deadline)) return false;
-    } else {
-      return false;
-    }
-  }
-  return true;
-}
-
-// A non-blocking connection to address:port, or an invalid Socket (`why` says what failed).
-Socket connect_to(const std::string& address, uint16_t port, Deadline deadline, std::string& why) {
-  sockaddr_in to{};
-  to.sin_family = AF_INET;
-  to.sin_port = htons(port);
-  if (::inet_pton(AF_INET, address.c_str(), &to.sin_addr) != 1) {
-    why = "'" + address + "' is not an IPv4 address";
-    return {};
-  }
-  Socket s(::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0));
-  if (!s.valid()) {
-    why = "socket: " + errno_str(errno);
-    return {};
-  }
-  if (::connect(s.fd(), reinterpret_cast<const sockaddr*>(&to), sizeof to) != 0 &&
-      errno != EINPROGRESS) {
-    why = errno_str(errno);
-    return {};
-  }
-  if (!wait_ready(s.fd(), POLLOUT, deadline)) {
-    why = "no answer";
-    return {};
-  }
-  int error = 0;
-  socklen_t length = sizeof error;
-  ::getsockopt(s.fd(), SOL_SOCKET, SO_ERROR, &error, &length);
-  if (error != 0) {
-    why = errno_str(error);
-    return {};
-  }
-  return s;
-}
-
 }  // namespace
 
 struct TcpBackend::State {
@@ -246,14 +167,17 @@ TcpBackend::TcpBackend(const BackendContext& context)
     for (std::string address; fields >> address && !s.peers[static_cast<size_t>(r)].valid();) {
       const Deadline attempt = std::min(deadline, Clock::now() + kAttemptTime);
       std::string why;
-      Socket c = connect_to(address, static_cast<uint16_t>(port), attempt, why);
+      AddrInfoList resolved = resolve(address, static_cast<uint16_t>(port), why);
+      IoStatus status;
+      Socket c = resolved ? connect_nonblocking(*resolved, attempt, status) : Socket();
+      if (resolved && !c.valid()) why = status.describe("rank " + std::to_string(r));
       if (c.valid()) {
         // The answer may wait until rank r has connected to the ranks below it: the whole
         // timeout, not the attempt's.
         const Hello hello{kHelloMagic, rank_, theirs};
         uint8_t answer = 0;
-        if (write_all(c.fd(), &hello, sizeof hello, attempt) &&
-            read_all(c.fd(), &answer, 1, deadline) && answer == 1) {
+        if (send_all(c.fd(), &hello, sizeof hello, attempt).ok() &&
+            recv_exact(c.fd(), &answer, 1, deadline).ok() && answer == 1) {
           s.peers[static_cast<size_t>(r)] = std::move(c);
           break;
         }
@@ -272,10 +196,10 @@ TcpBackend::TcpBackend(const BackendContext& context)
 
   // Accept every higher rank.
   for (int expected = size_ - 1 - rank_; expected > 0;) {
-    if (!wait_ready(listener.fd(), POLLIN, deadline)) {
+    if (!wait_ready(listener.fd(), POLLIN, deadline).ok()) {
       std::string missing;
       for (int r = rank_ + 1; r < size_; ++r) {
-        if (!s.peers[static_cast<size_t>(r)].valid()) missing += " " + std::to_string(r);
+        if (!s.peers[static_cast<size_t>(r)].valid()) missing.append(" ").append(std::to_string(r));
       }
       throw CommError(me + "ranks" + missing + " did not connect within the timeout", rank_,
                       std::nullopt, CommFailure::Timeout);
@@ -284,13 +208,13 @@ TcpBackend::TcpBackend(const BackendContext& context)
     if (!c.valid()) continue;
     Hello hello{};
     const Deadline attempt = std::min(deadline, Clock::now() + kAttemptTime);
-    if (!read_all(c.fd(), &hello, sizeof hello, attempt) || hello.magic != kHelloMagic ||
+    if (!recv_exact(c.fd(), &hello, sizeof hello, attempt).ok() || hello.magic != kHelloMagic ||
         hello.token != mine || hello.rank <= rank_ || hello.rank >= size_ ||
         s.peers[static_cast<size_t>(hello.rank)].valid()) {
       continue;  // not a member of this group: closed
     }
     const uint8_t yes = 1;
-    if (!write_all(c.fd(), &yes, 1, attempt)) continue;
+    if (!send_all(c.fd(), &yes, 1, attempt).ok()) continue;
     s.peers[static_cast<size_t>(hello.rank)] = std::move(c);
     --expected;
   }
@@ -300,14 +224,6 @@ TcpBackend::TcpBackend(const BackendContext& context)
 }
 
 TcpBackend::~TcpBackend() = default;
-
-void TcpBackend::send(const void* data, size_t bytes, int dst, Deadline deadline) {
-  send_recv(data, bytes, dst, nullptr, 0, dst, deadline);
-}
-
-void TcpBackend::recv(void* data, size_t bytes, int src, Deadline deadline) {
-  send_recv(nullptr, 0, src, data, bytes, src, deadline);
-}
 
 void TcpBackend::send_recv(const void* send_data, size_t send_bytes, int dst, void* recv_data,
                            size_t recv_bytes, int src, Deadline deadline) {

@@ -33,12 +33,8 @@ class TcpBackend final : public TransportBackend {
   int rank() const override { return rank_; }
   int size() const override { return size_; }
 
-  void send(const void* data, size_t bytes, int dst, Deadline deadline) override;
-  void recv(void* data, size_t bytes, int src, Deadline deadline) override;
   void send_recv(const void* send_data, size_t send_bytes, int dst, void* recv_data,
                  size_t recv_bytes, int src, Deadline deadline) override;
-  using TransportBackend::recv;
-  using TransportBackend::send;
 
  private:
   struct State;  // sockets and peers' hosts

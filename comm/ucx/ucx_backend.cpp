@@ -233,8 +233,8 @@ UcxBackend::~UcxBackend() = default;
 
 // Both directions are posted before the worker is driven, so two ranks that send to each
 // other at once never wait on each other, whatever the message sizes.
-void UcxBackend::transfer(const void* send_data, size_t send_bytes, int dst, void* recv_data,
-                          size_t recv_bytes, int src, Deadline deadline) {
+void UcxBackend::send_recv(const void* send_data, size_t send_bytes, int dst, void* recv_data,
+                           size_t recv_bytes, int src, Deadline deadline) {
   State& s = *state_;
   const std::string me = tag::kCommUcx.prefix() + "rank " + std::to_string(rank_) + ": ";
   void* receiving = nullptr;
@@ -323,19 +323,6 @@ void UcxBackend::transfer(const void* send_data, size_t send_bytes, int dst, voi
     // core is yielded at every such check; where nothing else is runnable that returns at once.
     if (now - start > kSpinBeforeYielding) sched_yield();
   }
-}
-
-void UcxBackend::send(const void* data, size_t bytes, int dst, Deadline deadline) {
-  transfer(data, bytes, dst, nullptr, 0, dst, deadline);
-}
-
-void UcxBackend::recv(void* data, size_t bytes, int src, Deadline deadline) {
-  transfer(nullptr, 0, src, data, bytes, src, deadline);
-}
-
-void UcxBackend::send_recv(const void* send_data, size_t send_bytes, int dst, void* recv_data,
-                           size_t recv_bytes, int src, Deadline deadline) {
-  transfer(send_data, send_bytes, dst, recv_data, recv_bytes, src, deadline);
 }
 
 }  // namespace loom::comm::ucx

@@ -35,20 +35,14 @@ class UcxBackend final : public TransportBackend {
   int rank() const override { return rank_; }
   int size() const override { return size_; }
 
-  // Transport: ordered byte streams between ranks (one UCX tag per sending rank).
-  void send(const void* data, size_t bytes, int dst, Deadline deadline) override;
-  void recv(void* data, size_t bytes, int src, Deadline deadline) override;
+  // Transport: ordered byte streams between ranks (one UCX tag per sending rank). Starts the
+  // send and the receive (either may be absent: bytes 0) and drives the worker until both
+  // completed.
   void send_recv(const void* send_data, size_t send_bytes, int dst, void* recv_data,
                  size_t recv_bytes, int src, Deadline deadline) override;
-  using TransportBackend::recv;
-  using TransportBackend::send;
 
  private:
   struct State;  // the UCX handles (ucp.h stays out of this header)
-  // Starts the send and the receive (either may be absent: bytes 0) and drives the worker
-  // until both completed.
-  void transfer(const void* send_data, size_t send_bytes, int dst, void* recv_data,
-                size_t recv_bytes, int src, Deadline deadline);
 
   int rank_, size_;
   std::unique_ptr<State> state_;
