@@ -110,8 +110,8 @@ for line in open(sys.argv[1]):
 for (label, size), by_round in sorted(runs.items(), key=lambda kv: (kv[0][0].split()[-1], kv[0][1], kv[0][0])):
     values = [by_round[r] for r in sorted(by_round)]
     print(f"{label:27s} {size:>9d} B  median {statistics.median(values):10.2f} us  runs {', '.join(f'{v:.2f}' for v in values)}")
-# Loom's ucx against Open MPI, one rank per host, out of place and in place: the ratio within
-# each round, and its median.
+# Loom's ucx and tcp against Open MPI, one rank per host, out of place and in place: the ratio
+# within each round, and its median.
 for (label, size), by_round in sorted(runs.items(), key=lambda kv: (kv[0][1], kv[0][0])):
     where = " in-place" if label.endswith(" in-place") else ""
     peer = runs.get(("mpi 1x2" + where, size))
