@@ -3,12 +3,12 @@
 holds Loom's sharded strategies to (issue 9: 2-rank deepspeed_stage_3 and fsdp match
 single-process PyTorch at twice the batch within 2e-4 in loss over 20 steps).
 
-Run it with the peers' venv (../shared/peers/setup.sh makes /tmp/peers-venv with PyPI
+Run it with the peers' venv (bench/peers/python/setup.sh makes /tmp/peers-venv with PyPI
 torch==2.15.0); never in CI, whose test reads the files this writes:
 
     /tmp/peers-venv/bin/python scripts/make_torch_reference.py
 
-It builds the peers' GPT (../shared/peers/model.py: pre-LN, tanh GELU, learned positions,
+It builds the peers' GPT (bench/peers/python/gpt.py: pre-LN, tanh GELU, learned positions,
 tied wte/head, SDPA causal attention) in the tiny configuration, writes its initial weights
 in the Hugging Face GPT-2 layout (Conv1D weights stored [in, out], no lm_head: what Loom's
 --init reads) to tests/data/torch_reference_init.safetensors, trains it on one process with
@@ -23,11 +23,12 @@ import sys
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(HERE)
-sys.path.insert(0, os.path.join(ROOT, "..", "shared", "peers"))
+sys.path.insert(0, os.path.join(ROOT, "bench", "peers", "python"))
 
 import torch  # noqa: E402
 from safetensors.torch import save_file  # noqa: E402
-from model import Cfg, adamw, batch, make_model  # noqa: E402
+from gpt import GPTConfig, make_model  # noqa: E402
+from harness import adamw, lcg_batch  # noqa: E402
 
 LAYERS, HEADS, EMBD, CTX, VOCAB = 2, 4, 64, 64, 256
 BATCH, STEPS = 16, 20
@@ -37,7 +38,7 @@ CONV1D = ("attn.c_attn.weight", "attn.c_proj.weight", "mlp.c_fc.weight", "mlp.c_
 def main():
     torch.set_num_threads(1)
     torch.use_deterministic_algorithms(True)
-    cfg = Cfg(LAYERS, HEADS, EMBD, CTX, VOCAB)
+    cfg = GPTConfig(LAYERS, HEADS, EMBD, CTX, VOCAB)
     model = make_model(cfg, seed=0)
     init = {}
     for name, p in model.state_dict().items():
@@ -54,7 +55,7 @@ def main():
     opt = adamw(model.parameters(), Args)
     losses = []
     for step in range(STEPS):
-        x, y = batch(step, 0, BATCH, CTX, VOCAB)
+        x, y = lcg_batch(step, 0, BATCH, CTX, VOCAB)
         opt.zero_grad(set_to_none=True)
         loss = model(x, y)
         loss.backward()

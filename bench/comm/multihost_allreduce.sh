@@ -14,7 +14,8 @@
 # place (Open MPI's MPI_Allreduce copies the input to the output first) and in place. Needs
 # root, Open MPI and a build with UCX;
 # Gloo's peer (bench/peers/gloo_allreduce_perf, Debian libgloo-dev) runs where it was built,
-# its ranks meeting through a FileStore in a shared directory and listening on eth0.
+# its ranks meeting through a FileStore in a shared directory and listening on eth0; where it
+# was not, its rows are skipped with a message.
 #   bench/comm/multihost_allreduce.sh [ROUNDS]      (from the repository root; default 3)
 # TCP_CC=NAME sets the test hosts' TCP congestion control (a network namespace may choose
 # only those in /proc/sys/net/ipv4/tcp_allowed_congestion_control); without it they keep the
@@ -63,7 +64,7 @@ run() {  # label ranks-per-host program args...: appends "label size us" lines
 gloo() {  # ranks-per-host args...
   local per_host=$1 store
   shift
-  [ -x "$B/bench/peers/gloo_allreduce_perf" ] || return 0
+  [ -x "$B/bench/peers/gloo_allreduce_perf" ] || return 0 # said once, above the rounds
   store=$(mktemp -d)
   run "gloo ${per_host}x2" "$per_host" "$B/bench/peers/gloo_allreduce_perf" --store-dir "$store" \
     --iface eth0 "$@"
@@ -79,6 +80,10 @@ if [ -n "${SIZES:-}" ]; then
   sweeps=(custom)
 fi
 one_per_host=${ONE_PER_HOST:-0}
+if [ "$one_per_host" != 1 ] && [ ! -x "$B/bench/peers/gloo_allreduce_perf" ]; then
+  echo "skipping Gloo: $B/bench/peers/gloo_allreduce_perf is not built" \
+    "(apt-get install -y libgloo-dev, then configure and build again)" >&2
+fi
 # Loom and Open MPI take turns going first (the host's fast and slow modes last seconds).
 for ((round = 1; round <= rounds; ++round)); do
   echo "round $round" >&2

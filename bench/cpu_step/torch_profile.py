@@ -1,5 +1,5 @@
 """PyTorch's own profile of the step bench/cpu_step/vs_torch.sh times (docs/performance.md,
-"Where the time goes"): the same model and step from ../shared/peers/model.py, one thread,
+"Where the time goes"): the same model and step as bench/peers/python/single.py, one thread,
 torch.profiler over steps 5..14, the operators with the most self CPU time.
 
     OMP_NUM_THREADS=1 /tmp/peers-venv/bin/python bench/cpu_step/torch_profile.py
@@ -10,17 +10,19 @@ import sys
 import torch
 from torch.profiler import ProfilerActivity, profile
 
-sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "../../../shared/peers"))
-from model import adamw, batch, make_model, parse  # noqa: E402
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "../peers/python"))
+from gpt import make_model  # noqa: E402
+from harness import adamw, lcg_batch, parse_args  # noqa: E402
 
-a = parse(["--layers", "4", "--heads", "4", "--embd", "128", "--ctx", "128", "--batch", "8"] + sys.argv[1:])
+a = parse_args(argv=["--layers", "4", "--heads", "4", "--embd", "128", "--ctx", "128", "--batch", "8"]
+               + sys.argv[1:])
 torch.set_num_threads(1)
 m = make_model(a.cfg)
 opt = adamw(m.parameters(), a)
 
 
 def step(s):
-    x, y = batch(s, 0, a.batch, a.cfg.ctx, a.cfg.vocab)
+    x, y = lcg_batch(s, 0, a.batch, a.cfg.ctx, a.cfg.vocab)
     opt.zero_grad(set_to_none=True)
     m(x, y).backward()
     opt.step()

@@ -7,13 +7,13 @@
 # weights (the peer writes them, Loom loads them with --init); the data differ (Loom's
 # built-in corpus, the peers' LCG sequences), which does not change a step's work. AdamW
 # (lr 1e-3, betas 0.9/0.95, weight decay 0.1), no gradient clipping, on both sides. Not for
-# CI: it needs the peers' venv (../shared/peers/setup.sh, 5.7 GB).
+# CI: it needs the peers' venv (bench/peers/python/setup.sh, 5.7 GB).
 #
 #   bash bench/cpu_step/vs_torch.sh [OUTDIR]
 # Environment: ROUNDS (3), STEPS (25), MODEL_ARGS, PEERS_VENV.
 set -euo pipefail
 ROOT=$(cd "$(dirname "$0")/../.." && pwd)
-PEERS=$ROOT/../shared/peers
+PEERS=$ROOT/bench/peers/python
 OUT=${1:-$ROOT/build/bench-cpu-step}
 ROUNDS=${ROUNDS:-3}
 STEPS=${STEPS:-25}
@@ -24,6 +24,7 @@ read -r -a MODEL <<< "${MODEL_ARGS:---layers 4 --heads 4 --embd 128 --ctx 128 --
 [ -x "$V/bin/torchrun" ] || { echo "no peers venv at $V: run bash $PEERS/setup.sh" >&2; exit 1; }
 [ -x "$T" ] || { echo "build Loom first (cmake --build --preset release)" >&2; exit 1; }
 mkdir -p "$OUT"
+OUT=$(cd "$OUT" && pwd) # absolute: the peers run from $PEERS
 export OMP_NUM_THREADS=1
 "$V/bin/python" "$PEERS/single.py" "${MODEL[@]}" --steps 1 --save-init "$OUT/init_torch.safetensors" > /dev/null
 # PyTorch's Linear weights are [out, in]; GPT-2's Conv1D layout, which --init reads, [in, out].
@@ -37,7 +38,7 @@ PY
 
 LOOM=("$T" "${MODEL[@]}" --init "$OUT/init.safetensors" --grad-clip 0 --lr 1e-3 --steps "$STEPS"
       --warmup-steps 0 --schedule constant --log-interval 1000)
-# label | Loom's flags | the peer's command (run in ../shared/peers)
+# label | Loom's flags | the peer's command (run in bench/peers/python)
 PAIRS=(
   "single_1thread|--threads 1|$V/bin/python single.py --threads 1"
   "single_2threads|--threads 2|$V/bin/python single.py --threads 2"

@@ -9,15 +9,15 @@
 # schedules, which need two chunks per rank (ScheduleInterleavedZeroBubble looped,
 # ScheduleZBVZeroBubble in a V); neither is the same schedule, both the peer's best. Tensor
 # parallel: Loom splits attention, the MLP and the vocabulary; the peer's script
-# (../shared/peers/tp.py) splits the MLP only. Not for CI: it needs the peers' venv
-# (../shared/peers/setup.sh, PyPI torch 2.15, 5.7 GB).
+# (bench/peers/python/tp.py) splits the MLP only. Not for CI: it needs the peers' venv
+# (bench/peers/python/setup.sh, PyPI torch 2.15, 5.7 GB).
 #
 #   bash bench/parallelism/vs_peers.sh [OUTDIR]
 # Environment: ROUNDS (3), STEPS (20), MODEL_ARGS (both sides; the peer's GPipe and 1F1B
 # placements need --layers 2), PEERS_VENV.
 set -euo pipefail
 ROOT=$(cd "$(dirname "$0")/../.." && pwd)
-PEERS=$ROOT/../shared/peers
+PEERS=$ROOT/bench/peers/python
 OUT=${1:-$ROOT/build/bench-parallelism}
 ROUNDS=${ROUNDS:-3}
 STEPS=${STEPS:-20}
@@ -28,6 +28,7 @@ read -r -a MODEL <<< "${MODEL_ARGS:---layers 2 --heads 4 --embd 128 --ctx 128 --
 [ -x "$V/bin/torchrun" ] || { echo "no peers venv at $V: run bash $PEERS/setup.sh" >&2; exit 1; }
 [ -x "$T" ] || { echo "build Loom first (cmake --build --preset release)" >&2; exit 1; }
 mkdir -p "$OUT"
+OUT=$(cd "$OUT" && pwd) # absolute: the peers run from $PEERS
 export OMP_NUM_THREADS=1
 
 # label | Loom's train_gpt flags | the peer's script and variant

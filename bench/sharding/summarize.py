@@ -1,7 +1,8 @@
 #!/usr/bin/env python3
 """Summarises bench/sharding/vs_peers.sh: per configuration, Loom's and the peer's step time
 (the slowest rank's median, then the median over rounds), their ratio, and Loom's per-rank
-model-state memory; then the disk bandwidth fio measured. Prints a Markdown table."""
+model-state memory; then the disk bandwidth fio measured, or a line saying it was not (the
+script skips fio where it is not installed). Prints a Markdown table."""
 import glob
 import json
 import os
@@ -56,6 +57,9 @@ for rw in ("write", "read"):
     if os.path.exists(path):
         job = json.load(open(path))["jobs"][0][rw]
         print(f"\nfio sequential {rw}, 1 MiB blocks, O_DIRECT: {job['bw'] / 1024:.0f} MiB/s")
+    else:
+        print(f"\nfio sequential {rw}: not measured (no {os.path.basename(path)}: fio was not"
+              " installed or failed)")
 machine = os.path.join(out, "machine.txt")
 if os.path.exists(machine):
     print("\n" + open(machine).read())

@@ -1,0 +1,47 @@
+"""Single process: the reference every parallel peer's losses are held to, and the CPU step
+time Loom's single_device step is compared with (bench/cpu_step/vs_torch.sh).
+
+    python single.py --layers 4 --heads 4 --embd 128 --ctx 128 --batch 8 --steps 25 \
+        [--threads N] [--compile] [--save-init FILE.safetensors]
+
+--save-init writes the initial weights (torch's [out, in] Linear layout, no lm_head: it is
+wte) before training; vs_torch.sh transposes them for Loom's --init.
+"""
+import os
+import sys
+
+import torch
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from gpt import make_model  # noqa: E402
+from harness import adamw, parse_args, report, timed_steps  # noqa: E402
+
+
+def flags(p):
+    p.add_argument("--threads", type=int, default=1, help="torch intra-op threads")
+    p.add_argument("--compile", action="store_true", help="run the model through torch.compile")
+    p.add_argument("--save-init", type=str, default="")
+
+
+a = parse_args(flags)
+torch.set_num_threads(a.threads)
+model = make_model(a.cfg)
+if a.save_init:
+    from safetensors.torch import save_file
+    save_file({k: v.contiguous() for k, v in model.state_dict().items() if k != "lm_head.weight"},
+              a.save_init)
+opt = adamw(model.parameters(), a)
+forward = torch.compile(model) if a.compile else model
+
+
+def step(x, y):
+    opt.zero_grad(set_to_none=True)
+    loss = forward(x, y)
+    loss.backward()
+    opt.step()
+    return loss
+
+
+step_ms, losses = timed_steps(a, 0, step, lambda s, loss: loss.item())
+report("single-compile" if a.compile else "single-eager", a, 0, 1, step_ms, losses,
+       dict(nparam=sum(p.numel() for p in model.parameters()), first_step_ms=round(step_ms[0], 1)))
