@@ -60,7 +60,7 @@ Reference read_reference() {
   return r;
 }
 
-// The peers' data (bench/peers/python/gpt.py): global sample i of step s starts at
+// The peers' data (bench/peers/python/harness.py): global sample i of step s starts at
 // (977 s + 131 i + 17) mod 256 and continues x[t+1] = (5 x[t] + 3) mod 256.
 std::pair<Tensor, Tensor> lcg_batch(int64_t step, int64_t first, int64_t rows, int64_t ctx) {
   std::vector<int64_t> tokens, targets;
