@@ -6,7 +6,8 @@
 #      ThreadSanitizer (preset tsan);
 #   3. every libFuzzer harness (built in step 1's tree) for FUZZ_SECONDS (default 10) each
 #      (scripts/fuzz.sh).
-# Each step prints how long it took. Needs scripts/install-deps.sh's packages.
+# Each step prints how long it took, and each ctest run's skips are judged against the skip
+# ledger (tests/skips/check_skips.py). Needs scripts/install-deps.sh's packages.
 #   scripts/sanitize.sh [asan|tsan|fuzz ...]     (default: all three)
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -17,16 +18,12 @@ export ASAN_OPTIONS=${ASAN_OPTIONS:-detect_leaks=1:abort_on_error=0}
 export UBSAN_OPTIONS=${UBSAN_OPTIONS:-print_stacktrace=1:halt_on_error=1}
 export TSAN_OPTIONS=${TSAN_OPTIONS:-halt_on_error=1:second_deadlock_stack=1}
 
-timed() {  # name, then the command
-  local name=$1 start=$SECONDS
-  shift
-  "$@"
-  echo "sanitize.sh: $name took $((SECONDS - start)) s"
-}
+source scripts/timed.sh
 
 run_asan() {
   timed "asan configure+build" bash -c 'cmake --preset asan > /dev/null && cmake --build --preset asan'
-  timed "asan ctest" ctest --preset asan -j2 --output-on-failure
+  timed "asan ctest" ctest --preset asan -j2 --output-on-failure --output-junit ctest-junit.xml
+  python3 tests/skips/check_skips.py --junit build/asan/ctest-junit.xml --preset asan
 }
 
 run_tsan() {
@@ -39,7 +36,8 @@ run_tsan() {
   # (once, in Failures.KilledRankIsNamedQuicklyAndShmIsClean): without it, TSan's own report
   # of the crash, with its stack, is what a test prints.
   timed "tsan ctest" env UCX_MEM_EVENTS=no UCX_HANDLE_ERRORS=none \
-    ctest --preset tsan -j2 -L 'comm|strategies' --output-on-failure
+    ctest --preset tsan -j2 -L 'comm|strategies' --output-on-failure --output-junit ctest-junit.xml
+  python3 tests/skips/check_skips.py --junit build/tsan/ctest-junit.xml --preset tsan
 }
 
 run_fuzz() {

@@ -1,15 +1,17 @@
 #!/usr/bin/env bash
 # Faults across hosts (scripts/netns_hosts.sh): train_gpt --strategy ddp over 2 hosts x 1
-# rank through loomrun --nnodes 2, over the ucx backend and over the tcp backend, then
+# rank through loomrun --nnodes 2, over each BACKEND given (tcp, and ucx where built), then
 #   1. the link of host 1 is cut mid-training: both ranks stop with a CommError naming the
 #      other and its host (LOOM_HOST_ID host0, host1) within the collective timeout
 #      (--timeout 3), and both loomruns exit non-zero;
 #   2. host 1 is killed (its loomrun and rank, SIGKILL): the rank on host 0 stops naming
 #      rank 1 and host1, and host 0's loomrun exits non-zero.
 # (One rank per host: the ranks use no shared memory, so there is no segment to leave.)
-#   faults.sh SOURCE_DIR LOOMRUN TRAIN_GPT      (exit 77: namespaces refused, skip)
+#   faults.sh SOURCE_DIR LOOMRUN TRAIN_GPT BACKEND...   (exit 77: namespaces refused, skip)
 set -euo pipefail
-S=$1; LOOMRUN=$2; TRAIN_GPT=$3
+S=$1; LOOMRUN=$2; TRAIN_GPT=$3; shift 3
+BACKENDS=("$@")
+[ ${#BACKENDS[@]} -gt 0 ] || { echo "faults.sh: no BACKEND given" >&2; exit 2; }
 prefix="lf$(($$ % 100000))"
 d=$(mktemp -d)
 cleanup() {  # the nodes' sessions first: removing a namespace does not stop its processes
@@ -53,7 +55,7 @@ expect_failure() {  # scenario node peer limit backend
   echo "$1: node $2's loomrun exited $status naming rank $3"
 }
 
-for backend in ucx tcp; do
+for backend in "${BACKENDS[@]}"; do
   start_nodes "cut-$backend" "$backend"
   ip -n "$prefix-sw" link set v1 down
   expect_failure "cut-$backend" 0 1 20 "$backend"
@@ -66,4 +68,4 @@ for backend in ucx tcp; do
   wait 2>/dev/null || true
 done
 
-echo "a cut link and a killed host are named by the survivors within the timeout (ucx, tcp)"
+echo "a cut link and a killed host are named by the survivors within the timeout (${BACKENDS[*]})"
