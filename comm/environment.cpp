@@ -244,7 +244,20 @@ ClusterEnv detect_cluster_env(const GetEnv& getenv, std::optional<std::string> f
     selected_by = std::string(" (selected by ") + tunables::kClusterEnv.name + "=" + source + ")";
     if (source == "auto") selected_by.clear();
   }
-  if (source.empty() || source == "auto") source = detect_source(getenv);
+  if (source.empty() || source == "auto") {
+    source = detect_source(getenv);
+    // RANK or WORLD_SIZE alone is a launcher set up by half (a script that exports one of
+    // them), not a single process: training alone would silently ignore the others.
+    const bool rank = getenv("RANK").has_value(), world = getenv("WORLD_SIZE").has_value();
+    if (source == "single" && rank != world) {
+      const char* set = rank ? "RANK" : "WORLD_SIZE";
+      const char* unset = rank ? "WORLD_SIZE" : "RANK";
+      tag::kCommEnv.fail(set, "='", getenv(set).value_or(""), "' is set but ", unset,
+                         " is not: a launcher (loomrun, torchrun) sets both; set ", unset,
+                         " too, or unset ", set, " to run as one process (or set ",
+                         tunables::kClusterEnv.name, "=single)");
+    }
+  }
 
   EnvReader env(getenv, source, selected_by);
   if (source == "torchrun") return finish(env, read_torchrun(env));

@@ -4,13 +4,17 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <cerrno>
 #include <chrono>
 #include <cstdlib>
+#include <cstring>
 #include <fstream>
 #include <nlohmann/json.hpp>
 #include <string_view>
 #include <thread>
 
+#include "core/atomic_file.h"
+#include "core/error.h"
 #include "core/tags.h"
 #include "core/tunables.h"
 namespace loom::comm {
@@ -163,12 +167,7 @@ std::string FlightRecorder::json(int rank) const {
 }
 
 void FlightRecorder::dump(const std::filesystem::path& path, int rank) const {
-  const std::filesystem::path temporary = path.string() + ".tmp." + std::to_string(::getpid());
-  {
-    std::ofstream out(temporary);
-    out << json(rank) << "\n";
-  }
-  std::filesystem::rename(temporary, path);
+  write_file_atomically(path, json(rank) + "\n", tag::kComm);
 }
 
 void FlightRecorder::dump_if_configured(int fallback_rank) const noexcept {
@@ -186,6 +185,21 @@ void FlightRecorder::dump_if_configured(int fallback_rank) const noexcept {
   } catch (...) {
     // A diagnosis aid must not turn one failure into another.
   }
+}
+
+void FlightRecorder::check_dump_directory() {
+  const char* dir = tunable_value(tunables::kFlightRecorderDir);
+  if (dir == nullptr || *dir == '\0') return;
+  const auto refuse = [&](const std::string& why) {
+    tag::kComm.fail(tunables::kFlightRecorderDir.name, "='", dir, "' ", why,
+                    "; set it to a directory this process may write (ranks dump their flight "
+                    "recorder there when a collective fails), or unset it");
+  };
+  std::error_code error;
+  std::filesystem::create_directories(dir, error);
+  if (error) refuse("cannot be created: " + error.message());
+  if (!std::filesystem::is_directory(dir)) refuse("is not a directory");
+  if (::access(dir, W_OK | X_OK) != 0) refuse(std::string("is not writable: ") + std::strerror(errno));
 }
 
 void FlightRecorder::note_rank(int rank) {

@@ -66,6 +66,10 @@ class FlightRecorder {
   // With LOOM_FLIGHT_RECORDER_DIR set, SIGUSR1 dumps (a watcher thread does the writing).
   // Idempotent.
   static void install_signal_dump();
+  // Start-up check of LOOM_FLIGHT_RECORDER_DIR (when set): creates the directory and makes
+  // sure this process may write there, so that a bad value is an error now, naming the
+  // variable, not a dump silently lost when a collective fails. Throws loom::Error.
+  static void check_dump_directory();
   // The rank dumps are named after when RANK is not set: the first process group's rank
   // (the world's, as a rank creates it first). Later calls change nothing.
   void note_rank(int rank);

@@ -129,6 +129,7 @@ ProcessGroup::ProcessGroup(int rank, int size, std::shared_ptr<Store> store,
       options_(options),
       name_(std::move(name)),
       backend_(std::move(backend)) {
+  FlightRecorder::check_dump_directory();
   options_.debug_checks = options_.debug_checks || debug_from_env();
   precise_times_.store(options_.precise_times || precise_times_from_env(),
                        std::memory_order_relaxed);

@@ -9,6 +9,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include "core/regular_file.h"
 #include "core/registry.h"
 #include "core/tags.h"
 
@@ -378,10 +379,10 @@ DeepSpeedConfig parse_deepspeed_config(const std::string& json_text, const std::
 DeepSpeedConfig load_deepspeed_config(const std::string& path) {
   if (std::filesystem::is_directory(path))
     tag::kDeepspeedConfig.fail("'", path, "' is a folder; give the JSON file in it");
-  std::ifstream in(path);
-  if (!in) tag::kDeepspeedConfig.fail("cannot read '", path, "': no such file or not readable");
-  std::string text{std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>()};
-  return parse_deepspeed_config(text, path);
+  if (!std::filesystem::exists(path))
+    tag::kDeepspeedConfig.fail("cannot read '", path, "': no such file or not readable");
+  return parse_deepspeed_config(
+      read_regular_file(path, tag::kDeepspeedConfig, "DeepSpeed config (JSON)"), path);
 }
 
 std::string apply_deepspeed_config(const DeepSpeedConfig& config, StrategyOptions& options) {

@@ -6,6 +6,7 @@
 #include <cerrno>
 #include <condition_variable>
 #include <cstring>
+#include <exception>
 #include <fstream>
 #include <functional>
 #include <string>
@@ -290,7 +291,10 @@ void LocalJob::join(std::chrono::seconds grace) {
 
 LocalJob::~LocalJob() {
   try {
-    join();
+    // Destroyed while an error unwinds (a collective that timed out on a rank that stopped
+    // answering, say): the others get kStopGrace, not the minute a finishing job gets, so the
+    // job ends within its timeout plus that grace, as under loomrun.
+    join(std::uncaught_exceptions() > 0 ? kStopGrace : std::chrono::seconds(60));
   } catch (const std::exception& e) {
     std::fprintf(stderr, "%s\n", e.what());
   }

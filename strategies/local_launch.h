@@ -14,8 +14,8 @@
 //     a signal) it stops the others (SIGTERM, then SIGKILL after kStopGrace) and closes the
 //     store, which ends a rendezvous rank 0 may be waiting in. When rank 0's own group
 //     creation fails, the ranks are stopped and reaped before the error reaches the caller;
-//   - waits for the ranks when destroyed (bounded: they are killed after `grace`), and
-//     reports a rank that failed.
+//   - waits for the ranks when destroyed (bounded: they are stopped after a minute, or after
+//     kStopGrace when destroyed by an error unwinding), and reports a rank that failed.
 // The ranks it starts die with it (PR_SET_PDEATHSIG, SIGKILL), so none outlives a killed
 // rank 0. Linux sends that signal when the *thread* that forked exits: construct the job on
 // a thread that outlives it (the main thread).

@@ -50,7 +50,7 @@ MemoryEstimate sharded_estimate(const nn::Module& model, const sharded::Sharding
                      : o.hybrid_shard && o.shard_group_size > 0 ? o.shard_group_size
                                                                  : world_size;
   const sharded::WrapPolicy policy =
-      o.wrap_policy ? o.wrap_policy : sharded::make_wrap_policy(o.auto_wrap_policy);
+      o.wrap_policy ? o.wrap_policy : sharded::make_wrap_policy(o.auto_wrap_policy, model);
   const sharded::UnitPlan plan = sharded::plan_units(model, policy);
   const std::vector<std::pair<std::string, Tensor>> params = model.named_parameters();
 

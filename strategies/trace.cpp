@@ -9,6 +9,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include "core/atomic_file.h"
 #include "core/error.h"
 #include "core/tags.h"
 
@@ -124,21 +125,7 @@ void Trace::write(const std::string& path, int rank) const {
     list.push_back(std::move(j));
   }
   nlohmann::json doc = {{"traceEvents", std::move(list)}, {"displayTimeUnit", "ms"}};
-  std::string tmp = path + ".tmp." + std::to_string(::getpid());
-  {
-    std::ofstream out(tmp, std::ios::trunc);
-    if (!out) tag::kTrace.fail("rank ", rank, ": cannot write the trace file '", tmp, "'");
-    out << doc.dump() << '\n';
-    out.close();
-    if (!out) {
-      std::remove(tmp.c_str());
-      tag::kTrace.fail("rank ", rank, ": writing the trace file '", tmp, "' failed");
-    }
-  }
-  if (std::rename(tmp.c_str(), path.c_str()) != 0) {
-    std::remove(tmp.c_str());
-    tag::kTrace.fail("rank ", rank, ": cannot move the trace into place at '", path, "'");
-  }
+  write_file_atomically(path, doc.dump() + "\n", tag::kTrace);
 }
 
 Trace::Span::Span(Trace* trace, std::string name, std::string category, int tid, Args args)

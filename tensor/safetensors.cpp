@@ -21,6 +21,8 @@
 
 #include <nlohmann/json.hpp>
 
+#include "core/atomic_file.h"
+#include "core/regular_file.h"
 #include "core/tags.h"
 
 namespace loom::safetensors {
@@ -369,39 +371,6 @@ std::vector<std::byte> serialize_to(const TensorMap& tensors, const Metadata& me
   return bytes;
 }
 
-// Closes a file descriptor; never throws.
-class FileDescriptor {
- public:
-  explicit FileDescriptor(int fd) : fd_(fd) {}
-  ~FileDescriptor() {
-    if (fd_ >= 0) ::close(fd_);
-  }
-  FileDescriptor(const FileDescriptor&) = delete;
-  FileDescriptor& operator=(const FileDescriptor&) = delete;
-  FileDescriptor(FileDescriptor&& other) noexcept : fd_(std::exchange(other.fd_, -1)) {}
-  int get() const { return fd_; }
-  // Closes now and returns close()'s result, so that late write errors are seen.
-  int close() { return ::close(std::exchange(fd_, -1)); }
-
- private:
-  int fd_;
-};
-
-// Opens an existing regular file for reading; its size into `size`. Throws naming `origin`.
-FileDescriptor open_regular_file(const std::filesystem::path& path, const std::string& origin,
-                                 uint64_t& size) {
-  FileDescriptor file(::open(path.c_str(), O_RDONLY | O_CLOEXEC));
-  if (file.get() < 0) {
-    fail_at(origin, "cannot open for reading: ", errno_text(errno),
-            "; expected an existing, readable safetensors file");
-  }
-  struct stat status {};
-  if (::fstat(file.get(), &status) != 0) fail_at(origin, "fstat failed: ", errno_text(errno));
-  if (!S_ISREG(status.st_mode)) fail_at(origin, "is not a regular file; expected a safetensors file");
-  size = static_cast<uint64_t>(status.st_size);
-  return file;
-}
-
 // Unmaps a read-only file mapping; never throws.
 class Mapping {
  public:
@@ -416,86 +385,6 @@ class Mapping {
   void* data_;
   size_t size_;
 };
-
-// Removes the temporary file unless the rename succeeded; never throws.
-class TemporaryFile {
- public:
-  explicit TemporaryFile(std::filesystem::path path) : path_(std::move(path)) {}
-  ~TemporaryFile() {
-    if (!committed_) ::unlink(path_.c_str());
-  }
-  TemporaryFile(const TemporaryFile&) = delete;
-  TemporaryFile& operator=(const TemporaryFile&) = delete;
-  const std::filesystem::path& path() const { return path_; }
-  void commit() { committed_ = true; }
-
- private:
-  std::filesystem::path path_;
-  bool committed_ = false;
-};
-
-// See save(): temp file in the same directory (so that rename is atomic), write, fsync,
-// rename over `path`, fsync the directory so the rename itself is durable.
-void write_atomically(const std::filesystem::path& path, std::span<const std::byte> bytes) {
-  const std::string origin = path.string();
-  if (!path.has_filename()) {
-    fail_at(origin, "path has no file name; expected a path to a file, not a directory");
-  }
-  const std::filesystem::path directory =
-      path.parent_path().empty() ? std::filesystem::path(".") : path.parent_path();
-
-  // O_EXCL with a name unique to this process and call; the 0666 mode is narrowed by the
-  // umask like any newly created file.
-  static std::atomic<uint64_t> counter{0};
-  int fd = -1;
-  std::filesystem::path temporary_path;
-  for (int attempt = 0; attempt < 100 && fd < 0; ++attempt) {
-    std::string name = ".";
-    name += path.filename().string();
-    name += ".tmp." + std::to_string(::getpid()) + "." + std::to_string(counter++);
-    temporary_path = directory / name;
-    fd = ::open(temporary_path.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0666);
-    if (fd < 0 && errno != EEXIST) break;
-  }
-  if (fd < 0) {
-    fail_at(origin, "cannot create temporary file ", temporary_path.string(), ": ",
-            errno_text(errno), "; expected a writable directory ", directory.string());
-  }
-  FileDescriptor file(fd);
-  TemporaryFile temporary(temporary_path);
-
-  const std::byte* data = bytes.data();
-  size_t remaining = bytes.size();
-  while (remaining > 0) {
-    const ssize_t written = ::write(file.get(), data, std::min<size_t>(remaining, 1u << 30));
-    if (written < 0) {
-      if (errno == EINTR) continue;
-      fail_at(origin, "writing ", bytes.size(), " bytes to ", temporary.path().string(),
-              " failed after ", bytes.size() - remaining, " bytes: ", errno_text(errno));
-    }
-    data += written;
-    remaining -= static_cast<size_t>(written);
-  }
-  if (::fsync(file.get()) != 0) {
-    fail_at(origin, "fsync of ", temporary.path().string(), " failed: ", errno_text(errno));
-  }
-  if (file.close() != 0) {
-    fail_at(origin, "close of ", temporary.path().string(), " failed: ", errno_text(errno));
-  }
-  if (::rename(temporary.path().c_str(), path.c_str()) != 0) {
-    fail_at(origin, "rename of ", temporary.path().string(),
-            " over the target failed: ", errno_text(errno));
-  }
-  temporary.commit();
-
-  FileDescriptor dir(::open(directory.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC));
-  // Some file systems cannot fsync a directory (EINVAL); the rename is then as durable as
-  // that file system makes it.
-  if (dir.get() < 0 || (::fsync(dir.get()) != 0 && errno != EINVAL)) {
-    fail_at(origin, "the file was written, but fsync of directory ", directory.string(),
-            " failed: ", errno_text(errno), "; the rename may not survive a crash");
-  }
-}
 
 // The header of a file whose data buffer has `buffer_size` bytes, fully validated; entries
 // sorted by offset.
@@ -550,7 +439,7 @@ Contents parse(std::span<const std::byte> bytes, const std::string& origin) {
 Contents load(const std::filesystem::path& path) {
   const std::string origin = path.string();
   uint64_t bytes = 0;
-  const FileDescriptor file = open_regular_file(path, origin, bytes);
+  const FileDescriptor file = open_regular_file(path, tag::kSafetensors, "safetensors file", bytes);
   const auto size = static_cast<size_t>(bytes);
   if (size == 0) return parse({}, origin);
   // A private read-only mapping: the tensors are copied out before it is unmapped. save()
@@ -566,7 +455,7 @@ Contents load(const std::filesystem::path& path) {
 Header read_header(const std::filesystem::path& path) {
   const std::string origin = path.string();
   uint64_t size = 0;
-  const FileDescriptor file = open_regular_file(path, origin, size);
+  const FileDescriptor file = open_regular_file(path, tag::kSafetensors, "safetensors file", size);
   auto read_exactly = [&](void* into, uint64_t bytes, uint64_t at) {
     uint64_t done = 0;
     while (done < bytes) {
@@ -608,7 +497,7 @@ std::vector<std::byte> serialize(const TensorMap& tensors, const Metadata& metad
 
 void save(const std::filesystem::path& path, const TensorMap& tensors, const Metadata& metadata) {
   const std::vector<std::byte> bytes = serialize_to(tensors, metadata, path.string());
-  write_atomically(path, bytes);
+  write_file_atomically(path, bytes, tag::kSafetensors);
 }
 
 }  // namespace loom::safetensors

@@ -48,6 +48,25 @@ class Directory {
   std::filesystem::path root_;
 };
 
+// The run that saves under a checkpoint directory holds ROOT/.lock (flock(2), taken by rank 0
+// for the run's life and released by the kernel when the process ends, even by SIGKILL): a
+// second run started on the same ROOT is refused at once, naming the holder's host and pid,
+// instead of failing later on the first run's half-written step. The file's content is
+// "HOST PID"; it stays when the run ends (an unlocked .lock means nothing).
+class DirectoryLock {
+ public:
+  // Creates ROOT if needed; throws loom::Error when another process holds the lock or ROOT
+  // cannot be written.
+  explicit DirectoryLock(const std::filesystem::path& root);
+  ~DirectoryLock();
+  DirectoryLock(const DirectoryLock&) = delete;
+  DirectoryLock& operator=(const DirectoryLock&) = delete;
+  static constexpr const char* kLockFile = ".lock";
+
+ private:
+  int fd_ = -1;
+};
+
 // Makes the written directory `staging` the committed checkpoint `target`: fsyncs its files
 // and itself, renames it (over an uncommitted leftover), fsyncs the parent, then writes and
 // fsyncs the COMMITTED marker. What Directory::commit does for a step.

@@ -9,6 +9,8 @@
 #include <set>
 #include <sstream>
 
+#include "core/atomic_file.h"
+#include "core/regular_file.h"
 #include "core/error.h"
 #include "core/tags.h"
 #include "strategies/checkpoint/directory.h"
@@ -172,10 +174,7 @@ void save_checkpoint(Strategy& strategy, const nn::Module& module,
   strategy.barrier();
   if (chief) {
     write_index(staging, strategy.world_size());
-    std::ofstream out(staging / "meta.json");
-    out << meta_json << "\n";
-    out.close();
-    if (!out) tag::kCheckpoint.fail("writing ", (staging / "meta.json").string(), " failed");
+    write_file_atomically(staging / kMetaFile, meta_json + "\n", tag::kCheckpoint);
     commit_directory(staging, path);
   }
   strategy.barrier();
@@ -305,12 +304,12 @@ void load_optimizer(Strategy& strategy, optim::Optimizer& optimizer, CheckpointR
 }
 
 CheckpointMeta::CheckpointMeta(const fs::path& checkpoint) : path_(checkpoint / kMetaFile) {
-  std::ifstream in(path_);
-  if (!in) {
+  if (!fs::exists(path_)) {
     tag::kCheckpoint.fail(
         checkpoint.string(), " has no ", kMetaFile,
         " (or it cannot be read); expected a checkpoint written by train_gpt or Fabric");
   }
+  std::istringstream in(read_regular_file(path_, tag::kCheckpoint, "meta.json (JSON)"));
   json_ = std::make_unique<nlohmann::json>(parse_json_object(in, path_.string()));
 }
 

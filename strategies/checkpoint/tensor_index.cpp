@@ -12,6 +12,8 @@
 #include <sstream>
 #include <tuple>
 
+#include "core/atomic_file.h"
+#include "core/regular_file.h"
 #include "core/error.h"
 #include "core/tags.h"
 #include "tensor/safetensors.h"
@@ -666,21 +668,17 @@ void Index::write(const fs::path& checkpoint) const {
                     {"version", 1},
                     {"files", file_bytes},
                     {"tensors", std::move(tensors_json)}};
-  const fs::path path = checkpoint / kIndexFile;
-  std::ofstream stream(path);
-  stream << out.dump(1) << "\n";
-  stream.close();
-  if (!stream) tag::kCheckpoint.fail("writing ", path.string(), " failed (disk full?)");
+  write_file_atomically(checkpoint / kIndexFile, out.dump(1) + "\n", tag::kCheckpoint);
 }
 
 Index Index::read(const fs::path& checkpoint) {
   const fs::path path = checkpoint / kIndexFile;
   const std::string origin = path.string();
-  std::ifstream stream(path);
-  if (!stream) {
+  if (!fs::exists(path)) {
     tag::kCheckpoint.fail(checkpoint.string(), " has no ", kIndexFile,
                           "; expected a checkpoint written by Loom (docs/checkpoints.md)");
   }
+  std::istringstream stream(read_regular_file(path, tag::kCheckpoint, "checkpoint index (JSON)"));
   const json in = parse_json_object(stream, origin);
   Index index;
   try {

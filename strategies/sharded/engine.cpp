@@ -115,7 +115,7 @@ ShardedEngine::ShardedEngine(nn::Module& module, std::shared_ptr<comm::ProcessGr
   }
 
   WrapPolicy policy = options_.wrap_policy ? options_.wrap_policy
-                                           : make_wrap_policy(options_.auto_wrap_policy);
+                                           : make_wrap_policy(options_.auto_wrap_policy, module);
   UnitPlan plan = plan_units(module, policy);
   if (policy && !plan.policy_matched && group_->rank() == 0) {
     std::fprintf(stderr, "%sthe wrap policy '%s' matched no module: the whole model is one unit\n",

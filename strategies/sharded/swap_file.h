@@ -72,6 +72,7 @@ class SwapFile {
   uint64_t size_ = 0;
   uint64_t reserved_ = 0;
   std::unique_ptr<Ring> ring_;  // null: synchronous pread/pwrite
+  std::string no_ring_reason_;  // why there is no ring
   Ticket next_ticket_ = 1;
   struct Pending {
     Ticket ticket;

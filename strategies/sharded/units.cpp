@@ -7,6 +7,7 @@
 #include <cstdlib>
 #include <map>
 #include <memory>
+#include <set>
 #include <typeinfo>
 
 #include "core/error.h"
@@ -69,6 +70,30 @@ WrapPolicy make_wrap_policy(const std::string& spec) {
     }
   }
   return wrap_modules_of_type(spec);
+}
+
+namespace {
+
+void collect_type_names(const nn::Module& m, std::set<std::string>& names) {
+  names.insert(module_type_name(m));
+  for (const auto& [name, child] : m.children())
+    collect_type_names(*child, names);
+}
+
+}  // namespace
+
+WrapPolicy make_wrap_policy(const std::string& spec, const nn::Module& model) {
+  WrapPolicy policy = make_wrap_policy(spec);
+  const bool names_a_class = policy && spec != "params" && spec.rfind("min_params:", 0) != 0;
+  if (!names_a_class) return policy;
+  std::set<std::string> classes;
+  collect_type_names(model, classes);
+  if (classes.count(spec)) return policy;
+  std::string listed;
+  for (const std::string& c : classes)
+    listed += (listed.empty() ? "" : ", ") + c;
+  tag::kSharded.fail("wrap policy '", spec, "' names no module class of this model; its classes are ",
+                     listed, " (or use none, params, min_params:N)");
 }
 
 namespace {

@@ -29,6 +29,9 @@ WrapPolicy wrap_min_num_params(int64_t min_num_params);
 // The policy a spec names: "" or "none" (the root only), "params" (every module that owns
 // parameters, DeepSpeed ZeRO-3's per-module fetch), "min_params:N", or a class name.
 WrapPolicy make_wrap_policy(const std::string& spec);
+// The same for `model`: a class name that no module of `model` has is an error naming the
+// classes it has (a typo must not silently make the whole model one unit).
+WrapPolicy make_wrap_policy(const std::string& spec, const nn::Module& model);
 
 // The unqualified class name of a module, without template arguments ("Block" for
 // loom::nn::Block, "ModuleList" for loom::nn::ModuleList<Block>).

@@ -60,4 +60,6 @@ refused "meta.json: \"step\" is \"2\"; expected an integer >= 0" inspect "$c"
 refused "meta.json: \"step\" is \"2\"; expected an integer >= 0" verify "$c"
 c=$(damaged optimizer); edit_json "$c/meta.json" 'j["optimizer"] = 5'
 refused "meta.json: \"optimizer\" is 5; expected a string" convert "$c" "$d/converted" --to sharded --world-size 2
+c=$(damaged stale-meta); edit_json "$c/meta.json" 'j["step"] = j["step"] - 1'
+refused "meta.json records step [0-9]*, but the optimizer state has taken [0-9]* steps" verify "$c"
 echo "loom-ckpt: inspect, verify and diff work"

@@ -14,8 +14,14 @@ expect_error() {  # pattern, then the train_gpt arguments
   grep -q -- "$pattern" "$d/out" || { echo "expected '$pattern', got:"; cat "$d/out"; exit 1; }
   echo "refused: $pattern"
 }
-"$T" --layers 1 "${M[@]}" --steps 2 --checkpoint-dir "$d/plain" --save-every 2 > /dev/null
+"$T" --layers 1 "${M[@]}" --steps 2 --checkpoint-dir "$d/plain" --save-every 1 > /dev/null
 expect_error "is a checkpoint of another model" --layers 2 "${M[@]}" --steps 4 --checkpoint-dir "$d/plain" --resume auto
+# A meta.json copied from another checkpoint (step 1's into step 2): refused by the directory's
+# name, and under another name by the optimizer's step count.
+cp -r "$d/plain" "$d/stale"; cp "$d/stale/step-00000001/meta.json" "$d/stale/step-00000002/"
+expect_error "meta.json records step 1, but the directory is the checkpoint of step 2" --layers 1 "${M[@]}" --steps 4 --checkpoint-dir "$d/stale" --resume auto
+mv "$d/stale/step-00000002" "$d/stale-renamed"
+expect_error "meta.json records step 1, but the optimizer state has taken 2 steps" --layers 1 "${M[@]}" --steps 4 --resume "$d/stale-renamed"
 # A sharded checkpoint (ZeRO-3 on 2 ranks) whose files were damaged after the save: copies of
 # it with a shard truncated, a shard deleted, a flipped byte, an index that lost a shard.
 "$T" --layers 1 "${M[@]}" --steps 2 --strategy deepspeed_stage_3 --devices 2 --checkpoint-dir "$d/z3" --save-every 2 > /dev/null 2>&1

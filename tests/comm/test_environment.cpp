@@ -231,7 +231,17 @@ TEST(ClusterEnv, Precedence) {
   rest.erase("OMPI_COMM_WORLD_RANK");
   EXPECT_EQ(detect(rest).source, "pmi");
   rest.erase("PMI_RANK");
+  rest.erase("RANK");
   EXPECT_EQ(detect(rest).source, "single");
+}
+
+// RANK without WORLD_SIZE (or the reverse) where no other launcher is found is a launcher
+// set up by half: an error naming both, not a silent run as one process.
+TEST(ClusterEnv, RankWithoutWorldSizeIsAnError) {
+  expect_error({{"RANK", "1"}}, {"RANK='1' is set but WORLD_SIZE is not", "unset RANK"});
+  expect_error({{"WORLD_SIZE", "2"}}, {"WORLD_SIZE='2' is set but RANK is not"});
+  EXPECT_EQ(detect({{"RANK", "1"}}, "single").source, "single");  // forced: no question
+  EXPECT_EQ(detect({{"RANK", "1"}, {"SLURM_PROCID", "0"}, {"SLURM_NTASKS", "1"}}).source, "slurm");
 }
 
 TEST(ClusterEnv, ExplicitSelection) {

@@ -18,6 +18,7 @@
 #include "comm/error.h"
 #include "comm/flight_recorder.h"
 #include "comm/process_group.h"
+#include "comm/store/in_process_store.h"
 #include "multiprocess.h"
 #include "test_support.h"
 #include "tools/loom_trace/analyze.h"
@@ -204,6 +205,31 @@ TEST(FlightRecorder, DumpsKeepTheLastDestroyedGroups) {
     EXPECT_EQ(groups.count("closed-" + std::to_string(i)), kept ? 1u : 0u) << i;
   }
   EXPECT_EQ(groups.count("still-open"), 1u);
+}
+
+// A dump directory that cannot be used is refused when the group is made, naming the
+// variable, not found out when a collective fails and the dump is needed.
+TEST(FlightRecorder, AnUnusableDumpDirectoryIsRefusedAtStartUp) {
+  const fs::path dir = fs::temp_directory_path() / ("loom-fr-" + std::to_string(::getpid()));
+  fs::create_directories(dir);
+  std::ofstream(dir / "a-file") << "x";
+  const std::string under_a_file = (dir / "a-file" / "dumps").string();
+  ::setenv("LOOM_FLIGHT_RECORDER_DIR", under_a_file.c_str(), 1);
+  try {
+    ProcessGroup pg(0, 1, std::make_shared<InProcessStore>(), {.backend = "shm"});
+    ADD_FAILURE() << "a group was made with LOOM_FLIGHT_RECORDER_DIR under a regular file";
+  } catch (const Error& e) {
+    const std::string what = e.what();
+    EXPECT_NE(what.find("LOOM_FLIGHT_RECORDER_DIR='" + under_a_file + "' cannot be created"),
+              std::string::npos)
+        << what;
+  }
+  const std::string usable = (dir / "dumps").string();
+  ::setenv("LOOM_FLIGHT_RECORDER_DIR", usable.c_str(), 1);
+  { ProcessGroup pg(0, 1, std::make_shared<InProcessStore>(), {.backend = "shm"}); }
+  EXPECT_TRUE(fs::is_directory(usable));
+  ::unsetenv("LOOM_FLIGHT_RECORDER_DIR");
+  fs::remove_all(dir);
 }
 
 TEST(FlightRecorder, NoDumpsIsAClearError) {

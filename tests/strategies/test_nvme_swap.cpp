@@ -2,18 +2,23 @@
 // errors naming the path) and the sub-group pager (values survive, memory is released, at
 // most buffer_count sub-groups in memory).
 
+#include <fcntl.h>
 #include <gtest/gtest.h>
+#include <liburing.h>
 #include <signal.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <cerrno>
 #include <cstdlib>
+#include <memory>
 #include <filesystem>
 #include <fstream>
 #include <numeric>
 #include <string>
 
 #include "core/error.h"
+#include "core/fault_points.h"
 #include "strategies/sharded/nvme_swap.h"
 #include "strategies/sharded/swap_file.h"
 #include "tensor/ops.h"
@@ -58,6 +63,67 @@ TEST(SwapFile, WritesAndReadsBackAlignedAndUnalignedBuffers) {
   EXPECT_EQ(back, odd);
   EXPECT_EQ(file.bytes_written(), page.nbytes() + odd.size());
   EXPECT_NE(file.mode(), "");
+}
+
+// What this machine allows, found out by the test itself: io_uring (a seccomp profile or
+// kernel.io_uring_disabled can refuse it) and O_DIRECT in `dir` (tmpfs refuses it).
+bool io_uring_allowed() {
+  io_uring ring{};
+  if (io_uring_queue_init(4, &ring, 0) != 0) return false;
+  io_uring_queue_exit(&ring);
+  return true;
+}
+bool direct_io_allowed(const fs::path& dir) {
+  const fs::path probe = dir / "probe";
+  const int fd = ::open(probe.c_str(), O_RDWR | O_CREAT | O_DIRECT | O_CLOEXEC, 0600);
+  if (fd >= 0) ::close(fd);
+  fs::remove(probe);
+  return fd >= 0;
+}
+
+// Where the kernel and the file system allow it, the swap file runs through io_uring with
+// O_DIRECT, and aligned transfers bypass the page cache: asserted, so that a failing
+// io_uring_queue_init cannot silently fall back while every test passes.
+TEST(SwapFile, UsesIoUringWithDirectIoWhereAllowed) {
+  TempDir dir;
+  if (!io_uring_allowed()) GTEST_SKIP() << "io_uring is refused on this machine";
+  if (!direct_io_allowed(dir.path())) GTEST_SKIP() << "O_DIRECT is refused in " << dir.path();
+  SwapFile file(dir.path(), 1 << 20);
+  EXPECT_EQ(file.mode(), "io_uring, O_DIRECT for aligned transfers");
+  Tensor page = Tensor::from_vector<float>(std::vector<float>(1024, 2.5f), {1024});
+  const uint64_t at = file.allocate(page.nbytes());
+  file.wait(file.write(at, page.data<float>(), page.nbytes()));
+  EXPECT_EQ(file.bytes_direct(), page.nbytes());
+}
+
+// The fallback, forced through the fault point nvme.ring (Note [Fault points]): said once on
+// stderr with the reason, named by mode(), and the bytes still round-trip.
+TEST(SwapFile, FallsBackToPreadPwriteAndSaysWhy) {
+  TempDir dir;
+  fault::set_hook([](std::string_view point) { return point == "nvme.ring" ? EPERM : 0; });
+  ::testing::internal::CaptureStderr();
+  std::unique_ptr<SwapFile> file;
+  try {
+    file = std::make_unique<SwapFile>(dir.path(), 1 << 20);
+  } catch (...) {
+    fault::set_hook(nullptr);
+    throw;
+  }
+  fault::set_hook(nullptr);
+  const std::string said = ::testing::internal::GetCapturedStderr();
+  EXPECT_NE(said.find("io_uring is unavailable here (Operation not permitted): the swap file under '" +
+                      dir.path().string() + "' is read and written with pread/pwrite"),
+            std::string::npos)
+      << said;
+  EXPECT_EQ(file->mode().rfind("pread/pwrite (io_uring unavailable: Operation not permitted)", 0), 0u)
+      << file->mode();
+  std::vector<char> out(10000), back(10000);
+  for (size_t i = 0; i < out.size(); ++i)
+    out[i] = static_cast<char>(i * 13);
+  const uint64_t at = file->allocate(out.size());
+  file->wait(file->write(at, out.data(), out.size()));
+  file->wait(file->read(at, back.data(), back.size()));
+  EXPECT_EQ(back, out);
 }
 
 TEST(SwapFile, GrowsPastItsReservation) {

@@ -99,6 +99,22 @@ TEST(ShardedUnits, BadSpecsAndContainersAreNamed) {
   EXPECT_FALSE(o.reshard_after_forward);
 }
 
+// A class name the model does not have (a typo of "Block") is refused naming the classes it
+// has, instead of making the whole model one unit.
+TEST(ShardedUnits, AClassTheModelLacksIsRefusedNamingItsClasses) {
+  nn::GPT model(testing::tiny_gpt_config(DType::F32), 1);
+  EXPECT_NE(sharded::make_wrap_policy("Block", model), nullptr);
+  EXPECT_NE(sharded::make_wrap_policy("min_params:1000000000", model), nullptr);  // size: may match none
+  try {
+    sharded::make_wrap_policy("Blok", model);
+    FAIL() << "the wrap policy 'Blok' was accepted";
+  } catch (const Error& e) {
+    const std::string what = e.what();
+    for (const char* part : {"'Blok'", "Block", "Linear", "GPT"})
+      EXPECT_NE(what.find(part), std::string::npos) << part << " not in: " << what;
+  }
+}
+
 TEST(ExactSquareSum, AnySplitGivesTheSameSum) {
   std::mt19937 gen(7);
   std::vector<float> x(10007);

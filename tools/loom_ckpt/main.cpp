@@ -4,7 +4,9 @@
 //   loom-ckpt inspect CKPT       step, strategy, world size, format; files; per tensor its
 //                                dtype, shape and shards (file[first, end) for a run of
 //                                elements, file[offsets]+[sizes] for a box)
-//   loom-ckpt verify CKPT        meta.json (as inspect reads it), the index against the files
+//   loom-ckpt verify CKPT        meta.json (as inspect reads it; a train_gpt checkpoint's step
+//                                against its directory's name and its optimizer's step count),
+//                                the index against the files
 //                                (sizes, and every header: names, dtypes, shapes, shards,
 //                                offsets) and every checksum of every shard; exit 1 naming
 //                                the first bad one
@@ -122,9 +124,11 @@ int inspect(const fs::path& checkpoint) {
 }
 
 int verify(const fs::path& checkpoint) {
-  read_meta(checkpoint);  // every field's type and range
+  const nlohmann::json meta = read_meta(checkpoint);  // every field's type and range
   // The index, its tiling, the files' sizes and every header against the index (Index::read).
   CheckpointReader reader(checkpoint);
+  if (meta.at("format") == train_gpt::kCheckpointFormat)  // its steps against the rest
+    train_gpt::check_train_step(train_gpt::check_train_meta(CheckpointMeta(checkpoint)), reader);
   size_t shards = 0;
   for (const auto& [name, entry] : reader.index().tensors) {
     reader.read(name);  // every block of every shard; throws naming the first bad one

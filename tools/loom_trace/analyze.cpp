@@ -7,6 +7,7 @@
 #include <set>
 #include <sstream>
 
+#include "core/regular_file.h"
 #include "core/error.h"
 #include "core/tags.h"
 #include "core/tunables.h"
@@ -131,11 +132,10 @@ class DumpReader {
 };
 
 Dump read_dump(const fs::path& path) {
-  std::ifstream in(path);
-  if (!in) tag::kLoomTrace.fail("cannot open ", path.string());
+  const std::string text = read_regular_file(path, tag::kLoomTrace, "flight-recorder dump (JSON)");
   json dump;
   try {
-    dump = json::parse(in);
+    dump = json::parse(text);
   } catch (const json::exception& e) {
     tag::kLoomTrace.fail(path.string(), " is not a flight-recorder dump (not JSON): ", e.what());
   }

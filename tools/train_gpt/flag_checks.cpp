@@ -9,7 +9,9 @@
 #include <cstdlib>
 #include <cstring>
 #include <filesystem>
+#include <string_view>
 
+#include "core/atomic_file.h"
 #include "core/error.h"
 #include "core/tags.h"
 #include "strategies/ddp/ddp_strategy.h"
@@ -144,6 +146,10 @@ void check_output_path(const char* flag, const std::string& path, bool directory
   if (!directory && fs::is_directory(target)) {
     tag::kTrainGpt.fail(flag, " ", path, " is a folder; give a file name in it");
   }
+  // --save and --trace replace their file by a rename; --metrics writes through (a FIFO or
+  // /dev/null is its reader's business).
+  if (!directory && std::string_view(flag) != "--metrics")
+    check_replaceable_file(target, tag::kTrainGpt, flag);
   if (directory && fs::is_directory(target)) {
     if (::access(target.c_str(), W_OK) != 0) {
       tag::kTrainGpt.fail(flag, " ", path, " cannot be written: ", std::strerror(errno));

@@ -15,6 +15,7 @@
 #include <optional>
 #include <thread>
 
+#include "core/regular_file.h"
 #include "core/tags.h"
 #include "kernels/cpu/thread_pool.h"
 #include "nn/gpt_io.h"
@@ -63,10 +64,16 @@ class Throughput {
   double ms_ = 0, tokens_ = 0;
 };
 
+// At least this many steps before "more than half were skipped" fails a run (a loss scale
+// finding its level skips a few steps at the start).
+constexpr int64_t kSkipLimitSteps = 20;
+
+constexpr const char* kDataExpected = "--data file (its bytes are the tokens)";
+
+// --data's bytes; only a regular file is read (a FIFO would block, /dev/zero never end).
 std::vector<uint8_t> read_bytes(const std::string& path) {
-  std::ifstream in(path, std::ios::binary);
-  if (!in) tag::kTrainGpt.fail("cannot open --data file '", path, "'");
-  return {std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>()};
+  const std::string bytes = read_regular_file(path, tag::kTrainGpt, kDataExpected);
+  return {bytes.begin(), bytes.end()};
 }
 
 // The architecture from --init's file; flags given explicitly must agree with it.
@@ -416,6 +423,10 @@ int run(int argc, char** argv) {
   check_output_path("--metrics", metrics_path);
   check_output_path("--trace", trace_path);
   check_output_path("--checkpoint-dir", o.checkpoint_dir, /*directory=*/true);
+  if (!data_path.empty()) {  // opened (not read) now, so that a FIFO is refused before any work
+    uint64_t size = 0;
+    open_regular_file(data_path, tag::kTrainGpt, kDataExpected, size);
+  }
   sharding.param_dtype = parse_dtype(param_dtype);
   sharding.reduce_dtype = parse_dtype(reduce_dtype);
   sharding.backward_prefetch = backward_prefetch == "pre"    ? strategies::sharded::BackwardPrefetch::Pre
@@ -638,6 +649,16 @@ int run(int argc, char** argv) {
   if (const strategies::LossScaler* scaler = strategy->loss_scaler()) {
     std::printf("loss scaler: %lld step(s) skipped for inf/NaN gradients, final scale %g\n",
                 static_cast<long long>(scaler->skipped_steps()), scaler->scale());
+    // A run that learnt nothing must not end as if it had: every step skipped, or more than
+    // half of them in a run of at least kSkipLimitSteps (in a shorter one, the overflows of a
+    // loss scale still finding its level can be most of the steps).
+    const int64_t skipped = scaler->skipped_steps();
+    if (skipped >= o.steps || (o.steps >= kSkipLimitSteps && 2 * skipped > o.steps)) {
+      tag::kTrainGpt.fail(skipped, " of the ", o.steps, " steps were skipped by the loss scaler "
+                          "(their gradients were inf or NaN; final loss scale ", scaler->scale(),
+                          "): the run diverged or its loss scale is wrong; lower --lr, use "
+                          "bf16-mixed, or let the scale adapt (a dynamic loss scale)");
+    }
   }
 
   const std::string resumed =

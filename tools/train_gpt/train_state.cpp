@@ -7,6 +7,7 @@
 #include <nlohmann/json.hpp>
 #include <thread>
 
+#include "core/atomic_file.h"
 #include "core/error.h"
 #include "core/tags.h"
 #include "nn/gpt_io.h"
@@ -58,9 +59,41 @@ TrainMeta check_train_meta(const strategies::checkpoint::CheckpointMeta& meta) {
   return out;
 }
 
+void check_train_step(const TrainMeta& meta, strategies::checkpoint::CheckpointReader& reader) {
+  const fs::path& checkpoint = reader.path();
+  const fs::path named = checkpoint.filename().empty() ? checkpoint.parent_path() : checkpoint;
+  if (const std::optional<int64_t> step = strategies::checkpoint::step_of(named);
+      step && *step != meta.step) {
+    tag::kCheckpoint.fail(checkpoint.string(), ": meta.json records step ", meta.step,
+                          ", but the directory is the checkpoint of step ", *step,
+                          " (a meta.json of another checkpoint?); use a checkpoint as it was saved");
+  }
+  bool scaled = false;
+  std::string counted;  // an optimizer state tensor that counts the steps
+  for (const auto& [name, entry] : reader.index().tensors) {
+    if (name.rfind("scaler.", 0) == 0) scaled = true;
+    const std::string suffix = ".step";
+    if (counted.empty() && name.rfind("optim.state.", 0) == 0 && name.size() > suffix.size() &&
+        name.compare(name.size() - suffix.size(), suffix.size(), suffix) == 0 &&
+        entry.dtype == DType::I64 && entry.shape.empty())
+      counted = name;
+  }
+  if (counted.empty()) return;  // an optimizer without a step count (SGD)
+  const int64_t optimizer_steps = reader.read(counted).to_vector<int64_t>().at(0);
+  if (optimizer_steps == meta.step || (scaled && optimizer_steps >= 0 && optimizer_steps < meta.step))
+    return;
+  tag::kCheckpoint.fail(checkpoint.string(), ": meta.json records step ", meta.step,
+                        ", but the optimizer state has taken ", optimizer_steps, " steps (",
+                        counted, "; a meta.json of another checkpoint?); use a checkpoint as it "
+                        "was saved");
+}
+
 TrainCheckpoints::TrainCheckpoints(const TrainOptions& options, strategies::Strategy& strategy)
     : options_(options), strategy_(strategy) {
-  if (!options.checkpoint_dir.empty()) directory_.emplace(options.checkpoint_dir);
+  if (!options.checkpoint_dir.empty()) {
+    directory_.emplace(options.checkpoint_dir);
+    if (strategy.is_global_zero()) lock_.emplace(options.checkpoint_dir);
+  }
   if (options.save_every < 0)
     tag::kTrainGpt.fail("--save-every must be >= 0, got ", options.save_every);
   if (options.save_every > 0 && !directory_)
@@ -113,6 +146,7 @@ int64_t TrainCheckpoints::open(nn::GPT& model) {
                         options_.steps);
   }
   resume_from_ = std::make_unique<strategies::checkpoint::CheckpointReader>(checkpoint);
+  check_train_step(meta, *resume_from_);
   strategies::checkpoint::check_model(*resume_from_, strategy_, model);
   if (strategy_.is_global_zero()) {
     std::printf("train_gpt: resuming from %s (%lld steps done, saved by %s on %d rank(s))\n",
@@ -196,10 +230,7 @@ void TrainCheckpoints::write(const Snapshot& snap, int rank, int world, bool wai
     save_checked(staging / ckpt::kModelFile, snap.weights, snap.model_metadata);
   ckpt::write_pieces(staging / ckpt::rank_file(rank), snap.pieces);
   if (rank == 0) {
-    std::ofstream out(staging / "meta.json");
-    out << snap.meta.dump(1) << "\n";
-    out.close();
-    if (!out) fail("writing ", (staging / "meta.json").string(), " failed");
+    write_file_atomically(staging / ckpt::kMetaFile, snap.meta.dump(1) + "\n", tag::kCheckpoint);
   }
   if (!wait_for_ranks || world == 1) return;
   const fs::path mine = staging / (".rank-" + std::to_string(rank) + ".written");

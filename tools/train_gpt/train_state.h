@@ -52,6 +52,11 @@ struct TrainMeta {
 // positive, ...). Throws loom::Error naming meta.json, the field, its value and what is
 // expected. Fields it does not know are left alone.
 TrainMeta check_train_meta(const strategies::checkpoint::CheckpointMeta& meta);
+// Checks that the steps meta.json says were done are the steps the rest of the checkpoint
+// says: its directory's name (step-N) and its optimizer's step count (AdamW's per-parameter
+// `step`: equal, or at most meta's when a loss scaler skipped steps). A meta.json copied from
+// another checkpoint is then refused, naming both counts. Throws loom::Error.
+void check_train_step(const TrainMeta& meta, strategies::checkpoint::CheckpointReader& reader);
 
 class TrainCheckpoints {
  public:
@@ -89,6 +94,7 @@ class TrainCheckpoints {
   const TrainOptions& options_;
   strategies::Strategy& strategy_;
   std::optional<strategies::checkpoint::Directory> directory_;
+  std::optional<strategies::checkpoint::DirectoryLock> lock_;  // rank 0's, while it runs
   std::unique_ptr<strategies::checkpoint::CheckpointReader> resume_from_;
   std::thread writer_;           // the asynchronous save in flight, if any
   std::string writer_error_;     // its failure, reported by finish()
