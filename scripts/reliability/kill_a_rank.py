@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Kill one rank of a small Loom job and check what the survivors and the launcher do.
+"""Kill (or stop) one rank of a small Loom job and check what the survivors and the launcher do.
 
 Trial after trial this script starts a multi-process Loom job, SIGKILLs exactly one rank at
 a random moment (during setup, mid-run or near the end) and records, for every surviving
@@ -9,7 +9,7 @@ no process (every process of a job carries a unique environment tag) and no new 
 entry that no live process maps. Whatever happens, the job's processes are killed
 (killpg) at the end of the trial.
 
-Workloads, chosen round-robin:
+Workloads of the kill trials, chosen round-robin:
   * loom-perf COLLECTIVE (allreduce, broadcast, reduce, all_gather, reduce_scatter,
     all_to_all, sendrecv, barrier) on 2 and 3 ranks, shm backend, 8 B to 2 MiB,
     `--timeout 10`, started by loomrun (or by `loom-perf --np`, see --launcher);
@@ -17,7 +17,7 @@ Workloads, chosen round-robin:
 Before its first trial each workload runs once without a kill; its iteration (step) count
 is scaled so that a run lasts about --target-s seconds, and that run must succeed.
 
-A trial fails when: the launcher exits 0; the launcher's own messages do not name the
+A kill trial fails when: the launcher exits 0; the launcher's own messages do not name the
 killed rank; a survivor or the launcher is still running TIMEOUT_S + 1 s after the kill; a
 survivor exits with an error code of its own without naming the dead rank (naming a peer
 that "gave up on the group" counts when that peer's own error names the dead rank); or a
@@ -26,12 +26,23 @@ launcher's SIGTERM before it noticed is not expected to name anything. A trial w
 rank ended on its own before the kill landed is skipped and run again (at most twice more,
 planned with the shorter run time it showed).
 
+Stop trials (--stops, "stop" in the report) SIGSTOP one rank mid-run instead: it stays alive
+(its pid is there, it holds its segments) but never answers, which only a deadline catches.
+Workloads: train_gpt --timeout 3 (the collective timeout) on 2 ranks, self-spawned under
+ddp_spawn and under deepspeed_stage_3 (the stopped rank is the spawned one: stopping the
+job's own first process stops the job itself, which nothing inside it can undo), and
+under loomrun with --strategy ddp (any rank). The whole job must exit non-zero within the
+3 s timeout plus STOP_GRACE_S (15 s: the survivors' own exit, a launcher's SIGTERM-to-SIGKILL
+grace of 5 s, a spawner's kill of the stopped rank), and then nothing of the job may be left:
+no process (the stopped rank included: its launcher or spawner must kill it) and no new
+/dev/shm entry. The stopped rank is sent SIGCONT and SIGKILL in the clean-up.
+
 The programs are copied from --build first (and waited for while being relinked), so that
 a concurrent rebuild cannot change them mid-run; the build time of the copies is printed.
 
-train_gpt has no collective-timeout flag or variable (StrategyOptions::timeout keeps
-comm::kDefaultTimeout, 5 min); its survivors are bounded by loomrun, which stops the other
-ranks (SIGTERM, then SIGKILL after its 5 s grace period) as soon as one fails.
+The kill trials' train_gpt runs without --timeout (the default 300 s): its survivors are
+bounded by loomrun, which stops the other ranks (SIGTERM, then SIGKILL after its 5 s grace
+period) as soon as one fails.
 
 Exit statuses of survivors (grandchildren of this script) are read with the pidfd
 PIDFD_GET_INFO ioctl (PIDFD_INFO_EXIT, Linux 6.15+); on older kernels they read "unknown".
@@ -39,8 +50,11 @@ PIDFD_GET_INFO ioctl (PIDFD_INFO_EXIT, Linux 6.15+); on older kernels they read 
 Usage (from the repository root; Python 3 standard library only, Linux, run as the same
 user as the job):
   python3 scripts/reliability/kill_a_rank.py [--build build/release] [--trials 60]
-      [--seed S] [--json OUT.json] [--launcher loomrun|np] [--target-s 2.0]
-Exit status: 0 when every trial passed, 1 otherwise.
+      [--stops 6] [--seed S] [--json OUT.json] [--launcher loomrun|np] [--target-s 2.0]
+  python3 scripts/reliability/kill_a_rank.py --ci      # CI: seed 20261202, 22 kills on 7
+                                                       # workloads and 3 stops (< 2 min)
+Exit status: 0 when every trial passed, 1 otherwise. The last line is one summary line
+(trials, kills, stops, failures, seconds).
 """
 
 from __future__ import annotations
@@ -71,6 +85,13 @@ BOUND_S = TIMEOUT_S + 1.0  # everything must have exited this long after the kil
 OBSERVE_EXTRA_S = 4.0      # keep watching past the bound, to see how late a straggler is
 DISCOVERY_TIMEOUT_S = 10.0
 MOMENTS = ["setup", "mid", "end"]
+STOP_TIMEOUT_S = 3.0       # train_gpt --timeout of the stop trials
+STOP_GRACE_S = 15.0        # ... plus this: the whole job must be gone
+STOP_BOUND_S = STOP_TIMEOUT_S + STOP_GRACE_S
+STOP_SCALE = 3             # a stop workload runs this many times its calibrated steps
+CI_SEED = 20261202
+CI_KILLS = 22              # --ci: at least 20 kills even if two trials end up skipped
+CI_STOPS = 3
 SKIP_RETRIES = 2           # a trial whose rank ended before the kill is run again
 TAG_VAR = "LOOM_KILL_A_RANK_TAG"
 # Variables a launcher sets for its ranks: never inherited from our environment, so that a
@@ -94,19 +115,25 @@ class Workload:
     name: str
     program: str          # "loom-perf" or "train_gpt"
     world: int
-    launcher: str         # "loomrun" or "np" (loom-perf --np)
+    launcher: str         # "loomrun", "np" (loom-perf --np) or "self" (train_gpt spawns)
     collective: str = ""
     scale: int = 100      # loom-perf -n, or train_gpt --steps
     duration_s: float = 0.0  # of an unkilled run, once calibrated
     setup_s: float = 0.2     # until every rank attached the shm segment (unkilled run)
+    strategy: str = "ddp"    # train_gpt's
+    action: str = "kill"     # what its trials do to a rank: "kill" or "stop"
 
     def command(self, build: Path) -> list[str]:
         tools = build / "tools"
         if self.program == "train_gpt":
-            program = [str(tools / "train_gpt" / "train_gpt"), "--strategy", "ddp",
+            program = [str(tools / "train_gpt" / "train_gpt"), "--strategy", self.strategy,
                        "--layers", "1", "--heads", "1", "--embd", "32", "--ctx", "32",
                        "--batch", "4", "--steps", str(self.scale),
                        "--process-group-backend", "shm"]
+            if self.action == "stop":
+                program += ["--timeout", f"{STOP_TIMEOUT_S:g}"]
+            if self.launcher == "self":
+                return program + ["--devices", str(self.world)]
         else:
             program = [str(tools / "loom_perf" / "loom-perf"), self.collective,
                        "--backend", "shm", "-b", "8", "-e", "2M", "-f", "8",
@@ -153,6 +180,22 @@ def make_workloads(launcher: str) -> list[Workload]:
     workloads.append(Workload(name="train_gpt ddp x2", program="train_gpt", world=2,
                               launcher="loomrun", scale=300))
     return workloads
+
+
+def make_stop_workloads() -> list[Workload]:
+    return [Workload(name="stop: train_gpt ddp_spawn x2", program="train_gpt", world=2,
+                     launcher="self", strategy="ddp_spawn", scale=300, action="stop"),
+            Workload(name="stop: train_gpt zero3 x2", program="train_gpt", world=2,
+                     launcher="self", strategy="deepspeed_stage_3", scale=300, action="stop"),
+            Workload(name="stop: train_gpt ddp x2 loomrun", program="train_gpt", world=2,
+                     launcher="loomrun", strategy="ddp", scale=300, action="stop")]
+
+
+# --ci's kill workloads: 2 and 3 ranks, the ring, the one-to-all, the pairwise and the
+# barrier paths, and train_gpt (about a third of the full set's calibration time).
+CI_KILL_WORKLOADS = ["loom-perf allreduce x2", "loom-perf broadcast x3",
+                     "loom-perf reduce_scatter x3", "loom-perf all_to_all x2",
+                     "loom-perf sendrecv x2", "loom-perf barrier x3", "train_gpt ddp x2"]
 
 
 # ----------------------------------------------------------------------------- /proc
@@ -293,10 +336,12 @@ def start_job(command: list[str], tag: str, out_dir: Path) -> tuple[subprocess.P
     return proc, start
 
 
-def discover_ranks(launcher: subprocess.Popen, world: int) -> dict[int, int]:
-    """rank -> pid of the launcher's children once each has exec'ed (has RANK set)."""
+def discover_ranks(launcher: subprocess.Popen, world: int,
+                   self_spawned: bool = False) -> dict[int, int]:
+    """rank -> pid of the launcher's children once each has exec'ed (has RANK set); of a
+    self-spawned job (train_gpt --strategy ddp_spawn ...) the launcher itself is rank 0."""
     deadline = time.monotonic() + DISCOVERY_TIMEOUT_S
-    ranks: dict[int, int] = {}
+    ranks: dict[int, int] = {0: launcher.pid} if self_spawned else {}
     while time.monotonic() < deadline and launcher.poll() is None:
         for pid in child_pids(launcher.pid):
             rank = environ_of(pid).get("RANK")
@@ -437,6 +482,7 @@ class Trial:
     skipped: str = ""
     attempt: int = 1
     stderr_tail: str = ""
+    action: str = "kill"         # "kill" (SIGKILL) or "stop" (SIGSTOP)
 
     @property
     def verdict(self) -> str:
@@ -583,6 +629,128 @@ def run_trial(index: int, workload: Workload, moment: str, build: Path,
     return trial
 
 
+def run_stop_trial(index: int, workload: Workload, build: Path, rng: random.Random,
+                   work_dir: Path) -> Trial:
+    """SIGSTOPs one rank mid-run (a spawned one of a self-spawned job) and checks that the
+    whole job exits non-zero within STOP_BOUND_S and leaves nothing behind."""
+    out_dir = Path(tempfile.mkdtemp(prefix=f"trial-{index:03d}-", dir=work_dir))
+    # rank 0 logs every step as it ends (flushed): tells a stop after the last step
+    command = workload.command(build) + ["--metrics", str(out_dir / "metrics.jsonl")]
+    trial = Trial(index=index, workload=workload.name, command=command, moment="mid",
+                  planned_s=plan_kill("mid", workload, rng), action="stop")
+    self_spawned = workload.launcher == "self"
+    victim = rng.randrange(1 if self_spawned else 0, workload.world)
+    tag = uuid.uuid4().hex
+    shm_before = shm_entries()
+    launcher, start = start_job(command, tag, out_dir)
+    ranks = discover_ranks(launcher, workload.world, self_spawned)
+    trial.ranks_found_s = time.monotonic() - start
+    rank_fds = open_pidfds({r: p for r, p in ranks.items() if not (self_spawned and r == 0)})
+    stopped_at = None
+    try:
+        if len(ranks) == workload.world and victim in rank_fds:
+            trial.killed_rank, trial.killed_pid = victim, ranks[victim]
+            delay = max(0.0, start + trial.planned_s - time.monotonic())
+            if select.select([rank_fds[victim]], [], [], delay)[0]:
+                trial.rank_ended_s = time.monotonic() - start
+                trial.skipped = (f"the chosen rank ended {trial.rank_ended_s:.3f} s after start, "
+                                 "before the stop was due")
+                workload.duration_s = trial.rank_ended_s
+            else:
+                signal.pidfd_send_signal(rank_fds[victim], signal.SIGSTOP)
+                stopped_at = time.monotonic()
+                trial.kill_s = stopped_at - start
+        else:
+            trial.failures.append(f"found only ranks {sorted(ranks)} of {workload.world} "
+                                  f"(launcher: {launcher.poll()})")
+        if stopped_at is not None:
+            launcher_fd = os.pidfd_open(launcher.pid)
+            exited = watch_exits({"job": launcher_fd}, stopped_at + STOP_BOUND_S)
+            os.close(launcher_fd)
+            if "job" in exited:
+                launcher.wait()
+                if launcher.returncode < 0:
+                    status = f"killed by {signal.Signals(-launcher.returncode).name}"
+                else:
+                    status = f"exit {launcher.returncode}"
+                trial.exits.append(Exit(role="job", pid=launcher.pid, status=status,
+                                        after_kill_s=exited["job"] - stopped_at))
+                if launcher.returncode == 0:
+                    trial.failures.append("the job exited 0 although a rank was stopped")
+                # the job's processes get a moment to go (a launcher's last SIGKILL lands)
+                deadline = time.monotonic() + 1.0
+                while tagged_processes(tag) and time.monotonic() < deadline:
+                    time.sleep(0.05)
+                trial.leftover_processes = [describe_process(p)
+                                            for p in tagged_processes(tag)]
+            else:
+                trial.exits.append(Exit(role="job", pid=launcher.pid, status="still running",
+                                        after_kill_s=None))
+                trial.failures.append(f"the job was still running {STOP_BOUND_S:g} s after "
+                                      f"rank {victim} was stopped (bound: --timeout "
+                                      f"{STOP_TIMEOUT_S:g} s + {STOP_GRACE_S:g} s)")
+                trial.leftover_processes = [describe_process(p)
+                                            for p in tagged_processes(tag)]
+    finally:
+        if victim in rank_fds:  # let the stopped rank go: SIGCONT, then SIGKILL
+            for sig in (signal.SIGCONT, signal.SIGKILL):
+                try:
+                    signal.pidfd_send_signal(rank_fds[victim], sig)
+                except OSError:
+                    pass
+        clean_up(launcher, rank_fds, tag)
+    leaked = leaked_shm(shm_before)
+    stderr = (out_dir / "stderr.txt").read_text(errors="replace")
+    trial.stderr_tail = tail(stderr)
+    finished = finished_before_stop(out_dir, rank_fds, victim, self_spawned, workload.scale)
+    if stopped_at is not None and finished:
+        # no collective was left to time out: the job waits for the stopped rank for ever,
+        # as any launcher would; plan the next try earlier
+        trial.skipped = f"{finished} had finished its run when the stop landed"
+        trial.failures.clear()
+        trial.exits.clear()
+        workload.duration_s = stopped_at - start
+        stopped_at = None
+    if stopped_at is not None:
+        trial.leftover_shm = leaked
+        named = str(victim) in PEER_RE.findall(stderr) or \
+            str(trial.killed_pid) in PID_RE.findall(stderr)
+        trial.exits[0].names_dead_rank = "yes" if named else "no"
+        if trial.leftover_processes:
+            trial.failures.append(f"{len(trial.leftover_processes)} process(es) left running")
+        if trial.leftover_shm:
+            trial.failures.append(f"/dev/shm entries left: {', '.join(trial.leftover_shm)}")
+    for fd in rank_fds.values():
+        os.close(fd)
+    return trial
+
+
+def finished_before_stop(out_dir: Path, rank_fds: dict[int, int], victim: int,
+                         self_spawned: bool, steps: int) -> str:
+    """Which other rank, if any, had completed its training before the stop landed: it
+    exited 0, logged its last step in --metrics (rank 0), or printed train_gpt's closing
+    summary line (loomrun prefixes a rank's lines with "[R] "; a self-spawned job's rank 0
+    prints unprefixed)."""
+    if victim != 0:
+        try:
+            logged = (out_dir / "metrics.jsonl").read_text().count("\n")
+        except OSError:
+            logged = 0
+        if logged >= steps:
+            return f"rank 0 (logged all {steps} steps)"
+    for rank, fd in rank_fds.items():
+        status = exit_status(fd)
+        if rank != victim and status is not None and os.WIFEXITED(status) \
+                and os.WEXITSTATUS(status) == 0:
+            return f"rank {rank} (exit 0)"
+    stdout = (out_dir / "stdout.txt").read_text(errors="replace")
+    for m in re.finditer(r"^(?:\[(\d+)\] )?summary: ", stdout, re.M):
+        rank = int(m.group(1)) if m.group(1) else (0 if self_spawned else -1)
+        if rank != victim:
+            return f"rank {rank} (its summary line)"
+    return ""
+
+
 # ----------------------------------------------------------------------------- calibration
 
 @dataclasses.dataclass
@@ -639,8 +807,9 @@ def print_trial_line(trial: Trial) -> None:
         f"{e.role} {e.status} +{e.after_kill_s:.3f}s" if e.after_kill_s is not None
         else f"{e.role} {e.status}" for e in trial.exits)
     again = f" (attempt {trial.attempt})" if trial.attempt > 1 else ""
-    print(f"[{trial.index:3d}] {trial.verdict:4s}{again} {trial.workload:28s} {trial.moment:5s} "
-          f"kill rank {trial.killed_rank} at {kill}s | {exits or trial.skipped}", flush=True)
+    print(f"[{trial.index:3d}] {trial.verdict:4s}{again} {trial.workload:32s} {trial.moment:5s} "
+          f"{trial.action} rank {trial.killed_rank} at {kill}s | {exits or trial.skipped}",
+          flush=True)
 
 
 def print_summary(trials: list[Trial], baseline_errors: list[str]) -> None:
@@ -650,19 +819,26 @@ def print_summary(trials: list[Trial], baseline_errors: list[str]) -> None:
         row = counts.setdefault(t.workload, {"trials": 0, "pass": 0, "fail": 0, "skip": 0})
         row["trials"] += 1
         row[t.verdict] += 1
-    print(f"{'workload':30s} trials  pass  fail  skip")
+    print(f"{'workload':34s} trials  pass  fail  skip")
     for name, row in counts.items():
-        print(f"{name:30s} {row['trials']:6d} {row['pass']:5d} {row['fail']:5d} {row['skip']:5d}")
+        print(f"{name:34s} {row['trials']:6d} {row['pass']:5d} {row['fail']:5d} {row['skip']:5d}")
     total = {k: sum(r[k] for r in counts.values()) for k in ("trials", "pass", "fail", "skip")}
-    print(f"{'total':30s} {total['trials']:6d} {total['pass']:5d} {total['fail']:5d} "
+    print(f"{'total':34s} {total['trials']:6d} {total['pass']:5d} {total['fail']:5d} "
           f"{total['skip']:5d}")
+    stops = [e.after_kill_s for t in trials if t.action == "stop" and not t.skipped
+             for e in t.exits if e.after_kill_s is not None]
+    if stops:
+        stops.sort()
+        print(f"\nstop trials: the job exited {stops[len(stops) // 2]:.2f} s (median), "
+              f"{stops[-1]:.2f} s (max) after the stop (bound {STOP_BOUND_S:g} s)")
     print_survivor_tally(trials)
     for error in baseline_errors:
         print(f"\nBASELINE FAILURE: {error}")
     for t in trials:
         if t.verdict != "fail":
             continue
-        kill = "not killed" if t.kill_s is None else f"killed {t.kill_s:.3f} s after start"
+        done = "killed" if t.action == "kill" else "stopped"
+        kill = f"not {done}" if t.kill_s is None else f"{done} {t.kill_s:.3f} s after start"
         print(f"\nFAILURE trial {t.index}: {t.workload}, {t.moment}, rank {t.killed_rank} "
               f"(pid {t.killed_pid}) {kill} (ranks found at {t.ranks_found_s:.3f} s)")
         print("  command: " + " ".join(t.command))
@@ -681,7 +857,7 @@ def print_survivor_tally(trials: list[Trial]) -> None:
     """How the surviving ranks of the trials with a kill ended, and whether they named it."""
     tally: dict[str, int] = {}
     for t in trials:
-        if t.kill_s is None or t.skipped:
+        if t.kill_s is None or t.skipped or t.action != "kill":
             continue
         for e in t.exits:
             if e.role.startswith("rank ") and e.role != f"rank {t.killed_rank}":
@@ -694,6 +870,7 @@ def print_survivor_tally(trials: list[Trial]) -> None:
 
 def write_json(path: Path, trials: list[Trial], baseline_errors: list[str], seed: int) -> None:
     data = {"seed": seed, "timeout_s": TIMEOUT_S, "bound_s": BOUND_S,
+            "stop_timeout_s": STOP_TIMEOUT_S, "stop_bound_s": STOP_BOUND_S,
             "baseline_errors": baseline_errors,
             "trials": [dict(dataclasses.asdict(t), verdict=t.verdict) for t in trials]}
     path.write_text(json.dumps(data, indent=2))
@@ -705,46 +882,76 @@ def parse_args() -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--build", type=Path, default=Path("build/release"),
                         help="build directory holding tools/ (default: build/release)")
-    parser.add_argument("--trials", type=int, default=60)
+    parser.add_argument("--trials", type=int, default=60, help="kill trials (default 60)")
+    parser.add_argument("--stops", type=int, default=6,
+                        help="stop trials, round-robin over the 3 stop workloads (default 6)")
     parser.add_argument("--seed", type=int, default=None, help="default: random, printed")
     parser.add_argument("--json", type=Path, help="also write every trial here")
     parser.add_argument("--launcher", choices=["loomrun", "np"], default="loomrun",
-                        help="what starts the loom-perf ranks (train_gpt always uses loomrun)")
-    parser.add_argument("--target-s", type=float, default=2.0,
-                        help="about how long an unkilled run should last (default 2)")
+                        help="what starts the loom-perf ranks (the train_gpt kill workload always "
+                             "uses loomrun)")
+    parser.add_argument("--target-s", type=float, default=None,
+                        help="about how long an unkilled run should last (default 2; 1 with "
+                             "--ci)")
+    parser.add_argument("--ci", action="store_true",
+                        help=f"CI: seed {CI_SEED}, {CI_KILLS} kills on {len(CI_KILL_WORKLOADS)} "
+                             f"workloads, {CI_STOPS} stops (under 2 minutes)")
     parser.add_argument("--keep-logs", action="store_true",
                         help="keep every trial's stdout/stderr (the folder is printed)")
     return parser.parse_args()
 
 
+def plan_trials(args: argparse.Namespace) -> list[tuple[Workload, str]]:
+    """(workload, moment) of every trial, in order: the kills round-robin over the kill
+    workloads (moments cycling setup, mid, end by round), then the stops round-robin over
+    the stop workloads (always mid-run)."""
+    kills = make_workloads(args.launcher)
+    if args.ci:
+        kills = [w for name in CI_KILL_WORKLOADS for w in kills if w.name == name]
+    stops = make_stop_workloads()
+    plan = [(kills[i % len(kills)], MOMENTS[(i // len(kills)) % len(MOMENTS)])
+            for i in range(args.trials)]
+    return plan + [(stops[i % len(stops)], "mid") for i in range(args.stops)]
+
+
 def main() -> int:
     args = parse_args()
+    started = time.monotonic()
+    if args.ci:
+        args.trials, args.stops = CI_KILLS, CI_STOPS
+        args.seed = CI_SEED if args.seed is None else args.seed
+    target_s = args.target_s or (1.0 if args.ci else 2.0)
     seed = args.seed if args.seed is not None else int.from_bytes(os.urandom(4), "little")
     rng = random.Random(seed)
     work_dir = Path(tempfile.mkdtemp(prefix="kill_a_rank-"))
-    print(f"kill_a_rank: {args.trials} trials, seed {seed}, bound {BOUND_S:g} s, "
-          f"logs in {work_dir}", flush=True)
+    print(f"kill_a_rank{' (ci)' if args.ci else ''}: {args.trials} kill and {args.stops} stop "
+          f"trials, seed {seed}, bound {BOUND_S:g} s (stops: {STOP_BOUND_S:g} s), logs in "
+          f"{work_dir}", flush=True)
     programs = snapshot_programs(args.build, work_dir / "programs")
     for relative in PROGRAMS:
         built = time.localtime((programs / relative).stat().st_mtime)
         print(f"  testing a copy of {args.build / relative}, built "
               f"{time.strftime('%Y-%m-%d %H:%M:%S', built)}", flush=True)
-    workloads = make_workloads(args.launcher)
     baseline_errors: list[str] = []
     trials: list[Trial] = []
     try:
-        for index in range(args.trials):
-            workload = workloads[index % len(workloads)]
+        for index, (workload, moment) in enumerate(plan_trials(args)):
             if workload.duration_s == 0.0:
-                error = calibrate(workload, programs, work_dir, args.target_s)
+                error = calibrate(workload, programs, work_dir, target_s)
                 print(f"      calibrated {workload.name}: scale {workload.scale}, "
                       f"{workload.duration_s:.2f} s, set-up {workload.setup_s:.3f} s"
                       + (" FAILED" if error else ""), flush=True)
                 if error:
                     baseline_errors.append(error)
-            moment = MOMENTS[(index // len(workloads)) % len(MOMENTS)]
+                if workload.action == "stop":
+                    # three times the steps, the stop still planned in the calibrated run's
+                    # middle: it lands mid-run even if the machine gets 3x faster
+                    workload.scale *= STOP_SCALE
             for attempt in range(1 + SKIP_RETRIES):  # a skipped trial is tried again
-                trial = run_trial(index, workload, moment, programs, rng, work_dir)
+                if workload.action == "stop":
+                    trial = run_stop_trial(index, workload, programs, rng, work_dir)
+                else:
+                    trial = run_trial(index, workload, moment, programs, rng, work_dir)
                 trial.attempt = attempt + 1
                 print_trial_line(trial)
                 if trial.verdict != "skip":
@@ -756,8 +963,20 @@ def main() -> int:
     print_summary(trials, baseline_errors)
     if args.json:
         write_json(args.json, trials, baseline_errors, seed)
-    failed = baseline_errors or any(t.verdict == "fail" for t in trials)
-    return 1 if failed else 0
+    kills = sum(1 for t in trials if t.action == "kill" and t.kill_s is not None)
+    stops = sum(1 for t in trials if t.action == "stop" and t.kill_s is not None)
+    failed = sum(1 for t in trials if t.verdict == "fail") + len(baseline_errors)
+    short = []
+    if args.ci and kills < 20:
+        short.append(f"only {kills} kills landed (CI needs 20)")
+    if args.ci and stops < 2:
+        short.append(f"only {stops} stops landed (CI needs 2)")
+    for line in short:
+        print(f"\nCI FAILURE: {line}")
+    elapsed = time.monotonic() - started
+    print(f"\nkill_a_rank{' ci' if args.ci else ''}: {len(trials)} trials, {kills} kills, "
+          f"{stops} stops, {failed} failed, {elapsed:.0f} s")
+    return 1 if failed or short else 0
 
 
 if __name__ == "__main__":

@@ -177,6 +177,8 @@ int convert(const fs::path& source, const fs::path& target, const std::string& t
   if (to == "sharded" && world < 1) fail("loom-ckpt convert --to sharded needs --world-size N >= 1");
   CheckpointReader reader(source);
   nlohmann::json meta = read_meta(source);
+  if (meta.at("format") == train_gpt::kCheckpointFormat)  // a stale meta.json is not copied on
+    train_gpt::check_train_step(train_gpt::check_train_meta(CheckpointMeta(source)), reader);
   const fs::path staging = target.string() + ".partial";
   fs::remove_all(staging);
   fs::create_directories(staging);

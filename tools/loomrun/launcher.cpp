@@ -39,8 +39,10 @@ constexpr int kPollCapMs = 250;  // also reaps ranks whose SIGCHLD bytes were me
 constexpr size_t kReadChunk = 64 * 1024;
 constexpr int kReadsPerWakeup = 16;  // so one chatty rank cannot starve the others
 
+// At most 1e9 s (about 31 years): --timeout inf or 1e30 would overflow the clock's count (and
+// end the job at once); that long is as good as no limit.
 std::chrono::milliseconds seconds(double s) {
-  return std::chrono::milliseconds(static_cast<int64_t>(s * 1000.0));
+  return std::chrono::milliseconds(static_cast<int64_t>(std::min(s, 1e9) * 1000.0));
 }
 
 int ms_until(Clock::time_point when) {

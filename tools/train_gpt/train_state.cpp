@@ -68,15 +68,24 @@ void check_train_step(const TrainMeta& meta, strategies::checkpoint::CheckpointR
                           ", but the directory is the checkpoint of step ", *step,
                           " (a meta.json of another checkpoint?); use a checkpoint as it was saved");
   }
-  bool scaled = false;
+  bool scaled = false, adam_moments = false;
   std::string counted;  // an optimizer state tensor that counts the steps
   for (const auto& [name, entry] : reader.index().tensors) {
     if (name.rfind("scaler.", 0) == 0) scaled = true;
+    if (name.rfind("optim.state.", 0) == 0 && name.ends_with(".exp_avg")) adam_moments = true;
     const std::string suffix = ".step";
     if (counted.empty() && name.rfind("optim.state.", 0) == 0 && name.size() > suffix.size() &&
         name.compare(name.size() - suffix.size(), suffix.size(), suffix) == 0 &&
         entry.dtype == DType::I64 && entry.shape.empty())
       counted = name;
+  }
+  // The optimizer meta.json names must be the one whose state is there: AdamW's moments (which
+  // a run whose every step a loss scaler skipped has not made yet).
+  const bool adamw = meta.optimizer == "adamw";
+  if ((adam_moments && !adamw) || (!adam_moments && adamw && !scaled)) {
+    tag::kCheckpoint.fail(checkpoint.string(), ": meta.json says the optimizer is ", meta.optimizer,
+                          ", but the state holds ", adam_moments ? "" : "no ",
+                          "AdamW moments (exp_avg); use a checkpoint as it was saved");
   }
   if (counted.empty()) return;  // an optimizer without a step count (SGD)
   const int64_t optimizer_steps = reader.read(counted).to_vector<int64_t>().at(0);

@@ -55,7 +55,8 @@ TrainMeta check_train_meta(const strategies::checkpoint::CheckpointMeta& meta);
 // Checks that the steps meta.json says were done are the steps the rest of the checkpoint
 // says: its directory's name (step-N) and its optimizer's step count (AdamW's per-parameter
 // `step`: equal, or at most meta's when a loss scaler skipped steps). A meta.json copied from
-// another checkpoint is then refused, naming both counts. Throws loom::Error.
+// another checkpoint is then refused, naming both counts; so is one naming another optimizer
+// than the state's (AdamW's moments, or none). Throws loom::Error.
 void check_train_step(const TrainMeta& meta, strategies::checkpoint::CheckpointReader& reader);
 
 class TrainCheckpoints {
