@@ -81,6 +81,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable, Iterable, Optional
 
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from snapshot import copy_settled  # noqa: E402
+
 # ---------------------------------------------------------------------------------------------
 # Cases and outcomes
 # ---------------------------------------------------------------------------------------------
@@ -2530,19 +2533,8 @@ def snapshot_tools(build: Path, root: Path, wait_s: float = 300.0) -> dict[str, 
     deadline = time.monotonic() + wait_s
     for name, relative in TOOLS.items():
         source = build / relative
-        while True:
-            try:
-                info = source.stat()
-                settled = info.st_size > 0 and time.time() - info.st_mtime > 5
-            except OSError:
-                settled = False
-            if settled:
-                break
-            if time.monotonic() > deadline:
-                sys.exit(f"bad_inputs: {source} is missing; build Loom first")
-            time.sleep(2.0)
         tools[name] = root / "bin" / source.name
-        shutil.copy2(source, tools[name])
+        copy_settled(source, tools[name], deadline, "bad_inputs")
     return tools
 
 

@@ -77,6 +77,9 @@ import time
 import uuid
 from pathlib import Path
 
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from snapshot import copy_settled  # noqa: E402
+
 COLLECTIVES = ["allreduce", "broadcast", "reduce", "all_gather", "reduce_scatter",
                "all_to_all", "sendrecv", "barrier"]
 PERF_WORLD_SIZES = [2, 3]
@@ -154,22 +157,7 @@ def snapshot_programs(build: Path, dest: Path, wait_s: float = 300.0) -> Path:
     for. Returns `dest`."""
     deadline = time.monotonic() + wait_s
     for relative in PROGRAMS:
-        source, target = build / relative, dest / relative
-        target.parent.mkdir(parents=True, exist_ok=True)
-        while True:
-            try:
-                info = source.stat()
-                settled = info.st_size > 0 and time.time() - info.st_mtime > 5
-            except OSError:
-                settled = False
-            if settled:
-                shutil.copy2(source, target)
-                check = subprocess.run([str(target), "--help"], capture_output=True)
-                if check.returncode == 0:
-                    break
-            if time.monotonic() > deadline:
-                sys.exit(f"kill_a_rank: {source} is missing or not runnable")
-            time.sleep(1.0)
+        copy_settled(build / relative, dest / relative, deadline, "kill_a_rank")
     return dest
 
 

@@ -10,7 +10,7 @@ from torch.nn.parallel import DistributedDataParallel
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from gpt import make_model  # noqa: E402
-from harness import (adamw, finish_gloo, init_gloo, mean_over_ranks, parse_args,  # noqa: E402
+from harness import (adamw, finish_gloo, init_gloo, mean_over_ranks, parse_args, plain_step,  # noqa: E402
                      report, timed_steps)
 
 a = parse_args()
@@ -18,14 +18,7 @@ rank, world = init_gloo()
 model = DistributedDataParallel(make_model(a.cfg))
 opt = adamw(model.parameters(), a)
 
-
-def step(x, y):
-    opt.zero_grad(set_to_none=True)
-    loss = model(x, y)
-    loss.backward()
-    opt.step()
-    return loss
-
+step = plain_step(model, opt)
 
 step_ms, losses = timed_steps(a, rank * a.batch, step, lambda s, loss: mean_over_ranks(loss, world))
 report("ddp", a, rank, world, step_ms, losses)

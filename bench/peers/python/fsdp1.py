@@ -24,7 +24,7 @@ from torch.distributed.fsdp.wrap import ModuleWrapPolicy
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from gpt import Block, make_model  # noqa: E402
-from harness import (adamw, finish_gloo, init_gloo, mean_over_ranks, parse_args,  # noqa: E402
+from harness import (adamw, finish_gloo, init_gloo, mean_over_ranks, parse_args, plain_step,  # noqa: E402
                      report, timed_steps)
 
 a = parse_args(default_variant="FULL_SHARD")
@@ -52,14 +52,7 @@ if rank == 0 and not a.variant.endswith("_explicit_pg"):
     print(model, flush=True)  # the wrapping, for the log
 opt = adamw(model.parameters(), a)
 
-
-def step(x, y):
-    opt.zero_grad(set_to_none=True)
-    loss = model(x, y)
-    loss.backward()
-    opt.step()
-    return loss
-
+step = plain_step(model, opt)
 
 step_ms, losses = timed_steps(a, rank * a.batch, step, lambda s, loss: mean_over_ranks(loss, world))
 report("fsdp1", a, rank, world, step_ms, losses)

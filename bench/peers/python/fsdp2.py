@@ -19,7 +19,7 @@ from torch.distributed.fsdp import CPUOffloadPolicy, MixedPrecisionPolicy, fully
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from gpt import make_model  # noqa: E402
-from harness import (adamw, finish_gloo, init_gloo, mean_over_ranks, parse_args,  # noqa: E402
+from harness import (adamw, finish_gloo, init_gloo, mean_over_ranks, parse_args, plain_step,  # noqa: E402
                      report, timed_steps)
 
 a = parse_args(lambda p: p.add_argument("--ckpt", default=""), default_variant="full")
@@ -42,14 +42,7 @@ if rank == 0:
     print("param0:", type(w).__name__, w.placements, w.to_local().shape, flush=True)
 opt = adamw(model.parameters(), a)
 
-
-def step(x, y):
-    opt.zero_grad(set_to_none=True)
-    loss = model(x, y)
-    loss.backward()
-    opt.step()
-    return loss
-
+step = plain_step(model, opt)
 
 step_ms, losses = timed_steps(a, rank * a.batch, step, lambda s, loss: mean_over_ranks(loss, world))
 if a.ckpt:

@@ -65,6 +65,18 @@ def adamw(params, a, **options):
                              **options)
 
 
+def plain_step(model, opt):
+    """The training step every data-parallel peer takes: zero the gradients, the loss of the
+    batch, backward, the optimizer's step. Returns step(x, y) -> loss."""
+    def step(x, y):
+        opt.zero_grad(set_to_none=True)
+        loss = model(x, y)
+        loss.backward()
+        opt.step()
+        return loss
+    return step
+
+
 def timed_steps(a, first_sample, step, record):
     """Runs a.steps steps. `step(x, y)` does one whole training step (gradients zeroed,
     forward, backward, optimizer) and returns the loss; only it is timed, the batch is made

@@ -14,7 +14,7 @@ import torch
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from gpt import make_model  # noqa: E402
-from harness import adamw, parse_args, report, timed_steps  # noqa: E402
+from harness import adamw, parse_args, plain_step, report, timed_steps  # noqa: E402
 
 
 def flags(p):
@@ -33,14 +33,7 @@ if a.save_init:
 opt = adamw(model.parameters(), a)
 forward = torch.compile(model) if a.compile else model
 
-
-def step(x, y):
-    opt.zero_grad(set_to_none=True)
-    loss = forward(x, y)
-    loss.backward()
-    opt.step()
-    return loss
-
+step = plain_step(forward, opt)
 
 step_ms, losses = timed_steps(a, 0, step, lambda s, loss: loss.item())
 report("single-compile" if a.compile else "single-eager", a, 0, 1, step_ms, losses,
