@@ -22,7 +22,8 @@ void register_backend(const std::string& name, BackendFactory factory, std::stri
 bool remove_backend(const std::string& name);
 // (name, description) of every registered backend, sorted by name.
 std::vector<std::pair<std::string, std::string>> available_backends();
-// Whether `name` is registered (ucx and hierarchical exist only in builds with UCX).
+// Whether `name` is registered (ucx exists only in builds with UCX, nccl in builds with NCCL;
+// hierarchical uses tcp between hosts, ucx where an RDMA device is: docs/multihost.md).
 bool backend_available(const std::string& name);
 // Throws loom::Error unless `name` is registered: naming the build option for a backend Loom
 // has but this build lacks, else listing the available names and the closest match.
@@ -40,8 +41,8 @@ struct BackendNeeds {
 
 // What "auto" means, decided here only (docs/multihost.md has the table): "nccl" for CUDA
 // tensors when every local rank has a GPU of its own (NCCL refuses two ranks on one GPU) and
-// the build has NCCL; else "hierarchical" for a multi-host group (loom::Error in a build
-// without UCX); else "shm", which stages CUDA tensors through pinned host memory.
+// the build has NCCL; else "hierarchical" for a multi-host group (in every build: tcp between
+// hosts where UCX is missing); else "shm", which stages CUDA tensors through pinned host memory.
 std::string resolve_auto_backend(const BackendNeeds& needs);
 
 }  // namespace loom::comm
