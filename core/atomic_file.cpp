@@ -8,7 +8,6 @@
 #include <atomic>
 #include <cerrno>
 #include <string>
-#include <system_error>
 
 #include "core/fault_points.h"
 #include "core/file_descriptor.h"
@@ -16,10 +15,6 @@
 namespace loom {
 
 namespace {
-
-std::string errno_text(int error) {
-  return std::system_category().message(error);
-}
 
 const char* kind_of(mode_t mode) {
   if (S_ISFIFO(mode)) return "a FIFO";

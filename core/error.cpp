@@ -1,6 +1,7 @@
 #include "core/error.h"
 
 #include <filesystem>
+#include <system_error>
 
 namespace loom::detail {
 
@@ -13,3 +14,11 @@ void throw_check_failure(const std::string& what, const std::string& context,
 }
 
 }  // namespace loom::detail
+
+namespace loom {
+
+std::string errno_text(int error) {
+  return std::system_category().message(error);
+}
+
+}  // namespace loom

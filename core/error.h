@@ -66,6 +66,9 @@ void check_eq(const A& a, const B& b, const std::string& context,
   if (!(a == b)) detail::throw_comparison_failure("==", a, b, context, where);
 }
 
+// The text of an errno value ("No such file or directory"), for messages.
+std::string errno_text(int error);
+
 // Builds a message from streamable parts: fail("tensor ", name, " has shape ", shape).
 template <typename... Parts>
 [[noreturn]] void fail(const Parts&... parts) {

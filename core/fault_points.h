@@ -9,7 +9,7 @@
 // an fsync, between a rename and the marker that commits it. In an ordinary run no hook is
 // installed and at() returns 0 at the cost of one relaxed atomic load (and nothing at all in a
 // build with LOOM_FAULT_POINTS=OFF, the default of builds without tests). A test installs a
-// hook (tests/fault/inject.h, never installed with the package, and no variable of the
+// hook (tests/fault/inject.cpp, linked into test programs only; no variable of the
 // library's reads it): the hook may end the process at once, as SIGKILL would, or return an
 // errno that the code at the point then treats exactly as the failing system call's. The
 // points are listed in kFaultPoints so that a test can walk every one (tests/fault/).

@@ -5,17 +5,8 @@
 #include <unistd.h>
 
 #include <cerrno>
-#include <system_error>
 
 namespace loom {
-
-namespace {
-
-std::string errno_text(int error) {
-  return std::system_category().message(error);
-}
-
-}  // namespace
 
 FileDescriptor open_regular_file(const std::filesystem::path& path, const Tag& component,
                                  std::string_view expected, uint64_t& size) {

@@ -1,11 +1,8 @@
 #include "strategies/trace.h"
 
-#include <unistd.h>
-
 #include <algorithm>
 #include <atomic>
 #include <cstdio>
-#include <fstream>
 
 #include <nlohmann/json.hpp>
 

@@ -15,7 +15,6 @@
 #include <optional>
 #include <set>
 #include <string_view>
-#include <system_error>
 #include <tuple>
 #include <utility>
 
@@ -44,10 +43,6 @@ constexpr std::string_view kInMemoryOrigin = "(in-memory buffer)";
 template <typename... Parts>
 [[noreturn]] void fail_at(std::string_view origin, const Parts&... parts) {
   tag::kSafetensors.fail(origin, ": ", parts...);
-}
-
-std::string errno_text(int error) {
-  return std::system_category().message(error);
 }
 
 std::string_view format_dtype_name(DType dtype) {

@@ -121,17 +121,15 @@ DirectoryLock::DirectoryLock(const fs::path& root) {
   std::error_code ec;
   fs::create_directories(root, ec);
   const fs::path path = root / kLockFile;
-  fd_ = ::open(path.c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0644);
-  if (fd_ < 0) {
+  file_ = FileDescriptor(::open(path.c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0644));
+  if (file_.get() < 0) {
     tag::kCheckpoint.fail("cannot create ", path.string(), ": ", std::strerror(errno),
                           "; pass a writable --checkpoint-dir");
   }
-  if (::flock(fd_, LOCK_EX | LOCK_NB) != 0) {
+  if (::flock(file_.get(), LOCK_EX | LOCK_NB) != 0) {
     const int error = errno;
     char holder[256] = {};
-    const ssize_t n = ::pread(fd_, holder, sizeof holder - 1, 0);
-    ::close(fd_);
-    fd_ = -1;
+    const ssize_t n = ::pread(file_.get(), holder, sizeof holder - 1, 0);
     std::string who = n > 0 ? std::string(holder, static_cast<size_t>(n)) : std::string();
     while (!who.empty() && (who.back() == '\n' || who.back() == ' ')) who.pop_back();
     if (error != EWOULDBLOCK) {
@@ -149,13 +147,9 @@ DirectoryLock::DirectoryLock(const fs::path& root) {
   ::gethostname(host, sizeof host - 1);
   const std::string me = std::string(host) + " " + std::to_string(::getpid()) + "\n";
   // The note only names the holder in a refused run's message; the lock holds without it.
-  const bool noted = ::ftruncate(fd_, 0) == 0 &&
-                     ::pwrite(fd_, me.data(), me.size(), 0) == static_cast<ssize_t>(me.size());
+  const bool noted = ::ftruncate(file_.get(), 0) == 0 &&
+                     ::pwrite(file_.get(), me.data(), me.size(), 0) == static_cast<ssize_t>(me.size());
   (void)noted;
-}
-
-DirectoryLock::~DirectoryLock() {
-  if (fd_ >= 0) ::close(fd_);  // releases the lock
 }
 
 std::vector<fs::path> Directory::committed() const {

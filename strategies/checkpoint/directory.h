@@ -18,6 +18,8 @@
 #include <optional>
 #include <vector>
 
+#include "core/file_descriptor.h"
+
 namespace loom::strategies::checkpoint {
 
 class Directory {
@@ -58,13 +60,10 @@ class DirectoryLock {
   // Creates ROOT if needed; throws loom::Error when another process holds the lock or ROOT
   // cannot be written.
   explicit DirectoryLock(const std::filesystem::path& root);
-  ~DirectoryLock();
-  DirectoryLock(const DirectoryLock&) = delete;
-  DirectoryLock& operator=(const DirectoryLock&) = delete;
   static constexpr const char* kLockFile = ".lock";
 
  private:
-  int fd_ = -1;
+  FileDescriptor file_;  // its lock lives as long as the descriptor
 };
 
 // Makes the written directory `staging` the committed checkpoint `target`: fsyncs its files

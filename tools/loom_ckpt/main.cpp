@@ -63,12 +63,15 @@ constexpr int64_t kFabricVersion = 2;
 
 // meta.json, checked as the checkpoint's own reader checks it: train_gpt's every field
 // (train_gpt::check_train_meta), Fabric's format and version; the fields inspect shows are then
-// of their types.
-nlohmann::json read_meta(const fs::path& checkpoint) {
+// of their types. With `state`, a train_gpt checkpoint's step and optimizer are checked against
+// the state it reads too (train_gpt::check_train_step), so that a stale meta.json is neither
+// verified nor converted.
+nlohmann::json read_meta(const fs::path& checkpoint, CheckpointReader* state = nullptr) {
   const CheckpointMeta meta(checkpoint);
   const std::string format = meta.text("format", {train_gpt::kCheckpointFormat, kFabricFormat});
   if (format == train_gpt::kCheckpointFormat) {
-    train_gpt::check_train_meta(meta);
+    const train_gpt::TrainMeta train = train_gpt::check_train_meta(meta);
+    if (state != nullptr) train_gpt::check_train_step(train, *state);
   } else {
     meta.integer("version", kFabricVersion, kFabricVersion);
     meta.text("strategy");
@@ -124,11 +127,10 @@ int inspect(const fs::path& checkpoint) {
 }
 
 int verify(const fs::path& checkpoint) {
-  const nlohmann::json meta = read_meta(checkpoint);  // every field's type and range
-  // The index, its tiling, the files' sizes and every header against the index (Index::read).
+  // The index, its tiling, the files' sizes and every header against the index (Index::read),
+  // then meta.json: every field's type and range, and its step and optimizer against the state.
   CheckpointReader reader(checkpoint);
-  if (meta.at("format") == train_gpt::kCheckpointFormat)  // its steps against the rest
-    train_gpt::check_train_step(train_gpt::check_train_meta(CheckpointMeta(checkpoint)), reader);
+  read_meta(checkpoint, &reader);
   size_t shards = 0;
   for (const auto& [name, entry] : reader.index().tensors) {
     reader.read(name);  // every block of every shard; throws naming the first bad one
@@ -176,9 +178,7 @@ int convert(const fs::path& source, const fs::path& target, const std::string& t
   if (fs::exists(target)) fail("loom-ckpt convert: ", target.string(), " exists; give a new directory");
   if (to == "sharded" && world < 1) fail("loom-ckpt convert --to sharded needs --world-size N >= 1");
   CheckpointReader reader(source);
-  nlohmann::json meta = read_meta(source);
-  if (meta.at("format") == train_gpt::kCheckpointFormat)  // a stale meta.json is not copied on
-    train_gpt::check_train_step(train_gpt::check_train_meta(CheckpointMeta(source)), reader);
+  nlohmann::json meta = read_meta(source, &reader);
   const fs::path staging = target.string() + ".partial";
   fs::remove_all(staging);
   fs::create_directories(staging);

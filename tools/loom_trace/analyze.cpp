@@ -1,7 +1,6 @@
 #include "tools/loom_trace/analyze.h"
 
 #include <algorithm>
-#include <fstream>
 #include <map>
 #include <nlohmann/json.hpp>
 #include <set>

@@ -72,11 +72,9 @@ void check_train_step(const TrainMeta& meta, strategies::checkpoint::CheckpointR
   std::string counted;  // an optimizer state tensor that counts the steps
   for (const auto& [name, entry] : reader.index().tensors) {
     if (name.rfind("scaler.", 0) == 0) scaled = true;
-    if (name.rfind("optim.state.", 0) == 0 && name.ends_with(".exp_avg")) adam_moments = true;
-    const std::string suffix = ".step";
-    if (counted.empty() && name.rfind("optim.state.", 0) == 0 && name.size() > suffix.size() &&
-        name.compare(name.size() - suffix.size(), suffix.size(), suffix) == 0 &&
-        entry.dtype == DType::I64 && entry.shape.empty())
+    if (!name.starts_with("optim.state.")) continue;
+    if (name.ends_with(".exp_avg")) adam_moments = true;
+    if (counted.empty() && name.ends_with(".step") && entry.dtype == DType::I64 && entry.shape.empty())
       counted = name;
   }
   // The optimizer meta.json names must be the one whose state is there: AdamW's moments (which
