@@ -108,9 +108,26 @@ class StackPool {
     return bases_[i] + page();
   }
 
+#if LOOM_EMULATION_ASAN
+  // A thread that exits leaves its stack's shadow clean (each frame unpoisons itself on
+  // return; a throw unpoisons the whole fiber stack); one whose block was stopped by a trap
+  // or an error leaves its live frames' redzones poisoned. Only those stacks are unpoisoned
+  // before reuse: unpoisoning every 1 MiB stack for every block made the emulation tests 30
+  // to 130 times slower under ASan than in the release build.
+  void begin_thread(size_t i) {
+    if (unfinished_.size() <= i) unfinished_.resize(i + 1, false);
+    if (unfinished_[i]) __asan_unpoison_memory_region(stack(i), kStackBytes);
+    unfinished_[i] = true;
+  }
+  void end_thread(size_t i) { unfinished_[i] = false; }
+#endif
+
  private:
   static size_t page() { return static_cast<size_t>(sysconf(_SC_PAGESIZE)); }
   std::vector<unsigned char*> bases_;
+#if LOOM_EMULATION_ASAN
+  std::vector<bool> unfinished_;
+#endif
 };
 
 // One launch's state. Launches are serialised (launch_mutex), so one exists at a time.
@@ -244,6 +261,9 @@ unsigned lanes_of_warp(const Run& r, int warp) {
     }
   }
   if (block_barrier_complete(r)) release_block_barrier(r);
+#if LOOM_EMULATION_ASAN
+  stacks.end_thread(static_cast<size_t>(self.index));
+#endif
   switch_to_scheduler(r, self, /*exiting=*/true);
   std::abort();  // an exited fiber is never resumed
 }
@@ -335,7 +355,7 @@ void run_block(Run& r, const uint3& block_idx, std::mt19937_64& rng) {
     f.ids.grid_dim = r.config.grid;
     f.stack = stacks.stack(static_cast<size_t>(i));
 #if LOOM_EMULATION_ASAN
-    __asan_unpoison_memory_region(f.stack, kStackBytes);  // frames an abandoned block left
+    stacks.begin_thread(static_cast<size_t>(i));
     f.fake_stack = nullptr;
 #endif
     make_context(f.context, f.stack, kStackBytes, fiber_main);
