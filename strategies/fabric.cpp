@@ -9,12 +9,23 @@
 
 namespace loom {
 
+namespace {
+
+// A named object, not a designated-initializer temporary: GCC 12 at -O3 reports the temporary's
+// strings "maybe uninitialized" once the registry call is inlined beside it (unity build).
+strategies::StrategyOptions strategy_options(const FabricOptions& options) {
+  strategies::StrategyOptions out;
+  out.accelerator = options.accelerator;
+  out.devices = options.devices;
+  out.num_nodes = options.num_nodes;
+  out.precision = options.precision;
+  return out;
+}
+
+}  // namespace
+
 Fabric::Fabric(const FabricOptions& options)
-    : strategy_(
-          strategies::StrategyRegistry::get(options.strategy, {.accelerator = options.accelerator,
-                                                               .devices = options.devices,
-                                                               .num_nodes = options.num_nodes,
-                                                               .precision = options.precision})) {}
+    : strategy_(strategies::StrategyRegistry::get(options.strategy, strategy_options(options))) {}
 
 Fabric::~Fabric() {
   strategy_->teardown();

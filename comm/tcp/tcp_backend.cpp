@@ -56,7 +56,7 @@ constexpr auto kLongestSleep = std::chrono::milliseconds(10);
 
 using Token = std::array<uint8_t, kTokenBytes>;
 
-struct Hello {
+struct PeerHello {  // not the store's Hello (comm/store/tcp_request.h)
   uint32_t magic;
   int32_t rank;
   Token token;
@@ -174,7 +174,7 @@ TcpBackend::TcpBackend(const BackendContext& context)
       if (c.valid()) {
         // The answer may wait until rank r has connected to the ranks below it: the whole
         // timeout, not the attempt's.
-        const Hello hello{kHelloMagic, rank_, theirs};
+        const PeerHello hello{kHelloMagic, rank_, theirs};
         uint8_t answer = 0;
         if (send_all(c.fd(), &hello, sizeof hello, attempt).ok() &&
             recv_exact(c.fd(), &answer, 1, deadline).ok() && answer == 1) {
@@ -206,7 +206,7 @@ TcpBackend::TcpBackend(const BackendContext& context)
     }
     Socket c(::accept4(listener.fd(), nullptr, nullptr, SOCK_CLOEXEC | SOCK_NONBLOCK));
     if (!c.valid()) continue;
-    Hello hello{};
+    PeerHello hello{};
     const Deadline attempt = std::min(deadline, Clock::now() + kAttemptTime);
     if (!recv_exact(c.fd(), &hello, sizeof hello, attempt).ok() || hello.magic != kHelloMagic ||
         hello.token != mine || hello.rank <= rank_ || hello.rank >= size_ ||
