@@ -46,29 +46,29 @@ constexpr size_t kReadChunk = size_t(256) << 10;
 // Longest wait a client may ask for (keeps deadline arithmetic far from overflow).
 constexpr int64_t kMaxWaitMs = int64_t(365) * 24 * 3600 * 1000;
 
-// Compares in time independent of where the strings differ (only the length may leak).
-struct Connection {
-  Socket socket;
-  std::string nonce;  // this connection's challenge (Note [Store authentication])
-  bool authenticated = false;
-  bool dead = false;
-  Deadline hello_deadline;
-  Bytes in;             // received bytes not yet handled
-  Bytes out;            // reply bytes not yet sent
-  size_t out_sent = 0;  // prefix of `out` already sent
-  // A parked Get (one key, replies with its value) or Wait.
-  bool parked = false;
-  bool parked_get = false;
-  std::vector<std::string> parked_keys;
-  Deadline parked_deadline;
-
-  size_t limit() const { return authenticated ? kMaxMessage : kMaxHelloMessage; }
-  bool busy() const { return parked || out_sent < out.size(); }
-};
-
 }  // namespace
 
 struct TCPStoreServer::Impl {
+  // One client: its socket, what it sent and is owed, and the request it waits on, if any.
+  struct Connection {
+    Socket socket;
+    std::string nonce;  // this connection's challenge (Note [Store authentication])
+    bool authenticated = false;
+    bool dead = false;
+    Deadline hello_deadline;
+    Bytes in;             // received bytes not yet handled
+    Bytes out;            // reply bytes not yet sent
+    size_t out_sent = 0;  // prefix of `out` already sent
+    // A parked Get (one key, replies with its value) or Wait.
+    bool parked = false;
+    bool parked_get = false;
+    std::vector<std::string> parked_keys;
+    Deadline parked_deadline;
+
+    size_t limit() const { return authenticated ? kMaxMessage : kMaxHelloMessage; }
+    bool busy() const { return parked || out_sent < out.size(); }
+  };
+
   std::string where;
   std::string secret;
   uint16_t port = 0;

@@ -179,7 +179,6 @@ class ShardedEngine {
   bool in_backward_ = false;
   bool sync_ = true;
   bool full_precision_gathers_ = false;  // unshard_module: gather the f32 shards
-  bool grads_stale_ = false;  // stages 0-1: full gradients hold the previous step's values
   std::vector<Tensor> segments_;
   std::vector<size_t> segment_param_;  // the parameter each segment belongs to
   std::vector<int64_t> segment_param_begin_;  // and its first element within it
