@@ -91,7 +91,8 @@ if(LOOM_WITH_CUDA)
 endif()
 string(APPEND loom_pc_libs " -lloom_core")  # below every layer, so last
 if(LOOM_WITH_CUDA)
-  string(APPEND loom_pc_extra " -L${CUDAToolkit_LIBRARY_DIR} -lcublasLt -lcudart")
+  # cuBLASLt is loaded on first use, not linked (kernels/cuda/cublaslt_library.h): -ldl.
+  string(APPEND loom_pc_extra " -L${CUDAToolkit_LIBRARY_DIR} -lcudart -ldl")
   if(LOOM_WITH_NCCL)  # by name, with the folder it was found in (as CUDA's libraries)
     get_filename_component(loom_nccl_dir ${NCCL_LIBRARY} DIRECTORY)
     string(APPEND loom_pc_extra " -L${loom_nccl_dir} -lnccl")

@@ -67,6 +67,9 @@ pack() {
       [ -f "$PACK/lib/$(basename "$lib")" ] || cp -L "$lib" "$PACK/lib/"
     done < <(ldd "$exe" | awk '/=> \// {print $3}')
   done
+  # cuBLASLt is loaded on first use, not linked (docs/cuda.md): ldd does not list it, the
+  # programs name its soname.
+  mapfile -t -O ${#cuda_sonames[@]} cuda_sonames < <(grep -aoh 'libcublasLt\.so\.[0-9]*' "$PACK"/bin/* | sort -u)
   {
     echo "packed $(date -Is) on $(hostname) from $(git rev-parse --short HEAD) ($(git status --porcelain | wc -l) changed file(s)), $build"
     echo "cuda-sonames: $(printf '%s\n' "${cuda_sonames[@]}" | sort -u | tr '\n' ' ')"

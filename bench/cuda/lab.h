@@ -18,7 +18,8 @@
 // Everything here is for single-threaded lab programs: functions block (they synchronise the
 // device where they say so) and throw loom::Error on CUDA failures. Labs link
 // core/dtype.cpp (host conversions) and kernels/cuda/gemm.cpp (measured_limits() times
-// cuBLASLt GEMMs), plus cublasLt and cudart.
+// cuBLASLt GEMMs) with kernels/cuda/cublaslt_library.cpp (which loads cuBLASLt), plus cudart
+// and -ldl.
 
 #include <cuda_runtime_api.h>
 

@@ -19,7 +19,8 @@
 //
 // Build: nvcc -std=c++20 -arch=sm_90 --expt-relaxed-constexpr -I. bench/cuda/lab_adamw.cu
 //   bench/cuda/lab.cu kernels/cuda/optimizer.cu kernels/cuda/gemm.cpp
-//   kernels/cpu/optimizer_steps.cpp core/dtype.cpp core/error.cpp -lcublasLt
+//   kernels/cpu/optimizer_steps.cpp core/dtype.cpp core/error.cpp
+//   kernels/cuda/cublaslt_library.cpp -ldl
 // Run: ./lab_adamw   (prints "no CUDA device: ..." and exits 0 without a GPU)
 
 #include <cmath>

@@ -17,7 +17,8 @@
 // Build: nvcc -std=c++20 -arch=sm_90 --expt-relaxed-constexpr -I. -I/usr/include/eigen3
 //   bench/cuda/lab_attention.cu bench/cuda/lab.cu kernels/cuda/attention.cu kernels/cuda/gemm.cpp
 //   kernels/cpu/attention.cpp kernels/cpu/gemm.cpp kernels/cpu/softmax.cpp core/dtype.cpp
-//   core/error.cpp -lcublasLt
+//   core/error.cpp
+//   kernels/cuda/cublaslt_library.cpp -ldl
 // Run: ./lab_attention   (prints "no CUDA device: ..." and exits 0 without a GPU)
 
 #include <algorithm>

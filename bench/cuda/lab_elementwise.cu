@@ -14,7 +14,8 @@
 //
 // Build: nvcc -std=c++20 -arch=sm_90 --expt-relaxed-constexpr -I. bench/cuda/lab_elementwise.cu
 //   bench/cuda/lab.cu kernels/cuda/elementwise.cu kernels/cuda/gemm.cpp
-//   kernels/cpu/elementwise.cpp core/dtype.cpp core/error.cpp -lcublasLt
+//   kernels/cpu/elementwise.cpp core/dtype.cpp core/error.cpp
+//   kernels/cuda/cublaslt_library.cpp -ldl
 // Run: ./lab_elementwise   (prints "no CUDA device: ..." and exits 0 without a GPU)
 
 #include <cmath>

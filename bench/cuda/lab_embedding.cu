@@ -17,7 +17,8 @@
 //
 // Build: nvcc -std=c++20 -arch=sm_90 --expt-relaxed-constexpr -I. bench/cuda/lab_embedding.cu
 //   bench/cuda/lab.cu kernels/cuda/embedding.cu kernels/cuda/gemm.cpp kernels/cpu/embedding.cpp
-//   core/dtype.cpp (+ core/error.cpp) -lcublasLt
+//   core/dtype.cpp (+ core/error.cpp)
+//   kernels/cuda/cublaslt_library.cpp -ldl
 // Run: ./lab_embedding   (prints "no CUDA device: ..." and exits 0 without a GPU)
 
 #include <algorithm>

@@ -13,7 +13,8 @@
 //
 // Build: nvcc -std=c++20 -arch=sm_90 --expt-relaxed-constexpr -I. bench/cuda/lab_layer_norm.cu
 //   bench/cuda/lab.cu kernels/cuda/layer_norm.cu kernels/cuda/gemm.cpp kernels/cpu/layer_norm.cpp
-//   core/dtype.cpp (+ core/error.cpp) -lcublasLt
+//   core/dtype.cpp (+ core/error.cpp)
+//   kernels/cuda/cublaslt_library.cpp -ldl
 // Run: ./lab_layer_norm   (prints "no CUDA device: ..." and exits 0 without a GPU)
 
 #include <cmath>

@@ -18,7 +18,8 @@
 //
 // Build: nvcc -std=c++20 -arch=sm_90 --expt-relaxed-constexpr -I. bench/cuda/lab_reduce.cu
 //   bench/cuda/lab.cu kernels/cuda/reduce.cu kernels/cuda/gemm.cpp kernels/cpu/reduce.cpp
-//   kernels/cpu/optimizer_steps.cpp core/dtype.cpp core/error.cpp -lcublasLt
+//   kernels/cpu/optimizer_steps.cpp core/dtype.cpp core/error.cpp
+//   kernels/cuda/cublaslt_library.cpp -ldl
 // Run: ./lab_reduce   (prints "no CUDA device: ..." and exits 0 without a GPU)
 
 #include <algorithm>

@@ -15,7 +15,8 @@
 //
 // Build: nvcc -std=c++20 -arch=sm_90 --expt-relaxed-constexpr -I. bench/cuda/lab_softmax.cu
 //   bench/cuda/lab.cu kernels/cuda/softmax.cu kernels/cuda/gemm.cpp kernels/cpu/softmax.cpp
-//   core/dtype.cpp (+ core/error.cpp) -lcublasLt
+//   core/dtype.cpp (+ core/error.cpp)
+//   kernels/cuda/cublaslt_library.cpp -ldl
 // Run: ./lab_softmax   (prints "no CUDA device: ..." and exits 0 without a GPU)
 
 #include <algorithm>

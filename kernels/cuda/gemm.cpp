@@ -52,6 +52,7 @@
 #include "core/error.h"
 #include "core/tags.h"
 #include "kernels/cuda/check.h"
+#include "kernels/cuda/cublaslt_library.h"
 
 namespace loom::kernels::cuda {
 
@@ -81,20 +82,21 @@ void warn_cublas(cublasStatus_t status, const char* what) noexcept {
   }
 }
 
-template <typename Handle, cublasStatus_t (*Destroy)(Handle)>
+// Destroy: the CublasLt member that destroys a Handle.
+template <typename Handle, auto Destroy>
 struct LtDeleter {
   void operator()(Handle handle) const noexcept {
-    warn_cublas(Destroy(handle), "cuBLASLt destroy");
+    warn_cublas((cublaslt().*Destroy)(handle), "cuBLASLt destroy");
   }
 };
 
-template <typename Handle, cublasStatus_t (*Destroy)(Handle)>
+template <typename Handle, auto Destroy>
 using LtPtr = std::unique_ptr<std::remove_pointer_t<Handle>, LtDeleter<Handle, Destroy>>;
 
-using HandlePtr = LtPtr<cublasLtHandle_t, cublasLtDestroy>;
-using MatmulDescPtr = LtPtr<cublasLtMatmulDesc_t, cublasLtMatmulDescDestroy>;
-using LayoutPtr = LtPtr<cublasLtMatrixLayout_t, cublasLtMatrixLayoutDestroy>;
-using PreferencePtr = LtPtr<cublasLtMatmulPreference_t, cublasLtMatmulPreferenceDestroy>;
+using HandlePtr = LtPtr<cublasLtHandle_t, &CublasLt::destroy>;
+using MatmulDescPtr = LtPtr<cublasLtMatmulDesc_t, &CublasLt::matmul_desc_destroy>;
+using LayoutPtr = LtPtr<cublasLtMatrixLayout_t, &CublasLt::matrix_layout_destroy>;
+using PreferencePtr = LtPtr<cublasLtMatmulPreference_t, &CublasLt::matmul_preference_destroy>;
 
 class DeviceMemory {
  public:
@@ -201,26 +203,27 @@ struct Plan {
 
 template <typename T>
 void set_desc(cublasLtMatmulDesc_t desc, cublasLtMatmulDescAttributes_t attribute, const T& value) {
-  LOOM_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(desc, attribute, &value, sizeof value));
+  LOOM_CUBLAS_CHECK(cublaslt().matmul_desc_set_attribute(desc, attribute, &value, sizeof value));
 }
 
 template <typename T>
 void set_preference(cublasLtMatmulPreference_t pref, cublasLtMatmulPreferenceAttributes_t attribute,
                     const T& value) {
-  LOOM_CUBLAS_CHECK(cublasLtMatmulPreferenceSetAttribute(pref, attribute, &value, sizeof value));
+  LOOM_CUBLAS_CHECK(
+      cublaslt().matmul_preference_set_attribute(pref, attribute, &value, sizeof value));
 }
 
 LayoutPtr make_layout(DType dtype, int64_t rows, int64_t cols, int64_t ld, int64_t batch,
                       int64_t stride) {
   cublasLtMatrixLayout_t raw = nullptr;
-  LOOM_CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&raw, cuda_type(dtype), static_cast<uint64_t>(rows),
-                                               static_cast<uint64_t>(cols), ld));
+  LOOM_CUBLAS_CHECK(cublaslt().matrix_layout_create(
+      &raw, cuda_type(dtype), static_cast<uint64_t>(rows), static_cast<uint64_t>(cols), ld));
   LayoutPtr layout(raw);
   if (batch > 1) {
     int32_t count = static_cast<int32_t>(batch);
-    LOOM_CUBLAS_CHECK(cublasLtMatrixLayoutSetAttribute(raw, CUBLASLT_MATRIX_LAYOUT_BATCH_COUNT,
-                                                       &count, sizeof count));
-    LOOM_CUBLAS_CHECK(cublasLtMatrixLayoutSetAttribute(
+    LOOM_CUBLAS_CHECK(cublaslt().matrix_layout_set_attribute(
+        raw, CUBLASLT_MATRIX_LAYOUT_BATCH_COUNT, &count, sizeof count));
+    LOOM_CUBLAS_CHECK(cublaslt().matrix_layout_set_attribute(
         raw, CUBLASLT_MATRIX_LAYOUT_STRIDED_BATCH_OFFSET, &stride, sizeof stride));
   }
   return layout;
@@ -230,7 +233,7 @@ LayoutPtr make_layout(DType dtype, int64_t rows, int64_t cols, int64_t ld, int64
 // cuBLASLt has none for it.
 bool find_algorithm(cublasLtHandle_t handle, const PlanKey& key, Plan& plan) {
   cublasLtMatmulPreference_t raw = nullptr;
-  LOOM_CUBLAS_CHECK(cublasLtMatmulPreferenceCreate(&raw));
+  LOOM_CUBLAS_CHECK(cublaslt().matmul_preference_create(&raw));
   PreferencePtr pref(raw);
   set_preference(raw, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, uint64_t{kWorkspaceBytes});
   // cuBLASLt's A is our B and vice versa.
@@ -240,7 +243,7 @@ bool find_algorithm(cublasLtHandle_t handle, const PlanKey& key, Plan& plan) {
   set_preference(raw, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES, key.align_c);
   cublasLtMatmulHeuristicResult_t result{};
   int count = 0;
-  cublasStatus_t status = cublasLtMatmulAlgoGetHeuristic(
+  cublasStatus_t status = cublaslt().matmul_algo_get_heuristic(
       handle, plan.desc.get(), plan.layout_a.get(), plan.layout_b.get(), plan.layout_c.get(),
       plan.layout_c.get(), raw, 1, &result, &count);
   if (status == CUBLAS_STATUS_NOT_SUPPORTED) return false;
@@ -253,7 +256,7 @@ bool find_algorithm(cublasLtHandle_t handle, const PlanKey& key, Plan& plan) {
 std::unique_ptr<Plan> build_plan(cublasLtHandle_t handle, const PlanKey& key, const void* bias) {
   auto plan = std::make_unique<Plan>();
   cublasLtMatmulDesc_t desc = nullptr;
-  LOOM_CUBLAS_CHECK(cublasLtMatmulDescCreate(
+  LOOM_CUBLAS_CHECK(cublaslt().matmul_desc_create(
       &desc, key.tf32 ? CUBLAS_COMPUTE_32F_FAST_TF32 : CUBLAS_COMPUTE_32F, CUDA_R_32F));
   plan->desc.reset(desc);
   // C^T = op(B)^T op(A)^T (see the top of this file): a stored row-major operand already is
@@ -308,7 +311,7 @@ class Registry {
     if (!state) {
       auto fresh = std::make_unique<DeviceState>();
       cublasLtHandle_t raw = nullptr;
-      LOOM_CUBLAS_CHECK(cublasLtCreate(&raw));
+      LOOM_CUBLAS_CHECK(cublaslt().create(&raw));
       fresh->handle.reset(raw);
       state = std::move(fresh);
     }
@@ -415,10 +418,10 @@ void matmul(int device, const Problem& p, cudaStream_t stream) {
   {
     std::lock_guard lock(plan.mutex);
     if (plan.bias_in_epilogue) set_desc(plan.desc.get(), CUBLASLT_MATMUL_DESC_BIAS_POINTER, p.bias);
-    LOOM_CUBLAS_CHECK(cublasLtMatmul(state.handle.get(), plan.desc.get(), &alpha, p.b,
-                                     plan.layout_a.get(), p.a, plan.layout_b.get(), &beta, p.c,
-                                     plan.layout_c.get(), p.c, plan.layout_c.get(), &plan.algo,
-                                     space, kWorkspaceBytes, stream));
+    LOOM_CUBLAS_CHECK(cublaslt().matmul(state.handle.get(), plan.desc.get(), &alpha, p.b,
+                                        plan.layout_a.get(), p.a, plan.layout_b.get(), &beta, p.c,
+                                        plan.layout_c.get(), p.c, plan.layout_c.get(), &plan.algo,
+                                        space, kWorkspaceBytes, stream));
   }
   if (p.bias && !plan.bias_in_epilogue) add_bias_rank1(device, p, /*accumulate=*/true, stream);
 }
