@@ -137,6 +137,10 @@ set(CPACK_PACKAGE_DESCRIPTION_SUMMARY "Loom: a C++20 runtime for distributed tra
 set(CPACK_DEB_COMPONENT_INSTALL ON)
 set(CPACK_COMPONENTS_ALL runtime dev)
 set(CPACK_DEBIAN_FILE_NAME DEB-DEFAULT)
+# zstd, as Ubuntu's own packages since 21.10: dpkg reads it since 1.21.18 (Debian 12 has
+# 1.21.22). Against CPack's default, gzip: 1.0 s against 5.0 s for the release build's two
+# packages, and 10% smaller (2026-12-02).
+set(CPACK_DEBIAN_COMPRESSION_TYPE zstd)
 set(CPACK_DEBIAN_RUNTIME_PACKAGE_NAME loom)
 set(CPACK_DEBIAN_RUNTIME_PACKAGE_SECTION science)
 set(CPACK_COMPONENT_RUNTIME_DESCRIPTION  # each after the summary line
