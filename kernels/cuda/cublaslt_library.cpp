@@ -4,7 +4,6 @@
 
 #include <dlfcn.h>
 
-#include <atomic>
 #include <type_traits>
 
 #include "core/error.h"
@@ -19,8 +18,6 @@ namespace {
 constexpr const char* kSoname = "libcublasLt.so." LOOM_CUBLASLT_STRINGIFY(CUBLAS_VER_MAJOR);
 #undef LOOM_CUBLASLT_STRINGIFY
 #undef LOOM_CUBLASLT_STRINGIFY_
-
-std::atomic<bool> g_loaded{false};
 
 template <typename Function>
 void resolve(void* library, const char* name, Function& function) {
@@ -60,7 +57,6 @@ CublasLt load() {
   resolve(library, "cublasLtMatrixLayoutCreate", table.matrix_layout_create);
   resolve(library, "cublasLtMatrixLayoutDestroy", table.matrix_layout_destroy);
   resolve(library, "cublasLtMatrixLayoutSetAttribute", table.matrix_layout_set_attribute);
-  g_loaded.store(true, std::memory_order_release);
   return table;
 }
 
@@ -78,10 +74,6 @@ const CublasLt& cublaslt() {
   // A failed load throws out of the initialiser, so the next call tries again.
   static const CublasLt table = load();
   return table;
-}
-
-bool cublaslt_loaded() {
-  return g_loaded.load(std::memory_order_acquire);
 }
 
 }  // namespace loom::kernels::cuda

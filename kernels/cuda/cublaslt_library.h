@@ -4,8 +4,8 @@
 // Note [cuBLASLt is loaded on first use]
 // libcublasLt is half a gigabyte, and its static initialisers allocate and touch tens of
 // megabytes: linked into a program, they cost every start of it about 0.15 s of CPU (0.18 s
-// for `train_gpt --help` against 0.04 s, AMD EPYC, CUDA 13.0, 2026-12-02), whether or not the
-// run ever uses a GPU. So no Loom library links it: the CUDA GEMM (gemm.cpp, its only user)
+// for `train_gpt --help` against 0.01 s unlinked, AMD EPYC, CUDA 13.0, 2026-12-02), whether
+// or not the run ever uses a GPU. So no Loom library links it: the CUDA GEMM (gemm.cpp, its only user)
 // calls it through the table below, which the first call of cublaslt() fills by dlopen of
 // the library's soname, found the way the dynamic linker finds libcudart (the program's
 // RUNPATH, LD_LIBRARY_PATH, the system's directories: the toolkit keeps both in one
@@ -42,8 +42,5 @@ const char* cublaslt_soname();
 // (thread-safe; the library stays loaded until exit). Throws loom::Error naming the soname
 // and the loader's reason when the library or one of its functions cannot be found.
 const CublasLt& cublaslt();
-
-// Whether cublaslt() has loaded the library in this process.
-bool cublaslt_loaded();
 
 }  // namespace loom::kernels::cuda

@@ -27,19 +27,16 @@ bool mapped(const std::string& name) {
 }
 
 TEST(CublasLtLibrary, IsNotLoadedByAProgramThatDoesNoCudaGemm) {
-  EXPECT_FALSE(cublaslt_loaded());
   EXPECT_FALSE(mapped("libcublasLt.so"));
   Tensor a = Tensor::from_vector<float>({1, 2, 3, 4, 5, 6}, {2, 3});
   Tensor b = Tensor::from_vector<float>({1, 0, 0, 1, 1, 1}, {3, 2});
   EXPECT_EQ(matmul(a, b).to_vector<float>(), std::vector<float>({4, 5, 10, 11}));
-  EXPECT_FALSE(cublaslt_loaded());
   EXPECT_FALSE(mapped("libcublasLt.so"));
 }
 
 TEST(CublasLtLibrary, FirstUseLoadsTheBuildsVersionWithEveryFunction) {
   EXPECT_EQ(std::string(cublaslt_soname()), "libcublasLt.so." + std::to_string(CUBLAS_VER_MAJOR));
   const CublasLt& lt = cublaslt();
-  EXPECT_TRUE(cublaslt_loaded());
   EXPECT_TRUE(mapped(cublaslt_soname()));
   for (const void* function : {
            reinterpret_cast<const void*>(lt.get_version),
