@@ -5,12 +5,12 @@
 // libcublasLt is half a gigabyte, and its static initialisers allocate and touch tens of
 // megabytes: linked into a program, they cost every start of it about 0.15 s of CPU (0.18 s
 // for `train_gpt --help` against 0.01 s unlinked, AMD EPYC, CUDA 13.0, 2026-12-02), whether
-// or not the run ever uses a GPU. So no Loom library links it: the CUDA GEMM (gemm.cpp, its only user)
-// calls it through the table below, which the first call of cublaslt() fills by dlopen of
-// the library's soname, found the way the dynamic linker finds libcudart (the program's
-// RUNPATH, LD_LIBRARY_PATH, the system's directories: the toolkit keeps both in one
-// directory). A CPU run never loads it. The types and the signatures are the header's own
-// (decltype of each function), so a mismatch with the header cannot compile.
+// or not the run ever uses a GPU. So no Loom library links it: the CUDA GEMM (gemm.cpp, its only
+// user) calls it through the table below, which the first call of cublaslt() fills by dlopen of the
+// library's soname, found the way the dynamic linker finds libcudart (the program's RUNPATH,
+// LD_LIBRARY_PATH, the system's directories: the toolkit keeps both in one directory). A CPU run
+// never loads it. The types and the signatures are the header's own (decltype of each function), so
+// a mismatch with the header cannot compile.
 
 #include <cublasLt.h>
 
