@@ -8,6 +8,10 @@
 
 namespace loom::data {
 
+std::vector<int32_t> byte_tokens(const std::vector<uint8_t>& bytes) {
+  return std::vector<int32_t>(bytes.begin(), bytes.end());
+}
+
 TokenBlocks::TokenBlocks(std::vector<int32_t> tokens, int64_t batch, int64_t time, int64_t vocab,
                          bool shuffle, uint64_t seed)
     : tokens_(std::move(tokens)), batch_(batch), time_(time), shuffle_(shuffle), seed_(seed) {

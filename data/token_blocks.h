@@ -18,6 +18,10 @@ struct Batch {
   Tensor targets;  // [B, T] i64
 };
 
+// Bytes as token ids 0..255. (Out of line: a caller's code may be compiled without
+// optimisation, a sanitized test's for one, and a corpus is a million bytes.)
+std::vector<int32_t> byte_tokens(const std::vector<uint8_t>& bytes);
+
 class TokenBlocks {
  public:
   // Throws loom::Error when the data is too short for one block or holds a token outside
@@ -27,8 +31,7 @@ class TokenBlocks {
   // Bytes as tokens (ids 0..255).
   TokenBlocks(const std::vector<uint8_t>& bytes, int64_t batch, int64_t time, int64_t vocab,
               bool shuffle = false, uint64_t seed = 0)
-      : TokenBlocks(std::vector<int32_t>(bytes.begin(), bytes.end()), batch, time, vocab, shuffle,
-                    seed) {}
+      : TokenBlocks(byte_tokens(bytes), batch, time, vocab, shuffle, seed) {}
   int64_t block_count() const { return nblocks_; }
   // The block that step `step` of rank `rank` (of `world`) reads. Throws loom::Error unless
   // step >= 0 and 0 <= rank < world.

@@ -159,6 +159,25 @@ struct ScalarPlain {
 // it is compiled for the build's -march, which GCC auto-vectorises (under -march=native f32
 // runs as fast as the intrinsics; bf16 and f16 do not). f64 and the integers have only the
 // scalar variant.
+//
+// Note [Only the host's instruction sets]
+// A sanitized build (LOOM_SANITIZE) is compiled for its build machine (-march=native) and
+// runs only there, its tests: it compiles only the vector variants that machine has
+// (LOOM_REDUCE_HOST_ISAS_ONLY, set by kernels/CMakeLists.txt), which -march=native's macros
+// tell. On an AVX2 machine the AVX-512 variant could never run there, and it was half of this
+// file's compilation, the longest of those builds (docs/reliability.md). A variant not
+// compiled is reported unavailable, as on a machine without it.
+#if !LOOM_REDUCE_HOST_ISAS_ONLY || (defined(__AVX2__) && defined(__FMA__) && defined(__F16C__))
+#define LOOM_REDUCE_AVX2 1
+#else
+#define LOOM_REDUCE_AVX2 0
+#endif
+#if !LOOM_REDUCE_HOST_ISAS_ONLY || \
+    (LOOM_REDUCE_AVX2 && defined(__AVX512F__) && defined(__AVX512BW__) && defined(__AVX512VL__))
+#define LOOM_REDUCE_AVX512 1
+#else
+#define LOOM_REDUCE_AVX512 0
+#endif
 
 namespace scalar_isa {
 template <class E>
@@ -171,6 +190,7 @@ using Ops = ScalarF32;
 // of a 64-byte (or 32-byte) load: widening is a shift and a mask, narrowing a word blend, and
 // no lane-crossing shuffle is needed (the elementwise arithmetic does not care about order).
 
+#if LOOM_REDUCE_AVX2
 #if defined(__clang__)
 #pragma clang attribute push(__attribute__((target("avx2,fma,f16c"))), apply_to = function)
 #else
@@ -273,7 +293,9 @@ struct Ops<Bf16> {
 #else
 #pragma GCC pop_options
 #endif
+#endif  // LOOM_REDUCE_AVX2
 
+#if LOOM_REDUCE_AVX512
 #if defined(__clang__)
 #pragma clang attribute push(__attribute__((target("avx512f,avx512bw,avx512vl,avx2,fma,f16c"))), \
                              apply_to = function)
@@ -380,14 +402,27 @@ struct Ops<Bf16> {
 #else
 #pragma GCC pop_options
 #endif
+#endif  // LOOM_REDUCE_AVX512
 
 enum class Isa { Scalar, Avx2, Avx512 };
 constexpr const char* kIsaNames[] = {"scalar", "avx2", "avx512"};
 
 using F32FamilyKernel = void (*)(DType, ReduceKind, void*, const void* const*, size_t, size_t,
                                  float, bool, bool);
+// Indexed by Isa; null for a variant this build does not compile.
 constexpr F32FamilyKernel kF32FamilyKernels[] = {
-    scalar_isa::reduce_f32_family, avx2_isa::reduce_f32_family, avx512_isa::reduce_f32_family};
+    scalar_isa::reduce_f32_family,
+#if LOOM_REDUCE_AVX2
+    avx2_isa::reduce_f32_family,
+#else
+    nullptr,
+#endif
+#if LOOM_REDUCE_AVX512
+    avx512_isa::reduce_f32_family,
+#else
+    nullptr,
+#endif
+};
 
 // F16C from CPUID (leaf 1, ECX): not every compiler's __builtin_cpu_supports knows "f16c".
 bool has_f16c() {
@@ -396,6 +431,7 @@ bool has_f16c() {
 }
 
 bool isa_supported(Isa isa) {
+  if (kF32FamilyKernels[static_cast<int>(isa)] == nullptr) return false;
   __builtin_cpu_init();
   switch (isa) {
     case Isa::Scalar: return true;
