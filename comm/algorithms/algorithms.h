@@ -87,6 +87,11 @@ void rank_ordered_reduce_scatter(Transport& transport, const void* input, void* 
 void rank_ordered_reduce(Transport& transport, void* data, size_t count, DType type,
                          ReduceOp op, int root, Deadline deadline);
 
+// The piece the rank-ordered reductions cut long parts into (Note [Pieces of a rank-ordered
+// reduction]; 512 KiB), for this process; 0 restores it. Tests use a small piece to walk
+// parts of several pieces without megabytes per rank. A multiple of 8 bytes.
+void set_rank_ordered_piece_bytes_for_testing(size_t bytes);
+
 // Slice j of this rank's input[size * count] goes to rank j, which stores it as slice `rank`
 // of its output[size * count]; size-1 direct exchanges. input and output must not overlap.
 void pairwise_all_to_all(Transport& transport, const void* input, void* output, size_t count,

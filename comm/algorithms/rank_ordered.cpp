@@ -21,6 +21,7 @@
 // cost 1 MiB (two pieces of its 512 KiB parts) 1-4%, 128 KiB pieces more.
 
 #include <algorithm>
+#include <atomic>
 #include <cstring>
 #include <memory>
 #include <vector>
@@ -39,8 +40,9 @@ namespace {
 // Below this many bytes sent per rank ((size - 1) x the buffer), allreduce goes in one shot.
 constexpr size_t kOneShotBudget = size_t{256} << 10;
 // Parts longer than this go in pieces (Note [Pieces of a rank-ordered reduction]); a multiple
-// of every element size.
+// of every element size. Tests may set a smaller one (set_rank_ordered_piece_bytes_for_testing).
 constexpr size_t kPieceBytes = size_t{512} << 10;
+std::atomic<size_t> g_piece_bytes{kPieceBytes};
 
 double scale_for(ReduceOp op, int size) {
   return op == ReduceOp::Avg ? 1.0 / size : 1.0;
@@ -64,7 +66,7 @@ void reduce_parts(Transport& transport, const void* input, void* output, DType t
   size_t longest = 0;
   for (int r = 0; r < size; ++r)
     longest = std::max(longest, part(r).second);
-  const size_t piece = kPieceBytes / es;
+  const size_t piece = g_piece_bytes.load(std::memory_order_relaxed) / es;
   const size_t slot = std::min(piece, length);
   // One slot per peer, left uninitialised: every byte is received before it is read, and
   // zeroing a large scratch per call cost a tenth of a 16 MiB allreduce over TCP.
@@ -178,6 +180,15 @@ void rank_ordered_reduce_scatter(Transport& transport, const void* input, void* 
   if (count == 0) return;
   auto part = [&](int r) { return std::pair<size_t, size_t>{static_cast<size_t>(r) * count, count}; };
   reduce_parts(transport, input, output, type, op, part, deadline);
+}
+
+void set_rank_ordered_piece_bytes_for_testing(size_t bytes) {
+  if (bytes % 8 != 0) {
+    tag::kCommAlgorithms.fail(
+        "set_rank_ordered_piece_bytes_for_testing: ", bytes,
+        " bytes is not a multiple of 8 (every element size); 0 restores the default");
+  }
+  g_piece_bytes.store(bytes == 0 ? kPieceBytes : bytes, std::memory_order_relaxed);
 }
 
 }  // namespace loom::comm::algorithms

@@ -552,7 +552,8 @@ int run(int argc, char** argv) {
     token_ids =
         data::synthetic_tokens(8 * o.batch * o.model.context + 1, o.model.vocab_size, o.seed);
   } else {
-    token_ids = data::byte_tokens(data_path.empty() ? data::default_corpus() : read_bytes(data_path));
+    token_ids =
+        data::byte_tokens(data_path.empty() ? data::default_corpus() : read_bytes(data_path));
   }
   data::TokenBlocks data(std::move(token_ids), o.batch, o.model.context, o.model.vocab_size,
                          shuffle, o.seed);
