@@ -2,8 +2,9 @@
 # The sanitizer runs (CI runs this after scripts/test.sh; docs/reliability.md):
 #   1. the whole test suite built with AddressSanitizer + UndefinedBehaviorSanitizer
 #      (preset asan: -O1 -g, CUDA off; any UBSan report aborts the test);
-#   2. the comm, launcher and strategy tests (ctest labels "comm" and "strategies") built with
-#      ThreadSanitizer (preset tsan);
+#   2. the comm, launcher and strategy tests (ctest labels "comm" and "strategies", less those
+#      labelled "single_thread", which run on one thread) built with ThreadSanitizer (preset
+#      tsan);
 #   3. every libFuzzer harness (built in step 1's tree) for FUZZ_SECONDS (default 10) each
 #      (scripts/fuzz.sh).
 # Each step prints how long it took, and each ctest run's skips are judged against the skip
@@ -53,7 +54,8 @@ test_tsan() {
   # (once, in Failures.KilledRankIsNamedQuicklyAndShmIsClean): without it, TSan's own report
   # of the crash, with its stack, is what a test prints.
   timed "tsan ctest" env UCX_MEM_EVENTS=no UCX_HANDLE_ERRORS=none \
-    ctest --preset tsan -j2 -L 'comm|strategies' --output-on-failure --output-junit ctest-junit.xml
+    ctest --preset tsan -j2 -L 'comm|strategies' -LE single_thread --output-on-failure \
+    --output-junit ctest-junit.xml
   python3 tests/skips/check_skips.py --junit build/tsan/ctest-junit.xml --preset tsan
 }
 
