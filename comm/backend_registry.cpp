@@ -18,15 +18,10 @@ namespace loom::comm {
 
 namespace {
 
-struct Entry {
-  BackendFactory factory;
-  std::string description;
-};
-
 // The built-in backends, added when the registry is first used. "auto" is resolved before
 // the registry is asked (resolve_auto_backend), so it is reserved.
-struct Registry : NamedRegistry<Entry> {
-  Registry() : NamedRegistry<Entry>(tag::kComm, "backend", {"auto"}) {
+struct Registry : NamedRegistry<BackendEntry> {
+  Registry() : NamedRegistry<BackendEntry>(tag::kComm, "backend", {"auto"}) {
     add("shm", {[](const BackendContext& c) { return std::make_unique<shm::ShmBackend>(c); },
                 "processes on one host through POSIX shared memory (CPU tensors; CUDA "
                 "tensors staged through pinned host memory)"});
@@ -66,23 +61,23 @@ const char* missing_build_hint(const std::string& name) {
 
 }  // namespace
 
-void register_backend(const std::string& name, BackendFactory factory, std::string description) {
-  registry().add(name, {std::move(factory), std::move(description)});
+void BackendRegistry::add(const std::string& name, BackendEntry entry) {
+  registry().add(name, std::move(entry));
 }
 
-bool remove_backend(const std::string& name) {
+bool BackendRegistry::remove(const std::string& name) {
   return registry().remove(name);
 }
 
-std::vector<std::pair<std::string, std::string>> available_backends() {
-  return registry().list();
-}
-
-bool backend_available(const std::string& name) {
+bool BackendRegistry::contains(const std::string& name) {
   return registry().contains(name);
 }
 
-void require_backend(const std::string& name) {
+std::vector<std::pair<std::string, std::string>> BackendRegistry::list() {
+  return registry().list();
+}
+
+void BackendRegistry::require(const std::string& name) {
   if (registry().contains(name)) return;
   if (const char* hint = missing_build_hint(name)) {
     tag::kComm.fail("backend '", name, "' is not in this build: ", hint);
@@ -90,9 +85,34 @@ void require_backend(const std::string& name) {
   registry().at(name);  // the unknown-name error
 }
 
-std::unique_ptr<Backend> create_backend(const std::string& name, const BackendContext& context) {
-  require_backend(name);
+std::unique_ptr<Backend> BackendRegistry::create(const std::string& name,
+                                                 const BackendContext& context) {
+  require(name);
   return registry().at(name).factory(context);
+}
+
+void register_backend(const std::string& name, BackendFactory factory, std::string description) {
+  BackendRegistry::add(name, {std::move(factory), std::move(description)});
+}
+
+bool remove_backend(const std::string& name) {
+  return BackendRegistry::remove(name);
+}
+
+std::vector<std::pair<std::string, std::string>> available_backends() {
+  return BackendRegistry::list();
+}
+
+bool backend_available(const std::string& name) {
+  return BackendRegistry::contains(name);
+}
+
+void require_backend(const std::string& name) {
+  BackendRegistry::require(name);
+}
+
+std::unique_ptr<Backend> create_backend(const std::string& name, const BackendContext& context) {
+  return BackendRegistry::create(name, context);
 }
 
 std::string resolve_auto_backend(const BackendNeeds& needs) {

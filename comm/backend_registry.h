@@ -1,9 +1,11 @@
 #pragma once
-// Backends by name. Built-in: "shm" (processes on one host) and, in a build with NCCL
-// (LOOM_WITH_NCCL), "nccl" (one GPU per rank). "auto" picks by device and host layout.
-// Users register their own backend the same way the built-ins are registered:
-//   loom::comm::register_backend("mine", [](const BackendContext& c) {
-//     return std::make_unique<MyBackend>(c); }, "my transport");
+// Backends by name. Built-in: "shm" (processes on one host), "tcp", "hierarchical" (shm within
+// hosts, tcp or ucx between them), and by build "ucx" (LOOM_WITH_UCX) and "nccl"
+// (LOOM_WITH_NCCL, one GPU per rank). "auto" picks by device and host layout
+// (resolve_auto_backend). Users register their own backend the way the built-ins are:
+//   loom::comm::BackendRegistry::add("mine", {.factory = [](const BackendContext& c) {
+//       return std::make_unique<MyBackend>(c); }, .description = "my transport"});
+// The verbs are every Loom registry's (core/registry.h): add, remove, contains, create, list.
 
 #include <functional>
 #include <memory>
@@ -17,19 +19,39 @@ namespace loom::comm {
 
 using BackendFactory = std::function<std::unique_ptr<Backend>(const BackendContext&)>;
 
-// Throws loom::Error when `name` is taken or empty.
-void register_backend(const std::string& name, BackendFactory factory, std::string description);
-bool remove_backend(const std::string& name);
-// (name, description) of every registered backend, sorted by name.
-std::vector<std::pair<std::string, std::string>> available_backends();
-// Whether `name` is registered (ucx exists only in builds with UCX, nccl in builds with NCCL;
-// hierarchical uses tcp between hosts, ucx where an RDMA device is: docs/multihost.md).
-bool backend_available(const std::string& name);
-// Throws loom::Error unless `name` is registered: naming the build option for a backend Loom
-// has but this build lacks, else listing the available names and the closest match.
-void require_backend(const std::string& name);
-// Creates the backend `name`; an unknown name is require_backend's error.
-std::unique_ptr<Backend> create_backend(const std::string& name, const BackendContext& context);
+struct BackendEntry {
+  BackendFactory factory;
+  std::string description;
+};
+
+class BackendRegistry {
+ public:
+  // Throws loom::Error when `name` is taken, empty or "auto", or the factory empty.
+  static void add(const std::string& name, BackendEntry entry);
+  static bool remove(const std::string& name);
+  // Whether `name` is registered (ucx exists only in builds with UCX, nccl in builds with
+  // NCCL; hierarchical uses tcp between hosts, ucx where an RDMA device is: docs/multihost.md).
+  static bool contains(const std::string& name);
+  // Creates the backend `name`; an unknown name is require()'s error.
+  static std::unique_ptr<Backend> create(const std::string& name, const BackendContext& context);
+  // (name, description) of every registered backend, sorted by name.
+  static std::vector<std::pair<std::string, std::string>> list();
+  // Throws loom::Error unless `name` is registered: naming the build option for a backend
+  // Loom has but this build lacks, else listing the available names and the closest match.
+  static void require(const std::string& name);
+};
+
+// The names before 2026-12-03, kept for existing programs.
+[[deprecated("use BackendRegistry::add")]] void register_backend(const std::string& name,
+                                                                 BackendFactory factory,
+                                                                 std::string description);
+[[deprecated("use BackendRegistry::remove")]] bool remove_backend(const std::string& name);
+[[deprecated("use BackendRegistry::list")]] std::vector<std::pair<std::string, std::string>>
+available_backends();
+[[deprecated("use BackendRegistry::contains")]] bool backend_available(const std::string& name);
+[[deprecated("use BackendRegistry::require")]] void require_backend(const std::string& name);
+[[deprecated("use BackendRegistry::create")]] std::unique_ptr<Backend> create_backend(
+    const std::string& name, const BackendContext& context);
 
 // What a group needs of its backend: the facts "auto" is decided by.
 struct BackendNeeds {

@@ -152,7 +152,7 @@ std::unique_ptr<Backend> ProcessGroup::create(int rank, int size,
   if (backend == "auto") {
     backend = resolve_auto_backend({.device = options.device.value_or(Device::cpu())});
   }
-  return create_backend(backend, group_backend_context(rank, size, store, options, name));
+  return BackendRegistry::create(backend, group_backend_context(rank, size, store, options, name));
 }
 
 ProcessGroup::~ProcessGroup() {

@@ -52,10 +52,14 @@ int main(int argc, char** argv) {
     if (std::strcmp(argv[i], "--resume") == 0) resume_path = argv[i + 1];  // continue a state
     if (std::strcmp(argv[i], "--stop-after") == 0) stop_after = std::atoi(argv[i + 1]);
   }
-  loom::strategies::StrategyRegistry::register_strategy(
-      "my_ddp",
-      [](const loom::strategies::StrategyOptions& o) { return std::make_unique<LoggingDDP>(o); },
-      "DDP that counts its backward passes (examples/fabric_loop.cpp)");
+  namespace strategies = loom::strategies;
+  strategies::StrategyRegistry::add(
+      "my_ddp", {.factory =
+                     [](const strategies::StrategyConfig& c) {
+                       return std::make_unique<LoggingDDP>(c, c.ddp);
+                     },
+                 .description = "DDP that counts its backward passes (examples/fabric_loop.cpp)",
+                 .kind = strategies::StrategyKind::DataParallel});
 
   loom::Fabric fabric({.strategy = strategy});  // Fabric
   fabric.launch();                              // Fabric

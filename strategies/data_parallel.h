@@ -27,10 +27,15 @@ class DataParallelStrategy : public Strategy {
   std::string name() const override { return "dp"; }
   int num_replicas() const { return replicas_; }
   int local_world_size() const override { return replicas_; }
+  int devices() const override { return replicas_; }
 
   // Makes a module with the master's structure (its weights are overwritten each step).
   // Required before the first forward_backward when num_replicas() > 1.
   void set_replica_factory(ReplicaFactory factory) { factory_ = std::move(factory); }
+  // recipe.make_replica, when given, is the replica factory.
+  void set_model_recipe(const ModelRecipe& recipe) override {
+    if (recipe.make_replica) set_replica_factory(recipe.make_replica);
+  }
   void setup_module(nn::Module& module) override;
   Tensor forward_backward(const LossOfRows& loss_of_rows, int64_t rows,
                           double scale = 1.0) override;

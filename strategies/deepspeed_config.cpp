@@ -383,7 +383,7 @@ DeepSpeedConfig load_deepspeed_config(const std::string& path) {
       read_regular_file(path, tag::kDeepspeedConfig, "DeepSpeed config (JSON)"), path);
 }
 
-std::string apply_deepspeed_config(const DeepSpeedConfig& config, StrategyOptions& options) {
+std::string apply_deepspeed_config(const DeepSpeedConfig& config, StrategyConfig& options) {
   if (config.offload_param == "nvme") {
     // One swap file holds both (docs/sharding.md): the optimizer's must be on NVMe as well.
     if (config.offload_optimizer != "nvme") {

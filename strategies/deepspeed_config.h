@@ -10,7 +10,7 @@
 #include <string>
 #include <vector>
 
-#include "strategies/strategy.h"
+#include "strategies/registry.h"
 
 namespace loom::strategies {
 
@@ -50,7 +50,7 @@ DeepSpeedConfig load_deepspeed_config(const std::string& path);
 // NO_SHARD) with its offload (NVMe: nvme_path, buffer_count, sub_group_size; parameters on
 // NVMe need the optimizer there too, in the same directory) and precision set in
 // `options`.
-std::string apply_deepspeed_config(const DeepSpeedConfig& config, StrategyOptions& options);
+std::string apply_deepspeed_config(const DeepSpeedConfig& config, StrategyConfig& options);
 
 // DeepSpeed's batch identity: train_batch_size = micro batch x accumulation x world size.
 void check_deepspeed_batch_sizes(const DeepSpeedConfig& config, int64_t micro_batch,

@@ -25,7 +25,7 @@ strategies::StrategyOptions strategy_options(const FabricOptions& options) {
 }  // namespace
 
 Fabric::Fabric(const FabricOptions& options)
-    : strategy_(strategies::StrategyRegistry::get(options.strategy, strategy_options(options))) {}
+    : strategy_(strategies::StrategyRegistry::create(options.strategy, strategy_options(options))) {}
 
 Fabric::~Fabric() {
   strategy_->teardown();

@@ -122,7 +122,7 @@ std::vector<std::string> own_arguments() {
 std::string checked_backend(const std::string& requested, Device device) {
   const std::string backend =
       requested == "auto" ? comm::resolve_auto_backend({.device = device}) : requested;
-  comm::require_backend(backend);
+  comm::BackendRegistry::require(backend);
   if (backend == "nccl" && !device.is_cuda()) {
     tag::kLaunch.fail("process group backend 'nccl' needs CUDA devices, but the ranks run on ",
                       device, "; use 'shm' (or 'auto') for ranks on the CPU");

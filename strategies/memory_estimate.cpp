@@ -4,9 +4,7 @@
 #include <map>
 
 #include "core/tags.h"
-#include "strategies/ddp/ddp_strategy.h"
 #include "strategies/registry.h"
-#include "strategies/sharded/sharded_strategy.h"
 #include "strategies/sharded/units.h"
 
 namespace loom::strategies {
@@ -152,7 +150,7 @@ MemoryEstimate sharded_estimate(const nn::Module& model, const sharded::Sharding
 }  // namespace
 
 MemoryEstimate estimate_memory(const nn::Module& model, const std::string& strategy,
-                               int world_size, const StrategyOptions& options,
+                               int world_size, const StrategyConfig& options,
                                int states_per_parameter) {
   if (world_size < 1)
     tag::kMemory.fail("estimate_memory: world_size must be >= 1, got ", world_size);
@@ -162,15 +160,19 @@ MemoryEstimate estimate_memory(const nn::Module& model, const std::string& strat
         "momentum 1), got ",
         states_per_parameter);
   }
-  // The registry applies the name's defaults (stage, offload, wrap policy) to the options.
-  std::unique_ptr<Strategy> made = StrategyRegistry::get(strategy, options);
-  if (auto* sharded = dynamic_cast<ShardedStrategy*>(made.get()))
-    return sharded_estimate(model, sharded->options().sharding, world_size, states_per_parameter);
-  if (auto* ddp = dynamic_cast<DDPStrategy*>(made.get()))
-    return replicated(model, true, ddp->options().ddp.gradient_as_bucket_view,
-                      states_per_parameter);
-  if (dynamic_cast<SingleDeviceStrategy*>(made.get()))
-    return replicated(model, false, false, states_per_parameter);
+  // The name's kind picks the memory model; its defaults set the stage, offload and wrap
+  // policy.
+  const StrategyConfig config = StrategyRegistry::with_defaults(strategy, options);
+  switch (StrategyRegistry::entry(strategy).kind) {
+    case StrategyKind::Sharded:
+      return sharded_estimate(model, config.sharding, world_size, states_per_parameter);
+    case StrategyKind::DataParallel:
+      return replicated(model, true, config.ddp.gradient_as_bucket_view, states_per_parameter);
+    case StrategyKind::SingleDevice:
+      return replicated(model, false, false, states_per_parameter);
+    default:
+      break;
+  }
   tag::kMemory.fail("estimate_memory: no memory model for strategy '", strategy,
                     "'; estimates cover single_device, the ddp names and the sharded names "
                     "(deepspeed*, fsdp*)");

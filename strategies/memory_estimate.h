@@ -12,7 +12,7 @@
 
 #include "nn/module.h"
 #include "strategies/memory_report.h"
-#include "strategies/strategy.h"
+#include "strategies/registry.h"
 
 namespace loom::strategies {
 
@@ -33,12 +33,13 @@ struct MemoryEstimate {
 };
 
 // For `model` trained under the registered strategy `strategy` (its name's defaults applied
-// to `options`, as StrategyRegistry::get does) on `world_size` ranks, with an optimizer that
-// keeps `states_per_parameter` tensors per parameter (AdamW 2, SGD with momentum 1).
-// single_device, the ddp names and every sharded name are modelled; other names are an
-// error naming them.
+// to `options`, as StrategyRegistry::create does) on `world_size` ranks, with an optimizer
+// that keeps `states_per_parameter` tensors per parameter (AdamW 2, SGD with momentum 1).
+// The name's kind (StrategyKind) picks the model: single device, data parallel (the ddp
+// names) and sharded are modelled; other kinds are an error naming the strategy. Nothing is
+// built.
 MemoryEstimate estimate_memory(const nn::Module& model, const std::string& strategy,
-                               int world_size, const StrategyOptions& options = {},
+                               int world_size, const StrategyConfig& options = {},
                                int states_per_parameter = 2);
 
 }  // namespace loom::strategies

@@ -7,7 +7,7 @@
 //   PeriodicModelAverager averager(/*period=*/4, /*warmup_steps=*/100);
 //   for (...) { loss.backward(); optimizer.step(); averager.average_parameters(params, pg); }
 //
-// DDPStrategy drives one from StrategyOptions::local_sgd_period / local_sgd_warmup.
+// DDPStrategy drives one from DDPOptions::local_sgd_period / local_sgd_warmup (ddp/options.h).
 
 #include <cstdint>
 #include <vector>

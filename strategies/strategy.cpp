@@ -107,6 +107,11 @@ Tensor Strategy::forward_backward(const LossOfRows& loss_of_rows, int64_t rows, 
   return loss;
 }
 
+Tensor Strategy::train_batch(const Tensor& inputs, const Tensor& /*targets*/,
+                             const LossOfRows& loss_of_rows, double scale) {
+  return forward_backward(loss_of_rows, inputs.size(0), scale);
+}
+
 void Strategy::unscale_gradients() {
   if (scaler_ && module_ != nullptr) scaler_->unscale(module_->parameters());
 }
@@ -231,6 +236,10 @@ Tensor ParallelStrategy::broadcast(Tensor tensor, int source) {
 
 void ParallelStrategy::barrier() {
   if (group_) group_->barrier()->wait();
+}
+
+std::string ParallelStrategy::communication_backend() const {
+  return group_ ? group_->backend_name() : std::string();
 }
 
 void ParallelStrategy::teardown() {

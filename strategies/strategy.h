@@ -25,17 +25,17 @@
 #include "comm/process_group.h"
 #include "nn/module.h"
 #include "optim/optimizer.h"
-#include "strategies/ddp/reducer.h"
 #include "strategies/devices.h"
 #include "strategies/local_launch.h"
 #include "strategies/parameter_parts.h"
-#include "strategies/pipeline/options.h"
 #include "strategies/plugins.h"
 #include "strategies/precision.h"
-#include "strategies/sharded/options.h"
 
 namespace loom::strategies {
 
+// What every strategy reads. A strategy's own options (DDP's buckets, the sharding engine's
+// stage, the pipeline's stages) live with it, and the registry's StrategyConfig
+// (strategies/registry.h) gathers them for front ends that choose a strategy by name.
 struct StrategyOptions {
   std::string accelerator = "auto";  // cpu, cuda, auto
   std::string devices = "auto";      // "auto", "N", "-1" (all), "0,2"
@@ -46,28 +46,7 @@ struct StrategyOptions {
   // "hierarchical" for a group across hosts, otherwise "shm" (which stages CUDA tensors
   // through pinned host memory); comm::resolve_auto_backend decides.
   std::string process_group_backend = "auto";
-  ReducerOptions ddp = {};  // bucket_cap_mb, find_unused_parameters, gradient_as_bucket_view
   loom::Duration timeout = loom::kDefaultTimeout;
-  // Local SGD with periodic model averaging (ddp and its launching variants; other strategies
-  // ignore these). 0 = off. With local_sgd_period = k > 0, the first local_sgd_warmup
-  // optimizer steps are plain DDP (gradients averaged every backward); after them gradients
-  // are never synchronised (whatever set_backward_sync says) and optimizer_step() averages
-  // the parameters after every k-th step, starting with step index local_sgd_warmup
-  // (strategies/model_averaging.h). Optimizer state (momentum, Adam moments) stays local.
-  int local_sgd_period = 0;
-  int local_sgd_warmup = 0;
-  // The sharded strategies' engine options (strategies/sharded/options.h); each registry name
-  // sets its stage and offload, users set the wrap policy and prefetching.
-  sharded::ShardingOptions sharding = {};
-  // The pipeline strategy's stages, micro-batches and schedule (strategies/pipeline/).
-  pipeline::PipelineOptions pipeline = {};
-  // The model_parallel strategy's tensor-parallel size (strategies/tp/): ranks per replica.
-  int tensor_parallel = 1;
-  // model_parallel: Megatron-LM's sequence parallelism between the split layers.
-  bool sequence_parallel = false;
-  // FSDP's sharding_strategy for the fsdp names: FULL_SHARD (default), SHARD_GRAD_OP,
-  // NO_SHARD.
-  std::string fsdp_sharding_strategy = "FULL_SHARD";
   // The dynamic loss scaler of 16-mixed (DeepSpeed's fp16 section sets it).
   LossScalerOptions loss_scaler = {};
 };
@@ -97,6 +76,20 @@ class Strategy {
   // once per replica on its own thread with a slice of the rows, so loss_of_rows must be
   // thread-safe for distinct modules, and the loss a mean over rows.
   virtual Tensor forward_backward(const LossOfRows& loss_of_rows, int64_t rows, double scale = 1.0);
+  // The same for a batch given as (inputs, targets) whose rows loss_of_rows reads: the
+  // default is forward_backward(loss_of_rows, inputs.size(0), scale). A pipeline overrides
+  // it, since its stages pass the micro-batches of inputs and targets along themselves and no
+  // one rank can run loss_of_rows over the whole model.
+  virtual Tensor train_batch(const Tensor& inputs, const Tensor& targets,
+                             const LossOfRows& loss_of_rows, double scale = 1.0);
+  // What some strategies need to know of the model beyond the module, given before
+  // setup_module; the others ignore it. dp builds its replicas with make_replica; a pipeline
+  // balancing its stages by time runs a micro-batch of sample_input (a batch of inputs).
+  struct ModelRecipe {
+    std::function<std::unique_ptr<nn::Module>()> make_replica;
+    Tensor sample_input;
+  };
+  virtual void set_model_recipe(const ModelRecipe&) {}
   // Steps the optimizer, unless the loss scaler found inf/NaN gradients (16-mixed).
   virtual void optimizer_step(optim::Optimizer& optimizer);
   // 16-mixed: divides the (accumulated) gradients by the loss scale; call once per step,
@@ -130,6 +123,12 @@ class Strategy {
   // How many of this job's ranks (or the dp strategy's replica threads) compute on this
   // machine: they share its cores (train_gpt's default --threads).
   virtual int local_world_size() const { return 1; }
+  // The devices this job computes on: one per rank (world_size()), except where one process
+  // drives several (dp's replicas).
+  virtual int devices() const { return world_size(); }
+  // The backend of the process group ("shm", "nccl", ...) once setup_environment() made one;
+  // empty for strategies without one.
+  virtual std::string communication_backend() const { return {}; }
   bool is_global_zero() const { return rank() == 0; }
   // The device this process computes on: the accelerator's device for local_rank().
   // set_accelerator applies the selection `devices` makes (parse_devices) to the accelerator.
@@ -187,7 +186,13 @@ class Strategy {
   virtual void save_checkpoint(const std::filesystem::path& path,
                                const std::map<std::string, Tensor>& state);
   virtual std::map<std::string, Tensor> load_checkpoint(const std::filesystem::path& path);
+  // The checkpoint format "auto" picks: sharded (each rank writes its part) where every rank
+  // holds only a shard of the model states, so that a full checkpoint would gather them all.
+  virtual bool prefers_sharded_checkpoints() const { return false; }
   virtual void teardown() {}
+  // Lines on what the strategy measured while training, for a trainer's summary (a pipeline:
+  // its bubbles); empty for most. Collective: every rank calls it, rank 0 prints them.
+  virtual std::vector<std::string> training_report() { return {}; }
 
   const StrategyOptions& options() const { return options_; }
 
@@ -221,6 +226,7 @@ class ParallelStrategy : public Strategy {
   Tensor all_gather(const Tensor& tensor) override;
   Tensor broadcast(Tensor tensor, int source = 0) override;
   void barrier() override;
+  std::string communication_backend() const override;
   void teardown() override;
   ~ParallelStrategy() override;
   // Where this process sits in the job, instead of detecting it from the environment

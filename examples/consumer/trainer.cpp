@@ -58,10 +58,14 @@ int main(int argc, char** argv) {
     if (std::strcmp(argv[i], "--strategy") == 0) strategy = argv[i + 1];
     if (std::strcmp(argv[i], "--steps") == 0) steps = std::atoi(argv[i + 1]);
   }
-  loom::strategies::StrategyRegistry::register_strategy(
-      "my_ddp",
-      [](const loom::strategies::StrategyOptions& o) { return std::make_unique<CountingDDP>(o); },
-      "DDP that counts its backward passes (examples/consumer)");
+  namespace strategies = loom::strategies;
+  strategies::StrategyRegistry::add(
+      "my_ddp", {.factory =
+                     [](const strategies::StrategyConfig& c) {
+                       return std::make_unique<CountingDDP>(c, c.ddp);
+                     },
+                 .description = "DDP that counts its backward passes (examples/consumer)",
+                 .kind = strategies::StrategyKind::DataParallel});
   try {
     loom::Fabric fabric({.strategy = strategy});
     fabric.launch();

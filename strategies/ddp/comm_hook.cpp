@@ -277,14 +277,9 @@ class PowerSGDHook : public CommHook {
 
 // --- registry ------------------------------------------------------------------------------
 
-struct Entry {
-  CommHookFactory factory;
-  std::string description;
-};
-
 // The built-in hooks, added when the registry is first used.
-struct Registry : NamedRegistry<Entry> {
-  Registry() : NamedRegistry<Entry>(tag::kDdp, "comm hook") {
+struct Registry : NamedRegistry<CommHookEntry> {
+  Registry() : NamedRegistry<CommHookEntry>(tag::kDdp, "comm hook") {
     add("allreduce", {[] { return std::make_unique<AllreduceHook>(); },
                       "allreduce Avg of each bucket (the default)"});
     add("bf16_compress",
@@ -317,23 +312,43 @@ std::unique_ptr<CommHook> make_powersgd_hook(const PowerSGDOptions& options) {
   return std::make_unique<PowerSGDHook>(options);
 }
 
-void register_comm_hook(const std::string& name, CommHookFactory factory, std::string description) {
-  registry().add(name, {std::move(factory), std::move(description)});
+void CommHookRegistry::add(const std::string& name, CommHookEntry entry) {
+  registry().add(name, std::move(entry));
 }
 
-bool remove_comm_hook(const std::string& name) {
+bool CommHookRegistry::remove(const std::string& name) {
   return registry().remove(name);
 }
 
-std::unique_ptr<CommHook> make_comm_hook(const std::string& name) {
+bool CommHookRegistry::contains(const std::string& name) {
+  return registry().contains(name);
+}
+
+std::unique_ptr<CommHook> CommHookRegistry::create(const std::string& name) {
   std::unique_ptr<CommHook> hook = registry().at(name).factory();
   check(hook != nullptr,
         tag::kDdp.prefix() + "the factory of comm hook '" + name + "' returned null");
   return hook;
 }
 
-std::vector<std::pair<std::string, std::string>> available_comm_hooks() {
+std::vector<std::pair<std::string, std::string>> CommHookRegistry::list() {
   return registry().list();
+}
+
+void register_comm_hook(const std::string& name, CommHookFactory factory, std::string description) {
+  CommHookRegistry::add(name, {std::move(factory), std::move(description)});
+}
+
+bool remove_comm_hook(const std::string& name) {
+  return CommHookRegistry::remove(name);
+}
+
+std::unique_ptr<CommHook> make_comm_hook(const std::string& name) {
+  return CommHookRegistry::create(name);
+}
+
+std::vector<std::pair<std::string, std::string>> available_comm_hooks() {
+  return CommHookRegistry::list();
 }
 
 }  // namespace loom::strategies

@@ -3,8 +3,8 @@
 // averages one bucket of gradients across ranks. A hook is selected by name in
 // ReducerOptions::comm_hook; users register their own as easily as a strategy:
 //
-//   register_comm_hook("sum_then_scale",
-//       [] { return std::make_unique<MyHook>(); }, "allreduce Sum, then scale by 1/W");
+//   CommHookRegistry::add("sum_then_scale",
+//       {[] { return std::make_unique<MyHook>(); }, "allreduce Sum, then scale by 1/W"});
 //   Reducer reducer(params, pg, {.comm_hook = "sum_then_scale"});
 //
 // Built-ins: allreduce (the default: ReduceOp::Avg on the bucket), bf16_compress and
@@ -68,14 +68,34 @@ class CommHook {
 
 using CommHookFactory = std::function<std::unique_ptr<CommHook>()>;
 
-// Throws loom::Error when the name is empty or taken.
-void register_comm_hook(const std::string& name, CommHookFactory factory, std::string description);
-bool remove_comm_hook(const std::string& name);
-// A new instance of the hook `name`; an unknown name is loom::Error listing the available
-// names and the closest match.
-std::unique_ptr<CommHook> make_comm_hook(const std::string& name);
-// (name, description) of every registered hook, sorted by name.
-std::vector<std::pair<std::string, std::string>> available_comm_hooks();
+struct CommHookEntry {
+  CommHookFactory factory;
+  std::string description;
+};
+
+// Hooks by name, with every Loom registry's verbs (core/registry.h).
+class CommHookRegistry {
+ public:
+  // Throws loom::Error when the name is empty or taken, or the factory empty.
+  static void add(const std::string& name, CommHookEntry entry);
+  static bool remove(const std::string& name);
+  static bool contains(const std::string& name);
+  // A new instance of the hook `name`; an unknown name is loom::Error listing the available
+  // names and the closest match.
+  static std::unique_ptr<CommHook> create(const std::string& name);
+  // (name, description) of every registered hook, sorted by name.
+  static std::vector<std::pair<std::string, std::string>> list();
+};
+
+// The names before 2026-12-03, kept for existing programs.
+[[deprecated("use CommHookRegistry::add")]] void register_comm_hook(const std::string& name,
+                                                                    CommHookFactory factory,
+                                                                    std::string description);
+[[deprecated("use CommHookRegistry::remove")]] bool remove_comm_hook(const std::string& name);
+[[deprecated("use CommHookRegistry::create")]] std::unique_ptr<CommHook> make_comm_hook(
+    const std::string& name);
+[[deprecated("use CommHookRegistry::list")]] std::vector<std::pair<std::string, std::string>>
+available_comm_hooks();
 
 // PowerSGD (torch's PowerSGDState). Per bucket: tensors with ndim >= 2 are viewed as
 // n x m matrices M (n = the first dimension) and replaced by the rank-r approximation

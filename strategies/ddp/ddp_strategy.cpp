@@ -6,10 +6,13 @@
 
 namespace loom::strategies {
 
+DDPStrategy::DDPStrategy(StrategyOptions options, DDPOptions ddp)
+    : ParallelStrategy(std::move(options)), ddp_(std::move(ddp)) {}
+
 void DDPStrategy::setup_module(nn::Module& module) {
-  if (options_.local_sgd_period < 0 || options_.local_sgd_warmup < 0)
+  if (ddp_.local_sgd_period < 0 || ddp_.local_sgd_warmup < 0)
     tag::kDdp.fail("local_sgd_period and local_sgd_warmup must be at least 0, got ",
-                   options_.local_sgd_period, " and ", options_.local_sgd_warmup);
+                   ddp_.local_sgd_period, " and ", ddp_.local_sgd_warmup);
   Strategy::setup_module(module);
   comm::ProcessGroup& group = group_for("setup_module");
   auto named = module.named_parameters();
@@ -22,11 +25,11 @@ void DDPStrategy::setup_module(nn::Module& module) {
   }
   broadcast_parameters(params, group);
   averager_.reset();
-  if (options_.local_sgd_period > 0)
-    averager_ = std::make_unique<PeriodicModelAverager>(options_.local_sgd_period,
-                                                        options_.local_sgd_warmup);
+  if (ddp_.local_sgd_period > 0)
+    averager_ = std::make_unique<PeriodicModelAverager>(ddp_.local_sgd_period,
+                                                        ddp_.local_sgd_warmup);
   params_ = params;
-  reducer_ = std::make_unique<Reducer>(params, group_, options_.ddp, names);
+  reducer_ = std::make_unique<Reducer>(params, group_, ddp_, names);
   reducer_->set_sync(user_sync_ && !past_warmup());
 }
 
@@ -59,8 +62,8 @@ void DDPStrategy::teardown() {
   ParallelStrategy::teardown();
 }
 
-DDPLaunchingStrategy::DDPLaunchingStrategy(StrategyOptions options, bool fork)
-    : DDPStrategy(std::move(options)), fork_(fork) {
+DDPLaunchingStrategy::DDPLaunchingStrategy(StrategyOptions options, DDPOptions ddp, bool fork)
+    : DDPStrategy(std::move(options), std::move(ddp)), fork_(fork) {
   if (fork_ && accelerator_->name() == "cuda") {
     // As in PyTorch: a forked child cannot use CUDA once the parent has initialised it, and
     // choosing the accelerator already did.

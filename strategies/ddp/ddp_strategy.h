@@ -5,6 +5,7 @@
 #include <string>
 #include <vector>
 
+#include "strategies/ddp/options.h"
 #include "strategies/ddp/reducer.h"
 #include "strategies/model_averaging.h"
 #include "strategies/strategy.h"
@@ -13,10 +14,11 @@ namespace loom::strategies {
 
 // Distributed data parallel: parameters broadcast from rank 0 at setup, gradients averaged
 // in buckets during backward (strategies/ddp/reducer.h); with local_sgd_period set, local
-// SGD after a warm-up (see StrategyOptions).
+// SGD after a warm-up (strategies/ddp/options.h).
 class DDPStrategy : public ParallelStrategy {
  public:
-  using ParallelStrategy::ParallelStrategy;
+  explicit DDPStrategy(StrategyOptions options, DDPOptions ddp = {});
+  const DDPOptions& ddp_options() const { return ddp_; }
   std::string name() const override { return "ddp"; }
   void setup_module(nn::Module& module) override;
   void backward(const Tensor& loss) override;
@@ -28,6 +30,7 @@ class DDPStrategy : public ParallelStrategy {
   // True once local SGD has taken over from gradient synchronisation.
   bool past_warmup() const;
 
+  DDPOptions ddp_;
   std::unique_ptr<Reducer> reducer_;
   std::unique_ptr<PeriodicModelAverager> averager_;  // set when local_sgd_period > 0
   std::vector<Tensor> params_;
@@ -39,7 +42,7 @@ class DDPStrategy : public ParallelStrategy {
 // The number of ranks is `devices` ("auto" means 1 on the CPU, as in Lightning).
 class DDPLaunchingStrategy : public DDPStrategy {
  public:
-  DDPLaunchingStrategy(StrategyOptions options, bool fork);
+  DDPLaunchingStrategy(StrategyOptions options, DDPOptions ddp, bool fork);
   std::string name() const override { return fork_ ? "ddp_fork" : "ddp_spawn"; }
   void setup_environment() override;
 

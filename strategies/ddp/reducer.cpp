@@ -28,7 +28,7 @@ Reducer::Reducer(std::vector<Tensor> params, std::shared_ptr<comm::ProcessGroup>
       group_(std::move(group)),
       options_(options),
       hook_(options.comm_hook == "powersgd" ? make_powersgd_hook(options.powersgd)
-                                             : make_comm_hook(options.comm_hook)),
+                                             : CommHookRegistry::create(options.comm_hook)),
       slots_(params_.size()),
       ready_(params_.size(), false),
       alive_(std::make_shared<bool>(true)) {

@@ -43,8 +43,8 @@ struct ReducerOptions {
   // find_unused_parameters, the autograd graph is walked in the first iteration only and
   // the unused set reused afterwards (PyTorch's static_graph saves the same walk).
   bool static_graph = false;
-  // How each bucket is averaged: a name from available_comm_hooks() (allreduce,
-  // bf16_compress, fp16_compress, powersgd, or one registered with register_comm_hook).
+  // How each bucket is averaged: a name from CommHookRegistry::list() (allreduce,
+  // bf16_compress, fp16_compress, powersgd, or one registered with CommHookRegistry::add).
   // Each Reducer makes its own instance.
   std::string comm_hook = "allreduce";
   // The settings of the powersgd hook (train_gpt's --powersgd-*).

@@ -1,6 +1,7 @@
 #include "strategies/pipeline/pipeline_strategy.h"
 
 #include <algorithm>
+#include <cstdio>
 
 #include "core/error.h"
 #include "core/tags.h"
@@ -12,31 +13,35 @@
 
 namespace loom::strategies {
 
-PipelineStrategy::PipelineStrategy(StrategyOptions options) : ParallelStrategy(std::move(options)) {
-  const pipeline::PipelineOptions& o = options_.pipeline;
+PipelineStrategy::PipelineStrategy(StrategyOptions options, pipeline::PipelineOptions pipeline,
+                                   TensorParallelOptions tensor_parallel)
+    : ParallelStrategy(std::move(options)),
+      pipeline_(std::move(pipeline)),
+      tp_options_(tensor_parallel) {
+  const pipeline::PipelineOptions& o = pipeline_;
   if (o.stages < 1) tag::kPipeline.fail("--pp must be >= 1, got ", o.stages);
   if (o.micro_batches < 1)
     tag::kPipeline.fail("--micro-batches must be >= 1, got ", o.micro_batches);
-  schedule_ = pipeline::make_schedule(o.schedule, o.chunks);
+  schedule_ = pipeline::ScheduleRegistry::create(o.schedule, o.chunks);
   if (o.data_parallel != "ddp" && o.data_parallel != "deepspeed_stage_1") {
     tag::kPipeline.fail("unknown data parallelism '", o.data_parallel,
                         "' inside the stages; "
                         "expected ddp or deepspeed_stage_1");
   }
-  if (options_.sequence_parallel) {
+  if (tp_options_.sequence_parallel) {
     tag::kPipeline.fail(
         "sequence parallelism inside a pipeline is not built; use it with "
         "model_parallel (--tp without --pp)");
   }
-  if (o.data_parallel == "deepspeed_stage_1" && options_.tensor_parallel > 1) {
+  if (o.data_parallel == "deepspeed_stage_1" && tp_options_.size > 1) {
     tag::kPipeline.fail("deepspeed_stage_1 inside the stages with --tp is not built; use ddp");
   }
 }
 
 void PipelineStrategy::setup_environment() {
   join_or_start_ranks(LaunchMethod::Spawn);
-  const int pp = options_.pipeline.stages;
-  const int tp = options_.tensor_parallel;
+  const int pp = pipeline_.stages;
+  const int tp = tp_options_.size;
   const int dp = DeviceMesh::data_parallel_size(group_->size(), pp, tp);
   mesh_.emplace(group_, DeviceMesh::Dims{{"dp", dp}, {"pp", pp}, {"tp", tp}});
   stage_ = mesh_->coordinate("pp");
@@ -90,7 +95,7 @@ void PipelineStrategy::setup_module(nn::Module& module) {
   }
   Strategy::setup_module(module);
   verify_same_parameters(module.named_parameters(), *group_);
-  if (options_.tensor_parallel > 1) {  // pp x tp: each stage's layers split over its tp group
+  if (tp_options_.size > 1) {  // pp x tp: each stage's layers split over its tp group
     auto* split = dynamic_cast<nn::TensorParallelModel*>(&module);
     if (split == nullptr) {
       tag::kPipeline.fail(
@@ -101,9 +106,9 @@ void PipelineStrategy::setup_module(nn::Module& module) {
     split->parallelize(tensor_parallel_);
     layout_ = TensorParallelLayout(mesh_->group("tp"), split->tensor_parallel_splits());
   }
-  const int p = options_.pipeline.stages;
+  const int p = pipeline_.stages;
   const int chunks = p * schedule_->chunks_per_stage();  // chunk c runs on stage c % p
-  if (options_.pipeline.balance.empty() && options_.pipeline.balance_by == "time") {
+  if (pipeline_.balance.empty() && pipeline_.balance_by == "time") {
     // Rank 0's measurement, so that every rank cuts the model the same way.
     if (!profile_input_.defined()) {
       tag::kPipeline.fail(
@@ -114,11 +119,11 @@ void PipelineStrategy::setup_module(nn::Module& module) {
     Tensor costs = Tensor::from_vector(measured, {static_cast<int64_t>(measured.size())});
     group_->broadcast(costs, {.root = 0})->wait();
     bounds_ = pipeline::partition_by_cost(costs.to_vector<int64_t>(), chunks);
-  } else if (options_.pipeline.balance_by != "parameters" && options_.pipeline.balance_by != "time") {
-    tag::kPipeline.fail("unknown balance_by '", options_.pipeline.balance_by,
+  } else if (pipeline_.balance_by != "parameters" && pipeline_.balance_by != "time") {
+    tag::kPipeline.fail("unknown balance_by '", pipeline_.balance_by,
                         "'; expected parameters or time");
   } else {
-    bounds_ = pipeline::partition_layers(*layered, module, chunks, options_.pipeline.balance);
+    bounds_ = pipeline::partition_layers(*layered, module, chunks, pipeline_.balance);
   }
   params_ = module.named_parameters();
   stages_of_.clear();
@@ -150,7 +155,7 @@ void PipelineStrategy::setup_module(nn::Module& module) {
   runner_ = std::make_unique<pipeline::StageRunner>(*layered, *schedule_, stage_, p, bounds_,
                                                     links_);
   // This stage's order of actions, the same for every batch: made and checked once.
-  const int m = options_.pipeline.micro_batches;
+  const int m = pipeline_.micro_batches;
   actions_ = schedule_->actions(stage_, p, m);
   pipeline::check_actions(actions_, m, schedule_->chunks_per_stage(), schedule_->name());
 }
@@ -159,7 +164,7 @@ void PipelineStrategy::setup_optimizer(optim::Optimizer& optimizer) {
   std::map<const TensorImpl*, size_t> mine;
   for (size_t k = 0; k < params_.size(); ++k)
     if (holds(params_[k].first)) mine.emplace(params_[k].second.impl_ptr().get(), k);
-  const bool zero1 = options_.pipeline.data_parallel == "deepspeed_stage_1";
+  const bool zero1 = pipeline_.data_parallel == "deepspeed_stage_1";
   const int replica = mesh().coordinate("dp"), replicas = mesh().size("dp");
   pieces_.clear();
   for (optim::ParamGroup& group : optimizer.param_groups()) {
@@ -185,7 +190,7 @@ void PipelineStrategy::setup_optimizer(optim::Optimizer& optimizer) {
 }
 
 void PipelineStrategy::optimizer_step(optim::Optimizer& optimizer) {
-  if (options_.pipeline.data_parallel != "deepspeed_stage_1") {
+  if (pipeline_.data_parallel != "deepspeed_stage_1") {
     Strategy::optimizer_step(optimizer);
     return;
   }
@@ -244,7 +249,7 @@ void PipelineStrategy::set_backward_sync(bool sync) {
 
 Tensor PipelineStrategy::train_batch(const Tensor& inputs, const Tensor& targets, double scale) {
   if (!runner_) tag::kPipeline.fail("train_batch before setup_module()");
-  const int m = options_.pipeline.micro_batches;
+  const int m = pipeline_.micro_batches;
   const int64_t rows = inputs.size(0);
   if (rows % m != 0) {
     tag::kPipeline.fail("a batch of ", rows, " rows does not split into --micro-batches ", m,
@@ -263,8 +268,20 @@ Tensor PipelineStrategy::train_batch(const Tensor& inputs, const Tensor& targets
   synchronise_gradients();
   // Every rank reports the batch's loss: the last stage's, broadcast along the pipeline.
   Tensor value = Tensor::full({1}, loss, DType::F64);
-  mesh_->group("pp")->broadcast(value, {.root = options_.pipeline.stages - 1})->wait();
+  mesh_->group("pp")->broadcast(value, {.root = pipeline_.stages - 1})->wait();
   return value.reshape({});
+}
+
+Tensor PipelineStrategy::train_batch(const Tensor& inputs, const Tensor& targets,
+                                     const LossOfRows& /*loss_of_rows*/, double scale) {
+  return train_batch(inputs, targets, scale);
+}
+
+void PipelineStrategy::set_model_recipe(const ModelRecipe& recipe) {
+  if (!recipe.sample_input.defined()) return;
+  const int64_t rows =
+      std::max<int64_t>(recipe.sample_input.size(0) / std::max(pipeline_.micro_batches, 1), 1);
+  set_profile_input(recipe.sample_input.narrow(0, 0, rows).contiguous());
 }
 
 void PipelineStrategy::synchronise_gradients() {
@@ -308,7 +325,22 @@ std::vector<double> PipelineStrategy::measured_bubbles() {
 }
 
 double PipelineStrategy::theoretical_bubble() const {
-  return schedule_->theoretical_bubble(options_.pipeline.stages, options_.pipeline.micro_batches);
+  return schedule_->theoretical_bubble(pipeline_.stages, pipeline_.micro_batches);
+}
+
+std::vector<std::string> PipelineStrategy::training_report() {
+  const std::vector<double> bubbles = measured_bubbles();
+  std::string measured;
+  for (double b : bubbles)
+    measured += (measured.empty() ? "" : " ") + std::to_string(b).substr(0, 5);
+  std::string layers;
+  for (size_t c = 0; c + 1 < bounds_.size(); ++c)
+    layers += (c ? "," : "") + std::to_string(bounds_[c + 1] - bounds_[c]);
+  char theory[32];
+  std::snprintf(theory, sizeof theory, "%.3f", theoretical_bubble());
+  return {"pipeline: " + mesh().describe() + ", " + std::to_string(pipeline_.micro_batches) +
+          " micro-batches, " + schedule_->name() + ", layers per chunk " + layers +
+          ": bubble per stage " + measured + " (theory " + theory + ")"};
 }
 
 bool PipelineStrategy::holds(const std::string& name) const {

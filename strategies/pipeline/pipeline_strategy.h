@@ -11,7 +11,7 @@
 // Each rank builds the whole model (so that the weights are those of the single-device
 // model) and frees the storage of the parameters its stage does not use in setup_module.
 //
-// With options.tensor_parallel > 1 the mesh is dp x pp x tp and each stage's layers are split
+// With tensor_parallel.size > 1 the mesh is dp x pp x tp and each stage's layers are split
 // over its tp group (as model_parallel splits them, strategies/tp/), activations passing
 // between the same tp ranks of neighbouring stages.
 //
@@ -32,31 +32,40 @@
 #include "strategies/pipeline/schedule.h"
 #include "strategies/pipeline/stage_runner.h"
 #include "strategies/strategy.h"
+#include "strategies/pipeline/options.h"
 #include "strategies/tp/layout.h"
+#include "strategies/tp/options.h"
 
 namespace loom::strategies {
 
 class PipelineStrategy : public ParallelStrategy {
  public:
-  explicit PipelineStrategy(StrategyOptions options);
+  PipelineStrategy(StrategyOptions options, pipeline::PipelineOptions pipeline,
+                   TensorParallelOptions tensor_parallel = {});
+  const pipeline::PipelineOptions& pipeline_options() const { return pipeline_; }
   std::string name() const override { return "pipeline"; }
   void setup_environment() override;
-  // The first layer's input for balancing by time (options().pipeline.balance_by "time"):
+  // The first layer's input for balancing by time (pipeline_options().balance_by "time"):
   // one micro-batch. Before setup_module.
   void set_profile_input(Tensor sample) { profile_input_ = std::move(sample); }
+  // Takes the first micro-batch of recipe.sample_input's rows as the profile input.
+  void set_model_recipe(const ModelRecipe& recipe) override;
   // Partitions the module (an nn::LayeredModel) into stages and keeps this rank's.
   void setup_module(nn::Module& module) override;
   // Keeps this stage's parameters in the optimizer's groups; under ZeRO-1 in the stage's dp
-  // group (options().pipeline.data_parallel), this replica's 1/dp of each instead.
+  // group (pipeline_options().data_parallel), this replica's 1/dp of each instead.
   void setup_optimizer(optim::Optimizer& optimizer) override;
   // The update; under ZeRO-1 each replica steps its parts, then they exchange them.
   void optimizer_step(optim::Optimizer& optimizer) override;
   // One batch (this data-parallel rank's rows) through the pipeline: split into
-  // options().pipeline.micro_batches micro-batches by rows, each loss multiplied by
+  // pipeline_options().micro_batches micro-batches by rows, each loss multiplied by
   // scale / micro_batches before its backward; gradients synchronised (tied parameters
   // summed across stages, then averaged over the stage's dp replicas). Returns the batch's
   // mean loss on every rank. Collective.
   Tensor train_batch(const Tensor& inputs, const Tensor& targets, double scale = 1.0);
+  // train_batch(inputs, targets, scale): the model's own loss, not loss_of_rows.
+  Tensor train_batch(const Tensor& inputs, const Tensor& targets, const LossOfRows& loss_of_rows,
+                     double scale = 1.0) override;
   Tensor forward_backward(const LossOfRows& loss_of_rows, int64_t rows, double scale) override;
   void set_backward_sync(bool sync) override;
   // 16-mixed: this stage's gradients divided by the loss scale; inf/NaN on any rank skips the
@@ -81,6 +90,9 @@ class PipelineStrategy : public ParallelStrategy {
   // stage order, and the schedule's theoretical one. Collective over the pipeline.
   std::vector<double> measured_bubbles();
   double theoretical_bubble() const;
+  // "pipeline: <mesh>, M micro-batches, <schedule>, layers per chunk ...: bubble per stage
+  // ... (theory ...)". Collective (measured_bubbles).
+  std::vector<std::string> training_report() override;
   const pipeline::Schedule& schedule() const { return *schedule_; }
 
   const DeviceMesh& mesh() const;
@@ -90,6 +102,8 @@ class PipelineStrategy : public ParallelStrategy {
   const std::vector<int64_t>& layer_bounds() const { return bounds_; }
 
  private:
+  pipeline::PipelineOptions pipeline_;
+  TensorParallelOptions tp_options_;
   // Whether this stage uses parameter `name` (it keeps its storage).
   bool holds(const std::string& name) const;
   // The stage (lowest) that owns a parameter for norms, checkpoints and gathering.

@@ -3,6 +3,7 @@
 #include <algorithm>
 
 #include "core/error.h"
+#include "core/registry.h"
 #include "core/tags.h"
 
 namespace loom::strategies::pipeline {
@@ -93,13 +94,54 @@ std::vector<Action> ZeroBubbleSchedule::actions(int stage, int stages, int micro
   return out;
 }
 
+namespace {
+
+// The built-in schedules, added when the registry is first used.
+struct Registry : NamedRegistry<ScheduleEntry> {
+  Registry() : NamedRegistry<ScheduleEntry>(tag::kPipeline, "schedule") {
+    add("gpipe", {[](int) { return std::make_unique<GPipeSchedule>(); },
+                  "every forward, then every backward (GPipe)"});
+    add("1f1b", {[](int) { return std::make_unique<OneFOneBSchedule>(); },
+                 "one forward, one backward after a warm-up (PipeDream-Flush)"});
+    add("interleaved_1f1b",
+        {[](int chunks) { return std::make_unique<InterleavedOneFOneBSchedule>(chunks); },
+         "1f1b over --pp-chunks model chunks per stage (Megatron-LM's interleaving)"});
+    add("zero_bubble", {[](int) { return std::make_unique<ZeroBubbleSchedule>(); },
+                        "1f1b with backward split into input and weight halves (ZB-H1)"});
+  }
+};
+
+Registry& registry() {
+  static Registry instance;
+  return instance;
+}
+
+}  // namespace
+
+void ScheduleRegistry::add(const std::string& name, ScheduleEntry entry) {
+  registry().add(name, std::move(entry));
+}
+
+bool ScheduleRegistry::remove(const std::string& name) {
+  return registry().remove(name);
+}
+
+bool ScheduleRegistry::contains(const std::string& name) {
+  return registry().contains(name);
+}
+
+std::unique_ptr<Schedule> ScheduleRegistry::create(const std::string& name, int chunks) {
+  std::unique_ptr<Schedule> schedule = registry().at(name).factory(chunks);
+  if (schedule == nullptr) tag::kPipeline.fail("the factory of schedule '", name, "' returned null");
+  return schedule;
+}
+
+std::vector<std::pair<std::string, std::string>> ScheduleRegistry::list() {
+  return registry().list();
+}
+
 std::unique_ptr<Schedule> make_schedule(const std::string& name, int chunks) {
-  if (name == "gpipe") return std::make_unique<GPipeSchedule>();
-  if (name == "1f1b") return std::make_unique<OneFOneBSchedule>();
-  if (name == "interleaved_1f1b") return std::make_unique<InterleavedOneFOneBSchedule>(chunks);
-  if (name == "zero_bubble") return std::make_unique<ZeroBubbleSchedule>();
-  tag::kPipeline.fail("unknown schedule '", name,
-                      "'; expected gpipe, 1f1b, interleaved_1f1b or zero_bubble");
+  return ScheduleRegistry::create(name, chunks);
 }
 
 void check_actions(const std::vector<Action>& actions, int micro_batches, int chunks,

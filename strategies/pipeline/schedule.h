@@ -26,8 +26,10 @@
 // long; interleaving divides the idle time by v: (p - 1) / (v m + p - 1); zero_bubble, with
 // I and W each half of a backward, leaves (p - 1) / (3 m + p - 1).
 
+#include <functional>
 #include <memory>
 #include <string>
+#include <utility>
 #include <vector>
 
 namespace loom::strategies::pipeline {
@@ -81,9 +83,33 @@ class ZeroBubbleSchedule : public Schedule {
   std::vector<Action> actions(int stage, int stages, int micro_batches) const override;
 };
 
-// "gpipe", "1f1b", "interleaved_1f1b" (with `chunks` model chunks per stage, >= 2),
-// "zero_bubble"; anything else is loom::Error listing them.
-std::unique_ptr<Schedule> make_schedule(const std::string& name, int chunks = 2);
+// Makes a schedule; `chunks` is the model chunks per stage, read by the schedules that
+// interleave them (and ignored by the others).
+using ScheduleFactory = std::function<std::unique_ptr<Schedule>(int chunks)>;
+
+struct ScheduleEntry {
+  ScheduleFactory factory;
+  std::string description;
+};
+
+// Schedules by name, with every Loom registry's verbs (core/registry.h). Built-in: "gpipe",
+// "1f1b", "interleaved_1f1b" (chunks >= 2), "zero_bubble". A schedule of one's own overrides
+// Schedule::actions() and is added here; --pp-schedule then accepts its name.
+class ScheduleRegistry {
+ public:
+  // Throws loom::Error when the name is empty or taken, or the factory empty.
+  static void add(const std::string& name, ScheduleEntry entry);
+  static bool remove(const std::string& name);
+  static bool contains(const std::string& name);
+  // An unknown name is loom::Error listing the registered ones and the closest match.
+  static std::unique_ptr<Schedule> create(const std::string& name, int chunks = 2);
+  // (name, description) of every registered schedule, sorted by name.
+  static std::vector<std::pair<std::string, std::string>> list();
+};
+
+// The name before 2026-12-03, kept for existing programs.
+[[deprecated("use ScheduleRegistry::create")]] std::unique_ptr<Schedule> make_schedule(
+    const std::string& name, int chunks = 2);
 
 // Throws loom::Error unless `actions` run every micro-batch's forward once on each of the
 // `chunks` chunks and then its backward once (whole, or its I and later its W half), each
@@ -99,7 +125,7 @@ int peak_in_flight(const std::vector<Action>& actions);
 // what it waits for (the chunk before's forward, the chunk after's backward) is done.
 struct Simulation {
   double makespan = 0;
-  std::vector<double> busy;  // per stage
+  std::vector<double> busy;                                   // per stage
   std::vector<std::vector<std::pair<double, double>>> spans;  // per stage, per action: start, end
 };
 // Costs as theoretical_bubble says; a schedule whose stages wait for each other forever is

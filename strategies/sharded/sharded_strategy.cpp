@@ -4,8 +4,9 @@
 
 namespace loom::strategies {
 
-ShardedStrategy::ShardedStrategy(StrategyOptions options, std::string name)
-    : ParallelStrategy(std::move(options)), name_(std::move(name)) {}
+ShardedStrategy::ShardedStrategy(StrategyOptions options, sharded::ShardingOptions sharding,
+                                 std::string name)
+    : ParallelStrategy(std::move(options)), sharding_(std::move(sharding)), name_(std::move(name)) {}
 
 ShardedStrategy::~ShardedStrategy() = default;
 
@@ -23,7 +24,7 @@ void ShardedStrategy::setup_module(nn::Module& module) {
   Strategy::setup_module(module);
   verify_same_parameters(module.named_parameters(), *group_);
   broadcast_parameters(module.parameters(), *group_);
-  sharded::ShardingOptions sharding = options_.sharding;
+  sharded::ShardingOptions sharding = sharding_;
   if (sharding.hybrid_shard && sharding.shard_group_size == 0) {
     // FSDP's default: shard inside a node, replicate across nodes. Ranks this strategy started
     // itself all run on this node.

@@ -9,15 +9,18 @@
 #include <string>
 
 #include "strategies/sharded/engine.h"
+#include "strategies/sharded/options.h"
 #include "strategies/strategy.h"
 
 namespace loom::strategies {
 
 class ShardedStrategy : public ParallelStrategy {
  public:
-  ShardedStrategy(StrategyOptions options, std::string name);
+  // `name` is the registry's (fsdp, deepspeed_stage_3, ...): it tags messages.
+  ShardedStrategy(StrategyOptions options, sharded::ShardingOptions sharding, std::string name);
   ~ShardedStrategy() override;
   std::string name() const override { return name_; }
+  const sharded::ShardingOptions& sharding_options() const { return sharding_; }
   void setup_environment() override;
   // Checks that every rank holds the same parameters, broadcasts rank 0's, then shards them.
   void setup_module(nn::Module& module) override;
@@ -41,6 +44,7 @@ class ShardedStrategy : public ParallelStrategy {
   // Writes gather_state(state); every rank must call it (between steps).
   void save_checkpoint(const std::filesystem::path& path,
                        const std::map<std::string, Tensor>& state) override;
+  bool prefers_sharded_checkpoints() const override { return true; }
   void teardown() override;
 
   // The engine, once setup_module() ran (for tests, reports and benchmarks).
@@ -49,6 +53,7 @@ class ShardedStrategy : public ParallelStrategy {
  private:
   sharded::ShardedEngine& need_engine(const char* what) const;
 
+  sharded::ShardingOptions sharding_;
   std::string name_;
   std::unique_ptr<sharded::ShardedEngine> engine_;
   bool optimizer_adopted_ = false;

@@ -111,19 +111,20 @@ void ProcessGroupTensorParallel::max(Tensor& t) const {
   reduce_in_place(*group_, t, comm::ReduceOp::Max);
 }
 
-ModelParallelStrategy::ModelParallelStrategy(StrategyOptions options)
-    : ParallelStrategy(std::move(options)) {
-  if (options_.tensor_parallel < 1)
-    tag::kModelParallel.fail("--tp must be >= 1, got ", options_.tensor_parallel);
+ModelParallelStrategy::ModelParallelStrategy(StrategyOptions options,
+                                             TensorParallelOptions tensor_parallel)
+    : ParallelStrategy(std::move(options)), tensor_parallel_(tensor_parallel) {
+  if (tensor_parallel_.size < 1)
+    tag::kModelParallel.fail("--tp must be >= 1, got ", tensor_parallel_.size);
 }
 
 void ModelParallelStrategy::setup_environment() {
   join_or_start_ranks(LaunchMethod::Spawn);
-  const int tp = options_.tensor_parallel;
+  const int tp = tensor_parallel_.size;
   const int dp = DeviceMesh::data_parallel_size(group_->size(), 1, tp);
   mesh_.emplace(group_, DeviceMesh::Dims{{"dp", dp}, {"tp", tp}});
   tp_ = std::make_shared<ProcessGroupTensorParallel>(mesh_->group("tp"),
-                                                     options_.sequence_parallel);
+                                                     tensor_parallel_.sequence_parallel);
 }
 
 const DeviceMesh& ModelParallelStrategy::mesh() const {
@@ -148,7 +149,7 @@ void ModelParallelStrategy::setup_module(nn::Module& module) {
 
 void ModelParallelStrategy::backward(const Tensor& loss) {
   loss.backward();
-  if (options_.sequence_parallel) {
+  if (tensor_parallel_.sequence_parallel) {
     // Replicated parameters used on the split sequence (LayerNorms, wpe, the biases after the
     // row-parallel layers) have each rank's positions' share of their gradient: sum them.
     NoGradGuard no_grad;

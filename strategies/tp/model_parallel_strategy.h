@@ -20,6 +20,7 @@
 #include "strategies/device_mesh.h"
 #include "strategies/strategy.h"
 #include "strategies/tp/layout.h"
+#include "strategies/tp/options.h"
 
 namespace loom::strategies {
 
@@ -45,7 +46,8 @@ class ProcessGroupTensorParallel : public nn::TensorParallelGroup {
 
 class ModelParallelStrategy : public ParallelStrategy {
  public:
-  explicit ModelParallelStrategy(StrategyOptions options);
+  ModelParallelStrategy(StrategyOptions options, TensorParallelOptions tensor_parallel);
+  const TensorParallelOptions& tensor_parallel_options() const { return tensor_parallel_; }
   std::string name() const override { return "model_parallel"; }
   void setup_environment() override;
   // Splits the module (an nn::TensorParallelModel) over this rank's tp group.
@@ -75,6 +77,7 @@ class ModelParallelStrategy : public ParallelStrategy {
 
  private:
   std::optional<DeviceMesh> mesh_;
+  TensorParallelOptions tensor_parallel_;
   std::shared_ptr<ProcessGroupTensorParallel> tp_;
   TensorParallelLayout layout_;
   std::vector<std::pair<std::string, Tensor>> params_;

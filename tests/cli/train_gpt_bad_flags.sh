@@ -53,10 +53,12 @@ expect_error "writing \-\-metrics file '/dev/full' failed at step 1" --metrics /
 expect_error "\-\-nesterov has no effect here: it needs \-\-optimizer sgd" --nesterov
 expect_error "\-\-eps has no effect here: it needs \-\-optimizer adamw" --optimizer sgd --eps 1e-6
 expect_error "\-\-keep-last has no effect here: it needs \-\-checkpoint-dir" --keep-last 2
-expect_error "\-\-bucket-cap-mb has no effect here: it needs a DDP strategy" --bucket-cap-mb 1
+expect_error "\-\-bucket-cap-mb has no effect here: it needs a strategy that reads it (ddp, ddp_find_unused_parameters_true, ddp_fork, ddp_spawn); \-\-strategy single_device does not" --bucket-cap-mb 1
 expect_error "\-\-powersgd-rank has no effect here: it needs \-\-ddp-comm-hook powersgd" --strategy ddp_spawn --devices 2 --powersgd-rank 2
 expect_error "\-\-sequence-parallel has no effect here: it needs \-\-tp 2 or more" --sequence-parallel
-expect_error "\-\-micro-batches has no effect here: it needs \-\-pp 2 or more" --micro-batches 2
+expect_error "\-\-micro-batches has no effect here: it needs a strategy that reads it (pipeline); \-\-strategy single_device does not" --micro-batches 2
+expect_error "\-\-tp has no effect here: it needs a strategy that reads it (model_parallel, pipeline); \-\-strategy ddp_spawn does not" --strategy ddp_spawn --tp 2
+expect_error "\-\-fsdp-sharding-strategy has no effect here: it needs a strategy that reads it (fsdp, fsdp_cpu_offload); \-\-strategy deepspeed_stage_2 does not" --strategy deepspeed_stage_2 --fsdp-sharding-strategy NO_SHARD
 expect_error "\-\-pp-chunks has no effect here: it needs \-\-pp-schedule interleaved_1f1b" --pp 2 --pp-chunks 2
 expect_error "deepspeed-config\] '$d' is a folder" --deepspeed-config "$d"
 expect_error "step 2: the gradient norm is nan (loss -\?nan); training diverged" --lr 1e30

@@ -35,7 +35,7 @@ class Conformance : public ::testing::TestWithParam<std::tuple<std::string, int>
   std::string backend() const { return std::get<0>(GetParam()); }
   int world() const { return std::get<1>(GetParam()); }
   void SetUp() override {
-    if (!backend_available(backend())) {
+    if (!BackendRegistry::contains(backend())) {
       GTEST_SKIP() << "this build has no '" << backend() << "' backend";
     }
   }

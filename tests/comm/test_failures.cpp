@@ -200,7 +200,7 @@ TEST(Failures, MisuseIsRejectedOnTheCallingThread) {
 // counts the collectives it forwards to a wrapped shm backend.
 class CountingBackend final : public Backend {
  public:
-  explicit CountingBackend(const BackendContext& c) : inner_(create_backend("shm", c)) {}
+  explicit CountingBackend(const BackendContext& c) : inner_(BackendRegistry::create("shm", c)) {}
   std::string name() const override { return "counting"; }
   int rank() const override { return inner_->rank(); }
   int size() const override { return inner_->size(); }
@@ -229,14 +229,16 @@ class CountingBackend final : public Backend {
 };
 
 TEST(Backends, UserBackendIsSelectableByName) {
-  register_backend(
-      "counting", [](const BackendContext& c) { return std::make_unique<CountingBackend>(c); },
-      "shm, counting allreduces");
+  BackendRegistry::add(
+      "counting",
+      {[](const BackendContext& c) { return std::make_unique<CountingBackend>(c); },
+       "shm, counting allreduces"});
   bool listed = false;
-  for (auto& [name, description] : available_backends())
+  for (auto& [name, description] : BackendRegistry::list())
     listed |= name == "counting";
   EXPECT_TRUE(listed);
-  EXPECT_THROW(register_backend("counting", nullptr, "again"), Error);
+  EXPECT_TRUE(BackendRegistry::contains("counting"));
+  EXPECT_THROW(BackendRegistry::add("counting", {nullptr, "again"}), Error);
   expect_all_ok(run_ranks(2, [](int rank, int size, std::shared_ptr<Store> store) {
     ProcessGroup pg(rank, size, store, {.backend = "counting", .timeout = 10s});
     EXPECT_EQ(pg.backend_name(), "counting");
@@ -246,20 +248,39 @@ TEST(Backends, UserBackendIsSelectableByName) {
     EXPECT_EQ(CountingBackend::calls, 1);
   }));
   try {
-    create_backend("countin", {});
+    BackendRegistry::create("countin", {});
     FAIL();
   } catch (const Error& e) {
     // Every registered name, sorted (nccl, ucx and hierarchical depend on the build).
     std::string listed = "Available: ";
-    for (const auto& [name, description] : available_backends())
+    for (const auto& [name, description] : BackendRegistry::list())
       listed += name + ", ";
     listed += "auto";
     EXPECT_NE(std::string(e.what()).find(listed), std::string::npos) << e.what();
     EXPECT_NE(listed.find("counting, "), std::string::npos);
     EXPECT_NE(listed.find("shm, "), std::string::npos);
   }
-  EXPECT_TRUE(remove_backend("counting"));
+  EXPECT_TRUE(BackendRegistry::remove("counting"));
 }
+
+// The verbs before 2026-12-03 still work.
+#pragma GCC diagnostic push
+#pragma GCC diagnostic ignored "-Wdeprecated-declarations"
+TEST(Backends, TheOldVerbsStillWork) {
+  register_backend(
+      "counting_old", [](const BackendContext& c) { return std::make_unique<CountingBackend>(c); },
+      "shm, counting allreduces");
+  EXPECT_TRUE(backend_available("counting_old"));
+  bool listed = false;
+  for (auto& [name, description] : available_backends())
+    listed |= name == "counting_old";
+  EXPECT_TRUE(listed);
+  EXPECT_NO_THROW(require_backend("counting_old"));
+  EXPECT_THROW(create_backend("countin_old", {}), Error);
+  EXPECT_TRUE(remove_backend("counting_old"));
+  EXPECT_FALSE(backend_available("counting_old"));
+}
+#pragma GCC diagnostic pop
 
 TEST(Failures, WorkWaitHasATimeout) {
   Work work(OpLabel{.kind = "allreduce", .seq = 3, .bytes = 4096, .dtype = "f32"});

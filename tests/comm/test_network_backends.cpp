@@ -26,7 +26,7 @@ using testing::run_ranks;
 class NetworkBackend : public ::testing::TestWithParam<const char*> {
  protected:
   void SetUp() override {
-    if (!backend_available(GetParam())) {
+    if (!BackendRegistry::contains(GetParam())) {
       GTEST_SKIP() << "this build has no " << GetParam()
                    << " backend (install libucx-dev and configure again)";
     }

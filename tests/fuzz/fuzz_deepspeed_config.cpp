@@ -23,7 +23,7 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   ls::DeepSpeedConfig config;
   try {
     config = ls::parse_deepspeed_config(text, "fuzz.json");
-    ls::StrategyOptions options;
+    ls::StrategyConfig options;
     ls::apply_deepspeed_config(config, options);
   } catch (const loom::Error&) {
     return 0;

@@ -59,19 +59,19 @@ std::vector<Tensor> reduce_once(Reducer& reducer, const std::vector<Tensor>& par
 
 TEST(CommHooks, BuiltinsByName) {
   std::vector<std::string> names;
-  for (auto& [name, description] : available_comm_hooks()) {
+  for (auto& [name, description] : CommHookRegistry::list()) {
     names.push_back(name);
     EXPECT_FALSE(description.empty()) << name;
   }
   for (const char* name : {"allreduce", "bf16_compress", "fp16_compress", "powersgd"}) {
     EXPECT_NE(std::find(names.begin(), names.end(), name), names.end()) << name;
-    EXPECT_EQ(make_comm_hook(name)->name(), name);
+    EXPECT_EQ(CommHookRegistry::create(name)->name(), name);
   }
 }
 
 TEST(CommHooks, UnknownNameListsTheAvailableOnes) {
   try {
-    make_comm_hook("bf16_compres");
+    CommHookRegistry::create("bf16_compres");
     FAIL() << "expected loom::Error";
   } catch (const Error& e) {
     std::string what = e.what();
@@ -83,12 +83,14 @@ TEST(CommHooks, UnknownNameListsTheAvailableOnes) {
   auto pg = std::make_shared<comm::ProcessGroup>(0, 1, store);
   Tensor p = Tensor::zeros({3}).set_requires_grad(true);
   EXPECT_THROW(Reducer({p}, pg, {.comm_hook = "nope"}), Error);
-  EXPECT_THROW(register_comm_hook(
-                   "allreduce", [] { return make_comm_hook("allreduce"); }, ""),
+  EXPECT_THROW(CommHookRegistry::add(
+                   "allreduce", {[] { return CommHookRegistry::create("allreduce"); }, ""}),
                Error);
-  EXPECT_THROW(register_comm_hook(
-                   "", [] { return make_comm_hook("allreduce"); }, ""),
-               Error);
+  EXPECT_THROW(
+      CommHookRegistry::add("", {[] { return CommHookRegistry::create("allreduce"); }, ""}),
+      Error);
+  EXPECT_THROW(CommHookRegistry::add("empty", {nullptr, ""}), Error);
+  EXPECT_FALSE(CommHookRegistry::contains("empty"));
 }
 
 // A user hook: allreduce Sum, then scale by 1/W in finish(); counts its launches.
@@ -117,8 +119,9 @@ class SumThenScale : public CommHook {
 };
 
 TEST(CommHooks, UserHookIsUsedByTheReducer) {
-  register_comm_hook(
-      "sum_then_scale", [] { return std::make_unique<SumThenScale>(); }, "test hook");
+  CommHookRegistry::add("sum_then_scale",
+                        {[] { return std::make_unique<SumThenScale>(); }, "test hook"});
+  EXPECT_TRUE(CommHookRegistry::contains("sum_then_scale"));
   expect_all_ok(run_ranks(2, [](int rank, int size, std::shared_ptr<comm::Store> s) {
     auto pg = group_of(rank, size, s);
     std::vector<Tensor> params = {Tensor::zeros({5}, DType::F64).set_requires_grad(true),
@@ -137,8 +140,24 @@ TEST(CommHooks, UserHookIsUsedByTheReducer) {
     for (double v : got[1].to_vector<double>())
       EXPECT_EQ(v, 15.0);
   }));
-  EXPECT_TRUE(remove_comm_hook("sum_then_scale"));
+  EXPECT_TRUE(CommHookRegistry::remove("sum_then_scale"));
 }
+
+// The verbs before 2026-12-03 still work.
+#pragma GCC diagnostic push
+#pragma GCC diagnostic ignored "-Wdeprecated-declarations"
+TEST(CommHooks, TheOldVerbsStillWork) {
+  register_comm_hook(
+      "sum_then_scale_old", [] { return std::make_unique<SumThenScale>(); }, "test hook");
+  bool listed = false;
+  for (auto& [name, description] : available_comm_hooks())
+    listed |= name == "sum_then_scale_old" && description == "test hook";
+  EXPECT_TRUE(listed);
+  EXPECT_EQ(make_comm_hook("sum_then_scale_old")->name(), "sum_then_scale");
+  EXPECT_TRUE(remove_comm_hook("sum_then_scale_old"));
+  EXPECT_THROW(make_comm_hook("sum_then_scale_old"), Error);
+}
+#pragma GCC diagnostic pop
 
 void check_compression(const std::string& hook, DType wire, double rel_tol) {
   expect_all_ok(run_ranks(3, [&](int rank, int size, std::shared_ptr<comm::Store> s) {
@@ -193,15 +212,14 @@ struct PowerSGDCase {
 PowerSGDCase powersgd_case(std::shared_ptr<comm::ProcessGroup> pg, const PowerSGDOptions& o) {
   static int serial = 0;
   std::string name = "powersgd_test_" + std::to_string(serial++);
-  register_comm_hook(
-      name, [o] { return make_powersgd_hook(o); }, "test");
+  CommHookRegistry::add(name, {[o] { return make_powersgd_hook(o); }, "test"});
   PowerSGDCase c;
   // A 16 x 12 matrix (compressed), a bias (plain), a 2 x 2 matrix (not worth compressing).
   c.params = {Tensor::zeros({16, 12}, DType::F64).set_requires_grad(true),
               Tensor::zeros({12}, DType::F64).set_requires_grad(true),
               Tensor::zeros({2, 2}, DType::F64).set_requires_grad(true)};
   c.reducer = std::make_unique<Reducer>(c.params, pg, ReducerOptions{.comm_hook = name});
-  remove_comm_hook(name);
+  CommHookRegistry::remove(name);
   return c;
 }
 

@@ -63,7 +63,7 @@ TEST(DataParallel, GradientsMatchSingleDevice) {
     std::vector<double> reference = gradients(single, rows, &reference_loss);
     for (const char* devices : {"2", "3"}) {
       SCOPED_TRACE(std::string("rows ") + std::to_string(rows) + " devices " + devices);
-      auto dp = StrategyRegistry::get("dp", {.devices = devices});
+      auto dp = StrategyRegistry::create("dp", {.devices = devices});
       EXPECT_EQ(dp->name(), "dp");
       double loss = 0;
       std::vector<double> mine = gradients(*dp, rows, &loss);
@@ -79,7 +79,7 @@ TEST(DataParallel, GradientsAccumulateAcrossCalls) {
   std::vector<double> once = gradients(single, 5, &loss);
   nn::GPTConfig config = tiny_config();
   nn::GPT model(config, 7);
-  auto dp = StrategyRegistry::get("dp", {.devices = "2"});
+  auto dp = StrategyRegistry::create("dp", {.devices = "2"});
   dynamic_cast<DataParallelStrategy&>(*dp).set_replica_factory(
       [config] { return std::make_unique<nn::GPT>(config, 1); });
   dp->setup_module(model);
@@ -99,8 +99,8 @@ TEST(DataParallel, GradientsAccumulateAcrossCalls) {
 }
 
 TEST(DataParallel, RejectsBadDevicesAndMissingFactory) {
-  EXPECT_THROW(StrategyRegistry::get("dp", {.devices = "0"}), Error);
-  EXPECT_THROW(StrategyRegistry::get("dp", {.devices = "two"}), Error);
+  EXPECT_THROW(StrategyRegistry::create("dp", {.devices = "0"}), Error);
+  EXPECT_THROW(StrategyRegistry::create("dp", {.devices = "two"}), Error);
   EXPECT_EQ(DataParallelStrategy(StrategyOptions{}).num_replicas(), 1);
   nn::GPT model(tiny_config(), 0);
   DataParallelStrategy dp({.devices = "2"});
@@ -116,7 +116,7 @@ TEST(DataParallel, TrainLoopMatchesSingleDevice) {
   for (int64_t batch : {4, 5}) {
     SCOPED_TRACE("batch " + std::to_string(batch));
     std::vector<double> reference = testing::train_tiny(nullptr, batch);
-    auto dp = StrategyRegistry::get("dp", {.devices = "2"});
+    auto dp = StrategyRegistry::create("dp", {.devices = "2"});
     expect_near_all(testing::train_tiny(dp.get(), batch), reference, 1e-10);
   }
 }

@@ -61,7 +61,7 @@ TEST(DeepSpeedConfig, AZeroThreeConfigMapsOntoLoom) {
   ASSERT_EQ(c.warnings.size(), 1u);
   EXPECT_PRED2(contains, c.warnings[0], "fp16.hysteresis");
 
-  StrategyOptions options;
+  StrategyConfig options;
   EXPECT_EQ(apply_deepspeed_config(c, options), "deepspeed_stage_3");
   EXPECT_TRUE(options.sharding.offload_optimizer);
   EXPECT_TRUE(options.sharding.offload_params);
@@ -81,7 +81,7 @@ TEST(DeepSpeedConfig, AutoLeavesLoomsValueAndStageZeroIsNoShard) {
   EXPECT_EQ(c.precision, "bf16-mixed");
   ASSERT_EQ(c.warnings.size(), 1u);  // reduce_bucket_size is read but not acted on
   EXPECT_PRED2(contains, c.warnings[0], "zero_optimization.reduce_bucket_size");
-  StrategyOptions options;
+  StrategyConfig options;
   EXPECT_EQ(apply_deepspeed_config(c, options), "fsdp");
   EXPECT_EQ(options.fsdp_sharding_strategy, "NO_SHARD");
   const DeepSpeedConfig fixed =
@@ -116,7 +116,7 @@ TEST(DeepSpeedConfig, BadValuesAreNamed) {
   EXPECT_PRED2(contains, error_of(R"([1, 2])"), "the top level: expected an object");
   EXPECT_PRED2(contains, error_of(R"({"optimizer": {"type": "AdamW", "params": {"eps": 0}}})"), "optimizer.params.eps: expected a number above 0, got 0");
   EXPECT_PRED2(contains, error_of(R"({"optimizer": {"type": "AdamW", "params": {"betas": [0.9, 1.0]}}})"), "two numbers in [0, 1), got [0.9,1.0]");
-  StrategyOptions options;
+  StrategyConfig options;
   DeepSpeedConfig nvme = parse_deepspeed_config(
       R"({"zero_optimization": {"stage": 3, "offload_param": {"device": "nvme", "nvme_path": "/x"}}})",
       "ds.json");
@@ -155,7 +155,7 @@ TEST(DeepSpeedConfig, NvmeOffloadOfTheOptimizerMaps) {
                               "pipeline_read": true},
         "offload_param": {"device": "cpu"}}})",
                                                   "ds.json");
-  StrategyOptions options;
+  StrategyConfig options;
   EXPECT_EQ(apply_deepspeed_config(config, options), "deepspeed_stage_3");
   EXPECT_TRUE(options.sharding.offload_optimizer);
   EXPECT_TRUE(options.sharding.offload_params);
@@ -168,7 +168,7 @@ TEST(DeepSpeedConfig, NvmeOffloadOfTheOptimizerMaps) {
   DeepSpeedConfig infinity = parse_deepspeed_config(R"({"zero_optimization": {"stage": 3,
       "offload_optimizer": {"device": "nvme", "nvme_path": "/local_nvme"},
       "offload_param": {"device": "nvme", "nvme_path": "/local_nvme"}}})", "ds.json");
-  StrategyOptions both;
+  StrategyConfig both;
   apply_deepspeed_config(infinity, both);
   EXPECT_TRUE(both.sharding.nvme_params);
   EXPECT_TRUE(both.sharding.offload_params);

@@ -37,9 +37,9 @@ bool no_children() {
 class TestBackend {
  public:
   TestBackend(std::string name, comm::BackendFactory factory) : name_(std::move(name)) {
-    comm::register_backend(name_, std::move(factory), "test");
+    comm::BackendRegistry::add(name_, {std::move(factory), "test"});
   }
-  ~TestBackend() { comm::remove_backend(name_); }
+  ~TestBackend() { comm::BackendRegistry::remove(name_); }
   const std::string& name() const { return name_; }
 
  private:

@@ -29,9 +29,9 @@ nn::GPTConfig model_config() {
 }
 
 // The peaks by kind (largest rank) over two train_gpt steps under `name`.
-MemoryReport measure(const std::string& name, const StrategyOptions& options, int rank, int size,
+MemoryReport measure(const std::string& name, const StrategyConfig& options, int rank, int size,
                      const std::shared_ptr<comm::Store>& store, const std::string& group) {
-  auto strategy = StrategyRegistry::get(name, options);
+  auto strategy = StrategyRegistry::create(name, options);
   dynamic_cast<ParallelStrategy&>(*strategy).set_process_group(std::make_shared<comm::ProcessGroup>(
       rank, size, store, comm::GroupOptions{.timeout = 30s}, group));
   strategy->setup_environment();
@@ -75,7 +75,7 @@ TEST(MemoryEstimate, MatchesWhatTrainingStepsMeasureWithinFivePercent) {
   const std::string& swap_dir = swap.path();
   expect_all_ok(run_ranks(2, [&](int rank, int size, std::shared_ptr<comm::Store> store) {
     for (size_t i = 0; i < cases.size(); ++i) {
-      StrategyOptions options;
+      StrategyConfig options;
       if (cases[i].nvme) {
         options.sharding.nvme_path = swap_dir;
         options.sharding.sub_group_size = 4096;
@@ -115,7 +115,7 @@ TEST(MemoryEstimate, ZeroFormulasHoldForOneUnitOnFourRanks) {
   EXPECT_EQ(one.peak(MemoryKind::Parameters), 4 * padded);
   EXPECT_EQ(one.peak(MemoryKind::Gradients), 4 * padded);
   EXPECT_EQ(one.peak(MemoryKind::OptimizerState), 8 * padded / 4);
-  StrategyOptions whole;
+  StrategyConfig whole;
   whole.sharding.auto_wrap_policy = "none";
   MemoryEstimate three = estimate_memory(model, "deepspeed_stage_3", 4, whole);
   EXPECT_EQ(three.units, 1);

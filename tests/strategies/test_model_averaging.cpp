@@ -66,10 +66,10 @@ std::vector<double> train_step(Strategy& s, Tiny& m, optim::SGD& sgd, int rank, 
 std::vector<std::vector<double>> run(std::shared_ptr<comm::ProcessGroup> group, int period,
                                      int warmup, int steps,
                                      std::vector<std::vector<double>>* grads_v = nullptr) {
-  StrategyOptions options;  // (named: GCC 12 misreports a designated temporary here)
+  DDPOptions options;  // (named: GCC 12 misreports a designated temporary here)
   options.local_sgd_period = period;
   options.local_sgd_warmup = warmup;
-  DDPStrategy ddp(options);
+  DDPStrategy ddp({}, options);
   ddp.set_process_group(group);
   ddp.setup_environment();
   Tiny model;
@@ -111,7 +111,9 @@ TEST(PeriodicModelAverager, AveragesOnTheScheduleAndRejectsBadArguments) {
   EXPECT_THROW(PeriodicModelAverager(0, 0), Error);
   EXPECT_THROW(PeriodicModelAverager(2, -1), Error);
   Tiny model;
-  EXPECT_THROW(DDPStrategy({.local_sgd_period = -1}).setup_module(model), Error);
+  DDPOptions negative;
+  negative.local_sgd_period = -1;
+  EXPECT_THROW(DDPStrategy({}, negative).setup_module(model), Error);
 }
 
 TEST(PeriodicModelAverager, CountsEveryCallAndAveragesInPlace) {

@@ -34,7 +34,7 @@ using pipeline::Action;
 
 TEST(PipelineSchedules, EveryActionOnceBackwardInOrderAnd1F1BHoldsAtMostTheStagesLeft) {
   for (const std::string name : {"gpipe", "1f1b", "zero_bubble"}) {
-    auto schedule = pipeline::make_schedule(name);
+    auto schedule = pipeline::ScheduleRegistry::create(name);
     for (int p : {1, 2, 4}) {
       for (int m : {1, 3, 8}) {
         for (int s = 0; s < p; ++s) {
@@ -50,7 +50,7 @@ TEST(PipelineSchedules, EveryActionOnceBackwardInOrderAnd1F1BHoldsAtMostTheStage
     }
   }
   // p = 4, m = 8: the first stage runs 3 forwards ahead, the last one alternates from the start.
-  const auto one_f_one_b = pipeline::make_schedule("1f1b");
+  const auto one_f_one_b = pipeline::ScheduleRegistry::create("1f1b");
   const std::vector<Action> first = one_f_one_b->actions(0, 4, 8);
   EXPECT_EQ(first[3], (Action{Action::Forward, 3}));
   EXPECT_EQ(first[4], (Action{Action::Backward, 0}));
@@ -61,7 +61,7 @@ TEST(PipelineSchedules, EveryActionOnceBackwardInOrderAnd1F1BHoldsAtMostTheStage
   // Interleaved: every chunk's actions once, in order; the bubble divided by the chunks.
   for (int p : {2, 4}) {
     for (int v : {2, 3}) {
-      auto interleaved = pipeline::make_schedule("interleaved_1f1b", v);
+      auto interleaved = pipeline::ScheduleRegistry::create("interleaved_1f1b", v);
       EXPECT_EQ(interleaved->chunks_per_stage(), v);
       for (int m : {p, 2 * p}) {
         for (int s = 0; s < p; ++s)
@@ -69,12 +69,12 @@ TEST(PipelineSchedules, EveryActionOnceBackwardInOrderAnd1F1BHoldsAtMostTheStage
       }
     }
   }
-  const auto interleaved = pipeline::make_schedule("interleaved_1f1b", 2);
+  const auto interleaved = pipeline::ScheduleRegistry::create("interleaved_1f1b", 2);
   EXPECT_DOUBLE_EQ(interleaved->theoretical_bubble(4, 8), 3.0 / 19.0);
   EXPECT_NE(error_of([&] { interleaved->actions(0, 4, 6); }).find("a multiple of --pp 4"),
             std::string::npos);
-  EXPECT_NE(error_of([] { pipeline::make_schedule("zigzag"); })
-                .find("expected gpipe, 1f1b, interleaved_1f1b or zero_bubble"),
+  EXPECT_NE(error_of([] { pipeline::ScheduleRegistry::create("zigzag"); })
+                .find("Available: 1f1b, gpipe, interleaved_1f1b, zero_bubble"),
             std::string::npos);
   const std::vector<Action> out_of_order = {{Action::Forward, 0}, {Action::Forward, 1},
                                             {Action::Backward, 1}, {Action::Backward, 0}};
@@ -95,7 +95,7 @@ class DeadlockingSchedule : public pipeline::Schedule {
 };
 
 TEST(PipelineSchedules, ZeroBubbleSplitsBackwardAndFillsTheBubble) {
-  const auto zero_bubble = pipeline::make_schedule("zero_bubble");
+  const auto zero_bubble = pipeline::ScheduleRegistry::create("zero_bubble");
   // p = 2, m = 4: stage 1 holds its first weight half back one micro-batch.
   const std::vector<Action> expected_last = {
       {Action::Forward, 0},        {Action::BackwardInput, 0}, {Action::Forward, 1},
@@ -106,9 +106,9 @@ TEST(PipelineSchedules, ZeroBubbleSplitsBackwardAndFillsTheBubble) {
   // With I and W each half a backward, 1F1B's idle (p - 1) units of 3 become (p - 1) of 1.
   EXPECT_DOUBLE_EQ(zero_bubble->theoretical_bubble(2, 4), 1.0 / 13.0);
   EXPECT_DOUBLE_EQ(zero_bubble->theoretical_bubble(4, 8), 3.0 / 27.0);
-  const auto one_f_one_b = pipeline::make_schedule("1f1b");
+  const auto one_f_one_b = pipeline::ScheduleRegistry::create("1f1b");
   EXPECT_DOUBLE_EQ(one_f_one_b->theoretical_bubble(2, 4), 1.0 / 5.0);
-  EXPECT_DOUBLE_EQ(pipeline::make_schedule("gpipe")->theoretical_bubble(4, 8), 3.0 / 11.0);
+  EXPECT_DOUBLE_EQ(pipeline::ScheduleRegistry::create("gpipe")->theoretical_bubble(4, 8), 3.0 / 11.0);
   // A weight half before its input half, or out of order, is refused.
   EXPECT_NE(error_of([] {
               pipeline::check_actions({{Action::Forward, 0}, {Action::BackwardWeight, 0}}, 1, 1, "mine");
@@ -177,11 +177,12 @@ Weights train(Strategy* strategy, int64_t batch, int64_t accum, int64_t steps) {
 }
 
 // A pipeline strategy joined to a fresh group `group` of the test's ranks.
-std::unique_ptr<PipelineStrategy> start_pipeline(const StrategyOptions& options, int rank, int size,
+std::unique_ptr<PipelineStrategy> start_pipeline(const StrategyConfig& options, int rank, int size,
                                                  const std::shared_ptr<comm::Store>& store,
                                                  const std::string& group,
                                                  std::chrono::seconds timeout = 30s) {
-  auto strategy = std::make_unique<PipelineStrategy>(options);
+  auto strategy =
+      std::make_unique<PipelineStrategy>(options, options.pipeline, options.tensor_parallel);
   strategy->set_process_group(std::make_shared<comm::ProcessGroup>(
       rank, size, store, comm::GroupOptions{.timeout = timeout}, group));
   strategy->setup_environment();
@@ -192,7 +193,7 @@ std::unique_ptr<Strategy> make_pipeline(int stages, int micro_batches, const std
                                         std::vector<int64_t> balance, int rank, int size,
                                         const std::shared_ptr<comm::Store>& store,
                                         const std::string& group) {
-  StrategyOptions options;
+  StrategyConfig options;
   options.pipeline.stages = stages;
   options.pipeline.micro_batches = micro_batches;
   options.pipeline.schedule = schedule;
@@ -239,7 +240,7 @@ TEST(Pipeline, MatchesSingleDeviceAccumulationOverTheSameMicroBatches) {
       EXPECT_EQ(train(zb.get(), 4, 1, 4), with_gpipe) << stages << " stages: zero_bubble agrees";
       zb->teardown();
       if (stages == 2) {  // balanced by measured forward times: the same weights
-        StrategyOptions options;
+        StrategyConfig options;
         options.pipeline.stages = 2;
         options.pipeline.micro_batches = 2;
         options.pipeline.balance_by = "time";
@@ -278,7 +279,7 @@ TEST(Pipeline, ZeroOneInsideTheStagesMatchesDdpInsideThemBitwise) {
     auto ddp = make_pipeline(2, 2, "1f1b", {}, rank, size, store, "pp-ddp");
     const auto with_ddp = train(ddp.get(), 4, 1, 3);
     ddp->teardown();
-    StrategyOptions options;
+    StrategyConfig options;
     options.pipeline = {.stages = 2, .micro_batches = 2, .schedule = "1f1b", .chunks = 2,
                         .balance = {}, .data_parallel = "deepspeed_stage_1"};
     auto zero1 = start_pipeline(options, rank, size, store, "pp-zero1");
@@ -291,7 +292,7 @@ TEST(Pipeline, ZeroOneInsideTheStagesMatchesDdpInsideThemBitwise) {
 // (the ranks agree), backs off the same way everywhere, and training goes on.
 TEST(Pipeline, LossScalerSkipsTheStepOnEveryStage) {
   expect_all_ok(run_ranks(2, [&](int rank, int size, std::shared_ptr<comm::Store> store) {
-    StrategyOptions options;
+    StrategyConfig options;
     options.precision = "16-mixed";
     options.loss_scaler.initial_scale = 1e38;  // the scaled loss overflows at first
     options.pipeline.stages = 2;
@@ -339,7 +340,7 @@ TEST(Pipeline, OneFOneBHoldsFewerActivationsThanGPipe) {
 // A stage that dies mid-batch: its neighbour fails with a CommError within the timeout.
 TEST(Pipeline, ADeadStageIsACommErrorNotAHang) {
   const auto results = run_ranks(2, [](int rank, int size, std::shared_ptr<comm::Store> store) {
-    StrategyOptions options;
+    StrategyConfig options;
     options.pipeline.stages = 2;
     options.pipeline.micro_batches = 2;
     auto s = start_pipeline(options, rank, size, store, "dead", 5s);

@@ -70,7 +70,7 @@ TEST(Precision, MixedTrainingStaysCloseToF32AndSkipsOverflowingSteps) {
   auto run = [](const std::string& precision, double* scale_out) {
     StrategyOptions options;  // (named: GCC 12 misreports a designated temporary here)
     options.precision = precision;
-    auto strategy = StrategyRegistry::get("single_device", options);
+    auto strategy = StrategyRegistry::create("single_device", options);
     nn::GPTConfig c = testing::tiny_gpt_config(DType::F32);
     nn::GPT model(c, 2);
     train_gpt::TrainOptions o;
@@ -95,7 +95,7 @@ TEST(Precision, MixedTrainingStaysCloseToF32AndSkipsOverflowingSteps) {
   EXPECT_GT(scale, 0);
   StrategyOptions eight_bit;
   eight_bit.precision = "8-true";
-  EXPECT_THROW(StrategyRegistry::get("single_device", eight_bit), Error);
+  EXPECT_THROW(StrategyRegistry::create("single_device", eight_bit), Error);
 }
 
 // A user precision policy: bf16 rounding with a loss scaler.
@@ -109,7 +109,7 @@ class ScaledBf16 : public Precision {
 };
 
 TEST(Precision, UserPoliciesReplaceTheBuiltIns) {
-  auto strategy = StrategyRegistry::get("single_device");
+  auto strategy = StrategyRegistry::create("single_device");
   EXPECT_EQ(strategy->compute_dtype(), DType::F32);
   EXPECT_EQ(strategy->loss_scaler(), nullptr);
   strategy->set_precision(std::make_shared<ScaledBf16>());

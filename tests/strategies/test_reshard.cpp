@@ -33,14 +33,14 @@ using namespace std::chrono_literals;
 struct Hop {
   std::string strategy;
   int world;
-  std::function<void(StrategyOptions&, const fs::path& scratch)> adjust = nullptr;
+  std::function<void(StrategyConfig&, const fs::path& scratch)> adjust = nullptr;
 };
 
 std::unique_ptr<Strategy> make(const Hop& hop, int rank, const std::shared_ptr<comm::Store>& store,
                                const fs::path& scratch) {
-  StrategyOptions options;
+  StrategyConfig options;
   if (hop.adjust) hop.adjust(options, scratch);
-  auto strategy = StrategyRegistry::get(hop.strategy, std::move(options));
+  auto strategy = StrategyRegistry::create(hop.strategy, std::move(options));
   if (auto* parallel = dynamic_cast<ParallelStrategy*>(strategy.get())) {
     parallel->set_process_group(std::make_shared<comm::ProcessGroup>(
         rank, hop.world, store, comm::GroupOptions{.timeout = 30s}, "reshard"));
@@ -167,16 +167,16 @@ void expect_hops_keep_the_state(const std::vector<Hop>& hops, const std::string&
   EXPECT_TRUE(fs::is_empty(scratch)) << "NVMe swap files left behind";
 }
 
-void block_units(StrategyOptions& o, const fs::path&) {
+void block_units(StrategyConfig& o, const fs::path&) {
   o.sharding.auto_wrap_policy = "Block";
 }
 
 auto tensor_parallel(int size) {
-  return [size](StrategyOptions& o, const fs::path&) { o.tensor_parallel = size; };
+  return [size](StrategyConfig& o, const fs::path&) { o.tensor_parallel.size = size; };
 }
 
 auto stages(int count) {
-  return [count](StrategyOptions& o, const fs::path&) { o.pipeline.stages = count; };
+  return [count](StrategyConfig& o, const fs::path&) { o.pipeline.stages = count; };
 }
 
 TEST(Resharding, AdamWStateSurvivesEveryStrategyAndWorldSize) {
@@ -185,7 +185,7 @@ TEST(Resharding, AdamWStateSurvivesEveryStrategyAndWorldSize) {
        {"deepspeed_stage_3", 3, block_units},
        {"deepspeed_stage_1", 2},
        {"fsdp", 4,
-        [](StrategyOptions& o, const fs::path&) {
+        [](StrategyConfig& o, const fs::path&) {
           o.fsdp_sharding_strategy = "HYBRID_SHARD";
           o.sharding.shard_group_size = 2;
           o.sharding.auto_wrap_policy = "Block";
@@ -193,22 +193,22 @@ TEST(Resharding, AdamWStateSurvivesEveryStrategyAndWorldSize) {
        {"pipeline", 2, stages(2)},
        {"pipeline", 4, stages(2)},  // dp 2 x pp 2
        {"pipeline", 4,
-        [](StrategyOptions& o, const fs::path&) {  // dp 2 x pp 2, ZeRO-1 inside the stages
+        [](StrategyConfig& o, const fs::path&) {  // dp 2 x pp 2, ZeRO-1 inside the stages
           o.pipeline.stages = 2;
           o.pipeline.data_parallel = "deepspeed_stage_1";
         }},
        {"pipeline", 3, stages(3)},
        {"model_parallel", 2, tensor_parallel(2)},
        {"model_parallel", 2,
-        [](StrategyOptions& o, const fs::path&) {
-          o.tensor_parallel = 2;
-          o.sequence_parallel = true;
+        [](StrategyConfig& o, const fs::path&) {
+          o.tensor_parallel.size = 2;
+          o.tensor_parallel.sequence_parallel = true;
         }},
        {"model_parallel", 4, tensor_parallel(2)},  // dp 2 x tp 2
        {"pipeline", 4,
-        [](StrategyOptions& o, const fs::path&) {  // pp 2 x tp 2
+        [](StrategyConfig& o, const fs::path&) {  // pp 2 x tp 2
           o.pipeline.stages = 2;
-          o.tensor_parallel = 2;
+          o.tensor_parallel.size = 2;
         }},
        {"single_device", 1},
        {"fsdp_cpu_offload", 2}},
@@ -225,7 +225,7 @@ TEST(Resharding, ColumnBlocksLoadUnderEveryKindOfStrategy) {
 }
 
 TEST(Resharding, SgdMomentumSurvivesNvmeSubGroups) {
-  auto nvme = [](StrategyOptions& o, const fs::path& scratch) {
+  auto nvme = [](StrategyConfig& o, const fs::path& scratch) {
     o.sharding.nvme_path = scratch;
     o.sharding.sub_group_size = 100;  // sub-groups cut through parameters
     o.sharding.nvme_buffer_count = 2;

@@ -203,18 +203,18 @@ std::vector<float> train_f32(Strategy* strategy, int64_t accum) {
 }
 
 struct Variant {
-  Variant(std::string name, std::function<void(StrategyOptions&)> change = nullptr,
+  Variant(std::string name, std::function<void(StrategyConfig&)> change = nullptr,
           std::string text = "")
       : strategy(std::move(name)), adjust(std::move(change)), label(std::move(text)) {}
   std::string strategy;
-  std::function<void(StrategyOptions&)> adjust;
+  std::function<void(StrategyConfig&)> adjust;
   std::string label;
 };
 
-std::unique_ptr<Strategy> make(const std::string& name, StrategyOptions options, int rank,
+std::unique_ptr<Strategy> make(const std::string& name, StrategyConfig options, int rank,
                                int size, const std::shared_ptr<comm::Store>& store,
                                const std::string& group) {
-  auto strategy = StrategyRegistry::get(name, std::move(options));
+  auto strategy = StrategyRegistry::create(name, std::move(options));
   auto* parallel = dynamic_cast<ParallelStrategy*>(strategy.get());
   parallel->set_process_group(std::make_shared<comm::ProcessGroup>(
       rank, size, store, comm::GroupOptions{.timeout = 30s}, group));
@@ -225,13 +225,13 @@ std::unique_ptr<Strategy> make(const std::string& name, StrategyOptions options,
 void expect_bitwise_like_ddp(const std::vector<Variant>& variants, const std::string& precision,
                              int64_t accum) {
   expect_all_ok(run_ranks(2, [&](int rank, int size, std::shared_ptr<comm::Store> store) {
-    StrategyOptions base;
+    StrategyConfig base;
     base.precision = precision;
     auto ddp = make("ddp", base, rank, size, store, "ddp");
     const std::vector<float> reference = train_f32(ddp.get(), accum);
     ddp->teardown();
     for (size_t v = 0; v < variants.size(); ++v) {
-      StrategyOptions options = base;
+      StrategyConfig options = base;
       if (variants[v].adjust) variants[v].adjust(options);
       std::string group = "v";  // (two steps: GCC 12 misreports "v" + to_string as -Wrestrict)
       group += std::to_string(v);
@@ -249,7 +249,7 @@ void expect_bitwise_like_ddp(const std::vector<Variant>& variants, const std::st
 }
 
 auto wrap(const std::string& spec) {
-  return [spec](StrategyOptions& o) { o.sharding.auto_wrap_policy = spec; };
+  return [spec](StrategyConfig& o) { o.sharding.auto_wrap_policy = spec; };
 }
 
 TEST(ShardedStrategies, EveryStageAndPolicyMatchesDdpBitwise) {
@@ -263,7 +263,7 @@ TEST(ShardedStrategies, EveryStageAndPolicyMatchesDdpBitwise) {
        {"fsdp", wrap("Block"), "Block units"},
        {"fsdp", wrap("Embedding"), "wpe unit, tied wte in the root"},
        {"fsdp",
-        [](StrategyOptions& o) {
+        [](StrategyConfig& o) {
           o.sharding.auto_wrap_policy = "min_params:300";
           o.sharding.forward_prefetch = true;
           o.sharding.backward_prefetch = sharded::BackwardPrefetch::Post;
@@ -271,13 +271,13 @@ TEST(ShardedStrategies, EveryStageAndPolicyMatchesDdpBitwise) {
         },
         "min_params, prefetch forward and post-backward, two ahead"},
        {"fsdp",
-        [](StrategyOptions& o) {
+        [](StrategyConfig& o) {
           o.fsdp_sharding_strategy = "SHARD_GRAD_OP";
           o.sharding.auto_wrap_policy = "Block";
           o.sharding.backward_prefetch = sharded::BackwardPrefetch::None;
         },
         "SHARD_GRAD_OP, no prefetch"},
-       {"fsdp", [](StrategyOptions& o) { o.fsdp_sharding_strategy = "NO_SHARD"; }, "NO_SHARD"},
+       {"fsdp", [](StrategyConfig& o) { o.fsdp_sharding_strategy = "NO_SHARD"; }, "NO_SHARD"},
        {"fsdp_cpu_offload", wrap("Block"), "Block units"}},
       "32-true", 1);
 }
@@ -371,7 +371,7 @@ MixedRun train_mixed(Strategy* strategy) {
 
 TEST(ShardedStrategies, LowPrecisionParametersHalveTheWireAndKeepF32Masters) {
   expect_all_ok(run_ranks(2, [&](int rank, int size, std::shared_ptr<comm::Store> store) {
-    StrategyOptions options;
+    StrategyConfig options;
     options.sharding.auto_wrap_policy = "Block";
     const MixedRun f32 = train_mixed(make("fsdp", options, rank, size, store, "f32").get());
     options.sharding.param_dtype = DType::BF16;
@@ -391,7 +391,7 @@ TEST(ShardedStrategies, LowPrecisionParametersHalveTheWireAndKeepF32Masters) {
     }
     EXPECT_GT(unrounded, bf16.weights.size() / 2);
 
-    StrategyOptions stage2;
+    StrategyConfig stage2;
     stage2.sharding.param_dtype = DType::BF16;
     auto s = make("deepspeed_stage_2", stage2, rank, size, store, "lp-stage2");
     nn::GPT model(testing::tiny_gpt_config(DType::F32), 4);
@@ -409,7 +409,7 @@ TEST(ShardedStrategies, HybridShardShardsInsideGroupsAndMatchesDdp) {
     const std::vector<float> reference = train_f32(ddp.get(), 1);
     ddp->teardown();
 
-    StrategyOptions options;
+    StrategyConfig options;
     options.fsdp_sharding_strategy = "HYBRID_SHARD";
     options.sharding.shard_group_size = 2;
     options.sharding.auto_wrap_policy = "Block";
@@ -442,7 +442,7 @@ struct SwapDir : loom::testing::TempDir {
 };
 
 auto nvme(const SwapDir& dir, int64_t sub_group_size, int buffers, std::string wrap_policy = "") {
-  return [path = dir.path(), sub_group_size, buffers, wrap_policy](StrategyOptions& o) {
+  return [path = dir.path(), sub_group_size, buffers, wrap_policy](StrategyConfig& o) {
     o.sharding.nvme_path = path;
     o.sharding.sub_group_size = sub_group_size;
     o.sharding.nvme_buffer_count = buffers;
@@ -459,7 +459,7 @@ TEST(ShardedStrategies, NvmeOffloadMatchesDdpBitwise) {
        {"deepspeed_stage_2_offload", nvme(dir, 300, 1), "sub-groups of 300, 1 buffer"},
        {"fsdp_cpu_offload", nvme(dir, 1 << 30, 4, "Block"), "one sub-group per group"},
        {"deepspeed_stage_3_offload_nvme",
-        [&dir](StrategyOptions& o) {
+        [&dir](StrategyConfig& o) {
           nvme(dir, 2048, 3)(o);
           o.sharding.forward_prefetch = true;
           o.sharding.backward_prefetch = sharded::BackwardPrefetch::Post;
@@ -475,7 +475,7 @@ TEST(ShardedStrategies, NvmeOffloadMatchesDdpBitwise) {
 TEST(ShardedStrategies, NvmeOffloadKeepsTheOptimizerOnDisk) {
   SwapDir dir;
   expect_all_ok(run_ranks(2, [&](int rank, int size, std::shared_ptr<comm::Store> store) {
-    StrategyOptions options;
+    StrategyConfig options;
     nvme(dir, 1024, 2)(options);
     auto s = make("deepspeed_stage_3_offload_nvme", options, rank, size, store, "nvme");
     nn::GPTConfig c = testing::tiny_gpt_config(DType::F32);
@@ -539,7 +539,7 @@ TEST(ShardedStrategies, AccumulationAndMixedPrecisionMatchDdpBitwise) {
 
 TEST(ShardedStrategies, StageThreeHoldsOnlyShardsAndOneUnitAtATime) {
   expect_all_ok(run_ranks(2, [](int rank, int size, std::shared_ptr<comm::Store> store) {
-    StrategyOptions options;
+    StrategyConfig options;
     options.sharding.auto_wrap_policy = "Block";
     auto s = make("fsdp", options, rank, size, store, "fsdp");
     nn::GPTConfig c = testing::tiny_gpt_config(DType::F32);
@@ -583,7 +583,7 @@ TEST(ShardedStrategies, MisuseIsExplained) {
   expect_all_ok(run_ranks(2, [](int rank, int size, std::shared_ptr<comm::Store> store) {
     nn::GPTConfig c = testing::tiny_gpt_config(DType::F32);
     {
-      StrategyOptions options;
+      StrategyConfig options;
       options.sharding.offload_params = true;
       auto s = make("deepspeed_stage_2", options, rank, size, store, "a");
       nn::GPT model(c, 1);
@@ -592,7 +592,7 @@ TEST(ShardedStrategies, MisuseIsExplained) {
     }
     {
       // A model destroyed before its strategy (a Fabric declared first, say) is not touched.
-      const StrategyOptions defaults;
+      const StrategyConfig defaults;
       auto s = make("fsdp", defaults, rank, size, store, "short-lived");
       {
         nn::GPT model(c, 1);
@@ -601,7 +601,7 @@ TEST(ShardedStrategies, MisuseIsExplained) {
       s->teardown();
     }
     {
-      StrategyOptions options;
+      StrategyConfig options;
       options.fsdp_sharding_strategy = "HYBRID_SHARD";
       options.sharding.shard_group_size = 3;  // 2 ranks do not split into groups of 3
       auto s = make("fsdp", options, rank, size, store, "hybrid");
@@ -617,7 +617,7 @@ TEST(ShardedStrategies, MisuseIsExplained) {
       s->teardown();
     }
     {
-      const StrategyOptions defaults;
+      const StrategyConfig defaults;
       auto s = make("deepspeed_stage_3", defaults, rank, size, store, "b");
       nn::GPT model(c, 1);
       s->setup_module(model);
@@ -630,7 +630,7 @@ TEST(ShardedStrategies, MisuseIsExplained) {
     }
     {
       // Models that differ across ranks are named before anything is sharded.
-      const StrategyOptions defaults;
+      const StrategyConfig defaults;
       auto s = make("fsdp", defaults, rank, size, store, "c");
       nn::GPTConfig mine = c;
       mine.embd = rank == 0 ? 16 : 24;

@@ -21,7 +21,7 @@ using namespace std::chrono_literals;
 
 TEST(StrategyRegistry, UnknownNamesListTheAvailableAndTheClosest) {
   try {
-    StrategyRegistry::get("dpp");
+    StrategyRegistry::create("dpp");
     FAIL();
   } catch (const Error& e) {
     std::string what = e.what();
@@ -44,18 +44,22 @@ class Counting : public SingleDeviceStrategy {
 };
 
 TEST(StrategyRegistry, UserStrategiesAreSelectableByName) {
-  StrategyRegistry::register_strategy(
-      "counting", [](const StrategyOptions& o) { return std::make_unique<Counting>(o); },
-      "counts backward calls");
-  EXPECT_THROW(StrategyRegistry::register_strategy(
+  StrategyRegistry::add(
+      "counting", {.factory = [](const StrategyConfig& c) { return std::make_unique<Counting>(c); },
+                   .description = "counts backward calls",
+                   .kind = StrategyKind::SingleDevice});
+  EXPECT_THROW(StrategyRegistry::add(
                    "counting",
-                   [](const StrategyOptions& o) { return std::make_unique<Counting>(o); }, "again"),
+                   {.factory = [](const StrategyConfig& c) { return std::make_unique<Counting>(c); },
+                    .description = "again"}),
                Error);
+  EXPECT_TRUE(StrategyRegistry::contains("counting"));
+  EXPECT_EQ(StrategyRegistry::entry("counting").kind, StrategyKind::SingleDevice);
   bool listed = false;
-  for (auto& [name, description] : StrategyRegistry::available_strategies())
+  for (auto& [name, description] : StrategyRegistry::list())
     listed |= name == "counting";
   EXPECT_TRUE(listed);
-  auto strategy = StrategyRegistry::get("counting");
+  auto strategy = StrategyRegistry::create("counting");
   nn::GPTConfig c;
   c.vocab_size = 64;
   c.context = 8;
@@ -75,14 +79,57 @@ TEST(StrategyRegistry, UserStrategiesAreSelectableByName) {
       model, data, o, [](const train_gpt::StepMetrics&) {}, strategy.get());
   EXPECT_EQ(Counting::backwards, 3);
   EXPECT_TRUE(StrategyRegistry::remove("counting"));
+  EXPECT_FALSE(StrategyRegistry::contains("counting"));
+}
+
+// The verbs before 2026-12-03 (register_strategy, get, available_strategies) still work.
+#pragma GCC diagnostic push
+#pragma GCC diagnostic ignored "-Wdeprecated-declarations"
+TEST(StrategyRegistry, TheOldVerbsStillWork) {
+  StrategyRegistry::register_strategy(
+      "counting_old", [](const StrategyOptions& o) { return std::make_unique<Counting>(o); },
+      "counts backward calls", [](StrategyOptions& o) { o.precision = "bf16-mixed"; });
+  bool listed = false;
+  for (auto& [name, description] : StrategyRegistry::available_strategies())
+    listed |= name == "counting_old" && description == "counts backward calls";
+  EXPECT_TRUE(listed);
+  EXPECT_EQ(StrategyRegistry::get("counting_old")->options().precision, "bf16-mixed");
+  EXPECT_EQ(StrategyRegistry::get("counting_old", StrategyOptions{})->name(), "counting");
+  EXPECT_TRUE(StrategyRegistry::remove("counting_old"));
+}
+#pragma GCC diagnostic pop
+
+// What a front end asks before building: the kind and the flags each name reads, and a
+// name's defaults.
+TEST(StrategyRegistry, EntriesDeclareTheirKindAndFlags) {
+  EXPECT_EQ(StrategyRegistry::entry("single_device").kind, StrategyKind::SingleDevice);
+  EXPECT_EQ(StrategyRegistry::entry("ddp_spawn").kind, StrategyKind::DataParallel);
+  EXPECT_EQ(StrategyRegistry::entry("dp").kind, StrategyKind::ThreadDataParallel);
+  EXPECT_EQ(StrategyRegistry::entry("deepspeed_stage_3").kind, StrategyKind::Sharded);
+  EXPECT_EQ(StrategyRegistry::entry("pipeline").kind, StrategyKind::Pipeline);
+  EXPECT_EQ(StrategyRegistry::entry("model_parallel").kind, StrategyKind::TensorParallel);
+  EXPECT_EQ(StrategyRegistry::names_reading("--bucket-cap-mb"),
+            (std::vector<std::string>{"ddp", "ddp_find_unused_parameters_true", "ddp_fork",
+                                      "ddp_spawn"}));
+  EXPECT_EQ(StrategyRegistry::names_reading("--tp"),
+            (std::vector<std::string>{"model_parallel", "pipeline"}));
+  EXPECT_EQ(StrategyRegistry::names_reading("--fsdp-sharding-strategy"),
+            (std::vector<std::string>{"fsdp", "fsdp_cpu_offload"}));
+  EXPECT_TRUE(StrategyRegistry::names_reading("--no-such-flag").empty());
+  const StrategyConfig stage3 = StrategyRegistry::with_defaults("deepspeed_stage_3_offload", {});
+  EXPECT_EQ(stage3.sharding.stage, 3);
+  EXPECT_TRUE(stage3.sharding.offload_params);
+  EXPECT_EQ(stage3.sharding.auto_wrap_policy, "params");
+  EXPECT_THROW(StrategyRegistry::with_defaults("dpp", {}), Error);
+  EXPECT_STREQ(strategy_kind_name(StrategyKind::Sharded), "sharded");
 }
 
 TEST(StrategyRegistry, RegisteredDefaultsApply) {
-  auto strategy = StrategyRegistry::get("ddp_find_unused_parameters_true");
+  auto strategy = StrategyRegistry::create("ddp_find_unused_parameters_true");
   EXPECT_EQ(strategy->name(), "ddp");
-  EXPECT_TRUE(strategy->options().ddp.find_unused_parameters);
-  EXPECT_THROW(StrategyRegistry::get("ddp", {.precision = "8-true"}), Error);
-  EXPECT_THROW(StrategyRegistry::get("ddp", {.accelerator = "tpu"}), Error);
+  EXPECT_TRUE(dynamic_cast<DDPStrategy&>(*strategy).ddp_options().find_unused_parameters);
+  EXPECT_THROW(StrategyRegistry::create("ddp", {.precision = "8-true"}), Error);
+  EXPECT_THROW(StrategyRegistry::create("ddp", {.accelerator = "tpu"}), Error);
 }
 
 // A user CheckpointIO that keeps checkpoints in memory.
@@ -99,7 +146,7 @@ class MemoryCheckpointIO : public CheckpointIO {
 };
 
 TEST(StrategyPlugins, CheckpointIOAcceleratorAndClusterEnvironmentAreReplaceable) {
-  auto strategy = StrategyRegistry::get("single_device");
+  auto strategy = StrategyRegistry::create("single_device");
   EXPECT_EQ(strategy->accelerator().name(), "cpu");
   EXPECT_EQ(strategy->root_device(), Device::cpu());
   auto io = std::make_shared<MemoryCheckpointIO>();
@@ -110,14 +157,14 @@ TEST(StrategyPlugins, CheckpointIOAcceleratorAndClusterEnvironmentAreReplaceable
             std::vector<float>({3, 3}));
   EXPECT_THROW(strategy->set_checkpoint_io(nullptr), Error);
   try {
-    StrategyRegistry::get("single_device", {.accelerator = "tpu"});
+    StrategyRegistry::create("single_device", {.accelerator = "tpu"});
     FAIL();
   } catch (const Error& e) {
     EXPECT_NE(std::string(e.what()).find("expected 'cpu', 'cuda' or 'auto'"), std::string::npos)
         << e.what();
   }
   // A cluster environment handed in replaces the detection from environment variables.
-  auto ddp = StrategyRegistry::get("ddp");
+  auto ddp = StrategyRegistry::create("ddp");
   comm::ClusterEnv env;
   env.source = "custom";
   dynamic_cast<ParallelStrategy&>(*ddp).set_cluster_environment(env);
@@ -141,7 +188,7 @@ TEST(StrategyPlugins, DevicesAsUsersWriteThem) {
               std::string::npos)
         << e.what();
   }
-  EXPECT_THROW(StrategyRegistry::get("ddp", {.devices = "1,3"}), Error);
+  EXPECT_THROW(StrategyRegistry::create("ddp", {.devices = "1,3"}), Error);
 }
 
 // On GPUs (a fake count of 4 visible devices): "auto" and "-1" are all of them, "N" the
@@ -183,7 +230,7 @@ TEST(DDPStrategy, TrainLoopMatchesSingleDeviceWithAndWithoutAccumulation) {
   const int world = 2;
   std::vector<double> reference = testing::train_tiny(nullptr, 2 * world, 1);
   expect_all_ok(run_ranks(world, [&](int rank, int size, std::shared_ptr<comm::Store> store) {
-    auto ddp = StrategyRegistry::get("ddp");
+    auto ddp = StrategyRegistry::create("ddp");
     auto* parallel = dynamic_cast<ParallelStrategy*>(ddp.get());
     parallel->set_process_group(std::make_shared<comm::ProcessGroup>(
         rank, size, store, comm::GroupOptions{.timeout = 30s}));

@@ -138,7 +138,7 @@ TEST(TorchReference, TwoRankShardedStrategiesMatchPyTorchAtTwiceTheBatch) {
   const Reference ref = read_reference();
   expect_all_ok(run_ranks(2, [&](int rank, int size, std::shared_ptr<comm::Store> store) {
     for (const std::string name : {"ddp", "deepspeed_stage_3", "fsdp"}) {
-      auto strategy = StrategyRegistry::get(name, {});
+      auto strategy = StrategyRegistry::create(name);
       dynamic_cast<ParallelStrategy&>(*strategy).set_process_group(
           std::make_shared<comm::ProcessGroup>(rank, size, store,
                                                comm::GroupOptions{.timeout = 60s}, name));
@@ -155,12 +155,12 @@ TEST(TorchReference, DdpOverTwoHostsMatchesPyTorchAtFourTimesTheBatch) {
   const Reference ref = read_reference();
   expect_all_ok(run_ranks(4, [&](int rank, int size, std::shared_ptr<comm::Store> store) {
     setenv("LOOM_HOST_ID", std::to_string(rank / 2).c_str(), 1);
-    StrategyOptions hybrid;
+    StrategyConfig hybrid;
     hybrid.fsdp_sharding_strategy = "HYBRID_SHARD";
     hybrid.sharding.shard_group_size = 2;  // a host
     for (const auto& [name, options] :
-         {std::pair<std::string, StrategyOptions>{"ddp", {}}, {"fsdp", hybrid}}) {
-      auto strategy = StrategyRegistry::get(name, options);
+         {std::pair<std::string, StrategyConfig>{"ddp", {}}, {"fsdp", hybrid}}) {
+      auto strategy = StrategyRegistry::create(name, options);
       dynamic_cast<ParallelStrategy&>(*strategy).set_process_group(
           std::make_shared<comm::ProcessGroup>(
               rank, size, store, comm::GroupOptions{.backend = "hierarchical", .timeout = 60s},
@@ -178,10 +178,10 @@ TEST(TorchReference, TensorParallelMatchesPyTorchAtTheSameBatch) {
   const Reference ref = read_reference();
   expect_all_ok(run_ranks(2, [&](int rank, int size, std::shared_ptr<comm::Store> store) {
     for (const bool sequence_parallel : {false, true}) {
-      StrategyOptions options;
-      options.tensor_parallel = 2;
-      options.sequence_parallel = sequence_parallel;
-      auto strategy = StrategyRegistry::get("model_parallel", options);
+      StrategyConfig options;
+      options.tensor_parallel.size = 2;
+      options.tensor_parallel.sequence_parallel = sequence_parallel;
+      auto strategy = StrategyRegistry::create("model_parallel", options);
       dynamic_cast<ParallelStrategy&>(*strategy).set_process_group(
           std::make_shared<comm::ProcessGroup>(rank, size, store,
                                                comm::GroupOptions{.timeout = 60s},
@@ -200,11 +200,11 @@ TEST(TorchReference, PipelineSchedulesMatchPyTorchAtTheSameBatch) {
   const Reference ref = read_reference();
   expect_all_ok(run_ranks(2, [&](int rank, int size, std::shared_ptr<comm::Store> store) {
     for (const std::string schedule : {"gpipe", "1f1b", "interleaved_1f1b", "zero_bubble"}) {
-      StrategyOptions options;
+      StrategyConfig options;
       options.pipeline.stages = 2;
       options.pipeline.micro_batches = 4;
       options.pipeline.schedule = schedule;
-      PipelineStrategy strategy(options);
+      PipelineStrategy strategy(options, options.pipeline);
       strategy.set_process_group(std::make_shared<comm::ProcessGroup>(
           rank, size, store, comm::GroupOptions{.timeout = 60s}, schedule));
       strategy.setup_environment();
@@ -219,11 +219,11 @@ TEST(TorchReference, PipelineSchedulesMatchPyTorchAtTheSameBatch) {
 TEST(TorchReference, ThreeDimensionalParallelismMatchesPyTorch) {
   const Reference ref = read_reference();
   expect_all_ok(run_ranks(8, [&](int rank, int size, std::shared_ptr<comm::Store> store) {
-    StrategyOptions options;
+    StrategyConfig options;
     options.pipeline.stages = 2;
     options.pipeline.micro_batches = 2;
-    options.tensor_parallel = 2;
-    PipelineStrategy strategy(options);
+    options.tensor_parallel.size = 2;
+    PipelineStrategy strategy(options, options.pipeline, options.tensor_parallel);
     strategy.set_process_group(std::make_shared<comm::ProcessGroup>(
         rank, size, store, comm::GroupOptions{.timeout = 120s}, "3d"));
     strategy.setup_environment();

@@ -54,10 +54,10 @@ Weights train(Strategy* strategy, int64_t batch, int64_t steps) {
 std::unique_ptr<Strategy> make(const std::string& name, int tp, int rank, int size,
                                const std::shared_ptr<comm::Store>& store, const std::string& group,
                                bool sequence_parallel = false) {
-  StrategyOptions options;
-  options.tensor_parallel = tp;
-  options.sequence_parallel = sequence_parallel;
-  auto strategy = StrategyRegistry::get(name, options);
+  StrategyConfig options;
+  options.tensor_parallel.size = tp;
+  options.tensor_parallel.sequence_parallel = sequence_parallel;
+  auto strategy = StrategyRegistry::create(name, options);
   dynamic_cast<ParallelStrategy&>(*strategy).set_process_group(std::make_shared<comm::ProcessGroup>(
       rank, size, store, comm::GroupOptions{.timeout = 30s}, group));
   strategy->setup_environment();

@@ -142,10 +142,10 @@ TEST(Trace, DDPTrainingShowsStepsAndBucketsOverlappingBackward) {
   const int64_t steps = 3;
   std::string dir = temp_dir();
   expect_all_ok(run_ranks(world, [&](int rank, int size, std::shared_ptr<comm::Store> store) {
-    StrategyOptions options;
+    StrategyConfig options;
     options.ddp.bucket_cap_mb = 0.004;  // several buckets for this tiny model
     options.ddp.first_bucket_mb = 0.002;
-    auto ddp = StrategyRegistry::get("ddp", options);
+    auto ddp = StrategyRegistry::create("ddp", options);
     auto* parallel = dynamic_cast<ParallelStrategy*>(ddp.get());
     parallel->set_process_group(std::make_shared<comm::ProcessGroup>(
         rank, size, store, comm::GroupOptions{.timeout = 30s}));
@@ -255,10 +255,10 @@ TEST(Trace, ShardedTrainingShowsEachUnitsAllGatherAndReduceScatter) {
   const int64_t steps = 2;
   std::string dir = temp_dir();
   expect_all_ok(run_ranks(2, [&](int rank, int size, std::shared_ptr<comm::Store> store) {
-    StrategyOptions options;
+    StrategyConfig options;
     options.sharding.auto_wrap_policy = "Block";
     options.sharding.forward_prefetch = true;
-    auto fsdp = StrategyRegistry::get("fsdp", options);
+    auto fsdp = StrategyRegistry::create("fsdp", options);
     dynamic_cast<ParallelStrategy&>(*fsdp).set_process_group(std::make_shared<comm::ProcessGroup>(
         rank, size, store, comm::GroupOptions{.timeout = 30s}));
     fsdp->setup_environment();

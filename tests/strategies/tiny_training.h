@@ -131,7 +131,7 @@ inline void write_ddp_reference(const std::filesystem::path& path, int64_t batch
                                 int64_t steps) {
   comm::testing::expect_all_ok(comm::testing::run_ranks(
       2, [&](int rank, int size, std::shared_ptr<comm::Store> store) {
-        auto ddp = StrategyRegistry::get("ddp", {});
+        auto ddp = StrategyRegistry::create("ddp");
         dynamic_cast<ParallelStrategy&>(*ddp).set_process_group(
             std::make_shared<comm::ProcessGroup>(
                 rank, size, store, comm::GroupOptions{.timeout = std::chrono::seconds(30)},

@@ -26,7 +26,7 @@ namespace {
 
 struct StrategyBenchOptions {
   std::string strategy = "ddp";
-  strategies::StrategyOptions strategy_options;
+  strategies::StrategyConfig strategy_options;
   train_gpt::TrainOptions train;
   int64_t warmup = 2;
   int np = 0;
@@ -133,7 +133,7 @@ std::vector<double> gather_doubles(strategies::Strategy& strategy, const std::ve
 
 int run(const StrategyBenchOptions& o) {
   std::unique_ptr<strategies::Strategy> strategy =
-      strategies::StrategyRegistry::get(o.strategy, o.strategy_options);
+      strategies::StrategyRegistry::create(o.strategy, o.strategy_options);
   strategy->setup_environment();
   const RankResult r = run_rank(o, *strategy);
   const int world = strategy->world_size();
@@ -321,7 +321,8 @@ int strategy_main(int argc, char** argv) {
     kernels::cpu::set_num_threads(o.threads);
     o.strategy_options.sharding.param_dtype = parse_dtype(o.param_dtype);
     o.strategy_options.sharding.reduce_dtype = parse_dtype(o.reduce_dtype);
-    strategies::StrategyRegistry::get(o.strategy, o.strategy_options);  // a known name?
+    // A known name whose defaults accept these options (nothing is built yet).
+    strategies::StrategyRegistry::with_defaults(o.strategy, o.strategy_options);
   } catch (const Error& e) {
     std::cerr << "loom-perf strategy: " << e.what() << "\n";
     return 2;

@@ -2,6 +2,7 @@
 
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <charconv>
 #include <cmath>
@@ -9,15 +10,14 @@
 #include <cstdlib>
 #include <cstring>
 #include <filesystem>
+#include <set>
 #include <string_view>
 
 #include "core/atomic_file.h"
 #include "core/error.h"
 #include "core/tags.h"
-#include "strategies/ddp/ddp_strategy.h"
 #include "strategies/devices.h"
 #include "strategies/registry.h"
-#include "strategies/sharded/sharded_strategy.h"
 
 namespace loom::train_gpt {
 
@@ -100,10 +100,12 @@ void check_model_fits(const nn::GPTConfig& m, int64_t batch) {
 }
 
 // A flag that has no effect in the configuration asked for is refused, naming what it needs:
-// whoever typed it believes it changes something.
+// whoever typed it believes it changes something. The strategy flags are those the registry's
+// entries declare (StrategyEntry::flags): one the chosen strategy does not declare is refused,
+// naming the strategies that read it.
 void refuse_flags_without_effect(const CLI::App& app, const TrainOptions& o,
-                                 const strategies::Strategy& strategy,
-                                 const strategies::StrategyOptions& options) {
+                                 const std::string& strategy,
+                                 const strategies::StrategyConfig& config) {
   const auto refuse_unless = [&](bool applies, std::initializer_list<const char*> flags,
                                  const std::string& needs) {
     if (applies) return;
@@ -120,19 +122,30 @@ void refuse_flags_without_effect(const CLI::App& app, const TrainOptions& o,
                 "--checkpoint-dir");
   refuse_unless(!o.checkpoint_dir.empty() || o.resume != "auto", {"--resume"},
                 "--checkpoint-dir (--resume auto looks for the newest checkpoint there)");
-  const bool ddp = dynamic_cast<const strategies::DDPStrategy*>(&strategy) != nullptr;
-  refuse_unless(ddp, {"--ddp-comm-hook", "--bucket-cap-mb", "--local-sgd-period",
-                      "--local-sgd-warmup"},
-                "a DDP strategy (ddp, ddp_spawn, ...; this run uses " + strategy.name() + ")");
-  refuse_unless(options.ddp.comm_hook == "powersgd",
+  refuse_unless(config.tensor_parallel.size > 1, {"--sequence-parallel"}, "--tp 2 or more");
+  const strategies::StrategyEntry chosen = strategies::StrategyRegistry::entry(strategy);
+  std::set<std::string> declared;
+  for (const auto& [name, description] : strategies::StrategyRegistry::list()) {
+    for (const std::string& flag : strategies::StrategyRegistry::entry(name).flags)
+      declared.insert(flag);
+  }
+  for (const std::string& flag : declared) {
+    const CLI::Option* option = app.get_option_no_throw(flag);
+    if (option == nullptr || option->count() == 0) continue;
+    // A mesh size of 1 splits nothing: --pp 1 and --tp 1 go with any strategy.
+    if ((flag == "--pp" || flag == "--tp") && option->as<int>() == 1) continue;
+    if (std::find(chosen.flags.begin(), chosen.flags.end(), flag) != chosen.flags.end())
+      continue;
+    std::string readers;
+    for (const std::string& name : strategies::StrategyRegistry::names_reading(flag))
+      readers += (readers.empty() ? "" : ", ") + name;
+    tag::kTrainGpt.fail(flag, " has no effect here: it needs a strategy that reads it (",
+                        readers, "); --strategy ", strategy, " does not");
+  }
+  refuse_unless(config.ddp.comm_hook == "powersgd",
                 {"--powersgd-rank", "--powersgd-start-iter", "--powersgd-warm-start"},
                 "--ddp-comm-hook powersgd");
-  refuse_unless(options.tensor_parallel > 1, {"--sequence-parallel"}, "--tp 2 or more");
-  const bool pipeline = strategy.name() == "pipeline";
-  refuse_unless(pipeline, {"--micro-batches", "--pp-schedule", "--pp-chunks", "--pp-dp",
-                           "--pp-balance-by", "--pp-balance"},
-                "--pp 2 or more (the pipeline strategy)");
-  refuse_unless(options.pipeline.schedule == "interleaved_1f1b", {"--pp-chunks"},
+  refuse_unless(config.pipeline.schedule == "interleaved_1f1b", {"--pp-chunks"},
                 "--pp-schedule interleaved_1f1b");
 }
 
@@ -192,40 +205,18 @@ void check_same_flags_on_every_rank(strategies::Strategy& strategy,
 }
 
 // Devices per node for this job: "auto" takes what the launcher started; an explicit count
-// must match the ranks running (ddp_spawn/ddp_fork start that many themselves; for dp the
-// devices are threads of this one process).
+// must match the devices the strategy computes on (a rank each; ddp_spawn/ddp_fork start that
+// many themselves; for dp the devices are threads of this one process).
 void check_devices(const std::string& devices, const strategies::Strategy& strategy) {
   strategies::DeviceSelection selection =
       strategies::parse_devices(devices, strategy.accelerator());
   if (devices == "auto" || devices == "-1") return;
-  if (strategy.name() == "dp") return;  // one process; devices are its replicas
-  if (selection.count != strategy.world_size()) {
+  if (selection.count != strategy.devices()) {
     tag::kTrainGpt.fail(
         "--devices ", selection.count, " but ", strategy.world_size(),
         " rank(s) are running: start the ranks with `loomrun --nproc-per-node ", selection.count,
         " train_gpt --strategy ddp ...`, or use --strategy ddp_spawn (or ddp_fork), which starts "
         "them itself");
-  }
-}
-
-// The sharding flags mean nothing to a strategy that replicates the model (dp, ddp, ...):
-// refuse them rather than train unsharded while the user believes otherwise.
-void check_sharding_flags(const CLI::App& app, const strategies::Strategy& strategy) {
-  if (dynamic_cast<const strategies::ShardedStrategy*>(&strategy) != nullptr) return;
-  for (const char* flag : {"--wrap-policy", "--fsdp-sharding-strategy", "--forward-prefetch",
-                           "--backward-prefetch", "--nvme-path", "--param-dtype",
-                           "--reduce-dtype"}) {
-    if (app.count(flag) == 0) continue;
-    std::string sharded;
-    for (const auto& [name, description] : strategies::StrategyRegistry::available_strategies()) {
-      if (name.rfind("deepspeed", 0) == 0 || name.rfind("fsdp", 0) == 0)
-        sharded += (sharded.empty() ? "" : ", ") + name;
-    }
-    tag::kTrainGpt.fail(flag, " applies to the sharded strategies, but --strategy ",
-                        strategy.name(),
-                        " replicates the whole model on every rank (parameters are not "
-                        "sharded under it); use one of: ",
-                        sharded);
   }
 }
 

@@ -12,7 +12,7 @@
 #include <vector>
 
 #include "nn/gpt.h"
-#include "strategies/strategy.h"
+#include "strategies/registry.h"
 #include "tools/train_gpt/trainer.h"
 
 namespace loom::train_gpt {
@@ -24,15 +24,15 @@ extern const CLI::Validator kSeed;  // a whole number in 0 .. 2^64 - 1
 
 void refuse_empty_values(const CLI::App& app);
 void check_model_fits(const nn::GPTConfig& model, int64_t batch);
+// `strategy`: the registered name the run uses.
 void refuse_flags_without_effect(const CLI::App& app, const TrainOptions& o,
-                                 const strategies::Strategy& strategy,
-                                 const strategies::StrategyOptions& options);
+                                 const std::string& strategy,
+                                 const strategies::StrategyConfig& config);
 // `directory`: the path is a folder that may not exist yet (its parent must).
 void check_output_path(const char* flag, const std::string& path, bool directory = false);
 // Collective: every rank calls it with the same flags in the same order.
 void check_same_flags_on_every_rank(strategies::Strategy& strategy,
                                     const std::vector<std::pair<const char*, double>>& flags);
 void check_devices(const std::string& devices, const strategies::Strategy& strategy);
-void check_sharding_flags(const CLI::App& app, const strategies::Strategy& strategy);
 
 }  // namespace loom::train_gpt

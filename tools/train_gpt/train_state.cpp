@@ -13,7 +13,6 @@
 #include "nn/gpt_io.h"
 #include "strategies/checkpoint/checked_file.h"
 #include "strategies/checkpoint/distributed_state.h"
-#include "strategies/sharded/sharded_strategy.h"
 
 namespace loom::train_gpt {
 
@@ -111,7 +110,7 @@ TrainCheckpoints::TrainCheckpoints(const TrainOptions& options, strategies::Stra
 
 bool TrainCheckpoints::sharded_format() const {
   if (options_.checkpoint_format == "auto")
-    return dynamic_cast<const strategies::ShardedStrategy*>(&strategy_) != nullptr;
+    return strategy_.prefers_sharded_checkpoints();
   return options_.checkpoint_format == "sharded";
 }
 

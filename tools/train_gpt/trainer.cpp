@@ -11,9 +11,7 @@
 #include "optim/clip_grad.h"
 #include "optim/lr_schedule.h"
 #include "optim/sgd.h"
-#include "strategies/data_parallel.h"
 #include "strategies/memory_report.h"
-#include "strategies/pipeline/pipeline_strategy.h"
 #include "strategies/trace.h"
 #include "tensor/ops.h"
 #include "tools/train_gpt/train_state.h"
@@ -86,17 +84,12 @@ void train(nn::GPT& model, const data::TokenBlocks& data, const TrainOptions& op
   const strategies::StrategyOptions single_options;
   strategies::SingleDeviceStrategy single(single_options);
   strategies::Strategy& s = strategy != nullptr ? *strategy : single;
-  if (auto* dp = dynamic_cast<strategies::DataParallelStrategy*>(&s)) {
-    const nn::GPTConfig config = model.config();
-    dp->set_replica_factory([config] { return std::make_unique<nn::GPT>(config, 0); });
-  }
   TrainCheckpoints checkpoints(options, s);
   const int64_t first_step = checkpoints.open(model);  // before the strategy copies it
-  if (auto* pp = dynamic_cast<strategies::PipelineStrategy*>(&s)) {  // balancing by time
-    const Tensor tokens = data.for_step(0).tokens;
-    const int64_t rows = tokens.size(0) / std::max(pp->options().pipeline.micro_batches, 1);
-    pp->set_profile_input(tokens.narrow(0, 0, std::max<int64_t>(rows, 1)).contiguous());
-  }
+  // dp's replicas, and a pipeline's sample for balancing its stages by time.
+  const nn::GPTConfig config = model.config();
+  s.set_model_recipe({.make_replica = [config] { return std::make_unique<nn::GPT>(config, 0); },
+                      .sample_input = data.for_step(0).tokens});
   s.setup_module(model);
   auto schedule = make_schedule(options);
   const std::unique_ptr<optim::Optimizer> made = make_optimizer(model, options);
@@ -107,7 +100,6 @@ void train(nn::GPT& model, const data::TokenBlocks& data, const TrainOptions& op
   const int64_t accum = std::max<int64_t>(options.grad_accum, 1);
   // Replicas read different data; the ranks of one replica (pipeline stages) the same.
   const int64_t world = s.data_parallel_size(), rank = s.data_parallel_rank();
-  auto* pipeline = dynamic_cast<strategies::PipelineStrategy*>(&s);
   strategies::Trace* trace = strategies::current_trace();
   for (int64_t step = first_step; step < options.steps; ++step) {
     auto start = std::chrono::steady_clock::now();
@@ -143,9 +135,7 @@ void train(nn::GPT& model, const data::TokenBlocks& data, const TrainOptions& op
         return loss;
       };
       const double scale = accum > 1 ? 1.0 / static_cast<double>(accum) : 1.0;
-      Tensor loss = pipeline != nullptr
-                        ? pipeline->train_batch(batch.tokens, batch.targets, scale)
-                        : s.forward_backward(loss_of_rows, batch.tokens.size(0), scale);
+      Tensor loss = s.train_batch(batch.tokens, batch.targets, loss_of_rows, scale);
       backward_span.reset();
       local_loss += loss.item() / static_cast<double>(accum);
       tokens += batch.tokens.numel();

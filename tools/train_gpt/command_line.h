@@ -1,0 +1,45 @@
+#pragma once
+// train_gpt's command line: every flag (add_flags), bound to the fields of a CommandLine, and
+// what is checked and converted once CLI11 has parsed them (finish_parsing). The strategy's
+// options are filled into a StrategyConfig; which of them the chosen strategy reads is the
+// registry's to say (flag_checks.h, refuse_flags_without_effect).
+
+#include <CLI/CLI.hpp>
+#include <chrono>
+#include <cstdint>
+#include <string>
+
+#include "strategies/registry.h"
+#include "tools/train_gpt/trainer.h"
+
+namespace loom::train_gpt {
+
+inline constexpr const char* kDataExpected = "--data file (its bytes are the tokens)";
+
+struct CommandLine {
+  TrainOptions train;
+  std::string data_path, init_path, save_path, metrics_path, trace_path;
+  bool shuffle = false;
+  int64_t log_interval = 10;
+  std::string strategy = "single_device";
+  strategies::StrategyConfig config;
+  std::string preset;          // "" or gpt2-small
+  double peak_tflops = 989.0;  // for the MFU line
+  int threads = 0;             // 0: the machine's cores divided among its ranks
+  std::string activation_checkpointing = "none";
+  std::string deepspeed_config_path;
+  bool estimate_only = false;
+  bool list_strategies = false;
+  // As typed; finish_parsing converts them into `config`.
+  double timeout_s = std::chrono::duration<double>(loom::kDefaultTimeout).count();
+  std::string backward_prefetch = "pre";
+  std::string param_dtype = "f32", reduce_dtype = "f32";
+};
+
+// Declares every flag on `app`, bound to `cli`'s fields (which hold the defaults).
+void add_flags(CLI::App& app, CommandLine& cli);
+// After app.parse: refuses empty values and outputs that cannot be written, opens --data to
+// refuse a FIFO, and converts the typed timeout, dtypes and prefetch into cli.config.
+void finish_parsing(const CLI::App& app, CommandLine& cli);
+
+}  // namespace loom::train_gpt
