@@ -140,6 +140,26 @@ Trace::Span::~Span() {
                    tid_, std::move(args_));
 }
 
+std::optional<ClockSpan> measured_span(const comm::Work& work) {
+  const auto started = work.started_at(), completed = work.completed_at();
+  if (!started || !completed) return std::nullopt;
+  return ClockSpan{*started, *completed};
+}
+
+// See Note [Communication spans in the trace].
+void record_comm_span(Trace& trace, CommLanes& lanes, std::string name, std::string category,
+                      int64_t issued_us, int64_t known_done_us,
+                      const std::optional<ClockSpan>& measured, Trace::Args args) {
+  int64_t start = issued_us, end = known_done_us;
+  if (measured) {
+    start = std::max(trace.to_us(measured->first), issued_us);
+    end = std::max(trace.to_us(measured->second), start);
+    args.emplace_back("queued_us", start - issued_us);
+  }
+  const int tid = lanes.row_for(trace, start, end);
+  trace.complete(std::move(name), std::move(category), start, end - start, tid, std::move(args));
+}
+
 int CommLanes::row_for(Trace& trace, int64_t start_us, int64_t end_us) {
   size_t lane = 0;
   while (lane < free_at_.size() && free_at_[lane] > start_us)

@@ -15,9 +15,12 @@
 #include <cstdint>
 #include <map>
 #include <mutex>
+#include <optional>
 #include <string>
 #include <utility>
 #include <vector>
+
+#include "comm/work.h"
 
 namespace loom::strategies {
 
@@ -97,6 +100,23 @@ class CommLanes {
  private:
   std::vector<int64_t> free_at_;  // per row: when its last span ended
 };
+
+// Note [Communication spans in the trace]
+// A collective's span on the comm rows runs from the moment it really started to the moment it
+// really finished, as the process group's progress thread recorded them (comm::Work's
+// started_at / completed_at; a group times its operations precisely once asked to,
+// ProcessGroup::time_precisely, which instrumented code does while a trace records), with the
+// time it waited in the group's queue after being issued as `queued_us`. Where that is not
+// known (a DDP comm hook that runs several operations per bucket), the span runs from issue to
+// `known_done_us`, the moment the training thread learned it had finished: an upper bound.
+// DDP's buckets and the sharding engine's all-gathers and reductions are recorded this way.
+using ClockSpan = std::pair<Clock::time_point, Clock::time_point>;
+// When `work` really started and finished, once it completed; empty before, or where its group
+// did not record it.
+std::optional<ClockSpan> measured_span(const comm::Work& work);
+void record_comm_span(Trace& trace, CommLanes& lanes, std::string name, std::string category,
+                      int64_t issued_us, int64_t known_done_us,
+                      const std::optional<ClockSpan>& measured, Trace::Args args);
 
 // The process-wide trace that instrumented library code (the DDP reducer, train_gpt's loop)
 // records into; null (the default) turns recording off. The caller owns the Trace and must

@@ -6,6 +6,7 @@
 
 #include "core/registry.h"
 #include "core/tags.h"
+#include "strategies/trace.h"
 #include "tensor/ops.h"
 
 namespace loom::strategies {
@@ -23,7 +24,7 @@ class WorkPending : public PendingBucket {
  public:
   explicit WorkPending(comm::WorkPtr work) : work_(std::move(work)) {}
   void finish() override { work_->wait(); }
-  std::optional<Span> comm_span() const override { return span_of(*work_); }
+  std::optional<Span> comm_span() const override { return measured_span(*work_); }
 
  private:
   comm::WorkPtr work_;
@@ -64,7 +65,7 @@ class CompressHook : public CommHook {
       NoGradGuard no_grad;
       copy_(bucket, wire);  // converts back to the bucket's dtype
     }
-    std::optional<Span> comm_span() const override { return span_of(*work); }
+    std::optional<Span> comm_span() const override { return measured_span(*work); }
   };
   std::string name_;
   DType wire_;
@@ -303,9 +304,7 @@ Registry& registry() {
 }  // namespace
 
 std::optional<PendingBucket::Span> span_of(const comm::Work& work) {
-  const auto started = work.started_at(), completed = work.completed_at();
-  if (!started || !completed) return std::nullopt;
-  return PendingBucket::Span{*started, *completed};
+  return measured_span(work);
 }
 
 std::unique_ptr<CommHook> make_powersgd_hook(const PowerSGDOptions& options) {

@@ -53,8 +53,10 @@ class PendingBucket {
   virtual std::optional<Span> comm_span() const { return std::nullopt; }
 };
 
-// The span of one operation's Work, once it completed.
-std::optional<PendingBucket::Span> span_of(const comm::Work& work);
+// The name before 2026-12-03 of measured_span (strategies/trace.h), kept for existing hooks.
+[[deprecated("use measured_span in strategies/trace.h")]] std::optional<PendingBucket::Span>
+span_of(const comm::Work& work);
+
 
 class CommHook {
  public:

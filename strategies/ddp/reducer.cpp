@@ -113,21 +113,7 @@ void Reducer::prepare_for_backward(const Tensor& loss) {
     tag::kDdp.fail("prepare_for_backward called twice without finalize_backward in between");
   }
   NoGradGuard no_grad;
-  // Gradients as views into the buckets: a parameter whose .grad was dropped (zero_grad)
-  // gets a zeroed slice; one that still holds a gradient (accumulation under no_sync) keeps
-  // accumulating in place.
-  for (size_t k = 0; k < params_.size(); ++k) {
-    Tensor grad = params_[k].grad();
-    Tensor slice = slice_of(k);
-    if (!options_.gradient_as_bucket_view) continue;
-    if (!grad.defined()) {
-      fill_(slice, 0.0);
-      params_[k].set_grad(slice);
-    } else if (grad.storage() != slice.storage() || grad.offset() != slice.offset()) {
-      copy_(slice, grad);
-      params_[k].set_grad(slice);
-    }
-  }
+  bind_gradient_views();
   if (!sync_) return;
   expecting_backward_ = true;
   next_launch_ = 0;
@@ -148,6 +134,24 @@ void Reducer::prepare_for_backward(const Tensor& loss) {
     }
     for (size_t k : unused_)
       mark_ready(k);
+  }
+}
+
+void Reducer::bind_gradient_views() {
+  if (!options_.gradient_as_bucket_view) return;
+  NoGradGuard no_grad;
+  // A parameter whose .grad was dropped (zero_grad) gets a zeroed slice; one that still holds
+  // a gradient (accumulation under no_sync) keeps accumulating in place.
+  for (size_t k = 0; k < params_.size(); ++k) {
+    Tensor grad = params_[k].grad();
+    Tensor slice = slice_of(k);
+    if (!grad.defined()) {
+      fill_(slice, 0.0);
+      params_[k].set_grad(slice);
+    } else if (grad.storage() != slice.storage() || grad.offset() != slice.offset()) {
+      copy_(slice, grad);
+      params_[k].set_grad(slice);
+    }
   }
 }
 
@@ -177,22 +181,19 @@ void Reducer::mark_ready(size_t param) {
 }
 
 // Note [Bucket spans in the trace]
-// Each bucket's span runs from the moment its communication really started to the moment
-// it really finished, as the thread that ran it recorded them (comm::Work::started_at and
-// completed_at), with the time it waited in the group's queue after its launch as
-// `queued_us`, so that the overlap with backward and the communication left exposed after
-// it can be read off the timeline. A hook that cannot say (PowerSGD: several operations per
-// bucket) gets the span from its launch to the moment the main thread learned it finished,
-// an upper bound. Spans that overlap go to extra rows (CommLanes); the default "allreduce"
-// hook gives names like "bucket 0 allreduce (4096 bytes)". While a trace records, the group
-// times its operations with the precise clock (Note [Operation times] in
-// comm/process_group.cpp; it stays so afterwards).
+// Each bucket's span is a communication span (Note [Communication spans in the trace] in
+// strategies/trace.h), so that the overlap with backward and the communication left exposed
+// after it can be read off the timeline; the default "allreduce" hook gives names like
+// "bucket 0 allreduce (4096 bytes)". While a trace records, the group times its operations
+// with the precise clock (Note [Operation times] in comm/process_group.cpp; it stays so
+// afterwards).
 
 // Buckets go out strictly in index order, so every rank issues the same allreduces in the
 // same order even if its buckets became ready in another order.
 void Reducer::launch_ready_buckets() {
   while (next_launch_ < buckets_.size() && buckets_[next_launch_]->pending == 0) {
     Bucket& bucket = *buckets_[next_launch_++];
+    if (prologue_) prologue_(bucket.params, bucket.view.gradients);
     Trace* trace = current_trace();
     if (trace != nullptr) group_->time_precisely();
     bucket.launched_us = trace != nullptr ? trace->now_us() : -1;
@@ -228,19 +229,13 @@ void Reducer::finalize_backward() {
                         skipped_backward_hint(e));
     }
     if (trace == nullptr || bucket.launched_us < 0) continue;
-    int64_t start = bucket.launched_us, end = trace->now_us();
-    Trace::Args args{{"bucket", static_cast<int64_t>(b)},
-                     {"bytes", static_cast<int64_t>(bucket.flat.nbytes())},
-                     {"parameters", static_cast<int64_t>(bucket.params.size())}};
-    if (const auto span = work->comm_span()) {
-      start = std::max(trace->to_us(span->first), bucket.launched_us);
-      end = std::max(trace->to_us(span->second), start);
-      args.emplace_back("queued_us", start - bucket.launched_us);
-    }
-    const int tid = lanes.row_for(*trace, start, end);
-    trace->complete("bucket " + std::to_string(b) + " " + options_.comm_hook + " (" +
-                        std::to_string(bucket.flat.nbytes()) + " bytes)",
-                    "ddp", start, end - start, tid, std::move(args));
+    record_comm_span(*trace, lanes,
+                     "bucket " + std::to_string(b) + " " + options_.comm_hook + " (" +
+                         std::to_string(bucket.flat.nbytes()) + " bytes)",
+                     "ddp", bucket.launched_us, trace->now_us(), work->comm_span(),
+                     {{"bucket", static_cast<int64_t>(b)},
+                      {"bytes", static_cast<int64_t>(bucket.flat.nbytes())},
+                      {"parameters", static_cast<int64_t>(bucket.params.size())}});
   }
   if (!options_.gradient_as_bucket_view) {
     NoGradGuard no_grad;

@@ -19,6 +19,7 @@
 // reduction (ReduceOp::Avg).
 
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <string>
 #include <vector>
@@ -62,6 +63,11 @@ class Reducer {
   Reducer(const Reducer&) = delete;
   Reducer& operator=(const Reducer&) = delete;
 
+  // With gradient_as_bucket_view, makes each parameter's .grad a view into its bucket (zeroed
+  // where it had none; a gradient it holds is copied in). prepare_for_backward does it too;
+  // callers that accumulate several backward passes before the synchronised one (a
+  // pipeline's micro-batches) call it before the first, so that nothing is copied later.
+  void bind_gradient_views();
   // Call before each backward pass that should synchronise. `loss` is only read when
   // find_unused_parameters is set.
   void prepare_for_backward(const Tensor& loss);
@@ -74,6 +80,15 @@ class Reducer {
   // the next synchronised pass averages the accumulated sums.
   void set_sync(bool sync) { sync_ = sync; }
   bool sync() const { return sync_; }
+
+  // Runs on a bucket's gradients (its parameters' indices in registration order, and their
+  // views in the bucket) just before the comm hook averages them: on every rank, in bucket
+  // order, on the thread that runs backward, so it may issue collectives on another group of
+  // the same ranks' peers. Tensor parallelism's sequence-parallel sums of replicated
+  // parameters' gradients over the tp group run here, before the dp average.
+  using BucketPrologue =
+      std::function<void(const std::vector<size_t>& params, const std::vector<Tensor>& gradients)>;
+  void set_bucket_prologue(BucketPrologue prologue) { prologue_ = std::move(prologue); }
 
   // Bucket layout, for tests and traces: parameter indices (registration order) per bucket.
   std::vector<std::vector<size_t>> bucket_assignment() const;
@@ -97,6 +112,7 @@ class Reducer {
   std::shared_ptr<comm::ProcessGroup> group_;
   ReducerOptions options_;
   std::unique_ptr<CommHook> hook_;
+  BucketPrologue prologue_;
   std::vector<std::unique_ptr<Bucket>> buckets_;
   std::vector<Slot> slots_;
   std::vector<bool> ready_;

@@ -154,6 +154,7 @@ void PipelineStrategy::setup_module(nn::Module& module) {
   }
   runner_ = std::make_unique<pipeline::StageRunner>(*layered, *schedule_, stage_, p, bounds_,
                                                     links_);
+  make_reducers();
   // This stage's order of actions, the same for every batch: made and checked once.
   const int m = pipeline_.micro_batches;
   actions_ = schedule_->actions(stage_, p, m);
@@ -264,7 +265,14 @@ Tensor PipelineStrategy::train_batch(const Tensor& inputs, const Tensor& targets
   // 16-mixed: the last stage's losses scaled as one device scales them; unscale_gradients
   // divides every stage's gradients back.
   const double loss_scale = scale / m * (scaler_ ? scaler_->scale() : 1.0);
-  const double loss = runner_->run(actions_, m, in, out, loss_scale, compute_dtype_);
+  for (const auto& reducer : reducers_)
+    if (reducer) reducer->bind_gradient_views();
+  const double loss =
+      runner_->run(actions_, m, in, out, loss_scale, compute_dtype_, [this](int chunk) {
+        if (reducers_[static_cast<size_t>(chunk)]) {
+          reducers_[static_cast<size_t>(chunk)]->prepare_for_backward(Tensor());
+        }
+      });
   synchronise_gradients();
   // Every rank reports the batch's loss: the last stage's, broadcast along the pipeline.
   Tensor value = Tensor::full({1}, loss, DType::F64);
@@ -284,7 +292,54 @@ void PipelineStrategy::set_model_recipe(const ModelRecipe& recipe) {
   set_profile_input(recipe.sample_input.narrow(0, 0, rows).contiguous());
 }
 
+void PipelineStrategy::make_reducers() {
+  const int p = pipeline_.stages, chunks = schedule_->chunks_per_stage();
+  const auto* layered = dynamic_cast<const nn::LayeredModel*>(module_);
+  std::map<std::string, int> chunks_using;  // of this stage
+  for (int j = 0; j < chunks; ++j) {
+    const int c = j * p + stage_;
+    std::set<std::string> names;
+    for (int64_t l = bounds_[c]; l < bounds_[c + 1]; ++l)
+      for (const std::string& name : layered->layer_parameters(l))
+        names.insert(name);
+    for (const std::string& name : names)
+      ++chunks_using[name];
+  }
+  reduced_at_end_.clear();
+  for (const std::string& name : tied_)
+    if (holds(name)) reduced_at_end_.insert(name);
+  for (const auto& [name, count] : chunks_using)
+    if (count > 1) reduced_at_end_.insert(name);
+  reducers_.clear();
+  reducers_.resize(static_cast<size_t>(chunks));
+  const auto& dp = mesh_->group("dp");
+  if (dp->size() == 1) return;
+  for (int j = 0; j < chunks; ++j) {
+    const int c = j * p + stage_;
+    std::set<std::string> in_chunk;
+    for (int64_t l = bounds_[c]; l < bounds_[c + 1]; ++l)
+      for (const std::string& name : layered->layer_parameters(l))
+        in_chunk.insert(name);
+    std::vector<Tensor> params;
+    std::vector<std::string> names;
+    for (const auto& [name, param] : params_) {  // registration order, as DDP's
+      if (!in_chunk.count(name) || reduced_at_end_.count(name)) continue;
+      params.push_back(param);
+      names.push_back(name);
+    }
+    if (!params.empty())
+      reducers_[static_cast<size_t>(j)] =
+          std::make_unique<Reducer>(params, dp, ReducerOptions{}, names);
+  }
+}
+
+// The chunks' reducers finish their buckets; then the parameters two stages tie are summed
+// across them and, with those several chunks use, averaged over the stage's dp replicas. Each
+// gradient element gets the same operations in the same order as before the reducers
+// (2026-12-03): a tied sum first, then one average over dp.
 void PipelineStrategy::synchronise_gradients() {
+  for (const auto& reducer : reducers_)
+    if (reducer) reducer->finalize_backward();
   NoGradGuard no_grad;
   std::vector<comm::WorkPtr> pending;
   if (tie_group_) {
@@ -304,13 +359,18 @@ void PipelineStrategy::synchronise_gradients() {
   const auto& dp = mesh_->group("dp");
   if (dp->size() == 1) return;
   for (auto& [name, param] : params_) {
-    if (!holds(name)) continue;
+    if (!reduced_at_end_.count(name)) continue;
     Tensor g = param.grad();
     if (!g.defined()) tag::kPipeline.fail("parameter ", name, " got no gradient on stage ", stage_);
     pending.push_back(dp->allreduce(g, {.op = comm::ReduceOp::Avg}));
   }
   for (const comm::WorkPtr& w : pending)
     w->wait();
+}
+
+void PipelineStrategy::teardown() {
+  reducers_.clear();
+  ParallelStrategy::teardown();
 }
 
 std::vector<double> PipelineStrategy::measured_bubbles() {

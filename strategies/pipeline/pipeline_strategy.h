@@ -17,7 +17,16 @@
 //
 // A step: train_batch(inputs, targets) instead of forward_backward; then the usual
 // gradient_norm / clip_gradients (over every stage, each parameter counted once),
-// optimizer_step (each rank its stage's parameters). Not supported yet (a clear error):
+// optimizer_step (each rank its stage's parameters).
+//
+// Data parallelism over the dp replicas of a stage is DDP's reducer (strategies/ddp/reducer.h),
+// one per model chunk of the stage, as Megatron-LM wraps each chunk in its DDP: it starts
+// listening just before the chunk's last weight-gradient pass of the batch, so each bucket is
+// averaged while the rest of that backward (and the schedule after it) runs. Parameters that
+// two chunks use (the tied embedding) are summed across their stages and then averaged at the
+// end of the batch instead.
+//
+// Not supported yet (a clear error):
 // gradient accumulation without synchronisation (set_backward_sync(false)).
 
 #include <map>
@@ -28,6 +37,7 @@
 #include <vector>
 
 #include "nn/layered_model.h"
+#include "strategies/ddp/reducer.h"
 #include "strategies/device_mesh.h"
 #include "strategies/pipeline/schedule.h"
 #include "strategies/pipeline/stage_runner.h"
@@ -74,6 +84,7 @@ class PipelineStrategy : public ParallelStrategy {
   double gradient_norm(double norm_type = 2.0) override;
   double clip_gradients(double max_norm, double norm_type = 2.0) override;
   void gather_full_module() override;
+  void teardown() override;
   std::map<std::string, Tensor> gather_state(const std::map<std::string, Tensor>& state) override;
 
   int data_parallel_rank() const override;
@@ -112,6 +123,8 @@ class PipelineStrategy : public ParallelStrategy {
   // rank. Collective over the world.
   Tensor from_owner(const std::string& name, const Tensor& param);
   void make_links();
+  // One reducer per chunk of this stage over its parameters that no other chunk uses (dp > 1).
+  void make_reducers();
   void synchronise_gradients();
 
   std::optional<DeviceMesh> mesh_;
@@ -126,6 +139,10 @@ class PipelineStrategy : public ParallelStrategy {
   std::vector<std::pair<std::string, Tensor>> params_;  // the module's, in order
   std::map<std::string, std::set<int>> stages_of_;      // the stages that use each parameter
   std::vector<std::string> tied_;  // parameters the first and the last stage both use
+  // Per chunk of this stage (null: nothing to reduce), and the parameters this stage holds
+  // that none of them reduces (used by several chunks), averaged after the batch.
+  std::vector<std::unique_ptr<Reducer>> reducers_;
+  std::set<std::string> reduced_at_end_;
   // pp x tp: each stage's layers split over its tp group (empty layout: --tp 1).
   std::shared_ptr<nn::TensorParallelGroup> tensor_parallel_;
   TensorParallelLayout layout_;

@@ -159,7 +159,8 @@ Tensor StageRunner::take(Stream& stream, const Key& key) {
 
 double StageRunner::run(const std::vector<Action>& actions, int micro_batches,
                         const std::vector<Tensor>& inputs, const std::vector<Tensor>& targets,
-                        double loss_scale, DType compute_dtype) {
+                        double loss_scale, DType compute_dtype,
+                        const std::function<void(int chunk)>& before_last_weight_pass) {
   const auto started = std::chrono::steady_clock::now();
   const auto m = static_cast<size_t>(micro_batches);
   if ((has_first_chunk() && inputs.size() != m) || (has_last_chunk() && targets.size() != m))
@@ -182,7 +183,17 @@ double StageRunner::run(const std::vector<Action>& actions, int micro_batches,
     plan_receives(found->second, sender, activations, micro_batches);
     post_receives(found->second, activations);
   }
-  for (const Action& a : actions) {
+  // The index of each chunk's last action that computes weight gradients.
+  std::vector<size_t> last_weight_pass(static_cast<size_t>(schedule_.chunks_per_stage()),
+                                      actions.size());
+  for (size_t i = 0; i < actions.size(); ++i) {
+    if (actions[i].kind == Action::Backward || actions[i].kind == Action::BackwardWeight)
+      last_weight_pass[static_cast<size_t>(actions[i].chunk)] = i;
+  }
+  for (size_t i = 0; i < actions.size(); ++i) {
+    const Action& a = actions[i];
+    if (before_last_weight_pass && last_weight_pass[static_cast<size_t>(a.chunk)] == i)
+      before_last_weight_pass(a.chunk);
     switch (a.kind) {
       case Action::Forward:
         forward(a, inputs, targets, compute_dtype);

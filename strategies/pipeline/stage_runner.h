@@ -16,6 +16,7 @@
 // group's timeout.
 
 #include <cstdint>
+#include <functional>
 #include <map>
 #include <memory>
 #include <optional>
@@ -54,10 +55,13 @@ class StageRunner {
   // losses are multiplied by loss_scale before their backward. Leaves the gradients
   // accumulated on the stage's parameters. Returns the mean of the micro-batches' losses on
   // the stage holding the last chunk, 0 elsewhere. The forward runs under autocast to
-  // `compute_dtype` (F32: off).
+  // `compute_dtype` (F32: off). `before_last_weight_pass(c)`, when given, runs just before
+  // the action that completes the weight gradients of this stage's chunk c for the batch (its
+  // last Backward or BackwardWeight): the moment a data-parallel reducer starts listening.
   double run(const std::vector<Action>& actions, int micro_batches,
              const std::vector<Tensor>& inputs, const std::vector<Tensor>& targets,
-             double loss_scale, DType compute_dtype);
+             double loss_scale, DType compute_dtype,
+             const std::function<void(int chunk)>& before_last_weight_pass = {});
 
   // Time spent computing (forward and backward, not waiting for neighbours) and in run()
   // altogether, summed over the batches run so far: 1 - busy / total is the stage's bubble.

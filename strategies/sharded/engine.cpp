@@ -44,47 +44,14 @@ ShardedEngine::ShardedEngine(nn::Module& module, std::shared_ptr<comm::ProcessGr
       module_alive_(module.lifetime()),
       group_(std::move(group)),
       options_(options),
+      shards_(behaviour_of_stage(options.stage)),
       params_(module.named_parameters()),
       alive_(std::make_shared<bool>(true)) {
   check(group_ != nullptr, tag::kSharded.prefix() + "the engine needs a process group");
-  if (options_.stage < 0 || options_.stage > 3)
-    tag::kSharded.fail("stage must be 0, 1, 2 or 3, got ", options_.stage);
-  if (options_.offload_params && options_.stage != 3) {
-    tag::kSharded.fail("offload_params needs stage 3 (parameters sharded), got stage ",
-                       options_.stage,
-                       "; use offload_optimizer to offload master weights and optimizer state");
-  }
-  if (!options_.nvme_path.empty() && !options_.offload_optimizer) {
-    tag::kSharded.fail(
-        "nvme_path '", options_.nvme_path,
-        "' is set but offload_optimizer is not: "
-        "NVMe offload moves the offloaded master shards and optimizer state to disk");
-  }
-  if (!options_.nvme_path.empty() && options_.sub_group_size < 1)
-    tag::kSharded.fail("sub_group_size must be at least 1, got ", options_.sub_group_size);
-  if (options_.param_dtype != DType::F32 && options_.stage != 3) {
-    tag::kSharded.fail(
-        "param_dtype ", options_.param_dtype,
-        " needs stage 3 (FULL_SHARD, "
-        "SHARD_GRAD_OP): stages 0-2 keep whole parameters, which are the master weights");
-  }
-  if (options_.param_dtype != DType::F32 && options_.nvme_params)
-    tag::kSharded.fail("param_dtype with nvme_params is not built; use one of them");
-  for (DType d : {options_.param_dtype, options_.reduce_dtype}) {
-    if (d != DType::F32 && d != DType::BF16 && d != DType::F16)
-      tag::kSharded.fail("param_dtype and reduce_dtype are f32, bf16 or f16, got ", d);
-  }
-  if (options_.nvme_params && (options_.nvme_path.empty() || !options_.offload_params ||
-                               options_.stage != 3)) {
-    tag::kSharded.fail(
-        "nvme_params keeps stage 3's offloaded parameter shards in the NVMe swap "
-        "file: it needs stage 3 with offload_params and offload_optimizer on nvme_path");
-  }
+  check_sharding_options(options_);
   shard_group_ = group_;
   if (options_.hybrid_shard) {
     const int size = options_.shard_group_size, world = group_->size();
-    if (options_.stage != 3)
-      tag::kSharded.fail("HYBRID_SHARD shards parameters (stage 3), got stage ", options_.stage);
     if (size < 1 || world % size != 0) {
       tag::kSharded.fail("HYBRID_SHARD: the world size ", world,
                          " must be a multiple of the shard "
@@ -104,8 +71,8 @@ ShardedEngine::ShardedEngine(nn::Module& module, std::shared_ptr<comm::ProcessGr
     }
     if (replicate_group_->size() == 1) replicate_group_.reset();  // one node: FULL_SHARD
   }
-  shard_world_ = options_.stage == 0 ? 1 : shard_group_->size();
-  shard_rank_ = options_.stage == 0 ? 0 : shard_group_->rank();
+  shard_world_ = shards_.shards_optimizer ? shard_group_->size() : 1;
+  shard_rank_ = shards_.shards_optimizer ? shard_group_->rank() : 0;
   for (size_t k = 0; k < params_.size(); ++k) {
     const Tensor& p = params_[k].second;
     if (!p.is_leaf() || !p.requires_grad() || !p.is_contiguous()) {
@@ -160,7 +127,7 @@ ShardedEngine::ShardedEngine(nn::Module& module, std::shared_ptr<comm::ProcessGr
         p.set_data(view);  // the parameter is now a view into the flat buffer
       }
       Tensor mine = slice(flat.full, flat.shard_begin, flat.shard_numel);
-      if (options_.stage < 3) {
+      if (!shards_.shards_parameters) {
         flat.shard = mine;
       } else {
         flat.shard = options_.offload_params ? mine.to(host).clone() : mine.clone();
@@ -174,7 +141,7 @@ ShardedEngine::ShardedEngine(nn::Module& module, std::shared_ptr<comm::ProcessGr
                     : flat.shard.device() == host ? flat.shard.clone()
                                                   : flat.shard.to(host);
       flat.full_grad = released_buffer(padded, flat.dtype, device);
-      flat.grad_shard = options_.stage < 2 ? slice(flat.full_grad, flat.shard_begin,
+      flat.grad_shard = !shards_.shards_gradients ? slice(flat.full_grad, flat.shard_begin,
                                                    flat.shard_numel)
                                            : Tensor::zeros({flat.shard_numel}, flat.dtype, device);
       // The optimizer reads the gradient where the master lives: with offload_params on a GPU
@@ -202,7 +169,7 @@ ShardedEngine::ShardedEngine(nn::Module& module, std::shared_ptr<comm::ProcessGr
       if (options_.reduce_dtype != flat.dtype && options_.reduce_dtype != DType::F32) {
         flat.full_grad_lp = released_buffer(padded, options_.reduce_dtype, device);
         flat.full_grad_lp.storage()->set_kind(MemoryKind::Communication);
-        if (options_.stage >= 2) {
+        if (shards_.shards_gradients) {
           flat.grad_shard_lp = released_buffer(flat.shard_numel, options_.reduce_dtype, device);
           flat.grad_shard_lp.storage()->set_kind(MemoryKind::Communication);
         }
@@ -289,11 +256,12 @@ std::string ShardedEngine::name_of(size_t param) const {
 }
 
 void ShardedEngine::gather(size_t unit) {
-  if (options_.stage < 3) return;
+  if (!shards_.shards_parameters) return;
   for (FlatParam& flat : units_[unit]->flats) {
     if (flat.gather || flat.gathered()) continue;
     load_shard(flat);  // read synchronously; prefetching issues this early
     Trace* trace = current_trace();
+    if (trace != nullptr) shard_group_->time_precisely();
     flat.gather_issued_us = trace != nullptr ? trace->now_us() : -1;
     if (flat.shard_lp.defined() && !full_precision_gathers_) {
       // Mixed precision: gathered in param_dtype, widened into `full` when waited for.
@@ -309,16 +277,16 @@ void ShardedEngine::gather(size_t unit) {
 }
 
 // Note [Unit spans in the trace]
-// A unit's all-gather and reduction show on the comm rows from issue to the moment the
-// training thread learns they finished (an upper bound, as for DDP's buckets), named
-// "unit 3 all-gather (blocks.1, 4096 bytes)"; the time the training thread spent blocked
-// in that wait shows on the main row as "wait all-gather unit 3": communication that
-// compute did not hide.
+// A unit's all-gather and reduction show on the comm rows as communication spans (Note
+// [Communication spans in the trace] in strategies/trace.h: from the moment they really ran,
+// as DDP's buckets), named "unit 3 all-gather (blocks.1, 4096 bytes)"; the time the training
+// thread spent blocked in that wait shows on the main row as "wait all-gather unit 3":
+// communication that compute did not hide.
 void ShardedEngine::wait_for(FlatParam& flat, size_t unit, bool gather) {
   comm::WorkPtr& work = gather ? flat.gather : flat.reduce;
   int64_t& issued_us = gather ? flat.gather_issued_us : flat.reduce_issued_us;
   if (!work) return;
-  const char* op = gather ? "all-gather" : options_.stage < 2 ? "allreduce" : "reduce-scatter";
+  const char* op = gather ? "all-gather" : !shards_.shards_gradients ? "allreduce" : "reduce-scatter";
   Trace* trace = issued_us >= 0 ? current_trace() : nullptr;
   const int64_t wait_start = trace != nullptr ? trace->now_us() : 0;
   comm::WorkPtr done = std::move(work);
@@ -338,10 +306,10 @@ void ShardedEngine::wait_for(FlatParam& flat, size_t unit, bool gather) {
   if (end > wait_start)
     trace->complete("wait " + label, "sharded", wait_start, end - wait_start, Trace::kMainThread,
                     args);
-  trace->complete(label + " (" + (unit_paths_[unit].empty() ? "root" : unit_paths_[unit]) +
-                      ", " + std::to_string(bytes) + " bytes)",
-                  "sharded", issued_us, end - issued_us, lanes_.row_for(*trace, issued_us, end),
-                  args);
+  record_comm_span(*trace, lanes_,
+                   label + " (" + (unit_paths_[unit].empty() ? "root" : unit_paths_[unit]) +
+                       ", " + std::to_string(bytes) + " bytes)",
+                   "sharded", issued_us, end, measured_span(*done), args);
   issued_us = -1;
 }
 
@@ -352,7 +320,7 @@ void ShardedEngine::wait_gathered(size_t unit) {
 }
 
 void ShardedEngine::free_full(size_t unit) {
-  if (options_.stage < 3) return;
+  if (!shards_.shards_parameters) return;
   for (FlatParam& flat : units_[unit]->flats) {
     wait_for(flat, unit, true);
     if (!flat.gathered()) continue;
@@ -363,7 +331,7 @@ void ShardedEngine::free_full(size_t unit) {
 // Forward order is recorded by the first forward; prefetching follows it (and its reverse
 // in backward), as FSDP does. Every rank records the same order.
 void ShardedEngine::prefetch_after(size_t unit, bool forward) {
-  if (options_.stage < 3 || !order_known_) return;
+  if (!shards_.shards_parameters || !order_known_) return;
   auto at = std::find(forward_order_.begin(), forward_order_.end(), unit);
   if (at == forward_order_.end()) return;
   const int depth = options_.limit_all_gathers ? 1 : 2;
@@ -448,12 +416,16 @@ void ShardedEngine::on_gradient_ready(size_t param) {
   ready_[param] = true;
   if (--units_[unit]->pending > 0) return;
   if (sync_) reduce(unit);
-  if (options_.stage == 3) free_full(unit);
+  if (shards_.shards_parameters) free_full(unit);
   if (options_.backward_prefetch == BackwardPrefetch::Post) prefetch_after(unit, false);
 }
 
 void ShardedEngine::reduce(size_t unit) {
   Trace* trace = current_trace();
+  if (trace != nullptr) {
+    group_->time_precisely();
+    shard_group_->time_precisely();
+  }
   for (FlatParam& flat : units_[unit]->flats) {
     flat.reduce_issued_us = trace != nullptr ? trace->now_us() : -1;
     Tensor& full = flat.full_grad_lp.defined() ? flat.full_grad_lp : flat.full_grad;
@@ -464,21 +436,31 @@ void ShardedEngine::reduce(size_t unit) {
       copy_(flat.full_grad_lp, flat.full_grad);
       if (flat.grad_shard_lp.defined()) flat.grad_shard_lp.storage()->materialize();
     }
-    flat.reduce = options_.stage < 2
+    flat.reduce = !shards_.shards_gradients
                       ? group_->allreduce(full, {.op = comm::ReduceOp::Avg})
                       : shard_group_->reduce_scatter(shard, full, {.op = comm::ReduceOp::Avg});
   }
-  if (options_.stage < 2) return;
-  // HYBRID_SHARD: the unit before the previous one finishes its allreduce across groups,
-  // the previous one starts it.
-  if (replicating_ >= 0) finish_replication(static_cast<size_t>(replicating_));
-  replicating_ = replicate_group_ ? reducing_ : -1;
-  // Stages 2-3 keep only the shard of a reduced gradient. The previous unit's reduction had
-  // this unit's whole backward to run, so finishing it now rarely waits, and frees its full
-  // gradients: at most this unit's, the previous unit's and their enclosing units' full
-  // gradients are alive at once, whatever the timing (memory_estimate.cpp counts on it).
-  if (reducing_ >= 0) finish_reduction(static_cast<size_t>(reducing_));
-  reducing_ = static_cast<int64_t>(unit);
+  if (shards_.shards_gradients) queue_reduction(unit);
+}
+
+// Stages 2-3 keep only the shard of a reduced gradient. Each unit's reduction is finished when
+// the next one is issued: it had that unit's whole backward to run, so finishing it rarely
+// waits, and it frees its full gradients, so that at most this unit's, the previous unit's
+// and their enclosing units' full gradients are alive at once, whatever the timing
+// (memory_estimate.cpp counts on it). Under HYBRID_SHARD a finished reduction starts the
+// unit's allreduce across groups, which is finished one issue later in turn.
+void ShardedEngine::queue_reduction(size_t unit) {
+  if (!replicating_.empty()) {
+    finish_replication(replicating_.front());
+    replicating_.pop_front();
+  }
+  if (!reducing_.empty()) {
+    const size_t previous = reducing_.front();
+    reducing_.pop_front();
+    finish_reduction(previous);
+    if (replicate_group_) replicating_.push_back(previous);
+  }
+  reducing_.push_back(unit);
 }
 
 void ShardedEngine::finish_reduction(size_t unit) {
@@ -492,7 +474,7 @@ void ShardedEngine::finish_reduction(size_t unit) {
                         ": a gradient reduction failed: " + e.what() + skipped_backward_hint(e));
     }
     if (flat.full_grad_lp.defined()) {  // widen the reduced gradient back
-      if (options_.stage < 2) {
+      if (!shards_.shards_gradients) {
         copy_(flat.full_grad, flat.full_grad_lp);
       } else {
         copy_(flat.grad_shard, flat.grad_shard_lp);
@@ -504,13 +486,13 @@ void ShardedEngine::finish_reduction(size_t unit) {
       flat.replicate = replicate_group_->allreduce(flat.grad_shard, {.op = comm::ReduceOp::Avg});
     else
       deliver_gradients(flat);
-    if (options_.stage >= 2) {
+    if (shards_.shards_gradients) {
       for (size_t k : flat.params)
         params_[k].second.set_grad(Tensor());
       flat.full_grad.storage()->release();
     }
   }
-  units_[unit]->grads_stale = options_.stage < 2;
+  units_[unit]->grads_stale = !shards_.shards_gradients;
 }
 
 void ShardedEngine::finish_replication(size_t unit) {
@@ -557,8 +539,8 @@ void ShardedEngine::finalize_backward() {
           "reduced; every parameter of the module must take part in the loss");
     }
   }
-  reducing_ = -1;
-  replicating_ = -1;
+  reducing_.clear();
+  replicating_.clear();
   for (size_t unit = 0; unit < units_.size(); ++unit)
     finish_reduction(unit);
   for (size_t unit = 0; unit < units_.size(); ++unit)
@@ -624,13 +606,13 @@ void ShardedEngine::load_parameter_parts(const ReadParameter& read) {
       for (size_t i = 0; i < flat.params.size(); ++i) {
         const auto& [name, p] = params_[flat.params[i]];
         // Stages 0-2: the full buffer is the parameter; stage 3: the part in this shard.
-        const auto [begin, end] = options_.stage < 3
+        const auto [begin, end] = !shards_.shards_parameters
                                       ? std::pair{flat.offsets[i], flat.offsets[i] + p.numel()}
                                       : shard_part(flat, i, p.numel());
         if (begin >= end) continue;
         Tensor host = Tensor::empty({end - begin}, p.dtype(), Device::cpu());
         read(name, begin - flat.offsets[i], host);
-        Tensor target = options_.stage < 3 ? slice(flat.full, begin, end - begin)
+        Tensor target = !shards_.shards_parameters ? slice(flat.full, begin, end - begin)
                                            : slice(flat.shard, begin - flat.shard_begin, end - begin);
         copy_(target, host);
       }

@@ -23,6 +23,7 @@
 // included); the group's progress thread moves the bytes.
 
 #include <map>
+#include <deque>
 #include <memory>
 #include <string>
 #include <utility>
@@ -132,6 +133,7 @@ class ShardedEngine {
   // Waits for the unit's reduction and moves the result where the optimizer reads it (under
   // HYBRID_SHARD: starts the allreduce across shard groups instead); stages 2-3 then
   // release the unit's full gradients. No-op when none is in flight.
+  void queue_reduction(size_t unit);
   void finish_reduction(size_t unit);
   // HYBRID_SHARD: waits for the unit's allreduce across shard groups and moves the result.
   void finish_replication(size_t unit);
@@ -166,14 +168,16 @@ class ShardedEngine {
   // node) and replicated over replicate_group_ (HYBRID_SHARD with several groups only).
   std::shared_ptr<comm::ProcessGroup> shard_group_, replicate_group_;
   ShardingOptions options_;
+  ShardingBehaviour shards_;  // derived once from options_.stage
   int shard_world_ = 1, shard_rank_ = 0;
   std::vector<std::pair<std::string, Tensor>> params_;  // named_parameters() order
   std::vector<std::unique_ptr<UnitState>> units_;
   std::vector<std::string> unit_paths_;
   std::vector<size_t> unit_of_param_;
   std::vector<bool> ready_;
-  int64_t reducing_ = -1;  // stages 2-3: the unit whose reduction is in flight, if any
-  int64_t replicating_ = -1;  // HYBRID_SHARD: the unit whose allreduce across groups is
+  // Stages 2-3: units whose reduction (reducing_) or, under HYBRID_SHARD, allreduce across
+  // groups (replicating_) is in flight, oldest first (queue_reduction).
+  std::deque<size_t> reducing_, replicating_;
   std::vector<size_t> forward_order_;  // units in the order the first forward ran them
   bool order_known_ = false;
   bool in_backward_ = false;

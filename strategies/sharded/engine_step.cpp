@@ -207,7 +207,7 @@ void ShardedEngine::after_step() {
     for (FlatParam& flat : unit->flats) {
       if (!flat.master.is_same(flat.shard)) copy_(flat.shard, flat.master);
       if (flat.shard_lp.defined()) copy_(flat.shard_lp, flat.shard);  // rounded once a step
-      if (options_.stage < 3 && shard_world_ > 1) {
+      if (!shards_.shards_parameters && shard_world_ > 1) {
         flat.gather_issued_us = trace != nullptr ? trace->now_us() : -1;
         flat.gather = shard_group_->all_gather(flat.full, flat.shard);
       }

@@ -62,6 +62,23 @@ struct ShardingOptions {
   WrapPolicy wrap_policy;
 };
 
+// What a ZeRO stage splits over the ranks (docs/sharding.md): stage 1 the optimizer state
+// (and master weights), stage 2 the gradients too, stage 3 the parameters too; stage 0 none
+// (every rank keeps everything, gradients all-reduced: DDP, FSDP's NO_SHARD). The engine
+// reads these, never the stage number.
+struct ShardingBehaviour {
+  bool shards_optimizer = false;
+  bool shards_gradients = false;
+  bool shards_parameters = false;
+};
+ShardingBehaviour behaviour_of_stage(int stage);
+
+// Throws loom::Error naming the first option that is out of range or contradicts another
+// (offload_params without stage 3, nvme_path without offload_optimizer, ...), and saying
+// what to set instead. HYBRID_SHARD's group size is checked against the world size where
+// the engine splits its groups.
+void check_sharding_options(const ShardingOptions& options);
+
 // "FULL_SHARD" (stage 3), "SHARD_GRAD_OP" (stage 3 without resharding after forward),
 // "NO_SHARD" (stage 0), "HYBRID_SHARD" (stage 3 inside each node) applied to `options`;
 // unknown names are errors saying what is available.

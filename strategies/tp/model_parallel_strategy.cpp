@@ -145,34 +145,58 @@ void ModelParallelStrategy::setup_module(nn::Module& module) {
   model->parallelize(tp_);
   layout_ = TensorParallelLayout(mesh_->group("tp"), model->tensor_parallel_splits());
   params_ = module.named_parameters();
+  make_reducer();
+}
+
+// Every parameter of the replica, averaged over the dp group in DDP's buckets. Under sequence
+// parallelism the replicated parameters used on the split sequence (LayerNorms, wpe, the
+// biases after the row-parallel layers) hold each rank's positions' share of their gradient:
+// the bucket prologue sums them over the tp group first. Buckets launch in the same order on
+// every rank and their sums run at the same point of every tp rank's backward (the ranks run
+// the same graph), so they interleave with the split layers' collectives alike everywhere.
+void ModelParallelStrategy::make_reducer() {
+  reducer_.reset();
+  const bool sequence_parallel = tensor_parallel_.sequence_parallel;
+  if (mesh_->group("dp")->size() == 1 && !sequence_parallel) return;
+  std::vector<Tensor> params;
+  std::vector<std::string> names;
+  for (const auto& [name, param] : params_) {
+    params.push_back(param);
+    names.push_back(name);
+  }
+  reducer_ = std::make_unique<Reducer>(params, mesh_->group("dp"), ReducerOptions{}, names);
+  if (!sequence_parallel) return;
+  std::vector<bool> replicated;
+  for (const std::string& name : names)
+    replicated.push_back(!layout_.is_split(name));
+  reducer_->set_bucket_prologue(
+      [this, replicated](const std::vector<size_t>& params, const std::vector<Tensor>& grads) {
+        NoGradGuard no_grad;
+        std::vector<comm::WorkPtr> pending;
+        for (size_t i = 0; i < params.size(); ++i) {
+          if (!replicated[params[i]]) continue;
+          Tensor g = grads[i];
+          pending.push_back(mesh().group("tp")->allreduce(g, {.op = comm::ReduceOp::Sum}));
+        }
+        for (const comm::WorkPtr& w : pending)
+          w->wait();
+      });
 }
 
 void ModelParallelStrategy::backward(const Tensor& loss) {
+  if (!reducer_) {
+    loss.backward();
+    return;
+  }
+  reducer_->set_sync(sync_);
+  reducer_->prepare_for_backward(loss);
   loss.backward();
-  if (tensor_parallel_.sequence_parallel) {
-    // Replicated parameters used on the split sequence (LayerNorms, wpe, the biases after the
-    // row-parallel layers) have each rank's positions' share of their gradient: sum them.
-    NoGradGuard no_grad;
-    std::vector<comm::WorkPtr> pending;
-    for (auto& [name, param] : params_) {
-      Tensor g = param.grad();
-      if (layout_.is_split(name) || !g.defined()) continue;
-      pending.push_back(mesh().group("tp")->allreduce(g, {.op = comm::ReduceOp::Sum}));
-    }
-    for (const comm::WorkPtr& w : pending)
-      w->wait();
-  }
-  const auto& dp = mesh().group("dp");
-  if (!sync_ || dp->size() == 1) return;
-  NoGradGuard no_grad;
-  std::vector<comm::WorkPtr> pending;
-  for (auto& [name, param] : params_) {
-    Tensor g = param.grad();
-    if (!g.defined()) tag::kModelParallel.fail("parameter ", name, " got no gradient");
-    pending.push_back(dp->allreduce(g, {.op = comm::ReduceOp::Avg}));
-  }
-  for (const comm::WorkPtr& w : pending)
-    w->wait();
+  reducer_->finalize_backward();
+}
+
+void ModelParallelStrategy::teardown() {
+  reducer_.reset();
+  ParallelStrategy::teardown();
 }
 
 void ModelParallelStrategy::unscale_gradients() {

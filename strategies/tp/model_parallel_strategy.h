@@ -3,7 +3,11 @@
 // ranks form a mesh of dp x tp (strategies/device_mesh.h); the tp ranks of a replica split
 // the model's layers (Megatron-LM's tensor parallelism, through the model's own
 // nn::TensorParallelModel::parallelize, as GPT does) and the dp replicas average their
-// gradients after backward. The collectives between split layers (nn/tensor_parallel.h) run
+// gradients through DDP's reducer (strategies/ddp/reducer.h: buckets launched while backward
+// runs, as Megatron-LM wraps its model chunks in its DDP). Under sequence parallelism the
+// gradients of the replicated parameters are first summed over the tp group, in the
+// reducer's bucket prologue, once per synchronised backward (after accumulation). The
+// collectives between split layers (nn/tensor_parallel.h) run
 // over the tp subgroup as differentiable ops: identity forward / all-reduce backward, and
 // all-reduce forward / identity backward.
 //
@@ -17,6 +21,7 @@
 #include <vector>
 
 #include "nn/tensor_parallel.h"
+#include "strategies/ddp/reducer.h"
 #include "strategies/device_mesh.h"
 #include "strategies/strategy.h"
 #include "strategies/tp/layout.h"
@@ -52,9 +57,11 @@ class ModelParallelStrategy : public ParallelStrategy {
   void setup_environment() override;
   // Splits the module (an nn::TensorParallelModel) over this rank's tp group.
   void setup_module(nn::Module& module) override;
-  // loss.backward(), then the gradients averaged over the dp replicas (unless accumulating).
+  // loss.backward(), with the gradients averaged over the dp replicas by the reducer while it
+  // runs (unless accumulating).
   void backward(const Tensor& loss) override;
   void set_backward_sync(bool sync) override { sync_ = sync; }
+  void teardown() override;
   // 16-mixed: inf/NaN on any rank skips the step everywhere.
   void unscale_gradients() override;
   double gradient_norm(double norm_type = 2.0) override;
@@ -76,11 +83,15 @@ class ModelParallelStrategy : public ParallelStrategy {
   const DeviceMesh& mesh() const;
 
  private:
+  void make_reducer();
   std::optional<DeviceMesh> mesh_;
   TensorParallelOptions tensor_parallel_;
   std::shared_ptr<ProcessGroupTensorParallel> tp_;
   TensorParallelLayout layout_;
   std::vector<std::pair<std::string, Tensor>> params_;
+  // Over the dp group; absent when there is nothing to reduce (dp 1 without sequence
+  // parallelism).
+  std::unique_ptr<Reducer> reducer_;
   bool sync_ = true;
   bool whole_ = false;  // gather_full_module ran
 };

@@ -96,6 +96,19 @@ TEST(TensorParallel, SequenceParallelismMatchesOneDevice) {
   }, 120s));
 }
 
+// Sequence parallelism with gradient accumulation: the replicated parameters' shares are summed
+// over tp once per optimizer step, on the accumulated gradients (summing them after every
+// backward counted the earlier micro-batches tp times over until 2026-12-03).
+TEST(TensorParallel, SequenceParallelismAccumulatesLikeOneDevice) {
+  const auto reference = testing::train_tiny_f32(nullptr, 4, 2, 3);
+  expect_all_ok(run_ranks(2, [&](int rank, int size, std::shared_ptr<comm::Store> store) {
+    auto s = make("model_parallel", 2, rank, size, store, "sp-accum", true);
+    const auto w = testing::train_tiny_f32(s.get(), 4, 2, 3);
+    s->teardown();
+    EXPECT_LE(max_difference(w, reference), 1e-5);
+  }, 120s));
+}
+
 // dp 2 x tp 2 on 4 ranks against DDP on 2 ranks: the same batches, within rounding.
 TEST(TensorParallel, ComposesWithDataParallelism) {
   loom::testing::TempDir dir;
@@ -105,6 +118,20 @@ TEST(TensorParallel, ComposesWithDataParallelism) {
     auto s = make("model_parallel", 2, rank, size, store, "dp-tp");
     EXPECT_EQ(s->data_parallel_size(), 2);
     const Weights w = train(s.get(), 2, 3);
+    s->teardown();
+    testing::expect_near_reference(reference_file, w, rank);
+  }, 120s));
+}
+
+// dp 2 x tp 2 with sequence parallelism and accumulation: the reducer's buckets sum the
+// replicated parameters over tp, then average over dp; DDP's weights within rounding.
+TEST(TensorParallel, SequenceParallelComposesWithDataParallelismAndAccumulation) {
+  loom::testing::TempDir dir;
+  const auto reference_file = dir.path() / "ddp.weights";
+  testing::write_ddp_reference(reference_file, 2, 2, 3);
+  expect_all_ok(run_ranks(4, [&](int rank, int size, std::shared_ptr<comm::Store> store) {
+    auto s = make("model_parallel", 2, rank, size, store, "dp-sp", true);
+    const Weights w = testing::train_tiny_f32(s.get(), 2, 2, 3);
     s->teardown();
     testing::expect_near_reference(reference_file, w, rank);
   }, 120s));

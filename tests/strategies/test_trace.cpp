@@ -299,6 +299,8 @@ TEST(Trace, ShardedTrainingShowsEachUnitsAllGatherAndReduceScatter) {
         continue;
       }
       EXPECT_GE(e["tid"].get<int>(), 1) << name;
+      // Timed as DDP's buckets are: when it really ran, after queued_us in the group's queue.
+      EXPECT_GE(e["args"].value("queued_us", int64_t{-1}), 0) << name;
       comm_rows[e["tid"].get<int>()].emplace_back(e["ts"].get<int64_t>(),
                                                  e["ts"].get<int64_t>() + e["dur"].get<int64_t>());
       count[name.substr(0, name.find(" ("))]++;
@@ -315,6 +317,73 @@ TEST(Trace, ShardedTrainingShowsEachUnitsAllGatherAndReduceScatter) {
         EXPECT_LE(spans[i - 1].second, spans[i].first) << "row " << tid;
     }
   }));
+  std::filesystem::remove_all(dir);
+}
+
+// Pipeline 2 x dp 2 on 4 ranks: each stage's replicas average through DDP's reducer, so the
+// trace shows its buckets on the comm rows, every one launched inside the stage's last
+// backward action of its step ("B1", micro-batch 1 of 2), overlapping it, as DDP's are.
+TEST(Trace, PipelineReplicasAverageThroughTheReducersBuckets) {
+  const int64_t steps = 2;
+  std::string dir = temp_dir();
+  expect_all_ok(run_ranks(4, [&](int rank, int size, std::shared_ptr<comm::Store> store) {
+    StrategyConfig options;
+    options.pipeline.stages = 2;
+    options.pipeline.micro_batches = 2;
+    auto pipeline = StrategyRegistry::create("pipeline", options);
+    dynamic_cast<ParallelStrategy&>(*pipeline)
+        .set_process_group(std::make_shared<comm::ProcessGroup>(
+            rank, size, store, comm::GroupOptions{.timeout = 60s}));
+    pipeline->setup_environment();
+    nn::GPTConfig c;
+    c.vocab_size = 64;
+    c.context = 8;
+    c.layers = 2;
+    c.heads = 2;
+    c.embd = 16;
+    nn::GPT model(c, 4);
+    train_gpt::TrainOptions o;
+    o.model = c;
+    o.batch = 2;
+    o.steps = steps;
+    std::vector<uint8_t> bytes = data::default_corpus(1 << 12);
+    for (uint8_t& b : bytes)
+      b %= 64;
+    data::TokenBlocks data(bytes, 2, 8, 64);
+    Trace trace;
+    set_current_trace(&trace);
+    train_gpt::train(
+        model, data, o, [](const train_gpt::StepMetrics&) {}, pipeline.get());
+    set_current_trace(nullptr);
+    std::string path = trace_path_for_rank(dir + "/pipeline.json", rank, size);
+    trace.write(path, rank);
+    pipeline->teardown();
+
+    std::vector<std::pair<int64_t, int64_t>> last_backwards;  // [start, end) per step
+    std::vector<int64_t> launches;
+    const json doc = read_json(path);
+    for (const json& e : doc["traceEvents"]) {
+      if (e["ph"] != "X") continue;
+      const std::string name = e["name"];
+      if (name == "B1" && e["cat"] == "pipeline") {
+        const int64_t ts = e["ts"];
+        last_backwards.emplace_back(ts, ts + e["dur"].get<int64_t>());
+      }
+      if (name.rfind("bucket ", 0) == 0 && name.find(" allreduce (") != std::string::npos) {
+        EXPECT_GE(e["tid"].get<int>(), 1) << name;
+        launches.push_back(e["ts"].get<int64_t>() - e["args"]["queued_us"].get<int64_t>());
+      }
+    }
+    ASSERT_EQ(last_backwards.size(), static_cast<size_t>(steps)) << "rank " << rank;
+    ASSERT_GE(launches.size(), static_cast<size_t>(steps)) << "rank " << rank;
+    for (int64_t launched : launches) {
+      const bool inside = std::any_of(
+          last_backwards.begin(), last_backwards.end(),
+          [&](const auto& b) { return launched >= b.first && launched <= b.second; });
+      EXPECT_TRUE(inside) << "rank " << rank << ": a bucket launched at " << launched
+                          << " us, outside the last backward action of every step";
+    }
+  }, 120s));
   std::filesystem::remove_all(dir);
 }
 
