@@ -115,6 +115,13 @@ std::unique_ptr<Backend> create_backend(const std::string& name, const BackendCo
   return BackendRegistry::create(name, context);
 }
 
+BackendNeeds backend_needs(const ClusterEnv& env, Device device, int gpus) {
+  return {.device = device,
+          .multi_host = env.multi_host(),
+          .local_ranks = env.local_world_size,
+          .gpus = gpus};
+}
+
 std::string resolve_auto_backend(const BackendNeeds& needs) {
   const bool own_gpu = needs.gpus < 0 || needs.gpus >= needs.local_ranks;
   if (LOOM_WITH_NCCL && needs.device.is_cuda() && own_gpu) return "nccl";

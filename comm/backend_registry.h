@@ -14,6 +14,7 @@
 #include <vector>
 
 #include "comm/backend.h"
+#include "comm/environment.h"
 
 namespace loom::comm {
 
@@ -60,6 +61,12 @@ struct BackendNeeds {
   int local_ranks = 1;            // the group's ranks on this host
   int gpus = -1;                  // GPUs selected on this host (-1: one per local rank)
 };
+
+// What a group of the job `env` describes needs, for tensors on `device` with `gpus` GPUs
+// selected on this host (-1: one per local rank). The one way BackendNeeds is made: comm::init,
+// ProcessGroup, ParallelStrategy and the local launcher all ask through it, so that every
+// rank of a job reaches the same "auto".
+BackendNeeds backend_needs(const ClusterEnv& env, Device device, int gpus = -1);
 
 // What "auto" means, decided here only (docs/multihost.md has the table): "nccl" for CUDA
 // tensors when every local rank has a GPU of its own (NCCL refuses two ranks on one GPU) and

@@ -346,4 +346,12 @@ std::vector<std::string> environment_with(const std::map<std::string, std::strin
   return env;
 }
 
+ClusterEnv single_host_job(int ranks) {
+  ClusterEnv env;
+  env.source = "single";
+  env.world_size = ranks;
+  env.local_world_size = ranks;
+  return env;
+}
+
 }  // namespace loom::comm

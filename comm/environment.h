@@ -53,6 +53,10 @@ std::optional<std::string> process_env(const std::string& name);
 ClusterEnv detect_cluster_env(const GetEnv& getenv = process_env,
                               std::optional<std::string> force = std::nullopt);
 
+// The layout of `ranks` ranks all on this host, as a job started without a launcher has it
+// (a LocalJob's, or a process group made directly).
+ClusterEnv single_host_job(int ranks);
+
 // The other half of the contract: what a launcher tells each rank it starts. loomrun,
 // loom-perf --np and ddp_spawn all write these variables through rank_variables(), and
 // detect_cluster_env (source "torchrun") and comm::init read them back:

@@ -91,9 +91,7 @@ std::shared_ptr<ProcessGroup> init(const InitOptions& options) {
       options.store ? options.store : rendezvous_store(env, rank, size, options.timeout);
   std::string backend = options.backend;
   if (backend == "auto") {
-    backend = resolve_auto_backend({.device = options.device.value_or(Device::cpu()),
-                                    .multi_host = env.multi_host(),
-                                    .local_ranks = env.local_world_size});
+    backend = resolve_auto_backend(backend_needs(env, options.device.value_or(Device::cpu())));
   }
   std::string name = default_group_name(env.restart_count);
   return std::make_shared<ProcessGroup>(

@@ -150,7 +150,10 @@ std::unique_ptr<Backend> ProcessGroup::create(int rank, int size,
   check_debug_settings();
   std::string backend = options.backend;
   if (backend == "auto") {
-    backend = resolve_auto_backend({.device = options.device.value_or(Device::cpu())});
+    // A group made directly, outside comm::init (which knows the job), is taken to run on
+    // one host.
+    backend = resolve_auto_backend(
+        backend_needs(single_host_job(size), options.device.value_or(Device::cpu())));
   }
   return BackendRegistry::create(backend, group_backend_context(rank, size, store, options, name));
 }

@@ -34,6 +34,24 @@ inline size_t dtype_size(DType dtype) {
   }
   invalid_dtype_size(dtype);
 }
+// The one dtype -> C++ type dispatch on the host: calls f.template operator()<T>() with the
+// storage type of `dtype` (float, double, BFloat16, Half, int32_t, int64_t, uint8_t) and
+// returns what it returns. Its device twin, with CUDA's __nv_bfloat16 and __half, is
+// visit_device_dtype in kernels/cuda/common.cuh.
+template <typename F>
+decltype(auto) visit_dtype(DType dtype, F&& f) {
+  switch (dtype) {
+    case DType::F32: return f.template operator()<float>();
+    case DType::F64: return f.template operator()<double>();
+    case DType::BF16: return f.template operator()<BFloat16>();
+    case DType::F16: return f.template operator()<Half>();
+    case DType::I32: return f.template operator()<int32_t>();
+    case DType::I64: return f.template operator()<int64_t>();
+    case DType::U8: return f.template operator()<uint8_t>();
+  }
+  invalid_dtype_size(dtype);
+}
+
 // "f32", "bf16", ...: a static NUL-terminated string, so printf and C APIs take it too.
 const char* dtype_name(DType dtype);
 bool is_floating(DType dtype);

@@ -117,11 +117,13 @@ std::vector<std::string> own_arguments() {
   return args;
 }
 
-// The backend the ranks' group will use, checked before any rank starts: a registered name,
-// or "auto" resolved for `device`, that can serve tensors on `device`.
-std::string checked_backend(const std::string& requested, Device device) {
+// The backend the group of `world` ranks on this host will use, checked before any rank
+// starts: a registered name, or "auto" resolved for them, that can serve tensors on `device`.
+std::string checked_backend(const std::string& requested, Device device, int world) {
   const std::string backend =
-      requested == "auto" ? comm::resolve_auto_backend({.device = device}) : requested;
+      requested == "auto"
+          ? comm::resolve_auto_backend(comm::backend_needs(comm::single_host_job(world), device))
+          : requested;
   comm::BackendRegistry::require(backend);
   if (backend == "nccl" && !device.is_cuda()) {
     tag::kLaunch.fail("process group backend 'nccl' needs CUDA devices, but the ranks run on ",
@@ -185,7 +187,7 @@ std::unique_ptr<comm::launch::RankProcess> spawn_rank(int rank, int world, uint1
 LocalJob::LocalJob(int world, LaunchMethod method, const LocalJobOptions& options) {
   if (world < 1) tag::kLaunch.fail("the number of ranks must be at least 1, got ", world);
   const comm::GroupOptions group_options{
-      .backend = checked_backend(options.backend, options.device),
+      .backend = checked_backend(options.backend, options.device, world),
       .timeout = options.timeout,
       .device = options.device.is_cuda() ? std::optional<Device>(options.device) : std::nullopt};
   const std::string secret = comm::generate_store_secret();

@@ -172,19 +172,16 @@ std::map<std::string, Tensor> Strategy::load_checkpoint(const std::filesystem::p
   return checkpoint_io_->load(path);
 }
 
-std::string ParallelStrategy::group_backend(bool multi_host, int local_ranks) const {
+std::string ParallelStrategy::group_backend(const comm::ClusterEnv& job) const {
   if (options_.process_group_backend != "auto") return options_.process_group_backend;
-  return comm::resolve_auto_backend({.device = root_device(),
-                                     .multi_host = multi_host,
-                                     .local_ranks = local_ranks,
-                                     .gpus = devices_.count});
+  return comm::resolve_auto_backend(comm::backend_needs(job, root_device(), devices_.count));
 }
 
 void ParallelStrategy::setup_environment() {
   if (group_) return;
   comm::ClusterEnv env = environment_ ? *environment_ : comm::detect_cluster_env();
   environment_ = env;
-  const std::string backend = group_backend(env.multi_host(), env.local_world_size);
+  const std::string backend = group_backend(env);
   std::optional<Device> device;
   if (root_device().is_cuda()) device = root_device();
   group_ = comm::init(
@@ -259,7 +256,7 @@ void ParallelStrategy::join_or_start_ranks(LaunchMethod method) {
   }
   const int count = devices_.count;
   const LocalJobOptions job_options{
-      .backend = group_backend(/*multi_host=*/false, count),
+      .backend = group_backend(comm::single_host_job(count)),
       .device = root_device(),
       .timeout = options_.timeout};
   job_ = std::make_unique<LocalJob>(count, method, job_options);

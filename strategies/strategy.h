@@ -246,7 +246,8 @@ class ParallelStrategy : public Strategy {
   // The backend this strategy's group uses: process_group_backend, "auto" resolved once
   // for this group (comm::resolve_auto_backend). Every rank must reach the same answer: ranks
   // started by a LocalJob (rank 0) and by setup_environment (the others) both ask here.
-  std::string group_backend(bool multi_host, int local_ranks) const;
+  // `job`: the ranks' layout (the launcher's, or the ranks a LocalJob starts on this host).
+  std::string group_backend(const comm::ClusterEnv& job) const;
   // The process group; loom::Error naming `what` before setup_environment() made one.
   comm::ProcessGroup& group_for(const char* what) const;
 

@@ -1,6 +1,9 @@
 #pragma once
 // Generic collectives written once against the point-to-point Transport (Gloo's
-// allreduce.cc idea): a backend that can send and receive bytes gets all of them.
+// allreduce.cc idea): a backend that can send and receive bytes gets all of them
+// (comm/transport_backend.h). The tests keep further reference algorithms (ring and
+// halving-doubling allreduce, ring reduce-scatter, tree reduce, an in-process transport) in
+// tests/comm/reference_algorithms/.
 //
 // Common contract of every function here:
 //  - Collective: every rank of `transport` calls it with the same count, type, op and root,
@@ -31,29 +34,10 @@
 
 namespace loom::comm::algorithms {
 
-// data[0, count) on every rank becomes the reduction of every rank's data. Reduce-scatter
-// then all-gather around the ring, in `size` chunks (sizes differ by at most one element);
-// bandwidth-optimal, 2(size-1) steps. Scratch: one chunk.
-void ring_allreduce(Transport& transport, void* data, size_t count, DType type, ReduceOp op,
-                    Deadline deadline);
-
-// Same result as ring_allreduce, by recursive halving (reduce-scatter) then recursive
-// doubling (all-gather): 2 log2(p) steps for p = largest power of two <= size. With a
-// non-power-of-two size the first 2(size-p) ranks fold in pairs before and after.
-// Scratch: half the buffer.
-void halving_doubling_allreduce(Transport& transport, void* data, size_t count, DType type,
-                                ReduceOp op, Deadline deadline);
-
 // output[size * count] = every rank's input[count], concatenated in rank order. In place
 // when input == output + rank * count; otherwise the two must not overlap.
 void ring_all_gather(Transport& transport, const void* input, void* output, size_t count,
                      DType type, Deadline deadline);
-
-// output[count] = slice `rank` of the reduction of every rank's input[size * count]; input
-// is left unchanged. In place when output == input + rank * count; otherwise the two must
-// not overlap. Scratch: two slices.
-void ring_reduce_scatter(Transport& transport, const void* input, void* output, size_t count,
-                         DType type, ReduceOp op, Deadline deadline);
 
 // Rank-ordered reductions (Note [Rank-ordered reductions] in rank_ordered.cpp): every
 // element is reduced by one rank from all ranks' values in rank order 0, 1, ..., size-1, with
@@ -105,10 +89,5 @@ void dissemination_barrier(Transport& transport, Deadline deadline);
 // rounds; each rank receives once).
 void tree_broadcast(Transport& transport, void* data, size_t count, DType type, int root,
                     Deadline deadline);
-
-// data[0, count) on root becomes the reduction of every rank's data, along a binomial tree;
-// other ranks' data is left unchanged. Scratch: up to two buffers on inner ranks.
-void tree_reduce(Transport& transport, void* data, size_t count, DType type, ReduceOp op,
-                 int root, Deadline deadline);
 
 }  // namespace loom::comm::algorithms

@@ -69,6 +69,11 @@ class Chunks {
 
 // Elements of a span of `length` that fall in the piece starting at `offset` (zero past its
 // end): the pieces of spans of different lengths line up, so peers agree on every piece.
+// Index of a chunk or block on a ring of `size` (k may be negative).
+inline int wrap(int k, int size) {
+  return ((k % size) + size) % size;
+}
+
 inline size_t piece_length(size_t length, size_t offset, size_t piece) {
   return offset < length ? std::min(piece, length - offset) : 0;
 }

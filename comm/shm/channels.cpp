@@ -4,7 +4,6 @@
 #include <algorithm>
 #include <cstring>
 
-#include "comm/algorithms/tagged_messages.h"
 #include "comm/shm/shm_backend.h"
 
 namespace loom::comm::shm {
@@ -39,14 +38,6 @@ size_t ShmBackend::pull(int src, char* data, size_t bytes) {
   std::memcpy(data + first, base, n - first);
   c.tail.value.store(tail + n, std::memory_order_release);
   return n;
-}
-
-void ShmBackend::send(const void* data, size_t bytes, int dst, Deadline deadline) {
-  send_recv(data, bytes, dst, nullptr, 0, dst, deadline);
-}
-
-void ShmBackend::recv(void* data, size_t bytes, int src, Deadline deadline) {
-  send_recv(nullptr, 0, src, data, bytes, src, deadline);
 }
 
 void ShmBackend::send_recv(const void* send_data, size_t send_bytes, int dst, void* recv_data,
@@ -85,15 +76,6 @@ void ShmBackend::send_recv(const void* send_data, size_t send_bytes, int dst, vo
         [&] { return received < recv_bytes ? src : dst; }, deadline,
         sending ? "receive this rank's message" : "send its message");
   }
-}
-
-void ShmBackend::send(const Tensor& tensor, int dst, int tag, Deadline deadline) {
-  algorithms::send_tagged(*this, tensor.raw_data(), tensor.nbytes(), tag, dst, deadline);
-}
-
-void ShmBackend::recv(Tensor& tensor, int src, int tag, Deadline deadline) {
-  algorithms::recv_tagged(*this, tensor.raw_data(), tensor.nbytes(), tag, src, deadline,
-                          "[comm/shm]");
 }
 
 }  // namespace loom::comm::shm

@@ -19,8 +19,7 @@
 #include <functional>
 #include <vector>
 
-#include "comm/algorithms/transport.h"
-#include "comm/backend.h"
+#include "comm/transport_backend.h"
 #include "comm/shm/fingerprint.h"
 #include "comm/shm/layout.h"
 #include "comm/shm/peer_wait.h"
@@ -28,7 +27,7 @@
 
 namespace loom::comm::shm {
 
-class ShmBackend final : public Backend, public Transport {
+class ShmBackend final : public TransportBackend {
  public:
   // Collective: rank 0 creates the segment and publishes its name through the store; every
   // rank attaches; rank 0 unlinks the name once all have (or the timeout passes).
@@ -44,8 +43,6 @@ class ShmBackend final : public Backend, public Transport {
   void all_gather(Tensor& output, const Tensor& input, Deadline deadline) override;
   void reduce_scatter(Tensor& output, const Tensor& input, ReduceOp op, Deadline deadline) override;
   void all_to_all(Tensor& output, const Tensor& input, Deadline deadline) override;
-  void send(const Tensor& tensor, int dst, int tag, Deadline deadline) override;
-  void recv(Tensor& tensor, int src, int tag, Deadline deadline) override;
   void barrier(Deadline deadline) override;
 
   // Allreduces of a fast box's size or less are posted (Note [Posted allreduces] in
@@ -57,9 +54,8 @@ class ShmBackend final : public Backend, public Transport {
   void post_allreduce(const Tensor& input, ReduceOp op, Deadline deadline) override;
   void finish_allreduce(Tensor& output, ReduceOp op, Deadline deadline) override;
 
-  // Transport: raw byte streams between ranks.
-  void send(const void* data, size_t bytes, int dst, Deadline deadline) override;
-  void recv(void* data, size_t bytes, int src, Deadline deadline) override;
+  // Transport: raw byte streams between ranks (TransportBackend makes send/recv of bytes and
+  // tensors of it, as on every network backend).
   void send_recv(const void* send_data, size_t send_bytes, int dst, void* recv_data,
                  size_t recv_bytes, int src, Deadline deadline) override;
 

@@ -17,7 +17,7 @@
 #include <memory>
 #include <string>
 
-#include "comm/algorithms/transport_backend.h"
+#include "comm/transport_backend.h"
 
 namespace loom::comm::tcp {
 

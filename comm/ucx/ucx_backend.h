@@ -18,7 +18,7 @@
 #include <string>
 #include <vector>
 
-#include "comm/algorithms/transport_backend.h"
+#include "comm/transport_backend.h"
 
 namespace loom::comm::ucx {
 

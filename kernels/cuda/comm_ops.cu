@@ -127,20 +127,6 @@ __global__ void divide_integer_kernel(T* acc, int64_t divisor, int64_t n) {
     acc[i] = static_cast<T>(static_cast<int64_t>(acc[i]) / divisor);
 }
 
-template <typename F>
-void dispatch_any(DType dtype, F&& f) {
-  switch (dtype) {
-    case DType::F32: f.template operator()<float>(); return;
-    case DType::F64: f.template operator()<double>(); return;
-    case DType::BF16: f.template operator()<__nv_bfloat16>(); return;
-    case DType::F16: f.template operator()<__half>(); return;
-    case DType::I32: f.template operator()<int32_t>(); return;
-    case DType::I64: f.template operator()<int64_t>(); return;
-    case DType::U8: f.template operator()<uint8_t>(); return;
-  }
-  tag::kKernelsCudaCommOps.fail("invalid dtype value ", static_cast<int>(dtype));
-}
-
 template <typename T, CommReduce kOp>
 void launch_reduce(void* acc, const void* x, int64_t n, cudaStream_t stream) {
   constexpr int kVec = Vec16<T>::kSize;
@@ -159,7 +145,7 @@ void reduce_inplace(CommReduce op, DType dtype, void* acc, const void* x, int64_
                     cudaStream_t stream) {
   if (n < 0) tag::kKernelsCudaCommOps.fail("reduce_inplace: negative element count ", n);
   if (n == 0) return;
-  dispatch_any(dtype, [&]<typename T>() {
+  visit_device_dtype(dtype, [&]<typename T>() {
     switch (op) {
       case CommReduce::Sum:
       case CommReduce::Avg: return launch_reduce<T, CommReduce::Sum>(acc, x, n, stream);
@@ -176,7 +162,7 @@ void divide_inplace(DType dtype, void* acc, int64_t divisor, int64_t n, cudaStre
   if (divisor == 0) tag::kKernelsCudaCommOps.fail("divide_inplace: divisor must be non-zero");
   if (n < 0) tag::kKernelsCudaCommOps.fail("divide_inplace: negative element count ", n);
   if (n == 0) return;
-  dispatch_any(dtype, [&]<typename T>() {
+  visit_device_dtype(dtype, [&]<typename T>() {
     if constexpr (std::is_integral_v<T>) {
       divide_integer_kernel<T><<<grid_for(n, kThreads), kThreads, 0, stream>>>(static_cast<T*>(acc),
                                                                                divisor, n);

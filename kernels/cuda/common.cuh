@@ -162,6 +162,23 @@ inline unsigned grid_for(int64_t n, int threads, int64_t max_blocks = 65535LL * 
   return static_cast<unsigned>(blocks < max_blocks ? blocks : max_blocks);
 }
 
+// The device twin of visit_dtype (core/dtype.h): calls f.template operator()<T>() with the
+// device storage type of any dtype (float, double, __nv_bfloat16, __half, int32_t, int64_t,
+// uint8_t).
+template <typename F>
+void visit_device_dtype(DType dtype, F&& f) {
+  switch (dtype) {
+    case DType::F32: f.template operator()<float>(); return;
+    case DType::F64: f.template operator()<double>(); return;
+    case DType::BF16: f.template operator()<__nv_bfloat16>(); return;
+    case DType::F16: f.template operator()<__half>(); return;
+    case DType::I32: f.template operator()<int32_t>(); return;
+    case DType::I64: f.template operator()<int64_t>(); return;
+    case DType::U8: f.template operator()<uint8_t>(); return;
+  }
+  invalid_dtype_size(dtype);
+}
+
 // Calls f.template operator()<T>() with the storage type of a floating dtype (f32, f64, bf16,
 // f16), or throws naming `op`.
 template <typename F>

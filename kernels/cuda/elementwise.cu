@@ -103,21 +103,6 @@ __device__ __forceinline__ Dst convert_value(Src s) {
 }
 
 
-// Calls f.template operator()<T>() with the device storage type of any dtype.
-template <typename F>
-void dispatch_any(DType dtype, F&& f) {
-  switch (dtype) {
-    case DType::F32: f.template operator()<float>(); return;
-    case DType::F64: f.template operator()<double>(); return;
-    case DType::BF16: f.template operator()<__nv_bfloat16>(); return;
-    case DType::F16: f.template operator()<__half>(); return;
-    case DType::I32: f.template operator()<int32_t>(); return;
-    case DType::I64: f.template operator()<int64_t>(); return;
-    case DType::U8: f.template operator()<uint8_t>(); return;
-  }
-  fail("dispatch: invalid dtype value ", static_cast<int>(dtype));
-}
-
 
 // ---------------------------------------------------------------------------------------------
 // Contiguous maps; see Note [Vectorised elementwise kernels].
@@ -558,7 +543,7 @@ void gelu_backward(DType dtype, const void* x, const void* dy, void* dx, int64_t
 
 void fill(DType dtype, void* dst, double value, int64_t n, cudaStream_t stream) {
   if (n <= 0) return;
-  dispatch_any(dtype, [&]<typename T>() {
+  visit_device_dtype(dtype, [&]<typename T>() {
     const T converted = from_double_value<T>(value);
     if constexpr (sizeof(T) == 1) {
       launch_fill<uint8_t>(dst, &converted, n, stream);
@@ -581,15 +566,15 @@ void copy_strided(DType src_dtype, int ndim, const int64_t* shape, const void* s
   const bool contiguous = is_contiguous(layout);
   if (contiguous && src_dtype == dst_dtype) {
     size_t element_size = 0;
-    dispatch_any(src_dtype, [&]<typename T>() { element_size = sizeof(T); });
+    visit_device_dtype(src_dtype, [&]<typename T>() { element_size = sizeof(T); });
     LOOM_CUDA_CHECK(cudaMemcpyAsync(dst, src, static_cast<size_t>(n) * element_size,
                                     cudaMemcpyDeviceToDevice, stream));
     return;
   }
   if (contiguous && try_convert_vec8(src_dtype, src, dst_dtype, dst, n, stream)) return;
   const bool index32 = n <= static_cast<int64_t>(UINT32_MAX);
-  dispatch_any(src_dtype, [&]<typename Src>() {
-    dispatch_any(dst_dtype, [&]<typename Dst>() {
+  visit_device_dtype(src_dtype, [&]<typename Src>() {
+    visit_device_dtype(dst_dtype, [&]<typename Dst>() {
       copy_kernel<Src, Dst><<<grid_for(n, kThreads), kThreads, 0, stream>>>(
           layout, static_cast<const Src*>(src), static_cast<Dst*>(dst), n, contiguous, index32);
       LOOM_CUDA_CHECK_LAUNCH();

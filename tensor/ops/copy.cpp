@@ -59,23 +59,10 @@ void convert_loop(const void* src, void* dst, int64_t n) {
   }
 }
 
-template <typename F>
-void dispatch_any(DType dtype, F&& f) {
-  switch (dtype) {
-    case DType::F32: return f.template operator()<float>();
-    case DType::F64: return f.template operator()<double>();
-    case DType::BF16: return f.template operator()<BFloat16>();
-    case DType::F16: return f.template operator()<Half>();
-    case DType::I32: return f.template operator()<int32_t>();
-    case DType::I64: return f.template operator()<int64_t>();
-    case DType::U8: return f.template operator()<uint8_t>();
-  }
-}
-
 // Converts n contiguous elements of src_dtype into dst_dtype.
 void convert(DType src_dtype, const void* src, DType dst_dtype, void* dst, int64_t n) {
-  dispatch_any(src_dtype, [&]<typename Src>() {
-    dispatch_any(dst_dtype, [&]<typename Dst>() { convert_loop<Src, Dst>(src, dst, n); });
+  visit_dtype(src_dtype, [&]<typename Src>() {
+    visit_dtype(dst_dtype, [&]<typename Dst>() { convert_loop<Src, Dst>(src, dst, n); });
   });
 }
 
@@ -112,7 +99,7 @@ void fill_(Tensor& a, double value) {
     LOOM_IF_CUDA(kernels::cuda::fill(a.dtype(), a.raw_data(), value, n, detail::stream_of(a)));
     return;
   }
-  dispatch_any(a.dtype(), [&]<typename T>() {
+  visit_dtype(a.dtype(), [&]<typename T>() {
     T v = from_double<T>(value);
     T* p = static_cast<T*>(a.raw_data());
     for (int64_t i = 0; i < n; ++i)

@@ -18,8 +18,9 @@
 #include <vector>
 
 #include "comm/algorithms/algorithms.h"
+#include "reference_algorithms/reference_algorithms.h"
 #include "comm/algorithms/subset_transport.h"
-#include "comm/algorithms/thread_transport.h"
+#include "reference_algorithms/thread_transport.h"
 #include "comm/backend.h"
 #include "comm/error.h"
 #include "comm/shm/shm_backend.h"

@@ -11,24 +11,6 @@ namespace {
 using comm::ReduceOp;
 
 template <typename T>
-struct TypeTag {
-  using type = T;
-};
-
-template <typename F>
-void with_type(DType dtype, F&& f) {
-  switch (dtype) {
-    case DType::F32: return f(TypeTag<float>{});
-    case DType::F64: return f(TypeTag<double>{});
-    case DType::BF16: return f(TypeTag<BFloat16>{});
-    case DType::F16: return f(TypeTag<Half>{});
-    case DType::I32: return f(TypeTag<int32_t>{});
-    case DType::I64: return f(TypeTag<int64_t>{});
-    case DType::U8: return f(TypeTag<uint8_t>{});
-  }
-}
-
-template <typename T>
 T from_double(double v) {
   if constexpr (std::is_same_v<T, BFloat16>) {
     return BFloat16{float_to_bf16_bits(static_cast<float>(v))};
@@ -137,8 +119,7 @@ int64_t mismatches(const T* data, size_t count, size_t first, uint32_t seed, con
 
 void fill_slice(DType dtype, void* base, size_t offset, size_t count, size_t first, uint32_t seed,
                 const Table& table) {
-  with_type(dtype, [&](auto tag) {
-    using T = typename decltype(tag)::type;
+  visit_dtype(dtype, [&]<typename T>() {
     fill_values(static_cast<T*>(base) + offset, count, first, seed, table);
   });
 }
@@ -146,8 +127,7 @@ void fill_slice(DType dtype, void* base, size_t offset, size_t count, size_t fir
 int64_t check_slice(DType dtype, const void* base, size_t offset, size_t count, size_t first,
                     uint32_t seed, const Table& table) {
   int64_t wrong = 0;
-  with_type(dtype, [&](auto tag) {
-    using T = typename decltype(tag)::type;
+  visit_dtype(dtype, [&]<typename T>() {
     wrong = mismatches(static_cast<const T*>(base) + offset, count, first, seed, table);
   });
   return wrong;

@@ -133,9 +133,9 @@ void add_flags(CLI::App& app, CommandLine& cli) {
                  "the CPU; 16-mixed adds a dynamic loss scaler)")
       ->capture_default_str();
   app.add_option("--process-group-backend", cli.config.process_group_backend,
-                 "auto, shm, ucx or nccl (auto: nccl for GPUs that each rank owns, ucx when the "
-                 "job spans hosts, else shm; shm also serves loomrun's --nnodes when every node "
-                 "is this machine)")
+                 "auto, or a registered backend: shm, tcp, hierarchical, ucx, nccl (auto: nccl "
+                 "for GPUs that each rank owns, hierarchical when the job spans hosts, else shm; "
+                 "shm also serves loomrun's --nnodes when every node is this machine)")
       ->capture_default_str();
   app.add_option("--timeout", cli.timeout_s,
                  "seconds a collective may wait for a peer before every rank stops with an "

@@ -1,4 +1,4 @@
-#include "comm/algorithms/thread_transport.h"
+#include "reference_algorithms/thread_transport.h"
 
 #include <chrono>
 #include <cstring>

@@ -1,4 +1,4 @@
-#include "comm/algorithms/transport_backend.h"
+#include "comm/transport_backend.h"
 
 #include <unistd.h>
 

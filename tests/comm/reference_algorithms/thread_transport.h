@@ -1,6 +1,5 @@
 #pragma once
-// A Transport for ranks that are threads of one process: tests of the algorithms, and tools
-// that want collectives without processes. Messages are copied into per-pair FIFO
+// A Transport for ranks that are threads of one process, for the tests of the algorithms. Messages are copied into per-pair FIFO
 // mailboxes, so send never waits for the receiver; recv waits on a condition variable
 // until its message arrives, the sender closes, or the deadline passes.
 

@@ -15,8 +15,8 @@
 #include <algorithm>
 #include <vector>
 
-#include "comm/algorithms/algorithms.h"
 #include "comm/algorithms/algorithms_impl.h"
+#include "reference_algorithms/reference_algorithms.h"
 
 namespace loom::comm::algorithms {
 
