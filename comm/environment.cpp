@@ -354,4 +354,13 @@ ClusterEnv single_host_job(int ranks) {
   return env;
 }
 
+std::optional<int> launcher_rank(const GetEnv& getenv) {
+  const std::optional<std::string> text = getenv("RANK");
+  if (!text || text->empty()) return std::nullopt;
+  int value = 0;
+  const auto [end, error] = std::from_chars(text->data(), text->data() + text->size(), value);
+  if (error != std::errc() || end != text->data() + text->size()) return std::nullopt;
+  return value;
+}
+
 }  // namespace loom::comm

@@ -53,6 +53,12 @@ std::optional<std::string> process_env(const std::string& name);
 ClusterEnv detect_cluster_env(const GetEnv& getenv = process_env,
                               std::optional<std::string> force = std::nullopt);
 
+// This process's RANK as its launcher set it, for messages and file names made before or
+// without a process group (the flight recorder's dump, a tool's last error line); empty when
+// unset or not a whole number. Never throws. Everything else reads the launcher's variables
+// through detect_cluster_env.
+std::optional<int> launcher_rank(const GetEnv& getenv = process_env);
+
 // The layout of `ranks` ranks all on this host, as a job started without a launcher has it
 // (a LocalJob's, or a process group made directly).
 ClusterEnv single_host_job(int ranks);

@@ -12,6 +12,7 @@
 #include <string_view>
 #include <thread>
 
+#include "comm/environment.h"
 #include "core/atomic_file.h"
 #include "core/error.h"
 #include "core/tags.h"
@@ -31,8 +32,7 @@ const char* state_name(int state) {
 }
 
 int job_rank(int noted, int fallback) {
-  const char* rank = std::getenv("RANK");
-  if (rank != nullptr && *rank != '\0') return std::atoi(rank);
+  if (const std::optional<int> rank = launcher_rank()) return *rank;
   return noted >= 0 ? noted : fallback;
 }
 

@@ -4,7 +4,7 @@
 
 #include "core/registry.h"
 #include "core/tags.h"
-#include "strategies/data_parallel.h"
+#include "strategies/dp/data_parallel.h"
 #include "strategies/ddp/ddp_strategy.h"
 #include "strategies/pipeline/pipeline_strategy.h"
 #include "strategies/sharded/sharded_strategy.h"

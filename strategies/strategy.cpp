@@ -249,9 +249,12 @@ ParallelStrategy::~ParallelStrategy() = default;
 
 void ParallelStrategy::join_or_start_ranks(LaunchMethod method) {
   if (group_) return;
-  const char* world = std::getenv("WORLD_SIZE");
-  if (world != nullptr && *world != '\0') {
-    ParallelStrategy::setup_environment();  // started by a launcher, or spawned by rank 0
+  // A launcher's job (loomrun, torchrun, Slurm, MPI, or the ranks a LocalJob spawned): join
+  // it, as Lightning does where the cluster environment creates the processes.
+  const comm::ClusterEnv env = environment_ ? *environment_ : comm::detect_cluster_env();
+  if (env.source != "single") {
+    environment_ = env;
+    ParallelStrategy::setup_environment();
     return;
   }
   const int count = devices_.count;

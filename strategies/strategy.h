@@ -72,7 +72,7 @@ class Strategy {
   // One forward and backward over a batch of `rows` rows: leaves the gradient of
   // scale * loss_of_rows(module, 0, rows) added to the set-up module's parameters and returns
   // the unscaled loss. The default calls loss_of_rows once on the set-up module on this thread,
-  // then backward(scale != 1 ? scale * loss : loss). dp (strategies/data_parallel.h) calls it
+  // then backward(scale != 1 ? scale * loss : loss). dp (strategies/dp/data_parallel.h) calls it
   // once per replica on its own thread with a slice of the rows, so loss_of_rows must be
   // thread-safe for distinct modules, and the loss a mean over rows.
   virtual Tensor forward_backward(const LossOfRows& loss_of_rows, int64_t rows, double scale = 1.0);
@@ -240,8 +240,10 @@ class ParallelStrategy : public Strategy {
 
  protected:
   // setup_environment() for strategies that start their own ranks when no launcher did
-  // (strategies/local_launch.h): joins the launcher's job when WORLD_SIZE is set, otherwise
-  // starts `devices` ranks with `method`. teardown() then waits for them.
+  // (strategies/local_launch.h): joins the job the cluster environment describes (the one
+  // handed to set_cluster_environment, else comm::detect_cluster_env's) unless it is a
+  // single process, otherwise starts `devices` ranks with `method`. teardown() then waits
+  // for them.
   void join_or_start_ranks(LaunchMethod method);
   // The backend this strategy's group uses: process_group_backend, "auto" resolved once
   // for this group (comm::resolve_auto_backend). Every rank must reach the same answer: ranks

@@ -1,7 +1,5 @@
 #include "strategies/checkpoint/tensor_index.h"
 
-#include <xxhash.h>
-
 #include <algorithm>
 #include <cstdint>
 #include <cstdio>
@@ -25,25 +23,13 @@ using json = nlohmann::json;
 
 namespace {
 
-constexpr const char* kPiecesKey = "loom.pieces";
-constexpr const char* kBlockKey = "loom.block_bytes";
 constexpr const char* kWholeChecksumPrefix = "loom.xxh3.";  // checked_file.h
 constexpr const char* kIndexFormat = "loom-checkpoint-index";
-
-std::string hex(uint64_t value) {
-  char text[17];
-  std::snprintf(text, sizeof text, "%016llx", static_cast<unsigned long long>(value));
-  return text;
-}
 
 uint64_t parse_hex(const std::string& text) {
   if (text.size() != 16 || text.find_first_not_of("0123456789abcdef") != std::string::npos)
     fail("checksum '", text, "' is not 16 hex digits");
   return std::stoull(text, nullptr, 16);
-}
-
-std::string shape_text(const Shape& shape) {
-  return json(shape).dump();
 }
 
 // Integers read from JSON. nlohmann::json's get<int64_t>() and get<uint64_t>() convert a
@@ -134,24 +120,6 @@ void check_tiling(const std::map<std::string, TensorEntry>& tensors, const std::
                             " elements only; a shard file is missing from the index");
     }
   }
-}
-
-// A box's place in a tensor of `shape` (check_shape's): its first element and element count;
-// throws when it does not fit.
-std::pair<int64_t, int64_t> box_extent(const Shape& offsets, const Shape& sizes, const Shape& shape,
-                                       const std::string& what) {
-  if (offsets.size() != shape.size() || sizes.size() != shape.size())
-    tag::kCheckpoint.fail(what, ": a box of ", offsets.size(), " dimensions in a tensor of ",
-                          shape.size());
-  int64_t first = 0, count = 1;
-  for (size_t d = 0; d < shape.size(); ++d) {
-    if (offsets[d] < 0 || sizes[d] < 0 || offsets[d] > shape[d] || sizes[d] > shape[d] - offsets[d])
-      tag::kCheckpoint.fail(what, ": box ", shape_text(offsets), " + ", shape_text(sizes),
-                            " leaves the tensor's shape ", shape_text(shape));
-    first = first * shape[d] + offsets[d];
-    count *= sizes[d];
-  }
-  return {first, count};
 }
 
 void add_shard(std::map<std::string, TensorEntry>& tensors, const std::string& name, DType dtype,
@@ -379,8 +347,8 @@ std::string shard_difference(const std::vector<Shard>& listed, const std::vector
   for (size_t block = 0; block < std::max(a.size(), b.size()); ++block) {
     if (block < a.size() && block < b.size() && a[block] == b[block]) continue;
     out << "shard " << i << " (" << shard_text(listed[i]) << ") has checksum "
-        << (block < a.size() ? hex(a[block]) : "(none)") << " for block " << block
-        << " in the index but " << (block < b.size() ? hex(b[block]) : "(none)")
+        << (block < a.size() ? checksum_text(a[block]) : "(none)") << " for block " << block
+        << " in the index but " << (block < b.size() ? checksum_text(b[block]) : "(none)")
         << " in the header of " << held[i].file;
     return out.str();
   }
@@ -478,89 +446,13 @@ json parse_json_object(std::istream& in, const std::string& origin) {
   return value;
 }
 
-std::vector<ShardRun> runs_of(const Shard& shard, const Shape& shape) {
-  if (shard.sizes.empty()) return {{shard.begin, 0, shard.end - shard.begin}};
-  const size_t dims = shape.size();
-  if (dims == 0) return {{0, 0, 1}};
-  std::vector<int64_t> stride(dims, 1);
-  for (size_t d = dims - 1; d-- > 0;)
-    stride[d] = stride[d + 1] * shape[d + 1];
-  const int64_t row = shard.sizes[dims - 1];
-  int64_t rows = 1;
-  for (size_t d = 0; d + 1 < dims; ++d)
-    rows *= shard.sizes[d];
-  std::vector<ShardRun> runs;
-  if (row == 0) return runs;
-  std::vector<int64_t> index(dims, 0);  // within the box, the last dimension left at 0
-  for (int64_t r = 0; r < rows; ++r) {
-    int64_t global = 0;
-    for (size_t d = 0; d < dims; ++d)
-      global += (shard.offsets[d] + index[d]) * stride[d];
-    const int64_t local = r * row;
-    if (!runs.empty() && runs.back().global + runs.back().length == global &&
-        runs.back().local + runs.back().length == local) {
-      runs.back().length += row;
-    } else {
-      runs.push_back({global, local, row});
-    }
-    for (size_t d = dims - 1; d-- > 0;) {  // the next row: an odometer over the leading dims
-      if (++index[d] < shard.sizes[d]) break;
-      index[d] = 0;
-    }
-  }
-  return runs;
-}
-
-void write_pieces(const fs::path& path, const std::vector<TensorPiece>& pieces,
-                  uint64_t block_bytes) {
-  if (block_bytes == 0) tag::kCheckpoint.fail("write_pieces: block_bytes must be positive");
-  safetensors::TensorMap stored;
-  json described = json::object();
-  for (const TensorPiece& piece : pieces) {
-    const Tensor host = piece.values.to(Device::cpu()).contiguous();
-    if (host.dim() != 1)
-      tag::kCheckpoint.fail("write_pieces: piece of ", piece.name, " is not 1-D");
-    const bool box = !piece.sizes.empty();
-    std::string key = piece.name + "@";
-    if (box) {
-      const int64_t count = box_extent(piece.offsets, piece.sizes, piece.shape, piece.name).second;
-      if (count != host.numel())
-        tag::kCheckpoint.fail("write_pieces: box of ", piece.name, " holds ", count,
-                              " elements, values ", host.numel());
-      for (size_t d = 0; d < piece.offsets.size(); ++d) {
-        if (d > 0) key += ',';
-        key += std::to_string(piece.offsets[d]);
-      }
-    } else {
-      key += std::to_string(piece.begin);
-    }
-    if (!stored.emplace(key, host).second)
-      tag::kCheckpoint.fail("write_pieces: ", key, " given twice for ", path.string());
-    json checksums = json::array();
-    const auto* bytes = static_cast<const char*>(host.raw_data());
-    for (uint64_t at = 0; at < host.nbytes(); at += block_bytes) {
-      const uint64_t length = std::min<uint64_t>(block_bytes, host.nbytes() - at);
-      checksums.push_back(hex(XXH3_64bits(bytes + at, length)));
-    }
-    described[key] = {{"tensor", piece.name}, {"shape", piece.shape}, {"xxh3", std::move(checksums)}};
-    if (box) {
-      described[key]["offsets"] = piece.offsets;
-      described[key]["sizes"] = piece.sizes;
-    } else {
-      described[key]["begin"] = piece.begin;
-    }
-  }
-  safetensors::save(path, stored,
-                    {{kPiecesKey, described.dump()}, {kBlockKey, std::to_string(block_bytes)}});
-}
-
 Index Index::of_files(const fs::path& checkpoint, const std::vector<std::string>& files) {
   Index index;
   for (const std::string& file : files) {
     const fs::path path = checkpoint / file;
     const safetensors::Header header = safetensors::read_header(path);
     index.file_bytes[file] = header.file_size;
-    auto pieces = header.metadata.find(kPiecesKey);
+    auto pieces = header.metadata.find(kPiecesMetadataKey);
     if (pieces == header.metadata.end()) {  // whole tensors with per-tensor checksums
       for (const safetensors::HeaderEntry& e : header.tensors) {
         auto sum = header.metadata.find(kWholeChecksumPrefix + e.name);
@@ -588,16 +480,16 @@ Index Index::of_files(const fs::path& checkpoint, const std::vector<std::string>
     uint64_t block = 0;
     try {
       described = json::parse(pieces->second);
-      block = std::stoull(header.metadata.at(kBlockKey));
+      block = std::stoull(header.metadata.at(kBlockBytesMetadataKey));
     } catch (const std::exception& e) {
-      tag::kCheckpoint.fail(path.string(), ": its metadata '", kPiecesKey, "' or '", kBlockKey,
+      tag::kCheckpoint.fail(path.string(), ": its metadata '", kPiecesMetadataKey, "' or '", kBlockBytesMetadataKey,
                             "' is unreadable: ", e.what());
     }
     if (block == 0) tag::kCheckpoint.fail(path.string(), ": block size 0");
     for (const safetensors::HeaderEntry& e : header.tensors) {
       if (!described.contains(e.name)) {
         tag::kCheckpoint.fail(path.string(), ": tensor '", e.name, "' is not described in its '",
-                              kPiecesKey, "' metadata");
+                              kPiecesMetadataKey, "' metadata");
       }
       try {
         const json& d = described.at(e.name);
@@ -646,7 +538,7 @@ void Index::write(const fs::path& checkpoint) const {
     for (const Shard& s : entry.shards) {
       json sums = json::array();
       for (uint64_t c : s.checksums)
-        sums.push_back(hex(c));
+        sums.push_back(checksum_text(c));
       json shard = {{"file", s.file},
                     {"bytes", {s.byte_begin, s.byte_end}},
                     {"block_bytes", s.block_bytes},

@@ -7,11 +7,10 @@
 // needs part of a shard reads and checks only the blocks it overlaps. PyTorch DCP's metadata
 // and Hugging Face's model.safetensors.index.json hold the same idea.
 //
-// Files carry their pieces as ordinary safetensors tensors, so Python's safetensors reads
-// them; which global tensor a stored tensor belongs to is in the file's metadata
-// ("loom.pieces", written by write_pieces). A file without it (a full model.safetensors
-// written with checked_file.h's per-tensor checksums) holds whole tensors under their own
-// names, one block each.
+// This file reads, validates and writes index.json; the geometry of pieces and shards, and the
+// files that carry pieces, are pieces.h's. A file without pieces metadata (a full
+// model.safetensors written with checked_file.h's per-tensor checksums) holds whole tensors
+// under their own names, one block each.
 
 #include <cstdint>
 #include <filesystem>
@@ -21,50 +20,11 @@
 #include <string>
 #include <vector>
 
+#include "strategies/checkpoint/pieces.h"
 #include "tensor/tensor.h"
 
 namespace loom::strategies::checkpoint {
 
-// A part of the global tensor `name` of shape `shape`: elements [begin, begin +
-// values.numel()) of its row-major flattening (a run: what data parallel and ZeRO ranks
-// hold), or, when `sizes` is given, the box of elements offsets[d] .. offsets[d] + sizes[d]
-// along every dimension d (a slice: what a tensor-parallel rank holds, e.g. a block of
-// columns), its elements in row-major order. `values` is 1-D, in the tensor's dtype, on any
-// device.
-struct TensorPiece {
-  std::string name;
-  Shape shape;
-  int64_t begin = 0;
-  Tensor values;
-  Shape offsets = {}, sizes = {};  // a box instead of a run
-};
-
-// Writes `pieces` into the safetensors file `path` (atomic, durable), each stored as
-// "<name>@<begin>", with their place and the checksums of their blocks of `block_bytes` in
-// the metadata.
-inline constexpr uint64_t kChecksumBlockBytes = 1 << 20;
-void write_pieces(const std::filesystem::path& path, const std::vector<TensorPiece>& pieces,
-                  uint64_t block_bytes = kChecksumBlockBytes);
-
-struct Shard {
-  std::string file;  // a plain file name in the checkpoint directory (no '/')
-  // A run: elements [begin, end) of the global tensor. A box (sizes not empty): the slice
-  // offsets[d] .. offsets[d] + sizes[d], row-major; begin is its first element's index and
-  // end - begin its element count.
-  int64_t begin = 0, end = 0;
-  Shape offsets = {}, sizes = {};
-  uint64_t byte_begin = 0, byte_end = 0;
-  uint64_t block_bytes = 0;
-  std::vector<uint64_t> checksums;  // XXH3-64 per block
-};
-
-// Where a shard's elements sit: elements [global, global + length) of the tensor are the
-// shard's elements [local, local + length). A run is one; a box one per row of its last
-// dimension (merged where consecutive).
-struct ShardRun {
-  int64_t global, local, length;
-};
-std::vector<ShardRun> runs_of(const Shard& shard, const Shape& shape);
 
 struct TensorEntry {
   DType dtype = DType::F32;

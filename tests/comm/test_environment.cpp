@@ -65,6 +65,24 @@ TEST(ClusterEnv, SingleWhenNothingIsSet) {
   EXPECT_FALSE(env.multi_host());
 }
 
+// RANK for messages before any group: a whole number or nothing, never an exception.
+TEST(ClusterEnv, LauncherRankIsAWholeNumberOrNothing) {
+  EXPECT_EQ(launcher_rank(env_of({})), std::nullopt);
+  EXPECT_EQ(launcher_rank(env_of({{"RANK", "3"}})), 3);
+  EXPECT_EQ(launcher_rank(env_of({{"RANK", ""}})), std::nullopt);
+  EXPECT_EQ(launcher_rank(env_of({{"RANK", "3x"}})), std::nullopt);
+  EXPECT_EQ(launcher_rank(env_of({{"RANK", "99999999999"}})), std::nullopt);
+}
+
+// The layout of ranks started on this host without a launcher.
+TEST(ClusterEnv, SingleHostJob) {
+  const ClusterEnv job = single_host_job(3);
+  EXPECT_EQ(job.source, "single");
+  EXPECT_EQ(job.world_size, 3);
+  EXPECT_EQ(job.local_world_size, 3);
+  EXPECT_FALSE(job.multi_host());
+}
+
 TEST(ClusterEnv, Torchrun) {
   ClusterEnv env = detect({{"RANK", "5"},
                            {"WORLD_SIZE", "8"},

@@ -6,7 +6,7 @@
 #include <cmath>
 
 #include "data/default_corpus.h"
-#include "strategies/data_parallel.h"
+#include "strategies/dp/data_parallel.h"
 #include "strategies/registry.h"
 #include "tiny_training.h"
 #include "tools/train_gpt/trainer.h"

@@ -53,9 +53,9 @@ std::vector<int> allowed_cpus() {
 
 }  // namespace
 
-void report_rank_error(const char* tool, const char* rank, const std::exception& error) {
+void report_rank_error(const char* tool, const std::exception& error) {
   std::string line = tool;
-  line.append(": rank ").append(rank != nullptr ? rank : "0").append(": ");
+  line.append(": rank ").append(std::to_string(comm::launcher_rank().value_or(0))).append(": ");
   line.append(error.what()).append("\n");
   (void)!::write(2, line.data(), line.size());
 }

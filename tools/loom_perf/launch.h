@@ -24,6 +24,6 @@ int launch_ranks(int np, bool bind_cores, int argc, char** argv, const std::stri
 
 // "<tool>: rank <RANK or 0>: <what>" on stderr in one write, so that the lines of ranks
 // sharing the terminal do not interleave.
-void report_rank_error(const char* tool, const char* rank, const std::exception& error);
+void report_rank_error(const char* tool, const std::exception& error);
 
 }  // namespace loom::perf

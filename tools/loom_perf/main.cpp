@@ -147,14 +147,13 @@ int main(int argc, char** argv) {
   if (argc > 1 && std::string(argv[1]) == "strategy") return loom::perf::strategy_main(argc, argv);
   PerfOptions options;
   if (auto exit_code = parse(argc, argv, options)) return *exit_code;
-  const char* rank = std::getenv("RANK");
   try {
     if (options.np > 0) {
       return loom::perf::launch_ranks(options.np, options.bind_cores, argc, argv, options.command);
     }
     return run(options);
   } catch (const std::exception& e) {
-    loom::perf::report_rank_error("loom-perf", rank, e);
+    loom::perf::report_rank_error("loom-perf", e);
   }
   return 1;
 }

@@ -327,12 +327,11 @@ int strategy_main(int argc, char** argv) {
     std::cerr << "loom-perf strategy: " << e.what() << "\n";
     return 2;
   }
-  const char* rank = std::getenv("RANK");
   try {
     if (o.np > 0) return launch_ranks(o.np, false, argc, argv, o.command);
     return run(o);
   } catch (const std::exception& e) {
-    report_rank_error("loom-perf strategy", rank, e);
+    report_rank_error("loom-perf strategy", e);
   }
   return 1;
 }

@@ -1,4 +1,4 @@
-#include "strategies/data_parallel.h"
+#include "strategies/dp/data_parallel.h"
 
 #include <exception>
 #include <thread>
