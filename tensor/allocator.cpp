@@ -10,9 +10,6 @@
 #include "core/error.h"
 #include "core/tags.h"
 
-#if LOOM_WITH_CUDA
-#include "tensor/cuda/caching_allocator.h"
-#endif
 
 namespace loom {
 
@@ -174,13 +171,8 @@ Allocator*& registered(DeviceType type) {
 
 Allocator& allocator_for(Device device) {
   if (Allocator* allocator = registered(device.type)) return *allocator;
-#if LOOM_WITH_CUDA
-  if (device.is_cuda()) return cuda::caching_allocator(device.index);
-#endif
-  tag::kTensor.fail(
-      "no allocator for ", device,
-      ": this build has no CUDA support (configure with -DLOOM_WITH_CUDA=ON on a machine "
-      "with the CUDA toolkit)");
+  if (device.is_cuda()) return builtin_cuda_allocator(device.index);
+  tag::kTensor.fail("no allocator for ", device);  // the CPU's is always registered
 }
 
 void register_allocator(DeviceType type, Allocator* allocator) {

@@ -76,9 +76,15 @@ class Allocator {
   std::atomic<size_t> device_peak_{0};
 };
 
-// The allocator for `device`; throws loom::Error when there is none (cuda:N in a build
-// without CUDA, or N beyond the devices present).
+// The allocator for `device`: the one registered for its type, else the built-in one; throws
+// loom::Error when there is none (cuda:N in a build without CUDA, or N beyond the devices
+// present).
 Allocator& allocator_for(Device device);
+// The built-in allocator of cuda:`index`: that device's caching allocator
+// (tensor/cuda/caching_allocator.cpp) in a build with CUDA; in one without,
+// tensor/cuda_allocator_stub.cpp's loom::Error naming LOOM_WITH_CUDA. The hook through which
+// allocator.cpp reaches the CUDA runtime without including it.
+Allocator& builtin_cuda_allocator(int index);
 // Installs `allocator` (not owned, must outlive its use) for every device of `type`;
 // nullptr restores the built-in one.
 void register_allocator(DeviceType type, Allocator* allocator);

@@ -473,3 +473,11 @@ void reset_peak_stats(int device) {
 }
 
 }  // namespace loom::cuda
+
+namespace loom {
+
+Allocator& builtin_cuda_allocator(int index) {
+  return cuda::caching_allocator(index);
+}
+
+}  // namespace loom
