@@ -80,10 +80,10 @@ class Allocator {
 // loom::Error when there is none (cuda:N in a build without CUDA, or N beyond the devices
 // present).
 Allocator& allocator_for(Device device);
-// The built-in allocator of cuda:`index`: that device's caching allocator
-// (tensor/cuda/caching_allocator.cpp) in a build with CUDA; in one without,
-// tensor/cuda_allocator_stub.cpp's loom::Error naming LOOM_WITH_CUDA. The hook through which
-// allocator.cpp reaches the CUDA runtime without including it.
+// The built-in allocator of cuda:`index`. A build with CUDA defines it in
+// tensor/cuda/caching_allocator.cpp (that device's caching allocator); a build without CUDA
+// defines it in tensor/no_cuda_allocator.cpp, where it throws loom::Error naming
+// LOOM_WITH_CUDA. allocator_for calls it, so allocator.cpp includes no CUDA header.
 Allocator& builtin_cuda_allocator(int index);
 // Installs `allocator` (not owned, must outlive its use) for every device of `type`;
 // nullptr restores the built-in one.

@@ -295,14 +295,15 @@ void PipelineStrategy::set_model_recipe(const ModelRecipe& recipe) {
 void PipelineStrategy::make_reducers() {
   const int p = pipeline_.stages, chunks = schedule_->chunks_per_stage();
   const auto* layered = dynamic_cast<const nn::LayeredModel*>(module_);
-  std::map<std::string, int> chunks_using;  // of this stage
+  // The parameters each chunk of this stage uses, and how many of its chunks use each.
+  std::vector<std::set<std::string>> in_chunk(static_cast<size_t>(chunks));
+  std::map<std::string, int> chunks_using;
   for (int j = 0; j < chunks; ++j) {
     const int c = j * p + stage_;
-    std::set<std::string> names;
     for (int64_t l = bounds_[c]; l < bounds_[c + 1]; ++l)
       for (const std::string& name : layered->layer_parameters(l))
-        names.insert(name);
-    for (const std::string& name : names)
+        in_chunk[static_cast<size_t>(j)].insert(name);
+    for (const std::string& name : in_chunk[static_cast<size_t>(j)])
       ++chunks_using[name];
   }
   reduced_at_end_.clear();
@@ -315,15 +316,10 @@ void PipelineStrategy::make_reducers() {
   const auto& dp = mesh_->group("dp");
   if (dp->size() == 1) return;
   for (int j = 0; j < chunks; ++j) {
-    const int c = j * p + stage_;
-    std::set<std::string> in_chunk;
-    for (int64_t l = bounds_[c]; l < bounds_[c + 1]; ++l)
-      for (const std::string& name : layered->layer_parameters(l))
-        in_chunk.insert(name);
     std::vector<Tensor> params;
     std::vector<std::string> names;
     for (const auto& [name, param] : params_) {  // registration order, as DDP's
-      if (!in_chunk.count(name) || reduced_at_end_.count(name)) continue;
+      if (!in_chunk[static_cast<size_t>(j)].count(name) || reduced_at_end_.count(name)) continue;
       params.push_back(param);
       names.push_back(name);
     }

@@ -31,6 +31,35 @@ std::string temp_dir() {
   return mkdtemp(dir_template);
 }
 
+// Trains the tiny GPT (2 blocks, embd 16, vocab 64, batch 2) for `steps` steps under
+// `strategy` with a trace recording; writes rank `rank`'s trace beside `path` and returns
+// where.
+std::string train_traced(Strategy& strategy, int64_t steps, const std::string& path, int rank,
+                         int size) {
+  nn::GPTConfig c;
+  c.vocab_size = 64;
+  c.context = 8;
+  c.layers = 2;
+  c.heads = 2;
+  c.embd = 16;
+  nn::GPT model(c, 4);
+  train_gpt::TrainOptions o;
+  o.model = c;
+  o.batch = 2;
+  o.steps = steps;
+  std::vector<uint8_t> bytes = data::default_corpus(1 << 12);
+  for (uint8_t& b : bytes)
+    b %= 64;
+  data::TokenBlocks data(bytes, 2, 8, 64);
+  Trace trace;
+  set_current_trace(&trace);
+  train_gpt::train(model, data, o, [](const train_gpt::StepMetrics&) {}, &strategy);
+  set_current_trace(nullptr);
+  const std::string written = trace_path_for_rank(path, rank, size);
+  trace.write(written, rank);
+  return written;
+}
+
 json read_json(const std::string& path) {
   std::ifstream in(path);
   return json::parse(in);
@@ -150,28 +179,7 @@ TEST(Trace, DDPTrainingShowsStepsAndBucketsOverlappingBackward) {
     parallel->set_process_group(std::make_shared<comm::ProcessGroup>(
         rank, size, store, comm::GroupOptions{.timeout = 30s}));
     ddp->setup_environment();
-    nn::GPTConfig c;
-    c.vocab_size = 64;
-    c.context = 8;
-    c.layers = 2;
-    c.heads = 2;
-    c.embd = 16;
-    nn::GPT model(c, 4);
-    train_gpt::TrainOptions o;
-    o.model = c;
-    o.batch = 2;
-    o.steps = steps;
-    std::vector<uint8_t> bytes = data::default_corpus(1 << 12);
-    for (uint8_t& b : bytes)
-      b %= 64;
-    data::TokenBlocks data(bytes, 2, 8, 64);
-    Trace trace;
-    set_current_trace(&trace);
-    train_gpt::train(
-        model, data, o, [](const train_gpt::StepMetrics&) {}, ddp.get());
-    set_current_trace(nullptr);
-    std::string path = trace_path_for_rank(dir + "/trace.json", rank, size);
-    trace.write(path, rank);
+    const std::string path = train_traced(*ddp, steps, dir + "/trace.json", rank, size);
 
     json doc = read_json(path);
     std::map<std::string, std::vector<json>> main_spans;  // by name
@@ -262,28 +270,7 @@ TEST(Trace, ShardedTrainingShowsEachUnitsAllGatherAndReduceScatter) {
     dynamic_cast<ParallelStrategy&>(*fsdp).set_process_group(std::make_shared<comm::ProcessGroup>(
         rank, size, store, comm::GroupOptions{.timeout = 30s}));
     fsdp->setup_environment();
-    nn::GPTConfig c;
-    c.vocab_size = 64;
-    c.context = 8;
-    c.layers = 2;
-    c.heads = 2;
-    c.embd = 16;
-    nn::GPT model(c, 4);
-    train_gpt::TrainOptions o;
-    o.model = c;
-    o.batch = 2;
-    o.steps = steps;
-    std::vector<uint8_t> bytes = data::default_corpus(1 << 12);
-    for (uint8_t& b : bytes)
-      b %= 64;
-    data::TokenBlocks data(bytes, 2, 8, 64);
-    Trace trace;
-    set_current_trace(&trace);
-    train_gpt::train(
-        model, data, o, [](const train_gpt::StepMetrics&) {}, fsdp.get());
-    set_current_trace(nullptr);
-    std::string path = trace_path_for_rank(dir + "/sharded.json", rank, size);
-    trace.write(path, rank);
+    const std::string path = train_traced(*fsdp, steps, dir + "/sharded.json", rank, size);
 
     // Units: 0 the root, 1 and 2 the blocks. Each step gathers every unit for forward, the
     // blocks again for backward (the root stays gathered), and reduce-scatters every unit;
@@ -335,28 +322,7 @@ TEST(Trace, PipelineReplicasAverageThroughTheReducersBuckets) {
         .set_process_group(std::make_shared<comm::ProcessGroup>(
             rank, size, store, comm::GroupOptions{.timeout = 60s}));
     pipeline->setup_environment();
-    nn::GPTConfig c;
-    c.vocab_size = 64;
-    c.context = 8;
-    c.layers = 2;
-    c.heads = 2;
-    c.embd = 16;
-    nn::GPT model(c, 4);
-    train_gpt::TrainOptions o;
-    o.model = c;
-    o.batch = 2;
-    o.steps = steps;
-    std::vector<uint8_t> bytes = data::default_corpus(1 << 12);
-    for (uint8_t& b : bytes)
-      b %= 64;
-    data::TokenBlocks data(bytes, 2, 8, 64);
-    Trace trace;
-    set_current_trace(&trace);
-    train_gpt::train(
-        model, data, o, [](const train_gpt::StepMetrics&) {}, pipeline.get());
-    set_current_trace(nullptr);
-    std::string path = trace_path_for_rank(dir + "/pipeline.json", rank, size);
-    trace.write(path, rank);
+    const std::string path = train_traced(*pipeline, steps, dir + "/pipeline.json", rank, size);
     pipeline->teardown();
 
     std::vector<std::pair<int64_t, int64_t>> last_backwards;  // [start, end) per step

@@ -1,4 +1,5 @@
-// builtin_cuda_allocator in a build without CUDA (tensor/allocator.h): there is none.
+// builtin_cuda_allocator (tensor/allocator.h) in a build without CUDA, which has no CUDA
+// allocator: creating a cuda:N tensor is an error saying how to get one.
 
 #include "core/tags.h"
 #include "tensor/allocator.h"
