@@ -233,12 +233,13 @@ std::vector<std::string> GPT::layer_parameters(int64_t layer) const {
   return names;
 }
 
-Tensor GPT::loss(const Tensor& tokens, const Tensor& targets) const {
-  if (targets.shape() != tokens.shape()) {
-    fail("GPT::loss: targets ", shape_str(targets.shape()), " must match tokens ",
-         shape_str(tokens.shape()));
-  }
-  return layer_loss(forward(tokens), targets);
+double GPT::flops_per_token(int64_t time) const {
+  return 6.0 * static_cast<double>(parameter_count()) +
+         12.0 * static_cast<double>(config_.layers * config_.embd * time);
+}
+
+std::unique_ptr<CausalLM> GPT::make_like() const {
+  return std::make_unique<GPT>(config_, 0);
 }
 
 }  // namespace loom::nn

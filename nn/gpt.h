@@ -8,8 +8,7 @@
 #include <map>
 #include <string>
 
-#include "nn/layered_model.h"
-#include "nn/tensor_parallel.h"
+#include "nn/causal_lm.h"
 #include "nn/layers.h"
 
 namespace loom::nn {
@@ -71,16 +70,20 @@ class Block : public Module {
 
 // As a LayeredModel: layer 0 is the embedding (wte + wpe), layers 1..L the blocks, layer L+1
 // the head (ln_f and the output projection tied to wte).
-class GPT : public Module, public LayeredModel, public TensorParallelModel {
+class GPT : public CausalLM {
  public:
   // Initialises like GPT-2: N(0, 0.02) weights, residual projections (c_proj) scaled by
   // 1/sqrt(2 * layers), zero biases, LayerNorm weight 1. Deterministic given `seed`.
   GPT(const GPTConfig& config, uint64_t seed);
   // tokens [B, T] (i32/i64, T <= context) -> logits [B, T, vocab].
-  Tensor forward(const Tensor& tokens) const;
-  // Mean cross-entropy of next-token prediction; targets [B, T].
-  Tensor loss(const Tensor& tokens, const Tensor& targets) const;
+  Tensor forward(const Tensor& tokens) const override;
   const GPTConfig& config() const { return config_; }
+
+  int64_t vocab_size() const override { return config_.vocab_size; }
+  int64_t context() const override { return config_.context; }
+  int64_t blocks() const override { return config_.layers; }
+  double flops_per_token(int64_t time) const override;
+  std::unique_ptr<CausalLM> make_like() const override;
 
   // Tensor parallelism (Megatron-LM's): replaces every split parameter by this rank's part
   // (tensor_parallel_splits()) and runs the forward split: the embedding by vocabulary rows,

@@ -23,6 +23,24 @@ Tensor Linear::forward(const Tensor& x) const {
   return run_forward([&] { return linear(x, weight_, bias_); });
 }
 
+LinearNoBias::LinearNoBias(int64_t in_features, int64_t out_features, Generator& gen,
+                           double init_std, const Options& options) {
+  weight_ = register_parameter("weight",
+                               normal_tensor({out_features, in_features}, init_std, gen, options));
+}
+
+Tensor LinearNoBias::forward(const Tensor& x) const {
+  return run_forward([&] { return matmul(x, transpose(weight_, 0, 1)); });
+}
+
+RMSNorm::RMSNorm(int64_t width, double eps, const Options& options) : eps_(eps) {
+  weight_ = register_parameter("weight", Tensor::ones({width}, options.dtype, options.device));
+}
+
+Tensor RMSNorm::forward(const Tensor& x) const {
+  return run_forward([&] { return rms_norm(x, weight_, eps_); });
+}
+
 Embedding::Embedding(int64_t count, int64_t width, Generator& gen, double init_std,
                      const Options& options) {
   weight_ = register_parameter("weight", normal_tensor({count, width}, init_std, gen, options));

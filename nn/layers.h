@@ -1,6 +1,7 @@
 #pragma once
-// The basic layers. Parameter names and layouts follow Hugging Face GPT-2 checkpoints:
-// Linear stores weight as [in, out] (GPT-2's Conv1D), so y = x @ weight + bias.
+// The basic layers. Parameter names and layouts follow Hugging Face checkpoints: Linear stores
+// weight as [in, out] (GPT-2's Conv1D), so y = x @ weight + bias; LinearNoBias as [out, in]
+// (torch.nn.Linear, Llama's).
 
 #include "nn/module.h"
 #include "tensor/random.h"
@@ -44,6 +45,30 @@ class LayerNorm : public Module {
 
  private:
   Tensor weight_, bias_;
+  double eps_;
+};
+
+// torch.nn.Linear(bias=False), Llama's projections: weight [out, in] (Hugging Face's layout for
+// Llama), y = x @ weight^T; weight ~ N(0, init_std).
+class LinearNoBias : public Module {
+ public:
+  LinearNoBias(int64_t in_features, int64_t out_features, Generator& gen, double init_std = 0.02,
+               const Options& options = {});
+  Tensor forward(const Tensor& x) const;
+  const Tensor& weight() const { return weight_; }
+
+ private:
+  Tensor weight_;
+};
+
+// Llama's RMSNorm: x / sqrt(mean(x^2) + eps) * weight (weight 1 at start), in f32.
+class RMSNorm : public Module {
+ public:
+  RMSNorm(int64_t width, double eps, const Options& options = {});
+  Tensor forward(const Tensor& x) const;
+
+ private:
+  Tensor weight_;
   double eps_;
 };
 

@@ -20,6 +20,8 @@ Tensor mul(const Tensor& a, double b);
 Tensor neg(const Tensor& a);
 // GELU with the tanh approximation (GPT-2's).
 Tensor gelu(const Tensor& x);
+// SiLU (swish): x * sigmoid(x), Llama's MLP activation.
+Tensor silu(const Tensor& x);
 
 inline Tensor operator+(const Tensor& a, const Tensor& b) {
   return add(a, b);
@@ -56,6 +58,8 @@ Tensor linear(const Tensor& x, const Tensor& weight, const Tensor& bias);
 // --- normalisation, softmax, attention, losses ------------------------------------------------
 // Over the last dimension; weight and bias have the size of the last dimension.
 Tensor layer_norm(const Tensor& x, const Tensor& weight, const Tensor& bias, double eps = 1e-5);
+// RMS normalisation (Llama's RMSNorm): x / sqrt(mean(x^2) + eps) * weight, no mean, no bias.
+Tensor rms_norm(const Tensor& x, const Tensor& weight, double eps);
 // Softmax over the last dimension. With causal, x is [..., T, T] and entries with column >
 // row are masked out (probability 0).
 Tensor softmax(const Tensor& x, bool causal = false);

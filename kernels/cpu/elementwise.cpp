@@ -1,5 +1,6 @@
 #include "kernels/cpu/elementwise.h"
 
+#include <cmath>
 #include <cstring>
 #include <vector>
 
@@ -184,6 +185,25 @@ void copy_strided(size_t element_size, int ndim, const int64_t* shape, const voi
   }
 }
 
+template <typename T>
+void silu_forward(const T* x, T* y, int64_t n) {
+  parallel_for(n, kMinParallelElements, [&](int64_t first, int64_t last) {
+    for (int64_t i = first; i < last; ++i)
+      y[i] = x[i] / (T(1) + std::exp(-x[i]));
+  });
+}
+
+template <typename T>
+void silu_backward(const T* x, const T* dy, T* dx, int64_t n) {
+  parallel_for(n, kMinParallelElements, [&](int64_t first, int64_t last) {
+    for (int64_t i = first; i < last; ++i) {
+      T v = x[i];
+      T s = T(1) / (T(1) + std::exp(-v));
+      dx[i] = dy[i] * (s * (T(1) + v * (T(1) - s)));
+    }
+  });
+}
+
 #define LOOM_INSTANTIATE(T)                                                                  \
   template void binary<T>(BinaryOp, int, const int64_t*, const T*, const int64_t*, const T*, \
                           const int64_t*, T*);                                               \
@@ -192,7 +212,9 @@ void copy_strided(size_t element_size, int ndim, const int64_t* shape, const voi
   template void add_scalar<T>(const T*, T, T*, int64_t);                                     \
   template void scale<T>(const T*, T, T*, int64_t);                                          \
   template void gelu_forward<T>(const T*, T*, int64_t);                                      \
-  template void gelu_backward<T>(const T*, const T*, T*, int64_t);
+  template void gelu_backward<T>(const T*, const T*, T*, int64_t);                           \
+  template void silu_forward<T>(const T*, T*, int64_t);                                      \
+  template void silu_backward<T>(const T*, const T*, T*, int64_t);
 LOOM_INSTANTIATE(float)
 LOOM_INSTANTIATE(double)
 #undef LOOM_INSTANTIATE

@@ -28,6 +28,12 @@ void gelu_forward(const T* x, T* y, int64_t n);
 template <typename T>
 void gelu_backward(const T* x, const T* dy, T* dx, int64_t n);
 
+// SiLU (swish, Llama's MLP activation): x * sigmoid(x) = x / (1 + exp(-x)).
+template <typename T>
+void silu_forward(const T* x, T* y, int64_t n);
+template <typename T>
+void silu_backward(const T* x, const T* dy, T* dx, int64_t n);
+
 // Copies elements of `element_size` bytes from a strided source into a contiguous dst.
 void copy_strided(size_t element_size, int ndim, const int64_t* shape, const void* src,
                   const int64_t* src_strides, void* dst);

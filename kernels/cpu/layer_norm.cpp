@@ -6,17 +6,22 @@
 
 namespace loom::kernels::cpu {
 
-template <typename T>
-void layer_norm_forward(const T* x, const T* weight, const T* bias, T* y, T* mean, T* rstd,
-                        int64_t rows, int64_t width, double eps) {
+namespace {
+
+// Layer norm (kCentered) and RMS norm (the mean taken as 0, no bias) share their code.
+template <bool kCentered, typename T>
+void normalize_forward(const T* x, const T* weight, const T* bias, T* y, T* mean, T* rstd,
+                       int64_t rows, int64_t width, double eps) {
   parallel_rows(rows, width, [&](int64_t first, int64_t last) {
     for (int64_t r = first; r < last; ++r) {
       const T* xr = x + r * width;
       T* yr = y + r * width;
       T m = 0;
-      for (int64_t i = 0; i < width; ++i)
-        m += xr[i];
-      m /= static_cast<T>(width);
+      if constexpr (kCentered) {
+        for (int64_t i = 0; i < width; ++i)
+          m += xr[i];
+        m /= static_cast<T>(width);
+      }
       T v = 0;
       for (int64_t i = 0; i < width; ++i) {
         T d = xr[i] - m;
@@ -24,9 +29,11 @@ void layer_norm_forward(const T* x, const T* weight, const T* bias, T* y, T* mea
       }
       v /= static_cast<T>(width);
       T s = static_cast<T>(1.0 / std::sqrt(static_cast<double>(v) + eps));
-      for (int64_t i = 0; i < width; ++i)
-        yr[i] = (xr[i] - m) * s * weight[i] + bias[i];
-      mean[r] = m;
+      for (int64_t i = 0; i < width; ++i) {
+        if constexpr (kCentered) yr[i] = (xr[i] - m) * s * weight[i] + bias[i];
+        else yr[i] = xr[i] * s * weight[i];
+      }
+      if constexpr (kCentered) mean[r] = m;
       rstd[r] = s;
     }
   });
@@ -34,15 +41,15 @@ void layer_norm_forward(const T* x, const T* weight, const T* bias, T* y, T* mea
 
 // dx row by row; dweight and dbias column by column, each summing its rows in order (the
 // threads take rows for the one, columns for the other).
-template <typename T>
-void layer_norm_backward(const T* dy, const T* x, const T* weight, const T* mean, const T* rstd,
-                         T* dx, T* dweight, T* dbias, int64_t rows, int64_t width) {
+template <bool kCentered, typename T>
+void normalize_backward(const T* dy, const T* x, const T* weight, const T* mean, const T* rstd,
+                        T* dx, T* dweight, T* dbias, int64_t rows, int64_t width) {
   parallel_rows(rows, width, [&](int64_t first, int64_t last) {
     for (int64_t r = first; r < last; ++r) {
       const T* xr = x + r * width;
       const T* dyr = dy + r * width;
       T* dxr = dx + r * width;
-      T m = mean[r], s = rstd[r];
+      T m = kCentered ? mean[r] : T(0), s = rstd[r];
       // dxhat = dy * weight; dx = s * (dxhat - mean(dxhat) - xhat * mean(dxhat * xhat)).
       T sum_dxhat = 0, sum_dxhat_xhat = 0;
       for (int64_t i = 0; i < width; ++i) {
@@ -56,7 +63,8 @@ void layer_norm_backward(const T* dy, const T* x, const T* weight, const T* mean
       for (int64_t i = 0; i < width; ++i) {
         T xhat = (xr[i] - m) * s;
         T dxhat = dyr[i] * weight[i];
-        dxr[i] = s * (dxhat - mean_dxhat - xhat * mean_dxhat_xhat);
+        if constexpr (kCentered) dxr[i] = s * (dxhat - mean_dxhat - xhat * mean_dxhat_xhat);
+        else dxr[i] = s * (dxhat - xhat * mean_dxhat_xhat);
       }
     }
   });
@@ -65,7 +73,7 @@ void layer_norm_backward(const T* dy, const T* x, const T* weight, const T* mean
     for (int64_t r = 0; r < rows; ++r) {
       const T* xr = x + r * width;
       const T* dyr = dy + r * width;
-      const T m = mean[r], s = rstd[r];
+      const T m = kCentered ? mean[r] : T(0), s = rstd[r];
       for (int64_t i = first; i < last; ++i) {
         if (dweight) dweight[i] += dyr[i] * ((xr[i] - m) * s);
         if (dbias) dbias[i] += dyr[i];
@@ -74,11 +82,42 @@ void layer_norm_backward(const T* dy, const T* x, const T* weight, const T* mean
   });
 }
 
+}  // namespace
+
+template <typename T>
+void layer_norm_forward(const T* x, const T* weight, const T* bias, T* y, T* mean, T* rstd,
+                        int64_t rows, int64_t width, double eps) {
+  normalize_forward<true>(x, weight, bias, y, mean, rstd, rows, width, eps);
+}
+
+template <typename T>
+void layer_norm_backward(const T* dy, const T* x, const T* weight, const T* mean, const T* rstd,
+                         T* dx, T* dweight, T* dbias, int64_t rows, int64_t width) {
+  normalize_backward<true>(dy, x, weight, mean, rstd, dx, dweight, dbias, rows, width);
+}
+
+template <typename T>
+void rms_norm_forward(const T* x, const T* weight, T* y, T* rstd, int64_t rows, int64_t width,
+                      double eps) {
+  normalize_forward<false>(x, weight, static_cast<const T*>(nullptr), y, static_cast<T*>(nullptr),
+                           rstd, rows, width, eps);
+}
+
+template <typename T>
+void rms_norm_backward(const T* dy, const T* x, const T* weight, const T* rstd, T* dx, T* dweight,
+                       int64_t rows, int64_t width) {
+  normalize_backward<false>(dy, x, weight, static_cast<const T*>(nullptr), rstd, dx, dweight,
+                            static_cast<T*>(nullptr), rows, width);
+}
+
 #define LOOM_INSTANTIATE(T)                                                                       \
   template void layer_norm_forward<T>(const T*, const T*, const T*, T*, T*, T*, int64_t, int64_t, \
                                       double);                                                    \
   template void layer_norm_backward<T>(const T*, const T*, const T*, const T*, const T*, T*, T*,  \
-                                       T*, int64_t, int64_t);
+                                       T*, int64_t, int64_t);                           \
+  template void rms_norm_forward<T>(const T*, const T*, T*, T*, int64_t, int64_t, double);       \
+  template void rms_norm_backward<T>(const T*, const T*, const T*, const T*, T*, T*, int64_t,    \
+                                     int64_t);
 LOOM_INSTANTIATE(float)
 LOOM_INSTANTIATE(double)
 #undef LOOM_INSTANTIATE

@@ -1,6 +1,8 @@
 #pragma once
 // Layer normalisation over rows of length `width`:
-//   y = (x - mean) * rstd * weight + bias,  rstd = 1 / sqrt(var + eps) (biased variance).
+//   y = (x - mean) * rstd * weight + bias,  rstd = 1 / sqrt(var + eps) (biased variance),
+// and RMS normalisation (Llama's RMSNorm), the same without the mean and the bias:
+//   y = x * rstd * weight,  rstd = 1 / sqrt(mean(x^2) + eps).
 
 #include <cstdint>
 
@@ -14,5 +16,14 @@ void layer_norm_forward(const T* x, const T* weight, const T* bias, T* y, T* mea
 template <typename T>
 void layer_norm_backward(const T* dy, const T* x, const T* weight, const T* mean, const T* rstd,
                          T* dx, T* dweight, T* dbias, int64_t rows, int64_t width);
+
+// RMS norm: writes y and each row's rstd; backward overwrites dx and accumulates into dweight
+// (which may be null).
+template <typename T>
+void rms_norm_forward(const T* x, const T* weight, T* y, T* rstd, int64_t rows, int64_t width,
+                      double eps);
+template <typename T>
+void rms_norm_backward(const T* dy, const T* x, const T* weight, const T* rstd, T* dx, T* dweight,
+                       int64_t rows, int64_t width);
 
 }  // namespace loom::kernels::cpu

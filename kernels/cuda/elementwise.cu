@@ -244,6 +244,28 @@ struct GeluBackwardFn {
   }
 };
 
+__device__ __forceinline__ float exp_of(float v) {
+  return expf(v);
+}
+__device__ __forceinline__ double exp_of(double v) {
+  return exp(v);
+}
+
+// Same expression order as kernels/cpu/elementwise.cpp.
+struct SiluForwardFn {
+  template <typename C>
+  __device__ C operator()(C v) const {
+    return v / (C(1) + exp_of(-v));
+  }
+};
+struct SiluBackwardFn {
+  template <typename C>
+  __device__ C operator()(C v, C dy) const {
+    C s = C(1) / (C(1) + exp_of(-v));
+    return dy * (s * (C(1) + v * (C(1) - s)));
+  }
+};
+
 template <typename T>
 void launch_binary_contiguous(BinaryOp op, const void* a, const void* b, void* out, int64_t n,
                               cudaStream_t stream) {
@@ -538,6 +560,21 @@ void gelu_backward(DType dtype, const void* x, const void* dy, void* dx, int64_t
   dispatch_arithmetic(dtype, "gelu_backward", [&]<typename T>() {
     const void* in[2] = {x, dy};
     launch_map<T, 2>(in, dx, n, GeluBackwardFn{}, stream);
+  });
+}
+
+void silu_forward(DType dtype, const void* x, void* y, int64_t n, cudaStream_t stream) {
+  dispatch_arithmetic(dtype, "silu_forward", [&]<typename T>() {
+    const void* in[1] = {x};
+    launch_map<T, 1>(in, y, n, SiluForwardFn{}, stream);
+  });
+}
+
+void silu_backward(DType dtype, const void* x, const void* dy, void* dx, int64_t n,
+                   cudaStream_t stream) {
+  dispatch_arithmetic(dtype, "silu_backward", [&]<typename T>() {
+    const void* in[2] = {x, dy};
+    launch_map<T, 2>(in, dx, n, SiluBackwardFn{}, stream);
   });
 }
 

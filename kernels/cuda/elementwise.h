@@ -47,6 +47,11 @@ void gelu_forward(DType dtype, const void* x, void* y, int64_t n, cudaStream_t s
 // dx = dy * dgelu/dx (x, dy, dx contiguous; dx may equal dy).
 void gelu_backward(DType dtype, const void* x, const void* dy, void* dx, int64_t n,
                    cudaStream_t stream);
+// SiLU, as kernels/cpu: y = x / (1 + exp(-x)) (expf in f32: a few ulp from the CPU's std::exp).
+void silu_forward(DType dtype, const void* x, void* y, int64_t n, cudaStream_t stream);
+// dx = dy * s (1 + x (1 - s)), s = sigmoid(x) (x, dy, dx contiguous; dx may equal dy).
+void silu_backward(DType dtype, const void* x, const void* dy, void* dx, int64_t n,
+                   cudaStream_t stream);
 
 // dst[0..n) = value converted to `dtype` exactly as fill_ on the CPU does (any of the 7 dtypes:
 // double -> float -> bf16/f16 with round-to-nearest-even; to integers by truncation).

@@ -37,7 +37,8 @@ int block_row_threads(int64_t packs) {
   return static_cast<int>(threads < 128 ? 128 : (threads > 1024 ? 1024 : threads));
 }
 
-template <typename T, int V, bool kBlockPerRow>
+// kCentered: layer norm; otherwise RMS norm (the mean taken as 0, no bias: bias may be null).
+template <typename T, int V, bool kBlockPerRow, bool kCentered>
 __global__ void __launch_bounds__(1024)
     layer_norm_forward_kernel(const T* __restrict__ x, const T* __restrict__ weight,
                               const T* __restrict__ bias, T* __restrict__ y,
@@ -49,14 +50,17 @@ __global__ void __launch_bounds__(1024)
   const int packs = width / V;
   const T* xr = x + g.row * width;
 
-  float sum = 0.0f;
-  for (int p = g.lane; p < packs; p += g.lanes) {
-    const Pack<T, V> xv = load_pack<V>(xr + p * V);
+  float m = 0.0f;
+  if constexpr (kCentered) {
+    float sum = 0.0f;
+    for (int p = g.lane; p < packs; p += g.lanes) {
+      const Pack<T, V> xv = load_pack<V>(xr + p * V);
 #pragma unroll
-    for (int k = 0; k < V; ++k)
-      sum += to_float(xv.v[k]);
+      for (int k = 0; k < V; ++k)
+        sum += to_float(xv.v[k]);
+    }
+    m = g.sum(sum, scratch) / static_cast<float>(width);
   }
-  const float m = g.sum(sum, scratch) / static_cast<float>(width);
 
   float sq = 0.0f;
   for (int p = g.lane; p < packs; p += g.lanes) {
@@ -75,16 +79,23 @@ __global__ void __launch_bounds__(1024)
   for (int p = g.lane; p < packs; p += g.lanes) {
     const Pack<T, V> xv = load_pack<V>(xr + p * V);
     const Pack<T, V> wv = load_pack<V>(weight + p * V);
-    const Pack<T, V> bv = load_pack<V>(bias + p * V);
     Pack<T, V> out;
+    if constexpr (kCentered) {
+      const Pack<T, V> bv = load_pack<V>(bias + p * V);
 #pragma unroll
-    for (int k = 0; k < V; ++k) {
-      out.v[k] = from_float<T>((to_float(xv.v[k]) - m) * s * to_float(wv.v[k]) + to_float(bv.v[k]));
+      for (int k = 0; k < V; ++k) {
+        out.v[k] =
+            from_float<T>((to_float(xv.v[k]) - m) * s * to_float(wv.v[k]) + to_float(bv.v[k]));
+      }
+    } else {
+#pragma unroll
+      for (int k = 0; k < V; ++k)
+        out.v[k] = from_float<T>(to_float(xv.v[k]) * s * to_float(wv.v[k]));
     }
     store_pack<V>(yr + p * V, out);
   }
   if (g.lane == 0) {
-    mean[g.row] = m;
+    if constexpr (kCentered) mean[g.row] = m;
     rstd[g.row] = s;
   }
 }
@@ -93,7 +104,7 @@ __global__ void __launch_bounds__(1024)
 // (partials[2 * chunk + 1]), each [width]. dx may alias dy: phase 2 reads each element before
 // the same thread overwrites it, and phase 1 of this block (the only other reader of these
 // rows) has finished by then.
-template <typename T, int V>
+template <typename T, int V, bool kCentered>
 __global__ void __launch_bounds__(kBackwardThreads)
     layer_norm_backward_kernel(const T* dy, const T* __restrict__ x, const T* __restrict__ weight,
                                const float* __restrict__ mean, const float* __restrict__ rstd,
@@ -112,7 +123,7 @@ __global__ void __launch_bounds__(kBackwardThreads)
     const int64_t row = first + r;
     const T* xr = x + row * width;
     const T* dyr = dy + row * width;
-    const float m = mean[row], s = rstd[row];
+    const float m = kCentered ? mean[row] : 0.0f, s = rstd[row];
     float sum_dxhat = 0.0f, sum_dxhat_xhat = 0.0f;
     for (int p = lane; p < packs; p += kWarpSize) {
       const Pack<T, V> xv = load_pack<V>(xr + p * V);
@@ -131,7 +142,7 @@ __global__ void __launch_bounds__(kBackwardThreads)
     if (lane == 0) {
       s_mean[r] = m;
       s_rstd[r] = s;
-      s_mean_dxhat[r] = sum_dxhat * inv_width;
+      s_mean_dxhat[r] = kCentered ? sum_dxhat * inv_width : 0.0f;
       s_mean_dxhat_xhat[r] = sum_dxhat_xhat * inv_width;
     }
   }
@@ -217,7 +228,7 @@ int64_t backward_chunks(int64_t rows) {
   return ceil_div(rows, kChunkRows);
 }
 
-template <typename T, int V>
+template <typename T, int V, bool kCentered>
 void launch_forward(const void* x, const void* weight, const void* bias, void* y, float* mean,
                     float* rstd, int64_t rows, int width, double eps, cudaStream_t stream) {
   const auto* xp = static_cast<const T*>(x);
@@ -227,21 +238,21 @@ void launch_forward(const void* x, const void* weight, const void* bias, void* y
   const int64_t packs = width / V;
   if (packs <= kWarpRowMaxPacks) {
     const auto grid = static_cast<unsigned>(ceil_div(rows, kRowThreads / kWarpSize));
-    layer_norm_forward_kernel<T, V, false>
+    layer_norm_forward_kernel<T, V, false, kCentered>
         <<<grid, kRowThreads, 0, stream>>>(xp, wp, bp, yp, mean, rstd, rows, width, eps);
   } else {
-    layer_norm_forward_kernel<T, V, true>
+    layer_norm_forward_kernel<T, V, true, kCentered>
         <<<static_cast<unsigned>(rows), block_row_threads(packs), 0, stream>>>(
             xp, wp, bp, yp, mean, rstd, rows, width, eps);
   }
   LOOM_CUDA_CHECK_LAUNCH();
 }
 
-template <typename T, int V>
+template <typename T, int V, bool kCentered>
 void launch_backward(const void* dy, const void* x, const void* weight, const float* mean,
                      const float* rstd, void* dx, float* partials, int64_t rows, int width,
                      cudaStream_t stream) {
-  layer_norm_backward_kernel<T, V>
+  layer_norm_backward_kernel<T, V, kCentered>
       <<<static_cast<unsigned>(backward_chunks(rows)), kBackwardThreads, 0, stream>>>(
           static_cast<const T*>(dy), static_cast<const T*>(x), static_cast<const T*>(weight), mean,
           rstd, static_cast<T*>(dx), partials, rows, width);
@@ -250,20 +261,64 @@ void launch_backward(const void* dy, const void* x, const void* weight, const fl
 
 }  // namespace
 
-void layer_norm_forward(DType dtype, const void* x, const void* weight, const void* bias, void* y,
-                        float* mean, float* rstd, int64_t rows, int64_t width, double eps,
-                        cudaStream_t stream) {
-  check_sizes("layer_norm_forward", rows, width);
-  dispatch_float_storage(dtype, "layer_norm_forward", [&]<typename T>() {
+namespace {
+
+template <bool kCentered>
+void normalize_forward(const char* op, DType dtype, const void* x, const void* weight,
+                       const void* bias, void* y, float* mean, float* rstd, int64_t rows,
+                       int64_t width, double eps, cudaStream_t stream) {
+  check_sizes(op, rows, width);
+  dispatch_float_storage(dtype, op, [&]<typename T>() {
     if (rows == 0 || width == 0) return;
     const int w = static_cast<int>(width);
     constexpr int V = kPackElems<T>;
-    if (width % V == 0 && aligned16(x) && aligned16(weight) && aligned16(bias) && aligned16(y)) {
-      launch_forward<T, V>(x, weight, bias, y, mean, rstd, rows, w, eps, stream);
+    if (width % V == 0 && aligned16(x) && aligned16(weight) && (!kCentered || aligned16(bias)) &&
+        aligned16(y)) {
+      launch_forward<T, V, kCentered>(x, weight, bias, y, mean, rstd, rows, w, eps, stream);
     } else {
-      launch_forward<T, 1>(x, weight, bias, y, mean, rstd, rows, w, eps, stream);
+      launch_forward<T, 1, kCentered>(x, weight, bias, y, mean, rstd, rows, w, eps, stream);
     }
   });
+}
+
+template <bool kCentered>
+void normalize_backward(const char* op, DType dtype, const void* dy, const void* x,
+                        const void* weight, const float* mean, const float* rstd, void* dx,
+                        void* dweight, void* dbias, int64_t rows, int64_t width, void* workspace,
+                        cudaStream_t stream) {
+  check_sizes(op, rows, width);
+  if (rows > 0 && width > 0 && workspace == nullptr) {
+    fail(op, ": workspace is null; expected layer_norm_backward_workspace(", rows, ", ", width,
+         ") = ", layer_norm_backward_workspace(rows, width), " bytes of device memory");
+  }
+  dispatch_float_storage(dtype, op, [&]<typename T>() {
+    if (width == 0) return;
+    const int w = static_cast<int>(width);
+    auto* partials = static_cast<float*>(workspace);
+    if (rows > 0) {
+      constexpr int V = kPackElems<T>;
+      if (width % V == 0 && aligned16(dy) && aligned16(x) && aligned16(weight)) {
+        launch_backward<T, V, kCentered>(dy, x, weight, mean, rstd, dx, partials, rows, w, stream);
+      } else {
+        launch_backward<T, 1, kCentered>(dy, x, weight, mean, rstd, dx, partials, rows, w, stream);
+      }
+    }
+    if (dweight == nullptr && dbias == nullptr) return;
+    const dim3 block(kSumCols, kSumLanes);
+    layer_norm_param_grad_kernel<T>
+        <<<static_cast<unsigned>(ceil_div(width, kSumCols)), block, 0, stream>>>(
+            partials, static_cast<T*>(dweight), static_cast<T*>(dbias), backward_chunks(rows), w);
+    LOOM_CUDA_CHECK_LAUNCH();
+  });
+}
+
+}  // namespace
+
+void layer_norm_forward(DType dtype, const void* x, const void* weight, const void* bias, void* y,
+                        float* mean, float* rstd, int64_t rows, int64_t width, double eps,
+                        cudaStream_t stream) {
+  normalize_forward<true>("layer_norm_forward", dtype, x, weight, bias, y, mean, rstd, rows,
+                          width, eps, stream);
 }
 
 size_t layer_norm_backward_workspace(int64_t rows, int64_t width) {
@@ -275,31 +330,21 @@ size_t layer_norm_backward_workspace(int64_t rows, int64_t width) {
 void layer_norm_backward(DType dtype, const void* dy, const void* x, const void* weight,
                          const float* mean, const float* rstd, void* dx, void* dweight, void* dbias,
                          int64_t rows, int64_t width, void* workspace, cudaStream_t stream) {
-  check_sizes("layer_norm_backward", rows, width);
-  if (rows > 0 && width > 0 && workspace == nullptr) {
-    fail("layer_norm_backward: workspace is null; expected layer_norm_backward_workspace(", rows,
-         ", ", width, ") = ", layer_norm_backward_workspace(rows, width),
-         " bytes of device memory");
-  }
-  dispatch_float_storage(dtype, "layer_norm_backward", [&]<typename T>() {
-    if (width == 0) return;
-    const int w = static_cast<int>(width);
-    auto* partials = static_cast<float*>(workspace);
-    if (rows > 0) {
-      constexpr int V = kPackElems<T>;
-      if (width % V == 0 && aligned16(dy) && aligned16(x) && aligned16(weight)) {
-        launch_backward<T, V>(dy, x, weight, mean, rstd, dx, partials, rows, w, stream);
-      } else {
-        launch_backward<T, 1>(dy, x, weight, mean, rstd, dx, partials, rows, w, stream);
-      }
-    }
-    if (dweight == nullptr && dbias == nullptr) return;
-    const dim3 block(kSumCols, kSumLanes);
-    layer_norm_param_grad_kernel<T>
-        <<<static_cast<unsigned>(ceil_div(width, kSumCols)), block, 0, stream>>>(
-            partials, static_cast<T*>(dweight), static_cast<T*>(dbias), backward_chunks(rows), w);
-    LOOM_CUDA_CHECK_LAUNCH();
-  });
+  normalize_backward<true>("layer_norm_backward", dtype, dy, x, weight, mean, rstd, dx, dweight,
+                           dbias, rows, width, workspace, stream);
+}
+
+void rms_norm_forward(DType dtype, const void* x, const void* weight, void* y, float* rstd,
+                      int64_t rows, int64_t width, double eps, cudaStream_t stream) {
+  normalize_forward<false>("rms_norm_forward", dtype, x, weight, nullptr, y, nullptr, rstd, rows,
+                           width, eps, stream);
+}
+
+void rms_norm_backward(DType dtype, const void* dy, const void* x, const void* weight,
+                       const float* rstd, void* dx, void* dweight, int64_t rows, int64_t width,
+                       void* workspace, cudaStream_t stream) {
+  normalize_backward<false>("rms_norm_backward", dtype, dy, x, weight, nullptr, rstd, dx, dweight,
+                            nullptr, rows, width, workspace, stream);
 }
 
 }  // namespace loom::kernels::cuda

@@ -38,4 +38,14 @@ void layer_norm_backward(DType dtype, const void* dy, const void* x, const void*
                          const float* mean, const float* rstd, void* dx, void* dweight, void* dbias,
                          int64_t rows, int64_t width, void* workspace, cudaStream_t stream);
 
+// RMS normalisation (Llama's RMSNorm), layer norm without the mean and the bias:
+//   y = x * rstd * weight,  rstd = 1 / sqrt(mean(x^2) + eps),
+// with the same kernels, contracts and determinism. Backward's workspace is
+// layer_norm_backward_workspace(rows, width); dweight (overwritten) may be null.
+void rms_norm_forward(DType dtype, const void* x, const void* weight, void* y, float* rstd,
+                      int64_t rows, int64_t width, double eps, cudaStream_t stream);
+void rms_norm_backward(DType dtype, const void* dy, const void* x, const void* weight,
+                       const float* rstd, void* dx, void* dweight, int64_t rows, int64_t width,
+                       void* workspace, cudaStream_t stream);
+
 }  // namespace loom::kernels::cuda

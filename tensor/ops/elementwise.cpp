@@ -1,4 +1,7 @@
-// Elementwise arithmetic with NumPy broadcasting, scalar forms, GELU and in-place updates.
+// Elementwise arithmetic with NumPy broadcasting, scalar forms, activations (GELU, SiLU) and
+// in-place updates.
+
+#include <type_traits>
 
 #include "kernels/cpu/elementwise.h"
 #include "tensor/autograd/node.h"
@@ -149,31 +152,58 @@ Tensor neg(const Tensor& a) {
   return mul(a, -1.0);
 }
 
-Tensor gelu(const Tensor& x) {
-  detail::check_kernel_device("gelu", x);
+namespace {
+
+// An activation y = f(x) with dx = dy * f'(x): the CUDA and CPU kernels of each direction.
+struct ActivationKernels {
+  const char* name;  // the op's and the autograd node's
+  const char* node;
+#if LOOM_WITH_CUDA
+  void (*cuda_forward)(DType, const void*, void*, int64_t, cudaStream_t);
+  void (*cuda_backward)(DType, const void*, const void*, void*, int64_t, cudaStream_t);
+#endif
+  void (*cpu_forward_f32)(const float*, float*, int64_t);
+  void (*cpu_backward_f32)(const float*, const float*, float*, int64_t);
+  void (*cpu_forward_f64)(const double*, double*, int64_t);
+  void (*cpu_backward_f64)(const double*, const double*, double*, int64_t);
+
+  template <typename T>
+  auto cpu_forward() const {
+    if constexpr (std::is_same_v<T, float>) return cpu_forward_f32;
+    else return cpu_forward_f64;
+  }
+  template <typename T>
+  auto cpu_backward() const {
+    if constexpr (std::is_same_v<T, float>) return cpu_backward_f32;
+    else return cpu_backward_f64;
+  }
+};
+
+Tensor activation(const Tensor& x, const ActivationKernels& k) {
+  detail::check_kernel_device(k.name, x);
   Tensor in = detail::contiguous_input(x);
   Tensor out = Tensor::empty(x.shape(), x.dtype(), x.device());
   if (x.device().is_cuda()) {
-    LOOM_IF_CUDA(kernels::cuda::gelu_forward(x.dtype(), in.raw_data(), out.raw_data(), in.numel(),
-                                             detail::stream_of(x)));
+    LOOM_IF_CUDA(
+        k.cuda_forward(x.dtype(), in.raw_data(), out.raw_data(), in.numel(), detail::stream_of(x)));
   } else {
-    detail::dispatch_floating(x.dtype(), "gelu", [&]<typename T>() {
-      kernels::cpu::gelu_forward<T>(in.data<T>(), out.data<T>(), in.numel());
+    detail::dispatch_floating(x.dtype(), k.name, [&]<typename T>() {
+      k.cpu_forward<T>()(in.data<T>(), out.data<T>(), in.numel());
     });
   }
   if (autograd::any_requires_grad({x})) {
-    autograd::record("Gelu", {x}, {out},
-                     [in = in.detach()](const std::vector<Tensor>& g, const autograd::Node&) {
+    autograd::record(k.node, {x}, {out},
+                     [in = in.detach(), k](const std::vector<Tensor>& g, const autograd::Node&) {
                        Tensor dy = g[0].contiguous();
                        Tensor dx = Tensor::empty(in.shape(), in.dtype(), in.device());
                        if (in.device().is_cuda()) {
-                         LOOM_IF_CUDA(kernels::cuda::gelu_backward(
-                             in.dtype(), in.raw_data(), dy.raw_data(), dx.raw_data(), in.numel(),
-                             detail::stream_of(in)));
+                         LOOM_IF_CUDA(k.cuda_backward(in.dtype(), in.raw_data(), dy.raw_data(),
+                                                      dx.raw_data(), in.numel(),
+                                                      detail::stream_of(in)));
                        } else {
-                         detail::dispatch_floating(in.dtype(), "gelu", [&]<typename T>() {
-                           kernels::cpu::gelu_backward<T>(in.data<T>(), dy.data<T>(),
-                                                          dx.data<T>(), in.numel());
+                         detail::dispatch_floating(in.dtype(), k.name, [&]<typename T>() {
+                           k.cpu_backward<T>()(in.data<T>(), dy.data<T>(), dx.data<T>(),
+                                               in.numel());
                          });
                        }
                        return std::vector<Tensor>{dx};
@@ -181,6 +211,30 @@ Tensor gelu(const Tensor& x) {
   }
   return out;
 }
+
+#if LOOM_WITH_CUDA
+#define LOOM_ACTIVATION(name, node, fn)                                                  \
+  ActivationKernels{name, node, kernels::cuda::fn##_forward, kernels::cuda::fn##_backward, \
+                    kernels::cpu::fn##_forward<float>, kernels::cpu::fn##_backward<float>, \
+                    kernels::cpu::fn##_forward<double>, kernels::cpu::fn##_backward<double>}
+#else
+#define LOOM_ACTIVATION(name, node, fn)                                                  \
+  ActivationKernels{name, node, kernels::cpu::fn##_forward<float>,                       \
+                    kernels::cpu::fn##_backward<float>, kernels::cpu::fn##_forward<double>, \
+                    kernels::cpu::fn##_backward<double>}
+#endif
+
+}  // namespace
+
+Tensor gelu(const Tensor& x) {
+  return activation(x, LOOM_ACTIVATION("gelu", "Gelu", gelu));
+}
+
+Tensor silu(const Tensor& x) {
+  return activation(x, LOOM_ACTIVATION("silu", "Silu", silu));
+}
+
+#undef LOOM_ACTIVATION
 
 void add_(Tensor& a, const Tensor& b) {
   detail::check_kernel_device("add_", a);

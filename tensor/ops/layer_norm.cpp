@@ -1,4 +1,4 @@
-// Layer normalisation over the last dimension.
+// Layer and RMS normalisation over the last dimension.
 
 #include "kernels/cpu/layer_norm.h"
 #include "tensor/autograd/node.h"
@@ -75,6 +75,63 @@ Tensor layer_norm(const Tensor& x, const Tensor& weight, const Tensor& bias, dou
                                                   node.needs_input_grad(1) ? dw : Tensor(),
                                                   node.needs_input_grad(2) ? db : Tensor()};
                      });
+  }
+  return out;
+}
+
+Tensor rms_norm(const Tensor& x, const Tensor& weight, double eps) {
+  detail::check_kernel_device("rms_norm", x);
+  detail::check_same_kind("rms_norm", x, weight);
+  if (x.dim() < 1 || weight.shape() != Shape{x.size(-1)}) {
+    fail("rms_norm: expected weight of shape [", x.dim() ? x.size(-1) : 0, "] for input ",
+         shape_str(x.shape()), "; got ", shape_str(weight.shape()));
+  }
+  int64_t width = x.size(-1);
+  int64_t rows = width ? x.numel() / width : 0;
+  Tensor in = detail::contiguous_input(x), w = detail::contiguous_input(weight);
+  Tensor out = Tensor::empty(x.shape(), x.dtype(), x.device());
+  // As layer_norm: statistics in x's dtype on the CPU, f32 on CUDA.
+  Tensor rstd =
+      Tensor::empty({rows}, x.device().is_cuda() ? DType::F32 : x.dtype(), x.device());
+  if (x.device().is_cuda()) {
+    LOOM_IF_CUDA(kernels::cuda::rms_norm_forward(x.dtype(), in.raw_data(), w.raw_data(),
+                                                 out.raw_data(), rstd.data<float>(), rows, width,
+                                                 eps, detail::stream_of(x)));
+  } else {
+    detail::dispatch_floating(x.dtype(), "rms_norm", [&]<typename T>() {
+      kernels::cpu::rms_norm_forward<T>(in.data<T>(), w.data<T>(), out.data<T>(), rstd.data<T>(),
+                                        rows, width, eps);
+    });
+  }
+  if (autograd::any_requires_grad({x, weight})) {
+    autograd::record(
+        "RmsNorm", {x, weight}, {out},
+        [in = in.detach(), w = w.detach(), rstd, rows, width](const std::vector<Tensor>& g,
+                                                               const autograd::Node& node) {
+          Tensor dy = g[0].contiguous();
+          Tensor dx = Tensor::empty(in.shape(), in.dtype(), in.device());
+          Tensor dw;
+          if (in.device().is_cuda()) {  // the CUDA kernel overwrites dw
+            dw = Tensor::empty(w.shape(), w.dtype(), w.device());
+            LOOM_IF_CUDA({
+              Tensor scratch = detail::workspace(
+                  in.device(), kernels::cuda::layer_norm_backward_workspace(rows, width));
+              kernels::cuda::rms_norm_backward(in.dtype(), dy.raw_data(), in.raw_data(),
+                                               w.raw_data(), rstd.data<float>(), dx.raw_data(),
+                                               dw.raw_data(), rows, width, scratch.raw_data(),
+                                               detail::stream_of(in));
+            });
+          } else {  // the CPU kernel accumulates into it
+            dw = Tensor::zeros(w.shape(), w.dtype(), w.device());
+            detail::dispatch_floating(in.dtype(), "rms_norm", [&]<typename T>() {
+              kernels::cpu::rms_norm_backward<T>(dy.data<T>(), in.data<T>(), w.data<T>(),
+                                                 rstd.data<T>(), dx.data<T>(), dw.data<T>(), rows,
+                                                 width);
+            });
+          }
+          return std::vector<Tensor>{node.needs_input_grad(0) ? dx : Tensor(),
+                                     node.needs_input_grad(1) ? dw : Tensor()};
+        });
   }
   return out;
 }

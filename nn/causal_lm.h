@@ -1,0 +1,32 @@
+#pragma once
+// A causal language model as trainers and tools see it, whatever its architecture (GPT-2,
+// Llama): tokens [B, T] -> logits [B, T, vocab], the mean next-token loss, and the views the
+// strategies use (a sequence of layers for pipelines, a split over a tensor-parallel group).
+
+#include <memory>
+
+#include "nn/layered_model.h"
+#include "nn/module.h"
+#include "nn/tensor_parallel.h"
+
+namespace loom::nn {
+
+class CausalLM : public Module, public LayeredModel, public TensorParallelModel {
+ public:
+  // tokens [B, T] (i32/i64, T <= context()) -> logits [B, T, vocab].
+  virtual Tensor forward(const Tensor& tokens) const = 0;
+  // Mean cross-entropy of next-token prediction; targets [B, T] like tokens.
+  Tensor loss(const Tensor& tokens, const Tensor& targets) const;
+  virtual int64_t vocab_size() const = 0;
+  virtual int64_t context() const = 0;
+  // The number of transformer blocks (layer_count() - 2: the embedding and the head).
+  virtual int64_t blocks() const = 0;
+  // nanoGPT's FLOPs estimate of one training step per token of a sequence of `time` tokens:
+  // 6 per parameter plus the attention scores' 12 * blocks * attention width * time.
+  virtual double flops_per_token(int64_t time) const = 0;
+  // A model of the same configuration with seed 0's weights (dp's replicas; a pipeline's
+  // sample for balancing by time). Not tensor parallel, whatever this one is.
+  virtual std::unique_ptr<CausalLM> make_like() const = 0;
+};
+
+}  // namespace loom::nn

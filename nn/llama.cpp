@@ -1,0 +1,324 @@
+#include "nn/llama.h"
+
+#include <cmath>
+
+#include "tensor/autograd/function.h"
+#include "tensor/ops.h"
+
+namespace loom::nn {
+
+namespace {
+constexpr double kLlamaInitStd = 0.02;  // Hugging Face's initializer_range
+}  // namespace
+
+void LlamaConfig::validate() const {
+  if (vocab_size <= 0 || context <= 0 || layers <= 0 || heads <= 0 || kv_heads <= 0 ||
+      hidden <= 0 || intermediate <= 0 || head_dim < 0) {
+    fail("LlamaConfig: vocab_size, context, layers, heads, kv_heads, hidden and intermediate must "
+         "be positive (got ", vocab_size, ", ", context, ", ", layers, ", ", heads, ", ", kv_heads,
+         ", ", hidden, ", ", intermediate, ")");
+  }
+  if (heads % kv_heads != 0) {
+    fail("LlamaConfig: num_key_value_heads (", kv_heads, ") must divide num_attention_heads (",
+         heads, ")");
+  }
+  if (head_dim == 0 && hidden % heads != 0) {
+    fail("LlamaConfig: hidden_size (", hidden, ") must be divisible by num_attention_heads (",
+         heads, ") unless head_dim is given");
+  }
+  if (attention_head_dim() % 2 != 0) {
+    fail("LlamaConfig: the head dimension (", attention_head_dim(),
+         ") must be even for rotary positions");
+  }
+  if (!(rope_theta > 0) || !(rms_norm_eps > 0)) {
+    fail("LlamaConfig: rope_theta (", rope_theta, ") and rms_norm_eps (", rms_norm_eps,
+         ") must be positive");
+  }
+}
+
+RotaryTables rotary_tables(int64_t time, int64_t head_dim, double theta, Device device) {
+  const int64_t half = head_dim / 2;
+  std::vector<float> cos(static_cast<size_t>(time * head_dim)),
+      sin(static_cast<size_t>(time * head_dim));
+  const auto theta_f = static_cast<float>(theta);
+  for (int64_t i = 0; i < half; ++i) {
+    // As Hugging Face: inv_freq = 1 / theta^(arange(0, dim, 2) / dim) in f32, then
+    // position * inv_freq rounded to f32, then cos and sin in f32.
+    const float inv_freq =
+        1.0f / std::pow(theta_f, static_cast<float>(2 * i) / static_cast<float>(head_dim));
+    for (int64_t t = 0; t < time; ++t) {
+      const float angle = static_cast<float>(t) * inv_freq;
+      const float c = std::cos(angle), s = std::sin(angle);
+      for (int64_t j : {i, i + half}) {
+        cos[static_cast<size_t>(t * head_dim + j)] = c;
+        sin[static_cast<size_t>(t * head_dim + j)] = s;
+      }
+    }
+  }
+  return {Tensor::from_vector(cos, {time, head_dim}, device),
+          Tensor::from_vector(sin, {time, head_dim}, device)};
+}
+
+Tensor apply_rotary(const Tensor& x, const RotaryTables& tables) {
+  const int64_t half = x.size(-1) / 2;
+  Tensor rotated = concat({neg(x.narrow(-1, half, half)), x.narrow(-1, 0, half)}, -1);
+  return add(mul(x, tables.cos), mul(rotated, tables.sin));
+}
+
+LlamaAttention::LlamaAttention(const LlamaConfig& config, Generator& gen)
+    : heads_(config.heads), kv_heads_(config.kv_heads), head_dim_(config.attention_head_dim()) {
+  const int64_t q_width = config.heads * head_dim_, kv_width = config.kv_heads * head_dim_;
+  auto projection = [&](const char* name, int64_t in, int64_t out) {
+    return register_module(
+        name, std::make_shared<LinearNoBias>(in, out, gen, kLlamaInitStd, config.options));
+  };
+  q_proj_ = projection("q_proj", config.hidden, q_width);
+  k_proj_ = projection("k_proj", config.hidden, kv_width);
+  v_proj_ = projection("v_proj", config.hidden, kv_width);
+  o_proj_ = projection("o_proj", q_width, config.hidden);
+}
+
+void LlamaAttention::parallelize(const TensorParallelGroup* tp) {
+  heads_ /= tp->size();
+  kv_heads_ /= tp->size();
+  tp_ = tp;
+}
+
+Tensor LlamaAttention::forward(const Tensor& x, const RotaryTables& rotary) const {
+  return run_forward([&] {
+    const Tensor in = tp_ != nullptr ? tp_->copy_in(x) : x;
+    const int64_t batch = in.size(0), time = in.size(1);
+    auto heads_of = [&](const Tensor& t, int64_t heads) {  // [B, T, H*D] -> [B, H, T, D]
+      return t.reshape({batch, time, heads, head_dim_}).permute({0, 2, 1, 3});
+    };
+    Tensor q = apply_rotary(heads_of(q_proj_->forward(in), heads_), rotary);
+    Tensor k = apply_rotary(heads_of(k_proj_->forward(in), kv_heads_), rotary);
+    Tensor v = heads_of(v_proj_->forward(in), kv_heads_);
+    if (kv_heads_ != heads_) {  // GQA: each key/value head serves heads / kv_heads queries
+      const int64_t group = heads_ / kv_heads_;
+      auto repeat = [&](const Tensor& t) {
+        return t.reshape({batch, kv_heads_, 1, time, head_dim_})
+            .expand({batch, kv_heads_, group, time, head_dim_})
+            .reshape({batch, heads_, time, head_dim_});
+      };
+      k = repeat(k);
+      v = repeat(v.contiguous());
+    }
+    Tensor y = causal_attention(q, k, v);
+    y = y.permute({0, 2, 1, 3}).reshape({batch, time, heads_ * head_dim_});
+    if (tp_ == nullptr) return o_proj_->forward(y);
+    return tp_->reduce_out(matmul(y, transpose(o_proj_->weight(), 0, 1)));  // row-parallel
+  });
+}
+
+LlamaMLP::LlamaMLP(const LlamaConfig& config, Generator& gen) {
+  auto projection = [&](const char* name, int64_t in, int64_t out) {
+    return register_module(
+        name, std::make_shared<LinearNoBias>(in, out, gen, kLlamaInitStd, config.options));
+  };
+  gate_proj_ = projection("gate_proj", config.hidden, config.intermediate);
+  up_proj_ = projection("up_proj", config.hidden, config.intermediate);
+  down_proj_ = projection("down_proj", config.intermediate, config.hidden);
+}
+
+Tensor LlamaMLP::forward(const Tensor& x) const {
+  return run_forward([&] {
+    const Tensor in = tp_ != nullptr ? tp_->copy_in(x) : x;
+    Tensor h = mul(silu(gate_proj_->forward(in)), up_proj_->forward(in));
+    if (tp_ == nullptr) return down_proj_->forward(h);
+    return tp_->reduce_out(matmul(h, transpose(down_proj_->weight(), 0, 1)));  // row-parallel
+  });
+}
+
+LlamaDecoderLayer::LlamaDecoderLayer(const LlamaConfig& config, Generator& gen) {
+  input_layernorm_ = register_module(
+      "input_layernorm",
+      std::make_shared<RMSNorm>(config.hidden, config.rms_norm_eps, config.options));
+  self_attn_ = register_module("self_attn", std::make_shared<LlamaAttention>(config, gen));
+  post_attention_layernorm_ = register_module(
+      "post_attention_layernorm",
+      std::make_shared<RMSNorm>(config.hidden, config.rms_norm_eps, config.options));
+  mlp_ = register_module("mlp", std::make_shared<LlamaMLP>(config, gen));
+}
+
+void LlamaDecoderLayer::parallelize(const TensorParallelGroup* tp) {
+  self_attn_->parallelize(tp);
+  mlp_->parallelize(tp);
+}
+
+Tensor LlamaDecoderLayer::forward(const Tensor& x, const RotaryTables& rotary) const {
+  return run_forward([&] {
+    Tensor h = add(x, self_attn_->forward(input_layernorm_->forward(x), rotary));
+    return add(h, mlp_->forward(post_attention_layernorm_->forward(h)));
+  });
+}
+
+LlamaModel::LlamaModel(const LlamaConfig& config, Generator& gen) {
+  embed_tokens_ = register_module(
+      "embed_tokens", std::make_shared<Embedding>(config.vocab_size, config.hidden, gen,
+                                                  kLlamaInitStd, config.options));
+  layers_ = register_module("layers", std::make_shared<ModuleList<LlamaDecoderLayer>>());
+  for (int64_t i = 0; i < config.layers; ++i)
+    layers_->push_back(std::make_shared<LlamaDecoderLayer>(config, gen));
+  norm_ = register_module(
+      "norm", std::make_shared<RMSNorm>(config.hidden, config.rms_norm_eps, config.options));
+}
+
+Llama::Llama(const LlamaConfig& config, uint64_t seed) : config_(config) {
+  config.validate();
+  Generator gen(seed);
+  model_ = register_module("model", std::make_shared<LlamaModel>(config, gen));
+  if (config.tie_embeddings) {
+    declare_parameter_use(model_->embed_tokens()->weight());  // the tied head in forward()
+  } else {
+    lm_head_ = register_module(
+        "lm_head", std::make_shared<LinearNoBias>(config.hidden, config.vocab_size, gen,
+                                                  kLlamaInitStd, config.options));
+  }
+  rotary_ = rotary_tables(config.context, config.attention_head_dim(), config.rope_theta,
+                          config.options.device);
+}
+
+double Llama::flops_per_token(int64_t time) const {
+  return 6.0 * static_cast<double>(parameter_count()) +
+         12.0 * static_cast<double>(config_.layers * config_.heads * config_.attention_head_dim() *
+                                    time);
+}
+
+std::unique_ptr<CausalLM> Llama::make_like() const {
+  return std::make_unique<Llama>(config_, 0);
+}
+
+void Llama::check_tokens(const Tensor& tokens) const {
+  if (tokens.dim() != 2)
+    fail("Llama::forward: expected tokens [B, T], got ", shape_str(tokens.shape()));
+  if (tokens.size(1) > config_.context) {
+    fail("Llama::forward: sequence length ", tokens.size(1),
+         " exceeds the model's context (max_position_embeddings) of ", config_.context);
+  }
+}
+
+RotaryTables Llama::rotary(int64_t time, Device device) const {
+  RotaryTables t{rotary_.cos.narrow(0, 0, time), rotary_.sin.narrow(0, 0, time)};
+  if (t.cos.device() != device) t = {t.cos.to(device), t.sin.to(device)};
+  return t;
+}
+
+const Tensor& Llama::output_weight() const {
+  return lm_head_ ? lm_head_->weight() : model_->embed_tokens()->weight();
+}
+
+int64_t Llama::vocab_first() const {
+  return tp_ ? config_.vocab_size / tp_->size() * tp_->rank() : 0;
+}
+
+Tensor Llama::embed(const Tensor& tokens) const {
+  check_tokens(tokens);
+  if (!tp_) return model_->embed_tokens()->forward(tokens);
+  if (tp_->sequence_parallel() && tokens.size(1) % tp_->size() != 0) {
+    fail("Llama: sequence parallelism over ", tp_->size(),
+         " ranks needs a sequence length they divide, got ", tokens.size(1));
+  }
+  // Every position's row comes from the one rank that holds it; the others add zeros (with
+  // sequence parallelism the sum is scattered: this rank's positions only).
+  return tp_->reduce_out(
+      vocab_parallel_embedding(tokens, model_->embed_tokens()->weight(), vocab_first()));
+}
+
+Tensor Llama::layer_forward(int64_t index, const Tensor& x) const {
+  const std::shared_ptr<LlamaDecoderLayer> layer = *(model_->layers()->begin() + index);
+  // Attention sees the whole sequence (gathered first under sequence parallelism).
+  const int64_t time =
+      tp_ && tp_->sequence_parallel() ? x.size(1) * tp_->size() : x.size(1);
+  const RotaryTables tables = rotary(time, x.device());
+  if (!config_.checkpoint_activations) return layer->forward(x, tables);
+  return autograd::checkpoint(
+      [layer, tables](const std::vector<Tensor>& in) {
+        return std::vector<Tensor>{layer->forward(in[0], tables)};
+      },
+      {x})[0];
+}
+
+Tensor Llama::head(const Tensor& x) const {
+  Tensor normed = model_->norm()->forward(x);
+  if (tp_) normed = tp_->copy_in(normed);  // then this rank's vocabulary rows of the logits
+  return matmul(normed, transpose(output_weight(), 0, 1));
+}
+
+Tensor Llama::forward(const Tensor& tokens) const {
+  return run_forward([&] {
+    Tensor x = embed(tokens);
+    for (int64_t i = 0; i < config_.layers; ++i)
+      x = layer_forward(i, x);
+    return head(x);
+  });
+}
+
+void Llama::parallelize(std::shared_ptr<const TensorParallelGroup> tp) {
+  if (tp_) fail("Llama::parallelize: the model is already tensor parallel");
+  const int n = tp->size();
+  if (config_.heads % n != 0 || config_.kv_heads % n != 0 || config_.intermediate % n != 0 ||
+      config_.vocab_size % n != 0) {
+    fail("Llama::parallelize: --tp ", n, " must divide the attention heads (", config_.heads,
+         "), the key/value heads (", config_.kv_heads, "), the intermediate size (",
+         config_.intermediate, ") and the vocabulary (", config_.vocab_size,
+         "); replicating key/value heads across ranks is not implemented");
+  }
+  NoGradGuard no_grad;
+  const auto splits = tensor_parallel_splits();
+  for (const auto& [name, p] : named_parameters()) {
+    auto found = splits.find(name);
+    if (found != splits.end()) p.set_data(take_split(p.detach(), found->second, tp->rank(), n));
+  }
+  for (const auto& layer : *model_->layers())
+    layer->parallelize(tp.get());
+  tp_ = std::move(tp);
+}
+
+std::map<std::string, TensorParallelSplit> Llama::tensor_parallel_splits() const {
+  std::map<std::string, TensorParallelSplit> splits{{"model.embed_tokens.weight", {0, 1}}};
+  if (lm_head_) splits["lm_head.weight"] = {0, 1};
+  for (int64_t i = 0; i < config_.layers; ++i) {
+    const std::string layer = "model.layers." + std::to_string(i) + ".";
+    for (const char* column : {"self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj",
+                               "mlp.gate_proj", "mlp.up_proj"}) {
+      splits[layer + column + ".weight"] = {0, 1};  // output rows: heads, or MLP columns
+    }
+    splits[layer + "self_attn.o_proj.weight"] = {1, 1};  // input columns
+    splits[layer + "mlp.down_proj.weight"] = {1, 1};
+  }
+  return splits;
+}
+
+Tensor Llama::forward_layer(int64_t layer, const Tensor& x) const {
+  if (layer < 0 || layer >= layer_count())
+    fail("Llama::forward_layer: layer ", layer, " of ", layer_count());
+  if (layer == 0) return embed(x);
+  if (layer <= config_.layers) return layer_forward(layer - 1, x);
+  return head(x);
+}
+
+Tensor Llama::layer_loss(const Tensor& logits, const Tensor& targets) const {
+  if (tp_) {
+    return parallel_cross_entropy(logits.reshape({-1, logits.size(-1)}), targets.reshape({-1}),
+                                  vocab_first(), *tp_);
+  }
+  return cross_entropy(logits.reshape({-1, config_.vocab_size}), targets.reshape({-1}));
+}
+
+std::vector<std::string> Llama::layer_parameters(int64_t layer) const {
+  if (layer < 0 || layer >= layer_count())
+    fail("Llama::layer_parameters: layer ", layer, " of ", layer_count());
+  std::vector<std::string> prefixes;
+  if (layer == 0) prefixes = {"model.embed_tokens."};
+  else if (layer <= config_.layers) prefixes = {"model.layers." + std::to_string(layer - 1) + "."};
+  else prefixes = {"model.norm.", lm_head_ ? "lm_head." : "model.embed_tokens."};
+  std::vector<std::string> names;
+  for (const auto& [name, p] : named_parameters()) {
+    for (const std::string& prefix : prefixes)
+      if (name.rfind(prefix, 0) == 0) names.push_back(name);
+  }
+  return names;
+}
+
+}  // namespace loom::nn
