@@ -241,6 +241,9 @@ Tensor Llama::layer_forward(int64_t index, const Tensor& x) const {
 
 Tensor Llama::head(const Tensor& x) const {
   Tensor normed = model_->norm()->forward(x);
+  // Through lm_head's own forward where it runs whole, so that a sharded strategy's hook on
+  // it gathers its weight.
+  if (lm_head_ && !tp_) return lm_head_->forward(normed);
   if (tp_) normed = tp_->copy_in(normed);  // then this rank's vocabulary rows of the logits
   return matmul(normed, transpose(output_weight(), 0, 1));
 }

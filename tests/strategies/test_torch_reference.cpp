@@ -6,6 +6,10 @@
 // (tests/data/torch_reference_tiny.json, with its initial weights) comes from
 // scripts/make_torch_reference.py, run once with PyPI torch 2.15 (the peers' venv); this
 // test only reads it. Ranks are forked processes.
+//
+// The same for Llama against Hugging Face transformers' LlamaForCausalLM (GQA, untied head):
+// tests/data/llama_tiny/ (save_pretrained's directory) and llama_tiny_reference.json, from
+// scripts/make_llama_reference.py.
 
 #include <gtest/gtest.h>
 
@@ -13,12 +17,15 @@
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
+#include <functional>
+#include <map>
 #include <nlohmann/json.hpp>
 
 #include "comm/backend_registry.h"
 #include "multiprocess.h"
 #include "nn/gpt.h"
 #include "nn/gpt_io.h"
+#include "nn/pretrained.h"
 #include "optim/adamw.h"
 #include "strategies/pipeline/pipeline_strategy.h"
 #include "strategies/registry.h"
@@ -38,9 +45,10 @@ const std::filesystem::path kData = LOOM_TEST_DATA_DIR;
 constexpr double kTolerance = 2e-4;
 
 struct Reference {
-  nn::GPTConfig config;
-  int64_t batch = 0, steps = 0;
+  std::function<std::unique_ptr<nn::CausalLM>()> make_model;  // with the initial weights
+  int64_t batch = 0, steps = 0, context = 0;
   std::vector<double> losses;
+  nlohmann::json json;
 };
 
 Reference read_reference() {
@@ -48,15 +56,40 @@ Reference read_reference() {
   const nlohmann::json j = nlohmann::json::parse(in);
   Reference r;
   const auto& c = j.at("config");
-  r.config.layers = c.at("layers");
-  r.config.heads = c.at("heads");
-  r.config.embd = c.at("embd");
-  r.config.context = c.at("ctx");
-  r.config.vocab_size = c.at("vocab");
-  r.config.options.dtype = DType::F32;
+  nn::GPTConfig config;
+  config.layers = c.at("layers");
+  config.heads = c.at("heads");
+  config.embd = c.at("embd");
+  config.context = c.at("ctx");
+  config.vocab_size = c.at("vocab");
+  r.make_model = [config] {
+    auto model = std::make_unique<nn::GPT>(config, 0);
+    model->load_state_dict(nn::gpt_state_from_checkpoint(
+        safetensors::load(kData / "torch_reference_init.safetensors")));
+    return model;
+  };
   r.batch = c.at("batch");
   r.steps = c.at("steps");
+  r.context = c.at("ctx");
   r.losses = j.at("losses").get<std::vector<double>>();
+  return r;
+}
+
+// transformers' LlamaForCausalLM, loaded from the directory save_pretrained wrote.
+Reference read_llama_reference() {
+  std::ifstream in(kData / "llama_tiny_reference.json");
+  Reference r;
+  r.json = nlohmann::json::parse(in);
+  r.make_model = [] {
+    nn::Pretrained pretrained = nn::load_pretrained(kData / "llama_tiny", {});
+    auto model = pretrained.spec.build(0);
+    model->load_state_dict(pretrained.state);
+    return model;
+  };
+  r.batch = r.json.at("config").at("batch");
+  r.steps = r.json.at("config").at("steps");
+  r.context = r.json.at("config").at("ctx");
+  r.losses = r.json.at("losses").get<std::vector<double>>();
   return r;
 }
 
@@ -81,9 +114,8 @@ std::vector<double> train(const Reference& ref, Strategy* strategy) {
   // Replicas split the batch; the ranks of one replica (tensor parallel) share it.
   const int rank = strategy ? strategy->data_parallel_rank() : 0;
   const int world = strategy ? strategy->data_parallel_size() : 1;
-  nn::GPT model(ref.config, 0);
-  model.load_state_dict(nn::gpt_state_from_checkpoint(
-      safetensors::load(kData / "torch_reference_init.safetensors")));
+  const std::unique_ptr<nn::CausalLM> built = ref.make_model();
+  nn::CausalLM& model = *built;
   if (strategy) strategy->setup_module(model);
   optim::AdamW optimizer(model.parameters(), {.lr = 1e-3, .beta1 = 0.9, .beta2 = 0.95,
                                               .eps = 1e-8, .weight_decay = 0.1});
@@ -92,7 +124,7 @@ std::vector<double> train(const Reference& ref, Strategy* strategy) {
   auto* pipeline = dynamic_cast<PipelineStrategy*>(strategy);
   std::vector<double> losses;
   for (int64_t step = 0; step < ref.steps; ++step) {
-    auto [tokens, targets] = lcg_batch(step, rank * rows, rows, ref.config.context);
+    auto [tokens, targets] = lcg_batch(step, rank * rows, rows, ref.context);
     if (pipeline) {
       Tensor loss = pipeline->train_batch(tokens, targets);
       pipeline->optimizer_step(optimizer);
@@ -229,6 +261,91 @@ TEST(TorchReference, ThreeDimensionalParallelismMatchesPyTorch) {
     strategy.setup_environment();
     ASSERT_EQ(strategy.data_parallel_size(), 2);
     expect_matches(ref, train(ref, &strategy), "dp 2 x pp 2 x tp 2");
+  }, 300s));
+}
+
+// Llama: the logits of a probe before training equal transformers' (from the same directory)
+// within 1e-5 relative, and single-device training its losses within 2e-4.
+TEST(TorchReference, LlamaMatchesTransformers) {
+  const Reference ref = read_llama_reference();
+  ASSERT_EQ(ref.losses.size(), 20u);
+  {
+    const std::unique_ptr<nn::CausalLM> model = ref.make_model();
+    NoGradGuard no_grad;
+    auto [probe, unused] = lcg_batch(1000, 0, 2, 16);
+    const std::vector<float> logits = model->forward(probe).contiguous().to_vector<float>();
+    ASSERT_EQ(logits.size(), 2u * 16u * 256u);
+    const auto want = ref.json.at("probe_logits_first_row").get<std::vector<double>>();
+    ASSERT_EQ(want.size(), 16u * 8u);
+    double sum = 0, abs_sum = 0;
+    for (float v : logits) {
+      sum += v;
+      abs_sum += std::abs(v);
+    }
+    for (size_t t = 0; t < 16; ++t) {
+      for (size_t v = 0; v < 8; ++v) {
+        const double w = want[t * 8 + v];
+        EXPECT_NEAR(logits[t * 256 + v], w, 1e-5 * std::max(1.0, std::abs(w)))
+            << "position " << t << ", logit " << v;
+      }
+    }
+    EXPECT_NEAR(abs_sum, ref.json.at("probe_logits_abs_sum").get<double>(), 1e-5 * abs_sum);
+    EXPECT_NEAR(sum, ref.json.at("probe_logits_sum").get<double>(), 1e-5 * abs_sum);
+  }
+  expect_matches(ref, train(ref, nullptr), "llama single_device, batch 16");
+}
+
+// Llama under DDP, ZeRO-3 and FSDP (units: its decoder layers) on 2 ranks: transformers'
+// losses at twice the batch, and DDP's and ZeRO-3's losses equal to the bit.
+TEST(TorchReference, LlamaShardedStrategiesMatchTransformers) {
+  const Reference ref = read_llama_reference();
+  expect_all_ok(run_ranks(2, [&](int rank, int size, std::shared_ptr<comm::Store> store) {
+    std::map<std::string, std::vector<double>> losses;
+    StrategyConfig fsdp;
+    fsdp.sharding.auto_wrap_policy = "LlamaDecoderLayer";
+    for (const auto& [name, options] :
+         {std::pair<std::string, StrategyConfig>{"ddp", {}}, {"deepspeed_stage_3", {}},
+          {"fsdp", fsdp}}) {
+      auto strategy = StrategyRegistry::create(name, options);
+      dynamic_cast<ParallelStrategy&>(*strategy).set_process_group(
+          std::make_shared<comm::ProcessGroup>(rank, size, store,
+                                               comm::GroupOptions{.timeout = 60s},
+                                               "llama-" + name));
+      strategy->setup_environment();
+      losses[name] = train(ref, strategy.get());
+      expect_matches(ref, losses[name], "llama " + name + " on 2 ranks, 8 rows each");
+    }
+    EXPECT_EQ(losses["ddp"], losses["deepspeed_stage_3"]);
+  }, 300s));
+}
+
+// Llama split by tensor parallelism (2 ranks, GQA's key/value heads split too, with and
+// without sequence parallelism) and by a 2-stage 1F1B pipeline: transformers' losses.
+TEST(TorchReference, LlamaModelParallelMatchesTransformers) {
+  const Reference ref = read_llama_reference();
+  expect_all_ok(run_ranks(2, [&](int rank, int size, std::shared_ptr<comm::Store> store) {
+    for (const bool sequence_parallel : {false, true}) {
+      StrategyConfig options;
+      options.tensor_parallel.size = 2;
+      options.tensor_parallel.sequence_parallel = sequence_parallel;
+      auto strategy = StrategyRegistry::create("model_parallel", options);
+      dynamic_cast<ParallelStrategy&>(*strategy).set_process_group(
+          std::make_shared<comm::ProcessGroup>(rank, size, store,
+                                               comm::GroupOptions{.timeout = 60s},
+                                               sequence_parallel ? "llama-tp-sp" : "llama-tp"));
+      strategy->setup_environment();
+      expect_matches(ref, train(ref, strategy.get()),
+                     sequence_parallel ? "llama tp 2, sequence parallel" : "llama tp 2");
+    }
+    StrategyConfig options;
+    options.pipeline.stages = 2;
+    options.pipeline.micro_batches = 4;
+    options.pipeline.schedule = "1f1b";
+    PipelineStrategy strategy(options, options.pipeline);
+    strategy.set_process_group(std::make_shared<comm::ProcessGroup>(
+        rank, size, store, comm::GroupOptions{.timeout = 60s}, "llama-pp"));
+    strategy.setup_environment();
+    expect_matches(ref, train(ref, &strategy), "llama pipeline 1f1b, 2 stages x 4 micro-batches");
   }, 300s));
 }
 

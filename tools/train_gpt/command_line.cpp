@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <chrono>
 #include <cmath>
+#include <filesystem>
 
 #include "core/regular_file.h"
 #include "core/tags.h"
@@ -26,9 +27,34 @@ void add_flags(CLI::App& app, CommandLine& cli) {
   app.add_option("--data", cli.data_path,
                  "training data; bytes are tokens (default: built-in corpus)")
       ->check(CLI::ExistingFile);
-  app.add_option("--init", cli.init_path, "start from these weights (.safetensors, GPT-2 layout)")
-      ->check(CLI::ExistingFile);
-  app.add_option("--save", cli.save_path, "write the trained weights here (.safetensors)");
+  app.add_option("--init", cli.init_path,
+                 "start from these weights: a Hugging Face model directory (config.json and "
+                 "model.safetensors or its shards) or a .safetensors file (docs/models.md)")
+      ->check(CLI::ExistingPath);
+  app.add_option("--save", cli.save_path,
+                 "write the trained weights here: a .safetensors file, or, when PATH ends in / or "
+                 "is a directory, a Hugging Face model directory with config.json");
+  app.add_option("--model", cli.model,
+                 "gpt2 (GPT-2: learned positions, LayerNorm, GELU) or llama (RMSNorm, rotary "
+                 "positions, SwiGLU, grouped-query attention)")
+      ->check(CLI::IsMember({"gpt2", "llama"}))
+      ->capture_default_str();
+  app.add_option("--kv-heads", cli.train.llama.kv_heads,
+                 "llama: key/value heads (num_key_value_heads), dividing --heads")
+      ->check(bounded(1, true, 4096))
+      ->capture_default_str();
+  app.add_option("--intermediate", cli.train.llama.intermediate,
+                 "llama: the SwiGLU MLP's width (intermediate_size)")
+      ->check(bounded(1, true, 1 << 20))
+      ->capture_default_str();
+  app.add_option("--rope-theta", cli.train.llama.rope_theta, "llama: the rotary base")
+      ->check(kPositive)
+      ->capture_default_str();
+  app.add_option("--rms-norm-eps", cli.train.llama.rms_norm_eps, "llama: RMSNorm's epsilon")
+      ->check(kPositive)
+      ->capture_default_str();
+  app.add_flag("--tie-embeddings", cli.train.llama.tie_embeddings,
+               "llama: the output projection is the token embedding (tie_word_embeddings)");
   app.add_option("--checkpoint-dir", cli.train.checkpoint_dir,
                  "resumable checkpoints go here (docs/checkpoints.md)");
   app.add_option("--save-every", cli.train.save_every, "save a checkpoint every K steps (0: never)")
@@ -119,8 +145,11 @@ void add_flags(CLI::App& app, CommandLine& cli) {
       ->capture_default_str();
   app.add_option("--preset", cli.preset,
                  "gpt2-small: 12 layers, 12 heads, embd 768, ctx 1024, vocab 50304 on synthetic "
-                 "tokens (the GPU benchmark config; explicit model flags are ignored)")
-      ->check(CLI::IsMember({"gpt2-small"}));
+                 "tokens (the GPU benchmark config); llama-tiny: --model llama's defaults; "
+                 "smollm-135m: SmolLM-135M's shape (30 layers, hidden 576, 9 heads, 3 key/value "
+                 "heads, intermediate 1536, vocab 49152, ctx 2048, tied). Explicit model flags "
+                 "are ignored")
+      ->check(CLI::IsMember({"gpt2-small", "llama-tiny", "smollm-135m"}));
   app.add_option("--peak-tflops", cli.peak_tflops,
                  "the device's peak dense TFLOP/s for the MFU line (default: H100/H200 SXM bf16)")
       ->check(kPositive)
@@ -182,8 +211,9 @@ void add_flags(CLI::App& app, CommandLine& cli) {
       ->capture_default_str();
   app.add_option("--activation-checkpointing", cli.activation_checkpointing,
                  "recompute the activations of each module of this class during backward "
-                 "instead of keeping them: Block (each transformer block) or none")
-      ->check(CLI::IsMember({"none", "Block"}))
+                 "instead of keeping them: the model's block class (Block for gpt2, "
+                 "LlamaDecoderLayer for llama) or none")
+      ->check(CLI::IsMember({"none", "Block", "LlamaDecoderLayer"}))
       ->capture_default_str();
   strategies::pipeline::PipelineOptions& pipeline = cli.config.pipeline;
   app.add_option("--pp", pipeline.stages,
@@ -271,7 +301,15 @@ void add_flags(CLI::App& app, CommandLine& cli) {
 void finish_parsing(const CLI::App& app, CommandLine& cli) {
   refuse_empty_values(app);
   cli.config.timeout = loom::Duration(std::max<int64_t>(1, std::llround(cli.timeout_s * 1000)));
-  check_output_path("--save", cli.save_path);
+  cli.save_directory = !cli.save_path.empty() && (cli.save_path.back() == '/' ||
+                                                  std::filesystem::is_directory(cli.save_path));
+  if (cli.save_directory) {
+    std::string dir = cli.save_path;
+    while (dir.size() > 1 && dir.back() == '/') dir.pop_back();
+    check_output_path("--save", dir, /*directory=*/true);
+  } else {
+    check_output_path("--save", cli.save_path);
+  }
   check_output_path("--metrics", cli.metrics_path);
   check_output_path("--trace", cli.trace_path);
   check_output_path("--checkpoint-dir", cli.train.checkpoint_dir, /*directory=*/true);

@@ -23,7 +23,9 @@ struct CommandLine {
   int64_t log_interval = 10;
   std::string strategy = "single_device";
   strategies::StrategyConfig config;
-  std::string preset;          // "" or gpt2-small
+  std::string preset;          // "", gpt2-small, llama-tiny or smollm-135m
+  std::string model = "gpt2";  // --model: gpt2 or llama (an --init directory's config decides)
+  bool save_directory = false;  // --save names a Hugging Face directory (ends in / or is one)
   double peak_tflops = 989.0;  // for the MFU line
   int threads = 0;             // 0: the machine's cores divided among its ranks
   std::string activation_checkpointing = "none";

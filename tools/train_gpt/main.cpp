@@ -18,7 +18,7 @@
 #include "core/regular_file.h"
 #include "core/tags.h"
 #include "kernels/cpu/thread_pool.h"
-#include "nn/gpt_io.h"
+#include "nn/pretrained.h"
 #include "strategies/deepspeed_config.h"
 #include "strategies/devices.h"
 #include "strategies/memory_estimate.h"
@@ -73,22 +73,73 @@ std::vector<uint8_t> read_bytes(const std::string& path) {
   return {bytes.begin(), bytes.end()};
 }
 
-// The architecture from --init's file; flags given explicitly must agree with it.
-nn::GPTConfig config_from_init(const safetensors::Contents& contents, const nn::GPTConfig& flags,
-                               const CLI::App& app) {
-  nn::GPTConfig file = nn::gpt_config_from_checkpoint(contents, flags.heads);
-  auto agree = [&](const char* flag, int64_t given, int64_t stored) {
-    if (app.count(flag) > 0 && given != stored) {
+// The model of --init's checkpoint taken into `o`; flags given explicitly must agree with it.
+void take_init_model(const nn::ModelSpec& stored, const CLI::App& app, const CommandLine& cli,
+                     TrainOptions& o) {
+  auto agree = [&](const char* flag, auto given, auto value) {
+    if (app.count(flag) > 0 && given != value) {
       tag::kTrainGpt.fail(flag, " ", given, " does not match the --init checkpoint, which has ",
-                          stored, "; drop the flag to take the checkpoint's value");
+                          value, "; drop the flag to take the checkpoint's value");
     }
   };
-  agree("--layers", flags.layers, file.layers);
-  agree("--embd", flags.embd, file.embd);
-  agree("--vocab", flags.vocab_size, file.vocab_size);
-  agree("--ctx", flags.context, file.context);
-  agree("--heads", flags.heads, file.heads);
-  return file;
+  agree("--model", cli.model, nn::architecture_name(stored.architecture));
+  o.architecture = stored.architecture;
+  nn::GPTConfig shared = stored.gpt;
+  if (stored.architecture == nn::Architecture::kLlama) {
+    const nn::LlamaConfig& l = stored.llama;
+    shared.vocab_size = l.vocab_size;
+    shared.context = l.context;
+    shared.layers = l.layers;
+    shared.heads = l.heads;
+    shared.embd = l.hidden;
+    agree("--kv-heads", o.llama.kv_heads, l.kv_heads);
+    agree("--intermediate", o.llama.intermediate, l.intermediate);
+    agree("--rope-theta", o.llama.rope_theta, l.rope_theta);
+    agree("--rms-norm-eps", o.llama.rms_norm_eps, l.rms_norm_eps);
+    agree("--tie-embeddings", o.llama.tie_embeddings, l.tie_embeddings);
+    o.llama = l;
+  }
+  agree("--layers", o.model.layers, shared.layers);
+  agree("--embd", o.model.embd, shared.embd);
+  agree("--vocab", o.model.vocab_size, shared.vocab_size);
+  agree("--ctx", o.model.context, shared.context);
+  agree("--heads", o.model.heads, shared.heads);
+  shared.options = o.model.options;
+  o.model = shared;
+}
+
+// The class of the model's transformer blocks (for --activation-checkpointing).
+const char* block_class(nn::Architecture architecture) {
+  return architecture == nn::Architecture::kLlama ? "LlamaDecoderLayer" : "Block";
+}
+
+// --preset: a named model shape (explicit model flags are ignored).
+void apply_preset(const std::string& preset, TrainOptions& o) {
+  if (preset == "gpt2-small") {
+    o.architecture = nn::Architecture::kGpt2;
+    o.model.vocab_size = 50304;
+    o.model.context = 1024;
+    o.model.layers = 12;
+    o.model.heads = 12;
+    o.model.embd = 768;
+  } else if (preset == "llama-tiny") {
+    o.architecture = nn::Architecture::kLlama;
+    o.model = nn::GPTConfig{.options = o.model.options};
+    o.llama = nn::LlamaConfig{};
+  } else if (preset == "smollm-135m") {  // HuggingFaceTB/SmolLM-135M's config.json
+    o.architecture = nn::Architecture::kLlama;
+    o.model.vocab_size = 49152;
+    o.model.context = 2048;
+    o.model.layers = 30;
+    o.model.heads = 9;
+    o.model.embd = 576;
+    o.llama = nn::LlamaConfig{};
+    o.llama.kv_heads = 3;
+    o.llama.intermediate = 1536;
+    o.llama.rope_theta = 10000.0;
+    o.llama.rms_norm_eps = 1e-5;
+    o.llama.tie_embeddings = true;
+  }
 }
 
 // Applies a DeepSpeed config to the run: it selects the strategy (returned) and sets what it
@@ -129,7 +180,7 @@ std::string take_deepspeed_config(const strategies::DeepSpeedConfig& config, con
   return strategies::apply_deepspeed_config(config, options);
 }
 
-void print_memory_estimate(const nn::GPT& model, const std::string& strategy,
+void print_memory_estimate(const nn::Module& model, const std::string& strategy,
                            const strategies::StrategyConfig& options, int world,
                            const TrainOptions& o) {
   // Per-parameter state tensors: AdamW's two moments, SGD's momentum buffer (if any).
@@ -158,7 +209,7 @@ void print_memory_estimate(const nn::GPT& model, const std::string& strategy,
 // What resolve() decides before any rank starts.
 struct Plan {
   std::optional<strategies::DeepSpeedConfig> deepspeed;
-  std::optional<safetensors::Contents> init;  // --init's weights
+  std::optional<nn::Pretrained> init;  // --init's model and weights
   std::unique_ptr<strategies::Strategy> strategy;
 };
 
@@ -201,23 +252,31 @@ Plan resolve(const CLI::App& app, CommandLine& cli) {
   }
   plan.strategy = strategies::StrategyRegistry::create(strategy_name, config);
 
+  o.architecture = nn::parse_architecture(cli.model);
   if (!cli.init_path.empty()) {
-    plan.init = safetensors::load(cli.init_path);
-    o.model = config_from_init(*plan.init, o.model, app);
+    plan.init = nn::load_pretrained(cli.init_path, model_spec(o));
+    take_init_model(plan.init->spec, app, cli, o);
   }
-  if (cli.preset == "gpt2-small") {
-    o.model.vocab_size = 50304;
-    o.model.context = 1024;
-    o.model.layers = 12;
-    o.model.heads = 12;
-    o.model.embd = 768;
+  apply_preset(cli.preset, o);
+  if (const char* block = block_class(o.architecture);
+      cli.activation_checkpointing != "none" && cli.activation_checkpointing != block) {
+    tag::kTrainGpt.fail("--activation-checkpointing ", cli.activation_checkpointing,
+                        " names no module of --model ", nn::architecture_name(o.architecture),
+                        "; its blocks are ", block);
   }
   check_model_fits(o.model, o.batch);
+  const bool llama = o.architecture == nn::Architecture::kLlama;
+  if (llama) model_spec(o).llama.validate();
   // Model-parallel sizes that cannot split this model: one clear error before any rank starts.
   if (const int tp = config.tensor_parallel.size;
-      tp > 1 && (o.model.heads % tp != 0 || o.model.vocab_size % tp != 0)) {
+      tp > 1 && (o.model.heads % tp != 0 || o.model.vocab_size % tp != 0 ||
+                 (llama && (o.llama.kv_heads % tp != 0 || o.llama.intermediate % tp != 0)))) {
     tag::kTrainGpt.fail("--tp ", tp, " must divide --heads (", o.model.heads,
-                        ") and the vocabulary (", o.model.vocab_size, ")");
+                        ") and the vocabulary (", o.model.vocab_size, ")",
+                        llama ? ", --kv-heads (" + std::to_string(o.llama.kv_heads) +
+                                    ") and --intermediate (" +
+                                    std::to_string(o.llama.intermediate) + ")"
+                              : std::string());
   }
   if (const int64_t chunks = static_cast<int64_t>(pipeline.stages) *
                              (pipeline.schedule == "interleaved_1f1b" ? pipeline.chunks : 1);
@@ -266,12 +325,14 @@ int train_and_report(CommandLine& cli, Plan& plan) {
                      warning.c_str());
     if (chief) std::printf("train_gpt: --deepspeed-config selects %s\n", cli.strategy.c_str());
   }
-  o.model.checkpoint_activations = cli.activation_checkpointing == "Block";
-  nn::GPT model(o.model, o.seed);
-  if (plan.init) model.load_state_dict(nn::gpt_state_from_checkpoint(*plan.init));
+  o.model.checkpoint_activations = cli.activation_checkpointing != "none";
+  const nn::ModelSpec spec = model_spec(o);
+  const std::unique_ptr<nn::CausalLM> built = spec.build(o.seed);
+  nn::CausalLM& model = *built;
+  if (plan.init) model.load_state_dict(plan.init->state);
 
   std::vector<int32_t> token_ids;
-  if (!cli.preset.empty()) {
+  if (cli.preset == "gpt2-small") {
     token_ids =
         data::synthetic_tokens(8 * o.batch * o.model.context + 1, o.model.vocab_size, o.seed);
   } else {
@@ -288,14 +349,15 @@ int train_and_report(CommandLine& cli, Plan& plan) {
   }
   if (chief)
     std::printf(
-        "train_gpt: %lld parameters (%lld layers, %lld heads, embd %lld, ctx %lld, vocab %lld); "
-        "%lld blocks of %lld x %lld tokens from %s\n",
+        "train_gpt: %s, %lld parameters (%lld layers, %lld heads, embd %lld, ctx %lld, vocab "
+        "%lld); %lld blocks of %lld x %lld tokens from %s\n",
+        nn::architecture_name(o.architecture).c_str(),
         static_cast<long long>(model.parameter_count()), static_cast<long long>(o.model.layers),
         static_cast<long long>(o.model.heads), static_cast<long long>(o.model.embd),
         static_cast<long long>(o.model.context), static_cast<long long>(o.model.vocab_size),
         static_cast<long long>(data.block_count()), static_cast<long long>(o.batch),
         static_cast<long long>(o.model.context),
-        !cli.preset.empty()     ? "synthetic tokens"
+        cli.preset == "gpt2-small" ? "synthetic tokens"
         : cli.data_path.empty() ? "the built-in corpus"
                             : cli.data_path.c_str());
   if (chief && strategy.world_size() > 1) {
@@ -347,7 +409,12 @@ int train_and_report(CommandLine& cli, Plan& plan) {
     trace->write(path, strategy.rank());
     if (chief) std::printf("train_gpt: trace written to %s\n", path.c_str());
   }
-  if (chief && !cli.save_path.empty()) nn::save_gpt(cli.save_path, model);
+  if (chief && cli.save_directory) {
+    nn::save_pretrained(cli.save_path, model, spec,
+                        plan.init ? plan.init->tokenizer : std::filesystem::path());
+  } else if (chief && !cli.save_path.empty()) {
+    nn::save_weights_file(cli.save_path, model, spec);
+  }
   for (const std::string& line : strategy.training_report())  // collective
     if (chief) std::printf("%s\n", line.c_str());
   strategy.barrier();
@@ -384,9 +451,7 @@ int train_and_report(CommandLine& cli, Plan& plan) {
   if (steady.steps() > 0 && strategy.root_device().is_cuda()) {
     // nanoGPT's estimate of the FLOPs of a training step per token: 6 per parameter
     // (forward and backward of every matmul) plus attention's 12 * layers * ctx * embd.
-    const double flops_per_token = 6.0 * static_cast<double>(model.parameter_count()) +
-                                   12.0 * static_cast<double>(o.model.layers * o.model.context *
-                                                              o.model.embd);
+    const double flops_per_token = model.flops_per_token(o.model.context);
     const double achieved_tflops = flops_per_token * steady.tokens_per_s() / 1e12;
     std::printf(
         "steady state (steps %lld-%lld): %.2f ms/step, %.0f tokens/s, %.1f TFLOP/s, "
@@ -420,7 +485,7 @@ int run(int argc, char** argv) {
     const int world =
         strategies::parse_devices(cli.config.devices, plan.strategy->accelerator()).count *
         cli.config.num_nodes;
-    print_memory_estimate(nn::GPT(cli.train.model, cli.train.seed), cli.strategy, cli.config,
+    print_memory_estimate(*model_spec(cli.train).build(cli.train.seed), cli.strategy, cli.config,
                           world, cli.train);
     return 0;
   }

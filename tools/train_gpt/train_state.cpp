@@ -22,9 +22,28 @@ using strategies::checkpoint::save_checked;
 
 namespace {
 
-nlohmann::json model_json(const nn::GPTConfig& c) {
-  return {{"layers", c.layers}, {"heads", c.heads},   {"embd", c.embd},
-          {"context", c.context}, {"vocab_size", c.vocab_size}};
+// The sizes every architecture shares; a Llama's also its architecture and its own sizes
+// (read back only as far as check_train_meta knows them: the shared ones and the
+// architecture; the rest the parameters' shapes check).
+nlohmann::json model_json(const nn::GPTConfig& c, nn::Architecture architecture) {
+  nlohmann::json j = {{"layers", c.layers}, {"heads", c.heads},   {"embd", c.embd},
+                      {"context", c.context}, {"vocab_size", c.vocab_size}};
+  if (architecture != nn::Architecture::kGpt2) j["architecture"] = nn::architecture_name(architecture);
+  return j;
+}
+
+nlohmann::json model_json(const TrainOptions& o) {
+  nlohmann::json j = model_json(o.model, o.architecture);
+  if (o.architecture == nn::Architecture::kLlama) {
+    const nn::LlamaConfig& l = o.llama;
+    j.update({{"kv_heads", l.kv_heads},
+              {"intermediate", l.intermediate},
+              {"head_dim", l.head_dim},
+              {"rope_theta", l.rope_theta},
+              {"rms_norm_eps", l.rms_norm_eps},
+              {"tie_embeddings", l.tie_embeddings}});
+  }
+  return j;
 }
 
 }  // namespace
@@ -51,6 +70,8 @@ TrainMeta check_train_meta(const strategies::checkpoint::CheckpointMeta& meta) {
   out.model.embd = meta.integer("model.embd", 1, kLargest);
   out.model.context = meta.integer("model.context", 1, kLargest);
   out.model.vocab_size = meta.integer("model.vocab_size", 1, kLargest);
+  out.architecture = nn::parse_architecture(
+      meta.has("model.architecture") ? meta.text("model.architecture") : "gpt2");
   // Recorded, not used on resume (the options given now hold), but of their type if there.
   for (const char* positive : {"grad_accum", "batch"})
     if (meta.has(positive)) meta.integer(positive, 1, kLargest);
@@ -114,7 +135,7 @@ bool TrainCheckpoints::sharded_format() const {
   return options_.checkpoint_format == "sharded";
 }
 
-int64_t TrainCheckpoints::open(nn::GPT& model) {
+int64_t TrainCheckpoints::open(nn::CausalLM& model) {
   if (options_.resume.empty()) return 0;
   fs::path checkpoint;
   if (options_.resume == "auto") {
@@ -137,7 +158,8 @@ int64_t TrainCheckpoints::open(nn::GPT& model) {
     }
   }
   const TrainMeta meta = check_train_meta(strategies::checkpoint::CheckpointMeta(checkpoint));
-  const nlohmann::json saved = model_json(meta.model), mine = model_json(model.config());
+  const nlohmann::json saved = model_json(meta.model, meta.architecture),
+                       mine = model_json(options_.model, options_.architecture);
   if (saved != mine) {
     tag::kTrainGpt.fail(checkpoint.string(), " is a checkpoint of another model (", saved.dump(),
                         "; this run builds ", mine.dump(), ")");
@@ -169,13 +191,14 @@ void TrainCheckpoints::load_state(optim::Optimizer& optimizer) {
   resume_from_.reset();  // closes the files
 }
 
-void TrainCheckpoints::after_step(int64_t steps_done, nn::GPT& model,
+void TrainCheckpoints::after_step(int64_t steps_done, nn::CausalLM& model,
                                   optim::Optimizer& optimizer) {
   if (options_.save_every <= 0 || steps_done % options_.save_every != 0) return;
   save(steps_done, model, optimizer);
 }
 
-void TrainCheckpoints::save(int64_t steps_done, nn::GPT& model, optim::Optimizer& optimizer) {
+void TrainCheckpoints::save(int64_t steps_done, nn::CausalLM& model,
+                            optim::Optimizer& optimizer) {
   finish();  // the previous asynchronous save, whose errors surface here
   const bool chief = strategy_.is_global_zero();
   const int rank = strategy_.rank(), world = strategy_.world_size();
@@ -188,7 +211,7 @@ void TrainCheckpoints::save(int64_t steps_done, nn::GPT& model, optim::Optimizer
     if (chief) {
       for (const auto& [name, tensor] : gathered)
         snap.weights.emplace(name, tensor.to(Device::cpu()).clone());
-      snap.model_metadata = nn::gpt_metadata(model.config());
+      snap.model_metadata = nn::weights_metadata(model_spec(options_));
     }
   }
   snap.pieces = strategies::checkpoint::state_pieces(strategy_, model, &optimizer, sharded);
@@ -200,7 +223,7 @@ void TrainCheckpoints::save(int64_t steps_done, nn::GPT& model, optim::Optimizer
                  {"world_size", world},
                  {"checkpoint_format", sharded ? "sharded" : "full"},
                  {"optimizer", options_.optimizer},
-                 {"model", model_json(model.config())},
+                 {"model", model_json(options_)},
                  {"grad_accum", options_.grad_accum},
                  {"batch", options_.batch},
                  {"seed", options_.seed}};

@@ -45,7 +45,8 @@ struct TrainMeta {
   int64_t step = 0;  // the steps done
   std::string strategy, checkpoint_format, optimizer;
   int64_t world_size = 0;
-  nn::GPTConfig model;
+  nn::GPTConfig model;  // the sizes every architecture shares
+  nn::Architecture architecture = nn::Architecture::kGpt2;
 };
 // Checks `meta` as train_gpt writes it: its format and version, then every field's type and
 // range (step >= 0, world_size >= 1, checkpoint_format full or sharded, the model's sizes
@@ -67,14 +68,14 @@ class TrainCheckpoints {
   // Before setup_module: finds the checkpoint to resume from (options.resume: "auto" takes
   // the newest committed one under checkpoint_dir, or none; a path must be committed) and
   // checks that it fits this run. Returns the steps it had done (0 when starting fresh).
-  int64_t open(nn::GPT& model);
+  int64_t open(nn::CausalLM& model);
   // After setup_optimizer: the parts of the weights and of the optimizer's and loss
   // scaler's state this rank holds.
   void load_state(optim::Optimizer& optimizer);
   // After a step: saves when `steps_done` is a multiple of save_every (collective). With
   // options.async_save the state is snapshotted to host memory and written by a background
   // thread while training goes on; the next save (or finish()) waits for it.
-  void after_step(int64_t steps_done, nn::GPT& model, optim::Optimizer& optimizer);
+  void after_step(int64_t steps_done, nn::CausalLM& model, optim::Optimizer& optimizer);
   // Waits for an asynchronous save; throws loom::Error if it failed.
   void finish();
   ~TrainCheckpoints();
@@ -88,7 +89,7 @@ class TrainCheckpoints {
     safetensors::Metadata model_metadata;
   };
   bool sharded_format() const;
-  void save(int64_t steps_done, nn::GPT& model, optim::Optimizer& optimizer);
+  void save(int64_t steps_done, nn::CausalLM& model, optim::Optimizer& optimizer);
   void write(const Snapshot& snap, int rank, int world, bool wait_for_ranks);
   void commit(int64_t steps_done);
 

@@ -21,7 +21,7 @@ namespace loom::train_gpt {
 namespace {
 
 // nanoGPT's grouping: weight decay for matrices and embeddings, none for biases and norms.
-std::vector<optim::ParamGroup> decay_groups(const nn::GPT& model, double weight_decay) {
+std::vector<optim::ParamGroup> decay_groups(const nn::Module& model, double weight_decay) {
   optim::ParamGroup decay{.params = {}, .weight_decay = weight_decay};
   optim::ParamGroup no_decay{.params = {}, .weight_decay = 0.0};
   for (const Tensor& p : model.parameters())
@@ -44,7 +44,20 @@ std::unique_ptr<optim::LrSchedule> make_schedule(const TrainOptions& o) {
 
 }  // namespace
 
-std::unique_ptr<optim::Optimizer> make_optimizer(const nn::GPT& model, const TrainOptions& o) {
+nn::ModelSpec model_spec(const TrainOptions& o) {
+  nn::ModelSpec spec{.architecture = o.architecture, .gpt = o.model, .llama = o.llama};
+  nn::LlamaConfig& l = spec.llama;
+  l.layers = o.model.layers;
+  l.heads = o.model.heads;
+  l.hidden = o.model.embd;
+  l.context = o.model.context;
+  l.vocab_size = o.model.vocab_size;
+  l.checkpoint_activations = o.model.checkpoint_activations;
+  l.options = o.model.options;
+  return spec;
+}
+
+std::unique_ptr<optim::Optimizer> make_optimizer(const nn::Module& model, const TrainOptions& o) {
   if (o.optimizer == "adamw") {
     return std::make_unique<optim::AdamW>(decay_groups(model, o.weight_decay),
                                           optim::AdamWOptions{.lr = o.lr,
@@ -79,7 +92,7 @@ std::string metrics_json_line(const StepMetrics& m) {
       .dump();
 }
 
-void train(nn::GPT& model, const data::TokenBlocks& data, const TrainOptions& options,
+void train(nn::CausalLM& model, const data::TokenBlocks& data, const TrainOptions& options,
            const std::function<void(const StepMetrics&)>& on_step, strategies::Strategy* strategy) {
   const strategies::StrategyOptions single_options;
   strategies::SingleDeviceStrategy single(single_options);
@@ -87,8 +100,9 @@ void train(nn::GPT& model, const data::TokenBlocks& data, const TrainOptions& op
   TrainCheckpoints checkpoints(options, s);
   const int64_t first_step = checkpoints.open(model);  // before the strategy copies it
   // dp's replicas, and a pipeline's sample for balancing its stages by time.
-  const nn::GPTConfig config = model.config();
-  s.set_model_recipe({.make_replica = [config] { return std::make_unique<nn::GPT>(config, 0); },
+  s.set_model_recipe({.make_replica = [&model]() -> std::unique_ptr<nn::Module> {
+                        return model.make_like();
+                      },
                       .sample_input = data.for_step(0).tokens});
   s.setup_module(model);
   auto schedule = make_schedule(options);
@@ -124,8 +138,8 @@ void train(nn::GPT& model, const data::TokenBlocks& data, const TrainOptions& op
         const int64_t rows = batch.tokens.size(0);
         Tensor loss =
             row_begin == 0 && row_end == rows
-                ? static_cast<nn::GPT&>(m).loss(batch.tokens, batch.targets)
-                : static_cast<nn::GPT&>(m).loss(
+                ? static_cast<nn::CausalLM&>(m).loss(batch.tokens, batch.targets)
+                : static_cast<nn::CausalLM&>(m).loss(
                       batch.tokens.narrow(0, row_begin, row_end - row_begin).contiguous(),
                       batch.targets.narrow(0, row_begin, row_end - row_begin).contiguous());
         if (main_thread) {

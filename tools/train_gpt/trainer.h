@@ -10,7 +10,7 @@
 #include <vector>
 
 #include "data/token_blocks.h"
-#include "nn/gpt.h"
+#include "nn/pretrained.h"
 #include "optim/optimizer.h"
 #include "strategies/memory_report.h"
 #include "strategies/strategy.h"
@@ -18,7 +18,12 @@
 namespace loom::train_gpt {
 
 struct TrainOptions {
+  // The sizes every architecture shares (layers, heads, embd: Llama's hidden size, context,
+  // vocabulary) and GPT-2's whole configuration.
   nn::GPTConfig model;
+  // --model, and Llama's own settings (its shared sizes are model's).
+  nn::Architecture architecture = nn::Architecture::kGpt2;
+  nn::LlamaConfig llama;
   int64_t batch = 8;  // per rank
   int64_t steps = 200;
   double lr = 1e-3;
@@ -66,11 +71,14 @@ std::string metrics_json_line(const StepMetrics& m);
 
 // The optimizer train() builds for `model`: options.optimizer (AdamW or SGD) over nanoGPT's
 // groups (weight decay for parameters of 2 or more dimensions, none for the others).
-std::unique_ptr<optim::Optimizer> make_optimizer(const nn::GPT& model, const TrainOptions& options);
+std::unique_ptr<optim::Optimizer> make_optimizer(const nn::Module& model,
+                                                 const TrainOptions& options);
+// The model options describe: the architecture with the shared sizes filled in.
+nn::ModelSpec model_spec(const TrainOptions& options);
 
 // Trains `model` in place on `data` and calls on_step after each step. `strategy` (already
 // through setup_environment) spreads the work; null means single_device.
-void train(nn::GPT& model, const data::TokenBlocks& data, const TrainOptions& options,
+void train(nn::CausalLM& model, const data::TokenBlocks& data, const TrainOptions& options,
            const std::function<void(const StepMetrics&)>& on_step,
            strategies::Strategy* strategy = nullptr);
 
