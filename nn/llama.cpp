@@ -36,7 +36,8 @@ void LlamaConfig::validate() const {
   }
 }
 
-RotaryTables rotary_tables(int64_t time, int64_t head_dim, double theta, Device device) {
+RotaryTables rotary_tables(int64_t time, int64_t head_dim, double theta, DType dtype,
+                           Device device) {
   const int64_t half = head_dim / 2;
   std::vector<float> cos(static_cast<size_t>(time * head_dim)),
       sin(static_cast<size_t>(time * head_dim));
@@ -55,8 +56,8 @@ RotaryTables rotary_tables(int64_t time, int64_t head_dim, double theta, Device 
       }
     }
   }
-  return {Tensor::from_vector(cos, {time, head_dim}, device),
-          Tensor::from_vector(sin, {time, head_dim}, device)};
+  return {Tensor::from_vector(cos, {time, head_dim}).to(dtype).to(device),
+          Tensor::from_vector(sin, {time, head_dim}).to(dtype).to(device)};
 }
 
 Tensor apply_rotary(const Tensor& x, const RotaryTables& tables) {
@@ -176,7 +177,7 @@ Llama::Llama(const LlamaConfig& config, uint64_t seed) : config_(config) {
                                                   kLlamaInitStd, config.options));
   }
   rotary_ = rotary_tables(config.context, config.attention_head_dim(), config.rope_theta,
-                          config.options.device);
+                          config.options.dtype, config.options.device);
 }
 
 double Llama::flops_per_token(int64_t time) const {

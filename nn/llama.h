@@ -47,11 +47,12 @@ struct LlamaConfig {
 
 // The rotary tables of positions 0..time-1: cos and sin [time, head_dim], each row
 // cat(freqs, freqs) with freqs[i] = position * theta^(-2i / head_dim), computed in f32 as
-// Hugging Face's LlamaRotaryEmbedding does.
+// Hugging Face's LlamaRotaryEmbedding does, then converted to `dtype` (the model's).
 struct RotaryTables {
   Tensor cos, sin;
 };
-RotaryTables rotary_tables(int64_t time, int64_t head_dim, double theta, Device device);
+RotaryTables rotary_tables(int64_t time, int64_t head_dim, double theta, DType dtype,
+                           Device device);
 // x * cos + rotate_half(x) * sin for x [B, H, T, D], rotate_half(x) = cat(-x2, x1) with x1, x2
 // the halves of the last dimension (Hugging Face's apply_rotary_pos_emb).
 Tensor apply_rotary(const Tensor& x, const RotaryTables& tables);

@@ -69,6 +69,10 @@ ModelSpec gpt2_from_hf_config(const nlohmann::json& c, const std::string& origin
   require<int64_t>(c, "n_inner", 4 * spec.gpt.embd, 4 * spec.gpt.embd, origin,
                    "GPT-2's MLP is 4 x n_embd wide");
   require<bool>(c, "tie_word_embeddings", true, true, origin, "GPT-2 ties lm_head to wte");
+  require<bool>(c, "scale_attn_by_inverse_layer_idx", false, false, origin,
+                "attention scaled by 1/sqrt(head_dim) only");
+  require<bool>(c, "reorder_and_upcast_attn", false, false, origin,
+                "attention scaled by 1/sqrt(head_dim) only");
   spec.gpt.validate();
   return spec;
 }

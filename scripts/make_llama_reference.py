@@ -5,6 +5,9 @@ to tests/data/llama_tiny/ (config.json + model.safetensors: what `train_gpt --in
 reads), trained on one process with batch 16 of the peers' LCG data for 20 steps with
 AdamW(lr 1e-3, betas 0.9/0.95, eps 1e-8, weight decay 0.1 on every parameter), and its 20
 losses, the logits of a fixed input and the versions in tests/data/llama_tiny_reference.json.
+The same model saved in shards (max_shard_size 100KB: llama_tiny_sharded/) and a tiny
+GPT2LMHeadModel's save_pretrained directory (gpt2_tiny/, with its probe logits in the JSON)
+check that Loom reads what transformers writes.
 
 Run it with the peers' venv plus transformers (bench/llama/setup.sh), never in CI, whose tests
 read the files this writes:
@@ -44,7 +47,21 @@ def main():
         if os.path.exists(path):
             os.remove(path)
 
+    model.save_pretrained(os.path.join(ROOT, "tests", "data", "llama_tiny_sharded"),
+                          safe_serialization=True, max_shard_size="100KB")
+    torch.manual_seed(1)
+    gpt2 = transformers.GPT2LMHeadModel(transformers.GPT2Config(
+        vocab_size=256, n_positions=32, n_embd=32, n_layer=2, n_head=4,
+        activation_function="gelu_new", resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0)).eval()
+    gpt2.save_pretrained(os.path.join(ROOT, "tests", "data", "gpt2_tiny"), safe_serialization=True)
+    for d in ("llama_tiny_sharded", "gpt2_tiny"):
+        path = os.path.join(ROOT, "tests", "data", d, "generation_config.json")
+        if os.path.exists(path):
+            os.remove(path)
+
     probe, _ = lcg_batch(1000, 0, 2, 16)
+    with torch.no_grad():
+        gpt2_logits = gpt2(probe).logits
     with torch.no_grad():
         logits = model(probe).logits  # [2, 16, 256]
     opt = torch.optim.AdamW(model.parameters(), lr=1e-3, betas=(0.9, 0.95), eps=1e-8,
@@ -69,6 +86,8 @@ def main():
         "probe_logits_first_row": logits[0, :, :8].reshape(-1).tolist(),
         "probe_logits_sum": float(logits.double().sum()),
         "probe_logits_abs_sum": float(logits.double().abs().sum()),
+        "gpt2_probe_logits_first_row": gpt2_logits[0, :, :8].reshape(-1).tolist(),
+        "gpt2_probe_logits_abs_sum": float(gpt2_logits.double().abs().sum()),
         "losses": losses,
         "torch": torch.__version__,
         "transformers": transformers.__version__,

@@ -37,6 +37,11 @@ TEST_F(OpGradient, Gelu) {
   expect_gradients_match([](const Inputs& x) { return gelu(x[0]); }, {a});
 }
 
+TEST_F(OpGradient, Silu) {
+  Tensor a = mul(random_leaf({4, 6}, gen, false), 3.0).detach().set_requires_grad(true);
+  expect_gradients_match([](const Inputs& x) { return silu(x[0]); }, {a});
+}
+
 TEST_F(OpGradient, Matmul2D) {
   Tensor a = random_leaf({3, 4}, gen), b = random_leaf({4, 5}, gen);
   expect_gradients_match([](const Inputs& x) { return matmul(x[0], x[1]); }, {a, b});
@@ -69,6 +74,11 @@ TEST_F(OpGradient, LayerNorm) {
   Tensor x = random_leaf({3, 2, 8}, gen), w = random_leaf({8}, gen), b = random_leaf({8}, gen);
   expect_gradients_match([](const Inputs& in) { return layer_norm(in[0], in[1], in[2], 1e-5); },
                          {x, w, b});
+}
+
+TEST_F(OpGradient, RmsNorm) {
+  Tensor x = random_leaf({3, 2, 8}, gen), w = random_leaf({8}, gen);
+  expect_gradients_match([](const Inputs& in) { return rms_norm(in[0], in[1], 1e-5); }, {x, w});
 }
 
 TEST_F(OpGradient, Softmax) {

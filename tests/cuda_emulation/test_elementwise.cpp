@@ -170,6 +170,25 @@ TEST(EmulatedElementwise, GeluForwardAndBackwardWithinTheDocumentedBounds) {
   });
 }
 
+TEST(EmulatedElementwise, SiluForwardAndBackwardWithinAFewUlp) {
+  std::mt19937_64 rng(59);
+  const int64_t n = 3001;
+  const auto x = random_values<float>(n, rng, -20, 20);
+  const auto dy = random_values<float>(n, rng);
+  std::vector<float> want_y(n), want_dx(n), y(n), dx(n);
+  cpu::silu_forward(x.data(), want_y.data(), n);
+  cpu::silu_backward(x.data(), dy.data(), want_dx.data(), n);
+  for_each_schedule([&] {
+    gpu::silu_forward(DType::F32, x.data(), y.data(), n, nullptr);
+    gpu::silu_backward(DType::F32, x.data(), dy.data(), dx.data(), n, nullptr);
+    for (int64_t i = 0; i < n; ++i) {
+      // expf against std::exp: a few ulp of the result (absolute near silu's zero at x ~ -20).
+      ASSERT_NEAR(y[i], want_y[i], 1e-6 * std::max(1.0f, std::abs(want_y[i]))) << "x " << x[i];
+      ASSERT_NEAR(dx[i], want_dx[i], 1e-6 * std::max(1.0f, std::abs(dy[i]))) << "x " << x[i];
+    }
+  });
+}
+
 TEST(EmulatedElementwise, CopyStridedConvertsEveryDtypePairAsTheCpu) {
   std::mt19937_64 rng(53);
   int checked = 0;

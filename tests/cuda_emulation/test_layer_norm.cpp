@@ -1,6 +1,7 @@
 // kernels/cuda/layer_norm.cu under the emulator against kernels/cpu/layer_norm: forward on
 // warp- and block-per-row widths, backward with its two-kernel parameter-gradient sum, in
-// f32, bf16 and f16, bitwise identical under every schedule.
+// f32, bf16 and f16, bitwise identical under every schedule; the same for RMS norm, which
+// shares the kernels.
 
 #include "kernels/cuda/layer_norm.h"
 
@@ -64,9 +65,50 @@ void check_layer_norm() {
   }
 }
 
+template <typename T>
+void check_rms_norm() {
+  std::mt19937_64 rng(29);
+  const double eps = 1e-6;
+  for (const auto& s : kShapes) {
+    SCOPED_TRACE("rows " + std::to_string(s.rows) + " width " + std::to_string(s.width));
+    const size_t n = static_cast<size_t>(s.rows * s.width), w = static_cast<size_t>(s.width),
+                 r = static_cast<size_t>(s.rows);
+    const auto x = random_values<T>(n, rng, -3, 3);
+    const auto weight = random_values<T>(w, rng, 0.5, 1.5);
+    const auto dy = random_values<T>(n, rng);
+    const auto xw = widen_all(x), ww = widen_all(weight), dyw = widen_all(dy);
+    std::vector<Wide<T>> want_y(n), want_rstd(r), want_dx(n), want_dw(w, 0);
+    cpu::rms_norm_forward(xw.data(), ww.data(), want_y.data(), want_rstd.data(), s.rows, s.width,
+                          eps);
+    cpu::rms_norm_backward(dyw.data(), xw.data(), ww.data(), want_rstd.data(), want_dx.data(),
+                           want_dw.data(), s.rows, s.width);
+    std::vector<T> first_dw;
+    for_each_schedule([&] {
+      std::vector<T> y(n), dx(n), dw(w);
+      std::vector<float> rstd(r);
+      gpu::rms_norm_forward(dtype_of<T>(), x.data(), weight.data(), y.data(), rstd.data(), s.rows,
+                            s.width, eps, nullptr);
+      EXPECT_LE(max_relative_error(y, want_y), tolerance<T>());
+      EXPECT_LE(max_relative_error(rstd, want_rstd), 1e-5);
+      std::vector<float> workspace(gpu::layer_norm_backward_workspace(s.rows, s.width) /
+                                       sizeof(float) + 1);
+      gpu::rms_norm_backward(dtype_of<T>(), dy.data(), x.data(), weight.data(), rstd.data(),
+                             dx.data(), dw.data(), s.rows, s.width, workspace.data(), nullptr);
+      EXPECT_LE(max_relative_error(dx, want_dx), 4 * tolerance<T>());
+      EXPECT_LE(max_relative_error(dw, want_dw), 4 * tolerance<T>());
+      if (first_dw.empty()) first_dw = dw;
+      EXPECT_TRUE(bitwise_equal(first_dw, dw)) << "parameter gradients must be deterministic";
+    });
+  }
+}
+
 TEST(EmulatedLayerNorm, ForwardAndBackwardF32) { check_layer_norm<float>(); }
 TEST(EmulatedLayerNorm, ForwardAndBackwardBf16) { check_layer_norm<__nv_bfloat16>(); }
 TEST(EmulatedLayerNorm, ForwardAndBackwardF16) { check_layer_norm<__half>(); }
+
+TEST(EmulatedRmsNorm, ForwardAndBackwardF32) { check_rms_norm<float>(); }
+TEST(EmulatedRmsNorm, ForwardAndBackwardBf16) { check_rms_norm<__nv_bfloat16>(); }
+TEST(EmulatedRmsNorm, ForwardAndBackwardF16) { check_rms_norm<__half>(); }
 
 TEST(EmulatedLayerNorm, NoRowsGivesZeroParameterGradients) {
   std::vector<float> dw(9, 7.0f), db(9, 7.0f);

@@ -1,0 +1,169 @@
+// The Llama model and its ops: RMS norm and SiLU against their closed forms, rotary positions
+// (identity at position 0, attention scores that depend only on the distance), gradients
+// against finite differences with grouped-query and multi-query attention, activation
+// checkpointing bitwise. transformers' numbers: tests/strategies/test_torch_reference.cpp.
+
+#include <gtest/gtest.h>
+
+#include <cmath>
+
+#include "nn/llama.h"
+#include "tensor/ops.h"
+
+namespace loom::nn {
+namespace {
+
+LlamaConfig tiny_f64(int64_t kv_heads) {
+  LlamaConfig c;
+  c.vocab_size = 11;
+  c.context = 6;
+  c.layers = 2;
+  c.heads = 4;
+  c.kv_heads = kv_heads;
+  c.hidden = 16;
+  c.intermediate = 24;
+  c.options.dtype = DType::F64;
+  return c;
+}
+
+struct Batch {
+  Tensor tokens, targets;
+};
+
+Batch tiny_batch() {
+  return {Tensor::from_vector<int64_t>({1, 4, 7, 2, 9, 3, 5, 0, 10, 6}, {2, 5}),
+          Tensor::from_vector<int64_t>({4, 7, 2, 9, 3, 8, 0, 10, 6, 1}, {2, 5})};
+}
+
+TEST(LlamaOps, RmsNormIsTheClosedForm) {
+  // Row [3, 4]: mean of squares 12.5; with weight [1, 2]: [3, 8] / sqrt(12.5 + eps).
+  const double eps = 1e-6;
+  Tensor y = rms_norm(Tensor::from_vector<double>({3, 4, 0, 0}, {2, 2}),
+                      Tensor::from_vector<double>({1, 2}, {2}), eps);
+  const std::vector<double> got = y.to_vector<double>();
+  EXPECT_DOUBLE_EQ(got[0], 3 / std::sqrt(12.5 + eps));
+  EXPECT_DOUBLE_EQ(got[1], 8 / std::sqrt(12.5 + eps));
+  EXPECT_EQ(got[2], 0.0);  // a zero row stays zero (eps keeps it finite)
+  EXPECT_EQ(got[3], 0.0);
+}
+
+TEST(LlamaOps, SiluIsTheClosedForm) {
+  const std::vector<double> x{-3, -0.5, 0, 0.5, 3};
+  const std::vector<double> got = silu(Tensor::from_vector<double>(x, {5})).to_vector<double>();
+  for (size_t i = 0; i < x.size(); ++i)
+    EXPECT_DOUBLE_EQ(got[i], x[i] / (1 + std::exp(-x[i]))) << "x " << x[i];
+}
+
+TEST(LlamaOps, RotaryIsIdentityAtPositionZeroAndScoresDependOnDistanceOnly) {
+  const int64_t time = 9, dim = 8;
+  const RotaryTables tables = rotary_tables(time, dim, 10000.0, DType::F64, Device::cpu());
+  Generator gen(7);
+  Tensor q = Tensor::empty({1, 1, 1, dim}, DType::F64), k = Tensor::empty({1, 1, 1, dim}, DType::F64);
+  normal_(q, 0, 1, gen);
+  normal_(k, 0, 1, gen);
+  // The same q and k at every position.
+  Tensor qs = expand(q, {1, 1, time, dim}).contiguous(), ks = expand(k, {1, 1, time, dim}).contiguous();
+  const std::vector<double> rq = apply_rotary(qs, tables).to_vector<double>(),
+                            rk = apply_rotary(ks, tables).to_vector<double>(),
+                            q0 = q.to_vector<double>();
+  for (int64_t i = 0; i < dim; ++i)
+    EXPECT_DOUBLE_EQ(rq[i], q0[i]) << "position 0 is not rotated";
+  auto score = [&](int64_t m, int64_t n) {
+    double s = 0;
+    for (int64_t i = 0; i < dim; ++i)
+      s += rq[m * dim + i] * rk[n * dim + i];
+    return s;
+  };
+  // The tables are f32 (as Hugging Face's): equal up to their rounding.
+  EXPECT_NEAR(score(5, 2), score(3, 0), 1e-5);
+  EXPECT_NEAR(score(8, 1), score(7, 0), 1e-5);
+  EXPECT_GT(std::abs(score(5, 2) - score(5, 3)), 1e-3);  // and they do depend on the distance
+}
+
+void expect_gradients_match_finite_differences(const LlamaConfig& config) {
+  Llama model(config, 3);
+  Batch batch = tiny_batch();
+  model.loss(batch.tokens, batch.targets).backward();
+  const double eps = 1e-6;
+  for (auto& [name, p] : model.named_parameters()) {
+    std::vector<double> analytic = p.grad().to_vector<double>();
+    double* data = p.data<double>();
+    for (int64_t j = 0; j < p.numel(); j += 3) {  // every third element: a quick sample
+      const double saved = data[j];
+      NoGradGuard no_grad;
+      data[j] = saved + eps;
+      const double plus = model.loss(batch.tokens, batch.targets).item();
+      data[j] = saved - eps;
+      const double minus = model.loss(batch.tokens, batch.targets).item();
+      data[j] = saved;
+      const double numeric = (plus - minus) / (2 * eps);
+      ASSERT_NEAR(analytic[j], numeric, 1e-7 * (1 + std::abs(numeric))) << name << "[" << j << "]";
+    }
+  }
+}
+
+TEST(Llama, GroupedQueryAttentionGradientsMatchFiniteDifferences) {
+  expect_gradients_match_finite_differences(tiny_f64(2));
+}
+
+TEST(Llama, MultiQueryAttentionWithTiedEmbeddingsGradientsMatchFiniteDifferences) {
+  LlamaConfig c = tiny_f64(1);
+  c.tie_embeddings = true;
+  expect_gradients_match_finite_differences(c);
+}
+
+TEST(Llama, HasHuggingFaceNamesAndShapes) {
+  Llama model(tiny_f64(2), 0);
+  std::map<std::string, Shape> shapes;
+  for (const auto& [name, p] : model.named_parameters())
+    shapes[name] = p.shape();
+  EXPECT_EQ(shapes.size(), 2u + 2u * 9u + 1u);  // embed, norm, lm_head; 9 per layer
+  EXPECT_EQ(shapes.at("model.embed_tokens.weight"), (Shape{11, 16}));
+  EXPECT_EQ(shapes.at("model.layers.1.self_attn.q_proj.weight"), (Shape{16, 16}));
+  EXPECT_EQ(shapes.at("model.layers.1.self_attn.k_proj.weight"), (Shape{8, 16}));  // 2 x 4
+  EXPECT_EQ(shapes.at("model.layers.1.self_attn.o_proj.weight"), (Shape{16, 16}));
+  EXPECT_EQ(shapes.at("model.layers.0.mlp.gate_proj.weight"), (Shape{24, 16}));
+  EXPECT_EQ(shapes.at("model.layers.0.mlp.down_proj.weight"), (Shape{16, 24}));
+  EXPECT_EQ(shapes.at("model.layers.0.post_attention_layernorm.weight"), (Shape{16}));
+  EXPECT_EQ(shapes.at("lm_head.weight"), (Shape{11, 16}));
+}
+
+TEST(Llama, ActivationCheckpointingGivesBitwiseEqualGradients) {
+  LlamaConfig c = tiny_f64(2);
+  c.options.dtype = DType::F32;
+  Llama plain(c, 5);
+  c.checkpoint_activations = true;
+  Llama recomputed(c, 5);
+  Batch batch = tiny_batch();
+  Tensor l1 = plain.loss(batch.tokens, batch.targets);
+  Tensor l2 = recomputed.loss(batch.tokens, batch.targets);
+  EXPECT_EQ(l1.item(), l2.item());
+  l1.backward();
+  l2.backward();
+  auto a = plain.named_parameters(), b = recomputed.named_parameters();
+  for (size_t i = 0; i < a.size(); ++i) {
+    EXPECT_EQ(a[i].second.grad().to_vector<float>(), b[i].second.grad().to_vector<float>())
+        << a[i].first;
+  }
+}
+
+TEST(Llama, RefusesInconsistentConfigs) {
+  LlamaConfig c = tiny_f64(3);  // 3 does not divide 4 heads
+  EXPECT_THROW(
+      {
+        try {
+          Llama model(c, 0);
+        } catch (const Error& e) {
+          EXPECT_NE(std::string(e.what()).find("num_key_value_heads (3) must divide"),
+                    std::string::npos)
+              << e.what();
+          throw;
+        }
+      },
+      Error);
+  Llama model(tiny_f64(2), 0);
+  EXPECT_THROW(model.forward(Tensor::zeros({1, 7}, DType::I64)), Error);  // past the context
+}
+
+}  // namespace
+}  // namespace loom::nn
