@@ -291,6 +291,9 @@ nlohmann::json hf_config(const ModelSpec& spec) {
             {"attn_pdrop", 0.0},
             {"initializer_range", 0.02},
             {"tie_word_embeddings", true},
+            // transformers' GPT-2 defaults (50256) lie outside a smaller vocabulary.
+            {"bos_token_id", nullptr},
+            {"eos_token_id", nullptr},
             {"dtype", "float32"}};
   }
   const LlamaConfig& l = spec.llama;

@@ -34,6 +34,11 @@ void add_flags(CLI::App& app, CommandLine& cli) {
   app.add_option("--save", cli.save_path,
                  "write the trained weights here: a .safetensors file, or, when PATH ends in / or "
                  "is a directory, a Hugging Face model directory with config.json");
+  app.add_option("--save-shard-mb", cli.save_shard_mb,
+                 "a --save directory's weights in safetensors shards of at most this many MiB, "
+                 "listed by model.safetensors.index.json (as save_pretrained's max_shard_size)")
+      ->check(bounded(1, true, int64_t{1} << 30))
+      ->capture_default_str();
   app.add_option("--model", cli.model,
                  "gpt2 (GPT-2: learned positions, LayerNorm, GELU) or llama (RMSNorm, rotary "
                  "positions, SwiGLU, grouped-query attention)")
@@ -309,6 +314,10 @@ void finish_parsing(const CLI::App& app, CommandLine& cli) {
     check_output_path("--save", dir, /*directory=*/true);
   } else {
     check_output_path("--save", cli.save_path);
+  }
+  if (app.count("--save-shard-mb") > 0 && !cli.save_directory) {
+    tag::kTrainGpt.fail("--save-shard-mb shards a model directory; give --save a directory (a "
+                        "path ending in /) or drop the flag");
   }
   check_output_path("--metrics", cli.metrics_path);
   check_output_path("--trace", cli.trace_path);

@@ -26,6 +26,7 @@ struct CommandLine {
   std::string preset;          // "", gpt2-small, llama-tiny or smollm-135m
   std::string model = "gpt2";  // --model: gpt2 or llama (an --init directory's config decides)
   bool save_directory = false;  // --save names a Hugging Face directory (ends in / or is one)
+  int64_t save_shard_mb = 5120;  // a directory's safetensors shards (save_pretrained's 5 GB)
   double peak_tflops = 989.0;  // for the MFU line
   int threads = 0;             // 0: the machine's cores divided among its ranks
   std::string activation_checkpointing = "none";

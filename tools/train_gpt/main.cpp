@@ -411,7 +411,8 @@ int train_and_report(CommandLine& cli, Plan& plan) {
   }
   if (chief && cli.save_directory) {
     nn::save_pretrained(cli.save_path, model, spec,
-                        plan.init ? plan.init->tokenizer : std::filesystem::path());
+                        plan.init ? plan.init->tokenizer : std::filesystem::path(),
+                        cli.save_shard_mb << 20);
   } else if (chief && !cli.save_path.empty()) {
     nn::save_weights_file(cli.save_path, model, spec);
   }
