@@ -262,7 +262,7 @@ Plan resolve(const CLI::App& app, CommandLine& cli) {
       cli.activation_checkpointing != "none" && cli.activation_checkpointing != block) {
     tag::kTrainGpt.fail("--activation-checkpointing ", cli.activation_checkpointing,
                         " names no module of --model ", nn::architecture_name(o.architecture),
-                        "; its blocks are ", block);
+                        " (its blocks are ", block, ")");
   }
   check_model_fits(o.model, o.batch);
   const bool llama = o.architecture == nn::Architecture::kLlama;
