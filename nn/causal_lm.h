@@ -5,6 +5,7 @@
 
 #include <memory>
 
+#include "nn/kv_cache.h"
 #include "nn/layered_model.h"
 #include "nn/module.h"
 #include "nn/tensor_parallel.h"
@@ -15,6 +16,11 @@ class CausalLM : public Module, public LayeredModel, public TensorParallelModel 
  public:
   // tokens [B, T] (i32/i64, T <= context()) -> logits [B, T, vocab].
   virtual Tensor forward(const Tensor& tokens) const = 0;
+  // The logits [B, T, vocab] of tokens [B, T] at positions cache.length .. + T - 1, reading and
+  // extending `cache` (KVCache::attend: a whole prompt first, then one token at a time); the
+  // same logits as forward() of the whole sequence up to rounding. Not under tensor
+  // parallelism.
+  virtual Tensor forward_cached(const Tensor& tokens, KVCache& cache) const = 0;
   // Mean cross-entropy of next-token prediction; targets [B, T] like tokens.
   Tensor loss(const Tensor& tokens, const Tensor& targets) const;
   virtual int64_t vocab_size() const = 0;

@@ -31,8 +31,8 @@ CausalSelfAttention::CausalSelfAttention(const GPTConfig& config, Generator& gen
       "c_proj", std::make_shared<Linear>(config.embd, config.embd, gen, proj_std, config.options));
 }
 
-Tensor CausalSelfAttention::forward(const Tensor& x) const {
-  return run_forward([&] { return attend(x); });
+Tensor CausalSelfAttention::forward(const Tensor& x, KVCache::Layer* cache) const {
+  return run_forward([&] { return attend(x, cache); });
 }
 
 void CausalSelfAttention::parallelize(const TensorParallelGroup* tp) {
@@ -40,7 +40,7 @@ void CausalSelfAttention::parallelize(const TensorParallelGroup* tp) {
   tp_ = tp;
 }
 
-Tensor CausalSelfAttention::attend(const Tensor& x) const {
+Tensor CausalSelfAttention::attend(const Tensor& x, KVCache::Layer* cache) const {
   // Under tensor parallelism the input enters the group (the whole sequence, when sequence
   // parallel) and this rank's width is its heads' share.
   const Tensor in = tp_ != nullptr ? tp_->copy_in(x) : x;
@@ -53,7 +53,9 @@ Tensor CausalSelfAttention::attend(const Tensor& x) const {
   auto heads_view = [&](const Tensor& t) {
     return t.reshape({batch, time, heads_, head_dim}).permute({0, 2, 1, 3});
   };
-  Tensor y = causal_attention(heads_view(qkv[0]), heads_view(qkv[1]), heads_view(qkv[2]));
+  Tensor y = cache ? KVCache::attend(*cache, heads_view(qkv[0]), heads_view(qkv[1]),
+                                     heads_view(qkv[2]))
+                   : causal_attention(heads_view(qkv[0]), heads_view(qkv[1]), heads_view(qkv[2]));
   y = y.permute({0, 2, 1, 3}).reshape({batch, time, width});
   if (tp_ == nullptr) return c_proj_->forward(y);
   // Row-parallel: the heads' partial sums, summed over the group, then the bias once.
@@ -90,9 +92,9 @@ void Block::parallelize(const TensorParallelGroup* tp) {
   mlp_->parallelize(tp);
 }
 
-Tensor Block::forward(const Tensor& x) const {
+Tensor Block::forward(const Tensor& x, KVCache::Layer* cache) const {
   return run_forward([&] {
-    Tensor h = add(x, attn_->forward(ln_1_->forward(x)));
+    Tensor h = add(x, attn_->forward(ln_1_->forward(x), cache));
     return add(h, mlp_->forward(ln_2_->forward(h)));
   });
 }
@@ -112,23 +114,34 @@ GPT::GPT(const GPTConfig& config, uint64_t seed) : config_(config) {
   declare_parameter_use(wte_->weight());  // the tied output projection in forward()
 }
 
-Tensor GPT::positions_for(const Tensor& tokens) const {
+Tensor GPT::positions_for(const Tensor& tokens, int64_t first) const {
   if (tokens.dim() != 2)
     fail("GPT::forward: expected tokens [B, T], got ", shape_str(tokens.shape()));
   int64_t time = tokens.size(1);
-  if (time > config_.context) {
-    fail("GPT::forward: sequence length ", time, " exceeds the model's context of ",
+  if (first + time > config_.context) {
+    fail("GPT::forward: sequence length ", first + time, " exceeds the model's context of ",
          config_.context);
   }
   std::vector<int64_t> positions(static_cast<size_t>(time));
   for (int64_t t = 0; t < time; ++t)
-    positions[t] = t;
+    positions[t] = first + t;
   return Tensor::from_vector(positions, {time}, tokens.device());
 }
 
 Tensor GPT::forward(const Tensor& tokens) const {
   Tensor pos = positions_for(tokens);
   return run_forward([&] { return forward_body(tokens, pos); });
+}
+
+Tensor GPT::forward_cached(const Tensor& tokens, KVCache& cache) const {
+  if (tp_) fail("GPT::forward_cached: not under tensor parallelism");
+  Tensor pos = positions_for(tokens, cache.length);
+  cache.layers.resize(static_cast<size_t>(config_.layers));
+  Tensor x = embed(tokens, pos);
+  for (int64_t i = 0; i < config_.layers; ++i)
+    x = (*(h_->begin() + i))->forward(x, &cache.layers[static_cast<size_t>(i)]);
+  cache.length += tokens.size(1);
+  return head(x);
 }
 
 Tensor GPT::block_forward(int64_t index, const Tensor& x) const {

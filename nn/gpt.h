@@ -30,13 +30,14 @@ struct GPTConfig {
 class CausalSelfAttention : public Module {
  public:
   CausalSelfAttention(const GPTConfig& config, Generator& gen);
-  Tensor forward(const Tensor& x) const;  // [B, T, C] -> [B, T, C]
+  // [B, T, C] -> [B, T, C]; with a cache, these are its next positions (KVCache::attend).
+  Tensor forward(const Tensor& x, KVCache::Layer* cache = nullptr) const;
   // Tensor parallel (GPT::parallelize): this rank's heads only; c_attn column-parallel by
   // head, c_proj row-parallel.
   void parallelize(const TensorParallelGroup* tp);
 
  private:
-  Tensor attend(const Tensor& x) const;  // the forward, between the forward hooks
+  Tensor attend(const Tensor& x, KVCache::Layer* cache) const;  // between the forward hooks
 
   int64_t heads_;  // this rank's
   const TensorParallelGroup* tp_ = nullptr;
@@ -59,7 +60,7 @@ class MLP : public Module {
 class Block : public Module {
  public:
   Block(const GPTConfig& config, Generator& gen);
-  Tensor forward(const Tensor& x) const;
+  Tensor forward(const Tensor& x, KVCache::Layer* cache = nullptr) const;
   void parallelize(const TensorParallelGroup* tp);
 
  private:
@@ -77,6 +78,7 @@ class GPT : public CausalLM {
   GPT(const GPTConfig& config, uint64_t seed);
   // tokens [B, T] (i32/i64, T <= context) -> logits [B, T, vocab].
   Tensor forward(const Tensor& tokens) const override;
+  Tensor forward_cached(const Tensor& tokens, KVCache& cache) const override;
   const GPTConfig& config() const { return config_; }
 
   int64_t vocab_size() const override { return config_.vocab_size; }
@@ -104,8 +106,8 @@ class GPT : public CausalLM {
  private:
   // The forward after its argument checks, run between the forward hooks.
   Tensor forward_body(const Tensor& tokens, const Tensor& positions) const;
-  // Checks tokens [B, T] and gives the positions 0..T-1.
-  Tensor positions_for(const Tensor& tokens) const;
+  // Checks tokens [B, T] and gives the positions first..first+T-1.
+  Tensor positions_for(const Tensor& tokens, int64_t first = 0) const;
   Tensor block_forward(int64_t index, const Tensor& x) const;
   Tensor head(const Tensor& x) const;
 

@@ -85,7 +85,8 @@ void LlamaAttention::parallelize(const TensorParallelGroup* tp) {
   tp_ = tp;
 }
 
-Tensor LlamaAttention::forward(const Tensor& x, const RotaryTables& rotary) const {
+Tensor LlamaAttention::forward(const Tensor& x, const RotaryTables& rotary,
+                               KVCache::Layer* cache) const {
   return run_forward([&] {
     const Tensor in = tp_ != nullptr ? tp_->copy_in(x) : x;
     const int64_t batch = in.size(0), time = in.size(1);
@@ -105,7 +106,7 @@ Tensor LlamaAttention::forward(const Tensor& x, const RotaryTables& rotary) cons
       k = repeat(k);
       v = repeat(v.contiguous());
     }
-    Tensor y = causal_attention(q, k, v);
+    Tensor y = cache ? KVCache::attend(*cache, q, k, v) : causal_attention(q, k, v);
     y = y.permute({0, 2, 1, 3}).reshape({batch, time, heads_ * head_dim_});
     if (tp_ == nullptr) return o_proj_->forward(y);
     return tp_->reduce_out(matmul(y, transpose(o_proj_->weight(), 0, 1)));  // row-parallel
@@ -147,9 +148,10 @@ void LlamaDecoderLayer::parallelize(const TensorParallelGroup* tp) {
   mlp_->parallelize(tp);
 }
 
-Tensor LlamaDecoderLayer::forward(const Tensor& x, const RotaryTables& rotary) const {
+Tensor LlamaDecoderLayer::forward(const Tensor& x, const RotaryTables& rotary,
+                                  KVCache::Layer* cache) const {
   return run_forward([&] {
-    Tensor h = add(x, self_attn_->forward(input_layernorm_->forward(x), rotary));
+    Tensor h = add(x, self_attn_->forward(input_layernorm_->forward(x), rotary, cache));
     return add(h, mlp_->forward(post_attention_layernorm_->forward(h)));
   });
 }
@@ -190,17 +192,17 @@ std::unique_ptr<CausalLM> Llama::make_like() const {
   return std::make_unique<Llama>(config_, 0);
 }
 
-void Llama::check_tokens(const Tensor& tokens) const {
+void Llama::check_tokens(const Tensor& tokens, int64_t first) const {
   if (tokens.dim() != 2)
     fail("Llama::forward: expected tokens [B, T], got ", shape_str(tokens.shape()));
-  if (tokens.size(1) > config_.context) {
-    fail("Llama::forward: sequence length ", tokens.size(1),
+  if (first + tokens.size(1) > config_.context) {
+    fail("Llama::forward: sequence length ", first + tokens.size(1),
          " exceeds the model's context (max_position_embeddings) of ", config_.context);
   }
 }
 
-RotaryTables Llama::rotary(int64_t time, Device device) const {
-  RotaryTables t{rotary_.cos.narrow(0, 0, time), rotary_.sin.narrow(0, 0, time)};
+RotaryTables Llama::rotary(int64_t time, Device device, int64_t first) const {
+  RotaryTables t{rotary_.cos.narrow(0, first, time), rotary_.sin.narrow(0, first, time)};
   if (t.cos.device() != device) t = {t.cos.to(device), t.sin.to(device)};
   return t;
 }
@@ -256,6 +258,20 @@ Tensor Llama::forward(const Tensor& tokens) const {
       x = layer_forward(i, x);
     return head(x);
   });
+}
+
+Tensor Llama::forward_cached(const Tensor& tokens, KVCache& cache) const {
+  if (tp_) fail("Llama::forward_cached: not under tensor parallelism");
+  check_tokens(tokens, cache.length);
+  cache.layers.resize(static_cast<size_t>(config_.layers));
+  const RotaryTables tables = rotary(tokens.size(1), tokens.device(), cache.length);
+  Tensor x = model_->embed_tokens()->forward(tokens);
+  for (int64_t i = 0; i < config_.layers; ++i) {
+    x = (*(model_->layers()->begin() + i))
+            ->forward(x, tables, &cache.layers[static_cast<size_t>(i)]);
+  }
+  cache.length += tokens.size(1);
+  return head(x);
 }
 
 void Llama::parallelize(std::shared_ptr<const TensorParallelGroup> tp) {

@@ -60,7 +60,10 @@ Tensor apply_rotary(const Tensor& x, const RotaryTables& tables);
 class LlamaAttention : public Module {
  public:
   LlamaAttention(const LlamaConfig& config, Generator& gen);
-  Tensor forward(const Tensor& x, const RotaryTables& rotary) const;  // [B, T, hidden]
+  // [B, T, hidden]; rotary holds the rows of x's positions; with a cache, these are its next
+  // positions (KVCache::attend).
+  Tensor forward(const Tensor& x, const RotaryTables& rotary,
+                 KVCache::Layer* cache = nullptr) const;
   // Tensor parallel: this rank's query and key/value heads (q, k, v column-parallel by head,
   // o_proj row-parallel).
   void parallelize(const TensorParallelGroup* tp);
@@ -87,7 +90,8 @@ class LlamaMLP : public Module {
 class LlamaDecoderLayer : public Module {
  public:
   LlamaDecoderLayer(const LlamaConfig& config, Generator& gen);
-  Tensor forward(const Tensor& x, const RotaryTables& rotary) const;
+  Tensor forward(const Tensor& x, const RotaryTables& rotary,
+                 KVCache::Layer* cache = nullptr) const;
   void parallelize(const TensorParallelGroup* tp);
 
  private:
@@ -118,6 +122,7 @@ class Llama : public CausalLM {
   // Initialises as Hugging Face does; deterministic given `seed`.
   Llama(const LlamaConfig& config, uint64_t seed);
   Tensor forward(const Tensor& tokens) const override;
+  Tensor forward_cached(const Tensor& tokens, KVCache& cache) const override;
   const LlamaConfig& config() const { return config_; }
 
   int64_t vocab_size() const override { return config_.vocab_size; }
@@ -138,11 +143,11 @@ class Llama : public CausalLM {
   std::vector<std::string> layer_parameters(int64_t layer) const override;
 
  private:
-  // Checks tokens [B, T] against the context.
-  void check_tokens(const Tensor& tokens) const;
-  // The rotary tables of positions 0..time-1 on `device` (views of the whole context's, made
-  // once; copied when the model has moved to another device since).
-  RotaryTables rotary(int64_t time, Device device) const;
+  // Checks tokens [B, T] at positions first.. against the context.
+  void check_tokens(const Tensor& tokens, int64_t first = 0) const;
+  // The rotary tables of positions first..first+time-1 on `device` (views of the whole
+  // context's, made once; copied when the model has moved to another device since).
+  RotaryTables rotary(int64_t time, Device device, int64_t first = 0) const;
   Tensor embed(const Tensor& tokens) const;
   Tensor layer_forward(int64_t index, const Tensor& x) const;
   Tensor head(const Tensor& x) const;
