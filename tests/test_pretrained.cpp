@@ -144,6 +144,25 @@ TEST_F(Pretrained, SavedDirectoriesReadBackToTheBit) {
   expect_same_state(back.state, model->state_dict());
 }
 
+// A bf16 checkpoint (as most published ones are) trains in f32: its values, exactly.
+TEST_F(Pretrained, Bf16DirectoryLoadsIntoF32Weights) {
+  const nn::Pretrained f32 = load_pretrained(kData / "llama_tiny", {});
+  const fs::path out = dir_ / "bf16";
+  fs::create_directories(out);
+  safetensors::TensorMap halved;
+  for (const auto& [name, t] : f32.state)
+    halved.emplace(name, t.to(DType::BF16));
+  safetensors::save(out / "model.safetensors", halved, {{"format", "pt"}});
+  fs::copy_file(kData / "llama_tiny" / "config.json", out / "config.json");
+  const nn::Pretrained bf16 = load_pretrained(out, {});
+  auto model = bf16.spec.build(0);
+  model->load_state_dict(bf16.state);
+  for (const auto& [name, p] : model->named_parameters()) {
+    ASSERT_EQ(p.dtype(), DType::F32) << name;
+    EXPECT_EQ(p.to_vector<float>(), halved.at(name).to(DType::F32).to_vector<float>()) << name;
+  }
+}
+
 TEST_F(Pretrained, BareLlamaFileCarriesItsSizes) {
   ModelSpec spec;
   spec.architecture = Architecture::kLlama;
