@@ -1,6 +1,7 @@
 #include "data/token_blocks.h"
 
 #include <algorithm>
+#include <memory>
 #include <numeric>
 
 #include "core/tags.h"
@@ -14,21 +15,36 @@ std::vector<int32_t> byte_tokens(const std::vector<uint8_t>& bytes) {
 
 TokenBlocks::TokenBlocks(std::vector<int32_t> tokens, int64_t batch, int64_t time, int64_t vocab,
                          bool shuffle, uint64_t seed)
-    : tokens_(std::move(tokens)), batch_(batch), time_(time), shuffle_(shuffle), seed_(seed) {
+    : TokenBlocks(std::make_shared<const InMemoryTokens>(std::move(tokens)), batch, time, vocab,
+                  shuffle, seed) {
+  // In memory every token is checked at once (block() checks them again as it reads them);
+  // the source is the InMemoryTokens made just above.
+  const std::vector<int32_t>& all = static_cast<const InMemoryTokens&>(*source_).tokens();
+  auto [smallest, largest] = std::minmax_element(all.begin(), all.end());
+  auto outside = *smallest < 0 ? smallest : largest;
+  if (*outside < 0 || *outside >= vocab) {
+    tag::kTrainGpt.fail("token ", *outside, " at offset ", outside - all.begin(),
+                        " is outside the vocabulary of ", vocab,
+                        " (data bytes are tokens: use --vocab 256 or more)");
+  }
+}
+
+TokenBlocks::TokenBlocks(std::shared_ptr<const TokenSource> source, int64_t batch, int64_t time,
+                         int64_t vocab, bool shuffle, uint64_t seed)
+    : source_(std::move(source)),
+      batch_(batch),
+      time_(time),
+      vocab_(vocab),
+      shuffle_(shuffle),
+      seed_(seed) {
+  if (source_ == nullptr) tag::kTrainGpt.fail("no token source given");
   if (batch <= 0 || time <= 0) tag::kTrainGpt.fail("batch and context must be positive");
-  int64_t n = static_cast<int64_t>(tokens_.size());
+  int64_t n = source_->size();
   nblocks_ = n > 0 ? (n - 1) / (batch * time) : 0;
   if (nblocks_ == 0) {
     tag::kTrainGpt.fail("the data holds ", n, " tokens; one block of batch ", batch, " x context ",
                         time, " needs at least ", batch * time + 1,
                         " (use more data or a smaller --batch/--ctx)");
-  }
-  auto [smallest, largest] = std::minmax_element(tokens_.begin(), tokens_.end());
-  auto outside = *smallest < 0 ? smallest : largest;
-  if (*outside < 0 || *outside >= vocab) {
-    tag::kTrainGpt.fail("token ", *outside, " at offset ", outside - tokens_.begin(),
-                        " is outside the vocabulary of ", vocab,
-                        " (data bytes are tokens: use --vocab 256 or more)");
   }
 }
 
@@ -54,12 +70,26 @@ int64_t TokenBlocks::block_index(int64_t step, int64_t rank, int64_t world) cons
 
 Batch TokenBlocks::block(int64_t k) const {
   if (k < 0) tag::kTrainGpt.fail("data block ", k, " asked for; expected a block index >= 0");
-  int64_t count = batch_ * time_;
-  int64_t start = (k % nblocks_) * count;
-  std::vector<int64_t> inputs(tokens_.begin() + start, tokens_.begin() + start + count);
-  std::vector<int64_t> targets(tokens_.begin() + start + 1, tokens_.begin() + start + count + 1);
-  return {Tensor::from_vector(inputs, {batch_, time_}),
-          Tensor::from_vector(targets, {batch_, time_})};
+  const int64_t count = batch_ * time_;
+  const int64_t start = (k % nblocks_) * count;
+  // Tokens [start, start + count] read once, straight into the two tensors: the targets are
+  // the inputs shifted by one, plus the token after the block.
+  Tensor inputs = Tensor::empty({batch_, time_}, DType::I64);
+  Tensor targets = Tensor::empty({batch_, time_}, DType::I64);
+  int64_t* in = inputs.data<int64_t>();
+  int64_t* out = targets.data<int64_t>();
+  source_->copy(start, count, in);
+  std::copy(in + 1, in + count, out);
+  source_->copy(start + count, 1, out + count - 1);
+  for (int64_t i = 0; i <= count; ++i) {
+    const int64_t id = i < count ? in[i] : out[count - 1];
+    if (id < 0 || id >= vocab_) [[unlikely]] {
+      tag::kData.fail(source_->describe(start + i), ": token id ", id,
+                      " is outside the vocabulary of ", vocab_,
+                      "; expected ids below --vocab (the tokenizer's vocabulary size or more)");
+    }
+  }
+  return {std::move(inputs), std::move(targets)};
 }
 
 std::vector<int32_t> synthetic_tokens(int64_t count, int64_t vocab, uint64_t seed) {
