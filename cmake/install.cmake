@@ -3,7 +3,7 @@
 # "strategies/fabric.h", ...), the static libraries and the tools, a CMake package with
 # namespaced targets (find_package(Loom 0.1 CONFIG REQUIRED); Loom::loom for everything, or the
 # layers Loom::core, Loom::kernels, Loom::tensor, Loom::nn, Loom::optim, Loom::comm,
-# Loom::strategies, Loom::data), a pkg-config file (loom.pc) and two Debian packages (cpack -G
+# Loom::strategies, Loom::data, Loom::text), a pkg-config file (loom.pc) and two Debian packages (cpack -G
 # DEB): loom (the tools: component runtime) and loom-dev (headers, libraries, CMake package and
 # pkg-config file: component dev).
 # Included at the end of the top-level CMakeLists.txt.
@@ -12,7 +12,7 @@ include(GNUInstallDirs)
 include(CMakePackageConfigHelpers)
 
 set(loom_layers loom_core loom_kernels loom_tensor loom_nn loom_optim loom_comm loom_strategies
-                loom_data)
+                loom_data loom_text)
 if(LOOM_WITH_CUDA)
   list(INSERT loom_layers 0 loom_kernels_cuda)
 endif()
@@ -24,7 +24,7 @@ set_target_properties(loom_options PROPERTIES EXPORT_NAME options)
 
 # Loom::loom: every layer.
 add_library(loom INTERFACE)
-target_link_libraries(loom INTERFACE loom_strategies loom_data)
+target_link_libraries(loom INTERFACE loom_strategies loom_data loom_text)
 
 # GNU's OpenMP runtime (libgomp, the one Debian's oneDNN runs on: the top-level
 # CMakeLists.txt) is linked by its path on the build machine; installed, Loom::kernels names
@@ -35,7 +35,7 @@ install(TARGETS loom loom_options ${loom_layers}
         EXPORT LoomTargets
         ARCHIVE DESTINATION ${CMAKE_INSTALL_LIBDIR} COMPONENT dev
         INCLUDES DESTINATION ${CMAKE_INSTALL_INCLUDEDIR}/loom)
-install(TARGETS train_gpt loomrun loom_ckpt loom_trace loom-perf
+install(TARGETS train_gpt loomrun loom_ckpt loom_trace loom-perf loom_tokenize loom_generate
         RUNTIME DESTINATION ${CMAKE_INSTALL_BINDIR} COMPONENT runtime)
 
 # The headers: the public list and the Loom headers it includes (cmake/header_closure.cmake),
@@ -80,7 +80,7 @@ install(FILES ${PROJECT_BINARY_DIR}/LoomConfig.cmake ${PROJECT_BINARY_DIR}/LoomC
 # follow Loom's libraries in Libs (GNU's OpenMP runtime by name: -lgomp, which GCC's own
 # library folder holds, for clang too).
 set(loom_pc_libs
-    "-lloom_data -lloom_strategies -lloom_comm -lloom_optim -lloom_nn -lloom_tensor -lloom_kernels")
+    "-lloom_text -lloom_data -lloom_strategies -lloom_comm -lloom_optim -lloom_nn -lloom_tensor -lloom_kernels")
 set(loom_pc_requires "liburing libxxhash libcrypto")
 set(loom_pc_extra "-ldnnl -lgomp -lrt -pthread")
 if(LOOM_WITH_UCX)

@@ -56,6 +56,11 @@ int64_t TokenBlocks::block_index(int64_t step, int64_t rank, int64_t world) cons
         "no data block for step ", step, " of rank ", rank, " in a world of ", world,
         "; expected step >= 0, 0 <= rank < world and step * world + rank below 2^63");
   }
+  return block_at(k);
+}
+
+int64_t TokenBlocks::block_at(int64_t k) const {
+  if (k < 0) tag::kTrainGpt.fail("data position ", k, " asked for; expected a position >= 0");
   if (!shuffle_) return k % nblocks_;
   int64_t epoch = k / nblocks_;
   std::vector<int64_t> order(static_cast<size_t>(nblocks_));

@@ -48,6 +48,10 @@ class TokenBlocks {
   // The block that step `step` of rank `rank` (of `world`) reads. Throws loom::Error unless
   // step >= 0 and 0 <= rank < world.
   int64_t block_index(int64_t step, int64_t rank, int64_t world) const;
+  // The block read at `position` of the data order (position step * world + rank above):
+  // position mod block_count() without shuffle, else that entry of its epoch's permutation.
+  // Throws loom::Error for position < 0.
+  int64_t block_at(int64_t position) const;
   // Block k mod block_count(); throws loom::Error for k < 0 and for a token outside the
   // vocabulary.
   Batch block(int64_t k) const;

@@ -273,7 +273,9 @@ std::unique_ptr<CausalLM> ModelSpec::build(uint64_t seed) const {
   return std::make_unique<GPT>(gpt, seed);
 }
 
-nlohmann::json hf_config(const ModelSpec& spec) {
+namespace {
+
+nlohmann::json hf_config_object(const ModelSpec& spec) {
   if (spec.architecture == Architecture::kGpt2) {
     const GPTConfig& g = spec.gpt;
     return {{"architectures", {"GPT2LMHeadModel"}},
@@ -320,13 +322,29 @@ nlohmann::json hf_config(const ModelSpec& spec) {
           {"dtype", "float32"}};
 }
 
-ModelSpec spec_from_hf_config(const nlohmann::json& config, const std::string& origin) {
+ModelSpec spec_from_hf_config_object(const nlohmann::json& config, const std::string& origin) {
   if (!config.is_object()) kTag.fail(origin, ": expected a JSON object");
   const std::string type = value_or<std::string>(config, "model_type", "", origin);
   if (type == "gpt2") return gpt2_from_hf_config(config, origin);
   if (type == "llama") return llama_from_hf_config(config, origin);
   kTag.fail(origin, ": \"model_type\" is \"", type,
             "\"; Loom reads \"gpt2\" (GPT2LMHeadModel) and \"llama\" (LlamaForCausalLM)");
+}
+
+}  // namespace
+
+std::string hf_config(const ModelSpec& spec) {
+  return hf_config_object(spec).dump(2) + "\n";
+}
+
+ModelSpec spec_from_hf_config(std::string_view config_json, const std::string& origin) {
+  nlohmann::json config;
+  try {
+    config = nlohmann::json::parse(config_json);
+  } catch (const nlohmann::json::exception& e) {
+    kTag.fail(origin, ": not valid JSON (", e.what(), ")");
+  }
+  return spec_from_hf_config_object(config, origin);
 }
 
 Pretrained load_pretrained(const std::filesystem::path& path, const ModelSpec& defaults) {
@@ -338,7 +356,7 @@ Pretrained load_pretrained(const std::filesystem::path& path, const ModelSpec& d
       kTag.fail(origin, ": no config.json; expected a Hugging Face model directory "
                 "(config.json with model.safetensors or its shards)");
     }
-    out.spec = spec_from_hf_config(read_json_file(config_path), config_path.string());
+    out.spec = spec_from_hf_config_object(read_json_file(config_path), config_path.string());
     safetensors::Contents contents = read_directory_weights(path);
     if (out.spec.architecture == Architecture::kLlama) {
       out.state = llama_state(std::move(contents.tensors), out.spec.llama, origin);
@@ -424,12 +442,17 @@ void save_pretrained(const std::filesystem::path& dir, const CausalLM& model,
                                   {"weight_map", weight_map}};
     write_file_atomically(dir / "model.safetensors.index.json", index.dump(2) + "\n", kTag);
   }
-  write_file_atomically(dir / "config.json", hf_config(spec).dump(2) + "\n", kTag);
+  write_file_atomically(dir / "config.json", hf_config(spec), kTag);
   if (!tokenizer.empty()) {
     copy_file_atomically(tokenizer, dir / "tokenizer.json");
     for (const char* sibling : {"tokenizer_config.json", "special_tokens_map.json"}) {
       const auto from = tokenizer.parent_path() / sibling;
       if (std::filesystem::exists(from)) copy_file_atomically(from, dir / sibling);
+    }
+    // AutoTokenizer needs a class; tokenizer.json alone says everything else.
+    if (!std::filesystem::exists(tokenizer.parent_path() / "tokenizer_config.json")) {
+      write_file_atomically(dir / "tokenizer_config.json",
+                            R"({"tokenizer_class": "PreTrainedTokenizerFast"})" "\n", kTag);
     }
   }
 }

@@ -12,8 +12,6 @@
 #include <memory>
 #include <string>
 
-#include <nlohmann/json_fwd.hpp>
-
 #include "nn/causal_lm.h"
 #include "nn/gpt.h"
 #include "nn/llama.h"
@@ -34,10 +32,11 @@ struct ModelSpec {
   std::unique_ptr<CausalLM> build(uint64_t seed) const;
 };
 
-// Hugging Face's config.json for `spec` (the fields transformers reads), and back. Reading
-// throws loom::Error "[pretrained] ORIGIN: ..." naming a missing or unsupported key.
-nlohmann::json hf_config(const ModelSpec& spec);
-ModelSpec spec_from_hf_config(const nlohmann::json& config, const std::string& origin);
+// Hugging Face's config.json for `spec` (the fields transformers reads; JSON text, keys
+// sorted), and back. Reading throws loom::Error "[pretrained] ORIGIN: ..." naming a missing or
+// unsupported key.
+std::string hf_config(const ModelSpec& spec);
+ModelSpec spec_from_hf_config(std::string_view config_json, const std::string& origin);
 
 struct Pretrained {
   ModelSpec spec;
@@ -57,7 +56,8 @@ Pretrained load_pretrained(const std::filesystem::path& path, const ModelSpec& d
 // config.json, model.safetensors, or shards of at most `max_shard_bytes` with
 // model.safetensors.index.json when the model is larger; the tokenizer's files (tokenizer.json
 // and what sits beside it: tokenizer_config.json, special_tokens_map.json) copied in when
-// `tokenizer` is given. Each file is written atomically. A tied output projection is not
+// `tokenizer` is given (with a tokenizer_config.json naming PreTrainedTokenizerFast when
+// there is none, so that AutoTokenizer loads it). Each file is written atomically. A tied output projection is not
 // stored (transformers ties it back from tie_word_embeddings).
 void save_pretrained(const std::filesystem::path& dir, const CausalLM& model,
                      const ModelSpec& spec, const std::filesystem::path& tokenizer = {},

@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Installs what Loom needs to build and test on Debian 12 (as root, or through sudo), and a
 # Python virtual environment (.venv) with the `safetensors` package for the interoperability
-# test. Safe to run again: apt and pip skip what is already there.
+# test and `tokenizers` for the tokenizer's tests. Safe to run again: apt and pip skip what is
+# already there.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -26,8 +27,11 @@ if [ ${#missing[@]} -gt 0 ]; then
   $sudo apt-get install -y --no-install-recommends "${missing[@]}"
 fi
 
-# The Python peer for the safetensors interoperability test (tests/python/).
-if [ ! -x .venv/bin/python ] || ! .venv/bin/python -c "import safetensors, numpy" 2>/dev/null; then
+# The Python peers for the safetensors interoperability test (tests/python/) and the tokenizer's
+# differential tests (tests/text/; tokenizers pinned: its Unicode tables are what text/'s must
+# equal, Note [Unicode tables] in text/unicode.h).
+if [ ! -x .venv/bin/python ] ||
+   ! .venv/bin/python -c "import safetensors, numpy, tokenizers; assert tokenizers.__version__ == '0.23.3'" 2>/dev/null; then
   /usr/bin/python3 -m venv .venv
-  .venv/bin/pip install --quiet --disable-pip-version-check safetensors numpy
+  .venv/bin/pip install --quiet --disable-pip-version-check safetensors numpy tokenizers==0.23.3
 fi

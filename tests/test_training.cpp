@@ -151,11 +151,22 @@ TEST(Training, MetricsLineHasTheDocumentedFields) {
                                         .grad_norm = 0.75,
                                         .ms_per_step = 4,
                                         .tokens_per_s = 256000,
-                                        .memory = memory});
+                                        .memory = memory,
+                                        .val_loss = std::nullopt});
   EXPECT_EQ(line, R"({"grad_norm":0.75,"loss":2.5,"lr":0.001,"ms_per_step":4.0,"peak_bytes":4096,)"
                   R"("peak_bytes_by_kind":{"activations":1000,"communication":5000,)"
                   R"("gradients":3000,"offloaded":6000,"optimizer_state":4000,"parameters":2000},)"
                   R"("step":0,"tokens_per_s":256000.0})");
+  // After an evaluation (--eval-every), the validation loss too.
+  const std::string evaluated = metrics_json_line({.step = 3,
+                                                   .loss = 2.5,
+                                                   .lr = 1e-3,
+                                                   .grad_norm = 0.75,
+                                                   .ms_per_step = 4,
+                                                   .tokens_per_s = 256000,
+                                                   .memory = memory,
+                                                   .val_loss = 3.25});
+  EXPECT_NE(evaluated.find(R"("val_loss":3.25)"), std::string::npos) << evaluated;
 }
 
 TEST(GptCheckpoint, SaveAndLoadRoundTripsExactly) {

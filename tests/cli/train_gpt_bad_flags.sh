@@ -35,7 +35,7 @@ expect_error "lr: must be at least 0, got -0.1" --lr -0.1
 expect_error "eps: must be above 0, got 0" --eps 0
 expect_error "beta2: Value 1 not in range" --beta2 1
 expect_error "batch: expected a number, got 'eight'" --batch eight
-expect_error "data: File is actually a directory" --data "$d"
+expect_error "is not a regular file (a FIFO, device, socket or directory); expected --data file" --data "$d"
 expect_error "init: Path does not exist" --init "$d/none.safetensors"
 expect_error "\-\-save $d/no/w.safetensors: the folder $d/no does not exist" --save "$d/no/w.safetensors"
 expect_error "\-\-trace $d is a folder" --trace "$d"

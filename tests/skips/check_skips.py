@@ -88,6 +88,12 @@ def python_has_safetensors() -> bool:
         [str(python), "-c", "import safetensors, numpy"], capture_output=True).returncode == 0
 
 
+def python_has_tokenizers() -> bool:
+    python = ROOT / ".venv/bin/python"
+    return python.exists() and subprocess.run(
+        [str(python), "-c", "import tokenizers"], capture_output=True).returncode == 0
+
+
 def io_uring_refused() -> bool:
     """io_uring_setup(2) refused (a seccomp filter, or kernel.io_uring_disabled)."""
     libc = ctypes.CDLL(None, use_errno=True)
@@ -128,6 +134,7 @@ FACTS = {
     "no-ipv6-loopback": lambda: not has_ipv6_loopback(),
     "no-non-loopback-ipv4": lambda: not has_non_loopback_ipv4(),
     "no-python-safetensors": lambda: not python_has_safetensors(),
+    "no-python-tokenizers": lambda: not python_has_tokenizers(),
     "no-dev-shm": lambda: not Path("/dev/shm").is_dir(),
     "flight-recorder-off": lambda: os.environ.get("LOOM_FLIGHT_RECORDER") == "0",
     "io-uring-refused": io_uring_refused,

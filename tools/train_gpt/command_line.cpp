@@ -8,6 +8,7 @@
 #include "core/regular_file.h"
 #include "core/tags.h"
 #include "strategies/pipeline/schedule.h"
+#include "tools/train_gpt/data_sources.h"
 #include "tools/train_gpt/flag_checks.h"
 
 namespace loom::train_gpt {
@@ -25,8 +26,46 @@ std::vector<std::string> names_of(const std::vector<std::pair<std::string, std::
 
 void add_flags(CLI::App& app, CommandLine& cli) {
   app.add_option("--data", cli.data_path,
-                 "training data; bytes are tokens (default: built-in corpus)")
+                 "training data (default: the built-in corpus): llm.c .bin token shards or a "
+                 "glob of them, nanoGPT's raw uint16 tokens (--data-format raw-u16), text "
+                 "(tokenized with --tokenizer), or any file whose bytes are the tokens "
+                 "(docs/data.md)");
+  app.add_option("--data-format", cli.data_format,
+                 "how --data and --val-data are read: auto (llm.c shards by their magic, else "
+                 "text with --tokenizer, else bytes), bytes, text, llmc-gpt2, llmc-llama3, "
+                 "raw-u16")
+      ->check(CLI::IsMember(std::vector<std::string>(std::begin(kDataFormats),
+                                                     std::end(kDataFormats))))
+      ->capture_default_str();
+  app.add_option("--tokenizer", cli.tokenizer_path,
+                 "a Hugging Face tokenizer.json (byte-level BPE: the GPT-2 and Llama 3 "
+                 "families) for text data and samples; default: the --init directory's")
       ->check(CLI::ExistingFile);
+  app.add_option("--val-data", cli.val_data_path,
+                 "validation data, read as --data is; its loss is reported every --eval-every "
+                 "steps");
+  app.add_option("--eval-every", cli.train.eval_every,
+                 "steps between validation losses (0: never; needs --val-data)")
+      ->check(kNonNegative)
+      ->capture_default_str();
+  app.add_option("--eval-batches", cli.train.eval_batches,
+                 "validation blocks per rank in each evaluation")
+      ->check(kAtLeastOne)
+      ->capture_default_str();
+  app.add_option("--sample-every", cli.sample_every,
+                 "steps between printed samples of the model (0: never)")
+      ->check(kNonNegative)
+      ->capture_default_str();
+  app.add_option("--sample-tokens", cli.sample_tokens, "tokens per sample")
+      ->check(kAtLeastOne)
+      ->capture_default_str();
+  app.add_option("--sample-prompt", cli.sample_prompt,
+                 "the samples' prompt (default: the document-start token with a tokenizer, else a "
+                 "newline)");
+  app.add_option("--sample-temperature", cli.sample_temperature,
+                 "the samples' temperature (0: greedy)")
+      ->check(kNonNegative)
+      ->capture_default_str();
   app.add_option("--init", cli.init_path,
                  "start from these weights: a Hugging Face model directory (config.json and "
                  "model.safetensors or its shards) or a .safetensors file (docs/models.md)")
@@ -322,10 +361,17 @@ void finish_parsing(const CLI::App& app, CommandLine& cli) {
   check_output_path("--metrics", cli.metrics_path);
   check_output_path("--trace", cli.trace_path);
   check_output_path("--checkpoint-dir", cli.train.checkpoint_dir, /*directory=*/true);
-  if (!cli.data_path.empty()) {  // opened (not read) now, so that a FIFO is refused before any work
+  // Opened (not read) now, so that a FIFO is refused before any work; a glob's files are
+  // checked as the shard set opens.
+  for (const std::string& path : {cli.data_path, cli.val_data_path}) {
+    if (path.empty() || is_glob(path)) continue;
     uint64_t size = 0;
-    open_regular_file(cli.data_path, tag::kTrainGpt, kDataExpected, size);
+    open_regular_file(path, tag::kTrainGpt, kDataExpected, size);
   }
+  if (cli.train.eval_every > 0 && cli.val_data_path.empty())
+    tag::kTrainGpt.fail("--eval-every needs --val-data (the data the validation loss reads)");
+  if (!cli.val_data_path.empty() && cli.train.eval_every == 0)
+    tag::kTrainGpt.fail("--val-data is read only with --eval-every N (steps between evaluations)");
   strategies::sharded::ShardingOptions& sharding = cli.config.sharding;
   sharding.param_dtype = parse_dtype(cli.param_dtype);
   sharding.reduce_dtype = parse_dtype(cli.reduce_dtype);

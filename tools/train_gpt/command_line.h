@@ -14,11 +14,17 @@
 
 namespace loom::train_gpt {
 
-inline constexpr const char* kDataExpected = "--data file (its bytes are the tokens)";
+inline constexpr const char* kDataExpected =
+    "--data file (llm.c token shards, text with --tokenizer, or bytes as tokens)";
 
 struct CommandLine {
   TrainOptions train;
   std::string data_path, init_path, save_path, metrics_path, trace_path;
+  std::string data_format = "auto", tokenizer_path, val_data_path;
+  // --sample-every: every N steps rank 0 prints a continuation of --sample-prompt.
+  int64_t sample_every = 0, sample_tokens = 64;
+  std::string sample_prompt;
+  double sample_temperature = 1.0;
   bool shuffle = false;
   int64_t log_interval = 10;
   std::string strategy = "single_device";

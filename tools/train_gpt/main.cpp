@@ -18,6 +18,7 @@
 #include "core/regular_file.h"
 #include "core/tags.h"
 #include "kernels/cpu/thread_pool.h"
+#include "nn/generate.h"
 #include "nn/pretrained.h"
 #include "strategies/deepspeed_config.h"
 #include "strategies/devices.h"
@@ -31,6 +32,8 @@
 #endif
 #include "data/default_corpus.h"
 #include "tools/train_gpt/command_line.h"
+#include "text/unicode.h"
+#include "tools/train_gpt/data_sources.h"
 #include "tools/train_gpt/flag_checks.h"
 #include "tools/train_gpt/progress.h"
 #include "tools/train_gpt/trainer.h"
@@ -67,11 +70,6 @@ class Throughput {
 // finding its level skips a few steps at the start).
 constexpr int64_t kSkipLimitSteps = 20;
 
-// --data's bytes; only a regular file is read (a FIFO would block, /dev/zero never end).
-std::vector<uint8_t> read_bytes(const std::string& path) {
-  const std::string bytes = read_regular_file(path, tag::kTrainGpt, kDataExpected);
-  return {bytes.begin(), bytes.end()};
-}
 
 // The model of --init's checkpoint taken into `o`; flags given explicitly must agree with it.
 void take_init_model(const nn::ModelSpec& stored, const CLI::App& app, const CommandLine& cli,
@@ -210,6 +208,8 @@ void print_memory_estimate(const nn::Module& model, const std::string& strategy,
 struct Plan {
   std::optional<strategies::DeepSpeedConfig> deepspeed;
   std::optional<nn::Pretrained> init;  // --init's model and weights
+  std::optional<text::Tokenizer> tokenizer;  // --tokenizer's, or the --init directory's
+  std::filesystem::path tokenizer_path;
   std::unique_ptr<strategies::Strategy> strategy;
 };
 
@@ -258,6 +258,27 @@ Plan resolve(const CLI::App& app, CommandLine& cli) {
     take_init_model(plan.init->spec, app, cli, o);
   }
   apply_preset(cli.preset, o);
+  plan.tokenizer_path = !cli.tokenizer_path.empty() ? std::filesystem::path(cli.tokenizer_path)
+                        : plan.init                 ? plan.init->tokenizer
+                                                    : std::filesystem::path();
+  if (!plan.tokenizer_path.empty()) {
+    plan.tokenizer = text::Tokenizer::from_file(plan.tokenizer_path);
+    const int64_t ids = plan.tokenizer->vocab_size();
+    if (app.count("--vocab") == 0 && !plan.init && cli.preset.empty()) o.model.vocab_size = ids;
+    if (ids > o.model.vocab_size) {
+      tag::kTrainGpt.fail("the tokenizer ", plan.tokenizer_path.string(), " has ", ids,
+                          " ids but the model's vocabulary is ", o.model.vocab_size,
+                          "; use --vocab ", ids, " or more");
+    }
+  }
+  if (pipelined && (o.eval_every > 0 || cli.sample_every > 0)) {
+    tag::kTrainGpt.fail("--eval-every and --sample-every run the whole model on every rank; a "
+                        "pipeline's stages hold parts of it (not implemented for pipelines)");
+  }
+  if (kind == strategies::StrategyKind::TensorParallel && cli.sample_every > 0) {
+    tag::kTrainGpt.fail("--sample-every is not implemented under tensor parallelism (the "
+                        "key/value cache of generation runs on a whole model)");
+  }
   if (const char* block = block_class(o.architecture);
       cli.activation_checkpointing != "none" && cli.activation_checkpointing != block) {
     tag::kTrainGpt.fail("--activation-checkpointing ", cli.activation_checkpointing,
@@ -331,16 +352,45 @@ int train_and_report(CommandLine& cli, Plan& plan) {
   nn::CausalLM& model = *built;
   if (plan.init) model.load_state_dict(plan.init->state);
 
-  std::vector<int32_t> token_ids;
+  const text::Tokenizer* tokenizer = plan.tokenizer ? &*plan.tokenizer : nullptr;
+  const BlockShape shape{.batch = o.batch,
+                         .time = o.model.context,
+                         .vocab = o.model.vocab_size,
+                         .shuffle = cli.shuffle,
+                         .seed = o.seed};
+  std::optional<data::TokenBlocks> training;
   if (cli.preset == "gpt2-small") {
-    token_ids =
-        data::synthetic_tokens(8 * o.batch * o.model.context + 1, o.model.vocab_size, o.seed);
+    training.emplace(
+        data::synthetic_tokens(8 * o.batch * o.model.context + 1, o.model.vocab_size, o.seed),
+        o.batch, o.model.context, o.model.vocab_size, cli.shuffle, o.seed);
+  } else if (!cli.data_path.empty()) {
+    training.emplace(open_blocks(cli.data_path, cli.data_format, tokenizer, "--data", shape));
+  } else if (tokenizer) {
+    const std::vector<uint8_t> corpus = data::default_corpus();
+    training.emplace(text_blocks(std::string(corpus.begin(), corpus.end()), *tokenizer, shape));
   } else {
-    token_ids =
-        data::byte_tokens(cli.data_path.empty() ? data::default_corpus() : read_bytes(cli.data_path));
+    training.emplace(data::byte_tokens(data::default_corpus()), o.batch, o.model.context,
+                     o.model.vocab_size, cli.shuffle, o.seed);
   }
-  data::TokenBlocks data(std::move(token_ids), o.batch, o.model.context, o.model.vocab_size,
-                         cli.shuffle, o.seed);
+  const data::TokenBlocks& data = *training;
+  std::optional<data::TokenBlocks> validation;
+  if (!cli.val_data_path.empty()) {
+    BlockShape in_order = shape;
+    in_order.shuffle = false;
+    validation.emplace(
+        open_blocks(cli.val_data_path, cli.data_format, tokenizer, "--val-data", in_order));
+  }
+  // --sample-every's prompt: the text given, else the document-start token (with a tokenizer)
+  // or a newline byte.
+  std::vector<int64_t> sample_prompt;
+  if (tokenizer && !cli.sample_prompt.empty()) {
+    for (uint32_t id : tokenizer->encode(cli.sample_prompt)) sample_prompt.push_back(id);
+  } else if (tokenizer) {
+    sample_prompt = {tokenizer->document_start()};
+  } else {
+    for (unsigned char c : cli.sample_prompt.empty() ? std::string("\n") : cli.sample_prompt)
+      sample_prompt.push_back(c);
+  }
 
   std::ofstream metrics;
   if (chief && !cli.metrics_path.empty()) {
@@ -358,7 +408,7 @@ int train_and_report(CommandLine& cli, Plan& plan) {
         static_cast<long long>(data.block_count()), static_cast<long long>(o.batch),
         static_cast<long long>(o.model.context),
         cli.preset == "gpt2-small" ? "synthetic tokens"
-        : cli.data_path.empty() ? "the built-in corpus"
+        : cli.data_path.empty() ? (tokenizer ? "the built-in corpus, tokenized" : "the built-in corpus")
                             : cli.data_path.c_str());
   if (chief && strategy.world_size() > 1) {
     const std::string name = strategy.communication_backend();
@@ -393,6 +443,28 @@ int train_and_report(CommandLine& cli, Plan& plan) {
         tokens += m.tokens_per_s * m.ms_per_step / 1e3;
         steady.add(m);
         if (chief) progress.update(m.step, m.loss, m.tokens_per_s, m.lr);
+        if (chief && m.val_loss)
+          std::printf("step %lld: val loss %.4f\n", static_cast<long long>(m.step + 1), *m.val_loss);
+        if (cli.sample_every > 0 && (m.step + 1) % cli.sample_every == 0) {
+          nn::SamplingOptions sampling;
+          sampling.max_new_tokens = cli.sample_tokens;
+          sampling.temperature = cli.sample_temperature;
+          sampling.seed = o.seed + static_cast<uint64_t>(m.step);
+          if (tokenizer) sampling.stop_token = tokenizer->end_of_text();
+          // Every rank: a sharded model's forward gathers its parameters collectively.
+          std::vector<int64_t> ids = nn::generate(model, sample_prompt, sampling);
+          ids.insert(ids.begin(), sample_prompt.begin(), sample_prompt.end());
+          std::string text;
+          if (tokenizer) {
+            text = tokenizer->decode(std::vector<uint32_t>(ids.begin(), ids.end()));
+          } else {  // bytes, shown as UTF-8 with U+FFFD where they are not
+            std::string bytes;
+            for (int64_t id : ids) bytes.push_back(static_cast<char>(id));
+            text = text::utf8_lossy(bytes);
+          }
+          if (chief)
+            std::printf("step %lld: sample: %s\n", static_cast<long long>(m.step + 1), text.c_str());
+        }
         if (metrics.is_open()) {
           metrics << metrics_json_line(m) << '\n';
           if (!metrics.flush())
@@ -400,7 +472,7 @@ int train_and_report(CommandLine& cli, Plan& plan) {
                                 m.step + 1, ": ", std::strerror(errno));
         }
       },
-      &strategy);
+      &strategy, validation ? &*validation : nullptr);
   if (chief) progress.finish();
   if (trace) {
     strategies::set_current_trace(nullptr);
@@ -410,9 +482,7 @@ int train_and_report(CommandLine& cli, Plan& plan) {
     if (chief) std::printf("train_gpt: trace written to %s\n", path.c_str());
   }
   if (chief && cli.save_directory) {
-    nn::save_pretrained(cli.save_path, model, spec,
-                        plan.init ? plan.init->tokenizer : std::filesystem::path(),
-                        cli.save_shard_mb << 20);
+    nn::save_pretrained(cli.save_path, model, spec, plan.tokenizer_path, cli.save_shard_mb << 20);
   } else if (chief && !cli.save_path.empty()) {
     nn::save_weights_file(cli.save_path, model, spec);
   }

@@ -75,6 +75,14 @@ TrainMeta check_train_meta(const strategies::checkpoint::CheckpointMeta& meta) {
   // Recorded, not used on resume (the options given now hold), but of their type if there.
   for (const char* positive : {"grad_accum", "batch"})
     if (meta.has(positive)) meta.integer(positive, 1, kLargest);
+  const int64_t accum = meta.has("grad_accum") ? meta.integer("grad_accum", 1, kLargest) : 1;
+  if (meta.has("data_position")) {
+    out.data_position = meta.integer("data_position", 0, kLargest);
+  } else if (__builtin_mul_overflow(out.step, accum, &out.data_position) ||
+             __builtin_mul_overflow(out.data_position, out.world_size, &out.data_position)) {
+    meta.refuse("step", "a step count whose data position (step x grad_accum x world_size) "
+                        "fits in 64 bits");
+  }
   if (meta.has("seed")) meta.unsigned_integer("seed");
   return out;
 }
@@ -174,6 +182,7 @@ int64_t TrainCheckpoints::open(nn::CausalLM& model) {
                         options_.steps);
   }
   resume_from_ = std::make_unique<strategies::checkpoint::CheckpointReader>(checkpoint);
+  data_position_ = meta.data_position;
   check_train_step(meta, *resume_from_);
   strategies::checkpoint::check_model(*resume_from_, strategy_, model);
   if (strategy_.is_global_zero()) {
@@ -191,13 +200,13 @@ void TrainCheckpoints::load_state(optim::Optimizer& optimizer) {
   resume_from_.reset();  // closes the files
 }
 
-void TrainCheckpoints::after_step(int64_t steps_done, nn::CausalLM& model,
-                                  optim::Optimizer& optimizer) {
+void TrainCheckpoints::after_step(int64_t steps_done, int64_t data_position,
+                                  nn::CausalLM& model, optim::Optimizer& optimizer) {
   if (options_.save_every <= 0 || steps_done % options_.save_every != 0) return;
-  save(steps_done, model, optimizer);
+  save(steps_done, data_position, model, optimizer);
 }
 
-void TrainCheckpoints::save(int64_t steps_done, nn::CausalLM& model,
+void TrainCheckpoints::save(int64_t steps_done, int64_t data_position, nn::CausalLM& model,
                             optim::Optimizer& optimizer) {
   finish();  // the previous asynchronous save, whose errors surface here
   const bool chief = strategy_.is_global_zero();
@@ -225,6 +234,7 @@ void TrainCheckpoints::save(int64_t steps_done, nn::CausalLM& model,
                  {"optimizer", options_.optimizer},
                  {"model", model_json(options_)},
                  {"grad_accum", options_.grad_accum},
+                 {"data_position", data_position},
                  {"batch", options_.batch},
                  {"seed", options_.seed}};
   }

@@ -47,6 +47,9 @@ struct TrainMeta {
   int64_t world_size = 0;
   nn::GPTConfig model;  // the sizes every architecture shares
   nn::Architecture architecture = nn::Architecture::kGpt2;
+  // Data blocks every rank together had read (data_position; for checkpoints written before
+  // it was recorded: step x grad_accum x world_size, what they read).
+  int64_t data_position = 0;
 };
 // Checks `meta` as train_gpt writes it: its format and version, then every field's type and
 // range (step >= 0, world_size >= 1, checkpoint_format full or sharded, the model's sizes
@@ -69,13 +72,18 @@ class TrainCheckpoints {
   // the newest committed one under checkpoint_dir, or none; a path must be committed) and
   // checks that it fits this run. Returns the steps it had done (0 when starting fresh).
   int64_t open(nn::CausalLM& model);
+  // The data position (TrainMeta::data_position) of the checkpoint open() resumes from; 0
+  // when starting fresh. The data order goes on from there at any world size.
+  int64_t data_position() const { return data_position_; }
   // After setup_optimizer: the parts of the weights and of the optimizer's and loss
   // scaler's state this rank holds.
   void load_state(optim::Optimizer& optimizer);
   // After a step: saves when `steps_done` is a multiple of save_every (collective). With
   // options.async_save the state is snapshotted to host memory and written by a background
   // thread while training goes on; the next save (or finish()) waits for it.
-  void after_step(int64_t steps_done, nn::CausalLM& model, optim::Optimizer& optimizer);
+  // `data_position`: the data blocks read by every rank together so far.
+  void after_step(int64_t steps_done, int64_t data_position, nn::CausalLM& model,
+                  optim::Optimizer& optimizer);
   // Waits for an asynchronous save; throws loom::Error if it failed.
   void finish();
   ~TrainCheckpoints();
@@ -89,7 +97,8 @@ class TrainCheckpoints {
     safetensors::Metadata model_metadata;
   };
   bool sharded_format() const;
-  void save(int64_t steps_done, nn::CausalLM& model, optim::Optimizer& optimizer);
+  void save(int64_t steps_done, int64_t data_position, nn::CausalLM& model,
+            optim::Optimizer& optimizer);
   void write(const Snapshot& snap, int rank, int world, bool wait_for_ranks);
   void commit(int64_t steps_done);
 
@@ -98,6 +107,7 @@ class TrainCheckpoints {
   std::optional<strategies::checkpoint::Directory> directory_;
   std::optional<strategies::checkpoint::DirectoryLock> lock_;  // rank 0's, while it runs
   std::unique_ptr<strategies::checkpoint::CheckpointReader> resume_from_;
+  int64_t data_position_ = 0;
   std::thread writer_;           // the asynchronous save in flight, if any
   std::string writer_error_;     // its failure, reported by finish()
 };

@@ -81,24 +81,50 @@ std::string metrics_json_line(const StepMetrics& m) {
   nlohmann::json by_kind = nlohmann::json::object();
   for (size_t k = 0; k < kMemoryKindCount; ++k)
     by_kind[memory_kind_name(static_cast<MemoryKind>(k))] = m.memory.peak_by_kind[k];
-  return nlohmann::json{{"step", m.step},
+  nlohmann::json line{{"step", m.step},
                         {"loss", m.loss},
                         {"lr", m.lr},
                         {"grad_norm", m.grad_norm},
                         {"tokens_per_s", m.tokens_per_s},
                         {"ms_per_step", m.ms_per_step},
                         {"peak_bytes", m.memory.peak_bytes},
-                        {"peak_bytes_by_kind", by_kind}}
-      .dump();
+                        {"peak_bytes_by_kind", by_kind}};
+  if (m.val_loss) line["val_loss"] = *m.val_loss;
+  return line.dump();
 }
 
+namespace {
+
+// The mean loss of `batches` validation blocks per rank (rank r of W reads positions
+// i * W + r), averaged over the data-parallel ranks; every rank of the strategy calls it.
+double validation_loss(nn::CausalLM& model, const data::TokenBlocks& validation,
+                       int64_t batches, strategies::Strategy& s) {
+  NoGradGuard no_grad;
+  const int64_t world = s.data_parallel_size(), rank = s.data_parallel_rank();
+  double sum = 0;
+  for (int64_t i = 0; i < batches; ++i) {
+    const data::Batch batch = validation.block(validation.block_at(i * world + rank));
+    sum += model.loss(batch.tokens, batch.targets).item();
+  }
+  double mean = sum / static_cast<double>(batches);
+  if (s.world_size() > 1) {
+    Tensor t = Tensor::full({1}, mean, DType::F64, s.root_device());
+    mean = s.all_reduce(t, comm::ReduceOp::Avg).item();
+  }
+  return mean;
+}
+
+}  // namespace
+
 void train(nn::CausalLM& model, const data::TokenBlocks& data, const TrainOptions& options,
-           const std::function<void(const StepMetrics&)>& on_step, strategies::Strategy* strategy) {
+           const std::function<void(const StepMetrics&)>& on_step, strategies::Strategy* strategy,
+           const data::TokenBlocks* validation) {
   const strategies::StrategyOptions single_options;
   strategies::SingleDeviceStrategy single(single_options);
   strategies::Strategy& s = strategy != nullptr ? *strategy : single;
   TrainCheckpoints checkpoints(options, s);
   const int64_t first_step = checkpoints.open(model);  // before the strategy copies it
+  const int64_t first_position = checkpoints.data_position();
   // dp's replicas, and a pipeline's sample for balancing its stages by time.
   s.set_model_recipe({.make_replica = [&model]() -> std::unique_ptr<nn::Module> {
                         return model.make_like();
@@ -114,18 +140,23 @@ void train(nn::CausalLM& model, const data::TokenBlocks& data, const TrainOption
   const int64_t accum = std::max<int64_t>(options.grad_accum, 1);
   // Replicas read different data; the ranks of one replica (pipeline stages) the same.
   const int64_t world = s.data_parallel_size(), rank = s.data_parallel_rank();
+  // The blocks every rank together has read before `step` of this run.
+  auto position_before = [&](int64_t step) {
+    return first_position + (step - first_step) * accum * world;
+  };
   strategies::Trace* trace = strategies::current_trace();
   for (int64_t step = first_step; step < options.steps; ++step) {
     auto start = std::chrono::steady_clock::now();
     strategies::Trace::Span step_span(trace, "step " + std::to_string(step), "step",
                                       strategies::Trace::kMainThread, {{"step", step}});
-    // Micro-step m = step * accum + k of rank r reads block m * world + r; gradients of the
-    // accum micro-batches are summed locally (no sync) and averaged across ranks once.
+    // Micro-step k of rank r reads the block at position_before(step) + k * world + r;
+    // gradients of the accum micro-batches are summed locally (no sync) and averaged across
+    // ranks once.
     double local_loss = 0;
     int64_t tokens = 0;
     for (int64_t k = 0; k < accum; ++k) {
       const strategies::Trace::Args args = {{"step", step}, {"micro_step", k}};
-      data::Batch batch = data.for_step(step * accum + k, rank, world);
+      data::Batch batch = data.block(data.block_at(position_before(step) + k * world + rank));
       s.set_backward_sync(k == accum - 1);
       // The "backward" span opens when the forward on the training thread ends and closes
       // when forward_backward returns; under dp it also covers the replicas' reduction.
@@ -177,6 +208,9 @@ void train(nn::CausalLM& model, const data::TokenBlocks& data, const TrainOption
     }
     double ms =
         std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - start).count();
+    std::optional<double> val_loss;
+    if (validation && options.eval_every > 0 && (step + 1) % options.eval_every == 0)
+      val_loss = validation_loss(model, *validation, options.eval_batches, s);
     on_step({.step = step,
              .loss = loss,
              .lr = lr,
@@ -184,8 +218,9 @@ void train(nn::CausalLM& model, const data::TokenBlocks& data, const TrainOption
              .ms_per_step = ms,
              .tokens_per_s = static_cast<double>(tokens * world) / (ms / 1e3),
              .memory = strategies::max_over_ranks(
-                 s, strategies::local_memory_report(s.root_device()))});
-    checkpoints.after_step(step + 1, model, optimizer);
+                 s, strategies::local_memory_report(s.root_device())),
+             .val_loss = val_loss});
+    checkpoints.after_step(step + 1, position_before(step + 1), model, optimizer);
   }
   checkpoints.finish();  // an asynchronous save still being written
   s.gather_full_module();  // sharded strategies: the whole model on every rank again

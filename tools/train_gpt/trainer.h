@@ -6,6 +6,7 @@
 #include <cstdint>
 #include <functional>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -40,6 +41,10 @@ struct TrainOptions {
   int64_t warmup_steps = 0;
   std::string schedule = "constant";  // or "cosine" (to 0.1 x lr at the last step)
   int64_t grad_accum = 1;             // micro-batches per optimizer step
+  // Validation (train()'s `validation` data): every eval_every steps (0: never), the mean loss
+  // of eval_batches blocks per rank, averaged over the ranks.
+  int64_t eval_every = 0;
+  int64_t eval_batches = 8;
   // Resumable checkpoints (train_state.h): every save_every steps (0: never) under
   // checkpoint_dir, keeping the keep_last newest (0: all); resume "" (no), "auto" (the newest
   // committed checkpoint under checkpoint_dir, if any) or a checkpoint's path.
@@ -62,11 +67,13 @@ struct StepMetrics {
   double tokens_per_s;  // all ranks together
   // Peak tensor bytes so far, the largest over ranks (strategies/memory_report.h).
   strategies::MemoryReport memory;
+  std::optional<double> val_loss;  // after this step's evaluation (TrainOptions::eval_every)
 };
 
 // One line of the --metrics JSONL file: {"step", "loss", "lr", "grad_norm", "tokens_per_s",
 // "ms_per_step", "peak_bytes", "peak_bytes_by_kind": {"activations", "parameters",
-// "gradients", "optimizer_state", "communication", "offloaded"}}, no trailing newline.
+// "gradients", "optimizer_state", "communication", "offloaded"}, and "val_loss" after an
+// evaluation}, no trailing newline.
 std::string metrics_json_line(const StepMetrics& m);
 
 // The optimizer train() builds for `model`: options.optimizer (AdamW or SGD) over nanoGPT's
@@ -77,9 +84,13 @@ std::unique_ptr<optim::Optimizer> make_optimizer(const nn::Module& model,
 nn::ModelSpec model_spec(const TrainOptions& options);
 
 // Trains `model` in place on `data` and calls on_step after each step. `strategy` (already
-// through setup_environment) spreads the work; null means single_device.
+// through setup_environment) spreads the work; null means single_device. The data order:
+// micro-step k of a step reads, on rank r of W data-parallel ranks, the block at position
+// p + k * W + r, p being the blocks all ranks read before (so a resumed run goes on where its
+// checkpoint stopped, at any world size). `validation`: the data of options.eval_every.
 void train(nn::CausalLM& model, const data::TokenBlocks& data, const TrainOptions& options,
            const std::function<void(const StepMetrics&)>& on_step,
-           strategies::Strategy* strategy = nullptr);
+           strategies::Strategy* strategy = nullptr,
+           const data::TokenBlocks* validation = nullptr);
 
 }  // namespace loom::train_gpt
