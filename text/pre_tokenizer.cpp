@@ -85,25 +85,35 @@ class Text {
   const CharClasses& classes_;
 };
 
+// The contractions 's|'t|'re|'ve|'m|'ll|'d at i: where the match ends, or 0 for none. With
+// fold_case (Llama 3's (?i:...)), in either case as Oniguruma folds: 's' also matches U+017F
+// LATIN SMALL LETTER LONG S (UTF-8 C5 BF); no other of these letters has a non-ASCII case
+// variant.
+size_t contraction_end(const Text& t, size_t i, bool fold_case) {
+  const size_t n = t.size();
+  if (t.byte(i) != '\'' || i + 1 >= n) return 0;
+  // b | 0x20 lowers an ASCII letter; it is compared with letters only.
+  auto letter = [&](size_t k) -> unsigned char {
+    return fold_case ? t.byte(k) | 0x20 : t.byte(k);
+  };
+  switch (letter(i + 1)) {
+    case 's':
+    case 't':
+    case 'm':
+    case 'd': return i + 2;
+    case 'r':
+    case 'v': return i + 2 < n && letter(i + 2) == 'e' ? i + 3 : 0;
+    case 'l': return i + 2 < n && letter(i + 2) == 'l' ? i + 3 : 0;
+    default:
+      return fold_case && t.byte(i + 1) == 0xC5 && i + 2 < n && t.byte(i + 2) == 0xBF ? i + 3
+                                                                                       : 0;
+  }
+}
+
 // 's|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+
 size_t gpt2_match_end(const Text& t, size_t i) {
   const size_t n = t.size();
-  if (t.byte(i) == '\'' && i + 1 < n) {
-    switch (t.byte(i + 1)) {
-      case 's':
-      case 't':
-      case 'm':
-      case 'd': return i + 2;
-      case 'r':
-      case 'v':
-        if (i + 2 < n && t.byte(i + 2) == 'e') return i + 3;
-        break;
-      case 'l':
-        if (i + 2 < n && t.byte(i + 2) == 'l') return i + 3;
-        break;
-      default: break;
-    }
-  }
+  if (const size_t end = contraction_end(t, i, /*fold_case=*/false)) return end;
   // " ?X+" for X a letter, a number or another non-space: one space joins the run after it.
   if (t.byte(i) == ' ' && i + 1 < n) {
     size_t length = 0;
@@ -120,28 +130,7 @@ size_t gpt2_match_end(const Text& t, size_t i) {
 //  ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+
 size_t llama3_match_end(const Text& t, size_t i) {
   const size_t n = t.size();
-  if (t.byte(i) == '\'' && i + 1 < n) {
-    // Case-insensitive as Oniguruma folds: 's' also matches U+017F LATIN SMALL LETTER LONG S
-    // (UTF-8 C5 BF); no other letter of these has a non-ASCII case variant.
-    // (b | 0x20 lowers an ASCII letter; it is compared with letters only.)
-    const unsigned char b1 = t.byte(i + 1) | 0x20;
-    switch (b1) {
-      case 's':
-      case 't':
-      case 'm':
-      case 'd': return i + 2;
-      case 'r':
-      case 'v':
-        if (i + 2 < n && (t.byte(i + 2) | 0x20) == 'e') return i + 3;
-        break;
-      case 'l':
-        if (i + 2 < n && (t.byte(i + 2) | 0x20) == 'l') return i + 3;
-        break;
-      default:
-        if (t.byte(i + 1) == 0xC5 && i + 2 < n && t.byte(i + 2) == 0xBF) return i + 3;
-        break;
-    }
-  }
+  if (const size_t end = contraction_end(t, i, /*fold_case=*/true)) return end;
   size_t length = 0;
   const CharClass c = t.at(i, length);
   // [^\r\n\p{L}\p{N}]?\p{L}+

@@ -21,15 +21,9 @@ import sys
 import tempfile
 import time
 
-try:
-    import tokenizers
-    from tokenizers import Regex, Tokenizer, pre_tokenizers
-except ImportError:
-    if os.environ.get("CI") == "true":
-        print("CI=true but this python has no tokenizers; run scripts/install-deps.sh")
-        sys.exit(1)
-    print("skipped: no tokenizers in this python; run scripts/install-deps.sh (creates .venv)")
-    sys.exit(77)
+import tokenizers_or_skip  # noqa: F401,E402  (exits when tokenizers is missing)
+import tokenizers  # noqa: E402
+from tokenizers import Regex, Tokenizer, pre_tokenizers  # noqa: E402
 
 GPT2_PATTERN = r"'s|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+"
 LLAMA3_PATTERN = (r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}|"
