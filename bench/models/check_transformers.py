@@ -37,17 +37,25 @@ def run(cmd):
 
 def loom_loss(train_gpt, init, data, tmp):
     metrics = os.path.join(tmp, "m.jsonl")
-    run([train_gpt, "--init", init, "--data", data, "--ctx", str(CTX), "--batch", str(BATCH),
+    run([train_gpt, "--init", init, "--data", data, "--batch", str(BATCH),
          "--steps", "1", "--lr", "0", "--grad-clip", "0", "--metrics", metrics])
     with open(metrics) as f:
         return json.loads(f.readline())["loss"]
 
 
 def hf_loss(model_dir, data):
+    """transformers' loss of block 0 of `data` as train_gpt reads it: the bytes, or with the
+    directory's tokenizer (AutoTokenizer) the document-start token and the text's ids."""
     model = transformers.AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
     model.eval()
-    raw = open(data, "rb").read()[: BATCH * CTX + 1]
-    tokens = torch.tensor(list(raw), dtype=torch.long)
+    if os.path.exists(os.path.join(model_dir, "tokenizer.json")):
+        tok = transformers.AutoTokenizer.from_pretrained(model_dir)
+        start = tok.convert_tokens_to_ids("<|begin_of_text|>")
+        ids = [start] + tok(open(data, encoding="utf-8").read(), add_special_tokens=False,
+                            split_special_tokens=True)["input_ids"]
+        tokens = torch.tensor(ids[: BATCH * CTX + 1], dtype=torch.long)
+    else:
+        tokens = torch.tensor(list(open(data, "rb").read()[: BATCH * CTX + 1]), dtype=torch.long)
     x, y = tokens[:-1].view(BATCH, CTX), tokens[1:].view(BATCH, CTX)
     with torch.no_grad():
         logits = model(x).logits
@@ -67,6 +75,11 @@ def main():
                       "--embd", "128", "--intermediate", "320"],
         "llama-mqa-tied": ["--model", "llama", "--layers", "2", "--heads", "4", "--kv-heads",
                            "1", "--embd", "128", "--intermediate", "320", "--tie-embeddings"],
+        # With a tokenizer: the saved directory carries it and AutoTokenizer loads it.
+        "llama-tokenized": ["--model", "llama", "--layers", "2", "--heads", "4", "--kv-heads",
+                            "2", "--embd", "128", "--intermediate", "320", "--tokenizer",
+                            os.path.join(ROOT, "tests", "data", "tokenizers", "llama3-style",
+                                         "tokenizer.json")],
     }
     worst = 0.0
     with tempfile.TemporaryDirectory() as tmp:
