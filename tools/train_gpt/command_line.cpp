@@ -83,6 +83,10 @@ void add_flags(CLI::App& app, CommandLine& cli) {
                  "positions, SwiGLU, grouped-query attention)")
       ->check(CLI::IsMember({"gpt2", "llama"}))
       ->capture_default_str();
+  app.add_option("--model-config", cli.model_config_path,
+                 "the model from a Hugging Face config.json (model_type gpt2 or llama), "
+                 "initialised afresh; explicit model flags must agree with it")
+      ->check(CLI::ExistingFile);
   app.add_option("--kv-heads", cli.train.llama.kv_heads,
                  "llama: key/value heads (num_key_value_heads), dividing --heads")
       ->check(bounded(1, true, 4096))

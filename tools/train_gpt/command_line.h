@@ -21,6 +21,7 @@ struct CommandLine {
   TrainOptions train;
   std::string data_path, init_path, save_path, metrics_path, trace_path;
   std::string data_format = "auto", tokenizer_path, val_data_path;
+  std::string model_config_path;  // --model-config: a Hugging Face config.json
   // --sample-every: every N steps rank 0 prints a continuation of --sample-prompt.
   int64_t sample_every = 0, sample_tokens = 64;
   std::string sample_prompt;

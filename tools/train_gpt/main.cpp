@@ -71,13 +71,15 @@ class Throughput {
 constexpr int64_t kSkipLimitSteps = 20;
 
 
-// The model of --init's checkpoint taken into `o`; flags given explicitly must agree with it.
+// The model of --init's checkpoint (or of --model-config's file) taken into `o`; flags given
+// explicitly must agree with it.
 void take_init_model(const nn::ModelSpec& stored, const CLI::App& app, const CommandLine& cli,
                      TrainOptions& o) {
   auto agree = [&](const char* flag, auto given, auto value) {
     if (app.count(flag) > 0 && given != value) {
-      tag::kTrainGpt.fail(flag, " ", given, " does not match the --init checkpoint, which has ",
-                          value, "; drop the flag to take the checkpoint's value");
+      tag::kTrainGpt.fail(flag, " ", given, " does not match the ",
+                          cli.init_path.empty() ? "--model-config file" : "--init checkpoint",
+                          ", which has ", value, "; drop the flag to take its value");
     }
   };
   agree("--model", cli.model, nn::architecture_name(stored.architecture));
@@ -253,9 +255,18 @@ Plan resolve(const CLI::App& app, CommandLine& cli) {
   plan.strategy = strategies::StrategyRegistry::create(strategy_name, config);
 
   o.architecture = nn::parse_architecture(cli.model);
+  if (!cli.init_path.empty() && !cli.model_config_path.empty()) {
+    tag::kTrainGpt.fail("--model-config describes a model to initialise afresh and --init one to "
+                        "load (with its own config); give one of them");
+  }
   if (!cli.init_path.empty()) {
     plan.init = nn::load_pretrained(cli.init_path, model_spec(o));
     take_init_model(plan.init->spec, app, cli, o);
+  }
+  if (!cli.model_config_path.empty()) {
+    const std::string text =
+        read_regular_file(cli.model_config_path, tag::kTrainGpt, "a config.json");
+    take_init_model(nn::spec_from_hf_config(text, cli.model_config_path), app, cli, o);
   }
   apply_preset(cli.preset, o);
   plan.tokenizer_path = !cli.tokenizer_path.empty() ? std::filesystem::path(cli.tokenizer_path)
