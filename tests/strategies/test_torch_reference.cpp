@@ -295,8 +295,9 @@ TEST(TorchReference, LlamaMatchesTransformers) {
   expect_matches(ref, train(ref, nullptr), "llama single_device, batch 16");
 }
 
-// Llama under DDP, ZeRO-3 and FSDP (units: its decoder layers) on 2 ranks: transformers'
-// losses at twice the batch, and DDP's and ZeRO-3's losses equal to the bit.
+// Llama under DDP, ZeRO-1, ZeRO-2 with CPU offload, ZeRO-3 and FSDP (units: its decoder
+// layers) on 2 ranks: transformers' losses at twice the batch, and the ZeRO stages' losses
+// equal to DDP's to the bit.
 TEST(TorchReference, LlamaShardedStrategiesMatchTransformers) {
   const Reference ref = read_llama_reference();
   expect_all_ok(run_ranks(2, [&](int rank, int size, std::shared_ptr<comm::Store> store) {
@@ -304,8 +305,8 @@ TEST(TorchReference, LlamaShardedStrategiesMatchTransformers) {
     StrategyConfig fsdp;
     fsdp.sharding.auto_wrap_policy = "LlamaDecoderLayer";
     for (const auto& [name, options] :
-         {std::pair<std::string, StrategyConfig>{"ddp", {}}, {"deepspeed_stage_3", {}},
-          {"fsdp", fsdp}}) {
+         {std::pair<std::string, StrategyConfig>{"ddp", {}}, {"deepspeed_stage_1", {}},
+          {"deepspeed_stage_2_offload", {}}, {"deepspeed_stage_3", {}}, {"fsdp", fsdp}}) {
       auto strategy = StrategyRegistry::create(name, options);
       dynamic_cast<ParallelStrategy&>(*strategy).set_process_group(
           std::make_shared<comm::ProcessGroup>(rank, size, store,
@@ -315,7 +316,29 @@ TEST(TorchReference, LlamaShardedStrategiesMatchTransformers) {
       losses[name] = train(ref, strategy.get());
       expect_matches(ref, losses[name], "llama " + name + " on 2 ranks, 8 rows each");
     }
-    EXPECT_EQ(losses["ddp"], losses["deepspeed_stage_3"]);
+    for (const char* zero : {"deepspeed_stage_1", "deepspeed_stage_2_offload", "deepspeed_stage_3"})
+      EXPECT_EQ(losses["ddp"], losses[zero]) << zero;
+  }, 300s));
+}
+
+// Llama under FSDP's HYBRID_SHARD over 2 hosts x 2 ranks (a shard group per host; hosts
+// simulated with LOOM_HOST_ID, the hierarchical backend): transformers' losses at 4x the batch.
+TEST(TorchReference, LlamaHybridShardMatchesTransformers) {
+  const Reference ref = read_llama_reference();
+  expect_all_ok(run_ranks(4, [&](int rank, int size, std::shared_ptr<comm::Store> store) {
+    setenv("LOOM_HOST_ID", std::to_string(rank / 2).c_str(), 1);
+    StrategyConfig hybrid;
+    hybrid.fsdp_sharding_strategy = "HYBRID_SHARD";
+    hybrid.sharding.shard_group_size = 2;
+    hybrid.sharding.auto_wrap_policy = "LlamaDecoderLayer";
+    auto strategy = StrategyRegistry::create("fsdp", hybrid);
+    dynamic_cast<ParallelStrategy&>(*strategy).set_process_group(
+        std::make_shared<comm::ProcessGroup>(
+            rank, size, store, comm::GroupOptions{.backend = "hierarchical", .timeout = 60s},
+            "llama-hybrid"));
+    strategy->setup_environment();
+    expect_matches(ref, train(ref, strategy.get()),
+                   "llama fsdp HYBRID_SHARD on 2 hosts x 2 ranks, 4 rows each");
   }, 300s));
 }
 
