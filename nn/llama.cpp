@@ -79,9 +79,15 @@ LlamaAttention::LlamaAttention(const LlamaConfig& config, Generator& gen)
   o_proj_ = projection("o_proj", q_width, config.hidden);
 }
 
-void LlamaAttention::parallelize(const TensorParallelGroup* tp) {
-  heads_ /= tp->size();
-  kv_heads_ /= tp->size();
+void LlamaAttention::parallelize(const TensorParallelGroup* tp, bool replicate_kv) {
+  const int64_t n = tp->size();
+  if (replicate_kv) {  // rank r's query heads all read key/value head r / (n / kv_heads)
+    kv_head_ = tp->rank() / (n / kv_heads_);
+    kv_heads_ = 1;
+  } else {
+    kv_heads_ /= n;
+  }
+  heads_ /= n;
   tp_ = tp;
 }
 
@@ -93,9 +99,17 @@ Tensor LlamaAttention::forward(const Tensor& x, const RotaryTables& rotary,
     auto heads_of = [&](const Tensor& t, int64_t heads) {  // [B, T, H*D] -> [B, H, T, D]
       return t.reshape({batch, time, heads, head_dim_}).permute({0, 2, 1, 3});
     };
+    // A replicated key/value projection: this rank's head's rows, the whole weight's
+    // gradient summed over the group (each rank's covers its head's rows).
+    auto kv_projection = [&](const LinearNoBias& proj) {
+      if (kv_head_ < 0) return proj.forward(in);
+      const Tensor rows = gradient_summed_over_group(proj.weight(), *tp_)
+                              .narrow(0, kv_head_ * head_dim_, head_dim_);
+      return matmul(in, transpose(rows, 0, 1));
+    };
     Tensor q = apply_rotary(heads_of(q_proj_->forward(in), heads_), rotary);
-    Tensor k = apply_rotary(heads_of(k_proj_->forward(in), kv_heads_), rotary);
-    Tensor v = heads_of(v_proj_->forward(in), kv_heads_);
+    Tensor k = apply_rotary(heads_of(kv_projection(*k_proj_), kv_heads_), rotary);
+    Tensor v = heads_of(kv_projection(*v_proj_), kv_heads_);
     if (kv_heads_ != heads_) {  // GQA: each key/value head serves heads / kv_heads queries
       const int64_t group = heads_ / kv_heads_;
       auto repeat = [&](const Tensor& t) {
@@ -143,8 +157,8 @@ LlamaDecoderLayer::LlamaDecoderLayer(const LlamaConfig& config, Generator& gen) 
   mlp_ = register_module("mlp", std::make_shared<LlamaMLP>(config, gen));
 }
 
-void LlamaDecoderLayer::parallelize(const TensorParallelGroup* tp) {
-  self_attn_->parallelize(tp);
+void LlamaDecoderLayer::parallelize(const TensorParallelGroup* tp, bool replicate_kv) {
+  self_attn_->parallelize(tp, replicate_kv);
   mlp_->parallelize(tp);
 }
 
@@ -277,13 +291,15 @@ Tensor Llama::forward_cached(const Tensor& tokens, KVCache& cache) const {
 void Llama::parallelize(std::shared_ptr<const TensorParallelGroup> tp) {
   if (tp_) fail("Llama::parallelize: the model is already tensor parallel");
   const int n = tp->size();
-  if (config_.heads % n != 0 || config_.kv_heads % n != 0 || config_.intermediate % n != 0 ||
-      config_.vocab_size % n != 0) {
+  const bool replicate_kv = config_.kv_heads % n != 0;
+  if (config_.heads % n != 0 || config_.intermediate % n != 0 || config_.vocab_size % n != 0 ||
+      (replicate_kv && n % config_.kv_heads != 0)) {
     fail("Llama::parallelize: --tp ", n, " must divide the attention heads (", config_.heads,
-         "), the key/value heads (", config_.kv_heads, "), the intermediate size (",
-         config_.intermediate, ") and the vocabulary (", config_.vocab_size,
-         "); replicating key/value heads across ranks is not implemented");
+         "), the intermediate size (", config_.intermediate, ") and the vocabulary (",
+         config_.vocab_size, "), and divide the key/value heads (", config_.kv_heads,
+         ") or be a multiple of them (then they are replicated)");
   }
+  kv_replicated_ = replicate_kv;
   NoGradGuard no_grad;
   const auto splits = tensor_parallel_splits();
   for (const auto& [name, p] : named_parameters()) {
@@ -291,7 +307,7 @@ void Llama::parallelize(std::shared_ptr<const TensorParallelGroup> tp) {
     if (found != splits.end()) p.set_data(take_split(p.detach(), found->second, tp->rank(), n));
   }
   for (const auto& layer : *model_->layers())
-    layer->parallelize(tp.get());
+    layer->parallelize(tp.get(), replicate_kv);
   tp_ = std::move(tp);
 }
 
@@ -300,9 +316,11 @@ std::map<std::string, TensorParallelSplit> Llama::tensor_parallel_splits() const
   if (lm_head_) splits["lm_head.weight"] = {0, 1};
   for (int64_t i = 0; i < config_.layers; ++i) {
     const std::string layer = "model.layers." + std::to_string(i) + ".";
-    for (const char* column : {"self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj",
-                               "mlp.gate_proj", "mlp.up_proj"}) {
+    for (const char* column : {"self_attn.q_proj", "mlp.gate_proj", "mlp.up_proj"})
       splits[layer + column + ".weight"] = {0, 1};  // output rows: heads, or MLP columns
+    if (!kv_replicated_) {
+      splits[layer + "self_attn.k_proj.weight"] = {0, 1};
+      splits[layer + "self_attn.v_proj.weight"] = {0, 1};
     }
     splits[layer + "self_attn.o_proj.weight"] = {1, 1};  // input columns
     splits[layer + "mlp.down_proj.weight"] = {1, 1};

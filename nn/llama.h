@@ -65,11 +65,14 @@ class LlamaAttention : public Module {
   Tensor forward(const Tensor& x, const RotaryTables& rotary,
                  KVCache::Layer* cache = nullptr) const;
   // Tensor parallel: this rank's query and key/value heads (q, k, v column-parallel by head,
-  // o_proj row-parallel).
-  void parallelize(const TensorParallelGroup* tp);
+  // o_proj row-parallel). With replicate_kv (the group larger than the key/value heads, a
+  // multiple of them), k_proj and v_proj stay whole on every rank and each rank uses the one
+  // key/value head its query heads read, their gradients summed over the group.
+  void parallelize(const TensorParallelGroup* tp, bool replicate_kv);
 
  private:
   int64_t heads_, kv_heads_, head_dim_;  // heads this rank's
+  int64_t kv_head_ = -1;                 // with replicated key/value heads: the one used here
   const TensorParallelGroup* tp_ = nullptr;
   std::shared_ptr<LinearNoBias> q_proj_, k_proj_, v_proj_, o_proj_;
 };
@@ -92,7 +95,7 @@ class LlamaDecoderLayer : public Module {
   LlamaDecoderLayer(const LlamaConfig& config, Generator& gen);
   Tensor forward(const Tensor& x, const RotaryTables& rotary,
                  KVCache::Layer* cache = nullptr) const;
-  void parallelize(const TensorParallelGroup* tp);
+  void parallelize(const TensorParallelGroup* tp, bool replicate_kv);
 
  private:
   std::shared_ptr<RMSNorm> input_layernorm_, post_attention_layernorm_;
@@ -133,7 +136,9 @@ class Llama : public CausalLM {
 
   // Tensor parallelism as GPT's (nn/gpt.h): embedding and lm_head by vocabulary rows, q/k/v
   // and gate/up by output rows (heads), o_proj and down_proj by input columns. --tp must
-  // divide the heads, the key/value heads, the intermediate size and the vocabulary.
+  // divide the heads, the intermediate size and the vocabulary, and divide the key/value
+  // heads or be a multiple of them: then k_proj and v_proj are replicated, each rank using
+  // the key/value head of its query heads (as Megatron-LM replicates key/value heads).
   void parallelize(std::shared_ptr<const TensorParallelGroup> tp) override;
   std::map<std::string, TensorParallelSplit> tensor_parallel_splits() const override;
 
@@ -158,6 +163,7 @@ class Llama : public CausalLM {
   std::shared_ptr<const TensorParallelGroup> tp_;
   std::shared_ptr<LlamaModel> model_;
   std::shared_ptr<LinearNoBias> lm_head_;  // null when tied
+  bool kv_replicated_ = false;             // under tensor parallelism (parallelize)
   RotaryTables rotary_;  // positions 0..context-1
 };
 

@@ -74,6 +74,21 @@ Tensor vocab_parallel_embedding(const Tensor& ids, const Tensor& weight, int64_t
   return autograd::apply(op, {weight})[0];
 }
 
+Tensor gradient_summed_over_group(const Tensor& x, const TensorParallelGroup& group) {
+  const TensorParallelGroup* tp = &group;
+  autograd::CustomOp op{
+      .name = "gradient_summed_over_group",
+      .forward = [](autograd::Context&,
+                    const std::vector<Tensor>& in) { return std::vector<Tensor>{in[0].clone()}; },
+      .backward =
+          [tp](autograd::Context&, const std::vector<Tensor>& grad_out) {
+            Tensor sum = grad_out[0].contiguous().clone();
+            tp->sum(sum);
+            return std::vector<Tensor>{sum};
+          }};
+  return autograd::apply(op, {x})[0];
+}
+
 Tensor parallel_cross_entropy(const Tensor& logits, const Tensor& targets, int64_t first,
                               const TensorParallelGroup& group) {
   if (logits.dtype() != DType::F32 || logits.dim() != 2)

@@ -321,6 +321,28 @@ TEST(TorchReference, LlamaShardedStrategiesMatchTransformers) {
   }, 300s));
 }
 
+// Llama's 2 key/value heads over tp 4 (with and without sequence parallelism): each rank
+// keeps k_proj and v_proj whole and uses the head of its query heads: transformers' losses.
+TEST(TorchReference, LlamaTensorParallelBeyondTheKeyValueHeadsMatchesTransformers) {
+  const Reference ref = read_llama_reference();
+  expect_all_ok(run_ranks(4, [&](int rank, int size, std::shared_ptr<comm::Store> store) {
+    for (const bool sequence_parallel : {false, true}) {
+      StrategyConfig options;
+      options.tensor_parallel.size = 4;
+      options.tensor_parallel.sequence_parallel = sequence_parallel;
+      auto strategy = StrategyRegistry::create("model_parallel", options);
+      dynamic_cast<ParallelStrategy&>(*strategy).set_process_group(
+          std::make_shared<comm::ProcessGroup>(
+              rank, size, store, comm::GroupOptions{.timeout = 60s},
+              sequence_parallel ? "llama-tp4-sp" : "llama-tp4"));
+      strategy->setup_environment();
+      expect_matches(ref, train(ref, strategy.get()),
+                     sequence_parallel ? "llama tp 4 > 2 key/value heads, sequence parallel"
+                                       : "llama tp 4 > 2 key/value heads");
+    }
+  }, 300s));
+}
+
 // Llama under FSDP's HYBRID_SHARD over 2 hosts x 2 ranks (a shard group per host; hosts
 // simulated with LOOM_HOST_ID, the hierarchical backend): transformers' losses at 4x the batch.
 TEST(TorchReference, LlamaHybridShardMatchesTransformers) {

@@ -300,14 +300,16 @@ Plan resolve(const CLI::App& app, CommandLine& cli) {
   const bool llama = o.architecture == nn::Architecture::kLlama;
   if (llama) model_spec(o).llama.validate();
   // Model-parallel sizes that cannot split this model: one clear error before any rank starts.
-  if (const int tp = config.tensor_parallel.size;
-      tp > 1 && (o.model.heads % tp != 0 || o.model.vocab_size % tp != 0 ||
-                 (llama && (o.llama.kv_heads % tp != 0 || o.llama.intermediate % tp != 0)))) {
+  // (Llama's key/value heads split when --tp divides them, replicated when it is a multiple.)
+  const int tp = config.tensor_parallel.size;
+  const int64_t kv = o.llama.kv_heads;
+  if (tp > 1 && (o.model.heads % tp != 0 || o.model.vocab_size % tp != 0 ||
+                 (llama && (o.llama.intermediate % tp != 0 || (kv % tp != 0 && tp % kv != 0))))) {
     tag::kTrainGpt.fail("--tp ", tp, " must divide --heads (", o.model.heads,
                         ") and the vocabulary (", o.model.vocab_size, ")",
-                        llama ? ", --kv-heads (" + std::to_string(o.llama.kv_heads) +
-                                    ") and --intermediate (" +
-                                    std::to_string(o.llama.intermediate) + ")"
+                        llama ? " and --intermediate (" + std::to_string(o.llama.intermediate) +
+                                    "), and divide --kv-heads (" + std::to_string(kv) +
+                                    ") or be a multiple of it"
                               : std::string());
   }
   if (const int64_t chunks = static_cast<int64_t>(pipeline.stages) *
