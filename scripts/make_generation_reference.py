@@ -17,6 +17,9 @@ import sys
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(HERE)
 sys.path.insert(0, os.path.join(ROOT, "bench", "peers", "python"))
+# Where the files go: tests/data, or LOOM_REFERENCE_OUT (bench/models/recheck_references.py
+# writes them elsewhere to compare with the checked-in ones).
+OUT = os.environ.get("LOOM_REFERENCE_OUT", os.path.join(ROOT, "tests", "data"))
 
 import torch  # noqa: E402
 import transformers  # noqa: E402
@@ -73,14 +76,14 @@ def main():
            "command": "/tmp/peers-venv/bin/python scripts/make_generation_reference.py"}
     for name, model in (("llama", llama), ("gpt2", gpt2)):
         train(model, 64)
-        directory = os.path.join(ROOT, "tests", "data", f"{name}_tiny_trained")
+        directory = os.path.join(OUT, f"{name}_tiny_trained")
         model.save_pretrained(directory, safe_serialization=True)
         gen_config = os.path.join(directory, "generation_config.json")
         if os.path.exists(gen_config):
             os.remove(gen_config)
         out[name] = greedy(model, prompts)
         print(name, [(len(c["prompt"]), round(c["smallest_top2_gap"], 3)) for c in out[name]])
-    with open(os.path.join(ROOT, "tests", "data", "generation_reference.json"), "w") as f:
+    with open(os.path.join(OUT, "generation_reference.json"), "w") as f:
         json.dump(out, f, indent=1)
         f.write("\n")
 

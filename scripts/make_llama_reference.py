@@ -22,6 +22,9 @@ import sys
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(HERE)
 sys.path.insert(0, os.path.join(ROOT, "bench", "peers", "python"))
+# Where the files go: tests/data, or LOOM_REFERENCE_OUT (bench/models/recheck_references.py
+# writes them elsewhere to compare with the checked-in ones).
+OUT = os.environ.get("LOOM_REFERENCE_OUT", os.path.join(ROOT, "tests", "data"))
 
 import torch  # noqa: E402
 import transformers  # noqa: E402
@@ -40,22 +43,22 @@ def main():
     torch.manual_seed(0)
     config = transformers.LlamaConfig(**CONFIG, attn_implementation="eager")
     model = transformers.LlamaForCausalLM(config).float()
-    out_dir = os.path.join(ROOT, "tests", "data", "llama_tiny")
+    out_dir = os.path.join(OUT, "llama_tiny")
     model.save_pretrained(out_dir, safe_serialization=True)
     for extra in ("generation_config.json",):
         path = os.path.join(out_dir, extra)
         if os.path.exists(path):
             os.remove(path)
 
-    model.save_pretrained(os.path.join(ROOT, "tests", "data", "llama_tiny_sharded"),
+    model.save_pretrained(os.path.join(OUT, "llama_tiny_sharded"),
                           safe_serialization=True, max_shard_size="100KB")
     torch.manual_seed(1)
     gpt2 = transformers.GPT2LMHeadModel(transformers.GPT2Config(
         vocab_size=256, n_positions=32, n_embd=32, n_layer=2, n_head=4,
         activation_function="gelu_new", resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0)).eval()
-    gpt2.save_pretrained(os.path.join(ROOT, "tests", "data", "gpt2_tiny"), safe_serialization=True)
+    gpt2.save_pretrained(os.path.join(OUT, "gpt2_tiny"), safe_serialization=True)
     for d in ("llama_tiny_sharded", "gpt2_tiny"):
-        path = os.path.join(ROOT, "tests", "data", d, "generation_config.json")
+        path = os.path.join(OUT, d, "generation_config.json")
         if os.path.exists(path):
             os.remove(path)
 
@@ -94,7 +97,7 @@ def main():
         "python": platform.python_version(),
         "command": "/tmp/peers-venv/bin/python scripts/make_llama_reference.py",
     }
-    with open(os.path.join(ROOT, "tests", "data", "llama_tiny_reference.json"), "w") as f:
+    with open(os.path.join(OUT, "llama_tiny_reference.json"), "w") as f:
         json.dump(out, f, indent=1)
         f.write("\n")
     print("losses:", " ".join(f"{l:.6f}" for l in losses))
