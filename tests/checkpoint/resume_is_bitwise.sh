@@ -29,6 +29,7 @@ check ddp --strategy ddp_spawn --devices 2
 check ddp_shuffled --strategy ddp_spawn --devices 2 --shuffle
 check llama_zero3 --model llama --strategy deepspeed_stage_3 --devices 2
 check llama_tensor_parallel --model llama --tp 2
+check llama_dp --model llama --strategy dp --devices 2
 check zero1_bf16 --strategy deepspeed_stage_1 --devices 2 --precision bf16-mixed
 check zero3 --strategy deepspeed_stage_3 --devices 2
 check zero3_full_format --strategy deepspeed_stage_3 --devices 2 --checkpoint-format full
