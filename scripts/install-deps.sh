@@ -7,7 +7,7 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 
 packages=(g++ cmake ninja-build pkg-config libeigen3-dev nlohmann-json3-dev libcli11-dev libgtest-dev
-          libdnnl-dev ocl-icd-opencl-dev libssl-dev libucx-dev openmpi-bin libopenmpi-dev slurm-wlm munge libbenchmark-dev libhwloc-dev liburing-dev libxxhash-dev libpcre2-dev python3 python3-venv
+          libdnnl-dev ocl-icd-opencl-dev libssl-dev libucx-dev openmpi-bin libopenmpi-dev slurm-wlm munge libbenchmark-dev libhwloc-dev liburing-dev libxxhash-dev python3 python3-venv
           clang libclang-rt-14-dev  # clang 14 and libFuzzer: the asan and tsan presets, scripts/fuzz.sh
           lld)  # LLVM's linker, four times as fast as GNU ld on the sanitized test programs
 # ocl-icd-opencl-dev: Debian's oneDNN is built with its OpenCL GPU runtime, so its CMake
