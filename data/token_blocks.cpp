@@ -62,13 +62,18 @@ int64_t TokenBlocks::block_index(int64_t step, int64_t rank, int64_t world) cons
 int64_t TokenBlocks::block_at(int64_t k) const {
   if (k < 0) tag::kTrainGpt.fail("data position ", k, " asked for; expected a position >= 0");
   if (!shuffle_) return k % nblocks_;
-  int64_t epoch = k / nblocks_;
-  std::vector<int64_t> order(static_cast<size_t>(nblocks_));
-  std::iota(order.begin(), order.end(), 0);
-  Generator gen(seed_ + static_cast<uint64_t>(epoch));
-  for (int64_t i = nblocks_ - 1; i > 0; --i) {  // Fisher-Yates with Loom's own generator
-    int64_t j = static_cast<int64_t>(gen.uniform() * static_cast<double>(i + 1));
-    std::swap(order[i], order[j]);
+  const int64_t epoch = k / nblocks_;
+  std::lock_guard<std::mutex> lock(epoch_order_->mutex);
+  std::vector<int64_t>& order = epoch_order_->order;
+  if (epoch_order_->epoch != epoch) {
+    order.resize(static_cast<size_t>(nblocks_));
+    std::iota(order.begin(), order.end(), 0);
+    Generator gen(seed_ + static_cast<uint64_t>(epoch));
+    for (int64_t i = nblocks_ - 1; i > 0; --i) {  // Fisher-Yates with Loom's own generator
+      int64_t j = static_cast<int64_t>(gen.uniform() * static_cast<double>(i + 1));
+      std::swap(order[i], order[j]);
+    }
+    epoch_order_->epoch = epoch;
   }
   return order[k % nblocks_];
 }

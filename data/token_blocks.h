@@ -11,6 +11,7 @@
 
 #include <cstdint>
 #include <memory>
+#include <mutex>
 #include <vector>
 
 #include "data/token_source.h"
@@ -61,10 +62,19 @@ class TokenBlocks {
   const TokenSource& source() const { return *source_; }
 
  private:
+  // The permutation of the epoch read last (shuffled data), made once per epoch rather than
+  // once per block; shared by copies (it is a function of the seed and the epoch).
+  struct EpochOrder {
+    std::mutex mutex;
+    int64_t epoch = -1;
+    std::vector<int64_t> order;
+  };
+
   std::shared_ptr<const TokenSource> source_;
   int64_t batch_, time_, vocab_, nblocks_;
   bool shuffle_;
   uint64_t seed_;
+  std::shared_ptr<EpochOrder> epoch_order_ = std::make_shared<EpochOrder>();
 };
 
 // `count` token ids drawn uniformly from [0, vocab) with Loom's generator: the data of
