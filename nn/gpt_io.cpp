@@ -38,34 +38,35 @@ std::optional<int64_t> recorded_heads(const safetensors::Metadata& metadata, int
   return value;
 }
 
-// The number of blocks: one more than the largest N of the tensors "h.N.*", with every N from
-// 0 up present (so that a damaged name cannot ask for a huge model).
-int64_t block_count(const StateDict& state) {
-  static const std::regex block(R"(h\.(\d+)\..*)");
-  const int64_t largest = static_cast<int64_t>(state.size()) - 1;  // one tensor per block at least
+}  // namespace
+
+int64_t numbered_layer_count(const StateDict& state, const std::string& prefix) {
+  const int64_t largest = static_cast<int64_t>(state.size()) - 1;  // one tensor per layer at least
   std::set<int64_t> seen;
   for (const auto& [name, tensor] : state) {
-    std::smatch m;
-    if (!std::regex_match(name, m, block)) continue;
-    const std::optional<int64_t> index = integer_in(m[1].str(), 0, largest);
+    if (!name.starts_with(prefix)) continue;
+    const size_t dot = name.find('.', prefix.size());
+    if (dot == std::string::npos) continue;
+    const std::string digits = name.substr(prefix.size(), dot - prefix.size());
+    if (digits.empty() || digits.find_first_not_of("0123456789") != std::string::npos) continue;
+    const std::optional<int64_t> index = integer_in(digits, 0, largest);
     if (!index) {
-      tag::kTrainGpt.fail("checkpoint tensor '", name, "' has block index ", m[1].str(),
-                          "; expected h.N with N from 0 to ", largest, " (the file holds ",
-                          state.size(), " tensors)");
+      tag::kTrainGpt.fail("checkpoint tensor '", name, "' has block index ", digits,
+                          "; expected ", prefix, "N with N from 0 to ", largest,
+                          " (the file holds ", state.size(), " tensors)");
     }
     seen.insert(*index);
   }
   const int64_t count = seen.empty() ? 0 : *seen.rbegin() + 1;
   for (int64_t n = 0; n < count; ++n) {
     if (seen.count(n) == 0) {
-      tag::kTrainGpt.fail("checkpoint has tensors of block h.", count - 1, " but none of block h.",
-                          n, "; expected every block from h.0 to h.", count - 1);
+      tag::kTrainGpt.fail("checkpoint has tensors of block ", prefix, count - 1,
+                          " but none of block ", prefix, n, "; expected every block from ",
+                          prefix, "0 to ", prefix, count - 1);
     }
   }
   return count;
 }
-
-}  // namespace
 
 safetensors::Metadata gpt_metadata(const GPTConfig& c) {
   return {{"format", "pt"},
@@ -109,7 +110,7 @@ GPTConfig gpt_config_from_checkpoint(const safetensors::Contents& contents,
   config.vocab_size = need("wte.weight").size(0);
   config.embd = need("wte.weight").size(1);
   config.context = need("wpe.weight").size(0);
-  config.layers = block_count(state);
+  config.layers = numbered_layer_count(state, "h.");
   config.heads = recorded_heads(contents.metadata, config.embd).value_or(heads_if_unknown);
   return config;
 }

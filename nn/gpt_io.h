@@ -25,6 +25,12 @@ StateDict gpt_state_from_checkpoint(const safetensors::Contents& contents);
 // missing, when "loom.heads" is not a decimal divisor of embd, or when the blocks are not
 // h.0 to h.L-1 (a block index past the file's tensor count, or one left out), naming the key or
 // tensor and what is accepted.
+// The number of numbered layers "<prefix>N.*" in `state` (GPT-2's "h.", Llama's
+// "model.layers."): one more than the largest N, every N from 0 up present (so that a damaged
+// name cannot ask for a huge model). Throws loom::Error naming a tensor whose N is not a
+// decimal below the tensor count, or the first missing N.
+int64_t numbered_layer_count(const StateDict& state, const std::string& prefix);
+
 GPTConfig gpt_config_from_checkpoint(const safetensors::Contents& contents,
                                      int64_t heads_if_unknown);
 

@@ -1,6 +1,7 @@
 #include "nn/pretrained.h"
 
 #include <algorithm>
+#include <charconv>
 #include <fstream>
 #include <regex>
 #include <set>
@@ -119,27 +120,6 @@ nlohmann::json read_json_file(const std::filesystem::path& path) {
   }
 }
 
-// One more than the largest N of the tensors "<prefix>N.", every N from 0 present.
-int64_t count_indexed(const StateDict& state, const std::string& prefix,
-                      const std::string& origin) {
-  std::set<int64_t> seen;
-  for (const auto& [name, tensor] : state) {
-    if (!name.starts_with(prefix)) continue;
-    const size_t dot = name.find('.', prefix.size());
-    try {
-      seen.insert(std::stoll(name.substr(prefix.size(), dot - prefix.size())));
-    } catch (const std::exception&) {
-      kTag.fail(origin, ": tensor '", name, "' has no layer index after '", prefix, "'");
-    }
-  }
-  const int64_t count = seen.empty() ? 0 : *seen.rbegin() + 1;
-  if (static_cast<int64_t>(seen.size()) != count || (!seen.empty() && *seen.begin() < 0)) {
-    kTag.fail(origin, ": the tensors of ", prefix, "N hold ", seen.size(),
-              " layers but the largest index is ", count - 1, "; expected every layer from 0");
-  }
-  return count;
-}
-
 const Tensor& need(const StateDict& state, const std::string& name, int64_t dims,
                    const std::string& origin) {
   auto it = state.find(name);
@@ -152,9 +132,18 @@ const Tensor& need(const StateDict& state, const std::string& name, int64_t dims
 ModelSpec llama_from_tensors(const safetensors::Contents& contents, const ModelSpec& defaults,
                              const std::string& origin) {
   const StateDict& state = contents.tensors;
+  // A "loom.KEY" number of the metadata (save_weights_file's), or `fallback` without one.
   auto meta = [&](const char* key, double fallback) {
     auto it = contents.metadata.find(std::string("loom.") + key);
-    return it == contents.metadata.end() ? fallback : std::stod(it->second);
+    if (it == contents.metadata.end()) return fallback;
+    double value = 0;
+    const std::string& text = it->second;
+    const auto [end, error] = std::from_chars(text.data(), text.data() + text.size(), value);
+    if (error != std::errc() || end != text.data() + text.size() || !(value >= 0)) {
+      kTag.fail(origin, ": metadata 'loom.", key, "' is '", text,
+                "'; expected a non-negative number");
+    }
+    return value;
   };
   ModelSpec spec;
   spec.architecture = Architecture::kLlama;
@@ -163,7 +152,7 @@ ModelSpec llama_from_tensors(const safetensors::Contents& contents, const ModelS
   const Tensor& embed = need(state, "model.embed_tokens.weight", 2, origin);
   l.vocab_size = embed.size(0);
   l.hidden = embed.size(1);
-  l.layers = count_indexed(state, "model.layers.", origin);
+  l.layers = numbered_layer_count(state, "model.layers.");
   l.intermediate = need(state, "model.layers.0.mlp.gate_proj.weight", 2, origin).size(0);
   l.heads = static_cast<int64_t>(meta("heads", static_cast<double>(l.heads)));
   l.head_dim = static_cast<int64_t>(meta("head_dim", 0));
