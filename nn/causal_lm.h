@@ -4,6 +4,8 @@
 // strategies use (a sequence of layers for pipelines, a split over a tensor-parallel group).
 
 #include <memory>
+#include <string>
+#include <vector>
 
 #include "nn/kv_cache.h"
 #include "nn/layered_model.h"
@@ -33,6 +35,22 @@ class CausalLM : public Module, public LayeredModel, public TensorParallelModel 
   // A model of the same configuration with seed 0's weights (dp's replicas; a pipeline's
   // sample for balancing by time). Not tensor parallel, whatever this one is.
   virtual std::unique_ptr<CausalLM> make_like() const = 0;
+
+  // The mean next-token cross-entropy of logits [..., vocab] against targets; under tensor
+  // parallelism the logits hold this rank's vocabulary columns (a parallel cross-entropy).
+  Tensor layer_loss(const Tensor& logits, const Tensor& targets) const override;
+  // The group parallelize() split the model over; null before.
+  const TensorParallelGroup* tensor_parallel() const { return tp_.get(); }
+
+ protected:
+  // The first vocabulary row of this rank's part of the embedding (and column of the
+  // logits): 0 without tensor parallelism.
+  int64_t vocab_first() const;
+  // The names of the parameters starting with one of `prefixes`, in named_parameters()'s
+  // order (for layer_parameters).
+  std::vector<std::string> parameters_named(const std::vector<std::string>& prefixes) const;
+
+  std::shared_ptr<const TensorParallelGroup> tp_;  // set by the subclass's parallelize()
 };
 
 }  // namespace loom::nn

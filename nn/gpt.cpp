@@ -158,10 +158,6 @@ Tensor GPT::head(const Tensor& x) const {
   return matmul(normed, transpose(wte_->weight(), 0, 1));  // tied output projection
 }
 
-int64_t GPT::vocab_first() const {
-  return tp_ ? config_.vocab_size / tp_->size() * tp_->rank() : 0;
-}
-
 Tensor GPT::embed(const Tensor& tokens, const Tensor& pos) const {
   if (!tp_) return add(wte_->forward(tokens), wpe_->forward(pos));
   // Every position's row comes from the one rank that holds it; the others add zeros.
@@ -223,14 +219,6 @@ Tensor GPT::forward_layer(int64_t layer, const Tensor& x) const {
   return head(x);
 }
 
-Tensor GPT::layer_loss(const Tensor& logits, const Tensor& targets) const {
-  if (tp_) {
-    return parallel_cross_entropy(logits.reshape({-1, logits.size(-1)}), targets.reshape({-1}),
-                                  vocab_first(), *tp_);
-  }
-  return cross_entropy(logits.reshape({-1, config_.vocab_size}), targets.reshape({-1}));
-}
-
 std::vector<std::string> GPT::layer_parameters(int64_t layer) const {
   if (layer < 0 || layer >= layer_count())
     fail("GPT::layer_parameters: layer ", layer, " of ", layer_count());
@@ -238,12 +226,7 @@ std::vector<std::string> GPT::layer_parameters(int64_t layer) const {
   if (layer == 0) prefixes = {"wte.", "wpe."};
   else if (layer <= config_.layers) prefixes = {"h." + std::to_string(layer - 1) + "."};
   else prefixes = {"ln_f.", "wte."};
-  std::vector<std::string> names;
-  for (const auto& [name, p] : named_parameters()) {
-    for (const std::string& prefix : prefixes)
-      if (name.rfind(prefix, 0) == 0) names.push_back(name);
-  }
-  return names;
+  return parameters_named(prefixes);
 }
 
 double GPT::flops_per_token(int64_t time) const {

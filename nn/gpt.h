@@ -93,14 +93,12 @@ class GPT : public CausalLM {
   // and the MLP by rows, the head's logits by vocabulary with a parallel cross-entropy. The
   // group must outlive the model; loss() then needs every rank of it. Once only.
   void parallelize(std::shared_ptr<const TensorParallelGroup> tp) override;
-  const TensorParallelGroup* tensor_parallel() const { return tp_.get(); }
   // How each parameter is split under parallelize() (by name; replicated ones absent).
   std::map<std::string, TensorParallelSplit> tensor_parallel_splits() const override;
 
   int64_t layer_count() const override { return config_.layers + 2; }
   // Layer 0 takes tokens [B, T]; the head gives logits [B, T, vocab].
   Tensor forward_layer(int64_t layer, const Tensor& x) const override;
-  Tensor layer_loss(const Tensor& logits, const Tensor& targets) const override;
   std::vector<std::string> layer_parameters(int64_t layer) const override;
 
  private:
@@ -111,12 +109,9 @@ class GPT : public CausalLM {
   Tensor block_forward(int64_t index, const Tensor& x) const;
   Tensor head(const Tensor& x) const;
 
-  // The vocabulary rows this rank's wte holds begin here (0 without tensor parallelism).
-  int64_t vocab_first() const;
   Tensor embed(const Tensor& tokens, const Tensor& positions) const;
 
   GPTConfig config_;
-  std::shared_ptr<const TensorParallelGroup> tp_;
   std::shared_ptr<Embedding> wte_, wpe_;
   std::shared_ptr<ModuleList<Block>> h_;
   std::shared_ptr<LayerNorm> ln_f_;

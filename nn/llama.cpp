@@ -225,10 +225,6 @@ const Tensor& Llama::output_weight() const {
   return lm_head_ ? lm_head_->weight() : model_->embed_tokens()->weight();
 }
 
-int64_t Llama::vocab_first() const {
-  return tp_ ? config_.vocab_size / tp_->size() * tp_->rank() : 0;
-}
-
 Tensor Llama::embed(const Tensor& tokens) const {
   check_tokens(tokens);
   if (!tp_) return model_->embed_tokens()->forward(tokens);
@@ -336,14 +332,6 @@ Tensor Llama::forward_layer(int64_t layer, const Tensor& x) const {
   return head(x);
 }
 
-Tensor Llama::layer_loss(const Tensor& logits, const Tensor& targets) const {
-  if (tp_) {
-    return parallel_cross_entropy(logits.reshape({-1, logits.size(-1)}), targets.reshape({-1}),
-                                  vocab_first(), *tp_);
-  }
-  return cross_entropy(logits.reshape({-1, config_.vocab_size}), targets.reshape({-1}));
-}
-
 std::vector<std::string> Llama::layer_parameters(int64_t layer) const {
   if (layer < 0 || layer >= layer_count())
     fail("Llama::layer_parameters: layer ", layer, " of ", layer_count());
@@ -351,12 +339,7 @@ std::vector<std::string> Llama::layer_parameters(int64_t layer) const {
   if (layer == 0) prefixes = {"model.embed_tokens."};
   else if (layer <= config_.layers) prefixes = {"model.layers." + std::to_string(layer - 1) + "."};
   else prefixes = {"model.norm.", lm_head_ ? "lm_head." : "model.embed_tokens."};
-  std::vector<std::string> names;
-  for (const auto& [name, p] : named_parameters()) {
-    for (const std::string& prefix : prefixes)
-      if (name.rfind(prefix, 0) == 0) names.push_back(name);
-  }
-  return names;
+  return parameters_named(prefixes);
 }
 
 }  // namespace loom::nn

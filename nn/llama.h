@@ -144,7 +144,6 @@ class Llama : public CausalLM {
 
   int64_t layer_count() const override { return config_.layers + 2; }
   Tensor forward_layer(int64_t layer, const Tensor& x) const override;
-  Tensor layer_loss(const Tensor& logits, const Tensor& targets) const override;
   std::vector<std::string> layer_parameters(int64_t layer) const override;
 
  private:
@@ -157,10 +156,8 @@ class Llama : public CausalLM {
   Tensor layer_forward(int64_t index, const Tensor& x) const;
   Tensor head(const Tensor& x) const;
   const Tensor& output_weight() const;  // lm_head's, or the embedding's when tied
-  int64_t vocab_first() const;
 
   LlamaConfig config_;
-  std::shared_ptr<const TensorParallelGroup> tp_;
   std::shared_ptr<LlamaModel> model_;
   std::shared_ptr<LinearNoBias> lm_head_;  // null when tied
   bool kv_replicated_ = false;             // under tensor parallelism (parallelize)
