@@ -160,6 +160,27 @@ void expect_matches(const Reference& ref, const std::vector<double>& losses,
               losses.size(), worst);
 }
 
+// Tensor parallelism over `tp` ranks (each the whole batch), without and with sequence
+// parallelism, on rank `rank` of a run of `size`: the reference's losses. `what` names the
+// run in messages and its process groups.
+void expect_tensor_parallel_matches(const Reference& ref, int tp, int rank, int size,
+                                    const std::shared_ptr<comm::Store>& store,
+                                    const std::string& what) {
+  for (const bool sequence_parallel : {false, true}) {
+    StrategyConfig options;
+    options.tensor_parallel.size = tp;
+    options.tensor_parallel.sequence_parallel = sequence_parallel;
+    auto strategy = StrategyRegistry::create("model_parallel", options);
+    const std::string run =
+        what + ", tp " + std::to_string(tp) + (sequence_parallel ? ", sequence parallel" : "");
+    dynamic_cast<ParallelStrategy&>(*strategy).set_process_group(
+        std::make_shared<comm::ProcessGroup>(rank, size, store,
+                                             comm::GroupOptions{.timeout = 60s}, run));
+    strategy->setup_environment();
+    expect_matches(ref, train(ref, strategy.get()), run);
+  }
+}
+
 TEST(TorchReference, SingleDeviceMatchesPyTorch) {
   const Reference ref = read_reference();
   ASSERT_EQ(ref.losses.size(), 20u);
@@ -209,20 +230,7 @@ TEST(TorchReference, DdpOverTwoHostsMatchesPyTorchAtFourTimesTheBatch) {
 TEST(TorchReference, TensorParallelMatchesPyTorchAtTheSameBatch) {
   const Reference ref = read_reference();
   expect_all_ok(run_ranks(2, [&](int rank, int size, std::shared_ptr<comm::Store> store) {
-    for (const bool sequence_parallel : {false, true}) {
-      StrategyConfig options;
-      options.tensor_parallel.size = 2;
-      options.tensor_parallel.sequence_parallel = sequence_parallel;
-      auto strategy = StrategyRegistry::create("model_parallel", options);
-      dynamic_cast<ParallelStrategy&>(*strategy).set_process_group(
-          std::make_shared<comm::ProcessGroup>(rank, size, store,
-                                               comm::GroupOptions{.timeout = 60s},
-                                               sequence_parallel ? "tp-sp" : "tp"));
-      strategy->setup_environment();
-      expect_matches(ref, train(ref, strategy.get()),
-                     sequence_parallel ? "model_parallel, tp 2, sequence parallel"
-                                       : "model_parallel, tp 2");
-    }
+    expect_tensor_parallel_matches(ref, 2, rank, size, store, "model_parallel");
   }, 300s));
 }
 
@@ -326,20 +334,7 @@ TEST(TorchReference, LlamaShardedStrategiesMatchTransformers) {
 TEST(TorchReference, LlamaTensorParallelBeyondTheKeyValueHeadsMatchesTransformers) {
   const Reference ref = read_llama_reference();
   expect_all_ok(run_ranks(4, [&](int rank, int size, std::shared_ptr<comm::Store> store) {
-    for (const bool sequence_parallel : {false, true}) {
-      StrategyConfig options;
-      options.tensor_parallel.size = 4;
-      options.tensor_parallel.sequence_parallel = sequence_parallel;
-      auto strategy = StrategyRegistry::create("model_parallel", options);
-      dynamic_cast<ParallelStrategy&>(*strategy).set_process_group(
-          std::make_shared<comm::ProcessGroup>(
-              rank, size, store, comm::GroupOptions{.timeout = 60s},
-              sequence_parallel ? "llama-tp4-sp" : "llama-tp4"));
-      strategy->setup_environment();
-      expect_matches(ref, train(ref, strategy.get()),
-                     sequence_parallel ? "llama tp 4 > 2 key/value heads, sequence parallel"
-                                       : "llama tp 4 > 2 key/value heads");
-    }
+    expect_tensor_parallel_matches(ref, 4, rank, size, store, "llama (2 key/value heads)");
   }, 300s));
 }
 
@@ -369,19 +364,7 @@ TEST(TorchReference, LlamaHybridShardMatchesTransformers) {
 TEST(TorchReference, LlamaModelParallelMatchesTransformers) {
   const Reference ref = read_llama_reference();
   expect_all_ok(run_ranks(2, [&](int rank, int size, std::shared_ptr<comm::Store> store) {
-    for (const bool sequence_parallel : {false, true}) {
-      StrategyConfig options;
-      options.tensor_parallel.size = 2;
-      options.tensor_parallel.sequence_parallel = sequence_parallel;
-      auto strategy = StrategyRegistry::create("model_parallel", options);
-      dynamic_cast<ParallelStrategy&>(*strategy).set_process_group(
-          std::make_shared<comm::ProcessGroup>(rank, size, store,
-                                               comm::GroupOptions{.timeout = 60s},
-                                               sequence_parallel ? "llama-tp-sp" : "llama-tp"));
-      strategy->setup_environment();
-      expect_matches(ref, train(ref, strategy.get()),
-                     sequence_parallel ? "llama tp 2, sequence parallel" : "llama tp 2");
-    }
+    expect_tensor_parallel_matches(ref, 2, rank, size, store, "llama");
     StrategyConfig options;
     options.pipeline.stages = 2;
     options.pipeline.micro_batches = 4;
