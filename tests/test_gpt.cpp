@@ -2,6 +2,7 @@
 
 #include <gtest/gtest.h>
 
+#include "causal_lm_checks.h"
 #include "gradcheck.h"
 #include "nn/gpt.h"
 
@@ -19,35 +20,12 @@ GPTConfig tiny_f64() {
   return c;
 }
 
-struct Batch {
-  Tensor tokens, targets;
-};
-
-Batch tiny_batch() {
-  return {Tensor::from_vector<int64_t>({1, 4, 7, 2, 9, 3, 5, 0, 10, 6}, {2, 5}),
-          Tensor::from_vector<int64_t>({4, 7, 2, 9, 3, 8, 0, 10, 6, 1}, {2, 5})};
-}
+using testing::Batch;
+using testing::tiny_batch;
 
 TEST(Gpt, GradientsMatchFiniteDifferences) {
   GPT model(tiny_f64(), 3);
-  Batch batch = tiny_batch();
-  model.loss(batch.tokens, batch.targets).backward();
-  double eps = 1e-6;
-  for (auto& [name, p] : model.named_parameters()) {
-    std::vector<double> analytic = p.grad().to_vector<double>();
-    double* data = p.data<double>();
-    for (int64_t j = 0; j < p.numel(); ++j) {
-      double saved = data[j];
-      NoGradGuard no_grad;
-      data[j] = saved + eps;
-      double plus = model.loss(batch.tokens, batch.targets).item();
-      data[j] = saved - eps;
-      double minus = model.loss(batch.tokens, batch.targets).item();
-      data[j] = saved;
-      double numeric = (plus - minus) / (2 * eps);
-      ASSERT_NEAR(analytic[j], numeric, 1e-7 * (1 + std::abs(numeric))) << name << "[" << j << "]";
-    }
-  }
+  testing::expect_gradients_match_finite_differences(model);
 }
 
 TEST(Gpt, InitialLossIsNearLogVocab) {
@@ -64,17 +42,7 @@ TEST(Gpt, ActivationCheckpointingGivesBitwiseEqualGradients) {
   GPT plain(c, 5);
   c.checkpoint_activations = true;
   GPT recomputed(c, 5);
-  Batch batch = tiny_batch();
-  Tensor l1 = plain.loss(batch.tokens, batch.targets);
-  Tensor l2 = recomputed.loss(batch.tokens, batch.targets);
-  EXPECT_EQ(l1.item(), l2.item());
-  l1.backward();
-  l2.backward();
-  auto a = plain.named_parameters(), b = recomputed.named_parameters();
-  for (size_t i = 0; i < a.size(); ++i) {
-    EXPECT_EQ(a[i].second.grad().to_vector<float>(), b[i].second.grad().to_vector<float>())
-        << a[i].first;
-  }
+  testing::expect_checkpointing_bitwise(plain, recomputed);
 }
 
 TEST(Gpt, EveryParameterGetsExactlyOneGradReadyCall) {

@@ -7,6 +7,7 @@
 
 #include <cmath>
 
+#include "causal_lm_checks.h"
 #include "nn/llama.h"
 #include "tensor/ops.h"
 
@@ -26,14 +27,6 @@ LlamaConfig tiny_f64(int64_t kv_heads) {
   return c;
 }
 
-struct Batch {
-  Tensor tokens, targets;
-};
-
-Batch tiny_batch() {
-  return {Tensor::from_vector<int64_t>({1, 4, 7, 2, 9, 3, 5, 0, 10, 6}, {2, 5}),
-          Tensor::from_vector<int64_t>({4, 7, 2, 9, 3, 8, 0, 10, 6, 1}, {2, 5})};
-}
 
 TEST(LlamaOps, RmsNormIsTheClosedForm) {
   // Row [3, 4]: mean of squares 12.5; with weight [1, 2]: [3, 8] / sqrt(12.5 + eps).
@@ -82,24 +75,7 @@ TEST(LlamaOps, RotaryIsIdentityAtPositionZeroAndScoresDependOnDistanceOnly) {
 
 void expect_gradients_match_finite_differences(const LlamaConfig& config) {
   Llama model(config, 3);
-  Batch batch = tiny_batch();
-  model.loss(batch.tokens, batch.targets).backward();
-  const double eps = 1e-6;
-  for (auto& [name, p] : model.named_parameters()) {
-    std::vector<double> analytic = p.grad().to_vector<double>();
-    double* data = p.data<double>();
-    for (int64_t j = 0; j < p.numel(); j += 3) {  // every third element: a quick sample
-      const double saved = data[j];
-      NoGradGuard no_grad;
-      data[j] = saved + eps;
-      const double plus = model.loss(batch.tokens, batch.targets).item();
-      data[j] = saved - eps;
-      const double minus = model.loss(batch.tokens, batch.targets).item();
-      data[j] = saved;
-      const double numeric = (plus - minus) / (2 * eps);
-      ASSERT_NEAR(analytic[j], numeric, 1e-7 * (1 + std::abs(numeric))) << name << "[" << j << "]";
-    }
-  }
+  testing::expect_gradients_match_finite_differences(model, /*stride=*/3);  // a quick sample
 }
 
 TEST(Llama, GroupedQueryAttentionGradientsMatchFiniteDifferences) {
@@ -134,17 +110,7 @@ TEST(Llama, ActivationCheckpointingGivesBitwiseEqualGradients) {
   Llama plain(c, 5);
   c.checkpoint_activations = true;
   Llama recomputed(c, 5);
-  Batch batch = tiny_batch();
-  Tensor l1 = plain.loss(batch.tokens, batch.targets);
-  Tensor l2 = recomputed.loss(batch.tokens, batch.targets);
-  EXPECT_EQ(l1.item(), l2.item());
-  l1.backward();
-  l2.backward();
-  auto a = plain.named_parameters(), b = recomputed.named_parameters();
-  for (size_t i = 0; i < a.size(); ++i) {
-    EXPECT_EQ(a[i].second.grad().to_vector<float>(), b[i].second.grad().to_vector<float>())
-        << a[i].first;
-  }
+  testing::expect_checkpointing_bitwise(plain, recomputed);
 }
 
 TEST(Llama, RefusesInconsistentConfigs) {
