@@ -100,12 +100,15 @@ TEST(FlightRecorder, DumpsTakenWhileRecordingHoldWholeEntries) {
   const std::string names[] = {"torn-read-check-a", "torn-read-check-b"};
   FlightRecorder::Log* logs[] = {&recorder.register_group(names[0], 0, 1),
                                  &recorder.register_group(names[1], 0, 1)};
-  // The writers go on until the reader has finished 3 dumps (and each wrapped its ring 3
-  // times), so that at least 3 dumps ran while entries were being written.
+  // Each writer goes on until the reader has finished 3 dumps since the writer began (and it
+  // wrapped its ring 3 times), so that at least 2 whole dumps ran while it wrote. Counting from
+  // the writer's own start matters: a writer thread scheduled late would otherwise find the
+  // dumps already done (taken over its empty ring), write alone and leave no entry checked.
   std::atomic<int> dumps{0};
   std::atomic<bool> done{false};
   auto write = [&](FlightRecorder::Log* log) {
-    for (uint64_t seq = 0; dumps.load() < 3 || seq < 3 * kFlightCapacity; ++seq) {
+    const int dumps_before = dumps.load();
+    for (uint64_t seq = 0; dumps.load() < dumps_before + 3 || seq < 3 * kFlightCapacity; ++seq) {
       const bool even = seq % 2 == 0;
       const OpLabel label{.kind = even ? "allreduce" : "broadcast",
                           .seq = seq,
