@@ -5,6 +5,7 @@
 
 #include "core/tags.h"
 #include "kernels/cpu/optimizer_steps.h"
+#include "tensor/meta.h"
 
 #if LOOM_WITH_CUDA
 #include "kernels/cuda/optimizer.h"
@@ -90,9 +91,15 @@ void AdamW::update_group(const ParamGroup& group, const std::vector<Tensor>& par
 }
 
 void AdamW::update(const ParamGroup& group, const Tensor& p, const Tensor& grad) {
-  check(p.device().is_cpu(), "AdamW::update runs the CPU kernel; CUDA parameters go through "
-                             "update_group()");
+  check(!p.device().is_cuda(),
+        "AdamW::update runs the CPU kernel; CUDA parameters go through "
+        "update_group()");
   State& s = advance_state(p);
+  if (p.device().is_meta()) {  // moments, bias corrections, decay and the update: ~12 per element
+    record_meta_op("adamw", OpClass::Optimizer, 12 * double(p.numel()),
+                   {p, grad, s.exp_avg, s.exp_avg_sq}, {p, s.exp_avg, s.exp_avg_sq});
+    return;
+  }
   const kernels::cpu::AdamWStepArgs args{.lr = group.lr,
                                          .beta1 = options_.beta1,
                                          .beta2 = options_.beta2,

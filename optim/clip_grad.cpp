@@ -6,6 +6,7 @@
 #include "core/tags.h"
 #include "kernels/cpu/exact_square_sum.h"
 #include "kernels/cpu/optimizer_steps.h"
+#include "tensor/meta.h"
 #include "tensor/ops.h"
 
 #if LOOM_WITH_CUDA
@@ -36,7 +37,7 @@ double norm_of(const T* x, int64_t n, double norm_type) {
 }
 
 void check_grad(const Tensor& grad, size_t index) {
-  bool supported_dtype = grad.device().is_cpu()
+  bool supported_dtype = !grad.device().is_cuda()
                              ? grad.dtype() == DType::F32 || grad.dtype() == DType::F64
                              : grad.dtype() == DType::F32 || grad.dtype() == DType::BF16;
   if (!supported_dtype || !grad.is_contiguous()) {
@@ -84,6 +85,11 @@ double grad_norm(const std::vector<Tensor>& params, double norm_type) {
     check_grad(grad, i);
     if (grad.device().is_cuda() && norm_type == 2.0) {
       cuda_grads.push_back(grad);
+      continue;
+    }
+    if (grad.device().is_meta()) {  // a meta gradient's norm reads as 0 (tensor/meta.h)
+      record_meta_op("grad_norm", OpClass::Reduction, 2 * double(grad.numel()), {grad}, {});
+      norms.push_back(0.0);
       continue;
     }
     Tensor host = grad.device().is_cuda() ? grad.to(Device::cpu()).to(DType::F32) : grad;

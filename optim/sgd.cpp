@@ -5,6 +5,7 @@
 
 #include "core/tags.h"
 #include "kernels/cpu/optimizer_steps.h"
+#include "tensor/meta.h"
 
 #if LOOM_WITH_CUDA
 #include "kernels/cuda/optimizer.h"
@@ -75,7 +76,11 @@ void SGD::update(const ParamGroup& group, const Tensor& p, const Tensor& grad) {
                                        .weight_decay = group.weight_decay,
                                        .nesterov = options_.nesterov,
                                        .first_step = first_step};
-  if (p.device().is_cuda()) {
+  if (p.device().is_meta()) {
+    record_meta_op("sgd", OpClass::Optimizer, 4 * double(p.numel()),
+                   {p, grad, use_momentum ? buffer : Tensor::empty({0}, p.dtype(), p.device())},
+                   {p, use_momentum ? buffer : Tensor::empty({0}, p.dtype(), p.device())});
+  } else if (p.device().is_cuda()) {
 #if LOOM_WITH_CUDA
     const kernels::cuda::SGDArgs cuda_args{.lr = args.lr,
                                            .momentum = args.momentum,

@@ -161,9 +161,26 @@ CpuAllocator& default_cpu_allocator() {
   return cpu;
 }
 
-// User overrides per device type; the CPU entry starts as the built-in allocator.
+// The meta device's: counts bytes, holds none (tensor/meta.h).
+class MetaAllocator final : public Allocator {
+ public:
+  void* allocate(size_t nbytes) override {
+    if (nbytes > 0) record_allocation(nbytes);
+    return nullptr;
+  }
+  void deallocate(void*, size_t nbytes) noexcept override {
+    if (nbytes > 0) record_deallocation(nbytes);
+  }
+};
+
+MetaAllocator& default_meta_allocator() {
+  static MetaAllocator meta;
+  return meta;
+}
+
+// User overrides per device type; the CPU and meta entries start as the built-in allocators.
 Allocator*& registered(DeviceType type) {
-  static Allocator* table[] = {&default_cpu_allocator(), nullptr};
+  static Allocator* table[] = {&default_cpu_allocator(), nullptr, &default_meta_allocator()};
   return table[static_cast<int>(type)];
 }
 
@@ -176,8 +193,9 @@ Allocator& allocator_for(Device device) {
 }
 
 void register_allocator(DeviceType type, Allocator* allocator) {
-  bool restore_cpu = allocator == nullptr && type == DeviceType::CPU;
-  registered(type) = restore_cpu ? &default_cpu_allocator() : allocator;
+  if (allocator == nullptr && type == DeviceType::CPU) allocator = &default_cpu_allocator();
+  if (allocator == nullptr && type == DeviceType::Meta) allocator = &default_meta_allocator();
+  registered(type) = allocator;
 }
 
 }  // namespace loom

@@ -1,7 +1,7 @@
 #pragma once
 // One allocator per device, with byte accounting for memory reports.
-// The CPU allocator is always present; in a build with CUDA (LOOM_WITH_CUDA), cuda:N uses
-// the caching allocator of device N (tensor/cuda/caching_allocator.h). Users may replace
+// The CPU and meta allocators are always present; in a build with CUDA (LOOM_WITH_CUDA), cuda:N
+// uses the caching allocator of device N (tensor/cuda/caching_allocator.h). Users may replace
 // either with register_allocator().
 
 #include <array>
@@ -49,7 +49,8 @@ class Allocator {
  public:
   virtual ~Allocator() = default;
   // Returns memory for `nbytes` bytes (on the CPU 64-byte aligned, 4096-byte aligned when
-  // nbytes is a multiple of 4096); never null for nbytes > 0.
+  // nbytes is a multiple of 4096); never null for nbytes > 0, except on the meta device,
+  // whose allocator counts the bytes and holds none.
   // Thread-safe.
   virtual void* allocate(size_t nbytes) = 0;
   // Returns memory obtained from allocate() with the same nbytes. Thread-safe, never throws.

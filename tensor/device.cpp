@@ -9,6 +9,7 @@ namespace loom {
 Device Device::parse(std::string_view text) {
   if (text == "cpu") return cpu();
   if (text == "cuda") return cuda(0);
+  if (text == "meta") return meta();
   if (text.starts_with("cuda:")) {
     std::string_view digits = text.substr(5);
     int index = -1;
@@ -17,11 +18,13 @@ Device Device::parse(std::string_view text) {
       return cuda(index);
     }
   }
-  fail("unknown device '", text, "'; expected 'cpu', 'cuda' or 'cuda:N'");
+  fail("unknown device '", text, "'; expected 'cpu', 'cuda', 'cuda:N' or 'meta'");
 }
 
 std::string Device::str() const {
-  return is_cpu() ? std::string("cpu") : "cuda:" + std::to_string(index);
+  if (is_cpu()) return "cpu";
+  if (is_meta()) return "meta";
+  return "cuda:" + std::to_string(index);
 }
 
 std::ostream& operator<<(std::ostream& out, const Device& device) {

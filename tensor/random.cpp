@@ -4,6 +4,7 @@
 #include <numbers>
 #include <vector>
 
+#include "tensor/meta.h"
 #include "tensor/ops.h"
 
 namespace loom {
@@ -31,6 +32,10 @@ namespace {
 template <typename Draw>
 void fill_with(Tensor& t, Draw draw, const char* op) {
   if (!is_floating(t.dtype())) fail(op, ": expected a floating tensor, got ", t.dtype());
+  if (t.device().is_meta()) {  // no values to draw: the generator does not advance
+    record_meta_op(op, OpClass::Copy, 0, {}, {t});
+    return;
+  }
   std::vector<double> values(static_cast<size_t>(t.numel()));
   for (double& v : values)
     v = draw();

@@ -12,12 +12,15 @@ namespace loom {
 class Storage {
  public:
   // Allocates `nbytes` on `device` through its registered allocator.
+  // On the meta device nothing is allocated (data() is null) but the bytes are counted all
+  // the same, so memory reports come from the real code path (tensor/meta.h).
   Storage(size_t nbytes, Device device)
       : allocator_(&allocator_for(device)),
         data_(allocator_->allocate(nbytes)),
         nbytes_(nbytes),
-        device_(device) {
-    if (data_ != nullptr) allocator_->count_kind(kind_, nbytes_);
+        device_(device),
+        held_(nbytes > 0) {
+    if (held_) allocator_->count_kind(kind_, nbytes_);
   }
   ~Storage() { release(); }
   Storage(const Storage&) = delete;
@@ -32,7 +35,7 @@ class Storage {
   MemoryKind kind() const { return kind_; }
   void set_kind(MemoryKind kind) noexcept {
     if (kind == kind_) return;
-    if (data_ != nullptr) {
+    if (held_) {
       allocator_->uncount_kind(kind_, nbytes_);
       allocator_->count_kind(kind, nbytes_);
     }
@@ -47,23 +50,26 @@ class Storage {
   // whose storage is released is the caller's bug. Not thread-safe: the owner serialises
   // these calls with every use of the data.
   void release() noexcept {
-    if (data_ == nullptr) return;
+    if (!held_) return;
     allocator_->uncount_kind(kind_, nbytes_);
     allocator_->deallocate(data_, nbytes_);
     data_ = nullptr;
+    held_ = false;
   }
   void materialize() {
-    if (data_ != nullptr || nbytes_ == 0) return;
+    if (held_ || nbytes_ == 0) return;
     data_ = allocator_->allocate(nbytes_);
     allocator_->count_kind(kind_, nbytes_);
+    held_ = true;
   }
-  bool materialized() const { return data_ != nullptr || nbytes_ == 0; }
+  bool materialized() const { return held_ || nbytes_ == 0; }
 
  private:
   Allocator* allocator_;
   void* data_;
   size_t nbytes_;
   Device device_;
+  bool held_;  // the bytes are allocated (and counted); data_ is null on meta all the same
   MemoryKind kind_ = MemoryKind::Activations;
 };
 

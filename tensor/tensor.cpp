@@ -85,6 +85,12 @@ void Tensor::throw_undefined() {
   throw Error("use of an undefined Tensor (default-constructed or moved-from)");
 }
 
+void Tensor::throw_no_data() const {
+  fail("the data of ", str(),
+       " was asked for, but a meta tensor holds no bytes: the op that asked has no meta "
+       "implementation (tensor/meta.h says how to add one)");
+}
+
 int64_t Tensor::size(int64_t d) const {
   return shape()[wrap_dim(d, dim(), "Tensor::size")];
 }

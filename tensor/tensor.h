@@ -87,9 +87,12 @@ class Tensor {
   // Pointer to the first element; throws if T does not match dtype().
   template <typename T>
   T* data() const;
-  // Untyped pointer to the first element, any device.
+  // Untyped pointer to the first element, any device but meta (whose tensors hold no bytes:
+  // it throws, naming the tensor).
   void* raw_data() const {
     const TensorImpl& t = impl();
+    if (t.storage->device().is_meta()) [[unlikely]]
+      throw_no_data();
     return static_cast<char*>(t.storage->data()) +
            t.offset * static_cast<int64_t>(dtype_size(t.dtype));
   }
@@ -138,6 +141,7 @@ class Tensor {
 
  private:
   [[noreturn]] static void throw_undefined();
+  [[noreturn]] void throw_no_data() const;
   std::shared_ptr<TensorImpl> impl_;
 };
 

@@ -3,6 +3,7 @@
 #include "kernels/cpu/attention.h"
 #include "tensor/autocast.h"
 #include "tensor/autograd/node.h"
+#include "tensor/meta.h"
 #include "tensor/ops.h"
 #include "tensor/ops/cuda_support.h"
 #include "tensor/ops/dispatch.h"
@@ -14,6 +15,13 @@
 namespace loom {
 
 namespace {
+
+// The FLOPs of causal attention's forward on the meta device: QK^T and PV over the causal
+// half (T(T+1)/2 pairs of each head, a multiply-add per head-dim element each).
+double causal_attention_flops(const kernels::cpu::AttentionShape& s) {
+  const double pairs = double(s.time) * double(s.time + 1) / 2;
+  return 2 * 2 * double(s.batch) * double(s.heads) * pairs * double(s.head_dim);
+}
 
 // q/k/v-like operand with a contiguous last dimension (copied when it is not).
 Tensor with_unit_inner_stride(const Tensor& t) {
@@ -95,7 +103,10 @@ Tensor causal_attention(const Tensor& q, const Tensor& k, const Tensor& v) {
          vc = with_unit_inner_stride(v);
   Tensor out = empty_bthd(q.shape(), q.dtype(), q.device()).detach();
   Tensor probs = Tensor::empty({s.batch, s.heads, s.time, s.time}, q.dtype(), q.device());
-  if (q.numel() > 0) {
+  if (q.device().is_meta()) {
+    record_meta_op("causal_attention", OpClass::Attention, causal_attention_flops(s), {qc, kc, vc},
+                   {out, probs}, {s.batch, s.heads, s.time, s.head_dim});
+  } else if (q.numel() > 0) {
     detail::dispatch_floating(q.dtype(), "causal_attention", [&]<typename T>() {
       kernels::cpu::causal_attention_forward<T>(
           s, qc.data<T>(), qc.strides().data(), kc.data<T>(), kc.strides().data(), vc.data<T>(),
@@ -111,7 +122,11 @@ Tensor causal_attention(const Tensor& q, const Tensor& k, const Tensor& v) {
           Tensor dq = empty_bthd(qc.shape(), qc.dtype(), qc.device());
           Tensor dk = empty_bthd(qc.shape(), qc.dtype(), qc.device());
           Tensor dv = empty_bthd(qc.shape(), qc.dtype(), qc.device());
-          if (qc.numel() > 0) {
+          if (qc.device().is_meta()) {  // dP = dO V^T, dV = P^T dO, dQ = dS K, dK = dS^T Q
+            record_meta_op("CausalAttention", OpClass::Attention, 2 * causal_attention_flops(s),
+                           {dout, qc, kc, vc, probs}, {dq, dk, dv},
+                           {s.batch, s.heads, s.time, s.head_dim});
+          } else if (qc.numel() > 0) {
             detail::dispatch_floating(qc.dtype(), "causal_attention", [&]<typename T>() {
               kernels::cpu::causal_attention_backward<T>(
                   s, dout.data<T>(), dout.strides().data(), qc.data<T>(), qc.strides().data(),

@@ -5,6 +5,7 @@
 
 #include "kernels/cpu/elementwise.h"
 #include "tensor/autograd/node.h"
+#include "tensor/meta.h"
 #include "tensor/ops.h"
 #include "tensor/ops/cuda_support.h"
 #include "tensor/ops/dispatch.h"
@@ -80,6 +81,16 @@ void check_contiguous_dst(const char* op, const Tensor& dst) {
 void copy_across_devices(Tensor& dst, const Tensor& src) {
   NoGradGuard no_grad;
   Tensor packed = src.contiguous().to(dst.dtype());
+  if (src.device().is_meta() || dst.device().is_meta()) {
+    if (src.device().is_cuda() || dst.device().is_cuda()) {
+      fail("copy_: no copy between ", src.device(), " and ", dst.device(),
+           "; meta tensors copy to and from the CPU only");
+    }
+    record_meta_op("copy_across_devices", OpClass::Transfer, 0, {packed}, {dst});
+    // A meta tensor reads as zeros (Note [The meta device] in tensor/meta.h).
+    if (dst.device().is_cpu()) std::memset(dst.raw_data(), 0, dst.nbytes());
+    return;
+  }
 #if LOOM_WITH_CUDA
   if (src.device().is_cuda() && dst.device().is_cuda()) {
     LOOM_CUDA_CHECK(cudaStreamSynchronize(detail::stream_of(packed)));
@@ -95,6 +106,10 @@ void copy_across_devices(Tensor& dst, const Tensor& src) {
 void fill_(Tensor& a, double value) {
   check_contiguous_dst("fill_", a);
   int64_t n = a.numel();
+  if (a.device().is_meta()) {
+    record_meta_op("fill_", OpClass::Copy, 0, {}, {a});
+    return;
+  }
   if (a.device().is_cuda()) {
     LOOM_IF_CUDA(kernels::cuda::fill(a.dtype(), a.raw_data(), value, n, detail::stream_of(a)));
     return;
@@ -123,7 +138,12 @@ void copy_(Tensor& dst, const Tensor& src) {
                                              detail::stream_of(src)));
     return;
   }
+  const bool meta = src.device().is_meta();
   if (src.dtype() == dst.dtype()) {
+    if (meta) {
+      record_meta_op("copy_", OpClass::Copy, 0, {src}, {dst});
+      return;
+    }
     kernels::cpu::copy_strided(dtype_size(src.dtype()), static_cast<int>(src.dim()),
                                src.shape().data(), src.raw_data(), src.strides().data(),
                                dst.raw_data());
@@ -133,6 +153,10 @@ void copy_(Tensor& dst, const Tensor& src) {
   if (!src.is_contiguous()) {
     packed = Tensor::empty(src.shape(), src.dtype(), src.device());
     copy_(packed, src);
+  }
+  if (meta) {
+    record_meta_op("cast", OpClass::Copy, 0, {packed}, {dst});
+    return;
   }
   convert(packed.dtype(), packed.raw_data(), dst.dtype(), dst.raw_data(), dst.numel());
 }

@@ -5,6 +5,7 @@
 
 #include "kernels/cpu/elementwise.h"
 #include "tensor/autograd/node.h"
+#include "tensor/meta.h"
 #include "tensor/ops.h"
 #include "tensor/ops/cuda_support.h"
 #include "tensor/ops/dispatch.h"
@@ -36,6 +37,10 @@ Tensor binary_forward(BinaryOp op, const char* name, const Tensor& a, const Tens
   Shape shape = broadcast_shapes(a.shape(), b.shape(), name);
   Tensor out = Tensor::empty(shape, a.dtype(), a.device());
   if (out.numel() == 0) return out;
+  if (out.device().is_meta()) {
+    record_meta_op(name, OpClass::Elementwise, double(out.numel()), {a, b}, {out});
+    return out;
+  }
   Shape sa = broadcast_strides(a, shape), sb = broadcast_strides(b, shape);
   if (a.device().is_cuda()) {
     LOOM_IF_CUDA(kernels::cuda::binary(static_cast<kernels::cuda::BinaryOp>(op), a.dtype(),
@@ -112,7 +117,9 @@ Tensor add(const Tensor& a, double value) {
   detail::check_kernel_device("add", a);
   Tensor out = Tensor::empty(a.shape(), a.dtype(), a.device());
   Tensor src = detail::contiguous_input(a);
-  if (a.device().is_cuda()) {
+  if (a.device().is_meta()) {
+    record_meta_op("add", OpClass::Elementwise, double(a.numel()), {src}, {out});
+  } else if (a.device().is_cuda()) {
     LOOM_IF_CUDA(kernels::cuda::add_scalar(a.dtype(), src.raw_data(), value, out.raw_data(),
                                            a.numel(), detail::stream_of(a)));
   } else {
@@ -131,7 +138,9 @@ Tensor mul(const Tensor& a, double factor) {
   detail::check_kernel_device("mul", a);
   Tensor out = Tensor::empty(a.shape(), a.dtype(), a.device());
   Tensor src = detail::contiguous_input(a);
-  if (a.device().is_cuda()) {
+  if (a.device().is_meta()) {
+    record_meta_op("mul", OpClass::Elementwise, double(a.numel()), {src}, {out});
+  } else if (a.device().is_cuda()) {
     LOOM_IF_CUDA(kernels::cuda::scale(a.dtype(), src.raw_data(), factor, out.raw_data(), a.numel(),
                                       detail::stream_of(a)));
   } else {
@@ -169,21 +178,33 @@ struct ActivationKernels {
 
   template <typename T>
   auto cpu_forward() const {
-    if constexpr (std::is_same_v<T, float>) return cpu_forward_f32;
-    else return cpu_forward_f64;
+    if constexpr (std::is_same_v<T, float>)
+      return cpu_forward_f32;
+    else
+      return cpu_forward_f64;
   }
   template <typename T>
   auto cpu_backward() const {
-    if constexpr (std::is_same_v<T, float>) return cpu_backward_f32;
-    else return cpu_backward_f64;
+    if constexpr (std::is_same_v<T, float>)
+      return cpu_backward_f32;
+    else
+      return cpu_backward_f64;
   }
 };
+
+// FLOPs per element of an activation's forward as the meta device counts them (tanh-GELU:
+// x^3, a fused multiply-add, tanh, a product; SiLU: exp, a division, a product); its backward
+// counts twice that.
+constexpr double kActivationFlops = 8;
 
 Tensor activation(const Tensor& x, const ActivationKernels& k) {
   detail::check_kernel_device(k.name, x);
   Tensor in = detail::contiguous_input(x);
   Tensor out = Tensor::empty(x.shape(), x.dtype(), x.device());
-  if (x.device().is_cuda()) {
+  if (x.device().is_meta()) {
+    record_meta_op(k.name, OpClass::Elementwise, kActivationFlops * double(in.numel()), {in},
+                   {out});
+  } else if (x.device().is_cuda()) {
     LOOM_IF_CUDA(
         k.cuda_forward(x.dtype(), in.raw_data(), out.raw_data(), in.numel(), detail::stream_of(x)));
   } else {
@@ -192,36 +213,41 @@ Tensor activation(const Tensor& x, const ActivationKernels& k) {
     });
   }
   if (autograd::any_requires_grad({x})) {
-    autograd::record(k.node, {x}, {out},
-                     [in = in.detach(), k](const std::vector<Tensor>& g, const autograd::Node&) {
-                       Tensor dy = g[0].contiguous();
-                       Tensor dx = Tensor::empty(in.shape(), in.dtype(), in.device());
-                       if (in.device().is_cuda()) {
-                         LOOM_IF_CUDA(k.cuda_backward(in.dtype(), in.raw_data(), dy.raw_data(),
-                                                      dx.raw_data(), in.numel(),
-                                                      detail::stream_of(in)));
-                       } else {
-                         detail::dispatch_floating(in.dtype(), k.name, [&]<typename T>() {
-                           k.cpu_backward<T>()(in.data<T>(), dy.data<T>(), dx.data<T>(),
-                                               in.numel());
-                         });
-                       }
-                       return std::vector<Tensor>{dx};
-                     });
+    autograd::record(
+        k.node, {x}, {out},
+        [in = in.detach(), k](const std::vector<Tensor>& g, const autograd::Node&) {
+          Tensor dy = g[0].contiguous();
+          Tensor dx = Tensor::empty(in.shape(), in.dtype(), in.device());
+          if (in.device().is_meta()) {
+            record_meta_op(k.node, OpClass::Elementwise, 2 * kActivationFlops * double(in.numel()),
+                           {in, dy}, {dx});
+          } else if (in.device().is_cuda()) {
+            LOOM_IF_CUDA(k.cuda_backward(in.dtype(), in.raw_data(), dy.raw_data(), dx.raw_data(),
+                                         in.numel(), detail::stream_of(in)));
+          } else {
+            detail::dispatch_floating(in.dtype(), k.name, [&]<typename T>() {
+              k.cpu_backward<T>()(in.data<T>(), dy.data<T>(), dx.data<T>(), in.numel());
+            });
+          }
+          return std::vector<Tensor>{dx};
+        });
   }
   return out;
 }
 
 #if LOOM_WITH_CUDA
-#define LOOM_ACTIVATION(name, node, fn)                                                  \
-  ActivationKernels{name, node, kernels::cuda::fn##_forward, kernels::cuda::fn##_backward, \
-                    kernels::cpu::fn##_forward<float>, kernels::cpu::fn##_backward<float>, \
-                    kernels::cpu::fn##_forward<double>, kernels::cpu::fn##_backward<double>}
+#define LOOM_ACTIVATION(name, node, fn)                                         \
+  ActivationKernels {                                                           \
+    name, node, kernels::cuda::fn##_forward, kernels::cuda::fn##_backward,      \
+        kernels::cpu::fn##_forward<float>, kernels::cpu::fn##_backward<float>,  \
+        kernels::cpu::fn##_forward<double>, kernels::cpu::fn##_backward<double> \
+  }
 #else
-#define LOOM_ACTIVATION(name, node, fn)                                                  \
-  ActivationKernels{name, node, kernels::cpu::fn##_forward<float>,                       \
-                    kernels::cpu::fn##_backward<float>, kernels::cpu::fn##_forward<double>, \
-                    kernels::cpu::fn##_backward<double>}
+#define LOOM_ACTIVATION(name, node, fn)                                                \
+  ActivationKernels {                                                                  \
+    name, node, kernels::cpu::fn##_forward<float>, kernels::cpu::fn##_backward<float>, \
+        kernels::cpu::fn##_forward<double>, kernels::cpu::fn##_backward<double>        \
+  }
 #endif
 
 }  // namespace
@@ -242,6 +268,10 @@ void add_(Tensor& a, const Tensor& b) {
   check(a.is_contiguous(), "add_: destination must be contiguous");
   NoGradGuard no_grad;
   Tensor src = b.shape() == a.shape() ? b.contiguous() : expand(b, a.shape()).contiguous();
+  if (a.device().is_meta()) {
+    record_meta_op("add_", OpClass::Elementwise, double(a.numel()), {a, src}, {a});
+    return;
+  }
   if (a.device().is_cuda()) {
     LOOM_IF_CUDA(kernels::cuda::add_inplace(a.dtype(), a.raw_data(), src.raw_data(), a.numel(),
                                             detail::stream_of(a)));
@@ -255,6 +285,10 @@ void add_(Tensor& a, const Tensor& b) {
 void mul_(Tensor& a, double factor) {
   detail::check_kernel_device("mul_", a);
   check(a.is_contiguous(), "mul_: destination must be contiguous");
+  if (a.device().is_meta()) {
+    record_meta_op("mul_", OpClass::Elementwise, double(a.numel()), {a}, {a});
+    return;
+  }
   if (a.device().is_cuda()) {
     LOOM_IF_CUDA(kernels::cuda::scale_inplace(a.dtype(), a.raw_data(), factor, a.numel(),
                                               detail::stream_of(a)));

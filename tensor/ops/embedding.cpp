@@ -2,6 +2,7 @@
 
 #include "kernels/cpu/embedding.h"
 #include "tensor/autograd/node.h"
+#include "tensor/meta.h"
 #include "tensor/ops.h"
 #include "tensor/ops/cuda_support.h"
 #include "tensor/ops/dispatch.h"
@@ -68,21 +69,30 @@ Tensor embedding(const Tensor& indices, const Tensor& weight) {
   Tensor w = detail::contiguous_input(weight);
   Tensor out = Tensor::empty(shape, weight.dtype(), weight.device());
   int64_t count = static_cast<int64_t>(index->size());
-  detail::dispatch_floating(weight.dtype(), "embedding", [&]<typename T>() {
-    kernels::cpu::embedding_forward<T>(index->data(), w.data<T>(), out.data<T>(), count, width);
-  });
+  if (weight.device().is_meta()) {  // reads the indices and one row per index: out's size
+    record_meta_op("embedding", OpClass::Embedding, 0, {indices, out}, {out});
+  } else {
+    detail::dispatch_floating(weight.dtype(), "embedding", [&]<typename T>() {
+      kernels::cpu::embedding_forward<T>(index->data(), w.data<T>(), out.data<T>(), count, width);
+    });
+  }
   if (autograd::any_requires_grad({weight})) {
-    autograd::record("Embedding", {weight}, {out},
-                     [index, shape = weight.shape(), count, width](const std::vector<Tensor>& g,
-                                                                   const autograd::Node&) {
-                       Tensor dy = g[0].contiguous();
-                       Tensor dw = Tensor::zeros(shape, dy.dtype(), dy.device());
-                       detail::dispatch_floating(dy.dtype(), "embedding", [&]<typename T>() {
-                         kernels::cpu::embedding_backward<T>(index->data(), dy.data<T>(),
-                                                             dw.data<T>(), count, width);
-                       });
-                       return std::vector<Tensor>{dw};
-                     });
+    autograd::record(
+        "Embedding", {weight}, {out},
+        [index, shape = weight.shape(), count, width](const std::vector<Tensor>& g,
+                                                      const autograd::Node&) {
+          Tensor dy = g[0].contiguous();
+          Tensor dw = Tensor::zeros(shape, dy.dtype(), dy.device());
+          if (dw.device().is_meta()) {  // adds each row of dy into dw's
+            record_meta_op("Embedding", OpClass::Embedding, double(dy.numel()), {dy, dy}, {dy});
+            return std::vector<Tensor>{dw};
+          }
+          detail::dispatch_floating(dy.dtype(), "embedding", [&]<typename T>() {
+            kernels::cpu::embedding_backward<T>(index->data(), dy.data<T>(), dw.data<T>(), count,
+                                                width);
+          });
+          return std::vector<Tensor>{dw};
+        });
   }
   return out;
 }

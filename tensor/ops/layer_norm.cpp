@@ -2,6 +2,7 @@
 
 #include "kernels/cpu/layer_norm.h"
 #include "tensor/autograd/node.h"
+#include "tensor/meta.h"
 #include "tensor/ops.h"
 #include "tensor/ops/cuda_support.h"
 #include "tensor/ops/dispatch.h"
@@ -11,6 +12,13 @@
 #endif
 
 namespace loom {
+
+namespace {
+// FLOPs per element of a normalisation as the meta device counts them (a row's mean and
+// variance, the normalised value, scale and shift); backward counts twice that. These ops are
+// bandwidth-bound: the time model goes by their bytes.
+constexpr double kNormFlops = 8;
+}  // namespace
 
 Tensor layer_norm(const Tensor& x, const Tensor& weight, const Tensor& bias, double eps) {
   detail::check_kernel_device("layer_norm", x);
@@ -31,10 +39,13 @@ Tensor layer_norm(const Tensor& x, const Tensor& weight, const Tensor& bias, dou
   DType stats_dtype = x.device().is_cuda() ? DType::F32 : x.dtype();
   Tensor mean = Tensor::empty({rows}, stats_dtype, x.device());
   Tensor rstd = Tensor::empty({rows}, stats_dtype, x.device());
-  if (x.device().is_cuda()) {
+  if (x.device().is_meta()) {
+    record_meta_op("layer_norm", OpClass::Normalization, kNormFlops * double(x.numel()), {in, w, b},
+                   {out, mean, rstd});
+  } else if (x.device().is_cuda()) {
     LOOM_IF_CUDA(kernels::cuda::layer_norm_forward(
-        x.dtype(), in.raw_data(), w.raw_data(), b.raw_data(), out.raw_data(),
-        mean.data<float>(), rstd.data<float>(), rows, width, eps, detail::stream_of(x)));
+        x.dtype(), in.raw_data(), w.raw_data(), b.raw_data(), out.raw_data(), mean.data<float>(),
+        rstd.data<float>(), rows, width, eps, detail::stream_of(x)));
   } else {
     detail::dispatch_floating(x.dtype(), "layer_norm", [&]<typename T>() {
       kernels::cpu::layer_norm_forward<T>(in.data<T>(), w.data<T>(), b.data<T>(), out.data<T>(),
@@ -42,39 +53,43 @@ Tensor layer_norm(const Tensor& x, const Tensor& weight, const Tensor& bias, dou
     });
   }
   if (autograd::any_requires_grad({x, weight, bias})) {
-    autograd::record("LayerNorm", {x, weight, bias}, {out},
-                     [in = in.detach(), w = w.detach(), mean, rstd, rows, width](
-                         const std::vector<Tensor>& g, const autograd::Node& node) {
-                       Tensor dy = g[0].contiguous();
-                       Tensor dx = Tensor::empty(in.shape(), in.dtype(), in.device());
-                       Tensor dw, db;
-                       if (in.device().is_cuda()) {  // the CUDA kernel overwrites dw and db
-                         dw = Tensor::empty(w.shape(), w.dtype(), w.device());
-                         db = Tensor::empty(w.shape(), w.dtype(), w.device());
-                         LOOM_IF_CUDA({
-                           Tensor scratch = detail::workspace(
-                               in.device(),
-                               kernels::cuda::layer_norm_backward_workspace(rows, width));
-                           kernels::cuda::layer_norm_backward(
-                               in.dtype(), dy.raw_data(), in.raw_data(), w.raw_data(),
-                               mean.data<float>(), rstd.data<float>(), dx.raw_data(),
-                               dw.raw_data(), db.raw_data(), rows, width, scratch.raw_data(),
-                               detail::stream_of(in));
-                         });
-                       } else {  // the CPU kernel accumulates into them
-                         dw = Tensor::zeros(w.shape(), w.dtype(), w.device());
-                         db = Tensor::zeros(w.shape(), w.dtype(), w.device());
-                         detail::dispatch_floating(in.dtype(), "layer_norm", [&]<typename T>() {
-                           kernels::cpu::layer_norm_backward<T>(
-                               dy.data<T>(), in.data<T>(), w.data<T>(), mean.data<T>(),
-                               rstd.data<T>(), dx.data<T>(), dw.data<T>(), db.data<T>(), rows,
-                               width);
-                         });
-                       }
-                       return std::vector<Tensor>{node.needs_input_grad(0) ? dx : Tensor(),
-                                                  node.needs_input_grad(1) ? dw : Tensor(),
-                                                  node.needs_input_grad(2) ? db : Tensor()};
-                     });
+    autograd::record(
+        "LayerNorm", {x, weight, bias}, {out},
+        [in = in.detach(), w = w.detach(), mean, rstd, rows, width](const std::vector<Tensor>& g,
+                                                                    const autograd::Node& node) {
+          Tensor dy = g[0].contiguous();
+          Tensor dx = Tensor::empty(in.shape(), in.dtype(), in.device());
+          Tensor dw, db;
+          if (in.device().is_cuda()) {  // the CUDA kernel overwrites dw and db
+            dw = Tensor::empty(w.shape(), w.dtype(), w.device());
+            db = Tensor::empty(w.shape(), w.dtype(), w.device());
+            LOOM_IF_CUDA({
+              Tensor scratch = detail::workspace(
+                  in.device(), kernels::cuda::layer_norm_backward_workspace(rows, width));
+              kernels::cuda::layer_norm_backward(
+                  in.dtype(), dy.raw_data(), in.raw_data(), w.raw_data(), mean.data<float>(),
+                  rstd.data<float>(), dx.raw_data(), dw.raw_data(), db.raw_data(), rows, width,
+                  scratch.raw_data(), detail::stream_of(in));
+            });
+          } else {  // the CPU kernel accumulates into them
+            dw = Tensor::zeros(w.shape(), w.dtype(), w.device());
+            db = Tensor::zeros(w.shape(), w.dtype(), w.device());
+            if (in.device().is_meta()) {
+              record_meta_op("LayerNorm", OpClass::Normalization,
+                             2 * kNormFlops * double(in.numel()), {dy, in, w, mean, rstd},
+                             {dx, dw, db});
+            } else {
+              detail::dispatch_floating(in.dtype(), "layer_norm", [&]<typename T>() {
+                kernels::cpu::layer_norm_backward<T>(dy.data<T>(), in.data<T>(), w.data<T>(),
+                                                     mean.data<T>(), rstd.data<T>(), dx.data<T>(),
+                                                     dw.data<T>(), db.data<T>(), rows, width);
+              });
+            }
+          }
+          return std::vector<Tensor>{node.needs_input_grad(0) ? dx : Tensor(),
+                                     node.needs_input_grad(1) ? dw : Tensor(),
+                                     node.needs_input_grad(2) ? db : Tensor()};
+        });
   }
   return out;
 }
@@ -91,9 +106,11 @@ Tensor rms_norm(const Tensor& x, const Tensor& weight, double eps) {
   Tensor in = detail::contiguous_input(x), w = detail::contiguous_input(weight);
   Tensor out = Tensor::empty(x.shape(), x.dtype(), x.device());
   // As layer_norm: statistics in x's dtype on the CPU, f32 on CUDA.
-  Tensor rstd =
-      Tensor::empty({rows}, x.device().is_cuda() ? DType::F32 : x.dtype(), x.device());
-  if (x.device().is_cuda()) {
+  Tensor rstd = Tensor::empty({rows}, x.device().is_cuda() ? DType::F32 : x.dtype(), x.device());
+  if (x.device().is_meta()) {
+    record_meta_op("rms_norm", OpClass::Normalization, kNormFlops / 2 * double(x.numel()), {in, w},
+                   {out, rstd});
+  } else if (x.device().is_cuda()) {
     LOOM_IF_CUDA(kernels::cuda::rms_norm_forward(x.dtype(), in.raw_data(), w.raw_data(),
                                                  out.raw_data(), rstd.data<float>(), rows, width,
                                                  eps, detail::stream_of(x)));
@@ -107,7 +124,7 @@ Tensor rms_norm(const Tensor& x, const Tensor& weight, double eps) {
     autograd::record(
         "RmsNorm", {x, weight}, {out},
         [in = in.detach(), w = w.detach(), rstd, rows, width](const std::vector<Tensor>& g,
-                                                               const autograd::Node& node) {
+                                                              const autograd::Node& node) {
           Tensor dy = g[0].contiguous();
           Tensor dx = Tensor::empty(in.shape(), in.dtype(), in.device());
           Tensor dw;
@@ -123,11 +140,16 @@ Tensor rms_norm(const Tensor& x, const Tensor& weight, double eps) {
             });
           } else {  // the CPU kernel accumulates into it
             dw = Tensor::zeros(w.shape(), w.dtype(), w.device());
-            detail::dispatch_floating(in.dtype(), "rms_norm", [&]<typename T>() {
-              kernels::cpu::rms_norm_backward<T>(dy.data<T>(), in.data<T>(), w.data<T>(),
-                                                 rstd.data<T>(), dx.data<T>(), dw.data<T>(), rows,
-                                                 width);
-            });
+            if (in.device().is_meta()) {
+              record_meta_op("RmsNorm", OpClass::Normalization, kNormFlops * double(in.numel()),
+                             {dy, in, w, rstd}, {dx, dw});
+            } else {
+              detail::dispatch_floating(in.dtype(), "rms_norm", [&]<typename T>() {
+                kernels::cpu::rms_norm_backward<T>(dy.data<T>(), in.data<T>(), w.data<T>(),
+                                                   rstd.data<T>(), dx.data<T>(), dw.data<T>(), rows,
+                                                   width);
+              });
+            }
           }
           return std::vector<Tensor>{node.needs_input_grad(0) ? dx : Tensor(),
                                      node.needs_input_grad(1) ? dw : Tensor()};

@@ -5,6 +5,7 @@
 #include "kernels/cpu/thread_pool.h"
 #include "tensor/autocast.h"
 #include "tensor/autograd/node.h"
+#include "tensor/meta.h"
 #include "tensor/ops.h"
 #include "tensor/ops/cuda_support.h"
 #include "tensor/ops/dispatch.h"
@@ -66,10 +67,19 @@ Tensor fold_batch(const Tensor& t) {
 
 // out[i] = a[i] @ b[i] (+= when accumulate) for a batch of `batch` products; a batch stride
 // of 0 reuses the same matrix. out is contiguous [batch, m, n]. On CUDA, a defined `bias`
-// [n] is added to every row by the GEMM's epilogue (the CPU caller adds it itself).
+// [n] is added to every row by the GEMM's epilogue (the CPU caller adds it itself); on meta
+// it is counted as read, as CUDA's epilogue reads it.
 void batched_gemm(const Operand& a, const Operand& b, Tensor& out, int64_t batch, int64_t m,
                   int64_t n, int64_t k, bool accumulate,
                   [[maybe_unused]] const Tensor& bias = Tensor()) {
+  if (out.device().is_meta()) {
+    const double flops = 2.0 * double(batch) * double(m) * double(n) * double(k);
+    const Tensor none = Tensor::empty({0}, out.dtype(), out.device());
+    record_meta_op("gemm", OpClass::Gemm, flops,
+                   {a.holder, b.holder, accumulate ? out : none, bias.defined() ? bias : none},
+                   {out}, {m, n, k, batch});
+    return;
+  }
   if (out.device().is_cuda()) {
     LOOM_IF_CUDA(kernels::cuda::gemm(out.dtype(), a.trans, b.trans, m, n, k, a.holder.raw_data(),
                                      a.ld, a.batch_stride, b.holder.raw_data(), b.ld,
@@ -196,7 +206,7 @@ Tensor linear(const Tensor& x_in, const Tensor& weight_in, const Tensor& bias_in
   out_shape.push_back(out_features);
   Tensor out = Tensor::empty(out_shape, x.dtype(), x.device());
   Tensor b = detail::contiguous_input(bias);
-  if (out.device().is_cuda()) {
+  if (out.device().is_cuda() || out.device().is_meta()) {
     if (out.numel() > 0)
       batched_gemm(as_operand(x2), as_operand(weight), out, 1, rows, out_features, in, false, b);
   } else {

@@ -4,6 +4,7 @@
 
 #include "kernels/cpu/reduce.h"
 #include "tensor/autograd/node.h"
+#include "tensor/meta.h"
 #include "tensor/ops.h"
 #include "tensor/ops/cuda_support.h"
 #include "tensor/ops/dispatch.h"
@@ -39,6 +40,10 @@ Tensor sum_one_dim(const Tensor& x, int64_t dim) {
   Shape shape = x.shape();
   shape[dim] = 1;
   Tensor out = Tensor::empty(shape, x.dtype(), x.device());
+  if (x.device().is_meta()) {
+    record_meta_op("sum", OpClass::Reduction, double(x.numel()), {x}, {out});
+    return out;
+  }
   if (x.device().is_cuda()) {
     LOOM_IF_CUDA({
       Tensor scratch = detail::workspace(x.device(), kernels::cuda::sum_axis_workspace_bytes(
@@ -72,7 +77,9 @@ Tensor sum(const Tensor& x) {
   detail::check_kernel_device("sum", x);
   Tensor in = detail::contiguous_input(x);
   Tensor out = Tensor::empty({}, x.dtype(), x.device());
-  if (x.device().is_cuda()) {
+  if (x.device().is_meta()) {
+    record_meta_op("sum", OpClass::Reduction, double(x.numel()), {in}, {out});
+  } else if (x.device().is_cuda()) {
     LOOM_IF_CUDA({
       Tensor scratch = detail::workspace(x.device(), kernels::cuda::reduce_workspace_bytes(in.numel()));
       kernels::cuda::sum_all(x.dtype(), in.raw_data(), in.numel(), out.raw_data(),
@@ -144,10 +151,14 @@ Tensor max(const Tensor& x, int64_t dim, bool keepdim) {
   kept[dim] = 1;
   Tensor values = Tensor::empty(kept, x.dtype(), x.device());
   auto argmax = std::make_shared<std::vector<int64_t>>(static_cast<size_t>(s.outer * s.inner));
-  detail::dispatch_floating(x.dtype(), "max", [&]<typename T>() {
-    kernels::cpu::max_axis<T>(in.data<T>(), values.data<T>(), argmax->data(), s.outer, s.extent,
-                              s.inner);
-  });
+  if (x.device().is_meta()) {  // every argmax reads as 0
+    record_meta_op("max", OpClass::Reduction, double(x.numel()), {in}, {values});
+  } else {
+    detail::dispatch_floating(x.dtype(), "max", [&]<typename T>() {
+      kernels::cpu::max_axis<T>(in.data<T>(), values.data<T>(), argmax->data(), s.outer, s.extent,
+                                s.inner);
+    });
+  }
   Tensor out = values;
   if (!keepdim) {
     Shape squeezed = x.shape();
@@ -160,6 +171,10 @@ Tensor max(const Tensor& x, int64_t dim, bool keepdim) {
         [shape = x.shape(), s, argmax](const std::vector<Tensor>& g, const autograd::Node&) {
           Tensor dy = g[0].contiguous();
           Tensor dx = Tensor::zeros(shape, dy.dtype(), dy.device());
+          if (dx.device().is_meta()) {
+            record_meta_op("Max", OpClass::Copy, 0, {dy}, {dy});
+            return std::vector<Tensor>{dx};
+          }
           detail::dispatch_floating(dy.dtype(), "max", [&]<typename T>() {
             const T* src = dy.data<T>();
             T* dst = dx.data<T>();

@@ -5,6 +5,7 @@
 #include <optional>
 
 #include "tensor/autograd/node.h"
+#include "tensor/meta.h"
 #include "tensor/ops.h"
 #include "tensor/ops/cuda_support.h"
 #include "tensor/ops/dispatch.h"
@@ -214,8 +215,11 @@ Tensor concat(const std::vector<Tensor>& xs, int64_t dim) {
   for (int64_t d = dim + 1; d < first.dim(); ++d)
     inner *= shape[d];
   size_t element = dtype_size(first.dtype());
-  char* dst = static_cast<char*>(out.raw_data());
-  if (first.device().is_cuda()) {
+  const bool meta = out.device().is_meta();
+  char* dst = meta ? nullptr : static_cast<char*>(out.raw_data());
+  if (meta) {
+    record_meta_op("concat", OpClass::Copy, 0, {out}, {out});
+  } else if (first.device().is_cuda()) {
     // One 2-D copy per part: `outer` rows of the part's chunk into the output's wider rows.
     [[maybe_unused]] size_t row = static_cast<size_t>(shape[dim] * inner) * element;
     for (const Tensor& part : parts) {

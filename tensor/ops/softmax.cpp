@@ -2,6 +2,7 @@
 
 #include "kernels/cpu/softmax.h"
 #include "tensor/autograd/node.h"
+#include "tensor/meta.h"
 #include "tensor/ops.h"
 #include "tensor/ops/cuda_support.h"
 #include "tensor/ops/dispatch.h"
@@ -13,6 +14,11 @@
 namespace loom {
 
 namespace {
+
+// FLOPs per element of a softmax (or the cross-entropy's) as the meta device counts them: the
+// row's maximum, the exponential, the sum and the division; backward the same again. These
+// ops are bandwidth-bound: the time model goes by their bytes.
+constexpr double kSoftmaxFlops = 4;
 
 // cross_entropy on a GPU: targets are moved to the logits' device as i64 (host targets are
 // uploaded) and checked there (an out-of-range target stops the kernel with a device-side
@@ -32,17 +38,17 @@ Tensor cuda_cross_entropy(const Tensor& logits, const Tensor& targets) {
       logits.dtype(), in.raw_data(), index.data<int64_t>(), lse.data<float>(),
       row_losses.data<float>(), out.raw_data(), rows, vocab, detail::stream_of(logits)));
   if (autograd::any_requires_grad({logits})) {
-    autograd::record("CrossEntropy", {logits}, {out},
-                     [in = in.detach(), index, lse, rows, vocab](const std::vector<Tensor>& g,
-                                                                 const autograd::Node&) {
-                       Tensor dloss = g[0].contiguous();
-                       Tensor dlogits = Tensor::empty(in.shape(), in.dtype(), in.device());
-                       LOOM_IF_CUDA(kernels::cuda::cross_entropy_backward(
-                           in.dtype(), in.raw_data(), index.data<int64_t>(), lse.data<float>(),
-                           dloss.raw_data(), dlogits.raw_data(), rows, vocab,
-                           detail::stream_of(in)));
-                       return std::vector<Tensor>{dlogits};
-                     });
+    autograd::record(
+        "CrossEntropy", {logits}, {out},
+        [in = in.detach(), index, lse, rows, vocab](const std::vector<Tensor>& g,
+                                                    const autograd::Node&) {
+          Tensor dloss = g[0].contiguous();
+          Tensor dlogits = Tensor::empty(in.shape(), in.dtype(), in.device());
+          LOOM_IF_CUDA(kernels::cuda::cross_entropy_backward(
+              in.dtype(), in.raw_data(), index.data<int64_t>(), lse.data<float>(), dloss.raw_data(),
+              dlogits.raw_data(), rows, vocab, detail::stream_of(in)));
+          return std::vector<Tensor>{dlogits};
+        });
   }
   return out;
 }
@@ -60,7 +66,10 @@ Tensor softmax(const Tensor& x, bool causal) {
   int64_t rows = x.numel() / width;
   Tensor in = detail::contiguous_input(x);
   Tensor out = Tensor::empty(x.shape(), x.dtype(), x.device());
-  if (x.device().is_cuda()) {
+  if (x.device().is_meta()) {
+    record_meta_op("softmax", OpClass::Normalization, kSoftmaxFlops * double(x.numel()), {in},
+                   {out});
+  } else if (x.device().is_cuda()) {
     LOOM_IF_CUDA(kernels::cuda::softmax_forward(x.dtype(), in.raw_data(), out.raw_data(), rows,
                                                 width, causal ? width : 0, detail::stream_of(x)));
   } else {
@@ -75,7 +84,10 @@ Tensor softmax(const Tensor& x, bool causal) {
         [y = out.detach(), rows, width](const std::vector<Tensor>& g, const autograd::Node&) {
           Tensor dy = g[0].contiguous();
           Tensor dx = Tensor::empty(y.shape(), y.dtype(), y.device());
-          if (y.device().is_cuda()) {
+          if (y.device().is_meta()) {
+            record_meta_op("Softmax", OpClass::Normalization, kSoftmaxFlops * double(y.numel()),
+                           {y, dy}, {dx});
+          } else if (y.device().is_cuda()) {
             LOOM_IF_CUDA(kernels::cuda::softmax_backward(y.dtype(), y.raw_data(), dy.raw_data(),
                                                          dx.raw_data(), rows, width,
                                                          detail::stream_of(y)));
@@ -105,18 +117,30 @@ Tensor cross_entropy(const Tensor& logits, const Tensor& targets) {
   Tensor in = detail::contiguous_input(logits);
   Tensor lse = Tensor::empty({rows}, logits.dtype(), logits.device());
   Tensor out = Tensor::empty({}, logits.dtype(), logits.device());
-  detail::dispatch_floating(logits.dtype(), "cross_entropy", [&]<typename T>() {
-    double loss = kernels::cpu::cross_entropy_forward<T>(in.data<T>(), index->data(), lse.data<T>(),
-                                                         rows, vocab);
-    *out.data<T>() = static_cast<T>(loss);
-  });
+  if (logits.device().is_meta()) {
+    record_meta_op("cross_entropy", OpClass::Normalization, kSoftmaxFlops * double(in.numel()),
+                   {in, targets}, {lse, out});
+  } else {
+    detail::dispatch_floating(logits.dtype(), "cross_entropy", [&]<typename T>() {
+      double loss = kernels::cpu::cross_entropy_forward<T>(in.data<T>(), index->data(),
+                                                           lse.data<T>(), rows, vocab);
+      *out.data<T>() = static_cast<T>(loss);
+    });
+  }
   if (autograd::any_requires_grad({logits})) {
     autograd::record("CrossEntropy", {logits}, {out},
                      [in = in.detach(), lse, index, rows, vocab](const std::vector<Tensor>& g,
                                                                  const autograd::Node&) {
                        Tensor dlogits = Tensor::empty(in.shape(), in.dtype(), in.device());
-                       double scale = g[0].item() / static_cast<double>(rows);
+                       if (in.device().is_meta()) {
+                         record_meta_op("CrossEntropy", OpClass::Normalization,
+                                        kSoftmaxFlops * double(in.numel()), {in, lse}, {dlogits});
+                         return std::vector<Tensor>{dlogits};
+                       }
                        detail::dispatch_floating(in.dtype(), "cross_entropy", [&]<typename T>() {
+                         // The loss's gradient read in place: item() would allocate a copy.
+                         const double scale =
+                             static_cast<double>(*g[0].data<T>()) / static_cast<double>(rows);
                          kernels::cpu::cross_entropy_backward<T>(
                              in.data<T>(), index->data(), lse.data<T>(), static_cast<T>(scale),
                              dlogits.data<T>(), rows, vocab);

@@ -1,0 +1,63 @@
+#include "tensor/meta.h"
+
+namespace loom {
+
+namespace {
+thread_local MetaCostSink* current_sink = nullptr;
+
+void accumulate(MetaCostTotals::Sum& sum, const OpCost& cost) {
+  ++sum.ops;
+  sum.flops += cost.flops;
+  sum.bytes_read += cost.bytes_read;
+  sum.bytes_written += cost.bytes_written;
+}
+}  // namespace
+
+const char* op_class_name(OpClass op_class) {
+  switch (op_class) {
+    case OpClass::Gemm: return "gemm";
+    case OpClass::Attention: return "attention";
+    case OpClass::Elementwise: return "elementwise";
+    case OpClass::Normalization: return "normalization";
+    case OpClass::Reduction: return "reduction";
+    case OpClass::Embedding: return "embedding";
+    case OpClass::Copy: return "copy";
+    case OpClass::Transfer: return "transfer";
+    case OpClass::Optimizer: return "optimizer";
+  }
+  return "unknown";
+}
+
+MetaCostScope::MetaCostScope(MetaCostSink& sink) : previous_(current_sink) {
+  current_sink = &sink;
+}
+
+MetaCostScope::~MetaCostScope() {
+  current_sink = previous_;
+}
+
+void record_meta_op(const char* op, OpClass op_class, double flops,
+                    std::initializer_list<Tensor> reads, std::initializer_list<Tensor> writes,
+                    std::array<int64_t, 4> dims) {
+  if (current_sink == nullptr) return;
+  OpCost cost;
+  cost.op = op;
+  cost.op_class = op_class;
+  cost.flops = flops;
+  for (const Tensor& t : reads)
+    cost.bytes_read += static_cast<double>(t.nbytes());
+  for (const Tensor& t : writes)
+    cost.bytes_written += static_cast<double>(t.nbytes());
+  if (reads.size() > 0) cost.dtype = reads.begin()->dtype();
+  if (dims == std::array<int64_t, 4>{} && writes.size() > 0) dims[0] = writes.begin()->numel();
+  cost.dims = dims;
+  current_sink->record(cost);
+}
+
+void MetaCostTotals::record(const OpCost& cost) {
+  accumulate(total_, cost);
+  accumulate(by_class_[static_cast<size_t>(cost.op_class)], cost);
+  accumulate(by_op_[cost.op], cost);
+}
+
+}  // namespace loom

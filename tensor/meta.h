@@ -1,0 +1,115 @@
+#pragma once
+// The meta device: tensors with shape, dtype and device but no bytes, on which the real model,
+// autograd and optimizer code runs without computing anything, reporting what each op would
+// cost instead. It is the simulator's device (issue 45, docs/simulation.md).
+//
+// Note [The meta device]
+// An op on meta tensors takes the same path as on the CPU up to its kernel: it checks its
+// inputs, allocates its outputs and temporaries (through the meta allocator, which counts the
+// bytes by MemoryKind and holds none) and records its autograd node; then, where the CPU path
+// would run its kernel, it reports an OpCost to the calling thread's MetaCostSink and returns.
+// So peak memory by kind on meta is the CPU path's, byte for byte (tests/tensor/test_meta.cpp
+// trains GPT-2 and Llama both ways and compares). Where a CUDA path allocates otherwise (flash
+// attention keeps a [B, H, T] logsumexp instead of the [B, H, T, T] probabilities), meta
+// follows the CPU's; that is said where it matters (docs/simulation.md).
+//
+// Values do not exist. A meta tensor copied to the CPU reads as zeros, so the data-dependent
+// decisions of a step take fixed meta values: losses are finite (0), the loss scaler never
+// skips, the gradient norm is 0 (nothing is clipped). Random fills draw nothing. Anything
+// that asks a meta tensor for its bytes (Tensor::raw_data, data<T>) throws, naming the tensor:
+// that is an op without a meta implementation, found by the tests rather than by a crash.
+//
+// Adding an op: where its CPU branch calls the kernel, first
+//   if (out.device().is_meta()) { record_meta_op(name, class, flops, {reads}, {writes}); ... }
+// with the FLOPs its kernel does (a multiply-add counts 2) and the shape a calibration by size
+// needs (GEMM: m, n, k, batch).
+
+#include <array>
+#include <cstdint>
+#include <initializer_list>
+#include <map>
+#include <string>
+#include <vector>
+
+#include "tensor/tensor.h"
+
+namespace loom {
+
+// What limits an op, for the device model that turns its cost into time.
+enum class OpClass : uint8_t {
+  Gemm,           // matrix products (tensor cores, the GEMM kernel): FLOP-bound at size
+  Attention,      // fused causal attention
+  Elementwise,    // arithmetic and activations: bandwidth-bound
+  Normalization,  // layer norm, RMS norm, softmax, cross-entropy: bandwidth-bound, row-wise
+  Reduction,      // sums and norms
+  Embedding,      // gathers and scatter-adds
+  Copy,           // copies, casts and fills on one device
+  Transfer,       // copies between devices (host and device memory, PCIe)
+  Optimizer,      // fused optimizer updates
+};
+inline constexpr size_t kOpClassCount = 9;
+// "gemm", "attention", "elementwise", "normalization", "reduction", "embedding", "copy",
+// "transfer", "optimizer".
+const char* op_class_name(OpClass op_class);
+
+struct OpCost {
+  const char* op = "";  // the op's or its backward's name ("matmul", "layer_norm_backward")
+  OpClass op_class = OpClass::Elementwise;
+  double flops = 0;  // floating-point operations; a multiply-add counts 2
+  double bytes_read = 0;
+  double bytes_written = 0;
+  DType dtype = DType::F32;  // the compute dtype (the first input's)
+  // The op's sizes, for calibration by size: GEMM m, n, k, batch; attention batch, heads,
+  // time, head dim; otherwise the elements written and zeros.
+  std::array<int64_t, 4> dims = {};
+};
+
+// Receives the costs of the meta ops that the thread which installed it runs.
+class MetaCostSink {
+ public:
+  virtual ~MetaCostSink() = default;
+  virtual void record(const OpCost& cost) = 0;
+};
+
+// Installs `sink` for the calling thread until destroyed, then restores the previous one.
+// Without one, meta ops report to nobody.
+class MetaCostScope {
+ public:
+  explicit MetaCostScope(MetaCostSink& sink);
+  ~MetaCostScope();
+  MetaCostScope(const MetaCostScope&) = delete;
+  MetaCostScope& operator=(const MetaCostScope&) = delete;
+
+ private:
+  MetaCostSink* previous_;
+};
+
+// Reports op `op` of class `op_class` doing `flops` to the calling thread's sink, its bytes
+// read and written being the sizes of `reads` and `writes` (each tensor's elements, touched
+// once), its dtype the first read's, its dims `dims` (by default: the elements written).
+void record_meta_op(const char* op, OpClass op_class, double flops,
+                    std::initializer_list<Tensor> reads, std::initializer_list<Tensor> writes,
+                    std::array<int64_t, 4> dims = {});
+
+// A sink that adds costs up, by op class and by op name.
+class MetaCostTotals final : public MetaCostSink {
+ public:
+  struct Sum {
+    int64_t ops = 0;
+    double flops = 0;
+    double bytes_read = 0;
+    double bytes_written = 0;
+  };
+  void record(const OpCost& cost) override;
+  const Sum& total() const { return total_; }
+  const Sum& of(OpClass op_class) const { return by_class_[static_cast<size_t>(op_class)]; }
+  // Every op name seen, with its sum.
+  const std::map<std::string, Sum>& by_op() const { return by_op_; }
+
+ private:
+  Sum total_;
+  std::array<Sum, kOpClassCount> by_class_{};
+  std::map<std::string, Sum> by_op_;
+};
+
+}  // namespace loom

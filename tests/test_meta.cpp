@@ -1,0 +1,419 @@
+// The meta device (tensor/meta.h): every public op runs on meta tensors with the CPU's output
+// shapes and allocations and reports its cost (a test fails for an op of tensor/ops.h that is
+// not exercised here); GEMM and attention costs are their closed forms; a GPT-2 and a Llama
+// training step (forward, backward, clipping, AdamW) on meta peak at the CPU run's bytes, kind
+// by kind, exactly.
+
+#include <gtest/gtest.h>
+
+#include <fstream>
+#include <functional>
+#include <map>
+#include <regex>
+#include <set>
+#include <sstream>
+
+#include "nn/gpt.h"
+#include "nn/llama.h"
+#include "optim/adamw.h"
+#include "optim/clip_grad.h"
+#include "optim/sgd.h"
+#include "tensor/allocator.h"
+#include "tensor/meta.h"
+#include "tensor/ops.h"
+#include "tensor/random.h"
+
+namespace loom {
+namespace {
+
+// Keeps every cost reported on this thread.
+class CostLog final : public MetaCostSink {
+ public:
+  void record(const OpCost& cost) override { costs.push_back(cost); }
+  std::vector<OpCost> costs;
+};
+
+// An input of the op cases: filled without random draws, whose CPU temporaries the meta run
+// would not have (normal_ draws into a host vector first).
+Tensor input_on(const Shape& shape, Device device, int seed = 1) {
+  return Tensor::full(shape, 0.25 * seed + 0.5, DType::F32, device).set_requires_grad(true);
+}
+
+// One use of an op: builds its inputs on `device`, runs the op, returns what it produced.
+struct OpCase {
+  std::string op;  // the name declared in tensor/ops.h
+  std::function<std::vector<Tensor>(Device)> run;
+};
+
+Tensor scalar_sum(const std::vector<Tensor>& outs) {
+  Tensor total;
+  for (const Tensor& out : outs) {
+    if (!is_floating(out.dtype())) continue;
+    Tensor s = sum(out);
+    total = total.defined() ? add(total, s) : s;
+  }
+  return total;
+}
+
+std::vector<OpCase> op_cases() {
+  auto r = [](const Shape& shape, Device d, int seed = 1) { return input_on(shape, d, seed); };
+  auto tokens = [](Device d) {
+    return Tensor::from_vector<int64_t>({0, 3, 1, 4, 2, 4}, {2, 3}, d);
+  };
+  using V = std::vector<Tensor>;
+  return {
+      {"add",
+       [=](Device d) {
+         return V{add(r({2, 3}, d), r({3}, d, 2)), add(r({4}, d), 2.0)};
+       }},
+      {"sub",
+       [=](Device d) {
+         return V{sub(r({2, 3}, d), r({2, 1}, d, 2))};
+       }},
+      {"mul",
+       [=](Device d) {
+         return V{mul(r({2, 3}, d), r({2, 3}, d, 2)), mul(r({5}, d), 3.0)};
+       }},
+      {"div",
+       [=](Device d) {
+         return V{div(r({2, 3}, d), add(r({2, 3}, d, 2), 10.0))};
+       }},
+      {"neg", [=](Device d) { return V{neg(r({7}, d))}; }},
+      {"gelu",
+       [=](Device d) {
+         return V{gelu(r({3, 5}, d))};
+       }},
+      {"silu",
+       [=](Device d) {
+         return V{silu(r({3, 5}, d))};
+       }},
+      {"add_",
+       [=](Device d) {
+         Tensor a = r({2, 3}, d).detach();
+         add_(a, r({3}, d, 2).detach());
+         return V{a};
+       }},
+      {"mul_",
+       [=](Device d) {
+         Tensor a = r({6}, d).detach();
+         mul_(a, 0.5);
+         return V{a};
+       }},
+      {"fill_",
+       [=](Device d) {
+         Tensor a = Tensor::empty({4, 2}, DType::F32, d);
+         fill_(a, 1.5);
+         return V{a};
+       }},
+      {"copy_",
+       [=](Device d) {
+         Tensor a = Tensor::empty({3, 2}, DType::F64, d);
+         copy_(a, transpose(r({2, 3}, d), 0, 1));
+         return V{a};
+       }},
+      {"matmul",
+       [=](Device d) {
+         return V{matmul(r({4, 3}, d), r({3, 5}, d, 2)),
+                  matmul(r({2, 4, 3}, d), r({2, 3, 2}, d, 3)),
+                  matmul(transpose(r({3, 4}, d), 0, 1), r({3, 2}, d, 2))};
+       }},
+      {"linear",
+       [=](Device d) {
+         return V{linear(r({2, 3, 4}, d), r({4, 5}, d, 2), r({5}, d, 3))};
+       }},
+      {"layer_norm",
+       [=](Device d) {
+         return V{layer_norm(r({3, 8}, d), r({8}, d, 2), r({8}, d, 3))};
+       }},
+      {"rms_norm",
+       [=](Device d) {
+         return V{rms_norm(r({3, 8}, d), r({8}, d, 2), 1e-5)};
+       }},
+      {"softmax",
+       [=](Device d) {
+         return V{softmax(r({2, 4, 4}, d), true), softmax(r({3, 5}, d))};
+       }},
+      {"causal_attention",
+       [=](Device d) {
+         Tensor qkv = r({2, 5, 3, 2, 4}, d);  // [B, T, 3, H, D]: q, k, v are strided views
+         auto part = [&](int64_t i) {
+           return permute(reshape(narrow(qkv, 2, i, 1), {2, 5, 2, 4}), {0, 2, 1, 3});
+         };
+         return V{causal_attention(part(0), part(1), part(2))};
+       }},
+      {"cross_entropy",
+       [=](Device d) {
+         return V{cross_entropy(r({6, 5}, d), reshape(tokens(d), {6}))};
+       }},
+      {"embedding",
+       [=](Device d) {
+         return V{embedding(tokens(d), r({5, 4}, d))};
+       }},
+      {"sum",
+       [=](Device d) {
+         return V{sum(r({2, 3}, d)), sum(r({2, 3, 4}, d), {0, 2}, true)};
+       }},
+      {"mean",
+       [=](Device d) {
+         return V{mean(r({2, 3}, d)), mean(r({2, 3}, d), {1})};
+       }},
+      {"max",
+       [=](Device d) {
+         return V{max(r({3, 4}, d), 1), max(r({5}, d))};
+       }},
+      {"sum_to",
+       [=](Device d) {
+         return V{sum_to(r({2, 3, 4}, d), {3, 1})};
+       }},
+      {"reshape",
+       [=](Device d) {
+         return V{reshape(transpose(r({2, 3}, d), 0, 1), {-1})};
+       }},
+      {"permute",
+       [=](Device d) {
+         return V{permute(r({2, 3, 4}, d), {2, 0, 1})};
+       }},
+      {"transpose",
+       [=](Device d) {
+         return V{transpose(r({2, 3}, d), 0, 1)};
+       }},
+      {"narrow",
+       [=](Device d) {
+         return V{narrow(r({4, 3}, d), 0, 1, 2)};
+       }},
+      {"expand",
+       [=](Device d) {
+         return V{mul(expand(r({1, 3}, d), {4, 3}), r({4, 3}, d, 2))};
+       }},
+      {"concat",
+       [=](Device d) {
+         return V{concat({r({2, 3}, d), r({2, 1}, d, 2)}, 1)};
+       }},
+      {"split",
+       [=](Device d) {
+         return split(r({5, 2}, d), {2, 3}, 0);
+       }},
+      {"contiguous",
+       [=](Device d) {
+         return V{contiguous(transpose(r({2, 3}, d), 0, 1))};
+       }},
+      {"cast",
+       [=](Device d) {
+         return V{cast(cast(r({2, 3}, d), DType::F64), DType::F32)};
+       }},
+  };
+}
+
+// The allocations made on `device` while `run` runs, their peak and what is left: what the
+// meta device must reproduce.
+struct Footprint {
+  size_t allocations = 0;
+  size_t peak = 0;
+  size_t left = 0;
+  friend bool operator==(const Footprint&, const Footprint&) = default;
+};
+
+Footprint footprint(Device device, const std::function<void()>& run) {
+  Allocator& allocator = allocator_for(device);
+  const MemoryStats before = allocator.stats();
+  allocator.reset_peak();
+  run();
+  const MemoryStats after = allocator.stats();
+  return {after.allocations - before.allocations, after.peak_bytes - before.current_bytes,
+          after.current_bytes - before.current_bytes};
+}
+
+TEST(MetaDevice, EveryOpRunsWithTheCpusShapesAndAllocationsAndReportsItsCost) {
+  for (const OpCase& c : op_cases()) {
+    SCOPED_TRACE(c.op);
+    std::vector<Tensor> cpu, meta;
+    const Footprint on_cpu = footprint(Device::cpu(), [&] {
+      cpu = c.run(Device::cpu());
+      if (Tensor total = scalar_sum(cpu); total.defined() && total.requires_grad())
+        total.backward();
+    });
+    CostLog log;
+    Footprint on_meta;
+    {
+      MetaCostScope scope(log);
+      on_meta = footprint(Device::meta(), [&] {
+        meta = c.run(Device::meta());
+        if (Tensor total = scalar_sum(meta); total.defined() && total.requires_grad())
+          total.backward();
+      });
+    }
+    ASSERT_EQ(cpu.size(), meta.size());
+    for (size_t i = 0; i < cpu.size(); ++i) {
+      EXPECT_EQ(meta[i].device(), Device::meta());
+      EXPECT_EQ(meta[i].shape(), cpu[i].shape()) << "output " << i;
+      EXPECT_EQ(meta[i].strides(), cpu[i].strides()) << "output " << i;
+      EXPECT_EQ(meta[i].dtype(), cpu[i].dtype()) << "output " << i;
+    }
+    // The random inputs' fills are the CPU's allocations too (their draws are not).
+    EXPECT_EQ(on_meta.allocations, on_cpu.allocations);
+    EXPECT_EQ(on_meta.peak, on_cpu.peak);
+    EXPECT_EQ(on_meta.left, on_cpu.left);
+    EXPECT_FALSE(log.costs.empty());
+    for (const OpCost& cost : log.costs) {
+      EXPECT_GE(cost.flops, 0);
+      EXPECT_GE(cost.bytes_read + cost.bytes_written, 0);
+    }
+  }
+}
+
+// The guard: an op declared in tensor/ops.h that op_cases() does not run fails here, so a new
+// op comes with its meta implementation and its check.
+TEST(MetaDevice, EveryOpOfTheHeaderIsExercised) {
+  std::ifstream header(LOOM_SOURCE_DIR "/tensor/ops.h");
+  ASSERT_TRUE(header.good());
+  std::stringstream text;
+  text << header.rdbuf();
+  const std::string source = text.str();
+  const std::regex declaration(R"(^(?:Tensor|void|std::vector<Tensor>) (\w+)\()",
+                               std::regex::multiline);
+  std::set<std::string> exercised;
+  for (const OpCase& c : op_cases())
+    exercised.insert(c.op);
+  int declared = 0;
+  for (auto it = std::sregex_iterator(source.begin(), source.end(), declaration);
+       it != std::sregex_iterator(); ++it) {
+    ++declared;
+    EXPECT_TRUE(exercised.count((*it)[1].str())) << (*it)[1].str() << " has no meta check";
+  }
+  EXPECT_GT(declared, 30);
+}
+
+TEST(MetaDevice, GemmAndAttentionCostTheirClosedForms) {
+  CostLog log;
+  MetaCostScope scope(log);
+  Tensor a = Tensor::empty({2, 4, 3}, DType::F32, Device::meta());
+  Tensor b = Tensor::empty({2, 3, 5}, DType::F32, Device::meta());
+  matmul(a, b);
+  ASSERT_EQ(log.costs.size(), 1u);
+  EXPECT_EQ(log.costs[0].op_class, OpClass::Gemm);
+  EXPECT_EQ(log.costs[0].flops, 2.0 * 2 * 4 * 5 * 3);
+  EXPECT_EQ(log.costs[0].dims, (std::array<int64_t, 4>{4, 5, 3, 2}));
+  EXPECT_EQ(log.costs[0].bytes_read, (2 * 4 * 3 + 2 * 3 * 5) * 4.0);
+  EXPECT_EQ(log.costs[0].bytes_written, 2 * 4 * 5 * 4.0);
+
+  log.costs.clear();
+  Tensor q = Tensor::empty({2, 3, 7, 8}, DType::F32, Device::meta());
+  causal_attention(q, q, q);
+  ASSERT_EQ(log.costs.size(), 1u);
+  EXPECT_EQ(log.costs[0].op_class, OpClass::Attention);
+  // QK^T and PV over the 7 * 8 / 2 = 28 causal pairs of each of 2 * 3 heads, 8 wide.
+  EXPECT_EQ(log.costs[0].flops, 2.0 * 2 * 2 * 3 * 28 * 8);
+}
+
+TEST(MetaDevice, ValuesReadAsZerosAndDataAccessIsANamedError) {
+  Tensor t = Tensor::full({3}, 2.0, DType::F32, Device::meta());
+  EXPECT_EQ(t.to_vector<float>(), (std::vector<float>{0, 0, 0}));
+  EXPECT_EQ(sum(t).item(), 0.0);
+  try {
+    (void)t.data<float>();
+    FAIL() << "data() of a meta tensor did not throw";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("Tensor(f32, [3], meta)"), std::string::npos) << e.what();
+    EXPECT_NE(std::string(e.what()).find("no meta implementation"), std::string::npos) << e.what();
+  }
+  EXPECT_EQ(Device::parse("meta"), Device::meta());
+  EXPECT_EQ(Device::meta().str(), "meta");
+}
+
+// Peak and final bytes per MemoryKind over `steps` training steps of `model` (built on
+// `device` by `make`), from the device's allocator: the meta run must equal the CPU run.
+using Kinds = std::array<size_t, kMemoryKindCount>;
+struct StepMemory {
+  Kinds after_build{}, peak{}, after_steps{};
+  size_t step_allocations = 0;
+};
+
+// The tokens live on `device` (GPT's positions follow them), as a trainer moves them there.
+StepMemory train_steps(Device device, const std::function<std::unique_ptr<nn::CausalLM>()>& make,
+                       const Tensor& host_tokens, const Tensor& host_targets, int steps) {
+  const Tensor tokens = host_tokens.to(device), targets = host_targets.to(device);
+  Allocator& allocator = allocator_for(device);
+  const Kinds before = allocator.stats().current_by_kind;
+  auto minus = [&](const Kinds& k) {
+    Kinds out{};
+    for (size_t i = 0; i < kMemoryKindCount; ++i)
+      out[i] = k[i] - before[i];
+    return out;
+  };
+  StepMemory m;
+  std::unique_ptr<nn::CausalLM> model = make();
+  optim::AdamWOptions options;
+  options.weight_decay = 0.1;
+  optim::AdamW optimizer(model->parameters(), options);
+  m.after_build = minus(allocator.stats().current_by_kind);
+  allocator.reset_peak();
+  const size_t allocations = allocator.stats().allocations;
+  Tensor loss;
+  for (int step = 0; step < steps; ++step) {
+    loss = model->loss(tokens, targets);
+    loss.backward();
+    optim::clip_grad_norm(model->parameters(), 1.0);
+    optimizer.step();
+    optimizer.zero_grad();
+  }
+  m.peak = minus(allocator.stats().peak_by_kind);
+  m.after_steps = minus(allocator.stats().current_by_kind);
+  m.step_allocations = allocator.stats().allocations - allocations;
+  EXPECT_TRUE(std::isfinite(loss.item()));  // read after the peak: its host copy is no step's
+  return m;
+}
+
+void expect_meta_matches_cpu(const std::function<std::unique_ptr<nn::CausalLM>(Device)>& make) {
+  Tensor tokens =
+      Tensor::from_vector<int64_t>({1, 5, 2, 7, 3, 3, 0, 6, 4, 2, 1, 9, 8, 0, 2, 5}, {2, 8});
+  Tensor targets =
+      Tensor::from_vector<int64_t>({5, 2, 7, 3, 3, 0, 6, 4, 2, 1, 9, 8, 0, 2, 5, 1}, {2, 8});
+  const StepMemory cpu = train_steps(
+      Device::cpu(), [&] { return make(Device::cpu()); }, tokens, targets, 2);
+  MetaCostTotals totals;
+  MetaCostScope scope(totals);
+  const StepMemory meta = train_steps(
+      Device::meta(), [&] { return make(Device::meta()); }, tokens, targets, 2);
+  for (size_t k = 0; k < kMemoryKindCount; ++k) {
+    const char* kind = memory_kind_name(static_cast<MemoryKind>(k));
+    EXPECT_EQ(meta.after_build[k], cpu.after_build[k]) << kind;
+    EXPECT_EQ(meta.peak[k], cpu.peak[k]) << kind;
+    EXPECT_EQ(meta.after_steps[k], cpu.after_steps[k]) << kind;
+  }
+  EXPECT_EQ(meta.step_allocations, cpu.step_allocations);
+  EXPECT_GT(cpu.peak[static_cast<size_t>(MemoryKind::Activations)], 0u);
+  EXPECT_GT(cpu.after_steps[static_cast<size_t>(MemoryKind::OptimizerState)], 0u);
+  EXPECT_GT(totals.of(OpClass::Gemm).flops, 0);
+  EXPECT_GT(totals.of(OpClass::Optimizer).ops, 0);
+}
+
+TEST(MetaDevice, AGpt2TrainingStepPeaksAtTheCpuRunsBytesKindByKind) {
+  expect_meta_matches_cpu([](Device device) {
+    nn::GPTConfig c;
+    c.vocab_size = 10;
+    c.context = 8;
+    c.layers = 2;
+    c.heads = 2;
+    c.embd = 16;
+    c.options.device = device;
+    return std::make_unique<nn::GPT>(c, 3);
+  });
+}
+
+TEST(MetaDevice, ALlamaTrainingStepPeaksAtTheCpuRunsBytesKindByKind) {
+  expect_meta_matches_cpu([](Device device) {
+    nn::LlamaConfig c;
+    c.vocab_size = 10;
+    c.context = 8;
+    c.layers = 2;
+    c.heads = 4;
+    c.kv_heads = 2;
+    c.hidden = 16;
+    c.intermediate = 24;
+    c.options.device = device;
+    return std::make_unique<nn::Llama>(c, 3);
+  });
+}
+
+}  // namespace
+}  // namespace loom
