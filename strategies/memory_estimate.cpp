@@ -6,6 +6,9 @@
 #include "core/tags.h"
 #include "strategies/registry.h"
 #include "strategies/sharded/units.h"
+#include "tensor/allocator.h"
+#include "tensor/autocast.h"
+#include "tensor/ops.h"
 
 namespace loom::strategies {
 
@@ -176,6 +179,30 @@ MemoryEstimate estimate_memory(const nn::Module& model, const std::string& strat
   tag::kMemory.fail("estimate_memory: no memory model for strategy '", strategy,
                     "'; estimates cover single_device, the ddp names and the sharded names "
                     "(deepspeed*, fsdp*)");
+}
+
+int64_t estimate_activations(nn::ModelSpec spec, int64_t batch, int64_t time,
+                             const Precision& precision) {
+  const Device meta = Device::meta();
+  spec.gpt.options.device = spec.llama.options.device = meta;
+  Allocator& allocator = allocator_for(meta);
+  const auto activations = static_cast<size_t>(MemoryKind::Activations);
+  const size_t before = allocator.stats().current_by_kind[activations];
+  const std::unique_ptr<nn::CausalLM> model = spec.build(/*seed=*/0);  // no draws on meta
+  allocator.reset_peak();
+  {
+    const Tensor tokens = Tensor::zeros({batch, time}, DType::I64, meta);
+    const Tensor targets = Tensor::zeros({batch, time}, DType::I64, meta);
+    Tensor loss;
+    {
+      AutocastGuard autocast(precision.compute_dtype());
+      loss = model->loss(tokens, targets);
+    }
+    // The loss is kept (the trainer reports it) while its scaled copy is back-propagated.
+    const Tensor scaled = precision.make_scaler() ? mul(loss, 2.0) : loss;
+    scaled.backward();
+  }
+  return static_cast<int64_t>(allocator.stats().peak_by_kind[activations] - before);
 }
 
 }  // namespace loom::strategies

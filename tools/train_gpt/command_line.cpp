@@ -338,7 +338,8 @@ void add_flags(CLI::App& app, CommandLine& cli) {
                  "(docs/sharding.md)");
   app.add_flag("--estimate-memory", cli.estimate_only,
                "print the per-rank memory each kind needs under --strategy on --devices ranks "
-               "(parameters, gradients, optimizer state, communication, offloaded) and exit");
+               "(parameters, gradients, optimizer state, communication, offloaded, and one "
+               "micro-batch's activations from a run on the meta device) and exit");
   app.add_flag("--list-strategies", cli.list_strategies,
                "print the registered strategies and exit");
   app.add_option("--log-interval", cli.log_interval, "steps between plain progress lines")

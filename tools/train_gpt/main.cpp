@@ -24,6 +24,7 @@
 #include "strategies/devices.h"
 #include "strategies/memory_estimate.h"
 #include "strategies/memory_report.h"
+#include "strategies/precision.h"
 #include "strategies/registry.h"
 #include "strategies/trace.h"
 #include "tensor/allocator.h"
@@ -180,7 +181,9 @@ std::string take_deepspeed_config(const strategies::DeepSpeedConfig& config, con
   return strategies::apply_deepspeed_config(config, options);
 }
 
-void print_memory_estimate(const nn::Module& model, const std::string& strategy,
+// The model is built on the meta device (tensor/meta.h): shapes only, so a model of any size
+// is estimated in moments without its memory.
+void print_memory_estimate(const nn::CausalLM& model, const std::string& strategy,
                            const strategies::StrategyConfig& options, int world,
                            const TrainOptions& o) {
   // Per-parameter state tensors: AdamW's two moments, SGD's momentum buffer (if any).
@@ -198,8 +201,14 @@ void print_memory_estimate(const nn::Module& model, const std::string& strategy,
   }
   std::printf("  %-16s %10.2f MiB (parameters + gradients + optimizer_state)\n", "model states",
               static_cast<double>(e.model_states()) / (1 << 20));
-  std::printf("  %-16s %10s (not estimated: train a few steps and read the summary's peak by "
-              "kind)\n", "activations", "-");
+  const int64_t activations = strategies::estimate_activations(
+      model_spec(o), o.batch, o.model.context,
+      *strategies::make_precision(options.precision));
+  std::printf("  %-16s %10.2f MiB (%lld bytes: one micro-batch of %lld x %lld tokens, forward "
+              "and backward run on the meta device)\n",
+              "activations", static_cast<double>(activations) / (1 << 20),
+              static_cast<long long>(activations), static_cast<long long>(o.batch),
+              static_cast<long long>(o.model.context));
   if (e.nvme_bytes > 0) {
     std::printf("  %-16s %10.2f MiB (master weights and optimizer state in the swap file)\n",
                 "nvme", static_cast<double>(e.nvme_bytes) / (1 << 20));
@@ -296,7 +305,7 @@ Plan resolve(const CLI::App& app, CommandLine& cli) {
                         " names no module of --model ", nn::architecture_name(o.architecture),
                         " (its blocks are ", block, ")");
   }
-  check_model_fits(o.model, o.batch);
+  if (!cli.estimate_only) check_model_fits(o.model, o.batch);  // an estimate allocates nothing
   const bool llama = o.architecture == nn::Architecture::kLlama;
   if (llama) model_spec(o).llama.validate();
   // Model-parallel sizes that cannot split this model: one clear error before any rank starts.
@@ -319,6 +328,7 @@ Plan resolve(const CLI::App& app, CommandLine& cli) {
                         " model chunks but the model has ", o.model.layers + 2,
                         " layers (the embedding, ", o.model.layers, " blocks, the head)");
   }
+  o.model.checkpoint_activations = cli.activation_checkpointing != "none";
   return plan;
 }
 
@@ -359,7 +369,6 @@ int train_and_report(CommandLine& cli, Plan& plan) {
                      warning.c_str());
     if (chief) std::printf("train_gpt: --deepspeed-config selects %s\n", cli.strategy.c_str());
   }
-  o.model.checkpoint_activations = cli.activation_checkpointing != "none";
   const nn::ModelSpec spec = model_spec(o);
   const std::unique_ptr<nn::CausalLM> built = spec.build(o.seed);
   nn::CausalLM& model = *built;
@@ -569,8 +578,10 @@ int run(int argc, char** argv) {
     const int world =
         strategies::parse_devices(cli.config.devices, plan.strategy->accelerator()).count *
         cli.config.num_nodes;
-    print_memory_estimate(*model_spec(cli.train).build(cli.train.seed), cli.strategy, cli.config,
-                          world, cli.train);
+    nn::ModelSpec spec = model_spec(cli.train);
+    spec.gpt.options.device = spec.llama.options.device = Device::meta();
+    print_memory_estimate(*spec.build(cli.train.seed), cli.strategy, cli.config, world,
+                          cli.train);
     return 0;
   }
   return train_and_report(cli, plan);
