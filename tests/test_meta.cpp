@@ -305,6 +305,57 @@ TEST(MetaDevice, GemmAndAttentionCostTheirClosedForms) {
   EXPECT_EQ(log.costs[0].flops, 2.0 * 2 * 2 * 3 * 28 * 8);
 }
 
+// The FLOPs a training step's GEMMs and attention report, against the closed forms: every
+// matrix product runs forward (2mnk) and backward for its input and its weight (2mnk each),
+// so 6 x tokens x the weights that multiply; causal attention 6 x B x (heads x head dim) x
+// T(T+1) per layer (QK^T and PV over the causal pairs, backward twice the forward).
+struct StepFlops {
+  double gemm = 0, attention = 0;
+};
+
+StepFlops step_flops(nn::CausalLM& model, int64_t batch, int64_t time) {
+  MetaCostTotals totals;
+  MetaCostScope scope(totals);
+  const Tensor tokens = Tensor::zeros({batch, time}, DType::I64, Device::meta());
+  model.loss(tokens, tokens).backward();
+  return {totals.of(OpClass::Gemm).flops, totals.of(OpClass::Attention).flops};
+}
+
+TEST(MetaDevice, ATrainingStepsGemmAndAttentionFlopsAreTheClosedForms) {
+  const double B = 3, T = 8, L = 2;
+  {
+    nn::GPTConfig c;
+    c.vocab_size = 10;
+    c.context = 8;
+    c.layers = 2;
+    c.heads = 2;
+    c.embd = 16;
+    c.options.device = Device::meta();
+    nn::GPT gpt(c, 0);
+    const double C = 16, V = 10;
+    const StepFlops f = step_flops(gpt, 3, 8);
+    EXPECT_EQ(f.gemm, 6 * B * T * (L * 12 * C * C + V * C));  // qkv, proj, fc, fc proj; head
+    EXPECT_EQ(f.attention, L * 6 * B * C * T * (T + 1));
+  }
+  {
+    nn::LlamaConfig c;
+    c.vocab_size = 10;
+    c.context = 8;
+    c.layers = 2;
+    c.heads = 4;
+    c.kv_heads = 2;
+    c.hidden = 16;
+    c.head_dim = 8;  // heads x head_dim = 32, unlike hidden
+    c.intermediate = 24;
+    c.options.device = Device::meta();
+    nn::Llama llama(c, 0);
+    const double C = 16, HD = 32, KVD = 16, I = 24, V = 10;
+    const StepFlops f = step_flops(llama, 3, 8);
+    EXPECT_EQ(f.gemm, 6 * B * T * (L * (C * HD + 2 * C * KVD + HD * C + 3 * C * I) + C * V));
+    EXPECT_EQ(f.attention, L * 6 * B * HD * T * (T + 1));
+  }
+}
+
 TEST(MetaDevice, ValuesReadAsZerosAndDataAccessIsANamedError) {
   Tensor t = Tensor::full({3}, 2.0, DType::F32, Device::meta());
   EXPECT_EQ(t.to_vector<float>(), (std::vector<float>{0, 0, 0}));
