@@ -84,6 +84,9 @@ class Backend {
   // subgroup, which `child` describes. Otherwise (the default) the subgroup gets a fresh
   // backend from the registry.
   virtual bool splits_natively() const { return false; }
+  // Throws loom::Error saying why when this backend cannot make subgroups at all (the sim
+  // backend); ProcessGroup::split asks first, before any rank waits for the others.
+  virtual void check_can_split() const {}
   virtual std::unique_ptr<Backend> split(int /*color*/, int /*key*/,
                                          const BackendContext& /*child*/, Deadline /*deadline*/) {
     return nullptr;

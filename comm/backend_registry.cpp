@@ -2,6 +2,7 @@
 
 #include "comm/hierarchical/hierarchical_backend.h"
 #include "comm/shm/shm_backend.h"
+#include "comm/sim/sim_backend.h"
 #include "comm/tcp/tcp_backend.h"
 #include "core/error.h"
 #include "core/registry.h"
@@ -25,6 +26,9 @@ struct Registry : NamedRegistry<BackendEntry> {
     add("shm", {[](const BackendContext& c) { return std::make_unique<shm::ShmBackend>(c); },
                 "processes on one host through POSIX shared memory (CPU tensors; CUDA "
                 "tensors staged through pinned host memory)"});
+    add("sim", {[](const BackendContext& c) { return std::make_unique<SimBackend>(c); },
+                "simulated: this process is one rank of a group of any size; meta tensors, "
+                "nothing moves, every operation's bytes reported (docs/simulation.md)"});
     add("tcp", {[](const BackendContext& c) { return std::make_unique<tcp::TcpBackend>(c); },
                 "Loom's own TCP connections: processes on any hosts, each message received "
                 "straight into its buffer (CPU tensors; CUDA tensors staged through pinned host "

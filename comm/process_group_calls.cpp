@@ -251,6 +251,7 @@ std::map<std::string, ProcessGroup::Traffic, std::less<>> ProcessGroup::traffic(
 }
 
 std::shared_ptr<ProcessGroup> ProcessGroup::split(int color, int key) {
+  backend_->check_can_split();
   // Every rank publishes (color, key); members of a color are ordered by (key, rank).
   const int id = splits_++;
   const std::string prefix = "pg/" + name_ + "/split" + std::to_string(id) + "/";

@@ -181,8 +181,8 @@ MemoryEstimate estimate_memory(const nn::Module& model, const std::string& strat
                     "(deepspeed*, fsdp*)");
 }
 
-int64_t estimate_activations(nn::ModelSpec spec, int64_t batch, int64_t time,
-                             const Precision& precision) {
+MicroBatchEstimate estimate_micro_batch(nn::ModelSpec spec, int64_t batch, int64_t time,
+                                        const Precision& precision) {
   const Device meta = Device::meta();
   spec.gpt.options.device = spec.llama.options.device = meta;
   Allocator& allocator = allocator_for(meta);
@@ -190,7 +190,9 @@ int64_t estimate_activations(nn::ModelSpec spec, int64_t batch, int64_t time,
   const size_t before = allocator.stats().current_by_kind[activations];
   const std::unique_ptr<nn::CausalLM> model = spec.build(/*seed=*/0);  // no draws on meta
   allocator.reset_peak();
+  MicroBatchEstimate estimate;
   {
+    MetaCostScope costs(estimate.costs);
     const Tensor tokens = Tensor::zeros({batch, time}, DType::I64, meta);
     const Tensor targets = Tensor::zeros({batch, time}, DType::I64, meta);
     Tensor loss;
@@ -202,7 +204,9 @@ int64_t estimate_activations(nn::ModelSpec spec, int64_t batch, int64_t time,
     const Tensor scaled = precision.make_scaler() ? mul(loss, 2.0) : loss;
     scaled.backward();
   }
-  return static_cast<int64_t>(allocator.stats().peak_by_kind[activations] - before);
+  estimate.activation_bytes =
+      static_cast<int64_t>(allocator.stats().peak_by_kind[activations] - before);
+  return estimate;
 }
 
 }  // namespace loom::strategies

@@ -15,13 +15,14 @@
 #include "strategies/memory_report.h"
 #include "strategies/precision.h"
 #include "strategies/registry.h"
+#include "tensor/meta.h"
 
 namespace loom::strategies {
 
 struct MemoryEstimate {
   // Peak bytes per kind on the rank that holds the most (rank 0: padding sits at the end),
   // in MemoryKind order. Activations are not predicted here (they depend on the forward and
-  // the batch: estimate_activations below); they stay 0.
+  // the batch: estimate_micro_batch below); they stay 0.
   std::array<int64_t, kMemoryKindCount> peak_by_kind = {};
   int64_t units = 1;  // sharded strategies: the units the wrap policy makes
   int64_t nvme_bytes = 0;  // NVMe offload: master shards and optimizer state in the swap file
@@ -44,16 +45,20 @@ MemoryEstimate estimate_memory(const nn::Module& model, const std::string& strat
                                int world_size, const StrategyConfig& options = {},
                                int states_per_parameter = 2);
 
-// The peak bytes of activations (MemoryKind::Activations) of one training micro-batch of
-// `batch` sequences of `time` tokens through the model `spec` describes (forward and loss
-// under `precision`'s autocast, then backward of the loss, scaled when `precision` scales it,
-// as Strategy::forward_backward runs them),
-// the tokens and the model's own tensors that are not parameters (Llama's rotary tables)
-// included. The model is built on the meta device (tensor/meta.h), where the real code path
-// runs without computing and allocates the CPU path's tensors byte for byte: a CPU run's
-// memory report measures the same (under CUDA, flash attention keeps less). Under the
-// data-parallel and sharded strategies every rank holds these for its own micro-batch.
-int64_t estimate_activations(nn::ModelSpec spec, int64_t batch, int64_t time,
-                             const Precision& precision);
+// One training micro-batch of `batch` sequences of `time` tokens through the model `spec`
+// describes (forward and loss under `precision`'s autocast, then backward of the loss, scaled
+// when `precision` scales it, as Strategy::forward_backward runs them), run on the meta device
+// (tensor/meta.h), where the real code path runs without computing and allocates the CPU
+// path's tensors byte for byte: a CPU run's memory report measures the same (under CUDA,
+// flash attention keeps less). Under the data-parallel and sharded strategies every rank runs
+// one of these per micro-batch.
+struct MicroBatchEstimate {
+  // The peak bytes of activations (MemoryKind::Activations), the tokens and the model's own
+  // tensors that are not parameters (Llama's rotary tables) included.
+  int64_t activation_bytes = 0;
+  MetaCostTotals costs;  // every op's FLOPs and bytes
+};
+MicroBatchEstimate estimate_micro_batch(nn::ModelSpec spec, int64_t batch, int64_t time,
+                                        const Precision& precision);
 
 }  // namespace loom::strategies

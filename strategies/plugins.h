@@ -35,6 +35,16 @@ class CPUAccelerator final : public Accelerator {
   Device device(int) const override { return Device::cpu(); }
 };
 
+// The meta device (tensor/meta.h): for simulating a rank, with the sim backend's groups
+// (comm/sim/sim_backend.h). Not one of make_accelerator's names: a simulation sets it.
+class MetaAccelerator final : public Accelerator {
+ public:
+  std::string name() const override { return "meta"; }
+  int visible_devices() const override { return 1; }
+  void select(const std::vector<int>&) override {}
+  Device device(int) const override { return Device::meta(); }
+};
+
 // NVIDIA GPUs (builds with LOOM_WITH_CUDA). Local rank r computes on the (r mod n)-th of the n
 // selected GPUs, so several processes may share one GPU (with the shm backend, which stages
 // CUDA tensors through pinned memory; NCCL refuses two ranks on one GPU).

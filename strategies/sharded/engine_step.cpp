@@ -264,7 +264,9 @@ double ShardedEngine::grad_norm(double norm_type) {
     double& slot = partial[segment_param_[i]];
     slot = inf ? std::max(slot, n) : slot + std::pow(n, norm_type);
   }
-  Tensor all = Tensor::from_vector(partial, {count});
+  // On the host, or on meta for a simulated rank (whose sim group moves meta tensors only).
+  const bool meta = !segments_.empty() && segments_[0].device().is_meta();
+  Tensor all = Tensor::from_vector(partial, {count}, meta ? Device::meta() : Device::cpu());
   if (shard_world_ > 1)
     shard_group_->allreduce(all, {.op = inf ? comm::ReduceOp::Max : comm::ReduceOp::Sum})->wait();
   std::vector<double> summed = all.to_vector<double>();

@@ -201,18 +201,23 @@ void print_memory_estimate(const nn::CausalLM& model, const std::string& strateg
   }
   std::printf("  %-16s %10.2f MiB (parameters + gradients + optimizer_state)\n", "model states",
               static_cast<double>(e.model_states()) / (1 << 20));
-  const int64_t activations = strategies::estimate_activations(
-      model_spec(o), o.batch, o.model.context,
-      *strategies::make_precision(options.precision));
+  const strategies::MicroBatchEstimate micro = strategies::estimate_micro_batch(
+      model_spec(o), o.batch, o.model.context, *strategies::make_precision(options.precision));
   std::printf("  %-16s %10.2f MiB (%lld bytes: one micro-batch of %lld x %lld tokens, forward "
               "and backward run on the meta device)\n",
-              "activations", static_cast<double>(activations) / (1 << 20),
-              static_cast<long long>(activations), static_cast<long long>(o.batch),
+              "activations", static_cast<double>(micro.activation_bytes) / (1 << 20),
+              static_cast<long long>(micro.activation_bytes), static_cast<long long>(o.batch),
               static_cast<long long>(o.model.context));
   if (e.nvme_bytes > 0) {
     std::printf("  %-16s %10.2f MiB (master weights and optimizer state in the swap file)\n",
                 "nvme", static_cast<double>(e.nvme_bytes) / (1 << 20));
   }
+  const MetaCostTotals& costs = micro.costs;
+  const double gemm = costs.of(OpClass::Gemm).flops, attention = costs.of(OpClass::Attention).flops;
+  std::printf("compute per micro-batch (the meta device's op costs): %.0f FLOP in GEMMs, %.0f in "
+              "attention, %.0f in other ops; %.0f bytes read and written\n",
+              gemm, attention, costs.total().flops - gemm - attention,
+              costs.total().bytes_read + costs.total().bytes_written);
 }
 
 // What resolve() decides before any rank starts.

@@ -1,0 +1,79 @@
+#pragma once
+// The simulated backend ("sim"): this process is one rank of a group of any size whose other
+// ranks do not exist. Its tensors are on the meta device (tensor/meta.h); every operation
+// moves nothing, completes at once and is reported, with its bytes and the group's size, to
+// the process's CommCostSink. Under a strategy whose ranks all do the same work (data
+// parallel, ZeRO, FSDP), one process on this backend runs what every rank of a job of that
+// size runs: its memory and its operations (docs/simulation.md). Groups are not split (a
+// split is an error naming the backend), and reductions read nothing: results are meta.
+
+#include <mutex>
+#include <string>
+#include <vector>
+
+#include "comm/backend.h"
+
+namespace loom::comm {
+
+struct CommCost {
+  std::string op;     // "allreduce", "all_gather", "reduce_scatter", "send", ...
+  std::string group;  // the group's name
+  int group_size = 1;
+  int64_t bytes = 0;  // this rank's buffer: input of allreduce and reduce_scatter, output of
+                      // all_gather and all_to_all, the tensor of the others
+  int peer = -1;      // send and recv: the other rank; broadcast and reduce: the root
+};
+
+// Receives the costs of every sim group's operations, from their progress threads: record()
+// must be thread-safe.
+class CommCostSink {
+ public:
+  virtual ~CommCostSink() = default;
+  virtual void record(const CommCost& cost) = 0;
+};
+
+// Installs `sink` (not owned; null: none) for every sim group of this process; returns the
+// previous one.
+CommCostSink* set_comm_cost_sink(CommCostSink* sink);
+
+// A sink that keeps every cost, in the order the operations ran.
+class CommCostLog final : public CommCostSink {
+ public:
+  void record(const CommCost& cost) override;
+  std::vector<CommCost> costs() const;
+
+ private:
+  mutable std::mutex mutex_;
+  std::vector<CommCost> costs_;
+};
+
+class SimBackend final : public Backend {
+ public:
+  explicit SimBackend(const BackendContext& context);
+  std::string name() const override { return "sim"; }
+  int rank() const override { return rank_; }
+  int size() const override { return size_; }
+  Device device() const override { return Device::meta(); }
+
+  void allreduce(const Tensor& input, Tensor& output, ReduceOp op, Deadline deadline) override;
+  void broadcast(Tensor& tensor, int root, Deadline deadline) override;
+  void reduce(Tensor& tensor, int root, ReduceOp op, Deadline deadline) override;
+  void all_gather(Tensor& output, const Tensor& input, Deadline deadline) override;
+  void reduce_scatter(Tensor& output, const Tensor& input, ReduceOp op, Deadline deadline) override;
+  void all_to_all(Tensor& output, const Tensor& input, Deadline deadline) override;
+  void send(const Tensor& tensor, int dst, int tag, Deadline deadline) override;
+  void recv(Tensor& tensor, int src, int tag, Deadline deadline) override;
+  void barrier(Deadline deadline) override;
+
+  // Splitting needs every rank's color, which a group of one real rank does not have.
+  void check_can_split() const override;
+
+ private:
+  void report(const char* op, const Tensor& tensor, int peer = -1) const;
+
+  int rank_;
+  int size_;
+  std::string group_;
+};
+
+}  // namespace loom::comm

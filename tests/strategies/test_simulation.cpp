@@ -1,0 +1,152 @@
+// One simulated rank of a large job: train_gpt's loop under a real strategy, on the meta device
+// (tensor/meta.h) with a process group of the sim backend (comm/sim/sim_backend.h) whose other
+// ranks do not exist. Its memory by kind is the estimator's (strategies/memory_estimate.h,
+// held within 5% of real two-rank runs by test_memory_estimate) at world sizes no machine
+// here can run, and its collectives move exactly the bytes the strategy's design says.
+
+#include <gtest/gtest.h>
+
+#include "comm/sim/sim_backend.h"
+#include "comm/store/in_process_store.h"
+#include "nn/gpt.h"
+#include "strategies/memory_estimate.h"
+#include "strategies/plugins.h"
+#include "strategies/registry.h"
+#include "tiny_training.h"
+
+namespace loom::strategies {
+namespace {
+
+nn::GPTConfig model_config() {
+  nn::GPTConfig c = testing::tiny_gpt_config(DType::F32);
+  c.layers = 3;
+  c.embd = 32;
+  return c;
+}
+
+struct Simulated {
+  std::array<size_t, kMemoryKindCount> peak_by_kind{};
+  std::vector<comm::CommCost> comm;  // the strategy's group's operations, in order
+  int64_t parameters = 0;
+};
+
+// Rank 0 of `world` under strategy `name`: two train_gpt steps of batch 2.
+Simulated simulate(const std::string& name, int world, const StrategyConfig& options = {}) {
+  comm::CommCostLog log;
+  comm::CommCostSink* previous = comm::set_comm_cost_sink(&log);
+  Simulated out;
+  {
+    auto strategy = StrategyRegistry::create(name, options);
+    strategy->set_accelerator(std::make_shared<MetaAccelerator>());
+    dynamic_cast<ParallelStrategy&>(*strategy).set_process_group(
+        std::make_shared<comm::ProcessGroup>(
+            0, world, std::make_shared<comm::InProcessStore>(),
+            comm::GroupOptions{.backend = "sim", .device = Device::meta()}, "simulated"));
+    strategy->setup_environment();
+    nn::GPTConfig c = model_config();
+    c.options.device = Device::meta();
+    nn::GPT model(c, 3);
+    out.parameters = model.parameter_count();
+    train_gpt::TrainOptions o;
+    o.model = model_config();
+    o.batch = 2;
+    o.steps = 2;
+    data::TokenBlocks data(testing::tiny_corpus(), o.batch, testing::kTinyContext,
+                           testing::kTinyVocab);
+    // The peaks of the steps, read after each as train_gpt's report does (its own numbers are
+    // the maximum over the ranks: an allreduce, which reads as zeros on meta).
+    train_gpt::train(
+        model, data, o,
+        [&](const train_gpt::StepMetrics&) {
+          out.peak_by_kind = allocator_for(Device::meta()).stats().peak_by_kind;
+        },
+        strategy.get());
+    strategy->teardown();
+  }
+  comm::set_comm_cost_sink(previous);
+  out.comm = log.costs();
+  return out;
+}
+
+void expect_the_estimate(const std::string& name, int world, const StrategyConfig& options = {}) {
+  SCOPED_TRACE(name + " on " + std::to_string(world) + " ranks");
+  const Simulated s = simulate(name, world, options);
+  nn::GPT model(model_config(), 3);
+  const MemoryEstimate e = estimate_memory(model, name, world, options);
+  for (MemoryKind kind : {MemoryKind::Parameters, MemoryKind::Gradients, MemoryKind::OptimizerState,
+                          MemoryKind::Communication}) {
+    EXPECT_EQ(static_cast<int64_t>(s.peak_by_kind[static_cast<size_t>(kind)]), e.peak(kind))
+        << memory_kind_name(kind);
+  }
+}
+
+int64_t bytes_of(const Simulated& s, const std::string& op) {
+  int64_t total = 0;
+  for (const comm::CommCost& c : s.comm)
+    if (c.op == op) total += c.bytes;
+  return total;
+}
+
+// How many `op`s moved exactly `bytes`.
+int count_of(const Simulated& s, const std::string& op, int64_t bytes) {
+  int n = 0;
+  for (const comm::CommCost& c : s.comm)
+    n += c.op == op && c.bytes == bytes;
+  return n;
+}
+
+TEST(Simulation, DdpZeroAndFsdpRanksOfLargeJobsHoldWhatTheEstimatorPredicts) {
+  expect_the_estimate("ddp", 8);
+  expect_the_estimate("deepspeed_stage_1", 64);
+  expect_the_estimate("deepspeed_stage_2", 64);
+  expect_the_estimate("deepspeed_stage_3", 1024);
+  StrategyConfig blocks;
+  blocks.sharding.auto_wrap_policy = "Block";
+  expect_the_estimate("fsdp", 256, blocks);
+  blocks.fsdp_sharding_strategy = "SHARD_GRAD_OP";
+  expect_the_estimate("fsdp", 256, blocks);
+}
+
+TEST(Simulation, DdpAllreducesEveryGradientOncePerStep) {
+  const Simulated s = simulate("ddp", 16);
+  const int64_t gradient_bytes = s.parameters * 4;
+  int64_t reduced = 0;
+  for (const comm::CommCost& c : s.comm) {
+    EXPECT_EQ(c.group_size, 16);
+    if (c.op == "allreduce" && c.bytes >= 64) reduced += c.bytes;  // not the metrics' scalars
+  }
+  EXPECT_EQ(reduced, 2 * gradient_bytes);
+  EXPECT_GT(bytes_of(s, "broadcast"), 0);  // the initial weights from rank 0
+}
+
+// The ZeRO paper's volumes (Rajbhandari et al., 2020, section 7): stages 1 and 2 move 2 x the
+// parameters per step, a reduction of the gradients (stage 1 an allreduce, stage 2 a
+// reduce-scatter) and an all-gather of the updated parameters, each of the whole flat buffer
+// padded to a multiple of the world size; nothing else of that size.
+TEST(Simulation, ZeroStagesOneAndTwoMoveTwiceTheParametersPerStep) {
+  const int world = 64, steps = 2;
+  const Simulated one = simulate("deepspeed_stage_1", world);
+  const int64_t padded = (one.parameters + world - 1) / world * world * 4;
+  EXPECT_EQ(count_of(one, "allreduce", padded), steps);
+  EXPECT_EQ(count_of(one, "all_gather", padded), steps);
+  EXPECT_EQ(count_of(one, "reduce_scatter", padded), 0);
+  const Simulated two = simulate("deepspeed_stage_2", world);
+  EXPECT_EQ(count_of(two, "reduce_scatter", padded), steps);
+  EXPECT_EQ(count_of(two, "all_gather", padded), steps);
+  EXPECT_EQ(count_of(two, "allreduce", padded), 0);
+  EXPECT_EQ(bytes_of(two, "reduce_scatter"), steps * padded);  // the only gradient traffic
+}
+
+TEST(Simulation, SplittingASimulatedGroupIsAClearError) {
+  comm::ProcessGroup group(0, 8, std::make_shared<comm::InProcessStore>(),
+                           {.backend = "sim", .device = Device::meta()}, "simulated");
+  try {
+    group.split(0, 0);
+    FAIL() << "split did not throw";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("cannot be split"), std::string::npos) << e.what();
+  }
+}
+
+}  // namespace
+}  // namespace loom::strategies
