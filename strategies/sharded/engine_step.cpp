@@ -229,6 +229,10 @@ double ShardedEngine::grad_norm(double norm_type) {
   for (const Tensor& s : segments_)
     exact = exact && s.dtype() == DType::F32 && s.device().is_cpu();
   std::vector<double> norms(params_.size(), 0.0);
+  // The sums cross the ranks on the host, or on meta for a simulated rank (whose sim group
+  // moves meta tensors only, which read as zeros: docs/simulation.md).
+  const Device exchange = shard_world_ > 1 && shard_group_->device().is_meta() ? Device::meta()
+                                                                               : Device::cpu();
   if (exact) {
     // Per parameter, the exact sum of squares of its pieces on every rank.
     using kernels::cpu::ExactSquareSum;
@@ -242,9 +246,10 @@ double ShardedEngine::grad_norm(double norm_type) {
       auto w = s.words();
       words.insert(words.end(), w.begin(), w.end());
     }
-    Tensor all = Tensor::from_vector(words, {count * ExactSquareSum::kWords});
+    Tensor all = Tensor::from_vector(words, {count * ExactSquareSum::kWords}, exchange);
     if (shard_world_ > 1) shard_group_->allreduce(all, {.op = comm::ReduceOp::Sum})->wait();
-    const int64_t* summed = all.data<int64_t>();
+    const std::vector<int64_t> sums_of_all = all.to_vector<int64_t>();
+    const int64_t* summed = sums_of_all.data();
     for (int64_t k = 0; k < count; ++k) {
       std::array<int64_t, ExactSquareSum::kWords> w;
       std::copy(summed + k * ExactSquareSum::kWords, summed + (k + 1) * ExactSquareSum::kWords,
@@ -264,9 +269,7 @@ double ShardedEngine::grad_norm(double norm_type) {
     double& slot = partial[segment_param_[i]];
     slot = inf ? std::max(slot, n) : slot + std::pow(n, norm_type);
   }
-  // On the host, or on meta for a simulated rank (whose sim group moves meta tensors only).
-  const bool meta = !segments_.empty() && segments_[0].device().is_meta();
-  Tensor all = Tensor::from_vector(partial, {count}, meta ? Device::meta() : Device::cpu());
+  Tensor all = Tensor::from_vector(partial, {count}, exchange);
   if (shard_world_ > 1)
     shard_group_->allreduce(all, {.op = inf ? comm::ReduceOp::Max : comm::ReduceOp::Sum})->wait();
   std::vector<double> summed = all.to_vector<double>();
