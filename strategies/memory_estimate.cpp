@@ -43,8 +43,10 @@ struct UnitBytes {
 
 // The sharding engine (strategies/sharded/engine.h): units in forward order (the plan's
 // pre-order), each gathered or holding full gradients together with its enclosing units.
+// `host_compute`: the ranks compute on the CPU, where the engine's host tensors and device
+// tensors are one pool (a GPU job's are not: see the parameter-offload case below).
 MemoryEstimate sharded_estimate(const nn::Module& model, const sharded::ShardingOptions& o,
-                                int world_size, int states_per_parameter) {
+                                int world_size, int states_per_parameter, bool host_compute) {
   // HYBRID_SHARD shards over one node's ranks (shard_group_size; 0, the launcher's node size,
   // is not known here and counts as the whole world).
   const int shards = o.stage == 0                                  ? 1
@@ -144,6 +146,10 @@ MemoryEstimate sharded_estimate(const nn::Module& model, const sharded::Sharding
   } else if (o.offload_optimizer || offload_params) {
     at(e, MemoryKind::Offloaded) += state;
     if (own_master) at(e, MemoryKind::Offloaded) += 2 * all_shards;  // master and its grad
+    // Offloaded parameters are the master; on a GPU their gradient shard is on the device,
+    // so the optimizer reads a host copy of it (ShardedEngine's master_grad). On the CPU the
+    // gradient shard is read in place.
+    if (offload_params && !host_compute) at(e, MemoryKind::Offloaded) += all_shards;
   } else {
     at(e, MemoryKind::OptimizerState) = state;
   }
@@ -168,7 +174,8 @@ MemoryEstimate estimate_memory(const nn::Module& model, const std::string& strat
   const StrategyConfig config = StrategyRegistry::with_defaults(strategy, options);
   switch (StrategyRegistry::entry(strategy).kind) {
     case StrategyKind::Sharded:
-      return sharded_estimate(model, config.sharding, world_size, states_per_parameter);
+      return sharded_estimate(model, config.sharding, world_size, states_per_parameter,
+                              /*host_compute=*/config.accelerator != "cuda");
     case StrategyKind::DataParallel:
       return replicated(model, true, config.ddp.gradient_as_bucket_view, states_per_parameter);
     case StrategyKind::SingleDevice:

@@ -40,7 +40,8 @@ struct MemoryEstimate {
 // that keeps `states_per_parameter` tensors per parameter (AdamW 2, SGD with momentum 1).
 // The name's kind (StrategyKind) picks the model: single device, data parallel (the ddp
 // names) and sharded are modelled; other kinds are an error naming the strategy. Nothing is
-// built.
+// built. `options.accelerator` "cuda" models a GPU job, whose host memory holds one more
+// gradient shard under parameter offload; anything else, ranks computing on the CPU.
 MemoryEstimate estimate_memory(const nn::Module& model, const std::string& strategy,
                                int world_size, const StrategyConfig& options = {},
                                int states_per_parameter = 2);
