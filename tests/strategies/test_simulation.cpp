@@ -6,6 +6,8 @@
 
 #include <gtest/gtest.h>
 
+#include <cstdio>
+
 #include "comm/sim/sim_backend.h"
 #include "comm/store/in_process_store.h"
 #include "nn/gpt.h"
@@ -30,8 +32,9 @@ struct Simulated {
   int64_t parameters = 0;
 };
 
-// Rank 0 of `world` under strategy `name`: two train_gpt steps of batch 2.
-Simulated simulate(const std::string& name, int world, const StrategyConfig& options = {}) {
+// Rank 0 of `world` under strategy `name`: two train_gpt steps of batch 2 of `config`.
+Simulated simulate(const std::string& name, int world, const StrategyConfig& options = {},
+                   const nn::GPTConfig& config = model_config()) {
   comm::CommCostLog log;
   comm::CommCostSink* previous = comm::set_comm_cost_sink(&log);
   Simulated out;
@@ -43,12 +46,12 @@ Simulated simulate(const std::string& name, int world, const StrategyConfig& opt
             0, world, std::make_shared<comm::InProcessStore>(),
             comm::GroupOptions{.backend = "sim", .device = Device::meta()}, "simulated"));
     strategy->setup_environment();
-    nn::GPTConfig c = model_config();
+    nn::GPTConfig c = config;
     c.options.device = Device::meta();
     nn::GPT model(c, 3);
     out.parameters = model.parameter_count();
     train_gpt::TrainOptions o;
-    o.model = model_config();
+    o.model = config;
     o.batch = 2;
     o.steps = 2;
     data::TokenBlocks data(testing::tiny_corpus(), o.batch, testing::kTinyContext,
@@ -153,6 +156,51 @@ TEST(Simulation, ZeroStagesOneAndTwoMoveTwiceTheParametersPerStep) {
   EXPECT_EQ(count_of(two, "all_gather", padded), steps);
   EXPECT_EQ(count_of(two, "allreduce", padded), 0);
   EXPECT_EQ(bytes_of(two, "reduce_scatter"), steps * padded);  // the only gradient traffic
+}
+
+// The ZeRO paper's setting (Rajbhandari et al., 2020, figure 1: a 7.5B model on 64 GPUs) in
+// Loom's layout, f32 weights and gradients (the paper's are 16-bit): 4 bytes of weights, 4 of
+// gradients and 8 of Adam moments per parameter. Replicated (ddp): 16 x P. ZeRO-1: the moments
+// sharded, 8 x P + 8 x P / 64 (rank 0's shard of the buffer padded to a multiple of 64).
+// Stages 2 and 3 add working sets (the units being gathered or reduced) to their shards; the
+// test prints them and docs/simulation.md tabulates them.
+TEST(Simulation, TheZeroPapers7_5BModelOn64Ranks) {
+  nn::GPTConfig big;
+  big.vocab_size = 50304;
+  big.context = testing::kTinyContext;
+  big.layers = 36;
+  big.heads = 32;
+  big.embd = 4096;
+  const auto kind = [](const Simulated& s, MemoryKind k) {
+    return static_cast<int64_t>(s.peak_by_kind[static_cast<size_t>(k)]);
+  };
+  const Simulated ddp = simulate("ddp", 64, {}, big);
+  const int64_t P = ddp.parameters;
+  EXPECT_EQ(P, 7455760384);  // 36 x 12 x 4096^2 + (50304 + 8) x 4096 + the norms and biases
+  EXPECT_EQ(kind(ddp, MemoryKind::Parameters), 4 * P);
+  EXPECT_EQ(kind(ddp, MemoryKind::Gradients), 4 * P);
+  EXPECT_EQ(kind(ddp, MemoryKind::OptimizerState), 8 * P);
+  const Simulated one = simulate("deepspeed_stage_1", 64, {}, big);
+  const int64_t shard = (P + 63) / 64;
+  EXPECT_EQ(kind(one, MemoryKind::Parameters), 4 * 64 * shard);
+  EXPECT_EQ(kind(one, MemoryKind::Gradients), 4 * 64 * shard);
+  EXPECT_EQ(kind(one, MemoryKind::OptimizerState), 8 * shard);
+  for (const std::string& name :
+       {std::string("deepspeed_stage_2"), std::string("deepspeed_stage_3")}) {
+    for (const std::string& wrap : {std::string(""), std::string("Block")}) {
+      StrategyConfig options;
+      if (!wrap.empty()) options.sharding.auto_wrap_policy = wrap;
+      const Simulated s = simulate(name, 64, options, big);
+      std::printf("%s%s: parameters %.2f GB, gradients %.2f GB, optimizer state %.2f GB\n",
+                  name.c_str(), wrap.empty() ? "" : " (Block units)",
+                  kind(s, MemoryKind::Parameters) / 1e9, kind(s, MemoryKind::Gradients) / 1e9,
+                  kind(s, MemoryKind::OptimizerState) / 1e9);
+      // The moments of rank 0's shard of each unit: P / 64 and under one element per unit.
+      EXPECT_GE(kind(s, MemoryKind::OptimizerState), 8 * P / 64);
+      EXPECT_LT(kind(s, MemoryKind::OptimizerState), 8 * (P / 64 + 1000));
+      EXPECT_GE(kind(s, MemoryKind::Gradients), 4 * P / 64);
+    }
+  }
 }
 
 TEST(Simulation, SplittingASimulatedGroupIsAClearError) {
