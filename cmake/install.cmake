@@ -35,7 +35,7 @@ install(TARGETS loom loom_options ${loom_layers}
         EXPORT LoomTargets
         ARCHIVE DESTINATION ${CMAKE_INSTALL_LIBDIR} COMPONENT dev
         INCLUDES DESTINATION ${CMAKE_INSTALL_INCLUDEDIR}/loom)
-install(TARGETS train_gpt loomrun loom_ckpt loom_trace loom-perf loom_tokenize loom_generate
+install(TARGETS train_gpt loom-sim loomrun loom_ckpt loom_trace loom-perf loom_tokenize loom_generate
         RUNTIME DESTINATION ${CMAKE_INSTALL_BINDIR} COMPONENT runtime)
 
 # The headers: the public list and the Loom headers it includes (cmake/header_closure.cmake),

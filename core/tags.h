@@ -37,6 +37,7 @@ inline constexpr Tag kKernelsReduceOps{"kernels/reduce_ops"};
 inline constexpr Tag kLaunch{"launch"};
 inline constexpr Tag kLoom{"loom"};
 inline constexpr Tag kLoomPerf{"loom-perf"};
+inline constexpr Tag kLoomSim{"loom-sim"};
 inline constexpr Tag kLoomTokenize{"loom-tokenize"};
 inline constexpr Tag kLoomTrace{"loom-trace"};
 inline constexpr Tag kLoomrun{"loomrun"};

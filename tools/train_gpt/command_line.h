@@ -39,6 +39,11 @@ struct CommandLine {
   std::string activation_checkpointing = "none";
   std::string deepspeed_config_path;
   bool estimate_only = false;
+  // loom-sim (the same program under that name: docs/simulation.md): simulate rank 0 of
+  // sim_world_size ranks (0: --devices x --num-nodes) instead of training; JSON with sim_json.
+  bool simulate = false;
+  int sim_world_size = 0;
+  bool sim_json = false;
   bool list_strategies = false;
   // As typed; finish_parsing converts them into `config`.
   double timeout_s = std::chrono::duration<double>(loom::kDefaultTimeout).count();

@@ -37,6 +37,7 @@
 #include "tools/train_gpt/data_sources.h"
 #include "tools/train_gpt/flag_checks.h"
 #include "tools/train_gpt/progress.h"
+#include "tools/train_gpt/simulation.h"
 #include "tools/train_gpt/trainer.h"
 
 namespace {
@@ -310,7 +311,8 @@ Plan resolve(const CLI::App& app, CommandLine& cli) {
                         " names no module of --model ", nn::architecture_name(o.architecture),
                         " (its blocks are ", block, ")");
   }
-  if (!cli.estimate_only) check_model_fits(o.model, o.batch);  // an estimate allocates nothing
+  // An estimate and a simulation allocate nothing of the model.
+  if (!cli.estimate_only && !cli.simulate) check_model_fits(o.model, o.batch);
   const bool llama = o.architecture == nn::Architecture::kLlama;
   if (llama) model_spec(o).llama.validate();
   // Model-parallel sizes that cannot split this model: one clear error before any rank starts.
@@ -567,10 +569,42 @@ int train_and_report(CommandLine& cli, Plan& plan) {
   return 0;
 }
 
+// loom-sim's report of one simulated rank (simulation.h), as text or one JSON object.
+void print_simulation(const SimulatedRank& r, const std::string& strategy, bool json) {
+  if (json) {
+    std::printf("%s\n", simulated_rank_json(r).c_str());
+    return;
+  }
+  std::printf("loom-sim: rank 0 of %d simulated ranks under %s, %lld parameters\n", r.world_size,
+              strategy.c_str(), static_cast<long long>(r.parameters));
+  std::printf("peak memory per rank: %.2f MiB on the device\n",
+              static_cast<double>(r.peak_bytes) / (1 << 20));
+  for (size_t k = 0; k < kMemoryKindCount; ++k) {
+    std::printf("  %-16s %12.2f MiB\n", memory_kind_name(static_cast<MemoryKind>(k)),
+                static_cast<double>(r.peak_bytes_by_kind[k]) / (1 << 20));
+  }
+  std::printf("per step: %.4g FLOP, %.4g bytes read and written by the ops; collectives (this "
+              "rank's buffers):\n",
+              r.compute.flops, r.compute.bytes_read + r.compute.bytes_written);
+  for (const auto& [op, bytes] : r.comm_bytes())
+    std::printf("  %-16s %12.2f MiB\n", op.c_str(), static_cast<double>(bytes) / (1 << 20));
+  std::printf("step time and MFU: not predicted yet (no device or network time model: "
+              "docs/simulation.md)\n");
+}
+
 int run(int argc, char** argv) {
-  CLI::App app{"train_gpt: train a GPT-2-style model on bytes with Loom"};
   CommandLine cli;
+  cli.simulate = std::filesystem::path(argv[0]).filename() == "loom-sim";
+  CLI::App app{cli.simulate ? "loom-sim: simulate one rank of a train_gpt job of any size "
+                              "(docs/simulation.md); takes train_gpt's flags"
+                            : "train_gpt: train a GPT-2-style model on bytes with Loom"};
   add_flags(app, cli);
+  if (cli.simulate) {
+    app.add_option("--world-size", cli.sim_world_size,
+                   "the simulated ranks (default: --devices x --num-nodes)")
+        ->check(CLI::Range(1, 1 << 20));
+    app.add_flag("--json", cli.sim_json, "print one JSON object");
+  }
   CLI11_PARSE(app, argc, argv);
   finish_parsing(app, cli);
   if (cli.list_strategies) {
@@ -579,6 +613,22 @@ int run(int argc, char** argv) {
     return 0;
   }
   Plan plan = resolve(app, cli);
+  if (cli.simulate) {
+    const int world =
+        cli.sim_world_size > 0
+            ? cli.sim_world_size
+            : strategies::parse_devices(cli.config.devices, plan.strategy->accelerator()).count *
+                  cli.config.num_nodes;
+    for (const char* flag : {"--data", "--save", "--checkpoint-dir", "--resume", "--metrics",
+                             "--trace", "--val-data", "--sample-every", "--init"}) {
+      if (app.count(flag) > 0 && !cli.sim_json)
+        std::printf("loom-sim: %s is not simulated (it only moves data); ignored\n", flag);
+    }
+    print_simulation(simulate_rank(model_spec(cli.train), cli.train, *plan.strategy, cli.strategy,
+                                   cli.config, world),
+                     cli.strategy, cli.sim_json);
+    return 0;
+  }
   if (cli.estimate_only) {
     const int world =
         strategies::parse_devices(cli.config.devices, plan.strategy->accelerator()).count *

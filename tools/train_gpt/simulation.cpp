@@ -1,0 +1,126 @@
+#include "tools/train_gpt/simulation.h"
+
+#include <nlohmann/json.hpp>
+
+#include "comm/store/in_process_store.h"
+#include "core/tags.h"
+#include "strategies/plugins.h"
+#include "strategies/registry.h"
+
+namespace loom::train_gpt {
+
+namespace {
+
+void check_symmetric(const std::string& name, const strategies::StrategyConfig& config,
+                     int world_size) {
+  using strategies::StrategyKind;
+  const StrategyKind kind = strategies::StrategyRegistry::entry(name).kind;
+  const bool symmetric = kind == StrategyKind::SingleDevice || kind == StrategyKind::DataParallel ||
+                         kind == StrategyKind::Sharded;
+  if (!symmetric || config.fsdp_sharding_strategy == "HYBRID_SHARD" ||
+      config.fsdp_sharding_strategy == "_HYBRID_SHARD_ZERO2") {
+    tag::kLoomSim.fail("--strategy ", name,
+                       " is not simulated yet: its ranks do different work in split groups, "
+                       "which the sim backend cannot make (docs/simulation.md); simulate "
+                       "single_device, the ddp names or the sharded names without hybrid "
+                       "sharding");
+  }
+  if (kind == StrategyKind::SingleDevice && world_size != 1) {
+    tag::kLoomSim.fail("--strategy ", name, " runs on 1 rank, not --world-size ", world_size);
+  }
+}
+
+}  // namespace
+
+SimulatedRank simulate_rank(const nn::ModelSpec& spec, const TrainOptions& options,
+                            strategies::Strategy& strategy, const std::string& strategy_name,
+                            const strategies::StrategyConfig& config, int world_size) {
+  if (world_size < 1) tag::kLoomSim.fail("--world-size must be at least 1, got ", world_size);
+  check_symmetric(strategy_name, config, world_size);
+  const Device meta = Device::meta();
+  comm::CommCostLog comm;
+  comm::CommCostSink* previous = comm::set_comm_cost_sink(&comm);
+  SimulatedRank out;
+  out.world_size = world_size;
+  size_t comm_before_last_step = 0;
+  {
+    strategy.set_accelerator(std::make_shared<strategies::MetaAccelerator>());
+    if (auto* parallel = dynamic_cast<strategies::ParallelStrategy*>(&strategy)) {
+      parallel->set_process_group(std::make_shared<comm::ProcessGroup>(
+          0, world_size, std::make_shared<comm::InProcessStore>(),
+          comm::GroupOptions{.backend = "sim", .device = meta}, "simulated"));
+    }
+    strategy.setup_environment();
+    nn::ModelSpec on_meta = spec;
+    on_meta.gpt.options.device = on_meta.llama.options.device = meta;
+    const std::unique_ptr<nn::CausalLM> model = on_meta.build(options.seed);
+    out.parameters = model->parameter_count();
+    TrainOptions o = options;
+    o.steps = 2;
+    o.eval_every = 0;
+    o.checkpoint_dir.clear();
+    o.save_every = 0;
+    o.resume.clear();
+    // Values do not matter on meta: zeros, enough for every rank's blocks of both steps.
+    const int64_t time = o.model.context;
+    const int64_t blocks = 2 * std::max<int64_t>(o.grad_accum, 1) * world_size * o.batch + 1;
+    data::TokenBlocks data(std::vector<int32_t>(static_cast<size_t>(blocks * (time + 1)), 0),
+                           o.batch, time, o.model.vocab_size);
+    MetaCostTotals costs;
+    MetaCostTotals::Sum before_last_step;
+    MetaCostScope scope(costs);
+    train(
+        *model, data, o,
+        [&](const StepMetrics& m) {
+          // Peaks as train_gpt's report reads them (its own are the maximum over the ranks:
+          // an allreduce, which reads as zeros here).
+          const MemoryStats device = allocator_for(meta).stats();
+          for (size_t k = 0; k < kMemoryKindCount; ++k)
+            out.peak_bytes_by_kind[k] = static_cast<int64_t>(device.peak_by_kind[k]);
+          const auto offloaded = static_cast<size_t>(MemoryKind::Offloaded);
+          out.peak_bytes_by_kind[offloaded] =
+              static_cast<int64_t>(allocator_for(Device::cpu()).stats().peak_by_kind[offloaded]);
+          out.peak_bytes = static_cast<int64_t>(device.device_peak_bytes);
+          if (m.step == 0) {
+            before_last_step = costs.total();
+            comm_before_last_step = comm.costs().size();
+          }
+        },
+        &strategy);
+    out.compute = costs.total();
+    out.compute.ops -= before_last_step.ops;
+    out.compute.flops -= before_last_step.flops;
+    out.compute.bytes_read -= before_last_step.bytes_read;
+    out.compute.bytes_written -= before_last_step.bytes_written;
+    strategy.teardown();
+  }
+  comm::set_comm_cost_sink(previous);
+  const std::vector<comm::CommCost> all = comm.costs();
+  out.comm.assign(all.begin() + static_cast<std::ptrdiff_t>(comm_before_last_step), all.end());
+  return out;
+}
+
+std::map<std::string, int64_t> SimulatedRank::comm_bytes() const {
+  std::map<std::string, int64_t> bytes;
+  for (const comm::CommCost& c : comm)
+    bytes[c.op] += c.bytes;
+  return bytes;
+}
+
+std::string simulated_rank_json(const SimulatedRank& rank) {
+  nlohmann::json kinds = nlohmann::json::object();
+  for (size_t k = 0; k < kMemoryKindCount; ++k)
+    kinds[memory_kind_name(static_cast<MemoryKind>(k))] = rank.peak_bytes_by_kind[k];
+  return nlohmann::json{{"world_size", rank.world_size},
+                        {"parameters", rank.parameters},
+                        {"peak_bytes", rank.peak_bytes},
+                        {"peak_bytes_by_kind", kinds},
+                        {"flops_per_step", rank.compute.flops},
+                        {"bytes_per_step", rank.compute.bytes_read + rank.compute.bytes_written},
+                        {"comm_bytes_per_step", rank.comm_bytes()},
+                        {"ms_per_step", nullptr},
+                        {"mfu", nullptr}}
+      .dump();
+}
+
+}  // namespace loom::train_gpt

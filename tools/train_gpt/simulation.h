@@ -1,0 +1,54 @@
+#pragma once
+// One simulated rank of a training job (docs/simulation.md): train_gpt's own loop (train())
+// under a real strategy, on the meta device with a process group of the sim backend whose
+// other ranks do not exist. Under the strategies whose ranks all do the same work (single
+// device, DDP, ZeRO 1-3, FSDP) that rank is every rank: its peak memory by kind, its compute
+// and its collectives' bytes per step are the job's per rank. loom-sim prints them.
+
+#include <array>
+#include <map>
+#include <string>
+#include <vector>
+
+#include "comm/sim/sim_backend.h"
+#include "nn/pretrained.h"
+#include "strategies/registry.h"
+#include "strategies/strategy.h"
+#include "tensor/allocator.h"
+#include "tensor/meta.h"
+#include "tools/train_gpt/trainer.h"
+
+namespace loom::train_gpt {
+
+struct SimulatedRank {
+  int world_size = 1;
+  int64_t parameters = 0;
+  // Peak bytes per MemoryKind over the steps (offloaded: in host memory, the rest on the
+  // meta device), and their sum without offloaded: train_gpt's peak_bytes.
+  std::array<int64_t, kMemoryKindCount> peak_bytes_by_kind{};
+  int64_t peak_bytes = 0;
+  // The last step's compute (the meta device's op costs) and collectives, in issue order.
+  MetaCostTotals::Sum compute;
+  std::vector<comm::CommCost> comm;
+
+  // The last step's bytes of this rank's buffers by operation ("allreduce", "all_gather"...).
+  std::map<std::string, int64_t> comm_bytes() const;
+};
+
+// Rank 0 of `world_size` simulated ranks training the model `spec` for two steps of
+// `options.batch` sequences of options.model.context tokens under `strategy`, registered as
+// `strategy_name` and created from `config` (not yet set up: its accelerator and process
+// group are replaced). Data, checkpoints, evaluation
+// and samples are not simulated: options' fields for them are ignored. Throws loom::Error for
+// a strategy whose ranks differ (pipelines, tensor parallelism, hybrid sharding: their groups
+// are split, which the sim backend cannot do yet) and for single_device on more than 1 rank.
+SimulatedRank simulate_rank(const nn::ModelSpec& spec, const TrainOptions& options,
+                            strategies::Strategy& strategy, const std::string& strategy_name,
+                            const strategies::StrategyConfig& config, int world_size);
+
+// {"world_size", "parameters", "peak_bytes", "peak_bytes_by_kind": {...}, "flops_per_step",
+// "bytes_per_step", "comm_bytes_per_step": {op: bytes}, "ms_per_step": null, "mfu": null}: the
+// time fields are null until a time model exists.
+std::string simulated_rank_json(const SimulatedRank& rank);
+
+}  // namespace loom::train_gpt
