@@ -68,9 +68,13 @@ for strategy in ddp_spawn deepspeed_stage_3; do
   "$T" --layers 1 --heads 2 --embd 16 --ctx 16 --batch 2 --steps 1000000 --log-interval 1 \
     --strategy "$strategy" --devices 2 --timeout 3 > "$d/stopped.log" 2>&1 &
   job=$!
-  for _ in $(seq 200); do grep -q "step 2/" "$d/stopped.log" 2> /dev/null && break; sleep 0.05; done
+  # Up to 60 s for the job to start training: under ASan, beside another test on 2 cores, a
+  # job once printed nothing in 10 s (the wait ends as soon as step 2 is logged).
+  for _ in $(seq 1200); do grep -q "step 2/" "$d/stopped.log" 2> /dev/null && break; sleep 0.05; done
   rank1=$(pgrep -P "$job" | head -1 || true)
-  [ -n "$rank1" ] || { echo "$strategy: no rank 1 found"; cat "$d/stopped.log"; exit 1; }
+  [ -n "$rank1" ] || {
+    kill -9 "$job" 2> /dev/null; echo "$strategy: no rank 1 found"; cat "$d/stopped.log"; exit 1
+  }
   kill -STOP "$rank1"
   stopped_at=$SECONDS
   status=0
