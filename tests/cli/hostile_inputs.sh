@@ -73,7 +73,8 @@ for strategy in ddp_spawn deepspeed_stage_3; do
   for _ in $(seq 1200); do grep -q "step 2/" "$d/stopped.log" 2> /dev/null && break; sleep 0.05; done
   rank1=$(pgrep -P "$job" | head -1 || true)
   [ -n "$rank1" ] || {
-    kill -9 "$job" 2> /dev/null; echo "$strategy: no rank 1 found"; cat "$d/stopped.log"; exit 1
+    pkill -9 -P "$job" || true; kill -9 "$job" 2> /dev/null || true  # it would train for ever
+    echo "$strategy: no rank 1 found"; cat "$d/stopped.log"; exit 1
   }
   kill -STOP "$rank1"
   stopped_at=$SECONDS
