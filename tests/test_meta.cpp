@@ -305,6 +305,31 @@ TEST(MetaDevice, GemmAndAttentionCostTheirClosedForms) {
   EXPECT_EQ(log.costs[0].flops, 2.0 * 2 * 2 * 3 * 28 * 8);
 }
 
+// The small models the step tests train, on `device`.
+nn::GPTConfig small_gpt(Device device) {
+  nn::GPTConfig c;
+  c.vocab_size = 10;
+  c.context = 8;
+  c.layers = 2;
+  c.heads = 2;
+  c.embd = 16;
+  c.options.device = device;
+  return c;
+}
+
+nn::LlamaConfig small_llama(Device device) {
+  nn::LlamaConfig c;
+  c.vocab_size = 10;
+  c.context = 8;
+  c.layers = 2;
+  c.heads = 4;
+  c.kv_heads = 2;
+  c.hidden = 16;
+  c.intermediate = 24;
+  c.options.device = device;
+  return c;
+}
+
 // The FLOPs a training step's GEMMs and attention report, against the closed forms: every
 // matrix product runs forward (2mnk) and backward for its input and its weight (2mnk each),
 // so 6 x tokens x the weights that multiply; causal attention 6 x B x (heads x head dim) x
@@ -324,30 +349,15 @@ StepFlops step_flops(nn::CausalLM& model, int64_t batch, int64_t time) {
 TEST(MetaDevice, ATrainingStepsGemmAndAttentionFlopsAreTheClosedForms) {
   const double B = 3, T = 8, L = 2;
   {
-    nn::GPTConfig c;
-    c.vocab_size = 10;
-    c.context = 8;
-    c.layers = 2;
-    c.heads = 2;
-    c.embd = 16;
-    c.options.device = Device::meta();
-    nn::GPT gpt(c, 0);
+    nn::GPT gpt(small_gpt(Device::meta()), 0);
     const double C = 16, V = 10;
     const StepFlops f = step_flops(gpt, 3, 8);
     EXPECT_EQ(f.gemm, 6 * B * T * (L * 12 * C * C + V * C));  // qkv, proj, fc, fc proj; head
     EXPECT_EQ(f.attention, L * 6 * B * C * T * (T + 1));
   }
   {
-    nn::LlamaConfig c;
-    c.vocab_size = 10;
-    c.context = 8;
-    c.layers = 2;
-    c.heads = 4;
-    c.kv_heads = 2;
-    c.hidden = 16;
+    nn::LlamaConfig c = small_llama(Device::meta());
     c.head_dim = 8;  // heads x head_dim = 32, unlike hidden
-    c.intermediate = 24;
-    c.options.device = Device::meta();
     nn::Llama llama(c, 0);
     const double C = 16, HD = 32, KVD = 16, I = 24, V = 10;
     const StepFlops f = step_flops(llama, 3, 8);
@@ -439,31 +449,13 @@ void expect_meta_matches_cpu(const std::function<std::unique_ptr<nn::CausalLM>(D
 }
 
 TEST(MetaDevice, AGpt2TrainingStepPeaksAtTheCpuRunsBytesKindByKind) {
-  expect_meta_matches_cpu([](Device device) {
-    nn::GPTConfig c;
-    c.vocab_size = 10;
-    c.context = 8;
-    c.layers = 2;
-    c.heads = 2;
-    c.embd = 16;
-    c.options.device = device;
-    return std::make_unique<nn::GPT>(c, 3);
-  });
+  expect_meta_matches_cpu(
+      [](Device device) { return std::make_unique<nn::GPT>(small_gpt(device), 3); });
 }
 
 TEST(MetaDevice, ALlamaTrainingStepPeaksAtTheCpuRunsBytesKindByKind) {
-  expect_meta_matches_cpu([](Device device) {
-    nn::LlamaConfig c;
-    c.vocab_size = 10;
-    c.context = 8;
-    c.layers = 2;
-    c.heads = 4;
-    c.kv_heads = 2;
-    c.hidden = 16;
-    c.intermediate = 24;
-    c.options.device = device;
-    return std::make_unique<nn::Llama>(c, 3);
-  });
+  expect_meta_matches_cpu(
+      [](Device device) { return std::make_unique<nn::Llama>(small_llama(device), 3); });
 }
 
 }  // namespace
