@@ -77,6 +77,17 @@ class Backend {
     tag::kComm.fail(name(), " backend: finish_allreduce is not supported");
   }
 
+  // Simulated operations. A backend whose operations never wait for other processes (the sim
+  // backend, comm/sim/: its peers do not exist) returns true from runs_at_issue(): the group
+  // runs each of its operations on the issuing thread at issue, whatever async_op says, and
+  // times its Work (started_at, completed_at) with last_times(), the simulated interval of the
+  // operation that just ran, instead of the clock.
+  virtual bool runs_at_issue() const { return false; }
+  struct Times {
+    Clock::time_point started, completed;
+  };
+  virtual Times last_times() const { return {}; }
+
   // Subgroups. A backend that splits natively (nccl: ncclCommSplit) returns true from
   // splits_natively(); ProcessGroup::split then calls split() like a collective: on the
   // progress thread, in issue order, on every rank of this group, with color < 0 on the

@@ -136,6 +136,7 @@ ProcessGroup::ProcessGroup(int rank, int size, std::shared_ptr<Store> store,
   FlightRecorder::global().note_rank(rank_);
   flight_ = &FlightRecorder::global().register_group(name_, rank_, size_);
   FlightRecorder::install_signal_dump();
+  runs_at_issue_ = backend_->runs_at_issue();
   progress_ = std::thread([this] { progress_loop(); });
 }
 
@@ -225,7 +226,8 @@ WorkPtr ProcessGroup::submit(Op&& op, const Tensor& first, const Tensor& second,
   // Made before taking the lock, which the progress thread needs for every operation.
   op.work = std::make_shared<Work>(op.label, op.timeout);
   std::unique_lock lock = lock_queue();
-  const bool inline_run = !async_op && queue_.empty() && !running_;
+  // A simulated backend's operations all run here, so nothing is ever queued for it.
+  const bool inline_run = (!async_op || runs_at_issue_) && queue_.empty() && !running_;
   enter(op, bytes, issued, inline_run && !broken_);
   if (broken_) {
     fail_unstarted(op, issued);
@@ -251,6 +253,9 @@ WorkPtr ProcessGroup::submit(Op&& op, const Tensor& first, const Tensor& second,
       fail_unstarted(op, op_time());
     }
     done_running_here();
+    // A synchronous call waits for its operation, which the simulation's clock sees
+    // (WaitObserver); a real one has completed by now.
+    if (runs_at_issue_ && !async_op) op.work->wait();
     return std::move(op.work);
   }
   WorkPtr work = op.work;
@@ -614,7 +619,12 @@ bool ProcessGroup::run(Op& op, Body&& body, Clock::time_point& clock, bool finis
     failure = "unknown exception";
   }
   if (!finishes && !error) return false;  // posted: complete once finished
-  const Clock::time_point done = op_time();
+  Clock::time_point done = op_time();
+  if (runs_at_issue_ && !error) {  // its simulated interval
+    const Backend::Times times = backend_->last_times();
+    op.work->mark_started(times.started);
+    done = times.completed;
+  }
   clock = done;
   if (!failure.empty()) {
     flight_->completed(op.label.seq, done, failure);

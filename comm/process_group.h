@@ -217,6 +217,7 @@ class ProcessGroup final : public std::enable_shared_from_this<ProcessGroup>, pr
   bool progress_polling_ = false;
   uint64_t claimables_issued_ = 0;          // counted by the issuing threads, watched by the poller
   std::atomic<bool> precise_times_{false};  // Note [Operation times]
+  bool runs_at_issue_ = false;              // backend_->runs_at_issue(), asked once
   // Counted on every call under mutex_, read by traffic() without it (relaxed: statistics).
   struct TrafficCounter {
     std::atomic<int64_t> calls{0}, bytes{0};

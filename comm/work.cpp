@@ -52,7 +52,19 @@ Stripe& stripe_of(const Work* work) {
 // stripe's mutex. Whichever of the two stores comes first, the other side sees it: either
 // the waiter finds completed_ set, or complete() finds a waiter and notifies under the
 // mutex, which the waiter holds from its check until it sleeps.
+namespace {
+std::atomic<WaitObserver*> installed_wait_observer{nullptr};
+}  // namespace
+
+WaitObserver* set_wait_observer(WaitObserver* observer) {
+  return installed_wait_observer.exchange(observer);
+}
+
 void Work::wait_until_done(const Duration* timeout) {
+  // Relaxed: an observer is installed before the simulated operations it observes are issued.
+  if (WaitObserver* observer = installed_wait_observer.load(std::memory_order_relaxed)) {
+    observer->waiting(*this);
+  }
   if (completed_.load()) {
     if (error_) std::rethrow_exception(error_);
     return;

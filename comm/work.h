@@ -113,4 +113,18 @@ class Work {
 
 using WorkPtr = std::shared_ptr<Work>;
 
+// Sees every wait() on a Work before it blocks: the simulation's clock (sim/timeline.h), for
+// which a wait is where a rank's compute stream meets an operation's completion. Process-wide;
+// installed only while a simulation runs. waiting() may be called from any thread that waits.
+class WaitObserver {
+ public:
+  virtual void waiting(const Work& work) = 0;
+
+ protected:
+  ~WaitObserver() = default;
+};
+
+// Installs `observer` (not owned; null: none) and returns the previous one.
+WaitObserver* set_wait_observer(WaitObserver* observer);
+
 }  // namespace loom::comm

@@ -14,9 +14,10 @@ CommCostSink* set_comm_cost_sink(CommCostSink* sink) {
   return installed_sink.exchange(sink);
 }
 
-void CommCostLog::record(const CommCost& cost) {
+SimInterval CommCostLog::record(const CommCost& cost) {
   std::lock_guard lock(mutex_);
   costs_.push_back(cost);
+  return {};
 }
 
 std::vector<CommCost> CommCostLog::costs() const {
@@ -32,14 +33,19 @@ SimBackend::SimBackend(const BackendContext& context)
   }
 }
 
-void SimBackend::report(const char* op, const Tensor& tensor, int peer) const {
+void SimBackend::report(const char* op, const Tensor& tensor, int peer) {
   CommCostSink* sink = installed_sink.load();
-  if (sink == nullptr) return;
-  sink->record({.op = op,
-                .group = group_,
-                .group_size = size_,
-                .bytes = static_cast<int64_t>(tensor.nbytes()),
-                .peer = peer});
+  const SimInterval when = sink == nullptr ? SimInterval{}
+                                           : sink->record({.op = op,
+                                                           .group = group_,
+                                                           .group_size = size_,
+                                                           .bytes = static_cast<int64_t>(tensor.nbytes()),
+                                                           .peer = peer});
+  const auto at = [](double seconds) {
+    return Clock::time_point(
+        std::chrono::duration_cast<Clock::duration>(std::chrono::duration<double>(seconds)));
+  };
+  last_times_ = {.started = at(when.start), .completed = at(when.end)};
 }
 
 void SimBackend::allreduce(const Tensor& input, Tensor&, ReduceOp, Deadline) {

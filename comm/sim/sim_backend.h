@@ -1,8 +1,9 @@
 #pragma once
 // The simulated backend ("sim"): this process is one rank of a group of any size whose other
 // ranks do not exist. Its tensors are on the meta device (tensor/meta.h); every operation
-// moves nothing, completes at once and is reported, with its bytes and the group's size, to
-// the process's CommCostSink. Under a strategy whose ranks all do the same work (data
+// moves nothing, runs on the issuing thread at issue and is reported, with its bytes and the
+// group's size, to the process's CommCostSink, whose clock says when it ran (its Work's
+// started_at and completed_at). Under a strategy whose ranks all do the same work (data
 // parallel, ZeRO, FSDP), one process on this backend runs what every rank of a job of that
 // size runs: its memory and its operations (docs/simulation.md). Groups are not split (a
 // split is an error naming the backend), and reductions read nothing: results are meta.
@@ -24,12 +25,20 @@ struct CommCost {
   int peer = -1;      // send and recv: the other rank; broadcast and reduce: the root
 };
 
-// Receives the costs of every sim group's operations, from their progress threads: record()
-// must be thread-safe.
+// When a simulated operation ran: seconds of simulated time since the simulation's start.
+struct SimInterval {
+  double start = 0;
+  double end = 0;
+};
+
+// Receives the costs of every sim group's operations, on the threads that issue them (a sim
+// group runs its operations at issue: Backend::runs_at_issue), in issue order per group, and
+// says when each ran (a network model's clock, sim/timeline.h; a sink without one returns an
+// empty interval at 0). record() must be thread-safe.
 class CommCostSink {
  public:
   virtual ~CommCostSink() = default;
-  virtual void record(const CommCost& cost) = 0;
+  virtual SimInterval record(const CommCost& cost) = 0;
 };
 
 // Installs `sink` (not owned; null: none) for every sim group of this process; returns the
@@ -39,7 +48,7 @@ CommCostSink* set_comm_cost_sink(CommCostSink* sink);
 // A sink that keeps every cost, in the order the operations ran.
 class CommCostLog final : public CommCostSink {
  public:
-  void record(const CommCost& cost) override;
+  SimInterval record(const CommCost& cost) override;
   std::vector<CommCost> costs() const;
 
  private:
@@ -68,12 +77,17 @@ class SimBackend final : public Backend {
   // Splitting needs every rank's color, which a group of one real rank does not have.
   void check_can_split() const override;
 
+  // Its operations complete at issue, at the times the sink's clock gives them.
+  bool runs_at_issue() const override { return true; }
+  Times last_times() const override { return last_times_; }
+
  private:
-  void report(const char* op, const Tensor& tensor, int peer = -1) const;
+  void report(const char* op, const Tensor& tensor, int peer = -1);
 
   int rank_;
   int size_;
   std::string group_;
+  Times last_times_;  // of the last operation (they run one at a time)
 };
 
 }  // namespace loom::comm

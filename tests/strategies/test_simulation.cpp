@@ -10,6 +10,7 @@
 
 #include "comm/store/in_process_store.h"
 #include "nn/gpt.h"
+#include "sim/cluster.h"
 #include "strategies/memory_estimate.h"
 #include "strategies/registry.h"
 #include "tiny_training.h"
@@ -36,7 +37,8 @@ train_gpt::SimulatedRank simulate(const std::string& name, int world,
   o.batch = 2;
   nn::ModelSpec spec;
   spec.gpt = config;
-  return train_gpt::simulate_rank(spec, o, *strategy, name, options, world);
+  return train_gpt::simulate_rank(spec, o, *strategy, name, options, world,
+                                  sim::load_cluster("this-machine"));
 }
 
 // `options.accelerator` goes to the estimator only (the simulated rank computes on meta):
@@ -163,6 +165,21 @@ TEST(Simulation, TheZeroPapers7_5BModelOn64Ranks) {
       EXPECT_LT(kind(s, MemoryKind::OptimizerState), 8 * (P / 64 + 1000));
       EXPECT_GE(kind(s, MemoryKind::Gradients), 4 * P / 64);
     }
+  }
+}
+
+// A step's simulated time is its compute stream's: busy, or waiting for communication. The
+// rest of the step's communication ran behind its compute.
+TEST(Simulation, AStepIsItsComputePlusItsExposedCommunication) {
+  for (const char* name : {"ddp", "deepspeed_stage_2", "fsdp"}) {
+    SCOPED_TRACE(name);
+    const train_gpt::SimulatedRank r = simulate(name, 64);
+    EXPECT_GT(r.compute_s, 0);
+    EXPECT_GT(r.comm_busy_s, 0);
+    EXPECT_NEAR(r.step_s, r.compute_s + r.exposed_comm_s, 1e-9);
+    EXPECT_LE(r.exposed_comm_s, r.comm_busy_s + 1e-9);
+    const double peak = sim::load_cluster("this-machine").device.peak_flops.at(DType::F32);
+    EXPECT_DOUBLE_EQ(r.mfu, r.model_flops / r.step_s / peak);
   }
 }
 

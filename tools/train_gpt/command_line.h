@@ -44,6 +44,7 @@ struct CommandLine {
   bool simulate = false;
   int sim_world_size = 0;
   bool sim_json = false;
+  std::string sim_cluster = "this-machine";  // a preset or a file (sim/cluster.h)
   bool list_strategies = false;
   // As typed; finish_parsing converts them into `config`.
   double timeout_s = std::chrono::duration<double>(loom::kDefaultTimeout).count();

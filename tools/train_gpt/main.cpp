@@ -37,6 +37,7 @@
 #include "tools/train_gpt/data_sources.h"
 #include "tools/train_gpt/flag_checks.h"
 #include "tools/train_gpt/progress.h"
+#include "sim/cluster.h"
 #include "tools/train_gpt/simulation.h"
 #include "tools/train_gpt/trainer.h"
 
@@ -588,8 +589,12 @@ void print_simulation(const SimulatedRank& r, const std::string& strategy, bool 
               r.compute.flops, r.compute.bytes_read + r.compute.bytes_written);
   for (const auto& [op, bytes] : r.comm_bytes())
     std::printf("  %-16s %12.2f MiB\n", op.c_str(), static_cast<double>(bytes) / (1 << 20));
-  std::printf("step time and MFU: not predicted yet (no device or network time model: "
-              "docs/simulation.md)\n");
+  std::printf("step time on %s: %.3f ms (compute %.3f ms, exposed communication %.3f ms; "
+              "communication streams busy %.3f ms)\n",
+              r.cluster.c_str(), r.step_s * 1e3, r.compute_s * 1e3, r.exposed_comm_s * 1e3,
+              r.comm_busy_s * 1e3);
+  std::printf("model FLOPs %.4g per step per rank: %.2f TFLOP/s per rank, MFU %.1f%%\n",
+              r.model_flops, r.step_s > 0 ? r.model_flops / r.step_s / 1e12 : 0.0, 100 * r.mfu);
 }
 
 int run(int argc, char** argv) {
@@ -604,6 +609,10 @@ int run(int argc, char** argv) {
                    "the simulated ranks (default: --devices x --num-nodes)")
         ->check(CLI::Range(1, 1 << 20));
     app.add_flag("--json", cli.sim_json, "print one JSON object");
+    app.add_option("--cluster", cli.sim_cluster,
+                   "the simulated cluster: a preset (default this-machine; " +
+                       CLI::detail::join(sim::cluster_presets(), ", ") +
+                       ") or a cluster description's JSON file (docs/simulation.md)");
   }
   CLI11_PARSE(app, argc, argv);
   finish_parsing(app, cli);
@@ -620,13 +629,23 @@ int run(int argc, char** argv) {
             : strategies::parse_devices(cli.config.devices, plan.strategy->accelerator()).count *
                   cli.config.num_nodes;
     for (const char* flag : {"--data", "--save", "--checkpoint-dir", "--resume", "--metrics",
-                             "--trace", "--val-data", "--sample-every", "--init"}) {
+                             "--val-data", "--sample-every", "--init"}) {
       if (app.count(flag) > 0 && !cli.sim_json)
         std::printf("loom-sim: %s is not simulated (it only moves data); ignored\n", flag);
     }
+    const sim::Cluster cluster = sim::load_cluster(cli.sim_cluster);
+    std::optional<strategies::Trace> trace;
+    if (!cli.trace_path.empty()) trace.emplace();
     print_simulation(simulate_rank(model_spec(cli.train), cli.train, *plan.strategy, cli.strategy,
-                                   cli.config, world),
+                                   cli.config, world, cluster, trace ? &*trace : nullptr),
                      cli.strategy, cli.sim_json);
+    if (trace) {
+      trace->write(cli.trace_path, 0);
+      if (!cli.sim_json) {
+        std::printf("loom-sim: the simulated timeline (both steps) is in %s\n",
+                    cli.trace_path.c_str());
+      }
+    }
     return 0;
   }
   if (cli.estimate_only) {

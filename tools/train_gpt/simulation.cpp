@@ -4,6 +4,7 @@
 
 #include "comm/store/in_process_store.h"
 #include "core/tags.h"
+#include "sim/timeline.h"
 #include "strategies/plugins.h"
 #include "strategies/registry.h"
 
@@ -34,16 +35,19 @@ void check_symmetric(const std::string& name, const strategies::StrategyConfig& 
 
 SimulatedRank simulate_rank(const nn::ModelSpec& spec, const TrainOptions& options,
                             strategies::Strategy& strategy, const std::string& strategy_name,
-                            const strategies::StrategyConfig& config, int world_size) {
+                            const strategies::StrategyConfig& config, int world_size,
+                            const sim::Cluster& cluster, strategies::Trace* trace) {
   if (world_size < 1) tag::kLoomSim.fail("--world-size must be at least 1, got ", world_size);
   check_symmetric(strategy_name, config, world_size);
   const Device meta = Device::meta();
-  comm::CommCostLog comm;
-  comm::CommCostSink* previous = comm::set_comm_cost_sink(&comm);
+  const DType compute_dtype = sim::compute_dtype(config.precision);
+  sim::Timeline timeline(cluster, /*rank=*/0, world_size, compute_dtype, trace);
   SimulatedRank out;
   out.world_size = world_size;
+  out.cluster = cluster.name;
   size_t comm_before_last_step = 0;
   {
+    sim::TimelineScope scope(timeline);
     strategy.set_accelerator(std::make_shared<strategies::MetaAccelerator>());
     if (auto* parallel = dynamic_cast<strategies::ParallelStrategy*>(&strategy)) {
       parallel->set_process_group(std::make_shared<comm::ProcessGroup>(
@@ -66,9 +70,13 @@ SimulatedRank simulate_rank(const nn::ModelSpec& spec, const TrainOptions& optio
     const int64_t blocks = 2 * std::max<int64_t>(o.grad_accum, 1) * world_size * o.batch + 1;
     data::TokenBlocks data(std::vector<int32_t>(static_cast<size_t>(blocks * (time + 1)), 0),
                            o.batch, time, o.model.vocab_size);
-    MetaCostTotals costs;
     MetaCostTotals::Sum before_last_step;
-    MetaCostScope scope(costs);
+    double model_flops_before = 0;
+    sim::Timeline::Totals at_step[2];
+    const MetaCostTotals& costs = timeline.costs();
+    const auto model_flops = [&] {
+      return costs.of(OpClass::Gemm).flops + costs.of(OpClass::Attention).flops;
+    };
     train(
         *model, data, o,
         [&](const StepMetrics& m) {
@@ -81,12 +89,21 @@ SimulatedRank simulate_rank(const nn::ModelSpec& spec, const TrainOptions& optio
           out.peak_bytes_by_kind[offloaded] =
               static_cast<int64_t>(allocator_for(Device::cpu()).stats().peak_by_kind[offloaded]);
           out.peak_bytes = static_cast<int64_t>(device.device_peak_bytes);
+          at_step[m.step == 0 ? 0 : 1] = timeline.totals();
           if (m.step == 0) {
             before_last_step = costs.total();
-            comm_before_last_step = comm.costs().size();
+            model_flops_before = model_flops();
+            comm_before_last_step = timeline.comm_log().size();
           }
         },
         &strategy);
+    out.step_s = at_step[1].now - at_step[0].now;
+    out.compute_s = at_step[1].compute - at_step[0].compute;
+    out.exposed_comm_s = at_step[1].exposed_comm - at_step[0].exposed_comm;
+    out.comm_busy_s = at_step[1].comm_busy - at_step[0].comm_busy;
+    out.model_flops = model_flops() - model_flops_before;
+    const double peak = timeline.device().peak_flops(compute_dtype);
+    out.mfu = out.step_s > 0 ? out.model_flops / out.step_s / peak : 0;
     out.compute = costs.total();
     out.compute.ops -= before_last_step.ops;
     out.compute.flops -= before_last_step.flops;
@@ -94,8 +111,7 @@ SimulatedRank simulate_rank(const nn::ModelSpec& spec, const TrainOptions& optio
     out.compute.bytes_written -= before_last_step.bytes_written;
     strategy.teardown();
   }
-  comm::set_comm_cost_sink(previous);
-  const std::vector<comm::CommCost> all = comm.costs();
+  const std::vector<comm::CommCost> all = timeline.comm_log();
   out.comm.assign(all.begin() + static_cast<std::ptrdiff_t>(comm_before_last_step), all.end());
   return out;
 }
@@ -112,14 +128,19 @@ std::string simulated_rank_json(const SimulatedRank& rank) {
   for (size_t k = 0; k < kMemoryKindCount; ++k)
     kinds[memory_kind_name(static_cast<MemoryKind>(k))] = rank.peak_bytes_by_kind[k];
   return nlohmann::json{{"world_size", rank.world_size},
+                        {"cluster", rank.cluster},
                         {"parameters", rank.parameters},
                         {"peak_bytes", rank.peak_bytes},
                         {"peak_bytes_by_kind", kinds},
                         {"flops_per_step", rank.compute.flops},
                         {"bytes_per_step", rank.compute.bytes_read + rank.compute.bytes_written},
                         {"comm_bytes_per_step", rank.comm_bytes()},
-                        {"ms_per_step", nullptr},
-                        {"mfu", nullptr}}
+                        {"ms_per_step", rank.step_s * 1e3},
+                        {"compute_ms", rank.compute_s * 1e3},
+                        {"exposed_comm_ms", rank.exposed_comm_s * 1e3},
+                        {"comm_busy_ms", rank.comm_busy_s * 1e3},
+                        {"tflops_per_rank", rank.step_s > 0 ? rank.model_flops / rank.step_s / 1e12 : 0},
+                        {"mfu", rank.mfu}}
       .dump();
 }
 

@@ -3,7 +3,8 @@
 // under a real strategy, on the meta device with a process group of the sim backend whose
 // other ranks do not exist. Under the strategies whose ranks all do the same work (single
 // device, DDP, ZeRO 1-3, FSDP) that rank is every rank: its peak memory by kind, its compute
-// and its collectives' bytes per step are the job's per rank. loom-sim prints them.
+// and its collectives' bytes per step are the job's per rank, and its step time on a
+// described cluster is theirs. loom-sim prints them.
 
 #include <array>
 #include <map>
@@ -12,8 +13,10 @@
 
 #include "comm/sim/sim_backend.h"
 #include "nn/pretrained.h"
+#include "sim/cluster.h"
 #include "strategies/registry.h"
 #include "strategies/strategy.h"
+#include "strategies/trace.h"
 #include "tensor/allocator.h"
 #include "tensor/meta.h"
 #include "tools/train_gpt/trainer.h"
@@ -30,6 +33,15 @@ struct SimulatedRank {
   // The last step's compute (the meta device's op costs) and collectives, in issue order.
   MetaCostTotals::Sum compute;
   std::vector<comm::CommCost> comm;
+  // The last step's simulated time on `cluster` (sim/timeline.h), in seconds: the whole step,
+  // the compute stream's busy time, its waits for communication (exposed), and the
+  // communication streams' busy time.
+  std::string cluster;
+  double step_s = 0, compute_s = 0, exposed_comm_s = 0, comm_busy_s = 0;
+  // The step's GEMM and attention FLOPs (recomputation under activation checkpointing
+  // included, as Megatron-LM counts), and their rate over the device's dense peak for the
+  // precision's compute dtype.
+  double model_flops = 0, mfu = 0;
 
   // The last step's bytes of this rank's buffers by operation ("allreduce", "all_gather"...).
   std::map<std::string, int64_t> comm_bytes() const;
@@ -42,13 +54,16 @@ struct SimulatedRank {
 // and samples are not simulated: options' fields for them are ignored. Throws loom::Error for
 // a strategy whose ranks differ (pipelines, tensor parallelism, hybrid sharding: their groups
 // are split, which the sim backend cannot do yet) and for single_device on more than 1 rank.
+// Its time is `cluster`'s (sim/cluster.h); with a `trace`, every op and operation of both
+// steps is recorded there in simulated time.
 SimulatedRank simulate_rank(const nn::ModelSpec& spec, const TrainOptions& options,
                             strategies::Strategy& strategy, const std::string& strategy_name,
-                            const strategies::StrategyConfig& config, int world_size);
+                            const strategies::StrategyConfig& config, int world_size,
+                            const sim::Cluster& cluster, strategies::Trace* trace = nullptr);
 
-// {"world_size", "parameters", "peak_bytes", "peak_bytes_by_kind": {...}, "flops_per_step",
-// "bytes_per_step", "comm_bytes_per_step": {op: bytes}, "ms_per_step": null, "mfu": null}: the
-// time fields are null until a time model exists.
+// {"world_size", "cluster", "parameters", "peak_bytes", "peak_bytes_by_kind": {...},
+// "flops_per_step", "bytes_per_step", "comm_bytes_per_step": {op: bytes}, "ms_per_step",
+// "compute_ms", "exposed_comm_ms", "comm_busy_ms", "tflops_per_rank", "mfu"}.
 std::string simulated_rank_json(const SimulatedRank& rank);
 
 }  // namespace loom::train_gpt

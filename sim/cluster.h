@@ -1,0 +1,75 @@
+#pragma once
+// A described cluster for the simulator (docs/simulation.md): its devices' compute and memory
+// rates by op kind and size, its nodes' links, its network and its hosts. Read from a JSON
+// file or a named preset (sim/clusters/*.json, built into the library); every number is
+// checked on load and a missing or impossible one is an error naming its field.
+//
+//   sim::Cluster cluster = sim::load_cluster("dgx-h100");     // or a path to a .json file
+//
+// Units in the files are the ones their sources print (TFLOP/s, GB/s with GB = 1e9 bytes,
+// microseconds); in memory everything is in FLOP/s, bytes/s, bytes and seconds.
+
+#include <map>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "core/dtype.h"
+
+namespace loom::sim {
+
+// An achieved rate that depends on an op's size: points (size, rate) with sizes increasing,
+// interpolated linearly in log(size) between them and held at the end values beyond.
+class RateCurve {
+ public:
+  RateCurve() = default;
+  explicit RateCurve(std::vector<std::pair<double, double>> points);
+  double at(double size) const;
+  bool empty() const { return points_.empty(); }
+  const std::vector<std::pair<double, double>>& points() const { return points_; }
+
+ private:
+  std::vector<std::pair<double, double>> points_;
+};
+
+struct DeviceSpec {
+  std::string name;
+  double memory_bytes = 0;                // capacity, for the sweep's memory limit
+  std::map<DType, double> peak_flops;     // the datasheet's dense peak by compute dtype, for MFU
+  double op_overhead_s = 0;               // per op: a kernel launch, a dispatch
+  std::map<DType, RateCurve> gemm_flops;  // achieved FLOP/s by one GEMM's FLOPs
+  std::map<DType, RateCurve> attention_flops;  // achieved FLOP/s by one attention op's FLOPs
+  RateCurve memory_bytes_per_s;  // bandwidth-bound ops: achieved bytes/s by bytes moved
+};
+
+struct LinkSpec {
+  double bytes_per_s = 0;  // achieved, one direction
+  double latency_s = 0;    // per algorithm step
+};
+
+struct Cluster {
+  std::string name;
+  std::string source;  // where its numbers come from (commands, documents)
+  DeviceSpec device;
+  int devices_per_node = 1;
+  // Ranks of one node beyond compute_slots share them (a CPU machine's cores): their compute
+  // slows by ranks / slots. A GPU node has one slot per device.
+  int compute_slots = 1;
+  LinkSpec intra_node;  // a collective's bus bandwidth among one node's devices (NVLink)
+  int nics_per_node = 0;
+  LinkSpec nic;          // one NIC, between nodes
+  std::string topology;  // "fat-tree" or "rail": both full bisection (docs/simulation.md)
+  double collective_base_latency_s = 0;  // per collective, on top of its steps
+  double pcie_bytes_per_s = 0;           // device <-> host copies (offload)
+};
+
+// A preset's name ("this-machine", "dgx-a100", "dgx-h100") or a path to a JSON file.
+Cluster load_cluster(const std::string& preset_or_path);
+// Parses a cluster description; `origin` names it in errors.
+Cluster parse_cluster(const std::string& json_text, const std::string& origin);
+std::vector<std::string> cluster_presets();
+
+// A rank's compute dtype for MFU and the GEMM curves: the precision's ("bf16-mixed": bf16).
+DType compute_dtype(const std::string& precision);
+
+}  // namespace loom::sim

@@ -1,0 +1,55 @@
+#include "sim/device_model.h"
+
+#include <algorithm>
+
+#include "core/tags.h"
+
+namespace loom::sim {
+
+DeviceModel::DeviceModel(const Cluster& cluster, int ranks_per_node, DType compute_dtype)
+    : cluster_(cluster),
+      slowdown_(std::max(1.0, static_cast<double>(ranks_per_node) / cluster.compute_slots)),
+      compute_dtype_(compute_dtype) {}
+
+double DeviceModel::flops_rate(const std::map<DType, RateCurve>& curves, const OpCost& cost,
+                               const char* field) const {
+  const DType dtype = cost.dtype == DType::F32 ? compute_dtype_ : cost.dtype;
+  const auto it = curves.find(dtype);
+  if (it == curves.end()) {
+    tag::kLoomSim.fail("cluster ", cluster_.name, " has no device.", field, ".",
+                       dtype_name(dtype), " curve for op ", cost.op, " in ", dtype_name(dtype),
+                       "; add one or simulate another precision");
+  }
+  return it->second.at(cost.flops);
+}
+
+double DeviceModel::seconds(const OpCost& cost) const {
+  double busy = 0;
+  switch (cost.op_class) {
+    case OpClass::Gemm:
+      busy = cost.flops / flops_rate(cluster_.device.gemm_flops, cost, "gemm_tflops");
+      break;
+    case OpClass::Attention:
+      busy = cost.flops / flops_rate(cluster_.device.attention_flops, cost, "attention_tflops");
+      break;
+    case OpClass::Transfer:
+      busy = (cost.bytes_read + cost.bytes_written) / 2 / cluster_.pcie_bytes_per_s;
+      break;
+    default: {
+      const double bytes = cost.bytes_read + cost.bytes_written;
+      busy = bytes / cluster_.device.memory_bytes_per_s.at(bytes);
+    }
+  }
+  return (cluster_.device.op_overhead_s + busy) * slowdown_;
+}
+
+double DeviceModel::peak_flops(DType dtype) const {
+  const auto it = cluster_.device.peak_flops.find(dtype);
+  if (it == cluster_.device.peak_flops.end()) {
+    tag::kLoomSim.fail("cluster ", cluster_.name, " gives no device.peak_tflops.",
+                       dtype_name(dtype));
+  }
+  return it->second;
+}
+
+}  // namespace loom::sim

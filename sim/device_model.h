@@ -1,0 +1,38 @@
+#pragma once
+// The device model: how long one op of the meta device (tensor/meta.h) takes on a cluster's
+// device. GEMMs and attention run at the achieved FLOP/s of their dtype's curve at their size;
+// every other op moves its bytes at the achieved memory bandwidth for that many bytes; copies
+// between devices (offload) cross PCIe. Each op also pays the device's per-op overhead.
+// Ranks of one node beyond its compute slots share them (a CPU's cores), so their ops take
+// longer by ranks / slots.
+
+#include "sim/cluster.h"
+#include "tensor/meta.h"
+
+namespace loom::sim {
+
+class DeviceModel {
+ public:
+  // `ranks_per_node`: how many ranks of the job share one node's compute slots.
+  // `compute_dtype`: the precision's (sim::compute_dtype). Under autocast the meta device
+  // follows the CPU path, which rounds the operands of GEMMs and attention through the low
+  // dtype and computes in f32; a GPU computes them in the low dtype. So f32 GEMMs and
+  // attention run at the compute dtype's curves (a CPU cluster's 16-bit curves are its f32
+  // ones: sim/clusters/this-machine.json).
+  DeviceModel(const Cluster& cluster, int ranks_per_node, DType compute_dtype = DType::F32);
+  // Seconds. Throws loom::Error for a GEMM or attention dtype the cluster has no curve for.
+  double seconds(const OpCost& cost) const;
+  // The dense peak for `dtype` (FLOP/s), for MFU; throws when the cluster gives none.
+  double peak_flops(DType dtype) const;
+
+ private:
+  // The achieved FLOP/s of a GEMM or attention op from `curves` (device.`field`).
+  double flops_rate(const std::map<DType, RateCurve>& curves, const OpCost& cost,
+                    const char* field) const;
+
+  const Cluster& cluster_;
+  double slowdown_;
+  DType compute_dtype_;
+};
+
+}  // namespace loom::sim

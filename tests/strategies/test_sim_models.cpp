@@ -1,0 +1,272 @@
+// The simulator's models (sim/): cluster descriptions and their errors, the device and network
+// models' closed forms, and the timeline's streams: compute in order, each group's operations
+// in order from their issue, and waits where the caller's code waits (docs/simulation.md).
+
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <string>
+
+#include "comm/process_group.h"
+#include "comm/store/in_process_store.h"
+#include "sim/cluster.h"
+#include "sim/device_model.h"
+#include "sim/network_model.h"
+#include "sim/timeline.h"
+#include "tensor/meta.h"
+
+namespace loom::sim {
+namespace {
+
+// A cluster of round numbers: 4 devices per node of 100 GB/s, 2 NICs of 10 GB/s, 1 us per
+// node step, 10 us per network step, 2 us per collective; GEMMs at 100 TFLOP/s up to 1e9 FLOP
+// and 200 from 1e11; memory at 1,000 GB/s.
+std::string test_cluster_json(const std::string& replace_from = "", const std::string& with = "") {
+  std::string text = R"({
+    "name": "test", "source": "round numbers for closed forms",
+    "device": {"name": "round", "memory_gib": 16, "peak_tflops": {"bf16": 400, "f32": 50},
+      "op_overhead_us": 1,
+      "gemm_tflops": {"bf16": [[1e9, 100], [1e11, 200]], "f32": [[1e9, 25]]},
+      "attention_tflops": {"bf16": [[1e9, 40]], "f32": [[1e9, 10]]},
+      "memory_gbps": [[1e6, 1000]]},
+    "node": {"devices": 4, "compute_slots": 4, "busbw_gbps": 100, "latency_us": 1},
+    "network": {"nics_per_node": 2, "nic_gbps": 10, "latency_us": 10, "topology": "fat-tree"},
+    "collective_base_latency_us": 2,
+    "host": {"pcie_gbps": 20}
+  })";
+  if (!replace_from.empty()) {
+    const size_t at = text.find(replace_from);
+    EXPECT_NE(at, std::string::npos) << replace_from;
+    text.replace(at, replace_from.size(), with);
+  }
+  return text;
+}
+
+Cluster test_cluster() { return parse_cluster(test_cluster_json(), "test"); }
+
+void expect_error(const std::string& json, const std::string& message) {
+  try {
+    parse_cluster(json, "bad.json");
+    ADD_FAILURE() << "no error; expected one naming " << message;
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find(message), std::string::npos) << e.what();
+    EXPECT_NE(std::string(e.what()).find("bad.json"), std::string::npos) << e.what();
+  }
+}
+
+TEST(SimCluster, EveryPresetLoadsAndHasItsSource) {
+  ASSERT_EQ(cluster_presets(), (std::vector<std::string>{"dgx-a100", "dgx-h100", "this-machine"}));
+  for (const std::string& name : cluster_presets()) {
+    const Cluster c = load_cluster(name);
+    EXPECT_EQ(c.name, name);
+    EXPECT_GT(c.source.size(), 100u) << name << ": the source says where each number comes from";
+    EXPECT_GT(c.device.peak_flops.at(DType::BF16), 0);
+  }
+  EXPECT_EQ(load_cluster("dgx-h100").nics_per_node, 8);
+}
+
+TEST(SimCluster, TheFileIsReadWithItsUnits) {
+  const Cluster c = test_cluster();
+  EXPECT_DOUBLE_EQ(c.device.memory_bytes, 16.0 * (1 << 30));
+  EXPECT_DOUBLE_EQ(c.device.peak_flops.at(DType::BF16), 400e12);
+  EXPECT_DOUBLE_EQ(c.device.op_overhead_s, 1e-6);
+  EXPECT_DOUBLE_EQ(c.intra_node.bytes_per_s, 100e9);
+  EXPECT_DOUBLE_EQ(c.nic.latency_s, 10e-6);
+  EXPECT_DOUBLE_EQ(c.pcie_bytes_per_s, 20e9);
+}
+
+TEST(SimCluster, BadDescriptionsNameTheirField) {
+  expect_error(test_cluster_json(R"("busbw_gbps": 100,)", ""), "node.busbw_gbps is missing");
+  expect_error(test_cluster_json(R"("devices": 4)", R"("devices": 0)"),
+               "node.devices must be more than 0");
+  expect_error(test_cluster_json(R"("devices": 4)", R"("devices": 2.5)"),
+               "node.devices must be a whole number");
+  expect_error(test_cluster_json(R"("nic_gbps": 10)", R"("nic_gbps": "fast")"),
+               "network.nic_gbps must be a number");
+  expect_error(test_cluster_json(R"([[1e9, 100], [1e11, 200]])", R"([[1e11, 100], [1e9, 200]])"),
+               "device.gemm_tflops.bf16[1] has size");
+  expect_error(test_cluster_json(R"("f32": [[1e9, 25]])", R"("f32": [[1e9, -25]])"),
+               "device.gemm_tflops.f32[0] must have a size and a rate above 0");
+  expect_error(test_cluster_json(R"("attention_tflops": {"bf16": [[1e9, 40]], )",
+                                 R"("attention_tflops": {)"),
+               "device.attention_tflops.bf16 is missing");
+  expect_error(test_cluster_json(R"("fat-tree")", R"("torus")"), "network.topology must be");
+  expect_error(test_cluster_json(R"("peak_tflops": {"bf16")", R"("peak_tflops": {"bf17")"),
+               "device.peak_tflops.bf17 is not a dtype");
+  expect_error("{", "not valid JSON");
+  try {
+    load_cluster("dgx-z100");
+    ADD_FAILURE();
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("no such preset (presets: dgx-a100, dgx-h100, "
+                                         "this-machine"),
+              std::string::npos)
+        << e.what();
+  }
+}
+
+TEST(SimCluster, RateCurvesInterpolateInLogSize) {
+  const RateCurve curve({{1e9, 100}, {1e11, 200}});
+  EXPECT_DOUBLE_EQ(curve.at(1e3), 100);   // held below
+  EXPECT_DOUBLE_EQ(curve.at(1e10), 150);  // halfway in log
+  EXPECT_DOUBLE_EQ(curve.at(1e12), 200);  // held above
+}
+
+OpCost gemm(double flops, DType dtype) {
+  return {.op = "matmul", .op_class = OpClass::Gemm, .flops = flops, .dtype = dtype};
+}
+
+TEST(SimDeviceModel, OpsTakeTheirWorkOverTheCurvesRatePlusTheOverhead) {
+  const Cluster c = test_cluster();
+  const DeviceModel device(c, /*ranks_per_node=*/4);
+  EXPECT_DOUBLE_EQ(device.seconds(gemm(1e11, DType::BF16)), 1e-6 + 1e11 / 200e12);
+  EXPECT_DOUBLE_EQ(device.seconds(gemm(1e9, DType::F32)), 1e-6 + 1e9 / 25e12);
+  const OpCost add{.op = "add", .op_class = OpClass::Elementwise, .bytes_read = 8e6,
+                   .bytes_written = 4e6};
+  EXPECT_DOUBLE_EQ(device.seconds(add), 1e-6 + 12e6 / 1000e9);
+  const OpCost to_host{.op = "copy_across_devices", .op_class = OpClass::Transfer,
+                       .bytes_read = 2e9, .bytes_written = 2e9};
+  EXPECT_DOUBLE_EQ(device.seconds(to_host), 1e-6 + 2e9 / 20e9);
+  // Under bf16 autocast the meta device's f32 products run as a GPU runs them: in bf16.
+  const DeviceModel mixed(c, 4, DType::BF16);
+  EXPECT_DOUBLE_EQ(mixed.seconds(gemm(1e11, DType::F32)), 1e-6 + 1e11 / 200e12);
+  // Eight ranks on four compute slots take twice as long.
+  EXPECT_DOUBLE_EQ(DeviceModel(c, 8).seconds(add), 2 * device.seconds(add));
+  EXPECT_DOUBLE_EQ(device.peak_flops(DType::BF16), 400e12);
+  EXPECT_THROW(device.seconds(gemm(1e9, DType::F16)), Error);
+}
+
+comm::CommCost collective(const std::string& op, int n, double bytes) {
+  return {.op = op, .group = "g", .group_size = n, .bytes = static_cast<int64_t>(bytes)};
+}
+
+TEST(SimNetworkModel, RingCollectivesWithinANode) {
+  const Cluster c = test_cluster();
+  const NetworkModel network(c, 0);
+  const double s = 4e9, b = 100e9, a = 1e-6, base = 2e-6;
+  CollectiveTime t = network.time(collective("allreduce", 4, s));
+  EXPECT_EQ(t.algorithm, CollectiveAlgorithm::Ring);
+  EXPECT_DOUBLE_EQ(t.seconds, base + 2 * (0.75 * s / b + 3 * a));
+  EXPECT_DOUBLE_EQ(network.time(collective("all_gather", 4, s)).seconds, base + 0.75 * s / b + 3 * a);
+  EXPECT_DOUBLE_EQ(network.time(collective("reduce_scatter", 2, s)).seconds, base + 0.5 * s / b + a);
+  EXPECT_DOUBLE_EQ(network.time(collective("broadcast", 4, s)).seconds, base + s / b + 3 * a);
+  EXPECT_DOUBLE_EQ(network.time(collective("allreduce", 1, s)).seconds, 0);
+}
+
+TEST(SimNetworkModel, AcrossNodesTheNicsBoundTheBandwidthAndTreesWinSmallAllreduces) {
+  const Cluster c = test_cluster();
+  const NetworkModel network(c, 0);
+  // 64 ranks on 16 nodes: the bus bandwidth is 2 NICs x 10 GB/s, steps cost the NIC's 10 us.
+  const double n = 64, bus = 20e9, base = 2e-6;
+  const double s = 1e9;
+  CollectiveTime big = network.time(collective("allreduce", 64, s));
+  EXPECT_EQ(big.algorithm, CollectiveAlgorithm::Ring);
+  EXPECT_DOUBLE_EQ(big.seconds, base + 2 * ((n - 1) / n * s / bus + (n - 1) * 10e-6));
+  CollectiveTime small = network.time(collective("allreduce", 64, 1024));
+  EXPECT_EQ(small.algorithm, CollectiveAlgorithm::Tree);
+  EXPECT_DOUBLE_EQ(small.seconds,
+                   base + 2 * (n - 1) / n * 1024 / (0.92 * bus) + 2 * (4 * 10e-6 + 3 * 1e-6));
+  // Point to point: NVLink within the node, the rank's share of the NICs across (2 NICs for
+  // 4 devices: half of one).
+  comm::CommCost send = collective("send", 64, 1e9);
+  send.peer = 3;
+  EXPECT_DOUBLE_EQ(network.time(send).seconds, 1e9 / 100e9 + 1e-6);
+  send.peer = 4;
+  EXPECT_DOUBLE_EQ(network.time(send).seconds, 1e9 / 10e9 + 10e-6);
+}
+
+TEST(SimNetworkModel, AGroupBeyondOneNodeNeedsANetwork) {
+  const Cluster c = parse_cluster(
+      test_cluster_json(R"("nics_per_node": 2, "nic_gbps": 10, "latency_us": 10, "topology": "fat-tree")",
+                        R"("nics_per_node": 0)"),
+      "one-node");
+  const NetworkModel network(c, 0);
+  EXPECT_NO_THROW(network.time(collective("allreduce", 4, 1e6)));
+  try {
+    network.time(collective("allreduce", 8, 1e6));
+    ADD_FAILURE();
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("has no network (network.nics_per_node 0): a group of 8 "
+                                         "ranks needs 2 nodes of 4 devices"),
+              std::string::npos)
+        << e.what();
+  }
+}
+
+// A sim group of `size` ranks with the timeline installed.
+std::shared_ptr<comm::ProcessGroup> sim_group(int size, const std::string& name = "g") {
+  return std::make_shared<comm::ProcessGroup>(
+      0, size, std::make_shared<comm::InProcessStore>(),
+      comm::GroupOptions{.backend = "sim", .device = Device::meta()}, name);
+}
+
+// Reports a compute op of `seconds` on the test cluster (memory-bound bytes at 1,000 GB/s,
+// less the 1 us overhead).
+void compute(double seconds) {
+  const Tensor t = Tensor::empty({static_cast<int64_t>((seconds - 1e-6) * 1000e9 / 8)}, DType::F32,
+                                 Device::meta());
+  record_meta_op("work", OpClass::Elementwise, 0, {t}, {t});
+}
+
+TEST(SimTimeline, CommunicationOverlapsComputeUntilTheCallerWaits) {
+  // A Work's completion is a Clock::time_point: simulated times pass through nanoseconds.
+  constexpr double kNanosecond = 1e-9;
+  const Cluster c = test_cluster();
+  Timeline timeline(c, 0, 4, DType::F32);
+  TimelineScope scope(timeline);
+  std::shared_ptr<comm::ProcessGroup> group = sim_group(4);
+  Tensor grads = Tensor::empty({1 << 20}, DType::F32, Device::meta());  // 4 MiB
+  const double allreduce = 2e-6 + 2 * (0.75 * 4194304 / 100e9 + 3e-6);
+  compute(100e-6);
+  comm::WorkPtr work = group->allreduce(grads);  // issued at 100 us, async
+  EXPECT_TRUE(work->is_completed());             // (at issue: its times are simulated)
+  compute(20e-6);  // hides 20 us of it
+  work->wait();
+  Timeline::Totals t = timeline.totals();
+  EXPECT_NEAR(t.now, 100e-6 + allreduce, kNanosecond);
+  EXPECT_NEAR(t.exposed_comm, allreduce - 20e-6, kNanosecond);
+  EXPECT_NEAR(t.compute, 120e-6, kNanosecond);
+  EXPECT_NEAR(t.comm_busy, allreduce, kNanosecond);
+  // Operations of one group run in order: the second starts when the first ends, although
+  // both were issued at once; a second group's stream is its own.
+  std::shared_ptr<comm::ProcessGroup> other = sim_group(4, "other");
+  comm::WorkPtr first = group->allreduce(grads);
+  comm::WorkPtr second = group->allreduce(grads);
+  comm::WorkPtr beside = other->allreduce(grads);
+  second->wait();
+  beside->wait();
+  EXPECT_NEAR(timeline.totals().now, t.now + 2 * allreduce, kNanosecond);
+  // A synchronous call waits at once; a wait on a finished operation costs nothing.
+  const double before = timeline.totals().now;
+  group->allreduce(grads, {.async_op = false});
+  EXPECT_NEAR(timeline.totals().now, before + allreduce, kNanosecond);
+  first->wait();
+  EXPECT_NEAR(timeline.totals().now, before + allreduce, kNanosecond);
+  EXPECT_EQ(timeline.comm_log().size(), 5u);
+}
+
+TEST(SimTimeline, TheTraceShowsOpsOperationsAndWaitsInSimulatedTime) {
+  const Cluster c = test_cluster();
+  strategies::Trace trace;
+  Timeline timeline(c, 0, 4, DType::F32, &trace);
+  TimelineScope scope(timeline);
+  std::shared_ptr<comm::ProcessGroup> group = sim_group(4);
+  Tensor grads = Tensor::empty({1 << 20}, DType::F32, Device::meta());
+  compute(100e-6);
+  group->allreduce(grads)->wait();
+  std::vector<strategies::Trace::Event> events = trace.events();
+  ASSERT_EQ(events.size(), 3u);
+  EXPECT_EQ(events[0].name, "work");
+  EXPECT_EQ(events[0].ts, 0);
+  EXPECT_EQ(events[0].dur, 100);
+  EXPECT_EQ(events[1].name, "allreduce");
+  EXPECT_EQ(events[1].category, "ring");
+  EXPECT_EQ(events[1].ts, 100);
+  EXPECT_NE(events[1].tid, strategies::Trace::kMainThread);
+  EXPECT_EQ(events[2].category, "exposed communication");
+  EXPECT_EQ(events[2].ts, 100);
+  EXPECT_EQ(events[2].dur, events[1].dur);
+}
+
+}  // namespace
+}  // namespace loom::sim
