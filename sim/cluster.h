@@ -40,6 +40,9 @@ struct DeviceSpec {
   std::map<DType, RateCurve> gemm_flops;  // achieved FLOP/s by one GEMM's FLOPs
   std::map<DType, RateCurve> attention_flops;  // achieved FLOP/s by one attention op's FLOPs
   RateCurve memory_bytes_per_s;  // bandwidth-bound ops: achieved bytes/s by bytes moved
+  // Optional: curves of their own for named bandwidth-bound ops (OpCost::op: "gelu", its
+  // backward "Gelu", "adamw", ...), where an op's rate differs from a plain copy's.
+  std::map<std::string, RateCurve, std::less<>> op_bytes_per_s;
 };
 
 struct LinkSpec {

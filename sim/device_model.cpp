@@ -37,7 +37,11 @@ double DeviceModel::seconds(const OpCost& cost) const {
       break;
     default: {
       const double bytes = cost.bytes_read + cost.bytes_written;
-      busy = bytes / cluster_.device.memory_bytes_per_s.at(bytes);
+      const auto own = cluster_.device.op_bytes_per_s.find(std::string_view(cost.op));
+      const RateCurve& curve = own != cluster_.device.op_bytes_per_s.end()
+                                   ? own->second
+                                   : cluster_.device.memory_bytes_per_s;
+      busy = bytes / curve.at(bytes);
     }
   }
   return (cluster_.device.op_overhead_s + busy) * slowdown_;

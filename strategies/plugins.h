@@ -40,9 +40,12 @@ class CPUAccelerator final : public Accelerator {
 class MetaAccelerator final : public Accelerator {
  public:
   std::string name() const override { return "meta"; }
-  int visible_devices() const override { return 1; }
+  // A simulated node has as many devices as a job asks for (--devices 8): every rank
+  // computes on the one meta device.
+  int visible_devices() const override { return kSimulatedDevices; }
   void select(const std::vector<int>&) override {}
   Device device(int) const override { return Device::meta(); }
+  static constexpr int kSimulatedDevices = 1 << 20;
 };
 
 // NVIDIA GPUs (builds with LOOM_WITH_CUDA). Local rank r computes on the (r mod n)-th of the n

@@ -1,0 +1,74 @@
+#!/usr/bin/env bash
+# Writes sim/clusters/this-machine.json, loom-sim's default cluster (docs/simulation.md,
+# "Calibration"), from measurements on this machine: the device from loom-sim-calibrate (Loom's
+# own CPU ops at one thread, the share of one core a rank has when each rank has a core), the
+# node's collective bandwidth and latency from loom-perf's shm allreduce on 2 ranks.
+# Usage: bash scripts/calibrate-this-machine.sh [BUILD_DIR]   (default build/release)
+set -euo pipefail
+cd "$(dirname "$0")/.."
+build=${1:-build/release}
+calibrate=$build/tools/loom_sim/loom-sim-calibrate
+perf=$build/tools/loom_perf/loom-perf
+for program in "$calibrate" "$perf"; do
+  [[ -x $program ]] || { echo "calibrate-this-machine: $program is missing; build first" >&2; exit 1; }
+done
+work=$(mktemp -d)
+trap 'rm -rf "$work"' EXIT
+echo "calibrate-this-machine: device (loom-sim-calibrate --threads 1)" >&2
+"$calibrate" --threads 1 > "$work/device.json"
+echo "calibrate-this-machine: shm allreduce on 2 ranks (loom-perf)" >&2
+"$perf" allreduce --np 2 -b 8 -e 64M -f 8 -z 2 --json "$work/allreduce.json" > /dev/null
+python3 - "$work/device.json" "$work/allreduce.json" sim/clusters/this-machine.json <<'PY'
+import datetime, json, os, platform, sys
+device = json.load(open(sys.argv[1]))
+perf = json.load(open(sys.argv[2]))
+rows = perf["results"]
+def busbw(row): return row["out_of_place"]["busbw_gbps"]
+def time_us(row): return row["out_of_place"]["time_us"]
+large = [busbw(r) for r in rows if r["size"] >= 2 << 20]
+small = [time_us(r) for r in rows if r["size"] <= 4096]
+bus = sorted(large)[len(large) // 2]
+latency = sorted(small)[len(small) // 2] / 2  # a 2-rank ring allreduce takes 2 steps
+cpu = next((l.split(":", 1)[1].strip() for l in open("/proc/cpuinfo") if l.startswith("model name")), platform.processor())
+isa = "AVX-512" if "avx512f" in open("/proc/cpuinfo").read() else "AVX2"
+cores = os.cpu_count()
+peak = max(rate for _, rate in device["gemm_tflops"]["f32"])
+source = (f"This machine ({cpu}, {isa}, {cores} cores), measured {datetime.date.today()} by "
+          "scripts/calibrate-this-machine.sh. Device: one rank's share of one core, from "
+          "`loom-sim-calibrate --threads 1` (Loom's own CPU ops timed for real, forward and "
+          "backward, each op's work taken from the same ops on the meta device: "
+          "tools/loom_sim/calibrate.cpp says which ops and shapes). The bf16 and f16 curves are "
+          "the f32 ones: under autocast the CPU computes in f32 after rounding. Peaks: the best "
+          "GEMM rate measured, so this machine's MFU is against what its GEMMs reach. Node: the "
+          "shm backend, `loom-perf allreduce --np 2 -b 8 -e 64M -f 8 -z 2`: the median bus "
+          f"bandwidth from 2 MiB ({bus:.2f} GB/s) and half the median time up to 4 KiB per "
+          f"step ({latency:.2f} us). One node: all ranks share its {cores} cores.")
+def pairs(curve): return "[" + ", ".join(f"[{a:.4g}, {b:.4g}]" for a, b in curve) + "]"
+def by_key(curves, indent):
+    pad = " " * indent
+    return "{\n" + ",\n".join(f'{pad}  "{k}": {pairs(v)}' for k, v in curves.items()) + f"\n{pad}}}"
+text = f'''{{
+  "name": "this-machine",
+  "source": {json.dumps(source)},
+  "device": {{
+    "name": {json.dumps(cpu + ", one core per rank")},
+    "memory_gib": {os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / 2**30:.0f},
+    "peak_tflops": {{"f32": {peak:.4g}, "bf16": {peak:.4g}, "f16": {peak:.4g}}},
+    "op_overhead_us": {device["op_overhead_us"]:.3g},
+    "gemm_tflops": {by_key(device["gemm_tflops"], 4)},
+    "attention_tflops": {by_key(device["attention_tflops"], 4)},
+    "memory_gbps": {pairs(device["memory_gbps"])},
+    "ops_gbps": {by_key(device["ops_gbps"], 4)}
+  }},
+  "node": {{"devices": 1024, "compute_slots": {cores}, "busbw_gbps": {bus:.3g}, "latency_us": {latency:.3g}}},
+  "network": {{"nics_per_node": 0}},
+  "collective_base_latency_us": 0,
+  "host": {{"pcie_gbps": {device["memory_gbps"][-1][1]:.3g}}}
+}}
+'''
+json.loads(text)
+tmp = sys.argv[3] + ".tmp"
+open(tmp, "w").write(text)
+os.replace(tmp, sys.argv[3])
+print(f"calibrate-this-machine: wrote {sys.argv[3]}", file=sys.stderr)
+PY
