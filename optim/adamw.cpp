@@ -95,9 +95,11 @@ void AdamW::update(const ParamGroup& group, const Tensor& p, const Tensor& grad)
         "AdamW::update runs the CPU kernel; CUDA parameters go through "
         "update_group()");
   State& s = advance_state(p);
-  if (p.device().is_meta()) {  // moments, bias corrections, decay and the update: ~12 per element
+  if (reports_op_cost(p.device())) {  // moments, corrections, decay, update: ~12 per element
     record_meta_op("adamw", OpClass::Optimizer, 12 * double(p.numel()),
                    {p, grad, s.exp_avg, s.exp_avg_sq}, {p, s.exp_avg, s.exp_avg_sq});
+  }
+  if (p.device().is_meta()) {
     return;
   }
   const kernels::cpu::AdamWStepArgs args{.lr = group.lr,

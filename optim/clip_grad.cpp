@@ -87,8 +87,10 @@ double grad_norm(const std::vector<Tensor>& params, double norm_type) {
       cuda_grads.push_back(grad);
       continue;
     }
-    if (grad.device().is_meta()) {  // a meta gradient's norm reads as 0 (tensor/meta.h)
+    if (reports_op_cost(grad.device())) {
       record_meta_op("grad_norm", OpClass::Reduction, 2 * double(grad.numel()), {grad}, {});
+    }
+    if (grad.device().is_meta()) {  // a meta gradient's norm reads as 0 (tensor/meta.h)
       norms.push_back(0.0);
       continue;
     }

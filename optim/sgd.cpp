@@ -76,10 +76,13 @@ void SGD::update(const ParamGroup& group, const Tensor& p, const Tensor& grad) {
                                        .weight_decay = group.weight_decay,
                                        .nesterov = options_.nesterov,
                                        .first_step = first_step};
-  if (p.device().is_meta()) {
+  if (reports_op_cost(p.device())) {
     record_meta_op("sgd", OpClass::Optimizer, 4 * double(p.numel()),
                    {p, grad, use_momentum ? buffer : Tensor::empty({0}, p.dtype(), p.device())},
                    {p, use_momentum ? buffer : Tensor::empty({0}, p.dtype(), p.device())});
+  }
+  if (p.device().is_meta()) {
+    // nothing to compute: the cost is reported above
   } else if (p.device().is_cuda()) {
 #if LOOM_WITH_CUDA
     const kernels::cuda::SGDArgs cuda_args{.lr = args.lr,

@@ -35,9 +35,9 @@ cores = os.cpu_count()
 peak = max(rate for _, rate in device["gemm_tflops"]["f32"])
 source = (f"This machine ({cpu}, {isa}, {cores} cores), measured {datetime.date.today()} by "
           "scripts/calibrate-this-machine.sh. Device: one rank's share of one core, from "
-          "`loom-sim-calibrate --threads 1` (Loom's own CPU ops timed for real, forward and "
-          "backward, each op's work taken from the same ops on the meta device: "
-          "tools/loom_sim/calibrate.cpp says which ops and shapes). The bf16 and f16 curves are "
+          "`loom-sim-calibrate --threads 1`: every op of real training steps of three small GPTs "
+          "timed in the step, its work as the meta device counts it (tools/loom_sim/calibrate.cpp "
+          "says which models). The bf16 and f16 curves are "
           "the f32 ones: under autocast the CPU computes in f32 after rounding. Peaks: the best "
           "GEMM rate measured, so this machine's MFU is against what its GEMMs reach. Node: the "
           "shm backend, `loom-perf allreduce --np 2 -b 8 -e 64M -f 8 -z 2`: the median bus "
@@ -58,7 +58,8 @@ text = f'''{{
     "gemm_tflops": {by_key(device["gemm_tflops"], 4)},
     "attention_tflops": {by_key(device["attention_tflops"], 4)},
     "memory_gbps": {pairs(device["memory_gbps"])},
-    "ops_gbps": {by_key(device["ops_gbps"], 4)}
+    "ops_gbps": {by_key(device["ops_gbps"], 4)},
+    "ops_tflops": {by_key(device["ops_tflops"], 4)}
   }},
   "node": {{"devices": 1024, "compute_slots": {cores}, "busbw_gbps": {bus:.3g}, "latency_us": {latency:.3g}}},
   "network": {{"nics_per_node": 0}},

@@ -157,11 +157,15 @@ Cluster parse_cluster(const std::string& json_text, const std::string& origin) {
   c.device.attention_flops = r.by_dtype(device, "device", "attention_tflops", tflops_curve);
   c.device.memory_bytes_per_s =
       r.curve(r.member(device, "device", "memory_gbps"), "device.memory_gbps", kGiga);
-  if (const auto ops = device.find("ops_gbps"); ops != device.end()) {
-    if (!ops->is_object()) r.fail("device.ops_gbps", "must map op names to curves");
+  const auto named_curves = [&](const char* key, double unit, auto& into) {
+    const auto ops = device.find(key);
+    if (ops == device.end()) return;
+    if (!ops->is_object()) r.fail(std::string("device.") + key, "must map op names to curves");
     for (const auto& [op, points] : ops->items())
-      c.device.op_bytes_per_s[op] = r.curve(points, "device.ops_gbps." + op, kGiga);
-  }
+      into[op] = r.curve(points, std::string("device.") + key + "." + op, unit);
+  };
+  named_curves("ops_gbps", kGiga, c.device.op_bytes_per_s);
+  named_curves("ops_tflops", kTera, c.device.op_flops_per_s);
   for (const auto& [dtype, peak] : c.device.peak_flops) {
     if (!c.device.gemm_flops.contains(dtype)) {
       r.fail(std::string("device.gemm_tflops.") + dtype_name(dtype),

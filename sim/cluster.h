@@ -43,6 +43,9 @@ struct DeviceSpec {
   // Optional: curves of their own for named bandwidth-bound ops (OpCost::op: "gelu", its
   // backward "Gelu", "adamw", ...), where an op's rate differs from a plain copy's.
   std::map<std::string, RateCurve, std::less<>> op_bytes_per_s;
+  // Optional: likewise, FLOP/s by FLOPs for named GEMM or attention ops ("causal_attention",
+  // its backward "CausalAttention"), in place of their dtype's class curve.
+  std::map<std::string, RateCurve, std::less<>> op_flops_per_s;
 };
 
 struct LinkSpec {

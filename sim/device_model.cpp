@@ -13,6 +13,8 @@ DeviceModel::DeviceModel(const Cluster& cluster, int ranks_per_node, DType compu
 
 double DeviceModel::flops_rate(const std::map<DType, RateCurve>& curves, const OpCost& cost,
                                const char* field) const {
+  const auto own = cluster_.device.op_flops_per_s.find(std::string_view(cost.op));
+  if (own != cluster_.device.op_flops_per_s.end()) return own->second.at(cost.flops);
   const DType dtype = cost.dtype == DType::F32 ? compute_dtype_ : cost.dtype;
   const auto it = curves.find(dtype);
   if (it == curves.end()) {

@@ -1,6 +1,7 @@
 #pragma once
 // The device model: how long one op of the meta device (tensor/meta.h) takes on a cluster's
-// device. GEMMs and attention run at the achieved FLOP/s of their dtype's curve at their size;
+// device. GEMMs and attention run at the achieved FLOP/s of their own curve (device.ops_tflops,
+// by op name) or else of their dtype's curve at their size;
 // every other op moves its bytes at its own curve's rate (device.ops_gbps, by op name) or else
 // at the achieved memory bandwidth for that many bytes; copies
 // between devices (offload) cross PCIe. Each op also pays the device's per-op overhead.

@@ -1,5 +1,7 @@
 #include "tensor/meta.h"
 
+#include <chrono>
+
 namespace loom {
 
 namespace {
@@ -58,6 +60,37 @@ void MetaCostTotals::record(const OpCost& cost) {
   accumulate(total_, cost);
   accumulate(by_class_[static_cast<size_t>(cost.op_class)], cost);
   accumulate(by_op_[cost.op], cost);
+}
+
+namespace {
+int64_t steady_ns() {
+  return std::chrono::duration_cast<std::chrono::nanoseconds>(
+             std::chrono::steady_clock::now().time_since_epoch())
+      .count();
+}
+}  // namespace
+
+void OpProfile::record(const OpCost& cost) {
+  const int64_t now = steady_ns();
+  if (open_) entries_.back().seconds = static_cast<double>(now - last_ns_) * 1e-9;
+  entries_.push_back({.cost = cost});
+  open_ = true;
+  last_ns_ = now;
+}
+
+void OpProfile::finish() {
+  if (open_) entries_.back().seconds = static_cast<double>(steady_ns() - last_ns_) * 1e-9;
+  open_ = false;
+}
+
+OpProfileScope::OpProfileScope(OpProfile& profile)
+    : profile_(profile), scope_(profile), was_profiling_(detail::profiling_cpu_ops) {
+  detail::profiling_cpu_ops = true;
+}
+
+OpProfileScope::~OpProfileScope() {
+  profile_.finish();
+  detail::profiling_cpu_ops = was_profiling_;
 }
 
 }  // namespace loom

@@ -20,9 +20,18 @@
 // that is an op without a meta implementation, found by the tests rather than by a crash.
 //
 // Adding an op: where its CPU branch calls the kernel, first
-//   if (out.device().is_meta()) { record_meta_op(name, class, flops, {reads}, {writes}); ... }
+//   if (reports_op_cost(out.device())) record_meta_op(name, class, flops, {reads}, {writes});
+//   if (out.device().is_meta()) return out;  // (or whatever skips the kernel)
 // with the FLOPs its kernel does (a multiply-add counts 2) and the shape a calibration by size
 // needs (GEMM: m, n, k, batch).
+//
+// Note [Profiling CPU ops]
+// The same reports come from the CPU path while the calling thread profiles its ops
+// (OpProfileScope): each op reports its cost just before its kernel runs, and an OpProfile
+// gives each op the time from its report to the next op's. So a real CPU step yields every
+// op's work and time in context (its inputs as cold or warm as the step leaves them, the
+// autograd and allocation between kernels included): the simulator's in-step calibration
+// (tools/loom_sim/calibrate.cpp).
 
 #include <array>
 #include <cstdint>
@@ -84,6 +93,16 @@ class MetaCostScope {
   MetaCostSink* previous_;
 };
 
+namespace detail {
+inline thread_local bool profiling_cpu_ops = false;  // OpProfileScope's
+}  // namespace detail
+
+// Whether an op on `device` reports its cost at its kernel site: always on meta, and on the
+// CPU while the calling thread profiles its ops (Note [Profiling CPU ops]).
+inline bool reports_op_cost(const Device& device) {
+  return device.is_meta() || (detail::profiling_cpu_ops && device.is_cpu());
+}
+
 // Reports op `op` of class `op_class` doing `flops` to the calling thread's sink, its bytes
 // read and written being the sizes of `reads` and `writes` (each tensor's elements, touched
 // once), its dtype the first read's, its dims `dims` (by default: the elements written).
@@ -110,6 +129,45 @@ class MetaCostTotals final : public MetaCostSink {
   Sum total_;
   std::array<Sum, kOpClassCount> by_class_{};
   std::map<std::string, Sum> by_op_;
+};
+
+// Every op of one thread's CPU run with its cost and time (Note [Profiling CPU ops]): an op's
+// time runs from its report to the next report or to finish().
+class OpProfile final : public MetaCostSink {
+ public:
+  struct Entry {
+    OpCost cost;
+    double seconds = 0;
+  };
+  void record(const OpCost& cost) override;
+  // Closes the last op at now (an OpProfileScope does at its end).
+  void finish();
+  const std::vector<Entry>& entries() const { return entries_; }
+  // Drops the entries so far (a warm-up's); the op running now is not timed.
+  void clear() {
+    entries_.clear();
+    open_ = false;
+  }
+
+ private:
+  std::vector<Entry> entries_;
+  bool open_ = false;    // the last entry's op has not ended
+  int64_t last_ns_ = 0;  // its report, steady clock
+};
+
+// Profiles the calling thread's CPU ops into `profile` until destroyed: they report to it as
+// meta ops report to their sink (and still compute).
+class OpProfileScope {
+ public:
+  explicit OpProfileScope(OpProfile& profile);
+  ~OpProfileScope();
+  OpProfileScope(const OpProfileScope&) = delete;
+  OpProfileScope& operator=(const OpProfileScope&) = delete;
+
+ private:
+  OpProfile& profile_;
+  MetaCostScope scope_;
+  bool was_profiling_;
 };
 
 }  // namespace loom

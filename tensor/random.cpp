@@ -32,8 +32,10 @@ namespace {
 template <typename Draw>
 void fill_with(Tensor& t, Draw draw, const char* op) {
   if (!is_floating(t.dtype())) fail(op, ": expected a floating tensor, got ", t.dtype());
-  if (t.device().is_meta()) {  // no values to draw: the generator does not advance
+  if (reports_op_cost(t.device())) {
     record_meta_op(op, OpClass::Copy, 0, {}, {t});
+  }
+  if (t.device().is_meta()) {  // no values to draw: the generator does not advance
     return;
   }
   std::vector<double> values(static_cast<size_t>(t.numel()));

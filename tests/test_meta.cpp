@@ -6,6 +6,8 @@
 
 #include <gtest/gtest.h>
 
+#include <optional>
+
 #include <fstream>
 #include <functional>
 #include <map>
@@ -455,6 +457,68 @@ TEST(MetaDevice, AGpt2TrainingStepPeaksAtTheCpuRunsBytesKindByKind) {
 
 TEST(MetaDevice, ALlamaTrainingStepPeaksAtTheCpuRunsBytesKindByKind) {
   expect_meta_matches_cpu(
+      [](Device device) { return std::make_unique<nn::Llama>(small_llama(device), 3); });
+}
+
+
+// Note [Profiling CPU ops]: a profiled CPU step reports the ops a meta step reports (but the
+// meta run's reads of tokens to the host), in the same order with the same costs, each with its
+// time; so the two can be zipped.
+// Two training steps of make(device), reporting to `sink` (an OpProfile when `profile`).
+void run_steps(Device device, const std::function<std::unique_ptr<nn::CausalLM>(Device)>& make,
+               MetaCostSink& sink, bool profile) {
+  std::unique_ptr<nn::CausalLM> model = make(device);
+  optim::AdamW optimizer(model->parameters());
+  Tensor tokens = Tensor::zeros({2, 8}, DType::I64, device);
+  std::optional<OpProfileScope> profiling;
+  std::optional<MetaCostScope> scope;
+  if (profile) {
+    profiling.emplace(static_cast<OpProfile&>(sink));
+  } else {
+    scope.emplace(sink);
+  }
+  for (int step = 0; step < 2; ++step) {
+    model->loss(tokens, tokens).backward();
+    optim::clip_grad_norm(model->parameters(), 1e9);  // never clips: the same ops both ways
+    optimizer.step();
+    optimizer.zero_grad();
+  }
+}
+
+void expect_profile_matches_meta(const std::function<std::unique_ptr<nn::CausalLM>(Device)>& make) {
+  CostLog log;
+  run_steps(Device::meta(), make, log, false);
+  // Less the meta run's reads to the host (token indices), which the CPU run does not make.
+  CostLog meta;
+  for (const OpCost& cost : log.costs) {
+    if (std::string(cost.op) != "copy_across_devices") meta.costs.push_back(cost);
+  }
+  ASSERT_GT(log.costs.size(), meta.costs.size());  // the tokens and targets each step, ...
+  OpProfile profile;
+  run_steps(Device::cpu(), make, profile, true);
+  EXPECT_EQ(profile.entries().size(), meta.costs.size());
+  double total = 0;
+  for (size_t i = 0; i < std::min(meta.costs.size(), profile.entries().size()); ++i) {
+    const OpCost& cpu = profile.entries()[i].cost;
+    SCOPED_TRACE(std::to_string(i) + ": " + meta.costs[i].op);
+    ASSERT_STREQ(cpu.op, meta.costs[i].op);
+    EXPECT_EQ(cpu.op_class, meta.costs[i].op_class);
+    EXPECT_EQ(cpu.flops, meta.costs[i].flops);
+    // (A linear layer's GEMM reads its bias on meta, as CUDA's epilogue does, and its output,
+    // which holds the bias, on the CPU: matmul.cpp.)
+    if (cpu.op_class != OpClass::Gemm) EXPECT_EQ(cpu.bytes_read, meta.costs[i].bytes_read);
+    EXPECT_EQ(cpu.bytes_written, meta.costs[i].bytes_written);
+    EXPECT_GE(profile.entries()[i].seconds, 0);
+    total += profile.entries()[i].seconds;
+  }
+  EXPECT_GT(total, 0);
+  EXPECT_FALSE(detail::profiling_cpu_ops);  // the scope ended
+}
+
+TEST(MetaDevice, AProfiledCpuStepReportsTheMetaStepsOpsInOrderWithTheirTimes) {
+  expect_profile_matches_meta(
+      [](Device device) { return std::make_unique<nn::GPT>(small_gpt(device), 3); });
+  expect_profile_matches_meta(
       [](Device device) { return std::make_unique<nn::Llama>(small_llama(device), 3); });
 }
 

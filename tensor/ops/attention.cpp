@@ -103,9 +103,12 @@ Tensor causal_attention(const Tensor& q, const Tensor& k, const Tensor& v) {
          vc = with_unit_inner_stride(v);
   Tensor out = empty_bthd(q.shape(), q.dtype(), q.device()).detach();
   Tensor probs = Tensor::empty({s.batch, s.heads, s.time, s.time}, q.dtype(), q.device());
-  if (q.device().is_meta()) {
+  if (reports_op_cost(q.device())) {
     record_meta_op("causal_attention", OpClass::Attention, causal_attention_flops(s), {qc, kc, vc},
                    {out, probs}, {s.batch, s.heads, s.time, s.head_dim});
+  }
+  if (q.device().is_meta()) {
+    // nothing to compute: the cost is reported above
   } else if (q.numel() > 0) {
     detail::dispatch_floating(q.dtype(), "causal_attention", [&]<typename T>() {
       kernels::cpu::causal_attention_forward<T>(
@@ -122,10 +125,12 @@ Tensor causal_attention(const Tensor& q, const Tensor& k, const Tensor& v) {
           Tensor dq = empty_bthd(qc.shape(), qc.dtype(), qc.device());
           Tensor dk = empty_bthd(qc.shape(), qc.dtype(), qc.device());
           Tensor dv = empty_bthd(qc.shape(), qc.dtype(), qc.device());
-          if (qc.device().is_meta()) {  // dP = dO V^T, dV = P^T dO, dQ = dS K, dK = dS^T Q
+          if (reports_op_cost(qc.device())) {  // dP = dO V^T, dV = P^T dO, dQ = dS K, dK = dS^T Q
             record_meta_op("CausalAttention", OpClass::Attention, 2 * causal_attention_flops(s),
                            {dout, qc, kc, vc, probs}, {dq, dk, dv},
                            {s.batch, s.heads, s.time, s.head_dim});
+          }
+          if (qc.device().is_meta()) {
           } else if (qc.numel() > 0) {
             detail::dispatch_floating(qc.dtype(), "causal_attention", [&]<typename T>() {
               kernels::cpu::causal_attention_backward<T>(

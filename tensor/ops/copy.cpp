@@ -106,10 +106,10 @@ void copy_across_devices(Tensor& dst, const Tensor& src) {
 void fill_(Tensor& a, double value) {
   check_contiguous_dst("fill_", a);
   int64_t n = a.numel();
-  if (a.device().is_meta()) {
+  if (reports_op_cost(a.device())) {
     record_meta_op("fill_", OpClass::Copy, 0, {}, {a});
-    return;
   }
+  if (a.device().is_meta()) return;
   if (a.device().is_cuda()) {
     LOOM_IF_CUDA(kernels::cuda::fill(a.dtype(), a.raw_data(), value, n, detail::stream_of(a)));
     return;
@@ -140,10 +140,10 @@ void copy_(Tensor& dst, const Tensor& src) {
   }
   const bool meta = src.device().is_meta();
   if (src.dtype() == dst.dtype()) {
-    if (meta) {
+    if (reports_op_cost(src.device())) {
       record_meta_op("copy_", OpClass::Copy, 0, {src}, {dst});
-      return;
     }
+    if (meta) return;
     kernels::cpu::copy_strided(dtype_size(src.dtype()), static_cast<int>(src.dim()),
                                src.shape().data(), src.raw_data(), src.strides().data(),
                                dst.raw_data());
@@ -154,10 +154,10 @@ void copy_(Tensor& dst, const Tensor& src) {
     packed = Tensor::empty(src.shape(), src.dtype(), src.device());
     copy_(packed, src);
   }
-  if (meta) {
+  if (reports_op_cost(src.device())) {
     record_meta_op("cast", OpClass::Copy, 0, {packed}, {dst});
-    return;
   }
+  if (meta) return;
   convert(packed.dtype(), packed.raw_data(), dst.dtype(), dst.raw_data(), dst.numel());
 }
 

@@ -37,10 +37,10 @@ Tensor binary_forward(BinaryOp op, const char* name, const Tensor& a, const Tens
   Shape shape = broadcast_shapes(a.shape(), b.shape(), name);
   Tensor out = Tensor::empty(shape, a.dtype(), a.device());
   if (out.numel() == 0) return out;
-  if (out.device().is_meta()) {
+  if (reports_op_cost(out.device())) {
     record_meta_op(name, OpClass::Elementwise, double(out.numel()), {a, b}, {out});
-    return out;
   }
+  if (out.device().is_meta()) return out;
   Shape sa = broadcast_strides(a, shape), sb = broadcast_strides(b, shape);
   if (a.device().is_cuda()) {
     LOOM_IF_CUDA(kernels::cuda::binary(static_cast<kernels::cuda::BinaryOp>(op), a.dtype(),
@@ -117,8 +117,11 @@ Tensor add(const Tensor& a, double value) {
   detail::check_kernel_device("add", a);
   Tensor out = Tensor::empty(a.shape(), a.dtype(), a.device());
   Tensor src = detail::contiguous_input(a);
-  if (a.device().is_meta()) {
+  if (reports_op_cost(a.device())) {
     record_meta_op("add", OpClass::Elementwise, double(a.numel()), {src}, {out});
+  }
+  if (a.device().is_meta()) {
+    // nothing to compute: the cost is reported above
   } else if (a.device().is_cuda()) {
     LOOM_IF_CUDA(kernels::cuda::add_scalar(a.dtype(), src.raw_data(), value, out.raw_data(),
                                            a.numel(), detail::stream_of(a)));
@@ -138,8 +141,11 @@ Tensor mul(const Tensor& a, double factor) {
   detail::check_kernel_device("mul", a);
   Tensor out = Tensor::empty(a.shape(), a.dtype(), a.device());
   Tensor src = detail::contiguous_input(a);
-  if (a.device().is_meta()) {
+  if (reports_op_cost(a.device())) {
     record_meta_op("mul", OpClass::Elementwise, double(a.numel()), {src}, {out});
+  }
+  if (a.device().is_meta()) {
+    // nothing to compute: the cost is reported above
   } else if (a.device().is_cuda()) {
     LOOM_IF_CUDA(kernels::cuda::scale(a.dtype(), src.raw_data(), factor, out.raw_data(), a.numel(),
                                       detail::stream_of(a)));
@@ -201,9 +207,12 @@ Tensor activation(const Tensor& x, const ActivationKernels& k) {
   detail::check_kernel_device(k.name, x);
   Tensor in = detail::contiguous_input(x);
   Tensor out = Tensor::empty(x.shape(), x.dtype(), x.device());
-  if (x.device().is_meta()) {
+  if (reports_op_cost(x.device())) {
     record_meta_op(k.name, OpClass::Elementwise, kActivationFlops * double(in.numel()), {in},
                    {out});
+  }
+  if (x.device().is_meta()) {
+    // nothing to compute: the cost is reported above
   } else if (x.device().is_cuda()) {
     LOOM_IF_CUDA(
         k.cuda_forward(x.dtype(), in.raw_data(), out.raw_data(), in.numel(), detail::stream_of(x)));
@@ -218,9 +227,12 @@ Tensor activation(const Tensor& x, const ActivationKernels& k) {
         [in = in.detach(), k](const std::vector<Tensor>& g, const autograd::Node&) {
           Tensor dy = g[0].contiguous();
           Tensor dx = Tensor::empty(in.shape(), in.dtype(), in.device());
-          if (in.device().is_meta()) {
+          if (reports_op_cost(in.device())) {
             record_meta_op(k.node, OpClass::Elementwise, 2 * kActivationFlops * double(in.numel()),
                            {in, dy}, {dx});
+          }
+          if (in.device().is_meta()) {
+            // nothing to compute: the cost is reported above
           } else if (in.device().is_cuda()) {
             LOOM_IF_CUDA(k.cuda_backward(in.dtype(), in.raw_data(), dy.raw_data(), dx.raw_data(),
                                          in.numel(), detail::stream_of(in)));
@@ -268,10 +280,10 @@ void add_(Tensor& a, const Tensor& b) {
   check(a.is_contiguous(), "add_: destination must be contiguous");
   NoGradGuard no_grad;
   Tensor src = b.shape() == a.shape() ? b.contiguous() : expand(b, a.shape()).contiguous();
-  if (a.device().is_meta()) {
+  if (reports_op_cost(a.device())) {
     record_meta_op("add_", OpClass::Elementwise, double(a.numel()), {a, src}, {a});
-    return;
   }
+  if (a.device().is_meta()) return;
   if (a.device().is_cuda()) {
     LOOM_IF_CUDA(kernels::cuda::add_inplace(a.dtype(), a.raw_data(), src.raw_data(), a.numel(),
                                             detail::stream_of(a)));
@@ -285,10 +297,10 @@ void add_(Tensor& a, const Tensor& b) {
 void mul_(Tensor& a, double factor) {
   detail::check_kernel_device("mul_", a);
   check(a.is_contiguous(), "mul_: destination must be contiguous");
-  if (a.device().is_meta()) {
+  if (reports_op_cost(a.device())) {
     record_meta_op("mul_", OpClass::Elementwise, double(a.numel()), {a}, {a});
-    return;
   }
+  if (a.device().is_meta()) return;
   if (a.device().is_cuda()) {
     LOOM_IF_CUDA(kernels::cuda::scale_inplace(a.dtype(), a.raw_data(), factor, a.numel(),
                                               detail::stream_of(a)));

@@ -69,8 +69,10 @@ Tensor embedding(const Tensor& indices, const Tensor& weight) {
   Tensor w = detail::contiguous_input(weight);
   Tensor out = Tensor::empty(shape, weight.dtype(), weight.device());
   int64_t count = static_cast<int64_t>(index->size());
-  if (weight.device().is_meta()) {  // reads the indices and one row per index: out's size
+  if (reports_op_cost(weight.device())) {  // reads the indices and one row per index: out's size
     record_meta_op("embedding", OpClass::Embedding, 0, {indices, out}, {out});
+  }
+  if (weight.device().is_meta()) {
   } else {
     detail::dispatch_floating(weight.dtype(), "embedding", [&]<typename T>() {
       kernels::cpu::embedding_forward<T>(index->data(), w.data<T>(), out.data<T>(), count, width);
@@ -83,8 +85,10 @@ Tensor embedding(const Tensor& indices, const Tensor& weight) {
                                                       const autograd::Node&) {
           Tensor dy = g[0].contiguous();
           Tensor dw = Tensor::zeros(shape, dy.dtype(), dy.device());
-          if (dw.device().is_meta()) {  // adds each row of dy into dw's
+          if (reports_op_cost(dw.device())) {  // adds each row of dy into dw's
             record_meta_op("Embedding", OpClass::Embedding, double(dy.numel()), {dy, dy}, {dy});
+          }
+          if (dw.device().is_meta()) {
             return std::vector<Tensor>{dw};
           }
           detail::dispatch_floating(dy.dtype(), "embedding", [&]<typename T>() {

@@ -39,9 +39,12 @@ Tensor layer_norm(const Tensor& x, const Tensor& weight, const Tensor& bias, dou
   DType stats_dtype = x.device().is_cuda() ? DType::F32 : x.dtype();
   Tensor mean = Tensor::empty({rows}, stats_dtype, x.device());
   Tensor rstd = Tensor::empty({rows}, stats_dtype, x.device());
-  if (x.device().is_meta()) {
+  if (reports_op_cost(x.device())) {
     record_meta_op("layer_norm", OpClass::Normalization, kNormFlops * double(x.numel()), {in, w, b},
                    {out, mean, rstd});
+  }
+  if (x.device().is_meta()) {
+    // nothing to compute: the cost is reported above
   } else if (x.device().is_cuda()) {
     LOOM_IF_CUDA(kernels::cuda::layer_norm_forward(
         x.dtype(), in.raw_data(), w.raw_data(), b.raw_data(), out.raw_data(), mean.data<float>(),
@@ -74,10 +77,12 @@ Tensor layer_norm(const Tensor& x, const Tensor& weight, const Tensor& bias, dou
           } else {  // the CPU kernel accumulates into them
             dw = Tensor::zeros(w.shape(), w.dtype(), w.device());
             db = Tensor::zeros(w.shape(), w.dtype(), w.device());
-            if (in.device().is_meta()) {
+            if (reports_op_cost(in.device())) {
               record_meta_op("LayerNorm", OpClass::Normalization,
                              2 * kNormFlops * double(in.numel()), {dy, in, w, mean, rstd},
                              {dx, dw, db});
+            }
+            if (in.device().is_meta()) {
             } else {
               detail::dispatch_floating(in.dtype(), "layer_norm", [&]<typename T>() {
                 kernels::cpu::layer_norm_backward<T>(dy.data<T>(), in.data<T>(), w.data<T>(),
@@ -107,9 +112,12 @@ Tensor rms_norm(const Tensor& x, const Tensor& weight, double eps) {
   Tensor out = Tensor::empty(x.shape(), x.dtype(), x.device());
   // As layer_norm: statistics in x's dtype on the CPU, f32 on CUDA.
   Tensor rstd = Tensor::empty({rows}, x.device().is_cuda() ? DType::F32 : x.dtype(), x.device());
-  if (x.device().is_meta()) {
+  if (reports_op_cost(x.device())) {
     record_meta_op("rms_norm", OpClass::Normalization, kNormFlops / 2 * double(x.numel()), {in, w},
                    {out, rstd});
+  }
+  if (x.device().is_meta()) {
+    // nothing to compute: the cost is reported above
   } else if (x.device().is_cuda()) {
     LOOM_IF_CUDA(kernels::cuda::rms_norm_forward(x.dtype(), in.raw_data(), w.raw_data(),
                                                  out.raw_data(), rstd.data<float>(), rows, width,
@@ -140,9 +148,11 @@ Tensor rms_norm(const Tensor& x, const Tensor& weight, double eps) {
             });
           } else {  // the CPU kernel accumulates into it
             dw = Tensor::zeros(w.shape(), w.dtype(), w.device());
-            if (in.device().is_meta()) {
+            if (reports_op_cost(in.device())) {
               record_meta_op("RmsNorm", OpClass::Normalization, kNormFlops * double(in.numel()),
                              {dy, in, w, rstd}, {dx, dw});
+            }
+            if (in.device().is_meta()) {
             } else {
               detail::dispatch_floating(in.dtype(), "rms_norm", [&]<typename T>() {
                 kernels::cpu::rms_norm_backward<T>(dy.data<T>(), in.data<T>(), w.data<T>(),

@@ -72,14 +72,14 @@ Tensor fold_batch(const Tensor& t) {
 void batched_gemm(const Operand& a, const Operand& b, Tensor& out, int64_t batch, int64_t m,
                   int64_t n, int64_t k, bool accumulate,
                   [[maybe_unused]] const Tensor& bias = Tensor()) {
-  if (out.device().is_meta()) {
+  if (reports_op_cost(out.device())) {
     const double flops = 2.0 * double(batch) * double(m) * double(n) * double(k);
     const Tensor none = Tensor::empty({0}, out.dtype(), out.device());
     record_meta_op("gemm", OpClass::Gemm, flops,
                    {a.holder, b.holder, accumulate ? out : none, bias.defined() ? bias : none},
                    {out}, {m, n, k, batch});
-    return;
   }
+  if (out.device().is_meta()) return;
   if (out.device().is_cuda()) {
     LOOM_IF_CUDA(kernels::cuda::gemm(out.dtype(), a.trans, b.trans, m, n, k, a.holder.raw_data(),
                                      a.ld, a.batch_stride, b.holder.raw_data(), b.ld,

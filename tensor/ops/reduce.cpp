@@ -40,10 +40,10 @@ Tensor sum_one_dim(const Tensor& x, int64_t dim) {
   Shape shape = x.shape();
   shape[dim] = 1;
   Tensor out = Tensor::empty(shape, x.dtype(), x.device());
-  if (x.device().is_meta()) {
+  if (reports_op_cost(x.device())) {
     record_meta_op("sum", OpClass::Reduction, double(x.numel()), {x}, {out});
-    return out;
   }
+  if (x.device().is_meta()) return out;
   if (x.device().is_cuda()) {
     LOOM_IF_CUDA({
       Tensor scratch = detail::workspace(x.device(), kernels::cuda::sum_axis_workspace_bytes(
@@ -77,8 +77,11 @@ Tensor sum(const Tensor& x) {
   detail::check_kernel_device("sum", x);
   Tensor in = detail::contiguous_input(x);
   Tensor out = Tensor::empty({}, x.dtype(), x.device());
-  if (x.device().is_meta()) {
+  if (reports_op_cost(x.device())) {
     record_meta_op("sum", OpClass::Reduction, double(x.numel()), {in}, {out});
+  }
+  if (x.device().is_meta()) {
+    // nothing to compute: the cost is reported above
   } else if (x.device().is_cuda()) {
     LOOM_IF_CUDA({
       Tensor scratch = detail::workspace(x.device(), kernels::cuda::reduce_workspace_bytes(in.numel()));
@@ -151,8 +154,10 @@ Tensor max(const Tensor& x, int64_t dim, bool keepdim) {
   kept[dim] = 1;
   Tensor values = Tensor::empty(kept, x.dtype(), x.device());
   auto argmax = std::make_shared<std::vector<int64_t>>(static_cast<size_t>(s.outer * s.inner));
-  if (x.device().is_meta()) {  // every argmax reads as 0
+  if (reports_op_cost(x.device())) {
     record_meta_op("max", OpClass::Reduction, double(x.numel()), {in}, {values});
+  }
+  if (x.device().is_meta()) {  // every argmax reads as 0
   } else {
     detail::dispatch_floating(x.dtype(), "max", [&]<typename T>() {
       kernels::cpu::max_axis<T>(in.data<T>(), values.data<T>(), argmax->data(), s.outer, s.extent,
@@ -171,10 +176,10 @@ Tensor max(const Tensor& x, int64_t dim, bool keepdim) {
         [shape = x.shape(), s, argmax](const std::vector<Tensor>& g, const autograd::Node&) {
           Tensor dy = g[0].contiguous();
           Tensor dx = Tensor::zeros(shape, dy.dtype(), dy.device());
-          if (dx.device().is_meta()) {
+          if (reports_op_cost(dx.device())) {
             record_meta_op("Max", OpClass::Copy, 0, {dy}, {dy});
-            return std::vector<Tensor>{dx};
           }
+          if (dx.device().is_meta()) return std::vector<Tensor>{dx};
           detail::dispatch_floating(dy.dtype(), "max", [&]<typename T>() {
             const T* src = dy.data<T>();
             T* dst = dx.data<T>();

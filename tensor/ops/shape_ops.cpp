@@ -217,8 +217,11 @@ Tensor concat(const std::vector<Tensor>& xs, int64_t dim) {
   size_t element = dtype_size(first.dtype());
   const bool meta = out.device().is_meta();
   char* dst = meta ? nullptr : static_cast<char*>(out.raw_data());
-  if (meta) {
+  if (reports_op_cost(out.device())) {
     record_meta_op("concat", OpClass::Copy, 0, {out}, {out});
+  }
+  if (meta) {
+    // no bytes to copy (the cost is reported above)
   } else if (first.device().is_cuda()) {
     // One 2-D copy per part: `outer` rows of the part's chunk into the output's wider rows.
     [[maybe_unused]] size_t row = static_cast<size_t>(shape[dim] * inner) * element;

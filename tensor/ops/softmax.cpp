@@ -66,9 +66,12 @@ Tensor softmax(const Tensor& x, bool causal) {
   int64_t rows = x.numel() / width;
   Tensor in = detail::contiguous_input(x);
   Tensor out = Tensor::empty(x.shape(), x.dtype(), x.device());
-  if (x.device().is_meta()) {
+  if (reports_op_cost(x.device())) {
     record_meta_op("softmax", OpClass::Normalization, kSoftmaxFlops * double(x.numel()), {in},
                    {out});
+  }
+  if (x.device().is_meta()) {
+    // nothing to compute: the cost is reported above
   } else if (x.device().is_cuda()) {
     LOOM_IF_CUDA(kernels::cuda::softmax_forward(x.dtype(), in.raw_data(), out.raw_data(), rows,
                                                 width, causal ? width : 0, detail::stream_of(x)));
@@ -84,9 +87,12 @@ Tensor softmax(const Tensor& x, bool causal) {
         [y = out.detach(), rows, width](const std::vector<Tensor>& g, const autograd::Node&) {
           Tensor dy = g[0].contiguous();
           Tensor dx = Tensor::empty(y.shape(), y.dtype(), y.device());
-          if (y.device().is_meta()) {
+          if (reports_op_cost(y.device())) {
             record_meta_op("Softmax", OpClass::Normalization, kSoftmaxFlops * double(y.numel()),
                            {y, dy}, {dx});
+          }
+          if (y.device().is_meta()) {
+            // nothing to compute: the cost is reported above
           } else if (y.device().is_cuda()) {
             LOOM_IF_CUDA(kernels::cuda::softmax_backward(y.dtype(), y.raw_data(), dy.raw_data(),
                                                          dx.raw_data(), rows, width,
@@ -117,9 +123,11 @@ Tensor cross_entropy(const Tensor& logits, const Tensor& targets) {
   Tensor in = detail::contiguous_input(logits);
   Tensor lse = Tensor::empty({rows}, logits.dtype(), logits.device());
   Tensor out = Tensor::empty({}, logits.dtype(), logits.device());
-  if (logits.device().is_meta()) {
+  if (reports_op_cost(logits.device())) {
     record_meta_op("cross_entropy", OpClass::Normalization, kSoftmaxFlops * double(in.numel()),
                    {in, targets}, {lse, out});
+  }
+  if (logits.device().is_meta()) {
   } else {
     detail::dispatch_floating(logits.dtype(), "cross_entropy", [&]<typename T>() {
       double loss = kernels::cpu::cross_entropy_forward<T>(in.data<T>(), index->data(),
@@ -132,11 +140,11 @@ Tensor cross_entropy(const Tensor& logits, const Tensor& targets) {
                      [in = in.detach(), lse, index, rows, vocab](const std::vector<Tensor>& g,
                                                                  const autograd::Node&) {
                        Tensor dlogits = Tensor::empty(in.shape(), in.dtype(), in.device());
-                       if (in.device().is_meta()) {
+                       if (reports_op_cost(in.device())) {
                          record_meta_op("CrossEntropy", OpClass::Normalization,
                                         kSoftmaxFlops * double(in.numel()), {in, lse}, {dlogits});
-                         return std::vector<Tensor>{dlogits};
                        }
+                       if (in.device().is_meta()) return std::vector<Tensor>{dlogits};
                        detail::dispatch_floating(in.dtype(), "cross_entropy", [&]<typename T>() {
                          // The loss's gradient read in place: item() would allocate a copy.
                          const double scale =

@@ -136,6 +136,29 @@ TEST(SimDeviceModel, OpsTakeTheirWorkOverTheCurvesRatePlusTheOverhead) {
   EXPECT_THROW(device.seconds(gemm(1e9, DType::F16)), Error);
 }
 
+TEST(SimDeviceModel, NamedOpsTakeTheirOwnCurves) {
+  const Cluster c = parse_cluster(
+      test_cluster_json(R"("memory_gbps": [[1e6, 1000]]})",
+                        R"("memory_gbps": [[1e6, 1000]], "ops_gbps": {"gelu": [[1e6, 10]]},
+                           "ops_tflops": {"CausalAttention": [[1e9, 5]]}})"),
+      "named");
+  const DeviceModel device(c, 4);
+  const OpCost gelu{.op = "gelu", .op_class = OpClass::Elementwise, .bytes_read = 1e6};
+  EXPECT_DOUBLE_EQ(device.seconds(gelu), 1e-6 + 1e6 / 10e9);
+  OpCost add = gelu;
+  add.op = "add";
+  EXPECT_DOUBLE_EQ(device.seconds(add), 1e-6 + 1e6 / 1000e9);
+  const OpCost backward{.op = "CausalAttention", .op_class = OpClass::Attention, .flops = 1e9,
+                        .dtype = DType::BF16};
+  EXPECT_DOUBLE_EQ(device.seconds(backward), 1e-6 + 1e9 / 5e12);
+  OpCost forward = backward;
+  forward.op = "causal_attention";
+  EXPECT_DOUBLE_EQ(device.seconds(forward), 1e-6 + 1e9 / 40e12);
+  expect_error(test_cluster_json(R"("memory_gbps": [[1e6, 1000]]})",
+                                 R"("memory_gbps": [[1e6, 1000]], "ops_gbps": {"gelu": 3}})"),
+               "device.ops_gbps.gelu must be a non-empty list");
+}
+
 comm::CommCost collective(const std::string& op, int n, double bytes) {
   return {.op = op, .group = "g", .group_size = n, .bytes = static_cast<int64_t>(bytes)};
 }

@@ -1,18 +1,18 @@
 // loom-sim-calibrate: measures this machine's device model for the simulator
-// (docs/simulation.md, "Calibration"). Loom's own CPU ops are timed for real, forward and
-// backward, and each op's work (FLOPs, bytes) is taken from the same ops run on the meta
-// device, so the achieved rates mean exactly what the device model divides by:
-// - GEMMs: linear layers of a transformer (1,024 tokens, width d to 4d, bias included),
-//   forward and backward together, by the FLOPs of one GEMM;
-// - attention: causal attention of 4 heads of 64 over 1,024 tokens in sequences of 64 to
-//   1,024, its inputs views of one projection as nn/gpt.cpp makes them, forward and backward
-//   together;
-// - each bandwidth-bound op a transformer step runs (GELU, layer norm, cross-entropy, the
-//   embedding, adds, AdamW, the gradient norm), forward and backward apart, by name: the
-//   device's "ops" curves (bytes/s by bytes);
-// - the rest: an f32 add by size (the "memory_gbps" curve), and the per-op overhead.
-// Prints the "device" object of a cluster description (sim/clusters/this-machine.json; made by
-// scripts/calibrate-this-machine.sh) on stdout, what it measured on stderr.
+// (docs/simulation.md, "Calibration") from real training steps. It trains three small GPTs on
+// the CPU (shapes unlike the validation's: bench/sim/validate_this_machine.sh) with the ops
+// profiled (Note [Profiling CPU ops] in tensor/meta.h): every op reports its FLOPs and bytes,
+// as on the meta device, and its time in the step, from its start to the next op's, its
+// inputs as cold or warm as the step leaves them, autograd and allocation between kernels
+// included. From those:
+// - GEMMs: achieved FLOP/s by the FLOPs of one op (the "gemm_tflops" curves); attention
+//   forward and backward apart, by name ("ops_tflops"; the forward's is also the
+//   "attention_tflops" curve);
+// - every other op, by name: achieved bytes/s by its bytes (the "ops_gbps" curves);
+// - ops no step ran (another model's): an f32 add by size, timed alone ("memory_gbps").
+// The per-op overhead is in those times, so "op_overhead_us" is 0. Prints the "device"
+// object of a cluster description (scripts/calibrate-this-machine.sh writes
+// sim/clusters/this-machine.json with it) on stdout, what it measured on stderr.
 //
 //   loom-sim-calibrate [--threads N]   (default 1: a rank's threads when each has one core)
 
@@ -28,6 +28,7 @@
 #include <nlohmann/json.hpp>
 
 #include "kernels/cpu/thread_pool.h"
+#include "nn/gpt.h"
 #include "optim/adamw.h"
 #include "optim/clip_grad.h"
 #include "tensor/meta.h"
@@ -37,10 +38,8 @@ namespace {
 
 using loom::Device;
 using loom::DType;
-using loom::MetaCostTotals;
 using loom::Tensor;
 
-constexpr int64_t kTokens = 1024;  // rows of every op: a micro-batch of 8 x 128 tokens
 
 // The median of 5 timings of `op`, each repeated to at least 20 ms; seconds per call.
 double seconds_per_call(const std::function<void()>& op) {
@@ -68,114 +67,78 @@ struct Point {
 };
 using Curves = std::map<std::string, std::vector<Point>>;
 
-// Makes an op's inputs on a device (those that take gradients marked so) and returns its
-// forward.
-using Forward = std::function<Tensor()>;
-using MakeForward = std::function<Forward(Device)>;
-
-// An op's work on meta, forward and backward apart.
-struct Work {
-  MetaCostTotals forward, backward;
-};
-
-// `backward`: also the backward of the output, from a gradient of ones.
-Work work_of(const MakeForward& make, bool backward) {
-  const Forward forward = make(Device::meta());
-  Work work;
-  Tensor y;
-  {
-    loom::MetaCostScope scope(work.forward);
-    y = forward();
-  }
-  if (!backward) return work;
-  const Tensor seed = Tensor::ones(y.shape(), y.dtype(), Device::meta());
-  loom::MetaCostScope scope(work.backward);
-  y.backward(seed);
-  return work;
-}
-
-struct Timing {
-  double forward = 0, backward = 0;  // seconds
-};
-
-// Forward alone, and (`backward`) forward + backward less it, the gradient seed made once.
-Timing time_of(const MakeForward& make, bool backward) {
-  const Forward forward = make(Device::cpu());
-  Timing t;
-  t.forward = seconds_per_call([&] { (void)forward(); });
-  if (!backward) return t;
-  const Tensor probe = forward();
-  const Tensor seed = Tensor::ones(probe.shape(), probe.dtype(), Device::cpu());
-  t.backward = seconds_per_call([&] { forward().backward(seed); }) - t.forward;
-  return t;
-}
-
-double bytes(const MetaCostTotals::Sum& s) { return s.bytes_read + s.bytes_written; }
-
-// GEMMs or attention (`op_class`), forward and backward together: a point of FLOP/s by the
-// FLOPs of one op.
-Point measure_flops(const MakeForward& make, loom::OpClass op_class) {
-  const Work work = work_of(make, true);
-  const Timing t = time_of(make, true);
-  const MetaCostTotals::Sum& f = work.forward.of(op_class);
-  const MetaCostTotals::Sum& b = work.backward.of(op_class);
-  const double flops = f.flops + b.flops;
-  const double seconds = t.forward + t.backward;
-  std::fprintf(stderr, "  %s: %lld ops, %.3g FLOP in %.3g s: %.3g FLOP/s\n",
-               loom::op_class_name(op_class), static_cast<long long>(f.ops + b.ops), flops,
-               seconds, flops / seconds);
-  return {flops / static_cast<double>(f.ops + b.ops), flops / seconds};
-}
-
-// A bandwidth-bound op: a point of bytes/s by bytes for op `forward_op` of its forward pass
-// and, unless empty, `backward_op` of its backward, each given its whole pass's time (the
-// other ops of a pass, if any, are small).
-void measure_bytes(const MakeForward& make, const std::string& forward_op,
-                   const std::string& backward_op, Curves& curves) {
-  const bool backward = !backward_op.empty();
-  const Work work = work_of(make, backward);
-  const Timing t = time_of(make, backward);
-  const auto add = [&](const MetaCostTotals& totals, const std::string& name, double seconds) {
-    const double moved = bytes(totals.by_op().at(name));
-    std::fprintf(stderr, "  %s: %.3g bytes in %.3g s: %.3g bytes/s\n", name.c_str(), moved,
-                 seconds, moved / seconds);
-    curves[name].push_back({moved, moved / seconds});
-  };
-  add(work.forward, forward_op, t.forward);
-  if (backward) add(work.backward, backward_op, t.backward);
-}
-
-// A pass over `n` parameters with gradients (an optimizer's step, clipping): op `op` of it.
-void measure_pass(int64_t n, const std::string& op,
-                  const std::function<void(std::vector<Tensor>&)>& pass, Curves& curves) {
-  const auto params_on = [&](Device device) {
-    std::vector<Tensor> params;
-    for (int i = 0; i < 4; ++i) {
-      Tensor p = Tensor::full({n / 4}, 0.5, DType::F32, device);
-      p.set_requires_grad(true);
-      loom::sum(p).backward();
-      params.push_back(p);
-    }
-    return params;
-  };
-  std::vector<Tensor> on_meta = params_on(Device::meta());
-  MetaCostTotals totals;
-  {
-    loom::MetaCostScope scope(totals);
-    pass(on_meta);
-  }
-  std::vector<Tensor> on_cpu = params_on(Device::cpu());
-  const double seconds = seconds_per_call([&] { pass(on_cpu); });
-  const double moved = bytes(totals.by_op().at(op));
-  std::fprintf(stderr, "  %s: %.3g bytes in %.3g s: %.3g bytes/s\n", op.c_str(), moved, seconds,
-               moved / seconds);
-  curves[op].push_back({moved, moved / seconds});
-}
-
 Tensor input(const loom::Shape& shape, double value, Device device, bool grad) {
   Tensor t = Tensor::full(shape, value, DType::F32, device);
   if (grad) t.set_requires_grad(true);
   return t;
+}
+
+// A calibration GPT (byte vocabulary, 2 layers) and its batch by width.
+const std::map<int64_t, int64_t> kBatch = {{96, 8}, {192, 4}, {384, 4}};
+loom::nn::GPTConfig model(int64_t embd, int64_t heads, int64_t context) {
+  loom::nn::GPTConfig c;
+  c.layers = 2;
+  c.embd = embd;
+  c.heads = heads;
+  c.context = context;
+  return c;
+}
+
+// Trains `config` for two steps, then three more with its ops profiled into `profile`: the
+// forward and loss, backward, gradient clipping and AdamW of train_gpt's loop.
+void profile_steps(const loom::nn::GPTConfig& config, int64_t batch, loom::OpProfile& profile) {
+  loom::nn::GPT gpt(config, 1);
+  loom::optim::AdamW optimizer(gpt.parameters());
+  std::vector<int64_t> ids(static_cast<size_t>(batch * config.context));
+  for (size_t i = 0; i < ids.size(); ++i) ids[i] = static_cast<int64_t>((i * 7 + 3) % 256);
+  const Tensor tokens = Tensor::from_vector<int64_t>(ids, {batch, config.context});
+  const auto step = [&] {
+    gpt.loss(tokens, tokens).backward();
+    (void)loom::optim::clip_grad_norm(gpt.parameters(), 1.0);
+    optimizer.step();
+    optimizer.zero_grad();
+  };
+  step();
+  step();
+  loom::OpProfileScope scope(profile);
+  for (int i = 0; i < 3; ++i) step();
+}
+
+// The profile's entries by op name and size (FLOPs for GEMMs and attention, else bytes): the
+// summed work and seconds of the entries of one size.
+struct Sum {
+  double work = 0, seconds = 0;
+};
+using Groups = std::map<std::string, std::map<double, Sum>>;
+
+double bytes_of(const loom::OpCost& c) { return c.bytes_read + c.bytes_written; }
+
+Groups group(const std::vector<loom::OpProfile::Entry>& entries) {
+  Groups groups;
+  for (const loom::OpProfile::Entry& e : entries) {
+    const bool by_flops =
+        e.cost.op_class == loom::OpClass::Gemm || e.cost.op_class == loom::OpClass::Attention;
+    const double work = by_flops ? e.cost.flops : bytes_of(e.cost);
+    if (work <= 0) continue;  // (nothing to rate: an empty op)
+    Sum& sum = groups[e.cost.op][work];
+    sum.work += work;
+    sum.seconds += e.seconds;
+  }
+  return groups;
+}
+
+// Op `name`'s achieved rates by size; `by_flops` only labels the report.
+std::vector<Point> rates(const Groups& groups, const std::string& name, bool by_flops) {
+  std::vector<Point> points;
+  const auto it = groups.find(name);
+  if (it == groups.end()) return points;
+  for (const auto& [size, sum] : it->second) {
+    points.push_back({size, sum.work / sum.seconds});
+    std::fprintf(stderr, "  %-22s %10.4g %s: %.4g %s\n", name.c_str(), size,
+                 by_flops ? "FLOP" : "bytes", sum.work / sum.seconds,
+                 by_flops ? "FLOP/s" : "bytes/s");
+  }
+  return points;
 }
 
 nlohmann::json curve(std::vector<Point> points, double unit) {
@@ -199,83 +162,34 @@ int main(int argc, char** argv) {
   CLI11_PARSE(app, argc, argv);
   loom::kernels::cpu::set_num_threads(threads);
 
-  std::fprintf(stderr, "GEMMs (linear, forward and backward)\n");
-  std::vector<Point> gemm;
-  for (const int64_t d : {64, 128, 256, 512, 1024}) {
-    gemm.push_back(measure_flops(
-        [&](Device device) -> Forward {
-          const Tensor x = input({kTokens, d}, 0.5, device, true);
-          const Tensor w = input({d, 4 * d}, 0.25, device, true);
-          const Tensor b = input({4 * d}, 0.25, device, true);
-          return [x, w, b] { return loom::linear(x, w, b); };
-        },
-        loom::OpClass::Gemm));
+  // Three models, each two steps to warm up and three profiled.
+  const std::vector<loom::nn::GPTConfig> models = {model(96, 3, 96), model(192, 3, 192),
+                                                   model(384, 6, 128)};
+  loom::OpProfile profile;
+  for (const loom::nn::GPTConfig& config : models) {
+    std::fprintf(stderr, "training steps of embd %lld, heads %lld, ctx %lld, batch %lld\n",
+                 static_cast<long long>(config.embd), static_cast<long long>(config.heads),
+                 static_cast<long long>(config.context), static_cast<long long>(kBatch.at(config.embd)));
+    profile_steps(config, kBatch.at(config.embd), profile);
   }
-  std::fprintf(stderr, "attention (forward and backward)\n");
-  std::vector<Point> attention;
-  for (const int64_t t : {64, 128, 256, 512, 1024}) {
-    attention.push_back(measure_flops(
-        [&](Device device) -> Forward {
-          // As nn/gpt.cpp lays them out: views of one [B, T, 3C] projection.
-          const Tensor qkv = input({kTokens / t, t, 3 * 256}, 0.01, device, true);
-          return [qkv, t] {
-            const std::vector<Tensor> parts = loom::split(qkv, {256, 256, 256}, -1);
-            const auto heads = [&](const Tensor& x) {
-              return x.reshape({kTokens / t, t, 4, 64}).permute({0, 2, 1, 3});
-            };
-            return loom::causal_attention(heads(parts[0]), heads(parts[1]), heads(parts[2]))
-                .permute({0, 2, 1, 3})
-                .reshape({kTokens / t, t, 256});
-          };
-        },
-        loom::OpClass::Attention));
+  Groups groups = group(profile.entries());
+  std::vector<Point> gemm = rates(groups, "gemm", true);
+  // Attention forward and backward by name (their rates differ); the class curve is the
+  // forward's, for attention ops of other names.
+  Curves flops_ops, ops;
+  for (const char* name : {"causal_attention", "CausalAttention"})
+    flops_ops[name] = rates(groups, name, true);
+  const std::vector<Point> attention = flops_ops["causal_attention"];
+  for (const auto& [name, sizes] : groups) {
+    if (name != "gemm" && !flops_ops.contains(name)) ops[name] = rates(groups, name, false);
   }
-  std::fprintf(stderr, "bandwidth-bound ops by name\n");
-  Curves ops;
-  for (const int64_t d : {128, 512}) {
-    measure_bytes([&](Device device) -> Forward {
-      const Tensor x = input({kTokens, 4 * d}, 0.5, device, true);
-      return [x] { return loom::gelu(x); };
-    }, "gelu", "Gelu", ops);
-    measure_bytes([&](Device device) -> Forward {
-      const Tensor x = input({kTokens, d}, 0.5, device, true);
-      const Tensor w = input({d}, 1.0, device, true);
-      const Tensor b = input({d}, 0.0, device, true);
-      return [x, w, b] { return loom::layer_norm(x, w, b); };
-    }, "layer_norm", "LayerNorm", ops);
-    measure_bytes([&](Device device) -> Forward {
-      const Tensor a = input({kTokens, d}, 0.5, device, true);
-      const Tensor b = input({kTokens, d}, 0.25, device, true);
-      return [a, b] { return loom::add(a, b); };
-    }, "add", "", ops);
-    measure_bytes([&](Device device) -> Forward {
-      const Tensor logits = input({kTokens, 8 * d}, 0.01, device, true);
-      const Tensor targets = Tensor::zeros({kTokens}, DType::I64, device);
-      return [logits, targets] { return loom::cross_entropy(logits, targets); };
-    }, "cross_entropy", "CrossEntropy", ops);
-    measure_bytes([&](Device device) -> Forward {
-      const Tensor indices = Tensor::zeros({kTokens}, DType::I64, device);
-      const Tensor table = input({8 * d, d}, 0.5, device, true);
-      return [indices, table] { return loom::embedding(indices, table); };
-    }, "embedding", "Embedding", ops);
-    const int64_t params = 12 * d * d * 4;  // four layers' weights
-    measure_pass(params, "adamw", [](std::vector<Tensor>& p) { loom::optim::AdamW(p).step(); }, ops);
-    measure_pass(params, "grad_norm",
-                 [](std::vector<Tensor>& p) { (void)loom::optim::clip_grad_norm(p, 1e9); }, ops);
-  }
-  std::fprintf(stderr, "memory (f32 add by size)\n");
+  std::fprintf(stderr, "memory (an f32 add by size, alone)\n");
   std::vector<Point> memory;
   for (const int64_t n : {1 << 10, 1 << 13, 1 << 16, 1 << 19, 1 << 22}) {
-    Curves one;
-    measure_bytes([&](Device device) -> Forward {
-      const Tensor a = input({n}, 1.0, device, false);
-      return [a] { return loom::add(a, a); };
-    }, "add", "", one);
-    memory.push_back(one["add"].front());
+    const Tensor a = input({n}, 1.0, Device::cpu(), false);
+    const double seconds = seconds_per_call([&] { (void)loom::add(a, a); });
+    memory.push_back({12.0 * static_cast<double>(n), 12.0 * static_cast<double>(n) / seconds});
   }
-  const Tensor one = Tensor::full({1}, 1.0, DType::F32, Device::cpu());
-  const double overhead = seconds_per_call([&] { (void)loom::add(one, one); });
-
   // On the CPU, autocast rounds the operands of matmul, linear and attention through bf16 or
   // f16 and computes in f32 (tensor/autocast.h): the 16-bit curves are the f32 ones.
   nlohmann::json gemm_json, attention_json, ops_json = nlohmann::json::object();
@@ -283,12 +197,15 @@ int main(int argc, char** argv) {
     gemm_json[dtype] = curve(gemm, 1e12);
     attention_json[dtype] = curve(attention, 1e12);
   }
+  nlohmann::json flops_json = nlohmann::json::object();
   for (const auto& [name, points] : ops) ops_json[name] = curve(points, 1e9);
-  const nlohmann::json device = {{"op_overhead_us", overhead * 1e6},
+  for (const auto& [name, points] : flops_ops) flops_json[name] = curve(points, 1e12);
+  const nlohmann::json device = {{"op_overhead_us", 0},
                                  {"gemm_tflops", gemm_json},
                                  {"attention_tflops", attention_json},
                                  {"memory_gbps", curve(memory, 1e9)},
-                                 {"ops_gbps", ops_json}};
+                                 {"ops_gbps", ops_json},
+                                 {"ops_tflops", flops_json}};
   std::printf("%s\n", device.dump().c_str());
   return 0;
 }
