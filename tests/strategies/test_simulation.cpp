@@ -7,6 +7,7 @@
 #include <gtest/gtest.h>
 
 #include <cstdio>
+#include <limits>
 
 #include "comm/store/in_process_store.h"
 #include "nn/gpt.h"
@@ -15,6 +16,7 @@
 #include "strategies/registry.h"
 #include "tiny_training.h"
 #include "tools/train_gpt/simulation.h"
+#include "tools/train_gpt/sweep.h"
 
 namespace loom::strategies {
 namespace {
@@ -181,6 +183,48 @@ TEST(Simulation, AStepIsItsComputePlusItsExposedCommunication) {
     const double peak = sim::load_cluster("this-machine").device.peak_flops.at(DType::F32);
     EXPECT_DOUBLE_EQ(r.mfu, r.model_flops / r.step_s / peak);
   }
+}
+
+// loom-sim --sweep: every candidate simulated, ranked by throughput within the memory limit,
+// the rest rejected with the reason.
+TEST(Simulation, TheSweepRanksWhatFitsAndSaysWhyTheRestWasRejected) {
+  train_gpt::TrainOptions o;
+  o.model = model_config();
+  o.batch = 2;  // micro-batches 1 x 2 and 2 x 1
+  const sim::Cluster cluster = sim::load_cluster("this-machine");
+  const train_gpt::Sweep all = train_gpt::sweep(o, {}, 8, cluster, 1e15);
+  // 5 strategies x 2 micro-batch sizes x checkpointing off and on, and the 3 families.
+  ASSERT_EQ(all.ranked.size(), 20u);
+  ASSERT_EQ(all.rejected.size(), 3u);
+  int64_t smallest_ddp = std::numeric_limits<int64_t>::max();
+  for (size_t i = 0; i < all.ranked.size(); ++i) {
+    const train_gpt::SweepResult& r = all.ranked[i];
+    if (i > 0) {
+      EXPECT_GE(all.ranked[i - 1].tokens_per_s, r.tokens_per_s);
+    }
+    EXPECT_NEAR(r.tokens_per_s, 8.0 * 2 * o.model.context / r.rank.step_s, 1e-6 * r.tokens_per_s);
+    if (r.candidate.strategy == "ddp") smallest_ddp = std::min(smallest_ddp, r.rank.peak_bytes);
+  }
+  // Below every ddp configuration's peak: ddp is rejected for memory, the sharded ones are not
+  // all (ZeRO-3 and FSDP shard the model states ddp replicates).
+  const double limit = static_cast<double>(smallest_ddp - 1);
+  const train_gpt::Sweep fitted = train_gpt::sweep(o, {}, 8, cluster, limit);
+  EXPECT_EQ(fitted.ranked.size() + fitted.rejected.size(), 23u);
+  int over = 0;
+  for (const train_gpt::SweepRejection& r : fitted.rejected) {
+    if (r.why.find("over the limit") != std::string::npos) ++over;
+  }
+  EXPECT_EQ(over + 3, static_cast<int>(fitted.rejected.size()));
+  bool sharded_fits = false;
+  for (const train_gpt::SweepResult& r : fitted.ranked) {
+    EXPECT_NE(r.candidate.strategy, "ddp");
+    EXPECT_LE(static_cast<double>(r.rank.peak_bytes), limit);
+    sharded_fits = sharded_fits || r.candidate.strategy == "deepspeed_stage_3";
+  }
+  EXPECT_TRUE(sharded_fits);
+  EXPECT_NE(train_gpt::sweep_text(fitted).find("rejected (" +
+                                                std::to_string(fitted.rejected.size()) + "):"),
+            std::string::npos);
 }
 
 TEST(Simulation, SplittingASimulatedGroupIsAClearError) {

@@ -45,6 +45,8 @@ struct CommandLine {
   int sim_world_size = 0;
   bool sim_json = false;
   std::string sim_cluster = "this-machine";  // a preset or a file (sim/cluster.h)
+  bool sim_sweep = false;                     // rank configurations (sweep.h)
+  double sim_memory_limit_gib = 0;            // the sweep's limit (0: the cluster's memory)
   bool list_strategies = false;
   // As typed; finish_parsing converts them into `config`.
   double timeout_s = std::chrono::duration<double>(loom::kDefaultTimeout).count();

@@ -39,6 +39,7 @@
 #include "tools/train_gpt/progress.h"
 #include "sim/cluster.h"
 #include "tools/train_gpt/simulation.h"
+#include "tools/train_gpt/sweep.h"
 #include "tools/train_gpt/trainer.h"
 
 namespace {
@@ -609,6 +610,12 @@ int run(int argc, char** argv) {
                    "the simulated ranks (default: --devices x --num-nodes)")
         ->check(CLI::Range(1, 1 << 20));
     app.add_flag("--json", cli.sim_json, "print one JSON object");
+    app.add_flag("--sweep", cli.sim_sweep,
+                 "rank the strategies, micro-batch sizes and activation checkpointing by "
+                 "predicted throughput (docs/simulation.md, \"Sweep\")");
+    app.add_option("--memory-limit-gib", cli.sim_memory_limit_gib,
+                   "--sweep's device memory per rank (default: the cluster's)")
+        ->check(CLI::PositiveNumber);
     app.add_option("--cluster", cli.sim_cluster,
                    "the simulated cluster: a preset (default this-machine; " +
                        CLI::detail::join(sim::cluster_presets(), ", ") +
@@ -634,6 +641,13 @@ int run(int argc, char** argv) {
         std::printf("loom-sim: %s is not simulated (it only moves data); ignored\n", flag);
     }
     const sim::Cluster cluster = sim::load_cluster(cli.sim_cluster);
+    if (cli.sim_sweep) {
+      const Sweep result = sweep(cli.train, cli.config, world, cluster,
+                                 cli.sim_memory_limit_gib * 1024.0 * 1024.0 * 1024.0);
+      std::printf("%s%s", cli.sim_json ? sweep_json(result).c_str() : sweep_text(result).c_str(),
+                  cli.sim_json ? "\n" : "");
+      return 0;
+    }
     std::optional<strategies::Trace> trace;
     if (!cli.trace_path.empty()) trace.emplace();
     print_simulation(simulate_rank(model_spec(cli.train), cli.train, *plan.strategy, cli.strategy,

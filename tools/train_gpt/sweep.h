@@ -1,0 +1,53 @@
+#pragma once
+// loom-sim --sweep (docs/simulation.md, "Sweep"): ranks the configurations of a model on a
+// simulated cluster by predicted throughput within a memory limit. The candidates are the
+// strategies the simulator runs (ddp, ZeRO 1-3, FSDP) x micro-batch sizes that divide the
+// samples a rank takes per step (--batch x --grad-accum, held fixed: the same global batch) x
+// activation checkpointing off and on. Each candidate is simulate_rank() itself; those over the
+// limit, and the parallelisms not simulated yet, are listed as rejected with the reason.
+
+#include <string>
+#include <vector>
+
+#include "sim/cluster.h"
+#include "strategies/registry.h"
+#include "tools/train_gpt/simulation.h"
+#include "tools/train_gpt/trainer.h"
+
+namespace loom::train_gpt {
+
+struct SweepCandidate {
+  std::string strategy;
+  int64_t micro_batch = 1;
+  int64_t grad_accum = 1;
+  bool checkpointing = false;
+  std::string str() const;  // "deepspeed_stage_3, micro-batch 4 x 2, checkpointing"
+};
+
+struct SweepResult {
+  SweepCandidate candidate;
+  SimulatedRank rank;
+  double tokens_per_s = 0;  // the whole job's
+};
+
+struct SweepRejection {
+  std::string what;  // a candidate's str(), or a family ("tensor parallelism (--tp)")
+  std::string why;
+};
+
+struct Sweep {
+  std::vector<SweepResult> ranked;  // fastest first
+  std::vector<SweepRejection> rejected;
+  double memory_limit_bytes = 0;
+};
+
+// Sweeps `options`' model on `world_size` ranks of `cluster` with `config`'s flags (each
+// candidate strategy adds its registry defaults), within `memory_limit_bytes` of device memory
+// per rank (0: the cluster's device memory).
+Sweep sweep(const TrainOptions& options, const strategies::StrategyConfig& config, int world_size,
+            const sim::Cluster& cluster, double memory_limit_bytes = 0);
+
+std::string sweep_text(const Sweep& sweep);
+std::string sweep_json(const Sweep& sweep);
+
+}  // namespace loom::train_gpt
