@@ -32,6 +32,7 @@ struct BackendContext {
   // device backend binds to it (nccl: absent means the calling thread's current GPU); host
   // backends ignore it.
   std::optional<Device> device = std::nullopt;
+  std::shared_ptr<const std::vector<int>> world_ranks = nullptr;  // GroupOptions::world_ranks
 };
 
 class Backend {

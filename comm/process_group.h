@@ -67,6 +67,10 @@ struct GroupOptions {
   // Times operations with the precise clock rather than the coarse one (Note [Operation
   // times] in comm/process_group.cpp); also enabled by LOOM_COMM_TIMING=1.
   bool precise_times = false;
+  // The members' ranks in the job's world group, in this group's rank order, when its creator
+  // knows them (a simulated split: ProcessGroup::split_by); empty: unknown, or the world itself.
+  // The sim backend's network model places the members on nodes by them.
+  std::shared_ptr<const std::vector<int>> world_ranks = nullptr;
 };
 
 // Final: it implements Claimer, whose destructor is not virtual (clang warned at every
@@ -122,6 +126,12 @@ class ProcessGroup final : public std::enable_shared_from_this<ProcessGroup>, pr
   // (key, rank). A negative color joins no group and gets nullptr. A backend that splits
   // natively (nccl) does so in issue order after this group's earlier operations.
   std::shared_ptr<ProcessGroup> split(int color, int key);
+  // A split where every rank knows every rank's (color, key): `assignment(r)` for each rank r
+  // of this group (a mesh's coordinates). The same groups as split(assignment(rank())); a
+  // simulated group, whose other ranks do not exist to publish their colors
+  // (Backend::runs_at_issue), makes its subgroup from the assignment alone.
+  using SplitAssignment = std::function<std::pair<int, int>(int rank)>;
+  std::shared_ptr<ProcessGroup> split_by(const SplitAssignment& assignment);
 
   // From now on, times this group's operations with the precise clock (GroupOptions::
   // precise_times): for traces that show each operation as it ran. Thread-safe.

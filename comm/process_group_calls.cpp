@@ -250,6 +250,33 @@ std::map<std::string, ProcessGroup::Traffic, std::less<>> ProcessGroup::traffic(
   return counts;
 }
 
+std::shared_ptr<ProcessGroup> ProcessGroup::split_by(const SplitAssignment& assignment) {
+  const auto [color, key] = assignment(rank_);
+  if (!runs_at_issue_) return split(color, key);
+  if (color < 0) return nullptr;
+  // Members of the color ordered by (key, rank), as split() orders them.
+  std::vector<std::pair<int, int>> members;  // (key, rank)
+  for (int r = 0; r < size_; ++r) {
+    const auto [c, k] = assignment(r);
+    if (c == color) members.emplace_back(k, r);
+  }
+  std::sort(members.begin(), members.end());
+  const int new_size = static_cast<int>(members.size());
+  int new_rank = 0;
+  auto world_ranks = std::make_shared<std::vector<int>>();
+  for (int i = 0; i < new_size; ++i) {
+    const int r = members[static_cast<size_t>(i)].second;
+    if (r == rank_) new_rank = i;
+    world_ranks->push_back(options_.world_ranks ? (*options_.world_ranks)[static_cast<size_t>(r)] : r);
+  }
+  GroupOptions options = options_;
+  options.backend = backend_->name();
+  options.world_ranks = std::move(world_ranks);
+  const std::string name =
+      name_ + ".split" + std::to_string(splits_++) + ".color" + std::to_string(color);
+  return std::make_shared<ProcessGroup>(new_rank, new_size, store_, options, name);
+}
+
 std::shared_ptr<ProcessGroup> ProcessGroup::split(int color, int key) {
   backend_->check_can_split();
   // Every rank publishes (color, key); members of a color are ordered by (key, rank).

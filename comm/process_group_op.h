@@ -64,7 +64,8 @@ inline BackendContext group_backend_context(int rank, int size, const std::share
           .store = std::make_shared<PrefixStore>("pg/" + name, store),
           .timeout = options.timeout,
           .group_name = name,
-          .device = options.device};
+          .device = options.device,
+          .world_ranks = options.world_ranks};
 }
 
 }  // namespace loom::comm

@@ -6,6 +6,7 @@
 #include "core/error.h"
 #include "core/tags.h"
 #include "tensor/autograd/function.h"
+#include "tensor/meta.h"
 #include "tensor/ops.h"
 
 namespace loom::nn {
@@ -34,9 +35,15 @@ Tensor join_splits(const std::vector<Tensor>& parts, const TensorParallelSplit& 
   return concat(ordered, split.dim).contiguous();
 }
 
+// Note [Tensor-parallel ops on meta]
+// The ops below compute in plain loops on the CPU. On the meta device (tensor/meta.h) they
+// allocate what the CPU path allocates, run their collectives (a sim group's, on meta tensors)
+// and report their cost instead; the loss reads 0. As elsewhere, a profiled CPU run reports the
+// same costs (reports_op_cost).
+
 Tensor vocab_parallel_embedding(const Tensor& ids, const Tensor& weight, int64_t first) {
-  if (weight.dtype() != DType::F32 || !weight.device().is_cpu())
-    tag::kTp.fail("vocab_parallel_embedding: f32 CPU weights only, got ", weight.str());
+  if (weight.dtype() != DType::F32 || !(weight.device().is_cpu() || weight.device().is_meta()))
+    tag::kTp.fail("vocab_parallel_embedding: f32 CPU (or meta) weights only, got ", weight.str());
   const Tensor index = ids.to(DType::I64).contiguous();
   const int64_t rows = weight.size(0), width = weight.size(1);
   autograd::CustomOp op{
@@ -45,7 +52,12 @@ Tensor vocab_parallel_embedding(const Tensor& ids, const Tensor& weight, int64_t
           [index, rows, width, first](autograd::Context&, const std::vector<Tensor>& in) {
             Shape shape = index.shape();
             shape.push_back(width);
-            Tensor out = Tensor::zeros(shape, DType::F32);
+            Tensor out = Tensor::zeros(shape, DType::F32, in[0].device());
+            if (reports_op_cost(out.device())) {  // reads the indices and a row per index
+              record_meta_op("vocab_parallel_embedding", OpClass::Embedding, 0, {index, out},
+                             {out});
+            }
+            if (out.device().is_meta()) return std::vector<Tensor>{out};
             const Tensor w = in[0].contiguous();
             const int64_t* id = index.data<int64_t>();
             for (int64_t i = 0; i < index.numel(); ++i) {
@@ -58,8 +70,13 @@ Tensor vocab_parallel_embedding(const Tensor& ids, const Tensor& weight, int64_t
           },
       .backward =
           [index, rows, width, first](autograd::Context&, const std::vector<Tensor>& grad_out) {
-            Tensor grad = Tensor::zeros({rows, width}, DType::F32);
+            Tensor grad = Tensor::zeros({rows, width}, DType::F32, grad_out[0].device());
             const Tensor g = grad_out[0].contiguous();
+            if (reports_op_cost(grad.device())) {  // adds each row of g into grad's
+              record_meta_op("VocabParallelEmbedding", OpClass::Embedding, double(g.numel()),
+                             {g, g}, {g});
+            }
+            if (grad.device().is_meta()) return std::vector<Tensor>{grad};
             const int64_t* id = index.data<int64_t>();
             for (int64_t i = 0; i < index.numel(); ++i) {
               const int64_t row = id[i] - first;
@@ -93,6 +110,8 @@ Tensor parallel_cross_entropy(const Tensor& logits, const Tensor& targets, int64
                               const TensorParallelGroup& group) {
   if (logits.dtype() != DType::F32 || logits.dim() != 2)
     tag::kTp.fail("parallel_cross_entropy: f32 logits [N, vocab part], got ", logits.str());
+  // Per element: the maximum, the exponent, the sum and the normalisation (softmax's 4).
+  constexpr double kFlops = 4;
   const Tensor target = targets.to(DType::I64).contiguous().reshape({-1});
   const int64_t n = logits.size(0), cols = logits.size(1);
   const TensorParallelGroup* tp = &group;
@@ -101,9 +120,25 @@ Tensor parallel_cross_entropy(const Tensor& logits, const Tensor& targets, int64
       .forward =
           [target, n, cols, first, tp](autograd::Context& ctx, const std::vector<Tensor>& in) {
             const Tensor l = in[0].contiguous();
+            const Device device = l.device();
+            Tensor max = Tensor::empty({n}, DType::F64, device);
+            Tensor sum = Tensor::zeros({n}, DType::F64, device);
+            Tensor picked = Tensor::zeros({n}, DType::F64, device);
+            if (device.is_meta()) {  // the collectives run; the loss reads 0
+              Tensor probs = Tensor::empty({n, cols}, DType::F32, device);
+              record_meta_op("parallel_cross_entropy", OpClass::Normalization,
+                             kFlops * double(l.numel()), {l}, {probs});
+              tp->max(max);
+              tp->sum(sum);
+              tp->sum(picked);
+              ctx.save(probs);
+              return std::vector<Tensor>{Tensor::zeros({}, DType::F32, device)};
+            }
+            if (reports_op_cost(device)) {
+              record_meta_op("parallel_cross_entropy", OpClass::Normalization,
+                             kFlops * double(l.numel()), {l}, {l});
+            }
             const float* x = l.data<float>();
-            Tensor max = Tensor::empty({n}, DType::F64), sum = Tensor::zeros({n}, DType::F64);
-            Tensor picked = Tensor::zeros({n}, DType::F64);
             for (int64_t i = 0; i < n; ++i) {
               double m = -INFINITY;
               for (int64_t c = 0; c < cols; ++c)
@@ -139,6 +174,11 @@ Tensor parallel_cross_entropy(const Tensor& logits, const Tensor& targets, int64
       .backward =
           [target, n, cols, first](autograd::Context& ctx, const std::vector<Tensor>& grad_out) {
             Tensor grad = ctx.saved(0).clone();
+            if (reports_op_cost(grad.device())) {
+              record_meta_op("ParallelCrossEntropy", OpClass::Normalization, 2 * double(grad.numel()),
+                             {grad}, {grad});
+            }
+            if (grad.device().is_meta()) return std::vector<Tensor>{grad};
             const double g = grad_out[0].item() / static_cast<double>(n);
             float* d = grad.data<float>();
             for (int64_t i = 0; i < n; ++i) {

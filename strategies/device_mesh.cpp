@@ -23,11 +23,19 @@ DeviceMesh::DeviceMesh(std::shared_ptr<comm::ProcessGroup> group, Dims dims)
     rest /= dims_[d].second;
   }
   for (size_t d = 0; d < dims_.size(); ++d) {
-    // Color: the linear index of the other coordinates; key: the coordinate along d.
-    int color = 0;
-    for (size_t e = 0; e < dims_.size(); ++e)
-      if (e != d) color = color * dims_[e].second + coords_[e];
-    groups_.push_back(world_->split(color, coords_[d]));
+    // Color: the linear index of the other coordinates; key: the coordinate along d. Every
+    // rank's, from its row-major coordinates (a simulated group needs them all).
+    groups_.push_back(world_->split_by([&](int rank) {
+      std::vector<int> coords(dims_.size());
+      for (size_t e = dims_.size(); e-- > 0;) {
+        coords[e] = rank % dims_[e].second;
+        rank /= dims_[e].second;
+      }
+      int color = 0;
+      for (size_t e = 0; e < dims_.size(); ++e)
+        if (e != d) color = color * dims_[e].second + coords[e];
+      return std::pair{color, coords[d]};
+    }));
   }
 }
 

@@ -26,7 +26,10 @@ std::vector<CommCost> CommCostLog::costs() const {
 }
 
 SimBackend::SimBackend(const BackendContext& context)
-    : rank_(context.rank), size_(context.size), group_(context.group_name) {
+    : rank_(context.rank),
+      size_(context.size),
+      group_(context.group_name),
+      world_ranks_(context.world_ranks) {
   if (context.device && !context.device->is_meta()) {
     tag::kComm.fail("sim backend: its tensors are on the meta device, not ", *context.device,
                     "; simulate with a meta model (tensor/meta.h)");
@@ -40,7 +43,8 @@ void SimBackend::report(const char* op, const Tensor& tensor, int peer) {
                                                            .group = group_,
                                                            .group_size = size_,
                                                            .bytes = static_cast<int64_t>(tensor.nbytes()),
-                                                           .peer = peer});
+                                                           .peer = peer,
+                                                           .world_ranks = world_ranks_});
   const auto at = [](double seconds) {
     return Clock::time_point(
         std::chrono::duration_cast<Clock::duration>(std::chrono::duration<double>(seconds)));

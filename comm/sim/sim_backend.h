@@ -23,6 +23,9 @@ struct CommCost {
   int64_t bytes = 0;  // this rank's buffer: input of allreduce and reduce_scatter, output of
                       // all_gather and all_to_all, the tensor of the others
   int peer = -1;      // send and recv: the other rank; broadcast and reduce: the root
+  // The members' ranks in the world group, in group rank order (null: the group is ranks
+  // 0..group_size-1 of the world); `peer` is a group rank.
+  std::shared_ptr<const std::vector<int>> world_ranks;
 };
 
 // When a simulated operation ran: seconds of simulated time since the simulation's start.
@@ -87,6 +90,7 @@ class SimBackend final : public Backend {
   int rank_;
   int size_;
   std::string group_;
+  std::shared_ptr<const std::vector<int>> world_ranks_;
   Times last_times_;  // of the last operation (they run one at a time)
 };
 

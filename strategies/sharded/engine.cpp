@@ -61,8 +61,8 @@ ShardedEngine::ShardedEngine(nn::Module& module, std::shared_ptr<comm::ProcessGr
                          "every node, or use FULL_SHARD");
     }
     // Collective: every rank makes both splits, in the same order.
-    shard_group_ = group_->split(group_->rank() / size, group_->rank());
-    replicate_group_ = group_->split(group_->rank() % size, group_->rank());
+    shard_group_ = group_->split_by([size](int r) { return std::pair{r / size, r}; });
+    replicate_group_ = group_->split_by([size](int r) { return std::pair{r % size, r}; });
     if (group_->rank() == 0) {
       std::fprintf(stderr,
                    "%sHYBRID_SHARD: parameters sharded over %d group(s) of %d "

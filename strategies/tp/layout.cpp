@@ -23,7 +23,7 @@ Tensor TensorParallelLayout::whole(const std::string& name, const Tensor& part) 
   auto found = splits_.find(name);
   if (found == splits_.end()) return part.detach().clone();
   const Tensor mine = part.detach().contiguous();
-  Tensor gathered = Tensor::empty({tp_->size() * mine.numel()}, mine.dtype());
+  Tensor gathered = Tensor::empty({tp_->size() * mine.numel()}, mine.dtype(), mine.device());
   tp_->all_gather(gathered, mine)->wait();
   std::vector<Tensor> parts;
   for (int r = 0; r < tp_->size(); ++r)
@@ -49,9 +49,11 @@ void TensorParallelLayout::complete_norms(const std::vector<std::string>& names,
     partial.push_back(inf ? norms[i] : norms[i] * norms[i]);
   }
   if (partial.empty()) return;
-  Tensor all = Tensor::from_vector(partial, {static_cast<int64_t>(partial.size())});
+  // On the group's device (a simulated group's is meta, whose values read as 0).
+  Tensor all =
+      Tensor::from_vector(partial, {static_cast<int64_t>(partial.size())}).to(tp_->device());
   tp_->allreduce(all, {.op = inf ? comm::ReduceOp::Max : comm::ReduceOp::Sum})->wait();
-  const std::vector<double> combined = all.to_vector<double>();
+  const std::vector<double> combined = all.to(Device::cpu()).to_vector<double>();
   for (size_t k = 0; k < at.size(); ++k)
     norms[at[k]] = inf ? combined[k] : std::sqrt(combined[k]);
 }

@@ -206,7 +206,7 @@ void ModelParallelStrategy::unscale_gradients() {
     params.push_back(param);
   scaler_->unscale(params);
   // Every rank skips the step, or none.
-  Tensor found = Tensor::full({1}, scaler_->found_inf() ? 1.0 : 0.0, DType::F64);
+  Tensor found = Tensor::full({1}, scaler_->found_inf() ? 1.0 : 0.0, DType::F64, group_->device());
   group_->allreduce(found, {.op = comm::ReduceOp::Max})->wait();
   scaler_->set_found_inf(found.item() > 0.0);
 }

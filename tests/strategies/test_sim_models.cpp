@@ -160,7 +160,8 @@ TEST(SimDeviceModel, NamedOpsTakeTheirOwnCurves) {
 }
 
 comm::CommCost collective(const std::string& op, int n, double bytes) {
-  return {.op = op, .group = "g", .group_size = n, .bytes = static_cast<int64_t>(bytes)};
+  return {.op = op, .group = "g", .group_size = n, .bytes = static_cast<int64_t>(bytes), .peer = -1,
+          .world_ranks = nullptr};
 }
 
 TEST(SimNetworkModel, RingCollectivesWithinANode) {
@@ -189,13 +190,35 @@ TEST(SimNetworkModel, AcrossNodesTheNicsBoundTheBandwidthAndTreesWinSmallAllredu
   EXPECT_EQ(small.algorithm, CollectiveAlgorithm::Tree);
   EXPECT_DOUBLE_EQ(small.seconds,
                    base + 2 * (n - 1) / n * 1024 / (0.92 * bus) + 2 * (4 * 10e-6 + 3 * 1e-6));
-  // Point to point: NVLink within the node, the rank's share of the NICs across (2 NICs for
-  // 4 devices: half of one).
+  // Point to point: NVLink within the node, the rank's share of its node's NICs across (2 NICs
+  // of 10 GB/s for 4 devices: 5 GB/s).
   comm::CommCost send = collective("send", 64, 1e9);
   send.peer = 3;
   EXPECT_DOUBLE_EQ(network.time(send).seconds, 1e9 / 100e9 + 1e-6);
   send.peer = 4;
-  EXPECT_DOUBLE_EQ(network.time(send).seconds, 1e9 / 10e9 + 10e-6);
+  EXPECT_DOUBLE_EQ(network.time(send).seconds, 1e9 / 5e9 + 10e-6);
+}
+
+// A mesh's subgroups sit where their members' world ranks put them: a group with one rank on
+// each of 8 nodes crosses the network with its share of each node's NICs (2 x 10 GB/s for 4
+// devices: 5 GB/s), a group of the 4 devices of one node stays on NVLink.
+TEST(SimNetworkModel, SubgroupsArePlacedByTheirWorldRanks) {
+  const Cluster c = test_cluster();
+  const NetworkModel network(c, 0);
+  comm::CommCost across = collective("allreduce", 8, 1e9);
+  across.world_ranks = std::make_shared<const std::vector<int>>(
+      std::vector<int>{0, 4, 8, 12, 16, 20, 24, 28});
+  const CollectiveTime t = network.time(across);
+  EXPECT_EQ(t.algorithm, CollectiveAlgorithm::Ring);
+  EXPECT_DOUBLE_EQ(t.seconds, 2e-6 + 2 * (7.0 / 8 * 1e9 / 5e9 + 7 * 10e-6));
+  comm::CommCost within = collective("allreduce", 4, 1e9);
+  within.world_ranks = std::make_shared<const std::vector<int>>(std::vector<int>{4, 5, 6, 7});
+  EXPECT_DOUBLE_EQ(network.time(within).seconds, 2e-6 + 2 * (0.75 * 1e9 / 100e9 + 3 * 1e-6));
+  // A send to the group's rank 1 is a send to world rank 4, on the next node.
+  comm::CommCost send = collective("send", 8, 1e9);
+  send.world_ranks = across.world_ranks;
+  send.peer = 1;
+  EXPECT_DOUBLE_EQ(network.time(send).seconds, 1e9 / 5e9 + 10e-6);
 }
 
 TEST(SimNetworkModel, AGroupBeyondOneNodeNeedsANetwork) {
@@ -266,6 +289,31 @@ TEST(SimTimeline, CommunicationOverlapsComputeUntilTheCallerWaits) {
   first->wait();
   EXPECT_NEAR(timeline.totals().now, before + allreduce, kNanosecond);
   EXPECT_EQ(timeline.comm_log().size(), 5u);
+}
+
+// split_by: a simulated group makes its subgroup from the assignment alone, ordered by (key,
+// rank) as split() orders, and knows where its members are in the world.
+TEST(SimTimeline, ASimulatedGroupSplitsByAnAssignment) {
+  comm::CommCostLog log;
+  comm::CommCostSink* previous = comm::set_comm_cost_sink(&log);
+  std::shared_ptr<comm::ProcessGroup> world = sim_group(8);
+  EXPECT_THROW(world->split(0, 0), Error);  // it cannot exchange colors
+  std::shared_ptr<comm::ProcessGroup> even =
+      world->split_by([](int r) { return std::pair{r % 2, -r}; });  // keys descending
+  ASSERT_NE(even, nullptr);
+  EXPECT_EQ(even->size(), 4);
+  EXPECT_EQ(even->rank(), 3);  // rank 0 has the largest key of {0, 2, 4, 6}
+  std::shared_ptr<comm::ProcessGroup> pair = even->split_by([](int r) { return std::pair{r / 2, r}; });
+  EXPECT_EQ(pair->size(), 2);
+  EXPECT_EQ(pair->rank(), 1);
+  EXPECT_EQ(world->split_by([](int r) { return std::pair{r == 0 ? -1 : 0, r}; }), nullptr);
+  Tensor t = Tensor::empty({4}, DType::F32, Device::meta());
+  even->allreduce(t)->wait();
+  pair->allreduce(t)->wait();
+  comm::set_comm_cost_sink(previous);
+  ASSERT_EQ(log.costs().size(), 2u);
+  EXPECT_EQ(*log.costs()[0].world_ranks, (std::vector<int>{6, 4, 2, 0}));
+  EXPECT_EQ(*log.costs()[1].world_ranks, (std::vector<int>{2, 0}));  // even's ranks 2 and 3
 }
 
 TEST(SimTimeline, TheTraceShowsOpsOperationsAndWaitsInSimulatedTime) {

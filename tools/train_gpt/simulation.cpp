@@ -5,6 +5,7 @@
 #include "comm/store/in_process_store.h"
 #include "core/tags.h"
 #include "sim/timeline.h"
+#include "strategies/devices.h"
 #include "strategies/plugins.h"
 #include "strategies/registry.h"
 
@@ -12,19 +13,14 @@ namespace loom::train_gpt {
 
 namespace {
 
-void check_symmetric(const std::string& name, const strategies::StrategyConfig& config,
-                     int world_size) {
+void check_symmetric(const std::string& name, int world_size) {
   using strategies::StrategyKind;
   const StrategyKind kind = strategies::StrategyRegistry::entry(name).kind;
-  const bool symmetric = kind == StrategyKind::SingleDevice || kind == StrategyKind::DataParallel ||
-                         kind == StrategyKind::Sharded;
-  if (!symmetric || config.fsdp_sharding_strategy == "HYBRID_SHARD" ||
-      config.fsdp_sharding_strategy == "_HYBRID_SHARD_ZERO2") {
+  if (kind == StrategyKind::Pipeline) {
     tag::kLoomSim.fail("--strategy ", name,
-                       " is not simulated yet: its ranks do different work in split groups, "
-                       "which the sim backend cannot make (docs/simulation.md); simulate "
-                       "single_device, the ddp names or the sharded names without hybrid "
-                       "sharding");
+                       " is not simulated yet: a pipeline's stages do different work, and the "
+                       "simulator runs one rank (docs/simulation.md); simulate single_device, "
+                       "the ddp and sharded names (hybrid sharding included) or model_parallel");
   }
   if (kind == StrategyKind::SingleDevice && world_size != 1) {
     tag::kLoomSim.fail("--strategy ", name, " runs on 1 rank, not --world-size ", world_size);
@@ -38,14 +34,13 @@ SimulatedRank simulate_rank(const nn::ModelSpec& spec, const TrainOptions& optio
                             const strategies::StrategyConfig& config, int world_size,
                             const sim::Cluster& cluster, strategies::Trace* trace) {
   if (world_size < 1) tag::kLoomSim.fail("--world-size must be at least 1, got ", world_size);
-  check_symmetric(strategy_name, config, world_size);
+  check_symmetric(strategy_name, world_size);
   const Device meta = Device::meta();
   const DType compute_dtype = sim::compute_dtype(config.precision);
   sim::Timeline timeline(cluster, /*rank=*/0, world_size, compute_dtype, trace);
   SimulatedRank out;
   out.world_size = world_size;
   out.cluster = cluster.name;
-  size_t comm_before_last_step = 0;
   {
     sim::TimelineScope scope(timeline);
     strategy.set_accelerator(std::make_shared<strategies::MetaAccelerator>());
@@ -53,6 +48,18 @@ SimulatedRank simulate_rank(const nn::ModelSpec& spec, const TrainOptions& optio
       parallel->set_process_group(std::make_shared<comm::ProcessGroup>(
           0, world_size, std::make_shared<comm::InProcessStore>(),
           comm::GroupOptions{.backend = "sim", .device = meta}, "simulated"));
+      // The job's nodes: --devices ranks each (HYBRID_SHARD shards within one).
+      const int per_node = std::min(
+          world_size, strategies::parse_devices(config.devices, strategies::MetaAccelerator()).count);
+      if (world_size % per_node != 0) {
+        tag::kLoomSim.fail("--world-size ", world_size, " is not a multiple of --devices ",
+                           per_node, " (the ranks of one node)");
+      }
+      comm::ClusterEnv job;
+      job.source = "simulated";
+      job.world_size = world_size;
+      job.local_world_size = per_node;
+      parallel->set_cluster_environment(job);
     }
     strategy.setup_environment();
     nn::ModelSpec on_meta = spec;
@@ -70,13 +77,17 @@ SimulatedRank simulate_rank(const nn::ModelSpec& spec, const TrainOptions& optio
     const int64_t blocks = 2 * std::max<int64_t>(o.grad_accum, 1) * world_size * o.batch + 1;
     data::TokenBlocks data(std::vector<int32_t>(static_cast<size_t>(blocks * (time + 1)), 0),
                            o.batch, time, o.model.vocab_size);
-    MetaCostTotals::Sum before_last_step;
-    double model_flops_before = 0;
-    sim::Timeline::Totals at_step[2];
-    const MetaCostTotals& costs = timeline.costs();
-    const auto model_flops = [&] {
-      return costs.of(OpClass::Gemm).flops + costs.of(OpClass::Attention).flops;
+    // The second step is the one reported: its compute, collectives and time, from the first
+    // step's end (its metrics callback) to its own (what train() does after, such as gathering
+    // a sharded model back, is not a step's).
+    struct Mark {
+      MetaCostTotals::Sum compute;
+      double model_flops = 0;
+      size_t comm = 0;
+      sim::Timeline::Totals time;
     };
+    Mark at_step[2];
+    const MetaCostTotals& costs = timeline.costs();
     train(
         *model, data, o,
         [&](const StepMetrics& m) {
@@ -89,30 +100,30 @@ SimulatedRank simulate_rank(const nn::ModelSpec& spec, const TrainOptions& optio
           out.peak_bytes_by_kind[offloaded] =
               static_cast<int64_t>(allocator_for(Device::cpu()).stats().peak_by_kind[offloaded]);
           out.peak_bytes = static_cast<int64_t>(device.device_peak_bytes);
-          at_step[m.step == 0 ? 0 : 1] = timeline.totals();
-          if (m.step == 0) {
-            before_last_step = costs.total();
-            model_flops_before = model_flops();
-            comm_before_last_step = timeline.comm_log().size();
-          }
+          at_step[m.step == 0 ? 0 : 1] = {
+              .compute = costs.total(),
+              .model_flops = costs.of(OpClass::Gemm).flops + costs.of(OpClass::Attention).flops,
+              .comm = timeline.comm_log().size(),
+              .time = timeline.totals()};
         },
         &strategy);
-    out.step_s = at_step[1].now - at_step[0].now;
-    out.compute_s = at_step[1].compute - at_step[0].compute;
-    out.exposed_comm_s = at_step[1].exposed_comm - at_step[0].exposed_comm;
-    out.comm_busy_s = at_step[1].comm_busy - at_step[0].comm_busy;
-    out.model_flops = model_flops() - model_flops_before;
+    const Mark &first = at_step[0], &last = at_step[1];
+    out.step_s = last.time.now - first.time.now;
+    out.compute_s = last.time.compute - first.time.compute;
+    out.exposed_comm_s = last.time.exposed_comm - first.time.exposed_comm;
+    out.comm_busy_s = last.time.comm_busy - first.time.comm_busy;
+    out.model_flops = last.model_flops - first.model_flops;
     const double peak = timeline.device().peak_flops(compute_dtype);
     out.mfu = out.step_s > 0 ? out.model_flops / out.step_s / peak : 0;
-    out.compute = costs.total();
-    out.compute.ops -= before_last_step.ops;
-    out.compute.flops -= before_last_step.flops;
-    out.compute.bytes_read -= before_last_step.bytes_read;
-    out.compute.bytes_written -= before_last_step.bytes_written;
+    out.compute = {.ops = last.compute.ops - first.compute.ops,
+                   .flops = last.compute.flops - first.compute.flops,
+                   .bytes_read = last.compute.bytes_read - first.compute.bytes_read,
+                   .bytes_written = last.compute.bytes_written - first.compute.bytes_written};
+    const std::vector<comm::CommCost> all = timeline.comm_log();
+    out.comm.assign(all.begin() + static_cast<std::ptrdiff_t>(first.comm),
+                    all.begin() + static_cast<std::ptrdiff_t>(last.comm));
     strategy.teardown();
   }
-  const std::vector<comm::CommCost> all = timeline.comm_log();
-  out.comm.assign(all.begin() + static_cast<std::ptrdiff_t>(comm_before_last_step), all.end());
   return out;
 }
 

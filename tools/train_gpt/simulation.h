@@ -2,9 +2,9 @@
 // One simulated rank of a training job (docs/simulation.md): train_gpt's own loop (train())
 // under a real strategy, on the meta device with a process group of the sim backend whose
 // other ranks do not exist. Under the strategies whose ranks all do the same work (single
-// device, DDP, ZeRO 1-3, FSDP) that rank is every rank: its peak memory by kind, its compute
-// and its collectives' bytes per step are the job's per rank, and its step time on a
-// described cluster is theirs. loom-sim prints them.
+// device, DDP, ZeRO 1-3, FSDP with hybrid sharding, tensor parallelism) that rank is every
+// rank: its peak memory by kind, its compute and its collectives' bytes per step are the
+// job's per rank, and its step time on a described cluster is theirs. loom-sim prints them.
 
 #include <array>
 #include <map>
@@ -51,9 +51,10 @@ struct SimulatedRank {
 // `options.batch` sequences of options.model.context tokens under `strategy`, registered as
 // `strategy_name` and created from `config` (not yet set up: its accelerator and process
 // group are replaced). Data, checkpoints, evaluation
-// and samples are not simulated: options' fields for them are ignored. Throws loom::Error for
-// a strategy whose ranks differ (pipelines, tensor parallelism, hybrid sharding: their groups
-// are split, which the sim backend cannot do yet) and for single_device on more than 1 rank.
+// and samples are not simulated: options' fields for them are ignored. Meshes (tensor
+// parallelism, hybrid sharding) split their groups with ProcessGroup::split_by, which a sim
+// group answers alone. Throws loom::Error for pipelines (their stages do different work: one
+// rank is not every rank) and for single_device on more than 1 rank.
 // Its time is `cluster`'s (sim/cluster.h); with a `trace`, every op and operation of both
 // steps is recorded there in simulated time.
 SimulatedRank simulate_rank(const nn::ModelSpec& spec, const TrainOptions& options,

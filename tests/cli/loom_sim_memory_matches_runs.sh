@@ -1,0 +1,31 @@
+#!/usr/bin/env bash
+# loom-sim's one simulated rank holds what each rank of a real run holds: for tensor
+# parallelism (dp 2 x tp 2), ZeRO-2 and FSDP with hybrid sharding, the real run's peak bytes by
+# kind (the largest rank's, from --metrics) against loom-sim --json's, within 5% per kind
+# (docs/simulation.md: the issue's tolerance; the gap seen is a few hundred bytes of
+# activations).
+#   loom_sim_memory_matches_runs.sh TRAIN_GPT LOOM_SIM
+set -euo pipefail
+T=$1
+S=$2
+d=$(mktemp -d); trap 'rm -rf "$d"' EXIT
+check() {  # the flags of one configuration
+  "$T" "$@" --steps 2 --log-interval 100 --metrics "$d/m.jsonl" > "$d/out" 2>&1 ||
+    { cat "$d/out"; exit 1; }
+  "$S" "$@" --json > "$d/sim.json" 2> "$d/sim.err" || { cat "$d/sim.err"; exit 1; }
+  python3 - "$d/m.jsonl" "$d/sim.json" "$*" <<'PY'
+import json, sys
+measured = [json.loads(l) for l in open(sys.argv[1])][-1]["peak_bytes_by_kind"]
+predicted = json.load(open(sys.argv[2]))["peak_bytes_by_kind"]
+for kind, m in measured.items():
+    p = predicted[kind]
+    if abs(p - m) > 0.05 * max(m, 1):
+        sys.exit(f"{sys.argv[3]}: {kind} predicted {p} bytes, measured {m}")
+print(f"{sys.argv[3]}: every kind within 5%: {measured}")
+PY
+}
+M=(--layers 2 --heads 4 --embd 64 --ctx 32 --batch 2)
+check "${M[@]}" --tp 2 --devices 4
+check "${M[@]}" --strategy deepspeed_stage_2 --devices 2
+check "${M[@]}" --strategy fsdp --fsdp-sharding-strategy HYBRID_SHARD --devices 2
+echo "every simulated rank held what the real ranks held"
