@@ -1,10 +1,12 @@
 #pragma once
 // loom-sim --sweep (docs/simulation.md, "Sweep"): ranks the configurations of a model on a
 // simulated cluster by predicted throughput within a memory limit. The candidates are the
-// strategies the simulator runs (ddp, ZeRO 1-3, FSDP) x micro-batch sizes that divide the
-// samples a rank takes per step (--batch x --grad-accum, held fixed: the same global batch) x
-// activation checkpointing off and on. Each candidate is simulate_rank() itself; those over the
-// limit, and the parallelisms not simulated yet, are listed as rejected with the reason.
+// strategies the simulator runs (ddp, ZeRO 1-3, FSDP full and hybrid sharding, tensor
+// parallelism of every power of two that divides the heads, the vocabulary and the world) x
+// micro-batch sizes that divide the samples a rank takes per step (--batch x --grad-accum,
+// held fixed: the same global batch) x activation checkpointing off and on. Each candidate is
+// simulate_rank() itself; those over the limit or failing, and pipelines (not simulated yet),
+// are listed as rejected with the reason.
 
 #include <string>
 #include <vector>
@@ -18,16 +20,18 @@ namespace loom::train_gpt {
 
 struct SweepCandidate {
   std::string strategy;
+  int tp = 1;                   // model_parallel's --tp (data parallel over the rest)
+  bool hybrid_shard = false;    // fsdp's HYBRID_SHARD (sharded within a node of --devices)
   int64_t micro_batch = 1;
   int64_t grad_accum = 1;
   bool checkpointing = false;
-  std::string str() const;  // "deepspeed_stage_3, micro-batch 4 x 2, checkpointing"
+  std::string str() const;  // "model_parallel tp 4, micro-batch 4 x 2, checkpointing"
 };
 
 struct SweepResult {
   SweepCandidate candidate;
   SimulatedRank rank;
-  double tokens_per_s = 0;  // the whole job's
+  double tokens_per_s = 0;  // the whole job's: world / tp replicas of the samples per step
 };
 
 struct SweepRejection {
