@@ -35,7 +35,7 @@ cores = os.cpu_count()
 peak = max(rate for _, rate in device["gemm_tflops"]["f32"])
 source = (f"This machine ({cpu}, {isa}, {cores} cores), measured {datetime.date.today()} by "
           "scripts/calibrate-this-machine.sh. Device: one rank's share of one core, from "
-          "`loom-sim-calibrate --threads 1`: every op of real training steps of three small GPTs "
+          "`loom-sim-calibrate --threads 1`: every op of real training steps of four small GPTs "
           "timed in the step, its work as the meta device counts it (tools/loom_sim/calibrate.cpp "
           "says which models). The bf16 and f16 curves are "
           "the f32 ones: under autocast the CPU computes in f32 after rounding. Peaks: the best "

@@ -44,7 +44,8 @@ struct DeviceSpec {
   // backward "Gelu", "adamw", ...), where an op's rate differs from a plain copy's.
   std::map<std::string, RateCurve, std::less<>> op_bytes_per_s;
   // Optional: likewise, FLOP/s by FLOPs for named GEMM or attention ops ("causal_attention",
-  // its backward "CausalAttention"), in place of their dtype's class curve.
+  // its backward "CausalAttention"), in place of their dtype's class curve; an attention op
+  // takes "NAME@dD" for its head dimension D first ("causal_attention@d64").
   std::map<std::string, RateCurve, std::less<>> op_flops_per_s;
 };
 

@@ -13,8 +13,13 @@ DeviceModel::DeviceModel(const Cluster& cluster, int ranks_per_node, DType compu
 
 double DeviceModel::flops_rate(const std::map<DType, RateCurve>& curves, const OpCost& cost,
                                const char* field) const {
-  const auto own = cluster_.device.op_flops_per_s.find(std::string_view(cost.op));
-  if (own != cluster_.device.op_flops_per_s.end()) return own->second.at(cost.flops);
+  const auto& named = cluster_.device.op_flops_per_s;
+  if (cost.op_class == OpClass::Attention) {  // a curve for its head dimension first
+    const auto own = named.find(std::string(cost.op) + "@d" + std::to_string(cost.dims[3]));
+    if (own != named.end()) return own->second.at(cost.flops);
+  }
+  const auto own = named.find(std::string_view(cost.op));
+  if (own != named.end()) return own->second.at(cost.flops);
   const DType dtype = cost.dtype == DType::F32 ? compute_dtype_ : cost.dtype;
   const auto it = curves.find(dtype);
   if (it == curves.end()) {

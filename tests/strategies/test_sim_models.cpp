@@ -140,7 +140,8 @@ TEST(SimDeviceModel, NamedOpsTakeTheirOwnCurves) {
   const Cluster c = parse_cluster(
       test_cluster_json(R"("memory_gbps": [[1e6, 1000]]})",
                         R"("memory_gbps": [[1e6, 1000]], "ops_gbps": {"gelu": [[1e6, 10]]},
-                           "ops_tflops": {"CausalAttention": [[1e9, 5]]}})"),
+                           "ops_tflops": {"CausalAttention": [[1e9, 5]],
+                                          "causal_attention@d64": [[1e9, 7]]}})"),
       "named");
   const DeviceModel device(c, 4);
   const OpCost gelu{.op = "gelu", .op_class = OpClass::Elementwise, .bytes_read = 1e6};
@@ -154,6 +155,8 @@ TEST(SimDeviceModel, NamedOpsTakeTheirOwnCurves) {
   OpCost forward = backward;
   forward.op = "causal_attention";
   EXPECT_DOUBLE_EQ(device.seconds(forward), 1e-6 + 1e9 / 40e12);
+  forward.dims = {2, 4, 128, 64};  // head dimension 64: its own curve
+  EXPECT_DOUBLE_EQ(device.seconds(forward), 1e-6 + 1e9 / 7e12);
   expect_error(test_cluster_json(R"("memory_gbps": [[1e6, 1000]]})",
                                  R"("memory_gbps": [[1e6, 1000]], "ops_gbps": {"gelu": 3}})"),
                "device.ops_gbps.gelu must be a non-empty list");

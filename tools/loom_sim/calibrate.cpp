@@ -1,13 +1,13 @@
 // loom-sim-calibrate: measures this machine's device model for the simulator
-// (docs/simulation.md, "Calibration") from real training steps. It trains three small GPTs on
+// (docs/simulation.md, "Calibration") from real training steps. It trains four small GPTs on
 // the CPU (shapes unlike the validation's: bench/sim/validate_this_machine.sh) with the ops
 // profiled (Note [Profiling CPU ops] in tensor/meta.h): every op reports its FLOPs and bytes,
 // as on the meta device, and its time in the step, from its start to the next op's, its
 // inputs as cold or warm as the step leaves them, autograd and allocation between kernels
 // included. From those:
 // - GEMMs: achieved FLOP/s by the FLOPs of one op (the "gemm_tflops" curves); attention
-//   forward and backward apart, by name ("ops_tflops"; the forward's is also the
-//   "attention_tflops" curve);
+//   forward and backward apart and by head dimension ("ops_tflops": "causal_attention@d64";
+//   the forwards' are also the "attention_tflops" curve);
 // - every other op, by name: achieved bytes/s by its bytes (the "ops_gbps" curves);
 // - ops no step ran (another model's): an f32 add by size, timed alone ("memory_gbps").
 // The per-op overhead is in those times, so "op_overhead_us" is 0. Prints the "device"
@@ -74,7 +74,7 @@ Tensor input(const loom::Shape& shape, double value, Device device, bool grad) {
 }
 
 // A calibration GPT (byte vocabulary, 2 layers) and its batch by width.
-const std::map<int64_t, int64_t> kBatch = {{96, 8}, {192, 4}, {384, 4}};
+const std::map<int64_t, int64_t> kBatch = {{96, 8}, {160, 4}, {192, 4}, {384, 4}};
 loom::nn::GPTConfig model(int64_t embd, int64_t heads, int64_t context) {
   loom::nn::GPTConfig c;
   c.layers = 2;
@@ -111,6 +111,13 @@ struct Sum {
 };
 using Groups = std::map<std::string, std::map<double, Sum>>;
 
+// Attention's rate depends on its head dimension as much as on its FLOPs: its entries group
+// under "NAME@dD" (the device model looks that name up first).
+std::string group_name(const loom::OpCost& c) {
+  if (c.op_class != loom::OpClass::Attention) return c.op;
+  return std::string(c.op) + "@d" + std::to_string(c.dims[3]);
+}
+
 double bytes_of(const loom::OpCost& c) { return c.bytes_read + c.bytes_written; }
 
 Groups group(const std::vector<loom::OpProfile::Entry>& entries) {
@@ -120,7 +127,7 @@ Groups group(const std::vector<loom::OpProfile::Entry>& entries) {
         e.cost.op_class == loom::OpClass::Gemm || e.cost.op_class == loom::OpClass::Attention;
     const double work = by_flops ? e.cost.flops : bytes_of(e.cost);
     if (work <= 0) continue;  // (nothing to rate: an empty op)
-    Sum& sum = groups[e.cost.op][work];
+    Sum& sum = groups[group_name(e.cost)][work];
     sum.work += work;
     sum.seconds += e.seconds;
   }
@@ -162,9 +169,9 @@ int main(int argc, char** argv) {
   CLI11_PARSE(app, argc, argv);
   loom::kernels::cpu::set_num_threads(threads);
 
-  // Three models, each two steps to warm up and three profiled.
-  const std::vector<loom::nn::GPTConfig> models = {model(96, 3, 96), model(192, 3, 192),
-                                                   model(384, 6, 128)};
+  // Four models (head dimensions 32 and 64), each two steps to warm up and three profiled.
+  const std::vector<loom::nn::GPTConfig> models = {model(96, 3, 96), model(160, 5, 160),
+                                                   model(192, 3, 192), model(384, 6, 128)};
   loom::OpProfile profile;
   for (const loom::nn::GPTConfig& config : models) {
     std::fprintf(stderr, "training steps of embd %lld, heads %lld, ctx %lld, batch %lld\n",
@@ -174,14 +181,18 @@ int main(int argc, char** argv) {
   }
   Groups groups = group(profile.entries());
   std::vector<Point> gemm = rates(groups, "gemm", true);
-  // Attention forward and backward by name (their rates differ); the class curve is the
-  // forward's, for attention ops of other names.
+  // Attention forward and backward by name and head dimension (their rates differ); the
+  // class curve is the forward's of every head dimension, for other attention ops.
   Curves flops_ops, ops;
-  for (const char* name : {"causal_attention", "CausalAttention"})
-    flops_ops[name] = rates(groups, name, true);
-  const std::vector<Point> attention = flops_ops["causal_attention"];
+  std::vector<Point> attention;
   for (const auto& [name, sizes] : groups) {
-    if (name != "gemm" && !flops_ops.contains(name)) ops[name] = rates(groups, name, false);
+    if (name.find("@d") != std::string::npos) {
+      flops_ops[name] = rates(groups, name, true);
+      if (name.starts_with("causal_attention@"))
+        attention.insert(attention.end(), flops_ops[name].begin(), flops_ops[name].end());
+    } else if (name != "gemm") {
+      ops[name] = rates(groups, name, false);
+    }
   }
   std::fprintf(stderr, "memory (an f32 add by size, alone)\n");
   std::vector<Point> memory;
