@@ -192,7 +192,16 @@ Cluster parse_cluster(const std::string& json_text, const std::string& origin) {
     }
   }
   c.collective_base_latency_s = r.number(doc, "", "collective_base_latency_us", true) * kMicro;
-  c.pcie_bytes_per_s = r.number(r.member(doc, "", "host"), "host", "pcie_gbps") * kGiga;
+  const json& host = r.member(doc, "", "host");
+  c.pcie_bytes_per_s = r.number(host, "host", "pcie_gbps") * kGiga;
+  if (const auto memory = host.find("memory_gbps"); memory != host.end())
+    c.host_memory_bytes_per_s = r.curve(*memory, "host.memory_gbps", kGiga);
+  if (const auto ops = host.find("ops_gbps"); ops != host.end()) {
+    if (c.host_memory_bytes_per_s.empty()) r.fail("host.ops_gbps", "needs host.memory_gbps");
+    if (!ops->is_object()) r.fail("host.ops_gbps", "must map op names to curves");
+    for (const auto& [op, points] : ops->items())
+      c.host_op_bytes_per_s[op] = r.curve(points, "host.ops_gbps." + op, kGiga);
+  }
   return c;
 }
 

@@ -68,6 +68,11 @@ struct Cluster {
   std::string topology;  // "fat-tree" or "rail": both full bisection (docs/simulation.md)
   double collective_base_latency_s = 0;  // per collective, on top of its steps
   double pcie_bytes_per_s = 0;           // device <-> host copies (offload)
+  // The host's work (a rank's CPU ops: the offloaded optimizer), all of a node's ranks
+  // sharing it: achieved bytes/s of the node by bytes, and named ops' own curves. Empty: the
+  // host is the device (a CPU cluster), and host ops take the device's curves.
+  RateCurve host_memory_bytes_per_s;
+  std::map<std::string, RateCurve, std::less<>> host_op_bytes_per_s;
 };
 
 // A preset's name ("this-machine", "dgx-a100", "dgx-h100") or a path to a JSON file.

@@ -8,6 +8,7 @@ namespace loom::sim {
 
 DeviceModel::DeviceModel(const Cluster& cluster, int ranks_per_node, DType compute_dtype)
     : cluster_(cluster),
+      ranks_per_node_(ranks_per_node),
       slowdown_(std::max(1.0, static_cast<double>(ranks_per_node) / cluster.compute_slots)),
       compute_dtype_(compute_dtype) {}
 
@@ -30,7 +31,17 @@ double DeviceModel::flops_rate(const std::map<DType, RateCurve>& curves, const O
   return it->second.at(cost.flops);
 }
 
+double DeviceModel::host_seconds(const OpCost& cost) const {
+  const double bytes = cost.bytes_read + cost.bytes_written;
+  const auto own = cluster_.host_op_bytes_per_s.find(std::string_view(cost.op));
+  const RateCurve& curve =
+      own != cluster_.host_op_bytes_per_s.end() ? own->second : cluster_.host_memory_bytes_per_s;
+  return bytes / (curve.at(bytes) / ranks_per_node_);
+}
+
 double DeviceModel::seconds(const OpCost& cost) const {
+  if (cost.on_host && cost.op_class != OpClass::Transfer && !cluster_.host_memory_bytes_per_s.empty())
+    return host_seconds(cost);
   double busy = 0;
   switch (cost.op_class) {
     case OpClass::Gemm:

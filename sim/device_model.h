@@ -22,6 +22,8 @@ class DeviceModel {
   // attention run at the compute dtype's curves (a CPU cluster's 16-bit curves are its f32
   // ones: sim/clusters/this-machine.json).
   DeviceModel(const Cluster& cluster, int ranks_per_node, DType compute_dtype = DType::F32);
+  // (An op on the host (OpCost::on_host) moves its bytes at the host's curves, the node's
+  // ranks sharing them, where the cluster describes a host; else it is timed as a device op.)
   // Seconds. Throws loom::Error for a GEMM or attention dtype the cluster has no curve for.
   double seconds(const OpCost& cost) const;
   // The dense peak for `dtype` (FLOP/s), for MFU; throws when the cluster gives none.
@@ -32,7 +34,10 @@ class DeviceModel {
   double flops_rate(const std::map<DType, RateCurve>& curves, const OpCost& cost,
                     const char* field) const;
 
+  double host_seconds(const OpCost& cost) const;
+
   const Cluster& cluster_;
+  int ranks_per_node_;
   double slowdown_;
   DType compute_dtype_;
 };

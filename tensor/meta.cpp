@@ -51,6 +51,8 @@ void record_meta_op(const char* op, OpClass op_class, double flops,
   for (const Tensor& t : writes)
     cost.bytes_written += static_cast<double>(t.nbytes());
   if (reads.size() > 0) cost.dtype = reads.begin()->dtype();
+  const Tensor* first = writes.size() > 0 ? writes.begin() : reads.size() > 0 ? reads.begin() : nullptr;
+  cost.on_host = first != nullptr && first->device().is_cpu();
   if (dims == std::array<int64_t, 4>{} && writes.size() > 0) dims[0] = writes.begin()->numel();
   cost.dims = dims;
   current_sink->record(cost);
@@ -83,14 +85,18 @@ void OpProfile::finish() {
   open_ = false;
 }
 
-OpProfileScope::OpProfileScope(OpProfile& profile)
-    : profile_(profile), scope_(profile), was_profiling_(detail::profiling_cpu_ops) {
+CpuOpReports::CpuOpReports() : was_reporting_(detail::profiling_cpu_ops) {
   detail::profiling_cpu_ops = true;
 }
 
+CpuOpReports::~CpuOpReports() {
+  detail::profiling_cpu_ops = was_reporting_;
+}
+
+OpProfileScope::OpProfileScope(OpProfile& profile) : profile_(profile), scope_(profile) {}
+
 OpProfileScope::~OpProfileScope() {
   profile_.finish();
-  detail::profiling_cpu_ops = was_profiling_;
 }
 
 }  // namespace loom

@@ -71,6 +71,9 @@ struct OpCost {
   // The op's sizes, for calibration by size: GEMM m, n, k, batch; attention batch, heads,
   // time, head dim; otherwise the elements written and zeros.
   std::array<int64_t, 4> dims = {};
+  // A CPU op reported while its thread reports CPU ops (CpuOpReports): on a simulated GPU
+  // rank, host work such as the offloaded optimizer's.
+  bool on_host = false;
 };
 
 // Receives the costs of the meta ops that the thread which installed it runs.
@@ -94,11 +97,11 @@ class MetaCostScope {
 };
 
 namespace detail {
-inline thread_local bool profiling_cpu_ops = false;  // OpProfileScope's
+inline thread_local bool profiling_cpu_ops = false;  // CpuOpReports'
 }  // namespace detail
 
 // Whether an op on `device` reports its cost at its kernel site: always on meta, and on the
-// CPU while the calling thread profiles its ops (Note [Profiling CPU ops]).
+// CPU while the calling thread reports its CPU ops (CpuOpReports; Note [Profiling CPU ops]).
 inline bool reports_op_cost(const Device& device) {
   return device.is_meta() || (detail::profiling_cpu_ops && device.is_cpu());
 }
@@ -155,6 +158,19 @@ class OpProfile final : public MetaCostSink {
   int64_t last_ns_ = 0;  // its report, steady clock
 };
 
+// The calling thread's CPU ops report their costs (OpCost::on_host) to its sink, as meta ops
+// do, until destroyed (and still compute): a simulated rank's host work (docs/simulation.md).
+class CpuOpReports {
+ public:
+  CpuOpReports();
+  ~CpuOpReports();
+  CpuOpReports(const CpuOpReports&) = delete;
+  CpuOpReports& operator=(const CpuOpReports&) = delete;
+
+ private:
+  bool was_reporting_;
+};
+
 // Profiles the calling thread's CPU ops into `profile` until destroyed: they report to it as
 // meta ops report to their sink (and still compute).
 class OpProfileScope {
@@ -167,7 +183,7 @@ class OpProfileScope {
  private:
   OpProfile& profile_;
   MetaCostScope scope_;
-  bool was_profiling_;
+  CpuOpReports reports_;
 };
 
 }  // namespace loom

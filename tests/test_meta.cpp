@@ -506,7 +506,11 @@ void expect_profile_matches_meta(const std::function<std::unique_ptr<nn::CausalL
     EXPECT_EQ(cpu.flops, meta.costs[i].flops);
     // (A linear layer's GEMM reads its bias on meta, as CUDA's epilogue does, and its output,
     // which holds the bias, on the CPU: matmul.cpp.)
-    if (cpu.op_class != OpClass::Gemm) EXPECT_EQ(cpu.bytes_read, meta.costs[i].bytes_read);
+    if (cpu.op_class != OpClass::Gemm) {
+      EXPECT_EQ(cpu.bytes_read, meta.costs[i].bytes_read);
+    }
+    EXPECT_TRUE(cpu.on_host);
+    EXPECT_FALSE(meta.costs[i].on_host);
     EXPECT_EQ(cpu.bytes_written, meta.costs[i].bytes_written);
     EXPECT_GE(profile.entries()[i].seconds, 0);
     total += profile.entries()[i].seconds;

@@ -162,6 +162,20 @@ TEST(SimDeviceModel, NamedOpsTakeTheirOwnCurves) {
                "device.ops_gbps.gelu must be a non-empty list");
 }
 
+TEST(SimDeviceModel, HostOpsShareTheNodesHostAndCpuClustersUseTheirDevice) {
+  const Cluster gpu = parse_cluster(test_cluster_json(R"("pcie_gbps": 20})",
+                                                      R"("pcie_gbps": 20, "memory_gbps": [[1e6, 10]]})"),
+                                    "with-host");
+  const OpCost adamw{.op = "adamw", .op_class = OpClass::Optimizer, .bytes_read = 6e7,
+                     .bytes_written = 4e7, .on_host = true};
+  // 4 ranks of a node share its 10 GB/s: 2.5 each; no device overhead.
+  EXPECT_DOUBLE_EQ(DeviceModel(gpu, 4).seconds(adamw), 1e8 / 2.5e9);
+  // Without a host section the host is the device (a CPU cluster).
+  EXPECT_DOUBLE_EQ(DeviceModel(test_cluster(), 4).seconds(adamw), 1e-6 + 1e8 / 1000e9);
+  expect_error(test_cluster_json(R"("pcie_gbps": 20})", R"("pcie_gbps": 20, "ops_gbps": {}})"),
+               "host.ops_gbps needs host.memory_gbps");
+}
+
 comm::CommCost collective(const std::string& op, int n, double bytes) {
   return {.op = op, .group = "g", .group_size = n, .bytes = static_cast<int64_t>(bytes), .peer = -1,
           .world_ranks = nullptr};

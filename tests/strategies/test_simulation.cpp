@@ -185,6 +185,24 @@ TEST(Simulation, AStepIsItsComputePlusItsExposedCommunication) {
   }
 }
 
+// The offloaded optimizer runs on real host tensors in a simulation; its ops are the rank's host
+// work and take simulated time on the compute stream (at the cluster's host rates).
+TEST(Simulation, TheOffloadedOptimizerTakesSimulatedTime) {
+  auto strategy = StrategyRegistry::create("deepspeed_stage_2_offload", StrategyConfig{});
+  train_gpt::TrainOptions o;
+  o.model = model_config();
+  o.batch = 2;
+  nn::ModelSpec spec;
+  spec.gpt = o.model;
+  Trace trace;
+  train_gpt::simulate_rank(spec, o, *strategy, "deepspeed_stage_2_offload", {}, 64,
+                           sim::load_cluster("dgx-h100"), &trace);
+  int host_adamw = 0;
+  for (const Trace::Event& e : trace.events())
+    host_adamw += e.name == "adamw" ? 1 : 0;
+  EXPECT_EQ(host_adamw, 2);  // one flat shard, two steps
+}
+
 // loom-sim --sweep: every candidate simulated, ranked by throughput within the memory limit,
 // the rest rejected with the reason.
 TEST(Simulation, TheSweepRanksWhatFitsAndSaysWhyTheRestWasRejected) {

@@ -43,6 +43,9 @@ SimulatedRank simulate_rank(const nn::ModelSpec& spec, const TrainOptions& optio
   out.cluster = cluster.name;
   {
     sim::TimelineScope scope(timeline);
+    // The rank's host work (the offloaded optimizer, on real host tensors) takes simulated time
+    // too, at the cluster's host rates.
+    CpuOpReports host_ops;
     strategy.set_accelerator(std::make_shared<strategies::MetaAccelerator>());
     if (auto* parallel = dynamic_cast<strategies::ParallelStrategy*>(&strategy)) {
       parallel->set_process_group(std::make_shared<comm::ProcessGroup>(
