@@ -68,7 +68,7 @@ struct GroupOptions {
   // times] in comm/process_group.cpp); also enabled by LOOM_COMM_TIMING=1.
   bool precise_times = false;
   // The members' ranks in the job's world group, in this group's rank order, when its creator
-  // knows them (a simulated split: ProcessGroup::split_by); empty: unknown, or the world itself.
+  // knows them (a simulated split: ProcessGroup::split_by); null: unknown, or the world itself.
   // The sim backend's network model places the members on nodes by them.
   std::shared_ptr<const std::vector<int>> world_ranks = nullptr;
 };

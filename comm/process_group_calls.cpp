@@ -267,7 +267,8 @@ std::shared_ptr<ProcessGroup> ProcessGroup::split_by(const SplitAssignment& assi
   for (int i = 0; i < new_size; ++i) {
     const int r = members[static_cast<size_t>(i)].second;
     if (r == rank_) new_rank = i;
-    world_ranks->push_back(options_.world_ranks ? (*options_.world_ranks)[static_cast<size_t>(r)] : r);
+    world_ranks->push_back(options_.world_ranks ? (*options_.world_ranks)[static_cast<size_t>(r)]
+                                                : r);
   }
   GroupOptions options = options_;
   options.backend = backend_->name();

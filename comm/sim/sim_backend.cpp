@@ -90,8 +90,9 @@ void SimBackend::barrier(Deadline) {
 
 void SimBackend::check_can_split() const {
   tag::kComm.fail("sim backend: group '", group_,
-                  "' cannot be split: a simulated rank does not know the other ranks' colors "
-                  "(not built yet: docs/simulation.md)");
+                  "' cannot be split by color: a simulated rank does not know the other ranks' "
+                  "colors; split with ProcessGroup::split_by, which is given them "
+                  "(docs/simulation.md)");
 }
 
 }  // namespace loom::comm

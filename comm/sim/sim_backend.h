@@ -4,9 +4,10 @@
 // moves nothing, runs on the issuing thread at issue and is reported, with its bytes and the
 // group's size, to the process's CommCostSink, whose clock says when it ran (its Work's
 // started_at and completed_at). Under a strategy whose ranks all do the same work (data
-// parallel, ZeRO, FSDP), one process on this backend runs what every rank of a job of that
-// size runs: its memory and its operations (docs/simulation.md). Groups are not split (a
-// split is an error naming the backend), and reductions read nothing: results are meta.
+// parallel, ZeRO, FSDP, tensor parallelism), one process on this backend runs what every rank
+// of a job of that size runs: its memory and its operations (docs/simulation.md). Groups split
+// by assignment (ProcessGroup::split_by), not by color (an error naming the backend), and
+// reductions read nothing: results are meta.
 
 #include <mutex>
 #include <string>
@@ -77,7 +78,7 @@ class SimBackend final : public Backend {
   void recv(Tensor& tensor, int src, int tag, Deadline deadline) override;
   void barrier(Deadline deadline) override;
 
-  // Splitting needs every rank's color, which a group of one real rank does not have.
+  // Splitting by color needs every rank's color, which a group of one real rank does not have.
   void check_can_split() const override;
 
   // Its operations complete at issue, at the times the sink's clock gives them.
