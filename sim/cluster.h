@@ -26,7 +26,6 @@ class RateCurve {
   explicit RateCurve(std::vector<std::pair<double, double>> points);
   double at(double size) const;
   bool empty() const { return points_.empty(); }
-  const std::vector<std::pair<double, double>>& points() const { return points_; }
 
  private:
   std::vector<std::pair<double, double>> points_;

@@ -146,12 +146,6 @@ class OpProfile final : public MetaCostSink {
   // Closes the last op at now (an OpProfileScope does at its end).
   void finish();
   const std::vector<Entry>& entries() const { return entries_; }
-  // Drops the entries so far (a warm-up's); the op running now is not timed.
-  void clear() {
-    entries_.clear();
-    open_ = false;
-  }
-
  private:
   std::vector<Entry> entries_;
   bool open_ = false;    // the last entry's op has not ended

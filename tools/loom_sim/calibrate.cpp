@@ -67,12 +67,6 @@ struct Point {
 };
 using Curves = std::map<std::string, std::vector<Point>>;
 
-Tensor input(const loom::Shape& shape, double value, Device device, bool grad) {
-  Tensor t = Tensor::full(shape, value, DType::F32, device);
-  if (grad) t.set_requires_grad(true);
-  return t;
-}
-
 // A calibration GPT (byte vocabulary, 2 layers) and its batch by width.
 const std::map<int64_t, int64_t> kBatch = {{96, 8}, {160, 4}, {192, 4}, {384, 4}};
 loom::nn::GPTConfig model(int64_t embd, int64_t heads, int64_t context) {
@@ -197,7 +191,7 @@ int main(int argc, char** argv) {
   std::fprintf(stderr, "memory (an f32 add by size, alone)\n");
   std::vector<Point> memory;
   for (const int64_t n : {1 << 10, 1 << 13, 1 << 16, 1 << 19, 1 << 22}) {
-    const Tensor a = input({n}, 1.0, Device::cpu(), false);
+    const Tensor a = Tensor::full({n}, 1.0, DType::F32, Device::cpu());
     const double seconds = seconds_per_call([&] { (void)loom::add(a, a); });
     memory.push_back({12.0 * static_cast<double>(n), 12.0 * static_cast<double>(n) / seconds});
   }
