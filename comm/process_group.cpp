@@ -255,7 +255,10 @@ WorkPtr ProcessGroup::submit(Op&& op, const Tensor& first, const Tensor& second,
     done_running_here();
     // A synchronous call waits for its operation, which the simulation's clock sees
     // (WaitObserver); a real one has completed by now.
-    if (runs_at_issue_ && !async_op) op.work->wait();
+    if (runs_at_issue_) {
+      if (WaitObserver* observer = wait_observer()) observer->issued(*op.work);
+      if (!async_op) op.work->wait();
+    }
     return std::move(op.work);
   }
   WorkPtr work = op.work;

@@ -83,7 +83,7 @@ ProcessGroup::Op ProcessGroup::make_op(OpKind kind, const Tensor* data,
 // The backend says where its tensors live (Backend::device()). An operation's tensors must be
 // on one device, and that device must be the backend's, or a GPU when the backend is a host
 // backend: then the operation runs through a staging backend wrapped around it (Note
-// [Staging CUDA tensors]). For CUDA tensors the issuing thread's stream is captured here
+// [Staging CUDA tensors]). A simulated backend (meta) takes CPU tensors too. For CUDA tensors the issuing thread's stream is captured here
 // and reinstated on the thread that runs the operation (Note [Issue streams]). CPU tensors
 // on a host backend take none of these paths.
 void ProcessGroup::place(Op& op, const Tensor& first, const Tensor* second) {
@@ -93,6 +93,9 @@ void ProcessGroup::place(Op& op, const Tensor& first, const Tensor* second) {
                     second->str(), "; put both on one device");
   }
   const Device home = backend_->device();
+  // A simulated group's tensors are on meta, but values a rank must know (a pipeline's message
+  // headers) are host tensors, which it passes between the ranks simulated together.
+  if (home.is_meta() && device.is_cpu()) return;
   if (device != home) {
     if (!home.is_cpu() || !device.is_cuda()) {
       tag::kComm.fail(op.label.kind, ": the '", backend_->name(), "' backend of group '", name_,
@@ -253,6 +256,9 @@ std::map<std::string, ProcessGroup::Traffic, std::less<>> ProcessGroup::traffic(
 std::shared_ptr<ProcessGroup> ProcessGroup::split_by(const SplitAssignment& assignment) {
   const auto [color, key] = assignment(rank_);
   if (!runs_at_issue_) return split(color, key);
+  // Numbered as split() numbers them, members or not, so that every simulated rank of a
+  // process names the same subgroup alike (docs/simulation.md, "Pipelines").
+  const int id = splits_++;
   if (color < 0) return nullptr;
   // Members of the color ordered by (key, rank), as split() orders them.
   std::vector<std::pair<int, int>> members;  // (key, rank)
@@ -274,7 +280,7 @@ std::shared_ptr<ProcessGroup> ProcessGroup::split_by(const SplitAssignment& assi
   options.backend = backend_->name();
   options.world_ranks = std::move(world_ranks);
   const std::string name =
-      name_ + ".split" + std::to_string(splits_++) + ".color" + std::to_string(color);
+      name_ + ".split" + std::to_string(id) + ".color" + std::to_string(color);
   return std::make_shared<ProcessGroup>(new_rank, new_size, store_, options, name);
 }
 

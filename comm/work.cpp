@@ -3,6 +3,7 @@
 #include <condition_variable>
 #include <cstdio>
 #include <mutex>
+#include <utility>
 
 #include "core/tags.h"
 
@@ -53,16 +54,17 @@ Stripe& stripe_of(const Work* work) {
 // the waiter finds completed_ set, or complete() finds a waiter and notifies under the
 // mutex, which the waiter holds from its check until it sleeps.
 namespace {
-std::atomic<WaitObserver*> installed_wait_observer{nullptr};
+thread_local WaitObserver* installed_wait_observer = nullptr;
 }  // namespace
 
 WaitObserver* set_wait_observer(WaitObserver* observer) {
-  return installed_wait_observer.exchange(observer);
+  return std::exchange(installed_wait_observer, observer);
 }
 
+WaitObserver* wait_observer() { return installed_wait_observer; }
+
 void Work::wait_until_done(const Duration* timeout) {
-  // Relaxed: an observer is installed before the simulated operations it observes are issued.
-  if (WaitObserver* observer = installed_wait_observer.load(std::memory_order_relaxed)) {
+  if (WaitObserver* observer = installed_wait_observer) {
     observer->waiting(*this);
   }
   if (completed_.load()) {

@@ -113,18 +113,24 @@ class Work {
 
 using WorkPtr = std::shared_ptr<Work>;
 
-// Sees every wait() on a Work before it blocks: the simulation's clock (sim/timeline.h), for
-// which a wait is where a rank's compute stream meets an operation's completion. Process-wide;
-// installed only while a simulation runs. waiting() may be called from any thread that waits.
+// Sees the calling thread's simulated operations issued and every wait() on a Work before it
+// blocks: the simulation's clock (sim/timeline.h), for which a wait is where a rank's compute
+// stream meets an operation's completion. Installed per thread (one simulated rank per
+// thread), only while a simulation runs.
 class WaitObserver {
  public:
+  // A Work of a group whose operations run at issue (Backend::runs_at_issue), right after its
+  // operation ran on this thread, before anything waits for it.
+  virtual void issued(const Work&) {}
   virtual void waiting(const Work& work) = 0;
 
  protected:
   ~WaitObserver() = default;
 };
 
-// Installs `observer` (not owned; null: none) and returns the previous one.
+// Installs `observer` (not owned; null: none) for the calling thread and returns its previous
+// one; wait_observer() is the calling thread's.
 WaitObserver* set_wait_observer(WaitObserver* observer);
+WaitObserver* wait_observer();
 
 }  // namespace loom::comm

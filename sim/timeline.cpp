@@ -3,6 +3,9 @@
 #include <algorithm>
 #include <chrono>
 #include <cmath>
+#include <cstddef>
+
+#include "core/tags.h"
 
 namespace loom::sim {
 
@@ -14,13 +17,24 @@ double seconds_of(Clock::time_point t) {
   return std::chrono::duration<double>(t.time_since_epoch()).count();
 }
 
+// A received host tensor's values: the sent tensor's bytes.
+void deliver(const RankExchange::Message& message, const Tensor& into) {
+  if (message.bytes.size() != into.nbytes() || !into.is_contiguous()) {
+    tag::kLoomSim.fail("a simulated receive into ", into.str(), " got a message of ",
+                       message.bytes.size(), " bytes");
+  }
+  std::copy(message.bytes.begin(), message.bytes.end(), static_cast<std::byte*>(into.raw_data()));
+}
+
 }  // namespace
 
 Timeline::Timeline(const Cluster& cluster, int rank, int world_size, DType compute_dtype,
-                   strategies::Trace* trace)
-    : device_(cluster, std::min(world_size, cluster.devices_per_node), compute_dtype),
+                   strategies::Trace* trace, RankExchange* exchange)
+    : rank_(rank),
+      device_(cluster, std::min(world_size, cluster.devices_per_node), compute_dtype),
       network_(cluster, rank),
-      trace_(trace) {}
+      trace_(trace),
+      exchange_(exchange) {}
 
 void Timeline::record(const OpCost& cost) {
   const double seconds = device_.seconds(cost);
@@ -36,12 +50,45 @@ void Timeline::record(const OpCost& cost) {
   costs_.record(cost);
 }
 
+double Timeline::start_of(const comm::CommCost& cost, std::unique_lock<std::mutex>& lock) {
+  const double ready = std::max(totals_.now, stream_free_at_[cost.group]);
+  if (exchange_ == nullptr || cost.op == "send" || cost.op == "recv") return ready;
+  const int present = exchange_->present_among(cost.world_ranks.get(), cost.group_size);
+  if (present < 2) return ready;
+  const std::string key = cost.group + " " + cost.op + " #" + std::to_string(collectives_[cost.group]++);
+  lock.unlock();  // the others may be long in coming
+  const double start = exchange_->meet(key, ready, present);
+  lock.lock();
+  return start;
+}
+
 comm::SimInterval Timeline::record(const comm::CommCost& cost) {
   const CollectiveTime took = network_.time(cost);
-  comm_log_.record(cost);
-  std::lock_guard lock(mutex_);
+  comm::CommCost logged = cost;
+  logged.host_tensor = Tensor();  // (the log keeps no tensors)
+  comm_log_.record(logged);
+  std::unique_lock lock(mutex_);
+  const double start = start_of(cost, lock);
+  const bool p2p = cost.op == "send" || cost.op == "recv";
+  const int peer = !p2p                ? -1
+                   : cost.world_ranks ? (*cost.world_ranks)[static_cast<size_t>(cost.peer)]
+                                      : cost.peer;
+  if (exchange_ != nullptr && p2p && exchange_->is_present(peer)) {
+    if (cost.op == "recv") {  // the sender's stream carries it; done when it arrives
+      const RankExchange::Channel channel{cost.group, peer, rank_};
+      just_received_ = Receive{channel, exchange_->take_ticket(channel), start, cost.host_tensor};
+      ++totals_.operations;
+      return {start, start};
+    }
+    RankExchange::Message message;
+    message.arrival = start + took.seconds;
+    if (cost.host_tensor.defined()) {
+      const auto* bytes = static_cast<const std::byte*>(cost.host_tensor.contiguous().raw_data());
+      message.bytes.assign(bytes, bytes + cost.host_tensor.nbytes());
+    }
+    exchange_->post({cost.group, rank_, peer}, std::move(message));
+  }
   double& free_at = stream_free_at_[cost.group];
-  const double start = std::max(totals_.now, free_at);
   free_at = start + took.seconds;
   totals_.comm_busy += took.seconds;
   ++totals_.operations;
@@ -54,18 +101,39 @@ comm::SimInterval Timeline::record(const comm::CommCost& cost) {
   return {start, free_at};
 }
 
+void Timeline::issued(const comm::Work& work) {
+  std::lock_guard lock(mutex_);
+  if (just_received_) {
+    receives_[&work] = *just_received_;
+    just_received_.reset();
+  } else {
+    receives_.erase(&work);  // (a Work at the address of one never waited for)
+  }
+}
+
 void Timeline::waiting(const comm::Work& work) {
   const std::optional<Clock::time_point> done = work.completed_at();
   if (!done) return;  // (not a simulated operation: those complete at issue)
-  const double until = seconds_of(*done);
-  std::lock_guard lock(mutex_);
+  double until = seconds_of(*done);
+  bool bubble = false;
+  std::unique_lock lock(mutex_);
+  if (auto found = receives_.find(&work); found != receives_.end()) {
+    const Receive receive = found->second;
+    receives_.erase(found);
+    lock.unlock();  // the sender may not have sent it yet
+    const RankExchange::Message message = exchange_->message(receive.channel, receive.ticket);
+    if (receive.host_tensor.defined()) deliver(message, receive.host_tensor);
+    until = std::max(receive.ready, message.arrival);
+    lock.lock();
+    bubble = true;
+  }
   if (until <= totals_.now) return;
   if (trace_ != nullptr) {
     const int64_t from = microseconds(totals_.now);
-    trace_->complete("wait " + work.description(), "exposed communication", from,
-                     microseconds(until) - from);
+    trace_->complete("wait " + work.description(), bubble ? "bubble" : "exposed communication",
+                     from, microseconds(until) - from);
   }
-  totals_.exposed_comm += until - totals_.now;
+  (bubble ? totals_.bubble : totals_.exposed_comm) += until - totals_.now;
   totals_.now = until;
 }
 

@@ -8,6 +8,12 @@
 // compute stream to the operation's completion; the time it moves is exposed communication.
 // So the overlap a step gets is the one its strategy's code expresses.
 //
+// The ranks of a pipeline's stages are simulated together, one timeline each on its own thread,
+// meeting in a RankExchange (sim/rank_exchange.h): a send to another present rank arrives at
+// its start plus the network's time; the receive that takes it completes no earlier, and the
+// receiver's compute stream waits for it there (its bubble); a collective among several present
+// ranks starts when the last of them is ready.
+//
 //   sim::Timeline timeline(cluster, /*rank=*/0, world_size, DType::BF16);
 //   { sim::TimelineScope scope(timeline); ...run steps on meta with sim groups... }
 //   timeline.totals().now;   // seconds of simulated time
@@ -15,6 +21,7 @@
 #include <map>
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <string>
 
 #include "comm/sim/sim_backend.h"
@@ -22,6 +29,7 @@
 #include "sim/cluster.h"
 #include "sim/device_model.h"
 #include "sim/network_model.h"
+#include "sim/rank_exchange.h"
 #include "strategies/trace.h"
 #include "tensor/meta.h"
 
@@ -32,17 +40,20 @@ class Timeline final : public MetaCostSink, public comm::CommCostSink, public co
   // Rank `rank` of `world_size` ranks packed onto the cluster's nodes, computing in
   // `compute_dtype` (DeviceModel). With a `trace`, every op, operation and exposed wait is
   // recorded there in simulated microseconds.
+  // With an `exchange`, `rank` is one of its present ranks.
   Timeline(const Cluster& cluster, int rank, int world_size, DType compute_dtype,
-           strategies::Trace* trace = nullptr);
+           strategies::Trace* trace = nullptr, RankExchange* exchange = nullptr);
 
   void record(const OpCost& cost) override;                        // the compute stream
   comm::SimInterval record(const comm::CommCost& cost) override;   // the group's stream
+  void issued(const comm::Work& work) override;
   void waiting(const comm::Work& work) override;
 
   struct Totals {
     double now = 0;           // the compute stream's time
     double compute = 0;       // its busy time
-    double exposed_comm = 0;  // its time waiting for communication
+    double exposed_comm = 0;  // its time waiting for collectives
+    double bubble = 0;        // its time waiting for another present rank's messages
     double comm_busy = 0;     // the communication streams' busy time, summed
     int64_t ops = 0, operations = 0;
   };
@@ -54,19 +65,36 @@ class Timeline final : public MetaCostSink, public comm::CommCostSink, public co
   std::vector<comm::CommCost> comm_log() const { return comm_log_.costs(); }
 
  private:
+  // The start of an operation on `cost`'s group: when its stream is free and the compute
+  // stream has issued it, and with several present members, when the last of them is.
+  double start_of(const comm::CommCost& cost, std::unique_lock<std::mutex>& lock);
+
+  int rank_;
   DeviceModel device_;
   NetworkModel network_;
   strategies::Trace* trace_;
+  RankExchange* exchange_;
   strategies::CommLanes lanes_;
   mutable std::mutex mutex_;
   Totals totals_;
   MetaCostTotals costs_;
   comm::CommCostLog comm_log_;
   std::map<std::string, double, std::less<>> stream_free_at_;  // by group
+  std::map<std::string, int64_t, std::less<>> collectives_;    // issued per group (meetings)
+  // A receive from a present rank completes when its message arrives: the one just recorded
+  // (until issued() sees its Work), then by Work until waited for.
+  struct Receive {
+    RankExchange::Channel channel;
+    int64_t ticket = 0;
+    double ready = 0;
+    Tensor host_tensor;  // where its values go (CommCost::host_tensor)
+  };
+  std::optional<Receive> just_received_;
+  std::map<const comm::Work*, Receive> receives_;
 };
 
-// Installs a timeline as the calling thread's meta cost sink, the process's comm cost sink
-// and its wait observer until destroyed, then restores the previous ones.
+// Installs a timeline as the calling thread's meta cost sink, comm cost sink and wait
+// observer until destroyed, then restores the previous ones.
 class TimelineScope {
  public:
   explicit TimelineScope(Timeline& timeline);

@@ -74,52 +74,57 @@ std::vector<Trace::Event> Trace::events() const {
   return events_;
 }
 
-void Trace::write(const std::string& path, int rank) const {
-  std::vector<Event> events;
-  std::map<int, std::string> names;
-  {
-    std::lock_guard lock(mutex_);
-    events = events_;
-    names = thread_names_;
-  }
-  // Enclosing spans first at equal start times, so that viewers nest them.
-  std::stable_sort(events.begin(), events.end(), [](const Event& a, const Event& b) {
-    return a.ts != b.ts ? a.ts < b.ts : a.dur > b.dur;
-  });
+void Trace::write(const std::string& path, int rank) const { write_ranks(path, {{rank, this}}); }
+
+void Trace::write_ranks(const std::string& path,
+                        const std::vector<std::pair<int, const Trace*>>& ranks) {
   nlohmann::json list = nlohmann::json::array();
-  list.push_back({{"ph", "M"},
-                  {"name", "process_name"},
-                  {"pid", rank},
-                  {"tid", 0},
-                  {"args", {{"name", "rank " + std::to_string(rank)}}}});
-  for (const auto& [tid, name] : names) {
-    list.push_back({{"ph", "M"},
-                    {"name", "thread_name"},
-                    {"pid", rank},
-                    {"tid", tid},
-                    {"args", {{"name", name}}}});
-    list.push_back({{"ph", "M"},
-                    {"name", "thread_sort_index"},
-                    {"pid", rank},
-                    {"tid", tid},
-                    {"args", {{"sort_index", tid}}}});
-  }
-  for (const Event& e : events) {
-    nlohmann::json j = {{"ph", std::string(1, e.phase)},
-                        {"name", e.name},
-                        {"cat", e.category},
-                        {"pid", rank},
-                        {"tid", e.tid},
-                        {"ts", e.ts}};
-    if (e.phase == 'X') j["dur"] = e.dur;
-    if (e.phase == 'i') j["s"] = "t";
-    if (!e.args.empty()) {
-      nlohmann::json args = nlohmann::json::object();
-      for (const auto& [key, value] : e.args)
-        args[key] = value;
-      j["args"] = std::move(args);
+  for (const auto& [rank, trace] : ranks) {
+    std::vector<Event> events;
+    std::map<int, std::string> names;
+    {
+      std::lock_guard lock(trace->mutex_);
+      events = trace->events_;
+      names = trace->thread_names_;
     }
-    list.push_back(std::move(j));
+    // Enclosing spans first at equal start times, so that viewers nest them.
+    std::stable_sort(events.begin(), events.end(), [](const Event& a, const Event& b) {
+      return a.ts != b.ts ? a.ts < b.ts : a.dur > b.dur;
+    });
+    list.push_back({{"ph", "M"},
+                    {"name", "process_name"},
+                    {"pid", rank},
+                    {"tid", 0},
+                    {"args", {{"name", "rank " + std::to_string(rank)}}}});
+    for (const auto& [tid, name] : names) {
+      list.push_back({{"ph", "M"},
+                      {"name", "thread_name"},
+                      {"pid", rank},
+                      {"tid", tid},
+                      {"args", {{"name", name}}}});
+      list.push_back({{"ph", "M"},
+                      {"name", "thread_sort_index"},
+                      {"pid", rank},
+                      {"tid", tid},
+                      {"args", {{"sort_index", tid}}}});
+    }
+    for (const Event& e : events) {
+      nlohmann::json j = {{"ph", std::string(1, e.phase)},
+                          {"name", e.name},
+                          {"cat", e.category},
+                          {"pid", rank},
+                          {"tid", e.tid},
+                          {"ts", e.ts}};
+      if (e.phase == 'X') j["dur"] = e.dur;
+      if (e.phase == 'i') j["s"] = "t";
+      if (!e.args.empty()) {
+        nlohmann::json args = nlohmann::json::object();
+        for (const auto& [key, value] : e.args)
+          args[key] = value;
+        j["args"] = std::move(args);
+      }
+      list.push_back(std::move(j));
+    }
   }
   nlohmann::json doc = {{"traceEvents", std::move(list)}, {"displayTimeUnit", "ms"}};
   write_file_atomically(path, doc.dump() + "\n", tag::kTrace);

@@ -63,6 +63,10 @@ class Trace {
   // metadata ("M") events first. Atomic: a temporary file next to `path`, then rename.
   // Throws loom::Error when the file cannot be written.
   void write(const std::string& path, int rank) const;
+  // The same for several ranks' traces in one file (a process each, pid = rank; a simulated
+  // pipeline's stages).
+  static void write_ranks(const std::string& path,
+                          const std::vector<std::pair<int, const Trace*>>& ranks);
 
   // Records [construction, destruction) as a complete event; a null trace records nothing.
   class Span {

@@ -178,6 +178,9 @@ MetaAllocator& default_meta_allocator() {
   return meta;
 }
 
+// MetaAllocatorScope's, on this thread (null: none).
+thread_local Allocator* thread_meta_allocator = nullptr;
+
 // User overrides per device type; the CPU and meta entries start as the built-in allocators.
 Allocator*& registered(DeviceType type) {
   static Allocator* table[] = {&default_cpu_allocator(), nullptr, &default_meta_allocator()};
@@ -186,7 +189,14 @@ Allocator*& registered(DeviceType type) {
 
 }  // namespace
 
+MetaAllocatorScope::MetaAllocatorScope()
+    : allocator_(std::make_unique<MetaAllocator>()),
+      previous_(std::exchange(thread_meta_allocator, allocator_.get())) {}
+
+MetaAllocatorScope::~MetaAllocatorScope() { thread_meta_allocator = previous_; }
+
 Allocator& allocator_for(Device device) {
+  if (device.is_meta() && thread_meta_allocator != nullptr) return *thread_meta_allocator;
   if (Allocator* allocator = registered(device.type)) return *allocator;
   if (device.is_cuda()) return builtin_cuda_allocator(device.index);
   tag::kTensor.fail("no allocator for ", device);  // the CPU's is always registered

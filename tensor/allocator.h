@@ -8,6 +8,7 @@
 #include <atomic>
 #include <cstddef>
 #include <functional>
+#include <memory>
 
 #include "tensor/device.h"
 
@@ -75,6 +76,24 @@ class Allocator {
   std::array<std::atomic<size_t>, kMemoryKindCount> kind_peak_{};
   std::atomic<size_t> device_current_{0};
   std::atomic<size_t> device_peak_{0};
+};
+
+// Gives the calling thread a meta allocator of its own until destroyed: allocator_for(meta)
+// returns it on this thread, so that each simulated rank of a process (a pipeline's stages, one
+// per thread: docs/simulation.md) counts its own memory. A Storage keeps the allocator it came
+// from, so memory freed on another thread is returned where it was counted; the scope must
+// outlive the tensors made under it.
+class MetaAllocatorScope {
+ public:
+  MetaAllocatorScope();
+  ~MetaAllocatorScope();
+  MetaAllocatorScope(const MetaAllocatorScope&) = delete;
+  MetaAllocatorScope& operator=(const MetaAllocatorScope&) = delete;
+  Allocator& allocator() { return *allocator_; }
+
+ private:
+  std::unique_ptr<Allocator> allocator_;
+  Allocator* previous_;
 };
 
 // The allocator for `device`: the one registered for its type, else the built-in one; throws

@@ -1,17 +1,18 @@
 #include "comm/sim/sim_backend.h"
 
-#include <atomic>
+#include <string_view>
+#include <utility>
 
 #include "core/tags.h"
 
 namespace loom::comm {
 
 namespace {
-std::atomic<CommCostSink*> installed_sink{nullptr};
+thread_local CommCostSink* installed_sink = nullptr;
 }  // namespace
 
 CommCostSink* set_comm_cost_sink(CommCostSink* sink) {
-  return installed_sink.exchange(sink);
+  return std::exchange(installed_sink, sink);
 }
 
 SimInterval CommCostLog::record(const CommCost& cost) {
@@ -37,14 +38,17 @@ SimBackend::SimBackend(const BackendContext& context)
 }
 
 void SimBackend::report(const char* op, const Tensor& tensor, int peer) {
-  CommCostSink* sink = installed_sink.load();
+  CommCostSink* sink = installed_sink;
+  const bool p2p = std::string_view(op) == "send" || std::string_view(op) == "recv";
+  const Tensor host_tensor = p2p && tensor.device().is_cpu() ? tensor : Tensor();
   const SimInterval when = sink == nullptr ? SimInterval{}
                                            : sink->record({.op = op,
                                                            .group = group_,
                                                            .group_size = size_,
                                                            .bytes = static_cast<int64_t>(tensor.nbytes()),
                                                            .peer = peer,
-                                                           .world_ranks = world_ranks_});
+                                                           .world_ranks = world_ranks_,
+                                                           .host_tensor = host_tensor});
   const auto at = [](double seconds) {
     return Clock::time_point(
         std::chrono::duration_cast<Clock::duration>(std::chrono::duration<double>(seconds)));

@@ -7,7 +7,8 @@
 // parallel, ZeRO, FSDP, tensor parallelism), one process on this backend runs what every rank
 // of a job of that size runs: its memory and its operations (docs/simulation.md). Groups split
 // by assignment (ProcessGroup::split_by), not by color (an error naming the backend), and
-// reductions read nothing: results are meta.
+// reductions read nothing: results are meta. Host (CPU) tensors are accepted too: sent and
+// received between ranks simulated together, their values pass (a pipeline's headers).
 
 #include <mutex>
 #include <string>
@@ -27,6 +28,9 @@ struct CommCost {
   // The members' ranks in the world group, in group rank order (null: the group is ranks
   // 0..group_size-1 of the world); `peer` is a group rank.
   std::shared_ptr<const std::vector<int>> world_ranks;
+  // send and recv of a host (CPU) tensor: the tensor, whose values the ranks simulated
+  // together in one process pass on (sim/rank_exchange.h); undefined otherwise.
+  Tensor host_tensor;
 };
 
 // When a simulated operation ran: seconds of simulated time since the simulation's start.
@@ -35,18 +39,19 @@ struct SimInterval {
   double end = 0;
 };
 
-// Receives the costs of every sim group's operations, on the threads that issue them (a sim
+// Receives the costs of every sim group's operations, on the thread that issues them (a sim
 // group runs its operations at issue: Backend::runs_at_issue), in issue order per group, and
 // says when each ran (a network model's clock, sim/timeline.h; a sink without one returns an
-// empty interval at 0). record() must be thread-safe.
+// empty interval at 0).
 class CommCostSink {
  public:
   virtual ~CommCostSink() = default;
   virtual SimInterval record(const CommCost& cost) = 0;
 };
 
-// Installs `sink` (not owned; null: none) for every sim group of this process; returns the
-// previous one.
+// Installs `sink` (not owned; null: none) for the sim groups' operations that the calling
+// thread issues (one simulated rank per thread: a pipeline's stages, docs/simulation.md);
+// returns the thread's previous one.
 CommCostSink* set_comm_cost_sink(CommCostSink* sink);
 
 // A sink that keeps every cost, in the order the operations ran.

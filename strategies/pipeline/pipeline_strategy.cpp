@@ -63,10 +63,13 @@ void PipelineStrategy::make_links() {
   std::shared_ptr<comm::ProcessGroup> link[2][2];  // [activations/gradients][parity]
   for (int kind = 0; kind < 2; ++kind) {
     for (int parity = 0; parity < 2; ++parity) {
-      // Link l joins stages l and l + 1; this split holds the links of one parity.
-      const int l = (s - parity) % 2 == 0 ? s : s - 1;  // the link of this parity s is in
-      const bool member = l >= 0 && l + 1 < p && (l % 2) == parity;
-      link[kind][parity] = pp->split(member ? l : -1, s);
+      // Link l joins stages l and l + 1; this split holds the links of one parity. Every
+      // stage's (color, key) is known, so a simulated group splits too (split_by).
+      link[kind][parity] = pp->split_by([p, parity](int stage) {
+        const int l = (stage - parity) % 2 == 0 ? stage : stage - 1;  // its link of this parity
+        const bool member = l >= 0 && l + 1 < p && (l % 2) == parity;
+        return std::pair{member ? l : -1, stage};
+      });
     }
   }
   if (s + 1 < p) {
@@ -78,10 +81,11 @@ void PipelineStrategy::make_links() {
     links_.gradients_to_prev = {link[1][(s - 1) % 2], 0};
   }
   if (schedule_->chunks_per_stage() > 1 && p > 1) {
-    const bool member = s == 0 || s == p - 1;
-    const int key = s == p - 1 ? 0 : 1;
-    links_.activations_wrap = {pp->split(member ? 0 : -1, key), s == p - 1 ? 1 : 0};
-    links_.gradients_wrap = {pp->split(member ? 0 : -1, key), s == p - 1 ? 1 : 0};
+    const auto wrap = [p](int stage) {  // the last stage, then the first
+      return std::pair{stage == 0 || stage == p - 1 ? 0 : -1, stage == p - 1 ? 0 : 1};
+    };
+    links_.activations_wrap = {pp->split_by(wrap), s == p - 1 ? 1 : 0};
+    links_.gradients_wrap = {pp->split_by(wrap), s == p - 1 ? 1 : 0};
   }
 }
 
@@ -146,8 +150,10 @@ void PipelineStrategy::setup_module(nn::Module& module) {
     if (!stages_of_.count(name)) tag::kPipeline.fail("parameter ", name, " belongs to no layer");
   }
   // The first and the last stage of each replica sum the tied gradients.
-  const bool in_tie = !tied_.empty() && (stage_ == 0 || stage_ == p - 1);
-  tie_group_ = mesh_->group("pp")->split(in_tie ? 0 : -1, stage_);
+  const bool tied = !tied_.empty();
+  tie_group_ = mesh_->group("pp")->split_by([tied, p](int stage) {
+    return std::pair{tied && (stage == 0 || stage == p - 1) ? 0 : -1, stage};
+  });
   // Free what this stage does not use; the rest starts equal on every rank (checked above).
   for (auto& [name, param] : params_) {
     if (!holds(name)) param.storage()->release();

@@ -125,7 +125,8 @@ void StageRunner::post_receives(Stream& stream, bool activations) {
   for (const Key& key : stream.order) {
     const auto& [shape, dtype] =
         activations ? std::pair{*stream.shape, stream.dtype} : output_shapes_.at(key.first);
-    stream.buffers.push_back(Tensor::empty(shape, dtype));
+    // Where the link's group moves tensors (the meta device for a simulated one).
+    stream.buffers.push_back(Tensor::empty(shape, dtype, stream.link.group->device()));
     stream.receives.push_back(stream.link.group->recv(stream.buffers.back(), stream.link.peer));
   }
 }

@@ -177,8 +177,12 @@ TEST(SimDeviceModel, HostOpsShareTheNodesHostAndCpuClustersUseTheirDevice) {
 }
 
 comm::CommCost collective(const std::string& op, int n, double bytes) {
-  return {.op = op, .group = "g", .group_size = n, .bytes = static_cast<int64_t>(bytes), .peer = -1,
-          .world_ranks = nullptr};
+  comm::CommCost cost;
+  cost.op = op;
+  cost.group = "g";
+  cost.group_size = n;
+  cost.bytes = static_cast<int64_t>(bytes);
+  return cost;
 }
 
 TEST(SimNetworkModel, RingCollectivesWithinANode) {

@@ -194,11 +194,12 @@ TEST(Simulation, TheOffloadedOptimizerTakesSimulatedTime) {
   o.batch = 2;
   nn::ModelSpec spec;
   spec.gpt = o.model;
-  Trace trace;
-  train_gpt::simulate_rank(spec, o, *strategy, "deepspeed_stage_2_offload", {}, 64,
-                           sim::load_cluster("dgx-h100"), &trace);
+  const train_gpt::SimulatedRank rank = train_gpt::simulate_rank(
+      spec, o, *strategy, "deepspeed_stage_2_offload", {}, 64, sim::load_cluster("dgx-h100"),
+      /*record_trace=*/true);
+  ASSERT_EQ(rank.traces.size(), 1u);
   int host_adamw = 0;
-  for (const Trace::Event& e : trace.events())
+  for (const Trace::Event& e : rank.traces[0].second->events())
     host_adamw += e.name == "adamw" ? 1 : 0;
   EXPECT_EQ(host_adamw, 2);  // one flat shard, two steps
 }
@@ -208,40 +209,53 @@ TEST(Simulation, TheOffloadedOptimizerTakesSimulatedTime) {
 TEST(Simulation, TheSweepRanksWhatFitsAndSaysWhyTheRestWasRejected) {
   train_gpt::TrainOptions o;
   o.model = model_config();
+  o.model.layers = 4;  // pipelines of 2 and 4 stages
   o.batch = 2;  // micro-batches 1 x 2 and 2 x 1
   const sim::Cluster cluster = sim::load_cluster("this-machine");
   const train_gpt::Sweep all = train_gpt::sweep(o, {}, 8, cluster, 1e15);
-  // ddp, ZeRO 1-3, FSDP full and hybrid, and tensor parallelism of each power of two dividing
-  // the heads, the vocabulary and the world; x 2 micro-batch sizes x checkpointing off and on.
-  // Rejected: pipelines.
-  size_t families = 6;
+  // ddp, ZeRO 1-3, FSDP full and hybrid, tensor parallelism of each power of two dividing
+  // the heads, the vocabulary and the world, and pipelines of 2 and 4 stages, each also with
+  // every such tp that fits the world; x 2 micro-batch sizes x checkpointing off and on.
+  std::vector<int> tps;
   for (int tp = 2; tp <= 8; tp *= 2) {
-    if (o.model.heads % tp == 0 && o.model.vocab_size % tp == 0) ++families;
+    if (o.model.heads % tp == 0 && o.model.vocab_size % tp == 0) tps.push_back(tp);
   }
-  ASSERT_GT(families, 6u);
+  ASSERT_FALSE(tps.empty());
+  size_t families = 6 + tps.size();
+  for (int pp : {2, 4}) {
+    ++families;
+    for (int tp : tps) families += 8 % (pp * tp) == 0 ? 1 : 0;
+  }
   ASSERT_EQ(all.ranked.size(), families * 2 * 2);
-  ASSERT_EQ(all.rejected.size(), 1u);
+  ASSERT_EQ(all.rejected.size(), 0u);
+  int pipelines = 0;
   int64_t smallest_ddp = std::numeric_limits<int64_t>::max();
   for (size_t i = 0; i < all.ranked.size(); ++i) {
     const train_gpt::SweepResult& r = all.ranked[i];
     if (i > 0) {
       EXPECT_GE(all.ranked[i - 1].tokens_per_s, r.tokens_per_s);
     }
-    // 8 / tp data-parallel replicas of 2 sequences each per step.
-    EXPECT_NEAR(r.tokens_per_s, 8.0 / r.candidate.tp * 2 * o.model.context / r.rank.step_s,
+    // 8 / (pp x tp) data-parallel replicas of 2 sequences each per step.
+    EXPECT_NEAR(r.tokens_per_s,
+                8.0 / (r.candidate.pp * r.candidate.tp) * 2 * o.model.context / r.rank.step_s,
                 1e-6 * r.tokens_per_s);
+    if (r.candidate.pp > 1) {
+      ++pipelines;
+      EXPECT_EQ(r.rank.stages.size(), static_cast<size_t>(r.candidate.pp));
+    }
     if (r.candidate.strategy == "ddp") smallest_ddp = std::min(smallest_ddp, r.rank.peak_bytes);
   }
+  EXPECT_GT(pipelines, 0);
   // Below every ddp configuration's peak: ddp is rejected for memory, the sharded ones are not
   // all (ZeRO-3 and FSDP shard the model states ddp replicates).
   const double limit = static_cast<double>(smallest_ddp - 1);
   const train_gpt::Sweep fitted = train_gpt::sweep(o, {}, 8, cluster, limit);
-  EXPECT_EQ(fitted.ranked.size() + fitted.rejected.size(), families * 2 * 2 + 1);
+  EXPECT_EQ(fitted.ranked.size() + fitted.rejected.size(), families * 2 * 2);
   int over = 0;
   for (const train_gpt::SweepRejection& r : fitted.rejected) {
     if (r.why.find("over the limit") != std::string::npos) ++over;
   }
-  EXPECT_EQ(over + 1, static_cast<int>(fitted.rejected.size()));
+  EXPECT_EQ(over, static_cast<int>(fitted.rejected.size()));
   bool sharded_fits = false;
   for (const train_gpt::SweepResult& r : fitted.ranked) {
     EXPECT_NE(r.candidate.strategy, "ddp");

@@ -577,8 +577,22 @@ void print_simulation(const SimulatedRank& r, const std::string& strategy, bool 
     std::printf("%s\n", simulated_rank_json(r).c_str());
     return;
   }
-  std::printf("loom-sim: rank 0 of %d simulated ranks under %s, %lld parameters\n", r.world_size,
-              strategy.c_str(), static_cast<long long>(r.parameters));
+  if (r.stages.empty()) {
+    std::printf("loom-sim: rank 0 of %d simulated ranks under %s, %lld parameters\n",
+                r.world_size, strategy.c_str(), static_cast<long long>(r.parameters));
+  } else {
+    std::printf("loom-sim: the first rank of each of %zu stages of %d simulated ranks under %s, "
+                "%lld parameters\n",
+                r.stages.size(), r.world_size, strategy.c_str(),
+                static_cast<long long>(r.parameters));
+    std::printf("stage  world rank   step ms  compute ms  exposed comm ms  bubble ms    peak MiB\n");
+    for (const SimulatedRank& s : r.stages) {
+      std::printf("%5d  %10d  %8.3f  %10.3f  %15.3f  %9.3f  %10.2f\n", s.stage, s.rank,
+                  s.step_s * 1e3, s.compute_s * 1e3, s.exposed_comm_s * 1e3, s.bubble_s * 1e3,
+                  static_cast<double>(s.peak_bytes) / (1 << 20));
+    }
+    std::printf("the job (per rank: the largest peak of each kind, the slowest stage's step):\n");
+  }
   std::printf("peak memory per rank: %.2f MiB on the device\n",
               static_cast<double>(r.peak_bytes) / (1 << 20));
   for (size_t k = 0; k < kMemoryKindCount; ++k) {
@@ -590,10 +604,10 @@ void print_simulation(const SimulatedRank& r, const std::string& strategy, bool 
               r.compute.flops, r.compute.bytes_read + r.compute.bytes_written);
   for (const auto& [op, bytes] : r.comm_bytes())
     std::printf("  %-16s %12.2f MiB\n", op.c_str(), static_cast<double>(bytes) / (1 << 20));
-  std::printf("step time on %s: %.3f ms (compute %.3f ms, exposed communication %.3f ms; "
-              "communication streams busy %.3f ms)\n",
+  std::printf("step time on %s: %.3f ms (compute %.3f ms, exposed communication %.3f ms, "
+              "pipeline bubble %.3f ms; communication streams busy %.3f ms)\n",
               r.cluster.c_str(), r.step_s * 1e3, r.compute_s * 1e3, r.exposed_comm_s * 1e3,
-              r.comm_busy_s * 1e3);
+              r.bubble_s * 1e3, r.comm_busy_s * 1e3);
   std::printf("model FLOPs %.4g per step per rank: %.2f TFLOP/s per rank, MFU %.1f%%\n",
               r.model_flops, r.step_s > 0 ? r.model_flops / r.step_s / 1e12 : 0.0, 100 * r.mfu);
 }
@@ -648,13 +662,15 @@ int run(int argc, char** argv) {
                   cli.sim_json ? "\n" : "");
       return 0;
     }
-    std::optional<strategies::Trace> trace;
-    if (!cli.trace_path.empty()) trace.emplace();
-    print_simulation(simulate_rank(model_spec(cli.train), cli.train, *plan.strategy, cli.strategy,
-                                   cli.config, world, cluster, trace ? &*trace : nullptr),
-                     cli.strategy, cli.sim_json);
-    if (trace) {
-      trace->write(cli.trace_path, 0);
+    const SimulatedRank simulated =
+        simulate_rank(model_spec(cli.train), cli.train, *plan.strategy, cli.strategy, cli.config,
+                      world, cluster, /*record_trace=*/!cli.trace_path.empty());
+    print_simulation(simulated, cli.strategy, cli.sim_json);
+    if (!cli.trace_path.empty()) {
+      std::vector<std::pair<int, const strategies::Trace*>> ranks;
+      for (const auto& [rank, trace] : simulated.traces)
+        ranks.emplace_back(rank, trace.get());
+      strategies::Trace::write_ranks(cli.trace_path, ranks);
       if (!cli.sim_json) {
         std::printf("loom-sim: the simulated timeline (both steps) is in %s\n",
                     cli.trace_path.c_str());

@@ -1,9 +1,15 @@
 #include "tools/train_gpt/simulation.h"
 
+#include <algorithm>
+#include <exception>
+#include <mutex>
+#include <thread>
+
 #include <nlohmann/json.hpp>
 
 #include "comm/store/in_process_store.h"
 #include "core/tags.h"
+#include "sim/rank_exchange.h"
 #include "sim/timeline.h"
 #include "strategies/devices.h"
 #include "strategies/plugins.h"
@@ -13,34 +19,40 @@ namespace loom::train_gpt {
 
 namespace {
 
-void check_symmetric(const std::string& name, int world_size) {
-  using strategies::StrategyKind;
+using strategies::StrategyKind;
+
+void check_simulated(const std::string& name, const strategies::StrategyConfig& config,
+                     int world_size) {
   const StrategyKind kind = strategies::StrategyRegistry::entry(name).kind;
-  if (kind == StrategyKind::Pipeline) {
-    tag::kLoomSim.fail("--strategy ", name,
-                       " is not simulated yet: a pipeline's stages do different work, and the "
-                       "simulator runs one rank (docs/simulation.md); simulate single_device, "
-                       "the ddp and sharded names (hybrid sharding included) or model_parallel");
-  }
   if (kind == StrategyKind::SingleDevice && world_size != 1) {
     tag::kLoomSim.fail("--strategy ", name, " runs on 1 rank, not --world-size ", world_size);
   }
+  if (kind != StrategyKind::Pipeline) return;
+  const int ranks = config.pipeline.stages * config.tensor_parallel.size;
+  if (ranks < 1 || world_size % ranks != 0) {
+    tag::kLoomSim.fail("--world-size ", world_size, " is not a multiple of --pp x --tp = ", ranks);
+  }
+  if (config.pipeline.balance.empty() && config.pipeline.balance_by == "time") {
+    tag::kLoomSim.fail("--pp-balance-by time is not simulated (it times each layer's forward "
+                       "on the device); use --pp-balance-by parameters or --pp-balance");
+  }
 }
 
-}  // namespace
-
-SimulatedRank simulate_rank(const nn::ModelSpec& spec, const TrainOptions& options,
-                            strategies::Strategy& strategy, const std::string& strategy_name,
-                            const strategies::StrategyConfig& config, int world_size,
-                            const sim::Cluster& cluster, strategies::Trace* trace) {
-  if (world_size < 1) tag::kLoomSim.fail("--world-size must be at least 1, got ", world_size);
-  check_symmetric(strategy_name, world_size);
+// Rank `rank` of `world_size` simulated ranks, on the calling thread (see simulate_rank); with
+// an `exchange`, one of the ranks simulated together in this process.
+SimulatedRank run_rank(const nn::ModelSpec& spec, const TrainOptions& options,
+                       strategies::Strategy& strategy, const strategies::StrategyConfig& config,
+                       int rank, int world_size, const sim::Cluster& cluster,
+                       bool record_trace, sim::RankExchange* exchange) {
   const Device meta = Device::meta();
   const DType compute_dtype = sim::compute_dtype(config.precision);
-  sim::Timeline timeline(cluster, /*rank=*/0, world_size, compute_dtype, trace);
   SimulatedRank out;
   out.world_size = world_size;
+  out.rank = rank;
   out.cluster = cluster.name;
+  if (record_trace) out.traces.emplace_back(rank, std::make_shared<strategies::Trace>());
+  sim::Timeline timeline(cluster, rank, world_size, compute_dtype,
+                         record_trace ? out.traces.back().second.get() : nullptr, exchange);
   {
     sim::TimelineScope scope(timeline);
     // The rank's host work (the offloaded optimizer, on real host tensors) takes simulated time
@@ -49,7 +61,7 @@ SimulatedRank simulate_rank(const nn::ModelSpec& spec, const TrainOptions& optio
     strategy.set_accelerator(std::make_shared<strategies::MetaAccelerator>());
     if (auto* parallel = dynamic_cast<strategies::ParallelStrategy*>(&strategy)) {
       parallel->set_process_group(std::make_shared<comm::ProcessGroup>(
-          0, world_size, std::make_shared<comm::InProcessStore>(),
+          rank, world_size, std::make_shared<comm::InProcessStore>(),
           comm::GroupOptions{.backend = "sim", .device = meta}, "simulated"));
       // The job's nodes: --devices ranks each (HYBRID_SHARD shards within one).
       const int per_node = std::min(
@@ -60,8 +72,11 @@ SimulatedRank simulate_rank(const nn::ModelSpec& spec, const TrainOptions& optio
       }
       comm::ClusterEnv job;
       job.source = "simulated";
+      job.rank = rank;
       job.world_size = world_size;
+      job.local_rank = rank % per_node;
       job.local_world_size = per_node;
+      job.node_rank = rank / per_node;
       parallel->set_cluster_environment(job);
     }
     strategy.setup_environment();
@@ -114,6 +129,7 @@ SimulatedRank simulate_rank(const nn::ModelSpec& spec, const TrainOptions& optio
     out.step_s = last.time.now - first.time.now;
     out.compute_s = last.time.compute - first.time.compute;
     out.exposed_comm_s = last.time.exposed_comm - first.time.exposed_comm;
+    out.bubble_s = last.time.bubble - first.time.bubble;
     out.comm_busy_s = last.time.comm_busy - first.time.comm_busy;
     out.model_flops = last.model_flops - first.model_flops;
     const double peak = timeline.device().peak_flops(compute_dtype);
@@ -130,6 +146,81 @@ SimulatedRank simulate_rank(const nn::ModelSpec& spec, const TrainOptions& optio
   return out;
 }
 
+// A pipeline: rank (dp 0, stage s, tp 0) of every stage, each on its own thread with its own
+// strategy (made from `config`), meta allocator, timeline and trace, meeting in one exchange
+// (sim/rank_exchange.h). The job's figures are those of its stages (SimulatedRank::stages).
+SimulatedRank simulate_pipeline(const nn::ModelSpec& spec, const TrainOptions& options,
+                                const std::string& strategy_name,
+                                const strategies::StrategyConfig& config, int world_size,
+                                const sim::Cluster& cluster, bool record_trace) {
+  const int p = config.pipeline.stages, tp = config.tensor_parallel.size;
+  std::vector<int> present;
+  for (int s = 0; s < p; ++s) present.push_back(s * tp);  // the mesh is dp x pp x tp
+  sim::RankExchange exchange(present);
+  std::vector<SimulatedRank> stages(static_cast<size_t>(p));
+  std::mutex failed;
+  std::exception_ptr first_error;
+  std::vector<std::thread> threads;
+  for (int s = 0; s < p; ++s) {
+    threads.emplace_back([&, s] {
+      const auto i = static_cast<size_t>(s);
+      try {
+        MetaAllocatorScope memory;  // this stage's memory, apart from the others'
+        const std::unique_ptr<strategies::Strategy> strategy =
+            strategies::StrategyRegistry::create(strategy_name, config);
+        stages[i] = run_rank(spec, options, *strategy, config, present[i], world_size, cluster,
+                             record_trace, &exchange);
+        stages[i].stage = s;
+      } catch (const std::exception& e) {
+        {
+          std::lock_guard lock(failed);
+          if (!first_error) first_error = std::current_exception();
+        }
+        exchange.abort("stage " + std::to_string(s) + " failed: " + e.what());
+      }
+    });
+  }
+  for (std::thread& t : threads)
+    t.join();
+  if (first_error) std::rethrow_exception(first_error);
+  // The job: the slowest stage's time and traffic, each kind's largest peak, and MFU over
+  // every stage's model FLOPs.
+  const auto slowest = std::max_element(stages.begin(), stages.end(),
+                                        [](const SimulatedRank& a, const SimulatedRank& b) {
+                                          return a.step_s < b.step_s;
+                                        });
+  SimulatedRank job = *slowest;
+  double flops = 0, peak_flops_rate = 0;
+  job.traces.clear();
+  for (const SimulatedRank& stage : stages) {
+    job.traces.insert(job.traces.end(), stage.traces.begin(), stage.traces.end());
+    for (size_t k = 0; k < kMemoryKindCount; ++k)
+      job.peak_bytes_by_kind[k] = std::max(job.peak_bytes_by_kind[k], stage.peak_bytes_by_kind[k]);
+    job.peak_bytes = std::max(job.peak_bytes, stage.peak_bytes);
+    flops += stage.model_flops;
+    if (stage.mfu > 0) peak_flops_rate = stage.model_flops / stage.step_s / stage.mfu;
+  }
+  job.model_flops = flops / p;
+  job.mfu = job.step_s > 0 && peak_flops_rate > 0 ? job.model_flops / job.step_s / peak_flops_rate : 0;
+  job.stages = std::move(stages);
+  return job;
+}
+
+}  // namespace
+
+SimulatedRank simulate_rank(const nn::ModelSpec& spec, const TrainOptions& options,
+                            strategies::Strategy& strategy, const std::string& strategy_name,
+                            const strategies::StrategyConfig& config, int world_size,
+                            const sim::Cluster& cluster, bool record_trace) {
+  if (world_size < 1) tag::kLoomSim.fail("--world-size must be at least 1, got ", world_size);
+  check_simulated(strategy_name, config, world_size);
+  if (strategies::StrategyRegistry::entry(strategy_name).kind == StrategyKind::Pipeline)
+    return simulate_pipeline(spec, options, strategy_name, config, world_size, cluster,
+                             record_trace);
+  return run_rank(spec, options, strategy, config, /*rank=*/0, world_size, cluster, record_trace,
+                  /*exchange=*/nullptr);
+}
+
 std::map<std::string, int64_t> SimulatedRank::comm_bytes() const {
   std::map<std::string, int64_t> bytes;
   for (const comm::CommCost& c : comm)
@@ -137,25 +228,43 @@ std::map<std::string, int64_t> SimulatedRank::comm_bytes() const {
   return bytes;
 }
 
-std::string simulated_rank_json(const SimulatedRank& rank) {
+namespace {
+
+nlohmann::json json_of(const SimulatedRank& rank) {
   nlohmann::json kinds = nlohmann::json::object();
   for (size_t k = 0; k < kMemoryKindCount; ++k)
     kinds[memory_kind_name(static_cast<MemoryKind>(k))] = rank.peak_bytes_by_kind[k];
-  return nlohmann::json{{"world_size", rank.world_size},
-                        {"cluster", rank.cluster},
-                        {"parameters", rank.parameters},
-                        {"peak_bytes", rank.peak_bytes},
-                        {"peak_bytes_by_kind", kinds},
-                        {"flops_per_step", rank.compute.flops},
-                        {"bytes_per_step", rank.compute.bytes_read + rank.compute.bytes_written},
-                        {"comm_bytes_per_step", rank.comm_bytes()},
-                        {"ms_per_step", rank.step_s * 1e3},
-                        {"compute_ms", rank.compute_s * 1e3},
-                        {"exposed_comm_ms", rank.exposed_comm_s * 1e3},
-                        {"comm_busy_ms", rank.comm_busy_s * 1e3},
-                        {"tflops_per_rank", rank.step_s > 0 ? rank.model_flops / rank.step_s / 1e12 : 0},
-                        {"mfu", rank.mfu}}
-      .dump();
+  nlohmann::json out = {
+      {"world_size", rank.world_size},
+      {"cluster", rank.cluster},
+      {"parameters", rank.parameters},
+      {"peak_bytes", rank.peak_bytes},
+      {"peak_bytes_by_kind", kinds},
+      {"flops_per_step", rank.compute.flops},
+      {"bytes_per_step", rank.compute.bytes_read + rank.compute.bytes_written},
+      {"comm_bytes_per_step", rank.comm_bytes()},
+      {"ms_per_step", rank.step_s * 1e3},
+      {"compute_ms", rank.compute_s * 1e3},
+      {"exposed_comm_ms", rank.exposed_comm_s * 1e3},
+      {"bubble_ms", rank.bubble_s * 1e3},
+      {"comm_busy_ms", rank.comm_busy_s * 1e3},
+      {"tflops_per_rank", rank.step_s > 0 ? rank.model_flops / rank.step_s / 1e12 : 0},
+      {"mfu", rank.mfu}};
+  if (!rank.stages.empty()) {
+    nlohmann::json stages = nlohmann::json::array();
+    for (const SimulatedRank& stage : rank.stages) {
+      nlohmann::json one = json_of(stage);
+      one["stage"] = stage.stage;
+      one["rank"] = stage.rank;
+      stages.push_back(std::move(one));
+    }
+    out["stages"] = std::move(stages);
+  }
+  return out;
 }
+
+}  // namespace
+
+std::string simulated_rank_json(const SimulatedRank& rank) { return json_of(rank).dump(); }
 
 }  // namespace loom::train_gpt

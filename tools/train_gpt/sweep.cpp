@@ -10,7 +10,8 @@
 namespace loom::train_gpt {
 
 std::string SweepCandidate::str() const {
-  return strategy + (tp > 1 ? " tp " + std::to_string(tp) : "") +
+  return strategy + (pp > 1 ? " pp " + std::to_string(pp) : "") +
+         (tp > 1 ? " tp " + std::to_string(tp) : "") +
          (hybrid_shard ? " HYBRID_SHARD" : "") + ", micro-batch " + std::to_string(micro_batch) +
          " x " + std::to_string(grad_accum) + (checkpointing ? ", checkpointing" : "");
 }
@@ -24,9 +25,18 @@ std::vector<SweepCandidate> families(const TrainOptions& o, int world_size) {
   for (const char* s : {"ddp", "deepspeed_stage_1", "deepspeed_stage_2", "deepspeed_stage_3", "fsdp"})
     out.push_back({.strategy = s});
   out.push_back({.strategy = "fsdp", .hybrid_shard = true});
+  std::vector<int> tps;  // the tensor-parallel sizes the model and the world allow
   for (int tp = 2; tp <= world_size; tp *= 2) {
     if (world_size % tp == 0 && o.model.heads % tp == 0 && o.model.vocab_size % tp == 0)
-      out.push_back({.strategy = "model_parallel", .tp = tp});
+      tps.push_back(tp);
+  }
+  for (int tp : tps) out.push_back({.strategy = "model_parallel", .tp = tp});
+  for (int pp = 2; pp <= world_size && pp <= o.model.layers; pp *= 2) {
+    if (world_size % pp != 0 || o.model.layers % pp != 0) continue;
+    out.push_back({.strategy = "pipeline", .pp = pp});
+    for (int tp : tps) {
+      if (world_size % (pp * tp) == 0) out.push_back({.strategy = "pipeline", .tp = tp, .pp = pp});
+    }
   }
   return out;
 }
@@ -44,9 +54,6 @@ Sweep sweep(const TrainOptions& options, const strategies::StrategyConfig& confi
   Sweep out;
   out.memory_limit_bytes = memory_limit_bytes > 0 ? memory_limit_bytes : cluster.device.memory_bytes;
   const int64_t samples = options.batch * std::max<int64_t>(options.grad_accum, 1);
-  out.rejected.push_back({"pipeline parallelism (--pp)",
-                          "not simulated yet: a pipeline's stages do different work, and the "
-                          "simulator runs one rank"});
   for (const SweepCandidate& family : families(options, world_size)) {
     for (int64_t micro = 1; micro <= samples; micro *= 2) {
       if (samples % micro != 0) continue;
@@ -61,6 +68,12 @@ Sweep sweep(const TrainOptions& options, const strategies::StrategyConfig& confi
         o.model.checkpoint_activations = checkpointing;
         strategies::StrategyConfig with = config;
         with.tensor_parallel.size = c.tp;
+        if (c.pp > 1) {  // one batch of the samples, in micro-batches
+          with.pipeline.stages = c.pp;
+          with.pipeline.micro_batches = static_cast<int>(c.grad_accum);
+          o.batch = samples;
+          o.grad_accum = 1;
+        }
         if (c.hybrid_shard) with.fsdp_sharding_strategy = "HYBRID_SHARD";
         try {
           std::unique_ptr<strategies::Strategy> s =
@@ -73,8 +86,8 @@ Sweep sweep(const TrainOptions& options, const strategies::StrategyConfig& confi
                                                  gib(out.memory_limit_bytes)});
             continue;
           }
-          // Each data-parallel replica (tp ranks) takes `samples` sequences per step.
-          const double tokens = static_cast<double>(world_size / c.tp) *
+          // Each data-parallel replica (pp x tp ranks) takes `samples` sequences per step.
+          const double tokens = static_cast<double>(world_size / (c.pp * c.tp)) *
                                 static_cast<double>(samples) * static_cast<double>(o.model.context);
           const double tokens_per_s = rank.step_s > 0 ? tokens / rank.step_s : 0;
           out.ranked.push_back({c, std::move(rank), tokens_per_s});
@@ -114,6 +127,7 @@ std::string sweep_json(const Sweep& s) {
   for (const SweepResult& r : s.ranked) {
     ranked.push_back({{"strategy", r.candidate.strategy},
                       {"tp", r.candidate.tp},
+                      {"pp", r.candidate.pp},
                       {"hybrid_shard", r.candidate.hybrid_shard},
                       {"micro_batch", r.candidate.micro_batch},
                       {"grad_accum", r.candidate.grad_accum},
