@@ -6,12 +6,14 @@
 
 #include <cmath>
 #include <string>
+#include <thread>
 
 #include "comm/process_group.h"
 #include "comm/store/in_process_store.h"
 #include "sim/cluster.h"
 #include "sim/device_model.h"
 #include "sim/network_model.h"
+#include "sim/rank_exchange.h"
 #include "sim/timeline.h"
 #include "tensor/meta.h"
 
@@ -261,9 +263,10 @@ TEST(SimNetworkModel, AGroupBeyondOneNodeNeedsANetwork) {
 }
 
 // A sim group of `size` ranks with the timeline installed.
-std::shared_ptr<comm::ProcessGroup> sim_group(int size, const std::string& name = "g") {
+std::shared_ptr<comm::ProcessGroup> sim_group(int size, const std::string& name = "g",
+                                              int rank = 0) {
   return std::make_shared<comm::ProcessGroup>(
-      0, size, std::make_shared<comm::InProcessStore>(),
+      rank, size, std::make_shared<comm::InProcessStore>(),
       comm::GroupOptions{.backend = "sim", .device = Device::meta()}, name);
 }
 
@@ -335,6 +338,97 @@ TEST(SimTimeline, ASimulatedGroupSplitsByAnAssignment) {
   ASSERT_EQ(log.costs().size(), 2u);
   EXPECT_EQ(*log.costs()[0].world_ranks, (std::vector<int>{6, 4, 2, 0}));
   EXPECT_EQ(*log.costs()[1].world_ranks, (std::vector<int>{2, 0}));  // even's ranks 2 and 3
+}
+
+// Two ranks of four simulated together, each on its own thread (a pipeline's stages): a send
+// arrives at its start plus the network's time and the receive that takes it waits for it (the
+// receiver's bubble); a collective among both starts when the later of them is ready; a host
+// tensor's values pass; each thread counts its own meta memory.
+TEST(SimTimeline, RanksSimulatedTogetherMeetInAnExchange) {
+  constexpr double kNanosecond = 1e-9;
+  const Cluster c = test_cluster();
+  RankExchange exchange({0, 1});
+  Tensor payload = Tensor::empty({1 << 20}, DType::F32, Device::meta());  // 4 MiB
+  const double transfer = NetworkModel(c, 0).time({.op = "send", .group = "world", .group_size = 4,
+                                                    .bytes = 4 << 20, .peer = 1,
+                                                    .world_ranks = nullptr, .host_tensor = {}})
+                              .seconds;
+  Tensor all = Tensor::empty({1 << 10}, DType::F32, Device::meta());
+  const double allreduce = NetworkModel(c, 0).time({.op = "allreduce", .group = "world",
+                                                     .group_size = 4, .bytes = 4 << 10, .peer = -1,
+                                                     .world_ranks = nullptr, .host_tensor = {}})
+                               .seconds;
+  Timeline::Totals totals[2];
+  std::vector<int64_t> header;
+  size_t meta_bytes[2] = {};
+  const auto rank_thread = [&](int rank) {
+    MetaAllocatorScope memory;
+    Timeline timeline(c, rank, 4, DType::F32, nullptr, &exchange);
+    TimelineScope scope(timeline);
+    std::shared_ptr<comm::ProcessGroup> world = sim_group(4, "world", rank);
+    Tensor mine = Tensor::empty({256 * (rank + 1)}, DType::F32, Device::meta());
+    meta_bytes[rank] = allocator_for(Device::meta()).stats().current_bytes;
+    if (rank == 0) {
+      compute(100e-6);
+      world->send(Tensor::from_vector(std::vector<int64_t>{7, 8, 9}, {3}), 1);
+      world->send(payload, 1);  // starts at 100 us: its stream is free
+      compute(10e-6);
+    } else {
+      Tensor words = Tensor::empty({3}, DType::I64);
+      world->recv(words, 0)->wait();
+      header = words.to_vector<int64_t>();
+      comm::WorkPtr received = world->recv(payload, 0);  // posted at once, waited for later
+      compute(10e-6);
+      received->wait();
+    }
+    world->allreduce(all)->wait();
+    totals[rank] = timeline.totals();
+  };
+  std::thread second(rank_thread, 1);
+  rank_thread(0);
+  second.join();
+  EXPECT_EQ(header, (std::vector<int64_t>{7, 8, 9}));
+  EXPECT_EQ(meta_bytes[0], 1024u);
+  EXPECT_EQ(meta_bytes[1], 2048u);
+  // The header (24 bytes) and the payload leave in turn on rank 0's stream from 100 us.
+  const double header_transfer =
+      NetworkModel(c, 0).time({.op = "send", .group = "world", .group_size = 4, .bytes = 24,
+                               .peer = 1, .world_ranks = nullptr, .host_tensor = {}})
+          .seconds;
+  const double arrival = 100e-6 + header_transfer + transfer;
+  EXPECT_NEAR(totals[1].compute, 10e-6, kNanosecond);
+  // Rank 1 waited for the header until it arrived, computed 10 us, then waited for the payload.
+  EXPECT_NEAR(totals[1].bubble + totals[1].compute + totals[1].exposed_comm, totals[1].now,
+              kNanosecond);
+  // Both ranks leave the allreduce together: it started when the later of them was ready.
+  const double later = std::max(110e-6, arrival);
+  EXPECT_NEAR(totals[0].now, later + allreduce, kNanosecond);
+  EXPECT_NEAR(totals[1].now, later + allreduce, kNanosecond);
+  EXPECT_NEAR(totals[0].exposed_comm, later + allreduce - 110e-6, kNanosecond);
+  EXPECT_NEAR(totals[1].bubble, arrival - 10e-6, kNanosecond);
+}
+
+// A rank that fails wakes the others with its error instead of leaving them waiting; a wait
+// that nobody will answer ends at the timeout, naming what it waited for.
+TEST(SimTimeline, AnExchangeFailsItsWaitersInsteadOfHanging) {
+  RankExchange aborted({0, 1});
+  std::thread failing([&] { aborted.abort("stage 1 failed: out of ideas"); });
+  try {
+    aborted.meet("world allreduce #0", 0, 2);
+    FAIL() << "meet returned";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("stage 1 failed: out of ideas"), std::string::npos);
+  }
+  failing.join();
+  RankExchange quiet({0, 1}, std::chrono::milliseconds(50));
+  try {
+    quiet.message({"link", 0, 1}, 0);
+    FAIL() << "message returned";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("message 0 from world rank 0 to 1 on link"),
+              std::string::npos)
+        << e.what();
+  }
 }
 
 TEST(SimTimeline, TheTraceShowsOpsOperationsAndWaitsInSimulatedTime) {

@@ -8,6 +8,7 @@
 
 #include <cstdio>
 #include <limits>
+#include <map>
 
 #include "comm/store/in_process_store.h"
 #include "nn/gpt.h"
@@ -266,6 +267,62 @@ TEST(Simulation, TheSweepRanksWhatFitsAndSaysWhyTheRestWasRejected) {
   EXPECT_NE(train_gpt::sweep_text(fitted).find("rejected (" +
                                                 std::to_string(fitted.rejected.size()) + "):"),
             std::string::npos);
+}
+
+// A pipeline: one simulated rank per stage, each its own (docs/simulation.md, "Pipelines").
+// Activations go forward and gradients back micro-batch by micro-batch, exactly their bytes;
+// every stage ends the step with the others (the norm's allreduce over the pipeline); the
+// stages wait for each other (a bubble), less of the step with more micro-batches; the job's
+// peak of each kind is its largest stage's.
+TEST(Simulation, APipelinesStagesAreSimulatedEachOnItsOwn) {
+  const auto run = [](const std::string& schedule, int micro_batches) {
+    StrategyConfig config;
+    config.pipeline.stages = 4;
+    config.pipeline.micro_batches = micro_batches;
+    config.pipeline.schedule = schedule;
+    nn::GPTConfig model = model_config();
+    model.layers = 4;
+    auto strategy = StrategyRegistry::create("pipeline", config);
+    train_gpt::TrainOptions o;
+    o.model = model;
+    o.batch = 8;
+    nn::ModelSpec spec;
+    spec.gpt = model;
+    return train_gpt::simulate_rank(spec, o, *strategy, "pipeline", config, 8,
+                                    sim::load_cluster("dgx-h100"));
+  };
+  const train_gpt::SimulatedRank gpipe = run("gpipe", 2);
+  ASSERT_EQ(gpipe.stages.size(), 4u);
+  const nn::GPTConfig model = model_config();
+  // Each micro-batch's activations (and their gradients): 4 rows x ctx x embd f32.
+  const int64_t activations = 4 * model.context * model.embd * 4;
+  for (const train_gpt::SimulatedRank& stage : gpipe.stages) {
+    SCOPED_TRACE("stage " + std::to_string(stage.stage));
+    EXPECT_EQ(stage.rank, stage.stage);  // dp 2 x pp 4: (dp 0, stage s) is world rank s
+    const std::map<std::string, int64_t> bytes = stage.comm_bytes();
+    const int64_t sends = bytes.count("send") ? bytes.at("send") : 0;
+    const int64_t receives = bytes.count("recv") ? bytes.at("recv") : 0;
+    const int neighbours = stage.stage == 0 || stage.stage == 3 ? 1 : 2;
+    // Per micro-batch, activations one way and gradients the other, to each neighbour (the
+    // header goes once, in the first step).
+    EXPECT_EQ(sends + receives, 2 * neighbours * 2 * activations);
+    EXPECT_NEAR(stage.step_s, gpipe.step_s, 1e-3 * gpipe.step_s);
+    EXPECT_GT(stage.bubble_s, 0);
+    EXPECT_NEAR(stage.compute_s + stage.exposed_comm_s + stage.bubble_s, stage.step_s,
+                1e-9 + 1e-6 * stage.step_s);
+    for (size_t k = 0; k < kMemoryKindCount; ++k)
+      EXPECT_LE(stage.peak_bytes_by_kind[k], gpipe.peak_bytes_by_kind[k]);
+  }
+  const auto bubble_share = [](const train_gpt::SimulatedRank& job) {
+    double waited = 0, total = 0;
+    for (const train_gpt::SimulatedRank& stage : job.stages) {
+      waited += stage.bubble_s;
+      total += stage.step_s;
+    }
+    return waited / total;
+  };
+  EXPECT_LT(bubble_share(run("gpipe", 8)), bubble_share(gpipe));
+  EXPECT_EQ(run("1f1b", 8).stages.size(), 4u);
 }
 
 TEST(Simulation, SplittingASimulatedGroupIsAClearError) {
