@@ -16,7 +16,7 @@ sizes=("--layers 4 --embd 128 --heads 4 --ctx 128 --batch 8"
        "--layers 4 --embd 256 --heads 4 --ctx 256 --batch 4")
 # strategy, ranks, extra flags
 configs=("single_device 1 --threads 1" "ddp_spawn 2" "deepspeed_stage_1 2" "deepspeed_stage_2 2"
-         "deepspeed_stage_3 2" "fsdp 2")
+         "deepspeed_stage_3 2" "fsdp 2" "pipeline 2 --pp 2 --micro-batches 4")
 echo "| model | strategy | ranks | measured ms/step | predicted ms/step | error |"
 echo "|---|---|---|---|---|---|"
 for size in "${sizes[@]}"; do

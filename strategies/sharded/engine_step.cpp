@@ -12,6 +12,7 @@
 #include "core/tags.h"
 #include "kernels/cpu/exact_square_sum.h"
 #include "optim/clip_grad.h"
+#include "strategies/precision.h"
 #include "strategies/sharded/unit_state.h"
 #include "strategies/trace.h"
 #include "tensor/ops.h"
@@ -287,13 +288,7 @@ bool ShardedEngine::any_nonfinite_gradient() {
   double bad = 0.0;
   for (const Tensor& s : segments_) {
     Tensor g = s.grad();
-    if (!g.defined()) continue;
-    for (double v : g.to(DType::F64).to_vector<double>()) {
-      if (!std::isfinite(v)) {
-        bad = 1.0;
-        break;
-      }
-    }
+    if (g.defined() && any_non_finite(g.to(DType::F64))) bad = 1.0;
   }
   Tensor flag = Tensor::full({1}, bad, DType::F64);
   if (shard_world_ > 1) shard_group_->allreduce(flag, {.op = comm::ReduceOp::Max})->wait();

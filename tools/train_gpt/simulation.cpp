@@ -90,10 +90,10 @@ SimulatedRank run_rank(const nn::ModelSpec& spec, const TrainOptions& options,
     o.checkpoint_dir.clear();
     o.save_every = 0;
     o.resume.clear();
-    // Values do not matter on meta: zeros, enough for every rank's blocks of both steps.
+    // Values do not matter on meta: zeros, two batches' worth (positions wrap around).
     const int64_t time = o.model.context;
-    const int64_t blocks = 2 * std::max<int64_t>(o.grad_accum, 1) * world_size * o.batch + 1;
-    data::TokenBlocks data(std::vector<int32_t>(static_cast<size_t>(blocks * (time + 1)), 0),
+    const int64_t sequences = 2 * o.batch + 1;
+    data::TokenBlocks data(std::vector<int32_t>(static_cast<size_t>(sequences * (time + 1)), 0),
                            o.batch, time, o.model.vocab_size);
     // The second step is the one reported: its compute, collectives and time, from the first
     // step's end (its metrics callback) to its own (what train() does after, such as gathering
