@@ -83,9 +83,9 @@ ProcessGroup::Op ProcessGroup::make_op(OpKind kind, const Tensor* data,
 // The backend says where its tensors live (Backend::device()). An operation's tensors must be
 // on one device, and that device must be the backend's, or a GPU when the backend is a host
 // backend: then the operation runs through a staging backend wrapped around it (Note
-// [Staging CUDA tensors]). A simulated backend (meta) takes CPU tensors too. For CUDA tensors the issuing thread's stream is captured here
-// and reinstated on the thread that runs the operation (Note [Issue streams]). CPU tensors
-// on a host backend take none of these paths.
+// [Staging CUDA tensors]). A simulated backend (meta) takes CPU tensors too. For CUDA
+// tensors the issuing thread's stream is captured here and reinstated on the thread that runs
+// the operation (Note [Issue streams]). CPU tensors on a host backend take none of these paths.
 void ProcessGroup::place(Op& op, const Tensor& first, const Tensor* second) {
   const Device device = first.device();
   if (second != nullptr && second->device() != device) {

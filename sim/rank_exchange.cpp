@@ -64,8 +64,9 @@ RankExchange::Message RankExchange::message(const Channel& channel, int64_t tick
   std::unique_lock lock(mutex_);
   const Messages& m = channels_[channel];
   wait_for(lock,
-           "message " + std::to_string(ticket) + " from world rank " + std::to_string(channel.from) +
-               " to " + std::to_string(channel.to) + " on " + channel.group,
+           "message " + std::to_string(ticket) + " from world rank " +
+               std::to_string(channel.from) + " to " + std::to_string(channel.to) + " on " +
+               channel.group,
            [&] { return static_cast<int64_t>(m.sent.size()) > ticket; });
   return m.sent[static_cast<size_t>(ticket)];
 }

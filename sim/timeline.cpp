@@ -55,7 +55,8 @@ double Timeline::start_of(const comm::CommCost& cost, std::unique_lock<std::mute
   if (exchange_ == nullptr || cost.op == "send" || cost.op == "recv") return ready;
   const int present = exchange_->present_among(cost.world_ranks.get(), cost.group_size);
   if (present < 2) return ready;
-  const std::string key = cost.group + " " + cost.op + " #" + std::to_string(collectives_[cost.group]++);
+  const std::string key =
+      cost.group + " " + cost.op + " #" + std::to_string(collectives_[cost.group]++);
   lock.unlock();  // the others may be long in coming
   const double start = exchange_->meet(key, ready, present);
   lock.lock();
@@ -83,8 +84,9 @@ comm::SimInterval Timeline::record(const comm::CommCost& cost) {
     RankExchange::Message message;
     message.arrival = start + took.seconds;
     if (cost.host_tensor.defined()) {
-      const auto* bytes = static_cast<const std::byte*>(cost.host_tensor.contiguous().raw_data());
-      message.bytes.assign(bytes, bytes + cost.host_tensor.nbytes());
+      const Tensor packed = cost.host_tensor.contiguous();
+      const auto* bytes = static_cast<const std::byte*>(packed.raw_data());
+      message.bytes.assign(bytes, bytes + packed.nbytes());
     }
     exchange_->post({cost.group, rank_, peer}, std::move(message));
   }

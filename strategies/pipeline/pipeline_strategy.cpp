@@ -489,9 +489,9 @@ void PipelineStrategy::load_parameter_parts(const ReadParameter& read) {
 Tensor PipelineStrategy::from_owner(const std::string& name, const Tensor& param) {
   // The holders of the owning stage put the whole value together (over their tp group), and
   // its first replica's first tp rank sends it to every rank.
-  Tensor copy = holds(name)
-                    ? layout_.whole(name, param)
-                    : Tensor::empty(layout_.whole_shape(name, param), param.dtype(), param.device());
+  Tensor copy =
+      holds(name) ? layout_.whole(name, param)
+                  : Tensor::empty(layout_.whole_shape(name, param), param.dtype(), param.device());
   const int root = mesh_->rank_with({{"dp", 0}, {"pp", owner_stage(name)}, {"tp", 0}});
   group_->broadcast(copy, {.root = root})->wait();
   return copy;

@@ -585,7 +585,8 @@ void print_simulation(const SimulatedRank& r, const std::string& strategy, bool 
                 "%lld parameters\n",
                 r.stages.size(), r.world_size, strategy.c_str(),
                 static_cast<long long>(r.parameters));
-    std::printf("stage  world rank   step ms  compute ms  exposed comm ms  bubble ms    peak MiB\n");
+    std::printf(
+        "stage  world rank   step ms  compute ms  exposed comm ms  bubble ms    peak MiB\n");
     for (const SimulatedRank& s : r.stages) {
       std::printf("%5d  %10d  %8.3f  %10.3f  %15.3f  %9.3f  %10.2f\n", s.stage, s.rank,
                   s.step_s * 1e3, s.compute_s * 1e3, s.exposed_comm_s * 1e3, s.bubble_s * 1e3,

@@ -201,7 +201,9 @@ SimulatedRank simulate_pipeline(const nn::ModelSpec& spec, const TrainOptions& o
     if (stage.mfu > 0) peak_flops_rate = stage.model_flops / stage.step_s / stage.mfu;
   }
   job.model_flops = flops / p;
-  job.mfu = job.step_s > 0 && peak_flops_rate > 0 ? job.model_flops / job.step_s / peak_flops_rate : 0;
+  job.mfu = job.step_s > 0 && peak_flops_rate > 0
+                ? job.model_flops / job.step_s / peak_flops_rate
+                : 0;
   job.stages = std::move(stages);
   return job;
 }
