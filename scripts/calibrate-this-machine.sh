@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # Writes sim/clusters/this-machine.json, loom-sim's default cluster (docs/simulation.md,
 # "Calibration"), from measurements on this machine: the device from loom-sim-calibrate (Loom's
-# own CPU ops at one thread, the share of one core a rank has when each rank has a core), the
-# node's collective bandwidth and latency from loom-perf's shm allreduce on 2 ranks.
+# own CPU ops at one thread, the share of one core a rank has when each rank has a core; and
+# again with one copy per core running at once, for ranks that share the machine), the node's
+# collective bandwidth and latency from loom-perf's shm allreduce on 2 ranks.
 # Usage: bash scripts/calibrate-this-machine.sh [BUILD_DIR]   (default build/release)
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -16,12 +17,37 @@ work=$(mktemp -d)
 trap 'rm -rf "$work"' EXIT
 echo "calibrate-this-machine: device (loom-sim-calibrate --threads 1)" >&2
 "$calibrate" --threads 1 > "$work/device.json"
+# The same with every core busy: one copy per core at once, their rates averaged (the rates
+# of ranks that share the cores' caches and memory bandwidth: device.shared).
+cores=$(nproc)
+echo "calibrate-this-machine: device with every core busy ($cores copies at once)" >&2
+pids=()
+for ((i = 0; i < cores; ++i)); do
+  "$calibrate" --threads 1 > "$work/shared$i.json" 2> /dev/null &
+  pids+=($!)
+done
+for pid in "${pids[@]}"; do wait "$pid"; done
 echo "calibrate-this-machine: shm allreduce on 2 ranks (loom-perf)" >&2
 "$perf" allreduce --np 2 -b 8 -e 64M -f 8 -z 2 --json "$work/allreduce.json" > /dev/null
-python3 - "$work/device.json" "$work/allreduce.json" sim/clusters/this-machine.json <<'PY'
+python3 - "$work/device.json" "$work/allreduce.json" sim/clusters/this-machine.json \
+  "$work"/shared*.json <<'PY'
 import datetime, json, os, platform, sys
 device = json.load(open(sys.argv[1]))
 perf = json.load(open(sys.argv[2]))
+copies = [json.load(open(path)) for path in sys.argv[4:]]
+def mean_curve(curves):
+    """Each size's rate averaged over the copies that measured it."""
+    rates = {}
+    for curve in curves:
+        for size, rate in curve:
+            rates.setdefault(size, []).append(rate)
+    return [[size, sum(r) / len(r)] for size, r in sorted(rates.items())]
+def mean_by_key(key):
+    names = sorted({name for copy in copies for name in copy[key]})
+    return {name: mean_curve([copy[key][name] for copy in copies if name in copy[key]])
+            for name in names}
+shared = {key: mean_by_key(key) for key in ("gemm_tflops", "attention_tflops", "ops_gbps", "ops_tflops")}
+shared["memory_gbps"] = mean_curve([copy["memory_gbps"] for copy in copies])
 rows = perf["results"]
 def busbw(row): return row["out_of_place"]["busbw_gbps"]
 def time_us(row): return row["out_of_place"]["time_us"]
@@ -39,7 +65,9 @@ source = (f"This machine ({cpu}, {isa}, {cores} cores), measured {datetime.date.
           "timed in the step, its work as the meta device counts it (tools/loom_sim/calibrate.cpp "
           "says which models). The bf16 and f16 curves are "
           "the f32 ones: under autocast the CPU computes in f32 after rounding. Peaks: the best "
-          "GEMM rate measured, so this machine's MFU is against what its GEMMs reach. Node: the "
+          "GEMM rate measured, so this machine's MFU is against what its GEMMs reach. Shared: "
+          f"the same measured by {len(copies)} copies at once, one per core, their rates "
+          "averaged (ranks sharing the cores' caches and memory bandwidth). Node: the "
           "shm backend, `loom-perf allreduce --np 2 -b 8 -e 64M -f 8 -z 2`: the median bus "
           f"bandwidth from 2 MiB ({bus:.2f} GB/s) and half the median time up to 4 KiB per "
           f"step ({latency:.2f} us). One node: all ranks share its {cores} cores.")
@@ -59,7 +87,15 @@ text = f'''{{
     "attention_tflops": {by_key(device["attention_tflops"], 4)},
     "memory_gbps": {pairs(device["memory_gbps"])},
     "ops_gbps": {by_key(device["ops_gbps"], 4)},
-    "ops_tflops": {by_key(device["ops_tflops"], 4)}
+    "ops_tflops": {by_key(device["ops_tflops"], 4)},
+    "shared": {{
+      "op_overhead_us": {device["op_overhead_us"]:.3g},
+      "gemm_tflops": {by_key(shared["gemm_tflops"], 6)},
+      "attention_tflops": {by_key(shared["attention_tflops"], 6)},
+      "memory_gbps": {pairs(shared["memory_gbps"])},
+      "ops_gbps": {by_key(shared["ops_gbps"], 6)},
+      "ops_tflops": {by_key(shared["ops_tflops"], 6)}
+    }}
   }},
   "node": {{"devices": 1024, "compute_slots": {cores}, "busbw_gbps": {bus:.3g}, "latency_us": {latency:.3g}}},
   "network": {{"nics_per_node": 0}},

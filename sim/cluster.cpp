@@ -149,32 +149,41 @@ Cluster parse_cluster(const std::string& json_text, const std::string& origin) {
         if (!v.is_number() || !(v.get<double>() > 0)) r.fail(f, "must be a number above 0");
         return v.get<double>() * kTera;
       });
-  c.device.op_overhead_s = r.number(device, "device", "op_overhead_us", true) * kMicro;
-  const auto tflops_curve = [&](const json& v, const std::string& f) {
-    return r.curve(v, f, kTera);
-  };
-  c.device.gemm_flops = r.by_dtype(device, "device", "gemm_tflops", tflops_curve);
-  c.device.attention_flops = r.by_dtype(device, "device", "attention_tflops", tflops_curve);
-  c.device.memory_bytes_per_s =
-      r.curve(r.member(device, "device", "memory_gbps"), "device.memory_gbps", kGiga);
-  const auto named_curves = [&](const char* key, double unit, auto& into) {
-    const auto ops = device.find(key);
-    if (ops == device.end()) return;
-    if (!ops->is_object()) r.fail(std::string("device.") + key, "must map op names to curves");
-    for (const auto& [op, points] : ops->items())
-      into[op] = r.curve(points, std::string("device.") + key + "." + op, unit);
-  };
-  named_curves("ops_gbps", kGiga, c.device.op_bytes_per_s);
-  named_curves("ops_tflops", kTera, c.device.op_flops_per_s);
-  for (const auto& [dtype, peak] : c.device.peak_flops) {
-    if (!c.device.gemm_flops.contains(dtype)) {
-      r.fail(std::string("device.gemm_tflops.") + dtype_name(dtype),
-             "is missing: every dtype of device.peak_tflops needs its GEMM curve");
+  // device's rates, and device.shared's when given.
+  const auto read_rates = [&](const json& object, const std::string& field, DeviceRates& into) {
+    into.op_overhead_s = r.number(object, field, "op_overhead_us", true) * kMicro;
+    const auto tflops_curve = [&](const json& v, const std::string& f) {
+      return r.curve(v, f, kTera);
+    };
+    into.gemm_flops = r.by_dtype(object, field, "gemm_tflops", tflops_curve);
+    into.attention_flops = r.by_dtype(object, field, "attention_tflops", tflops_curve);
+    into.memory_bytes_per_s =
+        r.curve(r.member(object, field, "memory_gbps"), field + ".memory_gbps", kGiga);
+    const auto named_curves = [&](const char* key, double unit, auto& curves) {
+      const auto ops = object.find(key);
+      if (ops == object.end()) return;
+      if (!ops->is_object()) r.fail(field + "." + key, "must map op names to curves");
+      for (const auto& [op, points] : ops->items())
+        curves[op] = r.curve(points, field + "." + key + "." + op, unit);
+    };
+    named_curves("ops_gbps", kGiga, into.op_bytes_per_s);
+    named_curves("ops_tflops", kTera, into.op_flops_per_s);
+    for (const auto& [dtype, peak] : c.device.peak_flops) {
+      if (!into.gemm_flops.contains(dtype)) {
+        r.fail(field + ".gemm_tflops." + dtype_name(dtype),
+               "is missing: every dtype of device.peak_tflops needs its GEMM curve");
+      }
+      if (!into.attention_flops.contains(dtype)) {
+        r.fail(field + ".attention_tflops." + dtype_name(dtype),
+               "is missing: every dtype of device.peak_tflops needs its attention curve");
+      }
     }
-    if (!c.device.attention_flops.contains(dtype)) {
-      r.fail(std::string("device.attention_tflops.") + dtype_name(dtype),
-             "is missing: every dtype of device.peak_tflops needs its attention curve");
-    }
+  };
+  read_rates(device, "device", c.device);
+  if (const auto shared = device.find("shared"); shared != device.end()) {
+    auto rates = std::make_shared<DeviceRates>();
+    read_rates(*shared, "device.shared", *rates);
+    c.device.shared = std::move(rates);
   }
   const json& node = r.member(doc, "", "node");
   c.devices_per_node = r.count(node, "node", "devices");

@@ -10,6 +10,7 @@
 // microseconds); in memory everything is in FLOP/s, bytes/s, bytes and seconds.
 
 #include <map>
+#include <memory>
 #include <string>
 #include <utility>
 #include <vector>
@@ -31,10 +32,8 @@ class RateCurve {
   std::vector<std::pair<double, double>> points_;
 };
 
-struct DeviceSpec {
-  std::string name;
-  double memory_bytes = 0;                // capacity, for the sweep's memory limit
-  std::map<DType, double> peak_flops;     // the datasheet's dense peak by compute dtype, for MFU
+// What a device achieves, by op kind and size.
+struct DeviceRates {
   double op_overhead_s = 0;               // per op: a kernel launch, a dispatch
   std::map<DType, RateCurve> gemm_flops;  // achieved FLOP/s by one GEMM's FLOPs
   std::map<DType, RateCurve> attention_flops;  // achieved FLOP/s by one attention op's FLOPs
@@ -46,6 +45,16 @@ struct DeviceSpec {
   // its backward "CausalAttention"), in place of their dtype's class curve; an attention op
   // takes "NAME@dD" for its head dimension D first ("causal_attention@d64").
   std::map<std::string, RateCurve, std::less<>> op_flops_per_s;
+};
+
+struct DeviceSpec : DeviceRates {  // the rates of one rank with its node to itself
+  std::string name;
+  double memory_bytes = 0;             // capacity, for the sweep's memory limit
+  std::map<DType, double> peak_flops;  // the datasheet's dense peak by compute dtype, for MFU
+  // Optional (device.shared): the rates measured while every compute slot of the node runs a
+  // rank at once, where the devices share caches and memory bandwidth (a CPU's cores); the
+  // device model takes them for a job with more than one rank on a node.
+  std::shared_ptr<const DeviceRates> shared;
 };
 
 struct LinkSpec {

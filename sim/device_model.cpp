@@ -8,13 +8,16 @@ namespace loom::sim {
 
 DeviceModel::DeviceModel(const Cluster& cluster, int ranks_per_node, DType compute_dtype)
     : cluster_(cluster),
+      rates_(ranks_per_node > 1 && cluster.device.shared
+                 ? *cluster.device.shared
+                 : static_cast<const DeviceRates&>(cluster.device)),
       ranks_per_node_(ranks_per_node),
       slowdown_(std::max(1.0, static_cast<double>(ranks_per_node) / cluster.compute_slots)),
       compute_dtype_(compute_dtype) {}
 
 double DeviceModel::flops_rate(const std::map<DType, RateCurve>& curves, const OpCost& cost,
                                const char* field) const {
-  const auto& named = cluster_.device.op_flops_per_s;
+  const auto& named = rates_.op_flops_per_s;
   if (cost.op_class == OpClass::Attention) {  // a curve for its head dimension first
     const auto own = named.find(std::string(cost.op) + "@d" + std::to_string(cost.dims[3]));
     if (own != named.end()) return own->second.at(cost.flops);
@@ -45,24 +48,23 @@ double DeviceModel::seconds(const OpCost& cost) const {
   double busy = 0;
   switch (cost.op_class) {
     case OpClass::Gemm:
-      busy = cost.flops / flops_rate(cluster_.device.gemm_flops, cost, "gemm_tflops");
+      busy = cost.flops / flops_rate(rates_.gemm_flops, cost, "gemm_tflops");
       break;
     case OpClass::Attention:
-      busy = cost.flops / flops_rate(cluster_.device.attention_flops, cost, "attention_tflops");
+      busy = cost.flops / flops_rate(rates_.attention_flops, cost, "attention_tflops");
       break;
     case OpClass::Transfer:
       busy = (cost.bytes_read + cost.bytes_written) / 2 / cluster_.pcie_bytes_per_s;
       break;
     default: {
       const double bytes = cost.bytes_read + cost.bytes_written;
-      const auto own = cluster_.device.op_bytes_per_s.find(std::string_view(cost.op));
-      const RateCurve& curve = own != cluster_.device.op_bytes_per_s.end()
-                                   ? own->second
-                                   : cluster_.device.memory_bytes_per_s;
+      const auto own = rates_.op_bytes_per_s.find(std::string_view(cost.op));
+      const RateCurve& curve =
+          own != rates_.op_bytes_per_s.end() ? own->second : rates_.memory_bytes_per_s;
       busy = bytes / curve.at(bytes);
     }
   }
-  return (cluster_.device.op_overhead_s + busy) * slowdown_;
+  return (rates_.op_overhead_s + busy) * slowdown_;
 }
 
 double DeviceModel::peak_flops(DType dtype) const {

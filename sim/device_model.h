@@ -6,7 +6,8 @@
 // at the achieved memory bandwidth for that many bytes; copies
 // between devices (offload) cross PCIe. Each op also pays the device's per-op overhead.
 // Ranks of one node beyond its compute slots share them (a CPU's cores), so their ops take
-// longer by ranks / slots.
+// longer by ranks / slots; with more than one rank on a node, the device's shared rates
+// (device.shared: measured with every slot busy) apply where the cluster gives them.
 
 #include "sim/cluster.h"
 #include "tensor/meta.h"
@@ -37,6 +38,7 @@ class DeviceModel {
   double host_seconds(const OpCost& cost) const;
 
   const Cluster& cluster_;
+  const DeviceRates& rates_;  // the device's, or its shared ones
   int ranks_per_node_;
   double slowdown_;
   DType compute_dtype_;

@@ -164,6 +164,30 @@ TEST(SimDeviceModel, NamedOpsTakeTheirOwnCurves) {
                "device.ops_gbps.gelu must be a non-empty list");
 }
 
+// device.shared: the rates measured with every slot busy apply when a node runs more than one
+// rank; one rank alone has the device's own. Its fields are checked as the device's are.
+TEST(SimDeviceModel, RanksSharingANodeTakeItsSharedRates) {
+  const std::string shared = R"("memory_gbps": [[1e6, 1000]], "shared": {"op_overhead_us": 2,
+      "gemm_tflops": {"bf16": [[1e9, 50]], "f32": [[1e9, 20]]},
+      "attention_tflops": {"bf16": [[1e9, 30]], "f32": [[1e9, 8]]},
+      "memory_gbps": [[1e6, 500]], "ops_gbps": {"gelu": [[1e6, 5]]}}})";
+  const Cluster c = parse_cluster(test_cluster_json(R"("memory_gbps": [[1e6, 1000]]})", shared),
+                                  "shared");
+  const OpCost add{.op = "add", .op_class = OpClass::Elementwise, .bytes_read = 1e6};
+  EXPECT_DOUBLE_EQ(DeviceModel(c, 1).seconds(add), 1e-6 + 1e6 / 1000e9);
+  EXPECT_DOUBLE_EQ(DeviceModel(c, 2).seconds(add), 2e-6 + 1e6 / 500e9);
+  OpCost gelu = add;
+  gelu.op = "gelu";
+  EXPECT_DOUBLE_EQ(DeviceModel(c, 4).seconds(gelu), 2e-6 + 1e6 / 5e9);
+  EXPECT_DOUBLE_EQ(DeviceModel(c, 4).seconds(gemm(1e9, DType::F32)), 2e-6 + 1e9 / 20e12);
+  expect_error(test_cluster_json(R"("memory_gbps": [[1e6, 1000]]})",
+                                 R"("memory_gbps": [[1e6, 1000]], "shared": {"op_overhead_us": 0,
+                                    "gemm_tflops": {"bf16": [[1e9, 50]]},
+                                    "attention_tflops": {"bf16": [[1e9, 30]], "f32": [[1e9, 8]]},
+                                    "memory_gbps": [[1e6, 500]]}})"),
+               "device.shared.gemm_tflops.f32 is missing");
+}
+
 TEST(SimDeviceModel, HostOpsShareTheNodesHostAndCpuClustersUseTheirDevice) {
   const Cluster gpu = parse_cluster(test_cluster_json(R"("pcie_gbps": 20})",
                                                       R"("pcie_gbps": 20, "memory_gbps": [[1e6, 10]]})"),
