@@ -26,9 +26,9 @@ struct LossScalerOptions {
   double min_scale = 0.0;  // backing off never goes below this (DeepSpeed's min_loss_scale)
 };
 
-// Whether any element of `t` is inf or NaN (read on the host). A meta tensor has no values and
-// answers false (a simulated step is never skipped: docs/simulation.md), reporting the read's
-// costs as the real path has them.
+// Whether any element of `t` is inf or NaN, computed on t's device (one value read back). A
+// meta tensor has no values and answers false: a simulated step is never skipped
+// (docs/simulation.md).
 bool any_non_finite(const Tensor& t);
 
 class LossScaler {

@@ -16,7 +16,11 @@ sizes=("--layers 4 --embd 128 --heads 4 --ctx 128 --batch 8"
        "--layers 4 --embd 256 --heads 4 --ctx 256 --batch 4")
 # strategy, ranks, extra flags
 configs=("single_device 1 --threads 1" "ddp_spawn 2" "deepspeed_stage_1 2" "deepspeed_stage_2 2"
-         "deepspeed_stage_3 2" "fsdp 2" "pipeline 2 --pp 2 --micro-batches 4")
+         "deepspeed_stage_3 2" "fsdp 2" "fsdp_cpu_offload 2"
+         "fsdp 2 --fsdp-sharding-strategy HYBRID_SHARD" "model_parallel 2 --tp 2"
+         "pipeline 2 --pp 2 --micro-batches 4"
+         "pipeline 2 --pp 2 --micro-batches 4 --pp-schedule interleaved_1f1b"
+         "pipeline 8 --pp 2 --tp 2 --micro-batches 4")
 echo "| model | strategy | ranks | measured ms/step | predicted ms/step | error |"
 echo "|---|---|---|---|---|---|"
 for size in "${sizes[@]}"; do
@@ -41,6 +45,6 @@ print(statistics.median(r['ms_per_step'] for r in rows if r['step'] >= 3))")
       python3 -c "import json, sys; print(json.load(sys.stdin)['ms_per_step'])")
     python3 -c "
 m, p = $measured, $predicted
-print(f'| {\"$size\".split(\" --heads\")[0].replace(\"--\", \"\")} | $name | $ranks | {m:.1f} | {p:.1f} | {100 * (p - m) / m:+.0f}% |')"
+print(f'| {\"$size\".split(\" --heads\")[0].replace(\"--\", \"\")} | $name ${extra:-} | $ranks | {m:.1f} | {p:.1f} | {100 * (p - m) / m:+.0f}% |')"
   done
 done

@@ -288,7 +288,7 @@ bool ShardedEngine::any_nonfinite_gradient() {
   double bad = 0.0;
   for (const Tensor& s : segments_) {
     Tensor g = s.grad();
-    if (g.defined() && any_non_finite(g.to(DType::F64))) bad = 1.0;
+    if (g.defined() && any_non_finite(g)) bad = 1.0;
   }
   Tensor flag = Tensor::full({1}, bad, DType::F64);
   if (shard_world_ > 1) shard_group_->allreduce(flag, {.op = comm::ReduceOp::Max})->wait();

@@ -4,6 +4,7 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <limits>
 
 #include "optim/adamw.h"
 #include "strategies/fabric.h"
@@ -63,6 +64,20 @@ TEST(LossScaler, SkipsNonFiniteStepsAndAdjustsTheScale) {
   scaler.update();
   EXPECT_EQ(scaler.scale(), 8);
   EXPECT_EQ(scaler.skipped_steps(), 1);
+}
+
+// The inf/NaN check every loss-scaled step runs: any inf, -inf or NaN anywhere, and nothing
+// else (the largest finite values included); a meta tensor, which has no values, has none.
+TEST(LossScaler, AnyNonFiniteFindsInfAndNanAndNothingElse) {
+  const float big = std::numeric_limits<float>::max();
+  EXPECT_FALSE(any_non_finite(Tensor::from_vector<float>({big, -big, 0.0f, -0.0f, 1e-45f}, {5})));
+  for (float bad : {INFINITY, -INFINITY, NAN}) {
+    std::vector<float> values(1000, big);
+    values[777] = bad;
+    EXPECT_TRUE(any_non_finite(Tensor::from_vector<float>(values, {10, 100}))) << bad;
+  }
+  EXPECT_TRUE(any_non_finite(Tensor::from_vector<double>({1.0, NAN}, {2})));
+  EXPECT_FALSE(any_non_finite(Tensor::empty({4, 4}, DType::F32, Device::meta())));
 }
 
 TEST(Precision, MixedTrainingStaysCloseToF32AndSkipsOverflowingSteps) {
