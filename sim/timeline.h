@@ -45,6 +45,7 @@ class Timeline final : public MetaCostSink, public comm::CommCostSink, public co
            strategies::Trace* trace = nullptr, RankExchange* exchange = nullptr);
 
   void record(const OpCost& cost) override;                        // the compute stream
+  std::optional<double> simulated_now() const override { return totals().now; }
   comm::SimInterval record(const comm::CommCost& cost) override;   // the group's stream
   void issued(const comm::Work& work) override;
   void waiting(const comm::Work& work) override;

@@ -38,6 +38,10 @@ MetaCostScope::~MetaCostScope() {
   current_sink = previous_;
 }
 
+std::optional<double> simulated_now() {
+  return current_sink == nullptr ? std::nullopt : current_sink->simulated_now();
+}
+
 void record_meta_op(const char* op, OpClass op_class, double flops,
                     std::initializer_list<Tensor> reads, std::initializer_list<Tensor> writes,
                     std::array<int64_t, 4> dims) {

@@ -34,6 +34,7 @@
 // (tools/loom_sim/calibrate.cpp).
 
 #include <array>
+#include <optional>
 #include <cstdint>
 #include <initializer_list>
 #include <map>
@@ -81,7 +82,14 @@ class MetaCostSink {
  public:
   virtual ~MetaCostSink() = default;
   virtual void record(const OpCost& cost) = 0;
+  // Seconds of simulated time on the thread's compute stream, for a sink that keeps a clock
+  // (sim::Timeline); none otherwise.
+  virtual std::optional<double> simulated_now() const { return std::nullopt; }
 };
+
+// The calling thread's sink's simulated time (none: no sink, or one without a clock): what
+// code that times its own work (pipeline balancing by time) reads on the meta device.
+std::optional<double> simulated_now();
 
 // Installs `sink` for the calling thread until destroyed, then restores the previous one.
 // Without one, meta ops report to nobody.

@@ -2,12 +2,15 @@
 
 #include <algorithm>
 #include <chrono>
+#include <cmath>
 #include <limits>
 #include <map>
+#include <optional>
 #include <string>
 
 #include "core/error.h"
 #include "core/tags.h"
+#include "tensor/meta.h"
 
 namespace loom::strategies::pipeline {
 
@@ -78,15 +81,20 @@ std::vector<int64_t> layer_forward_times(const nn::LayeredModel& model, const Te
                                          int repeats) {
   NoGradGuard no_grad;
   std::vector<std::vector<int64_t>> runs(static_cast<size_t>(model.layer_count()));
+  // Microseconds from now; on the meta device under a simulation's clock, simulated ones (the
+  // cost model's: docs/simulation.md).
+  const auto now_us = [] {
+    if (const std::optional<double> simulated = simulated_now()) return *simulated * 1e6;
+    return std::chrono::duration<double, std::micro>(
+               std::chrono::steady_clock::now().time_since_epoch())
+        .count();
+  };
   for (int r = 0; r < repeats; ++r) {
     Tensor x = sample;
     for (int64_t l = 0; l < model.layer_count(); ++l) {
-      const auto start = std::chrono::steady_clock::now();
+      const double start = now_us();
       x = model.forward_layer(l, x);
-      runs[static_cast<size_t>(l)].push_back(
-          std::chrono::duration_cast<std::chrono::microseconds>(std::chrono::steady_clock::now() -
-                                                                start)
-              .count());
+      runs[static_cast<size_t>(l)].push_back(std::llround(now_us() - start));
     }
   }
   std::vector<int64_t> medians;

@@ -32,10 +32,6 @@ void check_simulated(const std::string& name, const strategies::StrategyConfig& 
   if (ranks < 1 || world_size % ranks != 0) {
     tag::kLoomSim.fail("--world-size ", world_size, " is not a multiple of --pp x --tp = ", ranks);
   }
-  if (config.pipeline.balance.empty() && config.pipeline.balance_by == "time") {
-    tag::kLoomSim.fail("--pp-balance-by time is not simulated (it times each layer's forward "
-                       "on the device); use --pp-balance-by parameters or --pp-balance");
-  }
 }
 
 // Rank `rank` of `world_size` simulated ranks, on the calling thread (see simulate_rank); with

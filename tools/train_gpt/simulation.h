@@ -66,8 +66,9 @@ struct SimulatedRank {
 // group are replaced). Data, checkpoints, evaluation
 // and samples are not simulated: options' fields for them are ignored. Meshes (tensor
 // parallelism, hybrid sharding) split their groups with ProcessGroup::split_by, which a sim
-// group answers alone. Throws loom::Error for single_device on more than 1 rank, a pipeline
-// whose --pp x --tp does not divide the world, and --pp-balance-by time (it times the device).
+// group answers alone; a pipeline balanced by time times its layers on the cost model.
+// Throws loom::Error for single_device on more than 1 rank and a pipeline whose --pp x --tp
+// does not divide the world.
 // Its time is `cluster`'s (sim/cluster.h); with `record_trace`, every op and operation of both
 // steps is recorded in SimulatedRank::traces in simulated time.
 SimulatedRank simulate_rank(const nn::ModelSpec& spec, const TrainOptions& options,
