@@ -13,7 +13,9 @@
 #include "comm/store/in_process_store.h"
 #include "nn/gpt.h"
 #include "sim/cluster.h"
+#include "sim/timeline.h"
 #include "strategies/memory_estimate.h"
+#include "strategies/pipeline/partition.h"
 #include "strategies/registry.h"
 #include "tiny_training.h"
 #include "tools/train_gpt/simulation.h"
@@ -323,6 +325,34 @@ TEST(Simulation, APipelinesStagesAreSimulatedEachOnItsOwn) {
   };
   EXPECT_LT(bubble_share(run("gpipe", 8)), bubble_share(gpipe));
   EXPECT_EQ(run("1f1b", 8).stages.size(), 4u);
+}
+
+// Balancing a pipeline by time on the meta device times each layer on the simulated clock:
+// each layer's time is what the timeline says its forward took, microseconds of the cost
+// model (a block's alike, the large head's longer), not the host's.
+TEST(Simulation, APipelineBalancedByTimeTakesItsTimesFromTheCostModel) {
+  nn::GPTConfig config = model_config();
+  config.embd = 128;
+  config.vocab_size = 16384;
+  config.options.device = Device::meta();
+  nn::GPT gpt(config, 1);
+  const Tensor tokens = Tensor::zeros({4, config.context}, DType::I64, Device::meta());
+  sim::Timeline timeline(sim::load_cluster("this-machine"), 0, 1, DType::F32);
+  sim::TimelineScope scope(timeline);
+  const std::vector<int64_t> times = pipeline::layer_forward_times(gpt, tokens, 1);
+  ASSERT_EQ(times.size(), static_cast<size_t>(gpt.layer_count()));
+  // The same forwards again, timed here on the timeline's clock.
+  NoGradGuard no_grad;
+  Tensor x = tokens;
+  for (int64_t l = 0; l < gpt.layer_count(); ++l) {
+    const double start = timeline.totals().now;
+    x = gpt.forward_layer(l, x);
+    EXPECT_NEAR(static_cast<double>(times[static_cast<size_t>(l)]),
+                (timeline.totals().now - start) * 1e6, 1.0)
+        << "layer " << l;
+  }
+  EXPECT_EQ(times[1], times[2]);                  // two blocks
+  EXPECT_GT(times.back(), 2 * times[1]);          // the head's GEMM over 16,384 columns
 }
 
 TEST(Simulation, SplittingASimulatedGroupIsAClearError) {
