@@ -19,7 +19,9 @@ configs=("single_device 1 --threads 1" "ddp_spawn 2" "deepspeed_stage_1 2" "deep
          "deepspeed_stage_3 2" "fsdp 2" "fsdp_cpu_offload 2"
          "fsdp 2 --fsdp-sharding-strategy HYBRID_SHARD" "model_parallel 2 --tp 2"
          "pipeline 2 --pp 2 --micro-batches 4"
+         "pipeline 2 --pp 2 --micro-batches 4 --pp-schedule gpipe"
          "pipeline 2 --pp 2 --micro-batches 4 --pp-schedule interleaved_1f1b"
+         "pipeline 2 --pp 2 --micro-batches 4 --pp-schedule zero_bubble"
          "pipeline 8 --pp 2 --tp 2 --micro-batches 4")
 echo "| model | strategy | ranks | measured ms/step | predicted ms/step | error |"
 echo "|---|---|---|---|---|---|"
