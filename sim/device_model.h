@@ -16,6 +16,7 @@ namespace loom::sim {
 
 class DeviceModel {
  public:
+  // Refers to `cluster`, which must outlive it.
   // `ranks_per_node`: how many ranks of the job share one node's compute slots.
   // `compute_dtype`: the precision's (sim::compute_dtype). Under autocast the meta device
   // follows the CPU path, which rounds the operands of GEMMs and attention through the low

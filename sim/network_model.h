@@ -22,7 +22,7 @@ class NetworkModel {
  public:
   // `rank`: the simulated rank, placed on node rank / devices_per_node. A group of n ranks is
   // taken to be n consecutive ranks from a node's start (data-parallel groups of a packed job).
-  NetworkModel(const Cluster& cluster, int rank);
+  NetworkModel(const Cluster& cluster, int rank);  // refers to `cluster`: it must outlive it
   // Throws loom::Error when the group needs more than one node and the cluster has no network.
   CollectiveTime time(const comm::CommCost& cost) const;
 

@@ -31,8 +31,9 @@ void deliver(const RankExchange::Message& message, const Tensor& into) {
 Timeline::Timeline(const Cluster& cluster, int rank, int world_size, DType compute_dtype,
                    strategies::Trace* trace, RankExchange* exchange)
     : rank_(rank),
-      device_(cluster, std::min(world_size, cluster.devices_per_node), compute_dtype),
-      network_(cluster, rank),
+      cluster_(cluster),
+      device_(cluster_, std::min(world_size, cluster_.devices_per_node), compute_dtype),
+      network_(cluster_, rank),
       trace_(trace),
       exchange_(exchange) {}
 

@@ -40,7 +40,7 @@ class Timeline final : public MetaCostSink, public comm::CommCostSink, public co
   // Rank `rank` of `world_size` ranks packed onto the cluster's nodes, computing in
   // `compute_dtype` (DeviceModel). With a `trace`, every op, operation and exposed wait is
   // recorded there in simulated microseconds.
-  // With an `exchange`, `rank` is one of its present ranks.
+  // With an `exchange`, `rank` is one of its present ranks. Keeps its own copy of `cluster`.
   Timeline(const Cluster& cluster, int rank, int world_size, DType compute_dtype,
            strategies::Trace* trace = nullptr, RankExchange* exchange = nullptr);
 
@@ -71,6 +71,7 @@ class Timeline final : public MetaCostSink, public comm::CommCostSink, public co
   double start_of(const comm::CommCost& cost, std::unique_lock<std::mutex>& lock);
 
   int rank_;
+  Cluster cluster_;  // its own copy: the models below refer to it
   DeviceModel device_;
   NetworkModel network_;
   strategies::Trace* trace_;

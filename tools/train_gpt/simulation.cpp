@@ -9,6 +9,7 @@
 
 #include "comm/store/in_process_store.h"
 #include "core/tags.h"
+#include "sim/device_model.h"
 #include "sim/rank_exchange.h"
 #include "sim/timeline.h"
 #include "strategies/devices.h"
@@ -167,12 +168,19 @@ SimulatedRank simulate_pipeline(const nn::ModelSpec& spec, const TrainOptions& o
         stages[i] = run_rank(spec, options, *strategy, config, present[i], world_size, cluster,
                              record_trace, &exchange);
         stages[i].stage = s;
-      } catch (const std::exception& e) {
+      } catch (...) {
+        std::string what = "unknown error";
+        try {
+          throw;
+        } catch (const std::exception& e) {
+          what = e.what();
+        } catch (...) {
+        }
         {
           std::lock_guard lock(failed);
           if (!first_error) first_error = std::current_exception();
         }
-        exchange.abort("stage " + std::to_string(s) + " failed: " + e.what());
+        exchange.abort("stage " + std::to_string(s) + " failed: " + what);
       }
     });
   }
@@ -186,7 +194,7 @@ SimulatedRank simulate_pipeline(const nn::ModelSpec& spec, const TrainOptions& o
                                           return a.step_s < b.step_s;
                                         });
   SimulatedRank job = *slowest;
-  double flops = 0, peak_flops_rate = 0;
+  double flops = 0;
   job.traces.clear();
   for (const SimulatedRank& stage : stages) {
     job.traces.insert(job.traces.end(), stage.traces.begin(), stage.traces.end());
@@ -194,12 +202,11 @@ SimulatedRank simulate_pipeline(const nn::ModelSpec& spec, const TrainOptions& o
       job.peak_bytes_by_kind[k] = std::max(job.peak_bytes_by_kind[k], stage.peak_bytes_by_kind[k]);
     job.peak_bytes = std::max(job.peak_bytes, stage.peak_bytes);
     flops += stage.model_flops;
-    if (stage.mfu > 0) peak_flops_rate = stage.model_flops / stage.step_s / stage.mfu;
   }
   job.model_flops = flops / p;
-  job.mfu = job.step_s > 0 && peak_flops_rate > 0
-                ? job.model_flops / job.step_s / peak_flops_rate
-                : 0;
+  const DType dtype = sim::compute_dtype(config.precision);
+  const double peak = sim::DeviceModel(cluster, 1, dtype).peak_flops(dtype);
+  job.mfu = job.step_s > 0 ? job.model_flops / job.step_s / peak : 0;
   job.stages = std::move(stages);
   return job;
 }
