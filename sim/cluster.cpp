@@ -180,6 +180,12 @@ Cluster parse_cluster(const std::string& json_text, const std::string& origin) {
     }
   };
   read_rates(device, "device", c.device);
+  if (device.contains("code_path")) {
+    const std::string path = r.text(device, "device", "code_path");
+    if (path != "cpu" && path != "cuda")
+      r.fail("device.code_path", "must be \"cpu\" or \"cuda\", not \"" + path + "\"");
+    c.device.cuda_code_path = path == "cuda";
+  }
   if (const auto shared = device.find("shared"); shared != device.end()) {
     auto rates = std::make_shared<DeviceRates>();
     read_rates(*shared, "device.shared", *rates);

@@ -51,6 +51,9 @@ struct DeviceSpec : DeviceRates {  // the rates of one rank with its node to its
   std::string name;
   double memory_bytes = 0;             // capacity, for the sweep's memory limit
   std::map<DType, double> peak_flops;  // the datasheet's dense peak by compute dtype, for MFU
+  // Optional (device.code_path "cuda"; default "cpu"): a simulated rank's meta ops allocate as
+  // Loom's CUDA code path does where it differs from the CPU's (MetaCudaPathScope).
+  bool cuda_code_path = false;
   // Optional (device.shared): the rates measured while every compute slot of the node runs a
   // rank at once, where the devices share caches and memory bandwidth (a CPU's cores); the
   // device model takes them for a job with more than one rank on a node.

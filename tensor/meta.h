@@ -35,6 +35,7 @@
 
 #include <array>
 #include <optional>
+#include <utility>
 #include <cstdint>
 #include <initializer_list>
 #include <map>
@@ -106,7 +107,25 @@ class MetaCostScope {
 
 namespace detail {
 inline thread_local bool profiling_cpu_ops = false;  // CpuOpReports'
+inline thread_local bool meta_follows_cuda = false;  // MetaCudaPathScope's
 }  // namespace detail
+
+// Where the CPU's and CUDA's code paths of an op allocate differently, meta follows the CPU's,
+// or CUDA's while a MetaCudaPathScope is alive on the calling thread (a simulated GPU rank:
+// docs/simulation.md, "A GPU's code path"). Built so far: causal attention, which keeps the
+// [B, H, T, T] probabilities on the CPU and each row's f32 logsumexp under CUDA's flash kernels.
+inline bool meta_follows_cuda() { return detail::meta_follows_cuda; }
+
+class MetaCudaPathScope {
+ public:
+  MetaCudaPathScope() : previous_(std::exchange(detail::meta_follows_cuda, true)) {}
+  ~MetaCudaPathScope() { detail::meta_follows_cuda = previous_; }
+  MetaCudaPathScope(const MetaCudaPathScope&) = delete;
+  MetaCudaPathScope& operator=(const MetaCudaPathScope&) = delete;
+
+ private:
+  bool previous_;
+};
 
 // Whether an op on `device` reports its cost at its kernel site: always on meta, and on the
 // CPU while the calling thread reports its CPU ops (CpuOpReports; Note [Profiling CPU ops]).

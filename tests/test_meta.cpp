@@ -6,11 +6,10 @@
 
 #include <gtest/gtest.h>
 
-#include <optional>
-
 #include <fstream>
 #include <functional>
 #include <map>
+#include <optional>
 #include <regex>
 #include <set>
 #include <sstream>
@@ -305,6 +304,29 @@ TEST(MetaDevice, GemmAndAttentionCostTheirClosedForms) {
   EXPECT_EQ(log.costs[0].op_class, OpClass::Attention);
   // QK^T and PV over the 7 * 8 / 2 = 28 causal pairs of each of 2 * 3 heads, 8 wide.
   EXPECT_EQ(log.costs[0].flops, 2.0 * 2 * 2 * 3 * 28 * 8);
+}
+
+// Under MetaCudaPathScope, causal attention allocates as CUDA's flash path does: the output and
+// each row's f32 logsumexp are kept for backward, not the [B, H, T, T] probabilities; its work
+// is the same. Outside the scope it is the CPU path's again.
+TEST(MetaDevice, CausalAttentionFollowsCudasPathWhenAsked) {
+  const auto kept_bytes = [](bool cuda) {
+    std::optional<MetaCudaPathScope> path;
+    if (cuda) path.emplace();
+    CostLog log;
+    MetaCostScope scope(log);
+    Tensor q = Tensor::empty({2, 3, 7, 8}, DType::F32, Device::meta()).set_requires_grad(true);
+    Allocator& meta = allocator_for(Device::meta());
+    const size_t before = meta.stats().current_bytes;
+    Tensor out = causal_attention(q, q, q);
+    const size_t kept = meta.stats().current_bytes - before;
+    sum(out).backward();
+    EXPECT_EQ(log.costs.front().flops, 2.0 * 2 * 2 * 3 * 28 * 8);
+    return kept;
+  };
+  const size_t out_bytes = 2 * 3 * 7 * 8 * 4;
+  EXPECT_EQ(kept_bytes(true), out_bytes + 2 * 3 * 7 * 4);   // + the logsumexp
+  EXPECT_EQ(kept_bytes(false), out_bytes + 2 * 3 * 7 * 7 * 4);  // + the probabilities
 }
 
 // The small models the step tests train, on `device`.

@@ -36,14 +36,21 @@ Tensor empty_bthd(const Shape& bhtd, DType dtype, Device device) {
 }
 
 // Causal attention on a GPU with the flash kernels: no [T, T] probabilities are kept, only
-// each row's logsumexp (f32), from which backward recomputes them tile by tile.
+// each row's logsumexp (f32), from which backward recomputes them tile by tile. On meta
+// (meta_follows_cuda) it allocates as on a GPU and reports the same work as the CPU path; the
+// backward's workspace is not modelled.
 Tensor cuda_causal_attention(const Tensor& q, const Tensor& k, const Tensor& v) {
   kernels::cpu::AttentionShape s{q.size(0), q.size(1), q.size(2), q.size(3)};
   Tensor qc = with_unit_inner_stride(q), kc = with_unit_inner_stride(k),
          vc = with_unit_inner_stride(v);
   Tensor out = empty_bthd(q.shape(), q.dtype(), q.device()).detach();
   Tensor lse = Tensor::empty({s.batch, s.heads, s.time}, DType::F32, q.device());
-  LOOM_IF_CUDA({
+  const bool meta = q.device().is_meta();
+  if (meta) {
+    record_meta_op("causal_attention", OpClass::Attention, causal_attention_flops(s), {qc, kc, vc},
+                   {out, lse}, {s.batch, s.heads, s.time, s.head_dim});
+  }
+  if (!meta) LOOM_IF_CUDA({
     kernels::cuda::AttentionShape cs{s.batch, s.heads, s.time, s.head_dim};
     if (q.numel() > 0) {
       kernels::cuda::flash_attention_forward(
@@ -61,6 +68,12 @@ Tensor cuda_causal_attention(const Tensor& q, const Tensor& k, const Tensor& v) 
           Tensor dq = empty_bthd(qc.shape(), qc.dtype(), qc.device());
           Tensor dk = empty_bthd(qc.shape(), qc.dtype(), qc.device());
           Tensor dv = empty_bthd(qc.shape(), qc.dtype(), qc.device());
+          if (qc.device().is_meta()) {
+            record_meta_op("CausalAttention", OpClass::Attention, 2 * causal_attention_flops(s),
+                           {dout, qc, kc, vc, o, lse}, {dq, dk, dv},
+                           {s.batch, s.heads, s.time, s.head_dim});
+            return std::vector<Tensor>{dq, dk, dv};
+          }
           LOOM_IF_CUDA({
             kernels::cuda::AttentionShape cs{s.batch, s.heads, s.time, s.head_dim};
             if (qc.numel() > 0) {
@@ -97,7 +110,8 @@ Tensor causal_attention(const Tensor& q, const Tensor& k, const Tensor& v) {
     fail("causal_attention: expected q, k, v of one shape [B, H, T, D]; got ", shape_str(q.shape()),
          ", ", shape_str(k.shape()), ", ", shape_str(v.shape()));
   }
-  if (q.device().is_cuda()) return cuda_causal_attention(q, k, v);
+  if (q.device().is_cuda() || (q.device().is_meta() && meta_follows_cuda()))
+    return cuda_causal_attention(q, k, v);
   kernels::cpu::AttentionShape s{q.size(0), q.size(1), q.size(2), q.size(3)};
   Tensor qc = with_unit_inner_stride(q), kc = with_unit_inner_stride(k),
          vc = with_unit_inner_stride(v);

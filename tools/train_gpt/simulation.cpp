@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <exception>
 #include <mutex>
+#include <optional>
 #include <thread>
 
 #include <nlohmann/json.hpp>
@@ -52,6 +53,9 @@ SimulatedRank run_rank(const nn::ModelSpec& spec, const TrainOptions& options,
                          record_trace ? out.traces.back().second.get() : nullptr, exchange);
   {
     sim::TimelineScope scope(timeline);
+    // A GPU cluster's ranks allocate as Loom's CUDA code path does (device.code_path).
+    std::optional<MetaCudaPathScope> cuda_path;
+    if (cluster.device.cuda_code_path) cuda_path.emplace();
     // The rank's host work (the offloaded optimizer, on real host tensors) takes simulated time
     // too, at the cluster's host rates.
     CpuOpReports host_ops;
