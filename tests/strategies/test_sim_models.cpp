@@ -79,6 +79,13 @@ TEST(SimCluster, TheFileIsReadWithItsUnits) {
 
 TEST(SimCluster, BadDescriptionsNameTheirField) {
   expect_error(test_cluster_json(R"("busbw_gbps": 100,)", ""), "node.busbw_gbps is missing");
+  expect_error(test_cluster_json(R"("memory_gib": 16,)", R"("memory_gib": 16, "code_path": "tpu",)"),
+               "device.code_path must be \"cpu\" or \"cuda\", not \"tpu\"");
+  EXPECT_TRUE(parse_cluster(test_cluster_json(R"("memory_gib": 16,)",
+                                              R"("memory_gib": 16, "code_path": "cuda",)"),
+                            "cuda")
+                  .device.cuda_code_path);
+  EXPECT_FALSE(test_cluster().device.cuda_code_path);
   expect_error(test_cluster_json(R"("devices": 4)", R"("devices": 0)"),
                "node.devices must be more than 0");
   expect_error(test_cluster_json(R"("devices": 4)", R"("devices": 2.5)"),
