@@ -34,12 +34,12 @@
 // (tools/loom_sim/calibrate.cpp).
 
 #include <array>
-#include <optional>
-#include <utility>
 #include <cstdint>
 #include <initializer_list>
 #include <map>
+#include <optional>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "tensor/tensor.h"
@@ -112,7 +112,7 @@ inline thread_local bool meta_follows_cuda = false;  // MetaCudaPathScope's
 
 // Where the CPU's and CUDA's code paths of an op allocate differently, meta follows the CPU's,
 // or CUDA's while a MetaCudaPathScope is alive on the calling thread (a simulated GPU rank:
-// docs/simulation.md, "A GPU's code path"). Built so far: causal attention, which keeps the
+// docs/simulation.md, "The meta device"). Built so far: causal attention, which keeps the
 // [B, H, T, T] probabilities on the CPU and each row's f32 logsumexp under CUDA's flash kernels.
 inline bool meta_follows_cuda() { return detail::meta_follows_cuda; }
 
