@@ -14,10 +14,6 @@ int RankExchange::present_among(const std::vector<int>* members, int world_size)
   if (members == nullptr) {  // the world: every present rank below its size
     return static_cast<int>(std::distance(present_.begin(), present_.lower_bound(world_size)));
   }
-  if (present_.size() == 1) {
-    const int only = *present_.begin();
-    return std::find(members->begin(), members->end(), only) != members->end() ? 1 : 0;
-  }
   int count = 0;
   for (int r : *members) count += is_present(r) ? 1 : 0;
   return count;

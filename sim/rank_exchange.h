@@ -20,7 +20,6 @@
 #include <mutex>
 #include <set>
 #include <string>
-#include <tuple>
 #include <vector>
 
 namespace loom::sim {
@@ -31,7 +30,7 @@ class RankExchange {
   explicit RankExchange(std::vector<int> present,
                         std::chrono::milliseconds timeout = std::chrono::minutes(5));
 
-  // How many of `members` (world ranks; empty: the world of `world_size`) are present.
+  // How many of `members` (world ranks; null: the world of `world_size`) are present.
   int present_among(const std::vector<int>* members, int world_size) const;
   bool is_present(int world_rank) const { return present_.count(world_rank) > 0; }
 

@@ -51,9 +51,10 @@ void Timeline::record(const OpCost& cost) {
   costs_.record(cost);
 }
 
-double Timeline::start_of(const comm::CommCost& cost, std::unique_lock<std::mutex>& lock) {
+double Timeline::start_of(const comm::CommCost& cost, bool p2p,
+                          std::unique_lock<std::mutex>& lock) {
   const double ready = std::max(totals_.now, stream_free_at_[cost.group]);
-  if (exchange_ == nullptr || cost.op == "send" || cost.op == "recv") return ready;
+  if (exchange_ == nullptr || p2p) return ready;
   const int present = exchange_->present_among(cost.world_ranks.get(), cost.group_size);
   if (present < 2) return ready;
   const std::string key =
@@ -69,9 +70,9 @@ comm::SimInterval Timeline::record(const comm::CommCost& cost) {
   comm::CommCost logged = cost;
   logged.host_tensor = Tensor();  // (the log keeps no tensors)
   comm_log_.record(logged);
-  std::unique_lock lock(mutex_);
-  const double start = start_of(cost, lock);
   const bool p2p = cost.op == "send" || cost.op == "recv";
+  std::unique_lock lock(mutex_);
+  const double start = start_of(cost, p2p, lock);
   const int peer = !p2p                ? -1
                    : cost.world_ranks ? (*cost.world_ranks)[static_cast<size_t>(cost.peer)]
                                       : cost.peer;

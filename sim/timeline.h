@@ -67,8 +67,9 @@ class Timeline final : public MetaCostSink, public comm::CommCostSink, public co
 
  private:
   // The start of an operation on `cost`'s group: when its stream is free and the compute
-  // stream has issued it, and with several present members, when the last of them is.
-  double start_of(const comm::CommCost& cost, std::unique_lock<std::mutex>& lock);
+  // stream has issued it, and for a collective with several present members, when the last
+  // of them is.
+  double start_of(const comm::CommCost& cost, bool p2p, std::unique_lock<std::mutex>& lock);
 
   int rank_;
   Cluster cluster_;  // its own copy: the models below refer to it

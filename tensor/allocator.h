@@ -89,7 +89,6 @@ class MetaAllocatorScope {
   ~MetaAllocatorScope();
   MetaAllocatorScope(const MetaAllocatorScope&) = delete;
   MetaAllocatorScope& operator=(const MetaAllocatorScope&) = delete;
-  Allocator& allocator() { return *allocator_; }
 
  private:
   std::unique_ptr<Allocator> allocator_;
