@@ -110,7 +110,9 @@ Tensor LlamaAttention::forward(const Tensor& x, const RotaryTables& rotary,
     Tensor q = apply_rotary(heads_of(q_proj_->forward(in), heads_), rotary);
     Tensor k = apply_rotary(heads_of(kv_projection(*k_proj_), kv_heads_), rotary);
     Tensor v = heads_of(kv_projection(*v_proj_), kv_heads_);
-    if (kv_heads_ != heads_) {  // GQA: each key/value head serves heads / kv_heads queries
+    // GQA: each key/value head serves heads / kv_heads queries. causal_attention takes the
+    // grouped heads as they are; the cache's one-token step wants them repeated.
+    if (cache && kv_heads_ != heads_) {
       const int64_t group = heads_ / kv_heads_;
       auto repeat = [&](const Tensor& t) {
         return t.reshape({batch, kv_heads_, 1, time, head_dim_})

@@ -50,8 +50,7 @@ MemoryEstimate estimate_memory(const nn::Module& model, const std::string& strat
 // describes (forward and loss under `precision`'s autocast, then backward of the loss, scaled
 // when `precision` scales it, as Strategy::forward_backward runs them), run on the meta device
 // (tensor/meta.h), where the real code path runs without computing and allocates the CPU
-// path's tensors byte for byte: a CPU run's memory report measures the same (under CUDA,
-// flash attention keeps less). Under the data-parallel and sharded strategies every rank runs
+// path's tensors byte for byte: a CPU run's memory report measures the same. Under the data-parallel and sharded strategies every rank runs
 // one of these per micro-batch.
 struct MicroBatchEstimate {
   // The peak bytes of activations (MemoryKind::Activations), the tokens and the model's own

@@ -63,9 +63,11 @@ Tensor rms_norm(const Tensor& x, const Tensor& weight, double eps);
 // Softmax over the last dimension. With causal, x is [..., T, T] and entries with column >
 // row are masked out (probability 0).
 Tensor softmax(const Tensor& x, bool causal = false);
-// Causal scaled-dot-product attention over q, k, v of shape [B, H, T, D] (last stride 1;
-// other strides free, so q/k/v may be views into a fused projection). Scale 1/sqrt(D).
-// The result is [B, H, T, D] laid out as [B, T, H, D] in memory, so that
+// Causal scaled-dot-product attention of q [B, H, T, D] over k, v [B, H_kv, T, D], H_kv
+// dividing H (grouped-query attention: query head h reads key/value head h / (H / H_kv)).
+// Last strides 1, other strides free, so q/k/v may be views into a fused projection. Scale
+// 1/sqrt(D). Flash-style on every device: no [T, T] matrix is kept for backward. The result
+// is [B, H, T, D] laid out as [B, T, H, D] in memory, so that
 // permute({0, 2, 1, 3}).reshape({B, T, H*D}) is free.
 Tensor causal_attention(const Tensor& q, const Tensor& k, const Tensor& v);
 // Mean over rows of -log softmax(logits)[target]; logits [N, V], targets [N] (i32/i64).

@@ -6,6 +6,7 @@
 
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <fstream>
 #include <functional>
 #include <map>
@@ -306,27 +307,35 @@ TEST(MetaDevice, GemmAndAttentionCostTheirClosedForms) {
   EXPECT_EQ(log.costs[0].flops, 2.0 * 2 * 2 * 3 * 28 * 8);
 }
 
-// Under MetaCudaPathScope, causal attention allocates as CUDA's flash path does: the output and
-// each row's f32 logsumexp are kept for backward, not the [B, H, T, T] probabilities; its work
-// is the same. Outside the scope it is the CPU path's again.
-TEST(MetaDevice, CausalAttentionFollowsCudasPathWhenAsked) {
+// Causal attention keeps its output and each row's logsumexp for backward, never the
+// [B, H, T, T] probabilities, on the CPU's path and CUDA's alike; its work is the same on both.
+// Grouped key/value heads (here 2 for 4 query heads) are taken as they are on the CPU's path;
+// CUDA's (MetaCudaPathScope) repeats them first, as its kernels want, and keeps the copies.
+TEST(MetaDevice, CausalAttentionKeepsTheLogsumexpAndRepeatsGroupedHeadsOnlyOnCudasPath) {
   const auto kept_bytes = [](bool cuda) {
     std::optional<MetaCudaPathScope> path;
     if (cuda) path.emplace();
     CostLog log;
     MetaCostScope scope(log);
-    Tensor q = Tensor::empty({2, 3, 7, 8}, DType::F32, Device::meta()).set_requires_grad(true);
+    Tensor q = Tensor::empty({2, 4, 7, 8}, DType::F32, Device::meta()).set_requires_grad(true);
+    Tensor kv = Tensor::empty({2, 2, 7, 8}, DType::F32, Device::meta()).set_requires_grad(true);
     Allocator& meta = allocator_for(Device::meta());
     const size_t before = meta.stats().current_bytes;
-    Tensor out = causal_attention(q, q, q);
+    Tensor out = causal_attention(q, kv, kv);
     const size_t kept = meta.stats().current_bytes - before;
     sum(out).backward();
-    EXPECT_EQ(log.costs.front().flops, 2.0 * 2 * 2 * 3 * 28 * 8);
+    const auto attention = std::find_if(log.costs.begin(), log.costs.end(), [](const auto& c) {
+      return c.op_class == OpClass::Attention;
+    });
+    EXPECT_NE(attention, log.costs.end());
+    if (attention != log.costs.end()) {
+      EXPECT_EQ(attention->flops, 2.0 * 2 * 2 * 4 * 28 * 8);
+    }
     return kept;
   };
-  const size_t out_bytes = 2 * 3 * 7 * 8 * 4;
-  EXPECT_EQ(kept_bytes(true), out_bytes + 2 * 3 * 7 * 4);   // + the logsumexp
-  EXPECT_EQ(kept_bytes(false), out_bytes + 2 * 3 * 7 * 7 * 4);  // + the probabilities
+  const size_t out_bytes = 2 * 4 * 7 * 8 * 4, lse_bytes = 2 * 4 * 7 * 4;
+  EXPECT_EQ(kept_bytes(false), out_bytes + lse_bytes);
+  EXPECT_EQ(kept_bytes(true), out_bytes + lse_bytes + 2 * out_bytes);  // + repeated k and v
 }
 
 // The small models the step tests train, on `device`.

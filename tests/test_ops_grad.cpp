@@ -4,6 +4,10 @@
 
 #include "gradcheck.h"
 
+#include <algorithm>
+#include <cmath>
+#include <string>
+
 namespace loom {
 namespace {
 
@@ -113,6 +117,62 @@ TEST_F(OpGradient, CausalAttentionMatchesComposedOps) {
   std::vector<double> a = fused.to_vector<double>(), b = composed.to_vector<double>();
   for (size_t i = 0; i < a.size(); ++i)
     EXPECT_NEAR(a[i], b[i], 1e-12);
+}
+
+TEST_F(OpGradient, CausalAttentionWithGroupedKeyValueHeads) {
+  // 4 query heads over 2 key/value heads: heads 0, 1 read kv head 0; heads 2, 3 kv head 1.
+  Tensor q = random_leaf({2, 4, 5, 3}, gen), k = random_leaf({2, 2, 5, 3}, gen),
+         v = random_leaf({2, 2, 5, 3}, gen);
+  expect_gradients_match(
+      [](const Inputs& in) { return causal_attention(in[0], in[1], in[2]); }, {q, k, v});
+}
+
+// Over many query and key tiles (64 x 256 in kernels/cpu/attention.cpp: T = 300 takes the online
+// softmax's rescaling and the diagonal's partial tiles), with grouped heads: output and every
+// gradient as the composed ops give them, repeated key/value heads and a masked softmax.
+TEST_F(OpGradient, CausalAttentionMatchesComposedOpsOverManyTiles) {
+  const int64_t B = 1, H = 4, KV = 2, T = 300, D = 8;
+  const Tensor random_q = random_leaf({B, H, T, D}, gen, false),
+               random_k = random_leaf({B, KV, T, D}, gen, false),
+               random_v = random_leaf({B, KV, T, D}, gen, false);
+  Tensor weights = random_leaf({B, H, T, D}, gen, false);
+  auto repeat = [&](const Tensor& t) {
+    return t.reshape({B, KV, 1, T, D}).expand({B, KV, H / KV, T, D}).reshape({B, H, T, D});
+  };
+  auto run = [&](bool fused) {
+    Tensor q = random_q.detach().set_requires_grad(true), k = random_k.detach().set_requires_grad(true),
+           v = random_v.detach().set_requires_grad(true);
+    Tensor out;
+    if (fused) {
+      out = causal_attention(q, k, v);
+    } else {
+      Tensor scores = mul(matmul(q, transpose(repeat(k), -1, -2)), 1.0 / std::sqrt(double(D)));
+      out = matmul(softmax(scores, true), repeat(v));
+    }
+    sum(mul(out, weights)).backward();
+    std::vector<std::vector<double>> all{out.contiguous().to_vector<double>()};
+    for (const Tensor& t : {q, k, v})
+      all.push_back(t.grad().contiguous().to_vector<double>());
+    return all;
+  };
+  const auto fused = run(true), composed = run(false);
+  for (size_t part = 0; part < fused.size(); ++part) {
+    ASSERT_EQ(fused[part].size(), composed[part].size());
+    double worst = 0;
+    for (size_t i = 0; i < fused[part].size(); ++i)
+      worst = std::max(worst, std::abs(fused[part][i] - composed[part][i]));
+    EXPECT_LT(worst, 1e-12) << "part " << part << " (out, dq, dk, dv)";
+  }
+}
+
+TEST_F(OpGradient, CausalAttentionRefusesHeadsItCannotGroup) {
+  Tensor q = random_leaf({1, 3, 4, 2}, gen), kv = random_leaf({1, 2, 4, 2}, gen);
+  try {
+    causal_attention(q, kv, kv);
+    FAIL() << "3 query heads over 2 key/value heads must be refused";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("H_kv dividing H"), std::string::npos) << e.what();
+  }
 }
 
 TEST_F(OpGradient, CrossEntropy) {

@@ -76,33 +76,15 @@ struct HeadReference {
 HeadReference reference_head(const std::vector<double>& q, const std::vector<double>& k,
                              const std::vector<double>& v, const std::vector<double>& dout,
                              int64_t time, int64_t dim) {
-  const cpu::AttentionShape s{1, 1, time, dim};
+  const cpu::AttentionShape s{1, 1, time, dim, 1};
   const int64_t st[3] = {0, 0, dim};
   const size_t n = static_cast<size_t>(time * dim);
-  std::vector<double> out(n), dq(n), dk(n), dv(n), probs(static_cast<size_t>(time * time));
+  std::vector<double> out(n), dq(n), dk(n), dv(n), lse(static_cast<size_t>(time));
   cpu::causal_attention_forward<double>(s, q.data(), st, k.data(), st, v.data(), st, out.data(), st,
-                                        probs.data());
+                                        lse.data());
   cpu::causal_attention_backward<double>(s, dout.data(), st, q.data(), st, k.data(), st, v.data(),
-                                         st, probs.data(), dq.data(), st, dk.data(), st, dv.data(),
-                                         st);
-  // logsumexp of row i over keys j <= i, of the scaled scores.
-  std::vector<double> lse(static_cast<size_t>(time));
-  const double scale = 1.0 / std::sqrt(static_cast<double>(dim));
-  std::vector<double> row(static_cast<size_t>(time));
-  for (int64_t i = 0; i < time; ++i) {
-    double mx = -INFINITY;
-    for (int64_t j = 0; j <= i; ++j) {
-      double acc = 0.0;
-      for (int64_t d = 0; d < dim; ++d)
-        acc += q[i * dim + d] * k[j * dim + d];
-      row[j] = acc * scale;
-      mx = std::max(mx, row[j]);
-    }
-    double sum = 0.0;
-    for (int64_t j = 0; j <= i; ++j)
-      sum += std::exp(row[j] - mx);
-    lse[i] = mx + std::log(sum);
-  }
+                                         st, out.data(), st, lse.data(), dq.data(), st, dk.data(),
+                                         st, dv.data(), st);
   return {to_float(out), to_float(lse), to_float(dq), to_float(dk), to_float(dv)};
 }
 

@@ -35,66 +35,38 @@ Tensor empty_bthd(const Shape& bhtd, DType dtype, Device device) {
   return storage.permute({0, 2, 1, 3});
 }
 
-// Causal attention on a GPU with the flash kernels: no [T, T] probabilities are kept, only
-// each row's logsumexp (f32), from which backward recomputes them tile by tile. On meta
-// (meta_follows_cuda) it allocates as on a GPU and reports the same work as the CPU path; the
-// backward's workspace is not modelled.
-Tensor cuda_causal_attention(const Tensor& q, const Tensor& k, const Tensor& v) {
-  kernels::cpu::AttentionShape s{q.size(0), q.size(1), q.size(2), q.size(3)};
-  Tensor qc = with_unit_inner_stride(q), kc = with_unit_inner_stride(k),
-         vc = with_unit_inner_stride(v);
-  Tensor out = empty_bthd(q.shape(), q.dtype(), q.device()).detach();
-  Tensor lse = Tensor::empty({s.batch, s.heads, s.time}, DType::F32, q.device());
-  const bool meta = q.device().is_meta();
-  if (meta) {
-    record_meta_op("causal_attention", OpClass::Attention, causal_attention_flops(s), {qc, kc, vc},
-                   {out, lse}, {s.batch, s.heads, s.time, s.head_dim});
+// [B, kv_heads, T, D] -> [B, heads, T, D], each key/value head repeated for its group of
+// query heads (materialised; the gradient sums over the group through expand's backward).
+Tensor repeat_kv(const Tensor& t, int64_t heads) {
+  const int64_t b = t.size(0), kv = t.size(1), time = t.size(2), d = t.size(3);
+  return t.reshape({b, kv, 1, time, d})
+      .expand({b, kv, heads / kv, time, d})
+      .reshape({b, heads, time, d});
+}
+
+void check_attention_operands(const Tensor& q, const Tensor& k, const Tensor& v) {
+  detail::check_kernel_device("causal_attention", q);
+  detail::check_same_kind("causal_attention", q, k);
+  detail::check_same_kind("causal_attention", q, v);
+  const bool ok = q.dim() == 4 && k.dim() == 4 && k.shape() == v.shape() &&
+                  k.size(0) == q.size(0) && k.size(2) == q.size(2) && k.size(3) == q.size(3) &&
+                  k.size(1) > 0 && q.size(1) % k.size(1) == 0;
+  if (!ok) {
+    fail("causal_attention: expected q [B, H, T, D] and k, v [B, H_kv, T, D] with H_kv dividing "
+         "H; got ",
+         shape_str(q.shape()), ", ", shape_str(k.shape()), ", ", shape_str(v.shape()));
   }
-  if (!meta) LOOM_IF_CUDA({
-    kernels::cuda::AttentionShape cs{s.batch, s.heads, s.time, s.head_dim};
-    if (q.numel() > 0) {
-      kernels::cuda::flash_attention_forward(
-          q.dtype(), cs, qc.raw_data(), qc.strides().data(), kc.raw_data(), kc.strides().data(),
-          vc.raw_data(), vc.strides().data(), out.raw_data(), out.strides().data(),
-          lse.data<float>(), detail::stream_of(q));
-    }
-  });
-  if (autograd::any_requires_grad({q, k, v})) {
-    autograd::record(
-        "CausalAttention", {q, k, v}, {out},
-        [qc = qc.detach(), kc = kc.detach(), vc = vc.detach(), o = out.detach(), lse, s](
-            const std::vector<Tensor>& g, const autograd::Node&) {
-          Tensor dout = with_unit_inner_stride(g[0]);
-          Tensor dq = empty_bthd(qc.shape(), qc.dtype(), qc.device());
-          Tensor dk = empty_bthd(qc.shape(), qc.dtype(), qc.device());
-          Tensor dv = empty_bthd(qc.shape(), qc.dtype(), qc.device());
-          if (qc.device().is_meta()) {
-            record_meta_op("CausalAttention", OpClass::Attention, 2 * causal_attention_flops(s),
-                           {dout, qc, kc, vc, o, lse}, {dq, dk, dv},
-                           {s.batch, s.heads, s.time, s.head_dim});
-            return std::vector<Tensor>{dq, dk, dv};
-          }
-          LOOM_IF_CUDA({
-            kernels::cuda::AttentionShape cs{s.batch, s.heads, s.time, s.head_dim};
-            if (qc.numel() > 0) {
-              Tensor scratch = detail::workspace(
-                  qc.device(), kernels::cuda::flash_attention_backward_workspace(cs));
-              kernels::cuda::flash_attention_backward(
-                  qc.dtype(), cs, dout.raw_data(), dout.strides().data(), qc.raw_data(),
-                  qc.strides().data(), kc.raw_data(), kc.strides().data(), vc.raw_data(),
-                  vc.strides().data(), o.raw_data(), o.strides().data(), lse.data<float>(),
-                  dq.raw_data(), dq.strides().data(), dk.raw_data(), dk.strides().data(),
-                  dv.raw_data(), dv.strides().data(), scratch.raw_data(), detail::stream_of(qc));
-            }
-          });
-          return std::vector<Tensor>{dq, dk, dv};
-        });
-  }
-  return out;
 }
 
 }  // namespace
 
+// Note [One attention for every device]
+// Every device runs the flash form: the output and each row's logsumexp are kept, never the
+// [B, H, T, T] probabilities (kernels/cpu/attention.h, kernels/cuda/attention.h). The CPU
+// kernel takes grouped key/value heads as they are; the CUDA kernels take one key/value head
+// per query head, so a grouped k and v are repeated first there (and on meta following CUDA's
+// path, which allocates what a GPU would). The logsumexp is f32 on a GPU and the operands'
+// dtype on the CPU (f64 there for the gradient checks).
 Tensor causal_attention(const Tensor& q, const Tensor& k, const Tensor& v) {
   if (autocast_dtype() != DType::F32) {  // as PyTorch's autocast does for SDPA on CUDA
     DType low = autocast_dtype();
@@ -103,55 +75,74 @@ Tensor causal_attention(const Tensor& q, const Tensor& k, const Tensor& v) {
                                             autocast_input(v, low)),
                            low);
   }
-  detail::check_kernel_device("causal_attention", q);
-  detail::check_same_kind("causal_attention", q, k);
-  detail::check_same_kind("causal_attention", q, v);
-  if (q.dim() != 4 || k.shape() != q.shape() || v.shape() != q.shape()) {
-    fail("causal_attention: expected q, k, v of one shape [B, H, T, D]; got ", shape_str(q.shape()),
-         ", ", shape_str(k.shape()), ", ", shape_str(v.shape()));
-  }
-  if (q.device().is_cuda() || (q.device().is_meta() && meta_follows_cuda()))
-    return cuda_causal_attention(q, k, v);
-  kernels::cpu::AttentionShape s{q.size(0), q.size(1), q.size(2), q.size(3)};
+  check_attention_operands(q, k, v);
+  const bool meta = q.device().is_meta();
+  const bool cuda_path = q.device().is_cuda() || (meta && meta_follows_cuda());
+  if (cuda_path && k.size(1) != q.size(1))
+    return causal_attention(q, repeat_kv(k, q.size(1)), repeat_kv(v, q.size(1)));
+  const kernels::cpu::AttentionShape s{q.size(0), q.size(1), q.size(2), q.size(3), k.size(1)};
   Tensor qc = with_unit_inner_stride(q), kc = with_unit_inner_stride(k),
          vc = with_unit_inner_stride(v);
   Tensor out = empty_bthd(q.shape(), q.dtype(), q.device()).detach();
-  Tensor probs = Tensor::empty({s.batch, s.heads, s.time, s.time}, q.dtype(), q.device());
+  Tensor lse = Tensor::empty({s.batch, s.heads, s.time}, cuda_path ? DType::F32 : q.dtype(),
+                             q.device());
   if (reports_op_cost(q.device())) {
     record_meta_op("causal_attention", OpClass::Attention, causal_attention_flops(s), {qc, kc, vc},
-                   {out, probs}, {s.batch, s.heads, s.time, s.head_dim});
+                   {out, lse}, {s.batch, s.heads, s.time, s.head_dim});
   }
-  if (q.device().is_meta()) {
+  if (meta || q.numel() == 0) {
     // nothing to compute: the cost is reported above
-  } else if (q.numel() > 0) {
+  } else if (cuda_path) {
+    LOOM_IF_CUDA({
+      kernels::cuda::AttentionShape cs{s.batch, s.heads, s.time, s.head_dim};
+      kernels::cuda::flash_attention_forward(
+          q.dtype(), cs, qc.raw_data(), qc.strides().data(), kc.raw_data(), kc.strides().data(),
+          vc.raw_data(), vc.strides().data(), out.raw_data(), out.strides().data(),
+          lse.data<float>(), detail::stream_of(q));
+    });
+  } else {
     detail::dispatch_floating(q.dtype(), "causal_attention", [&]<typename T>() {
       kernels::cpu::causal_attention_forward<T>(
           s, qc.data<T>(), qc.strides().data(), kc.data<T>(), kc.strides().data(), vc.data<T>(),
-          vc.strides().data(), out.data<T>(), out.strides().data(), probs.data<T>());
+          vc.strides().data(), out.data<T>(), out.strides().data(), lse.data<T>());
     });
   }
   if (autograd::any_requires_grad({q, k, v})) {
     autograd::record(
         "CausalAttention", {q, k, v}, {out},
-        [qc = qc.detach(), kc = kc.detach(), vc = vc.detach(), probs, s](
-            const std::vector<Tensor>& g, const autograd::Node&) {
+        [qc = qc.detach(), kc = kc.detach(), vc = vc.detach(), o = out.detach(), lse, s,
+         cuda_path](const std::vector<Tensor>& g, const autograd::Node&) {
           Tensor dout = with_unit_inner_stride(g[0]);
           Tensor dq = empty_bthd(qc.shape(), qc.dtype(), qc.device());
-          Tensor dk = empty_bthd(qc.shape(), qc.dtype(), qc.device());
-          Tensor dv = empty_bthd(qc.shape(), qc.dtype(), qc.device());
-          if (reports_op_cost(qc.device())) {  // dP = dO V^T, dV = P^T dO, dQ = dS K, dK = dS^T Q
+          Tensor dk = empty_bthd(kc.shape(), kc.dtype(), kc.device());
+          Tensor dv = empty_bthd(vc.shape(), vc.dtype(), vc.device());
+          // P recomputed from lse, then dP = dO V^T, dV = P^T dO, dQ = dS K, dK = dS^T Q.
+          if (reports_op_cost(qc.device())) {
             record_meta_op("CausalAttention", OpClass::Attention, 2 * causal_attention_flops(s),
-                           {dout, qc, kc, vc, probs}, {dq, dk, dv},
+                           {dout, qc, kc, vc, o, lse}, {dq, dk, dv},
                            {s.batch, s.heads, s.time, s.head_dim});
           }
-          if (qc.device().is_meta()) {
-          } else if (qc.numel() > 0) {
+          if (qc.device().is_meta() || qc.numel() == 0) {
+          } else if (cuda_path) {
+            LOOM_IF_CUDA({
+              kernels::cuda::AttentionShape cs{s.batch, s.heads, s.time, s.head_dim};
+              Tensor scratch = detail::workspace(
+                  qc.device(), kernels::cuda::flash_attention_backward_workspace(cs));
+              kernels::cuda::flash_attention_backward(
+                  qc.dtype(), cs, dout.raw_data(), dout.strides().data(), qc.raw_data(),
+                  qc.strides().data(), kc.raw_data(), kc.strides().data(), vc.raw_data(),
+                  vc.strides().data(), o.raw_data(), o.strides().data(), lse.data<float>(),
+                  dq.raw_data(), dq.strides().data(), dk.raw_data(), dk.strides().data(),
+                  dv.raw_data(), dv.strides().data(), scratch.raw_data(), detail::stream_of(qc));
+            });
+          } else {
             detail::dispatch_floating(qc.dtype(), "causal_attention", [&]<typename T>() {
               kernels::cpu::causal_attention_backward<T>(
                   s, dout.data<T>(), dout.strides().data(), qc.data<T>(), qc.strides().data(),
                   kc.data<T>(), kc.strides().data(), vc.data<T>(), vc.strides().data(),
-                  probs.data<T>(), dq.data<T>(), dq.strides().data(), dk.data<T>(),
-                  dk.strides().data(), dv.data<T>(), dv.strides().data());
+                  o.data<T>(), o.strides().data(), lse.data<T>(), dq.data<T>(),
+                  dq.strides().data(), dk.data<T>(), dk.strides().data(), dv.data<T>(),
+                  dv.strides().data());
             });
           }
           return std::vector<Tensor>{dq, dk, dv};

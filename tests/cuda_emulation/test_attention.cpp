@@ -54,16 +54,17 @@ void check_attention(gpu::AttentionVersion version, double tol_out, double tol_g
     const auto qkv = random_values<T>(l.fused_size, rng, -1, 1);
     const auto dout = random_values<T>(l.plain_size, rng, -1, 1);
     const auto qkv_w = widen_all(qkv), dout_w = widen_all(dout);
-    const cpu::AttentionShape cs{s.batch, s.heads, s.time, s.head_dim};
-    std::vector<float> want_out(l.plain_size), probs(static_cast<size_t>(s.batch * s.heads * s.time * s.time));
+    const cpu::AttentionShape cs{s.batch, s.heads, s.time, s.head_dim, s.heads};
+    std::vector<float> want_out(l.plain_size), want_lse(static_cast<size_t>(s.batch * s.heads * s.time));
     std::vector<float> want_dq(l.plain_size), want_dk(l.plain_size), want_dv(l.plain_size);
     cpu::causal_attention_forward(cs, qkv_w.data(), l.fused, qkv_w.data() + l.k_offset, l.fused,
                                   qkv_w.data() + l.v_offset, l.fused, want_out.data(), l.plain,
-                                  probs.data());
+                                  want_lse.data());
     cpu::causal_attention_backward(cs, dout_w.data(), l.plain, qkv_w.data(), l.fused,
                                    qkv_w.data() + l.k_offset, l.fused, qkv_w.data() + l.v_offset,
-                                   l.fused, probs.data(), want_dq.data(), l.plain, want_dk.data(),
-                                   l.plain, want_dv.data(), l.plain);
+                                   l.fused, want_out.data(), l.plain, want_lse.data(),
+                                   want_dq.data(), l.plain, want_dk.data(), l.plain,
+                                   want_dv.data(), l.plain);
     const gpu::AttentionShape gs{s.batch, s.heads, s.time, s.head_dim};
     std::vector<T> first_dq;
     for_each_schedule([&] {
@@ -74,6 +75,7 @@ void check_attention(gpu::AttentionVersion version, double tol_out, double tol_g
                                            qkv.data() + l.v_offset, l.fused, out.data(), l.plain,
                                            lse.data(), nullptr);
       EXPECT_LE(max_relative_error(out, want_out), tol_out);
+      EXPECT_LE(max_relative_error(lse, want_lse), tol_out);
       std::vector<float> workspace(gpu::flash_attention_backward_workspace(gs) / 4 + 4);
       gpu::flash_attention_backward_version(
           version, dtype_of<T>(), gs, dout.data(), l.plain, qkv.data(), l.fused,

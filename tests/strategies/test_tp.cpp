@@ -77,7 +77,7 @@ TEST(TensorParallel, TwoRanksMatchOneDeviceAndRepeatThemselves) {
     b->teardown();
     EXPECT_EQ(first, second) << "tensor parallel runs are deterministic";
     ASSERT_EQ(first.size(), reference.size());
-    EXPECT_LE(max_difference(first, reference), 1e-5);
+    EXPECT_LE(max_difference(first, reference), testing::kWithinRounding);
   }, 120s));
 }
 
@@ -92,7 +92,7 @@ TEST(TensorParallel, SequenceParallelismMatchesOneDevice) {
     auto b = make("model_parallel", 2, rank, size, store, "sp-b", true);
     EXPECT_EQ(train(b.get(), 4, 4), first) << "deterministic";
     b->teardown();
-    EXPECT_LE(max_difference(first, reference), 1e-5);
+    EXPECT_LE(max_difference(first, reference), testing::kWithinRounding);
   }, 120s));
 }
 
@@ -105,7 +105,7 @@ TEST(TensorParallel, SequenceParallelismAccumulatesLikeOneDevice) {
     auto s = make("model_parallel", 2, rank, size, store, "sp-accum", true);
     const auto w = testing::train_tiny_f32(s.get(), 4, 2, 3);
     s->teardown();
-    EXPECT_LE(max_difference(w, reference), 1e-5);
+    EXPECT_LE(max_difference(w, reference), testing::kWithinRounding);
   }, 120s));
 }
 
