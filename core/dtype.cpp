@@ -47,18 +47,6 @@ DType parse_dtype(std::string_view name) {
   fail("unknown dtype '", name, "'; expected one of f32, f64, bf16, f16, i32, i64, u8");
 }
 
-uint16_t float_to_bf16_bits(float value) {
-  uint32_t bits = std::bit_cast<uint32_t>(value);
-  if (std::isnan(value)) return static_cast<uint16_t>((bits >> 16) | 0x0040);  // quiet NaN
-  // Round to nearest, ties to even: add 0x7FFF plus the lowest kept bit, then truncate.
-  uint32_t rounding = 0x7FFF + ((bits >> 16) & 1);
-  return static_cast<uint16_t>((bits + rounding) >> 16);
-}
-
-float bf16_bits_to_float(uint16_t bits) {
-  return std::bit_cast<float>(static_cast<uint32_t>(bits) << 16);
-}
-
 // Round to nearest even, as the F16C instructions and GCC's _Float16 do (core/half.h).
 uint16_t float_to_f16_bits(float value) {
   return kernels::cpu::f32_to_f16_bits(value);

@@ -2,6 +2,7 @@
 // Element types and their conversions. bf16 and f16 are stored as raw 16-bit patterns and
 // converted with round-to-nearest-even; arithmetic on them happens in f32.
 
+#include <bit>
 #include <cstddef>
 #include <cstdint>
 #include <string>
@@ -58,9 +59,18 @@ bool is_floating(DType dtype);
 // Parses "f32", "float32", "bf16", ...; throws loom::Error listing the accepted names.
 DType parse_dtype(std::string_view name);
 
-// Round-to-nearest-even conversions; NaN stays NaN, overflow becomes infinity.
-uint16_t float_to_bf16_bits(float value);
-float bf16_bits_to_float(uint16_t bits);
+// Round-to-nearest-even conversions; NaN stays NaN, overflow becomes infinity. Inline, so that
+// the loops converting tensors vectorise.
+inline uint16_t float_to_bf16_bits(float value) {
+  const uint32_t bits = std::bit_cast<uint32_t>(value);
+  if (value != value) return static_cast<uint16_t>((bits >> 16) | 0x0040);  // quiet NaN
+  // Round to nearest, ties to even: add 0x7FFF plus the lowest kept bit, then truncate.
+  const uint32_t rounding = 0x7FFF + ((bits >> 16) & 1);
+  return static_cast<uint16_t>((bits + rounding) >> 16);
+}
+inline float bf16_bits_to_float(uint16_t bits) {
+  return std::bit_cast<float>(static_cast<uint32_t>(bits) << 16);
+}
 uint16_t float_to_f16_bits(float value);
 float f16_bits_to_float(uint16_t bits);
 

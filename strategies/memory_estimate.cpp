@@ -189,7 +189,7 @@ MemoryEstimate estimate_memory(const nn::Module& model, const std::string& strat
 }
 
 MicroBatchEstimate estimate_micro_batch(nn::ModelSpec spec, int64_t batch, int64_t time,
-                                        const Precision& precision) {
+                                        const Precision& precision, int64_t grad_accum) {
   const Device meta = Device::meta();
   spec.gpt.options.device = spec.llama.options.device = meta;
   Allocator& allocator = allocator_for(meta);
@@ -207,8 +207,10 @@ MicroBatchEstimate estimate_micro_batch(nn::ModelSpec spec, int64_t batch, int64
       AutocastGuard autocast(precision.compute_dtype());
       loss = model->loss(tokens, targets);
     }
-    // The loss is kept (the trainer reports it) while its scaled copy is back-propagated.
-    const Tensor scaled = precision.make_scaler() ? mul(loss, 2.0) : loss;
+    // The loss is kept (the trainer reports it) while its scaled copy is back-propagated: one
+    // product for the loss scale and the division among micro-batches together.
+    const bool scaled_copy = precision.make_scaler() != nullptr || grad_accum > 1;
+    const Tensor scaled = scaled_copy ? mul(loss, 2.0) : loss;
     scaled.backward();
   }
   estimate.activation_bytes =

@@ -1,5 +1,6 @@
 #include "tensor/autocast.h"
 
+#include "tensor/meta.h"
 #include "tensor/ops.h"
 
 namespace loom {
@@ -29,7 +30,8 @@ Tensor round_through(const Tensor& x, DType dtype) {
 }
 
 Tensor autocast_input(const Tensor& x, DType low) {
-  bool computes_in_low = x.defined() && x.device().is_cuda() && x.dtype() == DType::F32;
+  if (!x.defined() || x.dtype() != DType::F32) return x;
+  const bool computes_in_low = takes_cuda_path(x.device()) || low == DType::BF16;
   return computes_in_low ? cast(x, low) : round_through(x, low);
 }
 

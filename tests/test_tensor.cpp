@@ -120,6 +120,27 @@ TEST(Tensor, CastsBetweenAllDtypes) {
   EXPECT_EQ(bytes.to(DType::F32).to_vector<float>(), std::vector<float>({0, 7, 255}));
 }
 
+// A cast keeps the layout of a transposed or permuted tensor (PyTorch's preserve_format): the
+// elements are converted where they lie and viewed with the same strides; anything with gaps
+// (a slice) comes out contiguous.
+TEST(Tensor, CastsKeepTheStridesOfDenseTensors) {
+  Tensor x = Tensor::from_vector<float>({1, 2, 3, 4, 5, 6}, {2, 3});
+  Tensor t = transpose(x, 0, 1);  // [3, 2], strides {1, 3}
+  for (DType d : {DType::BF16, DType::F64}) {
+    Tensor c = cast(t, d);
+    EXPECT_EQ(c.strides(), t.strides()) << d;
+    EXPECT_EQ(c.to(DType::F32).contiguous().to_vector<float>(),
+              std::vector<float>({1, 4, 2, 5, 3, 6}))
+        << d;
+  }
+  Tensor permuted = Tensor::zeros({2, 3, 4}).permute({2, 0, 1});
+  EXPECT_EQ(cast(permuted, DType::BF16).strides(), permuted.strides());
+  Tensor slice = x.narrow(1, 0, 2);  // [2, 2] of a [2, 3]: a gap between rows
+  Tensor c = cast(slice, DType::BF16);
+  EXPECT_TRUE(c.is_contiguous());
+  EXPECT_EQ(c.to(DType::F32).to_vector<float>(), std::vector<float>({1, 2, 4, 5}));
+}
+
 TEST(Tensor, DeviceParsing) {
   EXPECT_EQ(Device::parse("cpu"), Device::cpu());
   EXPECT_EQ(Device::parse("cuda:3"), Device::cuda(3));

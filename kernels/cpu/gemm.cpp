@@ -2,10 +2,17 @@
 
 #include <dnnl.h>
 
+#include <oneapi/dnnl/dnnl.hpp>
+
 #include <Eigen/Core>
 #include <algorithm>
+#include <cstdlib>
+#include <map>
 #include <string>
+#include <string_view>
+#include <vector>
 
+#include "core/dtype.h"
 #include "core/error.h"
 #include "core/tags.h"
 #include "kernels/cpu/thread_pool.h"
@@ -40,11 +47,15 @@ void multiply(const A& a, const B& b, MutableRowMajorMap<T>& c, bool accumulate)
 // oneDNN runs its GEMM on OpenMP threads, as many as the calling thread's OpenMP setting
 // says (by default every core). Loom keeps each call on one thread: the first call on a
 // thread sets that thread's OpenMP team to one (omp_set_num_threads, above).
+void keep_onednn_on_this_thread() {
+  static thread_local const bool one_thread = (omp_set_num_threads(1), true);
+  (void)one_thread;
+}
+
 void sgemm_on_this_thread(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k,
                           const float* a, int64_t lda, const float* b, int64_t ldb, float* c,
                           int64_t ldc, bool accumulate) {
-  static thread_local const bool one_thread = (omp_set_num_threads(1), true);
-  (void)one_thread;
+  keep_onednn_on_this_thread();
   const dnnl_status_t status = dnnl_sgemm(trans_a ? 'T' : 'N', trans_b ? 'T' : 'N', m, n, k, 1.0f,
                                           a, lda, b, ldb, accumulate ? 1.0f : 0.0f, c, ldc);
   if (status != dnnl_success) {
@@ -53,47 +64,172 @@ void sgemm_on_this_thread(bool trans_a, bool trans_b, int64_t m, int64_t n, int6
   }
 }
 
-}  // namespace
-
 // Note [GEMM blocks]
 // A product of at least kBlockedWork multiply-adds is computed as blocks of kBlock rows of C
-// (or columns, when C is wider than tall), one sgemm call each, whatever the thread count;
-// the threads share out the blocks. Each element of C is then always computed by the same
-// call on the same operands, so the bits do not depend on the number of threads. On this
-// project's shapes the blocks cost about 2% of one thread's time and give bitwise the
-// unblocked product (bench/gemm_backends).
-template <>
-void gemm<float>(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, const float* a,
-                 int64_t lda, const float* b, int64_t ldb, float* c, int64_t ldc, bool accumulate) {
+// (or columns, when C is wider than tall), one call each, whatever the thread count; the
+// threads share out the blocks. Each element of C is then always computed by the same call on
+// the same operands, so the bits do not depend on the number of threads. On this project's
+// shapes the blocks cost about 2% of one thread's time and give bitwise the unblocked product
+// (bench/gemm_backends). `run(m, n, a, b, c)` multiplies one block on the calling thread.
+template <typename E, typename C, typename Run>
+void for_each_block(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, const E* a,
+                    int64_t lda, const E* b, int64_t ldb, C* c, int64_t ldc, const Run& run) {
   constexpr int64_t kBlock = 128;
   constexpr int64_t kBlockedWork = int64_t{1} << 21;
-  if (m == 0 || n == 0) return;
-  if (k == 0) {  // an empty sum: zeros (oneDNN refuses k = 0)
-    if (!accumulate)
-      for (int64_t i = 0; i < m; ++i)
-        std::fill(c + i * ldc, c + i * ldc + n, 0.0f);
-    return;
-  }
   const bool by_rows = m >= n;
   const int64_t extent = by_rows ? m : n;
   const int64_t blocks = m * n * k >= kBlockedWork ? (extent + kBlock - 1) / kBlock : 1;
   if (blocks == 1) {
-    sgemm_on_this_thread(trans_a, trans_b, m, n, k, a, lda, b, ldb, c, ldc, accumulate);
+    run(m, n, a, b, c);
     return;
   }
   parallel_for(blocks, 1, [&](int64_t first, int64_t last) {
     for (int64_t block = first; block < last; ++block) {
       const int64_t begin = block * kBlock, size = std::min(kBlock, extent - begin);
       if (by_rows) {  // rows begin.. of op(A) and of C
-        sgemm_on_this_thread(trans_a, trans_b, size, n, k, trans_a ? a + begin : a + begin * lda,
-                             lda, b, ldb, c + begin * ldc, ldc, accumulate);
+        run(size, n, trans_a ? a + begin : a + begin * lda, b, c + begin * ldc);
       } else {  // columns begin.. of op(B) and of C
-        sgemm_on_this_thread(trans_a, trans_b, m, size, k, a, lda,
-                             trans_b ? b + begin * ldb : b + begin, ldb, c + begin, ldc,
-                             accumulate);
+        run(m, size, a, trans_b ? b + begin * ldb : b + begin, c + begin);
       }
     }
   });
+}
+
+// An empty sum (oneDNN refuses k = 0): zeros (all bits clear in f32 and bf16 alike), or C
+// unchanged when accumulating.
+template <typename C>
+void empty_product(int64_t m, int64_t n, C* c, int64_t ldc, bool accumulate) {
+  if (!accumulate)
+    for (int64_t i = 0; i < m; ++i)
+      std::fill(c + i * ldc, c + i * ldc + n, C(0));
+}
+
+// oneDNN's bf16 matmul primitives (bf16 in and out, f32 sums), made once per shape and thread
+// (making one takes about a millisecond). The operands' strides are part of the shape: a
+// transposed operand is the stored matrix read with swapped strides. Accumulating is the sum
+// post-op: C's old value joins the f32 sum before the one rounding.
+class Bf16Matmuls {
+ public:
+  void run(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, const uint16_t* a,
+           int64_t lda, const uint16_t* b, int64_t ldb, uint16_t* c, int64_t ldc,
+           bool accumulate) {
+    const Key key{trans_a, trans_b, accumulate, m, n, k, lda, ldb, ldc};
+    auto it = primitives_.find(key);
+    if (it == primitives_.end()) {
+      if (primitives_.size() >= kMaxPrimitives) primitives_.clear();
+      it = primitives_.emplace(key, make(key)).first;
+    }
+    const dnnl::matmul::primitive_desc& pd = it->second.pd;
+    dnnl::memory am(pd.src_desc(), engine_, const_cast<uint16_t*>(a));
+    dnnl::memory bm(pd.weights_desc(), engine_, const_cast<uint16_t*>(b));
+    dnnl::memory cm(pd.dst_desc(), engine_, c);
+    it->second.primitive.execute(stream_,
+                                 {{DNNL_ARG_SRC, am}, {DNNL_ARG_WEIGHTS, bm}, {DNNL_ARG_DST, cm}});
+    stream_.wait();
+  }
+
+ private:
+  struct Key {
+    bool trans_a, trans_b, accumulate;
+    int64_t m, n, k, lda, ldb, ldc;
+    auto operator<=>(const Key&) const = default;
+  };
+  struct Entry {
+    dnnl::matmul::primitive_desc pd;
+    dnnl::matmul primitive;
+  };
+  static constexpr size_t kMaxPrimitives = 512;
+
+  Entry make(const Key& key) const {
+    using dnnl::memory;
+    const memory::desc a({key.m, key.k}, memory::data_type::bf16,
+                         key.trans_a ? memory::dims{1, key.lda} : memory::dims{key.lda, 1});
+    const memory::desc b({key.k, key.n}, memory::data_type::bf16,
+                         key.trans_b ? memory::dims{1, key.ldb} : memory::dims{key.ldb, 1});
+    const memory::desc c({key.m, key.n}, memory::data_type::bf16, memory::dims{key.ldc, 1});
+    dnnl::primitive_attr attr;
+    if (key.accumulate) {
+      dnnl::post_ops sum;
+      sum.append_sum(1.0f);
+      attr.set_post_ops(sum);
+    }
+    dnnl::matmul::primitive_desc pd(dnnl::matmul::desc(a, b, c), attr, engine_);
+    return {pd, dnnl::matmul(pd)};
+  }
+
+  dnnl::engine engine_{dnnl::engine::kind::cpu, 0};
+  dnnl::stream stream_{engine_};
+  std::map<Key, Entry> primitives_;
+};
+
+// op(X) of stored bf16 rows (rows x cols, leading dimension ld) widened into packed f32.
+std::vector<float> widened(const uint16_t* x, int64_t rows, int64_t cols, int64_t ld) {
+  std::vector<float> out(static_cast<size_t>(rows * cols));
+  for (int64_t r = 0; r < rows; ++r)
+    for (int64_t j = 0; j < cols; ++j)
+      out[static_cast<size_t>(r * cols + j)] = bf16_bits_to_float(x[r * ld + j]);
+  return out;
+}
+
+}  // namespace
+
+template <>
+void gemm<float>(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, const float* a,
+                 int64_t lda, const float* b, int64_t ldb, float* c, int64_t ldc, bool accumulate) {
+  if (m == 0 || n == 0) return;
+  if (k == 0) return empty_product(m, n, c, ldc, accumulate);
+  for_each_block(trans_a, trans_b, m, n, k, a, lda, b, ldb, c, ldc,
+                 [&](int64_t bm, int64_t bn, const float* ba, const float* bb, float* bc) {
+                   sgemm_on_this_thread(trans_a, trans_b, bm, bn, k, ba, lda, bb, ldb, bc, ldc,
+                                        accumulate);
+                 });
+}
+
+bool bf16_gemm_is_native() {
+  static const bool native = [] {
+    const char* forced = std::getenv("LOOM_BF16_GEMM");
+    if (forced != nullptr && std::string_view(forced) == "f32") return false;
+    const auto isa = static_cast<unsigned>(dnnl_get_effective_cpu_isa());
+    return (isa & dnnl_cpu_isa_avx512_core_bf16) == dnnl_cpu_isa_avx512_core_bf16;
+  }();
+  return native;
+}
+
+const char* bf16_gemm_instructions() {
+  if (!bf16_gemm_is_native()) return "none: computed in f32";
+  const auto isa = static_cast<unsigned>(dnnl_get_effective_cpu_isa());
+  return (isa & dnnl_cpu_isa_avx512_core_amx) == dnnl_cpu_isa_avx512_core_amx ? "AMX"
+                                                                                : "AVX512_BF16";
+}
+
+void gemm_bf16(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, const uint16_t* a,
+               int64_t lda, const uint16_t* b, int64_t ldb, uint16_t* c, int64_t ldc,
+               bool accumulate) {
+  if (m == 0 || n == 0) return;
+  if (k == 0) return empty_product(m, n, c, ldc, accumulate);
+  if (!bf16_gemm_is_native()) {
+    const std::vector<float> wa = trans_a ? widened(a, k, m, lda) : widened(a, m, k, lda);
+    const std::vector<float> wb = trans_b ? widened(b, n, k, ldb) : widened(b, k, n, ldb);
+    std::vector<float> sums = accumulate ? widened(c, m, n, ldc) : std::vector<float>(m * n);
+    gemm<float>(trans_a, trans_b, m, n, k, wa.data(), trans_a ? m : k, wb.data(),
+                trans_b ? k : n, sums.data(), n, accumulate);
+    for (int64_t i = 0; i < m; ++i)
+      for (int64_t j = 0; j < n; ++j)
+        c[i * ldc + j] = float_to_bf16_bits(sums[static_cast<size_t>(i * n + j)]);
+    return;
+  }
+  for_each_block(
+      trans_a, trans_b, m, n, k, a, lda, b, ldb, c, ldc,
+      [&](int64_t bm, int64_t bn, const uint16_t* ba, const uint16_t* bb, uint16_t* bc) {
+        keep_onednn_on_this_thread();
+        static thread_local Bf16Matmuls matmuls;
+        try {
+          matmuls.run(trans_a, trans_b, bm, bn, k, ba, lda, bb, ldb, bc, ldc, accumulate);
+        } catch (const dnnl::error& e) {
+          tag::kKernelsCpu.fail("oneDNN's bf16 matmul failed (", e.what(), ") for ", bm, " x ",
+                                bn, " x ", k, ", lda ", lda, ", ldb ", ldb, ", ldc ", ldc);
+        }
+      });
 }
 
 template <>

@@ -15,4 +15,18 @@ template <typename T>
 void gemm(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, const T* a, int64_t lda,
           const T* b, int64_t ldb, T* c, int64_t ldc, bool accumulate);
 
+// The same product of bf16 operands and result (their bits): products exact, sums in f32 (C's
+// old values included when accumulating), each element of C rounded to bf16 once, to nearest
+// even. Where the CPU has bf16 instructions (AVX512_BF16 or AMX: bf16_gemm_is_native()) it
+// runs oneDNN's bf16 matmul on them; elsewhere the operands are widened to f32 and multiplied
+// by gemm<float> (the same numbers up to the order of the sums). Blocked like gemm<float>:
+// the bits do not depend on the thread count.
+void gemm_bf16(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, const uint16_t* a,
+               int64_t lda, const uint16_t* b, int64_t ldb, uint16_t* c, int64_t ldc,
+               bool accumulate);
+// LOOM_BF16_GEMM=f32 in the environment takes the f32 fallback on any CPU (for tests).
+bool bf16_gemm_is_native();
+// "AMX", "AVX512_BF16" or "none: computed in f32", for a run's one-line note.
+const char* bf16_gemm_instructions();
+
 }  // namespace loom::kernels::cpu

@@ -71,13 +71,15 @@ Tensor causal_attention(const Tensor& q, const Tensor& k, const Tensor& v) {
   if (autocast_dtype() != DType::F32) {  // as PyTorch's autocast does for SDPA on CUDA
     DType low = autocast_dtype();
     AutocastGuard off(DType::F32);
-    return autocast_output(causal_attention(autocast_input(q, low), autocast_input(k, low),
-                                            autocast_input(v, low)),
-                           low);
+    // The CPU kernel computes in f32 or f64: the low dtype is emulated there (autocast.h).
+    const auto input = [&](const Tensor& t) {
+      return takes_cuda_path(t.device()) ? autocast_input(t, low) : round_through(t, low);
+    };
+    return autocast_output(causal_attention(input(q), input(k), input(v)), low);
   }
   check_attention_operands(q, k, v);
   const bool meta = q.device().is_meta();
-  const bool cuda_path = q.device().is_cuda() || (meta && meta_follows_cuda());
+  const bool cuda_path = takes_cuda_path(q.device());
   if (cuda_path && k.size(1) != q.size(1))
     return causal_attention(q, repeat_kv(k, q.size(1)), repeat_kv(v, q.size(1)));
   const kernels::cpu::AttentionShape s{q.size(0), q.size(1), q.size(2), q.size(3), k.size(1)};

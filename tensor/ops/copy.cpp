@@ -1,9 +1,13 @@
 // Copies, casts and fills: the ops that move elements without arithmetic.
 
+#include <algorithm>
 #include <cstring>
 #include <type_traits>
+#include <utility>
+#include <vector>
 
 #include "kernels/cpu/elementwise.h"
+#include "kernels/cpu/thread_pool.h"
 #include "tensor/autograd/node.h"
 #include "tensor/meta.h"
 #include "tensor/ops.h"
@@ -60,11 +64,34 @@ void convert_loop(const void* src, void* dst, int64_t n) {
   }
 }
 
-// Converts n contiguous elements of src_dtype into dst_dtype.
+// Converts n contiguous elements of src_dtype into dst_dtype, shared out among the intra-op
+// threads (each element on its own: the same bits on any count).
 void convert(DType src_dtype, const void* src, DType dst_dtype, void* dst, int64_t n) {
   visit_dtype(src_dtype, [&]<typename Src>() {
-    visit_dtype(dst_dtype, [&]<typename Dst>() { convert_loop<Src, Dst>(src, dst, n); });
+    visit_dtype(dst_dtype, [&]<typename Dst>() {
+      kernels::cpu::parallel_for(n, kernels::cpu::kMinParallelElements,
+                                 [&](int64_t first, int64_t last) {
+                                   convert_loop<Src, Dst>(static_cast<const Src*>(src) + first,
+                                                          static_cast<Dst*>(dst) + first,
+                                                          last - first);
+                                 });
+    });
   });
+}
+
+// Whether x's elements fill the span of storage from its first element without gaps or
+// overlaps, in some order of its dimensions (a transposed or permuted contiguous tensor).
+bool is_dense(const Tensor& x) {
+  std::vector<std::pair<int64_t, int64_t>> dims;  // (stride, size) of dims of size > 1
+  for (int64_t d = 0; d < x.dim(); ++d)
+    if (x.size(d) != 1) dims.emplace_back(x.strides()[d], x.size(d));
+  std::sort(dims.begin(), dims.end());
+  int64_t expected = 1;
+  for (const auto& [stride, size] : dims) {
+    if (stride != expected) return false;
+    expected *= size;
+  }
+  return true;
 }
 
 void check_contiguous_dst(const char* op, const Tensor& dst) {
@@ -173,8 +200,19 @@ Tensor contiguous(const Tensor& x) {
 }
 
 Tensor cast(const Tensor& x, DType dtype) {
-  Tensor out = Tensor::empty(x.shape(), dtype, x.device());
-  copy_(out, x);
+  Tensor out;
+  if (!x.is_contiguous() && !takes_cuda_path(x.device()) && is_dense(x)) {
+    // As PyTorch's preserve_format: the elements converted where they lie, the result viewed
+    // with x's strides (a transposed weight stays transposed, and is not copied twice).
+    NoGradGuard no_grad;
+    Tensor span = Tensor::make_view(x, {x.numel()}, {1}, x.offset());
+    Tensor converted = Tensor::empty({x.numel()}, dtype, x.device());
+    copy_(converted, span);
+    out = Tensor::make_view(converted, x.shape(), x.strides(), 0);
+  } else {
+    out = Tensor::empty(x.shape(), dtype, x.device());
+    copy_(out, x);
+  }
   if (autograd::any_requires_grad({x})) {
     if (!is_floating(dtype)) fail("cast: cannot differentiate through a cast to ", dtype);
     DType from = x.dtype();

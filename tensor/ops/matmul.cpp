@@ -1,6 +1,10 @@
 // Matrix products (matmul, linear) through the GEMM kernel. Transposed views are passed to the
 // kernel as transposed operands, so x @ w.T and friends never copy.
 
+#include <cstddef>
+#include <cstring>
+#include <functional>
+
 #include "kernels/cpu/gemm.h"
 #include "kernels/cpu/thread_pool.h"
 #include "tensor/autocast.h"
@@ -65,6 +69,31 @@ Tensor fold_batch(const Tensor& t) {
                            base.offset());
 }
 
+// Each product's matrix of `batch`, shared out among the intra-op threads.
+void for_each_product(int64_t batch, int64_t m, int64_t n, int64_t k,
+                      const std::function<void(int64_t)>& product) {
+  const int64_t grain = std::max<int64_t>(
+      1, kernels::cpu::kMinParallelElements * 16 / std::max<int64_t>(m * n * k, 1));
+  kernels::cpu::parallel_for(batch, grain, [&](int64_t first, int64_t last) {
+    for (int64_t i = first; i < last; ++i)
+      product(i);
+  });
+}
+
+// batched_gemm of bf16 operands on the CPU: the products summed in f32 and rounded to out's
+// bf16 once (gemm_bf16), as a bf16 GEMM with f32 accumulation does.
+void bf16_batched_gemm(const Operand& a, const Operand& b, Tensor& out, int64_t batch, int64_t m,
+                       int64_t n, int64_t k, bool accumulate) {
+  const auto* pa = static_cast<const uint16_t*>(a.holder.raw_data());
+  const auto* pb = static_cast<const uint16_t*>(b.holder.raw_data());
+  auto* pc = static_cast<uint16_t*>(out.raw_data());
+  for_each_product(batch, m, n, k, [&](int64_t i) {
+    kernels::cpu::gemm_bf16(a.trans, b.trans, m, n, k, pa + i * a.batch_stride, a.ld,
+                            pb + i * b.batch_stride, b.ld, pc + i * m * n,
+                            std::max<int64_t>(n, 1), accumulate);
+  });
+}
+
 // out[i] = a[i] @ b[i] (+= when accumulate) for a batch of `batch` products; a batch stride
 // of 0 reuses the same matrix. out is contiguous [batch, m, n]. On CUDA, a defined `bias`
 // [n] is added to every row by the GEMM's epilogue (the CPU caller adds it itself); on meta
@@ -80,6 +109,8 @@ void batched_gemm(const Operand& a, const Operand& b, Tensor& out, int64_t batch
                    {out}, {m, n, k, batch});
   }
   if (out.device().is_meta()) return;
+  if (out.dtype() == DType::BF16 && out.device().is_cpu())
+    return bf16_batched_gemm(a, b, out, batch, m, n, k, accumulate);
   if (out.device().is_cuda()) {
     LOOM_IF_CUDA(kernels::cuda::gemm(out.dtype(), a.trans, b.trans, m, n, k, a.holder.raw_data(),
                                      a.ld, a.batch_stride, b.holder.raw_data(), b.ld,
@@ -93,17 +124,19 @@ void batched_gemm(const Operand& a, const Operand& b, Tensor& out, int64_t batch
     const T* pa = a.holder.data<T>();
     const T* pb = b.holder.data<T>();
     T* pc = out.data<T>();
-    // Each product writes its own matrix of out: the intra-op threads share them out.
-    const int64_t grain = std::max<int64_t>(
-        1, kernels::cpu::kMinParallelElements * 16 / std::max<int64_t>(m * n * k, 1));
-    kernels::cpu::parallel_for(batch, grain, [&](int64_t first, int64_t last) {
-      for (int64_t i = first; i < last; ++i) {
-        kernels::cpu::gemm<T>(a.trans, b.trans, m, n, k, pa + i * a.batch_stride, a.ld,
-                              pb + i * b.batch_stride, b.ld, pc + i * m * n,
-                              std::max<int64_t>(n, 1), accumulate);
-      }
+    for_each_product(batch, m, n, k, [&](int64_t i) {
+      kernels::cpu::gemm<T>(a.trans, b.trans, m, n, k, pa + i * a.batch_stride, a.ld,
+                            pb + i * b.batch_stride, b.ld, pc + i * m * n,
+                            std::max<int64_t>(n, 1), accumulate);
     });
   });
+}
+
+// The sums of g's columns; bf16 on the CPU's path summed in f32 and rounded once (the CPU's
+// reductions take f32 and f64).
+Tensor column_sums(const Tensor& g) {
+  if (g.dtype() != DType::BF16 || takes_cuda_path(g.device())) return sum(g, {0});
+  return cast(sum(cast(g, DType::F32), {0}), DType::BF16);
 }
 
 Tensor matmul_forward(const Tensor& a, const Tensor& b) {
@@ -210,12 +243,11 @@ Tensor linear(const Tensor& x_in, const Tensor& weight_in, const Tensor& bias_in
     if (out.numel() > 0)
       batched_gemm(as_operand(x2), as_operand(weight), out, 1, rows, out_features, in, false, b);
   } else {
-    detail::dispatch_floating(x.dtype(), "linear", [&]<typename T>() {
-      T* po = out.data<T>();
-      const T* pb = b.data<T>();
-      for (int64_t r = 0; r < rows; ++r)
-        std::copy(pb, pb + out_features, po + r * out_features);
-    });
+    // Every row starts as the bias, which the product then accumulates onto.
+    const size_t row_bytes = static_cast<size_t>(out_features) * dtype_size(out.dtype());
+    auto* po = static_cast<std::byte*>(out.raw_data());
+    for (int64_t r = 0; r < rows; ++r)
+      std::memcpy(po + static_cast<size_t>(r) * row_bytes, b.raw_data(), row_bytes);
     if (out.numel() > 0)
       batched_gemm(as_operand(x2), as_operand(weight), out, 1, rows, out_features, in, true);
   }
@@ -228,7 +260,7 @@ Tensor linear(const Tensor& x_in, const Tensor& weight_in, const Tensor& bias_in
                        if (node.needs_input_grad(0))
                          gx = reshape(matmul(g2, transpose(w, 0, 1)), x_shape);
                        if (node.needs_input_grad(1)) gw = matmul(transpose(x2, 0, 1), g2);
-                       if (node.needs_input_grad(2)) gb = sum(g2, {0});
+                       if (node.needs_input_grad(2)) gb = column_sums(g2);
                        return std::vector<Tensor>{gx, gw, gb};
                      });
   }

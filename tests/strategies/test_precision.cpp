@@ -11,6 +11,7 @@
 #include "strategies/registry.h"
 #include "tensor/autocast.h"
 #include "tensor/ops.h"
+#include "tensor/random.h"
 #include "tiny_training.h"
 
 namespace loom::strategies {
@@ -46,6 +47,57 @@ TEST(Autocast, GradientsFlowThroughTheRoundings) {
   EXPECT_EQ(x.grad().to_vector<float>(), std::vector<float>({1, 1, 1}));
   EXPECT_EQ(b.grad().to_vector<float>(), std::vector<float>({1, 1}));
   EXPECT_EQ(w.grad().to_vector<float>(), std::vector<float>({0.5f, 0.5f, -1.25f, -1.25f, 2, 2}));
+}
+
+// bf16 autocast on the CPU computes linear in bf16 (tensor/autocast.h): the result is the
+// exact product of the bf16-rounded operands plus the bf16 bias, rounded to bf16 once; the
+// gradients are bf16 products of the bf16-rounded incoming gradient, as PyTorch's autocast
+// computes them. Within one rounding (half a unit in the 8th bit) and f32 sums.
+TEST(Autocast, Bf16LinearOnTheCpuRoundsOnceForwardAndBackward) {
+  const int64_t rows = 33, in = 40, out = 50;
+  Generator gen(11);
+  auto random = [&](const Shape& shape) {
+    Tensor t = Tensor::empty(shape);
+    uniform_(t, -1.0, 1.0, gen);
+    return t;
+  };
+  Tensor x = random({rows, in}).set_requires_grad(true), w = random({in, out}).set_requires_grad(true),
+         b = random({out}).set_requires_grad(true), g = random({rows, out});
+  Tensor y;
+  {
+    AutocastGuard guard(DType::BF16);
+    y = linear(x, w, b);
+  }
+  sum(mul(y, g)).backward();
+  // The references in f64 from the bf16-rounded operands.
+  auto bf16 = [](const Tensor& t) { return t.to(DType::BF16).to(DType::F64); };
+  const Tensor xb = bf16(x.detach()), wb = bf16(w.detach()), bb = bf16(b.detach()), gb = bf16(g);
+  const Tensor want_y = add(matmul(xb, wb), bb), want_dx = matmul(gb, transpose(wb, 0, 1)),
+               want_dw = matmul(transpose(xb, 0, 1), gb), want_db = sum(gb, {0});
+  auto expect_rounded_once = [&](const Tensor& got, const Tensor& want, const Tensor& magnitude,
+                                 int64_t terms, const char* what) {
+    const auto gv = got.to(DType::F64).to_vector<double>(), wv = want.to_vector<double>(),
+               mv = magnitude.to_vector<double>();
+    double worst = 0;
+    for (size_t i = 0; i < gv.size(); ++i) {
+      const double bound = std::abs(wv[i]) * std::ldexp(1.0, -8) +
+                           double(terms + 1) * std::ldexp(1.0, -23) * mv[i];
+      worst = std::max(worst, std::abs(gv[i] - wv[i]) / bound);
+    }
+    EXPECT_LE(worst, 1.0) << what;
+    EXPECT_EQ(bf16(got).to_vector<double>(), got.to(DType::F64).to_vector<double>())
+        << what << " is not a bf16 value";
+  };
+  auto abs = [](const Tensor& t) {
+    std::vector<double> v = t.contiguous().to_vector<double>();
+    for (double& e : v)
+      e = std::abs(e);
+    return Tensor::from_vector<double>(v, t.shape());
+  };
+  expect_rounded_once(y, want_y, add(matmul(abs(xb), abs(wb)), abs(bb)), in, "y");
+  expect_rounded_once(x.grad(), want_dx, matmul(abs(gb), transpose(abs(wb), 0, 1)), out, "dx");
+  expect_rounded_once(w.grad(), want_dw, matmul(transpose(abs(xb), 0, 1), abs(gb)), rows, "dw");
+  expect_rounded_once(b.grad(), want_db, sum(abs(gb), {0}), rows, "db");
 }
 
 TEST(LossScaler, SkipsNonFiniteStepsAndAdjustsTheScale) {

@@ -17,6 +17,7 @@
 
 #include "core/regular_file.h"
 #include "core/tags.h"
+#include "kernels/cpu/gemm.h"
 #include "kernels/cpu/thread_pool.h"
 #include "nn/generate.h"
 #include "nn/pretrained.h"
@@ -205,7 +206,8 @@ void print_memory_estimate(const nn::CausalLM& model, const std::string& strateg
   std::printf("  %-16s %10.2f MiB (parameters + gradients + optimizer_state)\n", "model states",
               static_cast<double>(e.model_states()) / (1 << 20));
   const strategies::MicroBatchEstimate micro = strategies::estimate_micro_batch(
-      model_spec(o), o.batch, o.model.context, *strategies::make_precision(options.precision));
+      model_spec(o), o.batch, o.model.context, *strategies::make_precision(options.precision),
+      o.grad_accum);
   std::printf("  %-16s %10.2f MiB (%lld bytes: one micro-batch of %lld x %lld tokens, forward "
               "and backward run on the meta device)\n",
               "activations", static_cast<double>(micro.activation_bytes) / (1 << 20),
@@ -449,6 +451,11 @@ int train_and_report(CommandLine& cli, Plan& plan) {
                 backend.c_str());
   }
   if (chief) std::printf("train_gpt: intra-op threads per rank: %d\n", threads);
+  if (chief && strategy.root_device().is_cpu() &&
+      strategies::make_precision(cli.config.precision)->compute_dtype() == DType::BF16) {
+    std::printf("train_gpt: bf16 matrix products on this CPU's bf16 instructions: %s\n",
+                kernels::cpu::bf16_gemm_instructions());
+  }
 
   std::unique_ptr<strategies::Trace> trace;
   if (!cli.trace_path.empty()) {
