@@ -10,7 +10,8 @@
 # CI: it needs the peers' venv (bench/peers/python/setup.sh, 5.7 GB).
 #
 #   bash bench/cpu_step/vs_torch.sh [OUTDIR]
-# Environment: ROUNDS (3), STEPS (25), MODEL_ARGS, PEERS_VENV.
+# Environment: ROUNDS (3), STEPS (25), MODEL_ARGS, PEERS_VENV, LABELS (the pairs to run, by
+# label; default the four below without bf16: single_1thread_bf16 is bf16-mixed on both sides).
 set -euo pipefail
 ROOT=$(cd "$(dirname "$0")/../.." && pwd)
 PEERS=$ROOT/bench/peers/python
@@ -44,11 +45,15 @@ PAIRS=(
   "single_2threads|--threads 2|$V/bin/python single.py --threads 2"
   "single_compile|--threads 1|$V/bin/python single.py --threads 1 --compile"
   "ddp_2x1|--strategy ddp_spawn --devices 2 --threads 1|$V/bin/torchrun --nproc-per-node 2 --master-port PORT ddp.py"
+  "single_1thread_bf16|--threads 1 --precision bf16-mixed|$V/bin/python single.py --threads 1 --precision bf16-mixed"
 )
+read -r -a WANTED <<< "${LABELS:-single_1thread single_2threads single_compile ddp_2x1}"
+wanted() { local w; for w in "${WANTED[@]}"; do [ "$w" = "$1" ] && return 0; done; return 1; }
 port=29850
 for round in $(seq 1 "$ROUNDS"); do
   for pair in "${PAIRS[@]}"; do
     IFS='|' read -r label loom peer <<< "$pair"
+    wanted "$label" || continue
     # shellcheck disable=SC2086
     "${LOOM[@]}" $loom --metrics "$OUT/loom_${label}_r$round.jsonl" \
       > "$OUT/loom_${label}_r$round.log" 2>&1 || echo "loom $label failed (see $OUT/loom_${label}_r$round.log)"
@@ -62,4 +67,4 @@ for round in $(seq 1 "$ROUNDS"); do
 done
 { date -Iseconds; lscpu | grep 'Model name'; git -C "$ROOT" rev-parse --short HEAD; } > "$OUT/machine.txt"
 
-python3 "$ROOT/bench/train_gpt_pairs_summary.py" "$OUT" "$ROUNDS" single_1thread single_2threads single_compile ddp_2x1
+python3 "$ROOT/bench/train_gpt_pairs_summary.py" "$OUT" "$ROUNDS" "${WANTED[@]}"
