@@ -25,6 +25,7 @@ std::span<const Tunable> all_tunables() {
       kFlightRecorder,
       kCommTiming,
       kPerfCommand,
+      kBf16Gemm,
   };
   // clang-format on
   return kAll;

@@ -85,6 +85,11 @@ inline constexpr Tunable kCommTiming{
     "other value is refused"};
 inline constexpr Tunable kPerfCommand{"LOOM_PERF_COMMAND", "set by `loom-perf --np`",
                                       "the command line its ranks write into their reports"};
+inline constexpr Tunable kBf16Gemm{
+    "LOOM_BF16_GEMM", "unset",
+    "`f32`: the CPU's bf16 matrix products widen their operands to f32 even where the CPU has "
+    "AMX or AVX512_BF16 (the same numbers up to the order of the sums; for tests and "
+    "comparisons). Any other value is refused"};
 
 }  // namespace tunables
 

@@ -6,7 +6,6 @@
 
 #include <Eigen/Core>
 #include <algorithm>
-#include <cstdlib>
 #include <map>
 #include <string>
 #include <string_view>
@@ -14,6 +13,7 @@
 
 #include "core/dtype.h"
 #include "core/error.h"
+#include "core/tunables.h"
 #include "core/tags.h"
 #include "kernels/cpu/thread_pool.h"
 
@@ -187,8 +187,11 @@ void gemm<float>(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, co
 
 bool bf16_gemm_is_native() {
   static const bool native = [] {
-    const char* forced = std::getenv("LOOM_BF16_GEMM");
-    if (forced != nullptr && std::string_view(forced) == "f32") return false;
+    if (const char* forced = tunable_value(tunables::kBf16Gemm); forced != nullptr) {
+      if (std::string_view(forced) == "f32") return false;
+      tag::kKernelsCpu.fail(tunables::kBf16Gemm.name, "='", forced,
+                            "': expected f32 (or leave it unset)");
+    }
     const auto isa = static_cast<unsigned>(dnnl_get_effective_cpu_isa());
     return (isa & dnnl_cpu_isa_avx512_core_bf16) == dnnl_cpu_isa_avx512_core_bf16;
   }();
