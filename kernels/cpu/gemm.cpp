@@ -65,27 +65,33 @@ void sgemm_on_this_thread(bool trans_a, bool trans_b, int64_t m, int64_t n, int6
 }
 
 // Note [GEMM blocks]
-// A product of at least kBlockedWork multiply-adds is computed as blocks of kBlock rows of C
-// (or columns, when C is wider than tall), one call each, whatever the thread count; the
-// threads share out the blocks. Each element of C is then always computed by the same call on
-// the same operands, so the bits do not depend on the number of threads. On this project's
-// shapes the blocks cost about 2% of one thread's time and give bitwise the unblocked product
-// (bench/gemm_backends). `run(m, n, a, b, c)` multiplies one block on the calling thread.
+// A product of at least kBlockedWork multiply-adds is computed as blocks of rows of C (or
+// columns, when C is wider than tall), one call each, their size a function of the shape alone
+// (128 to 512), whatever the thread count; the threads share out the blocks. Each element of
+// C is then always computed by the same call on the same operands, so the bits do not depend
+// on the number of threads. Blocks of 128 cost up to a third of a large product's time on
+// GPT-2 small's shapes (every call packs the other operand again; 2026-12-04, an AVX-512
+// Xeon), hence larger ones where the product is large enough to keep four.
+// `run(m, n, a, b, c)` multiplies one block on the calling thread.
 template <typename E, typename C, typename Run>
 void for_each_block(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, const E* a,
                     int64_t lda, const E* b, int64_t ldb, C* c, int64_t ldc, const Run& run) {
-  constexpr int64_t kBlock = 128;
   constexpr int64_t kBlockedWork = int64_t{1} << 21;
   const bool by_rows = m >= n;
   const int64_t extent = by_rows ? m : n;
-  const int64_t blocks = m * n * k >= kBlockedWork ? (extent + kBlock - 1) / kBlock : 1;
+  // Every call packs the other operand again, so blocks are as large as leaves four of them
+  // (work for the threads to share): 128, 256 or 512. A function of the shape alone.
+  int64_t block = 128;
+  while (block < 512 && extent >= 8 * block)
+    block *= 2;
+  const int64_t blocks = m * n * k >= kBlockedWork ? (extent + block - 1) / block : 1;
   if (blocks == 1) {
     run(m, n, a, b, c);
     return;
   }
   parallel_for(blocks, 1, [&](int64_t first, int64_t last) {
-    for (int64_t block = first; block < last; ++block) {
-      const int64_t begin = block * kBlock, size = std::min(kBlock, extent - begin);
+    for (int64_t index = first; index < last; ++index) {
+      const int64_t begin = index * block, size = std::min(block, extent - begin);
       if (by_rows) {  // rows begin.. of op(A) and of C
         run(size, n, trans_a ? a + begin : a + begin * lda, b, c + begin * ldc);
       } else {  // columns begin.. of op(B) and of C
