@@ -13,8 +13,8 @@
 
 #include "core/dtype.h"
 #include "core/error.h"
-#include "core/tunables.h"
 #include "core/tags.h"
+#include "core/tunables.h"
 #include "kernels/cpu/thread_pool.h"
 
 // The OpenMP runtime libdnnl runs on, GNU's libgomp (linked by name: CMakeLists.txt), whose
@@ -219,7 +219,8 @@ void gemm_bf16(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, cons
   if (!bf16_gemm_is_native()) {
     const std::vector<float> wa = trans_a ? widened(a, k, m, lda) : widened(a, m, k, lda);
     const std::vector<float> wb = trans_b ? widened(b, n, k, ldb) : widened(b, k, n, ldb);
-    std::vector<float> sums = accumulate ? widened(c, m, n, ldc) : std::vector<float>(m * n);
+    std::vector<float> sums =
+        accumulate ? widened(c, m, n, ldc) : std::vector<float>(static_cast<size_t>(m * n));
     gemm<float>(trans_a, trans_b, m, n, k, wa.data(), trans_a ? m : k, wb.data(),
                 trans_b ? k : n, sums.data(), n, accumulate);
     for (int64_t i = 0; i < m; ++i)
