@@ -8,6 +8,7 @@
 #include <array>
 #include <atomic>
 #include <cstring>
+#include <functional>
 #include <vector>
 
 #include "core/error.h"
@@ -163,15 +164,20 @@ std::vector<float> attention_with(int threads) {
   return all;
 }
 
-TEST(ThreadPool, GroupedAttentionIsBitwiseTheSameOnAnyThreadCount) {
+// run(threads) on 2 and 3 threads gives the bits it gives on 1.
+void expect_the_same_bits_on_any_thread_count(const std::function<std::vector<float>(int)>& run) {
   ThreadsGuard restore;
-  const std::vector<float> one = attention_with(1);
+  const std::vector<float> one = run(1);
   for (int threads : {2, 3}) {
-    const std::vector<float> more = attention_with(threads);
+    const std::vector<float> more = run(threads);
     ASSERT_EQ(one.size(), more.size());
     EXPECT_EQ(std::memcmp(one.data(), more.data(), one.size() * sizeof(float)), 0)
         << threads << " threads";
   }
+}
+
+TEST(ThreadPool, GroupedAttentionIsBitwiseTheSameOnAnyThreadCount) {
+  expect_the_same_bits_on_any_thread_count(attention_with);
 }
 
 // Two training steps of a GPT large enough that every kernel splits its work (GEMM blocks,
@@ -204,14 +210,7 @@ std::vector<float> gpt_steps_with(int threads) {
 }
 
 TEST(ThreadPool, TrainingStepsAreBitwiseTheSameOnAnyThreadCount) {
-  ThreadsGuard restore;
-  const std::vector<float> one = gpt_steps_with(1);
-  for (int threads : {2, 3}) {
-    const std::vector<float> more = gpt_steps_with(threads);
-    ASSERT_EQ(one.size(), more.size());
-    EXPECT_EQ(std::memcmp(one.data(), more.data(), one.size() * sizeof(float)), 0)
-        << threads << " threads";
-  }
+  expect_the_same_bits_on_any_thread_count(gpt_steps_with);
 }
 
 }  // namespace
