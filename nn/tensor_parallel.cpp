@@ -5,6 +5,7 @@
 
 #include "core/error.h"
 #include "core/tags.h"
+#include "tensor/autocast.h"
 #include "tensor/autograd/function.h"
 #include "tensor/meta.h"
 #include "tensor/ops.h"
@@ -106,8 +107,9 @@ Tensor gradient_summed_over_group(const Tensor& x, const TensorParallelGroup& gr
   return autograd::apply(op, {x})[0];
 }
 
-Tensor parallel_cross_entropy(const Tensor& logits, const Tensor& targets, int64_t first,
+Tensor parallel_cross_entropy(const Tensor& logits_in, const Tensor& targets, int64_t first,
                               const TensorParallelGroup& group) {
+  const Tensor logits = autocast_f32_input(logits_in);  // as cross_entropy under autocast
   if (logits.dtype() != DType::F32 || logits.dim() != 2)
     tag::kTp.fail("parallel_cross_entropy: f32 logits [N, vocab part], got ", logits.str());
   // Per element: the maximum, the exponent, the sum and the normalisation (softmax's 4).

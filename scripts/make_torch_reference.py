@@ -13,8 +13,9 @@ tied wte/head, SDPA causal attention) in the tiny configuration, writes its init
 in the Hugging Face GPT-2 layout (Conv1D weights stored [in, out], no lm_head: what Loom's
 --init reads) to tests/data/torch_reference_init.safetensors, trains it on one process with
 batch 16 of the peers' LCG data for 20 steps with AdamW(lr 1e-3, betas 0.9/0.95, eps 1e-8,
-weight decay 0.1 on every parameter), and writes the 20 losses, the versions and this
-command to tests/data/torch_reference_tiny.json.
+weight decay 0.1 on every parameter), once in f32 and once from the same weights under CPU
+autocast to bf16, and writes both runs' 20 losses, the versions and this command to
+tests/data/torch_reference_tiny.json.
 """
 import json
 import os
@@ -52,15 +53,24 @@ def main():
     class Args:
         lr, wd = 1e-3, 0.1
 
-    opt = adamw(model.parameters(), Args)
-    losses = []
-    for step in range(STEPS):
-        x, y = lcg_batch(step, 0, BATCH, CTX, VOCAB)
-        opt.zero_grad(set_to_none=True)
-        loss = model(x, y)
-        loss.backward()
-        opt.step()
-        losses.append(loss.item())
+    def train(precision):
+        torch.manual_seed(0)
+        trained = make_model(cfg, seed=0)
+        trained.load_state_dict(model.state_dict())
+        opt = adamw(trained.parameters(), Args)
+        losses = []
+        for step in range(STEPS):
+            x, y = lcg_batch(step, 0, BATCH, CTX, VOCAB)
+            opt.zero_grad(set_to_none=True)
+            with torch.autocast("cpu", dtype=torch.bfloat16, enabled=precision == "bf16-mixed"):
+                loss = trained(x, y)
+            loss.backward()
+            opt.step()
+            losses.append(loss.item())
+        return losses
+
+    losses = train("32-true")
+    bf16_losses = train("bf16-mixed")
     out = {
         "what": "single-process PyTorch losses of the peers' tiny GPT, batch 16, 20 steps",
         "config": {"layers": LAYERS, "heads": HEADS, "embd": EMBD, "ctx": CTX, "vocab": VOCAB,
@@ -69,6 +79,11 @@ def main():
         "data": "sample i of step s: x[0] = (977*s + 131*i + 17) mod 256, "
                 "x[t+1] = (5*x[t] + 3) mod 256; inputs x[:-1], targets x[1:]",
         "losses": losses,
+        "bf16_mixed": "the same from the same weights with the forward and the loss under "
+                      "torch.autocast('cpu', dtype=torch.bfloat16): linear and SDPA in bf16, "
+                      "their bf16 results through GELU, f32 where they meet the residual, "
+                      "cross-entropy in f32",
+        "bf16_mixed_losses": bf16_losses,
         "torch": torch.__version__,
         "python": platform.python_version(),
         "command": "/tmp/peers-venv/bin/python scripts/make_torch_reference.py",
@@ -77,6 +92,7 @@ def main():
         json.dump(out, f, indent=1)
         f.write("\n")
     print("losses:", " ".join(f"{l:.6f}" for l in losses))
+    print("bf16-mixed losses:", " ".join(f"{l:.6f}" for l in bf16_losses))
 
 
 if __name__ == "__main__":

@@ -29,14 +29,27 @@ Tensor round_through(const Tensor& x, DType dtype) {
   return cast(cast(x, dtype), DType::F32);
 }
 
+Tensor autocast_emulated_input(const Tensor& x, DType low) {
+  if (!x.defined()) return x;
+  if (x.dtype() == low) return cast(x, DType::F32);
+  return round_through(x, low);
+}
+
 Tensor autocast_input(const Tensor& x, DType low) {
-  if (!x.defined() || x.dtype() != DType::F32) return x;
+  if (!x.defined() || (x.dtype() != DType::F32 && x.dtype() != low)) return x;
   const bool computes_in_low = takes_cuda_path(x.device()) || low == DType::BF16;
-  return computes_in_low ? cast(x, low) : round_through(x, low);
+  if (!computes_in_low) return autocast_emulated_input(x, low);
+  return x.dtype() == low ? x : cast(x, low);
 }
 
 Tensor autocast_output(const Tensor& y, DType low) {
-  return y.dtype() == low ? cast(y, DType::F32) : round_through(y, low);
+  return y.dtype() == low ? y : cast(y, low);
+}
+
+Tensor autocast_f32_input(const Tensor& x) {
+  if (active == DType::F32 || !x.defined() || (x.dtype() != DType::BF16 && x.dtype() != DType::F16))
+    return x;
+  return cast(x, DType::F32);
 }
 
 }  // namespace loom

@@ -1,18 +1,24 @@
 #pragma once
-// Mixed precision: inside an AutocastGuard(bf16 or f16), matmul, linear and causal_attention
-// take their f32 operands in that dtype and give an f32 result rounded to it (through cast,
-// so autograd sees the roundings as in PyTorch's autocast, which also runs these three in
-// the low dtype on CUDA). Every other op stays in f32. Thread-local.
-//  - CUDA: the op really runs in bf16/f16 (cuBLASLt or the flash-attention kernels, f32
-//    accumulation) and its result is cast back to f32.
+// Mixed precision, with PyTorch's autocast as the reference: inside an AutocastGuard(bf16 or
+// f16), matmul, linear and causal_attention take their f32 operands in that dtype and give
+// their result in it (PyTorch's lower-precision list); layer_norm, rms_norm, softmax and
+// cross_entropy take a bf16/f16 input in f32 (its f32 list); every other op runs in the dtype
+// it is given, a binary op of f32 and bf16 in f32 (promotion, ops.h). So a matmul's bf16
+// result feeds GELU and the next matmul as it is, and is widened only where it meets the f32
+// residual stream or a normalisation. The casts go through cast(), so autograd rounds the
+// gradients as PyTorch's autocast does. Thread-local.
+//  - CUDA: the three ops really run in bf16/f16 (cuBLASLt or the flash-attention kernels,
+//    f32 accumulation).
 //  - CPU, bf16: matmul and linear run on bf16 tensors (kernels/cpu/gemm.h's gemm_bf16: oneDNN
 //    on AMX or AVX512_BF16 where the CPU has them, else widened to f32, the same numbers up to
-//    the order of the sums), their results rounded to bf16 and cast back to f32; their
-//    gradients are bf16 products too, as on CUDA. Attention is emulated (below).
-//  - CPU, f16, and attention in either: emulated. Operands and result are rounded through
-//    the low dtype and the kernel runs in f32, which computes the same thing up to the
-//    rounding of intermediates (products of the rounded inputs are exact in f32, sums are
-//    f32; attention's probabilities stay f32): the numerics of 16-mixed, not its speed.
+//    the order of the sums); their gradients are bf16 products too, as on CUDA. Attention is
+//    emulated (below). Other ops given bf16 compute through f32 copies and round their result
+//    once (dispatch.h's computes_through_f32), the arithmetic of CUDA's kernels.
+//  - CPU, f16, and attention in either: emulated. Operands are rounded through the low dtype
+//    and the kernel runs in f32 on them, which computes the same thing up to the rounding of
+//    intermediates (products of the rounded inputs are exact in f32, sums are f32; attention's
+//    probabilities stay f32); the result is rounded to the low dtype: the numerics of
+//    16-mixed, not its speed.
 //  - meta: as the CPU, or as CUDA under a MetaCudaPathScope.
 
 #include "tensor/tensor.h"
@@ -36,10 +42,16 @@ DType autocast_dtype();
 // otherwise.
 Tensor round_through(const Tensor& x, DType dtype);
 // An f32 operand of matmul or linear under autocast: cast to `low` where the op computes in it
-// (CUDA; bf16 on the CPU), else rounded through it.
+// (CUDA; bf16 on the CPU), else rounded through it; an operand already in `low` as it is (or
+// widened exactly where the op cannot compute in it).
 Tensor autocast_input(const Tensor& x, DType low);
-// The result of an autocast op back in f32: cast up when it was computed in `low`, rounded
-// through `low` when it was computed in f32 (the CPU emulation).
+// An operand of an op that computes in f32 on values of `low`, as the CPU's attention: an f32
+// x rounded through `low`, a low-precision x widened (exactly).
+Tensor autocast_emulated_input(const Tensor& x, DType low);
+// The result of a lower-precision op: in `low` (cast when the op computed in f32).
 Tensor autocast_output(const Tensor& y, DType low);
+// The input of an op autocast runs in f32 (layer_norm, rms_norm, softmax, cross_entropy): a
+// bf16/f16 x cast to f32 while autocast is on; x otherwise.
+Tensor autocast_f32_input(const Tensor& x);
 
 }  // namespace loom

@@ -254,9 +254,42 @@ TEST(Tensor, ErrorsNameTheProblem) {
   }
   EXPECT_THROW(matmul(a, a), Error);
   EXPECT_THROW(a.reshape({4, 2}), Error);
-  EXPECT_THROW(add(a, Tensor::zeros({2, 3}, DType::F64)), Error);
+  EXPECT_THROW(add(a, Tensor::zeros({2, 3}, DType::I64)), Error);
   EXPECT_THROW(embedding(Tensor::from_vector<int64_t>({3}, {1}), Tensor::zeros({3, 2})), Error);
-  EXPECT_THROW(gelu(Tensor::zeros({2}, DType::BF16)), Error);
+  Tensor half_row = Tensor::zeros({2}, DType::BF16);
+  EXPECT_THROW(layer_norm(half_row, half_row, half_row), Error);  // f32 or f64 outside autocast
+}
+
+// Floating operands of two dtypes compute in the wider, as PyTorch promotes them, and the
+// narrower one's gradient comes back in its own dtype; on the CPU a bf16 op computes in f32
+// and rounds once.
+TEST(Tensor, FloatingDtypesPromoteAndBf16OpsRoundOnceOnTheCpu) {
+  Tensor wide = Tensor::from_vector<double>({0.1, 0.2}, {2});
+  Tensor narrow = Tensor::from_vector<float>({1.5f, -2.0f}, {2}).to(DType::BF16);
+  wide.set_requires_grad(true);
+  narrow.set_requires_grad(true);
+  Tensor sum2 = add(wide, narrow);
+  EXPECT_EQ(sum2.dtype(), DType::F64);
+  EXPECT_EQ(sum2.to_vector<double>(), std::vector<double>({0.1 + 1.5, 0.2 - 2.0}));
+  sum(mul(sum2, 3.0)).backward();
+  EXPECT_EQ(narrow.grad().dtype(), DType::BF16);
+  EXPECT_EQ(narrow.grad().to(DType::F32).to_vector<float>(), std::vector<float>({3, 3}));
+  EXPECT_EQ(wide.grad().to_vector<double>(), std::vector<double>({3, 3}));
+
+  // 256 + eight 1s: summed in bf16 one by one it stays 256 (bf16 steps by 2 there and each
+  // tie rounds to even); summed in f32 and rounded once it is 264, as CUDA's kernel gives.
+  std::vector<float> values(9, 1.0f);
+  values[0] = 256.0f;
+  Tensor column = Tensor::from_vector<float>(values, {9}).to(DType::BF16);
+  EXPECT_EQ(sum(column).dtype(), DType::BF16);
+  EXPECT_EQ(sum(column).to(DType::F32).item(), 264.0);
+  EXPECT_EQ(sum(reshape(column, {9, 1}), {0}).to(DType::F32).to_vector<float>(),
+            std::vector<float>({264.0f}));
+
+  Tensor x = Tensor::from_vector<float>({-1.3f, 0.7f, 2.9f}, {3}).to(DType::BF16);
+  EXPECT_EQ(gelu(x).dtype(), DType::BF16);
+  EXPECT_EQ(gelu(x).to(DType::F32).to_vector<float>(),
+            gelu(x.to(DType::F32)).to(DType::BF16).to(DType::F32).to_vector<float>());
 }
 
 TEST(Tensor, ExactValuesOfCoreOps) {

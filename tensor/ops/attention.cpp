@@ -73,7 +73,7 @@ Tensor causal_attention(const Tensor& q, const Tensor& k, const Tensor& v) {
     AutocastGuard off(DType::F32);
     // The CPU kernel computes in f32 or f64: the low dtype is emulated there (autocast.h).
     const auto input = [&](const Tensor& t) {
-      return takes_cuda_path(t.device()) ? autocast_input(t, low) : round_through(t, low);
+      return takes_cuda_path(t.device()) ? autocast_input(t, low) : autocast_emulated_input(t, low);
     };
     return autocast_output(causal_attention(input(q), input(k), input(v)), low);
   }

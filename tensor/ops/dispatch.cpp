@@ -1,5 +1,7 @@
 #include "tensor/ops/dispatch.h"
 
+#include "tensor/ops.h"
+
 namespace loom::detail {
 
 void check_kernel_device(const char* op, const Tensor& t) {
@@ -18,6 +20,21 @@ void check_same_kind(const char* op, const Tensor& a, const Tensor& b) {
   if (a.device() != b.device()) {
     fail(op, ": operands are on different devices (", a.device(), " vs ", b.device(), ")");
   }
+}
+
+bool computes_through_f32(const Tensor& x) {
+  return x.device().is_cpu() && (x.dtype() == DType::BF16 || x.dtype() == DType::F16);
+}
+
+Tensor widened(const Tensor& x) {
+  NoGradGuard no_grad;
+  return cast(x, DType::F32);
+}
+
+DType promoted_dtype(DType a, DType b) {
+  if (a == b) return a;
+  if (a == DType::F64 || b == DType::F64) return DType::F64;
+  return DType::F32;
 }
 
 Tensor contiguous_input(const Tensor& x) {

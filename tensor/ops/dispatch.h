@@ -19,6 +19,16 @@ decltype(auto) dispatch_floating(DType dtype, const char* op, F&& f) {
   }
 }
 
+// Whether x holds bf16 or f16 on the CPU, whose elementwise, reduction and attention kernels
+// take f32 and f64 only: such an op runs on f32 copies (`widened`) and rounds its result to
+// x's dtype once, the arithmetic of CUDA's kernels, which widen on load and round on store.
+bool computes_through_f32(const Tensor& x);
+// x converted to f32, never recorded by autograd.
+Tensor widened(const Tensor& x);
+// The dtype two floating operands of different dtypes compute in, as PyTorch promotes them:
+// the wider; bf16 with f16 gives f32.
+DType promoted_dtype(DType a, DType b);
+
 // Throws unless t is defined and this build has kernels for its device.
 void check_kernel_device(const char* op, const Tensor& t);
 // x's elements in row-major layout for a kernel to read: x itself when contiguous, else a

@@ -34,6 +34,10 @@ Tensor binary_forward(BinaryOp op, const char* name, const Tensor& a, const Tens
   detail::check_kernel_device(name, a);
   detail::check_kernel_device(name, b);
   detail::check_same_kind(name, a, b);
+  if (detail::computes_through_f32(a)) {
+    NoGradGuard no_grad;
+    return cast(binary_forward(op, name, detail::widened(a), detail::widened(b)), a.dtype());
+  }
   Shape shape = broadcast_shapes(a.shape(), b.shape(), name);
   Tensor out = Tensor::empty(shape, a.dtype(), a.device());
   if (out.numel() == 0) return out;
@@ -56,9 +60,21 @@ Tensor binary_forward(BinaryOp op, const char* name, const Tensor& a, const Tens
   return out;
 }
 
+// A binary op's operands in one dtype: a floating operand narrower than the other is cast up
+// (recorded by autograd, so its gradient returns in its own dtype), as PyTorch promotes a bf16
+// matmul result added to an f32 residual.
+std::pair<Tensor, Tensor> promoted(const Tensor& a, const Tensor& b) {
+  if (!a.defined() || !b.defined() || a.dtype() == b.dtype() || !is_floating(a.dtype()) ||
+      !is_floating(b.dtype()))
+    return {a, b};
+  const DType common = detail::promoted_dtype(a.dtype(), b.dtype());
+  return {a.dtype() == common ? a : cast(a, common), b.dtype() == common ? b : cast(b, common)};
+}
+
 }  // namespace
 
-Tensor add(const Tensor& a, const Tensor& b) {
+Tensor add(const Tensor& a_in, const Tensor& b_in) {
+  const auto [a, b] = promoted(a_in, b_in);
   Tensor out = binary_forward(BinaryOp::Add, "add", a, b);
   if (autograd::any_requires_grad({a, b})) {
     autograd::record(
@@ -71,7 +87,8 @@ Tensor add(const Tensor& a, const Tensor& b) {
   return out;
 }
 
-Tensor sub(const Tensor& a, const Tensor& b) {
+Tensor sub(const Tensor& a_in, const Tensor& b_in) {
+  const auto [a, b] = promoted(a_in, b_in);
   Tensor out = binary_forward(BinaryOp::Sub, "sub", a, b);
   if (autograd::any_requires_grad({a, b})) {
     autograd::record(
@@ -84,7 +101,8 @@ Tensor sub(const Tensor& a, const Tensor& b) {
   return out;
 }
 
-Tensor mul(const Tensor& a, const Tensor& b) {
+Tensor mul(const Tensor& a_in, const Tensor& b_in) {
+  const auto [a, b] = promoted(a_in, b_in);
   Tensor out = binary_forward(BinaryOp::Mul, "mul", a, b);
   if (autograd::any_requires_grad({a, b})) {
     autograd::record(
@@ -98,7 +116,8 @@ Tensor mul(const Tensor& a, const Tensor& b) {
   return out;
 }
 
-Tensor div(const Tensor& a, const Tensor& b) {
+Tensor div(const Tensor& a_in, const Tensor& b_in) {
+  const auto [a, b] = promoted(a_in, b_in);
   Tensor out = binary_forward(BinaryOp::Div, "div", a, b);
   if (autograd::any_requires_grad({a, b})) {
     autograd::record(
@@ -113,23 +132,43 @@ Tensor div(const Tensor& a, const Tensor& b) {
   return out;
 }
 
-Tensor add(const Tensor& a, double value) {
-  detail::check_kernel_device("add", a);
+namespace {
+
+// a + value (Add) or a * value (Mul), never recorded.
+Tensor scalar_forward(BinaryOp op, const Tensor& a, double value) {
+  const char* name = op == BinaryOp::Add ? "add" : "mul";
+  detail::check_kernel_device(name, a);
+  if (detail::computes_through_f32(a)) {
+    NoGradGuard no_grad;
+    return cast(scalar_forward(op, detail::widened(a), value), a.dtype());
+  }
   Tensor out = Tensor::empty(a.shape(), a.dtype(), a.device());
   Tensor src = detail::contiguous_input(a);
   if (reports_op_cost(a.device())) {
-    record_meta_op("add", OpClass::Elementwise, double(a.numel()), {src}, {out});
+    record_meta_op(name, OpClass::Elementwise, double(a.numel()), {src}, {out});
   }
-  if (a.device().is_meta()) {
-    // nothing to compute: the cost is reported above
-  } else if (a.device().is_cuda()) {
-    LOOM_IF_CUDA(kernels::cuda::add_scalar(a.dtype(), src.raw_data(), value, out.raw_data(),
-                                           a.numel(), detail::stream_of(a)));
-  } else {
-    detail::dispatch_floating(a.dtype(), "add", [&]<typename T>() {
+  if (a.device().is_meta()) return out;
+  if (a.device().is_cuda()) {
+    LOOM_IF_CUDA(op == BinaryOp::Add
+                     ? kernels::cuda::add_scalar(a.dtype(), src.raw_data(), value, out.raw_data(),
+                                                 a.numel(), detail::stream_of(a))
+                     : kernels::cuda::scale(a.dtype(), src.raw_data(), value, out.raw_data(),
+                                            a.numel(), detail::stream_of(a)));
+    return out;
+  }
+  detail::dispatch_floating(a.dtype(), name, [&]<typename T>() {
+    if (op == BinaryOp::Add)
       kernels::cpu::add_scalar<T>(src.data<T>(), static_cast<T>(value), out.data<T>(), a.numel());
-    });
-  }
+    else
+      kernels::cpu::scale<T>(src.data<T>(), static_cast<T>(value), out.data<T>(), a.numel());
+  });
+  return out;
+}
+
+}  // namespace
+
+Tensor add(const Tensor& a, double value) {
+  Tensor out = scalar_forward(BinaryOp::Add, a, value);
   if (autograd::any_requires_grad({a})) {
     autograd::record("AddScalar", {a}, {out},
                      [](const std::vector<Tensor>& g, const autograd::Node&) { return g; });
@@ -138,22 +177,7 @@ Tensor add(const Tensor& a, double value) {
 }
 
 Tensor mul(const Tensor& a, double factor) {
-  detail::check_kernel_device("mul", a);
-  Tensor out = Tensor::empty(a.shape(), a.dtype(), a.device());
-  Tensor src = detail::contiguous_input(a);
-  if (reports_op_cost(a.device())) {
-    record_meta_op("mul", OpClass::Elementwise, double(a.numel()), {src}, {out});
-  }
-  if (a.device().is_meta()) {
-    // nothing to compute: the cost is reported above
-  } else if (a.device().is_cuda()) {
-    LOOM_IF_CUDA(kernels::cuda::scale(a.dtype(), src.raw_data(), factor, out.raw_data(), a.numel(),
-                                      detail::stream_of(a)));
-  } else {
-    detail::dispatch_floating(a.dtype(), "mul", [&]<typename T>() {
-      kernels::cpu::scale<T>(src.data<T>(), static_cast<T>(factor), out.data<T>(), a.numel());
-    });
-  }
+  Tensor out = scalar_forward(BinaryOp::Mul, a, factor);
   if (autograd::any_requires_grad({a})) {
     autograd::record("MulScalar", {a}, {out},
                      [factor](const std::vector<Tensor>& g, const autograd::Node&) {
@@ -203,46 +227,63 @@ struct ActivationKernels {
 // counts twice that.
 constexpr double kActivationFlops = 8;
 
-Tensor activation(const Tensor& x, const ActivationKernels& k) {
-  detail::check_kernel_device(k.name, x);
-  Tensor in = detail::contiguous_input(x);
-  Tensor out = Tensor::empty(x.shape(), x.dtype(), x.device());
-  if (reports_op_cost(x.device())) {
+// y = f(x) for a contiguous x, never recorded.
+Tensor activation_forward(const Tensor& in, const ActivationKernels& k) {
+  if (detail::computes_through_f32(in)) {
+    NoGradGuard no_grad;
+    return cast(activation_forward(detail::widened(in), k), in.dtype());
+  }
+  Tensor out = Tensor::empty(in.shape(), in.dtype(), in.device());
+  if (reports_op_cost(in.device())) {
     record_meta_op(k.name, OpClass::Elementwise, kActivationFlops * double(in.numel()), {in},
                    {out});
   }
-  if (x.device().is_meta()) {
-    // nothing to compute: the cost is reported above
-  } else if (x.device().is_cuda()) {
+  if (in.device().is_meta()) return out;
+  if (in.device().is_cuda()) {
     LOOM_IF_CUDA(
-        k.cuda_forward(x.dtype(), in.raw_data(), out.raw_data(), in.numel(), detail::stream_of(x)));
-  } else {
-    detail::dispatch_floating(x.dtype(), k.name, [&]<typename T>() {
-      k.cpu_forward<T>()(in.data<T>(), out.data<T>(), in.numel());
-    });
+        k.cuda_forward(in.dtype(), in.raw_data(), out.raw_data(), in.numel(), detail::stream_of(in)));
+    return out;
   }
+  detail::dispatch_floating(in.dtype(), k.name, [&]<typename T>() {
+    k.cpu_forward<T>()(in.data<T>(), out.data<T>(), in.numel());
+  });
+  return out;
+}
+
+// dx = dy * f'(x) for a contiguous x, never recorded.
+Tensor activation_backward(const Tensor& in, const Tensor& dy_in, const ActivationKernels& k) {
+  if (detail::computes_through_f32(in)) {
+    NoGradGuard no_grad;
+    return cast(activation_backward(detail::widened(in), detail::widened(dy_in), k), in.dtype());
+  }
+  Tensor dy = detail::contiguous_input(dy_in);
+  Tensor dx = Tensor::empty(in.shape(), in.dtype(), in.device());
+  if (reports_op_cost(in.device())) {
+    record_meta_op(k.node, OpClass::Elementwise, 2 * kActivationFlops * double(in.numel()),
+                   {in, dy}, {dx});
+  }
+  if (in.device().is_meta()) return dx;
+  if (in.device().is_cuda()) {
+    LOOM_IF_CUDA(k.cuda_backward(in.dtype(), in.raw_data(), dy.raw_data(), dx.raw_data(),
+                                 in.numel(), detail::stream_of(in)));
+    return dx;
+  }
+  detail::dispatch_floating(in.dtype(), k.name, [&]<typename T>() {
+    k.cpu_backward<T>()(in.data<T>(), dy.data<T>(), dx.data<T>(), in.numel());
+  });
+  return dx;
+}
+
+Tensor activation(const Tensor& x, const ActivationKernels& k) {
+  detail::check_kernel_device(k.name, x);
+  Tensor in = detail::contiguous_input(x);
+  Tensor out = activation_forward(in, k);
   if (autograd::any_requires_grad({x})) {
-    autograd::record(
-        k.node, {x}, {out},
-        [in = in.detach(), k](const std::vector<Tensor>& g, const autograd::Node&) {
-          Tensor dy = g[0].contiguous();
-          Tensor dx = Tensor::empty(in.shape(), in.dtype(), in.device());
-          if (reports_op_cost(in.device())) {
-            record_meta_op(k.node, OpClass::Elementwise, 2 * kActivationFlops * double(in.numel()),
-                           {in, dy}, {dx});
-          }
-          if (in.device().is_meta()) {
-            // nothing to compute: the cost is reported above
-          } else if (in.device().is_cuda()) {
-            LOOM_IF_CUDA(k.cuda_backward(in.dtype(), in.raw_data(), dy.raw_data(), dx.raw_data(),
-                                         in.numel(), detail::stream_of(in)));
-          } else {
-            detail::dispatch_floating(in.dtype(), k.name, [&]<typename T>() {
-              k.cpu_backward<T>()(in.data<T>(), dy.data<T>(), dx.data<T>(), in.numel());
-            });
-          }
-          return std::vector<Tensor>{dx};
-        });
+    autograd::record(k.node, {x}, {out},
+                     [in = in.detach(), k](
+                         const std::vector<Tensor>& g, const autograd::Node&) {
+                       return std::vector<Tensor>{activation_backward(in, g[0], k)};
+                     });
   }
   return out;
 }
@@ -284,6 +325,10 @@ void add_(Tensor& a, const Tensor& b) {
     record_meta_op("add_", OpClass::Elementwise, double(a.numel()), {a, src}, {a});
   }
   if (a.device().is_meta()) return;
+  if (detail::computes_through_f32(a)) {
+    copy_(a, add(detail::widened(a), detail::widened(src)));
+    return;
+  }
   if (a.device().is_cuda()) {
     LOOM_IF_CUDA(kernels::cuda::add_inplace(a.dtype(), a.raw_data(), src.raw_data(), a.numel(),
                                             detail::stream_of(a)));
@@ -301,6 +346,11 @@ void mul_(Tensor& a, double factor) {
     record_meta_op("mul_", OpClass::Elementwise, double(a.numel()), {a}, {a});
   }
   if (a.device().is_meta()) return;
+  if (detail::computes_through_f32(a)) {
+    NoGradGuard no_grad;
+    copy_(a, mul(detail::widened(a), factor));
+    return;
+  }
   if (a.device().is_cuda()) {
     LOOM_IF_CUDA(kernels::cuda::scale_inplace(a.dtype(), a.raw_data(), factor, a.numel(),
                                               detail::stream_of(a)));

@@ -1,6 +1,7 @@
 // Layer and RMS normalisation over the last dimension.
 
 #include "kernels/cpu/layer_norm.h"
+#include "tensor/autocast.h"
 #include "tensor/autograd/node.h"
 #include "tensor/meta.h"
 #include "tensor/ops.h"
@@ -20,7 +21,8 @@ namespace {
 constexpr double kNormFlops = 8;
 }  // namespace
 
-Tensor layer_norm(const Tensor& x, const Tensor& weight, const Tensor& bias, double eps) {
+Tensor layer_norm(const Tensor& x_in, const Tensor& weight, const Tensor& bias, double eps) {
+  const Tensor x = autocast_f32_input(x_in);
   detail::check_kernel_device("layer_norm", x);
   detail::check_same_kind("layer_norm", x, weight);
   detail::check_same_kind("layer_norm", x, bias);
@@ -99,7 +101,8 @@ Tensor layer_norm(const Tensor& x, const Tensor& weight, const Tensor& bias, dou
   return out;
 }
 
-Tensor rms_norm(const Tensor& x, const Tensor& weight, double eps) {
+Tensor rms_norm(const Tensor& x_in, const Tensor& weight, double eps) {
+  const Tensor x = autocast_f32_input(x_in);
   detail::check_kernel_device("rms_norm", x);
   detail::check_same_kind("rms_norm", x, weight);
   if (x.dim() < 1 || weight.shape() != Shape{x.size(-1)}) {

@@ -132,12 +132,6 @@ void batched_gemm(const Operand& a, const Operand& b, Tensor& out, int64_t batch
   });
 }
 
-// The sums of g's columns; bf16 on the CPU's path summed in f32 and rounded once (the CPU's
-// reductions take f32 and f64).
-Tensor column_sums(const Tensor& g) {
-  if (g.dtype() != DType::BF16 || takes_cuda_path(g.device())) return sum(g, {0});
-  return cast(sum(cast(g, DType::F32), {0}), DType::BF16);
-}
 
 Tensor matmul_forward(const Tensor& a, const Tensor& b) {
   detail::check_kernel_device("matmul", a);
@@ -260,7 +254,7 @@ Tensor linear(const Tensor& x_in, const Tensor& weight_in, const Tensor& bias_in
                        if (node.needs_input_grad(0))
                          gx = reshape(matmul(g2, transpose(w, 0, 1)), x_shape);
                        if (node.needs_input_grad(1)) gw = matmul(transpose(x2, 0, 1), g2);
-                       if (node.needs_input_grad(2)) gb = column_sums(g2);
+                       if (node.needs_input_grad(2)) gb = sum(g2, {0});
                        return std::vector<Tensor>{gx, gw, gb};
                      });
   }

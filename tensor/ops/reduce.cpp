@@ -73,26 +73,39 @@ std::vector<int64_t> normalized_dims(const std::vector<int64_t>& dims, int64_t n
 
 }  // namespace
 
-Tensor sum(const Tensor& x) {
-  detail::check_kernel_device("sum", x);
+namespace {
+
+// The sum of every element as a 0-d tensor of x's dtype, never recorded.
+Tensor sum_all_forward(const Tensor& x) {
+  if (detail::computes_through_f32(x)) {
+    NoGradGuard no_grad;
+    return cast(sum_all_forward(detail::widened(x)), x.dtype());
+  }
   Tensor in = detail::contiguous_input(x);
   Tensor out = Tensor::empty({}, x.dtype(), x.device());
   if (reports_op_cost(x.device())) {
     record_meta_op("sum", OpClass::Reduction, double(x.numel()), {in}, {out});
   }
-  if (x.device().is_meta()) {
-    // nothing to compute: the cost is reported above
-  } else if (x.device().is_cuda()) {
+  if (x.device().is_meta()) return out;
+  if (x.device().is_cuda()) {
     LOOM_IF_CUDA({
       Tensor scratch = detail::workspace(x.device(), kernels::cuda::reduce_workspace_bytes(in.numel()));
       kernels::cuda::sum_all(x.dtype(), in.raw_data(), in.numel(), out.raw_data(),
                              scratch.raw_data(), detail::stream_of(x));
     });
-  } else {
-    detail::dispatch_floating(x.dtype(), "sum", [&]<typename T>() {
-      *out.data<T>() = static_cast<T>(kernels::cpu::sum_all<T>(in.data<T>(), in.numel()));
-    });
+    return out;
   }
+  detail::dispatch_floating(x.dtype(), "sum", [&]<typename T>() {
+    *out.data<T>() = static_cast<T>(kernels::cpu::sum_all<T>(in.data<T>(), in.numel()));
+  });
+  return out;
+}
+
+}  // namespace
+
+Tensor sum(const Tensor& x) {
+  detail::check_kernel_device("sum", x);
+  Tensor out = sum_all_forward(x);
   if (autograd::any_requires_grad({x})) {
     autograd::record("Sum", {x}, {out},
                      [shape = x.shape()](const std::vector<Tensor>& g, const autograd::Node&) {
@@ -105,11 +118,13 @@ Tensor sum(const Tensor& x) {
 Tensor sum(const Tensor& x, const std::vector<int64_t>& dims_in, bool keepdim) {
   detail::check_kernel_device("sum", x);
   std::vector<int64_t> dims = normalized_dims(dims_in, x.dim(), "sum");
-  Tensor out = detail::contiguous_input(x);
+  // bf16 and f16 on the CPU: summed in f32 over every dimension, rounded once.
+  Tensor out = detail::computes_through_f32(x) ? detail::widened(x) : detail::contiguous_input(x);
   {
     NoGradGuard no_grad;
     for (int64_t d : dims)
       out = sum_one_dim(out, d);
+    if (out.dtype() != x.dtype()) out = cast(out, x.dtype());
   }
   Shape kept = out.shape();
   if (!keepdim) {

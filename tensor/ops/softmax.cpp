@@ -1,6 +1,7 @@
 // Softmax (optionally causal) and the fused softmax cross-entropy loss.
 
 #include "kernels/cpu/softmax.h"
+#include "tensor/autocast.h"
 #include "tensor/autograd/node.h"
 #include "tensor/meta.h"
 #include "tensor/ops.h"
@@ -55,7 +56,8 @@ Tensor cuda_cross_entropy(const Tensor& logits, const Tensor& targets) {
 
 }  // namespace
 
-Tensor softmax(const Tensor& x, bool causal) {
+Tensor softmax(const Tensor& x_in, bool causal) {
+  const Tensor x = autocast_f32_input(x_in);
   detail::check_kernel_device("softmax", x);
   if (x.dim() < 1) fail("softmax: expected at least one dimension, got a scalar");
   int64_t width = x.size(-1);
@@ -109,7 +111,8 @@ Tensor softmax(const Tensor& x, bool causal) {
   return out;
 }
 
-Tensor cross_entropy(const Tensor& logits, const Tensor& targets) {
+Tensor cross_entropy(const Tensor& logits_in, const Tensor& targets) {
+  const Tensor logits = autocast_f32_input(logits_in);
   detail::check_kernel_device("cross_entropy", logits);
   if (logits.dim() != 2 || targets.dim() != 1 || targets.size(0) != logits.size(0)) {
     fail("cross_entropy: expected logits [N, V] and targets [N], got ", shape_str(logits.shape()),

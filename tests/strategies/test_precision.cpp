@@ -30,9 +30,47 @@ TEST(Autocast, MatmulRoundsOperandsAndResult) {
     AutocastGuard guard(DType::BF16);
     got = matmul(a, b);
   }
+  EXPECT_EQ(got.dtype(), DType::BF16);
   EXPECT_EQ(got.to_vector<float>(), rounded(want, DType::BF16));
   EXPECT_NE(got.to_vector<float>(), matmul(a, b).to_vector<float>());  // f32 outside the scope
   EXPECT_EQ(autocast_dtype(), DType::F32);
+}
+
+// PyTorch's autocast lists (tensor/autocast.h): a matmul's result stays bf16 through GELU into
+// the next matmul, becomes f32 where it meets the f32 residual, and the normalisations and the
+// loss take it in f32. The gradients come back in each tensor's own dtype.
+TEST(Autocast, ResultsStayBf16UntilTheResidualOrAnF32Op) {
+  Generator gen(5);
+  auto random = [&](const Shape& shape) {
+    Tensor t = Tensor::empty(shape);
+    uniform_(t, -1.0, 1.0, gen);
+    return t.set_requires_grad(true);
+  };
+  Tensor x = random({4, 8}), w1 = random({8, 16}), b1 = random({16}), w2 = random({16, 8}),
+         b2 = random({8}), gain = random({8}), shift = random({8});
+  AutocastGuard guard(DType::BF16);
+  Tensor hidden = linear(x, w1, b1);
+  EXPECT_EQ(hidden.dtype(), DType::BF16);
+  Tensor activated = gelu(hidden);
+  EXPECT_EQ(activated.dtype(), DType::BF16);
+  Tensor projected = linear(activated, w2, b2);
+  EXPECT_EQ(projected.dtype(), DType::BF16);
+  // The second product took GELU's bf16 result as it was: the same bits as from its f32 copy.
+  EXPECT_EQ(projected.to_vector<float>(),
+            linear(activated.to(DType::F32), w2, b2).to_vector<float>());
+  Tensor residual = add(x, projected);
+  EXPECT_EQ(residual.dtype(), DType::F32);
+  EXPECT_EQ(layer_norm(projected, gain, shift).dtype(), DType::F32);
+  EXPECT_EQ(softmax(projected).dtype(), DType::F32);
+  Tensor q = reshape(projected, {1, 1, 4, 8});
+  EXPECT_EQ(causal_attention(q, q, q).dtype(), DType::BF16);
+  Tensor loss = cross_entropy(projected, Tensor::from_vector<int64_t>({0, 1, 2, 3}, {4}));
+  EXPECT_EQ(loss.dtype(), DType::F32);
+  add(loss, sum(layer_norm(residual, gain, shift))).backward();
+  for (const Tensor* p : {&x, &w1, &b1, &w2, &b2, &gain, &shift}) {
+    ASSERT_TRUE(p->grad().defined());
+    EXPECT_EQ(p->grad().dtype(), DType::F32);
+  }
 }
 
 TEST(Autocast, GradientsFlowThroughTheRoundings) {
