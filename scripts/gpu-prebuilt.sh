@@ -19,7 +19,8 @@
 # PyTorch, scripts/torch_gpt2_bench.py), labs (each kernel lab); on request: lab_NAME (one lab),
 # torch_compile (torch_eager with torch.compile), phases (train_gpt with synchronous launches
 # and --trace, for the time of forward, backward and optimizer), kernels (Nsight Compute's
-# GPU time of every kernel of train_gpt's first two steps, as CSV). Every stage runs under its
+# GPU time of every kernel of train_gpt's first two steps, as CSV), test_NAME (one CUDA test
+# program). Every stage runs under its
 # own time limit within a budget for the whole run (GPU_CHECK_BUDGET_S, default 540 s). The
 # output goes to the terminal and to one log, $OUT/gpu-prebuilt-<date>.log when $OUT is set
 # (the device tool's output folder, which returns few files), else ./gpu-prebuilt.log.
@@ -163,7 +164,8 @@ run_all() {
             "$1" --device cuda --preset gpt2-small --precision bf16-mixed --batch 8 --steps 2 &&
           echo "$(wc -l <"$0") lines in $0"' "${GPU_PREBUILT_LOG%.log}.kernels.csv" "$PACK/bin/train_gpt" ;;
       lab_*) stage "$s" 120 "$PACK/bin/$s" ;;
-      *) echo "gpu-prebuilt: unknown stage '$s' (env tests train_gpt torch_eager labs torch_compile phases kernels lab_NAME)"; return 2 ;;
+      test_*) stage "$s" 120 "$PACK/bin/$s" --gtest_color=no ;;
+      *) echo "gpu-prebuilt: unknown stage '$s' (env tests train_gpt torch_eager labs torch_compile phases kernels lab_NAME test_NAME)"; return 2 ;;
     esac
   done
   printf '\n========== summary (%ss of %ss) ==========\n' $((SECONDS - start)) "$budget"
