@@ -1,8 +1,9 @@
 #pragma once
 // Mixed precision, with PyTorch's autocast as the reference: inside an AutocastGuard(bf16 or
 // f16), matmul, linear and causal_attention take their f32 operands in that dtype and give
-// their result in it (PyTorch's lower-precision list); layer_norm, rms_norm, softmax and
-// cross_entropy take a bf16/f16 input in f32 (its f32 list); every other op runs in the dtype
+// their result in it (PyTorch's lower-precision list); layer_norm, rms_norm and softmax take a
+// bf16/f16 input in f32 (its f32 list), and cross_entropy gives the f32 loss of 16-bit logits
+// (reading them as they are on CUDA: ops.h); every other op runs in the dtype
 // it is given, a binary op of f32 and bf16 in f32 (promotion, ops.h). So a matmul's bf16
 // result feeds GELU and the next matmul as it is, and is widened only where it meets the f32
 // residual stream or a normalisation. The casts go through cast(), so autograd rounds the
@@ -50,8 +51,8 @@ Tensor autocast_input(const Tensor& x, DType low);
 Tensor autocast_emulated_input(const Tensor& x, DType low);
 // The result of a lower-precision op: in `low` (cast when the op computed in f32).
 Tensor autocast_output(const Tensor& y, DType low);
-// The input of an op autocast runs in f32 (layer_norm, rms_norm, softmax, cross_entropy): a
-// bf16/f16 x cast to f32 while autocast is on; x otherwise.
+// The input of an op autocast runs in f32 (layer_norm, rms_norm, softmax; the tensor-parallel
+// cross-entropy): a bf16/f16 x cast to f32 while autocast is on; x otherwise.
 Tensor autocast_f32_input(const Tensor& x);
 
 }  // namespace loom

@@ -22,12 +22,10 @@
 namespace loom::kernels::cuda {
 namespace {
 
-
 constexpr int kRowThreads = 256;       // threads per block in the warp-per-row kernels
 constexpr int kWarpRowMaxPacks = 512;  // wider rows get a whole block each
 constexpr int kVocabMaxThreads = 512;  // threads per block in the cross-entropy kernels
 constexpr int kMeanThreads = 1024;     // the one block that averages the row losses
-
 
 // Threads for a block per row: about `per_thread` packs per thread, within [lo, hi], a
 // multiple of the warp size.
@@ -200,9 +198,8 @@ __device__ __forceinline__ double warp_sum_f64(double v) {
   return v;
 }
 
-template <typename T>
 __global__ void __launch_bounds__(kMeanThreads)
-    mean_loss_kernel(const float* __restrict__ row_losses, T* __restrict__ mean_loss,
+    mean_loss_kernel(const float* __restrict__ row_losses, float* __restrict__ mean_loss,
                      int64_t rows) {
   __shared__ double scratch[kWarpSize];
   double sum = 0.0;
@@ -215,8 +212,7 @@ __global__ void __launch_bounds__(kMeanThreads)
   if (warp == 0) {
     const int warps = blockDim.x / kWarpSize;
     sum = warp_sum_f64(lane < warps ? scratch[lane] : 0.0);
-    if (lane == 0)
-      mean_loss[0] = from_float<T>(static_cast<float>(sum / static_cast<double>(rows)));
+    if (lane == 0) mean_loss[0] = static_cast<float>(sum / static_cast<double>(rows));
   }
 }
 
@@ -225,14 +221,14 @@ __global__ void __launch_bounds__(kMeanThreads)
 template <typename T, int V>
 __global__ void __launch_bounds__(kVocabMaxThreads)
     cross_entropy_backward_kernel(const T* logits, const int64_t* __restrict__ targets,
-                                  const float* __restrict__ logsumexp, const T* __restrict__ dloss,
-                                  T* dlogits, int64_t rows, int vocab) {
+                                  const float* __restrict__ logsumexp,
+                                  const float* __restrict__ dloss, T* dlogits, int64_t rows,
+                                  int vocab) {
   const int64_t row = blockIdx.x;
   const int64_t target = targets[row];
   check_target(row, target, vocab);
   // As the CPU op: the scale in double, rounded once to the compute type.
-  const float scale =
-      static_cast<float>(static_cast<double>(to_float(dloss[0])) / static_cast<double>(rows));
+  const float scale = static_cast<float>(static_cast<double>(dloss[0]) / static_cast<double>(rows));
   const float lse = logsumexp[row];
   const int packs = vocab / V;
   const T* xr = logits + row * vocab;
@@ -329,7 +325,7 @@ void softmax_backward(DType dtype, const void* y, const void* dy, void* dx, int6
 }
 
 void cross_entropy_forward(DType dtype, const void* logits, const int64_t* targets,
-                           float* logsumexp, float* row_losses, void* mean_loss, int64_t rows,
+                           float* logsumexp, float* row_losses, float* mean_loss, int64_t rows,
                            int64_t vocab, cudaStream_t stream) {
   check_sizes("cross_entropy_forward", rows, vocab);
   if (rows == 0 || vocab == 0) {
@@ -351,32 +347,30 @@ void cross_entropy_forward(DType dtype, const void* logits, const int64_t* targe
           <<<grid, threads, 0, stream>>>(lp, targets, logsumexp, row_losses, v);
     }
     LOOM_CUDA_CHECK_LAUNCH();
-    mean_loss_kernel<T>
-        <<<1, kMeanThreads, 0, stream>>>(row_losses, static_cast<T*>(mean_loss), rows);
+    mean_loss_kernel<<<1, kMeanThreads, 0, stream>>>(row_losses, mean_loss, rows);
     LOOM_CUDA_CHECK_LAUNCH();
   });
 }
 
 void cross_entropy_backward(DType dtype, const void* logits, const int64_t* targets,
-                            const float* logsumexp, const void* dloss, void* dlogits, int64_t rows,
+                            const float* logsumexp, const float* dloss, void* dlogits, int64_t rows,
                             int64_t vocab, cudaStream_t stream) {
   check_sizes("cross_entropy_backward", rows, vocab);
   dispatch_float_storage(dtype, "cross_entropy_backward", [&]<typename T>() {
     if (rows == 0 || vocab == 0) return;
     const int v = static_cast<int>(vocab);
     const auto* lp = static_cast<const T*>(logits);
-    const auto* dp = static_cast<const T*>(dloss);
     auto* out = static_cast<T*>(dlogits);
     const auto grid = static_cast<unsigned>(rows);
     constexpr int V = kPackElems<T>;
     if (vocab % V == 0 && aligned16(logits) && aligned16(dlogits)) {
       const int threads = row_block_threads(vocab / V, 4, kWarpSize, kVocabMaxThreads);
       cross_entropy_backward_kernel<T, V>
-          <<<grid, threads, 0, stream>>>(lp, targets, logsumexp, dp, out, rows, v);
+          <<<grid, threads, 0, stream>>>(lp, targets, logsumexp, dloss, out, rows, v);
     } else {
       const int threads = row_block_threads(vocab, 4 * V, kWarpSize, kVocabMaxThreads);
       cross_entropy_backward_kernel<T, 1>
-          <<<grid, threads, 0, stream>>>(lp, targets, logsumexp, dp, out, rows, v);
+          <<<grid, threads, 0, stream>>>(lp, targets, logsumexp, dloss, out, rows, v);
     }
     LOOM_CUDA_CHECK_LAUNCH();
   });

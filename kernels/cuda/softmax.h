@@ -26,7 +26,8 @@ void softmax_backward(DType dtype, const void* y, const void* dy, void* dx, int6
 
 // Cross-entropy of logits [rows, vocab] against targets (int64 [rows], on the device):
 // row loss = logsumexp(row) - row[target]. Writes each row's logsumexp (for backward) and loss
-// (f32 [rows] each), and mean_loss (one element of `dtype`) = the mean of the row losses, added
+// (f32 [rows] each), and mean_loss (one f32 element, whatever the logits' storage: a bf16
+// model's loss is accumulated and kept in f32) = the mean of the row losses, added
 // in f64 in an order fixed by the row count (deterministic; equal to the CPU's row-order sum
 // up to f64 rounding). One block per row reads the row once (online max and sum of exps);
 // a second one-block kernel takes the mean. rows must be > 0.
@@ -34,16 +35,16 @@ void softmax_backward(DType dtype, const void* y, const void* dy, void* dx, int6
 // device-side assert): the stream's context is then unusable, and the error surfaces at the
 // next synchronising call as cudaErrorLaunchFailure or similar.
 void cross_entropy_forward(DType dtype, const void* logits, const int64_t* targets,
-                           float* logsumexp, float* row_losses, void* mean_loss, int64_t rows,
+                           float* logsumexp, float* row_losses, float* mean_loss, int64_t rows,
                            int64_t vocab, cudaStream_t stream);
 
-// dlogits = dloss / rows * (softmax(logits) - onehot(target)), where dloss (one element of
-// `dtype` on the device, the gradient of the mean loss) is read by the kernel, so no host
+// dlogits = dloss / rows * (softmax(logits) - onehot(target)), where dloss (one f32 element on
+// the device, the gradient of the mean loss) is read by the kernel, so no host
 // synchronisation is needed. dlogits may alias logits (each element is read before the same
 // thread overwrites it), which saves the [rows, vocab] gradient buffer. Out-of-range targets
 // trap as in forward.
 void cross_entropy_backward(DType dtype, const void* logits, const int64_t* targets,
-                            const float* logsumexp, const void* dloss, void* dlogits, int64_t rows,
+                            const float* logsumexp, const float* dloss, void* dlogits, int64_t rows,
                             int64_t vocab, cudaStream_t stream);
 
 }  // namespace loom::kernels::cuda

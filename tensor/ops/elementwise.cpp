@@ -240,8 +240,8 @@ Tensor activation_forward(const Tensor& in, const ActivationKernels& k) {
   }
   if (in.device().is_meta()) return out;
   if (in.device().is_cuda()) {
-    LOOM_IF_CUDA(
-        k.cuda_forward(in.dtype(), in.raw_data(), out.raw_data(), in.numel(), detail::stream_of(in)));
+    LOOM_IF_CUDA(k.cuda_forward(in.dtype(), in.raw_data(), out.raw_data(), in.numel(),
+                                detail::stream_of(in)));
     return out;
   }
   detail::dispatch_floating(in.dtype(), k.name, [&]<typename T>() {
@@ -280,8 +280,7 @@ Tensor activation(const Tensor& x, const ActivationKernels& k) {
   Tensor out = activation_forward(in, k);
   if (autograd::any_requires_grad({x})) {
     autograd::record(k.node, {x}, {out},
-                     [in = in.detach(), k](
-                         const std::vector<Tensor>& g, const autograd::Node&) {
+                     [in = in.detach(), k](const std::vector<Tensor>& g, const autograd::Node&) {
                        return std::vector<Tensor>{activation_backward(in, g[0], k)};
                      });
   }

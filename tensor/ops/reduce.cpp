@@ -48,8 +48,8 @@ Tensor sum_one_dim(const Tensor& x, int64_t dim) {
     LOOM_IF_CUDA({
       Tensor scratch = detail::workspace(x.device(), kernels::cuda::sum_axis_workspace_bytes(
                                                          x.dtype(), s.outer, s.extent, s.inner));
-      kernels::cuda::sum_axis(x.dtype(), x.raw_data(), out.raw_data(), s.outer, s.extent,
-                              s.inner, scratch.raw_data(), detail::stream_of(x));
+      kernels::cuda::sum_axis(x.dtype(), x.raw_data(), out.raw_data(), s.outer, s.extent, s.inner,
+                              scratch.raw_data(), detail::stream_of(x));
     });
     return out;
   }
@@ -89,7 +89,8 @@ Tensor sum_all_forward(const Tensor& x) {
   if (x.device().is_meta()) return out;
   if (x.device().is_cuda()) {
     LOOM_IF_CUDA({
-      Tensor scratch = detail::workspace(x.device(), kernels::cuda::reduce_workspace_bytes(in.numel()));
+      Tensor scratch =
+          detail::workspace(x.device(), kernels::cuda::reduce_workspace_bytes(in.numel()));
       kernels::cuda::sum_all(x.dtype(), in.raw_data(), in.numel(), out.raw_data(),
                              scratch.raw_data(), detail::stream_of(x));
     });

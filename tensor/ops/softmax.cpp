@@ -34,10 +34,10 @@ Tensor cuda_cross_entropy(const Tensor& logits, const Tensor& targets) {
   Tensor index = targets.to(logits.device()).to(DType::I64).contiguous();
   Tensor lse = Tensor::empty({rows}, DType::F32, logits.device());
   Tensor row_losses = Tensor::empty({rows}, DType::F32, logits.device());
-  Tensor out = Tensor::empty({}, logits.dtype(), logits.device());
+  Tensor out = Tensor::empty({}, DType::F32, logits.device());
   LOOM_IF_CUDA(kernels::cuda::cross_entropy_forward(
       logits.dtype(), in.raw_data(), index.data<int64_t>(), lse.data<float>(),
-      row_losses.data<float>(), out.raw_data(), rows, vocab, detail::stream_of(logits)));
+      row_losses.data<float>(), out.data<float>(), rows, vocab, detail::stream_of(logits)));
   if (autograd::any_requires_grad({logits})) {
     autograd::record(
         "CrossEntropy", {logits}, {out},
@@ -46,8 +46,8 @@ Tensor cuda_cross_entropy(const Tensor& logits, const Tensor& targets) {
           Tensor dloss = g[0].contiguous();
           Tensor dlogits = Tensor::empty(in.shape(), in.dtype(), in.device());
           LOOM_IF_CUDA(kernels::cuda::cross_entropy_backward(
-              in.dtype(), in.raw_data(), index.data<int64_t>(), lse.data<float>(), dloss.raw_data(),
-              dlogits.raw_data(), rows, vocab, detail::stream_of(in)));
+              in.dtype(), in.raw_data(), index.data<int64_t>(), lse.data<float>(),
+              dloss.data<float>(), dlogits.raw_data(), rows, vocab, detail::stream_of(in)));
           return std::vector<Tensor>{dlogits};
         });
   }
@@ -111,9 +111,14 @@ Tensor softmax(const Tensor& x_in, bool causal) {
   return out;
 }
 
-Tensor cross_entropy(const Tensor& logits_in, const Tensor& targets) {
-  const Tensor logits = autocast_f32_input(logits_in);
+// The loss of 16-bit logits is f32, as in PyTorch's autocast: CUDA's kernels read them as
+// they are and accumulate in f32; the CPU's (and meta following it) take an f32 copy, whose
+// gradient rounds once to the logits' dtype, the same numbers.
+Tensor cross_entropy(const Tensor& logits, const Tensor& targets) {
   detail::check_kernel_device("cross_entropy", logits);
+  if ((logits.dtype() == DType::BF16 || logits.dtype() == DType::F16) &&
+      !takes_cuda_path(logits.device()))
+    return cross_entropy(cast(logits, DType::F32), targets);
   if (logits.dim() != 2 || targets.dim() != 1 || targets.size(0) != logits.size(0)) {
     fail("cross_entropy: expected logits [N, V] and targets [N], got ", shape_str(logits.shape()),
          " and ", shape_str(targets.shape()));
@@ -124,8 +129,10 @@ Tensor cross_entropy(const Tensor& logits_in, const Tensor& targets) {
   auto index = std::make_shared<std::vector<int64_t>>(
       detail::indices_as_i64("cross_entropy (targets)", targets, vocab));
   Tensor in = detail::contiguous_input(logits);
-  Tensor lse = Tensor::empty({rows}, logits.dtype(), logits.device());
-  Tensor out = Tensor::empty({}, logits.dtype(), logits.device());
+  // f32 or f64; meta following CUDA's path may hold 16-bit logits, whose loss is f32.
+  const DType loss_dtype = logits.dtype() == DType::F64 ? DType::F64 : DType::F32;
+  Tensor lse = Tensor::empty({rows}, loss_dtype, logits.device());
+  Tensor out = Tensor::empty({}, loss_dtype, logits.device());
   if (reports_op_cost(logits.device())) {
     record_meta_op("cross_entropy", OpClass::Normalization, kSoftmaxFlops * double(in.numel()),
                    {in, targets}, {lse, out});

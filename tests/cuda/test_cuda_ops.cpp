@@ -152,6 +152,13 @@ TEST(CudaOps, NormalisationSoftmaxAttentionLosses) {
   expect_matches_cpu("cross_entropy",
                      [&](auto& t) { return cross_entropy(t[0], targets.to(t[0].device())); },
                      {random_tensor({6, 10}, 19)});
+  // bf16 logits are read as they are; the loss is f32, as under PyTorch's autocast.
+  expect_matches_cpu("cross_entropy of bf16 logits",
+                     [&](auto& t) { return cross_entropy(t[0], targets.to(t[0].device())); },
+                     {random_tensor({6, 10}, 19)}, DType::BF16, 3e-2);
+  EXPECT_EQ(cross_entropy(random_tensor({6, 10}, 19).to(DType::BF16).to(kGpu), targets.to(kGpu))
+                .dtype(),
+            DType::F32);
   Tensor indices = Tensor::from_vector<int64_t>({2, 5, 2, 0, 2, 7}, {2, 3});
   expect_matches_cpu("embedding (repeated rows)",
                      [&](auto& t) { return embedding(indices.to(t[0].device()), t[0]); },
