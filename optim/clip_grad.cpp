@@ -10,6 +10,7 @@
 #include "tensor/ops.h"
 
 #if LOOM_WITH_CUDA
+#include "kernels/cuda/elementwise.h"
 #include "kernels/cuda/reduce.h"
 #include "tensor/ops/cuda_support.h"
 #endif
@@ -46,27 +47,67 @@ void check_grad(const Tensor& grad, size_t index) {
   }
 }
 
-// The 2-norm of every gradient on one GPU, with one device-to-host copy for all of them.
+// The 2-norm of every gradient on one GPU: the sums of squares of each run of gradients of one
+// dtype in a few launches (kernels/cuda/reduce.h's multi_tensor_sum_of_squares), one
+// device-to-host copy for all of them.
 std::vector<double> cuda_two_norms(const std::vector<Tensor>& grads) {
   std::vector<double> norms;
   if (grads.empty()) return norms;
 #if LOOM_WITH_CUDA
   Device device = grads[0].device();
   Tensor squares = Tensor::empty({static_cast<int64_t>(grads.size())}, DType::F32, device);
+  std::vector<kernels::cuda::TensorSpan> spans;
   for (size_t i = 0; i < grads.size(); ++i) {
     const Tensor& g = grads[i];
     if (g.device() != device) {
       tag::kOptim.fail("grad_norm: gradients on ", device, " and ", g.device(),
                        "; CUDA gradients must all be on one device");
     }
-    Tensor scratch = detail::workspace(device, kernels::cuda::reduce_workspace_bytes(g.numel()));
-    kernels::cuda::sum_of_squares(g.dtype(), g.raw_data(), g.numel(), squares.data<float>() + i,
-                                  scratch.raw_data(), detail::stream_of(g));
+    spans.push_back({g.raw_data(), g.numel()});
+    const bool run_ends = i + 1 == grads.size() || grads[i + 1].dtype() != g.dtype();
+    if (!run_ends) continue;
+    const int count = static_cast<int>(spans.size());
+    Tensor scratch = detail::workspace(
+        device, kernels::cuda::multi_tensor_squares_workspace_bytes(spans.data(), count));
+    kernels::cuda::multi_tensor_sum_of_squares(g.dtype(), spans.data(), count,
+                                               squares.data<float>() + (i + 1 - spans.size()),
+                                               scratch.raw_data(), detail::stream_of(g));
+    spans.clear();
   }
   for (float s : squares.to_vector<float>())
     norms.push_back(std::sqrt(static_cast<double>(s)));
 #endif
   return norms;
+}
+
+// grad *= factor for every gradient: CUDA gradients of one device and dtype in a few launches
+// (kernels/cuda/elementwise.h's multi_tensor_scale), each as mul_ computes it.
+void scale_grads(const std::vector<Tensor>& params, double factor) {
+  std::vector<Tensor> cuda_grads;
+  for (const Tensor& p : params) {
+    Tensor grad = p.grad();
+    if (!grad.defined()) continue;
+    if (grad.device().is_cuda() && grad.is_contiguous() &&
+        (cuda_grads.empty() ||
+                                    (grad.device() == cuda_grads[0].device() &&
+                                     grad.dtype() == cuda_grads[0].dtype()))) {
+      cuda_grads.push_back(grad);
+    } else {
+      mul_(grad, factor);
+    }
+  }
+  if (cuda_grads.empty()) return;
+#if LOOM_WITH_CUDA
+  std::vector<void*> data;
+  std::vector<int64_t> sizes;
+  for (const Tensor& g : cuda_grads) {
+    data.push_back(g.raw_data());
+    sizes.push_back(g.numel());
+  }
+  kernels::cuda::multi_tensor_scale(cuda_grads[0].dtype(), data.data(), sizes.data(),
+                                    static_cast<int>(data.size()), factor,
+                                    detail::stream_of(cuda_grads[0]));
+#endif
 }
 
 }  // namespace
@@ -136,12 +177,7 @@ double clip_grads_to_norm(const std::vector<Tensor>& params, double max_norm, do
     return total;
   }
   const double clip_coef = max_norm / (total + 1e-6);
-  if (clip_coef < 1.0) {
-    for (const Tensor& p : params) {
-      Tensor grad = p.grad();
-      if (grad.defined()) mul_(grad, clip_coef);
-    }
-  }
+  if (clip_coef < 1.0) scale_grads(params, clip_coef);
   return total;
 }
 

@@ -3,6 +3,7 @@
 #include <cstring>
 #include <type_traits>
 
+#include "kernels/cuda/chunk_plan.cuh"
 #include "kernels/cuda/common.cuh"
 
 // Note [Vectorised elementwise kernels]
@@ -498,6 +499,27 @@ void launch_fill(void* dst, const void* value_bytes, int64_t n, cudaStream_t str
   LOOM_CUDA_CHECK_LAUNCH();
 }
 
+constexpr int64_t kScaleChunk = 65536;
+constexpr int kScaleThreads = 256;
+
+struct ScaleTable {
+  void* x[kMaxChunkTensors];
+  int64_t n[kMaxChunkTensors];
+  ChunkPlan plan;
+};
+static_assert(sizeof(ScaleTable) + sizeof(double) <= 4096, "launch parameters over 4 KB");
+
+template <typename T>
+__global__ void __launch_bounds__(kScaleThreads)
+    multi_scale_kernel(const __grid_constant__ ScaleTable table, const Acc<T> factor) {
+  const int t = table.plan.block_tensor[blockIdx.x];
+  const int64_t start = static_cast<int64_t>(table.plan.block_chunk[blockIdx.x]) * kScaleChunk;
+  const int64_t len = table.n[t] - start < kScaleChunk ? table.n[t] - start : kScaleChunk;
+  T* x = static_cast<T*>(table.x[t]) + start;
+  for (int64_t i = threadIdx.x; i < len; i += blockDim.x)
+    x[i] = narrow<T>(ScaleFn<Acc<T>>{factor}(widen(x[i])));
+}
+
 }  // namespace
 
 // ---------------------------------------------------------------------------------------------
@@ -545,6 +567,34 @@ void scale(DType dtype, const void* a, double factor, void* out, int64_t n, cuda
   dispatch_arithmetic(dtype, "scale", [&]<typename T>() {
     const void* in[1] = {a};
     launch_map<T, 1>(in, out, n, ScaleFn<Acc<T>>{static_cast<Acc<T>>(factor)}, stream);
+  });
+}
+
+void multi_tensor_scale(DType dtype, void* const* tensors, const int64_t* sizes, int count,
+                        double factor, cudaStream_t stream) {
+  if (count < 0) fail("multi_tensor_scale: negative tensor count ", count);
+  if (count > 0 && (tensors == nullptr || sizes == nullptr))
+    fail("multi_tensor_scale: tensors and sizes must not be null for ", count, " tensors");
+  for (int k = 0; k < count; ++k) {
+    if (sizes[k] < 0) fail("multi_tensor_scale: tensor #", k, " has a negative size ", sizes[k]);
+    if (sizes[k] > 0 && tensors[k] == nullptr)
+      fail("multi_tensor_scale: tensor #", k, " (", sizes[k], " elements) is null");
+    if (ceil_div(sizes[k], kScaleChunk) > INT32_MAX)
+      fail("multi_tensor_scale: tensor #", k, " has too many elements (", sizes[k], ")");
+  }
+  dispatch_arithmetic(dtype, "multi_tensor_scale", [&]<typename T>() {
+    ScaleTable table;
+    const auto f = static_cast<Acc<T>>(factor);
+    for_each_chunk_plan(
+        table.plan, count, kScaleChunk, [&](int k) { return sizes[k]; },
+        [&](int slot, int k) {
+          table.x[slot] = tensors[k];
+          table.n[slot] = sizes[k];
+        },
+        [&](int blocks) {
+          multi_scale_kernel<T><<<blocks, kScaleThreads, 0, stream>>>(table, f);
+          LOOM_CUDA_CHECK_LAUNCH();
+        });
   });
 }
 

@@ -4,20 +4,10 @@
 #include <cmath>
 #include <type_traits>
 
+#include "kernels/cuda/chunk_plan.cuh"
 #include "kernels/cuda/common.cuh"
 
-// Note [Multi-tensor AdamW]
-// A model has hundreds of parameter tensors, many of them small (biases, norms); one launch per
-// tensor would cost more in launch latency than the update itself. As in apex's
-// multi_tensor_apply, the host cuts every tensor into chunks of kChunk elements and packs, per
-// launch, the buffer addresses of up to kMaxTensors tensors plus a (tensor, chunk) pair for
-// each of up to kMaxBlocks blocks into one ChunkTable that travels in the kernel's parameters
-// (3.5 KB, under the classic 4 KB limit; read through __grid_constant__, so indexing it costs
-// no local-memory copy). Block b updates chunk block_chunk[b] of tensor block_tensor[b]. When
-// either table fills up the host launches and starts a new table, carrying a tensor whose
-// chunks are not all issued yet over as the new table's first entry. Chunks never share
-// elements, so launches and blocks are independent and the result does not depend on how the
-// work was cut.
+// The update of many tensors in a few launches: Note [Multi-tensor launches] in chunk_plan.cuh.
 
 namespace loom::kernels::cuda {
 
@@ -91,22 +81,18 @@ __device__ __forceinline__ void adamw_update(C& p, C g, C& m, C& v, const AdamWS
   p = add_rn(pi, div_rn(mul_rn(s.neg_step_size, mi), denom));  // addcdiv_(m, denom, -step)
 }
 
-constexpr int kMaxTensors = 48;
-constexpr int kMaxBlocks = 320;
 constexpr int64_t kChunk = 65536;  // elements per block; a multiple of kIlp
 constexpr int kAdamThreads = 512;
 constexpr int kIlp = 4;  // elements per thread per step (one 16-byte access for f32)
 
 struct ChunkTable {
-  void* param[kMaxTensors];
-  const void* grad[kMaxTensors];
-  void* exp_avg[kMaxTensors];
-  void* exp_avg_sq[kMaxTensors];
-  int64_t n[kMaxTensors];
-  int32_t block_chunk[kMaxBlocks];
-  uint8_t block_tensor[kMaxBlocks];
+  void* param[kMaxChunkTensors];
+  const void* grad[kMaxChunkTensors];
+  void* exp_avg[kMaxChunkTensors];
+  void* exp_avg_sq[kMaxChunkTensors];
+  int64_t n[kMaxChunkTensors];
+  ChunkPlan plan;
 };
-static_assert(kMaxTensors <= 256, "block_tensor is a uint8_t");
 static_assert(sizeof(ChunkTable) + sizeof(AdamWScalars<double>) + sizeof(void*) <= 4096,
               "the launch's parameters must stay within 4 KB");
 
@@ -120,8 +106,8 @@ __global__ void __launch_bounds__(kAdamThreads)
     adamw_kernel(const __grid_constant__ ChunkTable table, const AdamWScalars<Acc<T>> s,
                  const float* grad_scale) {
   using C = Acc<T>;
-  const int t = table.block_tensor[blockIdx.x];
-  const int64_t start = static_cast<int64_t>(table.block_chunk[blockIdx.x]) * kChunk;
+  const int t = table.plan.block_tensor[blockIdx.x];
+  const int64_t start = static_cast<int64_t>(table.plan.block_chunk[blockIdx.x]) * kChunk;
   const int64_t len = table.n[t] - start < kChunk ? table.n[t] - start : kChunk;
   T* p = static_cast<T*>(table.param[t]) + start;
   const T* g = static_cast<const T*>(table.grad[t]) + start;
@@ -169,45 +155,6 @@ void launch_adamw_table(const ChunkTable& table, int blocks, const AdamWScalars<
                         const float* grad_scale, cudaStream_t stream) {
   adamw_kernel<T><<<blocks, kAdamThreads, 0, stream>>>(table, s, grad_scale);
   LOOM_CUDA_CHECK_LAUNCH();
-}
-
-// Cuts the tensors into chunk tables (see Note [Multi-tensor AdamW]) and calls
-// launch(table, blocks) for each, in order. Tensors with n == 0 are skipped.
-template <typename Launch>
-void for_each_chunk_table(const AdamWTensor* tensors, int count, Launch&& launch) {
-  ChunkTable table;
-  int slots = 0, blocks = 0;
-  for (int k = 0; k < count; ++k) {
-    const AdamWTensor& t = tensors[k];
-    if (t.n == 0) continue;
-    table.param[slots] = t.param;
-    table.grad[slots] = t.grad;
-    table.exp_avg[slots] = t.exp_avg;
-    table.exp_avg_sq[slots] = t.exp_avg_sq;
-    table.n[slots] = t.n;
-    ++slots;
-    const int64_t chunks = ceil_div(t.n, kChunk);
-    for (int64_t c = 0; c < chunks; ++c) {
-      table.block_tensor[blocks] = static_cast<uint8_t>(slots - 1);
-      table.block_chunk[blocks] = static_cast<int32_t>(c);
-      ++blocks;
-      const bool last_chunk = c == chunks - 1;
-      if (blocks < kMaxBlocks && !(slots == kMaxTensors && last_chunk)) continue;
-      launch(table, blocks);
-      blocks = 0;
-      if (last_chunk) {
-        slots = 0;
-      } else {  // this tensor goes on in the next table, as its first entry
-        table.param[0] = table.param[slots - 1];
-        table.grad[0] = table.grad[slots - 1];
-        table.exp_avg[0] = table.exp_avg[slots - 1];
-        table.exp_avg_sq[0] = table.exp_avg_sq[slots - 1];
-        table.n[0] = table.n[slots - 1];
-        slots = 1;
-      }
-    }
-  }
-  if (blocks > 0) launch(table, blocks);
 }
 
 void check_adamw_tensor(const AdamWTensor& t, int index) {
@@ -265,9 +212,17 @@ void multi_tensor_adamw(DType dtype, const AdamWTensor* tensors, int count, cons
     check_adamw_tensor(tensors[k], k);
   dispatch_arithmetic(dtype, "multi_tensor_adamw", [&]<typename T>() {
     const AdamWScalars<Acc<T>> s = adamw_scalars<Acc<T>>(args);
-    for_each_chunk_table(tensors, count, [&](const ChunkTable& table, int blocks) {
-      launch_adamw_table<T>(table, blocks, s, grad_scale, stream);
-    });
+    ChunkTable table;
+    for_each_chunk_plan(
+        table.plan, count, kChunk, [&](int k) { return tensors[k].n; },
+        [&](int slot, int k) {
+          table.param[slot] = tensors[k].param;
+          table.grad[slot] = tensors[k].grad;
+          table.exp_avg[slot] = tensors[k].exp_avg;
+          table.exp_avg_sq[slot] = tensors[k].exp_avg_sq;
+          table.n[slot] = tensors[k].n;
+        },
+        [&](int blocks) { launch_adamw_table<T>(table, blocks, s, grad_scale, stream); });
   });
 }
 

@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <type_traits>
 
+#include "kernels/cuda/chunk_plan.cuh"
 #include "kernels/cuda/common.cuh"
 
 // Note [Deterministic reduction trees]
@@ -380,7 +381,119 @@ void launch_sum(const void* x, int64_t n, Out* out, void* workspace, cudaStream_
   LOOM_CUDA_CHECK_LAUNCH();
 }
 
+// ---------------------------------------------------------------------------------------------
+// Sums of squares of many tensors (Note [Multi-tensor launches]).
+
+constexpr int64_t kSquaresChunk = 65536;
+constexpr int kSquaresThreads = 256;
+constexpr int kMaxFinishTensors = 256;
+
+struct SquaresTable {
+  const void* x[kMaxChunkTensors];
+  int64_t n[kMaxChunkTensors];
+  ChunkPlan plan;
+};
+static_assert(sizeof(SquaresTable) + sizeof(void*) <= 4096, "launch parameters over 4 KB");
+
+// Where each tensor's chunk sums start in the workspace, and how many there are.
+struct SquaresFinishTable {
+  int64_t first[kMaxFinishTensors];
+  int32_t chunks[kMaxFinishTensors];
+};
+static_assert(sizeof(SquaresFinishTable) + 2 * sizeof(void*) <= 4096,
+              "launch parameters over 4 KB");
+
+// partials[b] = the sum of squares of block b's chunk, in double.
+template <typename T>
+__global__ void __launch_bounds__(kSquaresThreads)
+    chunk_squares_kernel(const __grid_constant__ SquaresTable table, double* partials) {
+  __shared__ double scratch[kWarpSize];
+  const int t = table.plan.block_tensor[blockIdx.x];
+  const int64_t start = static_cast<int64_t>(table.plan.block_chunk[blockIdx.x]) * kSquaresChunk;
+  const int64_t len = table.n[t] - start < kSquaresChunk ? table.n[t] - start : kSquaresChunk;
+  const T* x = static_cast<const T*>(table.x[t]) + start;
+  double s = 0;
+  for (int64_t i = threadIdx.x; i < len; i += blockDim.x) {
+    const double e = static_cast<double>(widen(x[i]));
+    s += e * e;
+  }
+  s = block_reduce<SumOp<double>>(s, scratch);
+  if (threadIdx.x == 0) partials[blockIdx.x] = s;
+}
+
+// squares[b] = tensor b's chunk sums added by one warp (lane-strided in order, then a fixed
+// butterfly), rounded to float.
+__global__ void __launch_bounds__(kWarpSize)
+    finish_squares_kernel(const __grid_constant__ SquaresFinishTable table,
+                          const double* partials, float* squares) {
+  double s = 0;
+  for (int c = threadIdx.x; c < table.chunks[blockIdx.x]; c += kWarpSize)
+    s += partials[table.first[blockIdx.x] + c];
+  s = warp_reduce<SumOp<double>>(s);
+  if (threadIdx.x == 0) squares[blockIdx.x] = static_cast<float>(s);
+}
+
+int64_t square_chunks(const TensorSpan* tensors, int count) {
+  int64_t chunks = 0;
+  for (int k = 0; k < count; ++k) {
+    if (tensors[k].n < 0)
+      fail("multi_tensor_sum_of_squares: tensor #", k, " has a negative size ", tensors[k].n);
+    if (tensors[k].n > 0 && tensors[k].data == nullptr)
+      fail("multi_tensor_sum_of_squares: tensor #", k, " (", tensors[k].n, " elements) is null");
+    if (ceil_div(tensors[k].n, kSquaresChunk) > INT32_MAX)
+      fail("multi_tensor_sum_of_squares: tensor #", k, " has too many elements (", tensors[k].n,
+           ")");
+    chunks += ceil_div(tensors[k].n, kSquaresChunk);
+  }
+  return chunks;
+}
+
 }  // namespace
+
+size_t multi_tensor_squares_workspace_bytes(const TensorSpan* tensors, int count) {
+  if (count > 0 && tensors == nullptr)
+    fail("multi_tensor_sum_of_squares: tensors is null for ", count, " tensors");
+  return static_cast<size_t>(square_chunks(tensors, count)) * sizeof(double);
+}
+
+void multi_tensor_sum_of_squares(DType dtype, const TensorSpan* tensors, int count,
+                                 float* squares, void* workspace, cudaStream_t stream) {
+  if (count < 0) fail("multi_tensor_sum_of_squares: negative tensor count ", count);
+  if (count == 0) return;
+  if (squares == nullptr) fail("multi_tensor_sum_of_squares: squares is null");
+  if (multi_tensor_squares_workspace_bytes(tensors, count) > 0 && workspace == nullptr)
+    fail("multi_tensor_sum_of_squares: a workspace of ",
+         multi_tensor_squares_workspace_bytes(tensors, count), " bytes is needed, got nullptr");
+  auto* partials = static_cast<double*>(workspace);
+  dispatch_arithmetic(dtype, "multi_tensor_sum_of_squares", [&]<typename T>() {
+    SquaresTable table;
+    int64_t done = 0;  // chunks summed by earlier launches: where this launch's sums go
+    for_each_chunk_plan(
+        table.plan, count, kSquaresChunk, [&](int k) { return tensors[k].n; },
+        [&](int slot, int k) {
+          table.x[slot] = tensors[k].data;
+          table.n[slot] = tensors[k].n;
+        },
+        [&](int blocks) {
+          chunk_squares_kernel<T>
+              <<<blocks, kSquaresThreads, 0, stream>>>(table, partials + done);
+          LOOM_CUDA_CHECK_LAUNCH();
+          done += blocks;
+        });
+  });
+  SquaresFinishTable finish;
+  int64_t first = 0;
+  for (int k0 = 0; k0 < count; k0 += kMaxFinishTensors) {
+    const int m = std::min(count - k0, kMaxFinishTensors);
+    for (int j = 0; j < m; ++j) {
+      finish.first[j] = first;
+      finish.chunks[j] = static_cast<int32_t>(ceil_div(tensors[k0 + j].n, kSquaresChunk));
+      first += finish.chunks[j];
+    }
+    finish_squares_kernel<<<m, kWarpSize, 0, stream>>>(finish, partials, squares + k0);
+    LOOM_CUDA_CHECK_LAUNCH();
+  }
+}
 
 size_t sum_axis_workspace_bytes(DType dtype, int64_t outer, int64_t extent, int64_t inner) {
   check_sizes("sum_axis", outer, extent, inner);

@@ -46,4 +46,24 @@ void sum_all(DType dtype, const void* x, int64_t n, void* out, void* workspace,
 void sum_of_squares(DType dtype, const void* x, int64_t n, float* out, void* workspace,
                     cudaStream_t stream);
 
+// One device buffer of a multi-tensor launch: n elements at data.
+struct TensorSpan {
+  const void* data;
+  int64_t n;
+};
+
+// Device scratch that multi_tensor_sum_of_squares needs for these tensors (8 bytes per chunk of
+// 65,536 elements).
+size_t multi_tensor_squares_workspace_bytes(const TensorSpan* tensors, int count);
+
+// squares[k] (float, device; `count` of them) = sum of x^2 over tensors[k] (all of `dtype`),
+// for every tensor in two launches per 48 tensors or 320 chunks rather than two per tensor
+// (Note [Multi-tensor launches] in chunk_plan.cuh): each chunk of 65,536 elements summed in
+// double by one block in a fixed tree, a tensor's chunk sums added in order by one warp's
+// fixed tree, the total rounded once to float. The bits depend on the sizes alone, never on how
+// the tensors were grouped into launches. Empty tensors give 0. `tensors` is host memory, read
+// during the call only.
+void multi_tensor_sum_of_squares(DType dtype, const TensorSpan* tensors, int count,
+                                 float* squares, void* workspace, cudaStream_t stream);
+
 }  // namespace loom::kernels::cuda

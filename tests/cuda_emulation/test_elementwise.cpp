@@ -1,7 +1,7 @@
 // kernels/cuda/elementwise.cu under the emulator against the CPU: binary ops over random
 // broadcast/strided layouts of up to 8 dims, the contiguous maps on misaligned pointers,
 // GELU, fills and copy_strided between all 49 dtype pairs, with the CPU's conversion rules
-// (core/dtype.cpp's bf16 and f16 rounding).
+// (core/dtype.cpp's bf16 and f16 rounding), and the multi-tensor scaling of gradient clipping.
 
 #include "kernels/cuda/elementwise.h"
 
@@ -236,6 +236,38 @@ TEST(EmulatedElementwise, FillWritesTheCpuValueInEveryDtype) {
     }
   }
 }
+
+// Gradient clipping's multi-tensor scaling (over one launch table's 48 tensors, tensors of
+// several chunks, empty ones): every element bitwise as scale_inplace scales it.
+template <typename T>
+void check_multi_tensor_scale() {
+  std::mt19937_64 rng(17);
+  std::vector<std::vector<T>> tensors;
+  for (int64_t n : {int64_t{0}, int64_t{3}, int64_t{65537}, int64_t{140001}})
+    tensors.push_back(random_values<T>(static_cast<size_t>(n), rng));
+  for (int k = 0; k < 52; ++k)
+    tensors.push_back(random_values<T>(static_cast<size_t>(1 + 89 * k), rng));
+  const double factor = 0.3712;
+  std::vector<std::vector<T>> want = tensors;
+  for (auto& t : want)
+    gpu::scale_inplace(dtype_of<T>(), t.data(), factor, static_cast<int64_t>(t.size()), nullptr);
+  for_each_schedule([&] {
+    std::vector<std::vector<T>> got = tensors;
+    std::vector<void*> data;
+    std::vector<int64_t> sizes;
+    for (auto& t : got) {
+      data.push_back(t.data());
+      sizes.push_back(static_cast<int64_t>(t.size()));
+    }
+    gpu::multi_tensor_scale(dtype_of<T>(), data.data(), sizes.data(),
+                            static_cast<int>(data.size()), factor, nullptr);
+    for (size_t k = 0; k < got.size(); ++k)
+      EXPECT_TRUE(bitwise_equal(got[k], want[k])) << "tensor " << k;
+  });
+}
+
+TEST(EmulatedElementwise, MultiTensorScaleF32) { check_multi_tensor_scale<float>(); }
+TEST(EmulatedElementwise, MultiTensorScaleBf16) { check_multi_tensor_scale<__nv_bfloat16>(); }
 
 }  // namespace
 }  // namespace loom::cuda_emulation::testing

@@ -1,7 +1,7 @@
 // kernels/cuda/reduce.cu under the emulator against kernels/cpu: sums and maxima over an
 // axis (rows and columns kernels), argmax with the CPU's NaN rule, and the whole-buffer sums
-// (the two-kernel partial-sum path), in f32, f64, bf16 and f16, the same bits under every
-// schedule.
+// (the two-kernel partial-sum path) and the multi-tensor sums of squares, in f32, f64, bf16
+// and f16, the same bits under every schedule.
 
 #include "kernels/cuda/reduce.h"
 
@@ -116,6 +116,54 @@ void check_whole_sums() {
 TEST(EmulatedReduce, WholeBufferSumsF32) { check_whole_sums<float>(); }
 TEST(EmulatedReduce, WholeBufferSumsBf16) { check_whole_sums<__nv_bfloat16>(); }
 TEST(EmulatedReduce, WholeBufferSumsF64) { check_whole_sums<double>(); }
+
+// Many tensors in a few launches, as the gradient norm takes them (more than one launch
+// table's 48 tensors, tensors of several 65,536-element chunks, empty ones): each tensor's sum
+// is the CPU's double sum rounded once, with the same bits whether the tensors go in one call
+// or one at a time, under every schedule.
+template <typename T>
+void check_multi_tensor_squares() {
+  std::mt19937_64 rng(13);
+  std::vector<std::vector<T>> tensors;
+  for (int64_t n : {int64_t{0}, int64_t{1}, int64_t{65536}, int64_t{140001}})
+    tensors.push_back(random_values<T>(static_cast<size_t>(n), rng));
+  for (int k = 0; k < 56; ++k)
+    tensors.push_back(random_values<T>(static_cast<size_t>(1 + 97 * k), rng));
+  std::vector<gpu::TensorSpan> spans;
+  for (const auto& t : tensors) spans.push_back({t.data(), static_cast<int64_t>(t.size())});
+  const int count = static_cast<int>(spans.size());
+  const auto workspace_for = [](const gpu::TensorSpan* first, int n) {
+    return std::vector<double>(gpu::multi_tensor_squares_workspace_bytes(first, n) /
+                                   sizeof(double) + 1);
+  };
+  std::vector<float> alone(spans.size(), -1.0f);
+  for (int k = 0; k < count; ++k) {
+    auto workspace = workspace_for(&spans[k], 1);
+    gpu::multi_tensor_sum_of_squares(dtype_of<T>(), &spans[k], 1, &alone[k], workspace.data(),
+                                     nullptr);
+  }
+  for_each_schedule([&] {
+    auto workspace = workspace_for(spans.data(), count);
+    std::vector<float> squares(spans.size(), -1.0f);
+    gpu::multi_tensor_sum_of_squares(dtype_of<T>(), spans.data(), count, squares.data(),
+                                     workspace.data(), nullptr);
+    for (size_t k = 0; k < tensors.size(); ++k) {
+      const auto w = widen_all(tensors[k]);
+      const double want = cpu::sum_of_squares(w.data(), static_cast<int64_t>(w.size()));
+      EXPECT_EQ(squares[k], static_cast<float>(want)) << "tensor " << k;
+    }
+    EXPECT_TRUE(bitwise_equal(squares, alone)) << "grouping changed the bits";
+  });
+  float out = 0;
+  EXPECT_THROW(gpu::multi_tensor_sum_of_squares(dtype_of<T>(), spans.data(), count, &out, nullptr,
+                                                nullptr),
+               loom::Error);
+}
+
+TEST(EmulatedReduce, MultiTensorSumsOfSquaresF32) { check_multi_tensor_squares<float>(); }
+TEST(EmulatedReduce, MultiTensorSumsOfSquaresBf16) {
+  check_multi_tensor_squares<__nv_bfloat16>();
+}
 
 }  // namespace
 }  // namespace loom::cuda_emulation::testing

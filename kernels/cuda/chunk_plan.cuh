@@ -1,0 +1,68 @@
+#pragma once
+// Note [Multi-tensor launches]
+// A model has hundreds of parameter tensors, many of them small (biases, norms); one launch per
+// tensor would cost more in launch latency than the work itself. As in apex's
+// multi_tensor_apply, the host cuts every tensor into chunks of a fixed number of elements and
+// packs, per launch, the buffer addresses of up to kMaxChunkTensors tensors (the caller's
+// table) plus a (tensor slot, chunk) pair for each of up to kMaxChunkBlocks blocks (a
+// ChunkPlan, part of that table) into the kernel's parameters (under the classic 4 KB limit;
+// read through __grid_constant__, so indexing them costs no local-memory copy). Block b takes
+// chunk block_chunk[b] of the tensor in slot block_tensor[b]. When either fills up the host
+// launches and starts a new table, carrying a tensor whose chunks are not all issued yet over
+// as the new table's first slot. The blocks of all launches together take every chunk once, in
+// tensor order and chunk order, so that a kernel writing one value per block (the gradient
+// norm's partial sums) can place it by the block's rank in that order, and the result never
+// depends on how the work was cut. Users: multi_tensor_adamw (optimizer.cu) and
+// multi_tensor_sum_of_squares (reduce.cu).
+
+#include <cstdint>
+
+#include "kernels/cuda/common.cuh"
+
+namespace loom::kernels::cuda {
+
+constexpr int kMaxChunkTensors = 48;
+constexpr int kMaxChunkBlocks = 320;
+
+// Which chunk of which tensor slot each block of one launch takes.
+struct ChunkPlan {
+  int32_t block_chunk[kMaxChunkBlocks];
+  uint8_t block_tensor[kMaxChunkBlocks];
+};
+static_assert(kMaxChunkTensors <= 256, "block_tensor is a uint8_t");
+
+// Plans the launches over `count` tensors whose sizes size(k) gives (tensors of size 0 are
+// skipped), in chunks of `chunk` elements: before each launch, set_slot(slot, k) has stored
+// tensor k's buffers in slot `slot` of the caller's table, and `plan` (a member of that table)
+// holds the blocks; launch(blocks) is then called. Tensors whose chunk count does not fit an
+// int32 are the caller's to refuse.
+template <typename Size, typename SetSlot, typename Launch>
+void for_each_chunk_plan(ChunkPlan& plan, int count, int64_t chunk, Size&& size,
+                         SetSlot&& set_slot, Launch&& launch) {
+  int slots = 0, blocks = 0;
+  for (int k = 0; k < count; ++k) {
+    const int64_t n = size(k);
+    if (n == 0) continue;
+    set_slot(slots, k);
+    ++slots;
+    const int64_t chunks = ceil_div(n, chunk);
+    for (int64_t c = 0; c < chunks; ++c) {
+      plan.block_tensor[blocks] = static_cast<uint8_t>(slots - 1);
+      plan.block_chunk[blocks] = static_cast<int32_t>(c);
+      ++blocks;
+      const bool last_chunk = c == chunks - 1;
+      if (blocks < kMaxChunkBlocks && !(slots == kMaxChunkTensors && last_chunk)) continue;
+      launch(blocks);
+      blocks = 0;
+      if (last_chunk) {
+        slots = 0;
+      } else {  // this tensor goes on in the next table, as its first slot
+        set_slot(0, k);
+        slots = 1;
+      }
+    }
+  }
+  if (blocks > 0) launch(blocks);
+}
+
+}  // namespace loom::kernels::cuda
