@@ -20,7 +20,7 @@
 # torch_compile (torch_eager with torch.compile), phases (train_gpt with synchronous launches
 # and --trace, for the time of forward, backward and optimizer), kernels (Nsight Compute's
 # GPU time of every kernel of train_gpt's first two steps, as CSV), test_NAME (one CUDA test
-# program). Every stage runs under its
+# program), llama (train_gpt's Llama at SmolLM-135M's shape, bf16-mixed, batch 4 x 1024). Every stage runs under its
 # own time limit within a budget for the whole run (GPU_CHECK_BUDGET_S, default 540 s). The
 # output goes to the terminal and to one log, $OUT/gpu-prebuilt-<date>.log when $OUT is set
 # (the device tool's output folder, which returns few files), else ./gpu-prebuilt.log.
@@ -147,6 +147,9 @@ run_all() {
       train_gpt)
         stage train_gpt 200 "$PACK/bin/train_gpt" --device cuda --preset gpt2-small --precision bf16-mixed \
           --batch 8 --steps 20 --log-interval 5 ;;
+      llama)
+        stage llama 200 "$PACK/bin/train_gpt" --device cuda --model llama --preset smollm-135m \
+          --precision bf16-mixed --batch 4 --ctx 1024 --steps 12 --log-interval 4 ;;
       torch_eager | torch_compile)
         local compile=()
         [ "$s" = torch_compile ] && compile=(--compile)
@@ -165,7 +168,7 @@ run_all() {
           echo "$(wc -l <"$0") lines in $0"' "${GPU_PREBUILT_LOG%.log}.kernels.csv" "$PACK/bin/train_gpt" ;;
       lab_*) stage "$s" 120 "$PACK/bin/$s" ;;
       test_*) stage "$s" 120 "$PACK/bin/$s" --gtest_color=no ;;
-      *) echo "gpu-prebuilt: unknown stage '$s' (env tests train_gpt torch_eager labs torch_compile phases kernels lab_NAME test_NAME)"; return 2 ;;
+      *) echo "gpu-prebuilt: unknown stage '$s' (env tests train_gpt torch_eager labs torch_compile phases kernels lab_NAME test_NAME llama)"; return 2 ;;
     esac
   done
   printf '\n========== summary (%ss of %ss) ==========\n' $((SECONDS - start)) "$budget"
