@@ -24,7 +24,8 @@ KINDS = [
     ("column sums (bias gradients)", r"reduce_columns|column_partials|finish_columns"),
     ("layer norm", r"layer_norm"),
     ("cross-entropy", r"cross_entropy|mean_loss"),
-    ("optimizer (AdamW, grad norm, clip)", r"adamw|partial_sums|finish_sum|ScaleFn"),
+    ("optimizer (AdamW, grad norm, clip)",
+     r"adamw|partial_sums|finish_sum|ScaleFn|chunk_squares|finish_squares|multi_scale"),
     ("GELU", r"Gelu"),
 ]
 

@@ -500,7 +500,7 @@ void launch_fill(void* dst, const void* value_bytes, int64_t n, cudaStream_t str
 }
 
 constexpr int64_t kScaleChunk = 65536;
-constexpr int kScaleThreads = 256;
+constexpr int kScaleThreads = 512;
 
 struct ScaleTable {
   void* x[kMaxChunkTensors];
@@ -516,8 +516,20 @@ __global__ void __launch_bounds__(kScaleThreads)
   const int64_t start = static_cast<int64_t>(table.plan.block_chunk[blockIdx.x]) * kScaleChunk;
   const int64_t len = table.n[t] - start < kScaleChunk ? table.n[t] - start : kScaleChunk;
   T* x = static_cast<T*>(table.x[t]) + start;
-  for (int64_t i = threadIdx.x; i < len; i += blockDim.x)
-    x[i] = narrow<T>(ScaleFn<Acc<T>>{factor}(widen(x[i])));
+  const ScaleFn<Acc<T>> scale{factor};
+  // 16-byte accesses where the chunk is aligned (as the gradient norm's sums: reduce.cu).
+  constexpr int kVec = Vec16<T>::kSize;
+  const int64_t vectors = reinterpret_cast<uintptr_t>(x) % 16 == 0 ? len / kVec : 0;
+#pragma unroll 4
+  for (int64_t v = threadIdx.x; v < vectors; v += blockDim.x) {
+    Vec16<T> in = reinterpret_cast<const Vec16<T>*>(x)[v];
+#pragma unroll
+    for (int j = 0; j < kVec; ++j)
+      in.v[j] = narrow<T>(scale(widen(in.v[j])));
+    reinterpret_cast<Vec16<T>*>(x)[v] = in;
+  }
+  for (int64_t i = vectors * kVec + threadIdx.x; i < len; i += blockDim.x)
+    x[i] = narrow<T>(scale(widen(x[i])));
 }
 
 }  // namespace

@@ -238,7 +238,7 @@ TEST(EmulatedElementwise, FillWritesTheCpuValueInEveryDtype) {
 }
 
 // Gradient clipping's multi-tensor scaling (over one launch table's 48 tensors, tensors of
-// several chunks, empty ones): every element bitwise as scale_inplace scales it.
+// several chunks, empty and misaligned ones): every element bitwise as scale_inplace scales it.
 template <typename T>
 void check_multi_tensor_scale() {
   std::mt19937_64 rng(17);
@@ -251,6 +251,8 @@ void check_multi_tensor_scale() {
   std::vector<std::vector<T>> want = tensors;
   for (auto& t : want)
     gpu::scale_inplace(dtype_of<T>(), t.data(), factor, static_cast<int64_t>(t.size()), nullptr);
+  gpu::scale_inplace(dtype_of<T>(), want[2].data() + 1, factor,
+                     static_cast<int64_t>(want[2].size()) - 1, nullptr);
   for_each_schedule([&] {
     std::vector<std::vector<T>> got = tensors;
     std::vector<void*> data;
@@ -259,6 +261,10 @@ void check_multi_tensor_scale() {
       data.push_back(t.data());
       sizes.push_back(static_cast<int64_t>(t.size()));
     }
+    // The third tensor once more from its second element (not 16-byte aligned: single
+    // accesses), so that it is scaled twice there.
+    data.push_back(got[2].data() + 1);
+    sizes.push_back(static_cast<int64_t>(got[2].size()) - 1);
     gpu::multi_tensor_scale(dtype_of<T>(), data.data(), sizes.data(),
                             static_cast<int>(data.size()), factor, nullptr);
     for (size_t k = 0; k < got.size(); ++k)

@@ -118,7 +118,8 @@ TEST(EmulatedReduce, WholeBufferSumsBf16) { check_whole_sums<__nv_bfloat16>(); }
 TEST(EmulatedReduce, WholeBufferSumsF64) { check_whole_sums<double>(); }
 
 // Many tensors in a few launches, as the gradient norm takes them (more than one launch
-// table's 48 tensors, tensors of several 65,536-element chunks, empty ones): each tensor's sum
+// table's 48 tensors, tensors of several 65,536-element chunks, empty and misaligned ones): each
+// tensor's sum
 // is the CPU's double sum rounded once, with the same bits whether the tensors go in one call
 // or one at a time, under every schedule.
 template <typename T>
@@ -131,6 +132,7 @@ void check_multi_tensor_squares() {
     tensors.push_back(random_values<T>(static_cast<size_t>(1 + 97 * k), rng));
   std::vector<gpu::TensorSpan> spans;
   for (const auto& t : tensors) spans.push_back({t.data(), static_cast<int64_t>(t.size())});
+  spans.push_back({tensors[3].data() + 1, 70000});  // not 16-byte aligned: single loads
   const int count = static_cast<int>(spans.size());
   const auto workspace_for = [](const gpu::TensorSpan* first, int n) {
     return std::vector<double>(gpu::multi_tensor_squares_workspace_bytes(first, n) /
@@ -147,8 +149,9 @@ void check_multi_tensor_squares() {
     std::vector<float> squares(spans.size(), -1.0f);
     gpu::multi_tensor_sum_of_squares(dtype_of<T>(), spans.data(), count, squares.data(),
                                      workspace.data(), nullptr);
-    for (size_t k = 0; k < tensors.size(); ++k) {
-      const auto w = widen_all(tensors[k]);
+    for (size_t k = 0; k < spans.size(); ++k) {
+      const T* first = static_cast<const T*>(spans[k].data);
+      const auto w = widen_all(std::vector<T>(first, first + spans[k].n));
       const double want = cpu::sum_of_squares(w.data(), static_cast<int64_t>(w.size()));
       EXPECT_EQ(squares[k], static_cast<float>(want)) << "tensor " << k;
     }
