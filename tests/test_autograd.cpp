@@ -2,6 +2,7 @@
 
 #include <gtest/gtest.h>
 
+#include "tensor/allocator.h"
 #include "tensor/autograd/function.h"
 #include "tensor/autograd/node.h"
 #include "tensor/ops.h"
@@ -63,6 +64,48 @@ TEST(Autograd, HooksFireFromTheLastLayerToTheFirst) {
   Tensor h = mul(mul(mul(x, w1), w2), w3);
   sum(h).backward();
   EXPECT_EQ(order, std::vector<int>({3, 2, 1}));
+}
+
+// Cross-entropy's backward writes the logits' gradient over the logits when that is the last
+// use of them and nothing else holds them (Node::last_use): one [rows, vocab] buffer fewer.
+// Logits a caller keeps, and a graph kept for a second backward, see no change.
+TEST(Autograd, CrossEntropyReusesTheLogitsOnlyWhenNothingElseSeesThem) {
+  Generator gen(3);
+  Tensor x = Tensor::empty({6, 4}), w = Tensor::empty({4, 10});
+  uniform_(x, -1.0, 1.0, gen);
+  uniform_(w, -1.0, 1.0, gen);
+  x.set_requires_grad(true);
+  const Tensor targets = Tensor::from_vector<int64_t>({1, 9, 0, 4, 4, 7}, {6});
+  const size_t logits_bytes = 6 * 10 * sizeof(float);
+  Allocator& cpu = allocator_for(Device::cpu());
+  cross_entropy(matmul(x, w), targets).backward();  // first-use buffers (packing) out of the way
+  x.set_grad(Tensor());
+
+  Tensor kept = matmul(x, w);
+  const std::vector<float> kept_values = kept.to_vector<float>();
+  Tensor loss_of_kept = cross_entropy(kept, targets);
+  const size_t before_kept = cpu.stats().allocations;
+  loss_of_kept.backward();
+  const size_t allocations_kept = cpu.stats().allocations - before_kept;
+  EXPECT_EQ(kept.to_vector<float>(), kept_values) << "logits the caller holds were overwritten";
+  const std::vector<float> want = x.grad().to_vector<float>();
+
+  x.set_grad(Tensor());
+  Tensor loss = cross_entropy(matmul(x, w), targets);  // the logits die with this statement
+  const size_t before_released = cpu.stats().allocations;
+  loss.backward();
+  EXPECT_EQ(cpu.stats().allocations - before_released, allocations_kept - 1)
+      << "the logits' gradient took a buffer of its own (" << logits_bytes << " bytes)";
+  EXPECT_EQ(x.grad().to_vector<float>(), want);
+
+  x.set_grad(Tensor());
+  Tensor twice = cross_entropy(matmul(x, w), targets);
+  twice.backward(Tensor(), /*retain_graph=*/true);
+  twice.backward();
+  std::vector<float> doubled = want;
+  for (float& v : doubled)
+    v += v;
+  EXPECT_EQ(x.grad().to_vector<float>(), doubled) << "the retained graph's logits changed";
 }
 
 TEST(Autograd, SecondBackwardNeedsRetainGraph) {

@@ -116,13 +116,18 @@ std::vector<const TensorImpl*> reachable_leaves(const Tensor& root) {
 // as one ordinary pass over the rest of the graph. Each gradient is the same arithmetic on
 // the same operands as in one pass, and every leaf still accumulates its gradient once.
 
-// Restricts a node to computing some of its edges while alive.
+// Restricts a node to computing some of its edges while alive, and says whether this is the
+// last use of what it saved.
 class ComputingOnly {
  public:
-  ComputingOnly(Node& node, const std::vector<bool>& edges) : node_(node) {
+  ComputingOnly(Node& node, const std::vector<bool>& edges, bool last_use) : node_(node) {
     node_.computing_ = &edges;
+    node_.last_use_ = last_use;
   }
-  ~ComputingOnly() { node_.computing_ = nullptr; }
+  ~ComputingOnly() {
+    node_.computing_ = nullptr;
+    node_.last_use_ = false;
+  }
   ComputingOnly(const ComputingOnly&) = delete;
   ComputingOnly& operator=(const ComputingOnly&) = delete;
 
@@ -215,7 +220,7 @@ class Pass {
       }
       std::vector<Tensor> input_grads;
       {
-        ComputingOnly only(*node, computing);
+        ComputingOnly only(*node, computing, !retain_graph_ && !holds_back);
         input_grads = node->apply(grads);
       }
       if (!retain_graph_ && !holds_back) node->release_saved();

@@ -51,6 +51,10 @@ class Node : public std::enable_shared_from_this<Node> {
   }
   size_t num_inputs() const { return next_edges_.size(); }
   std::vector<OutputMeta>& outputs() { return outputs_; }
+  // Whether the running apply() is the last use of what the node saved: the pass drops it
+  // right after (no retain_graph, no edges held back for later). A vjp may then reuse a saved
+  // buffer that nothing outside the node holds, as cross-entropy does with its logits.
+  bool last_use() const { return last_use_; }
 
  private:
   friend class ComputingOnly;
@@ -59,6 +63,7 @@ class Node : public std::enable_shared_from_this<Node> {
   std::vector<Edge> next_edges_;
   std::vector<OutputMeta> outputs_;
   const std::vector<bool>* computing_ = nullptr;  // per edge; null: every edge
+  bool last_use_ = false;
 };
 
 // Signature of an op's vector-Jacobian product: output gradients -> input gradients.

@@ -1,5 +1,6 @@
 #include "tensor/ops/dispatch.h"
 
+#include "tensor/meta.h"
 #include "tensor/ops.h"
 
 namespace loom::detail {
@@ -23,7 +24,8 @@ void check_same_kind(const char* op, const Tensor& a, const Tensor& b) {
 }
 
 bool computes_through_f32(const Tensor& x) {
-  return x.device().is_cpu() && (x.dtype() == DType::BF16 || x.dtype() == DType::F16);
+  // Meta following the CPU's path does the same, so that it allocates what the CPU does.
+  return !takes_cuda_path(x.device()) && (x.dtype() == DType::BF16 || x.dtype() == DType::F16);
 }
 
 Tensor widened(const Tensor& x) {

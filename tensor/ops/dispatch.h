@@ -19,9 +19,10 @@ decltype(auto) dispatch_floating(DType dtype, const char* op, F&& f) {
   }
 }
 
-// Whether x holds bf16 or f16 on the CPU, whose elementwise, reduction and attention kernels
-// take f32 and f64 only: such an op runs on f32 copies (`widened`) and rounds its result to
-// x's dtype once, the arithmetic of CUDA's kernels, which widen on load and round on store.
+// Whether x holds bf16 or f16 on the CPU (or on meta following the CPU's path), whose
+// elementwise, reduction and attention kernels take f32 and f64 only: such an op runs on f32
+// copies (`widened`) and rounds its result to x's dtype once, the arithmetic of CUDA's
+// kernels, which widen on load and round on store.
 bool computes_through_f32(const Tensor& x);
 // x converted to f32, never recorded by autograd.
 Tensor widened(const Tensor& x);
