@@ -89,8 +89,7 @@ void scale_grads(const std::vector<Tensor>& params, double factor) {
     if (!grad.defined()) continue;
     if (grad.device().is_cuda() && grad.is_contiguous() &&
         (cuda_grads.empty() ||
-                                    (grad.device() == cuda_grads[0].device() &&
-                                     grad.dtype() == cuda_grads[0].dtype()))) {
+         (grad.device() == cuda_grads[0].device() && grad.dtype() == cuda_grads[0].dtype()))) {
       cuda_grads.push_back(grad);
     } else {
       mul_(grad, factor);

@@ -1,8 +1,12 @@
 #pragma once
 // The public ops. Each validates its inputs, dispatches to the kernel for the inputs'
 // device, and records its vector-Jacobian product when a gradient is needed.
-// All inputs of an op must be on one device; floating ops take f32 or f64 (cast bf16/f16
-// first), index inputs take i32 or i64.
+// All inputs of an op must be on one device; index inputs take i32 or i64. Floating ops take
+// f32 and f64, and bf16/f16 too where a kernel reads them (CUDA's elementwise ops, reductions,
+// normalisations, attention, GEMMs; on the CPU the GEMMs, and the elementwise ops, sums and
+// cross-entropy through f32 copies rounded once); the normalisations and softmax refuse 16-bit
+// inputs on the CPU outside autocast. The binary elementwise ops (add, sub, mul, div) compute
+// operands of two floating dtypes in the wider one, as PyTorch's type promotion does.
 
 #include <vector>
 

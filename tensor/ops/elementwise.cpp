@@ -134,7 +134,7 @@ Tensor div(const Tensor& a_in, const Tensor& b_in) {
 
 namespace {
 
-// a + value (Add) or a * value (Mul), never recorded.
+// a + value (op Add) or a * value (op Mul; no other op), never recorded.
 Tensor scalar_forward(BinaryOp op, const Tensor& a, double value) {
   const char* name = op == BinaryOp::Add ? "add" : "mul";
   detail::check_kernel_device(name, a);

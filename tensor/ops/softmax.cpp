@@ -125,9 +125,7 @@ Tensor softmax(const Tensor& x_in, bool causal) {
 // gradient rounds once to the logits' dtype, the same numbers.
 Tensor cross_entropy(const Tensor& logits, const Tensor& targets) {
   detail::check_kernel_device("cross_entropy", logits);
-  if ((logits.dtype() == DType::BF16 || logits.dtype() == DType::F16) &&
-      !takes_cuda_path(logits.device()))
-    return cross_entropy(cast(logits, DType::F32), targets);
+  if (detail::computes_through_f32(logits)) return cross_entropy(cast(logits, DType::F32), targets);
   if (logits.dim() != 2 || targets.dim() != 1 || targets.size(0) != logits.size(0)) {
     fail("cross_entropy: expected logits [N, V] and targets [N], got ", shape_str(logits.shape()),
          " and ", shape_str(targets.shape()));
