@@ -18,11 +18,11 @@ class DeviceModel {
  public:
   // Refers to `cluster`, which must outlive it.
   // `ranks_per_node`: how many ranks of the job share one node's compute slots.
-  // `compute_dtype`: the precision's (sim::compute_dtype). Under autocast the meta device
-  // follows the CPU path, which rounds the operands of GEMMs and attention through the low
-  // dtype and computes in f32; a GPU computes them in the low dtype. So f32 GEMMs and
-  // attention run at the compute dtype's curves (a CPU cluster's 16-bit curves are its f32
-  // ones: sim/clusters/this-machine.json).
+  // `compute_dtype`: the precision's (sim::compute_dtype). Under autocast GEMMs compute in
+  // bf16 on both paths and take the bf16 curve by their own dtype; the CPU path's attention
+  // and f16 products compute in f32 on rounded operands. An f32 GEMM or attention runs at the
+  // compute dtype's curves (a CPU cluster's f16 and attention curves are its f32 ones:
+  // sim/clusters/this-machine.json).
   DeviceModel(const Cluster& cluster, int ranks_per_node, DType compute_dtype = DType::F32);
   // (An op on the host (OpCost::on_host) moves its bytes at the host's curves, the node's
   // ranks sharing them, where the cluster describes a host; else it is timed as a device op.)

@@ -5,10 +5,14 @@
 // as on the meta device, and its time in the step, from its start to the next op's, its
 // inputs as cold or warm as the step leaves them, autograd and allocation between kernels
 // included. From those:
-// - GEMMs: achieved FLOP/s by the FLOPs of one op (the "gemm_tflops" curves); attention
+// - GEMMs: achieved FLOP/s by the FLOPs of one op (the "gemm_tflops" curves: f32 from f32
+//   steps, bf16 from the same steps under bf16 autocast, whose products run on bf16 tensors on
+//   the CPU (kernels/cpu/gemm.h: oneDNN's bf16 kernels where the CPU has them, else widened to
+//   f32), f16 the f32 curve, autocast emulating f16 in f32); attention
 //   forward and backward apart and by head dimension ("ops_tflops": "causal_attention@d64";
 //   the forwards' are also the "attention_tflops" curve);
-// - every other op, by name: achieved bytes/s by its bytes (the "ops_gbps" curves);
+// - every other op, by name: achieved bytes/s by its bytes (the "ops_gbps" curves; from the
+//   f32 steps, or from the bf16 steps for an op only they run, such as autocast's casts);
 // - ops no step ran (another model's): an f32 add by size, timed alone ("memory_gbps").
 // The per-op overhead is in those times, so "op_overhead_us" is 0. Prints the "device"
 // object of a cluster description (scripts/calibrate-this-machine.sh writes
@@ -21,6 +25,7 @@
 #include <cstdio>
 #include <functional>
 #include <map>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -31,6 +36,7 @@
 #include "nn/gpt.h"
 #include "optim/adamw.h"
 #include "optim/clip_grad.h"
+#include "tensor/autocast.h"
 #include "tensor/meta.h"
 #include "tensor/ops.h"
 
@@ -79,15 +85,22 @@ loom::nn::GPTConfig model(int64_t embd, int64_t heads, int64_t context) {
 }
 
 // Trains `config` for two steps, then three more with its ops profiled into `profile`: the
-// forward and loss, backward, gradient clipping and AdamW of train_gpt's loop.
-void profile_steps(const loom::nn::GPTConfig& config, int64_t batch, loom::OpProfile& profile) {
+// forward and loss (under `autocast`: F32 for none), backward, gradient clipping and AdamW of
+// train_gpt's loop.
+void profile_steps(const loom::nn::GPTConfig& config, int64_t batch, DType autocast,
+                   loom::OpProfile& profile) {
   loom::nn::GPT gpt(config, 1);
   loom::optim::AdamW optimizer(gpt.parameters());
   std::vector<int64_t> ids(static_cast<size_t>(batch * config.context));
   for (size_t i = 0; i < ids.size(); ++i) ids[i] = static_cast<int64_t>((i * 7 + 3) % 256);
   const Tensor tokens = Tensor::from_vector<int64_t>(ids, {batch, config.context});
   const auto step = [&] {
-    gpt.loss(tokens, tokens).backward();
+    Tensor loss;
+    {
+      loom::AutocastGuard guard(autocast);
+      loss = gpt.loss(tokens, tokens);
+    }
+    loss.backward();
     (void)loom::optim::clip_grad_norm(gpt.parameters(), 1.0);
     optimizer.step();
     optimizer.zero_grad();
@@ -114,9 +127,13 @@ std::string group_name(const loom::OpCost& c) {
 
 double bytes_of(const loom::OpCost& c) { return c.bytes_read + c.bytes_written; }
 
-Groups group(const std::vector<loom::OpProfile::Entry>& entries) {
+// The entries of `profile`, or only its GEMMs of `gemm_dtype` when one is given.
+Groups group(const std::vector<loom::OpProfile::Entry>& entries,
+             std::optional<DType> gemm_dtype = std::nullopt) {
   Groups groups;
   for (const loom::OpProfile::Entry& e : entries) {
+    if (gemm_dtype && (e.cost.op_class != loom::OpClass::Gemm || e.cost.dtype != *gemm_dtype))
+      continue;
     const bool by_flops =
         e.cost.op_class == loom::OpClass::Gemm || e.cost.op_class == loom::OpClass::Attention;
     const double work = by_flops ? e.cost.flops : bytes_of(e.cost);
@@ -166,15 +183,18 @@ int main(int argc, char** argv) {
   // Four models (head dimensions 32 and 64), each two steps to warm up and three profiled.
   const std::vector<loom::nn::GPTConfig> models = {model(96, 3, 96), model(160, 5, 160),
                                                    model(192, 3, 192), model(384, 6, 128)};
-  loom::OpProfile profile;
+  loom::OpProfile profile, bf16_profile;
   for (const loom::nn::GPTConfig& config : models) {
     std::fprintf(stderr, "training steps of embd %lld, heads %lld, ctx %lld, batch %lld\n",
                  static_cast<long long>(config.embd), static_cast<long long>(config.heads),
                  static_cast<long long>(config.context), static_cast<long long>(kBatch.at(config.embd)));
-    profile_steps(config, kBatch.at(config.embd), profile);
+    profile_steps(config, kBatch.at(config.embd), DType::F32, profile);
+    profile_steps(config, kBatch.at(config.embd), DType::BF16, bf16_profile);
   }
   Groups groups = group(profile.entries());
   std::vector<Point> gemm = rates(groups, "gemm", true);
+  std::fprintf(stderr, "bf16 GEMMs (the same steps under bf16 autocast)\n");
+  std::vector<Point> bf16_gemm = rates(group(bf16_profile.entries(), DType::BF16), "gemm", true);
   // Attention forward and backward by name and head dimension (their rates differ); the
   // class curve is the forward's of every head dimension, for other attention ops.
   Curves flops_ops, ops;
@@ -188,6 +208,12 @@ int main(int argc, char** argv) {
       ops[name] = rates(groups, name, false);
     }
   }
+  // Ops only the bf16 steps run (the casts autocast adds): their curves from those steps.
+  const Groups bf16_groups = group(bf16_profile.entries());
+  for (const auto& [name, sizes] : bf16_groups) {
+    const bool bytes_op = name != "gemm" && name.find("@d") == std::string::npos;
+    if (bytes_op && !groups.contains(name)) ops[name] = rates(bf16_groups, name, false);
+  }
   std::fprintf(stderr, "memory (an f32 add by size, alone)\n");
   std::vector<Point> memory;
   for (const int64_t n : {1 << 10, 1 << 13, 1 << 16, 1 << 19, 1 << 22}) {
@@ -195,12 +221,11 @@ int main(int argc, char** argv) {
     const double seconds = seconds_per_call([&] { (void)loom::add(a, a); });
     memory.push_back({12.0 * static_cast<double>(n), 12.0 * static_cast<double>(n) / seconds});
   }
-  // The steps timed are f32, so the 16-bit curves are the f32 ones: right where autocast
-  // emulates (f16, attention, bf16 on a CPU without bf16 instructions), too slow for bf16
-  // products on AMX or AVX512_BF16 (tensor/autocast.h), which are not calibrated yet.
+  // bf16 GEMMs have their own curve; f16 GEMMs and every attention compute in f32 on the CPU
+  // (autocast emulates them: tensor/autocast.h), so theirs are the f32 ones.
   nlohmann::json gemm_json, attention_json, ops_json = nlohmann::json::object();
   for (const char* dtype : {"f32", "bf16", "f16"}) {
-    gemm_json[dtype] = curve(gemm, 1e12);
+    gemm_json[dtype] = curve(std::string(dtype) == "bf16" ? bf16_gemm : gemm, 1e12);
     attention_json[dtype] = curve(attention, 1e12);
   }
   nlohmann::json flops_json = nlohmann::json::object();
