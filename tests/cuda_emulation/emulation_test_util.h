@@ -109,7 +109,9 @@ double max_relative_error(const std::vector<A>& got, const std::vector<B>& want,
 
 template <typename T>
 bool bitwise_equal(const std::vector<T>& a, const std::vector<T>& b) {
-  return a.size() == b.size() && std::memcmp(a.data(), b.data(), a.size() * sizeof(T)) == 0;
+  // (Empty vectors may hold null, which memcmp must not be given.)
+  return a.size() == b.size() &&
+         (a.empty() || std::memcmp(a.data(), b.data(), a.size() * sizeof(T)) == 0);
 }
 
 // Relative to max(|x|, 1). f32 results: a few ulps of the CPU's f32 after a different
