@@ -56,6 +56,7 @@ decltype(auto) visit_dtype(DType dtype, F&& f) {
 // "f32", "bf16", ...: a static NUL-terminated string, so printf and C APIs take it too.
 const char* dtype_name(DType dtype);
 bool is_floating(DType dtype);
+inline bool is_16bit_float(DType dtype) { return dtype == DType::BF16 || dtype == DType::F16; }
 // Parses "f32", "float32", "bf16", ...; throws loom::Error listing the accepted names.
 DType parse_dtype(std::string_view name);
 

@@ -65,7 +65,9 @@ Optimizer::Optimizer(std::vector<ParamGroup> groups, std::string name)
       if (!p.is_leaf()) {
         fail(describe(g, i), " is the output of an op; an optimizer updates leaf tensors only");
       }
-      checked_grad(g, i);
+      // A 16-bit parameter is checked at the first step instead: a sharded strategy with
+      // 16-bit weights (ShardingOptions::weights_dtype) hands the optimizer f32 masters.
+      if (!is_16bit_float(p.dtype())) checked_grad(g, i);
       if (!seen.insert(p.impl_ptr().get()).second) {
         fail(describe(g, i), " appears more than once in the parameter groups");
       }
@@ -165,7 +167,8 @@ Tensor Optimizer::checked_grad(size_t group, size_t index) const {
   if (!supported_dtype || !p.is_contiguous()) {
     fail(describe(group, index), " is not supported; ", name_,
          " updates contiguous f32 or f64 tensors on the CPU and contiguous f32 tensors on CUDA "
-         "(keep f32 master weights; bf16-mixed computes in bf16 from them)");
+         "(keep f32 master weights: bf16-mixed computes in bf16 from them, and a sharded "
+         "strategy's --weights-dtype gives the optimizer f32 masters of 16-bit weights)");
   }
   Tensor grad = p.grad();
   if (!grad.defined()) return grad;

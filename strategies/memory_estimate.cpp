@@ -38,6 +38,7 @@ struct UnitBytes {
   int64_t full = 0;        // padded full buffers
   int64_t shard = 0;       // this rank's shards
   int64_t shard_real = 0;  // rank 0's elements that are parameters, not padding, in bytes
+  int64_t shard_elements = 0, real_elements = 0;  // the same two, in elements
   int parent = -1;
 };
 
@@ -56,12 +57,13 @@ MemoryEstimate sharded_estimate(const nn::Module& model, const sharded::Sharding
       o.wrap_policy ? o.wrap_policy : sharded::make_wrap_policy(o.auto_wrap_policy, model);
   const sharded::UnitPlan plan = sharded::plan_units(model, policy);
   const std::vector<std::pair<std::string, Tensor>> params = model.named_parameters();
+  const bool wide = o.weights_dtype != DType::F32;  // 16-bit weights, f32 masters
 
   std::vector<UnitBytes> units;
   for (const sharded::Unit& unit : plan.units) {
     std::map<DType, int64_t> numel;
     for (size_t k : unit.params)
-      numel[params[k].second.dtype()] += params[k].second.numel();
+      numel[wide ? o.weights_dtype : params[k].second.dtype()] += params[k].second.numel();
     UnitBytes bytes{.parent = unit.parent};
     for (const auto& [dtype, n] : numel) {
       const int64_t element = static_cast<int64_t>(dtype_size(dtype));
@@ -69,6 +71,8 @@ MemoryEstimate sharded_estimate(const nn::Module& model, const sharded::Sharding
       bytes.full += shard_numel * shards * element;
       bytes.shard += shard_numel * element;
       bytes.shard_real += std::min(shard_numel, n) * element;
+      bytes.shard_elements += shard_numel;
+      bytes.real_elements += std::min(shard_numel, n);
     }
     units.push_back(bytes);
   }
@@ -79,11 +83,13 @@ MemoryEstimate sharded_estimate(const nn::Module& model, const sharded::Sharding
       total += units[static_cast<size_t>(v)].full;
     return total;
   };
-  int64_t all_full = 0, all_shards = 0, all_real = 0;
+  int64_t all_full = 0, all_shards = 0, all_real = 0, shard_elements = 0, real_elements = 0;
   for (const UnitBytes& u : units) {
     all_full += u.full;
     all_shards += u.shard;
     all_real += u.shard_real;
+    shard_elements += u.shard_elements;
+    real_elements += u.real_elements;
   }
 
   // Stage 3: while unit u runs (forward or backward), it and its enclosing units are
@@ -122,6 +128,21 @@ MemoryEstimate sharded_estimate(const nn::Module& model, const sharded::Sharding
   }
   // Gradients: full buffers kept (stages 0-1) or shards plus the full working set (2-3).
   at(e, MemoryKind::Gradients) = o.stage < 2 ? all_full : all_shards + full_grads;
+  if (wide) {
+    // The f32 masters of this rank's shard (optimizer state, the ZeRO paper's K) and their
+    // gradient's f32 copy, alive from the end of backward (the full gradients of stages 2-3
+    // gone) to the end of the step: in the host pool when offloaded.
+    const int64_t master = 4 * shard_elements;
+    const int64_t state = states_per_parameter * 4 * real_elements;
+    if (o.offload_optimizer) {
+      at(e, MemoryKind::Offloaded) += state + 2 * master;
+    } else {
+      at(e, MemoryKind::OptimizerState) = state + master;
+      at(e, MemoryKind::Gradients) = o.stage < 2 ? all_full + master
+                                                 : all_shards + std::max(full_grads, master);
+    }
+    return e;
+  }
   // Optimizer state: per real element of this rank's shard; the master copy and its
   // gradient in the host pool when offloaded.
   const int64_t state = states_per_parameter * all_real;
@@ -189,13 +210,19 @@ MemoryEstimate estimate_memory(const nn::Module& model, const std::string& strat
 }
 
 MicroBatchEstimate estimate_micro_batch(nn::ModelSpec spec, int64_t batch, int64_t time,
-                                        const Precision& precision, int64_t grad_accum) {
+                                        const Precision& precision, int64_t grad_accum,
+                                        DType weights_dtype) {
   const Device meta = Device::meta();
   spec.gpt.options.device = spec.llama.options.device = meta;
   Allocator& allocator = allocator_for(meta);
   const auto activations = static_cast<size_t>(MemoryKind::Activations);
   const size_t before = allocator.stats().current_by_kind[activations];
   const std::unique_ptr<nn::CausalLM> model = spec.build(/*seed=*/0);  // no draws on meta
+  if (weights_dtype != DType::F32) {  // 16-bit weights, as the sharding engine makes them
+    NoGradGuard no_grad;
+    for (const Tensor& p : model->parameters())
+      p.set_data(cast(p, weights_dtype));
+  }
   allocator.reset_peak();
   MicroBatchEstimate estimate;
   {

@@ -20,7 +20,8 @@ const std::vector<std::string> kDdpFlags = {
     "--bucket-cap-mb", "--local-sgd-period", "--local-sgd-warmup"};
 const std::vector<std::string> kShardedFlags = {
     "--wrap-policy",  "--forward-prefetch", "--backward-prefetch", "--param-dtype",
-    "--reduce-dtype", "--nvme-path",        "--sub-group-size",    "--nvme-buffer-count"};
+    "--reduce-dtype", "--weights-dtype",    "--nvme-path",         "--sub-group-size",
+    "--nvme-buffer-count"};
 const std::vector<std::string> kTensorParallelFlags = {"--tp", "--sequence-parallel"};
 const std::vector<std::string> kPipelineFlags = {"--pp",
                                                  "--micro-batches",

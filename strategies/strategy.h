@@ -166,6 +166,9 @@ class Strategy {
   virtual Shape parameter_shape(const std::string& /*name*/, const Tensor& param) const {
     return param.shape();
   }
+  // The dtype checkpoints hold parameter `param` in: its own, or the master weights' where a
+  // strategy keeps f32 masters of 16-bit parameters (ShardingOptions::weights_dtype).
+  virtual DType parameter_dtype(const Tensor& param) const { return param.dtype(); }
   // Whether this rank writes the checkpoint state of `param` (its parts and its optimizer
   // state): a parameter several pipeline stages hold is written by one of them.
   virtual bool writes_state_of(const std::string& /*param*/) const { return true; }

@@ -31,6 +31,8 @@ void embedding_backward(const int64_t* indices, const T* dout, T* dweight, int64
 
 template void embedding_forward<float>(const int64_t*, const float*, float*, int64_t, int64_t);
 template void embedding_forward<double>(const int64_t*, const double*, double*, int64_t, int64_t);
+template void embedding_forward<uint16_t>(const int64_t*, const uint16_t*, uint16_t*, int64_t,
+                                          int64_t);
 template void embedding_backward<float>(const int64_t*, const float*, float*, int64_t, int64_t);
 template void embedding_backward<double>(const int64_t*, const double*, double*, int64_t, int64_t);
 

@@ -206,10 +206,11 @@ void check_model(const CheckpointReader& checkpoint, const Strategy& strategy,
                             "': it is a checkpoint of another model");
     }
     const TensorEntry& e = checkpoint.entry(name);
-    if (e.shape != whole || e.dtype != p.dtype()) {
+    const DType dtype = strategy.parameter_dtype(p);
+    if (e.shape != whole || e.dtype != dtype) {
       tag::kCheckpoint.fail(checkpoint.path().string(), ": parameter '", name, "' is ",
                             dtype_name(e.dtype), " ", shape_str(e.shape),
-                            " there; this model's is ", dtype_name(p.dtype()), " ",
+                            " there; this model's is ", dtype_name(dtype), " ",
                             shape_str(whole), ": it is a checkpoint of another model");
     }
   }

@@ -101,10 +101,11 @@ ShardedEngine::ShardedEngine(nn::Module& module, std::shared_ptr<comm::ProcessGr
     for (size_t k : plan.units[u].params) {
       unit_of_param_[k] = u;
       const Tensor& p = params_[k].second;
-      auto [it, added] = flat_of_dtype.emplace(p.dtype(), state->flats.size());
+      const DType dtype = stored_dtype(p);
+      auto [it, added] = flat_of_dtype.emplace(dtype, state->flats.size());
       if (added) {
         state->flats.emplace_back();
-        state->flats.back().dtype = p.dtype();
+        state->flats.back().dtype = dtype;
       }
       FlatParam& flat = state->flats[it->second];
       flat.params.push_back(k);
@@ -136,10 +137,15 @@ ShardedEngine::ShardedEngine(nn::Module& module, std::shared_ptr<comm::ProcessGr
       // With offload_params the shard already lives on the host and is the master itself;
       // under NVMe offload the masters are the sub-groups' (adopt_optimizer).
       const bool nvme = !options_.nvme_path.empty();
+      const bool wide = sixteen_bit_weights();
       const bool own_master = options_.offload_optimizer && !options_.offload_params && !nvme;
-      flat.master = !own_master                    ? flat.shard
-                    : flat.shard.device() == host ? flat.shard.clone()
-                                                  : flat.shard.to(host);
+      if (wide) {  // from the rounded shard, as DeepSpeed's masters
+        flat.master = flat.shard.to(options_.offload_optimizer ? host : device).to(DType::F32);
+      } else {
+        flat.master = !own_master                    ? flat.shard
+                      : flat.shard.device() == host ? flat.shard.clone()
+                                                    : flat.shard.to(host);
+      }
       flat.full_grad = released_buffer(padded, flat.dtype, device);
       flat.grad_shard = !shards_.shards_gradients ? slice(flat.full_grad, flat.shard_begin,
                                                    flat.shard_numel)
@@ -149,17 +155,28 @@ ShardedEngine::ShardedEngine(nn::Module& module, std::shared_ptr<comm::ProcessGr
       const bool grad_beside_master =
           nvme || (flat.master.is_same(flat.shard) &&
                    flat.master.device() == flat.grad_shard.device());
-      flat.master_grad = grad_beside_master
-                             ? flat.grad_shard
-                             : Tensor::zeros({flat.shard_numel}, flat.dtype, host);
+      if (wide) {  // materialised for the step only (finalize_backward to after_step)
+        flat.master_grad = released_buffer(flat.shard_numel, DType::F32, flat.master.device());
+      } else {
+        flat.master_grad = grad_beside_master
+                               ? flat.grad_shard
+                               : Tensor::zeros({flat.shard_numel}, flat.dtype, host);
+      }
       // Memory reports (MemoryKind): what lives in the host pool on purpose is offloaded.
       flat.shard.storage()->set_kind(options_.offload_params ? MemoryKind::Offloaded
                                                              : MemoryKind::Parameters);
       flat.full_grad.storage()->set_kind(MemoryKind::Gradients);
       flat.grad_shard.storage()->set_kind(MemoryKind::Gradients);
-      if (!flat.master.is_same(flat.shard)) flat.master.storage()->set_kind(MemoryKind::Offloaded);
-      if (!flat.master_grad.is_same(flat.grad_shard))
-        flat.master_grad.storage()->set_kind(MemoryKind::Offloaded);
+      // 16-bit weights: the f32 masters are optimizer state (the ZeRO paper's K), unless
+      // offloaded; so is the f32 gradient copy beside them.
+      const MemoryKind master_kind =
+          options_.offload_optimizer ? MemoryKind::Offloaded : MemoryKind::OptimizerState;
+      if (!flat.master.is_same(flat.shard)) flat.master.storage()->set_kind(master_kind);
+      if (!flat.master_grad.is_same(flat.grad_shard)) {
+        flat.master_grad.storage()->set_kind(wide && !options_.offload_optimizer
+                                                 ? MemoryKind::Gradients
+                                                 : MemoryKind::Offloaded);
+      }
       if (options_.param_dtype != flat.dtype && options_.param_dtype != DType::F32) {
         flat.shard_lp = flat.shard.to(device).to(options_.param_dtype);
         flat.shard_lp.storage()->set_kind(MemoryKind::Parameters);
@@ -249,6 +266,16 @@ void ShardedEngine::remove_forward_hooks() {
 
 size_t ShardedEngine::unit_count() const {
   return units_.size();
+}
+
+DType ShardedEngine::stored_dtype(const Tensor& param) const {
+  if (!sixteen_bit_weights()) return param.dtype();
+  if (param.dtype() != DType::F32) {
+    tag::kSharded.fail("weights_dtype ", options_.weights_dtype, " rounds f32 parameters; ",
+                       "this module has a ", param.dtype(), " parameter (", param.str(),
+                       "): build the module in f32");
+  }
+  return options_.weights_dtype;
 }
 
 std::string ShardedEngine::name_of(size_t param) const {
@@ -524,6 +551,7 @@ void ShardedEngine::drop_shard(FlatParam& flat) {
 }
 
 void ShardedEngine::deliver_gradients(FlatParam& flat) {
+  if (flat.wide_master()) return;  // widened for the step (finalize_backward)
   if (!flat.master_grad.is_same(flat.grad_shard)) copy_(flat.master_grad, flat.grad_shard);
   copy_gradients_out(flat);
 }
@@ -545,10 +573,28 @@ void ShardedEngine::finalize_backward() {
     finish_reduction(unit);
   for (size_t unit = 0; unit < units_.size(); ++unit)
     finish_replication(unit);
+  NoGradGuard no_grad;
+  for (auto& unit : units_) {
+    for (FlatParam& flat : unit->flats) {
+      if (!flat.wide_master()) continue;
+      flat.master_grad.storage()->materialize();  // released again by after_step
+      copy_(flat.master_grad, flat.grad_shard);    // widened
+    }
+  }
   for (size_t i = 0; i < segments_.size(); ++i)
     segments_[i].set_grad(segment_grads_[i]);
   for (size_t i = 0; i < sub_group_masters_.size(); ++i)
     sub_group_masters_[i].set_grad(sub_group_grads_[i]);
+}
+
+Tensor ShardedEngine::gather_masters(const FlatParam& flat) {
+  NoGradGuard no_grad;
+  const Device device = flat.full.device();
+  Tensor master = flat.master.device() == device ? flat.master : flat.master.to(device);
+  if (shard_world_ == 1) return master.clone();
+  Tensor all = Tensor::empty({flat.shard_numel * shard_world_}, DType::F32, device);
+  shard_group_->all_gather(all, master)->wait();
+  return all;
 }
 
 std::vector<std::pair<Tensor, Tensor>> ShardedEngine::full_parameters() {
@@ -558,6 +604,16 @@ std::vector<std::pair<Tensor, Tensor>> ShardedEngine::full_parameters() {
   full_precision_gathers_ = true;
   for (size_t u = 0; u < units_.size(); ++u) {
     free_full(u);  // stage 3: nothing gathered survives a step; drop a low-precision gather
+    if (sixteen_bit_weights()) {  // the f32 masters, not their rounding
+      for (const FlatParam& flat : units_[u]->flats) {
+        const Tensor all = gather_masters(flat);
+        for (size_t i = 0; i < flat.params.size(); ++i) {
+          const Tensor& p = params_[flat.params[i]].second;
+          out.emplace_back(p, slice(all, flat.offsets[i], p.numel()).reshape(p.shape()).clone());
+        }
+      }
+      continue;
+    }
     wait_gathered(u);
     for (const FlatParam& flat : units_[u]->flats) {
       for (size_t k : flat.params) {
@@ -582,7 +638,9 @@ std::vector<ParameterPart> ShardedEngine::held_parameters() {
         const auto& [name, p] = params_[flat.params[i]];
         const auto [begin, end] = shard_part(flat, i, p.numel());
         if (begin >= end) continue;
-        Tensor values = slice(flat.shard, begin - flat.shard_begin, end - begin);
+        // 16-bit weights: the f32 masters, so that a resumed run continues from them.
+        const Tensor& held = flat.wide_master() ? flat.master : flat.shard;
+        Tensor values = slice(held, begin - flat.shard_begin, end - begin);
         if (flat.shard_file_offset >= 0) values = values.clone();  // the shard goes back to disk
         parts.push_back({name, begin - flat.offsets[i], values});
       }
@@ -610,13 +668,22 @@ void ShardedEngine::load_parameter_parts(const ReadParameter& read) {
                                       ? std::pair{flat.offsets[i], flat.offsets[i] + p.numel()}
                                       : shard_part(flat, i, p.numel());
         if (begin >= end) continue;
-        Tensor host = Tensor::empty({end - begin}, p.dtype(), Device::cpu());
+        // 16-bit weights: read in f32 for the masters (held_parameters wrote them).
+        const DType read_dtype = flat.wide_master() ? DType::F32 : p.dtype();
+        Tensor host = Tensor::empty({end - begin}, read_dtype, Device::cpu());
         read(name, begin - flat.offsets[i], host);
         Tensor target = !shards_.shards_parameters ? slice(flat.full, begin, end - begin)
                                            : slice(flat.shard, begin - flat.shard_begin, end - begin);
         copy_(target, host);
+        if (flat.wide_master()) {  // this rank's part of it into the master
+          const auto [mine, mine_end] = shard_part(flat, i, p.numel());
+          if (mine < mine_end) {
+            Tensor master = slice(flat.master, mine - flat.shard_begin, mine_end - mine);
+            copy_(master, slice(host, mine - begin, mine_end - mine));
+          }
+        }
       }
-      if (!flat.master.is_same(flat.shard)) copy_(flat.master, flat.shard);
+      if (!flat.master.is_same(flat.shard) && !flat.wide_master()) copy_(flat.master, flat.shard);
       if (flat.shard_lp.defined()) copy_(flat.shard_lp, flat.shard);
       if (flat.shard_file_offset >= 0) {  // nvme_params: the new shard back to its file
         SwapFile& file = swap_->file();
@@ -640,22 +707,12 @@ void ShardedEngine::load_parameter_parts(const ReadParameter& read) {
 
 void ShardedEngine::unshard_module() {
   NoGradGuard no_grad;
-  // The whole model as the master weights hold it, not rounded to param_dtype: gather the
-  // f32 shards (dropping any low-precision gather still held).
-  full_precision_gathers_ = true;
-  for (size_t u = 0; u < units_.size(); ++u)
-    free_full(u);
-  for (size_t u = 0; u < units_.size(); ++u)
-    wait_gathered(u);
+  // The whole model as the master weights hold it, not rounded to param_dtype or to 16-bit
+  // weights (full_parameters): the module is as before setup.
+  const std::vector<std::pair<Tensor, Tensor>> whole = full_parameters();
   *alive_ = false;
-  for (auto& unit : units_) {
-    for (FlatParam& flat : unit->flats) {
-      for (size_t k : flat.params) {
-        const Tensor& p = params_[k].second;
-        p.set_data(p.detach().clone());
-      }
-    }
-  }
+  for (const auto& [param, value] : whole)
+    param.set_data(value);
   remove_forward_hooks();
   units_.clear();
   segments_.clear();

@@ -160,6 +160,12 @@ class ShardedEngine {
   // Moves reduced gradients into the pieces the optimizer reads.
   void copy_gradients_out(const FlatParam& flat);
   std::string name_of(size_t param) const;
+  bool sixteen_bit_weights() const { return options_.weights_dtype != DType::F32; }
+  // The dtype `param` is kept in: weights_dtype for 16-bit weights, else its own.
+  DType stored_dtype(const Tensor& param) const;
+  // 16-bit weights: the f32 masters of `flat` gathered into one [padded] f32 tensor on the
+  // compute device (the module's exact values, not their rounding). Collective.
+  Tensor gather_masters(const FlatParam& flat);
 
   nn::Module& module_;
   std::weak_ptr<const void> module_alive_;  // the module may be destroyed before the engine

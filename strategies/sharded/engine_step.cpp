@@ -206,7 +206,8 @@ void ShardedEngine::after_step() {
   Trace* trace = current_trace();
   for (auto& unit : units_) {
     for (FlatParam& flat : unit->flats) {
-      if (!flat.master.is_same(flat.shard)) copy_(flat.shard, flat.master);
+      if (!flat.master.is_same(flat.shard)) copy_(flat.shard, flat.master);  // (rounded)
+      if (flat.wide_master()) flat.master_grad.storage()->release();
       if (flat.shard_lp.defined()) copy_(flat.shard_lp, flat.shard);  // rounded once a step
       if (!shards_.shards_parameters && shard_world_ > 1) {
         flat.gather_issued_us = trace != nullptr ? trace->now_us() : -1;
@@ -218,6 +219,9 @@ void ShardedEngine::after_step() {
     for (FlatParam& flat : units_[u]->flats)
       wait_for(flat, u, true);
   }
+  // 16-bit weights: the f32 gradient copies were let go above; nothing may read them.
+  for (size_t i = 0; i < segments_.size(); ++i)
+    if (segment_source_[i].first->wide_master()) segments_[i].set_grad(Tensor());
 }
 
 double ShardedEngine::grad_norm(double norm_type) {

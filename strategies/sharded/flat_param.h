@@ -23,10 +23,11 @@ struct FlatParam {
 
   Tensor full;         // [padded] on the compute device
   Tensor shard;        // [shard_numel]: a view of full (stages 0-2) or its own storage (3)
-  Tensor master;       // what the optimizer updates: shard, or its host copy (offload)
+  Tensor master;       // what the optimizer updates: shard, its host copy (offload) or, with
+                       // 16-bit weights, its f32 copy (on the host under offload)
   Tensor full_grad;    // [padded]: the parameters' .grad are views into it during backward
   Tensor grad_shard;   // [shard_numel]: the reduced gradient, a view of full_grad (0-1)
-  Tensor master_grad;  // grad_shard, or its host copy (offload)
+  Tensor master_grad;  // grad_shard, its host copy (offload) or f32 copy (16-bit weights)
   // Mixed precision (ShardingOptions::param_dtype / reduce_dtype), undefined without it: the
   // shard in param_dtype and the buffer it is all-gathered into (released between uses), and
   // the gradients cast to reduce_dtype for their reduction (released after it).
@@ -42,6 +43,9 @@ struct FlatParam {
   int64_t reduce_issued_us = -1;
 
   bool gathered() const { return full.storage()->materialized(); }
+  // 16-bit weights (ShardingOptions::weights_dtype): the optimizer updates an f32 master
+  // that is not the 16-bit shard, and reads an f32 copy of the gradient shard.
+  bool wide_master() const { return master.dtype() != dtype; }
 };
 
 }  // namespace loom::strategies::sharded

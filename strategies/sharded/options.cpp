@@ -38,6 +38,30 @@ void check_sharding_options(const ShardingOptions& options) {
     if (d != DType::F32 && d != DType::BF16 && d != DType::F16)
       tag::kSharded.fail("param_dtype and reduce_dtype are f32, bf16 or f16, got ", d);
   }
+  if (options.weights_dtype != DType::F32) {
+    if (options.weights_dtype != DType::BF16 && options.weights_dtype != DType::F16)
+      tag::kSharded.fail("weights_dtype is f32, bf16 or f16, got ", options.weights_dtype);
+    if (options.param_dtype != DType::F32) {
+      tag::kSharded.fail("weights_dtype ", options.weights_dtype, " with param_dtype ",
+                         options.param_dtype,
+                         ": the parameters are already 16-bit; leave param_dtype f32");
+    }
+    if (options.reduce_dtype != DType::F32) {
+      tag::kSharded.fail("weights_dtype ", options.weights_dtype,
+                         " reduces the gradients in their own dtype; leave reduce_dtype f32 "
+                         "(an f32 reduction of 16-bit gradients is not built)");
+    }
+    if (options.offload_params && !options.offload_optimizer) {
+      tag::kSharded.fail("weights_dtype ", options.weights_dtype,
+                         " with offload_params needs offload_optimizer too: the f32 masters "
+                         "live in host memory beside the offloaded 16-bit shards");
+    }
+    if (!options.nvme_path.empty()) {
+      tag::kSharded.fail("weights_dtype ", options.weights_dtype,
+                         " with NVMe offload is not built; offload to host memory "
+                         "(offload_optimizer without nvme_path) or keep f32 weights");
+    }
+  }
   if (options.nvme_params &&
       (options.nvme_path.empty() || !options.offload_params || !shards.shards_parameters)) {
     tag::kSharded.fail(

@@ -56,6 +56,16 @@ struct ShardingOptions {
   // bytes on the wire are the low-precision ones, not the kernels.
   DType param_dtype = DType::F32;
   DType reduce_dtype = DType::F32;
+  // DeepSpeed's bf16/fp16 modes, the ZeRO paper's mixed-precision training: the module's
+  // parameters become weights_dtype (bf16 or f16), so its forward, its backward and its
+  // gradients (and their reduction) run in it; the optimizer updates f32 master copies of
+  // this rank's shard (counted as optimizer state: the paper's K = 12 bytes per parameter
+  // with AdamW's two moments), rounded into the parameters after every step. The masters
+  // start from the rounded parameters, as DeepSpeed's do. The step reads an f32 copy of the
+  // gradient shard, alive from the end of backward to the end of the step (DeepSpeed's
+  // single_grad_partition). F32 (the default) leaves the module alone. Distinct from
+  // param_dtype (f32 shards, low-precision gathers) and from autocast (f32 weights).
+  DType weights_dtype = DType::F32;
   // Units: make_wrap_policy's spec ("", "none", "params", "min_params:N", a class name),
   // or wrap_policy when set.
   std::string auto_wrap_policy;

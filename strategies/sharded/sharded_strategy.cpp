@@ -112,6 +112,10 @@ OptimizerLayout ShardedStrategy::optimizer_layout(const optim::Optimizer& optimi
                                        : ParallelStrategy::optimizer_layout(optimizer);
 }
 
+DType ShardedStrategy::parameter_dtype(const Tensor& param) const {
+  return engine_ && sharding_.weights_dtype != DType::F32 ? DType::F32 : param.dtype();
+}
+
 void ShardedStrategy::load_parameter_parts(const ReadParameter& read) {
   if (engine_) {
     engine_->load_parameter_parts(read);

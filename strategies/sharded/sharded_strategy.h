@@ -39,6 +39,8 @@ class ShardedStrategy : public ParallelStrategy {
   std::vector<ParameterPart> held_parameters() override;
   std::pair<int, int> replica_of_held() const override;
   OptimizerLayout optimizer_layout(const optim::Optimizer& optimizer) const override;
+  // f32 under 16-bit weights: checkpoints hold the masters.
+  DType parameter_dtype(const Tensor& param) const override;
   void load_parameter_parts(const ReadParameter& read) override;
   std::map<std::string, Tensor> optimizer_state(const optim::Optimizer& optimizer) override;
   // Writes gather_state(state); every rank must call it (between steps).

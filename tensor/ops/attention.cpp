@@ -78,6 +78,11 @@ Tensor causal_attention(const Tensor& q, const Tensor& k, const Tensor& v) {
     return autocast_output(causal_attention(input(q), input(k), input(v)), low);
   }
   check_attention_operands(q, k, v);
+  if (detail::computes_through_f32(q)) {  // 16-bit operands on the CPU: f32, rounded once
+    const DType low = q.dtype();
+    return cast(causal_attention(cast(q, DType::F32), cast(k, DType::F32), cast(v, DType::F32)),
+                low);
+  }
   const bool meta = q.device().is_meta();
   const bool cuda_path = takes_cuda_path(q.device());
   if (cuda_path && k.size(1) != q.size(1))

@@ -25,7 +25,7 @@ void check_same_kind(const char* op, const Tensor& a, const Tensor& b) {
 
 bool computes_through_f32(const Tensor& x) {
   // Meta following the CPU's path does the same, so that it allocates what the CPU does.
-  return !takes_cuda_path(x.device()) && (x.dtype() == DType::BF16 || x.dtype() == DType::F16);
+  return !takes_cuda_path(x.device()) && is_16bit_float(x.dtype());
 }
 
 Tensor widened(const Tensor& x) {

@@ -73,6 +73,10 @@ Tensor embedding(const Tensor& indices, const Tensor& weight) {
     record_meta_op("embedding", OpClass::Embedding, 0, {indices, out}, {out});
   }
   if (weight.device().is_meta()) {
+  } else if (is_16bit_float(weight.dtype())) {  // rows copied bit for bit
+    kernels::cpu::embedding_forward<uint16_t>(
+        index->data(), static_cast<const uint16_t*>(w.raw_data()),
+        static_cast<uint16_t*>(out.raw_data()), count, width);
   } else {
     detail::dispatch_floating(weight.dtype(), "embedding", [&]<typename T>() {
       kernels::cpu::embedding_forward<T>(index->data(), w.data<T>(), out.data<T>(), count, width);
@@ -87,6 +91,17 @@ Tensor embedding(const Tensor& indices, const Tensor& weight) {
           Tensor dw = Tensor::zeros(shape, dy.dtype(), dy.device());
           if (reports_op_cost(dw.device())) {  // adds each row of dy into dw's
             record_meta_op("Embedding", OpClass::Embedding, double(dy.numel()), {dy, dy}, {dy});
+          }
+          if (detail::computes_through_f32(dy)) {  // summed in f32, rounded once (meta too)
+            const Tensor dy32 = detail::widened(dy);
+            Tensor dw32 = Tensor::zeros(shape, DType::F32, dy.device());
+            if (!dw.device().is_meta()) {
+              kernels::cpu::embedding_backward<float>(index->data(), dy32.data<float>(),
+                                                      dw32.data<float>(), count, width);
+            }
+            NoGradGuard no_grad;
+            copy_(dw, dw32);
+            return std::vector<Tensor>{dw};
           }
           if (dw.device().is_meta()) {
             return std::vector<Tensor>{dw};

@@ -64,7 +64,7 @@ inline void expect_values(const Tensor& t, const std::function<double(int64_t)>&
                           const std::string& context) {
   std::vector<double> got = t.to(Device::cpu()).to(DType::F64).to_vector<double>();
   double tol = op != ReduceOp::Avg                                     ? 0.0
-               : (t.dtype() == DType::BF16 || t.dtype() == DType::F16) ? 1.0 / 128
+               : is_16bit_float(t.dtype()) ? 1.0 / 128
                                                                        : 1e-6;
   for (size_t i = 0; i < got.size(); ++i) {
     double w = want(static_cast<int64_t>(i));

@@ -328,6 +328,13 @@ void add_flags(CLI::App& app, CommandLine& cli) {
                  "sharded strategies: reduce gradients in f32, bf16 or f16 (FSDP's reduce_dtype)")
       ->check(CLI::IsMember({"f32", "bf16", "f16"}))
       ->capture_default_str();
+  app.add_option("--weights-dtype", cli.weights_dtype,
+                 "sharded strategies: keep the model's weights, and so its computation and "
+                 "gradients, in bf16 or f16 with f32 master weights in the optimizer "
+                 "(DeepSpeed's bf16/fp16 modes; distinct from --precision, which keeps f32 "
+                 "weights and autocasts)")
+      ->check(CLI::IsMember({"f32", "bf16", "f16"}))
+      ->capture_default_str();
   app.add_option("--nvme-path", sharding.nvme_path,
                  "NVMe offload (deepspeed_stage_3_offload_nvme, or any strategy that offloads the "
                  "optimizer): directory for the swap file holding master weights and optimizer "
@@ -380,6 +387,7 @@ void finish_parsing(const CLI::App& app, CommandLine& cli) {
   strategies::sharded::ShardingOptions& sharding = cli.config.sharding;
   sharding.param_dtype = parse_dtype(cli.param_dtype);
   sharding.reduce_dtype = parse_dtype(cli.reduce_dtype);
+  sharding.weights_dtype = parse_dtype(cli.weights_dtype);
   using strategies::sharded::BackwardPrefetch;
   sharding.backward_prefetch = cli.backward_prefetch == "pre"    ? BackwardPrefetch::Pre
                                : cli.backward_prefetch == "post" ? BackwardPrefetch::Post

@@ -51,7 +51,7 @@ struct CommandLine {
   // As typed; finish_parsing converts them into `config`.
   double timeout_s = std::chrono::duration<double>(loom::kDefaultTimeout).count();
   std::string backward_prefetch = "pre";
-  std::string param_dtype = "f32", reduce_dtype = "f32";
+  std::string param_dtype = "f32", reduce_dtype = "f32", weights_dtype = "f32";
 };
 
 // Declares every flag on `app`, bound to `cli`'s fields (which hold the defaults).
