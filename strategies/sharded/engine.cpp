@@ -651,6 +651,8 @@ std::vector<ParameterPart> ShardedEngine::held_parameters() {
 }
 
 std::pair<int, int> ShardedEngine::replica_of_held() const {
+  // Stage 0 (NO_SHARD): every rank holds the whole model, a replica of each other's.
+  if (!shards_.shards_optimizer) return {group_->rank(), group_->size()};
   if (!replicate_group_) return {0, 1};
   return {replicate_group_->rank(), replicate_group_->size()};
 }

@@ -94,7 +94,7 @@ class ShardedEngine {
   // parameters' shards (views; copies under nvme_params). Between steps.
   std::vector<ParameterPart> held_parameters();
   // (rank, size) among the ranks holding the same shard: (0, 1) unless HYBRID_SHARD
-  // replicates shards across groups.
+  // replicates shards across groups, or stage 0 the whole model on every rank.
   std::pair<int, int> replica_of_held() const;
   // What each tensor of `optimizer` (adopted) is made of: a piece of one parameter, or under
   // NVMe offload the pieces packed into a sub-group.

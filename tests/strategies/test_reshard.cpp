@@ -211,6 +211,10 @@ TEST(Resharding, AdamWStateSurvivesEveryStrategyAndWorldSize) {
           o.tensor_parallel.size = 2;
         }},
        {"single_device", 1},
+       {"fsdp", 2,
+        [](StrategyConfig& o, const fs::path&) {  // every rank a replica (stage 0)
+          o.fsdp_sharding_strategy = "NO_SHARD";
+        }},
        {"fsdp_cpu_offload", 2}},
       "adamw");
 }
@@ -222,6 +226,28 @@ TEST(Resharding, ColumnBlocksLoadUnderEveryKindOfStrategy) {
                               {"pipeline", 2, stages(2)},
                               {"single_device", 1}},
                              "adamw", /*column_blocks=*/true);
+}
+
+// 16-bit weights (ShardingOptions::weights_dtype): checkpoints hold the f32 masters, so the
+// state survives hops through every stage with bf16 weights, host offload, and f32 strategies.
+TEST(Resharding, SixteenBitWeightsKeepTheirF32Masters) {
+  auto bf16 = [](StrategyConfig& o, const fs::path&) { o.sharding.weights_dtype = DType::BF16; };
+  expect_hops_keep_the_state({{"deepspeed_stage_2", 2, bf16},
+                              {"deepspeed_stage_3", 3,
+                               [](StrategyConfig& o, const fs::path&) {
+                                 o.sharding.weights_dtype = DType::BF16;
+                                 o.sharding.auto_wrap_policy = "Block";
+                               }},
+                              {"ddp", 2},
+                              {"fsdp", 2,
+                               [](StrategyConfig& o, const fs::path&) {
+                                 o.fsdp_sharding_strategy = "NO_SHARD";  // stage 0
+                                 o.sharding.weights_dtype = DType::BF16;
+                               }},
+                              {"deepspeed_stage_1", 3, bf16},
+                              {"deepspeed_stage_3_offload", 2, bf16},
+                              {"single_device", 1}},
+                             "adamw");
 }
 
 TEST(Resharding, SgdMomentumSurvivesNvmeSubGroups) {
