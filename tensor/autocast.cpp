@@ -47,7 +47,7 @@ Tensor autocast_output(const Tensor& y, DType low) {
 }
 
 Tensor autocast_f32_input(const Tensor& x) {
-  if (active == DType::F32 || !x.defined() || (x.dtype() != DType::BF16 && x.dtype() != DType::F16))
+  if (active == DType::F32 || !x.defined() || !is_16bit_float(x.dtype()))
     return x;
   return cast(x, DType::F32);
 }

@@ -21,8 +21,11 @@ namespace {
 constexpr double kNormFlops = 8;
 }  // namespace
 
-Tensor layer_norm(const Tensor& x_in, const Tensor& weight, const Tensor& bias, double eps) {
-  const Tensor x = autocast_f32_input(x_in);
+Tensor layer_norm(const Tensor& x_in, const Tensor& weight_in, const Tensor& bias_in,
+                  double eps) {
+  // Autocast's f32 list: every floating operand (16-bit weights included) in f32.
+  const Tensor x = autocast_f32_input(x_in), weight = autocast_f32_input(weight_in),
+               bias = autocast_f32_input(bias_in);
   detail::check_kernel_device("layer_norm", x);
   if (detail::computes_through_f32(x)) {  // 16-bit weights on the CPU: f32, rounded once
     return cast(layer_norm(cast(x, DType::F32), cast(weight, DType::F32), cast(bias, DType::F32),
@@ -106,8 +109,8 @@ Tensor layer_norm(const Tensor& x_in, const Tensor& weight, const Tensor& bias, 
   return out;
 }
 
-Tensor rms_norm(const Tensor& x_in, const Tensor& weight, double eps) {
-  const Tensor x = autocast_f32_input(x_in);
+Tensor rms_norm(const Tensor& x_in, const Tensor& weight_in, double eps) {
+  const Tensor x = autocast_f32_input(x_in), weight = autocast_f32_input(weight_in);
   detail::check_kernel_device("rms_norm", x);
   if (detail::computes_through_f32(x)) {  // as layer_norm
     return cast(rms_norm(cast(x, DType::F32), cast(weight, DType::F32), eps), x.dtype());

@@ -94,6 +94,12 @@ void bf16_batched_gemm(const Operand& a, const Operand& b, Tensor& out, int64_t 
   });
 }
 
+// f16 operands on the CPU (16-bit weights in f16), which has no f16 GEMM: the product of
+// their f32 copies, rounded once (bf16 has its own GEMM: bf16_batched_gemm).
+bool f16_on_the_cpu(const Tensor& x) {
+  return x.dtype() == DType::F16 && detail::computes_through_f32(x);
+}
+
 // out[i] = a[i] @ b[i] (+= when accumulate) for a batch of `batch` products; a batch stride
 // of 0 reuses the same matrix. out is contiguous [batch, m, n]. On CUDA, a defined `bias`
 // [n] is added to every row by the GEMM's epilogue (the CPU caller adds it itself); on meta
@@ -181,6 +187,7 @@ Tensor matmul(const Tensor& a_in, const Tensor& b_in) {
   }
   const Tensor& a = a_in;
   const Tensor& b = b_in;
+  if (f16_on_the_cpu(a)) return cast(matmul(cast(a, DType::F32), cast(b, DType::F32)), a.dtype());
   Tensor out = matmul_forward(a, b);
   if (autograd::any_requires_grad({a, b})) {
     autograd::record(
@@ -217,6 +224,10 @@ Tensor linear(const Tensor& x_in, const Tensor& weight_in, const Tensor& bias_in
   detail::check_kernel_device("linear", x);
   detail::check_same_kind("linear", x, weight);
   detail::check_same_kind("linear", x, bias);
+  if (f16_on_the_cpu(x)) {
+    return cast(linear(cast(x, DType::F32), cast(weight, DType::F32), cast(bias, DType::F32)),
+                x.dtype());
+  }
   if (weight.dim() != 2 || bias.dim() != 1 || x.dim() < 1 || x.size(-1) != weight.size(0) ||
       bias.size(0) != weight.size(1)) {
     fail("linear: expected x [..., in], weight [in, out], bias [out]; got x ", shape_str(x.shape()),

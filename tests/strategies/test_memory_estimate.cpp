@@ -54,6 +54,7 @@ struct Case {
   std::string wrap;  // auto_wrap_policy ("" keeps the name's default)
   std::string fsdp_sharding_strategy = "FULL_SHARD";
   bool nvme = false;  // swap file in a temporary directory, small sub-groups, 2 buffers
+  DType weights = DType::F32;  // ShardingOptions::weights_dtype
 };
 
 TEST(MemoryEstimate, MatchesWhatTrainingStepsMeasureWithinFivePercent) {
@@ -70,6 +71,12 @@ TEST(MemoryEstimate, MatchesWhatTrainingStepsMeasureWithinFivePercent) {
       {"fsdp", "", "NO_SHARD"},
       {"fsdp_cpu_offload", "Block"},
       {"deepspeed_stage_3_offload_nvme", "", "FULL_SHARD", true},
+      {"deepspeed_stage_1", "", "FULL_SHARD", false, DType::BF16},
+      {"deepspeed_stage_2", "Block", "FULL_SHARD", false, DType::BF16},
+      {"deepspeed_stage_2_offload", "", "FULL_SHARD", false, DType::BF16},
+      {"deepspeed_stage_3", "", "FULL_SHARD", false, DType::BF16},
+      {"deepspeed_stage_3_offload", "", "FULL_SHARD", false, DType::BF16},
+      {"fsdp", "", "NO_SHARD", false, DType::F16},
   };
   const loom::testing::TempDir swap("loom-nvme");
   const std::string& swap_dir = swap.path();
@@ -82,6 +89,7 @@ TEST(MemoryEstimate, MatchesWhatTrainingStepsMeasureWithinFivePercent) {
         options.sharding.nvme_buffer_count = 2;
       }
       options.sharding.auto_wrap_policy = cases[i].wrap;
+      options.sharding.weights_dtype = cases[i].weights;
       options.fsdp_sharding_strategy = cases[i].fsdp_sharding_strategy;
       std::string group = "m";
       group += std::to_string(i);
@@ -95,7 +103,8 @@ TEST(MemoryEstimate, MatchesWhatTrainingStepsMeasureWithinFivePercent) {
         const double got = static_cast<double>(measured.peak(kind));
         EXPECT_LE(std::abs(got - want), 0.05 * want)
             << cases[i].strategy << " wrap '" << cases[i].wrap << "' "
-            << cases[i].fsdp_sharding_strategy << ": " << memory_kind_name(kind)
+            << cases[i].fsdp_sharding_strategy << " weights " << cases[i].weights << ": "
+            << memory_kind_name(kind)
             << " measured " << got << " bytes, estimated " << want;
       }
       EXPECT_GT(measured.peak(MemoryKind::Activations), 0);
@@ -121,6 +130,19 @@ TEST(MemoryEstimate, ZeroFormulasHoldForOneUnitOnFourRanks) {
   EXPECT_EQ(three.units, 1);
   EXPECT_EQ(three.peak(MemoryKind::OptimizerState), 8 * padded / 4);
   EXPECT_EQ(three.peak(MemoryKind::Parameters), 4 * padded / 4 + 4 * padded);
+  // 16-bit weights, the paper's own accounting: 2 + 2 + K/N with K = 12 (f32 masters and
+  // two moments), plus the f32 copy of the gradient shard the step reads (4/N).
+  StrategyConfig bf16;
+  bf16.sharding.weights_dtype = DType::BF16;
+  MemoryEstimate one16 = estimate_memory(model, "deepspeed_stage_1", 4, bf16);
+  EXPECT_EQ(one16.peak(MemoryKind::Parameters), 2 * padded);
+  EXPECT_EQ(one16.peak(MemoryKind::Gradients), 2 * padded + 4 * padded / 4);
+  EXPECT_EQ(one16.peak(MemoryKind::OptimizerState), 12 * padded / 4);
+  bf16.sharding.auto_wrap_policy = "none";
+  MemoryEstimate three16 = estimate_memory(model, "deepspeed_stage_3", 4, bf16);
+  EXPECT_EQ(three16.peak(MemoryKind::Parameters), 2 * padded / 4 + 2 * padded);
+  EXPECT_EQ(three16.peak(MemoryKind::Gradients), 2 * padded / 4 + 2 * padded);
+  EXPECT_EQ(three16.peak(MemoryKind::OptimizerState), 12 * padded / 4);
   EXPECT_THROW(estimate_memory(model, "dp", 2), Error);
   EXPECT_THROW(estimate_memory(model, "deepspeed_stage_9", 2), Error);
 }
