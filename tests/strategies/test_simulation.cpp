@@ -173,6 +173,73 @@ TEST(Simulation, TheZeroPapers7_5BModelOn64Ranks) {
   }
 }
 
+// The same model with 16-bit weights (DeepSpeed's bf16 mode, the paper's own accounting: 2
+// bytes of weights and of gradients per parameter, K = 12 of f32 masters and moments, the
+// last two sharded by the stage). Beside the paper's model states the step holds an f32 copy
+// of this rank's gradient shard (4 bytes per sharded parameter), as DeepSpeed's step does.
+TEST(Simulation, TheZeroPapersColumnWithSixteenBitWeights) {
+  nn::GPTConfig big;
+  big.vocab_size = 50304;
+  big.context = testing::kTinyContext;
+  big.layers = 36;
+  big.heads = 32;
+  big.embd = 4096;
+  const auto kind = [](const train_gpt::SimulatedRank& s, MemoryKind k) {
+    return static_cast<int64_t>(s.peak_bytes_by_kind[static_cast<size_t>(k)]);
+  };
+  struct Row {
+    std::string strategy, fsdp_sharding_strategy, wrap;
+    double paper_gb;  // Rajbhandari et al., 2020, figure 1 (7.5B, 64 GPUs, K = 12)
+  };
+  const std::vector<Row> rows = {{"fsdp", "NO_SHARD", "", 120},
+                                 {"deepspeed_stage_1", "", "", 31.4},
+                                 {"deepspeed_stage_2", "", "Block", 16.6},
+                                 {"deepspeed_stage_3", "", "", 1.9}};
+  for (const Row& row : rows) {
+    StrategyConfig options;
+    options.sharding.weights_dtype = DType::BF16;
+    if (!row.fsdp_sharding_strategy.empty())
+      options.fsdp_sharding_strategy = row.fsdp_sharding_strategy;
+    if (!row.wrap.empty()) options.sharding.auto_wrap_policy = row.wrap;
+    const train_gpt::SimulatedRank s = simulate(row.strategy, 64, options, big);
+    const int64_t P = s.parameters;
+    ASSERT_EQ(P, 7455760384);
+    const int ranks = row.fsdp_sharding_strategy == "NO_SHARD" ? 1 : 64;
+    const int64_t shard = (P + ranks - 1) / ranks;  // one unit: the whole model's shard
+    const int64_t params = kind(s, MemoryKind::Parameters), grads = kind(s, MemoryKind::Gradients),
+                  state = kind(s, MemoryKind::OptimizerState);
+    // At rest: without the step's f32 copy of the gradient shard (an upper bound for its
+    // size: rank 0's shards of every unit, padding included).
+    const double at_rest_gb = (params + grads - 4 * shard + state) / 1e9;
+    std::printf("%s %s %s bf16 weights: parameters %.2f GB, gradients %.2f GB (%.2f without the "
+                "step's f32 copy), optimizer state %.2f GB; model states at rest %.2f GB, the "
+                "paper's %.1f\n",
+                row.strategy.c_str(), row.fsdp_sharding_strategy.c_str(), row.wrap.c_str(),
+                params / 1e9, grads / 1e9, (grads - 4 * shard) / 1e9, state / 1e9, at_rest_gb,
+                row.paper_gb);
+    EXPECT_GE(state, 12 * P / ranks);  // K = 12 of rank 0's elements (and padding)
+    EXPECT_LT(state, 12 * (P / ranks + 1000));
+    if (row.strategy == "deepspeed_stage_1" || ranks == 1) {  // one unit: exact
+      EXPECT_EQ(params, 2 * ranks * shard);
+      EXPECT_EQ(grads, 2 * ranks * shard + 4 * shard);
+      EXPECT_EQ(state, 12 * shard);
+    }
+    // The paper's formula at this model's P (0.6% under 7.5e9): within 1% of its column, or
+    // its rounding to 0.1 GB.
+    const int stage = row.strategy == "fsdp" ? 0 : row.strategy.back() - '0';
+    const double formula = stage == 0   ? 16.0 * P
+                           : stage == 1 ? 4.0 * P + 12.0 * P / 64
+                           : stage == 2 ? 2.0 * P + 14.0 * P / 64
+                                        : 16.0 * P / 64;
+    EXPECT_NEAR(formula / 1e9, row.paper_gb, 0.01 * row.paper_gb + 0.05) << row.strategy;
+    // Loom's peak is the formula plus the working set the paper leaves out: stage 2's full
+    // gradients of the units in flight, stage 3's gathered units (at most three of the
+    // largest, the embedding's 2 x 50304 x 4096 bytes).
+    EXPECT_GE(at_rest_gb * 1e9, formula * (1 - 1e-9)) << row.strategy;
+    EXPECT_LE(at_rest_gb * 1e9 - formula, 3.0 * 2 * 50304 * 4096) << row.strategy;
+  }
+}
+
 // A step's simulated time is its compute stream's: busy, or waiting for communication. The
 // rest of the step's communication ran behind its compute.
 TEST(Simulation, AStepIsItsComputePlusItsExposedCommunication) {
