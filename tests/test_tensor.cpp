@@ -257,7 +257,7 @@ TEST(Tensor, ErrorsNameTheProblem) {
   EXPECT_THROW(add(a, Tensor::zeros({2, 3}, DType::I64)), Error);
   EXPECT_THROW(embedding(Tensor::from_vector<int64_t>({3}, {1}), Tensor::zeros({3, 2})), Error);
   Tensor half_row = Tensor::zeros({2}, DType::BF16);
-  EXPECT_THROW(layer_norm(half_row, half_row, half_row), Error);  // f32 or f64 outside autocast
+  EXPECT_THROW(layer_norm(half_row, half_row.to(DType::F32), half_row), Error);  // mixed dtypes
 }
 
 // Floating operands of two dtypes compute in the wider, as PyTorch promotes them, and the
@@ -290,6 +290,59 @@ TEST(Tensor, FloatingDtypesPromoteAndBf16OpsRoundOnceOnTheCpu) {
   EXPECT_EQ(gelu(x).dtype(), DType::BF16);
   EXPECT_EQ(gelu(x).to(DType::F32).to_vector<float>(),
             gelu(x.to(DType::F32)).to(DType::BF16).to(DType::F32).to_vector<float>());
+}
+
+// The ops a model with 16-bit weights runs outside autocast (ShardingOptions::weights_dtype)
+// take bf16 and f16 on the CPU: each computes in f32 and rounds its result, and the gradients
+// of its inputs, once.
+TEST(Tensor, SixteenBitWeightsOpsRoundOnceOnTheCpu) {
+  for (const DType low : {DType::BF16, DType::F16}) {
+    SCOPED_TRACE(dtype_name(low));
+    const auto values = [](int64_t n, double scale) {
+      std::vector<float> v;
+      for (int64_t i = 0; i < n; ++i)
+        v.push_back(static_cast<float>(scale * std::sin(0.7 * double(i) + scale)));
+      return v;
+    };
+    // Leaves in `low` and their f32 twins holding the same values.
+    const auto leaf = [&](const Shape& shape, double scale) {
+      Tensor t = Tensor::from_vector<float>(values(numel_of(shape), scale), shape).to(low);
+      Tensor wide = t.to(DType::F32);
+      t.set_requires_grad(true);
+      wide.set_requires_grad(true);
+      return std::pair{t, wide};
+    };
+    const auto rounded = [&](const Tensor& t) {
+      return t.detach().to(low).to(DType::F32).to_vector<float>();
+    };
+    const auto widened = [](const Tensor& t) { return t.detach().to(DType::F32).to_vector<float>(); };
+    auto [x, x32] = leaf({3, 8}, 1.0);
+    auto [w, w32] = leaf({8}, 0.5);
+    auto [b, b32] = leaf({8}, 0.25);
+    auto [m, m32] = leaf({8, 5}, 0.3);
+    auto [e, e32] = leaf({6, 8}, 0.8);
+    auto [q, q32] = leaf({1, 2, 4, 4}, 0.9);
+    const Tensor ids = Tensor::from_vector<int64_t>({5, 0, 5}, {3});
+    const std::vector<std::pair<Tensor, Tensor>> outputs = {
+        {layer_norm(x, w, b), layer_norm(x32, w32, b32)},
+        {rms_norm(x, w, 1e-5), rms_norm(x32, w32, 1e-5)},
+        {matmul(x, m), matmul(x32, m32)},
+        {embedding(ids, e), embedding(ids, e32)},
+        {causal_attention(q, q, q), causal_attention(q32, q32, q32)}};
+    for (size_t i = 0; i < outputs.size(); ++i) {
+      EXPECT_EQ(outputs[i].first.dtype(), low) << "op " << i;
+      EXPECT_EQ(widened(outputs[i].first), rounded(outputs[i].second)) << "op " << i;
+      sum(mul(outputs[i].first, 1.0)).backward();
+      sum(mul(outputs[i].second, 1.0)).backward();
+    }
+    for (const auto& [t, t32] : std::vector<std::pair<Tensor, Tensor>>{
+             {x, x32}, {w, w32}, {b, b32}, {m, m32}, {e, e32}}) {
+      EXPECT_EQ(t.grad().dtype(), low);
+      // Each op's gradient is rounded once, then the ops' gradients are summed in `low`.
+      EXPECT_NEAR(widened(t.grad())[0], t32.grad().to_vector<float>()[0],
+                  std::abs(t32.grad().to_vector<float>()[0]) * 2e-2 + 1e-2);
+    }
+  }
 }
 
 TEST(Tensor, ExactValuesOfCoreOps) {

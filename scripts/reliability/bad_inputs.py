@@ -839,6 +839,7 @@ NAME_FLAGS = {  # flag -> bad names
     "--preset": ["gpt2-xl"],
     "--param-dtype": ["f64", "fp16"],
     "--reduce-dtype": ["i32"],
+    "--weights-dtype": ["f64", "i32"],
     "--backward-prefetch": ["later"],
     "--fsdp-sharding-strategy": ["HALF_SHARD", ""],
     "--wrap-policy": ["NoSuchModule", "min_params:abc", "min_params:-1", "min_params:"],
@@ -849,6 +850,7 @@ NAME_FLAGS = {  # flag -> bad names
 # Sharding-only flags need a sharded strategy to be checked; the bad name goes with one.
 NAME_CONTEXT = {
     "--param-dtype": {"--strategy": "fsdp"}, "--reduce-dtype": {"--strategy": "fsdp"},
+    "--weights-dtype": {"--strategy": "fsdp"},
     "--backward-prefetch": {"--strategy": "fsdp"},
     "--fsdp-sharding-strategy": {"--strategy": "fsdp"},
     "--wrap-policy": {"--strategy": "fsdp"},
@@ -950,7 +952,8 @@ CONTRADICTION_FLAGS = {  # boolean flags some contradictions add
 }
 SHARDING_FLAGS = [("--wrap-policy", "Block"), ("--fsdp-sharding-strategy", "SHARD_GRAD_OP"),
                   ("--forward-prefetch", None), ("--backward-prefetch", "post"),
-                  ("--nvme-path", "."), ("--param-dtype", "bf16"), ("--reduce-dtype", "bf16")]
+                  ("--nvme-path", "."), ("--param-dtype", "bf16"), ("--reduce-dtype", "bf16"),
+                  ("--weights-dtype", "bf16")]
 
 
 def contradiction_cases() -> list[Case]:

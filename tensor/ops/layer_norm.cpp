@@ -27,17 +27,17 @@ Tensor layer_norm(const Tensor& x_in, const Tensor& weight_in, const Tensor& bia
   const Tensor x = autocast_f32_input(x_in), weight = autocast_f32_input(weight_in),
                bias = autocast_f32_input(bias_in);
   detail::check_kernel_device("layer_norm", x);
-  if (detail::computes_through_f32(x)) {  // 16-bit weights on the CPU: f32, rounded once
-    return cast(layer_norm(cast(x, DType::F32), cast(weight, DType::F32), cast(bias, DType::F32),
-                           eps),
-                x.dtype());
-  }
   detail::check_same_kind("layer_norm", x, weight);
   detail::check_same_kind("layer_norm", x, bias);
   if (x.dim() < 1 || weight.shape() != Shape{x.size(-1)} || bias.shape() != Shape{x.size(-1)}) {
     fail("layer_norm: expected weight and bias of shape [", x.dim() ? x.size(-1) : 0,
          "] for input ", shape_str(x.shape()), "; got ", shape_str(weight.shape()), " and ",
          shape_str(bias.shape()));
+  }
+  if (detail::computes_through_f32(x)) {  // 16-bit weights on the CPU: f32, rounded once
+    return cast(layer_norm(cast(x, DType::F32), cast(weight, DType::F32), cast(bias, DType::F32),
+                           eps),
+                x.dtype());
   }
   int64_t width = x.size(-1);
   int64_t rows = width ? x.numel() / width : 0;
@@ -112,13 +112,13 @@ Tensor layer_norm(const Tensor& x_in, const Tensor& weight_in, const Tensor& bia
 Tensor rms_norm(const Tensor& x_in, const Tensor& weight_in, double eps) {
   const Tensor x = autocast_f32_input(x_in), weight = autocast_f32_input(weight_in);
   detail::check_kernel_device("rms_norm", x);
-  if (detail::computes_through_f32(x)) {  // as layer_norm
-    return cast(rms_norm(cast(x, DType::F32), cast(weight, DType::F32), eps), x.dtype());
-  }
   detail::check_same_kind("rms_norm", x, weight);
   if (x.dim() < 1 || weight.shape() != Shape{x.size(-1)}) {
     fail("rms_norm: expected weight of shape [", x.dim() ? x.size(-1) : 0, "] for input ",
          shape_str(x.shape()), "; got ", shape_str(weight.shape()));
+  }
+  if (detail::computes_through_f32(x)) {  // as layer_norm
+    return cast(rms_norm(cast(x, DType::F32), cast(weight, DType::F32), eps), x.dtype());
   }
   int64_t width = x.size(-1);
   int64_t rows = width ? x.numel() / width : 0;

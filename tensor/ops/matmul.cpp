@@ -187,7 +187,10 @@ Tensor matmul(const Tensor& a_in, const Tensor& b_in) {
   }
   const Tensor& a = a_in;
   const Tensor& b = b_in;
-  if (f16_on_the_cpu(a)) return cast(matmul(cast(a, DType::F32), cast(b, DType::F32)), a.dtype());
+  if (f16_on_the_cpu(a)) {
+    detail::check_same_kind("matmul", a, b);
+    return cast(matmul(cast(a, DType::F32), cast(b, DType::F32)), a.dtype());
+  }
   Tensor out = matmul_forward(a, b);
   if (autograd::any_requires_grad({a, b})) {
     autograd::record(
