@@ -301,9 +301,25 @@ DeepSpeedConfig parse_deepspeed_config(const std::string& json_text, const std::
   const bool fp16 = root.contains("fp16") && r.boolean(root["fp16"], "fp16", "enabled").value_or(false);
   if (bf16 && fp16)
     tag::kDeepspeedConfig.fail(source, ": bf16 and fp16 are both enabled; pick one");
-  if (bf16) config.precision = "bf16-mixed";
+  // DeepSpeed's bf16 and fp16 modes are 16-bit weights with f32 masters (docs/sharding.md),
+  // not built with NVMe offload: there bf16 falls back to autocast, as before they existed.
+  const bool nvme = config.offload_optimizer == "nvme" || config.offload_param == "nvme";
+  if (bf16 && nvme) {
+    config.precision = "bf16-mixed";
+    config.warnings.push_back(
+        "bf16.enabled with NVMe offload: 16-bit weights are not built with NVMe offload, so "
+        "the model keeps f32 weights and runs under bf16-mixed autocast");
+  } else if (bf16) {
+    config.weights_dtype = DType::BF16;
+  }
+  if (fp16 && nvme) {
+    tag::kDeepspeedConfig.fail(source,
+                               ": fp16 with NVMe offload is not built (f16 weights need the "
+                               "f32 masters beside them); use bf16, or offload to \"cpu\"");
+  }
   if (fp16) {
-    config.precision = "16-mixed";
+    config.weights_dtype = DType::F16;
+    config.precision = "16-mixed";  // for its loss scaler
     const json& f = root["fp16"];
     // DeepSpeed's defaults: dynamic scaling from 2^16, growth every 1000 clean steps, floor 1.
     LossScalerOptions& s = config.loss_scaler;
@@ -410,6 +426,7 @@ std::string apply_deepspeed_config(const DeepSpeedConfig& config, StrategyConfig
   if (config.nvme_buffer_count) options.sharding.nvme_buffer_count = *config.nvme_buffer_count;
   if (config.sub_group_size) options.sharding.sub_group_size = *config.sub_group_size;
   if (config.precision) options.precision = *config.precision;
+  if (config.weights_dtype) options.sharding.weights_dtype = *config.weights_dtype;
   options.loss_scaler = config.loss_scaler;
   options.sharding.offload_optimizer = config.offload_optimizer != "none";
   options.sharding.offload_params = config.offload_param != "none";

@@ -27,6 +27,10 @@ struct DeepSpeedConfig {
   std::optional<int64_t> micro_batch_per_gpu;  // train_micro_batch_size_per_gpu
   std::optional<int64_t> gradient_accumulation_steps;
   std::optional<double> gradient_clipping;
+  // bf16: 16-bit weights (ShardingOptions::weights_dtype bf16), as DeepSpeed trains; with
+  // NVMe offload, where 16-bit weights are not built, "bf16-mixed" (autocast) and a warning.
+  // fp16: f16 weights and "16-mixed" for its loss scaler.
+  std::optional<DType> weights_dtype;
   std::optional<std::string> precision;  // "bf16-mixed" or "16-mixed"
   LossScalerOptions loss_scaler;         // from the fp16 section, DeepSpeed's defaults
   struct Optimizer {

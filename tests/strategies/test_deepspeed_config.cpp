@@ -47,7 +47,8 @@ TEST(DeepSpeedConfig, AZeroThreeConfigMapsOntoLoom) {
   EXPECT_EQ(c.micro_batch_per_gpu, 4);
   EXPECT_EQ(c.gradient_accumulation_steps, 2);
   EXPECT_EQ(c.gradient_clipping, 1.0);
-  EXPECT_EQ(c.precision, "16-mixed");
+  EXPECT_EQ(c.precision, "16-mixed");  // for the loss scaler
+  EXPECT_EQ(c.weights_dtype, DType::F16);
   EXPECT_EQ(c.loss_scaler.initial_scale, 4096.0);
   EXPECT_EQ(c.loss_scaler.growth_interval, 500);
   EXPECT_EQ(c.loss_scaler.min_scale, 1.0);
@@ -66,6 +67,7 @@ TEST(DeepSpeedConfig, AZeroThreeConfigMapsOntoLoom) {
   EXPECT_TRUE(options.sharding.offload_optimizer);
   EXPECT_TRUE(options.sharding.offload_params);
   EXPECT_EQ(options.precision, "16-mixed");
+  EXPECT_EQ(options.sharding.weights_dtype, DType::F16);
   EXPECT_EQ(options.loss_scaler.initial_scale, 4096.0);
   check_deepspeed_batch_sizes(c, 4, 2, 2);
   EXPECT_THROW(check_deepspeed_batch_sizes(c, 4, 2, 4), Error);
@@ -78,12 +80,15 @@ TEST(DeepSpeedConfig, AutoLeavesLoomsValueAndStageZeroIsNoShard) {
       "ds.json");
   EXPECT_FALSE(c.micro_batch_per_gpu.has_value());
   EXPECT_FALSE(c.stage.has_value());
-  EXPECT_EQ(c.precision, "bf16-mixed");
+  EXPECT_FALSE(c.precision.has_value());  // DeepSpeed's bf16 mode: 16-bit weights
+  EXPECT_EQ(c.weights_dtype, DType::BF16);
   ASSERT_EQ(c.warnings.size(), 1u);  // reduce_bucket_size is read but not acted on
   EXPECT_PRED2(contains, c.warnings[0], "zero_optimization.reduce_bucket_size");
   StrategyConfig options;
   EXPECT_EQ(apply_deepspeed_config(c, options), "fsdp");
   EXPECT_EQ(options.fsdp_sharding_strategy, "NO_SHARD");
+  EXPECT_EQ(options.sharding.weights_dtype, DType::BF16);
+  EXPECT_EQ(options.precision, "32-true");
   const DeepSpeedConfig fixed =
       parse_deepspeed_config(R"({"fp16": {"enabled": true, "loss_scale": 128}})", "ds.json");
   EXPECT_EQ(fixed.loss_scaler.initial_scale, 128.0);
@@ -111,6 +116,14 @@ TEST(DeepSpeedConfig, BadValuesAreNamed) {
   EXPECT_PRED2(contains, error_of(R"({"zero_optimization": {"stage": 2, "offload_param": {"device": "cpu"}}})"), "offload_param needs stage 3");
   EXPECT_PRED2(contains, error_of(R"({"zero_optimization": {"offload_optimizer": {"device": "disk"}}})"), "\"none\", \"cpu\" or \"nvme\"");
   EXPECT_PRED2(contains, error_of(R"({"bf16": {"enabled": true}, "fp16": {"enabled": true}})"), "bf16 and fp16 are both enabled");
+  EXPECT_PRED2(contains, error_of(R"({"fp16": {"enabled": true}, "zero_optimization": {"stage": 3, "offload_optimizer": {"device": "nvme", "nvme_path": "/x"}}})"), "fp16 with NVMe offload is not built");
+  const DeepSpeedConfig bf16_nvme = parse_deepspeed_config(
+      R"({"bf16": {"enabled": true}, "zero_optimization": {"stage": 3,
+          "offload_optimizer": {"device": "nvme", "nvme_path": "/x"}}})", "ds.json");
+  EXPECT_FALSE(bf16_nvme.weights_dtype.has_value());  // not built with NVMe: autocast instead
+  EXPECT_EQ(bf16_nvme.precision, "bf16-mixed");
+  ASSERT_EQ(bf16_nvme.warnings.size(), 1u);
+  EXPECT_PRED2(contains, bf16_nvme.warnings[0], "16-bit weights are not built with NVMe");
   EXPECT_PRED2(contains, error_of(R"({"optimizer": {"type": "Lamb"}})"), "'Lamb' is unknown");
   EXPECT_PRED2(contains, error_of(R"({"optimizer": {"type": "Adam", "params": {"adam_w_mode": false}}})"), "adam_w_mode false (L2 weight decay) is not built");
   EXPECT_PRED2(contains, error_of(R"([1, 2])"), "the top level: expected an object");
