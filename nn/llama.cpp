@@ -63,7 +63,12 @@ RotaryTables rotary_tables(int64_t time, int64_t head_dim, double theta, DType d
 Tensor apply_rotary(const Tensor& x, const RotaryTables& tables) {
   const int64_t half = x.size(-1) / 2;
   Tensor rotated = concat({neg(x.narrow(-1, half, half)), x.narrow(-1, 0, half)}, -1);
-  return add(mul(x, tables.cos), mul(rotated, tables.sin));
+  // In x's dtype, as Hugging Face's cos.to(x.dtype): a 16-bit q or k (16-bit weights,
+  // autocast) rotates in 16 bits instead of being promoted to the tables' f32.
+  const bool same = tables.cos.dtype() == x.dtype();
+  const Tensor cos = same ? tables.cos : tables.cos.to(x.dtype());
+  const Tensor sin = same ? tables.sin : tables.sin.to(x.dtype());
+  return add(mul(x, cos), mul(rotated, sin));
 }
 
 LlamaAttention::LlamaAttention(const LlamaConfig& config, Generator& gen)

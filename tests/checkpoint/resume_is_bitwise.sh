@@ -33,6 +33,7 @@ check llama_dp --model llama --strategy dp --devices 2
 check zero1_bf16 --strategy deepspeed_stage_1 --devices 2 --precision bf16-mixed
 check zero3 --strategy deepspeed_stage_3 --devices 2
 check zero2_bf16_weights --strategy deepspeed_stage_2 --devices 2 --weights-dtype bf16
+check llama_zero3_bf16_weights --model llama --strategy deepspeed_stage_3 --devices 2 --weights-dtype bf16
 check zero3_bf16_weights_full_format --strategy deepspeed_stage_3 --devices 2 --weights-dtype bf16 \
   --checkpoint-format full
 check zero3_full_format --strategy deepspeed_stage_3 --devices 2 --checkpoint-format full
