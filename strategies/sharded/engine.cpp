@@ -167,8 +167,8 @@ ShardedEngine::ShardedEngine(nn::Module& module, std::shared_ptr<comm::ProcessGr
                                                              : MemoryKind::Parameters);
       flat.full_grad.storage()->set_kind(MemoryKind::Gradients);
       flat.grad_shard.storage()->set_kind(MemoryKind::Gradients);
-      // 16-bit weights: the f32 masters are optimizer state (the ZeRO paper's K), unless
-      // offloaded; so is the f32 gradient copy beside them.
+      // 16-bit weights: the f32 masters are optimizer state (the ZeRO paper's K) and their
+      // f32 gradient copy is gradients, both offloaded under offload_optimizer.
       const MemoryKind master_kind =
           options_.offload_optimizer ? MemoryKind::Offloaded : MemoryKind::OptimizerState;
       if (!flat.master.is_same(flat.shard)) flat.master.storage()->set_kind(master_kind);

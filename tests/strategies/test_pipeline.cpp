@@ -172,8 +172,9 @@ TEST(DeviceMesh, CoordinatesGroupsAndSizesThatDoNotFactor) {
 using testing::max_difference;
 using testing::Weights;
 
-Weights train(Strategy* strategy, int64_t batch, int64_t accum, int64_t steps) {
-  return testing::train_tiny_f32(strategy, batch, accum, steps);
+Weights train(Strategy* strategy, int64_t batch, int64_t accum, int64_t steps,
+              double grad_clip = 0.05) {
+  return testing::train_tiny_f32(strategy, batch, accum, steps, grad_clip);
 }
 
 // A pipeline strategy joined to a fresh group `group` of the test's ranks.
@@ -210,8 +211,11 @@ bool untied_differ(const Weights& a, const Weights& b) {
 // stages, any schedule and balance: after one step every parameter but the tied wte is
 // bitwise that, wte within rounding (its two stages' sums are added, Megatron's order); all
 // schedules and balances give bitwise the same weights; several steps stay within 1e-5.
+// The one-step comparison runs without gradient clipping: clipping scales every gradient by
+// one coefficient of the global norm, which the wte's rounding moves (on an AVX2 host under
+// the ASan build's clang it did, so every parameter differed in its last bits).
 TEST(Pipeline, MatchesSingleDeviceAccumulationOverTheSameMicroBatches) {
-  const auto reference_1 = train(nullptr, 2, 2, 1);
+  const auto reference_1 = train(nullptr, 2, 2, 1, /*grad_clip=*/0);
   const auto reference_4 = train(nullptr, 2, 2, 4);
   expect_all_ok(run_ranks(1, [&](int rank, int size, std::shared_ptr<comm::Store> store) {
     auto s = make_pipeline(1, 2, "1f1b", {}, rank, size, store, "one");
@@ -221,7 +225,7 @@ TEST(Pipeline, MatchesSingleDeviceAccumulationOverTheSameMicroBatches) {
   for (int stages : {2, 3}) {
     expect_all_ok(run_ranks(stages, [&](int rank, int size, std::shared_ptr<comm::Store> store) {
       auto gpipe = make_pipeline(stages, 2, "gpipe", {}, rank, size, store, "step");
-      const auto one_step = train(gpipe.get(), 4, 1, 1);
+      const auto one_step = train(gpipe.get(), 4, 1, 1, /*grad_clip=*/0);
       gpipe->teardown();
       EXPECT_LE(max_difference(one_step, reference_1), 1e-8);
       EXPECT_FALSE(untied_differ(one_step, reference_1))

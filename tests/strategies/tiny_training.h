@@ -78,7 +78,8 @@ using Weights = std::vector<std::vector<float>>;
 // The f32 tiny GPT trained by train_gpt (lr 1e-2, clipping at 0.05) for `steps` steps of
 // `batch` rows per replica in `accum` micro-batches under `strategy` (null: single_device);
 // its final weights, whole (train() gathers split models at the end).
-inline Weights train_tiny_f32(Strategy* strategy, int64_t batch, int64_t accum, int64_t steps) {
+inline Weights train_tiny_f32(Strategy* strategy, int64_t batch, int64_t accum, int64_t steps,
+                              double grad_clip = 0.05) {
   nn::GPTConfig c = tiny_gpt_config(DType::F32);
   nn::GPT model(c, 4);
   train_gpt::TrainOptions o;
@@ -87,7 +88,7 @@ inline Weights train_tiny_f32(Strategy* strategy, int64_t batch, int64_t accum, 
   o.steps = steps;
   o.grad_accum = accum;
   o.lr = 1e-2;
-  o.grad_clip = 0.05;
+  o.grad_clip = grad_clip;
   data::TokenBlocks data(tiny_corpus(), batch, kTinyContext, kTinyVocab);
   train_gpt::train(model, data, o, [](const train_gpt::StepMetrics&) {}, strategy);
   Weights out;
