@@ -38,7 +38,6 @@ struct UnitBytes {
   int64_t full = 0;        // padded full buffers
   int64_t shard = 0;       // this rank's shards
   int64_t shard_real = 0;  // rank 0's elements that are parameters, not padding, in bytes
-  int64_t shard_elements = 0, real_elements = 0;  // the same two, in elements
   int parent = -1;
 };
 
@@ -71,8 +70,6 @@ MemoryEstimate sharded_estimate(const nn::Module& model, const sharded::Sharding
       bytes.full += shard_numel * shards * element;
       bytes.shard += shard_numel * element;
       bytes.shard_real += std::min(shard_numel, n) * element;
-      bytes.shard_elements += shard_numel;
-      bytes.real_elements += std::min(shard_numel, n);
     }
     units.push_back(bytes);
   }
@@ -83,13 +80,11 @@ MemoryEstimate sharded_estimate(const nn::Module& model, const sharded::Sharding
       total += units[static_cast<size_t>(v)].full;
     return total;
   };
-  int64_t all_full = 0, all_shards = 0, all_real = 0, shard_elements = 0, real_elements = 0;
+  int64_t all_full = 0, all_shards = 0, all_real = 0;
   for (const UnitBytes& u : units) {
     all_full += u.full;
     all_shards += u.shard;
     all_real += u.shard_real;
-    shard_elements += u.shard_elements;
-    real_elements += u.real_elements;
   }
 
   // Stage 3: while unit u runs (forward or backward), it and its enclosing units are
@@ -132,8 +127,11 @@ MemoryEstimate sharded_estimate(const nn::Module& model, const sharded::Sharding
     // The f32 masters of this rank's shard (optimizer state, the ZeRO paper's K) and their
     // gradient's f32 copy, alive from the end of backward (the full gradients of stages 2-3
     // gone) to the end of the step: in the host pool when offloaded.
-    const int64_t master = 4 * shard_elements;
-    const int64_t state = states_per_parameter * 4 * real_elements;
+    // Every flat is in weights_dtype (the engine refuses other parameters): 4 / element
+    // bytes of f32 per byte of shard.
+    const auto element = static_cast<int64_t>(dtype_size(o.weights_dtype));
+    const int64_t master = 4 * all_shards / element;
+    const int64_t state = states_per_parameter * 4 * all_real / element;
     if (o.offload_optimizer) {
       at(e, MemoryKind::Offloaded) += state + 2 * master;
     } else {

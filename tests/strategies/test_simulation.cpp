@@ -128,6 +128,22 @@ TEST(Simulation, ZeroStagesOneAndTwoMoveTwiceTheParametersPerStep) {
   EXPECT_EQ(bytes_of(two, "reduce_scatter"), steps * padded);  // the only gradient traffic
 }
 
+// A GPT of 7,455,760,384 parameters: the ZeRO paper's 7.5B model.
+nn::GPTConfig zero_paper_model() {
+  nn::GPTConfig big;
+  big.vocab_size = 50304;
+  big.context = testing::kTinyContext;
+  big.layers = 36;
+  big.heads = 32;
+  big.embd = 4096;
+  return big;
+}
+
+// A simulated rank's peak bytes of one kind.
+int64_t kind(const train_gpt::SimulatedRank& s, MemoryKind k) {
+  return static_cast<int64_t>(s.peak_bytes_by_kind[static_cast<size_t>(k)]);
+}
+
 // The ZeRO paper's setting (Rajbhandari et al., 2020, figure 1: a 7.5B model on 64 GPUs) in
 // Loom's layout, f32 weights and gradients (the paper's are 16-bit): 4 bytes of weights, 4 of
 // gradients and 8 of Adam moments per parameter. Replicated (ddp): 16 x P. ZeRO-1: the moments
@@ -135,15 +151,7 @@ TEST(Simulation, ZeroStagesOneAndTwoMoveTwiceTheParametersPerStep) {
 // Stages 2 and 3 add working sets (the units being gathered or reduced) to their shards; the
 // test prints them and docs/simulation.md tabulates them.
 TEST(Simulation, TheZeroPapers7_5BModelOn64Ranks) {
-  nn::GPTConfig big;
-  big.vocab_size = 50304;
-  big.context = testing::kTinyContext;
-  big.layers = 36;
-  big.heads = 32;
-  big.embd = 4096;
-  const auto kind = [](const train_gpt::SimulatedRank& s, MemoryKind k) {
-    return static_cast<int64_t>(s.peak_bytes_by_kind[static_cast<size_t>(k)]);
-  };
+  const nn::GPTConfig big = zero_paper_model();
   const train_gpt::SimulatedRank ddp = simulate("ddp", 64, {}, big);
   const int64_t P = ddp.parameters;
   EXPECT_EQ(P, 7455760384);  // 36 x 12 x 4096^2 + (50304 + 8) x 4096 + the norms and biases
@@ -178,15 +186,7 @@ TEST(Simulation, TheZeroPapers7_5BModelOn64Ranks) {
 // last two sharded by the stage). Beside the paper's model states the step holds an f32 copy
 // of this rank's gradient shard (4 bytes per sharded parameter), as DeepSpeed's step does.
 TEST(Simulation, TheZeroPapersColumnWithSixteenBitWeights) {
-  nn::GPTConfig big;
-  big.vocab_size = 50304;
-  big.context = testing::kTinyContext;
-  big.layers = 36;
-  big.heads = 32;
-  big.embd = 4096;
-  const auto kind = [](const train_gpt::SimulatedRank& s, MemoryKind k) {
-    return static_cast<int64_t>(s.peak_bytes_by_kind[static_cast<size_t>(k)]);
-  };
+  const nn::GPTConfig big = zero_paper_model();
   struct Row {
     std::string strategy, fsdp_sharding_strategy, wrap;
     double paper_gb;  // Rajbhandari et al., 2020, figure 1 (7.5B, 64 GPUs, K = 12)
