@@ -2267,8 +2267,12 @@ def substitute(text: str, tools: dict[str, Path]) -> str:
 
 
 # Trailing lines that carry no diagnosis of their own: a usage hint, and a launcher's epilogue
-# saying that a rank failed (the rank's own message, relayed, comes just before it).
+# saying that a rank failed (the rank's own message, relayed, comes just before it) or which
+# shared-memory segments the failed ranks left (removed when the group is gone, so the line
+# follows the rank's message whenever the rank took long enough to create one).
 EPILOGUE = re.compile(r"--help|^loomrun: rank \d+ \(pid \d+\) (exited|was killed)|"
+                      r"^loomrun: removed \d+ shared-memory segment|"
+                      r"^loom-perf --np: removed \d+ shared-memory segment|"
                       r"^loom-perf --np: rank \d+ exited|^\[launch\] rank \d+ (exited|was killed)")
 
 
