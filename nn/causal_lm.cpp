@@ -9,13 +9,14 @@ Tensor CausalLM::loss(const Tensor& tokens, const Tensor& targets) const {
     fail("loss: targets ", shape_str(targets.shape()), " must match tokens ",
          shape_str(tokens.shape()));
   }
-  return layer_loss(forward(tokens), targets);
+  if (tp_) return layer_loss(forward(tokens), targets);
+  return run_forward([&] { return classifier_loss(features(tokens), targets); });
 }
 
-Tensor CausalLM::layer_loss(const Tensor& logits, const Tensor& targets) const {
-  const Tensor rows = logits.reshape({-1, logits.size(-1)});
-  if (tp_) return parallel_cross_entropy(rows, targets.reshape({-1}), vocab_first(), *tp_);
-  return cross_entropy(rows, targets.reshape({-1}));
+Tensor CausalLM::layer_loss(const Tensor& output, const Tensor& targets) const {
+  if (!tp_) return classifier_loss(output, targets);
+  return parallel_cross_entropy(output.reshape({-1, output.size(-1)}), targets.reshape({-1}),
+                                vocab_first(), *tp_);
 }
 
 int64_t CausalLM::vocab_first() const {

@@ -23,7 +23,9 @@ class CausalLM : public Module, public LayeredModel, public TensorParallelModel 
   // same logits as forward() of the whole sequence up to rounding. Not under tensor
   // parallelism.
   virtual Tensor forward_cached(const Tensor& tokens, KVCache& cache) const = 0;
-  // Mean cross-entropy of next-token prediction; targets [B, T] like tokens.
+  // Mean cross-entropy of next-token prediction; targets [B, T] like tokens. The output
+  // projection runs inside the loss (linear_cross_entropy: the [B*T, vocab] logits are never
+  // held on the CPU), between the model's forward hooks as forward() runs.
   Tensor loss(const Tensor& tokens, const Tensor& targets) const;
   virtual int64_t vocab_size() const = 0;
   virtual int64_t context() const = 0;
@@ -36,13 +38,21 @@ class CausalLM : public Module, public LayeredModel, public TensorParallelModel 
   // sample for balancing by time). Not tensor parallel, whatever this one is.
   virtual std::unique_ptr<CausalLM> make_like() const = 0;
 
-  // The mean next-token cross-entropy of logits [..., vocab] against targets; under tensor
-  // parallelism the logits hold this rank's vocabulary columns (a parallel cross-entropy).
-  Tensor layer_loss(const Tensor& logits, const Tensor& targets) const override;
+  // The mean next-token cross-entropy of the last layer's output against targets: of its
+  // features through the output projection (classifier_loss), or under tensor parallelism of
+  // its logits, which hold this rank's vocabulary columns (a parallel cross-entropy).
+  Tensor layer_loss(const Tensor& output, const Tensor& targets) const override;
   // The group parallelize() split the model over; null before.
   const TensorParallelGroup* tensor_parallel() const { return tp_.get(); }
 
  protected:
+  // The final normalised hidden states [B, T, C] of tokens: forward() but the output
+  // projection, run between the forward hooks by loss() (the body, without the hooks).
+  virtual Tensor features(const Tensor& tokens) const = 0;
+  // The mean loss of features [B, T, C] projected onto the vocabulary against targets [B, T],
+  // without the logits (linear_cross_entropy), through whichever module's forward hook
+  // gathers the projection's weight.
+  virtual Tensor classifier_loss(const Tensor& features, const Tensor& targets) const = 0;
   // The first vocabulary row of this rank's part of the embedding (and column of the
   // logits): 0 without tensor parallelism.
   int64_t vocab_first() const;

@@ -130,7 +130,7 @@ Tensor GPT::positions_for(const Tensor& tokens, int64_t first) const {
 
 Tensor GPT::forward(const Tensor& tokens) const {
   Tensor pos = positions_for(tokens);
-  return run_forward([&] { return forward_body(tokens, pos); });
+  return run_forward([&] { return head(trunk(tokens, pos)); });
 }
 
 Tensor GPT::forward_cached(const Tensor& tokens, KVCache& cache) const {
@@ -204,11 +204,20 @@ std::map<std::string, TensorParallelSplit> GPT::tensor_parallel_splits() const {
   return splits;
 }
 
-Tensor GPT::forward_body(const Tensor& tokens, const Tensor& pos) const {
+Tensor GPT::trunk(const Tensor& tokens, const Tensor& pos) const {
   Tensor x = embed(tokens, pos);
   for (int64_t i = 0; i < config_.layers; ++i)
     x = block_forward(i, x);
-  return head(x);
+  return x;
+}
+
+Tensor GPT::features(const Tensor& tokens) const {
+  return ln_f_->forward(trunk(tokens, positions_for(tokens)));
+}
+
+Tensor GPT::classifier_loss(const Tensor& features, const Tensor& targets) const {
+  return linear_cross_entropy(features.reshape({-1, config_.embd}), wte_->weight(),
+                              targets.reshape({-1}));
 }
 
 Tensor GPT::forward_layer(int64_t layer, const Tensor& x) const {
@@ -216,7 +225,7 @@ Tensor GPT::forward_layer(int64_t layer, const Tensor& x) const {
     fail("GPT::forward_layer: layer ", layer, " of ", layer_count());
   if (layer == 0) return embed(x, positions_for(x));
   if (layer <= config_.layers) return block_forward(layer - 1, x);
-  return head(x);
+  return tp_ ? head(x) : ln_f_->forward(x);
 }
 
 std::vector<std::string> GPT::layer_parameters(int64_t layer) const {

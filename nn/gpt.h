@@ -97,13 +97,18 @@ class GPT : public CausalLM {
   std::map<std::string, TensorParallelSplit> tensor_parallel_splits() const override;
 
   int64_t layer_count() const override { return config_.layers + 2; }
-  // Layer 0 takes tokens [B, T]; the head gives logits [B, T, vocab].
+  // Layer 0 takes tokens [B, T]; the head gives ln_f's features [B, T, embd], which
+  // layer_loss() projects onto the vocabulary with the loss (logits under tensor parallelism).
   Tensor forward_layer(int64_t layer, const Tensor& x) const override;
   std::vector<std::string> layer_parameters(int64_t layer) const override;
 
+ protected:
+  Tensor features(const Tensor& tokens) const override;
+  Tensor classifier_loss(const Tensor& features, const Tensor& targets) const override;
+
  private:
-  // The forward after its argument checks, run between the forward hooks.
-  Tensor forward_body(const Tensor& tokens, const Tensor& positions) const;
+  // The embedding and the blocks, after the argument checks (between the forward hooks).
+  Tensor trunk(const Tensor& tokens, const Tensor& positions) const;
   // Checks tokens [B, T] and gives the positions first..first+T-1.
   Tensor positions_for(const Tensor& tokens, int64_t first = 0) const;
   Tensor block_forward(int64_t index, const Tensor& x) const;

@@ -33,6 +33,10 @@ Tensor LinearNoBias::forward(const Tensor& x) const {
   return run_forward([&] { return matmul(x, transpose(weight_, 0, 1)); });
 }
 
+Tensor LinearNoBias::loss(const Tensor& x, const Tensor& targets) const {
+  return run_forward([&] { return linear_cross_entropy(x, weight_, targets); });
+}
+
 RMSNorm::RMSNorm(int64_t width, double eps, const Options& options) : eps_(eps) {
   weight_ = register_parameter("weight", Tensor::ones({width}, options.dtype, options.device));
 }

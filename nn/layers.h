@@ -55,6 +55,9 @@ class LinearNoBias : public Module {
   LinearNoBias(int64_t in_features, int64_t out_features, Generator& gen, double init_std = 0.02,
                const Options& options = {});
   Tensor forward(const Tensor& x) const;
+  // linear_cross_entropy of x [N, in] through this layer against targets [N], between the
+  // forward hooks as forward() runs: the mean loss of the logits, never held.
+  Tensor loss(const Tensor& x, const Tensor& targets) const;
   const Tensor& weight() const { return weight_; }
 
  private:

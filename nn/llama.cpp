@@ -268,13 +268,26 @@ Tensor Llama::head(const Tensor& x) const {
   return matmul(normed, transpose(output_weight(), 0, 1));
 }
 
+Tensor Llama::trunk(const Tensor& tokens) const {
+  Tensor x = embed(tokens);
+  for (int64_t i = 0; i < config_.layers; ++i)
+    x = layer_forward(i, x);
+  return x;
+}
+
 Tensor Llama::forward(const Tensor& tokens) const {
-  return run_forward([&] {
-    Tensor x = embed(tokens);
-    for (int64_t i = 0; i < config_.layers; ++i)
-      x = layer_forward(i, x);
-    return head(x);
-  });
+  return run_forward([&] { return head(trunk(tokens)); });
+}
+
+Tensor Llama::features(const Tensor& tokens) const {
+  return model_->norm()->forward(trunk(tokens));
+}
+
+Tensor Llama::classifier_loss(const Tensor& features, const Tensor& targets) const {
+  const Tensor rows = features.reshape({-1, config_.hidden});
+  // Through lm_head's own hook where it runs whole (see head()).
+  if (lm_head_) return lm_head_->loss(rows, targets.reshape({-1}));
+  return linear_cross_entropy(rows, output_weight(), targets.reshape({-1}));
 }
 
 Tensor Llama::forward_cached(const Tensor& tokens, KVCache& cache) const {
@@ -336,7 +349,7 @@ Tensor Llama::forward_layer(int64_t layer, const Tensor& x) const {
     fail("Llama::forward_layer: layer ", layer, " of ", layer_count());
   if (layer == 0) return embed(x);
   if (layer <= config_.layers) return layer_forward(layer - 1, x);
-  return head(x);
+  return tp_ ? head(x) : model_->norm()->forward(x);
 }
 
 std::vector<std::string> Llama::layer_parameters(int64_t layer) const {

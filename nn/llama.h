@@ -143,10 +143,17 @@ class Llama : public CausalLM {
   std::map<std::string, TensorParallelSplit> tensor_parallel_splits() const override;
 
   int64_t layer_count() const override { return config_.layers + 2; }
+  // The head's output is the final norm's features (logits under tensor parallelism), as
+  // GPT's.
   Tensor forward_layer(int64_t layer, const Tensor& x) const override;
   std::vector<std::string> layer_parameters(int64_t layer) const override;
 
+ protected:
+  Tensor features(const Tensor& tokens) const override;
+  Tensor classifier_loss(const Tensor& features, const Tensor& targets) const override;
+
  private:
+  Tensor trunk(const Tensor& tokens) const;  // the embedding and the decoder layers
   // Checks tokens [B, T] at positions first.. against the context.
   void check_tokens(const Tensor& tokens, int64_t first = 0) const;
   // The rotary tables of positions first..first+time-1 on `device` (views of the whole

@@ -76,6 +76,13 @@ Tensor softmax(const Tensor& x, bool causal = false);
 Tensor causal_attention(const Tensor& q, const Tensor& k, const Tensor& v);
 // Mean over rows of -log softmax(logits)[target]; logits [N, V], targets [N] (i32/i64).
 Tensor cross_entropy(const Tensor& logits, const Tensor& targets);
+// cross_entropy(matmul(x, transpose(weight, 0, 1)), targets) without holding the [N, V]
+// logits: x [N, C], weight [V, C] (a classifier's rows, as a tied embedding holds them),
+// targets [N]. On the CPU (f32/f64, outside autocast) the logits are made a chunk of rows at
+// a time and the forward computes both gradients with them, which backward scales by the
+// loss's gradient (Note [The classifier without its logits]); the same loss and gradients up
+// to the order of sums. CUDA, autocast and 16-bit operands compose the two ops.
+Tensor linear_cross_entropy(const Tensor& x, const Tensor& weight, const Tensor& targets);
 // Rows of weight [V, C] picked by indices (any shape, i32/i64): result [..., C].
 Tensor embedding(const Tensor& indices, const Tensor& weight);
 

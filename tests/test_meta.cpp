@@ -147,6 +147,10 @@ std::vector<OpCase> op_cases() {
        [=](Device d) {
          return V{cross_entropy(r({6, 5}, d), reshape(tokens(d), {6}))};
        }},
+      {"linear_cross_entropy",
+       [=](Device d) {
+         return V{linear_cross_entropy(r({6, 4}, d), r({5, 4}, d, 2), reshape(tokens(d), {6}))};
+       }},
       {"embedding",
        [=](Device d) {
          return V{embedding(tokens(d), r({5, 4}, d))};

@@ -3,6 +3,7 @@
 #include <gtest/gtest.h>
 
 #include "gradcheck.h"
+#include "tensor/ops/dispatch.h"
 
 #include <algorithm>
 #include <cmath>
@@ -179,6 +180,67 @@ TEST_F(OpGradient, CrossEntropy) {
   Tensor logits = random_leaf({4, 6}, gen);
   Tensor targets = Tensor::from_vector<int64_t>({0, 5, 2, 5}, {4});
   expect_gradients_match([&](const Inputs& in) { return cross_entropy(in[0], targets); }, {logits});
+}
+
+TEST_F(OpGradient, LinearCrossEntropy) {
+  Tensor x = random_leaf({5, 3}, gen), weight = random_leaf({7, 3}, gen);
+  Tensor targets = Tensor::from_vector<int64_t>({0, 6, 2, 6, 3}, {5});
+  expect_gradients_match(
+      [&](const Inputs& in) { return linear_cross_entropy(in[0], in[1], targets); }, {x, weight});
+}
+
+// Note [The classifier without its logits]: chunks of any size give the composed ops' loss
+// and gradients (to the order of dweight's sums), for a loss's gradient other than 1 too, and
+// a retained graph's second backward gives the same gradients again.
+TEST_F(OpGradient, LinearCrossEntropyInChunksMatchesTheComposedOps) {
+  const int64_t rows = 11, width = 4, vocab = 9;
+  const Tensor random_x = random_leaf({rows, width}, gen, false),
+               random_w = random_leaf({vocab, width}, gen, false);
+  std::vector<int64_t> picks;
+  for (int64_t r = 0; r < rows; ++r)
+    picks.push_back((r * 5 + 2) % vocab);
+  const Tensor targets = Tensor::from_vector(picks, {rows});
+  // The loss, then dx and dweight of 3 x loss (backward twice: the second doubles them).
+  auto run = [&](int64_t chunk_rows) {
+    Tensor x = random_x.detach().set_requires_grad(true),
+           w = random_w.detach().set_requires_grad(true);
+    Tensor loss = chunk_rows == 0 ? cross_entropy(matmul(x, transpose(w, 0, 1)), targets)
+                                  : detail::linear_cross_entropy_in_chunks(x, w, targets,
+                                                                          chunk_rows);
+    Tensor scaled = mul(loss, 3.0);
+    scaled.backward(Tensor(), /*retain_graph=*/true);
+    std::vector<std::vector<double>> all{loss.to_vector<double>(), x.grad().to_vector<double>(),
+                                         w.grad().to_vector<double>()};
+    scaled.backward();
+    all.push_back(x.grad().to_vector<double>());
+    all.push_back(w.grad().to_vector<double>());
+    return all;
+  };
+  const auto composed = run(0);
+  for (int64_t chunk_rows : {int64_t{1}, int64_t{3}, int64_t{4}, rows, rows + 5}) {
+    const auto chunked = run(chunk_rows);
+    for (size_t part = 0; part < chunked.size(); ++part) {
+      ASSERT_EQ(chunked[part].size(), composed[part].size());
+      for (size_t i = 0; i < chunked[part].size(); ++i) {
+        EXPECT_NEAR(chunked[part][i], composed[part][i], 1e-13)
+            << "chunks of " << chunk_rows << ", part " << part
+            << " (loss, dx, dweight, then both after a second backward)";
+      }
+    }
+  }
+}
+
+TEST_F(OpGradient, LinearCrossEntropyRefusesMismatchedShapes) {
+  const Tensor x = random_leaf({4, 3}, gen), weight = random_leaf({6, 2}, gen);
+  const Tensor targets = Tensor::from_vector<int64_t>({0, 1, 2, 3}, {4});
+  try {
+    linear_cross_entropy(x, weight, targets);
+    FAIL() << "x [4, 3] against weight [6, 2] must be refused";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("expected x [N, C], weight [V, C] and targets [N]"),
+              std::string::npos)
+        << e.what();
+  }
 }
 
 TEST_F(OpGradient, EmbeddingWithRepeatedIndices) {

@@ -180,6 +180,35 @@ TEST(ThreadPool, GroupedAttentionIsBitwiseTheSameOnAnyThreadCount) {
   expect_the_same_bits_on_any_thread_count(attention_with);
 }
 
+// The classifier's loss and gradients over a vocabulary wide enough for several chunks of
+// rows (Note [The classifier without its logits]).
+std::vector<float> linear_cross_entropy_with(int threads) {
+  set_num_threads(threads);
+  const int64_t rows = 300, width = 64, vocab = 8000;
+  Generator gen(5);
+  Tensor x = Tensor::empty({rows, width}, DType::F32);
+  Tensor w = Tensor::empty({vocab, width}, DType::F32);
+  uniform_(x, -1.0, 1.0, gen);
+  uniform_(w, -1.0, 1.0, gen);
+  x.set_requires_grad(true);
+  w.set_requires_grad(true);
+  std::vector<int64_t> picks;
+  for (int64_t r = 0; r < rows; ++r)
+    picks.push_back((r * 2654435761) % vocab);
+  Tensor loss = linear_cross_entropy(x, w, Tensor::from_vector(picks, {rows}));
+  loss.backward();
+  std::vector<float> out{static_cast<float>(loss.item())};
+  for (const Tensor& t : {x.grad(), w.grad()}) {
+    const std::vector<float> v = t.to_vector<float>();
+    out.insert(out.end(), v.begin(), v.end());
+  }
+  return out;
+}
+
+TEST(ThreadPool, LinearCrossEntropyIsBitwiseTheSameOnAnyThreadCount) {
+  expect_the_same_bits_on_any_thread_count(linear_cross_entropy_with);
+}
+
 // Two training steps of a GPT large enough that every kernel splits its work (GEMM blocks,
 // attention heads, rows, columns; kernels/cpu/thread_pool.h): 1, 2 and 3 threads give the
 // same loss and weights, bit for bit.

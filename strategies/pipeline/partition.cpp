@@ -94,6 +94,9 @@ std::vector<int64_t> layer_forward_times(const nn::LayeredModel& model, const Te
     for (int64_t l = 0; l < model.layer_count(); ++l) {
       const double start = now_us();
       x = model.forward_layer(l, x);
+      // The last layer's stage also scores its output (the output projection runs in the
+      // loss: CausalLM::layer_loss); the sample's tokens serve as targets.
+      if (l + 1 == model.layer_count()) x = model.layer_loss(x, sample);
       runs[static_cast<size_t>(l)].push_back(std::llround(now_us() - start));
     }
   }

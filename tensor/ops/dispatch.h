@@ -37,6 +37,14 @@ void check_kernel_device(const char* op, const Tensor& t);
 Tensor contiguous_input(const Tensor& x);
 // Throws unless a and b share dtype and device.
 void check_same_kind(const char* op, const Tensor& a, const Tensor& b);
+// out = a @ b (out += a @ b when accumulate) for 2-D a [m, k] and b [k, n], views used in
+// place as matmul uses them, into a contiguous out [m, n] of their dtype and device; never
+// recorded by autograd. For ops that reuse one buffer across products.
+void matmul_into(const Tensor& a, const Tensor& b, Tensor& out, bool accumulate);
+// linear_cross_entropy's chunked form (Note [The classifier without its logits]) with
+// chunks of `chunk_rows` rows; for tests of its independence of the chunks.
+Tensor linear_cross_entropy_in_chunks(const Tensor& x, const Tensor& weight,
+                                      const Tensor& targets, int64_t chunk_rows);
 // Index tensor (i32 or i64, any shape) as i64 values, each checked to be in [0, upper).
 std::vector<int64_t> indices_as_i64(const char* op, const Tensor& indices, int64_t upper);
 

@@ -179,6 +179,14 @@ Tensor matmul_forward(const Tensor& a, const Tensor& b) {
 
 }  // namespace
 
+void detail::matmul_into(const Tensor& a, const Tensor& b, Tensor& out, bool accumulate) {
+  check(a.dim() == 2 && b.dim() == 2 && out.dim() == 2 && out.is_contiguous() &&
+            a.size(1) == b.size(0) && out.size(0) == a.size(0) && out.size(1) == b.size(1),
+        "matmul_into: expected a [m, k], b [k, n] and a contiguous out [m, n]");
+  if (out.numel() == 0) return;
+  batched_gemm(as_operand(a), as_operand(b), out, 1, a.size(0), b.size(1), a.size(1), accumulate);
+}
+
 Tensor matmul(const Tensor& a_in, const Tensor& b_in) {
   if (autocast_dtype() != DType::F32) {
     DType low = autocast_dtype();
