@@ -184,7 +184,7 @@ TEST(ThreadPool, GroupedAttentionIsBitwiseTheSameOnAnyThreadCount) {
 // rows (Note [The classifier without its logits]).
 std::vector<float> linear_cross_entropy_with(int threads) {
   set_num_threads(threads);
-  const int64_t rows = 300, width = 64, vocab = 8000;
+  const int64_t rows = 600, width = 32, vocab = 30000;  // two chunks of 300 rows
   Generator gen(5);
   Tensor x = Tensor::empty({rows, width}, DType::F32);
   Tensor w = Tensor::empty({vocab, width}, DType::F32);
