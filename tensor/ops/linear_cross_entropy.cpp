@@ -36,8 +36,8 @@ namespace {
 
 // At most about kChunkElements logits per chunk (64 MB in f32), in chunks of equal rows, at
 // least kMinChunkRows of them: each chunk's products read the whole weight and add into the
-// whole dweight, so smaller chunks cost time. GPT-2 small's vocabulary at 1,024 rows, two
-// threads (bench_classifier, 2026-12-04): chunks of 64 rows 9% slower than the composed ops,
+// whole dweight, so smaller chunks cost time. GPT-2 small's vocabulary at 1,024 rows, one
+// thread (bench_classifier, 2026-12-04): chunks of 64 rows 9% slower than the composed ops,
 // 128 1% slower, 256 2% faster (within this host's noise of about 5%).
 constexpr int64_t kChunkElements = int64_t{1} << 24;
 constexpr int64_t kMinChunkRows = 256;
