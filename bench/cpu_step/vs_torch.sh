@@ -4,8 +4,9 @@
 # of one thread each (gloo for PyTorch). docs/performance.md, "Training step against
 # PyTorch". Interleaved: each round runs every pair, Loom then its peer; a run's figure is
 # the median step from step 5 on (the slowest rank's for DDP). Both start from the same
-# weights (the peer writes them, Loom loads them with --init); the data differ (Loom's
-# built-in corpus, the peers' LCG sequences), which does not change a step's work. AdamW
+# weights (the peer writes them, Loom loads them with --init) and read the same tokens: an
+# llm.c shard of seeded random tokens written here (Loom's --data, the peers' --tokens),
+# in train_gpt's data order (data/token_blocks.h) on both sides. AdamW
 # (lr 1e-3, betas 0.9/0.95, weight decay 0.1), no gradient clipping, on both sides. Not for
 # CI: it needs the peers' venv (bench/peers/python/setup.sh, 5.7 GB).
 #
@@ -37,7 +38,25 @@ linear = ("attn.c_attn.weight", "attn.c_proj.weight", "mlp.c_fc.weight", "mlp.c_
 save_file({k: (v.t().contiguous() if k.endswith(linear) else v) for k, v in state.items()}, sys.argv[2])
 PY
 
-LOOM=("$T" "${MODEL[@]}" --init "$OUT/init.safetensors" --grad-clip 0 --lr 1e-3 --steps "$STEPS"
+# Enough tokens for every step of two data-parallel ranks, below the model's vocabulary.
+"$V/bin/python" - "$OUT/tokens.bin" "$STEPS" "${MODEL[@]}" <<'PY'
+import argparse, sys
+import numpy as np
+p = argparse.ArgumentParser()
+for flag, default in (("--batch", 8), ("--ctx", 128), ("--vocab", 256)):
+    p.add_argument(flag, type=int, default=default)
+a, _ = p.parse_known_args(sys.argv[3:])
+count = int(sys.argv[2]) * 2 * a.batch * a.ctx + 1
+header = np.zeros(256, dtype=np.int32)
+header[:3] = (20240520, 1, count)
+tokens = np.random.default_rng(47).integers(0, a.vocab, size=count).astype(np.uint16)
+with open(sys.argv[1], "wb") as f:
+    f.write(header.tobytes())
+    f.write(tokens.tobytes())
+PY
+
+LOOM=("$T" "${MODEL[@]}" --init "$OUT/init.safetensors" --data "$OUT/tokens.bin" --grad-clip 0
+      --lr 1e-3 --steps "$STEPS"
       --warmup-steps 0 --schedule constant --log-interval 1000)
 # label | Loom's flags | the peer's command (run in bench/peers/python)
 PAIRS=(
@@ -59,7 +78,7 @@ for round in $(seq 1 "$ROUNDS"); do
       > "$OUT/loom_${label}_r$round.log" 2>&1 || echo "loom $label failed (see $OUT/loom_${label}_r$round.log)"
     port=$((port + 1))
     # shellcheck disable=SC2086
-    (cd "$PEERS" && timeout 900 ${peer/PORT/$port} "${MODEL[@]}" --steps "$STEPS" \
+    (cd "$PEERS" && timeout 900 ${peer/PORT/$port} "${MODEL[@]}" --steps "$STEPS" --tokens "$OUT/tokens.bin" \
       --out "$OUT/peer_${label}_r$round" > "$OUT/peer_${label}_r$round.log" 2>&1) ||
       echo "peer $label failed (see $OUT/peer_${label}_r$round.log)"
     echo "round $round: $label done"

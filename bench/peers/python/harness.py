@@ -50,12 +50,39 @@ def parse_args(add_flags=None, default_variant="", argv=None):
     p.add_argument("--wd", type=float, default=0.1, help="AdamW weight decay, on every parameter")
     p.add_argument("--variant", type=str, default="")
     p.add_argument("--out", type=str, default="", help="also write OUT.rankN.json")
+    p.add_argument("--tokens", type=str, default="",
+                   help="an llm.c token shard (uint16 GPT-2 ids) read in train_gpt's data order "
+                        "(data/token_blocks.h) instead of the LCG samples; single and DDP peers")
     if add_flags:
         add_flags(p)
     a = p.parse_args(argv)
     a.variant = a.variant or default_variant
     a.cfg = GPTConfig(a.layers, a.heads, a.embd, a.ctx, a.vocab)
     return a
+
+
+def shard_tokens(path):
+    """The tokens of an llm.c shard: a header of 256 int32 (magic 20240520, version 1, count),
+    then `count` uint16 ids."""
+    import numpy as np
+    header = np.fromfile(path, dtype=np.int32, count=256)
+    if header[0] != 20240520 or header[1] != 1:
+        raise SystemExit(f"{path}: not an llm.c GPT-2 shard "
+                         f"(magic {header[0]}, version {header[1]})")
+    return torch.from_numpy(np.fromfile(path, dtype=np.uint16, offset=1024,
+                                        count=int(header[2])).astype(np.int64))
+
+
+def block_batch(tokens, step, first, n, ctx):
+    """train_gpt's block for step `step` of the data-parallel rank whose samples start at
+    `first` (rank first // n of the world): block k = step * world + rank starts at
+    (k mod blocks) * n * ctx; inputs n rows of ctx tokens, targets the same shifted by one."""
+    world = dist.get_world_size() if dist.is_initialized() else 1
+    count = n * ctx
+    blocks = (tokens.numel() - 1) // count
+    start = ((step * world + first // n) % blocks) * count
+    seq = tokens[start:start + count + 1]
+    return seq[:-1].view(n, ctx).contiguous(), seq[1:].view(n, ctx).contiguous()
 
 
 def adamw(params, a, **options):
@@ -83,8 +110,12 @@ def timed_steps(a, first_sample, step, record):
     before the clock starts. `record(s, loss)` then turns the loss into the figure to log
     (a collective is allowed there: it is outside the time). Returns (step_ms, losses)."""
     step_ms, losses = [], []
+    tokens = shard_tokens(a.tokens) if a.tokens else None
     for s in range(a.steps):
-        x, y = lcg_batch(s, first_sample, a.batch, a.cfg.ctx, a.cfg.vocab)
+        if tokens is not None:
+            x, y = block_batch(tokens, s, first_sample, a.batch, a.cfg.ctx)
+        else:
+            x, y = lcg_batch(s, first_sample, a.batch, a.cfg.ctx, a.cfg.vocab)
         t0 = time.perf_counter()
         loss = step(x, y)
         step_ms.append((time.perf_counter() - t0) * 1e3)
