@@ -40,7 +40,8 @@ void BM_ClassifierForwardBackward(benchmark::State& state) {
   const int64_t rows = state.range(1), width = state.range(2), vocab = state.range(3);
   Classifier c = random_classifier(rows, width, vocab);
   const double want = loss_of(c, false).item();
-  if (!validated(state, compare(std::vector<double>{loss_of(c, true).item()}, std::vector<double>{want}), 1e-5))
+  const double got = loss_of(c, true).item();
+  if (!validated(state, compare(std::vector<double>{got}, std::vector<double>{want}), 1e-5))
     return;
   Allocator& allocator = allocator_for(Device::cpu());
   const size_t before = allocator.stats().current_bytes;

@@ -78,7 +78,8 @@ for round in $(seq 1 "$ROUNDS"); do
       > "$OUT/loom_${label}_r$round.log" 2>&1 || echo "loom $label failed (see $OUT/loom_${label}_r$round.log)"
     port=$((port + 1))
     # shellcheck disable=SC2086
-    (cd "$PEERS" && timeout 900 ${peer/PORT/$port} "${MODEL[@]}" --steps "$STEPS" --tokens "$OUT/tokens.bin" \
+    (cd "$PEERS" && timeout 900 ${peer/PORT/$port} "${MODEL[@]}" --steps "$STEPS" \
+      --tokens "$OUT/tokens.bin" \
       --out "$OUT/peer_${label}_r$round" > "$OUT/peer_${label}_r$round.log" 2>&1) ||
       echo "peer $label failed (see $OUT/peer_${label}_r$round.log)"
     echo "round $round: $label done"

@@ -22,8 +22,9 @@ std::vector<int64_t> partition_layers(const nn::LayeredModel& model, const nn::M
 std::vector<int64_t> partition_by_cost(const std::vector<int64_t>& costs, int stages);
 
 // The cost of each layer as the time of its forward on `sample` (the first layer's input;
-// the last layer's with its layer_loss against `sample` as targets), in microseconds, the median of `repeats` runs without autograd. A short profiling pass for
-// balancing stages by time. On the meta device under a simulation's clock (simulated_now in
+// the last layer's with its layer_loss against `sample` as targets), in microseconds, the
+// median of `repeats` runs without autograd. A short profiling pass for balancing stages by
+// time. On the meta device under a simulation's clock (simulated_now in
 // tensor/meta.h), the simulated times: the cost model's.
 std::vector<int64_t> layer_forward_times(const nn::LayeredModel& model, const Tensor& sample,
                                          int repeats = 5);

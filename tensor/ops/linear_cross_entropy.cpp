@@ -71,10 +71,11 @@ Tensor detail::linear_cross_entropy_in_chunks(const Tensor& x, const Tensor& wei
       indices_as_i64("linear_cross_entropy (targets)", targets, vocab);
   const bool grad_x = grad_mode_enabled() && x.requires_grad();
   const bool grad_weight = grad_mode_enabled() && weight.requires_grad();
+  const bool gradients = grad_x || grad_weight;
   const Device device = x.device();
   const DType dtype = x.dtype();
-  const Tensor weight_t = transpose(weight.detach(), 0, 1);  // [C, V], a view
-  const Tensor xs = x.detach();
+  const Tensor w = weight.detach(), xs = x.detach();
+  const Tensor w_t = transpose(w, 0, 1);  // [C, V], a view
   auto saved = std::make_shared<SavedGradients>();
   if (grad_x) saved->dx = Tensor::empty({rows, width}, dtype, device);
   if (grad_weight) saved->dweight = Tensor::empty({vocab, width}, dtype, device);
@@ -87,12 +88,11 @@ Tensor detail::linear_cross_entropy_in_chunks(const Tensor& x, const Tensor& wei
     const Tensor x_rows = xs.narrow(0, first, count);
     Tensor logits = buffer.narrow(0, 0, count);
     Tensor lse = lse_buffer.narrow(0, 0, count);
-    matmul_into(x_rows, weight_t, logits, false);
+    matmul_into(x_rows, w_t, logits, false);
     if (reports_op_cost(device)) {
       record_meta_op("cross_entropy", OpClass::Normalization,
                      kSoftmaxFlops * double(logits.numel()), {logits}, {lse});
     }
-    const bool gradients = grad_x || grad_weight;
     if (gradients && reports_op_cost(device)) {
       record_meta_op("CrossEntropy", OpClass::Normalization,
                      kSoftmaxFlops * double(logits.numel()), {logits, lse}, {logits});
@@ -113,7 +113,7 @@ Tensor detail::linear_cross_entropy_in_chunks(const Tensor& x, const Tensor& wei
     }
     if (grad_x) {
       Tensor dx_rows = saved->dx.narrow(0, first, count);
-      matmul_into(logits, weight.detach(), dx_rows, false);
+      matmul_into(logits, w, dx_rows, false);
     }
     if (grad_weight)
       matmul_into(transpose(logits, 0, 1), x_rows, saved->dweight, /*accumulate=*/first > 0);
@@ -123,7 +123,7 @@ Tensor detail::linear_cross_entropy_in_chunks(const Tensor& x, const Tensor& wei
       *out.data<T>() = static_cast<T>(total / static_cast<double>(rows));
     });
   }
-  if (grad_x || grad_weight) {
+  if (gradients) {
     autograd::record(
         "LinearCrossEntropy", {x, weight}, {out},
         [saved](const std::vector<Tensor>& g, const autograd::Node& node) {
@@ -162,7 +162,8 @@ Tensor linear_cross_entropy(const Tensor& x, const Tensor& weight, const Tensor&
          shape_str(x.shape()), ", ", shape_str(weight.shape()), " and ",
          shape_str(targets.shape()));
   }
-  if (x.size(0) == 0) fail("linear_cross_entropy: no rows; the mean over zero targets is undefined");
+  if (x.size(0) == 0)
+    fail("linear_cross_entropy: no rows; the mean over zero targets is undefined");
   if (!runs_in_chunks(x)) return cross_entropy(matmul(x, transpose(weight, 0, 1)), targets);
   return detail::linear_cross_entropy_in_chunks(x, weight, targets,
                                                 chunk_rows_for(x.size(0), weight.size(0)));
