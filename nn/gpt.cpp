@@ -72,8 +72,8 @@ MLP::MLP(const GPTConfig& config, Generator& gen) {
 
 Tensor MLP::forward(const Tensor& x) const {
   return run_forward([&] {
-    if (tp_ == nullptr) return c_proj_->forward(gelu_.forward(c_fc_->forward(x)));
-    Tensor h = gelu_.forward(c_fc_->forward(tp_->copy_in(x)));
+    if (tp_ == nullptr) return c_proj_->forward(c_fc_->forward_gelu(x));
+    Tensor h = c_fc_->forward_gelu(tp_->copy_in(x));
     return add(tp_->reduce_out(matmul(h, c_proj_->weight())), c_proj_->bias());
   });
 }
@@ -94,8 +94,8 @@ void Block::parallelize(const TensorParallelGroup* tp) {
 
 Tensor Block::forward(const Tensor& x, KVCache::Layer* cache) const {
   return run_forward([&] {
-    Tensor h = add(x, attn_->forward(ln_1_->forward(x), cache));
-    return add(h, mlp_->forward(ln_2_->forward(h)));
+    AddLayerNorm h = ln_2_->forward_after_add(x, attn_->forward(ln_1_->forward(x), cache));
+    return add(h.sum, mlp_->forward(h.normed));
   });
 }
 

@@ -54,7 +54,6 @@ class MLP : public Module {
  private:
   const TensorParallelGroup* tp_ = nullptr;
   std::shared_ptr<Linear> c_fc_, c_proj_;
-  GELU gelu_;
 };
 
 class Block : public Module {

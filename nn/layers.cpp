@@ -23,6 +23,10 @@ Tensor Linear::forward(const Tensor& x) const {
   return run_forward([&] { return linear(x, weight_, bias_); });
 }
 
+Tensor Linear::forward_gelu(const Tensor& x) const {
+  return run_forward([&] { return bias_gelu(matmul(x, weight_), bias_); });
+}
+
 LinearNoBias::LinearNoBias(int64_t in_features, int64_t out_features, Generator& gen,
                            double init_std, const Options& options) {
   weight_ = register_parameter("weight",
@@ -61,6 +65,16 @@ LayerNorm::LayerNorm(int64_t width, double eps, const Options& options) : eps_(e
 
 Tensor LayerNorm::forward(const Tensor& x) const {
   return run_forward([&] { return layer_norm(x, weight_, bias_, eps_); });
+}
+
+AddLayerNorm LayerNorm::forward_after_add(const Tensor& x, const Tensor& residual) const {
+  AddLayerNorm result;
+  Tensor normed = run_forward([&] {
+    result = add_layer_norm(x, residual, weight_, bias_, eps_);
+    return result.normed;
+  });
+  result.normed = normed;
+  return result;
 }
 
 Tensor GELU::forward(const Tensor& x) const {

@@ -4,6 +4,7 @@
 // (torch.nn.Linear, Llama's).
 
 #include "nn/module.h"
+#include "tensor/ops.h"
 #include "tensor/random.h"
 
 namespace loom::nn {
@@ -19,6 +20,9 @@ class Linear : public Module {
   Linear(int64_t in_features, int64_t out_features, Generator& gen, double init_std = 0.02,
          const Options& options = {});
   Tensor forward(const Tensor& x) const;
+  // gelu(forward(x)) with the bias and GELU in one pass each way (bias_gelu after the product
+  // without its bias), between the forward hooks: GPT-2's MLP's first layer.
+  Tensor forward_gelu(const Tensor& x) const;
   const Tensor& weight() const { return weight_; }
   const Tensor& bias() const { return bias_; }
 
@@ -42,6 +46,9 @@ class LayerNorm : public Module {
  public:
   explicit LayerNorm(int64_t width, double eps = 1e-5, const Options& options = {});
   Tensor forward(const Tensor& x) const;
+  // {x + residual, forward(x + residual)} in one pass (add_layer_norm), between the forward
+  // hooks, which see the normalised output: a pre-LN block's residual add and the norm after.
+  AddLayerNorm forward_after_add(const Tensor& x, const Tensor& residual) const;
 
  private:
   Tensor weight_, bias_;

@@ -24,6 +24,11 @@ Tensor mul(const Tensor& a, double b);
 Tensor neg(const Tensor& a);
 // GELU with the tanh approximation (GPT-2's).
 Tensor gelu(const Tensor& x);
+// gelu(x + bias) for x [..., n] and bias [n] (Megatron's bias_gelu, GPT-2's MLP after a
+// product without its bias): one pass forward, and one backward that also sums the bias's
+// gradient (Note [Bias and GELU in one pass]). Under autocast a bias beside a 16-bit x is
+// taken in x's dtype, as linear takes its bias.
+Tensor bias_gelu(const Tensor& x, const Tensor& bias);
 // SiLU (swish): x * sigmoid(x), Llama's MLP activation.
 Tensor silu(const Tensor& x);
 
@@ -62,6 +67,15 @@ Tensor linear(const Tensor& x, const Tensor& weight, const Tensor& bias);
 // --- normalisation, softmax, attention, losses ------------------------------------------------
 // Over the last dimension; weight and bias have the size of the last dimension.
 Tensor layer_norm(const Tensor& x, const Tensor& weight, const Tensor& bias, double eps = 1e-5);
+// The residual add and the layer norm after it in one pass (a pre-LN block's
+// "h = x + attn(...); ln_2(h)"): sum = x + residual (the same shape and dtype), normed =
+// layer_norm(sum, weight, bias, eps). The same values as add and layer_norm; backward adds the
+// gradient reaching `sum` to layer norm's in one pass. CUDA composes add and layer_norm.
+struct AddLayerNorm {
+  Tensor sum, normed;
+};
+AddLayerNorm add_layer_norm(const Tensor& x, const Tensor& residual, const Tensor& weight,
+                            const Tensor& bias, double eps = 1e-5);
 // RMS normalisation (Llama's RMSNorm): x / sqrt(mean(x^2) + eps) * weight, no mean, no bias.
 Tensor rms_norm(const Tensor& x, const Tensor& weight, double eps);
 // Softmax over the last dimension. With causal, x is [..., T, T] and entries with column >

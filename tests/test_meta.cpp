@@ -127,6 +127,16 @@ std::vector<OpCase> op_cases() {
        [=](Device d) {
          return V{layer_norm(r({3, 8}, d), r({8}, d, 2), r({8}, d, 3))};
        }},
+      {"bias_gelu",
+       [=](Device d) {
+         return V{bias_gelu(r({2, 3, 4}, d), r({4}, d, 2))};
+       }},
+      {"add_layer_norm",
+       [=](Device d) {
+         AddLayerNorm out = add_layer_norm(r({3, 8}, d), r({3, 8}, d, 4), r({8}, d, 2),
+                                           r({8}, d, 3));
+         return V{out.sum, out.normed};
+       }},
       {"rms_norm",
        [=](Device d) {
          return V{rms_norm(r({3, 8}, d), r({8}, d, 2), 1e-5)};

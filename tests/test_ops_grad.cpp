@@ -81,6 +81,96 @@ TEST_F(OpGradient, LayerNorm) {
                          {x, w, b});
 }
 
+TEST_F(OpGradient, BiasGelu) {
+  Tensor x = mul(random_leaf({3, 2, 6}, gen, false), 3.0).detach().set_requires_grad(true);
+  Tensor b = random_leaf({6}, gen);
+  expect_gradients_match([](const Inputs& in) { return bias_gelu(in[0], in[1]); }, {x, b});
+}
+
+// Note [Bias and GELU in one pass]: gelu(add(x, bias)) to the bit for the result and x's
+// gradient; the bias's gradient sums the same values in another order.
+TEST_F(OpGradient, BiasGeluIsTheComposedOps) {
+  const Tensor x0 = mul(random_leaf({37, 24}, gen, false), 3.0), b0 = random_leaf({24}, gen, false);
+  auto run = [&](bool fused) {
+    Tensor x = cast(x0, DType::F32).set_requires_grad(true),
+           b = cast(b0, DType::F32).set_requires_grad(true);
+    Tensor y = fused ? bias_gelu(x, b) : gelu(add(x, b));
+    sum(mul(y, y)).backward();
+    return std::vector<std::vector<float>>{y.to_vector<float>(), x.grad().to_vector<float>(),
+                                           b.grad().to_vector<float>()};
+  };
+  const auto fused = run(true), composed = run(false);
+  EXPECT_EQ(fused[0], composed[0]) << "the result";
+  EXPECT_EQ(fused[1], composed[1]) << "x's gradient";
+  ASSERT_EQ(fused[2].size(), composed[2].size());
+  for (size_t i = 0; i < fused[2].size(); ++i)
+    EXPECT_NEAR(fused[2][i], composed[2][i], 1e-5 * std::max(1.0f, std::abs(composed[2][i])));
+}
+
+TEST_F(OpGradient, BiasGeluRefusesABiasOfAnotherWidth) {
+  try {
+    bias_gelu(random_leaf({4, 3}, gen), random_leaf({4}, gen));
+    FAIL() << "x [4, 3] with bias [4] must be refused";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("bias_gelu: expected x [..., n] and bias [n]; got x "
+                                         "[4, 3], bias [4]"),
+              std::string::npos)
+        << e.what();
+  }
+}
+
+TEST_F(OpGradient, AddLayerNorm) {
+  Tensor x = random_leaf({3, 2, 8}, gen), r = random_leaf({3, 2, 8}, gen);
+  Tensor w = random_leaf({8}, gen), b = random_leaf({8}, gen);
+  expect_gradients_match(
+      [](const Inputs& in) {
+        AddLayerNorm out = add_layer_norm(in[0], in[1], in[2], in[3], 1e-5);
+        return add(out.normed, mul(out.sum, 0.7));
+      },
+      {x, r, w, b});
+}
+
+// add then layer_norm, bit for bit in f32, the gradients too: the one pass computes each
+// value as the two ops do, and the residual's gradient joins layer norm's by one addition.
+TEST_F(OpGradient, AddLayerNormIsBitwiseTheComposedOps) {
+  const Tensor x0 = random_leaf({5, 3, 16}, gen, false), r0 = random_leaf({5, 3, 16}, gen, false);
+  const Tensor w0 = random_leaf({16}, gen, false), b0 = random_leaf({16}, gen, false);
+  const Tensor up0 = random_leaf({5, 3, 16}, gen, false);  // weighs the sum's own use
+  auto run = [&](bool fused) {
+    auto leaf = [](const Tensor& t) { return cast(t, DType::F32).set_requires_grad(true); };
+    Tensor x = leaf(x0), r = leaf(r0), w = leaf(w0), b = leaf(b0);
+    AddLayerNorm out;
+    if (fused) {
+      out = add_layer_norm(x, r, w, b);
+    } else {
+      out.sum = add(x, r);
+      out.normed = layer_norm(out.sum, w, b);
+    }
+    sum(add(mul(out.normed, out.normed), mul(out.sum, cast(up0, DType::F32)))).backward();
+    std::vector<std::vector<float>> all{out.sum.to_vector<float>(), out.normed.to_vector<float>()};
+    for (const Tensor& t : {x, r, w, b})
+      all.push_back(t.grad().to_vector<float>());
+    return all;
+  };
+  const auto fused = run(true), composed = run(false);
+  const char* parts[] = {"sum", "normed", "dx", "dresidual", "dweight", "dbias"};
+  for (size_t i = 0; i < fused.size(); ++i)
+    EXPECT_EQ(fused[i], composed[i]) << parts[i];
+}
+
+TEST_F(OpGradient, AddLayerNormRefusesAWeightOfAnotherWidth) {
+  try {
+    add_layer_norm(random_leaf({2, 8}, gen), random_leaf({2, 8}, gen), random_leaf({6}, gen),
+                   random_leaf({8}, gen));
+    FAIL() << "a weight [6] for rows of 8 must be refused";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("add_layer_norm: expected weight and bias of shape [8] "
+                                         "for input [2, 8]; got [6] and [8]"),
+              std::string::npos)
+        << e.what();
+  }
+}
+
 TEST_F(OpGradient, RmsNorm) {
   Tensor x = random_leaf({3, 2, 8}, gen), w = random_leaf({8}, gen);
   expect_gradients_match([](const Inputs& in) { return rms_norm(in[0], in[1], 1e-5); }, {x, w});

@@ -230,6 +230,33 @@ TEST(ThreadPool, LinearCrossEntropyIsBitwiseTheSameOnAnyThreadCount) {
   expect_the_same_bits_on_any_thread_count(linear_cross_entropy_with);
 }
 
+// The fused bias + GELU and residual + layer norm on rows wide enough to split by columns
+// and by rows (Notes [Bias and GELU in one pass]; kernels/cpu/layer_norm.h).
+std::vector<float> fused_ops_with(int threads) {
+  set_num_threads(threads);
+  const int64_t rows = 64, width = 1024;
+  Generator gen(7);
+  auto leaf = [&](const Shape& shape) {
+    Tensor t = Tensor::empty(shape, DType::F32);
+    uniform_(t, -2.0, 2.0, gen);
+    return t.set_requires_grad(true);
+  };
+  Tensor x = leaf({rows, width}), r = leaf({rows, width}), b = leaf({width}), w = leaf({width});
+  AddLayerNorm h = add_layer_norm(x, r, w, b);
+  Tensor y = bias_gelu(h.normed, b);
+  sum(add(mul(y, y), h.sum)).backward();
+  std::vector<float> out;
+  for (const Tensor& t : {y, h.sum, x.grad(), r.grad(), b.grad(), w.grad()}) {
+    const std::vector<float> v = t.to_vector<float>();
+    out.insert(out.end(), v.begin(), v.end());
+  }
+  return out;
+}
+
+TEST(ThreadPool, FusedBiasGeluAndAddLayerNormAreBitwiseTheSameOnAnyThreadCount) {
+  expect_the_same_bits_on_any_thread_count(fused_ops_with);
+}
+
 // Two training steps of a GPT large enough that every kernel splits its work (GEMM blocks,
 // attention heads, rows, columns; kernels/cpu/thread_pool.h): 1, 2 and 3 threads give the
 // same loss and weights, bit for bit.

@@ -121,28 +121,71 @@ constexpr double kSqrt2OverPi = 0.7978845608028654;
 constexpr double kGeluCubic = 0.044715;
 }  // namespace
 
+namespace {
+
+// GELU and its derivative at v, one expression order for gelu_* and bias_gelu_*.
+template <typename T>
+inline T gelu_at(T v) {
+  const T c = static_cast<T>(kSqrt2OverPi), k = static_cast<T>(kGeluCubic);
+  T t = tanh_approx(c * (v + k * v * v * v));
+  return T(0.5) * v * (T(1) + t);
+}
+
+template <typename T>
+inline T gelu_slope_at(T v) {
+  const T c = static_cast<T>(kSqrt2OverPi), k = static_cast<T>(kGeluCubic);
+  T t = tanh_approx(c * (v + k * v * v * v));
+  T sech2 = T(1) - t * t;
+  return T(0.5) * (T(1) + t) + T(0.5) * v * sech2 * c * (T(1) + T(3) * k * v * v);
+}
+
+}  // namespace
+
 template <typename T>
 void gelu_forward(const T* x, T* y, int64_t n) {
-  const T c = static_cast<T>(kSqrt2OverPi), k = static_cast<T>(kGeluCubic);
   parallel_for(n, kMinParallelElements, [&](int64_t first, int64_t last) {
-    for (int64_t i = first; i < last; ++i) {
-      T v = x[i];
-      T t = tanh_approx(c * (v + k * v * v * v));
-      y[i] = T(0.5) * v * (T(1) + t);
-    }
+    for (int64_t i = first; i < last; ++i)
+      y[i] = gelu_at(x[i]);
   });
 }
 
 template <typename T>
 void gelu_backward(const T* x, const T* dy, T* dx, int64_t n) {
-  const T c = static_cast<T>(kSqrt2OverPi), k = static_cast<T>(kGeluCubic);
   parallel_for(n, kMinParallelElements, [&](int64_t first, int64_t last) {
-    for (int64_t i = first; i < last; ++i) {
-      T v = x[i];
-      T t = tanh_approx(c * (v + k * v * v * v));
-      T sech2 = T(1) - t * t;
-      T grad = T(0.5) * (T(1) + t) + T(0.5) * v * sech2 * c * (T(1) + T(3) * k * v * v);
-      dx[i] = dy[i] * grad;
+    for (int64_t i = first; i < last; ++i)
+      dx[i] = dy[i] * gelu_slope_at(x[i]);
+  });
+}
+
+template <typename T>
+void bias_gelu_forward(const T* x, const T* bias, T* y, int64_t rows, int64_t width) {
+  parallel_rows(rows, width, [&](int64_t first, int64_t last) {
+    for (int64_t r = first; r < last; ++r) {
+      const T* xr = x + r * width;
+      T* yr = y + r * width;
+      for (int64_t i = 0; i < width; ++i)
+        yr[i] = gelu_at(xr[i] + bias[i]);
+    }
+  });
+}
+
+// The threads take columns, so that each bias gradient sums its rows in order on any thread
+// count, in the same pass that writes dx.
+template <typename T>
+void bias_gelu_backward(const T* x, const T* bias, const T* dy, T* dx, T* dbias, int64_t rows,
+                        int64_t width) {
+  parallel_rows(width, rows, [&](int64_t first, int64_t last) {
+    for (int64_t i = first; i < last; ++i)
+      dbias[i] = T(0);
+    for (int64_t r = 0; r < rows; ++r) {
+      const T* xr = x + r * width;
+      const T* dyr = dy + r * width;
+      T* dxr = dx + r * width;
+      for (int64_t i = first; i < last; ++i) {
+        T d = dyr[i] * gelu_slope_at(xr[i] + bias[i]);
+        dxr[i] = d;
+        dbias[i] += d;
+      }
     }
   });
 }
@@ -213,6 +256,8 @@ void silu_backward(const T* x, const T* dy, T* dx, int64_t n) {
   template void scale<T>(const T*, T, T*, int64_t);                                          \
   template void gelu_forward<T>(const T*, T*, int64_t);                                      \
   template void gelu_backward<T>(const T*, const T*, T*, int64_t);                           \
+  template void bias_gelu_forward<T>(const T*, const T*, T*, int64_t, int64_t);              \
+  template void bias_gelu_backward<T>(const T*, const T*, const T*, T*, T*, int64_t, int64_t); \
   template void silu_forward<T>(const T*, T*, int64_t);                                      \
   template void silu_backward<T>(const T*, const T*, T*, int64_t);
 LOOM_INSTANTIATE(float)

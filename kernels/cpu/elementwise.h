@@ -27,6 +27,14 @@ template <typename T>
 void gelu_forward(const T* x, T* y, int64_t n);
 template <typename T>
 void gelu_backward(const T* x, const T* dy, T* dx, int64_t n);
+// Megatron's fused bias + GELU over rows of `width`: y = gelu(x + bias); backward writes
+// dx = dy * gelu'(x + bias) and the bias's gradient, dbias = the column sums of dx (each in
+// row order, whatever the thread count), in one pass.
+template <typename T>
+void bias_gelu_forward(const T* x, const T* bias, T* y, int64_t rows, int64_t width);
+template <typename T>
+void bias_gelu_backward(const T* x, const T* bias, const T* dy, T* dx, T* dbias, int64_t rows,
+                        int64_t width);
 
 // SiLU (swish, Llama's MLP activation): x * sigmoid(x) = x / (1 + exp(-x)).
 template <typename T>

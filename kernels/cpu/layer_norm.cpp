@@ -8,14 +8,24 @@ namespace loom::kernels::cpu {
 
 namespace {
 
-// Layer norm (kCentered) and RMS norm (the mean taken as 0, no bias) share their code.
+// Layer norm (kCentered) and RMS norm (the mean taken as 0, no bias) share their code. With a
+// residual, each row first becomes x + residual, written to `sum`, and is normalised from
+// there while it is in cache.
 template <bool kCentered, typename T>
 void normalize_forward(const T* x, const T* weight, const T* bias, T* y, T* mean, T* rstd,
-                       int64_t rows, int64_t width, double eps) {
+                       int64_t rows, int64_t width, double eps, const T* residual = nullptr,
+                       T* sum = nullptr) {
   parallel_rows(rows, width, [&](int64_t first, int64_t last) {
     for (int64_t r = first; r < last; ++r) {
       const T* xr = x + r * width;
       T* yr = y + r * width;
+      if (residual) {
+        const T* rr = residual + r * width;
+        T* sr = sum + r * width;
+        for (int64_t i = 0; i < width; ++i)
+          sr[i] = xr[i] + rr[i];
+        xr = sr;
+      }
       T m = 0;
       if constexpr (kCentered) {
         for (int64_t i = 0; i < width; ++i)
@@ -40,10 +50,12 @@ void normalize_forward(const T* x, const T* weight, const T* bias, T* y, T* mean
 }
 
 // dx row by row; dweight and dbias column by column, each summing its rows in order (the
-// threads take rows for the one, columns for the other).
+// threads take rows for the one, columns for the other). A `dsum` (the gradient that reached
+// the normalised input by another path, as a residual stream's) is added to dx in its pass.
 template <bool kCentered, typename T>
 void normalize_backward(const T* dy, const T* x, const T* weight, const T* mean, const T* rstd,
-                        T* dx, T* dweight, T* dbias, int64_t rows, int64_t width) {
+                        T* dx, T* dweight, T* dbias, int64_t rows, int64_t width,
+                        const T* dsum = nullptr) {
   parallel_rows(rows, width, [&](int64_t first, int64_t last) {
     for (int64_t r = first; r < last; ++r) {
       const T* xr = x + r * width;
@@ -65,6 +77,11 @@ void normalize_backward(const T* dy, const T* x, const T* weight, const T* mean,
         T dxhat = dyr[i] * weight[i];
         if constexpr (kCentered) dxr[i] = s * (dxhat - mean_dxhat - xhat * mean_dxhat_xhat);
         else dxr[i] = s * (dxhat - xhat * mean_dxhat_xhat);
+      }
+      if (dsum) {
+        const T* dsr = dsum + r * width;
+        for (int64_t i = 0; i < width; ++i)
+          dxr[i] += dsr[i];
       }
     }
   });
@@ -97,6 +114,19 @@ void layer_norm_backward(const T* dy, const T* x, const T* weight, const T* mean
 }
 
 template <typename T>
+void add_layer_norm_forward(const T* x, const T* residual, const T* weight, const T* bias, T* sum,
+                            T* y, T* mean, T* rstd, int64_t rows, int64_t width, double eps) {
+  normalize_forward<true>(x, weight, bias, y, mean, rstd, rows, width, eps, residual, sum);
+}
+
+template <typename T>
+void add_layer_norm_backward(const T* dy, const T* dsum, const T* sum, const T* weight,
+                             const T* mean, const T* rstd, T* dx, T* dweight, T* dbias,
+                             int64_t rows, int64_t width) {
+  normalize_backward<true>(dy, sum, weight, mean, rstd, dx, dweight, dbias, rows, width, dsum);
+}
+
+template <typename T>
 void rms_norm_forward(const T* x, const T* weight, T* y, T* rstd, int64_t rows, int64_t width,
                       double eps) {
   normalize_forward<false>(x, weight, static_cast<const T*>(nullptr), y, static_cast<T*>(nullptr),
@@ -115,6 +145,10 @@ void rms_norm_backward(const T* dy, const T* x, const T* weight, const T* rstd, 
                                       double);                                                    \
   template void layer_norm_backward<T>(const T*, const T*, const T*, const T*, const T*, T*, T*,  \
                                        T*, int64_t, int64_t);                           \
+  template void add_layer_norm_forward<T>(const T*, const T*, const T*, const T*, T*, T*, T*, T*, \
+                                          int64_t, int64_t, double);                             \
+  template void add_layer_norm_backward<T>(const T*, const T*, const T*, const T*, const T*,      \
+                                           const T*, T*, T*, T*, int64_t, int64_t);              \
   template void rms_norm_forward<T>(const T*, const T*, T*, T*, int64_t, int64_t, double);       \
   template void rms_norm_backward<T>(const T*, const T*, const T*, const T*, T*, T*, int64_t,    \
                                      int64_t);

@@ -625,6 +625,47 @@ void gelu_backward(DType dtype, const void* x, const void* dy, void* dx, int64_t
   });
 }
 
+// One thread per element (grid-stride): out = gelu(x + bias[column]) forward, or
+// dy * gelu'(x + bias[column]) backward, widened on load and rounded once on store.
+template <typename T, bool kBackward>
+__global__ void bias_gelu_kernel(const T* x, const T* bias, const T* dy, T* out, int64_t n,
+                                 int64_t width) {
+  const int64_t stride = static_cast<int64_t>(gridDim.x) * blockDim.x;
+  for (int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < n;
+       i += stride) {
+    const auto v = widen(x[i]) + widen(bias[i % width]);
+    if constexpr (kBackward) {
+      out[i] = narrow<T>(GeluBackwardFn{}(v, widen(dy[i])));
+    } else {
+      out[i] = narrow<T>(GeluForwardFn{}(v));
+    }
+  }
+}
+
+void bias_gelu_forward(DType dtype, const void* x, const void* bias, void* y, int64_t rows,
+                       int64_t width, cudaStream_t stream) {
+  const int64_t n = rows * width;
+  if (n <= 0) return;
+  dispatch_arithmetic(dtype, "bias_gelu_forward", [&]<typename T>() {
+    bias_gelu_kernel<T, false><<<grid_for(n, kThreads), kThreads, 0, stream>>>(
+        static_cast<const T*>(x), static_cast<const T*>(bias), nullptr, static_cast<T*>(y), n,
+        width);
+    LOOM_CUDA_CHECK_LAUNCH();
+  });
+}
+
+void bias_gelu_backward(DType dtype, const void* x, const void* bias, const void* dy, void* dx,
+                        int64_t rows, int64_t width, cudaStream_t stream) {
+  const int64_t n = rows * width;
+  if (n <= 0) return;
+  dispatch_arithmetic(dtype, "bias_gelu_backward", [&]<typename T>() {
+    bias_gelu_kernel<T, true><<<grid_for(n, kThreads), kThreads, 0, stream>>>(
+        static_cast<const T*>(x), static_cast<const T*>(bias), static_cast<const T*>(dy),
+        static_cast<T*>(dx), n, width);
+    LOOM_CUDA_CHECK_LAUNCH();
+  });
+}
+
 void silu_forward(DType dtype, const void* x, void* y, int64_t n, cudaStream_t stream) {
   dispatch_arithmetic(dtype, "silu_forward", [&]<typename T>() {
     const void* in[1] = {x};

@@ -53,6 +53,14 @@ void gelu_forward(DType dtype, const void* x, void* y, int64_t n, cudaStream_t s
 // dx = dy * dgelu/dx (x, dy, dx contiguous; dx may equal dy).
 void gelu_backward(DType dtype, const void* x, const void* dy, void* dx, int64_t n,
                    cudaStream_t stream);
+// Megatron's fused bias + GELU over `rows` rows of `width` (x, y, dy, dx contiguous; bias
+// [width]): y = gelu(x + bias), dx = dy * gelu'(x + bias), as gelu_* compute them (so within
+// gelu's bounds of the CPU's bias_gelu_*). The bias's gradient, the column sums of dx, is the
+// caller's reduction (the op sums dx over rows).
+void bias_gelu_forward(DType dtype, const void* x, const void* bias, void* y, int64_t rows,
+                       int64_t width, cudaStream_t stream);
+void bias_gelu_backward(DType dtype, const void* x, const void* bias, const void* dy, void* dx,
+                        int64_t rows, int64_t width, cudaStream_t stream);
 // SiLU, as kernels/cpu: y = x / (1 + exp(-x)) (expf in f32: a few ulp from the CPU's std::exp).
 void silu_forward(DType dtype, const void* x, void* y, int64_t n, cudaStream_t stream);
 // dx = dy * s (1 + x (1 - s)), s = sigmoid(x) (x, dy, dx contiguous; dx may equal dy).

@@ -109,6 +109,79 @@ Tensor layer_norm(const Tensor& x_in, const Tensor& weight_in, const Tensor& bia
   return out;
 }
 
+AddLayerNorm add_layer_norm(const Tensor& x, const Tensor& residual, const Tensor& weight,
+                            const Tensor& bias, double eps) {
+  detail::check_kernel_device("add_layer_norm", x);
+  detail::check_kernel_device("add_layer_norm", residual);
+  // One pass where the CPU kernel computes what add and layer_norm would: operands of one
+  // f32/f64 dtype and shape, outside autocast's casts. Otherwise (CUDA, broadcasting, 16-bit
+  // or mixed dtypes, as an f32 residual stream meets autocast's bf16 output) the two ops.
+  const bool fused = !takes_cuda_path(x.device()) && x.shape() == residual.shape() &&
+                     (x.dtype() == DType::F32 || x.dtype() == DType::F64) &&
+                     residual.dtype() == x.dtype() && weight.dtype() == x.dtype() &&
+                     bias.dtype() == x.dtype();
+  if (!fused) {
+    Tensor sum = add(x, residual);
+    return {sum, layer_norm(sum, weight, bias, eps)};
+  }
+  detail::check_same_kind("add_layer_norm", x, residual);
+  detail::check_same_kind("add_layer_norm", x, weight);
+  detail::check_same_kind("add_layer_norm", x, bias);
+  if (x.dim() < 1 || weight.shape() != Shape{x.size(-1)} || bias.shape() != Shape{x.size(-1)}) {
+    fail("add_layer_norm: expected weight and bias of shape [", x.dim() ? x.size(-1) : 0,
+         "] for input ", shape_str(x.shape()), "; got ", shape_str(weight.shape()), " and ",
+         shape_str(bias.shape()));
+  }
+  const int64_t width = x.size(-1);
+  const int64_t rows = width ? x.numel() / width : 0;
+  Tensor in = detail::contiguous_input(x), res = detail::contiguous_input(residual),
+         w = detail::contiguous_input(weight), b = detail::contiguous_input(bias);
+  Tensor sum = Tensor::empty(x.shape(), x.dtype(), x.device());
+  Tensor out = Tensor::empty(x.shape(), x.dtype(), x.device());
+  Tensor mean = Tensor::empty({rows}, x.dtype(), x.device());
+  Tensor rstd = Tensor::empty({rows}, x.dtype(), x.device());
+  if (reports_op_cost(x.device())) {
+    record_meta_op("add_layer_norm", OpClass::Normalization, (kNormFlops + 1) * double(x.numel()),
+                   {in, res, w, b}, {sum, out, mean, rstd});
+  }
+  if (!x.device().is_meta()) {
+    detail::dispatch_floating(x.dtype(), "add_layer_norm", [&]<typename T>() {
+      kernels::cpu::add_layer_norm_forward<T>(in.data<T>(), res.data<T>(), w.data<T>(),
+                                              b.data<T>(), sum.data<T>(), out.data<T>(),
+                                              mean.data<T>(), rstd.data<T>(), rows, width, eps);
+    });
+  }
+  if (autograd::any_requires_grad({x, residual, weight, bias})) {
+    autograd::record(
+        "AddLayerNorm", {x, residual, weight, bias}, {sum, out},
+        [saved = sum.detach(), w = w.detach(), mean, rstd, rows, width](
+            const std::vector<Tensor>& g, const autograd::Node& node) {
+          Tensor dsum = g[0].contiguous(), dy = g[1].contiguous();
+          Tensor dx = Tensor::empty(saved.shape(), saved.dtype(), saved.device());
+          Tensor dw = Tensor::zeros(w.shape(), w.dtype(), w.device());
+          Tensor db = Tensor::zeros(w.shape(), w.dtype(), w.device());
+          if (reports_op_cost(saved.device())) {
+            record_meta_op("AddLayerNorm", OpClass::Normalization,
+                           (2 * kNormFlops + 1) * double(saved.numel()),
+                           {dy, dsum, saved, w, mean, rstd}, {dx, dw, db});
+          }
+          if (!saved.device().is_meta()) {
+            detail::dispatch_floating(saved.dtype(), "add_layer_norm", [&]<typename T>() {
+              kernels::cpu::add_layer_norm_backward<T>(
+                  dy.data<T>(), dsum.data<T>(), saved.data<T>(), w.data<T>(), mean.data<T>(),
+                  rstd.data<T>(), dx.data<T>(), dw.data<T>(), db.data<T>(), rows, width);
+            });
+          }
+          // The sum's two operands get the same gradient.
+          return std::vector<Tensor>{node.needs_input_grad(0) ? dx : Tensor(),
+                                     node.needs_input_grad(1) ? dx : Tensor(),
+                                     node.needs_input_grad(2) ? dw : Tensor(),
+                                     node.needs_input_grad(3) ? db : Tensor()};
+        });
+  }
+  return {sum, out};
+}
+
 Tensor rms_norm(const Tensor& x_in, const Tensor& weight_in, double eps) {
   const Tensor x = autocast_f32_input(x_in), weight = autocast_f32_input(weight_in);
   detail::check_kernel_device("rms_norm", x);

@@ -1,7 +1,8 @@
 // kernels/cuda/elementwise.cu under the emulator against the CPU: binary ops over random
 // broadcast/strided layouts of up to 8 dims, the contiguous maps on misaligned pointers,
-// GELU, fills and copy_strided between all 49 dtype pairs, with the CPU's conversion rules
-// (core/dtype.cpp's bf16 and f16 rounding), and the multi-tensor scaling of gradient clipping.
+// GELU and the fused bias + GELU, fills and copy_strided between all 49 dtype pairs, with the
+// CPU's conversion rules (core/dtype.cpp's bf16 and f16 rounding), and the multi-tensor
+// scaling of gradient clipping.
 
 #include "kernels/cuda/elementwise.h"
 
@@ -168,6 +169,43 @@ TEST(EmulatedElementwise, GeluForwardAndBackwardWithinTheDocumentedBounds) {
       ASSERT_NEAR(dx[i], want_dx[i], 3e-6 * std::max(1.0f, std::abs(dy[i]))) << "x " << x[i];
     }
   });
+}
+
+// The fused bias + GELU against the CPU's, within GELU's bounds (tanhf against the CPU's
+// polynomial), and in bf16 as the CPU computes it: widened, one f32 result rounded once.
+TEST(EmulatedElementwise, BiasGeluForwardAndBackwardWithinGelusBounds) {
+  std::mt19937_64 rng(61);
+  const int64_t rows = 37, width = 83, n = rows * width;
+  const auto x = random_values<float>(n, rng, -6, 6);
+  const auto bias = random_values<float>(width, rng, -1, 1);
+  const auto dy = random_values<float>(n, rng);
+  std::vector<float> want_y(n), want_dx(n), want_dbias(width), y(n), dx(n);
+  cpu::bias_gelu_forward(x.data(), bias.data(), want_y.data(), rows, width);
+  cpu::bias_gelu_backward(x.data(), bias.data(), dy.data(), want_dx.data(), want_dbias.data(),
+                          rows, width);
+  for_each_schedule([&] {
+    gpu::bias_gelu_forward(DType::F32, x.data(), bias.data(), y.data(), rows, width, nullptr);
+    gpu::bias_gelu_backward(DType::F32, x.data(), bias.data(), dy.data(), dx.data(), rows, width,
+                            nullptr);
+    for (int64_t i = 0; i < n; ++i) {
+      const float v = x[i] + bias[i % width];
+      ASSERT_NEAR(y[i], want_y[i], v >= -1 ? 4e-7 * std::max(1.0f, std::abs(want_y[i])) : 5e-7)
+          << "x + bias " << v;
+      ASSERT_NEAR(dx[i], want_dx[i], 3e-6 * std::max(1.0f, std::abs(dy[i]))) << "x + bias " << v;
+    }
+  });
+  // bf16: the emulated kernel's result is the f32 GELU of the widened operands, rounded once.
+  std::vector<__nv_bfloat16> xb(n), bb(width), yb(n);
+  for (int64_t i = 0; i < n; ++i) xb[i] = __float2bfloat16_rn(x[i]);
+  for (int64_t i = 0; i < width; ++i) bb[i] = __float2bfloat16_rn(bias[i]);
+  gpu::bias_gelu_forward(DType::BF16, xb.data(), bb.data(), yb.data(), rows, width, nullptr);
+  std::vector<float> widened_x(n), widened_b(width), f32_y(n);
+  for (int64_t i = 0; i < n; ++i) widened_x[i] = __bfloat162float(xb[i]);
+  for (int64_t i = 0; i < width; ++i) widened_b[i] = __bfloat162float(bb[i]);
+  gpu::bias_gelu_forward(DType::F32, widened_x.data(), widened_b.data(), f32_y.data(), rows,
+                         width, nullptr);
+  for (int64_t i = 0; i < n; ++i)
+    ASSERT_EQ(__bfloat162float(yb[i]), __bfloat162float(__float2bfloat16_rn(f32_y[i]))) << i;
 }
 
 TEST(EmulatedElementwise, SiluForwardAndBackwardWithinAFewUlp) {
