@@ -84,6 +84,8 @@ TEST(CudaOps, ElementwiseWithBroadcasting) {
     expect_matches_cpu("scalars", [](auto& x) { return add(mul(x[0], 3.0), 0.5); }, {a}, dtype,
                        tol);
     expect_matches_cpu("gelu", [](auto& x) { return gelu(x[0]); }, {a}, dtype, tol);
+    expect_matches_cpu("bias_gelu", [](auto& x) { return bias_gelu(x[0], x[1]); },
+                       {a, random_tensor({5}, 5)}, dtype, tol);
   }
   Tensor positive = add(mul(random_tensor({3, 1}, 3), 0.1), 2.0);
   expect_matches_cpu("div", [](auto& x) { return div(x[0], x[1]); }, {a, positive});
@@ -139,6 +141,14 @@ TEST(CudaOps, NormalisationSoftmaxAttentionLosses) {
                        [](auto& t) { return layer_norm(t[0], t[1], t[2]); },
                        {random_tensor({3, 4, 24}, 12), random_tensor({24}, 13),
                         random_tensor({24}, 14)},
+                       dtype, tol);
+    expect_matches_cpu("add_layer_norm",
+                       [](auto& t) {
+                         AddLayerNorm out = add_layer_norm(t[0], t[1], t[2], t[3]);
+                         return add(out.normed, mul(out.sum, 0.5));
+                       },
+                       {random_tensor({3, 4, 24}, 19), random_tensor({3, 4, 24}, 20),
+                        random_tensor({24}, 13), random_tensor({24}, 14)},
                        dtype, tol);
     expect_matches_cpu("softmax causal", [](auto& t) { return softmax(t[0], true); },
                        {random_tensor({2, 7, 7}, 15)}, dtype, tol);

@@ -38,6 +38,7 @@
 #include "tools/train_gpt/data_sources.h"
 #include "tools/train_gpt/flag_checks.h"
 #include "tools/train_gpt/progress.h"
+#include "tools/train_gpt/resident_memory.h"
 #include "sim/cluster.h"
 #include "tools/train_gpt/simulation.h"
 #include "tools/train_gpt/sweep.h"
@@ -381,9 +382,13 @@ int train_and_report(CommandLine& cli, Plan& plan) {
     if (chief) std::printf("train_gpt: --deepspeed-config selects %s\n", cli.strategy.c_str());
   }
   const nn::ModelSpec spec = model_spec(o);
+  const ResidentMemory before_model = resident_memory();
   const std::unique_ptr<nn::CausalLM> built = spec.build(o.seed);
   nn::CausalLM& model = *built;
-  if (plan.init) model.load_state_dict(plan.init->state);
+  if (plan.init) {
+    model.load_state_dict(plan.init->state);
+    plan.init->state.clear();  // the model holds the weights now: no second copy for the run
+  }
 
   const text::Tokenizer* tokenizer = plan.tokenizer ? &*plan.tokenizer : nullptr;
   const BlockShape shape{.batch = o.batch,
@@ -557,6 +562,14 @@ int train_and_report(CommandLine& cli, Plan& plan) {
       cli.save_path.c_str());
   std::printf("peak memory by kind (largest rank): %s\n",
               strategies::peak_by_kind_text(memory).c_str());
+  // Everything the process holds (allocator caches, libraries' buffers, --init's copy while
+  // it loads), for comparing with a peer's RSS; this rank's only.
+  const ResidentMemory after = resident_memory();
+  std::printf("process memory (this rank): peak RSS %.1f MiB, %.1f MiB above the %.1f MiB "
+              "before the model was built\n",
+              static_cast<double>(after.peak_bytes) / (1 << 20),
+              static_cast<double>(after.peak_bytes - before_model.current_bytes) / (1 << 20),
+              static_cast<double>(before_model.current_bytes) / (1 << 20));
   if (steady.steps() > 0 && strategy.root_device().is_cuda()) {
     // nanoGPT's estimate of the FLOPs of a training step per token: 6 per parameter
     // (forward and backward of every matmul) plus attention's 12 * layers * ctx * embd.

@@ -5,7 +5,10 @@ The bench scripts (bench/cpu_step/vs_torch.sh, bench/sharding/vs_peers.sh,
 bench/parallelism/vs_peers.sh) and their summaries read the result; its format is a contract:
 one line `RESULT {json}` on stdout per rank and, with --out PREFIX, the same json in
 PREFIX.rankN.json, with the keys name, variant, rank, world, median_ms_5_19, step_ms, loss
-({"0", "10", "19"}), losses, peak_rss_mib, torch, threads and a peer's extras.
+({"0", "10", "19"}), losses, peak_rss_mib, rss_before_model_mib, torch, threads and a peer's
+extras. peak_rss_mib is the process's peak resident memory; rss_before_model_mib its resident
+memory when parse_args returned (torch imported, the model not yet built), what train_gpt's
+"process memory" line subtracts too.
 """
 import argparse
 import json
@@ -56,9 +59,19 @@ def parse_args(add_flags=None, default_variant="", argv=None):
     if add_flags:
         add_flags(p)
     a = p.parse_args(argv)
+    a.rss_before_model_mib = resident_mib()
     a.variant = a.variant or default_variant
     a.cfg = GPTConfig(a.layers, a.heads, a.embd, a.ctx, a.vocab)
     return a
+
+
+def resident_mib():
+    """This process's resident memory now (VmRSS of /proc/self/status), in MiB."""
+    with open("/proc/self/status") as f:
+        for line in f:
+            if line.startswith("VmRSS:"):
+                return round(int(line.split()[1]) / 1024.0, 1)
+    return float("nan")
 
 
 def shard_tokens(path):
@@ -155,6 +168,7 @@ def report(name, a, rank, world, step_ms, losses, extra=None):
                   loss={k: (losses[k] if k < len(losses) else None) for k in (0, 10, 19)},
                   losses=losses,
                   peak_rss_mib=round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024.0, 1),
+                  rss_before_model_mib=a.rss_before_model_mib,
                   torch=torch.__version__, threads=torch.get_num_threads())
     result.update(extra or {})
     line = json.dumps(result)
