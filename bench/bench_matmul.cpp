@@ -45,6 +45,17 @@ BENCHMARK(BM_Matmul)
     ->Args({1024, 384, 128, 1})
     ->Args({128, 1024, 512, 2})
     ->Args({512, 512, 512, 0})
+    // Larger models' MLP products: a 1024-wide pipeline stage's micro-batch of 256 rows
+    // (bench/parallelism/vs_peers.sh at 25M) and GPT-2 small at ctx 512, batch 2.
+    ->Args({256, 1024, 4096, 0})
+    ->Args({1024, 768, 3072, 0})
+    // The 25M sweep shape's (8 x 512 wide, ctx 256, batch 8: 2048 rows): c_attn, c_fc and
+    // the MLP's c_proj forward, c_fc's input gradient (dY W^T) and weight gradient (X^T dY).
+    ->Args({2048, 512, 1536, 0})
+    ->Args({2048, 512, 2048, 0})
+    ->Args({2048, 2048, 512, 0})
+    ->Args({2048, 2048, 512, 1})
+    ->Args({512, 2048, 2048, 2})
     ->Unit(benchmark::kMicrosecond);
 
 }  // namespace

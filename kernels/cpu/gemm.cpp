@@ -73,10 +73,11 @@ void sgemm_on_this_thread(bool trans_a, bool trans_b, int64_t m, int64_t n, int6
 // GPT-2 small's shapes (every call packs the other operand again; 2026-12-04, an AVX-512
 // Xeon), hence larger ones where the product is large enough to keep four.
 // `run(m, n, a, b, c)` multiplies one block on the calling thread.
+constexpr int64_t kBlockedWork = int64_t{1} << 21;
+
 template <typename E, typename C, typename Run>
 void for_each_block(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, const E* a,
                     int64_t lda, const E* b, int64_t ldb, C* c, int64_t ldc, const Run& run) {
-  constexpr int64_t kBlockedWork = int64_t{1} << 21;
   const bool by_rows = m >= n;
   const int64_t extent = by_rows ? m : n;
   // Every call packs the other operand again, so blocks are as large as leaves four of them
@@ -108,6 +109,43 @@ void empty_product(int64_t m, int64_t n, C* c, int64_t ldc, bool accumulate) {
   if (!accumulate)
     for (int64_t i = 0; i < m; ++i)
       std::fill(c + i * ldc, c + i * ldc + n, C(0));
+}
+
+// Note [Rows 512 floats apart]
+// On an AVX2 host (2026-12-04), oneDNN's sgemm ran at 39-65 GFLOP/s instead of 85-95 on
+// products whose operands' rows lie a multiple of 512 floats (2 KB) apart, as model widths of
+// 512, 1024 or 2048 lay them out: a 512-wide GPT's weight gradient X^T dY at 39-61, its MLP's
+// x W with a [2048, 512] weight at 63 (one thread; bench/gemm_backends/padded_rows.cpp). With
+// those rows 16 floats further apart the same products ran at 89-95: rows that share cache
+// sets are what slows it. So an operand of a large product whose rows are a multiple of 512
+// floats apart is first copied into rows kRowPad floats longer, when the copy is small
+// against the product (the other side of C at least kPadFromExtent: K x N copied for M x N x
+// K multiply-adds). The choice depends on the shape and layout alone, so the bits still do
+// not depend on the thread count. The copies live in this thread's buffers, reused (the
+// largest operand padded so far: 12.6 MB for GPT-2 small's [1024, 3072] gradients).
+constexpr int64_t kSlowRowStride = 512;
+constexpr int64_t kRowPad = 16;
+constexpr int64_t kPadFromExtent = 64;
+
+// Rows `rows` x `cols` of x (leading dimension ld) copied into `buffer` with a leading
+// dimension that is not a multiple of kSlowRowStride; returns that dimension.
+int64_t copy_padded(const float* x, int64_t rows, int64_t cols, int64_t ld,
+                    std::vector<float>& buffer) {
+  int64_t padded = (cols + kRowPad - 1) / kRowPad * kRowPad;
+  if (padded % kSlowRowStride == 0) padded += kRowPad;
+  buffer.resize(static_cast<size_t>(rows * padded));
+  float* out = buffer.data();
+  parallel_rows(rows, cols, [&](int64_t first, int64_t last) {
+    for (int64_t r = first; r < last; ++r)
+      std::copy(x + r * ld, x + r * ld + cols, out + r * padded);
+  });
+  return padded;
+}
+
+// Whether an operand of a product of `work` multiply-adds, read with leading dimension ld,
+// is copied (Note [Rows 512 floats apart]); `extent` is the other side of C.
+bool pads(int64_t ld, int64_t extent, int64_t work) {
+  return ld % kSlowRowStride == 0 && extent >= kPadFromExtent && work >= kBlockedWork;
 }
 
 // oneDNN's bf16 matmul primitives (bf16 in and out, f32 sums), made once per shape and thread
@@ -184,6 +222,16 @@ void gemm<float>(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, co
                  int64_t lda, const float* b, int64_t ldb, float* c, int64_t ldc, bool accumulate) {
   if (m == 0 || n == 0) return;
   if (k == 0) return empty_product(m, n, c, ldc, accumulate);
+  static thread_local std::vector<float> padded_a, padded_b;
+  const int64_t work = m * n * k;
+  if (pads(lda, n, work)) {
+    lda = trans_a ? copy_padded(a, k, m, lda, padded_a) : copy_padded(a, m, k, lda, padded_a);
+    a = padded_a.data();
+  }
+  if (pads(ldb, m, work)) {
+    ldb = trans_b ? copy_padded(b, n, k, ldb, padded_b) : copy_padded(b, k, n, ldb, padded_b);
+    b = padded_b.data();
+  }
   for_each_block(trans_a, trans_b, m, n, k, a, lda, b, ldb, c, ldc,
                  [&](int64_t bm, int64_t bn, const float* ba, const float* bb, float* bc) {
                    sgemm_on_this_thread(trans_a, trans_b, bm, bn, k, ba, lda, bb, ldb, bc, ldc,
