@@ -209,11 +209,15 @@ class WithLimits : public Base {
   bool ReportContext(const benchmark::BenchmarkReporter::Context& context) override {
     const CoreLimits& limits = core_limits();
     std::ostream& out = Base::GetErrorStream();
-    out << "Core limits (Note [Roofline]): FMA " << limits.fma_gflops << " GFLOP/s ("
-        << limits.fma_isa << ")";
-    for (const MemoryLevel& level : limits.levels)
-      out << ", " << level.name << " " << level.gbps << " GB/s";
-    out << "\n";
+    // A --benchmark_out file reporter writes both streams to the file, which must stay JSON:
+    // the limits go to the display's error stream only (each run's counters carry them).
+    if (&out != &Base::GetOutputStream()) {
+      out << "Core limits (Note [Roofline]): FMA " << limits.fma_gflops << " GFLOP/s ("
+          << limits.fma_isa << ")";
+      for (const MemoryLevel& level : limits.levels)
+        out << ", " << level.name << " " << level.gbps << " GB/s";
+      out << "\n";
+    }
     return Base::ReportContext(context);
   }
 
