@@ -3,7 +3,8 @@
 // fastest of Eigen, oneDNN, OpenBLAS and BLIS on this project's shapes: docs/performance.md),
 // f64 Eigen's. A large f32 product is computed in fixed blocks of C shared out among the
 // intra-op threads (thread_pool.h, Note [GEMM blocks]): its bits do not depend on the thread
-// count.
+// count. An operand of such a product whose rows lie a multiple of 512 floats apart is first
+// copied into longer rows (Note [Rows 512 floats apart]).
 // op(A) is [M, K]: A itself (row-major, leading dimension lda) or, with trans_a, the
 // transpose of a row-major [K, M] matrix. Likewise op(B) is [K, N].
 
