@@ -121,8 +121,8 @@ void empty_product(int64_t m, int64_t n, C* c, int64_t ldc, bool accumulate) {
 // floats apart is first copied into rows kRowPad floats longer, when the copy is small
 // against the product (the other side of C at least kPadFromExtent: K x N copied for M x N x
 // K multiply-adds). The choice depends on the shape and layout alone, so the bits still do
-// not depend on the thread count. The copies live in this thread's buffers, reused (the
-// largest operand padded so far: 12.6 MB for GPT-2 small's [1024, 3072] gradients).
+// not depend on the thread count. The copies go to this thread's two buffers, reused, which
+// grow to the largest operand padded (12.6 MB for GPT-2 small's [1024, 3072] gradients).
 constexpr int64_t kSlowRowStride = 512;
 constexpr int64_t kRowPad = 16;
 constexpr int64_t kPadFromExtent = 64;

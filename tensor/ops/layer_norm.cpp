@@ -19,6 +19,20 @@ namespace {
 // variance, the normalised value, scale and shift); backward counts twice that. These ops are
 // bandwidth-bound: the time model goes by their bytes.
 constexpr double kNormFlops = 8;
+
+// Throws unless weight and bias share x's dtype and device and have the size of its last
+// dimension (layer_norm's and add_layer_norm's parameters).
+void check_norm_parameters(const char* op, const Tensor& x, const Tensor& weight,
+                           const Tensor& bias) {
+  detail::check_same_kind(op, x, weight);
+  detail::check_same_kind(op, x, bias);
+  if (x.dim() < 1 || weight.shape() != Shape{x.size(-1)} || bias.shape() != Shape{x.size(-1)}) {
+    fail(op, ": expected weight and bias of shape [", x.dim() ? x.size(-1) : 0, "] for input ",
+         shape_str(x.shape()), "; got ", shape_str(weight.shape()), " and ",
+         shape_str(bias.shape()));
+  }
+}
+
 }  // namespace
 
 Tensor layer_norm(const Tensor& x_in, const Tensor& weight_in, const Tensor& bias_in,
@@ -27,13 +41,7 @@ Tensor layer_norm(const Tensor& x_in, const Tensor& weight_in, const Tensor& bia
   const Tensor x = autocast_f32_input(x_in), weight = autocast_f32_input(weight_in),
                bias = autocast_f32_input(bias_in);
   detail::check_kernel_device("layer_norm", x);
-  detail::check_same_kind("layer_norm", x, weight);
-  detail::check_same_kind("layer_norm", x, bias);
-  if (x.dim() < 1 || weight.shape() != Shape{x.size(-1)} || bias.shape() != Shape{x.size(-1)}) {
-    fail("layer_norm: expected weight and bias of shape [", x.dim() ? x.size(-1) : 0,
-         "] for input ", shape_str(x.shape()), "; got ", shape_str(weight.shape()), " and ",
-         shape_str(bias.shape()));
-  }
+  check_norm_parameters("layer_norm", x, weight, bias);
   if (detail::computes_through_f32(x)) {  // 16-bit weights on the CPU: f32, rounded once
     return cast(layer_norm(cast(x, DType::F32), cast(weight, DType::F32), cast(bias, DType::F32),
                            eps),
@@ -125,13 +133,7 @@ AddLayerNorm add_layer_norm(const Tensor& x, const Tensor& residual, const Tenso
     return {sum, layer_norm(sum, weight, bias, eps)};
   }
   detail::check_same_kind("add_layer_norm", x, residual);
-  detail::check_same_kind("add_layer_norm", x, weight);
-  detail::check_same_kind("add_layer_norm", x, bias);
-  if (x.dim() < 1 || weight.shape() != Shape{x.size(-1)} || bias.shape() != Shape{x.size(-1)}) {
-    fail("add_layer_norm: expected weight and bias of shape [", x.dim() ? x.size(-1) : 0,
-         "] for input ", shape_str(x.shape()), "; got ", shape_str(weight.shape()), " and ",
-         shape_str(bias.shape()));
-  }
+  check_norm_parameters("add_layer_norm", x, weight, bias);
   const int64_t width = x.size(-1);
   const int64_t rows = width ? x.numel() / width : 0;
   Tensor in = detail::contiguous_input(x), res = detail::contiguous_input(residual),
