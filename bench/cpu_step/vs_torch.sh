@@ -11,6 +11,9 @@
 # CI: it needs the peers' venv (bench/peers/python/setup.sh, 5.7 GB).
 #
 #   bash bench/cpu_step/vs_torch.sh [OUTDIR]
+# MODEL_ARGS with --model llama (and --kv-heads, --intermediate, --tie-embeddings) compares
+# Loom's Llama with Hugging Face transformers' LlamaForCausalLM (bench/peers/python/llama.py;
+# bench/models/setup.sh installs transformers), both DDP and single.
 # Environment: ROUNDS (3), STEPS (25), MODEL_ARGS, PEERS_VENV, LABELS (the pairs to run, by
 # label; default the four below without bf16: single_1thread_bf16 is bf16-mixed on both sides).
 set -euo pipefail
@@ -28,15 +31,23 @@ read -r -a MODEL <<< "${MODEL_ARGS:---layers 4 --heads 4 --embd 128 --ctx 128 --
 mkdir -p "$OUT"
 OUT=$(cd "$OUT" && pwd) # absolute: the peers run from $PEERS
 export OMP_NUM_THREADS=1
-"$V/bin/python" "$PEERS/single.py" "${MODEL[@]}" --steps 1 --save-init "$OUT/init_torch.safetensors" > /dev/null
-# PyTorch's Linear weights are [out, in]; GPT-2's Conv1D layout, which --init reads, [in, out].
-"$V/bin/python" - "$OUT/init_torch.safetensors" "$OUT/init.safetensors" <<'PY'
+INIT=$OUT/init.safetensors
+if [[ " ${MODEL[*]} " == *" --model llama "* ]]; then
+  # Hugging Face's LlamaForCausalLM writes a model directory; Loom's --init reads it as it is.
+  INIT=$OUT/init_hf
+  "$V/bin/python" "$PEERS/single.py" "${MODEL[@]}" --steps 1 --save-init "$INIT" > /dev/null
+else
+  "$V/bin/python" "$PEERS/single.py" "${MODEL[@]}" --steps 1 \
+    --save-init "$OUT/init_torch.safetensors" > /dev/null
+  # PyTorch's Linear weights are [out, in]; GPT-2's Conv1D layout, which --init reads, [in, out].
+  "$V/bin/python" - "$OUT/init_torch.safetensors" "$INIT" <<'PY'
 import sys
 from safetensors.torch import load_file, save_file
 state = load_file(sys.argv[1])
 linear = ("attn.c_attn.weight", "attn.c_proj.weight", "mlp.c_fc.weight", "mlp.c_proj.weight")
 save_file({k: (v.t().contiguous() if k.endswith(linear) else v) for k, v in state.items()}, sys.argv[2])
 PY
+fi
 
 # Enough tokens for every step of two data-parallel ranks, below the model's vocabulary.
 "$V/bin/python" - "$OUT/tokens.bin" "$STEPS" "${MODEL[@]}" <<'PY'
@@ -55,7 +66,7 @@ with open(sys.argv[1], "wb") as f:
     f.write(tokens.tobytes())
 PY
 
-LOOM=("$T" "${MODEL[@]}" --init "$OUT/init.safetensors" --data "$OUT/tokens.bin" --grad-clip 0
+LOOM=("$T" "${MODEL[@]}" --init "$INIT" --data "$OUT/tokens.bin" --grad-clip 0
       --lr 1e-3 --steps "$STEPS"
       --warmup-steps 0 --schedule constant --log-interval 1000)
 # label | Loom's flags | the peer's command (run in bench/peers/python)

@@ -9,13 +9,12 @@ import sys
 from torch.nn.parallel import DistributedDataParallel
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from gpt import make_model  # noqa: E402
-from harness import (adamw, finish_gloo, init_gloo, mean_over_ranks, parse_args, plain_step,  # noqa: E402
-                     report, timed_steps)
+from harness import (adamw, finish_gloo, init_gloo, make_peer_model, mean_over_ranks,  # noqa: E402
+                     parse_args, plain_step, report, timed_steps)
 
 a = parse_args()
 rank, world = init_gloo()
-model = DistributedDataParallel(make_model(a.cfg))
+model = DistributedDataParallel(make_peer_model(a))
 opt = adamw(model.parameters(), a)
 
 step = plain_step(model, opt)

@@ -39,7 +39,8 @@ def lcg_batch(step, first, n, ctx, vocab=256):
 
 def parse_args(add_flags=None, default_variant="", argv=None):
     """The flags every peer takes; `add_flags(parser)` adds a peer's own. An empty --variant
-    means default_variant. Returns the namespace with `cfg` (a GPTConfig) added."""
+    means default_variant. Returns the namespace with `cfg` (a GPTConfig: the shape --layers ..
+    --vocab give, for either --model) added."""
     p = argparse.ArgumentParser()
     p.add_argument("--layers", type=int, default=2)
     p.add_argument("--heads", type=int, default=4)
@@ -53,6 +54,12 @@ def parse_args(add_flags=None, default_variant="", argv=None):
     p.add_argument("--wd", type=float, default=0.1, help="AdamW weight decay, on every parameter")
     p.add_argument("--variant", type=str, default="")
     p.add_argument("--out", type=str, default="", help="also write OUT.rankN.json")
+    p.add_argument("--model", choices=("gpt2", "llama"), default="gpt2",
+                   help="gpt2: gpt.py's GPT; llama: Hugging Face's LlamaForCausalLM (llama.py); "
+                        "single and DDP peers")
+    p.add_argument("--kv-heads", type=int, default=2, help="llama: num_key_value_heads")
+    p.add_argument("--intermediate", type=int, default=344, help="llama: intermediate_size")
+    p.add_argument("--tie-embeddings", action="store_true", help="llama: tie_word_embeddings")
     p.add_argument("--tokens", type=str, default="",
                    help="an llm.c token shard (uint16 GPT-2 ids) read in train_gpt's data order "
                         "(data/token_blocks.h) instead of the LCG samples; single and DDP peers")
@@ -63,6 +70,15 @@ def parse_args(add_flags=None, default_variant="", argv=None):
     a.variant = a.variant or default_variant
     a.cfg = GPTConfig(a.layers, a.heads, a.embd, a.ctx, a.vocab)
     return a
+
+
+def make_peer_model(a, seed=0):
+    """The model --model names, with its contract's initial weights for `seed`."""
+    if a.model == "llama":
+        from llama import make_llama
+        return make_llama(a, seed)
+    from gpt import make_model
+    return make_model(a.cfg, seed)
 
 
 def resident_mib():

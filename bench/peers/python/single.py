@@ -7,8 +7,10 @@ time Loom's single_device step is compared with (bench/cpu_step/vs_torch.sh).
 --precision bf16-mixed runs the forward and the loss under torch.autocast("cpu", bfloat16), as
 Lightning's bf16-mixed does (Loom's --precision bf16-mixed).
 
---save-init writes the initial weights (torch's [out, in] Linear layout, no lm_head: it is
-wte) before training; vs_torch.sh transposes them for Loom's --init.
+--save-init writes the initial weights before training: for GPT-2 a .safetensors file (torch's
+[out, in] Linear layout, no lm_head: it is wte), which vs_torch.sh transposes for Loom's --init;
+for --model llama a Hugging Face model directory (save_pretrained), which Loom's --init reads
+as it is.
 """
 import os
 import sys
@@ -16,8 +18,8 @@ import sys
 import torch
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from gpt import make_model  # noqa: E402
-from harness import adamw, parse_args, plain_step, report, timed_steps  # noqa: E402
+from harness import (adamw, make_peer_model, parse_args, plain_step, report,  # noqa: E402
+                     timed_steps)
 
 
 def flags(p):
@@ -29,8 +31,10 @@ def flags(p):
 
 a = parse_args(flags)
 torch.set_num_threads(a.threads)
-model = make_model(a.cfg)
-if a.save_init:
+model = make_peer_model(a)
+if a.save_init and a.model == "llama":
+    model.model.save_pretrained(a.save_init)  # a Hugging Face model directory
+elif a.save_init:
     from safetensors.torch import save_file
     save_file({k: v.contiguous() for k, v in model.state_dict().items() if k != "lm_head.weight"},
               a.save_init)
