@@ -2,7 +2,9 @@
 "Where the time goes"): the same model and step as bench/peers/python/single.py, one thread,
 torch.profiler over steps 5..14, the operators with the most self CPU time.
 
-    OMP_NUM_THREADS=1 /tmp/peers-venv/bin/python bench/cpu_step/torch_profile.py
+    OMP_NUM_THREADS=1 /tmp/peers-venv/bin/python bench/cpu_step/torch_profile.py [flags]
+
+The flags are the peers' (bench/peers/python/harness.py), --model llama included.
 """
 import os
 import sys
@@ -11,13 +13,12 @@ import torch
 from torch.profiler import ProfilerActivity, profile
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "../peers/python"))
-from gpt import make_model  # noqa: E402
-from harness import adamw, lcg_batch, parse_args  # noqa: E402
+from harness import adamw, lcg_batch, make_peer_model, parse_args  # noqa: E402
 
-a = parse_args(argv=["--layers", "4", "--heads", "4", "--embd", "128", "--ctx", "128", "--batch", "8"]
-               + sys.argv[1:])
+a = parse_args(argv=["--layers", "4", "--heads", "4", "--embd", "128", "--ctx", "128",
+                    "--batch", "8"] + sys.argv[1:])
 torch.set_num_threads(1)
-m = make_model(a.cfg)
+m = make_peer_model(a)
 opt = adamw(m.parameters(), a)
 
 
