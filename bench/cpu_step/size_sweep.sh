@@ -2,9 +2,9 @@
 # Loom's training step against PyTorch 2.15 at the sizes people train (issue 47): GPT shapes of
 # 0.8M, 10.7M, 25M and 124M parameters and Llama shapes of 9.6M and 135M (SmolLM-135M's), each
 # through bench/cpu_step/vs_torch.sh (interleaved pairs, same weights, the median step from
-# step 5 on), then one table with Loom / PyTorch per shape and run, and each step's FLOP/s (nanoGPT's count: 6 per parameter and token plus
-# 12 * layers * embd * ctx) as a share of this core's FMA peak as loom_bench measures it (times
-# the threads the run used). The host's ISA heads the table. Not for CI: it needs the peers'
+# step 5 on), then one table with Loom / PyTorch per shape and run, and each step's FLOP/s
+# (nanoGPT's count: 6 per parameter and token plus 12 * layers * embd * ctx) as a share of
+# this core's FMA peak as loom_bench measures it (times the threads the run used). The host's ISA heads the table. Not for CI: it needs the peers'
 # venv (bench/peers/python/setup.sh, 5.7 GB; the Llama shapes also bench/models/setup.sh's
 # transformers) and takes about an hour at the defaults.
 #
