@@ -16,7 +16,7 @@ sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "../
 from harness import adamw, lcg_batch, make_peer_model, parse_args  # noqa: E402
 
 a = parse_args(argv=["--layers", "4", "--heads", "4", "--embd", "128", "--ctx", "128",
-                    "--batch", "8"] + sys.argv[1:])
+                    "--batch", "8"] + sys.argv[1:], models=("gpt2", "llama"))
 torch.set_num_threads(1)
 m = make_peer_model(a)
 opt = adamw(m.parameters(), a)

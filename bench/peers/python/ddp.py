@@ -12,7 +12,7 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from harness import (adamw, finish_gloo, init_gloo, make_peer_model, mean_over_ranks,  # noqa: E402
                      parse_args, plain_step, report, timed_steps)
 
-a = parse_args()
+a = parse_args(models=("gpt2", "llama"))
 rank, world = init_gloo()
 model = DistributedDataParallel(make_peer_model(a))
 opt = adamw(model.parameters(), a)

@@ -37,9 +37,10 @@ def lcg_batch(step, first, n, ctx, vocab=256):
     return seq[:, :-1].contiguous(), seq[:, 1:].contiguous()
 
 
-def parse_args(add_flags=None, default_variant="", argv=None):
+def parse_args(add_flags=None, default_variant="", argv=None, models=("gpt2",)):
     """The flags every peer takes; `add_flags(parser)` adds a peer's own. An empty --variant
-    means default_variant. Returns the namespace with `cfg` (a GPTConfig: the shape --layers ..
+    means default_variant; `models` lists the --model values the peer trains (argparse
+    refuses the others). Returns the namespace with `cfg` (a GPTConfig: the shape --layers ..
     --vocab give, for either --model) added."""
     p = argparse.ArgumentParser()
     p.add_argument("--layers", type=int, default=2)
@@ -54,9 +55,9 @@ def parse_args(add_flags=None, default_variant="", argv=None):
     p.add_argument("--wd", type=float, default=0.1, help="AdamW weight decay, on every parameter")
     p.add_argument("--variant", type=str, default="")
     p.add_argument("--out", type=str, default="", help="also write OUT.rankN.json")
-    p.add_argument("--model", choices=("gpt2", "llama"), default="gpt2",
-                   help="gpt2: gpt.py's GPT; llama: Hugging Face's LlamaForCausalLM (llama.py); "
-                        "single and DDP peers")
+    p.add_argument("--model", choices=models, default="gpt2",
+                   help="gpt2: gpt.py's GPT; llama: Hugging Face's LlamaForCausalLM (llama.py), "
+                        "single and DDP peers only")
     p.add_argument("--kv-heads", type=int, default=2, help="llama: num_key_value_heads")
     p.add_argument("--intermediate", type=int, default=344, help="llama: intermediate_size")
     p.add_argument("--tie-embeddings", action="store_true", help="llama: tie_word_embeddings")

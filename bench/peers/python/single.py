@@ -29,7 +29,7 @@ def flags(p):
     p.add_argument("--precision", choices=("32-true", "bf16-mixed"), default="32-true")
 
 
-a = parse_args(flags)
+a = parse_args(flags, models=("gpt2", "llama"))
 torch.set_num_threads(a.threads)
 model = make_peer_model(a)
 if a.save_init and a.model == "llama":
