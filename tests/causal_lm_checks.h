@@ -1,13 +1,15 @@
 #pragma once
 // Checks every causal language model's tests make (test_gpt.cpp, test_llama.cpp), over the
 // same tiny batch: the loss's gradients against central finite differences (f64 models), and
-// activation checkpointing giving bitwise the plain model's loss and gradients (f32).
+// activation checkpointing giving bitwise the plain model's loss and gradients (f32, also
+// under autocast).
 
 #include <gtest/gtest.h>
 
 #include <cmath>
 
 #include "nn/causal_lm.h"
+#include "tensor/autocast.h"
 
 namespace loom::nn::testing {
 
@@ -45,10 +47,17 @@ inline void expect_gradients_match_finite_differences(CausalLM& model, int64_t s
 
 // `plain` and `recomputed`: the same f32 model and weights, the second checkpointing its
 // blocks' activations.
-inline void expect_checkpointing_bitwise(CausalLM& plain, CausalLM& recomputed) {
+// The forward runs under `autocast` (F32: off) and the backward outside it, as the strategies
+// run them: the recomputation must repeat the forward's precision, not the backward's.
+inline void expect_checkpointing_bitwise(CausalLM& plain, CausalLM& recomputed,
+                                         DType autocast = DType::F32) {
   const Batch batch = tiny_batch();
-  Tensor l1 = plain.loss(batch.tokens, batch.targets);
-  Tensor l2 = recomputed.loss(batch.tokens, batch.targets);
+  Tensor l1, l2;
+  {
+    AutocastGuard guard(autocast);
+    l1 = plain.loss(batch.tokens, batch.targets);
+    l2 = recomputed.loss(batch.tokens, batch.targets);
+  }
   EXPECT_EQ(l1.item(), l2.item());
   l1.backward();
   l2.backward();

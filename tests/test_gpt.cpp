@@ -45,6 +45,20 @@ TEST(Gpt, ActivationCheckpointingGivesBitwiseEqualGradients) {
   testing::expect_checkpointing_bitwise(plain, recomputed);
 }
 
+// PyTorch's checkpoint replays the forward under the autocast state it ran in; so does Loom's
+// (the backward that recomputes runs outside autocast).
+TEST(Gpt, ActivationCheckpointingUnderAutocastGivesBitwiseEqualGradients) {
+  for (DType low : {DType::BF16, DType::F16}) {
+    SCOPED_TRACE(dtype_name(low));
+    GPTConfig c = tiny_f64();
+    c.options.dtype = DType::F32;
+    GPT plain(c, 5);
+    c.checkpoint_activations = true;
+    GPT recomputed(c, 5);
+    testing::expect_checkpointing_bitwise(plain, recomputed, low);
+  }
+}
+
 TEST(Gpt, EveryParameterGetsExactlyOneGradReadyCall) {
   GPT model(tiny_f64(), 0);
   std::map<std::string, int> calls;

@@ -134,6 +134,20 @@ TEST(Llama, ActivationCheckpointingGivesBitwiseEqualGradients) {
   testing::expect_checkpointing_bitwise(plain, recomputed);
 }
 
+// PyTorch's checkpoint replays the forward under the autocast state it ran in; so does Loom's
+// (the backward that recomputes runs outside autocast).
+TEST(Llama, ActivationCheckpointingUnderAutocastGivesBitwiseEqualGradients) {
+  for (DType low : {DType::BF16, DType::F16}) {
+    SCOPED_TRACE(dtype_name(low));
+    LlamaConfig c = tiny_f64(2);
+    c.options.dtype = DType::F32;
+    Llama plain(c, 5);
+    c.checkpoint_activations = true;
+    Llama recomputed(c, 5);
+    testing::expect_checkpointing_bitwise(plain, recomputed, low);
+  }
+}
+
 TEST(Llama, RefusesInconsistentConfigs) {
   LlamaConfig c = tiny_f64(3);  // 3 does not divide 4 heads
   EXPECT_THROW(

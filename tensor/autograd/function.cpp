@@ -1,5 +1,6 @@
 #include "tensor/autograd/function.h"
 
+#include "tensor/autocast.h"
 #include "tensor/autograd/node.h"
 
 namespace loom::autograd {
@@ -49,8 +50,11 @@ std::vector<Tensor> checkpoint(
   if (!grad_mode_enabled()) return outputs;
   for (Tensor& out : outputs)
     out = out.detach();
+  // The backward that recomputes usually runs outside the forward's autocast scope (as in
+  // PyTorch): the recomputation re-enters the forward's, or it would compute other numbers.
+  const DType autocast = autocast_dtype();
   record("Checkpoint", inputs, outputs,
-         [fn, inputs](const std::vector<Tensor>& grad_outputs, const Node& node) {
+         [fn, inputs, autocast](const std::vector<Tensor>& grad_outputs, const Node& node) {
            std::vector<Tensor> detached;
            for (size_t i = 0; i < inputs.size(); ++i) {
              Tensor copy = inputs[i].detach();
@@ -60,6 +64,7 @@ std::vector<Tensor> checkpoint(
            std::vector<Tensor> recomputed;
            {
              EnableGradGuard enable;
+             AutocastGuard forward_precision(autocast);
              recomputed = fn(detached);
            }
            std::vector<Tensor> roots, seeds;

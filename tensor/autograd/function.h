@@ -49,8 +49,9 @@ std::vector<Tensor> apply(const CustomOp& op, const std::vector<Tensor>& inputs)
 
 // Activation checkpointing: runs `fn` without keeping its intermediate activations and
 // recomputes them during backward. Gradients equal those of calling fn directly (bitwise, as
-// the recomputation repeats the same arithmetic). Parameters used inside fn receive their
-// gradients during the recomputation's own backward pass. fn must be deterministic.
+// the recomputation repeats the same arithmetic, under the autocast state the forward ran in).
+// Parameters used inside fn receive their gradients during the recomputation's own backward
+// pass. fn must be deterministic.
 std::vector<Tensor> checkpoint(
     const std::function<std::vector<Tensor>(const std::vector<Tensor>&)>& fn,
     const std::vector<Tensor>& inputs);
