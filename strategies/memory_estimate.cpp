@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <map>
+#include <optional>
 
 #include "core/tags.h"
 #include "strategies/registry.h"
@@ -209,7 +210,7 @@ MemoryEstimate estimate_memory(const nn::Module& model, const std::string& strat
 
 MicroBatchEstimate estimate_micro_batch(nn::ModelSpec spec, int64_t batch, int64_t time,
                                         const Precision& precision, int64_t grad_accum,
-                                        DType weights_dtype) {
+                                        DType weights_dtype, bool weight_cast_cache) {
   const Device meta = Device::meta();
   spec.gpt.options.device = spec.llama.options.device = meta;
   Allocator& allocator = allocator_for(meta);
@@ -227,6 +228,9 @@ MicroBatchEstimate estimate_micro_batch(nn::ModelSpec spec, int64_t batch, int64
     MetaCostScope costs(estimate.costs);
     const Tensor tokens = Tensor::zeros({batch, time}, DType::I64, meta);
     const Tensor targets = Tensor::zeros({batch, time}, DType::I64, meta);
+    std::optional<WeightCastScope> weight_casts;
+    if (weight_cast_cache && precision.compute_dtype() != DType::F32)
+      weight_casts.emplace(model->parameters());
     Tensor loss;
     {
       AutocastGuard autocast(precision.compute_dtype());

@@ -49,8 +49,10 @@ MemoryEstimate estimate_memory(const nn::Module& model, const std::string& strat
 // One training micro-batch of `batch` sequences of `time` tokens through the model `spec`
 // describes (forward and loss under `precision`'s autocast, then backward of the loss, scaled
 // when `precision` scales it or `grad_accum` > 1 divides it, as Strategy::forward_backward
-// runs them), with the parameters in `weights_dtype` (a sharded strategy's 16-bit weights),
-// run on the meta device (tensor/meta.h), where the real code path runs without computing
+// runs them), with the parameters in `weights_dtype` (a sharded strategy's 16-bit weights)
+// and, with `weight_cast_cache`, autocast's casts of them cached as train_gpt caches them for
+// the strategies that keep their parameters through a step (the non-sharded ones:
+// Strategy::parameters_held_through_step), run on the meta device (tensor/meta.h), where the real code path runs without computing
 // and allocates the CPU path's tensors byte for byte: a CPU run's memory report measures the
 // same. Under the data-parallel and sharded strategies every rank runs one of these per
 // micro-batch.
@@ -62,6 +64,7 @@ struct MicroBatchEstimate {
 };
 MicroBatchEstimate estimate_micro_batch(nn::ModelSpec spec, int64_t batch, int64_t time,
                                         const Precision& precision, int64_t grad_accum = 1,
-                                        DType weights_dtype = DType::F32);
+                                        DType weights_dtype = DType::F32,
+                                        bool weight_cast_cache = true);
 
 }  // namespace loom::strategies

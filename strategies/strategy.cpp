@@ -61,6 +61,10 @@ void Strategy::load_parameters(const std::map<std::string, Tensor>& state) {
            }});
 }
 
+std::vector<Tensor> Strategy::parameters_held_through_step() const {
+  return module_ != nullptr ? module_->parameters() : std::vector<Tensor>{};
+}
+
 std::vector<ParameterPart> Strategy::held_parameters() {
   if (module_ == nullptr) Tag(name()).fail("held_parameters before setup_module(): no module");
   std::vector<ParameterPart> parts;

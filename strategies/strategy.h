@@ -110,6 +110,12 @@ class Strategy {
   LossScaler* loss_scaler() { return scaler_.get(); }
   // The dtype matmul/linear round to in the forward (F32 for 32-true).
   DType compute_dtype() const { return compute_dtype_; }
+  // The parameters whose storage keeps their values through a step, from its first forward to
+  // the optimizer step, so that autocast's weight cache may hold their casts over the step's
+  // micro-batches (WeightCastScope, tensor/autocast.h; train_gpt opens one per step): the
+  // set-up module's. Strategies that gather parameters per use or swap their storage (the
+  // sharded ones) give none.
+  virtual std::vector<Tensor> parameters_held_through_step() const;
   // Gradient accumulation: while false, backward() skips the gradient synchronisation.
   virtual void set_backward_sync(bool) {}
 

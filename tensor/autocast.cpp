@@ -1,13 +1,84 @@
 #include "tensor/autocast.h"
 
+#include <map>
+#include <set>
+
+#include "tensor/autograd/node.h"
 #include "tensor/meta.h"
 #include "tensor/ops.h"
 
 namespace loom {
 
+// Note [Autocast's weight cache]
+// PyTorch's autocast caches the casts of leaf tensors that require a gradient for as long as the
+// outermost autocast region lasts, so a weight used twice in one forward is cast once. Loom's
+// cache takes its scope from the caller instead (WeightCastScope): train_gpt holds one over a
+// step's micro-batches, so with gradient accumulation and activation checkpointing (whose
+// recomputation runs in the backward, outside the forward's region) a weight is cast once per
+// step, not twice per micro-batch (Megatron-LM and DeepSpeed keep 16-bit weights for the same
+// reason). An entry is keyed by the parameter's storage and the view's geometry; the scope holds
+// the parameters' storages, so no other storage takes their addresses while it lasts. The cast is
+// made without recording; each use gets a new view of it and its own "Cast" node (cast()'s
+// backward), so each use has its own place in the graph, as when casting each time, and the
+// graphs of successive micro-batches, which free their nodes after their backward, share none.
+struct WeightCastScope::State {
+  struct Key {
+    const Storage* storage;
+    int64_t offset;
+    Shape shape, strides;
+    DType dtype;
+    auto operator<=>(const Key&) const = default;
+  };
+  std::vector<std::shared_ptr<Storage>> held;
+  std::set<const Storage*> parameters;
+  std::map<Key, Tensor> casts;
+};
+
 namespace {
 thread_local DType active = DType::F32;
+thread_local WeightCastScope::State* active_cache = nullptr;
+
+// x (f32) in `low` from the active weight cache; undefined when x is not a cached parameter.
+Tensor cached_cast(const Tensor& x, DType low) {
+  WeightCastScope::State* cache = active_cache;
+  if (cache == nullptr || !cache->parameters.count(x.storage().get())) return Tensor();
+  const WeightCastScope::State::Key key{x.storage().get(), x.offset(), x.shape(), x.strides(),
+                                        low};
+  auto it = cache->casts.find(key);
+  if (it == cache->casts.end()) {
+    NoGradGuard no_grad;
+    it = cache->casts.emplace(key, cast(x, low)).first;
+  }
+  const Tensor& once = it->second;
+  Tensor use = Tensor::make_view(once, once.shape(), once.strides(), once.offset());
+  if (autograd::any_requires_grad({x})) {
+    const DType from = x.dtype();
+    autograd::record("Cast", {x}, {use},
+                     [from](const std::vector<Tensor>& g, const autograd::Node&) {
+                       return std::vector<Tensor>{cast(g[0], from)};
+                     });
+  }
+  return use;
+}
 }  // namespace
+
+WeightCastScope::WeightCastScope(const std::vector<Tensor>& parameters)
+    : state_(std::make_unique<State>()), previous_(active_cache) {
+  for (const Tensor& p : parameters) {
+    if (!p.defined() || p.dtype() != DType::F32) continue;
+    state_->held.push_back(p.storage());
+    state_->parameters.insert(p.storage().get());
+  }
+  active_cache = state_.get();
+}
+
+WeightCastScope::~WeightCastScope() {
+  active_cache = previous_;
+}
+
+size_t WeightCastScope::cached_casts() const {
+  return state_->casts.size();
+}
 
 AutocastGuard::AutocastGuard(DType dtype) : previous_(active) {
   if (dtype != DType::F32 && dtype != DType::BF16 && dtype != DType::F16) {
@@ -39,7 +110,9 @@ Tensor autocast_input(const Tensor& x, DType low) {
   if (!x.defined() || (x.dtype() != DType::F32 && x.dtype() != low)) return x;
   const bool computes_in_low = takes_cuda_path(x.device()) || low == DType::BF16;
   if (!computes_in_low) return autocast_emulated_input(x, low);
-  return x.dtype() == low ? x : cast(x, low);
+  if (x.dtype() == low) return x;
+  const Tensor cached = cached_cast(x, low);
+  return cached.defined() ? cached : cast(x, low);
 }
 
 Tensor autocast_output(const Tensor& y, DType low) {

@@ -22,6 +22,9 @@
 //    16-mixed, not its speed.
 //  - meta: as the CPU, or as CUDA under a MetaCudaPathScope.
 
+#include <memory>
+#include <vector>
+
 #include "tensor/tensor.h"
 
 namespace loom {
@@ -39,6 +42,32 @@ class AutocastGuard {
 
 // The active autocast dtype (F32 when off).
 DType autocast_dtype();
+
+// Autocast's weight cache, over a scope the caller chooses (Note [Autocast's weight cache] in
+// autocast.cpp). Inside it, on this thread, autocast casts each of `parameters` (or a view of
+// one, such as a transposed weight) to the low dtype once and reuses that cast for every later
+// use: in the forward, in activation checkpointing's recomputation and in the next
+// micro-batches. The values are the same as casting each time, and so are the gradients (each
+// use records its own cast node). The caller promises that the parameters' values do not change
+// inside the scope: a step's micro-batches, ended before the optimizer step. The cast weights
+// stay allocated until the scope ends (2 bytes per cached parameter element). Only where
+// autocast casts (CUDA; bf16 on the CPU), not where it rounds through the low dtype.
+// Scopes nest; the innermost is the one in effect.
+class WeightCastScope {
+ public:
+  explicit WeightCastScope(const std::vector<Tensor>& parameters);
+  ~WeightCastScope();
+  WeightCastScope(const WeightCastScope&) = delete;
+  WeightCastScope& operator=(const WeightCastScope&) = delete;
+  // Casts made so far (each a distinct parameter view and dtype).
+  size_t cached_casts() const;
+
+  struct State;
+
+ private:
+  std::unique_ptr<State> state_;
+  State* previous_;
+};
 // x rounded through `dtype` (cast there and back, recorded by autograd) when x is f32; x
 // otherwise.
 Tensor round_through(const Tensor& x, DType dtype);

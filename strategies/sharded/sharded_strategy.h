@@ -37,6 +37,8 @@ class ShardedStrategy : public ParallelStrategy {
   // copies of the whole model, gathered unit by unit from the f32 masters.
   std::map<std::string, Tensor> gather_state(const std::map<std::string, Tensor>& state) override;
   std::vector<ParameterPart> held_parameters() override;
+  // None: units gather their parameters per use (and 16-bit weights need no cast).
+  std::vector<Tensor> parameters_held_through_step() const override { return {}; }
   std::pair<int, int> replica_of_held() const override;
   OptimizerLayout optimizer_layout(const optim::Optimizer& optimizer) const override;
   // f32 under 16-bit weights: checkpoints hold the masters.

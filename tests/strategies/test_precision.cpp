@@ -6,10 +6,12 @@
 #include <cmath>
 #include <limits>
 
+#include "nn/gpt.h"
 #include "optim/adamw.h"
 #include "strategies/fabric.h"
 #include "strategies/registry.h"
 #include "tensor/autocast.h"
+#include "tensor/meta.h"
 #include "tensor/ops.h"
 #include "tensor/random.h"
 #include "tiny_training.h"
@@ -19,6 +21,114 @@ namespace {
 
 std::vector<float> rounded(const Tensor& t, DType dtype) {
   return t.to(dtype).to(DType::F32).to_vector<float>();
+}
+
+// Autocast's weight cache (WeightCastScope, tensor/autocast.h) over a step of two
+// micro-batches of a GPT whose blocks are checkpointed, under bf16 autocast (which the CPU
+// computes in), forward inside autocast and backward outside, as train_gpt runs them.
+nn::GPTConfig checkpointed_gpt(Device device) {
+  nn::GPTConfig c;
+  c.vocab_size = 11;
+  c.context = 6;
+  c.layers = 2;
+  c.heads = 2;
+  c.embd = 8;
+  c.checkpoint_activations = true;
+  c.options.device = device;
+  return c;
+}
+
+// The "cast" ops of each micro-batch, when a sink is installed (meta).
+struct CastCounter final : MetaCostSink {
+  std::vector<int> per_micro_batch;
+  void record(const OpCost& cost) override {
+    if (std::string_view(cost.op) == "cast") ++per_micro_batch.back();
+  }
+};
+
+void two_micro_batches(nn::GPT& model, CastCounter* casts = nullptr) {
+  const Device device = model.parameters().front().device();
+  const Tensor tokens =
+      Tensor::from_vector<int64_t>({1, 4, 7, 2, 9, 3, 5, 0, 10, 6}, {2, 5}).to(device);
+  const Tensor targets =
+      Tensor::from_vector<int64_t>({4, 7, 2, 9, 3, 8, 0, 10, 6, 1}, {2, 5}).to(device);
+  for (int k = 0; k < 2; ++k) {
+    if (casts != nullptr) casts->per_micro_batch.push_back(0);
+    Tensor loss;
+    {
+      AutocastGuard bf16(DType::BF16);
+      loss = model.loss(tokens, targets);
+    }
+    loss.backward();
+  }
+}
+
+TEST(WeightCastScope, GivesBitwiseTheGradientsOfCastingEachTime) {
+  nn::GPT plain(checkpointed_gpt(Device::cpu()), 3), cached(checkpointed_gpt(Device::cpu()), 3);
+  two_micro_batches(plain);
+  {
+    WeightCastScope scope(cached.parameters());
+    two_micro_batches(cached);
+    EXPECT_GT(scope.cached_casts(), 0u);
+  }
+  const auto a = plain.named_parameters(), b = cached.named_parameters();
+  ASSERT_EQ(a.size(), b.size());
+  for (size_t i = 0; i < a.size(); ++i) {
+    ASSERT_TRUE(a[i].second.grad().defined()) << a[i].first;
+    EXPECT_EQ(a[i].second.grad().to_vector<float>(), b[i].second.grad().to_vector<float>())
+        << a[i].first;
+  }
+}
+
+// Without the cache each block's four weights and four biases are cast twice per micro-batch
+// (the checkpointed forward and its recomputation) and the tied classifier's weight once; with
+// it, each of those 17 once in the first micro-batch and never again. The activations' casts
+// are the same in both.
+TEST(WeightCastScope, CastsEachWeightOncePerScope) {
+  CastCounter plain_casts, cached_casts;
+  nn::GPT plain(checkpointed_gpt(Device::meta()), 3), cached(checkpointed_gpt(Device::meta()), 3);
+  {
+    MetaCostScope sink(plain_casts);
+    two_micro_batches(plain, &plain_casts);
+  }
+  size_t weights = 0;
+  {
+    MetaCostScope sink(cached_casts);
+    WeightCastScope scope(cached.parameters());
+    two_micro_batches(cached, &cached_casts);
+    weights = scope.cached_casts();
+  }
+  const int blocks = 2, per_block = 8;
+  EXPECT_EQ(weights, static_cast<size_t>(blocks * per_block + 1));
+  const std::vector<int>& p = plain_casts.per_micro_batch;
+  const std::vector<int>& c = cached_casts.per_micro_batch;
+  ASSERT_EQ(p.size(), 2u);
+  ASSERT_EQ(c.size(), 2u);
+  EXPECT_EQ(p[0], p[1]);
+  EXPECT_EQ(c[0] - c[1], static_cast<int>(weights));
+  EXPECT_EQ(p[1] - c[1], 2 * blocks * per_block + 1);
+}
+
+// Views of a parameter (a transposed weight, as Llama's projections use theirs) are cached
+// apiece, with the values casting gives; a tensor the scope was not given is cast each time.
+TEST(WeightCastScope, CachesItsParametersAndTheirViewsOnly) {
+  Tensor w = Tensor::from_vector<float>({1.001f, 2.003f, -0.7071f, 3.14159f}, {2, 2});
+  Tensor x = Tensor::from_vector<float>({0.5f, -1.5f}, {1, 2});
+  std::vector<float> uncached, uncached_transposed;
+  {
+    AutocastGuard bf16(DType::BF16);
+    uncached = matmul(x, w).to_vector<float>();
+    uncached_transposed = matmul(x, transpose(w, 0, 1)).to_vector<float>();
+  }
+  WeightCastScope scope({w});
+  AutocastGuard bf16(DType::BF16);
+  for (int use = 0; use < 2; ++use) {
+    EXPECT_EQ(matmul(x, w).to_vector<float>(), uncached);
+    EXPECT_EQ(matmul(x, transpose(w, 0, 1)).to_vector<float>(), uncached_transposed);
+  }
+  EXPECT_EQ(scope.cached_casts(), 2u);
+  matmul(x, w.clone());
+  EXPECT_EQ(scope.cached_casts(), 2u);
 }
 
 TEST(Autocast, MatmulRoundsOperandsAndResult) {

@@ -208,7 +208,8 @@ void print_memory_estimate(const nn::CausalLM& model, const std::string& strateg
               static_cast<double>(e.model_states()) / (1 << 20));
   const strategies::MicroBatchEstimate micro = strategies::estimate_micro_batch(
       model_spec(o), o.batch, o.model.context, *strategies::make_precision(options.precision),
-      o.grad_accum, options.sharding.weights_dtype);
+      o.grad_accum, options.sharding.weights_dtype,
+      strategies::StrategyRegistry::entry(strategy).kind != strategies::StrategyKind::Sharded);
   std::printf("  %-16s %10.2f MiB (%lld bytes: one micro-batch of %lld x %lld tokens, forward "
               "and backward run on the meta device)\n",
               "activations", static_cast<double>(micro.activation_bytes) / (1 << 20),

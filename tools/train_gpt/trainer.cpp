@@ -13,6 +13,7 @@
 #include "optim/sgd.h"
 #include "strategies/memory_report.h"
 #include "strategies/trace.h"
+#include "tensor/autocast.h"
 #include "tensor/ops.h"
 #include "tools/train_gpt/train_state.h"
 
@@ -154,6 +155,10 @@ void train(nn::CausalLM& model, const data::TokenBlocks& data, const TrainOption
     // ranks once.
     double local_loss = 0;
     int64_t tokens = 0;
+    // Autocast casts each weight once per step, for every micro-batch and recomputation
+    // (tensor/autocast.h); the casts are freed before the optimizer changes the weights.
+    std::optional<WeightCastScope> weight_casts;
+    if (s.compute_dtype() != DType::F32) weight_casts.emplace(s.parameters_held_through_step());
     for (int64_t k = 0; k < accum; ++k) {
       const strategies::Trace::Args args = {{"step", step}, {"micro_step", k}};
       data::Batch batch = data.block(data.block_at(position_before(step) + k * world + rank));
@@ -185,6 +190,7 @@ void train(nn::CausalLM& model, const data::TokenBlocks& data, const TrainOption
       local_loss += loss.item() / static_cast<double>(accum);
       tokens += batch.tokens.numel();
     }
+    weight_casts.reset();
     // Clipping, the lr schedule, the update and zero_grad (ended by reset() below).
     std::optional<strategies::Trace::Span> optimizer_span;
     optimizer_span.emplace(trace, "optimizer", "step", strategies::Trace::kMainThread,
