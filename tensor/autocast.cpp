@@ -18,9 +18,13 @@ namespace loom {
 // step, not twice per micro-batch (Megatron-LM and DeepSpeed keep 16-bit weights for the same
 // reason). An entry is keyed by the parameter's storage and the view's geometry; the scope holds
 // the parameters' storages, so no other storage takes their addresses while it lasts. The cast is
-// made without recording; each use gets a new view of it and its own "Cast" node (cast()'s
-// backward), so each use has its own place in the graph, as when casting each time, and the
-// graphs of successive micro-batches, which free their nodes after their backward, share none.
+// made without recording; each use gets a new view of it and its own "Cast" node, so each use
+// has its own place in the graph, as when casting each time, and the graphs of successive
+// micro-batches, which free their nodes after their backward, share none. The node hands the
+// 16-bit gradient back as it is: through the parameter's views (dtype-blind) it reaches
+// AccumulateGrad, which widens it while adding (add_ of f32 and bf16 in one pass), so a
+// micro-batch after the first costs one pass per weight gradient instead of a cast and an add;
+// the values are those of casting first, since widening is exact.
 struct WeightCastScope::State {
   struct Key {
     const Storage* storage;
@@ -52,11 +56,12 @@ Tensor cached_cast(const Tensor& x, DType low) {
   const Tensor& once = it->second;
   Tensor use = Tensor::make_view(once, once.shape(), once.strides(), once.offset());
   if (autograd::any_requires_grad({x})) {
-    const DType from = x.dtype();
-    autograd::record("Cast", {x}, {use},
-                     [from](const std::vector<Tensor>& g, const autograd::Node&) {
-                       return std::vector<Tensor>{cast(g[0], from)};
-                     });
+    // The gradient goes back in the low dtype: x is a parameter or a view of one, whose
+    // accumulation widens it in the same pass as the add (AccumulateGrad), where casting here
+    // would cost a pass of its own.
+    autograd::record("Cast", {x}, {use}, [](const std::vector<Tensor>& g, const autograd::Node&) {
+      return std::vector<Tensor>{g[0]};
+    });
   }
   return use;
 }

@@ -52,6 +52,8 @@ inline Tensor operator-(const Tensor& a) {
 }
 
 // In-place updates, never recorded (optimizers, gradient accumulation). `b` broadcasts to a.
+// An f32 `a` also takes a bf16 or f16 `b` of its shape, widened on load in the same pass (a
+// 16-bit gradient accumulated into an f32 one: the values of adding b cast to f32).
 void add_(Tensor& a, const Tensor& b);
 void mul_(Tensor& a, double b);
 void fill_(Tensor& a, double value);

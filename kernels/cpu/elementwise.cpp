@@ -4,6 +4,9 @@
 #include <cstring>
 #include <vector>
 
+#include "core/dtype.h"
+#include "core/error.h"
+#include "core/half.h"
 #include "kernels/cpu/strided.h"
 #include "kernels/cpu/thread_pool.h"
 #include "kernels/cpu/vec_math.h"
@@ -89,6 +92,21 @@ void add_inplace(T* a, const T* b, int64_t n) {
   parallel_for(n, kMinParallelElements, [&](int64_t first, int64_t last) {
     for (int64_t i = first; i < last; ++i)
       a[i] += b[i];
+  });
+}
+
+void add_widened_inplace(float* a, const uint16_t* b, DType b_dtype, int64_t n) {
+  if (b_dtype != DType::BF16 && b_dtype != DType::F16)
+    fail("add_widened_inplace: the addend must be bf16 or f16, got ", dtype_name(b_dtype));
+  const bool bf16 = b_dtype == DType::BF16;
+  parallel_for(n, kMinParallelElements, [&](int64_t first, int64_t last) {
+    if (bf16) {
+      for (int64_t i = first; i < last; ++i)
+        a[i] += bf16_bits_to_float(b[i]);
+    } else {
+      for (int64_t i = first; i < last; ++i)
+        a[i] += f16_bits_to_f32(b[i]);
+    }
   });
 }
 

@@ -4,6 +4,8 @@
 #include <cstddef>
 #include <cstdint>
 
+#include "core/dtype.h"
+
 namespace loom::kernels::cpu {
 
 enum class BinaryOp { Add, Sub, Mul, Div };
@@ -15,6 +17,9 @@ void binary(BinaryOp op, int ndim, const int64_t* shape, const T* a, const int64
 
 template <typename T>
 void add_inplace(T* a, const T* b, int64_t n);  // a += b
+// a (f32) += b (bf16 or f16 bits, `b_dtype`) widened exactly: add_inplace<float> of the
+// widened b, in one pass without a widened copy (a 16-bit gradient for an f32 parameter).
+void add_widened_inplace(float* a, const uint16_t* b, DType b_dtype, int64_t n);
 template <typename T>
 void scale_inplace(T* a, T factor, int64_t n);  // a *= factor
 template <typename T>

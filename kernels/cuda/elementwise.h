@@ -31,6 +31,9 @@ void binary(BinaryOp op, DType dtype, int ndim, const int64_t* shape, const void
             cudaStream_t stream);
 
 void add_inplace(DType dtype, void* a, const void* b, int64_t n, cudaStream_t stream);  // a += b
+// a (f32) += b (bf16 or f16, `b_dtype`), widened on load: add_inplace(F32, a, b as f32)'s
+// values in one pass (a gradient arriving in 16 bits for an f32 parameter).
+void add_widened_inplace(DType b_dtype, float* a, const void* b, int64_t n, cudaStream_t stream);
 void scale_inplace(DType dtype, void* a, double factor, int64_t n,
                    cudaStream_t stream);  // a *= factor
 void add_scalar(DType dtype, const void* a, double value, void* out, int64_t n,

@@ -55,6 +55,9 @@ bool takes_as_is(const Tensor& incoming, const TensorImpl& leaf) {
 std::vector<Tensor> AccumulateGrad::apply(const std::vector<Tensor>& grad_outputs) {
   const Tensor& incoming = grad_outputs[0];
   Tensor leaf(leaf_);
+  // An f32 leaf may receive its gradient in 16 bits (autocast's cached weight casts pass theirs
+  // as they are: Note [Autocast's weight cache]): widened into a new gradient, or added to the
+  // one there widening on load, the values of widening first either way.
   if (leaf_->grad) {
     // In place, so a gradient that is a view into a bucket (DDP) stays one.
     Tensor grad(leaf_->grad);
@@ -63,7 +66,14 @@ std::vector<Tensor> AccumulateGrad::apply(const std::vector<Tensor>& grad_output
     incoming.storage()->set_kind(MemoryKind::Gradients);
     leaf_->grad = incoming.impl_ptr();
   } else {
-    Tensor grad = incoming.clone();
+    Tensor grad;
+    if (incoming.dtype() == leaf_->dtype) {
+      grad = incoming.clone();
+    } else {
+      NoGradGuard no_grad;
+      grad = Tensor::empty(incoming.shape(), leaf_->dtype, incoming.device());
+      copy_(grad, incoming);
+    }
     grad.storage()->set_kind(MemoryKind::Gradients);
     leaf_->grad = grad.impl_ptr();
   }

@@ -314,8 +314,37 @@ Tensor silu(const Tensor& x) {
 
 #undef LOOM_ACTIVATION
 
+namespace {
+
+// a (f32) += b (bf16 or f16, a's shape) in one pass, b widened on load.
+void add_widened_(Tensor& a, const Tensor& b) {
+  if (b.shape() != a.shape() || b.device() != a.device()) {
+    fail("add_: a ", dtype_name(b.dtype()), " addend of an f32 tensor must have its shape and "
+         "device: ", a.str(), " += ", b.str());
+  }
+  check(a.is_contiguous(), "add_: destination must be contiguous");
+  NoGradGuard no_grad;
+  const Tensor src = b.contiguous();
+  if (reports_op_cost(a.device()))
+    record_meta_op("add_", OpClass::Elementwise, double(a.numel()), {a, src}, {a});
+  if (a.device().is_meta()) return;
+  if (a.device().is_cuda()) {
+    LOOM_IF_CUDA(kernels::cuda::add_widened_inplace(src.dtype(), a.data<float>(), src.raw_data(),
+                                                    a.numel(), detail::stream_of(a)));
+    return;
+  }
+  kernels::cpu::add_widened_inplace(a.data<float>(), static_cast<const uint16_t*>(src.raw_data()),
+                                    src.dtype(), a.numel());
+}
+
+}  // namespace
+
 void add_(Tensor& a, const Tensor& b) {
   detail::check_kernel_device("add_", a);
+  if (a.dtype() == DType::F32 && (b.dtype() == DType::BF16 || b.dtype() == DType::F16)) {
+    add_widened_(a, b);
+    return;
+  }
   detail::check_same_kind("add_", a, b);
   check(a.is_contiguous(), "add_: destination must be contiguous");
   NoGradGuard no_grad;

@@ -151,6 +151,34 @@ TEST(EmulatedElementwise, ContiguousMapsOnMisalignedPointersF64) { check_maps<do
 TEST(EmulatedElementwise, ContiguousMapsOnMisalignedPointersBf16) { check_maps<__nv_bfloat16>(); }
 TEST(EmulatedElementwise, ContiguousMapsOnMisalignedPointersF16) { check_maps<__half>(); }
 
+// An f32 gradient plus a 16-bit one widened on load (gradient accumulation from autocast's
+// cached weight casts): bitwise the CPU's, which is bitwise add_inplace of the widened values.
+template <typename T>
+void check_add_widened() {
+  std::mt19937_64 rng(47);
+  for (int64_t n : {1, 5, 256, 4099}) {
+    SCOPED_TRACE("n " + std::to_string(n));
+    const auto a0 = random_values<float>(static_cast<size_t>(n), rng);
+    const auto b = random_values<T>(static_cast<size_t>(n), rng);
+    std::vector<float> a = a0, want = a0, widened(static_cast<size_t>(n));
+    for (size_t i = 0; i < b.size(); ++i) widened[i] = static_cast<float>(to_double(b[i]));
+    gpu::add_widened_inplace(dtype_of<T>(), a.data(), b.data(), n, nullptr);
+    cpu::add_inplace(want.data(), widened.data(), n);
+    EXPECT_TRUE(bitwise_equal(a, want));
+    std::vector<float> on_cpu = a0;
+    cpu::add_widened_inplace(on_cpu.data(), reinterpret_cast<const uint16_t*>(b.data()),
+                             dtype_of<T>(), n);
+    EXPECT_TRUE(bitwise_equal(on_cpu, want));
+  }
+}
+
+TEST(EmulatedElementwise, AddWidenedInplaceIsTheSumOfTheWidenedValuesBf16) {
+  check_add_widened<__nv_bfloat16>();
+}
+TEST(EmulatedElementwise, AddWidenedInplaceIsTheSumOfTheWidenedValuesF16) {
+  check_add_widened<__half>();
+}
+
 TEST(EmulatedElementwise, GeluForwardAndBackwardWithinTheDocumentedBounds) {
   std::mt19937_64 rng(47);
   const int64_t n = 3001;

@@ -81,9 +81,13 @@ TEST(WeightCastScope, GivesBitwiseTheGradientsOfCastingEachTime) {
 }
 
 // Without the cache each block's four weights and four biases are cast twice per micro-batch
-// (the checkpointed forward and its recomputation) and the tied classifier's weight once; with
-// it, each of those 17 once in the first micro-batch and never again. The activations' casts
-// are the same in both.
+// (the checkpointed forward and its recomputation) and the tied classifier's weight once, and
+// each of the 17 gradients is cast back to f32: 33 + 17 casts. With it, each of the 17 is
+// cast once in the first micro-batch, and the 16-bit gradients go back as they are, widened
+// into the f32 gradient by the accumulation (a new gradient: a converting copy, counted as a
+// cast; an existing one: one add_ that widens). Only the tied weight's gradient is cast in
+// every micro-batch, where it meets the embedding's f32 one. The activations' casts are the
+// same in both.
 TEST(WeightCastScope, CastsEachWeightOncePerScope) {
   CastCounter plain_casts, cached_casts;
   nn::GPT plain(checkpointed_gpt(Device::meta()), 3), cached(checkpointed_gpt(Device::meta()), 3);
@@ -98,15 +102,15 @@ TEST(WeightCastScope, CastsEachWeightOncePerScope) {
     two_micro_batches(cached, &cached_casts);
     weights = scope.cached_casts();
   }
-  const int blocks = 2, per_block = 8;
-  EXPECT_EQ(weights, static_cast<size_t>(blocks * per_block + 1));
+  const int in_blocks = 2 * 8, tied = 1;
+  EXPECT_EQ(weights, static_cast<size_t>(in_blocks + tied));
   const std::vector<int>& p = plain_casts.per_micro_batch;
   const std::vector<int>& c = cached_casts.per_micro_batch;
   ASSERT_EQ(p.size(), 2u);
   ASSERT_EQ(c.size(), 2u);
   EXPECT_EQ(p[0], p[1]);
-  EXPECT_EQ(c[0] - c[1], static_cast<int>(weights));
-  EXPECT_EQ(p[1] - c[1], 2 * blocks * per_block + 1);
+  EXPECT_EQ(c[0] - c[1], (in_blocks + tied) + in_blocks);  // the casts, the first gradients
+  EXPECT_EQ(p[1] - c[1], (2 * in_blocks + tied) + (in_blocks + tied) - tied);
 }
 
 // Views of a parameter (a transposed weight, as Llama's projections use theirs) are cached
@@ -129,6 +133,25 @@ TEST(WeightCastScope, CachesItsParametersAndTheirViewsOnly) {
   EXPECT_EQ(scope.cached_casts(), 2u);
   matmul(x, w.clone());
   EXPECT_EQ(scope.cached_casts(), 2u);
+}
+
+// AccumulateGrad adds a cached weight cast's 16-bit gradient into the f32 one with add_,
+// widening on load: the values of adding its f32 cast, in one op.
+TEST(Autocast, AddOfA16BitTensorIntoF32IsTheSumOfItsF32Cast) {
+  Generator gen(9);
+  for (DType low : {DType::BF16, DType::F16}) {
+    SCOPED_TRACE(dtype_name(low));
+    Tensor a = Tensor::empty({3, 37}), b32 = Tensor::empty({3, 37});
+    uniform_(a, -2.0, 2.0, gen);
+    uniform_(b32, -2.0, 2.0, gen);
+    const Tensor b = b32.to(low);
+    Tensor fused = a.clone(), want = a.clone();
+    add_(fused, b);
+    add_(want, b.to(DType::F32));
+    EXPECT_EQ(fused.to_vector<float>(), want.to_vector<float>());
+    Tensor wrong_shape = Tensor::zeros({37, 3}, low);
+    EXPECT_THROW(add_(fused, wrong_shape), Error);
+  }
 }
 
 TEST(Autocast, MatmulRoundsOperandsAndResult) {
