@@ -95,18 +95,19 @@ void add_inplace(T* a, const T* b, int64_t n) {
   });
 }
 
-void add_widened_inplace(float* a, const uint16_t* b, DType b_dtype, int64_t n) {
+void add_widened(float* out, const float* a, int64_t a_period, const uint16_t* b,
+                 DType b_dtype, int64_t n) {
   if (b_dtype != DType::BF16 && b_dtype != DType::F16)
-    fail("add_widened_inplace: the addend must be bf16 or f16, got ", dtype_name(b_dtype));
-  const bool bf16 = b_dtype == DType::BF16;
+    fail("add_widened: the addend must be bf16 or f16, got ", dtype_name(b_dtype));
+  if (n == 0) return;
+  if (a_period < 1 || n % a_period != 0)
+    fail("add_widened: the f32 operand's period ", a_period, " does not divide ", n);
+  auto widened = [bf16 = b_dtype == DType::BF16](uint16_t bits) {
+    return bf16 ? bf16_bits_to_float(bits) : f16_bits_to_f32(bits);
+  };
   parallel_for(n, kMinParallelElements, [&](int64_t first, int64_t last) {
-    if (bf16) {
-      for (int64_t i = first; i < last; ++i)
-        a[i] += bf16_bits_to_float(b[i]);
-    } else {
-      for (int64_t i = first; i < last; ++i)
-        a[i] += f16_bits_to_f32(b[i]);
-    }
+    for (int64_t i = first; i < last; ++i)
+      out[i] = a[a_period == n ? i : i % a_period] + widened(b[i]);
   });
 }
 

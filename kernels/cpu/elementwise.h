@@ -17,9 +17,12 @@ void binary(BinaryOp op, int ndim, const int64_t* shape, const T* a, const int64
 
 template <typename T>
 void add_inplace(T* a, const T* b, int64_t n);  // a += b
-// a (f32) += b (bf16 or f16 bits, `b_dtype`) widened exactly: add_inplace<float> of the
-// widened b, in one pass without a widened copy (a 16-bit gradient for an f32 parameter).
-void add_widened_inplace(float* a, const uint16_t* b, DType b_dtype, int64_t n);
+// out[i] = a[i % a_period] + b[i] for f32 a and out and a bf16 or f16 b (its bits, `b_dtype`)
+// widened exactly: the values of adding the widened b, in one pass without a widened copy
+// (a_period = n: operands of one shape; the length of a row: an f32 bias). out may equal a
+// when a_period = n; a_period divides n.
+void add_widened(float* out, const float* a, int64_t a_period, const uint16_t* b,
+                 DType b_dtype, int64_t n);
 template <typename T>
 void scale_inplace(T* a, T factor, int64_t n);  // a *= factor
 template <typename T>

@@ -565,21 +565,25 @@ void add_inplace(DType dtype, void* a, const void* b, int64_t n, cudaStream_t st
 
 namespace {
 template <typename T>
-__global__ void add_widened_kernel(float* a, const T* b, int64_t n) {
+__global__ void add_widened_kernel(float* out, const float* a, int64_t a_period, const T* b,
+                                   int64_t n) {
   const int64_t stride = static_cast<int64_t>(gridDim.x) * blockDim.x;
   for (int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < n;
        i += stride)
-    a[i] += widen(b[i]);
+    out[i] = a[a_period == n ? i : i % a_period] + widen(b[i]);
 }
 }  // namespace
 
-void add_widened_inplace(DType b_dtype, float* a, const void* b, int64_t n, cudaStream_t stream) {
+void add_widened(DType b_dtype, float* out, const float* a, int64_t a_period, const void* b,
+                 int64_t n, cudaStream_t stream) {
   if (b_dtype != DType::BF16 && b_dtype != DType::F16)
-    fail("add_widened_inplace: the addend must be bf16 or f16, got ", dtype_name(b_dtype));
+    fail("add_widened: the addend must be bf16 or f16, got ", dtype_name(b_dtype));
   if (n == 0) return;
-  dispatch_float_storage(b_dtype, "add_widened_inplace", [&]<typename T>() {
+  if (a_period < 1 || n % a_period != 0)
+    fail("add_widened: the f32 operand's period ", a_period, " does not divide ", n);
+  dispatch_float_storage(b_dtype, "add_widened", [&]<typename T>() {
     add_widened_kernel<T><<<grid_for(n, kThreads), kThreads, 0, stream>>>(
-        a, static_cast<const T*>(b), n);
+        out, a, a_period, static_cast<const T*>(b), n);
     LOOM_CUDA_CHECK_LAUNCH();
   });
 }

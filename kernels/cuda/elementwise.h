@@ -31,9 +31,12 @@ void binary(BinaryOp op, DType dtype, int ndim, const int64_t* shape, const void
             cudaStream_t stream);
 
 void add_inplace(DType dtype, void* a, const void* b, int64_t n, cudaStream_t stream);  // a += b
-// a (f32) += b (bf16 or f16, `b_dtype`), widened on load: add_inplace(F32, a, b as f32)'s
-// values in one pass (a gradient arriving in 16 bits for an f32 parameter).
-void add_widened_inplace(DType b_dtype, float* a, const void* b, int64_t n, cudaStream_t stream);
+// out[i] (f32) = a[i % a_period] (f32) + b[i] (bf16 or f16, `b_dtype`), b widened on load: the
+// values of adding b cast to f32, in one pass (a 16-bit matmul result meeting the f32 residual
+// stream, a_period = n, or an f32 bias, a_period = its length; with out == a, a 16-bit
+// gradient accumulated into an f32 one). All contiguous; a_period divides n.
+void add_widened(DType b_dtype, float* out, const float* a, int64_t a_period, const void* b,
+                 int64_t n, cudaStream_t stream);
 void scale_inplace(DType dtype, void* a, double factor, int64_t n,
                    cudaStream_t stream);  // a *= factor
 void add_scalar(DType dtype, const void* a, double value, void* out, int64_t n,

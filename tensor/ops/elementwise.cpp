@@ -71,9 +71,84 @@ std::pair<Tensor, Tensor> promoted(const Tensor& a, const Tensor& b) {
   return {a.dtype() == common ? a : cast(a, common), b.dtype() == common ? b : cast(b, common)};
 }
 
+
+// out = a + b for an f32 a and a bf16 or f16 b, both contiguous, b of out's shape and a of its
+// shape or of its trailing dimensions (a bias, broadcast over the rows), in one pass with b
+// widened on load (out may be a).
+void add_widened_into(Tensor& out, const Tensor& a, const Tensor& b) {
+  if (reports_op_cost(out.device())) {
+    record_meta_op(out.is_same(a) ? "add_" : "add", OpClass::Elementwise, double(out.numel()),
+                   {a, b}, {out});
+  }
+  if (out.device().is_meta() || out.numel() == 0) return;
+  if (out.device().is_cuda()) {
+    LOOM_IF_CUDA(kernels::cuda::add_widened(b.dtype(), out.data<float>(), a.data<float>(),
+                                            a.numel(), b.raw_data(), out.numel(),
+                                            detail::stream_of(out)));
+    return;
+  }
+  kernels::cpu::add_widened(out.data<float>(), a.data<float>(), a.numel(),
+                            static_cast<const uint16_t*>(b.raw_data()), b.dtype(), out.numel());
+}
+
+bool is_16bit_floating(DType dtype) {
+  return dtype == DType::BF16 || dtype == DType::F16;
+}
+
+// a (f32) += b (bf16 or f16, a's shape) in one pass, b widened on load.
+void add_widened_(Tensor& a, const Tensor& b) {
+  if (b.shape() != a.shape() || b.device() != a.device()) {
+    fail("add_: a ", dtype_name(b.dtype()), " addend of an f32 tensor must have its shape and "
+         "device: ", a.str(), " += ", b.str());
+  }
+  check(a.is_contiguous(), "add_: destination must be contiguous");
+  NoGradGuard no_grad;
+  add_widened_into(a, a, b.contiguous());
+}
+
+// Note [An f32 tensor plus a 16-bit one]
+// Under autocast a bf16 matmul result meets the f32 residual stream in an add, or an f32 bias
+// (the tensor-parallel row-parallel layers add theirs after the reduction): promoted() would
+// cast it to f32 (a pass of its own) and then add. Where both are contiguous and the f32
+// operand has the other's shape or its trailing dimensions, the sum runs in one pass, widening
+// on load: the same values (widening is exact and IEEE addition commutes), and backward gives
+// the 16-bit operand its gradient cast to its dtype, as promoted()'s recorded cast would, and
+// the f32 one its gradient summed to its shape. Undefined when a and b are not such a pair.
+Tensor add_of_f32_and_16bit(const Tensor& a, const Tensor& b) {
+  const bool a_wide = a.dtype() == DType::F32 && is_16bit_floating(b.dtype());
+  const bool b_wide = b.dtype() == DType::F32 && is_16bit_floating(a.dtype());
+  if ((!a_wide && !b_wide) || a.device() != b.device() || !a.is_contiguous() ||
+      !b.is_contiguous())
+    return Tensor();
+  const Tensor& wide = a_wide ? a : b;
+  const Tensor& narrow = a_wide ? b : a;
+  const Shape& shape = narrow.shape();
+  const size_t rank = wide.shape().size();
+  if (rank == 0 || rank > shape.size() || !std::equal(wide.shape().begin(), wide.shape().end(),
+                                                      shape.end() - static_cast<ptrdiff_t>(rank)))
+    return Tensor();
+  detail::check_kernel_device("add", a);
+  Tensor out = Tensor::empty(shape, DType::F32, a.device());
+  add_widened_into(out, wide, narrow);
+  if (autograd::any_requires_grad({a, b})) {
+    autograd::record("Add", {a, b}, {out},
+                     [da = a.dtype(), db = b.dtype(), sa = a.shape(), sb = b.shape()](
+                         const std::vector<Tensor>& g, const autograd::Node& node) {
+                       auto in = [&](DType dtype, const Shape& s) {
+                         return dtype == DType::F32 ? sum_to(g[0], s) : cast(g[0], dtype);
+                       };
+                       return std::vector<Tensor>{
+                           node.needs_input_grad(0) ? in(da, sa) : Tensor(),
+                           node.needs_input_grad(1) ? in(db, sb) : Tensor()};
+                     });
+  }
+  return out;
+}
+
 }  // namespace
 
 Tensor add(const Tensor& a_in, const Tensor& b_in) {
+  if (Tensor sum = add_of_f32_and_16bit(a_in, b_in); sum.defined()) return sum;
   const auto [a, b] = promoted(a_in, b_in);
   Tensor out = binary_forward(BinaryOp::Add, "add", a, b);
   if (autograd::any_requires_grad({a, b})) {
@@ -314,34 +389,9 @@ Tensor silu(const Tensor& x) {
 
 #undef LOOM_ACTIVATION
 
-namespace {
-
-// a (f32) += b (bf16 or f16, a's shape) in one pass, b widened on load.
-void add_widened_(Tensor& a, const Tensor& b) {
-  if (b.shape() != a.shape() || b.device() != a.device()) {
-    fail("add_: a ", dtype_name(b.dtype()), " addend of an f32 tensor must have its shape and "
-         "device: ", a.str(), " += ", b.str());
-  }
-  check(a.is_contiguous(), "add_: destination must be contiguous");
-  NoGradGuard no_grad;
-  const Tensor src = b.contiguous();
-  if (reports_op_cost(a.device()))
-    record_meta_op("add_", OpClass::Elementwise, double(a.numel()), {a, src}, {a});
-  if (a.device().is_meta()) return;
-  if (a.device().is_cuda()) {
-    LOOM_IF_CUDA(kernels::cuda::add_widened_inplace(src.dtype(), a.data<float>(), src.raw_data(),
-                                                    a.numel(), detail::stream_of(a)));
-    return;
-  }
-  kernels::cpu::add_widened_inplace(a.data<float>(), static_cast<const uint16_t*>(src.raw_data()),
-                                    src.dtype(), a.numel());
-}
-
-}  // namespace
-
 void add_(Tensor& a, const Tensor& b) {
   detail::check_kernel_device("add_", a);
-  if (a.dtype() == DType::F32 && (b.dtype() == DType::BF16 || b.dtype() == DType::F16)) {
+  if (a.dtype() == DType::F32 && is_16bit_floating(b.dtype())) {
     add_widened_(a, b);
     return;
   }

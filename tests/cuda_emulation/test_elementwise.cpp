@@ -151,8 +151,9 @@ TEST(EmulatedElementwise, ContiguousMapsOnMisalignedPointersF64) { check_maps<do
 TEST(EmulatedElementwise, ContiguousMapsOnMisalignedPointersBf16) { check_maps<__nv_bfloat16>(); }
 TEST(EmulatedElementwise, ContiguousMapsOnMisalignedPointersF16) { check_maps<__half>(); }
 
-// An f32 gradient plus a 16-bit one widened on load (gradient accumulation from autocast's
-// cached weight casts): bitwise the CPU's, which is bitwise add_inplace of the widened values.
+// An f32 tensor plus a 16-bit one widened on load (the residual stream meeting a matmul
+// result; in place, a 16-bit gradient accumulated into an f32 one): bitwise the CPU's, which
+// is bitwise add_inplace of the widened values.
 template <typename T>
 void check_add_widened() {
   std::mt19937_64 rng(47);
@@ -160,22 +161,37 @@ void check_add_widened() {
     SCOPED_TRACE("n " + std::to_string(n));
     const auto a0 = random_values<float>(static_cast<size_t>(n), rng);
     const auto b = random_values<T>(static_cast<size_t>(n), rng);
-    std::vector<float> a = a0, want = a0, widened(static_cast<size_t>(n));
+    std::vector<float> want = a0, widened(static_cast<size_t>(n));
     for (size_t i = 0; i < b.size(); ++i) widened[i] = static_cast<float>(to_double(b[i]));
-    gpu::add_widened_inplace(dtype_of<T>(), a.data(), b.data(), n, nullptr);
     cpu::add_inplace(want.data(), widened.data(), n);
-    EXPECT_TRUE(bitwise_equal(a, want));
-    std::vector<float> on_cpu = a0;
-    cpu::add_widened_inplace(on_cpu.data(), reinterpret_cast<const uint16_t*>(b.data()),
-                             dtype_of<T>(), n);
+    std::vector<float> out(a0.size(), -1.0f), in_place = a0;
+    gpu::add_widened(dtype_of<T>(), out.data(), a0.data(), n, b.data(), n, nullptr);
+    EXPECT_TRUE(bitwise_equal(out, want));
+    gpu::add_widened(dtype_of<T>(), in_place.data(), in_place.data(), n, b.data(), n, nullptr);
+    EXPECT_TRUE(bitwise_equal(in_place, want));
+    std::vector<float> on_cpu(a0.size(), -1.0f);
+    const auto* bits = reinterpret_cast<const uint16_t*>(b.data());
+    cpu::add_widened(on_cpu.data(), a0.data(), n, bits, dtype_of<T>(), n);
     EXPECT_TRUE(bitwise_equal(on_cpu, want));
+    // An f32 bias of the row's length, broadcast over the rows.
+    for (int64_t period : {int64_t{1}, n % 4 == 0 ? n / 4 : n}) {
+      SCOPED_TRACE("period " + std::to_string(period));
+      std::vector<float> rows(a0.size());
+      for (int64_t i = 0; i < n; ++i)
+        rows[static_cast<size_t>(i)] =
+            a0[static_cast<size_t>(i % period)] + widened[static_cast<size_t>(i)];
+      gpu::add_widened(dtype_of<T>(), out.data(), a0.data(), period, b.data(), n, nullptr);
+      EXPECT_TRUE(bitwise_equal(out, rows));
+      cpu::add_widened(on_cpu.data(), a0.data(), period, bits, dtype_of<T>(), n);
+      EXPECT_TRUE(bitwise_equal(on_cpu, rows));
+    }
   }
 }
 
-TEST(EmulatedElementwise, AddWidenedInplaceIsTheSumOfTheWidenedValuesBf16) {
+TEST(EmulatedElementwise, AddWidenedIsTheSumOfTheWidenedValuesBf16) {
   check_add_widened<__nv_bfloat16>();
 }
-TEST(EmulatedElementwise, AddWidenedInplaceIsTheSumOfTheWidenedValuesF16) {
+TEST(EmulatedElementwise, AddWidenedIsTheSumOfTheWidenedValuesF16) {
   check_add_widened<__half>();
 }
 

@@ -154,6 +154,40 @@ TEST(Autocast, AddOfA16BitTensorIntoF32IsTheSumOfItsF32Cast) {
   }
 }
 
+// A bf16 result meeting the f32 residual stream is added in one pass (Note [An f32 tensor plus
+// a 16-bit one] in elementwise.cpp): the values of casting it first, either operand order, and
+// the 16-bit operand's gradient in its own dtype.
+TEST(Autocast, AddOfF32AndA16BitTensorIsThePromotedSum) {
+  Generator gen(11);
+  for (DType low : {DType::BF16, DType::F16}) {
+    SCOPED_TRACE(dtype_name(low));
+    Tensor residual = Tensor::empty({4, 9}), wide = Tensor::empty({4, 9});
+    uniform_(residual, -2.0, 2.0, gen);
+    uniform_(wide, -2.0, 2.0, gen);
+    residual.set_requires_grad(true);
+    const Tensor narrow = wide.to(low).set_requires_grad(true);
+    const Tensor want = add(residual.detach(), narrow.detach().to(DType::F32));
+    for (bool f32_first : {true, false}) {
+      const Tensor sum = f32_first ? add(residual, narrow) : add(narrow, residual);
+      EXPECT_EQ(sum.dtype(), DType::F32);
+      EXPECT_EQ(sum.to_vector<float>(), want.to_vector<float>());
+      loom::sum(mul(sum, 3.0)).backward();
+    }
+    EXPECT_EQ(narrow.grad().dtype(), low);
+    EXPECT_EQ(narrow.grad().to_vector<float>(), std::vector<float>(36, 6.0f));
+    EXPECT_EQ(residual.grad().to_vector<float>(), std::vector<float>(36, 6.0f));
+    // An f32 bias over the rows (the tensor-parallel layers add theirs so): the same.
+    Tensor bias = Tensor::empty({9});
+    uniform_(bias, -1.0, 1.0, gen);
+    bias.set_requires_grad(true);
+    const Tensor with_bias = add(narrow, bias);
+    EXPECT_EQ(with_bias.to_vector<float>(),
+              add(narrow.detach().to(DType::F32), bias.detach()).to_vector<float>());
+    loom::sum(with_bias).backward();
+    EXPECT_EQ(bias.grad().to_vector<float>(), std::vector<float>(9, 4.0f));
+  }
+}
+
 TEST(Autocast, MatmulRoundsOperandsAndResult) {
   Tensor a = Tensor::from_vector<float>({1.001f, 2.003f, -0.7071f, 3.14159f}, {2, 2});
   Tensor b = Tensor::from_vector<float>({0.333f, 1.0f / 7, 2.5f, -1.1f}, {2, 2});
