@@ -8,6 +8,7 @@
 # 96 B s l h^2 (1 + s / 6h + V / 16lh), over the predicted step, beside the paper's figures.
 # Assumptions, the same for every row: micro-batch 1, 16-mixed (the paper's fp16), activation
 # checkpointing of every block (the paper's full recomputation), the 1F1B schedule.
+# Beside each row, loom-sim's peak per rank and whether it fits the device (80 GiB).
 # A benchmark, not a test: it prints a Markdown table.
 # Usage: bash bench/sim/megatron_table.sh [BUILD_DIR] [MAX_GPUS]   (build/release, 3072)
 set -euo pipefail
@@ -26,8 +27,8 @@ rows=("1.7 24 2304 24 1 1 32 512 137"
       "310.1 128 16384 96 8 16 1920 2160 155"
       "529.6 128 20480 105 8 35 2520 2520 163"
       "1008.0 160 25600 128 8 64 3072 3072 163")
-echo "| parameters | tp | pp | GPUs | batch | loom-sim ms/step | paper's ms/step | loom-sim TFLOP/s per GPU | paper's | error | simulated in |"
-echo "|---|---|---|---|---|---|---|---|---|---|---|"
+echo "| parameters | tp | pp | GPUs | batch | loom-sim ms/step | paper's ms/step | loom-sim TFLOP/s per GPU | paper's | error | loom-sim peak per rank | simulated in |"
+echo "|---|---|---|---|---|---|---|---|---|---|---|---|"
 for row in "${rows[@]}"; do
   read -r params heads hidden layers tp pp gpus batch paper <<< "$row"
   (( gpus > max_gpus )) && continue
@@ -56,7 +57,10 @@ flops = 96 * batch * s * l * h * h * (1 + s / (6 * h) + V / (16 * l * h))
 step = sim["ms_per_step"] / 1e3
 predicted = flops / step / gpus / 1e12
 paper_ms = flops / (paper * 1e12 * gpus) * 1e3
+peak = f"{sim['peak_bytes'] / 2**30:.1f} GiB" + ("" if sim["fits_device_memory"] else
+                                                 " (over the device's memory)")
 print(f"| {params}B | {tp} | {pp} | {gpus} | {batch} | {step * 1e3:,.0f} | {paper_ms:,.0f} | "
-      f"{predicted:.1f} | {paper:.0f} | {100 * (predicted - paper) / paper:+.1f}% | {took} |")
+      f"{predicted:.1f} | {paper:.0f} | {100 * (predicted - paper) / paper:+.1f}% | {peak} | "
+      f"{took} |")
 PY
 done

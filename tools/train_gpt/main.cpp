@@ -617,6 +617,11 @@ void print_simulation(const SimulatedRank& r, const std::string& strategy, bool 
   }
   std::printf("peak memory per rank: %.2f MiB on the device\n",
               static_cast<double>(r.peak_bytes) / (1 << 20));
+  if (!r.fits_device_memory()) {
+    std::printf("  over the device's %.2f MiB: this job would not fit as configured (--sweep "
+                "rejects such configurations)\n",
+                static_cast<double>(r.device_memory_bytes) / (1 << 20));
+  }
   for (size_t k = 0; k < kMemoryKindCount; ++k) {
     std::printf("  %-16s %12.2f MiB\n", memory_kind_name(static_cast<MemoryKind>(k)),
                 static_cast<double>(r.peak_bytes_by_kind[k]) / (1 << 20));

@@ -48,6 +48,7 @@ SimulatedRank run_rank(const nn::ModelSpec& spec, const TrainOptions& options,
   out.world_size = world_size;
   out.rank = rank;
   out.cluster = cluster.name;
+  out.device_memory_bytes = static_cast<int64_t>(cluster.device.memory_bytes);
   if (record_trace) out.traces.emplace_back(rank, std::make_shared<strategies::Trace>());
   sim::Timeline timeline(cluster, rank, world_size, compute_dtype,
                          record_trace ? out.traces.back().second.get() : nullptr, exchange);
@@ -251,7 +252,9 @@ nlohmann::json json_of(const SimulatedRank& rank) {
       {"bubble_ms", rank.bubble_s * 1e3},
       {"comm_busy_ms", rank.comm_busy_s * 1e3},
       {"tflops_per_rank", rank.step_s > 0 ? rank.model_flops / rank.step_s / 1e12 : 0},
-      {"mfu", rank.mfu}};
+      {"mfu", rank.mfu},
+      {"device_memory_bytes", rank.device_memory_bytes},
+      {"fits_device_memory", rank.fits_device_memory()}};
   if (!rank.stages.empty()) {
     nlohmann::json stages = nlohmann::json::array();
     for (const SimulatedRank& stage : rank.stages) {

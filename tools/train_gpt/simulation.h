@@ -42,6 +42,11 @@ struct SimulatedRank {
   // the compute stream's busy time, its waits for communication (exposed), and the
   // communication streams' busy time.
   std::string cluster;
+  // The cluster's device memory per rank (0: not given): a peak above it would not fit.
+  int64_t device_memory_bytes = 0;
+  bool fits_device_memory() const {
+    return device_memory_bytes <= 0 || peak_bytes <= device_memory_bytes;
+  }
   // A pipeline's stages also wait for their neighbours' activations and gradients (bubble_s).
   double step_s = 0, compute_s = 0, exposed_comm_s = 0, bubble_s = 0, comm_busy_s = 0;
   // The step's GEMM and attention FLOPs (recomputation under activation checkpointing
