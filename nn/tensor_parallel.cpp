@@ -23,7 +23,9 @@ Tensor take_split(const Tensor& full, const TensorParallelSplit& split, int rank
   std::vector<Tensor> parts;
   for (int64_t b = 0; b < split.blocks; ++b)
     parts.push_back(full.narrow(split.dim, b * block + rank * part, part));
-  return (parts.size() == 1 ? parts[0] : concat(parts, split.dim)).contiguous();
+  // A copy of its own: rows narrowed from a contiguous tensor are a contiguous view into the
+  // whole, which would keep the whole weight alive on every rank.
+  return parts.size() == 1 ? parts[0].clone() : concat(parts, split.dim).contiguous();
 }
 
 Tensor join_splits(const std::vector<Tensor>& parts, const TensorParallelSplit& split) {

@@ -31,8 +31,12 @@ TEST(TensorParallelSplit, PartsJoinBackIntoTheWhole) {
   const Tensor whole = Tensor::from_vector<float>(values, {4, 12});
   for (const nn::TensorParallelSplit split : {nn::TensorParallelSplit{1, 3}, {1, 1}, {0, 1}}) {
     std::vector<Tensor> parts;
-    for (int r = 0; r < 2; ++r)
+    for (int r = 0; r < 2; ++r) {
       parts.push_back(nn::take_split(whole, split, r, 2));
+      // A part of its own: a view would keep the whole weight alive on every rank.
+      EXPECT_EQ(parts.back().storage()->nbytes(), sizeof(float) * 4 * 6) << split.dim;
+      EXPECT_TRUE(parts.back().is_contiguous());
+    }
     EXPECT_EQ(nn::join_splits(parts, split).to_vector<float>(), values);
   }
   // q, k, v blocks of 4 columns each, split by head: rank 1 holds columns 2-3, 6-7, 10-11.
