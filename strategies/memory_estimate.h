@@ -52,10 +52,10 @@ MemoryEstimate estimate_memory(const nn::Module& model, const std::string& strat
 // runs them), with the parameters in `weights_dtype` (a sharded strategy's 16-bit weights)
 // and, with `weight_cast_cache`, autocast's casts of them cached as train_gpt caches them for
 // the strategies that keep their parameters through a step (the non-sharded ones:
-// Strategy::parameters_held_through_step), run on the meta device (tensor/meta.h), where the real code path runs without computing
-// and allocates the CPU path's tensors byte for byte: a CPU run's memory report measures the
-// same. Under the data-parallel and sharded strategies every rank runs one of these per
-// micro-batch.
+// Strategy::parameters_held_through_step), run on the meta device (tensor/meta.h), where the
+// real code path runs without computing and allocates the CPU path's tensors byte for byte: a
+// CPU run's memory report measures the same. Under the data-parallel and sharded strategies
+// every rank runs one of these per micro-batch.
 struct MicroBatchEstimate {
   // The peak bytes of activations (MemoryKind::Activations), the tokens and the model's own
   // tensors that are not parameters (Llama's rotary tables) included.

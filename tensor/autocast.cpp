@@ -1,7 +1,6 @@
 #include "tensor/autocast.h"
 
 #include <map>
-#include <set>
 
 #include "tensor/autograd/node.h"
 #include "tensor/meta.h"
@@ -33,8 +32,7 @@ struct WeightCastScope::State {
     DType dtype;
     auto operator<=>(const Key&) const = default;
   };
-  std::vector<std::shared_ptr<Storage>> held;
-  std::set<const Storage*> parameters;
+  std::map<const Storage*, std::shared_ptr<Storage>> parameters;  // held: addresses stay theirs
   std::map<Key, Tensor> casts;
 };
 
@@ -71,8 +69,7 @@ WeightCastScope::WeightCastScope(const std::vector<Tensor>& parameters)
     : state_(std::make_unique<State>()), previous_(active_cache) {
   for (const Tensor& p : parameters) {
     if (!p.defined() || p.dtype() != DType::F32) continue;
-    state_->held.push_back(p.storage());
-    state_->parameters.insert(p.storage().get());
+    state_->parameters.emplace(p.storage().get(), p.storage());
   }
   active_cache = state_.get();
 }

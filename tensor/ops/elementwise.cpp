@@ -71,7 +71,6 @@ std::pair<Tensor, Tensor> promoted(const Tensor& a, const Tensor& b) {
   return {a.dtype() == common ? a : cast(a, common), b.dtype() == common ? b : cast(b, common)};
 }
 
-
 // out = a + b for an f32 a and a bf16 or f16 b, both contiguous, b of out's shape and a of its
 // shape or of its trailing dimensions (a bias, broadcast over the rows), in one pass with b
 // widened on load (out may be a).
@@ -91,17 +90,12 @@ void add_widened_into(Tensor& out, const Tensor& a, const Tensor& b) {
                             static_cast<const uint16_t*>(b.raw_data()), b.dtype(), out.numel());
 }
 
-bool is_16bit_floating(DType dtype) {
-  return dtype == DType::BF16 || dtype == DType::F16;
-}
-
-// a (f32) += b (bf16 or f16, a's shape) in one pass, b widened on load.
+// a (f32, contiguous) += b (bf16 or f16, a's shape) in one pass, b widened on load.
 void add_widened_(Tensor& a, const Tensor& b) {
   if (b.shape() != a.shape() || b.device() != a.device()) {
     fail("add_: a ", dtype_name(b.dtype()), " addend of an f32 tensor must have its shape and "
          "device: ", a.str(), " += ", b.str());
   }
-  check(a.is_contiguous(), "add_: destination must be contiguous");
   NoGradGuard no_grad;
   add_widened_into(a, a, b.contiguous());
 }
@@ -115,8 +109,8 @@ void add_widened_(Tensor& a, const Tensor& b) {
 // the 16-bit operand its gradient cast to its dtype, as promoted()'s recorded cast would, and
 // the f32 one its gradient summed to its shape. Undefined when a and b are not such a pair.
 Tensor add_of_f32_and_16bit(const Tensor& a, const Tensor& b) {
-  const bool a_wide = a.dtype() == DType::F32 && is_16bit_floating(b.dtype());
-  const bool b_wide = b.dtype() == DType::F32 && is_16bit_floating(a.dtype());
+  const bool a_wide = a.dtype() == DType::F32 && is_16bit_float(b.dtype());
+  const bool b_wide = b.dtype() == DType::F32 && is_16bit_float(a.dtype());
   if ((!a_wide && !b_wide) || a.device() != b.device() || !a.is_contiguous() ||
       !b.is_contiguous())
     return Tensor();
@@ -391,12 +385,12 @@ Tensor silu(const Tensor& x) {
 
 void add_(Tensor& a, const Tensor& b) {
   detail::check_kernel_device("add_", a);
-  if (a.dtype() == DType::F32 && is_16bit_floating(b.dtype())) {
+  check(a.is_contiguous(), "add_: destination must be contiguous");
+  if (a.dtype() == DType::F32 && is_16bit_float(b.dtype())) {
     add_widened_(a, b);
     return;
   }
   detail::check_same_kind("add_", a, b);
-  check(a.is_contiguous(), "add_: destination must be contiguous");
   NoGradGuard no_grad;
   Tensor src = b.shape() == a.shape() ? b.contiguous() : expand(b, a.shape()).contiguous();
   if (reports_op_cost(a.device())) {
