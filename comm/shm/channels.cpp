@@ -21,6 +21,7 @@ size_t ShmBackend::push(int dst, const char* data, size_t bytes) {
   std::memcpy(base + at, data, first);
   std::memcpy(base, data + first, n - first);
   c.head.value.store(head + n, std::memory_order_release);
+  wake_sleepers();
   return n;
 }
 
@@ -37,6 +38,7 @@ size_t ShmBackend::pull(int src, char* data, size_t bytes) {
   std::memcpy(data, base + at, first);
   std::memcpy(data + first, base, n - first);
   c.tail.value.store(tail + n, std::memory_order_release);
+  wake_sleepers();
   return n;
 }
 

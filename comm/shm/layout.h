@@ -2,7 +2,8 @@
 // Layout of the shm backend's segment. Control words sit on their own cache lines; each
 // counter is written by one rank only (the owner) and read by the others.
 //
-//   [RankControl x size] [ChannelControl x size*size] [FastBox x size*kFastBoxSlots]
+//   [SegmentControl] [RankControl x size] [ChannelControl x size*size]
+//   [FastBox x size*kFastBoxSlots]
 //   [RoundRecord x size*kRecordedRounds]
 //   [staging: size ranks x 2 buffers x stage_bytes] [results: size x 2 x slice_bytes]
 //   [channel rings: size*size x channel_bytes]
@@ -22,6 +23,38 @@ struct alignas(64) Counter {
 static_assert(sizeof(Counter) == 64);
 static_assert(std::atomic<uint64_t>::is_always_lock_free);
 
+// Note [Doorbells]
+// A rank that has waited kSpinBeforeYielding and then yielded for a while sleeps in the kernel
+// (a futex on its doorbell) instead of napping: naps of 50 us woke each waiting thread 20,000
+// times a second, and on a machine whose cores all compute (2 ranks on 2 cores, each with a
+// waiting progress thread) every wake-up preempted a rank's compute thread. A 2-stage pipeline
+// of the small GPT took 70-75 ms a step with naps and 61 with a doorbell (2026-12-05,
+// docs/performance_comm.md, "Doorbells"); longer naps would have delayed every long wait.
+// A waiter raises its doorbell's `sleeping`, counts itself in SegmentControl::sleepers, reads
+// `rings`, checks once more and sleeps while `rings` is unchanged. A rank that publishes
+// anything a peer may wait for (a counter, a stamp, a channel's head or tail) then looks at
+// `sleepers` and, only where there are some, bumps each sleeping peer's `rings` and wakes it.
+// Either the waiter's last check sees the publication or the publisher sees the sleeper, if
+// neither side's load passes its own store: a Dekker pattern. The publisher's side is the hot
+// one (every small allreduce), and a fence there waits for the store to leave the core, which
+// the fast boxes take care never to wait for (Note [Claiming the next box] in
+// shm_backend.cpp); so the waiter pays for both: it calls membarrier's global expedited
+// command, which runs a full barrier on every thread of the processes registered for it, and
+// a registered process publishes with no fence at all (the asymmetric barrier of liburcu and
+// folly). A process the kernel does not register fences as it publishes; a waiter whose
+// membarrier call fails naps. Sleeps are bounded (the liveness checks' period), so a peer that
+// died without ringing is still found.
+struct alignas(64) Doorbell {
+  std::atomic<uint32_t> rings{0};     // the futex word: bumped by a peer that woke this rank
+  std::atomic<uint32_t> sleeping{0};  // 1 while this rank sleeps on `rings` or is about to
+};
+static_assert(sizeof(Doorbell) == 64);
+static_assert(std::atomic<uint32_t>::is_always_lock_free);
+
+struct alignas(64) SegmentControl {
+  std::atomic<uint32_t> sleepers{0};  // ranks whose doorbell's `sleeping` is raised
+};
+
 // The arrived counter with the rank's fingerprint chain of its staging rounds beside it (slot
 // round % 2, like the staging buffers), so a peer that sees the round has the chain too.
 struct alignas(64) ArrivedLine {
@@ -36,6 +69,7 @@ struct RankControl {
   Counter reduced;      // last round whose reduced slice this rank wrote
   Counter consumed;     // last round this rank finished reading
   Counter stopped;      // 1 once this rank gave up on the group with a CommError
+  Doorbell doorbell;    // Note [Doorbells]
 };
 
 // A small message (up to 4 KiB and a little more) followed by the fingerprint chain of the
@@ -114,7 +148,7 @@ struct Layout {
   size_t slice_bytes = 0;    // per-rank share of one round of a reduction
   size_t stage_bytes = 0;    // one rank's staging buffer: size * slice_bytes
   size_t channel_bytes = 0;  // ring capacity of one point-to-point channel
-  size_t ranks_offset = 0, channels_offset = 0, fastbox_offset = 0, records_offset = 0,
+  size_t segment_offset = 0, ranks_offset = 0, channels_offset = 0, fastbox_offset = 0, records_offset = 0,
          staging_offset = 0, results_offset = 0, rings_offset = 0, total_bytes = 0;
 
   static Layout make(int size, size_t slice_bytes, size_t channel_bytes) {
@@ -124,7 +158,8 @@ struct Layout {
     l.stage_bytes = slice_bytes * static_cast<size_t>(size);
     l.channel_bytes = channel_bytes;
     size_t n = static_cast<size_t>(size);
-    l.ranks_offset = 0;
+    l.segment_offset = 0;
+    l.ranks_offset = sizeof(SegmentControl);
     l.channels_offset = l.ranks_offset + n * sizeof(RankControl);
     l.fastbox_offset = (l.channels_offset + n * n * sizeof(ChannelControl) + 127) / 128 * 128;
     l.records_offset = l.fastbox_offset + n * kFastBoxSlots * sizeof(FastBox);

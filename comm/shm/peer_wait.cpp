@@ -1,8 +1,13 @@
 #include "comm/shm/peer_wait.h"
 
+#include <linux/futex.h>
+#include <linux/membarrier.h>
 #include <sched.h>
 #include <signal.h>
+#include <sys/syscall.h>
+#include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <fstream>
 #include <thread>
@@ -22,6 +27,62 @@ bool process_alive(int64_t pid) {
   if (close == std::string::npos || close + 2 >= text.size()) return true;
   char state = text[close + 2];
   return state != 'Z' && state != 'X';
+}
+
+namespace {
+
+// How long a wait yields its core between checks before it sleeps: a wait this short is
+// answered faster by a check after each yield than by a wake-up.
+constexpr auto kYieldBeforeSleeping = std::chrono::milliseconds(2);
+// Without a doorbell (a scope made outside a segment), the nap between checks.
+constexpr auto kNap = std::chrono::microseconds(50);
+
+// FUTEX_WAIT without FUTEX_PRIVATE_FLAG: the word is in a segment other processes map.
+void futex_wait(std::atomic<uint32_t>& word, uint32_t seen, Clock::duration at_most) {
+  const auto ns = std::chrono::duration_cast<std::chrono::nanoseconds>(at_most).count();
+  if (ns <= 0) return;
+  timespec timeout{.tv_sec = static_cast<time_t>(ns / 1'000'000'000),
+                   .tv_nsec = static_cast<long>(ns % 1'000'000'000)};
+  // EAGAIN (rung meanwhile), EINTR and ETIMEDOUT all mean: look again.
+  syscall(SYS_futex, reinterpret_cast<uint32_t*>(&word), FUTEX_WAIT, seen, &timeout, nullptr, 0);
+}
+
+// Orders this thread's stores before it and every registered process's running threads'
+// loads after it, and their stores before it and this thread's loads after it (false where the
+// kernel refuses: the caller must not sleep then). An unregistered publisher fences itself.
+bool barrier_with_publishers() {
+  return syscall(SYS_membarrier, MEMBARRIER_CMD_GLOBAL_EXPEDITED, 0, 0) == 0;
+}
+
+// Sleeps until a peer rings this rank's doorbell or `until`, unless ready() turns true first
+// (Note [Doorbells]). Where the barrier is refused, naps instead.
+template <typename Ready>
+void sleep_until_rung(const WaitScope& scope, Ready&& ready, Clock::time_point until) {
+  Doorbell& bell = *scope.doorbell;
+  bell.sleeping.fetch_add(1, std::memory_order_seq_cst);
+  scope.segment->sleepers.fetch_add(1, std::memory_order_seq_cst);
+  if (barrier_with_publishers()) {
+    const uint32_t seen = bell.rings.load(std::memory_order_acquire);
+    if (!ready()) futex_wait(bell.rings, seen, until - Clock::now());
+  } else {
+    std::this_thread::sleep_for(kNap);
+  }
+  scope.segment->sleepers.fetch_sub(1, std::memory_order_release);
+  bell.sleeping.fetch_sub(1, std::memory_order_release);
+}
+
+}  // namespace
+
+bool publish_without_fence() {
+  static const bool registered =
+      syscall(SYS_membarrier, MEMBARRIER_CMD_REGISTER_GLOBAL_EXPEDITED, 0, 0) == 0;
+  return registered;
+}
+
+void ring_doorbell(Doorbell& bell) {
+  bell.rings.fetch_add(1, std::memory_order_release);
+  syscall(SYS_futex, reinterpret_cast<uint32_t*>(&bell.rings), FUTEX_WAKE, INT32_MAX, nullptr,
+          nullptr, 0);
 }
 
 void give_up(const WaitScope& scope, const CommError& error) {
@@ -69,10 +130,12 @@ void wait_slowly(const WaitScope& scope, const std::function<bool()>& ready,
       }
       next_check = now + milliseconds(5);
     }
-    if (now - start < milliseconds(2)) {
+    if (now - start < kYieldBeforeSleeping) {
       sched_yield();
+    } else if (scope.doorbell != nullptr) {
+      sleep_until_rung(scope, ready, std::min(next_check, deadline));
     } else {
-      std::this_thread::sleep_for(microseconds(50));
+      std::this_thread::sleep_for(kNap);
     }
   }
 }

@@ -1,7 +1,8 @@
 #pragma once
-// Waiting on other ranks through shared memory: spin briefly (latency), then yield, then
-// sleep in short naps (ranks may outnumber cores). Every few milliseconds the ranks still
-// awaited are checked for liveness, so a dead peer, or one that gave up on the group with an
+// Waiting on other ranks through shared memory: spin briefly (latency), then yield (ranks may
+// outnumber cores), then sleep on this rank's doorbell until a peer publishes something (Note
+// [Doorbells] in comm/shm/layout.h). Every few milliseconds the ranks still awaited are
+// checked for liveness, so a dead peer, or one that gave up on the group with an
 // error of its own, is reported at once instead of at the deadline.
 
 #include <cstdint>
@@ -10,6 +11,7 @@
 
 #include "comm/cpu_relax.h"
 #include "comm/error.h"
+#include "comm/shm/layout.h"
 
 namespace loom::comm::shm {
 
@@ -21,12 +23,41 @@ struct WaitScope {
   std::function<int64_t(int)> pid_of;  // pid of a peer (0: not attached yet)
   std::function<bool(int)> stopped;    // whether a peer gave up on the group
   std::function<void()> stop;          // tells the peers that this rank gives up
+  // Where this rank sleeps while it waits long (Note [Doorbells]); without them, short naps.
+  Doorbell* doorbell = nullptr;
+  SegmentControl* segment = nullptr;
 };
+
+// Wakes whoever sleeps on `bell` (Note [Doorbells]).
+void ring_doorbell(Doorbell& bell);
+
+// Registers this process for the waiters' barrier (membarrier's global expedited command),
+// once per process; true when it did, and its publishers may then skip their fence (Note
+// [Doorbells]).
+bool publish_without_fence();
+
+// The publisher's side of Note [Doorbells]: call after a store that a peer may wait for. The
+// fast path is one load of a line nobody writes while nobody sleeps, after a fence only where
+// this process could not register for the waiters' barrier (`fenced`).
+template <typename BellOf>
+void wake_sleeping_peers(const SegmentControl& segment, int size, int self, bool fenced,
+                         BellOf&& bell_of) {
+  if (fenced) {
+    std::atomic_thread_fence(std::memory_order_seq_cst);
+  } else {
+    std::atomic_signal_fence(std::memory_order_seq_cst);  // the compiler's order only
+  }
+  if (segment.sleepers.load(std::memory_order_acquire) == 0) return;
+  for (int r = 0; r < size; ++r) {
+    Doorbell& bell = bell_of(r);
+    if (r != self && bell.sleeping.load(std::memory_order_acquire) > 0) ring_doorbell(bell);
+  }
+}
 
 // Marks this rank as stopped (scope.stop) and throws `error`.
 [[noreturn]] void give_up(const WaitScope& scope, const CommError& error);
 
-// The part of wait_until after the initial spin: yields, naps and liveness checks.
+// The part of wait_until after the initial spin: yields, sleeps and liveness checks.
 void wait_slowly(const WaitScope& scope, const std::function<bool()>& ready,
                  const std::function<int()>& lagging, Deadline deadline, const char* what);
 
@@ -34,7 +65,7 @@ void wait_slowly(const WaitScope& scope, const std::function<bool()>& ready,
 // Throws loom::CommError naming that peer when it died, gave up or when `deadline` passes.
 // For kSpinBeforeYielding the checks spin inline (no allocation, no call through a pointer, a clock
 // read per 64 checks), which is what a small collective between ranks on their own cores
-// costs; then wait_slowly yields and naps.
+// costs; then wait_slowly yields and sleeps.
 template <typename Ready, typename Lagging>
 void wait_until(const WaitScope& scope, Ready&& ready, Lagging&& lagging, Deadline deadline,
                 const char* what) {

@@ -82,6 +82,7 @@ ShmBackend::ShmBackend(const BackendContext& context)
   Store& store = *context.store;
   if (rank_ == 0) {
     segment_ = Segment::create(layout_.total_bytes);
+    new (&segment_control()) SegmentControl();
     for (int r = 0; r < size_; ++r)
       new (&control(r)) RankControl();
     for (int s = 0; s < size_; ++s)
@@ -116,7 +117,23 @@ ShmBackend::ShmBackend(const BackendContext& context)
                 },
             .stopped =
                 [this](int r) { return control(r).stopped.value.load(std::memory_order_acquire); },
-            .stop = [this] { control(rank_).stopped.value.store(1, std::memory_order_release); }};
+            .stop =
+                [this] {
+                  control(rank_).stopped.value.store(1, std::memory_order_release);
+                  wake_sleepers();
+                },
+            .doorbell = &control(rank_).doorbell,
+            .segment = &segment_control()};
+}
+
+SegmentControl& ShmBackend::segment_control() const {
+  return *reinterpret_cast<SegmentControl*>(static_cast<char*>(segment_.data()) +
+                                            layout_.segment_offset);
+}
+
+void ShmBackend::wake_sleepers() const {
+  wake_sleeping_peers(segment_control(), size_, rank_, fenced_publishing_,
+                      [this](int r) -> Doorbell& { return control(r).doorbell; });
 }
 
 RankControl& ShmBackend::control(int r) const {
@@ -250,6 +267,7 @@ void ShmBackend::report_mismatch(int r, uint64_t round) const {
 
 void ShmBackend::publish(Phase phase, uint64_t round) {
   counter(rank_, phase).store(round, std::memory_order_release);
+  wake_sleepers();
 }
 
 // A peer awaited for its data of `round` may have run that round on the other path (a tiny
@@ -463,6 +481,7 @@ ShmBackend::PostedRound ShmBackend::post_tiny(const Tensor& input, Deadline dead
     copy_bytes(mine.data, input.raw_data(), bytes);
     mine.stamp(bytes).store(chain_, std::memory_order_release);
   }
+  wake_sleepers();
   claim_next_box(round, bytes);
   // No arrived counter: peers read this round's data from the box alone (a peer that ran this
   // round on a staging path finds it out from this round's record, fail_if_parted).

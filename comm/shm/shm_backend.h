@@ -70,7 +70,11 @@ class ShmBackend final : public TransportBackend {
   static constexpr size_t kMaxPosted = 8;
   static_assert(kFastBoxSlots > 2 * kMaxPosted + 1, "Note [Box slots]");
 
+  SegmentControl& segment_control() const;
   RankControl& control(int r) const;
+  // After a store a peer may wait for: wakes the peers asleep on their doorbells (Note
+  // [Doorbells] in comm/shm/layout.h).
+  void wake_sleepers() const;
   ChannelControl& channel(int src, int dst) const;
   char* ring(int src, int dst) const;
   char* staging(int r, uint64_t round) const;
@@ -129,6 +133,9 @@ class ShmBackend final : public TransportBackend {
   Layout layout_;
   Segment segment_;
   WaitScope scope_;
+  // Whether this process's publications need a fence before they look for sleepers (Note
+  // [Doorbells] in comm/shm/layout.h).
+  bool fenced_publishing_ = !publish_without_fence();
   uint64_t round_ = 0;
   Fingerprint current_;            // the collective now running (Note [Fingerprints])
   uint64_t chain_ = kChainStart;   // this rank's chain after round_
