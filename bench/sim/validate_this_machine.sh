@@ -47,6 +47,6 @@ print(statistics.median(r['ms_per_step'] for r in rows if r['step'] >= 3))")
       python3 -c "import json, sys; print(json.load(sys.stdin)['ms_per_step'])")
     python3 -c "
 m, p = $measured, $predicted
-print(f'| {\"$size\".split(\" --heads\")[0].replace(\"--\", \"\")} | $name ${extra:-} | $ranks | {m:.1f} | {p:.1f} | {100 * (p - m) / m:+.0f}% |')"
+print(f'| {\"$size\".split(\" --heads\")[0].replace(\"--\", \"\")} | $name ${extra:-} | $ranks | {m:.1f} | {p:.1f} | {100 * (p - m) / m:+.1f}% |')"
   done
 done

@@ -36,22 +36,17 @@ void ring_doorbell(Doorbell& bell);
 // [Doorbells]).
 bool publish_without_fence();
 
-// The publisher's side of Note [Doorbells]: call after a store that a peer may wait for. The
-// fast path is one load of a line nobody writes while nobody sleeps, after a fence only where
-// this process could not register for the waiters' barrier (`fenced`).
-template <typename BellOf>
-void wake_sleeping_peers(const SegmentControl& segment, int size, int self, bool fenced,
-                         BellOf&& bell_of) {
+// The publisher's side of Note [Doorbells], after a store that a peer may wait for: whether
+// any rank of the segment sleeps (then ring the sleeping peers' doorbells). One load of a line
+// nobody writes while nobody sleeps, after a fence only where this process could not register
+// for the waiters' barrier (`fenced`).
+inline bool anyone_asleep(const SegmentControl& segment, bool fenced) {
   if (fenced) {
     std::atomic_thread_fence(std::memory_order_seq_cst);
   } else {
     std::atomic_signal_fence(std::memory_order_seq_cst);  // the compiler's order only
   }
-  if (segment.sleepers.load(std::memory_order_acquire) == 0) return;
-  for (int r = 0; r < size; ++r) {
-    Doorbell& bell = bell_of(r);
-    if (r != self && bell.sleeping.load(std::memory_order_acquire) > 0) ring_doorbell(bell);
-  }
+  return segment.sleepers.load(std::memory_order_acquire) != 0;
 }
 
 // Marks this rank as stopped (scope.stop) and throws `error`.

@@ -82,7 +82,8 @@ ShmBackend::ShmBackend(const BackendContext& context)
   Store& store = *context.store;
   if (rank_ == 0) {
     segment_ = Segment::create(layout_.total_bytes);
-    new (&segment_control()) SegmentControl();
+    segment_control_ =
+        new (static_cast<char*>(segment_.data()) + layout_.segment_offset) SegmentControl();
     for (int r = 0; r < size_; ++r)
       new (&control(r)) RankControl();
     for (int s = 0; s < size_; ++s)
@@ -92,6 +93,8 @@ ShmBackend::ShmBackend(const BackendContext& context)
   } else {
     std::string name = to_string(store.get("shm/segment", context.timeout));
     segment_ = Segment::open(name, layout_.total_bytes);
+    segment_control_ = reinterpret_cast<SegmentControl*>(static_cast<char*>(segment_.data()) +
+                                                        layout_.segment_offset);
   }
   control(rank_).pid.value.store(static_cast<uint64_t>(getpid()), std::memory_order_release);
   store.set("shm/attached/" + std::to_string(rank_), to_bytes("1"));
@@ -123,17 +126,14 @@ ShmBackend::ShmBackend(const BackendContext& context)
                   wake_sleepers();
                 },
             .doorbell = &control(rank_).doorbell,
-            .segment = &segment_control()};
+            .segment = segment_control_};
 }
 
-SegmentControl& ShmBackend::segment_control() const {
-  return *reinterpret_cast<SegmentControl*>(static_cast<char*>(segment_.data()) +
-                                            layout_.segment_offset);
-}
-
-void ShmBackend::wake_sleepers() const {
-  wake_sleeping_peers(segment_control(), size_, rank_, fenced_publishing_,
-                      [this](int r) -> Doorbell& { return control(r).doorbell; });
+void ShmBackend::ring_sleeping_peers() const {
+  for (int r = 0; r < size_; ++r) {
+    Doorbell& bell = control(r).doorbell;
+    if (r != rank_ && bell.sleeping.load(std::memory_order_acquire) > 0) ring_doorbell(bell);
+  }
 }
 
 RankControl& ShmBackend::control(int r) const {

@@ -70,11 +70,13 @@ class ShmBackend final : public TransportBackend {
   static constexpr size_t kMaxPosted = 8;
   static_assert(kFastBoxSlots > 2 * kMaxPosted + 1, "Note [Box slots]");
 
-  SegmentControl& segment_control() const;
   RankControl& control(int r) const;
   // After a store a peer may wait for: wakes the peers asleep on their doorbells (Note
-  // [Doorbells] in comm/shm/layout.h).
-  void wake_sleepers() const;
+  // [Doorbells] in comm/shm/layout.h). Inline: every publication passes here.
+  void wake_sleepers() const {
+    if (anyone_asleep(*segment_control_, fenced_publishing_)) ring_sleeping_peers();
+  }
+  void ring_sleeping_peers() const;
   ChannelControl& channel(int src, int dst) const;
   char* ring(int src, int dst) const;
   char* staging(int r, uint64_t round) const;
@@ -132,6 +134,7 @@ class ShmBackend final : public TransportBackend {
   int rank_, size_;
   Layout layout_;
   Segment segment_;
+  SegmentControl* segment_control_ = nullptr;  // at the start of segment_
   WaitScope scope_;
   // Whether this process's publications need a fence before they look for sleepers (Note
   // [Doorbells] in comm/shm/layout.h).
