@@ -3,7 +3,8 @@
 # "Calibration"), from measurements on this machine: the device from loom-sim-calibrate (Loom's
 # own CPU ops at one thread, the share of one core a rank has when each rank has a core; and
 # again with one copy per core running at once, for ranks that share the machine), the node's
-# collective bandwidth and latency from loom-perf's shm allreduce on 2 ranks.
+# collective bandwidth and latency from loom-perf's shm allreduce on 2 ranks, and the core time
+# a call takes from ranks that compute on every core (loom-perf --compute-us).
 # Usage: bash scripts/calibrate-this-machine.sh [BUILD_DIR]   (default build/release)
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -29,12 +30,18 @@ done
 for pid in "${pids[@]}"; do wait "$pid"; done
 echo "calibrate-this-machine: shm allreduce on 2 ranks (loom-perf)" >&2
 "$perf" allreduce --np 2 -b 8 -e 64M -f 8 -z 2 --json "$work/allreduce.json" > /dev/null
+# The core time one call takes from a rank that computes meanwhile, one rank per core (Note [A
+# call's cost to a computing rank] in tools/loom_perf/runner.cpp): 1 ms of computation per call.
+echo "calibrate-this-machine: a call's cost to computing ranks ($cores ranks, loom-perf --compute-us)" >&2
+"$perf" allreduce --np "$cores" -b 8 -e 4K -f 8 -z 2 --compute-us 1000 -n 300 -w 30 \
+  --json "$work/loaded.json" > /dev/null
 python3 - "$work/device.json" "$work/allreduce.json" sim/clusters/this-machine.json \
-  "$work"/shared*.json <<'PY'
+  "$work/loaded.json" "$work"/shared*.json <<'PY'
 import datetime, json, os, platform, sys
 device = json.load(open(sys.argv[1]))
 perf = json.load(open(sys.argv[2]))
-copies = [json.load(open(path)) for path in sys.argv[4:]]
+loaded = json.load(open(sys.argv[4]))
+copies = [json.load(open(path)) for path in sys.argv[5:]]
 def mean_curve(curves):
     """Each size's rate averaged over the copies that measured it."""
     rates = {}
@@ -55,6 +62,8 @@ large = [busbw(r) for r in rows if r["size"] >= 2 << 20]
 small = [time_us(r) for r in rows if r["size"] <= 4096]
 bus = sorted(large)[len(large) // 2]
 latency = sorted(small)[len(small) // 2] / 2  # a 2-rank ring allreduce takes 2 steps
+costs = [r[place]["time_us"] for r in loaded["results"] for place in ("out_of_place", "in_place")]
+comm_core = max(0.0, sorted(costs)[len(costs) // 2])
 cpu = next((l.split(":", 1)[1].strip() for l in open("/proc/cpuinfo") if l.startswith("model name")), platform.processor())
 isa = "AVX-512" if "avx512f" in open("/proc/cpuinfo").read() else "AVX2"
 cores = os.cpu_count()
@@ -71,7 +80,10 @@ source = (f"This machine ({cpu}, {isa}, {cores} cores), measured {datetime.date.
           "averaged (ranks sharing the cores' caches and memory bandwidth). Node: the "
           "shm backend, `loom-perf allreduce --np 2 -b 8 -e 64M -f 8 -z 2`: the median bus "
           f"bandwidth from 2 MiB ({bus:.2f} GB/s) and half the median time up to 4 KiB per "
-          f"step ({latency:.2f} us). One node: all ranks share its {cores} cores.")
+          f"step ({latency:.2f} us). A call's core time while every core computes: "
+          f"`loom-perf allreduce --np {cores} -b 8 -e 4K -f 8 -z 2 --compute-us 1000`, the "
+          f"median over sizes and placements ({comm_core:.1f} us). One node: all ranks "
+          f"share its {cores} cores.")
 def pairs(curve): return "[" + ", ".join(f"[{a:.4g}, {b:.4g}]" for a, b in curve) + "]"
 def by_key(curves, indent):
     pad = " " * indent
@@ -98,7 +110,8 @@ text = f'''{{
       "ops_tflops": {by_key(shared["ops_tflops"], 6)}
     }}
   }},
-  "node": {{"devices": 1024, "compute_slots": {cores}, "busbw_gbps": {bus:.3g}, "latency_us": {latency:.3g}}},
+  "node": {{"devices": 1024, "compute_slots": {cores}, "busbw_gbps": {bus:.3g}, "latency_us": {latency:.3g},
+           "comm_core_us": {comm_core:.3g}}},
   "network": {{"nics_per_node": 0}},
   "collective_base_latency_us": 0,
   "host": {{"pcie_gbps": {device["memory_gbps"][-1][1]:.3g}}}

@@ -196,6 +196,8 @@ Cluster parse_cluster(const std::string& json_text, const std::string& origin) {
   c.compute_slots = r.count(node, "node", "compute_slots");
   c.intra_node = {.bytes_per_s = r.number(node, "node", "busbw_gbps") * kGiga,
                   .latency_s = r.number(node, "node", "latency_us", true) * kMicro};
+  if (node.contains("comm_core_us"))
+    c.comm_core_s = r.number(node, "node", "comm_core_us", true) * kMicro;
   const json& network = r.member(doc, "", "network");
   c.nics_per_node = r.count(network, "network", "nics_per_node", true);
   if (c.nics_per_node > 0) {
@@ -216,6 +218,11 @@ Cluster parse_cluster(const std::string& json_text, const std::string& origin) {
     if (!ops->is_object()) r.fail("host.ops_gbps", "must map op names to curves");
     for (const auto& [op, points] : ops->items())
       c.host_op_bytes_per_s[op] = r.curve(points, "host.ops_gbps." + op, kGiga);
+  }
+  if (c.comm_core_s > 0 && !c.host_memory_bytes_per_s.empty()) {
+    r.fail("node.comm_core_us",
+           "applies to a CPU cluster, whose cores both compute and communicate (one without "
+           "host.memory_gbps); a GPU's communication runs beside its compute");
   }
   return c;
 }

@@ -74,6 +74,11 @@ struct Cluster {
   // slows by ranks / slots. A GPU node has one slot per device.
   int compute_slots = 1;
   LinkSpec intra_node;  // a collective's bus bandwidth among one node's devices (NVLink)
+  // Optional (node.comm_core_us; CPU clusters only): the core time one communication operation
+  // takes from a rank that computes meanwhile, beyond its transfer, measured with every core
+  // computing (loom-perf --compute-us). Where the node's ranks fill its compute slots, a rank's
+  // compute gives up that time and the transfer's (the copies run on the same cores).
+  double comm_core_s = 0;
   int nics_per_node = 0;
   LinkSpec nic;          // one NIC, between nodes
   std::string topology;  // "fat-tree" or "rail": both full bisection (docs/simulation.md)

@@ -71,8 +71,18 @@ comm::SimInterval Timeline::record(const comm::CommCost& cost) {
   logged.host_tensor = Tensor();  // (the log keeps no tensors)
   comm_log_.record(logged);
   const bool p2p = cost.op == "send" || cost.op == "recv";
+  const double on_cores = device_.communication_core_seconds(took.seconds);
   std::unique_lock lock(mutex_);
   const double start = start_of(cost, p2p, lock);
+  if (on_cores > 0) {  // the rank's compute gives up the core time the operation takes
+    if (trace_ != nullptr) {
+      const int64_t from = microseconds(totals_.now);
+      trace_->complete(cost.op, "communication on the cores", from,
+                       microseconds(totals_.now + on_cores) - from);
+    }
+    totals_.now += on_cores;
+    totals_.compute += on_cores;
+  }
   const int peer = !p2p                ? -1
                    : cost.world_ranks ? (*cost.world_ranks)[static_cast<size_t>(cost.peer)]
                                       : cost.peer;

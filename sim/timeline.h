@@ -6,7 +6,9 @@
 // when its stream is free, whichever is later. A wait on an operation's Work (the strategies'
 // own waits: DDP's buckets at the end of backward, ZeRO-3's prefetched gathers) moves the
 // compute stream to the operation's completion; the time it moves is exposed communication.
-// So the overlap a step gets is the one its strategy's code expresses.
+// So the overlap a step gets is the one its strategy's code expresses. On a CPU cluster whose
+// ranks fill the node's cores, each operation also takes its core time from the compute
+// stream (DeviceModel::communication_core_seconds).
 //
 // The ranks of a pipeline's stages are simulated together, one timeline each on its own thread,
 // meeting in a RankExchange (sim/rank_exchange.h): a send to another present rank arrives at
@@ -52,7 +54,7 @@ class Timeline final : public MetaCostSink, public comm::CommCostSink, public co
 
   struct Totals {
     double now = 0;           // the compute stream's time
-    double compute = 0;       // its busy time
+    double compute = 0;       // its busy time (communication's core time included)
     double exposed_comm = 0;  // its time waiting for collectives
     double bubble = 0;        // its time waiting for another present rank's messages
     double comm_busy = 0;     // the communication streams' busy time, summed

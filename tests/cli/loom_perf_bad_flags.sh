@@ -25,6 +25,9 @@ expect_refused "\-\-timeout must be a number of seconds above 0 and at most 3153
 expect_refused "\-\-timeout .* got 1e+30" "${C[@]}" --timeout 1e30
 expect_refused "\-\-timeout .* got inf" "${C[@]}" --timeout inf
 expect_refused "\-\-timeout .* got 0" "${C[@]}" --timeout 0
+expect_refused "\-\-compute-us needs -z 2" "${C[@]}" --compute-us 100
+expect_refused "\-\-compute-us must be a finite number of microseconds, 0 or more, got -1" \
+  "${C[@]}" -z 2 --compute-us -1
 S=(strategy --layers 1 --heads 1 --embd 16 --ctx 16 --steps 3)
 expect_refused "\-\-batch: Value -1 not in range 1 to 16777216" "${S[@]}" --batch -1
 expect_refused "\-\-batch: Value 0 not in range" "${S[@]}" --batch 0

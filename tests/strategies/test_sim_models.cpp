@@ -346,6 +346,42 @@ TEST(SimTimeline, CommunicationOverlapsComputeUntilTheCallerWaits) {
   EXPECT_EQ(timeline.comm_log().size(), 5u);
 }
 
+// On a CPU cluster whose ranks fill the node's cores, a communication operation takes core time
+// from its rank's compute: node.comm_core_us plus its transfer, slowed as the rank's ops are
+// (4 ranks on 2 slots: twice); with a core to spare, or on a GPU cluster, nothing.
+TEST(SimTimeline, OnAFullCpuNodeCommunicationTakesCoreTimeFromCompute) {
+  constexpr double kNanosecond = 1e-9;
+  const std::string node = R"("compute_slots": 4, "busbw_gbps": 100, "latency_us": 1},)";
+  const Cluster c = parse_cluster(
+      test_cluster_json(node, R"("compute_slots": 2, "busbw_gbps": 100, "latency_us": 1,
+                                 "comm_core_us": 50},)"),
+      "cpu");
+  EXPECT_DOUBLE_EQ(c.comm_core_s, 50e-6);
+  for (const auto& [ranks, charged_per_us] :
+       {std::pair{4, 2.0}, std::pair{2, 1.0}, std::pair{1, 0.0}}) {
+    Timeline timeline(c, 0, ranks, DType::F32);
+    TimelineScope scope(timeline);
+    std::shared_ptr<comm::ProcessGroup> group = sim_group(ranks);
+    Tensor grads = Tensor::empty({1 << 20}, DType::F32, Device::meta());  // 4 MiB
+    const double n = ranks;
+    const double allreduce =
+        ranks == 1 ? 0 : 2e-6 + 2 * ((n - 1) / n * 4194304 / 100e9 + (n - 1) * 1e-6);
+    const double charged = charged_per_us * (50e-6 + allreduce);
+    group->allreduce(grads)->wait();
+    const Timeline::Totals t = timeline.totals();
+    EXPECT_NEAR(t.compute, charged, kNanosecond) << ranks << " ranks";
+    // The wait ends at the operation's end or after the charge, whichever is later.
+    EXPECT_NEAR(t.now, std::max(allreduce, charged), kNanosecond) << ranks << " ranks";
+  }
+  expect_error(test_cluster_json(node, R"("compute_slots": 4, "busbw_gbps": 100, "latency_us": 1,
+                                          "comm_core_us": -1},)"),
+               "node.comm_core_us must be");
+  std::string gpu = test_cluster_json(node, R"("compute_slots": 4, "busbw_gbps": 100,
+                                               "latency_us": 1, "comm_core_us": 5},)");
+  gpu.replace(gpu.find(R"("pcie_gbps": 20})"), 17, R"("pcie_gbps": 20, "memory_gbps": [[1e6, 10]]})");
+  expect_error(gpu, "node.comm_core_us applies to a CPU cluster");
+}
+
 // split_by: a simulated group makes its subgroup from the assignment alone, ordered by (key,
 // rank) as split() orders, and knows where its members are in the world.
 TEST(SimTimeline, ASimulatedGroupSplitsByAnAssignment) {

@@ -69,6 +69,10 @@ std::optional<int> parse(int argc, char** argv, PerfOptions& options) {
                  "2: asynchronous calls, each waited for before the next")
       ->capture_default_str()
       ->check(CLI::Range(0, 2));
+  app.add_option("--compute-us", options.compute_us,
+                 "With -z 2: each rank computes this many microseconds between issuing a call "
+                 "and waiting for it; the time reported is what the call adds (0: off)")
+      ->capture_default_str();
   app.add_option("-r,--root", options.root, "Root of broadcast and reduce")->capture_default_str();
   app.add_option("--backend", options.backend, "Loom backend (auto, shm, ...)")
       ->capture_default_str();

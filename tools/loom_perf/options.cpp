@@ -100,6 +100,12 @@ void check_options(const PerfOptions& o) {
       !is_floating(o.dtype)) {
     fail("-o avg needs a floating datatype, got ", nccl_type_name(o.dtype));
   }
+  if (!(std::isfinite(o.compute_us) && o.compute_us >= 0)) {
+    fail("--compute-us must be a finite number of microseconds, 0 or more, got ", o.compute_us);
+  }
+  if (o.compute_us > 0 && !o.wait_each) {
+    fail("--compute-us needs -z 2: each call is issued, the rank computes, then waits for it");
+  }
   if (!(o.timeout_s > 0 && o.timeout_s <= static_cast<double>(kMaxTimeoutSeconds))) {
     fail("--timeout must be a number of seconds above 0 and at most ", kMaxTimeoutSeconds,
          " (a year), got ", o.timeout_s);

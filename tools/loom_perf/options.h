@@ -27,6 +27,11 @@ struct PerfOptions {
   comm::ReduceOp op = comm::ReduceOp::Sum;  // -o
   bool blocking = false;  // -z 1: synchronous calls (async_op = false), each done before the next
   bool wait_each = false;  // -z 2: asynchronous calls, each waited for before the next
+  // --compute-us (with -z 2): each rank computes this long (arithmetic on its own thread)
+  // between issuing a call and waiting for it, and the reported time is what a call adds to
+  // that computation: the core time it takes from a rank that computes meanwhile, where the
+  // ranks fill the cores (loom-sim's node.comm_core_us, docs/simulation.md).
+  double compute_us = 0;
   int root = 0;           // -r
   std::string backend = "auto";
   double timeout_s = 300;
@@ -51,7 +56,8 @@ inline constexpr int64_t kMaxTimeoutSeconds = int64_t{365} * 24 * 3600;
 
 // Checks the parsed options against each other and their ranges, before any work starts:
 // -e not below -b, a finite -f above 1 (unless -i is set), -o avg on a floating type, and a
-// --timeout above 0 and at most kMaxTimeoutSeconds. Throws loom::Error naming the flag,
+// --timeout above 0 and at most kMaxTimeoutSeconds, --compute-us finite, not negative and
+// only with -z 2. Throws loom::Error naming the flag,
 // the value and what is accepted.
 void check_options(const PerfOptions& options);
 

@@ -96,6 +96,10 @@ void print_header(std::ostream& out, const RunInfo& info) {
   }
   out << format(" warmup iters: %d iters: %d validation: %d blocking: %d\n", o.warmup_iters,
                 o.iters, o.check ? 1 : 0, o.blocking ? 1 : (o.wait_each ? 2 : 0));
+  if (o.compute_us > 0) {
+    out << format("# Each call overlaps %g us of computation per rank; time: what it adds\n",
+                  o.compute_us);
+  }
   out << "# Command: " << o.command << "\n";
   out << "# Date: " << info.date << "\n#\n# Using devices\n";
   for (const RankInfo& r : info.ranks) {
@@ -194,6 +198,7 @@ void write_json(const std::string& path, const RunInfo& info, const std::vector<
                              {"iters", o.iters},
                              {"warmup_iters", o.warmup_iters},
                              {"blocking", o.blocking ? 1 : (o.wait_each ? 2 : 0)},
+                             {"compute_us", o.compute_us},
                              {"check", o.check},
                              {"date", info.date},
                              {"command", o.command},

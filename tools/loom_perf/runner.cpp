@@ -5,6 +5,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <cmath>
 #include <cstring>
 #include <deque>
 
@@ -175,6 +176,7 @@ std::vector<Row> Runner::run(const std::function<void(const Row&)>& on_row) {
   std::vector<Row> rows;
   std::vector<size_t> sizes = size_list(options_);
   if (options_.collective == Collective::Barrier) sizes = {0};  // moves no data
+  if (options_.compute_us > 0) compute_rounds_ = compute_rounds();
   uint32_t seed = 0;
   for (size_t bytes : sizes) {
     rows.push_back(measure_size(bytes, seed));
@@ -182,6 +184,35 @@ std::vector<Row> Runner::run(const std::function<void(const Row&)>& on_row) {
     if (on_row) on_row(rows.back());
   }
   return rows;
+}
+
+namespace {
+
+// A fixed amount of arithmetic on this thread, in registers: a chain of dependent
+// multiply-adds, which keeps one core busy for a time proportional to `rounds` and touches
+// no memory.
+double busy_work(int64_t rounds) {
+  double a = 1.0;
+  const double b = 1e-9;
+  for (int64_t i = 0; i < rounds; ++i)
+    a = a * (1.0 - b) + b;
+  return a;
+}
+
+// Keeps busy_work's result alive, so that the compiler cannot drop the loop.
+volatile double busy_sink = 0;
+
+}  // namespace
+
+int64_t Runner::compute_rounds() {
+  using Clock = std::chrono::steady_clock;
+  constexpr int64_t kProbe = int64_t{1} << 22;
+  busy_sink = busy_work(kProbe);  // warm
+  const auto start = Clock::now();
+  busy_sink = busy_work(kProbe);
+  const double us = std::chrono::duration<double, std::micro>(Clock::now() - start).count();
+  const double rounds = std::ceil(options_.compute_us * static_cast<double>(kProbe) / us);
+  return static_cast<int64_t>(max_over_ranks(rounds));
 }
 
 Row Runner::measure_size(size_t requested_bytes, uint32_t seed) {
@@ -233,16 +264,33 @@ Measurement Runner::measure(size_t bytes, size_t count, size_t per_rank, bool in
   wait_all(works);
   pg_->barrier(o)->wait();
 
+  // Note [A call's cost to a computing rank]
+  // With --compute-us, every rank first times its computation alone, all ranks computing at
+  // once (each core busy, as in a training step whose ranks fill the cores), then the same
+  // computation with a call issued before it and waited for after it. The difference is what
+  // the call cost the computing rank: the core time its progress thread and its waits took
+  // (hand-off, spin, wake-ups, the copies), plus any wait the computation did not cover.
+  const int iters = std::max(options_.iters, 1);
+  double alone_us = 0;
+  if (compute_rounds_ > 0) {
+    pg_->barrier(o)->wait();
+    const auto alone = Clock::now();
+    for (int i = 0; i < iters; ++i)
+      busy_sink = busy_work(compute_rounds_);
+    alone_us = std::chrono::duration<double, std::micro>(Clock::now() - alone).count() / iters;
+    pg_->barrier(o)->wait();
+  }
   auto start = Clock::now();
   for (int i = 0; i < options_.iters; ++i) {
     issue(*pg_, options_.collective, buffers, o, works);
+    if (compute_rounds_ > 0) busy_sink = busy_work(compute_rounds_);
     if (options_.blocking || options_.wait_each) wait_all(works);
   }
   wait_all(works);
   double elapsed_us = std::chrono::duration<double, std::micro>(Clock::now() - start).count();
 
   Measurement m;
-  m.time_us = max_over_ranks(elapsed_us / std::max(options_.iters, 1));
+  m.time_us = max_over_ranks(elapsed_us / iters - alone_us);
   m.algbw = m.time_us > 0 ? static_cast<double>(bytes) / m.time_us / 1e3 : 0.0;
   m.busbw = m.algbw * bus_factor(options_.collective, nranks_);
 

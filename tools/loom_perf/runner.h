@@ -3,6 +3,9 @@
 // `iters` operations (issued back to back and waited for at the end, or with -z 1 as
 // synchronous calls, async_op = false), take the slowest rank's average, then run one more
 // operation on fresh inputs and count the wrong output elements (-c 1).
+// With --compute-us each rank computes between issuing a call and waiting for it (-z 2), and
+// a call's time is the iteration's less the same computation timed alone, every rank
+// computing at once (Note [A call's cost to a computing rank] in runner.cpp).
 
 #include <cstdint>
 #include <functional>
@@ -50,12 +53,16 @@ class Runner {
  private:
   Row measure_size(size_t requested_bytes, uint32_t seed);
   Measurement measure(size_t bytes, size_t count, size_t per_rank, bool in_place, uint32_t seed);
+  // Rounds of busy_work that take options_.compute_us on this machine, the same on every rank
+  // (the slowest rank's count; collective).
+  int64_t compute_rounds();
   double max_over_ranks(double value);
   int64_t sum_over_ranks(int64_t value);
 
   std::shared_ptr<comm::ProcessGroup> pg_;
   PerfOptions options_;
   int rank_, nranks_;
+  int64_t compute_rounds_ = 0;  // busy_work rounds per iteration (--compute-us)
 };
 
 }  // namespace loom::perf
