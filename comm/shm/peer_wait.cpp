@@ -61,17 +61,27 @@ bool barrier_with_publishers() {
 // (Note [Doorbells]). Where the barrier is refused, naps instead.
 template <typename Ready>
 void sleep_until_rung(const WaitScope& scope, Ready&& ready, Clock::time_point until) {
-  Doorbell& bell = *scope.doorbell;
-  bell.sleeping.fetch_add(1, std::memory_order_seq_cst);
-  scope.segment->sleepers.fetch_add(1, std::memory_order_seq_cst);
+  // Counted as asleep until this returns or ready() throws (a peer running another collective).
+  struct Asleep {
+    Doorbell& bell;
+    SegmentControl& segment;
+    Asleep(Doorbell& b, SegmentControl& s) : bell(b), segment(s) {
+      bell.sleeping.fetch_add(1, std::memory_order_seq_cst);
+      segment.sleepers.fetch_add(1, std::memory_order_seq_cst);
+    }
+    ~Asleep() {
+      segment.sleepers.fetch_sub(1, std::memory_order_release);
+      bell.sleeping.fetch_sub(1, std::memory_order_release);
+    }
+    Asleep(const Asleep&) = delete;
+    Asleep& operator=(const Asleep&) = delete;
+  } asleep(*scope.doorbell, *scope.segment);
   if (barrier_with_publishers()) {
-    const uint32_t seen = bell.rings.load(std::memory_order_acquire);
-    if (!ready()) futex_wait(bell.rings, seen, until - Clock::now());
+    const uint32_t seen = asleep.bell.rings.load(std::memory_order_acquire);
+    if (!ready()) futex_wait(asleep.bell.rings, seen, until - Clock::now());
   } else {
     std::this_thread::sleep_for(kNap);
   }
-  scope.segment->sleepers.fetch_sub(1, std::memory_order_release);
-  bell.sleeping.fetch_sub(1, std::memory_order_release);
 }
 
 }  // namespace
