@@ -29,7 +29,8 @@ static_assert(std::atomic<uint64_t>::is_always_lock_free);
 // times a second, and on a machine whose cores all compute (2 ranks on 2 cores, each with a
 // waiting progress thread) every wake-up preempted a rank's compute thread. A 2-stage pipeline
 // of the small GPT took 70-75 ms a step with naps and 61 with a doorbell (2026-12-05,
-// docs/performance_comm.md, "Doorbells"); longer naps would have delayed every long wait.
+// docs/performance_comm.md, "Waiting long: doorbells"); longer naps would have delayed every
+// long wait.
 // A waiter raises its doorbell's `sleeping`, counts itself in SegmentControl::sleepers, reads
 // `rings`, checks once more and sleeps while `rings` is unchanged. A rank that publishes
 // anything a peer may wait for (a counter, a stamp, a channel's head or tail) then looks at
@@ -46,13 +47,13 @@ static_assert(std::atomic<uint64_t>::is_always_lock_free);
 // died without ringing is still found.
 struct alignas(64) Doorbell {
   std::atomic<uint32_t> rings{0};     // the futex word: bumped by a peer that woke this rank
-  std::atomic<uint32_t> sleeping{0};  // 1 while this rank sleeps on `rings` or is about to
+  std::atomic<uint32_t> sleeping{0};  // this rank's threads asleep on `rings` or about to be
 };
 static_assert(sizeof(Doorbell) == 64);
 static_assert(std::atomic<uint32_t>::is_always_lock_free);
 
 struct alignas(64) SegmentControl {
-  std::atomic<uint32_t> sleepers{0};  // ranks whose doorbell's `sleeping` is raised
+  std::atomic<uint32_t> sleepers{0};  // the sum of the ranks' Doorbell::sleeping
 };
 
 // The arrived counter with the rank's fingerprint chain of its staging rounds beside it (slot
@@ -148,8 +149,9 @@ struct Layout {
   size_t slice_bytes = 0;    // per-rank share of one round of a reduction
   size_t stage_bytes = 0;    // one rank's staging buffer: size * slice_bytes
   size_t channel_bytes = 0;  // ring capacity of one point-to-point channel
-  size_t segment_offset = 0, ranks_offset = 0, channels_offset = 0, fastbox_offset = 0, records_offset = 0,
-         staging_offset = 0, results_offset = 0, rings_offset = 0, total_bytes = 0;
+  size_t segment_offset = 0, ranks_offset = 0, channels_offset = 0, fastbox_offset = 0,
+         records_offset = 0, staging_offset = 0, results_offset = 0, rings_offset = 0,
+         total_bytes = 0;
 
   static Layout make(int size, size_t slice_bytes, size_t channel_bytes) {
     Layout l;

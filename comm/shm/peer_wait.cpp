@@ -35,7 +35,7 @@ namespace {
 // answered faster by a check after each yield than by a wake-up, a longer one costs a core that
 // the ranks' compute threads need. 2 ms before the doorbells (when sleeping meant naps); 100 us
 // with them took the 3-D job of 8 ranks on 2 cores 0.92-0.95x the time, and the pipelines and
-// ZeRO-3 the same (2026-12-05, docs/performance_comm.md, "Doorbells").
+// ZeRO-3 the same (2026-12-05, docs/performance_comm.md, "Waiting long: doorbells").
 constexpr auto kYieldBeforeSleeping = std::chrono::microseconds(100);
 // Without a doorbell (a scope made outside a segment), the nap between checks.
 constexpr auto kNap = std::chrono::microseconds(50);

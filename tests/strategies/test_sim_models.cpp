@@ -378,7 +378,8 @@ TEST(SimTimeline, OnAFullCpuNodeCommunicationTakesCoreTimeFromCompute) {
                "node.comm_core_us must be");
   std::string gpu = test_cluster_json(node, R"("compute_slots": 4, "busbw_gbps": 100,
                                                "latency_us": 1, "comm_core_us": 5},)");
-  gpu.replace(gpu.find(R"("pcie_gbps": 20})"), 17, R"("pcie_gbps": 20, "memory_gbps": [[1e6, 10]]})");
+  gpu.replace(gpu.find(R"("pcie_gbps": 20})"), 17,
+              R"("pcie_gbps": 20, "memory_gbps": [[1e6, 10]]})");
   expect_error(gpu, "node.comm_core_us applies to a CPU cluster");
 }
 
