@@ -15,10 +15,9 @@ DeviceModel::DeviceModel(const Cluster& cluster, int ranks_per_node, DType compu
       slowdown_(std::max(1.0, static_cast<double>(ranks_per_node) / cluster.compute_slots)),
       compute_dtype_(compute_dtype) {}
 
+// (Only a CPU cluster has a comm_core_s: parse_cluster refuses one beside host.memory_gbps.)
 double DeviceModel::communication_core_seconds(double transfer_s) const {
-  const bool cpu_cluster = cluster_.host_memory_bytes_per_s.empty();
-  if (!cpu_cluster || cluster_.comm_core_s == 0 || ranks_per_node_ < cluster_.compute_slots)
-    return 0;
+  if (cluster_.comm_core_s == 0 || ranks_per_node_ < cluster_.compute_slots) return 0;
   return slowdown_ * (cluster_.comm_core_s + transfer_s);
 }
 

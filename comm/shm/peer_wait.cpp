@@ -59,8 +59,8 @@ bool barrier_with_publishers() {
 
 // Sleeps until a peer rings this rank's doorbell or `until`, unless ready() turns true first
 // (Note [Doorbells]). Where the barrier is refused, naps instead.
-template <typename Ready>
-void sleep_until_rung(const WaitScope& scope, Ready&& ready, Clock::time_point until) {
+void sleep_until_rung(const WaitScope& scope, const std::function<bool()>& ready,
+                      Clock::time_point until) {
   // Counted as asleep until this returns or ready() throws (a peer running another collective).
   struct Asleep {
     Doorbell& bell;

@@ -13,7 +13,6 @@
 #include <string>
 #include <thread>
 
-#include "collective_values.h"
 #include "comm/process_group.h"
 #include "multiprocess.h"
 
