@@ -6,6 +6,7 @@
 #include <vector>
 
 #include "kernels/cpu/gemm.h"
+#include "kernels/cpu/lane_reduce.h"
 #include "kernels/cpu/thread_pool.h"
 #include "kernels/cpu/vec_math.h"
 
@@ -33,56 +34,6 @@ namespace {
 
 inline int64_t at(const int64_t* strides, int64_t b, int64_t h) {
   return b * strides[0] + h * strides[1];
-}
-
-// Sums in eight fixed lanes (vectorised, and the same bits on every call).
-template <typename T>
-T lane_sum(const T* x, int64_t n) {
-  constexpr int64_t kLanes = 8;
-  T part[kLanes] = {};
-  int64_t j = 0;
-  for (; j + kLanes <= n; j += kLanes)
-    for (int64_t l = 0; l < kLanes; ++l)
-      part[l] += x[j + l];
-  T total = 0;
-  for (int64_t l = 0; l < kLanes; ++l)
-    total += part[l];
-  for (; j < n; ++j)
-    total += x[j];
-  return total;
-}
-
-template <typename T>
-T lane_dot(const T* x, const T* y, int64_t n) {
-  constexpr int64_t kLanes = 8;
-  T part[kLanes] = {};
-  int64_t j = 0;
-  for (; j + kLanes <= n; j += kLanes)
-    for (int64_t l = 0; l < kLanes; ++l)
-      part[l] += x[j + l] * y[j + l];
-  T total = 0;
-  for (int64_t l = 0; l < kLanes; ++l)
-    total += part[l];
-  for (; j < n; ++j)
-    total += x[j] * y[j];
-  return total;
-}
-
-template <typename T>
-T lane_max(const T* x, int64_t n, T start) {
-  constexpr int64_t kLanes = 8;
-  T part[kLanes];
-  std::fill(part, part + kLanes, start);
-  int64_t j = 0;
-  for (; j + kLanes <= n; j += kLanes)
-    for (int64_t l = 0; l < kLanes; ++l)
-      part[l] = std::max(part[l], x[j + l]);
-  T m = start;
-  for (int64_t l = 0; l < kLanes; ++l)
-    m = std::max(m, part[l]);
-  for (; j < n; ++j)
-    m = std::max(m, x[j]);
-  return m;
 }
 
 // Keys row `row` of a tile starting at key c0 may see: c0 .. row (at least one, see the Note).

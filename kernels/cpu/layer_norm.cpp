@@ -2,6 +2,7 @@
 
 #include <cmath>
 
+#include "kernels/cpu/lane_reduce.h"
 #include "kernels/cpu/thread_pool.h"
 
 namespace loom::kernels::cpu {
@@ -27,17 +28,12 @@ void normalize_forward(const T* x, const T* weight, const T* bias, T* y, T* mean
         xr = sr;
       }
       T m = 0;
-      if constexpr (kCentered) {
-        for (int64_t i = 0; i < width; ++i)
-          m += xr[i];
-        m /= static_cast<T>(width);
-      }
-      T v = 0;
-      for (int64_t i = 0; i < width; ++i) {
-        T d = xr[i] - m;
-        v += d * d;
-      }
-      v /= static_cast<T>(width);
+      if constexpr (kCentered) m = lane_sum(xr, width) / static_cast<T>(width);
+      const T v = lane_sum_of<T>(width, [xr, m](int64_t i) {
+                    const T d = xr[i] - m;
+                    return d * d;
+                  }) /
+                  static_cast<T>(width);
       T s = static_cast<T>(1.0 / std::sqrt(static_cast<double>(v) + eps));
       for (int64_t i = 0; i < width; ++i) {
         if constexpr (kCentered) yr[i] = (xr[i] - m) * s * weight[i] + bias[i];
@@ -63,13 +59,10 @@ void normalize_backward(const T* dy, const T* x, const T* weight, const T* mean,
       T* dxr = dx + r * width;
       T m = kCentered ? mean[r] : T(0), s = rstd[r];
       // dxhat = dy * weight; dx = s * (dxhat - mean(dxhat) - xhat * mean(dxhat * xhat)).
-      T sum_dxhat = 0, sum_dxhat_xhat = 0;
-      for (int64_t i = 0; i < width; ++i) {
-        T xhat = (xr[i] - m) * s;
-        T dxhat = dyr[i] * weight[i];
-        sum_dxhat += dxhat;
-        sum_dxhat_xhat += dxhat * xhat;
-      }
+      const T sum_dxhat = kCentered ? lane_dot(dyr, weight, width) : T(0);
+      const T sum_dxhat_xhat = lane_sum_of<T>(width, [&](int64_t i) {
+        return (dyr[i] * weight[i]) * ((xr[i] - m) * s);
+      });
       T inv_width = T(1) / static_cast<T>(width);
       T mean_dxhat = sum_dxhat * inv_width, mean_dxhat_xhat = sum_dxhat_xhat * inv_width;
       for (int64_t i = 0; i < width; ++i) {
