@@ -345,6 +345,45 @@ TEST(Tensor, SixteenBitWeightsOpsRoundOnceOnTheCpu) {
   }
 }
 
+// bias_gelu and sum over dimensions read bf16 and f16 on the CPU themselves, computing in f32
+// (kernels/cpu/widen.h): the bits of running the f32 ops on widened copies and rounding each
+// result once, gradients included.
+TEST(Tensor, SixteenBitKernelsGiveTheBitsOfTheWidenedF32Ops) {
+  for (const DType low : {DType::BF16, DType::F16}) {
+    SCOPED_TRACE(dtype_name(low));
+    const auto filled = [low](const Shape& shape, double scale) {
+      std::vector<float> v;
+      for (int64_t i = 0; i < numel_of(shape); ++i)
+        v.push_back(static_cast<float>(scale * std::sin(0.37 * double(i) + scale)));
+      return Tensor::from_vector<float>(v, shape).to(low);
+    };
+    const auto bits_of = [](const Tensor& t) { return t.detach().to(DType::F32).to_vector<float>(); };
+    const auto rounded = [low](const Tensor& t) { return t.detach().to(low); };
+    // 33 rows (not a multiple of any vector width) of 20 columns.
+    Tensor x = filled({3, 11, 20}, 2.5), bias = filled({20}, 0.5), dy = filled({3, 11, 20}, 1.5);
+    Tensor x32 = x.to(DType::F32), bias32 = bias.to(DType::F32);
+    x.set_requires_grad(true);
+    bias.set_requires_grad(true);
+    x32.set_requires_grad(true);
+    bias32.set_requires_grad(true);
+    Tensor y = bias_gelu(x, bias), y32 = bias_gelu(x32, bias32);
+    EXPECT_EQ(y.dtype(), low);
+    EXPECT_EQ(bits_of(y), bits_of(rounded(y32)));
+    y.backward(dy);
+    y32.backward(dy.to(DType::F32));
+    EXPECT_EQ(x.grad().dtype(), low);
+    EXPECT_EQ(bits_of(x.grad()), bits_of(rounded(x32.grad())));
+    EXPECT_EQ(bits_of(bias.grad()), bits_of(rounded(bias32.grad())));
+
+    for (const std::vector<int64_t>& dims : std::vector<std::vector<int64_t>>{
+             {0}, {1}, {2}, {0, 1}, {0, 2}, {0, 1, 2}}) {
+      Tensor s = sum(dy, dims);
+      EXPECT_EQ(s.dtype(), low);
+      EXPECT_EQ(bits_of(s), bits_of(rounded(sum(dy.to(DType::F32), dims))));
+    }
+  }
+}
+
 TEST(Tensor, ExactValuesOfCoreOps) {
   Tensor a = Tensor::from_vector<float>({1, 2, 3, 4, 5, 6}, {2, 3});
   Tensor b = Tensor::from_vector<float>({1, 0, 0, 1, 1, 1}, {3, 2});

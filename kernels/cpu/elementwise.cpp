@@ -10,6 +10,7 @@
 #include "kernels/cpu/strided.h"
 #include "kernels/cpu/thread_pool.h"
 #include "kernels/cpu/vec_math.h"
+#include "kernels/cpu/widen.h"
 
 namespace loom::kernels::cpu {
 
@@ -176,36 +177,39 @@ void gelu_backward(const T* x, const T* dy, T* dx, int64_t n) {
   });
 }
 
-template <typename T>
-void bias_gelu_forward(const T* x, const T* bias, T* y, int64_t rows, int64_t width) {
+template <typename S>
+void bias_gelu_forward(const S* x, const S* bias, S* y, int64_t rows, int64_t width) {
   parallel_rows(rows, width, [&](int64_t first, int64_t last) {
     for (int64_t r = first; r < last; ++r) {
-      const T* xr = x + r * width;
-      T* yr = y + r * width;
+      const S* xr = x + r * width;
+      S* yr = y + r * width;
       for (int64_t i = 0; i < width; ++i)
-        yr[i] = gelu_at(xr[i] + bias[i]);
+        yr[i] = narrow<S>(gelu_at(widen(xr[i]) + widen(bias[i])));
     }
   });
 }
 
 // The threads take columns, so that each bias gradient sums its rows in order on any thread
-// count, in the same pass that writes dx.
-template <typename T>
-void bias_gelu_backward(const T* x, const T* bias, const T* dy, T* dx, T* dbias, int64_t rows,
+// count, in the same pass that writes dx. The sums run in the compute type and are rounded
+// to S once at the end.
+template <typename S>
+void bias_gelu_backward(const S* x, const S* bias, const S* dy, S* dx, S* dbias, int64_t rows,
                         int64_t width) {
+  using C = compute_of<S>;
   parallel_rows(width, rows, [&](int64_t first, int64_t last) {
-    for (int64_t i = first; i < last; ++i)
-      dbias[i] = T(0);
+    std::vector<C> sums(static_cast<size_t>(last - first), C(0));
     for (int64_t r = 0; r < rows; ++r) {
-      const T* xr = x + r * width;
-      const T* dyr = dy + r * width;
-      T* dxr = dx + r * width;
+      const S* xr = x + r * width;
+      const S* dyr = dy + r * width;
+      S* dxr = dx + r * width;
       for (int64_t i = first; i < last; ++i) {
-        T d = dyr[i] * gelu_slope_at(xr[i] + bias[i]);
-        dxr[i] = d;
-        dbias[i] += d;
+        const C d = widen(dyr[i]) * gelu_slope_at(widen(xr[i]) + widen(bias[i]));
+        dxr[i] = narrow<S>(d);
+        sums[i - first] += d;
       }
     }
+    for (int64_t i = first; i < last; ++i)
+      dbias[i] = narrow<S>(sums[i - first]);
   });
 }
 
@@ -284,5 +288,12 @@ void silu_backward(const T* x, const T* dy, T* dx, int64_t n) {
 LOOM_INSTANTIATE(float)
 LOOM_INSTANTIATE(double)
 #undef LOOM_INSTANTIATE
+template void bias_gelu_forward<BFloat16>(const BFloat16*, const BFloat16*, BFloat16*, int64_t,
+                                          int64_t);
+template void bias_gelu_backward<BFloat16>(const BFloat16*, const BFloat16*, const BFloat16*,
+                                           BFloat16*, BFloat16*, int64_t, int64_t);
+template void bias_gelu_forward<Half>(const Half*, const Half*, Half*, int64_t, int64_t);
+template void bias_gelu_backward<Half>(const Half*, const Half*, const Half*, Half*, Half*,
+                                       int64_t, int64_t);
 
 }  // namespace loom::kernels::cpu

@@ -1,5 +1,6 @@
 #pragma once
-// Elementwise CPU kernels on raw pointers. Templates are instantiated for float and double.
+// Elementwise CPU kernels on raw pointers. Templates are instantiated for float and double
+// (and where a declaration says so, for the 16-bit floats).
 
 #include <cstddef>
 #include <cstdint>
@@ -37,7 +38,8 @@ template <typename T>
 void gelu_backward(const T* x, const T* dy, T* dx, int64_t n);
 // Megatron's fused bias + GELU over rows of `width`: y = gelu(x + bias); backward writes
 // dx = dy * gelu'(x + bias) and the bias's gradient, dbias = the column sums of dx (each in
-// row order, whatever the thread count), in one pass.
+// row order, whatever the thread count), in one pass. Also instantiated for BFloat16 and Half,
+// computed in f32 (kernels/cpu/widen.h).
 template <typename T>
 void bias_gelu_forward(const T* x, const T* bias, T* y, int64_t rows, int64_t width);
 template <typename T>

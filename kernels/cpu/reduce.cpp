@@ -6,18 +6,19 @@
 
 namespace loom::kernels::cpu {
 
-template <typename T>
-void sum_axis(const T* x, T* out, int64_t outer, int64_t extent, int64_t inner) {
+template <typename S>
+void sum_axis(const S* x, compute_of<S>* out, int64_t outer, int64_t extent, int64_t inner) {
+  using C = compute_of<S>;
   // Each output sums its `extent` inputs in order; the threads take whole outputs (columns
   // `begin..end` of every outer slice).
   auto columns = [&](int64_t o, int64_t begin, int64_t end) {
-    T* dst = out + o * inner;
-    std::fill(dst + begin, dst + end, T(0));
-    const T* src = x + o * extent * inner;
+    C* dst = out + o * inner;
+    std::fill(dst + begin, dst + end, C(0));
+    const S* src = x + o * extent * inner;
     for (int64_t d = 0; d < extent; ++d) {
-      const T* row = src + d * inner;
+      const S* row = src + d * inner;
       for (int64_t i = begin; i < end; ++i)
-        dst[i] += row[i];
+        dst[i] += widen(row[i]);
     }
   };
   if (outer > 1) {
@@ -65,5 +66,7 @@ double sum_all(const T* x, int64_t n) {
 LOOM_INSTANTIATE(float)
 LOOM_INSTANTIATE(double)
 #undef LOOM_INSTANTIATE
+template void sum_axis<BFloat16>(const BFloat16*, float*, int64_t, int64_t, int64_t);
+template void sum_axis<Half>(const Half*, float*, int64_t, int64_t, int64_t);
 
 }  // namespace loom::kernels::cpu

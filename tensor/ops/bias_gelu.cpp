@@ -13,7 +13,9 @@
 // the finished product instead of the product accumulated onto it. On the CPU the threads
 // take columns in backward, so each db sums its rows in order on any thread count; on CUDA
 // the kernel writes dx and sum() reduces it (the same two launches as gelu's backward and
-// linear's bias gradient).
+// linear's bias gradient). Under autocast the product arrives in bf16 or f16; the CPU
+// kernels read and write those themselves, computing in f32 (kernels/cpu/widen.h): the bits
+// of widening x, the bias and dy to f32 copies and rounding the results, without the copies.
 
 #include "kernels/cpu/elementwise.h"
 #include "tensor/autocast.h"
@@ -37,11 +39,6 @@ constexpr double kBiasGeluFlops = 9;
 
 // gelu(x + bias) for a contiguous x [rows, width], never recorded.
 Tensor bias_gelu_forward(const Tensor& x, const Tensor& bias, int64_t rows, int64_t width) {
-  if (detail::computes_through_f32(x)) {
-    NoGradGuard no_grad;
-    return cast(bias_gelu_forward(detail::widened(x), detail::widened(bias), rows, width),
-                x.dtype());
-  }
   Tensor y = Tensor::empty(x.shape(), x.dtype(), x.device());
   if (reports_op_cost(x.device()))
     record_meta_op("bias_gelu", OpClass::Elementwise, kBiasGeluFlops * double(x.numel()),
@@ -53,7 +50,7 @@ Tensor bias_gelu_forward(const Tensor& x, const Tensor& bias, int64_t rows, int6
                                                   detail::stream_of(x)));
     return y;
   }
-  detail::dispatch_floating(x.dtype(), "bias_gelu", [&]<typename T>() {
+  detail::dispatch_floating_storage(x.dtype(), "bias_gelu", [&]<typename T>() {
     kernels::cpu::bias_gelu_forward<T>(x.data<T>(), bias.data<T>(), y.data<T>(), rows, width);
   });
   return y;
@@ -62,7 +59,7 @@ Tensor bias_gelu_forward(const Tensor& x, const Tensor& bias, int64_t rows, int6
 // {dx, dbias} for a contiguous x [rows, width], never recorded.
 std::vector<Tensor> bias_gelu_backward(const Tensor& x, const Tensor& bias, const Tensor& dy_in,
                                        int64_t rows, int64_t width) {
-  if (detail::computes_through_f32(x)) {
+  if (detail::computes_through_f32(x) && dy_in.dtype() != x.dtype()) {  // dy not rounded
     NoGradGuard no_grad;
     std::vector<Tensor> g = bias_gelu_backward(detail::widened(x), detail::widened(bias),
                                                detail::widened(dy_in), rows, width);
@@ -86,7 +83,7 @@ std::vector<Tensor> bias_gelu_backward(const Tensor& x, const Tensor& bias, cons
     record_meta_op("BiasGelu", OpClass::Elementwise, 2 * kBiasGeluFlops * double(x.numel()),
                    {x, bias, dy}, {dx, dbias});
   if (x.device().is_meta()) return {dx, dbias};
-  detail::dispatch_floating(x.dtype(), "bias_gelu", [&]<typename T>() {
+  detail::dispatch_floating_storage(x.dtype(), "bias_gelu", [&]<typename T>() {
     kernels::cpu::bias_gelu_backward<T>(x.data<T>(), bias.data<T>(), dy.data<T>(), dx.data<T>(),
                                         dbias.data<T>(), rows, width);
   });

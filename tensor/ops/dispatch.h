@@ -2,6 +2,7 @@
 // Internal helpers shared by the op implementations (not part of the public API).
 
 #include <cstdint>
+#include <utility>
 #include <vector>
 
 #include "tensor/tensor.h"
@@ -16,6 +17,18 @@ decltype(auto) dispatch_floating(DType dtype, const char* op, F&& f) {
     case DType::F64: return f.template operator()<double>();
     default:
       fail(op, ": expected an f32 or f64 tensor, got ", dtype, "; cast with .to(DType::F32) first");
+  }
+}
+
+// dispatch_floating's, with T = BFloat16 or Half for bf16 and f16 too: for the CPU kernels
+// that read and write the 16-bit floats themselves, computing them in f32
+// (kernels/cpu/widen.h), where other ops go through computes_through_f32 below.
+template <typename F>
+decltype(auto) dispatch_floating_storage(DType dtype, const char* op, F&& f) {
+  switch (dtype) {
+    case DType::BF16: return f.template operator()<BFloat16>();
+    case DType::F16: return f.template operator()<Half>();
+    default: return dispatch_floating(dtype, op, std::forward<F>(f));
   }
 }
 

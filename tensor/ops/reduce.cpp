@@ -34,12 +34,14 @@ AxisSplit split_at(const Shape& shape, int64_t dim) {
   return s;
 }
 
-// Sums over one dimension of a contiguous tensor, keeping it with size 1. No autograd.
+// Sums over one dimension of a contiguous tensor, keeping it with size 1. No autograd. A
+// 16-bit x on the CPU is summed into f32 (its kernel widens each element as it reads it).
 Tensor sum_one_dim(const Tensor& x, int64_t dim) {
   AxisSplit s = split_at(x.shape(), dim);
   Shape shape = x.shape();
   shape[dim] = 1;
-  Tensor out = Tensor::empty(shape, x.dtype(), x.device());
+  Tensor out = Tensor::empty(shape, detail::computes_through_f32(x) ? DType::F32 : x.dtype(),
+                             x.device());
   if (reports_op_cost(x.device())) {
     record_meta_op("sum", OpClass::Reduction, double(x.numel()), {x}, {out});
   }
@@ -53,8 +55,9 @@ Tensor sum_one_dim(const Tensor& x, int64_t dim) {
     });
     return out;
   }
-  detail::dispatch_floating(x.dtype(), "sum", [&]<typename T>() {
-    kernels::cpu::sum_axis<T>(x.data<T>(), out.data<T>(), s.outer, s.extent, s.inner);
+  detail::dispatch_floating_storage(x.dtype(), "sum", [&]<typename T>() {
+    using C = kernels::cpu::compute_of<T>;
+    kernels::cpu::sum_axis<T>(x.data<T>(), out.data<C>(), s.outer, s.extent, s.inner);
   });
   return out;
 }
@@ -119,8 +122,9 @@ Tensor sum(const Tensor& x) {
 Tensor sum(const Tensor& x, const std::vector<int64_t>& dims_in, bool keepdim) {
   detail::check_kernel_device("sum", x);
   std::vector<int64_t> dims = normalized_dims(dims_in, x.dim(), "sum");
-  // bf16 and f16 on the CPU: summed in f32 over every dimension, rounded once.
-  Tensor out = detail::computes_through_f32(x) ? detail::widened(x) : detail::contiguous_input(x);
+  // bf16 and f16 on the CPU: summed in f32 over every dimension (from the first one summed,
+  // sum_one_dim), rounded once.
+  Tensor out = detail::contiguous_input(x);
   {
     NoGradGuard no_grad;
     for (int64_t d : dims)
