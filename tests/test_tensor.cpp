@@ -345,9 +345,9 @@ TEST(Tensor, SixteenBitWeightsOpsRoundOnceOnTheCpu) {
   }
 }
 
-// bias_gelu and sum over dimensions read bf16 and f16 on the CPU themselves, computing in f32
-// (kernels/cpu/widen.h): the bits of running the f32 ops on widened copies and rounding each
-// result once, gradients included.
+// bias_gelu, sum over dimensions and cross_entropy read bf16 and f16 on the CPU themselves,
+// computing in f32 (kernels/cpu/widen.h): the bits of running the f32 ops on widened copies and
+// rounding each result once, gradients included.
 TEST(Tensor, SixteenBitKernelsGiveTheBitsOfTheWidenedF32Ops) {
   for (const DType low : {DType::BF16, DType::F16}) {
     SCOPED_TRACE(dtype_name(low));
@@ -381,6 +381,19 @@ TEST(Tensor, SixteenBitKernelsGiveTheBitsOfTheWidenedF32Ops) {
       EXPECT_EQ(s.dtype(), low);
       EXPECT_EQ(bits_of(s), bits_of(rounded(sum(dy.to(DType::F32), dims))));
     }
+
+    // cross_entropy's loss is f32 either way; its gradient is rounded once.
+    Tensor logits = filled({5, 37}, 4.0), logits32 = logits.to(DType::F32);
+    logits.set_requires_grad(true);
+    logits32.set_requires_grad(true);
+    const Tensor targets = Tensor::from_vector<int64_t>({3, 0, 36, 17, 3}, {5});
+    Tensor loss = cross_entropy(logits, targets), loss32 = cross_entropy(logits32, targets);
+    EXPECT_EQ(loss.dtype(), DType::F32);
+    EXPECT_EQ(loss.item(), loss32.item());
+    mul(loss, 3.0).backward();
+    mul(loss32, 3.0).backward();
+    EXPECT_EQ(logits.grad().dtype(), low);
+    EXPECT_EQ(bits_of(logits.grad()), bits_of(rounded(logits32.grad())));
   }
 }
 

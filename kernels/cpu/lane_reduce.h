@@ -38,21 +38,26 @@ T lane_dot(const T* x, const T* y, int64_t n) {
   return lane_sum_of<T>(n, [x, y](int64_t i) { return x[i] * y[i]; });
 }
 
-// The largest of start and x[0..n).
-template <typename T>
-T lane_max(const T* x, int64_t n, T start) {
+// The largest of start and term(i) for i in [0, n).
+template <typename T, typename Term>
+T lane_max_of(int64_t n, Term term, T start) {
   T part[kReduceLanes];
   std::fill(part, part + kReduceLanes, start);
   int64_t j = 0;
   for (; j + kReduceLanes <= n; j += kReduceLanes)
     for (int64_t l = 0; l < kReduceLanes; ++l)
-      part[l] = std::max(part[l], x[j + l]);
+      part[l] = std::max(part[l], term(j + l));
   T m = start;
   for (int64_t l = 0; l < kReduceLanes; ++l)
     m = std::max(m, part[l]);
   for (; j < n; ++j)
-    m = std::max(m, x[j]);
+    m = std::max(m, term(j));
   return m;
+}
+
+template <typename T>
+T lane_max(const T* x, int64_t n, T start) {
+  return lane_max_of<T>(n, [x](int64_t i) { return x[i]; }, start);
 }
 
 }  // namespace loom::kernels::cpu

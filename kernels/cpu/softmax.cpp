@@ -3,8 +3,10 @@
 #include <algorithm>
 #include <cmath>
 
+#include "kernels/cpu/lane_reduce.h"
 #include "kernels/cpu/thread_pool.h"
 #include "kernels/cpu/vec_math.h"
+#include "kernels/cpu/widen.h"
 
 namespace loom::kernels::cpu {
 
@@ -15,14 +17,10 @@ void softmax_forward(const T* x, T* y, int64_t rows, int64_t width, int64_t caus
       const T* xr = x + r * width;
       T* yr = y + r * width;
       int64_t valid = causal_t > 0 ? (r % causal_t) + 1 : width;
-      T m = xr[0];
-      for (int64_t i = 1; i < valid; ++i)
-        m = std::max(m, xr[i]);
-      T total = 0;
-      for (int64_t i = 0; i < valid; ++i) {
+      const T m = lane_max(xr, valid, xr[0]);
+      for (int64_t i = 0; i < valid; ++i)
         yr[i] = exp_approx(xr[i] - m);
-        total += yr[i];
-      }
+      const T total = lane_sum(yr, valid);
       T inv = T(1) / total;
       for (int64_t i = 0; i < valid; ++i)
         yr[i] *= inv;
@@ -39,47 +37,48 @@ void softmax_backward(const T* y, const T* dy, T* dx, int64_t rows, int64_t widt
       const T* yr = y + r * width;
       const T* dyr = dy + r * width;
       T* dxr = dx + r * width;
-      T dot = 0;
-      for (int64_t i = 0; i < width; ++i)
-        dot += yr[i] * dyr[i];
+      const T dot = lane_dot(yr, dyr, width);
       for (int64_t i = 0; i < width; ++i)
         dxr[i] = yr[i] * (dyr[i] - dot);
     }
   });
 }
 
-template <typename T>
-double cross_entropy_forward(const T* logits, const int64_t* targets, T* logsumexp, int64_t rows,
-                             int64_t vocab) {
+template <typename S>
+double cross_entropy_forward(const S* logits, const int64_t* targets, compute_of<S>* logsumexp,
+                             int64_t rows, int64_t vocab) {
+  using C = compute_of<S>;
   parallel_rows(rows, vocab, [&](int64_t first, int64_t last) {
     for (int64_t r = first; r < last; ++r) {
-      const T* xr = logits + r * vocab;
-      T m = xr[0];
-      for (int64_t i = 1; i < vocab; ++i)
-        m = std::max(m, xr[i]);
-      T s = 0;
-      for (int64_t i = 0; i < vocab; ++i)
-        s += exp_approx(xr[i] - m);
+      const S* xr = logits + r * vocab;
+      const auto at = [xr](int64_t i) { return widen(xr[i]); };
+      const C m = lane_max_of<C>(vocab, at, at(0));
+      const C s = lane_sum_of<C>(vocab, [&](int64_t i) { return exp_approx(at(i) - m); });
       logsumexp[r] = m + std::log(s);
     }
   });
   double total = 0;  // in row order, whatever the threads
   for (int64_t r = 0; r < rows; ++r)
-    total += static_cast<double>(logsumexp[r] - logits[r * vocab + targets[r]]);
+    total += static_cast<double>(logsumexp[r] - widen(logits[r * vocab + targets[r]]));
   return rows > 0 ? total / static_cast<double>(rows) : 0.0;
 }
 
-template <typename T>
-void cross_entropy_backward(const T* logits, const int64_t* targets, const T* logsumexp, T scale,
-                            T* dlogits, int64_t rows, int64_t vocab) {
+template <typename S>
+void cross_entropy_backward(const S* logits, const int64_t* targets,
+                            const compute_of<S>* logsumexp, compute_of<S> scale, S* dlogits,
+                            int64_t rows, int64_t vocab) {
+  using C = compute_of<S>;
   parallel_rows(rows, vocab, [&](int64_t first, int64_t last) {
     for (int64_t r = first; r < last; ++r) {
-      const T* xr = logits + r * vocab;
-      T* dr = dlogits + r * vocab;
-      T lse = logsumexp[r];
+      const S* xr = logits + r * vocab;
+      S* dr = dlogits + r * vocab;
+      const C lse = logsumexp[r];
+      const int64_t t = targets[r];
+      // Read before dr[t] is written: dlogits may be logits.
+      const C at_target = scale * exp_approx(widen(xr[t]) - lse) - scale;
       for (int64_t i = 0; i < vocab; ++i)
-        dr[i] = scale * exp_approx(xr[i] - lse);
-      dr[targets[r]] -= scale;
+        dr[i] = narrow<S>(scale * exp_approx(widen(xr[i]) - lse));
+      dr[t] = narrow<S>(at_target);
     }
   });
 }
@@ -93,5 +92,12 @@ void cross_entropy_backward(const T* logits, const int64_t* targets, const T* lo
 LOOM_INSTANTIATE(float)
 LOOM_INSTANTIATE(double)
 #undef LOOM_INSTANTIATE
+template double cross_entropy_forward<BFloat16>(const BFloat16*, const int64_t*, float*, int64_t,
+                                                int64_t);
+template void cross_entropy_backward<BFloat16>(const BFloat16*, const int64_t*, const float*,
+                                               float, BFloat16*, int64_t, int64_t);
+template double cross_entropy_forward<Half>(const Half*, const int64_t*, float*, int64_t, int64_t);
+template void cross_entropy_backward<Half>(const Half*, const int64_t*, const float*, float,
+                                           Half*, int64_t, int64_t);
 
 }  // namespace loom::kernels::cpu

@@ -3,6 +3,8 @@
 
 #include <cstdint>
 
+#include "kernels/cpu/widen.h"
+
 namespace loom::kernels::cpu {
 
 // y = softmax(x) per row of `width`. With causal_t > 0, rows are rows of [.., T, T] blocks
@@ -14,13 +16,16 @@ template <typename T>
 void softmax_backward(const T* y, const T* dy, T* dx, int64_t rows, int64_t width);
 
 // Per-row loss = logsumexp(row) - row[target]; returns the mean over rows (accumulated in
-// double) and stores each row's logsumexp for backward.
-template <typename T>
-double cross_entropy_forward(const T* logits, const int64_t* targets, T* logsumexp, int64_t rows,
-                             int64_t vocab);
-// dlogits = scale * (softmax(logits) - onehot(target)), scale = dloss / rows.
-template <typename T>
-void cross_entropy_backward(const T* logits, const int64_t* targets, const T* logsumexp, T scale,
-                            T* dlogits, int64_t rows, int64_t vocab);
+// double) and stores each row's logsumexp for backward. Also for BFloat16 and Half logits,
+// computed in f32 with an f32 logsumexp (kernels/cpu/widen.h).
+template <typename S>
+double cross_entropy_forward(const S* logits, const int64_t* targets, compute_of<S>* logsumexp,
+                             int64_t rows, int64_t vocab);
+// dlogits = scale * (softmax(logits) - onehot(target)), scale = dloss / rows, each rounded
+// once to S. dlogits may be logits.
+template <typename S>
+void cross_entropy_backward(const S* logits, const int64_t* targets,
+                            const compute_of<S>* logsumexp, compute_of<S> scale, S* dlogits,
+                            int64_t rows, int64_t vocab);
 
 }  // namespace loom::kernels::cpu

@@ -120,12 +120,11 @@ Tensor softmax(const Tensor& x_in, bool causal) {
   return out;
 }
 
-// The loss of 16-bit logits is f32, as in PyTorch's autocast: CUDA's kernels read them as
-// they are and accumulate in f32; the CPU's (and meta following it) take an f32 copy, whose
-// gradient rounds once to the logits' dtype, the same numbers.
+// The loss of 16-bit logits is f32, as in PyTorch's autocast: the kernels, CUDA's and the
+// CPU's, read the logits as they are and compute in f32, and the gradient is rounded once to
+// the logits' dtype. What backward keeps is the 16-bit logits, not an f32 copy.
 Tensor cross_entropy(const Tensor& logits, const Tensor& targets) {
   detail::check_kernel_device("cross_entropy", logits);
-  if (detail::computes_through_f32(logits)) return cross_entropy(cast(logits, DType::F32), targets);
   if (logits.dim() != 2 || targets.dim() != 1 || targets.size(0) != logits.size(0)) {
     fail("cross_entropy: expected logits [N, V] and targets [N], got ", shape_str(logits.shape()),
          " and ", shape_str(targets.shape()));
@@ -136,7 +135,7 @@ Tensor cross_entropy(const Tensor& logits, const Tensor& targets) {
   auto index = std::make_shared<std::vector<int64_t>>(
       detail::indices_as_i64("cross_entropy (targets)", targets, vocab));
   Tensor in = detail::contiguous_input(logits);
-  // f32 or f64; meta following CUDA's path may hold 16-bit logits, whose loss is f32.
+  // f32 or f64: 16-bit logits have an f32 loss.
   const DType loss_dtype = logits.dtype() == DType::F64 ? DType::F64 : DType::F32;
   Tensor lse = Tensor::empty({rows}, loss_dtype, logits.device());
   Tensor out = Tensor::empty({}, loss_dtype, logits.device());
@@ -146,10 +145,11 @@ Tensor cross_entropy(const Tensor& logits, const Tensor& targets) {
   }
   if (logits.device().is_meta()) {
   } else {
-    detail::dispatch_floating(logits.dtype(), "cross_entropy", [&]<typename T>() {
+    detail::dispatch_floating_storage(logits.dtype(), "cross_entropy", [&]<typename T>() {
+      using C = kernels::cpu::compute_of<T>;
       double loss = kernels::cpu::cross_entropy_forward<T>(in.data<T>(), index->data(),
-                                                           lse.data<T>(), rows, vocab);
-      *out.data<T>() = static_cast<T>(loss);
+                                                           lse.data<C>(), rows, vocab);
+      *out.data<C>() = static_cast<C>(loss);
     });
   }
   if (autograd::any_requires_grad({logits})) {
@@ -162,14 +162,16 @@ Tensor cross_entropy(const Tensor& logits, const Tensor& targets) {
                                         kSoftmaxFlops * double(in.numel()), {in, lse}, {dlogits});
                        }
                        if (in.device().is_meta()) return std::vector<Tensor>{dlogits};
-                       detail::dispatch_floating(in.dtype(), "cross_entropy", [&]<typename T>() {
-                         // The loss's gradient read in place: item() would allocate a copy.
-                         const double scale =
-                             static_cast<double>(*g[0].data<T>()) / static_cast<double>(rows);
-                         kernels::cpu::cross_entropy_backward<T>(
-                             in.data<T>(), index->data(), lse.data<T>(), static_cast<T>(scale),
-                             dlogits.data<T>(), rows, vocab);
-                       });
+                       detail::dispatch_floating_storage(
+                           in.dtype(), "cross_entropy", [&]<typename T>() {
+                             using C = kernels::cpu::compute_of<T>;
+                             // The loss's gradient read in place: item() would allocate a copy.
+                             const double scale = static_cast<double>(*g[0].data<C>()) /
+                                                  static_cast<double>(rows);
+                             kernels::cpu::cross_entropy_backward<T>(
+                                 in.data<T>(), index->data(), lse.data<C>(),
+                                 static_cast<C>(scale), dlogits.data<T>(), rows, vocab);
+                           });
                        return std::vector<Tensor>{dlogits};
                      });
   }
