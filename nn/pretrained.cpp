@@ -262,6 +262,11 @@ std::unique_ptr<CausalLM> ModelSpec::build(uint64_t seed) const {
   return std::make_unique<GPT>(gpt, seed);
 }
 
+bool ModelSpec::checkpoints_activations() const {
+  return architecture == Architecture::kLlama ? llama.checkpoint_activations
+                                              : gpt.checkpoint_activations;
+}
+
 namespace {
 
 nlohmann::json hf_config_object(const ModelSpec& spec) {

@@ -30,6 +30,8 @@ struct ModelSpec {
   GPTConfig gpt;      // when kGpt2
   LlamaConfig llama;  // when kLlama
   std::unique_ptr<CausalLM> build(uint64_t seed) const;
+  // Whether the model recomputes its layers in backward (activation checkpointing).
+  bool checkpoints_activations() const;
 };
 
 // Hugging Face's config.json for `spec` (the fields transformers reads; JSON text, keys

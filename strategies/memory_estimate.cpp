@@ -208,6 +208,10 @@ MemoryEstimate estimate_memory(const nn::Module& model, const std::string& strat
                     "(deepspeed*, fsdp*)");
 }
 
+bool weight_casts_outlive_last_forward(const nn::ModelSpec& spec) {
+  return spec.checkpoints_activations();
+}
+
 MicroBatchEstimate estimate_micro_batch(nn::ModelSpec spec, int64_t batch, int64_t time,
                                         const Precision& precision, int64_t grad_accum,
                                         DType weights_dtype, bool weight_cast_cache) {
@@ -236,6 +240,7 @@ MicroBatchEstimate estimate_micro_batch(nn::ModelSpec spec, int64_t batch, int64
       AutocastGuard autocast(precision.compute_dtype());
       loss = model->loss(tokens, targets);
     }
+    if (grad_accum == 1 && !weight_casts_outlive_last_forward(spec)) weight_casts.reset();
     // The loss is kept (the trainer reports it) while its scaled copy is back-propagated: one
     // product for the loss scale and the division among micro-batches together.
     const bool scaled_copy = precision.make_scaler() != nullptr || grad_accum > 1;

@@ -1,5 +1,7 @@
 #include "tensor/allocator.h"
 
+#include <malloc.h>
+
 #include <cstdlib>
 #include <mutex>
 #include <new>
@@ -88,7 +90,10 @@ constexpr size_t kPageAlignment = 4096;
 // about a tenth of a small model's step. So blocks of kCacheFrom bytes and more are kept
 // when freed, by exact size, and handed out again; at most kCacheAtMost bytes are kept (a
 // block beyond that goes back to glibc). Accounting (stats()) counts blocks handed out only,
-// as before. Smaller blocks go to glibc directly, whose own free lists serve them well.
+// as before. Smaller blocks go to glibc directly, whose own free lists serve them well. A
+// program that owns its process may instead keep everything in glibc's heap
+// (set_cpu_block_reuse, tensor/allocator.h), which also avoids the fresh pages but reuses a
+// freed block for a request of another size.
 class CpuAllocator final : public Allocator {
  public:
   static constexpr size_t kCacheFrom = size_t{64} << 10;
@@ -117,6 +122,16 @@ class CpuAllocator final : public Allocator {
     if (rounded >= kCacheFrom && keep(ptr, rounded, alignment)) return;
     std::free(ptr);
   }
+  // Stops caching and gives the cached blocks back.
+  void stop_caching() {
+    std::lock_guard<std::mutex> lock(mutex_);
+    cache_at_most_ = 0;
+    for (auto& [size, blocks] : free_)
+      for (void* block : blocks)
+        std::free(block);
+    free_.clear();
+    cached_bytes_ = 0;
+  }
 
  private:
   // The alignment and size of the block that holds `nbytes`: whole pages get page alignment,
@@ -142,7 +157,7 @@ class CpuAllocator final : public Allocator {
   bool keep(void* ptr, size_t rounded, size_t alignment) noexcept {
     try {
       std::lock_guard<std::mutex> lock(mutex_);
-      if (cached_bytes_ + rounded > kCacheAtMost) return false;
+      if (cached_bytes_ + rounded > cache_at_most_) return false;
       free_[key(rounded, alignment)].push_back(ptr);
       cached_bytes_ += rounded;
       return true;
@@ -154,6 +169,7 @@ class CpuAllocator final : public Allocator {
   std::mutex mutex_;
   std::unordered_map<size_t, std::vector<void*>> free_;
   size_t cached_bytes_ = 0;
+  size_t cache_at_most_ = kCacheAtMost;
 };
 
 CpuAllocator& default_cpu_allocator() {
@@ -188,6 +204,14 @@ Allocator*& registered(DeviceType type) {
 }
 
 }  // namespace
+
+void set_cpu_block_reuse(CpuBlockReuse reuse) {
+  if (reuse == CpuBlockReuse::kExactSizeCache) return;  // the default; glibc untouched
+  default_cpu_allocator().stop_caching();
+  // glibc only (sanitizers' allocators ignore mallopt): large blocks from the heap, kept.
+  mallopt(M_MMAP_MAX, 0);
+  mallopt(M_TRIM_THRESHOLD, -1);  // -1: never trim
+}
 
 MetaAllocatorScope::MetaAllocatorScope()
     : allocator_(std::make_unique<MetaAllocator>()),

@@ -1,6 +1,7 @@
 // Tensor handles, views, dtypes, devices and allocator accounting.
 
 #include <gtest/gtest.h>
+#include <malloc.h>
 
 #include <bit>
 #include <cmath>
@@ -209,6 +210,26 @@ TEST(Tensor, CpuAllocatorReusesLargeBlocksBySizeAndAlignment) {
   cpu.deallocate(b, odd);
   cpu.deallocate(c, pages);
   EXPECT_EQ(cpu.stats().current_bytes, before);
+}
+
+// CpuBlockReuse::kProcessHeap (a process-wide setting; ctest runs each test case in its own
+// process): a large block comes from glibc's heap, not a mapping of its own, freeing it keeps
+// the heap, and the freed memory serves a request of another size. glibc only: sanitizers
+// replace malloc, so the test checks the heap where mallinfo2 describes glibc's.
+TEST(Tensor, ProcessHeapReuseKeepsLargeBlocksInGlibcsHeap) {
+  if (mallinfo2().arena == 0) GTEST_SKIP() << "malloc is not glibc's (a sanitizer build)";
+  set_cpu_block_reuse(CpuBlockReuse::kProcessHeap);
+  Allocator& cpu = allocator_for(Device::cpu());
+  const size_t big = size_t{64} << 20;  // above glibc's largest mmap threshold (32 MiB)
+  const size_t mapped_before = mallinfo2().hblkhd;
+  void* a = cpu.allocate(big);
+  EXPECT_EQ(mallinfo2().hblkhd, mapped_before);  // not mmapped
+  const size_t heap = mallinfo2().arena;
+  cpu.deallocate(a, big);
+  EXPECT_EQ(mallinfo2().arena, heap);  // not trimmed
+  void* b = cpu.allocate(big - (size_t{1} << 20));  // another size, served from the freed block
+  EXPECT_EQ(mallinfo2().arena, heap);
+  cpu.deallocate(b, big - (size_t{1} << 20));
 }
 
 TEST(Tensor, AllocatorAccountsBytesByKind) {

@@ -3,6 +3,7 @@
 #include <chrono>
 #include <cmath>
 #include <optional>
+#include <thread>
 
 #include <nlohmann/json.hpp>
 
@@ -11,6 +12,7 @@
 #include "optim/clip_grad.h"
 #include "optim/lr_schedule.h"
 #include "optim/sgd.h"
+#include "strategies/memory_estimate.h"
 #include "strategies/memory_report.h"
 #include "strategies/trace.h"
 #include "tensor/autocast.h"
@@ -146,6 +148,9 @@ void train(nn::CausalLM& model, const data::TokenBlocks& data, const TrainOption
     return first_position + (step - first_step) * accum * world;
   };
   strategies::Trace* trace = strategies::current_trace();
+  const bool casts_outlive_last_forward =
+      strategies::weight_casts_outlive_last_forward(model_spec(options));
+  const std::thread::id training_thread = std::this_thread::get_id();
   for (int64_t step = first_step; step < options.steps; ++step) {
     auto start = std::chrono::steady_clock::now();
     strategies::Trace::Span step_span(trace, "step " + std::to_string(step), "step",
@@ -156,7 +161,9 @@ void train(nn::CausalLM& model, const data::TokenBlocks& data, const TrainOption
     double local_loss = 0;
     int64_t tokens = 0;
     // Autocast casts each weight once per step, for every micro-batch and recomputation
-    // (tensor/autocast.h); the casts are freed before the optimizer changes the weights.
+    // (tensor/autocast.h); the cache ends with the last micro-batch's forward where nothing
+    // recomputes it (strategies/memory_estimate.h), else before the optimizer changes the
+    // weights. Only this thread's forwards use it (dp's replicas run on their own threads).
     std::optional<WeightCastScope> weight_casts;
     if (s.compute_dtype() != DType::F32) weight_casts.emplace(s.parameters_held_through_step());
     for (int64_t k = 0; k < accum; ++k) {
@@ -182,6 +189,9 @@ void train(nn::CausalLM& model, const data::TokenBlocks& data, const TrainOption
           span.reset();
           backward_span.emplace(trace, "backward", "step", strategies::Trace::kMainThread, args);
         }
+        if (k == accum - 1 && !casts_outlive_last_forward &&
+            std::this_thread::get_id() == training_thread)
+          weight_casts.reset();
         return loss;
       };
       const double scale = accum > 1 ? 1.0 / static_cast<double>(accum) : 1.0;
