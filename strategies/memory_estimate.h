@@ -46,6 +46,15 @@ MemoryEstimate estimate_memory(const nn::Module& model, const std::string& strat
                                int world_size, const StrategyConfig& options = {},
                                int states_per_parameter = 2);
 
+// Whether autocast's weight cache (WeightCastScope, tensor/autocast.h) must outlive the
+// forward of a step's last micro-batch: only for activation checkpointing, whose backward
+// recomputes the forward with the same casts. Otherwise train_gpt ends the scope when that
+// forward ends, and each cast is freed once the backward is done with it, as PyTorch's
+// autocast (whose cache lives for the forward) frees it; estimate_micro_batch follows the same
+// rule for a step of one micro-batch. (The earlier micro-batches of an accumulating step keep
+// the casts for the next ones.)
+bool weight_casts_outlive_last_forward(const nn::ModelSpec& spec);
+
 // One training micro-batch of `batch` sequences of `time` tokens through the model `spec`
 // describes (forward and loss under `precision`'s autocast, then backward of the loss, scaled
 // when `precision` scales it or `grad_accum` > 1 divides it, as Strategy::forward_backward
@@ -56,15 +65,6 @@ MemoryEstimate estimate_memory(const nn::Module& model, const std::string& strat
 // real code path runs without computing and allocates the CPU path's tensors byte for byte: a
 // CPU run's memory report measures the same. Under the data-parallel and sharded strategies
 // every rank runs one of these per micro-batch.
-// Whether autocast's weight cache (WeightCastScope, tensor/autocast.h) must outlive the
-// forward of a step's last micro-batch: only for activation checkpointing, whose backward
-// recomputes the forward with the same casts. Otherwise train_gpt ends the scope when that
-// forward ends, and each cast is freed once the backward is done with it, as PyTorch's
-// autocast (whose cache lives for the forward) frees it; estimate_micro_batch follows the same
-// rule for a step of one micro-batch. (The earlier micro-batches of an accumulating step keep
-// the casts for the next ones.)
-bool weight_casts_outlive_last_forward(const nn::ModelSpec& spec);
-
 struct MicroBatchEstimate {
   // The peak bytes of activations (MemoryKind::Activations), the tokens and the model's own
   // tensors that are not parameters (Llama's rotary tables) included.

@@ -92,8 +92,8 @@ constexpr size_t kPageAlignment = 4096;
 // block beyond that goes back to glibc). Accounting (stats()) counts blocks handed out only,
 // as before. Smaller blocks go to glibc directly, whose own free lists serve them well. A
 // program that owns its process may instead keep everything in glibc's heap
-// (set_cpu_block_reuse, tensor/allocator.h), which also avoids the fresh pages but reuses a
-// freed block for a request of another size.
+// (use_process_heap_for_cpu_blocks, tensor/allocator.h), which also avoids the fresh pages
+// but reuses a freed block for a request of another size.
 class CpuAllocator final : public Allocator {
  public:
   static constexpr size_t kCacheFrom = size_t{64} << 10;
@@ -205,8 +205,7 @@ Allocator*& registered(DeviceType type) {
 
 }  // namespace
 
-void set_cpu_block_reuse(CpuBlockReuse reuse) {
-  if (reuse == CpuBlockReuse::kExactSizeCache) return;  // the default; glibc untouched
+void use_process_heap_for_cpu_blocks() {
   default_cpu_allocator().stop_caching();
   // glibc only (sanitizers' allocators ignore mallopt): large blocks from the heap, kept.
   mallopt(M_MMAP_MAX, 0);

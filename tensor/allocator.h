@@ -108,17 +108,15 @@ Allocator& builtin_cuda_allocator(int index);
 // nullptr restores the built-in one.
 void register_allocator(DeviceType type, Allocator* allocator);
 
-// Where the built-in CPU allocator's freed blocks go for reuse (Note [Caching CPU blocks] in
-// allocator.cpp). kExactSizeCache, the default: it keeps freed blocks of 64 KiB and more, up
-// to 1 GiB, for requests of exactly their size; the rest goes back to glibc, whose large
-// blocks are fresh pages each time. kProcessHeap: it keeps none and sets glibc's malloc for
-// the whole process to serve every block from its heap (no mmap) and never give the heap back
-// (mallopt M_MMAP_MAX 0, M_TRIM_THRESHOLD off), so that freed memory serves requests of any
-// size, coalesced: the process holds about its peak of live bytes, where the exact-size cache
-// also holds the idle blocks of sizes not in use at the peak (a 16-bit autocast step frees
-// blocks of more sizes), at the same step time. A process-wide choice, for a program that owns
-// its process (train_gpt makes it at start-up); call it before the first tensor.
-enum class CpuBlockReuse { kExactSizeCache, kProcessHeap };
-void set_cpu_block_reuse(CpuBlockReuse reuse);
+// By default the built-in CPU allocator keeps freed blocks of 64 KiB and more, up to 1 GiB,
+// for requests of exactly their size (Note [Caching CPU blocks] in allocator.cpp); the rest
+// goes back to glibc, whose large blocks are fresh pages each time. This turns that cache off
+// for good and sets glibc's malloc, for the whole process, to serve every block from its heap
+// (no mmap) and never give the heap back (mallopt M_MMAP_MAX 0, M_TRIM_THRESHOLD off), so that
+// freed memory serves requests of any size, coalesced: the process holds about its peak of
+// live bytes, where the exact-size cache also holds the idle blocks of sizes not in use at the
+// peak (a 16-bit autocast step frees blocks of more sizes), at the same step time. For a
+// program that owns its process (train_gpt calls it at start-up), before the first tensor.
+void use_process_heap_for_cpu_blocks();
 
 }  // namespace loom

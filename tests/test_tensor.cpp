@@ -212,13 +212,13 @@ TEST(Tensor, CpuAllocatorReusesLargeBlocksBySizeAndAlignment) {
   EXPECT_EQ(cpu.stats().current_bytes, before);
 }
 
-// CpuBlockReuse::kProcessHeap (a process-wide setting; ctest runs each test case in its own
+// use_process_heap_for_cpu_blocks (a process-wide setting; ctest runs each test case in its own
 // process): a large block comes from glibc's heap, not a mapping of its own, freeing it keeps
 // the heap, and the freed memory serves a request of another size. glibc only: sanitizers
 // replace malloc, so the test checks the heap where mallinfo2 describes glibc's.
 TEST(Tensor, ProcessHeapReuseKeepsLargeBlocksInGlibcsHeap) {
   if (mallinfo2().arena == 0) GTEST_SKIP() << "malloc is not glibc's (a sanitizer build)";
-  set_cpu_block_reuse(CpuBlockReuse::kProcessHeap);
+  use_process_heap_for_cpu_blocks();
   Allocator& cpu = allocator_for(Device::cpu());
   const size_t big = size_t{64} << 20;  // above glibc's largest mmap threshold (32 MiB)
   const size_t mapped_before = mallinfo2().hblkhd;
@@ -378,7 +378,9 @@ TEST(Tensor, SixteenBitKernelsGiveTheBitsOfTheWidenedF32Ops) {
         v.push_back(static_cast<float>(scale * std::sin(0.37 * double(i) + scale)));
       return Tensor::from_vector<float>(v, shape).to(low);
     };
-    const auto bits_of = [](const Tensor& t) { return t.detach().to(DType::F32).to_vector<float>(); };
+    const auto bits_of = [](const Tensor& t) {
+      return t.detach().to(DType::F32).to_vector<float>();
+    };
     const auto rounded = [low](const Tensor& t) { return t.detach().to(low); };
     // 33 rows (not a multiple of any vector width) of 20 columns.
     Tensor x = filled({3, 11, 20}, 2.5), bias = filled({20}, 0.5), dy = filled({3, 11, 20}, 1.5);

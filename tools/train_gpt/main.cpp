@@ -642,7 +642,7 @@ void print_simulation(const SimulatedRank& r, const std::string& strategy, bool 
 int run(int argc, char** argv) {
   // train_gpt owns its process: freed host memory stays in glibc's heap and serves requests
   // of any size (tensor/allocator.h), so its RSS follows its peak of live tensors.
-  loom::set_cpu_block_reuse(loom::CpuBlockReuse::kProcessHeap);
+  loom::use_process_heap_for_cpu_blocks();
   CommandLine cli;
   cli.simulate = std::filesystem::path(argv[0]).filename() == "loom-sim";
   CLI::App app{cli.simulate ? "loom-sim: simulate one rank of a train_gpt job of any size "
