@@ -10,6 +10,12 @@ namespace loom::nn {
 namespace {
 constexpr double kInitStd = 0.02;
 constexpr double kLayerNormEps = 1e-5;
+
+// GPT-2's layer norms: each feeds a projection or the output head only (NormOutput).
+std::shared_ptr<LayerNorm> layer_norm_before_products(const GPTConfig& config) {
+  return std::make_shared<LayerNorm>(config.embd, kLayerNormEps, config.options,
+                                     NormOutput::ForProducts);
+}
 }  // namespace
 
 void GPTConfig::validate() const {
@@ -79,11 +85,9 @@ Tensor MLP::forward(const Tensor& x) const {
 }
 
 Block::Block(const GPTConfig& config, Generator& gen) {
-  ln_1_ = register_module("ln_1",
-                          std::make_shared<LayerNorm>(config.embd, kLayerNormEps, config.options));
+  ln_1_ = register_module("ln_1", layer_norm_before_products(config));
   attn_ = register_module("attn", std::make_shared<CausalSelfAttention>(config, gen));
-  ln_2_ = register_module("ln_2",
-                          std::make_shared<LayerNorm>(config.embd, kLayerNormEps, config.options));
+  ln_2_ = register_module("ln_2", layer_norm_before_products(config));
   mlp_ = register_module("mlp", std::make_shared<MLP>(config, gen));
 }
 
@@ -109,8 +113,7 @@ GPT::GPT(const GPTConfig& config, uint64_t seed) : config_(config) {
   h_ = register_module("h", std::make_shared<ModuleList<Block>>());
   for (int64_t i = 0; i < config.layers; ++i)
     h_->push_back(std::make_shared<Block>(config, gen));
-  ln_f_ = register_module("ln_f",
-                          std::make_shared<LayerNorm>(config.embd, kLayerNormEps, config.options));
+  ln_f_ = register_module("ln_f", layer_norm_before_products(config));
   declare_parameter_use(wte_->weight());  // the tied output projection in forward()
 }
 

@@ -1,10 +1,18 @@
 #include "nn/layers.h"
 
+#include "tensor/autocast.h"
 #include "tensor/ops.h"
 
 namespace loom::nn {
 
 namespace {
+// The out_dtype of a norm whose output `output` reads: autocast's low dtype for one that only
+// its products read, while autocast is on; otherwise the input's (none).
+std::optional<DType> norm_out_dtype(NormOutput output) {
+  if (output != NormOutput::ForProducts || autocast_dtype() == DType::F32) return std::nullopt;
+  return autocast_dtype();
+}
+
 Tensor normal_tensor(const Shape& shape, double stddev, Generator& gen, const Options& options) {
   Tensor t = Tensor::empty(shape, options.dtype, options.device);
   normal_(t, 0.0, stddev, gen);
@@ -41,12 +49,13 @@ Tensor LinearNoBias::loss(const Tensor& x, const Tensor& targets) const {
   return run_forward([&] { return linear_cross_entropy(x, weight_, targets); });
 }
 
-RMSNorm::RMSNorm(int64_t width, double eps, const Options& options) : eps_(eps) {
+RMSNorm::RMSNorm(int64_t width, double eps, const Options& options, NormOutput output)
+    : eps_(eps), output_(output) {
   weight_ = register_parameter("weight", Tensor::ones({width}, options.dtype, options.device));
 }
 
 Tensor RMSNorm::forward(const Tensor& x) const {
-  return run_forward([&] { return rms_norm(x, weight_, eps_); });
+  return run_forward([&] { return rms_norm(x, weight_, eps_, norm_out_dtype(output_)); });
 }
 
 Embedding::Embedding(int64_t count, int64_t width, Generator& gen, double init_std,
@@ -58,19 +67,21 @@ Tensor Embedding::forward(const Tensor& indices) const {
   return run_forward([&] { return embedding(indices, weight_); });
 }
 
-LayerNorm::LayerNorm(int64_t width, double eps, const Options& options) : eps_(eps) {
+LayerNorm::LayerNorm(int64_t width, double eps, const Options& options, NormOutput output)
+    : eps_(eps), output_(output) {
   weight_ = register_parameter("weight", Tensor::ones({width}, options.dtype, options.device));
   bias_ = register_parameter("bias", Tensor::zeros({width}, options.dtype, options.device));
 }
 
 Tensor LayerNorm::forward(const Tensor& x) const {
-  return run_forward([&] { return layer_norm(x, weight_, bias_, eps_); });
+  return run_forward(
+      [&] { return layer_norm(x, weight_, bias_, eps_, norm_out_dtype(output_)); });
 }
 
 AddLayerNorm LayerNorm::forward_after_add(const Tensor& x, const Tensor& residual) const {
   AddLayerNorm result;
   Tensor normed = run_forward([&] {
-    result = add_layer_norm(x, residual, weight_, bias_, eps_);
+    result = add_layer_norm(x, residual, weight_, bias_, eps_, norm_out_dtype(output_));
     return result.normed;
   });
   result.normed = normed;

@@ -42,9 +42,19 @@ class Embedding : public Module {
   Tensor weight_;
 };
 
+// What reads a norm's output. Any: any op, so under autocast it is f32 (autocast's f32 list,
+// PyTorch's). ForProducts: only matmul, linear and attention, which autocast casts to its low
+// dtype first, so under autocast the norm writes that dtype itself (layer_norm's out_dtype):
+// the same values and gradients as the f32 output and the casts, without a pass each way.
+// The transformers' norms before their projections and output head are of this kind; under
+// tensor parallelism the gradient that returns through the column-parallel layers' input is
+// then reduced in 16 bits, as Megatron-LM's.
+enum class NormOutput { Any, ForProducts };
+
 class LayerNorm : public Module {
  public:
-  explicit LayerNorm(int64_t width, double eps = 1e-5, const Options& options = {});
+  explicit LayerNorm(int64_t width, double eps = 1e-5, const Options& options = {},
+                     NormOutput output = NormOutput::Any);
   Tensor forward(const Tensor& x) const;
   // {x + residual, forward(x + residual)} in one pass (add_layer_norm), between the forward
   // hooks, which see the normalised output: a pre-LN block's residual add and the norm after.
@@ -53,6 +63,7 @@ class LayerNorm : public Module {
  private:
   Tensor weight_, bias_;
   double eps_;
+  NormOutput output_;
 };
 
 // torch.nn.Linear(bias=False), Llama's projections: weight [out, in] (Hugging Face's layout for
@@ -74,12 +85,14 @@ class LinearNoBias : public Module {
 // Llama's RMSNorm: x / sqrt(mean(x^2) + eps) * weight (weight 1 at start), in f32.
 class RMSNorm : public Module {
  public:
-  RMSNorm(int64_t width, double eps, const Options& options = {});
+  RMSNorm(int64_t width, double eps, const Options& options = {},
+          NormOutput output = NormOutput::Any);
   Tensor forward(const Tensor& x) const;
 
  private:
   Tensor weight_;
   double eps_;
+  NormOutput output_;
 };
 
 // Stateless tanh-approximation GELU, a module so that it can sit in a module tree.

@@ -2,6 +2,7 @@
 
 #include <cmath>
 
+#include "tensor/autocast.h"
 #include "tensor/autograd/function.h"
 #include "tensor/ops.h"
 
@@ -156,11 +157,13 @@ Tensor LlamaMLP::forward(const Tensor& x) const {
 LlamaDecoderLayer::LlamaDecoderLayer(const LlamaConfig& config, Generator& gen) {
   input_layernorm_ = register_module(
       "input_layernorm",
-      std::make_shared<RMSNorm>(config.hidden, config.rms_norm_eps, config.options));
+      std::make_shared<RMSNorm>(config.hidden, config.rms_norm_eps, config.options,
+                                NormOutput::ForProducts));
   self_attn_ = register_module("self_attn", std::make_shared<LlamaAttention>(config, gen));
   post_attention_layernorm_ = register_module(
       "post_attention_layernorm",
-      std::make_shared<RMSNorm>(config.hidden, config.rms_norm_eps, config.options));
+      std::make_shared<RMSNorm>(config.hidden, config.rms_norm_eps, config.options,
+                                NormOutput::ForProducts));
   mlp_ = register_module("mlp", std::make_shared<LlamaMLP>(config, gen));
 }
 
@@ -185,7 +188,8 @@ LlamaModel::LlamaModel(const LlamaConfig& config, Generator& gen) {
   for (int64_t i = 0; i < config.layers; ++i)
     layers_->push_back(std::make_shared<LlamaDecoderLayer>(config, gen));
   norm_ = register_module(
-      "norm", std::make_shared<RMSNorm>(config.hidden, config.rms_norm_eps, config.options));
+      "norm", std::make_shared<RMSNorm>(config.hidden, config.rms_norm_eps, config.options,
+                                NormOutput::ForProducts));
 }
 
 Llama::Llama(const LlamaConfig& config, uint64_t seed) : config_(config) {
@@ -225,6 +229,8 @@ void Llama::check_tokens(const Tensor& tokens, int64_t first) const {
 RotaryTables Llama::rotary(int64_t time, Device device, int64_t first) const {
   RotaryTables t{rotary_.cos.narrow(0, first, time), rotary_.sin.narrow(0, first, time)};
   if (t.cos.device() != device) t = {t.cos.to(device), t.sin.to(device)};
+  const DType low = autocast_dtype();
+  if (low != DType::F32 && t.cos.dtype() == DType::F32) t = {t.cos.to(low), t.sin.to(low)};
   return t;
 }
 

@@ -8,6 +8,7 @@
 // inputs on the CPU outside autocast. The binary elementwise ops (add, sub, mul, div) compute
 // operands of two floating dtypes in the wider one, as PyTorch's type promotion does.
 
+#include <optional>
 #include <vector>
 
 #include "tensor/tensor.h"
@@ -68,7 +69,14 @@ Tensor linear(const Tensor& x, const Tensor& weight, const Tensor& bias);
 
 // --- normalisation, softmax, attention, losses ------------------------------------------------
 // Over the last dimension; weight and bias have the size of the last dimension.
-Tensor layer_norm(const Tensor& x, const Tensor& weight, const Tensor& bias, double eps = 1e-5);
+// `out_dtype` (layer_norm, add_layer_norm's normed, rms_norm): the output's dtype where it is
+// to differ from the input's (as autocast leaves it): bf16 or f16 for an f32 input, the values
+// of cast(layer_norm(...), out_dtype) in one pass, whose backward reads the 16-bit gradient as
+// it is (widening it on load, the values of the cast's backward). For a norm that only
+// autocast's 16-bit products read, which would cast its output first (nn::LayerNorm's
+// NormOutput::ForProducts).
+Tensor layer_norm(const Tensor& x, const Tensor& weight, const Tensor& bias, double eps = 1e-5,
+                  std::optional<DType> out_dtype = std::nullopt);
 // The residual add and the layer norm after it in one pass (a pre-LN block's
 // "h = x + attn(...); ln_2(h)"): sum = x + residual (the same shape and dtype), normed =
 // layer_norm(sum, weight, bias, eps). The same values as add and layer_norm; backward adds the
@@ -77,9 +85,11 @@ struct AddLayerNorm {
   Tensor sum, normed;
 };
 AddLayerNorm add_layer_norm(const Tensor& x, const Tensor& residual, const Tensor& weight,
-                            const Tensor& bias, double eps = 1e-5);
+                            const Tensor& bias, double eps = 1e-5,
+                            std::optional<DType> out_dtype = std::nullopt);
 // RMS normalisation (Llama's RMSNorm): x / sqrt(mean(x^2) + eps) * weight, no mean, no bias.
-Tensor rms_norm(const Tensor& x, const Tensor& weight, double eps);
+Tensor rms_norm(const Tensor& x, const Tensor& weight, double eps,
+                std::optional<DType> out_dtype = std::nullopt);
 // Softmax over the last dimension. With causal, x is [..., T, T] and entries with column >
 // row are masked out (probability 0).
 Tensor softmax(const Tensor& x, bool causal = false);

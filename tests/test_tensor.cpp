@@ -420,6 +420,59 @@ TEST(Tensor, SixteenBitKernelsGiveTheBitsOfTheWidenedF32Ops) {
   }
 }
 
+// A norm with a 16-bit out_dtype (the input of autocast's products) gives the bits of the f32
+// norm cast to that dtype, and from the same 16-bit output gradient the gradients of that
+// cast's backward (widened) through the f32 norm: x's, weight's and bias's, bitwise.
+TEST(Tensor, NormsWithA16BitOutputGiveTheBitsOfTheF32NormAndItsCast) {
+  for (const DType low : {DType::BF16, DType::F16}) {
+    SCOPED_TRACE(dtype_name(low));
+    const auto filled = [](const Shape& shape, double scale, double shift) {
+      std::vector<float> v;
+      for (int64_t i = 0; i < numel_of(shape); ++i)
+        v.push_back(static_cast<float>(shift + scale * std::sin(0.37 * double(i) + scale)));
+      return Tensor::from_vector<float>(v, shape);
+    };
+    const auto bits_of = [](const Tensor& t) {
+      return t.detach().to(DType::F32).to_vector<float>();
+    };
+    // 33 rows of 20 columns; dy already in the low dtype, as autocast's products give it.
+    const Tensor x0 = filled({3, 11, 20}, 2.5, 0.3), w0 = filled({20}, 0.5, 1.0),
+                 b0 = filled({20}, 0.5, 0.0), dy = filled({3, 11, 20}, 1.5, 0.0).to(low);
+    for (const bool rms : {false, true}) {
+      SCOPED_TRACE(rms ? "rms_norm" : "layer_norm");
+      const auto run = [&](bool fused) {
+        Tensor x = x0.clone().set_requires_grad(true), w = w0.clone().set_requires_grad(true),
+               b = b0.clone().set_requires_grad(true);
+        Tensor y;
+        if (fused) {
+          y = rms ? rms_norm(x, w, 1e-5, low) : layer_norm(x, w, b, 1e-5, low);
+        } else {
+          y = cast(rms ? rms_norm(x, w, 1e-5) : layer_norm(x, w, b, 1e-5), low);
+        }
+        y.backward(dy);
+        return std::vector<Tensor>{y, x.grad(), w.grad(), rms ? Tensor() : b.grad()};
+      };
+      const std::vector<Tensor> fused = run(true), composed = run(false);
+      EXPECT_EQ(fused[0].dtype(), low);
+      for (size_t i = 0; i < fused.size(); ++i) {
+        if (!composed[i].defined()) continue;
+        EXPECT_EQ(fused[i].dtype(), composed[i].dtype()) << "output " << i;
+        EXPECT_EQ(bits_of(fused[i]), bits_of(composed[i])) << "output " << i;
+      }
+    }
+  }
+  // An output dtype the kernels cannot write is a named error.
+  const Tensor x = Tensor::ones({2, 4}, DType::F64), w = Tensor::ones({4}, DType::F64);
+  try {
+    layer_norm(x, w, Tensor::zeros({4}, DType::F64), 1e-5, DType::BF16);
+    FAIL() << "expected an error";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("layer_norm: out_dtype bf16 for an input of f64"),
+              std::string::npos)
+        << e.what();
+  }
+}
+
 TEST(Tensor, ExactValuesOfCoreOps) {
   Tensor a = Tensor::from_vector<float>({1, 2, 3, 4, 5, 6}, {2, 3});
   Tensor b = Tensor::from_vector<float>({1, 0, 0, 1, 1, 1}, {3, 2});

@@ -191,8 +191,8 @@ bool run_shape(const Shape& shape, DType dtype) {
        }},
       {"v2 loom",
        [&](cudaStream_t s) {
-         kc::layer_norm_forward(dtype, d_x.get(), d_w.get(), d_b.get(), d_y.get(), mean, rstd, rows,
-                                width, kEps, s);
+         kc::layer_norm_forward(dtype, dtype, d_x.get(), d_w.get(), d_b.get(), d_y.get(), mean, rstd,
+                                rows, width, kEps, s);
        }},
   };
   const double forward_bytes = es * (2.0 * n + 2.0 * width) + 8.0 * rows;
@@ -224,8 +224,8 @@ bool run_shape(const Shape& shape, DType dtype) {
        }},
       {"v2 loom (16-row chunks + partials)",
        [&](cudaStream_t s) {
-         kc::layer_norm_backward(dtype, d_dy.get(), d_x.get(), d_w.get(), mref, rref, d_dx.get(),
-                                 d_dw.get(), d_db.get(), rows, width, d_ws.get(), s);
+         kc::layer_norm_backward(dtype, dtype, d_dy.get(), d_x.get(), d_w.get(), mref, rref,
+                                 d_dx.get(), d_dw.get(), d_db.get(), rows, width, d_ws.get(), s);
        }},
   };
   const double backward_bytes = es * (3.0 * n + 3.0 * width) + 8.0 * rows;

@@ -8,13 +8,18 @@
 
 namespace loom::kernels::cpu {
 
+// T: float or double. The output y, and the gradient dy backward reads, are of T or, for
+// T = float, of a 16-bit float L (BFloat16, Half): y rounded once to nearest even from the f32
+// value, dy widened exactly on load, so the bits are those of casting an f32 y, or widening an
+// L dy to f32 first (a norm that feeds autocast's 16-bit products: tensor/ops.h).
+
 // Also writes each row's mean and rstd, which backward needs.
-template <typename T>
-void layer_norm_forward(const T* x, const T* weight, const T* bias, T* y, T* mean, T* rstd,
+template <typename T, typename L = T>
+void layer_norm_forward(const T* x, const T* weight, const T* bias, L* y, T* mean, T* rstd,
                         int64_t rows, int64_t width, double eps);
 // dx is overwritten; dweight and dbias are accumulated into (callers zero them).
-template <typename T>
-void layer_norm_backward(const T* dy, const T* x, const T* weight, const T* mean, const T* rstd,
+template <typename T, typename L = T>
+void layer_norm_backward(const L* dy, const T* x, const T* weight, const T* mean, const T* rstd,
                          T* dx, T* dweight, T* dbias, int64_t rows, int64_t width);
 
 // Residual add + layer norm in one pass over each row (the pre-LN block's second half):
@@ -31,11 +36,11 @@ void add_layer_norm_backward(const T* dy, const T* dsum, const T* sum, const T* 
 
 // RMS norm: writes y and each row's rstd; backward overwrites dx and accumulates into dweight
 // (which may be null).
-template <typename T>
-void rms_norm_forward(const T* x, const T* weight, T* y, T* rstd, int64_t rows, int64_t width,
+template <typename T, typename L = T>
+void rms_norm_forward(const T* x, const T* weight, L* y, T* rstd, int64_t rows, int64_t width,
                       double eps);
-template <typename T>
-void rms_norm_backward(const T* dy, const T* x, const T* weight, const T* rstd, T* dx, T* dweight,
+template <typename T, typename L = T>
+void rms_norm_backward(const L* dy, const T* x, const T* weight, const T* rstd, T* dx, T* dweight,
                        int64_t rows, int64_t width);
 
 }  // namespace loom::kernels::cpu

@@ -38,10 +38,11 @@ int block_row_threads(int64_t packs) {
 }
 
 // kCentered: layer norm; otherwise RMS norm (the mean taken as 0, no bias: bias may be null).
-template <typename T, int V, bool kBlockPerRow, bool kCentered>
+// y is stored as Y: T, or a 16-bit float for an f32 T (rounded once from the f32 value).
+template <typename T, typename Y, int V, bool kBlockPerRow, bool kCentered>
 __global__ void __launch_bounds__(1024)
     layer_norm_forward_kernel(const T* __restrict__ x, const T* __restrict__ weight,
-                              const T* __restrict__ bias, T* __restrict__ y,
+                              const T* __restrict__ bias, Y* __restrict__ y,
                               float* __restrict__ mean, float* __restrict__ rstd, int64_t rows,
                               int width, double eps) {
   __shared__ float scratch[kWarpSize];
@@ -75,22 +76,22 @@ __global__ void __launch_bounds__(1024)
   // As the CPU kernel: the square root in double, then rounded to f32.
   const float s = static_cast<float>(1.0 / sqrt(static_cast<double>(var) + eps));
 
-  T* yr = y + g.row * width;
+  Y* yr = y + g.row * width;
   for (int p = g.lane; p < packs; p += g.lanes) {
     const Pack<T, V> xv = load_pack<V>(xr + p * V);
     const Pack<T, V> wv = load_pack<V>(weight + p * V);
-    Pack<T, V> out;
+    Pack<Y, V> out;
     if constexpr (kCentered) {
       const Pack<T, V> bv = load_pack<V>(bias + p * V);
 #pragma unroll
       for (int k = 0; k < V; ++k) {
         out.v[k] =
-            from_float<T>((to_float(xv.v[k]) - m) * s * to_float(wv.v[k]) + to_float(bv.v[k]));
+            from_float<Y>((to_float(xv.v[k]) - m) * s * to_float(wv.v[k]) + to_float(bv.v[k]));
       }
     } else {
 #pragma unroll
       for (int k = 0; k < V; ++k)
-        out.v[k] = from_float<T>(to_float(xv.v[k]) * s * to_float(wv.v[k]));
+        out.v[k] = from_float<Y>(to_float(xv.v[k]) * s * to_float(wv.v[k]));
     }
     store_pack<V>(yr + p * V, out);
   }
@@ -101,12 +102,12 @@ __global__ void __launch_bounds__(1024)
 }
 
 // dx for a chunk of rows, and the chunk's f32 sums of dweight (partials[2 * chunk]) and dbias
-// (partials[2 * chunk + 1]), each [width]. dx may alias dy: phase 2 reads each element before
-// the same thread overwrites it, and phase 1 of this block (the only other reader of these
-// rows) has finished by then.
-template <typename T, int V, bool kCentered>
+// (partials[2 * chunk + 1]), each [width]. dy is read as D: T, or a 16-bit float for an f32 T.
+// dx may alias dy (when D is T): phase 2 reads each element before the same thread overwrites
+// it, and phase 1 of this block (the only other reader of these rows) has finished by then.
+template <typename T, typename D, int V, bool kCentered>
 __global__ void __launch_bounds__(kBackwardThreads)
-    layer_norm_backward_kernel(const T* dy, const T* __restrict__ x, const T* __restrict__ weight,
+    layer_norm_backward_kernel(const D* dy, const T* __restrict__ x, const T* __restrict__ weight,
                                const float* __restrict__ mean, const float* __restrict__ rstd,
                                T* dx, float* __restrict__ partials, int64_t rows, int width) {
   __shared__ float s_mean[kChunkRows], s_rstd[kChunkRows];
@@ -122,12 +123,12 @@ __global__ void __launch_bounds__(kBackwardThreads)
   for (int r = warp; r < chunk_rows; r += warps) {
     const int64_t row = first + r;
     const T* xr = x + row * width;
-    const T* dyr = dy + row * width;
+    const D* dyr = dy + row * width;
     const float m = kCentered ? mean[row] : 0.0f, s = rstd[row];
     float sum_dxhat = 0.0f, sum_dxhat_xhat = 0.0f;
     for (int p = lane; p < packs; p += kWarpSize) {
       const Pack<T, V> xv = load_pack<V>(xr + p * V);
-      const Pack<T, V> dyv = load_pack<V>(dyr + p * V);
+      const Pack<D, V> dyv = load_pack<V>(dyr + p * V);
       const Pack<T, V> wv = load_pack<V>(weight + p * V);
 #pragma unroll
       for (int k = 0; k < V; ++k) {
@@ -228,33 +229,33 @@ int64_t backward_chunks(int64_t rows) {
   return ceil_div(rows, kChunkRows);
 }
 
-template <typename T, int V, bool kCentered>
+template <typename T, typename Y, int V, bool kCentered>
 void launch_forward(const void* x, const void* weight, const void* bias, void* y, float* mean,
                     float* rstd, int64_t rows, int width, double eps, cudaStream_t stream) {
   const auto* xp = static_cast<const T*>(x);
   const auto* wp = static_cast<const T*>(weight);
   const auto* bp = static_cast<const T*>(bias);
-  auto* yp = static_cast<T*>(y);
+  auto* yp = static_cast<Y*>(y);
   const int64_t packs = width / V;
   if (packs <= kWarpRowMaxPacks) {
     const auto grid = static_cast<unsigned>(ceil_div(rows, kRowThreads / kWarpSize));
-    layer_norm_forward_kernel<T, V, false, kCentered>
+    layer_norm_forward_kernel<T, Y, V, false, kCentered>
         <<<grid, kRowThreads, 0, stream>>>(xp, wp, bp, yp, mean, rstd, rows, width, eps);
   } else {
-    layer_norm_forward_kernel<T, V, true, kCentered>
+    layer_norm_forward_kernel<T, Y, V, true, kCentered>
         <<<static_cast<unsigned>(rows), block_row_threads(packs), 0, stream>>>(
             xp, wp, bp, yp, mean, rstd, rows, width, eps);
   }
   LOOM_CUDA_CHECK_LAUNCH();
 }
 
-template <typename T, int V, bool kCentered>
+template <typename T, typename D, int V, bool kCentered>
 void launch_backward(const void* dy, const void* x, const void* weight, const float* mean,
                      const float* rstd, void* dx, float* partials, int64_t rows, int width,
                      cudaStream_t stream) {
-  layer_norm_backward_kernel<T, V, kCentered>
+  layer_norm_backward_kernel<T, D, V, kCentered>
       <<<static_cast<unsigned>(backward_chunks(rows)), kBackwardThreads, 0, stream>>>(
-          static_cast<const T*>(dy), static_cast<const T*>(x), static_cast<const T*>(weight), mean,
+          static_cast<const D*>(dy), static_cast<const T*>(x), static_cast<const T*>(weight), mean,
           rstd, static_cast<T*>(dx), partials, rows, width);
   LOOM_CUDA_CHECK_LAUNCH();
 }
@@ -263,26 +264,40 @@ void launch_backward(const void* dy, const void* x, const void* weight, const fl
 
 namespace {
 
-template <bool kCentered>
-void normalize_forward(const char* op, DType dtype, const void* x, const void* weight,
-                       const void* bias, void* y, float* mean, float* rstd, int64_t rows,
-                       int64_t width, double eps, cudaStream_t stream) {
-  check_sizes(op, rows, width);
+// Calls f.template operator()<T, L>() for the storage types of dtype (T) and of low_dtype (L),
+// the dtype of y in forward and of dy in backward: dtype itself, or bf16/f16 for an f32 dtype.
+template <typename F>
+void dispatch_norm_storage(DType dtype, DType low_dtype, const char* op, F&& f) {
   dispatch_float_storage(dtype, op, [&]<typename T>() {
+    if (low_dtype == dtype) return f.template operator()<T, T>();
+    if (dtype != DType::F32 || (low_dtype != DType::BF16 && low_dtype != DType::F16)) {
+      fail(op, ": the output and its gradient are of the input's dtype or, for an f32 input, ",
+           "bf16 or f16; got ", dtype_name(low_dtype), " for ", dtype_name(dtype));
+    }
+    dispatch_float_storage(low_dtype, op, [&]<typename L>() { f.template operator()<T, L>(); });
+  });
+}
+
+template <bool kCentered>
+void normalize_forward(const char* op, DType dtype, DType y_dtype, const void* x,
+                       const void* weight, const void* bias, void* y, float* mean, float* rstd,
+                       int64_t rows, int64_t width, double eps, cudaStream_t stream) {
+  check_sizes(op, rows, width);
+  dispatch_norm_storage(dtype, y_dtype, op, [&]<typename T, typename Y>() {
     if (rows == 0 || width == 0) return;
     const int w = static_cast<int>(width);
     constexpr int V = kPackElems<T>;
     if (width % V == 0 && aligned16(x) && aligned16(weight) && (!kCentered || aligned16(bias)) &&
         aligned16(y)) {
-      launch_forward<T, V, kCentered>(x, weight, bias, y, mean, rstd, rows, w, eps, stream);
+      launch_forward<T, Y, V, kCentered>(x, weight, bias, y, mean, rstd, rows, w, eps, stream);
     } else {
-      launch_forward<T, 1, kCentered>(x, weight, bias, y, mean, rstd, rows, w, eps, stream);
+      launch_forward<T, Y, 1, kCentered>(x, weight, bias, y, mean, rstd, rows, w, eps, stream);
     }
   });
 }
 
 template <bool kCentered>
-void normalize_backward(const char* op, DType dtype, const void* dy, const void* x,
+void normalize_backward(const char* op, DType dtype, DType dy_dtype, const void* dy, const void* x,
                         const void* weight, const float* mean, const float* rstd, void* dx,
                         void* dweight, void* dbias, int64_t rows, int64_t width, void* workspace,
                         cudaStream_t stream) {
@@ -291,16 +306,18 @@ void normalize_backward(const char* op, DType dtype, const void* dy, const void*
     fail(op, ": workspace is null; expected layer_norm_backward_workspace(", rows, ", ", width,
          ") = ", layer_norm_backward_workspace(rows, width), " bytes of device memory");
   }
-  dispatch_float_storage(dtype, op, [&]<typename T>() {
+  dispatch_norm_storage(dtype, dy_dtype, op, [&]<typename T, typename D>() {
     if (width == 0) return;
     const int w = static_cast<int>(width);
     auto* partials = static_cast<float*>(workspace);
     if (rows > 0) {
       constexpr int V = kPackElems<T>;
       if (width % V == 0 && aligned16(dy) && aligned16(x) && aligned16(weight)) {
-        launch_backward<T, V, kCentered>(dy, x, weight, mean, rstd, dx, partials, rows, w, stream);
+        launch_backward<T, D, V, kCentered>(dy, x, weight, mean, rstd, dx, partials, rows, w,
+                                            stream);
       } else {
-        launch_backward<T, 1, kCentered>(dy, x, weight, mean, rstd, dx, partials, rows, w, stream);
+        launch_backward<T, D, 1, kCentered>(dy, x, weight, mean, rstd, dx, partials, rows, w,
+                                            stream);
       }
     }
     if (dweight == nullptr && dbias == nullptr) return;
@@ -314,11 +331,11 @@ void normalize_backward(const char* op, DType dtype, const void* dy, const void*
 
 }  // namespace
 
-void layer_norm_forward(DType dtype, const void* x, const void* weight, const void* bias, void* y,
-                        float* mean, float* rstd, int64_t rows, int64_t width, double eps,
-                        cudaStream_t stream) {
-  normalize_forward<true>("layer_norm_forward", dtype, x, weight, bias, y, mean, rstd, rows,
-                          width, eps, stream);
+void layer_norm_forward(DType dtype, DType y_dtype, const void* x, const void* weight,
+                        const void* bias, void* y, float* mean, float* rstd, int64_t rows,
+                        int64_t width, double eps, cudaStream_t stream) {
+  normalize_forward<true>("layer_norm_forward", dtype, y_dtype, x, weight, bias, y, mean, rstd,
+                          rows, width, eps, stream);
 }
 
 size_t layer_norm_backward_workspace(int64_t rows, int64_t width) {
@@ -327,24 +344,25 @@ size_t layer_norm_backward_workspace(int64_t rows, int64_t width) {
          sizeof(float);
 }
 
-void layer_norm_backward(DType dtype, const void* dy, const void* x, const void* weight,
-                         const float* mean, const float* rstd, void* dx, void* dweight, void* dbias,
-                         int64_t rows, int64_t width, void* workspace, cudaStream_t stream) {
-  normalize_backward<true>("layer_norm_backward", dtype, dy, x, weight, mean, rstd, dx, dweight,
-                           dbias, rows, width, workspace, stream);
+void layer_norm_backward(DType dtype, DType dy_dtype, const void* dy, const void* x,
+                         const void* weight, const float* mean, const float* rstd, void* dx,
+                         void* dweight, void* dbias, int64_t rows, int64_t width, void* workspace,
+                         cudaStream_t stream) {
+  normalize_backward<true>("layer_norm_backward", dtype, dy_dtype, dy, x, weight, mean, rstd, dx,
+                           dweight, dbias, rows, width, workspace, stream);
 }
 
-void rms_norm_forward(DType dtype, const void* x, const void* weight, void* y, float* rstd,
-                      int64_t rows, int64_t width, double eps, cudaStream_t stream) {
-  normalize_forward<false>("rms_norm_forward", dtype, x, weight, nullptr, y, nullptr, rstd, rows,
-                           width, eps, stream);
+void rms_norm_forward(DType dtype, DType y_dtype, const void* x, const void* weight, void* y,
+                      float* rstd, int64_t rows, int64_t width, double eps, cudaStream_t stream) {
+  normalize_forward<false>("rms_norm_forward", dtype, y_dtype, x, weight, nullptr, y, nullptr,
+                           rstd, rows, width, eps, stream);
 }
 
-void rms_norm_backward(DType dtype, const void* dy, const void* x, const void* weight,
-                       const float* rstd, void* dx, void* dweight, int64_t rows, int64_t width,
-                       void* workspace, cudaStream_t stream) {
-  normalize_backward<false>("rms_norm_backward", dtype, dy, x, weight, nullptr, rstd, dx, dweight,
-                            nullptr, rows, width, workspace, stream);
+void rms_norm_backward(DType dtype, DType dy_dtype, const void* dy, const void* x,
+                       const void* weight, const float* rstd, void* dx, void* dweight,
+                       int64_t rows, int64_t width, void* workspace, cudaStream_t stream) {
+  normalize_backward<false>("rms_norm_backward", dtype, dy_dtype, dy, x, weight, nullptr, rstd,
+                            dx, dweight, nullptr, rows, width, workspace, stream);
 }
 
 }  // namespace loom::kernels::cuda

@@ -176,8 +176,10 @@ void copy_(Tensor& dst, const Tensor& src) {
                                dst.raw_data());
     return;
   }
+  // A strided source is packed first on the CPU; CUDA's copy_strided converts as it gathers, in
+  // one kernel, which meta following CUDA reports as one cast.
   Tensor packed = src;
-  if (!src.is_contiguous()) {
+  if (!src.is_contiguous() && !takes_cuda_path(src.device())) {
     packed = Tensor::empty(src.shape(), src.dtype(), src.device());
     copy_(packed, src);
   }

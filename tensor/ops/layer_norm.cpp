@@ -1,5 +1,7 @@
 // Layer and RMS normalisation over the last dimension.
 
+#include <type_traits>
+
 #include "kernels/cpu/layer_norm.h"
 #include "tensor/autocast.h"
 #include "tensor/autograd/node.h"
@@ -33,25 +35,53 @@ void check_norm_parameters(const char* op, const Tensor& x, const Tensor& weight
   }
 }
 
+// The dtype of a norm's output: x's, or `out_dtype`, which must be x's or, for an f32 x, bf16
+// or f16.
+DType norm_output_dtype(const char* op, const Tensor& x, std::optional<DType> out_dtype) {
+  const DType y = out_dtype.value_or(x.dtype());
+  if (y != x.dtype() && (x.dtype() != DType::F32 || !is_16bit_float(y))) {
+    fail(op, ": out_dtype ", y, " for an input of ", x.dtype(), "; expected the input's dtype ",
+         "or, for an f32 input (after autocast's casts), bf16 or f16");
+  }
+  return y;
+}
+
+// Calls f.template operator()<T, L>() with the CPU storage types of a norm's input (T: float or
+// double) and of its output in forward or its output's gradient in backward (L: T, or BFloat16
+// or Half for a float T), as the kernels in kernels/cpu/layer_norm.h take them.
+template <typename F>
+void dispatch_norm_storage(DType dtype, DType low, const char* op, F&& f) {
+  detail::dispatch_floating(dtype, op, [&]<typename T>() {
+    if (low == dtype) return f.template operator()<T, T>();
+    if constexpr (std::is_same_v<T, float>) {
+      if (low == DType::BF16) return f.template operator()<float, BFloat16>();
+      if (low == DType::F16) return f.template operator()<float, Half>();
+    }
+    fail(op, ": a gradient of ", low, " for an input of ", dtype, "; expected the input's dtype ",
+         "or, for an f32 input, bf16 or f16");
+  });
+}
+
 }  // namespace
 
-Tensor layer_norm(const Tensor& x_in, const Tensor& weight_in, const Tensor& bias_in,
-                  double eps) {
+Tensor layer_norm(const Tensor& x_in, const Tensor& weight_in, const Tensor& bias_in, double eps,
+                  std::optional<DType> out_dtype) {
   // Autocast's f32 list: every floating operand (16-bit weights included) in f32.
   const Tensor x = autocast_f32_input(x_in), weight = autocast_f32_input(weight_in),
                bias = autocast_f32_input(bias_in);
   detail::check_kernel_device("layer_norm", x);
   check_norm_parameters("layer_norm", x, weight, bias);
+  const DType y_dtype = norm_output_dtype("layer_norm", x, out_dtype);
   if (detail::computes_through_f32(x)) {  // 16-bit weights on the CPU: f32, rounded once
     return cast(layer_norm(cast(x, DType::F32), cast(weight, DType::F32), cast(bias, DType::F32),
                            eps),
-                x.dtype());
+                y_dtype);
   }
   int64_t width = x.size(-1);
   int64_t rows = width ? x.numel() / width : 0;
   Tensor in = detail::contiguous_input(x), w = detail::contiguous_input(weight),
          b = detail::contiguous_input(bias);
-  Tensor out = Tensor::empty(x.shape(), x.dtype(), x.device());
+  Tensor out = Tensor::empty(x.shape(), y_dtype, x.device());
   // Row statistics: in x's dtype on the CPU, always f32 on CUDA (whose kernels read and
   // write f32 statistics for every storage dtype).
   DType stats_dtype = x.device().is_cuda() ? DType::F32 : x.dtype();
@@ -65,12 +95,12 @@ Tensor layer_norm(const Tensor& x_in, const Tensor& weight_in, const Tensor& bia
     // nothing to compute: the cost is reported above
   } else if (x.device().is_cuda()) {
     LOOM_IF_CUDA(kernels::cuda::layer_norm_forward(
-        x.dtype(), in.raw_data(), w.raw_data(), b.raw_data(), out.raw_data(), mean.data<float>(),
-        rstd.data<float>(), rows, width, eps, detail::stream_of(x)));
+        x.dtype(), y_dtype, in.raw_data(), w.raw_data(), b.raw_data(), out.raw_data(),
+        mean.data<float>(), rstd.data<float>(), rows, width, eps, detail::stream_of(x)));
   } else {
-    detail::dispatch_floating(x.dtype(), "layer_norm", [&]<typename T>() {
-      kernels::cpu::layer_norm_forward<T>(in.data<T>(), w.data<T>(), b.data<T>(), out.data<T>(),
-                                          mean.data<T>(), rstd.data<T>(), rows, width, eps);
+    dispatch_norm_storage(x.dtype(), y_dtype, "layer_norm", [&]<typename T, typename L>() {
+      kernels::cpu::layer_norm_forward(in.data<T>(), w.data<T>(), b.data<T>(), out.data<L>(),
+                                       mean.data<T>(), rstd.data<T>(), rows, width, eps);
     });
   }
   if (autograd::any_requires_grad({x, weight, bias})) {
@@ -88,7 +118,7 @@ Tensor layer_norm(const Tensor& x_in, const Tensor& weight_in, const Tensor& bia
               Tensor scratch = detail::workspace(
                   in.device(), kernels::cuda::layer_norm_backward_workspace(rows, width));
               kernels::cuda::layer_norm_backward(
-                  in.dtype(), dy.raw_data(), in.raw_data(), w.raw_data(), mean.data<float>(),
+                  in.dtype(), dy.dtype(), dy.raw_data(), in.raw_data(), w.raw_data(), mean.data<float>(),
                   rstd.data<float>(), dx.raw_data(), dw.raw_data(), db.raw_data(), rows, width,
                   scratch.raw_data(), detail::stream_of(in));
             });
@@ -102,10 +132,11 @@ Tensor layer_norm(const Tensor& x_in, const Tensor& weight_in, const Tensor& bia
             }
             if (in.device().is_meta()) {
             } else {
-              detail::dispatch_floating(in.dtype(), "layer_norm", [&]<typename T>() {
-                kernels::cpu::layer_norm_backward<T>(dy.data<T>(), in.data<T>(), w.data<T>(),
-                                                     mean.data<T>(), rstd.data<T>(), dx.data<T>(),
-                                                     dw.data<T>(), db.data<T>(), rows, width);
+              dispatch_norm_storage(in.dtype(), dy.dtype(), "layer_norm",
+                                    [&]<typename T, typename L>() {
+                kernels::cpu::layer_norm_backward(dy.data<L>(), in.data<T>(), w.data<T>(),
+                                                  mean.data<T>(), rstd.data<T>(), dx.data<T>(),
+                                                  dw.data<T>(), db.data<T>(), rows, width);
               });
             }
           }
@@ -118,19 +149,20 @@ Tensor layer_norm(const Tensor& x_in, const Tensor& weight_in, const Tensor& bia
 }
 
 AddLayerNorm add_layer_norm(const Tensor& x, const Tensor& residual, const Tensor& weight,
-                            const Tensor& bias, double eps) {
+                            const Tensor& bias, double eps, std::optional<DType> out_dtype) {
   detail::check_kernel_device("add_layer_norm", x);
   detail::check_kernel_device("add_layer_norm", residual);
   // One pass where the CPU kernel computes what add and layer_norm would: operands of one
   // f32/f64 dtype and shape, outside autocast's casts. Otherwise (CUDA, broadcasting, 16-bit
-  // or mixed dtypes, as an f32 residual stream meets autocast's bf16 output) the two ops.
+  // or mixed dtypes, as an f32 residual stream meets autocast's bf16 output; another output
+  // dtype) the two ops.
   const bool fused = !takes_cuda_path(x.device()) && x.shape() == residual.shape() &&
                      (x.dtype() == DType::F32 || x.dtype() == DType::F64) &&
                      residual.dtype() == x.dtype() && weight.dtype() == x.dtype() &&
-                     bias.dtype() == x.dtype();
+                     bias.dtype() == x.dtype() && out_dtype.value_or(x.dtype()) == x.dtype();
   if (!fused) {
     Tensor sum = add(x, residual);
-    return {sum, layer_norm(sum, weight, bias, eps)};
+    return {sum, layer_norm(sum, weight, bias, eps, out_dtype)};
   }
   detail::check_same_kind("add_layer_norm", x, residual);
   check_norm_parameters("add_layer_norm", x, weight, bias);
@@ -184,7 +216,8 @@ AddLayerNorm add_layer_norm(const Tensor& x, const Tensor& residual, const Tenso
   return {sum, out};
 }
 
-Tensor rms_norm(const Tensor& x_in, const Tensor& weight_in, double eps) {
+Tensor rms_norm(const Tensor& x_in, const Tensor& weight_in, double eps,
+                std::optional<DType> out_dtype) {
   const Tensor x = autocast_f32_input(x_in), weight = autocast_f32_input(weight_in);
   detail::check_kernel_device("rms_norm", x);
   detail::check_same_kind("rms_norm", x, weight);
@@ -192,13 +225,14 @@ Tensor rms_norm(const Tensor& x_in, const Tensor& weight_in, double eps) {
     fail("rms_norm: expected weight of shape [", x.dim() ? x.size(-1) : 0, "] for input ",
          shape_str(x.shape()), "; got ", shape_str(weight.shape()));
   }
+  const DType y_dtype = norm_output_dtype("rms_norm", x, out_dtype);
   if (detail::computes_through_f32(x)) {  // as layer_norm
-    return cast(rms_norm(cast(x, DType::F32), cast(weight, DType::F32), eps), x.dtype());
+    return cast(rms_norm(cast(x, DType::F32), cast(weight, DType::F32), eps), y_dtype);
   }
   int64_t width = x.size(-1);
   int64_t rows = width ? x.numel() / width : 0;
   Tensor in = detail::contiguous_input(x), w = detail::contiguous_input(weight);
-  Tensor out = Tensor::empty(x.shape(), x.dtype(), x.device());
+  Tensor out = Tensor::empty(x.shape(), y_dtype, x.device());
   // As layer_norm: statistics in x's dtype on the CPU, f32 on CUDA.
   Tensor rstd = Tensor::empty({rows}, x.device().is_cuda() ? DType::F32 : x.dtype(), x.device());
   if (reports_op_cost(x.device())) {
@@ -208,13 +242,13 @@ Tensor rms_norm(const Tensor& x_in, const Tensor& weight_in, double eps) {
   if (x.device().is_meta()) {
     // nothing to compute: the cost is reported above
   } else if (x.device().is_cuda()) {
-    LOOM_IF_CUDA(kernels::cuda::rms_norm_forward(x.dtype(), in.raw_data(), w.raw_data(),
-                                                 out.raw_data(), rstd.data<float>(), rows, width,
-                                                 eps, detail::stream_of(x)));
+    LOOM_IF_CUDA(kernels::cuda::rms_norm_forward(x.dtype(), y_dtype, in.raw_data(),
+                                                 w.raw_data(), out.raw_data(), rstd.data<float>(),
+                                                 rows, width, eps, detail::stream_of(x)));
   } else {
-    detail::dispatch_floating(x.dtype(), "rms_norm", [&]<typename T>() {
-      kernels::cpu::rms_norm_forward<T>(in.data<T>(), w.data<T>(), out.data<T>(), rstd.data<T>(),
-                                        rows, width, eps);
+    dispatch_norm_storage(x.dtype(), y_dtype, "rms_norm", [&]<typename T, typename L>() {
+      kernels::cpu::rms_norm_forward(in.data<T>(), w.data<T>(), out.data<L>(), rstd.data<T>(),
+                                     rows, width, eps);
     });
   }
   if (autograd::any_requires_grad({x, weight})) {
@@ -230,7 +264,7 @@ Tensor rms_norm(const Tensor& x_in, const Tensor& weight_in, double eps) {
             LOOM_IF_CUDA({
               Tensor scratch = detail::workspace(
                   in.device(), kernels::cuda::layer_norm_backward_workspace(rows, width));
-              kernels::cuda::rms_norm_backward(in.dtype(), dy.raw_data(), in.raw_data(),
+              kernels::cuda::rms_norm_backward(in.dtype(), dy.dtype(), dy.raw_data(), in.raw_data(),
                                                w.raw_data(), rstd.data<float>(), dx.raw_data(),
                                                dw.raw_data(), rows, width, scratch.raw_data(),
                                                detail::stream_of(in));
@@ -243,10 +277,11 @@ Tensor rms_norm(const Tensor& x_in, const Tensor& weight_in, double eps) {
             }
             if (in.device().is_meta()) {
             } else {
-              detail::dispatch_floating(in.dtype(), "rms_norm", [&]<typename T>() {
-                kernels::cpu::rms_norm_backward<T>(dy.data<T>(), in.data<T>(), w.data<T>(),
-                                                   rstd.data<T>(), dx.data<T>(), dw.data<T>(), rows,
-                                                   width);
+              dispatch_norm_storage(in.dtype(), dy.dtype(), "rms_norm",
+                                    [&]<typename T, typename L>() {
+                kernels::cpu::rms_norm_backward(dy.data<L>(), in.data<T>(), w.data<T>(),
+                                                rstd.data<T>(), dx.data<T>(), dw.data<T>(), rows,
+                                                width);
               });
             }
           }

@@ -1,7 +1,8 @@
 // kernels/cuda/layer_norm.cu under the emulator against kernels/cpu/layer_norm: forward on
 // warp- and block-per-row widths, backward with its two-kernel parameter-gradient sum, in
-// f32, bf16 and f16, bitwise identical under every schedule; the same for RMS norm, which
-// shares the kernels.
+// f32, bf16 and f16, and with an f32 input whose output and output gradient are bf16 or f16
+// (a norm before autocast's products), bitwise identical under every schedule; the same for
+// RMS norm, which shares the kernels.
 
 #include "kernels/cuda/layer_norm.h"
 
@@ -21,7 +22,8 @@ struct Shape {
 // past the param-grad kernel's 32 columns, and past the warp-per-row limit.
 const Shape kShapes[] = {{1, 1}, {3, 7}, {16, 32}, {17, 33}, {33, 96}, {5, 515}, {2, 2052}};
 
-template <typename T>
+// T: the storage of x, the parameters and their gradients; L: of y and dy.
+template <typename T, typename L = T>
 void check_layer_norm() {
   std::mt19937_64 rng(23);
   const double eps = 1e-5;
@@ -32,7 +34,7 @@ void check_layer_norm() {
     const auto x = random_values<T>(n, rng, -3, 3);
     const auto weight = random_values<T>(w, rng, 0.5, 1.5);
     const auto bias = random_values<T>(w, rng);
-    const auto dy = random_values<T>(n, rng);
+    const auto dy = random_values<L>(n, rng);
     const auto xw = widen_all(x), ww = widen_all(weight), bw = widen_all(bias),
                dyw = widen_all(dy);
     std::vector<Wide<T>> want_y(n), want_mean(r), want_rstd(r), want_dx(n), want_dw(w, 0),
@@ -44,18 +46,19 @@ void check_layer_norm() {
                              s.rows, s.width);
     std::vector<T> first_dw;
     for_each_schedule([&] {
-      std::vector<T> y(n), dx(n), dw(w), db(w);
+      std::vector<L> y(n);
+      std::vector<T> dx(n), dw(w), db(w);
       std::vector<float> mean(r), rstd(r);
-      gpu::layer_norm_forward(dtype_of<T>(), x.data(), weight.data(), bias.data(), y.data(),
-                              mean.data(), rstd.data(), s.rows, s.width, eps, nullptr);
-      EXPECT_LE(max_relative_error(y, want_y), tolerance<T>());
+      gpu::layer_norm_forward(dtype_of<T>(), dtype_of<L>(), x.data(), weight.data(), bias.data(),
+                              y.data(), mean.data(), rstd.data(), s.rows, s.width, eps, nullptr);
+      EXPECT_LE(max_relative_error(y, want_y), tolerance<L>());
       EXPECT_LE(max_relative_error(mean, want_mean), 1e-5);
       EXPECT_LE(max_relative_error(rstd, want_rstd), 1e-5);
       std::vector<float> workspace(gpu::layer_norm_backward_workspace(s.rows, s.width) /
                                        sizeof(float) + 1);
-      gpu::layer_norm_backward(dtype_of<T>(), dy.data(), x.data(), weight.data(), mean.data(),
-                               rstd.data(), dx.data(), dw.data(), db.data(), s.rows, s.width,
-                               workspace.data(), nullptr);
+      gpu::layer_norm_backward(dtype_of<T>(), dtype_of<L>(), dy.data(), x.data(), weight.data(),
+                               mean.data(), rstd.data(), dx.data(), dw.data(), db.data(), s.rows,
+                               s.width, workspace.data(), nullptr);
       EXPECT_LE(max_relative_error(dx, want_dx), 4 * tolerance<T>());
       EXPECT_LE(max_relative_error(dw, want_dw), 4 * tolerance<T>());
       EXPECT_LE(max_relative_error(db, want_db), 4 * tolerance<T>());
@@ -65,7 +68,7 @@ void check_layer_norm() {
   }
 }
 
-template <typename T>
+template <typename T, typename L = T>
 void check_rms_norm() {
   std::mt19937_64 rng(29);
   const double eps = 1e-6;
@@ -75,7 +78,7 @@ void check_rms_norm() {
                  r = static_cast<size_t>(s.rows);
     const auto x = random_values<T>(n, rng, -3, 3);
     const auto weight = random_values<T>(w, rng, 0.5, 1.5);
-    const auto dy = random_values<T>(n, rng);
+    const auto dy = random_values<L>(n, rng);
     const auto xw = widen_all(x), ww = widen_all(weight), dyw = widen_all(dy);
     std::vector<Wide<T>> want_y(n), want_rstd(r), want_dx(n), want_dw(w, 0);
     cpu::rms_norm_forward(xw.data(), ww.data(), want_y.data(), want_rstd.data(), s.rows, s.width,
@@ -84,16 +87,18 @@ void check_rms_norm() {
                            want_dw.data(), s.rows, s.width);
     std::vector<T> first_dw;
     for_each_schedule([&] {
-      std::vector<T> y(n), dx(n), dw(w);
+      std::vector<L> y(n);
+      std::vector<T> dx(n), dw(w);
       std::vector<float> rstd(r);
-      gpu::rms_norm_forward(dtype_of<T>(), x.data(), weight.data(), y.data(), rstd.data(), s.rows,
-                            s.width, eps, nullptr);
-      EXPECT_LE(max_relative_error(y, want_y), tolerance<T>());
+      gpu::rms_norm_forward(dtype_of<T>(), dtype_of<L>(), x.data(), weight.data(), y.data(),
+                            rstd.data(), s.rows, s.width, eps, nullptr);
+      EXPECT_LE(max_relative_error(y, want_y), tolerance<L>());
       EXPECT_LE(max_relative_error(rstd, want_rstd), 1e-5);
       std::vector<float> workspace(gpu::layer_norm_backward_workspace(s.rows, s.width) /
                                        sizeof(float) + 1);
-      gpu::rms_norm_backward(dtype_of<T>(), dy.data(), x.data(), weight.data(), rstd.data(),
-                             dx.data(), dw.data(), s.rows, s.width, workspace.data(), nullptr);
+      gpu::rms_norm_backward(dtype_of<T>(), dtype_of<L>(), dy.data(), x.data(), weight.data(),
+                             rstd.data(), dx.data(), dw.data(), s.rows, s.width, workspace.data(),
+                             nullptr);
       EXPECT_LE(max_relative_error(dx, want_dx), 4 * tolerance<T>());
       EXPECT_LE(max_relative_error(dw, want_dw), 4 * tolerance<T>());
       if (first_dw.empty()) first_dw = dw;
@@ -106,13 +111,32 @@ TEST(EmulatedLayerNorm, ForwardAndBackwardF32) { check_layer_norm<float>(); }
 TEST(EmulatedLayerNorm, ForwardAndBackwardBf16) { check_layer_norm<__nv_bfloat16>(); }
 TEST(EmulatedLayerNorm, ForwardAndBackwardF16) { check_layer_norm<__half>(); }
 
+TEST(EmulatedLayerNorm, F32InputWithBf16OutputAndGradient) {
+  check_layer_norm<float, __nv_bfloat16>();
+}
+TEST(EmulatedLayerNorm, F32InputWithF16OutputAndGradient) { check_layer_norm<float, __half>(); }
+
 TEST(EmulatedRmsNorm, ForwardAndBackwardF32) { check_rms_norm<float>(); }
 TEST(EmulatedRmsNorm, ForwardAndBackwardBf16) { check_rms_norm<__nv_bfloat16>(); }
 TEST(EmulatedRmsNorm, ForwardAndBackwardF16) { check_rms_norm<__half>(); }
+TEST(EmulatedRmsNorm, F32InputWithBf16OutputAndGradient) { check_rms_norm<float, __nv_bfloat16>(); }
+
+// The output dtype must be the input's or, for an f32 input, bf16/f16: a named error otherwise.
+TEST(EmulatedLayerNorm, AnOutputDtypeItCannotWriteIsANamedError) {
+  float x = 1, weight = 1, bias = 0, y = 0, mean = 0, rstd = 0;
+  try {
+    gpu::layer_norm_forward(DType::BF16, DType::F32, &x, &weight, &bias, &y, &mean, &rstd, 1, 1,
+                            1e-5, nullptr);
+    FAIL() << "expected an error";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("bf16 or f16; got f32 for bf16"), std::string::npos)
+        << e.what();
+  }
+}
 
 TEST(EmulatedLayerNorm, NoRowsGivesZeroParameterGradients) {
   std::vector<float> dw(9, 7.0f), db(9, 7.0f);
-  gpu::layer_norm_backward(DType::F32, nullptr, nullptr, nullptr, nullptr, nullptr, nullptr,
+  gpu::layer_norm_backward(DType::F32, DType::F32, nullptr, nullptr, nullptr, nullptr, nullptr, nullptr,
                            dw.data(), db.data(), 0, 9, nullptr, nullptr);
   for (int i = 0; i < 9; ++i) {
     EXPECT_EQ(dw[i], 0.0f);
