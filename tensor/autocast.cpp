@@ -5,6 +5,7 @@
 #include "tensor/autograd/node.h"
 #include "tensor/meta.h"
 #include "tensor/ops.h"
+#include "tensor/ops/dispatch.h"
 
 namespace loom {
 
@@ -38,6 +39,15 @@ struct WeightCastScope::State {
 
 namespace {
 thread_local DType active = DType::F32;
+
+// x in `low`, in x's layout where x is a transposed matrix: its base cast in one contiguous
+// pass and seen through the same transpose, as PyTorch's .to() preserves a dense tensor's
+// strides. The products take transposed operands as they are, and give a transposed operand's
+// gradient in its layout (matmul), which then reaches the weight contiguous.
+Tensor cast_in_layout(const Tensor& x, DType low) {
+  if (!detail::is_transposed_matrix(x)) return cast(x, low);
+  return transpose(cast(transpose(x, 0, 1), low), 0, 1);
+}
 thread_local WeightCastScope::State* active_cache = nullptr;
 
 // x (f32) in `low` from the active weight cache; undefined when x is not a cached parameter.
@@ -49,7 +59,7 @@ Tensor cached_cast(const Tensor& x, DType low) {
   auto it = cache->casts.find(key);
   if (it == cache->casts.end()) {
     NoGradGuard no_grad;
-    it = cache->casts.emplace(key, cast(x, low)).first;
+    it = cache->casts.emplace(key, cast_in_layout(x, low)).first;
   }
   const Tensor& once = it->second;
   Tensor use = Tensor::make_view(once, once.shape(), once.strides(), once.offset());
@@ -114,7 +124,7 @@ Tensor autocast_input(const Tensor& x, DType low) {
   if (!computes_in_low) return autocast_emulated_input(x, low);
   if (x.dtype() == low) return x;
   const Tensor cached = cached_cast(x, low);
-  return cached.defined() ? cached : cast(x, low);
+  return cached.defined() ? cached : cast_in_layout(x, low);
 }
 
 Tensor autocast_output(const Tensor& y, DType low) {

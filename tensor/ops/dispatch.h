@@ -37,6 +37,12 @@ decltype(auto) dispatch_floating_storage(DType dtype, const char* op, F&& f) {
 // copies (`widened`) and rounds its result to x's dtype once, the arithmetic of CUDA's
 // kernels, which widen on load and round on store.
 bool computes_through_f32(const Tensor& x);
+// Whether x is a transposed view of a contiguous matrix ([r, c] with strides [1, r]): a
+// weight^T of torch.nn.Linear's layout (Llama's projections, a tied output head).
+inline bool is_transposed_matrix(const Tensor& x) {
+  return x.dim() == 2 && x.size(0) > 1 && x.size(1) > 1 && x.strides()[0] == 1 &&
+         x.strides()[1] == x.size(0);
+}
 // x converted to f32, never recorded by autograd.
 Tensor widened(const Tensor& x);
 // The dtype two floating operands of different dtypes compute in, as PyTorch promotes them:

@@ -207,10 +207,13 @@ Tensor matmul(const Tensor& a_in, const Tensor& b_in) {
           Tensor ga, gb;
           if (node.needs_input_grad(0)) ga = matmul(g[0], transpose(b, -1, -2));
           if (node.needs_input_grad(1)) {
-            if (b.dim() == 2 && a.dim() > 2) {
-              Tensor a2 = reshape(a, {-1, a.size(-1)});
-              Tensor g2 = reshape(g[0], {-1, g[0].size(-1)});
-              gb = matmul(transpose(a2, 0, 1), g2);
+            if (b.dim() == 2) {
+              Tensor a2 = a.dim() > 2 ? reshape(a, {-1, a.size(-1)}) : a;
+              Tensor g2 = a.dim() > 2 ? reshape(g[0], {-1, g[0].size(-1)}) : g[0];
+              // A transposed b (x @ weight^T) gets its gradient in its own layout, (g^T a)^T,
+              // so that it reaches the weight contiguous, without a strided pass.
+              gb = detail::is_transposed_matrix(b) ? transpose(matmul(transpose(g2, 0, 1), a2), 0, 1)
+                                        : matmul(transpose(a2, 0, 1), g2);
             } else {
               gb = matmul(transpose(a, -1, -2), g[0]);
             }

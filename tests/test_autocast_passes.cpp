@@ -1,0 +1,110 @@
+// Autocast's casts on the CUDA path, counted (issue 46's cast budget): a GPT-2 and a Llama
+// training step of two micro-batches under bf16-mixed on the meta device following CUDA's
+// code path (the ops a GPU would run: tensor/meta.h), inside a WeightCastScope as train_gpt
+// holds one over a step. What a step casts:
+//  - weights: each parameter view autocast reads, once per step (the cache), and its 16-bit
+//    gradient widened once, by the first micro-batch's AccumulateGrad (the second widens it
+//    while adding, in one pass);
+//  - activations: the norms write their products' bf16 inputs themselves (nn::NormOutput), so
+//    what is left is the residual stream's f32 gradient cast to bf16 for the backward of each
+//    block's two output projections: two per block and micro-batch.
+
+#include <gtest/gtest.h>
+
+#include <functional>
+#include <memory>
+#include <string>
+
+#include "nn/gpt.h"
+#include "nn/llama.h"
+#include "tensor/autocast.h"
+#include "tensor/meta.h"
+#include "tensor/ops.h"
+
+namespace loom {
+namespace {
+
+constexpr int64_t kBatch = 3, kTime = 5;  // 15 rows: no parameter's size is a multiple of 5
+
+// A step's casts by what they cast, told apart by their sizes: activations (and their
+// gradients) are multiples of kBatch * kTime elements, position tables (Llama's rotary cos and
+// sin, [kTime, head dim]) of kTime, parameters neither.
+class CastCounts final : public MetaCostSink {
+ public:
+  void record(const OpCost& cost) override {
+    const int64_t elements = cost.dims[0];
+    const bool parameter_sized = elements % kTime != 0;
+    if (std::string(cost.op) == "copy_" && parameter_sized) ++parameter_copies;
+    if (std::string(cost.op) != "cast") return;
+    if (elements % (kBatch * kTime) == 0) ++activations;
+    else if (elements % kTime == 0) ++position_tables;
+    else ++parameters;
+  }
+  int64_t activations = 0, position_tables = 0, parameters = 0;
+  int64_t parameter_copies = 0;  // same-dtype copies of parameter-sized tensors
+};
+
+// The casts of one step of `micro_batches` on a fresh model, and the weights it cast.
+CastCounts step_casts(const std::function<std::unique_ptr<nn::CausalLM>()>& make,
+                      int micro_batches, size_t& cached_weights) {
+  const std::unique_ptr<nn::CausalLM> model = make();
+  CastCounts counts;
+  MetaCudaPathScope cuda;
+  MetaCostScope scope(counts);
+  AutocastGuard autocast(DType::BF16);
+  WeightCastScope weights(model->parameters());
+  const Tensor tokens = Tensor::zeros({kBatch, kTime}, DType::I64, Device::meta());
+  for (int i = 0; i < micro_batches; ++i)
+    model->loss(tokens, tokens).backward();
+  cached_weights = weights.cached_casts();
+  return counts;
+}
+
+// tied: the weights used by two ops, one of them autocast's (GPT-2's tied output head), whose
+// bf16 gradient is widened as it is added to the other's f32 one, not cast. tables_per_block:
+// the position tables each block casts per micro-batch.
+void expect_the_budget(const std::function<std::unique_ptr<nn::CausalLM>()>& make,
+                       int64_t tied, int64_t tables_per_block) {
+  const int64_t blocks = make()->blocks();
+  for (const int micro_batches : {1, 2}) {
+    SCOPED_TRACE(std::to_string(micro_batches) + " micro-batches");
+    size_t cached_weights = 0;
+    const CastCounts casts = step_casts(make, micro_batches, cached_weights);
+    EXPECT_GT(cached_weights, 0u);
+    // Each weight cast once, and its gradient widened once, however many micro-batches; a
+    // transposed weight (x @ weight^T) in its own layout both ways, so never copied.
+    const auto cast_weights = static_cast<int64_t>(cached_weights);
+    EXPECT_EQ(casts.parameters, cast_weights + cast_weights - tied);
+    EXPECT_EQ(casts.parameter_copies, 0);
+    EXPECT_EQ(casts.activations, 2 * blocks * micro_batches);
+    EXPECT_EQ(casts.position_tables, tables_per_block * blocks * micro_batches);
+  }
+}
+
+TEST(AutocastPasses, AGpt2StepCastsEachWeightOnceAndOnlyTheResidualGradients) {
+  nn::GPTConfig c;
+  c.vocab_size = 64;
+  c.context = 8;
+  c.layers = 3;
+  c.heads = 2;
+  c.embd = 16;
+  c.options.device = Device::meta();
+  expect_the_budget([c] { return std::make_unique<nn::GPT>(c, 0); }, 1, 0);
+}
+
+// Llama's blocks cast the rotary tables (cos and sin) to bf16 too, once per block.
+TEST(AutocastPasses, ALlamaStepCastsEachWeightOnceAndOnlyTheResidualGradients) {
+  nn::LlamaConfig c;
+  c.vocab_size = 64;
+  c.context = 8;
+  c.layers = 2;
+  c.heads = 4;
+  c.kv_heads = 2;
+  c.hidden = 16;
+  c.intermediate = 24;
+  c.options.device = Device::meta();
+  expect_the_budget([c] { return std::make_unique<nn::Llama>(c, 0); }, 0, 2);
+}
+
+}  // namespace
+}  // namespace loom
