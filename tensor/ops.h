@@ -78,9 +78,13 @@ Tensor linear(const Tensor& x, const Tensor& weight, const Tensor& bias);
 Tensor layer_norm(const Tensor& x, const Tensor& weight, const Tensor& bias, double eps = 1e-5,
                   std::optional<DType> out_dtype = std::nullopt);
 // The residual add and the layer norm after it in one pass (a pre-LN block's
-// "h = x + attn(...); ln_2(h)"): sum = x + residual (the same shape and dtype), normed =
-// layer_norm(sum, weight, bias, eps). The same values as add and layer_norm; backward adds the
-// gradient reaching `sum` to layer norm's in one pass. CUDA composes add and layer_norm.
+// "h = x + attn(...); ln_2(h)"): sum = x + residual (the same shape), normed =
+// layer_norm(sum, weight, bias, eps, out_dtype). The same values as add and layer_norm;
+// backward adds the gradient reaching `sum` to layer norm's in one pass. One kernel (CPU and
+// CUDA) where x, the parameters and the sum share a dtype and the residual has the output's:
+// that dtype, or under autocast the 16-bit out_dtype of an f32 stream meeting a 16-bit branch,
+// whose gradient backward then writes rounded to 16 bits in the same pass; otherwise the two
+// ops.
 struct AddLayerNorm {
   Tensor sum, normed;
 };

@@ -473,6 +473,50 @@ TEST(Tensor, NormsWithA16BitOutputGiveTheBitsOfTheF32NormAndItsCast) {
   }
 }
 
+// The residual add and the norm in one pass where an f32 stream meets a 16-bit branch and the
+// norm writes 16 bits (a GPT-2 block's second half under autocast): the bits of add, then
+// layer_norm with that out_dtype, and of their backward: x's f32 gradient, the branch's in its
+// dtype, the parameters'.
+TEST(Tensor, AddLayerNormOfAnF32StreamAndA16BitBranchGivesTheBitsOfItsTwoOps) {
+  for (const DType low : {DType::BF16, DType::F16}) {
+    SCOPED_TRACE(dtype_name(low));
+    const auto filled = [](const Shape& shape, double scale, double shift) {
+      std::vector<float> v;
+      for (int64_t i = 0; i < numel_of(shape); ++i)
+        v.push_back(static_cast<float>(shift + scale * std::sin(0.41 * double(i) + scale)));
+      return Tensor::from_vector<float>(v, shape);
+    };
+    const auto bits_of = [](const Tensor& t) {
+      return t.detach().to(DType::F32).to_vector<float>();
+    };
+    const Tensor x0 = filled({3, 11, 20}, 2.5, 0.3), branch0 = filled({3, 11, 20}, 1.0, 0.1).to(low),
+                 w0 = filled({20}, 0.5, 1.0), b0 = filled({20}, 0.5, 0.0),
+                 dnormed = filled({3, 11, 20}, 1.5, 0.0).to(low),
+                 dsum = filled({3, 11, 20}, 0.7, 0.0);
+    const auto run = [&](bool fused) {
+      Tensor x = x0.clone().set_requires_grad(true), branch = branch0.clone().set_requires_grad(true),
+             w = w0.clone().set_requires_grad(true), b = b0.clone().set_requires_grad(true);
+      AddLayerNorm h;
+      if (fused) {
+        h = add_layer_norm(x, branch, w, b, 1e-5, low);
+      } else {
+        h.sum = add(x, branch);
+        h.normed = layer_norm(h.sum, w, b, 1e-5, low);
+      }
+      add(sum(mul(h.sum, dsum)), sum(mul(h.normed.to(DType::F32), dnormed.to(DType::F32))))
+          .backward();
+      return std::vector<Tensor>{h.sum, h.normed, x.grad(), branch.grad(), w.grad(), b.grad()};
+    };
+    const std::vector<Tensor> fused = run(true), composed = run(false);
+    EXPECT_EQ(fused[1].dtype(), low);
+    EXPECT_EQ(fused[3].dtype(), low);
+    for (size_t i = 0; i < fused.size(); ++i) {
+      EXPECT_EQ(fused[i].dtype(), composed[i].dtype()) << "output " << i;
+      EXPECT_EQ(bits_of(fused[i]), bits_of(composed[i])) << "output " << i;
+    }
+  }
+}
+
 TEST(Tensor, ExactValuesOfCoreOps) {
   Tensor a = Tensor::from_vector<float>({1, 2, 3, 4, 5, 6}, {2, 3});
   Tensor b = Tensor::from_vector<float>({1, 0, 0, 1, 1, 1}, {3, 2});

@@ -12,20 +12,21 @@ namespace {
 
 // Layer norm (kCentered) and RMS norm (the mean taken as 0, no bias) share their code. With a
 // residual, each row first becomes x + residual, written to `sum`, and is normalised from
-// there while it is in cache. y is stored as Y: T, or a 16-bit float rounded once from T.
+// there while it is in cache. y and the residual are stored as Y: T, or a 16-bit float
+// (y rounded once from T, the residual widened on load).
 template <bool kCentered, typename T, typename Y = T>
 void normalize_forward(const T* x, const T* weight, const T* bias, Y* y, T* mean, T* rstd,
-                       int64_t rows, int64_t width, double eps, const T* residual = nullptr,
+                       int64_t rows, int64_t width, double eps, const Y* residual = nullptr,
                        T* sum = nullptr) {
   parallel_rows(rows, width, [&](int64_t first, int64_t last) {
     for (int64_t r = first; r < last; ++r) {
       const T* xr = x + r * width;
       Y* yr = y + r * width;
       if (residual) {
-        const T* rr = residual + r * width;
+        const Y* rr = residual + r * width;
         T* sr = sum + r * width;
         for (int64_t i = 0; i < width; ++i)
-          sr[i] = xr[i] + rr[i];
+          sr[i] = xr[i] + widen(rr[i]);
         xr = sr;
       }
       T m = 0;
@@ -49,11 +50,12 @@ void normalize_forward(const T* x, const T* weight, const T* bias, Y* y, T* mean
 // dx row by row; dweight and dbias column by column, each summing its rows in order (the
 // threads take rows for the one, columns for the other). A `dsum` (the gradient that reached
 // the normalised input by another path, as a residual stream's) is added to dx in its pass.
-// dy is read as D: T, or a 16-bit float widened exactly on load.
+// dy is read as D: T, or a 16-bit float widened exactly on load; a `dx_low` gets dx rounded to
+// D in the same pass.
 template <bool kCentered, typename T, typename D = T>
 void normalize_backward(const D* dy, const T* x, const T* weight, const T* mean, const T* rstd,
                         T* dx, T* dweight, T* dbias, int64_t rows, int64_t width,
-                        const T* dsum = nullptr) {
+                        const T* dsum = nullptr, D* dx_low = nullptr) {
   parallel_rows(rows, width, [&](int64_t first, int64_t last) {
     for (int64_t r = first; r < last; ++r) {
       const T* xr = x + r * width;
@@ -79,6 +81,11 @@ void normalize_backward(const D* dy, const T* x, const T* weight, const T* mean,
         const T* dsr = dsum + r * width;
         for (int64_t i = 0; i < width; ++i)
           dxr[i] += dsr[i];
+      }
+      if (dx_low) {
+        D* dlr = dx_low + r * width;
+        for (int64_t i = 0; i < width; ++i)
+          dlr[i] = narrow<D>(dxr[i]);
       }
     }
   });
@@ -110,17 +117,18 @@ void layer_norm_backward(const L* dy, const T* x, const T* weight, const T* mean
   normalize_backward<true>(dy, x, weight, mean, rstd, dx, dweight, dbias, rows, width);
 }
 
-template <typename T>
-void add_layer_norm_forward(const T* x, const T* residual, const T* weight, const T* bias, T* sum,
-                            T* y, T* mean, T* rstd, int64_t rows, int64_t width, double eps) {
+template <typename T, typename L>
+void add_layer_norm_forward(const T* x, const L* residual, const T* weight, const T* bias, T* sum,
+                            L* y, T* mean, T* rstd, int64_t rows, int64_t width, double eps) {
   normalize_forward<true>(x, weight, bias, y, mean, rstd, rows, width, eps, residual, sum);
 }
 
-template <typename T>
-void add_layer_norm_backward(const T* dy, const T* dsum, const T* sum, const T* weight,
-                             const T* mean, const T* rstd, T* dx, T* dweight, T* dbias,
-                             int64_t rows, int64_t width) {
-  normalize_backward<true>(dy, sum, weight, mean, rstd, dx, dweight, dbias, rows, width, dsum);
+template <typename T, typename L>
+void add_layer_norm_backward(const L* dy, const T* dsum, const T* sum, const T* weight,
+                             const T* mean, const T* rstd, T* dx, L* dresidual, T* dweight,
+                             T* dbias, int64_t rows, int64_t width) {
+  normalize_backward<true>(dy, sum, weight, mean, rstd, dx, dweight, dbias, rows, width, dsum,
+                           dresidual);
 }
 
 template <typename T, typename L>
@@ -144,18 +152,15 @@ void rms_norm_backward(const L* dy, const T* x, const T* weight, const T* rstd, 
                                           T*, T*, int64_t, int64_t);                              \
   template void rms_norm_forward<T, L>(const T*, const T*, L*, T*, int64_t, int64_t, double);     \
   template void rms_norm_backward<T, L>(const L*, const T*, const T*, const T*, T*, T*, int64_t,  \
-                                        int64_t);
-#define LOOM_INSTANTIATE(T)                                                                       \
-  LOOM_INSTANTIATE_NORMS(T, T)                                                                    \
-  template void add_layer_norm_forward<T>(const T*, const T*, const T*, const T*, T*, T*, T*, T*, \
-                                          int64_t, int64_t, double);                             \
-  template void add_layer_norm_backward<T>(const T*, const T*, const T*, const T*, const T*,      \
-                                           const T*, T*, T*, T*, int64_t, int64_t);
-LOOM_INSTANTIATE(float)
-LOOM_INSTANTIATE(double)
+                                        int64_t);                                                 \
+  template void add_layer_norm_forward<T, L>(const T*, const L*, const T*, const T*, T*, L*, T*,  \
+                                             T*, int64_t, int64_t, double);                      \
+  template void add_layer_norm_backward<T, L>(const L*, const T*, const T*, const T*, const T*,   \
+                                              const T*, T*, L*, T*, T*, int64_t, int64_t);
+LOOM_INSTANTIATE_NORMS(float, float)
+LOOM_INSTANTIATE_NORMS(double, double)
 LOOM_INSTANTIATE_NORMS(float, BFloat16)
 LOOM_INSTANTIATE_NORMS(float, Half)
-#undef LOOM_INSTANTIATE
 #undef LOOM_INSTANTIATE_NORMS
 
 }  // namespace loom::kernels::cpu

@@ -39,17 +39,34 @@ int block_row_threads(int64_t packs) {
 
 // kCentered: layer norm; otherwise RMS norm (the mean taken as 0, no bias: bias may be null).
 // y is stored as Y: T, or a 16-bit float for an f32 T (rounded once from the f32 value).
+// With a residual (of Y, widened on load), each row first becomes x + residual, written to
+// `sum` and normalised from there: every later pass of a thread reads back the packs it wrote
+// itself, so no barrier is needed.
 template <typename T, typename Y, int V, bool kBlockPerRow, bool kCentered>
 __global__ void __launch_bounds__(1024)
     layer_norm_forward_kernel(const T* __restrict__ x, const T* __restrict__ weight,
                               const T* __restrict__ bias, Y* __restrict__ y,
                               float* __restrict__ mean, float* __restrict__ rstd, int64_t rows,
-                              int width, double eps) {
+                              int width, double eps, const Y* __restrict__ residual, T* sum) {
   __shared__ float scratch[kWarpSize];
   const RowGroup<kBlockPerRow> g;
   if (g.row >= rows) return;  // a whole warp (warp mode only; block mode has grid == rows)
   const int packs = width / V;
   const T* xr = x + g.row * width;
+  if (residual != nullptr) {
+    const Y* rr = residual + g.row * width;
+    T* sr = sum + g.row * width;
+    for (int p = g.lane; p < packs; p += g.lanes) {
+      const Pack<T, V> xv = load_pack<V>(xr + p * V);
+      const Pack<Y, V> rv = load_pack<V>(rr + p * V);
+      Pack<T, V> sv;
+#pragma unroll
+      for (int k = 0; k < V; ++k)
+        sv.v[k] = from_float<T>(to_float(xv.v[k]) + to_float(rv.v[k]));
+      store_pack<V>(sr + p * V, sv);
+    }
+    xr = sr;
+  }
 
   float m = 0.0f;
   if constexpr (kCentered) {
@@ -105,11 +122,14 @@ __global__ void __launch_bounds__(1024)
 // (partials[2 * chunk + 1]), each [width]. dy is read as D: T, or a 16-bit float for an f32 T.
 // dx may alias dy (when D is T): phase 2 reads each element before the same thread overwrites
 // it, and phase 1 of this block (the only other reader of these rows) has finished by then.
+// A `dsum` (the gradient that reached x along a residual stream) is added to dx, and a
+// `dx_low` gets dx rounded to D as well (a 16-bit residual's gradient); either may be null.
 template <typename T, typename D, int V, bool kCentered>
 __global__ void __launch_bounds__(kBackwardThreads)
     layer_norm_backward_kernel(const D* dy, const T* __restrict__ x, const T* __restrict__ weight,
                                const float* __restrict__ mean, const float* __restrict__ rstd,
-                               T* dx, float* __restrict__ partials, int64_t rows, int width) {
+                               T* dx, float* __restrict__ partials, int64_t rows, int width,
+                               const T* __restrict__ dsum, D* __restrict__ dx_low) {
   __shared__ float s_mean[kChunkRows], s_rstd[kChunkRows];
   __shared__ float s_mean_dxhat[kChunkRows], s_mean_dxhat_xhat[kChunkRows];
   const int64_t first = static_cast<int64_t>(blockIdx.x) * kChunkRows;
@@ -161,12 +181,13 @@ __global__ void __launch_bounds__(kBackwardThreads)
     // another.
 #pragma unroll 1
     for (int r0 = 0; r0 < kChunkRows; r0 += kLoadBatch) {
-      float xs[kLoadBatch], dys[kLoadBatch];
+      float xs[kLoadBatch], dys[kLoadBatch], dss[kLoadBatch];
 #pragma unroll
       for (int k = 0; k < kLoadBatch; ++k) {
         const int64_t i = (first + r0 + k) * width + c;
         xs[k] = r0 + k < chunk_rows ? to_float(x[i]) : 0.0f;
         dys[k] = r0 + k < chunk_rows ? to_float(dy[i]) : 0.0f;
+        dss[k] = r0 + k < chunk_rows && dsum != nullptr ? to_float(dsum[i]) : 0.0f;
       }
 #pragma unroll
       for (int k = 0; k < kLoadBatch; ++k) {
@@ -174,8 +195,11 @@ __global__ void __launch_bounds__(kBackwardThreads)
         if (r < chunk_rows) {
           const float xhat = (xs[k] - s_mean[r]) * s_rstd[r];
           const float dxhat = dys[k] * w;
-          dx[(first + r) * width + c] =
-              from_float<T>(s_rstd[r] * (dxhat - s_mean_dxhat[r] - xhat * s_mean_dxhat_xhat[r]));
+          const int64_t i = (first + r) * width + c;
+          float v = s_rstd[r] * (dxhat - s_mean_dxhat[r] - xhat * s_mean_dxhat_xhat[r]);
+          if (dsum != nullptr) v += dss[k];
+          dx[i] = from_float<T>(v);
+          if (dx_low != nullptr) dx_low[i] = from_float<D>(v);
           dw += dys[k] * xhat;
           db += dys[k];
         }
@@ -231,20 +255,23 @@ int64_t backward_chunks(int64_t rows) {
 
 template <typename T, typename Y, int V, bool kCentered>
 void launch_forward(const void* x, const void* weight, const void* bias, void* y, float* mean,
-                    float* rstd, int64_t rows, int width, double eps, cudaStream_t stream) {
+                    float* rstd, int64_t rows, int width, double eps, const void* residual,
+                    void* sum, cudaStream_t stream) {
   const auto* xp = static_cast<const T*>(x);
   const auto* wp = static_cast<const T*>(weight);
   const auto* bp = static_cast<const T*>(bias);
   auto* yp = static_cast<Y*>(y);
+  const auto* rp = static_cast<const Y*>(residual);
+  auto* sp = static_cast<T*>(sum);
   const int64_t packs = width / V;
   if (packs <= kWarpRowMaxPacks) {
     const auto grid = static_cast<unsigned>(ceil_div(rows, kRowThreads / kWarpSize));
     layer_norm_forward_kernel<T, Y, V, false, kCentered>
-        <<<grid, kRowThreads, 0, stream>>>(xp, wp, bp, yp, mean, rstd, rows, width, eps);
+        <<<grid, kRowThreads, 0, stream>>>(xp, wp, bp, yp, mean, rstd, rows, width, eps, rp, sp);
   } else {
     layer_norm_forward_kernel<T, Y, V, true, kCentered>
         <<<static_cast<unsigned>(rows), block_row_threads(packs), 0, stream>>>(
-            xp, wp, bp, yp, mean, rstd, rows, width, eps);
+            xp, wp, bp, yp, mean, rstd, rows, width, eps, rp, sp);
   }
   LOOM_CUDA_CHECK_LAUNCH();
 }
@@ -252,11 +279,12 @@ void launch_forward(const void* x, const void* weight, const void* bias, void* y
 template <typename T, typename D, int V, bool kCentered>
 void launch_backward(const void* dy, const void* x, const void* weight, const float* mean,
                      const float* rstd, void* dx, float* partials, int64_t rows, int width,
-                     cudaStream_t stream) {
+                     const void* dsum, void* dx_low, cudaStream_t stream) {
   layer_norm_backward_kernel<T, D, V, kCentered>
       <<<static_cast<unsigned>(backward_chunks(rows)), kBackwardThreads, 0, stream>>>(
           static_cast<const D*>(dy), static_cast<const T*>(x), static_cast<const T*>(weight), mean,
-          rstd, static_cast<T*>(dx), partials, rows, width);
+          rstd, static_cast<T*>(dx), partials, rows, width, static_cast<const T*>(dsum),
+          static_cast<D*>(dx_low));
   LOOM_CUDA_CHECK_LAUNCH();
 }
 
@@ -278,29 +306,34 @@ void dispatch_norm_storage(DType dtype, DType low_dtype, const char* op, F&& f) 
   });
 }
 
+// residual (of y_dtype) and sum (of dtype): both null, or a residual added first.
 template <bool kCentered>
 void normalize_forward(const char* op, DType dtype, DType y_dtype, const void* x,
                        const void* weight, const void* bias, void* y, float* mean, float* rstd,
-                       int64_t rows, int64_t width, double eps, cudaStream_t stream) {
+                       int64_t rows, int64_t width, double eps, cudaStream_t stream,
+                       const void* residual = nullptr, void* sum = nullptr) {
   check_sizes(op, rows, width);
   dispatch_norm_storage(dtype, y_dtype, op, [&]<typename T, typename Y>() {
     if (rows == 0 || width == 0) return;
     const int w = static_cast<int>(width);
     constexpr int V = kPackElems<T>;
     if (width % V == 0 && aligned16(x) && aligned16(weight) && (!kCentered || aligned16(bias)) &&
-        aligned16(y)) {
-      launch_forward<T, Y, V, kCentered>(x, weight, bias, y, mean, rstd, rows, w, eps, stream);
+        aligned16(y) && aligned16(residual) && aligned16(sum)) {
+      launch_forward<T, Y, V, kCentered>(x, weight, bias, y, mean, rstd, rows, w, eps, residual,
+                                         sum, stream);
     } else {
-      launch_forward<T, Y, 1, kCentered>(x, weight, bias, y, mean, rstd, rows, w, eps, stream);
+      launch_forward<T, Y, 1, kCentered>(x, weight, bias, y, mean, rstd, rows, w, eps, residual,
+                                         sum, stream);
     }
   });
 }
 
+// dsum (of dtype, added to dx) and dx_low (dx in dy_dtype) may be null.
 template <bool kCentered>
 void normalize_backward(const char* op, DType dtype, DType dy_dtype, const void* dy, const void* x,
                         const void* weight, const float* mean, const float* rstd, void* dx,
                         void* dweight, void* dbias, int64_t rows, int64_t width, void* workspace,
-                        cudaStream_t stream) {
+                        cudaStream_t stream, const void* dsum = nullptr, void* dx_low = nullptr) {
   check_sizes(op, rows, width);
   if (rows > 0 && width > 0 && workspace == nullptr) {
     fail(op, ": workspace is null; expected layer_norm_backward_workspace(", rows, ", ", width,
@@ -314,10 +347,10 @@ void normalize_backward(const char* op, DType dtype, DType dy_dtype, const void*
       constexpr int V = kPackElems<T>;
       if (width % V == 0 && aligned16(dy) && aligned16(x) && aligned16(weight)) {
         launch_backward<T, D, V, kCentered>(dy, x, weight, mean, rstd, dx, partials, rows, w,
-                                            stream);
+                                            dsum, dx_low, stream);
       } else {
         launch_backward<T, D, 1, kCentered>(dy, x, weight, mean, rstd, dx, partials, rows, w,
-                                            stream);
+                                            dsum, dx_low, stream);
       }
     }
     if (dweight == nullptr && dbias == nullptr) return;
@@ -350,6 +383,28 @@ void layer_norm_backward(DType dtype, DType dy_dtype, const void* dy, const void
                          cudaStream_t stream) {
   normalize_backward<true>("layer_norm_backward", dtype, dy_dtype, dy, x, weight, mean, rstd, dx,
                            dweight, dbias, rows, width, workspace, stream);
+}
+
+void add_layer_norm_forward(DType dtype, DType low_dtype, const void* x, const void* residual,
+                            const void* weight, const void* bias, void* sum, void* y, float* mean,
+                            float* rstd, int64_t rows, int64_t width, double eps,
+                            cudaStream_t stream) {
+  if (residual == nullptr || sum == nullptr) {
+    fail("add_layer_norm_forward: residual or sum is null");
+  }
+  normalize_forward<true>("add_layer_norm_forward", dtype, low_dtype, x, weight, bias, y, mean,
+                          rstd, rows, width, eps, stream, residual, sum);
+}
+
+void add_layer_norm_backward(DType dtype, DType low_dtype, const void* dy, const void* dsum,
+                             const void* sum, const void* weight, const float* mean,
+                             const float* rstd, void* dx, void* dresidual, void* dweight,
+                             void* dbias, int64_t rows, int64_t width, void* workspace,
+                             cudaStream_t stream) {
+  if (dsum == nullptr) fail("add_layer_norm_backward: dsum is null");
+  normalize_backward<true>("add_layer_norm_backward", dtype, low_dtype, dy, sum, weight, mean,
+                           rstd, dx, dweight, dbias, rows, width, workspace, stream, dsum,
+                           dresidual);
 }
 
 void rms_norm_forward(DType dtype, DType y_dtype, const void* x, const void* weight, void* y,

@@ -6,9 +6,9 @@
 // Storage f32, bf16 or f16 (x, weight, bias, dx, dweight, dbias of `dtype`; y of `y_dtype` and
 // dy of `dy_dtype`, each `dtype` or, for an f32 `dtype`, bf16 or f16: a norm that writes the
 // 16-bit input of autocast's products and reads their 16-bit gradient, y rounded once from
-// the f32 value and dy widened on load); all arithmetic in f32. mean and rstd are always f32 [rows], whatever the dtype. Launchers are
-// asynchronous on `stream`, never synchronise, and throw loom::Error for a dtype they do not
-// take or a failed launch. Results are deterministic: no atomics, fixed reduction orders.
+// the f32 value and dy widened on load); all arithmetic in f32. mean and rstd are always
+// f32 [rows], whatever the dtype. Launchers are asynchronous on `stream`, never synchronise,
+// and throw loom::Error for a dtype they do not take or a failed launch. Results are deterministic: no atomics, fixed reduction orders.
 
 #include <cstddef>
 #include <cstdint>
@@ -40,6 +40,23 @@ void layer_norm_backward(DType dtype, DType dy_dtype, const void* dy, const void
                          const void* weight, const float* mean, const float* rstd, void* dx,
                          void* dweight, void* dbias, int64_t rows, int64_t width, void* workspace,
                          cudaStream_t stream);
+
+// Residual add + layer norm in one kernel (the pre-LN block's second half): sum = x + residual
+// (x, sum of `dtype`; residual of `low_dtype`, widened on load) is written, and y (of
+// `low_dtype`) = layer_norm(sum), read back from the row each thread wrote. Backward is
+// layer_norm_backward's on `sum`, with dsum (of `dtype`, the gradient that reached sum along
+// the residual stream) added to dx; a non-null `dresidual` also gets dx rounded to
+// `low_dtype` (the residual's gradient when it is 16-bit), in the same pass. low_dtype is
+// dtype, or bf16/f16 for an f32 dtype. dsum, dx and dresidual must not overlap.
+void add_layer_norm_forward(DType dtype, DType low_dtype, const void* x, const void* residual,
+                            const void* weight, const void* bias, void* sum, void* y, float* mean,
+                            float* rstd, int64_t rows, int64_t width, double eps,
+                            cudaStream_t stream);
+void add_layer_norm_backward(DType dtype, DType low_dtype, const void* dy, const void* dsum,
+                             const void* sum, const void* weight, const float* mean,
+                             const float* rstd, void* dx, void* dresidual, void* dweight,
+                             void* dbias, int64_t rows, int64_t width, void* workspace,
+                             cudaStream_t stream);
 
 // RMS normalisation (Llama's RMSNorm), layer norm without the mean and the bias:
 //   y = x * rstd * weight,  rstd = 1 / sqrt(mean(x^2) + eps),

@@ -118,9 +118,9 @@ Tensor layer_norm(const Tensor& x_in, const Tensor& weight_in, const Tensor& bia
               Tensor scratch = detail::workspace(
                   in.device(), kernels::cuda::layer_norm_backward_workspace(rows, width));
               kernels::cuda::layer_norm_backward(
-                  in.dtype(), dy.dtype(), dy.raw_data(), in.raw_data(), w.raw_data(), mean.data<float>(),
-                  rstd.data<float>(), dx.raw_data(), dw.raw_data(), db.raw_data(), rows, width,
-                  scratch.raw_data(), detail::stream_of(in));
+                  in.dtype(), dy.dtype(), dy.raw_data(), in.raw_data(), w.raw_data(),
+                  mean.data<float>(), rstd.data<float>(), dx.raw_data(), dw.raw_data(),
+                  db.raw_data(), rows, width, scratch.raw_data(), detail::stream_of(in));
             });
           } else {  // the CPU kernel accumulates into them
             dw = Tensor::zeros(w.shape(), w.dtype(), w.device());
@@ -152,63 +152,104 @@ AddLayerNorm add_layer_norm(const Tensor& x, const Tensor& residual, const Tenso
                             const Tensor& bias, double eps, std::optional<DType> out_dtype) {
   detail::check_kernel_device("add_layer_norm", x);
   detail::check_kernel_device("add_layer_norm", residual);
-  // One pass where the CPU kernel computes what add and layer_norm would: operands of one
-  // f32/f64 dtype and shape, outside autocast's casts. Otherwise (CUDA, broadcasting, 16-bit
-  // or mixed dtypes, as an f32 residual stream meets autocast's bf16 output; another output
-  // dtype) the two ops.
-  const bool fused = !takes_cuda_path(x.device()) && x.shape() == residual.shape() &&
-                     (x.dtype() == DType::F32 || x.dtype() == DType::F64) &&
-                     residual.dtype() == x.dtype() && weight.dtype() == x.dtype() &&
-                     bias.dtype() == x.dtype() && out_dtype.value_or(x.dtype()) == x.dtype();
+  // One pass where a kernel computes what add and layer_norm would: x, the parameters and the
+  // sum of one dtype T (f32 or f64 on the CPU, a CUDA storage dtype on CUDA), of one shape with
+  // the residual, and the residual and the output both of T, or both of autocast's 16-bit dtype
+  // for an f32 T (an f32 residual stream meeting a bf16 branch, the norm writing its products'
+  // input). Otherwise (broadcasting, other mixes, 16-bit weights under autocast) the two ops.
+  const DType t = x.dtype(), low = out_dtype.value_or(t);
+  const bool kernel_dtype = takes_cuda_path(x.device())
+                                ? t == DType::F32 || is_16bit_float(t)
+                                : t == DType::F32 || t == DType::F64;
+  const bool fused = kernel_dtype && x.shape() == residual.shape() && weight.dtype() == t &&
+                     bias.dtype() == t && residual.dtype() == low &&
+                     (low == t || (t == DType::F32 && is_16bit_float(low)));
   if (!fused) {
     Tensor sum = add(x, residual);
     return {sum, layer_norm(sum, weight, bias, eps, out_dtype)};
   }
-  detail::check_same_kind("add_layer_norm", x, residual);
+  if (x.device() != residual.device()) detail::check_same_kind("add_layer_norm", x, residual);
   check_norm_parameters("add_layer_norm", x, weight, bias);
   const int64_t width = x.size(-1);
   const int64_t rows = width ? x.numel() / width : 0;
   Tensor in = detail::contiguous_input(x), res = detail::contiguous_input(residual),
          w = detail::contiguous_input(weight), b = detail::contiguous_input(bias);
-  Tensor sum = Tensor::empty(x.shape(), x.dtype(), x.device());
-  Tensor out = Tensor::empty(x.shape(), x.dtype(), x.device());
-  Tensor mean = Tensor::empty({rows}, x.dtype(), x.device());
-  Tensor rstd = Tensor::empty({rows}, x.dtype(), x.device());
+  Tensor sum = Tensor::empty(x.shape(), t, x.device());
+  Tensor out = Tensor::empty(x.shape(), low, x.device());
+  // Row statistics as layer_norm's: x's dtype on the CPU, f32 on CUDA.
+  const DType stats_dtype = x.device().is_cuda() ? DType::F32 : t;
+  Tensor mean = Tensor::empty({rows}, stats_dtype, x.device());
+  Tensor rstd = Tensor::empty({rows}, stats_dtype, x.device());
   if (reports_op_cost(x.device())) {
     record_meta_op("add_layer_norm", OpClass::Normalization, (kNormFlops + 1) * double(x.numel()),
                    {in, res, w, b}, {sum, out, mean, rstd});
   }
-  if (!x.device().is_meta()) {
-    detail::dispatch_floating(x.dtype(), "add_layer_norm", [&]<typename T>() {
-      kernels::cpu::add_layer_norm_forward<T>(in.data<T>(), res.data<T>(), w.data<T>(),
-                                              b.data<T>(), sum.data<T>(), out.data<T>(),
-                                              mean.data<T>(), rstd.data<T>(), rows, width, eps);
+  if (x.device().is_meta()) {
+    // nothing to compute: the cost is reported above
+  } else if (x.device().is_cuda()) {
+    LOOM_IF_CUDA(kernels::cuda::add_layer_norm_forward(
+        t, low, in.raw_data(), res.raw_data(), w.raw_data(), b.raw_data(), sum.raw_data(),
+        out.raw_data(), mean.data<float>(), rstd.data<float>(), rows, width, eps,
+        detail::stream_of(x)));
+  } else {
+    dispatch_norm_storage(t, low, "add_layer_norm", [&]<typename T, typename L>() {
+      kernels::cpu::add_layer_norm_forward(in.data<T>(), res.data<L>(), w.data<T>(), b.data<T>(),
+                                           sum.data<T>(), out.data<L>(), mean.data<T>(),
+                                           rstd.data<T>(), rows, width, eps);
     });
   }
   if (autograd::any_requires_grad({x, residual, weight, bias})) {
     autograd::record(
         "AddLayerNorm", {x, residual, weight, bias}, {sum, out},
-        [saved = sum.detach(), w = w.detach(), mean, rstd, rows, width](
+        [saved = sum.detach(), w = w.detach(), mean, rstd, rows, width, low](
             const std::vector<Tensor>& g, const autograd::Node& node) {
-          Tensor dsum = g[0].contiguous(), dy = g[1].contiguous();
-          Tensor dx = Tensor::empty(saved.shape(), saved.dtype(), saved.device());
-          Tensor dw = Tensor::zeros(w.shape(), w.dtype(), w.device());
-          Tensor db = Tensor::zeros(w.shape(), w.dtype(), w.device());
-          if (reports_op_cost(saved.device())) {
-            record_meta_op("AddLayerNorm", OpClass::Normalization,
-                           (2 * kNormFlops + 1) * double(saved.numel()),
-                           {dy, dsum, saved, w, mean, rstd}, {dx, dw, db});
+          const Device device = saved.device();
+          Tensor dsum = g[0].contiguous(), dy = g[1].dtype() == low ? g[1] : cast(g[1], low);
+          dy = dy.contiguous();
+          Tensor dx = Tensor::empty(saved.shape(), saved.dtype(), device);
+          // A 16-bit residual's gradient: dx rounded to its dtype, in the same pass.
+          Tensor dres = low == saved.dtype() || !node.needs_input_grad(1)
+                            ? Tensor()
+                            : Tensor::empty(saved.shape(), low, device);
+          // The CUDA kernel overwrites dw and db, the CPU kernel accumulates into them.
+          const bool cuda_path = takes_cuda_path(device);
+          Tensor dw = cuda_path ? Tensor::empty(w.shape(), w.dtype(), device)
+                                : Tensor::zeros(w.shape(), w.dtype(), device);
+          Tensor db = cuda_path ? Tensor::empty(w.shape(), w.dtype(), device)
+                                : Tensor::zeros(w.shape(), w.dtype(), device);
+          if (reports_op_cost(device)) {
+            const double flops = (2 * kNormFlops + 1) * double(saved.numel());
+            if (dres.defined()) {
+              record_meta_op("AddLayerNorm", OpClass::Normalization, flops,
+                             {dy, dsum, saved, w, mean, rstd}, {dx, dres, dw, db});
+            } else {
+              record_meta_op("AddLayerNorm", OpClass::Normalization, flops,
+                             {dy, dsum, saved, w, mean, rstd}, {dx, dw, db});
+            }
           }
-          if (!saved.device().is_meta()) {
-            detail::dispatch_floating(saved.dtype(), "add_layer_norm", [&]<typename T>() {
-              kernels::cpu::add_layer_norm_backward<T>(
-                  dy.data<T>(), dsum.data<T>(), saved.data<T>(), w.data<T>(), mean.data<T>(),
-                  rstd.data<T>(), dx.data<T>(), dw.data<T>(), db.data<T>(), rows, width);
+          if (device.is_cuda()) {
+            LOOM_IF_CUDA({
+              Tensor scratch = detail::workspace(
+                  device, kernels::cuda::layer_norm_backward_workspace(rows, width));
+              kernels::cuda::add_layer_norm_backward(
+                  saved.dtype(), low, dy.raw_data(), dsum.raw_data(), saved.raw_data(),
+                  w.raw_data(), mean.data<float>(), rstd.data<float>(), dx.raw_data(),
+                  dres.defined() ? dres.raw_data() : nullptr, dw.raw_data(), db.raw_data(), rows,
+                  width, scratch.raw_data(), detail::stream_of(saved));
+            });
+          } else if (!device.is_meta()) {
+            dispatch_norm_storage(saved.dtype(), low, "add_layer_norm",
+                                  [&]<typename T, typename L>() {
+              kernels::cpu::add_layer_norm_backward(
+                  dy.data<L>(), dsum.data<T>(), saved.data<T>(), w.data<T>(), mean.data<T>(),
+                  rstd.data<T>(), dx.data<T>(), dres.defined() ? dres.data<L>() : nullptr,
+                  dw.data<T>(), db.data<T>(), rows, width);
             });
           }
-          // The sum's two operands get the same gradient.
+          // The sum's two operands get the same gradient (the residual's in its dtype).
           return std::vector<Tensor>{node.needs_input_grad(0) ? dx : Tensor(),
-                                     node.needs_input_grad(1) ? dx : Tensor(),
+                                     node.needs_input_grad(1) ? (dres.defined() ? dres : dx)
+                                                              : Tensor(),
                                      node.needs_input_grad(2) ? dw : Tensor(),
                                      node.needs_input_grad(3) ? db : Tensor()};
         });
