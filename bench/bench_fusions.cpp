@@ -50,7 +50,7 @@ void BM_ResidualLayerNormForwardBackward(benchmark::State& state) {
          w = random_leaf({width}, gen), b = random_leaf({width}, gen);
   auto run = [&](bool f) {
     if (f) {
-      AddLayerNorm h = add_layer_norm(x, r, w, b);
+      AddNorm h = add_layer_norm(x, r, w, b);
       return add(h.sum, h.normed);
     }
     Tensor h = add(x, r);

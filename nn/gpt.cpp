@@ -98,7 +98,7 @@ void Block::parallelize(const TensorParallelGroup* tp) {
 
 Tensor Block::forward(const Tensor& x, KVCache::Layer* cache) const {
   return run_forward([&] {
-    AddLayerNorm h = ln_2_->forward_after_add(x, attn_->forward(ln_1_->forward(x), cache));
+    AddNorm h = ln_2_->forward_after_add(x, attn_->forward(ln_1_->forward(x), cache));
     return add(h.sum, mlp_->forward(h.normed));
   });
 }

@@ -58,6 +58,16 @@ Tensor RMSNorm::forward(const Tensor& x) const {
   return run_forward([&] { return rms_norm(x, weight_, eps_, norm_out_dtype(output_)); });
 }
 
+AddNorm RMSNorm::forward_after_add(const Tensor& x, const Tensor& residual) const {
+  AddNorm result;
+  Tensor normed = run_forward([&] {
+    result = add_rms_norm(x, residual, weight_, eps_, norm_out_dtype(output_));
+    return result.normed;
+  });
+  result.normed = normed;
+  return result;
+}
+
 Embedding::Embedding(int64_t count, int64_t width, Generator& gen, double init_std,
                      const Options& options) {
   weight_ = register_parameter("weight", normal_tensor({count, width}, init_std, gen, options));
@@ -78,8 +88,8 @@ Tensor LayerNorm::forward(const Tensor& x) const {
       [&] { return layer_norm(x, weight_, bias_, eps_, norm_out_dtype(output_)); });
 }
 
-AddLayerNorm LayerNorm::forward_after_add(const Tensor& x, const Tensor& residual) const {
-  AddLayerNorm result;
+AddNorm LayerNorm::forward_after_add(const Tensor& x, const Tensor& residual) const {
+  AddNorm result;
   Tensor normed = run_forward([&] {
     result = add_layer_norm(x, residual, weight_, bias_, eps_, norm_out_dtype(output_));
     return result.normed;

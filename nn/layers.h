@@ -58,7 +58,7 @@ class LayerNorm : public Module {
   Tensor forward(const Tensor& x) const;
   // {x + residual, forward(x + residual)} in one pass (add_layer_norm), between the forward
   // hooks, which see the normalised output: a pre-LN block's residual add and the norm after.
-  AddLayerNorm forward_after_add(const Tensor& x, const Tensor& residual) const;
+  AddNorm forward_after_add(const Tensor& x, const Tensor& residual) const;
 
  private:
   Tensor weight_, bias_;
@@ -88,6 +88,9 @@ class RMSNorm : public Module {
   RMSNorm(int64_t width, double eps, const Options& options = {},
           NormOutput output = NormOutput::Any);
   Tensor forward(const Tensor& x) const;
+  // {x + residual, forward(x + residual)} in one pass (add_rms_norm), between the forward hooks,
+  // as LayerNorm's: a Llama layer's residual add and its post-attention norm.
+  AddNorm forward_after_add(const Tensor& x, const Tensor& residual) const;
 
  private:
   Tensor weight_;

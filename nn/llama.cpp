@@ -175,8 +175,9 @@ void LlamaDecoderLayer::parallelize(const TensorParallelGroup* tp, bool replicat
 Tensor LlamaDecoderLayer::forward(const Tensor& x, const RotaryTables& rotary,
                                   KVCache::Layer* cache) const {
   return run_forward([&] {
-    Tensor h = add(x, self_attn_->forward(input_layernorm_->forward(x), rotary, cache));
-    return add(h, mlp_->forward(post_attention_layernorm_->forward(h)));
+    AddNorm h = post_attention_layernorm_->forward_after_add(
+        x, self_attn_->forward(input_layernorm_->forward(x), rotary, cache));
+    return add(h.sum, mlp_->forward(h.normed));
   });
 }
 

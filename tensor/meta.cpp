@@ -45,6 +45,13 @@ std::optional<double> simulated_now() {
 void record_meta_op(const char* op, OpClass op_class, double flops,
                     std::initializer_list<Tensor> reads, std::initializer_list<Tensor> writes,
                     std::array<int64_t, 4> dims) {
+  record_meta_op(op, op_class, flops, std::vector<Tensor>(reads), std::vector<Tensor>(writes),
+                 dims);
+}
+
+void record_meta_op(const char* op, OpClass op_class, double flops,
+                    const std::vector<Tensor>& reads, const std::vector<Tensor>& writes,
+                    std::array<int64_t, 4> dims) {
   if (current_sink == nullptr) return;
   OpCost cost;
   cost.op = op;
@@ -54,10 +61,11 @@ void record_meta_op(const char* op, OpClass op_class, double flops,
     cost.bytes_read += static_cast<double>(t.nbytes());
   for (const Tensor& t : writes)
     cost.bytes_written += static_cast<double>(t.nbytes());
-  if (reads.size() > 0) cost.dtype = reads.begin()->dtype();
-  const Tensor* first = writes.size() > 0 ? writes.begin() : reads.size() > 0 ? reads.begin() : nullptr;
+  if (!reads.empty()) cost.dtype = reads.front().dtype();
+  const Tensor* first =
+      !writes.empty() ? &writes.front() : !reads.empty() ? &reads.front() : nullptr;
   cost.on_host = first != nullptr && first->device().is_cpu();
-  if (dims == std::array<int64_t, 4>{} && writes.size() > 0) dims[0] = writes.begin()->numel();
+  if (dims == std::array<int64_t, 4>{} && !writes.empty()) dims[0] = writes.front().numel();
   cost.dims = dims;
   current_sink->record(cost);
 }

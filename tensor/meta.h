@@ -146,6 +146,10 @@ inline bool reports_op_cost(const Device& device) {
 void record_meta_op(const char* op, OpClass op_class, double flops,
                     std::initializer_list<Tensor> reads, std::initializer_list<Tensor> writes,
                     std::array<int64_t, 4> dims = {});
+// The same, for an op whose operands are known at run time.
+void record_meta_op(const char* op, OpClass op_class, double flops,
+                    const std::vector<Tensor>& reads, const std::vector<Tensor>& writes,
+                    std::array<int64_t, 4> dims = {});
 
 // A sink that adds costs up, by op class and by op name.
 class MetaCostTotals final : public MetaCostSink {

@@ -85,15 +85,19 @@ Tensor layer_norm(const Tensor& x, const Tensor& weight, const Tensor& bias, dou
 // that dtype, or under autocast the 16-bit out_dtype of an f32 stream meeting a 16-bit branch,
 // whose gradient backward then writes rounded to 16 bits in the same pass; otherwise the two
 // ops.
-struct AddLayerNorm {
+struct AddNorm {
   Tensor sum, normed;
 };
-AddLayerNorm add_layer_norm(const Tensor& x, const Tensor& residual, const Tensor& weight,
+AddNorm add_layer_norm(const Tensor& x, const Tensor& residual, const Tensor& weight,
                             const Tensor& bias, double eps = 1e-5,
                             std::optional<DType> out_dtype = std::nullopt);
 // RMS normalisation (Llama's RMSNorm): x / sqrt(mean(x^2) + eps) * weight, no mean, no bias.
 Tensor rms_norm(const Tensor& x, const Tensor& weight, double eps,
                 std::optional<DType> out_dtype = std::nullopt);
+// The residual add and the RMS norm after it, as add_layer_norm's (Llama's
+// "h = x + attn(...); post_attention_layernorm(h)").
+AddNorm add_rms_norm(const Tensor& x, const Tensor& residual, const Tensor& weight, double eps,
+                     std::optional<DType> out_dtype = std::nullopt);
 // Softmax over the last dimension. With causal, x is [..., T, T] and entries with column >
 // row are masked out (probability 0).
 Tensor softmax(const Tensor& x, bool causal = false);

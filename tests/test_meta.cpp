@@ -133,8 +133,13 @@ std::vector<OpCase> op_cases() {
        }},
       {"add_layer_norm",
        [=](Device d) {
-         AddLayerNorm out = add_layer_norm(r({3, 8}, d), r({3, 8}, d, 4), r({8}, d, 2),
+         AddNorm out = add_layer_norm(r({3, 8}, d), r({3, 8}, d, 4), r({8}, d, 2),
                                            r({8}, d, 3));
+         return V{out.sum, out.normed};
+       }},
+      {"add_rms_norm",
+       [=](Device d) {
+         AddNorm out = add_rms_norm(r({3, 8}, d), r({3, 8}, d, 4), r({8}, d, 2), 1e-5);
          return V{out.sum, out.normed};
        }},
       {"rms_norm",

@@ -124,14 +124,25 @@ TEST_F(OpGradient, AddLayerNorm) {
   Tensor w = random_leaf({8}, gen), b = random_leaf({8}, gen);
   expect_gradients_match(
       [](const Inputs& in) {
-        AddLayerNorm out = add_layer_norm(in[0], in[1], in[2], in[3], 1e-5);
+        AddNorm out = add_layer_norm(in[0], in[1], in[2], in[3], 1e-5);
         return add(out.normed, mul(out.sum, 0.7));
       },
       {x, r, w, b});
 }
 
-// add then layer_norm, bit for bit in f32, the gradients too: the one pass computes each
-// value as the two ops do, and the residual's gradient joins layer norm's by one addition.
+TEST_F(OpGradient, AddRmsNorm) {
+  Tensor x = random_leaf({3, 2, 8}, gen), r = random_leaf({3, 2, 8}, gen);
+  Tensor w = random_leaf({8}, gen);
+  expect_gradients_match(
+      [](const Inputs& in) {
+        AddNorm out = add_rms_norm(in[0], in[1], in[2], 1e-5);
+        return add(out.normed, mul(out.sum, 0.7));
+      },
+      {x, r, w});
+}
+
+// add then layer_norm (rms_norm), bit for bit in f32, the gradients too: the one pass computes
+// each value as the two ops do, and the residual's gradient joins the norm's by one addition.
 TEST_F(OpGradient, AddLayerNormIsBitwiseTheComposedOps) {
   const Tensor x0 = random_leaf({5, 3, 16}, gen, false), r0 = random_leaf({5, 3, 16}, gen, false);
   const Tensor w0 = random_leaf({16}, gen, false), b0 = random_leaf({16}, gen, false);
@@ -139,23 +150,28 @@ TEST_F(OpGradient, AddLayerNormIsBitwiseTheComposedOps) {
   auto run = [&](bool fused) {
     auto leaf = [](const Tensor& t) { return cast(t, DType::F32).set_requires_grad(true); };
     Tensor x = leaf(x0), r = leaf(r0), w = leaf(w0), b = leaf(b0);
-    AddLayerNorm out;
-    if (fused) {
-      out = add_layer_norm(x, r, w, b);
-    } else {
-      out.sum = add(x, r);
-      out.normed = layer_norm(out.sum, w, b);
+    std::vector<std::vector<float>> all;
+    for (const bool rms : {false, true}) {
+      AddNorm out;
+      if (fused) {
+        out = rms ? add_rms_norm(x, r, w, 1e-5) : add_layer_norm(x, r, w, b);
+      } else {
+        out.sum = add(x, r);
+        out.normed = rms ? rms_norm(out.sum, w, 1e-5) : layer_norm(out.sum, w, b);
+      }
+      sum(add(mul(out.normed, out.normed), mul(out.sum, cast(up0, DType::F32)))).backward();
+      all.push_back(out.sum.to_vector<float>());
+      all.push_back(out.normed.to_vector<float>());
+      for (const Tensor& t : {x, r, w, b})
+        all.push_back(t.grad().to_vector<float>());
     }
-    sum(add(mul(out.normed, out.normed), mul(out.sum, cast(up0, DType::F32)))).backward();
-    std::vector<std::vector<float>> all{out.sum.to_vector<float>(), out.normed.to_vector<float>()};
-    for (const Tensor& t : {x, r, w, b})
-      all.push_back(t.grad().to_vector<float>());
     return all;
   };
   const auto fused = run(true), composed = run(false);
   const char* parts[] = {"sum", "normed", "dx", "dresidual", "dweight", "dbias"};
   for (size_t i = 0; i < fused.size(); ++i)
-    EXPECT_EQ(fused[i], composed[i]) << parts[i];
+    EXPECT_EQ(fused[i], composed[i]) << (i < 6 ? "add_layer_norm " : "add_rms_norm ")
+                                      << parts[i % 6];
 }
 
 TEST_F(OpGradient, AddLayerNormRefusesAWeightOfAnotherWidth) {

@@ -242,7 +242,7 @@ std::vector<float> fused_ops_with(int threads) {
     return t.set_requires_grad(true);
   };
   Tensor x = leaf({rows, width}), r = leaf({rows, width}), b = leaf({width}), w = leaf({width});
-  AddLayerNorm h = add_layer_norm(x, r, w, b);
+  AddNorm h = add_layer_norm(x, r, w, b);
   Tensor y = bias_gelu(h.normed, b);
   sum(add(mul(y, y), h.sum)).backward();
   std::vector<float> out;

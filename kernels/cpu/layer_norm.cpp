@@ -145,6 +145,21 @@ void rms_norm_backward(const L* dy, const T* x, const T* weight, const T* rstd, 
                             static_cast<T*>(nullptr), rows, width);
 }
 
+template <typename T, typename L>
+void add_rms_norm_forward(const T* x, const L* residual, const T* weight, T* sum, L* y, T* rstd,
+                          int64_t rows, int64_t width, double eps) {
+  normalize_forward<false>(x, weight, static_cast<const T*>(nullptr), y, static_cast<T*>(nullptr),
+                           rstd, rows, width, eps, residual, sum);
+}
+
+template <typename T, typename L>
+void add_rms_norm_backward(const L* dy, const T* dsum, const T* sum, const T* weight,
+                           const T* rstd, T* dx, L* dresidual, T* dweight, int64_t rows,
+                           int64_t width) {
+  normalize_backward<false>(dy, sum, weight, static_cast<const T*>(nullptr), rstd, dx, dweight,
+                            static_cast<T*>(nullptr), rows, width, dsum, dresidual);
+}
+
 #define LOOM_INSTANTIATE_NORMS(T, L)                                                             \
   template void layer_norm_forward<T, L>(const T*, const T*, const T*, L*, T*, T*, int64_t,       \
                                          int64_t, double);                                        \
@@ -156,7 +171,11 @@ void rms_norm_backward(const L* dy, const T* x, const T* weight, const T* rstd, 
   template void add_layer_norm_forward<T, L>(const T*, const L*, const T*, const T*, T*, L*, T*,  \
                                              T*, int64_t, int64_t, double);                      \
   template void add_layer_norm_backward<T, L>(const L*, const T*, const T*, const T*, const T*,   \
-                                              const T*, T*, L*, T*, T*, int64_t, int64_t);
+                                              const T*, T*, L*, T*, T*, int64_t, int64_t);       \
+  template void add_rms_norm_forward<T, L>(const T*, const L*, const T*, T*, L*, T*, int64_t,     \
+                                           int64_t, double);                                      \
+  template void add_rms_norm_backward<T, L>(const L*, const T*, const T*, const T*, const T*, T*, \
+                                            L*, T*, int64_t, int64_t);
 LOOM_INSTANTIATE_NORMS(float, float)
 LOOM_INSTANTIATE_NORMS(double, double)
 LOOM_INSTANTIATE_NORMS(float, BFloat16)

@@ -38,12 +38,20 @@ void add_layer_norm_backward(const L* dy, const T* dsum, const T* sum, const T* 
                              T* dbias, int64_t rows, int64_t width);
 
 // RMS norm: writes y and each row's rstd; backward overwrites dx and accumulates into dweight
-// (which may be null).
+// (which may be null). add_rms_norm: the residual add in front of it, as add_layer_norm's
+// (Llama's "h = x + attn(...); post_attention_layernorm(h)").
 template <typename T, typename L = T>
 void rms_norm_forward(const T* x, const T* weight, L* y, T* rstd, int64_t rows, int64_t width,
                       double eps);
 template <typename T, typename L = T>
 void rms_norm_backward(const L* dy, const T* x, const T* weight, const T* rstd, T* dx, T* dweight,
                        int64_t rows, int64_t width);
+template <typename T, typename L = T>
+void add_rms_norm_forward(const T* x, const L* residual, const T* weight, T* sum, L* y, T* rstd,
+                          int64_t rows, int64_t width, double eps);
+template <typename T, typename L = T>
+void add_rms_norm_backward(const L* dy, const T* dsum, const T* sum, const T* weight,
+                           const T* rstd, T* dx, L* dresidual, T* dweight, int64_t rows,
+                           int64_t width);
 
 }  // namespace loom::kernels::cpu

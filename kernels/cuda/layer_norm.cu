@@ -407,6 +407,26 @@ void add_layer_norm_backward(DType dtype, DType low_dtype, const void* dy, const
                            dresidual);
 }
 
+void add_rms_norm_forward(DType dtype, DType low_dtype, const void* x, const void* residual,
+                          const void* weight, void* sum, void* y, float* rstd, int64_t rows,
+                          int64_t width, double eps, cudaStream_t stream) {
+  if (residual == nullptr || sum == nullptr) {
+    fail("add_rms_norm_forward: residual or sum is null");
+  }
+  normalize_forward<false>("add_rms_norm_forward", dtype, low_dtype, x, weight, nullptr, y,
+                           nullptr, rstd, rows, width, eps, stream, residual, sum);
+}
+
+void add_rms_norm_backward(DType dtype, DType low_dtype, const void* dy, const void* dsum,
+                           const void* sum, const void* weight, const float* rstd, void* dx,
+                           void* dresidual, void* dweight, int64_t rows, int64_t width,
+                           void* workspace, cudaStream_t stream) {
+  if (dsum == nullptr) fail("add_rms_norm_backward: dsum is null");
+  normalize_backward<false>("add_rms_norm_backward", dtype, low_dtype, dy, sum, weight, nullptr,
+                            rstd, dx, dweight, nullptr, rows, width, workspace, stream, dsum,
+                            dresidual);
+}
+
 void rms_norm_forward(DType dtype, DType y_dtype, const void* x, const void* weight, void* y,
                       float* rstd, int64_t rows, int64_t width, double eps, cudaStream_t stream) {
   normalize_forward<false>("rms_norm_forward", dtype, y_dtype, x, weight, nullptr, y, nullptr,

@@ -8,7 +8,8 @@
 // 16-bit input of autocast's products and reads their 16-bit gradient, y rounded once from
 // the f32 value and dy widened on load); all arithmetic in f32. mean and rstd are always
 // f32 [rows], whatever the dtype. Launchers are asynchronous on `stream`, never synchronise,
-// and throw loom::Error for a dtype they do not take or a failed launch. Results are deterministic: no atomics, fixed reduction orders.
+// and throw loom::Error for a dtype they do not take or a failed launch. Results are
+// deterministic: no atomics, fixed reduction orders.
 
 #include <cstddef>
 #include <cstdint>
@@ -64,6 +65,14 @@ void add_layer_norm_backward(DType dtype, DType low_dtype, const void* dy, const
 // layer_norm_backward_workspace(rows, width); dweight (overwritten) may be null.
 void rms_norm_forward(DType dtype, DType y_dtype, const void* x, const void* weight, void* y,
                       float* rstd, int64_t rows, int64_t width, double eps, cudaStream_t stream);
+// The residual add in front of RMS norm, as add_layer_norm's (Llama's post-attention norm).
+void add_rms_norm_forward(DType dtype, DType low_dtype, const void* x, const void* residual,
+                          const void* weight, void* sum, void* y, float* rstd, int64_t rows,
+                          int64_t width, double eps, cudaStream_t stream);
+void add_rms_norm_backward(DType dtype, DType low_dtype, const void* dy, const void* dsum,
+                           const void* sum, const void* weight, const float* rstd, void* dx,
+                           void* dresidual, void* dweight, int64_t rows, int64_t width,
+                           void* workspace, cudaStream_t stream);
 void rms_norm_backward(DType dtype, DType dy_dtype, const void* dy, const void* x,
                        const void* weight, const float* rstd, void* dx, void* dweight,
                        int64_t rows, int64_t width, void* workspace, cudaStream_t stream);

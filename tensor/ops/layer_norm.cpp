@@ -148,61 +148,94 @@ Tensor layer_norm(const Tensor& x_in, const Tensor& weight_in, const Tensor& bia
   return out;
 }
 
-AddLayerNorm add_layer_norm(const Tensor& x, const Tensor& residual, const Tensor& weight,
-                            const Tensor& bias, double eps, std::optional<DType> out_dtype) {
-  detail::check_kernel_device("add_layer_norm", x);
-  detail::check_kernel_device("add_layer_norm", residual);
-  // One pass where a kernel computes what add and layer_norm would: x, the parameters and the
-  // sum of one dtype T (f32 or f64 on the CPU, a CUDA storage dtype on CUDA), of one shape with
-  // the residual, and the residual and the output both of T, or both of autocast's 16-bit dtype
-  // for an f32 T (an f32 residual stream meeting a bf16 branch, the norm writing its products'
-  // input). Otherwise (broadcasting, other mixes, 16-bit weights under autocast) the two ops.
+namespace {
+
+// add_layer_norm (centered) and add_rms_norm (bias undefined) in one pass where a kernel
+// computes what add and the norm would: x, the parameters and the sum of one dtype T (f32 or
+// f64 on the CPU, a CUDA storage dtype on CUDA), of one shape with the residual, and the
+// residual and the output both of T, or both of autocast's 16-bit dtype for an f32 T (an f32
+// residual stream meeting a bf16 branch, the norm writing its products' input). Otherwise
+// (broadcasting, other mixes, 16-bit weights under autocast) the two ops.
+AddNorm add_norm(const char* op, bool centered, const Tensor& x, const Tensor& residual,
+                 const Tensor& weight, const Tensor& bias, double eps,
+                 std::optional<DType> out_dtype) {
+  detail::check_kernel_device(op, x);
+  detail::check_kernel_device(op, residual);
   const DType t = x.dtype(), low = out_dtype.value_or(t);
   const bool kernel_dtype = takes_cuda_path(x.device())
                                 ? t == DType::F32 || is_16bit_float(t)
                                 : t == DType::F32 || t == DType::F64;
   const bool fused = kernel_dtype && x.shape() == residual.shape() && weight.dtype() == t &&
-                     bias.dtype() == t && residual.dtype() == low &&
+                     (!centered || bias.dtype() == t) && residual.dtype() == low &&
                      (low == t || (t == DType::F32 && is_16bit_float(low)));
   if (!fused) {
     Tensor sum = add(x, residual);
-    return {sum, layer_norm(sum, weight, bias, eps, out_dtype)};
+    return {sum, centered ? layer_norm(sum, weight, bias, eps, out_dtype)
+                          : rms_norm(sum, weight, eps, out_dtype)};
   }
-  if (x.device() != residual.device()) detail::check_same_kind("add_layer_norm", x, residual);
-  check_norm_parameters("add_layer_norm", x, weight, bias);
+  if (x.device() != residual.device()) detail::check_same_kind(op, x, residual);
+  if (centered) {
+    check_norm_parameters(op, x, weight, bias);
+  } else if (x.dim() < 1 || weight.shape() != Shape{x.size(-1)}) {
+    detail::check_same_kind(op, x, weight);
+    fail(op, ": expected weight of shape [", x.dim() ? x.size(-1) : 0, "] for input ",
+         shape_str(x.shape()), "; got ", shape_str(weight.shape()));
+  }
   const int64_t width = x.size(-1);
   const int64_t rows = width ? x.numel() / width : 0;
   Tensor in = detail::contiguous_input(x), res = detail::contiguous_input(residual),
-         w = detail::contiguous_input(weight), b = detail::contiguous_input(bias);
+         w = detail::contiguous_input(weight),
+         b = centered ? detail::contiguous_input(bias) : Tensor();
   Tensor sum = Tensor::empty(x.shape(), t, x.device());
   Tensor out = Tensor::empty(x.shape(), low, x.device());
   // Row statistics as layer_norm's: x's dtype on the CPU, f32 on CUDA.
   const DType stats_dtype = x.device().is_cuda() ? DType::F32 : t;
-  Tensor mean = Tensor::empty({rows}, stats_dtype, x.device());
+  Tensor mean = centered ? Tensor::empty({rows}, stats_dtype, x.device()) : Tensor();
   Tensor rstd = Tensor::empty({rows}, stats_dtype, x.device());
   if (reports_op_cost(x.device())) {
-    record_meta_op("add_layer_norm", OpClass::Normalization, (kNormFlops + 1) * double(x.numel()),
-                   {in, res, w, b}, {sum, out, mean, rstd});
+    const double flops = ((centered ? kNormFlops : kNormFlops / 2) + 1) * double(x.numel());
+    if (centered) {
+      record_meta_op(op, OpClass::Normalization, flops, {in, res, w, b}, {sum, out, mean, rstd});
+    } else {
+      record_meta_op(op, OpClass::Normalization, flops, {in, res, w}, {sum, out, rstd});
+    }
   }
   if (x.device().is_meta()) {
     // nothing to compute: the cost is reported above
   } else if (x.device().is_cuda()) {
-    LOOM_IF_CUDA(kernels::cuda::add_layer_norm_forward(
-        t, low, in.raw_data(), res.raw_data(), w.raw_data(), b.raw_data(), sum.raw_data(),
-        out.raw_data(), mean.data<float>(), rstd.data<float>(), rows, width, eps,
-        detail::stream_of(x)));
+    LOOM_IF_CUDA({
+      if (centered) {
+        kernels::cuda::add_layer_norm_forward(
+            t, low, in.raw_data(), res.raw_data(), w.raw_data(), b.raw_data(), sum.raw_data(),
+            out.raw_data(), mean.data<float>(), rstd.data<float>(), rows, width, eps,
+            detail::stream_of(x));
+      } else {
+        kernels::cuda::add_rms_norm_forward(t, low, in.raw_data(), res.raw_data(), w.raw_data(),
+                                            sum.raw_data(), out.raw_data(), rstd.data<float>(),
+                                            rows, width, eps, detail::stream_of(x));
+      }
+    });
   } else {
-    dispatch_norm_storage(t, low, "add_layer_norm", [&]<typename T, typename L>() {
-      kernels::cpu::add_layer_norm_forward(in.data<T>(), res.data<L>(), w.data<T>(), b.data<T>(),
-                                           sum.data<T>(), out.data<L>(), mean.data<T>(),
-                                           rstd.data<T>(), rows, width, eps);
+    dispatch_norm_storage(t, low, op, [&]<typename T, typename L>() {
+      if (centered) {
+        kernels::cpu::add_layer_norm_forward(in.data<T>(), res.data<L>(), w.data<T>(),
+                                             b.data<T>(), sum.data<T>(), out.data<L>(),
+                                             mean.data<T>(), rstd.data<T>(), rows, width, eps);
+      } else {
+        kernels::cpu::add_rms_norm_forward(in.data<T>(), res.data<L>(), w.data<T>(),
+                                           sum.data<T>(), out.data<L>(), rstd.data<T>(), rows,
+                                           width, eps);
+      }
     });
   }
   if (autograd::any_requires_grad({x, residual, weight, bias})) {
+    const char* node_name = centered ? "AddLayerNorm" : "AddRmsNorm";
+    std::vector<Tensor> inputs{x, residual, weight};
+    if (centered) inputs.push_back(bias);
     autograd::record(
-        "AddLayerNorm", {x, residual, weight, bias}, {sum, out},
-        [saved = sum.detach(), w = w.detach(), mean, rstd, rows, width, low](
-            const std::vector<Tensor>& g, const autograd::Node& node) {
+        node_name, inputs, {sum, out},
+        [saved = sum.detach(), w = w.detach(), mean, rstd, rows, width, low, centered, op,
+         node_name](const std::vector<Tensor>& g, const autograd::Node& node) {
           const Device device = saved.device();
           Tensor dsum = g[0].contiguous(), dy = g[1].dtype() == low ? g[1] : cast(g[1], low);
           dy = dy.contiguous();
@@ -213,48 +246,75 @@ AddLayerNorm add_layer_norm(const Tensor& x, const Tensor& residual, const Tenso
                             : Tensor::empty(saved.shape(), low, device);
           // The CUDA kernel overwrites dw and db, the CPU kernel accumulates into them.
           const bool cuda_path = takes_cuda_path(device);
-          Tensor dw = cuda_path ? Tensor::empty(w.shape(), w.dtype(), device)
-                                : Tensor::zeros(w.shape(), w.dtype(), device);
-          Tensor db = cuda_path ? Tensor::empty(w.shape(), w.dtype(), device)
-                                : Tensor::zeros(w.shape(), w.dtype(), device);
+          auto parameter_gradient = [&] {
+            return cuda_path ? Tensor::empty(w.shape(), w.dtype(), device)
+                             : Tensor::zeros(w.shape(), w.dtype(), device);
+          };
+          Tensor dw = parameter_gradient(), db = centered ? parameter_gradient() : Tensor();
           if (reports_op_cost(device)) {
-            const double flops = (2 * kNormFlops + 1) * double(saved.numel());
-            if (dres.defined()) {
-              record_meta_op("AddLayerNorm", OpClass::Normalization, flops,
-                             {dy, dsum, saved, w, mean, rstd}, {dx, dres, dw, db});
-            } else {
-              record_meta_op("AddLayerNorm", OpClass::Normalization, flops,
-                             {dy, dsum, saved, w, mean, rstd}, {dx, dw, db});
-            }
+            const double flops =
+                ((centered ? 2 * kNormFlops : kNormFlops) + 1) * double(saved.numel());
+            std::vector<Tensor> reads{dy, dsum, saved, w, rstd}, writes{dx, dw};
+            if (centered) reads.push_back(mean), writes.push_back(db);
+            if (dres.defined()) writes.push_back(dres);
+            record_meta_op(node_name, OpClass::Normalization, flops, reads, writes);
           }
           if (device.is_cuda()) {
             LOOM_IF_CUDA({
               Tensor scratch = detail::workspace(
                   device, kernels::cuda::layer_norm_backward_workspace(rows, width));
-              kernels::cuda::add_layer_norm_backward(
-                  saved.dtype(), low, dy.raw_data(), dsum.raw_data(), saved.raw_data(),
-                  w.raw_data(), mean.data<float>(), rstd.data<float>(), dx.raw_data(),
-                  dres.defined() ? dres.raw_data() : nullptr, dw.raw_data(), db.raw_data(), rows,
-                  width, scratch.raw_data(), detail::stream_of(saved));
+              void* dres_data = dres.defined() ? dres.raw_data() : nullptr;
+              if (centered) {
+                kernels::cuda::add_layer_norm_backward(
+                    saved.dtype(), low, dy.raw_data(), dsum.raw_data(), saved.raw_data(),
+                    w.raw_data(), mean.data<float>(), rstd.data<float>(), dx.raw_data(),
+                    dres_data, dw.raw_data(), db.raw_data(), rows, width, scratch.raw_data(),
+                    detail::stream_of(saved));
+              } else {
+                kernels::cuda::add_rms_norm_backward(
+                    saved.dtype(), low, dy.raw_data(), dsum.raw_data(), saved.raw_data(),
+                    w.raw_data(), rstd.data<float>(), dx.raw_data(), dres_data, dw.raw_data(),
+                    rows, width, scratch.raw_data(), detail::stream_of(saved));
+              }
             });
           } else if (!device.is_meta()) {
-            dispatch_norm_storage(saved.dtype(), low, "add_layer_norm",
-                                  [&]<typename T, typename L>() {
-              kernels::cpu::add_layer_norm_backward(
-                  dy.data<L>(), dsum.data<T>(), saved.data<T>(), w.data<T>(), mean.data<T>(),
-                  rstd.data<T>(), dx.data<T>(), dres.defined() ? dres.data<L>() : nullptr,
-                  dw.data<T>(), db.data<T>(), rows, width);
+            dispatch_norm_storage(saved.dtype(), low, op, [&]<typename T, typename L>() {
+              L* dres_data = dres.defined() ? dres.data<L>() : nullptr;
+              if (centered) {
+                kernels::cpu::add_layer_norm_backward(
+                    dy.data<L>(), dsum.data<T>(), saved.data<T>(), w.data<T>(), mean.data<T>(),
+                    rstd.data<T>(), dx.data<T>(), dres_data, dw.data<T>(), db.data<T>(), rows,
+                    width);
+              } else {
+                kernels::cpu::add_rms_norm_backward(dy.data<L>(), dsum.data<T>(),
+                                                    saved.data<T>(), w.data<T>(), rstd.data<T>(),
+                                                    dx.data<T>(), dres_data, dw.data<T>(), rows,
+                                                    width);
+              }
             });
           }
           // The sum's two operands get the same gradient (the residual's in its dtype).
-          return std::vector<Tensor>{node.needs_input_grad(0) ? dx : Tensor(),
-                                     node.needs_input_grad(1) ? (dres.defined() ? dres : dx)
-                                                              : Tensor(),
-                                     node.needs_input_grad(2) ? dw : Tensor(),
-                                     node.needs_input_grad(3) ? db : Tensor()};
+          std::vector<Tensor> grads{node.needs_input_grad(0) ? dx : Tensor(),
+                                    node.needs_input_grad(1) ? (dres.defined() ? dres : dx)
+                                                             : Tensor(),
+                                    node.needs_input_grad(2) ? dw : Tensor()};
+          if (centered) grads.push_back(node.needs_input_grad(3) ? db : Tensor());
+          return grads;
         });
   }
   return {sum, out};
+}
+
+}  // namespace
+
+AddNorm add_layer_norm(const Tensor& x, const Tensor& residual, const Tensor& weight,
+                       const Tensor& bias, double eps, std::optional<DType> out_dtype) {
+  return add_norm("add_layer_norm", true, x, residual, weight, bias, eps, out_dtype);
+}
+
+AddNorm add_rms_norm(const Tensor& x, const Tensor& residual, const Tensor& weight, double eps,
+                     std::optional<DType> out_dtype) {
+  return add_norm("add_rms_norm", false, x, residual, weight, Tensor(), eps, out_dtype);
 }
 
 Tensor rms_norm(const Tensor& x_in, const Tensor& weight_in, double eps,

@@ -144,7 +144,7 @@ TEST(CudaOps, NormalisationSoftmaxAttentionLosses) {
                        dtype, tol);
     expect_matches_cpu("add_layer_norm",
                        [](auto& t) {
-                         AddLayerNorm out = add_layer_norm(t[0], t[1], t[2], t[3]);
+                         AddNorm out = add_layer_norm(t[0], t[1], t[2], t[3]);
                          return add(out.normed, mul(out.sum, 0.5));
                        },
                        {random_tensor({3, 4, 24}, 19), random_tensor({3, 4, 24}, 20),
