@@ -490,12 +490,14 @@ TEST(Tensor, AddNormsOfAnF32StreamAndA16BitBranchGiveTheBitsOfTheirTwoOps) {
     const auto bits_of = [](const Tensor& t) {
       return t.detach().to(DType::F32).to_vector<float>();
     };
-    const Tensor x0 = filled({3, 11, 20}, 2.5, 0.3), branch0 = filled({3, 11, 20}, 1.0, 0.1).to(low),
-                 w0 = filled({20}, 0.5, 1.0), b0 = filled({20}, 0.5, 0.0),
+    const Tensor x0 = filled({3, 11, 20}, 2.5, 0.3),
+                 branch0 = filled({3, 11, 20}, 1.0, 0.1).to(low), w0 = filled({20}, 0.5, 1.0),
+                 b0 = filled({20}, 0.5, 0.0),
                  dnormed = filled({3, 11, 20}, 1.5, 0.0).to(low),
                  dsum = filled({3, 11, 20}, 0.7, 0.0);
     const auto run = [&](bool fused) {
-      Tensor x = x0.clone().set_requires_grad(true), branch = branch0.clone().set_requires_grad(true),
+      Tensor x = x0.clone().set_requires_grad(true),
+             branch = branch0.clone().set_requires_grad(true),
              w = w0.clone().set_requires_grad(true), b = b0.clone().set_requires_grad(true);
       AddNorm h;
       if (fused) {
