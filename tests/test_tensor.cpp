@@ -476,11 +476,19 @@ TEST(Tensor, NormsWithA16BitOutputGiveTheBitsOfTheF32NormAndItsCast) {
 // The residual add and the norm in one pass where an f32 stream meets a 16-bit branch and the
 // norm writes 16 bits (a GPT-2 block's second half under autocast, a Llama layer's): the bits
 // of add, then layer_norm (rms_norm) with that out_dtype, and of their backward: x's f32
-// gradient, the branch's in its dtype, the parameters'.
+// gradient, the branch's in its dtype, the parameters'. Also an f32 branch (a tensor-parallel
+// one, its f32 bias added after the reduction) before the 16-bit output.
 TEST(Tensor, AddNormsOfAnF32StreamAndA16BitBranchGiveTheBitsOfTheirTwoOps) {
-  for (const auto& [low, rms] : std::vector<std::pair<DType, bool>>{
-           {DType::BF16, false}, {DType::F16, false}, {DType::BF16, true}}) {
-    SCOPED_TRACE(std::string(dtype_name(low)) + (rms ? " add_rms_norm" : " add_layer_norm"));
+  struct Case {
+    DType low;
+    bool rms, f32_branch;
+  };
+  for (const auto& [low, rms, f32_branch] :
+       std::vector<Case>{{DType::BF16, false, false}, {DType::F16, false, false},
+                         {DType::BF16, true, false}, {DType::BF16, false, true},
+                         {DType::F16, true, true}}) {
+    SCOPED_TRACE(std::string(dtype_name(low)) + (rms ? " add_rms_norm" : " add_layer_norm") +
+                 (f32_branch ? ", f32 branch" : ""));
     const auto filled = [](const Shape& shape, double scale, double shift) {
       std::vector<float> v;
       for (int64_t i = 0; i < numel_of(shape); ++i)
@@ -491,7 +499,8 @@ TEST(Tensor, AddNormsOfAnF32StreamAndA16BitBranchGiveTheBitsOfTheirTwoOps) {
       return t.detach().to(DType::F32).to_vector<float>();
     };
     const Tensor x0 = filled({3, 11, 20}, 2.5, 0.3),
-                 branch0 = filled({3, 11, 20}, 1.0, 0.1).to(low), w0 = filled({20}, 0.5, 1.0),
+                 branch0 = filled({3, 11, 20}, 1.0, 0.1).to(f32_branch ? DType::F32 : low),
+                 w0 = filled({20}, 0.5, 1.0),
                  b0 = filled({20}, 0.5, 0.0),
                  dnormed = filled({3, 11, 20}, 1.5, 0.0).to(low),
                  dsum = filled({3, 11, 20}, 0.7, 0.0);
@@ -514,7 +523,7 @@ TEST(Tensor, AddNormsOfAnF32StreamAndA16BitBranchGiveTheBitsOfTheirTwoOps) {
     };
     const std::vector<Tensor> fused = run(true), composed = run(false);
     EXPECT_EQ(fused[1].dtype(), low);
-    EXPECT_EQ(fused[3].dtype(), low);
+    EXPECT_EQ(fused[3].dtype(), f32_branch ? DType::F32 : low);
     for (size_t i = 0; i < fused.size(); ++i) {
       if (!composed[i].defined()) continue;
       EXPECT_EQ(fused[i].dtype(), composed[i].dtype()) << "output " << i;

@@ -12,18 +12,18 @@ namespace {
 
 // Layer norm (kCentered) and RMS norm (the mean taken as 0, no bias) share their code. With a
 // residual, each row first becomes x + residual, written to `sum`, and is normalised from
-// there while it is in cache. y and the residual are stored as Y: T, or a 16-bit float
-// (y rounded once from T, the residual widened on load).
-template <bool kCentered, typename T, typename Y = T>
+// there while it is in cache. y is stored as Y and the residual as R: each T, or a 16-bit
+// float (y rounded once from T, the residual widened on load).
+template <bool kCentered, typename T, typename Y = T, typename R = Y>
 void normalize_forward(const T* x, const T* weight, const T* bias, Y* y, T* mean, T* rstd,
-                       int64_t rows, int64_t width, double eps, const Y* residual = nullptr,
+                       int64_t rows, int64_t width, double eps, const R* residual = nullptr,
                        T* sum = nullptr) {
   parallel_rows(rows, width, [&](int64_t first, int64_t last) {
     for (int64_t r = first; r < last; ++r) {
       const T* xr = x + r * width;
       Y* yr = y + r * width;
       if (residual) {
-        const Y* rr = residual + r * width;
+        const R* rr = residual + r * width;
         T* sr = sum + r * width;
         for (int64_t i = 0; i < width; ++i)
           sr[i] = xr[i] + widen(rr[i]);
@@ -117,8 +117,8 @@ void layer_norm_backward(const L* dy, const T* x, const T* weight, const T* mean
   normalize_backward<true>(dy, x, weight, mean, rstd, dx, dweight, dbias, rows, width);
 }
 
-template <typename T, typename L>
-void add_layer_norm_forward(const T* x, const L* residual, const T* weight, const T* bias, T* sum,
+template <typename T, typename L, typename R>
+void add_layer_norm_forward(const T* x, const R* residual, const T* weight, const T* bias, T* sum,
                             L* y, T* mean, T* rstd, int64_t rows, int64_t width, double eps) {
   normalize_forward<true>(x, weight, bias, y, mean, rstd, rows, width, eps, residual, sum);
 }
@@ -145,8 +145,8 @@ void rms_norm_backward(const L* dy, const T* x, const T* weight, const T* rstd, 
                             static_cast<T*>(nullptr), rows, width);
 }
 
-template <typename T, typename L>
-void add_rms_norm_forward(const T* x, const L* residual, const T* weight, T* sum, L* y, T* rstd,
+template <typename T, typename L, typename R>
+void add_rms_norm_forward(const T* x, const R* residual, const T* weight, T* sum, L* y, T* rstd,
                           int64_t rows, int64_t width, double eps) {
   normalize_forward<false>(x, weight, static_cast<const T*>(nullptr), y, static_cast<T*>(nullptr),
                            rstd, rows, width, eps, residual, sum);
@@ -168,18 +168,30 @@ void add_rms_norm_backward(const L* dy, const T* dsum, const T* sum, const T* we
   template void rms_norm_forward<T, L>(const T*, const T*, L*, T*, int64_t, int64_t, double);     \
   template void rms_norm_backward<T, L>(const L*, const T*, const T*, const T*, T*, T*, int64_t,  \
                                         int64_t);                                                 \
-  template void add_layer_norm_forward<T, L>(const T*, const L*, const T*, const T*, T*, L*, T*,  \
-                                             T*, int64_t, int64_t, double);                      \
+  template void add_layer_norm_forward<T, L, L>(const T*, const L*, const T*, const T*, T*, L*,  \
+                                                T*, T*, int64_t, int64_t, double);               \
   template void add_layer_norm_backward<T, L>(const L*, const T*, const T*, const T*, const T*,   \
                                               const T*, T*, L*, T*, T*, int64_t, int64_t);       \
-  template void add_rms_norm_forward<T, L>(const T*, const L*, const T*, T*, L*, T*, int64_t,     \
-                                           int64_t, double);                                      \
+  template void add_rms_norm_forward<T, L, L>(const T*, const L*, const T*, T*, L*, T*, int64_t,  \
+                                              int64_t, double);                                   \
   template void add_rms_norm_backward<T, L>(const L*, const T*, const T*, const T*, const T*, T*, \
                                             L*, T*, int64_t, int64_t);
 LOOM_INSTANTIATE_NORMS(float, float)
 LOOM_INSTANTIATE_NORMS(double, double)
 LOOM_INSTANTIATE_NORMS(float, BFloat16)
 LOOM_INSTANTIATE_NORMS(float, Half)
+// An f32 residual before a 16-bit output (a tensor-parallel branch, its f32 bias added after
+// the reduction).
+#define LOOM_INSTANTIATE_F32_RESIDUAL(L)                                                          \
+  template void add_layer_norm_forward<float, L, float>(const float*, const float*, const float*, \
+                                                        const float*, float*, L*, float*, float*, \
+                                                        int64_t, int64_t, double);                \
+  template void add_rms_norm_forward<float, L, float>(const float*, const float*, const float*,   \
+                                                      float*, L*, float*, int64_t, int64_t,       \
+                                                      double);
+LOOM_INSTANTIATE_F32_RESIDUAL(BFloat16)
+LOOM_INSTANTIATE_F32_RESIDUAL(Half)
+#undef LOOM_INSTANTIATE_F32_RESIDUAL
 #undef LOOM_INSTANTIATE_NORMS
 
 }  // namespace loom::kernels::cpu

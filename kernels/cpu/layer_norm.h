@@ -25,12 +25,13 @@ void layer_norm_backward(const L* dy, const T* x, const T* weight, const T* mean
 // Residual add + layer norm in one pass over each row (the pre-LN block's second half):
 // sum = x + residual, y = layer_norm(sum). Backward is layer_norm_backward's on `sum` with
 // dsum (the gradient that reached sum along the residual stream) added to dx:
-// dx = dsum + dlayer_norm/dsum^T dy, which is the gradient of x and of residual both. The
-// residual, y and dy are of L (under autocast the branch's 16-bit result meets the f32
-// stream, and the norm writes its products' 16-bit input); for a 16-bit L, `dresidual` gets
-// dx rounded to L in the same pass (the residual's gradient), otherwise it may be null.
-template <typename T, typename L = T>
-void add_layer_norm_forward(const T* x, const L* residual, const T* weight, const T* bias, T* sum,
+// dx = dsum + dlayer_norm/dsum^T dy, which is the gradient of x and of residual both. y and
+// dy are of L, the residual of R, L or T (under autocast the branch's 16-bit result meets the
+// f32 stream, and the norm writes its products' 16-bit input; a tensor-parallel branch is
+// f32); for a 16-bit residual, `dresidual` gets dx rounded to L in the same pass (the
+// residual's gradient), otherwise it may be null.
+template <typename T, typename L = T, typename R = L>
+void add_layer_norm_forward(const T* x, const R* residual, const T* weight, const T* bias, T* sum,
                             L* y, T* mean, T* rstd, int64_t rows, int64_t width, double eps);
 template <typename T, typename L = T>
 void add_layer_norm_backward(const L* dy, const T* dsum, const T* sum, const T* weight,
@@ -46,8 +47,8 @@ void rms_norm_forward(const T* x, const T* weight, L* y, T* rstd, int64_t rows, 
 template <typename T, typename L = T>
 void rms_norm_backward(const L* dy, const T* x, const T* weight, const T* rstd, T* dx, T* dweight,
                        int64_t rows, int64_t width);
-template <typename T, typename L = T>
-void add_rms_norm_forward(const T* x, const L* residual, const T* weight, T* sum, L* y, T* rstd,
+template <typename T, typename L = T, typename R = L>
+void add_rms_norm_forward(const T* x, const R* residual, const T* weight, T* sum, L* y, T* rstd,
                           int64_t rows, int64_t width, double eps);
 template <typename T, typename L = T>
 void add_rms_norm_backward(const L* dy, const T* dsum, const T* sum, const T* weight,

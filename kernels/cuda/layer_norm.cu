@@ -39,26 +39,26 @@ int block_row_threads(int64_t packs) {
 
 // kCentered: layer norm; otherwise RMS norm (the mean taken as 0, no bias: bias may be null).
 // y is stored as Y: T, or a 16-bit float for an f32 T (rounded once from the f32 value).
-// With a residual (of Y, widened on load), each row first becomes x + residual, written to
-// `sum` and normalised from there: every later pass of a thread reads back the packs it wrote
-// itself, so no barrier is needed.
-template <typename T, typename Y, int V, bool kBlockPerRow, bool kCentered>
+// With a residual (of R, Y or T, widened on load), each row first becomes x + residual,
+// written to `sum` and normalised from there: every later pass of a thread reads back the
+// packs it wrote itself, so no barrier is needed.
+template <typename T, typename Y, typename R, int V, bool kBlockPerRow, bool kCentered>
 __global__ void __launch_bounds__(1024)
     layer_norm_forward_kernel(const T* __restrict__ x, const T* __restrict__ weight,
                               const T* __restrict__ bias, Y* __restrict__ y,
                               float* __restrict__ mean, float* __restrict__ rstd, int64_t rows,
-                              int width, double eps, const Y* __restrict__ residual, T* sum) {
+                              int width, double eps, const R* __restrict__ residual, T* sum) {
   __shared__ float scratch[kWarpSize];
   const RowGroup<kBlockPerRow> g;
   if (g.row >= rows) return;  // a whole warp (warp mode only; block mode has grid == rows)
   const int packs = width / V;
   const T* xr = x + g.row * width;
   if (residual != nullptr) {
-    const Y* rr = residual + g.row * width;
+    const R* rr = residual + g.row * width;
     T* sr = sum + g.row * width;
     for (int p = g.lane; p < packs; p += g.lanes) {
       const Pack<T, V> xv = load_pack<V>(xr + p * V);
-      const Pack<Y, V> rv = load_pack<V>(rr + p * V);
+      const Pack<R, V> rv = load_pack<V>(rr + p * V);
       Pack<T, V> sv;
 #pragma unroll
       for (int k = 0; k < V; ++k)
@@ -253,7 +253,7 @@ int64_t backward_chunks(int64_t rows) {
   return ceil_div(rows, kChunkRows);
 }
 
-template <typename T, typename Y, int V, bool kCentered>
+template <typename T, typename Y, typename R, int V, bool kCentered>
 void launch_forward(const void* x, const void* weight, const void* bias, void* y, float* mean,
                     float* rstd, int64_t rows, int width, double eps, const void* residual,
                     void* sum, cudaStream_t stream) {
@@ -261,15 +261,15 @@ void launch_forward(const void* x, const void* weight, const void* bias, void* y
   const auto* wp = static_cast<const T*>(weight);
   const auto* bp = static_cast<const T*>(bias);
   auto* yp = static_cast<Y*>(y);
-  const auto* rp = static_cast<const Y*>(residual);
+  const auto* rp = static_cast<const R*>(residual);
   auto* sp = static_cast<T*>(sum);
   const int64_t packs = width / V;
   if (packs <= kWarpRowMaxPacks) {
     const auto grid = static_cast<unsigned>(ceil_div(rows, kRowThreads / kWarpSize));
-    layer_norm_forward_kernel<T, Y, V, false, kCentered>
+    layer_norm_forward_kernel<T, Y, R, V, false, kCentered>
         <<<grid, kRowThreads, 0, stream>>>(xp, wp, bp, yp, mean, rstd, rows, width, eps, rp, sp);
   } else {
-    layer_norm_forward_kernel<T, Y, V, true, kCentered>
+    layer_norm_forward_kernel<T, Y, R, V, true, kCentered>
         <<<static_cast<unsigned>(rows), block_row_threads(packs), 0, stream>>>(
             xp, wp, bp, yp, mean, rstd, rows, width, eps, rp, sp);
   }
@@ -306,25 +306,37 @@ void dispatch_norm_storage(DType dtype, DType low_dtype, const char* op, F&& f) 
   });
 }
 
-// residual (of y_dtype) and sum (of dtype): both null, or a residual added first.
+// residual and sum (of dtype): both null, or a residual (of residual_dtype: dtype or y_dtype)
+// added first.
 template <bool kCentered>
 void normalize_forward(const char* op, DType dtype, DType y_dtype, const void* x,
                        const void* weight, const void* bias, void* y, float* mean, float* rstd,
                        int64_t rows, int64_t width, double eps, cudaStream_t stream,
-                       const void* residual = nullptr, void* sum = nullptr) {
+                       const void* residual = nullptr, DType residual_dtype = DType::F32,
+                       void* sum = nullptr) {
   check_sizes(op, rows, width);
+  if (residual != nullptr && residual_dtype != dtype && residual_dtype != y_dtype) {
+    fail(op, ": a residual of ", dtype_name(residual_dtype), "; expected ", dtype_name(dtype),
+         " or ", dtype_name(y_dtype));
+  }
   dispatch_norm_storage(dtype, y_dtype, op, [&]<typename T, typename Y>() {
     if (rows == 0 || width == 0) return;
     const int w = static_cast<int>(width);
     constexpr int V = kPackElems<T>;
-    if (width % V == 0 && aligned16(x) && aligned16(weight) && (!kCentered || aligned16(bias)) &&
-        aligned16(y) && aligned16(residual) && aligned16(sum)) {
-      launch_forward<T, Y, V, kCentered>(x, weight, bias, y, mean, rstd, rows, w, eps, residual,
-                                         sum, stream);
-    } else {
-      launch_forward<T, Y, 1, kCentered>(x, weight, bias, y, mean, rstd, rows, w, eps, residual,
-                                         sum, stream);
-    }
+    const bool packed = width % V == 0 && aligned16(x) && aligned16(weight) &&
+                        (!kCentered || aligned16(bias)) && aligned16(y) && aligned16(residual) &&
+                        aligned16(sum);
+    const auto launch = [&]<typename R>() {
+      if (packed) {
+        launch_forward<T, Y, R, V, kCentered>(x, weight, bias, y, mean, rstd, rows, w, eps,
+                                              residual, sum, stream);
+      } else {
+        launch_forward<T, Y, R, 1, kCentered>(x, weight, bias, y, mean, rstd, rows, w, eps,
+                                              residual, sum, stream);
+      }
+    };
+    if (residual != nullptr && residual_dtype == dtype) launch.template operator()<T>();
+    else launch.template operator()<Y>();
   });
 }
 
@@ -385,15 +397,15 @@ void layer_norm_backward(DType dtype, DType dy_dtype, const void* dy, const void
                            dweight, dbias, rows, width, workspace, stream);
 }
 
-void add_layer_norm_forward(DType dtype, DType low_dtype, const void* x, const void* residual,
-                            const void* weight, const void* bias, void* sum, void* y, float* mean,
-                            float* rstd, int64_t rows, int64_t width, double eps,
-                            cudaStream_t stream) {
+void add_layer_norm_forward(DType dtype, DType low_dtype, DType residual_dtype, const void* x,
+                            const void* residual, const void* weight, const void* bias, void* sum,
+                            void* y, float* mean, float* rstd, int64_t rows, int64_t width,
+                            double eps, cudaStream_t stream) {
   if (residual == nullptr || sum == nullptr) {
     fail("add_layer_norm_forward: residual or sum is null");
   }
   normalize_forward<true>("add_layer_norm_forward", dtype, low_dtype, x, weight, bias, y, mean,
-                          rstd, rows, width, eps, stream, residual, sum);
+                          rstd, rows, width, eps, stream, residual, residual_dtype, sum);
 }
 
 void add_layer_norm_backward(DType dtype, DType low_dtype, const void* dy, const void* dsum,
@@ -407,14 +419,16 @@ void add_layer_norm_backward(DType dtype, DType low_dtype, const void* dy, const
                            dresidual);
 }
 
-void add_rms_norm_forward(DType dtype, DType low_dtype, const void* x, const void* residual,
-                          const void* weight, void* sum, void* y, float* rstd, int64_t rows,
-                          int64_t width, double eps, cudaStream_t stream) {
+void add_rms_norm_forward(DType dtype, DType low_dtype, DType residual_dtype, const void* x,
+                          const void* residual, const void* weight, void* sum, void* y,
+                          float* rstd, int64_t rows, int64_t width, double eps,
+                          cudaStream_t stream) {
   if (residual == nullptr || sum == nullptr) {
     fail("add_rms_norm_forward: residual or sum is null");
   }
   normalize_forward<false>("add_rms_norm_forward", dtype, low_dtype, x, weight, nullptr, y,
-                           nullptr, rstd, rows, width, eps, stream, residual, sum);
+                           nullptr, rstd, rows, width, eps, stream, residual, residual_dtype,
+                           sum);
 }
 
 void add_rms_norm_backward(DType dtype, DType low_dtype, const void* dy, const void* dsum,

@@ -152,21 +152,23 @@ namespace {
 
 // add_layer_norm (centered) and add_rms_norm (bias undefined) in one pass where a kernel
 // computes what add and the norm would: x, the parameters and the sum of one dtype T (f32 or
-// f64 on the CPU, a CUDA storage dtype on CUDA), of one shape with the residual, and the
-// residual and the output both of T, or both of autocast's 16-bit dtype for an f32 T (an f32
-// residual stream meeting a bf16 branch, the norm writing its products' input). Otherwise
-// (broadcasting, other mixes, 16-bit weights under autocast) the two ops.
+// f64 on the CPU, a CUDA storage dtype on CUDA), of one shape with the residual; the output
+// of T, or of autocast's 16-bit dtype for an f32 T (the norm writing its products' input); the
+// residual of T or of the output's dtype (an f32 stream meeting a bf16 branch, or an f32
+// tensor-parallel branch). Otherwise (broadcasting, other mixes, 16-bit weights under
+// autocast) the two ops.
 AddNorm add_norm(const char* op, bool centered, const Tensor& x, const Tensor& residual,
                  const Tensor& weight, const Tensor& bias, double eps,
                  std::optional<DType> out_dtype) {
   detail::check_kernel_device(op, x);
   detail::check_kernel_device(op, residual);
-  const DType t = x.dtype(), low = out_dtype.value_or(t);
+  const DType t = x.dtype(), low = out_dtype.value_or(t), residual_dtype = residual.dtype();
   const bool kernel_dtype = takes_cuda_path(x.device())
                                 ? t == DType::F32 || is_16bit_float(t)
                                 : t == DType::F32 || t == DType::F64;
   const bool fused = kernel_dtype && x.shape() == residual.shape() && weight.dtype() == t &&
-                     (!centered || bias.dtype() == t) && residual.dtype() == low &&
+                     (!centered || bias.dtype() == t) &&
+                     (residual_dtype == low || residual_dtype == t) &&
                      (low == t || (t == DType::F32 && is_16bit_float(low)));
   if (!fused) {
     Tensor sum = add(x, residual);
@@ -206,26 +208,31 @@ AddNorm add_norm(const char* op, bool centered, const Tensor& x, const Tensor& r
     LOOM_IF_CUDA({
       if (centered) {
         kernels::cuda::add_layer_norm_forward(
-            t, low, in.raw_data(), res.raw_data(), w.raw_data(), b.raw_data(), sum.raw_data(),
-            out.raw_data(), mean.data<float>(), rstd.data<float>(), rows, width, eps,
-            detail::stream_of(x));
+            t, low, residual_dtype, in.raw_data(), res.raw_data(), w.raw_data(), b.raw_data(),
+            sum.raw_data(), out.raw_data(), mean.data<float>(), rstd.data<float>(), rows, width,
+            eps, detail::stream_of(x));
       } else {
-        kernels::cuda::add_rms_norm_forward(t, low, in.raw_data(), res.raw_data(), w.raw_data(),
-                                            sum.raw_data(), out.raw_data(), rstd.data<float>(),
-                                            rows, width, eps, detail::stream_of(x));
+        kernels::cuda::add_rms_norm_forward(t, low, residual_dtype, in.raw_data(),
+                                            res.raw_data(), w.raw_data(), sum.raw_data(),
+                                            out.raw_data(), rstd.data<float>(), rows, width, eps,
+                                            detail::stream_of(x));
       }
     });
   } else {
     dispatch_norm_storage(t, low, op, [&]<typename T, typename L>() {
-      if (centered) {
-        kernels::cpu::add_layer_norm_forward(in.data<T>(), res.data<L>(), w.data<T>(),
-                                             b.data<T>(), sum.data<T>(), out.data<L>(),
-                                             mean.data<T>(), rstd.data<T>(), rows, width, eps);
-      } else {
-        kernels::cpu::add_rms_norm_forward(in.data<T>(), res.data<L>(), w.data<T>(),
-                                           sum.data<T>(), out.data<L>(), rstd.data<T>(), rows,
-                                           width, eps);
-      }
+      const auto forward = [&]<typename R>() {
+        if (centered) {
+          kernels::cpu::add_layer_norm_forward(in.data<T>(), res.data<R>(), w.data<T>(),
+                                               b.data<T>(), sum.data<T>(), out.data<L>(),
+                                               mean.data<T>(), rstd.data<T>(), rows, width, eps);
+        } else {
+          kernels::cpu::add_rms_norm_forward(in.data<T>(), res.data<R>(), w.data<T>(),
+                                             sum.data<T>(), out.data<L>(), rstd.data<T>(), rows,
+                                             width, eps);
+        }
+      };
+      if (residual_dtype == t) forward.template operator()<T>();
+      else forward.template operator()<L>();
     });
   }
   if (autograd::any_requires_grad({x, residual, weight, bias})) {
@@ -234,14 +241,14 @@ AddNorm add_norm(const char* op, bool centered, const Tensor& x, const Tensor& r
     if (centered) inputs.push_back(bias);
     autograd::record(
         node_name, inputs, {sum, out},
-        [saved = sum.detach(), w = w.detach(), mean, rstd, rows, width, low, centered, op,
-         node_name](const std::vector<Tensor>& g, const autograd::Node& node) {
+        [saved = sum.detach(), w = w.detach(), mean, rstd, rows, width, low, residual_dtype,
+         centered, op, node_name](const std::vector<Tensor>& g, const autograd::Node& node) {
           const Device device = saved.device();
           Tensor dsum = g[0].contiguous(), dy = g[1].dtype() == low ? g[1] : cast(g[1], low);
           dy = dy.contiguous();
           Tensor dx = Tensor::empty(saved.shape(), saved.dtype(), device);
           // A 16-bit residual's gradient: dx rounded to its dtype, in the same pass.
-          Tensor dres = low == saved.dtype() || !node.needs_input_grad(1)
+          Tensor dres = residual_dtype == saved.dtype() || !node.needs_input_grad(1)
                             ? Tensor()
                             : Tensor::empty(saved.shape(), low, device);
           // The CUDA kernel overwrites dw and db, the CPU kernel accumulates into them.

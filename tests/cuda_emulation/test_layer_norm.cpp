@@ -70,8 +70,8 @@ void check_layer_norm() {
 }
 
 // add_layer_norm (add_rms_norm when not centered): x, sum, dsum, dx and the parameters of T;
-// residual, y, dy and dresidual of L.
-template <typename T, typename L = T>
+// y, dy and dresidual of L; the residual of R.
+template <typename T, typename L = T, typename R = L>
 void check_add_norm(bool centered) {
   std::mt19937_64 rng(31);
   const double eps = 1e-5;
@@ -80,7 +80,7 @@ void check_add_norm(bool centered) {
     const size_t n = static_cast<size_t>(s.rows * s.width), w = static_cast<size_t>(s.width),
                  r = static_cast<size_t>(s.rows);
     const auto x = random_values<T>(n, rng, -3, 3);
-    const auto residual = random_values<L>(n, rng, -1, 1);
+    const auto residual = random_values<R>(n, rng, -1, 1);
     const auto weight = random_values<T>(w, rng, 0.5, 1.5);
     const auto bias = random_values<T>(w, rng);
     const auto dy = random_values<L>(n, rng);
@@ -113,14 +113,15 @@ void check_add_norm(bool centered) {
       std::vector<L> y(n), dres(n);
       std::vector<float> mean(r), rstd(r);
       if (centered) {
-        gpu::add_layer_norm_forward(dtype_of<T>(), dtype_of<L>(), x.data(), residual.data(),
-                                    weight.data(), bias.data(), sum.data(), y.data(),
-                                    mean.data(), rstd.data(), s.rows, s.width, eps, nullptr);
+        gpu::add_layer_norm_forward(dtype_of<T>(), dtype_of<L>(), dtype_of<R>(), x.data(),
+                                    residual.data(), weight.data(), bias.data(), sum.data(),
+                                    y.data(), mean.data(), rstd.data(), s.rows, s.width, eps,
+                                    nullptr);
         EXPECT_LE(max_relative_error(mean, want_mean), 1e-5);
       } else {
-        gpu::add_rms_norm_forward(dtype_of<T>(), dtype_of<L>(), x.data(), residual.data(),
-                                  weight.data(), sum.data(), y.data(), rstd.data(), s.rows,
-                                  s.width, eps, nullptr);
+        gpu::add_rms_norm_forward(dtype_of<T>(), dtype_of<L>(), dtype_of<R>(), x.data(),
+                                  residual.data(), weight.data(), sum.data(), y.data(),
+                                  rstd.data(), s.rows, s.width, eps, nullptr);
       }
       EXPECT_LE(max_relative_error(sum, want_sum), tolerance<T>());
       EXPECT_LE(max_relative_error(y, want_y), tolerance<L>());
@@ -200,7 +201,13 @@ TEST(EmulatedAddLayerNorm, F32StreamWithABf16Residual) {
   check_add_norm<float, __nv_bfloat16>(true);
 }
 TEST(EmulatedAddLayerNorm, F32StreamWithAnF16Residual) { check_add_norm<float, __half>(true); }
+TEST(EmulatedAddLayerNorm, F32StreamAndResidualWithABf16Output) {
+  check_add_norm<float, __nv_bfloat16, float>(true);
+}
 TEST(EmulatedAddRmsNorm, F32) { check_add_norm<float>(false); }
+TEST(EmulatedAddRmsNorm, F32StreamAndResidualWithAnF16Output) {
+  check_add_norm<float, __half, float>(false);
+}
 TEST(EmulatedAddRmsNorm, F32StreamWithABf16Residual) {
   check_add_norm<float, __nv_bfloat16>(false);
 }
