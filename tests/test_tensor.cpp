@@ -483,10 +483,11 @@ TEST(Tensor, AddNormsOfAnF32StreamAndA16BitBranchGiveTheBitsOfTheirTwoOps) {
     DType low;
     bool rms, f32_branch;
   };
-  for (const auto& [low, rms, f32_branch] :
-       std::vector<Case>{{DType::BF16, false, false}, {DType::F16, false, false},
-                         {DType::BF16, true, false}, {DType::BF16, false, true},
-                         {DType::F16, true, true}}) {
+  for (const Case& c : std::vector<Case>{{DType::BF16, false, false}, {DType::F16, false, false},
+                                         {DType::BF16, true, false}, {DType::BF16, false, true},
+                                         {DType::F16, true, true}}) {
+    const DType low = c.low;  // not structured bindings: clang 14 cannot capture those
+    const bool rms = c.rms, f32_branch = c.f32_branch;
     SCOPED_TRACE(std::string(dtype_name(low)) + (rms ? " add_rms_norm" : " add_layer_norm") +
                  (f32_branch ? ", f32 branch" : ""));
     const auto filled = [](const Shape& shape, double scale, double shift) {
