@@ -10,6 +10,12 @@ namespace loom::nn {
 
 namespace {
 constexpr double kLlamaInitStd = 0.02;  // Hugging Face's initializer_range
+
+// Llama's RMS norms: each feeds projections or the output head only (NormOutput).
+std::shared_ptr<RMSNorm> rms_norm_before_products(const LlamaConfig& config) {
+  return std::make_shared<RMSNorm>(config.hidden, config.rms_norm_eps, config.options,
+                                   NormOutput::ForProducts);
+}
 }  // namespace
 
 void LlamaConfig::validate() const {
@@ -155,15 +161,10 @@ Tensor LlamaMLP::forward(const Tensor& x) const {
 }
 
 LlamaDecoderLayer::LlamaDecoderLayer(const LlamaConfig& config, Generator& gen) {
-  input_layernorm_ = register_module(
-      "input_layernorm",
-      std::make_shared<RMSNorm>(config.hidden, config.rms_norm_eps, config.options,
-                                NormOutput::ForProducts));
+  input_layernorm_ = register_module("input_layernorm", rms_norm_before_products(config));
   self_attn_ = register_module("self_attn", std::make_shared<LlamaAttention>(config, gen));
-  post_attention_layernorm_ = register_module(
-      "post_attention_layernorm",
-      std::make_shared<RMSNorm>(config.hidden, config.rms_norm_eps, config.options,
-                                NormOutput::ForProducts));
+  post_attention_layernorm_ =
+      register_module("post_attention_layernorm", rms_norm_before_products(config));
   mlp_ = register_module("mlp", std::make_shared<LlamaMLP>(config, gen));
 }
 
@@ -188,9 +189,7 @@ LlamaModel::LlamaModel(const LlamaConfig& config, Generator& gen) {
   layers_ = register_module("layers", std::make_shared<ModuleList<LlamaDecoderLayer>>());
   for (int64_t i = 0; i < config.layers; ++i)
     layers_->push_back(std::make_shared<LlamaDecoderLayer>(config, gen));
-  norm_ = register_module(
-      "norm", std::make_shared<RMSNorm>(config.hidden, config.rms_norm_eps, config.options,
-                                NormOutput::ForProducts));
+  norm_ = register_module("norm", rms_norm_before_products(config));
 }
 
 Llama::Llama(const LlamaConfig& config, uint64_t seed) : config_(config) {

@@ -1,6 +1,7 @@
 #include "tensor/meta.h"
 
 #include <chrono>
+#include <span>
 
 namespace loom {
 
@@ -42,16 +43,11 @@ std::optional<double> simulated_now() {
   return current_sink == nullptr ? std::nullopt : current_sink->simulated_now();
 }
 
-void record_meta_op(const char* op, OpClass op_class, double flops,
-                    std::initializer_list<Tensor> reads, std::initializer_list<Tensor> writes,
-                    std::array<int64_t, 4> dims) {
-  record_meta_op(op, op_class, flops, std::vector<Tensor>(reads), std::vector<Tensor>(writes),
-                 dims);
-}
-
-void record_meta_op(const char* op, OpClass op_class, double flops,
-                    const std::vector<Tensor>& reads, const std::vector<Tensor>& writes,
-                    std::array<int64_t, 4> dims) {
+namespace {
+// record_meta_op's, over its operands where the caller keeps them (no copies: the meta device
+// reports every op of a simulated step).
+void record_cost(const char* op, OpClass op_class, double flops, std::span<const Tensor> reads,
+                 std::span<const Tensor> writes, std::array<int64_t, 4> dims) {
   if (current_sink == nullptr) return;
   OpCost cost;
   cost.op = op;
@@ -68,6 +64,20 @@ void record_meta_op(const char* op, OpClass op_class, double flops,
   if (dims == std::array<int64_t, 4>{} && !writes.empty()) dims[0] = writes.front().numel();
   cost.dims = dims;
   current_sink->record(cost);
+}
+}  // namespace
+
+void record_meta_op(const char* op, OpClass op_class, double flops,
+                    std::initializer_list<Tensor> reads, std::initializer_list<Tensor> writes,
+                    std::array<int64_t, 4> dims) {
+  record_cost(op, op_class, flops, {reads.begin(), reads.size()},
+              {writes.begin(), writes.size()}, dims);
+}
+
+void record_meta_op(const char* op, OpClass op_class, double flops,
+                    const std::vector<Tensor>& reads, const std::vector<Tensor>& writes,
+                    std::array<int64_t, 4> dims) {
+  record_cost(op, op_class, flops, reads, writes, dims);
 }
 
 void MetaCostTotals::record(const OpCost& cost) {

@@ -35,6 +35,16 @@ void check_norm_parameters(const char* op, const Tensor& x, const Tensor& weight
   }
 }
 
+// Throws unless weight shares x's dtype and device and has the size of its last dimension
+// (rms_norm's and add_rms_norm's parameter).
+void check_rms_weight(const char* op, const Tensor& x, const Tensor& weight) {
+  detail::check_same_kind(op, x, weight);
+  if (x.dim() < 1 || weight.shape() != Shape{x.size(-1)}) {
+    fail(op, ": expected weight of shape [", x.dim() ? x.size(-1) : 0, "] for input ",
+         shape_str(x.shape()), "; got ", shape_str(weight.shape()));
+  }
+}
+
 // The dtype of a norm's output: x's, or `out_dtype`, which must be x's or, for an f32 x, bf16
 // or f16.
 DType norm_output_dtype(const char* op, const Tensor& x, std::optional<DType> out_dtype) {
@@ -175,14 +185,10 @@ AddNorm add_norm(const char* op, bool centered, const Tensor& x, const Tensor& r
     return {sum, centered ? layer_norm(sum, weight, bias, eps, out_dtype)
                           : rms_norm(sum, weight, eps, out_dtype)};
   }
+  // (Their dtypes may differ: only the devices are checked here.)
   if (x.device() != residual.device()) detail::check_same_kind(op, x, residual);
-  if (centered) {
-    check_norm_parameters(op, x, weight, bias);
-  } else if (x.dim() < 1 || weight.shape() != Shape{x.size(-1)}) {
-    detail::check_same_kind(op, x, weight);
-    fail(op, ": expected weight of shape [", x.dim() ? x.size(-1) : 0, "] for input ",
-         shape_str(x.shape()), "; got ", shape_str(weight.shape()));
-  }
+  if (centered) check_norm_parameters(op, x, weight, bias);
+  else check_rms_weight(op, x, weight);
   const int64_t width = x.size(-1);
   const int64_t rows = width ? x.numel() / width : 0;
   Tensor in = detail::contiguous_input(x), res = detail::contiguous_input(residual),
@@ -328,11 +334,7 @@ Tensor rms_norm(const Tensor& x_in, const Tensor& weight_in, double eps,
                 std::optional<DType> out_dtype) {
   const Tensor x = autocast_f32_input(x_in), weight = autocast_f32_input(weight_in);
   detail::check_kernel_device("rms_norm", x);
-  detail::check_same_kind("rms_norm", x, weight);
-  if (x.dim() < 1 || weight.shape() != Shape{x.size(-1)}) {
-    fail("rms_norm: expected weight of shape [", x.dim() ? x.size(-1) : 0, "] for input ",
-         shape_str(x.shape()), "; got ", shape_str(weight.shape()));
-  }
+  check_rms_weight("rms_norm", x, weight);
   const DType y_dtype = norm_output_dtype("rms_norm", x, out_dtype);
   if (detail::computes_through_f32(x)) {  // as layer_norm
     return cast(rms_norm(cast(x, DType::F32), cast(weight, DType::F32), eps), y_dtype);
