@@ -507,7 +507,7 @@ struct ScaleTable {
   int64_t n[kMaxChunkTensors];
   ChunkPlan plan;
 };
-static_assert(sizeof(ScaleTable) + sizeof(double) <= 4096, "launch parameters over 4 KB");
+static_assert(sizeof(ScaleTable) + sizeof(double) <= kMaxKernelParameterBytes);
 
 template <typename T>
 __global__ void __launch_bounds__(kScaleThreads)

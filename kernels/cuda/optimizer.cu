@@ -93,8 +93,8 @@ struct ChunkTable {
   int64_t n[kMaxChunkTensors];
   ChunkPlan plan;
 };
-static_assert(sizeof(ChunkTable) + sizeof(AdamWScalars<double>) + sizeof(void*) <= 4096,
-              "the launch's parameters must stay within 4 KB");
+static_assert(sizeof(ChunkTable) + sizeof(AdamWScalars<double>) + sizeof(void*) <=
+              kMaxKernelParameterBytes);
 
 template <typename T>
 struct alignas(kIlp * sizeof(T)) Pack {

@@ -425,15 +425,14 @@ struct SquaresTable {
   int64_t n[kMaxChunkTensors];
   ChunkPlan plan;
 };
-static_assert(sizeof(SquaresTable) + sizeof(void*) <= 4096, "launch parameters over 4 KB");
+static_assert(sizeof(SquaresTable) + sizeof(void*) <= kMaxKernelParameterBytes);
 
 // Where each tensor's chunk sums start in the workspace, and how many there are.
 struct SquaresFinishTable {
   int64_t first[kMaxFinishTensors];
   int32_t chunks[kMaxFinishTensors];
 };
-static_assert(sizeof(SquaresFinishTable) + 2 * sizeof(void*) <= 4096,
-              "launch parameters over 4 KB");
+static_assert(sizeof(SquaresFinishTable) + 2 * sizeof(void*) <= kMaxKernelParameterBytes);
 
 // partials[b] = the sum of squares of block b's chunk, in double.
 template <typename T>

@@ -1,7 +1,7 @@
 # Rewrites a CUDA source into host C++ for the kernel emulation: the only two constructs of
 # Loom's kernels that no header can supply.
 #   kernel<<<grid, block, shared, stream>>>(args)
-#     -> ::loom::cuda_emulation::launch(kernel, grid, block, shared, stream)(args)
+#     -> ::loom::cuda_emulation::launch("kernel", kernel, grid, block, shared, stream)(args)
 #   extern __shared__ __align__(N) T name[];
 #     -> T* name = static_cast<T*>(::loom::cuda_emulation::dynamic_shared_memory());
 #   __shared__ T a[N], b[M];
@@ -15,7 +15,7 @@ file(READ "${INPUT}" text)
 
 set(name "[A-Za-z_][A-Za-z0-9_:]*(<[^<>;(){}]*>)?")
 string(REGEX REPLACE "(${name})[ \t\r\n]*<<<([^;]*)>>>\\("
-       "::loom::cuda_emulation::launch(\\1, \\3)(" text "${text}")
+       "::loom::cuda_emulation::launch(\"\\1\", \\1, \\3)(" text "${text}")
 string(REGEX REPLACE
        "extern[ \t]+__shared__[ \t]+(__align__\\([0-9]+\\)[ \t]+)?([A-Za-z_][A-Za-z0-9_ ]*[A-Za-z0-9_])[ \t]+([A-Za-z_][A-Za-z0-9_]*)\\[\\];"
        "\\2* \\3 = static_cast<\\2*>(::loom::cuda_emulation::dynamic_shared_memory());"

@@ -319,7 +319,7 @@ TEST(EmulatedElementwise, FillWritesTheCpuValueInEveryDtype) {
   }
 }
 
-// Gradient clipping's multi-tensor scaling (over one launch table's 48 tensors, tensors of
+// Gradient clipping's multi-tensor scaling (over one launch table's 256 tensors, tensors of
 // several chunks, empty and misaligned ones): every element bitwise as scale_inplace scales it.
 template <typename T>
 void check_multi_tensor_scale() {
@@ -327,8 +327,8 @@ void check_multi_tensor_scale() {
   std::vector<std::vector<T>> tensors;
   for (int64_t n : {int64_t{0}, int64_t{3}, int64_t{65537}, int64_t{140001}})
     tensors.push_back(random_values<T>(static_cast<size_t>(n), rng));
-  for (int k = 0; k < 52; ++k)
-    tensors.push_back(random_values<T>(static_cast<size_t>(1 + 89 * k), rng));
+  for (int k = 0; k < 260; ++k)
+    tensors.push_back(random_values<T>(static_cast<size_t>(1 + 19 * k), rng));
   const double factor = 0.3712;
   std::vector<std::vector<T>> want = tensors;
   for (auto& t : want)

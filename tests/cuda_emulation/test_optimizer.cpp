@@ -9,8 +9,12 @@
 
 #include "kernels/cuda/optimizer.h"
 
+#include <utility>
+#include <vector>
+
 #include "emulation_test_util.h"
 #include "kernels/cpu/optimizer_steps.h"
+#include "kernels/cuda/chunk_plan.cuh"
 
 namespace loom::cuda_emulation::testing {
 namespace {
@@ -26,8 +30,8 @@ constexpr double ulps2() {
 template <typename T>
 void check_adamw(bool with_scale) {
   std::mt19937_64 rng(59);
-  std::uniform_int_distribution<int64_t> size(1, 3000);
-  const int count = 64;
+  std::uniform_int_distribution<int64_t> size(1, 600);
+  const int count = 272;  // more than one launch table's 256 tensors
   std::vector<std::vector<T>> params, grads, ms, vs;
   for (int i = 0; i < count; ++i) {
     const auto n = static_cast<size_t>(i == 0 ? 70000 : size(rng));  // one tensor of many chunks
@@ -111,6 +115,76 @@ TEST(EmulatedOptimizer, SgdInEveryOptionCombinationF32) {
   for_each_schedule([] { check_sgd_options<float>(); });
 }
 TEST(EmulatedOptimizer, SgdInEveryOptionCombinationF64) { check_sgd_options<double>(); }
+
+// Note [Multi-tensor launches]'s planner alone, on sizes no emulated kernel could take: the
+// blocks of all launches visit every chunk of every non-empty tensor once, in order; no
+// launch goes over either limit; a tensor cut by the block limit goes on as the next table's
+// first slot. Each launch is a list of (tensor, chunk) pairs.
+using PlannedLaunch = std::vector<std::pair<int, int32_t>>;
+std::vector<PlannedLaunch> plan_launches(const std::vector<int64_t>& sizes, int64_t chunk) {
+  auto plan = std::make_unique<gpu::ChunkPlan>();
+  int slot_tensor[gpu::kMaxChunkTensors];
+  std::vector<PlannedLaunch> launches;
+  gpu::for_each_chunk_plan(
+      *plan, static_cast<int>(sizes.size()), chunk,
+      [&](int k) { return sizes[static_cast<size_t>(k)]; },
+      [&](int slot, int k) { slot_tensor[slot] = k; },
+      [&](int blocks) {
+        EXPECT_LE(blocks, gpu::kMaxChunkBlocks);
+        PlannedLaunch launch;
+        for (int b = 0; b < blocks; ++b)
+          launch.emplace_back(slot_tensor[plan->block_tensor[b]], plan->block_chunk[b]);
+        launches.push_back(std::move(launch));
+      });
+  return launches;
+}
+
+void expect_every_chunk_once_in_order(const std::vector<int64_t>& sizes, int64_t chunk,
+                                      const std::vector<PlannedLaunch>& launches) {
+  PlannedLaunch want, got;
+  for (size_t k = 0; k < sizes.size(); ++k)
+    for (int64_t c = 0; c * chunk < sizes[k]; ++c)
+      want.emplace_back(static_cast<int>(k), static_cast<int32_t>(c));
+  for (const PlannedLaunch& launch : launches) got.insert(got.end(), launch.begin(), launch.end());
+  EXPECT_EQ(got, want);
+}
+
+TEST(ChunkPlan, CutsAtTheTensorLimitAndCarriesATensorOverTheBlockLimit) {
+  constexpr int64_t kChunk = 1000;
+  // 300 one-chunk tensors (an empty one among them), then one of kMaxChunkBlocks + 5 chunks.
+  std::vector<int64_t> sizes(300, 7);
+  sizes[10] = 0;
+  sizes.push_back(kChunk * (gpu::kMaxChunkBlocks + 5) - 1);
+  const std::vector<PlannedLaunch> launches = plan_launches(sizes, kChunk);
+  expect_every_chunk_once_in_order(sizes, kChunk, launches);
+  // The first table fills its 256 slots (tensors 0-256, the empty one skipped); the second
+  // takes the other 43 small tensors and the big one's first chunks up to the block limit;
+  // the third the big one's rest.
+  ASSERT_EQ(launches.size(), 3u);
+  EXPECT_EQ(launches[0].size(), static_cast<size_t>(gpu::kMaxChunkTensors));
+  EXPECT_EQ(launches[0].back().first, gpu::kMaxChunkTensors);
+  EXPECT_EQ(launches[1].size(), static_cast<size_t>(gpu::kMaxChunkBlocks));
+  EXPECT_EQ(launches[2].front(),
+            std::make_pair(300, static_cast<int32_t>(gpu::kMaxChunkBlocks - 43)));
+}
+
+// GPT-2 small's 148 parameters (124.4M elements) in 65,536-element chunks, as AdamW and the
+// gradient norm cut them: 1,995 chunks, one launch (issue 46's optimizer budget).
+TEST(ChunkPlan, Gpt2SmallsParametersTakeOneLaunch) {
+  std::vector<int64_t> sizes = {50257 * 768, 1024 * 768};  // wte, wpe
+  for (int layer = 0; layer < 12; ++layer) {
+    for (int64_t n : {768, 768, 768 * 2304, 2304, 768 * 768, 768, 768, 768, 768 * 3072, 3072,
+                      3072 * 768, 768})
+      sizes.push_back(n);
+  }
+  sizes.push_back(768);  // ln_f
+  sizes.push_back(768);
+  ASSERT_EQ(sizes.size(), 148u);
+  const std::vector<PlannedLaunch> launches = plan_launches(sizes, 65536);
+  expect_every_chunk_once_in_order(sizes, 65536, launches);
+  ASSERT_EQ(launches.size(), 1u);
+  EXPECT_EQ(launches[0].size(), 1995u);
+}
 
 }  // namespace
 }  // namespace loom::cuda_emulation::testing

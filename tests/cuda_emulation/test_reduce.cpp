@@ -118,8 +118,8 @@ TEST(EmulatedReduce, WholeBufferSumsBf16) { check_whole_sums<__nv_bfloat16>(); }
 TEST(EmulatedReduce, WholeBufferSumsF64) { check_whole_sums<double>(); }
 
 // Many tensors in a few launches, as the gradient norm takes them (more than one launch
-// table's 48 tensors, tensors of several 65,536-element chunks, empty and misaligned ones): each
-// tensor's sum
+// table's 256 tensors, tensors of several 65,536-element chunks, empty and misaligned ones):
+// each tensor's sum
 // is the CPU's double sum rounded once, with the same bits whether the tensors go in one call
 // or one at a time, under every schedule.
 template <typename T>
@@ -128,8 +128,8 @@ void check_multi_tensor_squares() {
   std::vector<std::vector<T>> tensors;
   for (int64_t n : {int64_t{0}, int64_t{1}, int64_t{65536}, int64_t{140001}})
     tensors.push_back(random_values<T>(static_cast<size_t>(n), rng));
-  for (int k = 0; k < 56; ++k)
-    tensors.push_back(random_values<T>(static_cast<size_t>(1 + 97 * k), rng));
+  for (int k = 0; k < 264; ++k)
+    tensors.push_back(random_values<T>(static_cast<size_t>(1 + 23 * k), rng));
   std::vector<gpu::TensorSpan> spans;
   for (const auto& t : tensors) spans.push_back({t.data(), static_cast<int64_t>(t.size())});
   spans.push_back({tensors[3].data() + 1, 70000});  // not 16-byte aligned: single loads

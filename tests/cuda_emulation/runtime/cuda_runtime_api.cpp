@@ -13,6 +13,7 @@
 #include <mutex>
 
 #include "emulator.h"
+#include "work_log.h"
 
 namespace loom::cuda_emulation {
 
@@ -102,12 +103,14 @@ cudaError_t CUDARTAPI cudaMemcpyAsync(void* dst, const void* src, size_t count,
                                       enum cudaMemcpyKind, cudaStream_t) {
   if (count > 0 && (dst == nullptr || src == nullptr)) return cudaErrorInvalidValue;
   if (count > 0) std::memmove(dst, src, count);
+  loom::cuda_emulation::record_work(loom::cuda_emulation::WorkKind::kCopy, "cudaMemcpyAsync");
   return loom::cuda_emulation::device_error();
 }
 
 cudaError_t CUDARTAPI cudaMemsetAsync(void* ptr, int value, size_t count, cudaStream_t) {
   if (count > 0 && ptr == nullptr) return cudaErrorInvalidValue;
   if (count > 0) std::memset(ptr, value, count);
+  loom::cuda_emulation::record_work(loom::cuda_emulation::WorkKind::kFill, "cudaMemsetAsync");
   return loom::cuda_emulation::device_error();
 }
 

@@ -1,6 +1,7 @@
 #include "emulator.h"
 
 #include "fiber_context.h"
+#include "work_log.h"
 
 #include <sys/mman.h>
 #include <unistd.h>
@@ -562,6 +563,7 @@ void run_grid(const LaunchConfig& config, const std::function<void()>& body) {
     emulated_last_error = cudaErrorInvalidValue;  // what a device says past the opt-in limit
     return;
   }
+  record_work(WorkKind::kKernel, config.name);
   Run r;
   r.config = config;
   r.body = &body;

@@ -92,6 +92,7 @@ void clear_device_error();
 
 struct LaunchConfig {
   const void* kernel;
+  const char* name;  // as written at the launch site (launch records carry it)
   dim3 grid;
   dim3 block;
   size_t shared_bytes;
@@ -122,11 +123,19 @@ class Launch {
   LaunchConfig config_;
 };
 
+// rewrite_kernel_source.cmake passes the kernel's name as written at the launch site; a
+// test's own kernels may go without one.
+template <typename... Params>
+Launch<Params...> launch(const char* name, void (*kernel)(Params...), dim3 grid, dim3 block,
+                         size_t shared_bytes = 0, cudaStream_t stream = nullptr) {
+  return Launch<Params...>(kernel, LaunchConfig{reinterpret_cast<const void*>(kernel), name, grid,
+                                                block, shared_bytes, stream});
+}
+
 template <typename... Params>
 Launch<Params...> launch(void (*kernel)(Params...), dim3 grid, dim3 block, size_t shared_bytes = 0,
                          cudaStream_t stream = nullptr) {
-  return Launch<Params...>(kernel, LaunchConfig{reinterpret_cast<const void*>(kernel), grid,
-                                                block, shared_bytes, stream});
+  return launch("kernel", kernel, grid, block, shared_bytes, stream);
 }
 
 }  // namespace loom::cuda_emulation

@@ -1,0 +1,52 @@
+#include "work_log.h"
+
+#include <stdexcept>
+
+namespace loom::cuda_emulation {
+namespace {
+
+std::mutex live_mutex;
+WorkLog* live = nullptr;
+
+}  // namespace
+
+WorkLog::WorkLog() {
+  std::lock_guard<std::mutex> lock(live_mutex);
+  if (live != nullptr) throw std::logic_error("a WorkLog already records the emulated device");
+  live = this;
+}
+
+WorkLog::~WorkLog() {
+  std::lock_guard<std::mutex> lock(live_mutex);
+  live = nullptr;
+}
+
+std::vector<Work> WorkLog::entries() const {
+  std::lock_guard<std::mutex> lock(mutex_);
+  return entries_;
+}
+
+void WorkLog::clear() {
+  std::lock_guard<std::mutex> lock(mutex_);
+  entries_.clear();
+}
+
+size_t WorkLog::launches() const {
+  std::lock_guard<std::mutex> lock(mutex_);
+  size_t n = 0;
+  for (const Work& w : entries_)
+    n += w.kind == WorkKind::kKernel || w.kind == WorkKind::kMatmul ? 1 : 0;
+  return n;
+}
+
+void WorkLog::add(WorkKind kind, const char* name) {
+  std::lock_guard<std::mutex> lock(mutex_);
+  entries_.push_back(Work{kind, name});
+}
+
+void record_work(WorkKind kind, const char* name) {
+  std::lock_guard<std::mutex> lock(live_mutex);
+  if (live != nullptr) live->add(kind, name);
+}
+
+}  // namespace loom::cuda_emulation

@@ -1,0 +1,174 @@
+// The whole tensor library on the emulated CUDA device (docs/cuda.md, "Kernel emulation"): a
+// small GPT-2 trains through Loom's CUDA code path (the ops' CUDA dispatch, the device runtime,
+// the caching allocator, every kernel rewritten for the emulator, the CUDA matmul answered by
+// the cuBLASLt stand-in), and the device's work is counted (runtime/work_log.h).
+//
+// What it establishes: the CUDA path as a whole computes what the CPU path computes (each
+// kernel's own tests compare it with its CPU twin; this compares whole training steps), and
+// a step's launches against issue 46's budgets: per layer (forward and backward), the
+// optimizer step's (gradient norm, clipping, AdamW) and the casts. The budgets met are asserted
+// as the issue states them; the per-layer one (25) is not met, so its test holds today's count
+// as a ceiling, and docs/cuda.md says what is left.
+
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <memory>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "nn/gpt.h"
+#include "optim/adamw.h"
+#include "optim/clip_grad.h"
+#include "runtime/work_log.h"
+#include "tensor/autocast.h"
+#include "tensor/ops.h"
+
+namespace loom {
+namespace {
+
+namespace emu = cuda_emulation;
+
+constexpr int64_t kBatch = 2, kTime = 16, kVocab = 64;
+
+nn::GPTConfig tiny_gpt(int layers) {
+  nn::GPTConfig c;
+  c.vocab_size = kVocab;
+  c.context = kTime;
+  c.layers = layers;
+  c.heads = 2;
+  c.embd = 32;
+  return c;
+}
+
+Tensor random_tokens(uint64_t seed) {
+  std::mt19937_64 rng(seed);
+  std::uniform_int_distribution<int64_t> token(0, kVocab - 1);
+  std::vector<int64_t> values(kBatch * kTime);
+  for (int64_t& v : values)
+    v = token(rng);
+  return Tensor::from_vector(values, {kBatch, kTime});
+}
+
+// What one training step did.
+struct Step {
+  double loss = 0, grad_norm = 0;
+  size_t forward_backward_launches = 0, optimizer_launches = 0;
+  size_t casts = 0, matmuls = 0;  // launches of the forward and backward
+  size_t cached_weights = 0;      // autocast's weight casts (bf16-mixed)
+};
+
+size_t count_named(const std::vector<emu::Work>& work, const std::string& prefix) {
+  return static_cast<size_t>(std::count_if(work.begin(), work.end(), [&](const emu::Work& w) {
+    return w.name.compare(0, prefix.size(), prefix) == 0;
+  }));
+}
+
+// A GPT-2 and its AdamW on one device, stepped as train_gpt steps them: under bf16-mixed,
+// autocast and a WeightCastScope over the forward and backward; gradients clipped to norm 1.
+class Trainer {
+ public:
+  Trainer(int layers, Device device, bool bf16_mixed)
+      : model_(tiny_gpt(layers), 7), bf16_mixed_(bf16_mixed) {
+    model_.to(device);
+    optimizer_ = std::make_unique<optim::AdamW>(model_.parameters());
+    device_ = device;
+  }
+
+  Step step(uint64_t data_seed) {
+    const Tensor tokens = random_tokens(data_seed).to(device_);
+    const Tensor targets = random_tokens(data_seed + 1).to(device_);
+    Step s;
+    emu::WorkLog log;
+    {
+      std::unique_ptr<AutocastGuard> autocast;
+      std::unique_ptr<WeightCastScope> weights;
+      if (bf16_mixed_) {
+        autocast = std::make_unique<AutocastGuard>(DType::BF16);
+        weights = std::make_unique<WeightCastScope>(model_.parameters());
+      }
+      Tensor loss = model_.loss(tokens, targets);
+      loss.backward();
+      s.loss = loss.item();
+      if (weights) s.cached_weights = weights->cached_casts();
+    }
+    const std::vector<emu::Work> forward_backward = log.entries();
+    s.forward_backward_launches = log.launches();
+    s.casts = count_named(forward_backward, "convert");
+    s.matmuls = count_named(forward_backward, "cublasLtMatmul");
+    log.clear();
+    s.grad_norm = optim::clip_grad_norm(model_.parameters(), 1.0);
+    optimizer_->step();
+    optimizer_->zero_grad();
+    s.optimizer_launches = log.launches();
+    return s;
+  }
+
+ private:
+  nn::GPT model_;
+  bool bf16_mixed_;
+  Device device_ = Device::cpu();
+  std::unique_ptr<optim::AdamW> optimizer_;
+};
+
+// Four steps from the same weights and data on the CPU and on the emulated device: the losses
+// and gradient norms agree to the kernels' summation orders (f32: the stand-in sums each
+// product in order, the CPU's GEMM in blocks) and, under bf16-mixed, to bf16's rounding of
+// the values those orders move across a rounding boundary. Measured 2026-12-06, relative:
+// f32 losses equal, norms within 1.3e-8; bf16-mixed losses within 3.1e-5, norms 4.1e-4.
+void expect_the_cpu_s_training(bool bf16_mixed, double tolerance) {
+  Trainer cpu(2, Device::cpu(), bf16_mixed), cuda(2, Device::cuda(0), bf16_mixed);
+  for (uint64_t step = 0; step < 4; ++step) {
+    SCOPED_TRACE("step " + std::to_string(step));
+    const Step want = cpu.step(10 * step), got = cuda.step(10 * step);
+    EXPECT_TRUE(std::isfinite(got.loss));
+    EXPECT_NEAR(got.loss, want.loss, tolerance * std::abs(want.loss));
+    EXPECT_NEAR(got.grad_norm, want.grad_norm, tolerance * std::abs(want.grad_norm));
+  }
+}
+
+TEST(EmulatedTraining, F32StepsOnTheCudaPathFollowTheCpu) {
+  expect_the_cpu_s_training(false, 1e-6);
+}
+
+TEST(EmulatedTraining, Bf16MixedStepsOnTheCudaPathFollowTheCpu) {
+  expect_the_cpu_s_training(true, 2e-3);
+}
+
+// The second step of a model of `layers` blocks (the first builds the matmul plans and the
+// optimizer's state).
+Step steady_bf16_step(int layers) {
+  Trainer trainer(layers, Device::cuda(0), /*bf16_mixed=*/true);
+  trainer.step(1);
+  return trainer.step(2);
+}
+
+// Per layer, forward and backward: 12 matmuls (4 products forward, each one's two gradients
+// backward); 17 casts: 8 parameters (4 weights, 4 biases) cast once for the step, their 8
+// bf16 gradients widened once, and one activation (the MLP branch's gradient: docs/cuda.md).
+// Issue 46's budget is 25 launches per layer; 47 are left, held here as a ceiling.
+TEST(EmulatedTraining, ABf16MixedLayerTakes47LaunchesAndCastsEachWeightOnce) {
+  const Step one = steady_bf16_step(1), two = steady_bf16_step(2);
+  EXPECT_EQ(two.matmuls - one.matmuls, 12u);
+  EXPECT_EQ(two.cached_weights - one.cached_weights, 8u);
+  EXPECT_EQ(two.casts - one.casts, 2 * 8u + 1);
+  // The whole step: every weight cast once and its gradient widened once, except the tied
+  // output head's (widened in its add to the embedding's gradient), one activation per block.
+  for (const auto& [layers, step] : {std::pair{1, one}, std::pair{2, two}})
+    EXPECT_EQ(step.casts, 2 * step.cached_weights - 1 + static_cast<size_t>(layers));
+  EXPECT_LE(two.forward_backward_launches - one.forward_backward_launches, 47u);
+}
+
+// GPT-2 small's 148 parameter tensors (12 layers; narrow, so that the emulation is quick):
+// the gradient norm (one pass over every gradient, one to finish the per-tensor sums), the
+// clipping and AdamW, one launch each, within issue 46's budget of 5 for the optimizer step.
+TEST(EmulatedTraining, TheOptimizerStepOfGpt2SmallsTensorsTakesFourLaunches) {
+  const Step step = steady_bf16_step(12);
+  EXPECT_EQ(step.optimizer_launches, 4u);
+  EXPECT_LE(step.optimizer_launches, 5u);
+}
+
+}  // namespace
+}  // namespace loom
