@@ -129,11 +129,11 @@ void expect_the_cpu_s_training(bool bf16_mixed, double tolerance) {
   }
 }
 
-TEST(EmulatedTraining, F32StepsOnTheCudaPathFollowTheCpu) {
+TEST(CudaTraining, F32StepsOnTheCudaPathFollowTheCpu) {
   expect_the_cpu_s_training(false, 1e-6);
 }
 
-TEST(EmulatedTraining, Bf16MixedStepsOnTheCudaPathFollowTheCpu) {
+TEST(CudaTraining, Bf16MixedStepsOnTheCudaPathFollowTheCpu) {
   expect_the_cpu_s_training(true, 2e-3);
 }
 
@@ -149,7 +149,7 @@ Step steady_bf16_step(int layers) {
 // backward); 17 casts: 8 parameters (4 weights, 4 biases) cast once for the step, their 8
 // bf16 gradients widened once, and one activation (the MLP branch's gradient: docs/cuda.md).
 // Issue 46's budget is 25 launches per layer; 47 are left, held here as a ceiling.
-TEST(EmulatedTraining, ABf16MixedLayerTakes47LaunchesAndCastsEachWeightOnce) {
+TEST(CudaTraining, ABf16MixedLayerTakes47LaunchesAndCastsEachWeightOnce) {
   const Step one = steady_bf16_step(1), two = steady_bf16_step(2);
   EXPECT_EQ(two.matmuls - one.matmuls, 12u);
   EXPECT_EQ(two.cached_weights - one.cached_weights, 8u);
@@ -164,7 +164,7 @@ TEST(EmulatedTraining, ABf16MixedLayerTakes47LaunchesAndCastsEachWeightOnce) {
 // GPT-2 small's 148 parameter tensors (12 layers; narrow, so that the emulation is quick):
 // the gradient norm (one pass over every gradient, one to finish the per-tensor sums), the
 // clipping and AdamW, one launch each, within issue 46's budget of 5 for the optimizer step.
-TEST(EmulatedTraining, TheOptimizerStepOfGpt2SmallsTensorsTakesFourLaunches) {
+TEST(CudaTraining, TheOptimizerStepOfGpt2SmallsTensorsTakesFourLaunches) {
   const Step step = steady_bf16_step(12);
   EXPECT_EQ(step.optimizer_launches, 4u);
   EXPECT_LE(step.optimizer_launches, 5u);
