@@ -22,6 +22,12 @@ set(CMAKE_CUDA_STANDARD 20)
 set(CMAKE_CUDA_STANDARD_REQUIRED ON)
 set(CMAKE_CUDA_EXTENSIONS OFF)
 find_package(CUDAToolkit REQUIRED)
+# The multi-tensor kernels take up to 32,764 bytes of parameters (kernels/cuda/chunk_plan.cuh),
+# which CUDA allows from 12.1 on.
+if(CUDAToolkit_VERSION VERSION_LESS 12.1)
+  message(FATAL_ERROR "Loom's CUDA kernels need CUDA 12.1 or newer (found ${CUDAToolkit_VERSION}): "
+                      "install a newer toolkit, or configure with -DLOOM_WITH_CUDA=OFF")
+endif()
 message(STATUS "Loom: CUDA ${CUDAToolkit_VERSION}, architectures ${CMAKE_CUDA_ARCHITECTURES}")
 
 # NCCL: the CUDA toolkit's copy, a system one, or NCCL_ROOT (for instance the
