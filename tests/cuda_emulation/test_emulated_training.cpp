@@ -1,7 +1,7 @@
 // The whole tensor library on the emulated CUDA device (docs/cuda.md, "Kernel emulation"): a
-// small GPT-2 trains through Loom's CUDA code path (the ops' CUDA dispatch, the device runtime,
-// the caching allocator, every kernel rewritten for the emulator, the CUDA matmul answered by
-// the cuBLASLt stand-in), and the device's work is counted (runtime/work_log.h).
+// small GPT-2 and a small Llama train through Loom's CUDA code path (the ops' CUDA dispatch, the
+// device runtime, the caching allocator, every kernel rewritten for the emulator, the CUDA matmul
+// answered by the cuBLASLt stand-in), and the device's work is counted (runtime/work_log.h).
 //
 // What it establishes: the CUDA path as a whole computes what the CPU path computes (each
 // kernel's own tests compare it with its CPU twin; this compares whole training steps), and
@@ -20,6 +20,7 @@
 #include <vector>
 
 #include "nn/gpt.h"
+#include "nn/llama.h"
 #include "optim/adamw.h"
 #include "optim/clip_grad.h"
 #include "runtime/work_log.h"
@@ -33,15 +34,30 @@ namespace emu = cuda_emulation;
 
 constexpr int64_t kBatch = 2, kTime = 16, kVocab = 64;
 
-nn::GPTConfig tiny_gpt(int layers) {
+std::unique_ptr<nn::CausalLM> tiny_gpt(int layers) {
   nn::GPTConfig c;
   c.vocab_size = kVocab;
   c.context = kTime;
   c.layers = layers;
   c.heads = 2;
   c.embd = 32;
-  return c;
+  return std::make_unique<nn::GPT>(c, 7);
 }
+
+// Grouped-query attention (4 query heads, 2 key/value heads), SwiGLU, rotary positions.
+std::unique_ptr<nn::CausalLM> tiny_llama(int layers) {
+  nn::LlamaConfig c;
+  c.vocab_size = kVocab;
+  c.context = kTime;
+  c.layers = layers;
+  c.heads = 4;
+  c.kv_heads = 2;
+  c.hidden = 32;
+  c.intermediate = 48;
+  return std::make_unique<nn::Llama>(c, 7);
+}
+
+using ModelMaker = std::unique_ptr<nn::CausalLM> (*)(int layers);
 
 Tensor random_tokens(uint64_t seed) {
   std::mt19937_64 rng(seed);
@@ -66,15 +82,14 @@ size_t count_named(const std::vector<emu::Work>& work, const std::string& prefix
   }));
 }
 
-// A GPT-2 and its AdamW on one device, stepped as train_gpt steps them: under bf16-mixed,
+// A model and its AdamW on one device, stepped as train_gpt steps them: under bf16-mixed,
 // autocast and a WeightCastScope over the forward and backward; gradients clipped to norm 1.
 class Trainer {
  public:
-  Trainer(int layers, Device device, bool bf16_mixed)
-      : model_(tiny_gpt(layers), 7), bf16_mixed_(bf16_mixed) {
-    model_.to(device);
-    optimizer_ = std::make_unique<optim::AdamW>(model_.parameters());
-    device_ = device;
+  Trainer(ModelMaker make, int layers, Device device, bool bf16_mixed)
+      : model_(make(layers)), bf16_mixed_(bf16_mixed), device_(device) {
+    model_->to(device);
+    optimizer_ = std::make_unique<optim::AdamW>(model_->parameters());
   }
 
   Step step(uint64_t data_seed) {
@@ -87,9 +102,9 @@ class Trainer {
       std::unique_ptr<WeightCastScope> weights;
       if (bf16_mixed_) {
         autocast = std::make_unique<AutocastGuard>(DType::BF16);
-        weights = std::make_unique<WeightCastScope>(model_.parameters());
+        weights = std::make_unique<WeightCastScope>(model_->parameters());
       }
-      Tensor loss = model_.loss(tokens, targets);
+      Tensor loss = model_->loss(tokens, targets);
       loss.backward();
       s.loss = loss.item();
       if (weights) s.cached_weights = weights->cached_casts();
@@ -99,7 +114,7 @@ class Trainer {
     s.casts = count_named(forward_backward, "convert");
     s.matmuls = count_named(forward_backward, "cublasLtMatmul");
     log.clear();
-    s.grad_norm = optim::clip_grad_norm(model_.parameters(), 1.0);
+    s.grad_norm = optim::clip_grad_norm(model_->parameters(), 1.0);
     optimizer_->step();
     optimizer_->zero_grad();
     s.optimizer_launches = log.launches();
@@ -107,9 +122,9 @@ class Trainer {
   }
 
  private:
-  nn::GPT model_;
+  std::unique_ptr<nn::CausalLM> model_;
   bool bf16_mixed_;
-  Device device_ = Device::cpu();
+  Device device_;
   std::unique_ptr<optim::AdamW> optimizer_;
 };
 
@@ -117,9 +132,10 @@ class Trainer {
 // and gradient norms agree to the kernels' summation orders (f32: the stand-in sums each
 // product in order, the CPU's GEMM in blocks) and, under bf16-mixed, to bf16's rounding of
 // the values those orders move across a rounding boundary. Measured 2026-12-06, relative:
-// f32 losses equal, norms within 1.3e-8; bf16-mixed losses within 3.1e-5, norms 4.1e-4.
-void expect_the_cpu_s_training(bool bf16_mixed, double tolerance) {
-  Trainer cpu(2, Device::cpu(), bf16_mixed), cuda(2, Device::cuda(0), bf16_mixed);
+// f32 losses equal, norms within 1.3e-8 (GPT-2) and 2.2e-8 (Llama); bf16-mixed losses within
+// 3.1e-5 and 9e-6, norms 4.1e-4 and 1.4e-4.
+void expect_the_cpu_s_training(ModelMaker make, bool bf16_mixed, double tolerance) {
+  Trainer cpu(make, 2, Device::cpu(), bf16_mixed), cuda(make, 2, Device::cuda(0), bf16_mixed);
   for (uint64_t step = 0; step < 4; ++step) {
     SCOPED_TRACE("step " + std::to_string(step));
     const Step want = cpu.step(10 * step), got = cuda.step(10 * step);
@@ -129,18 +145,26 @@ void expect_the_cpu_s_training(bool bf16_mixed, double tolerance) {
   }
 }
 
-TEST(CudaTraining, F32StepsOnTheCudaPathFollowTheCpu) {
-  expect_the_cpu_s_training(false, 1e-6);
+TEST(CudaTraining, F32Gpt2StepsOnTheCudaPathFollowTheCpu) {
+  expect_the_cpu_s_training(tiny_gpt, false, 1e-6);
 }
 
-TEST(CudaTraining, Bf16MixedStepsOnTheCudaPathFollowTheCpu) {
-  expect_the_cpu_s_training(true, 2e-3);
+TEST(CudaTraining, Bf16MixedGpt2StepsOnTheCudaPathFollowTheCpu) {
+  expect_the_cpu_s_training(tiny_gpt, true, 2e-3);
+}
+
+TEST(CudaTraining, F32LlamaStepsOnTheCudaPathFollowTheCpu) {
+  expect_the_cpu_s_training(tiny_llama, false, 1e-6);
+}
+
+TEST(CudaTraining, Bf16MixedLlamaStepsOnTheCudaPathFollowTheCpu) {
+  expect_the_cpu_s_training(tiny_llama, true, 2e-3);
 }
 
 // The second step of a model of `layers` blocks (the first builds the matmul plans and the
 // optimizer's state).
-Step steady_bf16_step(int layers) {
-  Trainer trainer(layers, Device::cuda(0), /*bf16_mixed=*/true);
+Step steady_bf16_step(int layers, ModelMaker make = tiny_gpt) {
+  Trainer trainer(make, layers, Device::cuda(0), /*bf16_mixed=*/true);
   trainer.step(1);
   return trainer.step(2);
 }
