@@ -1,6 +1,8 @@
 #include "tensor/autocast.h"
 
 #include <map>
+#include <memory>
+#include <vector>
 
 #include "tensor/autograd/node.h"
 #include "tensor/meta.h"
@@ -25,6 +27,11 @@ namespace loom {
 // AccumulateGrad, which widens it while adding (add_ of f32 and bf16 in one pass), so a
 // micro-batch after the first costs one pass per weight gradient instead of a cast and an add;
 // the values are those of casting first, since widening is exact.
+//
+// With a WeightCastPlan, the first cast of a scope casts every view the plan holds (the previous
+// step's casts) in one launch (detail::cast_each: the bits of casting each alone), and the
+// scope's end leaves its casts in the plan. A transposed view is cast through its contiguous
+// transpose, as cast_in_layout casts it.
 struct WeightCastScope::State {
   struct Key {
     const Storage* storage;
@@ -33,8 +40,13 @@ struct WeightCastScope::State {
     DType dtype;
     auto operator<=>(const Key&) const = default;
   };
-  std::map<const Storage*, std::shared_ptr<Storage>> parameters;  // held: addresses stay theirs
+  std::map<const Storage*, Tensor> parameters;  // held: addresses stay theirs
   std::map<Key, Tensor> casts;
+  WeightCastPlan* plan = nullptr;
+  bool plan_cast = false;  // the plan's views were cast (at the scope's first cast)
+
+  // The plan's views of this scope's parameters in `low`, cast together into the cache.
+  void cast_the_plan(DType low);
 };
 
 namespace {
@@ -54,6 +66,7 @@ thread_local WeightCastScope::State* active_cache = nullptr;
 Tensor cached_cast(const Tensor& x, DType low) {
   WeightCastScope::State* cache = active_cache;
   if (cache == nullptr || !cache->parameters.count(x.storage().get())) return Tensor();
+  if (cache->plan != nullptr && !cache->plan_cast) cache->cast_the_plan(low);
   const WeightCastScope::State::Key key{x.storage().get(), x.offset(), x.shape(), x.strides(),
                                         low};
   auto it = cache->casts.find(key);
@@ -75,17 +88,62 @@ Tensor cached_cast(const Tensor& x, DType low) {
 }
 }  // namespace
 
-WeightCastScope::WeightCastScope(const std::vector<Tensor>& parameters)
+// A view is skipped when its parameter is not this scope's or its storage is too small for it
+// (the parameter changed shape), or when it is neither contiguous nor a transposed matrix: it
+// is cast at its first use, as without a plan.
+void WeightCastScope::State::cast_the_plan(DType low) {
+  plan_cast = true;
+  std::vector<Key> keys;
+  std::vector<Tensor> sources;
+  std::vector<bool> transposed;
+  for (const WeightCastPlan::View& v : plan->views_) {
+    const std::shared_ptr<Storage> storage = v.storage.lock();
+    if (!storage || v.dtype != low) continue;
+    auto parameter = parameters.find(storage.get());
+    if (parameter == parameters.end()) continue;
+    int64_t last = v.offset;  // the view's last element
+    for (size_t d = 0; d < v.shape.size(); ++d)
+      last += (v.shape[d] - 1) * v.strides[d];
+    if (numel_of(v.shape) == 0 || v.offset < 0 ||
+        static_cast<size_t>(last + 1) * dtype_size(DType::F32) > storage->nbytes())
+      continue;
+    const Tensor view = Tensor::make_view(parameter->second, v.shape, v.strides, v.offset);
+    const bool is_transposed = detail::is_transposed_matrix(view);
+    const Tensor source = is_transposed ? transpose(view, 0, 1) : view;
+    if (!source.is_contiguous()) continue;
+    keys.push_back({storage.get(), v.offset, v.shape, v.strides, low});
+    sources.push_back(source);
+    transposed.push_back(is_transposed);
+  }
+  NoGradGuard no_grad;
+  const std::vector<Tensor> cast = detail::cast_each(sources, low);
+  for (size_t i = 0; i < keys.size(); ++i)
+    casts.emplace(keys[i], transposed[i] ? transpose(cast[i], 0, 1) : cast[i]);
+}
+
+WeightCastScope::WeightCastScope(const std::vector<Tensor>& parameters, WeightCastPlan* plan)
     : state_(std::make_unique<State>()), previous_(active_cache) {
   for (const Tensor& p : parameters) {
     if (!p.defined() || p.dtype() != DType::F32) continue;
-    state_->parameters.emplace(p.storage().get(), p.storage());
+    state_->parameters.emplace(p.storage().get(), p);
   }
+  state_->plan = plan;
   active_cache = state_.get();
 }
 
 WeightCastScope::~WeightCastScope() {
   active_cache = previous_;
+  if (state_->plan == nullptr) return;
+  try {
+    std::vector<WeightCastPlan::View> views;
+    for (const auto& [key, cast] : state_->casts) {
+      const Tensor& parameter = state_->parameters.at(key.storage);
+      views.push_back({parameter.storage(), key.offset, key.shape, key.strides, key.dtype});
+    }
+    state_->plan->views_ = std::move(views);
+  } catch (...) {  // out of memory: the next scope casts at first use, as without a plan
+    state_->plan->views_.clear();
+  }
 }
 
 size_t WeightCastScope::cached_casts() const {

@@ -43,6 +43,28 @@ class AutocastGuard {
 // The active autocast dtype (F32 when off).
 DType autocast_dtype();
 
+// What a step's WeightCastScope cast, kept by the caller for the next step's scope: given
+// one, a scope casts every weight view the previous step cast in one launch at its first
+// cast (kernels::cuda::multi_tensor_cast; the CPU casts them one after another), instead of
+// one launch per weight as each is first used. Views whose parameter is no longer in the
+// scope, or that are neither contiguous nor a transposed contiguous matrix, are cast at
+// first use as before. Holds no memory of the parameters (their storages weakly).
+class WeightCastPlan {
+ public:
+  // Weight views cast by the last scope that kept its casts here.
+  size_t size() const { return views_.size(); }
+
+ private:
+  friend class WeightCastScope;
+  struct View {
+    std::weak_ptr<Storage> storage;
+    int64_t offset;
+    Shape shape, strides;
+    DType dtype;
+  };
+  std::vector<View> views_;
+};
+
 // Autocast's weight cache, over a scope the caller chooses (Note [Autocast's weight cache] in
 // autocast.cpp). Inside it, on this thread, autocast casts each of `parameters` (or a view of
 // one, such as a transposed weight) to the low dtype once and reuses that cast for every later
@@ -51,11 +73,12 @@ DType autocast_dtype();
 // use records its own cast node). The caller promises that the parameters' values do not change
 // inside the scope: a step's micro-batches, ended before the optimizer step. The cast weights
 // stay allocated until the scope ends (2 bytes per cached parameter element). Only where
-// autocast casts (CUDA; bf16 on the CPU), not where it rounds through the low dtype.
-// Scopes nest; the innermost is the one in effect.
+// autocast casts (CUDA; bf16 on the CPU), not where it rounds through the low dtype. With a
+// `plan`, the scope casts what the plan holds at its first cast and leaves in the plan what
+// it cast, for the next step's scope. Scopes nest; the innermost is the one in effect.
 class WeightCastScope {
  public:
-  explicit WeightCastScope(const std::vector<Tensor>& parameters);
+  explicit WeightCastScope(const std::vector<Tensor>& parameters, WeightCastPlan* plan = nullptr);
   ~WeightCastScope();
   WeightCastScope(const WeightCastScope&) = delete;
   WeightCastScope& operator=(const WeightCastScope&) = delete;

@@ -16,6 +16,7 @@
 #include <functional>
 #include <memory>
 #include <string>
+#include <vector>
 
 #include "nn/gpt.h"
 #include "nn/llama.h"
@@ -106,6 +107,77 @@ TEST(AutocastPasses, ALlamaStepCastsEachWeightOnceAndOneActivationPerBlock) {
   c.intermediate = 24;
   c.options.device = Device::meta();
   expect_the_budget([c] { return std::make_unique<nn::Llama>(c, 0); }, 0, 1, 2);
+}
+
+// With a WeightCastPlan (train_gpt keeps one), a step's scope casts every weight the step before
+// cast in one op at its first cast (one launch on CUDA), and keeps the same cache.
+TEST(AutocastPasses, AStepWithThePreviousStepsPlanCastsItsWeightsInOneOp) {
+  nn::GPTConfig c;
+  c.vocab_size = 64;
+  c.context = 8;
+  c.layers = 2;
+  c.heads = 2;
+  c.embd = 16;
+  c.options.device = Device::meta();
+  nn::GPT model(c, 0);
+  const Tensor tokens = Tensor::zeros({kBatch, kTime}, DType::I64, Device::meta());
+  WeightCastPlan plan;
+  MetaCudaPathScope cuda;
+  AutocastGuard autocast(DType::BF16);
+  size_t cached[2] = {0, 0};
+  for (int step = 0; step < 2; ++step) {
+    for (const Tensor& p : model.parameters())
+      p.set_grad(Tensor());  // as the optimizer's zero_grad leaves them
+    CastCounts counts;
+    {
+      MetaCostScope scope(counts);
+      WeightCastScope weights(model.parameters(), &plan);
+      model.loss(tokens, tokens).backward();
+      cached[step] = weights.cached_casts();
+    }
+    const auto weights = static_cast<int64_t>(cached[step]);
+    // The first step casts each weight alone; the second all of them in one op. Each widens
+    // every weight's gradient but the tied head's, alone.
+    EXPECT_EQ(counts.parameters, (step == 0 ? weights : 1) + weights - 1) << "step " << step;
+    EXPECT_EQ(plan.size(), cached[step]);
+  }
+  EXPECT_EQ(cached[1], cached[0]);
+}
+
+// On the CPU (which casts the plan's weights one after another) the bits of casting each at
+// its first use: losses and every gradient.
+TEST(AutocastPasses, CastingAPlansWeightsTogetherKeepsTheBitsOnTheCpu) {
+  nn::GPTConfig c;
+  c.vocab_size = 64;
+  c.context = 8;
+  c.layers = 2;
+  c.heads = 2;
+  c.embd = 16;
+  nn::GPT planned(c, 3), alone(c, 3);
+  std::vector<int64_t> values(kBatch * kTime);
+  for (size_t i = 0; i < values.size(); ++i)
+    values[i] = static_cast<int64_t>(i * 7 % 64);
+  const Tensor tokens = Tensor::from_vector(values, {kBatch, kTime});
+  WeightCastPlan plan;
+  AutocastGuard autocast(DType::BF16);
+  for (int step = 0; step < 2; ++step) {
+    SCOPED_TRACE("step " + std::to_string(step));
+    double losses[2];
+    for (nn::GPT* model : {&planned, &alone}) {
+      for (Tensor& p : model->parameters())
+        p.set_grad(Tensor());
+      WeightCastScope weights(model->parameters(), model == &planned ? &plan : nullptr);
+      const Tensor loss = model->loss(tokens, tokens);
+      loss.backward();
+      losses[model == &planned ? 0 : 1] = loss.item();
+    }
+    EXPECT_EQ(losses[0], losses[1]);
+    const std::vector<Tensor> a = planned.parameters(), b = alone.parameters();
+    for (size_t i = 0; i < a.size(); ++i)
+      EXPECT_EQ(a[i].grad().to_vector<float>(), b[i].grad().to_vector<float>())
+          << "parameter " << i;
+  }
+  EXPECT_GT(plan.size(), 0u);
 }
 
 }  // namespace

@@ -532,6 +532,58 @@ __global__ void __launch_bounds__(kScaleThreads)
     x[i] = narrow<T>(scale(widen(x[i])));
 }
 
+constexpr int64_t kCastChunk = 65536;  // a multiple of 8
+
+struct CastTable {
+  const void* src[kMaxChunkTensors];
+  void* dst[kMaxChunkTensors];
+  int64_t n[kMaxChunkTensors];
+  ChunkPlan plan;
+};
+static_assert(sizeof(CastTable) <= kMaxKernelParameterBytes);
+
+// Each block converts one chunk of one tensor, as convert_vec8_kernel converts it: 8 elements
+// per step where both sides of the chunk are aligned, then single elements.
+template <typename Src, typename Dst>
+__global__ void __launch_bounds__(kScaleThreads)
+    multi_cast_kernel(const __grid_constant__ CastTable table) {
+  const int t = table.plan.block_tensor[blockIdx.x];
+  const int64_t start = static_cast<int64_t>(table.plan.block_chunk[blockIdx.x]) * kCastChunk;
+  const int64_t len = table.n[t] - start < kCastChunk ? table.n[t] - start : kCastChunk;
+  const Src* src = static_cast<const Src*>(table.src[t]) + start;
+  Dst* dst = static_cast<Dst*>(table.dst[t]) + start;
+  const bool aligned = reinterpret_cast<uintptr_t>(src) % sizeof(Vec8<Src>) == 0 &&
+                       reinterpret_cast<uintptr_t>(dst) % sizeof(Vec8<Dst>) == 0;
+  const int64_t vectors = aligned ? len / 8 : 0;
+  for (int64_t v = threadIdx.x; v < vectors; v += blockDim.x) {
+    const Vec8<Src> in = reinterpret_cast<const Vec8<Src>*>(src)[v];
+    Vec8<Dst> out;
+#pragma unroll
+    for (int j = 0; j < 8; ++j)
+      out.v[j] = convert_value<Src, Dst>(in.v[j]);
+    reinterpret_cast<Vec8<Dst>*>(dst)[v] = out;
+  }
+  for (int64_t i = vectors * 8 + threadIdx.x; i < len; i += blockDim.x)
+    dst[i] = convert_value<Src, Dst>(src[i]);
+}
+
+template <typename Src, typename Dst>
+void launch_multi_cast(const void* const* src, void* const* dst, const int64_t* sizes, int count,
+                       cudaStream_t stream) {
+  CastTable table;
+  for_each_chunk_plan(
+      table.plan, count, kCastChunk, [&](int k) { return sizes[k]; },
+      [&](int slot, int k) {
+        table.src[slot] = src[k];
+        table.dst[slot] = dst[k];
+        table.n[slot] = sizes[k];
+      },
+      [&](int blocks) {
+        multi_cast_kernel<Src, Dst><<<blocks, kScaleThreads, 0, stream>>>(table);
+        LOOM_CUDA_CHECK_LAUNCH();
+      });
+}
+
 }  // namespace
 
 // ---------------------------------------------------------------------------------------------
@@ -633,6 +685,28 @@ void multi_tensor_scale(DType dtype, void* const* tensors, const int64_t* sizes,
           LOOM_CUDA_CHECK_LAUNCH();
         });
   });
+}
+
+void multi_tensor_cast(DType src_dtype, DType dst_dtype, const void* const* src,
+                       void* const* dst, const int64_t* sizes, int count, cudaStream_t stream) {
+  if (count < 0) fail("multi_tensor_cast: negative tensor count ", count);
+  if (count > 0 && (src == nullptr || dst == nullptr || sizes == nullptr))
+    fail("multi_tensor_cast: src, dst and sizes must not be null for ", count, " tensors");
+  for (int k = 0; k < count; ++k) {
+    if (sizes[k] < 0) fail("multi_tensor_cast: tensor #", k, " has a negative size ", sizes[k]);
+    if (sizes[k] > 0 && (src[k] == nullptr || dst[k] == nullptr))
+      fail("multi_tensor_cast: tensor #", k, " (", sizes[k], " elements) is null");
+    if (ceil_div(sizes[k], kCastChunk) > INT32_MAX)
+      fail("multi_tensor_cast: tensor #", k, " has too many elements (", sizes[k], ")");
+  }
+  if (src_dtype == DType::F32 && dst_dtype == DType::BF16) {
+    launch_multi_cast<float, __nv_bfloat16>(src, dst, sizes, count, stream);
+  } else if (src_dtype == DType::F32 && dst_dtype == DType::F16) {
+    launch_multi_cast<float, __half>(src, dst, sizes, count, stream);
+  } else {
+    fail("multi_tensor_cast: converts f32 to bf16 or f16, got ", dtype_name(src_dtype), " to ",
+         dtype_name(dst_dtype));
+  }
 }
 
 void gelu_forward(DType dtype, const void* x, void* y, int64_t n, cudaStream_t stream) {

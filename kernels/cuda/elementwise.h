@@ -44,11 +44,18 @@ void add_scalar(DType dtype, const void* a, double value, void* out, int64_t n,
 void scale(DType dtype, const void* a, double factor, void* out, int64_t n,
            cudaStream_t stream);  // out = a * factor (out may equal a)
 // tensors[k][i] *= factor for `count` device buffers of sizes[k] elements of `dtype`, each
-// element as scale_inplace computes it, in one launch per 48 tensors or 320 chunks of 65,536
+// element as scale_inplace computes it, in one launch per 256 tensors or 2,560 chunks of 65,536
 // elements (Note [Multi-tensor launches] in chunk_plan.cuh): gradient clipping's scaling.
 // `tensors` and `sizes` are host memory, read during the call only.
 void multi_tensor_scale(DType dtype, void* const* tensors, const int64_t* sizes, int count,
                         double factor, cudaStream_t stream);
+
+// dst[k] = src[k] converted, for `count` contiguous tensors of sizes[k] elements: f32 to bf16
+// or f16, every element as copy_strided converts it, in one launch per 256 tensors or 2,560
+// chunks of 65,536 elements (Note [Multi-tensor launches]): autocast's weight casts of a step
+// (tensor/autocast.cpp). `src`, `dst` and `sizes` are host memory, read during the call only.
+void multi_tensor_cast(DType src_dtype, DType dst_dtype, const void* const* src,
+                       void* const* dst, const int64_t* sizes, int count, cudaStream_t stream);
 
 // GELU, tanh approximation, as kernels/cpu: y = 0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3))).
 // The CPU's f32 path uses a polynomial tanh (relative error ~2e-7); this one uses tanhf, so f32

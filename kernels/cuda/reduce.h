@@ -57,7 +57,7 @@ struct TensorSpan {
 size_t multi_tensor_squares_workspace_bytes(const TensorSpan* tensors, int count);
 
 // squares[k] (float, device; `count` of them) = sum of x^2 over tensors[k] (all of `dtype`),
-// for every tensor in two launches per 48 tensors or 320 chunks rather than two per tensor
+// for every tensor in two launches per 256 tensors or 2,560 chunks rather than two per tensor
 // (Note [Multi-tensor launches] in chunk_plan.cuh): each chunk of 65,536 elements summed in
 // double by one block in a fixed tree, a tensor's chunk sums added in order by one warp's
 // fixed tree, the total rounded once to float. The bits depend on the sizes alone, never on how

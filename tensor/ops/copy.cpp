@@ -226,4 +226,39 @@ Tensor cast(const Tensor& x, DType dtype) {
   return out;
 }
 
+std::vector<Tensor> detail::cast_each(const std::vector<Tensor>& xs, DType dtype) {
+  std::vector<Tensor> out;
+  if (xs.empty()) return out;
+  const Device device = xs.front().device();
+  for (const Tensor& x : xs) {
+    check(x.defined() && x.is_contiguous() && x.dtype() == DType::F32 && x.device() == device,
+          "cast_each: expected contiguous f32 tensors on one device");
+  }
+  if (dtype != DType::BF16 && dtype != DType::F16)
+    fail("cast_each: expected bf16 or f16, got ", dtype_name(dtype));
+  for (const Tensor& x : xs)
+    out.push_back(Tensor::empty(x.shape(), dtype, device));
+  if (!takes_cuda_path(device)) {  // the CPU casts each in turn; meta following the CPU too
+    for (size_t i = 0; i < xs.size(); ++i)
+      copy_(out[i], xs[i]);
+    return out;
+  }
+  if (reports_op_cost(device)) record_meta_op("cast", OpClass::Copy, 0, xs, out);
+  if (device.is_meta()) return out;
+#if LOOM_WITH_CUDA
+  std::vector<const void*> sources;
+  std::vector<void*> targets;
+  std::vector<int64_t> sizes;
+  for (size_t i = 0; i < xs.size(); ++i) {
+    sources.push_back(xs[i].raw_data());
+    targets.push_back(out[i].raw_data());
+    sizes.push_back(xs[i].numel());
+  }
+  kernels::cuda::multi_tensor_cast(DType::F32, dtype, sources.data(), targets.data(),
+                                   sizes.data(), static_cast<int>(xs.size()),
+                                   detail::stream_of(xs.front()));
+#endif
+  return out;
+}
+
 }  // namespace loom

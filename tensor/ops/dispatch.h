@@ -60,6 +60,10 @@ void check_same_kind(const char* op, const Tensor& a, const Tensor& b);
 // place as matmul uses them, into a contiguous out [m, n] of their dtype and device; never
 // recorded by autograd. For ops that reuse one buffer across products.
 void matmul_into(const Tensor& a, const Tensor& b, Tensor& out, bool accumulate);
+// Each of `xs` (contiguous f32 tensors on one device) cast to `dtype` (bf16 or f16): the bits
+// of cast() for each, in one launch on CUDA (kernels::cuda::multi_tensor_cast) and one
+// reported op on meta; never recorded by autograd. Autocast's weight casts of a step.
+std::vector<Tensor> cast_each(const std::vector<Tensor>& xs, DType dtype);
 // linear_cross_entropy's chunked form (Note [The classifier without its logits]) with
 // chunks of `chunk_rows` rows; for tests of its independence of the chunks.
 Tensor linear_cross_entropy_in_chunks(const Tensor& x, const Tensor& weight,

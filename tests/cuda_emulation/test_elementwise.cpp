@@ -357,5 +357,55 @@ void check_multi_tensor_scale() {
 TEST(EmulatedElementwise, MultiTensorScaleF32) { check_multi_tensor_scale<float>(); }
 TEST(EmulatedElementwise, MultiTensorScaleBf16) { check_multi_tensor_scale<__nv_bfloat16>(); }
 
+// Autocast's weight casts of a step in one launch (over one launch table's 256 tensors, tensors
+// of several chunks, empty ones, and a source and a target off 16-byte alignment): every
+// element bitwise as copy_strided converts it.
+template <typename Dst>
+void check_multi_tensor_cast() {
+  std::mt19937_64 rng(23);
+  std::vector<std::vector<float>> sources;
+  for (int64_t n : {int64_t{0}, int64_t{5}, int64_t{65537}, int64_t{140001}})
+    sources.push_back(random_values<float>(static_cast<size_t>(n), rng, -3e4, 3e4));
+  for (int k = 0; k < 260; ++k)
+    sources.push_back(random_values<float>(static_cast<size_t>(1 + 17 * k), rng));
+  std::vector<std::vector<Dst>> want;
+  for (const auto& x : sources) {
+    want.emplace_back(x.size());
+    const int64_t shape[1] = {static_cast<int64_t>(x.size())}, strides[1] = {1};
+    gpu::copy_strided(DType::F32, 1, shape, x.data(), strides, dtype_of<Dst>(), want.back().data(),
+                      nullptr);
+  }
+  for_each_schedule([&] {
+    std::vector<std::vector<Dst>> got;
+    std::vector<const void*> src;
+    std::vector<void*> dst;
+    std::vector<int64_t> sizes;
+    for (const auto& x : sources) got.emplace_back(x.size());
+    for (size_t k = 0; k < sources.size(); ++k) {
+      src.push_back(sources[k].data());
+      dst.push_back(got[k].data());
+      sizes.push_back(static_cast<int64_t>(sources[k].size()));
+    }
+    // The third source once more from its second element into the fourth target's second:
+    // single accesses on both sides.
+    std::vector<Dst> shifted(sources[2].size());
+    src.push_back(sources[2].data() + 1);
+    dst.push_back(shifted.data() + 1);
+    sizes.push_back(static_cast<int64_t>(sources[2].size()) - 1);
+    gpu::multi_tensor_cast(DType::F32, dtype_of<Dst>(), src.data(), dst.data(), sizes.data(),
+                           static_cast<int>(src.size()), nullptr);
+    for (size_t k = 0; k < sources.size(); ++k)
+      EXPECT_TRUE(bitwise_equal(got[k], want[k])) << "tensor " << k;
+    const std::vector<Dst> tail(shifted.begin() + 1, shifted.end());
+    EXPECT_TRUE(bitwise_equal(tail, std::vector<Dst>(want[2].begin() + 1, want[2].end())));
+  });
+  EXPECT_THROW(gpu::multi_tensor_cast(DType::BF16, DType::F32, nullptr, nullptr, nullptr, 0,
+                                      nullptr),
+               Error);
+}
+
+TEST(EmulatedElementwise, MultiTensorCastToBf16) { check_multi_tensor_cast<__nv_bfloat16>(); }
+TEST(EmulatedElementwise, MultiTensorCastToF16) { check_multi_tensor_cast<__half>(); }
+
 }  // namespace
 }  // namespace loom::cuda_emulation::testing

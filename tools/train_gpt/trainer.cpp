@@ -151,6 +151,8 @@ void train(nn::CausalLM& model, const data::TokenBlocks& data, const TrainOption
   const bool casts_outlive_last_forward =
       strategies::weight_casts_outlive_last_forward(model_spec(options));
   const std::thread::id training_thread = std::this_thread::get_id();
+  // The weights a step cast, cast together at the next step's first cast (tensor/autocast.h).
+  WeightCastPlan weight_cast_plan;
   for (int64_t step = first_step; step < options.steps; ++step) {
     auto start = std::chrono::steady_clock::now();
     strategies::Trace::Span step_span(trace, "step " + std::to_string(step), "step",
@@ -165,7 +167,8 @@ void train(nn::CausalLM& model, const data::TokenBlocks& data, const TrainOption
     // recomputes it (strategies/memory_estimate.h), else before the optimizer changes the
     // weights. Only this thread's forwards use it (dp's replicas run on their own threads).
     std::optional<WeightCastScope> weight_casts;
-    if (s.compute_dtype() != DType::F32) weight_casts.emplace(s.parameters_held_through_step());
+    if (s.compute_dtype() != DType::F32)
+      weight_casts.emplace(s.parameters_held_through_step(), &weight_cast_plan);
     for (int64_t k = 0; k < accum; ++k) {
       const strategies::Trace::Args args = {{"step", step}, {"micro_step", k}};
       data::Batch batch = data.block(data.block_at(position_before(step) + k * world + rank));
