@@ -2,7 +2,6 @@
 
 #include <cmath>
 
-#include "tensor/autocast.h"
 #include "tensor/autograd/function.h"
 #include "tensor/ops.h"
 
@@ -68,14 +67,9 @@ RotaryTables rotary_tables(int64_t time, int64_t head_dim, double theta, DType d
 }
 
 Tensor apply_rotary(const Tensor& x, const RotaryTables& tables) {
-  const int64_t half = x.size(-1) / 2;
-  Tensor rotated = concat({neg(x.narrow(-1, half, half)), x.narrow(-1, 0, half)}, -1);
-  // In x's dtype, as Hugging Face's cos.to(x.dtype): a 16-bit q or k (16-bit weights,
-  // autocast) rotates in 16 bits instead of being promoted to the tables' f32.
-  const bool same = tables.cos.dtype() == x.dtype();
-  const Tensor cos = same ? tables.cos : tables.cos.to(x.dtype());
-  const Tensor sin = same ? tables.sin : tables.sin.to(x.dtype());
-  return add(mul(x, cos), mul(rotated, sin));
+  // One pass each way (tensor/ops.h); the tables are read in x's dtype, as Hugging Face's
+  // cos.to(x.dtype): a 16-bit q or k (16-bit weights, autocast) rotates in 16 bits.
+  return rotary_embedding(x, tables.cos, tables.sin);
 }
 
 LlamaAttention::LlamaAttention(const LlamaConfig& config, Generator& gen)
@@ -229,8 +223,6 @@ void Llama::check_tokens(const Tensor& tokens, int64_t first) const {
 RotaryTables Llama::rotary(int64_t time, Device device, int64_t first) const {
   RotaryTables t{rotary_.cos.narrow(0, first, time), rotary_.sin.narrow(0, first, time)};
   if (t.cos.device() != device) t = {t.cos.to(device), t.sin.to(device)};
-  const DType low = autocast_dtype();
-  if (low != DType::F32 && t.cos.dtype() == DType::F32) t = {t.cos.to(low), t.sin.to(low)};
   return t;
 }
 

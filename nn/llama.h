@@ -157,9 +157,9 @@ class Llama : public CausalLM {
   // Checks tokens [B, T] at positions first.. against the context.
   void check_tokens(const Tensor& tokens, int64_t first = 0) const;
   // The rotary tables of positions first..first+time-1 on `device` (views of the whole
-  // context's, made once; copied when the model has moved to another device since), in
-  // autocast's dtype while it is on (the dtype of its products' q and k, which apply_rotary
-  // would cast them to for each of q and k).
+  // context's, made once; copied when the model has moved to another device since), in the
+  // model's dtype: rotary_embedding reads them in q's and k's dtype (autocast's while it is
+  // on), with no cast of its own.
   RotaryTables rotary(int64_t time, Device device, int64_t first = 0) const;
   Tensor embed(const Tensor& tokens) const;
   Tensor layer_forward(int64_t index, const Tensor& x) const;

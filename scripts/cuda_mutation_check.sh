@@ -49,7 +49,7 @@ mutant_dir=$build/mutant_kernels  # fixed path: the build folder stays valid bet
 logs=$build/logs
 threshold=90
 all_tests=(test_attention test_comm_ops test_elementwise test_embedding test_layer_norm
-           test_optimizer test_reduce test_softmax)
+           test_optimizer test_reduce test_rotary test_softmax)
 
 only=''
 keep_going=0

@@ -32,6 +32,13 @@ Tensor gelu(const Tensor& x);
 Tensor bias_gelu(const Tensor& x, const Tensor& bias);
 // SiLU (swish): x * sigmoid(x), Llama's MLP activation.
 Tensor silu(const Tensor& x);
+// Rotary position embedding, Hugging Face's apply_rotary_pos_emb: x * cos + rotate_half(x) *
+// sin, rotate_half(x) = concat(-x[..., dim/2:], x[..., :dim/2]), for x [batch, heads, time,
+// dim] (any strides; the last dim contiguous, else copied first) and position tables cos, sin
+// [time, dim] in f32 or x's dtype, taken in x's dtype (as cos.to(x.dtype)). One pass each way
+// (Note [Rotary positions in one pass], tensor/ops/rotary.cpp); a contiguous result. The
+// tables are constants: no gradient reaches them.
+Tensor rotary_embedding(const Tensor& x, const Tensor& cos, const Tensor& sin);
 
 inline Tensor operator+(const Tensor& a, const Tensor& b) {
   return add(a, b);

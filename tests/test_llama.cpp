@@ -8,6 +8,7 @@
 #include <cmath>
 
 #include "causal_lm_checks.h"
+#include "gradcheck.h"
 #include "nn/llama.h"
 #include "tensor/ops.h"
 
@@ -92,6 +93,71 @@ TEST(LlamaOps, RotaryIsIdentityAtPositionZeroAndScoresDependOnDistanceOnly) {
   EXPECT_NEAR(score(5, 2), score(3, 0), 1e-5);
   EXPECT_NEAR(score(8, 1), score(7, 0), 1e-5);
   EXPECT_GT(std::abs(score(5, 2) - score(5, 3)), 1e-3);  // and they do depend on the distance
+}
+
+// Hugging Face's apply_rotary_pos_emb as ops, the tables cast to x's dtype first.
+Tensor rotary_as_ops(const Tensor& x, const Tensor& cos, const Tensor& sin) {
+  const int64_t half = x.size(-1) / 2;
+  const Tensor rotated = concat({neg(x.narrow(-1, half, half)), x.narrow(-1, 0, half)}, -1);
+  return add(mul(x, cos.to(x.dtype())), mul(rotated, sin.to(x.dtype())));
+}
+
+// rotary_embedding on Llama's layout (a [batch, time, heads, dim] projection seen as [batch,
+// heads, time, dim]): forward bitwise the ops' (each product and the sum rounded to x's dtype
+// as they round them); backward within the ops' roundings (f32: 1e-6 relative; bf16, which the
+// op rounds once where the ops round two products and their sum, each term of the size of dy,
+// about 1 here: 1.6e-2 (|want| + 1), two units in the last place of such a term; one element
+// 8.5e-4 apart at a gradient of 0.027 seen), and against finite differences in f64.
+TEST(LlamaOps, RotaryEmbeddingIsTheOpsInOnePass) {
+  const int64_t batch = 2, time = 5, heads = 3, dim = 8;
+  const RotaryTables tables = rotary_tables(time, dim, 10000.0, DType::F32, Device::cpu());
+  Generator gen(11);
+  for (const DType dtype : {DType::F32, DType::BF16, DType::F64}) {
+    SCOPED_TRACE(dtype_name(dtype));
+    Tensor projection = Tensor::empty({batch, time, heads, dim}, DType::F32);
+    normal_(projection, 0, 1, gen);
+    Tensor leaf = projection.to(dtype);
+    leaf.set_requires_grad(true);
+    Tensor weights = Tensor::empty({batch, heads, time, dim}, DType::F32);
+    normal_(weights, 0, 1, gen);
+    weights = weights.to(dtype);
+    Tensor grads[2], outputs[2];
+    for (int fused = 0; fused < 2; ++fused) {
+      leaf.set_grad(Tensor());
+      const Tensor x = leaf.permute({0, 2, 1, 3});
+      outputs[fused] = fused ? rotary_embedding(x, tables.cos, tables.sin)
+                             : rotary_as_ops(x, tables.cos, tables.sin);
+      sum(mul(outputs[fused], weights)).backward();
+      grads[fused] = leaf.grad().to(DType::F64);
+    }
+    EXPECT_EQ(outputs[1].to(DType::F64).to_vector<double>(),
+              outputs[0].contiguous().to(DType::F64).to_vector<double>());
+    const std::vector<double> got = grads[1].to_vector<double>(),
+                              want = grads[0].to_vector<double>();
+    const double tolerance = dtype == DType::BF16 ? 1.6e-2 : 1e-6;
+    for (size_t i = 0; i < got.size(); ++i) {
+      const double scale = std::abs(want[i]) + (dtype == DType::BF16 ? 1 : 1e-3);
+      ASSERT_NEAR(got[i], want[i], tolerance * scale) << "element " << i;
+    }
+  }
+  Generator leaves(5);
+  const Tensor x = loom::testing::random_leaf({1, 2, time, dim}, leaves);
+  const RotaryTables f64 = rotary_tables(time, dim, 10000.0, DType::F64, Device::cpu());
+  loom::testing::expect_gradients_match(
+      [&](const std::vector<Tensor>& in) { return rotary_embedding(in[0], f64.cos, f64.sin); },
+      {x});
+}
+
+TEST(LlamaOps, RotaryEmbeddingRefusesWhatItCannotRotate) {
+  const RotaryTables tables = rotary_tables(4, 6, 10000.0, DType::F32, Device::cpu());
+  const Tensor x = Tensor::zeros({1, 2, 4, 6});
+  EXPECT_THROW(rotary_embedding(Tensor::zeros({2, 4, 6}), tables.cos, tables.sin), Error);
+  EXPECT_THROW(rotary_embedding(Tensor::zeros({1, 2, 4, 5}), tables.cos, tables.sin), Error);
+  EXPECT_THROW(rotary_embedding(x, tables.cos.narrow(0, 0, 3), tables.sin), Error);
+  EXPECT_THROW(rotary_embedding(x, tables.cos.to(DType::F16), tables.sin.to(DType::F16)), Error);
+  Tensor learned = tables.cos.clone();
+  learned.set_requires_grad(true);
+  EXPECT_THROW(rotary_embedding(x, learned, tables.sin), Error);
 }
 
 void expect_gradients_match_finite_differences(const LlamaConfig& config) {

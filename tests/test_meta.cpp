@@ -89,6 +89,11 @@ std::vector<OpCase> op_cases() {
        [=](Device d) {
          return V{silu(r({3, 5}, d))};
        }},
+      {"rotary_embedding",
+       [=](Device d) {
+         Tensor x = permute(r({2, 3, 2, 4}, d), {0, 2, 1, 3});  // [B, T, H, D] seen as [B, H, T, D]
+         return V{rotary_embedding(x, r({3, 4}, d, 2).detach(), r({3, 4}, d, 3).detach())};
+       }},
       {"add_",
        [=](Device d) {
          Tensor a = r({2, 3}, d).detach();
