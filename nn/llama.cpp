@@ -148,7 +148,7 @@ LlamaMLP::LlamaMLP(const LlamaConfig& config, Generator& gen) {
 Tensor LlamaMLP::forward(const Tensor& x) const {
   return run_forward([&] {
     const Tensor in = tp_ != nullptr ? tp_->copy_in(x) : x;
-    Tensor h = mul(silu(gate_proj_->forward(in)), up_proj_->forward(in));
+    Tensor h = swiglu(gate_proj_->forward(in), up_proj_->forward(in));
     if (tp_ == nullptr) return down_proj_->forward(h);
     return tp_->reduce_out(matmul(h, transpose(down_proj_->weight(), 0, 1)));  // row-parallel
   });

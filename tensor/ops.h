@@ -32,6 +32,11 @@ Tensor gelu(const Tensor& x);
 Tensor bias_gelu(const Tensor& x, const Tensor& bias);
 // SiLU (swish): x * sigmoid(x), Llama's MLP activation.
 Tensor silu(const Tensor& x);
+// SwiGLU, Llama's MLP: silu(gate) * up in one pass each way (gate and up of one shape, dtype
+// and device). The forward rounds silu(gate) to the dtype before the product, as silu and mul
+// do; the backward gives up's gradient as mul does and gate's rounded once (mul and silu's
+// backward round twice). Saves gate and up only, not silu(gate).
+Tensor swiglu(const Tensor& gate, const Tensor& up);
 // Rotary position embedding, Hugging Face's apply_rotary_pos_emb: x * cos + rotate_half(x) *
 // sin, rotate_half(x) = concat(-x[..., dim/2:], x[..., :dim/2]), for x [batch, heads, time,
 // dim] (any strides; the last dim contiguous, else copied first) and position tables cos, sin

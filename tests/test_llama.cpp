@@ -160,6 +160,52 @@ TEST(LlamaOps, RotaryEmbeddingRefusesWhatItCannotRotate) {
   EXPECT_THROW(rotary_embedding(x, learned, tables.sin), Error);
 }
 
+// swiglu against silu and mul: the forward's bits (f32, bf16: silu rounded before the
+// product, as the ops round it), up's gradient's bits, gate's within a rounding (the ops round
+// dy * up before silu's backward: f32 1e-6, bf16 8e-3 relative to |dy up| + |want|), and
+// finite differences in f64.
+TEST(LlamaOps, SwigluIsSiluTimesUpInOnePass) {
+  Generator gen(13);
+  for (const DType dtype : {DType::F32, DType::BF16}) {
+    SCOPED_TRACE(dtype_name(dtype));
+    Tensor leaves[2];
+    for (Tensor& t : leaves) {
+      Tensor values = Tensor::empty({4, 6}, DType::F32);
+      normal_(values, 0, 3, gen);
+      t = values.to(dtype);
+      t.set_requires_grad(true);
+    }
+    Tensor weights = Tensor::empty({4, 6}, DType::F32);
+    normal_(weights, 0, 1, gen);
+    weights = weights.to(dtype);
+    std::vector<double> outputs[2], gate_grads[2], up_grads[2];
+    for (int fused = 0; fused < 2; ++fused) {
+      for (Tensor& t : leaves) t.set_grad(Tensor());
+      const Tensor y = fused ? swiglu(leaves[0], leaves[1]) : mul(silu(leaves[0]), leaves[1]);
+      sum(mul(y, weights)).backward();
+      outputs[fused] = y.to(DType::F64).to_vector<double>();
+      gate_grads[fused] = leaves[0].grad().to(DType::F64).to_vector<double>();
+      up_grads[fused] = leaves[1].grad().to(DType::F64).to_vector<double>();
+    }
+    EXPECT_EQ(outputs[1], outputs[0]);
+    EXPECT_EQ(up_grads[1], up_grads[0]);
+    const std::vector<double> up = leaves[1].to(DType::F64).to_vector<double>(),
+                              w = weights.to(DType::F64).to_vector<double>();
+    const double tolerance = dtype == DType::BF16 ? 8e-3 : 1e-6;
+    for (size_t i = 0; i < up.size(); ++i) {
+      const double scale = std::abs(w[i] * up[i]) + std::abs(gate_grads[0][i]);
+      EXPECT_NEAR(gate_grads[1][i], gate_grads[0][i], tolerance * scale) << "element " << i;
+    }
+  }
+  Generator leaves(9);
+  const Tensor gate = loom::testing::random_leaf({3, 4}, leaves);
+  const Tensor up = loom::testing::random_leaf({3, 4}, leaves);
+  loom::testing::expect_gradients_match(
+      [](const std::vector<Tensor>& in) { return swiglu(in[0], in[1]); }, {gate, up});
+  EXPECT_THROW(swiglu(Tensor::zeros({2, 3}), Tensor::zeros({3, 2})), Error);
+  EXPECT_THROW(swiglu(Tensor::zeros({2, 3}), Tensor::zeros({2, 3}, DType::F64)), Error);
+}
+
 void expect_gradients_match_finite_differences(const LlamaConfig& config) {
   Llama model(config, 3);
   testing::expect_gradients_match_finite_differences(model, /*stride=*/3);  // a quick sample

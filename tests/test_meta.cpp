@@ -89,6 +89,10 @@ std::vector<OpCase> op_cases() {
        [=](Device d) {
          return V{silu(r({3, 5}, d))};
        }},
+      {"swiglu",
+       [=](Device d) {
+         return V{swiglu(r({3, 5}, d), r({3, 5}, d, 2))};
+       }},
       {"rotary_embedding",
        [=](Device d) {
          Tensor x = permute(r({2, 3, 2, 4}, d), {0, 2, 1, 3});  // [B, T, H, D] seen as [B, H, T, D]

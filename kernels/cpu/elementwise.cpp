@@ -272,6 +272,41 @@ void silu_backward(const T* x, const T* dy, T* dx, int64_t n) {
   });
 }
 
+template <typename S>
+void swiglu_forward(const S* gate, const S* up, S* y, int64_t n) {
+  using C = compute_of<S>;
+  parallel_for(n, kMinParallelElements, [&](int64_t first, int64_t last) {
+    for (int64_t i = first; i < last; ++i) {
+      const C g = widen(gate[i]);
+      const S s = narrow<S>(g / (C(1) + exp_approx(-g)));
+      y[i] = narrow<S>(widen(s) * widen(up[i]));
+    }
+  });
+}
+
+template <typename S>
+void swiglu_backward(const S* gate, const S* up, const S* dy, S* dgate, S* dup, int64_t n) {
+  using C = compute_of<S>;
+  parallel_for(n, kMinParallelElements, [&](int64_t first, int64_t last) {
+    for (int64_t i = first; i < last; ++i) {
+      const C g = widen(gate[i]), d = widen(dy[i]);
+      const C denominator = C(1) + exp_approx(-g);  // silu and sigmoid as silu_* compute them
+      const C sigmoid = C(1) / denominator;
+      dup[i] = narrow<S>(d * widen(narrow<S>(g / denominator)));
+      dgate[i] = narrow<S>(d * widen(up[i]) * (sigmoid * (C(1) + g * (C(1) - sigmoid))));
+    }
+  });
+}
+
+#define LOOM_INSTANTIATE_SWIGLU(S)                                  \
+  template void swiglu_forward<S>(const S*, const S*, S*, int64_t); \
+  template void swiglu_backward<S>(const S*, const S*, const S*, S*, S*, int64_t);
+LOOM_INSTANTIATE_SWIGLU(float)
+LOOM_INSTANTIATE_SWIGLU(double)
+LOOM_INSTANTIATE_SWIGLU(BFloat16)
+LOOM_INSTANTIATE_SWIGLU(Half)
+#undef LOOM_INSTANTIATE_SWIGLU
+
 #define LOOM_INSTANTIATE(T)                                                                  \
   template void binary<T>(BinaryOp, int, const int64_t*, const T*, const int64_t*, const T*, \
                           const int64_t*, T*);                                               \

@@ -51,6 +51,13 @@ template <typename T>
 void silu_forward(const T* x, T* y, int64_t n);
 template <typename T>
 void silu_backward(const T* x, const T* dy, T* dx, int64_t n);
+// SwiGLU (Llama's MLP): y = silu(gate) * up, silu rounded to S first, as silu and mul round
+// it; its backward du = dy * silu(gate) (silu rounded to S), dgate = dy * up * silu'(gate)
+// rounded once. S: float, double, BFloat16 or Half, computed in compute_of<S> (widen.h).
+template <typename S>
+void swiglu_forward(const S* gate, const S* up, S* y, int64_t n);
+template <typename S>
+void swiglu_backward(const S* gate, const S* up, const S* dy, S* dgate, S* dup, int64_t n);
 
 // Copies elements of `element_size` bytes from a strided source into a contiguous dst.
 void copy_strided(size_t element_size, int ndim, const int64_t* shape, const void* src,

@@ -267,6 +267,34 @@ struct SiluBackwardFn {
   }
 };
 
+// SwiGLU, as kernels/cpu's swiglu_* round it (silu by SiluForwardFn's expression).
+template <typename T>
+__global__ void swiglu_forward_kernel(const T* gate, const T* up, T* y, int64_t n) {
+  using C = Acc<T>;
+  const int64_t stride = static_cast<int64_t>(gridDim.x) * blockDim.x;
+  for (int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < n;
+       i += stride) {
+    const T s = narrow<T>(SiluForwardFn{}(widen(gate[i])));
+    y[i] = narrow<T>(static_cast<C>(widen(s)) * static_cast<C>(widen(up[i])));
+  }
+}
+
+template <typename T>
+__global__ void swiglu_backward_kernel(const T* gate, const T* up, const T* dy, T* dgate, T* dup,
+                                       int64_t n) {
+  using C = Acc<T>;
+  const int64_t stride = static_cast<int64_t>(gridDim.x) * blockDim.x;
+  for (int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < n;
+       i += stride) {
+    const C g = widen(gate[i]), d = widen(dy[i]);
+    const C denominator = C(1) + exp_of(-g);  // silu and sigmoid as Silu*Fn compute them
+    const C sigmoid = C(1) / denominator;
+    dup[i] = narrow<T>(d * static_cast<C>(widen(narrow<T>(g / denominator))));
+    dgate[i] = narrow<T>(d * static_cast<C>(widen(up[i])) *
+                         (sigmoid * (C(1) + g * (C(1) - sigmoid))));
+  }
+}
+
 template <typename T>
 void launch_binary_contiguous(BinaryOp op, const void* a, const void* b, void* out, int64_t n,
                               cudaStream_t stream) {
@@ -707,6 +735,29 @@ void multi_tensor_cast(DType src_dtype, DType dst_dtype, const void* const* src,
     fail("multi_tensor_cast: converts f32 to bf16 or f16, got ", dtype_name(src_dtype), " to ",
          dtype_name(dst_dtype));
   }
+}
+
+void swiglu_forward(DType dtype, const void* gate, const void* up, void* y, int64_t n,
+                    cudaStream_t stream) {
+  if (n < 0) fail("swiglu_forward: negative element count ", n);
+  if (n == 0) return;
+  dispatch_arithmetic(dtype, "swiglu_forward", [&]<typename T>() {
+    swiglu_forward_kernel<T><<<grid_for(n, kThreads), kThreads, 0, stream>>>(
+        static_cast<const T*>(gate), static_cast<const T*>(up), static_cast<T*>(y), n);
+    LOOM_CUDA_CHECK_LAUNCH();
+  });
+}
+
+void swiglu_backward(DType dtype, const void* gate, const void* up, const void* dy, void* dgate,
+                     void* dup, int64_t n, cudaStream_t stream) {
+  if (n < 0) fail("swiglu_backward: negative element count ", n);
+  if (n == 0) return;
+  dispatch_arithmetic(dtype, "swiglu_backward", [&]<typename T>() {
+    swiglu_backward_kernel<T><<<grid_for(n, kThreads), kThreads, 0, stream>>>(
+        static_cast<const T*>(gate), static_cast<const T*>(up), static_cast<const T*>(dy),
+        static_cast<T*>(dgate), static_cast<T*>(dup), n);
+    LOOM_CUDA_CHECK_LAUNCH();
+  });
 }
 
 void gelu_forward(DType dtype, const void* x, void* y, int64_t n, cudaStream_t stream) {

@@ -79,6 +79,12 @@ void silu_forward(DType dtype, const void* x, void* y, int64_t n, cudaStream_t s
 // dx = dy * s (1 + x (1 - s)), s = sigmoid(x) (x, dy, dx contiguous; dx may equal dy).
 void silu_backward(DType dtype, const void* x, const void* dy, void* dx, int64_t n,
                    cudaStream_t stream);
+// SwiGLU, as kernels/cpu's swiglu_* (silu as silu_forward computes it): y = silu(gate) * up;
+// du = dy * silu(gate), dgate = dy * up * silu'(gate) (all contiguous, n elements).
+void swiglu_forward(DType dtype, const void* gate, const void* up, void* y, int64_t n,
+                    cudaStream_t stream);
+void swiglu_backward(DType dtype, const void* gate, const void* up, const void* dy, void* dgate,
+                     void* dup, int64_t n, cudaStream_t stream);
 
 // dst[0..n) = value converted to `dtype` exactly as fill_ on the CPU does (any of the 7 dtypes:
 // double -> float -> bf16/f16 with round-to-nearest-even; to integers by truncation).

@@ -271,6 +271,53 @@ TEST(EmulatedElementwise, SiluForwardAndBackwardWithinAFewUlp) {
   });
 }
 
+// SwiGLU as the CPU's swiglu_* in f32 (silu within a few ulp, as above; the product and the
+// gradients follow it), and in bf16 within half a unit in the last place of a 16-bit result
+// (two roundings to bf16 on the way: silu's and the result's) or the bits.
+TEST(EmulatedElementwise, SwigluForwardAndBackwardAsTheCpus) {
+  std::mt19937_64 rng(61);
+  const int64_t n = 3001;
+  const auto gate = random_values<float>(n, rng, -20, 20), up = random_values<float>(n, rng);
+  const auto dy = random_values<float>(n, rng);
+  std::vector<float> want_y(n), want_dg(n), want_du(n), y(n), dg(n), du(n);
+  cpu::swiglu_forward(gate.data(), up.data(), want_y.data(), n);
+  cpu::swiglu_backward(gate.data(), up.data(), dy.data(), want_dg.data(), want_du.data(), n);
+  const auto gb = random_values<__nv_bfloat16>(n, rng, -20, 20);
+  const auto ub = random_values<__nv_bfloat16>(n, rng), dyb = random_values<__nv_bfloat16>(n, rng);
+  std::vector<__nv_bfloat16> want_yb(n), want_dgb(n), want_dub(n), yb(n), dgb(n), dub(n);
+  const auto as_cpu = [](const std::vector<__nv_bfloat16>& v) {
+    return reinterpret_cast<const BFloat16*>(v.data());
+  };
+  const auto as_cpu_out = [](std::vector<__nv_bfloat16>& v) {
+    return reinterpret_cast<BFloat16*>(v.data());
+  };
+  cpu::swiglu_forward(as_cpu(gb), as_cpu(ub), as_cpu_out(want_yb), n);
+  cpu::swiglu_backward(as_cpu(gb), as_cpu(ub), as_cpu(dyb), as_cpu_out(want_dgb),
+                       as_cpu_out(want_dub), n);
+  for_each_schedule([&] {
+    gpu::swiglu_forward(DType::F32, gate.data(), up.data(), y.data(), n, nullptr);
+    gpu::swiglu_backward(DType::F32, gate.data(), up.data(), dy.data(), dg.data(), du.data(), n,
+                         nullptr);
+    for (int64_t i = 0; i < n; ++i) {
+      const float scale = std::max(1.0f, std::abs(up[i])) * std::max(1.0f, std::abs(dy[i]));
+      ASSERT_NEAR(y[i], want_y[i], 2e-6 * std::max(1.0f, std::abs(want_y[i])))
+          << "gate " << gate[i];
+      ASSERT_NEAR(du[i], want_du[i], 2e-6 * std::max(1.0f, std::abs(want_du[i]))) << i;
+      ASSERT_NEAR(dg[i], want_dg[i], 2e-6 * scale) << "gate " << gate[i];
+    }
+    gpu::swiglu_forward(DType::BF16, gb.data(), ub.data(), yb.data(), n, nullptr);
+    gpu::swiglu_backward(DType::BF16, gb.data(), ub.data(), dyb.data(), dgb.data(), dub.data(), n,
+                         nullptr);
+    for (int64_t i = 0; i < n; ++i) {
+      for (const auto& [got, want] : {std::pair{yb[i], want_yb[i]}, std::pair{dgb[i], want_dgb[i]},
+                                      std::pair{dub[i], want_dub[i]}}) {
+        const float g = __bfloat162float(got), w = __bfloat162float(want);
+        ASSERT_NEAR(g, w, 8e-3 * std::max(1.0f, std::abs(w))) << "element " << i;
+      }
+    }
+  });
+}
+
 TEST(EmulatedElementwise, CopyStridedConvertsEveryDtypePairAsTheCpu) {
   std::mt19937_64 rng(53);
   int checked = 0;
