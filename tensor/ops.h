@@ -41,8 +41,9 @@ Tensor swiglu(const Tensor& gate, const Tensor& up);
 // sin, rotate_half(x) = concat(-x[..., dim/2:], x[..., :dim/2]), for x [batch, heads, time,
 // dim] (any strides; the last dim contiguous, else copied first) and position tables cos, sin
 // [time, dim] in f32 or x's dtype, taken in x's dtype (as cos.to(x.dtype)). One pass each way
-// (Note [Rotary positions in one pass], tensor/ops/rotary.cpp); a contiguous result. The
-// tables are constants: no gradient reaches them.
+// (Note [Rotary positions in one pass], tensor/ops/rotary.cpp); the result, and x's gradient,
+// laid out as x where x is a permutation of a contiguous tensor (Llama's q and k, views of
+// their projection), else contiguous. The tables are constants: no gradient reaches them.
 Tensor rotary_embedding(const Tensor& x, const Tensor& cos, const Tensor& sin);
 
 inline Tensor operator+(const Tensor& a, const Tensor& b) {

@@ -8,16 +8,18 @@
 
 namespace loom::kernels::cpu {
 
-// y[b, h, t, :] = x[b, h, t, :] * cos[t] + rotate_half(x[b, h, t, :]) * sin[t], for x of
-// sizes [batch, heads, time, dim] with strides (stride_b, stride_h, stride_t, 1) and
-// contiguous y, cos and sin [time, dim] (dim even).
+// y[b, h, t, :] = x[b, h, t, :] * cos[t] + rotate_half(x[b, h, t, :]) * sin[t], for x and y
+// of sizes [batch, heads, time, dim] with strides (x_b, x_h, x_t, 1) and (y_b, y_h, y_t, 1)
+// (Llama's q and k are views of a [batch, time, heads, dim] projection, and y keeps x's
+// layout), and contiguous cos and sin [time, dim] (dim even).
 template <typename S, typename C>
 void rotary_forward(const S* x, int64_t batch, int64_t heads, int64_t time, int64_t dim,
-                    int64_t stride_b, int64_t stride_h, int64_t stride_t, const C* cos,
-                    const C* sin, S* y);
-// dx of the above for contiguous dy and dx [rows, time, dim] (rows = batch * heads).
+                    int64_t x_b, int64_t x_h, int64_t x_t, const C* cos, const C* sin, S* y,
+                    int64_t y_b, int64_t y_h, int64_t y_t);
+// dx of the above, dy and dx laid out as x and y are (strides (b, h, t, 1) each).
 template <typename S, typename C>
-void rotary_backward(const S* dy, int64_t rows, int64_t time, int64_t dim, const C* cos,
-                     const C* sin, S* dx);
+void rotary_backward(const S* dy, int64_t batch, int64_t heads, int64_t time, int64_t dim,
+                     int64_t dy_b, int64_t dy_h, int64_t dy_t, const C* cos, const C* sin, S* dx,
+                     int64_t dx_b, int64_t dx_h, int64_t dx_t);
 
 }  // namespace loom::kernels::cpu

@@ -32,36 +32,45 @@ __device__ __forceinline__ Acc<T> table_value(C v) {
   return widen(narrow<T>(static_cast<Acc<T>>(widen(v))));
 }
 
-template <typename T, typename C>
-__global__ void rotary_forward_kernel(const T* x, int64_t heads, int64_t time, int64_t dim,
-                                      int64_t stride_b, int64_t stride_h, int64_t stride_t,
-                                      const C* cos, const C* sin, T* y, int64_t n) {
-  const int64_t half = dim / 2, stride = static_cast<int64_t>(gridDim.x) * blockDim.x;
-  for (int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < n;
-       i += stride) {
-    const int64_t d = i % dim, row = i / dim;
-    const int64_t t = row % time, h = row / time % heads, b = row / time / heads;
-    const T* in = x + b * stride_b + h * stride_h + t * stride_t;
-    const Acc<T> rotated = d < half ? -widen(in[d + half]) : widen(in[d - half]);
-    const T a = narrow<T>(mul_rounded(widen(in[d]), table_value<T>(cos[t * dim + d])));
-    const T s = narrow<T>(mul_rounded(rotated, table_value<T>(sin[t * dim + d])));
-    y[i] = narrow<T>(add_rounded(widen(a), widen(s)));
-  }
+// Element i of the [batch, heads, time, dim] index space at `layout`.
+__device__ __forceinline__ int64_t offset_of(int64_t i, int64_t heads, int64_t time, int64_t dim,
+                                             RotaryLayout layout) {
+  const int64_t d = i % dim, row = i / dim;
+  const int64_t t = row % time, h = row / time % heads, b = row / time / heads;
+  return b * layout.b + h * layout.h + t * layout.t + d;
 }
 
 template <typename T, typename C>
-__global__ void rotary_backward_kernel(const T* dy, int64_t time, int64_t dim, const C* cos,
-                                       const C* sin, T* dx, int64_t n) {
+__global__ void rotary_forward_kernel(const T* x, RotaryLayout x_layout, int64_t heads,
+                                      int64_t time, int64_t dim, const C* cos, const C* sin, T* y,
+                                      RotaryLayout y_layout, int64_t n) {
   const int64_t half = dim / 2, stride = static_cast<int64_t>(gridDim.x) * blockDim.x;
   for (int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < n;
        i += stride) {
     const int64_t d = i % dim, t = i / dim % time;
-    const T* g = dy + (i - d);
+    const T* in = x + (offset_of(i, heads, time, dim, x_layout) - d);
+    const Acc<T> rotated = d < half ? -widen(in[d + half]) : widen(in[d - half]);
+    const T a = narrow<T>(mul_rounded(widen(in[d]), table_value<T>(cos[t * dim + d])));
+    const T s = narrow<T>(mul_rounded(rotated, table_value<T>(sin[t * dim + d])));
+    y[offset_of(i, heads, time, dim, y_layout)] = narrow<T>(add_rounded(widen(a), widen(s)));
+  }
+}
+
+template <typename T, typename C>
+__global__ void rotary_backward_kernel(const T* dy, RotaryLayout dy_layout, int64_t heads,
+                                       int64_t time, int64_t dim, const C* cos, const C* sin, T* dx,
+                                       RotaryLayout dx_layout, int64_t n) {
+  const int64_t half = dim / 2, stride = static_cast<int64_t>(gridDim.x) * blockDim.x;
+  for (int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < n;
+       i += stride) {
+    const int64_t d = i % dim, t = i / dim % time;
+    const T* g = dy + (offset_of(i, heads, time, dim, dy_layout) - d);
     const C* c = cos + t * dim;
     const C* s = sin + t * dim;
     const Acc<T> other = d < half ? mul_rounded(widen(g[d + half]), table_value<T>(s[d + half]))
                                   : -mul_rounded(widen(g[d - half]), table_value<T>(s[d - half]));
-    dx[i] = narrow<T>(add_rounded(mul_rounded(widen(g[d]), table_value<T>(c[d])), other));
+    dx[offset_of(i, heads, time, dim, dx_layout)] =
+        narrow<T>(add_rounded(mul_rounded(widen(g[d]), table_value<T>(c[d])), other));
   }
 }
 
@@ -88,29 +97,30 @@ void dispatch_rotary(DType dtype, DType table_dtype, const char* op, F&& f) {
 
 }  // namespace
 
-void rotary_forward(DType dtype, DType table_dtype, const void* x, int64_t batch, int64_t heads,
-                    int64_t time, int64_t dim, int64_t stride_b, int64_t stride_h, int64_t stride_t,
-                    const void* cos, const void* sin, void* y, cudaStream_t stream) {
+void rotary_forward(DType dtype, DType table_dtype, const void* x, RotaryLayout x_layout,
+                    int64_t batch, int64_t heads, int64_t time, int64_t dim, const void* cos,
+                    const void* sin, void* y, RotaryLayout y_layout, cudaStream_t stream) {
   check_sizes("rotary_forward", batch * heads, time, dim);
   const int64_t n = batch * heads * time * dim;
   if (n == 0) return;
   dispatch_rotary(dtype, table_dtype, "rotary_forward", [&]<typename T, typename C>() {
     rotary_forward_kernel<T, C><<<grid_for(n, kThreads), kThreads, 0, stream>>>(
-        static_cast<const T*>(x), heads, time, dim, stride_b, stride_h, stride_t,
-        static_cast<const C*>(cos), static_cast<const C*>(sin), static_cast<T*>(y), n);
+        static_cast<const T*>(x), x_layout, heads, time, dim, static_cast<const C*>(cos),
+        static_cast<const C*>(sin), static_cast<T*>(y), y_layout, n);
     LOOM_CUDA_CHECK_LAUNCH();
   });
 }
 
-void rotary_backward(DType dtype, DType table_dtype, const void* dy, int64_t rows, int64_t time,
-                     int64_t dim, const void* cos, const void* sin, void* dx, cudaStream_t stream) {
-  check_sizes("rotary_backward", rows, time, dim);
-  const int64_t n = rows * time * dim;
+void rotary_backward(DType dtype, DType table_dtype, const void* dy, RotaryLayout dy_layout,
+                     int64_t batch, int64_t heads, int64_t time, int64_t dim, const void* cos,
+                     const void* sin, void* dx, RotaryLayout dx_layout, cudaStream_t stream) {
+  check_sizes("rotary_backward", batch * heads, time, dim);
+  const int64_t n = batch * heads * time * dim;
   if (n == 0) return;
   dispatch_rotary(dtype, table_dtype, "rotary_backward", [&]<typename T, typename C>() {
     rotary_backward_kernel<T, C><<<grid_for(n, kThreads), kThreads, 0, stream>>>(
-        static_cast<const T*>(dy), time, dim, static_cast<const C*>(cos),
-        static_cast<const C*>(sin), static_cast<T*>(dx), n);
+        static_cast<const T*>(dy), dy_layout, heads, time, dim, static_cast<const C*>(cos),
+        static_cast<const C*>(sin), static_cast<T*>(dx), dx_layout, n);
     LOOM_CUDA_CHECK_LAUNCH();
   });
 }

@@ -11,10 +11,16 @@
 
 namespace loom::kernels::cuda {
 
-void rotary_forward(DType dtype, DType table_dtype, const void* x, int64_t batch, int64_t heads,
-                    int64_t time, int64_t dim, int64_t stride_b, int64_t stride_h, int64_t stride_t,
-                    const void* cos, const void* sin, void* y, cudaStream_t stream);
-void rotary_backward(DType dtype, DType table_dtype, const void* dy, int64_t rows, int64_t time,
-                     int64_t dim, const void* cos, const void* sin, void* dx, cudaStream_t stream);
+// Strides (b, h, t) of each [batch, heads, time, dim] operand; the last dim's stride is 1.
+struct RotaryLayout {
+  int64_t b, h, t;
+};
+
+void rotary_forward(DType dtype, DType table_dtype, const void* x, RotaryLayout x_layout,
+                    int64_t batch, int64_t heads, int64_t time, int64_t dim, const void* cos,
+                    const void* sin, void* y, RotaryLayout y_layout, cudaStream_t stream);
+void rotary_backward(DType dtype, DType table_dtype, const void* dy, RotaryLayout dy_layout,
+                     int64_t batch, int64_t heads, int64_t time, int64_t dim, const void* cos,
+                     const void* sin, void* dx, RotaryLayout dx_layout, cudaStream_t stream);
 
 }  // namespace loom::kernels::cuda

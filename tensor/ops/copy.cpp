@@ -79,9 +79,9 @@ void convert(DType src_dtype, const void* src, DType dst_dtype, void* dst, int64
   });
 }
 
-// Whether x's elements fill the span of storage from its first element without gaps or
-// overlaps, in some order of its dimensions (a transposed or permuted contiguous tensor).
-bool is_dense(const Tensor& x) {
+}  // namespace
+
+bool detail::is_dense(const Tensor& x) {
   std::vector<std::pair<int64_t, int64_t>> dims;  // (stride, size) of dims of size > 1
   for (int64_t d = 0; d < x.dim(); ++d)
     if (x.size(d) != 1) dims.emplace_back(x.strides()[d], x.size(d));
@@ -93,6 +93,8 @@ bool is_dense(const Tensor& x) {
   }
   return true;
 }
+
+namespace {
 
 void check_contiguous_dst(const char* op, const Tensor& dst) {
   detail::check_kernel_device(op, dst);
@@ -203,7 +205,7 @@ Tensor contiguous(const Tensor& x) {
 
 Tensor cast(const Tensor& x, DType dtype) {
   Tensor out;
-  if (!x.is_contiguous() && !takes_cuda_path(x.device()) && is_dense(x)) {
+  if (!x.is_contiguous() && !takes_cuda_path(x.device()) && detail::is_dense(x)) {
     // As PyTorch's preserve_format: the elements converted where they lie, the result viewed
     // with x's strides (a transposed weight stays transposed, and is not copied twice).
     NoGradGuard no_grad;

@@ -51,6 +51,9 @@ DType promoted_dtype(DType a, DType b);
 
 // Throws unless t is defined and this build has kernels for its device.
 void check_kernel_device(const char* op, const Tensor& t);
+// Whether x's elements fill the span of storage from its first element without gaps or
+// overlaps, in some order of its dimensions (a transposed or permuted contiguous tensor).
+bool is_dense(const Tensor& x);
 // x's elements in row-major layout for a kernel to read: x itself when contiguous, else a
 // copy. Never recorded by autograd (the calling op records its own node against x).
 Tensor contiguous_input(const Tensor& x);

@@ -198,16 +198,16 @@ TEST(CudaTraining, ABf16MixedLayerTakes39LaunchesAndCastsEachWeightOnce) {
 
 // A Llama layer: 21 matmuls (7 products); 8 casts (its 7 weight gradients widened, one
 // activation; the rotary tables are read in f32 by rotary_embedding, the weights cast with the
-// step's others in one launch); 60 launches in all (90 before rotary_embedding, 63 before
-// swiglu, 2026-12-06), the rest mostly the heads' layout copies and grouped-query repeats.
-// Held as a ceiling.
-TEST(CudaTraining, ABf16MixedLlamaLayerTakes60Launches) {
+// step's others in one launch); 57 launches in all (90 before rotary_embedding, 63 before
+// swiglu, 60 before rotary kept q's and k's layout, 2026-12-06), the rest mostly the
+// grouped-query repeats and the heads' layout copies. Held as a ceiling.
+TEST(CudaTraining, ABf16MixedLlamaLayerTakes57Launches) {
   const Step one = steady_bf16_step(1, tiny_llama), two = steady_bf16_step(2, tiny_llama);
   EXPECT_EQ(two.matmuls - one.matmuls, 21u);
   EXPECT_EQ(two.cached_weights - one.cached_weights, 7u);
   EXPECT_EQ(two.casts - one.casts, 7u + 1);
   EXPECT_EQ(two.batched_casts, 1u);
-  EXPECT_LE(two.forward_backward_launches - one.forward_backward_launches, 60u);
+  EXPECT_LE(two.forward_backward_launches - one.forward_backward_launches, 57u);
 }
 
 // The first step casts each weight at its first use, the next ones all at once: the same bits.

@@ -1,7 +1,8 @@
 // kernels/cuda/rotary.cu under the emulator against kernels/cpu/rotary: both round every
 // product and sum as written, so forward and backward agree bitwise, in f32, f64, bf16 and
-// f16, with f32 tables and tables in x's dtype, on x laid out as Llama's q and k are (a
-// [batch, time, heads, dim] projection seen as [batch, heads, time, dim]) and contiguous.
+// f16, with f32 tables and tables in x's dtype, on x (and y, dx) laid out as Llama's q and k
+// are (a [batch, time, heads, dim] projection seen as [batch, heads, time, dim]) and
+// contiguous, dy contiguous.
 
 #include "kernels/cuda/rotary.h"
 
@@ -51,18 +52,22 @@ void check_rotary() {
     const int64_t stride_t = c.heads_interleaved ? c.heads * c.dim : c.dim;
     const int64_t stride_h = c.heads_interleaved ? c.dim : c.time * c.dim;
     const int64_t stride_b = c.heads * c.time * c.dim;
+    // y and dx in x's layout, dy contiguous: both kinds of layout on each side.
+    const gpu::RotaryLayout strided{stride_b, stride_h, stride_t};
+    const gpu::RotaryLayout packed{c.heads * c.time * c.dim, c.time * c.dim, c.dim};
     std::vector<T> want_y(n), want_dx(n);
     cpu::rotary_forward<CpuOf<T>, CpuOf<C>>(on_cpu(x), c.batch, c.heads, c.time, c.dim, stride_b,
                                             stride_h, stride_t, on_cpu(cos), on_cpu(sin),
-                                            on_cpu(want_y));
-    cpu::rotary_backward<CpuOf<T>, CpuOf<C>>(on_cpu(dy), c.batch * c.heads, c.time, c.dim,
-                                             on_cpu(cos), on_cpu(sin), on_cpu(want_dx));
+                                            on_cpu(want_y), stride_b, stride_h, stride_t);
+    cpu::rotary_backward<CpuOf<T>, CpuOf<C>>(on_cpu(dy), c.batch, c.heads, c.time, c.dim, packed.b,
+                                             packed.h, packed.t, on_cpu(cos), on_cpu(sin),
+                                             on_cpu(want_dx), stride_b, stride_h, stride_t);
     for_each_schedule([&] {
       std::vector<T> y(n), dx(n);
-      gpu::rotary_forward(dtype_of<T>(), dtype_of<C>(), x.data(), c.batch, c.heads, c.time, c.dim,
-                          stride_b, stride_h, stride_t, cos.data(), sin.data(), y.data(), nullptr);
-      gpu::rotary_backward(dtype_of<T>(), dtype_of<C>(), dy.data(), c.batch * c.heads, c.time,
-                           c.dim, cos.data(), sin.data(), dx.data(), nullptr);
+      gpu::rotary_forward(dtype_of<T>(), dtype_of<C>(), x.data(), strided, c.batch, c.heads, c.time,
+                          c.dim, cos.data(), sin.data(), y.data(), strided, nullptr);
+      gpu::rotary_backward(dtype_of<T>(), dtype_of<C>(), dy.data(), packed, c.batch, c.heads,
+                           c.time, c.dim, cos.data(), sin.data(), dx.data(), strided, nullptr);
       EXPECT_TRUE(bitwise_equal(y, want_y));
       EXPECT_TRUE(bitwise_equal(dx, want_dx));
     });
@@ -89,11 +94,12 @@ TEST(EmulatedRotary, F16WithF32Tables) {
 }
 
 TEST(EmulatedRotary, AnOddDimOrTablesOfAThirdDtypeAreRefused) {
-  EXPECT_THROW(gpu::rotary_forward(DType::F32, DType::F32, nullptr, 1, 1, 1, 3, 3, 3, 3, nullptr,
-                                   nullptr, nullptr, nullptr),
+  const gpu::RotaryLayout layout{6, 6, 6};
+  EXPECT_THROW(gpu::rotary_forward(DType::F32, DType::F32, nullptr, layout, 1, 1, 1, 3, nullptr,
+                                   nullptr, nullptr, layout, nullptr),
                Error);
-  EXPECT_THROW(gpu::rotary_backward(DType::BF16, DType::F16, nullptr, 1, 1, 2, nullptr, nullptr,
-                                    nullptr, nullptr),
+  EXPECT_THROW(gpu::rotary_backward(DType::BF16, DType::F16, nullptr, layout, 1, 1, 1, 2, nullptr,
+                                    nullptr, nullptr, layout, nullptr),
                Error);
 }
 
