@@ -67,6 +67,33 @@ __device__ __forceinline__ T narrow(A v) {
   }
 }
 
+// Explicitly rounded operations: nvcc would otherwise contract a * b + c into one fused
+// multiply-add, which rounds once instead of twice and so departs from the CPU's bits.
+__device__ __forceinline__ float add_rn(float a, float b) {
+  return __fadd_rn(a, b);
+}
+__device__ __forceinline__ double add_rn(double a, double b) {
+  return __dadd_rn(a, b);
+}
+__device__ __forceinline__ float mul_rn(float a, float b) {
+  return __fmul_rn(a, b);
+}
+__device__ __forceinline__ double mul_rn(double a, double b) {
+  return __dmul_rn(a, b);
+}
+__device__ __forceinline__ float div_rn(float a, float b) {
+  return __fdiv_rn(a, b);
+}
+__device__ __forceinline__ double div_rn(double a, double b) {
+  return __ddiv_rn(a, b);
+}
+__device__ __forceinline__ float sqrt_rn(float a) {
+  return __fsqrt_rn(a);
+}
+__device__ __forceinline__ double sqrt_rn(double a) {
+  return __dsqrt_rn(a);
+}
+
 // Sixteen bytes of T, loaded and stored with one vector instruction.
 template <typename T, int V>
 struct alignas(sizeof(T) * V) Pack {

@@ -453,11 +453,20 @@ struct alignas(8 * sizeof(T)) Vec8 {
   T v[8];
 };
 
+// Whether src and dst both allow 8-element accesses.
 template <typename Src, typename Dst>
-__global__ void convert_vec8_kernel(const Src* src, Dst* dst, int64_t n, int64_t vectors) {
-  const int64_t stride = static_cast<int64_t>(gridDim.x) * blockDim.x;
-  const int64_t tid = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
-  for (int64_t v = tid; v < vectors; v += stride) {
+__host__ __device__ __forceinline__ bool vec8_aligned(const Src* src, const Dst* dst) {
+  return reinterpret_cast<uintptr_t>(src) % sizeof(Vec8<Src>) == 0 &&
+         reinterpret_cast<uintptr_t>(dst) % sizeof(Vec8<Dst>) == 0;
+}
+
+// dst[0, n) = src converted: the first `vectors` groups of 8 elements one 8-element step each
+// (both sides aligned for them), then single elements. This thread takes every stride-th step
+// and element from `first`.
+template <typename Src, typename Dst>
+__device__ __forceinline__ void convert_span(const Src* src, Dst* dst, int64_t n, int64_t vectors,
+                                             int64_t first, int64_t stride) {
+  for (int64_t v = first; v < vectors; v += stride) {
     const Vec8<Src> in = reinterpret_cast<const Vec8<Src>*>(src)[v];
     Vec8<Dst> out;
 #pragma unroll
@@ -465,14 +474,21 @@ __global__ void convert_vec8_kernel(const Src* src, Dst* dst, int64_t n, int64_t
       out.v[j] = convert_value<Src, Dst>(in.v[j]);
     reinterpret_cast<Vec8<Dst>*>(dst)[v] = out;
   }
-  for (int64_t i = vectors * 8 + tid; i < n; i += stride)
+  for (int64_t i = vectors * 8 + first; i < n; i += stride)
     dst[i] = convert_value<Src, Dst>(src[i]);
 }
 
 template <typename Src, typename Dst>
+__global__ void convert_vec8_kernel(const Src* src, Dst* dst, int64_t n, int64_t vectors) {
+  const int64_t stride = static_cast<int64_t>(gridDim.x) * blockDim.x;
+  convert_span(src, dst, n, vectors, static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x,
+               stride);
+}
+
+template <typename Src, typename Dst>
 void launch_convert_vec8(const void* src, void* dst, int64_t n, cudaStream_t stream) {
-  const bool aligned = reinterpret_cast<uintptr_t>(src) % sizeof(Vec8<Src>) == 0 &&
-                       reinterpret_cast<uintptr_t>(dst) % sizeof(Vec8<Dst>) == 0;
+  const bool aligned =
+      vec8_aligned(static_cast<const Src*>(src), static_cast<const Dst*>(dst));
   const int64_t vectors = aligned ? n / 8 : 0;
   const int64_t work = aligned ? vectors + n % 8 : n;
   convert_vec8_kernel<Src, Dst><<<grid_for(work, kThreads), kThreads, 0, stream>>>(
@@ -570,8 +586,8 @@ struct CastTable {
 };
 static_assert(sizeof(CastTable) <= kMaxKernelParameterBytes);
 
-// Each block converts one chunk of one tensor, as convert_vec8_kernel converts it: 8 elements
-// per step where both sides of the chunk are aligned, then single elements.
+// Each block converts one chunk of one tensor, as convert_vec8_kernel converts it (convert_span:
+// 8 elements per step where both sides of the chunk are aligned, then single elements).
 template <typename Src, typename Dst>
 __global__ void __launch_bounds__(kScaleThreads)
     multi_cast_kernel(const __grid_constant__ CastTable table) {
@@ -580,19 +596,7 @@ __global__ void __launch_bounds__(kScaleThreads)
   const int64_t len = table.n[t] - start < kCastChunk ? table.n[t] - start : kCastChunk;
   const Src* src = static_cast<const Src*>(table.src[t]) + start;
   Dst* dst = static_cast<Dst*>(table.dst[t]) + start;
-  const bool aligned = reinterpret_cast<uintptr_t>(src) % sizeof(Vec8<Src>) == 0 &&
-                       reinterpret_cast<uintptr_t>(dst) % sizeof(Vec8<Dst>) == 0;
-  const int64_t vectors = aligned ? len / 8 : 0;
-  for (int64_t v = threadIdx.x; v < vectors; v += blockDim.x) {
-    const Vec8<Src> in = reinterpret_cast<const Vec8<Src>*>(src)[v];
-    Vec8<Dst> out;
-#pragma unroll
-    for (int j = 0; j < 8; ++j)
-      out.v[j] = convert_value<Src, Dst>(in.v[j]);
-    reinterpret_cast<Vec8<Dst>*>(dst)[v] = out;
-  }
-  for (int64_t i = vectors * 8 + threadIdx.x; i < len; i += blockDim.x)
-    dst[i] = convert_value<Src, Dst>(src[i]);
+  convert_span(src, dst, len, vec8_aligned(src, dst) ? len / 8 : 0, threadIdx.x, blockDim.x);
 }
 
 template <typename Src, typename Dst>

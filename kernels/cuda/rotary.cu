@@ -13,19 +13,6 @@ namespace {
 
 constexpr int kThreads = 256;
 
-__device__ __forceinline__ float mul_rounded(float a, float b) {
-  return __fmul_rn(a, b);
-}
-__device__ __forceinline__ double mul_rounded(double a, double b) {
-  return __dmul_rn(a, b);
-}
-__device__ __forceinline__ float add_rounded(float a, float b) {
-  return __fadd_rn(a, b);
-}
-__device__ __forceinline__ double add_rounded(double a, double b) {
-  return __dadd_rn(a, b);
-}
-
 // A table's value as x's dtype T holds it, in T's arithmetic.
 template <typename T, typename C>
 __device__ __forceinline__ Acc<T> table_value(C v) {
@@ -50,9 +37,9 @@ __global__ void rotary_forward_kernel(const T* x, RotaryLayout x_layout, int64_t
     const int64_t d = i % dim, t = i / dim % time;
     const T* in = x + (offset_of(i, heads, time, dim, x_layout) - d);
     const Acc<T> rotated = d < half ? -widen(in[d + half]) : widen(in[d - half]);
-    const T a = narrow<T>(mul_rounded(widen(in[d]), table_value<T>(cos[t * dim + d])));
-    const T s = narrow<T>(mul_rounded(rotated, table_value<T>(sin[t * dim + d])));
-    y[offset_of(i, heads, time, dim, y_layout)] = narrow<T>(add_rounded(widen(a), widen(s)));
+    const T a = narrow<T>(mul_rn(widen(in[d]), table_value<T>(cos[t * dim + d])));
+    const T s = narrow<T>(mul_rn(rotated, table_value<T>(sin[t * dim + d])));
+    y[offset_of(i, heads, time, dim, y_layout)] = narrow<T>(add_rn(widen(a), widen(s)));
   }
 }
 
@@ -67,10 +54,10 @@ __global__ void rotary_backward_kernel(const T* dy, RotaryLayout dy_layout, int6
     const T* g = dy + (offset_of(i, heads, time, dim, dy_layout) - d);
     const C* c = cos + t * dim;
     const C* s = sin + t * dim;
-    const Acc<T> other = d < half ? mul_rounded(widen(g[d + half]), table_value<T>(s[d + half]))
-                                  : -mul_rounded(widen(g[d - half]), table_value<T>(s[d - half]));
+    const Acc<T> other = d < half ? mul_rn(widen(g[d + half]), table_value<T>(s[d + half]))
+                                  : -mul_rn(widen(g[d - half]), table_value<T>(s[d - half]));
     dx[offset_of(i, heads, time, dim, dx_layout)] =
-        narrow<T>(add_rounded(mul_rounded(widen(g[d]), table_value<T>(c[d])), other));
+        narrow<T>(add_rn(mul_rn(widen(g[d]), table_value<T>(c[d])), other));
   }
 }
 
