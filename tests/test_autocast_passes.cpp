@@ -63,6 +63,18 @@ CastCounts step_casts(const std::function<std::unique_ptr<nn::CausalLM>()>& make
   return counts;
 }
 
+// A GPT-2 of `layers` blocks, 16 wide, on `device`.
+nn::GPTConfig small_gpt(int64_t layers, Device device) {
+  nn::GPTConfig c;
+  c.vocab_size = 64;
+  c.context = 8;
+  c.layers = layers;
+  c.heads = 2;
+  c.embd = 16;
+  c.options.device = device;
+  return c;
+}
+
 // tied: the weights used by two ops, one of them autocast's (GPT-2's tied output head), whose
 // bf16 gradient is widened as it is added to the other's f32 one, not cast. Per block and
 // micro-batch: `activations_per_block` activation casts, `tables_per_block` position tables.
@@ -85,13 +97,7 @@ void expect_the_budget(const std::function<std::unique_ptr<nn::CausalLM>()>& mak
 }
 
 TEST(AutocastPasses, AGpt2StepCastsEachWeightOnceAndOneActivationPerBlock) {
-  nn::GPTConfig c;
-  c.vocab_size = 64;
-  c.context = 8;
-  c.layers = 3;
-  c.heads = 2;
-  c.embd = 16;
-  c.options.device = Device::meta();
+  const nn::GPTConfig c = small_gpt(3, Device::meta());
   expect_the_budget([c] { return std::make_unique<nn::GPT>(c, 0); }, 1, 1, 0);
 }
 
@@ -112,14 +118,7 @@ TEST(AutocastPasses, ALlamaStepCastsEachWeightOnceAndOneActivationPerBlock) {
 // With a WeightCastPlan (train_gpt keeps one), a step's scope casts every weight the step before
 // cast in one op at its first cast (one launch on CUDA), and keeps the same cache.
 TEST(AutocastPasses, AStepWithThePreviousStepsPlanCastsItsWeightsInOneOp) {
-  nn::GPTConfig c;
-  c.vocab_size = 64;
-  c.context = 8;
-  c.layers = 2;
-  c.heads = 2;
-  c.embd = 16;
-  c.options.device = Device::meta();
-  nn::GPT model(c, 0);
+  nn::GPT model(small_gpt(2, Device::meta()), 0);
   const Tensor tokens = Tensor::zeros({kBatch, kTime}, DType::I64, Device::meta());
   WeightCastPlan plan;
   MetaCudaPathScope cuda;
@@ -147,12 +146,7 @@ TEST(AutocastPasses, AStepWithThePreviousStepsPlanCastsItsWeightsInOneOp) {
 // On the CPU (which casts the plan's weights one after another) the bits of casting each at
 // its first use: losses and every gradient.
 TEST(AutocastPasses, CastingAPlansWeightsTogetherKeepsTheBitsOnTheCpu) {
-  nn::GPTConfig c;
-  c.vocab_size = 64;
-  c.context = 8;
-  c.layers = 2;
-  c.heads = 2;
-  c.embd = 16;
+  const nn::GPTConfig c = small_gpt(2, Device::cpu());
   nn::GPT planned(c, 3), alone(c, 3);
   std::vector<int64_t> values(kBatch * kTime);
   for (size_t i = 0; i < values.size(); ++i)

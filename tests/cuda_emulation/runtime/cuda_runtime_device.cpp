@@ -74,13 +74,6 @@ cudaMemoryType type_of(const void* ptr) {
 
 struct Token {};  // what an emulated stream or event handle points at
 
-cudaError_t copy(void* dst, const void* src, size_t count) {
-  if (count > 0 && (dst == nullptr || src == nullptr)) return cudaErrorInvalidValue;
-  if (count > 0) std::memmove(dst, src, count);
-  record_work(WorkKind::kCopy, "cudaMemcpy");
-  return device_error();
-}
-
 }  // namespace
 }  // namespace loom::cuda_emulation
 
@@ -142,13 +135,13 @@ cudaError_t CUDARTAPI cudaPointerGetAttributes(struct cudaPointerAttributes* att
 }
 
 cudaError_t CUDARTAPI cudaMemcpy(void* dst, const void* src, size_t count, enum cudaMemcpyKind) {
-  return emu::copy(dst, src, count);
+  return cudaMemcpyAsync(dst, src, count, cudaMemcpyDefault, nullptr);  // done when issued
 }
 
 cudaError_t CUDARTAPI cudaMemcpyPeerAsync(void* dst, int dst_device, const void* src,
                                           int src_device, size_t count, cudaStream_t) {
   if (dst_device != 0 || src_device != 0) return cudaErrorInvalidDevice;
-  return emu::copy(dst, src, count);
+  return cudaMemcpyAsync(dst, src, count, cudaMemcpyDefault, nullptr);  // done when issued
 }
 
 cudaError_t CUDARTAPI cudaMemcpy2DAsync(void* dst, size_t dpitch, const void* src, size_t spitch,
