@@ -17,6 +17,7 @@
 
 #include "core/dtype.h"
 #include "kernels/cuda/cublaslt_library.h"
+#include "stream_capture.h"
 #include "work_log.h"
 
 namespace loom::kernels::cuda {
@@ -219,10 +220,11 @@ cublasStatus_t standin_matmul(cublasLtHandle_t, cublasLtMatmulDesc_t raw_desc, c
                               cublasLtMatrixLayout_t raw_b, const void* beta, const void* c_data,
                               cublasLtMatrixLayout_t raw_c, void* d_data,
                               cublasLtMatrixLayout_t raw_d, const cublasLtMatmulAlgo_t*, void*,
-                              size_t, cudaStream_t) {
-  const MatmulDesc& desc = *reinterpret_cast<MatmulDesc*>(raw_desc);
-  const Layout &a = *reinterpret_cast<Layout*>(raw_a), &b = *reinterpret_cast<Layout*>(raw_b);
-  const Layout &c = *reinterpret_cast<Layout*>(raw_c), &d = *reinterpret_cast<Layout*>(raw_d);
+                              size_t, cudaStream_t stream) {
+  // Copies of the descriptors and scalars: a captured matmul runs after the call returns.
+  const MatmulDesc desc = *reinterpret_cast<MatmulDesc*>(raw_desc);
+  const Layout a = *reinterpret_cast<Layout*>(raw_a), b = *reinterpret_cast<Layout*>(raw_b);
+  const Layout c = *reinterpret_cast<Layout*>(raw_c), d = *reinterpret_cast<Layout*>(raw_d);
   int64_t m = 0, n = 0, k = 0;
   if (!sizes(desc, a, b, d, m, n, k) || c.type != d.type || c.ld != d.ld || alpha == nullptr ||
       beta == nullptr)
@@ -231,26 +233,29 @@ cublasStatus_t standin_matmul(cublasLtHandle_t, cublasLtMatmulDesc_t raw_desc, c
     return CUBLAS_STATUS_INVALID_VALUE;
   const float scale_ab = *static_cast<const float*>(alpha);
   const float scale_c = *static_cast<const float*>(beta);
-  for (int64_t batch = 0; batch < d.batch; ++batch) {
-    const void* pa = offset(a_data, a, a.batch == 1 ? 0 : batch);
-    const void* pb = offset(b_data, b, b.batch == 1 ? 0 : batch);
-    const void* pc = offset(c_data, c, batch);
-    void* pd = const_cast<void*>(offset(d_data, d, batch));
-    for (int64_t j = 0; j < n; ++j) {
-      for (int64_t i = 0; i < m; ++i) {
-        float sum = 0.0f;
-        for (int64_t p = 0; p < k; ++p)
-          sum += load(a.type, pa, element(a, desc.trans_a, i, p)) *
-                 load(b.type, pb, element(b, desc.trans_b, p, j));
-        float value = scale_ab * sum;
-        if (scale_c != 0.0f) value += scale_c * load(c.type, pc, i + j * c.ld);
-        if (desc.epilogue == CUBLASLT_EPILOGUE_BIAS) value += load(d.type, desc.bias, i);
-        store(d.type, pd, i + j * d.ld, value);  // C may be D: its (i, j) is read first
+  auto run = [=] {
+    for (int64_t batch = 0; batch < d.batch; ++batch) {
+      const void* pa = offset(a_data, a, a.batch == 1 ? 0 : batch);
+      const void* pb = offset(b_data, b, b.batch == 1 ? 0 : batch);
+      const void* pc = offset(c_data, c, batch);
+      void* pd = const_cast<void*>(offset(d_data, d, batch));
+      for (int64_t j = 0; j < n; ++j) {
+        for (int64_t i = 0; i < m; ++i) {
+          float sum = 0.0f;
+          for (int64_t p = 0; p < k; ++p)
+            sum += load(a.type, pa, element(a, desc.trans_a, i, p)) *
+                   load(b.type, pb, element(b, desc.trans_b, p, j));
+          float value = scale_ab * sum;
+          if (scale_c != 0.0f) value += scale_c * load(c.type, pc, i + j * c.ld);
+          if (desc.epilogue == CUBLASLT_EPILOGUE_BIAS) value += load(d.type, desc.bias, i);
+          store(d.type, pd, i + j * d.ld, value);  // C may be D: its (i, j) is read first
+        }
       }
     }
-  }
-  cuda_emulation::record_work(cuda_emulation::WorkKind::kMatmul, "cublasLtMatmul");
-  return CUBLAS_STATUS_SUCCESS;
+  };
+  const cudaError_t refused = cuda_emulation::submit(stream, cuda_emulation::WorkKind::kMatmul,
+                                                     "cublasLtMatmul", run);
+  return refused == cudaSuccess ? CUBLAS_STATUS_SUCCESS : CUBLAS_STATUS_EXECUTION_FAILED;
 }
 
 }  // namespace

@@ -4,7 +4,9 @@
 //
 // Memory is the host's: a "device pointer" is a host pointer, and copies are memcpy. Work is
 // done when it is issued (every launch runs to completion before returning), so the
-// synchronising calls only report the error a trapped kernel left.
+// synchronising calls only report the error a trapped kernel left, unless a stream capture
+// refuses them (Note [Emulated graphs] in stream_capture.h); work issued to a capturing
+// stream is recorded instead.
 
 #include <cuda_runtime_api.h>
 
@@ -13,6 +15,7 @@
 #include <mutex>
 
 #include "emulator.h"
+#include "stream_capture.h"
 #include "work_log.h"
 
 namespace loom::cuda_emulation {
@@ -58,6 +61,11 @@ const char* CUDARTAPI cudaGetErrorName(cudaError_t error) {
     case cudaErrorInvalidValue: return "cudaErrorInvalidValue";
     case cudaErrorInvalidConfiguration: return "cudaErrorInvalidConfiguration";
     case cudaErrorLaunchFailure: return "cudaErrorLaunchFailure";
+    case cudaErrorStreamCaptureUnsupported: return "cudaErrorStreamCaptureUnsupported";
+    case cudaErrorStreamCaptureInvalidated: return "cudaErrorStreamCaptureInvalidated";
+    case cudaErrorStreamCaptureIsolation: return "cudaErrorStreamCaptureIsolation";
+    case cudaErrorStreamCaptureWrongThread: return "cudaErrorStreamCaptureWrongThread";
+    case cudaErrorIllegalState: return "cudaErrorIllegalState";
     default: return "cudaError (emulated)";
   }
 }
@@ -68,6 +76,15 @@ const char* CUDARTAPI cudaGetErrorString(cudaError_t error) {
     case cudaErrorInvalidValue: return "invalid argument";
     case cudaErrorInvalidConfiguration: return "invalid configuration argument";
     case cudaErrorLaunchFailure: return "unspecified launch failure";
+    case cudaErrorStreamCaptureUnsupported:
+      return "operation not permitted when stream is capturing";
+    case cudaErrorStreamCaptureInvalidated:
+      return "operation failed due to a previous error during capture";
+    case cudaErrorStreamCaptureIsolation:
+      return "dependency created on uncaptured work in another stream";
+    case cudaErrorStreamCaptureWrongThread:
+      return "attempt to terminate a thread-local capture sequence from another thread";
+    case cudaErrorIllegalState: return "the operation is not permitted in the current state";
     default: return "an error the emulated runtime does not name";
   }
 }
@@ -100,24 +117,32 @@ cudaError_t CUDARTAPI cudaFuncSetAttribute(const void* func, enum cudaFuncAttrib
 }
 
 cudaError_t CUDARTAPI cudaMemcpyAsync(void* dst, const void* src, size_t count,
-                                      enum cudaMemcpyKind, cudaStream_t) {
+                                      enum cudaMemcpyKind, cudaStream_t stream) {
   if (count > 0 && (dst == nullptr || src == nullptr)) return cudaErrorInvalidValue;
-  if (count > 0) std::memmove(dst, src, count);
-  loom::cuda_emulation::record_work(loom::cuda_emulation::WorkKind::kCopy, "cudaMemcpyAsync");
-  return loom::cuda_emulation::device_error();
+  const cudaError_t refused = loom::cuda_emulation::submit(
+      stream, loom::cuda_emulation::WorkKind::kCopy, "cudaMemcpyAsync", [=] {
+        if (count > 0) std::memmove(dst, src, count);
+      });
+  return refused != cudaSuccess ? refused : loom::cuda_emulation::device_error();
 }
 
-cudaError_t CUDARTAPI cudaMemsetAsync(void* ptr, int value, size_t count, cudaStream_t) {
+cudaError_t CUDARTAPI cudaMemsetAsync(void* ptr, int value, size_t count, cudaStream_t stream) {
   if (count > 0 && ptr == nullptr) return cudaErrorInvalidValue;
-  if (count > 0) std::memset(ptr, value, count);
-  loom::cuda_emulation::record_work(loom::cuda_emulation::WorkKind::kFill, "cudaMemsetAsync");
-  return loom::cuda_emulation::device_error();
+  const cudaError_t refused = loom::cuda_emulation::submit(
+      stream, loom::cuda_emulation::WorkKind::kFill, "cudaMemsetAsync", [=] {
+        if (count > 0) std::memset(ptr, value, count);
+      });
+  return refused != cudaSuccess ? refused : loom::cuda_emulation::device_error();
 }
 
-cudaError_t CUDARTAPI cudaStreamSynchronize(cudaStream_t) {
-  return loom::cuda_emulation::device_error();
+cudaError_t CUDARTAPI cudaStreamSynchronize(cudaStream_t stream) {
+  const cudaError_t refused = loom::cuda_emulation::check_stream_not_capturing(stream);
+  return refused != cudaSuccess ? refused : loom::cuda_emulation::device_error();
 }
 
-cudaError_t CUDARTAPI cudaDeviceSynchronize(void) { return loom::cuda_emulation::device_error(); }
+cudaError_t CUDARTAPI cudaDeviceSynchronize(void) {
+  const cudaError_t refused = loom::cuda_emulation::check_unsafe_call_allowed();
+  return refused != cudaSuccess ? refused : loom::cuda_emulation::device_error();
+}
 
 }  // extern "C"

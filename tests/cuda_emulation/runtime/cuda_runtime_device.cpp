@@ -6,7 +6,8 @@
 // One device, 0. Device memory and pinned host memory are 256-byte aligned host allocations,
 // told apart by cudaPointerGetAttributes as CUDA tells them apart; anything else is pageable
 // host memory. Streams and events are tokens: every stream is always idle and every event
-// always complete, since nothing is ever queued.
+// always complete, since nothing is ever queued. While a stream captures, the calls CUDA
+// calls potentially unsafe are refused as CUDA refuses them (Note [Emulated graphs]).
 
 #include <cuda_runtime_api.h>
 
@@ -17,6 +18,7 @@
 #include <new>
 
 #include "emulator.h"
+#include "stream_capture.h"
 #include "work_log.h"
 
 namespace loom::cuda_emulation {
@@ -40,6 +42,8 @@ std::map<const char*, Range>& ranges() {
 cudaError_t allocate(void** ptr, size_t bytes, cudaMemoryType type) {
   if (ptr == nullptr) return cudaErrorInvalidValue;
   *ptr = nullptr;
+  if (const cudaError_t refused = check_unsafe_call_allowed(); refused != cudaSuccess)
+    return refused;
   if (bytes == 0) return cudaSuccess;
   void* p = ::operator new(bytes, kAlignment, std::nothrow);
   if (p == nullptr) return cudaErrorMemoryAllocation;
@@ -50,6 +54,8 @@ cudaError_t allocate(void** ptr, size_t bytes, cudaMemoryType type) {
 }
 
 cudaError_t release(void* ptr, cudaMemoryType type) {
+  if (const cudaError_t refused = check_unsafe_call_allowed(); refused != cudaSuccess)
+    return refused;
   if (ptr == nullptr) return cudaSuccess;
   {
     std::lock_guard<std::mutex> lock(memory_mutex);
@@ -109,6 +115,8 @@ cudaError_t CUDARTAPI cudaFreeHost(void* ptr) {
 
 cudaError_t CUDARTAPI cudaHostRegister(void* ptr, size_t size, unsigned int) {
   if (ptr == nullptr || size == 0) return cudaErrorInvalidValue;
+  if (const cudaError_t refused = emu::check_unsafe_call_allowed(); refused != cudaSuccess)
+    return refused;
   if (emu::type_of(ptr) != cudaMemoryTypeUnregistered) return cudaErrorHostMemoryAlreadyRegistered;
   std::lock_guard<std::mutex> lock(emu::memory_mutex);
   emu::ranges()[static_cast<const char*>(ptr)] = emu::Range{size, cudaMemoryTypeHost, false};
@@ -116,6 +124,8 @@ cudaError_t CUDARTAPI cudaHostRegister(void* ptr, size_t size, unsigned int) {
 }
 
 cudaError_t CUDARTAPI cudaHostUnregister(void* ptr) {
+  if (const cudaError_t refused = emu::check_unsafe_call_allowed(); refused != cudaSuccess)
+    return refused;
   std::lock_guard<std::mutex> lock(emu::memory_mutex);
   auto it = emu::ranges().find(static_cast<const char*>(ptr));
   if (it == emu::ranges().end() || it->second.owned) return cudaErrorHostMemoryNotRegistered;
@@ -135,35 +145,39 @@ cudaError_t CUDARTAPI cudaPointerGetAttributes(struct cudaPointerAttributes* att
 }
 
 cudaError_t CUDARTAPI cudaMemcpy(void* dst, const void* src, size_t count, enum cudaMemcpyKind) {
+  if (const cudaError_t refused = emu::check_unsafe_call_allowed(); refused != cudaSuccess)
+    return refused;
   return cudaMemcpyAsync(dst, src, count, cudaMemcpyDefault, nullptr);  // done when issued
 }
 
 cudaError_t CUDARTAPI cudaMemcpyPeerAsync(void* dst, int dst_device, const void* src,
-                                          int src_device, size_t count, cudaStream_t) {
+                                          int src_device, size_t count, cudaStream_t stream) {
   if (dst_device != 0 || src_device != 0) return cudaErrorInvalidDevice;
-  return cudaMemcpyAsync(dst, src, count, cudaMemcpyDefault, nullptr);  // done when issued
+  return cudaMemcpyAsync(dst, src, count, cudaMemcpyDefault, stream);
 }
 
 cudaError_t CUDARTAPI cudaMemcpy2DAsync(void* dst, size_t dpitch, const void* src, size_t spitch,
                                         size_t width, size_t height, enum cudaMemcpyKind,
-                                        cudaStream_t) {
+                                        cudaStream_t stream) {
   if (width > dpitch || width > spitch) return cudaErrorInvalidPitchValue;
   if (height > 0 && width > 0 && (dst == nullptr || src == nullptr)) return cudaErrorInvalidValue;
-  for (size_t row = 0; row < height; ++row)
-    std::memmove(static_cast<char*>(dst) + row * dpitch,
-                 static_cast<const char*>(src) + row * spitch, width);
-  emu::record_work(emu::WorkKind::kCopy, "cudaMemcpy2DAsync");
-  return emu::device_error();
+  const cudaError_t refused = emu::submit(stream, emu::WorkKind::kCopy, "cudaMemcpy2DAsync", [=] {
+    for (size_t row = 0; row < height; ++row)
+      std::memmove(static_cast<char*>(dst) + row * dpitch,
+                   static_cast<const char*>(src) + row * spitch, width);
+  });
+  return refused != cudaSuccess ? refused : emu::device_error();
 }
 
 cudaError_t CUDARTAPI cudaMemset2DAsync(void* ptr, size_t pitch, int value, size_t width,
-                                        size_t height, cudaStream_t) {
+                                        size_t height, cudaStream_t stream) {
   if (width > pitch) return cudaErrorInvalidPitchValue;
   if (height > 0 && width > 0 && ptr == nullptr) return cudaErrorInvalidValue;
-  for (size_t row = 0; row < height; ++row)
-    std::memset(static_cast<char*>(ptr) + row * pitch, value, width);
-  emu::record_work(emu::WorkKind::kFill, "cudaMemset2DAsync");
-  return emu::device_error();
+  const cudaError_t refused = emu::submit(stream, emu::WorkKind::kFill, "cudaMemset2DAsync", [=] {
+    for (size_t row = 0; row < height; ++row)
+      std::memset(static_cast<char*>(ptr) + row * pitch, value, width);
+  });
+  return refused != cudaSuccess ? refused : emu::device_error();
 }
 
 cudaError_t CUDARTAPI cudaStreamCreateWithFlags(cudaStream_t* stream, unsigned int) {
@@ -183,12 +197,13 @@ cudaError_t CUDARTAPI cudaStreamGetDevice(cudaStream_t, int* device) {
   return cudaSuccess;
 }
 
-cudaError_t CUDARTAPI cudaStreamWaitEvent(cudaStream_t, cudaEvent_t event, unsigned int) {
-  return event == nullptr ? cudaErrorInvalidResourceHandle : cudaSuccess;
+cudaError_t CUDARTAPI cudaStreamWaitEvent(cudaStream_t stream, cudaEvent_t event, unsigned int) {
+  return event == nullptr ? cudaErrorInvalidResourceHandle : emu::check_event_wait(stream, event);
 }
 
-cudaError_t CUDARTAPI cudaStreamQuery(cudaStream_t) {
-  return emu::device_error();
+cudaError_t CUDARTAPI cudaStreamQuery(cudaStream_t stream) {
+  const cudaError_t refused = emu::check_stream_not_capturing(stream);
+  return refused != cudaSuccess ? refused : emu::device_error();
 }
 
 cudaError_t CUDARTAPI cudaEventCreateWithFlags(cudaEvent_t* event, unsigned int) {
@@ -203,16 +218,21 @@ cudaError_t CUDARTAPI cudaEventCreate(cudaEvent_t* event) {
 
 cudaError_t CUDARTAPI cudaEventDestroy(cudaEvent_t event) {
   if (event == nullptr) return cudaErrorInvalidResourceHandle;
+  emu::forget_event(event);
   delete reinterpret_cast<emu::Token*>(event);
   return cudaSuccess;
 }
 
-cudaError_t CUDARTAPI cudaEventRecord(cudaEvent_t event, cudaStream_t) {
-  return event == nullptr ? cudaErrorInvalidResourceHandle : cudaSuccess;
+cudaError_t CUDARTAPI cudaEventRecord(cudaEvent_t event, cudaStream_t stream) {
+  if (event == nullptr) return cudaErrorInvalidResourceHandle;
+  emu::note_event_record(event, stream);
+  return cudaSuccess;
 }
 
 cudaError_t CUDARTAPI cudaEventQuery(cudaEvent_t event) {
-  return event == nullptr ? cudaErrorInvalidResourceHandle : emu::device_error();
+  if (event == nullptr) return cudaErrorInvalidResourceHandle;
+  const cudaError_t refused = emu::check_unsafe_call_allowed();
+  return refused != cudaSuccess ? refused : emu::device_error();
 }
 
 cudaError_t CUDARTAPI cudaEventSynchronize(cudaEvent_t event) {

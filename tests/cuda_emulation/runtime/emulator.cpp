@@ -1,6 +1,7 @@
 #include "emulator.h"
 
 #include "fiber_context.h"
+#include "stream_capture.h"
 #include "work_log.h"
 
 #include <sys/mman.h>
@@ -549,21 +550,12 @@ void trap() {
   throw Trapped{};
 }
 
-void run_grid(const LaunchConfig& config, const std::function<void()>& body) {
+namespace {
+
+// Runs every block of the grid (the launch was checked when issued).
+void execute_grid(const LaunchConfig& config, const std::function<void()>& body) {
   std::lock_guard<std::mutex> lock(launch_mutex);
-  if (sticky_error != cudaSuccess) {
-    emulated_last_error = sticky_error;
-    return;
-  }
-  if (refused_configuration(config)) {
-    emulated_last_error = cudaErrorInvalidConfiguration;
-    return;
-  }
-  if (config.shared_bytes > max_dynamic_shared_bytes(config.kernel)) {
-    emulated_last_error = cudaErrorInvalidValue;  // what a device says past the opt-in limit
-    return;
-  }
-  record_work(WorkKind::kKernel, config.name);
+  if (sticky_error != cudaSuccess) return;  // a trapped kernel ends the context's work
   Run r;
   r.config = config;
   r.body = &body;
@@ -599,6 +591,30 @@ void run_grid(const LaunchConfig& config, const std::function<void()>& body) {
       return;
     }
   }
+}
+
+}  // namespace
+
+void run_grid(const LaunchConfig& config, std::function<void()> body) {
+  {
+    std::lock_guard<std::mutex> lock(launch_mutex);
+    if (sticky_error != cudaSuccess) {
+      emulated_last_error = sticky_error;
+      return;
+    }
+    if (refused_configuration(config)) {
+      emulated_last_error = cudaErrorInvalidConfiguration;
+      return;
+    }
+    if (config.shared_bytes > max_dynamic_shared_bytes(config.kernel)) {
+      emulated_last_error = cudaErrorInvalidValue;  // what a device says past the opt-in limit
+      return;
+    }
+  }
+  const cudaError_t refused =
+      submit(config.stream, WorkKind::kKernel, config.name,
+             [config, body = std::move(body)] { execute_grid(config, body); });
+  if (refused != cudaSuccess) emulated_last_error = refused;
 }
 
 }  // namespace loom::cuda_emulation

@@ -98,13 +98,15 @@ struct LaunchConfig {
   size_t shared_bytes;
   cudaStream_t stream;
 };
-// Runs `body` as every thread of every block of the grid. A configuration CUDA refuses sets
-// the error cudaGetLastError() returns, and nothing runs.
-void run_grid(const LaunchConfig& config, const std::function<void()>& body);
+// Runs `body` as every thread of every block of the grid, now or, on a capturing stream, at
+// each launch of the captured graph (Note [Emulated graphs] in stream_capture.h). A
+// configuration CUDA refuses sets the error cudaGetLastError() returns, and nothing runs.
+void run_grid(const LaunchConfig& config, std::function<void()> body);
 
 // kernel<<<grid, block, shared, stream>>>(args...) is rewritten into
 // launch(kernel, grid, block, shared, stream)(args...): the arguments are converted to the
-// kernel's parameter types once, as a launch does, and every thread gets its own copy.
+// kernel's parameter types once, as a launch does (a captured launch keeps them), and every
+// thread gets its own copy.
 template <typename... Params>
 class Launch {
  public:
@@ -115,7 +117,7 @@ class Launch {
   void operator()(Args&&... args) const {
     static_assert(sizeof...(Args) == sizeof...(Params), "kernel launched with the wrong arity");
     const std::tuple<std::decay_t<Params>...> params(std::forward<Args>(args)...);
-    run_grid(config_, [&] { std::apply(kernel_, params); });
+    run_grid(config_, [kernel = kernel_, params] { std::apply(kernel, params); });
   }
 
  private:

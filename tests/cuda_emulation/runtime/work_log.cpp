@@ -39,14 +39,24 @@ size_t WorkLog::launches() const {
   return n;
 }
 
-void WorkLog::add(WorkKind kind, const char* name) {
+size_t WorkLog::host_launches() const {
   std::lock_guard<std::mutex> lock(mutex_);
-  entries_.push_back(Work{kind, name});
+  size_t n = 0;
+  for (const Work& w : entries_) {
+    const bool kernel = w.kind == WorkKind::kKernel || w.kind == WorkKind::kMatmul;
+    n += (kernel && !w.replayed) || w.kind == WorkKind::kGraph ? 1 : 0;
+  }
+  return n;
 }
 
-void record_work(WorkKind kind, const char* name) {
+void WorkLog::add(WorkKind kind, const char* name, bool replayed) {
+  std::lock_guard<std::mutex> lock(mutex_);
+  entries_.push_back(Work{kind, name, replayed});
+}
+
+void record_work(WorkKind kind, const char* name, bool replayed) {
   std::lock_guard<std::mutex> lock(live_mutex);
-  if (live != nullptr) live->add(kind, name);
+  if (live != nullptr) live->add(kind, name, replayed);
 }
 
 }  // namespace loom::cuda_emulation
