@@ -51,6 +51,7 @@
 
 #include "core/error.h"
 #include "core/tags.h"
+#include "kernels/cuda/capture_mode.h"
 #include "kernels/cuda/check.h"
 #include "kernels/cuda/cublaslt_library.h"
 
@@ -100,7 +101,11 @@ using PreferencePtr = LtPtr<cublasLtMatmulPreference_t, &CublasLt::matmul_prefer
 
 class DeviceMemory {
  public:
-  explicit DeviceMemory(size_t bytes) { LOOM_CUDA_CHECK(cudaMalloc(&ptr_, bytes)); }
+  // Created once and kept, so also during a graph capture (capture_mode.h).
+  explicit DeviceMemory(size_t bytes) {
+    RelaxedCaptureMode relaxed;
+    LOOM_CUDA_CHECK(cudaMalloc(&ptr_, bytes));
+  }
   DeviceMemory(const DeviceMemory&) = delete;
   DeviceMemory& operator=(const DeviceMemory&) = delete;
   ~DeviceMemory() {
@@ -374,6 +379,7 @@ const void* ones(DeviceState& state, DType dtype) {
       }
     }
     auto memory = std::make_unique<DeviceMemory>(host.size());
+    RelaxedCaptureMode relaxed;  // a blocking copy, also when the first use is captured
     LOOM_CUDA_CHECK(cudaMemcpy(memory->get(), host.data(), host.size(), cudaMemcpyHostToDevice));
     slot = std::move(memory);
   }

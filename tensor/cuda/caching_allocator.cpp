@@ -13,6 +13,7 @@
 
 #include "core/error.h"
 #include "core/tags.h"
+#include "kernels/cuda/capture_mode.h"
 #include "kernels/cuda/check.h"
 #include "tensor/cuda/device.h"
 #include "tensor/cuda/stream.h"
@@ -60,13 +61,14 @@ std::string format_bytes(size_t bytes) {
 }  // namespace
 
 struct CachingAllocator::Block {
-  Block(char* ptr_, size_t size_, cudaStream_t stream_, bool small_)
-      : ptr(ptr_), size(size_), stream(stream_), small(small_) {}
+  Block(char* ptr_, size_t size_, cudaStream_t stream_, bool small_, PoolId pool_)
+      : ptr(ptr_), size(size_), stream(stream_), small(small_), pool(pool_) {}
 
   char* ptr;
   size_t size;
   cudaStream_t stream;  // the only stream the block is handed out for
   bool small;           // which pool
+  PoolId pool;          // its segment's private pool, or 0 (the shared cache)
   bool allocated = false;
   int pending_events = 0;  // events recorded at free that have not completed yet
   Block* prev = nullptr;   // neighbours within the segment, by address
@@ -121,12 +123,14 @@ void* CachingAllocator::allocate_on(size_t nbytes, cudaStream_t stream) {
   size_t size = round_size(nbytes);
   bool small = size <= kSmallSize;
   std::lock_guard<std::mutex> lock(mutex_);
-  process_events();
-  Block* block = find_free_block(small ? small_free_ : large_free_, size, stream);
+  if (capture_pool_ == 0) process_events();  // event queries are refused during a capture
+  const PoolId pool = capture_pool_ != 0 && stream == capture_stream_ ? capture_pool_ : 0;
+  FreeSets& free = free_sets_of(pool);
+  Block* block = find_free_block(small ? free.small : free.large, size, stream);
   if (block != nullptr) {
     ++stats_.cache_hits;
   } else {
-    block = create_segment(nbytes, size, stream, small);
+    block = create_segment(nbytes, size, stream, small, pool);
   }
   split(block, size);
   block->allocated = true;
@@ -139,7 +143,7 @@ void* CachingAllocator::allocate_on(size_t nbytes, cudaStream_t stream) {
 
 CachingAllocator::Block* CachingAllocator::find_free_block(FreeSet& pool, size_t size,
                                                            cudaStream_t stream) {
-  Block key(nullptr, size, stream, false);
+  Block key(nullptr, size, stream, false, 0);
   auto it = pool.lower_bound(&key);
   if (it == pool.end() || (*it)->stream != stream) return nullptr;
   Block* block = *it;
@@ -148,16 +152,18 @@ CachingAllocator::Block* CachingAllocator::find_free_block(FreeSet& pool, size_t
 }
 
 CachingAllocator::Block* CachingAllocator::create_segment(size_t requested, size_t size,
-                                                          cudaStream_t stream, bool small) {
+                                                          cudaStream_t stream, bool small,
+                                                          PoolId pool) {
   size_t bytes = segment_size(size);
   void* ptr = driver_->malloc(bytes);
-  if (ptr == nullptr) {
-    // Cached segments of other sizes or streams may be what is in the way.
+  if (ptr == nullptr && capture_pool_ == 0) {
+    // Cached segments of other sizes or streams may be what is in the way (not during a
+    // capture, which does not permit returning memory to the driver).
     release_cached_segments();
     ptr = driver_->malloc(bytes);
   }
   if (ptr == nullptr) fail_out_of_memory(requested, bytes);
-  auto* block = new Block(static_cast<char*>(ptr), bytes, stream, small);
+  auto* block = new Block(static_cast<char*>(ptr), bytes, stream, small, pool);
   segments_.emplace(ptr, block);
   stats_.reserved_bytes += bytes;
   stats_.peak_reserved_bytes = std::max(stats_.peak_reserved_bytes, stats_.reserved_bytes);
@@ -171,7 +177,7 @@ void CachingAllocator::split(Block* block, size_t size) {
   size_t rest = block->size - size;
   bool worth_it = block->small ? rest >= kMinBlockSize : rest > kSmallSize;
   if (!worth_it) return;
-  auto* remainder = new Block(block->ptr + size, rest, block->stream, block->small);
+  auto* remainder = new Block(block->ptr + size, rest, block->stream, block->small, block->pool);
   remainder->prev = block;
   remainder->next = block->next;
   if (block->next != nullptr) block->next->prev = remainder;
@@ -181,7 +187,12 @@ void CachingAllocator::split(Block* block, size_t size) {
 }
 
 CachingAllocator::FreeSet& CachingAllocator::pool_of(const Block* block) {
-  return block->small ? small_free_ : large_free_;
+  FreeSets& free = free_sets_of(block->pool);
+  return block->small ? free.small : free.large;
+}
+
+CachingAllocator::FreeSets& CachingAllocator::free_sets_of(PoolId pool) {
+  return pool == 0 ? shared_free_ : private_free_[pool];
 }
 
 void CachingAllocator::deallocate(void* ptr, size_t nbytes) noexcept {
@@ -265,7 +276,7 @@ void CachingAllocator::process_events() {
 
 // Returns every segment that is one free block to the driver.
 void CachingAllocator::release_cached_segments() {
-  for (FreeSet* pool : {&small_free_, &large_free_}) {
+  for (FreeSet* pool : {&shared_free_.small, &shared_free_.large}) {
     for (auto it = pool->begin(); it != pool->end();) {
       Block* block = *it;
       if (block->prev != nullptr || block->next != nullptr) {
@@ -317,8 +328,51 @@ bool CachingAllocator::owns(const void* ptr) const {
 
 void CachingAllocator::empty_cache() {
   std::lock_guard<std::mutex> lock(mutex_);
+  if (capture_pool_ != 0) {
+    tag::kCuda.fail("empty_cache on cuda:", device_,
+                    " during a CUDA graph capture: CUDA does not permit returning memory to the "
+                    "driver then; call it before or after the capture");
+  }
   process_events();
   release_cached_segments();
+}
+
+PoolId CachingAllocator::begin_capture(cudaStream_t stream) {
+  std::lock_guard<std::mutex> lock(mutex_);
+  if (capture_pool_ != 0) {
+    tag::kCuda.fail("cuda:", device_,
+                    " caching allocator: a graph capture is already under way; captures on one "
+                    "device must not overlap");
+  }
+  capture_pool_ = ++last_pool_;
+  capture_stream_ = stream;
+  private_free_[capture_pool_];
+  return capture_pool_;
+}
+
+void CachingAllocator::end_capture() {
+  std::lock_guard<std::mutex> lock(mutex_);
+  capture_pool_ = 0;
+  capture_stream_ = nullptr;
+}
+
+void CachingAllocator::release_pool(PoolId pool) {
+  std::lock_guard<std::mutex> lock(mutex_);
+  auto it = private_free_.find(pool);
+  if (pool == 0 || it == private_free_.end()) {
+    tag::kCuda.fail("release_pool: cuda:", device_, " has no private pool ", pool);
+  }
+  if (pool == capture_pool_) {
+    tag::kCuda.fail("release_pool: pool ", pool, " of cuda:", device_,
+                    " is still being captured into; end the capture first");
+  }
+  for (auto& [base, head] : segments_) {
+    if (head->pool != pool) continue;
+    for (Block* block = head; block != nullptr; block = block->next) block->pool = 0;
+  }
+  shared_free_.small.merge(it->second.small);  // the order does not involve the pool
+  shared_free_.large.merge(it->second.large);
+  private_free_.erase(it);
 }
 
 CachingStats CachingAllocator::caching_stats() const {
@@ -349,7 +403,13 @@ class CudaMemoryDriver final : public DeviceMemoryDriver {
   void* malloc(size_t nbytes) override {
     DeviceGuard guard(device_);
     void* ptr = nullptr;
-    cudaError_t status = cudaMalloc(&ptr, nbytes);
+    // A segment for a private pool is allocated mid-capture (Note [Private pools for graph
+    // capture]), which the capture's own mode would refuse.
+    cudaError_t status;
+    {
+      kernels::cuda::RelaxedCaptureMode relaxed;
+      status = cudaMalloc(&ptr, nbytes);
+    }
     if (status == cudaErrorMemoryAllocation) {
       (void)cudaGetLastError();  // handled here: the caller frees its cache and retries
       return nullptr;

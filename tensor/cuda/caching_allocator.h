@@ -23,10 +23,23 @@
 //    state.
 // Cached segments stay reserved until empty_cache(). All driver calls go through
 // DeviceMemoryDriver, so the bookkeeping is tested on machines without a GPU.
+//
+// Note [Private pools for graph capture]
+// A captured CUDA graph (tensor/cuda/graph.h) replays its kernels on the addresses they had at
+// capture, so memory the capture allocated must never be handed to anything else while the
+// graph may replay, even after the capture freed it. Between begin_capture(stream) and
+// end_capture(), allocations for the capturing stream come from a private pool: segments of
+// their own, whose blocks, when freed (during the capture or after it), return to that pool
+// and are only handed out again to the same capture. release_pool() (the graph is gone) merges
+// the pool's segments into the shared cache. While a capture is under way the allocator makes
+// none of the calls CUDA refuses during one: it does not query events and does not return
+// segments to the driver (so out of memory fails without releasing the cache), and it
+// allocates segments with the thread's capture mode relaxed, as PyTorch's does.
 
 #include <cuda_runtime_api.h>
 
 #include <cstddef>
+#include <cstdint>
 #include <deque>
 #include <memory>
 #include <mutex>
@@ -40,6 +53,9 @@ namespace loom::cuda {
 
 // A driver event as the caching allocator sees it (a cudaEvent_t for the real driver).
 using EventHandle = void*;
+
+// A private pool of Note [Private pools for graph capture]; 0 is the shared cache.
+using PoolId = uint64_t;
 
 // The driver calls of one device's caching allocator. Every call is made with the
 // allocator's lock held, so implementations need not be thread-safe.
@@ -97,8 +113,17 @@ class CachingAllocator final : public Allocator {
   void record_stream(void* ptr, cudaStream_t stream);
   // True when `ptr` is a block handed out by this allocator and not yet freed.
   bool owns(const void* ptr) const;
-  // Returns cached segments without allocated blocks to the driver.
+  // Returns cached segments without allocated blocks to the driver. Throws loom::Error during
+  // a capture (returning memory to the driver is not permitted then).
   void empty_cache();
+
+  // Note [Private pools for graph capture]. begin_capture routes the allocations for `stream`
+  // to a new private pool and returns it; throws loom::Error when a capture is under way.
+  PoolId begin_capture(cudaStream_t stream);
+  // Ends the routing; the pool stays private until release_pool.
+  void end_capture();
+  // Merges the pool's segments, with any blocks still handed out, into the shared cache.
+  void release_pool(PoolId pool);
 
   CachingStats caching_stats() const;
   // Sets the peaks of caching_stats() and of Allocator::stats() to the current values.
@@ -112,8 +137,14 @@ class CachingAllocator final : public Allocator {
   };
   using FreeSet = std::set<Block*, BlockOrder>;
 
+  struct FreeSets {
+    FreeSet small;
+    FreeSet large;
+  };
+
   Block* find_free_block(FreeSet& pool, size_t size, cudaStream_t stream);
-  Block* create_segment(size_t requested, size_t size, cudaStream_t stream, bool small);
+  Block* create_segment(size_t requested, size_t size, cudaStream_t stream, bool small,
+                        PoolId pool);
   void split(Block* block, size_t size);
   void free_block(Block* block);
   void process_events();
@@ -123,9 +154,14 @@ class CachingAllocator final : public Allocator {
 
   const int device_;
   std::unique_ptr<DeviceMemoryDriver> driver_;
+  FreeSets& free_sets_of(PoolId pool);
+
   mutable std::mutex mutex_;
-  FreeSet small_free_;
-  FreeSet large_free_;
+  FreeSets shared_free_;
+  std::unordered_map<PoolId, FreeSets> private_free_;  // by pool
+  PoolId capture_pool_ = 0;                  // the pool being captured into, or 0
+  cudaStream_t capture_stream_ = nullptr;    // its stream
+  PoolId last_pool_ = 0;
   std::unordered_map<const void*, Block*> active_;             // handed-out blocks by pointer
   std::unordered_map<const void*, Block*> segments_;           // first block of each segment
   std::deque<std::pair<EventHandle, Block*>> pending_events_;  // freed, awaiting other streams

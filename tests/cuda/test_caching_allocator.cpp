@@ -40,6 +40,7 @@ struct FakeDevice {
   uintptr_t next_address = uintptr_t{1} << 32;
   std::map<uintptr_t, size_t> segments;  // live mallocs: address -> size
   size_t failed_mallocs = 0;
+  size_t event_queries = 0;
   cudaStream_t current = kStreamA;
 
   struct FakeEvent {
@@ -94,7 +95,10 @@ class FakeDriver final : public DeviceMemoryDriver {
     return reinterpret_cast<EventHandle>(device_->events.size());
   }
 
-  bool event_done(EventHandle handle) override { return event(handle).done; }
+  bool event_done(EventHandle handle) override {
+    ++device_->event_queries;
+    return event(handle).done;
+  }
 
   void destroy_event(EventHandle handle) override {
     EXPECT_FALSE(event(handle).destroyed) << "event destroyed twice";
@@ -527,6 +531,69 @@ TEST_F(CachingAllocatorTest, ConcurrentAllocationsNeverOverlap) {
 }
 
 // The per-device allocators need a device; without one they explain why.
+// Note [Private pools for graph capture].
+TEST_F(CachingAllocatorTest, CaptureAllocatesFromAPrivatePoolOnlyForItsStream) {
+  void* cached = alloc(4 * KiB, kStreamB);
+  release(cached, 4 * KiB);  // a free block of the shared cache, for stream B
+  void* cached_a = alloc(4 * KiB);
+  release(cached_a, 4 * KiB);  // and one for stream A
+  const PoolId pool = allocator().begin_capture(kStreamA);
+  EXPECT_NE(pool, 0u);
+  void* first = alloc(4 * KiB);
+  EXPECT_NE(first, cached_a) << "the capture takes nothing from the shared cache";
+  EXPECT_EQ(stats().device_mallocs, 3u);
+  EXPECT_EQ(alloc(4 * KiB, kStreamB), cached) << "other streams still use the shared cache";
+  release(first, 4 * KiB);
+  EXPECT_EQ(alloc(4 * KiB), first) << "what the capture freed, it reuses";
+  allocator().end_capture();
+  // The capture's memory stays private while its graph may replay, freed or not.
+  void* after = alloc(4 * KiB);
+  EXPECT_EQ(after, cached_a);
+  EXPECT_NE(alloc(4 * KiB), first);
+  release(first, 4 * KiB);
+  EXPECT_NE(alloc(4 * KiB), first);
+  // Released (the graph is gone), the pool's segment joins the shared cache: once stream A's
+  // shared segment (2 MiB less three 4 KiB blocks) cannot hold 1 MiB, it serves the request.
+  allocator().release_pool(pool);
+  const size_t mallocs = stats().device_mallocs;
+  EXPECT_NE(alloc(1 * MiB), first);
+  EXPECT_EQ(alloc(1 * MiB), first);
+  EXPECT_EQ(stats().device_mallocs, mallocs);
+  EXPECT_THROW(allocator().release_pool(pool), Error);
+}
+
+TEST_F(CachingAllocatorTest, PoolBlocksHandedOutAtReleaseReturnToTheSharedCache) {
+  const PoolId pool = allocator().begin_capture(kStreamA);
+  void* kept = alloc(8 * MiB);  // a result of the capture, alive after it
+  allocator().end_capture();
+  allocator().release_pool(pool);
+  release(kept, 8 * MiB);
+  EXPECT_EQ(alloc(8 * MiB), kept);
+  EXPECT_EQ(stats().device_mallocs, 1u);
+}
+
+TEST_F(CachingAllocatorTest, DuringACaptureNoEventIsQueriedAndNothingReturnsToTheDriver) {
+  fake_.capacity = 21 * MiB;
+  void* shared = alloc(4 * KiB, kStreamB);
+  allocator().record_stream(shared, kStreamC);
+  release(shared, 4 * KiB);  // waits for an event on stream C
+  void* cached = alloc(1 * MiB);
+  release(cached, 1 * MiB);  // a cached segment the out-of-memory path would return
+  const size_t queries = fake_.event_queries;
+  const PoolId pool = allocator().begin_capture(kStreamA);
+  alloc(1 * KiB);
+  EXPECT_EQ(fake_.event_queries, queries);
+  EXPECT_THROW(alloc(20 * MiB), Error);
+  EXPECT_EQ(stats().device_frees, 0u) << "out of memory, but the cache is kept";
+  EXPECT_THROW(allocator().empty_cache(), Error);
+  EXPECT_THROW(allocator().begin_capture(kStreamB), Error) << "captures do not overlap";
+  EXPECT_THROW(allocator().release_pool(pool), Error) << "still capturing";
+  allocator().end_capture();
+  alloc(1 * KiB);
+  EXPECT_GT(fake_.event_queries, queries);
+  allocator().release_pool(pool);
+}
+
 TEST(CachingAllocatorWithoutDevice, GlobalAllocatorExplainsWhyThereIsNone) {
   if (is_available()) GTEST_SKIP() << "a CUDA device is present";
   try {
