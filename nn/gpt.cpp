@@ -115,6 +115,11 @@ GPT::GPT(const GPTConfig& config, uint64_t seed) : config_(config) {
     h_->push_back(std::make_shared<Block>(config, gen));
   ln_f_ = register_module("ln_f", layer_norm_before_products(config));
   declare_parameter_use(wte_->weight());  // the tied output projection in forward()
+  std::vector<int64_t> positions(static_cast<size_t>(config.context));
+  for (int64_t t = 0; t < config.context; ++t)
+    positions[static_cast<size_t>(t)] = t;
+  positions_ =
+      register_buffer(Tensor::from_vector(positions, {config.context}, config.options.device));
 }
 
 Tensor GPT::positions_for(const Tensor& tokens, int64_t first) const {
@@ -125,10 +130,8 @@ Tensor GPT::positions_for(const Tensor& tokens, int64_t first) const {
     fail("GPT::forward: sequence length ", first + time, " exceeds the model's context of ",
          config_.context);
   }
-  std::vector<int64_t> positions(static_cast<size_t>(time));
-  for (int64_t t = 0; t < time; ++t)
-    positions[t] = first + t;
-  return Tensor::from_vector(positions, {time}, tokens.device());
+  const Tensor positions = positions_.narrow(0, first, time);
+  return positions.device() == tokens.device() ? positions : positions.to(tokens.device());
 }
 
 Tensor GPT::forward(const Tensor& tokens) const {

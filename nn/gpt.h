@@ -116,6 +116,7 @@ class GPT : public CausalLM {
   Tensor embed(const Tensor& tokens, const Tensor& positions) const;
 
   GPTConfig config_;
+  Tensor positions_;  // 0..context-1, a buffer (on the model's device)
   std::shared_ptr<Embedding> wte_, wpe_;
   std::shared_ptr<ModuleList<Block>> h_;
   std::shared_ptr<LayerNorm> ln_f_;

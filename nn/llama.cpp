@@ -199,6 +199,8 @@ Llama::Llama(const LlamaConfig& config, uint64_t seed) : config_(config) {
   }
   rotary_ = rotary_tables(config.context, config.attention_head_dim(), config.rope_theta,
                           config.options.dtype, config.options.device);
+  register_buffer(rotary_.cos);  // moved with the parameters
+  register_buffer(rotary_.sin);
 }
 
 double Llama::flops_per_token(int64_t time) const {

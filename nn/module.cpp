@@ -13,11 +13,27 @@ Tensor Module::register_parameter(std::string name, Tensor value) {
   return value;
 }
 
+Tensor Module::register_buffer(Tensor value) {
+  buffers_.push_back(value);
+  return value;
+}
+
 void Module::to(Device device) {
   NoGradGuard no_grad;
   for (const Tensor& p : parameters()) {
     if (p.device() != device) p.set_data(p.detach().to(device));
   }
+  std::vector<Tensor> buffers;
+  collect_buffers(buffers);
+  for (const Tensor& b : buffers) {
+    if (b.device() != device) b.set_data(b.to(device));
+  }
+}
+
+void Module::collect_buffers(std::vector<Tensor>& out) const {
+  out.insert(out.end(), buffers_.begin(), buffers_.end());
+  for (const auto& [name, child] : children_)
+    child->collect_buffers(out);
 }
 
 void Module::collect(const std::string& prefix,

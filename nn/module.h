@@ -43,9 +43,9 @@ class Module {
     return children_;
   }
   int64_t parameter_count() const;
-  // Moves every parameter to `device` in place (each keeps its identity, so optimizers and
-  // hooks created afterwards see the moved tensors; gradients are dropped). A no-op for
-  // parameters already there.
+  // Moves every parameter and buffer to `device` in place (each keeps its identity, so
+  // optimizers and hooks created afterwards see the moved tensors; gradients are dropped). A
+  // no-op for tensors already there.
   void to(Device device);
 
   // Name -> parameter. The tensors share storage with the parameters (detached views).
@@ -81,6 +81,11 @@ class Module {
 
   // Registers a parameter (marked requires_grad) and returns the stored handle.
   Tensor register_parameter(std::string name, Tensor value);
+  // Registers a constant the forward reads (positions, rotary tables): to() moves it with the
+  // parameters, so a forward on the module's device never copies it from the host (which a
+  // CUDA graph capture would refuse); it is not a parameter and not in the state dict
+  // (PyTorch's non-persistent buffers). Returns the stored handle.
+  Tensor register_buffer(Tensor value);
   template <typename M>
   std::shared_ptr<M> register_module(std::string name, std::shared_ptr<M> module) {
     children_.emplace_back(std::move(name), module);
@@ -89,8 +94,10 @@ class Module {
 
  private:
   void collect(const std::string& prefix, std::vector<std::pair<std::string, Tensor>>& out) const;
+  void collect_buffers(std::vector<Tensor>& out) const;
 
   std::vector<std::pair<std::string, Tensor>> parameters_;
+  std::vector<Tensor> buffers_;
   std::vector<std::pair<std::string, std::shared_ptr<Module>>> children_;
   std::shared_ptr<ForwardHook> forward_hook_;
   std::vector<Tensor> used_parameters_;

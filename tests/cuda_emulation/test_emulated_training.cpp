@@ -26,6 +26,7 @@
 #include "runtime/work_log.h"
 #include "tensor/autocast.h"
 #include "tensor/ops.h"
+#include "tools/train_gpt/graphed_step.h"
 
 namespace loom {
 namespace {
@@ -72,6 +73,7 @@ Tensor random_tokens(uint64_t seed) {
 struct Step {
   double loss = 0, grad_norm = 0;
   size_t forward_backward_launches = 0, optimizer_launches = 0;
+  size_t forward_backward_host_launches = 0;  // kernels, matmuls and graphs the host launched
   size_t casts = 0, batched_casts = 0, matmuls = 0;  // launches of the forward and backward
   size_t cached_weights = 0;                         // autocast's weight casts (bf16-mixed)
 };
@@ -83,13 +85,22 @@ size_t count_named(const std::vector<emu::Work>& work, const std::string& prefix
 }
 
 // A model and its AdamW on one device, stepped as train_gpt steps them: under bf16-mixed,
-// autocast and a WeightCastScope over the forward and backward; gradients clipped to norm 1.
+// autocast and a WeightCastScope over the forward and backward; gradients clipped to norm 1;
+// with `cuda_graph`, the forward and backward through train_gpt's GraphedStep (--cuda-graph).
 class Trainer {
  public:
-  Trainer(ModelMaker make, int layers, Device device, bool bf16_mixed)
+  Trainer(ModelMaker make, int layers, Device device, bool bf16_mixed, bool cuda_graph = false)
       : model_(make(layers)), bf16_mixed_(bf16_mixed), device_(device) {
     model_->to(device);
     optimizer_ = std::make_unique<optim::AdamW>(model_->parameters());
+    if (cuda_graph) graphed_ = std::make_unique<train_gpt::GraphedStep>(device);
+  }
+
+  std::vector<std::vector<float>> parameter_values() const {
+    std::vector<std::vector<float>> values;
+    for (const Tensor& p : model_->parameters())
+      values.push_back(p.to(Device::cpu()).to_vector<float>());
+    return values;
   }
 
   Step step(uint64_t data_seed) { return step_with(data_seed, &plan_); }
@@ -98,8 +109,9 @@ class Trainer {
 
  private:
   Step step_with(uint64_t data_seed, WeightCastPlan* plan) {
-    const Tensor tokens = random_tokens(data_seed).to(device_);
-    const Tensor targets = random_tokens(data_seed + 1).to(device_);
+    data::Batch batch{random_tokens(data_seed).to(device_), random_tokens(data_seed + 1).to(device_)};
+    if (graphed_) batch = graphed_->stage(batch);
+    const bool replaying = graphed_ && graphed_->replaying();
     Step s;
     emu::WorkLog log;
     {
@@ -107,22 +119,28 @@ class Trainer {
       std::unique_ptr<WeightCastScope> weights;
       if (bf16_mixed_) {
         autocast = std::make_unique<AutocastGuard>(DType::BF16);
-        weights = std::make_unique<WeightCastScope>(model_->parameters(), plan);
+        if (!replaying) weights = std::make_unique<WeightCastScope>(model_->parameters(), plan);
       }
-      Tensor loss = model_->loss(tokens, targets);
-      loss.backward();
+      auto forward_backward = [&] {
+        Tensor loss = model_->loss(batch.tokens, batch.targets);
+        loss.backward();
+        return loss;
+      };
+      const Tensor loss = graphed_ ? graphed_->run(forward_backward) : forward_backward();
       s.loss = loss.item();
       if (weights) s.cached_weights = weights->cached_casts();
     }
     const std::vector<emu::Work> forward_backward = log.entries();
     s.forward_backward_launches = log.launches();
+    s.forward_backward_host_launches = log.host_launches();
     s.casts = count_named(forward_backward, "convert");
     s.batched_casts = count_named(forward_backward, "multi_cast");
     s.matmuls = count_named(forward_backward, "cublasLtMatmul");
     log.clear();
     s.grad_norm = optim::clip_grad_norm(model_->parameters(), 1.0);
     optimizer_->step();
-    optimizer_->zero_grad();
+    if (!(graphed_ && graphed_->replaying()))
+      optimizer_->zero_grad();  // a replay rewrites the gradients the capture left
     s.optimizer_launches = log.launches();
     return s;
   }
@@ -132,6 +150,7 @@ class Trainer {
   Device device_;
   std::unique_ptr<optim::AdamW> optimizer_;
   WeightCastPlan plan_;  // as train_gpt keeps one
+  std::unique_ptr<train_gpt::GraphedStep> graphed_;
 };
 
 // Four steps from the same weights and data on the CPU and on the emulated device: the losses
@@ -228,6 +247,38 @@ TEST(CudaTraining, CastingAStepsWeightsTogetherKeepsTheBits) {
 TEST(CudaTraining, TheOptimizerStepOfGpt2SmallsTensorsTakesFourLaunches) {
   const Step step = steady_bf16_step(12);
   EXPECT_EQ(step.optimizer_launches, 4u);  // issue 46's budget: 5
+}
+
+// --cuda-graph (tools/train_gpt/graphed_step.h): the first step eager, the second captured and
+// replayed, the later ones replayed; every step's loss, gradient norm and the weights after
+// the last are those of eager steps, bit for bit, and from the second step on the host
+// launches the forward and backward as one graph of the eager step's kernels.
+void expect_graphed_steps_keep_the_bits(ModelMaker make, bool bf16_mixed) {
+  Trainer eager(make, 2, Device::cuda(0), bf16_mixed);
+  Trainer graphed(make, 2, Device::cuda(0), bf16_mixed, /*cuda_graph=*/true);
+  for (uint64_t step = 0; step < 5; ++step) {
+    SCOPED_TRACE("step " + std::to_string(step));
+    const Step want = eager.step(10 * step), got = graphed.step(10 * step);
+    EXPECT_EQ(got.loss, want.loss);
+    EXPECT_EQ(got.grad_norm, want.grad_norm);
+    EXPECT_EQ(got.optimizer_launches, want.optimizer_launches);
+    if (step == 0) continue;
+    EXPECT_EQ(got.forward_backward_host_launches, 1u);
+    EXPECT_EQ(got.forward_backward_launches, want.forward_backward_launches);
+  }
+  EXPECT_EQ(graphed.parameter_values(), eager.parameter_values());
+}
+
+TEST(CudaTraining, GraphedF32Gpt2StepsKeepTheBitsOfEagerSteps) {
+  expect_graphed_steps_keep_the_bits(tiny_gpt, false);
+}
+
+TEST(CudaTraining, GraphedBf16MixedGpt2StepsKeepTheBitsOfEagerSteps) {
+  expect_graphed_steps_keep_the_bits(tiny_gpt, true);
+}
+
+TEST(CudaTraining, GraphedBf16MixedLlamaStepsKeepTheBitsOfEagerSteps) {
+  expect_graphed_steps_keep_the_bits(tiny_llama, true);
 }
 
 }  // namespace

@@ -17,6 +17,7 @@
 #include "strategies/trace.h"
 #include "tensor/autocast.h"
 #include "tensor/ops.h"
+#include "tools/train_gpt/graphed_step.h"
 #include "tools/train_gpt/train_state.h"
 
 namespace loom::train_gpt {
@@ -117,6 +118,24 @@ double validation_loss(nn::CausalLM& model, const data::TokenBlocks& validation,
   return mean;
 }
 
+// What GraphedStep cannot capture (graphed_step.h), named by its flag.
+void check_cuda_graph_allowed(const strategies::Strategy& s, int64_t grad_accum) {
+  if (s.name() != "single_device" || s.world_size() != 1) {
+    tag::kTrainGpt.fail("--cuda-graph captures a single-device step; --strategy ", s.name(),
+                        " over ", s.world_size(),
+                        " ranks is not supported (use --strategy single_device)");
+  }
+  if (grad_accum > 1) {
+    tag::kTrainGpt.fail("--cuda-graph with --grad-accum ", grad_accum,
+                        ": a replayed micro-batch overwrites the gradients the others "
+                        "accumulate; use --grad-accum 1");
+  }
+  if (s.loss_scaler() != nullptr) {
+    tag::kTrainGpt.fail("--cuda-graph with a loss scaler (--precision 16-mixed): the scale is "
+                        "a host value the capture would freeze; use bf16-mixed or 32-true");
+  }
+}
+
 }  // namespace
 
 void train(nn::CausalLM& model, const data::TokenBlocks& data, const TrainOptions& options,
@@ -153,6 +172,12 @@ void train(nn::CausalLM& model, const data::TokenBlocks& data, const TrainOption
   const std::thread::id training_thread = std::this_thread::get_id();
   // The weights a step cast, cast together at the next step's first cast (tensor/autocast.h).
   WeightCastPlan weight_cast_plan;
+  // --cuda-graph: forward and backward captured at the second step, replayed after it.
+  std::unique_ptr<GraphedStep> graphed;
+  if (options.cuda_graph) {
+    check_cuda_graph_allowed(s, accum);
+    graphed = std::make_unique<GraphedStep>(s.root_device());
+  }
   for (int64_t step = first_step; step < options.steps; ++step) {
     auto start = std::chrono::steady_clock::now();
     strategies::Trace::Span step_span(trace, "step " + std::to_string(step), "step",
@@ -167,11 +192,12 @@ void train(nn::CausalLM& model, const data::TokenBlocks& data, const TrainOption
     // recomputes it (strategies/memory_estimate.h), else before the optimizer changes the
     // weights. Only this thread's forwards use it (dp's replicas run on their own threads).
     std::optional<WeightCastScope> weight_casts;
-    if (s.compute_dtype() != DType::F32)
+    if (s.compute_dtype() != DType::F32 && !(graphed && graphed->replaying()))
       weight_casts.emplace(s.parameters_held_through_step(), &weight_cast_plan);
     for (int64_t k = 0; k < accum; ++k) {
       const strategies::Trace::Args args = {{"step", step}, {"micro_step", k}};
       data::Batch batch = data.block(data.block_at(position_before(step) + k * world + rank));
+      if (graphed) batch = graphed->stage(batch);
       s.set_backward_sync(k == accum - 1);
       // The "backward" span opens when the forward on the training thread ends and closes
       // when forward_backward returns; under dp it also covers the replicas' reduction.
@@ -198,7 +224,10 @@ void train(nn::CausalLM& model, const data::TokenBlocks& data, const TrainOption
         return loss;
       };
       const double scale = accum > 1 ? 1.0 / static_cast<double>(accum) : 1.0;
-      Tensor loss = s.train_batch(batch.tokens, batch.targets, loss_of_rows, scale);
+      auto forward_backward = [&] {
+        return s.train_batch(batch.tokens, batch.targets, loss_of_rows, scale);
+      };
+      Tensor loss = graphed ? graphed->run(forward_backward) : forward_backward();
       backward_span.reset();
       local_loss += loss.item() / static_cast<double>(accum);
       tokens += batch.tokens.numel();
@@ -217,7 +246,7 @@ void train(nn::CausalLM& model, const data::TokenBlocks& data, const TrainOption
     double lr = schedule->lr_at(step);
     schedule->apply(optimizer, step);
     s.optimizer_step(optimizer);
-    optimizer.zero_grad();
+    if (!(graphed && graphed->replaying())) optimizer.zero_grad();  // replays rewrite them
     optimizer_span.reset();
     // The step's loss averaged over every rank's micro-batches (sync_dist mean).
     double loss = local_loss;
