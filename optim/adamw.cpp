@@ -1,6 +1,7 @@
 #include "optim/adamw.h"
 
 #include <cmath>
+#include <cstring>
 #include <utility>
 
 #include "core/tags.h"
@@ -8,7 +9,9 @@
 #include "tensor/meta.h"
 
 #if LOOM_WITH_CUDA
+#include "kernels/cuda/check.h"
 #include "kernels/cuda/optimizer.h"
+#include "tensor/cuda/pinned.h"
 #include "tensor/ops/cuda_support.h"
 #endif
 
@@ -32,6 +35,48 @@ const AdamWOptions& checked(const AdamWOptions& o) {
 }
 
 }  // namespace
+
+// Note [Capturable AdamW]: one slot of kSlotBytes per (group, batch of the group's update), in
+// pinned host memory and on the device.
+struct AdamW::ScalarSlots {
+#if LOOM_WITH_CUDA
+  static constexpr size_t kSlotBytes = 64;  // AdamWScalars<double>: 8 doubles
+  static constexpr int kSlots = 64;
+  explicit ScalarSlots(Device device)
+      : host(kSlots * kSlotBytes),
+        device_bytes(Tensor::empty({int64_t{kSlots} * int64_t{kSlotBytes}}, DType::U8, device)) {}
+
+  // Where batch `ordinal` of `group` reads its scalars: `scalars` written to the pinned slot
+  // and, unless `copy` is false, copied to the device slot on `stream`. Outside a capture it
+  // first waits for `stream`, whose earlier copy (or replay) may still read the slot.
+  const void* stage(const ParamGroup& group, int ordinal, const void* scalars, size_t bytes,
+                    bool copy, cudaStream_t stream) {
+    cudaStreamCaptureStatus capture = cudaStreamCaptureStatusNone;
+    LOOM_CUDA_CHECK(cudaStreamIsCapturing(stream, &capture));
+    if (capture == cudaStreamCaptureStatusNone) LOOM_CUDA_CHECK(cudaStreamSynchronize(stream));
+    auto [it, added] = index.try_emplace({&group, ordinal}, static_cast<int>(index.size()));
+    if (it->second >= kSlots) {
+      tag::kOptim.fail("AdamW (capturable): more than ", kSlots,
+                       " fused update batches per step; use fewer parameter groups");
+    }
+    const size_t offset = static_cast<size_t>(it->second) * kSlotBytes;
+    check(bytes <= kSlotBytes, "AdamW: scalars larger than a slot");
+    std::memcpy(static_cast<char*>(host.get()) + offset, scalars, bytes);
+    char* device_slot = static_cast<char*>(device_bytes.raw_data()) + offset;
+    if (copy) {
+      LOOM_CUDA_CHECK(cudaMemcpyAsync(device_slot, static_cast<char*>(host.get()) + offset, bytes,
+                                      cudaMemcpyHostToDevice, stream));
+    }
+    return device_slot;
+  }
+
+  cuda::PinnedBuffer host;
+  Tensor device_bytes;
+  std::map<std::pair<const ParamGroup*, int>, int> index;
+#endif
+};
+
+AdamW::~AdamW() = default;
 
 AdamW::AdamW(std::vector<ParamGroup> groups, const AdamWOptions& options)
     : Optimizer(with_defaults(std::move(groups), checked(options).lr, options.weight_decay),
@@ -74,6 +119,7 @@ void AdamW::update_group(const ParamGroup& group, const std::vector<Tensor>& par
     batch.tensors.push_back({p.raw_data(), grads[i].raw_data(), s.exp_avg.raw_data(),
                              s.exp_avg_sq.raw_data(), p.numel()});
   }
+  int ordinal = 0;
   for (const auto& [key, batch] : batches) {
     const kernels::cuda::AdamWArgs args{.lr = group.lr,
                                         .beta1 = options_.beta1,
@@ -81,13 +127,45 @@ void AdamW::update_group(const ParamGroup& group, const std::vector<Tensor>& par
                                         .eps = options_.eps,
                                         .weight_decay = group.weight_decay,
                                         .step = key.second};
+    const cudaStream_t stream = detail::stream_of(batch.first);
+    const void* device_scalars = nullptr;
+    if (capturable_) {
+      if (!slots_) slots_ = std::make_unique<ScalarSlots>(batch.first.device());
+      unsigned char scalars[ScalarSlots::kSlotBytes];
+      const size_t bytes = kernels::cuda::adamw_scalars_bytes(DType::F32);
+      kernels::cuda::write_adamw_scalars(DType::F32, args, scalars);
+      device_scalars =
+          slots_->stage(group, ordinal++, scalars, bytes, !preparing_replay_, stream);
+    }
+    if (preparing_replay_) continue;
+    const float* grad_scale = nullptr;
+    if (grad_scale_.defined()) {
+      if (grad_scale_.dtype() != DType::F32 || grad_scale_.numel() != 1 ||
+          grad_scale_.device() != batch.first.device()) {
+        tag::kOptim.fail("AdamW: the gradient scale is ", grad_scale_.str(),
+                         "; expected one f32 value on ", batch.first.device());
+      }
+      grad_scale = grad_scale_.data<float>();
+    }
     kernels::cuda::multi_tensor_adamw(DType::F32, batch.tensors.data(),
-                                      static_cast<int>(batch.tensors.size()), args,
-                                      /*grad_scale=*/nullptr, detail::stream_of(batch.first));
+                                      static_cast<int>(batch.tensors.size()), args, grad_scale,
+                                      stream, device_scalars);
   }
 #else
   Optimizer::update_group(group, params, grads);
 #endif
+}
+
+void AdamW::prepare_replay() {
+  if (!capturable_) tag::kOptim.fail("AdamW::prepare_replay without set_capturable(true)");
+  preparing_replay_ = true;
+  try {
+    step();
+  } catch (...) {
+    preparing_replay_ = false;
+    throw;
+  }
+  preparing_replay_ = false;
 }
 
 void AdamW::update(const ParamGroup& group, const Tensor& p, const Tensor& grad) {

@@ -9,7 +9,9 @@
 // dtype; see Note [Matching PyTorch's optimizer arithmetic] in kernels/cpu/optimizer_steps.h.
 
 #include <map>
+#include <memory>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "optim/optimizer.h"
@@ -29,6 +31,7 @@ class AdamW final : public Optimizer {
   explicit AdamW(std::vector<ParamGroup> groups, const AdamWOptions& options = {});
   // One group holding every parameter, with the options' lr and weight_decay.
   explicit AdamW(std::vector<Tensor> params, const AdamWOptions& options = {});
+  ~AdamW() override;
 
   const AdamWOptions& options() const { return options_; }
 
@@ -39,6 +42,23 @@ class AdamW final : public Optimizer {
   const Tensor& exp_avg_sq(const Tensor& param) const;
   int64_t param_step(const Tensor& param) const;  // t of the formula above
   bool is_scalar_state(const std::string& name) const override { return name == "step"; }
+
+  // Note [Capturable AdamW]
+  // For a step that a CUDA graph captures (tensor/cuda/graph.h), as torch's capturable=True:
+  // with set_capturable(true), each fused CUDA update reads its scalars (the learning rate,
+  // the decay, the bias corrections) from device memory, filled just before the launch, on its
+  // stream, by a copy from pinned host memory the host wrote at step(), instead of from the
+  // launch's parameters. A replay of the captured step copies what the host wrote last:
+  // prepare_replay() does on the host what step() does but launch (every step count advances,
+  // the next update's scalars are written) and is called before each replay. Outside a
+  // capture, writing a slot first waits for the stream, whose earlier copy or replay may still
+  // read it (one synchronisation per step). The bits are those of step(). Set it before the eager steps that precede the capture (its pinned and
+  // device buffers are allocated at the first update, which a capture would refuse).
+  void set_capturable(bool capturable) { capturable_ = capturable; }
+  void prepare_replay();
+  // Every CUDA gradient multiplied by `factor` (f32 [], on their device) as it is read, as if
+  // scaled in place first (clip_grad_norm_on_device's factor); undefined: none.
+  void set_grad_scale(Tensor factor) { grad_scale_ = std::move(factor); }
 
  protected:
   void update(const ParamGroup& group, const Tensor& param, const Tensor& grad) override;
@@ -65,6 +85,11 @@ class AdamW final : public Optimizer {
 
   AdamWOptions options_;
   std::map<const TensorImpl*, State> state_;
+  bool capturable_ = false;
+  bool preparing_replay_ = false;
+  Tensor grad_scale_;
+  struct ScalarSlots;  // Note [Capturable AdamW]'s buffers (adamw.cpp)
+  std::unique_ptr<ScalarSlots> slots_;
 };
 
 }  // namespace loom::optim

@@ -47,15 +47,11 @@ void check_grad(const Tensor& grad, size_t index) {
   }
 }
 
-// The 2-norm of every gradient on one GPU: the sums of squares of each run of gradients of one
-// dtype in a few launches (kernels/cuda/reduce.h's multi_tensor_sum_of_squares), one
-// device-to-host copy for all of them.
-std::vector<double> cuda_two_norms(const std::vector<Tensor>& grads) {
-  std::vector<double> norms;
-  if (grads.empty()) return norms;
-#if LOOM_WITH_CUDA
-  Device device = grads[0].device();
+// The sum of squares of every gradient on one GPU (f32 [grads], on it): each run of gradients
+// of one dtype in a few launches (kernels/cuda/reduce.h's multi_tensor_sum_of_squares).
+Tensor cuda_sums_of_squares(const std::vector<Tensor>& grads, Device device) {
   Tensor squares = Tensor::empty({static_cast<int64_t>(grads.size())}, DType::F32, device);
+#if LOOM_WITH_CUDA
   std::vector<kernels::cuda::TensorSpan> spans;
   for (size_t i = 0; i < grads.size(); ++i) {
     const Tensor& g = grads[i];
@@ -74,9 +70,17 @@ std::vector<double> cuda_two_norms(const std::vector<Tensor>& grads) {
                                                scratch.raw_data(), detail::stream_of(g));
     spans.clear();
   }
-  for (float s : squares.to_vector<float>())
-    norms.push_back(std::sqrt(static_cast<double>(s)));
 #endif
+  return squares;
+}
+
+// The 2-norm of every gradient on one GPU: their sums of squares, one device-to-host copy for
+// all of them.
+std::vector<double> cuda_two_norms(const std::vector<Tensor>& grads) {
+  std::vector<double> norms;
+  if (grads.empty()) return norms;
+  for (float s : cuda_sums_of_squares(grads, grads[0].device()).to_vector<float>())
+    norms.push_back(std::sqrt(static_cast<double>(s)));
   return norms;
 }
 
@@ -158,6 +162,34 @@ double total_norm(const std::vector<double>& norms, double norm_type) {
   if (norm_type == kInfNorm || norm_type == 1.0) return total;
   if (norm_type == 2.0) return std::sqrt(total);
   return std::pow(total, 1.0 / norm_type);
+}
+
+DeviceClip clip_grad_norm_on_device(const std::vector<Tensor>& params, double max_norm) {
+  if (!(max_norm > 0.0)) {
+    tag::kOptim.fail("clip_grad_norm_on_device: max_norm must be positive (infinity: no "
+                     "clipping), got ", max_norm);
+  }
+  std::vector<Tensor> grads;
+  for (size_t i = 0; i < params.size(); ++i) {
+    Tensor grad = params[i].grad();
+    if (!grad.defined()) continue;
+    check_grad(grad, i);
+    if (!grad.device().is_cuda() || (!grads.empty() && grad.device() != grads[0].device())) {
+      tag::kOptim.fail("clip_grad_norm_on_device: gradient of parameter ", i, " is ", grad.str(),
+                       "; every gradient must be on one CUDA device");
+    }
+    grads.push_back(grad);
+  }
+  if (grads.empty()) tag::kOptim.fail("clip_grad_norm_on_device: no parameter has a gradient");
+  const Device device = grads[0].device();
+  DeviceClip out{Tensor::empty({}, DType::F64, device), Tensor::empty({}, DType::F32, device)};
+#if LOOM_WITH_CUDA
+  const Tensor squares = cuda_sums_of_squares(grads, device);
+  kernels::cuda::clip_coefficient(squares.data<float>(), static_cast<int>(grads.size()), max_norm,
+                                  out.total_norm.data<double>(), out.factor.data<float>(),
+                                  detail::stream_of(squares));
+#endif
+  return out;
 }
 
 double clip_grad_norm(const std::vector<Tensor>& params, double max_norm, double norm_type,

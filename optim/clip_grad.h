@@ -30,6 +30,20 @@ double grad_norm(const std::vector<Tensor>& params, double norm_type = 2.0);
 double clip_grad_norm(const std::vector<Tensor>& params, double max_norm, double norm_type = 2.0,
                       bool error_if_nonfinite = false);
 
+// clip_grad_norm for a step that a CUDA graph captures (tensor/cuda/graph.h): nothing is read
+// back to the host and nothing is scaled. Every gradient of `params` must be a contiguous f32
+// or bf16 tensor on one CUDA device; the norm is the 2-norm. Returns, on that device, the
+// total norm (f64 []) and the factor (f32 []) by which clip_grad_norm would scale the
+// gradients (1 where it would leave them, a non-finite norm included), both with
+// clip_grad_norm's bits, in three launches. Give the factor to the optimizer
+// (AdamW::set_grad_scale), which multiplies each gradient by it as it reads it. max_norm must
+// be positive; infinity gives the norm alone.
+struct DeviceClip {
+  Tensor total_norm;
+  Tensor factor;
+};
+DeviceClip clip_grad_norm_on_device(const std::vector<Tensor>& params, double max_norm);
+
 // The pieces, for gradients spread over ranks (sharded strategies): the norm of a list of
 // per-parameter norms in order (what grad_norm computes from its per-parameter norms), and
 // clip_grad_norm's scaling given the total it would have computed.

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstring>
 #include <type_traits>
 
 #include "kernels/cuda/chunk_plan.cuh"
@@ -64,7 +65,7 @@ struct ChunkTable {
   int64_t n[kMaxChunkTensors];
   ChunkPlan plan;
 };
-static_assert(sizeof(ChunkTable) + sizeof(AdamWScalars<double>) + sizeof(void*) <=
+static_assert(sizeof(ChunkTable) + sizeof(AdamWScalars<double>) + 2 * sizeof(void*) <=
               kMaxKernelParameterBytes);
 
 template <typename T>
@@ -74,9 +75,10 @@ struct alignas(kIlp * sizeof(T)) Pack {
 
 template <typename T>
 __global__ void __launch_bounds__(kAdamThreads)
-    adamw_kernel(const __grid_constant__ ChunkTable table, const AdamWScalars<Acc<T>> s,
-                 const float* grad_scale) {
+    adamw_kernel(const __grid_constant__ ChunkTable table, const AdamWScalars<Acc<T>> args_scalars,
+                 const float* grad_scale, const AdamWScalars<Acc<T>>* device_scalars) {
   using C = Acc<T>;
+  const AdamWScalars<C> s = device_scalars != nullptr ? *device_scalars : args_scalars;
   const int t = table.plan.block_tensor[blockIdx.x];
   const int64_t start = static_cast<int64_t>(table.plan.block_chunk[blockIdx.x]) * kChunk;
   const int64_t len = table.n[t] - start < kChunk ? table.n[t] - start : kChunk;
@@ -123,8 +125,10 @@ __global__ void __launch_bounds__(kAdamThreads)
 
 template <typename T>
 void launch_adamw_table(const ChunkTable& table, int blocks, const AdamWScalars<Acc<T>>& s,
-                        const float* grad_scale, cudaStream_t stream) {
-  adamw_kernel<T><<<blocks, kAdamThreads, 0, stream>>>(table, s, grad_scale);
+                        const float* grad_scale, const void* device_scalars,
+                        cudaStream_t stream) {
+  adamw_kernel<T><<<blocks, kAdamThreads, 0, stream>>>(
+      table, s, grad_scale, static_cast<const AdamWScalars<Acc<T>>*>(device_scalars));
   LOOM_CUDA_CHECK_LAUNCH();
 }
 
@@ -173,8 +177,24 @@ __global__ void sgd_kernel(T* p, const T* g, T* buf, int64_t n, const SGDScalars
 
 }  // namespace
 
+size_t adamw_scalars_bytes(DType dtype) {
+  size_t bytes = 0;
+  dispatch_arithmetic(dtype, "adamw_scalars_bytes",
+                      [&]<typename T>() { bytes = sizeof(AdamWScalars<Acc<T>>); });
+  return bytes;
+}
+
+void write_adamw_scalars(DType dtype, const AdamWArgs& args, void* host) {
+  if (args.step < 1) fail("write_adamw_scalars: step must be >= 1 (1-based), got ", args.step);
+  dispatch_arithmetic(dtype, "write_adamw_scalars", [&]<typename T>() {
+    const AdamWScalars<Acc<T>> s = adamw_scalars<Acc<T>>(args);
+    std::memcpy(host, &s, sizeof(s));
+  });
+}
+
 void multi_tensor_adamw(DType dtype, const AdamWTensor* tensors, int count, const AdamWArgs& args,
-                        const float* grad_scale, cudaStream_t stream) {
+                        const float* grad_scale, cudaStream_t stream,
+                        const void* device_scalars) {
   if (count < 0) fail("multi_tensor_adamw: negative tensor count ", count);
   if (count > 0 && tensors == nullptr)
     fail("multi_tensor_adamw: tensors is null for ", count, " tensors");
@@ -193,7 +213,9 @@ void multi_tensor_adamw(DType dtype, const AdamWTensor* tensors, int count, cons
           table.exp_avg_sq[slot] = tensors[k].exp_avg_sq;
           table.n[slot] = tensors[k].n;
         },
-        [&](int blocks) { launch_adamw_table<T>(table, blocks, s, grad_scale, stream); });
+        [&](int blocks) {
+          launch_adamw_table<T>(table, blocks, s, grad_scale, device_scalars, stream);
+        });
   });
 }
 

@@ -45,8 +45,20 @@ struct AdamWArgs {
 // one float on the device by which every gradient element is multiplied first (e.g. 1/loss
 // scale, or a clipping coefficient computed on the device): the CPU's update of g * scale.
 // Tensors with n == 0 are skipped.
+// `device_scalars`, when not null, is device memory that holds, when the launch runs, what
+// write_adamw_scalars(dtype, a, ...) wrote for some AdamWArgs a: the kernel takes the
+// learning rate, the decay and the bias corrections from there, not from `args` (which are
+// still checked). A captured launch then replays with the scalars of each new step (Note
+// [Capturable AdamW] in optim/adamw.h).
 void multi_tensor_adamw(DType dtype, const AdamWTensor* tensors, int count, const AdamWArgs& args,
-                        const float* grad_scale, cudaStream_t stream);
+                        const float* grad_scale, cudaStream_t stream,
+                        const void* device_scalars = nullptr);
+
+// The scalars multi_tensor_adamw derives from `args` for `dtype`'s compute type, as it
+// computes them (in double on the host, rounded once): adamw_scalars_bytes(dtype) bytes
+// written to `host`.
+size_t adamw_scalars_bytes(DType dtype);
+void write_adamw_scalars(DType dtype, const AdamWArgs& args, void* host);
 
 // As kernels::cpu::SGDStepArgs.
 struct SGDArgs {

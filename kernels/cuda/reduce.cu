@@ -540,6 +540,33 @@ void multi_tensor_sum_of_squares(DType dtype, const TensorSpan* tensors, int cou
   }
 }
 
+namespace {
+
+// One thread, in order: the arithmetic of optim::grad_norm and clip_grads_to_norm on the host,
+// each operation rounded as written (no contraction into fused multiply-adds).
+__global__ void clip_coefficient_kernel(const float* squares, int count, double max_norm,
+                                        double* total_norm, float* factor) {
+  double total = 0.0;
+  for (int k = 0; k < count; ++k) {
+    const double norm = sqrt_rn(static_cast<double>(squares[k]));
+    total = add_rn(total, mul_rn(norm, norm));
+  }
+  total = sqrt_rn(total);
+  const double coefficient = div_rn(max_norm, add_rn(total, 1e-6));
+  *total_norm = total;
+  *factor = coefficient < 1.0 ? static_cast<float>(coefficient) : 1.0f;  // NaN: 1 as well
+}
+
+}  // namespace
+
+void clip_coefficient(const float* squares, int count, double max_norm, double* total_norm,
+                      float* factor, cudaStream_t stream) {
+  if (count < 0) fail("clip_coefficient: negative tensor count ", count);
+  if (!(max_norm > 0.0)) fail("clip_coefficient: max_norm must be positive, got ", max_norm);
+  clip_coefficient_kernel<<<1, 1, 0, stream>>>(squares, count, max_norm, total_norm, factor);
+  LOOM_CUDA_CHECK_LAUNCH();
+}
+
 size_t sum_axis_workspace_bytes(DType dtype, int64_t outer, int64_t extent, int64_t inner) {
   check_sizes("sum_axis", outer, extent, inner);
   size_t state = 0;  // the partial sums' type, Acc<T>

@@ -66,4 +66,13 @@ size_t multi_tensor_squares_workspace_bytes(const TensorSpan* tensors, int count
 void multi_tensor_sum_of_squares(DType dtype, const TensorSpan* tensors, int count,
                                  float* squares, void* workspace, cudaStream_t stream);
 
+// Gradient clipping's norm and factor without a copy to the host (a step a CUDA graph
+// captures): from the per-gradient sums of squares squares[0..count) (device), *total_norm
+// (double, device) = sqrt(sum over k of sqrt(squares[k])^2) and *factor (float, device) =
+// max_norm / (total + 1e-6) where that is below 1, else 1 (a non-finite total gives 1: nothing
+// is scaled), with the host's arithmetic and bits (optim::grad_norm, clip_grads_to_norm). One
+// launch of one thread. max_norm must be positive (infinity: a norm without clipping).
+void clip_coefficient(const float* squares, int count, double max_norm, double* total_norm,
+                      float* factor, cudaStream_t stream);
+
 }  // namespace loom::kernels::cuda

@@ -1,6 +1,7 @@
 // kernels/cuda/optimizer.cu under the emulator against kernels/cpu/optimizer_steps:
 // multi-tensor AdamW over many odd-sized tensors (several launches' worth of chunks), with
-// and without a device gradient scale, and SGD in every option combination.
+// and without a device gradient scale, with its scalars from device memory, and SGD in every
+// option combination.
 //
 // Tolerance: the kernels round every operation (__fadd_rn and friends), as the CPU source
 // does, but the CPU kernels are built with FMA contraction (the release flags), so an element
@@ -27,8 +28,10 @@ constexpr double ulps2() {
   return std::is_same_v<T, double> ? 5e-16 : 2.5e-7;
 }
 
+// with_scale: a device gradient scale; device_scalars: the step's scalars read from device
+// memory (write_adamw_scalars), the arguments passed by value being another step's.
 template <typename T>
-void check_adamw(bool with_scale) {
+void check_adamw(bool with_scale, bool device_scalars = false) {
   std::mt19937_64 rng(59);
   std::uniform_int_distribution<int64_t> size(1, 600);
   const int count = 272;  // more than one launch table's 256 tensors
@@ -58,8 +61,18 @@ void check_adamw(bool with_scale) {
                          m[static_cast<size_t>(i)].data(), v[static_cast<size_t>(i)].data(),
                          static_cast<int64_t>(p[static_cast<size_t>(i)].size())});
       }
-      gpu::multi_tensor_adamw(dtype_of<T>(), table.data(), count, g,
-                              with_scale ? &scale : nullptr, nullptr);
+      if (device_scalars) {
+        std::vector<unsigned char> scalars(gpu::adamw_scalars_bytes(dtype_of<T>()));
+        gpu::write_adamw_scalars(dtype_of<T>(), g, scalars.data());
+        gpu::AdamWArgs stale = g;  // what a captured launch was issued with
+        stale.lr = 0.5;
+        stale.step = step + 3;
+        gpu::multi_tensor_adamw(dtype_of<T>(), table.data(), count, stale,
+                                with_scale ? &scale : nullptr, nullptr, scalars.data());
+      } else {
+        gpu::multi_tensor_adamw(dtype_of<T>(), table.data(), count, g,
+                                with_scale ? &scale : nullptr, nullptr);
+      }
       for (size_t i = 0; i < static_cast<size_t>(count); ++i) {
         auto pw = widen_all(params[i]), gw = widen_all(grads[i]), mw = widen_all(ms[i]),
              vw = widen_all(vs[i]);
@@ -78,6 +91,8 @@ void check_adamw(bool with_scale) {
 
 TEST(EmulatedOptimizer, MultiTensorAdamWF32) { check_adamw<float>(false); }
 TEST(EmulatedOptimizer, MultiTensorAdamWWithDeviceGradScaleF32) { check_adamw<float>(true); }
+TEST(EmulatedOptimizer, MultiTensorAdamWWithDeviceScalarsF32) { check_adamw<float>(true, true); }
+TEST(EmulatedOptimizer, MultiTensorAdamWWithDeviceScalarsF64) { check_adamw<double>(false, true); }
 TEST(EmulatedOptimizer, MultiTensorAdamWF64) { check_adamw<double>(false); }
 TEST(EmulatedOptimizer, MultiTensorAdamWBf16) { check_adamw<__nv_bfloat16>(false); }
 

@@ -5,6 +5,8 @@
 
 #include "kernels/cuda/reduce.h"
 
+#include <limits>
+
 #include "emulation_test_util.h"
 #include "kernels/cpu/optimizer_steps.h"
 #include "kernels/cpu/reduce.h"
@@ -166,6 +168,41 @@ void check_multi_tensor_squares() {
 TEST(EmulatedReduce, MultiTensorSumsOfSquaresF32) { check_multi_tensor_squares<float>(); }
 TEST(EmulatedReduce, MultiTensorSumsOfSquaresBf16) {
   check_multi_tensor_squares<__nv_bfloat16>();
+}
+
+// Gradient clipping's norm and factor on the device: the bits of the host's arithmetic
+// (optim::grad_norm's norm of per-gradient norms, clip_grads_to_norm's coefficient, written
+// out here as they compute it), for norms below, at and above the limit, non-finite ones and
+// none at all.
+TEST(EmulatedReduce, ClipCoefficientHasTheHostsBits) {
+  std::mt19937_64 rng(17);
+  const float inf = std::numeric_limits<float>::infinity();
+  const std::vector<std::vector<float>> cases = {
+      {}, {4.0f}, {0.3f, 1e-3f, 2.5f, 7e4f}, random_values<float>(300, rng, 0.0, 2.0),
+      {1.0f, inf}, {std::nanf(""), 1.0f}};
+  for (const double max_norm : {1.0, 0.5, 1e3, std::numeric_limits<double>::infinity()}) {
+    for (const auto& squares : cases) {
+      double total = 0.0;
+      for (float s : squares) {
+        const double norm = std::sqrt(static_cast<double>(s));
+        total += norm * norm;
+      }
+      total = std::sqrt(total);
+      const double coefficient = max_norm / (total + 1e-6);
+      const float want_factor = coefficient < 1.0 ? static_cast<float>(coefficient) : 1.0f;
+      double got_total = -1.0;
+      float got_factor = -1.0f;
+      gpu::clip_coefficient(squares.data(), static_cast<int>(squares.size()), max_norm, &got_total,
+                            &got_factor, nullptr);
+      SCOPED_TRACE("max_norm " + std::to_string(max_norm) + ", " +
+                   std::to_string(squares.size()) + " gradients");
+      EXPECT_TRUE(bitwise_equal(std::vector<double>{got_total}, std::vector<double>{total}));
+      EXPECT_TRUE(bitwise_equal(std::vector<float>{got_factor}, std::vector<float>{want_factor}));
+    }
+  }
+  double total = 0;
+  float factor = 0;
+  EXPECT_THROW(gpu::clip_coefficient(nullptr, 0, 0.0, &total, &factor, nullptr), loom::Error);
 }
 
 }  // namespace

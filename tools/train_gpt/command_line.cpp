@@ -192,8 +192,8 @@ void add_flags(CLI::App& app, CommandLine& cli) {
       ->check(CLI::IsMember({"cpu", "cuda", "gpu", "auto"}))
       ->capture_default_str();
   app.add_flag("--cuda-graph", cli.train.cuda_graph,
-               "capture the step's forward and backward as a CUDA graph at the second step and "
-               "replay it after (single device, --device cuda; docs/cuda.md)");
+               "capture the whole step as a CUDA graph at the second step and replay it after "
+               "(single device, --device cuda, AdamW; docs/cuda.md)");
   app.add_option("--preset", cli.preset,
                  "gpt2-small: 12 layers, 12 heads, embd 768, ctx 1024, vocab 50304 on synthetic "
                  "tokens (the GPU benchmark config); llama-tiny: --model llama's defaults; "

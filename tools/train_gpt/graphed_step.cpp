@@ -42,18 +42,18 @@ data::Batch GraphedStep::stage(const data::Batch& batch) {
   return staged_;
 }
 
-Tensor GraphedStep::run(const std::function<Tensor()>& forward_backward) {
+GraphedStep::Outputs GraphedStep::run(const std::function<Outputs()>& step,
+                                      const std::function<void()>& before_replay) {
   ++calls_;
-  if (calls_ == 1) return forward_backward();  // warm-up: plans, optimizer state, cast plan
+  if (calls_ == 1) return step();  // warm-up: plans, optimizer state, cast plan
 #if LOOM_WITH_CUDA
-  if (calls_ == 2) graph_->capture([&] { loss_ = forward_backward(); });
+  if (calls_ == 2)
+    graph_->capture([&] { outputs_ = step(); });
+  else
+    before_replay();
   graph_->replay();
 #endif
-  return loss_;
-}
-
-bool GraphedStep::replaying() const {
-  return calls_ >= 2;
+  return outputs_;
 }
 
 }  // namespace loom::train_gpt

@@ -1,21 +1,21 @@
 #pragma once
-// --cuda-graph: the forward and backward of a single-device CUDA step captured once and
-// replayed (Note [CUDA Graphs] in tensor/cuda/graph.h), as torch.compile's "reduce-overhead"
-// mode and Megatron's --enable-cuda-graph do.
+// --cuda-graph: a single-device CUDA training step captured once and replayed (Note [CUDA
+// Graphs] in tensor/cuda/graph.h), as torch.compile's "reduce-overhead" mode and Megatron's
+// --enable-cuda-graph do.
 //
 // The first step runs eagerly (it builds the matmul plans, the optimizer's state and the
-// WeightCastPlan); the second is captured, then replayed; every later step is a replay. A
-// replay reads the step's tokens from device tensors that stage() fills before it, and writes
-// the loss and every parameter's gradient into the tensors the capture left, so the trainer
-// keeps those gradients between steps instead of dropping them (zero_grad), and makes no
-// weight-cast scope (the casts are in the graph). Clipping, the learning rate and the
-// optimizer's update stay eager: their scalars (the clipping factor, the rate, the step count)
-// are host values a capture would freeze.
+// WeightCastPlan); the second is captured, then replayed; every later step is a replay. The
+// step is the whole of it: forward, backward, the gradient norm and clipping factor on the
+// device (optim::clip_grad_norm_on_device) and AdamW's update with its scalars read from
+// device memory (Note [Capturable AdamW] in optim/adamw.h). A replay reads the step's tokens
+// from the device tensors that stage() fills before it and rewrites the loss, the norm and
+// every parameter's gradient in the tensors the capture left, so the trainer keeps the
+// gradients between steps (no zero_grad) and reads the loss and the norm after the replay.
 //
-// Refused, naming the flag: a build without CUDA and a device other than CUDA (here), a
-// strategy other than single_device, --grad-accum above 1 (micro-batches accumulate into the
-// gradients a replay overwrites) and a loss scaler (16-mixed: its scale is a host value)
-// (train(), which knows the strategy).
+// Refused (train()): a build without CUDA and a device other than CUDA (here); a strategy
+// other than single_device, --grad-accum above 1 (micro-batches accumulate into the
+// gradients a replay overwrites), a loss scaler (16-mixed: its scale is a host value) and an
+// optimizer other than AdamW.
 
 #include <functional>
 #include <memory>
@@ -36,19 +36,23 @@ class GraphedStep {
   // `batch` copied into the device tensors the captured step reads (allocated at the first
   // call, before any capture), which the returned batch holds.
   data::Batch stage(const data::Batch& batch);
-  // The step's forward and backward: `forward_backward` run eagerly on the first call,
-  // captured at the second and replayed from then on. Returns the loss.
-  Tensor run(const std::function<Tensor()>& forward_backward);
-  // True once the step is replayed: the host work of a step (weight-cast scopes, dropping the
-  // gradients) is to be skipped.
-  bool replaying() const;
+
+  // What a step leaves on the device, rewritten by each replay.
+  struct Outputs {
+    Tensor loss;
+    Tensor grad_norm;
+  };
+  // `step` run eagerly at the first call, captured at the second and replayed from then on;
+  // `before_replay` (the host's share of a replayed step: AdamW::prepare_replay) runs before
+  // each replay but the first, which follows the capture that did that share itself.
+  Outputs run(const std::function<Outputs()>& step, const std::function<void()>& before_replay);
 
  private:
   struct Graph;
   Device device_;
   std::unique_ptr<Graph> graph_;
   data::Batch staged_;
-  Tensor loss_;
+  Outputs outputs_;
   int64_t calls_ = 0;
 };
 

@@ -4,6 +4,8 @@
 #include <cmath>
 #include <optional>
 #include <thread>
+#include <tuple>
+#include <utility>
 
 #include <nlohmann/json.hpp>
 
@@ -119,7 +121,8 @@ double validation_loss(nn::CausalLM& model, const data::TokenBlocks& validation,
 }
 
 // What GraphedStep cannot capture (graphed_step.h), named by its flag.
-void check_cuda_graph_allowed(const strategies::Strategy& s, int64_t grad_accum) {
+void check_cuda_graph_allowed(const strategies::Strategy& s, int64_t grad_accum,
+                              const optim::AdamW* adamw) {
   if (s.name() != "single_device" || s.world_size() != 1) {
     tag::kTrainGpt.fail("--cuda-graph captures a single-device step; --strategy ", s.name(),
                         " over ", s.world_size(),
@@ -134,6 +137,39 @@ void check_cuda_graph_allowed(const strategies::Strategy& s, int64_t grad_accum)
     tag::kTrainGpt.fail("--cuda-graph with a loss scaler (--precision 16-mixed): the scale is "
                         "a host value the capture would freeze; use bf16-mixed or 32-true");
   }
+  if (adamw == nullptr) {
+    tag::kTrainGpt.fail("--cuda-graph with --optimizer sgd: only AdamW reads its learning rate "
+                        "and step from device memory, as a replayed step needs; use --optimizer "
+                        "adamw");
+  }
+}
+
+// One step of --cuda-graph (graphed_step.h): the whole step run, captured or replayed; the
+// loss and the gradient norm read back after it. Returns {loss, norm}.
+std::pair<double, double> graphed_step(GraphedStep& graphed, const data::Batch& host_batch,
+                                       nn::CausalLM& model, strategies::Strategy& s,
+                                       optim::Optimizer& optimizer, optim::AdamW& adamw,
+                                       double grad_clip, WeightCastPlan& weight_cast_plan) {
+  const data::Batch batch = graphed.stage(host_batch);
+  auto loss_of_rows = [&](nn::Module& m, int64_t, int64_t) {
+    return static_cast<nn::CausalLM&>(m).loss(batch.tokens, batch.targets);
+  };
+  const GraphedStep::Outputs out = graphed.run(
+      [&] {
+        optimizer.zero_grad();  // the warm-up step's: the captured backward writes anew
+        std::optional<WeightCastScope> weight_casts;
+        if (s.compute_dtype() != DType::F32)
+          weight_casts.emplace(s.parameters_held_through_step(), &weight_cast_plan);
+        Tensor loss = s.train_batch(batch.tokens, batch.targets, loss_of_rows, 1.0);
+        weight_casts.reset();
+        const optim::DeviceClip clip = optim::clip_grad_norm_on_device(
+            model.parameters(), grad_clip > 0 ? grad_clip : optim::kInfNorm);
+        adamw.set_grad_scale(grad_clip > 0 ? clip.factor : Tensor());
+        s.optimizer_step(optimizer);  // the gradients stay: prepare_replay() reads them
+        return GraphedStep::Outputs{loss, clip.total_norm};
+      },
+      [&] { adamw.prepare_replay(); });
+  return {out.loss.item(), out.grad_norm.item()};
 }
 
 }  // namespace
@@ -172,11 +208,13 @@ void train(nn::CausalLM& model, const data::TokenBlocks& data, const TrainOption
   const std::thread::id training_thread = std::this_thread::get_id();
   // The weights a step cast, cast together at the next step's first cast (tensor/autocast.h).
   WeightCastPlan weight_cast_plan;
-  // --cuda-graph: forward and backward captured at the second step, replayed after it.
+  // --cuda-graph: the step captured at the second step, replayed after it.
   std::unique_ptr<GraphedStep> graphed;
+  optim::AdamW* adamw = dynamic_cast<optim::AdamW*>(&optimizer);
   if (options.cuda_graph) {
-    check_cuda_graph_allowed(s, accum);
+    check_cuda_graph_allowed(s, accum, adamw);
     graphed = std::make_unique<GraphedStep>(s.root_device());
+    adamw->set_capturable(true);
   }
   for (int64_t step = first_step; step < options.steps; ++step) {
     auto start = std::chrono::steady_clock::now();
@@ -185,69 +223,77 @@ void train(nn::CausalLM& model, const data::TokenBlocks& data, const TrainOption
     // Micro-step k of rank r reads the block at position_before(step) + k * world + r;
     // gradients of the accum micro-batches are summed locally (no sync) and averaged across
     // ranks once.
-    double local_loss = 0;
+    double local_loss = 0, norm = 0;
     int64_t tokens = 0;
-    // Autocast casts each weight once per step, for every micro-batch and recomputation
-    // (tensor/autocast.h); the cache ends with the last micro-batch's forward where nothing
-    // recomputes it (strategies/memory_estimate.h), else before the optimizer changes the
-    // weights. Only this thread's forwards use it (dp's replicas run on their own threads).
-    std::optional<WeightCastScope> weight_casts;
-    if (s.compute_dtype() != DType::F32 && !(graphed && graphed->replaying()))
-      weight_casts.emplace(s.parameters_held_through_step(), &weight_cast_plan);
-    for (int64_t k = 0; k < accum; ++k) {
-      const strategies::Trace::Args args = {{"step", step}, {"micro_step", k}};
-      data::Batch batch = data.block(data.block_at(position_before(step) + k * world + rank));
-      if (graphed) batch = graphed->stage(batch);
-      s.set_backward_sync(k == accum - 1);
-      // The "backward" span opens when the forward on the training thread ends and closes
-      // when forward_backward returns; under dp it also covers the replicas' reduction.
-      std::optional<strategies::Trace::Span> backward_span;
-      auto loss_of_rows = [&](nn::Module& m, int64_t row_begin, int64_t row_end) {
-        const bool main_thread = &m == &model;
-        std::optional<strategies::Trace::Span> span;
-        if (main_thread)
-          span.emplace(trace, "forward", "step", strategies::Trace::kMainThread, args);
-        const int64_t rows = batch.tokens.size(0);
-        Tensor loss =
-            row_begin == 0 && row_end == rows
-                ? static_cast<nn::CausalLM&>(m).loss(batch.tokens, batch.targets)
-                : static_cast<nn::CausalLM&>(m).loss(
-                      batch.tokens.narrow(0, row_begin, row_end - row_begin).contiguous(),
-                      batch.targets.narrow(0, row_begin, row_end - row_begin).contiguous());
-        if (main_thread) {
-          span.reset();
-          backward_span.emplace(trace, "backward", "step", strategies::Trace::kMainThread, args);
-        }
-        if (k == accum - 1 && !casts_outlive_last_forward &&
-            std::this_thread::get_id() == training_thread)
-          weight_casts.reset();
-        return loss;
-      };
-      const double scale = accum > 1 ? 1.0 / static_cast<double>(accum) : 1.0;
-      auto forward_backward = [&] {
-        return s.train_batch(batch.tokens, batch.targets, loss_of_rows, scale);
-      };
-      Tensor loss = graphed ? graphed->run(forward_backward) : forward_backward();
-      backward_span.reset();
-      local_loss += loss.item() / static_cast<double>(accum);
-      tokens += batch.tokens.numel();
+    const double lr = schedule->lr_at(step);
+    if (graphed) {
+      schedule->apply(optimizer, step);
+      const data::Batch batch = data.block(data.block_at(position_before(step) + rank));
+      std::tie(local_loss, norm) = graphed_step(*graphed, batch, model, s, optimizer, *adamw,
+                                                options.grad_clip, weight_cast_plan);
+      tokens = batch.tokens.numel();
+      if (!std::isfinite(norm)) {  // the update has run: the replayed step cannot stop before
+        tag::kTrainGpt.fail("step ", step + 1, ": the gradient norm is ", norm, " (loss ",
+                            local_loss, "); training diverged, try a lower --lr or --grad-clip 1");
+      }
+    } else {
+      // Autocast casts each weight once per step, for every micro-batch and recomputation
+      // (tensor/autocast.h); the cache ends with the last micro-batch's forward where nothing
+      // recomputes it (strategies/memory_estimate.h), else before the optimizer changes the
+      // weights. Only this thread's forwards use it (dp's replicas run on their own threads).
+      std::optional<WeightCastScope> weight_casts;
+      if (s.compute_dtype() != DType::F32)
+        weight_casts.emplace(s.parameters_held_through_step(), &weight_cast_plan);
+      for (int64_t k = 0; k < accum; ++k) {
+        const strategies::Trace::Args args = {{"step", step}, {"micro_step", k}};
+        data::Batch batch = data.block(data.block_at(position_before(step) + k * world + rank));
+        s.set_backward_sync(k == accum - 1);
+        // The "backward" span opens when the forward on the training thread ends and closes
+        // when forward_backward returns; under dp it also covers the replicas' reduction.
+        std::optional<strategies::Trace::Span> backward_span;
+        auto loss_of_rows = [&](nn::Module& m, int64_t row_begin, int64_t row_end) {
+          const bool main_thread = &m == &model;
+          std::optional<strategies::Trace::Span> span;
+          if (main_thread)
+            span.emplace(trace, "forward", "step", strategies::Trace::kMainThread, args);
+          const int64_t rows = batch.tokens.size(0);
+          Tensor loss =
+              row_begin == 0 && row_end == rows
+                  ? static_cast<nn::CausalLM&>(m).loss(batch.tokens, batch.targets)
+                  : static_cast<nn::CausalLM&>(m).loss(
+                        batch.tokens.narrow(0, row_begin, row_end - row_begin).contiguous(),
+                        batch.targets.narrow(0, row_begin, row_end - row_begin).contiguous());
+          if (main_thread) {
+            span.reset();
+            backward_span.emplace(trace, "backward", "step", strategies::Trace::kMainThread, args);
+          }
+          if (k == accum - 1 && !casts_outlive_last_forward &&
+              std::this_thread::get_id() == training_thread)
+            weight_casts.reset();
+          return loss;
+        };
+        const double scale = accum > 1 ? 1.0 / static_cast<double>(accum) : 1.0;
+        Tensor loss = s.train_batch(batch.tokens, batch.targets, loss_of_rows, scale);
+        backward_span.reset();
+        local_loss += loss.item() / static_cast<double>(accum);
+        tokens += batch.tokens.numel();
+      }
+      weight_casts.reset();
+      // Clipping, the lr schedule, the update and zero_grad (ended by reset() below).
+      std::optional<strategies::Trace::Span> optimizer_span;
+      optimizer_span.emplace(trace, "optimizer", "step", strategies::Trace::kMainThread,
+                             strategies::Trace::Args{{"step", step}});
+      s.unscale_gradients();
+      norm = options.grad_clip > 0 ? s.clip_gradients(options.grad_clip) : s.gradient_norm();
+      if (!std::isfinite(norm) && !s.skips_step()) {
+        tag::kTrainGpt.fail("step ", step + 1, ": the gradient norm is ", norm, " (loss ", local_loss,
+                            "); training diverged, try a lower --lr or --grad-clip 1");
+      }
+      schedule->apply(optimizer, step);
+      s.optimizer_step(optimizer);
+      optimizer.zero_grad();
+      optimizer_span.reset();
     }
-    weight_casts.reset();
-    // Clipping, the lr schedule, the update and zero_grad (ended by reset() below).
-    std::optional<strategies::Trace::Span> optimizer_span;
-    optimizer_span.emplace(trace, "optimizer", "step", strategies::Trace::kMainThread,
-                           strategies::Trace::Args{{"step", step}});
-    s.unscale_gradients();
-    double norm = options.grad_clip > 0 ? s.clip_gradients(options.grad_clip) : s.gradient_norm();
-    if (!std::isfinite(norm) && !s.skips_step()) {
-      tag::kTrainGpt.fail("step ", step + 1, ": the gradient norm is ", norm, " (loss ", local_loss,
-                          "); training diverged, try a lower --lr or --grad-clip 1");
-    }
-    double lr = schedule->lr_at(step);
-    schedule->apply(optimizer, step);
-    s.optimizer_step(optimizer);
-    if (!(graphed && graphed->replaying())) optimizer.zero_grad();  // replays rewrite them
-    optimizer_span.reset();
     // The step's loss averaged over every rank's micro-batches (sync_dist mean).
     double loss = local_loss;
     if (world > 1) {

@@ -56,8 +56,8 @@ struct TrainOptions {
   // "full": the weights gathered into model.safetensors (Hugging Face layout), "sharded":
   // every rank writes the parts it holds; "auto": sharded under the sharded strategies.
   std::string checkpoint_format = "auto";
-  // --cuda-graph: the single-device CUDA step's forward and backward captured at the second
-  // step and replayed after it (graphed_step.h).
+  // --cuda-graph: the single-device CUDA step captured at the second step and replayed after
+  // it (graphed_step.h).
   bool cuda_graph = false;
 };
 
