@@ -52,8 +52,9 @@ class AdamW final : public Optimizer {
   // prepare_replay() does on the host what step() does but launch (every step count advances,
   // the next update's scalars are written) and is called before each replay. Outside a
   // capture, writing a slot first waits for the stream, whose earlier copy or replay may still
-  // read it (one synchronisation per step). The bits are those of step(). Set it before the eager steps that precede the capture (its pinned and
-  // device buffers are allocated at the first update, which a capture would refuse).
+  // read it (one synchronisation per step). The bits are those of step(). Set it before the
+  // eager steps that precede the capture (its pinned and device buffers are allocated at the
+  // first update, which a capture would refuse).
   void set_capturable(bool capturable) { capturable_ = capturable; }
   void prepare_replay();
   // Every CUDA gradient multiplied by `factor` (f32 [], on their device) as it is read, as if
