@@ -19,8 +19,9 @@
 #   configure      Release build with CUDA in $BUILD_DIR (default build/gpu), the carried
 #                  packages passed as <Package>_DIR and CMAKE_PREFIX_PATH
 #   build          the CUDA test programs, train_gpt and the kernel labs (keeps going on errors)
-#   ctest          the tests of test_cuda_ops test_cuda_runtime test_caching_allocator test_nccl
-#                  test_cuda_staging (ctest -R, --output-on-failure)
+#   ctest          the tests of test_cuda_ops test_cuda_runtime test_cuda_graph
+#                  test_caching_allocator test_nccl test_cuda_staging (ctest -R,
+#                  --output-on-failure)
 #   labs           every build/gpu/bench/cuda/lab_* (one summary row per lab)
 #   train_gpt      train_gpt --device cuda --preset gpt2-small --precision bf16-mixed --batch 8
 #                  --steps 20
@@ -41,7 +42,7 @@
 # CMAKE_CUDA_ARCHITECTURES; default: the project's, 90), NCCL_ROOT (skip the search),
 # CTEST_JOBS (1: the tests share one GPU), BENCH_BATCH (8), BENCH_STEPS (20),
 # BENCH_PRECISION (bf16-mixed), GPU_CHECK_BUDGET_S (570), GTEST_PREFIX (/tmp/loom-gtest-install),
-# CUDA_TEST_PROGRAMS (the five above).
+# CUDA_TEST_PROGRAMS (the six above).
 
 set -u
 set -o pipefail
@@ -86,7 +87,7 @@ export CARRY_PREFIX="$CARRY/usr"
 export GTEST_PREFIX=${GTEST_PREFIX:-/tmp/loom-gtest-install}
 export GTEST_BUILD=/tmp/loom-gtest-build
 export STATE=/tmp/loom-gpu-check
-export CUDA_TEST_PROGRAMS=${CUDA_TEST_PROGRAMS:-"test_cuda_ops test_cuda_runtime test_caching_allocator test_nccl test_cuda_staging"}
+export CUDA_TEST_PROGRAMS=${CUDA_TEST_PROGRAMS:-"test_cuda_ops test_cuda_runtime test_cuda_graph test_caching_allocator test_nccl test_cuda_staging"}
 export PYTHONUNBUFFERED=1
 rm -rf "$STATE" && mkdir -p "$STATE"
 

@@ -15,7 +15,8 @@
 # looks for them in its CUDA toolkit and in Python's nvidia-* wheels.
 #
 # run's stages (all by default, in this order): env, tests (each CUDA test program, whole),
-# train_gpt (GPT-2 small, bf16-mixed, batch 8, 20 steps), torch_eager (the same model in
+# train_gpt (GPT-2 small, bf16-mixed, batch 8, 20 steps), train_gpt_graph (the same with
+# --cuda-graph: the whole step one CUDA graph from the second step), torch_eager (the same model in
 # PyTorch, scripts/torch_gpt2_bench.py), labs (each kernel lab); on request: lab_NAME (one lab),
 # torch_compile (torch_eager with torch.compile), phases (train_gpt with synchronous launches
 # and --trace, for the time of forward, backward and optimizer), kernels (Nsight Compute's
@@ -30,7 +31,7 @@ set -o pipefail
 ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 cd "$ROOT" || exit 1
 PACK=$ROOT/gpu_prebuilt
-TEST_PROGRAMS="test_cuda_runtime test_cuda_ops test_nccl test_cuda_staging test_caching_allocator"
+TEST_PROGRAMS="test_cuda_runtime test_cuda_ops test_cuda_graph test_nccl test_cuda_staging test_caching_allocator"
 
 # Libraries a GPU machine provides itself (see the header): never copied.
 system_or_cuda() {
@@ -112,7 +113,7 @@ run_all() {
   [ -f "$PACK/MANIFEST.txt" ] ||
     { echo "gpu-prebuilt: no $PACK.tar.xz (run 'pack' on Debian and carry it)"; return 1; }
   local stages=("$@")
-  [ ${#stages[@]} -gt 0 ] || stages=(env tests train_gpt torch_eager labs)
+  [ ${#stages[@]} -gt 0 ] || stages=(env tests train_gpt train_gpt_graph torch_eager labs)
   local libpath=$PACK/lib soname dir
   # shellcheck disable=SC2013  # sonames: words, never spaces
   for soname in $(sed -n 's/^cuda-sonames: //p' "$PACK/MANIFEST.txt"); do
@@ -144,9 +145,11 @@ run_all() {
         for exe in $TEST_PROGRAMS; do stage "$exe" 120 "$PACK/bin/$exe" --gtest_color=no; done ;;
       labs)
         for exe in "$PACK"/bin/lab_*; do stage "$(basename "$exe")" 120 "$exe"; done ;;
-      train_gpt)
-        stage train_gpt 200 "$PACK/bin/train_gpt" --device cuda --preset gpt2-small --precision bf16-mixed \
-          --batch 8 --steps 20 --log-interval 5 ;;
+      train_gpt | train_gpt_graph)
+        local graph=()
+        [ "$s" = train_gpt_graph ] && graph=(--cuda-graph)
+        stage "$s" 200 "$PACK/bin/train_gpt" --device cuda --preset gpt2-small --precision bf16-mixed \
+          --batch 8 --steps 20 --log-interval 5 "${graph[@]}" ;;
       llama)
         stage llama 200 "$PACK/bin/train_gpt" --device cuda --model llama --preset smollm-135m \
           --precision bf16-mixed --batch 4 --ctx 1024 --steps 12 --log-interval 4 ;;
@@ -168,7 +171,7 @@ run_all() {
           echo "$(wc -l <"$0") lines in $0"' "${GPU_PREBUILT_LOG%.log}.kernels.csv" "$PACK/bin/train_gpt" ;;
       lab_*) stage "$s" 120 "$PACK/bin/$s" ;;
       test_*) stage "$s" 120 "$PACK/bin/$s" --gtest_color=no ;;
-      *) echo "gpu-prebuilt: unknown stage '$s' (env tests train_gpt torch_eager labs torch_compile phases kernels lab_NAME test_NAME llama)"; return 2 ;;
+      *) echo "gpu-prebuilt: unknown stage '$s' (env tests train_gpt train_gpt_graph torch_eager labs torch_compile phases kernels lab_NAME test_NAME llama)"; return 2 ;;
     esac
   done
   printf '\n========== summary (%ss of %ss) ==========\n' $((SECONDS - start)) "$budget"
