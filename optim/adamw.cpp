@@ -172,6 +172,10 @@ void AdamW::update(const ParamGroup& group, const Tensor& p, const Tensor& grad)
   check(!p.device().is_cuda(),
         "AdamW::update runs the CPU kernel; CUDA parameters go through "
         "update_group()");
+  if (preparing_replay_ || grad_scale_.defined()) {
+    tag::kOptim.fail("AdamW: ", p.str(), " is not on a CUDA device; prepare_replay() and "
+                     "set_grad_scale() are for CUDA parameters (a step a CUDA graph captures)");
+  }
   State& s = advance_state(p);
   if (reports_op_cost(p.device())) {  // moments, corrections, decay, update: ~12 per element
     record_meta_op("adamw", OpClass::Optimizer, 12 * double(p.numel()),

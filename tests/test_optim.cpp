@@ -130,6 +130,22 @@ void expect_error(F&& fn, const std::string& needle) {
 
 // --- AdamW ---------------------------------------------------------------------------------
 
+// Note [Capturable AdamW]: a captured step is a CUDA one; on the CPU the replay preparation
+// and the device gradient scale are refused and leave the parameter as it was.
+TEST(AdamW, ReplayPreparationAndGradientScaleAreForCudaParameters) {
+  Tensor p = make_param<double>({0.5, -1.25}, {2});
+  p.set_grad(make_tensor<double>({0.3, -0.02}, {2}));
+  AdamW opt({p});
+  expect_error([&] { opt.prepare_replay(); }, "without set_capturable(true)");
+  opt.set_capturable(true);
+  expect_error([&] { opt.prepare_replay(); }, "is not on a CUDA device");
+  EXPECT_EQ(p.to_vector<double>(), (std::vector<double>{0.5, -1.25}));
+  opt.set_capturable(false);
+  opt.set_grad_scale(Tensor::full({}, 0.5, DType::F32));
+  expect_error([&] { opt.step(); }, "set_grad_scale() are for CUDA parameters");
+  EXPECT_EQ(p.to_vector<double>(), (std::vector<double>{0.5, -1.25}));
+}
+
 TEST(AdamW, FirstStepMatchesClosedForm) {
   const std::vector<double> p0 = {0.5, -1.25, 2.0, 0.0, -0.75};
   const std::vector<double> g = {0.3, -0.02, 0.0, 1e-3, -4.0};

@@ -73,6 +73,8 @@ void Graph::capture(const std::function<void()>& work) {
   try {
     work();
   } catch (const std::exception& e) {
+    // The hint only where CUDA refused a call because of the capture (its error names say
+    // "StreamCapture"), not for an error of `work` itself.
     end(false);
     tag::kCuda.fail("Graph::capture on cuda:", device_, ": the captured function failed: ",
                     e.what(), std::string(e.what()).find("StreamCapture") != std::string::npos
