@@ -684,9 +684,12 @@ int run(int argc, char** argv) {
       if (app.count(flag) > 0 && !cli.sim_json)
         std::printf("loom-sim: %s is not simulated (it only moves data); ignored\n", flag);
     }
-    if (cli.train.cuda_graph && !cli.sim_json) {
-      std::printf("loom-sim: --cuda-graph is not simulated (the device model has no measured "
-                  "cost of a replayed launch); ignored\n");
+    if (cli.train.cuda_graph) {
+      if (!cli.sim_json) {
+        std::printf("loom-sim: --cuda-graph is not simulated (the device model has no measured "
+                    "cost of a replayed launch); ignored\n");
+      }
+      cli.train.cuda_graph = false;  // the simulated step runs eagerly on the meta device
     }
     const sim::Cluster cluster = sim::load_cluster(cli.sim_cluster);
     if (cli.sim_sweep) {
