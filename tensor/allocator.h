@@ -104,6 +104,11 @@ Allocator& allocator_for(Device device);
 // defines it in tensor/no_cuda_allocator.cpp, where it throws loom::Error naming
 // LOOM_WITH_CUDA. allocator_for calls it, so allocator.cpp includes no CUDA header.
 Allocator& builtin_cuda_allocator(int index);
+// Page-locks (cudaHostRegister) and unlocks the host memory [ptr, ptr + nbytes), whole pages,
+// for Storage::pin. Defined beside builtin_cuda_allocator: in a build without CUDA,
+// page_lock_host_memory throws loom::Error naming LOOM_WITH_CUDA and the unlock does nothing.
+void page_lock_host_memory(void* ptr, size_t nbytes);
+void page_unlock_host_memory(void* ptr) noexcept;
 // Installs `allocator` (not owned, must outlive its use) for every device of `type`;
 // nullptr restores the built-in one.
 void register_allocator(DeviceType type, Allocator* allocator);

@@ -1,5 +1,6 @@
-// builtin_cuda_allocator (tensor/allocator.h) in a build without CUDA, which has no CUDA
-// allocator: creating a cuda:N tensor is an error saying how to get one.
+// builtin_cuda_allocator and the host page-locking (tensor/allocator.h) in a build without
+// CUDA, which has neither: creating a cuda:N tensor or pinning memory is an error saying how to
+// get them.
 
 #include "core/tags.h"
 #include "tensor/allocator.h"
@@ -11,5 +12,12 @@ Allocator& builtin_cuda_allocator(int index) {
                     ": this build has no CUDA support (configure with -DLOOM_WITH_CUDA=ON on a "
                     "machine with the CUDA toolkit)");
 }
+
+void page_lock_host_memory(void*, size_t) {
+  tag::kTensor.fail("pinned (page-locked) host memory needs CUDA: this build has none (configure "
+                    "with -DLOOM_WITH_CUDA=ON on a machine with the CUDA toolkit)");
+}
+
+void page_unlock_host_memory(void*) noexcept {}
 
 }  // namespace loom

@@ -31,13 +31,22 @@ class Storage {
   size_t nbytes() const { return nbytes_; }
   Device device() const { return device_; }
 
+  // Page-locks a CPU storage's memory (cudaHostRegister), so that copies between it and a GPU
+  // go straight to the copy engine instead of through a staging buffer (Tensor::pin_memory).
+  // The memory is reallocated as whole pages first, contents kept (pages are what gets locked,
+  // and two pinned storages must not share one); views see the new memory. A released
+  // storage is locked when materialized; it stays pinned across release() and materialize().
+  // Throws loom::Error for a non-CPU storage or in a build without CUDA.
+  void pin();
+  bool pinned() const { return pinned_; }
+
   // What the memory holds, for the allocator's reports (MemoryKind in tensor/allocator.h).
   MemoryKind kind() const { return kind_; }
   void set_kind(MemoryKind kind) noexcept {
     if (kind == kind_) return;
     if (held_) {
-      allocator_->uncount_kind(kind_, nbytes_);
-      allocator_->count_kind(kind, nbytes_);
+      allocator_->uncount_kind(kind_, allocated_bytes());
+      allocator_->count_kind(kind, allocated_bytes());
     }
     kind_ = kind;
   }
@@ -51,26 +60,44 @@ class Storage {
   // these calls with every use of the data.
   void release() noexcept {
     if (!held_) return;
-    allocator_->uncount_kind(kind_, nbytes_);
-    allocator_->deallocate(data_, nbytes_);
+    if (pinned_) page_unlock_host_memory(data_);
+    allocator_->uncount_kind(kind_, allocated_bytes());
+    allocator_->deallocate(data_, allocated_bytes());
     data_ = nullptr;
     held_ = false;
   }
   void materialize() {
     if (held_ || nbytes_ == 0) return;
-    data_ = allocator_->allocate(nbytes_);
-    allocator_->count_kind(kind_, nbytes_);
+    data_ = allocator_->allocate(allocated_bytes());
+    if (pinned_) {
+      try {
+        page_lock_host_memory(data_, allocated_bytes());
+      } catch (...) {
+        allocator_->deallocate(data_, allocated_bytes());
+        data_ = nullptr;
+        throw;
+      }
+    }
+    allocator_->count_kind(kind_, allocated_bytes());
     held_ = true;
   }
   bool materialized() const { return held_ || nbytes_ == 0; }
 
  private:
+  static constexpr size_t kPageBytes = 4096;
+  // What the allocator handed out: whole pages once pinned (the CPU allocator aligns a
+  // multiple of 4096 bytes to a page).
+  size_t allocated_bytes() const {
+    return pinned_ ? (nbytes_ + kPageBytes - 1) / kPageBytes * kPageBytes : nbytes_;
+  }
+
   Allocator* allocator_;
   void* data_;
   size_t nbytes_;
   Device device_;
   bool held_;  // the bytes are allocated (and counted); data_ is null on meta all the same
   MemoryKind kind_ = MemoryKind::Activations;
+  bool pinned_ = false;
 };
 
 }  // namespace loom

@@ -170,6 +170,20 @@ void Tensor::set_data(const Tensor& source) const {
   target.grad.reset();
 }
 
+Tensor Tensor::pin_memory() const {
+  if (is_pinned()) return *this;
+  if (!device().is_cpu()) fail("pin_memory: ", str(), " is not on the CPU");
+  NoGradGuard no_grad;
+  Tensor out = empty(shape(), dtype(), device());
+  copy_(out, *this);
+  out.storage()->pin();
+  return out;
+}
+
+bool Tensor::is_pinned() const {
+  return defined() && storage() && storage()->pinned();
+}
+
 Tensor Tensor::clone() const {
   Tensor src = *this;
   Tensor out = empty(shape(), dtype(), device());

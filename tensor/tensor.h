@@ -109,6 +109,11 @@ class Tensor {
   // when this returns; one to a GPU is queued on its current stream.
   Tensor to(Device device) const;
   Tensor clone() const;  // a new contiguous copy with its own storage
+  // A contiguous copy of this CPU tensor in pinned (page-locked) memory, or *this when it is
+  // pinned already (torch's pin_memory): copies between it and a GPU go straight to the copy
+  // engine. Not recorded by autograd. Throws loom::Error off the CPU or without CUDA.
+  Tensor pin_memory() const;
+  bool is_pinned() const;
   // Points this tensor (and every handle sharing it) at `source`'s data: storage, shape,
   // strides, offset and dtype. Its identity, requires_grad and hooks stay; its gradient is
   // dropped. For moving parameters between devices (torch's `param.data = ...`). Not

@@ -162,6 +162,13 @@ ShardedEngine::ShardedEngine(nn::Module& module, std::shared_ptr<comm::ProcessGr
                                ? flat.grad_shard
                                : Tensor::zeros({flat.shard_numel}, flat.dtype, host);
       }
+      // Offloaded buffers that cross to a GPU every step (the shard gathered from, the master
+      // copied back, the gradient copied down): page-locked, so the copies go straight to the
+      // copy engine instead of through staging buffers.
+      if (device.is_cuda()) {
+        for (const Tensor* t : {&flat.shard, &flat.master, &flat.master_grad})
+          if (t->device().is_cpu()) t->storage()->pin();
+      }
       // Memory reports (MemoryKind): what lives in the host pool on purpose is offloaded.
       flat.shard.storage()->set_kind(options_.offload_params ? MemoryKind::Offloaded
                                                              : MemoryKind::Parameters);

@@ -237,3 +237,16 @@ void empty_pinned_cache() {
 }
 
 }  // namespace loom::cuda
+
+namespace loom {
+
+void page_lock_host_memory(void* ptr, size_t nbytes) {
+  if (ptr == nullptr || nbytes == 0) return;
+  LOOM_CUDA_CHECK(cudaHostRegister(ptr, nbytes, cudaHostRegisterPortable));
+}
+
+void page_unlock_host_memory(void* ptr) noexcept {
+  if (ptr != nullptr) LOOM_CUDA_WARN(cudaHostUnregister(ptr));
+}
+
+}  // namespace loom

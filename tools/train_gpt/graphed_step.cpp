@@ -52,6 +52,8 @@ GraphedStep::Outputs GraphedStep::run(const std::function<Outputs()>& step,
   else
     before_replay();
   graph_->replay();
+#else
+  (void)before_replay;  // unreachable: the constructor refuses a build without CUDA
 #endif
   return outputs_;
 }
