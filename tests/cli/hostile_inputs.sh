@@ -65,6 +65,9 @@ refused "LOOM_FLIGHT_RECORDER_DIR='$d/a-file/dumps' cannot be created" \
 # A stopped rank: the job must end within --timeout 3 plus the 5 s grace (and some slack for
 # this machine), non-zero, naming a timeout, leaving no process behind.
 for strategy in ddp_spawn deepspeed_stage_3; do
+  # The previous run's log says "step 2/" too: gone before the wait below can read it (the
+  # background job truncates it only when it starts).
+  rm -f "$d/stopped.log"
   "$T" --layers 1 --heads 2 --embd 16 --ctx 16 --batch 2 --steps 1000000 --log-interval 1 \
     --strategy "$strategy" --devices 2 --timeout 3 > "$d/stopped.log" 2>&1 &
   job=$!
