@@ -54,7 +54,7 @@ struct AdamW::ScalarSlots {
     cudaStreamCaptureStatus capture = cudaStreamCaptureStatusNone;
     LOOM_CUDA_CHECK(cudaStreamIsCapturing(stream, &capture));
     if (capture == cudaStreamCaptureStatusNone) LOOM_CUDA_CHECK(cudaStreamSynchronize(stream));
-    auto [it, added] = index.try_emplace({&group, ordinal}, static_cast<int>(index.size()));
+    const auto it = index.try_emplace({&group, ordinal}, static_cast<int>(index.size())).first;
     if (it->second >= kSlots) {
       tag::kOptim.fail("AdamW (capturable): more than ", kSlots,
                        " fused update batches per step; use fewer parameter groups");

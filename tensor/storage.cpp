@@ -16,7 +16,7 @@ void Storage::pin() {
     pinned_ = true;
     return;
   }
-  const size_t pages = (nbytes_ + kPageBytes - 1) / kPageBytes * kPageBytes;
+  const size_t pages = whole_pages(nbytes_);
   void* fresh = allocator_->allocate(pages);
   try {
     page_lock_host_memory(fresh, pages);

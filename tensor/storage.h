@@ -85,11 +85,12 @@ class Storage {
 
  private:
   static constexpr size_t kPageBytes = 4096;
+  static size_t whole_pages(size_t nbytes) {
+    return (nbytes + kPageBytes - 1) / kPageBytes * kPageBytes;
+  }
   // What the allocator handed out: whole pages once pinned (the CPU allocator aligns a
   // multiple of 4096 bytes to a page).
-  size_t allocated_bytes() const {
-    return pinned_ ? (nbytes_ + kPageBytes - 1) / kPageBytes * kPageBytes : nbytes_;
-  }
+  size_t allocated_bytes() const { return pinned_ ? whole_pages(nbytes_) : nbytes_; }
 
   Allocator* allocator_;
   void* data_;

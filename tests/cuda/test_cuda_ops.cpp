@@ -13,24 +13,15 @@
 #include "nn/gpt.h"
 #include "optim/adamw.h"
 #include "tensor/autocast.h"
-#include "tensor/cuda/device.h"
 #include "tensor/ops.h"
 #include "tensor/random.h"
+#include "tests/cuda/gpu_test_util.h"
 
 namespace loom {
 namespace {
 
-#define SKIP_WITHOUT_GPU()                                                           \
-  if (!cuda::is_available()) GTEST_SKIP() << "no CUDA device: " << cuda::unavailable_reason()
-
-const Device kGpu = Device::cuda(0);
-
-Tensor random_tensor(const Shape& shape, uint64_t seed) {
-  Generator gen(seed);
-  Tensor t = Tensor::empty(shape);
-  normal_(t, 0.0, 1.0, gen);
-  return t;
-}
+using gpu_test::kGpu;
+using gpu_test::random_tensor;
 
 // max |a - b| / max(1, max |b|): one number per comparison, stable across magnitudes.
 double scaled_error(const Tensor& got, const Tensor& want) {

@@ -144,6 +144,11 @@ void check_cuda_graph_allowed(const strategies::Strategy& s, int64_t grad_accum,
   }
 }
 
+[[noreturn]] void fail_diverged(int64_t step, double norm, double loss) {
+  tag::kTrainGpt.fail("step ", step + 1, ": the gradient norm is ", norm, " (loss ", loss,
+                      "); training diverged, try a lower --lr or --grad-clip 1");
+}
+
 // One step of --cuda-graph (graphed_step.h): the whole step run, captured or replayed; the
 // loss and the gradient norm read back after it. Returns {loss, norm}.
 std::pair<double, double> graphed_step(GraphedStep& graphed, const data::Batch& host_batch,
@@ -232,10 +237,8 @@ void train(nn::CausalLM& model, const data::TokenBlocks& data, const TrainOption
       std::tie(local_loss, norm) = graphed_step(*graphed, batch, model, s, optimizer, *adamw,
                                                 options.grad_clip, weight_cast_plan);
       tokens = batch.tokens.numel();
-      if (!std::isfinite(norm)) {  // the update has run: the replayed step cannot stop before
-        tag::kTrainGpt.fail("step ", step + 1, ": the gradient norm is ", norm, " (loss ",
-                            local_loss, "); training diverged, try a lower --lr or --grad-clip 1");
-      }
+      // The update has run: a replayed step cannot stop before it.
+      if (!std::isfinite(norm)) fail_diverged(step, norm, local_loss);
     } else {
       // Autocast casts each weight once per step, for every micro-batch and recomputation
       // (tensor/autocast.h); the cache ends with the last micro-batch's forward where nothing
@@ -285,10 +288,7 @@ void train(nn::CausalLM& model, const data::TokenBlocks& data, const TrainOption
                              strategies::Trace::Args{{"step", step}});
       s.unscale_gradients();
       norm = options.grad_clip > 0 ? s.clip_gradients(options.grad_clip) : s.gradient_norm();
-      if (!std::isfinite(norm) && !s.skips_step()) {
-        tag::kTrainGpt.fail("step ", step + 1, ": the gradient norm is ", norm, " (loss ", local_loss,
-                            "); training diverged, try a lower --lr or --grad-clip 1");
-      }
+      if (!std::isfinite(norm) && !s.skips_step()) fail_diverged(step, norm, local_loss);
       schedule->apply(optimizer, step);
       s.optimizer_step(optimizer);
       optimizer.zero_grad();
