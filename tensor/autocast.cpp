@@ -23,10 +23,23 @@ namespace loom {
 // made without recording; each use gets a new view of it and its own "Cast" node, so each use
 // has its own place in the graph, as when casting each time, and the graphs of successive
 // micro-batches, which free their nodes after their backward, share none. The node hands the
-// 16-bit gradient back as it is: through the parameter's views (dtype-blind) it reaches
-// AccumulateGrad, which widens it while adding (add_ of f32 and bf16 in one pass), so a
-// micro-batch after the first costs one pass per weight gradient instead of a cast and an add;
-// the values are those of casting first, since widening is exact.
+// gradient back as it is: through the parameter's views (dtype-blind) it reaches
+// AccumulateGrad, which takes an f32 one as it is or adds it, and widens a 16-bit one (from an
+// op that does not write f32 weight gradients, below) while adding (add_ of f32 and bf16 in one
+// pass); the values are those of casting first, since widening is exact.
+//
+// Note [Weight gradients in f32]
+// A cast from f32 to 16 bits (cast(), or a cached cast here) takes its gradient in f32 as well
+// as in 16 bits (autograd::accept_wider_gradient) and passes an f32 one on as it is; the ops
+// whose weight operand is such a cast write that operand's gradient in f32 from their f32 sums
+// (matmul's vjp for a 2-D right operand, linear's for its weight and bias, bias_gelu's for its
+// bias) instead of rounding it to 16 bits for the cast's backward or AccumulateGrad to widen:
+// a pass per weight and bias gradient fewer (8 launches per GPT-2 layer), and the gradient is
+// the unrounded sum. Cached or not, the bits are the same, so the strategies that gather their
+// parameters per use (no cache) keep DDP's. That departs from PyTorch's autocast, whose weight
+// gradients are 16-bit products widened by the cast's backward, by at most 16-bit rounding of
+// each gradient element (2^-9 relative in bf16); Megatron-LM's gradient-accumulation fusion
+// writes its weight gradients in f32 the same way. Activations' gradients keep their dtype.
 //
 // With a WeightCastPlan, the first cast of a scope casts every view the plan holds (the previous
 // step's casts) in one launch (detail::cast_each: the bits of casting each alone), and the
@@ -55,10 +68,24 @@ thread_local DType active = DType::F32;
 // x in `low`, in x's layout where x is a transposed matrix: its base cast in one contiguous
 // pass and seen through the same transpose, as PyTorch's .to() preserves a dense tensor's
 // strides. The products take transposed operands as they are, and give a transposed operand's
-// gradient in its layout (matmul), which then reaches the weight contiguous.
+// gradient in its layout (matmul), which then reaches the weight contiguous. Recorded as one
+// cast, which takes its gradient in x's dtype as cast() does (Note [Weight gradients in f32]).
 Tensor cast_in_layout(const Tensor& x, DType low) {
   if (!detail::is_transposed_matrix(x)) return cast(x, low);
-  return transpose(cast(transpose(x, 0, 1), low), 0, 1);
+  Tensor out;
+  {
+    NoGradGuard no_grad;
+    out = transpose(cast(transpose(x, 0, 1), low), 0, 1);
+  }
+  if (autograd::any_requires_grad({x})) {
+    const DType from = x.dtype();
+    autograd::record("Cast", {x}, {out},
+                     [from](const std::vector<Tensor>& g, const autograd::Node&) {
+                       return std::vector<Tensor>{g[0].dtype() == from ? g[0] : cast(g[0], from)};
+                     });
+    if (from == DType::F32) autograd::accept_wider_gradient(out, from);
+  }
+  return out;
 }
 thread_local WeightCastScope::State* active_cache = nullptr;
 
@@ -77,12 +104,13 @@ Tensor cached_cast(const Tensor& x, DType low) {
   const Tensor& once = it->second;
   Tensor use = Tensor::make_view(once, once.shape(), once.strides(), once.offset());
   if (autograd::any_requires_grad({x})) {
-    // The gradient goes back in the low dtype: x is a parameter or a view of one, whose
-    // accumulation widens it in the same pass as the add (AccumulateGrad), where casting here
-    // would cost a pass of its own.
+    // The gradient goes back as it comes, f32 from the products that write it so, else in
+    // the low dtype: x is a parameter or a view of one, whose accumulation widens it in the
+    // same pass as the add (AccumulateGrad), where casting here would cost a pass of its own.
     autograd::record("Cast", {x}, {use}, [](const std::vector<Tensor>& g, const autograd::Node&) {
       return std::vector<Tensor>{g[0]};
     });
+    autograd::accept_wider_gradient(use, x.dtype());  // Note [Weight gradients in f32]
   }
   return use;
 }

@@ -136,6 +136,9 @@ Tensor embedding(const Tensor& indices, const Tensor& weight);
 // --- reductions -------------------------------------------------------------------------------
 Tensor sum(const Tensor& x);  // all elements -> shape []
 Tensor sum(const Tensor& x, const std::vector<int64_t>& dims, bool keepdim = false);
+// The sum in `dtype` (PyTorch's dtype= argument): x's dtype, or f32 for a bf16/f16 x, whose
+// elements are then widened as read and summed in f32 without rounding to 16 bits.
+Tensor sum(const Tensor& x, const std::vector<int64_t>& dims, bool keepdim, DType dtype);
 Tensor mean(const Tensor& x);
 Tensor mean(const Tensor& x, const std::vector<int64_t>& dims, bool keepdim = false);
 // Maximum along one dimension; the gradient flows to the first maximal element. CUDA tensors

@@ -55,8 +55,8 @@ double time_square_gemm(DType dtype, int64_t n, cudaStream_t stream) {
   fill_uniform(b.get(), dtype, static_cast<size_t>(n * n), 2, stream);
   return time_ms(
       [&](cudaStream_t s) {
-        kernels::cuda::gemm(dtype, false, false, n, n, n, a.get(), n, 0, b.get(), n, 0, c.get(), n,
-                            0, 1, false, nullptr, s);
+        kernels::cuda::gemm(dtype, dtype, false, false, n, n, n, a.get(), n, 0, b.get(), n, 0,
+                            c.get(), n, 0, 1, false, nullptr, s);
       },
       stream, 3, 10);
 }

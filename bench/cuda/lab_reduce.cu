@@ -185,7 +185,7 @@ bool run_sum_rows(int64_t rows, int64_t extent, DType dtype, bool timed) {
        })},
       {"v4 loom",
        [&](cudaStream_t s) {
-         kc::sum_axis(dtype, d_x.get(), d_out.get(), rows, extent, 1, nullptr, s);
+         kc::sum_axis(dtype, dtype, d_x.get(), d_out.get(), rows, extent, 1, nullptr, s);
        }}};
   return run_versions("sum_axis" + tag, versions, d_out, dtype, static_cast<size_t>(rows), want,
                       sum_tolerance(dtype, extent), timed, es * (n + rows), stream);
@@ -215,7 +215,7 @@ bool run_sum_columns(int64_t outer, int64_t extent, int64_t inner, DType dtype, 
        }},
       {"v2 loom (32 columns x 16 row groups; 256-row chunks from 1024 rows)",
        [&](cudaStream_t s) {
-         kc::sum_axis(dtype, d_x.get(), d_out.get(), outer, extent, inner, d_ws.get(), s);
+         kc::sum_axis(dtype, dtype, d_x.get(), d_out.get(), outer, extent, inner, d_ws.get(), s);
        }}};
   return run_versions("sum_axis" + tag, versions, d_out, dtype, outputs, want,
                       sum_tolerance(dtype, extent), timed, es * (n + outputs), stream);

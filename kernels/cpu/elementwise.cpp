@@ -192,8 +192,8 @@ void bias_gelu_forward(const S* x, const S* bias, S* y, int64_t rows, int64_t wi
 // The threads take columns, so that each bias gradient sums its rows in order on any thread
 // count, in the same pass that writes dx. The sums run in the compute type and are rounded
 // to S once at the end.
-template <typename S>
-void bias_gelu_backward(const S* x, const S* bias, const S* dy, S* dx, S* dbias, int64_t rows,
+template <typename S, typename DB>
+void bias_gelu_backward(const S* x, const S* bias, const S* dy, S* dx, DB* dbias, int64_t rows,
                         int64_t width) {
   using C = compute_of<S>;
   parallel_rows(width, rows, [&](int64_t first, int64_t last) {
@@ -209,7 +209,7 @@ void bias_gelu_backward(const S* x, const S* bias, const S* dy, S* dx, S* dbias,
       }
     }
     for (int64_t i = first; i < last; ++i)
-      dbias[i] = narrow<S>(sums[i - first]);
+      dbias[i] = narrow<DB>(sums[i - first]);
   });
 }
 
@@ -327,8 +327,13 @@ template void bias_gelu_forward<BFloat16>(const BFloat16*, const BFloat16*, BFlo
                                           int64_t);
 template void bias_gelu_backward<BFloat16>(const BFloat16*, const BFloat16*, const BFloat16*,
                                            BFloat16*, BFloat16*, int64_t, int64_t);
+template void bias_gelu_backward<BFloat16, float>(const BFloat16*, const BFloat16*,
+                                                  const BFloat16*, BFloat16*, float*, int64_t,
+                                                  int64_t);
 template void bias_gelu_forward<Half>(const Half*, const Half*, Half*, int64_t, int64_t);
 template void bias_gelu_backward<Half>(const Half*, const Half*, const Half*, Half*, Half*,
                                        int64_t, int64_t);
+template void bias_gelu_backward<Half, float>(const Half*, const Half*, const Half*, Half*, float*,
+                                              int64_t, int64_t);
 
 }  // namespace loom::kernels::cpu

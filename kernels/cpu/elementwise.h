@@ -39,11 +39,12 @@ void gelu_backward(const T* x, const T* dy, T* dx, int64_t n);
 // Megatron's fused bias + GELU over rows of `width`: y = gelu(x + bias); backward writes
 // dx = dy * gelu'(x + bias) and the bias's gradient, dbias = the column sums of dx (each in
 // row order, whatever the thread count), in one pass. Also instantiated for BFloat16 and Half,
-// computed in f32 (kernels/cpu/widen.h).
+// computed in f32 (kernels/cpu/widen.h), whose dbias may be T or float (DB: the f32 sums
+// unrounded, a bf16-mixed bias gradient).
 template <typename T>
 void bias_gelu_forward(const T* x, const T* bias, T* y, int64_t rows, int64_t width);
-template <typename T>
-void bias_gelu_backward(const T* x, const T* bias, const T* dy, T* dx, T* dbias, int64_t rows,
+template <typename T, typename DB = T>
+void bias_gelu_backward(const T* x, const T* bias, const T* dy, T* dx, DB* dbias, int64_t rows,
                         int64_t width);
 
 // SiLU (swish, Llama's MLP activation): x * sigmoid(x) = x / (1 + exp(-x)).

@@ -9,6 +9,7 @@
 #include <map>
 #include <string>
 #include <string_view>
+#include <type_traits>
 #include <vector>
 
 #include "core/dtype.h"
@@ -148,16 +149,16 @@ bool pads(int64_t ld, int64_t extent, int64_t work) {
   return ld % kSlowRowStride == 0 && extent >= kPadFromExtent && work >= kBlockedWork;
 }
 
-// oneDNN's bf16 matmul primitives (bf16 in and out, f32 sums), made once per shape and thread
-// (making one takes about a millisecond). The operands' strides are part of the shape: a
-// transposed operand is the stored matrix read with swapped strides. Accumulating is the sum
-// post-op: C's old value joins the f32 sum before the one rounding.
+// oneDNN's bf16 matmul primitives (bf16 in, bf16 or f32 out, f32 sums), made once per shape
+// and thread (making one takes about a millisecond). The operands' strides are part of the
+// shape: a transposed operand is the stored matrix read with swapped strides. Accumulating is
+// the sum post-op: C's old value joins the f32 sum before the one rounding.
 class Bf16Matmuls {
  public:
+  template <typename C>
   void run(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, const uint16_t* a,
-           int64_t lda, const uint16_t* b, int64_t ldb, uint16_t* c, int64_t ldc,
-           bool accumulate) {
-    const Key key{trans_a, trans_b, accumulate, m, n, k, lda, ldb, ldc};
+           int64_t lda, const uint16_t* b, int64_t ldb, C* c, int64_t ldc, bool accumulate) {
+    const Key key{trans_a, trans_b, accumulate, std::is_same_v<C, float>, m, n, k, lda, ldb, ldc};
     auto it = primitives_.find(key);
     if (it == primitives_.end()) {
       if (primitives_.size() >= kMaxPrimitives) primitives_.clear();
@@ -174,7 +175,7 @@ class Bf16Matmuls {
 
  private:
   struct Key {
-    bool trans_a, trans_b, accumulate;
+    bool trans_a, trans_b, accumulate, f32_out;
     int64_t m, n, k, lda, ldb, ldc;
     auto operator<=>(const Key&) const = default;
   };
@@ -190,7 +191,9 @@ class Bf16Matmuls {
                          key.trans_a ? memory::dims{1, key.lda} : memory::dims{key.lda, 1});
     const memory::desc b({key.k, key.n}, memory::data_type::bf16,
                          key.trans_b ? memory::dims{1, key.ldb} : memory::dims{key.ldb, 1});
-    const memory::desc c({key.m, key.n}, memory::data_type::bf16, memory::dims{key.ldc, 1});
+    const memory::desc c({key.m, key.n},
+                         key.f32_out ? memory::data_type::f32 : memory::data_type::bf16,
+                         memory::dims{key.ldc, 1});
     dnnl::primitive_attr attr;
     if (key.accumulate) {
       dnnl::post_ops sum;
@@ -259,26 +262,34 @@ const char* bf16_gemm_instructions() {
                                                                                 : "AVX512_BF16";
 }
 
-void gemm_bf16(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, const uint16_t* a,
-               int64_t lda, const uint16_t* b, int64_t ldb, uint16_t* c, int64_t ldc,
-               bool accumulate) {
+namespace {
+
+// gemm_bf16 into bf16 (C = uint16_t) or f32 (C = float).
+template <typename C>
+void bf16_product(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, const uint16_t* a,
+                  int64_t lda, const uint16_t* b, int64_t ldb, C* c, int64_t ldc, bool accumulate) {
   if (m == 0 || n == 0) return;
   if (k == 0) return empty_product(m, n, c, ldc, accumulate);
   if (!bf16_gemm_is_native()) {
     const std::vector<float> wa = trans_a ? widened(a, k, m, lda) : widened(a, m, k, lda);
     const std::vector<float> wb = trans_b ? widened(b, n, k, ldb) : widened(b, k, n, ldb);
-    std::vector<float> sums =
-        accumulate ? widened(c, m, n, ldc) : std::vector<float>(static_cast<size_t>(m * n));
-    gemm<float>(trans_a, trans_b, m, n, k, wa.data(), trans_a ? m : k, wb.data(),
-                trans_b ? k : n, sums.data(), n, accumulate);
-    for (int64_t i = 0; i < m; ++i)
-      for (int64_t j = 0; j < n; ++j)
-        c[i * ldc + j] = float_to_bf16_bits(sums[static_cast<size_t>(i * n + j)]);
+    if constexpr (std::is_same_v<C, float>) {
+      gemm<float>(trans_a, trans_b, m, n, k, wa.data(), trans_a ? m : k, wb.data(), trans_b ? k : n,
+                  c, ldc, accumulate);
+    } else {
+      std::vector<float> sums =
+          accumulate ? widened(c, m, n, ldc) : std::vector<float>(static_cast<size_t>(m * n));
+      gemm<float>(trans_a, trans_b, m, n, k, wa.data(), trans_a ? m : k, wb.data(), trans_b ? k : n,
+                  sums.data(), n, accumulate);
+      for (int64_t i = 0; i < m; ++i)
+        for (int64_t j = 0; j < n; ++j)
+          c[i * ldc + j] = float_to_bf16_bits(sums[static_cast<size_t>(i * n + j)]);
+    }
     return;
   }
   for_each_block(
       trans_a, trans_b, m, n, k, a, lda, b, ldb, c, ldc,
-      [&](int64_t bm, int64_t bn, const uint16_t* ba, const uint16_t* bb, uint16_t* bc) {
+      [&](int64_t bm, int64_t bn, const uint16_t* ba, const uint16_t* bb, C* bc) {
         keep_onednn_on_this_thread();
         static thread_local Bf16Matmuls matmuls;
         try {
@@ -288,6 +299,20 @@ void gemm_bf16(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, cons
                                 bn, " x ", k, ", lda ", lda, ", ldb ", ldb, ", ldc ", ldc);
         }
       });
+}
+
+}  // namespace
+
+void gemm_bf16(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, const uint16_t* a,
+               int64_t lda, const uint16_t* b, int64_t ldb, uint16_t* c, int64_t ldc,
+               bool accumulate) {
+  bf16_product(trans_a, trans_b, m, n, k, a, lda, b, ldb, c, ldc, accumulate);
+}
+
+void gemm_bf16(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, const uint16_t* a,
+               int64_t lda, const uint16_t* b, int64_t ldb, float* c, int64_t ldc,
+               bool accumulate) {
+  bf16_product(trans_a, trans_b, m, n, k, a, lda, b, ldb, c, ldc, accumulate);
 }
 
 template <>

@@ -25,6 +25,11 @@ void gemm(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, const T* 
 void gemm_bf16(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, const uint16_t* a,
                int64_t lda, const uint16_t* b, int64_t ldb, uint16_t* c, int64_t ldc,
                bool accumulate);
+// The same product with C in f32: the f32 sums as they are, not rounded to bf16 (a bf16-mixed
+// weight gradient: Note [Weight gradients in f32] in tensor/autocast.cpp).
+void gemm_bf16(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, const uint16_t* a,
+               int64_t lda, const uint16_t* b, int64_t ldb, float* c, int64_t ldc,
+               bool accumulate);
 // LOOM_BF16_GEMM=f32 in the environment takes the f32 fallback on any CPU (core/tunables.h).
 bool bf16_gemm_is_native();
 // "AMX", "AVX512_BF16" or "none: computed in f32", for a run's one-line note.

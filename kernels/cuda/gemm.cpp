@@ -122,7 +122,7 @@ class DeviceMemory {
 // --- one problem, plan keys and plans --------------------------------------------------------
 
 struct Problem {
-  DType dtype;
+  DType dtype, out_dtype;  // A and B; C and the bias
   bool trans_a, trans_b;
   int64_t m, n, k;
   const void* a;
@@ -147,7 +147,7 @@ uint32_t alignment_of(const void* ptr, int64_t stride, DType dtype, int64_t batc
 
 struct PlanKey {
   int device;
-  DType dtype;
+  DType dtype, out_dtype;
   bool trans_a, trans_b, accumulate, bias, tf32;
   int64_t m, n, k, lda, ldb, ldc, stride_a, stride_b, stride_c, batch;
   uint32_t align_a, align_b, align_c, align_bias;
@@ -159,7 +159,7 @@ struct PlanKeyHash {
     uint64_t h = 0xCBF29CE484222325ull;
     auto mix = [&h](uint64_t v) { h = (h ^ v) * 0x100000001B3ull + (h >> 29); };
     mix(static_cast<uint64_t>(key.device));
-    mix(static_cast<uint64_t>(key.dtype));
+    mix(static_cast<uint64_t>(key.dtype) | static_cast<uint64_t>(key.out_dtype) << 8);
     mix((key.trans_a ? 1u : 0u) | (key.trans_b ? 2u : 0u) | (key.accumulate ? 4u : 0u) |
         (key.bias ? 8u : 0u) | (key.tf32 ? 16u : 0u));
     for (int64_t v : {key.m, key.n, key.k, key.lda, key.ldb, key.ldc, key.stride_a, key.stride_b,
@@ -176,6 +176,7 @@ PlanKey make_key(int device, const Problem& p) {
   PlanKey key{};
   key.device = device;
   key.dtype = p.dtype;
+  key.out_dtype = p.out_dtype;
   key.trans_a = p.trans_a;
   key.trans_b = p.trans_b;
   key.accumulate = p.accumulate;
@@ -193,8 +194,8 @@ PlanKey make_key(int device, const Problem& p) {
   key.batch = p.batch;
   key.align_a = alignment_of(p.a, key.stride_a, p.dtype, p.batch);
   key.align_b = alignment_of(p.b, key.stride_b, p.dtype, p.batch);
-  key.align_c = alignment_of(p.c, key.stride_c, p.dtype, p.batch);
-  key.align_bias = p.bias ? alignment_of(p.bias, 0, p.dtype, 1) : 0;
+  key.align_c = alignment_of(p.c, key.stride_c, p.out_dtype, p.batch);
+  key.align_bias = p.bias ? alignment_of(p.bias, 0, p.out_dtype, 1) : 0;
   return key;
 }
 
@@ -273,7 +274,7 @@ std::unique_ptr<Plan> build_plan(cublasLtHandle_t handle, const PlanKey& key, co
                                key.ldb, key.batch, key.stride_b);
   plan->layout_b = make_layout(key.dtype, key.trans_a ? key.m : key.k, key.trans_a ? key.k : key.m,
                                key.lda, key.batch, key.stride_a);
-  plan->layout_c = make_layout(key.dtype, key.n, key.m, key.ldc, key.batch, key.stride_c);
+  plan->layout_c = make_layout(key.out_dtype, key.n, key.m, key.ldc, key.batch, key.stride_c);
   if (key.bias) {
     // Bias of length n = rows of the column-major D, one vector for the whole batch, in the
     // output dtype (the default of CUBLASLT_MATMUL_DESC_BIAS_DATA_TYPE). The heuristic reads
@@ -286,13 +287,15 @@ std::unique_ptr<Plan> build_plan(cublasLtHandle_t handle, const PlanKey& key, co
     set_desc(desc, CUBLASLT_MATMUL_DESC_EPILOGUE, CUBLASLT_EPILOGUE_DEFAULT);  // rank-1 bias
   }
   if (!find_algorithm(handle, key, *plan)) {
-    tag::kKernelsCudaGemm.fail(
-        "cuBLASLt has no algorithm for a ", dtype_name(key.dtype), key.tf32 ? " (TF32)" : "",
-        " GEMM with op(A) ", key.trans_a ? "transposed" : "plain", ", op(B) ",
-        key.trans_b ? "transposed" : "plain", ", m=", key.m, " n=", key.n, " k=", key.k,
-        " lda=", key.lda, " ldb=", key.ldb, " ldc=", key.ldc, " batch=", key.batch, " (strides ",
-        key.stride_a, "/", key.stride_b, "/", key.stride_c, ", pointer alignments ", key.align_a,
-        "/", key.align_b, "/", key.align_c, " bytes)");
+    tag::kKernelsCudaGemm.fail("cuBLASLt has no algorithm for a ", dtype_name(key.dtype),
+                               key.tf32 ? " (TF32)" : "", key.out_dtype != key.dtype ? " to " : "",
+                               key.out_dtype != key.dtype ? dtype_name(key.out_dtype) : "",
+                               " GEMM with op(A) ", key.trans_a ? "transposed" : "plain",
+                               ", op(B) ", key.trans_b ? "transposed" : "plain", ", m=", key.m,
+                               " n=", key.n, " k=", key.k, " lda=", key.lda, " ldb=", key.ldb,
+                               " ldc=", key.ldc, " batch=", key.batch, " (strides ", key.stride_a,
+                               "/", key.stride_b, "/", key.stride_c, ", pointer alignments ",
+                               key.align_a, "/", key.align_b, "/", key.align_c, " bytes)");
   }
   return plan;
 }
@@ -390,13 +393,15 @@ const void* ones(DeviceState& state, DType dtype) {
 
 void matmul(int device, const Problem& p, cudaStream_t stream);
 
-// C_b (+)= ones[m, 1] bias[1, n] for every b: the bias as a rank-1 GEMM, in chunks of rows.
+// C_b (+)= ones[m, 1] bias[1, n] for every b: the bias as a rank-1 GEMM, in chunks of rows,
+// in C's dtype (the bias's).
 void add_bias_rank1(int device, const Problem& p, bool accumulate, cudaStream_t stream) {
-  const void* one = ones(registry().device(device), p.dtype);
-  size_t es = dtype_size(p.dtype);
+  const void* one = ones(registry().device(device), p.out_dtype);
+  size_t es = dtype_size(p.out_dtype);
   for (int64_t row = 0; row < p.m; row += kOnesRows) {
     Problem q{};
-    q.dtype = p.dtype;
+    q.dtype = p.out_dtype;
+    q.out_dtype = p.out_dtype;
     q.m = std::min(kOnesRows, p.m - row);
     q.n = p.n;
     q.k = 1;
@@ -434,7 +439,7 @@ void matmul(int device, const Problem& p, cudaStream_t stream) {
 
 // C_b = 0 for every b (k == 0 without accumulate or bias).
 void zero_output(const Problem& p, cudaStream_t stream) {
-  size_t es = dtype_size(p.dtype);
+  size_t es = dtype_size(p.out_dtype);
   size_t pitch = static_cast<size_t>(p.ldc) * es, width = static_cast<size_t>(p.n) * es;
   if (p.batch == 1 || p.stride_c == p.m * p.ldc) {  // one pitched block
     LOOM_CUDA_CHECK(
@@ -450,6 +455,11 @@ void zero_output(const Problem& p, cudaStream_t stream) {
 void validate(const Problem& p) {
   if (p.dtype != DType::F32 && p.dtype != DType::BF16 && p.dtype != DType::F16) {
     tag::kKernelsCudaGemm.fail("gemm takes f32, bf16 or f16 operands, got ", dtype_name(p.dtype));
+  }
+  if (p.out_dtype != p.dtype && !(p.out_dtype == DType::F32 && is_16bit_float(p.dtype))) {
+    tag::kKernelsCudaGemm.fail("gemm writes ", dtype_name(p.dtype), " operands' product in ",
+                               dtype_name(p.dtype), is_16bit_float(p.dtype) ? " or f32" : "",
+                               ", got ", dtype_name(p.out_dtype));
   }
   if (p.m < 0 || p.n < 0 || p.k < 0 || p.batch < 0) {
     tag::kKernelsCudaGemm.fail("sizes must be >= 0, got m=", p.m, " n=", p.n, " k=", p.k,
@@ -487,12 +497,13 @@ void validate_layout(const Problem& p) {
 
 }  // namespace
 
-void gemm(DType dtype, bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, const void* a,
-          int64_t lda, int64_t stride_a, const void* b, int64_t ldb, int64_t stride_b, void* c,
-          int64_t ldc, int64_t stride_c, int64_t batch, bool accumulate, const void* bias,
-          cudaStream_t stream) {
-  const Problem p{dtype, trans_a, trans_b,  m, n,   k,        a,     lda,        stride_a,
-                  b,     ldb,     stride_b, c, ldc, stride_c, batch, accumulate, bias};
+void gemm(DType dtype, DType out_dtype, bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k,
+          const void* a, int64_t lda, int64_t stride_a, const void* b, int64_t ldb,
+          int64_t stride_b, void* c, int64_t ldc, int64_t stride_c, int64_t batch, bool accumulate,
+          const void* bias, cudaStream_t stream) {
+  const Problem p{dtype, out_dtype, trans_a,  trans_b,    m,   n,        k,
+                  a,     lda,       stride_a, b,          ldb, stride_b, c,
+                  ldc,   stride_c,  batch,    accumulate, bias};
   validate(p);
   if (m == 0 || n == 0 || batch == 0) return;
   validate_layout(p);

@@ -5,7 +5,9 @@
 // where X_b = X + b * stride_x elements (a stride of 0 reuses one matrix for every product).
 // op(A) is [m, k]: A itself (row-major, leading dimension lda) or, with trans_a, the
 // transpose of a row-major [k, m] matrix; likewise op(B) is [k, n]; C is [m, n] with ldc.
-// A, B, C and bias all hold `dtype`: F32, BF16 or F16 (anything else: loom::Error).
+// A and B hold `dtype`: F32, BF16 or F16 (anything else: loom::Error); C and the bias hold
+// `out_dtype`, which is `dtype` or, for BF16 and F16 operands, F32 (cuBLASLt's 16-bit inputs
+// with an f32 result: the f32 sums not rounded to 16 bits).
 // Accumulation is f32 in every case: bf16/f16 use CUBLAS_COMPUTE_32F; f32 uses
 // CUBLAS_COMPUTE_32F (IEEE FMA) unless set_allow_tf32(true) selects
 // CUBLAS_COMPUTE_32F_FAST_TF32 (inputs rounded to TF32, ~10-bit mantissa, on tensor cores).
@@ -32,7 +34,7 @@
 
 namespace loom::kernels::cuda {
 
-void gemm(DType dtype, bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, const void* a,
+void gemm(DType dtype, DType out_dtype, bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, const void* a,
           int64_t lda, int64_t stride_a, const void* b, int64_t ldb, int64_t stride_b, void* c,
           int64_t ldc, int64_t stride_c, int64_t batch, bool accumulate, const void* bias,
           cudaStream_t stream);

@@ -101,13 +101,14 @@ __device__ __forceinline__ typename Op::State block_reduce(typename Op::State s,
   return warp_reduce<Op>(s);
 }
 
-// Where a reduced state goes: sums are rounded to T; argmax re-reads the winning element.
-template <typename T>
+// Where a reduced state goes: sums are rounded to Out (the input's type, or f32 for a 16-bit
+// input summed into f32); argmax re-reads the winning element.
+template <typename Out>
 struct SumStore {
-  T* out;
+  Out* out;
   template <typename A>
-  __device__ void operator()(int64_t pos, A s, const T*, int64_t) const {
-    out[pos] = narrow<T>(s);
+  __device__ void operator()(int64_t pos, A s, const void*, int64_t) const {
+    out[pos] = narrow<Out>(s);
   }
 };
 template <typename T>
@@ -574,23 +575,33 @@ size_t sum_axis_workspace_bytes(DType dtype, int64_t outer, int64_t extent, int6
   return static_cast<size_t>(outer * column_chunks(extent, inner) * inner) * state;
 }
 
-void sum_axis(DType dtype, const void* x, void* out, int64_t outer, int64_t extent, int64_t inner,
-              void* workspace, cudaStream_t stream) {
+void sum_axis(DType dtype, DType out_dtype, const void* x, void* out, int64_t outer, int64_t extent,
+              int64_t inner, void* workspace, cudaStream_t stream) {
   check_sizes("sum_axis", outer, extent, inner);
+  if (out_dtype != dtype && !(out_dtype == DType::F32 && is_16bit_float(dtype))) {
+    fail("sum_axis: ", dtype_name(dtype), " is summed into ", dtype_name(dtype),
+         is_16bit_float(dtype) ? " or f32" : "", ", got ", dtype_name(out_dtype));
+  }
   const int64_t chunks = column_chunks(extent, inner);
   dispatch_arithmetic(dtype, "sum_axis", [&]<typename T>() {
-    const SumStore<T> store{static_cast<T*>(out)};
-    if (chunks == 0 || outer == 0) {
-      launch_axis_reduce<T, SumOp<Acc<T>>>(static_cast<const T*>(x), outer, extent, inner, store,
-                                           stream);
-      return;
+    auto launch = [&](auto store) {
+      if (chunks == 0 || outer == 0) {
+        launch_axis_reduce<T, SumOp<Acc<T>>>(static_cast<const T*>(x), outer, extent, inner, store,
+                                             stream);
+        return;
+      }
+      if (workspace == nullptr) {
+        fail("sum_axis: a workspace of ", sum_axis_workspace_bytes(dtype, outer, extent, inner),
+             " bytes is needed for [", outer, ", ", extent, ", ", inner, "], got nullptr");
+      }
+      launch_chunked_columns<T, SumOp<Acc<T>>>(static_cast<const T*>(x), outer, extent, inner,
+                                               chunks, store, workspace, stream);
+    };
+    if (out_dtype == dtype) {
+      launch(SumStore<T>{static_cast<T*>(out)});
+    } else if constexpr (sizeof(T) == 2) {  // a 16-bit dtype summed into f32
+      launch(SumStore<float>{static_cast<float*>(out)});
     }
-    if (workspace == nullptr) {
-      fail("sum_axis: a workspace of ", sum_axis_workspace_bytes(dtype, outer, extent, inner),
-           " bytes is needed for [", outer, ", ", extent, ", ", inner, "], got nullptr");
-    }
-    launch_chunked_columns<T, SumOp<Acc<T>>>(static_cast<const T*>(x), outer, extent, inner,
-                                             chunks, store, workspace, stream);
   });
 }
 

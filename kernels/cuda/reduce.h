@@ -17,14 +17,15 @@
 
 namespace loom::kernels::cuda {
 
-// x is a contiguous [outer, extent, inner] block; out is contiguous [outer, inner]:
+// x is a contiguous [outer, extent, inner] block; out is contiguous [outer, inner] of
+// out_dtype (dtype, or f32 for a bf16/f16 x: the f32 sums not rounded to 16 bits):
 // out[o, i] = sum_d x[o, d, i], accumulated in f32 (f64 for f64). extent == 0 writes zeros.
 // Long columns (inner > 1, extent >= 1024) are summed in two passes through `workspace`, of
 // sum_axis_workspace_bytes (0, and workspace may be nullptr, for every other shape). The
 // caller owns it and must keep it until the launch is done.
 size_t sum_axis_workspace_bytes(DType dtype, int64_t outer, int64_t extent, int64_t inner);
-void sum_axis(DType dtype, const void* x, void* out, int64_t outer, int64_t extent, int64_t inner,
-              void* workspace, cudaStream_t stream);
+void sum_axis(DType dtype, DType out_dtype, const void* x, void* out, int64_t outer,
+              int64_t extent, int64_t inner, void* workspace, cudaStream_t stream);
 
 // out[o, i] = max_d x[o, d, i] and argmax[o, i] (int64, device) = the first d attaining it,
 // with the CPU loop's NaN rule (`if (v > best)` starting from d = 0): a NaN at d = 0 wins with

@@ -116,6 +116,16 @@ void record(std::string name, const std::vector<Tensor>& inputs, const std::vect
   }
 }
 
+void accept_wider_gradient(const Tensor& output, DType dtype) {
+  TensorImpl& impl = output.impl();
+  if (impl.grad_fn == nullptr || !is_floating(dtype) || dtype_size(dtype) <= dtype_size(impl.dtype)) {
+    fail("accept_wider_gradient: expected a recorded output and a floating dtype wider than its ",
+         dtype_name(impl.dtype), ", got ", impl.grad_fn ? "a recorded output" : "a leaf", " and ",
+         dtype_name(dtype));
+  }
+  impl.grad_fn->outputs()[impl.output_nr].gradient_dtype = dtype;
+}
+
 std::vector<const TensorImpl*> reachable_leaves(const Tensor& root) {
   std::vector<const TensorImpl*> leaves;
   Edge start = gradient_edge(root);

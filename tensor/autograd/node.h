@@ -22,10 +22,13 @@ struct Edge {
 };
 
 // What an output looked like, so a missing output gradient can be filled with zeros.
+// `gradient_dtype` is the dtype in which the node takes that output's gradient: the output's
+// own, or a wider one where the node declared it (accept_wider_gradient).
 struct OutputMeta {
   Shape shape;
   DType dtype;
   Device device;
+  DType gradient_dtype = dtype;
 };
 
 class Node : public std::enable_shared_from_this<Node> {
@@ -50,6 +53,14 @@ class Node : public std::enable_shared_from_this<Node> {
     return next_edges_[i].node != nullptr && (!computing_ || (*computing_)[i]);
   }
   size_t num_inputs() const { return next_edges_.size(); }
+  // The dtype in which input i's gradient is best delivered: the one its producer takes
+  // (OutputMeta::gradient_dtype). A vjp may write that gradient in it instead of the input's
+  // dtype, saving the widening pass the producer would otherwise make (autocast's weight casts:
+  // Note [Weight gradients in f32] in autocast.cpp). Meaningful where needs_input_grad(i).
+  DType input_gradient_dtype(size_t i) const {
+    const Edge& edge = next_edges_[i];
+    return edge.node->outputs()[edge.input_nr].gradient_dtype;
+  }
   std::vector<OutputMeta>& outputs() { return outputs_; }
   // Whether the running apply() is the last use of what the node saved: the pass drops it
   // right after (no retain_graph, no edges held back for later). A vjp may then reuse a saved
@@ -104,6 +115,10 @@ Edge gradient_edge(const Tensor& tensor);
 // Call only when any_requires_grad(inputs) is true. Undefined inputs get null edges.
 void record(std::string name, const std::vector<Tensor>& inputs, const std::vector<Tensor>& outputs,
             VjpFunction vjp);
+
+// Declares that `output`'s node takes its gradient in `dtype`, wider than output's (a
+// floating dtype of more bits): its vjp must accept either. Call right after record().
+void accept_wider_gradient(const Tensor& output, DType dtype);
 
 // The leaves whose gradient a backward pass from `root` would accumulate (the leaves that
 // requires-grad paths from root reach). DDP's find_unused_parameters uses it.

@@ -18,6 +18,7 @@
 // of widening x, the bias and dy to f32 copies and rounding the results, without the copies.
 
 #include "kernels/cpu/elementwise.h"
+#include "kernels/cpu/widen.h"
 #include "tensor/autocast.h"
 #include "tensor/autograd/node.h"
 #include "tensor/meta.h"
@@ -56,14 +57,17 @@ Tensor bias_gelu_forward(const Tensor& x, const Tensor& bias, int64_t rows, int6
   return y;
 }
 
-// {dx, dbias} for a contiguous x [rows, width], never recorded.
+// {dx, dbias} for a contiguous x [rows, width], never recorded; dbias in `bias_grad_dtype`
+// (the bias's, or f32 for a 16-bit bias: its f32 sums unrounded, Note [Weight gradients in
+// f32] in autocast.cpp).
 std::vector<Tensor> bias_gelu_backward(const Tensor& x, const Tensor& bias, const Tensor& dy_in,
-                                       int64_t rows, int64_t width) {
+                                       int64_t rows, int64_t width, DType bias_grad_dtype) {
   if (detail::computes_through_f32(x) && dy_in.dtype() != x.dtype()) {  // dy not rounded
     NoGradGuard no_grad;
-    std::vector<Tensor> g = bias_gelu_backward(detail::widened(x), detail::widened(bias),
-                                               detail::widened(dy_in), rows, width);
-    return {cast(g[0], x.dtype()), cast(g[1], bias.dtype())};
+    std::vector<Tensor> g =
+        bias_gelu_backward(detail::widened(x), detail::widened(bias), detail::widened(dy_in),
+                           rows, width, DType::F32);
+    return {cast(g[0], x.dtype()), cast(g[1], bias_grad_dtype)};
   }
   Tensor dy = detail::contiguous_input(dy_in);
   Tensor dx = Tensor::empty(x.shape(), x.dtype(), x.device());
@@ -76,16 +80,21 @@ std::vector<Tensor> bias_gelu_backward(const Tensor& x, const Tensor& bias, cons
                                                      dy.raw_data(), dx.raw_data(), rows, width,
                                                      detail::stream_of(x)));
     }
-    return {dx, sum(reshape(dx, {rows, width}), {0})};
+    return {dx, sum(reshape(dx, {rows, width}), {0}, false, bias_grad_dtype)};
   }
-  Tensor dbias = Tensor::empty(bias.shape(), bias.dtype(), bias.device());
+  Tensor dbias = Tensor::empty(bias.shape(), bias_grad_dtype, bias.device());
   if (reports_op_cost(x.device()))
     record_meta_op("BiasGelu", OpClass::Elementwise, 2 * kBiasGeluFlops * double(x.numel()),
                    {x, bias, dy}, {dx, dbias});
   if (x.device().is_meta()) return {dx, dbias};
   detail::dispatch_floating_storage(x.dtype(), "bias_gelu", [&]<typename T>() {
-    kernels::cpu::bias_gelu_backward<T>(x.data<T>(), bias.data<T>(), dy.data<T>(), dx.data<T>(),
-                                        dbias.data<T>(), rows, width);
+    if (dbias.dtype() == x.dtype()) {
+      kernels::cpu::bias_gelu_backward<T>(x.data<T>(), bias.data<T>(), dy.data<T>(), dx.data<T>(),
+                                          dbias.data<T>(), rows, width);
+    } else if constexpr (kernels::cpu::kIs16BitFloat<T>) {
+      kernels::cpu::bias_gelu_backward<T, float>(x.data<T>(), bias.data<T>(), dy.data<T>(),
+                                                 dx.data<T>(), dbias.data<float>(), rows, width);
+    }
   });
   return {dx, dbias};
 }
@@ -117,7 +126,9 @@ Tensor bias_gelu(const Tensor& x_in, const Tensor& bias_in) {
     autograd::record("BiasGelu", {x_in, bias}, {y},
                      [x = x.detach(), b = b.detach(), rows, width](const std::vector<Tensor>& g,
                                                                    const autograd::Node& node) {
-                       std::vector<Tensor> d = bias_gelu_backward(x, b, g[0], rows, width);
+                       std::vector<Tensor> d = bias_gelu_backward(
+                           x, b, g[0], rows, width,
+                           node.needs_input_grad(1) ? node.input_gradient_dtype(1) : b.dtype());
                        if (!node.needs_input_grad(0)) d[0] = Tensor();
                        if (!node.needs_input_grad(1)) d[1] = Tensor();
                        return d;

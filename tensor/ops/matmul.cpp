@@ -81,12 +81,13 @@ void for_each_product(int64_t batch, int64_t m, int64_t n, int64_t k,
 }
 
 // batched_gemm of bf16 operands on the CPU: the products summed in f32 and rounded to out's
-// bf16 once (gemm_bf16), as a bf16 GEMM with f32 accumulation does.
+// bf16 once (gemm_bf16), as a bf16 GEMM with f32 accumulation does; or, for an f32 out, kept.
+template <typename C>
 void bf16_batched_gemm(const Operand& a, const Operand& b, Tensor& out, int64_t batch, int64_t m,
                        int64_t n, int64_t k, bool accumulate) {
   const auto* pa = static_cast<const uint16_t*>(a.holder.raw_data());
   const auto* pb = static_cast<const uint16_t*>(b.holder.raw_data());
-  auto* pc = static_cast<uint16_t*>(out.raw_data());
+  auto* pc = static_cast<C*>(out.raw_data());
   for_each_product(batch, m, n, k, [&](int64_t i) {
     kernels::cpu::gemm_bf16(a.trans, b.trans, m, n, k, pa + i * a.batch_stride, a.ld,
                             pb + i * b.batch_stride, b.ld, pc + i * m * n,
@@ -101,7 +102,8 @@ bool f16_on_the_cpu(const Tensor& x) {
 }
 
 // out[i] = a[i] @ b[i] (+= when accumulate) for a batch of `batch` products; a batch stride
-// of 0 reuses the same matrix. out is contiguous [batch, m, n]. On CUDA, a defined `bias`
+// of 0 reuses the same matrix. out is contiguous [batch, m, n], of a's and b's dtype or, for
+// bf16 operands (f16 ones on CUDA), f32: the f32 sums unrounded. On CUDA, a defined `bias`
 // [n] is added to every row by the GEMM's epilogue (the CPU caller adds it itself); on meta
 // it is counted as read, as CUDA's epilogue reads it.
 void batched_gemm(const Operand& a, const Operand& b, Tensor& out, int64_t batch, int64_t m,
@@ -115,29 +117,34 @@ void batched_gemm(const Operand& a, const Operand& b, Tensor& out, int64_t batch
                    {out}, {m, n, k, batch});
   }
   if (out.device().is_meta()) return;
-  if (out.dtype() == DType::BF16 && out.device().is_cpu())
-    return bf16_batched_gemm(a, b, out, batch, m, n, k, accumulate);
+  const DType operands = a.holder.dtype();
+  if (operands == DType::BF16 && out.device().is_cpu()) {
+    return out.dtype() == DType::F32
+               ? bf16_batched_gemm<float>(a, b, out, batch, m, n, k, accumulate)
+               : bf16_batched_gemm<uint16_t>(a, b, out, batch, m, n, k, accumulate);
+  }
   if (out.device().is_cuda()) {
-    LOOM_IF_CUDA(kernels::cuda::gemm(out.dtype(), a.trans, b.trans, m, n, k, a.holder.raw_data(),
-                                     a.ld, a.batch_stride, b.holder.raw_data(), b.ld,
-                                     b.batch_stride, out.raw_data(), std::max<int64_t>(n, 1), m * n,
-                                     batch, accumulate,
-                                     bias.defined() ? bias.raw_data() : nullptr,
-                                     detail::stream_of(out)));
+    LOOM_IF_CUDA(kernels::cuda::gemm(
+        operands, out.dtype(), a.trans, b.trans, m, n, k, a.holder.raw_data(), a.ld, a.batch_stride,
+        b.holder.raw_data(), b.ld, b.batch_stride, out.raw_data(), std::max<int64_t>(n, 1), m * n,
+        batch, accumulate, bias.defined() ? bias.raw_data() : nullptr, detail::stream_of(out)));
     return;
   }
+  if (operands != out.dtype())
+    fail("matmul: ", operands, " operands on the CPU give a ", operands, " product, not ",
+         out.dtype());
   detail::dispatch_floating(out.dtype(), "matmul", [&]<typename T>() {
     const T* pa = a.holder.data<T>();
     const T* pb = b.holder.data<T>();
     T* pc = out.data<T>();
     for_each_product(batch, m, n, k, [&](int64_t i) {
+
       kernels::cpu::gemm<T>(a.trans, b.trans, m, n, k, pa + i * a.batch_stride, a.ld,
                             pb + i * b.batch_stride, b.ld, pc + i * m * n,
                             std::max<int64_t>(n, 1), accumulate);
     });
   });
 }
-
 
 Tensor matmul_forward(const Tensor& a, const Tensor& b) {
   detail::check_kernel_device("matmul", a);
@@ -177,6 +184,17 @@ Tensor matmul_forward(const Tensor& a, const Tensor& b) {
   return out;
 }
 
+// a @ b (2-D, no autograd) in `dtype`: a's, or f32 for bf16/f16 operands, the f32 sums not
+// rounded to 16 bits (a weight gradient: Note [Weight gradients in f32] in autocast.cpp).
+Tensor product_in(const Tensor& a, const Tensor& b, DType dtype) {
+  if (dtype == a.dtype() || !is_16bit_float(a.dtype())) return matmul(a, b);
+  if (f16_on_the_cpu(a)) return matmul(cast(a, DType::F32), cast(b, DType::F32));
+  Tensor out = Tensor::empty({a.size(0), b.size(1)}, dtype, a.device());
+  if (out.numel() > 0)
+    batched_gemm(as_operand(a), as_operand(b), out, 1, a.size(0), b.size(1), a.size(1), false);
+  return out;
+}
+
 }  // namespace
 
 void detail::matmul_into(const Tensor& a, const Tensor& b, Tensor& out, bool accumulate) {
@@ -211,9 +229,12 @@ Tensor matmul(const Tensor& a_in, const Tensor& b_in) {
               Tensor a2 = a.dim() > 2 ? reshape(a, {-1, a.size(-1)}) : a;
               Tensor g2 = a.dim() > 2 ? reshape(g[0], {-1, g[0].size(-1)}) : g[0];
               // A transposed b (x @ weight^T) gets its gradient in its own layout, (g^T a)^T,
-              // so that it reaches the weight contiguous, without a strided pass.
-              gb = detail::is_transposed_matrix(b) ? transpose(matmul(transpose(g2, 0, 1), a2), 0, 1)
-                                        : matmul(transpose(a2, 0, 1), g2);
+              // so that it reaches the weight contiguous, without a strided pass; in the
+              // dtype its producer takes (f32 for a cached weight cast).
+              const DType want = node.input_gradient_dtype(1);
+              gb = detail::is_transposed_matrix(b)
+                       ? transpose(product_in(transpose(g2, 0, 1), a2, want), 0, 1)
+                       : product_in(transpose(a2, 0, 1), g2, want);
             } else {
               gb = matmul(transpose(a, -1, -2), g[0]);
             }
@@ -278,8 +299,12 @@ Tensor linear(const Tensor& x_in, const Tensor& weight_in, const Tensor& bias_in
                        Tensor gx, gw, gb;
                        if (node.needs_input_grad(0))
                          gx = reshape(matmul(g2, transpose(w, 0, 1)), x_shape);
-                       if (node.needs_input_grad(1)) gw = matmul(transpose(x2, 0, 1), g2);
-                       if (node.needs_input_grad(2)) gb = sum(g2, {0});
+                       // The weight's and bias's gradients in the dtype their producers take
+                       // (f32 for cached weight casts: Note [Weight gradients in f32]).
+                       if (node.needs_input_grad(1))
+                         gw = product_in(transpose(x2, 0, 1), g2, node.input_gradient_dtype(1));
+                       if (node.needs_input_grad(2))
+                         gb = sum(g2, {0}, false, node.input_gradient_dtype(2));
                        return std::vector<Tensor>{gx, gw, gb};
                      });
   }

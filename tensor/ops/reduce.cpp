@@ -35,13 +35,14 @@ AxisSplit split_at(const Shape& shape, int64_t dim) {
 }
 
 // Sums over one dimension of a contiguous tensor, keeping it with size 1. No autograd. A
-// 16-bit x on the CPU is summed into f32 (its kernel widens each element as it reads it).
-Tensor sum_one_dim(const Tensor& x, int64_t dim) {
+// 16-bit x is summed into f32 on the CPU (its kernel widens each element as it reads it), and
+// elsewhere with `widen`.
+Tensor sum_one_dim(const Tensor& x, int64_t dim, bool widen) {
   AxisSplit s = split_at(x.shape(), dim);
   Shape shape = x.shape();
   shape[dim] = 1;
-  Tensor out = Tensor::empty(shape, detail::computes_through_f32(x) ? DType::F32 : x.dtype(),
-                             x.device());
+  const bool into_f32 = detail::computes_through_f32(x) || (widen && is_16bit_float(x.dtype()));
+  Tensor out = Tensor::empty(shape, into_f32 ? DType::F32 : x.dtype(), x.device());
   if (reports_op_cost(x.device())) {
     record_meta_op("sum", OpClass::Reduction, double(x.numel()), {x}, {out});
   }
@@ -50,8 +51,8 @@ Tensor sum_one_dim(const Tensor& x, int64_t dim) {
     LOOM_IF_CUDA({
       Tensor scratch = detail::workspace(x.device(), kernels::cuda::sum_axis_workspace_bytes(
                                                          x.dtype(), s.outer, s.extent, s.inner));
-      kernels::cuda::sum_axis(x.dtype(), x.raw_data(), out.raw_data(), s.outer, s.extent, s.inner,
-                              scratch.raw_data(), detail::stream_of(x));
+      kernels::cuda::sum_axis(x.dtype(), out.dtype(), x.raw_data(), out.raw_data(), s.outer,
+                              s.extent, s.inner, scratch.raw_data(), detail::stream_of(x));
     });
     return out;
   }
@@ -120,16 +121,24 @@ Tensor sum(const Tensor& x) {
 }
 
 Tensor sum(const Tensor& x, const std::vector<int64_t>& dims_in, bool keepdim) {
+  return sum(x, dims_in, keepdim, x.dtype());
+}
+
+Tensor sum(const Tensor& x, const std::vector<int64_t>& dims_in, bool keepdim, DType dtype) {
   detail::check_kernel_device("sum", x);
+  if (dtype != x.dtype() && !(dtype == DType::F32 && is_16bit_float(x.dtype()))) {
+    fail("sum: a ", dtype_name(x.dtype()), " tensor is summed in ", dtype_name(x.dtype()),
+         is_16bit_float(x.dtype()) ? " or f32" : "", ", got dtype ", dtype_name(dtype));
+  }
   std::vector<int64_t> dims = normalized_dims(dims_in, x.dim(), "sum");
-  // bf16 and f16 on the CPU: summed in f32 over every dimension (from the first one summed,
-  // sum_one_dim), rounded once.
+  // bf16 and f16 on the CPU, or summed into f32: summed in f32 over every dimension (from the
+  // first one summed, sum_one_dim), rounded once where the result is 16-bit.
   Tensor out = detail::contiguous_input(x);
   {
     NoGradGuard no_grad;
     for (int64_t d : dims)
-      out = sum_one_dim(out, d);
-    if (out.dtype() != x.dtype()) out = cast(out, x.dtype());
+      out = sum_one_dim(out, d, dtype == DType::F32);
+    if (out.dtype() != dtype) out = cast(out, dtype);
   }
   Shape kept = out.shape();
   if (!keepdim) {
@@ -142,11 +151,12 @@ Tensor sum(const Tensor& x, const std::vector<int64_t>& dims_in, bool keepdim) {
     out = out.detach();
   }
   if (autograd::any_requires_grad({x})) {
-    autograd::record(
-        "SumDims", {x}, {out},
-        [shape = x.shape(), kept](const std::vector<Tensor>& g, const autograd::Node&) {
-          return std::vector<Tensor>{expand(reshape(g[0], kept), shape)};
-        });
+    autograd::record("SumDims", {x}, {out},
+                     [shape = x.shape(), kept, x_dtype = x.dtype()](const std::vector<Tensor>& g,
+                                                                    const autograd::Node&) {
+                       const Tensor grad = g[0].dtype() == x_dtype ? g[0] : cast(g[0], x_dtype);
+                       return std::vector<Tensor>{expand(reshape(grad, kept), shape)};
+                     });
   }
   return out;
 }

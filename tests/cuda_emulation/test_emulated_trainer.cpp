@@ -109,8 +109,13 @@ double scaled_difference(const std::vector<std::vector<float>>& a,
 // offloads update on the host with the CPU's AdamW, which the release build compiles with
 // fused multiply-adds where the CUDA kernel rounds every operation (kernels/cuda/optimizer.h):
 // an ulp here and there each step, which bf16-mixed's weight casts can move across a bf16
-// rounding boundary. Measured 2026-12-06 after 5 steps, largest weight difference over the
-// largest weight: 2.1e-6 (f32), 7.7e-5 (bf16-mixed); held to 1e-5 and 3e-4.
+// rounding boundary. AdamW's first steps divide each gradient by its own magnitude, so where
+// such a difference meets a gradient near zero the update (about lr) can change sign. Measured
+// 2026-12-06 after 5 steps, largest weight difference over the largest weight: 2.1e-6 (f32);
+// bf16-mixed 7.7e-5 with bf16-rounded weight gradients, 2.9e-3 (about lr, 3e-3) with the f32
+// ones of Note [Weight gradients in f32], whose losses differ from the single device's by
+// 5e-7 relative at step 2 and 3.2e-5 at most. Held to 1e-5 and 1e-2 (weights) and 1e-6 and
+// 1e-4 (losses).
 TEST(EmulatedTrainer, ShardedStrategiesTrainCudaTensorsOnOneRank) {
   const TrainOptions o = small_run();
   for (const std::string precision : {"32-true", "bf16-mixed"}) {
@@ -124,14 +129,15 @@ TEST(EmulatedTrainer, ShardedStrategiesTrainCudaTensorsOnOneRank) {
       const bool bf16 = precision == "bf16-mixed";
       for (size_t k = 0; k < single.steps.size(); ++k) {
         if (offload) {
-          EXPECT_NEAR(sharded.steps[k].loss, single.steps[k].loss, 1e-6 * single.steps[k].loss);
+          EXPECT_NEAR(sharded.steps[k].loss, single.steps[k].loss,
+                      (bf16 ? 1e-4 : 1e-6) * single.steps[k].loss);
         } else {
           EXPECT_EQ(sharded.steps[k].loss, single.steps[k].loss) << "step " << k;
           EXPECT_EQ(sharded.steps[k].grad_norm, single.steps[k].grad_norm) << "step " << k;
         }
       }
       if (offload)
-        EXPECT_LE(scaled_difference(sharded.weights, single.weights), bf16 ? 3e-4 : 1e-5);
+        EXPECT_LE(scaled_difference(sharded.weights, single.weights), bf16 ? 1e-2 : 1e-5);
       else
         EXPECT_EQ(sharded.weights, single.weights);
     }

@@ -48,8 +48,18 @@ void check_axis_reductions() {
       std::vector<double> workspace(
           gpu::sum_axis_workspace_bytes(dtype_of<T>(), a.outer, a.extent, a.inner) / sizeof(double) +
           1);
-      gpu::sum_axis(dtype_of<T>(), x.data(), sum.data(), a.outer, a.extent, a.inner,
+      gpu::sum_axis(dtype_of<T>(), dtype_of<T>(), x.data(), sum.data(), a.outer, a.extent, a.inner,
                     workspace.data(), nullptr);
+      if constexpr (sizeof(T) == 2) {
+        // Summed into f32: the same sums, not rounded (the 16-bit result is their rounding).
+        std::vector<float> wide(m);
+        gpu::sum_axis(dtype_of<T>(), DType::F32, x.data(), wide.data(), a.outer, a.extent, a.inner,
+                      workspace.data(), nullptr);
+        std::vector<T> rounded(m);
+        for (size_t i = 0; i < m; ++i)
+          rounded[i] = from_double<T>(wide[i]);
+        EXPECT_TRUE(bitwise_equal(rounded, sum));
+      }
       // A sum of up to 3000 terms in a tree order: relative to the terms' magnitudes.
       EXPECT_LE(max_relative_error(sum, want_sum, 4.0), tolerance<T>() * 8);
       gpu::max_axis(dtype_of<T>(), x.data(), max.data(), arg.data(), a.outer, a.extent,

@@ -3,8 +3,10 @@
 
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <limits>
+#include <string>
 
 #include "nn/gpt.h"
 #include "optim/adamw.h"
@@ -46,13 +48,13 @@ struct CastCounter final : MetaCostSink {
   }
 };
 
-void two_micro_batches(nn::GPT& model, CastCounter* casts = nullptr) {
+void micro_batches(nn::GPT& model, int count, CastCounter* casts = nullptr) {
   const Device device = model.parameters().front().device();
   const Tensor tokens =
       Tensor::from_vector<int64_t>({1, 4, 7, 2, 9, 3, 5, 0, 10, 6}, {2, 5}).to(device);
   const Tensor targets =
       Tensor::from_vector<int64_t>({4, 7, 2, 9, 3, 8, 0, 10, 6, 1}, {2, 5}).to(device);
-  for (int k = 0; k < 2; ++k) {
+  for (int k = 0; k < count; ++k) {
     if (casts != nullptr) casts->per_micro_batch.push_back(0);
     Tensor loss;
     {
@@ -65,10 +67,10 @@ void two_micro_batches(nn::GPT& model, CastCounter* casts = nullptr) {
 
 TEST(WeightCastScope, GivesBitwiseTheGradientsOfCastingEachTime) {
   nn::GPT plain(checkpointed_gpt(Device::cpu()), 3), cached(checkpointed_gpt(Device::cpu()), 3);
-  two_micro_batches(plain);
+  micro_batches(plain, 2);
   {
     WeightCastScope scope(cached.parameters());
-    two_micro_batches(cached);
+    micro_batches(cached, 2);
     EXPECT_GT(scope.cached_casts(), 0u);
   }
   const auto a = plain.named_parameters(), b = cached.named_parameters();
@@ -80,27 +82,56 @@ TEST(WeightCastScope, GivesBitwiseTheGradientsOfCastingEachTime) {
   }
 }
 
+// Under autocast the products write the gradients of their f32 weights in f32 (Note [Weight
+// gradients in f32] in tensor/autocast.cpp): the f32 sums a bf16 product would round, kept.
+// Rounded to bf16 they are the gradients of the same products of bf16 leaves (as PyTorch's
+// autocast gives them); unrounded, they hold values bf16 cannot. A weight used directly
+// (linear's [in, out]) and one used transposed (x @ w^T, as Llama and the tied head use them).
+TEST(Autocast, ProductsWriteTheirWeightsGradientsUnrounded) {
+  Generator gen(5);
+  Tensor x = Tensor::empty({6, 40}), w = Tensor::empty({40, 24}), b = Tensor::empty({24}),
+         wt = Tensor::empty({24, 40});
+  for (Tensor* t : {&x, &w, &b, &wt})
+    uniform_(*t, -1.0, 1.0, gen);
+  Tensor lows[3] = {w.to(DType::BF16), b.to(DType::BF16), wt.to(DType::BF16)};
+  for (Tensor* t : {&w, &b, &wt, &lows[0], &lows[1], &lows[2]})
+    t->set_requires_grad(true);
+  {
+    AutocastGuard bf16(DType::BF16);
+    sum(cast(add(linear(x, w, b), matmul(x, transpose(wt, 0, 1))), DType::F32)).backward();
+  }
+  const Tensor xb = x.to(DType::BF16);
+  sum(cast(add(linear(xb, lows[0], lows[1]), matmul(xb, transpose(lows[2], 0, 1))), DType::F32))
+      .backward();
+  const std::pair<Tensor, Tensor> pairs[] = {{w, lows[0]}, {b, lows[1]}, {wt, lows[2]}};
+  int unrounded = 0;
+  for (const auto& [f32, low] : pairs) {
+    ASSERT_EQ(f32.grad().dtype(), DType::F32);
+    ASSERT_EQ(low.grad().dtype(), DType::BF16);
+    EXPECT_EQ(rounded(f32.grad(), DType::BF16), low.grad().to(DType::F32).to_vector<float>());
+    unrounded += rounded(f32.grad(), DType::BF16) != f32.grad().to_vector<float>();
+  }
+  EXPECT_EQ(unrounded, 2);  // the weights' (the bias's sums of 6 ones are exact in bf16)
+}
+
 // Without the cache each block's four weights and four biases are cast twice per micro-batch
 // (the checkpointed forward and its recomputation) and the tied classifier's weight once, and
-// each of the 17 gradients is cast back to f32: 33 + 17 casts. With it, each of the 17 is
-// cast once in the first micro-batch, and the 16-bit gradients go back as they are, widened
-// into the f32 gradient by the accumulation (a new gradient: a converting copy, counted as a
-// cast; an existing one: one add_ that widens). The tied weight's gradient is never cast: it
-// meets the embedding's f32 one in the weight's own layout (the head's product gives a
-// transposed operand's gradient in that layout) and is widened in that add. The activations'
+// none of the 17 gradients is cast back to f32: 33 casts. With it, each of the 17 is
+// cast once in the first micro-batch. Neither casts a gradient back: the products write them in
+// f32 (Note [Weight gradients in f32]), taken or added by the accumulation. The activations'
 // casts are the same in both.
 TEST(WeightCastScope, CastsEachWeightOncePerScope) {
   CastCounter plain_casts, cached_casts;
   nn::GPT plain(checkpointed_gpt(Device::meta()), 3), cached(checkpointed_gpt(Device::meta()), 3);
   {
     MetaCostScope sink(plain_casts);
-    two_micro_batches(plain, &plain_casts);
+    micro_batches(plain, 2, &plain_casts);
   }
   size_t weights = 0;
   {
     MetaCostScope sink(cached_casts);
     WeightCastScope scope(cached.parameters());
-    two_micro_batches(cached, &cached_casts);
+    micro_batches(cached, 2, &cached_casts);
     weights = scope.cached_casts();
   }
   const int in_blocks = 2 * 8, tied = 1;
@@ -110,8 +141,8 @@ TEST(WeightCastScope, CastsEachWeightOncePerScope) {
   ASSERT_EQ(p.size(), 2u);
   ASSERT_EQ(c.size(), 2u);
   EXPECT_EQ(p[0], p[1]);
-  EXPECT_EQ(c[0] - c[1], (in_blocks + tied) + in_blocks);  // the casts, the first gradients
-  EXPECT_EQ(p[1] - c[1], (2 * in_blocks + tied) + (in_blocks + tied));
+  EXPECT_EQ(c[0] - c[1], in_blocks + tied);  // the weights' casts
+  EXPECT_EQ(p[1] - c[1], 2 * in_blocks + tied);
 }
 
 // Views of a parameter (a transposed weight, as Llama's projections use theirs) are cached
@@ -257,8 +288,10 @@ TEST(Autocast, GradientsFlowThroughTheRoundings) {
 
 // bf16 autocast on the CPU computes linear in bf16 (tensor/autocast.h): the result is the
 // exact product of the bf16-rounded operands plus the bf16 bias, rounded to bf16 once; the
-// gradients are bf16 products of the bf16-rounded incoming gradient, as PyTorch's autocast
-// computes them. Within one rounding (half a unit in the 8th bit) and f32 sums.
+// input's gradient is a bf16 product of the bf16-rounded incoming gradient, as PyTorch's
+// autocast computes it, and the weight's and bias's are the same sums left in f32 (Note
+// [Weight gradients in f32]). Within one rounding (half a unit in the 8th bit) where rounded,
+// and f32 sums.
 TEST(Autocast, Bf16LinearOnTheCpuRoundsOnceForwardAndBackward) {
   const int64_t rows = 33, in = 40, out = 50;
   Generator gen(11);
@@ -280,19 +313,20 @@ TEST(Autocast, Bf16LinearOnTheCpuRoundsOnceForwardAndBackward) {
   const Tensor xb = bf16(x.detach()), wb = bf16(w.detach()), bb = bf16(b.detach()), gb = bf16(g);
   const Tensor want_y = add(matmul(xb, wb), bb), want_dx = matmul(gb, transpose(wb, 0, 1)),
                want_dw = matmul(transpose(xb, 0, 1), gb), want_db = sum(gb, {0});
-  auto expect_rounded_once = [&](const Tensor& got, const Tensor& want, const Tensor& magnitude,
-                                 int64_t terms, const char* what) {
+  auto expect_sums = [&](const Tensor& got, const Tensor& want, const Tensor& magnitude,
+                         int64_t terms, bool rounded_once, const char* what) {
     const auto gv = got.to(DType::F64).to_vector<double>(), wv = want.to_vector<double>(),
                mv = magnitude.to_vector<double>();
     double worst = 0;
     for (size_t i = 0; i < gv.size(); ++i) {
-      const double bound = std::abs(wv[i]) * std::ldexp(1.0, -8) +
+      const double bound = std::abs(wv[i]) * (rounded_once ? std::ldexp(1.0, -8) : 0.0) +
                            double(terms + 1) * std::ldexp(1.0, -23) * mv[i];
       worst = std::max(worst, std::abs(gv[i] - wv[i]) / bound);
     }
     EXPECT_LE(worst, 1.0) << what;
-    EXPECT_EQ(bf16(got).to_vector<double>(), got.to(DType::F64).to_vector<double>())
-        << what << " is not a bf16 value";
+    const bool bf16_values =
+        bf16(got).to_vector<double>() == got.to(DType::F64).to_vector<double>();
+    EXPECT_EQ(bf16_values, rounded_once) << what;
   };
   auto abs = [](const Tensor& t) {
     std::vector<double> v = t.contiguous().to_vector<double>();
@@ -300,10 +334,10 @@ TEST(Autocast, Bf16LinearOnTheCpuRoundsOnceForwardAndBackward) {
       e = std::abs(e);
     return Tensor::from_vector<double>(v, t.shape());
   };
-  expect_rounded_once(y, want_y, add(matmul(abs(xb), abs(wb)), abs(bb)), in, "y");
-  expect_rounded_once(x.grad(), want_dx, matmul(abs(gb), transpose(abs(wb), 0, 1)), out, "dx");
-  expect_rounded_once(w.grad(), want_dw, matmul(transpose(abs(xb), 0, 1), abs(gb)), rows, "dw");
-  expect_rounded_once(b.grad(), want_db, sum(abs(gb), {0}), rows, "db");
+  expect_sums(y, want_y, add(matmul(abs(xb), abs(wb)), abs(bb)), in, true, "y");
+  expect_sums(x.grad(), want_dx, matmul(abs(gb), transpose(abs(wb), 0, 1)), out, true, "dx");
+  expect_sums(w.grad(), want_dw, matmul(transpose(abs(xb), 0, 1), abs(gb)), rows, false, "dw");
+  expect_sums(b.grad(), want_db, sum(abs(gb), {0}), rows, false, "db");
 }
 
 TEST(LossScaler, SkipsNonFiniteStepsAndAdjustsTheScale) {

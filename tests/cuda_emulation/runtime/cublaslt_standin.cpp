@@ -4,11 +4,12 @@
 //
 // It does what cuBLASLt documents for those calls: column-major D = alpha op(A) op(B) +
 // beta C (+ a bias of D's row count with CUBLASLT_EPILOGUE_BIAS), strided batches, f32
-// accumulation and scale, operands and result in the layouts' types (f32, bf16, f16), the
-// result rounded once, to nearest even. Sums run over k in order, so results agree with
-// cuBLASLt's to rounding, not bitwise. Each cublasLtMatmul is one launch in the WorkLog.
-// An attribute or value it does not implement is CUBLAS_STATUS_NOT_SUPPORTED, so a
-// new use of cuBLASLt in gemm.cpp (another epilogue) fails here until the stand-in has it.
+// accumulation and scale, operands and result in the layouts' types (f32, bf16, f16; 16-bit
+// operands may give an f32 result), the result rounded once, to nearest even. Sums run over k in
+// order, so results agree with cuBLASLt's to rounding, not bitwise. Each cublasLtMatmul is one
+// launch in the WorkLog. An attribute or value it does not implement is
+// CUBLAS_STATUS_NOT_SUPPORTED, so a new use of cuBLASLt in gemm.cpp (another epilogue) fails here
+// until the stand-in has it.
 
 #include <cublasLt.h>
 
@@ -91,9 +92,12 @@ bool sizes(const MatmulDesc& d, const Layout& a, const Layout& b, const Layout& 
   const uint64_t b_rows = d.trans_b == CUBLAS_OP_N ? b.rows : b.cols;
   const uint64_t b_cols = d.trans_b == CUBLAS_OP_N ? b.cols : b.rows;
   k = static_cast<int64_t>(a_cols);
-  return a_rows == c.rows && b_cols == c.cols && b_rows == a_cols && a.type == c.type &&
-         b.type == c.type && c.ld >= static_cast<int64_t>(c.rows) &&
-         (a.batch == c.batch || a.batch == 1) && (b.batch == c.batch || b.batch == 1);
+  // The types of cuBLASLt's table for CUBLAS_COMPUTE_32F that Loom uses: A, B and C alike,
+  // or 16-bit A and B with an f32 C.
+  const bool types = a.type == b.type && (c.type == a.type || c.type == CUDA_R_32F);
+  return a_rows == c.rows && b_cols == c.cols && b_rows == a_cols && types &&
+         c.ld >= static_cast<int64_t>(c.rows) && (a.batch == c.batch || a.batch == 1) &&
+         (b.batch == c.batch || b.batch == 1);
 }
 
 size_t standin_get_version() {
