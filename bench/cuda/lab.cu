@@ -56,7 +56,7 @@ double time_square_gemm(DType dtype, int64_t n, cudaStream_t stream) {
   return time_ms(
       [&](cudaStream_t s) {
         kernels::cuda::gemm(dtype, dtype, false, false, n, n, n, a.get(), n, 0, b.get(), n, 0,
-                            c.get(), n, 0, 1, false, nullptr, s);
+                            c.get(), n, 0, 1, false, nullptr, nullptr, s);
       },
       stream, 3, 10);
 }

@@ -126,7 +126,8 @@ __global__ void add_bias_kernel(T* c, const T* bias, int64_t m, int64_t n, int64
 
 void gemm_then_bias(const Gemm& g, cudaStream_t stream) {
   kcuda::gemm(g.dtype, g.dtype, g.trans_a, g.trans_b, g.m, g.n, g.k, g.a, g.lda, g.stride_a, g.b,
-              g.ldb, g.stride_b, g.c, g.ldc, g.stride_c, g.batch, g.accumulate, nullptr, stream);
+              g.ldb, g.stride_b, g.c, g.ldc, g.stride_c, g.batch, g.accumulate, nullptr, nullptr,
+              stream);
   if (g.bias == nullptr || g.m == 0 || g.n == 0 || g.batch == 0) return;
   loom::kernels::cuda::dispatch_float_storage(g.dtype, "add_bias", [&]<typename T>() {
     constexpr int kThreads = 256;
@@ -142,7 +143,8 @@ void gemm_then_bias(const Gemm& g, cudaStream_t stream) {
 
 void gemm_fused(const Gemm& g, cudaStream_t stream) {
   kcuda::gemm(g.dtype, g.dtype, g.trans_a, g.trans_b, g.m, g.n, g.k, g.a, g.lda, g.stride_a, g.b,
-              g.ldb, g.stride_b, g.c, g.ldc, g.stride_c, g.batch, g.accumulate, g.bias, stream);
+              g.ldb, g.stride_b, g.c, g.ldc, g.stride_c, g.batch, g.accumulate, g.bias, nullptr,
+              stream);
 }
 
 struct Version {

@@ -25,7 +25,8 @@
 //   therefore set and used under the plan's own mutex.
 // - When cuBLASLt offers no algorithm with the bias epilogue, or k == 0 (never handed to
 //   cuBLASLt: C = (accumulate ? C : 0) + bias needs no product), the bias is added by a
-//   second, rank-1 GEMM: C += ones[m, 1] bias[1, n], with a per-device vector of ones. That
+//   second, rank-1 GEMM: C += ones[m, 1] bias[1, n], with a per-device vector of ones. Column
+//   sums of op(B) that the BGRADA epilogue cannot give are likewise ones[1, k] op(B). That
 //   keeps this file free of hand-written kernels.
 // All of this is freed at process exit; if the CUDA runtime is already unloading by then,
 // the failures are expected and stay silent (the driver reclaims everything).
@@ -133,6 +134,7 @@ struct Problem {
   int64_t ldc, stride_c, batch;
   bool accumulate;
   const void* bias;
+  void* b_sums;  // op(B)'s column sums (BGRADA), or null
 };
 
 // The largest power of two (at most 256) dividing the address of every matrix of the batch.
@@ -148,7 +150,7 @@ uint32_t alignment_of(const void* ptr, int64_t stride, DType dtype, int64_t batc
 struct PlanKey {
   int device;
   DType dtype, out_dtype;
-  bool trans_a, trans_b, accumulate, bias, tf32;
+  bool trans_a, trans_b, accumulate, bias, b_sums, tf32;
   int64_t m, n, k, lda, ldb, ldc, stride_a, stride_b, stride_c, batch;
   uint32_t align_a, align_b, align_c, align_bias;
   bool operator==(const PlanKey&) const = default;
@@ -161,7 +163,7 @@ struct PlanKeyHash {
     mix(static_cast<uint64_t>(key.device));
     mix(static_cast<uint64_t>(key.dtype) | static_cast<uint64_t>(key.out_dtype) << 8);
     mix((key.trans_a ? 1u : 0u) | (key.trans_b ? 2u : 0u) | (key.accumulate ? 4u : 0u) |
-        (key.bias ? 8u : 0u) | (key.tf32 ? 16u : 0u));
+        (key.bias ? 8u : 0u) | (key.tf32 ? 16u : 0u) | (key.b_sums ? 32u : 0u));
     for (int64_t v : {key.m, key.n, key.k, key.lda, key.ldb, key.ldc, key.stride_a, key.stride_b,
                       key.stride_c, key.batch})
       mix(static_cast<uint64_t>(v));
@@ -181,6 +183,7 @@ PlanKey make_key(int device, const Problem& p) {
   key.trans_b = p.trans_b;
   key.accumulate = p.accumulate;
   key.bias = p.bias != nullptr;
+  key.b_sums = p.b_sums != nullptr;
   key.tf32 = p.dtype == DType::F32 && g_allow_tf32.load(std::memory_order_relaxed);
   key.m = p.m;
   key.n = p.n;
@@ -195,7 +198,8 @@ PlanKey make_key(int device, const Problem& p) {
   key.align_a = alignment_of(p.a, key.stride_a, p.dtype, p.batch);
   key.align_b = alignment_of(p.b, key.stride_b, p.dtype, p.batch);
   key.align_c = alignment_of(p.c, key.stride_c, p.out_dtype, p.batch);
-  key.align_bias = p.bias ? alignment_of(p.bias, 0, p.out_dtype, 1) : 0;
+  const void* vector = p.bias ? p.bias : p.b_sums;  // the epilogue's vector
+  key.align_bias = vector ? alignment_of(vector, 0, p.out_dtype, 1) : 0;
   return key;
 }
 
@@ -203,7 +207,7 @@ struct Plan {
   MatmulDescPtr desc;
   LayoutPtr layout_a, layout_b, layout_c;  // cuBLASLt's A (our B), its B (our A), C = D
   cublasLtMatmulAlgo_t algo{};
-  bool bias_in_epilogue = false;
+  bool bias_in_epilogue = false;  // the bias, or op(B)'s column sums (BGRADA)
   std::mutex mutex;  // held while the bias pointer is set in desc and the matmul is enqueued
 };
 
@@ -259,7 +263,8 @@ bool find_algorithm(cublasLtHandle_t handle, const PlanKey& key, Plan& plan) {
   return true;
 }
 
-std::unique_ptr<Plan> build_plan(cublasLtHandle_t handle, const PlanKey& key, const void* bias) {
+// `vector`: the bias, or where key.b_sums the column sums' output.
+std::unique_ptr<Plan> build_plan(cublasLtHandle_t handle, const PlanKey& key, const void* vector) {
   auto plan = std::make_unique<Plan>();
   cublasLtMatmulDesc_t desc = nullptr;
   LOOM_CUBLAS_CHECK(cublaslt().matmul_desc_create(
@@ -280,11 +285,20 @@ std::unique_ptr<Plan> build_plan(cublasLtHandle_t handle, const PlanKey& key, co
     // output dtype (the default of CUBLASLT_MATMUL_DESC_BIAS_DATA_TYPE). The heuristic reads
     // the pointer's alignment, so it is set before asking.
     set_desc(desc, CUBLASLT_MATMUL_DESC_EPILOGUE, CUBLASLT_EPILOGUE_BIAS);
-    set_desc(desc, CUBLASLT_MATMUL_DESC_BIAS_POINTER, bias);
+    set_desc(desc, CUBLASLT_MATMUL_DESC_BIAS_POINTER, vector);
     if (key.batch > 1) set_desc(desc, CUBLASLT_MATMUL_DESC_BIAS_BATCH_STRIDE, int64_t{0});
     plan->bias_in_epilogue = find_algorithm(handle, key, *plan);
     if (plan->bias_in_epilogue) return plan;
     set_desc(desc, CUBLASLT_MATMUL_DESC_EPILOGUE, CUBLASLT_EPILOGUE_DEFAULT);  // rank-1 bias
+  }
+  if (key.b_sums) {
+    // op(B) is cuBLASLt's A: BGRADA sums it over k into a vector of D's row count, n, in D's
+    // dtype (the default of CUBLASLT_MATMUL_DESC_BIAS_DATA_TYPE).
+    set_desc(desc, CUBLASLT_MATMUL_DESC_EPILOGUE, CUBLASLT_EPILOGUE_BGRADA);
+    set_desc(desc, CUBLASLT_MATMUL_DESC_BIAS_POINTER, vector);
+    plan->bias_in_epilogue = find_algorithm(handle, key, *plan);
+    if (plan->bias_in_epilogue) return plan;
+    set_desc(desc, CUBLASLT_MATMUL_DESC_EPILOGUE, CUBLASLT_EPILOGUE_DEFAULT);  // ones[1, k] op(B)
   }
   if (!find_algorithm(handle, key, *plan)) {
     tag::kKernelsCudaGemm.fail("cuBLASLt has no algorithm for a ", dtype_name(key.dtype),
@@ -328,12 +342,12 @@ class Registry {
 
   // The cached plan for key, built (heuristic included) on first use. Plans are never
   // removed, so the reference stays valid.
-  Plan& plan(cublasLtHandle_t handle, const PlanKey& key, const void* bias) {
+  Plan& plan(cublasLtHandle_t handle, const PlanKey& key, const void* vector) {
     std::lock_guard lock(mutex_);
     std::unique_ptr<Plan>& slot = plans_[key];
     if (!slot) {
       try {
-        slot = build_plan(handle, key, bias);
+        slot = build_plan(handle, key, vector);
       } catch (...) {
         plans_.erase(key);
         throw;
@@ -418,23 +432,52 @@ void add_bias_rank1(int device, const Problem& p, bool accumulate, cudaStream_t 
   }
 }
 
-// One validated cuBLASLt call for k > 0 (m, n, batch > 0), plus the bias if the epilogue
-// could not take it.
+// sums[j] = sum_p op(B)[p, j] (batch 1): ones[1, k] op(B), in chunks of kOnesRows rows of
+// op(B), each chunk's sums added to the ones before (f32 accumulation within a chunk).
+void column_sums_rank1(int device, const Problem& p, cudaStream_t stream) {
+  const void* one = ones(registry().device(device), p.dtype);
+  const size_t es = dtype_size(p.dtype);
+  for (int64_t row = 0; row < p.k; row += kOnesRows) {
+    Problem q{};
+    q.dtype = p.dtype;
+    q.out_dtype = p.out_dtype;
+    q.m = 1;
+    q.n = p.n;
+    q.k = std::min(kOnesRows, p.k - row);
+    q.a = one;
+    q.lda = q.k;
+    // Row `row` of op(B): a row of B, or a column of the stored B^T.
+    q.b = static_cast<const unsigned char*>(p.b) +
+          static_cast<size_t>(p.trans_b ? row : row * p.ldb) * es;
+    q.ldb = p.ldb;
+    q.trans_b = p.trans_b;
+    q.c = p.b_sums;
+    q.ldc = p.n;
+    q.batch = 1;
+    q.accumulate = row > 0;
+    matmul(device, q, stream);
+  }
+}
+
+// One validated cuBLASLt call for k > 0 (m, n, batch > 0), plus the bias or the column sums
+// if the epilogue could not take them.
 void matmul(int device, const Problem& p, cudaStream_t stream) {
   DeviceState& state = registry().device(device);
   PlanKey key = make_key(device, p);
-  Plan& plan = registry().plan(state.handle.get(), key, p.bias);
+  const void* vector = p.bias ? p.bias : p.b_sums;
+  Plan& plan = registry().plan(state.handle.get(), key, vector);
   void* space = workspace(state, stream);
   const float alpha = 1.0f, beta = p.accumulate ? 1.0f : 0.0f;
   {
     std::lock_guard lock(plan.mutex);
-    if (plan.bias_in_epilogue) set_desc(plan.desc.get(), CUBLASLT_MATMUL_DESC_BIAS_POINTER, p.bias);
+    if (plan.bias_in_epilogue) set_desc(plan.desc.get(), CUBLASLT_MATMUL_DESC_BIAS_POINTER, vector);
     LOOM_CUBLAS_CHECK(cublaslt().matmul(state.handle.get(), plan.desc.get(), &alpha, p.b,
                                         plan.layout_a.get(), p.a, plan.layout_b.get(), &beta, p.c,
                                         plan.layout_c.get(), p.c, plan.layout_c.get(), &plan.algo,
                                         space, kWorkspaceBytes, stream));
   }
   if (p.bias && !plan.bias_in_epilogue) add_bias_rank1(device, p, /*accumulate=*/true, stream);
+  if (p.b_sums && !plan.bias_in_epilogue) column_sums_rank1(device, p, stream);
 }
 
 // C_b = 0 for every b (k == 0 without accumulate or bias).
@@ -468,6 +511,11 @@ void validate(const Problem& p) {
   if (p.batch > std::numeric_limits<int32_t>::max()) {
     tag::kKernelsCudaGemm.fail("batch must fit in int32 (cuBLASLt's batch count), got ", p.batch);
   }
+  if (p.b_sums != nullptr && (p.batch != 1 || p.accumulate || p.bias != nullptr)) {
+    tag::kKernelsCudaGemm.fail("column sums of op(B) are for a single product without accumulate "
+                               "or bias, got batch=", p.batch, p.accumulate ? ", accumulate" : "",
+                               p.bias ? ", a bias" : "");
+  }
   if (p.stride_a < 0 || p.stride_b < 0 || p.stride_c < 0) {
     tag::kKernelsCudaGemm.fail("batch strides must be >= 0, got ", p.stride_a, "/", p.stride_b, "/",
                                p.stride_c);
@@ -500,16 +548,23 @@ void validate_layout(const Problem& p) {
 void gemm(DType dtype, DType out_dtype, bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k,
           const void* a, int64_t lda, int64_t stride_a, const void* b, int64_t ldb,
           int64_t stride_b, void* c, int64_t ldc, int64_t stride_c, int64_t batch, bool accumulate,
-          const void* bias, cudaStream_t stream) {
-  const Problem p{dtype, out_dtype, trans_a,  trans_b,    m,   n,        k,
-                  a,     lda,       stride_a, b,          ldb, stride_b, c,
-                  ldc,   stride_c,  batch,    accumulate, bias};
+          const void* bias, void* b_column_sums, cudaStream_t stream) {
+  const Problem p{dtype, out_dtype, trans_a,  trans_b,    m,    n,            k,
+                  a,     lda,       stride_a, b,          ldb,  stride_b,     c,
+                  ldc,   stride_c,  batch,    accumulate, bias, b_column_sums};
   validate(p);
-  if (m == 0 || n == 0 || batch == 0) return;
+  if (n == 0 || batch == 0) return;
+  if (m == 0 && b_column_sums == nullptr) return;
   validate_layout(p);
   int device = 0;
   LOOM_CUDA_CHECK(cudaGetDevice(&device));
-  if (k > 0) {
+  if (k == 0 && b_column_sums != nullptr) {  // empty columns
+    const size_t bytes = static_cast<size_t>(n) * dtype_size(out_dtype);
+    LOOM_CUDA_CHECK(cudaMemsetAsync(b_column_sums, 0, bytes, stream));
+  }
+  if (m == 0) {  // no product, only the column sums
+    if (k > 0) column_sums_rank1(device, p, stream);
+  } else if (k > 0) {
     matmul(device, p, stream);
   } else if (bias != nullptr) {
     add_bias_rank1(device, p, accumulate, stream);  // C = (accumulate ? C : 0) + bias

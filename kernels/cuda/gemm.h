@@ -15,6 +15,11 @@
 // same for every batch; it is added in f32 before the single rounding of the result (in the
 // rare case where cuBLASLt has no bias epilogue for a shape, it is added by a second GEMM and
 // the result is rounded twice).
+// `b_column_sums`, when given (n elements of out_dtype), receives the sums of op(B)'s columns
+// over its k rows, accumulated in f32: a linear layer's bias gradient beside its weight
+// gradient (X^T dY and the column sums of dY), by cuBLASLt's BGRADA epilogue (its A is our B),
+// or where cuBLASLt has no algorithm with it, by a second GEMM, ones[1, k] op(B). Only for a
+// single product (batch 1) without accumulate or bias.
 //
 // Degenerate sizes behave like the CPU kernel: m, n or batch 0 does nothing; k == 0 makes
 // C = (accumulate ? C : 0) (+ bias). Leading dimensions must be at least the row length of
@@ -34,10 +39,10 @@
 
 namespace loom::kernels::cuda {
 
-void gemm(DType dtype, DType out_dtype, bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, const void* a,
-          int64_t lda, int64_t stride_a, const void* b, int64_t ldb, int64_t stride_b, void* c,
-          int64_t ldc, int64_t stride_c, int64_t batch, bool accumulate, const void* bias,
-          cudaStream_t stream);
+void gemm(DType dtype, DType out_dtype, bool trans_a, bool trans_b, int64_t m, int64_t n,
+          int64_t k, const void* a, int64_t lda, int64_t stride_a, const void* b, int64_t ldb,
+          int64_t stride_b, void* c, int64_t ldc, int64_t stride_c, int64_t batch,
+          bool accumulate, const void* bias, void* b_column_sums, cudaStream_t stream);
 
 // Process-wide switch for f32 GEMMs (default false: exact f32 products). Applies to GEMMs
 // launched after the call; safe to call from any thread.

@@ -4,6 +4,8 @@
 #include <cstddef>
 #include <cstring>
 #include <functional>
+#include <tuple>
+#include <utility>
 
 #include "kernels/cpu/gemm.h"
 #include "kernels/cpu/thread_pool.h"
@@ -105,16 +107,18 @@ bool f16_on_the_cpu(const Tensor& x) {
 // of 0 reuses the same matrix. out is contiguous [batch, m, n], of a's and b's dtype or, for
 // bf16 operands (f16 ones on CUDA), f32: the f32 sums unrounded. On CUDA, a defined `bias`
 // [n] is added to every row by the GEMM's epilogue (the CPU caller adds it itself); on meta
-// it is counted as read, as CUDA's epilogue reads it.
+// it is counted as read, as CUDA's epilogue reads it. A defined `b_sums` [n] (CUDA and meta,
+// a single product) receives the sums of op(B)'s columns, by the same GEMM's epilogue.
 void batched_gemm(const Operand& a, const Operand& b, Tensor& out, int64_t batch, int64_t m,
                   int64_t n, int64_t k, bool accumulate,
-                  [[maybe_unused]] const Tensor& bias = Tensor()) {
+                  [[maybe_unused]] const Tensor& bias = Tensor(),
+                  [[maybe_unused]] const Tensor& b_sums = Tensor()) {
   if (reports_op_cost(out.device())) {
     const double flops = 2.0 * double(batch) * double(m) * double(n) * double(k);
     const Tensor none = Tensor::empty({0}, out.dtype(), out.device());
     record_meta_op("gemm", OpClass::Gemm, flops,
                    {a.holder, b.holder, accumulate ? out : none, bias.defined() ? bias : none},
-                   {out}, {m, n, k, batch});
+                   {out, b_sums.defined() ? b_sums : none}, {m, n, k, batch});
   }
   if (out.device().is_meta()) return;
   const DType operands = a.holder.dtype();
@@ -127,9 +131,11 @@ void batched_gemm(const Operand& a, const Operand& b, Tensor& out, int64_t batch
     LOOM_IF_CUDA(kernels::cuda::gemm(
         operands, out.dtype(), a.trans, b.trans, m, n, k, a.holder.raw_data(), a.ld, a.batch_stride,
         b.holder.raw_data(), b.ld, b.batch_stride, out.raw_data(), std::max<int64_t>(n, 1), m * n,
-        batch, accumulate, bias.defined() ? bias.raw_data() : nullptr, detail::stream_of(out)));
+        batch, accumulate, bias.defined() ? bias.raw_data() : nullptr,
+        b_sums.defined() ? b_sums.raw_data() : nullptr, detail::stream_of(out)));
     return;
   }
+  check(!b_sums.defined(), "batched_gemm: column sums in the GEMM are CUDA's");
   if (operands != out.dtype())
     fail("matmul: ", operands, " operands on the CPU give a ", operands, " product, not ",
          out.dtype());
@@ -193,6 +199,22 @@ Tensor product_in(const Tensor& a, const Tensor& b, DType dtype) {
   if (out.numel() > 0)
     batched_gemm(as_operand(a), as_operand(b), out, 1, a.size(0), b.size(1), a.size(1), false);
   return out;
+}
+
+// {a @ b, the sums of b's columns} (2-D, no autograd), both in `dtype` as product_in gives a
+// product: a linear layer's weight and bias gradients, X^T dY and dY's column sums. On CUDA
+// (and meta following it) one GEMM gives both (its BGRADA epilogue: kernels/cuda/gemm.h), the
+// launch a separate column sum would take saved; elsewhere product_in and sum().
+std::pair<Tensor, Tensor> product_and_column_sums(const Tensor& a, const Tensor& b, DType dtype) {
+  const bool in_one_gemm = takes_cuda_path(b.device()) && a.dtype() == b.dtype() &&
+                           (dtype == a.dtype() || is_16bit_float(a.dtype()));
+  if (!in_one_gemm) return {product_in(a, b, dtype), sum(b, {0}, false, dtype)};
+  Tensor out = Tensor::empty({a.size(0), b.size(1)}, dtype, a.device());
+  Tensor sums = Tensor::empty({b.size(1)}, dtype, b.device());
+  if (sums.numel() > 0)
+    batched_gemm(as_operand(a), as_operand(b), out, 1, a.size(0), b.size(1), a.size(1), false,
+                 Tensor(), sums);
+  return {out, sums};
 }
 
 }  // namespace
@@ -300,11 +322,18 @@ Tensor linear(const Tensor& x_in, const Tensor& weight_in, const Tensor& bias_in
                        if (node.needs_input_grad(0))
                          gx = reshape(matmul(g2, transpose(w, 0, 1)), x_shape);
                        // The weight's and bias's gradients in the dtype their producers take
-                       // (f32 for cached weight casts: Note [Weight gradients in f32]).
-                       if (node.needs_input_grad(1))
-                         gw = product_in(transpose(x2, 0, 1), g2, node.input_gradient_dtype(1));
-                       if (node.needs_input_grad(2))
-                         gb = sum(g2, {0}, false, node.input_gradient_dtype(2));
+                       // (f32 for weight casts: Note [Weight gradients in f32]), in one GEMM
+                       // where both are wanted in one dtype.
+                       const bool weight = node.needs_input_grad(1), bias = node.needs_input_grad(2);
+                       if (weight && bias &&
+                           node.input_gradient_dtype(1) == node.input_gradient_dtype(2)) {
+                         std::tie(gw, gb) = product_and_column_sums(transpose(x2, 0, 1), g2,
+                                                                    node.input_gradient_dtype(1));
+                       } else {
+                         if (weight)
+                           gw = product_in(transpose(x2, 0, 1), g2, node.input_gradient_dtype(1));
+                         if (bias) gb = sum(g2, {0}, false, node.input_gradient_dtype(2));
+                       }
                        return std::vector<Tensor>{gx, gw, gb};
                      });
   }

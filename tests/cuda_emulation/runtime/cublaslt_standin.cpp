@@ -3,7 +3,8 @@
 // emulated device (this file replaces cublaslt_library.cpp in the program that links it).
 //
 // It does what cuBLASLt documents for those calls: column-major D = alpha op(A) op(B) +
-// beta C (+ a bias of D's row count with CUBLASLT_EPILOGUE_BIAS), strided batches, f32
+// beta C (+ a bias of D's row count with CUBLASLT_EPILOGUE_BIAS; with
+// CUBLASLT_EPILOGUE_BGRADA, op(A) summed over k into a vector of D's row count), strided batches, f32
 // accumulation and scale, operands and result in the layouts' types (f32, bf16, f16; 16-bit
 // operands may give an f32 result), the result rounded once, to nearest even. Sums run over k in
 // order, so results agree with cuBLASLt's to rounding, not bitwise. Each cublasLtMatmul is one
@@ -17,9 +18,25 @@
 #include <cstring>
 
 #include "core/dtype.h"
+#include "cublaslt_standin.h"
 #include "kernels/cuda/cublaslt_library.h"
 #include "stream_capture.h"
 #include "work_log.h"
+
+namespace loom::cuda_emulation {
+namespace {
+bool epilogues_refused = false;
+}  // namespace
+
+EpiloguesRefused::EpiloguesRefused() {
+  epilogues_refused = true;
+}
+
+EpiloguesRefused::~EpiloguesRefused() {
+  epilogues_refused = false;
+}
+
+}  // namespace loom::cuda_emulation
 
 namespace loom::kernels::cuda {
 namespace {
@@ -141,7 +158,8 @@ cublasStatus_t standin_desc_set(cublasLtMatmulDesc_t raw, cublasLtMatmulDescAttr
       cublasLtEpilogue_t epilogue{};
       if (cublasStatus_t s = read_value(buffer, bytes, epilogue); s != CUBLAS_STATUS_SUCCESS)
         return s;
-      if (epilogue != CUBLASLT_EPILOGUE_DEFAULT && epilogue != CUBLASLT_EPILOGUE_BIAS)
+      if (epilogue != CUBLASLT_EPILOGUE_DEFAULT && epilogue != CUBLASLT_EPILOGUE_BIAS &&
+          epilogue != CUBLASLT_EPILOGUE_BGRADA)
         return CUBLAS_STATUS_NOT_SUPPORTED;
       d.epilogue = epilogue;
       return CUBLAS_STATUS_SUCCESS;
@@ -207,8 +225,12 @@ cublasStatus_t standin_heuristic(cublasLtHandle_t, cublasLtMatmulDesc_t desc,
   if (returned == nullptr || results == nullptr || requested < 1)
     return CUBLAS_STATUS_INVALID_VALUE;
   int64_t m = 0, n = 0, k = 0;
-  if (c != d || !sizes(*reinterpret_cast<MatmulDesc*>(desc), *reinterpret_cast<Layout*>(a),
-                       *reinterpret_cast<Layout*>(b), *reinterpret_cast<Layout*>(c), m, n, k)) {
+  const MatmulDesc& matmul = *reinterpret_cast<MatmulDesc*>(desc);
+  if (c != d ||
+      !sizes(matmul, *reinterpret_cast<Layout*>(a), *reinterpret_cast<Layout*>(b),
+             *reinterpret_cast<Layout*>(c), m, n, k) ||
+      (cuda_emulation::epilogues_refused && matmul.epilogue != CUBLASLT_EPILOGUE_DEFAULT) ||
+      (matmul.epilogue == CUBLASLT_EPILOGUE_BGRADA && reinterpret_cast<Layout*>(d)->batch > 1)) {
     *returned = 0;
     return CUBLAS_STATUS_NOT_SUPPORTED;
   }
@@ -233,8 +255,10 @@ cublasStatus_t standin_matmul(cublasLtHandle_t, cublasLtMatmulDesc_t raw_desc, c
   if (!sizes(desc, a, b, d, m, n, k) || c.type != d.type || c.ld != d.ld || alpha == nullptr ||
       beta == nullptr)
     return CUBLAS_STATUS_INVALID_VALUE;
-  if (desc.epilogue == CUBLASLT_EPILOGUE_BIAS && desc.bias == nullptr)
+  if ((desc.epilogue == CUBLASLT_EPILOGUE_BIAS || desc.epilogue == CUBLASLT_EPILOGUE_BGRADA) &&
+      desc.bias == nullptr)
     return CUBLAS_STATUS_INVALID_VALUE;
+  if (desc.epilogue == CUBLASLT_EPILOGUE_BGRADA && d.batch > 1) return CUBLAS_STATUS_NOT_SUPPORTED;
   const float scale_ab = *static_cast<const float*>(alpha);
   const float scale_c = *static_cast<const float*>(beta);
   auto run = [=] {
@@ -254,6 +278,14 @@ cublasStatus_t standin_matmul(cublasLtHandle_t, cublasLtMatmulDesc_t raw_desc, c
           if (desc.epilogue == CUBLASLT_EPILOGUE_BIAS) value += load(d.type, desc.bias, i);
           store(d.type, pd, i + j * d.ld, value);  // C may be D: its (i, j) is read first
         }
+      }
+    }
+    if (desc.epilogue == CUBLASLT_EPILOGUE_BGRADA) {  // op(A)'s rows summed over k, in order
+      for (int64_t i = 0; i < m; ++i) {
+        float sum = 0.0f;
+        for (int64_t p = 0; p < k; ++p)
+          sum += load(a.type, a_data, element(a, desc.trans_a, i, p));
+        store(d.type, const_cast<void*>(desc.bias), i, sum);
       }
     }
   };
