@@ -32,7 +32,7 @@ Tensor Linear::forward(const Tensor& x) const {
 }
 
 Tensor Linear::forward_gelu(const Tensor& x) const {
-  return run_forward([&] { return bias_gelu(matmul(x, weight_), bias_); });
+  return run_forward([&] { return linear_gelu(x, weight_, bias_); });
 }
 
 LinearNoBias::LinearNoBias(int64_t in_features, int64_t out_features, Generator& gen,

@@ -20,8 +20,8 @@ class Linear : public Module {
   Linear(int64_t in_features, int64_t out_features, Generator& gen, double init_std = 0.02,
          const Options& options = {});
   Tensor forward(const Tensor& x) const;
-  // gelu(forward(x)) with the bias and GELU in one pass each way (bias_gelu after the product
-  // without its bias), between the forward hooks: GPT-2's MLP's first layer.
+  // gelu(forward(x)) in the fewest passes the device has (linear_gelu: on the CPU bias_gelu
+  // after the product without its bias), between the forward hooks: GPT-2's MLP's first layer.
   Tensor forward_gelu(const Tensor& x) const;
   const Tensor& weight() const { return weight_; }
   const Tensor& bias() const { return bias_; }

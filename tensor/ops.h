@@ -30,6 +30,11 @@ Tensor gelu(const Tensor& x);
 // gradient (Note [Bias and GELU in one pass]). Under autocast a bias beside a 16-bit x is
 // taken in x's dtype, as linear takes its bias.
 Tensor bias_gelu(const Tensor& x, const Tensor& bias);
+// gelu(linear(x, weight, bias)), GPT-2's MLP's first layer, in the fewest passes each device
+// has (Note [Bias and GELU in one pass]): on the CPU the product without its bias, then
+// bias_gelu; on CUDA linear (the bias in the GEMM's epilogue, its gradient in the weight
+// gradient's), then gelu.
+Tensor linear_gelu(const Tensor& x, const Tensor& weight, const Tensor& bias);
 // SiLU (swish): x * sigmoid(x), Llama's MLP activation.
 Tensor silu(const Tensor& x);
 // SwiGLU, Llama's MLP: silu(gate) * up in one pass each way (gate and up of one shape, dtype

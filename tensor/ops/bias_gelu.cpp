@@ -16,6 +16,14 @@
 // linear's bias gradient). Under autocast the product arrives in bf16 or f16; the CPU
 // kernels read and write those themselves, computing in f32 (kernels/cpu/widen.h): the bits
 // of widening x, the bias and dy to f32 copies and rounding the results, without the copies.
+//
+// On CUDA the GEMM does better than this op: its epilogue adds the bias as the product is
+// written, and the weight gradient's GEMM sums the bias's gradient (BGRADA, kernels/cuda/
+// gemm.h), where bias_gelu's backward needs a column sum of its own (one or two launches). So
+// linear_gelu, GPT-2's MLP's first layer, is linear then gelu on CUDA (and on meta following
+// it) and the product then bias_gelu on the CPU: the same number of passes forward, a column
+// sum fewer backward on CUDA (issue 46's launch budget). The two agree to rounding: CUDA adds
+// the bias before the product's one rounding, the CPU after it.
 
 #include "kernels/cpu/elementwise.h"
 #include "kernels/cpu/widen.h"
@@ -100,6 +108,11 @@ std::vector<Tensor> bias_gelu_backward(const Tensor& x, const Tensor& bias, cons
 }
 
 }  // namespace
+
+Tensor linear_gelu(const Tensor& x, const Tensor& weight, const Tensor& bias) {
+  if (takes_cuda_path(x.device())) return gelu(linear(x, weight, bias));
+  return bias_gelu(matmul(x, weight), bias);
+}
 
 Tensor bias_gelu(const Tensor& x_in, const Tensor& bias_in) {
   detail::check_kernel_device("bias_gelu", x_in);

@@ -229,13 +229,14 @@ Step steady_bf16_step(int layers, ModelMaker make = tiny_gpt) {
 }
 
 // Per layer, forward and backward: 12 matmuls (4 products forward, each one's two gradients
-// backward, the weight's written in f32 by the GEMM, Note [Weight gradients in f32], with its
-// linear's bias gradient from the same GEMM's epilogue); one cast: an activation (the MLP
-// branch's gradient: docs/cuda.md). The parameters are cast once for the step, all of them in
-// one launch (the WeightCastPlan kept from the step before), and their gradients never (39
-// launches per layer with 8 gradients widened, 31 with 3 bias gradients summed apart). Issue
-// 46's budget is 25 launches per layer; 28 are left, held here as a ceiling.
-TEST(CudaTraining, ABf16MixedLayerTakes28LaunchesAndCastsEachWeightOnce) {
+// backward, the weight's written in f32 by the GEMM, Note [Weight gradients in f32], with the
+// bias's gradient from the same GEMM's epilogue, the MLP's first layer's too: linear_gelu);
+// one cast: an activation (the MLP branch's gradient: docs/cuda.md). The parameters are cast
+// once for the step, all of them in one launch (the WeightCastPlan kept from the step before),
+// and their gradients never (39 launches per layer with 8 gradients widened, 31 with 4 bias
+// gradients summed apart, 28 with 1). Issue 46's budget is 25 launches per layer; 27 are left,
+// held here as a ceiling.
+TEST(CudaTraining, ABf16MixedLayerTakes27LaunchesAndCastsEachWeightOnce) {
   const Step one = steady_bf16_step(1), two = steady_bf16_step(2);
   EXPECT_EQ(two.matmuls - one.matmuls, 12u);
   EXPECT_EQ(two.cached_weights - one.cached_weights, 8u);
@@ -245,7 +246,7 @@ TEST(CudaTraining, ABf16MixedLayerTakes28LaunchesAndCastsEachWeightOnce) {
     EXPECT_EQ(step.batched_casts, 1u);
     EXPECT_EQ(step.casts, static_cast<size_t>(layers));
   }
-  EXPECT_LE(two.forward_backward_launches - one.forward_backward_launches, 28u);
+  EXPECT_LE(two.forward_backward_launches - one.forward_backward_launches, 27u);
 }
 
 // A Llama layer: 21 matmuls (7 products); one cast (an activation; the rotary tables are read
