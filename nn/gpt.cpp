@@ -98,7 +98,8 @@ void Block::parallelize(const TensorParallelGroup* tp) {
 
 Tensor Block::forward(const Tensor& x, KVCache::Layer* cache) const {
   return run_forward([&] {
-    AddNorm h = ln_2_->forward_after_add(x, attn_->forward(ln_1_->forward(x), cache));
+    const AddNorm in = ln_1_->forward_keeping_stream(x);
+    AddNorm h = ln_2_->forward_after_add(in.sum, attn_->forward(in.normed, cache));
     return add(h.sum, mlp_->forward(h.normed));
   });
 }
@@ -159,7 +160,7 @@ Tensor GPT::block_forward(int64_t index, const Tensor& x) const {
 }
 
 Tensor GPT::head(const Tensor& x) const {
-  Tensor normed = ln_f_->forward(x);
+  Tensor normed = ln_f_->forward_ending_stream(x);
   if (tp_) normed = tp_->copy_in(normed);  // then this rank's vocabulary rows of the logits
   return matmul(normed, transpose(wte_->weight(), 0, 1));  // tied output projection
 }
@@ -218,7 +219,7 @@ Tensor GPT::trunk(const Tensor& tokens, const Tensor& pos) const {
 }
 
 Tensor GPT::features(const Tensor& tokens) const {
-  return ln_f_->forward(trunk(tokens, positions_for(tokens)));
+  return ln_f_->forward_ending_stream(trunk(tokens, positions_for(tokens)));
 }
 
 Tensor GPT::classifier_loss(const Tensor& features, const Tensor& targets) const {
@@ -231,7 +232,7 @@ Tensor GPT::forward_layer(int64_t layer, const Tensor& x) const {
     fail("GPT::forward_layer: layer ", layer, " of ", layer_count());
   if (layer == 0) return embed(x, positions_for(x));
   if (layer <= config_.layers) return block_forward(layer - 1, x);
-  return tp_ ? head(x) : ln_f_->forward(x);
+  return tp_ ? head(x) : ln_f_->forward_ending_stream(x);
 }
 
 std::vector<std::string> GPT::layer_parameters(int64_t layer) const {

@@ -68,6 +68,21 @@ AddNorm RMSNorm::forward_after_add(const Tensor& x, const Tensor& residual) cons
   return result;
 }
 
+Tensor RMSNorm::forward_ending_stream(const Tensor& x) const {
+  return run_forward(
+      [&] { return rms_norm_ending_stream(x, weight_, eps_, norm_out_dtype(output_)); });
+}
+
+AddNorm RMSNorm::forward_keeping_stream(const Tensor& x) const {
+  AddNorm result;
+  Tensor normed = run_forward([&] {
+    result = rms_norm_keeping_stream(x, weight_, eps_, norm_out_dtype(output_));
+    return result.normed;
+  });
+  result.normed = normed;
+  return result;
+}
+
 Embedding::Embedding(int64_t count, int64_t width, Generator& gen, double init_std,
                      const Options& options) {
   weight_ = register_parameter("weight", normal_tensor({count, width}, init_std, gen, options));
@@ -92,6 +107,21 @@ AddNorm LayerNorm::forward_after_add(const Tensor& x, const Tensor& residual) co
   AddNorm result;
   Tensor normed = run_forward([&] {
     result = add_layer_norm(x, residual, weight_, bias_, eps_, norm_out_dtype(output_));
+    return result.normed;
+  });
+  result.normed = normed;
+  return result;
+}
+
+Tensor LayerNorm::forward_ending_stream(const Tensor& x) const {
+  return run_forward(
+      [&] { return layer_norm_ending_stream(x, weight_, bias_, eps_, norm_out_dtype(output_)); });
+}
+
+AddNorm LayerNorm::forward_keeping_stream(const Tensor& x) const {
+  AddNorm result;
+  Tensor normed = run_forward([&] {
+    result = layer_norm_keeping_stream(x, weight_, bias_, eps_, norm_out_dtype(output_));
     return result.normed;
   });
   result.normed = normed;

@@ -59,6 +59,12 @@ class LayerNorm : public Module {
   // {x + residual, forward(x + residual)} in one pass (add_layer_norm), between the forward
   // hooks, which see the normalised output: a pre-LN block's residual add and the norm after.
   AddNorm forward_after_add(const Tensor& x, const Tensor& residual) const;
+  // {x, forward(x)} where x also continues as the residual stream (layer_norm_keeping_stream):
+  // a pre-LN block's first norm, whose backward takes the stream's gradient too. Between the
+  // forward hooks, which see the normalised output.
+  AddNorm forward_keeping_stream(const Tensor& x) const;
+  // forward(x) where the residual stream ends (layer_norm_ending_stream): a model's final norm.
+  Tensor forward_ending_stream(const Tensor& x) const;
 
  private:
   Tensor weight_, bias_;
@@ -91,6 +97,10 @@ class RMSNorm : public Module {
   // {x + residual, forward(x + residual)} in one pass (add_rms_norm), between the forward hooks,
   // as LayerNorm's: a Llama layer's residual add and its post-attention norm.
   AddNorm forward_after_add(const Tensor& x, const Tensor& residual) const;
+  // {x, forward(x)} where x also continues as the residual stream, as LayerNorm's: a Llama
+  // layer's input norm; and where the stream ends, Llama's final norm.
+  AddNorm forward_keeping_stream(const Tensor& x) const;
+  Tensor forward_ending_stream(const Tensor& x) const;
 
  private:
   Tensor weight_;

@@ -170,8 +170,9 @@ void LlamaDecoderLayer::parallelize(const TensorParallelGroup* tp, bool replicat
 Tensor LlamaDecoderLayer::forward(const Tensor& x, const RotaryTables& rotary,
                                   KVCache::Layer* cache) const {
   return run_forward([&] {
+    const AddNorm in = input_layernorm_->forward_keeping_stream(x);
     AddNorm h = post_attention_layernorm_->forward_after_add(
-        x, self_attn_->forward(input_layernorm_->forward(x), rotary, cache));
+        in.sum, self_attn_->forward(in.normed, rotary, cache));
     return add(h.sum, mlp_->forward(h.normed));
   });
 }
@@ -260,7 +261,7 @@ Tensor Llama::layer_forward(int64_t index, const Tensor& x) const {
 }
 
 Tensor Llama::head(const Tensor& x) const {
-  Tensor normed = model_->norm()->forward(x);
+  Tensor normed = model_->norm()->forward_ending_stream(x);
   // Through lm_head's own forward where it runs whole, so that a sharded strategy's hook on
   // it gathers its weight.
   if (lm_head_ && !tp_) return lm_head_->forward(normed);
@@ -280,7 +281,7 @@ Tensor Llama::forward(const Tensor& tokens) const {
 }
 
 Tensor Llama::features(const Tensor& tokens) const {
-  return model_->norm()->forward(trunk(tokens));
+  return model_->norm()->forward_ending_stream(trunk(tokens));
 }
 
 Tensor Llama::classifier_loss(const Tensor& features, const Tensor& targets) const {
@@ -349,7 +350,7 @@ Tensor Llama::forward_layer(int64_t layer, const Tensor& x) const {
     fail("Llama::forward_layer: layer ", layer, " of ", layer_count());
   if (layer == 0) return embed(x);
   if (layer <= config_.layers) return layer_forward(layer - 1, x);
-  return tp_ ? head(x) : model_->norm()->forward(x);
+  return tp_ ? head(x) : model_->norm()->forward_ending_stream(x);
 }
 
 std::vector<std::string> Llama::layer_parameters(int64_t layer) const {

@@ -109,6 +109,22 @@ struct AddNorm {
 AddNorm add_layer_norm(const Tensor& x, const Tensor& residual, const Tensor& weight,
                             const Tensor& bias, double eps = 1e-5,
                             std::optional<DType> out_dtype = std::nullopt);
+// {x, layer_norm(x, ...)} for an x that also continues as a residual stream (a pre-LN block's
+// input and first norm): the same values; `sum` is x (a view of it) through which the block's
+// stream takes x, so that backward adds the stream's gradient to the norm's in the norm's
+// pass, and, where x is an f32 stream plus a 16-bit branch of its shape (the block before's
+// last add), writes both operands' gradients there, the branch's rounded, in place of that
+// add's backward (Note [A norm takes over the residual add before it]). Otherwise, or without
+// gradients, {x, layer_norm(x, ...)}. Every other read of x goes through `sum`: one that does
+// not still gets its gradient to the add's operands, but the branch's is then rounded once
+// per reader where the two ops round their sum once.
+AddNorm layer_norm_keeping_stream(const Tensor& x, const Tensor& weight, const Tensor& bias,
+                                  double eps = 1e-5,
+                                  std::optional<DType> out_dtype = std::nullopt);
+// layer_norm(x, ...) where the stream ends, x's last reader (a model's final norm after its
+// last block): as layer_norm_keeping_stream's normed output, with no stream to continue.
+Tensor layer_norm_ending_stream(const Tensor& x, const Tensor& weight, const Tensor& bias,
+                                double eps = 1e-5, std::optional<DType> out_dtype = std::nullopt);
 // RMS normalisation (Llama's RMSNorm): x / sqrt(mean(x^2) + eps) * weight, no mean, no bias.
 Tensor rms_norm(const Tensor& x, const Tensor& weight, double eps,
                 std::optional<DType> out_dtype = std::nullopt);
@@ -116,6 +132,12 @@ Tensor rms_norm(const Tensor& x, const Tensor& weight, double eps,
 // "h = x + attn(...); post_attention_layernorm(h)").
 AddNorm add_rms_norm(const Tensor& x, const Tensor& residual, const Tensor& weight, double eps,
                      std::optional<DType> out_dtype = std::nullopt);
+// {x, rms_norm(x, ...)}, as layer_norm_keeping_stream's (a Llama layer's input norm), and
+// rms_norm where the stream ends, as layer_norm_ending_stream's (Llama's final norm).
+AddNorm rms_norm_keeping_stream(const Tensor& x, const Tensor& weight, double eps,
+                                std::optional<DType> out_dtype = std::nullopt);
+Tensor rms_norm_ending_stream(const Tensor& x, const Tensor& weight, double eps,
+                              std::optional<DType> out_dtype = std::nullopt);
 // Softmax over the last dimension. With causal, x is [..., T, T] and entries with column >
 // row are masked out (probability 0).
 Tensor softmax(const Tensor& x, bool causal = false);

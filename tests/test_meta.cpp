@@ -155,6 +155,35 @@ std::vector<OpCase> op_cases() {
        [=](Device d) {
          return V{rms_norm(r({3, 8}, d), r({8}, d, 2), 1e-5)};
        }},
+      // The norms that keep or end a residual stream, after an f32 stream plus a bf16 branch
+      // (whose add's backward they take over) and after a plain tensor.
+      {"layer_norm_keeping_stream",
+       [=](Device d) {
+         Tensor x = add(r({3, 8}, d), cast(r({3, 8}, d, 4), DType::BF16));
+         AddNorm out = layer_norm_keeping_stream(x, r({8}, d, 2), r({8}, d, 3), 1e-5, DType::BF16);
+         AddNorm plain = layer_norm_keeping_stream(r({3, 8}, d, 5), r({8}, d, 2), r({8}, d, 3));
+         return V{out.sum, out.normed, plain.sum, plain.normed};
+       }},
+      {"layer_norm_ending_stream",
+       [=](Device d) {
+         Tensor x = add(r({3, 8}, d), cast(r({3, 8}, d, 4), DType::BF16));
+         return V{layer_norm_ending_stream(x, r({8}, d, 2), r({8}, d, 3), 1e-5, DType::BF16)};
+       }},
+      {"rms_norm_keeping_stream",
+       [=](Device d) {
+         Tensor x = add(r({3, 8}, d), cast(r({3, 8}, d, 4), DType::BF16));
+         AddNorm out = rms_norm_keeping_stream(x, r({8}, d, 2), 1e-5, DType::BF16);
+         return V{out.sum, out.normed};
+       }},
+      {"rms_norm_ending_stream",
+       [=](Device d) {
+         Tensor x = add(r({3, 8}, d), cast(r({3, 8}, d, 4), DType::BF16));
+         return V{rms_norm_ending_stream(x, r({8}, d, 2), 1e-5, DType::BF16)};
+       }},
+      {"linear_gelu",
+       [=](Device d) {
+         return V{linear_gelu(r({2, 3, 4}, d), r({4, 5}, d, 2), r({5}, d, 3))};
+       }},
       {"softmax",
        [=](Device d) {
          return V{softmax(r({2, 4, 4}, d), true), softmax(r({3, 5}, d))};
@@ -181,7 +210,8 @@ std::vector<OpCase> op_cases() {
        }},
       {"sum",
        [=](Device d) {
-         return V{sum(r({2, 3}, d)), sum(r({2, 3, 4}, d), {0, 2}, true)};
+         return V{sum(r({2, 3}, d)), sum(r({2, 3, 4}, d), {0, 2}, true),
+                  sum(cast(r({4, 3}, d), DType::BF16), {0}, false, DType::F32)};
        }},
       {"mean",
        [=](Device d) {

@@ -533,6 +533,73 @@ TEST(Tensor, AddNormsOfAnF32StreamAndA16BitBranchGiveTheBitsOfTheirTwoOps) {
   }
 }
 
+// The norms that keep or end a residual stream take over the add in front of them where it is an
+// f32 stream plus a 16-bit branch (Note [A norm takes over the residual add before it]): the
+// bits of the ops apart, forward and backward (the stream's values and gradient, the norm's
+// output, both operands' gradients, the branch's in its dtype, the parameters'). Also after a
+// tensor that is no such add (the stream's gradient still added in the norm's pass).
+TEST(Tensor, NormsKeepingOrEndingTheStreamGiveTheBitsOfTheOpsApart) {
+  struct Case {
+    DType low;
+    bool rms, after_add, ending;
+  };
+  for (const Case& c : std::vector<Case>{{DType::BF16, false, true, false},
+                                         {DType::F16, false, true, false},
+                                         {DType::BF16, true, true, false},
+                                         {DType::BF16, false, false, false},
+                                         {DType::BF16, false, true, true},
+                                         {DType::F16, true, true, true}}) {
+    const DType low = c.low;  // not structured bindings: clang 14 cannot capture those
+    const bool rms = c.rms, after_add = c.after_add, ending = c.ending;
+    SCOPED_TRACE(std::string(dtype_name(low)) + (rms ? " rms_norm" : " layer_norm") +
+                 (ending ? " ending" : " keeping") + (after_add ? " after an add" : ""));
+    const auto filled = [](const Shape& shape, double scale, double shift) {
+      std::vector<float> v;
+      for (int64_t i = 0; i < numel_of(shape); ++i)
+        v.push_back(static_cast<float>(shift + scale * std::sin(0.37 * double(i) + scale)));
+      return Tensor::from_vector<float>(v, shape);
+    };
+    const auto bits_of = [](const Tensor& t) {
+      return t.detach().to(DType::F32).to_vector<float>();
+    };
+    const Tensor x0 = filled({3, 7, 24}, 2.5, 0.3), branch0 = filled({3, 7, 24}, 1.0, 0.1).to(low),
+                 w0 = filled({24}, 0.5, 1.0), b0 = filled({24}, 0.5, 0.0),
+                 dnormed = filled({3, 7, 24}, 1.5, 0.0).to(low),
+                 dstream = filled({3, 7, 24}, 0.7, 0.0);
+    const auto run = [&](bool together) {
+      Tensor x = x0.clone().set_requires_grad(true),
+             branch = branch0.clone().set_requires_grad(true),
+             w = w0.clone().set_requires_grad(true), b = b0.clone().set_requires_grad(true);
+      const Tensor in = after_add ? add(x, branch) : x;
+      Tensor stream = in, normed;
+      if (!together) {
+        normed = rms ? rms_norm(in, w, 1e-5, low) : layer_norm(in, w, b, 1e-5, low);
+      } else if (ending) {
+        normed = rms ? rms_norm_ending_stream(in, w, 1e-5, low)
+                     : layer_norm_ending_stream(in, w, b, 1e-5, low);
+      } else {
+        const AddNorm kept = rms ? rms_norm_keeping_stream(in, w, 1e-5, low)
+                                 : layer_norm_keeping_stream(in, w, b, 1e-5, low);
+        stream = kept.sum;
+        normed = kept.normed;
+      }
+      Tensor loss = sum(mul(normed.to(DType::F32), dnormed.to(DType::F32)));
+      if (!ending) loss = add(loss, sum(mul(stream, dstream)));
+      loss.backward();
+      return std::vector<Tensor>{stream, normed, x.grad(),
+                                 after_add ? branch.grad() : Tensor(), w.grad(),
+                                 rms ? Tensor() : b.grad()};
+    };
+    const std::vector<Tensor> together = run(true), apart = run(false);
+    for (size_t i = 0; i < together.size(); ++i) {
+      if (!apart[i].defined()) continue;
+      ASSERT_TRUE(together[i].defined()) << "output " << i;
+      EXPECT_EQ(together[i].dtype(), apart[i].dtype()) << "output " << i;
+      EXPECT_EQ(bits_of(together[i]), bits_of(apart[i])) << "output " << i;
+    }
+  }
+}
+
 TEST(Tensor, ExactValuesOfCoreOps) {
   Tensor a = Tensor::from_vector<float>({1, 2, 3, 4, 5, 6}, {2, 3});
   Tensor b = Tensor::from_vector<float>({1, 0, 0, 1, 1, 1}, {3, 2});

@@ -46,9 +46,10 @@ void layer_norm_backward(DType dtype, DType dy_dtype, const void* dy, const void
 // (x, sum of `dtype`; residual of `residual_dtype`, dtype or low_dtype, widened on load) is
 // written, and y (of `low_dtype`) = layer_norm(sum), read back from the row each thread wrote.
 // Backward is layer_norm_backward's on `sum`, with dsum (of `dtype`, the gradient that reached
-// sum along the residual stream) added to dx; a non-null `dresidual` also gets dx rounded to
-// `low_dtype` (the residual's gradient when it is 16-bit), in the same pass. low_dtype is
-// dtype, or bf16/f16 for an f32 dtype. dsum, dx and dresidual must not overlap.
+// sum along the residual stream; null where none did) added to dx; a non-null `dresidual`
+// also gets dx rounded to `low_dtype` (the residual's gradient when it is 16-bit), in the same
+// pass. low_dtype is dtype, or bf16/f16 for an f32 dtype. dsum, dx and dresidual must not
+// overlap.
 void add_layer_norm_forward(DType dtype, DType low_dtype, DType residual_dtype, const void* x,
                             const void* residual, const void* weight, const void* bias, void* sum,
                             void* y, float* mean, float* rstd, int64_t rows, int64_t width,

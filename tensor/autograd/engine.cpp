@@ -104,9 +104,16 @@ Edge gradient_edge(const Tensor& tensor) {
 
 void record(std::string name, const std::vector<Tensor>& inputs, const std::vector<Tensor>& outputs,
             VjpFunction vjp) {
-  auto node = std::make_shared<FunctionNode>(std::move(name), std::move(vjp));
+  std::vector<Edge> edges;
   for (const Tensor& input : inputs)
-    node->next_edges().push_back(gradient_edge(input));
+    edges.push_back(gradient_edge(input));
+  record_edges(std::move(name), std::move(edges), outputs, std::move(vjp));
+}
+
+void record_edges(std::string name, std::vector<Edge> edges, const std::vector<Tensor>& outputs,
+                  VjpFunction vjp) {
+  auto node = std::make_shared<FunctionNode>(std::move(name), std::move(vjp));
+  node->next_edges() = std::move(edges);
   for (uint32_t i = 0; i < outputs.size(); ++i) {
     TensorImpl& out = outputs[i].impl();
     out.requires_grad = true;

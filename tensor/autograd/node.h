@@ -116,6 +116,12 @@ Edge gradient_edge(const Tensor& tensor);
 void record(std::string name, const std::vector<Tensor>& inputs, const std::vector<Tensor>& outputs,
             VjpFunction vjp);
 
+// As record, with the edges given: the op's gradients go where `edges` lead, which may be
+// the inputs of the op that produced an input (an op that takes over its input's producer's
+// backward: Note [A norm takes over the residual add before it] in tensor/ops/layer_norm.cpp).
+void record_edges(std::string name, std::vector<Edge> edges, const std::vector<Tensor>& outputs,
+                  VjpFunction vjp);
+
 // Declares that `output`'s node takes its gradient in `dtype`, wider than output's (a
 // floating dtype of more bits): its vjp must accept either. Call right after record().
 void accept_wider_gradient(const Tensor& output, DType dtype);

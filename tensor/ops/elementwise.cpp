@@ -1,7 +1,9 @@
 // Elementwise arithmetic with NumPy broadcasting, scalar forms, activations (GELU, SiLU) and
 // in-place updates.
 
+#include <optional>
 #include <type_traits>
+#include <vector>
 
 #include "kernels/cpu/elementwise.h"
 #include "tensor/autograd/node.h"
@@ -9,6 +11,7 @@
 #include "tensor/ops.h"
 #include "tensor/ops/cuda_support.h"
 #include "tensor/ops/dispatch.h"
+#include "tensor/ops/widening_add.h"
 
 #if LOOM_WITH_CUDA
 #include "kernels/cuda/elementwise.h"
@@ -100,6 +103,8 @@ void add_widened_(Tensor& a, const Tensor& b) {
   add_widened_into(a, a, b.contiguous());
 }
 
+constexpr const char* kWideningAdd = "AddWidened";
+
 // Note [An f32 tensor plus a 16-bit one]
 // Under autocast a bf16 matmul result meets the f32 residual stream in an add, or an f32 bias
 // (the tensor-parallel row-parallel layers add theirs after the reduction): promoted() would
@@ -125,7 +130,9 @@ Tensor add_of_f32_and_16bit(const Tensor& a, const Tensor& b) {
   Tensor out = Tensor::empty(shape, DType::F32, a.device());
   add_widened_into(out, wide, narrow);
   if (autograd::any_requires_grad({a, b})) {
-    autograd::record("Add", {a, b}, {out},
+    // Operands of one shape: a node a norm after it may take over (widening_add.h).
+    const char* name = wide.shape() == shape ? kWideningAdd : "Add";
+    autograd::record(name, {a, b}, {out},
                      [da = a.dtype(), db = b.dtype(), sa = a.shape(), sb = b.shape()](
                          const std::vector<Tensor>& g, const autograd::Node& node) {
                        auto in = [&](DType dtype, const Shape& s) {
@@ -431,6 +438,18 @@ void mul_(Tensor& a, double factor) {
   detail::dispatch_floating(a.dtype(), "mul_", [&]<typename T>() {
     kernels::cpu::scale_inplace<T>(a.data<T>(), static_cast<T>(factor), a.numel());
   });
+}
+
+std::optional<detail::WideningAdd> detail::widening_add_operands(const Tensor& sum) {
+  if (!sum.defined() || sum.grad_fn() == nullptr || sum.grad_fn()->name() != kWideningAdd)
+    return std::nullopt;
+  std::vector<autograd::Edge>& edges = sum.grad_fn()->next_edges();
+  if (edges.size() != 2 || !edges[0].node || !edges[1].node) return std::nullopt;
+  const DType first = edges[0].node->outputs()[edges[0].input_nr].dtype;
+  const bool first_is_stream = first == DType::F32;
+  const autograd::Edge& branch = edges[first_is_stream ? 1 : 0];
+  return WideningAdd{edges[first_is_stream ? 0 : 1], branch,
+                     branch.node->outputs()[branch.input_nr].dtype};
 }
 
 }  // namespace loom

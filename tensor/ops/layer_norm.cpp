@@ -9,6 +9,7 @@
 #include "tensor/ops.h"
 #include "tensor/ops/cuda_support.h"
 #include "tensor/ops/dispatch.h"
+#include "tensor/ops/widening_add.h"
 
 #if LOOM_WITH_CUDA
 #include "kernels/cuda/layer_norm.h"
@@ -72,6 +73,73 @@ void dispatch_norm_storage(DType dtype, DType low, const char* op, F&& f) {
   });
 }
 
+// What a norm's forward gives: its output and its rows' statistics (mean undefined for RMS).
+struct NormForward {
+  Tensor out, mean, rstd;
+};
+
+// The layer norm (centered) or RMS norm of contiguous `in` by w (and b), unrecorded: the
+// output in y_dtype, the statistics in in's dtype on the CPU and f32 on CUDA (whose kernels
+// read and write f32 statistics for every storage dtype). `op` names its cost on meta.
+NormForward norm_forward(const char* op, bool centered, const Tensor& in, const Tensor& w,
+                         const Tensor& b, double eps, DType y_dtype) {
+  const Device device = in.device();
+  const int64_t width = in.size(-1);
+  const int64_t rows = width ? in.numel() / width : 0;
+  const DType stats_dtype = device.is_cuda() ? DType::F32 : in.dtype();
+  NormForward f{Tensor::empty(in.shape(), y_dtype, device),
+                centered ? Tensor::empty({rows}, stats_dtype, device) : Tensor(),
+                Tensor::empty({rows}, stats_dtype, device)};
+  if (reports_op_cost(device)) {
+    if (centered) {
+      record_meta_op(op, OpClass::Normalization, kNormFlops * double(in.numel()), {in, w, b},
+                     {f.out, f.mean, f.rstd});
+    } else {
+      record_meta_op(op, OpClass::Normalization, kNormFlops / 2 * double(in.numel()), {in, w},
+                     {f.out, f.rstd});
+    }
+  }
+  if (device.is_meta()) return f;  // nothing to compute: the cost is reported above
+  if (device.is_cuda()) {
+    LOOM_IF_CUDA({
+      if (centered) {
+        kernels::cuda::layer_norm_forward(in.dtype(), y_dtype, in.raw_data(), w.raw_data(),
+                                          b.raw_data(), f.out.raw_data(), f.mean.data<float>(),
+                                          f.rstd.data<float>(), rows, width, eps,
+                                          detail::stream_of(in));
+      } else {
+        kernels::cuda::rms_norm_forward(in.dtype(), y_dtype, in.raw_data(), w.raw_data(),
+                                        f.out.raw_data(), f.rstd.data<float>(), rows, width, eps,
+                                        detail::stream_of(in));
+      }
+    });
+    return f;
+  }
+  dispatch_norm_storage(in.dtype(), y_dtype, op, [&]<typename T, typename L>() {
+    if (centered) {
+      kernels::cpu::layer_norm_forward(in.data<T>(), w.data<T>(), b.data<T>(), f.out.data<L>(),
+                                       f.mean.data<T>(), f.rstd.data<T>(), rows, width, eps);
+    } else {
+      kernels::cpu::rms_norm_forward(in.data<T>(), w.data<T>(), f.out.data<L>(),
+                                     f.rstd.data<T>(), rows, width, eps);
+    }
+  });
+  return f;
+}
+
+// Whether one kernel normalises x (and adds a residual of its shape) in each direction: x,
+// the parameters (and the sum) of one dtype (f32 or f64 on the CPU, a CUDA storage dtype on
+// CUDA), the output of it or, for an f32 x, of autocast's 16-bit `low`.
+bool in_one_pass(bool centered, const Tensor& x, const Tensor& weight, const Tensor& bias,
+                 DType low) {
+  const DType t = x.dtype();
+  const bool kernel_dtype = takes_cuda_path(x.device())
+                                ? t == DType::F32 || is_16bit_float(t)
+                                : t == DType::F32 || t == DType::F64;
+  return kernel_dtype && weight.dtype() == t && (!centered || bias.dtype() == t) &&
+         (low == t || (t == DType::F32 && is_16bit_float(low)));
+}
+
 }  // namespace
 
 Tensor layer_norm(const Tensor& x_in, const Tensor& weight_in, const Tensor& bias_in, double eps,
@@ -91,28 +159,8 @@ Tensor layer_norm(const Tensor& x_in, const Tensor& weight_in, const Tensor& bia
   int64_t rows = width ? x.numel() / width : 0;
   Tensor in = detail::contiguous_input(x), w = detail::contiguous_input(weight),
          b = detail::contiguous_input(bias);
-  Tensor out = Tensor::empty(x.shape(), y_dtype, x.device());
-  // Row statistics: in x's dtype on the CPU, always f32 on CUDA (whose kernels read and
-  // write f32 statistics for every storage dtype).
-  DType stats_dtype = x.device().is_cuda() ? DType::F32 : x.dtype();
-  Tensor mean = Tensor::empty({rows}, stats_dtype, x.device());
-  Tensor rstd = Tensor::empty({rows}, stats_dtype, x.device());
-  if (reports_op_cost(x.device())) {
-    record_meta_op("layer_norm", OpClass::Normalization, kNormFlops * double(x.numel()), {in, w, b},
-                   {out, mean, rstd});
-  }
-  if (x.device().is_meta()) {
-    // nothing to compute: the cost is reported above
-  } else if (x.device().is_cuda()) {
-    LOOM_IF_CUDA(kernels::cuda::layer_norm_forward(
-        x.dtype(), y_dtype, in.raw_data(), w.raw_data(), b.raw_data(), out.raw_data(),
-        mean.data<float>(), rstd.data<float>(), rows, width, eps, detail::stream_of(x)));
-  } else {
-    dispatch_norm_storage(x.dtype(), y_dtype, "layer_norm", [&]<typename T, typename L>() {
-      kernels::cpu::layer_norm_forward(in.data<T>(), w.data<T>(), b.data<T>(), out.data<L>(),
-                                       mean.data<T>(), rstd.data<T>(), rows, width, eps);
-    });
-  }
+  const NormForward f = norm_forward("layer_norm", true, in, w, b, eps, y_dtype);
+  const Tensor out = f.out, mean = f.mean, rstd = f.rstd;
   if (autograd::any_requires_grad({x, weight, bias})) {
     autograd::record(
         "LayerNorm", {x, weight, bias}, {out},
@@ -160,6 +208,92 @@ Tensor layer_norm(const Tensor& x_in, const Tensor& weight_in, const Tensor& bia
 
 namespace {
 
+// The backward of add_norm's node, whose inputs are {x, residual, weight (, bias)} and outputs
+// {sum, normed}, or without `sum_output` {normed}: `saved` the sum, the residual of
+// `residual_dtype` (its gradient rounded to it in the same pass where that is `low`, not the
+// sum's).
+autograd::VjpFunction add_norm_backward(const char* op, bool centered, const Tensor& sum,
+                                        const Tensor& w_in, const Tensor& mean,
+                                        const Tensor& rstd, DType low, DType residual_dtype,
+                                        bool sum_output = true) {
+  const int64_t width = sum.size(-1);
+  const int64_t rows = width ? sum.numel() / width : 0;
+  const char* node_name = centered ? "AddLayerNorm" : "AddRmsNorm";
+  return [saved = sum.detach(), w = w_in.detach(), mean, rstd, rows, width, low, residual_dtype,
+          centered, op, node_name, sum_output](const std::vector<Tensor>& g,
+                                               const autograd::Node& node) {
+          const Device device = saved.device();
+          const Tensor& dnormed = g[sum_output ? 1 : 0];
+          Tensor dsum = sum_output ? g[0].contiguous() : Tensor();
+          Tensor dy = dnormed.dtype() == low ? dnormed : cast(dnormed, low);
+          dy = dy.contiguous();
+          Tensor dx = Tensor::empty(saved.shape(), saved.dtype(), device);
+          // A 16-bit residual's gradient: dx rounded to its dtype, in the same pass.
+          Tensor dres = residual_dtype == saved.dtype() || !node.needs_input_grad(1)
+                            ? Tensor()
+                            : Tensor::empty(saved.shape(), low, device);
+          // The CUDA kernel overwrites dw and db, the CPU kernel accumulates into them.
+          const bool cuda_path = takes_cuda_path(device);
+          auto parameter_gradient = [&] {
+            return cuda_path ? Tensor::empty(w.shape(), w.dtype(), device)
+                             : Tensor::zeros(w.shape(), w.dtype(), device);
+          };
+          Tensor dw = parameter_gradient(), db = centered ? parameter_gradient() : Tensor();
+          if (reports_op_cost(device)) {
+            const double flops =
+                ((centered ? 2 * kNormFlops : kNormFlops) + 1) * double(saved.numel());
+            std::vector<Tensor> reads{dy, saved, w, rstd}, writes{dx, dw};
+            if (dsum.defined()) reads.push_back(dsum);
+            if (centered) reads.push_back(mean), writes.push_back(db);
+            if (dres.defined()) writes.push_back(dres);
+            record_meta_op(node_name, OpClass::Normalization, flops, reads, writes);
+          }
+          if (device.is_cuda()) {
+            LOOM_IF_CUDA({
+              Tensor scratch = detail::workspace(
+                  device, kernels::cuda::layer_norm_backward_workspace(rows, width));
+              void* dres_data = dres.defined() ? dres.raw_data() : nullptr;
+              const void* dsum_data = dsum.defined() ? dsum.raw_data() : nullptr;
+              if (centered) {
+                kernels::cuda::add_layer_norm_backward(
+                    saved.dtype(), low, dy.raw_data(), dsum_data, saved.raw_data(),
+                    w.raw_data(), mean.data<float>(), rstd.data<float>(), dx.raw_data(),
+                    dres_data, dw.raw_data(), db.raw_data(), rows, width, scratch.raw_data(),
+                    detail::stream_of(saved));
+              } else {
+                kernels::cuda::add_rms_norm_backward(
+                    saved.dtype(), low, dy.raw_data(), dsum_data, saved.raw_data(),
+                    w.raw_data(), rstd.data<float>(), dx.raw_data(), dres_data, dw.raw_data(),
+                    rows, width, scratch.raw_data(), detail::stream_of(saved));
+              }
+            });
+          } else if (!device.is_meta()) {
+            dispatch_norm_storage(saved.dtype(), low, op, [&]<typename T, typename L>() {
+              L* dres_data = dres.defined() ? dres.data<L>() : nullptr;
+              const T* dsum_data = dsum.defined() ? dsum.data<T>() : nullptr;
+              if (centered) {
+                kernels::cpu::add_layer_norm_backward(
+                    dy.data<L>(), dsum_data, saved.data<T>(), w.data<T>(), mean.data<T>(),
+                    rstd.data<T>(), dx.data<T>(), dres_data, dw.data<T>(), db.data<T>(), rows,
+                    width);
+              } else {
+                kernels::cpu::add_rms_norm_backward(dy.data<L>(), dsum_data,
+                                                    saved.data<T>(), w.data<T>(), rstd.data<T>(),
+                                                    dx.data<T>(), dres_data, dw.data<T>(), rows,
+                                                    width);
+              }
+            });
+          }
+          // The sum's two operands get the same gradient (the residual's in its dtype).
+          std::vector<Tensor> grads{node.needs_input_grad(0) ? dx : Tensor(),
+                                    node.needs_input_grad(1) ? (dres.defined() ? dres : dx)
+                                                             : Tensor(),
+                                    node.needs_input_grad(2) ? dw : Tensor()};
+          if (centered) grads.push_back(node.needs_input_grad(3) ? db : Tensor());
+          return grads;
+        };
+}
+
 // add_layer_norm (centered) and add_rms_norm (bias undefined) in one pass where a kernel
 // computes what add and the norm would: x, the parameters and the sum of one dtype T (f32 or
 // f64 on the CPU, a CUDA storage dtype on CUDA), of one shape with the residual; the output
@@ -173,13 +307,9 @@ AddNorm add_norm(const char* op, bool centered, const Tensor& x, const Tensor& r
   detail::check_kernel_device(op, x);
   detail::check_kernel_device(op, residual);
   const DType t = x.dtype(), low = out_dtype.value_or(t), residual_dtype = residual.dtype();
-  const bool kernel_dtype = takes_cuda_path(x.device())
-                                ? t == DType::F32 || is_16bit_float(t)
-                                : t == DType::F32 || t == DType::F64;
-  const bool fused = kernel_dtype && x.shape() == residual.shape() && weight.dtype() == t &&
-                     (!centered || bias.dtype() == t) &&
-                     (residual_dtype == low || residual_dtype == t) &&
-                     (low == t || (t == DType::F32 && is_16bit_float(low)));
+  const bool fused = in_one_pass(centered, x, weight, bias, low) &&
+                     x.shape() == residual.shape() &&
+                     (residual_dtype == low || residual_dtype == t);
   if (!fused) {
     Tensor sum = add(x, residual);
     return {sum, centered ? layer_norm(sum, weight, bias, eps, out_dtype)
@@ -242,80 +372,72 @@ AddNorm add_norm(const char* op, bool centered, const Tensor& x, const Tensor& r
     });
   }
   if (autograd::any_requires_grad({x, residual, weight, bias})) {
-    const char* node_name = centered ? "AddLayerNorm" : "AddRmsNorm";
     std::vector<Tensor> inputs{x, residual, weight};
     if (centered) inputs.push_back(bias);
-    autograd::record(
-        node_name, inputs, {sum, out},
-        [saved = sum.detach(), w = w.detach(), mean, rstd, rows, width, low, residual_dtype,
-         centered, op, node_name](const std::vector<Tensor>& g, const autograd::Node& node) {
-          const Device device = saved.device();
-          Tensor dsum = g[0].contiguous(), dy = g[1].dtype() == low ? g[1] : cast(g[1], low);
-          dy = dy.contiguous();
-          Tensor dx = Tensor::empty(saved.shape(), saved.dtype(), device);
-          // A 16-bit residual's gradient: dx rounded to its dtype, in the same pass.
-          Tensor dres = residual_dtype == saved.dtype() || !node.needs_input_grad(1)
-                            ? Tensor()
-                            : Tensor::empty(saved.shape(), low, device);
-          // The CUDA kernel overwrites dw and db, the CPU kernel accumulates into them.
-          const bool cuda_path = takes_cuda_path(device);
-          auto parameter_gradient = [&] {
-            return cuda_path ? Tensor::empty(w.shape(), w.dtype(), device)
-                             : Tensor::zeros(w.shape(), w.dtype(), device);
-          };
-          Tensor dw = parameter_gradient(), db = centered ? parameter_gradient() : Tensor();
-          if (reports_op_cost(device)) {
-            const double flops =
-                ((centered ? 2 * kNormFlops : kNormFlops) + 1) * double(saved.numel());
-            std::vector<Tensor> reads{dy, dsum, saved, w, rstd}, writes{dx, dw};
-            if (centered) reads.push_back(mean), writes.push_back(db);
-            if (dres.defined()) writes.push_back(dres);
-            record_meta_op(node_name, OpClass::Normalization, flops, reads, writes);
-          }
-          if (device.is_cuda()) {
-            LOOM_IF_CUDA({
-              Tensor scratch = detail::workspace(
-                  device, kernels::cuda::layer_norm_backward_workspace(rows, width));
-              void* dres_data = dres.defined() ? dres.raw_data() : nullptr;
-              if (centered) {
-                kernels::cuda::add_layer_norm_backward(
-                    saved.dtype(), low, dy.raw_data(), dsum.raw_data(), saved.raw_data(),
-                    w.raw_data(), mean.data<float>(), rstd.data<float>(), dx.raw_data(),
-                    dres_data, dw.raw_data(), db.raw_data(), rows, width, scratch.raw_data(),
-                    detail::stream_of(saved));
-              } else {
-                kernels::cuda::add_rms_norm_backward(
-                    saved.dtype(), low, dy.raw_data(), dsum.raw_data(), saved.raw_data(),
-                    w.raw_data(), rstd.data<float>(), dx.raw_data(), dres_data, dw.raw_data(),
-                    rows, width, scratch.raw_data(), detail::stream_of(saved));
-              }
-            });
-          } else if (!device.is_meta()) {
-            dispatch_norm_storage(saved.dtype(), low, op, [&]<typename T, typename L>() {
-              L* dres_data = dres.defined() ? dres.data<L>() : nullptr;
-              if (centered) {
-                kernels::cpu::add_layer_norm_backward(
-                    dy.data<L>(), dsum.data<T>(), saved.data<T>(), w.data<T>(), mean.data<T>(),
-                    rstd.data<T>(), dx.data<T>(), dres_data, dw.data<T>(), db.data<T>(), rows,
-                    width);
-              } else {
-                kernels::cpu::add_rms_norm_backward(dy.data<L>(), dsum.data<T>(),
-                                                    saved.data<T>(), w.data<T>(), rstd.data<T>(),
-                                                    dx.data<T>(), dres_data, dw.data<T>(), rows,
-                                                    width);
-              }
-            });
-          }
-          // The sum's two operands get the same gradient (the residual's in its dtype).
-          std::vector<Tensor> grads{node.needs_input_grad(0) ? dx : Tensor(),
-                                    node.needs_input_grad(1) ? (dres.defined() ? dres : dx)
-                                                             : Tensor(),
-                                    node.needs_input_grad(2) ? dw : Tensor()};
-          if (centered) grads.push_back(node.needs_input_grad(3) ? db : Tensor());
-          return grads;
-        });
+    autograd::record(centered ? "AddLayerNorm" : "AddRmsNorm", inputs, {sum, out},
+                     add_norm_backward(op, centered, sum, w, mean, rstd, low, residual_dtype));
   }
   return {sum, out};
+}
+
+// Note [A norm takes over the residual add before it]
+// A pre-LN block reads its input x twice: its first norm and its residual stream. Backward then
+// sums the two gradients x receives (a pass of its own), and where x is the block before's last
+// residual add, an f32 stream plus a 16-bit branch (Note [An f32 tensor plus a 16-bit one] in
+// elementwise.cpp), that add's backward casts the sum to 16 bits for the branch (another). The
+// norm that keeps the stream (layer_norm_keeping_stream, rms_norm_keeping_stream) gives the
+// block x as a second output, so both of x's gradients reach its node, whose backward adds the
+// stream's to the norm's in its one pass (add_norm's backward, with no residual). And where x
+// is such an add of operands of x's shape, the node records its edges to the add's operands
+// instead of x (autograd::record_edges): its pass writes the stream's gradient and the
+// branch's, rounded, as add_norm's writes a 16-bit residual's, and the add's backward never
+// runs. The bits are those of the ops apart (the sum of the two gradients, then its
+// rounding). A read of x other than through the node still reaches the add, whose backward
+// then gives the operands its share: the same sums, but the branch's gradient then arrives as
+// two roundings added instead of one. Across a boundary that wraps the block's output in a
+// node of its own (an FSDP unit's backward entry, a pipeline stage's received activation, the
+// input of activation checkpointing's recomputation) there is no add to take over, only the
+// two gradients' sum to fuse. On CUDA, two launches fewer per block (the sum and the cast;
+// test_emulated_training.cpp counts them).
+//
+// Without `keep_stream` the node has the normed output alone: a norm that ends the stream (a
+// model's final norm after its last block), x's last reader.
+AddNorm norm_keeping_stream(const char* op, bool centered, const Tensor& x, const Tensor& weight,
+                            const Tensor& bias, double eps, std::optional<DType> out_dtype,
+                            bool keep_stream = true) {
+  const auto apart = [&] {
+    return AddNorm{x, centered ? layer_norm(x, weight, bias, eps, out_dtype)
+                               : rms_norm(x, weight, eps, out_dtype)};
+  };
+  detail::check_kernel_device(op, x);
+  const DType t = x.dtype(), low = out_dtype.value_or(t);
+  if (!in_one_pass(centered, x, weight, bias, low) ||
+      !autograd::any_requires_grad({x, weight, bias}))
+    return apart();
+  if (centered) check_norm_parameters(op, x, weight, bias);
+  else check_rms_weight(op, x, weight);
+  Tensor in = detail::contiguous_input(x), w = detail::contiguous_input(weight),
+         b = centered ? detail::contiguous_input(bias) : Tensor();
+  const NormForward f = norm_forward(op, centered, in, w, b, eps, low);
+  // The stream: x itself, as the node's output (a view of it).
+  Tensor stream = Tensor::make_view(in, in.shape(), in.strides(), in.offset());
+  // The edges: x's, or the operands' of the add x is (whose 16-bit operand has the output's
+  // dtype), then none for the residual, the parameters'.
+  std::vector<autograd::Edge> edges{autograd::gradient_edge(x), autograd::Edge{}};
+  DType residual_dtype = t;
+  const std::optional<detail::WideningAdd> add = detail::widening_add_operands(x);
+  if (add && add->branch_dtype == low && low != t && x.is_contiguous()) {
+    edges = {add->stream, add->branch};
+    residual_dtype = low;
+  }
+  edges.push_back(autograd::gradient_edge(weight));
+  if (centered) edges.push_back(autograd::gradient_edge(bias));
+  std::vector<Tensor> outputs{f.out};
+  if (keep_stream) outputs.insert(outputs.begin(), stream);
+  autograd::record_edges(centered ? "AddLayerNorm" : "AddRmsNorm", std::move(edges), outputs,
+                         add_norm_backward(op, centered, in, w, f.mean, f.rstd, low,
+                                           residual_dtype, keep_stream));
+  return {keep_stream ? stream : x, f.out};
 }
 
 }  // namespace
@@ -342,25 +464,8 @@ Tensor rms_norm(const Tensor& x_in, const Tensor& weight_in, double eps,
   int64_t width = x.size(-1);
   int64_t rows = width ? x.numel() / width : 0;
   Tensor in = detail::contiguous_input(x), w = detail::contiguous_input(weight);
-  Tensor out = Tensor::empty(x.shape(), y_dtype, x.device());
-  // As layer_norm: statistics in x's dtype on the CPU, f32 on CUDA.
-  Tensor rstd = Tensor::empty({rows}, x.device().is_cuda() ? DType::F32 : x.dtype(), x.device());
-  if (reports_op_cost(x.device())) {
-    record_meta_op("rms_norm", OpClass::Normalization, kNormFlops / 2 * double(x.numel()), {in, w},
-                   {out, rstd});
-  }
-  if (x.device().is_meta()) {
-    // nothing to compute: the cost is reported above
-  } else if (x.device().is_cuda()) {
-    LOOM_IF_CUDA(kernels::cuda::rms_norm_forward(x.dtype(), y_dtype, in.raw_data(),
-                                                 w.raw_data(), out.raw_data(), rstd.data<float>(),
-                                                 rows, width, eps, detail::stream_of(x)));
-  } else {
-    dispatch_norm_storage(x.dtype(), y_dtype, "rms_norm", [&]<typename T, typename L>() {
-      kernels::cpu::rms_norm_forward(in.data<T>(), w.data<T>(), out.data<L>(), rstd.data<T>(),
-                                     rows, width, eps);
-    });
-  }
+  const NormForward f = norm_forward("rms_norm", false, in, w, Tensor(), eps, y_dtype);
+  const Tensor out = f.out, rstd = f.rstd;
   if (autograd::any_requires_grad({x, weight})) {
     autograd::record(
         "RmsNorm", {x, weight}, {out},
@@ -400,6 +505,27 @@ Tensor rms_norm(const Tensor& x_in, const Tensor& weight_in, double eps,
         });
   }
   return out;
+}
+
+AddNorm layer_norm_keeping_stream(const Tensor& x, const Tensor& weight, const Tensor& bias,
+                                  double eps, std::optional<DType> out_dtype) {
+  return norm_keeping_stream("layer_norm", true, x, weight, bias, eps, out_dtype);
+}
+
+AddNorm rms_norm_keeping_stream(const Tensor& x, const Tensor& weight, double eps,
+                                std::optional<DType> out_dtype) {
+  return norm_keeping_stream("rms_norm", false, x, weight, Tensor(), eps, out_dtype);
+}
+
+Tensor layer_norm_ending_stream(const Tensor& x, const Tensor& weight, const Tensor& bias,
+                                 double eps, std::optional<DType> out_dtype) {
+  return norm_keeping_stream("layer_norm", true, x, weight, bias, eps, out_dtype, false).normed;
+}
+
+Tensor rms_norm_ending_stream(const Tensor& x, const Tensor& weight, double eps,
+                              std::optional<DType> out_dtype) {
+  return norm_keeping_stream("rms_norm", false, x, weight, Tensor(), eps, out_dtype, false)
+      .normed;
 }
 
 }  // namespace loom

@@ -141,6 +141,17 @@ TEST(CudaOps, NormalisationSoftmaxAttentionLosses) {
                        {random_tensor({3, 4, 24}, 19), random_tensor({3, 4, 24}, 20),
                         random_tensor({24}, 13), random_tensor({24}, 14)},
                        dtype, tol);
+    // The norm keeping the stream after an f32 stream plus a bf16 branch, which takes over
+    // that add's backward: the stream and the normed output both read by the loss.
+    expect_matches_cpu("layer_norm_keeping_stream",
+                       [](auto& t) {
+                         const AddNorm out = layer_norm_keeping_stream(
+                             add(t[0], cast(t[1], DType::BF16)), t[2], t[3], 1e-5, DType::BF16);
+                         return add(cast(out.normed, out.sum.dtype()), mul(out.sum, 0.5));
+                       },
+                       {random_tensor({3, 4, 24}, 21), random_tensor({3, 4, 24}, 22),
+                        random_tensor({24}, 13), random_tensor({24}, 14)},
+                       DType::F32, 3e-2);
     expect_matches_cpu("softmax causal", [](auto& t) { return softmax(t[0], true); },
                        {random_tensor({2, 7, 7}, 15)}, dtype, tol);
     expect_matches_cpu("causal_attention",
