@@ -600,6 +600,27 @@ TEST(Tensor, NormsKeepingOrEndingTheStreamGiveTheBitsOfTheOpsApart) {
   }
 }
 
+// sum's dtype= (PyTorch's): a 16-bit tensor summed into f32 keeps the f32 sums (their rounding
+// is the 16-bit sum's); any other change of dtype is an error that says what sum takes.
+TEST(Tensor, SumIntoF32KeepsTheSumsA16BitSumRounds) {
+  const Tensor x = Tensor::from_vector<float>({1.0f, 0.00390625f, 0.00390625f, 3.0f}, {2, 2})
+                       .to(DType::BF16);  // 1 + 2^-8 is no bf16 value: the bf16 sum rounds it
+  const Tensor wide = sum(x, {0}, false, DType::F32);
+  EXPECT_EQ(wide.dtype(), DType::F32);
+  EXPECT_EQ(wide.to_vector<float>(), std::vector<float>({1.00390625f, 3.00390625f}));
+  EXPECT_EQ(sum(x, {0}).to(DType::F32).to_vector<float>(), std::vector<float>({1.0f, 3.0f}));
+  EXPECT_EQ(wide.to(DType::BF16).to(DType::F32).to_vector<float>(),
+            sum(x, {0}).to(DType::F32).to_vector<float>());
+  try {
+    sum(x.to(DType::F32), {0}, false, DType::BF16);
+    FAIL() << "expected an error";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("sum: a f32 tensor is summed in f32, got dtype bf16"),
+              std::string::npos)
+        << e.what();
+  }
+}
+
 TEST(Tensor, ExactValuesOfCoreOps) {
   Tensor a = Tensor::from_vector<float>({1, 2, 3, 4, 5, 6}, {2, 3});
   Tensor b = Tensor::from_vector<float>({1, 0, 0, 1, 1, 1}, {3, 2});

@@ -144,7 +144,6 @@ void batched_gemm(const Operand& a, const Operand& b, Tensor& out, int64_t batch
     const T* pb = b.holder.data<T>();
     T* pc = out.data<T>();
     for_each_product(batch, m, n, k, [&](int64_t i) {
-
       kernels::cpu::gemm<T>(a.trans, b.trans, m, n, k, pa + i * a.batch_stride, a.ld,
                             pb + i * b.batch_stride, b.ld, pc + i * m * n,
                             std::max<int64_t>(n, 1), accumulate);
@@ -252,7 +251,8 @@ Tensor matmul(const Tensor& a_in, const Tensor& b_in) {
               Tensor g2 = a.dim() > 2 ? reshape(g[0], {-1, g[0].size(-1)}) : g[0];
               // A transposed b (x @ weight^T) gets its gradient in its own layout, (g^T a)^T,
               // so that it reaches the weight contiguous, without a strided pass; in the
-              // dtype its producer takes (f32 for a cached weight cast).
+              // dtype its producer takes (f32 for a weight's cast: Note [Weight gradients in
+              // f32] in autocast.cpp).
               const DType want = node.input_gradient_dtype(1);
               gb = detail::is_transposed_matrix(b)
                        ? transpose(product_in(transpose(g2, 0, 1), a2, want), 0, 1)
