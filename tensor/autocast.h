@@ -7,7 +7,9 @@
 // it is given, a binary op of f32 and bf16 in f32 (promotion, ops.h). So a matmul's bf16
 // result feeds GELU and the next matmul as it is, and is widened only where it meets the f32
 // residual stream or a normalisation. The casts go through cast(), so autograd rounds the
-// gradients as PyTorch's autocast does. Thread-local.
+// activations' gradients as PyTorch's autocast does; the gradients of the weights it casts
+// from f32 come out of their products in f32, unrounded, where PyTorch rounds them to 16 bits
+// (Note [Weight gradients in f32] in autocast.cpp). Thread-local.
 //  - CUDA: the three ops really run in bf16/f16 (cuBLASLt or the flash-attention kernels,
 //    f32 accumulation).
 //  - CPU, bf16: matmul and linear run on bf16 tensors (kernels/cpu/gemm.h's gemm_bf16: oneDNN
