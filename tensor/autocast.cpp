@@ -77,14 +77,7 @@ Tensor cast_in_layout(const Tensor& x, DType low) {
     NoGradGuard no_grad;
     out = transpose(cast(transpose(x, 0, 1), low), 0, 1);
   }
-  if (autograd::any_requires_grad({x})) {
-    const DType from = x.dtype();
-    autograd::record("Cast", {x}, {out},
-                     [from](const std::vector<Tensor>& g, const autograd::Node&) {
-                       return std::vector<Tensor>{g[0].dtype() == from ? g[0] : cast(g[0], from)};
-                     });
-    if (from == DType::F32) autograd::accept_wider_gradient(out, from);
-  }
+  detail::record_cast(x, out);
   return out;
 }
 thread_local WeightCastScope::State* active_cache = nullptr;

@@ -13,6 +13,19 @@
 namespace loom {
 namespace {
 
+// shift + scale * sin(frequency * i + scale) for the i-th element: smooth, signed, and no two
+// neighbours alike, for tests that compare bits.
+Tensor sine_filled(const Shape& shape, double scale, double shift, double frequency = 0.37) {
+  std::vector<float> v;
+  for (int64_t i = 0; i < numel_of(shape); ++i)
+    v.push_back(static_cast<float>(shift + scale * std::sin(frequency * double(i) + scale)));
+  return Tensor::from_vector<float>(v, shape);
+}
+
+std::vector<float> bits_of(const Tensor& t) {
+  return t.detach().to(DType::F32).to_vector<float>();
+}
+
 TEST(Tensor, ViewsShareStorage) {
   Tensor x = Tensor::from_vector<float>({0, 1, 2, 3, 4, 5}, {2, 3});
   Tensor t = x.transpose(0, 1);
@@ -373,13 +386,7 @@ TEST(Tensor, SixteenBitKernelsGiveTheBitsOfTheWidenedF32Ops) {
   for (const DType low : {DType::BF16, DType::F16}) {
     SCOPED_TRACE(dtype_name(low));
     const auto filled = [low](const Shape& shape, double scale) {
-      std::vector<float> v;
-      for (int64_t i = 0; i < numel_of(shape); ++i)
-        v.push_back(static_cast<float>(scale * std::sin(0.37 * double(i) + scale)));
-      return Tensor::from_vector<float>(v, shape).to(low);
-    };
-    const auto bits_of = [](const Tensor& t) {
-      return t.detach().to(DType::F32).to_vector<float>();
+      return sine_filled(shape, scale, 0.0).to(low);
     };
     const auto rounded = [low](const Tensor& t) { return t.detach().to(low); };
     // 33 rows (not a multiple of any vector width) of 20 columns.
@@ -426,18 +433,9 @@ TEST(Tensor, SixteenBitKernelsGiveTheBitsOfTheWidenedF32Ops) {
 TEST(Tensor, NormsWithA16BitOutputGiveTheBitsOfTheF32NormAndItsCast) {
   for (const DType low : {DType::BF16, DType::F16}) {
     SCOPED_TRACE(dtype_name(low));
-    const auto filled = [](const Shape& shape, double scale, double shift) {
-      std::vector<float> v;
-      for (int64_t i = 0; i < numel_of(shape); ++i)
-        v.push_back(static_cast<float>(shift + scale * std::sin(0.37 * double(i) + scale)));
-      return Tensor::from_vector<float>(v, shape);
-    };
-    const auto bits_of = [](const Tensor& t) {
-      return t.detach().to(DType::F32).to_vector<float>();
-    };
     // 33 rows of 20 columns; dy already in the low dtype, as autocast's products give it.
-    const Tensor x0 = filled({3, 11, 20}, 2.5, 0.3), w0 = filled({20}, 0.5, 1.0),
-                 b0 = filled({20}, 0.5, 0.0), dy = filled({3, 11, 20}, 1.5, 0.0).to(low);
+    const Tensor x0 = sine_filled({3, 11, 20}, 2.5, 0.3), w0 = sine_filled({20}, 0.5, 1.0),
+                 b0 = sine_filled({20}, 0.5, 0.0), dy = sine_filled({3, 11, 20}, 1.5, 0.0).to(low);
     for (const bool rms : {false, true}) {
       SCOPED_TRACE(rms ? "rms_norm" : "layer_norm");
       const auto run = [&](bool fused) {
@@ -490,21 +488,12 @@ TEST(Tensor, AddNormsOfAnF32StreamAndA16BitBranchGiveTheBitsOfTheirTwoOps) {
     const bool rms = c.rms, f32_branch = c.f32_branch;
     SCOPED_TRACE(std::string(dtype_name(low)) + (rms ? " add_rms_norm" : " add_layer_norm") +
                  (f32_branch ? ", f32 branch" : ""));
-    const auto filled = [](const Shape& shape, double scale, double shift) {
-      std::vector<float> v;
-      for (int64_t i = 0; i < numel_of(shape); ++i)
-        v.push_back(static_cast<float>(shift + scale * std::sin(0.41 * double(i) + scale)));
-      return Tensor::from_vector<float>(v, shape);
-    };
-    const auto bits_of = [](const Tensor& t) {
-      return t.detach().to(DType::F32).to_vector<float>();
-    };
-    const Tensor x0 = filled({3, 11, 20}, 2.5, 0.3),
-                 branch0 = filled({3, 11, 20}, 1.0, 0.1).to(f32_branch ? DType::F32 : low),
-                 w0 = filled({20}, 0.5, 1.0),
-                 b0 = filled({20}, 0.5, 0.0),
-                 dnormed = filled({3, 11, 20}, 1.5, 0.0).to(low),
-                 dsum = filled({3, 11, 20}, 0.7, 0.0);
+    const Tensor x0 = sine_filled({3, 11, 20}, 2.5, 0.3, 0.41),
+                 branch0 =
+                     sine_filled({3, 11, 20}, 1.0, 0.1, 0.41).to(f32_branch ? DType::F32 : low),
+                 w0 = sine_filled({20}, 0.5, 1.0, 0.41), b0 = sine_filled({20}, 0.5, 0.0, 0.41),
+                 dnormed = sine_filled({3, 11, 20}, 1.5, 0.0, 0.41).to(low),
+                 dsum = sine_filled({3, 11, 20}, 0.7, 0.0, 0.41);
     const auto run = [&](bool fused) {
       Tensor x = x0.clone().set_requires_grad(true),
              branch = branch0.clone().set_requires_grad(true),
@@ -553,19 +542,11 @@ TEST(Tensor, NormsKeepingOrEndingTheStreamGiveTheBitsOfTheOpsApart) {
     const bool rms = c.rms, after_add = c.after_add, ending = c.ending;
     SCOPED_TRACE(std::string(dtype_name(low)) + (rms ? " rms_norm" : " layer_norm") +
                  (ending ? " ending" : " keeping") + (after_add ? " after an add" : ""));
-    const auto filled = [](const Shape& shape, double scale, double shift) {
-      std::vector<float> v;
-      for (int64_t i = 0; i < numel_of(shape); ++i)
-        v.push_back(static_cast<float>(shift + scale * std::sin(0.37 * double(i) + scale)));
-      return Tensor::from_vector<float>(v, shape);
-    };
-    const auto bits_of = [](const Tensor& t) {
-      return t.detach().to(DType::F32).to_vector<float>();
-    };
-    const Tensor x0 = filled({3, 7, 24}, 2.5, 0.3), branch0 = filled({3, 7, 24}, 1.0, 0.1).to(low),
-                 w0 = filled({24}, 0.5, 1.0), b0 = filled({24}, 0.5, 0.0),
-                 dnormed = filled({3, 7, 24}, 1.5, 0.0).to(low),
-                 dstream = filled({3, 7, 24}, 0.7, 0.0);
+    const Tensor x0 = sine_filled({3, 7, 24}, 2.5, 0.3),
+                 branch0 = sine_filled({3, 7, 24}, 1.0, 0.1).to(low),
+                 w0 = sine_filled({24}, 0.5, 1.0), b0 = sine_filled({24}, 0.5, 0.0),
+                 dnormed = sine_filled({3, 7, 24}, 1.5, 0.0).to(low),
+                 dstream = sine_filled({3, 7, 24}, 0.7, 0.0);
     const auto run = [&](bool together) {
       Tensor x = x0.clone().set_requires_grad(true),
              branch = branch0.clone().set_requires_grad(true),

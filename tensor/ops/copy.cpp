@@ -217,18 +217,20 @@ Tensor cast(const Tensor& x, DType dtype) {
     out = Tensor::empty(x.shape(), dtype, x.device());
     copy_(out, x);
   }
-  if (autograd::any_requires_grad({x})) {
-    if (!is_floating(dtype)) fail("cast: cannot differentiate through a cast to ", dtype);
-    DType from = x.dtype();
-    // A cast from f32 to 16 bits takes its gradient in f32 too (Note [Weight gradients in f32]
-    // in autocast.cpp): passed on as it is.
-    autograd::record("Cast", {x}, {out},
-                     [from](const std::vector<Tensor>& g, const autograd::Node&) {
-                       return std::vector<Tensor>{g[0].dtype() == from ? g[0] : cast(g[0], from)};
-                     });
-    if (from == DType::F32 && is_16bit_float(dtype)) autograd::accept_wider_gradient(out, from);
-  }
+  detail::record_cast(x, out);
   return out;
+}
+
+void detail::record_cast(const Tensor& x, const Tensor& out) {
+  if (!autograd::any_requires_grad({x})) return;
+  const DType from = x.dtype(), to = out.dtype();
+  if (!is_floating(to)) fail("cast: cannot differentiate through a cast to ", to);
+  // A cast from f32 to 16 bits takes its gradient in f32 too (Note [Weight gradients in f32]
+  // in autocast.cpp): passed on as it is.
+  autograd::record("Cast", {x}, {out}, [from](const std::vector<Tensor>& g, const autograd::Node&) {
+    return std::vector<Tensor>{g[0].dtype() == from ? g[0] : cast(g[0], from)};
+  });
+  if (from == DType::F32 && is_16bit_float(to)) autograd::accept_wider_gradient(out, from);
 }
 
 std::vector<Tensor> detail::cast_each(const std::vector<Tensor>& xs, DType dtype) {

@@ -67,6 +67,9 @@ void matmul_into(const Tensor& a, const Tensor& b, Tensor& out, bool accumulate)
 // of cast() for each, in one launch on CUDA (kernels::cuda::multi_tensor_cast) and one
 // reported op on meta; never recorded by autograd. Autocast's weight casts of a step.
 std::vector<Tensor> cast_each(const std::vector<Tensor>& xs, DType dtype);
+// Records out, x converted to out's dtype (cast() or a cast made otherwise, such as a
+// transposed matrix's through its base), as cast() records it, when x needs a gradient.
+void record_cast(const Tensor& x, const Tensor& out);
 // linear_cross_entropy's chunked form (Note [The classifier without its logits]) with
 // chunks of `chunk_rows` rows; for tests of its independence of the chunks.
 Tensor linear_cross_entropy_in_chunks(const Tensor& x, const Tensor& weight,
