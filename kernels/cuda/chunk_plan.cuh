@@ -15,10 +15,16 @@
 // as the new table's first slot. The blocks of all launches together take every chunk once, in
 // tensor order and chunk order, so that a kernel writing one value per block (the gradient
 // norm's partial sums) can place it by the block's rank in that order, and the result never
-// depends on how the work was cut. Users: multi_tensor_adamw (optimizer.cu) and
-// multi_tensor_sum_of_squares (reduce.cu).
+// depends on how the work was cut. Each table starts zeroed, so a launch's parameters hold
+// its own tensors' addresses and nothing else (no earlier launch's, no stack bytes): a stray
+// read of an unused slot finds a null pointer, and the emulated device's count of the bytes a
+// launch's arguments name (tests/cuda_emulation/runtime/work_log.h) names only those tensors.
+// Users: multi_tensor_adamw (optimizer.cu), multi_tensor_sum_of_squares (reduce.cu),
+// multi_tensor_scale and multi_tensor_cast (elementwise.cu).
 
 #include <cstdint>
+#include <cstring>
+#include <type_traits>
 
 #include "kernels/cuda/common.cuh"
 
@@ -37,13 +43,16 @@ struct ChunkPlan {
 static_assert(kMaxChunkTensors <= 256, "block_tensor is a uint8_t");
 
 // Plans the launches over `count` tensors whose sizes size(k) gives (tensors of size 0 are
-// skipped), in chunks of `chunk` elements: before each launch, set_slot(slot, k) has stored
-// tensor k's buffers in slot `slot` of the caller's table, and `plan` (a member of that table)
-// holds the blocks; launch(blocks) is then called. Tensors whose chunk count does not fit an
-// int32 are the caller's to refuse.
-template <typename Size, typename SetSlot, typename Launch>
-void for_each_chunk_plan(ChunkPlan& plan, int count, int64_t chunk, Size&& size,
-                         SetSlot&& set_slot, Launch&& launch) {
+// skipped), in chunks of `chunk` elements: before each launch, `table` (the caller's, with a
+// ChunkPlan member `plan` that holds the blocks) has been zeroed and set_slot(slot, k) has
+// stored tensor k's buffers in its slot `slot`; launch(blocks) is then called. Tensors whose
+// chunk count does not fit an int32 are the caller's to refuse.
+template <typename Table, typename Size, typename SetSlot, typename Launch>
+void for_each_chunk_plan(Table& table, int count, int64_t chunk, Size&& size, SetSlot&& set_slot,
+                         Launch&& launch) {
+  static_assert(std::is_trivially_copyable_v<Table>, "a kernel parameter table is plain bytes");
+  std::memset(&table, 0, sizeof(table));
+  ChunkPlan& plan = table.plan;
   int slots = 0, blocks = 0;
   for (int k = 0; k < count; ++k) {
     const int64_t n = size(k);
@@ -59,6 +68,7 @@ void for_each_chunk_plan(ChunkPlan& plan, int count, int64_t chunk, Size&& size,
       if (blocks < kMaxChunkBlocks && !(slots == kMaxChunkTensors && last_chunk)) continue;
       launch(blocks);
       blocks = 0;
+      std::memset(&table, 0, sizeof(table));
       if (last_chunk) {
         slots = 0;
       } else {  // this tensor goes on in the next table, as its first slot

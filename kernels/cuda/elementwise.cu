@@ -604,7 +604,7 @@ void launch_multi_cast(const void* const* src, void* const* dst, const int64_t* 
                        cudaStream_t stream) {
   CastTable table;
   for_each_chunk_plan(
-      table.plan, count, kCastChunk, [&](int k) { return sizes[k]; },
+      table, count, kCastChunk, [&](int k) { return sizes[k]; },
       [&](int slot, int k) {
         table.src[slot] = src[k];
         table.dst[slot] = dst[k];
@@ -707,7 +707,7 @@ void multi_tensor_scale(DType dtype, void* const* tensors, const int64_t* sizes,
     ScaleTable table;
     const auto f = static_cast<Acc<T>>(factor);
     for_each_chunk_plan(
-        table.plan, count, kScaleChunk, [&](int k) { return sizes[k]; },
+        table, count, kScaleChunk, [&](int k) { return sizes[k]; },
         [&](int slot, int k) {
           table.x[slot] = tensors[k];
           table.n[slot] = sizes[k];

@@ -205,7 +205,7 @@ void multi_tensor_adamw(DType dtype, const AdamWTensor* tensors, int count, cons
     const AdamWScalars<Acc<T>> s = adamw_scalars<Acc<T>>(args);
     ChunkTable table;
     for_each_chunk_plan(
-        table.plan, count, kChunk, [&](int k) { return tensors[k].n; },
+        table, count, kChunk, [&](int k) { return tensors[k].n; },
         [&](int slot, int k) {
           table.param[slot] = tensors[k].param;
           table.grad[slot] = tensors[k].grad;

@@ -515,7 +515,7 @@ void multi_tensor_sum_of_squares(DType dtype, const TensorSpan* tensors, int cou
     SquaresTable table;
     int64_t done = 0;  // chunks summed by earlier launches: where this launch's sums go
     for_each_chunk_plan(
-        table.plan, count, kSquaresChunk, [&](int k) { return tensors[k].n; },
+        table, count, kSquaresChunk, [&](int k) { return tensors[k].n; },
         [&](int slot, int k) {
           table.x[slot] = tensors[k].data;
           table.n[slot] = tensors[k].n;

@@ -70,6 +70,7 @@ struct CachingAllocator::Block {
   bool small;           // which pool
   PoolId pool;          // its segment's private pool, or 0 (the shared cache)
   bool allocated = false;
+  size_t requested = 0;    // the bytes asked of allocate_on (size is rounded up), while allocated
   int pending_events = 0;  // events recorded at free that have not completed yet
   Block* prev = nullptr;   // neighbours within the segment, by address
   Block* next = nullptr;
@@ -134,6 +135,7 @@ void* CachingAllocator::allocate_on(size_t nbytes, cudaStream_t stream) {
   }
   split(block, size);
   block->allocated = true;
+  block->requested = nbytes;
   active_.emplace(block->ptr, block);
   stats_.allocated_bytes += block->size;
   stats_.peak_allocated_bytes = std::max(stats_.peak_allocated_bytes, stats_.allocated_bytes);
@@ -324,6 +326,20 @@ void CachingAllocator::record_stream(void* ptr, cudaStream_t stream) {
 bool CachingAllocator::owns(const void* ptr) const {
   std::lock_guard<std::mutex> lock(mutex_);
   return active_.count(ptr) != 0;
+}
+
+std::optional<CachingAllocator::Allocation> CachingAllocator::allocation_containing(
+    const void* ptr) const {
+  const auto* p = static_cast<const char*>(ptr);
+  std::lock_guard<std::mutex> lock(mutex_);
+  for (const auto& [base, head] : segments_) {
+    for (const Block* block = head; block != nullptr; block = block->next) {
+      if (p < block->ptr || p >= block->ptr + block->size) continue;
+      if (!block->allocated || p >= block->ptr + block->requested) return std::nullopt;
+      return Allocation{block->ptr, block->requested};
+    }
+  }
+  return std::nullopt;
 }
 
 void CachingAllocator::empty_cache() {

@@ -43,6 +43,7 @@
 #include <deque>
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <set>
 #include <unordered_map>
 #include <utility>
@@ -113,6 +114,15 @@ class CachingAllocator final : public Allocator {
   void record_stream(void* ptr, cudaStream_t stream);
   // True when `ptr` is a block handed out by this allocator and not yet freed.
   bool owns(const void* ptr) const;
+  // The allocation `ptr` points into (its start, and the bytes asked of allocate for it), or
+  // none where `ptr` is in no block handed out and not yet freed, or past the bytes asked.
+  // Walks every block: for tools and tests, such as the emulated device's accounting of the
+  // bytes a launch's arguments name (tests/cuda_emulation/runtime/work_log.h).
+  struct Allocation {
+    const void* base;
+    size_t bytes;
+  };
+  std::optional<Allocation> allocation_containing(const void* ptr) const;
   // Returns cached segments without allocated blocks to the driver. Throws loom::Error during
   // a capture (returning memory to the driver is not permitted then).
   void empty_cache();

@@ -270,6 +270,33 @@ TEST_F(CachingAllocatorTest, FreeingMergesAdjacentFreeBlocks) {
   EXPECT_TRUE(fake_.segments.empty());
 }
 
+// allocation_containing names the block handed out that an address falls in, by its start
+// and the bytes asked for it (not the rounded size): from its first byte to its last asked,
+// and no more once it is freed.
+TEST_F(CachingAllocatorTest, AnAddressNamesTheAllocationItFallsIn) {
+  void* a = alloc(1000);  // rounded to 1,024 bytes
+  void* b = alloc(512 * KiB);
+  ASSERT_EQ(b, at(a, 1024));
+  for (size_t offset : {size_t{0}, size_t{1}, size_t{999}}) {
+    const auto found = allocator().allocation_containing(at(a, offset));
+    ASSERT_TRUE(found.has_value()) << offset;
+    EXPECT_EQ(found->base, a);
+    EXPECT_EQ(found->bytes, 1000u);
+  }
+  EXPECT_FALSE(allocator().allocation_containing(at(a, 1000)).has_value());  // the rounding
+  const auto in_b = allocator().allocation_containing(at(b, 512 * KiB - 1));
+  ASSERT_TRUE(in_b.has_value());
+  EXPECT_EQ(in_b->base, b);
+  EXPECT_EQ(in_b->bytes, 512 * KiB);
+  EXPECT_FALSE(allocator().allocation_containing(at(b, 512 * KiB)).has_value());  // the free rest
+  int on_the_host = 0;
+  EXPECT_FALSE(allocator().allocation_containing(&on_the_host).has_value());
+  release(a, 1000);
+  EXPECT_FALSE(allocator().allocation_containing(a).has_value());
+  EXPECT_TRUE(allocator().allocation_containing(b).has_value());
+  release(b, 512 * KiB);
+}
+
 TEST_F(CachingAllocatorTest, BlocksAreReusedOnlyOnTheirStream) {
   void* a = alloc(4 * KiB, kStreamA);
   release(a, 4 * KiB);

@@ -7,9 +7,11 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <optional>
 #include <vector>
 
 #include "emulator.h"
+#include "work_log.h"
 
 namespace emu = loom::cuda_emulation;
 
@@ -196,6 +198,52 @@ TEST(Emulator, ATrapFailsTheLaunchAndStaysUntilCleared) {
   EXPECT_EQ(out[3 * 32], 0) << "blocks after the trap must not run";
   emu::clear_device_error();
   EXPECT_EQ(cudaGetLastError(), cudaSuccess);
+}
+
+struct Operands {  // as a multi-tensor launch's table holds them
+  const float* x;
+  int n;
+  float* y;
+};
+
+void scaled_sum(const float* a, const float* a_view, const Operands operands, float factor) {
+  const int i = threadIdx.x;
+  if (i < operands.n) operands.y[i] = factor * (a[i] + a_view[0] + operands.x[i]);
+}
+
+// Note [The bytes a launch's arguments name]: each allocation that a pointer argument or a
+// word of a class argument points into counts once, at its size, whatever part the launch
+// reads; words that point into none (a host buffer, the ints) name nothing. Without a lookup,
+// nothing is counted.
+TEST(Emulator, ALaunchsArgumentBytesAreTheAllocationsItsArgumentsName) {
+  std::vector<float> a(64, 1.0f), x(32, 2.0f), y(32, 0.0f), host(8, 0.0f);
+  const std::vector<const std::vector<float>*> device = {&a, &x, &y};
+  auto lookup = [&](const void* address) -> std::optional<emu::Allocation> {
+    for (const std::vector<float>* buffer : device) {
+      const auto* start = reinterpret_cast<const char*>(buffer->data());
+      const auto* p = static_cast<const char*>(address);
+      if (p >= start && p < start + buffer->size() * sizeof(float))
+        return emu::Allocation{buffer->data(), buffer->size() * sizeof(float)};
+    }
+    return std::nullopt;
+  };
+  {
+    emu::WorkLog log(lookup);
+    emu::launch("scaled_sum", scaled_sum, 1, 32)(a.data(), a.data() + 40,
+                                                 Operands{x.data(), 32, y.data()}, 0.5f);
+    emu::launch("scaled_sum", scaled_sum, 1, 32)(host.data(), host.data(),
+                                                 Operands{x.data(), 8, y.data()}, 0.5f);
+    const std::vector<emu::Work> work = log.entries();
+    ASSERT_EQ(work.size(), 2u);
+    EXPECT_EQ(work[0].argument_bytes, (64 + 32 + 32) * sizeof(float));
+    EXPECT_EQ(work[1].argument_bytes, (32 + 32) * sizeof(float));
+    EXPECT_EQ(log.argument_bytes(), (64 + 32 + 32 + 32 + 32) * sizeof(float));
+  }
+  EXPECT_EQ(y[31], 2.0f);  // the first launch ran (the second wrote y[0..7])
+  emu::WorkLog without_a_lookup;
+  emu::launch("scaled_sum", scaled_sum, 1, 32)(a.data(), a.data(),
+                                               Operands{x.data(), 32, y.data()}, 0.5f);
+  EXPECT_EQ(without_a_lookup.argument_bytes(), 0u);
 }
 
 TEST(Emulator, ALaunchCudaRefusesSetsTheLastErrorAndRunsNothing) {

@@ -137,11 +137,15 @@ TEST(EmulatedOptimizer, SgdInEveryOptionCombinationF64) { check_sgd_options<doub
 // first slot. Each launch is a list of (tensor, chunk) pairs.
 using PlannedLaunch = std::vector<std::pair<int, int32_t>>;
 std::vector<PlannedLaunch> plan_launches(const std::vector<int64_t>& sizes, int64_t chunk) {
-  auto plan = std::make_unique<gpu::ChunkPlan>();
+  struct PlanTable {
+    gpu::ChunkPlan plan;
+  };
+  auto table = std::make_unique<PlanTable>();
+  const gpu::ChunkPlan* plan = &table->plan;
   int slot_tensor[gpu::kMaxChunkTensors];
   std::vector<PlannedLaunch> launches;
   gpu::for_each_chunk_plan(
-      *plan, static_cast<int>(sizes.size()), chunk,
+      *table, static_cast<int>(sizes.size()), chunk,
       [&](int k) { return sizes[static_cast<size_t>(k)]; },
       [&](int slot, int k) { slot_tensor[slot] = k; },
       [&](int blocks) {

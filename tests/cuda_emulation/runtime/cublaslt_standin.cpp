@@ -289,8 +289,9 @@ cublasStatus_t standin_matmul(cublasLtHandle_t, cublasLtMatmulDesc_t raw_desc, c
       }
     }
   };
-  const cudaError_t refused = cuda_emulation::submit(stream, cuda_emulation::WorkKind::kMatmul,
-                                                     "cublasLtMatmul", run);
+  const cudaError_t refused =
+      cuda_emulation::submit(stream, cuda_emulation::WorkKind::kMatmul, "cublasLtMatmul", run,
+                             {a_data, b_data, c_data, d_data, desc.bias});
   return refused == cudaSuccess ? CUBLAS_STATUS_SUCCESS : CUBLAS_STATUS_EXECUTION_FAILED;
 }
 

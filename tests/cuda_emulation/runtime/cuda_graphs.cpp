@@ -22,6 +22,7 @@ struct Node {
   WorkKind kind;
   std::string name;
   std::function<void()> work;
+  ArgumentWords words;
 };
 using Nodes = std::vector<Node>;
 
@@ -70,17 +71,17 @@ bool prohibits(const Capture& capture) {
 }  // namespace
 
 cudaError_t submit(cudaStream_t stream, WorkKind kind, const char* name,
-                   std::function<void()> work) {
+                   std::function<void()> work, ArgumentWords words) {
   {
     std::lock_guard<std::mutex> lock(capture_mutex);
     auto it = captures().find(stream);
     if (it != captures().end()) {
       if (it->second.invalidated) return cudaErrorStreamCaptureInvalidated;
-      it->second.nodes.push_back(Node{kind, name, std::move(work)});
+      it->second.nodes.push_back(Node{kind, name, std::move(work), std::move(words)});
       return cudaSuccess;
     }
   }
-  record_work(kind, name);
+  record_work(kind, name, /*replayed=*/false, words);
   work();
   return cudaSuccess;
 }
@@ -193,7 +194,7 @@ cudaError_t CUDARTAPI cudaGraphLaunch(cudaGraphExec_t exec, cudaStream_t stream)
   emu::record_work(emu::WorkKind::kGraph, "cudaGraphLaunch");
   for (const emu::Node& node : *reinterpret_cast<emu::GraphExec*>(exec)->nodes) {
     if (emu::device_error() != cudaSuccess) break;  // a trapped kernel ends the launch
-    emu::record_work(node.kind, node.name.c_str(), /*replayed=*/true);
+    emu::record_work(node.kind, node.name.c_str(), /*replayed=*/true, node.words);
     node.work();
   }
   return emu::device_error();

@@ -613,7 +613,8 @@ void run_grid(const LaunchConfig& config, std::function<void()> body) {
   }
   const cudaError_t refused =
       submit(config.stream, WorkKind::kKernel, config.name,
-             [config, body = std::move(body)] { execute_grid(config, body); });
+             [config, body = std::move(body)] { execute_grid(config, body); },
+             config.argument_words);
   if (refused != cudaSuccess) emulated_last_error = refused;
 }
 

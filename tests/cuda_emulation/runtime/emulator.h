@@ -27,12 +27,15 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <cstring>
 #include <functional>
 #include <stdexcept>
 #include <string>
 #include <tuple>
 #include <type_traits>
 #include <utility>
+
+#include "work_log.h"
 
 namespace loom::cuda_emulation {
 
@@ -97,11 +100,32 @@ struct LaunchConfig {
   dim3 block;
   size_t shared_bytes;
   cudaStream_t stream;
+  ArgumentWords argument_words = {};  // Note [The bytes a launch's arguments name]
 };
 // Runs `body` as every thread of every block of the grid, now or, on a capturing stream, at
 // each launch of the captured graph (Note [Emulated graphs] in stream_capture.h). A
 // configuration CUDA refuses sets the error cudaGetLastError() returns, and nothing runs.
 void run_grid(const LaunchConfig& config, std::function<void()> body);
+
+namespace detail {
+
+// Adds the words of one converted argument that may be device addresses (Note [The bytes a
+// launch's arguments name], work_log.h): a pointer, or each pointer-aligned word of a class.
+template <typename T>
+void add_argument_words(const T& argument, ArgumentWords& words) {
+  if constexpr (std::is_pointer_v<T> && std::is_object_v<std::remove_pointer_t<T>>) {
+    words.push_back(argument);
+  } else if constexpr (std::is_class_v<T>) {
+    const auto* bytes = reinterpret_cast<const unsigned char*>(&argument);
+    for (size_t at = 0; at + sizeof(void*) <= sizeof(T); at += alignof(void*)) {
+      const void* word = nullptr;
+      std::memcpy(&word, bytes + at, sizeof(word));
+      words.push_back(word);
+    }
+  }
+}
+
+}  // namespace detail
 
 // kernel<<<grid, block, shared, stream>>>(args...) is rewritten into
 // launch(kernel, grid, block, shared, stream)(args...): the arguments are converted to the
@@ -117,7 +141,10 @@ class Launch {
   void operator()(Args&&... args) const {
     static_assert(sizeof...(Args) == sizeof...(Params), "kernel launched with the wrong arity");
     const std::tuple<std::decay_t<Params>...> params(std::forward<Args>(args)...);
-    run_grid(config_, [kernel = kernel_, params] { std::apply(kernel, params); });
+    LaunchConfig config = config_;
+    std::apply([&](const auto&... p) { (detail::add_argument_words(p, config.argument_words), ...); },
+               params);
+    run_grid(config, [kernel = kernel_, params] { std::apply(kernel, params); });
   }
 
  private:

@@ -25,11 +25,12 @@
 
 namespace loom::cuda_emulation {
 
-// Issues `work` to `stream`: runs it now and records (kind, name) in the WorkLog, or, when
-// the stream is capturing, adds it to the capture to run at each launch of its graph.
+// Issues `work` to `stream`: runs it now and records (kind, name, words) in the WorkLog, or,
+// when the stream is capturing, adds it to the capture to run at each launch of its graph.
+// `words` are a launch's argument words (Note [The bytes a launch's arguments name]).
 // Returns the error a capture refuses the work with, else cudaSuccess.
 cudaError_t submit(cudaStream_t stream, WorkKind kind, const char* name,
-                   std::function<void()> work);
+                   std::function<void()> work, ArgumentWords words = {});
 
 // For the runtime's potentially unsafe calls: cudaErrorStreamCaptureUnsupported, with the
 // captures concerned invalidated, when the calling thread may not make one now; otherwise

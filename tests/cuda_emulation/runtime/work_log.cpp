@@ -1,6 +1,8 @@
 #include "work_log.h"
 
+#include <algorithm>
 #include <stdexcept>
+#include <utility>
 
 namespace loom::cuda_emulation {
 namespace {
@@ -10,7 +12,9 @@ WorkLog* live = nullptr;
 
 }  // namespace
 
-WorkLog::WorkLog() {
+WorkLog::WorkLog() : WorkLog(AllocationLookup()) {}
+
+WorkLog::WorkLog(AllocationLookup lookup) : lookup_(std::move(lookup)) {
   std::lock_guard<std::mutex> lock(live_mutex);
   if (live != nullptr) throw std::logic_error("a WorkLog already records the emulated device");
   live = this;
@@ -49,14 +53,34 @@ size_t WorkLog::host_launches() const {
   return n;
 }
 
-void WorkLog::add(WorkKind kind, const char* name, bool replayed) {
+size_t WorkLog::argument_bytes() const {
   std::lock_guard<std::mutex> lock(mutex_);
-  entries_.push_back(Work{kind, name, replayed});
+  size_t n = 0;
+  for (const Work& w : entries_)
+    n += w.argument_bytes;
+  return n;
 }
 
-void record_work(WorkKind kind, const char* name, bool replayed) {
+void WorkLog::add(WorkKind kind, const char* name, bool replayed, const ArgumentWords& words) {
+  size_t bytes = 0;
+  if (lookup_) {
+    std::vector<const void*> named;  // the allocations counted, by start
+    for (const void* word : words) {
+      if (word == nullptr) continue;
+      const std::optional<Allocation> allocation = lookup_(word);
+      if (!allocation || std::find(named.begin(), named.end(), allocation->base) != named.end())
+        continue;
+      named.push_back(allocation->base);
+      bytes += allocation->bytes;
+    }
+  }
+  std::lock_guard<std::mutex> lock(mutex_);
+  entries_.push_back(Work{kind, name, replayed, bytes});
+}
+
+void record_work(WorkKind kind, const char* name, bool replayed, const ArgumentWords& words) {
   std::lock_guard<std::mutex> lock(live_mutex);
-  if (live != nullptr) live->add(kind, name, replayed);
+  if (live != nullptr) live->add(kind, name, replayed, words);
 }
 
 }  // namespace loom::cuda_emulation

@@ -4,9 +4,13 @@
 // launch site, the cuBLASLt stand-in's matmuls (one launch each, as cuBLASLt's are for the
 // shapes Loom uses), the runtime's copies and fills, which are not kernel launches, and graph
 // launches, after which the work the graph replays is logged as it runs, marked replayed.
+// With an AllocationLookup, each launch also carries the bytes its arguments name (issue 46
+// item 5): Note [The bytes a launch's arguments name].
 
 #include <cstddef>
+#include <functional>
 #include <mutex>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -14,16 +18,41 @@ namespace loom::cuda_emulation {
 
 enum class WorkKind { kKernel, kMatmul, kCopy, kFill, kGraph };
 
+// Note [The bytes a launch's arguments name]
+// A launch's argument words are the values that may be device addresses: each pointer
+// argument, and every pointer-aligned word of each argument of class type (a chunk table's
+// or an elementwise launch's operand pointers, which no signature shows), read as the launch
+// converts its arguments. A WorkLog given an AllocationLookup resolves them as the work runs:
+// the launch's argument bytes are the sizes of the distinct live allocations its words point
+// into, each counted once (as asked of the allocator, not rounded), whatever part of one the
+// launch touches. So they are the launch's footprint, an upper bound on the bytes a view
+// touches and a lower one on the traffic of an allocation both read and written; a word that
+// points into no live allocation (a host pointer, an integer) names nothing. For a matmul
+// the words are its A, B, C, D and bias (or BGRADA's output), not the workspace.
+
+using ArgumentWords = std::vector<const void*>;
+
+// A live allocation: its start and its bytes.
+struct Allocation {
+  const void* base;
+  size_t bytes;
+};
+// The live allocation an address points into, or none.
+using AllocationLookup = std::function<std::optional<Allocation>(const void* address)>;
+
 struct Work {
   WorkKind kind;
   std::string name;  // the kernel as launched ("cast_kernel<float, __nv_bfloat16>"), or the call
   bool replayed = false;  // run by a graph launch, not issued by the host
+  size_t argument_bytes = 0;  // kernels and matmuls, with a lookup: Note [The bytes a launch's ...]
 };
 
 // Records the device's work while it exists; at most one at a time. Thread-safe.
 class WorkLog {
  public:
   WorkLog();
+  // Also counts each launch's argument bytes through `lookup`, which must not launch work.
+  explicit WorkLog(AllocationLookup lookup);
   WorkLog(const WorkLog&) = delete;
   WorkLog& operator=(const WorkLog&) = delete;
   ~WorkLog();
@@ -34,15 +63,19 @@ class WorkLog {
   size_t launches() const;
   // What the host launched: kernels, matmuls and graphs, not the work graphs replayed.
   size_t host_launches() const;
+  // The argument bytes of the kernels and matmuls run (0 without a lookup).
+  size_t argument_bytes() const;
 
-  void add(WorkKind kind, const char* name, bool replayed);
+  void add(WorkKind kind, const char* name, bool replayed, const ArgumentWords& words);
 
  private:
+  AllocationLookup lookup_;
   mutable std::mutex mutex_;
   std::vector<Work> entries_;
 };
 
 // Adds to the live WorkLog, if any.
-void record_work(WorkKind kind, const char* name, bool replayed = false);
+void record_work(WorkKind kind, const char* name, bool replayed = false,
+                 const ArgumentWords& words = {});
 
 }  // namespace loom::cuda_emulation
