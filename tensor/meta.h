@@ -113,8 +113,7 @@ inline thread_local bool meta_follows_cuda = false;  // MetaCudaPathScope's
 // Where the CPU's and CUDA's code paths of an op allocate differently, meta follows the CPU's,
 // or CUDA's while a MetaCudaPathScope is alive on the calling thread (a simulated GPU rank:
 // docs/simulation.md, "The meta device"). Built so far: causal attention, whose CUDA kernels
-// want grouped key/value heads repeated (the CPU's take them as they are) and keep an f32
-// logsumexp (the CPU's keeps the operands' dtype); autocast, which computes attention and
+// keep an f32 logsumexp (the CPU's keeps the operands' dtype); autocast, which computes attention and
 // f16 in the low dtype on CUDA and emulates them on the CPU (tensor/autocast.h).
 inline bool meta_follows_cuda() { return detail::meta_follows_cuda; }
 // Whether an op on `device` takes CUDA's code path: on a GPU, or on meta following it. Every

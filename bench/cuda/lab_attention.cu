@@ -104,7 +104,7 @@ bool run_shape(const Shape& shape, DType dtype) {
   const size_t n_fused = static_cast<size_t>(B * T * 3 * lay.hd);
   const size_t n_plain = static_cast<size_t>(B * T * lay.hd);
   const size_t rows = static_cast<size_t>(B * H * T);
-  const kc::AttentionShape s{B, H, T, D};
+  const kc::AttentionShape s{B, H, T, D, H};  // multi-head (the kernels take grouped heads too)
 
   // Inputs as the device sees them; q and k in [-2, 2) so that the softmax is not flat.
   const std::vector<float> qkv = rounded(random_floats(n_fused, 11, -2.0f, 2.0f), dtype);

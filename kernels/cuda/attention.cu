@@ -8,8 +8,11 @@
 // visits i + 1 key tiles, and blocks start with the longest tiles. Scores live in base 2
 // (scale * log2(e) folded in), so exp2f does the exponentials; logsumexp is stored in natural
 // log. Backward is atomic-free: D_i = rowsum(dout * out) goes to the workspace, then one kernel
-// owns a key tile and loops over the query tiles at or below the diagonal, accumulating dK and
-// dV, and another owns a query tile and loops over key tiles, accumulating dQ; both recompute
+// owns a key tile of a key/value head and loops over the query tiles at or below the diagonal
+// of each query head of its group, head by head, accumulating dK and dV (so grouped-query
+// attention sums its group's gradients in f32, in one order, and plain multi-head attention
+// is a group of one), and another owns a query tile and loops over key tiles of its query
+// head's key/value head, accumulating dQ; both recompute
 //   P = exp(S * scale - lse),  dS = P * (dP - D_i),  dP = dO V^T,
 // and dQ = scale * dS K, dK = scale * dS^T Q, dV = P^T dO. Tiles are zero-padded past T and
 // past head_dim, so padding adds nothing to dot products; padded rows are never stored.
@@ -99,6 +102,11 @@ bool check_call(const char* op, AttentionVersion version, DType dtype, const Att
     tag::kKernelsCuda.fail(op, ": negative size in shape [B=", s.batch, ", H=", s.heads,
                            ", T=", s.time, ", D=", s.head_dim, "]");
   }
+  if (s.heads > 0 && (s.kv_heads < 1 || s.heads % s.kv_heads != 0)) {
+    tag::kKernelsCuda.fail(op, ": expected key/value heads dividing the ", s.heads,
+                           " query heads (heads for multi-head attention, 1 for multi-query), got ",
+                           s.kv_heads);
+  }
   if (s.batch == 0 || s.heads == 0 || s.time == 0) return false;
   if (s.head_dim < 1 || s.head_dim > kMaxHeadDim) {
     tag::kKernelsCuda.fail(op, ": head_dim must be in [1, ", kMaxHeadDim, "], got ", s.head_dim);
@@ -140,9 +148,9 @@ AttentionVersion public_version(DType dtype) {
   return AttentionVersion::kSimt;
 }
 
-dim3 grid_for_tiles(const AttentionShape& s, int tile) {
-  return dim3(static_cast<unsigned>(s.batch * s.heads),
-              static_cast<unsigned>(ceil_div(s.time, tile)));
+// One block per tile of `tile` rows of each of `heads` heads of each batch element.
+dim3 grid_for_tiles(const AttentionShape& s, int64_t heads, int tile) {
+  return dim3(static_cast<unsigned>(s.batch * heads), static_cast<unsigned>(ceil_div(s.time, tile)));
 }
 }  // namespace
 
@@ -175,16 +183,17 @@ void flash_attention_forward_version(AttentionVersion version, DType dtype, cons
                               static_cast<int>(s.heads),
                               static_cast<int>(s.time),
                               static_cast<int>(s.head_dim),
+                              static_cast<int>(s.heads / s.kv_heads),
                               scale_log2};
     dispatch_head_dim(s.head_dim, [&]<int kD>() {
       if constexpr (std::is_same_v<T, bf16>) {
         if (version == AttentionVersion::kTensorCore) {
-          launch(attention_forward_tc<kD>, grid_for_tiles(s, kTcTile), kTcThreads,
+          launch(attention_forward_tc<kD>, grid_for_tiles(s, s.heads, kTcTile), kTcThreads,
                  tc_forward_smem<kD>(), stream, args);
           return;
         }
       }
-      launch(attention_forward_simt<T, kD>, grid_for_tiles(s, kSimtTile), kSimtThreads,
+      launch(attention_forward_simt<T, kD>, grid_for_tiles(s, s.heads, kSimtTile), kSimtThreads,
              simt_forward_smem<kD>(), stream, args);
     });
   });
@@ -218,6 +227,7 @@ void flash_attention_backward_version(
                                static_cast<int>(s.heads),
                                static_cast<int>(s.time),
                                static_cast<int>(s.head_dim),
+                               static_cast<int>(s.heads / s.kv_heads),
                                static_cast<float>(scale),
                                static_cast<float>(scale * kLog2e)};
     const int64_t rows = s.batch * s.heads * s.time;
@@ -229,16 +239,16 @@ void flash_attention_backward_version(
     dispatch_head_dim(s.head_dim, [&]<int kD>() {
       if constexpr (std::is_same_v<T, bf16>) {
         if (version == AttentionVersion::kTensorCore) {
-          launch(attention_backward_dkdv_tc<kD>, grid_for_tiles(s, kTcTile), kTcThreads,
-                 tc_dkdv_smem<kD>(), stream, args);
-          launch(attention_backward_dq_tc<kD>, grid_for_tiles(s, kTcTile), kTcThreads,
+          launch(attention_backward_dkdv_tc<kD>, grid_for_tiles(s, s.kv_heads, kTcTile),
+                 kTcThreads, tc_dkdv_smem<kD>(), stream, args);
+          launch(attention_backward_dq_tc<kD>, grid_for_tiles(s, s.heads, kTcTile), kTcThreads,
                  tc_dq_smem<kD>(), stream, args);
           return;
         }
       }
-      launch(attention_backward_dkdv_simt<T, kD>, grid_for_tiles(s, kSimtTile), kSimtThreads,
-             simt_dkdv_smem<kD>(), stream, args);
-      launch(attention_backward_dq_simt<T, kD>, grid_for_tiles(s, kSimtTile), kSimtThreads,
+      launch(attention_backward_dkdv_simt<T, kD>, grid_for_tiles(s, s.kv_heads, kSimtTile),
+             kSimtThreads, simt_dkdv_smem<kD>(), stream, args);
+      launch(attention_backward_dq_simt<T, kD>, grid_for_tiles(s, s.heads, kSimtTile), kSimtThreads,
              simt_dq_smem<kD>(), stream, args);
     });
   });

@@ -8,6 +8,10 @@
 //
 // Operands are addressed as base + b*strides[0] + h*strides[1] + t*strides[2] + d (the last
 // dimension contiguous), so q, k and v may be views into a fused [B, T, 3, H, D] projection.
+// Grouped-query attention is native: q, out, dout and dq have `heads` heads, k, v, dk and dv
+// `kv_heads` (dividing heads; equal for plain multi-head attention, 1 for multi-query), and
+// query head h reads key/value head h / (heads / kv_heads), as the CPU kernel does. Nothing is
+// repeated in memory; dk and dv sum over their group of query heads inside the kernel.
 // Storage f32 or bf16 (all operands of `dtype`); all arithmetic and accumulation in f32.
 // head_dim from 1 to 128 (kernels are compiled for padded head dims 32, 64 and 128 and mask
 // the rest); any T. Launchers are asynchronous on `stream`, never synchronise, and throw
@@ -36,6 +40,7 @@ namespace loom::kernels::cuda {
 
 struct AttentionShape {
   int64_t batch, heads, time, head_dim;
+  int64_t kv_heads;  // key/value heads, dividing heads: heads for plain multi-head attention
 };
 
 // Writes out (same layout rules as q) and logsumexp [B*H*T] (contiguous f32, natural log of
@@ -51,8 +56,8 @@ size_t flash_attention_backward_workspace(const AttentionShape& s);
 
 // dq, dk, dv are OVERWRITTEN (each with its own strides). `out` and `logsumexp` are what
 // flash_attention_forward wrote for these q, k, v. Atomic-free: one kernel computes dk and dv
-// per key tile (looping over query tiles), a second one dq per query tile (looping over key
-// tiles). `workspace`: flash_attention_backward_workspace(s) bytes, 16-byte aligned.
+// per key tile of a key/value head (looping over its group's query heads, and over their query
+// tiles), a second one dq per query tile (looping over key tiles). `workspace`: flash_attention_backward_workspace(s) bytes, 16-byte aligned.
 void flash_attention_backward(DType dtype, const AttentionShape& s, const void* dout,
                               const int64_t* dout_strides, const void* q, const int64_t* q_strides,
                               const void* k, const int64_t* k_strides, const void* v,

@@ -36,6 +36,7 @@ struct ForwardArgs {
   Operand<T> out;
   float* lse;  // [B*H*T]
   int heads, time, head_dim;
+  int group;         // query heads per key/value head: query head h reads k and v's h / group
   float scale_log2;  // log2(e) / sqrt(head_dim): scores in base 2
 };
 
@@ -46,6 +47,7 @@ struct BackwardArgs {
   const float* lse;    // [B*H*T], natural log
   const float* delta;  // [B*H*T], D_i = rowsum(dout * out)
   int heads, time, head_dim;
+  int group;  // query heads per key/value head (ForwardArgs::group)
   float scale, scale_log2;
 };
 

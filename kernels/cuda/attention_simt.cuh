@@ -38,7 +38,7 @@ __global__ void __launch_bounds__(kSimtThreads, min_blocks(simt_forward_smem<kD>
   float* kt = ps + kSimtTile * kSimtTile;      // [kD][33], K transposed
 
   const int warp = threadIdx.x / kWarpSize, lane = threadIdx.x % kWarpSize;
-  const int b = blockIdx.x / a.heads, h = blockIdx.x % a.heads;
+  const int b = blockIdx.x / a.heads, h = blockIdx.x % a.heads, kvh = h / a.group;
   const int tile = gridDim.y - 1 - blockIdx.y;  // most key tiles first
   const int q0 = tile * kSimtTile, row0 = warp * kSimtRows;
   load_rows<kSimtTile, kD, kSimtThreads>(qs, kD, a.q.head(b, h), a.q.st, q0, a.time, a.head_dim);
@@ -56,9 +56,9 @@ __global__ void __launch_bounds__(kSimtThreads, min_blocks(simt_forward_smem<kD>
   for (int kb = 0; kb <= tile; ++kb) {
     const int k0 = kb * kSimtTile;
     __syncthreads();  // the previous tile's K and V are no longer read
-    load_rows_transposed<kSimtTile, kD, kSimtThreads>(kt, kTPitch, a.k.head(b, h), a.k.st, k0,
+    load_rows_transposed<kSimtTile, kD, kSimtThreads>(kt, kTPitch, a.k.head(b, kvh), a.k.st, k0,
                                                       a.time, a.head_dim);
-    load_rows<kSimtTile, kD, kSimtThreads>(vs, kD, a.v.head(b, h), a.v.st, k0, a.time, a.head_dim);
+    load_rows<kSimtTile, kD, kSimtThreads>(vs, kD, a.v.head(b, kvh), a.v.st, k0, a.time, a.head_dim);
     __syncthreads();
 
     float s[kSimtRows] = {};
@@ -141,14 +141,19 @@ __global__ void __launch_bounds__(kSimtThreads,
   float* gt = qt + kD * kTPitch;               // [kD][33], dO transposed
 
   const int warp = threadIdx.x / kWarpSize, lane = threadIdx.x % kWarpSize;
-  const int bh = blockIdx.x, b = bh / a.heads, h = bh % a.heads;
+  const int kv_heads = a.heads / a.group;
+  const int b = blockIdx.x / kv_heads, kvh = blockIdx.x % kv_heads;
   const int kb = blockIdx.y;  // key tile 0 sees the most query tiles: first
   const int k0 = kb * kSimtTile, key0 = warp * kSimtRows;
-  load_rows<kSimtTile, kD, kSimtThreads>(ks, kD, a.k.head(b, h), a.k.st, k0, a.time, a.head_dim);
-  load_rows<kSimtTile, kD, kSimtThreads>(vs, kD, a.v.head(b, h), a.v.st, k0, a.time, a.head_dim);
+  load_rows<kSimtTile, kD, kSimtThreads>(ks, kD, a.k.head(b, kvh), a.k.st, k0, a.time, a.head_dim);
+  load_rows<kSimtTile, kD, kSimtThreads>(vs, kD, a.v.head(b, kvh), a.v.st, k0, a.time, a.head_dim);
 
   float dk[kSimtRows][kCols] = {}, dv[kSimtRows][kCols] = {};
-  for (int qb = kb; qb < static_cast<int>(gridDim.y); ++qb) {
+  // The query tiles at or below the diagonal of each query head of the group, head by head.
+  const int query_tiles = static_cast<int>(gridDim.y) - kb;
+  for (int step = 0; step < a.group * query_tiles; ++step) {
+    const int h = kvh * a.group + step / query_tiles, qb = kb + step % query_tiles;
+    const int bh = b * a.heads + h;
     const int q0 = qb * kSimtTile;
     __syncthreads();
     load_rows_transposed<kSimtTile, kD, kSimtThreads>(qt, kTPitch, a.q.head(b, h), a.q.st, q0,
@@ -210,8 +215,8 @@ __global__ void __launch_bounds__(kSimtThreads,
     }
   }
 
-  T* dk_out = a.dk.head(b, h);
-  T* dv_out = a.dv.head(b, h);
+  T* dk_out = a.dk.head(b, kvh);
+  T* dv_out = a.dv.head(b, kvh);
 #pragma unroll
   for (int j = 0; j < kSimtRows; ++j) {
     const int key = k0 + key0 + j;
@@ -241,7 +246,7 @@ __global__ void __launch_bounds__(kSimtThreads,
   float* vt = kt + kD * kTPitch;               // [kD][33], V transposed
 
   const int warp = threadIdx.x / kWarpSize, lane = threadIdx.x % kWarpSize;
-  const int bh = blockIdx.x, b = bh / a.heads, h = bh % a.heads;
+  const int bh = blockIdx.x, b = bh / a.heads, h = bh % a.heads, kvh = h / a.group;
   const int tile = gridDim.y - 1 - blockIdx.y;
   const int q0 = tile * kSimtTile, row0 = warp * kSimtRows;
   load_rows<kSimtTile, kD, kSimtThreads>(qs, kD, a.q.head(b, h), a.q.st, q0, a.time, a.head_dim);
@@ -259,9 +264,9 @@ __global__ void __launch_bounds__(kSimtThreads,
   for (int kb = 0; kb <= tile; ++kb) {
     const int k0 = kb * kSimtTile;
     __syncthreads();
-    load_rows_transposed<kSimtTile, kD, kSimtThreads>(kt, kTPitch, a.k.head(b, h), a.k.st, k0,
+    load_rows_transposed<kSimtTile, kD, kSimtThreads>(kt, kTPitch, a.k.head(b, kvh), a.k.st, k0,
                                                       a.time, a.head_dim);
-    load_rows_transposed<kSimtTile, kD, kSimtThreads>(vt, kTPitch, a.v.head(b, h), a.v.st, k0,
+    load_rows_transposed<kSimtTile, kD, kSimtThreads>(vt, kTPitch, a.v.head(b, kvh), a.v.st, k0,
                                                       a.time, a.head_dim);
     __syncthreads();
 

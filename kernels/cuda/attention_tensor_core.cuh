@@ -114,7 +114,7 @@ __global__ void __launch_bounds__(kTcThreads, min_blocks(tc_forward_smem<kD>(), 
   float* sw = reinterpret_cast<float*>(per_warp + warp * kScratchBytes);
   bf16* pw = reinterpret_cast<bf16*>(per_warp + kTcWarps * kScratchBytes + warp * kProbBytes);
 
-  const int b = blockIdx.x / a.heads, h = blockIdx.x % a.heads;
+  const int b = blockIdx.x / a.heads, h = blockIdx.x % a.heads, kvh = h / a.group;
   const int tile = gridDim.y - 1 - blockIdx.y;
   const int q0 = tile * kTcTile, row0 = warp * kTcRows;
   load_rows<kTcTile, kD, kTcThreads>(qs, kPitch, a.q.head(b, h), a.q.st, q0, a.time, a.head_dim);
@@ -126,8 +126,8 @@ __global__ void __launch_bounds__(kTcThreads, min_blocks(tc_forward_smem<kD>(), 
   for (int kb = 0; kb <= tile; ++kb) {
     const int k0 = kb * kTcTile;
     __syncthreads();
-    load_rows<kTcTile, kD, kTcThreads>(ks, kPitch, a.k.head(b, h), a.k.st, k0, a.time, a.head_dim);
-    load_rows<kTcTile, kD, kTcThreads>(vs, kPitch, a.v.head(b, h), a.v.st, k0, a.time, a.head_dim);
+    load_rows<kTcTile, kD, kTcThreads>(ks, kPitch, a.k.head(b, kvh), a.k.st, k0, a.time, a.head_dim);
+    load_rows<kTcTile, kD, kTcThreads>(vs, kPitch, a.v.head(b, kvh), a.v.st, k0, a.time, a.head_dim);
     __syncthreads();
 
     // S = Q K^T for the warp's 16 rows (K row-major is K^T column-major).
@@ -264,11 +264,12 @@ __global__ void __launch_bounds__(kTcThreads, min_blocks(tc_dkdv_smem<kD>(), kTc
   float* lse_s = reinterpret_cast<float*>(probs + 2 * kTcWarps * kProbBytes);  // [64], base 2
   float* delta_s = lse_s + kTcTile;                                            // [64]
 
-  const int bh = blockIdx.x, b = bh / a.heads, h = bh % a.heads;
+  const int kv_heads = a.heads / a.group;
+  const int b = blockIdx.x / kv_heads, kvh = blockIdx.x % kv_heads;
   const int kb = blockIdx.y;
   const int k0 = kb * kTcTile, key0 = warp * kTcRows;
-  load_rows<kTcTile, kD, kTcThreads>(ks, kPitch, a.k.head(b, h), a.k.st, k0, a.time, a.head_dim);
-  load_rows<kTcTile, kD, kTcThreads>(vs, kPitch, a.v.head(b, h), a.v.st, k0, a.time, a.head_dim);
+  load_rows<kTcTile, kD, kTcThreads>(ks, kPitch, a.k.head(b, kvh), a.k.st, k0, a.time, a.head_dim);
+  load_rows<kTcTile, kD, kTcThreads>(vs, kPitch, a.v.head(b, kvh), a.v.st, k0, a.time, a.head_dim);
 
   const int r = lane / 2, half = lane % 2, key = k0 + key0 + r;
   AccFrag dk[kSteps], dv[kSteps];
@@ -278,7 +279,11 @@ __global__ void __launch_bounds__(kTcThreads, min_blocks(tc_dkdv_smem<kD>(), kTc
     wmma::fill_fragment(dv[n], 0.0f);
   }
 
-  for (int qb = kb; qb < static_cast<int>(gridDim.y); ++qb) {
+  // The query tiles at or below the diagonal of each query head of the group, head by head.
+  const int query_tiles = static_cast<int>(gridDim.y) - kb;
+  for (int step = 0; step < a.group * query_tiles; ++step) {
+    const int h = kvh * a.group + step / query_tiles, qb = kb + step % query_tiles;
+    const int bh = b * a.heads + h;
     const int q0 = qb * kTcTile;
     __syncthreads();
     load_rows<kTcTile, kD, kTcThreads>(qs, kPitch, a.q.head(b, h), a.q.st, q0, a.time, a.head_dim);
@@ -347,8 +352,8 @@ __global__ void __launch_bounds__(kTcThreads, min_blocks(tc_dkdv_smem<kD>(), kTc
     }
   }
 
-  store_accumulators<kD>(dk, sw, a.dk.head(b, h), a.dk.st, k0 + key0, a.time, a.head_dim, a.scale);
-  store_accumulators<kD>(dv, sw, a.dv.head(b, h), a.dv.st, k0 + key0, a.time, a.head_dim, 1.0f);
+  store_accumulators<kD>(dk, sw, a.dk.head(b, kvh), a.dk.st, k0 + key0, a.time, a.head_dim, a.scale);
+  store_accumulators<kD>(dv, sw, a.dv.head(b, kvh), a.dv.st, k0 + key0, a.time, a.head_dim, 1.0f);
 #else
   __trap();
 #endif
@@ -371,7 +376,7 @@ __global__ void __launch_bounds__(kTcThreads, min_blocks(tc_dq_smem<kD>(), kTcMa
   float* dpw = reinterpret_cast<float*>(per_warp + (kTcWarps + warp) * kScratchBytes);
   bf16* dsw = reinterpret_cast<bf16*>(per_warp + 2 * kTcWarps * kScratchBytes + warp * kProbBytes);
 
-  const int bh = blockIdx.x, b = bh / a.heads, h = bh % a.heads;
+  const int bh = blockIdx.x, b = bh / a.heads, h = bh % a.heads, kvh = h / a.group;
   const int tile = gridDim.y - 1 - blockIdx.y;
   const int q0 = tile * kTcTile, row0 = warp * kTcRows;
   load_rows<kTcTile, kD, kTcThreads>(qs, kPitch, a.q.head(b, h), a.q.st, q0, a.time, a.head_dim);
@@ -390,8 +395,8 @@ __global__ void __launch_bounds__(kTcThreads, min_blocks(tc_dq_smem<kD>(), kTcMa
   for (int kb = 0; kb <= tile; ++kb) {
     const int k0 = kb * kTcTile;
     __syncthreads();
-    load_rows<kTcTile, kD, kTcThreads>(ks, kPitch, a.k.head(b, h), a.k.st, k0, a.time, a.head_dim);
-    load_rows<kTcTile, kD, kTcThreads>(vs, kPitch, a.v.head(b, h), a.v.st, k0, a.time, a.head_dim);
+    load_rows<kTcTile, kD, kTcThreads>(ks, kPitch, a.k.head(b, kvh), a.k.st, k0, a.time, a.head_dim);
+    load_rows<kTcTile, kD, kTcThreads>(vs, kPitch, a.v.head(b, kvh), a.v.st, k0, a.time, a.head_dim);
     __syncthreads();
 
 #pragma unroll

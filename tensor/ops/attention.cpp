@@ -35,15 +35,6 @@ Tensor empty_bthd(const Shape& bhtd, DType dtype, Device device) {
   return storage.permute({0, 2, 1, 3});
 }
 
-// [B, kv_heads, T, D] -> [B, heads, T, D], each key/value head repeated for its group of
-// query heads (materialised; the gradient sums over the group through expand's backward).
-Tensor repeat_kv(const Tensor& t, int64_t heads) {
-  const int64_t b = t.size(0), kv = t.size(1), time = t.size(2), d = t.size(3);
-  return t.reshape({b, kv, 1, time, d})
-      .expand({b, kv, heads / kv, time, d})
-      .reshape({b, heads, time, d});
-}
-
 void check_attention_operands(const Tensor& q, const Tensor& k, const Tensor& v) {
   detail::check_kernel_device("causal_attention", q);
   detail::check_same_kind("causal_attention", q, k);
@@ -62,11 +53,11 @@ void check_attention_operands(const Tensor& q, const Tensor& k, const Tensor& v)
 
 // Note [One attention for every device]
 // Every device runs the flash form: the output and each row's logsumexp are kept, never the
-// [B, H, T, T] probabilities (kernels/cpu/attention.h, kernels/cuda/attention.h). The CPU
-// kernel takes grouped key/value heads as they are; the CUDA kernels take one key/value head
-// per query head, so a grouped k and v are repeated first there (and on meta following CUDA's
-// path, which allocates what a GPU would). The logsumexp is f32 on a GPU and the operands'
-// dtype on the CPU (f64 there for the gradient checks).
+// [B, H, T, T] probabilities (kernels/cpu/attention.h, kernels/cuda/attention.h). Both take
+// grouped key/value heads as they are (query head h reads key/value head h / (H / H_kv)) and
+// write the key/value gradients summed over each group, so nothing is repeated in memory
+// (until 2026-12-06 the CUDA path repeated k and v to the query heads first). The logsumexp
+// is f32 on a GPU and the operands' dtype on the CPU (f64 there for the gradient checks).
 Tensor causal_attention(const Tensor& q, const Tensor& k, const Tensor& v) {
   if (autocast_dtype() != DType::F32) {  // as PyTorch's autocast does for SDPA on CUDA
     DType low = autocast_dtype();
@@ -85,8 +76,6 @@ Tensor causal_attention(const Tensor& q, const Tensor& k, const Tensor& v) {
   }
   const bool meta = q.device().is_meta();
   const bool cuda_path = takes_cuda_path(q.device());
-  if (cuda_path && k.size(1) != q.size(1))
-    return causal_attention(q, repeat_kv(k, q.size(1)), repeat_kv(v, q.size(1)));
   const kernels::cpu::AttentionShape s{q.size(0), q.size(1), q.size(2), q.size(3), k.size(1)};
   Tensor qc = with_unit_inner_stride(q), kc = with_unit_inner_stride(k),
          vc = with_unit_inner_stride(v);
@@ -101,7 +90,7 @@ Tensor causal_attention(const Tensor& q, const Tensor& k, const Tensor& v) {
     // nothing to compute: the cost is reported above
   } else if (cuda_path) {
     LOOM_IF_CUDA({
-      kernels::cuda::AttentionShape cs{s.batch, s.heads, s.time, s.head_dim};
+      kernels::cuda::AttentionShape cs{s.batch, s.heads, s.time, s.head_dim, s.kv_heads};
       kernels::cuda::flash_attention_forward(
           q.dtype(), cs, qc.raw_data(), qc.strides().data(), kc.raw_data(), kc.strides().data(),
           vc.raw_data(), vc.strides().data(), out.raw_data(), out.strides().data(),
@@ -132,7 +121,7 @@ Tensor causal_attention(const Tensor& q, const Tensor& k, const Tensor& v) {
           if (qc.device().is_meta() || qc.numel() == 0) {
           } else if (cuda_path) {
             LOOM_IF_CUDA({
-              kernels::cuda::AttentionShape cs{s.batch, s.heads, s.time, s.head_dim};
+              kernels::cuda::AttentionShape cs{s.batch, s.heads, s.time, s.head_dim, s.kv_heads};
               Tensor scratch = detail::workspace(
                   qc.device(), kernels::cuda::flash_attention_backward_workspace(cs));
               kernels::cuda::flash_attention_backward(

@@ -1,7 +1,8 @@
 // kernels/cuda/attention.cu under the emulator against kernels/cpu/attention: v1 (SIMT, f32
 // and bf16) and v2 (WMMA tensor cores, bf16) forward and backward, on head dims padded and
-// not, sequence lengths around the tiles, and q/k/v as strided views into a fused
-// [B, T, 3, H, D] projection; bitwise the same under every schedule.
+// not, sequence lengths around the tiles, grouped-query and multi-query heads, and q/k/v as
+// strided views into a fused [B, T, H + 2 H_kv, D] projection; bitwise the same under every
+// schedule.
 
 #include "kernels/cuda/attention.h"
 
@@ -15,31 +16,39 @@ namespace gpu = loom::kernels::cuda;
 namespace cpu = loom::kernels::cpu;
 
 struct Shape {
-  int64_t batch, heads, time, head_dim;
+  int64_t batch, heads, time, head_dim, kv_heads;
 };
-const Shape kShapes[] = {{1, 1, 5, 8},   {2, 3, 17, 32}, {1, 2, 33, 40},
-                         {1, 1, 70, 64}, {1, 1, 65, 128}, {2, 1, 100, 24}};
+// Multi-head, then grouped-query (Llama's 2 query heads per key/value head, SmolLM's 3, across
+// tiles of both versions) and multi-query.
+const Shape kShapes[] = {{1, 1, 5, 8, 1},    {2, 3, 17, 32, 3},  {1, 2, 33, 40, 2},
+                         {1, 1, 70, 64, 1},  {1, 1, 65, 128, 1}, {2, 1, 100, 24, 1},
+                         {2, 4, 17, 32, 2},  {1, 6, 70, 64, 2},  {1, 3, 33, 40, 1}};
 
-// q, k, v inside one fused projection buffer; out, dout, dq, dk, dv contiguous [B, H, T, D].
+// q, k, v inside one fused projection buffer [B, T, H + 2 H_kv, D]; out, dout, dq contiguous
+// [B, H, T, D], dk and dv [B, H_kv, T, D].
 struct Layouts {
-  int64_t fused[3], plain[3];
-  size_t fused_size, plain_size;
+  int64_t fused[3], plain[3], plain_kv[3];
+  size_t fused_size, plain_size, plain_kv_size;
   int64_t k_offset, v_offset;
 };
 
 Layouts layouts(const Shape& s) {
-  const int64_t hd = s.heads * s.head_dim;
+  const int64_t row = (s.heads + 2 * s.kv_heads) * s.head_dim;
   Layouts l{};
-  l.fused[0] = s.time * 3 * hd;
+  l.fused[0] = s.time * row;
   l.fused[1] = s.head_dim;
-  l.fused[2] = 3 * hd;
+  l.fused[2] = row;
   l.plain[0] = s.heads * s.time * s.head_dim;
   l.plain[1] = s.time * s.head_dim;
   l.plain[2] = s.head_dim;
-  l.fused_size = static_cast<size_t>(s.batch * s.time * 3 * hd);
-  l.plain_size = static_cast<size_t>(s.batch * hd * s.time);
-  l.k_offset = hd;
-  l.v_offset = 2 * hd;
+  l.plain_kv[0] = s.kv_heads * s.time * s.head_dim;
+  l.plain_kv[1] = s.time * s.head_dim;
+  l.plain_kv[2] = s.head_dim;
+  l.fused_size = static_cast<size_t>(s.batch * s.time * row);
+  l.plain_size = static_cast<size_t>(s.batch * s.heads * s.time * s.head_dim);
+  l.plain_kv_size = static_cast<size_t>(s.batch * s.kv_heads * s.time * s.head_dim);
+  l.k_offset = s.heads * s.head_dim;
+  l.v_offset = (s.heads + s.kv_heads) * s.head_dim;
   return l;
 }
 
@@ -48,27 +57,29 @@ void check_attention(gpu::AttentionVersion version, double tol_out, double tol_g
   ASSERT_TRUE(gpu::attention_version_supports(version, dtype_of<T>()));
   std::mt19937_64 rng(83);
   for (const auto& s : kShapes) {
-    SCOPED_TRACE("B " + std::to_string(s.batch) + " H " + std::to_string(s.heads) + " T " +
-                 std::to_string(s.time) + " D " + std::to_string(s.head_dim));
+    SCOPED_TRACE("B " + std::to_string(s.batch) + " H " + std::to_string(s.heads) + " H_kv " +
+                 std::to_string(s.kv_heads) + " T " + std::to_string(s.time) + " D " +
+                 std::to_string(s.head_dim));
     const Layouts l = layouts(s);
     const auto qkv = random_values<T>(l.fused_size, rng, -1, 1);
     const auto dout = random_values<T>(l.plain_size, rng, -1, 1);
     const auto qkv_w = widen_all(qkv), dout_w = widen_all(dout);
-    const cpu::AttentionShape cs{s.batch, s.heads, s.time, s.head_dim, s.heads};
+    const cpu::AttentionShape cs{s.batch, s.heads, s.time, s.head_dim, s.kv_heads};
     std::vector<float> want_out(l.plain_size), want_lse(static_cast<size_t>(s.batch * s.heads * s.time));
-    std::vector<float> want_dq(l.plain_size), want_dk(l.plain_size), want_dv(l.plain_size);
+    std::vector<float> want_dq(l.plain_size), want_dk(l.plain_kv_size), want_dv(l.plain_kv_size);
     cpu::causal_attention_forward(cs, qkv_w.data(), l.fused, qkv_w.data() + l.k_offset, l.fused,
                                   qkv_w.data() + l.v_offset, l.fused, want_out.data(), l.plain,
                                   want_lse.data());
     cpu::causal_attention_backward(cs, dout_w.data(), l.plain, qkv_w.data(), l.fused,
                                    qkv_w.data() + l.k_offset, l.fused, qkv_w.data() + l.v_offset,
                                    l.fused, want_out.data(), l.plain, want_lse.data(),
-                                   want_dq.data(), l.plain, want_dk.data(), l.plain,
-                                   want_dv.data(), l.plain);
-    const gpu::AttentionShape gs{s.batch, s.heads, s.time, s.head_dim};
-    std::vector<T> first_dq;
+                                   want_dq.data(), l.plain, want_dk.data(), l.plain_kv,
+                                   want_dv.data(), l.plain_kv);
+    const gpu::AttentionShape gs{s.batch, s.heads, s.time, s.head_dim, s.kv_heads};
+    std::vector<T> first_dq, first_dk;
     for_each_schedule([&] {
-      std::vector<T> out(l.plain_size), dq(l.plain_size), dk(l.plain_size), dv(l.plain_size);
+      std::vector<T> out(l.plain_size), dq(l.plain_size), dk(l.plain_kv_size),
+          dv(l.plain_kv_size);
       std::vector<float> lse(static_cast<size_t>(s.batch * s.heads * s.time));
       gpu::flash_attention_forward_version(version, dtype_of<T>(), gs, qkv.data(), l.fused,
                                            qkv.data() + l.k_offset, l.fused,
@@ -80,13 +91,17 @@ void check_attention(gpu::AttentionVersion version, double tol_out, double tol_g
       gpu::flash_attention_backward_version(
           version, dtype_of<T>(), gs, dout.data(), l.plain, qkv.data(), l.fused,
           qkv.data() + l.k_offset, l.fused, qkv.data() + l.v_offset, l.fused, out.data(), l.plain,
-          lse.data(), dq.data(), l.plain, dk.data(), l.plain, dv.data(), l.plain,
+          lse.data(), dq.data(), l.plain, dk.data(), l.plain_kv, dv.data(), l.plain_kv,
           workspace.data(), nullptr);
       EXPECT_LE(max_relative_error(dq, want_dq), tol_grad);
       EXPECT_LE(max_relative_error(dk, want_dk), tol_grad);
       EXPECT_LE(max_relative_error(dv, want_dv), tol_grad);
-      if (first_dq.empty()) first_dq = dq;
+      if (first_dq.empty()) {
+        first_dq = dq;
+        first_dk = dk;
+      }
       EXPECT_TRUE(bitwise_equal(first_dq, dq)) << "attention gradients must be reproducible";
+      EXPECT_TRUE(bitwise_equal(first_dk, dk)) << "attention gradients must be reproducible";
     });
   }
 }
@@ -107,11 +122,11 @@ TEST(EmulatedAttention, TensorCoreBf16) {
 // one reports sm_90), v2 for bf16.
 template <typename T>
 void check_public_launcher_is(gpu::AttentionVersion version) {
-  const Shape s{1, 2, 40, 32};
+  const Shape s{1, 2, 40, 32, 2};
   const Layouts l = layouts(s);
   std::mt19937_64 rng(89);
   const auto qkv = random_values<T>(l.fused_size, rng, -1, 1);
-  const gpu::AttentionShape gs{s.batch, s.heads, s.time, s.head_dim};
+  const gpu::AttentionShape gs{s.batch, s.heads, s.time, s.head_dim, s.kv_heads};
   std::vector<T> out(l.plain_size), want(l.plain_size);
   std::vector<float> lse(static_cast<size_t>(s.heads * s.time)), want_lse(lse.size());
   gpu::flash_attention_forward(dtype_of<T>(), gs, qkv.data(), l.fused, qkv.data() + l.k_offset,
@@ -127,6 +142,25 @@ void check_public_launcher_is(gpu::AttentionVersion version) {
 TEST(EmulatedAttention, PublicLaunchersUseSimtForF32AndTensorCoresForBf16) {
   check_public_launcher_is<float>(gpu::AttentionVersion::kSimt);
   check_public_launcher_is<__nv_bfloat16>(gpu::AttentionVersion::kTensorCore);
+}
+
+// Key/value heads that do not divide the query heads are refused, naming both counts.
+TEST(EmulatedAttention, KeyValueHeadsThatDoNotDivideTheQueryHeadsAreRefused) {
+  std::vector<float> buffer(4096), lse(64);
+  const int64_t strides[3] = {1024, 256, 16};
+  for (const int64_t kv_heads : {int64_t{0}, int64_t{3}, int64_t{8}}) {
+    const gpu::AttentionShape gs{1, 4, 4, 16, kv_heads};
+    try {
+      gpu::flash_attention_forward(DType::F32, gs, buffer.data(), strides, buffer.data(), strides,
+                                   buffer.data(), strides, buffer.data(), strides, lse.data(),
+                                   nullptr);
+      ADD_FAILURE() << kv_heads << " key/value heads for 4 query heads were taken";
+    } catch (const Error& e) {
+      EXPECT_NE(std::string(e.what()).find("key/value heads dividing the 4 query heads"),
+                std::string::npos)
+          << e.what();
+    }
+  }
 }
 
 TEST(EmulatedAttention, TheTensorCoreVersionTakesBf16Only) {
