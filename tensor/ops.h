@@ -76,7 +76,11 @@ inline Tensor operator-(const Tensor& a) {
 void add_(Tensor& a, const Tensor& b);
 void mul_(Tensor& a, double b);
 void fill_(Tensor& a, double value);
-void copy_(Tensor& dst, const Tensor& src);  // same shape; converts dtype
+// copy_: same shape; converts dtype. Between the host and a GPU, a copy into host memory has
+// finished when it returns; a copy into the GPU is ordered on the GPU's current stream, and
+// from pinned host memory it is asynchronous: the source must stay unchanged until that
+// stream has passed the copy (tensor/cuda/copy.h).
+void copy_(Tensor& dst, const Tensor& src);
 
 // --- matrix products ------------------------------------------------------------------------
 // [M,K]x[K,N]; [...,M,K]x[K,N] (leading dims folded); [...,M,K]x[...,K,N] (equal batch dims).

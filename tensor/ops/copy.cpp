@@ -106,7 +106,9 @@ void check_contiguous_dst(const char* op, const Tensor& dst) {
 // Copies between devices: src is packed and converted to dst's dtype on its own device,
 // then its bytes move on the CUDA side's current stream (the destination's between two
 // GPUs, after the source's stream has drained). A copy into host memory has finished when
-// this returns.
+// this returns: cuda::copy_bytes leaves a copy into pinned memory in flight, so the stream is
+// synchronised here (until 2026-12-06 it was not, and a read of a pinned destination, such
+// as the offloaded engine's gradient shards, could race the copy on a GPU).
 void copy_across_devices(Tensor& dst, const Tensor& src) {
   NoGradGuard no_grad;
   Tensor packed = src.contiguous().to(dst.dtype());
@@ -125,9 +127,12 @@ void copy_across_devices(Tensor& dst, const Tensor& src) {
     LOOM_CUDA_CHECK(cudaStreamSynchronize(detail::stream_of(packed)));
   }
 #endif
-  LOOM_IF_CUDA(cuda::copy_bytes(dst.raw_data(), dst.device(), packed.raw_data(), packed.device(),
-                                dst.nbytes(),
-                                detail::stream_of(dst.device().is_cuda() ? dst : src)));
+#if LOOM_WITH_CUDA
+  const cudaStream_t stream = detail::stream_of(dst.device().is_cuda() ? dst : src);
+  cuda::copy_bytes(dst.raw_data(), dst.device(), packed.raw_data(), packed.device(), dst.nbytes(),
+                   stream);
+  if (dst.device().is_cpu()) LOOM_CUDA_CHECK(cudaStreamSynchronize(stream));
+#endif
 }
 
 }  // namespace

@@ -428,7 +428,10 @@ TEST(CudaTraining, TheOptimizerStepOfGpt2SmallsTensorsTakesFourLaunches) {
 
 // Tensor::pin_memory: page-locked CPU memory, which a copy to or from the device takes in one
 // cudaMemcpyAsync, where pageable memory goes through the 4 MiB staging buffers (three copies
-// for these 12 MiB); pinned across a release and a new materialisation of its storage.
+// for these 12 MiB); pinned across a release and a new materialisation of its storage. A copy
+// into pinned memory has finished when copy_ returns, as one into pageable memory has: the
+// stream it ran on is synchronised after it (on a GPU the host would otherwise read the
+// destination while the copy engine writes it).
 TEST(CudaTraining, PinnedTensorsCopyWithoutStaging) {
   std::vector<float> values(3 << 20);
   for (size_t i = 0; i < values.size(); ++i) values[i] = static_cast<float>(i % 1000) * 0.5f;
@@ -455,6 +458,11 @@ TEST(CudaTraining, PinnedTensorsCopyWithoutStaging) {
   log.clear();
   copy_(back, on_device);
   EXPECT_EQ(copies(log), 1u);
+  const std::vector<emu::Work> download = log.entries();
+  ASSERT_EQ(download.size(), 2u);
+  EXPECT_EQ(download[0].name, "cudaMemcpyAsync");
+  EXPECT_EQ(download[1].name, "cudaStreamSynchronize");
+  EXPECT_EQ(download[1].stream, download[0].stream);
   EXPECT_EQ(back.to_vector<float>(), values);
   back.storage()->release();
   back.storage()->materialize();

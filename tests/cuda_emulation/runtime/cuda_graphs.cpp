@@ -81,7 +81,7 @@ cudaError_t submit(cudaStream_t stream, WorkKind kind, const char* name,
       return cudaSuccess;
     }
   }
-  record_work(kind, name, /*replayed=*/false, words);
+  record_work(kind, name, /*replayed=*/false, words, stream);
   work();
   return cudaSuccess;
 }
@@ -191,10 +191,10 @@ cudaError_t CUDARTAPI cudaGraphLaunch(cudaGraphExec_t exec, cudaStream_t stream)
     std::lock_guard<std::mutex> lock(emu::capture_mutex);
     if (emu::captures().count(stream) != 0) return cudaErrorStreamCaptureUnsupported;
   }
-  emu::record_work(emu::WorkKind::kGraph, "cudaGraphLaunch");
+  emu::record_work(emu::WorkKind::kGraph, "cudaGraphLaunch", false, {}, stream);
   for (const emu::Node& node : *reinterpret_cast<emu::GraphExec*>(exec)->nodes) {
     if (emu::device_error() != cudaSuccess) break;  // a trapped kernel ends the launch
-    emu::record_work(node.kind, node.name.c_str(), /*replayed=*/true, node.words);
+    emu::record_work(node.kind, node.name.c_str(), /*replayed=*/true, node.words, stream);
     node.work();
   }
   return emu::device_error();

@@ -137,12 +137,17 @@ cudaError_t CUDARTAPI cudaMemsetAsync(void* ptr, int value, size_t count, cudaSt
 
 cudaError_t CUDARTAPI cudaStreamSynchronize(cudaStream_t stream) {
   const cudaError_t refused = loom::cuda_emulation::check_stream_not_capturing(stream);
-  return refused != cudaSuccess ? refused : loom::cuda_emulation::device_error();
+  if (refused != cudaSuccess) return refused;
+  loom::cuda_emulation::record_work(loom::cuda_emulation::WorkKind::kSync, "cudaStreamSynchronize",
+                                    false, {}, stream);
+  return loom::cuda_emulation::device_error();
 }
 
 cudaError_t CUDARTAPI cudaDeviceSynchronize(void) {
   const cudaError_t refused = loom::cuda_emulation::check_unsafe_call_allowed();
-  return refused != cudaSuccess ? refused : loom::cuda_emulation::device_error();
+  if (refused != cudaSuccess) return refused;
+  loom::cuda_emulation::record_work(loom::cuda_emulation::WorkKind::kSync, "cudaDeviceSynchronize");
+  return loom::cuda_emulation::device_error();
 }
 
 }  // extern "C"

@@ -236,7 +236,9 @@ cudaError_t CUDARTAPI cudaEventQuery(cudaEvent_t event) {
 }
 
 cudaError_t CUDARTAPI cudaEventSynchronize(cudaEvent_t event) {
-  return cudaEventQuery(event);
+  const cudaError_t status = cudaEventQuery(event);
+  if (status == cudaSuccess) emu::record_work(emu::WorkKind::kSync, "cudaEventSynchronize");
+  return status;
 }
 
 // No time passes on the emulated device.

@@ -61,7 +61,8 @@ size_t WorkLog::argument_bytes() const {
   return n;
 }
 
-void WorkLog::add(WorkKind kind, const char* name, bool replayed, const ArgumentWords& words) {
+void WorkLog::add(WorkKind kind, const char* name, bool replayed, const ArgumentWords& words,
+                  const void* stream) {
   size_t bytes = 0;
   if (lookup_) {
     std::vector<const void*> named;  // the allocations counted, by start
@@ -75,12 +76,13 @@ void WorkLog::add(WorkKind kind, const char* name, bool replayed, const Argument
     }
   }
   std::lock_guard<std::mutex> lock(mutex_);
-  entries_.push_back(Work{kind, name, replayed, bytes});
+  entries_.push_back(Work{kind, name, replayed, bytes, stream});
 }
 
-void record_work(WorkKind kind, const char* name, bool replayed, const ArgumentWords& words) {
+void record_work(WorkKind kind, const char* name, bool replayed, const ArgumentWords& words,
+                 const void* stream) {
   std::lock_guard<std::mutex> lock(live_mutex);
-  if (live != nullptr) live->add(kind, name, replayed, words);
+  if (live != nullptr) live->add(kind, name, replayed, words, stream);
 }
 
 }  // namespace loom::cuda_emulation

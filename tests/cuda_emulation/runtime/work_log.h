@@ -2,8 +2,9 @@
 // What the emulated device was asked to do, in order, for the tests that count it (issue 46's
 // launch budgets, test_emulated_training.cpp): kernel launches by the name written at their
 // launch site, the cuBLASLt stand-in's matmuls (one launch each, as cuBLASLt's are for the
-// shapes Loom uses), the runtime's copies and fills, which are not kernel launches, and graph
-// launches, after which the work the graph replays is logged as it runs, marked replayed.
+// shapes Loom uses), the runtime's copies and fills, which are not kernel launches, graph
+// launches, after which the work the graph replays is logged as it runs, marked replayed, and
+// the host's synchronisations (stream, event, device), each with the stream concerned.
 // With an AllocationLookup, each launch also carries the bytes its arguments name (issue 46
 // item 5): Note [The bytes a launch's arguments name].
 
@@ -16,7 +17,7 @@
 
 namespace loom::cuda_emulation {
 
-enum class WorkKind { kKernel, kMatmul, kCopy, kFill, kGraph };
+enum class WorkKind { kKernel, kMatmul, kCopy, kFill, kGraph, kSync };
 
 // Note [The bytes a launch's arguments name]
 // A launch's argument words are the values that may be device addresses: each pointer
@@ -45,6 +46,10 @@ struct Work {
   std::string name;  // the kernel as launched ("cast_kernel<float, __nv_bfloat16>"), or the call
   bool replayed = false;  // run by a graph launch, not issued by the host
   size_t argument_bytes = 0;  // kernels and matmuls, with a lookup: Note [The bytes a launch's ...]
+  // The stream it was issued to (a replayed entry: the graph launch's), or the one a
+  // cudaStreamSynchronize waited for; null for the legacy default stream, an event's or the
+  // device's synchronisation.
+  const void* stream = nullptr;
 };
 
 // Records the device's work while it exists; at most one at a time. Thread-safe.
@@ -66,7 +71,8 @@ class WorkLog {
   // The argument bytes of the kernels and matmuls run (0 without a lookup).
   size_t argument_bytes() const;
 
-  void add(WorkKind kind, const char* name, bool replayed, const ArgumentWords& words);
+  void add(WorkKind kind, const char* name, bool replayed, const ArgumentWords& words,
+           const void* stream);
 
  private:
   AllocationLookup lookup_;
@@ -76,6 +82,6 @@ class WorkLog {
 
 // Adds to the live WorkLog, if any.
 void record_work(WorkKind kind, const char* name, bool replayed = false,
-                 const ArgumentWords& words = {});
+                 const ArgumentWords& words = {}, const void* stream = nullptr);
 
 }  // namespace loom::cuda_emulation
