@@ -150,7 +150,8 @@ AttentionVersion public_version(DType dtype) {
 
 // One block per tile of `tile` rows of each of `heads` heads of each batch element.
 dim3 grid_for_tiles(const AttentionShape& s, int64_t heads, int tile) {
-  return dim3(static_cast<unsigned>(s.batch * heads), static_cast<unsigned>(ceil_div(s.time, tile)));
+  return dim3(static_cast<unsigned>(s.batch * heads),
+              static_cast<unsigned>(ceil_div(s.time, tile)));
 }
 }  // namespace
 

@@ -58,7 +58,8 @@ __global__ void __launch_bounds__(kSimtThreads, min_blocks(simt_forward_smem<kD>
     __syncthreads();  // the previous tile's K and V are no longer read
     load_rows_transposed<kSimtTile, kD, kSimtThreads>(kt, kTPitch, a.k.head(b, kvh), a.k.st, k0,
                                                       a.time, a.head_dim);
-    load_rows<kSimtTile, kD, kSimtThreads>(vs, kD, a.v.head(b, kvh), a.v.st, k0, a.time, a.head_dim);
+    load_rows<kSimtTile, kD, kSimtThreads>(vs, kD, a.v.head(b, kvh), a.v.st, k0, a.time,
+                                           a.head_dim);
     __syncthreads();
 
     float s[kSimtRows] = {};

@@ -126,8 +126,10 @@ __global__ void __launch_bounds__(kTcThreads, min_blocks(tc_forward_smem<kD>(), 
   for (int kb = 0; kb <= tile; ++kb) {
     const int k0 = kb * kTcTile;
     __syncthreads();
-    load_rows<kTcTile, kD, kTcThreads>(ks, kPitch, a.k.head(b, kvh), a.k.st, k0, a.time, a.head_dim);
-    load_rows<kTcTile, kD, kTcThreads>(vs, kPitch, a.v.head(b, kvh), a.v.st, k0, a.time, a.head_dim);
+    load_rows<kTcTile, kD, kTcThreads>(ks, kPitch, a.k.head(b, kvh), a.k.st, k0, a.time,
+                                       a.head_dim);
+    load_rows<kTcTile, kD, kTcThreads>(vs, kPitch, a.v.head(b, kvh), a.v.st, k0, a.time,
+                                       a.head_dim);
     __syncthreads();
 
     // S = Q K^T for the warp's 16 rows (K row-major is K^T column-major).
@@ -352,7 +354,8 @@ __global__ void __launch_bounds__(kTcThreads, min_blocks(tc_dkdv_smem<kD>(), kTc
     }
   }
 
-  store_accumulators<kD>(dk, sw, a.dk.head(b, kvh), a.dk.st, k0 + key0, a.time, a.head_dim, a.scale);
+  store_accumulators<kD>(dk, sw, a.dk.head(b, kvh), a.dk.st, k0 + key0, a.time, a.head_dim,
+                         a.scale);
   store_accumulators<kD>(dv, sw, a.dv.head(b, kvh), a.dv.st, k0 + key0, a.time, a.head_dim, 1.0f);
 #else
   __trap();
@@ -395,8 +398,10 @@ __global__ void __launch_bounds__(kTcThreads, min_blocks(tc_dq_smem<kD>(), kTcMa
   for (int kb = 0; kb <= tile; ++kb) {
     const int k0 = kb * kTcTile;
     __syncthreads();
-    load_rows<kTcTile, kD, kTcThreads>(ks, kPitch, a.k.head(b, kvh), a.k.st, k0, a.time, a.head_dim);
-    load_rows<kTcTile, kD, kTcThreads>(vs, kPitch, a.v.head(b, kvh), a.v.st, k0, a.time, a.head_dim);
+    load_rows<kTcTile, kD, kTcThreads>(ks, kPitch, a.k.head(b, kvh), a.k.st, k0, a.time,
+                                       a.head_dim);
+    load_rows<kTcTile, kD, kTcThreads>(vs, kPitch, a.v.head(b, kvh), a.v.st, k0, a.time,
+                                       a.head_dim);
     __syncthreads();
 
 #pragma unroll

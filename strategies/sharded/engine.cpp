@@ -559,7 +559,10 @@ void ShardedEngine::drop_shard(FlatParam& flat) {
 
 void ShardedEngine::deliver_gradients(FlatParam& flat) {
   if (flat.wide_master()) return;  // widened for the step (finalize_backward)
-  if (!flat.master_grad.is_same(flat.grad_shard)) copy_(flat.master_grad, flat.grad_shard);
+  // Offloaded: on the copy stream, finished in finalize_backward (Note [Offloaded gradients on
+  // the copy stream]).
+  if (!flat.master_grad.is_same(flat.grad_shard))
+    downloads_.start(flat.master_grad, flat.grad_shard);
   copy_gradients_out(flat);
 }
 
@@ -580,6 +583,7 @@ void ShardedEngine::finalize_backward() {
     finish_reduction(unit);
   for (size_t unit = 0; unit < units_.size(); ++unit)
     finish_replication(unit);
+  downloads_.finish();
   NoGradGuard no_grad;
   for (auto& unit : units_) {
     for (FlatParam& flat : unit->flats) {

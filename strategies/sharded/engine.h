@@ -33,6 +33,7 @@
 #include "nn/module.h"
 #include "optim/optimizer.h"
 #include "strategies/sharded/flat_param.h"
+#include "strategies/sharded/gradient_downloads.h"
 #include "strategies/sharded/nvme_swap.h"
 #include "strategies/parameter_parts.h"
 #include "strategies/sharded/options.h"
@@ -203,6 +204,9 @@ class ShardedEngine {
   int64_t stepping_ = -1;  // the sub-group being updated, during a step
   std::shared_ptr<bool> alive_;
   CommLanes lanes_;  // trace rows for overlapping all-gathers and reductions
+  // Offloaded gradients in flight to the host; last, so that it waits for them before the
+  // buffers they are written into go.
+  GradientDownloads downloads_;
 };
 
 }  // namespace loom::strategies::sharded

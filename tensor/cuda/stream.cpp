@@ -14,7 +14,7 @@
 namespace loom::cuda {
 namespace {
 
-enum StreamKind { kCompute = 0, kComm = 1, kKinds = 2 };
+enum StreamKind { kCompute = 0, kComm = 1, kCopy = 2, kKinds = 3 };
 
 // One slot per device and kind, filled on first use. Reads are lock-free; creation takes the
 // mutex so that two threads never create two streams for one slot. Leaked on purpose
@@ -69,6 +69,10 @@ cudaStream_t compute_stream(int device) {
 
 cudaStream_t comm_stream(int device) {
   return get_stream(device, kComm);
+}
+
+cudaStream_t copy_stream(int device) {
+  return get_stream(device, kCopy);
 }
 
 cudaStream_t current_stream(int device) {

@@ -2,10 +2,12 @@
 // Per-device streams and events.
 //
 // Note [Loom streams]
-// Every device has two long-lived streams, both created on first use with
+// Every device has three long-lived streams, all created on first use with
 // cudaStreamNonBlocking (so they never serialise with the legacy default stream):
-//  - the compute stream, where ops launch their kernels, and
-//  - the comm stream, where collectives run, so that communication overlaps compute.
+//  - the compute stream, where ops launch their kernels,
+//  - the comm stream, where collectives run, so that communication overlaps compute, and
+//  - the copy stream, for copies between host and device memory that overlap compute (the
+//    sharding engine's offloaded gradients: Note [Offloaded gradients on the copy stream]).
 // Work crosses between them only through events (Event::record + Event::wait_on), never a
 // host synchronisation. The streams are intentionally never destroyed: a destructor running
 // at exit could run after the driver has shut down.
@@ -23,6 +25,9 @@ cudaStream_t compute_stream(int device);
 
 // The device's stream for collectives. Thread-safe.
 cudaStream_t comm_stream(int device);
+
+// The device's stream for host/device copies that overlap compute. Thread-safe.
+cudaStream_t copy_stream(int device);
 
 // The calling thread's stream for `device`: the innermost StreamGuard's, otherwise the
 // compute stream.

@@ -20,6 +20,7 @@
 #include "runtime/work_log.h"
 #include "strategies/registry.h"
 #include "strategies/strategy.h"
+#include "tensor/cuda/stream.h"
 #include "tools/train_gpt/trainer.h"
 
 namespace loom::train_gpt {
@@ -29,6 +30,9 @@ struct TrainedRun {
   std::vector<StepMetrics> steps;
   std::vector<std::vector<float>> weights;
   size_t graph_launches = 0;  // on the emulated device
+  // Copies on the device's copy stream (the offloaded gradients' downloads), and host
+  // synchronisations of that stream (none: the host waits for the downloads' events).
+  size_t copy_stream_copies = 0, copy_stream_syncs = 0;
 };
 
 // Trains a 2-layer GPT-2 under the strategy registered as `strategy_name`, on one rank.
@@ -50,8 +54,12 @@ TrainedRun train_on_cuda(TrainOptions o, const std::string& precision, bool cuda
   cuda_emulation::WorkLog log;
   train(model, data, o, [&](const StepMetrics& m) { run.steps.push_back(m); }, strategy.get());
   strategy->teardown();
-  for (const cuda_emulation::Work& w : log.entries())
+  const void* copies = cuda::copy_stream(0);
+  for (const cuda_emulation::Work& w : log.entries()) {
     run.graph_launches += w.kind == cuda_emulation::WorkKind::kGraph ? 1 : 0;
+    run.copy_stream_copies += w.kind == cuda_emulation::WorkKind::kCopy && w.stream == copies;
+    run.copy_stream_syncs += w.kind == cuda_emulation::WorkKind::kSync && w.stream == copies;
+  }
   for (const Tensor& p : model.parameters())
     run.weights.push_back(p.to(Device::cpu()).to_vector<float>());
   return run;
@@ -115,7 +123,7 @@ double scaled_difference(const std::vector<std::vector<float>>& a,
 // bf16-mixed 7.7e-5 with bf16-rounded weight gradients, 2.9e-3 (about lr, 3e-3) with the f32
 // ones of Note [Weight gradients in f32], whose losses differ from the single device's by
 // 5e-7 relative at step 2 and 3.2e-5 at most. Held to 1e-5 and 1e-2 (weights) and 1e-6 and
-// 1e-4 (losses).
+// 1e-4 (losses). The offloads download their gradient shards on the copy stream.
 TEST(EmulatedTrainer, ShardedStrategiesTrainCudaTensorsOnOneRank) {
   const TrainOptions o = small_run();
   for (const std::string precision : {"32-true", "bf16-mixed"}) {
@@ -140,6 +148,17 @@ TEST(EmulatedTrainer, ShardedStrategiesTrainCudaTensorsOnOneRank) {
         EXPECT_LE(scaled_difference(sharded.weights, single.weights), bf16 ? 1e-2 : 1e-5);
       else
         EXPECT_EQ(sharded.weights, single.weights);
+      // Note [Offloaded gradients on the copy stream]: every step downloads each offloaded
+      // gradient shard on the copy stream (the same number each step), and the host never
+      // synchronises that stream; without offload nothing goes there.
+      const size_t steps = sharded.steps.size();
+      if (offload) {
+        EXPECT_GE(sharded.copy_stream_copies, steps);
+        EXPECT_EQ(sharded.copy_stream_copies % steps, 0u);
+      } else {
+        EXPECT_EQ(sharded.copy_stream_copies, 0u);
+      }
+      EXPECT_EQ(sharded.copy_stream_syncs, 0u);
     }
   }
 }

@@ -92,7 +92,8 @@ struct Step {
 double argument_bytes_named(const std::vector<emu::Work>& work, const std::string& prefix) {
   double bytes = 0;
   for (const emu::Work& w : work)
-    if (w.name.compare(0, prefix.size(), prefix) == 0) bytes += static_cast<double>(w.argument_bytes);
+    if (w.name.compare(0, prefix.size(), prefix) == 0)
+      bytes += static_cast<double>(w.argument_bytes);
   return bytes;
 }
 

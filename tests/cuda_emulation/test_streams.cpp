@@ -1,6 +1,6 @@
 // The device runtime's stream and event rules (tensor/cuda/stream.cpp, device.cpp) against a
 // fake CUDA runtime with two devices whose work finishes only when the test says so
-// (fake_cuda_driver.h): per-device compute and comm streams, StreamGuard nesting per thread,
+// (fake_cuda_driver.h): per-device compute, comm and copy streams, StreamGuard nesting per thread,
 // events that complete with their stream's work, re-created on another device's stream.
 
 #include <gtest/gtest.h>
@@ -16,16 +16,24 @@
 namespace loom::cuda {
 namespace {
 
-TEST(DeviceRuntime, EachDeviceHasItsOwnNonBlockingComputeAndCommStreams) {
+TEST(DeviceRuntime, EachDeviceHasItsOwnNonBlockingComputeCommAndCopyStreams) {
   ASSERT_EQ(device_count(), fake_cuda::kDevices);
   cudaStream_t c0 = compute_stream(0), m0 = comm_stream(0), c1 = compute_stream(1);
+  cudaStream_t k0 = copy_stream(0), k1 = copy_stream(1);
   EXPECT_NE(c0, m0);
   EXPECT_NE(c0, c1);
+  EXPECT_NE(k0, c0);
+  EXPECT_NE(k0, m0);
+  EXPECT_NE(k0, k1);
   EXPECT_EQ(compute_stream(0), c0) << "created once, then reused";
-  for (cudaStream_t s : {c0, m0, c1}) EXPECT_EQ(fake_cuda::stream_flags(s), cudaStreamNonBlocking);
+  EXPECT_EQ(copy_stream(0), k0) << "created once, then reused";
+  for (cudaStream_t s : {c0, m0, c1, k0, k1})
+    EXPECT_EQ(fake_cuda::stream_flags(s), cudaStreamNonBlocking);
   int device = -1;
   ASSERT_EQ(cudaStreamGetDevice(c1, &device), cudaSuccess);
   EXPECT_EQ(device, 1) << "a device's streams are created on that device";
+  ASSERT_EQ(cudaStreamGetDevice(k1, &device), cudaSuccess);
+  EXPECT_EQ(device, 1);
   int current = -1;
   cudaGetDevice(&current);
   EXPECT_EQ(current, 0) << "creating device 1's stream must restore the current device";

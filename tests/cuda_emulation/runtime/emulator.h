@@ -142,8 +142,9 @@ class Launch {
     static_assert(sizeof...(Args) == sizeof...(Params), "kernel launched with the wrong arity");
     const std::tuple<std::decay_t<Params>...> params(std::forward<Args>(args)...);
     LaunchConfig config = config_;
-    std::apply([&](const auto&... p) { (detail::add_argument_words(p, config.argument_words), ...); },
-               params);
+    std::apply(
+        [&](const auto&... p) { (detail::add_argument_words(p, config.argument_words), ...); },
+        params);
     run_grid(config, [kernel = kernel_, params] { std::apply(kernel, params); });
   }
 
