@@ -23,7 +23,7 @@ void ShardedEngine::copy_gradients_out(const FlatParam& flat) {
   for (size_t s : flat.nvme_segments) {
     const Tensor source =
         slice(flat.grad_shard, segment_source_[s].second, segment_grads_[s].numel());
-    copy_(segment_grads_[s], source);
+    downloads_.start(segment_grads_[s], source);  // from a GPU: on the copy stream
   }
 }
 
@@ -99,6 +99,9 @@ std::vector<Tensor> ShardedEngine::adopt_into_sub_groups(const std::vector<Piece
     Tensor grad = Tensor::zeros({padded}, dtype, Device::cpu());
     master.storage()->set_kind(MemoryKind::Offloaded);
     grad.storage()->set_kind(MemoryKind::Offloaded);
+    // Written from a GPU each step: page-locked, so downloaded on the copy stream (Note
+    // [Offloaded gradients on the copy stream]).
+    if (parts[0].flat->grad_shard.device().is_cuda()) grad.storage()->pin();
     sub_group_segments_.emplace_back();
     int64_t at = 0;
     for (const Piece& part : parts) {
