@@ -33,6 +33,8 @@
 
 #include "kernels/cuda/gemm.h"
 
+#include "kernels/cuda/elementwise.h"
+
 #include <cublasLt.h>
 
 #include <algorithm>
@@ -135,6 +137,7 @@ struct Problem {
   bool accumulate;
   const void* bias;
   void* b_sums;  // op(B)'s column sums (BGRADA), or null
+  void* gelu_aux = nullptr;  // gemm_bias_gelu: C = gelu(product + bias), this = product + bias
 };
 
 // The largest power of two (at most 256) dividing the address of every matrix of the batch.
@@ -150,9 +153,9 @@ uint32_t alignment_of(const void* ptr, int64_t stride, DType dtype, int64_t batc
 struct PlanKey {
   int device;
   DType dtype, out_dtype;
-  bool trans_a, trans_b, accumulate, bias, b_sums, tf32;
+  bool trans_a, trans_b, accumulate, bias, b_sums, gelu, tf32;
   int64_t m, n, k, lda, ldb, ldc, stride_a, stride_b, stride_c, batch;
-  uint32_t align_a, align_b, align_c, align_bias;
+  uint32_t align_a, align_b, align_c, align_bias, align_aux;
   bool operator==(const PlanKey&) const = default;
 };
 
@@ -163,12 +166,14 @@ struct PlanKeyHash {
     mix(static_cast<uint64_t>(key.device));
     mix(static_cast<uint64_t>(key.dtype) | static_cast<uint64_t>(key.out_dtype) << 8);
     mix((key.trans_a ? 1u : 0u) | (key.trans_b ? 2u : 0u) | (key.accumulate ? 4u : 0u) |
-        (key.bias ? 8u : 0u) | (key.tf32 ? 16u : 0u) | (key.b_sums ? 32u : 0u));
+        (key.bias ? 8u : 0u) | (key.tf32 ? 16u : 0u) | (key.b_sums ? 32u : 0u) |
+        (key.gelu ? 64u : 0u));
     for (int64_t v : {key.m, key.n, key.k, key.lda, key.ldb, key.ldc, key.stride_a, key.stride_b,
                       key.stride_c, key.batch})
       mix(static_cast<uint64_t>(v));
     mix((uint64_t{key.align_a} << 48) | (uint64_t{key.align_b} << 32) |
         (uint64_t{key.align_c} << 16) | key.align_bias);
+    mix(key.align_aux);
     return static_cast<size_t>(h);
   }
 };
@@ -184,6 +189,7 @@ PlanKey make_key(int device, const Problem& p) {
   key.accumulate = p.accumulate;
   key.bias = p.bias != nullptr;
   key.b_sums = p.b_sums != nullptr;
+  key.gelu = p.gelu_aux != nullptr;
   key.tf32 = p.dtype == DType::F32 && g_allow_tf32.load(std::memory_order_relaxed);
   key.m = p.m;
   key.n = p.n;
@@ -200,6 +206,7 @@ PlanKey make_key(int device, const Problem& p) {
   key.align_c = alignment_of(p.c, key.stride_c, p.out_dtype, p.batch);
   const void* vector = p.bias ? p.bias : p.b_sums;  // the epilogue's vector
   key.align_bias = vector ? alignment_of(vector, 0, p.out_dtype, 1) : 0;
+  key.align_aux = p.gelu_aux ? alignment_of(p.gelu_aux, 0, p.out_dtype, 1) : 0;
   return key;
 }
 
@@ -207,8 +214,10 @@ struct Plan {
   MatmulDescPtr desc;
   LayoutPtr layout_a, layout_b, layout_c;  // cuBLASLt's A (our B), its B (our A), C = D
   cublasLtMatmulAlgo_t algo{};
-  bool bias_in_epilogue = false;  // the bias, or op(B)'s column sums (BGRADA)
-  std::mutex mutex;  // held while the bias pointer is set in desc and the matmul is enqueued
+  // What the epilogue does: DEFAULT (nothing), BIAS, BGRADA (op(B)'s column sums) or
+  // GELU_AUX_BIAS; a bias, sums or GELU it does not take are done by other launches.
+  cublasLtEpilogue_t epilogue = CUBLASLT_EPILOGUE_DEFAULT;
+  std::mutex mutex;  // held while the epilogue's pointers are set in desc and the matmul enqueued
 };
 
 template <typename T>
@@ -263,8 +272,10 @@ bool find_algorithm(cublasLtHandle_t handle, const PlanKey& key, Plan& plan) {
   return true;
 }
 
-// `vector`: the bias, or where key.b_sums the column sums' output.
-std::unique_ptr<Plan> build_plan(cublasLtHandle_t handle, const PlanKey& key, const void* vector) {
+// `vector`: the bias, or where key.b_sums the column sums' output; `aux` GELU's input where
+// key.gelu.
+std::unique_ptr<Plan> build_plan(cublasLtHandle_t handle, const PlanKey& key, const void* vector,
+                                 void* aux) {
   auto plan = std::make_unique<Plan>();
   cublasLtMatmulDesc_t desc = nullptr;
   LOOM_CUBLAS_CHECK(cublaslt().matmul_desc_create(
@@ -280,6 +291,18 @@ std::unique_ptr<Plan> build_plan(cublasLtHandle_t handle, const PlanKey& key, co
   plan->layout_b = make_layout(key.dtype, key.trans_a ? key.m : key.k, key.trans_a ? key.k : key.m,
                                key.lda, key.batch, key.stride_a);
   plan->layout_c = make_layout(key.out_dtype, key.n, key.m, key.ldc, key.batch, key.stride_c);
+  if (key.gelu) {
+    // GELU of the biased sum into D, the biased sum into aux (D's dtype and layout: the
+    // default of CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_DATA_TYPE).
+    set_desc(desc, CUBLASLT_MATMUL_DESC_EPILOGUE, CUBLASLT_EPILOGUE_GELU_AUX_BIAS);
+    set_desc(desc, CUBLASLT_MATMUL_DESC_BIAS_POINTER, vector);
+    set_desc(desc, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_POINTER, aux);
+    set_desc(desc, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_LD, key.ldc);
+    if (find_algorithm(handle, key, *plan)) {
+      plan->epilogue = CUBLASLT_EPILOGUE_GELU_AUX_BIAS;
+      return plan;
+    }  // else the biased product into aux, and a GELU kernel after it
+  }
   if (key.bias) {
     // Bias of length n = rows of the column-major D, one vector for the whole batch, in the
     // output dtype (the default of CUBLASLT_MATMUL_DESC_BIAS_DATA_TYPE). The heuristic reads
@@ -287,8 +310,10 @@ std::unique_ptr<Plan> build_plan(cublasLtHandle_t handle, const PlanKey& key, co
     set_desc(desc, CUBLASLT_MATMUL_DESC_EPILOGUE, CUBLASLT_EPILOGUE_BIAS);
     set_desc(desc, CUBLASLT_MATMUL_DESC_BIAS_POINTER, vector);
     if (key.batch > 1) set_desc(desc, CUBLASLT_MATMUL_DESC_BIAS_BATCH_STRIDE, int64_t{0});
-    plan->bias_in_epilogue = find_algorithm(handle, key, *plan);
-    if (plan->bias_in_epilogue) return plan;
+    if (find_algorithm(handle, key, *plan)) {
+      plan->epilogue = CUBLASLT_EPILOGUE_BIAS;
+      return plan;
+    }
     set_desc(desc, CUBLASLT_MATMUL_DESC_EPILOGUE, CUBLASLT_EPILOGUE_DEFAULT);  // rank-1 bias
   }
   if (key.b_sums) {
@@ -296,8 +321,10 @@ std::unique_ptr<Plan> build_plan(cublasLtHandle_t handle, const PlanKey& key, co
     // dtype (the default of CUBLASLT_MATMUL_DESC_BIAS_DATA_TYPE).
     set_desc(desc, CUBLASLT_MATMUL_DESC_EPILOGUE, CUBLASLT_EPILOGUE_BGRADA);
     set_desc(desc, CUBLASLT_MATMUL_DESC_BIAS_POINTER, vector);
-    plan->bias_in_epilogue = find_algorithm(handle, key, *plan);
-    if (plan->bias_in_epilogue) return plan;
+    if (find_algorithm(handle, key, *plan)) {
+      plan->epilogue = CUBLASLT_EPILOGUE_BGRADA;
+      return plan;
+    }
     set_desc(desc, CUBLASLT_MATMUL_DESC_EPILOGUE, CUBLASLT_EPILOGUE_DEFAULT);  // ones[1, k] op(B)
   }
   if (!find_algorithm(handle, key, *plan)) {
@@ -342,12 +369,12 @@ class Registry {
 
   // The cached plan for key, built (heuristic included) on first use. Plans are never
   // removed, so the reference stays valid.
-  Plan& plan(cublasLtHandle_t handle, const PlanKey& key, const void* vector) {
+  Plan& plan(cublasLtHandle_t handle, const PlanKey& key, const void* vector, void* aux) {
     std::lock_guard lock(mutex_);
     std::unique_ptr<Plan>& slot = plans_[key];
     if (!slot) {
       try {
-        slot = build_plan(handle, key, vector);
+        slot = build_plan(handle, key, vector, aux);
       } catch (...) {
         plans_.erase(key);
         throw;
@@ -459,25 +486,35 @@ void column_sums_rank1(int device, const Problem& p, cudaStream_t stream) {
   }
 }
 
-// One validated cuBLASLt call for k > 0 (m, n, batch > 0), plus the bias or the column sums
-// if the epilogue could not take them.
+// One validated cuBLASLt call for k > 0 (m, n, batch > 0), plus the bias, the column sums or
+// GELU if the epilogue could not take them. Without the GELU epilogue, a gemm_bias_gelu
+// product goes to aux (biased) and GELU reads it from there into C.
 void matmul(int device, const Problem& p, cudaStream_t stream) {
   DeviceState& state = registry().device(device);
   PlanKey key = make_key(device, p);
   const void* vector = p.bias ? p.bias : p.b_sums;
-  Plan& plan = registry().plan(state.handle.get(), key, vector);
+  Plan& plan = registry().plan(state.handle.get(), key, vector, p.gelu_aux);
   void* space = workspace(state, stream);
   const float alpha = 1.0f, beta = p.accumulate ? 1.0f : 0.0f;
+  const bool gelu_apart = p.gelu_aux && plan.epilogue != CUBLASLT_EPILOGUE_GELU_AUX_BIAS;
+  Problem written = p;  // where the product goes
+  if (gelu_apart) written.c = p.gelu_aux;
   {
     std::lock_guard lock(plan.mutex);
-    if (plan.bias_in_epilogue) set_desc(plan.desc.get(), CUBLASLT_MATMUL_DESC_BIAS_POINTER, vector);
+    if (plan.epilogue != CUBLASLT_EPILOGUE_DEFAULT)
+      set_desc(plan.desc.get(), CUBLASLT_MATMUL_DESC_BIAS_POINTER, vector);
+    if (plan.epilogue == CUBLASLT_EPILOGUE_GELU_AUX_BIAS)
+      set_desc(plan.desc.get(), CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_POINTER, p.gelu_aux);
     LOOM_CUBLAS_CHECK(cublaslt().matmul(state.handle.get(), plan.desc.get(), &alpha, p.b,
-                                        plan.layout_a.get(), p.a, plan.layout_b.get(), &beta, p.c,
-                                        plan.layout_c.get(), p.c, plan.layout_c.get(), &plan.algo,
-                                        space, kWorkspaceBytes, stream));
+                                        plan.layout_a.get(), p.a, plan.layout_b.get(), &beta,
+                                        written.c, plan.layout_c.get(), written.c,
+                                        plan.layout_c.get(), &plan.algo, space, kWorkspaceBytes,
+                                        stream));
   }
-  if (p.bias && !plan.bias_in_epilogue) add_bias_rank1(device, p, /*accumulate=*/true, stream);
-  if (p.b_sums && !plan.bias_in_epilogue) column_sums_rank1(device, p, stream);
+  if (p.bias && plan.epilogue == CUBLASLT_EPILOGUE_DEFAULT)
+    add_bias_rank1(device, written, /*accumulate=*/true, stream);
+  if (p.b_sums && plan.epilogue == CUBLASLT_EPILOGUE_DEFAULT) column_sums_rank1(device, p, stream);
+  if (gelu_apart) gelu_forward(p.out_dtype, p.gelu_aux, p.c, p.m * p.n, stream);
 }
 
 // C_b = 0 for every b (k == 0 without accumulate or bias).
@@ -510,6 +547,14 @@ void validate(const Problem& p) {
   }
   if (p.batch > std::numeric_limits<int32_t>::max()) {
     tag::kKernelsCudaGemm.fail("batch must fit in int32 (cuBLASLt's batch count), got ", p.batch);
+  }
+  if (p.gelu_aux != nullptr &&
+      (p.batch != 1 || p.accumulate || p.bias == nullptr || p.b_sums != nullptr || p.ldc != p.n ||
+       p.out_dtype != p.dtype)) {
+    tag::kKernelsCudaGemm.fail("gemm_bias_gelu is one product with a bias into a contiguous "
+                               "result of the operands' dtype, got batch=", p.batch,
+                               p.accumulate ? ", accumulate" : "", p.bias ? "" : ", no bias",
+                               " ldc=", p.ldc, " n=", p.n);
   }
   if (p.b_sums != nullptr && (p.batch != 1 || p.accumulate || p.bias != nullptr)) {
     tag::kKernelsCudaGemm.fail("column sums of op(B) are for a single product without accumulate "
@@ -571,6 +616,29 @@ void gemm(DType dtype, DType out_dtype, bool trans_a, bool trans_b, int64_t m, i
   } else if (!accumulate) {
     zero_output(p, stream);
   }
+}
+
+void gemm_bias_gelu(DType dtype, bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k,
+                    const void* a, int64_t lda, const void* b, int64_t ldb, const void* bias,
+                    void* c, void* aux, cudaStream_t stream) {
+  Problem p{dtype, dtype, trans_a, trans_b, m,     n,      k,       a,       lda,   0,
+            b,     ldb,   0,       c,       n,     0,      1,       false,   bias,  nullptr};
+  p.gelu_aux = aux;
+  if (aux == nullptr) tag::kKernelsCudaGemm.fail("gemm_bias_gelu: null aux (GELU's input)");
+  validate(p);
+  if (m == 0 || n == 0) return;
+  validate_layout(p);
+  int device = 0;
+  LOOM_CUDA_CHECK(cudaGetDevice(&device));
+  if (k > 0) {
+    matmul(device, p, stream);
+    return;
+  }
+  Problem rows = p;  // aux = the bias in every row, then GELU
+  rows.c = aux;
+  rows.gelu_aux = nullptr;
+  add_bias_rank1(device, rows, /*accumulate=*/false, stream);
+  gelu_forward(dtype, aux, c, m * n, stream);
 }
 
 void set_allow_tf32(bool allow) {

@@ -44,6 +44,18 @@ void gemm(DType dtype, DType out_dtype, bool trans_a, bool trans_b, int64_t m, i
           int64_t stride_b, void* c, int64_t ldc, int64_t stride_c, int64_t batch,
           bool accumulate, const void* bias, void* b_column_sums, cudaStream_t stream);
 
+// A linear layer and the GELU after it (GPT-2's MLP's first layer), one product:
+//   aux = op(A) op(B) + bias,  C = gelu(op(A) op(B) + bias)   (GELU's tanh form)
+// A, B, C, aux and the bias of `dtype`; C and aux contiguous [m, n] (leading dimension n).
+// By cuBLASLt's GELU_AUX_BIAS epilogue, which takes GELU of the f32 sum before it is rounded
+// (aux, GELU's input for the backward, is that sum rounded once); where cuBLASLt has no
+// algorithm with it, the GEMM writes aux (its bias epilogue, or the rank-1 bias) and a GELU
+// kernel C from aux, as gelu(linear) computes it (C then rounded twice). k == 0 gives
+// aux = bias rows and C = gelu(aux).
+void gemm_bias_gelu(DType dtype, bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k,
+                    const void* a, int64_t lda, const void* b, int64_t ldb, const void* bias,
+                    void* c, void* aux, cudaStream_t stream);
+
 // Process-wide switch for f32 GEMMs (default false: exact f32 products). Applies to GEMMs
 // launched after the call; safe to call from any thread.
 void set_allow_tf32(bool allow);

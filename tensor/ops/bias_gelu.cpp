@@ -17,13 +17,15 @@
 // kernels read and write those themselves, computing in f32 (kernels/cpu/widen.h): the bits
 // of widening x, the bias and dy to f32 copies and rounding the results, without the copies.
 //
-// On CUDA the GEMM does better than this op: its epilogue adds the bias as the product is
-// written, and the weight gradient's GEMM sums the bias's gradient (BGRADA, kernels/cuda/
-// gemm.h), where bias_gelu's backward needs a column sum of its own (one or two launches). So
-// linear_gelu, GPT-2's MLP's first layer, is linear then gelu on CUDA (and on meta following
-// it) and the product then bias_gelu on the CPU: the same number of passes forward, a column
-// sum fewer backward on CUDA (issue 46's launch budget). The two agree to rounding: CUDA adds
-// the bias before the product's one rounding, the CPU after it.
+// On CUDA the GEMM does better than this op: its epilogue adds the bias and takes GELU as the
+// product is written, keeping the biased product for the backward (cuBLASLt's GELU_AUX_BIAS,
+// kernels::cuda::gemm_bias_gelu), and the weight gradient's GEMM sums the bias's gradient
+// (BGRADA), where bias_gelu's backward needs a column sum of its own. So linear_gelu, GPT-2's
+// MLP's first layer, is one GEMM forward on CUDA (and on meta following it; GELU's gradient,
+// then linear's, backward: detail::linear_gelu_in_one_gemm) and the product then bias_gelu on
+// the CPU: a pass fewer forward and a column sum fewer backward on CUDA (issue 46's launch
+// budget). The two agree to rounding: CUDA takes GELU of the biased f32 sum, rounded once,
+// where the CPU rounds the product, adds the bias and rounds GELU of that.
 
 #include "kernels/cpu/elementwise.h"
 #include "kernels/cpu/widen.h"
@@ -110,7 +112,7 @@ std::vector<Tensor> bias_gelu_backward(const Tensor& x, const Tensor& bias, cons
 }  // namespace
 
 Tensor linear_gelu(const Tensor& x, const Tensor& weight, const Tensor& bias) {
-  if (takes_cuda_path(x.device())) return gelu(linear(x, weight, bias));
+  if (takes_cuda_path(x.device())) return detail::linear_gelu_in_one_gemm(x, weight, bias);
   return bias_gelu(matmul(x, weight), bias);
 }
 

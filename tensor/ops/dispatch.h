@@ -70,6 +70,13 @@ std::vector<Tensor> cast_each(const std::vector<Tensor>& xs, DType dtype);
 // Records out, x converted to out's dtype (cast() or a cast made otherwise, such as a
 // transposed matrix's through its base), as cast() records it, when x needs a gradient.
 void record_cast(const Tensor& x, const Tensor& out);
+// gelu(linear(x, weight, bias)) on CUDA's path (CUDA, or meta following it) in one GEMM, its
+// epilogue adding the bias and taking GELU and keeping GELU's input for the backward
+// (kernels::cuda::gemm_bias_gelu): linear_gelu's form there (Note [Bias and GELU in one pass]).
+Tensor linear_gelu_in_one_gemm(const Tensor& x, const Tensor& weight, const Tensor& bias);
+// dy * gelu'(x) (contiguous x, never recorded): gelu's backward, for ops that fuse GELU
+// (linear_gelu on CUDA, whose GEMM wrote x beside gelu(x)).
+Tensor gelu_backward(const Tensor& x, const Tensor& dy);
 // linear_cross_entropy's chunked form (Note [The classifier without its logits]) with
 // chunks of `chunk_rows` rows; for tests of its independence of the chunks.
 Tensor linear_cross_entropy_in_chunks(const Tensor& x, const Tensor& weight,

@@ -384,6 +384,10 @@ Tensor gelu(const Tensor& x) {
   return activation(x, LOOM_ACTIVATION("gelu", "Gelu", gelu));
 }
 
+Tensor detail::gelu_backward(const Tensor& x, const Tensor& dy) {
+  return activation_backward(x, dy, LOOM_ACTIVATION("gelu", "Gelu", gelu));
+}
+
 Tensor silu(const Tensor& x) {
   return activation(x, LOOM_ACTIVATION("silu", "Silu", silu));
 }

@@ -108,17 +108,21 @@ bool f16_on_the_cpu(const Tensor& x) {
 // bf16 operands (f16 ones on CUDA), f32: the f32 sums unrounded. On CUDA, a defined `bias`
 // [n] is added to every row by the GEMM's epilogue (the CPU caller adds it itself); on meta
 // it is counted as read, as CUDA's epilogue reads it. A defined `b_sums` [n] (CUDA and meta,
-// a single product) receives the sums of op(B)'s columns, by the same GEMM's epilogue.
+// a single product) receives the sums of op(B)'s columns, by the same GEMM's epilogue. A
+// defined `gelu_aux` (CUDA and meta, a single product with a bias) receives the biased
+// product and `out` GELU of it (kernels::cuda::gemm_bias_gelu).
 void batched_gemm(const Operand& a, const Operand& b, Tensor& out, int64_t batch, int64_t m,
                   int64_t n, int64_t k, bool accumulate,
                   [[maybe_unused]] const Tensor& bias = Tensor(),
-                  [[maybe_unused]] const Tensor& b_sums = Tensor()) {
+                  [[maybe_unused]] const Tensor& b_sums = Tensor(),
+                  [[maybe_unused]] const Tensor& gelu_aux = Tensor()) {
   if (reports_op_cost(out.device())) {
     const double flops = 2.0 * double(batch) * double(m) * double(n) * double(k);
     const Tensor none = Tensor::empty({0}, out.dtype(), out.device());
     record_meta_op("gemm", OpClass::Gemm, flops,
                    {a.holder, b.holder, accumulate ? out : none, bias.defined() ? bias : none},
-                   {out, b_sums.defined() ? b_sums : none}, {m, n, k, batch});
+                   {out, b_sums.defined() ? b_sums : none, gelu_aux.defined() ? gelu_aux : none},
+                   {m, n, k, batch});
   }
   if (out.device().is_meta()) return;
   const DType operands = a.holder.dtype();
@@ -127,6 +131,14 @@ void batched_gemm(const Operand& a, const Operand& b, Tensor& out, int64_t batch
                ? bf16_batched_gemm<float>(a, b, out, batch, m, n, k, accumulate)
                : bf16_batched_gemm<uint16_t>(a, b, out, batch, m, n, k, accumulate);
   }
+  if (out.device().is_cuda() && gelu_aux.defined()) {
+    check(batch == 1 && !accumulate && bias.defined(), "batched_gemm: GELU after a biased product");
+    LOOM_IF_CUDA(kernels::cuda::gemm_bias_gelu(
+        operands, a.trans, b.trans, m, n, k, a.holder.raw_data(), a.ld, b.holder.raw_data(), b.ld,
+        bias.raw_data(), out.raw_data(), gelu_aux.raw_data(), detail::stream_of(out)));
+    return;
+  }
+  check(!gelu_aux.defined(), "batched_gemm: GELU in the GEMM is CUDA's");
   if (out.device().is_cuda()) {
     LOOM_IF_CUDA(kernels::cuda::gemm(
         operands, out.dtype(), a.trans, b.trans, m, n, k, a.holder.raw_data(), a.ld, a.batch_stride,
@@ -267,12 +279,17 @@ Tensor matmul(const Tensor& a_in, const Tensor& b_in) {
   return out;
 }
 
-Tensor linear(const Tensor& x_in, const Tensor& weight_in, const Tensor& bias_in) {
+namespace {
+
+// linear(x, weight, bias), or with `gelu` (CUDA's path, or meta following it) gelu of it in
+// the same GEMM (kernels::cuda::gemm_bias_gelu), the biased product kept for the backward,
+// which takes GELU's gradient first and is then linear's.
+Tensor linear_with(const Tensor& x_in, const Tensor& weight_in, const Tensor& bias_in, bool gelu) {
   if (autocast_dtype() != DType::F32) {
     DType low = autocast_dtype();
     AutocastGuard off(DType::F32);
-    return autocast_output(linear(autocast_input(x_in, low), autocast_input(weight_in, low),
-                                  autocast_input(bias_in, low)),
+    return autocast_output(linear_with(autocast_input(x_in, low), autocast_input(weight_in, low),
+                                       autocast_input(bias_in, low), gelu),
                            low);
   }
   const Tensor& x = x_in;
@@ -281,6 +298,7 @@ Tensor linear(const Tensor& x_in, const Tensor& weight_in, const Tensor& bias_in
   detail::check_kernel_device("linear", x);
   detail::check_same_kind("linear", x, weight);
   detail::check_same_kind("linear", x, bias);
+  check(!gelu || takes_cuda_path(x.device()), "linear_with: GELU in the GEMM is CUDA's");
   if (f16_on_the_cpu(x)) {
     return cast(linear(cast(x, DType::F32), cast(weight, DType::F32), cast(bias, DType::F32)),
                 x.dtype());
@@ -300,10 +318,12 @@ Tensor linear(const Tensor& x_in, const Tensor& weight_in, const Tensor& bias_in
   Shape out_shape(x.shape().begin(), x.shape().end() - 1);
   out_shape.push_back(out_features);
   Tensor out = Tensor::empty(out_shape, x.dtype(), x.device());
+  Tensor pre = gelu ? Tensor::empty(out_shape, x.dtype(), x.device()) : Tensor();  // GELU's input
   Tensor b = detail::contiguous_input(bias);
   if (out.device().is_cuda() || out.device().is_meta()) {
     if (out.numel() > 0)
-      batched_gemm(as_operand(x2), as_operand(weight), out, 1, rows, out_features, in, false, b);
+      batched_gemm(as_operand(x2), as_operand(weight), out, 1, rows, out_features, in, false, b,
+                   Tensor(), pre);
   } else {
     // Every row starts as the bias, which the product then accumulates onto.
     const size_t row_bytes = static_cast<size_t>(out_features) * dtype_size(out.dtype());
@@ -314,10 +334,13 @@ Tensor linear(const Tensor& x_in, const Tensor& weight_in, const Tensor& bias_in
       batched_gemm(as_operand(x2), as_operand(weight), out, 1, rows, out_features, in, true);
   }
   if (autograd::any_requires_grad({x, weight, bias})) {
-    autograd::record("Linear", {x, weight, bias}, {out},
-                     [x2 = x2.detach(), w = weight.detach(), x_shape = x.shape()](
-                         const std::vector<Tensor>& g, const autograd::Node& node) {
-                       Tensor g2 = reshape(g[0], {x2.size(0), w.size(1)});
+    autograd::record(gelu ? "LinearGelu" : "Linear", {x, weight, bias}, {out},
+                     [x2 = x2.detach(), w = weight.detach(),
+                      pre = pre.defined() ? pre.detach() : Tensor(),
+                      x_shape = x.shape()](const std::vector<Tensor>& g,
+                                           const autograd::Node& node) {
+                       Tensor g2 = reshape(pre.defined() ? detail::gelu_backward(pre, g[0]) : g[0],
+                                           {x2.size(0), w.size(1)});
                        Tensor gx, gw, gb;
                        if (node.needs_input_grad(0))
                          gx = reshape(matmul(g2, transpose(w, 0, 1)), x_shape);
@@ -338,6 +361,16 @@ Tensor linear(const Tensor& x_in, const Tensor& weight_in, const Tensor& bias_in
                      });
   }
   return out;
+}
+
+}  // namespace
+
+Tensor linear(const Tensor& x, const Tensor& weight, const Tensor& bias) {
+  return linear_with(x, weight, bias, /*gelu=*/false);
+}
+
+Tensor detail::linear_gelu_in_one_gemm(const Tensor& x, const Tensor& weight, const Tensor& bias) {
+  return linear_with(x, weight, bias, /*gelu=*/true);
 }
 
 }  // namespace loom

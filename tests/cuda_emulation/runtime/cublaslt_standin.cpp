@@ -4,6 +4,8 @@
 //
 // It does what cuBLASLt documents for those calls: column-major D = alpha op(A) op(B) +
 // beta C (+ a bias of D's row count with CUBLASLT_EPILOGUE_BIAS; with
+// CUBLASLT_EPILOGUE_GELU_AUX_BIAS, GELU (tanh form) of the biased f32 sum into D and the sum
+// into the aux matrix; with
 // CUBLASLT_EPILOGUE_BGRADA, op(A) summed over k into a vector of D's row count), strided batches, f32
 // accumulation and scale, operands and result in the layouts' types (f32, bf16, f16; 16-bit
 // operands may give an f32 result), the result rounded once, to nearest even. Sums run over k in
@@ -14,6 +16,7 @@
 
 #include <cublasLt.h>
 
+#include <cmath>
 #include <cstdint>
 #include <cstring>
 
@@ -47,7 +50,15 @@ struct MatmulDesc {
   cublasOperation_t trans_a = CUBLAS_OP_N, trans_b = CUBLAS_OP_N;
   cublasLtEpilogue_t epilogue = CUBLASLT_EPILOGUE_DEFAULT;
   const void* bias = nullptr;
+  void* aux = nullptr;  // GELU_AUX_BIAS: the biased sum, in D's type
+  int64_t aux_ld = 0;
 };
+
+// GELU's tanh form, as kernels/cuda/elementwise.cu computes it in f32.
+float gelu_tanh(float x) {
+  const float inner = 0.7978845608028654f * (x + 0.044715f * x * x * x);
+  return 0.5f * x * (1.0f + std::tanh(inner));
+}
 
 struct Layout {
   cudaDataType_t type;
@@ -154,12 +165,14 @@ cublasStatus_t standin_desc_set(cublasLtMatmulDesc_t raw, cublasLtMatmulDescAttr
     case CUBLASLT_MATMUL_DESC_TRANSA: return read_value(buffer, bytes, d.trans_a);
     case CUBLASLT_MATMUL_DESC_TRANSB: return read_value(buffer, bytes, d.trans_b);
     case CUBLASLT_MATMUL_DESC_BIAS_POINTER: return read_value(buffer, bytes, d.bias);
+    case CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_POINTER: return read_value(buffer, bytes, d.aux);
+    case CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_LD: return read_value(buffer, bytes, d.aux_ld);
     case CUBLASLT_MATMUL_DESC_EPILOGUE: {
       cublasLtEpilogue_t epilogue{};
       if (cublasStatus_t s = read_value(buffer, bytes, epilogue); s != CUBLAS_STATUS_SUCCESS)
         return s;
       if (epilogue != CUBLASLT_EPILOGUE_DEFAULT && epilogue != CUBLASLT_EPILOGUE_BIAS &&
-          epilogue != CUBLASLT_EPILOGUE_BGRADA)
+          epilogue != CUBLASLT_EPILOGUE_BGRADA && epilogue != CUBLASLT_EPILOGUE_GELU_AUX_BIAS)
         return CUBLAS_STATUS_NOT_SUPPORTED;
       d.epilogue = epilogue;
       return CUBLAS_STATUS_SUCCESS;
@@ -230,7 +243,10 @@ cublasStatus_t standin_heuristic(cublasLtHandle_t, cublasLtMatmulDesc_t desc,
       !sizes(matmul, *reinterpret_cast<Layout*>(a), *reinterpret_cast<Layout*>(b),
              *reinterpret_cast<Layout*>(c), m, n, k) ||
       (cuda_emulation::epilogues_refused && matmul.epilogue != CUBLASLT_EPILOGUE_DEFAULT) ||
-      (matmul.epilogue == CUBLASLT_EPILOGUE_BGRADA && reinterpret_cast<Layout*>(d)->batch > 1)) {
+      (matmul.epilogue == CUBLASLT_EPILOGUE_BGRADA && reinterpret_cast<Layout*>(d)->batch > 1) ||
+      (matmul.epilogue == CUBLASLT_EPILOGUE_GELU_AUX_BIAS &&
+       (reinterpret_cast<Layout*>(d)->batch > 1 ||
+        matmul.aux_ld < static_cast<int64_t>(reinterpret_cast<Layout*>(d)->rows)))) {
     *returned = 0;
     return CUBLAS_STATUS_NOT_SUPPORTED;
   }
@@ -255,8 +271,12 @@ cublasStatus_t standin_matmul(cublasLtHandle_t, cublasLtMatmulDesc_t raw_desc, c
   if (!sizes(desc, a, b, d, m, n, k) || c.type != d.type || c.ld != d.ld || alpha == nullptr ||
       beta == nullptr)
     return CUBLAS_STATUS_INVALID_VALUE;
-  if ((desc.epilogue == CUBLASLT_EPILOGUE_BIAS || desc.epilogue == CUBLASLT_EPILOGUE_BGRADA) &&
+  if ((desc.epilogue == CUBLASLT_EPILOGUE_BIAS || desc.epilogue == CUBLASLT_EPILOGUE_BGRADA ||
+       desc.epilogue == CUBLASLT_EPILOGUE_GELU_AUX_BIAS) &&
       desc.bias == nullptr)
+    return CUBLAS_STATUS_INVALID_VALUE;
+  if (desc.epilogue == CUBLASLT_EPILOGUE_GELU_AUX_BIAS &&
+      (desc.aux == nullptr || d.batch > 1 || desc.aux_ld < static_cast<int64_t>(d.rows)))
     return CUBLAS_STATUS_INVALID_VALUE;
   if (desc.epilogue == CUBLASLT_EPILOGUE_BGRADA && d.batch > 1) return CUBLAS_STATUS_NOT_SUPPORTED;
   const float scale_ab = *static_cast<const float*>(alpha);
@@ -276,6 +296,11 @@ cublasStatus_t standin_matmul(cublasLtHandle_t, cublasLtMatmulDesc_t raw_desc, c
           float value = scale_ab * sum;
           if (scale_c != 0.0f) value += scale_c * load(c.type, pc, i + j * c.ld);
           if (desc.epilogue == CUBLASLT_EPILOGUE_BIAS) value += load(d.type, desc.bias, i);
+          if (desc.epilogue == CUBLASLT_EPILOGUE_GELU_AUX_BIAS) {
+            value += load(d.type, desc.bias, i);
+            store(d.type, desc.aux, i + j * desc.aux_ld, value);
+            value = gelu_tanh(value);
+          }
           store(d.type, pd, i + j * d.ld, value);  // C may be D: its (i, j) is read first
         }
       }
@@ -291,7 +316,7 @@ cublasStatus_t standin_matmul(cublasLtHandle_t, cublasLtMatmulDesc_t raw_desc, c
   };
   const cudaError_t refused =
       cuda_emulation::submit(stream, cuda_emulation::WorkKind::kMatmul, "cublasLtMatmul", run,
-                             {a_data, b_data, c_data, d_data, desc.bias});
+                             {a_data, b_data, c_data, d_data, desc.bias, desc.aux});
   return refused == cudaSuccess ? CUBLAS_STATUS_SUCCESS : CUBLAS_STATUS_EXECUTION_FAILED;
 }
 
