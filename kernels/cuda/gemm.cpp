@@ -33,8 +33,6 @@
 
 #include "kernels/cuda/gemm.h"
 
-#include "kernels/cuda/elementwise.h"
-
 #include <cublasLt.h>
 
 #include <algorithm>
@@ -57,6 +55,7 @@
 #include "kernels/cuda/capture_mode.h"
 #include "kernels/cuda/check.h"
 #include "kernels/cuda/cublaslt_library.h"
+#include "kernels/cuda/elementwise.h"
 
 namespace loom::kernels::cuda {
 

@@ -53,12 +53,4 @@ void GradientDownloads::finish() {
 #endif
 }
 
-size_t GradientDownloads::pending() const {
-#if LOOM_WITH_CUDA
-  return pending_.size();
-#else
-  return 0;
-#endif
-}
-
 }  // namespace loom::strategies::sharded

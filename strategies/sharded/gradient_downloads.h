@@ -37,8 +37,6 @@ class GradientDownloads {
   void start(Tensor& dst, const Tensor& src);
   // Blocks until every download started has finished. Throws loom::Error for a failed copy.
   void finish();
-  // Downloads started and not yet finished.
-  size_t pending() const;
 
  private:
 #if LOOM_WITH_CUDA
