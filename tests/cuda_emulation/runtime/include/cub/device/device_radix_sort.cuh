@@ -52,8 +52,11 @@ struct DeviceRadixSort {
       std::copy(keys.begin(), keys.end(), keys_out);
       std::copy(values.begin(), values.end(), values_out);
     };
+    // Its argument words (Note [The bytes a launch's arguments name]): the buffers it reads
+    // and writes, and its temporary storage, as a real sort's kernels use it.
     const cudaError_t refused = ::loom::cuda_emulation::submit(
-        stream, ::loom::cuda_emulation::WorkKind::kKernel, "cub::DeviceRadixSort::SortPairs", sort);
+        stream, ::loom::cuda_emulation::WorkKind::kKernel, "cub::DeviceRadixSort::SortPairs", sort,
+        {keys_in, keys_out, values_in, values_out, temp});
     return refused != cudaSuccess ? refused : ::loom::cuda_emulation::device_error();
   }
 };
