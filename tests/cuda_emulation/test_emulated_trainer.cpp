@@ -10,10 +10,7 @@
 
 #include <algorithm>
 #include <cmath>
-#include <cstdlib>
-#include <filesystem>
 #include <memory>
-#include <stdexcept>
 #include <string>
 #include <vector>
 
@@ -23,6 +20,7 @@
 #include "runtime/work_log.h"
 #include "strategies/registry.h"
 #include "strategies/strategy.h"
+#include "tests/comm/test_support.h"
 #include "tensor/cuda/stream.h"
 #include "tools/train_gpt/trainer.h"
 
@@ -105,20 +103,6 @@ TEST(EmulatedTrainer, CudaGraphStepsKeepTheBitsOfEagerSteps) {
   }
 }
 
-// A directory for the NVMe offload's swap file, removed with what is left in it.
-struct SwapDirectory {
-  SwapDirectory() {
-    std::string pattern = (std::filesystem::temp_directory_path() / "loom-swap-XXXXXX").string();
-    if (::mkdtemp(pattern.data()) == nullptr) throw std::runtime_error("mkdtemp " + pattern);
-    path = pattern;
-  }
-  ~SwapDirectory() {
-    std::error_code ignored;
-    std::filesystem::remove_all(path, ignored);
-  }
-  std::string path;
-};
-
 // Largest |a - b| over the largest |b| of all the weights.
 double scaled_difference(const std::vector<std::vector<float>>& a,
                          const std::vector<std::vector<float>>& b) {
@@ -156,8 +140,9 @@ TEST(EmulatedTrainer, ShardedStrategiesTrainCudaTensorsOnOneRank) {
           "deepspeed_stage_2_offload", "fsdp_cpu_offload", "deepspeed_stage_3_offload_nvme"}) {
       SCOPED_TRACE(precision + " " + name);
       const bool nvme = name.find("nvme") != std::string::npos;
-      const SwapDirectory swap;
-      const TrainedRun sharded = train_on_cuda(o, precision, false, name, nvme ? swap.path : "");
+      const testing::TempDir swap("loom-swap");  // the NVMe offload's swap file
+      const TrainedRun sharded =
+          train_on_cuda(o, precision, false, name, nvme ? swap.path().string() : "");
       ASSERT_EQ(sharded.steps.size(), single.steps.size());
       const bool offload = name.find("offload") != std::string::npos;
       const bool bf16 = precision == "bf16-mixed";

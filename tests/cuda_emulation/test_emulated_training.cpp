@@ -309,6 +309,31 @@ TEST(CudaTraining, ABf16MixedLlamaLayerTakes41Launches) {
   EXPECT_LE(two.forward_backward_launches - one.forward_backward_launches, 41u);
 }
 
+// A linear layer's operands on `device`, uniform in [-1, 1) from `seed`: x [rows, 24],
+// weight [24, 40] and bias [40], all needing gradients, and an output gradient g [rows, 40].
+struct LinearOperands {
+  Tensor x, w, b, g;
+};
+LinearOperands linear_operands(Device device, int64_t rows, uint64_t seed) {
+  Generator gen(seed);
+  LinearOperands o{Tensor::empty({rows, 24}), Tensor::empty({24, 40}), Tensor::empty({40}),
+                   Tensor::empty({rows, 40})};
+  for (Tensor* t : {&o.x, &o.w, &o.b, &o.g})
+    uniform_(*t, -1.0, 1.0, gen);
+  for (Tensor* t : {&o.x, &o.w, &o.b})
+    *t = t->to(device).set_requires_grad(true);
+  o.g = o.g.to(device);
+  return o;
+}
+
+// Every element of `got` within tolerance * (1 + |want|) of `want`'s.
+void expect_near_each(const std::vector<float>& got, const std::vector<float>& want,
+                      double tolerance, const char* what) {
+  ASSERT_EQ(got.size(), want.size()) << what;
+  for (size_t i = 0; i < got.size(); ++i)
+    EXPECT_NEAR(got[i], want[i], tolerance * (1 + std::abs(want[i]))) << what << "[" << i << "]";
+}
+
 // A linear layer's backward on the CUDA path: the input's gradient one GEMM, the weight's and
 // the bias's one more (the bias's by its BGRADA epilogue), in f32 and under bf16 autocast
 // (whose weight and bias gradients come in f32), with the CPU's values to the summation order.
@@ -320,15 +345,7 @@ TEST(CudaTraining, ALinearsBiasGradientComesFromItsWeightGradientsGemm) {
     size_t matmuls = 0, launches = 0;
   };
   auto run = [](Device device, bool bf16, int64_t rows) {
-    Generator gen(3);
-    Tensor x = Tensor::empty({rows, 24}), w = Tensor::empty({24, 40}), b = Tensor::empty({40}),
-           g = Tensor::empty({rows, 40});
-    for (Tensor* t : {&x, &w, &b, &g})
-      uniform_(*t, -1.0, 1.0, gen);
-    x = x.to(device).set_requires_grad(true);
-    w = w.to(device).set_requires_grad(true);
-    b = b.to(device).set_requires_grad(true);
-    g = g.to(device);
+    const auto [x, w, b, g] = linear_operands(device, rows, 3);
     Tensor y;
     {
       std::unique_ptr<AutocastGuard> autocast;
@@ -347,20 +364,14 @@ TEST(CudaTraining, ALinearsBiasGradientComesFromItsWeightGradientsGemm) {
     EXPECT_EQ(b.grad().dtype(), DType::F32);
     return r;
   };
-  auto expect_near = [](const std::vector<float>& got, const std::vector<float>& want,
-                        double tolerance, const char* what) {
-    ASSERT_EQ(got.size(), want.size()) << what;
-    for (size_t i = 0; i < got.size(); ++i)
-      EXPECT_NEAR(got[i], want[i], tolerance * (1 + std::abs(want[i]))) << what << "[" << i << "]";
-  };
   for (const bool bf16 : {false, true}) {
     SCOPED_TRACE(bf16 ? "bf16 autocast" : "f32");
     const Run cpu = run(Device::cpu(), bf16, 33), cuda = run(Device::cuda(0), bf16, 33);
     EXPECT_EQ(cuda.matmuls, 2u);
     const double tolerance = bf16 ? 1e-2 : 1e-5;
-    expect_near(cuda.dx, cpu.dx, tolerance, "dx");
-    expect_near(cuda.dw, cpu.dw, tolerance, "dw");
-    expect_near(cuda.db, cpu.db, tolerance, "db");
+    expect_near_each(cuda.dx, cpu.dx, tolerance, "dx");
+    expect_near_each(cuda.dw, cpu.dw, tolerance, "dw");
+    expect_near_each(cuda.db, cpu.db, tolerance, "db");
     // A shape not multiplied before, so that gemm.cpp asks the heuristic again.
     Run refused, offered = run(Device::cuda(0), bf16, 34);
     {
@@ -371,8 +382,8 @@ TEST(CudaTraining, ALinearsBiasGradientComesFromItsWeightGradientsGemm) {
     EXPECT_EQ(refused.matmuls, 3u);
     EXPECT_EQ(refused.launches, offered.launches + 1);
     const Run plain = run(Device::cpu(), bf16, bf16 ? 35 : 36);
-    expect_near(refused.db, plain.db, tolerance, "db without the epilogue");
-    expect_near(refused.dw, plain.dw, tolerance, "dw without the epilogue");
+    expect_near_each(refused.db, plain.db, tolerance, "db without the epilogue");
+    expect_near_each(refused.dw, plain.dw, tolerance, "dw without the epilogue");
   }
 }
 
@@ -420,15 +431,7 @@ TEST(CudaTraining, ALinearGelusGeluComesFromItsGemm) {
     size_t forward_matmuls = 0, forward_launches = 0, backward_matmuls = 0;
   };
   auto run = [](Device device, bool bf16, int64_t rows, bool composed = false) {
-    Generator gen(5);
-    Tensor x = Tensor::empty({rows, 24}), w = Tensor::empty({24, 40}), b = Tensor::empty({40}),
-           g = Tensor::empty({rows, 40});
-    for (Tensor* t : {&x, &w, &b, &g})
-      uniform_(*t, -1.0, 1.0, gen);
-    x = x.to(device).set_requires_grad(true);
-    w = w.to(device).set_requires_grad(true);
-    b = b.to(device).set_requires_grad(true);
-    g = g.to(device);
+    const auto [x, w, b, g] = linear_operands(device, rows, 5);
     Run r;
     Tensor y;
     {
@@ -448,12 +451,6 @@ TEST(CudaTraining, ALinearGelusGeluComesFromItsGemm) {
     r.db = b.grad().to(Device::cpu()).to(DType::F32).to_vector<float>();
     return r;
   };
-  auto expect_near = [](const std::vector<float>& got, const std::vector<float>& want,
-                        double tolerance, const char* what) {
-    ASSERT_EQ(got.size(), want.size()) << what;
-    for (size_t i = 0; i < got.size(); ++i)
-      EXPECT_NEAR(got[i], want[i], tolerance * (1 + std::abs(want[i]))) << what << "[" << i << "]";
-  };
   for (const bool bf16 : {false, true}) {
     SCOPED_TRACE(bf16 ? "bf16 autocast" : "f32");
     const Run cpu = run(Device::cpu(), bf16, 33), cuda = run(Device::cuda(0), bf16, 33);
@@ -461,10 +458,10 @@ TEST(CudaTraining, ALinearGelusGeluComesFromItsGemm) {
     EXPECT_EQ(cuda.forward_launches, 1u);
     EXPECT_EQ(cuda.backward_matmuls, 2u);
     const double tolerance = bf16 ? 1e-2 : 1e-5;
-    expect_near(cuda.y, cpu.y, tolerance, "y");
-    expect_near(cuda.dx, cpu.dx, tolerance, "dx");
-    expect_near(cuda.dw, cpu.dw, tolerance, "dw");
-    expect_near(cuda.db, cpu.db, tolerance, "db");
+    expect_near_each(cuda.y, cpu.y, tolerance, "y");
+    expect_near_each(cuda.dx, cpu.dx, tolerance, "dx");
+    expect_near_each(cuda.dw, cpu.dw, tolerance, "dw");
+    expect_near_each(cuda.db, cpu.db, tolerance, "db");
     // A shape not multiplied before, so that gemm.cpp asks the heuristic again.
     const int64_t rows = bf16 ? 37 : 38;
     Run refused, composed;
