@@ -20,7 +20,7 @@
 #                  packages passed as <Package>_DIR and CMAKE_PREFIX_PATH
 #   build          the CUDA test programs, train_gpt and the kernel labs (keeps going on errors)
 #   ctest          the tests of test_cuda_ops test_cuda_runtime test_cuda_graph
-#                  test_caching_allocator test_nccl test_cuda_staging (ctest -R,
+#                  test_caching_allocator test_nccl test_cuda_collectives (ctest -R,
 #                  --output-on-failure)
 #   labs           every build/gpu/bench/cuda/lab_* (one summary row per lab)
 #   train_gpt      train_gpt --device cuda --preset gpt2-small --precision bf16-mixed --batch 8
@@ -87,7 +87,7 @@ export CARRY_PREFIX="$CARRY/usr"
 export GTEST_PREFIX=${GTEST_PREFIX:-/tmp/loom-gtest-install}
 export GTEST_BUILD=/tmp/loom-gtest-build
 export STATE=/tmp/loom-gpu-check
-export CUDA_TEST_PROGRAMS=${CUDA_TEST_PROGRAMS:-"test_cuda_ops test_cuda_runtime test_cuda_graph test_caching_allocator test_nccl test_cuda_staging"}
+export CUDA_TEST_PROGRAMS=${CUDA_TEST_PROGRAMS:-"test_cuda_ops test_cuda_runtime test_cuda_graph test_caching_allocator test_nccl test_cuda_collectives"}
 export PYTHONUNBUFFERED=1
 rm -rf "$STATE" && mkdir -p "$STATE"
 

@@ -31,7 +31,7 @@ set -o pipefail
 ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 cd "$ROOT" || exit 1
 PACK=$ROOT/gpu_prebuilt
-TEST_PROGRAMS="test_cuda_runtime test_cuda_ops test_cuda_graph test_nccl test_cuda_staging test_caching_allocator"
+TEST_PROGRAMS="test_cuda_runtime test_cuda_ops test_cuda_graph test_nccl test_cuda_collectives test_caching_allocator"
 
 # Libraries a GPU machine provides itself (see the header): never copied.
 system_or_cuda() {

@@ -237,10 +237,10 @@ double ShardedEngine::grad_norm(double norm_type) {
   for (const Tensor& s : segments_)
     exact = exact && s.dtype() == DType::F32 && s.device().is_cpu();
   std::vector<double> norms(params_.size(), 0.0);
-  // The sums cross the ranks on the host, or on meta for a simulated rank (whose sim group
-  // moves meta tensors only, which read as zeros: docs/simulation.md).
-  const Device exchange = shard_world_ > 1 && shard_group_->device().is_meta() ? Device::meta()
-                                                                               : Device::cpu();
+  // The sums cross the ranks on the group's device: the host for a host backend, the GPU for
+  // nccl (which moves CUDA tensors only), meta for a simulated rank (whose sim group moves meta
+  // tensors only, which read as zeros: docs/simulation.md).
+  const Device exchange = shard_world_ > 1 ? shard_group_->device() : Device::cpu();
   if (exact) {
     // Per parameter, the exact sum of squares of its pieces on every rank.
     using kernels::cpu::ExactSquareSum;
@@ -297,8 +297,9 @@ bool ShardedEngine::any_nonfinite_gradient() {
     Tensor g = s.grad();
     if (g.defined() && any_non_finite(g)) bad = 1.0;
   }
-  Tensor flag = Tensor::full({1}, bad, DType::F64);
-  if (shard_world_ > 1) shard_group_->allreduce(flag, {.op = comm::ReduceOp::Max})->wait();
+  if (shard_world_ == 1) return bad > 0.0;
+  Tensor flag = Tensor::full({1}, bad, DType::F64, shard_group_->device());  // as in grad_norm
+  shard_group_->allreduce(flag, {.op = comm::ReduceOp::Max})->wait();
   return flag.item() > 0.0;
 }
 

@@ -1,25 +1,41 @@
 #!/usr/bin/env bash
 # DDP, ZeRO 1-3 and FSDP, and the CPU offloads, over 2 ranks on the emulated CUDA device: each
-# rank is a process of train_gpt_emulated (train_gpt linked against the emulated runtime) with
-# an emulated GPU of its own, and the two share it as ranks share one GPU, through the shm
-# backend's staging. Every stage and FSDP must train with DDP's losses and write DDP's weights,
-# bit for bit (the design's promise, here with CUDA tensors); the offloads must run to the end
-# (their update is the CPU's AdamW, which differs from the device's by ulps: docs/cuda.md).
+# rank is a process of train_gpt_emulated (train_gpt linked against the emulated runtime and
+# the emulated NCCL) with an emulated GPU of its own, over two process-group backends:
+#  - shm: the two share their GPUs as ranks share one GPU, through the shm backend's staging;
+#  - nccl: as ranks that each own a GPU, through the emulated NCCL (Note [Emulated NCCL]);
+#    FSDP's HYBRID_SHARD too, whose groups are NCCL splits (a build with NCCL's header only).
+# Every stage and FSDP must train with DDP's losses and write DDP's weights, bit for bit, on
+# either backend (the design's promise, here with CUDA tensors); each offload must run to the
+# end with the same losses and weights on both (their update is the CPU's AdamW, which differs
+# from the device's by ulps: docs/cuda.md).
 #
-#   strategies_on_emulated_cuda.sh LOOMRUN TRAIN_GPT_EMULATED
+#   strategies_on_emulated_cuda.sh LOOMRUN TRAIN_GPT_EMULATED BACKEND...   (shm, nccl)
 set -euo pipefail
 loomrun=$1
 train_gpt=$2
+shift 2
+backends=("$@")
+[ "${backends[0]:-}" = shm ] || { echo "usage: $0 LOOMRUN TRAIN_GPT_EMULATED shm [nccl]"; exit 2; }
 work=$(mktemp -d)
 trap 'rm -rf "$work"' EXIT
 args=(--device cuda --layers 2 --heads 2 --embd 32 --ctx 16 --batch 2 --steps 4 --seed 1)
 
+# run NAME BACKEND TRAIN_GPT_FLAGS...: writes $work/NAME.BACKEND.{jsonl,safetensors,log}
 run() {
-  local name=$1
-  if ! "$loomrun" --nproc-per-node 2 "$train_gpt" "${args[@]}" --strategy "$name" \
-      --metrics "$work/$name.jsonl" --save "$work/$name.safetensors" >"$work/$name.log" 2>&1; then
-    cat "$work/$name.log"
-    echo "strategies_on_emulated_cuda: $name failed"
+  local name=$1 backend=$2
+  shift 2
+  local out=$work/$name.$backend
+  if ! "$loomrun" --nproc-per-node 2 "$train_gpt" "${args[@]}" "$@" \
+      --process-group-backend "$backend" --metrics "$out.jsonl" --save "$out.safetensors" \
+      >"$out.log" 2>&1; then
+    cat "$out.log"
+    echo "strategies_on_emulated_cuda: $name over $backend failed"
+    exit 1
+  fi
+  if [ "$backend" = nccl ] && ! grep -q "backend nccl" "$out.log"; then
+    cat "$out.log"
+    echo "strategies_on_emulated_cuda: $name did not run over nccl"
     exit 1
   fi
 }
@@ -28,20 +44,38 @@ losses() {
   python3 -c 'import json, sys; print(" ".join(repr(json.loads(l)["loss"]) for l in open(sys.argv[1])))' "$1"
 }
 
-for name in ddp deepspeed_stage_1 deepspeed_stage_2 deepspeed_stage_3 fsdp \
-    deepspeed_stage_2_offload fsdp_cpu_offload; do
-  run "$name"
+# same RUN REFERENCE: RUN's losses and saved weights are REFERENCE's, bit for bit.
+same() {
+  local got want
+  got=$(losses "$work/$1.jsonl")
+  want=$(losses "$work/$2.jsonl")
+  [ "$got" = "$want" ] || { echo "$1: losses $got differ from $2's ($want)"; exit 1; }
+  cmp -s "$work/$2.safetensors" "$work/$1.safetensors" ||
+    { echo "$1: weights differ from $2's"; exit 1; }
+  echo "$1: losses and weights equal to $2's"
+}
+
+strategies=(ddp deepspeed_stage_1 deepspeed_stage_2 deepspeed_stage_3 fsdp)
+offloads=(deepspeed_stage_2_offload fsdp_cpu_offload)
+for backend in "${backends[@]}"; do
+  for name in "${strategies[@]}" "${offloads[@]}"; do
+    run "$name" "$backend" --strategy "$name"
+  done
 done
-want=$(losses "$work/ddp.jsonl")
-echo "ddp: losses $want"
-for name in deepspeed_stage_1 deepspeed_stage_2 deepspeed_stage_3 fsdp; do
-  got=$(losses "$work/$name.jsonl")
-  [ "$got" = "$want" ] || { echo "$name: losses $got differ from ddp's"; exit 1; }
-  cmp -s "$work/ddp.safetensors" "$work/$name.safetensors" ||
-    { echo "$name: weights differ from ddp's"; exit 1; }
-  echo "$name: losses and weights equal to ddp's"
+echo "ddp.shm: losses $(losses "$work/ddp.shm.jsonl")"
+for name in "${strategies[@]:1}"; do
+  same "$name.shm" ddp.shm
 done
-for name in deepspeed_stage_2_offload fsdp_cpu_offload; do
-  echo "$name: losses $(losses "$work/$name.jsonl")"
+for name in "${offloads[@]}"; do
+  echo "$name.shm: losses $(losses "$work/$name.shm.jsonl")"
 done
-echo "strategies on emulated CUDA: every stage and FSDP equal to DDP"
+if [[ " ${backends[*]} " == *" nccl "* ]]; then
+  run fsdp_hybrid_shard nccl --strategy fsdp --fsdp-sharding-strategy HYBRID_SHARD
+  for name in "${strategies[@]}" fsdp_hybrid_shard; do
+    same "$name.nccl" ddp.shm
+  done
+  for name in "${offloads[@]}"; do
+    same "$name.nccl" "$name.shm"
+  done
+fi
+echo "strategies on emulated CUDA: every stage and FSDP equal to DDP, over ${backends[*]}"

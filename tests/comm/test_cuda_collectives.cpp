@@ -1,6 +1,11 @@
-// CUDA tensors on a host backend: forked ranks share one GPU and run the shm backend, which
-// the process group feeds through pinned host memory (Note [Staging CUDA tensors]). Every
-// collective and send/recv, several dtypes and counts, closed-form expected values.
+// CUDA tensors on a process group of forked ranks: every collective and send/recv, several
+// dtypes and counts, closed-form expected values. Two backends:
+//  - shm, which the process group feeds through pinned host memory (Note [Staging CUDA
+//    tensors]): the ranks share one GPU;
+//  - nccl, in the build against the emulated runtime and libnccl (LOOM_EMULATED_NCCL:
+//    tests/cuda_emulation, Note [Emulated NCCL]), where each rank is a process with an
+//    emulated GPU of its own. On a real GPU NCCL refuses two ranks on one device, so there
+//    the nccl backend is tested at world size 1 (tests/comm/test_nccl.cpp).
 //
 // CUDA is initialised only in forked children: a process that initialised CUDA cannot use it
 // in the children it forks afterwards. So even the check for a device runs in a child
@@ -14,9 +19,11 @@
 #include <chrono>
 #include <cmath>
 #include <functional>
+#include <regex>
 #include <string>
 
 #include "collective_values.h"
+#include "comm/error.h"
 #include "comm/process_group.h"
 #include "multiprocess.h"
 #include "tensor/cuda/device.h"
@@ -86,23 +93,49 @@ void expect_gpu_values(const Tensor& t, const std::function<double(int64_t)>& wa
   testing::expect_values(t, want, op, context);
 }
 
-class CudaStaging : public ::testing::TestWithParam<int> {
+// The shared-memory segments the emulated NCCL names after a unique id rank 0 made (Note
+// [Emulated NCCL]): a group's communicator, its subgroups', their collectives' and messages'.
+std::vector<std::string> nccl_segments_of(pid_t rank0) {
+  const std::string prefix = "loom-nccl-" + std::to_string(rank0) + "-";
+  std::vector<std::string> found;
+  for (const std::string& name : testing::loom_shm_entries())
+    if (name.rfind(prefix, 0) == 0) found.push_back(name);
+  return found;
+}
+
+class CudaCollectives : public ::testing::TestWithParam<std::tuple<std::string, int>> {
  protected:
   void SetUp() override {
     // loom::cuda::is_available(), asked in a child (see the top of the file).
     if (!cuda_probe().available) GTEST_SKIP() << "no CUDA device: " << cuda_probe().reason;
   }
-  int world() const { return GetParam(); }
-  // Runs body on every rank (forked processes) with a fresh shm group.
-  void on_ranks(const std::function<void(ProcessGroup&)>& body) {
+  const std::string& backend() const { return std::get<0>(GetParam()); }
+  int world() const { return std::get<1>(GetParam()); }
+  // Runs body on every rank (forked processes) with a fresh group of the backend. With the
+  // emulated NCCL, rank 0 then checks that no segment of the group is left in /dev/shm (unless
+  // a rank does not live to close its group).
+  void on_ranks(const std::function<void(ProcessGroup&)>& body, bool every_rank_closes = true) {
+    const std::string name = backend();
     expect_all_ok(run_ranks(world(), [&](int rank, int size, std::shared_ptr<Store> store) {
-      ProcessGroup pg(rank, size, store, {.backend = "shm", .timeout = 30s});
-      body(pg);
+      {
+        GroupOptions options{.backend = name, .timeout = 30s};
+        if (name == "nccl") options.device = gpu();
+        ProcessGroup pg(rank, size, store, options);
+        body(pg);
+      }
+      if (name != "nccl" || !every_rank_closes) return;
+      store->add("groups closed", 1);
+      if (rank == 0) {
+        store->wait({"groups closed"});
+        while (store->add("groups closed", 0) < size)
+          std::this_thread::sleep_for(1ms);
+        EXPECT_EQ(nccl_segments_of(getpid()), std::vector<std::string>{});
+      }
     }));
   }
 };
 
-TEST_P(CudaStaging, AllreduceOpsDtypesAndCounts) {
+TEST_P(CudaCollectives, AllreduceOpsDtypesAndCounts) {
   on_ranks([](ProcessGroup& pg) {
     for (DType d : {DType::F32, DType::BF16, DType::I64})
       for (ReduceOp op : kAllOps)
@@ -117,7 +150,7 @@ TEST_P(CudaStaging, AllreduceOpsDtypesAndCounts) {
   });
 }
 
-TEST_P(CudaStaging, AllreduceOutOfPlaceLeavesInput) {
+TEST_P(CudaCollectives, AllreduceOutOfPlaceLeavesInput) {
   on_ranks([](ProcessGroup& pg) {
     for (int64_t n : kCounts) {
       auto mine = [&](int64_t i) { return contribution(ReduceOp::Sum, pg.rank(), i); };
@@ -133,7 +166,7 @@ TEST_P(CudaStaging, AllreduceOutOfPlaceLeavesInput) {
   });
 }
 
-TEST_P(CudaStaging, BroadcastAndReduceEveryRoot) {
+TEST_P(CudaCollectives, BroadcastAndReduceEveryRoot) {
   on_ranks([](ProcessGroup& pg) {
     for (int root = 0; root < pg.size(); ++root)
       for (int64_t n : kCounts) {
@@ -159,7 +192,7 @@ TEST_P(CudaStaging, BroadcastAndReduceEveryRoot) {
   });
 }
 
-TEST_P(CudaStaging, AllGatherOutOfPlaceAndInPlace) {
+TEST_P(CudaCollectives, AllGatherOutOfPlaceAndInPlace) {
   on_ranks([](ProcessGroup& pg) {
     const int64_t w = pg.size();
     for (DType d : {DType::F32, DType::I64})
@@ -181,7 +214,7 @@ TEST_P(CudaStaging, AllGatherOutOfPlaceAndInPlace) {
   });
 }
 
-TEST_P(CudaStaging, ReduceScatterOutOfPlaceAndInPlace) {
+TEST_P(CudaCollectives, ReduceScatterOutOfPlaceAndInPlace) {
   on_ranks([](ProcessGroup& pg) {
     const int64_t w = pg.size();
     for (DType d : {DType::F32, DType::BF16})
@@ -201,7 +234,7 @@ TEST_P(CudaStaging, ReduceScatterOutOfPlaceAndInPlace) {
   });
 }
 
-TEST_P(CudaStaging, AllToAll) {
+TEST_P(CudaCollectives, AllToAll) {
   on_ranks([](ProcessGroup& pg) {
     const int64_t w = pg.size();
     for (int64_t n : kCounts) {
@@ -218,21 +251,22 @@ TEST_P(CudaStaging, AllToAll) {
 }
 
 // Point-to-point needs a peer other than the rank itself: instantiated from world size 2.
-class CudaStagingPointToPoint : public CudaStaging {};
+class CudaPointToPoint : public CudaCollectives {};
 
-TEST_P(CudaStagingPointToPoint, SendRecvAroundARing) {
-  on_ranks([](ProcessGroup& pg) {
+TEST_P(CudaPointToPoint, SendRecvAroundARing) {
+  const int tag = backend() == "nccl" ? 0 : 7;  // NCCL has no tags: it matches by order
+  on_ranks([tag](ProcessGroup& pg) {
     const int next = (pg.rank() + 1) % pg.size(), prev = (pg.rank() + pg.size() - 1) % pg.size();
     for (int64_t n : kCounts) {
       Tensor out = on_gpu(DType::F32, n, [&](int64_t i) { return pg.rank() * 100000.0 + i; });
       Tensor in = on_gpu(DType::F32, n, [](int64_t) { return 0; });
       WorkPtr a, b;
       if (pg.rank() % 2 == 0) {
-        a = pg.send(out, next, {.tag = 7});
-        b = pg.recv(in, prev, {.tag = 7});
+        a = pg.send(out, next, {.tag = tag});
+        b = pg.recv(in, prev, {.tag = tag});
       } else {
-        b = pg.recv(in, prev, {.tag = 7});
-        a = pg.send(out, next, {.tag = 7});
+        b = pg.recv(in, prev, {.tag = tag});
+        a = pg.send(out, next, {.tag = tag});
       }
       a->wait();
       b->wait();
@@ -243,14 +277,16 @@ TEST_P(CudaStagingPointToPoint, SendRecvAroundARing) {
   });
 }
 
-// CPU and CUDA tensors in one group, async operations queued back to back, a barrier.
-TEST_P(CudaStaging, MixedDevicesAndAsyncCompletion) {
-  on_ranks([](ProcessGroup& pg) {
+// Async operations queued back to back, a barrier; with shm, CPU and CUDA tensors in one
+// group (nccl moves CUDA tensors only).
+TEST_P(CudaCollectives, MixedDevicesAndAsyncCompletion) {
+  const bool mixed = backend() == "shm";
+  on_ranks([mixed](ProcessGroup& pg) {
     std::vector<Tensor> tensors;
     std::vector<WorkPtr> works;
     for (int k = 0; k < 20; ++k) {
       Tensor t = Tensor::full({1000}, k + 1.0);
-      tensors.push_back(k % 2 == 0 ? t : t.to(gpu()));
+      tensors.push_back(mixed && k % 2 == 0 ? t : t.to(gpu()));
       works.push_back(pg.allreduce(tensors.back()));
     }
     works.push_back(pg.barrier());
@@ -258,7 +294,8 @@ TEST_P(CudaStaging, MixedDevicesAndAsyncCompletion) {
       w->wait();
     for (int k = 0; k < 20; ++k) {
       EXPECT_TRUE(works[static_cast<size_t>(k)]->is_completed());
-      EXPECT_EQ(tensors[static_cast<size_t>(k)].to_vector<float>()[999], (k + 1.0f) * pg.size());
+      EXPECT_EQ(tensors[static_cast<size_t>(k)].to(Device::cpu()).to_vector<float>()[999],
+                (k + 1.0f) * pg.size());
     }
     Tensor gpu_tensor = on_gpu(DType::F32, 4, [](int64_t) { return 1; });
     Tensor cpu_tensor = Tensor::zeros({4});
@@ -268,7 +305,7 @@ TEST_P(CudaStaging, MixedDevicesAndAsyncCompletion) {
 
 // Data produced on a user stream (StreamGuard) is staged after it was written, and the
 // upload is visible to that stream's later work (Note [Issue streams]).
-TEST_P(CudaStaging, FollowsTheIssuingThreadsStream) {
+TEST_P(CudaCollectives, FollowsTheIssuingThreadsStream) {
   on_ranks([](ProcessGroup& pg) {
     cudaStream_t user = nullptr;
     ASSERT_EQ(cudaSetDevice(0), cudaSuccess);
@@ -288,11 +325,12 @@ TEST_P(CudaStaging, FollowsTheIssuingThreadsStream) {
   });
 }
 
-TEST_P(CudaStaging, SplitByParity) {
-  on_ranks([](ProcessGroup& pg) {
+TEST_P(CudaCollectives, SplitByParity) {
+  const std::string name = backend();
+  on_ranks([&](ProcessGroup& pg) {
     auto sub = pg.split(pg.rank() % 2, -pg.rank());
     ASSERT_NE(sub, nullptr);
-    EXPECT_EQ(sub->backend_name(), "shm");
+    EXPECT_EQ(sub->backend_name(), name);
     Tensor t = on_gpu(DType::F32, 5, [&](int64_t) { return pg.rank(); });
     sub->allreduce(t)->wait();
     double want = 0;
@@ -303,11 +341,48 @@ TEST_P(CudaStaging, SplitByParity) {
   });
 }
 
-std::string world_name(const ::testing::TestParamInfo<int>& info) {
-  return "world" + std::to_string(info.param);
+// A rank whose process exits leaves its peers an error, not a wait: world sizes from 2.
+TEST_P(CudaPointToPoint, ARankThatExitsFailsItsPeersCollective) {
+  on_ranks([](ProcessGroup& pg) {
+    Tensor t = on_gpu(DType::F32, 1000, [](int64_t) { return 1; });
+    pg.allreduce(t)->wait();
+    if (pg.rank() == pg.size() - 1) {
+      std::fflush(stdout);
+      _exit(0);  // gone, without a word to its group
+    }
+    const auto start = std::chrono::steady_clock::now();
+    const int gone = pg.size() - 1;
+    try {
+      pg.allreduce(t, {.timeout = 20s})->wait();
+      ADD_FAILURE() << "the allreduce completed without rank " << gone;
+    } catch (const CommError& e) {
+      // shm: "peer 1 (pid N) died ..."; the emulated NCCL: "rank 1 (pid N) ... exited ...",
+      // or, to a survivor that has not looked yet, "rank 0 aborted communicator ..." (the
+      // survivor that saw it first aborts, as on NCCL).
+      const std::regex names_it("(peer|rank) " + std::to_string(gone) +
+                                " \\(pid [0-9]+\\)|rank [0-9]+ aborted communicator");
+      EXPECT_TRUE(std::regex_search(e.what(), names_it)) << e.what();
+    }
+    EXPECT_LT(std::chrono::steady_clock::now() - start, 15s);
+  }, /*every_rank_closes=*/false);
 }
-INSTANTIATE_TEST_SUITE_P(Shm, CudaStaging, ::testing::Values(1, 2, 3), world_name);
-INSTANTIATE_TEST_SUITE_P(Shm, CudaStagingPointToPoint, ::testing::Values(2, 3), world_name);
+
+std::string backend_and_world(
+    const ::testing::TestParamInfo<std::tuple<std::string, int>>& info) {
+  return std::get<0>(info.param) + "_world" + std::to_string(std::get<1>(info.param));
+}
+INSTANTIATE_TEST_SUITE_P(Shm, CudaCollectives, ::testing::Combine(::testing::Values("shm"),
+                         ::testing::Values(1, 2, 3)), backend_and_world);
+INSTANTIATE_TEST_SUITE_P(Shm, CudaPointToPoint, ::testing::Combine(::testing::Values("shm"),
+                         ::testing::Values(2, 3)), backend_and_world);
+#if LOOM_EMULATED_NCCL
+INSTANTIATE_TEST_SUITE_P(EmulatedNccl, CudaCollectives,
+                         ::testing::Combine(::testing::Values("nccl"), ::testing::Values(1, 2, 3)),
+                         backend_and_world);
+INSTANTIATE_TEST_SUITE_P(EmulatedNccl, CudaPointToPoint,
+                         ::testing::Combine(::testing::Values("nccl"), ::testing::Values(2, 3)),
+                         backend_and_world);
+#endif
 
 }  // namespace
 }  // namespace loom::comm
