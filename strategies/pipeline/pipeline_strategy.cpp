@@ -120,7 +120,8 @@ void PipelineStrategy::setup_module(nn::Module& module) {
           "before setup_module (train_gpt gives it)");
     }
     const std::vector<int64_t> measured = pipeline::layer_forward_times(*layered, profile_input_);
-    Tensor costs = Tensor::from_vector(measured, {static_cast<int64_t>(measured.size())});
+    Tensor costs = Tensor::from_vector(measured, {static_cast<int64_t>(measured.size())},
+                                       pipeline::host_values_device(*group_));
     group_->broadcast(costs, {.root = 0})->wait();
     bounds_ = pipeline::partition_by_cost(costs.to_vector<int64_t>(), chunks);
   } else if (pipeline_.balance_by != "parameters" && pipeline_.balance_by != "time") {
@@ -159,7 +160,7 @@ void PipelineStrategy::setup_module(nn::Module& module) {
     if (!holds(name)) param.storage()->release();
   }
   runner_ = std::make_unique<pipeline::StageRunner>(*layered, *schedule_, stage_, p, bounds_,
-                                                    links_);
+                                                    links_, root_device());
   make_reducers();
   // This stage's order of actions, the same for every batch: made and checked once.
   const int m = pipeline_.micro_batches;
@@ -235,7 +236,8 @@ void PipelineStrategy::unscale_gradients() {
     if (holds(name)) held.push_back(param);
   scaler_->unscale(held);
   // Every rank skips the step, or none: inf/NaN on any stage counts.
-  Tensor found = Tensor::full({1}, scaler_->found_inf() ? 1.0 : 0.0, DType::F64);
+  Tensor found = Tensor::full({1}, scaler_->found_inf() ? 1.0 : 0.0, DType::F64,
+                              pipeline::host_values_device(*group_));
   group_->allreduce(found, {.op = comm::ReduceOp::Max})->wait();
   scaler_->set_found_inf(found.item() > 0.0);
 }
@@ -281,8 +283,9 @@ Tensor PipelineStrategy::train_batch(const Tensor& inputs, const Tensor& targets
       });
   synchronise_gradients();
   // Every rank reports the batch's loss: the last stage's, broadcast along the pipeline.
-  Tensor value = Tensor::full({1}, loss, DType::F64);
-  mesh_->group("pp")->broadcast(value, {.root = pipeline_.stages - 1})->wait();
+  const auto& pp = mesh_->group("pp");
+  Tensor value = Tensor::full({1}, loss, DType::F64, pipeline::host_values_device(*pp));
+  pp->broadcast(value, {.root = pipeline_.stages - 1})->wait();
   return value.reshape({});
 }
 
@@ -349,7 +352,7 @@ void PipelineStrategy::synchronise_gradients() {
       for (auto& [n, param] : params_) {
         if (n != name) continue;
         Tensor g = param.grad();
-        if (!g.defined()) g = Tensor::zeros(param.shape(), param.dtype());
+        if (!g.defined()) g = Tensor::zeros(param.shape(), param.dtype(), param.device());
         pending.push_back(tie_group_->allreduce(g, {.op = comm::ReduceOp::Sum}));
         param.set_grad(g);
       }
@@ -380,8 +383,8 @@ std::vector<double> PipelineStrategy::measured_bubbles() {
   const double mine = runner_ && runner_->total_seconds() > 0
                           ? 1.0 - runner_->busy_seconds() / runner_->total_seconds()
                           : 0.0;
-  Tensor all = Tensor::zeros({pp->size()}, DType::F64);
-  Tensor one = Tensor::full({1}, mine, DType::F64);
+  Tensor all = Tensor::zeros({pp->size()}, DType::F64, pipeline::host_values_device(*pp));
+  Tensor one = Tensor::full({1}, mine, DType::F64, pipeline::host_values_device(*pp));
   pp->all_gather(all, one)->wait();
   return all.to_vector<double>();
 }
@@ -426,8 +429,10 @@ double PipelineStrategy::gradient_norm(double norm_type) {
       norms[i] = optim::grad_norm({param}, norm_type);
   }
   layout_.complete_norms(names, norms, norm_type);  // parts split over this stage's tp group
-  Tensor all = Tensor::from_vector(norms, {static_cast<int64_t>(norms.size())});
-  mesh_->group("pp")->allreduce(all, {.op = comm::ReduceOp::Sum})->wait();
+  const auto& pp = mesh_->group("pp");
+  Tensor all = Tensor::from_vector(norms, {static_cast<int64_t>(norms.size())},
+                                   pipeline::host_values_device(*pp));
+  pp->allreduce(all, {.op = comm::ReduceOp::Sum})->wait();
   return optim::total_norm(all.to_vector<double>(), norm_type);
 }
 

@@ -51,8 +51,14 @@ Trace::Args action_args(const Action& a) {
 }  // namespace
 
 StageRunner::StageRunner(const nn::LayeredModel& model, const Schedule& schedule, int stage,
-                         int stages, std::vector<int64_t> bounds, StageLinks links)
-    : model_(model), schedule_(schedule), stage_(stage), stages_(stages), bounds_(std::move(bounds)) {
+                         int stages, std::vector<int64_t> bounds, StageLinks links,
+                         Device device)
+    : model_(model),
+      schedule_(schedule),
+      stage_(stage),
+      stages_(stages),
+      device_(device),
+      bounds_(std::move(bounds)) {
   const int chunks = schedule.chunks_per_stage();
   if (chunk_count() != stages * chunks) {
     tag::kPipeline.fail(chunk_count(), " model chunks for ", stages, " stages of ", chunks);
@@ -115,6 +121,21 @@ void StageRunner::plan_receives(Stream& stream, int sender, bool activations, in
   }
 }
 
+// Note [Pipeline messages on a device]
+// A stage's activations and gradients are received where it computes: into tensors of its
+// device, which every backend takes (shm stages CUDA tensors through pinned memory, nccl
+// moves them as they are), or into meta tensors for a simulated link, whose sim group moves
+// meta tensors only. The header of i64 words that announces the activations' shape is read
+// on the host, so it travels in host memory unless the group moves CUDA tensors only (nccl).
+Device StageRunner::message_device(const Stream& stream) const {
+  const Device wire = stream.link.group->device();
+  return wire.is_meta() ? wire : device_;
+}
+
+Device host_values_device(const comm::ProcessGroup& group) {
+  return group.device().is_cuda() ? group.device() : Device::cpu();
+}
+
 void StageRunner::post_receives(Stream& stream, bool activations) {
   if (!stream.receives.empty() || stream.order.empty()) return;
   if (activations && !stream.shape) return;  // the header has not come yet
@@ -125,8 +146,7 @@ void StageRunner::post_receives(Stream& stream, bool activations) {
   for (const Key& key : stream.order) {
     const auto& [shape, dtype] =
         activations ? std::pair{*stream.shape, stream.dtype} : output_shapes_.at(key.first);
-    // Where the link's group moves tensors (the meta device for a simulated one).
-    stream.buffers.push_back(Tensor::empty(shape, dtype, stream.link.group->device()));
+    stream.buffers.push_back(Tensor::empty(shape, dtype, message_device(stream)));
     stream.receives.push_back(stream.link.group->recv(stream.buffers.back(), stream.link.peer));
   }
 }
@@ -134,7 +154,7 @@ void StageRunner::post_receives(Stream& stream, bool activations) {
 Tensor StageRunner::take(Stream& stream, const Key& key) {
   const bool activations = &stream == activations_in(key.first);
   if (activations && !stream.shape) {
-    Tensor words = Tensor::empty({kHeaderWords}, DType::I64);
+    Tensor words = Tensor::empty({kHeaderWords}, DType::I64, host_values_device(*stream.link.group));
     stream.link.group->recv(words, stream.link.peer)->wait();
     const std::vector<int64_t> w = words.to_vector<int64_t>();
     stream.dtype = static_cast<DType>(w[0]);
@@ -264,7 +284,8 @@ void StageRunner::forward(const Action& a, const std::vector<Tensor>& inputs,
     words[1] = y.dim();
     for (int64_t d = 0; d < y.dim(); ++d)
       words[2 + d] = y.size(d);
-    sends_.push_back(out.link.group->send(Tensor::from_vector(words, {kHeaderWords}), out.link.peer));
+    sends_.push_back(out.link.group->send(
+        Tensor::from_vector(words, {kHeaderWords}, host_values_device(*out.link.group)), out.link.peer));
     out.header_sent = true;
   }
   sends_.push_back(out.link.group->send(y.detach().contiguous(), out.link.peer));

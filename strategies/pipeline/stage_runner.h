@@ -43,12 +43,18 @@ struct StageLinks {
   Link activations_wrap, gradients_wrap;
 };
 
+// Where a few values read on the host (a message header, a loss, a flag) cross `group`: in
+// host memory, unless the group moves CUDA tensors only (nccl). Note [Pipeline messages on a
+// device].
+Device host_values_device(const comm::ProcessGroup& group);
+
 class StageRunner {
  public:
   // `bounds` splits the model's layers into stages x schedule.chunks_per_stage() chunks:
-  // chunk c runs layers [bounds[c], bounds[c + 1]).
+  // chunk c runs layers [bounds[c], bounds[c + 1]). `device` is where the stage computes:
+  // received activations and gradients land there (Note [Pipeline messages on a device]).
   StageRunner(const nn::LayeredModel& model, const Schedule& schedule, int stage, int stages,
-              std::vector<int64_t> bounds, StageLinks links);
+              std::vector<int64_t> bounds, StageLinks links, Device device);
 
   // Runs `actions` over `micro_batches` micro-batches: inputs[k] feed the model's first
   // chunk, targets[k] score its last one (each is empty on stages without them), whose
@@ -104,9 +110,13 @@ class StageRunner {
   void backward(const Action& a, double loss_scale);
   void backward_weight(const Action& a);
 
+  // Where a tensor message of `stream` lands.
+  Device message_device(const Stream& stream) const;
+
   const nn::LayeredModel& model_;
   const Schedule& schedule_;
   int stage_, stages_;
+  Device device_;
   std::vector<int64_t> bounds_;  // of every chunk of the model
   std::map<int, Stream> streams_;  // by kind: see the .cpp
   std::map<int, std::pair<Shape, DType>> output_shapes_;  // per chunk of this stage

@@ -8,7 +8,9 @@
 # Every stage and FSDP must train with DDP's losses and write DDP's weights, bit for bit, on
 # either backend (the design's promise, here with CUDA tensors); each offload must run to the
 # end with the same losses and weights on both (their update is the CPU's AdamW, which differs
-# from the device's by ulps: docs/cuda.md).
+# from the device's by ulps: docs/cuda.md). A 2-stage pipeline (its activations and gradients
+# sent between the ranks' GPUs) must give the same bits over both backends, and losses within
+# 1e-5 of one device's (its micro-batches' gradients are summed in another order).
 #
 #   strategies_on_emulated_cuda.sh LOOMRUN TRAIN_GPT_EMULATED BACKEND...   (shm, nccl)
 set -euo pipefail
@@ -44,6 +46,18 @@ losses() {
   python3 -c 'import json, sys; print(" ".join(repr(json.loads(l)["loss"]) for l in open(sys.argv[1])))' "$1"
 }
 
+# close RUN REFERENCE: RUN's losses within 1e-5 (relative) of REFERENCE's, step by step.
+close() {
+  python3 - "$work/$1.jsonl" "$work/$2.jsonl" "$1" "$2" <<'PY'
+import json, sys
+got, want = ([json.loads(l)["loss"] for l in open(f)] for f in sys.argv[1:3])
+bad = [(s, g, w) for s, (g, w) in enumerate(zip(got, want)) if abs(g - w) > 1e-5 * abs(w)]
+if len(got) != len(want) or bad:
+    sys.exit(f"{sys.argv[3]}: losses {got} not within 1e-5 of {sys.argv[4]}'s {want}")
+print(f"{sys.argv[3]}: losses within 1e-5 of {sys.argv[4]}'s")
+PY
+}
+
 # same RUN REFERENCE: RUN's losses and saved weights are REFERENCE's, bit for bit.
 same() {
   local got want
@@ -77,5 +91,15 @@ if [[ " ${backends[*]} " == *" nccl "* ]]; then
   for name in "${offloads[@]}"; do
     same "$name.nccl" "$name.shm"
   done
+fi
+# The pipeline: each rank takes its own GPU (--devices auto: one per process here).
+"$train_gpt" "${args[@]}" --metrics "$work/single.jsonl" >"$work/single.log" 2>&1 ||
+  { cat "$work/single.log"; echo "strategies_on_emulated_cuda: the single device failed"; exit 1; }
+for backend in "${backends[@]}"; do
+  run pipeline "$backend" --devices auto --strategy pipeline --pp 2 --micro-batches 2
+done
+close pipeline.shm single
+if [[ " ${backends[*]} " == *" nccl "* ]]; then
+  same pipeline.nccl pipeline.shm
 fi
 echo "strategies on emulated CUDA: every stage and FSDP equal to DDP, over ${backends[*]}"
