@@ -382,6 +382,35 @@ INSTANTIATE_TEST_SUITE_P(EmulatedNccl, CudaCollectives,
 INSTANTIATE_TEST_SUITE_P(EmulatedNccl, CudaPointToPoint,
                          ::testing::Combine(::testing::Values("nccl"), ::testing::Values(2, 3)),
                          backend_and_world);
+
+// The emulated NCCL's own limit (Note [Emulated NCCL]): an emulated collective waits in its
+// call for its peers, so a peer that lives but never comes is caught by
+// LOOM_EMULATED_NCCL_TIMEOUT_S, not by the group's timeout; the wait ends with an error
+// naming the limit, and the peer's later arrival finds the communicator aborted.
+TEST(EmulatedNcclLimits, ACollectiveNoPeerJoinsEndsAtTheLimit) {
+  expect_all_ok(run_ranks(2, [](int rank, int size, std::shared_ptr<Store> store) {
+    setenv("LOOM_EMULATED_NCCL_TIMEOUT_S", "1", 1);
+    ProcessGroup pg(rank, size, store, {.backend = "nccl", .timeout = 30s, .device = gpu()});
+    Tensor t = on_gpu(DType::F32, 10, [](int64_t) { return 1; });
+    if (rank == 1) {
+      store->wait({"rank 0 gave up"});
+      EXPECT_THROW(pg.allreduce(t)->wait(), CommError);  // rank 0 aborted it
+      return;
+    }
+    const auto start = std::chrono::steady_clock::now();
+    try {
+      pg.allreduce(t)->wait();
+      ADD_FAILURE() << "the allreduce completed without rank 1";
+    } catch (const CommError& e) {
+      EXPECT_NE(std::string(e.what()).find("LOOM_EMULATED_NCCL_TIMEOUT_S"), std::string::npos)
+          << e.what();
+    }
+    const auto waited = std::chrono::steady_clock::now() - start;
+    EXPECT_GE(waited, 1s);
+    EXPECT_LT(waited, 10s);
+    store->set("rank 0 gave up", {1});
+  }));
+}
 #endif
 
 }  // namespace
