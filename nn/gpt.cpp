@@ -168,7 +168,7 @@ Tensor GPT::head(const Tensor& x) const {
 Tensor GPT::embed(const Tensor& tokens, const Tensor& pos) const {
   if (!tp_) return add(wte_->forward(tokens), wpe_->forward(pos));
   // Every position's row comes from the one rank that holds it; the others add zeros.
-  Tensor rows = tp_->reduce_out(vocab_parallel_embedding(tokens, wte_->weight(), vocab_first()));
+  Tensor rows = tp_->reduce_out(embedding_part(tokens, wte_->weight(), vocab_first()));
   if (!tp_->sequence_parallel()) return add(rows, wpe_->forward(pos));
   // Sequence parallel: this rank's positions only.
   const int64_t time = pos.size(0), n = tp_->size();

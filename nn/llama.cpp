@@ -243,7 +243,7 @@ Tensor Llama::embed(const Tensor& tokens) const {
   // Every position's row comes from the one rank that holds it; the others add zeros (with
   // sequence parallelism the sum is scattered: this rank's positions only).
   return tp_->reduce_out(
-      vocab_parallel_embedding(tokens, model_->embed_tokens()->weight(), vocab_first()));
+      embedding_part(tokens, model_->embed_tokens()->weight(), vocab_first()));
 }
 
 Tensor Llama::layer_forward(int64_t index, const Tensor& x) const {

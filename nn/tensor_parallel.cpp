@@ -38,62 +38,6 @@ Tensor join_splits(const std::vector<Tensor>& parts, const TensorParallelSplit& 
   return concat(ordered, split.dim).contiguous();
 }
 
-// Note [Tensor-parallel ops on meta]
-// The ops below compute in plain loops on the CPU. On the meta device (tensor/meta.h) they
-// allocate what the CPU path allocates, run their collectives (a sim group's, on meta tensors)
-// and report their cost instead; the loss reads 0. As elsewhere, a profiled CPU run reports the
-// same costs (reports_op_cost).
-
-Tensor vocab_parallel_embedding(const Tensor& ids, const Tensor& weight, int64_t first) {
-  if (weight.dtype() != DType::F32 || !(weight.device().is_cpu() || weight.device().is_meta()))
-    tag::kTp.fail("vocab_parallel_embedding: f32 CPU (or meta) weights only, got ", weight.str());
-  const Tensor index = ids.to(DType::I64).contiguous();
-  const int64_t rows = weight.size(0), width = weight.size(1);
-  autograd::CustomOp op{
-      .name = "vocab_parallel_embedding",
-      .forward =
-          [index, rows, width, first](autograd::Context&, const std::vector<Tensor>& in) {
-            Shape shape = index.shape();
-            shape.push_back(width);
-            Tensor out = Tensor::zeros(shape, DType::F32, in[0].device());
-            if (reports_op_cost(out.device())) {  // reads the indices and a row per index
-              record_meta_op("vocab_parallel_embedding", OpClass::Embedding, 0, {index, out},
-                             {out});
-            }
-            if (out.device().is_meta()) return std::vector<Tensor>{out};
-            const Tensor w = in[0].contiguous();
-            const int64_t* id = index.data<int64_t>();
-            for (int64_t i = 0; i < index.numel(); ++i) {
-              const int64_t row = id[i] - first;
-              if (row < 0 || row >= rows) continue;
-              std::memcpy(out.data<float>() + i * width, w.data<float>() + row * width,
-                          sizeof(float) * static_cast<size_t>(width));
-            }
-            return std::vector<Tensor>{out};
-          },
-      .backward =
-          [index, rows, width, first](autograd::Context&, const std::vector<Tensor>& grad_out) {
-            Tensor grad = Tensor::zeros({rows, width}, DType::F32, grad_out[0].device());
-            const Tensor g = grad_out[0].contiguous();
-            if (reports_op_cost(grad.device())) {  // adds each row of g into grad's
-              record_meta_op("VocabParallelEmbedding", OpClass::Embedding, double(g.numel()),
-                             {g, g}, {g});
-            }
-            if (grad.device().is_meta()) return std::vector<Tensor>{grad};
-            const int64_t* id = index.data<int64_t>();
-            for (int64_t i = 0; i < index.numel(); ++i) {
-              const int64_t row = id[i] - first;
-              if (row < 0 || row >= rows) continue;
-              float* into = grad.data<float>() + row * width;
-              const float* from = g.data<float>() + i * width;
-              for (int64_t c = 0; c < width; ++c)
-                into[c] += from[c];
-            }
-            return std::vector<Tensor>{grad};
-          }};
-  return autograd::apply(op, {weight})[0];
-}
-
 Tensor gradient_summed_over_group(const Tensor& x, const TensorParallelGroup& group) {
   const TensorParallelGroup* tp = &group;
   autograd::CustomOp op{
@@ -109,89 +53,57 @@ Tensor gradient_summed_over_group(const Tensor& x, const TensorParallelGroup& gr
   return autograd::apply(op, {x})[0];
 }
 
+// Note [The vocabulary-parallel loss]
+// Each rank holds a part of every row's logits. cross_entropy_part gives per row the part's
+// logsumexp l_r and the target's logit where this part holds it. Combined over the group: with
+// M the largest l_r, the row's logsumexp is M + log(sum_r exp(l_r - M)), and the target's
+// logit is the sum of the parts' (one is non-zero). The [N]-long combination runs on the host
+// in f64 (a device's rows cross once: one synchronisation per forward); the shares cross the
+// ranks on the logits' device. Backward, each rank's part of the gradient is
+// cross_entropy_part_backward with the whole rows' logsumexp. On the meta device the ops and
+// collectives run for their costs and the loss reads 0.
 Tensor parallel_cross_entropy(const Tensor& logits_in, const Tensor& targets, int64_t first,
                               const TensorParallelGroup& group) {
   const Tensor logits = autocast_f32_input(logits_in);  // as cross_entropy under autocast
-  if (logits.dtype() != DType::F32 || logits.dim() != 2)
-    tag::kTp.fail("parallel_cross_entropy: f32 logits [N, vocab part], got ", logits.str());
-  // Per element: the maximum, the exponent, the sum and the normalisation (softmax's 4).
-  constexpr double kFlops = 4;
-  const Tensor target = targets.to(DType::I64).contiguous().reshape({-1});
-  const int64_t n = logits.size(0), cols = logits.size(1);
+  if (logits.dim() != 2)
+    tag::kTp.fail("parallel_cross_entropy: logits [N, vocab part], got ", logits.str());
   const TensorParallelGroup* tp = &group;
   autograd::CustomOp op{
       .name = "parallel_cross_entropy",
       .forward =
-          [target, n, cols, first, tp](autograd::Context& ctx, const std::vector<Tensor>& in) {
-            const Tensor l = in[0].contiguous();
+          [targets, first, tp](autograd::Context& ctx, const std::vector<Tensor>& in) {
+            const Tensor& l = in[0];
             const Device device = l.device();
-            Tensor max = Tensor::empty({n}, DType::F64, device);
-            Tensor sum = Tensor::zeros({n}, DType::F64, device);
-            Tensor picked = Tensor::zeros({n}, DType::F64, device);
-            if (device.is_meta()) {  // the collectives run; the loss reads 0
-              Tensor probs = Tensor::empty({n, cols}, DType::F32, device);
-              record_meta_op("parallel_cross_entropy", OpClass::Normalization,
-                             kFlops * double(l.numel()), {l}, {probs});
-              tp->max(max);
-              tp->sum(sum);
-              tp->sum(picked);
-              ctx.save(probs);
-              return std::vector<Tensor>{Tensor::zeros({}, DType::F32, device)};
-            }
-            if (reports_op_cost(device)) {
-              record_meta_op("parallel_cross_entropy", OpClass::Normalization,
-                             kFlops * double(l.numel()), {l}, {l});
-            }
-            const float* x = l.data<float>();
-            for (int64_t i = 0; i < n; ++i) {
-              double m = -INFINITY;
-              for (int64_t c = 0; c < cols; ++c)
-                m = std::max(m, static_cast<double>(x[i * cols + c]));
-              max.data<double>()[i] = m;
-            }
-            tp->max(max);
-            Tensor probs = Tensor::empty({n, cols}, DType::F32);
-            for (int64_t i = 0; i < n; ++i) {
-              const double m = max.data<double>()[i];
-              double s = 0;
-              for (int64_t c = 0; c < cols; ++c)
-                s += std::exp(static_cast<double>(x[i * cols + c]) - m);
-              sum.data<double>()[i] = s;
-              const int64_t col = target.data<int64_t>()[i] - first;
-              if (col >= 0 && col < cols) picked.data<double>()[i] = x[i * cols + col];
-            }
-            tp->sum(sum);
+            const int64_t n = l.size(0);
+            const std::vector<Tensor> part = cross_entropy_part(l, targets, first);
+            Tensor top = part[0].clone();
+            tp->max(top);
+            const std::vector<double> mine = part[0].to_vector<double>(),
+                                      most = top.to_vector<double>();
+            std::vector<double> share(static_cast<size_t>(n));
+            for (size_t i = 0; i < share.size(); ++i)
+              share[i] = device.is_meta() ? 0.0 : std::exp(mine[i] - most[i]);
+            Tensor shares = Tensor::from_vector(share, {n}, device);
+            Tensor picked = part[1];
+            tp->sum(shares);
             tp->sum(picked);
+            const std::vector<double> summed = shares.to_vector<double>(),
+                                      target = picked.to_vector<double>();
+            std::vector<double> lse(static_cast<size_t>(n));
             double loss = 0;
-            for (int64_t i = 0; i < n; ++i) {
-              const double m = max.data<double>()[i], s = sum.data<double>()[i];
-              loss += std::log(s) + m - picked.data<double>()[i];
-              for (int64_t c = 0; c < cols; ++c) {
-                probs.data<float>()[i * cols + c] =
-                    static_cast<float>(std::exp(static_cast<double>(x[i * cols + c]) - m) / s);
-              }
+            for (size_t i = 0; i < lse.size(); ++i) {
+              lse[i] = device.is_meta() ? 0.0 : most[i] + std::log(summed[i]);
+              loss += lse[i] - target[i];
             }
-            ctx.save(probs);
+            ctx.save(l);
+            ctx.save(Tensor::from_vector(lse, {n}, device).to(part[0].dtype()));
             return std::vector<Tensor>{
-                Tensor::full({}, loss / static_cast<double>(n), DType::F32)};
+                Tensor::full({}, n > 0 ? loss / static_cast<double>(n) : 0.0, DType::F32, device)};
           },
       .backward =
-          [target, n, cols, first](autograd::Context& ctx, const std::vector<Tensor>& grad_out) {
-            Tensor grad = ctx.saved(0).clone();
-            if (reports_op_cost(grad.device())) {
-              record_meta_op("ParallelCrossEntropy", OpClass::Normalization, 2 * double(grad.numel()),
-                             {grad}, {grad});
-            }
-            if (grad.device().is_meta()) return std::vector<Tensor>{grad};
-            const double g = grad_out[0].item() / static_cast<double>(n);
-            float* d = grad.data<float>();
-            for (int64_t i = 0; i < n; ++i) {
-              const int64_t col = target.data<int64_t>()[i] - first;
-              if (col >= 0 && col < cols) d[i * cols + col] -= 1.0f;
-              for (int64_t c = 0; c < cols; ++c)
-                d[i * cols + c] = static_cast<float>(d[i * cols + c] * g);
-            }
-            return std::vector<Tensor>{grad};
+          [targets, first](autograd::Context& ctx, const std::vector<Tensor>& grad_out) {
+            return std::vector<Tensor>{cross_entropy_part_backward(
+                ctx.saved(0), targets, first, ctx.saved(1), grad_out[0])};
           }};
   return autograd::apply(op, {logits})[0];
 }

@@ -68,18 +68,15 @@ Tensor take_split(const Tensor& full, const TensorParallelSplit& split, int rank
 // take_split).
 Tensor join_splits(const std::vector<Tensor>& parts, const TensorParallelSplit& split);
 
-// Row lookups of a vocabulary-parallel embedding: this rank holds rows [first, first +
-// weight.size(0)) of the whole table; positions whose id falls outside get zeros (the
-// group's reduce_out then gives every position its row). Differentiable in `weight`.
-Tensor vocab_parallel_embedding(const Tensor& ids, const Tensor& weight, int64_t first);
 // `x` unchanged forward; backward, its gradient summed over the group (every rank then holds
 // the same sum). For a parameter every rank keeps whole but uses only part of, each rank's
 // gradient covering its part: Llama's key/value projections when --tp exceeds their heads.
 Tensor gradient_summed_over_group(const Tensor& x, const TensorParallelGroup& group);
 // The mean cross-entropy of logits split by vocabulary over the group (this rank holds
-// columns [first, first + logits.size(1)) of [N, vocab] logits) against targets [N]: the
-// maximum, the sum of exponentials and the target's logit are combined over the group, so
-// no rank holds the whole vocabulary. Differentiable in `logits`.
+// columns [first, first + logits.size(1)) of [N, vocab] logits) against targets [N]: each
+// part's logsumexp and the target's logit are combined over the group, so no rank holds the
+// whole vocabulary (Note [The vocabulary-parallel loss]). On any device; differentiable in
+// `logits`.
 Tensor parallel_cross_entropy(const Tensor& logits, const Tensor& targets, int64_t first,
                               const TensorParallelGroup& group);
 

@@ -161,8 +161,25 @@ Tensor cross_entropy(const Tensor& logits, const Tensor& targets);
 // loss's gradient (Note [The classifier without its logits]); the same loss and gradients up
 // to the order of sums. CUDA, autocast and 16-bit operands compose the two ops.
 Tensor linear_cross_entropy(const Tensor& x, const Tensor& weight, const Tensor& targets);
+// Tensor parallelism's cross-entropy, in the pieces nn::parallel_cross_entropy combines over the
+// ranks. logits [N, V] hold the classes [first, first + V) of rows whose targets [N] (i32/i64,
+// >= 0) index the whole row. Per row: the logsumexp of the part, and the target's logit where
+// the target falls in the part, else 0: {logsumexp, picked}, each [N] (f32; f64 for f64 logits
+// on the CPU). Not differentiable.
+std::vector<Tensor> cross_entropy_part(const Tensor& logits, const Tensor& targets,
+                                       int64_t first);
+// The part's share of the gradient of the mean loss over the whole rows: dloss / N *
+// (exp(logits - logsumexp) - onehot(target - first)), with logsumexp [N] the whole rows' and
+// dloss the mean loss's gradient (one element); no onehot where the target is outside the
+// part. Not differentiable.
+Tensor cross_entropy_part_backward(const Tensor& logits, const Tensor& targets, int64_t first,
+                                   const Tensor& logsumexp, const Tensor& dloss);
 // Rows of weight [V, C] picked by indices (any shape, i32/i64): result [..., C].
 Tensor embedding(const Tensor& indices, const Tensor& weight);
+// Rows [first, first + V) of a larger table of which weight [V, C] holds a part (tensor
+// parallelism's vocabulary-parallel embedding): a position whose index falls outside them gets
+// a zero row and adds nothing to weight's gradient. Indices must be >= 0.
+Tensor embedding_part(const Tensor& indices, const Tensor& weight, int64_t first);
 
 // --- reductions -------------------------------------------------------------------------------
 Tensor sum(const Tensor& x);  // all elements -> shape []

@@ -208,6 +208,19 @@ std::vector<OpCase> op_cases() {
        [=](Device d) {
          return V{embedding(tokens(d), r({5, 4}, d))};
        }},
+      {"cross_entropy_part",
+       [=](Device d) {
+         return cross_entropy_part(r({6, 3}, d), reshape(tokens(d), {6}), 2);
+       }},
+      {"cross_entropy_part_backward",
+       [=](Device d) {
+         return V{cross_entropy_part_backward(r({6, 3}, d), reshape(tokens(d), {6}), 2,
+                                              r({6}, d, 2), r({1}, d, 3))};
+       }},
+      {"embedding_part",
+       [=](Device d) {
+         return V{embedding_part(tokens(d), r({3, 4}, d), 2)};
+       }},
       {"sum",
        [=](Device d) {
          return V{sum(r({2, 3}, d)), sum(r({2, 3, 4}, d), {0, 2}, true),

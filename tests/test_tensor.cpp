@@ -294,6 +294,67 @@ TEST(Tensor, ErrorsNameTheProblem) {
   EXPECT_THROW(layer_norm(half_row, half_row.to(DType::F32), half_row), Error);  // mixed dtypes
 }
 
+// A vocabulary-parallel rank's lookup: rows [2, 5) of a 6-row table. Ids outside get zero rows
+// and add nothing to the gradient; repeated ids add their rows in order.
+TEST(Tensor, EmbeddingPartLooksUpItsRowsOnly) {
+  Tensor part = Tensor::from_vector<float>({20, 21, 30, 31, 40, 41}, {3, 2});
+  part.set_requires_grad(true);
+  const Tensor ids = Tensor::from_vector<int64_t>({0, 2, 4, 5, 2, 3}, {2, 3});
+  Tensor out = embedding_part(ids, part, 2);
+  EXPECT_EQ(out.shape(), (Shape{2, 3, 2}));
+  EXPECT_EQ(out.to_vector<float>(),
+            (std::vector<float>{0, 0, 20, 21, 40, 41, 0, 0, 20, 21, 30, 31}));
+  const Tensor weights = Tensor::from_vector<float>({1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12}, {2, 3, 2});
+  sum(mul(out, weights)).backward();
+  // Row 2 (position 1 and 4): 3 + 9, 4 + 10; row 3 (position 5): 11, 12; row 4 (position 2).
+  EXPECT_EQ(part.grad().to_vector<float>(), (std::vector<float>{12, 14, 11, 12, 5, 6}));
+  EXPECT_THROW(embedding_part(Tensor::from_vector<int64_t>({-1}, {1}), part, 2), Error);
+}
+
+// Two parts of the classes, combined as nn::parallel_cross_entropy combines the ranks', give the
+// whole rows' loss and, part by part, their gradient.
+TEST(Tensor, CrossEntropyPartsCombineToTheWholeRows) {
+  const Tensor whole = Tensor::from_vector<float>(
+      {0.5f, -1, 2, 0.25f, 3, 1, -2, 0, 1.5f, 1.5f, -0.5f, 4}, {3, 4});
+  const Tensor targets = Tensor::from_vector<int64_t>({2, 0, 3}, {3});
+  Tensor w = whole.clone();
+  w.set_requires_grad(true);
+  Tensor loss = cross_entropy(w, targets);
+  loss.backward();
+  const std::vector<float> want_grad = w.grad().to_vector<float>();
+  std::vector<double> lse(3), picked(3, 0.0), most(3, -1e300);
+  std::vector<std::vector<double>> parts_lse;
+  for (int64_t first : {0, 2}) {
+    const std::vector<Tensor> part = cross_entropy_part(narrow(whole, 1, first, 2), targets, first);
+    parts_lse.push_back(part[0].to_vector<double>());
+    const std::vector<double> p = part[1].to_vector<double>();
+    for (size_t r = 0; r < 3; ++r) {
+      picked[r] += p[r];
+      most[r] = std::max(most[r], parts_lse.back()[r]);
+    }
+  }
+  EXPECT_EQ(picked, (std::vector<double>{2, 3, 4}));  // each target's logit, from its part
+  double mean = 0;
+  for (size_t r = 0; r < 3; ++r) {
+    lse[r] = most[r] + std::log(std::exp(parts_lse[0][r] - most[r]) +
+                                std::exp(parts_lse[1][r] - most[r]));
+    mean += (lse[r] - picked[r]) / 3;
+  }
+  EXPECT_NEAR(mean, loss.item(), 1e-6);
+  const Tensor row_lse = Tensor::from_vector(lse, {3}).to(DType::F32);
+  for (int64_t first : {0, 2}) {
+    const std::vector<float> got =
+        cross_entropy_part_backward(narrow(whole, 1, first, 2), targets, first, row_lse,
+                                    Tensor::ones({}))
+            .to_vector<float>();
+    for (int64_t r = 0; r < 3; ++r)
+      for (int64_t c = 0; c < 2; ++c)
+        EXPECT_NEAR(got[static_cast<size_t>(r * 2 + c)],
+                    want_grad[static_cast<size_t>(r * 4 + first + c)], 1e-6)
+            << "row " << r << ", class " << first + c;
+  }
+}
+
 // Floating operands of two dtypes compute in the wider, as PyTorch promotes them, and the
 // narrower one's gradient comes back in its own dtype; on the CPU a bf16 op computes in f32
 // and rounds once.

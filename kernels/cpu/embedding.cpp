@@ -8,20 +8,26 @@ namespace loom::kernels::cpu {
 
 template <typename T>
 void embedding_forward(const int64_t* indices, const T* weight, T* out, int64_t count,
-                       int64_t width) {
+                       int64_t width, EmbeddingRows part) {
   parallel_rows(count, width, [&](int64_t first, int64_t last) {
-    for (int64_t n = first; n < last; ++n)
-      std::memcpy(out + n * width, weight + indices[n] * width, sizeof(T) * width);
+    for (int64_t n = first; n < last; ++n) {
+      if (part.holds(indices[n])) {
+        std::memcpy(out + n * width, weight + (indices[n] - part.first) * width, sizeof(T) * width);
+      } else {
+        std::memset(out + n * width, 0, sizeof(T) * width);
+      }
+    }
   });
 }
 
 template <typename T>
 void embedding_backward(const int64_t* indices, const T* dout, T* dweight, int64_t count,
-                        int64_t width) {
+                        int64_t width, EmbeddingRows part) {
   // Rows may repeat an index: the threads take columns, each adding its rows in order.
   parallel_rows(width, count, [&](int64_t begin, int64_t end) {
     for (int64_t n = 0; n < count; ++n) {
-      T* dst = dweight + indices[n] * width;
+      if (!part.holds(indices[n])) continue;
+      T* dst = dweight + (indices[n] - part.first) * width;
       const T* src = dout + n * width;
       for (int64_t i = begin; i < end; ++i)
         dst[i] += src[i];
@@ -29,11 +35,15 @@ void embedding_backward(const int64_t* indices, const T* dout, T* dweight, int64
   });
 }
 
-template void embedding_forward<float>(const int64_t*, const float*, float*, int64_t, int64_t);
-template void embedding_forward<double>(const int64_t*, const double*, double*, int64_t, int64_t);
+template void embedding_forward<float>(const int64_t*, const float*, float*, int64_t, int64_t,
+                                       EmbeddingRows);
+template void embedding_forward<double>(const int64_t*, const double*, double*, int64_t, int64_t,
+                                        EmbeddingRows);
 template void embedding_forward<uint16_t>(const int64_t*, const uint16_t*, uint16_t*, int64_t,
-                                          int64_t);
-template void embedding_backward<float>(const int64_t*, const float*, float*, int64_t, int64_t);
-template void embedding_backward<double>(const int64_t*, const double*, double*, int64_t, int64_t);
+                                          int64_t, EmbeddingRows);
+template void embedding_backward<float>(const int64_t*, const float*, float*, int64_t, int64_t,
+                                        EmbeddingRows);
+template void embedding_backward<double>(const int64_t*, const double*, double*, int64_t, int64_t,
+                                         EmbeddingRows);
 
 }  // namespace loom::kernels::cpu

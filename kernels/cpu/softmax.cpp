@@ -44,9 +44,10 @@ void softmax_backward(const T* y, const T* dy, T* dx, int64_t rows, int64_t widt
   });
 }
 
+namespace {
+
 template <typename S>
-double cross_entropy_forward(const S* logits, const int64_t* targets, compute_of<S>* logsumexp,
-                             int64_t rows, int64_t vocab) {
+void row_logsumexps(const S* logits, compute_of<S>* logsumexp, int64_t rows, int64_t vocab) {
   using C = compute_of<S>;
   parallel_rows(rows, vocab, [&](int64_t first, int64_t last) {
     for (int64_t r = first; r < last; ++r) {
@@ -57,6 +58,25 @@ double cross_entropy_forward(const S* logits, const int64_t* targets, compute_of
       logsumexp[r] = m + std::log(s);
     }
   });
+}
+
+}  // namespace
+
+template <typename S>
+void cross_entropy_part_forward(const S* logits, const int64_t* targets, int64_t first,
+                                compute_of<S>* logsumexp, compute_of<S>* picked, int64_t rows,
+                                int64_t vocab) {
+  row_logsumexps(logits, logsumexp, rows, vocab);
+  for (int64_t r = 0; r < rows; ++r) {
+    const int64_t t = targets[r] - first;
+    picked[r] = t >= 0 && t < vocab ? widen(logits[r * vocab + t]) : compute_of<S>(0);
+  }
+}
+
+template <typename S>
+double cross_entropy_forward(const S* logits, const int64_t* targets, compute_of<S>* logsumexp,
+                             int64_t rows, int64_t vocab) {
+  row_logsumexps(logits, logsumexp, rows, vocab);
   double total = 0;  // in row order, whatever the threads
   for (int64_t r = 0; r < rows; ++r)
     total += static_cast<double>(logsumexp[r] - widen(logits[r * vocab + targets[r]]));
@@ -66,19 +86,20 @@ double cross_entropy_forward(const S* logits, const int64_t* targets, compute_of
 template <typename S>
 void cross_entropy_backward(const S* logits, const int64_t* targets,
                             const compute_of<S>* logsumexp, compute_of<S> scale, S* dlogits,
-                            int64_t rows, int64_t vocab) {
+                            int64_t rows, int64_t vocab, ClassPart part) {
   using C = compute_of<S>;
   parallel_rows(rows, vocab, [&](int64_t first, int64_t last) {
     for (int64_t r = first; r < last; ++r) {
       const S* xr = logits + r * vocab;
       S* dr = dlogits + r * vocab;
       const C lse = logsumexp[r];
-      const int64_t t = targets[r];
+      const int64_t t = targets[r] - part.first;
+      const bool has_target = !part.part || (t >= 0 && t < vocab);
       // Read before dr[t] is written: dlogits may be logits.
-      const C at_target = scale * exp_approx(widen(xr[t]) - lse) - scale;
+      const C at_target = has_target ? scale * exp_approx(widen(xr[t]) - lse) - scale : C(0);
       for (int64_t i = 0; i < vocab; ++i)
         dr[i] = narrow<S>(scale * exp_approx(widen(xr[i]) - lse));
-      dr[t] = narrow<S>(at_target);
+      if (has_target) dr[t] = narrow<S>(at_target);
     }
   });
 }
@@ -87,17 +108,23 @@ void cross_entropy_backward(const S* logits, const int64_t* targets,
   template void softmax_forward<T>(const T*, T*, int64_t, int64_t, int64_t);                  \
   template void softmax_backward<T>(const T*, const T*, T*, int64_t, int64_t);                \
   template double cross_entropy_forward<T>(const T*, const int64_t*, T*, int64_t, int64_t);   \
+  template void cross_entropy_part_forward<T>(const T*, const int64_t*, int64_t, T*, T*,      \
+                                              int64_t, int64_t);                              \
   template void cross_entropy_backward<T>(const T*, const int64_t*, const T*, T, T*, int64_t, \
-                                          int64_t);
+                                          int64_t, ClassPart);
 LOOM_INSTANTIATE(float)
 LOOM_INSTANTIATE(double)
 #undef LOOM_INSTANTIATE
 template double cross_entropy_forward<BFloat16>(const BFloat16*, const int64_t*, float*, int64_t,
                                                 int64_t);
+template void cross_entropy_part_forward<BFloat16>(const BFloat16*, const int64_t*, int64_t,
+                                                   float*, float*, int64_t, int64_t);
 template void cross_entropy_backward<BFloat16>(const BFloat16*, const int64_t*, const float*,
-                                               float, BFloat16*, int64_t, int64_t);
+                                               float, BFloat16*, int64_t, int64_t, ClassPart);
 template double cross_entropy_forward<Half>(const Half*, const int64_t*, float*, int64_t, int64_t);
+template void cross_entropy_part_forward<Half>(const Half*, const int64_t*, int64_t, float*,
+                                               float*, int64_t, int64_t);
 template void cross_entropy_backward<Half>(const Half*, const int64_t*, const float*, float,
-                                           Half*, int64_t, int64_t);
+                                           Half*, int64_t, int64_t, ClassPart);
 
 }  // namespace loom::kernels::cpu

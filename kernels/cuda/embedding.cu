@@ -4,7 +4,9 @@
 //
 // Backward is a scatter-add, which on a GPU is usually done with atomicAdd; that makes the
 // order of additions (and so the bits of the result) depend on timing. Instead:
-//   1. keys[n] = indices[n] (u32, range-checked), values[n] = n;
+//   1. keys[n] = indices[n] - first (u32, range-checked), values[n] = n; for a part of a
+//      table (EmbeddingPart), an index outside it gets key vocab instead, sorted last and
+//      added nowhere;
 //   2. cub::DeviceRadixSort::SortPairs by key. The radix sort is stable, so equal indices keep
 //      their positions in increasing n;
 //   3. one thread per (sorted slot, column pack); a thread whose slot starts a run of equal
@@ -52,37 +54,53 @@ __device__ __forceinline__ void check_index(const char* op, int64_t position, in
 template <typename T, int V>
 __global__ void __launch_bounds__(kThreads)
     embedding_forward_kernel(const int64_t* __restrict__ indices, const T* __restrict__ weight,
-                             T* __restrict__ out, int64_t count, int width, int64_t vocab) {
+                             T* __restrict__ out, int64_t count, int width, int64_t vocab,
+                             EmbeddingPart part) {
   const int64_t n =
       static_cast<int64_t>(blockIdx.x) * (blockDim.x / kWarpSize) + threadIdx.x / kWarpSize;
   const int lane = threadIdx.x % kWarpSize;
   if (n >= count) return;
-  const int64_t index = indices[n];
+  const int64_t index = indices[n] - part.first;
+  T* dst = out + n * width;
+  if (part.part && (index < 0 || index >= vocab)) {  // another rank's row: zeros
+    Pack<T, V> zero;
+#pragma unroll
+    for (int k = 0; k < V; ++k)
+      zero.v[k] = from_float<T>(0.0f);
+    for (int p = lane; p < width / V; p += kWarpSize)
+      store_pack<V>(dst + p * V, zero);
+    return;
+  }
   check_index("embedding_forward", n, index, vocab, lane == 0);
   const T* src = weight + index * width;
-  T* dst = out + n * width;
   for (int p = lane; p < width / V; p += kWarpSize)
     store_pack<V>(dst + p * V, load_pack<V>(src + p * V));
 }
 
 __global__ void __launch_bounds__(kThreads)
     make_sort_pairs_kernel(const int64_t* __restrict__ indices, uint32_t* __restrict__ keys,
-                           int32_t* __restrict__ positions, int64_t count, int64_t vocab) {
+                           int32_t* __restrict__ positions, int64_t count, int64_t vocab,
+                           EmbeddingPart part) {
   for (int64_t n = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; n < count;
        n += static_cast<int64_t>(gridDim.x) * blockDim.x) {
-    const int64_t index = indices[n];
-    check_index("embedding_backward", n, index, vocab, true);
-    keys[n] = static_cast<uint32_t>(index);
+    const int64_t index = indices[n] - part.first;
+    if (part.part && (index < 0 || index >= vocab)) {
+      keys[n] = static_cast<uint32_t>(vocab);  // another rank's row: sorted last, added nowhere
+    } else {
+      check_index("embedding_backward", n, index, vocab, true);
+      keys[n] = static_cast<uint32_t>(index);
+    }
     positions[n] = static_cast<int32_t>(n);
   }
 }
 
-// Thread (slot i, pack p): if slot i starts a run of equal keys, adds the run's dout rows in
-// sorted (= increasing n) order to dweight[key], columns [p * V, p * V + V).
+// Thread (slot i, pack p): if slot i starts a run of equal keys below `vocab`, adds the run's
+// dout rows in sorted (= increasing n) order to dweight[key], columns [p * V, p * V + V).
 template <typename T, int V>
 __global__ void __launch_bounds__(kThreads)
     add_runs_kernel(const uint32_t* __restrict__ keys, const int32_t* __restrict__ positions,
-                    const T* __restrict__ dout, T* __restrict__ dweight, int64_t count, int width) {
+                    const T* __restrict__ dout, T* __restrict__ dweight, int64_t count, int width,
+                    int64_t vocab) {
   const int packs = width / V;
   const int64_t total = count * packs;
   for (int64_t t = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; t < total;
@@ -91,6 +109,7 @@ __global__ void __launch_bounds__(kThreads)
     const int p = static_cast<int>(t - i * packs);
     const uint32_t key = keys[i];
     if (i > 0 && keys[i - 1] == key) continue;  // not the start of a run
+    if (key >= vocab) continue;                 // another rank's rows (EmbeddingPart)
     T* dst = dweight + static_cast<int64_t>(key) * width + p * V;
     const Pack<T, V> old = load_pack<V>(dst);
     float acc[V];
@@ -157,34 +176,35 @@ void check_sizes(const char* op, int64_t count, int64_t width, int64_t vocab) {
 
 template <typename T, int V>
 void launch_forward(const int64_t* indices, const void* weight, void* out, int64_t count, int width,
-                    int64_t vocab, cudaStream_t stream) {
+                    int64_t vocab, EmbeddingPart part, cudaStream_t stream) {
   const auto grid = static_cast<unsigned>(ceil_div(count, kThreads / kWarpSize));
   embedding_forward_kernel<T, V><<<grid, kThreads, 0, stream>>>(
-      indices, static_cast<const T*>(weight), static_cast<T*>(out), count, width, vocab);
+      indices, static_cast<const T*>(weight), static_cast<T*>(out), count, width, vocab, part);
   LOOM_CUDA_CHECK_LAUNCH();
 }
 
 template <typename T, int V>
 void launch_add_runs(const uint32_t* keys, const int32_t* positions, const void* dout,
-                     void* dweight, int64_t count, int width, cudaStream_t stream) {
+                     void* dweight, int64_t count, int width, int64_t vocab, cudaStream_t stream) {
   add_runs_kernel<T, V><<<grid_for(count * (width / V), kThreads), kThreads, 0, stream>>>(
-      keys, positions, static_cast<const T*>(dout), static_cast<T*>(dweight), count, width);
+      keys, positions, static_cast<const T*>(dout), static_cast<T*>(dweight), count, width, vocab);
   LOOM_CUDA_CHECK_LAUNCH();
 }
 
 }  // namespace
 
 void embedding_forward(DType dtype, const int64_t* indices, const void* weight, void* out,
-                       int64_t count, int64_t width, int64_t vocab, cudaStream_t stream) {
+                       int64_t count, int64_t width, int64_t vocab, cudaStream_t stream,
+                       EmbeddingPart part) {
   check_sizes("embedding_forward", count, width, vocab);
   dispatch_float_storage(dtype, "embedding_forward", [&]<typename T>() {
     if (count == 0 || width == 0) return;
     const int w = static_cast<int>(width);
     constexpr int V = kPackElems<T>;
     if (width % V == 0 && aligned16(weight) && aligned16(out)) {
-      launch_forward<T, V>(indices, weight, out, count, w, vocab, stream);
+      launch_forward<T, V>(indices, weight, out, count, w, vocab, part, stream);
     } else {
-      launch_forward<T, 1>(indices, weight, out, count, w, vocab, stream);
+      launch_forward<T, 1>(indices, weight, out, count, w, vocab, part, stream);
     }
   });
 }
@@ -199,7 +219,7 @@ size_t embedding_backward_workspace(int64_t count) {
 
 void embedding_backward(DType dtype, const int64_t* indices, const void* dout, void* dweight,
                         int64_t count, int64_t width, int64_t vocab, void* workspace,
-                        cudaStream_t stream) {
+                        cudaStream_t stream, EmbeddingPart part) {
   check_sizes("embedding_backward", count, width, vocab);
   dispatch_float_storage(dtype, "embedding_backward", [&]<typename T>() {
     if (count == 0 || width == 0) return;
@@ -209,7 +229,7 @@ void embedding_backward(DType dtype, const int64_t* indices, const void* dout, v
            "embedding_backward_workspace(",
            count, ") bytes, got ", workspace);
     }
-    const int end_bit = key_bits(vocab);
+    const int end_bit = key_bits(part.part ? vocab + 1 : vocab);  // a part sorts others last
     const size_t array = round_up(static_cast<size_t>(count) * sizeof(uint32_t));
     size_t temp_bytes = sort_temp_bytes(count, end_bit);
     const size_t reserved = embedding_backward_workspace(count) - 4 * array;
@@ -225,7 +245,7 @@ void embedding_backward(DType dtype, const int64_t* indices, const void* dout, v
     void* temp = base + 4 * array;
 
     make_sort_pairs_kernel<<<grid_for(count, kThreads), kThreads, 0, stream>>>(
-        indices, keys_in, positions_in, count, vocab);
+        indices, keys_in, positions_in, count, vocab, part);
     LOOM_CUDA_CHECK_LAUNCH();
     LOOM_CUDA_CHECK(cub::DeviceRadixSort::SortPairs(temp, temp_bytes, keys_in, keys, positions_in,
                                                     positions, static_cast<int>(count), 0, end_bit,
@@ -233,9 +253,9 @@ void embedding_backward(DType dtype, const int64_t* indices, const void* dout, v
     const int w = static_cast<int>(width);
     constexpr int V = kPackElems<T>;
     if (width % V == 0 && aligned16(dout) && aligned16(dweight)) {
-      launch_add_runs<T, V>(keys, positions, dout, dweight, count, w, stream);
+      launch_add_runs<T, V>(keys, positions, dout, dweight, count, w, vocab, stream);
     } else {
-      launch_add_runs<T, 1>(keys, positions, dout, dweight, count, w, stream);
+      launch_add_runs<T, 1>(keys, positions, dout, dweight, count, w, vocab, stream);
     }
   });
 }

@@ -4,9 +4,10 @@
 //
 // Storage f32, bf16 or f16 (weight, out, dout, dweight of `dtype`); the gradient adds in f32.
 // Launchers are asynchronous on `stream`, never synchronise, and throw loom::Error for a dtype
-// they do not take or a failed launch. An index outside [0, vocab) prints the position, index
-// and vocab from the device and traps (as a device-side assert): the context is then
-// unusable, and the error surfaces at the next synchronising call.
+// they do not take or a failed launch. An index outside [0, vocab) (of a whole table; a part
+// takes any index: EmbeddingPart) prints the position, index and vocab from the device and
+// traps (as a device-side assert): the context is then unusable, and the error surfaces at
+// the next synchronising call.
 
 #include <cstddef>
 #include <cstdint>
@@ -17,15 +18,25 @@
 
 namespace loom::kernels::cuda {
 
-// out[n, :] = weight[indices[n], :] for n < count.
+// A part of a table (tensor parallelism's vocabulary-parallel embedding, as the CPU kernels'
+// EmbeddingRows): with `part`, the weight holds rows [first, first + vocab) of a larger table
+// and an index outside them selects nothing, a zero row forward and no addition backward,
+// instead of trapping.
+struct EmbeddingPart {
+  int64_t first = 0;
+  bool part = false;
+};
+
+// out[n, :] = weight[indices[n] - first, :] for n < count.
 void embedding_forward(DType dtype, const int64_t* indices, const void* weight, void* out,
-                       int64_t count, int64_t width, int64_t vocab, cudaStream_t stream);
+                       int64_t count, int64_t width, int64_t vocab, cudaStream_t stream,
+                       EmbeddingPart part = {});
 
 // Bytes of device workspace embedding_backward needs for `count` indices (any vocab below
 // 2^31). Queries CUB on the current device; launches nothing.
 size_t embedding_backward_workspace(int64_t count);
 
-// dweight[indices[n], :] += dout[n, :] (accumulates: callers zero dweight first). Deterministic
+// dweight[indices[n] - first, :] += dout[n, :] (accumulates: callers zero dweight first). Deterministic
 // and atomic-free: the (index, position) pairs are radix-sorted (stable) in `workspace`, and one
 // thread per (distinct index, column pack) adds that index's rows in order of n, in f32,
 // starting from the current dweight value and storing once. So the additions happen in the
@@ -35,6 +46,6 @@ size_t embedding_backward_workspace(int64_t count);
 // cudaMalloc or the caching allocator). count < 2^31, vocab < 2^31.
 void embedding_backward(DType dtype, const int64_t* indices, const void* dout, void* dweight,
                         int64_t count, int64_t width, int64_t vocab, void* workspace,
-                        cudaStream_t stream);
+                        cudaStream_t stream, EmbeddingPart part = {});
 
 }  // namespace loom::kernels::cuda

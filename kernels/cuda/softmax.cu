@@ -159,16 +159,18 @@ __global__ void __launch_bounds__(1024)
   }
 }
 
-// One block per row: logsumexp and loss of the row, in one read of the logits.
+// One block per row: logsumexp and loss of the row, in one read of the logits. Of a part of
+// the classes (ClassPart): the logsumexp of the part, and in row_losses the target's logit
+// where it falls in the part, else 0.
 template <typename T, int V>
 __global__ void __launch_bounds__(kVocabMaxThreads)
     cross_entropy_forward_kernel(const T* __restrict__ logits, const int64_t* __restrict__ targets,
                                  float* __restrict__ logsumexp, float* __restrict__ row_losses,
-                                 int vocab) {
+                                 int vocab, ClassPart part) {
   __shared__ float scratch[kWarpSize];
   const RowGroup<true> g;
-  const int64_t target = targets[g.row];
-  check_target(g.row, target, vocab);
+  const int64_t target = targets[g.row] - part.first;
+  if (!part.part) check_target(g.row, target, vocab);
   const int packs = vocab / V;
   const T* xr = logits + g.row * vocab;
 
@@ -186,7 +188,11 @@ __global__ void __launch_bounds__(kVocabMaxThreads)
   if (threadIdx.x == 0) {
     const float lse = total.m + logf(total.s);
     logsumexp[g.row] = lse;
-    row_losses[g.row] = lse - to_float(xr[target]);
+    if (!part.part) {
+      row_losses[g.row] = lse - to_float(xr[target]);
+    } else {
+      row_losses[g.row] = target >= 0 && target < vocab ? to_float(xr[target]) : 0.0f;
+    }
   }
 }
 
@@ -223,10 +229,10 @@ __global__ void __launch_bounds__(kVocabMaxThreads)
     cross_entropy_backward_kernel(const T* logits, const int64_t* __restrict__ targets,
                                   const float* __restrict__ logsumexp,
                                   const float* __restrict__ dloss, T* dlogits, int64_t rows,
-                                  int vocab) {
+                                  int vocab, ClassPart part) {
   const int64_t row = blockIdx.x;
-  const int64_t target = targets[row];
-  check_target(row, target, vocab);
+  const int64_t target = targets[row] - part.first;  // of a part: outside it, no onehot below
+  if (!part.part) check_target(row, target, vocab);
   // As the CPU op: the scale in double, rounded once to the compute type.
   const float scale = static_cast<float>(static_cast<double>(dloss[0]) / static_cast<double>(rows));
   const float lse = logsumexp[row];
@@ -324,14 +330,12 @@ void softmax_backward(DType dtype, const void* y, const void* dy, void* dx, int6
   });
 }
 
-void cross_entropy_forward(DType dtype, const void* logits, const int64_t* targets,
-                           float* logsumexp, float* row_losses, float* mean_loss, int64_t rows,
-                           int64_t vocab, cudaStream_t stream) {
-  check_sizes("cross_entropy_forward", rows, vocab);
-  if (rows == 0 || vocab == 0) {
-    fail("cross_entropy_forward: expected at least one row and one class, got rows ", rows,
-         " and vocab ", vocab, "; the mean over zero targets is undefined");
-  }
+namespace {
+
+// The row kernel of cross_entropy_forward and cross_entropy_part_forward.
+void launch_cross_entropy_rows(DType dtype, const void* logits, const int64_t* targets,
+                               float* logsumexp, float* row_values, int64_t rows, int64_t vocab,
+                               ClassPart part, cudaStream_t stream) {
   dispatch_float_storage(dtype, "cross_entropy_forward", [&]<typename T>() {
     const int v = static_cast<int>(vocab);
     const auto* lp = static_cast<const T*>(logits);
@@ -340,21 +344,45 @@ void cross_entropy_forward(DType dtype, const void* logits, const int64_t* targe
     if (vocab % V == 0 && aligned16(logits)) {
       const int threads = row_block_threads(vocab / V, 4, kWarpSize, kVocabMaxThreads);
       cross_entropy_forward_kernel<T, V>
-          <<<grid, threads, 0, stream>>>(lp, targets, logsumexp, row_losses, v);
+          <<<grid, threads, 0, stream>>>(lp, targets, logsumexp, row_values, v, part);
     } else {
       const int threads = row_block_threads(vocab, 4 * V, kWarpSize, kVocabMaxThreads);
       cross_entropy_forward_kernel<T, 1>
-          <<<grid, threads, 0, stream>>>(lp, targets, logsumexp, row_losses, v);
+          <<<grid, threads, 0, stream>>>(lp, targets, logsumexp, row_values, v, part);
     }
-    LOOM_CUDA_CHECK_LAUNCH();
-    mean_loss_kernel<<<1, kMeanThreads, 0, stream>>>(row_losses, mean_loss, rows);
     LOOM_CUDA_CHECK_LAUNCH();
   });
 }
 
+}  // namespace
+
+void cross_entropy_part_forward(DType dtype, const void* logits, const int64_t* targets,
+                                int64_t first, float* logsumexp, float* picked, int64_t rows,
+                                int64_t vocab, cudaStream_t stream) {
+  check_sizes("cross_entropy_part_forward", rows, vocab);
+  if (rows == 0) return;
+  if (vocab == 0) fail("cross_entropy_part_forward: a part of no classes");
+  launch_cross_entropy_rows(dtype, logits, targets, logsumexp, picked, rows, vocab,
+                            {first, true}, stream);
+}
+
+void cross_entropy_forward(DType dtype, const void* logits, const int64_t* targets,
+                           float* logsumexp, float* row_losses, float* mean_loss, int64_t rows,
+                           int64_t vocab, cudaStream_t stream) {
+  check_sizes("cross_entropy_forward", rows, vocab);
+  if (rows == 0 || vocab == 0) {
+    fail("cross_entropy_forward: expected at least one row and one class, got rows ", rows,
+         " and vocab ", vocab, "; the mean over zero targets is undefined");
+  }
+  launch_cross_entropy_rows(dtype, logits, targets, logsumexp, row_losses, rows, vocab, {},
+                            stream);
+  mean_loss_kernel<<<1, kMeanThreads, 0, stream>>>(row_losses, mean_loss, rows);
+  LOOM_CUDA_CHECK_LAUNCH();
+}
+
 void cross_entropy_backward(DType dtype, const void* logits, const int64_t* targets,
                             const float* logsumexp, const float* dloss, void* dlogits, int64_t rows,
-                            int64_t vocab, cudaStream_t stream) {
+                            int64_t vocab, cudaStream_t stream, ClassPart part) {
   check_sizes("cross_entropy_backward", rows, vocab);
   dispatch_float_storage(dtype, "cross_entropy_backward", [&]<typename T>() {
     if (rows == 0 || vocab == 0) return;
@@ -366,11 +394,11 @@ void cross_entropy_backward(DType dtype, const void* logits, const int64_t* targ
     if (vocab % V == 0 && aligned16(logits) && aligned16(dlogits)) {
       const int threads = row_block_threads(vocab / V, 4, kWarpSize, kVocabMaxThreads);
       cross_entropy_backward_kernel<T, V>
-          <<<grid, threads, 0, stream>>>(lp, targets, logsumexp, dloss, out, rows, v);
+          <<<grid, threads, 0, stream>>>(lp, targets, logsumexp, dloss, out, rows, v, part);
     } else {
       const int threads = row_block_threads(vocab, 4 * V, kWarpSize, kVocabMaxThreads);
       cross_entropy_backward_kernel<T, 1>
-          <<<grid, threads, 0, stream>>>(lp, targets, logsumexp, dloss, out, rows, v);
+          <<<grid, threads, 0, stream>>>(lp, targets, logsumexp, dloss, out, rows, v, part);
     }
     LOOM_CUDA_CHECK_LAUNCH();
   });

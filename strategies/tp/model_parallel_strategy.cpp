@@ -21,7 +21,7 @@ void reduce_in_place(comm::ProcessGroup& group, Tensor& t, comm::ReduceOp op) {
 Tensor gather_sequence(comm::ProcessGroup& group, const Tensor& x) {
   const Tensor part = x.contiguous();
   const int n = group.size();
-  Tensor all = Tensor::empty({n * part.numel()}, part.dtype());
+  Tensor all = Tensor::empty({n * part.numel()}, part.dtype(), part.device());
   group.all_gather(all, part)->wait();
   Shape stacked{n};
   stacked.insert(stacked.end(), part.shape().begin(), part.shape().end());
@@ -47,7 +47,7 @@ Tensor reduce_scatter_sequence(comm::ProcessGroup& group, const Tensor& x) {
   for (int64_t d = 2; d < static_cast<int64_t>(split.size()); ++d)
     order.push_back(d);
   const Tensor stacked = x.contiguous().reshape(split).permute(order).contiguous().reshape({x.numel()});
-  Tensor mine = Tensor::empty({x.numel() / n}, x.dtype());
+  Tensor mine = Tensor::empty({x.numel() / n}, x.dtype(), x.device());
   group.reduce_scatter(mine, stacked, {.op = comm::ReduceOp::Sum})->wait();
   Shape part = shape;
   part[1] /= n;

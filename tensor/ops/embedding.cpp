@@ -1,4 +1,7 @@
-// Embedding lookup.
+// Embedding lookup: of a whole table, or of the part of one a tensor-parallel rank holds.
+
+#include <limits>
+#include <optional>
 
 #include "kernels/cpu/embedding.h"
 #include "tensor/autograd/node.h"
@@ -15,11 +18,13 @@ namespace loom {
 
 namespace {
 
+using kernels::cpu::EmbeddingRows;
+
 // Embedding on a GPU. Indices are moved to the weight's device as i64 (host indices are
-// uploaded); an out-of-range index stops the kernel with a device-side error naming it.
-// The backward pass sorts the indices and sums each row's gradients in index order: no
-// atomics, so the result is bitwise reproducible.
-Tensor cuda_embedding(const Tensor& indices, const Tensor& weight) {
+// uploaded); an out-of-range index (outside a part: any index not in it) stops the kernel with
+// a device-side error naming it. The backward pass sorts the indices and sums each row's
+// gradients in index order: no atomics, so the result is bitwise reproducible.
+Tensor cuda_embedding(const Tensor& indices, const Tensor& weight, EmbeddingRows rows) {
   if (indices.dtype() != DType::I64 && indices.dtype() != DType::I32) {
     fail("embedding: indices must be i32 or i64, got ", indices.dtype());
   }
@@ -32,12 +37,13 @@ Tensor cuda_embedding(const Tensor& indices, const Tensor& weight) {
   int64_t count = index.numel();
   LOOM_IF_CUDA(kernels::cuda::embedding_forward(weight.dtype(), index.data<int64_t>(),
                                                 w.raw_data(), out.raw_data(), count, width, vocab,
-                                                detail::stream_of(weight)));
+                                                detail::stream_of(weight),
+                                                {rows.first, rows.rows >= 0}));
   if (autograd::any_requires_grad({weight})) {
     autograd::record(
         "Embedding", {weight}, {out},
-        [index, shape = weight.shape(), count, width, vocab](const std::vector<Tensor>& g,
-                                                             const autograd::Node&) {
+        [index, shape = weight.shape(), count, width, vocab, rows](const std::vector<Tensor>& g,
+                                                                   const autograd::Node&) {
           Tensor dy = g[0].contiguous();
           Tensor dw = Tensor::zeros(shape, dy.dtype(), dy.device());
           LOOM_IF_CUDA({
@@ -45,7 +51,8 @@ Tensor cuda_embedding(const Tensor& indices, const Tensor& weight) {
                 dy.device(), kernels::cuda::embedding_backward_workspace(count));
             kernels::cuda::embedding_backward(dy.dtype(), index.data<int64_t>(), dy.raw_data(),
                                               dw.raw_data(), count, width, vocab,
-                                              scratch.raw_data(), detail::stream_of(dy));
+                                              scratch.raw_data(), detail::stream_of(dy),
+                                              {rows.first, rows.rows >= 0});
           });
           return std::vector<Tensor>{dw};
         });
@@ -53,17 +60,21 @@ Tensor cuda_embedding(const Tensor& indices, const Tensor& weight) {
   return out;
 }
 
-}  // namespace
-
-Tensor embedding(const Tensor& indices, const Tensor& weight) {
-  detail::check_kernel_device("embedding", weight);
+// embedding(), and embedding_part() when `part_first` is given: the weight then holds rows
+// [part_first, part_first + V) of the table.
+Tensor embed(const char* op, const Tensor& indices, const Tensor& weight,
+             std::optional<int64_t> part_first) {
+  detail::check_kernel_device(op, weight);
   if (weight.dim() != 2) {
-    fail("embedding: expected weight [V, C], got ", shape_str(weight.shape()));
+    fail(op, ": expected weight [V, C], got ", shape_str(weight.shape()));
   }
-  if (weight.device().is_cuda()) return cuda_embedding(indices, weight);
   int64_t vocab = weight.size(0), width = weight.size(1);
-  auto index =
-      std::make_shared<std::vector<int64_t>>(detail::indices_as_i64("embedding", indices, vocab));
+  const EmbeddingRows rows =
+      part_first ? EmbeddingRows{.first = *part_first, .rows = vocab} : EmbeddingRows{};
+  if (weight.device().is_cuda()) return cuda_embedding(indices, weight, rows);
+  // A part takes any index >= 0 (int64's range); the whole table checks them against it.
+  const int64_t upper = rows.rows >= 0 ? std::numeric_limits<int64_t>::max() : vocab;
+  auto index = std::make_shared<std::vector<int64_t>>(detail::indices_as_i64(op, indices, upper));
   Shape shape = indices.shape();
   shape.push_back(width);
   Tensor w = detail::contiguous_input(weight);
@@ -76,17 +87,18 @@ Tensor embedding(const Tensor& indices, const Tensor& weight) {
   } else if (is_16bit_float(weight.dtype())) {  // rows copied bit for bit
     kernels::cpu::embedding_forward<uint16_t>(
         index->data(), static_cast<const uint16_t*>(w.raw_data()),
-        static_cast<uint16_t*>(out.raw_data()), count, width);
+        static_cast<uint16_t*>(out.raw_data()), count, width, rows);
   } else {
     detail::dispatch_floating(weight.dtype(), "embedding", [&]<typename T>() {
-      kernels::cpu::embedding_forward<T>(index->data(), w.data<T>(), out.data<T>(), count, width);
+      kernels::cpu::embedding_forward<T>(index->data(), w.data<T>(), out.data<T>(), count, width,
+                                         rows);
     });
   }
   if (autograd::any_requires_grad({weight})) {
     autograd::record(
         "Embedding", {weight}, {out},
-        [index, shape = weight.shape(), count, width](const std::vector<Tensor>& g,
-                                                      const autograd::Node&) {
+        [index, shape = weight.shape(), count, width, rows](const std::vector<Tensor>& g,
+                                                            const autograd::Node&) {
           Tensor dy = g[0].contiguous();
           Tensor dw = Tensor::zeros(shape, dy.dtype(), dy.device());
           if (reports_op_cost(dw.device())) {  // adds each row of dy into dw's
@@ -97,7 +109,7 @@ Tensor embedding(const Tensor& indices, const Tensor& weight) {
             Tensor dw32 = Tensor::zeros(shape, DType::F32, dy.device());
             if (!dw.device().is_meta()) {
               kernels::cpu::embedding_backward<float>(index->data(), dy32.data<float>(),
-                                                      dw32.data<float>(), count, width);
+                                                      dw32.data<float>(), count, width, rows);
             }
             NoGradGuard no_grad;
             copy_(dw, dw32);
@@ -108,12 +120,22 @@ Tensor embedding(const Tensor& indices, const Tensor& weight) {
           }
           detail::dispatch_floating(dy.dtype(), "embedding", [&]<typename T>() {
             kernels::cpu::embedding_backward<T>(index->data(), dy.data<T>(), dw.data<T>(), count,
-                                                width);
+                                                width, rows);
           });
           return std::vector<Tensor>{dw};
         });
   }
   return out;
+}
+
+}  // namespace
+
+Tensor embedding(const Tensor& indices, const Tensor& weight) {
+  return embed("embedding", indices, weight, std::nullopt);
+}
+
+Tensor embedding_part(const Tensor& indices, const Tensor& weight, int64_t first) {
+  return embed("embedding_part", indices, weight, first);
 }
 
 }  // namespace loom

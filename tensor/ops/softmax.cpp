@@ -1,5 +1,7 @@
 // Softmax (optionally causal) and the fused softmax cross-entropy loss.
 
+#include <limits>
+
 #include "kernels/cpu/softmax.h"
 #include "tensor/autocast.h"
 #include "tensor/autograd/node.h"
@@ -176,6 +178,101 @@ Tensor cross_entropy(const Tensor& logits, const Tensor& targets) {
                      });
   }
   return out;
+}
+
+namespace {
+
+// The part's logits and targets, checked; targets as i64 on the logits' device.
+void check_part(const char* op, const Tensor& logits, const Tensor& targets) {
+  detail::check_kernel_device(op, logits);
+  if (logits.dim() != 2 || targets.dim() != 1 || targets.size(0) != logits.size(0) ||
+      logits.size(1) == 0) {
+    fail(op, ": expected logits [N, V > 0] and targets [N], got ", shape_str(logits.shape()),
+         " and ", shape_str(targets.shape()));
+  }
+  if (targets.dtype() != DType::I64 && targets.dtype() != DType::I32) {
+    fail(op, ": targets must be i32 or i64, got ", targets.dtype());
+  }
+}
+
+// The row values' dtype: f32, or f64 for f64 logits off CUDA.
+DType part_values_dtype(const Tensor& logits) {
+  return logits.dtype() == DType::F64 && !logits.device().is_cuda() ? DType::F64 : DType::F32;
+}
+
+}  // namespace
+
+std::vector<Tensor> cross_entropy_part(const Tensor& logits, const Tensor& targets,
+                                       int64_t first) {
+  check_part("cross_entropy_part", logits, targets);
+  NoGradGuard no_grad;
+  const int64_t rows = logits.size(0), vocab = logits.size(1);
+  const Tensor in = detail::contiguous_input(logits);
+  Tensor lse = Tensor::empty({rows}, part_values_dtype(logits), logits.device());
+  Tensor picked = Tensor::empty({rows}, lse.dtype(), logits.device());
+  if (reports_op_cost(logits.device())) {
+    record_meta_op("cross_entropy_part", OpClass::Normalization,
+                   kSoftmaxFlops * double(in.numel()), {in, targets}, {lse, picked});
+  }
+  if (logits.device().is_cuda()) {
+    const Tensor index = targets.to(logits.device()).to(DType::I64).contiguous();
+    LOOM_IF_CUDA(kernels::cuda::cross_entropy_part_forward(
+        in.dtype(), in.raw_data(), index.data<int64_t>(), first, lse.data<float>(),
+        picked.data<float>(), rows, vocab, detail::stream_of(in)));
+    return {lse, picked};
+  }
+  const std::vector<int64_t> index = detail::indices_as_i64(
+      "cross_entropy_part (targets)", targets, std::numeric_limits<int64_t>::max());
+  if (!logits.device().is_meta()) {
+    detail::dispatch_floating_storage(in.dtype(), "cross_entropy_part", [&]<typename T>() {
+      using C = kernels::cpu::compute_of<T>;
+      kernels::cpu::cross_entropy_part_forward<T>(in.data<T>(), index.data(), first,
+                                                  lse.data<C>(), picked.data<C>(), rows, vocab);
+    });
+  }
+  return {lse, picked};
+}
+
+Tensor cross_entropy_part_backward(const Tensor& logits, const Tensor& targets, int64_t first,
+                                   const Tensor& logsumexp, const Tensor& dloss) {
+  check_part("cross_entropy_part_backward", logits, targets);
+  NoGradGuard no_grad;
+  const int64_t rows = logits.size(0), vocab = logits.size(1);
+  const Tensor in = detail::contiguous_input(logits);
+  const Tensor lse =
+      logsumexp.to(logits.device()).to(part_values_dtype(logits)).contiguous();
+  if (lse.shape() != Shape{rows} || dloss.numel() != 1) {
+    fail("cross_entropy_part_backward: expected logsumexp [", rows,
+         "] and a one-element dloss, got ", shape_str(logsumexp.shape()), " and ",
+         shape_str(dloss.shape()));
+  }
+  // The loss's gradient in the row values' dtype, read on the device (CUDA) or the host.
+  const Tensor g = dloss.to(logits.device()).to(lse.dtype()).contiguous();
+  Tensor dlogits = Tensor::empty(in.shape(), in.dtype(), in.device());
+  if (reports_op_cost(logits.device())) {
+    record_meta_op("cross_entropy_part_backward", OpClass::Normalization,
+                   kSoftmaxFlops * double(in.numel()), {in, lse}, {dlogits});
+  }
+  if (logits.device().is_cuda()) {
+    const Tensor index = targets.to(logits.device()).to(DType::I64).contiguous();
+    LOOM_IF_CUDA(kernels::cuda::cross_entropy_backward(
+        in.dtype(), in.raw_data(), index.data<int64_t>(), lse.data<float>(), g.data<float>(),
+        dlogits.raw_data(), rows, vocab, detail::stream_of(in), {first, true}));
+    return dlogits;
+  }
+  const std::vector<int64_t> index = detail::indices_as_i64(
+      "cross_entropy_part_backward (targets)", targets, std::numeric_limits<int64_t>::max());
+  if (!logits.device().is_meta()) {
+    detail::dispatch_floating_storage(
+        in.dtype(), "cross_entropy_part_backward", [&]<typename T>() {
+          using C = kernels::cpu::compute_of<T>;
+          const double scale = static_cast<double>(*g.data<C>()) / static_cast<double>(rows);
+          kernels::cpu::cross_entropy_backward<T>(in.data<T>(), index.data(), lse.data<C>(),
+                                                  static_cast<C>(scale), dlogits.data<T>(), rows,
+                                                  vocab, {first, true});
+        });
+  }
+  return dlogits;
 }
 
 }  // namespace loom

@@ -9,8 +9,10 @@
 # either backend (the design's promise, here with CUDA tensors); each offload must run to the
 # end with the same losses and weights on both (their update is the CPU's AdamW, which differs
 # from the device's by ulps: docs/cuda.md). A 2-stage pipeline (its activations and gradients
-# sent between the ranks' GPUs) must give the same bits over both backends, and losses within
-# 1e-5 of one device's (its micro-batches' gradients are summed in another order).
+# sent between the ranks' GPUs) and tensor parallelism over 2 ranks (with and without sequence
+# parallelism; the vocabulary-parallel embedding and loss on the GPU) must give the same bits
+# over both backends, and losses within 1e-5 of one device's (their sums run in other orders);
+# so must a 3-D job over 4 ranks (pp 2 x tp 2) against DDP's, over nccl.
 #
 #   strategies_on_emulated_cuda.sh LOOMRUN TRAIN_GPT_EMULATED BACKEND...   (shm, nccl)
 set -euo pipefail
@@ -21,14 +23,19 @@ backends=("$@")
 [ "${backends[0]:-}" = shm ] || { echo "usage: $0 LOOMRUN TRAIN_GPT_EMULATED shm [nccl]"; exit 2; }
 work=$(mktemp -d)
 trap 'rm -rf "$work"' EXIT
-args=(--device cuda --layers 2 --heads 2 --embd 32 --ctx 16 --batch 2 --steps 4 --seed 1)
+# The model and run of every job; BATCH rows per replica (default 2).
+args() {
+  echo --device cuda --layers 2 --heads 2 --embd 32 --ctx 16 --batch "${BATCH:-2}" --steps 4 --seed 1
+}
 
-# run NAME BACKEND TRAIN_GPT_FLAGS...: writes $work/NAME.BACKEND.{jsonl,safetensors,log}
+# run NAME BACKEND TRAIN_GPT_FLAGS...: writes $work/NAME.BACKEND.{jsonl,safetensors,log};
+# RANKS ranks (default 2).
+# shellcheck disable=SC2046
 run() {
   local name=$1 backend=$2
   shift 2
   local out=$work/$name.$backend
-  if ! "$loomrun" --nproc-per-node 2 "$train_gpt" "${args[@]}" "$@" \
+  if ! "$loomrun" --nproc-per-node "${RANKS:-2}" --master-port 0 "$train_gpt" $(args) "$@" \
       --process-group-backend "$backend" --metrics "$out.jsonl" --save "$out.safetensors" \
       >"$out.log" 2>&1; then
     cat "$out.log"
@@ -93,13 +100,26 @@ if [[ " ${backends[*]} " == *" nccl "* ]]; then
   done
 fi
 # The pipeline: each rank takes its own GPU (--devices auto: one per process here).
-"$train_gpt" "${args[@]}" --metrics "$work/single.jsonl" >"$work/single.log" 2>&1 ||
+# shellcheck disable=SC2046
+"$train_gpt" $(args) --metrics "$work/single.jsonl" >"$work/single.log" 2>&1 ||
   { cat "$work/single.log"; echo "strategies_on_emulated_cuda: the single device failed"; exit 1; }
+# The pipeline and tensor parallelism: each rank takes its own GPU (--devices auto: one per
+# process here).
 for backend in "${backends[@]}"; do
   run pipeline "$backend" --devices auto --strategy pipeline --pp 2 --micro-batches 2
+  run tp "$backend" --devices auto --strategy model_parallel --tp 2
+  run tp_sequence_parallel "$backend" --devices auto --strategy model_parallel --tp 2 \
+    --sequence-parallel
 done
-close pipeline.shm single
+for name in pipeline tp tp_sequence_parallel; do
+  close "$name.shm" single
+done
 if [[ " ${backends[*]} " == *" nccl "* ]]; then
-  same pipeline.nccl pipeline.shm
+  for name in pipeline tp tp_sequence_parallel; do
+    same "$name.nccl" "$name.shm"
+  done
+  # 3-D: dp 1 x pp 2 x tp 2, the batch of DDP's two ranks in one replica.
+  RANKS=4 BATCH=4 run 3d nccl --devices auto --pp 2 --tp 2 --micro-batches 2
+  close 3d.nccl ddp.shm
 fi
 echo "strategies on emulated CUDA: every stage and FSDP equal to DDP, over ${backends[*]}"

@@ -1,7 +1,8 @@
 // kernels/cuda/embedding.cu under the emulator against kernels/cpu/embedding: the lookup, and
 // the sorted, atomic-free gradient (f32 bitwise the CPU's, since rows are added in the CPU's
-// order), on packed and unpacked widths, with heavily repeated indices, in f32, bf16 and f16;
-// an index out of range traps.
+// order), on packed and unpacked widths, with heavily repeated indices, in f32, bf16 and f16,
+// of a whole table and of a part of one (tensor parallelism's vocabulary-parallel rows, where
+// other ranks' indices select nothing); an index out of range traps.
 
 #include "kernels/cuda/embedding.h"
 
@@ -22,8 +23,10 @@ struct Case {
 const Case kCases[] = {{1, 1, 1},      {7, 3, 5},   {40, 8, 3}, {100, 16, 1000},
                        {300, 33, 50},  {65, 64, 2}, {64, 4, 70000}};
 
+// With `part`, the weight is rows [vocab, 2 vocab) of a table of 3 vocab rows, and indices
+// fall anywhere in the table.
 template <typename T>
-void check_embedding() {
+void check_embedding(bool part) {
   std::mt19937_64 rng(79);
   for (const auto& c : kCases) {
     SCOPED_TRACE("count " + std::to_string(c.count) + " width " + std::to_string(c.width) +
@@ -31,19 +34,26 @@ void check_embedding() {
     const size_t table = static_cast<size_t>(c.vocab * c.width),
                  rows = static_cast<size_t>(c.count * c.width);
     std::vector<int64_t> indices(static_cast<size_t>(c.count));
-    std::uniform_int_distribution<int64_t> pick(c.vocab > 65536 ? c.vocab - 40 : 0, c.vocab - 1);
+    std::uniform_int_distribution<int64_t> pick(c.vocab > 65536 ? c.vocab - 40 : 0,
+                                                part ? 3 * c.vocab - 1 : c.vocab - 1);
     for (auto& i : indices) i = pick(rng);
+    const cpu::EmbeddingRows rows_held =
+        part ? cpu::EmbeddingRows{.first = c.vocab, .rows = c.vocab} : cpu::EmbeddingRows{};
+    const gpu::EmbeddingPart gpu_part{rows_held.first, part};
     const auto weight = random_values<T>(table, rng);
     const auto dout = random_values<T>(rows, rng);
     const auto dweight0 = random_values<T>(table, rng);  // accumulated into
     const auto ww = widen_all(weight), dw = widen_all(dout);
     std::vector<Wide<T>> want_out(rows), want_grad = widen_all(dweight0);
-    cpu::embedding_forward(indices.data(), ww.data(), want_out.data(), c.count, c.width);
-    cpu::embedding_backward(indices.data(), dw.data(), want_grad.data(), c.count, c.width);
+    cpu::embedding_forward(indices.data(), ww.data(), want_out.data(), c.count, c.width,
+                           rows_held);
+    cpu::embedding_backward(indices.data(), dw.data(), want_grad.data(), c.count, c.width,
+                            rows_held);
     for_each_schedule([&] {
-      std::vector<T> out(rows), grad = dweight0;
+      std::vector<T> out = random_values<T>(rows, rng);  // other ranks' rows must be written
+      std::vector<T> grad = dweight0;
       gpu::embedding_forward(dtype_of<T>(), indices.data(), weight.data(), out.data(), c.count,
-                             c.width, c.vocab, nullptr);
+                             c.width, c.vocab, nullptr, gpu_part);
       EXPECT_EQ(max_relative_error(out, want_out), 0.0);
       std::vector<uint64_t> workspace(gpu::embedding_backward_workspace(c.count) / 8 + 64);
       // 256-byte aligned, as from cudaMalloc.
@@ -51,7 +61,7 @@ void check_embedding() {
       size_t space = workspace.size() * 8;
       ASSERT_NE(std::align(256, gpu::embedding_backward_workspace(c.count), aligned, space), nullptr);
       gpu::embedding_backward(dtype_of<T>(), indices.data(), dout.data(), grad.data(), c.count,
-                              c.width, c.vocab, aligned, nullptr);
+                              c.width, c.vocab, aligned, nullptr, gpu_part);
       // f32: the CPU's order, so its bits; bf16/f16: rounded once at the end (the CPU here
       // adds in f32 without rounding between rows too).
       const double tol = std::is_same_v<T, float> ? 0.0 : tolerance<T>();
@@ -60,9 +70,11 @@ void check_embedding() {
   }
 }
 
-TEST(EmulatedEmbedding, LookupAndSortedGradientF32) { check_embedding<float>(); }
-TEST(EmulatedEmbedding, LookupAndSortedGradientBf16) { check_embedding<__nv_bfloat16>(); }
-TEST(EmulatedEmbedding, LookupAndSortedGradientF16) { check_embedding<__half>(); }
+TEST(EmulatedEmbedding, LookupAndSortedGradientF32) { check_embedding<float>(false); }
+TEST(EmulatedEmbedding, LookupAndSortedGradientBf16) { check_embedding<__nv_bfloat16>(false); }
+TEST(EmulatedEmbedding, LookupAndSortedGradientF16) { check_embedding<__half>(false); }
+TEST(EmulatedEmbedding, PartOfATableF32) { check_embedding<float>(true); }
+TEST(EmulatedEmbedding, PartOfATableBf16) { check_embedding<__nv_bfloat16>(true); }
 
 TEST(EmulatedEmbedding, AnIndexOutOfRangeTraps) {
   const std::vector<int64_t> indices = {0, 4, 1};

@@ -1,6 +1,7 @@
 // kernels/cuda/softmax.cu under the emulator against kernels/cpu/softmax: softmax forward
-// (plain and causal) and backward, the fused cross-entropy forward and backward, on warp-
-// and block-per-row widths, aligned and not, in f32, bf16 and f16, under every schedule.
+// (plain and causal) and backward, the fused cross-entropy forward and backward (of whole rows
+// and of a part of the classes), on warp- and block-per-row widths, aligned and not, in f32,
+// bf16 and f16, under every schedule.
 
 #include "kernels/cuda/softmax.h"
 
@@ -138,6 +139,51 @@ void check_cross_entropy() {
 
 TEST(EmulatedCrossEntropy, ForwardAndBackwardF32) { check_cross_entropy<float>(); }
 TEST(EmulatedCrossEntropy, ForwardAndBackwardBf16) { check_cross_entropy<__nv_bfloat16>(); }
+
+// A part of the classes (tensor parallelism): the logits are classes [width, 2 width) of rows
+// of 3 width, targets anywhere in the row. Forward: the part's logsumexp and the target's
+// logit where the part holds it (else 0); backward with a whole-row logsumexp (here the
+// part's plus 1), no onehot for targets outside.
+template <typename T>
+void check_cross_entropy_part() {
+  std::mt19937_64 rng(6);
+  for (const auto& s : kShapes) {
+    SCOPED_TRACE("rows " + std::to_string(s.rows) + " part of " + std::to_string(s.width));
+    const size_t n = static_cast<size_t>(s.rows * s.width);
+    const auto logits = random_values<T>(n, rng, -8, 8);
+    std::vector<int64_t> targets(static_cast<size_t>(s.rows));
+    std::uniform_int_distribution<int64_t> pick(0, 3 * s.width - 1);
+    for (auto& t : targets) t = pick(rng);
+    targets[0] = s.width;  // one target inside the part at least
+    const int64_t first = s.width;
+    const auto lw = widen_all(logits);
+    std::vector<Wide<T>> want_lse(targets.size()), want_picked(targets.size()), want_grad(n);
+    cpu::cross_entropy_part_forward(lw.data(), targets.data(), first, want_lse.data(),
+                                    want_picked.data(), s.rows, s.width);
+    std::vector<float> whole_lse(targets.size());
+    for (size_t r = 0; r < whole_lse.size(); ++r)
+      whole_lse[r] = static_cast<float>(want_lse[r]) + 1.0f;
+    const std::vector<Wide<T>> whole_wide(whole_lse.begin(), whole_lse.end());
+    const float dloss = 1.5f;
+    const auto scale = static_cast<Wide<T>>(double(dloss) / static_cast<double>(s.rows));
+    cpu::cross_entropy_backward(lw.data(), targets.data(), whole_wide.data(), scale,
+                                want_grad.data(), s.rows, s.width, {first, true});
+    for_each_schedule([&] {
+      std::vector<float> lse(targets.size()), picked(targets.size(), -7.0f);
+      std::vector<T> grad(n);
+      gpu::cross_entropy_part_forward(dtype_of<T>(), logits.data(), targets.data(), first,
+                                      lse.data(), picked.data(), s.rows, s.width, nullptr);
+      EXPECT_LE(max_relative_error(lse, want_lse), tolerance<float>());
+      EXPECT_EQ(max_relative_error(picked, want_picked), 0.0);  // a copy of the logit, or 0
+      gpu::cross_entropy_backward(dtype_of<T>(), logits.data(), targets.data(), whole_lse.data(),
+                                  &dloss, grad.data(), s.rows, s.width, nullptr, {first, true});
+      EXPECT_LE(max_relative_error(grad, want_grad, 1e-2), 4 * tolerance<T>());
+    });
+  }
+}
+
+TEST(EmulatedCrossEntropy, PartOfTheClassesF32) { check_cross_entropy_part<float>(); }
+TEST(EmulatedCrossEntropy, PartOfTheClassesBf16) { check_cross_entropy_part<__nv_bfloat16>(); }
 
 TEST(EmulatedCrossEntropy, ATargetOutOfRangeTrapsTheLaunch) {
   const std::vector<float> logits(4 * 10, 0.5f);
