@@ -12,7 +12,7 @@
 # sent between the ranks' GPUs) and tensor parallelism over 2 ranks (with and without sequence
 # parallelism; the vocabulary-parallel embedding and loss on the GPU) must give the same bits
 # over both backends, and losses within 1e-5 of one device's (their sums run in other orders);
-# so must a 3-D job over 4 ranks (pp 2 x tp 2) against DDP's, over nccl.
+# so must a 3-D job over 4 ranks (pp 2 x tp 2) against DDP's, and a Llama over tp 2, over nccl.
 #
 #   strategies_on_emulated_cuda.sh LOOMRUN TRAIN_GPT_EMULATED BACKEND...   (shm, nccl)
 set -euo pipefail
@@ -23,10 +23,14 @@ backends=("$@")
 [ "${backends[0]:-}" = shm ] || { echo "usage: $0 LOOMRUN TRAIN_GPT_EMULATED shm [nccl]"; exit 2; }
 work=$(mktemp -d)
 trap 'rm -rf "$work"' EXIT
-# The model and run of every job; BATCH rows per replica (default 2).
+# The model and run of every job: MODEL's flags (default a GPT-2), BATCH rows per replica
+# (default 2).
 args() {
-  echo --device cuda --layers 2 --heads 2 --embd 32 --ctx 16 --batch "${BATCH:-2}" --steps 4 --seed 1
+  # shellcheck disable=SC2086  # MODEL is a list of flags, split on purpose
+  echo --device cuda ${MODEL:---layers 2 --heads 2 --embd 32} --ctx 16 --batch "${BATCH:-2}" \
+    --steps 4 --seed 1
 }
+llama="--model llama --layers 2 --heads 4 --kv-heads 2 --embd 32"
 
 # run NAME BACKEND TRAIN_GPT_FLAGS...: writes $work/NAME.BACKEND.{jsonl,safetensors,log};
 # RANKS ranks (default 2).
@@ -51,6 +55,13 @@ run() {
 
 losses() {
   python3 -c 'import json, sys; print(" ".join(repr(json.loads(l)["loss"]) for l in open(sys.argv[1])))' "$1"
+}
+
+# single NAME: one device, no launcher: writes $work/NAME.{jsonl,log}.
+# shellcheck disable=SC2046
+single() {
+  "$train_gpt" $(args) --metrics "$work/$1.jsonl" >"$work/$1.log" 2>&1 ||
+    { cat "$work/$1.log"; echo "strategies_on_emulated_cuda: $1 failed"; exit 1; }
 }
 
 # close RUN REFERENCE: RUN's losses within 1e-5 (relative) of REFERENCE's, step by step.
@@ -99,12 +110,9 @@ if [[ " ${backends[*]} " == *" nccl "* ]]; then
     same "$name.nccl" "$name.shm"
   done
 fi
-# The pipeline: each rank takes its own GPU (--devices auto: one per process here).
-# shellcheck disable=SC2046
-"$train_gpt" $(args) --metrics "$work/single.jsonl" >"$work/single.log" 2>&1 ||
-  { cat "$work/single.log"; echo "strategies_on_emulated_cuda: the single device failed"; exit 1; }
 # The pipeline and tensor parallelism: each rank takes its own GPU (--devices auto: one per
 # process here).
+single single
 for backend in "${backends[@]}"; do
   run pipeline "$backend" --devices auto --strategy pipeline --pp 2 --micro-batches 2
   run tp "$backend" --devices auto --strategy model_parallel --tp 2
@@ -121,5 +129,9 @@ if [[ " ${backends[*]} " == *" nccl "* ]]; then
   # 3-D: dp 1 x pp 2 x tp 2, the batch of DDP's two ranks in one replica.
   RANKS=4 BATCH=4 run 3d nccl --devices auto --pp 2 --tp 2 --micro-batches 2
   close 3d.nccl ddp.shm
+  # Llama's grouped key/value heads split over tp.
+  MODEL=$llama run llama_tp nccl --devices auto --strategy model_parallel --tp 2
+  MODEL=$llama single llama_single
+  close llama_tp.nccl llama_single
 fi
 echo "strategies on emulated CUDA: every stage and FSDP equal to DDP, over ${backends[*]}"
