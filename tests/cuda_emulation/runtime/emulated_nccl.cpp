@@ -430,28 +430,8 @@ ncclResult_t call(ncclComm* comm, Body&& body) {
   }
 }
 
-// Waits until a blocking communicator is ready; a non-blocking one reports its progress.
-ncclResult_t after_issue(ncclComm& comm) {
-  if (!comm.blocking) {
-    poll(comm);
-    return comm.state;
-  }
-  Watch watch(comm, "joining");
-  while (comm.state == ncclInProgress) {
-    poll(comm);
-    if (comm.state == ncclInProgress) watch.check();
-  }
-  return comm.state;
-}
-
-// Work on `stream`: refused while the stream captures (Note [Emulated NCCL]), waits for the
-// joining of a communicator made non-blocking.
-void prepare(ncclComm& comm, cudaStream_t stream, const char* what) {
-  cudaStreamCaptureStatus status = cudaStreamCaptureStatusNone;
-  if (cudaStreamIsCapturing(stream, &status) == cudaSuccess &&
-      status != cudaStreamCaptureStatusNone) {
-    fail(ncclInvalidUsage, what, ": the emulated NCCL does not run inside a stream capture");
-  }
+// Polls until whatever the communicator is in the middle of has finished.
+void settle(ncclComm& comm, const char* what) {
   Watch watch(comm, what);
   while (comm.state == ncclInProgress) {
     poll(comm);
@@ -459,20 +439,77 @@ void prepare(ncclComm& comm, cudaStream_t stream, const char* what) {
   }
 }
 
+// Waits until a blocking communicator is ready; a non-blocking one reports its progress.
+ncclResult_t after_issue(ncclComm& comm) {
+  if (comm.blocking) {
+    settle(comm, "joining");
+  } else {
+    poll(comm);
+  }
+  return comm.state;
+}
+
+// Work on `stream`: refused while the stream captures (Note [Emulated NCCL]), after the
+// joining of a communicator made non-blocking.
+void prepare(ncclComm& comm, cudaStream_t stream, const char* what) {
+  cudaStreamCaptureStatus status = cudaStreamCaptureStatusNone;
+  if (cudaStreamIsCapturing(stream, &status) == cudaSuccess &&
+      status != cudaStreamCaptureStatusNone) {
+    fail(ncclInvalidUsage, what, ": the emulated NCCL does not run inside a stream capture");
+  }
+  settle(comm, what);
+}
+
 // The calls of an open group on this thread (sends first at its end).
 struct Deferred {
   bool is_send;
-  ncclComm* comm;
   std::function<ncclResult_t()> run;
 };
 thread_local int group_depth = 0;
 thread_local std::vector<Deferred> group_calls;
 
-ncclResult_t now_or_at_group_end(ncclComm* comm, bool is_send, std::function<ncclResult_t()> run) {
+// One operation `what` of `comm` on `stream`: body() runs now, or at the end of this thread's
+// open group; a failure is the call's result and stays on the communicator.
+template <typename Body>
+ncclResult_t operation(ncclComm* comm, cudaStream_t stream, const char* what, bool is_send,
+                       Body body) {
+  auto run = [=] {
+    return call(comm, [&] {
+      prepare(*comm, stream, what);
+      body();
+      return ncclSuccess;
+    });
+  };
   if (group_depth == 0) return run();
-  group_calls.push_back({is_send, comm, std::move(run)});
+  group_calls.push_back({is_send, run});
   return ncclSuccess;
 }
+
+// Contributions reduced in rank order (Note [Emulated NCCL]): rank 0's copied, each later
+// one's folded in with `op`, an average divided by the rank count at the end.
+class RankOrderReduction {
+ public:
+  RankOrderReduction(size_t count, ncclDataType_t type, ncclRedOp_t op)
+      : count_(count), type_(type), op_(op), value_(count * element_bytes(type)) {}
+  size_t bytes() const { return value_.size(); }
+  void add(int rank, const std::byte* data) {
+    if (rank == 0) {
+      std::memcpy(value_.data(), data, value_.size());
+    } else {
+      reduce_into(value_.data(), data, count_, type_, op_);
+    }
+  }
+  void write(void* out, int ranks) {
+    if (op_ == ncclAvg) reduce_into(value_.data(), nullptr, count_, type_, op_, ranks);
+    std::memcpy(out, value_.data(), value_.size());
+  }
+
+ private:
+  size_t count_;
+  ncclDataType_t type_;
+  ncclRedOp_t op_;
+  std::vector<std::byte> value_;
+};
 
 }  // namespace
 }  // namespace loom::cuda_emulation::nccl
@@ -636,140 +673,101 @@ ncclResult_t ncclGroupEnd() {
 ncclResult_t ncclAllReduce(const void* sendbuff, void* recvbuff, size_t count,
                            ncclDataType_t datatype, ncclRedOp_t op, ncclComm_t comm,
                            cudaStream_t stream) {
-  return now_or_at_group_end(comm, false, [=] {
-    return call(comm, [&] {
-      prepare(*comm, stream, "ncclAllReduce");
-      const size_t bytes = count * element_bytes(datatype);
-      std::vector<std::byte> sum(bytes);
-      exchange(*comm, "ncclAllReduce", sendbuff, bytes, every_rank(*comm),
-               [&](int peer, const std::byte* data, size_t got) {
-                 expect_bytes("ncclAllReduce", peer, got, bytes);
-                 if (peer == 0) std::memcpy(sum.data(), data, bytes);
-                 else reduce_into(sum.data(), data, count, datatype, op);
-               });
-      if (op == ncclAvg) reduce_into(sum.data(), nullptr, count, datatype, op, comm->size);
-      std::memcpy(recvbuff, sum.data(), bytes);
-      return ncclSuccess;
-    });
+  return operation(comm, stream, "ncclAllReduce", false, [=] {
+    RankOrderReduction sum(count, datatype, op);
+    exchange(*comm, "ncclAllReduce", sendbuff, sum.bytes(), every_rank(*comm),
+             [&](int peer, const std::byte* data, size_t got) {
+               expect_bytes("ncclAllReduce", peer, got, sum.bytes());
+               sum.add(peer, data);
+             });
+    sum.write(recvbuff, comm->size);
   });
 }
 
 ncclResult_t ncclReduce(const void* sendbuff, void* recvbuff, size_t count,
                         ncclDataType_t datatype, ncclRedOp_t op, int root, ncclComm_t comm,
                         cudaStream_t stream) {
-  return now_or_at_group_end(comm, false, [=] {
-    return call(comm, [&] {
-      prepare(*comm, stream, "ncclReduce");
-      check_peer(*comm, "ncclReduce", root);
-      const size_t bytes = count * element_bytes(datatype);
-      std::vector<std::byte> sum(bytes);
-      const bool is_root = comm->rank == root;
-      exchange(*comm, "ncclReduce", sendbuff, bytes, is_root ? every_rank(*comm) : std::vector<int>{},
-               [&](int peer, const std::byte* data, size_t got) {
-                 expect_bytes("ncclReduce", peer, got, bytes);
-                 if (peer == 0) std::memcpy(sum.data(), data, bytes);
-                 else reduce_into(sum.data(), data, count, datatype, op);
-               });
-      if (is_root) {
-        if (op == ncclAvg) reduce_into(sum.data(), nullptr, count, datatype, op, comm->size);
-        std::memcpy(recvbuff, sum.data(), bytes);
-      }
-      return ncclSuccess;
-    });
+  return operation(comm, stream, "ncclReduce", false, [=] {
+    check_peer(*comm, "ncclReduce", root);
+    RankOrderReduction sum(count, datatype, op);
+    const bool is_root = comm->rank == root;
+    exchange(*comm, "ncclReduce", sendbuff, sum.bytes(),
+             is_root ? every_rank(*comm) : std::vector<int>{},
+             [&](int peer, const std::byte* data, size_t got) {
+               expect_bytes("ncclReduce", peer, got, sum.bytes());
+               sum.add(peer, data);
+             });
+    if (is_root) sum.write(recvbuff, comm->size);
   });
 }
 
 ncclResult_t ncclBroadcast(const void* sendbuff, void* recvbuff, size_t count,
                            ncclDataType_t datatype, int root, ncclComm_t comm, cudaStream_t stream) {
-  return now_or_at_group_end(comm, false, [=] {
-    return call(comm, [&] {
-      prepare(*comm, stream, "ncclBroadcast");
-      check_peer(*comm, "ncclBroadcast", root);
-      const size_t bytes = count * element_bytes(datatype);
-      const bool is_root = comm->rank == root;
-      exchange(*comm, "ncclBroadcast", sendbuff, is_root ? bytes : 0, {root},
-               [&](int peer, const std::byte* data, size_t got) {
-                 expect_bytes("ncclBroadcast", peer, got, bytes);
-                 std::memcpy(recvbuff, data, bytes);
-               });
-      return ncclSuccess;
-    });
+  return operation(comm, stream, "ncclBroadcast", false, [=] {
+    check_peer(*comm, "ncclBroadcast", root);
+    const size_t bytes = count * element_bytes(datatype);
+    exchange(*comm, "ncclBroadcast", sendbuff, comm->rank == root ? bytes : 0, {root},
+             [&](int peer, const std::byte* data, size_t got) {
+               expect_bytes("ncclBroadcast", peer, got, bytes);
+               std::memcpy(recvbuff, data, bytes);
+             });
   });
 }
 
 ncclResult_t ncclAllGather(const void* sendbuff, void* recvbuff, size_t sendcount,
                            ncclDataType_t datatype, ncclComm_t comm, cudaStream_t stream) {
-  return now_or_at_group_end(comm, false, [=] {
-    return call(comm, [&] {
-      prepare(*comm, stream, "ncclAllGather");
-      const size_t bytes = sendcount * element_bytes(datatype);
-      exchange(*comm, "ncclAllGather", sendbuff, bytes, every_rank(*comm),
-               [&](int peer, const std::byte* data, size_t got) {
-                 expect_bytes("ncclAllGather", peer, got, bytes);
-                 std::memcpy(static_cast<std::byte*>(recvbuff) + static_cast<size_t>(peer) * bytes,
-                             data, bytes);
-               });
-      return ncclSuccess;
-    });
+  return operation(comm, stream, "ncclAllGather", false, [=] {
+    const size_t bytes = sendcount * element_bytes(datatype);
+    exchange(*comm, "ncclAllGather", sendbuff, bytes, every_rank(*comm),
+             [&](int peer, const std::byte* data, size_t got) {
+               expect_bytes("ncclAllGather", peer, got, bytes);
+               std::memcpy(static_cast<std::byte*>(recvbuff) + static_cast<size_t>(peer) * bytes,
+                           data, bytes);
+             });
   });
 }
 
 ncclResult_t ncclReduceScatter(const void* sendbuff, void* recvbuff, size_t recvcount,
                                ncclDataType_t datatype, ncclRedOp_t op, ncclComm_t comm,
                                cudaStream_t stream) {
-  return now_or_at_group_end(comm, false, [=] {
-    return call(comm, [&] {
-      prepare(*comm, stream, "ncclReduceScatter");
-      const size_t piece = recvcount * element_bytes(datatype);
-      const size_t bytes = piece * static_cast<size_t>(comm->size);
-      const size_t mine = piece * static_cast<size_t>(comm->rank);
-      std::vector<std::byte> sum(piece);
-      exchange(*comm, "ncclReduceScatter", sendbuff, bytes, every_rank(*comm),
-               [&](int peer, const std::byte* data, size_t got) {
-                 expect_bytes("ncclReduceScatter", peer, got, bytes);
-                 if (peer == 0) std::memcpy(sum.data(), data + mine, piece);
-                 else reduce_into(sum.data(), data + mine, recvcount, datatype, op);
-               });
-      if (op == ncclAvg) reduce_into(sum.data(), nullptr, recvcount, datatype, op, comm->size);
-      std::memcpy(recvbuff, sum.data(), piece);
-      return ncclSuccess;
-    });
+  return operation(comm, stream, "ncclReduceScatter", false, [=] {
+    RankOrderReduction sum(recvcount, datatype, op);
+    const size_t bytes = sum.bytes() * static_cast<size_t>(comm->size);
+    const size_t mine = sum.bytes() * static_cast<size_t>(comm->rank);
+    exchange(*comm, "ncclReduceScatter", sendbuff, bytes, every_rank(*comm),
+             [&](int peer, const std::byte* data, size_t got) {
+               expect_bytes("ncclReduceScatter", peer, got, bytes);
+               sum.add(peer, data + mine);
+             });
+    sum.write(recvbuff, comm->size);
   });
 }
 
 ncclResult_t ncclSend(const void* sendbuff, size_t count, ncclDataType_t datatype, int peer,
                       ncclComm_t comm, cudaStream_t stream) {
-  return now_or_at_group_end(comm, true, [=] {
-    return call(comm, [&] {
-      prepare(*comm, stream, "ncclSend");
-      check_peer(*comm, "ncclSend", peer);
-      const uint64_t number = comm->sends[static_cast<size_t>(peer)]++;
-      publish(message_segment(*comm, comm->rank, peer, number), sendbuff,
-              count * element_bytes(datatype));
-      comm->board->sent[comm->rank][peer].store(number + 1, std::memory_order_release);
-      return ncclSuccess;
-    });
+  return operation(comm, stream, "ncclSend", true, [=] {
+    check_peer(*comm, "ncclSend", peer);
+    const uint64_t number = comm->sends[static_cast<size_t>(peer)]++;
+    publish(message_segment(*comm, comm->rank, peer, number), sendbuff,
+            count * element_bytes(datatype));
+    comm->board->sent[comm->rank][peer].store(number + 1, std::memory_order_release);
   });
 }
 
 ncclResult_t ncclRecv(void* recvbuff, size_t count, ncclDataType_t datatype, int peer,
                       ncclComm_t comm, cudaStream_t stream) {
-  return now_or_at_group_end(comm, false, [=] {
-    return call(comm, [&] {
-      prepare(*comm, stream, "ncclRecv");
-      check_peer(*comm, "ncclRecv", peer);
-      const uint64_t number = comm->receives[static_cast<size_t>(peer)]++;
-      Board& board = *comm->board;
-      Watch(*comm, "ncclRecv").until([&] {
-        return board.sent[peer][comm->rank].load(std::memory_order_acquire) > number;
-      });
-      Mapping message(message_segment(*comm, peer, comm->rank, number), 0, false);
-      message.unlink_when_closed();  // read once, by its one receiver
-      expect_bytes("ncclRecv", peer, message.bytes(), count * element_bytes(datatype));
-      if (message.bytes() > 0) std::memcpy(recvbuff, message.data(), message.bytes());
-      board.taken[peer][comm->rank].store(number + 1, std::memory_order_release);
-      return ncclSuccess;
+  return operation(comm, stream, "ncclRecv", false, [=] {
+    check_peer(*comm, "ncclRecv", peer);
+    const uint64_t number = comm->receives[static_cast<size_t>(peer)]++;
+    Board& board = *comm->board;
+    Watch(*comm, "ncclRecv").until([&] {
+      return board.sent[peer][comm->rank].load(std::memory_order_acquire) > number;
     });
+    Mapping message(message_segment(*comm, peer, comm->rank, number), 0, false);
+    message.unlink_when_closed();  // read once, by its one receiver
+    expect_bytes("ncclRecv", peer, message.bytes(), count * element_bytes(datatype));
+    if (message.bytes() > 0) std::memcpy(recvbuff, message.data(), message.bytes());
+    board.taken[peer][comm->rank].store(number + 1, std::memory_order_release);
   });
 }
 
