@@ -116,9 +116,9 @@ bool run_shape(const Shape& shape, DType dtype) {
   const std::vector<float> dweight0 = rounded(random_floats(table, 34), dtype);  // accumulated into
   std::vector<float> out_ref(rows), dweight_ref = dweight0;
   loom::kernels::cpu::embedding_forward<float>(indices.data(), weight.data(), out_ref.data(), count,
-                                               width);
+                                               width, vocab);
   loom::kernels::cpu::embedding_backward<float>(indices.data(), dout.data(), dweight_ref.data(),
-                                                count, width);
+                                                count, width, vocab);
   dweight_ref = rounded(dweight_ref, dtype);  // the device rounds the f32 sum once
 
   DeviceBuffer d_weight = upload(weight, dtype), d_dout = upload(dout, dtype);

@@ -86,7 +86,7 @@ double cross_entropy_forward(const S* logits, const int64_t* targets, compute_of
 template <typename S>
 void cross_entropy_backward(const S* logits, const int64_t* targets,
                             const compute_of<S>* logsumexp, compute_of<S> scale, S* dlogits,
-                            int64_t rows, int64_t vocab, ClassPart part) {
+                            int64_t rows, int64_t vocab, Part part) {
   using C = compute_of<S>;
   parallel_rows(rows, vocab, [&](int64_t first, int64_t last) {
     for (int64_t r = first; r < last; ++r) {
@@ -111,7 +111,7 @@ void cross_entropy_backward(const S* logits, const int64_t* targets,
   template void cross_entropy_part_forward<T>(const T*, const int64_t*, int64_t, T*, T*,      \
                                               int64_t, int64_t);                              \
   template void cross_entropy_backward<T>(const T*, const int64_t*, const T*, T, T*, int64_t, \
-                                          int64_t, ClassPart);
+                                          int64_t, Part);
 LOOM_INSTANTIATE(float)
 LOOM_INSTANTIATE(double)
 #undef LOOM_INSTANTIATE
@@ -120,11 +120,11 @@ template double cross_entropy_forward<BFloat16>(const BFloat16*, const int64_t*,
 template void cross_entropy_part_forward<BFloat16>(const BFloat16*, const int64_t*, int64_t,
                                                    float*, float*, int64_t, int64_t);
 template void cross_entropy_backward<BFloat16>(const BFloat16*, const int64_t*, const float*,
-                                               float, BFloat16*, int64_t, int64_t, ClassPart);
+                                               float, BFloat16*, int64_t, int64_t, Part);
 template double cross_entropy_forward<Half>(const Half*, const int64_t*, float*, int64_t, int64_t);
 template void cross_entropy_part_forward<Half>(const Half*, const int64_t*, int64_t, float*,
                                                float*, int64_t, int64_t);
 template void cross_entropy_backward<Half>(const Half*, const int64_t*, const float*, float,
-                                           Half*, int64_t, int64_t, ClassPart);
+                                           Half*, int64_t, int64_t, Part);
 
 }  // namespace loom::kernels::cpu

@@ -4,6 +4,7 @@
 #include <cstdint>
 
 #include "kernels/cpu/widen.h"
+#include "kernels/part.h"
 
 namespace loom::kernels::cpu {
 
@@ -21,15 +22,6 @@ void softmax_backward(const T* y, const T* dy, T* dx, int64_t rows, int64_t widt
 template <typename S>
 double cross_entropy_forward(const S* logits, const int64_t* targets, compute_of<S>* logsumexp,
                              int64_t rows, int64_t vocab);
-// A part of each row's classes (tensor parallelism's vocabulary-parallel logits): the logits
-// hold classes [first, first + vocab) of rows whose targets index the whole row, and a target
-// outside the part has no logit here. The default is the whole row (every target inside:
-// callers check).
-struct ClassPart {
-  int64_t first = 0;
-  bool part = false;
-};
-
 // Per row of a part: the logsumexp of its logits, and the target's logit where the target falls
 // in the part, else 0 (picked). Summed over the parts as logsumexps and logits, they give the
 // whole row's loss (nn::parallel_cross_entropy).
@@ -38,11 +30,12 @@ void cross_entropy_part_forward(const S* logits, const int64_t* targets, int64_t
                                 compute_of<S>* logsumexp, compute_of<S>* picked, int64_t rows,
                                 int64_t vocab);
 // dlogits = scale * (softmax(logits) - onehot(target)), scale = dloss / rows, each rounded
-// once to S, with `logsumexp` the whole row's (of a part: no onehot for a target outside it).
+// once to S, with `logsumexp` the whole row's (of a part of the classes, [first, first + vocab)
+// of each row: no onehot for a target outside it).
 // dlogits may be logits.
 template <typename S>
 void cross_entropy_backward(const S* logits, const int64_t* targets,
                             const compute_of<S>* logsumexp, compute_of<S> scale, S* dlogits,
-                            int64_t rows, int64_t vocab, ClassPart part = {});
+                            int64_t rows, int64_t vocab, Part part = {});
 
 }  // namespace loom::kernels::cpu

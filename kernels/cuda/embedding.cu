@@ -5,7 +5,7 @@
 // Backward is a scatter-add, which on a GPU is usually done with atomicAdd; that makes the
 // order of additions (and so the bits of the result) depend on timing. Instead:
 //   1. keys[n] = indices[n] - first (u32, range-checked), values[n] = n; for a part of a
-//      table (EmbeddingPart), an index outside it gets key vocab instead, sorted last and
+//      table (kernels::Part), an index outside it gets key vocab instead, sorted last and
 //      added nowhere;
 //   2. cub::DeviceRadixSort::SortPairs by key. The radix sort is stable, so equal indices keep
 //      their positions in increasing n;
@@ -55,7 +55,7 @@ template <typename T, int V>
 __global__ void __launch_bounds__(kThreads)
     embedding_forward_kernel(const int64_t* __restrict__ indices, const T* __restrict__ weight,
                              T* __restrict__ out, int64_t count, int width, int64_t vocab,
-                             EmbeddingPart part) {
+                             Part part) {
   const int64_t n =
       static_cast<int64_t>(blockIdx.x) * (blockDim.x / kWarpSize) + threadIdx.x / kWarpSize;
   const int lane = threadIdx.x % kWarpSize;
@@ -80,7 +80,7 @@ __global__ void __launch_bounds__(kThreads)
 __global__ void __launch_bounds__(kThreads)
     make_sort_pairs_kernel(const int64_t* __restrict__ indices, uint32_t* __restrict__ keys,
                            int32_t* __restrict__ positions, int64_t count, int64_t vocab,
-                           EmbeddingPart part) {
+                           Part part) {
   for (int64_t n = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; n < count;
        n += static_cast<int64_t>(gridDim.x) * blockDim.x) {
     const int64_t index = indices[n] - part.first;
@@ -109,7 +109,7 @@ __global__ void __launch_bounds__(kThreads)
     const int p = static_cast<int>(t - i * packs);
     const uint32_t key = keys[i];
     if (i > 0 && keys[i - 1] == key) continue;  // not the start of a run
-    if (key >= vocab) continue;                 // another rank's rows (EmbeddingPart)
+    if (key >= vocab) continue;                 // another rank's rows (kernels::Part)
     T* dst = dweight + static_cast<int64_t>(key) * width + p * V;
     const Pack<T, V> old = load_pack<V>(dst);
     float acc[V];
@@ -176,7 +176,7 @@ void check_sizes(const char* op, int64_t count, int64_t width, int64_t vocab) {
 
 template <typename T, int V>
 void launch_forward(const int64_t* indices, const void* weight, void* out, int64_t count, int width,
-                    int64_t vocab, EmbeddingPart part, cudaStream_t stream) {
+                    int64_t vocab, Part part, cudaStream_t stream) {
   const auto grid = static_cast<unsigned>(ceil_div(count, kThreads / kWarpSize));
   embedding_forward_kernel<T, V><<<grid, kThreads, 0, stream>>>(
       indices, static_cast<const T*>(weight), static_cast<T*>(out), count, width, vocab, part);
@@ -195,7 +195,7 @@ void launch_add_runs(const uint32_t* keys, const int32_t* positions, const void*
 
 void embedding_forward(DType dtype, const int64_t* indices, const void* weight, void* out,
                        int64_t count, int64_t width, int64_t vocab, cudaStream_t stream,
-                       EmbeddingPart part) {
+                       Part part) {
   check_sizes("embedding_forward", count, width, vocab);
   dispatch_float_storage(dtype, "embedding_forward", [&]<typename T>() {
     if (count == 0 || width == 0) return;
@@ -219,7 +219,7 @@ size_t embedding_backward_workspace(int64_t count) {
 
 void embedding_backward(DType dtype, const int64_t* indices, const void* dout, void* dweight,
                         int64_t count, int64_t width, int64_t vocab, void* workspace,
-                        cudaStream_t stream, EmbeddingPart part) {
+                        cudaStream_t stream, Part part) {
   check_sizes("embedding_backward", count, width, vocab);
   dispatch_float_storage(dtype, "embedding_backward", [&]<typename T>() {
     if (count == 0 || width == 0) return;

@@ -5,7 +5,7 @@
 // Storage f32, bf16 or f16 (weight, out, dout, dweight of `dtype`); the gradient adds in f32.
 // Launchers are asynchronous on `stream`, never synchronise, and throw loom::Error for a dtype
 // they do not take or a failed launch. An index outside [0, vocab) (of a whole table; a part
-// takes any index: EmbeddingPart) prints the position, index and vocab from the device and
+// takes any index: kernels::Part) prints the position, index and vocab from the device and
 // traps (as a device-side assert): the context is then unusable, and the error surfaces at
 // the next synchronising call.
 
@@ -15,22 +15,16 @@
 #include <cuda_runtime_api.h>
 
 #include "core/dtype.h"
+#include "kernels/part.h"
 
 namespace loom::kernels::cuda {
 
-// A part of a table (tensor parallelism's vocabulary-parallel embedding, as the CPU kernels'
-// EmbeddingRows): with `part`, the weight holds rows [first, first + vocab) of a larger table
-// and an index outside them selects nothing, a zero row forward and no addition backward,
-// instead of trapping.
-struct EmbeddingPart {
-  int64_t first = 0;
-  bool part = false;
-};
-
-// out[n, :] = weight[indices[n] - first, :] for n < count.
+// out[n, :] = weight[indices[n] - first, :] for n < count. Of a part of a table (`part`: the
+// weight holds rows [first, first + vocab) of it), an index outside it gives a zero row
+// forward and adds nothing backward instead of trapping.
 void embedding_forward(DType dtype, const int64_t* indices, const void* weight, void* out,
                        int64_t count, int64_t width, int64_t vocab, cudaStream_t stream,
-                       EmbeddingPart part = {});
+                       Part part = {});
 
 // Bytes of device workspace embedding_backward needs for `count` indices (any vocab below
 // 2^31). Queries CUB on the current device; launches nothing.
@@ -46,6 +40,6 @@ size_t embedding_backward_workspace(int64_t count);
 // cudaMalloc or the caching allocator). count < 2^31, vocab < 2^31.
 void embedding_backward(DType dtype, const int64_t* indices, const void* dout, void* dweight,
                         int64_t count, int64_t width, int64_t vocab, void* workspace,
-                        cudaStream_t stream, EmbeddingPart part = {});
+                        cudaStream_t stream, Part part = {});
 
 }  // namespace loom::kernels::cuda

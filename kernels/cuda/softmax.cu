@@ -160,13 +160,13 @@ __global__ void __launch_bounds__(1024)
 }
 
 // One block per row: logsumexp and loss of the row, in one read of the logits. Of a part of
-// the classes (ClassPart): the logsumexp of the part, and in row_losses the target's logit
+// the classes (kernels::Part): the logsumexp of the part, and in row_losses the target's logit
 // where it falls in the part, else 0.
 template <typename T, int V>
 __global__ void __launch_bounds__(kVocabMaxThreads)
     cross_entropy_forward_kernel(const T* __restrict__ logits, const int64_t* __restrict__ targets,
                                  float* __restrict__ logsumexp, float* __restrict__ row_losses,
-                                 int vocab, ClassPart part) {
+                                 int vocab, Part part) {
   __shared__ float scratch[kWarpSize];
   const RowGroup<true> g;
   const int64_t target = targets[g.row] - part.first;
@@ -229,7 +229,7 @@ __global__ void __launch_bounds__(kVocabMaxThreads)
     cross_entropy_backward_kernel(const T* logits, const int64_t* __restrict__ targets,
                                   const float* __restrict__ logsumexp,
                                   const float* __restrict__ dloss, T* dlogits, int64_t rows,
-                                  int vocab, ClassPart part) {
+                                  int vocab, Part part) {
   const int64_t row = blockIdx.x;
   const int64_t target = targets[row] - part.first;  // of a part: outside it, no onehot below
   if (!part.part) check_target(row, target, vocab);
@@ -335,7 +335,7 @@ namespace {
 // The row kernel of cross_entropy_forward and cross_entropy_part_forward.
 void launch_cross_entropy_rows(DType dtype, const void* logits, const int64_t* targets,
                                float* logsumexp, float* row_values, int64_t rows, int64_t vocab,
-                               ClassPart part, cudaStream_t stream) {
+                               Part part, cudaStream_t stream) {
   dispatch_float_storage(dtype, "cross_entropy_forward", [&]<typename T>() {
     const int v = static_cast<int>(vocab);
     const auto* lp = static_cast<const T*>(logits);
@@ -382,7 +382,7 @@ void cross_entropy_forward(DType dtype, const void* logits, const int64_t* targe
 
 void cross_entropy_backward(DType dtype, const void* logits, const int64_t* targets,
                             const float* logsumexp, const float* dloss, void* dlogits, int64_t rows,
-                            int64_t vocab, cudaStream_t stream, ClassPart part) {
+                            int64_t vocab, cudaStream_t stream, Part part) {
   check_sizes("cross_entropy_backward", rows, vocab);
   dispatch_float_storage(dtype, "cross_entropy_backward", [&]<typename T>() {
     if (rows == 0 || vocab == 0) return;

@@ -12,6 +12,7 @@
 #include <cuda_runtime_api.h>
 
 #include "core/dtype.h"
+#include "kernels/part.h"
 
 namespace loom::kernels::cuda {
 
@@ -38,17 +39,11 @@ void cross_entropy_forward(DType dtype, const void* logits, const int64_t* targe
                            float* logsumexp, float* row_losses, float* mean_loss, int64_t rows,
                            int64_t vocab, cudaStream_t stream);
 
-// A part of each row's classes (tensor parallelism's vocabulary-parallel logits, as the CPU
-// kernels' ClassPart): the logits hold classes [first, first + vocab) and targets index the
-// whole row; a target outside the part is no error and has no logit here.
-struct ClassPart {
-  int64_t first = 0;
-  bool part = false;
-};
-
-// Per row of a part: the logsumexp of its logits, and the target's logit where the target falls
-// in the part, else 0 (picked; f32 [rows] each). Summed over the parts as logsumexps and
-// logits, they give the whole row's loss (nn::parallel_cross_entropy). One block per row.
+// Of a part of each row's classes (kernels::Part: the logits hold classes [first, first +
+// vocab), targets index the whole row), per row: the logsumexp of its logits, and the target's
+// logit where the target falls in the part, else 0 (picked; f32 [rows] each). Summed over the
+// parts as logsumexps and logits, they give the whole row's loss (nn::parallel_cross_entropy).
+// One block per row.
 void cross_entropy_part_forward(DType dtype, const void* logits, const int64_t* targets,
                                 int64_t first, float* logsumexp, float* picked, int64_t rows,
                                 int64_t vocab, cudaStream_t stream);
@@ -61,6 +56,6 @@ void cross_entropy_part_forward(DType dtype, const void* logits, const int64_t* 
 // adds no onehot.
 void cross_entropy_backward(DType dtype, const void* logits, const int64_t* targets,
                             const float* logsumexp, const float* dloss, void* dlogits, int64_t rows,
-                            int64_t vocab, cudaStream_t stream, ClassPart part = {});
+                            int64_t vocab, cudaStream_t stream, Part part = {});
 
 }  // namespace loom::kernels::cuda

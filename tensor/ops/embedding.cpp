@@ -18,13 +18,11 @@ namespace loom {
 
 namespace {
 
-using kernels::cpu::EmbeddingRows;
-
 // Embedding on a GPU. Indices are moved to the weight's device as i64 (host indices are
 // uploaded); an out-of-range index (outside a part: any index not in it) stops the kernel with
 // a device-side error naming it. The backward pass sorts the indices and sums each row's
 // gradients in index order: no atomics, so the result is bitwise reproducible.
-Tensor cuda_embedding(const Tensor& indices, const Tensor& weight, EmbeddingRows rows) {
+Tensor cuda_embedding(const Tensor& indices, const Tensor& weight, kernels::Part part) {
   if (indices.dtype() != DType::I64 && indices.dtype() != DType::I32) {
     fail("embedding: indices must be i32 or i64, got ", indices.dtype());
   }
@@ -37,12 +35,11 @@ Tensor cuda_embedding(const Tensor& indices, const Tensor& weight, EmbeddingRows
   int64_t count = index.numel();
   LOOM_IF_CUDA(kernels::cuda::embedding_forward(weight.dtype(), index.data<int64_t>(),
                                                 w.raw_data(), out.raw_data(), count, width, vocab,
-                                                detail::stream_of(weight),
-                                                {rows.first, rows.rows >= 0}));
+                                                detail::stream_of(weight), part));
   if (autograd::any_requires_grad({weight})) {
     autograd::record(
         "Embedding", {weight}, {out},
-        [index, shape = weight.shape(), count, width, vocab, rows](const std::vector<Tensor>& g,
+        [index, shape = weight.shape(), count, width, vocab, part](const std::vector<Tensor>& g,
                                                                    const autograd::Node&) {
           Tensor dy = g[0].contiguous();
           Tensor dw = Tensor::zeros(shape, dy.dtype(), dy.device());
@@ -51,8 +48,7 @@ Tensor cuda_embedding(const Tensor& indices, const Tensor& weight, EmbeddingRows
                 dy.device(), kernels::cuda::embedding_backward_workspace(count));
             kernels::cuda::embedding_backward(dy.dtype(), index.data<int64_t>(), dy.raw_data(),
                                               dw.raw_data(), count, width, vocab,
-                                              scratch.raw_data(), detail::stream_of(dy),
-                                              {rows.first, rows.rows >= 0});
+                                              scratch.raw_data(), detail::stream_of(dy), part);
           });
           return std::vector<Tensor>{dw};
         });
@@ -69,11 +65,10 @@ Tensor embed(const char* op, const Tensor& indices, const Tensor& weight,
     fail(op, ": expected weight [V, C], got ", shape_str(weight.shape()));
   }
   int64_t vocab = weight.size(0), width = weight.size(1);
-  const EmbeddingRows rows =
-      part_first ? EmbeddingRows{.first = *part_first, .rows = vocab} : EmbeddingRows{};
-  if (weight.device().is_cuda()) return cuda_embedding(indices, weight, rows);
+  const kernels::Part part = part_first ? kernels::Part{*part_first, true} : kernels::Part{};
+  if (weight.device().is_cuda()) return cuda_embedding(indices, weight, part);
   // A part takes any index >= 0 (int64's range); the whole table checks them against it.
-  const int64_t upper = rows.rows >= 0 ? std::numeric_limits<int64_t>::max() : vocab;
+  const int64_t upper = part.part ? std::numeric_limits<int64_t>::max() : vocab;
   auto index = std::make_shared<std::vector<int64_t>>(detail::indices_as_i64(op, indices, upper));
   Shape shape = indices.shape();
   shape.push_back(width);
@@ -87,18 +82,18 @@ Tensor embed(const char* op, const Tensor& indices, const Tensor& weight,
   } else if (is_16bit_float(weight.dtype())) {  // rows copied bit for bit
     kernels::cpu::embedding_forward<uint16_t>(
         index->data(), static_cast<const uint16_t*>(w.raw_data()),
-        static_cast<uint16_t*>(out.raw_data()), count, width, rows);
+        static_cast<uint16_t*>(out.raw_data()), count, width, vocab, part);
   } else {
     detail::dispatch_floating(weight.dtype(), "embedding", [&]<typename T>() {
       kernels::cpu::embedding_forward<T>(index->data(), w.data<T>(), out.data<T>(), count, width,
-                                         rows);
+                                         vocab, part);
     });
   }
   if (autograd::any_requires_grad({weight})) {
     autograd::record(
         "Embedding", {weight}, {out},
-        [index, shape = weight.shape(), count, width, rows](const std::vector<Tensor>& g,
-                                                            const autograd::Node&) {
+        [index, shape = weight.shape(), count, width, vocab, part](const std::vector<Tensor>& g,
+                                                                   const autograd::Node&) {
           Tensor dy = g[0].contiguous();
           Tensor dw = Tensor::zeros(shape, dy.dtype(), dy.device());
           if (reports_op_cost(dw.device())) {  // adds each row of dy into dw's
@@ -109,7 +104,8 @@ Tensor embed(const char* op, const Tensor& indices, const Tensor& weight,
             Tensor dw32 = Tensor::zeros(shape, DType::F32, dy.device());
             if (!dw.device().is_meta()) {
               kernels::cpu::embedding_backward<float>(index->data(), dy32.data<float>(),
-                                                      dw32.data<float>(), count, width, rows);
+                                                      dw32.data<float>(), count, width, vocab,
+                                                      part);
             }
             NoGradGuard no_grad;
             copy_(dw, dw32);
@@ -120,7 +116,7 @@ Tensor embed(const char* op, const Tensor& indices, const Tensor& weight,
           }
           detail::dispatch_floating(dy.dtype(), "embedding", [&]<typename T>() {
             kernels::cpu::embedding_backward<T>(index->data(), dy.data<T>(), dw.data<T>(), count,
-                                                width, rows);
+                                                width, vocab, part);
           });
           return std::vector<Tensor>{dw};
         });

@@ -37,23 +37,21 @@ void check_embedding(bool part) {
     std::uniform_int_distribution<int64_t> pick(c.vocab > 65536 ? c.vocab - 40 : 0,
                                                 part ? 3 * c.vocab - 1 : c.vocab - 1);
     for (auto& i : indices) i = pick(rng);
-    const cpu::EmbeddingRows rows_held =
-        part ? cpu::EmbeddingRows{.first = c.vocab, .rows = c.vocab} : cpu::EmbeddingRows{};
-    const gpu::EmbeddingPart gpu_part{rows_held.first, part};
+    const loom::kernels::Part held{.first = part ? c.vocab : 0, .part = part};
     const auto weight = random_values<T>(table, rng);
     const auto dout = random_values<T>(rows, rng);
     const auto dweight0 = random_values<T>(table, rng);  // accumulated into
     const auto ww = widen_all(weight), dw = widen_all(dout);
     std::vector<Wide<T>> want_out(rows), want_grad = widen_all(dweight0);
-    cpu::embedding_forward(indices.data(), ww.data(), want_out.data(), c.count, c.width,
-                           rows_held);
+    cpu::embedding_forward(indices.data(), ww.data(), want_out.data(), c.count, c.width, c.vocab,
+                           held);
     cpu::embedding_backward(indices.data(), dw.data(), want_grad.data(), c.count, c.width,
-                            rows_held);
+                            c.vocab, held);
     for_each_schedule([&] {
       std::vector<T> out = random_values<T>(rows, rng);  // other ranks' rows must be written
       std::vector<T> grad = dweight0;
       gpu::embedding_forward(dtype_of<T>(), indices.data(), weight.data(), out.data(), c.count,
-                             c.width, c.vocab, nullptr, gpu_part);
+                             c.width, c.vocab, nullptr, held);
       EXPECT_EQ(max_relative_error(out, want_out), 0.0);
       std::vector<uint64_t> workspace(gpu::embedding_backward_workspace(c.count) / 8 + 64);
       // 256-byte aligned, as from cudaMalloc.
@@ -61,7 +59,7 @@ void check_embedding(bool part) {
       size_t space = workspace.size() * 8;
       ASSERT_NE(std::align(256, gpu::embedding_backward_workspace(c.count), aligned, space), nullptr);
       gpu::embedding_backward(dtype_of<T>(), indices.data(), dout.data(), grad.data(), c.count,
-                              c.width, c.vocab, aligned, nullptr, gpu_part);
+                              c.width, c.vocab, aligned, nullptr, held);
       // f32: the CPU's order, so its bits; bf16/f16: rounded once at the end (the CPU here
       // adds in f32 without rounding between rows too).
       const double tol = std::is_same_v<T, float> ? 0.0 : tolerance<T>();
