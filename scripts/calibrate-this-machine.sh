@@ -98,7 +98,8 @@ source = (f"This machine ({cpu}, {isa}, {cores} cores), measured {datetime.date.
           f"less the transfer the node's figures above give, the median over sizes and "
           f"placements, of three runs the median ({comm_core:.1f} us; the runs "
           f"{', '.join(f'{x:.1f}' for x in runs)}). One node: all ranks share its {cores} cores.")
-def pairs(curve): return "[" + ", ".join(f"[{a:.4g}, {b:.4g}]" for a, b in curve) + "]"
+# Sizes in full: two sizes that agree in their first digits are still two points, in order.
+def pairs(curve): return "[" + ", ".join(f"[{a:.10g}, {b:.4g}]" for a, b in curve) + "]"
 def by_key(curves, indent):
     pad = " " * indent
     return "{\n" + ",\n".join(f'{pad}  "{k}": {pairs(v)}' for k, v in curves.items()) + f"\n{pad}}}"

@@ -3,13 +3,23 @@
 # "Validation"): for each strategy and model size, the median ms/step of steps 3 and later of
 # a real run (rank 0's --metrics) beside loom-sim's prediction on the this-machine preset, and
 # the error. A benchmark, not a test: it prints a Markdown table.
-# Usage: bash bench/sim/validate_this_machine.sh [BUILD_DIR] [STEPS]   (build/release, 12)
+#
+# The host's fast and slow spells move one run by up to 25% within minutes, so every
+# configuration is measured ROUNDS times, the rounds interleaved (round 1 of every
+# configuration, then round 2, ...): the table's measurement is the median of the rounds, and
+# its spread (the rounds' lowest and highest) is printed beside it.
+# Usage: bash bench/sim/validate_this_machine.sh [BUILD_DIR] [STEPS] [ROUNDS]
+#        (defaults: build/release, 12, 3)
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 build=${1:-build/release}
 steps=${2:-12}
+rounds=${3:-3}
 train_gpt=$build/tools/train_gpt/train_gpt
 loom_sim=$build/tools/train_gpt/loom-sim
+for program in "$train_gpt" "$loom_sim"; do
+  [[ -x $program ]] || { echo "validate_this_machine: $program is missing; build first" >&2; exit 1; }
+done
 work=$(mktemp -d)
 trap 'rm -rf "$work"' EXIT
 sizes=("--layers 4 --embd 128 --heads 4 --ctx 128 --batch 8"
@@ -23,30 +33,56 @@ configs=("single_device 1 --threads 1" "ddp_spawn 2" "deepspeed_stage_1 2" "deep
          "pipeline 2 --pp 2 --micro-batches 4 --pp-schedule interleaved_1f1b"
          "pipeline 2 --pp 2 --micro-batches 4 --pp-schedule zero_bubble"
          "pipeline 8 --pp 2 --tp 2 --micro-batches 4")
-echo "| model | strategy | ranks | measured ms/step | predicted ms/step | error |"
-echo "|---|---|---|---|---|---|"
-for size in "${sizes[@]}"; do
-  for config in "${configs[@]}"; do
-    read -r strategy ranks extra <<< "$config"
-    # The sharded strategies start their own ranks under loomrun's names; ddp_spawn as ddp.
-    launch=("$train_gpt")
-    name=$strategy
-    if [[ $strategy != single_device && $strategy != ddp_spawn ]]; then
-      launch=("$build/tools/loomrun/loomrun" --nproc-per-node "$ranks" "$train_gpt")
-    fi
-    [[ $strategy == ddp_spawn ]] && name=ddp
-    # shellcheck disable=SC2086
-    "${launch[@]}" --strategy "$strategy" --devices "$ranks" $size ${extra:-} --steps "$steps" \
-      --metrics "$work/m.jsonl" > "$work/run.log" 2>&1 || { cat "$work/run.log" >&2; exit 1; }
-    measured=$(python3 -c "
-import json, statistics, sys
+
+# One real run of configuration $1 (an index into sizes x configs); appends its median ms/step
+# to $work/measured.$1.
+measure() {
+  local case=$1 size=${sizes[$(($1 / ${#configs[@]}))]} config=${configs[$(($1 % ${#configs[@]}))]}
+  local strategy ranks extra
+  read -r strategy ranks extra <<< "$config"
+  # The sharded strategies start their own ranks under loomrun's names; ddp_spawn as ddp.
+  local launch=("$train_gpt")
+  if [[ $strategy != single_device && $strategy != ddp_spawn ]]; then
+    launch=("$build/tools/loomrun/loomrun" --nproc-per-node "$ranks" "$train_gpt")
+  fi
+  rm -f "$work/m.jsonl"
+  # shellcheck disable=SC2086
+  "${launch[@]}" --strategy "$strategy" --devices "$ranks" $size ${extra:-} --steps "$steps" \
+    --metrics "$work/m.jsonl" > "$work/run.log" 2>&1 || { cat "$work/run.log" >&2; exit 1; }
+  python3 -c "
+import json, statistics
 rows = [json.loads(l) for l in open('$work/m.jsonl')]
-print(statistics.median(r['ms_per_step'] for r in rows if r['step'] >= 3))")
-    # shellcheck disable=SC2086
-    predicted=$("$loom_sim" --strategy "$name" --devices "$ranks" $size ${extra:-} --json |
-      python3 -c "import json, sys; print(json.load(sys.stdin)['ms_per_step'])")
-    python3 -c "
-m, p = $measured, $predicted
-print(f'| {\"$size\".split(\" --heads\")[0].replace(\"--\", \"\")} | $name ${extra:-} | $ranks | {m:.1f} | {p:.1f} | {100 * (p - m) / m:+.1f}% |')"
-  done
+print(statistics.median(r['ms_per_step'] for r in rows if r['step'] >= 3))" >> "$work/measured.$case"
+}
+
+cases=$((${#sizes[@]} * ${#configs[@]}))
+for ((round = 1; round <= rounds; ++round)); do
+  echo "validate_this_machine: round $round of $rounds ($(date -u +%H:%M:%S) UTC)" >&2
+  for ((case = 0; case < cases; ++case)); do measure "$case"; done
 done
+
+echo "| model | strategy | ranks | measured ms/step (median of $rounds; lowest-highest) | predicted ms/step | error |"
+echo "|---|---|---|---|---|---|"
+for ((case = 0; case < cases; ++case)); do
+  size=${sizes[$((case / ${#configs[@]}))]}
+  read -r strategy ranks extra <<< "${configs[$((case % ${#configs[@]}))]}"
+  name=$strategy
+  [[ $strategy == ddp_spawn ]] && name=ddp
+  # shellcheck disable=SC2086
+  "$loom_sim" --strategy "$name" --devices "$ranks" $size ${extra:-} --json > "$work/sim.json" \
+    2> "$work/sim.log" || { cat "$work/sim.log" >&2; exit 1; }
+  python3 - "$work/measured.$case" "$work/sim.json" "$size" "$name ${extra:-}" "$ranks" <<'PY'
+import json, statistics, sys
+runs = [float(line) for line in open(sys.argv[1])]
+measured = statistics.median(runs)
+predicted = json.load(open(sys.argv[2]))["ms_per_step"]
+model = sys.argv[3].split(" --heads")[0].replace("--", "")
+print(f"| {model} | {sys.argv[4].strip()} | {sys.argv[5]} | {measured:.1f} ({min(runs):.1f}-{max(runs):.1f}) "
+      f"| {predicted:.1f} | {100 * (predicted - measured) / measured:+.1f}% |")
+PY
+done | tee "$work/table.md"
+python3 - "$work/table.md" <<'PY'
+import sys
+errors = [float(line.rsplit("|", 2)[1].strip().rstrip("%")) for line in open(sys.argv[1])]
+print(f"\nWithin 10%: {sum(abs(e) <= 10 for e in errors)} of {len(errors)} configurations.")
+PY
