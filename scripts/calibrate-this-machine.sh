@@ -4,7 +4,8 @@
 # own CPU ops at one thread, the share of one core a rank has when each rank has a core; and
 # again with one copy per core running at once, for ranks that share the machine), the node's
 # collective bandwidth and latency from loom-perf's shm allreduce on 2 ranks, and the core time
-# a call takes from ranks that compute on every core (loom-perf --compute-us).
+# a call takes from ranks that compute on every core, at 1, 2 and 4 ranks per core (loom-perf
+# --compute-us).
 # Usage: bash scripts/calibrate-this-machine.sh [BUILD_DIR]   (default build/release)
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -16,70 +17,89 @@ for program in "$calibrate" "$perf"; do
 done
 work=$(mktemp -d)
 trap 'rm -rf "$work"' EXIT
-echo "calibrate-this-machine: device (loom-sim-calibrate --threads 1)" >&2
-"$calibrate" --threads 1 > "$work/device.json"
-# The same with every core busy: one copy per core at once, their rates averaged (the rates
-# of ranks that share the cores' caches and memory bandwidth: device.shared).
+# The host has fast and slow spells of minutes: the device and the node are measured in three
+# rounds, a rank alone, then every core busy, then the allreduce in each, and each figure is
+# the median of its rounds (so the alone and shared rates come from the same spells).
 cores=$(nproc)
-echo "calibrate-this-machine: device with every core busy ($cores copies at once)" >&2
-pids=()
-for ((i = 0; i < cores; ++i)); do
-  "$calibrate" --threads 1 > "$work/shared$i.json" 2> /dev/null &
-  pids+=($!)
+for round in 1 2 3; do
+  echo "calibrate-this-machine: round $round of 3: device (loom-sim-calibrate --threads 1)" >&2
+  "$calibrate" --threads 1 > "$work/device.$round.json"
+  # The same with every core busy: one copy per core at once, their rates averaged (the rates
+  # of ranks that share the cores' caches and memory bandwidth: device.shared).
+  echo "calibrate-this-machine: round $round of 3: device with every core busy ($cores copies at once)" >&2
+  pids=()
+  for ((i = 0; i < cores; ++i)); do
+    "$calibrate" --threads 1 > "$work/shared.$round.$i.json" 2> /dev/null &
+    pids+=($!)
+  done
+  for pid in "${pids[@]}"; do wait "$pid"; done
+  echo "calibrate-this-machine: round $round of 3: shm allreduce on 2 ranks (loom-perf)" >&2
+  "$perf" allreduce --np 2 -b 8 -e 64M -f 8 -z 2 --json "$work/allreduce.$round.json" > /dev/null
 done
-for pid in "${pids[@]}"; do wait "$pid"; done
-echo "calibrate-this-machine: shm allreduce on 2 ranks (loom-perf)" >&2
-"$perf" allreduce --np 2 -b 8 -e 64M -f 8 -z 2 --json "$work/allreduce.json" > /dev/null
-# The core time one call takes from a rank that computes meanwhile, one rank per core (Note [A
-# call's cost to a computing rank] in tools/loom_perf/runner.cpp): 1 ms of computation per call,
-# sizes from 8 KiB (smaller allreduces run on the caller's thread, not the progress thread's).
-# Three runs: one run's figure moved from 8 to 59 us within minutes here (docs/simulation.md).
-echo "calibrate-this-machine: a call's cost to computing ranks ($cores ranks, loom-perf --compute-us)" >&2
-for run in 1 2 3; do
-  "$perf" allreduce --np "$cores" -b 8K -e 512K -f 4 -z 2 --compute-us 1000 -n 300 -w 30 \
-    --json "$work/loaded$run.json" > /dev/null
+# The core time one call takes from a rank that computes meanwhile (Note [A call's cost to a
+# computing rank] in tools/loom_perf/runner.cpp), with 1, 2 and 4 ranks per core (with more
+# ranks than cores a call also waits for peers the scheduler has set aside): 1 ms of
+# computation per call, sizes from 8 KiB (smaller allreduces run on the caller's thread, not
+# the progress thread's). Five runs each: runs a minute apart here gave 14 and 72 us
+# (docs/simulation.md).
+for per_core in 1 2 4; do
+  ranks=$((cores * per_core))
+  echo "calibrate-this-machine: a call's cost to computing ranks ($ranks ranks, loom-perf --compute-us)" >&2
+  for run in 1 2 3 4 5; do
+    "$perf" allreduce --np "$ranks" -b 8K -e 512K -f 4 -z 2 --compute-us 1000 -n 300 -w 30 \
+      --json "$work/loaded$per_core.$run.json" > /dev/null
+  done
 done
-python3 - "$work/device.json" "$work/allreduce.json" sim/clusters/this-machine.json \
-  "$work"/loaded{1,2,3}.json "$work"/shared*.json <<'PY'
-import datetime, json, os, platform, sys
-device = json.load(open(sys.argv[1]))
-perf = json.load(open(sys.argv[2]))
-loaded_runs = [json.load(open(path)) for path in sys.argv[4:7]]
-copies = [json.load(open(path)) for path in sys.argv[7:]]
-def mean_curve(curves):
-    """Each size's rate averaged over the copies that measured it."""
+python3 - "$work" "$cores" sim/clusters/this-machine.json <<'PY'
+import datetime, json, os, platform, statistics, sys
+work, cores, out = sys.argv[1], int(sys.argv[2]), sys.argv[3]
+def load(name): return json.load(open(os.path.join(work, name)))
+rounds = (1, 2, 3)
+loaded_runs = {per_core: [load(f"loaded{per_core}.{run}.json") for run in range(1, 6)]
+               for per_core in (1, 2, 4)}
+def combine_curves(curves, stat):
+    """Each size's rate over the curves that measured it, combined by `stat`."""
     rates = {}
     for curve in curves:
         for size, rate in curve:
             rates.setdefault(size, []).append(rate)
-    return [[size, sum(r) / len(r)] for size, r in sorted(rates.items())]
-def mean_by_key(key):
-    names = sorted({name for copy in copies for name in copy[key]})
-    return {name: mean_curve([copy[key][name] for copy in copies if name in copy[key]])
-            for name in names}
-shared = {key: mean_by_key(key) for key in ("gemm_tflops", "attention_tflops", "ops_gbps", "ops_tflops")}
-shared["memory_gbps"] = mean_curve([copy["memory_gbps"] for copy in copies])
-rows = perf["results"]
+    return [[size, stat(r)] for size, r in sorted(rates.items())]
+def combine(measurements, stat):
+    """loom-sim-calibrate's outputs combined figure by figure."""
+    out = {"op_overhead_us": stat([m["op_overhead_us"] for m in measurements]),
+           "memory_gbps": combine_curves([m["memory_gbps"] for m in measurements], stat)}
+    for key in ("gemm_tflops", "attention_tflops", "ops_gbps", "ops_tflops"):
+        names = sorted({name for m in measurements for name in m[key]})
+        out[key] = {name: combine_curves([m[key][name] for m in measurements if name in m[key]], stat)
+                    for name in names}
+    return out
+device = combine([load(f"device.{r}.json") for r in rounds], statistics.median)
+# The copies of one round ran at once: averaged; then the rounds' median.
+shared = combine([combine([load(f"shared.{r}.{i}.json") for i in range(cores)], statistics.fmean)
+                  for r in rounds], statistics.median)
 def busbw(row): return row["out_of_place"]["busbw_gbps"]
 def time_us(row): return row["out_of_place"]["time_us"]
-large = [busbw(r) for r in rows if r["size"] >= 2 << 20]
-small = [time_us(r) for r in rows if r["size"] <= 4096]
-bus = sorted(large)[len(large) // 2]
-latency = sorted(small)[len(small) // 2] / 2  # a 2-rank ring allreduce takes 2 steps
-# Beyond the transfer loom-sim gives the same allreduce (a ring: 2 (n-1)/n size / bus bandwidth
-# + 2 (n-1) steps); the median over sizes and placements of each run, then over the runs.
-def beyond_transfer(loaded):
+def median_of_rounds(figure):
+    return statistics.median(figure(load(f"allreduce.{r}.json")["results"]) for r in rounds)
+bus = median_of_rounds(lambda rows: statistics.median(busbw(r) for r in rows if r["size"] >= 2 << 20))
+# A 2-rank ring allreduce takes 2 steps.
+latency = median_of_rounds(lambda rows: statistics.median(time_us(r) for r in rows if r["size"] <= 4096)) / 2
+# What loom-sim charges a call on a node whose cores are shared by k ranks each is k (the core
+# time + the transfer it gives the same allreduce: a ring, 2 (n-1)/n size / bus bandwidth +
+# 2 (n-1) steps), so the core time is each measured call's time / k less that transfer; the
+# median over sizes and placements of each run, then over the runs.
+def beyond_transfer(loaded, per_core):
     ranks = loaded["metadata"]["nranks"]
     def transfer_us(size):
         return 2 * (ranks - 1) / ranks * size / (bus * 1e3) + 2 * (ranks - 1) * latency
-    costs = sorted(r[place]["time_us"] - transfer_us(r["size"]) for r in loaded["results"]
-                   for place in ("out_of_place", "in_place"))
+    costs = sorted(r[place]["time_us"] / per_core - transfer_us(r["size"])
+                   for r in loaded["results"] for place in ("out_of_place", "in_place"))
     return costs[len(costs) // 2]
-runs = sorted(beyond_transfer(loaded) for loaded in loaded_runs)
-comm_core = max(0.0, runs[1])
+runs = {per_core: sorted(beyond_transfer(loaded, per_core) for loaded in loaded)
+        for per_core, loaded in loaded_runs.items()}
+comm_core = [[per_core, max(0.0, statistics.median(r))] for per_core, r in runs.items()]
 cpu = next((l.split(":", 1)[1].strip() for l in open("/proc/cpuinfo") if l.startswith("model name")), platform.processor())
 isa = "AVX-512" if "avx512f" in open("/proc/cpuinfo").read() else "AVX2"
-cores = os.cpu_count()
 peak = max(rate for _, rate in device["gemm_tflops"]["f32"])
 source = (f"This machine ({cpu}, {isa}, {cores} cores), measured {datetime.date.today()} by "
           "scripts/calibrate-this-machine.sh. Device: one rank's share of one core, from "
@@ -89,15 +109,19 @@ source = (f"This machine ({cpu}, {isa}, {cores} cores), measured {datetime.date.
           "autocast (oneDNN's bf16 products where the CPU has them, else widened to f32); the "
           "f16 curves are the f32 ones (autocast emulates f16 in f32). Peaks: the best "
           "GEMM rate measured, so this machine's MFU is against what its GEMMs reach. Shared: "
-          f"the same measured by {len(copies)} copies at once, one per core, their rates "
-          "averaged (ranks sharing the cores' caches and memory bandwidth). Node: the "
-          "shm backend, `loom-perf allreduce --np 2 -b 8 -e 64M -f 8 -z 2`: the median bus "
+          f"the same measured by {cores} copies at once, one per core, their rates "
+          "averaged (ranks sharing the cores' caches and memory bandwidth). Three rounds of "
+          "both, each rate the median of the rounds. Node: the "
+          "shm backend, `loom-perf allreduce --np 2 -b 8 -e 64M -f 8 -z 2`, in each round: the median bus "
           f"bandwidth from 2 MiB ({bus:.2f} GB/s) and half the median time up to 4 KiB per "
-          f"step ({latency:.2f} us). A call's core time while every core computes: "
-          f"`loom-perf allreduce --np {cores} -b 8K -e 512K -f 4 -z 2 --compute-us 1000`, "
-          f"less the transfer the node's figures above give, the median over sizes and "
-          f"placements, of three runs the median ({comm_core:.1f} us; the runs "
-          f"{', '.join(f'{x:.1f}' for x in runs)}). One node: all ranks share its {cores} cores.")
+          f"step ({latency:.2f} us), the median of the rounds. A call's core time while every core computes: "
+          f"`loom-perf allreduce --np N -b 8K -e 512K -f 4 -z 2 --compute-us 1000` with N "
+          f"{cores}, {2 * cores} and {4 * cores} (1, 2 and 4 ranks per core), each call's time "
+          f"over the ranks per core less the transfer the node's figures above give, the median "
+          f"over sizes and placements, of five runs the median ("
+          + "; ".join(f"{k} per core {c:.1f} us, the runs {', '.join(f'{x:.1f}' for x in runs[k])}"
+                      for k, c in comm_core)
+          + f"). One node: all ranks share its {cores} cores.")
 # Sizes in full: two sizes that agree in their first digits are still two points, in order.
 def pairs(curve): return "[" + ", ".join(f"[{a:.10g}, {b:.4g}]" for a, b in curve) + "]"
 def by_key(curves, indent):
@@ -117,7 +141,7 @@ text = f'''{{
     "ops_gbps": {by_key(device["ops_gbps"], 4)},
     "ops_tflops": {by_key(device["ops_tflops"], 4)},
     "shared": {{
-      "op_overhead_us": {device["op_overhead_us"]:.3g},
+      "op_overhead_us": {shared["op_overhead_us"]:.3g},
       "gemm_tflops": {by_key(shared["gemm_tflops"], 6)},
       "attention_tflops": {by_key(shared["attention_tflops"], 6)},
       "memory_gbps": {pairs(shared["memory_gbps"])},
@@ -126,15 +150,15 @@ text = f'''{{
     }}
   }},
   "node": {{"devices": 1024, "compute_slots": {cores}, "busbw_gbps": {bus:.3g}, "latency_us": {latency:.3g},
-           "comm_core_us": {comm_core:.3g}}},
+           "comm_core_us": [{", ".join(f"[{k}, {c:.3g}]" for k, c in comm_core)}]}},
   "network": {{"nics_per_node": 0}},
   "collective_base_latency_us": 0,
   "host": {{"pcie_gbps": {device["memory_gbps"][-1][1]:.3g}}}
 }}
 '''
 json.loads(text)
-tmp = sys.argv[3] + ".tmp"
+tmp = out + ".tmp"
 open(tmp, "w").write(text)
-os.replace(tmp, sys.argv[3])
-print(f"calibrate-this-machine: wrote {sys.argv[3]}", file=sys.stderr)
+os.replace(tmp, out)
+print(f"calibrate-this-machine: wrote {out}", file=sys.stderr)
 PY

@@ -76,8 +76,10 @@ class Reader {
     return value.get<std::string>();
   }
 
-  // [[size, rate], ...] with sizes increasing, each rate scaled by `unit`.
-  RateCurve curve(const json& value, const std::string& field, double unit) const {
+  // [[size, rate], ...] with sizes increasing, each rate (0 or more with zero_ok, else above 0)
+  // scaled by `unit`.
+  RateCurve curve(const json& value, const std::string& field, double unit,
+                  bool zero_ok = false) const {
     if (!value.is_array() || value.empty()) {
       fail(field, "must be a non-empty list of [size, rate] pairs");
     }
@@ -89,8 +91,10 @@ class Reader {
         fail(at, "must be a pair [size, rate] of numbers, not " + p.dump());
       }
       const double size = p[0].get<double>(), rate = p[1].get<double>();
-      if (!(size > 0) || !(rate > 0) || !std::isfinite(size) || !std::isfinite(rate)) {
-        fail(at, "must have a size and a rate above 0, not " + p.dump());
+      if (!(size > 0) || !(rate > 0 || (zero_ok && rate == 0)) || !std::isfinite(size) ||
+          !std::isfinite(rate)) {
+        fail(at, std::string("must have a size above 0 and a rate ") +
+                     (zero_ok ? "of 0 or more" : "above 0") + ", not " + p.dump());
       }
       if (!points.empty() && size <= points.back().first) {
         fail(at, "has size " + p[0].dump() + ", not above the size before it: sizes increase");
@@ -196,8 +200,12 @@ Cluster parse_cluster(const std::string& json_text, const std::string& origin) {
   c.compute_slots = r.count(node, "node", "compute_slots");
   c.intra_node = {.bytes_per_s = r.number(node, "node", "busbw_gbps") * kGiga,
                   .latency_s = r.number(node, "node", "latency_us", true) * kMicro};
-  if (node.contains("comm_core_us"))
-    c.comm_core_s = r.number(node, "node", "comm_core_us", true) * kMicro;
+  // A number: the same at every count of ranks per slot.
+  if (const auto core = node.find("comm_core_us"); core != node.end()) {
+    c.comm_core_s = core->is_number()
+                        ? RateCurve({{1, r.number(node, "node", "comm_core_us", true) * kMicro}})
+                        : r.curve(*core, "node.comm_core_us", kMicro, true);
+  }
   const json& network = r.member(doc, "", "network");
   c.nics_per_node = r.count(network, "network", "nics_per_node", true);
   if (c.nics_per_node > 0) {
@@ -219,7 +227,7 @@ Cluster parse_cluster(const std::string& json_text, const std::string& origin) {
     for (const auto& [op, points] : ops->items())
       c.host_op_bytes_per_s[op] = r.curve(points, "host.ops_gbps." + op, kGiga);
   }
-  if (c.comm_core_s > 0 && !c.host_memory_bytes_per_s.empty()) {
+  if (!c.comm_core_s.empty() && !c.host_memory_bytes_per_s.empty()) {
     r.fail("node.comm_core_us",
            "applies to a CPU cluster, whose cores both compute and communicate (one without "
            "host.memory_gbps); a GPU's communication runs beside its compute");

@@ -19,8 +19,9 @@
 
 namespace loom::sim {
 
-// An achieved rate that depends on an op's size: points (size, rate) with sizes increasing,
-// interpolated linearly in log(size) between them and held at the end values beyond.
+// An achieved rate (or another measured value) that depends on an op's size: points (size,
+// rate) with sizes increasing, interpolated linearly in log(size) between them and held at the
+// end values beyond.
 class RateCurve {
  public:
   RateCurve() = default;
@@ -76,9 +77,11 @@ struct Cluster {
   LinkSpec intra_node;  // a collective's bus bandwidth among one node's devices (NVLink)
   // Optional (node.comm_core_us; CPU clusters only): the core time one communication operation
   // takes from a rank that computes meanwhile, beyond its transfer, measured with every core
-  // computing (loom-perf --compute-us). Where the node's ranks fill its compute slots, a rank's
-  // compute gives up that time and the transfer's (the copies run on the same cores).
-  double comm_core_s = 0;
+  // computing (loom-perf --compute-us), by ranks per compute slot (1: a core each; 4: four
+  // ranks share each core, and a call also waits for peers the scheduler has set aside). Where
+  // the node's ranks fill its compute slots, a rank's compute gives up that time and the
+  // transfer's (the copies run on the same cores). Seconds; empty: none.
+  RateCurve comm_core_s;
   int nics_per_node = 0;
   LinkSpec nic;          // one NIC, between nodes
   std::string topology;  // "fat-tree" or "rail": both full bisection (docs/simulation.md)

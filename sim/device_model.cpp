@@ -17,8 +17,9 @@ DeviceModel::DeviceModel(const Cluster& cluster, int ranks_per_node, DType compu
 
 // (Only a CPU cluster has a comm_core_s: parse_cluster refuses one beside host.memory_gbps.)
 double DeviceModel::communication_core_seconds(double transfer_s) const {
-  if (cluster_.comm_core_s == 0 || ranks_per_node_ < cluster_.compute_slots) return 0;
-  return slowdown_ * (cluster_.comm_core_s + transfer_s);
+  if (cluster_.comm_core_s.empty() || ranks_per_node_ < cluster_.compute_slots) return 0;
+  const double ranks_per_slot = static_cast<double>(ranks_per_node_) / cluster_.compute_slots;
+  return slowdown_ * (cluster_.comm_core_s.at(ranks_per_slot) + transfer_s);
 }
 
 double DeviceModel::flops_rate(const std::map<DType, RateCurve>& curves, const OpCost& cost,

@@ -31,8 +31,9 @@ class DeviceModel {
   // The dense peak for `dtype` (FLOP/s), for MFU; throws when the cluster gives none.
   double peak_flops(DType dtype) const;
   // The compute time a communication operation of `transfer_s` seconds takes from its rank:
-  // on a CPU cluster whose node's ranks fill its compute slots, the cluster's comm_core_s
-  // plus the transfer (its copies run on the cores), slowed as the rank's ops are; else 0.
+  // on a CPU cluster whose node's ranks fill its compute slots, the cluster's comm_core_s at
+  // the node's ranks per slot plus the transfer (its copies run on the cores), slowed as the
+  // rank's ops are; else 0.
   double communication_core_seconds(double transfer_s) const;
 
  private:

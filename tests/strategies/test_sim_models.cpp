@@ -95,7 +95,7 @@ TEST(SimCluster, BadDescriptionsNameTheirField) {
   expect_error(test_cluster_json(R"([[1e9, 100], [1e11, 200]])", R"([[1e11, 100], [1e9, 200]])"),
                "device.gemm_tflops.bf16[1] has size");
   expect_error(test_cluster_json(R"("f32": [[1e9, 25]])", R"("f32": [[1e9, -25]])"),
-               "device.gemm_tflops.f32[0] must have a size and a rate above 0");
+               "device.gemm_tflops.f32[0] must have a size above 0 and a rate above 0");
   expect_error(test_cluster_json(R"("attention_tflops": {"bf16": [[1e9, 40]], )",
                                  R"("attention_tflops": {)"),
                "device.attention_tflops.bf16 is missing");
@@ -356,7 +356,8 @@ TEST(SimTimeline, OnAFullCpuNodeCommunicationTakesCoreTimeFromCompute) {
       test_cluster_json(node, R"("compute_slots": 2, "busbw_gbps": 100, "latency_us": 1,
                                  "comm_core_us": 50},)"),
       "cpu");
-  EXPECT_DOUBLE_EQ(c.comm_core_s, 50e-6);
+  EXPECT_DOUBLE_EQ(c.comm_core_s.at(1), 50e-6);
+  EXPECT_DOUBLE_EQ(c.comm_core_s.at(4), 50e-6);  // a number holds at every ranks per slot
   for (const auto& [ranks, charged_per_us] :
        {std::pair{4, 2.0}, std::pair{2, 1.0}, std::pair{1, 0.0}}) {
     Timeline timeline(c, 0, ranks, DType::F32);
@@ -381,6 +382,36 @@ TEST(SimTimeline, OnAFullCpuNodeCommunicationTakesCoreTimeFromCompute) {
   gpu.replace(gpu.find(R"("pcie_gbps": 20})"), 17,
               R"("pcie_gbps": 20, "memory_gbps": [[1e6, 10]]})");
   expect_error(gpu, "node.comm_core_us applies to a CPU cluster");
+}
+
+// node.comm_core_us as a curve by ranks per compute slot: a call on a node whose cores are
+// shared by several ranks each also waits for peers the scheduler set aside, so it costs more
+// than one on a node with a rank per core. Interpolated in log(ranks per slot).
+TEST(SimTimeline, CommunicationCoreTimeFollowsRanksPerComputeSlot) {
+  constexpr double kNanosecond = 1e-9;
+  const std::string node = R"("compute_slots": 4, "busbw_gbps": 100, "latency_us": 1},)";
+  const Cluster c = parse_cluster(
+      test_cluster_json(node, R"("compute_slots": 1, "busbw_gbps": 100, "latency_us": 1,
+                                 "comm_core_us": [[1, 10], [4, 50]]},)"),
+      "cpu");
+  // One core for the node's ranks: 2 ranks take 30 us each (halfway in log), 4 ranks 50.
+  for (const auto& [ranks, core_us] : {std::pair{2, 30.0}, std::pair{4, 50.0}}) {
+    Timeline timeline(c, 0, ranks, DType::F32);
+    TimelineScope scope(timeline);
+    std::shared_ptr<comm::ProcessGroup> group = sim_group(ranks);
+    Tensor grads = Tensor::empty({1 << 20}, DType::F32, Device::meta());  // 4 MiB
+    const double n = ranks, slowdown = n;
+    const double allreduce = 2e-6 + 2 * ((n - 1) / n * 4194304 / 100e9 + (n - 1) * 1e-6);
+    group->allreduce(grads)->wait();
+    EXPECT_NEAR(timeline.totals().compute, slowdown * (core_us * 1e-6 + allreduce), kNanosecond)
+        << ranks << " ranks";
+  }
+  expect_error(test_cluster_json(node, R"("compute_slots": 2, "busbw_gbps": 100, "latency_us": 1,
+                                          "comm_core_us": [[1, 10], [1, 50]]},)"),
+               "node.comm_core_us[1] has size 1, not above the size before it");
+  expect_error(test_cluster_json(node, R"("compute_slots": 2, "busbw_gbps": 100, "latency_us": 1,
+                                          "comm_core_us": [[1, -3]]},)"),
+               "node.comm_core_us[0] must have a size above 0 and a rate of 0 or more");
 }
 
 // split_by: a simulated group makes its subgroup from the assignment alone, ordered by (key,
