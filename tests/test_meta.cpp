@@ -283,7 +283,6 @@ struct Footprint {
   size_t allocations = 0;
   size_t peak = 0;
   size_t left = 0;
-  friend bool operator==(const Footprint&, const Footprint&) = default;
 };
 
 Footprint footprint(Device device, const std::function<void()>& run) {
