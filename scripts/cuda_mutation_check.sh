@@ -48,7 +48,7 @@ build=$root/build/mutation
 mutant_dir=$build/mutant_kernels  # fixed path: the build folder stays valid between mutants
 logs=$build/logs
 threshold=90
-all_tests=(test_attention test_comm_ops test_elementwise test_embedding test_layer_norm
+all_tests=(test_attention test_comm_ops test_copy test_elementwise test_embedding test_layer_norm
            test_optimizer test_reduce test_rotary test_softmax)
 
 only=''
@@ -137,12 +137,14 @@ read_list() {
 }
 
 # The test programs that exercise a kernel source: its own, plus those that reach it through
-# another source (comm_ops' convert calls elementwise's copy_strided); all for common.cuh.
+# another source (comm_ops' convert calls copy.cu's copy_strided; elementwise.cu and copy.cu
+# share strided_layout.cuh); all for common.cuh.
 covering_tests() {
   case $1 in
     common.cuh) echo "${all_tests[*]}" ;;
     attention.cu | attention_*.cuh) echo test_attention ;;
-    elementwise.cu) echo test_elementwise test_comm_ops ;;
+    copy.cu) echo test_copy test_comm_ops ;;
+    strided_layout.cuh) echo test_elementwise test_copy test_comm_ops ;;
     *.cu) echo "test_${1%.cu}" ;;
     *) return 1 ;;
   esac

@@ -13,7 +13,7 @@
 // (validation only: exercises the scalar path and the tails).
 //
 // Build: nvcc -std=c++20 -arch=sm_90 --expt-relaxed-constexpr -I. bench/cuda/lab_elementwise.cu
-//   bench/cuda/lab.cu kernels/cuda/elementwise.cu kernels/cuda/gemm.cpp
+//   bench/cuda/lab.cu kernels/cuda/elementwise.cu kernels/cuda/copy.cu kernels/cuda/gemm.cpp
 //   kernels/cpu/elementwise.cpp core/dtype.cpp core/error.cpp
 //   kernels/cuda/cublaslt_library.cpp -ldl
 // Run: ./lab_elementwise   (prints "no CUDA device: ..." and exits 0 without a GPU)
@@ -27,6 +27,7 @@
 #include "bench/cuda/lab.h"
 #include "kernels/cpu/elementwise.h"
 #include "kernels/cuda/common.cuh"
+#include "kernels/cuda/copy.h"
 #include "kernels/cuda/elementwise.h"
 
 namespace {

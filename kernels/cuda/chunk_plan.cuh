@@ -20,7 +20,7 @@
 // read of an unused slot finds a null pointer, and the emulated device's count of the bytes a
 // launch's arguments name (tests/cuda_emulation/runtime/work_log.h) names only those tensors.
 // Users: multi_tensor_adamw (optimizer.cu), multi_tensor_sum_of_squares (reduce.cu),
-// multi_tensor_scale and multi_tensor_cast (elementwise.cu).
+// multi_tensor_scale (elementwise.cu) and multi_tensor_cast (copy.cu).
 
 #include <cstdint>
 #include <cstring>

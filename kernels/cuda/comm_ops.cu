@@ -4,7 +4,7 @@
 
 #include "core/tags.h"
 #include "kernels/cuda/common.cuh"
-#include "kernels/cuda/elementwise.h"
+#include "kernels/cuda/copy.h"
 
 // The combining kernels move 16 bytes per access when both buffers are 16-byte aligned (the
 // usual case: bucket and staging buffers come from the caching allocator), and fall back to
@@ -84,12 +84,6 @@ __device__ __forceinline__ A combine(A a, A b) {
     }
   }
 }
-
-template <typename T>
-struct alignas(16) Vec16 {
-  static constexpr int kSize = 16 / static_cast<int>(sizeof(T));
-  T v[kSize];
-};
 
 template <typename T, CommReduce kOp>
 __global__ void reduce_kernel(T* acc, const T* x, int64_t n, int64_t vectors) {

@@ -102,6 +102,14 @@ struct alignas(sizeof(T) * V) Pack {
 template <typename T>
 constexpr int kPackElems = 16 / static_cast<int>(sizeof(T));
 
+// Sixteen bytes of T as one vector, for kernels that load and store whole vectors by index
+// (reinterpret_cast<const Vec16<T>*>(p)[v]); kSize elements.
+template <typename T>
+struct alignas(16) Vec16 {
+  static constexpr int kSize = 16 / static_cast<int>(sizeof(T));
+  T v[kSize];
+};
+
 template <int V, typename T>
 __device__ __forceinline__ Pack<T, V> load_pack(const T* p) {
   return *reinterpret_cast<const Pack<T, V>*>(p);

@@ -354,12 +354,6 @@ int64_t partial_count(int64_t n) {
   return std::min(ceil_div(n, kSumThreads * kMinPerThread), kMaxPartials);
 }
 
-template <typename T>
-struct alignas(16) Vec16 {
-  static constexpr int kSize = 16 / static_cast<int>(sizeof(T));
-  T v[kSize];
-};
-
 // 16-byte loads over the first `vectors` whole vectors (0 when x is unaligned), then single
 // elements; each thread folds its elements in index order.
 template <typename T, bool kSquare>

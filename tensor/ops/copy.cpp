@@ -16,7 +16,7 @@
 
 #if LOOM_WITH_CUDA
 #include "kernels/cuda/check.h"
-#include "kernels/cuda/elementwise.h"
+#include "kernels/cuda/copy.h"
 #include "tensor/cuda/copy.h"
 #endif
 
