@@ -1,8 +1,5 @@
 #include "nn/tensor_parallel.h"
 
-#include <cmath>
-#include <cstring>
-
 #include "core/error.h"
 #include "core/tags.h"
 #include "tensor/autocast.h"
@@ -55,13 +52,15 @@ Tensor gradient_summed_over_group(const Tensor& x, const TensorParallelGroup& gr
 
 // Note [The vocabulary-parallel loss]
 // Each rank holds a part of every row's logits. cross_entropy_part gives per row the part's
-// logsumexp l_r and the target's logit where this part holds it. Combined over the group: with
-// M the largest l_r, the row's logsumexp is M + log(sum_r exp(l_r - M)), and the target's
-// logit is the sum of the parts' (one is non-zero). The [N]-long combination runs on the host
-// in f64 (a device's rows cross once: one synchronisation per forward); the shares cross the
-// ranks on the logits' device. Backward, each rank's part of the gradient is
-// cross_entropy_part_backward with the whole rows' logsumexp. On the meta device the ops and
-// collectives run for their costs and the loss reads 0.
+// logsumexp l_r and the target's logit where this part holds it. Combined over the group: the
+// row's logsumexp is log(sum_r exp(l_r)), and the target's logit is the sum of the parts' (one
+// is non-zero). Both combine on the logits' device, so a step on a GPU never waits for the
+// host here (and a CUDA Graph can capture it): the l_r cross the group as the rows of a
+// [ranks, N] tensor (each rank fills its own row, zeros elsewhere, and the group sums it:
+// adding zeros is exact), whose columns' logsumexp is cross_entropy_part's again, with a part
+// that starts beyond the vocabulary (so no target falls in it); the loss is the mean of the
+// differences. Backward, each rank's part of the gradient is cross_entropy_part_backward with
+// the whole rows' logsumexp.
 Tensor parallel_cross_entropy(const Tensor& logits_in, const Tensor& targets, int64_t first,
                               const TensorParallelGroup& group) {
   const Tensor logits = autocast_f32_input(logits_in);  // as cross_entropy under autocast
@@ -73,32 +72,21 @@ Tensor parallel_cross_entropy(const Tensor& logits_in, const Tensor& targets, in
       .forward =
           [targets, first, tp](autograd::Context& ctx, const std::vector<Tensor>& in) {
             const Tensor& l = in[0];
-            const Device device = l.device();
-            const int64_t n = l.size(0);
+            const int64_t n = l.size(0), ranks = tp->size();
             const std::vector<Tensor> part = cross_entropy_part(l, targets, first);
-            Tensor top = part[0].clone();
-            tp->max(top);
-            const std::vector<double> mine = part[0].to_vector<double>(),
-                                      most = top.to_vector<double>();
-            std::vector<double> share(static_cast<size_t>(n));
-            for (size_t i = 0; i < share.size(); ++i)
-              share[i] = device.is_meta() ? 0.0 : std::exp(mine[i] - most[i]);
-            Tensor shares = Tensor::from_vector(share, {n}, device);
+            Tensor parts_lse = Tensor::zeros({ranks, n}, part[0].dtype(), l.device());
+            Tensor mine = parts_lse.narrow(0, tp->rank(), 1);
+            copy_(mine, part[0].reshape({1, n}));
+            tp->sum(parts_lse);
             Tensor picked = part[1];
-            tp->sum(shares);
             tp->sum(picked);
-            const std::vector<double> summed = shares.to_vector<double>(),
-                                      target = picked.to_vector<double>();
-            std::vector<double> lse(static_cast<size_t>(n));
-            double loss = 0;
-            for (size_t i = 0; i < lse.size(); ++i) {
-              lse[i] = device.is_meta() ? 0.0 : most[i] + std::log(summed[i]);
-              loss += lse[i] - target[i];
-            }
+            // Every part [first, first + V/ranks) lies below V = l.size(1) * ranks.
+            const Tensor lse =
+                cross_entropy_part(transpose(parts_lse, 0, 1), targets, l.size(1) * ranks)[0];
             ctx.save(l);
-            ctx.save(Tensor::from_vector(lse, {n}, device).to(part[0].dtype()));
-            return std::vector<Tensor>{
-                Tensor::full({}, n > 0 ? loss / static_cast<double>(n) : 0.0, DType::F32, device)};
+            ctx.save(lse);
+            return std::vector<Tensor>{n > 0 ? mean(lse - picked).to(DType::F32)
+                                             : Tensor::zeros({}, DType::F32, l.device())};
           },
       .backward =
           [targets, first](autograd::Context& ctx, const std::vector<Tensor>& grad_out) {
