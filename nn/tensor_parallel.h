@@ -34,10 +34,9 @@ class TensorParallelGroup {
   // reduce-scatters forward and gathers backward. Layers that run on the split sequence
   // (LayerNorm, the embedding's positions) see only this rank's positions.
   virtual bool sequence_parallel() const { return false; }
-  // In place over the group, not differentiable (inside custom ops such as the parallel
-  // cross-entropy): the sum, the maximum.
+  // The sum over the group in place, not differentiable (inside custom ops such as the
+  // parallel cross-entropy).
   virtual void sum(Tensor& t) const = 0;
-  virtual void max(Tensor& t) const = 0;
 };
 
 struct TensorParallelSplit;

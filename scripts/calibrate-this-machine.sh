@@ -21,19 +21,21 @@ trap 'rm -rf "$work"' EXIT
 # rounds, a rank alone, then every core busy, then the allreduce in each, and each figure is
 # the median of its rounds (so the alone and shared rates come from the same spells).
 cores=$(nproc)
-for round in 1 2 3; do
-  echo "calibrate-this-machine: round $round of 3: device (loom-sim-calibrate --threads 1)" >&2
+rounds=3
+runs=5  # of each call-cost measurement (below)
+for ((round = 1; round <= rounds; ++round)); do
+  echo "calibrate-this-machine: round $round of $rounds: device (loom-sim-calibrate --threads 1)" >&2
   "$calibrate" --threads 1 > "$work/device.$round.json"
   # The same with every core busy: one copy per core at once, their rates averaged (the rates
   # of ranks that share the cores' caches and memory bandwidth: device.shared).
-  echo "calibrate-this-machine: round $round of 3: device with every core busy ($cores copies at once)" >&2
+  echo "calibrate-this-machine: round $round of $rounds: device with every core busy ($cores copies at once)" >&2
   pids=()
   for ((i = 0; i < cores; ++i)); do
     "$calibrate" --threads 1 > "$work/shared.$round.$i.json" 2> /dev/null &
     pids+=($!)
   done
   for pid in "${pids[@]}"; do wait "$pid"; done
-  echo "calibrate-this-machine: round $round of 3: shm allreduce on 2 ranks (loom-perf)" >&2
+  echo "calibrate-this-machine: round $round of $rounds: shm allreduce on 2 ranks (loom-perf)" >&2
   "$perf" allreduce --np 2 -b 8 -e 64M -f 8 -z 2 --json "$work/allreduce.$round.json" > /dev/null
 done
 # The core time one call takes from a rank that computes meanwhile (Note [A call's cost to a
@@ -45,17 +47,17 @@ done
 for per_core in 1 2 4; do
   ranks=$((cores * per_core))
   echo "calibrate-this-machine: a call's cost to computing ranks ($ranks ranks, loom-perf --compute-us)" >&2
-  for run in 1 2 3 4 5; do
+  for ((run = 1; run <= runs; ++run)); do
     "$perf" allreduce --np "$ranks" -b 8K -e 512K -f 4 -z 2 --compute-us 1000 -n 300 -w 30 \
       --json "$work/loaded$per_core.$run.json" > /dev/null
   done
 done
-python3 - "$work" "$cores" sim/clusters/this-machine.json <<'PY'
+python3 - "$work" "$cores" "$rounds" "$runs" sim/clusters/this-machine.json <<'PY'
 import datetime, json, os, platform, statistics, sys
-work, cores, out = sys.argv[1], int(sys.argv[2]), sys.argv[3]
+work, out = sys.argv[1], sys.argv[5]
+cores, rounds, runs = int(sys.argv[2]), range(1, int(sys.argv[3]) + 1), int(sys.argv[4])
 def load(name): return json.load(open(os.path.join(work, name)))
-rounds = (1, 2, 3)
-loaded_runs = {per_core: [load(f"loaded{per_core}.{run}.json") for run in range(1, 6)]
+loaded_runs = {per_core: [load(f"loaded{per_core}.{run}.json") for run in range(1, runs + 1)]
                for per_core in (1, 2, 4)}
 def combine_curves(curves, stat):
     """Each size's rate over the curves that measured it, combined by `stat`."""
@@ -95,9 +97,9 @@ def beyond_transfer(loaded, per_core):
     costs = sorted(r[place]["time_us"] / per_core - transfer_us(r["size"])
                    for r in loaded["results"] for place in ("out_of_place", "in_place"))
     return costs[len(costs) // 2]
-runs = {per_core: sorted(beyond_transfer(loaded, per_core) for loaded in loaded)
-        for per_core, loaded in loaded_runs.items()}
-comm_core = [[per_core, max(0.0, statistics.median(r))] for per_core, r in runs.items()]
+call_costs = {per_core: sorted(beyond_transfer(loaded, per_core) for loaded in loaded)
+              for per_core, loaded in loaded_runs.items()}
+comm_core = [[per_core, max(0.0, statistics.median(c))] for per_core, c in call_costs.items()]
 cpu = next((l.split(":", 1)[1].strip() for l in open("/proc/cpuinfo") if l.startswith("model name")), platform.processor())
 isa = "AVX-512" if "avx512f" in open("/proc/cpuinfo").read() else "AVX2"
 peak = max(rate for _, rate in device["gemm_tflops"]["f32"])
@@ -110,16 +112,16 @@ source = (f"This machine ({cpu}, {isa}, {cores} cores), measured {datetime.date.
           "f16 curves are the f32 ones (autocast emulates f16 in f32). Peaks: the best "
           "GEMM rate measured, so this machine's MFU is against what its GEMMs reach. Shared: "
           f"the same measured by {cores} copies at once, one per core, their rates "
-          "averaged (ranks sharing the cores' caches and memory bandwidth). Three rounds of "
-          "both, each rate the median of the rounds. Node: the "
+          "averaged (ranks sharing the cores' caches and memory bandwidth). Both measured in "
+          f"{len(rounds)} rounds, each rate the median of the rounds. Node: the "
           "shm backend, `loom-perf allreduce --np 2 -b 8 -e 64M -f 8 -z 2`, in each round: the median bus "
           f"bandwidth from 2 MiB ({bus:.2f} GB/s) and half the median time up to 4 KiB per "
           f"step ({latency:.2f} us), the median of the rounds. A call's core time while every core computes: "
           f"`loom-perf allreduce --np N -b 8K -e 512K -f 4 -z 2 --compute-us 1000` with N "
           f"{cores}, {2 * cores} and {4 * cores} (1, 2 and 4 ranks per core), each call's time "
           f"over the ranks per core less the transfer the node's figures above give, the median "
-          f"over sizes and placements, of five runs the median ("
-          + "; ".join(f"{k} per core {c:.1f} us, the runs {', '.join(f'{x:.1f}' for x in runs[k])}"
+          f"over sizes and placements, of {runs} runs the median ("
+          + "; ".join(f"{k} per core {c:.1f} us, the runs {', '.join(f'{x:.1f}' for x in call_costs[k])}"
                       for k, c in comm_core)
           + f"). One node: all ranks share its {cores} cores.")
 # Sizes in full: two sizes that agree in their first digits are still two points, in order.

@@ -13,13 +13,16 @@ DeviceModel::DeviceModel(const Cluster& cluster, int ranks_per_node, DType compu
                  : static_cast<const DeviceRates&>(cluster.device)),
       ranks_per_node_(ranks_per_node),
       slowdown_(std::max(1.0, static_cast<double>(ranks_per_node) / cluster.compute_slots)),
-      compute_dtype_(compute_dtype) {}
+      compute_dtype_(compute_dtype) {
+  // (Only a CPU cluster has a comm_core_s: parse_cluster refuses one beside host.memory_gbps.)
+  if (!cluster.comm_core_s.empty() && ranks_per_node >= cluster.compute_slots) {
+    comm_core_s_ =
+        cluster.comm_core_s.at(static_cast<double>(ranks_per_node) / cluster.compute_slots);
+  }
+}
 
-// (Only a CPU cluster has a comm_core_s: parse_cluster refuses one beside host.memory_gbps.)
 double DeviceModel::communication_core_seconds(double transfer_s) const {
-  if (cluster_.comm_core_s.empty() || ranks_per_node_ < cluster_.compute_slots) return 0;
-  const double ranks_per_slot = static_cast<double>(ranks_per_node_) / cluster_.compute_slots;
-  return slowdown_ * (cluster_.comm_core_s.at(ranks_per_slot) + transfer_s);
+  return comm_core_s_ ? slowdown_ * (*comm_core_s_ + transfer_s) : 0;
 }
 
 double DeviceModel::flops_rate(const std::map<DType, RateCurve>& curves, const OpCost& cost,

@@ -9,6 +9,8 @@
 // longer by ranks / slots; with more than one rank on a node, the device's shared rates
 // (device.shared: measured with every slot busy) apply where the cluster gives them.
 
+#include <optional>
+
 #include "sim/cluster.h"
 #include "tensor/meta.h"
 
@@ -48,6 +50,8 @@ class DeviceModel {
   int ranks_per_node_;
   double slowdown_;
   DType compute_dtype_;
+  // The cluster's comm_core_s at this node's ranks per slot, where its ranks fill the slots.
+  std::optional<double> comm_core_s_;
 };
 
 }  // namespace loom::sim

@@ -13,10 +13,6 @@ namespace loom::strategies {
 
 namespace {
 
-void reduce_in_place(comm::ProcessGroup& group, Tensor& t, comm::ReduceOp op) {
-  group.allreduce(t, {.op = op})->wait();
-}
-
 // [B, t, ...] on each rank -> [B, n t, ...]: the sequence (dimension 1) in rank order.
 Tensor gather_sequence(comm::ProcessGroup& group, const Tensor& x) {
   const Tensor part = x.contiguous();
@@ -107,11 +103,7 @@ Tensor ProcessGroupTensorParallel::reduce_out(const Tensor& x) const {
 }
 
 void ProcessGroupTensorParallel::sum(Tensor& t) const {
-  reduce_in_place(*group_, t, comm::ReduceOp::Sum);
-}
-
-void ProcessGroupTensorParallel::max(Tensor& t) const {
-  reduce_in_place(*group_, t, comm::ReduceOp::Max);
+  group_->allreduce(t, {.op = comm::ReduceOp::Sum})->wait();
 }
 
 ModelParallelStrategy::ModelParallelStrategy(StrategyOptions options,

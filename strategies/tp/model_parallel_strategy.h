@@ -42,7 +42,6 @@ class ProcessGroupTensorParallel : public nn::TensorParallelGroup {
   Tensor copy_in(const Tensor& x) const override;
   Tensor reduce_out(const Tensor& x) const override;
   void sum(Tensor& t) const override;
-  void max(Tensor& t) const override;
 
  private:
   std::shared_ptr<comm::ProcessGroup> group_;
