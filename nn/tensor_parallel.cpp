@@ -55,11 +55,11 @@ Tensor gradient_summed_over_group(const Tensor& x, const TensorParallelGroup& gr
 // logsumexp l_r and the target's logit where this part holds it. Combined over the group: the
 // row's logsumexp is log(sum_r exp(l_r)), and the target's logit is the sum of the parts' (one
 // is non-zero). Both combine on the logits' device, so a step on a GPU never waits for the
-// host here (and a CUDA Graph can capture it): the l_r cross the group as the rows of a
-// [ranks, N] tensor (each rank fills its own row, zeros elsewhere, and the group sums it:
-// adding zeros is exact), whose columns' logsumexp is cross_entropy_part's again, with a part
-// that starts beyond the vocabulary (so no target falls in it); the loss is the mean of the
-// differences. Backward, each rank's part of the gradient is cross_entropy_part_backward with
+// host here (whether a CUDA Graph then captures a tensor-parallel step is untested): the l_r
+// cross the group as the rows of a [ranks, N] tensor (each rank fills its own row, zeros
+// elsewhere, and the group sums it: adding zeros is exact), whose columns' logsumexp is
+// cross_entropy_part's again, with a part that starts beyond the vocabulary (so no target
+// falls in it); the loss is the mean of the differences. Backward, each rank's part of the gradient is cross_entropy_part_backward with
 // the whole rows' logsumexp.
 Tensor parallel_cross_entropy(const Tensor& logits_in, const Tensor& targets, int64_t first,
                               const TensorParallelGroup& group) {
