@@ -6,8 +6,16 @@
 # collective bandwidth and latency from loom-perf's shm allreduce on 2 ranks, and the core time
 # a call takes from ranks that compute on every core, at 1, 2 and 4 ranks per core (loom-perf
 # --compute-us).
-# Usage: bash scripts/calibrate-this-machine.sh [BUILD_DIR]   (default build/release)
+# Usage: bash scripts/calibrate-this-machine.sh [--out FILE] [BUILD_DIR]
+#        (defaults: sim/clusters/this-machine.json, build/release; the preset is compiled into
+#        loom-sim, so after writing it rebuild, or give loom-sim the file: --cluster FILE)
 set -euo pipefail
+out=sim/clusters/this-machine.json  # (relative to the repository)
+if [[ ${1:-} == --out ]]; then
+  [[ -n ${2:-} ]] || { echo "calibrate-this-machine: --out needs a file name" >&2; exit 2; }
+  out=$(realpath -m -- "$2")  # (relative to the caller's directory)
+  shift 2
+fi
 cd "$(dirname "$0")/.."
 build=${1:-build/release}
 calibrate=$build/tools/loom_sim/loom-sim-calibrate
@@ -52,7 +60,7 @@ for per_core in 1 2 4; do
       --json "$work/loaded$per_core.$run.json" > /dev/null
   done
 done
-python3 - "$work" "$cores" "$rounds" "$runs" sim/clusters/this-machine.json <<'PY'
+python3 - "$work" "$cores" "$rounds" "$runs" "$out" <<'PY'
 import datetime, json, os, platform, statistics, sys
 work, out = sys.argv[1], sys.argv[5]
 cores, rounds, runs = int(sys.argv[2]), range(1, int(sys.argv[3]) + 1), int(sys.argv[4])

@@ -8,10 +8,21 @@
 # configuration is measured ROUNDS times, the rounds interleaved (round 1 of every
 # configuration, then round 2, ...): the table's measurement is the median of the rounds, and
 # its spread (the rounds' lowest and highest) is printed beside it.
-# Usage: bash bench/sim/validate_this_machine.sh [BUILD_DIR] [STEPS] [ROUNDS]
+#
+# With --calibrate, each round first calibrates the machine (scripts/calibrate-this-machine.sh
+# into a file of the round's own) and predicts from that calibration (loom-sim --cluster
+# FILE), so a prediction and its measurement come from the same minutes of the host; the
+# table's prediction is then the median of the rounds'. Without it, every prediction is the
+# compiled-in this-machine preset's, calibrated whenever it was.
+# Usage: bash bench/sim/validate_this_machine.sh [--calibrate] [BUILD_DIR] [STEPS] [ROUNDS]
 #        (defaults: build/release, 12, 3)
 set -euo pipefail
 cd "$(dirname "$0")/../.."
+calibrate=false
+if [[ ${1:-} == --calibrate ]]; then
+  calibrate=true
+  shift
+fi
 build=${1:-build/release}
 steps=${2:-12}
 rounds=${3:-3}
@@ -58,27 +69,41 @@ print(statistics.median(r['ms_per_step'] for r in rows if r['step'] >= 3))" >> "
 cases=$((${#sizes[@]} * ${#configs[@]}))
 for ((round = 1; round <= rounds; ++round)); do
   echo "validate_this_machine: round $round of $rounds ($(date -u +%H:%M:%S) UTC)" >&2
+  if $calibrate; then
+    bash scripts/calibrate-this-machine.sh --out "$work/cluster.$round.json" "$build" 2> "$work/calibrate.log" ||
+      { cat "$work/calibrate.log" >&2; exit 1; }
+  fi
   for ((case = 0; case < cases; ++case)); do measure "$case"; done
 done
+clusters=(this-machine)
+$calibrate && clusters=("$work"/cluster.*.json)
 
-echo "| model | strategy | ranks | measured ms/step (median of $rounds; lowest-highest) | predicted ms/step | error |"
+predicted_header="predicted ms/step"
+$calibrate && predicted_header="predicted ms/step (median of $rounds calibrations; lowest-highest)"
+echo "| model | strategy | ranks | measured ms/step (median of $rounds; lowest-highest) | $predicted_header | error |"
 echo "|---|---|---|---|---|---|"
 for ((case = 0; case < cases; ++case)); do
   size=${sizes[$((case / ${#configs[@]}))]}
   read -r strategy ranks extra <<< "${configs[$((case % ${#configs[@]}))]}"
   name=$strategy
   [[ $strategy == ddp_spawn ]] && name=ddp
-  # shellcheck disable=SC2086
-  "$loom_sim" --strategy "$name" --devices "$ranks" $size ${extra:-} --json > "$work/sim.json" \
-    2> "$work/sim.log" || { cat "$work/sim.log" >&2; exit 1; }
-  python3 - "$work/measured.$case" "$work/sim.json" "$size" "$name ${extra:-}" "$ranks" <<'PY'
-import json, statistics, sys
+  rm -f "$work/predicted"
+  for cluster in "${clusters[@]}"; do
+    # shellcheck disable=SC2086
+    "$loom_sim" --cluster "$cluster" --strategy "$name" --devices "$ranks" $size ${extra:-} --json \
+      > "$work/sim.json" 2> "$work/sim.log" || { cat "$work/sim.log" >&2; exit 1; }
+    python3 -c "import json, sys; print(json.load(open(sys.argv[1]))['ms_per_step'])" \
+      "$work/sim.json" >> "$work/predicted"
+  done
+  python3 - "$work/measured.$case" "$work/predicted" "$size" "$name ${extra:-}" "$ranks" <<'PY'
+import statistics, sys
 runs = [float(line) for line in open(sys.argv[1])]
-measured = statistics.median(runs)
-predicted = json.load(open(sys.argv[2]))["ms_per_step"]
+predictions = [float(line) for line in open(sys.argv[2])]
+measured, predicted = statistics.median(runs), statistics.median(predictions)
+spread = f" ({min(predictions):.1f}-{max(predictions):.1f})" if len(predictions) > 1 else ""
 model = sys.argv[3].split(" --heads")[0].replace("--", "")
 print(f"| {model} | {sys.argv[4].strip()} | {sys.argv[5]} | {measured:.1f} ({min(runs):.1f}-{max(runs):.1f}) "
-      f"| {predicted:.1f} | {100 * (predicted - measured) / measured:+.1f}% |")
+      f"| {predicted:.1f}{spread} | {100 * (predicted - measured) / measured:+.1f}% |")
 PY
 done | tee "$work/table.md"
 python3 - "$work/table.md" <<'PY'

@@ -43,10 +43,13 @@ std::string cell(const std::optional<Measurement>& m) {
 
 nlohmann::json measurement_json(const std::optional<Measurement>& m) {
   if (!m) return nullptr;
-  return {{"time_us", m->time_us},
-          {"algbw_gbps", m->algbw},
-          {"busbw_gbps", m->busbw},
-          {"wrong", m->wrong ? nlohmann::json(*m->wrong) : nlohmann::json(nullptr)}};
+  nlohmann::json out = {{"time_us", m->time_us},
+                        {"algbw_gbps", m->algbw},
+                        {"busbw_gbps", m->busbw},
+                        {"wrong", m->wrong ? nlohmann::json(*m->wrong) : nlohmann::json(nullptr)}};
+  if (m->completion_us) out["completion_us"] = *m->completion_us;
+  if (m->compute_alone_us) out["compute_alone_us"] = *m->compute_alone_us;
+  return out;
 }
 
 std::string csv_cells(const std::optional<Measurement>& m) {
@@ -97,7 +100,9 @@ void print_header(std::ostream& out, const RunInfo& info) {
   out << format(" warmup iters: %d iters: %d validation: %d blocking: %d\n", o.warmup_iters,
                 o.iters, o.check ? 1 : 0, o.blocking ? 1 : (o.wait_each ? 2 : 0));
   if (o.compute_us > 0) {
-    out << format("# Each call overlaps %g us of computation per rank; time: what it adds\n",
+    out << format("# Each call overlaps %g us of computation per rank; time: what it adds "
+                  "(--json: also completion_us, from its issue to its completion as the "
+                  "computing rank sees it, and compute_alone_us)\n",
                   o.compute_us);
   }
   out << "# Command: " << o.command << "\n";

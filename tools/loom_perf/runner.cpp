@@ -188,19 +188,21 @@ std::vector<Row> Runner::run(const std::function<void(const Row&)>& on_row) {
 
 namespace {
 
+// Keeps busy_work's result alive, and gives it a start the compiler cannot know.
+volatile double busy_sink = 0;
+
 // A fixed amount of arithmetic on this thread, in registers: a chain of dependent
 // multiply-adds, which keeps one core busy for a time proportional to `rounds` and touches
-// no memory.
+// no memory. The chain starts from busy_sink, a volatile: from a constant start (1.0, a
+// fixed point of the step) the compiler proved the value constant and removed the loop, and
+// --compute-us computed nothing (until 2026-12-06).
 double busy_work(int64_t rounds) {
-  double a = 1.0;
+  double a = busy_sink + 1.0;
   const double b = 1e-9;
   for (int64_t i = 0; i < rounds; ++i)
     a = a * (1.0 - b) + b;
   return a;
 }
-
-// Keeps busy_work's result alive, so that the compiler cannot drop the loop.
-volatile double busy_sink = 0;
 
 }  // namespace
 
@@ -280,17 +282,36 @@ Measurement Runner::measure(size_t bytes, size_t count, size_t per_rank, bool in
     alone_us = std::chrono::duration<double, std::micro>(Clock::now() - alone).count() / iters;
     pg_->barrier(o)->wait();
   }
+  // The computation runs in kSlices slices, and between them the rank looks whether its call
+  // has completed: the first look that finds it done (or, if none does, the wait's return)
+  // ends the call's completion time, to a slice's resolution. (Work is only read, so the
+  // looks change nothing of the group's progress; they cost a load each.)
+  constexpr int64_t kSlices = 32;
+  double completion_sum_us = 0;
   auto start = Clock::now();
   for (int i = 0; i < options_.iters; ++i) {
+    const auto issued = Clock::now();
     issue(*pg_, options_.collective, buffers, o, works);
-    if (compute_rounds_ > 0) busy_sink = busy_work(compute_rounds_);
+    std::optional<Clock::time_point> completed;
+    for (int64_t slice = 0; compute_rounds_ > 0 && slice < kSlices; ++slice) {
+      busy_sink = busy_work(compute_rounds_ / kSlices);
+      if (!completed && works.back()->is_completed()) completed = Clock::now();
+    }
     if (options_.blocking || options_.wait_each) wait_all(works);
+    if (compute_rounds_ > 0) {
+      completion_sum_us += std::chrono::duration<double, std::micro>(
+                               completed.value_or(Clock::now()) - issued).count();
+    }
   }
   wait_all(works);
   double elapsed_us = std::chrono::duration<double, std::micro>(Clock::now() - start).count();
 
   Measurement m;
   m.time_us = max_over_ranks(elapsed_us / iters - alone_us);
+  if (compute_rounds_ > 0) {
+    m.completion_us = max_over_ranks(completion_sum_us / iters);
+    m.compute_alone_us = max_over_ranks(alone_us);
+  }
   m.algbw = m.time_us > 0 ? static_cast<double>(bytes) / m.time_us / 1e3 : 0.0;
   m.busbw = m.algbw * bus_factor(options_.collective, nranks_);
 

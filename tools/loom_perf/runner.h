@@ -21,6 +21,11 @@ namespace loom::perf {
 
 struct Measurement {
   double time_us = 0;            // average per operation, slowest rank
+  // With --compute-us: the average time from a call's issue to its completion as the computing
+  // rank sees it (polled between slices of the computation), slowest rank; else nullopt.
+  std::optional<double> completion_us;
+  // With --compute-us: the computation's own time per call, alone (slowest rank).
+  std::optional<double> compute_alone_us;
   double algbw = 0;              // GB/s (1e9 bytes)
   double busbw = 0;              // GB/s
   std::optional<int64_t> wrong;  // over all ranks; nullopt when not checked

@@ -18,11 +18,19 @@
 // object of a cluster description (scripts/calibrate-this-machine.sh writes
 // sim/clusters/this-machine.json with it) on stdout, what it measured on stderr.
 //
+// With --compare, it calibrates nothing: it profiles the given model's own f32 steps and
+// prints, op by op (attention by head dimension), the measured seconds per step beside the
+// device model's for the same ops on a cluster (the this-machine preset by default), so a
+// validation's miss on one device can be traced to the ops whose curves extrapolate badly.
+//
 //   loom-sim-calibrate [--threads N]   (default 1: a rank's threads when each has one core)
+//   loom-sim-calibrate --compare LAYERS,EMBD,HEADS,CTX,BATCH [--cluster PRESET|FILE] [--threads N]
 
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
+#include <cstdlib>
+#include <exception>
 #include <functional>
 #include <map>
 #include <optional>
@@ -36,6 +44,8 @@
 #include "nn/gpt.h"
 #include "optim/adamw.h"
 #include "optim/clip_grad.h"
+#include "sim/cluster.h"
+#include "sim/device_model.h"
 #include "tensor/autocast.h"
 #include "tensor/meta.h"
 #include "tensor/ops.h"
@@ -170,6 +180,59 @@ nlohmann::json curve(std::vector<Point> points, double unit) {
   return out;
 }
 
+// Profiles `config`'s f32 steps and prints each op group's measured and predicted seconds
+// per step on `cluster` (one rank alone on the node), the largest first, and their totals.
+void compare(const loom::nn::GPTConfig& config, int64_t batch, const std::string& cluster_name) {
+  const loom::sim::Cluster cluster = loom::sim::load_cluster(cluster_name);
+  const loom::sim::DeviceModel device(cluster, /*ranks_per_node=*/1);
+  loom::OpProfile profile;
+  profile_steps(config, batch, DType::F32, profile);
+  constexpr double kSteps = 3;  // profile_steps' profiled steps
+  std::map<std::string, Sum> measured, predicted;  // (Sum::work: the op count)
+  for (const loom::OpProfile::Entry& e : profile.entries()) {
+    Sum& m = measured[group_name(e.cost)];
+    m.seconds += e.seconds / kSteps;
+    m.work += 1 / kSteps;
+    predicted[group_name(e.cost)].seconds += device.seconds(e.cost) / kSteps;
+  }
+  std::vector<std::pair<double, std::string>> order;
+  for (const auto& [name, sum] : measured) order.emplace_back(-sum.seconds, name);
+  std::sort(order.begin(), order.end());
+  std::printf("%-26s %8s %12s %12s %8s\n", "op", "per step", "measured ms", "predicted ms",
+              "error");
+  double total_measured = 0, total_predicted = 0;
+  for (const auto& [negative, name] : order) {
+    const double m = measured[name].seconds * 1e3, p = predicted[name].seconds * 1e3;
+    total_measured += m;
+    total_predicted += p;
+    std::printf("%-26s %8.0f %12.3f %12.3f %+7.1f%%\n", name.c_str(), measured[name].work, m, p,
+                100 * (p - m) / m);
+  }
+  std::printf("%-26s %8s %12.3f %12.3f %+7.1f%%\n", "total", "", total_measured,
+              total_predicted, 100 * (total_predicted - total_measured) / total_measured);
+}
+
+// "LAYERS,EMBD,HEADS,CTX,BATCH" as five positive integers.
+std::vector<int64_t> parse_shape(const std::string& text) {
+  std::vector<int64_t> values;
+  size_t begin = 0;
+  while (begin <= text.size()) {
+    const size_t end = std::min(text.find(',', begin), text.size());
+    const std::string field = text.substr(begin, end - begin);
+    char* rest = nullptr;
+    const long long value = std::strtoll(field.c_str(), &rest, 10);
+    if (field.empty() || *rest != '\0' || value <= 0) break;
+    values.push_back(value);
+    begin = end + 1;
+  }
+  if (values.size() != 5) {
+    std::fprintf(stderr, "loom-sim-calibrate: --compare wants LAYERS,EMBD,HEADS,CTX,BATCH as five "
+                         "positive integers (e.g. 4,128,4,128,8), got '%s'\n", text.c_str());
+    std::exit(2);
+  }
+  return values;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -177,8 +240,25 @@ int main(int argc, char** argv) {
   int threads = 1;
   app.add_option("--threads", threads, "intra-op threads (a rank's, when each has one core)")
       ->check(CLI::PositiveNumber);
+  std::string shape, cluster = "this-machine";
+  app.add_option("--compare", shape,
+                 "LAYERS,EMBD,HEADS,CTX,BATCH: compare this model's measured op times with the "
+                 "cluster's device model instead of calibrating");
+  app.add_option("--cluster", cluster, "with --compare: a preset or a cluster JSON file");
   CLI11_PARSE(app, argc, argv);
   loom::kernels::cpu::set_num_threads(threads);
+  if (!shape.empty()) {
+    const std::vector<int64_t> v = parse_shape(shape);
+    loom::nn::GPTConfig config = model(v[1], v[2], v[3]);
+    config.layers = v[0];
+    try {
+      compare(config, v[4], cluster);
+    } catch (const std::exception& e) {  // a cluster that does not load
+      std::fprintf(stderr, "loom-sim-calibrate: %s\n", e.what());
+      return 1;
+    }
+    return 0;
+  }
 
   // Four models (head dimensions 32 and 64), each two steps to warm up and three profiled.
   const std::vector<loom::nn::GPTConfig> models = {model(96, 3, 96), model(160, 5, 160),
