@@ -4,8 +4,8 @@
 # own CPU ops at one thread, the share of one core a rank has when each rank has a core; and
 # again with one copy per core running at once, for ranks that share the machine), the node's
 # collective bandwidth and latency from loom-perf's shm allreduce on 2 ranks, and the core time
-# a call takes from ranks that compute on every core, at 1, 2 and 4 ranks per core (loom-perf
-# --compute-us).
+# a call takes from ranks that compute on every core (loom-perf --compute-us) and from ranks
+# that wait for it at once, at 1, 2 and 4 ranks per core.
 # Usage: bash scripts/calibrate-this-machine.sh [--out FILE] [BUILD_DIR]
 #        (defaults: sim/clusters/this-machine.json, build/release; the preset is compiled into
 #        loom-sim, so after writing it rebuild, or give loom-sim the file: --cluster FILE)
@@ -50,14 +50,17 @@ done
 # computing rank] in tools/loom_perf/runner.cpp), with 1, 2 and 4 ranks per core (with more
 # ranks than cores a call also waits for peers the scheduler has set aside): 1 ms of
 # computation per call, sizes from 8 KiB (smaller allreduces run on the caller's thread, not
-# the progress thread's). Five runs each: runs a minute apart here gave 14 and 72 us
-# (docs/simulation.md).
+# the progress thread's). And the same calls waited for at once, nothing computed between
+# (node.comm_blocking_us: the hand-off and wake-ups of ranks that all wait). Five runs each,
+# interleaved: runs a minute apart here gave 52 and 79 us (docs/simulation.md).
 for per_core in 1 2 4; do
   ranks=$((cores * per_core))
-  echo "calibrate-this-machine: a call's cost to computing ranks ($ranks ranks, loom-perf --compute-us)" >&2
+  echo "calibrate-this-machine: a call's cost to computing and to waiting ranks ($ranks ranks, loom-perf)" >&2
   for ((run = 1; run <= runs; ++run)); do
-    "$perf" allreduce --np "$ranks" -b 8K -e 512K -f 4 -z 2 --compute-us 1000 -n 300 -w 30 \
+    "$perf" allreduce --np "$ranks" -b 8K -e 512K -f 4 -z 2 --compute-us 1000 -n 100 -w 10 \
       --json "$work/loaded$per_core.$run.json" > /dev/null
+    "$perf" allreduce --np "$ranks" -b 8K -e 512K -f 4 -z 2 -n 100 -w 10 \
+      --json "$work/blocking$per_core.$run.json" > /dev/null
   done
 done
 python3 - "$work" "$cores" "$rounds" "$runs" "$out" <<'PY'
@@ -65,8 +68,9 @@ import datetime, json, os, platform, statistics, sys
 work, out = sys.argv[1], sys.argv[5]
 cores, rounds, runs = int(sys.argv[2]), range(1, int(sys.argv[3]) + 1), int(sys.argv[4])
 def load(name): return json.load(open(os.path.join(work, name)))
-loaded_runs = {per_core: [load(f"loaded{per_core}.{run}.json") for run in range(1, runs + 1)]
-               for per_core in (1, 2, 4)}
+def runs_of(kind):
+    return {per_core: [load(f"{kind}{per_core}.{run}.json") for run in range(1, runs + 1)]
+            for per_core in (1, 2, 4)}
 def combine_curves(curves, stat):
     """Each size's rate over the curves that measured it, combined by `stat`."""
     rates = {}
@@ -105,9 +109,15 @@ def beyond_transfer(loaded, per_core):
     costs = sorted(r[place]["time_us"] / per_core - transfer_us(r["size"])
                    for r in loaded["results"] for place in ("out_of_place", "in_place"))
     return costs[len(costs) // 2]
-call_costs = {per_core: sorted(beyond_transfer(loaded, per_core) for loaded in loaded)
-              for per_core, loaded in loaded_runs.items()}
-comm_core = [[per_core, max(0.0, statistics.median(c))] for per_core, c in call_costs.items()]
+def call_costs(kind):
+    return {per_core: sorted(beyond_transfer(run, per_core) for run in measured)
+            for per_core, measured in runs_of(kind).items()}
+def curve_of(costs): return [[per_core, max(0.0, statistics.median(c))] for per_core, c in costs.items()]
+def described(costs, curve):
+    return "; ".join(f"{k} per core {c:.1f} us, the runs {', '.join(f'{x:.1f}' for x in costs[k])}"
+                     for k, c in curve)
+loaded_costs, blocking_costs = call_costs("loaded"), call_costs("blocking")
+comm_core, comm_blocking = curve_of(loaded_costs), curve_of(blocking_costs)
 cpu = next((l.split(":", 1)[1].strip() for l in open("/proc/cpuinfo") if l.startswith("model name")), platform.processor())
 isa = "AVX-512" if "avx512f" in open("/proc/cpuinfo").read() else "AVX2"
 peak = max(rate for _, rate in device["gemm_tflops"]["f32"])
@@ -129,8 +139,9 @@ source = (f"This machine ({cpu}, {isa}, {cores} cores), measured {datetime.date.
           f"{cores}, {2 * cores} and {4 * cores} (1, 2 and 4 ranks per core), each call's time "
           f"over the ranks per core less the transfer the node's figures above give, the median "
           f"over sizes and placements, of {runs} runs the median ("
-          + "; ".join(f"{k} per core {c:.1f} us, the runs {', '.join(f'{x:.1f}' for x in call_costs[k])}"
-                      for k, c in comm_core)
+          + described(loaded_costs, comm_core)
+          + "). A call's core time when its ranks wait for it at once (node.comm_blocking_us): "
+          "the same without --compute-us (" + described(blocking_costs, comm_blocking)
           + f"). One node: all ranks share its {cores} cores.")
 # Sizes in full: two sizes that agree in their first digits are still two points, in order.
 def pairs(curve): return "[" + ", ".join(f"[{a:.10g}, {b:.4g}]" for a, b in curve) + "]"
@@ -160,7 +171,8 @@ text = f'''{{
     }}
   }},
   "node": {{"devices": 1024, "compute_slots": {cores}, "busbw_gbps": {bus:.3g}, "latency_us": {latency:.3g},
-           "comm_core_us": [{", ".join(f"[{k}, {c:.3g}]" for k, c in comm_core)}]}},
+           "comm_core_us": [{", ".join(f"[{k}, {c:.3g}]" for k, c in comm_core)}],
+           "comm_blocking_us": [{", ".join(f"[{k}, {c:.3g}]" for k, c in comm_blocking)}]}},
   "network": {{"nics_per_node": 0}},
   "collective_base_latency_us": 0,
   "host": {{"pcie_gbps": {device["memory_gbps"][-1][1]:.3g}}}

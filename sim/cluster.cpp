@@ -206,6 +206,13 @@ Cluster parse_cluster(const std::string& json_text, const std::string& origin) {
                         ? RateCurve({{1, r.number(node, "node", "comm_core_us", true) * kMicro}})
                         : r.curve(*core, "node.comm_core_us", kMicro, true);
   }
+  if (const auto blocking = node.find("comm_blocking_us"); blocking != node.end()) {
+    if (c.comm_core_s.empty()) r.fail("node.comm_blocking_us", "needs node.comm_core_us");
+    c.comm_blocking_s =
+        blocking->is_number()
+            ? RateCurve({{1, r.number(node, "node", "comm_blocking_us", true) * kMicro}})
+            : r.curve(*blocking, "node.comm_blocking_us", kMicro, true);
+  }
   const json& network = r.member(doc, "", "network");
   c.nics_per_node = r.count(network, "network", "nics_per_node", true);
   if (c.nics_per_node > 0) {

@@ -82,6 +82,12 @@ struct Cluster {
   // the node's ranks fill its compute slots, a rank's compute gives up that time and the
   // transfer's (the copies run on the same cores). Seconds; empty: none.
   RateCurve comm_core_s;
+  // Optional (node.comm_blocking_us; needs comm_core_us): the same for an operation its rank
+  // waits for at once, with nothing computed between the issue and the wait (a synchronous
+  // call, a wait right after the issue): the hand-off to the progress thread and the wake-ups
+  // between ranks that all wait, measured without computation (loom-perf -z 2). Empty: such
+  // an operation takes comm_core_s as well.
+  RateCurve comm_blocking_s;
   int nics_per_node = 0;
   LinkSpec nic;          // one NIC, between nodes
   std::string topology;  // "fat-tree" or "rail": both full bisection (docs/simulation.md)

@@ -16,13 +16,16 @@ DeviceModel::DeviceModel(const Cluster& cluster, int ranks_per_node, DType compu
       compute_dtype_(compute_dtype) {
   // (Only a CPU cluster has a comm_core_s: parse_cluster refuses one beside host.memory_gbps.)
   if (!cluster.comm_core_s.empty() && ranks_per_node >= cluster.compute_slots) {
-    comm_core_s_ =
-        cluster.comm_core_s.at(static_cast<double>(ranks_per_node) / cluster.compute_slots);
+    const double per_slot = static_cast<double>(ranks_per_node) / cluster.compute_slots;
+    comm_core_s_ = cluster.comm_core_s.at(per_slot);
+    comm_blocking_s_ = cluster.comm_blocking_s.empty() ? *comm_core_s_
+                                                       : cluster.comm_blocking_s.at(per_slot);
   }
 }
 
-double DeviceModel::communication_core_seconds(double transfer_s) const {
-  return comm_core_s_ ? slowdown_ * (*comm_core_s_ + transfer_s) : 0;
+double DeviceModel::communication_core_seconds(double transfer_s, bool blocking) const {
+  if (!comm_core_s_) return 0;
+  return slowdown_ * ((blocking ? *comm_blocking_s_ : *comm_core_s_) + transfer_s);
 }
 
 double DeviceModel::flops_rate(const std::map<DType, RateCurve>& curves, const OpCost& cost,

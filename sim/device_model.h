@@ -35,8 +35,9 @@ class DeviceModel {
   // The compute time a communication operation of `transfer_s` seconds takes from its rank:
   // on a CPU cluster whose node's ranks fill its compute slots, the cluster's comm_core_s at
   // the node's ranks per slot plus the transfer (its copies run on the cores), slowed as the
-  // rank's ops are; else 0.
-  double communication_core_seconds(double transfer_s) const;
+  // rank's ops are; else 0. `blocking`: the rank computed nothing between the operation's
+  // issue and its wait, so it takes the cluster's comm_blocking_s where it gives one.
+  double communication_core_seconds(double transfer_s, bool blocking) const;
 
  private:
   // The achieved FLOP/s of a GEMM or attention op from `curves` (device.`field`).
@@ -50,8 +51,9 @@ class DeviceModel {
   int ranks_per_node_;
   double slowdown_;
   DType compute_dtype_;
-  // The cluster's comm_core_s at this node's ranks per slot, where its ranks fill the slots.
-  std::optional<double> comm_core_s_;
+  // The cluster's comm_core_s and comm_blocking_s (or comm_core_s again) at this node's ranks
+  // per slot, where its ranks fill the slots.
+  std::optional<double> comm_core_s_, comm_blocking_s_;
 };
 
 }  // namespace loom::sim

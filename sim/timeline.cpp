@@ -71,18 +71,10 @@ comm::SimInterval Timeline::record(const comm::CommCost& cost) {
   logged.host_tensor = Tensor();  // (the log keeps no tensors)
   comm_log_.record(logged);
   const bool p2p = cost.op == "send" || cost.op == "recv";
-  const double on_cores = device_.communication_core_seconds(took.seconds);
   std::unique_lock lock(mutex_);
   const double start = start_of(cost, p2p, lock);
-  if (on_cores > 0) {  // the rank's compute gives up the core time the operation takes
-    if (trace_ != nullptr) {
-      const int64_t from = microseconds(totals_.now);
-      trace_->complete(cost.op, "communication on the cores", from,
-                       microseconds(totals_.now + on_cores) - from);
-    }
-    totals_.now += on_cores;
-    totals_.compute += on_cores;
-  }
+  // Its core time is charged at its wait, which knows whether the rank computed meanwhile.
+  just_issued_ = OnCores{cost.op, took.seconds, totals_.ops};
   const int peer = !p2p                ? -1
                    : cost.world_ranks ? (*cost.world_ranks)[static_cast<size_t>(cost.peer)]
                                       : cost.peer;
@@ -117,6 +109,10 @@ comm::SimInterval Timeline::record(const comm::CommCost& cost) {
 
 void Timeline::issued(const comm::Work& work) {
   std::lock_guard lock(mutex_);
+  if (just_issued_) {
+    on_cores_[&work] = *just_issued_;  // (replacing one of a Work never waited for)
+    just_issued_.reset();
+  }
   if (just_received_) {
     receives_[&work] = *just_received_;
     just_received_.reset();
@@ -131,6 +127,10 @@ void Timeline::waiting(const comm::Work& work) {
   double until = seconds_of(*done);
   bool bubble = false;
   std::unique_lock lock(mutex_);
+  if (auto found = on_cores_.find(&work); found != on_cores_.end()) {
+    charge_cores(found->second);
+    on_cores_.erase(found);
+  }
   if (auto found = receives_.find(&work); found != receives_.end()) {
     const Receive receive = found->second;
     receives_.erase(found);
@@ -149,6 +149,19 @@ void Timeline::waiting(const comm::Work& work) {
   }
   (bubble ? totals_.bubble : totals_.exposed_comm) += until - totals_.now;
   totals_.now = until;
+}
+
+void Timeline::charge_cores(const OnCores& operation) {
+  const bool blocking = totals_.ops == operation.ops_at_issue;
+  const double seconds = device_.communication_core_seconds(operation.transfer_s, blocking);
+  if (seconds <= 0) return;
+  if (trace_ != nullptr) {
+    const int64_t from = microseconds(totals_.now);
+    trace_->complete(operation.op, "communication on the cores", from,
+                     microseconds(totals_.now + seconds) - from);
+  }
+  totals_.now += seconds;
+  totals_.compute += seconds;
 }
 
 Timeline::Totals Timeline::totals() const {

@@ -8,7 +8,9 @@
 // compute stream to the operation's completion; the time it moves is exposed communication.
 // So the overlap a step gets is the one its strategy's code expresses. On a CPU cluster whose
 // ranks fill the node's cores, each operation also takes its core time from the compute
-// stream (DeviceModel::communication_core_seconds).
+// stream at its first wait (DeviceModel::communication_core_seconds): the loaded figure where
+// the rank computed between the issue and the wait, the blocking one where it did not. (An
+// operation never waited for takes none.)
 //
 // The ranks of a pipeline's stages are simulated together, one timeline each on its own thread,
 // meeting in a RankExchange (sim/rank_exchange.h): a send to another present rank arrives at
@@ -96,6 +98,16 @@ class Timeline final : public MetaCostSink, public comm::CommCostSink, public co
   };
   std::optional<Receive> just_received_;
   std::map<const comm::Work*, Receive> receives_;
+  // An operation's core time, charged at its first wait: the one just recorded (until issued()
+  // sees its Work), then by Work.
+  struct OnCores {
+    std::string op;
+    double transfer_s = 0;
+    int64_t ops_at_issue = 0;  // the compute stream's ops then (Totals::ops)
+  };
+  void charge_cores(const OnCores& operation);  // (under mutex_)
+  std::optional<OnCores> just_issued_;
+  std::map<const comm::Work*, OnCores> on_cores_;
 };
 
 // Installs a timeline as the calling thread's meta cost sink, comm cost sink and wait

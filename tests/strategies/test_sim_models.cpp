@@ -414,6 +414,41 @@ TEST(SimTimeline, CommunicationCoreTimeFollowsRanksPerComputeSlot) {
                "node.comm_core_us[0] must have a size above 0 and a rate of 0 or more");
 }
 
+// A call its rank waits for at once (nothing computed between) costs the cores the hand-off
+// of ranks that all wait (node.comm_blocking_us); one overlapped with the rank's compute costs
+// what it takes from a computing rank (node.comm_core_us). The charge comes at the first wait;
+// a call never waited for is charged nothing.
+TEST(SimTimeline, ACallOverlappedWithComputeCostsTheLoadedCoreTime) {
+  constexpr double kNanosecond = 1e-9;
+  const std::string node = R"("compute_slots": 4, "busbw_gbps": 100, "latency_us": 1},)";
+  const Cluster c = parse_cluster(
+      test_cluster_json(node, R"("compute_slots": 2, "busbw_gbps": 100, "latency_us": 1,
+                                 "comm_core_us": 50, "comm_blocking_us": [[1, 10], [4, 30]]},)"),
+      "cpu");
+  Timeline timeline(c, 0, 2, DType::F32);  // a rank per slot: 50 us loaded, 10 blocking
+  TimelineScope scope(timeline);
+  std::shared_ptr<comm::ProcessGroup> group = sim_group(2);
+  Tensor grads = Tensor::empty({1 << 20}, DType::F32, Device::meta());  // 4 MiB
+  const double allreduce = 2e-6 + 2 * (0.5 * 4194304 / 100e9 + 1e-6);
+  group->allreduce(grads)->wait();  // blocking
+  EXPECT_NEAR(timeline.totals().compute, 10e-6 + allreduce, kNanosecond);
+  comm::WorkPtr overlapped = group->allreduce(grads);
+  EXPECT_NEAR(timeline.totals().compute, 10e-6 + allreduce, kNanosecond);  // (not yet)
+  compute(300e-6);
+  overlapped->wait();
+  overlapped->wait();  // (charged once)
+  EXPECT_NEAR(timeline.totals().compute, 10e-6 + allreduce + 300e-6 + 50e-6 + allreduce,
+              kNanosecond);
+  const double before = timeline.totals().compute;
+  comm::WorkPtr never_waited = group->allreduce(grads);
+  compute(100e-6);
+  never_waited.reset();
+  EXPECT_NEAR(timeline.totals().compute, before + 100e-6, kNanosecond);
+  expect_error(test_cluster_json(node, R"("compute_slots": 2, "busbw_gbps": 100, "latency_us": 1,
+                                          "comm_blocking_us": 10},)"),
+               "node.comm_blocking_us needs node.comm_core_us");
+}
+
 // split_by: a simulated group makes its subgroup from the assignment alone, ordered by (key,
 // rank) as split() orders, and knows where its members are in the world.
 TEST(SimTimeline, ASimulatedGroupSplitsByAnAssignment) {
