@@ -94,6 +94,8 @@ loom::nn::GPTConfig model(int64_t embd, int64_t heads, int64_t context) {
   return c;
 }
 
+constexpr int kProfiledSteps = 3;
+
 // Trains `config` for two steps, then three more with its ops profiled into `profile`: the
 // forward and loss (under `autocast`: F32 for none), backward, gradient clipping and AdamW of
 // train_gpt's loop.
@@ -118,7 +120,7 @@ void profile_steps(const loom::nn::GPTConfig& config, int64_t batch, DType autoc
   step();
   step();
   loom::OpProfileScope scope(profile);
-  for (int i = 0; i < 3; ++i) step();
+  for (int i = 0; i < kProfiledSteps; ++i) step();
 }
 
 // The profile's entries by op name and size (FLOPs for GEMMs and attention, else bytes): the
@@ -187,29 +189,29 @@ void compare(const loom::nn::GPTConfig& config, int64_t batch, const std::string
   const loom::sim::DeviceModel device(cluster, /*ranks_per_node=*/1);
   loom::OpProfile profile;
   profile_steps(config, batch, DType::F32, profile);
-  constexpr double kSteps = 3;  // profile_steps' profiled steps
-  std::map<std::string, Sum> measured, predicted;  // (Sum::work: the op count)
+  constexpr double kSteps = kProfiledSteps;
+  struct PerStep {
+    double ops = 0, measured_ms = 0, predicted_ms = 0;
+  };
+  std::map<std::string, PerStep> groups;
+  PerStep total;
   for (const loom::OpProfile::Entry& e : profile.entries()) {
-    Sum& m = measured[group_name(e.cost)];
-    m.seconds += e.seconds / kSteps;
-    m.work += 1 / kSteps;
-    predicted[group_name(e.cost)].seconds += device.seconds(e.cost) / kSteps;
+    for (PerStep* sum : {&groups[group_name(e.cost)], &total}) {
+      sum->ops += 1 / kSteps;
+      sum->measured_ms += e.seconds * 1e3 / kSteps;
+      sum->predicted_ms += device.seconds(e.cost) * 1e3 / kSteps;
+    }
   }
-  std::vector<std::pair<double, std::string>> order;
-  for (const auto& [name, sum] : measured) order.emplace_back(-sum.seconds, name);
-  std::sort(order.begin(), order.end());
+  std::vector<std::pair<std::string, PerStep>> order(groups.begin(), groups.end());
+  std::sort(order.begin(), order.end(),
+            [](const auto& a, const auto& b) { return a.second.measured_ms > b.second.measured_ms; });
+  order.emplace_back("total", total);
   std::printf("%-26s %8s %12s %12s %8s\n", "op", "per step", "measured ms", "predicted ms",
               "error");
-  double total_measured = 0, total_predicted = 0;
-  for (const auto& [negative, name] : order) {
-    const double m = measured[name].seconds * 1e3, p = predicted[name].seconds * 1e3;
-    total_measured += m;
-    total_predicted += p;
-    std::printf("%-26s %8.0f %12.3f %12.3f %+7.1f%%\n", name.c_str(), measured[name].work, m, p,
-                100 * (p - m) / m);
+  for (const auto& [name, sum] : order) {
+    std::printf("%-26s %8.0f %12.3f %12.3f %+7.1f%%\n", name.c_str(), sum.ops, sum.measured_ms,
+                sum.predicted_ms, 100 * (sum.predicted_ms - sum.measured_ms) / sum.measured_ms);
   }
-  std::printf("%-26s %8s %12.3f %12.3f %+7.1f%%\n", "total", "", total_measured,
-              total_predicted, 100 * (total_predicted - total_measured) / total_measured);
 }
 
 // "LAYERS,EMBD,HEADS,CTX,BATCH" as five positive integers.
