@@ -59,8 +59,8 @@ Tensor gradient_summed_over_group(const Tensor& x, const TensorParallelGroup& gr
 // cross the group as the rows of a [ranks, N] tensor (each rank fills its own row, zeros
 // elsewhere, and the group sums it: adding zeros is exact), whose columns' logsumexp is
 // cross_entropy_part's again, with a part that starts beyond the vocabulary (so no target
-// falls in it); the loss is the mean of the differences. Backward, each rank's part of the gradient is cross_entropy_part_backward with
-// the whole rows' logsumexp.
+// falls in it); the loss is the mean of the differences. Backward, each rank's part of the
+// gradient is cross_entropy_part_backward with the whole rows' logsumexp.
 Tensor parallel_cross_entropy(const Tensor& logits_in, const Tensor& targets, int64_t first,
                               const TensorParallelGroup& group) {
   const Tensor logits = autocast_f32_input(logits_in);  // as cross_entropy under autocast

@@ -200,18 +200,16 @@ Cluster parse_cluster(const std::string& json_text, const std::string& origin) {
   c.compute_slots = r.count(node, "node", "compute_slots");
   c.intra_node = {.bytes_per_s = r.number(node, "node", "busbw_gbps") * kGiga,
                   .latency_s = r.number(node, "node", "latency_us", true) * kMicro};
-  // A number: the same at every count of ranks per slot.
-  if (const auto core = node.find("comm_core_us"); core != node.end()) {
-    c.comm_core_s = core->is_number()
-                        ? RateCurve({{1, r.number(node, "node", "comm_core_us", true) * kMicro}})
-                        : r.curve(*core, "node.comm_core_us", kMicro, true);
-  }
-  if (const auto blocking = node.find("comm_blocking_us"); blocking != node.end()) {
+  // A call's core time by ranks per slot: a curve, or a number (the same at every count).
+  const auto by_ranks_per_slot = [&](const char* field) {
+    const json& value = node.at(field);
+    return value.is_number() ? RateCurve({{1, r.number(node, "node", field, true) * kMicro}})
+                             : r.curve(value, std::string("node.") + field, kMicro, true);
+  };
+  if (node.contains("comm_core_us")) c.comm_core_s = by_ranks_per_slot("comm_core_us");
+  if (node.contains("comm_blocking_us")) {
     if (c.comm_core_s.empty()) r.fail("node.comm_blocking_us", "needs node.comm_core_us");
-    c.comm_blocking_s =
-        blocking->is_number()
-            ? RateCurve({{1, r.number(node, "node", "comm_blocking_us", true) * kMicro}})
-            : r.curve(*blocking, "node.comm_blocking_us", kMicro, true);
+    c.comm_blocking_s = by_ranks_per_slot("comm_blocking_us");
   }
   const json& network = r.member(doc, "", "network");
   c.nics_per_node = r.count(network, "network", "nics_per_node", true);

@@ -24,7 +24,8 @@
 // validation's miss on one device can be traced to the ops whose curves extrapolate badly.
 //
 //   loom-sim-calibrate [--threads N]   (default 1: a rank's threads when each has one core)
-//   loom-sim-calibrate --compare LAYERS,EMBD,HEADS,CTX,BATCH [--cluster PRESET|FILE] [--threads N]
+//   loom-sim-calibrate --compare LAYERS,EMBD,HEADS,CTX,BATCH [--cluster PRESET|FILE]
+//                      [--threads N]
 
 #include <algorithm>
 #include <chrono>
@@ -203,8 +204,9 @@ void compare(const loom::nn::GPTConfig& config, int64_t batch, const std::string
     }
   }
   std::vector<std::pair<std::string, PerStep>> order(groups.begin(), groups.end());
-  std::sort(order.begin(), order.end(),
-            [](const auto& a, const auto& b) { return a.second.measured_ms > b.second.measured_ms; });
+  std::sort(order.begin(), order.end(), [](const auto& a, const auto& b) {
+    return a.second.measured_ms > b.second.measured_ms;
+  });
   order.emplace_back("total", total);
   std::printf("%-26s %8s %12s %12s %8s\n", "op", "per step", "measured ms", "predicted ms",
               "error");
@@ -228,8 +230,10 @@ std::vector<int64_t> parse_shape(const std::string& text) {
     begin = end + 1;
   }
   if (values.size() != 5) {
-    std::fprintf(stderr, "loom-sim-calibrate: --compare wants LAYERS,EMBD,HEADS,CTX,BATCH as five "
-                         "positive integers (e.g. 4,128,4,128,8), got '%s'\n", text.c_str());
+    std::fprintf(stderr,
+                 "loom-sim-calibrate: --compare wants LAYERS,EMBD,HEADS,CTX,BATCH as five "
+                 "positive integers (e.g. 4,128,4,128,8), got '%s'\n",
+                 text.c_str());
     std::exit(2);
   }
   return values;
