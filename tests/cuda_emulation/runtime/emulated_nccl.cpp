@@ -403,16 +403,21 @@ bool messages_taken(const ncclComm& comm) {
 }
 
 // Progress of whatever the communicator is in the middle of (joining, a split, finalising),
-// without waiting: the caller polls again.
+// without waiting: the caller polls again. The peers are checked only when something is still
+// awaited from them: after a split's exchange a rank alone in its colour may finish and exit
+// while this rank's poll has not yet seen the parent settled, and that is no failure.
 void poll(ncclComm& comm) {
   if (comm.state != ncclInProgress) return;
-  check_peers(comm, comm.finalizing ? "ncclCommFinalize" : "joining the communicator");
-  if (!settle_joining(comm)) return;
-  if (comm.split_slot != nullptr) {
-    *std::exchange(comm.split_slot, nullptr) = std::exchange(comm.split_child, nullptr);
+  if (settle_joining(comm)) {
+    if (comm.split_slot != nullptr) {
+      *std::exchange(comm.split_slot, nullptr) = std::exchange(comm.split_child, nullptr);
+    }
+    if (!comm.finalizing || messages_taken(comm)) {
+      comm.state = ncclSuccess;
+      return;
+    }
   }
-  if (comm.finalizing && !messages_taken(comm)) return;
-  comm.state = ncclSuccess;
+  check_peers(comm, comm.finalizing ? "ncclCommFinalize" : "joining the communicator");
 }
 
 // Runs `body` as one call on `comm`: a failure is the call's result and stays on the
