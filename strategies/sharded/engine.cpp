@@ -9,6 +9,7 @@
 #include "strategies/sharded/unit_state.h"
 #include "strategies/trace.h"
 #include "tensor/autograd/function.h"
+#include "tensor/meta.h"
 #include "tensor/ops.h"
 
 namespace loom::strategies::sharded {
@@ -34,6 +35,16 @@ Tensor released_buffer(int64_t numel, DType dtype, Device device) {
   Tensor t = Tensor::empty({numel}, dtype, device);
   t.storage()->release();
   return t;
+}
+
+// Where offloaded buffers live: the host's memory. A rank computing on the CPU offloads into
+// the pool it computes in, and so does a simulated rank that follows the CPU's code path (meta
+// without a MetaCudaPathScope: a CPU cluster's rank), so that it holds what a CPU rank holds (no
+// host copy of a gradient shard already beside its master); a simulated GPU rank offloads to
+// real host tensors, as a GPU rank does. So does every simulated rank under NVMe offload,
+// whose swap file is written and read with real bytes.
+Device offload_host(const Device& compute, bool nvme) {
+  return compute.is_meta() && !meta_follows_cuda() && !nvme ? compute : Device::cpu();
 }
 
 }  // namespace
@@ -91,7 +102,6 @@ ShardedEngine::ShardedEngine(nn::Module& module, std::shared_ptr<comm::ProcessGr
   }
 
   NoGradGuard no_grad;
-  const Device host = Device::cpu();
   unit_of_param_.assign(params_.size(), 0);
   ready_.assign(params_.size(), false);
   for (size_t u = 0; u < plan.units.size(); ++u) {
@@ -115,6 +125,7 @@ ShardedEngine::ShardedEngine(nn::Module& module, std::shared_ptr<comm::ProcessGr
     state->param_count = plan.units[u].params.size();
     for (FlatParam& flat : state->flats) {
       const Device device = params_[flat.params[0]].second.device();
+      const Device host = offload_host(device, !options_.nvme_path.empty());
       flat.shard_numel = (flat.numel + shard_world_ - 1) / shard_world_;
       flat.shard_begin = static_cast<int64_t>(shard_rank_) * flat.shard_numel;
       const int64_t padded = flat.shard_numel * shard_world_;

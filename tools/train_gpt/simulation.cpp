@@ -116,9 +116,11 @@ SimulatedRank run_rank(const nn::ModelSpec& spec, const TrainOptions& options,
           const MemoryStats device = allocator_for(meta).stats();
           for (size_t k = 0; k < kMemoryKindCount; ++k)
             out.peak_bytes_by_kind[k] = static_cast<int64_t>(device.peak_by_kind[k]);
+          // Offloaded buffers are on the host: real host tensors for a GPU cluster's rank, the
+          // meta device itself for a CPU cluster's (ShardedEngine: a CPU rank's pool).
           const auto offloaded = static_cast<size_t>(MemoryKind::Offloaded);
-          out.peak_bytes_by_kind[offloaded] =
-              static_cast<int64_t>(allocator_for(Device::cpu()).stats().peak_by_kind[offloaded]);
+          out.peak_bytes_by_kind[offloaded] += static_cast<int64_t>(
+              allocator_for(Device::cpu()).stats().peak_by_kind[offloaded]);
           out.peak_bytes = static_cast<int64_t>(device.device_peak_bytes);
           at_step[m.step == 0 ? 0 : 1] = {
               .compute = costs.total(),
