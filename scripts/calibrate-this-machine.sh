@@ -5,7 +5,8 @@
 # again with one copy per core running at once, for ranks that share the machine), the node's
 # collective bandwidth and latency from loom-perf's shm allreduce on 2 ranks, and the core time
 # a call takes from ranks that compute on every core (loom-perf --compute-us) and from ranks
-# that wait for it at once, at 1, 2 and 4 ranks per core.
+# that wait for it at once, at 1, 2 and 4 ranks per core; and the spread of a rank's computation
+# with every core busy (loom-sim-calibrate's shared round), for the simulator's stragglers.
 # Usage: bash scripts/calibrate-this-machine.sh [--out FILE] [BUILD_DIR]
 #        (defaults: sim/clusters/this-machine.json, build/release; the preset is compiled into
 #        loom-sim, so after writing it rebuild, or give loom-sim the file: --cluster FILE)
@@ -91,6 +92,21 @@ device = combine([load(f"device.{r}.json") for r in rounds], statistics.median)
 # The copies of one round ran at once: averaged; then the rounds' median.
 shared = combine([combine([load(f"shared.{r}.{i}.json") for i in range(cores)], statistics.fmean)
                   for r in rounds], statistics.median)
+# The spread of a rank's computation by interval (Note [The spread of a rank's computation] in
+# tools/loom_sim/calibrate.cpp), from the shared round (every core computing, as ranks do at a
+# meeting): by the windows' target, the copies of a round averaged, then the rounds' median.
+def combined_spread(measurements, stat):
+    by_target = [{int(t): p for t, p in m["compute_spread_us"].items()} for m in measurements]
+    targets = sorted(set.intersection(*(set(b) for b in by_target)))
+    return {t: (stat([b[t][0] for b in by_target]), stat([b[t][1] for b in by_target])) for t in targets}
+rounds_spread = [combined_spread([load(f"shared.{r}.{i}.json") for i in range(cores)], statistics.fmean)
+                 for r in rounds]
+spread_targets = sorted(set.intersection(*(set(s) for s in rounds_spread)))
+compute_spread = []
+for t in spread_targets:
+    length = statistics.median(s[t][0] for s in rounds_spread)
+    if not compute_spread or length > compute_spread[-1][0]:  # (lengths increase)
+        compute_spread.append([length, statistics.median(s[t][1] for s in rounds_spread)])
 def busbw(row): return row["out_of_place"]["busbw_gbps"]
 def time_us(row): return row["out_of_place"]["time_us"]
 def median_of_rounds(figure):
@@ -142,7 +158,13 @@ source = (f"This machine ({cpu}, {isa}, {cores} cores), measured {datetime.date.
           + described(loaded_costs, comm_core)
           + "). A call's core time when its ranks wait for it at once (node.comm_blocking_us): "
           "the same without --compute-us (" + described(blocking_costs, comm_blocking)
-          + f"). One node: all ranks share its {cores} cores.")
+          + "). The spread of a rank's computation (node.compute_spread_us): the shared round's "
+          "standard deviation, over its profiled steps, of the time of windows of consecutive ops "
+          "of about 250 us, 1 ms and 4 ms (tools/loom_sim/calibrate.cpp, Note [The spread of a "
+          "rank's computation]), by the windows' mean length, the copies averaged, the rounds' "
+          f"median. One node: all ranks share its {cores} cores.")
+spread_field = ("" if not compute_spread else ',\n           "compute_spread_us": [' +
+                ", ".join(f"[{t:.4g}, {sigma:.3g}]" for t, sigma in compute_spread) + "]")
 # Sizes in full: two sizes that agree in their first digits are still two points, in order.
 def pairs(curve): return "[" + ", ".join(f"[{a:.10g}, {b:.4g}]" for a, b in curve) + "]"
 def by_key(curves, indent):
@@ -172,7 +194,7 @@ text = f'''{{
   }},
   "node": {{"devices": 1024, "compute_slots": {cores}, "busbw_gbps": {bus:.3g}, "latency_us": {latency:.3g},
            "comm_core_us": [{", ".join(f"[{k}, {c:.3g}]" for k, c in comm_core)}],
-           "comm_blocking_us": [{", ".join(f"[{k}, {c:.3g}]" for k, c in comm_blocking)}]}},
+           "comm_blocking_us": [{", ".join(f"[{k}, {c:.3g}]" for k, c in comm_blocking)}]{spread_field}}},
   "network": {{"nics_per_node": 0}},
   "collective_base_latency_us": 0,
   "host": {{"pcie_gbps": {device["memory_gbps"][-1][1]:.3g}}}

@@ -211,6 +211,10 @@ Cluster parse_cluster(const std::string& json_text, const std::string& origin) {
     if (c.comm_core_s.empty()) r.fail("node.comm_blocking_us", "needs node.comm_core_us");
     c.comm_blocking_s = by_ranks_per_slot("comm_blocking_us");
   }
+  if (const auto spread = node.find("compute_spread_us"); spread != node.end()) {
+    if (c.comm_core_s.empty()) r.fail("node.compute_spread_us", "needs node.comm_core_us");
+    c.compute_spread_s = r.curve(*spread, "node.compute_spread_us", kMicro, true);
+  }
   const json& network = r.member(doc, "", "network");
   c.nics_per_node = r.count(network, "network", "nics_per_node", true);
   if (c.nics_per_node > 0) {

@@ -28,6 +28,8 @@ class RateCurve {
   explicit RateCurve(std::vector<std::pair<double, double>> points);
   double at(double size) const;
   bool empty() const { return points_.empty(); }
+  double first_size() const { return points_.empty() ? 0 : points_.front().first; }
+  double last_size() const { return points_.empty() ? 0 : points_.back().first; }
 
  private:
   std::vector<std::pair<double, double>> points_;
@@ -88,6 +90,13 @@ struct Cluster {
   // between ranks that all wait, measured without computation (loom-perf -z 2). Empty: such
   // an operation takes comm_core_s as well.
   RateCurve comm_blocking_s;
+  // Optional (node.compute_spread_us; needs comm_core_us): the standard deviation of a rank's
+  // computation over an interval (seconds), by the interval's length (microseconds), measured with
+  // a rank on every core (loom-sim-calibrate's shared round: the spread of the same ops' time
+  // across its profiled steps). Ranks that compute the same work drift apart by it, and a
+  // collective waits for the last of them (Note [Stragglers at a meeting], sim/device_model.h).
+  // Empty: ranks keep in step.
+  RateCurve compute_spread_s;
   int nics_per_node = 0;
   LinkSpec nic;          // one NIC, between nodes
   std::string topology;  // "fat-tree" or "rail": both full bisection (docs/simulation.md)

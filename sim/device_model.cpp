@@ -1,6 +1,9 @@
 #include "sim/device_model.h"
 
 #include <algorithm>
+#include <cmath>
+#include <map>
+#include <numbers>
 
 #include "core/tags.h"
 
@@ -20,7 +23,36 @@ DeviceModel::DeviceModel(const Cluster& cluster, int ranks_per_node, DType compu
     comm_core_s_ = cluster.comm_core_s.at(per_slot);
     comm_blocking_s_ = cluster.comm_blocking_s.empty() ? *comm_core_s_
                                                        : cluster.comm_blocking_s.at(per_slot);
+    stragglers_ = !cluster.compute_spread_s.empty() && per_slot <= 1;
   }
+}
+
+double DeviceModel::straggler_seconds(double computed_s, int ranks) const {
+  if (!stragglers_ || ranks < 2 || computed_s <= 0) return 0;
+  // Beyond either end of the curve the spread grows as sqrt(T) from that end: a random walk,
+  // as the calibrations measured it within the curve (docs/simulation.md).
+  const RateCurve& spread = cluster_.compute_spread_s;
+  const double interval_us = computed_s * 1e6;
+  const double end_us = std::clamp(interval_us, spread.first_size(), spread.last_size());
+  const double sigma = spread.at(end_us) * std::sqrt(interval_us / end_us);
+  return expected_maximum_of_normals(ranks) * sigma;
+}
+
+double expected_maximum_of_normals(int n) {
+  if (n <= 1) return 0;
+  thread_local std::map<int, double> known;  // (a few group sizes per simulation)
+  if (const auto found = known.find(n); found != known.end()) return found->second;
+  // The integral of x n phi(x) Phi(x)^(n-1) over the line, by the midpoint rule: the density
+  // is below 1e-30 outside [-12, 12] for any n up to 2^31.
+  constexpr double kStep = 1e-3, kFrom = -12, kTo = 12;
+  const double root_2pi = std::sqrt(2 * std::numbers::pi);
+  double sum = 0;
+  for (double x = kFrom + kStep / 2; x < kTo; x += kStep) {
+    const double phi = std::exp(-x * x / 2) / root_2pi;
+    const double cdf = 0.5 * std::erfc(-x / std::numbers::sqrt2);
+    sum += x * n * phi * std::pow(cdf, n - 1);
+  }
+  return known[n] = sum * kStep;
 }
 
 double DeviceModel::communication_core_seconds(double transfer_s, bool blocking) const {

@@ -38,6 +38,19 @@ class DeviceModel {
   // rank's ops are; else 0. `blocking`: the rank computed nothing between the operation's
   // issue and its wait, so it takes the cluster's comm_blocking_s where it gives one.
   double communication_core_seconds(double transfer_s, bool blocking) const;
+  // Note [Stragglers at a meeting]
+  // Ranks that compute the same work do not take the same time: each rank's computation over
+  // an interval varies (the cluster's compute_spread_s: scheduling, interrupts, the caches and
+  // memory bandwidth the node's ranks share), independently of the others'. A collective
+  // completes when the last of its ranks has issued it, so a rank that waits for one after
+  // computing T seconds since its group last met waits, on average, E[max of n] x sigma(T)
+  // beyond the mean rank: the expected maximum of n standard normals (1/sqrt(pi) for 2) times
+  // the spread. The ranks take turns being last, so every meeting costs the step that much;
+  // the fewer the meetings, the less (DDP meets a few times a step, ZeRO-3 at every unit).
+  // On a CPU cluster whose node's ranks fill its slots one each (more ranks per slot: the
+  // scheduler's share is in comm_core_s, measured that way); else 0. Beyond the curve's ends
+  // the spread grows as sqrt(T) (a random walk, as measured within it).
+  double straggler_seconds(double computed_s, int ranks) const;
 
  private:
   // The achieved FLOP/s of a GEMM or attention op from `curves` (device.`field`).
@@ -54,6 +67,10 @@ class DeviceModel {
   // The cluster's comm_core_s and comm_blocking_s (or comm_core_s again) at this node's ranks
   // per slot, where its ranks fill the slots.
   std::optional<double> comm_core_s_, comm_blocking_s_;
+  bool stragglers_ = false;  // the cluster's compute_spread_s applies (a rank per slot)
 };
+
+// The expected maximum of `n` independent standard normal variables (0 for n <= 1).
+double expected_maximum_of_normals(int n);
 
 }  // namespace loom::sim

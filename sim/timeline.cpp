@@ -47,6 +47,7 @@ void Timeline::record(const OpCost& cost) {
   }
   totals_.now += seconds;
   totals_.compute += seconds;
+  ops_seconds_ += seconds;
   ++totals_.ops;
   costs_.record(cost);
 }
@@ -74,7 +75,7 @@ comm::SimInterval Timeline::record(const comm::CommCost& cost) {
   std::unique_lock lock(mutex_);
   const double start = start_of(cost, p2p, lock);
   // Its core time is charged at its wait, which knows whether the rank computed meanwhile.
-  just_issued_ = OnCores{cost.op, took.seconds, totals_.ops};
+  just_issued_ = OnCores{cost.op, took.seconds, totals_.ops, cost.group_size, p2p};
   const int peer = !p2p                ? -1
                    : cost.world_ranks ? (*cost.world_ranks)[static_cast<size_t>(cost.peer)]
                                       : cost.peer;
@@ -129,6 +130,7 @@ void Timeline::waiting(const comm::Work& work) {
   std::unique_lock lock(mutex_);
   if (auto found = on_cores_.find(&work); found != on_cores_.end()) {
     charge_cores(found->second);
+    until = meeting_end(found->second, until);
     on_cores_.erase(found);
   }
   if (auto found = receives_.find(&work); found != receives_.end()) {
@@ -162,6 +164,13 @@ void Timeline::charge_cores(const OnCores& operation) {
   }
   totals_.now += seconds;
   totals_.compute += seconds;
+}
+
+double Timeline::meeting_end(const OnCores& operation, double until) {
+  if (operation.p2p || operation.group_size < 2) return until;
+  const double computed = ops_seconds_ - ops_seconds_at_last_meeting_;
+  ops_seconds_at_last_meeting_ = ops_seconds_;
+  return std::max(until, totals_.now + device_.straggler_seconds(computed, operation.group_size));
 }
 
 Timeline::Totals Timeline::totals() const {

@@ -10,7 +10,9 @@
 // ranks fill the node's cores, each operation also takes its core time from the compute
 // stream at its first wait (DeviceModel::communication_core_seconds): the loaded figure where
 // the rank computed between the issue and the wait, the blocking one where it did not. (An
-// operation never waited for takes none.)
+// operation never waited for takes none.) Where the cluster gives the spread of a rank's
+// computation, a collective's first wait also waits for the group's stragglers (Note
+// [Stragglers at a meeting] in sim/device_model.h).
 //
 // The ranks of a pipeline's stages are simulated together, one timeline each on its own thread,
 // meeting in a RankExchange (sim/rank_exchange.h): a send to another present rank arrives at
@@ -104,8 +106,17 @@ class Timeline final : public MetaCostSink, public comm::CommCostSink, public co
     std::string op;
     double transfer_s = 0;
     int64_t ops_at_issue = 0;  // the compute stream's ops then (Totals::ops)
+    int group_size = 1;
+    bool p2p = false;
   };
   void charge_cores(const OnCores& operation);  // (under mutex_)
+  // A collective's wait is a meeting of its group: the last of them to arrive is later than
+  // this rank by the stragglers' time (DeviceModel::straggler_seconds) of the computation since
+  // the rank's last meeting (its ops' time: not communication's core time, which is the same
+  // on every rank). Returns when the meeting ends, no earlier than `until`.
+  double meeting_end(const OnCores& operation, double until);  // (under mutex_)
+  double ops_seconds_ = 0;                  // the compute stream's ops, in all
+  double ops_seconds_at_last_meeting_ = 0;
   std::optional<OnCores> just_issued_;
   std::map<const comm::Work*, OnCores> on_cores_;
 };

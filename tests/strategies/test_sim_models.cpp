@@ -5,6 +5,7 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <numbers>
 #include <string>
 #include <thread>
 
@@ -447,6 +448,54 @@ TEST(SimTimeline, ACallOverlappedWithComputeCostsTheLoadedCoreTime) {
   expect_error(test_cluster_json(node, R"("compute_slots": 2, "busbw_gbps": 100, "latency_us": 1,
                                           "comm_blocking_us": 10},)"),
                "node.comm_blocking_us needs node.comm_core_us");
+}
+
+// Note [Stragglers at a meeting]: a collective's first wait waits, beyond the operation, for
+// the last of its group's ranks, E[max of n standard normals] x the spread of the computation
+// since the rank's last meeting; on a CPU node whose ranks fill its cores one each.
+TEST(SimTimeline, ACollectiveWaitsForTheStragglersOfItsGroup) {
+  constexpr double kNanosecond = 1e-9;
+  const double inverse_root_pi = 1 / std::sqrt(std::numbers::pi);
+  EXPECT_EQ(expected_maximum_of_normals(1), 0);
+  EXPECT_NEAR(expected_maximum_of_normals(2), inverse_root_pi, 1e-9);
+  EXPECT_NEAR(expected_maximum_of_normals(3), 1.5 * inverse_root_pi, 1e-9);
+  EXPECT_NEAR(expected_maximum_of_normals(8), 1.4236003060, 1e-9);
+  const std::string node = R"("compute_slots": 4, "busbw_gbps": 100, "latency_us": 1},)";
+  const std::string cpu_node = R"("compute_slots": 2, "busbw_gbps": 100, "latency_us": 1,
+      "comm_core_us": 50, "comm_blocking_us": 10, "compute_spread_us": [[1000, 100]]},)";
+  const Cluster c = parse_cluster(test_cluster_json(node, cpu_node), "cpu");
+  Tensor grads = Tensor::empty({1 << 10}, DType::F32, Device::meta());  // 4 KiB: done at once
+  {
+    Timeline timeline(c, 0, 2, DType::F32);  // a rank per core
+    TimelineScope scope(timeline);
+    std::shared_ptr<comm::ProcessGroup> pair = sim_group(2), alone = sim_group(1, "alone");
+    compute(1e-3);
+    pair->allreduce(grads)->wait();  // 1 ms since the start: the curve's 100 us
+    EXPECT_NEAR(timeline.totals().exposed_comm, 100e-6 * inverse_root_pi, kNanosecond);
+    compute(4e-3);
+    pair->allreduce(grads)->wait();  // beyond the curve, as sqrt(T): 200 us
+    EXPECT_NEAR(timeline.totals().exposed_comm, 300e-6 * inverse_root_pi, kNanosecond);
+    compute(250e-6);
+    pair->allreduce(grads)->wait();  // below it: 50 us
+    EXPECT_NEAR(timeline.totals().exposed_comm, 350e-6 * inverse_root_pi, kNanosecond);
+    pair->allreduce(grads)->wait();  // nothing computed since the last meeting
+    compute(1e-3);
+    alone->allreduce(grads)->wait();  // a group of one meets nobody
+    EXPECT_NEAR(timeline.totals().exposed_comm, 350e-6 * inverse_root_pi, kNanosecond);
+  }
+  {
+    Timeline timeline(c, 0, 4, DType::F32);  // two ranks per core: in comm_core_us already
+    TimelineScope scope(timeline);
+    compute(4e-3);
+    sim_group(4)->allreduce(grads)->wait();
+    EXPECT_EQ(timeline.totals().exposed_comm, 0);
+  }
+  expect_error(test_cluster_json(node, R"("compute_slots": 2, "busbw_gbps": 100, "latency_us": 1,
+                                          "compute_spread_us": [[1000, 100]]},)"),
+               "node.compute_spread_us needs node.comm_core_us");
+  expect_error(test_cluster_json(node, R"("compute_slots": 2, "busbw_gbps": 100, "latency_us": 1,
+                                          "comm_core_us": 50, "compute_spread_us": [[0, 1]]},)"),
+               "node.compute_spread_us[0] must have a size above 0");
 }
 
 // split_by: a simulated group makes its subgroup from the assignment alone, ordered by (key,

@@ -28,6 +28,10 @@
 //                      [--threads N]
 
 #include <algorithm>
+#include <array>
+#include <cmath>
+#include <numeric>
+#include <string_view>
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
@@ -122,6 +126,70 @@ void profile_steps(const loom::nn::GPTConfig& config, int64_t batch, DType autoc
   step();
   loom::OpProfileScope scope(profile);
   for (int i = 0; i < kProfiledSteps; ++i) step();
+}
+
+// Note [The spread of a rank's computation]
+// The same ops take different times in consecutive steps (scheduling, interrupts, the caches
+// and memory bandwidth a node's ranks share), and ranks that compute the same work drift apart
+// by it: the simulator's stragglers (Note [Stragglers at a meeting] in sim/device_model.h).
+// For windows of consecutive ops whose mean time over the profiled steps reaches each target,
+// the variance of the window's time over those steps (kProfiledSteps - 1 degrees of freedom),
+// pooled over every window of the target in every model: the spread by the windows' mean
+// length ("compute_spread_us", by target, beside the device object's rates; the calibration
+// script puts the shared round's, where every core computes as ranks do at a meeting, in
+// node.compute_spread_us).
+constexpr double kSpreadTargets[] = {250e-6, 1e-3, 4e-3};  // seconds
+struct SpreadSum {
+  double length = 0, variance = 0;  // sums over the windows
+  int windows = 0;
+};
+using SpreadSums = std::array<SpreadSum, std::size(kSpreadTargets)>;
+
+// Adds the windows of one model's profiled steps, entries [begin, end) of `entries`.
+void add_spreads(const std::vector<loom::OpProfile::Entry>& entries, size_t begin, size_t end,
+                 SpreadSums& sums) {
+  const size_t per_step = (end - begin) / kProfiledSteps;
+  if (per_step == 0 || (end - begin) % kProfiledSteps != 0) return;
+  const auto entry = [&](int step, size_t i) -> const loom::OpProfile::Entry& {
+    return entries[begin + static_cast<size_t>(step) * per_step + i];
+  };
+  for (int step = 1; step < kProfiledSteps; ++step)
+    for (size_t i = 0; i < per_step; ++i)
+      if (std::string_view(entry(step, i).cost.op) != entry(0, i).cost.op) return;  // (not alike)
+  for (size_t t = 0; t < std::size(kSpreadTargets); ++t) {
+    for (size_t from = 0; from < per_step;) {
+      std::array<double, kProfiledSteps> window{};
+      double mean = 0;
+      size_t to = from;
+      for (; to < per_step && mean < kSpreadTargets[t]; ++to) {
+        for (int step = 0; step < kProfiledSteps; ++step) window[step] += entry(step, to).seconds;
+        mean = std::accumulate(window.begin(), window.end(), 0.0) / kProfiledSteps;
+      }
+      if (mean < kSpreadTargets[t]) break;  // (the step's tail, shorter than the target)
+      double squares = 0;
+      for (const double w : window) squares += (w - mean) * (w - mean);
+      sums[t].length += mean;
+      sums[t].variance += squares / (kProfiledSteps - 1);
+      ++sums[t].windows;
+      from = to;
+    }
+  }
+}
+
+// {"TARGET_US": [mean window length (us), pooled standard deviation (us)], ...}: the targets
+// some window reached (a window holds whole ops, so its length can pass its target by one op).
+nlohmann::json spread_by_target(const SpreadSums& sums) {
+  nlohmann::json out = nlohmann::json::object();
+  for (size_t t = 0; t < sums.size(); ++t) {
+    const SpreadSum& sum = sums[t];
+    if (sum.windows == 0) continue;
+    const double length_us = sum.length / sum.windows * 1e6;
+    const double sigma_us = std::sqrt(sum.variance / sum.windows) * 1e6;
+    std::fprintf(stderr, "  windows of %8.1f us (target %g us): %8.2f us standard deviation "
+                 "(%d windows)\n", length_us, kSpreadTargets[t] * 1e6, sigma_us, sum.windows);
+    out[std::to_string(std::lround(kSpreadTargets[t] * 1e6))] = {length_us, sigma_us};
+  }
+  return out;
 }
 
 // The profile's entries by op name and size (FLOPs for GEMMs and attention, else bytes): the
@@ -270,13 +338,18 @@ int main(int argc, char** argv) {
   const std::vector<loom::nn::GPTConfig> models = {model(96, 3, 96), model(160, 5, 160),
                                                    model(192, 3, 192), model(384, 6, 128)};
   loom::OpProfile profile, bf16_profile;
+  SpreadSums spreads{};
   for (const loom::nn::GPTConfig& config : models) {
     std::fprintf(stderr, "training steps of embd %lld, heads %lld, ctx %lld, batch %lld\n",
                  static_cast<long long>(config.embd), static_cast<long long>(config.heads),
                  static_cast<long long>(config.context), static_cast<long long>(kBatch.at(config.embd)));
+    const size_t begin = profile.entries().size();
     profile_steps(config, kBatch.at(config.embd), DType::F32, profile);
+    add_spreads(profile.entries(), begin, profile.entries().size(), spreads);
     profile_steps(config, kBatch.at(config.embd), DType::BF16, bf16_profile);
   }
+  std::fprintf(stderr, "the spread of the f32 steps' computation (Note [The spread of a rank's computation])\n");
+  const nlohmann::json spread = spread_by_target(spreads);
   Groups groups = group(profile.entries());
   std::vector<Point> gemm = rates(groups, "gemm", true);
   std::fprintf(stderr, "bf16 GEMMs (the same steps under bf16 autocast)\n");
@@ -322,7 +395,8 @@ int main(int argc, char** argv) {
                                  {"attention_tflops", attention_json},
                                  {"memory_gbps", curve(memory, 1e9)},
                                  {"ops_gbps", ops_json},
-                                 {"ops_tflops", flops_json}};
+                                 {"ops_tflops", flops_json},
+                                 {"compute_spread_us", spread}};
   std::printf("%s\n", device.dump().c_str());
   return 0;
 }
