@@ -37,14 +37,14 @@ Tensor released_buffer(int64_t numel, DType dtype, Device device) {
   return t;
 }
 
-// Where offloaded buffers live: the host's memory. A rank computing on the CPU offloads into
-// the pool it computes in, and so does a simulated rank that follows the CPU's code path (meta
-// without a MetaCudaPathScope: a CPU cluster's rank), so that it holds what a CPU rank holds (no
-// host copy of a gradient shard already beside its master); a simulated GPU rank offloads to
-// real host tensors, as a GPU rank does. So does every simulated rank under NVMe offload,
-// whose swap file is written and read with real bytes.
+// Where offloaded buffers live: the host's memory. A rank on the CPU's code path offloads into
+// the pool it computes in: a CPU rank, and a simulated rank that follows the CPU's path (meta
+// without a MetaCudaPathScope: a CPU cluster's rank), which so holds what a CPU rank holds (no
+// host copy of a gradient shard already beside its master). A GPU rank, and a simulated one,
+// offloads to real host tensors; so does every rank under NVMe offload, whose swap file is
+// written and read with real bytes.
 Device offload_host(const Device& compute, bool nvme) {
-  return compute.is_meta() && !meta_follows_cuda() && !nvme ? compute : Device::cpu();
+  return nvme || takes_cuda_path(compute) ? Device::cpu() : compute;
 }
 
 }  // namespace

@@ -29,17 +29,17 @@
 
 #include <algorithm>
 #include <array>
-#include <cmath>
-#include <numeric>
-#include <string_view>
 #include <chrono>
+#include <cmath>
 #include <cstdio>
 #include <cstdlib>
 #include <exception>
 #include <functional>
 #include <map>
+#include <numeric>
 #include <optional>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include <CLI/CLI.hpp>
@@ -348,7 +348,8 @@ int main(int argc, char** argv) {
     add_spreads(profile.entries(), begin, profile.entries().size(), spreads);
     profile_steps(config, kBatch.at(config.embd), DType::BF16, bf16_profile);
   }
-  std::fprintf(stderr, "the spread of the f32 steps' computation (Note [The spread of a rank's computation])\n");
+  std::fprintf(stderr, "the spread of the f32 steps' computation (Note [The spread of a "
+                       "rank's computation])\n");
   const nlohmann::json spread = spread_by_target(spreads);
   Groups groups = group(profile.entries());
   std::vector<Point> gemm = rates(groups, "gemm", true);
