@@ -38,6 +38,7 @@
 #include <atomic>
 #include <initializer_list>
 
+#include "kernels/cuda/attention_mma.cuh"
 #include "kernels/cuda/attention_simt.cuh"
 #include "kernels/cuda/attention_tensor_core.cuh"
 
@@ -96,7 +97,7 @@ bool check_call(const char* op, AttentionVersion version, DType dtype, const Att
                 std::initializer_list<const void*> pointers) {
   if (!attention_version_supports(version, dtype)) {
     tag::kKernelsCuda.fail(op, ": version v", static_cast<int>(version), " does not take dtype #",
-                           static_cast<int>(dtype), " (v1: f32, bf16; v2: bf16)");
+                           static_cast<int>(dtype), " (v1: f32, bf16; v2, v3: bf16)");
   }
   if (s.batch < 0 || s.heads < 0 || s.time < 0 || s.head_dim < 0) {
     tag::kKernelsCuda.fail(op, ": negative size in shape [B=", s.batch, ", H=", s.heads,
@@ -141,9 +142,9 @@ bool tensor_core_kernels_run_here() {
 }
 
 AttentionVersion public_version(DType dtype) {
-  if (dtype == DType::BF16 && kDefaultBf16Version == AttentionVersion::kTensorCore &&
+  if (dtype == DType::BF16 && kDefaultBf16Version != AttentionVersion::kSimt &&
       tensor_core_kernels_run_here()) {
-    return AttentionVersion::kTensorCore;
+    return kDefaultBf16Version;
   }
   return AttentionVersion::kSimt;
 }
@@ -158,7 +159,8 @@ dim3 grid_for_tiles(const AttentionShape& s, int64_t heads, int tile) {
 bool attention_version_supports(AttentionVersion version, DType dtype) {
   switch (version) {
     case AttentionVersion::kSimt: return dtype == DType::F32 || dtype == DType::BF16;
-    case AttentionVersion::kTensorCore: return dtype == DType::BF16;
+    case AttentionVersion::kTensorCore:
+    case AttentionVersion::kMma: return dtype == DType::BF16;
   }
   return false;
 }
@@ -188,6 +190,11 @@ void flash_attention_forward_version(AttentionVersion version, DType dtype, cons
                               scale_log2};
     dispatch_head_dim(s.head_dim, [&]<int kD>() {
       if constexpr (std::is_same_v<T, bf16>) {
+        if (version == AttentionVersion::kMma) {
+          launch(attention_forward_mma<kD>, grid_for_tiles(s, s.heads, kMmaTile), kMmaThreads,
+                 mma_forward_smem<kD>(), stream, args);
+          return;
+        }
         if (version == AttentionVersion::kTensorCore) {
           launch(attention_forward_tc<kD>, grid_for_tiles(s, s.heads, kTcTile), kTcThreads,
                  tc_forward_smem<kD>(), stream, args);
@@ -239,6 +246,13 @@ void flash_attention_backward_version(
     LOOM_CUDA_CHECK_LAUNCH();
     dispatch_head_dim(s.head_dim, [&]<int kD>() {
       if constexpr (std::is_same_v<T, bf16>) {
+        if (version == AttentionVersion::kMma) {
+          launch(attention_backward_dkdv_mma<kD>, grid_for_tiles(s, s.kv_heads, kMmaTile),
+                 kMmaThreads, mma_dkdv_smem<kD>(), stream, args);
+          launch(attention_backward_dq_mma<kD>, grid_for_tiles(s, s.heads, kMmaTile), kMmaThreads,
+                 mma_dq_smem<kD>(), stream, args);
+          return;
+        }
         if (version == AttentionVersion::kTensorCore) {
           launch(attention_backward_dkdv_tc<kD>, grid_for_tiles(s, s.kv_heads, kTcTile),
                  kTcThreads, tc_dkdv_smem<kD>(), stream, args);

@@ -68,7 +68,7 @@ void flash_attention_backward(DType dtype, const AttentionShape& s, const void* 
 
 // ---- Versioned entry points, for the lab (bench/cuda/lab_attention.cu) --------------------
 
-enum class AttentionVersion { kSimt = 1, kTensorCore = 2 };
+enum class AttentionVersion { kSimt = 1, kTensorCore = 2, kMma = 3 };
 
 // Whether `version` takes this dtype (v2: bf16 only).
 bool attention_version_supports(AttentionVersion version, DType dtype);

@@ -19,8 +19,9 @@ constexpr int kMaxHeadDim = 128;
 constexpr int kMaxGridY = 65535;
 
 // The version public launchers use for bf16 where the device runs it (f32 always uses v1);
-// see attention.h. kSimt here is the fallback should v2 ever misbehave on a GPU.
-constexpr AttentionVersion kDefaultBf16Version = AttentionVersion::kTensorCore;
+// see attention.h. kTensorCore (v2, the last one measured on a GPU) or kSimt here is the
+// fallback should v3 misbehave on one.
+constexpr AttentionVersion kDefaultBf16Version = AttentionVersion::kMma;
 
 // One operand of one layout: element (b, h, t, d) at ptr + b*sb + h*sh + t*st + d.
 template <typename T>

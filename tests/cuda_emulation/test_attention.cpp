@@ -1,5 +1,6 @@
 // kernels/cuda/attention.cu under the emulator against kernels/cpu/attention: v1 (SIMT, f32
-// and bf16) and v2 (WMMA tensor cores, bf16) forward and backward, on head dims padded and
+// and bf16), v2 (WMMA tensor cores, bf16) and v3 (mma.sync in registers, bf16) forward and
+// backward, on head dims padded and
 // not, sequence lengths around the tiles, grouped-query and multi-query heads, and q/k/v as
 // strided views into a fused [B, T, H + 2 H_kv, D] projection; bitwise the same under every
 // schedule.
@@ -117,9 +118,12 @@ TEST(EmulatedAttention, SimtBf16) {
 TEST(EmulatedAttention, TensorCoreBf16) {
   check_attention<__nv_bfloat16>(gpu::AttentionVersion::kTensorCore, 8e-3, 2e-2);
 }
+TEST(EmulatedAttention, MmaBf16) {
+  check_attention<__nv_bfloat16>(gpu::AttentionVersion::kMma, 8e-3, 2e-2);
+}
 
 // The public launchers pick v1 for f32 and, on a device that runs sm_80 code (the emulated
-// one reports sm_90), v2 for bf16.
+// one reports sm_90), v3 for bf16.
 template <typename T>
 void check_public_launcher_is(gpu::AttentionVersion version) {
   const Shape s{1, 2, 40, 32, 2};
@@ -139,9 +143,9 @@ void check_public_launcher_is(gpu::AttentionVersion version) {
   EXPECT_TRUE(bitwise_equal(lse, want_lse));
 }
 
-TEST(EmulatedAttention, PublicLaunchersUseSimtForF32AndTensorCoresForBf16) {
+TEST(EmulatedAttention, PublicLaunchersUseSimtForF32AndMmaForBf16) {
   check_public_launcher_is<float>(gpu::AttentionVersion::kSimt);
-  check_public_launcher_is<__nv_bfloat16>(gpu::AttentionVersion::kTensorCore);
+  check_public_launcher_is<__nv_bfloat16>(gpu::AttentionVersion::kMma);
 }
 
 // Key/value heads that do not divide the query heads are refused, naming both counts.
@@ -163,8 +167,10 @@ TEST(EmulatedAttention, KeyValueHeadsThatDoNotDivideTheQueryHeadsAreRefused) {
   }
 }
 
-TEST(EmulatedAttention, TheTensorCoreVersionTakesBf16Only) {
+TEST(EmulatedAttention, TheTensorCoreVersionsTakeBf16Only) {
   EXPECT_FALSE(gpu::attention_version_supports(gpu::AttentionVersion::kTensorCore, DType::F32));
+  EXPECT_FALSE(gpu::attention_version_supports(gpu::AttentionVersion::kMma, DType::F32));
+  EXPECT_TRUE(gpu::attention_version_supports(gpu::AttentionVersion::kMma, DType::BF16));
   EXPECT_TRUE(gpu::attention_version_supports(gpu::AttentionVersion::kSimt, DType::F32));
 }
 

@@ -1,5 +1,6 @@
 // The emulator itself: indices, barriers, shuffles, shared-memory poisoning, the schedules
-// that expose a missing barrier, WMMA, and the errors for what CUDA leaves undefined.
+// that expose a missing barrier, WMMA, mma.sync and ldmatrix in PTX's register layouts,
+// cp.async's groups, and the errors for what CUDA leaves undefined.
 
 #include <cuda_runtime.h>
 #include <mma.h>
@@ -11,6 +12,7 @@
 #include <vector>
 
 #include "emulator.h"
+#include "kernels/cuda/warp_mma.cuh"
 #include "work_log.h"
 
 namespace emu = loom::cuda_emulation;
@@ -322,6 +324,104 @@ TEST(Emulator, WmmaWithDifferentPointersPerLaneIsAnError) {
   } catch (const emu::EmulationError& e) {
     EXPECT_NE(std::string(e.what()).find("same pointer and stride"), std::string::npos) << e.what();
   }
+}
+
+namespace kc = loom::kernels::cuda;
+
+// Each lane builds its fragments of A (16x16, row major), B (16x8, B[k][n] at k * 8 + n) and
+// C (16x8) by the PTX ISA's formulas (restated in warp_mma.cuh), and writes D back by them.
+void mma_by_the_isa(const __nv_bfloat16* a, const __nv_bfloat16* b, const float* c, float* d) {
+  const int lane = threadIdx.x % 32, g = lane / 4, t = lane % 4;
+  auto bits = [](__nv_bfloat16 v) { return static_cast<uint32_t>(__bfloat16_as_ushort(v)); };
+  uint32_t fa[4], fb[2];
+  for (int i = 0; i < 4; ++i) {
+    const int r = g + 8 * (i % 2), col = 2 * t + 8 * (i / 2);
+    fa[i] = bits(a[r * 16 + col]) | bits(a[r * 16 + col + 1]) << 16;
+  }
+  for (int i = 0; i < 2; ++i) {
+    const int k = 2 * t + 8 * i;
+    fb[i] = bits(b[k * 8 + g]) | bits(b[(k + 1) * 8 + g]) << 16;
+  }
+  float acc[4];
+  for (int j = 0; j < 4; ++j) acc[j] = c[(g + 8 * (j / 2)) * 8 + 2 * t + j % 2];
+  kc::mma_bf16_16816(acc, fa, fb);
+  for (int j = 0; j < 4; ++j) d[(g + 8 * (j / 2)) * 8 + 2 * t + j % 2] = acc[j];
+}
+
+TEST(Emulator, MmaSyncPlacesEveryElementWhereThePtxIsaSays) {
+  __nv_bfloat16 a[256], b[128];
+  float c[128], d[128];
+  for (int i = 0; i < 256; ++i) a[i] = __float2bfloat16_rn(static_cast<float>(i % 13) - 6.0f);
+  for (int i = 0; i < 128; ++i) {
+    b[i] = __float2bfloat16_rn(static_cast<float>(i % 11) - 5.0f);
+    c[i] = static_cast<float>(i) * 0.5f;
+  }
+  emu::launch(mma_by_the_isa, 1, 32)(a, b, c, d);
+  for (int i = 0; i < 16; ++i)
+    for (int j = 0; j < 8; ++j) {
+      float expected = c[i * 8 + j];
+      for (int k = 0; k < 16; ++k)
+        expected += __bfloat162float(a[i * 16 + k]) * __bfloat162float(b[k * 8 + j]);
+      ASSERT_EQ(d[i * 8 + j], expected) << i << "," << j;
+    }
+}
+
+// Four 8x8 matrices of a [32][8] array (matrix j: rows 8j .. 8j + 7), each lane's four
+// registers written to out[lane][j], plain and transposed.
+template <bool kTransposed>
+void ldmatrix_lanes(const uint16_t* m, uint32_t* out) {
+  const int lane = threadIdx.x % 32;
+  uint32_t r[4];
+  kc::ldmatrix_x4<kTransposed>(r, m + lane * 8);
+  for (int j = 0; j < 4; ++j) out[lane * 4 + j] = r[j];
+}
+
+TEST(Emulator, LdmatrixGivesEachLaneItsPairOfEachMatrix) {
+  alignas(16) uint16_t m[256];
+  for (int i = 0; i < 256; ++i) m[i] = static_cast<uint16_t>(i);
+  uint32_t plain[128], transposed[128];
+  emu::launch(ldmatrix_lanes<false>, 1, 32)(m, plain);
+  emu::launch(ldmatrix_lanes<true>, 1, 32)(m, transposed);
+  for (int lane = 0; lane < 32; ++lane)
+    for (int j = 0; j < 4; ++j) {
+      const int row = lane / 4, col = 2 * (lane % 4);
+      auto at = [&](int r, int c) { return uint32_t{m[(8 * j + r) * 8 + c]}; };
+      EXPECT_EQ(plain[lane * 4 + j], at(row, col) | at(row, col + 1) << 16) << lane << "," << j;
+      EXPECT_EQ(transposed[lane * 4 + j], at(col, row) | at(col + 1, row) << 16) << lane << "," << j;
+    }
+}
+
+TEST(Emulator, LdmatrixOfAMisalignedRowIsAnError) {
+  alignas(16) uint16_t m[264] = {};
+  uint32_t out[128];
+  EXPECT_THROW(emu::launch(ldmatrix_lanes<false>, 1, 32)(m + 1, out), emu::EmulationError);
+}
+
+// One thread: two groups of one copy each (the second zero-filled: 0 of 16 source bytes);
+// what the destination holds after each step goes to out[step].
+void async_copies(const uint4* src, uint4* dst, uint4* out) {
+  kc::cp_async16(dst, src, 16);
+  kc::cp_async_commit();
+  kc::cp_async16(dst + 1, src + 1, 0);
+  kc::cp_async_commit();
+  out[0] = dst[0];
+  kc::cp_async_wait<1>();
+  out[1] = dst[0];
+  out[2] = dst[1];
+  kc::cp_async_wait<0>();
+  out[3] = dst[1];
+}
+
+TEST(Emulator, CpAsyncLandsAtTheWaitThatCompletesItsGroup) {
+  const uint4 src[2] = {{1, 2, 3, 4}, {5, 6, 7, 8}};
+  const uint4 poison{~0u, ~0u, ~0u, ~0u};
+  uint4 dst[2] = {poison, poison}, out[4];
+  emu::launch(async_copies, 1, 1)(src, dst, out);
+  auto same = [](uint4 x, uint4 y) { return x.x == y.x && x.y == y.y && x.z == y.z && x.w == y.w; };
+  EXPECT_TRUE(same(out[0], poison)) << "a copy landed before any wait";
+  EXPECT_TRUE(same(out[1], src[0])) << "wait_group 1 must complete the older group";
+  EXPECT_TRUE(same(out[2], poison)) << "wait_group 1 must leave the newest group in flight";
+  EXPECT_TRUE(same(out[3], (uint4{0, 0, 0, 0}))) << "a copy of 0 source bytes zero-fills";
 }
 
 }  // namespace

@@ -71,7 +71,27 @@ struct Fiber {
 #endif
   alignas(16) unsigned char shuffle_in[16] = {};
   alignas(16) unsigned char shuffle_out[16] = {};
+  alignas(16) unsigned char registers_in[64] = {};   // warp_register_operation
+  alignas(16) unsigned char registers_out[64] = {};
+  // cp.async: queued copies, oldest first, and the number of them each committed group ends at.
+  struct AsyncCopy {
+    void* dst;
+    const void* src;
+    size_t bytes, src_bytes;
+  };
+  std::vector<AsyncCopy> async_copies;
+  std::vector<size_t> async_group_ends;
 };
+
+void make_async_copies(Fiber& f, size_t count) {
+  for (size_t i = 0; i < count; ++i) {
+    const Fiber::AsyncCopy& c = f.async_copies[i];
+    std::memcpy(c.dst, c.src, c.src_bytes);
+    std::memset(static_cast<unsigned char*>(c.dst) + c.src_bytes, 0, c.bytes - c.src_bytes);
+  }
+  f.async_copies.erase(f.async_copies.begin(), f.async_copies.begin() + static_cast<long>(count));
+  for (size_t& end : f.async_group_ends) end -= std::min(end, count);
+}
 
 // A warp operation in progress: which lanes it names and which have arrived.
 struct WarpBarrier {
@@ -250,6 +270,8 @@ unsigned lanes_of_warp(const Run& r, int warp) {
   } catch (...) {
     if (!r.error) r.error = std::current_exception();
   }
+  make_async_copies(self, self.async_copies.size());
+  self.async_group_ends.clear();
   self.wait = Wait::kExited;
   ++r.exited;
   const int warp = self.index / kWarpSize, lane = self.index % kWarpSize;
@@ -349,6 +371,8 @@ void run_block(Run& r, const uint3& block_idx, std::mt19937_64& rng) {
     Fiber& f = r.fibers[static_cast<size_t>(i)];
     f.index = i;
     f.wait = Wait::kRunnable;
+    f.async_copies.clear();
+    f.async_group_ends.clear();
     f.ids.thread_idx = uint3{static_cast<unsigned>(i) % bd.x,
                              static_cast<unsigned>(i) / bd.x % bd.y,
                              static_cast<unsigned>(i) / (bd.x * bd.y)};
@@ -519,6 +543,47 @@ bool warp_collective(const char* operation, const void* arguments, size_t bytes)
   Run& r = *active;
   WarpShared& w = r.warp_shared[static_cast<size_t>(r.current->index / kWarpSize)];
   return std::exchange(w.leader_pending, false);
+}
+
+void warp_register_operation(const char* operation, const void* in, size_t in_bytes, void* out,
+                             size_t out_bytes, WarpRegisterCompute compute) {
+  Run& r = run();
+  if (in_bytes > sizeof(Fiber::registers_in) || out_bytes > sizeof(Fiber::registers_out))
+    undefined(r, *r.current, std::string(operation) + ": more than 64 bytes of registers per lane");
+  std::memcpy(r.current->registers_in, in, in_bytes);
+  // The same computation in every lane: its address is the argument all lanes pass alike.
+  if (warp_collective(operation, &compute, sizeof(compute))) {
+    Run& now = *active;
+    const int first = now.current->index / kWarpSize * kWarpSize;
+    unsigned char ins[kWarpSize * 64], outs[kWarpSize * 64];
+    for (int l = 0; l < kWarpSize; ++l)
+      std::memcpy(ins + l * in_bytes, now.fibers[static_cast<size_t>(first + l)].registers_in, in_bytes);
+    compute(ins, outs);
+    for (int l = 0; l < kWarpSize; ++l)
+      std::memcpy(now.fibers[static_cast<size_t>(first + l)].registers_out, outs + l * out_bytes, out_bytes);
+  }
+  std::memcpy(out, active->current->registers_out, out_bytes);
+}
+
+void async_copy(void* dst, const void* src, size_t bytes, size_t src_bytes) {
+  Run& r = run();
+  if (src_bytes > bytes) undefined(r, *r.current, "cp.async with a source size above its copy size");
+  r.current->async_copies.push_back({dst, src, bytes, src_bytes});
+}
+
+void async_commit() {
+  Fiber& f = *run().current;
+  f.async_group_ends.push_back(f.async_copies.size());
+}
+
+void async_wait(int newest_pending) {
+  Fiber& f = *run().current;
+  const size_t groups = f.async_group_ends.size();
+  const size_t done = groups > static_cast<size_t>(newest_pending) ? groups - static_cast<size_t>(newest_pending) : 0;
+  if (done == 0) return;
+  const size_t copies = f.async_group_ends[done - 1];
+  f.async_group_ends.erase(f.async_group_ends.begin(), f.async_group_ends.begin() + static_cast<long>(done));
+  make_async_copies(f, copies);
 }
 
 void* warp_scratch(size_t bytes) {

@@ -81,6 +81,22 @@ void shuffle_xor(unsigned mask, void* value, size_t bytes, int lane_mask, int wi
 bool warp_collective(const char* operation, const void* arguments = nullptr, size_t bytes = 0);
 // A per-warp buffer of at least `bytes`, kept until the block ends.
 void* warp_scratch(size_t bytes);
+// A warp-synchronous operation on values spread over the lanes' registers (mma.sync,
+// ldmatrix): every lane of the warp passes `in_bytes` of its own (at most 64) and the same
+// `compute`; once all have arrived, `compute` runs once, reading the 32 lanes' inputs
+// (lane l's at in + l * in_bytes) and writing their outputs (lane l's at out + l *
+// out_bytes, at most 64 each), and each lane gets its own output back in `out`.
+using WarpRegisterCompute = void (*)(const unsigned char* in, unsigned char* out);
+void warp_register_operation(const char* operation, const void* in, size_t in_bytes, void* out,
+                             size_t out_bytes, WarpRegisterCompute compute);
+// cp.async with groups, as a thread sees it: a copy is queued, not made; async_commit()
+// closes the thread's open group; async_wait(n) makes every copy of the thread's committed
+// groups but the newest n (cp.async.wait_group n). So a kernel that reads a tile before
+// waiting for it reads the shared memory's poison, or the tile before. A thread's copies
+// still queued when it exits are made then, as the hardware completes them.
+void async_copy(void* dst, const void* src, size_t bytes, size_t src_bytes);
+void async_commit();
+void async_wait(int newest_pending);
 void* dynamic_shared_memory();
 // A static __shared__ array reached by a thread: the first call of each block fills it with
 // 0xFF bytes (rewrite_kernel_source.cmake puts the call after each declaration).

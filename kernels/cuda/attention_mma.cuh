@@ -1,0 +1,431 @@
+#pragma once
+// v3 of the causal attention kernels: mma.sync m16n8k16 in PTX's register layouts, scores and
+// probabilities kept in registers (Note [Attention versions] in attention.cu). Private to
+// attention.cu.
+
+#include "kernels/cuda/attention_common.cuh"
+#include "kernels/cuda/warp_mma.cuh"
+
+namespace loom::kernels::cuda::attention_detail {
+
+// ---- v3: register-resident tiles (mma.sync) ------------------------------------------------
+
+constexpr int kMmaTile = 64;      // rows a block owns, and rows of each tile it walks
+constexpr int kMmaThreads = 128;  // 4 warps of 16 rows
+constexpr int kMmaMaxBlocks = 3;  // up to 170 registers a thread: 4 blocks (128) spill
+
+// bf16 tiles [64][kD + 8]: rows 16-byte aligned for ldmatrix and cp.async, and skewed by 16
+// bytes, so the 8 row addresses of an ldmatrix matrix fall in 8 different bank groups.
+template <int kD>
+constexpr int mma_pitch() {
+  return kD + 8;
+}
+template <int kD>
+constexpr size_t mma_tile_bytes() {
+  return sizeof(bf16) * kMmaTile * mma_pitch<kD>();
+}
+template <int kD>
+constexpr size_t mma_forward_smem() {  // Q; K and V twice (double buffered)
+  return 5 * mma_tile_bytes<kD>();
+}
+template <int kD>
+constexpr size_t mma_dkdv_smem() {  // K, V; Q and dO twice; lse and D twice
+  return 6 * mma_tile_bytes<kD>() + 2 * 2 * kMmaTile * sizeof(float);
+}
+template <int kD>
+constexpr size_t mma_dq_smem() {  // Q, dO; K and V twice
+  return 6 * mma_tile_bytes<kD>();
+}
+
+// Issues the copies of rows [t0, t0 + 64) x dims [0, kD) of one head into a tile: cp.async
+// in 16-byte pieces where chunked_rows allows (rows past `time` zero-filled by the copy);
+// element by element otherwise (zero past `time` and `head_dim`; these land at once). The
+// cp.async pieces join the calling thread's open group.
+template <int kD>
+__device__ __forceinline__ void issue_tile(bf16* dst, const bf16* src, int64_t st, int t0, int time,
+                                           int head_dim) {
+  constexpr int kPitch = mma_pitch<kD>(), kPerRow = kD / 8;
+  if (chunked_rows<kD>(src, st, head_dim)) {
+#pragma unroll 2
+    for (int i = threadIdx.x; i < kMmaTile * kPerRow; i += kMmaThreads) {
+      const int r = i / kPerRow, d = (i % kPerRow) * 8, t = t0 + r;
+      const int at = t < time ? t : time - 1;  // an address inside the head even when unread
+      cp_async16(dst + r * kPitch + d, src + at * st + d, t < time ? 16 : 0);
+    }
+    return;
+  }
+#pragma unroll 4
+  for (int i = threadIdx.x; i < kMmaTile * kD; i += kMmaThreads) {
+    const int r = i / kD, d = i % kD, t = t0 + r;
+    dst[r * kPitch + d] = (t < time && d < head_dim) ? src[t * st + d] : __float2bfloat16_rn(0.0f);
+  }
+}
+
+// Loads the A operand of rows [row0, row0 + 16) and dims [16 kk, 16 kk + 16) of a tile.
+template <int kD>
+__device__ __forceinline__ void load_a(uint32_t (&a)[4], const bf16* tile, int row0, int kk) {
+  const int lane = threadIdx.x % kWarpSize;
+  ldmatrix_x4<false>(a, tile + (row0 + lane % 8 + (lane / 8 % 2) * 8) * mma_pitch<kD>() + kk * 16 +
+                            (lane / 16) * 8);
+}
+
+// The B operands (k = dims [16 kk, 16 kk + 16)) of two 8-column n-tiles whose columns are tile
+// rows [row0, row0 + 8) and [row0 + 8, row0 + 16): B = tile^T, as in Q K^T. b[0..1] for the
+// first n-tile, b[2..3] for the second.
+template <int kD>
+__device__ __forceinline__ void load_b_rows(uint32_t (&b)[4], const bf16* tile, int row0, int kk) {
+  const int lane = threadIdx.x % kWarpSize;
+  ldmatrix_x4<false>(b, tile + (row0 + lane % 8 + (lane / 16) * 8) * mma_pitch<kD>() + kk * 16 +
+                            (lane / 8 % 2) * 8);
+}
+
+// The B operands (k = tile rows [row0, row0 + 16)) of the two 8-dim n-tiles at dims
+// [16 dp, 16 dp + 16): B = tile, as in P V. b[0..1] for dims 16 dp.., b[2..3] for 16 dp + 8...
+template <int kD>
+__device__ __forceinline__ void load_b_cols(uint32_t (&b)[4], const bf16* tile, int row0, int dp) {
+  const int lane = threadIdx.x % kWarpSize;
+  ldmatrix_x4<true>(b, tile + (row0 + lane % 8 + (lane / 8 % 2) * 8) * mma_pitch<kD>() + dp * 16 +
+                           (lane / 16) * 8);
+}
+
+// The A operand of k-step j (columns [16 j, 16 j + 16)) from accumulators c of 8-column
+// n-tiles, rounded to bf16: a product's result feeds the next product from registers.
+template <int kTiles>
+__device__ __forceinline__ void accumulators_as_a(uint32_t (&a)[4], const float (&c)[kTiles][4],
+                                                  int j) {
+  a[0] = pack_bf16x2(c[2 * j][0], c[2 * j][1]);
+  a[1] = pack_bf16x2(c[2 * j][2], c[2 * j][3]);
+  a[2] = pack_bf16x2(c[2 * j + 1][0], c[2 * j + 1][1]);
+  a[3] = pack_bf16x2(c[2 * j + 1][2], c[2 * j + 1][3]);
+}
+
+// acc += A B for a warp's 16 rows: A from `a_tile` rows [row0, row0 + 16), B = b_tile^T over
+// its rows [col0, col0 + 8 kTiles), both over all kD dims (S = Q K^T, dP = dO V^T).
+template <int kD, int kTiles>
+__device__ __forceinline__ void product_with_rows(float (&acc)[kTiles][4], const bf16* a_tile,
+                                                  int row0, const bf16* b_tile, int col0) {
+#pragma unroll
+  for (int kk = 0; kk < kD / 16; ++kk) {
+    uint32_t a[4];
+    load_a<kD>(a, a_tile, row0, kk);
+#pragma unroll
+    for (int np = 0; np < kTiles / 2; ++np) {
+      uint32_t b[4];
+      load_b_rows<kD>(b, b_tile, col0 + 16 * np, kk);
+      mma_bf16_16816(acc[2 * np], a, {b[0], b[1]});
+      mma_bf16_16816(acc[2 * np + 1], a, {b[2], b[3]});
+    }
+  }
+}
+
+// acc [16 x kD] += P B for a warp: P the bf16 of accumulators p (16 x 8 kTiles), B the tile's
+// rows [row0, row0 + 8 kTiles) over all kD dims (O += P V, dV += P^T dO, dQ += dS K, ...).
+template <int kD, int kTiles>
+__device__ __forceinline__ void product_with_cols(float (&acc)[kD / 8][4],
+                                                  const float (&p)[kTiles][4], const bf16* b_tile,
+                                                  int row0) {
+#pragma unroll
+  for (int j = 0; j < kTiles / 2; ++j) {
+    uint32_t a[4];
+    accumulators_as_a(a, p, j);
+#pragma unroll
+    for (int dp = 0; dp < kD / 16; ++dp) {
+      uint32_t b[4];
+      load_b_cols<kD>(b, b_tile, row0 + 16 * j, dp);
+      mma_bf16_16816(acc[2 * dp], a, {b[0], b[1]});
+      mma_bf16_16816(acc[2 * dp + 1], a, {b[2], b[3]});
+    }
+  }
+}
+
+// Writes a warp's 16 x kD accumulator times `scale` to rows t0.. of dst (bf16), through the
+// warp's own rows [row0, row0 + 16) of `staging` (a tile no other warp reads any more), so
+// that the global stores are coalesced; rows past `time` and dims past `head_dim` are skipped.
+template <int kD>
+__device__ __forceinline__ void store_rows(const float (&acc)[kD / 8][4], bf16* staging, int row0,
+                                           bf16* dst, int64_t st, int t0, int time, int head_dim,
+                                           float scale0, float scale1) {
+  constexpr int kPitch = mma_pitch<kD>();
+  const int lane = threadIdx.x % kWarpSize, g = lane / 4, t = lane % 4;
+#pragma unroll
+  for (int n = 0; n < kD / 8; ++n) {
+    uint32_t* top = reinterpret_cast<uint32_t*>(staging + (row0 + g) * kPitch + 8 * n + 2 * t);
+    uint32_t* bottom = reinterpret_cast<uint32_t*>(staging + (row0 + g + 8) * kPitch + 8 * n + 2 * t);
+    *top = pack_bf16x2(acc[n][0] * scale0, acc[n][1] * scale0);
+    *bottom = pack_bf16x2(acc[n][2] * scale1, acc[n][3] * scale1);
+  }
+  __syncwarp();
+  if (chunked_rows<kD>(dst, st, head_dim)) {
+    constexpr int kPerRow = kD / 8;
+    for (int i = lane; i < 16 * kPerRow; i += kWarpSize) {
+      const int r = i / kPerRow, d = (i % kPerRow) * 8;
+      if (t0 + r < time) {
+        *reinterpret_cast<uint4*>(dst + (t0 + r) * st + d) =
+            *reinterpret_cast<const uint4*>(staging + (row0 + r) * kPitch + d);
+      }
+    }
+  } else {
+    for (int i = lane; i < 16 * kD; i += kWarpSize) {
+      const int r = i / kD, d = i % kD;
+      if (t0 + r < time && d < head_dim) dst[(t0 + r) * st + d] = staging[(row0 + r) * kPitch + d];
+    }
+  }
+  __syncwarp();
+}
+
+template <int kD>
+__global__ void __launch_bounds__(kMmaThreads, min_blocks(mma_forward_smem<kD>(), kMmaMaxBlocks))
+    attention_forward_mma(ForwardArgs<bf16> a) {
+#if LOOM_WARP_MMA_EMULATED || LOOM_WARP_MMA_PTX
+  constexpr int kTile = kMmaTile * mma_pitch<kD>();
+  extern __shared__ __align__(128) unsigned char smem[];
+  bf16* qs = reinterpret_cast<bf16*>(smem);
+  bf16* kv = qs + kTile;  // buffer i: K at kv + 2 i kTile, V after it
+  const int warp = threadIdx.x / kWarpSize, lane = threadIdx.x % kWarpSize;
+  const int g = lane / 4, t = lane % 4;
+  const int b = blockIdx.x / a.heads, h = blockIdx.x % a.heads, kvh = h / a.group;
+  const int tile = gridDim.y - 1 - blockIdx.y;
+  const int q0 = tile * kMmaTile, row0 = warp * 16;
+  const int rows[2] = {q0 + row0 + g, q0 + row0 + g + 8};
+  const bf16* k_head = a.k.head(b, kvh);
+  const bf16* v_head = a.v.head(b, kvh);
+
+  issue_tile<kD>(qs, a.q.head(b, h), a.q.st, q0, a.time, a.head_dim);
+  issue_tile<kD>(kv, k_head, a.k.st, 0, a.time, a.head_dim);
+  issue_tile<kD>(kv + kTile, v_head, a.v.st, 0, a.time, a.head_dim);
+  cp_async_commit();
+
+  float m[2] = {-INFINITY, -INFINITY}, l[2] = {0.0f, 0.0f};  // l: this lane's columns only
+  float o[kD / 8][4] = {};
+
+  for (int kb = 0; kb <= tile; ++kb) {
+    const int k0 = kb * kMmaTile;
+    cp_async_wait<0>();
+    __syncthreads();  // tile kb landed for all, and every warp is done with tile kb - 1
+    if (kb < tile) {
+      bf16* next = kv + ((kb + 1) % 2) * 2 * kTile;
+      issue_tile<kD>(next, k_head, a.k.st, k0 + kMmaTile, a.time, a.head_dim);
+      issue_tile<kD>(next + kTile, v_head, a.v.st, k0 + kMmaTile, a.time, a.head_dim);
+    }
+    cp_async_commit();
+    const bf16* ks = kv + (kb % 2) * 2 * kTile;
+    const bf16* vs = ks + kTile;
+
+    float s[kMmaTile / 8][4] = {};
+    product_with_rows<kD>(s, qs, row0, ks, 0);
+
+    // Online softmax (finite max: every row meets key 0 in its first tile, see v1). Lanes
+    // 4g .. 4g + 3 share rows g and g + 8.
+    const bool edge = kb == tile || k0 + kMmaTile > a.time;
+    float tile_max[2] = {-INFINITY, -INFINITY};
+#pragma unroll
+    for (int j = 0; j < kMmaTile / 8; ++j)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        const int key = k0 + 8 * j + 2 * t + e % 2;
+        float x = s[j][e] * a.scale_log2;
+        if (edge && !(key <= rows[e / 2] && key < a.time)) x = -INFINITY;
+        s[j][e] = x;
+        tile_max[e / 2] = fmaxf(tile_max[e / 2], x);
+      }
+    float alpha[2];
+#pragma unroll
+    for (int i = 0; i < 2; ++i) {
+      tile_max[i] = fmaxf(tile_max[i], __shfl_xor_sync(0xffffffffu, tile_max[i], 1));
+      tile_max[i] = fmaxf(tile_max[i], __shfl_xor_sync(0xffffffffu, tile_max[i], 2));
+      const float m_new = fmaxf(m[i], tile_max[i]);
+      alpha[i] = exp2f(m[i] - m_new);
+      m[i] = m_new;
+      l[i] *= alpha[i];
+    }
+#pragma unroll
+    for (int j = 0; j < kMmaTile / 8; ++j)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        // The denominator sums the bf16-rounded weights that the P V product uses.
+        const float p = __bfloat162float(__float2bfloat16_rn(exp2f(s[j][e] - m[e / 2])));
+        s[j][e] = p;
+        l[e / 2] += p;
+      }
+#pragma unroll
+    for (int n = 0; n < kD / 8; ++n)
+#pragma unroll
+      for (int e = 0; e < 4; ++e)
+        o[n][e] *= alpha[e / 2];
+    product_with_cols<kD>(o, s, vs, 0);
+  }
+
+  float inv[2];
+#pragma unroll
+  for (int i = 0; i < 2; ++i) {
+    l[i] += __shfl_xor_sync(0xffffffffu, l[i], 1);
+    l[i] += __shfl_xor_sync(0xffffffffu, l[i], 2);
+    inv[i] = 1.0f / l[i];
+    if (t == 0 && rows[i] < a.time)
+      a.lse[int64_t(blockIdx.x) * a.time + rows[i]] = (m[i] + log2f(l[i])) * kLn2;
+  }
+  // The warp's own Q rows are free: only it read them, into its first product.
+  store_rows<kD>(o, qs, row0, a.out.head(b, h), a.out.st, q0 + row0, a.time, a.head_dim, inv[0],
+                 inv[1]);
+#else
+  __trap();
+#endif
+}
+
+// dK, dV for one 64-key tile of a key/value head; warps own 16 keys. Scores are computed
+// transposed (keys x queries): S^T = K Q^T, dP^T = V dO^T, so that P^T and dS^T are the A
+// operands of dV += P^T dO and dK += dS^T Q straight from the accumulators. Query tiles are
+// walked in chunks of kChunk queries (fewer live scores for the wide head dims).
+template <int kD>
+__global__ void __launch_bounds__(kMmaThreads, min_blocks(mma_dkdv_smem<kD>(), kMmaMaxBlocks))
+    attention_backward_dkdv_mma(BackwardArgs<bf16> a) {
+#if LOOM_WARP_MMA_EMULATED || LOOM_WARP_MMA_PTX
+  constexpr int kTile = kMmaTile * mma_pitch<kD>();
+  constexpr int kChunk = kD <= 32 ? 64 : 32;
+  extern __shared__ __align__(128) unsigned char smem[];
+  bf16* ks = reinterpret_cast<bf16*>(smem);
+  bf16* vs = ks + kTile;
+  bf16* qg = vs + kTile;  // buffer i: Q at qg + 2 i kTile, dO after it
+  float* stats = reinterpret_cast<float*>(qg + 4 * kTile);  // buffer i: lse (base 2), then D
+  const int warp = threadIdx.x / kWarpSize, lane = threadIdx.x % kWarpSize;
+  const int g = lane / 4, t = lane % 4;
+  const int kv_heads = a.heads / a.group;
+  const int b = blockIdx.x / kv_heads, kvh = blockIdx.x % kv_heads;
+  const int kb = blockIdx.y, k0 = kb * kMmaTile, key0 = warp * 16;
+  const int keys[2] = {k0 + key0 + g, k0 + key0 + g + 8};
+  const int query_tiles = static_cast<int>(gridDim.y) - kb;
+  const int steps = a.group * query_tiles;  // the query tiles at or below the diagonal of each
+                                            // query head of the group, head by head
+
+  // Issues step `step`'s Q and dO tiles and stores its lse and D rows, into buffer step % 2.
+  auto issue_step = [&](int step) {
+    const int h = kvh * a.group + step / query_tiles, q0 = (kb + step % query_tiles) * kMmaTile;
+    bf16* q_tile = qg + (step % 2) * 2 * kTile;
+    issue_tile<kD>(q_tile, a.q.head(b, h), a.q.st, q0, a.time, a.head_dim);
+    issue_tile<kD>(q_tile + kTile, a.dout.head(b, h), a.dout.st, q0, a.time, a.head_dim);
+    float* lse = stats + (step % 2) * 2 * kMmaTile;
+    for (int i = threadIdx.x; i < kMmaTile; i += kMmaThreads) {
+      const bool ok = q0 + i < a.time;
+      const int64_t at = int64_t(b * a.heads + h) * a.time + q0 + i;
+      lse[i] = ok ? a.lse[at] * kLog2e : 0.0f;
+      lse[kMmaTile + i] = ok ? a.delta[at] : 0.0f;
+    }
+  };
+  issue_tile<kD>(ks, a.k.head(b, kvh), a.k.st, k0, a.time, a.head_dim);
+  issue_tile<kD>(vs, a.v.head(b, kvh), a.v.st, k0, a.time, a.head_dim);
+  issue_step(0);
+  cp_async_commit();
+
+  float dk[kD / 8][4] = {}, dv[kD / 8][4] = {};
+  for (int step = 0; step < steps; ++step) {
+    const int q0 = (kb + step % query_tiles) * kMmaTile;
+    cp_async_wait<0>();
+    __syncthreads();  // step's tiles landed for all, every warp is done with step - 1's
+    if (step + 1 < steps) issue_step(step + 1);
+    cp_async_commit();
+    const bf16* qs = qg + (step % 2) * 2 * kTile;
+    const bf16* gs = qs + kTile;
+    const float* lse = stats + (step % 2) * 2 * kMmaTile;
+    const float* delta = lse + kMmaTile;
+
+#pragma unroll 1
+    for (int c0 = 0; c0 < kMmaTile; c0 += kChunk) {
+      float p[kChunk / 8][4] = {}, ds[kChunk / 8][4] = {};
+      product_with_rows<kD>(p, ks, key0, qs, c0);   // S^T
+      product_with_rows<kD>(ds, vs, key0, gs, c0);  // dP^T
+#pragma unroll
+      for (int j = 0; j < kChunk / 8; ++j)
+#pragma unroll
+        for (int e = 0; e < 4; ++e) {
+          const int c = c0 + 8 * j + 2 * t + e % 2, query = q0 + c;
+          const float pv = (query < a.time && keys[e / 2] <= query)
+                               ? exp2f(p[j][e] * a.scale_log2 - lse[c])
+                               : 0.0f;
+          p[j][e] = pv;
+          ds[j][e] = pv * (ds[j][e] - delta[c]);
+        }
+      product_with_cols<kD>(dv, p, gs, c0);   // dV += P^T dO
+      product_with_cols<kD>(dk, ds, qs, c0);  // dK += dS^T Q
+    }
+  }
+
+  // The warp's own K and V rows are free: only it read them, as its A operands.
+  store_rows<kD>(dk, ks, key0, a.dk.head(b, kvh), a.dk.st, k0 + key0, a.time, a.head_dim, a.scale,
+                 a.scale);
+  store_rows<kD>(dv, vs, key0, a.dv.head(b, kvh), a.dv.st, k0 + key0, a.time, a.head_dim, 1.0f,
+                 1.0f);
+#else
+  __trap();
+#endif
+}
+
+// dQ for one 64-query tile; warps own 16 queries.
+template <int kD>
+__global__ void __launch_bounds__(kMmaThreads, min_blocks(mma_dq_smem<kD>(), kMmaMaxBlocks))
+    attention_backward_dq_mma(BackwardArgs<bf16> a) {
+#if LOOM_WARP_MMA_EMULATED || LOOM_WARP_MMA_PTX
+  constexpr int kTile = kMmaTile * mma_pitch<kD>();
+  extern __shared__ __align__(128) unsigned char smem[];
+  bf16* qs = reinterpret_cast<bf16*>(smem);
+  bf16* gs = qs + kTile;
+  bf16* kv = gs + kTile;  // buffer i: K at kv + 2 i kTile, V after it
+  const int warp = threadIdx.x / kWarpSize, lane = threadIdx.x % kWarpSize;
+  const int g = lane / 4, t = lane % 4;
+  const int bh = blockIdx.x, b = bh / a.heads, h = bh % a.heads, kvh = h / a.group;
+  const int tile = gridDim.y - 1 - blockIdx.y;
+  const int q0 = tile * kMmaTile, row0 = warp * 16;
+  const int rows[2] = {q0 + row0 + g, q0 + row0 + g + 8};
+  const bf16* k_head = a.k.head(b, kvh);
+  const bf16* v_head = a.v.head(b, kvh);
+  float lse2[2], delta[2];
+#pragma unroll
+  for (int i = 0; i < 2; ++i) {
+    const bool ok = rows[i] < a.time;
+    lse2[i] = ok ? a.lse[int64_t(bh) * a.time + rows[i]] * kLog2e : 0.0f;
+    delta[i] = ok ? a.delta[int64_t(bh) * a.time + rows[i]] : 0.0f;
+  }
+
+  issue_tile<kD>(qs, a.q.head(b, h), a.q.st, q0, a.time, a.head_dim);
+  issue_tile<kD>(gs, a.dout.head(b, h), a.dout.st, q0, a.time, a.head_dim);
+  issue_tile<kD>(kv, k_head, a.k.st, 0, a.time, a.head_dim);
+  issue_tile<kD>(kv + kTile, v_head, a.v.st, 0, a.time, a.head_dim);
+  cp_async_commit();
+
+  float dq[kD / 8][4] = {};
+  for (int kb = 0; kb <= tile; ++kb) {
+    const int k0 = kb * kMmaTile;
+    cp_async_wait<0>();
+    __syncthreads();
+    if (kb < tile) {
+      bf16* next = kv + ((kb + 1) % 2) * 2 * kTile;
+      issue_tile<kD>(next, k_head, a.k.st, k0 + kMmaTile, a.time, a.head_dim);
+      issue_tile<kD>(next + kTile, v_head, a.v.st, k0 + kMmaTile, a.time, a.head_dim);
+    }
+    cp_async_commit();
+    const bf16* ks = kv + (kb % 2) * 2 * kTile;
+    const bf16* vs = ks + kTile;
+
+    float p[kMmaTile / 8][4] = {}, ds[kMmaTile / 8][4] = {};
+    product_with_rows<kD>(p, qs, row0, ks, 0);   // S
+    product_with_rows<kD>(ds, gs, row0, vs, 0);  // dP
+#pragma unroll
+    for (int j = 0; j < kMmaTile / 8; ++j)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        const int i = e / 2, key = k0 + 8 * j + 2 * t + e % 2;
+        const float pv =
+            (rows[i] < a.time && key <= rows[i]) ? exp2f(p[j][e] * a.scale_log2 - lse2[i]) : 0.0f;
+        ds[j][e] = pv * (ds[j][e] - delta[i]);
+      }
+    product_with_cols<kD>(dq, ds, ks, 0);  // dQ += dS K
+  }
+
+  // The warp's own Q rows are free: only it read them, as its A operands.
+  store_rows<kD>(dq, qs, row0, a.dq.head(b, h), a.dq.st, q0 + row0, a.time, a.head_dim, a.scale,
+                 a.scale);
+#else
+  __trap();
+#endif
+}
+
+}  // namespace loom::kernels::cuda::attention_detail
