@@ -1,7 +1,7 @@
 // Fused causal attention kernels (FlashAttention-2 style); contracts in attention.h.
 //
 // Note [Attention versions]
-// Both versions share one plan. Forward: a block owns a tile of query rows of one (b, h) and
+// All three versions share one plan. Forward: a block owns a tile of query rows of one (b, h) and
 // walks the key tiles left to right, keeping each row's running max m and denominator l
 // (online softmax), rescaling its output accumulator by exp(m_old - m_new) when the max
 // grows; key tiles wholly above the diagonal are never visited, so the block of query tile i
@@ -26,11 +26,25 @@
 //       opaque, so per-row rescaling cannot touch them): each P V tile goes through the
 //       scratch and is added after the rescale. Backward accumulators need no rescaling and
 //       stay in WMMA fragments.
-// Both read rows in 16-byte chunks when head_dim fills the padded head dim and rows are
+//   v3: bf16 tiles, mma.sync m16n8k16 with PTX's documented register layouts (warp_mma.cuh),
+//       FlashAttention-2's way: 64 x 64 tiles, 4 warps of 16 rows. Scores stay in the
+//       accumulators; the softmax runs on them where they are (a row is spread over the 4
+//       lanes of a quad, whose max and sum take two shuffles), and the probabilities, rounded
+//       to bf16, become the next product's A operand without leaving registers (an m16n8k16
+//       accumulator pair is an A fragment). Operands come from shared memory through
+//       ldmatrix (transposed for the products whose B is a tile's columns). The tiles a block
+//       walks are double-buffered: the next one's cp.async copies are issued before the
+//       current one is computed, so loads overlap the products. Backward computes dK/dV's
+//       scores transposed (S^T = K Q^T), so that P^T and dS^T are A operands too; its query
+//       tiles are walked 32 queries at a time for head dims above 32, to keep the scores and
+//       both accumulators in registers. Nothing goes through a scratch tile.
+// v1 and v2 read rows in 16-byte chunks when head_dim fills the padded head dim and rows are
 // aligned (GPT-2's fused projection), v2 with cp.async straight into shared memory; otherwise
-// element by element. Rows and dims past the ends are zero-filled either way.
-// The kernels live in attention_simt.cuh (v1) and attention_tensor_core.cuh (v2), their
-// shared pieces in attention_common.cuh; this file holds the launchers.
+// element by element; v3 issues the same 16-byte cp.async pieces (zero-filled past T) or
+// element loads. Rows and dims past the ends are zero-filled either way.
+// The kernels live in attention_simt.cuh (v1), attention_tensor_core.cuh (v2) and
+// attention_mma.cuh (v3), their shared pieces in attention_common.cuh; this file holds the
+// launchers.
 
 #include "core/tags.h"
 #include "kernels/cuda/attention.h"
@@ -122,9 +136,9 @@ bool check_call(const char* op, AttentionVersion version, DType dtype, const Att
   return true;
 }
 
-// Whether the current device runs real v2 kernels: they are compiled as traps for virtual
-// architectures below sm_80 (LOOM_ATTENTION_TC), e.g. in a build for sm_75 that a newer GPU
-// JIT-compiles. Asked once per device.
+// Whether the current device runs real v2 and v3 kernels: they are compiled as traps for
+// virtual architectures below sm_80 (LOOM_ATTENTION_TC, LOOM_WARP_MMA_PTX), e.g. in a build
+// for sm_75 that a newer GPU JIT-compiles. Asked once per device.
 bool tensor_core_kernels_run_here() {
   int device = 0;
   LOOM_CUDA_CHECK(cudaGetDevice(&device));

@@ -19,15 +19,20 @@
 // bitwise reproducible.
 //
 // Versions (see Note [Attention versions] in attention.cu; bench/cuda/lab_attention.cu runs
-// both side by side):
+// them side by side):
 //   v1 (kSimt)       : f32 and bf16, CUDA-core FMAs, 32 x 32 tiles.
 //   v2 (kTensorCore) : bf16 only, WMMA bf16 16x16x16 tensor-core MMAs, 64 x 64 tiles; the
 //                      probabilities (and dS in backward) are rounded to bf16 before their
 //                      MMA, as FlashAttention does.
-// The public launchers below use v1 for f32 and v2 for bf16 (v1 for bf16 where the device
-// cannot run v2: a build whose code for this device targets below sm_80). The lab validates
-// both versions against the CPU kernel before timing them; should v2 ever fail there, setting
-// kDefaultBf16Version in attention.cu to kSimt reverts bf16 to v1.
+//   v3 (kMma)        : bf16 only, mma.sync m16n8k16 with scores and probabilities kept in
+//                      registers and tiles double-buffered by cp.async (FlashAttention-2's
+//                      design); the same roundings as v2.
+// The public launchers below use v1 for f32 and v3 for bf16 (v1 for bf16 where the device
+// cannot run v2 or v3: a build whose code for this device targets below sm_80). v3 has been
+// tested only on the emulated device (docs/cuda.md); the lab validates every version against
+// the CPU kernel before timing it, and should v3 fail there, setting kDefaultBf16Version in
+// attention_common.cuh to kTensorCore (v2, measured on an H200 on 2026-12-04) or kSimt
+// reverts bf16 to it.
 
 #include <cstddef>
 #include <cstdint>
@@ -70,7 +75,7 @@ void flash_attention_backward(DType dtype, const AttentionShape& s, const void* 
 
 enum class AttentionVersion { kSimt = 1, kTensorCore = 2, kMma = 3 };
 
-// Whether `version` takes this dtype (v2: bf16 only).
+// Whether `version` takes this dtype (v2, v3: bf16 only).
 bool attention_version_supports(AttentionVersion version, DType dtype);
 
 // As flash_attention_forward / flash_attention_backward, with the version chosen.

@@ -275,7 +275,8 @@ __global__ void __launch_bounds__(kMmaThreads, min_blocks(mma_forward_smem<kD>()
 // dK, dV for one 64-key tile of a key/value head; warps own 16 keys. Scores are computed
 // transposed (keys x queries): S^T = K Q^T, dP^T = V dO^T, so that P^T and dS^T are the A
 // operands of dV += P^T dO and dK += dS^T Q straight from the accumulators. Query tiles are
-// walked in chunks of kChunk queries (fewer live scores for the wide head dims).
+// walked kChunk queries at a time: 32 above head dim 32, where 64 would leave the scores,
+// their gradients and both accumulators more registers than a thread has (ptxas spilled).
 template <int kD>
 __global__ void __launch_bounds__(kMmaThreads, min_blocks(mma_dkdv_smem<kD>(), kMmaMaxBlocks))
     attention_backward_dkdv_mma(BackwardArgs<bf16> a) {

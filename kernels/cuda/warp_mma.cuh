@@ -64,7 +64,9 @@ __device__ __forceinline__ void mma_bf16_16816(float (&d)[4], const uint32_t (&a
 
 // Four 8x8 matrices of 16-bit elements from shared memory: lanes 8j .. 8j + 7 give the row
 // addresses of matrix j (16-byte aligned); lane l gets row l / 4, columns 2 (l % 4) + {0, 1}
-// of matrix j in r[j], or with kTransposed column l / 4, rows 2 (l % 4) + {0, 1}.
+// of matrix j in r[j], or with kTransposed column l / 4, rows 2 (l % 4) + {0, 1}. The
+// "memory" clobber keeps the compiler from moving plain shared-memory stores (a kernel
+// reusing a tile it has read, as the attention kernels' output staging does) above the read.
 template <bool kTransposed>
 __device__ __forceinline__ void ldmatrix_x4(uint32_t (&r)[4], const void* row) {
 #if LOOM_WARP_MMA_EMULATED
@@ -74,11 +76,13 @@ __device__ __forceinline__ void ldmatrix_x4(uint32_t (&r)[4], const void* row) {
   if constexpr (kTransposed) {
     asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0, %1, %2, %3}, [%4];\n"
                  : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
-                 : "r"(address));
+                 : "r"(address)
+                 : "memory");
   } else {
     asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0, %1, %2, %3}, [%4];\n"
                  : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
-                 : "r"(address));
+                 : "r"(address)
+                 : "memory");
   }
 #else
   __trap();
