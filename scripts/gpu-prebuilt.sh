@@ -17,7 +17,11 @@
 # run's stages (all by default, in this order): env, tests (each CUDA test program, whole),
 # train_gpt (GPT-2 small, bf16-mixed, batch 8, 20 steps), train_gpt_graph (the same with
 # --cuda-graph: the whole step one CUDA graph from the second step), torch_eager (the same model in
-# PyTorch, scripts/torch_gpt2_bench.py), labs (each kernel lab); on request: lab_NAME (one lab),
+# PyTorch, scripts/torch_gpt2_bench.py), parity (train_gpt and PyTorch eager, 50 steps from the
+# same weights and tokens, losses within 2% at every step: scripts/gpu_loss_parity.py), labs
+# (each kernel lab); on request: lab_NAME (one lab), sharded (ZeRO-2 and ZeRO-3 with CPU offload,
+# FSDP with CPU offload and plain ZeRO-3 on GPT-2 small, 2 processes sharing the GPU over the
+# staged shm backend, 10 steps each),
 # torch_compile (torch_eager with torch.compile), phases (train_gpt with synchronous launches
 # and --trace, for the time of forward, backward and optimizer), kernels (Nsight Compute's
 # GPU time of every kernel of train_gpt's first two steps, as CSV), test_NAME (one CUDA test
@@ -113,7 +117,7 @@ run_all() {
   [ -f "$PACK/MANIFEST.txt" ] ||
     { echo "gpu-prebuilt: no $PACK.tar.xz (run 'pack' on Debian and carry it)"; return 1; }
   local stages=("$@")
-  [ ${#stages[@]} -gt 0 ] || stages=(env tests train_gpt train_gpt_graph torch_eager labs)
+  [ ${#stages[@]} -gt 0 ] || stages=(env tests train_gpt train_gpt_graph torch_eager parity labs)
   local libpath=$PACK/lib soname dir
   # shellcheck disable=SC2013  # sonames: words, never spaces
   for soname in $(sed -n 's/^cuda-sonames: //p' "$PACK/MANIFEST.txt"); do
@@ -133,7 +137,7 @@ run_all() {
     summary+=("$(printf '%-24s rc=%-4s %4ss' "$name" "$rc" $((SECONDS - t0)))")
     ((rc == 0)) || failed=1
   }
-  local s exe
+  local s exe strategy
   for s in "${stages[@]}"; do
     case $s in
       env)
@@ -159,6 +163,15 @@ run_all() {
         stage "$s" 240 python3 scripts/torch_gpt2_bench.py --device cuda --layers 12 --heads 12 --embd 768 \
           --ctx 1024 --vocab 50304 --precision bf16-mixed --batch 8 --steps 20 --warmup 2 --log-interval 5 \
           "${compile[@]}" ;;
+      sharded)
+        for strategy in deepspeed_stage_2_offload deepspeed_stage_3_offload fsdp_cpu_offload deepspeed_stage_3; do
+          stage "sharded_$strategy" 150 "$PACK/bin/train_gpt" --device cuda --preset gpt2-small \
+            --precision bf16-mixed --batch 4 --steps 10 --log-interval 5 --strategy "$strategy" --devices 2 \
+            --process-group-backend shm
+        done ;;
+      parity)
+        stage parity 240 python3 scripts/gpu_loss_parity.py --train-gpt "$PACK/bin/train_gpt" \
+          --device cuda --steps 50 ;;
       phases)  # forward, backward and optimizer times: synchronous launches, trace next to the log
         stage phases 120 env CUDA_LAUNCH_BLOCKING=1 "$PACK/bin/train_gpt" --device cuda --preset gpt2-small \
           --precision bf16-mixed --batch 8 --steps 6 --log-interval 1 --trace "${GPU_PREBUILT_LOG%.log}.trace.json" ;;
@@ -171,7 +184,7 @@ run_all() {
           echo "$(wc -l <"$0") lines in $0"' "${GPU_PREBUILT_LOG%.log}.kernels.csv" "$PACK/bin/train_gpt" ;;
       lab_*) stage "$s" 120 "$PACK/bin/$s" ;;
       test_*) stage "$s" 120 "$PACK/bin/$s" --gtest_color=no ;;
-      *) echo "gpu-prebuilt: unknown stage '$s' (env tests train_gpt train_gpt_graph torch_eager labs torch_compile phases kernels lab_NAME test_NAME llama)"; return 2 ;;
+      *) echo "gpu-prebuilt: unknown stage '$s' (env tests train_gpt train_gpt_graph torch_eager parity labs torch_compile sharded phases kernels lab_NAME test_NAME llama)"; return 2 ;;
     esac
   done
   printf '\n========== summary (%ss of %ss) ==========\n' $((SECONDS - start)) "$budget"
