@@ -99,6 +99,21 @@ __device__ __forceinline__ void accumulators_as_a(uint32_t (&a)[4], const float 
   a[3] = pack_bf16x2(c[2 * j + 1][2], c[2 * j + 1][3]);
 }
 
+// acc += A B for one k-step kk (dims [16 kk, 16 kk + 16)): A a warp's 16-row operand, B =
+// b_tile^T over its rows [col0, col0 + 8 kTiles).
+template <int kD, int kTiles>
+__device__ __forceinline__ void product_step_with_rows(float (&acc)[kTiles][4],
+                                                       const uint32_t (&a)[4], const bf16* b_tile,
+                                                       int col0, int kk) {
+#pragma unroll
+  for (int np = 0; np < kTiles / 2; ++np) {
+    uint32_t b[4];
+    load_b_rows<kD>(b, b_tile, col0 + 16 * np, kk);
+    mma_bf16_16816(acc[2 * np], a, {b[0], b[1]});
+    mma_bf16_16816(acc[2 * np + 1], a, {b[2], b[3]});
+  }
+}
+
 // acc += A B for a warp's 16 rows: A from `a_tile` rows [row0, row0 + 16), B = b_tile^T over
 // its rows [col0, col0 + 8 kTiles), both over all kD dims (S = Q K^T, dP = dO V^T).
 template <int kD, int kTiles>
@@ -108,13 +123,7 @@ __device__ __forceinline__ void product_with_rows(float (&acc)[kTiles][4], const
   for (int kk = 0; kk < kD / 16; ++kk) {
     uint32_t a[4];
     load_a<kD>(a, a_tile, row0, kk);
-#pragma unroll
-    for (int np = 0; np < kTiles / 2; ++np) {
-      uint32_t b[4];
-      load_b_rows<kD>(b, b_tile, col0 + 16 * np, kk);
-      mma_bf16_16816(acc[2 * np], a, {b[0], b[1]});
-      mma_bf16_16816(acc[2 * np + 1], a, {b[2], b[3]});
-    }
+    product_step_with_rows<kD>(acc, a, b_tile, col0, kk);
   }
 }
 
@@ -197,11 +206,16 @@ __global__ void __launch_bounds__(kMmaThreads, min_blocks(mma_forward_smem<kD>()
 
   float m[2] = {-INFINITY, -INFINITY}, l[2] = {0.0f, 0.0f};  // l: this lane's columns only
   float o[kD / 8][4] = {};
+  uint32_t q[kD / 16][4];  // the warp's Q rows as A operands, loaded once
 
   for (int kb = 0; kb <= tile; ++kb) {
     const int k0 = kb * kMmaTile;
     cp_async_wait<0>();
     __syncthreads();  // tile kb landed for all, and every warp is done with tile kb - 1
+    if (kb == 0) {
+#pragma unroll
+      for (int kk = 0; kk < kD / 16; ++kk) load_a<kD>(q[kk], qs, row0, kk);
+    }
     if (kb < tile) {
       bf16* next = kv + ((kb + 1) % 2) * 2 * kTile;
       issue_tile<kD>(next, k_head, a.k.st, k0 + kMmaTile, a.time, a.head_dim);
@@ -212,7 +226,8 @@ __global__ void __launch_bounds__(kMmaThreads, min_blocks(mma_forward_smem<kD>()
     const bf16* vs = ks + kTile;
 
     float s[kMmaTile / 8][4] = {};
-    product_with_rows<kD>(s, qs, row0, ks, 0);
+#pragma unroll
+    for (int kk = 0; kk < kD / 16; ++kk) product_step_with_rows<kD>(s, q[kk], ks, 0, kk);
 
     // Online softmax (finite max: every row meets key 0 in its first tile, see v1). Lanes
     // 4g .. 4g + 3 share rows g and g + 8.
@@ -264,7 +279,7 @@ __global__ void __launch_bounds__(kMmaThreads, min_blocks(mma_forward_smem<kD>()
     if (t == 0 && rows[i] < a.time)
       a.lse[int64_t(blockIdx.x) * a.time + rows[i]] = (m[i] + log2f(l[i])) * kLn2;
   }
-  // The warp's own Q rows are free: only it read them, into its first product.
+  // The warp's own Q rows are free: only it read them, into its registers.
   store_rows<kD>(o, qs, row0, a.out.head(b, h), a.out.st, q0 + row0, a.time, a.head_dim, inv[0],
                  inv[1]);
 #else
