@@ -13,6 +13,9 @@
 
 #include <cuda_runtime_api.h>
 #include <gtest/gtest.h>
+#if LOOM_EMULATED_NCCL
+#include <nccl.h>
+#endif
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -409,6 +412,37 @@ TEST(EmulatedNcclLimits, ACollectiveNoPeerJoinsEndsAtTheLimit) {
     EXPECT_GE(waited, 1s);
     EXPECT_LT(waited, 10s);
     store->set("rank 0 gave up", {1});
+  }));
+}
+
+// A handle that goes before its board settled leaves nothing in /dev/shm: a split's child
+// whose parent is aborted mid-split (the child never delivered), and a communicator destroyed
+// before its second rank joined.
+TEST(EmulatedNcclLimits, AHandleGoneBeforeItsBoardSettledLeavesNothingInDevShm) {
+  expect_all_ok(run_ranks(1, [](int, int, std::shared_ptr<Store>) {
+    ncclConfig_t config = NCCL_CONFIG_INITIALIZER;
+    config.blocking = 0;
+    ncclUniqueId id;
+    ASSERT_EQ(ncclGetUniqueId(&id), ncclSuccess);
+    ncclComm_t parent = nullptr;
+    ASSERT_EQ(ncclCommInitRankConfig(&parent, 1, id, 0, &config), ncclSuccess);
+    ncclResult_t state = ncclInProgress;
+    while (state == ncclInProgress) ASSERT_EQ(ncclCommGetAsyncError(parent, &state), ncclSuccess);
+    ASSERT_EQ(state, ncclSuccess);
+    ncclComm_t child = nullptr;
+    ASSERT_EQ(ncclCommSplit(parent, 0, 0, &child, &config), ncclSuccess);
+    EXPECT_EQ(child, nullptr) << "a non-blocking split delivers its child at a later poll";
+    EXPECT_FALSE(nccl_segments_of(getpid()).empty()) << "the child's board should exist";
+    EXPECT_EQ(ncclCommAbort(parent), ncclSuccess);
+    EXPECT_EQ(nccl_segments_of(getpid()), std::vector<std::string>{});
+
+    ASSERT_EQ(ncclGetUniqueId(&id), ncclSuccess);
+    ncclComm_t lone = nullptr;
+    const ncclResult_t started = ncclCommInitRankConfig(&lone, 2, id, 0, &config);
+    ASSERT_TRUE(started == ncclSuccess || started == ncclInProgress) << started;
+    EXPECT_FALSE(nccl_segments_of(getpid()).empty()) << "the board should exist";
+    EXPECT_EQ(ncclCommDestroy(lone), ncclSuccess);
+    EXPECT_EQ(nccl_segments_of(getpid()), std::vector<std::string>{});
   }));
 }
 #endif

@@ -248,6 +248,14 @@ struct ncclComm {
   ncclComm** split_slot = nullptr;  // a split's handle, filled by the poll that finds it done
   ncclComm* split_child = nullptr;
   bool finalizing = false;
+
+  // A board keeps its name until every rank has joined (settle_joining unlinks it then); a
+  // handle that goes before that (destroyed, aborted, or a split's child its parent never
+  // delivered) unlinks it, so that nothing is left in /dev/shm.
+  ~ncclComm() {
+    if (!all_joined && !name.empty()) shm_unlink(name.c_str());
+    delete split_child;
+  }
 };
 
 namespace loom::cuda_emulation::nccl {
@@ -633,9 +641,7 @@ ncclResult_t ncclCommAbort(ncclComm_t comm) {
     for (uint64_t m = comm->board->taken[comm->rank][peer].load(); m < posted; ++m)
       shm_unlink(message_segment(*comm, comm->rank, peer, m).c_str());
   }
-  if (!comm->all_joined) shm_unlink(comm->name.c_str());
-  delete comm->split_child;  // a split's, not delivered
-  delete comm;
+  delete comm;  // with its board's name if not every rank joined, and an undelivered split
   return ncclSuccess;
 }
 
