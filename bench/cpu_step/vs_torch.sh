@@ -7,7 +7,10 @@
 # weights (the peer writes them, Loom loads them with --init) and read the same tokens: an
 # llm.c shard of seeded random tokens written here (Loom's --data, the peers' --tokens),
 # in train_gpt's data order (data/token_blocks.h) on both sides. AdamW
-# (lr 1e-3, betas 0.9/0.95, weight decay 0.1), no gradient clipping, on both sides. Not for
+# (lr 1e-3, betas 0.9/0.95, weight decay 0.1), no gradient clipping, on both sides; the peers
+# decay every parameter and train_gpt those of two or more dimensions, so the losses agree at
+# the first step and drift apart by that decay after it (scripts/gpu_loss_parity.py matches
+# both). Not for
 # CI: it needs the peers' venv (bench/peers/python/setup.sh, 5.7 GB).
 #
 #   bash bench/cpu_step/vs_torch.sh [OUTDIR]
@@ -67,7 +70,7 @@ with open(sys.argv[1], "wb") as f:
 PY
 
 LOOM=("$T" "${MODEL[@]}" --init "$INIT" --data "$OUT/tokens.bin" --grad-clip 0
-      --lr 1e-3 --steps "$STEPS"
+      --lr 1e-3 --beta2 0.95 --steps "$STEPS"
       --warmup-steps 0 --schedule constant --log-interval 1000)
 # label | Loom's flags | the peer's command (run in bench/peers/python)
 PAIRS=(
