@@ -61,6 +61,30 @@ __device__ __forceinline__ void issue_tile(bf16* dst, const bf16* src, int64_t s
   }
 }
 
+// Key/value tile kb of head (b, kvh) into buffer kb % 2 of `kv` (K, then V a tile after it).
+template <int kD, typename Args>
+__device__ __forceinline__ void issue_key_value_tile(bf16* kv, const Args& a, int b, int kvh,
+                                                     int kb) {
+  constexpr int kTile = kMmaTile * mma_pitch<kD>();
+  bf16* buffer = kv + (kb % 2) * 2 * kTile;
+  issue_tile<kD>(buffer, a.k.head(b, kvh), a.k.st, kb * kMmaTile, a.time, a.head_dim);
+  issue_tile<kD>(buffer + kTile, a.v.head(b, kvh), a.v.st, kb * kMmaTile, a.time, a.head_dim);
+}
+
+// One step of a block's walk over double-buffered tiles: waits for step `step`'s copies (issued
+// into buffer step % 2 by the previous step, or before the walk for step 0), synchronises the
+// block, which also ends every warp's use of the other buffer, and then issues step + 1's
+// copies into that one through issue(step + 1), if there is a step + 1. Returns step % 2,
+// the buffer to compute on.
+template <typename Issue>
+__device__ __forceinline__ int walk_step(int step, int steps, Issue&& issue) {
+  cp_async_wait<0>();
+  __syncthreads();
+  if (step + 1 < steps) issue(step + 1);
+  cp_async_commit();  // an empty group after the last step
+  return step % 2;
+}
+
 // Loads the A operand of rows [row0, row0 + 16) and dims [16 kk, 16 kk + 16) of a tile.
 template <int kD>
 __device__ __forceinline__ void load_a(uint32_t (&a)[4], const bf16* tile, int row0, int kk) {
@@ -196,12 +220,10 @@ __global__ void __launch_bounds__(kMmaThreads, min_blocks(mma_forward_smem<kD>()
   const int tile = gridDim.y - 1 - blockIdx.y;
   const int q0 = tile * kMmaTile, row0 = warp * 16;
   const int rows[2] = {q0 + row0 + g, q0 + row0 + g + 8};
-  const bf16* k_head = a.k.head(b, kvh);
-  const bf16* v_head = a.v.head(b, kvh);
 
+  auto issue_keys = [&](int kb) { issue_key_value_tile<kD>(kv, a, b, kvh, kb); };
   issue_tile<kD>(qs, a.q.head(b, h), a.q.st, q0, a.time, a.head_dim);
-  issue_tile<kD>(kv, k_head, a.k.st, 0, a.time, a.head_dim);
-  issue_tile<kD>(kv + kTile, v_head, a.v.st, 0, a.time, a.head_dim);
+  issue_keys(0);
   cp_async_commit();
 
   float m[2] = {-INFINITY, -INFINITY}, l[2] = {0.0f, 0.0f};  // l: this lane's columns only
@@ -210,20 +232,12 @@ __global__ void __launch_bounds__(kMmaThreads, min_blocks(mma_forward_smem<kD>()
 
   for (int kb = 0; kb <= tile; ++kb) {
     const int k0 = kb * kMmaTile;
-    cp_async_wait<0>();
-    __syncthreads();  // tile kb landed for all, and every warp is done with tile kb - 1
+    const bf16* ks = kv + walk_step(kb, tile + 1, issue_keys) * 2 * kTile;
+    const bf16* vs = ks + kTile;
     if (kb == 0) {
 #pragma unroll
       for (int kk = 0; kk < kD / 16; ++kk) load_a<kD>(q[kk], qs, row0, kk);
     }
-    if (kb < tile) {
-      bf16* next = kv + ((kb + 1) % 2) * 2 * kTile;
-      issue_tile<kD>(next, k_head, a.k.st, k0 + kMmaTile, a.time, a.head_dim);
-      issue_tile<kD>(next + kTile, v_head, a.v.st, k0 + kMmaTile, a.time, a.head_dim);
-    }
-    cp_async_commit();
-    const bf16* ks = kv + (kb % 2) * 2 * kTile;
-    const bf16* vs = ks + kTile;
 
     float s[kMmaTile / 8][4] = {};
 #pragma unroll
@@ -313,8 +327,9 @@ __global__ void __launch_bounds__(kMmaThreads, min_blocks(mma_dkdv_smem<kD>(), k
   const int steps = a.group * query_tiles;  // the query tiles at or below the diagonal of each
                                             // query head of the group, head by head
 
-  // Issues step `step`'s Q and dO tiles and stores its lse and D rows, into buffer step % 2.
-  auto issue_step = [&](int step) {
+  // Step `step`'s Q and dO tiles, and its lse and D rows (stored at once), into buffer
+  // step % 2.
+  auto issue_queries = [&](int step) {
     const int h = kvh * a.group + step / query_tiles, q0 = (kb + step % query_tiles) * kMmaTile;
     bf16* q_tile = qg + (step % 2) * 2 * kTile;
     issue_tile<kD>(q_tile, a.q.head(b, h), a.q.st, q0, a.time, a.head_dim);
@@ -329,19 +344,16 @@ __global__ void __launch_bounds__(kMmaThreads, min_blocks(mma_dkdv_smem<kD>(), k
   };
   issue_tile<kD>(ks, a.k.head(b, kvh), a.k.st, k0, a.time, a.head_dim);
   issue_tile<kD>(vs, a.v.head(b, kvh), a.v.st, k0, a.time, a.head_dim);
-  issue_step(0);
+  issue_queries(0);
   cp_async_commit();
 
   float dk[kD / 8][4] = {}, dv[kD / 8][4] = {};
   for (int step = 0; step < steps; ++step) {
     const int q0 = (kb + step % query_tiles) * kMmaTile;
-    cp_async_wait<0>();
-    __syncthreads();  // step's tiles landed for all, every warp is done with step - 1's
-    if (step + 1 < steps) issue_step(step + 1);
-    cp_async_commit();
-    const bf16* qs = qg + (step % 2) * 2 * kTile;
+    const int buffer = walk_step(step, steps, issue_queries);
+    const bf16* qs = qg + buffer * 2 * kTile;
     const bf16* gs = qs + kTile;
-    const float* lse = stats + (step % 2) * 2 * kMmaTile;
+    const float* lse = stats + buffer * 2 * kMmaTile;
     const float* delta = lse + kMmaTile;
 
 #pragma unroll 1
@@ -391,8 +403,6 @@ __global__ void __launch_bounds__(kMmaThreads, min_blocks(mma_dq_smem<kD>(), kMm
   const int tile = gridDim.y - 1 - blockIdx.y;
   const int q0 = tile * kMmaTile, row0 = warp * 16;
   const int rows[2] = {q0 + row0 + g, q0 + row0 + g + 8};
-  const bf16* k_head = a.k.head(b, kvh);
-  const bf16* v_head = a.v.head(b, kvh);
   float lse2[2], delta[2];
 #pragma unroll
   for (int i = 0; i < 2; ++i) {
@@ -401,24 +411,16 @@ __global__ void __launch_bounds__(kMmaThreads, min_blocks(mma_dq_smem<kD>(), kMm
     delta[i] = ok ? a.delta[int64_t(bh) * a.time + rows[i]] : 0.0f;
   }
 
+  auto issue_keys = [&](int kb) { issue_key_value_tile<kD>(kv, a, b, kvh, kb); };
   issue_tile<kD>(qs, a.q.head(b, h), a.q.st, q0, a.time, a.head_dim);
   issue_tile<kD>(gs, a.dout.head(b, h), a.dout.st, q0, a.time, a.head_dim);
-  issue_tile<kD>(kv, k_head, a.k.st, 0, a.time, a.head_dim);
-  issue_tile<kD>(kv + kTile, v_head, a.v.st, 0, a.time, a.head_dim);
+  issue_keys(0);
   cp_async_commit();
 
   float dq[kD / 8][4] = {};
   for (int kb = 0; kb <= tile; ++kb) {
     const int k0 = kb * kMmaTile;
-    cp_async_wait<0>();
-    __syncthreads();
-    if (kb < tile) {
-      bf16* next = kv + ((kb + 1) % 2) * 2 * kTile;
-      issue_tile<kD>(next, k_head, a.k.st, k0 + kMmaTile, a.time, a.head_dim);
-      issue_tile<kD>(next + kTile, v_head, a.v.st, k0 + kMmaTile, a.time, a.head_dim);
-    }
-    cp_async_commit();
-    const bf16* ks = kv + (kb % 2) * 2 * kTile;
+    const bf16* ks = kv + walk_step(kb, tile + 1, issue_keys) * 2 * kTile;
     const bf16* vs = ks + kTile;
 
     float p[kMmaTile / 8][4] = {}, ds[kMmaTile / 8][4] = {};
