@@ -27,7 +27,9 @@
 //       scratch and is added after the rescale. Backward accumulators need no rescaling and
 //       stay in WMMA fragments.
 //   v3: bf16 tiles, mma.sync m16n8k16 with PTX's documented register layouts (warp_mma.cuh),
-//       FlashAttention-2's way: 64 x 64 tiles, 4 warps of 16 rows. Scores stay in the
+//       FlashAttention-2's way: 64-row tiles, 4 warps of 16 rows, except the forward at head
+//       dims up to 64, whose blocks own 128 query rows, 2 tiles of 16 a warp sharing every K
+//       and V operand (half the shared-memory reads per MMA). Scores stay in the
 //       accumulators; the softmax runs on them where they are (a row is spread over the 4
 //       lanes of a quad, whose max and sum take two shuffles), and the probabilities, rounded
 //       to bf16, become the next product's A operand without leaving registers (an m16n8k16
@@ -205,8 +207,8 @@ void flash_attention_forward_version(AttentionVersion version, DType dtype, cons
     dispatch_head_dim(s.head_dim, [&]<int kD>() {
       if constexpr (std::is_same_v<T, bf16>) {
         if (version == AttentionVersion::kMma) {
-          launch(attention_forward_mma<kD>, grid_for_tiles(s, s.heads, kMmaTile), kMmaThreads,
-                 mma_forward_smem<kD>(), stream, args);
+          launch(attention_forward_mma<kD>, grid_for_tiles(s, s.heads, mma_forward_rows<kD>()),
+                 kMmaThreads, mma_forward_smem<kD>(), stream, args);
           return;
         }
         if (version == AttentionVersion::kTensorCore) {

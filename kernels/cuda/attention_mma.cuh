@@ -24,9 +24,24 @@ template <int kD>
 constexpr size_t mma_tile_bytes() {
   return sizeof(bf16) * kMmaTile * mma_pitch<kD>();
 }
+// The forward's 16-row tiles per warp: two where the accumulators leave the registers for
+// them (each K and V operand then feeds two MMAs, halving shared-memory reads per MMA, as
+// FlashAttention-2's 128-row blocks do), one for head dim 128.
+template <int kD>
+constexpr int mma_forward_m_tiles() {
+  return kD <= 64 ? 2 : 1;
+}
+template <int kD>
+constexpr int mma_forward_rows() {  // query rows per forward block
+  return kMmaTile * mma_forward_m_tiles<kD>();
+}
+template <int kD>
+constexpr int mma_forward_max_blocks() {  // two row tiles a warp: up to 255 registers a thread
+  return mma_forward_m_tiles<kD>() == 2 ? 2 : kMmaMaxBlocks;
+}
 template <int kD>
 constexpr size_t mma_forward_smem() {  // Q; K and V twice (double buffered)
-  return 5 * mma_tile_bytes<kD>();
+  return (mma_forward_m_tiles<kD>() + 4) * mma_tile_bytes<kD>();
 }
 template <int kD>
 constexpr size_t mma_dkdv_smem() {  // K, V; Q and dO twice; lse and D twice
@@ -123,50 +138,62 @@ __device__ __forceinline__ void accumulators_as_a(uint32_t (&a)[4], const float 
   a[3] = pack_bf16x2(c[2 * j + 1][2], c[2 * j + 1][3]);
 }
 
-// acc += A B for one k-step kk (dims [16 kk, 16 kk + 16)): A a warp's 16-row operand, B =
-// b_tile^T over its rows [col0, col0 + 8 kTiles).
-template <int kD, int kTiles>
-__device__ __forceinline__ void product_step_with_rows(float (&acc)[kTiles][4],
-                                                       const uint32_t (&a)[4], const bf16* b_tile,
-                                                       int col0, int kk) {
+// acc[i] += A_i B for one k-step kk (dims [16 kk, 16 kk + 16)) and each of a warp's kM row
+// tiles i: A_i = a[i], a 16-row operand, B = b_tile^T over its rows [col0, col0 + 8 kTiles).
+// Each B operand is loaded once for the kM products: more rows per warp, less shared-memory
+// traffic per MMA.
+template <int kD, int kM, int kTiles>
+__device__ __forceinline__ void product_step_with_rows(float (&acc)[kM][kTiles][4],
+                                                       const uint32_t (&a)[kM][4],
+                                                       const bf16* b_tile, int col0, int kk) {
 #pragma unroll
   for (int np = 0; np < kTiles / 2; ++np) {
     uint32_t b[4];
     load_b_rows<kD>(b, b_tile, col0 + 16 * np, kk);
-    mma_bf16_16816(acc[2 * np], a, {b[0], b[1]});
-    mma_bf16_16816(acc[2 * np + 1], a, {b[2], b[3]});
+#pragma unroll
+    for (int i = 0; i < kM; ++i) {
+      mma_bf16_16816(acc[i][2 * np], a[i], {b[0], b[1]});
+      mma_bf16_16816(acc[i][2 * np + 1], a[i], {b[2], b[3]});
+    }
   }
 }
 
-// acc += A B for a warp's 16 rows: A from `a_tile` rows [row0, row0 + 16), B = b_tile^T over
-// its rows [col0, col0 + 8 kTiles), both over all kD dims (S = Q K^T, dP = dO V^T).
-template <int kD, int kTiles>
-__device__ __forceinline__ void product_with_rows(float (&acc)[kTiles][4], const bf16* a_tile,
+// acc += A B over all kD dims for a warp's kM row tiles: A_i from `a_tile` rows
+// [row0 + 16 i, row0 + 16 i + 16), B = b_tile^T over its rows [col0, col0 + 8 kTiles)
+// (S = Q K^T, dP = dO V^T).
+template <int kD, int kM, int kTiles>
+__device__ __forceinline__ void product_with_rows(float (&acc)[kM][kTiles][4], const bf16* a_tile,
                                                   int row0, const bf16* b_tile, int col0) {
 #pragma unroll
   for (int kk = 0; kk < kD / 16; ++kk) {
-    uint32_t a[4];
-    load_a<kD>(a, a_tile, row0, kk);
+    uint32_t a[kM][4];
+#pragma unroll
+    for (int i = 0; i < kM; ++i) load_a<kD>(a[i], a_tile, row0 + 16 * i, kk);
     product_step_with_rows<kD>(acc, a, b_tile, col0, kk);
   }
 }
 
-// acc [16 x kD] += P B for a warp: P the bf16 of accumulators p (16 x 8 kTiles), B the tile's
-// rows [row0, row0 + 8 kTiles) over all kD dims (O += P V, dV += P^T dO, dQ += dS K, ...).
-template <int kD, int kTiles>
-__device__ __forceinline__ void product_with_cols(float (&acc)[kD / 8][4],
-                                                  const float (&p)[kTiles][4], const bf16* b_tile,
-                                                  int row0) {
+// acc[i] [16 x kD] += P_i B for a warp's kM row tiles: P_i the bf16 of accumulators p[i]
+// (16 x 8 kTiles), B the tile's rows [row0, row0 + 8 kTiles) over all kD dims (O += P V,
+// dV += P^T dO, dQ += dS K, ...), each B operand loaded once for the kM products.
+template <int kD, int kM, int kTiles>
+__device__ __forceinline__ void product_with_cols(float (&acc)[kM][kD / 8][4],
+                                                  const float (&p)[kM][kTiles][4],
+                                                  const bf16* b_tile, int row0) {
 #pragma unroll
   for (int j = 0; j < kTiles / 2; ++j) {
-    uint32_t a[4];
-    accumulators_as_a(a, p, j);
+    uint32_t a[kM][4];
+#pragma unroll
+    for (int i = 0; i < kM; ++i) accumulators_as_a(a[i], p[i], j);
 #pragma unroll
     for (int dp = 0; dp < kD / 16; ++dp) {
       uint32_t b[4];
       load_b_cols<kD>(b, b_tile, row0 + 16 * j, dp);
-      mma_bf16_16816(acc[2 * dp], a, {b[0], b[1]});
-      mma_bf16_16816(acc[2 * dp + 1], a, {b[2], b[3]});
+#pragma unroll
+      for (int i = 0; i < kM; ++i) {
+        mma_bf16_16816(acc[i][2 * dp], a[i], {b[0], b[1]});
+        mma_bf16_16816(acc[i][2 * dp + 1], a[i], {b[2], b[3]});
+      }
     }
   }
 }
@@ -206,96 +233,114 @@ __device__ __forceinline__ void store_rows(const float (&acc)[kD / 8][4], bf16* 
   __syncwarp();
 }
 
+// Forward: a block owns mma_forward_rows<kD>() query rows, a warp kM 16-row tiles of them,
+// and walks the 64-key tiles up to its last row. Q's operands are reloaded from shared memory
+// at each tile: kept in registers they pushed the two-tile kernel past 255 registers (ptxas
+// spilled), and with two row tiles each K operand already feeds two MMAs.
 template <int kD>
-__global__ void __launch_bounds__(kMmaThreads, min_blocks(mma_forward_smem<kD>(), kMmaMaxBlocks))
+__global__ void __launch_bounds__(kMmaThreads, min_blocks(mma_forward_smem<kD>(),
+                                                          mma_forward_max_blocks<kD>()))
     attention_forward_mma(ForwardArgs<bf16> a) {
 #if LOOM_WARP_MMA_EMULATED || LOOM_WARP_MMA_PTX
+  constexpr int kM = mma_forward_m_tiles<kD>(), kRows = mma_forward_rows<kD>();
   constexpr int kTile = kMmaTile * mma_pitch<kD>();
   extern __shared__ __align__(128) unsigned char smem[];
-  bf16* qs = reinterpret_cast<bf16*>(smem);
-  bf16* kv = qs + kTile;  // buffer i: K at kv + 2 i kTile, V after it
+  bf16* qs = reinterpret_cast<bf16*>(smem);  // kM tiles of Q rows
+  bf16* kv = qs + kM * kTile;                 // buffer i: K at kv + 2 i kTile, V after it
   const int warp = threadIdx.x / kWarpSize, lane = threadIdx.x % kWarpSize;
   const int g = lane / 4, t = lane % 4;
   const int b = blockIdx.x / a.heads, h = blockIdx.x % a.heads, kvh = h / a.group;
-  const int tile = gridDim.y - 1 - blockIdx.y;
-  const int q0 = tile * kMmaTile, row0 = warp * 16;
-  const int rows[2] = {q0 + row0 + g, q0 + row0 + g + 8};
+  const int q0 = (gridDim.y - 1 - blockIdx.y) * kRows, row0 = warp * 16 * kM;
+  // The key tiles up to the block's last row (or the last key).
+  const int last_row = q0 + kRows < a.time ? q0 + kRows - 1 : a.time - 1;
+  const int key_tiles = last_row / kMmaTile + 1;
+  int rows[kM][2];  // this lane's rows, g and g + 8 of each of its warp's row tiles
+#pragma unroll
+  for (int i = 0; i < kM; ++i) {
+    rows[i][0] = q0 + row0 + 16 * i + g;
+    rows[i][1] = rows[i][0] + 8;
+  }
 
   auto issue_keys = [&](int kb) { issue_key_value_tile<kD>(kv, a, b, kvh, kb); };
-  issue_tile<kD>(qs, a.q.head(b, h), a.q.st, q0, a.time, a.head_dim);
+#pragma unroll
+  for (int i = 0; i < kM; ++i)
+    issue_tile<kD>(qs + i * kTile, a.q.head(b, h), a.q.st, q0 + i * kMmaTile, a.time, a.head_dim);
   issue_keys(0);
   cp_async_commit();
 
-  float m[2] = {-INFINITY, -INFINITY}, l[2] = {0.0f, 0.0f};  // l: this lane's columns only
-  float o[kD / 8][4] = {};
-  uint32_t q[kD / 16][4];  // the warp's Q rows as A operands, loaded once
+  float m[kM][2], l[kM][2];  // l: this lane's columns only
+#pragma unroll
+  for (int i = 0; i < kM; ++i) m[i][0] = m[i][1] = -INFINITY, l[i][0] = l[i][1] = 0.0f;
+  float o[kM][kD / 8][4] = {};
 
-  for (int kb = 0; kb <= tile; ++kb) {
+  for (int kb = 0; kb < key_tiles; ++kb) {
     const int k0 = kb * kMmaTile;
-    const bf16* ks = kv + walk_step(kb, tile + 1, issue_keys) * 2 * kTile;
+    const bf16* ks = kv + walk_step(kb, key_tiles, issue_keys) * 2 * kTile;
     const bf16* vs = ks + kTile;
-    if (kb == 0) {
-#pragma unroll
-      for (int kk = 0; kk < kD / 16; ++kk) load_a<kD>(q[kk], qs, row0, kk);
-    }
 
-    float s[kMmaTile / 8][4] = {};
-#pragma unroll
-    for (int kk = 0; kk < kD / 16; ++kk) product_step_with_rows<kD>(s, q[kk], ks, 0, kk);
+    float s[kM][kMmaTile / 8][4] = {};
+    product_with_rows<kD>(s, qs, row0, ks, 0);
 
     // Online softmax (finite max: every row meets key 0 in its first tile, see v1). Lanes
-    // 4g .. 4g + 3 share rows g and g + 8.
-    const bool edge = kb == tile || k0 + kMmaTile > a.time;
-    float tile_max[2] = {-INFINITY, -INFINITY};
+    // 4g .. 4g + 3 share rows g and g + 8 of each row tile. Only tiles reaching the block's
+    // diagonal or the last key need the mask.
+    const bool edge = k0 + kMmaTile > q0 || k0 + kMmaTile > a.time;
 #pragma unroll
-    for (int j = 0; j < kMmaTile / 8; ++j)
+    for (int i = 0; i < kM; ++i) {
+      float tile_max[2] = {-INFINITY, -INFINITY};
 #pragma unroll
-      for (int e = 0; e < 4; ++e) {
-        const int key = k0 + 8 * j + 2 * t + e % 2;
-        float x = s[j][e] * a.scale_log2;
-        if (edge && !(key <= rows[e / 2] && key < a.time)) x = -INFINITY;
-        s[j][e] = x;
-        tile_max[e / 2] = fmaxf(tile_max[e / 2], x);
+      for (int j = 0; j < kMmaTile / 8; ++j)
+#pragma unroll
+        for (int e = 0; e < 4; ++e) {
+          const int key = k0 + 8 * j + 2 * t + e % 2;
+          float x = s[i][j][e] * a.scale_log2;
+          if (edge && !(key <= rows[i][e / 2] && key < a.time)) x = -INFINITY;
+          s[i][j][e] = x;
+          tile_max[e / 2] = fmaxf(tile_max[e / 2], x);
+        }
+      float alpha[2];
+#pragma unroll
+      for (int r = 0; r < 2; ++r) {
+        tile_max[r] = fmaxf(tile_max[r], __shfl_xor_sync(0xffffffffu, tile_max[r], 1));
+        tile_max[r] = fmaxf(tile_max[r], __shfl_xor_sync(0xffffffffu, tile_max[r], 2));
+        const float m_new = fmaxf(m[i][r], tile_max[r]);
+        alpha[r] = exp2f(m[i][r] - m_new);
+        m[i][r] = m_new;
+        l[i][r] *= alpha[r];
       }
-    float alpha[2];
 #pragma unroll
-    for (int i = 0; i < 2; ++i) {
-      tile_max[i] = fmaxf(tile_max[i], __shfl_xor_sync(0xffffffffu, tile_max[i], 1));
-      tile_max[i] = fmaxf(tile_max[i], __shfl_xor_sync(0xffffffffu, tile_max[i], 2));
-      const float m_new = fmaxf(m[i], tile_max[i]);
-      alpha[i] = exp2f(m[i] - m_new);
-      m[i] = m_new;
-      l[i] *= alpha[i];
+      for (int j = 0; j < kMmaTile / 8; ++j)
+#pragma unroll
+        for (int e = 0; e < 4; ++e) {
+          // The denominator sums the bf16-rounded weights that the P V product uses.
+          const float p = __bfloat162float(__float2bfloat16_rn(exp2f(s[i][j][e] - m[i][e / 2])));
+          s[i][j][e] = p;
+          l[i][e / 2] += p;
+        }
+#pragma unroll
+      for (int n = 0; n < kD / 8; ++n)
+#pragma unroll
+        for (int e = 0; e < 4; ++e)
+          o[i][n][e] *= alpha[e / 2];
     }
-#pragma unroll
-    for (int j = 0; j < kMmaTile / 8; ++j)
-#pragma unroll
-      for (int e = 0; e < 4; ++e) {
-        // The denominator sums the bf16-rounded weights that the P V product uses.
-        const float p = __bfloat162float(__float2bfloat16_rn(exp2f(s[j][e] - m[e / 2])));
-        s[j][e] = p;
-        l[e / 2] += p;
-      }
-#pragma unroll
-    for (int n = 0; n < kD / 8; ++n)
-#pragma unroll
-      for (int e = 0; e < 4; ++e)
-        o[n][e] *= alpha[e / 2];
     product_with_cols<kD>(o, s, vs, 0);
   }
 
-  float inv[2];
 #pragma unroll
-  for (int i = 0; i < 2; ++i) {
-    l[i] += __shfl_xor_sync(0xffffffffu, l[i], 1);
-    l[i] += __shfl_xor_sync(0xffffffffu, l[i], 2);
-    inv[i] = 1.0f / l[i];
-    if (t == 0 && rows[i] < a.time)
-      a.lse[int64_t(blockIdx.x) * a.time + rows[i]] = (m[i] + log2f(l[i])) * kLn2;
+  for (int i = 0; i < kM; ++i) {
+    float inv[2];
+#pragma unroll
+    for (int r = 0; r < 2; ++r) {
+      l[i][r] += __shfl_xor_sync(0xffffffffu, l[i][r], 1);
+      l[i][r] += __shfl_xor_sync(0xffffffffu, l[i][r], 2);
+      inv[r] = 1.0f / l[i][r];
+      if (t == 0 && rows[i][r] < a.time)
+        a.lse[int64_t(blockIdx.x) * a.time + rows[i][r]] = (m[i][r] + log2f(l[i][r])) * kLn2;
+    }
+    // The warp's own Q rows are free: only it read them, into its registers.
+    store_rows<kD>(o[i], qs, row0 + 16 * i, a.out.head(b, h), a.out.st, q0 + row0 + 16 * i,
+                   a.time, a.head_dim, inv[0], inv[1]);
   }
-  // The warp's own Q rows are free: only it read them, into its registers.
-  store_rows<kD>(o, qs, row0, a.out.head(b, h), a.out.st, q0 + row0, a.time, a.head_dim, inv[0],
-                 inv[1]);
 #else
   __trap();
 #endif
@@ -347,7 +392,7 @@ __global__ void __launch_bounds__(kMmaThreads, min_blocks(mma_dkdv_smem<kD>(), k
   issue_queries(0);
   cp_async_commit();
 
-  float dk[kD / 8][4] = {}, dv[kD / 8][4] = {};
+  float dk[1][kD / 8][4] = {}, dv[1][kD / 8][4] = {};  // one 16-key tile per warp
   for (int step = 0; step < steps; ++step) {
     const int q0 = (kb + step % query_tiles) * kMmaTile;
     const int buffer = walk_step(step, steps, issue_queries);
@@ -358,7 +403,7 @@ __global__ void __launch_bounds__(kMmaThreads, min_blocks(mma_dkdv_smem<kD>(), k
 
 #pragma unroll 1
     for (int c0 = 0; c0 < kMmaTile; c0 += kChunk) {
-      float p[kChunk / 8][4] = {}, ds[kChunk / 8][4] = {};
+      float p[1][kChunk / 8][4] = {}, ds[1][kChunk / 8][4] = {};
       product_with_rows<kD>(p, ks, key0, qs, c0);   // S^T
       product_with_rows<kD>(ds, vs, key0, gs, c0);  // dP^T
 #pragma unroll
@@ -367,10 +412,10 @@ __global__ void __launch_bounds__(kMmaThreads, min_blocks(mma_dkdv_smem<kD>(), k
         for (int e = 0; e < 4; ++e) {
           const int c = c0 + 8 * j + 2 * t + e % 2, query = q0 + c;
           const float pv = (query < a.time && keys[e / 2] <= query)
-                               ? exp2f(p[j][e] * a.scale_log2 - lse[c])
+                               ? exp2f(p[0][j][e] * a.scale_log2 - lse[c])
                                : 0.0f;
-          p[j][e] = pv;
-          ds[j][e] = pv * (ds[j][e] - delta[c]);
+          p[0][j][e] = pv;
+          ds[0][j][e] = pv * (ds[0][j][e] - delta[c]);
         }
       product_with_cols<kD>(dv, p, gs, c0);   // dV += P^T dO
       product_with_cols<kD>(dk, ds, qs, c0);  // dK += dS^T Q
@@ -378,9 +423,9 @@ __global__ void __launch_bounds__(kMmaThreads, min_blocks(mma_dkdv_smem<kD>(), k
   }
 
   // The warp's own K and V rows are free: only it read them, as its A operands.
-  store_rows<kD>(dk, ks, key0, a.dk.head(b, kvh), a.dk.st, k0 + key0, a.time, a.head_dim, a.scale,
+  store_rows<kD>(dk[0], ks, key0, a.dk.head(b, kvh), a.dk.st, k0 + key0, a.time, a.head_dim, a.scale,
                  a.scale);
-  store_rows<kD>(dv, vs, key0, a.dv.head(b, kvh), a.dv.st, k0 + key0, a.time, a.head_dim, 1.0f,
+  store_rows<kD>(dv[0], vs, key0, a.dv.head(b, kvh), a.dv.st, k0 + key0, a.time, a.head_dim, 1.0f,
                  1.0f);
 #else
   __trap();
@@ -417,13 +462,13 @@ __global__ void __launch_bounds__(kMmaThreads, min_blocks(mma_dq_smem<kD>(), kMm
   issue_keys(0);
   cp_async_commit();
 
-  float dq[kD / 8][4] = {};
+  float dq[1][kD / 8][4] = {};  // one 16-query tile per warp
   for (int kb = 0; kb <= tile; ++kb) {
     const int k0 = kb * kMmaTile;
     const bf16* ks = kv + walk_step(kb, tile + 1, issue_keys) * 2 * kTile;
     const bf16* vs = ks + kTile;
 
-    float p[kMmaTile / 8][4] = {}, ds[kMmaTile / 8][4] = {};
+    float p[1][kMmaTile / 8][4] = {}, ds[1][kMmaTile / 8][4] = {};
     product_with_rows<kD>(p, qs, row0, ks, 0);   // S
     product_with_rows<kD>(ds, gs, row0, vs, 0);  // dP
 #pragma unroll
@@ -432,14 +477,14 @@ __global__ void __launch_bounds__(kMmaThreads, min_blocks(mma_dq_smem<kD>(), kMm
       for (int e = 0; e < 4; ++e) {
         const int i = e / 2, key = k0 + 8 * j + 2 * t + e % 2;
         const float pv =
-            (rows[i] < a.time && key <= rows[i]) ? exp2f(p[j][e] * a.scale_log2 - lse2[i]) : 0.0f;
-        ds[j][e] = pv * (ds[j][e] - delta[i]);
+            (rows[i] < a.time && key <= rows[i]) ? exp2f(p[0][j][e] * a.scale_log2 - lse2[i]) : 0.0f;
+        ds[0][j][e] = pv * (ds[0][j][e] - delta[i]);
       }
     product_with_cols<kD>(dq, ds, ks, 0);  // dQ += dS K
   }
 
   // The warp's own Q rows are free: only it read them, as its A operands.
-  store_rows<kD>(dq, qs, row0, a.dq.head(b, h), a.dq.st, q0 + row0, a.time, a.head_dim, a.scale,
+  store_rows<kD>(dq[0], qs, row0, a.dq.head(b, h), a.dq.st, q0 + row0, a.time, a.head_dim, a.scale,
                  a.scale);
 #else
   __trap();
