@@ -27,19 +27,20 @@
 //       scratch and is added after the rescale. Backward accumulators need no rescaling and
 //       stay in WMMA fragments.
 //   v3: bf16 tiles, mma.sync m16n8k16 with PTX's documented register layouts (warp_mma.cuh),
-//       FlashAttention-2's way: 64-row tiles, 4 warps of 16 rows, except the forward at head
-//       dims up to 64, whose blocks own 128 query rows, 2 tiles of 16 a warp sharing every K
-//       and V operand (half the shared-memory reads per MMA). Scores stay in the
-//       accumulators; the softmax runs on them where they are (a row is spread over the 4
-//       lanes of a quad, whose max and sum take two shuffles), and the probabilities, rounded
-//       to bf16, become the next product's A operand without leaving registers (an m16n8k16
-//       accumulator pair is an A fragment). Operands come from shared memory through
-//       ldmatrix (transposed for the products whose B is a tile's columns). The tiles a block
-//       walks are double-buffered: the next one's cp.async copies are issued before the
+//       FlashAttention-2's way: 64-row tiles, 4 warps; at head dims up to 64 a block owns 128
+//       rows (queries, or keys for dK/dV) and a warp two 16-row tiles that share every B
+//       operand (half the shared-memory reads per MMA), at head dim 128 64 rows and one tile
+//       a warp. Scores stay in the accumulators; the softmax runs on them where they are (a
+//       row is spread over the 4 lanes of a quad, whose max and sum take two shuffles), and
+//       the probabilities, rounded to bf16, become the next product's A operand without
+//       leaving registers (an m16n8k16 accumulator pair is an A fragment). Operands come
+//       from shared memory through ldmatrix (transposed for the products whose B is a tile's
+//       columns). The tiles a block walks are double-buffered: the next one's cp.async copies are issued before the
 //       current one is computed, so loads overlap the products. Backward computes dK/dV's
 //       scores transposed (S^T = K Q^T), so that P^T and dS^T are A operands too; its query
 //       tiles are walked 32 queries at a time for head dims above 32, to keep the scores and
-//       both accumulators in registers. Nothing goes through a scratch tile.
+//       both accumulators in registers, and dQ walks its key tiles 32 keys at a time with two
+//       row tiles a warp, for the same reason. Nothing goes through a scratch tile.
 // v1 and v2 read rows in 16-byte chunks when head_dim fills the padded head dim and rows are
 // aligned (GPT-2's fused projection), v2 with cp.async straight into shared memory; otherwise
 // element by element; v3 issues the same 16-byte cp.async pieces (zero-filled past T) or
@@ -263,10 +264,10 @@ void flash_attention_backward_version(
     dispatch_head_dim(s.head_dim, [&]<int kD>() {
       if constexpr (std::is_same_v<T, bf16>) {
         if (version == AttentionVersion::kMma) {
-          launch(attention_backward_dkdv_mma<kD>, grid_for_tiles(s, s.kv_heads, kMmaTile),
+          launch(attention_backward_dkdv_mma<kD>, grid_for_tiles(s, s.kv_heads, mma_dkdv_rows<kD>()),
                  kMmaThreads, mma_dkdv_smem<kD>(), stream, args);
-          launch(attention_backward_dq_mma<kD>, grid_for_tiles(s, s.heads, kMmaTile), kMmaThreads,
-                 mma_dq_smem<kD>(), stream, args);
+          launch(attention_backward_dq_mma<kD>, grid_for_tiles(s, s.heads, mma_dq_rows<kD>()),
+                 kMmaThreads, mma_dq_smem<kD>(), stream, args);
           return;
         }
         if (version == AttentionVersion::kTensorCore) {

@@ -35,21 +35,42 @@ template <int kD>
 constexpr int mma_forward_rows() {  // query rows per forward block
   return kMmaTile * mma_forward_m_tiles<kD>();
 }
-template <int kD>
-constexpr int mma_forward_max_blocks() {  // two row tiles a warp: up to 255 registers a thread
-  return mma_forward_m_tiles<kD>() == 2 ? 2 : kMmaMaxBlocks;
+// The most blocks per SM a kernel with kM row tiles a warp is built for: 2 (up to 255 registers
+// a thread) for two tiles, kMmaMaxBlocks for one.
+constexpr int mma_max_blocks(int m_tiles) {
+  return m_tiles == 2 ? 2 : kMmaMaxBlocks;
 }
 template <int kD>
 constexpr size_t mma_forward_smem() {  // Q; K and V twice (double buffered)
   return (mma_forward_m_tiles<kD>() + 4) * mma_tile_bytes<kD>();
 }
+// dK/dV's 16-key tiles per warp: two up to head dim 64 (each Q and dO operand feeds two MMAs),
+// one for head dim 128.
+template <int kD>
+constexpr int mma_dkdv_m_tiles() {
+  return kD <= 64 ? 2 : 1;
+}
+template <int kD>
+constexpr int mma_dkdv_rows() {  // keys per dK/dV block
+  return kMmaTile * mma_dkdv_m_tiles<kD>();
+}
 template <int kD>
 constexpr size_t mma_dkdv_smem() {  // K, V; Q and dO twice; lse and D twice
-  return 6 * mma_tile_bytes<kD>() + 2 * 2 * kMmaTile * sizeof(float);
+  return (2 * mma_dkdv_m_tiles<kD>() + 4) * mma_tile_bytes<kD>() + 2 * 2 * kMmaTile * sizeof(float);
+}
+// dQ's 16-query tiles per warp: two up to head dim 64 (each K and V operand feeds two MMAs),
+// one for head dim 128.
+template <int kD>
+constexpr int mma_dq_m_tiles() {
+  return kD <= 64 ? 2 : 1;
+}
+template <int kD>
+constexpr int mma_dq_rows() {  // queries per dQ block
+  return kMmaTile * mma_dq_m_tiles<kD>();
 }
 template <int kD>
 constexpr size_t mma_dq_smem() {  // Q, dO; K and V twice
-  return 6 * mma_tile_bytes<kD>();
+  return (2 * mma_dq_m_tiles<kD>() + 4) * mma_tile_bytes<kD>();
 }
 
 // Issues the copies of rows [t0, t0 + 64) x dims [0, kD) of one head into a tile: cp.async
@@ -239,7 +260,7 @@ __device__ __forceinline__ void store_rows(const float (&acc)[kD / 8][4], bf16* 
 // spilled), and with two row tiles each K operand already feeds two MMAs.
 template <int kD>
 __global__ void __launch_bounds__(kMmaThreads, min_blocks(mma_forward_smem<kD>(),
-                                                          mma_forward_max_blocks<kD>()))
+                                                          mma_max_blocks(mma_forward_m_tiles<kD>())))
     attention_forward_mma(ForwardArgs<bf16> a) {
 #if LOOM_WARP_MMA_EMULATED || LOOM_WARP_MMA_PTX
   constexpr int kM = mma_forward_m_tiles<kD>(), kRows = mma_forward_rows<kD>();
@@ -346,36 +367,47 @@ __global__ void __launch_bounds__(kMmaThreads, min_blocks(mma_forward_smem<kD>()
 #endif
 }
 
-// dK, dV for one 64-key tile of a key/value head; warps own 16 keys. Scores are computed
+// dK, dV for mma_dkdv_rows<kD>() keys of a key/value head; a warp owns kM 16-key tiles of
+// them (two up to head dim 64, sharing every Q and dO operand). Scores are computed
 // transposed (keys x queries): S^T = K Q^T, dP^T = V dO^T, so that P^T and dS^T are the A
 // operands of dV += P^T dO and dK += dS^T Q straight from the accumulators. Query tiles are
 // walked kChunk queries at a time: 32 above head dim 32, where 64 would leave the scores,
 // their gradients and both accumulators more registers than a thread has (ptxas spilled).
 template <int kD>
-__global__ void __launch_bounds__(kMmaThreads, min_blocks(mma_dkdv_smem<kD>(), kMmaMaxBlocks))
+__global__ void __launch_bounds__(kMmaThreads, min_blocks(mma_dkdv_smem<kD>(),
+                                                          mma_max_blocks(mma_dkdv_m_tiles<kD>())))
     attention_backward_dkdv_mma(BackwardArgs<bf16> a) {
 #if LOOM_WARP_MMA_EMULATED || LOOM_WARP_MMA_PTX
+  constexpr int kM = mma_dkdv_m_tiles<kD>(), kRows = kMmaTile * kM;
   constexpr int kTile = kMmaTile * mma_pitch<kD>();
   constexpr int kChunk = kD <= 32 ? 64 : 32;
   extern __shared__ __align__(128) unsigned char smem[];
-  bf16* ks = reinterpret_cast<bf16*>(smem);
-  bf16* vs = ks + kTile;
-  bf16* qg = vs + kTile;  // buffer i: Q at qg + 2 i kTile, dO after it
+  bf16* ks = reinterpret_cast<bf16*>(smem);  // kM tiles of K rows, then kM of V rows
+  bf16* vs = ks + kM * kTile;
+  bf16* qg = vs + kM * kTile;  // buffer i: Q at qg + 2 i kTile, dO after it
   float* stats = reinterpret_cast<float*>(qg + 4 * kTile);  // buffer i: lse (base 2), then D
   const int warp = threadIdx.x / kWarpSize, lane = threadIdx.x % kWarpSize;
   const int g = lane / 4, t = lane % 4;
   const int kv_heads = a.heads / a.group;
   const int b = blockIdx.x / kv_heads, kvh = blockIdx.x % kv_heads;
-  const int kb = blockIdx.y, k0 = kb * kMmaTile, key0 = warp * 16;
-  const int keys[2] = {k0 + key0 + g, k0 + key0 + g + 8};
-  const int query_tiles = static_cast<int>(gridDim.y) - kb;
-  const int steps = a.group * query_tiles;  // the query tiles at or below the diagonal of each
-                                            // query head of the group, head by head
+  const int k0 = blockIdx.y * kRows, key0 = warp * 16 * kM;
+  int keys[kM][2];  // this lane's keys, g and g + 8 of each of its warp's key tiles
+#pragma unroll
+  for (int i = 0; i < kM; ++i) {
+    keys[i][0] = k0 + key0 + 16 * i + g;
+    keys[i][1] = keys[i][0] + 8;
+  }
+  // The 64-row query tiles at or below the diagonal of each query head of the group, head by
+  // head: from the one holding query k0 to the last.
+  const int first_query_tile = k0 / kMmaTile;
+  const int query_tiles = (a.time + kMmaTile - 1) / kMmaTile - first_query_tile;
+  const int steps = a.group * query_tiles;
 
   // Step `step`'s Q and dO tiles, and its lse and D rows (stored at once), into buffer
   // step % 2.
   auto issue_queries = [&](int step) {
-    const int h = kvh * a.group + step / query_tiles, q0 = (kb + step % query_tiles) * kMmaTile;
+    const int h = kvh * a.group + step / query_tiles;
+    const int q0 = (first_query_tile + step % query_tiles) * kMmaTile;
     bf16* q_tile = qg + (step % 2) * 2 * kTile;
     issue_tile<kD>(q_tile, a.q.head(b, h), a.q.st, q0, a.time, a.head_dim);
     issue_tile<kD>(q_tile + kTile, a.dout.head(b, h), a.dout.st, q0, a.time, a.head_dim);
@@ -387,14 +419,17 @@ __global__ void __launch_bounds__(kMmaThreads, min_blocks(mma_dkdv_smem<kD>(), k
       lse[kMmaTile + i] = ok ? a.delta[at] : 0.0f;
     }
   };
-  issue_tile<kD>(ks, a.k.head(b, kvh), a.k.st, k0, a.time, a.head_dim);
-  issue_tile<kD>(vs, a.v.head(b, kvh), a.v.st, k0, a.time, a.head_dim);
+#pragma unroll
+  for (int i = 0; i < kM; ++i) {
+    issue_tile<kD>(ks + i * kTile, a.k.head(b, kvh), a.k.st, k0 + i * kMmaTile, a.time, a.head_dim);
+    issue_tile<kD>(vs + i * kTile, a.v.head(b, kvh), a.v.st, k0 + i * kMmaTile, a.time, a.head_dim);
+  }
   issue_queries(0);
   cp_async_commit();
 
-  float dk[1][kD / 8][4] = {}, dv[1][kD / 8][4] = {};  // one 16-key tile per warp
+  float dk[kM][kD / 8][4] = {}, dv[kM][kD / 8][4] = {};
   for (int step = 0; step < steps; ++step) {
-    const int q0 = (kb + step % query_tiles) * kMmaTile;
+    const int q0 = (first_query_tile + step % query_tiles) * kMmaTile;
     const int buffer = walk_step(step, steps, issue_queries);
     const bf16* qs = qg + buffer * 2 * kTile;
     const bf16* gs = qs + kTile;
@@ -403,89 +438,118 @@ __global__ void __launch_bounds__(kMmaThreads, min_blocks(mma_dkdv_smem<kD>(), k
 
 #pragma unroll 1
     for (int c0 = 0; c0 < kMmaTile; c0 += kChunk) {
-      float p[1][kChunk / 8][4] = {}, ds[1][kChunk / 8][4] = {};
+      float p[kM][kChunk / 8][4] = {}, ds[kM][kChunk / 8][4] = {};
       product_with_rows<kD>(p, ks, key0, qs, c0);   // S^T
       product_with_rows<kD>(ds, vs, key0, gs, c0);  // dP^T
 #pragma unroll
-      for (int j = 0; j < kChunk / 8; ++j)
+      for (int i = 0; i < kM; ++i)
 #pragma unroll
-        for (int e = 0; e < 4; ++e) {
-          const int c = c0 + 8 * j + 2 * t + e % 2, query = q0 + c;
-          const float pv = (query < a.time && keys[e / 2] <= query)
-                               ? exp2f(p[0][j][e] * a.scale_log2 - lse[c])
-                               : 0.0f;
-          p[0][j][e] = pv;
-          ds[0][j][e] = pv * (ds[0][j][e] - delta[c]);
-        }
+        for (int j = 0; j < kChunk / 8; ++j)
+#pragma unroll
+          for (int e = 0; e < 4; ++e) {
+            const int c = c0 + 8 * j + 2 * t + e % 2, query = q0 + c;
+            const float pv = (query < a.time && keys[i][e / 2] <= query)
+                                 ? exp2f(p[i][j][e] * a.scale_log2 - lse[c])
+                                 : 0.0f;
+            p[i][j][e] = pv;
+            ds[i][j][e] = pv * (ds[i][j][e] - delta[c]);
+          }
       product_with_cols<kD>(dv, p, gs, c0);   // dV += P^T dO
       product_with_cols<kD>(dk, ds, qs, c0);  // dK += dS^T Q
     }
   }
 
   // The warp's own K and V rows are free: only it read them, as its A operands.
-  store_rows<kD>(dk[0], ks, key0, a.dk.head(b, kvh), a.dk.st, k0 + key0, a.time, a.head_dim, a.scale,
-                 a.scale);
-  store_rows<kD>(dv[0], vs, key0, a.dv.head(b, kvh), a.dv.st, k0 + key0, a.time, a.head_dim, 1.0f,
-                 1.0f);
+#pragma unroll
+  for (int i = 0; i < kM; ++i) {
+    const int row = key0 + 16 * i;
+    store_rows<kD>(dk[i], ks, row, a.dk.head(b, kvh), a.dk.st, k0 + row, a.time, a.head_dim,
+                   a.scale, a.scale);
+    store_rows<kD>(dv[i], vs, row, a.dv.head(b, kvh), a.dv.st, k0 + row, a.time, a.head_dim, 1.0f,
+                   1.0f);
+  }
 #else
   __trap();
 #endif
 }
 
-// dQ for one 64-query tile; warps own 16 queries.
+// dQ for mma_dq_rows<kD>() queries of a query head; a warp owns kM 16-query tiles of them (two
+// up to head dim 64, sharing every K and V operand), and walks the key tiles up to the block's
+// last row, kChunk keys at a time (32 with two tiles, to keep the scores, their gradients and
+// the accumulators in registers).
 template <int kD>
-__global__ void __launch_bounds__(kMmaThreads, min_blocks(mma_dq_smem<kD>(), kMmaMaxBlocks))
+__global__ void __launch_bounds__(kMmaThreads, min_blocks(mma_dq_smem<kD>(),
+                                                          mma_max_blocks(mma_dq_m_tiles<kD>())))
     attention_backward_dq_mma(BackwardArgs<bf16> a) {
 #if LOOM_WARP_MMA_EMULATED || LOOM_WARP_MMA_PTX
+  constexpr int kM = mma_dq_m_tiles<kD>(), kRows = kMmaTile * kM;
+  constexpr int kChunk = kM == 2 ? 32 : 64;
   constexpr int kTile = kMmaTile * mma_pitch<kD>();
   extern __shared__ __align__(128) unsigned char smem[];
-  bf16* qs = reinterpret_cast<bf16*>(smem);
-  bf16* gs = qs + kTile;
-  bf16* kv = gs + kTile;  // buffer i: K at kv + 2 i kTile, V after it
+  bf16* qs = reinterpret_cast<bf16*>(smem);  // kM tiles of Q rows, then kM of dO rows
+  bf16* gs = qs + kM * kTile;
+  bf16* kv = gs + kM * kTile;  // buffer i: K at kv + 2 i kTile, V after it
   const int warp = threadIdx.x / kWarpSize, lane = threadIdx.x % kWarpSize;
   const int g = lane / 4, t = lane % 4;
   const int bh = blockIdx.x, b = bh / a.heads, h = bh % a.heads, kvh = h / a.group;
-  const int tile = gridDim.y - 1 - blockIdx.y;
-  const int q0 = tile * kMmaTile, row0 = warp * 16;
-  const int rows[2] = {q0 + row0 + g, q0 + row0 + g + 8};
-  float lse2[2], delta[2];
+  const int q0 = (gridDim.y - 1 - blockIdx.y) * kRows, row0 = warp * 16 * kM;
+  const int last_row = q0 + kRows < a.time ? q0 + kRows - 1 : a.time - 1;
+  const int key_tiles = last_row / kMmaTile + 1;
+  int rows[kM][2];  // this lane's rows, g and g + 8 of each of its warp's row tiles
+  float lse2[kM][2], delta[kM][2];
 #pragma unroll
-  for (int i = 0; i < 2; ++i) {
-    const bool ok = rows[i] < a.time;
-    lse2[i] = ok ? a.lse[int64_t(bh) * a.time + rows[i]] * kLog2e : 0.0f;
-    delta[i] = ok ? a.delta[int64_t(bh) * a.time + rows[i]] : 0.0f;
-  }
+  for (int i = 0; i < kM; ++i)
+#pragma unroll
+    for (int r = 0; r < 2; ++r) {
+      rows[i][r] = q0 + row0 + 16 * i + 8 * r + g;
+      const bool ok = rows[i][r] < a.time;
+      lse2[i][r] = ok ? a.lse[int64_t(bh) * a.time + rows[i][r]] * kLog2e : 0.0f;
+      delta[i][r] = ok ? a.delta[int64_t(bh) * a.time + rows[i][r]] : 0.0f;
+    }
 
   auto issue_keys = [&](int kb) { issue_key_value_tile<kD>(kv, a, b, kvh, kb); };
-  issue_tile<kD>(qs, a.q.head(b, h), a.q.st, q0, a.time, a.head_dim);
-  issue_tile<kD>(gs, a.dout.head(b, h), a.dout.st, q0, a.time, a.head_dim);
+#pragma unroll
+  for (int i = 0; i < kM; ++i) {
+    const int t0 = q0 + i * kMmaTile;
+    issue_tile<kD>(qs + i * kTile, a.q.head(b, h), a.q.st, t0, a.time, a.head_dim);
+    issue_tile<kD>(gs + i * kTile, a.dout.head(b, h), a.dout.st, t0, a.time, a.head_dim);
+  }
   issue_keys(0);
   cp_async_commit();
 
-  float dq[1][kD / 8][4] = {};  // one 16-query tile per warp
-  for (int kb = 0; kb <= tile; ++kb) {
+  float dq[kM][kD / 8][4] = {};
+  for (int kb = 0; kb < key_tiles; ++kb) {
     const int k0 = kb * kMmaTile;
-    const bf16* ks = kv + walk_step(kb, tile + 1, issue_keys) * 2 * kTile;
+    const bf16* ks = kv + walk_step(kb, key_tiles, issue_keys) * 2 * kTile;
     const bf16* vs = ks + kTile;
-
-    float p[1][kMmaTile / 8][4] = {}, ds[1][kMmaTile / 8][4] = {};
-    product_with_rows<kD>(p, qs, row0, ks, 0);   // S
-    product_with_rows<kD>(ds, gs, row0, vs, 0);  // dP
+#pragma unroll 1
+    for (int c0 = 0; c0 < kMmaTile; c0 += kChunk) {
+      float p[kM][kChunk / 8][4] = {}, ds[kM][kChunk / 8][4] = {};
+      product_with_rows<kD>(p, qs, row0, ks, c0);   // S
+      product_with_rows<kD>(ds, gs, row0, vs, c0);  // dP
 #pragma unroll
-    for (int j = 0; j < kMmaTile / 8; ++j)
+      for (int i = 0; i < kM; ++i)
 #pragma unroll
-      for (int e = 0; e < 4; ++e) {
-        const int i = e / 2, key = k0 + 8 * j + 2 * t + e % 2;
-        const float pv =
-            (rows[i] < a.time && key <= rows[i]) ? exp2f(p[0][j][e] * a.scale_log2 - lse2[i]) : 0.0f;
-        ds[0][j][e] = pv * (ds[0][j][e] - delta[i]);
-      }
-    product_with_cols<kD>(dq, ds, ks, 0);  // dQ += dS K
+        for (int j = 0; j < kChunk / 8; ++j)
+#pragma unroll
+          for (int e = 0; e < 4; ++e) {
+            const int r = e / 2, key = k0 + c0 + 8 * j + 2 * t + e % 2;
+            const float pv = (rows[i][r] < a.time && key <= rows[i][r])
+                                 ? exp2f(p[i][j][e] * a.scale_log2 - lse2[i][r])
+                                 : 0.0f;
+            ds[i][j][e] = pv * (ds[i][j][e] - delta[i][r]);
+          }
+      product_with_cols<kD>(dq, ds, ks, c0);  // dQ += dS K
+    }
   }
 
   // The warp's own Q rows are free: only it read them, as its A operands.
-  store_rows<kD>(dq[0], qs, row0, a.dq.head(b, h), a.dq.st, q0 + row0, a.time, a.head_dim, a.scale,
-                 a.scale);
+#pragma unroll
+  for (int i = 0; i < kM; ++i) {
+    const int row = row0 + 16 * i;
+    store_rows<kD>(dq[i], qs, row, a.dq.head(b, h), a.dq.st, q0 + row, a.time, a.head_dim,
+                   a.scale, a.scale);
+  }
 #else
   __trap();
 #endif
