@@ -46,7 +46,8 @@ def write_safetensors(path, tensors):
     header, offset = {}, 0
     for name, t in tensors.items():
         size = t.numel() * t.element_size()
-        header[name] = {"dtype": "F32", "shape": list(t.shape), "data_offsets": [offset, offset + size]}
+        header[name] = {"dtype": "F32", "shape": list(t.shape),
+                        "data_offsets": [offset, offset + size]}
         offset += size
     text = json.dumps(header).encode()
     text += b" " * (-len(text) % 8)
@@ -135,7 +136,8 @@ def main():
     p.add_argument("--vocab", type=int, default=50304)
     p.add_argument("--batch", type=int, default=8)
     p.add_argument("--precision", choices=("bf16-mixed", "32-true"), default="bf16-mixed")
-    p.add_argument("--workdir", default="", help="keep the files here (default: a temporary folder)")
+    p.add_argument("--workdir", default="",
+                   help="keep the files here (default: a temporary folder)")
     a = p.parse_args()
     if a.vocab < 256:
         p.error(f"--vocab {a.vocab}: the tokens are bytes, so at least 256")

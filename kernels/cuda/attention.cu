@@ -35,9 +35,9 @@
 //       the probabilities, rounded to bf16, become the next product's A operand without
 //       leaving registers (an m16n8k16 accumulator pair is an A fragment). Operands come
 //       from shared memory through ldmatrix (transposed for the products whose B is a tile's
-//       columns). The tiles a block walks are double-buffered: the next one's cp.async copies are issued before the
-//       current one is computed, so loads overlap the products. Backward computes dK/dV's
-//       scores transposed (S^T = K Q^T), so that P^T and dS^T are A operands too; its query
+//       columns). The tiles a block walks are double-buffered: the next one's cp.async copies are
+//       issued before the current one is computed, so loads overlap the products. Backward computes
+//       dK/dV's scores transposed (S^T = K Q^T), so that P^T and dS^T are A operands too; its query
 //       tiles are walked 32 queries at a time for head dims above 32, to keep the scores and
 //       both accumulators in registers, and dQ walks its key tiles 32 keys at a time with two
 //       row tiles a warp, for the same reason. Nothing goes through a scratch tile.
@@ -264,8 +264,9 @@ void flash_attention_backward_version(
     dispatch_head_dim(s.head_dim, [&]<int kD>() {
       if constexpr (std::is_same_v<T, bf16>) {
         if (version == AttentionVersion::kMma) {
-          launch(attention_backward_dkdv_mma<kD>, grid_for_tiles(s, s.kv_heads, mma_dkdv_rows<kD>()),
-                 kMmaThreads, mma_dkdv_smem<kD>(), stream, args);
+          launch(attention_backward_dkdv_mma<kD>,
+                 grid_for_tiles(s, s.kv_heads, mma_dkdv_rows<kD>()), kMmaThreads,
+                 mma_dkdv_smem<kD>(), stream, args);
           launch(attention_backward_dq_mma<kD>, grid_for_tiles(s, s.heads, mma_dq_rows<kD>()),
                  kMmaThreads, mma_dq_smem<kD>(), stream, args);
           return;

@@ -189,7 +189,8 @@ __device__ __forceinline__ void product_with_rows(float (&acc)[kM][kTiles][4], c
   for (int kk = 0; kk < kD / 16; ++kk) {
     uint32_t a[kM][4];
 #pragma unroll
-    for (int i = 0; i < kM; ++i) load_a<kD>(a[i], a_tile, row0 + 16 * i, kk);
+    for (int i = 0; i < kM; ++i)
+      load_a<kD>(a[i], a_tile, row0 + 16 * i, kk);
     product_step_with_rows<kD>(acc, a, b_tile, col0, kk);
   }
 }
@@ -205,7 +206,8 @@ __device__ __forceinline__ void product_with_cols(float (&acc)[kM][kD / 8][4],
   for (int j = 0; j < kTiles / 2; ++j) {
     uint32_t a[kM][4];
 #pragma unroll
-    for (int i = 0; i < kM; ++i) accumulators_as_a(a[i], p[i], j);
+    for (int i = 0; i < kM; ++i)
+      accumulators_as_a(a[i], p[i], j);
 #pragma unroll
     for (int dp = 0; dp < kD / 16; ++dp) {
       uint32_t b[4];
@@ -231,7 +233,8 @@ __device__ __forceinline__ void store_rows(const float (&acc)[kD / 8][4], bf16* 
 #pragma unroll
   for (int n = 0; n < kD / 8; ++n) {
     uint32_t* top = reinterpret_cast<uint32_t*>(staging + (row0 + g) * kPitch + 8 * n + 2 * t);
-    uint32_t* bottom = reinterpret_cast<uint32_t*>(staging + (row0 + g + 8) * kPitch + 8 * n + 2 * t);
+    uint32_t* bottom =
+        reinterpret_cast<uint32_t*>(staging + (row0 + g + 8) * kPitch + 8 * n + 2 * t);
     *top = pack_bf16x2(acc[n][0] * scale0, acc[n][1] * scale0);
     *bottom = pack_bf16x2(acc[n][2] * scale1, acc[n][3] * scale1);
   }
@@ -259,15 +262,16 @@ __device__ __forceinline__ void store_rows(const float (&acc)[kD / 8][4], bf16* 
 // at each tile: kept in registers they pushed the two-tile kernel past 255 registers (ptxas
 // spilled), and with two row tiles each K operand already feeds two MMAs.
 template <int kD>
-__global__ void __launch_bounds__(kMmaThreads, min_blocks(mma_forward_smem<kD>(),
-                                                          mma_max_blocks(mma_forward_m_tiles<kD>())))
+__global__ void __launch_bounds__(kMmaThreads,
+                                  min_blocks(mma_forward_smem<kD>(),
+                                             mma_max_blocks(mma_forward_m_tiles<kD>())))
     attention_forward_mma(ForwardArgs<bf16> a) {
 #if LOOM_WARP_MMA_EMULATED || LOOM_WARP_MMA_PTX
   constexpr int kM = mma_forward_m_tiles<kD>(), kRows = mma_forward_rows<kD>();
   constexpr int kTile = kMmaTile * mma_pitch<kD>();
   extern __shared__ __align__(128) unsigned char smem[];
   bf16* qs = reinterpret_cast<bf16*>(smem);  // kM tiles of Q rows
-  bf16* kv = qs + kM * kTile;                 // buffer i: K at kv + 2 i kTile, V after it
+  bf16* kv = qs + kM * kTile;                // buffer i: K at kv + 2 i kTile, V after it
   const int warp = threadIdx.x / kWarpSize, lane = threadIdx.x % kWarpSize;
   const int g = lane / 4, t = lane % 4;
   const int b = blockIdx.x / a.heads, h = blockIdx.x % a.heads, kvh = h / a.group;
@@ -291,7 +295,8 @@ __global__ void __launch_bounds__(kMmaThreads, min_blocks(mma_forward_smem<kD>()
 
   float m[kM][2], l[kM][2];  // l: this lane's columns only
 #pragma unroll
-  for (int i = 0; i < kM; ++i) m[i][0] = m[i][1] = -INFINITY, l[i][0] = l[i][1] = 0.0f;
+  for (int i = 0; i < kM; ++i)
+    m[i][0] = m[i][1] = -INFINITY, l[i][0] = l[i][1] = 0.0f;
   float o[kM][kD / 8][4] = {};
 
   for (int kb = 0; kb < key_tiles; ++kb) {
@@ -359,8 +364,8 @@ __global__ void __launch_bounds__(kMmaThreads, min_blocks(mma_forward_smem<kD>()
         a.lse[int64_t(blockIdx.x) * a.time + rows[i][r]] = (m[i][r] + log2f(l[i][r])) * kLn2;
     }
     // The warp's own Q rows are free: only it read them, into its registers.
-    store_rows<kD>(o[i], qs, row0 + 16 * i, a.out.head(b, h), a.out.st, q0 + row0 + 16 * i,
-                   a.time, a.head_dim, inv[0], inv[1]);
+    store_rows<kD>(o[i], qs, row0 + 16 * i, a.out.head(b, h), a.out.st, q0 + row0 + 16 * i, a.time,
+                   a.head_dim, inv[0], inv[1]);
   }
 #else
   __trap();
@@ -547,8 +552,8 @@ __global__ void __launch_bounds__(kMmaThreads, min_blocks(mma_dq_smem<kD>(),
 #pragma unroll
   for (int i = 0; i < kM; ++i) {
     const int row = row0 + 16 * i;
-    store_rows<kD>(dq[i], qs, row, a.dq.head(b, h), a.dq.st, q0 + row, a.time, a.head_dim,
-                   a.scale, a.scale);
+    store_rows<kD>(dq[i], qs, row, a.dq.head(b, h), a.dq.st, q0 + row, a.time, a.head_dim, a.scale,
+                   a.scale);
   }
 #else
   __trap();

@@ -427,7 +427,8 @@ TEST(EmulatedNcclLimits, AHandleGoneBeforeItsBoardSettledLeavesNothingInDevShm) 
     ncclComm_t parent = nullptr;
     ASSERT_EQ(ncclCommInitRankConfig(&parent, 1, id, 0, &config), ncclSuccess);
     ncclResult_t state = ncclInProgress;
-    while (state == ncclInProgress) ASSERT_EQ(ncclCommGetAsyncError(parent, &state), ncclSuccess);
+    while (state == ncclInProgress)
+      ASSERT_EQ(ncclCommGetAsyncError(parent, &state), ncclSuccess);
     ASSERT_EQ(state, ncclSuccess);
     ncclComm_t child = nullptr;
     ASSERT_EQ(ncclCommSplit(parent, 0, 0, &child, &config), ncclSuccess);

@@ -22,9 +22,9 @@ struct Shape {
 // Multi-head, then grouped-query (Llama's 2 query heads per key/value head, SmolLM's 3, across
 // tiles of every version) and multi-query; T = 150 puts v3's 128-row forward blocks (head dims
 // up to 64) past the first, with key tiles below, across and on the diagonal.
-const Shape kShapes[] = {{1, 1, 5, 8, 1},    {2, 3, 17, 32, 3},  {1, 2, 33, 40, 2},
-                         {1, 1, 70, 64, 1},  {1, 1, 65, 128, 1}, {2, 1, 100, 24, 1},
-                         {2, 4, 17, 32, 2},  {1, 6, 70, 64, 2},  {1, 3, 33, 40, 1},
+const Shape kShapes[] = {{1, 1, 5, 8, 1},   {2, 3, 17, 32, 3},  {1, 2, 33, 40, 2},
+                         {1, 1, 70, 64, 1}, {1, 1, 65, 128, 1}, {2, 1, 100, 24, 1},
+                         {2, 4, 17, 32, 2}, {1, 6, 70, 64, 2},  {1, 3, 33, 40, 1},
                          {1, 2, 150, 32, 1}};
 
 // q, k, v inside one fused projection buffer [B, T, H + 2 H_kv, D]; out, dout, dq contiguous

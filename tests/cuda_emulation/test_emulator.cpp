@@ -343,15 +343,18 @@ void mma_by_the_isa(const __nv_bfloat16* a, const __nv_bfloat16* b, const float*
     fb[i] = bits(b[k * 8 + g]) | bits(b[(k + 1) * 8 + g]) << 16;
   }
   float acc[4];
-  for (int j = 0; j < 4; ++j) acc[j] = c[(g + 8 * (j / 2)) * 8 + 2 * t + j % 2];
+  for (int j = 0; j < 4; ++j)
+    acc[j] = c[(g + 8 * (j / 2)) * 8 + 2 * t + j % 2];
   kc::mma_bf16_16816(acc, fa, fb);
-  for (int j = 0; j < 4; ++j) d[(g + 8 * (j / 2)) * 8 + 2 * t + j % 2] = acc[j];
+  for (int j = 0; j < 4; ++j)
+    d[(g + 8 * (j / 2)) * 8 + 2 * t + j % 2] = acc[j];
 }
 
 TEST(Emulator, MmaSyncPlacesEveryElementWhereThePtxIsaSays) {
   __nv_bfloat16 a[256], b[128];
   float c[128], d[128];
-  for (int i = 0; i < 256; ++i) a[i] = __float2bfloat16_rn(static_cast<float>(i % 13) - 6.0f);
+  for (int i = 0; i < 256; ++i)
+    a[i] = __float2bfloat16_rn(static_cast<float>(i % 13) - 6.0f);
   for (int i = 0; i < 128; ++i) {
     b[i] = __float2bfloat16_rn(static_cast<float>(i % 11) - 5.0f);
     c[i] = static_cast<float>(i) * 0.5f;
@@ -373,12 +376,14 @@ void ldmatrix_lanes(const uint16_t* m, uint32_t* out) {
   const int lane = threadIdx.x % 32;
   uint32_t r[4];
   kc::ldmatrix_x4<kTransposed>(r, m + lane * 8);
-  for (int j = 0; j < 4; ++j) out[lane * 4 + j] = r[j];
+  for (int j = 0; j < 4; ++j)
+    out[lane * 4 + j] = r[j];
 }
 
 TEST(Emulator, LdmatrixGivesEachLaneItsPairOfEachMatrix) {
   alignas(16) uint16_t m[256];
-  for (int i = 0; i < 256; ++i) m[i] = static_cast<uint16_t>(i);
+  for (int i = 0; i < 256; ++i)
+    m[i] = static_cast<uint16_t>(i);
   uint32_t plain[128], transposed[128];
   emu::launch(ldmatrix_lanes<false>, 1, 32)(m, plain);
   emu::launch(ldmatrix_lanes<true>, 1, 32)(m, transposed);
@@ -387,7 +392,8 @@ TEST(Emulator, LdmatrixGivesEachLaneItsPairOfEachMatrix) {
       const int row = lane / 4, col = 2 * (lane % 4);
       auto at = [&](int r, int c) { return uint32_t{m[(8 * j + r) * 8 + c]}; };
       EXPECT_EQ(plain[lane * 4 + j], at(row, col) | at(row, col + 1) << 16) << lane << "," << j;
-      EXPECT_EQ(transposed[lane * 4 + j], at(col, row) | at(col + 1, row) << 16) << lane << "," << j;
+      EXPECT_EQ(transposed[lane * 4 + j], at(col, row) | at(col + 1, row) << 16)
+          << lane << "," << j;
     }
 }
 

@@ -71,7 +71,7 @@ struct Fiber {
 #endif
   alignas(16) unsigned char shuffle_in[16] = {};
   alignas(16) unsigned char shuffle_out[16] = {};
-  alignas(16) unsigned char registers_in[64] = {};   // warp_register_operation
+  alignas(16) unsigned char registers_in[64] = {};  // warp_register_operation
   alignas(16) unsigned char registers_out[64] = {};
   // cp.async: queued copies, oldest first, and the number of them each committed group ends at.
   struct AsyncCopy {
@@ -90,7 +90,8 @@ void make_async_copies(Fiber& f, size_t count) {
     std::memset(static_cast<unsigned char*>(c.dst) + c.src_bytes, 0, c.bytes - c.src_bytes);
   }
   f.async_copies.erase(f.async_copies.begin(), f.async_copies.begin() + static_cast<long>(count));
-  for (size_t& end : f.async_group_ends) end -= std::min(end, count);
+  for (size_t& end : f.async_group_ends)
+    end -= std::min(end, count);
 }
 
 // A warp operation in progress: which lanes it names and which have arrived.
@@ -557,17 +558,20 @@ void warp_register_operation(const char* operation, const void* in, size_t in_by
     const int first = now.current->index / kWarpSize * kWarpSize;
     unsigned char ins[kWarpSize * 64], outs[kWarpSize * 64];
     for (int l = 0; l < kWarpSize; ++l)
-      std::memcpy(ins + l * in_bytes, now.fibers[static_cast<size_t>(first + l)].registers_in, in_bytes);
+      std::memcpy(ins + l * in_bytes, now.fibers[static_cast<size_t>(first + l)].registers_in,
+                  in_bytes);
     compute(ins, outs);
     for (int l = 0; l < kWarpSize; ++l)
-      std::memcpy(now.fibers[static_cast<size_t>(first + l)].registers_out, outs + l * out_bytes, out_bytes);
+      std::memcpy(now.fibers[static_cast<size_t>(first + l)].registers_out, outs + l * out_bytes,
+                  out_bytes);
   }
   std::memcpy(out, active->current->registers_out, out_bytes);
 }
 
 void async_copy(void* dst, const void* src, size_t bytes, size_t src_bytes) {
   Run& r = run();
-  if (src_bytes > bytes) undefined(r, *r.current, "cp.async with a source size above its copy size");
+  if (src_bytes > bytes)
+    undefined(r, *r.current, "cp.async with a source size above its copy size");
   r.current->async_copies.push_back({dst, src, bytes, src_bytes});
 }
 
@@ -579,10 +583,13 @@ void async_commit() {
 void async_wait(int newest_pending) {
   Fiber& f = *run().current;
   const size_t groups = f.async_group_ends.size();
-  const size_t done = groups > static_cast<size_t>(newest_pending) ? groups - static_cast<size_t>(newest_pending) : 0;
+  const size_t done = groups > static_cast<size_t>(newest_pending)
+                          ? groups - static_cast<size_t>(newest_pending)
+                          : 0;
   if (done == 0) return;
   const size_t copies = f.async_group_ends[done - 1];
-  f.async_group_ends.erase(f.async_group_ends.begin(), f.async_group_ends.begin() + static_cast<long>(done));
+  f.async_group_ends.erase(f.async_group_ends.begin(),
+                           f.async_group_ends.begin() + static_cast<long>(done));
   make_async_copies(f, copies);
 }
 

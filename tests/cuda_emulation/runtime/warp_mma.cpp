@@ -11,7 +11,9 @@ namespace {
 
 constexpr int kLanes = 32;
 
-float bf16_bits_to_float(uint32_t bits) { return std::bit_cast<float>(bits << 16); }
+float bf16_bits_to_float(uint32_t bits) {
+  return std::bit_cast<float>(bits << 16);
+}
 
 struct MmaIn {
   uint32_t a[4], b[2];
@@ -27,11 +29,13 @@ void compute_mma(const unsigned char* in, unsigned char* out) {
     const int g = lane / 4, t = lane % 4;
     for (int i = 0; i < 4; ++i)
       for (int half = 0; half < 2; ++half)
-        A[g + 8 * (i % 2)][2 * t + 8 * (i / 2) + half] = bf16_bits_to_float(v.a[i] >> (16 * half) & 0xFFFFu);
+        A[g + 8 * (i % 2)][2 * t + 8 * (i / 2) + half] =
+            bf16_bits_to_float(v.a[i] >> (16 * half) & 0xFFFFu);
     for (int i = 0; i < 2; ++i)
       for (int half = 0; half < 2; ++half)
         B[2 * t + 8 * i + half][g] = bf16_bits_to_float(v.b[i] >> (16 * half) & 0xFFFFu);
-    for (int j = 0; j < 4; ++j) C[g + 8 * (j / 2)][2 * t + j % 2] = v.c[j];
+    for (int j = 0; j < 4; ++j)
+      C[g + 8 * (j / 2)][2 * t + j % 2] = v.c[j];
   }
   for (int lane = 0; lane < kLanes; ++lane) {
     const int g = lane / 4, t = lane % 4;
@@ -39,7 +43,8 @@ void compute_mma(const unsigned char* in, unsigned char* out) {
     for (int j = 0; j < 4; ++j) {
       const int row = g + 8 * (j / 2), col = 2 * t + j % 2;
       float sum = C[row][col];
-      for (int k = 0; k < 16; ++k) sum += A[row][k] * B[k][col];
+      for (int k = 0; k < 16; ++k)
+        sum += A[row][k] * B[k][col];
       d[j] = sum;
     }
     std::memcpy(out + lane * sizeof(d), d, sizeof(d));
@@ -93,7 +98,8 @@ void ldmatrix(int matrices, bool transposed, uint32_t* r, const void* row) {
   if (matrices == 2) compute = transposed ? compute_ldmatrix<2, true> : compute_ldmatrix<2, false>;
   if (matrices == 4) compute = transposed ? compute_ldmatrix<4, true> : compute_ldmatrix<4, false>;
   if (compute == nullptr)
-    throw EmulationError("[cuda emulation] ldmatrix of " + std::to_string(matrices) + " matrices (expected 1, 2 or 4)");
+    throw EmulationError("[cuda emulation] ldmatrix of " + std::to_string(matrices) +
+                         " matrices (expected 1, 2 or 4)");
   warp_register_operation(transposed ? "ldmatrix.trans" : "ldmatrix", &address, sizeof(address), r,
                           sizeof(uint32_t) * static_cast<size_t>(matrices), compute);
 }
