@@ -208,7 +208,7 @@ void flash_attention_forward_version(AttentionVersion version, DType dtype, cons
     dispatch_head_dim(s.head_dim, [&]<int kD>() {
       if constexpr (std::is_same_v<T, bf16>) {
         if (version == AttentionVersion::kMma) {
-          launch(attention_forward_mma<kD>, grid_for_tiles(s, s.heads, mma_forward_rows<kD>()),
+          launch(attention_forward_mma<kD>, grid_for_tiles(s, s.heads, mma_block_rows<kD>()),
                  kMmaThreads, mma_forward_smem<kD>(), stream, args);
           return;
         }
@@ -265,9 +265,9 @@ void flash_attention_backward_version(
       if constexpr (std::is_same_v<T, bf16>) {
         if (version == AttentionVersion::kMma) {
           launch(attention_backward_dkdv_mma<kD>,
-                 grid_for_tiles(s, s.kv_heads, mma_dkdv_rows<kD>()), kMmaThreads,
+                 grid_for_tiles(s, s.kv_heads, mma_block_rows<kD>()), kMmaThreads,
                  mma_dkdv_smem<kD>(), stream, args);
-          launch(attention_backward_dq_mma<kD>, grid_for_tiles(s, s.heads, mma_dq_rows<kD>()),
+          launch(attention_backward_dq_mma<kD>, grid_for_tiles(s, s.heads, mma_block_rows<kD>()),
                  kMmaThreads, mma_dq_smem<kD>(), stream, args);
           return;
         }

@@ -24,53 +24,35 @@ template <int kD>
 constexpr size_t mma_tile_bytes() {
   return sizeof(bf16) * kMmaTile * mma_pitch<kD>();
 }
-// The forward's 16-row tiles per warp: two where the accumulators leave the registers for
-// them (each K and V operand then feeds two MMAs, halving shared-memory reads per MMA, as
-// FlashAttention-2's 128-row blocks do), one for head dim 128.
+// A warp's 16-row tiles (queries for the forward and dQ, keys for dK/dV): two where the
+// accumulators leave the registers for them, so that each operand of the other side feeds two
+// MMAs, halving shared-memory reads per MMA (FlashAttention-2's 128-row blocks); one for head
+// dim 128. A block owns mma_block_rows() rows.
 template <int kD>
-constexpr int mma_forward_m_tiles() {
+constexpr int mma_row_tiles() {
   return kD <= 64 ? 2 : 1;
 }
 template <int kD>
-constexpr int mma_forward_rows() {  // query rows per forward block
-  return kMmaTile * mma_forward_m_tiles<kD>();
+constexpr int mma_block_rows() {
+  return kMmaTile * mma_row_tiles<kD>();
 }
-// The most blocks per SM a kernel with kM row tiles a warp is built for: 2 (up to 255 registers
-// a thread) for two tiles, kMmaMaxBlocks for one.
-constexpr int mma_max_blocks(int m_tiles) {
-  return m_tiles == 2 ? 2 : kMmaMaxBlocks;
+// The most blocks per SM the kernels are built for: 2 (up to 255 registers a thread) with two
+// row tiles a warp, kMmaMaxBlocks with one.
+template <int kD>
+constexpr int mma_max_blocks() {
+  return mma_row_tiles<kD>() == 2 ? 2 : kMmaMaxBlocks;
 }
 template <int kD>
 constexpr size_t mma_forward_smem() {  // Q; K and V twice (double buffered)
-  return (mma_forward_m_tiles<kD>() + 4) * mma_tile_bytes<kD>();
-}
-// dK/dV's 16-key tiles per warp: two up to head dim 64 (each Q and dO operand feeds two MMAs),
-// one for head dim 128.
-template <int kD>
-constexpr int mma_dkdv_m_tiles() {
-  return kD <= 64 ? 2 : 1;
-}
-template <int kD>
-constexpr int mma_dkdv_rows() {  // keys per dK/dV block
-  return kMmaTile * mma_dkdv_m_tiles<kD>();
+  return (mma_row_tiles<kD>() + 4) * mma_tile_bytes<kD>();
 }
 template <int kD>
 constexpr size_t mma_dkdv_smem() {  // K, V; Q and dO twice; lse and D twice
-  return (2 * mma_dkdv_m_tiles<kD>() + 4) * mma_tile_bytes<kD>() + 2 * 2 * kMmaTile * sizeof(float);
-}
-// dQ's 16-query tiles per warp: two up to head dim 64 (each K and V operand feeds two MMAs),
-// one for head dim 128.
-template <int kD>
-constexpr int mma_dq_m_tiles() {
-  return kD <= 64 ? 2 : 1;
-}
-template <int kD>
-constexpr int mma_dq_rows() {  // queries per dQ block
-  return kMmaTile * mma_dq_m_tiles<kD>();
+  return (2 * mma_row_tiles<kD>() + 4) * mma_tile_bytes<kD>() + 2 * 2 * kMmaTile * sizeof(float);
 }
 template <int kD>
 constexpr size_t mma_dq_smem() {  // Q, dO; K and V twice
-  return (2 * mma_dq_m_tiles<kD>() + 4) * mma_tile_bytes<kD>();
+  return (2 * mma_row_tiles<kD>() + 4) * mma_tile_bytes<kD>();
 }
 
 // Issues the copies of rows [t0, t0 + 64) x dims [0, kD) of one head into a tile: cp.async
@@ -257,17 +239,16 @@ __device__ __forceinline__ void store_rows(const float (&acc)[kD / 8][4], bf16* 
   __syncwarp();
 }
 
-// Forward: a block owns mma_forward_rows<kD>() query rows, a warp kM 16-row tiles of them,
+// Forward: a block owns mma_block_rows<kD>() query rows, a warp kM 16-row tiles of them,
 // and walks the 64-key tiles up to its last row. Q's operands are reloaded from shared memory
 // at each tile: kept in registers they pushed the two-tile kernel past 255 registers (ptxas
 // spilled), and with two row tiles each K operand already feeds two MMAs.
 template <int kD>
 __global__ void __launch_bounds__(kMmaThreads,
-                                  min_blocks(mma_forward_smem<kD>(),
-                                             mma_max_blocks(mma_forward_m_tiles<kD>())))
+                                  min_blocks(mma_forward_smem<kD>(), mma_max_blocks<kD>()))
     attention_forward_mma(ForwardArgs<bf16> a) {
 #if LOOM_WARP_MMA_EMULATED || LOOM_WARP_MMA_PTX
-  constexpr int kM = mma_forward_m_tiles<kD>(), kRows = mma_forward_rows<kD>();
+  constexpr int kM = mma_row_tiles<kD>(), kRows = mma_block_rows<kD>();
   constexpr int kTile = kMmaTile * mma_pitch<kD>();
   extern __shared__ __align__(128) unsigned char smem[];
   bf16* qs = reinterpret_cast<bf16*>(smem);  // kM tiles of Q rows
@@ -363,7 +344,7 @@ __global__ void __launch_bounds__(kMmaThreads,
       if (t == 0 && rows[i][r] < a.time)
         a.lse[int64_t(blockIdx.x) * a.time + rows[i][r]] = (m[i][r] + log2f(l[i][r])) * kLn2;
     }
-    // The warp's own Q rows are free: only it read them, into its registers.
+    // The warp's own Q rows are free: only it read them, as its A operands.
     store_rows<kD>(o[i], qs, row0 + 16 * i, a.out.head(b, h), a.out.st, q0 + row0 + 16 * i, a.time,
                    a.head_dim, inv[0], inv[1]);
   }
@@ -372,18 +353,18 @@ __global__ void __launch_bounds__(kMmaThreads,
 #endif
 }
 
-// dK, dV for mma_dkdv_rows<kD>() keys of a key/value head; a warp owns kM 16-key tiles of
+// dK, dV for mma_block_rows<kD>() keys of a key/value head; a warp owns kM 16-key tiles of
 // them (two up to head dim 64, sharing every Q and dO operand). Scores are computed
 // transposed (keys x queries): S^T = K Q^T, dP^T = V dO^T, so that P^T and dS^T are the A
 // operands of dV += P^T dO and dK += dS^T Q straight from the accumulators. Query tiles are
 // walked kChunk queries at a time: 32 above head dim 32, where 64 would leave the scores,
 // their gradients and both accumulators more registers than a thread has (ptxas spilled).
 template <int kD>
-__global__ void __launch_bounds__(kMmaThreads, min_blocks(mma_dkdv_smem<kD>(),
-                                                          mma_max_blocks(mma_dkdv_m_tiles<kD>())))
+__global__ void __launch_bounds__(kMmaThreads,
+                                  min_blocks(mma_dkdv_smem<kD>(), mma_max_blocks<kD>()))
     attention_backward_dkdv_mma(BackwardArgs<bf16> a) {
 #if LOOM_WARP_MMA_EMULATED || LOOM_WARP_MMA_PTX
-  constexpr int kM = mma_dkdv_m_tiles<kD>(), kRows = kMmaTile * kM;
+  constexpr int kM = mma_row_tiles<kD>(), kRows = kMmaTile * kM;
   constexpr int kTile = kMmaTile * mma_pitch<kD>();
   constexpr int kChunk = kD <= 32 ? 64 : 32;
   extern __shared__ __align__(128) unsigned char smem[];
@@ -478,16 +459,15 @@ __global__ void __launch_bounds__(kMmaThreads, min_blocks(mma_dkdv_smem<kD>(),
 #endif
 }
 
-// dQ for mma_dq_rows<kD>() queries of a query head; a warp owns kM 16-query tiles of them (two
+// dQ for mma_block_rows<kD>() queries of a query head; a warp owns kM 16-query tiles of them (two
 // up to head dim 64, sharing every K and V operand), and walks the key tiles up to the block's
 // last row, kChunk keys at a time (32 with two tiles, to keep the scores, their gradients and
 // the accumulators in registers).
 template <int kD>
-__global__ void __launch_bounds__(kMmaThreads, min_blocks(mma_dq_smem<kD>(),
-                                                          mma_max_blocks(mma_dq_m_tiles<kD>())))
+__global__ void __launch_bounds__(kMmaThreads, min_blocks(mma_dq_smem<kD>(), mma_max_blocks<kD>()))
     attention_backward_dq_mma(BackwardArgs<bf16> a) {
 #if LOOM_WARP_MMA_EMULATED || LOOM_WARP_MMA_PTX
-  constexpr int kM = mma_dq_m_tiles<kD>(), kRows = kMmaTile * kM;
+  constexpr int kM = mma_row_tiles<kD>(), kRows = kMmaTile * kM;
   constexpr int kChunk = kM == 2 ? 32 : 64;
   constexpr int kTile = kMmaTile * mma_pitch<kD>();
   extern __shared__ __align__(128) unsigned char smem[];
