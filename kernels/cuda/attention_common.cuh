@@ -8,6 +8,7 @@
 
 #include "kernels/cuda/attention.h"
 #include "kernels/cuda/common.cuh"
+#include "kernels/cuda/warp_mma.cuh"
 
 namespace loom::kernels::cuda::attention_detail {
 
@@ -67,27 +68,11 @@ __device__ __forceinline__ bool chunked_rows(const T* src, int64_t st, int head_
          reinterpret_cast<uintptr_t>(src) % sizeof(Chunk<T>) == 0;
 }
 
-// Copies 16 bytes from global to shared memory without a trip through registers (cp.async on
-// sm_80+). The copies of a thread land once it calls copy_wait_all(); other threads see them
-// after a barrier that follows.
-__device__ __forceinline__ void copy16(void* smem_dst, const void* gmem_src) {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
-  const unsigned dst = static_cast<unsigned>(__cvta_generic_to_shared(smem_dst));
-  asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(dst), "l"(gmem_src) : "memory");
-#else
-  *static_cast<uint4*>(smem_dst) = *static_cast<const uint4*>(gmem_src);
-#endif
-}
-__device__ __forceinline__ void copy_wait_all() {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
-  asm volatile("cp.async.wait_all;\n" ::: "memory");
-#endif
-}
-
 // Copies rows [t0, t0 + kRows) x dims [0, kD) of one head into shared memory, row r at
 // dst + r * pitch, zero past `time` rows and `head_dim` dims. Reads are coalesced along d, in
 // 16-byte chunks where chunked_rows allows (dst rows must then start 16-byte aligned), and
-// asynchronously (copy16) when no conversion is needed. Callers synchronise the block before
+// asynchronously (cp_async16, waited for before returning) when no conversion is needed.
+// Callers synchronise the block before
 // reading dst, as always.
 template <int kRows, int kD, int kThreads, typename S, typename T>
 __device__ __forceinline__ void load_rows(S* dst, int pitch, const T* src, int64_t st, int t0,
@@ -100,12 +85,13 @@ __device__ __forceinline__ void load_rows(S* dst, int pitch, const T* src, int64
       for (int i = threadIdx.x; i < kRows * kPerRow; i += kThreads) {
         const int r = i / kPerRow, d = (i % kPerRow) * kVec, t = t0 + r;
         if (t < time) {
-          copy16(dst + r * pitch + d, src + t * st + d);
+          cp_async16(dst + r * pitch + d, src + t * st + d, 16);
         } else {
           *reinterpret_cast<uint4*>(dst + r * pitch + d) = make_uint4(0, 0, 0, 0);
         }
       }
-      copy_wait_all();
+      cp_async_commit();
+      cp_async_wait<0>();
       return;
     }
   } else {

@@ -4,7 +4,6 @@
 // attention.cu.
 
 #include "kernels/cuda/attention_common.cuh"
-#include "kernels/cuda/warp_mma.cuh"
 
 namespace loom::kernels::cuda::attention_detail {
 
@@ -79,6 +78,12 @@ __device__ __forceinline__ void issue_tile(bf16* dst, const bf16* src, int64_t s
   }
 }
 
+// The 64-key tiles a block of queries up to row `end` (exclusive) meets under the causal
+// mask: those up to its last row, or to the last key.
+__device__ __forceinline__ int key_tiles_through(int end, int time) {
+  return ((end < time ? end : time) - 1) / kMmaTile + 1;
+}
+
 // Key/value tile kb of head (b, kvh) into buffer kb % 2 of `kv` (K, then V a tile after it).
 template <int kD, typename Args>
 __device__ __forceinline__ void issue_key_value_tile(bf16* kv, const Args& a, int b, int kvh,
@@ -141,29 +146,10 @@ __device__ __forceinline__ void accumulators_as_a(uint32_t (&a)[4], const float 
   a[3] = pack_bf16x2(c[2 * j + 1][2], c[2 * j + 1][3]);
 }
 
-// acc[i] += A_i B for one k-step kk (dims [16 kk, 16 kk + 16)) and each of a warp's kM row
-// tiles i: A_i = a[i], a 16-row operand, B = b_tile^T over its rows [col0, col0 + 8 kTiles).
-// Each B operand is loaded once for the kM products: more rows per warp, less shared-memory
-// traffic per MMA.
-template <int kD, int kM, int kTiles>
-__device__ __forceinline__ void product_step_with_rows(float (&acc)[kM][kTiles][4],
-                                                       const uint32_t (&a)[kM][4],
-                                                       const bf16* b_tile, int col0, int kk) {
-#pragma unroll
-  for (int np = 0; np < kTiles / 2; ++np) {
-    uint32_t b[4];
-    load_b_rows<kD>(b, b_tile, col0 + 16 * np, kk);
-#pragma unroll
-    for (int i = 0; i < kM; ++i) {
-      mma_bf16_16816(acc[i][2 * np], a[i], {b[0], b[1]});
-      mma_bf16_16816(acc[i][2 * np + 1], a[i], {b[2], b[3]});
-    }
-  }
-}
-
 // acc += A B over all kD dims for a warp's kM row tiles: A_i from `a_tile` rows
 // [row0 + 16 i, row0 + 16 i + 16), B = b_tile^T over its rows [col0, col0 + 8 kTiles)
-// (S = Q K^T, dP = dO V^T).
+// (S = Q K^T, dP = dO V^T). Each B operand is loaded once for the kM products: more rows per
+// warp, less shared-memory traffic per MMA.
 template <int kD, int kM, int kTiles>
 __device__ __forceinline__ void product_with_rows(float (&acc)[kM][kTiles][4], const bf16* a_tile,
                                                   int row0, const bf16* b_tile, int col0) {
@@ -173,7 +159,16 @@ __device__ __forceinline__ void product_with_rows(float (&acc)[kM][kTiles][4], c
 #pragma unroll
     for (int i = 0; i < kM; ++i)
       load_a<kD>(a[i], a_tile, row0 + 16 * i, kk);
-    product_step_with_rows<kD>(acc, a, b_tile, col0, kk);
+#pragma unroll
+    for (int np = 0; np < kTiles / 2; ++np) {
+      uint32_t b[4];
+      load_b_rows<kD>(b, b_tile, col0 + 16 * np, kk);
+#pragma unroll
+      for (int i = 0; i < kM; ++i) {
+        mma_bf16_16816(acc[i][2 * np], a[i], {b[0], b[1]});
+        mma_bf16_16816(acc[i][2 * np + 1], a[i], {b[2], b[3]});
+      }
+    }
   }
 }
 
@@ -257,9 +252,7 @@ __global__ void __launch_bounds__(kMmaThreads,
   const int g = lane / 4, t = lane % 4;
   const int b = blockIdx.x / a.heads, h = blockIdx.x % a.heads, kvh = h / a.group;
   const int q0 = (gridDim.y - 1 - blockIdx.y) * kRows, row0 = warp * 16 * kM;
-  // The key tiles up to the block's last row (or the last key).
-  const int last_row = q0 + kRows < a.time ? q0 + kRows - 1 : a.time - 1;
-  const int key_tiles = last_row / kMmaTile + 1;
+  const int key_tiles = key_tiles_through(q0 + kRows, a.time);
   int rows[kM][2];  // this lane's rows, g and g + 8 of each of its warp's row tiles
 #pragma unroll
   for (int i = 0; i < kM; ++i) {
@@ -478,8 +471,7 @@ __global__ void __launch_bounds__(kMmaThreads, min_blocks(mma_dq_smem<kD>(), mma
   const int g = lane / 4, t = lane % 4;
   const int bh = blockIdx.x, b = bh / a.heads, h = bh % a.heads, kvh = h / a.group;
   const int q0 = (gridDim.y - 1 - blockIdx.y) * kRows, row0 = warp * 16 * kM;
-  const int last_row = q0 + kRows < a.time ? q0 + kRows - 1 : a.time - 1;
-  const int key_tiles = last_row / kMmaTile + 1;
+  const int key_tiles = key_tiles_through(q0 + kRows, a.time);
   int rows[kM][2];  // this lane's rows, g and g + 8 of each of its warp's row tiles
   float lse2[kM][2], delta[kM][2];
 #pragma unroll

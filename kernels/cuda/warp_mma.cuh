@@ -7,7 +7,8 @@
 // them where they are, and hand a product's accumulators to the next product as its A
 // operand without a trip through shared memory, as FlashAttention-2 does.
 //
-// On sm_80 and newer these are inline PTX; for older virtual architectures they trap. Compiled
+// On sm_80 and newer these are inline PTX; for older virtual architectures mma.sync and
+// ldmatrix trap and cp.async copies synchronously. Compiled
 // as host C++ for the kernel emulation (no __CUDACC__), they call the emulator's versions,
 // which place every element where a GPU does and defer cp.async's copies until the wait that
 // makes them visible.
@@ -70,7 +71,7 @@ __device__ __forceinline__ void mma_bf16_16816(float (&d)[4], const uint32_t (&a
 template <bool kTransposed>
 __device__ __forceinline__ void ldmatrix_x4(uint32_t (&r)[4], const void* row) {
 #if LOOM_WARP_MMA_EMULATED
-  ::loom::cuda_emulation::ldmatrix(4, kTransposed, r, row);
+  ::loom::cuda_emulation::ldmatrix_x4(kTransposed, r, row);
 #elif LOOM_WARP_MMA_PTX
   const unsigned address = static_cast<unsigned>(__cvta_generic_to_shared(row));
   if constexpr (kTransposed) {
@@ -92,7 +93,8 @@ __device__ __forceinline__ void ldmatrix_x4(uint32_t (&r)[4], const void* row) {
 // Starts copying 16 bytes from global to shared memory, of which the first `src_bytes` (0 or
 // 16) are read and the rest zero-filled, into the thread's open group; the bytes land at the
 // cp_async_wait that completes the group (and other threads see them after a barrier that
-// follows it).
+// follows it). Below sm_80 (no cp.async) the copy is made at once, and commit and wait do
+// nothing, which keeps the same contract.
 __device__ __forceinline__ void cp_async16(void* smem_dst, const void* gmem_src, int src_bytes) {
 #if LOOM_WARP_MMA_EMULATED
   ::loom::cuda_emulation::async_copy(smem_dst, gmem_src, 16, static_cast<size_t>(src_bytes));
@@ -102,7 +104,8 @@ __device__ __forceinline__ void cp_async16(void* smem_dst, const void* gmem_src,
                "r"(src_bytes)
                : "memory");
 #else
-  __trap();
+  *static_cast<uint4*>(smem_dst) =
+      src_bytes > 0 ? *static_cast<const uint4*>(gmem_src) : make_uint4(0, 0, 0, 0);
 #endif
 }
 

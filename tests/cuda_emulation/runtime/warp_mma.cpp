@@ -51,7 +51,9 @@ void compute_mma(const unsigned char* in, unsigned char* out) {
   }
 }
 
-template <int kMatrices, bool kTransposed>
+constexpr int kMatrices = 4;  // ldmatrix .x4, the only form Loom's kernels use
+
+template <bool kTransposed>
 void compute_ldmatrix(const unsigned char* in, unsigned char* out) {
   for (int m = 0; m < kMatrices; ++m) {
     for (int row = 0; row < 8; ++row) {
@@ -91,17 +93,10 @@ void mma_m16n8k16_bf16(float (&d)[4], const uint32_t (&a)[4], const uint32_t (&b
   warp_register_operation("mma.sync.m16n8k16.bf16", &in, sizeof(in), d, sizeof(d), compute_mma);
 }
 
-void ldmatrix(int matrices, bool transposed, uint32_t* r, const void* row) {
+void ldmatrix_x4(bool transposed, uint32_t (&r)[4], const void* row) {
   const auto address = reinterpret_cast<uintptr_t>(row);
-  WarpRegisterCompute compute = nullptr;
-  if (matrices == 1) compute = transposed ? compute_ldmatrix<1, true> : compute_ldmatrix<1, false>;
-  if (matrices == 2) compute = transposed ? compute_ldmatrix<2, true> : compute_ldmatrix<2, false>;
-  if (matrices == 4) compute = transposed ? compute_ldmatrix<4, true> : compute_ldmatrix<4, false>;
-  if (compute == nullptr)
-    throw EmulationError("[cuda emulation] ldmatrix of " + std::to_string(matrices) +
-                         " matrices (expected 1, 2 or 4)");
   warp_register_operation(transposed ? "ldmatrix.trans" : "ldmatrix", &address, sizeof(address), r,
-                          sizeof(uint32_t) * static_cast<size_t>(matrices), compute);
+                          sizeof(r), transposed ? compute_ldmatrix<true> : compute_ldmatrix<false>);
 }
 
 }  // namespace loom::cuda_emulation

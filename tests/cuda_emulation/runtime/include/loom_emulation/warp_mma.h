@@ -19,10 +19,10 @@ namespace loom::cuda_emulation {
 // round differently: the tolerances of the tests that use it say so).
 void mma_m16n8k16_bf16(float (&d)[4], const uint32_t (&a)[4], const uint32_t (&b)[2]);
 
-// ldmatrix.sync.aligned.m8n8.x{matrices}[.trans].shared.b16: lanes 8j .. 8j + 7 give the row
-// addresses (16-byte aligned, 8 16-bit elements each) of matrix j; lane l receives in r[j]
-// elements (l / 4, 2 (l % 4)) and (l / 4, 2 (l % 4) + 1) of matrix j, or with `transposed`
-// elements (2 (l % 4), l / 4) and (2 (l % 4) + 1, l / 4). matrices: 1, 2 or 4.
-void ldmatrix(int matrices, bool transposed, uint32_t* r, const void* row);
+// ldmatrix.sync.aligned.m8n8.x4[.trans].shared.b16: lanes 8j .. 8j + 7 give the row addresses
+// (16-byte aligned, 8 16-bit elements each) of matrix j; lane l receives in r[j] elements
+// (l / 4, 2 (l % 4)) and (l / 4, 2 (l % 4) + 1) of matrix j, or with `transposed` elements
+// (2 (l % 4), l / 4) and (2 (l % 4) + 1, l / 4).
+void ldmatrix_x4(bool transposed, uint32_t (&r)[4], const void* row);
 
 }  // namespace loom::cuda_emulation
