@@ -47,10 +47,11 @@ void check_grad(const Tensor& grad, size_t index) {
   }
 }
 
-// The sum of squares of every gradient on one GPU (f32 [grads], on it): each run of gradients
-// of one dtype in a few launches (kernels/cuda/reduce.h's multi_tensor_sum_of_squares).
-Tensor cuda_sums_of_squares(const std::vector<Tensor>& grads, Device device) {
-  Tensor squares = Tensor::empty({static_cast<int64_t>(grads.size())}, DType::F32, device);
+// The sum of squares of every gradient on one GPU ([grads] on it, in `dtype`: f32, rounded,
+// or f64): each run of gradients of one dtype in a few launches (kernels/cuda/reduce.h's
+// multi_tensor_sum_of_squares).
+Tensor sums_of_squares_on(const std::vector<Tensor>& grads, Device device, DType dtype) {
+  Tensor squares = Tensor::empty({static_cast<int64_t>(grads.size())}, dtype, device);
 #if LOOM_WITH_CUDA
   std::vector<kernels::cuda::TensorSpan> spans;
   for (size_t i = 0; i < grads.size(); ++i) {
@@ -65,9 +66,16 @@ Tensor cuda_sums_of_squares(const std::vector<Tensor>& grads, Device device) {
     const int count = static_cast<int>(spans.size());
     Tensor scratch = detail::workspace(
         device, kernels::cuda::multi_tensor_squares_workspace_bytes(spans.data(), count));
-    kernels::cuda::multi_tensor_sum_of_squares(g.dtype(), spans.data(), count,
-                                               squares.data<float>() + (i + 1 - spans.size()),
-                                               scratch.raw_data(), detail::stream_of(g));
+    const size_t first = i + 1 - spans.size();
+    if (dtype == DType::F32) {
+      kernels::cuda::multi_tensor_sum_of_squares(g.dtype(), spans.data(), count,
+                                                 squares.data<float>() + first,
+                                                 scratch.raw_data(), detail::stream_of(g));
+    } else {
+      kernels::cuda::multi_tensor_sum_of_squares(g.dtype(), spans.data(), count,
+                                                 squares.data<double>() + first,
+                                                 scratch.raw_data(), detail::stream_of(g));
+    }
     spans.clear();
   }
 #endif
@@ -79,7 +87,7 @@ Tensor cuda_sums_of_squares(const std::vector<Tensor>& grads, Device device) {
 std::vector<double> cuda_two_norms(const std::vector<Tensor>& grads) {
   std::vector<double> norms;
   if (grads.empty()) return norms;
-  for (float s : cuda_sums_of_squares(grads, grads[0].device()).to_vector<float>())
+  for (float s : sums_of_squares_on(grads, grads[0].device(), DType::F32).to_vector<float>())
     norms.push_back(std::sqrt(static_cast<double>(s)));
   return norms;
 }
@@ -164,6 +172,20 @@ double total_norm(const std::vector<double>& norms, double norm_type) {
   return std::pow(total, 1.0 / norm_type);
 }
 
+std::vector<double> cuda_sums_of_squares(const std::vector<Tensor>& grads) {
+  if (grads.empty()) return {};
+  for (size_t i = 0; i < grads.size(); ++i) {
+    check_grad(grads[i], i);
+    if (!grads[i].device().is_cuda())
+      tag::kOptim.fail("cuda_sums_of_squares: gradient ", i, " is on ", grads[i].device());
+  }
+  return sums_of_squares_on(grads, grads[0].device(), DType::F64).to_vector<double>();
+}
+
+double cuda_two_norm(double sum) {
+  return std::sqrt(static_cast<double>(static_cast<float>(sum)));  // as cuda_two_norms
+}
+
 DeviceClip clip_grad_norm_on_device(const std::vector<Tensor>& params, double max_norm) {
   if (!(max_norm > 0.0)) {
     tag::kOptim.fail("clip_grad_norm_on_device: max_norm must be positive (infinity: no "
@@ -184,7 +206,7 @@ DeviceClip clip_grad_norm_on_device(const std::vector<Tensor>& params, double ma
   const Device device = grads[0].device();
   DeviceClip out{Tensor::empty({}, DType::F64, device), Tensor::empty({}, DType::F32, device)};
 #if LOOM_WITH_CUDA
-  const Tensor squares = cuda_sums_of_squares(grads, device);
+  const Tensor squares = sums_of_squares_on(grads, device, DType::F32);
   kernels::cuda::clip_coefficient(squares.data<float>(), static_cast<int>(grads.size()), max_norm,
                                   out.total_norm.data<double>(), out.factor.data<float>(),
                                   detail::stream_of(squares));

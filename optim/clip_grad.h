@@ -48,6 +48,15 @@ DeviceClip clip_grad_norm_on_device(const std::vector<Tensor>& params, double ma
 // per-parameter norms in order (what grad_norm computes from its per-parameter norms), and
 // clip_grad_norm's scaling given the total it would have computed.
 double total_norm(const std::vector<double>& per_parameter_norms, double norm_type = 2.0);
+// For CUDA gradients, whose 2-norms come from sums of squares in double rounded once to float
+// (kernels/cuda/reduce.h): each of `grads`' (contiguous f32 or bf16 tensors on one device)
+// sum of squares in double, unrounded (one copy to the host for all); and the 2-norm
+// grad_norm gives a gradient whose double sum is `sum`. A gradient split into pieces gets
+// grad_norm's norm from the sum of its pieces' sums, unless the pieces' double sums, added in
+// another order than the whole's, straddle a float's rounding boundary (their difference is
+// about 1e-16 of the sum; a float's spacing 1e-7).
+std::vector<double> cuda_sums_of_squares(const std::vector<Tensor>& grads);
+double cuda_two_norm(double sum);
 double clip_grads_to_norm(const std::vector<Tensor>& params, double max_norm, double total,
                           double norm_type = 2.0, bool error_if_nonfinite = false);
 

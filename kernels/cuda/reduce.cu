@@ -462,15 +462,16 @@ __global__ void __launch_bounds__(kSquaresThreads)
 }
 
 // squares[b] = tensor b's chunk sums added by one warp (lane-strided in order, then a fixed
-// butterfly), rounded to float.
+// butterfly), rounded to Out (float, or double: not rounded).
+template <typename Out>
 __global__ void __launch_bounds__(kWarpSize)
     finish_squares_kernel(const __grid_constant__ SquaresFinishTable table,
-                          const double* partials, float* squares) {
+                          const double* partials, Out* squares) {
   double s = 0;
   for (int c = threadIdx.x; c < table.chunks[blockIdx.x]; c += kWarpSize)
     s += partials[table.first[blockIdx.x] + c];
   s = warp_reduce<SumOp<double>>(s);
-  if (threadIdx.x == 0) squares[blockIdx.x] = static_cast<float>(s);
+  if (threadIdx.x == 0) squares[blockIdx.x] = static_cast<Out>(s);
 }
 
 int64_t square_chunks(const TensorSpan* tensors, int count) {
@@ -496,8 +497,11 @@ size_t multi_tensor_squares_workspace_bytes(const TensorSpan* tensors, int count
   return static_cast<size_t>(square_chunks(tensors, count)) * sizeof(double);
 }
 
-void multi_tensor_sum_of_squares(DType dtype, const TensorSpan* tensors, int count,
-                                 float* squares, void* workspace, cudaStream_t stream) {
+namespace {
+
+template <typename Out>
+void sums_of_squares(DType dtype, const TensorSpan* tensors, int count, Out* squares,
+                     void* workspace, cudaStream_t stream) {
   if (count < 0) fail("multi_tensor_sum_of_squares: negative tensor count ", count);
   if (count == 0) return;
   if (squares == nullptr) fail("multi_tensor_sum_of_squares: squares is null");
@@ -530,9 +534,21 @@ void multi_tensor_sum_of_squares(DType dtype, const TensorSpan* tensors, int cou
       finish.chunks[j] = static_cast<int32_t>(ceil_div(tensors[k0 + j].n, kSquaresChunk));
       first += finish.chunks[j];
     }
-    finish_squares_kernel<<<m, kWarpSize, 0, stream>>>(finish, partials, squares + k0);
+    finish_squares_kernel<Out><<<m, kWarpSize, 0, stream>>>(finish, partials, squares + k0);
     LOOM_CUDA_CHECK_LAUNCH();
   }
+}
+
+}  // namespace
+
+void multi_tensor_sum_of_squares(DType dtype, const TensorSpan* tensors, int count,
+                                 float* squares, void* workspace, cudaStream_t stream) {
+  sums_of_squares(dtype, tensors, count, squares, workspace, stream);
+}
+
+void multi_tensor_sum_of_squares(DType dtype, const TensorSpan* tensors, int count,
+                                 double* squares, void* workspace, cudaStream_t stream) {
+  sums_of_squares(dtype, tensors, count, squares, workspace, stream);
 }
 
 namespace {

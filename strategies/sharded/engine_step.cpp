@@ -266,6 +266,33 @@ double ShardedEngine::grad_norm(double norm_type) {
     }
     return optim::total_norm(norms, norm_type);
   }
+  bool on_cuda = norm_type == 2.0;
+  for (const Tensor& s : segments_)
+    on_cuda = on_cuda && (!s.grad().defined() || s.grad().device().is_cuda());
+  if (on_cuda) {
+    // Per parameter, its pieces' sums of squares in double, added across the ranks and then
+    // rounded to float as optim::grad_norm rounds a whole CUDA gradient's (optim::cuda_two_norm:
+    // its bits unless the two double sums straddle a float's rounding boundary). Each piece's
+    // norm rounded apart, as below, would be a float's rounding off the whole's, and the
+    // clipping factor with it.
+    std::vector<Tensor> grads;
+    std::vector<size_t> owners;
+    for (size_t i = 0; i < segments_.size(); ++i) {
+      if (!segments_[i].grad().defined()) continue;
+      grads.push_back(segments_[i].grad());
+      owners.push_back(segment_param_[i]);
+    }
+    std::vector<double> sums(params_.size(), 0.0);
+    const std::vector<double> pieces = optim::cuda_sums_of_squares(grads);
+    for (size_t k = 0; k < pieces.size(); ++k)
+      sums[owners[k]] += pieces[k];
+    Tensor all = Tensor::from_vector(sums, {count}, exchange);
+    if (shard_world_ > 1) shard_group_->allreduce(all, {.op = comm::ReduceOp::Sum})->wait();
+    const std::vector<double> summed = all.to_vector<double>();
+    for (int64_t k = 0; k < count; ++k)
+      norms[k] = optim::cuda_two_norm(summed[k]);
+    return optim::total_norm(norms, norm_type);
+  }
   // Other norms and dtypes: per-parameter partial sums of |g|^p (or maxima), combined across
   // ranks; equal to the unsharded norm up to rounding.
   const bool inf = norm_type == optim::kInfNorm;

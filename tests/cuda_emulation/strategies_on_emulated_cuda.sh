@@ -53,8 +53,10 @@ run() {
   fi
 }
 
+# losses FILE [FIELD]: FIELD (default the loss) of every step in FILE.
 losses() {
-  python3 -c 'import json, sys; print(" ".join(repr(json.loads(l)["loss"]) for l in open(sys.argv[1])))' "$1"
+  python3 -c 'import json, sys; print(" ".join(repr(json.loads(l)[sys.argv[2]]) for l in open(sys.argv[1])))' \
+    "$1" "${2:-loss}"
 }
 
 # single NAME: one device, no launcher: writes $work/NAME.{jsonl,log}.
@@ -76,12 +78,15 @@ print(f"{sys.argv[3]}: losses within 1e-5 of {sys.argv[4]}'s")
 PY
 }
 
-# same RUN REFERENCE: RUN's losses and saved weights are REFERENCE's, bit for bit.
+# same RUN REFERENCE: RUN's losses, gradient norms (which set each step's clipping) and saved
+# weights are REFERENCE's, bit for bit.
 same() {
-  local got want
-  got=$(losses "$work/$1.jsonl")
-  want=$(losses "$work/$2.jsonl")
-  [ "$got" = "$want" ] || { echo "$1: losses $got differ from $2's ($want)"; exit 1; }
+  local got want field
+  for field in loss grad_norm; do
+    got=$(losses "$work/$1.jsonl" $field)
+    want=$(losses "$work/$2.jsonl" $field)
+    [ "$got" = "$want" ] || { echo "$1: $field $got differs from $2's ($want)"; exit 1; }
+  done
   cmp -s "$work/$2.safetensors" "$work/$1.safetensors" ||
     { echo "$1: weights differ from $2's"; exit 1; }
   echo "$1: losses and weights equal to $2's"

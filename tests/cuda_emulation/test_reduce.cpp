@@ -168,6 +168,18 @@ void check_multi_tensor_squares() {
       EXPECT_EQ(squares[k], static_cast<float>(want)) << "tensor " << k;
     }
     EXPECT_TRUE(bitwise_equal(squares, alone)) << "grouping changed the bits";
+    // Unrounded: the double totals the float ones round, near the CPU's double sums.
+    std::vector<double> wide(spans.size(), -1.0);
+    gpu::multi_tensor_sum_of_squares(dtype_of<T>(), spans.data(), count, wide.data(),
+                                     workspace.data(), nullptr);
+    for (size_t k = 0; k < spans.size(); ++k) {
+      EXPECT_EQ(static_cast<float>(wide[k]), squares[k]) << "tensor " << k;
+      const T* first = static_cast<const T*>(spans[k].data);
+      const auto w = widen_all(std::vector<T>(first, first + spans[k].n));
+      EXPECT_NEAR(wide[k], cpu::sum_of_squares(w.data(), static_cast<int64_t>(w.size())),
+                  1e-12 * wide[k])
+          << "tensor " << k;
+    }
   });
   float out = 0;
   EXPECT_THROW(gpu::multi_tensor_sum_of_squares(dtype_of<T>(), spans.data(), count, &out, nullptr,
