@@ -35,6 +35,20 @@ Tensor Linear::forward_gelu(const Tensor& x) const {
   return run_forward([&] { return linear_gelu(x, weight_, bias_); });
 }
 
+GeluOutput Linear::forward_gelu_keeping_input(const Tensor& x) const {
+  GeluOutput result;
+  Tensor hooked = run_forward([&] {
+    result = linear_gelu_keeping_input(x, weight_, bias_);
+    return result.input.defined() ? result.input : result.out;
+  });
+  (result.input.defined() ? result.input : result.out) = hooked;
+  return result;
+}
+
+Tensor Linear::forward_after_gelu(const GeluOutput& gelu) const {
+  return run_forward([&] { return linear_after_gelu(gelu, weight_, bias_); });
+}
+
 LinearNoBias::LinearNoBias(int64_t in_features, int64_t out_features, Generator& gen,
                            double init_std, const Options& options) {
   weight_ = register_parameter("weight",

@@ -23,6 +23,12 @@ class Linear : public Module {
   // gelu(forward(x)) in the fewest passes the device has (linear_gelu: on the CPU bias_gelu
   // after the product without its bias), between the forward hooks: GPT-2's MLP's first layer.
   Tensor forward_gelu(const Tensor& x) const;
+  // linear_gelu_keeping_input between the forward hooks, which see the tensor the gradient
+  // flows through (GELU's input where it is kept, else the output): GPT-2's MLP's first layer,
+  // whose result the second reads with forward_after_gelu.
+  GeluOutput forward_gelu_keeping_input(const Tensor& x) const;
+  // linear_after_gelu(gelu, weight, bias) between the forward hooks.
+  Tensor forward_after_gelu(const GeluOutput& gelu) const;
   const Tensor& weight() const { return weight_; }
   const Tensor& bias() const { return bias_; }
 

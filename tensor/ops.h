@@ -35,6 +35,19 @@ Tensor bias_gelu(const Tensor& x, const Tensor& bias);
 // bias_gelu; on CUDA linear (the bias in the GEMM's epilogue, its gradient in the weight
 // gradient's), then gelu.
 Tensor linear_gelu(const Tensor& x, const Tensor& weight, const Tensor& bias);
+// GPT-2's MLP, linear(gelu(linear(x, w1, b1)), w2, b2), with GELU's gradient taken in the
+// second product's input-gradient GEMM (Note [GELU's gradient in the next product],
+// tensor/ops/matmul.cpp): linear_gelu_keeping_input gives {out, input}, out = linear_gelu's
+// value and, on CUDA's path while gradients are wanted, input = the biased product GELU read,
+// which carries the gradient: out then has none of its own and is for linear_after_gelu to
+// read. Elsewhere input is undefined and out is linear_gelu(x, w1, b1). linear_after_gelu
+// is linear(gelu.out, weight, bias), its backward giving gelu.input its gradient through GELU
+// directly (or, with gelu.input undefined, linear's).
+struct GeluOutput {
+  Tensor out, input;
+};
+GeluOutput linear_gelu_keeping_input(const Tensor& x, const Tensor& weight, const Tensor& bias);
+Tensor linear_after_gelu(const GeluOutput& gelu, const Tensor& weight, const Tensor& bias);
 // SiLU (swish): x * sigmoid(x), Llama's MLP activation.
 Tensor silu(const Tensor& x);
 // SwiGLU, Llama's MLP: silu(gate) * up in one pass each way (gate and up of one shape, dtype

@@ -184,6 +184,15 @@ std::vector<OpCase> op_cases() {
        [=](Device d) {
          return V{linear_gelu(r({2, 3, 4}, d), r({4, 5}, d, 2), r({5}, d, 3))};
        }},
+      {"linear_gelu_keeping_input",
+       [=](Device d) {
+         return V{linear_gelu_keeping_input(r({2, 3, 4}, d), r({4, 5}, d, 2), r({5}, d, 3)).out};
+       }},
+      {"linear_after_gelu",
+       [=](Device d) {
+         const GeluOutput h = linear_gelu_keeping_input(r({2, 3, 4}, d), r({4, 5}, d, 2), r({5}, d, 3));
+         return V{linear_after_gelu(h, r({5, 6}, d, 4), r({6}, d, 5))};
+       }},
       {"softmax",
        [=](Device d) {
          return V{softmax(r({2, 4, 4}, d), true), softmax(r({3, 5}, d))};

@@ -137,6 +137,7 @@ struct Problem {
   const void* bias;
   void* b_sums;  // op(B)'s column sums (BGRADA), or null
   void* gelu_aux = nullptr;  // gemm_bias_gelu: C = gelu(product + bias), this = product + bias
+  const void* dgelu_aux = nullptr;  // gemm_dgelu: C = gelu'(this) * product
 };
 
 // The largest power of two (at most 256) dividing the address of every matrix of the batch.
@@ -152,7 +153,7 @@ uint32_t alignment_of(const void* ptr, int64_t stride, DType dtype, int64_t batc
 struct PlanKey {
   int device;
   DType dtype, out_dtype;
-  bool trans_a, trans_b, accumulate, bias, b_sums, gelu, tf32;
+  bool trans_a, trans_b, accumulate, bias, b_sums, gelu, dgelu, tf32;
   int64_t m, n, k, lda, ldb, ldc, stride_a, stride_b, stride_c, batch;
   uint32_t align_a, align_b, align_c, align_bias, align_aux;
   bool operator==(const PlanKey&) const = default;
@@ -166,7 +167,7 @@ struct PlanKeyHash {
     mix(static_cast<uint64_t>(key.dtype) | static_cast<uint64_t>(key.out_dtype) << 8);
     mix((key.trans_a ? 1u : 0u) | (key.trans_b ? 2u : 0u) | (key.accumulate ? 4u : 0u) |
         (key.bias ? 8u : 0u) | (key.tf32 ? 16u : 0u) | (key.b_sums ? 32u : 0u) |
-        (key.gelu ? 64u : 0u));
+        (key.gelu ? 64u : 0u) | (key.dgelu ? 128u : 0u));
     for (int64_t v : {key.m, key.n, key.k, key.lda, key.ldb, key.ldc, key.stride_a, key.stride_b,
                       key.stride_c, key.batch})
       mix(static_cast<uint64_t>(v));
@@ -189,6 +190,7 @@ PlanKey make_key(int device, const Problem& p) {
   key.bias = p.bias != nullptr;
   key.b_sums = p.b_sums != nullptr;
   key.gelu = p.gelu_aux != nullptr;
+  key.dgelu = p.dgelu_aux != nullptr;
   key.tf32 = p.dtype == DType::F32 && g_allow_tf32.load(std::memory_order_relaxed);
   key.m = p.m;
   key.n = p.n;
@@ -205,7 +207,8 @@ PlanKey make_key(int device, const Problem& p) {
   key.align_c = alignment_of(p.c, key.stride_c, p.out_dtype, p.batch);
   const void* vector = p.bias ? p.bias : p.b_sums;  // the epilogue's vector
   key.align_bias = vector ? alignment_of(vector, 0, p.out_dtype, 1) : 0;
-  key.align_aux = p.gelu_aux ? alignment_of(p.gelu_aux, 0, p.out_dtype, 1) : 0;
+  const void* aux = p.gelu_aux ? p.gelu_aux : p.dgelu_aux;
+  key.align_aux = aux ? alignment_of(aux, 0, p.out_dtype, 1) : 0;
   return key;
 }
 
@@ -213,8 +216,9 @@ struct Plan {
   MatmulDescPtr desc;
   LayoutPtr layout_a, layout_b, layout_c;  // cuBLASLt's A (our B), its B (our A), C = D
   cublasLtMatmulAlgo_t algo{};
-  // What the epilogue does: DEFAULT (nothing), BIAS, BGRADA (op(B)'s column sums) or
-  // GELU_AUX_BIAS; a bias, sums or GELU it does not take are done by other launches.
+  // What the epilogue does: DEFAULT (nothing), BIAS, BGRADA (op(B)'s column sums),
+  // GELU_AUX_BIAS or DGELU; a bias, sums, GELU or GELU's gradient it does not take are done by
+  // other launches.
   cublasLtEpilogue_t epilogue = CUBLASLT_EPILOGUE_DEFAULT;
   std::mutex mutex;  // held while the epilogue's pointers are set in desc and the matmul enqueued
 };
@@ -272,9 +276,9 @@ bool find_algorithm(cublasLtHandle_t handle, const PlanKey& key, Plan& plan) {
 }
 
 // `vector`: the bias, or where key.b_sums the column sums' output; `aux` GELU's input where
-// key.gelu.
+// key.gelu (written) or key.dgelu (read).
 std::unique_ptr<Plan> build_plan(cublasLtHandle_t handle, const PlanKey& key, const void* vector,
-                                 void* aux) {
+                                 const void* aux) {
   auto plan = std::make_unique<Plan>();
   cublasLtMatmulDesc_t desc = nullptr;
   LOOM_CUBLAS_CHECK(cublaslt().matmul_desc_create(
@@ -301,6 +305,18 @@ std::unique_ptr<Plan> build_plan(cublasLtHandle_t handle, const PlanKey& key, co
       plan->epilogue = CUBLASLT_EPILOGUE_GELU_AUX_BIAS;
       return plan;
     }  // else the biased product into aux, and a GELU kernel after it
+  }
+  if (key.dgelu) {
+    // The f32 product times GELU's derivative at aux (D's dtype and layout, as GELU_AUX_BIAS
+    // wrote it), rounded once into D.
+    set_desc(desc, CUBLASLT_MATMUL_DESC_EPILOGUE, CUBLASLT_EPILOGUE_DGELU);
+    set_desc(desc, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_POINTER, aux);
+    set_desc(desc, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_LD, key.ldc);
+    if (find_algorithm(handle, key, *plan)) {
+      plan->epilogue = CUBLASLT_EPILOGUE_DGELU;
+      return plan;
+    }  // else the product into C, and GELU's backward kernel scales it there
+    set_desc(desc, CUBLASLT_MATMUL_DESC_EPILOGUE, CUBLASLT_EPILOGUE_DEFAULT);
   }
   if (key.bias) {
     // Bias of length n = rows of the column-major D, one vector for the whole batch, in the
@@ -368,7 +384,7 @@ class Registry {
 
   // The cached plan for key, built (heuristic included) on first use. Plans are never
   // removed, so the reference stays valid.
-  Plan& plan(cublasLtHandle_t handle, const PlanKey& key, const void* vector, void* aux) {
+  Plan& plan(cublasLtHandle_t handle, const PlanKey& key, const void* vector, const void* aux) {
     std::lock_guard lock(mutex_);
     std::unique_ptr<Plan>& slot = plans_[key];
     if (!slot) {
@@ -485,25 +501,28 @@ void column_sums_rank1(int device, const Problem& p, cudaStream_t stream) {
   }
 }
 
-// One validated cuBLASLt call for k > 0 (m, n, batch > 0), plus the bias, the column sums or
-// GELU if the epilogue could not take them. Without the GELU epilogue, a gemm_bias_gelu
-// product goes to aux (biased) and GELU reads it from there into C.
+// One validated cuBLASLt call for k > 0 (m, n, batch > 0), plus the bias, the column sums,
+// GELU or GELU's gradient if the epilogue could not take them. Without the GELU epilogue, a
+// gemm_bias_gelu product goes to aux (biased) and GELU reads it from there into C; without
+// DGELU, a gemm_dgelu product goes to C and GELU's backward scales it in place.
 void matmul(int device, const Problem& p, cudaStream_t stream) {
   DeviceState& state = registry().device(device);
   PlanKey key = make_key(device, p);
   const void* vector = p.bias ? p.bias : p.b_sums;
-  Plan& plan = registry().plan(state.handle.get(), key, vector, p.gelu_aux);
+  const void* aux = p.gelu_aux ? p.gelu_aux : p.dgelu_aux;
+  Plan& plan = registry().plan(state.handle.get(), key, vector, aux);
   void* space = workspace(state, stream);
   const float alpha = 1.0f, beta = p.accumulate ? 1.0f : 0.0f;
   const bool gelu_apart = p.gelu_aux && plan.epilogue != CUBLASLT_EPILOGUE_GELU_AUX_BIAS;
+  const bool dgelu_apart = p.dgelu_aux && plan.epilogue != CUBLASLT_EPILOGUE_DGELU;
   Problem written = p;  // where the product goes
   if (gelu_apart) written.c = p.gelu_aux;
   {
     std::lock_guard lock(plan.mutex);
-    if (plan.epilogue != CUBLASLT_EPILOGUE_DEFAULT)
+    if (vector != nullptr && plan.epilogue != CUBLASLT_EPILOGUE_DEFAULT)
       set_desc(plan.desc.get(), CUBLASLT_MATMUL_DESC_BIAS_POINTER, vector);
-    if (plan.epilogue == CUBLASLT_EPILOGUE_GELU_AUX_BIAS)
-      set_desc(plan.desc.get(), CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_POINTER, p.gelu_aux);
+    if (plan.epilogue == CUBLASLT_EPILOGUE_GELU_AUX_BIAS || plan.epilogue == CUBLASLT_EPILOGUE_DGELU)
+      set_desc(plan.desc.get(), CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_POINTER, aux);
     LOOM_CUBLAS_CHECK(cublaslt().matmul(state.handle.get(), plan.desc.get(), &alpha, p.b,
                                         plan.layout_a.get(), p.a, plan.layout_b.get(), &beta,
                                         written.c, plan.layout_c.get(), written.c,
@@ -514,6 +533,7 @@ void matmul(int device, const Problem& p, cudaStream_t stream) {
     add_bias_rank1(device, written, /*accumulate=*/true, stream);
   if (p.b_sums && plan.epilogue == CUBLASLT_EPILOGUE_DEFAULT) column_sums_rank1(device, p, stream);
   if (gelu_apart) gelu_forward(p.out_dtype, p.gelu_aux, p.c, p.m * p.n, stream);
+  if (dgelu_apart) gelu_backward(p.out_dtype, p.dgelu_aux, p.c, p.c, p.m * p.n, stream);
 }
 
 // C_b = 0 for every b (k == 0 without accumulate or bias).
@@ -553,6 +573,14 @@ void validate(const Problem& p) {
     tag::kKernelsCudaGemm.fail("gemm_bias_gelu is one product with a bias into a contiguous "
                                "result of the operands' dtype, got batch=", p.batch,
                                p.accumulate ? ", accumulate" : "", p.bias ? "" : ", no bias",
+                               " ldc=", p.ldc, " n=", p.n);
+  }
+  if (p.dgelu_aux != nullptr &&
+      (p.batch != 1 || p.accumulate || p.bias != nullptr || p.b_sums != nullptr || p.ldc != p.n ||
+       p.out_dtype != p.dtype)) {
+    tag::kKernelsCudaGemm.fail("gemm_dgelu is one product without a bias into a contiguous "
+                               "result of the operands' dtype, got batch=", p.batch,
+                               p.accumulate ? ", accumulate" : "", p.bias ? ", a bias" : "",
                                " ldc=", p.ldc, " n=", p.n);
   }
   if (p.b_sums != nullptr && (p.batch != 1 || p.accumulate || p.bias != nullptr)) {
@@ -638,6 +666,25 @@ void gemm_bias_gelu(DType dtype, bool trans_a, bool trans_b, int64_t m, int64_t 
   rows.gelu_aux = nullptr;
   add_bias_rank1(device, rows, /*accumulate=*/false, stream);
   gelu_forward(dtype, aux, c, m * n, stream);
+}
+
+void gemm_dgelu(DType dtype, bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k,
+                const void* a, int64_t lda, const void* b, int64_t ldb, void* c, const void* aux,
+                cudaStream_t stream) {
+  Problem p{dtype, dtype, trans_a, trans_b, m,     n,      k,       a,       lda,     0,
+            b,     ldb,   0,       c,       n,     0,      1,       false,   nullptr, nullptr};
+  p.dgelu_aux = aux;
+  if (aux == nullptr) tag::kKernelsCudaGemm.fail("gemm_dgelu: null aux (GELU's input)");
+  validate(p);
+  if (m == 0 || n == 0) return;
+  validate_layout(p);
+  int device = 0;
+  LOOM_CUDA_CHECK(cudaGetDevice(&device));
+  if (k > 0) {
+    matmul(device, p, stream);
+    return;
+  }
+  zero_output(p, stream);  // an empty product: its gradient, scaled, is 0
 }
 
 void set_allow_tf32(bool allow) {

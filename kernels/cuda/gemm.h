@@ -56,6 +56,17 @@ void gemm_bias_gelu(DType dtype, bool trans_a, bool trans_b, int64_t m, int64_t 
                     const void* a, int64_t lda, const void* b, int64_t ldb, const void* bias,
                     void* c, void* aux, cudaStream_t stream);
 
+// The input gradient of a linear layer read through GELU (GPT-2's MLP's second layer, whose
+// input is gemm_bias_gelu's C), one product:
+//   C = gelu'(aux) * (op(A) op(B))   (elementwise; GELU's tanh form)
+// A, B, C and aux of `dtype`; C and aux contiguous [m, n]; aux is GELU's input (gemm_bias_gelu's
+// aux). By cuBLASLt's DGELU epilogue, which scales the f32 sum before it is rounded once; where
+// cuBLASLt has no algorithm with it, the GEMM writes the product to C and gelu_backward scales
+// it there, as gelu_backward(aux, product) computes it (C then rounded twice). k == 0 gives 0.
+void gemm_dgelu(DType dtype, bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k,
+                const void* a, int64_t lda, const void* b, int64_t ldb, void* c, const void* aux,
+                cudaStream_t stream);
+
 // Process-wide switch for f32 GEMMs (default false: exact f32 products). Applies to GEMMs
 // launched after the call; safe to call from any thread.
 void set_allow_tf32(bool allow);

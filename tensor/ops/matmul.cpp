@@ -110,21 +110,27 @@ bool f16_on_the_cpu(const Tensor& x) {
 // it is counted as read, as CUDA's epilogue reads it. A defined `b_sums` [n] (CUDA and meta,
 // a single product) receives the sums of op(B)'s columns, by the same GEMM's epilogue. A
 // defined `gelu_aux` (CUDA and meta, a single product with a bias) receives the biased
-// product and `out` GELU of it (kernels::cuda::gemm_bias_gelu).
+// product and `out` GELU of it (kernels::cuda::gemm_bias_gelu). A defined `dgelu_aux` (CUDA
+// and meta, a single product without a bias: GELU's input, as gelu_aux received it) makes
+// `out` the product times GELU's derivative there (kernels::cuda::gemm_dgelu).
 void batched_gemm(const Operand& a, const Operand& b, Tensor& out, int64_t batch, int64_t m,
                   int64_t n, int64_t k, bool accumulate,
                   [[maybe_unused]] const Tensor& bias = Tensor(),
                   [[maybe_unused]] const Tensor& b_sums = Tensor(),
-                  [[maybe_unused]] const Tensor& gelu_aux = Tensor()) {
+                  [[maybe_unused]] const Tensor& gelu_aux = Tensor(),
+                  [[maybe_unused]] const Tensor& dgelu_aux = Tensor()) {
   if (reports_op_cost(out.device())) {
     const double flops = 2.0 * double(batch) * double(m) * double(n) * double(k);
     const Tensor none = Tensor::empty({0}, out.dtype(), out.device());
     record_meta_op("gemm", OpClass::Gemm, flops,
-                   {a.holder, b.holder, accumulate ? out : none, bias.defined() ? bias : none},
+                   {a.holder, b.holder, accumulate ? out : none, bias.defined() ? bias : none,
+                    dgelu_aux.defined() ? dgelu_aux : none},
                    {out, b_sums.defined() ? b_sums : none, gelu_aux.defined() ? gelu_aux : none},
                    {m, n, k, batch});
   }
   if (out.device().is_meta()) return;
+  check(out.device().is_cuda() || !(gelu_aux.defined() || dgelu_aux.defined()),
+        "batched_gemm: GELU and its gradient in the GEMM are CUDA's");
   const DType operands = a.holder.dtype();
   if (operands == DType::BF16 && out.device().is_cpu()) {
     return out.dtype() == DType::F32
@@ -138,7 +144,14 @@ void batched_gemm(const Operand& a, const Operand& b, Tensor& out, int64_t batch
         bias.raw_data(), out.raw_data(), gelu_aux.raw_data(), detail::stream_of(out)));
     return;
   }
-  check(!gelu_aux.defined(), "batched_gemm: GELU in the GEMM is CUDA's");
+  if (out.device().is_cuda() && dgelu_aux.defined()) {
+    check(batch == 1 && !accumulate && !bias.defined() && !b_sums.defined(),
+          "batched_gemm: GELU's gradient after an unbiased product");
+    LOOM_IF_CUDA(kernels::cuda::gemm_dgelu(operands, a.trans, b.trans, m, n, k, a.holder.raw_data(),
+                                           a.ld, b.holder.raw_data(), b.ld, out.raw_data(),
+                                           dgelu_aux.raw_data(), detail::stream_of(out)));
+    return;
+  }
   if (out.device().is_cuda()) {
     LOOM_IF_CUDA(kernels::cuda::gemm(
         operands, out.dtype(), a.trans, b.trans, m, n, k, a.holder.raw_data(), a.ld, a.batch_stride,
@@ -281,16 +294,56 @@ Tensor matmul(const Tensor& a_in, const Tensor& b_in) {
 
 namespace {
 
-// linear(x, weight, bias), or with `gelu` (CUDA's path, or meta following it) gelu of it in
-// the same GEMM (kernels::cuda::gemm_bias_gelu), the biased product kept for the backward,
-// which takes GELU's gradient first and is then linear's.
-Tensor linear_with(const Tensor& x_in, const Tensor& weight_in, const Tensor& bias_in, bool gelu) {
+// A linear layer's weight and bias gradients from its input x2 [rows, in] and output gradient
+// g2 [rows, out], each wanted by `node` (inputs 1 and 2) in the dtype its producer takes (f32
+// for weight casts: Note [Weight gradients in f32] in autocast.cpp), in one GEMM where both
+// are wanted in one dtype (its epilogue sums the bias's).
+std::pair<Tensor, Tensor> linear_parameter_gradients(const Tensor& x2, const Tensor& g2,
+                                                     const autograd::Node& node) {
+  Tensor gw, gb;
+  const bool weight = node.needs_input_grad(1), bias = node.needs_input_grad(2);
+  if (weight && bias && node.input_gradient_dtype(1) == node.input_gradient_dtype(2))
+    return product_and_column_sums(transpose(x2, 0, 1), g2, node.input_gradient_dtype(1));
+  if (weight) gw = product_in(transpose(x2, 0, 1), g2, node.input_gradient_dtype(1));
+  if (bias) gb = sum(g2, {0}, false, node.input_gradient_dtype(2));
+  return {gw, gb};
+}
+
+// x [..., in] as the [rows, in] matrix a linear layer multiplies, never recorded.
+Tensor as_rows(const Tensor& x, int64_t rows, int64_t in) {
+  NoGradGuard no_grad;
+  return reshape(x.contiguous(), {rows, in});
+}
+
+void check_linear_shapes(const char* op, const Tensor& x, const Tensor& weight,
+                         const Tensor& bias) {
+  if (weight.dim() != 2 || bias.dim() != 1 || x.dim() < 1 || x.size(-1) != weight.size(0) ||
+      bias.size(0) != weight.size(1)) {
+    fail(op, ": expected x [..., in], weight [in, out], bias [out]; got x ", shape_str(x.shape()),
+         ", weight ", shape_str(weight.shape()), ", bias ", shape_str(bias.shape()));
+  }
+}
+
+// What linear_with records for GELU in the GEMM (CUDA's path, or meta following it).
+enum class GeluInGemm {
+  kNone,
+  // The node's output is GELU's: its backward takes GELU's gradient, then linear's.
+  kOutput,
+  // The node's output is the biased product, GELU's input (linear's backward); GELU's output
+  // is written beside it outside autograd, for linear_after_gelu to read.
+  kKeepingInput,
+};
+
+// linear(x, weight, bias) as {out, undefined}; or with `gelu` (CUDA's path, or meta following
+// it) {gelu of it, the biased product}, both from one GEMM (kernels::cuda::gemm_bias_gelu).
+GeluOutput linear_with(const Tensor& x_in, const Tensor& weight_in, const Tensor& bias_in,
+                       GeluInGemm gelu) {
   if (autocast_dtype() != DType::F32) {
     DType low = autocast_dtype();
     AutocastGuard off(DType::F32);
-    return autocast_output(linear_with(autocast_input(x_in, low), autocast_input(weight_in, low),
-                                       autocast_input(bias_in, low), gelu),
-                           low);
+    GeluOutput r = linear_with(autocast_input(x_in, low), autocast_input(weight_in, low),
+                               autocast_input(bias_in, low), gelu);
+    return {autocast_output(r.out, low), r.input.defined() ? autocast_output(r.input, low) : r.input};
   }
   const Tensor& x = x_in;
   const Tensor& weight = weight_in;
@@ -298,27 +351,21 @@ Tensor linear_with(const Tensor& x_in, const Tensor& weight_in, const Tensor& bi
   detail::check_kernel_device("linear", x);
   detail::check_same_kind("linear", x, weight);
   detail::check_same_kind("linear", x, bias);
-  check(!gelu || takes_cuda_path(x.device()), "linear_with: GELU in the GEMM is CUDA's");
+  const bool with_gelu = gelu != GeluInGemm::kNone;
+  check(!with_gelu || takes_cuda_path(x.device()), "linear_with: GELU in the GEMM is CUDA's");
   if (f16_on_the_cpu(x)) {
-    return cast(linear(cast(x, DType::F32), cast(weight, DType::F32), cast(bias, DType::F32)),
-                x.dtype());
+    return {cast(linear(cast(x, DType::F32), cast(weight, DType::F32), cast(bias, DType::F32)),
+                 x.dtype()),
+            Tensor()};
   }
-  if (weight.dim() != 2 || bias.dim() != 1 || x.dim() < 1 || x.size(-1) != weight.size(0) ||
-      bias.size(0) != weight.size(1)) {
-    fail("linear: expected x [..., in], weight [in, out], bias [out]; got x ", shape_str(x.shape()),
-         ", weight ", shape_str(weight.shape()), ", bias ", shape_str(bias.shape()));
-  }
+  check_linear_shapes("linear", x, weight, bias);
   int64_t in = weight.size(0), out_features = weight.size(1);
   int64_t rows = x.numel() / std::max<int64_t>(in, 1);
-  Tensor x2;
-  {
-    NoGradGuard no_grad;
-    x2 = reshape(x.contiguous(), {rows, in});
-  }
+  Tensor x2 = as_rows(x, rows, in);
   Shape out_shape(x.shape().begin(), x.shape().end() - 1);
   out_shape.push_back(out_features);
   Tensor out = Tensor::empty(out_shape, x.dtype(), x.device());
-  Tensor pre = gelu ? Tensor::empty(out_shape, x.dtype(), x.device()) : Tensor();  // GELU's input
+  Tensor pre = with_gelu ? Tensor::empty(out_shape, x.dtype(), x.device()) : Tensor();
   Tensor b = detail::contiguous_input(bias);
   if (out.device().is_cuda() || out.device().is_meta()) {
     if (out.numel() > 0)
@@ -333,44 +380,110 @@ Tensor linear_with(const Tensor& x_in, const Tensor& weight_in, const Tensor& bi
     if (out.numel() > 0)
       batched_gemm(as_operand(x2), as_operand(weight), out, 1, rows, out_features, in, true);
   }
-  if (autograd::any_requires_grad({x, weight, bias})) {
-    autograd::record(gelu ? "LinearGelu" : "Linear", {x, weight, bias}, {out},
-                     [x2 = x2.detach(), w = weight.detach(),
-                      pre = pre.defined() ? pre.detach() : Tensor(),
-                      x_shape = x.shape()](const std::vector<Tensor>& g,
-                                           const autograd::Node& node) {
-                       Tensor g2 = reshape(pre.defined() ? detail::gelu_backward(pre, g[0]) : g[0],
-                                           {x2.size(0), w.size(1)});
-                       Tensor gx, gw, gb;
-                       if (node.needs_input_grad(0))
-                         gx = reshape(matmul(g2, transpose(w, 0, 1)), x_shape);
-                       // The weight's and bias's gradients in the dtype their producers take
-                       // (f32 for weight casts: Note [Weight gradients in f32]), in one GEMM
-                       // where both are wanted in one dtype.
-                       const bool weight = node.needs_input_grad(1), bias = node.needs_input_grad(2);
-                       if (weight && bias &&
-                           node.input_gradient_dtype(1) == node.input_gradient_dtype(2)) {
-                         std::tie(gw, gb) = product_and_column_sums(transpose(x2, 0, 1), g2,
-                                                                    node.input_gradient_dtype(1));
-                       } else {
-                         if (weight)
-                           gw = product_in(transpose(x2, 0, 1), g2, node.input_gradient_dtype(1));
-                         if (bias) gb = sum(g2, {0}, false, node.input_gradient_dtype(2));
-                       }
-                       return std::vector<Tensor>{gx, gw, gb};
-                     });
-  }
-  return out;
+  if (!autograd::any_requires_grad({x, weight, bias})) return {out, pre};
+  // The recorded output: the product, or with GELU in the GEMM GELU's output or its input.
+  const bool gelu_backward = gelu == GeluInGemm::kOutput;
+  const Tensor& recorded = gelu == GeluInGemm::kKeepingInput ? pre : out;
+  autograd::record(gelu_backward ? "LinearGelu" : "Linear", {x, weight, bias}, {recorded},
+                   [x2 = x2.detach(), w = weight.detach(),
+                    pre = gelu_backward ? pre.detach() : Tensor(),
+                    x_shape = x.shape()](const std::vector<Tensor>& g, const autograd::Node& node) {
+                     Tensor g2 = reshape(pre.defined() ? detail::gelu_backward(pre, g[0]) : g[0],
+                                         {x2.size(0), w.size(1)});
+                     Tensor gx;
+                     if (node.needs_input_grad(0))
+                       gx = reshape(matmul(g2, transpose(w, 0, 1)), x_shape);
+                     auto [gw, gb] = linear_parameter_gradients(x2, g2, node);
+                     return std::vector<Tensor>{gx, gw, gb};
+                   });
+  return {out, pre};
 }
 
 }  // namespace
 
 Tensor linear(const Tensor& x, const Tensor& weight, const Tensor& bias) {
-  return linear_with(x, weight, bias, /*gelu=*/false);
+  return linear_with(x, weight, bias, GeluInGemm::kNone).out;
 }
 
 Tensor detail::linear_gelu_in_one_gemm(const Tensor& x, const Tensor& weight, const Tensor& bias) {
-  return linear_with(x, weight, bias, /*gelu=*/true);
+  return linear_with(x, weight, bias, GeluInGemm::kOutput).out;
+}
+
+// Note [GELU's gradient in the next product]
+// GPT-2's MLP is linear, GELU, linear. cuBLASLt takes GELU's gradient in the epilogue of the
+// GEMM that gives the second linear's input gradient (DGELU: the f32 sum dH = dY W2^T times
+// gelu'(pre), rounded once), so GELU's backward kernel (reading dH and pre, writing dpre) goes;
+// llm.c does this on sm_90 (its gelu_fusion 2). That GEMM belongs to the second linear's node,
+// which must then know GELU's input and give its gradient to GELU's input, not to its own
+// (GELU's output). Found by pattern (the second linear looking at its input's producer), the
+// fusion would depend on what stands between the two: a sharded unit's backward entry
+// (DeepSpeed stage 3's per-module units wrap each linear, FSDP's per-block ones do not) hides
+// GELU, and the fused and the unfused backward differ in their bits (dH rounded to 16 bits
+// first or not), so the strategies would stop agreeing bitwise (tried 2026-12-06). So it is
+// structural: linear_gelu_keeping_input makes GELU's input the first layer's differentiable
+// output, with GELU's output beside it carrying no gradient, and linear_after_gelu records a
+// node over GELU's input, the weight and the bias that keeps GELU's output as saved data.
+// What wraps the first layer's output (nn::Linear's forward hook wraps `input`) wraps the
+// tensor the gradient flows through, and every strategy runs the same arithmetic. Numerics:
+// GELU's gradient scales the unrounded f32 dH, where PyTorch's autocast rounds dH to bf16
+// first: one rounding fewer. Where cuBLASLt has no DGELU algorithm, the GEMM rounds dH and
+// GELU's backward kernel scales it (kernels/cuda/gemm.h). The CPU has no GEMM epilogue: there
+// `input` is undefined and the two are linear_gelu and linear (bias_gelu's one-pass backward).
+// On CUDA a GPT-2 layer is a launch fewer each step (test_emulated_training.cpp counts them).
+GeluOutput linear_gelu_keeping_input(const Tensor& x, const Tensor& weight, const Tensor& bias) {
+  if (!takes_cuda_path(x.device())) return {linear_gelu(x, weight, bias), Tensor()};
+  GeluOutput r = linear_with(x, weight, bias, GeluInGemm::kKeepingInput);
+  if (!r.input.requires_grad()) r.input = Tensor();  // nothing to differentiate: out is all
+  return r;
+}
+
+Tensor linear_after_gelu(const GeluOutput& gelu, const Tensor& weight_in, const Tensor& bias_in) {
+  if (!gelu.input.defined()) return linear(gelu.out, weight_in, bias_in);
+  if (autocast_dtype() != DType::F32) {
+    DType low = autocast_dtype();
+    AutocastGuard off(DType::F32);
+    const GeluOutput in{autocast_input(gelu.out, low), autocast_input(gelu.input, low)};
+    return autocast_output(
+        linear_after_gelu(in, autocast_input(weight_in, low), autocast_input(bias_in, low)), low);
+  }
+  const Tensor &h = gelu.out, &pre = gelu.input, &weight = weight_in, &bias = bias_in;
+  for (const Tensor* t : {&h, &pre, &weight, &bias}) {
+    detail::check_kernel_device("linear_after_gelu", *t);
+    detail::check_same_kind("linear_after_gelu", h, *t);
+  }
+  check(takes_cuda_path(h.device()),
+        "linear_after_gelu: GELU's input is kept on the CUDA path only (linear_gelu_keeping_input)");
+  if (pre.shape() != h.shape())
+    fail("linear_after_gelu: GELU's input ", shape_str(pre.shape()), " and output ",
+         shape_str(h.shape()), " differ in shape");
+  check_linear_shapes("linear_after_gelu", h, weight, bias);
+  const int64_t in = weight.size(0), out_features = weight.size(1);
+  const int64_t rows = h.numel() / std::max<int64_t>(in, 1);
+  Tensor h2 = as_rows(h, rows, in), pre2 = as_rows(pre, rows, in);
+  Shape out_shape(h.shape().begin(), h.shape().end() - 1);
+  out_shape.push_back(out_features);
+  Tensor out = Tensor::empty(out_shape, h.dtype(), h.device());
+  if (out.numel() > 0)
+    batched_gemm(as_operand(h2), as_operand(weight), out, 1, rows, out_features, in, false,
+                 detail::contiguous_input(bias));
+  if (!autograd::any_requires_grad({pre, weight, bias})) return out;
+  autograd::record(
+      "LinearAfterGelu", {pre, weight, bias}, {out},
+      [h2 = h2.detach(), pre2 = pre2.detach(), w = weight.detach(),
+       pre_shape = pre.shape()](const std::vector<Tensor>& g, const autograd::Node& node) {
+        Tensor g2 = reshape(g[0], {h2.size(0), w.size(1)});
+        Tensor gpre;
+        if (node.needs_input_grad(0)) {  // (g2 @ w^T) * gelu'(pre): GELU's gradient in the GEMM
+          gpre = Tensor::empty(pre2.shape(), pre2.dtype(), pre2.device());
+          if (gpre.numel() > 0)
+            batched_gemm(as_operand(g2), as_operand(transpose(w, 0, 1)), gpre, 1, h2.size(0),
+                         h2.size(1), w.size(1), false, Tensor(), Tensor(), Tensor(), pre2);
+          gpre = reshape(gpre, pre_shape);
+        }
+        auto [gw, gb] = linear_parameter_gradients(h2, g2, node);
+        return std::vector<Tensor>{gpre, gw, gb};
+      });
+  return out;
 }
 
 }  // namespace loom

@@ -27,6 +27,7 @@
 #include "runtime/cublaslt_standin.h"
 #include "runtime/work_log.h"
 #include "tensor/autocast.h"
+#include "tensor/autograd/function.h"
 #include "tensor/cuda/caching_allocator.h"
 #include "tensor/meta.h"
 #include "tensor/ops.h"
@@ -271,17 +272,18 @@ Step steady_bf16_step(int layers, ModelMaker make = tiny_gpt, Device device = De
 }
 
 // Per layer, forward and backward: 12 matmuls (4 products forward, the MLP's first with GELU
-// in its epilogue: linear_gelu; each one's two gradients backward, the weight's written in f32
-// by the GEMM, Note [Weight gradients in f32], with the bias's gradient from the same GEMM's
-// epilogue); no cast: each block's first norm takes over the block before's last residual add
+// in its epilogue; each one's two gradients backward, the weight's written in f32 by the GEMM,
+// Note [Weight gradients in f32], with the bias's gradient from the same GEMM's epilogue, and
+// GELU's gradient in the epilogue of the MLP's second product's input gradient: Note [GELU's
+// gradient in the next product]); no cast: each block's first norm takes over the block before's last residual add
 // backward, writing the MLP branch's 16-bit gradient in its own pass (Note [A norm takes over
 // the residual add before it]), and the final norm the last block's. The parameters are cast
 // once for the step, all of them in one launch (the WeightCastPlan kept from the step
 // before), and their gradients never. Issue 46's budgets, met: at most 25 launches per layer
-// (24: 39 with 8 gradients widened, 31 with 4 bias gradients summed apart, 28 with 1, 27 with
-// the residual add's backward and its cast, 25 with GELU's forward a kernel of its own),
-// weights cast once per step, no activation cast.
-TEST(CudaTraining, ABf16MixedLayerTakes24LaunchesAndCastsNoActivation) {
+// (23: 39 with 8 gradients widened, 31 with 4 bias gradients summed apart, 28 with 1, 27 with
+// the residual add's backward and its cast, 25 with GELU's forward a kernel of its own, 24
+// with its backward), weights cast once per step, no activation cast. Held as a ceiling.
+TEST(CudaTraining, ABf16MixedLayerTakes23LaunchesAndCastsNoActivation) {
   const Step one = steady_bf16_step(1), two = steady_bf16_step(2);
   EXPECT_EQ(two.matmuls - one.matmuls, 12u);
   EXPECT_EQ(two.cached_weights - one.cached_weights, 8u);
@@ -290,7 +292,7 @@ TEST(CudaTraining, ABf16MixedLayerTakes24LaunchesAndCastsNoActivation) {
     EXPECT_EQ(step.batched_casts, 1u);
     EXPECT_EQ(step.casts, 0u);
   }
-  EXPECT_LE(two.forward_backward_launches - one.forward_backward_launches, 24u);  // budget: 25
+  EXPECT_LE(two.forward_backward_launches - one.forward_backward_launches, 23u);  // budget: 25
 }
 
 // A Llama layer: 21 matmuls (7 products); no cast (the rotary tables are read in f32 by
@@ -475,6 +477,113 @@ TEST(CudaTraining, ALinearGelusGeluComesFromItsGemm) {
     EXPECT_EQ(refused.y, composed.y);
     EXPECT_EQ(refused.dx, composed.dx);
     EXPECT_EQ(refused.dw, composed.dw);
+  }
+}
+
+// GPT-2's MLP, linear(gelu(linear(x))), as the model runs it (Note [GELU's gradient in the
+// next product]): forward two GEMMs, GELU in the first's epilogue; backward four GEMMs and
+// nothing else, GELU's gradient in the epilogue of the second layer's input-gradient GEMM
+// (cuBLASLt's DGELU). Near the CPU's and the composed ops' values (GELU's gradient scales the
+// unrounded product there); the same bits with an identity node between the two layers (a
+// sharded unit's backward entry wraps the first layer's output), which is what keeps every
+// strategy's arithmetic one. Where cuBLASLt offers no epilogue, the composed ops' bits, with
+// GELU's kernels each way.
+TEST(CudaTraining, AnMlpTakesGelusGradientInItsSecondGemm) {
+  struct Run {
+    std::vector<float> y, dx, dw1, db1, dw2, db2;
+    size_t forward_launches = 0, backward_matmuls = 0, backward_launches = 0;
+  };
+  enum class Form { kFused, kWrapped, kComposed };
+  auto run = [](Device device, bool bf16, int64_t rows, Form form = Form::kFused) {
+    const auto [x, w1, b1, g1] = linear_operands(device, rows, 7);
+    Generator gen(8);
+    Tensor w2 = Tensor::empty({40, 24}), b2 = Tensor::empty({24}), g = Tensor::empty({rows, 24});
+    for (Tensor* t : {&w2, &b2, &g})
+      uniform_(*t, -1.0, 1.0, gen);
+    w2 = w2.to(device).set_requires_grad(true);
+    b2 = b2.to(device).set_requires_grad(true);
+    g = g.to(device);
+    Run r;
+    Tensor y;
+    {
+      std::unique_ptr<AutocastGuard> autocast;
+      if (bf16) autocast = std::make_unique<AutocastGuard>(DType::BF16);
+      emu::WorkLog log;
+      if (form == Form::kComposed) {
+        y = linear(linear_gelu(x, w1, b1), w2, b2);
+      } else {
+        GeluOutput h = linear_gelu_keeping_input(x, w1, b1);
+        if (form == Form::kWrapped && h.input.defined()) {
+          const autograd::CustomOp entry{
+              .name = "unit_entry",
+              .forward = [](autograd::Context&,
+                            const std::vector<Tensor>& in) { return std::vector<Tensor>{in[0]}; },
+              .backward = [](autograd::Context&, const std::vector<Tensor>& grad) {
+                return std::vector<Tensor>{grad[0]};
+              }};
+          h.input = autograd::apply(entry, {h.input})[0];
+        }
+        y = linear_after_gelu(h, w2, b2);
+      }
+      r.forward_launches = log.launches() - count_named(log.entries(), "convert");  // not casts
+    }
+    {
+      emu::WorkLog log;
+      y.backward(cast(g, y.dtype()));
+      r.backward_matmuls = count_named(log.entries(), "cublasLtMatmul");
+      r.backward_launches = log.launches() - count_named(log.entries(), "convert");
+    }
+    const auto values = [](const Tensor& t) {
+      return t.to(Device::cpu()).to(DType::F32).to_vector<float>();
+    };
+    r.y = values(y);
+    r.dx = values(x.grad());
+    r.dw1 = values(w1.grad());
+    r.db1 = values(b1.grad());
+    r.dw2 = values(w2.grad());
+    r.db2 = values(b2.grad());
+    return r;
+  };
+  for (const bool bf16 : {false, true}) {
+    SCOPED_TRACE(bf16 ? "bf16 autocast" : "f32");
+    const Run cpu = run(Device::cpu(), bf16, 33), cuda = run(Device::cuda(0), bf16, 33);
+    EXPECT_EQ(cuda.forward_launches, 2u);
+    EXPECT_EQ(cuda.backward_matmuls, 4u);
+    EXPECT_EQ(cuda.backward_launches, 4u);  // no GELU kernel
+    // bf16: a bf16 ulp apart on many hidden values (the CPU rounds the first product before its
+    // bias and GELU, Note [Bias and GELU in one pass]; the composed ops on CUDA round the
+    // product GELU's gradient scales), 24 to 40 of which reach each result. A GELU's gradient
+    // left out or taken at the wrong input is off by ~1.
+    const double tolerance = bf16 ? 5e-2 : 1e-5;
+    const Run cuda_composed = run(Device::cuda(0), bf16, 33, Form::kComposed);
+    for (const Run* want : {&cpu, &cuda_composed}) {
+      const Run& reference = *want;
+      expect_near_each(cuda.y, reference.y, tolerance, "y");
+      expect_near_each(cuda.dx, reference.dx, tolerance, "dx");
+      expect_near_each(cuda.dw1, reference.dw1, tolerance, "dw1");
+      expect_near_each(cuda.db1, reference.db1, tolerance, "db1");
+      expect_near_each(cuda.dw2, reference.dw2, tolerance, "dw2");
+      expect_near_each(cuda.db2, reference.db2, tolerance, "db2");
+    }
+    const Run wrapped = run(Device::cuda(0), bf16, 33, Form::kWrapped);
+    for (const auto& [got, want] : {std::pair{&wrapped.dx, &cuda.dx}, {&wrapped.dw1, &cuda.dw1},
+                                    {&wrapped.db1, &cuda.db1}, {&wrapped.dw2, &cuda.dw2}})
+      EXPECT_EQ(*got, *want);
+    // A shape not multiplied before, so that gemm.cpp asks the heuristic again.
+    const int64_t rows = bf16 ? 35 : 36;
+    Run refused, composed;
+    {
+      emu::EpiloguesRefused no_epilogues;
+      refused = run(Device::cuda(0), bf16, rows);
+      composed = run(Device::cuda(0), bf16, rows, Form::kComposed);
+    }
+    EXPECT_EQ(refused.backward_launches, 7u);  // GELU's gradient, and the rank-1 bias sums
+    EXPECT_EQ(refused.y, composed.y);
+    EXPECT_EQ(refused.dx, composed.dx);
+    EXPECT_EQ(refused.dw1, composed.dw1);
+    EXPECT_EQ(refused.db1, composed.db1);
+    EXPECT_EQ(refused.dw2, composed.dw2);
+    EXPECT_EQ(refused.db2, composed.db2);
   }
 }
 

@@ -5,8 +5,9 @@
 // It does what cuBLASLt documents for those calls: column-major D = alpha op(A) op(B) +
 // beta C (+ a bias of D's row count with CUBLASLT_EPILOGUE_BIAS; with
 // CUBLASLT_EPILOGUE_GELU_AUX_BIAS, GELU (tanh form) of the biased f32 sum into D and the sum
-// into the aux matrix; with
-// CUBLASLT_EPILOGUE_BGRADA, op(A) summed over k into a vector of D's row count), strided batches, f32
+// into the aux matrix; with CUBLASLT_EPILOGUE_DGELU, the f32 sum times GELU's derivative at
+// the aux matrix's element; with CUBLASLT_EPILOGUE_BGRADA, op(A) summed over k into a vector
+// of D's row count; the aux matrix's leading dimension a multiple of 8, as documented), strided batches, f32
 // accumulation and scale, operands and result in the layouts' types (f32, bf16, f16; 16-bit
 // operands may give an f32 result), the result rounded once, to nearest even. Sums run over k in
 // order, so results agree with cuBLASLt's to rounding, not bitwise. Each cublasLtMatmul is one
@@ -50,7 +51,7 @@ struct MatmulDesc {
   cublasOperation_t trans_a = CUBLAS_OP_N, trans_b = CUBLAS_OP_N;
   cublasLtEpilogue_t epilogue = CUBLASLT_EPILOGUE_DEFAULT;
   const void* bias = nullptr;
-  void* aux = nullptr;  // GELU_AUX_BIAS: the biased sum, in D's type
+  void* aux = nullptr;  // GELU_AUX_BIAS: the biased sum, in D's type; DGELU: GELU's input
   int64_t aux_ld = 0;
 };
 
@@ -60,6 +61,18 @@ float gelu_tanh(float x) {
   return 0.5f * x * (1.0f + std::tanh(inner));
 }
 
+// Its derivative, as kernels/cuda/elementwise.cu's GeluBackwardFn computes it in f32.
+float gelu_tanh_derivative(float x) {
+  const float c = 0.7978845608028654f, k = 0.044715f;
+  const float t = std::tanh(c * (x + k * x * x * x));
+  return 0.5f * (1.0f + t) + 0.5f * x * (1.0f - t * t) * c * (1.0f + 3.0f * k * x * x);
+}
+
+bool gelu_epilogue(cublasLtEpilogue_t epilogue) {
+  return epilogue == CUBLASLT_EPILOGUE_GELU_AUX_BIAS || epilogue == CUBLASLT_EPILOGUE_DGELU;
+}
+
+
 struct Layout {
   cudaDataType_t type;
   uint64_t rows, cols;
@@ -67,6 +80,12 @@ struct Layout {
   int32_t batch = 1;
   int64_t stride = 0;
 };
+
+// The aux matrix a GELU epilogue reads or writes fits D (one product, a leading dimension of at
+// least D's rows and, as cuBLASLt documents, divisible by 8).
+bool aux_fits(const MatmulDesc& desc, const Layout& d) {
+  return d.batch == 1 && desc.aux_ld >= static_cast<int64_t>(d.rows) && desc.aux_ld % 8 == 0;
+}
 
 struct Preference {};
 
@@ -172,7 +191,7 @@ cublasStatus_t standin_desc_set(cublasLtMatmulDesc_t raw, cublasLtMatmulDescAttr
       if (cublasStatus_t s = read_value(buffer, bytes, epilogue); s != CUBLAS_STATUS_SUCCESS)
         return s;
       if (epilogue != CUBLASLT_EPILOGUE_DEFAULT && epilogue != CUBLASLT_EPILOGUE_BIAS &&
-          epilogue != CUBLASLT_EPILOGUE_BGRADA && epilogue != CUBLASLT_EPILOGUE_GELU_AUX_BIAS)
+          epilogue != CUBLASLT_EPILOGUE_BGRADA && !gelu_epilogue(epilogue))
         return CUBLAS_STATUS_NOT_SUPPORTED;
       d.epilogue = epilogue;
       return CUBLAS_STATUS_SUCCESS;
@@ -244,9 +263,7 @@ cublasStatus_t standin_heuristic(cublasLtHandle_t, cublasLtMatmulDesc_t desc,
              *reinterpret_cast<Layout*>(c), m, n, k) ||
       (cuda_emulation::epilogues_refused && matmul.epilogue != CUBLASLT_EPILOGUE_DEFAULT) ||
       (matmul.epilogue == CUBLASLT_EPILOGUE_BGRADA && reinterpret_cast<Layout*>(d)->batch > 1) ||
-      (matmul.epilogue == CUBLASLT_EPILOGUE_GELU_AUX_BIAS &&
-       (reinterpret_cast<Layout*>(d)->batch > 1 ||
-        matmul.aux_ld < static_cast<int64_t>(reinterpret_cast<Layout*>(d)->rows)))) {
+      (gelu_epilogue(matmul.epilogue) && !aux_fits(matmul, *reinterpret_cast<Layout*>(d)))) {
     *returned = 0;
     return CUBLAS_STATUS_NOT_SUPPORTED;
   }
@@ -275,8 +292,7 @@ cublasStatus_t standin_matmul(cublasLtHandle_t, cublasLtMatmulDesc_t raw_desc, c
        desc.epilogue == CUBLASLT_EPILOGUE_GELU_AUX_BIAS) &&
       desc.bias == nullptr)
     return CUBLAS_STATUS_INVALID_VALUE;
-  if (desc.epilogue == CUBLASLT_EPILOGUE_GELU_AUX_BIAS &&
-      (desc.aux == nullptr || d.batch > 1 || desc.aux_ld < static_cast<int64_t>(d.rows)))
+  if (gelu_epilogue(desc.epilogue) && (desc.aux == nullptr || !aux_fits(desc, d)))
     return CUBLAS_STATUS_INVALID_VALUE;
   if (desc.epilogue == CUBLASLT_EPILOGUE_BGRADA && d.batch > 1) return CUBLAS_STATUS_NOT_SUPPORTED;
   const float scale_ab = *static_cast<const float*>(alpha);
@@ -301,6 +317,8 @@ cublasStatus_t standin_matmul(cublasLtHandle_t, cublasLtMatmulDesc_t raw_desc, c
             store(d.type, desc.aux, i + j * desc.aux_ld, value);
             value = gelu_tanh(value);
           }
+          if (desc.epilogue == CUBLASLT_EPILOGUE_DGELU)
+            value *= gelu_tanh_derivative(load(d.type, desc.aux, i + j * desc.aux_ld));
           store(d.type, pd, i + j * d.ld, value);  // C may be D: its (i, j) is read first
         }
       }
