@@ -122,6 +122,17 @@ TEST(CudaOps, MatmulAndLinear) {
                      {random_tensor({7, 16}, 10), random_tensor({9, 16}, 11)});
   expect_matches_cpu("linear bf16", [](auto& t) { return linear(t[0], t[1], t[2]); },
                      {x, w, bias}, DType::BF16, 2e-2);
+  // GPT-2's MLP as the model runs it: GELU in the first GEMM's epilogue (GELU_AUX_BIAS), its
+  // gradient in the second's input-gradient GEMM (DGELU), where cuBLASLt offers them; the
+  // hidden width a multiple of 8, as their aux matrix needs. Checks cuBLASLt's GELU against
+  // the CPU's tanh form each way.
+  const auto mlp = [](auto& t) {
+    return linear_after_gelu(linear_gelu_keeping_input(t[0], t[1], t[2]), t[3], t[4]);
+  };
+  const std::vector<Tensor> mlp_inputs{x, random_tensor({16, 24}, 12), random_tensor({24}, 13),
+                                       random_tensor({24, 12}, 14), random_tensor({12}, 15)};
+  expect_matches_cpu("mlp", mlp, mlp_inputs);
+  expect_matches_cpu("mlp bf16", mlp, mlp_inputs, DType::BF16, 3e-2);
 }
 
 TEST(CudaOps, NormalisationSoftmaxAttentionLosses) {
