@@ -78,9 +78,10 @@ MLP::MLP(const GPTConfig& config, Generator& gen) {
 
 Tensor MLP::forward(const Tensor& x) const {
   return run_forward([&] {
-    if (tp_ == nullptr) return c_proj_->forward_after_gelu(c_fc_->forward_gelu_keeping_input(x));
-    Tensor h = c_fc_->forward_gelu(tp_->copy_in(x));
-    return add(tp_->reduce_out(matmul(h, c_proj_->weight())), c_proj_->bias());
+    if (tp_ == nullptr) return c_proj_->forward_after_gelu(c_fc_->forward_gelu(x));
+    const GeluOutput h = c_fc_->forward_gelu(tp_->copy_in(x));
+    return add(tp_->reduce_out(linear_after_gelu(h, c_proj_->weight(), Tensor())),
+               c_proj_->bias());
   });
 }
 

@@ -31,11 +31,7 @@ Tensor Linear::forward(const Tensor& x) const {
   return run_forward([&] { return linear(x, weight_, bias_); });
 }
 
-Tensor Linear::forward_gelu(const Tensor& x) const {
-  return run_forward([&] { return linear_gelu(x, weight_, bias_); });
-}
-
-GeluOutput Linear::forward_gelu_keeping_input(const Tensor& x) const {
+GeluOutput Linear::forward_gelu(const Tensor& x) const {
   GeluOutput result;
   Tensor hooked = run_forward([&] {
     result = linear_gelu_keeping_input(x, weight_, bias_);

@@ -20,13 +20,11 @@ class Linear : public Module {
   Linear(int64_t in_features, int64_t out_features, Generator& gen, double init_std = 0.02,
          const Options& options = {});
   Tensor forward(const Tensor& x) const;
-  // gelu(forward(x)) in the fewest passes the device has (linear_gelu: on the CPU bias_gelu
-  // after the product without its bias), between the forward hooks: GPT-2's MLP's first layer.
-  Tensor forward_gelu(const Tensor& x) const;
-  // linear_gelu_keeping_input between the forward hooks, which see the tensor the gradient
-  // flows through (GELU's input where it is kept, else the output): GPT-2's MLP's first layer,
-  // whose result the second reads with forward_after_gelu.
-  GeluOutput forward_gelu_keeping_input(const Tensor& x) const;
+  // gelu(forward(x)) in the fewest passes the device has, as linear_gelu_keeping_input, between
+  // the forward hooks, which see the tensor the gradient flows through (GELU's input where it is
+  // kept, else the output): GPT-2's MLP's first layer, whose result the second reads with
+  // forward_after_gelu (or, split over a tensor-parallel group, linear_after_gelu without a bias).
+  GeluOutput forward_gelu(const Tensor& x) const;
   // linear_after_gelu(gelu, weight, bias) between the forward hooks.
   Tensor forward_after_gelu(const GeluOutput& gelu) const;
   const Tensor& weight() const { return weight_; }

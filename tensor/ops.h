@@ -42,7 +42,8 @@ Tensor linear_gelu(const Tensor& x, const Tensor& weight, const Tensor& bias);
 // which carries the gradient: out then has none of its own and is for linear_after_gelu to
 // read. Elsewhere input is undefined and out is linear_gelu(x, w1, b1). linear_after_gelu
 // is linear(gelu.out, weight, bias), its backward giving gelu.input its gradient through GELU
-// directly (or, with gelu.input undefined, linear's).
+// directly (or, with gelu.input undefined, linear's); an undefined bias: matmul(gelu.out,
+// weight) (a row-parallel layer's part, whose bias is added after the group's sum).
 struct GeluOutput {
   Tensor out, input;
 };

@@ -315,12 +315,15 @@ Tensor as_rows(const Tensor& x, int64_t rows, int64_t in) {
   return reshape(x.contiguous(), {rows, in});
 }
 
+// An undefined bias: none.
 void check_linear_shapes(const char* op, const Tensor& x, const Tensor& weight,
                          const Tensor& bias) {
-  if (weight.dim() != 2 || bias.dim() != 1 || x.dim() < 1 || x.size(-1) != weight.size(0) ||
-      bias.size(0) != weight.size(1)) {
+  const bool bias_fits = !bias.defined() || (bias.dim() == 1 && weight.dim() == 2 &&
+                                             bias.size(0) == weight.size(1));
+  if (weight.dim() != 2 || x.dim() < 1 || x.size(-1) != weight.size(0) || !bias_fits) {
     fail(op, ": expected x [..., in], weight [in, out], bias [out]; got x ", shape_str(x.shape()),
-         ", weight ", shape_str(weight.shape()), ", bias ", shape_str(bias.shape()));
+         ", weight ", shape_str(weight.shape()), ", bias ",
+         bias.defined() ? shape_str(bias.shape()) : std::string("none"));
   }
 }
 
@@ -438,16 +441,18 @@ GeluOutput linear_gelu_keeping_input(const Tensor& x, const Tensor& weight, cons
 }
 
 Tensor linear_after_gelu(const GeluOutput& gelu, const Tensor& weight_in, const Tensor& bias_in) {
-  if (!gelu.input.defined()) return linear(gelu.out, weight_in, bias_in);
+  if (!gelu.input.defined())
+    return bias_in.defined() ? linear(gelu.out, weight_in, bias_in) : matmul(gelu.out, weight_in);
   if (autocast_dtype() != DType::F32) {
     DType low = autocast_dtype();
     AutocastGuard off(DType::F32);
     const GeluOutput in{autocast_input(gelu.out, low), autocast_input(gelu.input, low)};
-    return autocast_output(
-        linear_after_gelu(in, autocast_input(weight_in, low), autocast_input(bias_in, low)), low);
+    const Tensor bias = bias_in.defined() ? autocast_input(bias_in, low) : bias_in;
+    return autocast_output(linear_after_gelu(in, autocast_input(weight_in, low), bias), low);
   }
   const Tensor &h = gelu.out, &pre = gelu.input, &weight = weight_in, &bias = bias_in;
   for (const Tensor* t : {&h, &pre, &weight, &bias}) {
+    if (!t->defined()) continue;  // no bias
     detail::check_kernel_device("linear_after_gelu", *t);
     detail::check_same_kind("linear_after_gelu", h, *t);
   }
@@ -465,7 +470,7 @@ Tensor linear_after_gelu(const GeluOutput& gelu, const Tensor& weight_in, const 
   Tensor out = Tensor::empty(out_shape, h.dtype(), h.device());
   if (out.numel() > 0)
     batched_gemm(as_operand(h2), as_operand(weight), out, 1, rows, out_features, in, false,
-                 detail::contiguous_input(bias));
+                 bias.defined() ? detail::contiguous_input(bias) : Tensor());
   if (!autograd::any_requires_grad({pre, weight, bias})) return out;
   autograd::record(
       "LinearAfterGelu", {pre, weight, bias}, {out},
