@@ -33,11 +33,15 @@ Tensor Linear::forward(const Tensor& x) const {
 
 GeluOutput Linear::forward_gelu(const Tensor& x) const {
   GeluOutput result;
+  // The hooks wrap the tensor that carries the gradient: GELU's input where it is kept.
+  const auto carrier = [&]() -> Tensor& {
+    return result.input.defined() ? result.input : result.out;
+  };
   Tensor hooked = run_forward([&] {
     result = linear_gelu_keeping_input(x, weight_, bias_);
-    return result.input.defined() ? result.input : result.out;
+    return carrier();
   });
-  (result.input.defined() ? result.input : result.out) = hooked;
+  carrier() = hooked;
   return result;
 }
 

@@ -32,8 +32,8 @@ Tensor gelu(const Tensor& x);
 Tensor bias_gelu(const Tensor& x, const Tensor& bias);
 // gelu(linear(x, weight, bias)), GPT-2's MLP's first layer, in the fewest passes each device
 // has (Note [Bias and GELU in one pass]): on the CPU the product without its bias, then
-// bias_gelu; on CUDA linear (the bias in the GEMM's epilogue, its gradient in the weight
-// gradient's), then gelu.
+// bias_gelu; on CUDA one GEMM whose epilogue adds the bias and takes GELU (backward GELU's
+// gradient, then linear's, the bias's in the weight gradient's GEMM).
 Tensor linear_gelu(const Tensor& x, const Tensor& weight, const Tensor& bias);
 // GPT-2's MLP, linear(gelu(linear(x, w1, b1)), w2, b2), with GELU's gradient taken in the
 // second product's input-gradient GEMM (Note [GELU's gradient in the next product],
