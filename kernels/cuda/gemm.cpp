@@ -645,22 +645,40 @@ void gemm(DType dtype, DType out_dtype, bool trans_a, bool trans_b, int64_t m, i
   }
 }
 
-void gemm_bias_gelu(DType dtype, bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k,
-                    const void* a, int64_t lda, const void* b, int64_t ldb, const void* bias,
-                    void* c, void* aux, cudaStream_t stream) {
-  Problem p{dtype, dtype, trans_a, trans_b, m,     n,      k,       a,       lda,   0,
-            b,     ldb,   0,       c,       n,     0,      1,       false,   bias,  nullptr};
-  p.gelu_aux = aux;
-  if (aux == nullptr) tag::kKernelsCudaGemm.fail("gemm_bias_gelu: null aux (GELU's input)");
+namespace {
+
+// One product into a contiguous C of the operands' dtype (gemm_bias_gelu's, gemm_dgelu's).
+Problem single_product(DType dtype, bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k,
+                       const void* a, int64_t lda, const void* b, int64_t ldb, const void* bias,
+                       void* c) {
+  return Problem{dtype, dtype, trans_a, trans_b, m, n,     k,    a,    lda,     0,
+                 b,     ldb,   0,       c,       n, 0,     1,    false, bias,   nullptr};
+}
+
+// Validates p, whose GELU epilogue reads or writes `aux`, and multiplies when k > 0. Returns
+// the device where the caller has C to fill without a product (k == 0, C not empty), else -1.
+int run_with_gelu_epilogue(const Problem& p, const void* aux, const char* name,
+                           cudaStream_t stream) {
+  if (aux == nullptr) tag::kKernelsCudaGemm.fail(name, ": null aux (GELU's input)");
   validate(p);
-  if (m == 0 || n == 0) return;
+  if (p.m == 0 || p.n == 0) return -1;
   validate_layout(p);
   int device = 0;
   LOOM_CUDA_CHECK(cudaGetDevice(&device));
-  if (k > 0) {
-    matmul(device, p, stream);
-    return;
-  }
+  if (p.k == 0) return device;
+  matmul(device, p, stream);
+  return -1;
+}
+
+}  // namespace
+
+void gemm_bias_gelu(DType dtype, bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k,
+                    const void* a, int64_t lda, const void* b, int64_t ldb, const void* bias,
+                    void* c, void* aux, cudaStream_t stream) {
+  Problem p = single_product(dtype, trans_a, trans_b, m, n, k, a, lda, b, ldb, bias, c);
+  p.gelu_aux = aux;
+  const int device = run_with_gelu_epilogue(p, aux, "gemm_bias_gelu", stream);
+  if (device < 0) return;
   Problem rows = p;  // aux = the bias in every row, then GELU
   rows.c = aux;
   rows.gelu_aux = nullptr;
@@ -671,20 +689,10 @@ void gemm_bias_gelu(DType dtype, bool trans_a, bool trans_b, int64_t m, int64_t 
 void gemm_dgelu(DType dtype, bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k,
                 const void* a, int64_t lda, const void* b, int64_t ldb, void* c, const void* aux,
                 cudaStream_t stream) {
-  Problem p{dtype, dtype, trans_a, trans_b, m,     n,      k,       a,       lda,     0,
-            b,     ldb,   0,       c,       n,     0,      1,       false,   nullptr, nullptr};
+  Problem p = single_product(dtype, trans_a, trans_b, m, n, k, a, lda, b, ldb, nullptr, c);
   p.dgelu_aux = aux;
-  if (aux == nullptr) tag::kKernelsCudaGemm.fail("gemm_dgelu: null aux (GELU's input)");
-  validate(p);
-  if (m == 0 || n == 0) return;
-  validate_layout(p);
-  int device = 0;
-  LOOM_CUDA_CHECK(cudaGetDevice(&device));
-  if (k > 0) {
-    matmul(device, p, stream);
-    return;
-  }
-  zero_output(p, stream);  // an empty product: its gradient, scaled, is 0
+  if (run_with_gelu_epilogue(p, aux, "gemm_dgelu", stream) >= 0)
+    zero_output(p, stream);  // an empty product: its gradient, scaled, is 0
 }
 
 void set_allow_tf32(bool allow) {
