@@ -80,8 +80,7 @@ Tensor MLP::forward(const Tensor& x) const {
   return run_forward([&] {
     if (tp_ == nullptr) return c_proj_->forward_after_gelu(c_fc_->forward_gelu(x));
     const GeluOutput h = c_fc_->forward_gelu(tp_->copy_in(x));
-    return add(tp_->reduce_out(linear_after_gelu(h, c_proj_->weight(), Tensor())),
-               c_proj_->bias());
+    return add(tp_->reduce_out(linear_after_gelu(h, c_proj_->weight(), Tensor())), c_proj_->bias());
   });
 }
 

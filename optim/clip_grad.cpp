@@ -69,12 +69,12 @@ Tensor sums_of_squares_on(const std::vector<Tensor>& grads, Device device, DType
     const size_t first = i + 1 - spans.size();
     if (dtype == DType::F32) {
       kernels::cuda::multi_tensor_sum_of_squares(g.dtype(), spans.data(), count,
-                                                 squares.data<float>() + first,
-                                                 scratch.raw_data(), detail::stream_of(g));
+                                                 squares.data<float>() + first, scratch.raw_data(),
+                                                 detail::stream_of(g));
     } else {
       kernels::cuda::multi_tensor_sum_of_squares(g.dtype(), spans.data(), count,
-                                                 squares.data<double>() + first,
-                                                 scratch.raw_data(), detail::stream_of(g));
+                                                 squares.data<double>() + first, scratch.raw_data(),
+                                                 detail::stream_of(g));
     }
     spans.clear();
   }

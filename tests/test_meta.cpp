@@ -190,7 +190,8 @@ std::vector<OpCase> op_cases() {
        }},
       {"linear_after_gelu",
        [=](Device d) {
-         const GeluOutput h = linear_gelu_keeping_input(r({2, 3, 4}, d), r({4, 5}, d, 2), r({5}, d, 3));
+         const GeluOutput h =
+             linear_gelu_keeping_input(r({2, 3, 4}, d), r({4, 5}, d, 2), r({5}, d, 3));
          return V{linear_after_gelu(h, r({5, 6}, d, 4), r({6}, d, 5))};
        }},
       {"softmax",

@@ -521,7 +521,8 @@ void matmul(int device, const Problem& p, cudaStream_t stream) {
     std::lock_guard lock(plan.mutex);
     if (vector != nullptr && plan.epilogue != CUBLASLT_EPILOGUE_DEFAULT)
       set_desc(plan.desc.get(), CUBLASLT_MATMUL_DESC_BIAS_POINTER, vector);
-    if (plan.epilogue == CUBLASLT_EPILOGUE_GELU_AUX_BIAS || plan.epilogue == CUBLASLT_EPILOGUE_DGELU)
+    if (plan.epilogue == CUBLASLT_EPILOGUE_GELU_AUX_BIAS ||
+        plan.epilogue == CUBLASLT_EPILOGUE_DGELU)
       set_desc(plan.desc.get(), CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_POINTER, aux);
     LOOM_CUBLAS_CHECK(cublaslt().matmul(state.handle.get(), plan.desc.get(), &alpha, p.b,
                                         plan.layout_a.get(), p.a, plan.layout_b.get(), &beta,
@@ -575,13 +576,13 @@ void validate(const Problem& p) {
                                p.accumulate ? ", accumulate" : "", p.bias ? "" : ", no bias",
                                " ldc=", p.ldc, " n=", p.n);
   }
-  if (p.dgelu_aux != nullptr &&
-      (p.batch != 1 || p.accumulate || p.bias != nullptr || p.b_sums != nullptr || p.ldc != p.n ||
-       p.out_dtype != p.dtype)) {
-    tag::kKernelsCudaGemm.fail("gemm_dgelu is one product without a bias into a contiguous "
-                               "result of the operands' dtype, got batch=", p.batch,
-                               p.accumulate ? ", accumulate" : "", p.bias ? ", a bias" : "",
-                               " ldc=", p.ldc, " n=", p.n);
+  if (p.dgelu_aux != nullptr && (p.batch != 1 || p.accumulate || p.bias != nullptr ||
+                                 p.b_sums != nullptr || p.ldc != p.n || p.out_dtype != p.dtype)) {
+    tag::kKernelsCudaGemm.fail(
+        "gemm_dgelu is one product without a bias into a contiguous "
+        "result of the operands' dtype, got batch=",
+        p.batch, p.accumulate ? ", accumulate" : "", p.bias ? ", a bias" : "", " ldc=", p.ldc,
+        " n=", p.n);
   }
   if (p.b_sums != nullptr && (p.batch != 1 || p.accumulate || p.bias != nullptr)) {
     tag::kKernelsCudaGemm.fail("column sums of op(B) are for a single product without accumulate "
@@ -651,8 +652,8 @@ namespace {
 Problem single_product(DType dtype, bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k,
                        const void* a, int64_t lda, const void* b, int64_t ldb, const void* bias,
                        void* c) {
-  return Problem{dtype, dtype, trans_a, trans_b, m, n,     k,    a,    lda,     0,
-                 b,     ldb,   0,       c,       n, 0,     1,    false, bias,   nullptr};
+  return Problem{dtype, dtype, trans_a, trans_b, m, n, k, a,     lda,  0,
+                 b,     ldb,   0,       c,       n, 0, 1, false, bias, nullptr};
 }
 
 // Validates p, whose GELU epilogue reads or writes `aux`, and multiplies when k > 0. Returns

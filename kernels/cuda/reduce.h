@@ -68,8 +68,8 @@ void multi_tensor_sum_of_squares(DType dtype, const TensorSpan* tensors, int cou
                                  float* squares, void* workspace, cudaStream_t stream);
 // The same sums not rounded to float: each tensor's double total (a piece of a gradient that
 // sharding split, whose pieces' totals are added before that rounding).
-void multi_tensor_sum_of_squares(DType dtype, const TensorSpan* tensors, int count,
-                                 double* squares, void* workspace, cudaStream_t stream);
+void multi_tensor_sum_of_squares(DType dtype, const TensorSpan* tensors, int count, double* squares,
+                                 void* workspace, cudaStream_t stream);
 
 // Gradient clipping's norm and factor without a copy to the host (a step a CUDA graph
 // captures): from the per-gradient sums of squares squares[0..count) (device), *total_norm

@@ -318,8 +318,8 @@ Tensor as_rows(const Tensor& x, int64_t rows, int64_t in) {
 // An undefined bias: none.
 void check_linear_shapes(const char* op, const Tensor& x, const Tensor& weight,
                          const Tensor& bias) {
-  const bool bias_fits = !bias.defined() || (bias.dim() == 1 && weight.dim() == 2 &&
-                                             bias.size(0) == weight.size(1));
+  const bool bias_fits =
+      !bias.defined() || (bias.dim() == 1 && weight.dim() == 2 && bias.size(0) == weight.size(1));
   if (weight.dim() != 2 || x.dim() < 1 || x.size(-1) != weight.size(0) || !bias_fits) {
     fail(op, ": expected x [..., in], weight [in, out], bias [out]; got x ", shape_str(x.shape()),
          ", weight ", shape_str(weight.shape()), ", bias ",
@@ -346,7 +346,8 @@ GeluOutput linear_with(const Tensor& x_in, const Tensor& weight_in, const Tensor
     AutocastGuard off(DType::F32);
     GeluOutput r = linear_with(autocast_input(x_in, low), autocast_input(weight_in, low),
                                autocast_input(bias_in, low), gelu);
-    return {autocast_output(r.out, low), r.input.defined() ? autocast_output(r.input, low) : r.input};
+    return {autocast_output(r.out, low),
+            r.input.defined() ? autocast_output(r.input, low) : r.input};
   }
   const Tensor& x = x_in;
   const Tensor& weight = weight_in;
@@ -387,18 +388,17 @@ GeluOutput linear_with(const Tensor& x_in, const Tensor& weight_in, const Tensor
   // The recorded output: the product, or with GELU in the GEMM GELU's output or its input.
   const bool gelu_backward = gelu == GeluInGemm::kOutput;
   const Tensor& recorded = gelu == GeluInGemm::kKeepingInput ? pre : out;
-  autograd::record(gelu_backward ? "LinearGelu" : "Linear", {x, weight, bias}, {recorded},
-                   [x2 = x2.detach(), w = weight.detach(),
-                    pre = gelu_backward ? pre.detach() : Tensor(),
-                    x_shape = x.shape()](const std::vector<Tensor>& g, const autograd::Node& node) {
-                     Tensor g2 = reshape(pre.defined() ? detail::gelu_backward(pre, g[0]) : g[0],
-                                         {x2.size(0), w.size(1)});
-                     Tensor gx;
-                     if (node.needs_input_grad(0))
-                       gx = reshape(matmul(g2, transpose(w, 0, 1)), x_shape);
-                     auto [gw, gb] = linear_parameter_gradients(x2, g2, node);
-                     return std::vector<Tensor>{gx, gw, gb};
-                   });
+  autograd::record(
+      gelu_backward ? "LinearGelu" : "Linear", {x, weight, bias}, {recorded},
+      [x2 = x2.detach(), w = weight.detach(), pre = gelu_backward ? pre.detach() : Tensor(),
+       x_shape = x.shape()](const std::vector<Tensor>& g, const autograd::Node& node) {
+        Tensor g2 = reshape(pre.defined() ? detail::gelu_backward(pre, g[0]) : g[0],
+                            {x2.size(0), w.size(1)});
+        Tensor gx;
+        if (node.needs_input_grad(0)) gx = reshape(matmul(g2, transpose(w, 0, 1)), x_shape);
+        auto [gw, gb] = linear_parameter_gradients(x2, g2, node);
+        return std::vector<Tensor>{gx, gw, gb};
+      });
   return {out, pre};
 }
 
@@ -456,8 +456,9 @@ Tensor linear_after_gelu(const GeluOutput& gelu, const Tensor& weight_in, const 
     detail::check_kernel_device("linear_after_gelu", *t);
     detail::check_same_kind("linear_after_gelu", h, *t);
   }
-  check(takes_cuda_path(h.device()),
-        "linear_after_gelu: GELU's input is kept on the CUDA path only (linear_gelu_keeping_input)");
+  check(
+      takes_cuda_path(h.device()),
+      "linear_after_gelu: GELU's input is kept on the CUDA path only (linear_gelu_keeping_input)");
   if (pre.shape() != h.shape())
     fail("linear_after_gelu: GELU's input ", shape_str(pre.shape()), " and output ",
          shape_str(h.shape()), " differ in shape");
@@ -474,8 +475,8 @@ Tensor linear_after_gelu(const GeluOutput& gelu, const Tensor& weight_in, const 
   if (!autograd::any_requires_grad({pre, weight, bias})) return out;
   autograd::record(
       "LinearAfterGelu", {pre, weight, bias}, {out},
-      [h2 = h2.detach(), pre2 = pre2.detach(), w = weight.detach(),
-       pre_shape = pre.shape()](const std::vector<Tensor>& g, const autograd::Node& node) {
+      [h2 = h2.detach(), pre2 = pre2.detach(), w = weight.detach(), pre_shape = pre.shape()](
+          const std::vector<Tensor>& g, const autograd::Node& node) {
         Tensor g2 = reshape(g[0], {h2.size(0), w.size(1)});
         Tensor gpre;
         if (node.needs_input_grad(0)) {  // (g2 @ w^T) * gelu'(pre): GELU's gradient in the GEMM

@@ -275,10 +275,10 @@ Step steady_bf16_step(int layers, ModelMaker make = tiny_gpt, Device device = De
 // in its epilogue; each one's two gradients backward, the weight's written in f32 by the GEMM,
 // Note [Weight gradients in f32], with the bias's gradient from the same GEMM's epilogue, and
 // GELU's gradient in the epilogue of the MLP's second product's input gradient: Note [GELU's
-// gradient in the next product]); no cast: each block's first norm takes over the block before's last residual add
-// backward, writing the MLP branch's 16-bit gradient in its own pass (Note [A norm takes over
-// the residual add before it]), and the final norm the last block's. The parameters are cast
-// once for the step, all of them in one launch (the WeightCastPlan kept from the step
+// gradient in the next product]); no cast: each block's first norm takes over the block before's
+// last residual add backward, writing the MLP branch's 16-bit gradient in its own pass (Note [A
+// norm takes over the residual add before it]), and the final norm the last block's. The parameters
+// are cast once for the step, all of them in one launch (the WeightCastPlan kept from the step
 // before), and their gradients never. Issue 46's budgets, met: at most 25 launches per layer
 // (23: 39 with 8 gradients widened, 31 with 4 bias gradients summed apart, 28 with 1, 27 with
 // the residual add's backward and its cast, 25 with GELU's forward a kernel of its own, 24
@@ -518,9 +518,10 @@ TEST(CudaTraining, AnMlpTakesGelusGradientInItsSecondGemm) {
               .name = "unit_entry",
               .forward = [](autograd::Context&,
                             const std::vector<Tensor>& in) { return std::vector<Tensor>{in[0]}; },
-              .backward = [](autograd::Context&, const std::vector<Tensor>& grad) {
-                return std::vector<Tensor>{grad[0]};
-              }};
+              .backward =
+                  [](autograd::Context&, const std::vector<Tensor>& grad) {
+                    return std::vector<Tensor>{grad[0]};
+                  }};
           h.input = autograd::apply(entry, {h.input})[0];
         }
         y = linear_after_gelu(h, w2, b2);
@@ -566,8 +567,10 @@ TEST(CudaTraining, AnMlpTakesGelusGradientInItsSecondGemm) {
       expect_near_each(cuda.db2, reference.db2, tolerance, "db2");
     }
     const Run wrapped = run(Device::cuda(0), bf16, 33, Form::kWrapped);
-    for (const auto& [got, want] : {std::pair{&wrapped.dx, &cuda.dx}, {&wrapped.dw1, &cuda.dw1},
-                                    {&wrapped.db1, &cuda.db1}, {&wrapped.dw2, &cuda.dw2}})
+    for (const auto& [got, want] : {std::pair{&wrapped.dx, &cuda.dx},
+                                    {&wrapped.dw1, &cuda.dw1},
+                                    {&wrapped.db1, &cuda.db1},
+                                    {&wrapped.dw2, &cuda.dw2}})
       EXPECT_EQ(*got, *want);
     // A shape not multiplied before, so that gemm.cpp asks the heuristic again.
     const int64_t rows = bf16 ? 35 : 36;

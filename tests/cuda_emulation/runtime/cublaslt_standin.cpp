@@ -7,10 +7,10 @@
 // CUBLASLT_EPILOGUE_GELU_AUX_BIAS, GELU (tanh form) of the biased f32 sum into D and the sum
 // into the aux matrix; with CUBLASLT_EPILOGUE_DGELU, the f32 sum times GELU's derivative at
 // the aux matrix's element; with CUBLASLT_EPILOGUE_BGRADA, op(A) summed over k into a vector
-// of D's row count; the aux matrix's leading dimension a multiple of 8, as documented), strided batches, f32
-// accumulation and scale, operands and result in the layouts' types (f32, bf16, f16; 16-bit
-// operands may give an f32 result), the result rounded once, to nearest even. Sums run over k in
-// order, so results agree with cuBLASLt's to rounding, not bitwise. Each cublasLtMatmul is one
+// of D's row count; the aux matrix's leading dimension a multiple of 8, as documented), strided
+// batches, f32 accumulation and scale, operands and result in the layouts' types (f32, bf16, f16;
+// 16-bit operands may give an f32 result), the result rounded once, to nearest even. Sums run over
+// k in order, so results agree with cuBLASLt's to rounding, not bitwise. Each cublasLtMatmul is one
 // launch in the WorkLog. An attribute or value it does not implement is
 // CUBLAS_STATUS_NOT_SUPPORTED, so a new use of cuBLASLt in gemm.cpp (another epilogue) fails here
 // until the stand-in has it.
@@ -71,7 +71,6 @@ float gelu_tanh_derivative(float x) {
 bool gelu_epilogue(cublasLtEpilogue_t epilogue) {
   return epilogue == CUBLASLT_EPILOGUE_GELU_AUX_BIAS || epilogue == CUBLASLT_EPILOGUE_DGELU;
 }
-
 
 struct Layout {
   cudaDataType_t type;
