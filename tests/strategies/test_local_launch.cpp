@@ -124,6 +124,9 @@ TEST(LocalJob, NamesTheRankThatFailedWhileRankZeroWaitedInTheRendezvous) {
 TEST(LocalJob, JoinNamesARankThatFailedAfterTheGroupWasCreated) {
   {
     LocalJob job(2, LaunchMethod::Fork, {.timeout = kLongTimeout});
+    // Both ranks past their setup first: rank 1 leaving while rank 0 still sets up its group is
+    // the other test's case (a race on a loaded machine before the barrier was here).
+    job.group()->barrier()->wait();
     if (job.group()->rank() == 1) _exit(5);
     const std::string what = error_of([&] { job.join(); });
     EXPECT_TRUE(contains(what, "[launch] rank 1 exited with code 5")) << what;
