@@ -97,8 +97,33 @@ AdamW::State& AdamW::advance_state(const Tensor& p) {
   return s;
 }
 
-void AdamW::update_group(const ParamGroup& group, const std::vector<Tensor>& params,
-                         const std::vector<Tensor>& grads) {
+void AdamW::update_group(const ParamGroup& group, const std::vector<Tensor>& all_params,
+                         const std::vector<Tensor>& all_grads) {
+  // A simulated GPU rank (meta following CUDA's path, tensor/meta.h) reports what the fused
+  // launches below would cost: one op per step count over all its tensors, not one per tensor.
+  struct MetaBatch {
+    double flops = 0;
+    std::vector<Tensor> reads, writes;
+  };
+  std::map<int64_t, MetaBatch> simulated;
+  std::vector<Tensor> params, grads;  // the others
+  for (size_t i = 0; i < all_params.size(); ++i) {
+    const Tensor& p = all_params[i];
+    if (!p.device().is_meta() || !takes_cuda_path(p.device())) {
+      params.push_back(p);
+      grads.push_back(all_grads[i]);
+      continue;
+    }
+    State& s = advance_state(p);
+    MetaBatch& batch = simulated[s.step];
+    batch.flops += 12 * double(p.numel());  // as update() counts one tensor
+    batch.reads.insert(batch.reads.end(), {p, all_grads[i], s.exp_avg, s.exp_avg_sq});
+    batch.writes.insert(batch.writes.end(), {p, s.exp_avg, s.exp_avg_sq});
+  }
+  for (const auto& [step, batch] : simulated) {
+    if (reports_op_cost(batch.reads[0].device()))
+      record_meta_op("adamw", OpClass::Optimizer, batch.flops, batch.reads, batch.writes);
+  }
 #if LOOM_WITH_CUDA
   // One fused launch per (device, step count): parameters that missed updates for lack of
   // a gradient have their own bias corrections.

@@ -50,8 +50,22 @@ void check_grad(const Tensor& grad, size_t index) {
 // The sum of squares of every gradient on one GPU ([grads] on it, in `dtype`: f32, rounded,
 // or f64): each run of gradients of one dtype in a few launches (kernels/cuda/reduce.h's
 // multi_tensor_sum_of_squares).
+// On meta following CUDA's path (a simulated GPU rank) the two launches' costs are reported and
+// the sums read as zeros, as meta tensors do.
 Tensor sums_of_squares_on(const std::vector<Tensor>& grads, Device device, DType dtype) {
   Tensor squares = Tensor::empty({static_cast<int64_t>(grads.size())}, dtype, device);
+  if (device.is_meta()) {
+    if (reports_op_cost(device)) {
+      double elements = 0;
+      for (const Tensor& g : grads)
+        elements += double(g.numel());
+      record_meta_op("multi_tensor_sum_of_squares", OpClass::Reduction, 2 * elements, grads,
+                     std::vector<Tensor>{});
+      record_meta_op("finish_sums_of_squares", OpClass::Reduction, double(grads.size()),
+                     std::vector<Tensor>{}, std::vector<Tensor>{squares});
+    }
+    return squares;
+  }
 #if LOOM_WITH_CUDA
   std::vector<kernels::cuda::TensorSpan> spans;
   for (size_t i = 0; i < grads.size(); ++i) {
@@ -135,7 +149,7 @@ double grad_norm(const std::vector<Tensor>& params, double norm_type) {
     Tensor grad = params[i].grad();
     if (!grad.defined()) continue;
     check_grad(grad, i);
-    if (grad.device().is_cuda() && norm_type == 2.0) {
+    if (takes_cuda_path(grad.device()) && norm_type == 2.0) {  // CUDA, or meta following it
       cuda_grads.push_back(grad);
       continue;
     }
@@ -176,7 +190,7 @@ std::vector<double> cuda_sums_of_squares(const std::vector<Tensor>& grads) {
   if (grads.empty()) return {};
   for (size_t i = 0; i < grads.size(); ++i) {
     check_grad(grads[i], i);
-    if (!grads[i].device().is_cuda())
+    if (!takes_cuda_path(grads[i].device()))
       tag::kOptim.fail("cuda_sums_of_squares: gradient ", i, " is on ", grads[i].device());
   }
   return sums_of_squares_on(grads, grads[0].device(), DType::F64).to_vector<double>();

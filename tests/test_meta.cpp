@@ -365,6 +365,47 @@ TEST(MetaDevice, EveryOpOfTheHeaderIsExercised) {
   EXPECT_GT(declared, 30);
 }
 
+// The optimizer step as each path runs it: on the CPU's, a gradient norm and an AdamW update
+// per tensor; following CUDA's (a simulated GPU rank), the fused launches: the sums of squares
+// (a pass over every gradient, then a finish) and one AdamW over all tensors, so that loom-sim
+// charges 3 launches' overheads and one copy, not 2 launches per tensor. (A meta norm reads as
+// 0: nothing is scaled.)
+TEST(MetaDevice, TheOptimizerStepReportsTheLaunchesOfItsPath) {
+  for (const bool cuda_path : {false, true}) {
+    SCOPED_TRACE(cuda_path ? "CUDA's path" : "the CPU's path");
+    std::vector<Tensor> params;
+    for (int64_t n : {3, 5, 8, 13}) {
+      params.push_back(Tensor::empty({n, 2}, DType::F32, Device::meta()).set_requires_grad(true));
+      params.back().set_grad(Tensor::empty({n, 2}, DType::F32, Device::meta()));
+    }
+    optim::AdamW adamw(params);
+    CostLog log;
+    {
+      std::optional<MetaCudaPathScope> cuda;
+      if (cuda_path) cuda.emplace();
+      adamw.step();  // the first step makes the moments (fills): the steady step is counted
+      MetaCostScope scope(log);
+      EXPECT_EQ(optim::clip_grad_norm(params, 1.0), 0.0);
+      adamw.step();
+    }
+    std::map<std::string, int> ops;
+    double adamw_bytes = 0;
+    for (const OpCost& c : log.costs) {
+      ++ops[c.op];
+      if (std::string(c.op) == "adamw") adamw_bytes += c.bytes_read + c.bytes_written;
+    }
+    const std::map<std::string, int> want =
+        cuda_path ? std::map<std::string, int>{{"multi_tensor_sum_of_squares", 1},
+                                               {"finish_sums_of_squares", 1},
+                                               {"copy_across_devices", 1},  // the sums, to the host
+                                               {"adamw", 1}}
+                  : std::map<std::string, int>{{"grad_norm", 4}, {"adamw", 4}};
+    EXPECT_EQ(ops, want);
+    // Either way AdamW reads the parameter, gradient and two moments and writes three.
+    EXPECT_EQ(adamw_bytes, (3 + 5 + 8 + 13) * 2 * 4.0 * 7);
+  }
+}
+
 TEST(MetaDevice, GemmAndAttentionCostTheirClosedForms) {
   CostLog log;
   MetaCostScope scope(log);

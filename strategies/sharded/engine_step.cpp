@@ -15,6 +15,7 @@
 #include "strategies/precision.h"
 #include "strategies/sharded/unit_state.h"
 #include "strategies/trace.h"
+#include "tensor/meta.h"
 #include "tensor/ops.h"
 
 namespace loom::strategies::sharded {
@@ -268,7 +269,7 @@ double ShardedEngine::grad_norm(double norm_type) {
   }
   bool on_cuda = norm_type == 2.0;
   for (const Tensor& s : segments_)
-    on_cuda = on_cuda && (!s.grad().defined() || s.grad().device().is_cuda());
+    on_cuda = on_cuda && (!s.grad().defined() || takes_cuda_path(s.grad().device()));
   if (on_cuda) {
     // Per parameter, its pieces' sums of squares in double, added across the ranks and then
     // rounded to float as optim::grad_norm rounds a whole CUDA gradient's (optim::cuda_two_norm:
