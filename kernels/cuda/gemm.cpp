@@ -275,6 +275,20 @@ bool find_algorithm(cublasLtHandle_t handle, const PlanKey& key, Plan& plan) {
   return true;
 }
 
+// Sets `epilogue` in plan's descriptor (its pointers already set) and asks for an algorithm
+// with it: true, and plan->epilogue set, when there is one; else the descriptor's epilogue is
+// DEFAULT again, and another launch will do what it would have.
+bool try_epilogue(cublasLtHandle_t handle, const PlanKey& key, Plan& plan,
+                  cublasLtEpilogue_t epilogue) {
+  set_desc(plan.desc.get(), CUBLASLT_MATMUL_DESC_EPILOGUE, epilogue);
+  if (find_algorithm(handle, key, plan)) {
+    plan.epilogue = epilogue;
+    return true;
+  }
+  set_desc(plan.desc.get(), CUBLASLT_MATMUL_DESC_EPILOGUE, CUBLASLT_EPILOGUE_DEFAULT);
+  return false;
+}
+
 // `vector`: the bias, or where key.b_sums the column sums' output; `aux` GELU's input where
 // key.gelu (written) or key.dgelu (read).
 std::unique_ptr<Plan> build_plan(cublasLtHandle_t handle, const PlanKey& key, const void* vector,
@@ -294,53 +308,32 @@ std::unique_ptr<Plan> build_plan(cublasLtHandle_t handle, const PlanKey& key, co
   plan->layout_b = make_layout(key.dtype, key.trans_a ? key.m : key.k, key.trans_a ? key.k : key.m,
                                key.lda, key.batch, key.stride_a);
   plan->layout_c = make_layout(key.out_dtype, key.n, key.m, key.ldc, key.batch, key.stride_c);
-  if (key.gelu) {
-    // GELU of the biased sum into D, the biased sum into aux (D's dtype and layout: the
-    // default of CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_DATA_TYPE).
-    set_desc(desc, CUBLASLT_MATMUL_DESC_EPILOGUE, CUBLASLT_EPILOGUE_GELU_AUX_BIAS);
-    set_desc(desc, CUBLASLT_MATMUL_DESC_BIAS_POINTER, vector);
+  // The heuristic reads the pointers' alignments, so they are set before asking.
+  if (key.gelu || key.dgelu) {
+    // GELU_AUX_BIAS: GELU of the biased sum into D, the biased sum into aux; DGELU: the f32
+    // product times GELU's derivative at aux, rounded once into D. aux in D's dtype and layout
+    // (the default of CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_DATA_TYPE).
     set_desc(desc, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_POINTER, aux);
     set_desc(desc, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_LD, key.ldc);
-    if (find_algorithm(handle, key, *plan)) {
-      plan->epilogue = CUBLASLT_EPILOGUE_GELU_AUX_BIAS;
+    if (key.gelu) set_desc(desc, CUBLASLT_MATMUL_DESC_BIAS_POINTER, vector);
+    if (try_epilogue(handle, key, *plan,
+                     key.gelu ? CUBLASLT_EPILOGUE_GELU_AUX_BIAS : CUBLASLT_EPILOGUE_DGELU))
       return plan;
-    }  // else the biased product into aux, and a GELU kernel after it
-  }
-  if (key.dgelu) {
-    // The f32 product times GELU's derivative at aux (D's dtype and layout, as GELU_AUX_BIAS
-    // wrote it), rounded once into D.
-    set_desc(desc, CUBLASLT_MATMUL_DESC_EPILOGUE, CUBLASLT_EPILOGUE_DGELU);
-    set_desc(desc, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_POINTER, aux);
-    set_desc(desc, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_LD, key.ldc);
-    if (find_algorithm(handle, key, *plan)) {
-      plan->epilogue = CUBLASLT_EPILOGUE_DGELU;
-      return plan;
-    }  // else the product into C, and GELU's backward kernel scales it there
-    set_desc(desc, CUBLASLT_MATMUL_DESC_EPILOGUE, CUBLASLT_EPILOGUE_DEFAULT);
+    // else the biased product into aux and a GELU kernel after it, or the product into C and
+    // GELU's backward kernel scaling it there
   }
   if (key.bias) {
     // Bias of length n = rows of the column-major D, one vector for the whole batch, in the
-    // output dtype (the default of CUBLASLT_MATMUL_DESC_BIAS_DATA_TYPE). The heuristic reads
-    // the pointer's alignment, so it is set before asking.
-    set_desc(desc, CUBLASLT_MATMUL_DESC_EPILOGUE, CUBLASLT_EPILOGUE_BIAS);
+    // output dtype (the default of CUBLASLT_MATMUL_DESC_BIAS_DATA_TYPE); else a rank-1 GEMM.
     set_desc(desc, CUBLASLT_MATMUL_DESC_BIAS_POINTER, vector);
     if (key.batch > 1) set_desc(desc, CUBLASLT_MATMUL_DESC_BIAS_BATCH_STRIDE, int64_t{0});
-    if (find_algorithm(handle, key, *plan)) {
-      plan->epilogue = CUBLASLT_EPILOGUE_BIAS;
-      return plan;
-    }
-    set_desc(desc, CUBLASLT_MATMUL_DESC_EPILOGUE, CUBLASLT_EPILOGUE_DEFAULT);  // rank-1 bias
+    if (try_epilogue(handle, key, *plan, CUBLASLT_EPILOGUE_BIAS)) return plan;
   }
   if (key.b_sums) {
     // op(B) is cuBLASLt's A: BGRADA sums it over k into a vector of D's row count, n, in D's
-    // dtype (the default of CUBLASLT_MATMUL_DESC_BIAS_DATA_TYPE).
-    set_desc(desc, CUBLASLT_MATMUL_DESC_EPILOGUE, CUBLASLT_EPILOGUE_BGRADA);
+    // dtype (the default of CUBLASLT_MATMUL_DESC_BIAS_DATA_TYPE); else ones[1, k] op(B).
     set_desc(desc, CUBLASLT_MATMUL_DESC_BIAS_POINTER, vector);
-    if (find_algorithm(handle, key, *plan)) {
-      plan->epilogue = CUBLASLT_EPILOGUE_BGRADA;
-      return plan;
-    }
-    set_desc(desc, CUBLASLT_MATMUL_DESC_EPILOGUE, CUBLASLT_EPILOGUE_DEFAULT);  // ones[1, k] op(B)
+    if (try_epilogue(handle, key, *plan, CUBLASLT_EPILOGUE_BGRADA)) return plan;
   }
   if (!find_algorithm(handle, key, *plan)) {
     tag::kKernelsCudaGemm.fail("cuBLASLt has no algorithm for a ", dtype_name(key.dtype),
