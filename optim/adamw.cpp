@@ -19,6 +19,9 @@ namespace loom::optim {
 
 namespace {
 
+// FLOPs per element as the meta device counts them: moments, corrections, decay, update.
+constexpr double kAdamWFlops = 12;
+
 const AdamWOptions& checked(const AdamWOptions& o) {
   if (!(std::isfinite(o.lr) && o.lr >= 0.0)) tag::kOptim.fail("AdamW: invalid lr ", o.lr);
   if (!(o.beta1 >= 0.0 && o.beta1 < 1.0)) {
@@ -116,7 +119,7 @@ void AdamW::update_group(const ParamGroup& group, const std::vector<Tensor>& all
     }
     State& s = advance_state(p);
     MetaBatch& batch = simulated[s.step];
-    batch.flops += 12 * double(p.numel());  // as update() counts one tensor
+    batch.flops += kAdamWFlops * double(p.numel());
     batch.reads.insert(batch.reads.end(), {p, all_grads[i], s.exp_avg, s.exp_avg_sq});
     batch.writes.insert(batch.writes.end(), {p, s.exp_avg, s.exp_avg_sq});
   }
@@ -202,8 +205,8 @@ void AdamW::update(const ParamGroup& group, const Tensor& p, const Tensor& grad)
                      "set_grad_scale() are for CUDA parameters (a step a CUDA graph captures)");
   }
   State& s = advance_state(p);
-  if (reports_op_cost(p.device())) {  // moments, corrections, decay, update: ~12 per element
-    record_meta_op("adamw", OpClass::Optimizer, 12 * double(p.numel()),
+  if (reports_op_cost(p.device())) {
+    record_meta_op("adamw", OpClass::Optimizer, kAdamWFlops * double(p.numel()),
                    {p, grad, s.exp_avg, s.exp_avg_sq}, {p, s.exp_avg, s.exp_avg_sq});
   }
   if (p.device().is_meta()) {

@@ -97,12 +97,11 @@ Tensor sums_of_squares_on(const std::vector<Tensor>& grads, Device device, DType
 }
 
 // The 2-norm of every gradient on one GPU: their sums of squares, one device-to-host copy for
-// all of them.
+// all of them, each rounded as cuda_two_norm rounds it.
 std::vector<double> cuda_two_norms(const std::vector<Tensor>& grads) {
   std::vector<double> norms;
-  if (grads.empty()) return norms;
-  for (float s : sums_of_squares_on(grads, grads[0].device(), DType::F32).to_vector<float>())
-    norms.push_back(std::sqrt(static_cast<double>(s)));
+  for (double sum : cuda_sums_of_squares(grads))
+    norms.push_back(cuda_two_norm(sum));
   return norms;
 }
 
@@ -197,7 +196,9 @@ std::vector<double> cuda_sums_of_squares(const std::vector<Tensor>& grads) {
 }
 
 double cuda_two_norm(double sum) {
-  return std::sqrt(static_cast<double>(static_cast<float>(sum)));  // as cuda_two_norms
+  // Rounded to float once, as multi_tensor_sum_of_squares' float sums are (the clipping kernel
+  // reads those: clip_grad_norm_on_device).
+  return std::sqrt(static_cast<double>(static_cast<float>(sum)));
 }
 
 DeviceClip clip_grad_norm_on_device(const std::vector<Tensor>& params, double max_norm) {
