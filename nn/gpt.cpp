@@ -53,16 +53,20 @@ Tensor CausalSelfAttention::attend(const Tensor& x, KVCache::Layer* cache) const
   int64_t batch = in.size(0), time = in.size(1);
   const int64_t width = tp_ != nullptr ? in.size(2) / tp_->size() : in.size(2);
   int64_t head_dim = width / heads_;
-  // q, k, v are the three column blocks of c_attn's output; as [B, H, T, D] views they stay
-  // inside the fused projection (no copies).
-  std::vector<Tensor> qkv = split(c_attn_->forward(in), {width, width, width}, -1);
-  auto heads_view = [&](const Tensor& t) {
-    return t.reshape({batch, time, heads_, head_dim}).permute({0, 2, 1, 3});
-  };
-  Tensor y = cache ? KVCache::attend(*cache, heads_view(qkv[0]), heads_view(qkv[1]),
-                                     heads_view(qkv[2]))
-                   : causal_attention(heads_view(qkv[0]), heads_view(qkv[1]), heads_view(qkv[2]));
-  y = y.permute({0, 2, 1, 3}).reshape({batch, time, width});
+  // q, k, v are the three column blocks of c_attn's output, read where they are; training
+  // attends to the packed projection, whose gradient the kernel writes as one tensor.
+  Tensor y;
+  if (cache == nullptr) {
+    y = causal_attention_packed(c_attn_->forward(in), heads_);
+  } else {
+    std::vector<Tensor> qkv = split(c_attn_->forward(in), {width, width, width}, -1);
+    auto heads_view = [&](const Tensor& t) {
+      return t.reshape({batch, time, heads_, head_dim}).permute({0, 2, 1, 3});
+    };
+    y = KVCache::attend(*cache, heads_view(qkv[0]), heads_view(qkv[1]), heads_view(qkv[2]))
+            .permute({0, 2, 1, 3})
+            .reshape({batch, time, width});
+  }
   if (tp_ == nullptr) return c_proj_->forward(y);
   // Row-parallel: the heads' partial sums, summed over the group, then the bias once.
   return add(tp_->reduce_out(matmul(y, c_proj_->weight())), c_proj_->bias());

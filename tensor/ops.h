@@ -166,6 +166,12 @@ Tensor softmax(const Tensor& x, bool causal = false);
 // is [B, H, T, D] laid out as [B, T, H, D] in memory, so that
 // permute({0, 2, 1, 3}).reshape({B, T, H*D}) is free.
 Tensor causal_attention(const Tensor& q, const Tensor& k, const Tensor& v);
+// causal_attention over the three [B, T, H*D] column blocks of a fused projection qkv
+// [B, T, 3*H*D] (q's heads, then k's, then v's), as FlashAttention's qkvpacked functions: the
+// result [B, T, H*D] with the heads merged, and the gradient of qkv written by the kernel as
+// one tensor, where attending to split views makes the split copy three into one. The same
+// bits as causal_attention on the split views (Note [Attention on the packed projection]).
+Tensor causal_attention_packed(const Tensor& qkv, int64_t heads);
 // Mean over rows of -log softmax(logits)[target]; logits [N, V], targets [N] (i32/i64).
 Tensor cross_entropy(const Tensor& logits, const Tensor& targets);
 // cross_entropy(matmul(x, transpose(weight, 0, 1)), targets) without holding the [N, V]

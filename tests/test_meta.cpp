@@ -206,6 +206,10 @@ std::vector<OpCase> op_cases() {
          };
          return V{causal_attention(part(0), part(1), part(2))};
        }},
+      {"causal_attention_packed",
+       [=](Device d) {
+         return V{causal_attention_packed(r({2, 5, 24}, d), 2)};  // 2 heads of 4
+       }},
       {"cross_entropy",
        [=](Device d) {
          return V{cross_entropy(r({6, 5}, d), reshape(tokens(d), {6}))};

@@ -3,10 +3,12 @@
 #include <gtest/gtest.h>
 
 #include "gradcheck.h"
+#include "tensor/autocast.h"
 #include "tensor/ops/dispatch.h"
 
 #include <algorithm>
 #include <cmath>
+#include <optional>
 #include <string>
 
 namespace loom {
@@ -213,6 +215,63 @@ TEST_F(OpGradient, CausalAttentionOnFusedProjectionViews) {
         return causal_attention(heads(parts[0]), heads(parts[1]), heads(parts[2]));
       },
       {qkv});
+}
+
+TEST_F(OpGradient, CausalAttentionOnThePackedProjection) {
+  const int64_t B = 2, H = 2, T = 4, D = 3;
+  Tensor qkv = random_leaf({B, T, 3 * H * D}, gen);
+  expect_gradients_match([&](const Inputs& in) { return causal_attention_packed(in[0], H); },
+                         {qkv});
+}
+
+// Note [Attention on the packed projection]: the packed op is causal_attention over the split
+// views, bit for bit, forward and backward, in f32 and under bf16 autocast (which casts the
+// packed projection once where the views are cast one by one), from a packed input that is
+// itself a strided view too; its gradient is one tensor of the projection's shape.
+TEST_F(OpGradient, PackedAttentionHasTheBitsOfAttentionOnSplitViews) {
+  const int64_t B = 2, H = 3, T = 70, D = 8, C = H * D;
+  const Tensor wide = random_leaf({B, T, 3 * C + 5}, gen, false).to(DType::F32);
+  const Tensor weights = random_leaf({B, T, C}, gen, false).to(DType::F32);
+  for (const bool bf16 : {false, true}) {
+    SCOPED_TRACE(bf16 ? "bf16 autocast" : "f32");
+    auto run = [&](bool packed) {
+      Tensor leaf = wide.detach().set_requires_grad(true);
+      Tensor qkv = leaf.narrow(2, 5, 3 * C);  // rows 3C + 5 apart
+      std::optional<AutocastGuard> autocast;
+      if (bf16) autocast.emplace(DType::BF16);
+      Tensor y;
+      if (packed) {
+        y = causal_attention_packed(qkv, H);
+      } else {
+        std::vector<Tensor> parts = split(qkv, {C, C, C}, -1);
+        auto heads = [&](const Tensor& t) { return t.reshape({B, T, H, D}).permute({0, 2, 1, 3}); };
+        y = causal_attention(heads(parts[0]), heads(parts[1]), heads(parts[2]))
+                .permute({0, 2, 1, 3})
+                .reshape({B, T, C});
+      }
+      autocast.reset();
+      EXPECT_EQ(y.shape(), (Shape{B, T, C}));
+      sum(mul(y.to(DType::F32), weights)).backward();
+      return std::pair{y.to(DType::F32).contiguous().to_vector<float>(),
+                       leaf.grad().contiguous().to_vector<float>()};
+    };
+    const auto packed = run(true), views = run(false);
+    EXPECT_EQ(packed.first, views.first);
+    EXPECT_EQ(packed.second, views.second);
+  }
+}
+
+TEST_F(OpGradient, PackedAttentionRefusesAProjectionItCannotSplitIntoHeads) {
+  for (const auto& [shape, heads] : std::vector<std::pair<Shape, int64_t>>{
+           {{1, 4, 12}, 3}, {{1, 4, 12}, 0}, {{4, 12}, 2}, {{1, 4, 0}, 1}}) {
+    try {
+      causal_attention_packed(Tensor::zeros(shape), heads);
+      FAIL() << shape_str(shape) << " with " << heads << " heads must be refused";
+    } catch (const Error& e) {
+      EXPECT_NE(std::string(e.what()).find("expected qkv [B, T, 3 H D]"), std::string::npos)
+          << e.what();
+    }
+  }
 }
 
 TEST_F(OpGradient, CausalAttentionMatchesComposedOps) {

@@ -1,5 +1,7 @@
 // Fused causal scaled-dot-product attention.
 
+#include <functional>
+
 #include "kernels/cpu/attention.h"
 #include "tensor/autocast.h"
 #include "tensor/autograd/node.h"
@@ -58,32 +60,63 @@ void check_attention_operands(const Tensor& q, const Tensor& k, const Tensor& v)
 // write the key/value gradients summed over each group, so nothing is repeated in memory
 // (until 2026-12-06 the CUDA path repeated k and v to the query heads first). The logsumexp
 // is f32 on a GPU and the operands' dtype on the CPU (f64 there for the gradient checks).
-Tensor causal_attention(const Tensor& q, const Tensor& k, const Tensor& v) {
-  if (autocast_dtype() != DType::F32) {  // as PyTorch's autocast does for SDPA on CUDA
+//
+// Note [Attention on the packed projection]
+// causal_attention_packed takes GPT-2's fused projection [B, T, 3 H D] as one input, as
+// FlashAttention's qkvpacked functions do. Its q, k and v are views of it, and its backward
+// writes dq, dk and dv into the three column blocks of one [B, T, 3 H D] gradient. Attending
+// to split views instead gives the same bits, but the split's backward then copies the three
+// gradients into one (a concat: a launch and a read and write of the whole gradient per
+// layer, 2026-12-07).
+
+namespace {
+
+// The gradients the backward writes (dq, dk, dv, in [B, H, T, D] views) and the gradients of
+// the op's inputs they make up.
+struct AttentionGradients {
+  Tensor dq, dk, dv;
+  std::vector<Tensor> inputs;
+};
+using AllocateGradients = std::function<AttentionGradients()>;
+
+// Runs a precision-independent attention `compute` on its inputs as the precision asks:
+// under autocast the inputs in the low dtype (PyTorch's autocast runs SDPA on CUDA in it; the
+// CPU kernel computes in f32 on values of it) and the result in it; 16-bit inputs on the CPU
+// through f32, rounded once.
+Tensor at_attention_precision(const std::vector<Tensor>& inputs,
+                              const std::function<Tensor(const std::vector<Tensor>&)>& compute) {
+  const Tensor& first = inputs.front();
+  if (autocast_dtype() != DType::F32) {
     DType low = autocast_dtype();
     AutocastGuard off(DType::F32);
-    // The CPU kernel computes in f32 or f64: the low dtype is emulated there (autocast.h).
-    const auto input = [&](const Tensor& t) {
-      return takes_cuda_path(t.device()) ? autocast_input(t, low) : autocast_emulated_input(t, low);
-    };
-    return autocast_output(causal_attention(input(q), input(k), input(v)), low);
+    std::vector<Tensor> low_inputs;
+    for (const Tensor& t : inputs) {
+      low_inputs.push_back(takes_cuda_path(t.device()) ? autocast_input(t, low)
+                                                       : autocast_emulated_input(t, low));
+    }
+    return autocast_output(compute(low_inputs), low);
   }
-  check_attention_operands(q, k, v);
-  if (detail::computes_through_f32(q)) {  // 16-bit operands on the CPU: f32, rounded once
-    const DType low = q.dtype();
-    return cast(causal_attention(cast(q, DType::F32), cast(k, DType::F32), cast(v, DType::F32)),
-                low);
+  if (detail::computes_through_f32(first)) {
+    std::vector<Tensor> wide;
+    for (const Tensor& t : inputs) wide.push_back(cast(t, DType::F32));
+    return cast(compute(wide), first.dtype());
   }
+  return compute(inputs);
+}
+
+// Attention over q, k, v (views without history of `inputs`, unit inner strides) into a new
+// [B, H, T, D] result; when `inputs` need gradients, one node whose backward writes the
+// operands' gradients into what `allocate` gives and returns the inputs' gradients.
+Tensor attend(const std::vector<Tensor>& inputs, const Tensor& q, const Tensor& k, const Tensor& v,
+              AllocateGradients allocate) {
   const bool meta = q.device().is_meta();
   const bool cuda_path = takes_cuda_path(q.device());
   const kernels::cpu::AttentionShape s{q.size(0), q.size(1), q.size(2), q.size(3), k.size(1)};
-  Tensor qc = with_unit_inner_stride(q), kc = with_unit_inner_stride(k),
-         vc = with_unit_inner_stride(v);
   Tensor out = empty_bthd(q.shape(), q.dtype(), q.device()).detach();
   Tensor lse = Tensor::empty({s.batch, s.heads, s.time}, cuda_path ? DType::F32 : q.dtype(),
                              q.device());
   if (reports_op_cost(q.device())) {
-    record_meta_op("causal_attention", OpClass::Attention, causal_attention_flops(s), {qc, kc, vc},
+    record_meta_op("causal_attention", OpClass::Attention, causal_attention_flops(s), {q, k, v},
                    {out, lse}, {s.batch, s.heads, s.time, s.head_dim});
   }
   if (meta || q.numel() == 0) {
@@ -92,26 +125,25 @@ Tensor causal_attention(const Tensor& q, const Tensor& k, const Tensor& v) {
     LOOM_IF_CUDA({
       kernels::cuda::AttentionShape cs{s.batch, s.heads, s.time, s.head_dim, s.kv_heads};
       kernels::cuda::flash_attention_forward(
-          q.dtype(), cs, qc.raw_data(), qc.strides().data(), kc.raw_data(), kc.strides().data(),
-          vc.raw_data(), vc.strides().data(), out.raw_data(), out.strides().data(),
+          q.dtype(), cs, q.raw_data(), q.strides().data(), k.raw_data(), k.strides().data(),
+          v.raw_data(), v.strides().data(), out.raw_data(), out.strides().data(),
           lse.data<float>(), detail::stream_of(q));
     });
   } else {
     detail::dispatch_floating(q.dtype(), "causal_attention", [&]<typename T>() {
       kernels::cpu::causal_attention_forward<T>(
-          s, qc.data<T>(), qc.strides().data(), kc.data<T>(), kc.strides().data(), vc.data<T>(),
-          vc.strides().data(), out.data<T>(), out.strides().data(), lse.data<T>());
+          s, q.data<T>(), q.strides().data(), k.data<T>(), k.strides().data(), v.data<T>(),
+          v.strides().data(), out.data<T>(), out.strides().data(), lse.data<T>());
     });
   }
-  if (autograd::any_requires_grad({q, k, v})) {
+  if (autograd::any_requires_grad(inputs)) {
     autograd::record(
-        "CausalAttention", {q, k, v}, {out},
-        [qc = qc.detach(), kc = kc.detach(), vc = vc.detach(), o = out.detach(), lse, s,
-         cuda_path](const std::vector<Tensor>& g, const autograd::Node&) {
+        "CausalAttention", inputs, {out},
+        [qc = q, kc = k, vc = v, o = out, lse, s, cuda_path, allocate = std::move(allocate)](
+            const std::vector<Tensor>& g, const autograd::Node&) {
           Tensor dout = with_unit_inner_stride(g[0]);
-          Tensor dq = empty_bthd(qc.shape(), qc.dtype(), qc.device());
-          Tensor dk = empty_bthd(kc.shape(), kc.dtype(), kc.device());
-          Tensor dv = empty_bthd(vc.shape(), vc.dtype(), vc.device());
+          AttentionGradients grads = allocate();
+          const Tensor &dq = grads.dq, &dk = grads.dk, &dv = grads.dv;
           // P recomputed from lse, then dP = dO V^T, dV = P^T dO, dQ = dS K, dK = dS^T Q.
           if (reports_op_cost(qc.device())) {
             record_meta_op("CausalAttention", OpClass::Attention, 2 * causal_attention_flops(s),
@@ -141,10 +173,59 @@ Tensor causal_attention(const Tensor& q, const Tensor& k, const Tensor& v) {
                   dv.strides().data());
             });
           }
-          return std::vector<Tensor>{dq, dk, dv};
+          return grads.inputs;
         });
   }
   return out;
+}
+
+// [B, T, H * D] columns [first, first + H * D) of x [B, T, C] as a [B, H, T, D] view.
+Tensor heads_of(const Tensor& x, int64_t first, int64_t heads) {
+  const int64_t batch = x.size(0), time = x.size(1), width = x.size(2) / 3;
+  return x.narrow(2, first, width).reshape({batch, time, heads, width / heads}).permute({0, 2, 1, 3});
+}
+
+}  // namespace
+
+Tensor causal_attention(const Tensor& q, const Tensor& k, const Tensor& v) {
+  return at_attention_precision({q, k, v}, [](const std::vector<Tensor>& in) {
+    check_attention_operands(in[0], in[1], in[2]);
+    Tensor qc = with_unit_inner_stride(in[0]).detach(), kc = with_unit_inner_stride(in[1]).detach(),
+           vc = with_unit_inner_stride(in[2]).detach();
+    return attend(in, qc, kc, vc, [qc, kc, vc] {
+      Tensor dq = empty_bthd(qc.shape(), qc.dtype(), qc.device());
+      Tensor dk = empty_bthd(kc.shape(), kc.dtype(), kc.device());
+      Tensor dv = empty_bthd(vc.shape(), vc.dtype(), vc.device());
+      return AttentionGradients{dq, dk, dv, {dq, dk, dv}};
+    });
+  });
+}
+
+Tensor causal_attention_packed(const Tensor& qkv, int64_t heads) {
+  detail::check_kernel_device("causal_attention_packed", qkv);
+  if (qkv.dim() != 3 || heads < 1 || qkv.size(2) % (3 * heads) != 0 || qkv.size(2) == 0) {
+    fail("causal_attention_packed: expected qkv [B, T, 3 H D] (q, k, v's heads side by side) "
+         "and heads H >= 1 dividing a third of its last dimension; got ",
+         shape_str(qkv.shape()), " and ", heads, " heads");
+  }
+  const int64_t batch = qkv.size(0), time = qkv.size(1), width = qkv.size(2) / 3;
+  Tensor y = at_attention_precision({qkv}, [heads](const std::vector<Tensor>& in) {
+    Tensor packed = in[0].detach();
+    if (packed.strides()[2] != 1) {
+      NoGradGuard no_grad;
+      packed = packed.contiguous();
+    }
+    const int64_t width = packed.size(2) / 3;
+    Tensor q = heads_of(packed, 0, heads), k = heads_of(packed, width, heads),
+           v = heads_of(packed, 2 * width, heads);
+    return attend(in, q, k, v, [shape = packed.shape(), dtype = packed.dtype(),
+                                device = packed.device(), heads, width] {
+      Tensor dqkv = Tensor::empty(shape, dtype, device);
+      return AttentionGradients{heads_of(dqkv, 0, heads), heads_of(dqkv, width, heads),
+                                heads_of(dqkv, 2 * width, heads), {dqkv}};
+    });
+  });
+  return y.permute({0, 2, 1, 3}).reshape({batch, time, width});
 }
 
 }  // namespace loom

@@ -81,6 +81,7 @@ struct Step {
   size_t forward_backward_launches = 0, optimizer_launches = 0;
   size_t step_launches = 0, step_host_launches = 0;  // graphed: kernels run, and launched
   size_t casts = 0, batched_casts = 0, matmuls = 0;  // launches of the forward and backward
+  size_t copies = 0;  // the forward and backward's copies on the device (not launches)
   size_t cached_weights = 0;                         // autocast's weight casts (bf16-mixed)
   // The forward and backward's bytes: on the emulated device, their launches' argument bytes
   // (Note [The bytes a launch's arguments name]); on meta, what its ops report read and
@@ -180,6 +181,9 @@ class Trainer {
     s.casts = count_named(forward_backward, "convert");
     s.batched_casts = count_named(forward_backward, "multi_cast");
     s.matmuls = count_named(forward_backward, "cublasLtMatmul");
+    s.copies = static_cast<size_t>(
+        std::count_if(forward_backward.begin(), forward_backward.end(),
+                      [](const emu::Work& w) { return w.kind == emu::WorkKind::kCopy; }));
     log.clear();
     s.grad_norm = optim::clip_grad_norm(model_->parameters(), 1.0);
     optimizer_->step();
@@ -282,10 +286,13 @@ Step steady_bf16_step(int layers, ModelMaker make = tiny_gpt, Device device = De
 // before), and their gradients never. Issue 46's budgets, met: at most 25 launches per layer
 // (23: 39 with 8 gradients widened, 31 with 4 bias gradients summed apart, 28 with 1, 27 with
 // the residual add's backward and its cast, 25 with GELU's forward a kernel of its own, 24
-// with its backward), weights cast once per step, no activation cast. Held as a ceiling.
+// with its backward), weights cast once per step, no activation cast. Held as a ceiling. No
+// copy either: attention reads q, k and v in the fused projection and writes their gradients
+// into one (Note [Attention on the packed projection]; 3 copies, a concat's, before 2026-12-07).
 TEST(CudaTraining, ABf16MixedLayerTakes23LaunchesAndCastsNoActivation) {
   const Step one = steady_bf16_step(1), two = steady_bf16_step(2);
   EXPECT_EQ(two.matmuls - one.matmuls, 12u);
+  EXPECT_EQ(two.copies, one.copies);
   EXPECT_EQ(two.cached_weights - one.cached_weights, 8u);
   // The whole step: every weight cast in one launch, nothing else cast.
   for (const Step& step : {one, two}) {
@@ -305,6 +312,7 @@ TEST(CudaTraining, ABf16MixedLayerTakes23LaunchesAndCastsNoActivation) {
 TEST(CudaTraining, ABf16MixedLlamaLayerTakes41Launches) {
   const Step one = steady_bf16_step(1, tiny_llama), two = steady_bf16_step(2, tiny_llama);
   EXPECT_EQ(two.matmuls - one.matmuls, 21u);
+  EXPECT_EQ(two.copies, one.copies);
   EXPECT_EQ(two.cached_weights - one.cached_weights, 7u);
   EXPECT_EQ(two.casts, 0u);
   EXPECT_EQ(two.batched_casts, 1u);
@@ -392,12 +400,12 @@ TEST(CudaTraining, ALinearsBiasGradientComesFromItsWeightGradientsGemm) {
 // Issue 46 item 5's bytes: a bf16-mixed layer's launches (forward and backward, the second
 // step) name the bytes the meta device charges the same layer, following the CUDA path
 // (loom-sim's cost inputs): the products (A, B, C, D, the bias, GELU's input) to the byte,
-// the weight casts to the byte, the whole layer within 3% (GPT-2; 1.8% measured 2026-12-06) and 6%
-// (Llama; 4.8%). The rest is attention and the norms' backward: attention's two backward
-// kernels each read the operands, which meta charges once, and write the query, key and
-// value gradients where the CPU path meta follows for GPT-2 concatenates them; the norms'
-// backward writes per-block partial sums of the parameters' gradients, which meta does not
-// count.
+// the weight casts to the byte, the whole layer within 6% (GPT-2: 5.1% measured 2026-12-07,
+// 1.8% on 2026-12-06 when meta charged the concatenation of q, k and v's gradients; Llama:
+// 4.8%). The rest is attention and the norms' backward: attention's two backward kernels each
+// read the operands, which meta charges once, and each names the whole of GPT-2's packed
+// gradient, of which it writes a third (dQ) or two (dK, dV); the norms' backward writes
+// per-block partial sums of the parameters' gradients, which meta does not count.
 void expect_a_layer_names_the_bytes_meta_charges(ModelMaker make, double tolerance) {
   const Step one = steady_bf16_step(1, make), two = steady_bf16_step(2, make);
   const Step meta_one = steady_bf16_step(1, make, Device::meta()),
@@ -415,7 +423,7 @@ void expect_a_layer_names_the_bytes_meta_charges(ModelMaker make, double toleran
 }
 
 TEST(CudaTraining, ABf16MixedGpt2LayerNamesTheBytesMetaCharges) {
-  expect_a_layer_names_the_bytes_meta_charges(tiny_gpt, 0.03);
+  expect_a_layer_names_the_bytes_meta_charges(tiny_gpt, 0.06);
 }
 
 TEST(CudaTraining, ABf16MixedLlamaLayerNamesTheBytesMetaCharges) {
