@@ -26,6 +26,7 @@ std::span<const Tunable> all_tunables() {
       kCommTiming,
       kPerfCommand,
       kBf16Gemm,
+      kCudaAttention,
   };
   // clang-format on
   return kAll;

@@ -90,6 +90,11 @@ inline constexpr Tunable kBf16Gemm{
     "`f32`: the CPU's bf16 matrix products widen their operands to f32 even where the CPU has "
     "AMX or AVX512_BF16 (the same numbers up to the order of the sums; for tests and "
     "comparisons). Any other value is refused"};
+inline constexpr Tunable kCudaAttention{
+    "LOOM_CUDA_ATTENTION", "`v3`",
+    "the CUDA attention kernels for bf16 operands: `v1` (CUDA cores), `v2` (WMMA tensor cores) "
+    "or `v3` (mma.sync, scores in registers); f32 always runs v1 (docs/cuda.md, \"Attention "
+    "v3\"). Any other value is refused"};
 
 }  // namespace tunables
 

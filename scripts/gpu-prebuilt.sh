@@ -16,7 +16,8 @@
 #
 # run's stages (all by default, in this order): env, tests (each CUDA test program, whole),
 # train_gpt (GPT-2 small, bf16-mixed, batch 8, 20 steps), train_gpt_graph (the same with
-# --cuda-graph: the whole step one CUDA graph from the second step), torch_eager (the same model in
+# --cuda-graph: the whole step one CUDA graph from the second step), train_gpt_v2 (train_gpt with
+# the v2 attention kernels, LOOM_CUDA_ATTENTION=v2), torch_eager (the same model in
 # PyTorch, scripts/torch_gpt2_bench.py), parity (train_gpt and PyTorch eager, 50 steps from the
 # same weights and tokens, losses within 2% at every step: scripts/gpu_loss_parity.py), labs
 # (each kernel lab); on request: lab_NAME (one lab), sharded (ZeRO-2 and ZeRO-3 with CPU offload,
@@ -149,11 +150,12 @@ run_all() {
         for exe in $TEST_PROGRAMS; do stage "$exe" 120 "$PACK/bin/$exe" --gtest_color=no; done ;;
       labs)
         for exe in "$PACK"/bin/lab_*; do stage "$(basename "$exe")" 120 "$exe"; done ;;
-      train_gpt | train_gpt_graph)
-        local graph=()
+      train_gpt | train_gpt_graph | train_gpt_v2)
+        local graph=() attention=v3
         [ "$s" = train_gpt_graph ] && graph=(--cuda-graph)
-        stage "$s" 200 "$PACK/bin/train_gpt" --device cuda --preset gpt2-small --precision bf16-mixed \
-          --batch 8 --steps 20 --log-interval 5 "${graph[@]}" ;;
+        [ "$s" = train_gpt_v2 ] && attention=v2
+        stage "$s" 200 env LOOM_CUDA_ATTENTION=$attention "$PACK/bin/train_gpt" --device cuda \
+          --preset gpt2-small --precision bf16-mixed --batch 8 --steps 20 --log-interval 5 "${graph[@]}" ;;
       llama)
         stage llama 200 "$PACK/bin/train_gpt" --device cuda --model llama --preset smollm-135m \
           --precision bf16-mixed --batch 4 --ctx 1024 --steps 12 --log-interval 4 ;;
@@ -184,7 +186,7 @@ run_all() {
           echo "$(wc -l <"$0") lines in $0"' "${GPU_PREBUILT_LOG%.log}.kernels.csv" "$PACK/bin/train_gpt" ;;
       lab_*) stage "$s" 120 "$PACK/bin/$s" ;;
       test_*) stage "$s" 120 "$PACK/bin/$s" --gtest_color=no ;;
-      *) echo "gpu-prebuilt: unknown stage '$s' (env tests train_gpt train_gpt_graph torch_eager parity labs torch_compile sharded phases kernels lab_NAME test_NAME llama)"; return 2 ;;
+      *) echo "gpu-prebuilt: unknown stage '$s' (env tests train_gpt train_gpt_graph train_gpt_v2 torch_eager parity labs torch_compile sharded phases kernels lab_NAME test_NAME llama)"; return 2 ;;
     esac
   done
   printf '\n========== summary (%ss of %ss) ==========\n' $((SECONDS - start)) "$budget"

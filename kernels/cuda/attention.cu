@@ -50,10 +50,12 @@
 // launchers.
 
 #include "core/tags.h"
+#include "core/tunables.h"
 #include "kernels/cuda/attention.h"
 
 #include <atomic>
 #include <initializer_list>
+#include <string_view>
 
 #include "kernels/cuda/attention_mma.cuh"
 #include "kernels/cuda/attention_simt.cuh"
@@ -72,17 +74,16 @@ Operand<T> operand(T* ptr, const int64_t* strides) {
   return {ptr, strides[0], strides[1], strides[2]};
 }
 
-// Launches `kernel` with `smem` bytes of dynamic shared memory, opting in past the 48 KiB
-// default (the attribute is per function and device, so it is set on every launch).
+// Lets `kernel` take `smem` bytes of dynamic shared memory, opting in past the 48 KiB default
+// (the attribute is per function and device, so it is set before every launch). Each launch
+// names its kernel where it is made, so that the emulated device's work log and its tests
+// tell the versions apart.
 template <typename Args>
-void launch(void (*kernel)(Args), dim3 grid, int threads, size_t smem, cudaStream_t stream,
-            const Args& args) {
+void allow_shared_memory(void (*kernel)(Args), size_t smem) {
   if (smem > 48 * 1024) {
     LOOM_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                          static_cast<int>(smem)));
   }
-  kernel<<<grid, threads, smem, stream>>>(args);
-  LOOM_CUDA_CHECK_LAUNCH();
 }
 
 // Calls f.template operator()<T>() with the storage type (f32 or bf16).
@@ -158,10 +159,24 @@ bool tensor_core_kernels_run_here() {
   return yes;
 }
 
+// The version LOOM_CUDA_ATTENTION names for bf16 operands, kDefaultBf16Version when it is
+// unset. Read at each call, as cheap beside a launch, so that a test may set it.
+AttentionVersion chosen_bf16_version() {
+  const char* named = tunable_value(tunables::kCudaAttention);
+  if (named == nullptr) return kDefaultBf16Version;
+  const std::string_view name(named);
+  if (name == "v1") return AttentionVersion::kSimt;
+  if (name == "v2") return AttentionVersion::kTensorCore;
+  if (name == "v3") return AttentionVersion::kMma;
+  tag::kKernelsCuda.fail(tunables::kCudaAttention.name, "='", name,
+                         "': expected v1, v2 or v3 (or leave it unset for v3)");
+}
+
+// v1 for f32; for bf16 the chosen version, or v1 where the device cannot run v2 and v3.
 AttentionVersion public_version(DType dtype) {
-  if (dtype == DType::BF16 && kDefaultBf16Version != AttentionVersion::kSimt &&
-      tensor_core_kernels_run_here()) {
-    return kDefaultBf16Version;
+  const AttentionVersion chosen = chosen_bf16_version();
+  if (dtype == DType::BF16 && chosen != AttentionVersion::kSimt && tensor_core_kernels_run_here()) {
+    return chosen;
   }
   return AttentionVersion::kSimt;
 }
@@ -208,18 +223,25 @@ void flash_attention_forward_version(AttentionVersion version, DType dtype, cons
     dispatch_head_dim(s.head_dim, [&]<int kD>() {
       if constexpr (std::is_same_v<T, bf16>) {
         if (version == AttentionVersion::kMma) {
-          launch(attention_forward_mma<kD>, grid_for_tiles(s, s.heads, mma_block_rows<kD>()),
-                 kMmaThreads, mma_forward_smem<kD>(), stream, args);
+          allow_shared_memory(attention_forward_mma<kD>, mma_forward_smem<kD>());
+          attention_forward_mma<kD><<<grid_for_tiles(s, s.heads, mma_block_rows<kD>()), kMmaThreads,
+                                      mma_forward_smem<kD>(), stream>>>(args);
+          LOOM_CUDA_CHECK_LAUNCH();
           return;
         }
         if (version == AttentionVersion::kTensorCore) {
-          launch(attention_forward_tc<kD>, grid_for_tiles(s, s.heads, kTcTile), kTcThreads,
-                 tc_forward_smem<kD>(), stream, args);
+          allow_shared_memory(attention_forward_tc<kD>, tc_forward_smem<kD>());
+          attention_forward_tc<kD>
+              <<<grid_for_tiles(s, s.heads, kTcTile), kTcThreads, tc_forward_smem<kD>(), stream>>>(
+                  args);
+          LOOM_CUDA_CHECK_LAUNCH();
           return;
         }
       }
-      launch(attention_forward_simt<T, kD>, grid_for_tiles(s, s.heads, kSimtTile), kSimtThreads,
-             simt_forward_smem<kD>(), stream, args);
+      allow_shared_memory(attention_forward_simt<T, kD>, simt_forward_smem<kD>());
+      attention_forward_simt<T, kD><<<grid_for_tiles(s, s.heads, kSimtTile), kSimtThreads,
+                                      simt_forward_smem<kD>(), stream>>>(args);
+      LOOM_CUDA_CHECK_LAUNCH();
     });
   });
 }
@@ -264,25 +286,38 @@ void flash_attention_backward_version(
     dispatch_head_dim(s.head_dim, [&]<int kD>() {
       if constexpr (std::is_same_v<T, bf16>) {
         if (version == AttentionVersion::kMma) {
-          launch(attention_backward_dkdv_mma<kD>,
-                 grid_for_tiles(s, s.kv_heads, mma_block_rows<kD>()), kMmaThreads,
-                 mma_dkdv_smem<kD>(), stream, args);
-          launch(attention_backward_dq_mma<kD>, grid_for_tiles(s, s.heads, mma_block_rows<kD>()),
-                 kMmaThreads, mma_dq_smem<kD>(), stream, args);
+          allow_shared_memory(attention_backward_dkdv_mma<kD>, mma_dkdv_smem<kD>());
+          attention_backward_dkdv_mma<kD><<<grid_for_tiles(s, s.kv_heads, mma_block_rows<kD>()),
+                                            kMmaThreads, mma_dkdv_smem<kD>(), stream>>>(args);
+          LOOM_CUDA_CHECK_LAUNCH();
+          allow_shared_memory(attention_backward_dq_mma<kD>, mma_dq_smem<kD>());
+          attention_backward_dq_mma<kD><<<grid_for_tiles(s, s.heads, mma_block_rows<kD>()),
+                                          kMmaThreads, mma_dq_smem<kD>(), stream>>>(args);
+          LOOM_CUDA_CHECK_LAUNCH();
           return;
         }
         if (version == AttentionVersion::kTensorCore) {
-          launch(attention_backward_dkdv_tc<kD>, grid_for_tiles(s, s.kv_heads, kTcTile),
-                 kTcThreads, tc_dkdv_smem<kD>(), stream, args);
-          launch(attention_backward_dq_tc<kD>, grid_for_tiles(s, s.heads, kTcTile), kTcThreads,
-                 tc_dq_smem<kD>(), stream, args);
+          allow_shared_memory(attention_backward_dkdv_tc<kD>, tc_dkdv_smem<kD>());
+          attention_backward_dkdv_tc<kD>
+              <<<grid_for_tiles(s, s.kv_heads, kTcTile), kTcThreads, tc_dkdv_smem<kD>(), stream>>>(
+                  args);
+          LOOM_CUDA_CHECK_LAUNCH();
+          allow_shared_memory(attention_backward_dq_tc<kD>, tc_dq_smem<kD>());
+          attention_backward_dq_tc<kD>
+              <<<grid_for_tiles(s, s.heads, kTcTile), kTcThreads, tc_dq_smem<kD>(), stream>>>(args);
+          LOOM_CUDA_CHECK_LAUNCH();
           return;
         }
       }
-      launch(attention_backward_dkdv_simt<T, kD>, grid_for_tiles(s, s.kv_heads, kSimtTile),
-             kSimtThreads, simt_dkdv_smem<kD>(), stream, args);
-      launch(attention_backward_dq_simt<T, kD>, grid_for_tiles(s, s.heads, kSimtTile), kSimtThreads,
-             simt_dq_smem<kD>(), stream, args);
+      allow_shared_memory(attention_backward_dkdv_simt<T, kD>, simt_dkdv_smem<kD>());
+      attention_backward_dkdv_simt<T, kD><<<grid_for_tiles(s, s.kv_heads, kSimtTile), kSimtThreads,
+                                            simt_dkdv_smem<kD>(), stream>>>(args);
+      LOOM_CUDA_CHECK_LAUNCH();
+      allow_shared_memory(attention_backward_dq_simt<T, kD>, simt_dq_smem<kD>());
+      attention_backward_dq_simt<T, kD>
+          <<<grid_for_tiles(s, s.heads, kSimtTile), kSimtThreads, simt_dq_smem<kD>(), stream>>>(
+              args);
+      LOOM_CUDA_CHECK_LAUNCH();
     });
   });
 }

@@ -27,12 +27,12 @@
 //   v3 (kMma)        : bf16 only, mma.sync m16n8k16 with scores and probabilities kept in
 //                      registers and tiles double-buffered by cp.async (FlashAttention-2's
 //                      design); the same roundings as v2.
-// The public launchers below use v1 for f32 and v3 for bf16 (v1 for bf16 where the device
-// cannot run v2 or v3: a build whose code for this device targets below sm_80). v3 has been
-// tested only on the emulated device (docs/cuda.md); the lab validates every version against
-// the CPU kernel before timing it, and should v3 fail there, setting kDefaultBf16Version in
-// attention_common.cuh to kTensorCore (v2, measured on an H200 on 2026-12-04) or kSimt
-// reverts bf16 to it.
+// The public launchers below use v1 for f32 and, for bf16, the version LOOM_CUDA_ATTENTION
+// names (v1, v2 or v3; v3 when unset; v1 where the device cannot run v2 or v3: a build whose
+// code for this device targets below sm_80). v3 has been tested only on the emulated device
+// (docs/cuda.md); the lab validates every version against the CPU kernel before timing it,
+// and should v3 fail or lose there, LOOM_CUDA_ATTENTION=v2 runs v2 (measured on an H200 on
+// 2026-12-04) with no rebuild.
 
 #include <cstddef>
 #include <cstdint>

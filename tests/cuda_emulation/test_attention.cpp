@@ -7,8 +7,14 @@
 
 #include "kernels/cuda/attention.h"
 
+#include <cstdlib>
+#include <optional>
+#include <string>
+
+#include "core/tunables.h"
 #include "emulation_test_util.h"
 #include "kernels/cpu/attention.h"
+#include "runtime/work_log.h"
 
 namespace loom::cuda_emulation::testing {
 namespace {
@@ -148,6 +154,92 @@ void check_public_launcher_is(gpu::AttentionVersion version) {
 TEST(EmulatedAttention, PublicLaunchersUseSimtForF32AndMmaForBf16) {
   check_public_launcher_is<float>(gpu::AttentionVersion::kSimt);
   check_public_launcher_is<__nv_bfloat16>(gpu::AttentionVersion::kMma);
+}
+
+// LOOM_CUDA_ATTENTION set for the scope, then restored.
+class AttentionVersionVariable {
+ public:
+  explicit AttentionVersionVariable(const char* value) {
+    if (const char* old = tunable_value(tunables::kCudaAttention)) saved_ = old;
+    ::setenv(tunables::kCudaAttention.name, value, 1);
+  }
+  ~AttentionVersionVariable() {
+    if (saved_) {
+      ::setenv(tunables::kCudaAttention.name, saved_->c_str(), 1);
+    } else {
+      ::unsetenv(tunables::kCudaAttention.name);
+    }
+  }
+
+ private:
+  std::optional<std::string> saved_;
+};
+
+// The attention kernels the device ran, in order (their names as launched, less the template
+// arguments): "attention_forward_mma", "attention_delta", ...
+std::vector<std::string> attention_kernels(const WorkLog& log) {
+  std::vector<std::string> names;
+  for (const Work& w : log.entries())
+    if (w.kind == WorkKind::kKernel) names.push_back(w.name.substr(0, w.name.find('<')));
+  return names;
+}
+
+// LOOM_CUDA_ATTENTION picks bf16's version at each call, so that a GPU run can compare them
+// with no rebuild; f32 stays on v1; a name it does not know is refused. The kernels the
+// public launchers run show which version ran (v2 and v3 give the same bits).
+TEST(EmulatedAttention, LoomCudaAttentionPicksTheBf16Version) {
+  const Shape s{1, 2, 40, 32, 2};
+  const Layouts l = layouts(s);
+  std::mt19937_64 rng(89);
+  const gpu::AttentionShape gs{s.batch, s.heads, s.time, s.head_dim, s.kv_heads};
+  // The public launchers' forward and backward on random operands of type T.
+  auto attend = [&]<typename T>() {
+    const auto qkv = random_values<T>(l.fused_size, rng, -1, 1);
+    const auto dout = random_values<T>(l.plain_size, rng, -1, 1);
+    std::vector<T> out(l.plain_size), dq(l.plain_size), dk(l.plain_kv_size),
+        dv(l.plain_kv_size);
+    std::vector<float> lse(static_cast<size_t>(s.heads * s.time));
+    std::vector<float> workspace(gpu::flash_attention_backward_workspace(gs) / 4 + 4);
+    const T *q = qkv.data(), *k = q + l.k_offset, *v = q + l.v_offset;
+    gpu::flash_attention_forward(dtype_of<T>(), gs, q, l.fused, k, l.fused, v, l.fused,
+                                 out.data(), l.plain, lse.data(), nullptr);
+    gpu::flash_attention_backward(dtype_of<T>(), gs, dout.data(), l.plain, q, l.fused, k, l.fused,
+                                  v, l.fused, out.data(), l.plain, lse.data(), dq.data(), l.plain,
+                                  dk.data(), l.plain_kv, dv.data(), l.plain_kv, workspace.data(),
+                                  nullptr);
+  };
+  auto kernels_for = [&]<typename T>(const char* version) {
+    std::optional<AttentionVersionVariable> chosen;
+    if (version != nullptr) chosen.emplace(version);
+    WorkLog log;
+    attend.template operator()<T>();
+    return attention_kernels(log);
+  };
+  using Names = std::vector<std::string>;
+  auto kernels_of = [](const std::string& v) {
+    return Names{"attention_forward_" + v, "attention_delta", "attention_backward_dkdv_" + v,
+                 "attention_backward_dq_" + v};
+  };
+  EXPECT_EQ(kernels_for.operator()<__nv_bfloat16>(nullptr), kernels_of("mma"));  // unset: v3
+  const std::pair<const char*, const char*> named[] = {
+      {"v1", "simt"}, {"v2", "tc"}, {"v3", "mma"}};
+  for (const auto& [version, kernels] : named) {
+    SCOPED_TRACE(version);
+    EXPECT_EQ(kernels_for.operator()<__nv_bfloat16>(version), kernels_of(kernels));
+    EXPECT_EQ(kernels_for.operator()<float>(version), kernels_of("simt"));
+  }
+  for (const char* unknown : {"v4", "", "V3"}) {
+    AttentionVersionVariable chosen(unknown);
+    try {
+      attend.operator()<float>();
+      FAIL() << "'" << unknown << "' must be refused";
+    } catch (const Error& e) {
+      EXPECT_NE(std::string(e.what()).find(std::string("='") + unknown +
+                                           "': expected v1, v2 or v3"),
+                std::string::npos)
+          << e.what();
+    }
+  }
 }
 
 // Key/value heads that do not divide the query heads are refused, naming both counts.
