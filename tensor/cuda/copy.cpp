@@ -1,6 +1,7 @@
 #include "tensor/cuda/copy.h"
 
 #include <algorithm>
+#include <atomic>
 #include <cstring>
 #include <optional>
 
@@ -13,6 +14,16 @@
 
 namespace loom::cuda {
 namespace {
+
+// Host <-> device copies so far (host_copy_counts).
+struct HostCopyCounters {
+  std::atomic<uint64_t> copies{0}, bytes{0};
+  void add(size_t nbytes) {
+    copies.fetch_add(1, std::memory_order_relaxed);
+    bytes.fetch_add(nbytes, std::memory_order_relaxed);
+  }
+};
+HostCopyCounters pinned_host_copies, staged_host_copies;
 
 // Big enough to run the copy engine near its bandwidth, small enough that the host-side
 // memcpy of one chunk overlaps the DMA of the other.
@@ -126,17 +137,28 @@ void copy_bytes(void* dst, Device dst_device, const void* src, Device src_device
     DeviceGuard guard(dst_device.index);
     if (is_pinned(src)) {
       LOOM_CUDA_CHECK(cudaMemcpyAsync(dst, src, nbytes, cudaMemcpyHostToDevice, stream));
+      pinned_host_copies.add(nbytes);
     } else {
       upload_staged(static_cast<char*>(dst), static_cast<const char*>(src), nbytes, stream);
+      staged_host_copies.add(nbytes);
     }
     return;
   }
   DeviceGuard guard(src_device.index);
   if (is_pinned(dst)) {
     LOOM_CUDA_CHECK(cudaMemcpyAsync(dst, src, nbytes, cudaMemcpyDeviceToHost, stream));
+    pinned_host_copies.add(nbytes);
   } else {
     download_staged(static_cast<char*>(dst), static_cast<const char*>(src), nbytes, stream);
+    staged_host_copies.add(nbytes);
   }
+}
+
+HostCopyCounts host_copy_counts() {
+  return {pinned_host_copies.copies.load(std::memory_order_relaxed),
+          staged_host_copies.copies.load(std::memory_order_relaxed),
+          pinned_host_copies.bytes.load(std::memory_order_relaxed),
+          staged_host_copies.bytes.load(std::memory_order_relaxed)};
 }
 
 void synchronize(int device) {

@@ -23,6 +23,7 @@
 #include <cuda_runtime_api.h>
 
 #include <cstddef>
+#include <cstdint>
 
 #include "tensor/device.h"
 
@@ -33,6 +34,16 @@ namespace loom::cuda {
 // call.
 void copy_bytes(void* dst, Device dst_device, const void* src, Device src_device, size_t nbytes,
                 cudaStream_t stream);
+
+// The host <-> device copies copy_bytes has made in this process, by how: straight from or to
+// pinned memory, or staged through pinned buffers because the host memory is pageable (a
+// host wait per download, and a host-side memcpy either way). For finding transfers that
+// should be page-locked (the offloads' are: docs/cuda.md, item 6). Thread-safe.
+struct HostCopyCounts {
+  uint64_t pinned = 0, staged = 0;              // copies
+  uint64_t pinned_bytes = 0, staged_bytes = 0;  // the bytes they moved
+};
+HostCopyCounts host_copy_counts();
 
 // Blocks until all work queued so far on the device's compute stream has finished (and on the
 // calling thread's current stream, when a StreamGuard replaced the compute stream).

@@ -11,6 +11,7 @@
 #include <algorithm>
 #include <cmath>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -21,6 +22,7 @@
 #include "strategies/registry.h"
 #include "strategies/strategy.h"
 #include "tests/comm/test_support.h"
+#include "tensor/cuda/copy.h"
 #include "tensor/cuda/stream.h"
 #include "tools/train_gpt/trainer.h"
 
@@ -34,7 +36,14 @@ struct TrainedRun {
   // Copies on the device's copy stream (the offloaded gradients' downloads), and host
   // synchronisations of that stream (none: the host waits for the downloads' events).
   size_t copy_stream_copies = 0, copy_stream_syncs = 0;
+  // The host <-> device copies made by each step after the first (cuda::host_copy_counts).
+  std::vector<cuda::HostCopyCounts> step_host_copies;
 };
+
+cuda::HostCopyCounts operator-(const cuda::HostCopyCounts& a, const cuda::HostCopyCounts& b) {
+  return {a.pinned - b.pinned, a.staged - b.staged, a.pinned_bytes - b.pinned_bytes,
+          a.staged_bytes - b.staged_bytes};
+}
 
 // Trains a 2-layer GPT-2 under the strategy registered as `strategy_name`, on one rank.
 TrainedRun train_on_cuda(TrainOptions o, const std::string& precision, bool cuda_graph,
@@ -55,7 +64,16 @@ TrainedRun train_on_cuda(TrainOptions o, const std::string& precision, bool cuda
   strategy->setup_environment();
   TrainedRun run;
   cuda_emulation::WorkLog log;
-  train(model, data, o, [&](const StepMetrics& m) { run.steps.push_back(m); }, strategy.get());
+  std::optional<cuda::HostCopyCounts> last;
+  train(
+      model, data, o,
+      [&](const StepMetrics& m) {
+        run.steps.push_back(m);
+        const cuda::HostCopyCounts now = cuda::host_copy_counts();
+        if (last) run.step_host_copies.push_back(now - *last);
+        last = now;
+      },
+      strategy.get());
   strategy->teardown();
   const void* copies = cuda::copy_stream(0);
   for (const cuda_emulation::Work& w : log.entries()) {
@@ -170,6 +188,22 @@ TEST(EmulatedTrainer, ShardedStrategiesTrainCudaTensorsOnOneRank) {
         EXPECT_EQ(sharded.copy_stream_copies, 0u);
       }
       EXPECT_EQ(sharded.copy_stream_syncs, 0u);
+      // Every transfer the offloads make each step is page-locked on the host (item 6): the
+      // shards gathered from, the masters copied back, the gradients copied down, and the NVMe
+      // offload's sub-groups read from the swap file. So a step stages through pageable
+      // memory only what the single device's stages (the batch up, logged values down, and,
+      // where the norm is taken on the device, its sums of squares down: 996 bytes here).
+      ASSERT_EQ(sharded.step_host_copies.size(), single.step_host_copies.size());
+      for (size_t k = 0; k < single.step_host_copies.size(); ++k) {
+        const cuda::HostCopyCounts& step = sharded.step_host_copies[k];
+        EXPECT_LE(step.staged_bytes, single.step_host_copies[k].staged_bytes) << "step " << k;
+        if (offload) {
+          EXPECT_GT(step.pinned, 0u) << "step " << k;
+        } else {
+          EXPECT_EQ(step.staged_bytes, single.step_host_copies[k].staged_bytes) << "step " << k;
+          EXPECT_EQ(step.pinned, 0u) << "step " << k;
+        }
+      }
     }
   }
 }
