@@ -135,8 +135,7 @@ Tensor GPT::positions_for(const Tensor& tokens, int64_t first) const {
     fail("GPT::forward: sequence length ", first + time, " exceeds the model's context of ",
          config_.context);
   }
-  const Tensor positions = positions_.narrow(0, first, time);
-  return positions.device() == tokens.device() ? positions : positions.to(tokens.device());
+  return positions_.narrow(0, first, time);
 }
 
 Tensor GPT::forward(const Tensor& tokens) const {

@@ -108,7 +108,9 @@ class GPT : public CausalLM {
  private:
   // The embedding and the blocks, after the argument checks (between the forward hooks).
   Tensor trunk(const Tensor& tokens, const Tensor& positions) const;
-  // Checks tokens [B, T] and gives the positions first..first+T-1.
+  // Checks tokens [B, T] and gives the positions first..first+T-1, on the model's device
+  // (wpe's), wherever the tokens are: the embedding reads indices from any device, and
+  // moving the positions to host tokens would make a GPU model wait for a download.
   Tensor positions_for(const Tensor& tokens, int64_t first = 0) const;
   Tensor block_forward(int64_t index, const Tensor& x) const;
   Tensor head(const Tensor& x) const;

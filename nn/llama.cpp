@@ -295,8 +295,8 @@ Tensor Llama::forward_cached(const Tensor& tokens, KVCache& cache) const {
   if (tp_) fail("Llama::forward_cached: not under tensor parallelism");
   check_tokens(tokens, cache.length);
   cache.layers.resize(static_cast<size_t>(config_.layers));
-  const RotaryTables tables = rotary(tokens.size(1), tokens.device(), cache.length);
   Tensor x = model_->embed_tokens()->forward(tokens);
+  const RotaryTables tables = rotary(tokens.size(1), x.device(), cache.length);
   for (int64_t i = 0; i < config_.layers; ++i) {
     x = (*(model_->layers()->begin() + i))
             ->forward(x, tables, &cache.layers[static_cast<size_t>(i)]);
