@@ -98,7 +98,8 @@ Tensor at_attention_precision(const std::vector<Tensor>& inputs,
   }
   if (detail::computes_through_f32(first)) {
     std::vector<Tensor> wide;
-    for (const Tensor& t : inputs) wide.push_back(cast(t, DType::F32));
+    for (const Tensor& t : inputs)
+      wide.push_back(cast(t, DType::F32));
     return cast(compute(wide), first.dtype());
   }
   return compute(inputs);
@@ -126,14 +127,14 @@ Tensor attend(const std::vector<Tensor>& inputs, const Tensor& q, const Tensor& 
       kernels::cuda::AttentionShape cs{s.batch, s.heads, s.time, s.head_dim, s.kv_heads};
       kernels::cuda::flash_attention_forward(
           q.dtype(), cs, q.raw_data(), q.strides().data(), k.raw_data(), k.strides().data(),
-          v.raw_data(), v.strides().data(), out.raw_data(), out.strides().data(),
-          lse.data<float>(), detail::stream_of(q));
+          v.raw_data(), v.strides().data(), out.raw_data(), out.strides().data(), lse.data<float>(),
+          detail::stream_of(q));
     });
   } else {
     detail::dispatch_floating(q.dtype(), "causal_attention", [&]<typename T>() {
-      kernels::cpu::causal_attention_forward<T>(
-          s, q.data<T>(), q.strides().data(), k.data<T>(), k.strides().data(), v.data<T>(),
-          v.strides().data(), out.data<T>(), out.strides().data(), lse.data<T>());
+      kernels::cpu::causal_attention_forward<T>(s, q.data<T>(), q.strides().data(), k.data<T>(),
+                                                k.strides().data(), v.data<T>(), v.strides().data(),
+                                                out.data<T>(), out.strides().data(), lse.data<T>());
     });
   }
   if (autograd::any_requires_grad(inputs)) {
@@ -179,10 +180,12 @@ Tensor attend(const std::vector<Tensor>& inputs, const Tensor& q, const Tensor& 
   return out;
 }
 
-// [B, T, H * D] columns [first, first + H * D) of x [B, T, C] as a [B, H, T, D] view.
+// The H * D columns from `first` of a packed x [B, T, 3 H D], as a [B, H, T, D] view.
 Tensor heads_of(const Tensor& x, int64_t first, int64_t heads) {
   const int64_t batch = x.size(0), time = x.size(1), width = x.size(2) / 3;
-  return x.narrow(2, first, width).reshape({batch, time, heads, width / heads}).permute({0, 2, 1, 3});
+  return x.narrow(2, first, width)
+      .reshape({batch, time, heads, width / heads})
+      .permute({0, 2, 1, 3});
 }
 
 }  // namespace
@@ -204,9 +207,10 @@ Tensor causal_attention(const Tensor& q, const Tensor& k, const Tensor& v) {
 Tensor causal_attention_packed(const Tensor& qkv, int64_t heads) {
   detail::check_kernel_device("causal_attention_packed", qkv);
   if (qkv.dim() != 3 || heads < 1 || qkv.size(2) % (3 * heads) != 0 || qkv.size(2) == 0) {
-    fail("causal_attention_packed: expected qkv [B, T, 3 H D] (q, k, v's heads side by side) "
-         "and heads H >= 1 dividing a third of its last dimension; got ",
-         shape_str(qkv.shape()), " and ", heads, " heads");
+    fail(
+        "causal_attention_packed: expected qkv [B, T, 3 H D] (q, k, v's heads side by side) "
+        "and heads H >= 1 dividing a third of its last dimension; got ",
+        shape_str(qkv.shape()), " and ", heads, " heads");
   }
   const int64_t batch = qkv.size(0), time = qkv.size(1), width = qkv.size(2) / 3;
   Tensor y = at_attention_precision({qkv}, [heads](const std::vector<Tensor>& in) {
@@ -218,12 +222,15 @@ Tensor causal_attention_packed(const Tensor& qkv, int64_t heads) {
     const int64_t width = packed.size(2) / 3;
     Tensor q = heads_of(packed, 0, heads), k = heads_of(packed, width, heads),
            v = heads_of(packed, 2 * width, heads);
-    return attend(in, q, k, v, [shape = packed.shape(), dtype = packed.dtype(),
-                                device = packed.device(), heads, width] {
-      Tensor dqkv = Tensor::empty(shape, dtype, device);
-      return AttentionGradients{heads_of(dqkv, 0, heads), heads_of(dqkv, width, heads),
-                                heads_of(dqkv, 2 * width, heads), {dqkv}};
-    });
+    return attend(
+        in, q, k, v,
+        [shape = packed.shape(), dtype = packed.dtype(), device = packed.device(), heads, width] {
+          Tensor dqkv = Tensor::empty(shape, dtype, device);
+          return AttentionGradients{heads_of(dqkv, 0, heads),
+                                    heads_of(dqkv, width, heads),
+                                    heads_of(dqkv, 2 * width, heads),
+                                    {dqkv}};
+        });
   });
   return y.permute({0, 2, 1, 3}).reshape({batch, time, width});
 }

@@ -196,13 +196,12 @@ TEST(EmulatedAttention, LoomCudaAttentionPicksTheBf16Version) {
   auto attend = [&]<typename T>() {
     const auto qkv = random_values<T>(l.fused_size, rng, -1, 1);
     const auto dout = random_values<T>(l.plain_size, rng, -1, 1);
-    std::vector<T> out(l.plain_size), dq(l.plain_size), dk(l.plain_kv_size),
-        dv(l.plain_kv_size);
+    std::vector<T> out(l.plain_size), dq(l.plain_size), dk(l.plain_kv_size), dv(l.plain_kv_size);
     std::vector<float> lse(static_cast<size_t>(s.heads * s.time));
     std::vector<float> workspace(gpu::flash_attention_backward_workspace(gs) / 4 + 4);
     const T *q = qkv.data(), *k = q + l.k_offset, *v = q + l.v_offset;
-    gpu::flash_attention_forward(dtype_of<T>(), gs, q, l.fused, k, l.fused, v, l.fused,
-                                 out.data(), l.plain, lse.data(), nullptr);
+    gpu::flash_attention_forward(dtype_of<T>(), gs, q, l.fused, k, l.fused, v, l.fused, out.data(),
+                                 l.plain, lse.data(), nullptr);
     gpu::flash_attention_backward(dtype_of<T>(), gs, dout.data(), l.plain, q, l.fused, k, l.fused,
                                   v, l.fused, out.data(), l.plain, lse.data(), dq.data(), l.plain,
                                   dk.data(), l.plain_kv, dv.data(), l.plain_kv, workspace.data(),
@@ -221,8 +220,7 @@ TEST(EmulatedAttention, LoomCudaAttentionPicksTheBf16Version) {
                  "attention_backward_dq_" + v};
   };
   EXPECT_EQ(kernels_for.operator()<__nv_bfloat16>(nullptr), kernels_of("mma"));  // unset: v3
-  const std::pair<const char*, const char*> named[] = {
-      {"v1", "simt"}, {"v2", "tc"}, {"v3", "mma"}};
+  const std::pair<const char*, const char*> named[] = {{"v1", "simt"}, {"v2", "tc"}, {"v3", "mma"}};
   for (const auto& [version, kernels] : named) {
     SCOPED_TRACE(version);
     EXPECT_EQ(kernels_for.operator()<__nv_bfloat16>(version), kernels_of(kernels));
@@ -234,9 +232,9 @@ TEST(EmulatedAttention, LoomCudaAttentionPicksTheBf16Version) {
       attend.operator()<float>();
       FAIL() << "'" << unknown << "' must be refused";
     } catch (const Error& e) {
-      EXPECT_NE(std::string(e.what()).find(std::string("='") + unknown +
-                                           "': expected v1, v2 or v3"),
-                std::string::npos)
+      EXPECT_NE(
+          std::string(e.what()).find(std::string("='") + unknown + "': expected v1, v2 or v3"),
+          std::string::npos)
           << e.what();
     }
   }

@@ -21,9 +21,9 @@
 #include "runtime/work_log.h"
 #include "strategies/registry.h"
 #include "strategies/strategy.h"
-#include "tests/comm/test_support.h"
 #include "tensor/cuda/copy.h"
 #include "tensor/cuda/stream.h"
+#include "tests/comm/test_support.h"
 #include "tools/train_gpt/trainer.h"
 
 namespace loom::train_gpt {
