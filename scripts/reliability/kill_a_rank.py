@@ -504,7 +504,11 @@ def kill_rank(trial: Trial, pidfd: int, start: float) -> float | None:
     if select.select([pidfd], [], [], delay)[0]:  # a pidfd is readable once it exited
         trial.rank_ended_s = time.monotonic() - start
         return None
-    signal.pidfd_send_signal(pidfd, signal.SIGKILL)
+    try:
+        signal.pidfd_send_signal(pidfd, signal.SIGKILL)
+    except ProcessLookupError:  # it exited between the wait and the kill
+        trial.rank_ended_s = time.monotonic() - start
+        return None
     killed_at = time.monotonic()
     trial.kill_s = killed_at - start
     return killed_at
@@ -639,15 +643,19 @@ def run_stop_trial(index: int, workload: Workload, build: Path, rng: random.Rand
         if len(ranks) == workload.world and victim in rank_fds:
             trial.killed_rank, trial.killed_pid = victim, ranks[victim]
             delay = max(0.0, start + trial.planned_s - time.monotonic())
-            if select.select([rank_fds[victim]], [], [], delay)[0]:
+            ended = bool(select.select([rank_fds[victim]], [], [], delay)[0])
+            if not ended:
+                try:
+                    signal.pidfd_send_signal(rank_fds[victim], signal.SIGSTOP)
+                    stopped_at = time.monotonic()
+                    trial.kill_s = stopped_at - start
+                except ProcessLookupError:  # it exited between the wait and the stop
+                    ended = True
+            if ended:
                 trial.rank_ended_s = time.monotonic() - start
                 trial.skipped = (f"the chosen rank ended {trial.rank_ended_s:.3f} s after start, "
                                  "before the stop was due")
                 workload.duration_s = trial.rank_ended_s
-            else:
-                signal.pidfd_send_signal(rank_fds[victim], signal.SIGSTOP)
-                stopped_at = time.monotonic()
-                trial.kill_s = stopped_at - start
         else:
             trial.failures.append(f"found only ranks {sorted(ranks)} of {workload.world} "
                                   f"(launcher: {launcher.poll()})")
