@@ -138,10 +138,11 @@ Tensor attend(const std::vector<Tensor>& inputs, const Tensor& q, const Tensor& 
     });
   }
   if (autograd::any_requires_grad(inputs)) {
+    // The backward keeps `out` detached: the output holds its node, which must not hold it.
     autograd::record(
         "CausalAttention", inputs, {out},
-        [qc = q, kc = k, vc = v, o = out, lse, s, cuda_path, allocate = std::move(allocate)](
-            const std::vector<Tensor>& g, const autograd::Node&) {
+        [qc = q, kc = k, vc = v, o = out.detach(), lse, s, cuda_path,
+         allocate = std::move(allocate)](const std::vector<Tensor>& g, const autograd::Node&) {
           Tensor dout = with_unit_inner_stride(g[0]);
           AttentionGradients grads = allocate();
           const Tensor &dq = grads.dq, &dk = grads.dk, &dv = grads.dv;
