@@ -52,7 +52,6 @@ Tensor CausalSelfAttention::attend(const Tensor& x, KVCache::Layer* cache) const
   const Tensor in = tp_ != nullptr ? tp_->copy_in(x) : x;
   int64_t batch = in.size(0), time = in.size(1);
   const int64_t width = tp_ != nullptr ? in.size(2) / tp_->size() : in.size(2);
-  int64_t head_dim = width / heads_;
   // q, k, v are the three column blocks of c_attn's output, read where they are; training
   // attends to the packed projection, whose gradient the kernel writes as one tensor.
   Tensor y;
@@ -61,7 +60,7 @@ Tensor CausalSelfAttention::attend(const Tensor& x, KVCache::Layer* cache) const
   } else {
     std::vector<Tensor> qkv = split(c_attn_->forward(in), {width, width, width}, -1);
     auto heads_view = [&](const Tensor& t) {
-      return t.reshape({batch, time, heads_, head_dim}).permute({0, 2, 1, 3});
+      return t.reshape({batch, time, heads_, width / heads_}).permute({0, 2, 1, 3});
     };
     y = KVCache::attend(*cache, heads_view(qkv[0]), heads_view(qkv[1]), heads_view(qkv[2]))
             .permute({0, 2, 1, 3})

@@ -214,13 +214,12 @@ Tensor causal_attention_packed(const Tensor& qkv, int64_t heads) {
         shape_str(qkv.shape()), " and ", heads, " heads");
   }
   const int64_t batch = qkv.size(0), time = qkv.size(1), width = qkv.size(2) / 3;
-  Tensor y = at_attention_precision({qkv}, [heads](const std::vector<Tensor>& in) {
+  Tensor y = at_attention_precision({qkv}, [heads, width](const std::vector<Tensor>& in) {
     Tensor packed = in[0].detach();
     if (packed.strides()[2] != 1) {
       NoGradGuard no_grad;
       packed = packed.contiguous();
     }
-    const int64_t width = packed.size(2) / 3;
     Tensor q = heads_of(packed, 0, heads), k = heads_of(packed, width, heads),
            v = heads_of(packed, 2 * width, heads);
     return attend(

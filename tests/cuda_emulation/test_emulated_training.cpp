@@ -181,9 +181,7 @@ class Trainer {
     s.casts = count_named(forward_backward, "convert");
     s.batched_casts = count_named(forward_backward, "multi_cast");
     s.matmuls = count_named(forward_backward, "cublasLtMatmul");
-    s.copies = static_cast<size_t>(
-        std::count_if(forward_backward.begin(), forward_backward.end(),
-                      [](const emu::Work& w) { return w.kind == emu::WorkKind::kCopy; }));
+    s.copies = count_named(forward_backward, "cudaMemcpy");
     log.clear();
     s.grad_norm = optim::clip_grad_norm(model_->parameters(), 1.0);
     optimizer_->step();
