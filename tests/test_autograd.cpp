@@ -1,10 +1,15 @@
 // The autograd engine: accumulation, grad mode, grad-ready hooks, recomputation, custom ops.
 
+#include <algorithm>
+#include <string>
+#include <utility>
+
 #include <gtest/gtest.h>
 
 #include "tensor/allocator.h"
 #include "tensor/autograd/function.h"
 #include "tensor/autograd/node.h"
+#include "tensor/meta.h"
 #include "tensor/ops.h"
 #include "tensor/random.h"
 
@@ -106,6 +111,72 @@ TEST(Autograd, CrossEntropyReusesTheLogitsOnlyWhenNothingElseSeesThem) {
   for (float& v : doubled)
     v += v;
   EXPECT_EQ(x.grad().to_vector<float>(), doubled) << "the retained graph's logits changed";
+}
+
+// The ops a CPU backward of `loss` runs, each with the bytes it writes (Note [Profiling CPU
+// ops]).
+std::vector<std::pair<std::string, double>> backward_ops(const Tensor& loss) {
+  OpProfile profile;
+  {
+    OpProfileScope scope(profile);
+    loss.backward();
+  }
+  std::vector<std::pair<std::string, double>> ops;
+  for (const OpProfile::Entry& entry : profile.entries())
+    ops.emplace_back(entry.cost.op, entry.cost.bytes_written);
+  return ops;
+}
+
+bool runs(const std::vector<std::pair<std::string, double>>& ops, const std::string& op,
+          double bytes_written) {
+  return std::find(ops.begin(), ops.end(), std::pair{op, bytes_written}) != ops.end();
+}
+
+// A tied table: the output projection's gradient arrives first, and the embedding's backward
+// adds its rows into it (Note [Adding into the partial gradient]): no table of zeros, no sum
+// of two tables, and the values of that sum. A sum that something else also holds (add's
+// backward hands one tensor to both operands) is left alone: the other operand's gradient
+// keeps its values.
+TEST(Autograd, AnEmbeddingAddsIntoTheGradientSummedBeforeItOnlyWhenNothingElseSeesIt) {
+  const Tensor tokens = Tensor::from_vector<int64_t>({3, 0, 3, 1, 3}, {5});
+  const Tensor x = Tensor::from_vector<double>({1, -2, 0.5, 4, 3, -1}, {2, 3});
+  const Tensor e =
+      Tensor::from_vector<double>({1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15}, {5, 3});
+  // The embedding's gradient: row r gets the sum of e's rows whose token is r (row 3: e's
+  // rows 0, 2 and 4).
+  const std::vector<double> scattered = {4, 5, 6, 10, 11, 12, 0, 0, 0, 21, 24, 27};
+  // The projection's: sum over x's rows of x (the logits' gradient is 1).
+  const std::vector<double> projected = {5, 1, -0.5, 5, 1, -0.5, 5, 1, -0.5, 5, 1, -0.5};
+  std::vector<double> want(12);
+  for (size_t i = 0; i < want.size(); ++i)
+    want[i] = projected[i] + scattered[i];
+
+  Tensor w = Tensor::zeros({4, 3}, DType::F64).set_requires_grad(true);
+  Tensor looked_up = sum(mul(embedding(tokens, w), e));  // first, as a model's input
+  Tensor tied = add(looked_up, sum(matmul(x, transpose(w, 0, 1))));
+  const auto ops = backward_ops(tied);
+  const double table = 12 * sizeof(double);
+  EXPECT_EQ(w.grad().to_vector<double>(), want);
+  EXPECT_FALSE(runs(ops, "fill_", table)) << "the embedding zeroed a table of its own";
+  EXPECT_FALSE(runs(ops, "add", table)) << "the pass added two tables";
+
+  // z's accumulator exists before the embedding, so it runs after it and still holds the
+  // tensor add's backward gave both operands while the embedding runs.
+  Tensor w2 = Tensor::zeros({4, 3}, DType::F64).set_requires_grad(true);
+  Tensor z = Tensor::zeros({4, 3}, DType::F64).set_requires_grad(true);
+  Tensor early = sum(mul(z, 2.0));
+  Tensor looked = sum(mul(embedding(tokens, w2), e));
+  const Tensor ones = Tensor::full({4, 3}, 1.0, DType::F64);  // a gradient of its own for add
+  Tensor shared = add(early, add(looked, sum(mul(add(w2, z), ones))));
+  const auto shared_ops = backward_ops(shared);
+  EXPECT_EQ(z.grad().to_vector<double>(), std::vector<double>(12, 3.0))
+      << "the embedding added into a gradient that another operand holds";
+  std::vector<double> want2(12);
+  for (size_t i = 0; i < want2.size(); ++i)
+    want2[i] = 1 + scattered[i];
+  EXPECT_EQ(w2.grad().to_vector<double>(), want2);
+  EXPECT_TRUE(runs(shared_ops, "fill_", table));
+  EXPECT_TRUE(runs(shared_ops, "add", table));
 }
 
 TEST(Autograd, SecondBackwardNeedsRetainGraph) {

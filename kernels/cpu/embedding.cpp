@@ -1,6 +1,9 @@
 #include "kernels/cpu/embedding.h"
 
+#include <algorithm>
 #include <cstring>
+#include <utility>
+#include <vector>
 
 #include "kernels/cpu/thread_pool.h"
 
@@ -33,15 +36,30 @@ void embedding_forward(const int64_t* indices, const T* weight, T* out, int64_t 
 template <typename T>
 void embedding_backward(const int64_t* indices, const T* dout, T* dweight, int64_t count,
                         int64_t width, int64_t vocab, Part part) {
-  // Rows may repeat an index: the threads take columns, each adding its rows in order.
-  parallel_rows(width, count, [&](int64_t begin, int64_t end) {
-    for (int64_t n = 0; n < count; ++n) {
-      const int64_t row = row_of(indices[n], vocab, part);
-      if (row < 0) continue;
-      T* dst = dweight + row * width;
-      const T* src = dout + n * width;
-      for (int64_t i = begin; i < end; ++i)
-        dst[i] += src[i];
+  // The positions grouped by row, in order of n within each row (a stable sort).
+  std::vector<std::pair<int64_t, int64_t>> by_row;  // (row, n)
+  by_row.reserve(static_cast<size_t>(count));
+  for (int64_t n = 0; n < count; ++n) {
+    if (const int64_t row = row_of(indices[n], vocab, part); row >= 0) by_row.emplace_back(row, n);
+  }
+  std::stable_sort(by_row.begin(), by_row.end(),
+                   [](const auto& a, const auto& b) { return a.first < b.first; });
+  // The threads take columns; each sums a row's run from zero, then adds it once.
+  parallel_rows(width, static_cast<int64_t>(by_row.size()), [&](int64_t begin, int64_t end) {
+    std::vector<T> sum(static_cast<size_t>(end - begin));
+    for (size_t start = 0; start < by_row.size();) {
+      const int64_t row = by_row[start].first;
+      std::fill(sum.begin(), sum.end(), T(0));
+      size_t next = start;
+      for (; next < by_row.size() && by_row[next].first == row; ++next) {
+        const T* src = dout + by_row[next].second * width + begin;
+        for (int64_t i = 0; i < end - begin; ++i)
+          sum[static_cast<size_t>(i)] += src[i];
+      }
+      T* dst = dweight + row * width + begin;
+      for (int64_t i = 0; i < end - begin; ++i)
+        dst[i] += sum[static_cast<size_t>(i)];
+      start = next;
     }
   });
 }

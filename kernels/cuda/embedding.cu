@@ -11,7 +11,8 @@
 //      their positions in increasing n;
 //   3. one thread per (sorted slot, column pack); a thread whose slot starts a run of equal
 //      keys walks the run and adds dout[n] for each n in order into an f32 accumulator that
-//      starts at the current dweight row, then stores once. Other threads return at once.
+//      starts at zero, then adds it, rounded to the storage type, to the dweight row and
+//      stores once. Other threads return at once.
 //      The kernel takes as long as the longest run (a frequent token): its rows are loaded in
 //      batches of kRunBatch to keep that walk short, but it stays serial, which is the price
 //      of adding in the CPU's order.
@@ -111,11 +112,10 @@ __global__ void __launch_bounds__(kThreads)
     if (i > 0 && keys[i - 1] == key) continue;  // not the start of a run
     if (key >= vocab) continue;                 // another rank's rows (kernels::Part)
     T* dst = dweight + static_cast<int64_t>(key) * width + p * V;
-    const Pack<T, V> old = load_pack<V>(dst);
     float acc[V];
 #pragma unroll
     for (int k = 0; k < V; ++k)
-      acc[k] = to_float(old.v[k]);
+      acc[k] = 0.0f;
     // The run's rows in batches: the loads of a batch are independent and issued together
     // (a run of a frequent token can be hundreds of rows long), the additions stay in order.
     for (int64_t j = i;; j += kRunBatch) {
@@ -137,10 +137,12 @@ __global__ void __launch_bounds__(kThreads)
       }
       if (!in_run[kRunBatch - 1]) break;
     }
+    // The run's sum, rounded to T as a gradient of zeros would hold it, added to the row once.
+    const Pack<T, V> old = load_pack<V>(dst);
     Pack<T, V> result;
 #pragma unroll
     for (int k = 0; k < V; ++k)
-      result.v[k] = from_float<T>(acc[k]);
+      result.v[k] = from_float<T>(to_float(old.v[k]) + to_float(from_float<T>(acc[k])));
     store_pack<V>(dst, result);
   }
 }

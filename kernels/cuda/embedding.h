@@ -30,12 +30,14 @@ void embedding_forward(DType dtype, const int64_t* indices, const void* weight, 
 // 2^31). Queries CUB on the current device; launches nothing.
 size_t embedding_backward_workspace(int64_t count);
 
-// dweight[indices[n] - first, :] += dout[n, :] (accumulates: callers zero dweight first). Deterministic
-// and atomic-free: the (index, position) pairs are radix-sorted (stable) in `workspace`, and one
-// thread per (distinct index, column pack) adds that index's rows in order of n, in f32,
-// starting from the current dweight value and storing once. So the additions happen in the
-// CPU kernel's order, and f32 results match it bitwise. A heavily repeated index is summed by
-// a single thread per column pack (serial in its repeat count).
+// dweight[r, :] += the sum of dout[n, :] over the n whose index selects row r, as
+// kernels/cpu/embedding.h's: each row's sum formed from zero in order of n, in f32, rounded to
+// the storage type, then added to the row once (the bits of adding to dweight what the call
+// makes of zeros). Deterministic and atomic-free: the (index, position) pairs are radix-sorted
+// (stable) in `workspace`, and one thread per (distinct index, column pack) sums that index's
+// rows and stores once. So the additions happen in the CPU kernel's order, and f32 results
+// match it bitwise. A heavily repeated index is summed by a single thread per column pack
+// (serial in its repeat count).
 // `workspace` holds embedding_backward_workspace(count) bytes (256-byte aligned, as from
 // cudaMalloc or the caching allocator). count < 2^31, vocab < 2^31.
 void embedding_backward(DType dtype, const int64_t* indices, const void* dout, void* dweight,

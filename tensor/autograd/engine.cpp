@@ -32,6 +32,14 @@ AccumulateGrad::AccumulateGrad(std::shared_ptr<TensorImpl> leaf)
 
 namespace {
 
+// Whether `t`, held by one handle, is all that can see its memory: no other handle to it, no
+// other tensor on its storage, which it covers exactly, contiguous from the start.
+bool held_only_here(const Tensor& t) {
+  return t.impl_ptr().use_count() == 1 && t.storage().use_count() == 1 && !t.requires_grad() &&
+         t.offset() == 0 && t.is_contiguous() &&
+         t.storage()->nbytes() == static_cast<size_t>(t.numel()) * dtype_size(t.dtype());
+}
+
 // Note [A first gradient is taken, not copied]
 // A leaf without a gradient takes the incoming one as it is when nothing else can see it:
 // the engine's own vector holds the only handle, no other tensor shares its storage, and it
@@ -42,12 +50,8 @@ namespace {
 // train_gpt's step at 124M, one thread, 0.95-0.96 of the copying one's on an AVX2 host,
 // interleaved, 2026-12-04; the same losses to the bit).
 bool takes_as_is(const Tensor& incoming, const TensorImpl& leaf) {
-  return incoming.impl_ptr().use_count() == 1 && incoming.storage().use_count() == 1 &&
-         !incoming.requires_grad() && incoming.offset() == 0 && incoming.is_contiguous() &&
-         incoming.dtype() == leaf.dtype && incoming.shape() == leaf.shape &&
-         incoming.device() == leaf.storage->device() &&
-         incoming.storage()->nbytes() ==
-             static_cast<size_t>(incoming.numel()) * dtype_size(incoming.dtype());
+  return held_only_here(incoming) && incoming.dtype() == leaf.dtype &&
+         incoming.shape() == leaf.shape && incoming.device() == leaf.storage->device();
 }
 
 }  // namespace
@@ -167,18 +171,35 @@ std::vector<const TensorImpl*> reachable_leaves(const Tensor& root) {
 // nodes again for those edges only, together with the roots' seeds that lead to no input,
 // as one ordinary pass over the rest of the graph. Each gradient is the same arithmetic on
 // the same operands as in one pass, and every leaf still accumulates its gradient once.
+//
+// Note [Adding into the partial gradient]
+// A tensor read by several ops gets its gradient as their sum: the pass adds each arriving
+// gradient to the one summed so far, a new tensor each time. Where an op's backward scatters
+// into a gradient of the input's size, as an embedding's does (a tied embedding's table is
+// also the output projection, whose weight gradient arrives first), it would zero a table,
+// scatter into it and have the pass add the two tables: three passes over 154 MB in f32 for
+// GPT-2 small. Node::partial_gradient instead hands the vjp the sum so far when nothing else
+// can see it; the vjp adds its own gradient into it and returns it, and the pass, seeing the
+// tensor it handed out come back, takes it as the new sum. The values are those of adding the
+// op's gradient, as computed alone, to the sum (the embedding adds each row's own sum once:
+// kernels/cpu/embedding.h). llm.c's encoder backward adds into the classifier's gradient
+// the same way; PyTorch's engine sums two tables.
 
-// Restricts a node to computing some of its edges while alive, and says whether this is the
-// last use of what it saved.
+// Restricts a node to computing some of its edges while alive, says whether this is the last
+// use of what it saved, and answers its partial_gradient().
 class ComputingOnly {
  public:
-  ComputingOnly(Node& node, const std::vector<bool>& edges, bool last_use) : node_(node) {
+  ComputingOnly(Node& node, const std::vector<bool>& edges, bool last_use,
+                const std::function<Tensor(size_t)>& partial_gradient)
+      : node_(node) {
     node_.computing_ = &edges;
     node_.last_use_ = last_use;
+    node_.partial_gradient_ = &partial_gradient;
   }
   ~ComputingOnly() {
     node_.computing_ = nullptr;
     node_.last_use_ = false;
+    node_.partial_gradient_ = nullptr;
   }
   ComputingOnly(const ComputingOnly&) = delete;
   ComputingOnly& operator=(const ComputingOnly&) = delete;
@@ -222,13 +243,23 @@ class Pass {
 
   // One of the counted edges delivers `grad` (undefined: nothing, as for an input the node
   // computed no gradient for).
-  void deliver(const Edge& edge, const Tensor& grad) {
+  // `summed`: grad is the slot's own tensor, which the sender's vjp added into (Note [Adding
+  // into the partial gradient]).
+  void deliver(const Edge& edge, const Tensor& grad, bool summed = false) {
     Pending& target = pending_.at(edge.node.get());
-    if (grad.defined()) {
+    if (grad.defined() && !summed) {
       Tensor& slot = target.grads[edge.input_nr];
       slot = slot.defined() ? add(slot, grad) : grad;
     }
     if (--target.dependencies == 0) ready_.push(edge.node.get());
+  }
+
+  // The gradient summed so far for what `edge` leads to, when only the pass holds it.
+  Tensor partial(const Edge& edge) const {
+    auto it = pending_.find(edge.node.get());
+    if (it == pending_.end()) return {};
+    const Tensor& slot = it->second.grads[edge.input_nr];
+    return slot.defined() && held_only_here(slot) ? slot : Tensor();
   }
 
   // A node ready at the start with its output gradients, computing only `edges`.
@@ -271,13 +302,21 @@ class Pass {
         held_back->push_back({node->shared_from_this(), grads, std::move(rest)});
       }
       std::vector<Tensor> input_grads;
+      std::vector<const TensorImpl*> handed_out(edges.size(), nullptr);
       {
-        ComputingOnly only(*node, computing, !retain_graph_ && !holds_back);
+        const std::function<Tensor(size_t)> partial_gradient = [&](size_t i) {
+          Tensor sum = partial(edges[i]);
+          handed_out[i] = sum.defined() ? &sum.impl() : nullptr;
+          return sum;
+        };
+        ComputingOnly only(*node, computing, !retain_graph_ && !holds_back, partial_gradient);
         input_grads = node->apply(grads);
       }
       if (!retain_graph_ && !holds_back) node->release_saved();
       for (size_t i = 0; i < edges.size(); ++i) {
-        if (computing[i]) deliver(edges[i], i < input_grads.size() ? input_grads[i] : Tensor());
+        if (!computing[i]) continue;
+        const Tensor grad = i < input_grads.size() ? input_grads[i] : Tensor();
+        deliver(edges[i], grad, grad.defined() && &grad.impl() == handed_out[i]);
       }
     }
   }

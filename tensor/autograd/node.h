@@ -66,6 +66,15 @@ class Node : public std::enable_shared_from_this<Node> {
   // right after (no retain_graph, no edges held back for later). A vjp may then reuse a saved
   // buffer that nothing outside the node holds, as cross-entropy does with its logits.
   bool last_use() const { return last_use_; }
+  // Input i's gradient as the running pass has summed it so far, from the other ops that read
+  // the input, when nothing but the pass holds it (its own tensor, a whole storage); undefined
+  // otherwise: no such sum yet, one that something else can see, or no pass running. A vjp
+  // may add its gradient for input i into it, in place, and return it as that gradient: the
+  // pass then takes it as the sum instead of adding the two (Note [Adding into the partial
+  // gradient] in engine.cpp). Meaningful only while apply() runs, where needs_input_grad(i).
+  Tensor partial_gradient(size_t i) const {
+    return partial_gradient_ && needs_input_grad(i) ? (*partial_gradient_)(i) : Tensor();
+  }
 
  private:
   friend class ComputingOnly;
@@ -75,6 +84,7 @@ class Node : public std::enable_shared_from_this<Node> {
   std::vector<OutputMeta> outputs_;
   const std::vector<bool>* computing_ = nullptr;  // per edge; null: every edge
   bool last_use_ = false;
+  const std::function<Tensor(size_t)>* partial_gradient_ = nullptr;  // set by the running pass
 };
 
 // Signature of an op's vector-Jacobian product: output gradients -> input gradients.

@@ -18,6 +18,20 @@ namespace loom {
 
 namespace {
 
+// The table the backward adds its rows into: the weight's gradient as summed so far, when the
+// pass can hand it over and it has the gradient's dtype (a tied table's output projection
+// delivers its gradient first: Note [Adding into the partial gradient] in
+// tensor/autograd/engine.cpp), else zeros. The kernels add each row's sum once, so either way
+// the weight gets the bits of that sum plus the rest.
+Tensor table_to_add_into(const autograd::Node& node, const Shape& shape, const Tensor& dy) {
+  Tensor sum = node.partial_gradient(0);
+  if (sum.defined() && sum.dtype() == dy.dtype() && sum.shape() == shape &&
+      sum.device() == dy.device()) {
+    return sum;
+  }
+  return Tensor::zeros(shape, dy.dtype(), dy.device());
+}
+
 // Embedding on a GPU. Indices are moved to the weight's device as i64 (host indices are
 // uploaded); an out-of-range index (outside a part: any index not in it) stops the kernel with
 // a device-side error naming it. The backward pass sorts the indices and sums each row's
@@ -40,9 +54,9 @@ Tensor cuda_embedding(const Tensor& indices, const Tensor& weight, kernels::Part
     autograd::record(
         "Embedding", {weight}, {out},
         [index, shape = weight.shape(), count, width, vocab, part](const std::vector<Tensor>& g,
-                                                                   const autograd::Node&) {
+                                                                   const autograd::Node& node) {
           Tensor dy = g[0].contiguous();
-          Tensor dw = Tensor::zeros(shape, dy.dtype(), dy.device());
+          Tensor dw = table_to_add_into(node, shape, dy);
           LOOM_IF_CUDA({
             Tensor scratch = detail::workspace(
                 dy.device(), kernels::cuda::embedding_backward_workspace(count));
@@ -93,13 +107,13 @@ Tensor embed(const char* op, const Tensor& indices, const Tensor& weight,
     autograd::record(
         "Embedding", {weight}, {out},
         [index, shape = weight.shape(), count, width, vocab, part](const std::vector<Tensor>& g,
-                                                                   const autograd::Node&) {
+                                                                   const autograd::Node& node) {
           Tensor dy = g[0].contiguous();
-          Tensor dw = Tensor::zeros(shape, dy.dtype(), dy.device());
-          if (reports_op_cost(dw.device())) {  // adds each row of dy into dw's
+          if (reports_op_cost(dy.device())) {  // adds each row of dy into dw's
             record_meta_op("Embedding", OpClass::Embedding, double(dy.numel()), {dy, dy}, {dy});
           }
           if (detail::computes_through_f32(dy)) {  // summed in f32, rounded once (meta too)
+            Tensor dw = Tensor::empty(shape, dy.dtype(), dy.device());
             const Tensor dy32 = detail::widened(dy);
             Tensor dw32 = Tensor::zeros(shape, DType::F32, dy.device());
             if (!dw.device().is_meta()) {
@@ -111,6 +125,7 @@ Tensor embed(const char* op, const Tensor& indices, const Tensor& weight,
             copy_(dw, dw32);
             return std::vector<Tensor>{dw};
           }
+          Tensor dw = table_to_add_into(node, shape, dy);
           if (dw.device().is_meta()) {
             return std::vector<Tensor>{dw};
           }

@@ -83,6 +83,7 @@ struct Step {
   size_t casts = 0, batched_casts = 0, matmuls = 0;  // launches of the forward and backward
   size_t copies = 0;  // the forward and backward's copies on the device (not launches)
   size_t cached_weights = 0;                         // autocast's weight casts (bf16-mixed)
+  std::vector<emu::Work> forward_backward;           // the emulated device's work, in order
   // The forward and backward's bytes: on the emulated device, their launches' argument bytes
   // (Note [The bytes a launch's arguments name]); on meta, what its ops report read and
   // written (loom-sim's cost inputs). In all, the products' and the weight casts'.
@@ -182,6 +183,7 @@ class Trainer {
     s.batched_casts = count_named(forward_backward, "multi_cast");
     s.matmuls = count_named(forward_backward, "cublasLtMatmul");
     s.copies = count_named(forward_backward, "cudaMemcpy");
+    s.forward_backward = forward_backward;
     log.clear();
     s.grad_norm = optim::clip_grad_norm(model_->parameters(), 1.0);
     optimizer_->step();
@@ -298,6 +300,22 @@ TEST(CudaTraining, ABf16MixedLayerTakes23LaunchesAndCastsNoActivation) {
     EXPECT_EQ(step.casts, 0u);
   }
   EXPECT_LE(two.forward_backward_launches - one.forward_backward_launches, 23u);  // budget: 25
+}
+
+// GPT-2's tied table: the output projection's weight gradient (written in f32 by its GEMM)
+// reaches the table first, and the embedding's backward adds its rows into it (Note [Adding
+// into the partial gradient]), where it used to fill a table of zeros, scatter into it and
+// leave the pass to add the two tables.
+TEST(CudaTraining, TheEmbeddingAddsIntoTheTiedProjectionsGradient) {
+  const Step step = steady_bf16_step(1);
+  const size_t table = kVocab * 32 * sizeof(float);  // tiny_gpt's [vocab, 32] in f32
+  for (const emu::Work& w : step.forward_backward) {
+    EXPECT_FALSE(w.name.starts_with("fill_kernel") && w.argument_bytes == table)
+        << "a table of zeros for the embedding's gradient";
+    EXPECT_FALSE(w.name.starts_with("map_kernel") && w.argument_bytes == 3 * table)
+        << "the two gradients of the tied table added";
+  }
+  EXPECT_EQ(count_named(step.forward_backward, "add_runs_kernel"), 2u);  // wte's and wpe's
 }
 
 // A Llama layer: 21 matmuls (7 products); no cast (the rotary tables are read in f32 by
