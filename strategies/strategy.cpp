@@ -101,12 +101,14 @@ Strategy::Strategy(StrategyOptions options) : options_(std::move(options)) {
 
 Tensor Strategy::forward_backward(const LossOfRows& loss_of_rows, int64_t rows, double scale) {
   if (module_ == nullptr) Tag(name()).fail("forward_backward before setup_module()");
+  if (scaler_) scale *= scaler_->scale();
   Tensor loss;
   {
     AutocastGuard autocast(compute_dtype_);
+    // What the backward below starts from (Note [The loss's gradient with the loss]).
+    LossGradientScope loss_gradient(scale);
     loss = loss_of_rows(*module_, 0, rows);
   }
-  if (scaler_) scale *= scaler_->scale();
   backward(scale != 1.0 ? mul(loss, scale) : loss);
   return loss;
 }

@@ -174,12 +174,36 @@ Tensor causal_attention(const Tensor& q, const Tensor& k, const Tensor& v);
 Tensor causal_attention_packed(const Tensor& qkv, int64_t heads);
 // Mean over rows of -log softmax(logits)[target]; logits [N, V], targets [N] (i32/i64).
 Tensor cross_entropy(const Tensor& logits, const Tensor& targets);
+// The same, of logits handed over (a product's result passed on at once, as
+// linear_cross_entropy passes it, or std::move'd): on CUDA (and meta following it), inside a
+// LossGradientScope, logits that nothing else holds then get their gradient written over them
+// by the forward (Note [The loss's gradient with the loss]); the same loss and gradients.
+Tensor cross_entropy(Tensor&& logits, const Tensor& targets);
+// The caller's word, on this thread until destroyed, that the backward of the losses computed
+// inside starts from `gradient` (Strategy::forward_backward's: its scale, times a loss
+// scaler's): CUDA's cross_entropy may then compute its gradient in its forward, for that
+// gradient. A word not kept costs time, not correctness: the backward rescales what the
+// forward wrote. Only a finite, nonzero gradient counts. Scopes nest; the innermost is in
+// effect.
+class LossGradientScope {
+ public:
+  explicit LossGradientScope(double gradient);
+  ~LossGradientScope();
+  LossGradientScope(const LossGradientScope&) = delete;
+  LossGradientScope& operator=(const LossGradientScope&) = delete;
+  // The innermost scope's gradient, as the f32 a loss's backward receives; none outside any.
+  static std::optional<float> gradient();
+
+ private:
+  std::optional<float> previous_;
+};
 // cross_entropy(matmul(x, transpose(weight, 0, 1)), targets) without holding the [N, V]
 // logits: x [N, C], weight [V, C] (a classifier's rows, as a tied embedding holds them),
 // targets [N]. On the CPU (f32/f64, outside autocast) the logits are made a chunk of rows at
 // a time and the forward computes both gradients with them, which backward scales by the
 // loss's gradient (Note [The classifier without its logits]); the same loss and gradients up
-// to the order of sums. CUDA, autocast and 16-bit operands compose the two ops.
+// to the order of sums. CUDA, autocast and 16-bit operands compose the two ops, handing the
+// logits over to cross_entropy (which on CUDA may then write their gradient in its forward).
 Tensor linear_cross_entropy(const Tensor& x, const Tensor& weight, const Tensor& targets);
 // Tensor parallelism's cross-entropy, in the pieces nn::parallel_cross_entropy combines over the
 // ranks. logits [N, V] hold the classes [first, first + V) of rows whose targets [N] (i32/i64,

@@ -95,6 +95,11 @@ int64_t Tensor::size(int64_t d) const {
   return shape()[wrap_dim(d, dim(), "Tensor::size")];
 }
 
+bool Tensor::holds_storage_alone() const {
+  return impl_.use_count() == 1 && storage().use_count() == 1 && offset() == 0 && is_contiguous() &&
+         storage()->nbytes() == nbytes();
+}
+
 bool Tensor::is_contiguous() const {
   const Shape& s = shape();
   const Shape& st = strides();

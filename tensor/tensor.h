@@ -73,6 +73,11 @@ class Tensor {
   Device device() const { return impl().storage->device(); }
   size_t nbytes() const { return static_cast<size_t>(numel()) * dtype_size(dtype()); }
   bool is_contiguous() const;
+  // Whether this handle is all that can see its memory: no other handle to its descriptor, no
+  // other tensor on its storage, which it covers exactly, contiguous from the start. Such a
+  // tensor may be taken over or overwritten with no one the wiser (the autograd engine's
+  // gradients, logits that cross_entropy turns into their gradient).
+  bool holds_storage_alone() const;
   const std::shared_ptr<Storage>& storage() const { return impl().storage; }
   // Same descriptor (not merely same storage).
   bool is_same(const Tensor& other) const { return impl_ == other.impl_; }

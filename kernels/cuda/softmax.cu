@@ -14,6 +14,7 @@
 
 #include "kernels/cuda/softmax.h"
 
+#include <cmath>
 #include <cstdint>
 #include <cstdio>
 
@@ -262,6 +263,66 @@ __global__ void __launch_bounds__(kVocabMaxThreads)
   }
 }
 
+// cross_entropy_forward_kernel's statistics and loss, then cross_entropy_backward_kernel's
+// gradient over the logits: one block per row. The target's logit is read for the loss before
+// the barrier, and each pack of the second pass is read right before the same thread
+// overwrites it.
+template <typename T, int V>
+__global__ void __launch_bounds__(kVocabMaxThreads)
+    cross_entropy_forward_backward_kernel(T* logits, const int64_t* __restrict__ targets,
+                                          float* __restrict__ logsumexp,
+                                          float* __restrict__ row_losses, float scale, int vocab) {
+  __shared__ float scratch[kWarpSize];
+  const RowGroup<true> g;
+  const int64_t target = targets[g.row];
+  check_target(g.row, target, vocab);
+  const int packs = vocab / V;
+  T* xr = logits + g.row * vocab;
+
+  OnlineSoftmax stats;
+#pragma unroll 2
+  for (int p = g.lane; p < packs; p += g.lanes) {
+    const Pack<T, V> xv = load_pack<V>(xr + p * V);
+    float v[V];
+#pragma unroll
+    for (int k = 0; k < V; ++k)
+      v[k] = to_float(xv.v[k]);
+    stats.add(v);
+  }
+  const OnlineSoftmax total = stats.reduce(g, scratch);
+  const float lse = total.m + logf(total.s);
+  if (threadIdx.x == 0) {
+    logsumexp[g.row] = lse;
+    row_losses[g.row] = lse - to_float(xr[target]);
+  }
+  __syncthreads();  // the target's logit is read before any thread overwrites it
+  for (int p = g.lane; p < packs; p += g.lanes) {
+    const Pack<T, V> xv = load_pack<V>(xr + p * V);
+    Pack<T, V> out;
+#pragma unroll
+    for (int k = 0; k < V; ++k) {
+      // cross_entropy_backward_kernel's arithmetic, to the bit.
+      float d = __fmul_rn(scale, expf(to_float(xv.v[k]) - lse));
+      if (p * V + k == target) d -= scale;
+      out.v[k] = from_float<T>(d);
+    }
+    store_pack<V>(xr + p * V, out);
+  }
+}
+
+// dlogits *= *dloss / expected unless they are equal (then every block returns at once).
+template <typename T>
+__global__ void __launch_bounds__(kRowThreads)
+    cross_entropy_rescale_kernel(T* dlogits, const float* __restrict__ dloss, float expected,
+                                 int64_t count) {
+  const float got = dloss[0];
+  if (got == expected) return;
+  const float factor = got / expected;
+  for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < count;
+       i += static_cast<int64_t>(gridDim.x) * blockDim.x)
+    dlogits[i] = from_float<T>(to_float(dlogits[i]) * factor);
+}
+
 void check_sizes(const char* op, int64_t rows, int64_t width) {
   if (rows < 0 || width < 0 || width > INT32_MAX || rows > INT32_MAX) {
     fail(op, ": expected 0 <= rows <= 2^31 - 1 and 0 <= width <= 2^31 - 1, got rows ", rows,
@@ -400,6 +461,51 @@ void cross_entropy_backward(DType dtype, const void* logits, const int64_t* targ
       cross_entropy_backward_kernel<T, 1>
           <<<grid, threads, 0, stream>>>(lp, targets, logsumexp, dloss, out, rows, v, part);
     }
+    LOOM_CUDA_CHECK_LAUNCH();
+  });
+}
+
+void cross_entropy_forward_backward(DType dtype, void* logits_then_gradient, const int64_t* targets,
+                                    float* logsumexp, float* row_losses, float* mean_loss,
+                                    float dloss, int64_t rows, int64_t vocab, cudaStream_t stream) {
+  check_sizes("cross_entropy_forward_backward", rows, vocab);
+  if (rows == 0 || vocab == 0) {
+    fail("cross_entropy_forward_backward: expected at least one row and one class, got rows ", rows,
+         " and vocab ", vocab, "; the mean over zero targets is undefined");
+  }
+  // As cross_entropy_backward_kernel's scale: in double, rounded once.
+  const float scale = static_cast<float>(static_cast<double>(dloss) / static_cast<double>(rows));
+  dispatch_float_storage(dtype, "cross_entropy_forward_backward", [&]<typename T>() {
+    const int v = static_cast<int>(vocab);
+    auto* lp = static_cast<T*>(logits_then_gradient);
+    const auto grid = static_cast<unsigned>(rows);
+    constexpr int V = kPackElems<T>;
+    if (vocab % V == 0 && aligned16(lp)) {
+      const int threads = row_block_threads(vocab / V, 4, kWarpSize, kVocabMaxThreads);
+      cross_entropy_forward_backward_kernel<T, V>
+          <<<grid, threads, 0, stream>>>(lp, targets, logsumexp, row_losses, scale, v);
+    } else {
+      const int threads = row_block_threads(vocab, 4 * V, kWarpSize, kVocabMaxThreads);
+      cross_entropy_forward_backward_kernel<T, 1>
+          <<<grid, threads, 0, stream>>>(lp, targets, logsumexp, row_losses, scale, v);
+    }
+    LOOM_CUDA_CHECK_LAUNCH();
+  });
+  mean_loss_kernel<<<1, kMeanThreads, 0, stream>>>(row_losses, mean_loss, rows);
+  LOOM_CUDA_CHECK_LAUNCH();
+}
+
+void cross_entropy_rescale(DType dtype, void* dlogits, const float* dloss, float expected,
+                           int64_t count, cudaStream_t stream) {
+  if (!std::isfinite(expected) || expected == 0.0f) {
+    fail("cross_entropy_rescale: expected a finite, nonzero expected gradient, got ", expected);
+  }
+  if (count < 0) fail("cross_entropy_rescale: expected count >= 0, got ", count);
+  dispatch_float_storage(dtype, "cross_entropy_rescale", [&]<typename T>() {
+    if (count == 0) return;
+    // Few blocks: when nothing is to be done, the launch is all it costs.
+    cross_entropy_rescale_kernel<T><<<grid_for(count, kRowThreads, 1024), kRowThreads, 0, stream>>>(
+        static_cast<T*>(dlogits), dloss, expected, count);
     LOOM_CUDA_CHECK_LAUNCH();
   });
 }

@@ -58,4 +58,22 @@ void cross_entropy_backward(DType dtype, const void* logits, const int64_t* targ
                             const float* logsumexp, const float* dloss, void* dlogits, int64_t rows,
                             int64_t vocab, cudaStream_t stream, Part part = {});
 
+// cross_entropy_forward and cross_entropy_backward in one pass over the logits, for a loss
+// whose gradient is known before its backward runs (`dloss`, on the host: Note [The loss's
+// gradient with the loss] in tensor/ops/softmax.cpp): the logsumexps, row losses and mean of
+// cross_entropy_forward, then each row's gradient written over its logits, the bits
+// cross_entropy_backward writes given dloss. One block per row reads the row, then reads it
+// again (from L2, just read) as it overwrites it, where the two kernels read it from memory
+// twice. Targets as cross_entropy_forward's.
+void cross_entropy_forward_backward(DType dtype, void* logits_then_gradient, const int64_t* targets,
+                                    float* logsumexp, float* row_losses, float* mean_loss,
+                                    float dloss, int64_t rows, int64_t vocab, cudaStream_t stream);
+
+// The gradient cross_entropy_forward_backward wrote for `expected`, made that of the loss's
+// gradient dloss (one f32 element on the device): nothing when *dloss == expected (each block
+// reads it and returns), else dlogits *= *dloss / expected, in f32, rounded once more.
+// `count` elements; expected finite and nonzero.
+void cross_entropy_rescale(DType dtype, void* dlogits, const float* dloss, float expected,
+                           int64_t count, cudaStream_t stream);
+
 }  // namespace loom::kernels::cuda

@@ -32,12 +32,9 @@ AccumulateGrad::AccumulateGrad(std::shared_ptr<TensorImpl> leaf)
 
 namespace {
 
-// Whether `t`, held by one handle, is all that can see its memory: no other handle to it, no
-// other tensor on its storage, which it covers exactly, contiguous from the start.
+// A gradient the pass may take over or add into: nothing else can see it.
 bool held_only_here(const Tensor& t) {
-  return t.impl_ptr().use_count() == 1 && t.storage().use_count() == 1 && !t.requires_grad() &&
-         t.offset() == 0 && t.is_contiguous() &&
-         t.storage()->nbytes() == static_cast<size_t>(t.numel()) * dtype_size(t.dtype());
+  return t.holds_storage_alone() && !t.requires_grad();
 }
 
 // Note [A first gradient is taken, not copied]

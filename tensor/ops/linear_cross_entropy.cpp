@@ -30,7 +30,9 @@ namespace loom {
 // The loss and gradients are those of cross_entropy(matmul(x, weight^T)) up to the order of
 // sums: dweight's sum over rows runs chunk by chunk. The chunks' size depends on the shape
 // only, so the result is bitwise the same on any thread count. CUDA (and meta following it),
-// autocast and 16-bit operands compose the two ops, holding the logits.
+// autocast and 16-bit operands compose the two ops, holding the logits; they hand them over to
+// cross_entropy, which on CUDA then writes their gradient over them in its forward where the
+// loss's gradient is announced (Note [The loss's gradient with the loss] in softmax.cpp).
 
 namespace {
 

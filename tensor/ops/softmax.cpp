@@ -1,6 +1,8 @@
 // Softmax (optionally causal) and the fused softmax cross-entropy loss.
 
+#include <cmath>
 #include <limits>
+#include <optional>
 
 #include "kernels/cpu/softmax.h"
 #include "tensor/autocast.h"
@@ -15,6 +17,42 @@
 #endif
 
 namespace loom {
+
+// Note [The loss's gradient with the loss]
+// A language model's loss reads [N, V] logits (824 MB in bf16 for GPT-2 small's 8 x 1024
+// tokens), and its backward reads them again to write their gradient over them: the logits
+// cross memory three times. A trainer knows the gradient its backward will start from before
+// the forward runs (Strategy::forward_backward multiplies the loss by its scale, times a loss
+// scaler's, and says so with a LossGradientScope), and logits passed on at once from their
+// product (linear_cross_entropy's) are seen by nothing else. CUDA's cross_entropy then
+// writes the gradient in its forward (kernels::cuda::cross_entropy_forward_backward: each row
+// read, then read again from L2 as it is overwritten): twice across memory instead of three
+// times, and the bits the backward kernel writes for that gradient. The backward checks on
+// the device that the loss's gradient is the one announced: when it is, it returns what the
+// forward wrote; when not (a loss scaled after the scope's word, or summed with another), it
+// rescales it (one more pass, rounded once more). Liger-Kernel's and Loom's CPU
+// linear_cross_entropy (Note [The classifier without its logits]) compute the gradient in the
+// forward too, for a gradient of 1, and scale it in backward. Meta following CUDA reports the
+// same work, assuming the word kept.
+
+namespace {
+
+thread_local std::optional<float> announced_loss_gradient;
+
+}  // namespace
+
+LossGradientScope::LossGradientScope(double gradient) : previous_(announced_loss_gradient) {
+  const auto g = static_cast<float>(gradient);
+  announced_loss_gradient = std::isfinite(g) && g != 0.0f ? std::optional<float>(g) : std::nullopt;
+}
+
+LossGradientScope::~LossGradientScope() {
+  announced_loss_gradient = previous_;
+}
+
+std::optional<float> LossGradientScope::gradient() {
+  return announced_loss_gradient;
+}
 
 namespace {
 
@@ -36,7 +74,10 @@ Tensor logits_gradient_buffer(const Tensor& saved, const autograd::Node& node) {
 // uploaded) and checked there (an out-of-range target stops the kernel with a device-side
 // error naming it); the gradient of the loss is read on the device, so that neither
 // direction waits for the host.
-Tensor cuda_cross_entropy(const Tensor& logits, const Tensor& targets) {
+// `announced`: the loss's gradient, when the forward writes the logits' gradient over them
+// (Note [The loss's gradient with the loss]).
+Tensor cuda_cross_entropy(const Tensor& logits, const Tensor& targets,
+                          std::optional<float> announced) {
   if (targets.dtype() != DType::I64 && targets.dtype() != DType::I32) {
     fail("cross_entropy (targets): indices must be i32 or i64, got ", targets.dtype());
   }
@@ -46,6 +87,22 @@ Tensor cuda_cross_entropy(const Tensor& logits, const Tensor& targets) {
   Tensor lse = Tensor::empty({rows}, DType::F32, logits.device());
   Tensor row_losses = Tensor::empty({rows}, DType::F32, logits.device());
   Tensor out = Tensor::empty({}, DType::F32, logits.device());
+  if (announced) {
+    LOOM_IF_CUDA(kernels::cuda::cross_entropy_forward_backward(
+        logits.dtype(), in.raw_data(), index.data<int64_t>(), lse.data<float>(),
+        row_losses.data<float>(), out.data<float>(), *announced, rows, vocab,
+        detail::stream_of(logits)));
+    autograd::record("CrossEntropy", {logits}, {out},
+                     [dlogits = in.detach(), expected = *announced](const std::vector<Tensor>& g,
+                                                                    const autograd::Node& node) {
+                       Tensor d = node.last_use() ? dlogits : dlogits.clone();
+                       LOOM_IF_CUDA(kernels::cuda::cross_entropy_rescale(
+                           d.dtype(), d.raw_data(), g[0].contiguous().data<float>(), expected,
+                           d.numel(), detail::stream_of(d)));
+                       return std::vector<Tensor>{d};
+                     });
+    return out;
+  }
   LOOM_IF_CUDA(kernels::cuda::cross_entropy_forward(
       logits.dtype(), in.raw_data(), index.data<int64_t>(), lse.data<float>(),
       row_losses.data<float>(), out.data<float>(), rows, vocab, detail::stream_of(logits)));
@@ -125,7 +182,11 @@ Tensor softmax(const Tensor& x_in, bool causal) {
 // The loss of 16-bit logits is f32, as in PyTorch's autocast: the kernels, CUDA's and the
 // CPU's, read the logits as they are and compute in f32, and the gradient is rounded once to
 // the logits' dtype. What backward keeps is the 16-bit logits, not an f32 copy.
-Tensor cross_entropy(const Tensor& logits, const Tensor& targets) {
+namespace {
+
+// cross_entropy of logits that this call alone holds when `handed_over` (Note [The loss's
+// gradient with the loss]).
+Tensor cross_entropy_of(const Tensor& logits, const Tensor& targets, bool handed_over) {
   detail::check_kernel_device("cross_entropy", logits);
   if (logits.dim() != 2 || targets.dim() != 1 || targets.size(0) != logits.size(0)) {
     fail("cross_entropy: expected logits [N, V] and targets [N], got ", shape_str(logits.shape()),
@@ -133,7 +194,11 @@ Tensor cross_entropy(const Tensor& logits, const Tensor& targets) {
   }
   int64_t rows = logits.size(0), vocab = logits.size(1);
   if (rows == 0) fail("cross_entropy: no rows; the mean over zero targets is undefined");
-  if (logits.device().is_cuda()) return cuda_cross_entropy(logits, targets);
+  const std::optional<float> announced =
+      handed_over && takes_cuda_path(logits.device()) && autograd::any_requires_grad({logits})
+          ? LossGradientScope::gradient()
+          : std::nullopt;
+  if (logits.device().is_cuda()) return cuda_cross_entropy(logits, targets, announced);
   auto index = std::make_shared<std::vector<int64_t>>(
       detail::indices_as_i64("cross_entropy (targets)", targets, vocab));
   Tensor in = detail::contiguous_input(logits);
@@ -141,6 +206,16 @@ Tensor cross_entropy(const Tensor& logits, const Tensor& targets) {
   const DType loss_dtype = logits.dtype() == DType::F64 ? DType::F64 : DType::F32;
   Tensor lse = Tensor::empty({rows}, loss_dtype, logits.device());
   Tensor out = Tensor::empty({}, loss_dtype, logits.device());
+  if (announced) {  // meta following CUDA: the forward writes the gradient, backward checks
+    record_meta_op("cross_entropy", OpClass::Normalization, 2 * kSoftmaxFlops * double(in.numel()),
+                   {in, targets}, {lse, out, in});
+    autograd::record("CrossEntropy", {logits}, {out},
+                     [dlogits = in.detach()](const std::vector<Tensor>& g, const autograd::Node&) {
+                       record_meta_op("CrossEntropy", OpClass::Normalization, 0, {g[0]}, {});
+                       return std::vector<Tensor>{dlogits};
+                     });
+    return out;
+  }
   if (reports_op_cost(logits.device())) {
     record_meta_op("cross_entropy", OpClass::Normalization, kSoftmaxFlops * double(in.numel()),
                    {in, targets}, {lse, out});
@@ -178,6 +253,18 @@ Tensor cross_entropy(const Tensor& logits, const Tensor& targets) {
                      });
   }
   return out;
+}
+
+}  // namespace
+
+Tensor cross_entropy(const Tensor& logits, const Tensor& targets) {
+  return cross_entropy_of(logits, targets, /*handed_over=*/false);
+}
+
+Tensor cross_entropy(Tensor&& logits, const Tensor& targets) {
+  // Checked before anything takes a handle to the logits.
+  const bool alone = logits.defined() && logits.holds_storage_alone();
+  return cross_entropy_of(logits, targets, alone);
 }
 
 namespace {

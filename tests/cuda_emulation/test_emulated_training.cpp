@@ -15,6 +15,7 @@
 #include <algorithm>
 #include <cmath>
 #include <memory>
+#include <optional>
 #include <random>
 #include <string>
 #include <utility>
@@ -114,7 +115,8 @@ size_t count_named(const std::vector<emu::Work>& work, const std::string& prefix
 }
 
 // A model and its AdamW on one device, stepped as train_gpt steps them: under bf16-mixed,
-// autocast and a WeightCastScope over the forward and backward; gradients clipped to norm 1;
+// autocast and a WeightCastScope over the forward and backward; the loss's gradient announced
+// (Strategy::forward_backward's LossGradientScope); gradients clipped to norm 1;
 // with `cuda_graph`, the whole step through train_gpt's GraphedStep (--cuda-graph): the
 // clipping factor on the device, AdamW capturable.
 class Trainer {
@@ -161,7 +163,11 @@ class Trainer {
         autocast = std::make_unique<AutocastGuard>(DType::BF16);
         weights = std::make_unique<WeightCastScope>(model_->parameters(), plan);
       }
-      Tensor loss = model_->loss(tokens, targets);
+      Tensor loss;
+      {
+        LossGradientScope loss_gradient(1.0);  // as Strategy::forward_backward announces it
+        loss = model_->loss(tokens, targets);
+      }
       loss.backward();
       s.loss = loss.item();
       if (weights) s.cached_weights = weights->cached_casts();
@@ -209,7 +215,11 @@ class Trainer {
             autocast = std::make_unique<AutocastGuard>(DType::BF16);
             weights = std::make_unique<WeightCastScope>(model_->parameters(), plan);
           }
-          Tensor loss = model_->loss(batch.tokens, batch.targets);
+          Tensor loss;
+          {
+            LossGradientScope loss_gradient(1.0);
+            loss = model_->loss(batch.tokens, batch.targets);
+          }
           loss.backward();
           weights.reset();
           const optim::DeviceClip clip = optim::clip_grad_norm_on_device(model_->parameters(), 1.0);
@@ -358,6 +368,68 @@ void expect_near_each(const std::vector<float>& got, const std::vector<float>& w
   ASSERT_EQ(got.size(), want.size()) << what;
   for (size_t i = 0; i < got.size(); ++i)
     EXPECT_NEAR(got[i], want[i], tolerance * (1 + std::abs(want[i]))) << what << "[" << i << "]";
+}
+
+// Note [The loss's gradient with the loss]: inside a LossGradientScope, logits handed over
+// from their product get their gradient in cross_entropy's forward, with the loss and
+// gradients of the two passes to the bit; a loss whose gradient is not the announced one gets
+// its gradient rescaled (rounded once more); logits the caller still holds (passed as they
+// are, or moved with another handle kept) keep their values, and the two passes run.
+TEST(CudaTraining, CrossEntropyWritesItsGradientInItsForwardWhenTheLossGradientIsKnown) {
+  const LinearOperands o = linear_operands(Device::cuda(0), 12, 21);
+  std::vector<int64_t> picks(12);
+  for (size_t i = 0; i < picks.size(); ++i)
+    picks[i] = static_cast<int64_t>((7 * i + 3) % 40);
+  const Tensor targets = Tensor::from_vector(picks, {12}).to(Device::cuda(0));
+  enum class Logits { HandedOver, Held, MovedWithACopyKept };
+  struct Run {
+    float loss;
+    std::vector<float> dx, dw;
+    size_t fused, backward;  // launches of the one-pass kernel and of the backward's
+  };
+  auto run = [&](std::optional<double> announced, double scale, Logits logits) {
+    o.x.set_grad(Tensor());
+    o.w.set_grad(Tensor());
+    emu::WorkLog log;
+    Tensor loss;
+    {
+      std::optional<LossGradientScope> scope;
+      if (announced) scope.emplace(*announced);
+      if (logits == Logits::HandedOver) {
+        loss = cross_entropy(matmul(o.x, o.w), targets);
+      } else {
+        Tensor held = matmul(o.x, o.w);
+        const Tensor copy = held;
+        const std::vector<float> before = held.to(Device::cpu()).to_vector<float>();
+        loss = logits == Logits::Held ? cross_entropy(held, targets)
+                                      : cross_entropy(std::move(held), targets);
+        EXPECT_EQ(copy.to(Device::cpu()).to_vector<float>(), before) << "the caller's logits";
+      }
+    }
+    (scale != 1.0 ? mul(loss, scale) : loss).backward();
+    return Run{static_cast<float>(loss.item()), o.x.grad().to(Device::cpu()).to_vector<float>(),
+               o.w.grad().to(Device::cpu()).to_vector<float>(),
+               count_named(log.entries(), "cross_entropy_forward_backward_kernel"),
+               count_named(log.entries(), "cross_entropy_backward_kernel")};
+  };
+  const Run plain = run(std::nullopt, 0.75, Logits::HandedOver);
+  EXPECT_EQ(plain.fused, 0u);
+  EXPECT_EQ(plain.backward, 1u);
+  for (const Logits logits : {Logits::HandedOver, Logits::Held, Logits::MovedWithACopyKept}) {
+    SCOPED_TRACE("logits case " + std::to_string(static_cast<int>(logits)));
+    const bool one_pass = logits == Logits::HandedOver;
+    const Run kept = run(0.75, 0.75, logits);
+    EXPECT_EQ(kept.fused, one_pass ? 1u : 0u);
+    EXPECT_EQ(kept.backward, one_pass ? 0u : 1u);
+    EXPECT_EQ(kept.loss, plain.loss);
+    EXPECT_EQ(kept.dx, plain.dx);
+    EXPECT_EQ(kept.dw, plain.dw);
+  }
+  const Run broken = run(1.0, 0.75, Logits::HandedOver);  // the word not kept: rescaled
+  EXPECT_EQ(broken.fused, 1u);
+  EXPECT_EQ(broken.loss, plain.loss);
+  expect_near_each(broken.dx, plain.dx, 1e-6, "dx");
+  expect_near_each(broken.dw, plain.dw, 1e-6, "dw");
 }
 
 // A linear layer's backward on the CUDA path: the input's gradient one GEMM, the weight's and

@@ -1,7 +1,7 @@
 // kernels/cuda/softmax.cu under the emulator against kernels/cpu/softmax: softmax forward
 // (plain and causal) and backward, the fused cross-entropy forward and backward (of whole rows
-// and of a part of the classes), on warp- and block-per-row widths, aligned and not, in f32,
-// bf16 and f16, under every schedule.
+// and of a part of the classes; both in one pass, and its rescaling), on warp- and block-per-row
+// widths, aligned and not, in f32, bf16 and f16, under every schedule.
 
 #include "kernels/cuda/softmax.h"
 
@@ -133,6 +133,32 @@ void check_cross_entropy() {
       gpu::cross_entropy_backward(dtype_of<T>(), in_place.data(), targets.data(), lse.data(),
                                   &dloss, in_place.data(), s.rows, s.width, nullptr);
       EXPECT_TRUE(bitwise_equal(in_place, grad));
+
+      // Both in one pass, for a gradient known beforehand: the same bits, written over the
+      // logits; rescaled by the backward only when the loss's gradient is another.
+      std::vector<T> fused = logits;
+      std::vector<float> fused_lse(targets.size()), fused_losses(targets.size()), fused_mean(1);
+      gpu::cross_entropy_forward_backward(dtype_of<T>(), fused.data(), targets.data(),
+                                          fused_lse.data(), fused_losses.data(), fused_mean.data(),
+                                          dloss, s.rows, s.width, nullptr);
+      EXPECT_TRUE(bitwise_equal(fused_lse, lse));
+      EXPECT_TRUE(bitwise_equal(fused_losses, losses));
+      EXPECT_TRUE(bitwise_equal(fused_mean, mean));
+      EXPECT_TRUE(bitwise_equal(fused, grad));
+      gpu::cross_entropy_rescale(dtype_of<T>(), fused.data(), &dloss, dloss,
+                                 static_cast<int64_t>(n), nullptr);
+      EXPECT_TRUE(bitwise_equal(fused, grad)) << "rescaled for the gradient it was written for";
+      const float other = 0.375f;
+      std::vector<T> want_other(n);
+      gpu::cross_entropy_backward(dtype_of<T>(), logits.data(), targets.data(), lse.data(), &other,
+                                  want_other.data(), s.rows, s.width, nullptr);
+      gpu::cross_entropy_rescale(dtype_of<T>(), fused.data(), &other, dloss,
+                                 static_cast<int64_t>(n), nullptr);
+      // Rounded once more than the backward's: within two of T's units in the last place.
+      EXPECT_LE(max_relative_error(fused, want_other, 1e-2), 2 * tolerance<T>());
+      if (s.width > 1) {  // (one class: a gradient of zeros)
+        EXPECT_GT(max_relative_error(fused, grad, 1e-2), 0.1) << "not rescaled";
+      }
     });
   }
 }
