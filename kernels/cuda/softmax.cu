@@ -223,6 +223,15 @@ __global__ void __launch_bounds__(kMeanThreads)
   }
 }
 
+// One logit's gradient, scale * (softmax - onehot) with scale = dloss / rows: the arithmetic of
+// cross_entropy_backward_kernel and of the one-pass kernel, so that both write the same bits.
+__device__ __forceinline__ float logit_gradient(float logit, float lse, float scale,
+                                                bool is_target) {
+  // __fmul_rn keeps the product rounded before the subtraction, as the CPU kernel does.
+  const float d = __fmul_rn(scale, expf(logit - lse));
+  return is_target ? d - scale : d;
+}
+
 // dlogits = scale * (softmax - onehot), scale = dloss / rows. dlogits may alias logits: each
 // pack is read right before the same thread overwrites it, and no other thread reads it.
 template <typename T, int V>
@@ -243,12 +252,8 @@ __global__ void __launch_bounds__(kVocabMaxThreads)
   const auto grad = [&](const Pack<T, V>& xv, int p) {
     Pack<T, V> out;
 #pragma unroll
-    for (int k = 0; k < V; ++k) {
-      // __fmul_rn keeps the product rounded before the subtraction, as the CPU kernel does.
-      float d = __fmul_rn(scale, expf(to_float(xv.v[k]) - lse));
-      if (p * V + k == target) d -= scale;
-      out.v[k] = from_float<T>(d);
-    }
+    for (int k = 0; k < V; ++k)
+      out.v[k] = from_float<T>(logit_gradient(to_float(xv.v[k]), lse, scale, p * V + k == target));
     return out;
   };
   // Two packs per step, both loaded before either store: dlogits may alias logits, so the
@@ -301,10 +306,8 @@ __global__ void __launch_bounds__(kVocabMaxThreads)
     Pack<T, V> out;
 #pragma unroll
     for (int k = 0; k < V; ++k) {
-      // cross_entropy_backward_kernel's arithmetic, to the bit.
-      float d = __fmul_rn(scale, expf(to_float(xv.v[k]) - lse));
-      if (p * V + k == target) d -= scale;
-      out.v[k] = from_float<T>(d);
+      const int column = p * V + k;
+      out.v[k] = from_float<T>(logit_gradient(to_float(xv.v[k]), lse, scale, column == target));
     }
     store_pack<V>(xr + p * V, out);
   }
