@@ -160,6 +160,25 @@ __global__ void __launch_bounds__(1024)
   }
 }
 
+// The logsumexp of a row of `packs` packs, every thread of the block getting it (one read of
+// the row: online max and sum of exps).
+template <typename T, int V>
+__device__ __forceinline__ float row_logsumexp(const T* xr, int packs, const RowGroup<true>& g,
+                                               float* scratch) {
+  OnlineSoftmax stats;
+#pragma unroll 2
+  for (int p = g.lane; p < packs; p += g.lanes) {
+    const Pack<T, V> xv = load_pack<V>(xr + p * V);
+    float v[V];
+#pragma unroll
+    for (int k = 0; k < V; ++k)
+      v[k] = to_float(xv.v[k]);
+    stats.add(v);
+  }
+  const OnlineSoftmax total = stats.reduce(g, scratch);
+  return total.m + logf(total.s);
+}
+
 // One block per row: logsumexp and loss of the row, in one read of the logits. Of a part of
 // the classes (kernels::Part): the logsumexp of the part, and in row_losses the target's logit
 // where it falls in the part, else 0.
@@ -175,19 +194,8 @@ __global__ void __launch_bounds__(kVocabMaxThreads)
   const int packs = vocab / V;
   const T* xr = logits + g.row * vocab;
 
-  OnlineSoftmax stats;
-#pragma unroll 2
-  for (int p = g.lane; p < packs; p += g.lanes) {
-    const Pack<T, V> xv = load_pack<V>(xr + p * V);
-    float v[V];
-#pragma unroll
-    for (int k = 0; k < V; ++k)
-      v[k] = to_float(xv.v[k]);
-    stats.add(v);
-  }
-  const OnlineSoftmax total = stats.reduce(g, scratch);
+  const float lse = row_logsumexp<T, V>(xr, packs, g, scratch);
   if (threadIdx.x == 0) {
-    const float lse = total.m + logf(total.s);
     logsumexp[g.row] = lse;
     if (!part.part) {
       row_losses[g.row] = lse - to_float(xr[target]);
@@ -284,18 +292,7 @@ __global__ void __launch_bounds__(kVocabMaxThreads)
   const int packs = vocab / V;
   T* xr = logits + g.row * vocab;
 
-  OnlineSoftmax stats;
-#pragma unroll 2
-  for (int p = g.lane; p < packs; p += g.lanes) {
-    const Pack<T, V> xv = load_pack<V>(xr + p * V);
-    float v[V];
-#pragma unroll
-    for (int k = 0; k < V; ++k)
-      v[k] = to_float(xv.v[k]);
-    stats.add(v);
-  }
-  const OnlineSoftmax total = stats.reduce(g, scratch);
-  const float lse = total.m + logf(total.s);
+  const float lse = row_logsumexp<T, V>(xr, packs, g, scratch);
   if (threadIdx.x == 0) {
     logsumexp[g.row] = lse;
     row_losses[g.row] = lse - to_float(xr[target]);
