@@ -415,6 +415,21 @@ void launch_cross_entropy_rows(DType dtype, const void* logits, const int64_t* t
   });
 }
 
+// The sizes of a mean loss over rows: at least one row and one class.
+void check_loss_sizes(const char* op, int64_t rows, int64_t vocab) {
+  check_sizes(op, rows, vocab);
+  if (rows == 0 || vocab == 0) {
+    fail(op, ": expected at least one row and one class, got rows ", rows, " and vocab ", vocab,
+         "; the mean over zero targets is undefined");
+  }
+}
+
+void launch_mean_loss(const float* row_losses, float* mean_loss, int64_t rows,
+                      cudaStream_t stream) {
+  mean_loss_kernel<<<1, kMeanThreads, 0, stream>>>(row_losses, mean_loss, rows);
+  LOOM_CUDA_CHECK_LAUNCH();
+}
+
 }  // namespace
 
 void cross_entropy_part_forward(DType dtype, const void* logits, const int64_t* targets,
@@ -430,15 +445,10 @@ void cross_entropy_part_forward(DType dtype, const void* logits, const int64_t* 
 void cross_entropy_forward(DType dtype, const void* logits, const int64_t* targets,
                            float* logsumexp, float* row_losses, float* mean_loss, int64_t rows,
                            int64_t vocab, cudaStream_t stream) {
-  check_sizes("cross_entropy_forward", rows, vocab);
-  if (rows == 0 || vocab == 0) {
-    fail("cross_entropy_forward: expected at least one row and one class, got rows ", rows,
-         " and vocab ", vocab, "; the mean over zero targets is undefined");
-  }
+  check_loss_sizes("cross_entropy_forward", rows, vocab);
   launch_cross_entropy_rows(dtype, logits, targets, logsumexp, row_losses, rows, vocab, {},
                             stream);
-  mean_loss_kernel<<<1, kMeanThreads, 0, stream>>>(row_losses, mean_loss, rows);
-  LOOM_CUDA_CHECK_LAUNCH();
+  launch_mean_loss(row_losses, mean_loss, rows, stream);
 }
 
 void cross_entropy_backward(DType dtype, const void* logits, const int64_t* targets,
@@ -468,11 +478,7 @@ void cross_entropy_backward(DType dtype, const void* logits, const int64_t* targ
 void cross_entropy_forward_backward(DType dtype, void* logits_then_gradient, const int64_t* targets,
                                     float* logsumexp, float* row_losses, float* mean_loss,
                                     float dloss, int64_t rows, int64_t vocab, cudaStream_t stream) {
-  check_sizes("cross_entropy_forward_backward", rows, vocab);
-  if (rows == 0 || vocab == 0) {
-    fail("cross_entropy_forward_backward: expected at least one row and one class, got rows ", rows,
-         " and vocab ", vocab, "; the mean over zero targets is undefined");
-  }
+  check_loss_sizes("cross_entropy_forward_backward", rows, vocab);
   // As cross_entropy_backward_kernel's scale: in double, rounded once.
   const float scale = static_cast<float>(static_cast<double>(dloss) / static_cast<double>(rows));
   dispatch_float_storage(dtype, "cross_entropy_forward_backward", [&]<typename T>() {
@@ -491,8 +497,7 @@ void cross_entropy_forward_backward(DType dtype, void* logits_then_gradient, con
     }
     LOOM_CUDA_CHECK_LAUNCH();
   });
-  mean_loss_kernel<<<1, kMeanThreads, 0, stream>>>(row_losses, mean_loss, rows);
-  LOOM_CUDA_CHECK_LAUNCH();
+  launch_mean_loss(row_losses, mean_loss, rows, stream);
 }
 
 void cross_entropy_rescale(DType dtype, void* dlogits, const float* dloss, float expected,
