@@ -57,17 +57,21 @@ constexpr size_t mma_dq_smem() {  // Q, dO; K and V twice
 // Issues the copies of rows [t0, t0 + 64) x dims [0, kD) of one head into a tile: cp.async
 // in 16-byte pieces where chunked_rows allows (rows past `time` zero-filled by the copy);
 // element by element otherwise (zero past `time` and `head_dim`; these land at once). The
-// cp.async pieces join the calling thread's open group.
+// cp.async pieces join the calling thread's open group. In the 16-byte path a thread copies
+// the same 8 dims of every kPass-th row, so its addresses need no division per piece.
 template <int kD>
 __device__ __forceinline__ void issue_tile(bf16* dst, const bf16* src, int64_t st, int t0, int time,
                                            int head_dim) {
   constexpr int kPitch = mma_pitch<kD>(), kPerRow = kD / 8;
   if (chunked_rows<kD>(src, st, head_dim)) {
-#pragma unroll 2
-    for (int i = threadIdx.x; i < kMmaTile * kPerRow; i += kMmaThreads) {
-      const int r = i / kPerRow, d = (i % kPerRow) * 8, t = t0 + r;
-      const int at = t < time ? t : time - 1;  // an address inside the head even when unread
-      cp_async16(dst + r * kPitch + d, src + at * st + d, t < time ? 16 : 0);
+    constexpr int kPass = kMmaThreads / kPerRow;  // rows a pass over the block's threads copies
+    static_assert(kMmaThreads % kPerRow == 0 && kMmaTile % kPass == 0);
+    const int r0 = threadIdx.x / kPerRow, d = threadIdx.x % kPerRow * 8;
+#pragma unroll
+    for (int k = 0; k < kMmaTile / kPass; ++k) {
+      const int r = r0 + k * kPass, t = t0 + r;
+      const bool inside = t < time;  // row 0's address when unread: inside the head
+      cp_async16(dst + r * kPitch + d, src + int64_t(inside ? t : 0) * st + d, inside ? 16 : 0);
     }
     return;
   }
@@ -75,6 +79,42 @@ __device__ __forceinline__ void issue_tile(bf16* dst, const bf16* src, int64_t s
   for (int i = threadIdx.x; i < kMmaTile * kD; i += kMmaThreads) {
     const int r = i / kD, d = i % kD, t = t0 + r;
     dst[r * kPitch + d] = (t < time && d < head_dim) ? src[t * st + d] : __float2bfloat16_rn(0.0f);
+  }
+}
+
+// 2^x with results under 2^-126 flushed to zero: PTX's ex2.approx.ftz.f32, one MUFU.EX2 where
+// exp2f adds a compare and two multiplies to produce subnormal results. The kernels raise 2 to
+// a score less its row's running max or log-sum-exp (at most about 0), so a flushed weight is
+// under 2^-126 of its row's largest (FlashAttention's fast-math build flushes them too).
+// Elsewhere (the emulation, old architectures) exp2f with the same flush.
+__device__ __forceinline__ float exp2_flushed(float x) {
+#if LOOM_WARP_MMA_PTX
+  float y;
+  asm("ex2.approx.ftz.f32 %0, %1;\n" : "=f"(y) : "f"(x));
+  return y;
+#else
+  return x < -126.0f ? 0.0f : exp2f(x);
+#endif
+}
+
+// The bf16 halves of a pair packed by pack_bf16x2, as floats (exact).
+__device__ __forceinline__ float low_bf16(uint32_t pair) {
+  return __uint_as_float(pair << 16);
+}
+__device__ __forceinline__ float high_bf16(uint32_t pair) {
+  return __uint_as_float(pair & 0xffff0000u);
+}
+
+// Runs body(std::true_type) where `masked`, body(std::false_type) elsewhere: a body that
+// tests its scores against the causal mask and the sequence's end under `if constexpr`
+// is compiled twice, and the tiles wholly inside both (most of them) skip every per-score
+// test; `masked` is the same for the whole block, so the branch does not diverge.
+template <typename Body>
+__device__ __forceinline__ void with_mask_if(bool masked, Body&& body) {
+  if (masked) {
+    body(std::true_type{});
+  } else {
+    body(std::false_type{});
   }
 }
 
@@ -172,19 +212,19 @@ __device__ __forceinline__ void product_with_rows(float (&acc)[kM][kTiles][4], c
   }
 }
 
-// acc[i] [16 x kD] += P_i B for a warp's kM row tiles: P_i the bf16 of accumulators p[i]
-// (16 x 8 kTiles), B the tile's rows [row0, row0 + 8 kTiles) over all kD dims (O += P V,
-// dV += P^T dO, dQ += dS K, ...), each B operand loaded once for the kM products.
-template <int kD, int kM, int kTiles>
-__device__ __forceinline__ void product_with_cols(float (&acc)[kM][kD / 8][4],
-                                                  const float (&p)[kM][kTiles][4],
-                                                  const bf16* b_tile, int row0) {
+// acc[i] [16 x kD] += A_i B for a warp's kM row tiles, over kSteps k-steps of 16: a_step(a, i,
+// j) gives A_i's k-step j (columns [16 j, 16 j + 16)), B is the tile's rows [row0, row0 + 16
+// kSteps) over all kD dims (O += P V, dV += P^T dO, dQ += dS K, ...), each B operand loaded
+// once for the kM products.
+template <int kD, int kM, int kSteps, typename AStep>
+__device__ __forceinline__ void product_with_cols_of(float (&acc)[kM][kD / 8][4], AStep&& a_step,
+                                                     const bf16* b_tile, int row0) {
 #pragma unroll
-  for (int j = 0; j < kTiles / 2; ++j) {
+  for (int j = 0; j < kSteps; ++j) {
     uint32_t a[kM][4];
 #pragma unroll
     for (int i = 0; i < kM; ++i)
-      accumulators_as_a(a[i], p[i], j);
+      a_step(a[i], i, j);
 #pragma unroll
     for (int dp = 0; dp < kD / 16; ++dp) {
       uint32_t b[4];
@@ -196,6 +236,32 @@ __device__ __forceinline__ void product_with_cols(float (&acc)[kM][kD / 8][4],
       }
     }
   }
+}
+
+// product_with_cols_of with A_i the bf16 of accumulators p[i] (16 x 8 kTiles).
+template <int kD, int kM, int kTiles>
+__device__ __forceinline__ void product_with_cols(float (&acc)[kM][kD / 8][4],
+                                                  const float (&p)[kM][kTiles][4],
+                                                  const bf16* b_tile, int row0) {
+  product_with_cols_of<kD, kM, kTiles / 2>(
+      acc, [&](uint32_t(&a)[4], int i, int j) { accumulators_as_a(a, p[i], j); }, b_tile, row0);
+}
+
+// product_with_cols_of with A_i already bf16: p[i][n][r] holds row g + 8 r, columns 2t and
+// 2t + 1 of n-tile n (an accumulator's pair, packed by pack_bf16x2).
+template <int kD, int kM, int kTiles>
+__device__ __forceinline__ void product_with_packed_cols(float (&acc)[kM][kD / 8][4],
+                                                         const uint32_t (&p)[kM][kTiles][2],
+                                                         const bf16* b_tile, int row0) {
+  product_with_cols_of<kD, kM, kTiles / 2>(
+      acc,
+      [&](uint32_t(&a)[4], int i, int j) {
+        a[0] = p[i][2 * j][0];
+        a[1] = p[i][2 * j][1];
+        a[2] = p[i][2 * j + 1][0];
+        a[3] = p[i][2 * j + 1][1];
+      },
+      b_tile, row0);
 }
 
 // Writes a warp's 16 x kD accumulator times `scale` to rows t0.. of dst (bf16), through the
@@ -283,47 +349,54 @@ __global__ void __launch_bounds__(kMmaThreads,
 
     // Online softmax (finite max: every row meets key 0 in its first tile, see v1). Lanes
     // 4g .. 4g + 3 share rows g and g + 8 of each row tile. Only tiles reaching the block's
-    // diagonal or the last key need the mask.
+    // diagonal or the last key need the mask. The weights are rounded to bf16 in pairs, as
+    // P V's A operands, and the denominator sums the rounded weights that P V uses.
+    uint32_t p[kM][kMmaTile / 8][2];
     const bool edge = k0 + kMmaTile > q0 || k0 + kMmaTile > a.time;
+    with_mask_if(edge, [&](auto masked) {
+      constexpr bool kMasked = decltype(masked)::value;
 #pragma unroll
-    for (int i = 0; i < kM; ++i) {
-      float tile_max[2] = {-INFINITY, -INFINITY};
+      for (int i = 0; i < kM; ++i) {
+        float tile_max[2] = {-INFINITY, -INFINITY};
 #pragma unroll
-      for (int j = 0; j < kMmaTile / 8; ++j)
+        for (int j = 0; j < kMmaTile / 8; ++j)
 #pragma unroll
-        for (int e = 0; e < 4; ++e) {
-          const int key = k0 + 8 * j + 2 * t + e % 2;
-          float x = s[i][j][e] * a.scale_log2;
-          if (edge && !(key <= rows[i][e / 2] && key < a.time)) x = -INFINITY;
-          s[i][j][e] = x;
-          tile_max[e / 2] = fmaxf(tile_max[e / 2], x);
+          for (int e = 0; e < 4; ++e) {
+            float x = s[i][j][e] * a.scale_log2;
+            if constexpr (kMasked) {
+              const int key = k0 + 8 * j + 2 * t + e % 2;
+              if (!(key <= rows[i][e / 2] && key < a.time)) x = -INFINITY;
+            }
+            s[i][j][e] = x;
+            tile_max[e / 2] = fmaxf(tile_max[e / 2], x);
+          }
+        float alpha[2];
+#pragma unroll
+        for (int r = 0; r < 2; ++r) {
+          tile_max[r] = fmaxf(tile_max[r], __shfl_xor_sync(0xffffffffu, tile_max[r], 1));
+          tile_max[r] = fmaxf(tile_max[r], __shfl_xor_sync(0xffffffffu, tile_max[r], 2));
+          const float m_new = fmaxf(m[i][r], tile_max[r]);
+          alpha[r] = exp2_flushed(m[i][r] - m_new);
+          m[i][r] = m_new;
+          l[i][r] *= alpha[r];
         }
-      float alpha[2];
 #pragma unroll
-      for (int r = 0; r < 2; ++r) {
-        tile_max[r] = fmaxf(tile_max[r], __shfl_xor_sync(0xffffffffu, tile_max[r], 1));
-        tile_max[r] = fmaxf(tile_max[r], __shfl_xor_sync(0xffffffffu, tile_max[r], 2));
-        const float m_new = fmaxf(m[i][r], tile_max[r]);
-        alpha[r] = exp2f(m[i][r] - m_new);
-        m[i][r] = m_new;
-        l[i][r] *= alpha[r];
+        for (int j = 0; j < kMmaTile / 8; ++j)
+#pragma unroll
+          for (int r = 0; r < 2; ++r) {
+            p[i][j][r] = pack_bf16x2(exp2_flushed(s[i][j][2 * r] - m[i][r]),
+                                     exp2_flushed(s[i][j][2 * r + 1] - m[i][r]));
+            l[i][r] += low_bf16(p[i][j][r]);
+            l[i][r] += high_bf16(p[i][j][r]);
+          }
+#pragma unroll
+        for (int n = 0; n < kD / 8; ++n)
+#pragma unroll
+          for (int e = 0; e < 4; ++e)
+            o[i][n][e] *= alpha[e / 2];
       }
-#pragma unroll
-      for (int j = 0; j < kMmaTile / 8; ++j)
-#pragma unroll
-        for (int e = 0; e < 4; ++e) {
-          // The denominator sums the bf16-rounded weights that the P V product uses.
-          const float p = __bfloat162float(__float2bfloat16_rn(exp2f(s[i][j][e] - m[i][e / 2])));
-          s[i][j][e] = p;
-          l[i][e / 2] += p;
-        }
-#pragma unroll
-      for (int n = 0; n < kD / 8; ++n)
-#pragma unroll
-        for (int e = 0; e < 4; ++e)
-          o[i][n][e] *= alpha[e / 2];
-    }
-    product_with_cols<kD>(o, s, vs, 0);
+    });
+    product_with_packed_cols<kD>(o, p, vs, 0);
   }
 
 #pragma unroll
@@ -414,25 +487,30 @@ __global__ void __launch_bounds__(kMmaThreads,
     const bf16* gs = qs + kTile;
     const float* lse = stats + buffer * 2 * kMmaTile;
     const float* delta = lse + kMmaTile;
+    // Query tiles from the block's last key on, up to the last query, need no mask.
+    const bool masked = q0 < k0 + kRows || q0 + kMmaTile > a.time;
 
 #pragma unroll 1
     for (int c0 = 0; c0 < kMmaTile; c0 += kChunk) {
       float p[kM][kChunk / 8][4] = {}, ds[kM][kChunk / 8][4] = {};
       product_with_rows<kD>(p, ks, key0, qs, c0);   // S^T
       product_with_rows<kD>(ds, vs, key0, gs, c0);  // dP^T
+      with_mask_if(masked, [&](auto mask) {
 #pragma unroll
-      for (int i = 0; i < kM; ++i)
+        for (int i = 0; i < kM; ++i)
 #pragma unroll
-        for (int j = 0; j < kChunk / 8; ++j)
+          for (int j = 0; j < kChunk / 8; ++j)
 #pragma unroll
-          for (int e = 0; e < 4; ++e) {
-            const int c = c0 + 8 * j + 2 * t + e % 2, query = q0 + c;
-            const float pv = (query < a.time && keys[i][e / 2] <= query)
-                                 ? exp2f(p[i][j][e] * a.scale_log2 - lse[c])
-                                 : 0.0f;
-            p[i][j][e] = pv;
-            ds[i][j][e] = pv * (ds[i][j][e] - delta[c]);
-          }
+            for (int e = 0; e < 4; ++e) {
+              const int c = c0 + 8 * j + 2 * t + e % 2, query = q0 + c;
+              float pv = exp2_flushed(p[i][j][e] * a.scale_log2 - lse[c]);
+              if constexpr (decltype(mask)::value) {
+                if (!(query < a.time && keys[i][e / 2] <= query)) pv = 0.0f;
+              }
+              p[i][j][e] = pv;
+              ds[i][j][e] = pv * (ds[i][j][e] - delta[c]);
+            }
+      });
       product_with_cols<kD>(dv, p, gs, c0);   // dV += P^T dO
       product_with_cols<kD>(dk, ds, qs, c0);  // dK += dS^T Q
     }
@@ -499,23 +577,30 @@ __global__ void __launch_bounds__(kMmaThreads, min_blocks(mma_dq_smem<kD>(), mma
     const int k0 = kb * kMmaTile;
     const bf16* ks = kv + walk_step(kb, key_tiles, issue_keys) * 2 * kTile;
     const bf16* vs = ks + kTile;
+    // Key tiles wholly left of the block's first row need no mask, unless the block holds
+    // rows past the last.
+    const bool masked = k0 + kMmaTile > q0 || q0 + kRows > a.time;
 #pragma unroll 1
     for (int c0 = 0; c0 < kMmaTile; c0 += kChunk) {
       float p[kM][kChunk / 8][4] = {}, ds[kM][kChunk / 8][4] = {};
       product_with_rows<kD>(p, qs, row0, ks, c0);   // S
       product_with_rows<kD>(ds, gs, row0, vs, c0);  // dP
+      with_mask_if(masked, [&](auto mask) {
 #pragma unroll
-      for (int i = 0; i < kM; ++i)
+        for (int i = 0; i < kM; ++i)
 #pragma unroll
-        for (int j = 0; j < kChunk / 8; ++j)
+          for (int j = 0; j < kChunk / 8; ++j)
 #pragma unroll
-          for (int e = 0; e < 4; ++e) {
-            const int r = e / 2, key = k0 + c0 + 8 * j + 2 * t + e % 2;
-            const float pv = (rows[i][r] < a.time && key <= rows[i][r])
-                                 ? exp2f(p[i][j][e] * a.scale_log2 - lse2[i][r])
-                                 : 0.0f;
-            ds[i][j][e] = pv * (ds[i][j][e] - delta[i][r]);
-          }
+            for (int e = 0; e < 4; ++e) {
+              const int r = e / 2;
+              float pv = exp2_flushed(p[i][j][e] * a.scale_log2 - lse2[i][r]);
+              if constexpr (decltype(mask)::value) {
+                const int key = k0 + c0 + 8 * j + 2 * t + e % 2;
+                if (!(rows[i][r] < a.time && key <= rows[i][r])) pv = 0.0f;
+              }
+              ds[i][j][e] = pv * (ds[i][j][e] - delta[i][r]);
+            }
+      });
       product_with_cols<kD>(dq, ds, ks, c0);  // dQ += dS K
     }
   }
