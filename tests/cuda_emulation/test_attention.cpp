@@ -33,6 +33,12 @@ const Shape kShapes[] = {{1, 1, 5, 8, 1},   {2, 3, 17, 32, 3},  {1, 2, 33, 40, 2
                          {2, 4, 17, 32, 2}, {1, 6, 70, 64, 2},  {1, 3, 33, 40, 1},
                          {1, 2, 150, 32, 1}};
 
+std::string describe(const Shape& s) {
+  return "B " + std::to_string(s.batch) + " H " + std::to_string(s.heads) + " H_kv " +
+         std::to_string(s.kv_heads) + " T " + std::to_string(s.time) + " D " +
+         std::to_string(s.head_dim);
+}
+
 // q, k, v inside one fused projection buffer [B, T, H + 2 H_kv, D]; out, dout, dq contiguous
 // [B, H, T, D], dk and dv [B, H_kv, T, D].
 struct Layouts {
@@ -94,9 +100,7 @@ void check_attention(gpu::AttentionVersion version, double tol_out, double tol_g
   ASSERT_TRUE(gpu::attention_version_supports(version, dtype_of<T>()));
   std::mt19937_64 rng(83);
   for (const auto& s : kShapes) {
-    SCOPED_TRACE("B " + std::to_string(s.batch) + " H " + std::to_string(s.heads) + " H_kv " +
-                 std::to_string(s.kv_heads) + " T " + std::to_string(s.time) + " D " +
-                 std::to_string(s.head_dim));
+    SCOPED_TRACE(describe(s));
     const Layouts l = layouts(s);
     const auto qkv = random_values<T>(l.fused_size, rng, -1, 1);
     const auto dout = random_values<T>(l.plain_size, rng, -1, 1);
@@ -154,9 +158,7 @@ TEST(EmulatedAttention, MmaGivesTheTensorCoreVersionsBits) {
   using T = __nv_bfloat16;
   std::mt19937_64 rng(97);
   for (const auto& s : kShapes) {
-    SCOPED_TRACE("B " + std::to_string(s.batch) + " H " + std::to_string(s.heads) + " H_kv " +
-                 std::to_string(s.kv_heads) + " T " + std::to_string(s.time) + " D " +
-                 std::to_string(s.head_dim));
+    SCOPED_TRACE(describe(s));
     const Layouts l = layouts(s);
     const auto qkv = random_values<T>(l.fused_size, rng, -3, 3);
     const auto dout = random_values<T>(l.plain_size, rng, -1, 1);
