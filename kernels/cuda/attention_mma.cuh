@@ -437,7 +437,7 @@ __global__ void __launch_bounds__(kMmaThreads,
   bf16* ks = reinterpret_cast<bf16*>(smem);  // kM tiles of K rows, then kM of V rows
   bf16* vs = ks + kM * kTile;
   bf16* qg = vs + kM * kTile;  // buffer i: Q at qg + 2 i kTile, dO after it
-  float* stats = reinterpret_cast<float*>(qg + 4 * kTile);  // buffer i: lse (base 2), then D
+  float* stats = reinterpret_cast<float*>(qg + 4 * kTile);  // buffer i: lse, then D
   const int warp = threadIdx.x / kWarpSize, lane = threadIdx.x % kWarpSize;
   const int g = lane / 4, t = lane % 4;
   const int kv_heads = a.heads / a.group;
@@ -455,20 +455,25 @@ __global__ void __launch_bounds__(kMmaThreads,
   const int query_tiles = (a.time + kMmaTile - 1) / kMmaTile - first_query_tile;
   const int steps = a.group * query_tiles;
 
-  // Step `step`'s Q and dO tiles, and its lse and D rows (stored at once), into buffer
-  // step % 2.
+  // Step `step`'s Q and dO tiles, and its lse (natural log, as stored) and D rows, zero past
+  // the last query, into buffer step % 2, all by cp.async, so no thread waits on the loads.
+  // Called for steps 0, 1, 2, ... in turn, so the head and tile advance without a division.
+  int next_head = kvh * a.group, next_tile = first_query_tile;
   auto issue_queries = [&](int step) {
-    const int h = kvh * a.group + step / query_tiles;
-    const int q0 = (first_query_tile + step % query_tiles) * kMmaTile;
+    const int h = next_head, q0 = next_tile * kMmaTile;
+    if (++next_tile == first_query_tile + query_tiles) {
+      next_tile = first_query_tile;
+      ++next_head;
+    }
     bf16* q_tile = qg + (step % 2) * 2 * kTile;
     issue_tile<kD>(q_tile, a.q.head(b, h), a.q.st, q0, a.time, a.head_dim);
     issue_tile<kD>(q_tile + kTile, a.dout.head(b, h), a.dout.st, q0, a.time, a.head_dim);
     float* lse = stats + (step % 2) * 2 * kMmaTile;
     for (int i = threadIdx.x; i < kMmaTile; i += kMmaThreads) {
       const bool ok = q0 + i < a.time;
-      const int64_t at = int64_t(b * a.heads + h) * a.time + q0 + i;
-      lse[i] = ok ? a.lse[at] * kLog2e : 0.0f;
-      lse[kMmaTile + i] = ok ? a.delta[at] : 0.0f;
+      const int64_t at = int64_t(b * a.heads + h) * a.time + (ok ? q0 + i : 0);
+      cp_async4(lse + i, a.lse + at, ok ? 4 : 0);
+      cp_async4(lse + kMmaTile + i, a.delta + at, ok ? 4 : 0);
     }
   };
 #pragma unroll
@@ -480,8 +485,9 @@ __global__ void __launch_bounds__(kMmaThreads,
   cp_async_commit();
 
   float dk[kM][kD / 8][4] = {}, dv[kM][kD / 8][4] = {};
-  for (int step = 0; step < steps; ++step) {
-    const int q0 = (first_query_tile + step % query_tiles) * kMmaTile;
+  for (int step = 0, tile = first_query_tile; step < steps; ++step) {
+    const int q0 = tile * kMmaTile;
+    tile = tile + 1 == first_query_tile + query_tiles ? first_query_tile : tile + 1;
     const int buffer = walk_step(step, steps, issue_queries);
     const bf16* qs = qg + buffer * 2 * kTile;
     const bf16* gs = qs + kTile;
@@ -503,7 +509,9 @@ __global__ void __launch_bounds__(kMmaThreads,
 #pragma unroll
             for (int e = 0; e < 4; ++e) {
               const int c = c0 + 8 * j + 2 * t + e % 2, query = q0 + c;
-              float pv = exp2_flushed(p[i][j][e] * a.scale_log2 - lse[c]);
+              // lse in base 2, rounded apart (__fmul_rn is never fused) as when it was stored so.
+              const float lse2 = __fmul_rn(lse[c], kLog2e);
+              float pv = exp2_flushed(p[i][j][e] * a.scale_log2 - lse2);
               if constexpr (decltype(mask)::value) {
                 if (!(query < a.time && keys[i][e / 2] <= query)) pv = 0.0f;
               }
