@@ -389,11 +389,16 @@ __global__ void __launch_bounds__(kMmaThreads,
             l[i][r] += low_bf16(p[i][j][r]);
             l[i][r] += high_bf16(p[i][j][r]);
           }
+        // A row whose max stood has alpha 1. Once rows have met their largest scores most
+        // tiles leave all 16 of a row tile's maxima standing, and the warp skips multiplying
+        // its output by 1 (the same bits; one vote where there were 32 multiplies).
+        if (!__all_sync(0xffffffffu, alpha[0] == 1.0f && alpha[1] == 1.0f)) {
 #pragma unroll
-        for (int n = 0; n < kD / 8; ++n)
+          for (int n = 0; n < kD / 8; ++n)
 #pragma unroll
-          for (int e = 0; e < 4; ++e)
-            o[i][n][e] *= alpha[e / 2];
+            for (int e = 0; e < 4; ++e)
+              o[i][n][e] *= alpha[e / 2];
+        }
       }
     });
     product_with_packed_cols<kD>(o, p, vs, 0);

@@ -133,6 +133,31 @@ TEST(Emulator, ShuffleXorGivesEveryLaneTheWarpSum) {
   }
 }
 
+// Each lane of the mask writes whether every lane of the mask in its warp had a nonzero in[].
+void votes(const int* in, unsigned mask, int* out) {
+  if ((mask >> (threadIdx.x % 32) & 1u) == 0) return;
+  const int all = __all_sync(mask, in[threadIdx.x]);
+  out[threadIdx.x] = all;
+}
+
+TEST(Emulator, AllSyncIsOneOnlyWhenEveryLaneOfTheMaskVotesYes) {
+  ScheduleGuard guard;
+  std::vector<int> in(64, 1), out(64, -1);
+  in[40] = 0;  // the second warp: one lane says no
+  for (const auto& schedule : kSchedules) {
+    emu::set_schedule(schedule);
+    emu::launch(votes, 1, 64)(in.data(), 0xffffffffu, out.data());
+    for (int i = 0; i < 32; ++i)
+      ASSERT_EQ(out[i], 1) << emu::describe(schedule);
+    for (int i = 32; i < 64; ++i)
+      ASSERT_EQ(out[i], 0) << emu::describe(schedule);
+    // Lane 8 of each warp (40 in the second) is outside the mask: only its lanes count.
+    emu::launch(votes, 1, 64)(in.data(), 0xfffffeffu, out.data());
+    for (int i = 32; i < 64; ++i)
+      if (i != 40) ASSERT_EQ(out[i], 1) << emu::describe(schedule);
+  }
+}
+
 TEST(Emulator, AShuffleNamingLanesPastTheBlockIsAnError) {
   std::vector<float> in(48), out(48);
   try {

@@ -509,6 +509,25 @@ void exchange_shuffled_values(Run& r, int warp) {
   }
 }
 
+// __all_sync: each lane of the mask gets 1 when every lane of the mask passed a nonzero
+// predicate (in its shuffle_in), else 0.
+void vote_all_lanes(Run& r, int warp) {
+  const WarpBarrier& wb = r.warps[static_cast<size_t>(warp)];
+  int all = 1;
+  for (int lane = 0; lane < kWarpSize; ++lane) {
+    if ((wb.mask >> lane & 1u) == 0) continue;
+    int predicate;
+    std::memcpy(&predicate, r.fibers[static_cast<size_t>(warp * kWarpSize + lane)].shuffle_in,
+                sizeof(predicate));
+    all &= predicate != 0 ? 1 : 0;
+  }
+  for (int lane = 0; lane < kWarpSize; ++lane) {
+    if ((wb.mask >> lane & 1u) != 0)
+      std::memcpy(r.fibers[static_cast<size_t>(warp * kWarpSize + lane)].shuffle_out, &all,
+                  sizeof(all));
+  }
+}
+
 }  // namespace
 
 void sync_warp(unsigned mask) { warp_barrier("__syncwarp", mask, 0, 0, kWarpSize, nullptr); }
@@ -535,6 +554,15 @@ void shuffle_xor(unsigned mask, void* value, size_t bytes, int lane_mask, int wi
   std::memcpy(r.current->shuffle_in, value, bytes);
   warp_barrier("__shfl_xor_sync", mask, bytes, lane_mask, width, exchange_shuffled_values);
   std::memcpy(value, active->current->shuffle_out, bytes);
+}
+
+int vote_all(unsigned mask, int predicate) {
+  Run& r = run();
+  std::memcpy(r.current->shuffle_in, &predicate, sizeof(predicate));
+  warp_barrier("__all_sync", mask, sizeof(predicate), 0, kWarpSize, vote_all_lanes);
+  int all;
+  std::memcpy(&all, active->current->shuffle_out, sizeof(all));
+  return all;
 }
 
 bool warp_collective(const char* operation, const void* arguments, size_t bytes) {

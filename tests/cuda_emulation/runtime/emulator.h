@@ -74,6 +74,9 @@ unsigned active_mask();
 // Every lane in `mask` passes `bytes` (at most 16) of its value; each gets the value of lane
 // (its lane ^ lane_mask), within groups of `width` lanes.
 void shuffle_xor(unsigned mask, void* value, size_t bytes, int lane_mask, int width);
+// __all_sync: every lane in `mask` passes its predicate; each gets 1 when all of them are
+// nonzero, else 0.
+int vote_all(unsigned mask, int predicate);
 // A warp-synchronous operation (WMMA): every lane of the warp must reach it together, passing
 // the same `arguments` bytes (at most 32: CUDA requires the same pointer and stride in every
 // lane). Returns true in the first lane of the warp to go on, which runs before any other

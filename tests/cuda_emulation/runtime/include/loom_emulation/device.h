@@ -37,6 +37,10 @@ T __shfl_xor_sync(unsigned mask, T value, int lane_mask, int width = 32) {
   return value;
 }
 
+inline int __all_sync(unsigned mask, int predicate) {
+  return ::loom::cuda_emulation::vote_all(mask, predicate);
+}
+
 // Round-to-nearest arithmetic that the device never fuses into an FMA; the emulated sources
 // are compiled with -ffp-contract=off, so the host does not fuse them either.
 inline float __fadd_rn(float a, float b) { return a + b; }
