@@ -58,7 +58,8 @@ constexpr size_t mma_dq_smem() {  // Q, dO; K and V twice
 // in 16-byte pieces where chunked_rows allows (rows past `time` zero-filled by the copy);
 // element by element otherwise (zero past `time` and `head_dim`; these land at once). The
 // cp.async pieces join the calling thread's open group. In the 16-byte path a thread copies
-// the same 8 dims of every kPass-th row, so its addresses need no division per piece.
+// the same 8 dims of every kPass-th row, so its addresses need no division per piece, and a
+// tile wholly before `time` (all but a sequence's last) needs no test per piece either.
 template <int kD>
 __device__ __forceinline__ void issue_tile(bf16* dst, const bf16* src, int64_t st, int t0, int time,
                                            int head_dim) {
@@ -67,6 +68,14 @@ __device__ __forceinline__ void issue_tile(bf16* dst, const bf16* src, int64_t s
     constexpr int kPass = kMmaThreads / kPerRow;  // rows a pass over the block's threads copies
     static_assert(kMmaThreads % kPerRow == 0 && kMmaTile % kPass == 0);
     const int r0 = threadIdx.x / kPerRow, d = threadIdx.x % kPerRow * 8;
+    if (t0 + kMmaTile <= time) {
+      const bf16* from = src + int64_t(t0 + r0) * st + d;
+      const int64_t pass = kPass * st;
+#pragma unroll
+      for (int k = 0; k < kMmaTile / kPass; ++k)
+        cp_async16(dst + (r0 + k * kPass) * kPitch + d, from + k * pass, 16);
+      return;
+    }
 #pragma unroll
     for (int k = 0; k < kMmaTile / kPass; ++k) {
       const int r = r0 + k * kPass, t = t0 + r;
