@@ -472,13 +472,15 @@ __global__ void __launch_bounds__(kMmaThreads,
   // Step `step`'s Q and dO tiles, and its lse (natural log, as stored) and D rows, zero past
   // the last query, into buffer step % 2, all by cp.async, so no thread waits on the loads.
   // Called for steps 0, 1, 2, ... in turn, so the head and tile advance without a division.
+  // The walk's query tile after `tile`: the next one, or the first again at the next head.
+  auto following = [&](int tile) {
+    return tile + 1 == first_query_tile + query_tiles ? first_query_tile : tile + 1;
+  };
   int next_head = kvh * a.group, next_tile = first_query_tile;
   auto issue_queries = [&](int step) {
     const int h = next_head, q0 = next_tile * kMmaTile;
-    if (++next_tile == first_query_tile + query_tiles) {
-      next_tile = first_query_tile;
-      ++next_head;
-    }
+    next_tile = following(next_tile);
+    if (next_tile == first_query_tile) ++next_head;
     bf16* q_tile = qg + (step % 2) * 2 * kTile;
     issue_tile<kD>(q_tile, a.q.head(b, h), a.q.st, q0, a.time, a.head_dim);
     issue_tile<kD>(q_tile + kTile, a.dout.head(b, h), a.dout.st, q0, a.time, a.head_dim);
@@ -501,7 +503,7 @@ __global__ void __launch_bounds__(kMmaThreads,
   float dk[kM][kD / 8][4] = {}, dv[kM][kD / 8][4] = {};
   for (int step = 0, tile = first_query_tile; step < steps; ++step) {
     const int q0 = tile * kMmaTile;
-    tile = tile + 1 == first_query_tile + query_tiles ? first_query_tile : tile + 1;
+    tile = following(tile);
     const int buffer = walk_step(step, steps, issue_queries);
     const bf16* qs = qg + buffer * 2 * kTile;
     const bf16* gs = qs + kTile;
