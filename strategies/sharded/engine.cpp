@@ -6,6 +6,7 @@
 
 #include "core/tags.h"
 #include "strategies/gradient_sync_hint.h"
+#include "strategies/sharded/shard_uploads.h"
 #include "strategies/sharded/unit_state.h"
 #include "strategies/trace.h"
 #include "tensor/autograd/function.h"
@@ -315,9 +316,9 @@ void ShardedEngine::gather(size_t unit) {
       continue;
     }
     flat.full.storage()->materialize();
-    Tensor input = flat.shard.device() == flat.full.device() ? flat.shard
-                                                              : flat.shard.to(flat.full.device());
-    flat.gather = shard_group_->all_gather(flat.full, input);
+    flat.gather = flat.shard.device() == flat.full.device()
+                      ? shard_group_->all_gather(flat.full, flat.shard)
+                      : all_gather_from_host(*shard_group_, flat.full, flat.shard);
   }
 }
 

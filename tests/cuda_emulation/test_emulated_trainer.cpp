@@ -10,6 +10,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <map>
 #include <memory>
 #include <optional>
 #include <string>
@@ -18,9 +19,11 @@
 #include "data/default_corpus.h"
 #include "data/token_blocks.h"
 #include "nn/gpt.h"
+#include "runtime/stream_order.h"
 #include "runtime/work_log.h"
 #include "strategies/registry.h"
 #include "strategies/strategy.h"
+#include "tensor/cuda/caching_allocator.h"
 #include "tensor/cuda/copy.h"
 #include "tensor/cuda/stream.h"
 #include "tests/comm/test_support.h"
@@ -33,9 +36,17 @@ struct TrainedRun {
   std::vector<StepMetrics> steps;
   std::vector<std::vector<float>> weights;
   size_t graph_launches = 0;  // on the emulated device
-  // Copies on the device's copy stream (the offloaded gradients' downloads), and host
-  // synchronisations of that stream (none: the host waits for the downloads' events).
-  size_t copy_stream_copies = 0, copy_stream_syncs = 0;
+  // Host synchronisations of the device's copy stream (none: the host waits for events).
+  size_t copy_stream_syncs = 0;
+  // Each step's copies between host and device memory, by stream and direction (the
+  // offloaded gradients' downloads and parameter shards' uploads on the copy stream).
+  struct StepCopies {
+    size_t copy_stream_uploads = 0, copy_stream_downloads = 0, compute_stream_uploads = 0;
+    bool operator==(const StepCopies&) const = default;
+  };
+  std::vector<StepCopies> step_copies;
+  // What the stream-order check found (Note [The stream-order check]): none expected.
+  std::vector<std::string> stream_races;
   // The host <-> device copies made by each step after the first (cuda::host_copy_counts).
   std::vector<cuda::HostCopyCounts> step_host_copies;
 };
@@ -43,6 +54,13 @@ struct TrainedRun {
 cuda::HostCopyCounts operator-(const cuda::HostCopyCounts& a, const cuda::HostCopyCounts& b) {
   return {a.pinned - b.pinned, a.staged - b.staged, a.pinned_bytes - b.pinned_bytes,
           a.staged_bytes - b.staged_bytes};
+}
+
+// The emulated device's live allocations, as its caching allocator handed them out.
+std::optional<cuda_emulation::Allocation> device_allocation(const void* address) {
+  const auto allocation = cuda::caching_allocator(0).allocation_containing(address);
+  if (!allocation) return std::nullopt;
+  return cuda_emulation::Allocation{allocation->base, allocation->bytes};
 }
 
 // Trains a 2-layer GPT-2 under the strategy registered as `strategy_name`, on one rank.
@@ -64,22 +82,40 @@ TrainedRun train_on_cuda(TrainOptions o, const std::string& precision, bool cuda
   strategy->setup_environment();
   TrainedRun run;
   cuda_emulation::WorkLog log;
+  cuda_emulation::StreamOrderCheck stream_order(device_allocation);
+  stream_order.name(cuda::compute_stream(0), "the compute stream");
+  stream_order.name(cuda::comm_stream(0), "the comm stream");
+  stream_order.name(cuda::copy_stream(0), "the copy stream");
   std::optional<cuda::HostCopyCounts> last;
+  std::vector<size_t> step_ends;  // the log's size at the end of each step
   train(
       model, data, o,
       [&](const StepMetrics& m) {
         run.steps.push_back(m);
+        step_ends.push_back(log.entries().size());
         const cuda::HostCopyCounts now = cuda::host_copy_counts();
         if (last) run.step_host_copies.push_back(now - *last);
         last = now;
       },
       strategy.get());
   strategy->teardown();
+  run.stream_races = stream_order.races();
   const void* copies = cuda::copy_stream(0);
-  for (const cuda_emulation::Work& w : log.entries()) {
+  const void* compute = cuda::compute_stream(0);
+  const std::vector<cuda_emulation::Work> work = log.entries();
+  for (const cuda_emulation::Work& w : work) {
     run.graph_launches += w.kind == cuda_emulation::WorkKind::kGraph ? 1 : 0;
-    run.copy_stream_copies += w.kind == cuda_emulation::WorkKind::kCopy && w.stream == copies;
     run.copy_stream_syncs += w.kind == cuda_emulation::WorkKind::kSync && w.stream == copies;
+  }
+  for (size_t k = 1; k < step_ends.size(); ++k) {
+    TrainedRun::StepCopies& step = run.step_copies.emplace_back();
+    for (size_t i = step_ends[k - 1]; i < step_ends[k]; ++i) {
+      const bool up = work[i].name == "cudaMemcpyAsync host to device";
+      const bool down = work[i].name == "cudaMemcpyAsync device to host";
+      step.copy_stream_uploads += up && work[i].stream == copies;
+      step.copy_stream_downloads += down && work[i].stream == copies;
+      step.compute_stream_uploads += up && work[i].stream == compute;
+    }
   }
   for (const Tensor& p : model.parameters())
     run.weights.push_back(p.to(Device::cpu()).to_vector<float>());
@@ -116,6 +152,8 @@ TEST(EmulatedTrainer, CudaGraphStepsKeepTheBitsOfEagerSteps) {
     }
     EXPECT_NE(eager.steps[3].lr, eager.steps[4].lr);
     EXPECT_EQ(eager.graph_launches, 0u);
+    EXPECT_EQ(eager.stream_races, std::vector<std::string>{});
+    EXPECT_EQ(graphed.stream_races, std::vector<std::string>{});
     EXPECT_EQ(graphed.graph_launches, 4u) << "steps 2 to 5 replayed";
     EXPECT_EQ(graphed.weights, eager.weights);
   }
@@ -153,6 +191,7 @@ TEST(EmulatedTrainer, ShardedStrategiesTrainCudaTensorsOnOneRank) {
   const TrainOptions o = small_run();
   for (const std::string precision : {"32-true", "bf16-mixed"}) {
     const TrainedRun single = train_on_cuda(o, precision, false);
+    std::map<std::string, TrainedRun::StepCopies> first_steps;  // by strategy
     for (const std::string name :
          {"deepspeed_stage_1", "deepspeed_stage_2", "deepspeed_stage_3", "fsdp",
           "deepspeed_stage_2_offload", "fsdp_cpu_offload", "deepspeed_stage_3_offload_nvme"}) {
@@ -178,16 +217,29 @@ TEST(EmulatedTrainer, ShardedStrategiesTrainCudaTensorsOnOneRank) {
       else
         EXPECT_EQ(sharded.weights, single.weights);
       // Note [Offloaded gradients on the copy stream]: every step downloads each offloaded
-      // gradient shard on the copy stream (the same number each step), and the host never
-      // synchronises that stream; without offload nothing goes there.
-      const size_t steps = sharded.steps.size();
-      if (offload) {
-        EXPECT_GE(sharded.copy_stream_copies, steps);
-        EXPECT_EQ(sharded.copy_stream_copies % steps, 0u);
-      } else {
-        EXPECT_EQ(sharded.copy_stream_copies, 0u);
+      // gradient shard on the copy stream, and, where the parameters are offloaded too, uploads
+      // each shard there for its all-gather (Note [Offloaded shards on the copy stream]; with
+      // one rank the staging backend's copies for the collective join it: down and up again),
+      // the same each step; so the compute stream uploads less than it does for the same
+      // stage without offload (the batch, the staged collectives' results). The host never
+      // synchronises the copy stream; without offload nothing goes there.
+      const std::string twin = name == "fsdp_cpu_offload" ? "fsdp"
+                               : nvme                     ? "deepspeed_stage_3"
+                                                          : "";
+      ASSERT_EQ(sharded.step_copies.size(), single.step_copies.size());
+      for (size_t k = 0; k < sharded.step_copies.size(); ++k) {
+        const TrainedRun::StepCopies& step = sharded.step_copies[k];
+        EXPECT_EQ(step, sharded.step_copies[0]) << "step " << k + 1;
+        EXPECT_EQ(step.copy_stream_downloads > 0, offload) << "step " << k + 1;
+        EXPECT_EQ(step.copy_stream_uploads > 0, !twin.empty()) << "step " << k + 1;
+        if (!twin.empty()) {
+          EXPECT_LT(step.compute_stream_uploads, first_steps.at(twin).compute_stream_uploads)
+              << "step " << k + 1;
+        }
       }
+      first_steps[name] = sharded.step_copies.at(0);
       EXPECT_EQ(sharded.copy_stream_syncs, 0u);
+      EXPECT_EQ(sharded.stream_races, std::vector<std::string>{});
       // Every transfer the offloads make each step is page-locked on the host (item 6): the
       // shards gathered from, the masters copied back, the gradients copied down, and the NVMe
       // offload's sub-groups read from the swap file. So a step stages through pageable

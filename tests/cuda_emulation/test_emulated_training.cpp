@@ -740,7 +740,7 @@ TEST(CudaTraining, PinnedTensorsCopyWithoutStaging) {
   EXPECT_EQ(copies(log), 1u);
   const std::vector<emu::Work> download = log.entries();
   ASSERT_EQ(download.size(), 2u);
-  EXPECT_EQ(download[0].name, "cudaMemcpyAsync");
+  EXPECT_EQ(download[0].name, "cudaMemcpyAsync device to host");
   EXPECT_EQ(download[1].name, "cudaStreamSynchronize");
   EXPECT_EQ(download[1].stream, download[0].stream);
   EXPECT_EQ(back.to_vector<float>(), values);

@@ -153,8 +153,10 @@ TEST(Emulator, AllSyncIsOneOnlyWhenEveryLaneOfTheMaskVotesYes) {
       ASSERT_EQ(out[i], 0) << emu::describe(schedule);
     // Lane 8 of each warp (40 in the second) is outside the mask: only its lanes count.
     emu::launch(votes, 1, 64)(in.data(), 0xfffffeffu, out.data());
-    for (int i = 32; i < 64; ++i)
-      if (i != 40) ASSERT_EQ(out[i], 1) << emu::describe(schedule);
+    for (int i = 32; i < 64; ++i) {
+      if (i == 40) continue;
+      ASSERT_EQ(out[i], 1) << emu::describe(schedule);
+    }
   }
 }
 

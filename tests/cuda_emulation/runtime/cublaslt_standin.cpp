@@ -333,7 +333,12 @@ cublasStatus_t standin_matmul(cublasLtHandle_t, cublasLtMatmulDesc_t raw_desc, c
   };
   const cudaError_t refused =
       cuda_emulation::submit(stream, cuda_emulation::WorkKind::kMatmul, "cublasLtMatmul", run,
-                             {a_data, b_data, c_data, d_data, desc.bias, desc.aux});
+                             {{a_data, true},
+                              {b_data, true},
+                              {c_data, true},
+                              {d_data, false},
+                              {desc.bias, desc.epilogue != CUBLASLT_EPILOGUE_BGRADA},
+                              {desc.aux, desc.epilogue == CUBLASLT_EPILOGUE_DGELU}});
   return refused == cudaSuccess ? CUBLAS_STATUS_SUCCESS : CUBLAS_STATUS_EXECUTION_FAILED;
 }
 

@@ -16,6 +16,7 @@
 
 #include "emulator.h"
 #include "stream_capture.h"
+#include "stream_order.h"
 #include "work_log.h"
 
 namespace loom::cuda_emulation {
@@ -44,6 +45,23 @@ size_t max_dynamic_shared_bytes(const void* kernel) {
 }  // namespace loom::cuda_emulation
 
 using loom::cuda_emulation::emulated_last_error;
+
+namespace {
+
+// The copy's name in the WorkLog, by where its pointers are (cudaMemcpyDefault's way).
+const char* copy_name(void* dst, const void* src) {
+  auto on_device = [](const void* p) {
+    cudaPointerAttributes attributes{};
+    return cudaPointerGetAttributes(&attributes, p) == cudaSuccess &&
+           attributes.type == cudaMemoryTypeDevice;
+  };
+  const bool to_device = on_device(dst), from_device = on_device(src);
+  if (from_device)
+    return to_device ? "cudaMemcpyAsync device to device" : "cudaMemcpyAsync device to host";
+  return to_device ? "cudaMemcpyAsync host to device" : "cudaMemcpyAsync host to host";
+}
+
+}  // namespace
 
 extern "C" {
 
@@ -120,18 +138,22 @@ cudaError_t CUDARTAPI cudaMemcpyAsync(void* dst, const void* src, size_t count,
                                       enum cudaMemcpyKind, cudaStream_t stream) {
   if (count > 0 && (dst == nullptr || src == nullptr)) return cudaErrorInvalidValue;
   const cudaError_t refused = loom::cuda_emulation::submit(
-      stream, loom::cuda_emulation::WorkKind::kCopy, "cudaMemcpyAsync", [=] {
+      stream, loom::cuda_emulation::WorkKind::kCopy, copy_name(dst, src),
+      [=] {
         if (count > 0) std::memmove(dst, src, count);
-      });
+      },
+      {{dst, false}, {src, true}});
   return refused != cudaSuccess ? refused : loom::cuda_emulation::device_error();
 }
 
 cudaError_t CUDARTAPI cudaMemsetAsync(void* ptr, int value, size_t count, cudaStream_t stream) {
   if (count > 0 && ptr == nullptr) return cudaErrorInvalidValue;
-  const cudaError_t refused = loom::cuda_emulation::submit(
-      stream, loom::cuda_emulation::WorkKind::kFill, "cudaMemsetAsync", [=] {
-        if (count > 0) std::memset(ptr, value, count);
-      });
+  const cudaError_t refused =
+      loom::cuda_emulation::submit(stream, loom::cuda_emulation::WorkKind::kFill, "cudaMemsetAsync",
+                                   [=] {
+                                     if (count > 0) std::memset(ptr, value, count);
+                                   },
+                                   {{ptr, false}});
   return refused != cudaSuccess ? refused : loom::cuda_emulation::device_error();
 }
 
@@ -140,6 +162,7 @@ cudaError_t CUDARTAPI cudaStreamSynchronize(cudaStream_t stream) {
   if (refused != cudaSuccess) return refused;
   loom::cuda_emulation::record_work(loom::cuda_emulation::WorkKind::kSync, "cudaStreamSynchronize",
                                     false, {}, stream);
+  loom::cuda_emulation::note_host_waited_for_stream(stream);
   return loom::cuda_emulation::device_error();
 }
 
@@ -147,6 +170,7 @@ cudaError_t CUDARTAPI cudaDeviceSynchronize(void) {
   const cudaError_t refused = loom::cuda_emulation::check_unsafe_call_allowed();
   if (refused != cudaSuccess) return refused;
   loom::cuda_emulation::record_work(loom::cuda_emulation::WorkKind::kSync, "cudaDeviceSynchronize");
+  loom::cuda_emulation::note_host_waited_for_device();
   return loom::cuda_emulation::device_error();
 }
 

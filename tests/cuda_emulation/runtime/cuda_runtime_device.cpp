@@ -19,6 +19,7 @@
 
 #include "emulator.h"
 #include "stream_capture.h"
+#include "stream_order.h"
 #include "work_log.h"
 
 namespace loom::cuda_emulation {
@@ -147,7 +148,9 @@ cudaError_t CUDARTAPI cudaPointerGetAttributes(struct cudaPointerAttributes* att
 cudaError_t CUDARTAPI cudaMemcpy(void* dst, const void* src, size_t count, enum cudaMemcpyKind) {
   if (const cudaError_t refused = emu::check_unsafe_call_allowed(); refused != cudaSuccess)
     return refused;
-  return cudaMemcpyAsync(dst, src, count, cudaMemcpyDefault, nullptr);  // done when issued
+  const cudaError_t status = cudaMemcpyAsync(dst, src, count, cudaMemcpyDefault, nullptr);
+  emu::note_host_waited_for_stream(nullptr);  // done when issued, and waited for
+  return status;
 }
 
 cudaError_t CUDARTAPI cudaMemcpyPeerAsync(void* dst, int dst_device, const void* src,
@@ -161,11 +164,14 @@ cudaError_t CUDARTAPI cudaMemcpy2DAsync(void* dst, size_t dpitch, const void* sr
                                         cudaStream_t stream) {
   if (width > dpitch || width > spitch) return cudaErrorInvalidPitchValue;
   if (height > 0 && width > 0 && (dst == nullptr || src == nullptr)) return cudaErrorInvalidValue;
-  const cudaError_t refused = emu::submit(stream, emu::WorkKind::kCopy, "cudaMemcpy2DAsync", [=] {
-    for (size_t row = 0; row < height; ++row)
-      std::memmove(static_cast<char*>(dst) + row * dpitch,
-                   static_cast<const char*>(src) + row * spitch, width);
-  });
+  const cudaError_t refused =
+      emu::submit(stream, emu::WorkKind::kCopy, "cudaMemcpy2DAsync",
+                  [=] {
+                    for (size_t row = 0; row < height; ++row)
+                      std::memmove(static_cast<char*>(dst) + row * dpitch,
+                                   static_cast<const char*>(src) + row * spitch, width);
+                  },
+                  {{dst, false}, {src, true}});
   return refused != cudaSuccess ? refused : emu::device_error();
 }
 
@@ -173,10 +179,13 @@ cudaError_t CUDARTAPI cudaMemset2DAsync(void* ptr, size_t pitch, int value, size
                                         size_t height, cudaStream_t stream) {
   if (width > pitch) return cudaErrorInvalidPitchValue;
   if (height > 0 && width > 0 && ptr == nullptr) return cudaErrorInvalidValue;
-  const cudaError_t refused = emu::submit(stream, emu::WorkKind::kFill, "cudaMemset2DAsync", [=] {
-    for (size_t row = 0; row < height; ++row)
-      std::memset(static_cast<char*>(ptr) + row * pitch, value, width);
-  });
+  const cudaError_t refused =
+      emu::submit(stream, emu::WorkKind::kFill, "cudaMemset2DAsync",
+                  [=] {
+                    for (size_t row = 0; row < height; ++row)
+                      std::memset(static_cast<char*>(ptr) + row * pitch, value, width);
+                  },
+                  {{ptr, false}});
   return refused != cudaSuccess ? refused : emu::device_error();
 }
 
@@ -198,12 +207,17 @@ cudaError_t CUDARTAPI cudaStreamGetDevice(cudaStream_t, int* device) {
 }
 
 cudaError_t CUDARTAPI cudaStreamWaitEvent(cudaStream_t stream, cudaEvent_t event, unsigned int) {
-  return event == nullptr ? cudaErrorInvalidResourceHandle : emu::check_event_wait(stream, event);
+  if (event == nullptr) return cudaErrorInvalidResourceHandle;
+  const cudaError_t status = emu::check_event_wait(stream, event);
+  if (status == cudaSuccess) emu::note_stream_waits(stream, event);
+  return status;
 }
 
 cudaError_t CUDARTAPI cudaStreamQuery(cudaStream_t stream) {
   const cudaError_t refused = emu::check_stream_not_capturing(stream);
-  return refused != cudaSuccess ? refused : emu::device_error();
+  if (refused != cudaSuccess) return refused;
+  emu::note_host_waited_for_stream(stream);  // it answers complete
+  return emu::device_error();
 }
 
 cudaError_t CUDARTAPI cudaEventCreateWithFlags(cudaEvent_t* event, unsigned int) {
@@ -226,13 +240,16 @@ cudaError_t CUDARTAPI cudaEventDestroy(cudaEvent_t event) {
 cudaError_t CUDARTAPI cudaEventRecord(cudaEvent_t event, cudaStream_t stream) {
   if (event == nullptr) return cudaErrorInvalidResourceHandle;
   emu::note_event_record(event, stream);
+  emu::note_event_recorded(event, stream);
   return cudaSuccess;
 }
 
 cudaError_t CUDARTAPI cudaEventQuery(cudaEvent_t event) {
   if (event == nullptr) return cudaErrorInvalidResourceHandle;
   const cudaError_t refused = emu::check_unsafe_call_allowed();
-  return refused != cudaSuccess ? refused : emu::device_error();
+  if (refused != cudaSuccess) return refused;
+  emu::note_host_waited_for_event(event);  // it answers complete
+  return emu::device_error();
 }
 
 cudaError_t CUDARTAPI cudaEventSynchronize(cudaEvent_t event) {

@@ -133,13 +133,13 @@ namespace detail {
 template <typename T>
 void add_argument_words(const T& argument, ArgumentWords& words) {
   if constexpr (std::is_pointer_v<T> && std::is_object_v<std::remove_pointer_t<T>>) {
-    words.push_back(argument);
+    words.push_back({argument, std::is_const_v<std::remove_pointer_t<T>>});
   } else if constexpr (std::is_class_v<T>) {
     const auto* bytes = reinterpret_cast<const unsigned char*>(&argument);
     for (size_t at = 0; at + sizeof(void*) <= sizeof(T); at += alignof(void*)) {
       const void* word = nullptr;
       std::memcpy(&word, bytes + at, sizeof(word));
-      words.push_back(word);
+      words.push_back({word, false});
     }
   }
 }

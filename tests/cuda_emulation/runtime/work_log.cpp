@@ -1,5 +1,7 @@
 #include "work_log.h"
 
+#include "stream_order.h"
+
 #include <algorithm>
 #include <stdexcept>
 #include <utility>
@@ -64,9 +66,10 @@ size_t WorkLog::argument_bytes() const {
 void WorkLog::add(WorkKind kind, const char* name, bool replayed, const ArgumentWords& words,
                   const void* stream) {
   size_t bytes = 0;
-  if (lookup_) {
+  if (lookup_ && (kind == WorkKind::kKernel || kind == WorkKind::kMatmul)) {
     std::vector<const void*> named;  // the allocations counted, by start
-    for (const void* word : words) {
+    for (const ArgumentWord& argument : words) {
+      const void* word = argument.address;
       if (word == nullptr) continue;
       const std::optional<Allocation> allocation = lookup_(word);
       if (!allocation || std::find(named.begin(), named.end(), allocation->base) != named.end())
@@ -81,8 +84,11 @@ void WorkLog::add(WorkKind kind, const char* name, bool replayed, const Argument
 
 void record_work(WorkKind kind, const char* name, bool replayed, const ArgumentWords& words,
                  const void* stream) {
-  std::lock_guard<std::mutex> lock(live_mutex);
-  if (live != nullptr) live->add(kind, name, replayed, words, stream);
+  {
+    std::lock_guard<std::mutex> lock(live_mutex);
+    if (live != nullptr) live->add(kind, name, replayed, words, stream);
+  }
+  if (kind != WorkKind::kGraph && kind != WorkKind::kSync) note_device_work(name, words, stream);
 }
 
 }  // namespace loom::cuda_emulation

@@ -30,8 +30,16 @@ enum class WorkKind { kKernel, kMatmul, kCopy, kFill, kGraph, kSync };
 // touches and a lower one on the traffic of an allocation both read and written; a word that
 // points into no live allocation (a host pointer, an integer) names nothing. For a matmul
 // the words are its A, B, C, D and bias (or BGRADA's output), not the workspace.
+// Each word also says whether the work only reads what it points at (a pointer-to-const
+// parameter, a copy's source, a matmul's A, B and C), for the stream-order check
+// (stream_order.h); anything else (a class argument's words, a copy's destination) counts as
+// written.
 
-using ArgumentWords = std::vector<const void*>;
+struct ArgumentWord {
+  const void* address;
+  bool read_only = false;
+};
+using ArgumentWords = std::vector<ArgumentWord>;
 
 // A live allocation: its start and its bytes.
 struct Allocation {
@@ -80,7 +88,8 @@ class WorkLog {
   std::vector<Work> entries_;
 };
 
-// Adds to the live WorkLog, if any.
+// Adds to the live WorkLog, if any, and shows the device work (kernels, matmuls, copies and
+// fills, as they run) to the live stream-order check (stream_order.h), if any.
 void record_work(WorkKind kind, const char* name, bool replayed = false,
                  const ArgumentWords& words = {}, const void* stream = nullptr);
 

@@ -56,7 +56,11 @@ struct DeviceRadixSort {
     // and writes, and its temporary storage, as a real sort's kernels use it.
     const cudaError_t refused = ::loom::cuda_emulation::submit(
         stream, ::loom::cuda_emulation::WorkKind::kKernel, "cub::DeviceRadixSort::SortPairs", sort,
-        {keys_in, keys_out, values_in, values_out, temp});
+        {{keys_in, true},
+         {keys_out, false},
+         {values_in, true},
+         {values_out, false},
+         {temp, false}});
     return refused != cudaSuccess ? refused : ::loom::cuda_emulation::device_error();
   }
 };

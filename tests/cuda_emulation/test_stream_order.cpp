@@ -1,0 +1,146 @@
+// The stream-order check (Note [The stream-order check] in runtime/stream_order.h): work on two
+// streams that touches one allocation, one of them writing, is reported unless an event, a
+// stream's order or a host wait puts one after the other; two reads are never reported.
+
+#include <cuda_runtime.h>
+
+#include <gtest/gtest.h>
+
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "emulator.h"
+#include "stream_order.h"
+
+namespace emu = loom::cuda_emulation;
+
+namespace {
+
+void add_value(float* data, float value, int n) {
+  const int i = blockIdx.x * blockDim.x + threadIdx.x;
+  if (i < n) data[i] += value;
+}
+
+void sum_into(const float* from, float* into, int n) {
+  const int i = blockIdx.x * blockDim.x + threadIdx.x;
+  if (i < n) into[i] += from[i];
+}
+
+struct Stream {
+  cudaStream_t s = nullptr;
+  Stream() { EXPECT_EQ(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking), cudaSuccess); }
+  ~Stream() { cudaStreamDestroy(s); }
+};
+
+struct Event {
+  cudaEvent_t e = nullptr;
+  Event() { EXPECT_EQ(cudaEventCreate(&e), cudaSuccess); }
+  ~Event() { cudaEventDestroy(e); }
+};
+
+// Two "device" buffers the check's lookup knows, and a host one it does not.
+struct Buffers {
+  std::vector<float> a = std::vector<float>(32, 1.0f), b = std::vector<float>(32, 2.0f),
+                     host = std::vector<float>(32, 0.0f);
+  std::optional<emu::Allocation> operator()(const void* address) const {
+    for (const std::vector<float>* buffer : {&a, &b}) {
+      const auto* start = reinterpret_cast<const char*>(buffer->data());
+      const auto* p = static_cast<const char*>(address);
+      if (p >= start && p < start + buffer->size() * sizeof(float))
+        return emu::Allocation{buffer->data(), buffer->size() * sizeof(float)};
+    }
+    return std::nullopt;
+  }
+};
+
+constexpr size_t kBytes = 32 * sizeof(float);
+
+TEST(StreamOrder, AWriteOnOneStreamAndAReadOnAnotherRaceWithoutAnEvent) {
+  Buffers buffers;
+  Stream compute, copies;
+  emu::StreamOrderCheck check(std::cref(buffers));
+  check.name(compute.s, "the compute stream");
+  check.name(copies.s, "the copy stream");
+  emu::launch("add_value", add_value, 1, 32, 0, compute.s)(buffers.a.data(), 1.0f, 32);
+  ASSERT_EQ(cudaMemcpyAsync(buffers.host.data(), buffers.a.data(), kBytes, cudaMemcpyDeviceToHost,
+                            copies.s),
+            cudaSuccess);
+  const std::vector<std::string> races = check.races();
+  ASSERT_EQ(races.size(), 1u);
+  EXPECT_NE(races[0].find("cudaMemcpyAsync host to host on the copy stream read 128 bytes"),
+            std::string::npos)
+      << races[0];
+  EXPECT_NE(races[0].find("that add_value on the compute stream wrote before"), std::string::npos)
+      << races[0];
+  // The same pair again is not reported twice.
+  ASSERT_EQ(cudaMemcpyAsync(buffers.host.data(), buffers.a.data(), kBytes, cudaMemcpyDeviceToHost,
+                            copies.s),
+            cudaSuccess);
+  EXPECT_EQ(check.races().size(), 1u);
+}
+
+TEST(StreamOrder, AReadThenAWriteOnAnotherStreamRaceToo) {
+  Buffers buffers;
+  Stream one, two;
+  emu::StreamOrderCheck check(std::cref(buffers));
+  emu::launch("sum_into", sum_into, 1, 32, 0, one.s)(buffers.a.data(), buffers.b.data(), 32);
+  emu::launch("add_value", add_value, 1, 32, 0, two.s)(buffers.a.data(), 1.0f, 32);
+  const std::vector<std::string> races = check.races();
+  ASSERT_EQ(races.size(), 1u);
+  EXPECT_NE(races[0].find("add_value on stream"), std::string::npos) << races[0];
+  EXPECT_NE(races[0].find("wrote 128 bytes"), std::string::npos) << races[0];
+  EXPECT_NE(races[0].find("that sum_into on stream"), std::string::npos) << races[0];
+  EXPECT_NE(races[0].find("read before"), std::string::npos) << races[0];
+}
+
+TEST(StreamOrder, TwoReadsOnTwoStreamsDoNotRace) {
+  Buffers buffers;
+  Stream one, two;
+  emu::StreamOrderCheck check(std::cref(buffers));
+  emu::launch("sum_into", sum_into, 1, 32, 0, one.s)(buffers.a.data(), buffers.b.data(), 32);
+  ASSERT_EQ(
+      cudaMemcpyAsync(buffers.host.data(), buffers.a.data(), kBytes, cudaMemcpyDeviceToHost, two.s),
+      cudaSuccess);
+  EXPECT_TRUE(check.races().empty());
+}
+
+TEST(StreamOrder, AnEventWaitedForByTheSecondStreamOrdersThem) {
+  Buffers buffers;
+  Stream compute, copies;
+  Event written;
+  emu::StreamOrderCheck check(std::cref(buffers));
+  emu::launch("add_value", add_value, 1, 32, 0, compute.s)(buffers.a.data(), 1.0f, 32);
+  ASSERT_EQ(cudaEventRecord(written.e, compute.s), cudaSuccess);
+  ASSERT_EQ(cudaStreamWaitEvent(copies.s, written.e, 0), cudaSuccess);
+  ASSERT_EQ(cudaMemcpyAsync(buffers.host.data(), buffers.a.data(), kBytes, cudaMemcpyDeviceToHost,
+                            copies.s),
+            cudaSuccess);
+  // The event captured only what came before it: a later write on compute races the copy.
+  EXPECT_TRUE(check.races().empty());
+  emu::launch("add_value", add_value, 1, 32, 0, compute.s)(buffers.a.data(), 1.0f, 32);
+  EXPECT_EQ(check.races().size(), 1u);
+}
+
+TEST(StreamOrder, TheHostsWaitsOrderWhatIsIssuedAfterThem) {
+  Buffers buffers;
+  Stream compute, copies;
+  Event written;
+  emu::StreamOrderCheck check(std::cref(buffers));
+  emu::launch("add_value", add_value, 1, 32, 0, compute.s)(buffers.a.data(), 1.0f, 32);
+  ASSERT_EQ(cudaEventRecord(written.e, compute.s), cudaSuccess);
+  ASSERT_EQ(cudaEventSynchronize(written.e), cudaSuccess);
+  emu::launch("add_value", add_value, 1, 32, 0, copies.s)(buffers.a.data(), 1.0f, 32);
+  emu::launch("add_value", add_value, 1, 32, 0, compute.s)(buffers.b.data(), 1.0f, 32);
+  ASSERT_EQ(cudaStreamSynchronize(compute.s), cudaSuccess);
+  emu::launch("add_value", add_value, 1, 32, 0, copies.s)(buffers.b.data(), 1.0f, 32);
+  ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+  emu::launch("add_value", add_value, 1, 32, 0, compute.s)(buffers.b.data(), 1.0f, 32);
+  EXPECT_TRUE(check.races().empty()) << check.races()[0];
+  // Memory the lookup does not know (host memory) is not followed.
+  emu::launch("add_value", add_value, 1, 32, 0, compute.s)(buffers.host.data(), 1.0f, 32);
+  emu::launch("add_value", add_value, 1, 32, 0, copies.s)(buffers.host.data(), 1.0f, 32);
+  EXPECT_TRUE(check.races().empty());
+}
+
+}  // namespace
