@@ -16,6 +16,9 @@
 #
 #   strategies_on_emulated_cuda.sh LOOMRUN TRAIN_GPT_EMULATED BACKEND...   (shm, nccl)
 set -euo pipefail
+# Every process checks the order of its streams' work (Note [The stream-order check]): one that
+# touches device memory from two streams with nothing ordering them exits with status 86.
+export LOOM_STREAM_ORDER_CHECK=1
 loomrun=$1
 train_gpt=$2
 shift 2

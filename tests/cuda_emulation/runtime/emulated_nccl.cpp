@@ -55,6 +55,7 @@
 #include <vector>
 
 #include "core/dtype.h"
+#include "stream_order.h"
 
 namespace loom::cuda_emulation::nccl {
 namespace {
@@ -481,14 +482,17 @@ struct Deferred {
 thread_local int group_depth = 0;
 thread_local std::vector<Deferred> group_calls;
 
-// One operation `what` of `comm` on `stream`: body() runs now, or at the end of this thread's
-// open group; a failure is the call's result and stays on the communicator.
+// One operation `what` of `comm` on `stream`, reading `send` and writing `receive` (either may
+// be null): body() runs now, or at the end of this thread's open group; a failure is the call's
+// result and stays on the communicator. The live stream-order check sees it as device work on
+// `stream` (Note [The stream-order check]).
 template <typename Body>
 ncclResult_t operation(ncclComm* comm, cudaStream_t stream, const char* what, bool is_send,
-                       Body body) {
+                       const void* send, void* receive, Body body) {
   auto run = [=] {
     return call(comm, [&] {
       prepare(*comm, stream, what);
+      note_device_work(what, {{send, true}, {receive, false}}, stream);
       body();
       return ncclSuccess;
     });
@@ -684,7 +688,7 @@ ncclResult_t ncclGroupEnd() {
 ncclResult_t ncclAllReduce(const void* sendbuff, void* recvbuff, size_t count,
                            ncclDataType_t datatype, ncclRedOp_t op, ncclComm_t comm,
                            cudaStream_t stream) {
-  return operation(comm, stream, "ncclAllReduce", false, [=] {
+  return operation(comm, stream, "ncclAllReduce", false, sendbuff, recvbuff, [=] {
     RankOrderReduction sum(count, datatype, op);
     exchange(*comm, "ncclAllReduce", sendbuff, sum.bytes(), every_rank(*comm),
              [&](int peer, const std::byte* data, size_t got) {
@@ -698,7 +702,7 @@ ncclResult_t ncclAllReduce(const void* sendbuff, void* recvbuff, size_t count,
 ncclResult_t ncclReduce(const void* sendbuff, void* recvbuff, size_t count,
                         ncclDataType_t datatype, ncclRedOp_t op, int root, ncclComm_t comm,
                         cudaStream_t stream) {
-  return operation(comm, stream, "ncclReduce", false, [=] {
+  return operation(comm, stream, "ncclReduce", false, sendbuff, recvbuff, [=] {
     check_peer(*comm, "ncclReduce", root);
     RankOrderReduction sum(count, datatype, op);
     const bool is_root = comm->rank == root;
@@ -714,7 +718,7 @@ ncclResult_t ncclReduce(const void* sendbuff, void* recvbuff, size_t count,
 
 ncclResult_t ncclBroadcast(const void* sendbuff, void* recvbuff, size_t count,
                            ncclDataType_t datatype, int root, ncclComm_t comm, cudaStream_t stream) {
-  return operation(comm, stream, "ncclBroadcast", false, [=] {
+  return operation(comm, stream, "ncclBroadcast", false, sendbuff, recvbuff, [=] {
     check_peer(*comm, "ncclBroadcast", root);
     const size_t bytes = count * element_bytes(datatype);
     exchange(*comm, "ncclBroadcast", sendbuff, comm->rank == root ? bytes : 0, {root},
@@ -727,7 +731,7 @@ ncclResult_t ncclBroadcast(const void* sendbuff, void* recvbuff, size_t count,
 
 ncclResult_t ncclAllGather(const void* sendbuff, void* recvbuff, size_t sendcount,
                            ncclDataType_t datatype, ncclComm_t comm, cudaStream_t stream) {
-  return operation(comm, stream, "ncclAllGather", false, [=] {
+  return operation(comm, stream, "ncclAllGather", false, sendbuff, recvbuff, [=] {
     const size_t bytes = sendcount * element_bytes(datatype);
     exchange(*comm, "ncclAllGather", sendbuff, bytes, every_rank(*comm),
              [&](int peer, const std::byte* data, size_t got) {
@@ -741,7 +745,7 @@ ncclResult_t ncclAllGather(const void* sendbuff, void* recvbuff, size_t sendcoun
 ncclResult_t ncclReduceScatter(const void* sendbuff, void* recvbuff, size_t recvcount,
                                ncclDataType_t datatype, ncclRedOp_t op, ncclComm_t comm,
                                cudaStream_t stream) {
-  return operation(comm, stream, "ncclReduceScatter", false, [=] {
+  return operation(comm, stream, "ncclReduceScatter", false, sendbuff, recvbuff, [=] {
     RankOrderReduction sum(recvcount, datatype, op);
     const size_t bytes = sum.bytes() * static_cast<size_t>(comm->size);
     const size_t mine = sum.bytes() * static_cast<size_t>(comm->rank);
@@ -756,7 +760,7 @@ ncclResult_t ncclReduceScatter(const void* sendbuff, void* recvbuff, size_t recv
 
 ncclResult_t ncclSend(const void* sendbuff, size_t count, ncclDataType_t datatype, int peer,
                       ncclComm_t comm, cudaStream_t stream) {
-  return operation(comm, stream, "ncclSend", true, [=] {
+  return operation(comm, stream, "ncclSend", true, sendbuff, nullptr, [=] {
     check_peer(*comm, "ncclSend", peer);
     const uint64_t number = comm->sends[static_cast<size_t>(peer)]++;
     publish(message_segment(*comm, comm->rank, peer, number), sendbuff,
@@ -767,7 +771,7 @@ ncclResult_t ncclSend(const void* sendbuff, size_t count, ncclDataType_t datatyp
 
 ncclResult_t ncclRecv(void* recvbuff, size_t count, ncclDataType_t datatype, int peer,
                       ncclComm_t comm, cudaStream_t stream) {
-  return operation(comm, stream, "ncclRecv", false, [=] {
+  return operation(comm, stream, "ncclRecv", false, nullptr, recvbuff, [=] {
     check_peer(*comm, "ncclRecv", peer);
     const uint64_t number = comm->receives[static_cast<size_t>(peer)]++;
     Board& board = *comm->board;
