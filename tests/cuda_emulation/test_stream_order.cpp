@@ -56,16 +56,26 @@ struct Buffers {
 
 constexpr size_t kBytes = 32 * sizeof(float);
 
+// Adds 1 to a buffer's 32 floats on `stream`: a kernel that writes it.
+void add_one(std::vector<float>& buffer, cudaStream_t stream) {
+  emu::launch("add_value", add_value, 1, 32, 0, stream)(buffer.data(), 1.0f, 32);
+}
+
+// Copies buffer `a` to the host buffer on `stream`: a copy that reads it.
+void download_a(Buffers& buffers, cudaStream_t stream) {
+  ASSERT_EQ(cudaMemcpyAsync(buffers.host.data(), buffers.a.data(), kBytes, cudaMemcpyDeviceToHost,
+                            stream),
+            cudaSuccess);
+}
+
 TEST(StreamOrder, AWriteOnOneStreamAndAReadOnAnotherRaceWithoutAnEvent) {
   Buffers buffers;
   Stream compute, copies;
   emu::StreamOrderCheck check(std::cref(buffers));
   check.name(compute.s, "the compute stream");
   check.name(copies.s, "the copy stream");
-  emu::launch("add_value", add_value, 1, 32, 0, compute.s)(buffers.a.data(), 1.0f, 32);
-  ASSERT_EQ(cudaMemcpyAsync(buffers.host.data(), buffers.a.data(), kBytes, cudaMemcpyDeviceToHost,
-                            copies.s),
-            cudaSuccess);
+  add_one(buffers.a, compute.s);
+  download_a(buffers, copies.s);
   const std::vector<std::string> races = check.races();
   ASSERT_EQ(races.size(), 1u);
   EXPECT_NE(races[0].find("cudaMemcpyAsync host to host on the copy stream read 128 bytes"),
@@ -74,9 +84,7 @@ TEST(StreamOrder, AWriteOnOneStreamAndAReadOnAnotherRaceWithoutAnEvent) {
   EXPECT_NE(races[0].find("that add_value on the compute stream wrote before"), std::string::npos)
       << races[0];
   // The same pair again is not reported twice.
-  ASSERT_EQ(cudaMemcpyAsync(buffers.host.data(), buffers.a.data(), kBytes, cudaMemcpyDeviceToHost,
-                            copies.s),
-            cudaSuccess);
+  download_a(buffers, copies.s);
   EXPECT_EQ(check.races().size(), 1u);
 }
 
@@ -85,7 +93,7 @@ TEST(StreamOrder, AReadThenAWriteOnAnotherStreamRaceToo) {
   Stream one, two;
   emu::StreamOrderCheck check(std::cref(buffers));
   emu::launch("sum_into", sum_into, 1, 32, 0, one.s)(buffers.a.data(), buffers.b.data(), 32);
-  emu::launch("add_value", add_value, 1, 32, 0, two.s)(buffers.a.data(), 1.0f, 32);
+  add_one(buffers.a, two.s);
   const std::vector<std::string> races = check.races();
   ASSERT_EQ(races.size(), 1u);
   EXPECT_NE(races[0].find("add_value on stream"), std::string::npos) << races[0];
@@ -99,9 +107,7 @@ TEST(StreamOrder, TwoReadsOnTwoStreamsDoNotRace) {
   Stream one, two;
   emu::StreamOrderCheck check(std::cref(buffers));
   emu::launch("sum_into", sum_into, 1, 32, 0, one.s)(buffers.a.data(), buffers.b.data(), 32);
-  ASSERT_EQ(
-      cudaMemcpyAsync(buffers.host.data(), buffers.a.data(), kBytes, cudaMemcpyDeviceToHost, two.s),
-      cudaSuccess);
+  download_a(buffers, two.s);
   EXPECT_TRUE(check.races().empty());
 }
 
@@ -110,15 +116,13 @@ TEST(StreamOrder, AnEventWaitedForByTheSecondStreamOrdersThem) {
   Stream compute, copies;
   Event written;
   emu::StreamOrderCheck check(std::cref(buffers));
-  emu::launch("add_value", add_value, 1, 32, 0, compute.s)(buffers.a.data(), 1.0f, 32);
+  add_one(buffers.a, compute.s);
   ASSERT_EQ(cudaEventRecord(written.e, compute.s), cudaSuccess);
   ASSERT_EQ(cudaStreamWaitEvent(copies.s, written.e, 0), cudaSuccess);
-  ASSERT_EQ(cudaMemcpyAsync(buffers.host.data(), buffers.a.data(), kBytes, cudaMemcpyDeviceToHost,
-                            copies.s),
-            cudaSuccess);
+  download_a(buffers, copies.s);
   // The event captured only what came before it: a later write on compute races the copy.
   EXPECT_TRUE(check.races().empty());
-  emu::launch("add_value", add_value, 1, 32, 0, compute.s)(buffers.a.data(), 1.0f, 32);
+  add_one(buffers.a, compute.s);
   EXPECT_EQ(check.races().size(), 1u);
 }
 
@@ -127,19 +131,19 @@ TEST(StreamOrder, TheHostsWaitsOrderWhatIsIssuedAfterThem) {
   Stream compute, copies;
   Event written;
   emu::StreamOrderCheck check(std::cref(buffers));
-  emu::launch("add_value", add_value, 1, 32, 0, compute.s)(buffers.a.data(), 1.0f, 32);
+  add_one(buffers.a, compute.s);
   ASSERT_EQ(cudaEventRecord(written.e, compute.s), cudaSuccess);
   ASSERT_EQ(cudaEventSynchronize(written.e), cudaSuccess);
-  emu::launch("add_value", add_value, 1, 32, 0, copies.s)(buffers.a.data(), 1.0f, 32);
-  emu::launch("add_value", add_value, 1, 32, 0, compute.s)(buffers.b.data(), 1.0f, 32);
+  add_one(buffers.a, copies.s);
+  add_one(buffers.b, compute.s);
   ASSERT_EQ(cudaStreamSynchronize(compute.s), cudaSuccess);
-  emu::launch("add_value", add_value, 1, 32, 0, copies.s)(buffers.b.data(), 1.0f, 32);
+  add_one(buffers.b, copies.s);
   ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
-  emu::launch("add_value", add_value, 1, 32, 0, compute.s)(buffers.b.data(), 1.0f, 32);
+  add_one(buffers.b, compute.s);
   EXPECT_TRUE(check.races().empty()) << check.races()[0];
   // Memory the lookup does not know (host memory) is not followed.
-  emu::launch("add_value", add_value, 1, 32, 0, compute.s)(buffers.host.data(), 1.0f, 32);
-  emu::launch("add_value", add_value, 1, 32, 0, copies.s)(buffers.host.data(), 1.0f, 32);
+  add_one(buffers.host, compute.s);
+  add_one(buffers.host, copies.s);
   EXPECT_TRUE(check.races().empty());
 }
 
