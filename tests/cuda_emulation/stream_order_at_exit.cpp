@@ -7,23 +7,16 @@
 #include <cstdlib>
 #include <cstring>
 #include <memory>
-#include <optional>
 #include <string>
 #include <vector>
 
-#include "stream_order.h"
-#include "tensor/cuda/caching_allocator.h"
+#include "device_allocations.h"
+#include "runtime/stream_order.h"
 
 namespace loom::cuda_emulation {
 namespace {
 
 constexpr int kRacesFound = 86;
-
-std::optional<Allocation> device_allocation(const void* address) {
-  const auto allocation = cuda::caching_allocator(0).allocation_containing(address);
-  if (!allocation) return std::nullopt;
-  return Allocation{allocation->base, allocation->bytes};
-}
 
 class CheckedRun {
  public:

@@ -18,12 +18,12 @@
 
 #include "data/default_corpus.h"
 #include "data/token_blocks.h"
+#include "device_allocations.h"
 #include "nn/gpt.h"
 #include "runtime/stream_order.h"
 #include "runtime/work_log.h"
 #include "strategies/registry.h"
 #include "strategies/strategy.h"
-#include "tensor/cuda/caching_allocator.h"
 #include "tensor/cuda/copy.h"
 #include "tensor/cuda/stream.h"
 #include "tests/comm/test_support.h"
@@ -56,13 +56,6 @@ cuda::HostCopyCounts operator-(const cuda::HostCopyCounts& a, const cuda::HostCo
           a.staged_bytes - b.staged_bytes};
 }
 
-// The emulated device's live allocations, as its caching allocator handed them out.
-std::optional<cuda_emulation::Allocation> device_allocation(const void* address) {
-  const auto allocation = cuda::caching_allocator(0).allocation_containing(address);
-  if (!allocation) return std::nullopt;
-  return cuda_emulation::Allocation{allocation->base, allocation->bytes};
-}
-
 // Trains a 2-layer GPT-2 under the strategy registered as `strategy_name`, on one rank.
 TrainedRun train_on_cuda(TrainOptions o, const std::string& precision, bool cuda_graph,
                          const std::string& strategy_name = "single_device",
@@ -82,7 +75,7 @@ TrainedRun train_on_cuda(TrainOptions o, const std::string& precision, bool cuda
   strategy->setup_environment();
   TrainedRun run;
   cuda_emulation::WorkLog log;
-  cuda_emulation::StreamOrderCheck stream_order(device_allocation);
+  cuda_emulation::StreamOrderCheck stream_order(cuda_emulation::device_allocation);
   stream_order.name(cuda::compute_stream(0), "the compute stream");
   stream_order.name(cuda::comm_stream(0), "the comm stream");
   stream_order.name(cuda::copy_stream(0), "the copy stream");

@@ -21,6 +21,7 @@
 #include <utility>
 #include <vector>
 
+#include "device_allocations.h"
 #include "nn/gpt.h"
 #include "nn/llama.h"
 #include "optim/adamw.h"
@@ -101,13 +102,6 @@ double argument_bytes_named(const std::vector<emu::Work>& work, const std::strin
   return bytes;
 }
 
-// The emulated device's live allocations, as its caching allocator handed them out.
-std::optional<emu::Allocation> device_allocation(const void* address) {
-  const auto allocation = cuda::caching_allocator(0).allocation_containing(address);
-  if (!allocation) return std::nullopt;
-  return emu::Allocation{allocation->base, allocation->bytes};
-}
-
 size_t count_named(const std::vector<emu::Work>& work, const std::string& prefix) {
   return static_cast<size_t>(std::count_if(work.begin(), work.end(), [&](const emu::Work& w) {
     return w.name.compare(0, prefix.size(), prefix) == 0;
@@ -148,7 +142,7 @@ class Trainer {
     const Tensor tokens = random_tokens(data_seed).to(device_);
     const Tensor targets = random_tokens(data_seed + 1).to(device_);
     Step s;
-    emu::WorkLog log(device_allocation);
+    emu::WorkLog log(emu::device_allocation);
     MetaCostTotals meta_costs;
     {
       std::unique_ptr<MetaCostScope> meta_scope;

@@ -9,7 +9,16 @@
 namespace loom::cuda_emulation {
 namespace {
 
-std::atomic<StreamOrderCheck*> live{nullptr};
+// The live checks: each sees all the device's work (a test's own inside one that covers the
+// whole test, say).
+constexpr int kMaxLive = 4;
+std::atomic<StreamOrderCheck*> live[kMaxLive] = {};
+
+template <typename Call>
+void tell_live(Call call) {
+  for (std::atomic<StreamOrderCheck*>& slot : live)
+    if (StreamOrderCheck* check = slot.load()) call(*check);
+}
 
 std::string address(const void* p) {
   char text[32];
@@ -32,13 +41,18 @@ void keep_latest(std::vector<Access>& list, Access access) {
 }  // namespace
 
 StreamOrderCheck::StreamOrderCheck(AllocationLookup lookup) : lookup_(std::move(lookup)) {
-  StreamOrderCheck* expected = nullptr;
-  if (!live.compare_exchange_strong(expected, this))
-    throw std::logic_error("a StreamOrderCheck already checks the emulated device");
+  for (std::atomic<StreamOrderCheck*>& slot : live) {
+    StreamOrderCheck* expected = nullptr;
+    if (slot.compare_exchange_strong(expected, this)) return;
+  }
+  throw std::logic_error("more than 4 StreamOrderChecks at once");
 }
 
 StreamOrderCheck::~StreamOrderCheck() {
-  live.store(nullptr);
+  for (std::atomic<StreamOrderCheck*>& slot : live) {
+    StreamOrderCheck* expected = this;
+    slot.compare_exchange_strong(expected, nullptr);
+  }
 }
 
 void StreamOrderCheck::name(const void* stream, std::string label) {
@@ -156,27 +170,27 @@ void StreamOrderCheck::host_waited_for_device() {
 }
 
 void note_device_work(const char* name, const ArgumentWords& words, const void* stream) {
-  if (StreamOrderCheck* check = live.load()) check->work(name, words, stream);
+  tell_live([&](StreamOrderCheck& check) { check.work(name, words, stream); });
 }
 
 void note_event_recorded(const void* event, const void* stream) {
-  if (StreamOrderCheck* check = live.load()) check->event_recorded(event, stream);
+  tell_live([&](StreamOrderCheck& check) { check.event_recorded(event, stream); });
 }
 
 void note_stream_waits(const void* stream, const void* event) {
-  if (StreamOrderCheck* check = live.load()) check->stream_waits(stream, event);
+  tell_live([&](StreamOrderCheck& check) { check.stream_waits(stream, event); });
 }
 
 void note_host_waited_for_event(const void* event) {
-  if (StreamOrderCheck* check = live.load()) check->host_waited_for_event(event);
+  tell_live([&](StreamOrderCheck& check) { check.host_waited_for_event(event); });
 }
 
 void note_host_waited_for_stream(const void* stream) {
-  if (StreamOrderCheck* check = live.load()) check->host_waited_for_stream(stream);
+  tell_live([&](StreamOrderCheck& check) { check.host_waited_for_stream(stream); });
 }
 
 void note_host_waited_for_device() {
-  if (StreamOrderCheck* check = live.load()) check->host_waited_for_device();
+  tell_live([&](StreamOrderCheck& check) { check.host_waited_for_device(); });
 }
 
 }  // namespace loom::cuda_emulation

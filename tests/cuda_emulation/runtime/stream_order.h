@@ -34,7 +34,9 @@ namespace loom::cuda_emulation {
 
 class StreamOrderCheck {
  public:
-  // Checks the device's work while it exists; at most one at a time.
+  // Checks the device's work while it exists. Up to 4 may be live at once, each seeing all
+  // the work (a test's own inside the one that covers every test: stream_order_in_tests.cpp);
+  // one must outlive the work it sees.
   explicit StreamOrderCheck(AllocationLookup lookup);
   StreamOrderCheck(const StreamOrderCheck&) = delete;
   StreamOrderCheck& operator=(const StreamOrderCheck&) = delete;
@@ -83,7 +85,7 @@ class StreamOrderCheck {
   std::vector<std::string> races_;
 };
 
-// For the runtime: tell the live StreamOrderCheck, if any.
+// For the runtime: tell the live StreamOrderChecks, if any.
 void note_device_work(const char* name, const ArgumentWords& words, const void* stream);
 void note_event_recorded(const void* event, const void* stream);
 void note_stream_waits(const void* stream, const void* event);

@@ -1,10 +1,10 @@
 #include "work_log.h"
 
-#include "stream_order.h"
-
 #include <algorithm>
 #include <stdexcept>
 #include <utility>
+
+#include "stream_order.h"
 
 namespace loom::cuda_emulation {
 namespace {
