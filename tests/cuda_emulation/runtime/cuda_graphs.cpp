@@ -13,6 +13,7 @@
 #include <vector>
 
 #include "emulator.h"
+#include "late_copies.h"
 #include "stream_capture.h"
 
 namespace loom::cuda_emulation {
@@ -70,19 +71,43 @@ bool prohibits(const Capture& capture) {
 
 }  // namespace
 
+namespace {
+
+// Adds the work to `stream`'s capture, if it captures: true, with `refused` set to what the
+// capture says. False when the stream does not capture.
+bool captured(cudaStream_t stream, WorkKind kind, const char* name, std::function<void()>& work,
+              ArgumentWords& words, cudaError_t& refused) {
+  std::lock_guard<std::mutex> lock(capture_mutex);
+  auto it = captures().find(stream);
+  if (it == captures().end()) return false;
+  refused = cudaSuccess;
+  if (it->second.invalidated) {
+    refused = cudaErrorStreamCaptureInvalidated;
+  } else {
+    it->second.nodes.push_back(Node{kind, name, std::move(work), std::move(words)});
+  }
+  return true;
+}
+
+}  // namespace
+
 cudaError_t submit(cudaStream_t stream, WorkKind kind, const char* name,
                    std::function<void()> work, ArgumentWords words) {
-  {
-    std::lock_guard<std::mutex> lock(capture_mutex);
-    auto it = captures().find(stream);
-    if (it != captures().end()) {
-      if (it->second.invalidated) return cudaErrorStreamCaptureInvalidated;
-      it->second.nodes.push_back(Node{kind, name, std::move(work), std::move(words)});
-      return cudaSuccess;
-    }
-  }
+  cudaError_t refused = cudaSuccess;
+  if (captured(stream, kind, name, work, words, refused)) return refused;
+  land_copies(stream);  // the stream's earlier copies come first
   record_work(kind, name, /*replayed=*/false, words, stream);
   work();
+  return cudaSuccess;
+}
+
+cudaError_t submit_landing_late(cudaStream_t stream, const char* name, std::function<void()> copy,
+                                ArgumentWords words) {
+  cudaError_t refused = cudaSuccess;
+  if (captured(stream, WorkKind::kCopy, name, copy, words, refused)) return refused;
+  land_copies(stream);
+  record_work(WorkKind::kCopy, name, /*replayed=*/false, words, stream);
+  defer_copy(stream, std::move(copy));
   return cudaSuccess;
 }
 
@@ -191,6 +216,7 @@ cudaError_t CUDARTAPI cudaGraphLaunch(cudaGraphExec_t exec, cudaStream_t stream)
     std::lock_guard<std::mutex> lock(emu::capture_mutex);
     if (emu::captures().count(stream) != 0) return cudaErrorStreamCaptureUnsupported;
   }
+  emu::land_all_copies();
   emu::record_work(emu::WorkKind::kGraph, "cudaGraphLaunch", false, {}, stream);
   for (const emu::Node& node : *reinterpret_cast<emu::GraphExec*>(exec)->nodes) {
     if (emu::device_error() != cudaSuccess) break;  // a trapped kernel ends the launch

@@ -15,6 +15,7 @@
 #include <mutex>
 
 #include "emulator.h"
+#include "late_copies.h"
 #include "stream_capture.h"
 #include "stream_order.h"
 #include "work_log.h"
@@ -48,14 +49,16 @@ using loom::cuda_emulation::emulated_last_error;
 
 namespace {
 
+cudaMemoryType memory_type(const void* p) {
+  cudaPointerAttributes attributes{};
+  return cudaPointerGetAttributes(&attributes, p) == cudaSuccess ? attributes.type
+                                                                 : cudaMemoryTypeUnregistered;
+}
+
 // The copy's name in the WorkLog, by where its pointers are (cudaMemcpyDefault's way).
 const char* copy_name(void* dst, const void* src) {
-  auto on_device = [](const void* p) {
-    cudaPointerAttributes attributes{};
-    return cudaPointerGetAttributes(&attributes, p) == cudaSuccess &&
-           attributes.type == cudaMemoryTypeDevice;
-  };
-  const bool to_device = on_device(dst), from_device = on_device(src);
+  const bool to_device = memory_type(dst) == cudaMemoryTypeDevice;
+  const bool from_device = memory_type(src) == cudaMemoryTypeDevice;
   if (from_device)
     return to_device ? "cudaMemcpyAsync device to device" : "cudaMemcpyAsync device to host";
   return to_device ? "cudaMemcpyAsync host to device" : "cudaMemcpyAsync host to host";
@@ -137,12 +140,21 @@ cudaError_t CUDARTAPI cudaFuncSetAttribute(const void* func, enum cudaFuncAttrib
 cudaError_t CUDARTAPI cudaMemcpyAsync(void* dst, const void* src, size_t count,
                                       enum cudaMemcpyKind, cudaStream_t stream) {
   if (count > 0 && (dst == nullptr || src == nullptr)) return cudaErrorInvalidValue;
-  const cudaError_t refused = loom::cuda_emulation::submit(
-      stream, loom::cuda_emulation::WorkKind::kCopy, copy_name(dst, src),
-      [=] {
-        if (count > 0) std::memmove(dst, src, count);
-      },
-      {{dst, false}, {src, true}});
+  auto copy = [=] {
+    if (count > 0) std::memmove(dst, src, count);
+  };
+  // Between device and page-locked host memory on a stream: Note [Copies to and from pinned
+  // memory land late].
+  const cudaMemoryType to = memory_type(dst), from = memory_type(src);
+  const bool late =
+      stream != nullptr && ((to == cudaMemoryTypeDevice && from == cudaMemoryTypeHost) ||
+                            (to == cudaMemoryTypeHost && from == cudaMemoryTypeDevice));
+  const char* name = copy_name(dst, src);
+  const cudaError_t refused =
+      late ? loom::cuda_emulation::submit_landing_late(stream, name, copy,
+                                                       {{dst, false}, {src, true}})
+           : loom::cuda_emulation::submit(stream, loom::cuda_emulation::WorkKind::kCopy, name, copy,
+                                          {{dst, false}, {src, true}});
   return refused != cudaSuccess ? refused : loom::cuda_emulation::device_error();
 }
 
@@ -160,6 +172,7 @@ cudaError_t CUDARTAPI cudaMemsetAsync(void* ptr, int value, size_t count, cudaSt
 cudaError_t CUDARTAPI cudaStreamSynchronize(cudaStream_t stream) {
   const cudaError_t refused = loom::cuda_emulation::check_stream_not_capturing(stream);
   if (refused != cudaSuccess) return refused;
+  loom::cuda_emulation::land_all_copies();
   loom::cuda_emulation::record_work(loom::cuda_emulation::WorkKind::kSync, "cudaStreamSynchronize",
                                     false, {}, stream);
   loom::cuda_emulation::note_host_waited_for_stream(stream);
@@ -169,6 +182,7 @@ cudaError_t CUDARTAPI cudaStreamSynchronize(cudaStream_t stream) {
 cudaError_t CUDARTAPI cudaDeviceSynchronize(void) {
   const cudaError_t refused = loom::cuda_emulation::check_unsafe_call_allowed();
   if (refused != cudaSuccess) return refused;
+  loom::cuda_emulation::land_all_copies();
   loom::cuda_emulation::record_work(loom::cuda_emulation::WorkKind::kSync, "cudaDeviceSynchronize");
   loom::cuda_emulation::note_host_waited_for_device();
   return loom::cuda_emulation::device_error();

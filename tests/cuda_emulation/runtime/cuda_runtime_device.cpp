@@ -18,6 +18,7 @@
 #include <new>
 
 #include "emulator.h"
+#include "late_copies.h"
 #include "stream_capture.h"
 #include "stream_order.h"
 #include "work_log.h"
@@ -103,6 +104,7 @@ cudaError_t CUDARTAPI cudaMalloc(void** ptr, size_t size) {
 }
 
 cudaError_t CUDARTAPI cudaFree(void* ptr) {
+  emu::land_all_copies();  // a pending copy may read or write the memory
   return emu::release(ptr, cudaMemoryTypeDevice);
 }
 
@@ -111,6 +113,7 @@ cudaError_t CUDARTAPI cudaHostAlloc(void** ptr, size_t size, unsigned int) {
 }
 
 cudaError_t CUDARTAPI cudaFreeHost(void* ptr) {
+  emu::land_all_copies();
   return emu::release(ptr, cudaMemoryTypeHost);
 }
 
@@ -125,6 +128,7 @@ cudaError_t CUDARTAPI cudaHostRegister(void* ptr, size_t size, unsigned int) {
 }
 
 cudaError_t CUDARTAPI cudaHostUnregister(void* ptr) {
+  emu::land_all_copies();
   if (const cudaError_t refused = emu::check_unsafe_call_allowed(); refused != cudaSuccess)
     return refused;
   std::lock_guard<std::mutex> lock(emu::memory_mutex);
@@ -209,13 +213,16 @@ cudaError_t CUDARTAPI cudaStreamGetDevice(cudaStream_t, int* device) {
 cudaError_t CUDARTAPI cudaStreamWaitEvent(cudaStream_t stream, cudaEvent_t event, unsigned int) {
   if (event == nullptr) return cudaErrorInvalidResourceHandle;
   const cudaError_t status = emu::check_event_wait(stream, event);
-  if (status == cudaSuccess) emu::note_stream_waits(stream, event);
+  if (status != cudaSuccess) return status;
+  emu::land_all_copies();
+  emu::note_stream_waits(stream, event);
   return status;
 }
 
 cudaError_t CUDARTAPI cudaStreamQuery(cudaStream_t stream) {
   const cudaError_t refused = emu::check_stream_not_capturing(stream);
   if (refused != cudaSuccess) return refused;
+  emu::land_all_copies();
   emu::note_host_waited_for_stream(stream);  // it answers complete
   return emu::device_error();
 }
@@ -248,6 +255,7 @@ cudaError_t CUDARTAPI cudaEventQuery(cudaEvent_t event) {
   if (event == nullptr) return cudaErrorInvalidResourceHandle;
   const cudaError_t refused = emu::check_unsafe_call_allowed();
   if (refused != cudaSuccess) return refused;
+  emu::land_all_copies();
   emu::note_host_waited_for_event(event);  // it answers complete
   return emu::device_error();
 }

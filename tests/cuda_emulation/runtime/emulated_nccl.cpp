@@ -55,6 +55,7 @@
 #include <vector>
 
 #include "core/dtype.h"
+#include "late_copies.h"
 #include "stream_order.h"
 
 namespace loom::cuda_emulation::nccl {
@@ -492,6 +493,7 @@ ncclResult_t operation(ncclComm* comm, cudaStream_t stream, const char* what, bo
   auto run = [=] {
     return call(comm, [&] {
       prepare(*comm, stream, what);
+      land_copies(stream);  // the stream's earlier copies come first
       note_device_work(what, {{send, true}, {receive, false}}, stream);
       body();
       return ncclSuccess;

@@ -32,6 +32,11 @@ namespace loom::cuda_emulation {
 cudaError_t submit(cudaStream_t stream, WorkKind kind, const char* name,
                    std::function<void()> work, ArgumentWords words = {});
 
+// As submit, for a copy between device memory and page-locked host memory: outside a capture
+// it runs when something orders it after (Note [Copies to and from pinned memory land late]).
+cudaError_t submit_landing_late(cudaStream_t stream, const char* name, std::function<void()> copy,
+                                ArgumentWords words);
+
 // For the runtime's potentially unsafe calls: cudaErrorStreamCaptureUnsupported, with the
 // captures concerned invalidated, when the calling thread may not make one now; otherwise
 // cudaSuccess.
