@@ -68,12 +68,20 @@ void download_a(Buffers& buffers, cudaStream_t stream) {
             cudaSuccess);
 }
 
-TEST(StreamOrder, AWriteOnOneStreamAndAReadOnAnotherRaceWithoutAnEvent) {
+// Two streams named as Loom's, two buffers, an event, and a check over them.
+class StreamOrder : public ::testing::Test {
+ protected:
+  StreamOrder() {
+    check.name(compute.s, "the compute stream");
+    check.name(copies.s, "the copy stream");
+  }
   Buffers buffers;
   Stream compute, copies;
-  emu::StreamOrderCheck check(std::cref(buffers));
-  check.name(compute.s, "the compute stream");
-  check.name(copies.s, "the copy stream");
+  Event written;
+  emu::StreamOrderCheck check{std::cref(buffers)};
+};
+
+TEST_F(StreamOrder, AWriteOnOneStreamAndAReadOnAnotherRaceWithoutAnEvent) {
   add_one(buffers.a, compute.s);
   download_a(buffers, copies.s);
   const std::vector<std::string> races = check.races();
@@ -88,34 +96,24 @@ TEST(StreamOrder, AWriteOnOneStreamAndAReadOnAnotherRaceWithoutAnEvent) {
   EXPECT_EQ(check.races().size(), 1u);
 }
 
-TEST(StreamOrder, AReadThenAWriteOnAnotherStreamRaceToo) {
-  Buffers buffers;
-  Stream one, two;
-  emu::StreamOrderCheck check(std::cref(buffers));
-  emu::launch("sum_into", sum_into, 1, 32, 0, one.s)(buffers.a.data(), buffers.b.data(), 32);
-  add_one(buffers.a, two.s);
+TEST_F(StreamOrder, AReadThenAWriteOnAnotherStreamRaceToo) {
+  emu::launch("sum_into", sum_into, 1, 32, 0, compute.s)(buffers.a.data(), buffers.b.data(), 32);
+  add_one(buffers.a, copies.s);
   const std::vector<std::string> races = check.races();
   ASSERT_EQ(races.size(), 1u);
-  EXPECT_NE(races[0].find("add_value on stream"), std::string::npos) << races[0];
-  EXPECT_NE(races[0].find("wrote 128 bytes"), std::string::npos) << races[0];
-  EXPECT_NE(races[0].find("that sum_into on stream"), std::string::npos) << races[0];
-  EXPECT_NE(races[0].find("read before"), std::string::npos) << races[0];
+  EXPECT_NE(races[0].find("add_value on the copy stream wrote 128 bytes"), std::string::npos)
+      << races[0];
+  EXPECT_NE(races[0].find("that sum_into on the compute stream read before"), std::string::npos)
+      << races[0];
 }
 
-TEST(StreamOrder, TwoReadsOnTwoStreamsDoNotRace) {
-  Buffers buffers;
-  Stream one, two;
-  emu::StreamOrderCheck check(std::cref(buffers));
-  emu::launch("sum_into", sum_into, 1, 32, 0, one.s)(buffers.a.data(), buffers.b.data(), 32);
-  download_a(buffers, two.s);
+TEST_F(StreamOrder, TwoReadsOnTwoStreamsDoNotRace) {
+  emu::launch("sum_into", sum_into, 1, 32, 0, compute.s)(buffers.a.data(), buffers.b.data(), 32);
+  download_a(buffers, copies.s);
   EXPECT_TRUE(check.races().empty());
 }
 
-TEST(StreamOrder, AnEventWaitedForByTheSecondStreamOrdersThem) {
-  Buffers buffers;
-  Stream compute, copies;
-  Event written;
-  emu::StreamOrderCheck check(std::cref(buffers));
+TEST_F(StreamOrder, AnEventWaitedForByTheSecondStreamOrdersThem) {
   add_one(buffers.a, compute.s);
   ASSERT_EQ(cudaEventRecord(written.e, compute.s), cudaSuccess);
   ASSERT_EQ(cudaStreamWaitEvent(copies.s, written.e, 0), cudaSuccess);
@@ -126,11 +124,7 @@ TEST(StreamOrder, AnEventWaitedForByTheSecondStreamOrdersThem) {
   EXPECT_EQ(check.races().size(), 1u);
 }
 
-TEST(StreamOrder, TheHostsWaitsOrderWhatIsIssuedAfterThem) {
-  Buffers buffers;
-  Stream compute, copies;
-  Event written;
-  emu::StreamOrderCheck check(std::cref(buffers));
+TEST_F(StreamOrder, TheHostsWaitsOrderWhatIsIssuedAfterThem) {
   add_one(buffers.a, compute.s);
   ASSERT_EQ(cudaEventRecord(written.e, compute.s), cudaSuccess);
   ASSERT_EQ(cudaEventSynchronize(written.e), cudaSuccess);
