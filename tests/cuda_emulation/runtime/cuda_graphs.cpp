@@ -69,10 +69,6 @@ bool prohibits(const Capture& capture) {
   }
 }
 
-}  // namespace
-
-namespace {
-
 // Adds the work to `stream`'s capture, if it captures: true, with `refused` set to what the
 // capture says. False when the stream does not capture.
 bool captured(cudaStream_t stream, WorkKind kind, const char* name, std::function<void()>& work,

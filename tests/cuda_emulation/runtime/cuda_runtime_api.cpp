@@ -56,9 +56,8 @@ cudaMemoryType memory_type(const void* p) {
 }
 
 // The copy's name in the WorkLog, by where its pointers are (cudaMemcpyDefault's way).
-const char* copy_name(void* dst, const void* src) {
-  const bool to_device = memory_type(dst) == cudaMemoryTypeDevice;
-  const bool from_device = memory_type(src) == cudaMemoryTypeDevice;
+const char* copy_name(cudaMemoryType to, cudaMemoryType from) {
+  const bool to_device = to == cudaMemoryTypeDevice, from_device = from == cudaMemoryTypeDevice;
   if (from_device)
     return to_device ? "cudaMemcpyAsync device to device" : "cudaMemcpyAsync device to host";
   return to_device ? "cudaMemcpyAsync host to device" : "cudaMemcpyAsync host to host";
@@ -149,7 +148,7 @@ cudaError_t CUDARTAPI cudaMemcpyAsync(void* dst, const void* src, size_t count,
   const bool late =
       stream != nullptr && ((to == cudaMemoryTypeDevice && from == cudaMemoryTypeHost) ||
                             (to == cudaMemoryTypeHost && from == cudaMemoryTypeDevice));
-  const char* name = copy_name(dst, src);
+  const char* name = copy_name(to, from);
   const cudaError_t refused =
       late ? loom::cuda_emulation::submit_landing_late(stream, name, copy,
                                                        {{dst, false}, {src, true}})
