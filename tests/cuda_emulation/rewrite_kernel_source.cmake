@@ -8,6 +8,12 @@
 #     -> static T a[N], b[M]; ::loom::cuda_emulation::shared_memory_in_use(a, sizeof(a)); ...
 #   (one copy per kernel, shared by the block's threads, since blocks run one at a time; the
 #   call fills it with 0xFF bytes the first time a thread of each block reaches it)
+#   const __grid_constant__ T name   (a kernel's parameter)
+#     -> const T& name
+#   (the launch's one copy, which every thread of the grid reads, as CUDA's grid constants
+#   are read in place; a by-value parameter is copied into each thread's call, 32 KB a thread
+#   for the multi-tensor kernels' tables; a form not matched stays a by-value parameter, right
+#   but slower)
 # Everything else is compiled as written.
 # Usage: cmake -DINPUT=<file.cu> -DOUTPUT=<file> -P rewrite_kernel_source.cmake
 cmake_minimum_required(VERSION 3.25)
@@ -16,6 +22,8 @@ file(READ "${INPUT}" text)
 set(name "[A-Za-z_][A-Za-z0-9_:]*(<[^<>;(){}]*>)?")
 string(REGEX REPLACE "(${name})[ \t\r\n]*<<<([^;]*)>>>\\("
        "::loom::cuda_emulation::launch(\"\\1\", \\1, \\3)(" text "${text}")
+string(REGEX REPLACE "const[ \t]+__grid_constant__[ \t]+(${name})[ \t]+"
+       "const \\1& " text "${text}")
 string(REGEX REPLACE
        "extern[ \t]+__shared__[ \t]+(__align__\\([0-9]+\\)[ \t]+)?([A-Za-z_][A-Za-z0-9_ ]*[A-Za-z0-9_])[ \t]+([A-Za-z_][A-Za-z0-9_]*)\\[\\];"
        "\\2* \\3 = static_cast<\\2*>(::loom::cuda_emulation::dynamic_shared_memory());"
