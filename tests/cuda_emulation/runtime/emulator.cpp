@@ -459,22 +459,25 @@ void warp_barrier(const char* operation, unsigned mask, size_t bytes, int lane_m
                            hex(mask & ~existing) + " that do not exist (the warp has lanes " +
                            hex(existing) + ")");
   }
-  for (int l = 0; l < kWarpSize; ++l) {
-    if ((mask >> l & 1u) != 0 &&
-        r.fibers[static_cast<size_t>(warp * kWarpSize + l)].wait == Wait::kExited) {
-      undefined(r, self, std::string(operation) + " with mask " + hex(mask) + " names lane " +
-                             std::to_string(l) + ", which has exited");
-    }
-  }
   WarpBarrier& wb = r.warps[static_cast<size_t>(warp)];
   if (wb.operation == nullptr) {
+    // Lanes that exit later, while the barrier waits, are caught as they exit (fiber_main);
+    // a later lane's mask must be this one.
+    for (int l = 0; l < kWarpSize; ++l) {
+      if ((mask >> l & 1u) != 0 &&
+          r.fibers[static_cast<size_t>(warp * kWarpSize + l)].wait == Wait::kExited) {
+        undefined(r, self, std::string(operation) + " with mask " + hex(mask) + " names lane " +
+                               std::to_string(l) + ", which has exited");
+      }
+    }
     wb = WarpBarrier{operation, mask, 0, bytes, lane_mask, width, {}, argument_bytes};
     if (argument_bytes > 0) std::memcpy(wb.arguments, arguments, argument_bytes);
   } else if (argument_bytes > 0 && std::memcmp(wb.arguments, arguments, argument_bytes) != 0) {
     undefined(r, self, std::string(operation) + " with other arguments than the lanes of its warp "
                            "that reached it first (CUDA requires the same pointer and stride "
                            "in every lane)");
-  } else if (std::strcmp(wb.operation, operation) != 0 || wb.mask != mask || wb.bytes != bytes ||
+  } else if ((wb.operation != operation && std::strcmp(wb.operation, operation) != 0) ||
+             wb.mask != mask || wb.bytes != bytes ||
              wb.lane_mask != lane_mask || wb.width != width) {
     undefined(r, self, std::string("reached ") + operation + " (mask " + hex(mask) +
                            ") while other lanes of its warp wait in " + wb.operation + " (mask " +
