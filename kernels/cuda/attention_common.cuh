@@ -71,7 +71,7 @@ __device__ __forceinline__ bool chunked_rows(const T* src, int64_t st, int head_
 // Copies rows [t0, t0 + kRows) x dims [0, kD) of one head into shared memory, row r at
 // dst + r * pitch, zero past `time` rows and `head_dim` dims. Reads are coalesced along d, in
 // 16-byte chunks where chunked_rows allows (dst rows must then start 16-byte aligned), and
-// asynchronously (cp_async16, waited for before returning) when no conversion is needed.
+// asynchronously (cp_async<16>, waited for before returning) when no conversion is needed.
 // Callers synchronise the block before
 // reading dst, as always.
 template <int kRows, int kD, int kThreads, typename S, typename T>
@@ -85,7 +85,7 @@ __device__ __forceinline__ void load_rows(S* dst, int pitch, const T* src, int64
       for (int i = threadIdx.x; i < kRows * kPerRow; i += kThreads) {
         const int r = i / kPerRow, d = (i % kPerRow) * kVec, t = t0 + r;
         if (t < time) {
-          cp_async16(dst + r * pitch + d, src + t * st + d, 16);
+          cp_async<16>(dst + r * pitch + d, src + t * st + d, 16);
         } else {
           *reinterpret_cast<uint4*>(dst + r * pitch + d) = make_uint4(0, 0, 0, 0);
         }

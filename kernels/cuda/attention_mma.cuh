@@ -73,14 +73,14 @@ __device__ __forceinline__ void issue_tile(bf16* dst, const bf16* src, int64_t s
       const int64_t pass = kPass * st;
 #pragma unroll
       for (int k = 0; k < kMmaTile / kPass; ++k)
-        cp_async16(dst + (r0 + k * kPass) * kPitch + d, from + k * pass, 16);
+        cp_async<16>(dst + (r0 + k * kPass) * kPitch + d, from + k * pass, 16);
       return;
     }
 #pragma unroll
     for (int k = 0; k < kMmaTile / kPass; ++k) {
       const int r = r0 + k * kPass, t = t0 + r;
       const bool inside = t < time;  // row 0's address when unread: inside the head
-      cp_async16(dst + r * kPitch + d, src + int64_t(inside ? t : 0) * st + d, inside ? 16 : 0);
+      cp_async<16>(dst + r * kPitch + d, src + int64_t(inside ? t : 0) * st + d, inside ? 16 : 0);
     }
     return;
   }
@@ -488,8 +488,8 @@ __global__ void __launch_bounds__(kMmaThreads,
     for (int i = threadIdx.x; i < kMmaTile; i += kMmaThreads) {
       const bool ok = q0 + i < a.time;
       const int64_t at = int64_t(b * a.heads + h) * a.time + (ok ? q0 + i : 0);
-      cp_async4(lse + i, a.lse + at, ok ? 4 : 0);
-      cp_async4(lse + kMmaTile + i, a.delta + at, ok ? 4 : 0);
+      cp_async<4>(lse + i, a.lse + at, ok ? 4 : 0);
+      cp_async<4>(lse + kMmaTile + i, a.delta + at, ok ? 4 : 0);
     }
   };
 #pragma unroll

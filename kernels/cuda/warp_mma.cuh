@@ -15,6 +15,7 @@
 
 #include <cstdint>
 #include <cstring>
+#include <type_traits>
 
 #include "kernels/cuda/common.cuh"
 
@@ -90,37 +91,32 @@ __device__ __forceinline__ void ldmatrix_x4(uint32_t (&r)[4], const void* row) {
 #endif
 }
 
-// Starts copying 16 bytes from global to shared memory, of which the first `src_bytes` (0 or
-// 16) are read and the rest zero-filled, into the thread's open group; the bytes land at the
-// cp_async_wait that completes the group (and other threads see them after a barrier that
-// follows it). Below sm_80 (no cp.async) the copy is made at once, and commit and wait do
-// nothing, which keeps the same contract.
-__device__ __forceinline__ void cp_async16(void* smem_dst, const void* gmem_src, int src_bytes) {
+// Starts copying kBytes (16, or 4: one float) from global to shared memory, of which the first
+// `src_bytes` (0 or kBytes) are read and the rest zero-filled, into the thread's open group;
+// the bytes land at the cp_async_wait that completes the group (and other threads see them
+// after a barrier that follows it). Both addresses kBytes-aligned. Below sm_80 (no cp.async)
+// the copy is made at once, and commit and wait do nothing, which keeps the same contract.
+// 16 bytes bypass L1 (.cg); PTX allows .cg for 16 bytes only, so 4 bytes go through it (.ca).
+template <int kBytes>
+__device__ __forceinline__ void cp_async(void* smem_dst, const void* gmem_src, int src_bytes) {
+  static_assert(kBytes == 16 || kBytes == 4,
+                "cp.async copies 4, 8 or 16 bytes; Loom uses 4 and 16");
 #if LOOM_WARP_MMA_EMULATED
-  ::loom::cuda_emulation::async_copy(smem_dst, gmem_src, 16, static_cast<size_t>(src_bytes));
+  ::loom::cuda_emulation::async_copy(smem_dst, gmem_src, kBytes, static_cast<size_t>(src_bytes));
 #elif LOOM_WARP_MMA_PTX
   const unsigned dst = static_cast<unsigned>(__cvta_generic_to_shared(smem_dst));
-  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(gmem_src),
-               "r"(src_bytes)
-               : "memory");
+  if constexpr (kBytes == 16) {
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(gmem_src),
+                 "r"(src_bytes)
+                 : "memory");
+  } else {
+    asm volatile("cp.async.ca.shared.global [%0], [%1], 4, %2;\n" ::"r"(dst), "l"(gmem_src),
+                 "r"(src_bytes)
+                 : "memory");
+  }
 #else
-  *static_cast<uint4*>(smem_dst) =
-      src_bytes > 0 ? *static_cast<const uint4*>(gmem_src) : make_uint4(0, 0, 0, 0);
-#endif
-}
-
-// cp_async16 for 4 bytes (0 or 4 read): one float, with the same contract. Needs 4-byte
-// aligned addresses.
-__device__ __forceinline__ void cp_async4(void* smem_dst, const void* gmem_src, int src_bytes) {
-#if LOOM_WARP_MMA_EMULATED
-  ::loom::cuda_emulation::async_copy(smem_dst, gmem_src, 4, static_cast<size_t>(src_bytes));
-#elif LOOM_WARP_MMA_PTX
-  const unsigned dst = static_cast<unsigned>(__cvta_generic_to_shared(smem_dst));
-  asm volatile("cp.async.ca.shared.global [%0], [%1], 4, %2;\n" ::"r"(dst), "l"(gmem_src),
-               "r"(src_bytes)
-               : "memory");
-#else
-  *static_cast<uint32_t*>(smem_dst) = src_bytes > 0 ? *static_cast<const uint32_t*>(gmem_src) : 0u;
+  using Word = std::conditional_t<kBytes == 16, uint4, uint32_t>;
+  *static_cast<Word*>(smem_dst) = src_bytes > 0 ? *static_cast<const Word*>(gmem_src) : Word{};
 #endif
 }
 

@@ -433,9 +433,9 @@ TEST(Emulator, LdmatrixOfAMisalignedRowIsAnError) {
 // One thread: two groups of one copy each (the second zero-filled: 0 of 16 source bytes);
 // what the destination holds after each step goes to out[step].
 void async_copies(const uint4* src, uint4* dst, uint4* out) {
-  kc::cp_async16(dst, src, 16);
+  kc::cp_async<16>(dst, src, 16);
   kc::cp_async_commit();
-  kc::cp_async16(dst + 1, src + 1, 0);
+  kc::cp_async<16>(dst + 1, src + 1, 0);
   kc::cp_async_commit();
   out[0] = dst[0];
   kc::cp_async_wait<1>();
