@@ -18,7 +18,9 @@
 # ranks wait for each other and for timeouts; half of it in the reliability campaigns), and
 # the next build needs nothing from it. So where both sanitizers run, the TSan build starts
 # beside the ASan tests (`beside` in scripts/timed.sh: nice 19, its own process group, its
-# output printed when it is waited for), and .ci/run builds ASan beside the campaigns. The
+# output printed when it is waited for), and .ci/run builds ASan beside the campaigns. Since
+# the emulated kernels got faster (2026-12-08) the TSan build outlasts the ASan tests, so the
+# fuzz harnesses run next, before it is waited for. The
 # tests keep their priority: a compile job gets a core only while no test process wants it.
 # Each part's time is still printed; they overlap, so .ci/run prints the wall-clock total too.
 set -euo pipefail
@@ -64,7 +66,8 @@ run_fuzz() {
 }
 
 # The ASan tests, with the TSan build beside them when a later step builds it (Note [A build
-# beside the tests]).
+# beside the tests]). The build outlasts the tests on 2 cores, so a later fuzz step (the ASan
+# build's harnesses, one process at a time) runs before the build is waited for, in its shadow.
 test_asan_with_tsan_build_beside() {
   if [ "$tsan_built" = 1 ] || [[ " ${steps[*]:$1} " != *" tsan "* ]]; then
     test_asan
@@ -72,6 +75,10 @@ test_asan_with_tsan_build_beside() {
   fi
   beside bash scripts/sanitize.sh build-tsan
   test_asan
+  if [[ " ${steps[*]:$1} " == *" fuzz "* ]]; then
+    run_fuzz
+    fuzzed=1
+  fi
   wait_beside
   tsan_built=1
 }
@@ -79,7 +86,7 @@ test_asan_with_tsan_build_beside() {
 steps=("$@")
 [ ${#steps[@]} -gt 0 ] || steps=(asan tsan fuzz)
 trap stop_beside EXIT
-tsan_built=0
+tsan_built=0 fuzzed=0
 for i in "${!steps[@]}"; do
   case "${steps[$i]}" in
     build-asan) build_asan ;;
@@ -88,7 +95,7 @@ for i in "${!steps[@]}"; do
     build-tsan) build_tsan; tsan_built=1 ;;
     test-tsan) test_tsan ;;
     tsan) [ "$tsan_built" = 1 ] || build_tsan; test_tsan ;;
-    fuzz) run_fuzz ;;
+    fuzz) [ "$fuzzed" = 1 ] || run_fuzz ;;
     *) echo "usage: $0 [asan|tsan|fuzz|build-asan|test-asan|build-tsan|test-tsan ...]" >&2; exit 2 ;;
   esac
 done
