@@ -6,9 +6,11 @@
 
 #include <gtest/gtest.h>
 
+#include <string>
 #include <vector>
 
 #include "emulator.h"
+#include "work_log.h"
 
 namespace emu = loom::cuda_emulation;
 
@@ -96,6 +98,25 @@ TEST(LateCopies, AnUploadReadsItsSourceWhenItLandsNotWhenIssued) {
   ASSERT_EQ(cudaMemcpy(back.data(), s.device, kBytes, cudaMemcpyDeviceToHost), cudaSuccess);
   EXPECT_EQ(back[0], 9.0f);
   EXPECT_EQ(back[1], 2.0f);
+}
+
+// cudaMemcpy2DAsync lands as cudaMemcpyAsync does, and is named by direction the same way.
+TEST(LateCopies, A2DDownloadLandsLateAndIsNamedByItsDirection) {
+  Buffers s(6.0f);
+  emu::WorkLog log;
+  // kCount / 4 rows: the first 2 floats of every 4 on the device, packed into pinned memory.
+  ASSERT_EQ(cudaMemcpy2DAsync(s.pinned, 2 * sizeof(float), s.device, 4 * sizeof(float),
+                              2 * sizeof(float), kCount / 4, cudaMemcpyDeviceToHost, s.stream),
+            cudaSuccess);
+  EXPECT_EQ(s.pinned[0], 0.0f);
+  ASSERT_EQ(cudaStreamSynchronize(s.stream), cudaSuccess);
+  EXPECT_EQ(s.pinned[0], 6.0f);
+  EXPECT_EQ(s.pinned[kCount / 2 - 1], 6.0f);
+  EXPECT_EQ(s.pinned[kCount / 2], 0.0f);  // beyond the rows copied
+  std::vector<std::string> copies;
+  for (const emu::Work& w : log.entries())
+    if (w.kind == emu::WorkKind::kCopy) copies.push_back(w.name);
+  EXPECT_EQ(copies, std::vector<std::string>{"cudaMemcpy2DAsync device to host"});
 }
 
 TEST(LateCopies, PageableMemoryAndTheLegacyStreamLandAtOnce) {

@@ -11,6 +11,7 @@
 #include <cuda_runtime_api.h>
 
 #include <cstring>
+#include <functional>
 #include <map>
 #include <mutex>
 
@@ -55,12 +56,35 @@ cudaMemoryType memory_type(const void* p) {
                                                                  : cudaMemoryTypeUnregistered;
 }
 
-// The copy's name in the WorkLog, by where its pointers are (cudaMemcpyDefault's way).
-const char* copy_name(cudaMemoryType to, cudaMemoryType from) {
-  const bool to_device = to == cudaMemoryTypeDevice, from_device = from == cudaMemoryTypeDevice;
-  if (from_device)
-    return to_device ? "cudaMemcpyAsync device to device" : "cudaMemcpyAsync device to host";
-  return to_device ? "cudaMemcpyAsync host to device" : "cudaMemcpyAsync host to host";
+enum class CopyCall { kLinear, k2D };
+
+// The copy's name in the WorkLog, by its call and where its pointers are (cudaMemcpyDefault's
+// way).
+const char* copy_name(CopyCall call, cudaMemoryType to, cudaMemoryType from) {
+  static constexpr const char* kNames[2][2][2] = {
+      {{"cudaMemcpyAsync host to host", "cudaMemcpyAsync host to device"},
+       {"cudaMemcpyAsync device to host", "cudaMemcpyAsync device to device"}},
+      {{"cudaMemcpy2DAsync host to host", "cudaMemcpy2DAsync host to device"},
+       {"cudaMemcpy2DAsync device to host", "cudaMemcpy2DAsync device to device"}}};
+  return kNames[call == CopyCall::k2D][from == cudaMemoryTypeDevice][to == cudaMemoryTypeDevice];
+}
+
+// Issues `copy` (dst <- src) on `stream`, named by its call and direction; between device and
+// page-locked host memory on a stream it lands late (Note [Copies to and from pinned memory
+// land late]).
+cudaError_t submit_copy(CopyCall call, void* dst, const void* src, cudaStream_t stream,
+                        std::function<void()> copy) {
+  const cudaMemoryType to = memory_type(dst), from = memory_type(src);
+  const bool late =
+      stream != nullptr && ((to == cudaMemoryTypeDevice && from == cudaMemoryTypeHost) ||
+                            (to == cudaMemoryTypeHost && from == cudaMemoryTypeDevice));
+  const char* name = copy_name(call, to, from);
+  const cudaError_t refused =
+      late ? loom::cuda_emulation::submit_landing_late(stream, name, std::move(copy),
+                                                       {{dst, false}, {src, true}})
+           : loom::cuda_emulation::submit(stream, loom::cuda_emulation::WorkKind::kCopy, name,
+                                          std::move(copy), {{dst, false}, {src, true}});
+  return refused != cudaSuccess ? refused : loom::cuda_emulation::device_error();
 }
 
 }  // namespace
@@ -139,22 +163,21 @@ cudaError_t CUDARTAPI cudaFuncSetAttribute(const void* func, enum cudaFuncAttrib
 cudaError_t CUDARTAPI cudaMemcpyAsync(void* dst, const void* src, size_t count,
                                       enum cudaMemcpyKind, cudaStream_t stream) {
   if (count > 0 && (dst == nullptr || src == nullptr)) return cudaErrorInvalidValue;
-  auto copy = [=] {
+  return submit_copy(CopyCall::kLinear, dst, src, stream, [=] {
     if (count > 0) std::memmove(dst, src, count);
-  };
-  // Between device and page-locked host memory on a stream: Note [Copies to and from pinned
-  // memory land late].
-  const cudaMemoryType to = memory_type(dst), from = memory_type(src);
-  const bool late =
-      stream != nullptr && ((to == cudaMemoryTypeDevice && from == cudaMemoryTypeHost) ||
-                            (to == cudaMemoryTypeHost && from == cudaMemoryTypeDevice));
-  const char* name = copy_name(to, from);
-  const cudaError_t refused =
-      late ? loom::cuda_emulation::submit_landing_late(stream, name, copy,
-                                                       {{dst, false}, {src, true}})
-           : loom::cuda_emulation::submit(stream, loom::cuda_emulation::WorkKind::kCopy, name, copy,
-                                          {{dst, false}, {src, true}});
-  return refused != cudaSuccess ? refused : loom::cuda_emulation::device_error();
+  });
+}
+
+cudaError_t CUDARTAPI cudaMemcpy2DAsync(void* dst, size_t dpitch, const void* src, size_t spitch,
+                                        size_t width, size_t height, enum cudaMemcpyKind,
+                                        cudaStream_t stream) {
+  if (width > dpitch || width > spitch) return cudaErrorInvalidPitchValue;
+  if (height > 0 && width > 0 && (dst == nullptr || src == nullptr)) return cudaErrorInvalidValue;
+  return submit_copy(CopyCall::k2D, dst, src, stream, [=] {
+    for (size_t row = 0; row < height; ++row)
+      std::memmove(static_cast<char*>(dst) + row * dpitch,
+                   static_cast<const char*>(src) + row * spitch, width);
+  });
 }
 
 cudaError_t CUDARTAPI cudaMemsetAsync(void* ptr, int value, size_t count, cudaStream_t stream) {

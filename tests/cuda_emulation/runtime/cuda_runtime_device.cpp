@@ -163,22 +163,6 @@ cudaError_t CUDARTAPI cudaMemcpyPeerAsync(void* dst, int dst_device, const void*
   return cudaMemcpyAsync(dst, src, count, cudaMemcpyDefault, stream);
 }
 
-cudaError_t CUDARTAPI cudaMemcpy2DAsync(void* dst, size_t dpitch, const void* src, size_t spitch,
-                                        size_t width, size_t height, enum cudaMemcpyKind,
-                                        cudaStream_t stream) {
-  if (width > dpitch || width > spitch) return cudaErrorInvalidPitchValue;
-  if (height > 0 && width > 0 && (dst == nullptr || src == nullptr)) return cudaErrorInvalidValue;
-  const cudaError_t refused =
-      emu::submit(stream, emu::WorkKind::kCopy, "cudaMemcpy2DAsync",
-                  [=] {
-                    for (size_t row = 0; row < height; ++row)
-                      std::memmove(static_cast<char*>(dst) + row * dpitch,
-                                   static_cast<const char*>(src) + row * spitch, width);
-                  },
-                  {{dst, false}, {src, true}});
-  return refused != cudaSuccess ? refused : emu::device_error();
-}
-
 cudaError_t CUDARTAPI cudaMemset2DAsync(void* ptr, size_t pitch, int value, size_t width,
                                         size_t height, cudaStream_t stream) {
   if (width > pitch) return cudaErrorInvalidPitchValue;
