@@ -96,7 +96,7 @@ __device__ __forceinline__ void ldmatrix_x4(uint32_t (&r)[4], const void* row) {
 // the bytes land at the cp_async_wait that completes the group (and other threads see them
 // after a barrier that follows it). Both addresses kBytes-aligned. Below sm_80 (no cp.async)
 // the copy is made at once, and commit and wait do nothing, which keeps the same contract.
-// 16 bytes bypass L1 (.cg); PTX allows .cg for 16 bytes only, so 4 bytes go through it (.ca).
+// 16 bytes bypass L1 (.cg); PTX allows .cg for 16 bytes only, so 4 bytes are cached in L1 (.ca).
 template <int kBytes>
 __device__ __forceinline__ void cp_async(void* smem_dst, const void* gmem_src, int src_bytes) {
   static_assert(kBytes == 16 || kBytes == 4,
